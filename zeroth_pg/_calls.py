@@ -1,0 +1,87 @@
+"""Every SQL statement the client sends, in one place: one call per zeroth.* function.
+
+Functions are called with named notation so that a new optional parameter on the SQL side never
+shifts an argument. JSON goes in as text cast to jsonb and comes back as text, so the client works
+whatever jsonb codec the caller's pool has. Composite results are selected column by column
+(asyncpg caches composite codecs; a changed type would break a cached ``SELECT *``).
+"""
+
+from __future__ import annotations
+
+_CLAIM_COLUMNS = """run_id, lease_generation, lease_expires_at, status::text AS status, attempts,
+    max_attempts, priority, thread_id, idempotency_key, payload::text AS payload,
+    metadata::text AS metadata, recovery_checkpoint_id, checkpoint_data::text AS checkpoint_data,
+    cancel_requested, active_count, concurrency_saturated, concurrency_limit"""
+
+ENQUEUE_RUN = """SELECT run_id, created, status::text AS status FROM zeroth.enqueue_run(
+    deployment_ref => $1, payload => $2::text::jsonb, tenant_id => $3, workspace_id => $4,
+    priority => $5, run_after => $6, max_attempts => $7, idempotency_key => $8,
+    metadata => $9::text::jsonb, run_id => $10, thread_id => $11)"""
+
+ENQUEUE_RUNS = """SELECT run_id, created, status::text AS status FROM zeroth.enqueue_runs(
+    deployment_ref => $1, runs => $2::text::jsonb, tenant_id => $3, workspace_id => $4)
+    ORDER BY ordinality"""
+
+CLAIM_PENDING = f"""SELECT {_CLAIM_COLUMNS} FROM zeroth.claim_pending(
+    deployment_ref => $1, worker_id => $2, tenant_id => $3, workspace_id => $4,
+    max_concurrency => $5, batch_size => $6, lease_seconds => $7)"""
+
+CLAIM_ORPHANED = f"""SELECT {_CLAIM_COLUMNS} FROM zeroth.claim_orphaned(
+    deployment_ref => $1, worker_id => $2, tenant_id => $3, workspace_id => $4,
+    max_concurrency => $5, claim_limit => $6, lease_seconds => $7)"""
+
+RENEW_LEASE = """SELECT zeroth.renew_lease(run_id => $1, worker_id => $2, generation => $3,
+    tenant_id => $4, workspace_id => $5, lease_seconds => $6)"""
+
+RENEW_LEASES = """SELECT run_id, renewed, lease_expires_at, cancel_requested FROM zeroth.renew_leases(
+    worker_id => $1, run_ids => $2, generations => $3, tenant_id => $4, workspace_id => $5,
+    lease_seconds => $6)"""
+
+CURRENT_GENERATION = """SELECT zeroth.current_generation(run_id => $1, tenant_id => $2,
+    workspace_id => $3)"""
+
+CURRENT_HOLDER = """SELECT zeroth.current_holder(run_id => $1, tenant_id => $2, workspace_id => $3)"""
+
+GET_RECOVERY_CHECKPOINT_ID = """SELECT zeroth.get_recovery_checkpoint_id(run_id => $1,
+    tenant_id => $2, workspace_id => $3)"""
+
+COMMIT_FENCED = """SELECT zeroth.commit_fenced(run_id => $1, worker_id => $2, generation => $3,
+    columns => $4::text::jsonb, tenant_id => $5, workspace_id => $6)"""
+
+START_RUN = """SELECT zeroth.start_run(run_id => $1, worker_id => $2, generation => $3,
+    tenant_id => $4, workspace_id => $5)"""
+
+SAVE_CHECKPOINT = """SELECT zeroth.save_checkpoint(run_id => $1, worker_id => $2, generation => $3,
+    data => $4::text::jsonb, checkpoint_id => $5, tenant_id => $6, workspace_id => $7)"""
+
+COMPLETE_RUN = """SELECT zeroth.complete_run(run_id => $1, worker_id => $2, generation => $3,
+    output => $4::text::jsonb, tenant_id => $5, workspace_id => $6)"""
+
+FAIL_RUN = """SELECT zeroth.fail_run(run_id => $1, worker_id => $2, generation => $3,
+    error => $4::text::jsonb, retryable => $5, retry_base_seconds => $6,
+    retry_max_seconds => $7, tenant_id => $8, workspace_id => $9)"""
+
+CANCEL_RUN = """SELECT zeroth.cancel_run(run_id => $1, worker_id => $2, generation => $3,
+    tenant_id => $4, workspace_id => $5)"""
+
+PAUSE_RUN = """SELECT zeroth.pause_run(run_id => $1, worker_id => $2, generation => $3,
+    reason => $4, tenant_id => $5, workspace_id => $6)"""
+
+RELEASE_LEASE = """SELECT zeroth.release_lease(run_id => $1, worker_id => $2, generation => $3,
+    tenant_id => $4, workspace_id => $5)"""
+
+HAND_BACK_TO_PENDING = """SELECT zeroth.hand_back_to_pending(run_id => $1, worker_id => $2,
+    generation => $3, tenant_id => $4, workspace_id => $5)"""
+
+EXPIRE_RECOVERY_LEASE = """SELECT zeroth.expire_recovery_lease(run_id => $1, worker_id => $2,
+    generation => $3, tenant_id => $4, workspace_id => $5)"""
+
+CLEAR_LEASE = """SELECT zeroth.clear_lease(run_id => $1, tenant_id => $2, workspace_id => $3)"""
+
+REQUEST_CANCEL = """SELECT zeroth.request_cancel(run_id => $1, tenant_id => $2,
+    workspace_id => $3, action => $4)"""
+
+RESUME_RUN = """SELECT zeroth.resume_run(run_id => $1, tenant_id => $2, workspace_id => $3,
+    input => $4::text::jsonb)"""
+
+REDRIVE_RUN = """SELECT zeroth.redrive_run(run_id => $1, tenant_id => $2, workspace_id => $3)"""

@@ -1,0 +1,461 @@
+"""The asyncpg client: ``LeaseManager`` mirrors the zeroth.* SQL functions one to one.
+
+Each method sends exactly one statement (a call of one SQL function, which is one transaction
+unless the caller passes ``conn=`` inside its own transaction) and maps the result to a frozen
+dataclass. Validation lives in SQL: a bad argument comes back as ZP008 and is raised here as
+:class:`~zeroth_pg.errors.InvalidArgumentError`. The method names and keyword arguments follow the
+upstream Zeroth ``LeaseManager``; the lifecycle methods follow the SQL names.
+
+Scope: ``tenant_id=None`` with ``workspace_id=None`` is the ``'default'`` tenant's null
+workspace; a ``workspace_id`` without a ``tenant_id`` matches nothing (seed-spec §4).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+
+from zeroth_pg import _calls
+from zeroth_pg.errors import translate
+from zeroth_pg.types import (
+    CancelOutcome,
+    ClaimedRun,
+    EnqueuedRun,
+    FailOutcome,
+    LeaseClaimResult,
+    LeaseRenewal,
+    OrphanClaimResult,
+    RunStatus,
+)
+
+__all__ = ["Executor", "LeaseManager"]
+
+#: A pool, or a connection (possibly inside the caller's transaction).
+Executor = asyncpg.Pool | asyncpg.Connection
+
+RunId = UUID | str
+
+
+def _uuid(value: RunId | None) -> UUID | None:
+    if value is None or isinstance(value, UUID):
+        return value
+    return UUID(str(value))
+
+
+def _dumps(value: Any) -> str | None:
+    return None if value is None else json.dumps(value)
+
+
+def _loads(value: str | None) -> Any:
+    return None if value is None else json.loads(value)
+
+
+def _claimed(row: asyncpg.Record) -> ClaimedRun:
+    return ClaimedRun(
+        run_id=row["run_id"],
+        lease_generation=row["lease_generation"],
+        lease_expires_at=row["lease_expires_at"],
+        status=RunStatus(row["status"]),
+        attempts=row["attempts"],
+        max_attempts=row["max_attempts"],
+        priority=row["priority"],
+        thread_id=row["thread_id"],
+        idempotency_key=row["idempotency_key"],
+        payload=_loads(row["payload"]),
+        metadata=_loads(row["metadata"]),
+        recovery_checkpoint_id=row["recovery_checkpoint_id"],
+        checkpoint_data=_loads(row["checkpoint_data"]),
+        cancel_requested=row["cancel_requested"],
+    )
+
+
+def _enqueued(row: asyncpg.Record) -> EnqueuedRun:
+    return EnqueuedRun(run_id=row["run_id"], created=row["created"], status=RunStatus(row["status"]))
+
+
+@dataclass
+class LeaseManager:
+    """Async client of the zeroth SQL API over an asyncpg pool.
+
+    ``lease_duration_seconds`` is the lease every claim and renewal asks for (seed default 60).
+    """
+
+    pool: Executor
+    lease_duration_seconds: float = 60.0
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    async def _fetch(self, query: str, *args: Any, conn: Executor | None) -> list[asyncpg.Record]:
+        try:
+            return list(await (conn or self.pool).fetch(query, *args))
+        except Exception as exc:
+            mapped = translate(exc)
+            if mapped is exc:
+                raise
+            raise mapped from exc
+
+    async def _fetchval(self, query: str, *args: Any, conn: Executor | None) -> Any:
+        try:
+            return await (conn or self.pool).fetchval(query, *args)
+        except Exception as exc:
+            mapped = translate(exc)
+            if mapped is exc:
+                raise
+            raise mapped from exc
+
+    # -- enqueue ---------------------------------------------------------------------------
+
+    async def enqueue_run(
+        self,
+        deployment_ref: str,
+        payload: Mapping[str, Any] | None = None,
+        *,
+        tenant_id: str | None = None,
+        workspace_id: str | None = None,
+        priority: int = 0,
+        run_after: datetime | None = None,
+        max_attempts: int = 3,
+        idempotency_key: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        run_id: RunId | None = None,
+        thread_id: str | None = None,
+        conn: Executor | None = None,
+    ) -> EnqueuedRun:
+        """Create a pending run (``zeroth.enqueue_run``); a repeated idempotency key returns the
+        existing run with ``created=False``."""
+        rows = await self._fetch(
+            _calls.ENQUEUE_RUN, deployment_ref, _dumps(dict(payload or {})), tenant_id,
+            workspace_id, priority, run_after, max_attempts, idempotency_key,
+            _dumps(dict(metadata or {})), _uuid(run_id), thread_id, conn=conn)
+        return _enqueued(rows[0])
+
+    async def enqueue_runs(
+        self,
+        deployment_ref: str,
+        runs: Iterable[Mapping[str, Any]],
+        *,
+        tenant_id: str | None = None,
+        workspace_id: str | None = None,
+        conn: Executor | None = None,
+    ) -> list[EnqueuedRun]:
+        """Create many runs in one call (``zeroth.enqueue_runs``), results in input order.
+
+        Each item may carry payload, priority, run_after, max_attempts, idempotency_key,
+        metadata, run_id and thread_id.
+        """
+        items = [_json_item(item) for item in runs]
+        rows = await self._fetch(_calls.ENQUEUE_RUNS, deployment_ref, json.dumps(items), tenant_id,
+                                 workspace_id, conn=conn)
+        return [_enqueued(row) for row in rows]
+
+    # -- claims ----------------------------------------------------------------------------
+
+    async def claim_pending(
+        self,
+        deployment_ref: str,
+        worker_id: str,
+        *,
+        tenant_id: str | None = None,
+        workspace_id: str | None = None,
+        max_concurrency: int | None = None,
+        conn: Executor | None = None,
+    ) -> UUID | None:
+        """Claim one pending run (``zeroth.claim_pending``); its status stays pending."""
+        result = await self.claim_pending_result(
+            deployment_ref, worker_id, tenant_id=tenant_id, workspace_id=workspace_id,
+            max_concurrency=max_concurrency, conn=conn)
+        return result.run_id
+
+    async def claim_pending_result(
+        self,
+        deployment_ref: str,
+        worker_id: str,
+        *,
+        tenant_id: str | None = None,
+        workspace_id: str | None = None,
+        max_concurrency: int | None = None,
+        batch_size: int = 1,
+        conn: Executor | None = None,
+    ) -> LeaseClaimResult:
+        """Claim up to ``batch_size`` pending runs and report the saturation this call saw
+        (``zeroth.claim_pending``)."""
+        rows = await self._fetch(
+            _calls.CLAIM_PENDING, deployment_ref, worker_id, tenant_id, workspace_id,
+            max_concurrency, batch_size, self.lease_duration_seconds, conn=conn)
+        runs = tuple(_claimed(row) for row in rows if row["run_id"] is not None)
+        first = rows[0]
+        return LeaseClaimResult(
+            run_id=runs[0].run_id if runs else None,
+            concurrency_saturated=first["concurrency_saturated"],
+            active_count=first["active_count"],
+            max_concurrency=first["concurrency_limit"],
+            runs=runs,
+        )
+
+    async def claim_orphaned(
+        self,
+        deployment_ref: str,
+        worker_id: str,
+        *,
+        tenant_id: str | None = None,
+        workspace_id: str | None = None,
+        max_concurrency: int | None = None,
+        claim_limit: int | None = None,
+        conn: Executor | None = None,
+    ) -> list[UUID]:
+        """Take over running runs whose lease expired (``zeroth.claim_orphaned``)."""
+        result = await self.claim_orphaned_result(
+            deployment_ref, worker_id, tenant_id=tenant_id, workspace_id=workspace_id,
+            max_concurrency=max_concurrency, claim_limit=claim_limit, conn=conn)
+        return list(result.run_ids)
+
+    async def claim_orphaned_result(
+        self,
+        deployment_ref: str,
+        worker_id: str,
+        *,
+        tenant_id: str | None = None,
+        workspace_id: str | None = None,
+        max_concurrency: int | None = None,
+        claim_limit: int | None = None,
+        conn: Executor | None = None,
+    ) -> OrphanClaimResult:
+        """Claim orphans and tell saturation (an orphan waits for a slot) from a definitive
+        empty scan (``zeroth.claim_orphaned``)."""
+        rows = await self._fetch(
+            _calls.CLAIM_ORPHANED, deployment_ref, worker_id, tenant_id, workspace_id,
+            max_concurrency, claim_limit, self.lease_duration_seconds, conn=conn)
+        runs = tuple(_claimed(row) for row in rows if row["run_id"] is not None)
+        first = rows[0]
+        return OrphanClaimResult(
+            run_ids=tuple(run.run_id for run in runs),
+            concurrency_saturated=first["concurrency_saturated"],
+            generations={run.run_id: run.lease_generation for run in runs},
+            active_count=first["active_count"],
+            max_concurrency=first["concurrency_limit"],
+            runs=runs,
+        )
+
+    # -- lease upkeep ----------------------------------------------------------------------
+
+    async def renew_lease(
+        self,
+        run_id: RunId,
+        worker_id: str,
+        *,
+        generation: int | None = None,
+        tenant_id: str | None = None,
+        workspace_id: str | None = None,
+        conn: Executor | None = None,
+    ) -> bool:
+        """Extend a live lease (``zeroth.renew_lease``); False when taken over or expired."""
+        return bool(await self._fetchval(
+            _calls.RENEW_LEASE, _uuid(run_id), worker_id, generation, tenant_id, workspace_id,
+            self.lease_duration_seconds, conn=conn))
+
+    async def renew_leases(
+        self,
+        worker_id: str,
+        leases: Mapping[RunId, int] | Sequence[tuple[RunId, int]],
+        *,
+        tenant_id: str | None = None,
+        workspace_id: str | None = None,
+        conn: Executor | None = None,
+    ) -> list[LeaseRenewal]:
+        """Renew all of one worker's leases in one call (``zeroth.renew_leases``), given as
+        run id → generation; one result per lease, in order."""
+        pairs = list(leases.items()) if isinstance(leases, Mapping) else list(leases)
+        rows = await self._fetch(
+            _calls.RENEW_LEASES, worker_id, [_uuid(run_id) for run_id, _ in pairs],
+            [generation for _, generation in pairs], tenant_id, workspace_id,
+            self.lease_duration_seconds, conn=conn)
+        return [LeaseRenewal(run_id=row["run_id"], renewed=row["renewed"],
+                             lease_expires_at=row["lease_expires_at"],
+                             cancel_requested=row["cancel_requested"]) for row in rows]
+
+    async def current_generation(
+        self, run_id: RunId, *, tenant_id: str | None = None, workspace_id: str | None = None,
+        conn: Executor | None = None,
+    ) -> int | None:
+        """The run's lease generation, or None if unknown (``zeroth.current_generation``)."""
+        value = await self._fetchval(_calls.CURRENT_GENERATION, _uuid(run_id), tenant_id,
+                                     workspace_id, conn=conn)
+        return None if value is None else int(value)
+
+    async def current_holder(
+        self, run_id: RunId, *, tenant_id: str | None = None, workspace_id: str | None = None,
+        conn: Executor | None = None,
+    ) -> str | None:
+        """The worker id named in the run's lease, or None (``zeroth.current_holder``)."""
+        value = await self._fetchval(_calls.CURRENT_HOLDER, _uuid(run_id), tenant_id,
+                                     workspace_id, conn=conn)
+        return None if value is None else str(value)
+
+    async def get_recovery_checkpoint_id(
+        self, run_id: RunId, *, tenant_id: str | None = None, workspace_id: str | None = None,
+        conn: Executor | None = None,
+    ) -> UUID | None:
+        """The checkpoint the lease holder resumes from (``zeroth.get_recovery_checkpoint_id``)."""
+        value: UUID | None = await self._fetchval(
+            _calls.GET_RECOVERY_CHECKPOINT_ID, _uuid(run_id), tenant_id, workspace_id, conn=conn)
+        return value
+
+    # -- fenced writes ---------------------------------------------------------------------
+
+    async def commit_fenced(
+        self,
+        run_id: RunId,
+        worker_id: str,
+        *,
+        generation: int,
+        tenant_id: str | None = None,
+        workspace_id: str | None = None,
+        conn: Executor | None = None,
+        **columns: Any,
+    ) -> bool:
+        """Write allowlisted columns (output, error, metadata, progress) only while holding
+        the lease generation (``zeroth.commit_fenced``); False when fenced out."""
+        return bool(await self._fetchval(
+            _calls.COMMIT_FENCED, _uuid(run_id), worker_id, generation, json.dumps(columns),
+            tenant_id, workspace_id, conn=conn))
+
+    async def start_run(
+        self, run_id: RunId, worker_id: str, *, generation: int, tenant_id: str | None = None,
+        workspace_id: str | None = None, conn: Executor | None = None,
+    ) -> bool:
+        """pending → running for the lease holder (``zeroth.start_run``)."""
+        return bool(await self._fetchval(_calls.START_RUN, _uuid(run_id), worker_id, generation,
+                                         tenant_id, workspace_id, conn=conn))
+
+    async def save_checkpoint(
+        self, run_id: RunId, worker_id: str, data: Any, *, generation: int,
+        checkpoint_id: RunId | None = None, tenant_id: str | None = None,
+        workspace_id: str | None = None, conn: Executor | None = None,
+    ) -> UUID | None:
+        """Save a checkpoint, fenced (``zeroth.save_checkpoint``); None when fenced out."""
+        value: UUID | None = await self._fetchval(
+            _calls.SAVE_CHECKPOINT, _uuid(run_id), worker_id, generation, json.dumps(data),
+            _uuid(checkpoint_id), tenant_id, workspace_id, conn=conn)
+        return value
+
+    async def complete_run(
+        self, run_id: RunId, worker_id: str, *, generation: int, output: Any = None,
+        tenant_id: str | None = None, workspace_id: str | None = None,
+        conn: Executor | None = None,
+    ) -> bool:
+        """running → completed, fenced (``zeroth.complete_run``)."""
+        return bool(await self._fetchval(
+            _calls.COMPLETE_RUN, _uuid(run_id), worker_id, generation, _dumps(output), tenant_id,
+            workspace_id, conn=conn))
+
+    async def fail_run(
+        self, run_id: RunId, worker_id: str, *, generation: int, error: Any = None,
+        retryable: bool = True, retry_base_seconds: float = 1.0, retry_max_seconds: float = 300.0,
+        tenant_id: str | None = None, workspace_id: str | None = None,
+        conn: Executor | None = None,
+    ) -> FailOutcome | None:
+        """Fail an attempt, fenced (``zeroth.fail_run``): retry with backoff, fail, or
+        dead-letter; None when fenced out."""
+        value = await self._fetchval(
+            _calls.FAIL_RUN, _uuid(run_id), worker_id, generation, _dumps(error), retryable,
+            retry_base_seconds, retry_max_seconds, tenant_id, workspace_id, conn=conn)
+        return None if value is None else FailOutcome(value)
+
+    async def cancel_run(
+        self, run_id: RunId, worker_id: str, *, generation: int, tenant_id: str | None = None,
+        workspace_id: str | None = None, conn: Executor | None = None,
+    ) -> bool:
+        """The lease holder ends its run as cancelled (``zeroth.cancel_run``)."""
+        return bool(await self._fetchval(_calls.CANCEL_RUN, _uuid(run_id), worker_id, generation,
+                                         tenant_id, workspace_id, conn=conn))
+
+    async def pause_run(
+        self, run_id: RunId, worker_id: str, *, generation: int, reason: str,
+        tenant_id: str | None = None, workspace_id: str | None = None,
+        conn: Executor | None = None,
+    ) -> bool:
+        """running → waiting, fenced, releasing the lease (``zeroth.pause_run``)."""
+        return bool(await self._fetchval(_calls.PAUSE_RUN, _uuid(run_id), worker_id, generation,
+                                         reason, tenant_id, workspace_id, conn=conn))
+
+    # -- giving a lease back ---------------------------------------------------------------
+
+    async def release_lease(
+        self, run_id: RunId, worker_id: str, *, generation: int, tenant_id: str | None = None,
+        workspace_id: str | None = None, conn: Executor | None = None,
+    ) -> bool:
+        """Give up exactly this lease generation (``zeroth.release_lease``)."""
+        return bool(await self._fetchval(_calls.RELEASE_LEASE, _uuid(run_id), worker_id,
+                                         generation, tenant_id, workspace_id, conn=conn))
+
+    async def hand_back_to_pending(
+        self, run_id: RunId, worker_id: str, *, generation: int, tenant_id: str | None = None,
+        workspace_id: str | None = None, conn: Executor | None = None,
+    ) -> bool:
+        """running → pending for exactly this generation (``zeroth.hand_back_to_pending``)."""
+        return bool(await self._fetchval(_calls.HAND_BACK_TO_PENDING, _uuid(run_id), worker_id,
+                                         generation, tenant_id, workspace_id, conn=conn))
+
+    async def expire_recovery_lease(
+        self, run_id: RunId, worker_id: str, *, generation: int, tenant_id: str | None = None,
+        workspace_id: str | None = None, conn: Executor | None = None,
+    ) -> bool:
+        """Make owned running work reclaimable now, keeping its checkpoint
+        (``zeroth.expire_recovery_lease``)."""
+        return bool(await self._fetchval(_calls.EXPIRE_RECOVERY_LEASE, _uuid(run_id), worker_id,
+                                         generation, tenant_id, workspace_id, conn=conn))
+
+    # -- admin -----------------------------------------------------------------------------
+
+    async def clear_lease(
+        self, run_id: RunId, *, tenant_id: str | None = None, workspace_id: str | None = None,
+        conn: Executor | None = None,
+    ) -> bool:
+        """Admin, unfenced: drop the lease whoever holds it (``zeroth.clear_lease``); a running
+        run keeps its holder with an expired lease so it stays recoverable."""
+        return bool(await self._fetchval(_calls.CLEAR_LEASE, _uuid(run_id), tenant_id,
+                                         workspace_id, conn=conn))
+
+    async def request_cancel(
+        self, run_id: RunId, *, action: str = "cancel", tenant_id: str | None = None,
+        workspace_id: str | None = None, conn: Executor | None = None,
+    ) -> CancelOutcome:
+        """Cancel now, or ask the live owner to (``zeroth.request_cancel``)."""
+        value = await self._fetchval(_calls.REQUEST_CANCEL, _uuid(run_id), tenant_id, workspace_id,
+                                     action, conn=conn)
+        return CancelOutcome(value)
+
+    async def resume_run(
+        self, run_id: RunId, *, input: Any = None, tenant_id: str | None = None,  # noqa: A002
+        workspace_id: str | None = None, conn: Executor | None = None,
+    ) -> bool:
+        """waiting → pending (``zeroth.resume_run``)."""
+        return bool(await self._fetchval(_calls.RESUME_RUN, _uuid(run_id), tenant_id, workspace_id,
+                                         _dumps(input), conn=conn))
+
+    async def redrive_run(
+        self, run_id: RunId, *, tenant_id: str | None = None, workspace_id: str | None = None,
+        conn: Executor | None = None,
+    ) -> bool:
+        """failed/cancelled → pending with attempts reset (``zeroth.redrive_run``)."""
+        return bool(await self._fetchval(_calls.REDRIVE_RUN, _uuid(run_id), tenant_id,
+                                         workspace_id, conn=conn))
+
+
+def _json_item(item: Mapping[str, Any]) -> dict[str, Any]:
+    """One enqueue_runs item as JSON: datetimes and UUIDs become strings."""
+    out: dict[str, Any] = {}
+    for key, value in item.items():
+        if isinstance(value, datetime):
+            out[key] = value.isoformat()
+        elif isinstance(value, UUID):
+            out[key] = str(value)
+        else:
+            out[key] = value
+    return out

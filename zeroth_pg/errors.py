@@ -1,0 +1,154 @@
+"""One exception tree for zeroth_pg, keyed by SQLSTATE.
+
+The SQL functions raise SQLSTATE class ``ZP`` (listed in sql/README.md); :func:`translate` maps
+an asyncpg error to the matching class here, once, so callers branch on types and never on
+message text (which the server may localise). Serialization failures, deadlocks and lost
+connections become :class:`RetryableError`: the whole call can be repeated safely, because every
+function is one transaction.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import asyncpg
+
+__all__ = [
+    "CheckpointConflictError",
+    "ConnectionLostError",
+    "DatabaseError",
+    "FenceColumnWriteError",
+    "InvalidArgumentError",
+    "InvalidScopeError",
+    "InvalidTransitionError",
+    "LeaseLostError",
+    "RetryableError",
+    "RunNotFoundError",
+    "UnknownColumnError",
+    "ZerothError",
+    "translate",
+]
+
+
+class ZerothError(Exception):
+    """Base class of every error zeroth_pg raises on purpose."""
+
+    sqlstate: ClassVar[str | None] = None
+    retryable: ClassVar[bool] = False
+
+
+class RunNotFoundError(ZerothError, LookupError):
+    """ZP001: no run has this id in this tenant/workspace scope."""
+
+    sqlstate = "ZP001"
+
+
+class LeaseLostError(ZerothError):
+    """ZP002: a fenced write was refused; the caller no longer holds the lease generation.
+
+    The SQL functions report a refused fenced write as a return value (false/NULL); clients raise
+    this where a refusal must stop the caller (the worker's RunContext does).
+    """
+
+    sqlstate = "ZP002"
+
+    def __init__(self, message: str, *, run_id: object = None, worker_id: str | None = None,
+                 generation: int | None = None) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+        self.worker_id = worker_id
+        self.generation = generation
+
+
+class InvalidTransitionError(ZerothError):
+    """ZP003: the run's status does not allow this transition."""
+
+    sqlstate = "ZP003"
+
+
+class FenceColumnWriteError(ZerothError, ValueError):
+    """ZP004: commit_fenced was asked to write a lease, fence, status or identity column."""
+
+    sqlstate = "ZP004"
+
+
+class UnknownColumnError(ZerothError, ValueError):
+    """ZP005: commit_fenced was given a column that is not writable or does not exist."""
+
+    sqlstate = "ZP005"
+
+
+class InvalidScopeError(ZerothError, ValueError):
+    """ZP006: the tenant/workspace scope cannot name any run (a workspace without a tenant)."""
+
+    sqlstate = "ZP006"
+
+
+class CheckpointConflictError(ZerothError):
+    """ZP007: a caller-chosen checkpoint id already belongs to another run."""
+
+    sqlstate = "ZP007"
+
+
+class InvalidArgumentError(ZerothError, ValueError):
+    """ZP008: an argument is out of range, missing or malformed. Nothing was changed."""
+
+    sqlstate = "ZP008"
+
+
+class DatabaseError(ZerothError):
+    """Any other database error, with its SQLSTATE."""
+
+    def __init__(self, message: str, *, sqlstate: str | None = None) -> None:
+        super().__init__(message)
+        self.code = sqlstate
+
+
+class RetryableError(DatabaseError):
+    """A transient failure (serialization, deadlock, lost connection): the call may be repeated."""
+
+    retryable = True
+
+
+class ConnectionLostError(RetryableError):
+    """The connection broke during the call; whether the call committed is unknown."""
+
+
+_BY_SQLSTATE: dict[str, type[ZerothError]] = {
+    cls.sqlstate: cls
+    for cls in (
+        RunNotFoundError,
+        LeaseLostError,
+        InvalidTransitionError,
+        FenceColumnWriteError,
+        UnknownColumnError,
+        InvalidScopeError,
+        CheckpointConflictError,
+        InvalidArgumentError,
+    )
+    if cls.sqlstate is not None
+}
+
+# serialization_failure, deadlock_detected, lock_not_available, and the server shutting down.
+_RETRYABLE_SQLSTATES = frozenset({"40001", "40P01", "55P03", "57P01", "57P02", "57P03"})
+
+
+def translate(exc: BaseException) -> BaseException:
+    """Map a driver exception to the zeroth_pg exception to raise in its place.
+
+    Exceptions that are not database errors are returned unchanged.
+    """
+    if isinstance(exc, asyncpg.PostgresError):
+        sqlstate = getattr(exc, "sqlstate", None)
+        message = getattr(exc, "message", None) or str(exc)
+        cls = _BY_SQLSTATE.get(sqlstate or "")
+        if cls is not None:
+            return cls(message)
+        if (sqlstate or "").startswith("08"):
+            return ConnectionLostError(message, sqlstate=sqlstate)
+        if sqlstate in _RETRYABLE_SQLSTATES:
+            return RetryableError(message, sqlstate=sqlstate)
+        return DatabaseError(message, sqlstate=sqlstate)
+    if isinstance(exc, asyncpg.InterfaceError | ConnectionError | OSError):
+        return ConnectionLostError(str(exc) or type(exc).__name__)
+    return exc

@@ -1,0 +1,126 @@
+"""Typed results of the zeroth_pg client: frozen dataclasses and enums mirroring the SQL types."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+from uuid import UUID
+
+__all__ = [
+    "CancelOutcome",
+    "ClaimedRun",
+    "EnqueuedRun",
+    "FailOutcome",
+    "LeaseClaimResult",
+    "LeaseRenewal",
+    "OrphanClaimResult",
+    "RunStatus",
+]
+
+
+class RunStatus(StrEnum):
+    """Mirror of the SQL enum ``zeroth.run_status`` (a test compares the two)."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    WAITING = "waiting"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class FailOutcome(StrEnum):
+    """What ``zeroth.fail_run`` did with a failed attempt."""
+
+    RETRY_SCHEDULED = "retry_scheduled"
+    FAILED = "failed"
+    DEAD_LETTERED = "dead_lettered"
+
+
+class CancelOutcome(StrEnum):
+    """What ``zeroth.request_cancel`` did."""
+
+    CANCELLED = "cancelled"
+    CANCEL_REQUESTED = "cancel_requested"
+    NOT_CANCELLABLE = "not_cancellable"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedRun:
+    """One run leased by claim_pending or claim_orphaned (a row of ``zeroth.claimed_run``)."""
+
+    run_id: UUID
+    lease_generation: int
+    lease_expires_at: datetime
+    status: RunStatus
+    attempts: int
+    max_attempts: int
+    priority: int
+    thread_id: str | None
+    idempotency_key: str | None
+    payload: dict[str, Any]
+    metadata: dict[str, Any]
+    recovery_checkpoint_id: UUID | None
+    checkpoint_data: Any
+    cancel_requested: bool
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseClaimResult:
+    """Result of one claim_pending call: what it claimed and the saturation it observed.
+
+    ``run_id`` is the first claimed run (the seed's single-run field); ``runs`` holds all of them
+    when a batch was asked for.
+    """
+
+    run_id: UUID | None
+    concurrency_saturated: bool
+    active_count: int
+    max_concurrency: int | None
+    runs: tuple[ClaimedRun, ...] = field(default=())
+
+    @property
+    def utilization(self) -> float:
+        """active / max_concurrency capped at 1, or 0.0 when no limit was given."""
+        if not self.max_concurrency:
+            return 0.0
+        return min(1.0, self.active_count / self.max_concurrency)
+
+
+@dataclass(frozen=True, slots=True)
+class OrphanClaimResult:
+    """Result of one claim_orphaned call.
+
+    An empty ``run_ids`` with ``concurrency_saturated`` false is a definitive empty scan; with it
+    true, an orphan is waiting for a free concurrency slot. ``generations`` lets the caller name
+    each lease even if a later read fails.
+    """
+
+    run_ids: tuple[UUID, ...]
+    concurrency_saturated: bool
+    generations: dict[UUID, int]
+    active_count: int = 0
+    max_concurrency: int | None = None
+    runs: tuple[ClaimedRun, ...] = field(default=())
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRenewal:
+    """One row of renew_leases: whether the lease was renewed and whether a cancel is pending."""
+
+    run_id: UUID
+    renewed: bool
+    lease_expires_at: datetime | None
+    cancel_requested: bool
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueuedRun:
+    """Result of enqueue_run(s): ``created`` is false when an existing run was returned."""
+
+    run_id: UUID
+    created: bool
+    status: RunStatus
