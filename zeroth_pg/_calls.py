@@ -33,14 +33,15 @@ CLAIM_ORPHANED = f"""SELECT {_CLAIM_COLUMNS} FROM zeroth.claim_orphaned(
 RENEW_LEASE = """SELECT zeroth.renew_lease(run_id => $1, worker_id => $2, generation => $3,
     tenant_id => $4, workspace_id => $5, lease_seconds => $6)"""
 
-RENEW_LEASES = """SELECT run_id, renewed, lease_expires_at, cancel_requested FROM zeroth.renew_leases(
-    worker_id => $1, run_ids => $2, generations => $3, tenant_id => $4, workspace_id => $5,
+RENEW_LEASES = """SELECT run_id, renewed, lease_expires_at, cancel_requested
+    FROM zeroth.renew_leases(worker_id => $1, run_ids => $2, generations => $3, tenant_id => $4, workspace_id => $5,
     lease_seconds => $6)"""
 
 CURRENT_GENERATION = """SELECT zeroth.current_generation(run_id => $1, tenant_id => $2,
     workspace_id => $3)"""
 
-CURRENT_HOLDER = """SELECT zeroth.current_holder(run_id => $1, tenant_id => $2, workspace_id => $3)"""
+CURRENT_HOLDER = """SELECT zeroth.current_holder(run_id => $1, tenant_id => $2,
+    workspace_id => $3)"""
 
 GET_RECOVERY_CHECKPOINT_ID = """SELECT zeroth.get_recovery_checkpoint_id(run_id => $1,
     tenant_id => $2, workspace_id => $3)"""

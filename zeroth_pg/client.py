@@ -16,7 +16,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeAlias
 from uuid import UUID
 
 import asyncpg
@@ -37,9 +37,9 @@ from zeroth_pg.types import (
 __all__ = ["Executor", "LeaseManager"]
 
 #: A pool, or a connection (possibly inside the caller's transaction).
-Executor = asyncpg.Pool | asyncpg.Connection
+Executor: TypeAlias = "asyncpg.Pool | asyncpg.Connection"
 
-RunId = UUID | str
+RunId: TypeAlias = UUID | str
 
 
 def _uuid(value: RunId | None) -> UUID | None:
@@ -76,7 +76,8 @@ def _claimed(row: asyncpg.Record) -> ClaimedRun:
 
 
 def _enqueued(row: asyncpg.Record) -> EnqueuedRun:
-    return EnqueuedRun(run_id=row["run_id"], created=row["created"], status=RunStatus(row["status"]))
+    return EnqueuedRun(
+        run_id=row["run_id"], created=row["created"], status=RunStatus(row["status"]))
 
 
 @dataclass
@@ -432,7 +433,7 @@ class LeaseManager:
         return CancelOutcome(value)
 
     async def resume_run(
-        self, run_id: RunId, *, input: Any = None, tenant_id: str | None = None,  # noqa: A002
+        self, run_id: RunId, *, input: Any = None, tenant_id: str | None = None,
         workspace_id: str | None = None, conn: Executor | None = None,
     ) -> bool:
         """waiting → pending (``zeroth.resume_run``)."""

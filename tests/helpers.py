@@ -1,0 +1,136 @@
+"""Test factories over the real SQL API (asyncpg), shared by every test tier.
+
+``make_run(conn, status="running")`` drives a run to a state through the zeroth.* functions
+themselves (never by writing the table), so a factory can never build a state the API cannot
+reach. Time is injected with ``now_override``; ``T0`` is the fixed instant factories default to.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+
+T0 = datetime(2030, 1, 1, tzinfo=UTC)
+DEPLOYMENT = "deploy-a"
+WORKER = "worker-a"
+LEASE = 60.0
+
+
+def at(seconds: float) -> datetime:
+    """T0 plus ``seconds``."""
+    return T0 + timedelta(seconds=seconds)
+
+
+@dataclass(frozen=True)
+class Lease:
+    run_id: UUID
+    worker_id: str
+    generation: int
+
+
+async def enqueue(conn: asyncpg.Connection, *, deployment_ref: str = DEPLOYMENT,
+                  tenant_id: str | None = None, workspace_id: str | None = None,
+                  payload: dict[str, Any] | None = None, now: datetime = T0,
+                  **kwargs: Any) -> UUID:
+    """zeroth.enqueue_run with defaults; returns the run id."""
+    names = ["deployment_ref", "payload", "tenant_id", "workspace_id", "now_override"]
+    values: list[Any] = [deployment_ref, json.dumps(payload or {}), tenant_id, workspace_id, now]
+    for key, value in kwargs.items():
+        names.append(key)
+        values.append(json.dumps(value) if key == "metadata" else value)
+    args = ", ".join(
+        f"{name} => ${i + 1}{'::text::jsonb' if name in ('payload', 'metadata') else ''}"
+        for i, name in enumerate(names))
+    return await conn.fetchval(f"SELECT run_id FROM zeroth.enqueue_run({args})", *values)  # type: ignore[no-any-return]
+
+
+async def claim(conn: asyncpg.Connection, *, deployment_ref: str = DEPLOYMENT,
+                worker_id: str = WORKER, tenant_id: str | None = None,
+                workspace_id: str | None = None, max_concurrency: int | None = None,
+                batch_size: int = 1, lease_seconds: float = LEASE,
+                now: datetime = T0) -> list[asyncpg.Record]:
+    """zeroth.claim_pending; returns only the claimed rows (the saturation marker is dropped)."""
+    rows = await conn.fetch(
+        """SELECT * FROM zeroth.claim_pending(deployment_ref => $1, worker_id => $2,
+               tenant_id => $3, workspace_id => $4, max_concurrency => $5, batch_size => $6,
+               lease_seconds => $7, now_override => $8)""",
+        deployment_ref, worker_id, tenant_id, workspace_id, max_concurrency, batch_size,
+        lease_seconds, now)
+    return [row for row in rows if row["run_id"] is not None]
+
+
+async def run_row(conn: asyncpg.Connection, run_id: UUID, *, tenant_id: str = "default",
+                  workspace_id: str | None = None) -> asyncpg.Record:
+    """The runs row (read directly: tests may look, only functions write)."""
+    return await conn.fetchrow(  # type: ignore[no-any-return]
+        """SELECT * FROM zeroth.runs r WHERE r.run_id = $1 AND r.tenant_id = $2
+               AND r.workspace_id IS NOT DISTINCT FROM $3""", run_id, tenant_id, workspace_id)
+
+
+async def make_run(conn: asyncpg.Connection, status: str = "pending", *,
+                   deployment_ref: str = DEPLOYMENT, worker_id: str = WORKER,
+                   tenant_id: str | None = None, workspace_id: str | None = None,
+                   max_concurrency: int | None = None, lease_seconds: float = LEASE,
+                   now: datetime = T0, **enqueue_kwargs: Any) -> Lease:
+    """A run driven to ``status`` through the API.
+
+    status: ``pending`` (not claimed, generation 0), ``claimed`` (pending with a live lease),
+    ``running``, ``waiting``, ``completed``, ``failed``, ``cancelled``. For claimed/running the
+    lease is (worker_id, generation 1) and lives until ``now + lease_seconds``.
+    """
+    run_id = await enqueue(conn, deployment_ref=deployment_ref, tenant_id=tenant_id,
+                           workspace_id=workspace_id, now=now, **enqueue_kwargs)
+    if status == "pending":
+        return Lease(run_id, worker_id, 0)
+    rows = await conn.fetch(
+        """SELECT run_id, lease_generation FROM zeroth.claim_pending(deployment_ref => $1,
+               worker_id => $2, tenant_id => $3, workspace_id => $4, max_concurrency => $5,
+               batch_size => 1000, lease_seconds => $6, now_override => $7)""",
+        deployment_ref, worker_id, tenant_id, workspace_id, max_concurrency, lease_seconds, now)
+    mine = [row for row in rows if row["run_id"] == run_id]
+    assert mine, f"make_run could not claim {run_id}"
+    lease = Lease(run_id, worker_id, mine[0]["lease_generation"])
+    # Give back whatever else the batch claim took, so other runs stay as the test left them.
+    for row in rows:
+        if row["run_id"] is not None and row["run_id"] != run_id:
+            await conn.execute(
+                """SELECT zeroth.release_lease(run_id => $1, worker_id => $2, generation => $3,
+                       tenant_id => $4, workspace_id => $5, now_override => $6)""",
+                row["run_id"], worker_id, row["lease_generation"], tenant_id, workspace_id, now)
+    if status == "claimed":
+        return lease
+    fence = (lease.run_id, worker_id, lease.generation)
+    scope = (tenant_id, workspace_id, now)
+    assert await conn.fetchval(
+        """SELECT zeroth.start_run(run_id => $1, worker_id => $2, generation => $3,
+               tenant_id => $4, workspace_id => $5, now_override => $6)""", *fence, *scope)
+    if status == "running":
+        return lease
+    if status == "waiting":
+        assert await conn.fetchval(
+            """SELECT zeroth.pause_run(run_id => $1, worker_id => $2, generation => $3,
+                   reason => 'approval', tenant_id => $4, workspace_id => $5,
+                   now_override => $6)""", *fence, *scope)
+    elif status == "completed":
+        assert await conn.fetchval(
+            """SELECT zeroth.complete_run(run_id => $1, worker_id => $2, generation => $3,
+                   output => '{"ok": true}', tenant_id => $4, workspace_id => $5,
+                   now_override => $6)""", *fence, *scope)
+    elif status == "failed":
+        outcome = await conn.fetchval(
+            """SELECT zeroth.fail_run(run_id => $1, worker_id => $2, generation => $3,
+                   error => '{"reason": "boom"}', retryable => false, tenant_id => $4,
+                   workspace_id => $5, now_override => $6)""", *fence, *scope)
+        assert outcome == "failed"
+    elif status == "cancelled":
+        assert await conn.fetchval(
+            """SELECT zeroth.cancel_run(run_id => $1, worker_id => $2, generation => $3,
+                   tenant_id => $4, workspace_id => $5, now_override => $6)""", *fence, *scope)
+    else:
+        raise ValueError(f"unknown status {status!r}")
+    return lease

