@@ -34,8 +34,8 @@ RENEW_LEASE = """SELECT zeroth.renew_lease(run_id => $1, worker_id => $2, genera
     tenant_id => $4, workspace_id => $5, lease_seconds => $6)"""
 
 RENEW_LEASES = """SELECT run_id, renewed, lease_expires_at, cancel_requested
-    FROM zeroth.renew_leases(worker_id => $1, run_ids => $2, generations => $3, tenant_id => $4, workspace_id => $5,
-    lease_seconds => $6)"""
+    FROM zeroth.renew_leases(worker_id => $1, run_ids => $2, generations => $3,
+    tenant_id => $4, workspace_id => $5, lease_seconds => $6)"""
 
 CURRENT_GENERATION = """SELECT zeroth.current_generation(run_id => $1, tenant_id => $2,
     workspace_id => $3)"""
