@@ -1609,6 +1609,47 @@ WITH (fillfactor='50');
 COMMENT ON TABLE zeroth.admission_slots IS 'Concurrency slots per (tenant, workspace, deployment). A slot is free when run_id is NULL or its lease expired.';
 
 --
+-- Name: dead_letters; Type: VIEW; Schema: zeroth; Owner: -
+--
+CREATE VIEW zeroth.dead_letters AS
+ SELECT run_id,
+    tenant_id,
+    workspace_id,
+    deployment_ref,
+    attempts,
+    max_attempts,
+    error,
+    dead_lettered_at,
+    created_at,
+    payload
+   FROM zeroth.runs r
+  WHERE (dead_lettered_at IS NOT NULL);
+
+--
+-- Name: VIEW dead_letters; Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON VIEW zeroth.dead_letters IS 'Runs that failed max_attempts times with a retryable error and were dead-lettered by fail_run; redrive_run puts one back to pending.';
+
+--
+-- Name: queue_depth; Type: VIEW; Schema: zeroth; Owner: -
+--
+CREATE VIEW zeroth.queue_depth AS
+ SELECT tenant_id,
+    workspace_id,
+    deployment_ref,
+    count(*) FILTER (WHERE ((lease_worker_id IS NULL) OR (lease_expires_at < clock_timestamp()))) AS claimable,
+    count(*) FILTER (WHERE (run_after > clock_timestamp())) AS scheduled,
+    count(*) AS pending
+   FROM zeroth.runs r
+  WHERE (status = 'pending'::zeroth.run_status)
+  GROUP BY tenant_id, workspace_id, deployment_ref;
+
+--
+-- Name: VIEW queue_depth; Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON VIEW zeroth.queue_depth IS 'Pending runs per (tenant, workspace, deployment): all pending, those without a live lease (claimable once due), and those scheduled for later (run_after in the future). Uses runs_claim_pending_idx.';
+
+--
 -- Name: admission_slots admission_slots_pkey; Type: CONSTRAINT; Schema: zeroth; Owner: -
 --
 ALTER TABLE ONLY zeroth.admission_slots
