@@ -86,3 +86,7 @@ RESUME_RUN = """SELECT zeroth.resume_run(run_id => $1, tenant_id => $2, workspac
     input => $4::text::jsonb)"""
 
 REDRIVE_RUN = """SELECT zeroth.redrive_run(run_id => $1, tenant_id => $2, workspace_id => $3)"""
+
+QUEUE_DEPTH = """SELECT coalesce(sum(q.pending), 0) FROM zeroth.queue_depth q
+    WHERE q.deployment_ref = $1 AND q.tenant_id = zeroth._scope_tenant($2, $3)
+    AND q.workspace_id IS NOT DISTINCT FROM $3"""

@@ -263,7 +263,7 @@ class LeaseManager:
     async def renew_leases(
         self,
         worker_id: str,
-        leases: Mapping[RunId, int] | Sequence[tuple[RunId, int]],
+        leases: Mapping[UUID, int] | Sequence[tuple[RunId, int]],
         *,
         tenant_id: str | None = None,
         workspace_id: str | None = None,

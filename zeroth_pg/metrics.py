@@ -1,0 +1,74 @@
+"""Prometheus metrics of the worker (the upstream names), labelled by deployment.
+
+The metrics live in one registry per process (prometheus-client's default unless a registry is
+passed), so several workers in one process share them and are told apart by the label.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+
+__all__ = ["WorkerMetrics", "default_metrics", "start_http_server"]
+
+
+@dataclass(frozen=True)
+class WorkerMetrics:
+    runs_started: Counter
+    runs_completed: Counter
+    run_duration: Histogram
+    lease_lost: Counter
+    fencing_rejected: Counter
+    worker_crashes: Counter
+    runs_dead_lettered: Counter
+    guardrail_rejections: Counter
+    utilization: Gauge
+    queue_depth: Gauge
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry = REGISTRY) -> WorkerMetrics:
+        d = ("deployment",)
+        return cls(
+            runs_started=Counter("zeroth_runs_started", "Run executions started.", d,
+                                 registry=registry),
+            runs_completed=Counter("zeroth_runs_completed", "Run executions that completed.", d,
+                                   registry=registry),
+            run_duration=Histogram("zeroth_run_duration_seconds", "Handler execution time.", d,
+                                   registry=registry),
+            lease_lost=Counter("zeroth_lease_lost", "Leases lost: renewal refused, fenced write "
+                               "rejected, or local lease deadline passed.", d, registry=registry),
+            fencing_rejected=Counter("zeroth_lease_fencing_rejected", "Fenced writes refused.", d,
+                                     registry=registry),
+            worker_crashes=Counter("zeroth_worker_crashes", "Handler exceptions.", d,
+                                   registry=registry),
+            runs_dead_lettered=Counter("zeroth_runs_dead_lettered",
+                                       "Runs dead-lettered after max_attempts.", d,
+                                       registry=registry),
+            guardrail_rejections=Counter("zeroth_guardrail_rejections",
+                                         "Claims refused by a guardrail.", (*d, "reason"),
+                                         registry=registry),
+            utilization=Gauge("zeroth_guardrail_utilization_ratio",
+                              "Live leases / max_concurrency seen by the last claim.",
+                              (*d, "resource"), registry=registry),
+            queue_depth=Gauge("zeroth_queue_depth", "Pending runs of the deployment.", d,
+                              registry=registry),
+        )
+
+
+_default: WorkerMetrics | None = None
+
+
+def default_metrics() -> WorkerMetrics:
+    """The process-wide metrics in prometheus-client's default registry (created once)."""
+    global _default
+    if _default is None:
+        _default = WorkerMetrics.create()
+    return _default
+
+
+def start_http_server(port: int, addr: str = "127.0.0.1") -> None:
+    """Serve ``/metrics`` for the default registry (prometheus-client's own server)."""
+    from prometheus_client import start_http_server as _start
+
+    _start(port, addr=addr)

@@ -1,0 +1,163 @@
+"""LISTEN/NOTIFY wakeups: hints that cut latency, never the truth.
+
+The SQL functions that make work claimable notify ``zeroth_wakeup`` with a small JSON payload
+(``deployment_ref``, ``tenant_id``, ``workspace_id``); ``request_cancel`` notifies
+``zeroth_control``. A :class:`Notifier` holds ONE dedicated connection outside any pool (a pooled
+connection runs ``UNLISTEN *`` on release, and a transaction-mode pooler cannot LISTEN at all),
+pings it on an interval so a silently dead connection is noticed, reconnects with backoff, and
+calls ``on_connect`` after every (re)connect: notifications sent while it was away are gone, so
+the owner must poll once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+
+__all__ = ["CONTROL_CHANNEL", "WAKEUP_CHANNEL", "Notifier", "enqueue_wakeup"]
+
+WAKEUP_CHANNEL = "zeroth_wakeup"
+CONTROL_CHANNEL = "zeroth_control"
+
+log = logging.getLogger("zeroth_pg.notify")
+
+NotificationHandler = Callable[[str, dict[str, Any]], None]
+
+
+async def enqueue_wakeup(conn: asyncpg.Connection | asyncpg.Pool | None, run_id: UUID | str,
+                         *, deployment_ref: str | None = None) -> None:
+    """Best-effort wakeup for a run; never raises (the poll fallback covers a lost hint).
+
+    The SQL functions already notify when they make work claimable; this is for callers that
+    changed something outside them and want workers to look now.
+    """
+    if conn is None:
+        return
+    payload: dict[str, Any] = {"run_id": str(run_id)}
+    if deployment_ref is not None:
+        payload["deployment_ref"] = deployment_ref
+    try:
+        await conn.execute("SELECT pg_notify($1, $2)", WAKEUP_CHANNEL, json.dumps(payload))
+    except Exception as exc:  # a hint must never break the caller
+        log.warning("wakeup for run %s not sent (%s: %s); poll fallback active",
+                    run_id, type(exc).__name__, exc)
+
+
+class Notifier:
+    """One dedicated LISTEN connection with health pings and reconnect-with-backoff.
+
+    ``on_notification(channel, payload)`` is called for every notification (payloads that are
+    not JSON objects arrive as ``{}``); it must not block. ``on_connect()`` is called after every
+    successful (re)connect, before any notification of that connection is delivered.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        on_notification: NotificationHandler,
+        on_connect: Callable[[], None] | None = None,
+        channels: tuple[str, ...] = (WAKEUP_CHANNEL, CONTROL_CHANNEL),
+        ping_interval: float = 5.0,
+        ping_timeout: float = 5.0,
+        reconnect_min: float = 0.1,
+        reconnect_max: float = 5.0,
+        connect: Callable[[str], Awaitable[asyncpg.Connection]] | None = None,
+    ) -> None:
+        self.dsn = dsn
+        self.channels = channels
+        self.on_notification = on_notification
+        self.on_connect = on_connect
+        self.ping_interval = ping_interval
+        self.ping_timeout = ping_timeout
+        self.reconnect_min = reconnect_min
+        self.reconnect_max = reconnect_max
+        self._connect = connect or (lambda dsn: asyncpg.connect(dsn))
+        self._task: asyncio.Task[None] | None = None
+        self._conn: asyncpg.Connection | None = None
+        self._lost = asyncio.Event()
+        self.connected = asyncio.Event()
+        self.connects = 0
+
+    @property
+    def backend_pid(self) -> int | None:
+        """The server pid of the LISTEN connection (None while disconnected)."""
+        conn = self._conn
+        return None if conn is None or conn.is_closed() else int(conn.get_server_pid())
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="zeroth-notifier")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self._close()
+
+    async def _run(self) -> None:
+        delay = self.reconnect_min
+        while True:
+            try:
+                await self._listen_once()
+                delay = self.reconnect_min
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("LISTEN connection failed (%s: %s); reconnecting in %.2fs",
+                            type(exc).__name__, exc, delay)
+            finally:
+                self.connected.clear()
+                await self._close()
+            await asyncio.sleep(delay * (0.5 + random.random() / 2))
+            delay = min(self.reconnect_max, delay * 2)
+
+    async def _listen_once(self) -> None:
+        self._lost.clear()
+        conn = await self._connect(self.dsn)
+        self._conn = conn
+        conn.add_termination_listener(lambda _conn: self._lost.set())
+        for channel in self.channels:
+            await conn.add_listener(channel, self._deliver)
+        self.connects += 1
+        self.connected.set()
+        log.info("listening on %s (connect #%d)", ", ".join(self.channels), self.connects)
+        if self.on_connect is not None:
+            self.on_connect()
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._lost.wait(), timeout=self.ping_interval)
+            if self._lost.is_set() or conn.is_closed():
+                raise ConnectionError("LISTEN connection closed")
+            # A dead TCP peer raises no exception by itself: ask the server something.
+            await conn.fetchval("SELECT 1", timeout=self.ping_timeout)
+
+    def _deliver(self, _conn: object, _pid: int, channel: str, payload: str) -> None:
+        try:
+            data = json.loads(payload) if payload else {}
+        except ValueError:
+            data = {}
+        if not isinstance(data, dict):
+            data = {}
+        try:
+            self.on_notification(channel, data)
+        except Exception:
+            log.exception("notification handler failed for %s", channel)
+
+    async def _close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None and not conn.is_closed():
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(conn.close(), timeout=2)
+            if not conn.is_closed():
+                conn.terminate()
