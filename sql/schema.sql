@@ -1043,37 +1043,34 @@ BEGIN
                             'need 0 <= retry_base_seconds <= retry_max_seconds <= 30 days');
 
     PERFORM zeroth._free_slot(v_tenant, v_wskey, fail_run.run_id, fail_run.worker_id, fail_run.generation);
-    WITH decided AS (
-        SELECT r.tenant_id, r.workspace_key, r.run_id,
-               fail_run.retryable AND r.attempts < r.max_attempts AS retry,
-               fail_run.retryable AND r.attempts >= r.max_attempts AS dead_letter,
-               -- Exponential backoff with equal jitter: half fixed, half random.
-               least(fail_run.retry_max_seconds,
-                     fail_run.retry_base_seconds * power(2, greatest(r.attempts - 1, 0)::double precision))
-                   * (0.5 + random() / 2) AS delay_seconds
-          FROM zeroth.runs r
-         WHERE r.tenant_id = v_tenant
-           AND r.workspace_key = v_wskey
-           AND r.run_id = fail_run.run_id
-    )
+    -- SET expressions read the row as it was; RETURNING reads it as written, so the outcome is
+    -- derived from what this UPDATE decided and nothing is read before the fenced write.
     UPDATE zeroth.runs r
-       SET status = CASE WHEN d.retry THEN 'pending'::zeroth.run_status ELSE 'failed'::zeroth.run_status END,
-           run_after = CASE WHEN d.retry THEN v_now + make_interval(secs => d.delay_seconds) ELSE r.run_after END,
-           finished_at = CASE WHEN d.retry THEN NULL ELSE v_now END,
-           dead_lettered_at = CASE WHEN d.dead_letter THEN v_now END,
+       SET status = CASE WHEN fail_run.retryable AND r.attempts < r.max_attempts
+                         THEN 'pending'::zeroth.run_status ELSE 'failed'::zeroth.run_status END,
+           run_after = CASE WHEN fail_run.retryable AND r.attempts < r.max_attempts
+                            -- Exponential backoff with equal jitter: half fixed, half random.
+                            THEN v_now + make_interval(secs => least(
+                                     fail_run.retry_max_seconds,
+                                     fail_run.retry_base_seconds * power(2, greatest(r.attempts - 1, 0)::double precision))
+                                 * (0.5 + random() / 2))
+                            ELSE r.run_after END,
+           finished_at = CASE WHEN fail_run.retryable AND r.attempts < r.max_attempts THEN NULL ELSE v_now END,
+           dead_lettered_at = CASE WHEN fail_run.retryable AND r.attempts >= r.max_attempts THEN v_now END,
            error = fail_run.error,
            updated_at = v_now,
            lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
            admission_slot = NULL, recovery_checkpoint_id = NULL
-      FROM decided d
-     WHERE r.tenant_id = d.tenant_id
-       AND r.workspace_key = d.workspace_key
-       AND r.run_id = d.run_id
+     WHERE r.tenant_id = v_tenant
+       AND r.workspace_key = v_wskey
+       AND r.run_id = fail_run.run_id
        AND r.lease_worker_id = fail_run.worker_id
        AND r.lease_generation = fail_run.generation
        AND r.lease_expires_at >= v_now
        AND r.status = 'running'
-    RETURNING CASE WHEN d.retry THEN 'retry_scheduled' WHEN d.dead_letter THEN 'dead_lettered' ELSE 'failed' END,
+    RETURNING CASE WHEN r.status = 'pending' THEN 'retry_scheduled'
+                   WHEN r.dead_lettered_at IS NOT NULL THEN 'dead_lettered'
+                   ELSE 'failed' END,
               r.deployment_ref, r.workspace_id
          INTO v_outcome, v_deploy, v_ws;
     IF v_outcome IS NULL THEN
