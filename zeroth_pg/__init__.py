@@ -29,6 +29,7 @@ from zeroth_pg.types import (
     OrphanClaimResult,
     RunStatus,
 )
+from zeroth_pg.worker import RunContext, RunWorker
 
 __all__ = [
     "CancelOutcome",
@@ -48,8 +49,10 @@ __all__ = [
     "LeaseRenewal",
     "OrphanClaimResult",
     "RetryableError",
+    "RunContext",
     "RunNotFoundError",
     "RunStatus",
+    "RunWorker",
     "UnknownColumnError",
     "ZerothError",
 ]
