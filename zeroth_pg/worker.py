@@ -244,6 +244,10 @@ class RunWorker:
     async def poll_loop(self) -> None:
         """Claim until stopping: orphans when a sweep is due, then pending runs in batches."""
         while not self._stopping:
+            # Cleared before the pass, not before the sleep: a wakeup that arrives while the pass
+            # is talking to the database must still cut the next sleep short.
+            self._wake.clear()
+            self._slot_freed.clear()
             try:
                 await self._claim_pass()
             except asyncio.CancelledError:
@@ -372,8 +376,6 @@ class RunWorker:
         timeout = self.poll_interval
         if not self._sweep_due:
             timeout = min(timeout, max(0.0, self._next_sweep - time.monotonic()))
-        self._wake.clear()
-        self._slot_freed.clear()
         waits = [asyncio.ensure_future(self._wake.wait())]
         if self._backlog or self._sweep_due:
             waits.append(asyncio.ensure_future(self._slot_freed.wait()))
@@ -503,6 +505,8 @@ class RunWorker:
         except asyncio.CancelledError:
             if entry.stop_reason is None:
                 raise  # not ours (the loop is shutting down): propagate
+            # Stopped before the handler ran (e.g. during start_run): settle it the same way.
+            await self._after_stop(entry)
         except Exception:
             log.exception("run %s: worker error outside the handler", run.run_id)
         finally:
@@ -559,6 +563,8 @@ class RunWorker:
                 self._lease_lost(entry, fenced=True)
         elif reason == StopReason.SHUTDOWN:
             handed = await self._write(entry, self._fenced(entry, lm.hand_back_to_pending))
+            if not handed:  # claimed but never started: still pending, just give the lease back
+                await self._write(entry, self._fenced(entry, lm.release_lease))
             log.info("run %s handed back to pending: %s", run.run_id, handed)
         elif reason == StopReason.INTERRUPT:
             await self._write(entry, self._fenced(entry, lm.release_lease))
