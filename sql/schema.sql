@@ -1400,6 +1400,7 @@ DECLARE
     v_tenant text := zeroth._scope_tenant(request_cancel.tenant_id, request_cancel.workspace_id);
     v_wskey  text := zeroth._workspace_key(request_cancel.workspace_id);
     v_run    record;
+    v_freed  boolean;
 BEGIN
     PERFORM zeroth._require(request_cancel.run_id IS NOT NULL, 'run_id must not be NULL');
     PERFORM zeroth._require(request_cancel.action IN ('cancel', 'interrupt', 'rollback'),
@@ -1433,6 +1434,7 @@ BEGIN
     UPDATE zeroth.admission_slots s
        SET run_id = NULL, lease_worker_id = NULL, lease_generation = NULL, lease_expires_at = NULL
      WHERE s.run_id = request_cancel.run_id AND s.tenant_id = v_tenant AND s.workspace_key = v_wskey;
+    v_freed := FOUND;
     UPDATE zeroth.runs r
        SET status = 'cancelled',
            cancel_requested_at = coalesce(r.cancel_requested_at, v_now),
@@ -1443,6 +1445,9 @@ BEGIN
            lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
            admission_slot = NULL, recovery_checkpoint_id = NULL
      WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey AND r.run_id = request_cancel.run_id;
+    IF v_freed THEN
+        PERFORM zeroth._notify_wakeup(v_run.deployment_ref, v_tenant, request_cancel.workspace_id);
+    END IF;
     RETURN 'cancelled';
 END
 $$;
@@ -1450,7 +1455,7 @@ $$;
 --
 -- Name: FUNCTION request_cancel(run_id uuid, tenant_id text, workspace_id text, action text, now_override timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth.request_cancel(run_id uuid, tenant_id text, workspace_id text, action text, now_override timestamp with time zone) IS 'request_cancel: returns cancelled (pending, waiting, or running with an expired lease: terminal at once, lease cleared so the old holder''s fenced writes are refused) | cancel_requested (running with a live lease: durable flag, first action wins, NOTIFY zeroth_control to the owner) | not_cancellable (terminal) | unknown (no such run in scope). Raises ZP008. Time: clock_timestamp().';
+COMMENT ON FUNCTION zeroth.request_cancel(run_id uuid, tenant_id text, workspace_id text, action text, now_override timestamp with time zone) IS 'request_cancel: returns cancelled (pending, waiting, or running with an expired lease: terminal at once, lease cleared so the old holder''s fenced writes are refused) | cancel_requested (running with a live lease: durable flag, first action wins, NOTIFY zeroth_control to the owner) | not_cancellable (terminal) | unknown (no such run in scope). Raises ZP008. Notifies zeroth_wakeup when an immediate cancel freed a slot. Time: clock_timestamp().';
 
 --
 -- Name: resume_run(uuid, text, text, jsonb, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -

@@ -1267,7 +1267,8 @@ COMMENT ON FUNCTION zeroth.clear_lease(uuid, text, text, timestamptz) IS
 -- lease expired: terminal at once, lease cleared, every later fenced write of the old holder is
 -- refused); 'cancel_requested' (running with a live lease: durable flag set, owner notified on
 -- zeroth_control; the first action wins); 'not_cancellable' (terminal); 'unknown' (no such run in
--- scope). Locks: the run's slots, then the run. Raises ZP008. Time: clock_timestamp().
+-- scope). Locks: the run's slots, then the run. Raises ZP008. Notifies zeroth_wakeup when an
+-- immediate cancel freed a concurrency slot. Time: clock_timestamp().
 CREATE FUNCTION zeroth.request_cancel(
     run_id       uuid,
     tenant_id    text        DEFAULT NULL,
@@ -1281,6 +1282,7 @@ DECLARE
     v_tenant text := zeroth._scope_tenant(request_cancel.tenant_id, request_cancel.workspace_id);
     v_wskey  text := zeroth._workspace_key(request_cancel.workspace_id);
     v_run    record;
+    v_freed  boolean;
 BEGIN
     PERFORM zeroth._require(request_cancel.run_id IS NOT NULL, 'run_id must not be NULL');
     PERFORM zeroth._require(request_cancel.action IN ('cancel', 'interrupt', 'rollback'),
@@ -1314,6 +1316,7 @@ BEGIN
     UPDATE zeroth.admission_slots s
        SET run_id = NULL, lease_worker_id = NULL, lease_generation = NULL, lease_expires_at = NULL
      WHERE s.run_id = request_cancel.run_id AND s.tenant_id = v_tenant AND s.workspace_key = v_wskey;
+    v_freed := FOUND;
     UPDATE zeroth.runs r
        SET status = 'cancelled',
            cancel_requested_at = coalesce(r.cancel_requested_at, v_now),
@@ -1324,11 +1327,14 @@ BEGIN
            lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
            admission_slot = NULL, recovery_checkpoint_id = NULL
      WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey AND r.run_id = request_cancel.run_id;
+    IF v_freed THEN
+        PERFORM zeroth._notify_wakeup(v_run.deployment_ref, v_tenant, request_cancel.workspace_id);
+    END IF;
     RETURN 'cancelled';
 END
 $$;
 COMMENT ON FUNCTION zeroth.request_cancel(uuid, text, text, text, timestamptz) IS
-'request_cancel: returns cancelled (pending, waiting, or running with an expired lease: terminal at once, lease cleared so the old holder''s fenced writes are refused) | cancel_requested (running with a live lease: durable flag, first action wins, NOTIFY zeroth_control to the owner) | not_cancellable (terminal) | unknown (no such run in scope). Raises ZP008. Time: clock_timestamp().';
+'request_cancel: returns cancelled (pending, waiting, or running with an expired lease: terminal at once, lease cleared so the old holder''s fenced writes are refused) | cancel_requested (running with a live lease: durable flag, first action wins, NOTIFY zeroth_control to the owner) | not_cancellable (terminal) | unknown (no such run in scope). Raises ZP008. Notifies zeroth_wakeup when an immediate cancel freed a slot. Time: clock_timestamp().';
 
 -- cancel_run: the lease holder ends its run as cancelled (after seeing a cancel request, or on its
 -- own). pending or running → cancelled, fenced; clears the lease and frees the slot. Returns false
@@ -1479,7 +1485,8 @@ COMMENT ON FUNCTION zeroth.resume_run(uuid, text, text, jsonb, timestamptz) IS
 
 -- redrive_run: failed or cancelled → pending (dead-letter redrive, operator replay). Resets
 -- attempts, error, output, cancel and dead-letter marks; never the lease generation, so fencing
--- stays monotonic across replays. Locks: the run row. Returns true. Raises ZP001 (unknown run),
+-- stays monotonic across replays. Checkpoints are kept: the next claim hands the latest one to
+-- the handler, which decides whether to resume from it. Locks: the run row. Returns true. Raises ZP001 (unknown run),
 -- ZP003 (not failed/cancelled), ZP008. Notifies zeroth_wakeup. Time: clock_timestamp().
 CREATE FUNCTION zeroth.redrive_run(
     run_id       uuid,

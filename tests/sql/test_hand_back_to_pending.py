@@ -1,0 +1,264 @@
+"""zeroth.hand_back_to_pending: running → pending for exactly (worker_id, generation).
+
+Used on graceful shutdown and contention: no expiry check, the attempt is given back, checkpoints
+are kept for the next owner, and an admin cancel that got there first wins.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import asyncpg
+import pytest
+from helpers import DEPLOYMENT, WORKER, at, claim, make_run, run_row
+
+HAND_BACK = """SELECT zeroth.hand_back_to_pending(run_id => $1, worker_id => $2, generation => $3,
+                   tenant_id => $4, workspace_id => $5, now_override => $6)"""
+CLAIM_ORPHANED = """SELECT run_id, lease_generation FROM zeroth.claim_orphaned(
+                        deployment_ref => $1, worker_id => $2, now_override => $3)
+                     WHERE run_id IS NOT NULL"""
+SAVE_CHECKPOINT = """SELECT zeroth.save_checkpoint(run_id => $1, worker_id => $2, generation => $3,
+                         data => $4::text::jsonb, now_override => $5)"""
+REQUEST_CANCEL = """SELECT zeroth.request_cancel(run_id => $1, action => $2, now_override => $3)"""
+START = """SELECT zeroth.start_run(run_id => $1, worker_id => $2, generation => $3,
+               now_override => $4)"""
+SLOT = """SELECT s.run_id, s.lease_worker_id, s.lease_generation FROM zeroth.admission_slots s
+           WHERE s.deployment_ref = $1 AND s.slot_no = 1"""
+OTHER = "worker-b"
+NOW = at(10)
+
+
+async def hand_back(conn, run_id, worker_id=WORKER, generation=1, *, tenant_id=None,
+                    workspace_id=None, now=NOW):
+    return await conn.fetchval(HAND_BACK, run_id, worker_id, generation, tenant_id,
+                               workspace_id, now)
+
+
+async def listen(connection, channel):
+    queue: asyncio.Queue[str] = asyncio.Queue()
+    await connection.add_listener(channel, lambda *args: queue.put_nowait(args[3]))
+    return queue
+
+
+async def next_payload(queue):
+    # A failure bound only: the notification was committed before we wait.
+    return await asyncio.wait_for(queue.get(), timeout=10)
+
+
+class TestHandBackOfRunningRun:
+    async def test_hand_back_makes_the_run_pending_without_a_lease(self, conn):
+        lease = await make_run(conn, "running")
+
+        assert await hand_back(conn, lease.run_id) is True
+
+        row = await run_row(conn, lease.run_id)
+        assert row["status"] == "pending"
+        assert row["lease_worker_id"] is None
+        assert row["lease_acquired_at"] is None
+        assert row["lease_expires_at"] is None
+        assert row["admission_slot"] is None
+        assert row["recovery_checkpoint_id"] is None
+        assert row["updated_at"] == NOW
+
+    async def test_hand_back_gives_the_attempt_back(self, conn):
+        lease = await make_run(conn, "running")
+        assert (await run_row(conn, lease.run_id))["attempts"] == 1
+
+        await hand_back(conn, lease.run_id)
+
+        assert (await run_row(conn, lease.run_id))["attempts"] == 0
+
+    async def test_hand_back_does_not_bump_the_generation_and_next_claim_does(self, conn):
+        lease = await make_run(conn, "running")
+        await hand_back(conn, lease.run_id)
+        assert (await run_row(conn, lease.run_id))["lease_generation"] == 1
+
+        rows = await claim(conn, worker_id=OTHER, now=at(11))
+
+        assert [(r["run_id"], r["lease_generation"]) for r in rows] == [(lease.run_id, 2)]
+        assert rows[0]["attempts"] == 0
+
+    async def test_hand_back_keeps_checkpoints_and_next_claim_resumes_from_the_latest(self, conn):
+        lease = await make_run(conn, "running")
+        await conn.fetchval(SAVE_CHECKPOINT, lease.run_id, WORKER, 1, '{"step": 1}', at(1))
+        latest = await conn.fetchval(SAVE_CHECKPOINT, lease.run_id, WORKER, 1, '{"step": 2}',
+                                     at(2))
+
+        await hand_back(conn, lease.run_id)
+
+        kept = await conn.fetchval(
+            "SELECT count(*) FROM zeroth.checkpoints k WHERE k.run_id = $1", lease.run_id)
+        assert kept == 2
+        rows = await claim(conn, worker_id=OTHER, now=at(11))
+        assert rows[0]["recovery_checkpoint_id"] == latest
+        assert json.loads(rows[0]["checkpoint_data"]) == {"step": 2}
+
+    async def test_hand_back_of_a_recovered_run_clears_its_recovery_checkpoint(self, conn):
+        lease = await make_run(conn, "running")
+        checkpoint = await conn.fetchval(SAVE_CHECKPOINT, lease.run_id, WORKER, 1, '{"step": 1}',
+                                         at(1))
+        assert await conn.fetch(CLAIM_ORPHANED, DEPLOYMENT, OTHER, at(61))
+        row = await run_row(conn, lease.run_id)
+        assert (row["recovery_checkpoint_id"], row["attempts"]) == (checkpoint, 1)
+
+        assert await hand_back(conn, lease.run_id, OTHER, 2, now=at(70)) is True
+
+        row = await run_row(conn, lease.run_id)
+        assert (row["status"], row["recovery_checkpoint_id"], row["attempts"]) == (
+            "pending", None, 0)
+
+    async def test_attempt_is_counted_again_when_the_next_owner_starts(self, conn):
+        lease = await make_run(conn, "running")
+        await hand_back(conn, lease.run_id)
+        rows = await claim(conn, worker_id=OTHER, now=at(11))
+
+        assert await conn.fetchval(START, lease.run_id, OTHER, rows[0]["lease_generation"],
+                                   at(12)) is True
+
+        assert (await run_row(conn, lease.run_id))["attempts"] == 1
+
+
+class TestHandBackOnlyFromRunning:
+    async def test_hand_back_of_a_claimed_pending_run_is_refused(self, conn):
+        # Its lease lapses by itself; there is no attempt to give back.
+        lease = await make_run(conn, "claimed")
+        before = await run_row(conn, lease.run_id)
+
+        assert await hand_back(conn, lease.run_id) is False
+
+        assert dict(await run_row(conn, lease.run_id)) == dict(before)
+
+    @pytest.mark.parametrize("status", ["pending", "waiting", "completed", "failed", "cancelled"])
+    async def test_hand_back_of_a_run_that_is_not_running_is_refused(self, conn, status):
+        lease = await make_run(conn, status)
+        before = await run_row(conn, lease.run_id)
+
+        assert await hand_back(conn, lease.run_id, WORKER, lease.generation) is False
+
+        assert dict(await run_row(conn, lease.run_id)) == dict(before)
+
+
+class TestHandBackMatchesTheExactGeneration:
+    async def test_stale_generation_cannot_hand_back_new_same_worker_lease(self, conn):
+        lease = await make_run(conn, "running")
+        rows = await conn.fetch(CLAIM_ORPHANED, DEPLOYMENT, WORKER, at(61))
+        assert [r["lease_generation"] for r in rows] == [2]
+        before = await run_row(conn, lease.run_id)
+
+        assert await hand_back(conn, lease.run_id, WORKER, 1, now=at(62)) is False
+
+        after = await run_row(conn, lease.run_id)
+        assert dict(after) == dict(before)
+        assert (after["status"], after["lease_worker_id"], after["lease_generation"]) == (
+            "running", WORKER, 2)
+
+    @pytest.mark.parametrize(("worker_id", "generation"), [(OTHER, 1), (WORKER, 0), (WORKER, 2)])
+    async def test_hand_back_by_anyone_but_the_exact_holder_is_refused(
+            self, conn, worker_id, generation):
+        lease = await make_run(conn, "running")
+        before = await run_row(conn, lease.run_id)
+
+        assert await hand_back(conn, lease.run_id, worker_id, generation) is False
+
+        assert dict(await run_row(conn, lease.run_id)) == dict(before)
+
+    async def test_hand_back_in_another_scope_is_refused(self, conn):
+        lease = await make_run(conn, "running", tenant_id="acme")
+        before = await run_row(conn, lease.run_id, tenant_id="acme")
+
+        assert await hand_back(conn, lease.run_id) is False
+        assert await hand_back(conn, lease.run_id, tenant_id="acme", workspace_id="ws") is False
+
+        assert dict(await run_row(conn, lease.run_id, tenant_id="acme")) == dict(before)
+
+
+class TestHandBackHasNoExpiryCheck:
+    async def test_holder_can_hand_back_after_its_lease_expired_untaken(self, conn):
+        lease = await make_run(conn, "running")
+
+        assert await hand_back(conn, lease.run_id, now=at(600)) is True
+
+        row = await run_row(conn, lease.run_id)
+        assert (row["status"], row["lease_worker_id"], row["attempts"]) == ("pending", None, 0)
+
+
+class TestAdminCancelWinsOverHandBack:
+    async def test_admin_cancel_wins_over_stale_shutdown_hand_back(self, conn):
+        lease = await make_run(conn, "running")
+        # The shutting-down worker's lease has lapsed; the admin cancel lands first.
+        assert await conn.fetchval(REQUEST_CANCEL, lease.run_id, "cancel", at(61)) == "cancelled"
+        before = await run_row(conn, lease.run_id)
+
+        assert await hand_back(conn, lease.run_id, now=at(62)) is False
+
+        after = await run_row(conn, lease.run_id)
+        assert dict(after) == dict(before)
+        assert after["status"] == "cancelled"
+        assert after["lease_worker_id"] is None
+
+    async def test_requested_cancel_survives_a_hand_back_to_the_next_claim(self, conn):
+        lease = await make_run(conn, "running")
+        assert await conn.fetchval(REQUEST_CANCEL, lease.run_id, "cancel", at(5)) == (
+            "cancel_requested")
+
+        assert await hand_back(conn, lease.run_id) is True
+
+        row = await run_row(conn, lease.run_id)
+        assert (row["cancel_action"], row["cancel_requested_at"]) == ("cancel", at(5))
+        rows = await claim(conn, worker_id=OTHER, now=at(11))
+        assert rows[0]["cancel_requested"] is True
+
+
+class TestHandBackFreesTheSlot:
+    async def test_hand_back_frees_the_slot_for_another_claim(self, conn):
+        lease = await make_run(conn, "running", max_concurrency=1)
+        assert tuple(await conn.fetchrow(SLOT, DEPLOYMENT)) == (lease.run_id, WORKER, 1)
+
+        await hand_back(conn, lease.run_id)
+
+        assert tuple(await conn.fetchrow(SLOT, DEPLOYMENT)) == (None, None, None)
+        rows = await claim(conn, worker_id=OTHER, max_concurrency=1, now=at(11))
+        assert [(r["run_id"], r["lease_generation"]) for r in rows] == [(lease.run_id, 2)]
+
+
+class TestHandBackNotifiesWakeup:
+    async def test_hand_back_notifies_the_runs_scope(self, connect):
+        actor, listener = await connect(), await connect()
+        lease = await make_run(actor, "running", tenant_id="acme", workspace_id="ws-1")
+        queue = await listen(listener, "zeroth_wakeup")
+
+        assert await hand_back(actor, lease.run_id, tenant_id="acme", workspace_id="ws-1") is True
+
+        assert json.loads(await next_payload(queue)) == {
+            "deployment_ref": DEPLOYMENT, "tenant_id": "acme", "workspace_id": "ws-1"}
+
+    async def test_refused_hand_back_sends_no_wakeup(self, connect):
+        actor, listener = await connect(), await connect()
+        lease = await make_run(actor, "claimed")
+        queue = await listen(listener, "zeroth_wakeup")
+
+        assert await hand_back(actor, lease.run_id) is False
+        await actor.execute("SELECT pg_notify('zeroth_wakeup', 'sentinel')")
+
+        # Notifications arrive in commit order: nothing came before the sentinel.
+        assert await next_payload(queue) == "sentinel"
+
+
+class TestHandBackRejectsBadArguments:
+    @pytest.mark.parametrize(
+        ("drop_run_id", "worker_id", "generation"),
+        [(True, WORKER, 1), (False, None, 1), (False, "", 1), (False, "w" * 201, 1),
+         (False, WORKER, None)],
+        ids=["run_id_null", "worker_null", "worker_empty", "worker_too_long", "generation_null"])
+    async def test_bad_argument_raises_zp008_and_changes_nothing(
+            self, conn, drop_run_id, worker_id, generation):
+        lease = await make_run(conn, "running")
+        before = await run_row(conn, lease.run_id)
+
+        with pytest.raises(asyncpg.PostgresError) as info:
+            async with conn.transaction():
+                await hand_back(conn, None if drop_run_id else lease.run_id, worker_id, generation)
+
+        assert info.value.sqlstate == "ZP008"
+        assert dict(await run_row(conn, lease.run_id)) == dict(before)
