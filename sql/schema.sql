@@ -142,9 +142,9 @@ $$;
 COMMENT ON FUNCTION zeroth._explain_fenced_miss(tenant_id text, workspace_key text, run_id uuid, worker_id text, generation bigint, at timestamp with time zone, transition text, allowed zeroth.run_status[]) IS 'Internal: after a fenced UPDATE matched nothing, raise ZP003 if the lease is still held (wrong status) rather than fenced out.';
 
 --
--- Name: _free_slot(text, text, uuid, text, bigint); Type: FUNCTION; Schema: zeroth; Owner: -
+-- Name: _free_slot(text, text, uuid, text, bigint, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
 --
-CREATE FUNCTION zeroth._free_slot(tenant_id text, workspace_key text, run_id uuid, worker_id text, generation bigint) RETURNS boolean
+CREATE FUNCTION zeroth._free_slot(tenant_id text, workspace_key text, run_id uuid, worker_id text, generation bigint, at timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS boolean
     LANGUAGE plpgsql
     AS $$
 BEGIN
@@ -154,15 +154,16 @@ BEGIN
        AND s.tenant_id = _free_slot.tenant_id
        AND s.workspace_key = _free_slot.workspace_key
        AND s.lease_worker_id = _free_slot.worker_id
-       AND s.lease_generation = _free_slot.generation;
+       AND s.lease_generation = _free_slot.generation
+       AND (_free_slot.at IS NULL OR s.lease_expires_at >= _free_slot.at);
     RETURN FOUND;
 END
 $$;
 
 --
--- Name: FUNCTION _free_slot(tenant_id text, workspace_key text, run_id uuid, worker_id text, generation bigint); Type: COMMENT; Schema: zeroth; Owner: -
+-- Name: FUNCTION _free_slot(tenant_id text, workspace_key text, run_id uuid, worker_id text, generation bigint, at timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth._free_slot(tenant_id text, workspace_key text, run_id uuid, worker_id text, generation bigint) IS 'Internal: release the admission slot held by exactly this (run, worker, generation).';
+COMMENT ON FUNCTION zeroth._free_slot(tenant_id text, workspace_key text, run_id uuid, worker_id text, generation bigint, at timestamp with time zone) IS 'Internal: release the admission slot held by exactly this (run, worker, generation); with at, only while that lease is live.';
 
 --
 -- Name: checkpoints; Type: TABLE; Schema: zeroth; Owner: -
@@ -228,6 +229,29 @@ END;
 -- Name: FUNCTION _notify_wakeup(deployment_ref text, tenant_id text, workspace_id text); Type: COMMENT; Schema: zeroth; Owner: -
 --
 COMMENT ON FUNCTION zeroth._notify_wakeup(deployment_ref text, tenant_id text, workspace_id text) IS 'Internal: NOTIFY zeroth_wakeup with {deployment_ref, tenant_id, workspace_id}.';
+
+--
+-- Name: _now(timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
+--
+CREATE FUNCTION zeroth._now(now_override timestamp with time zone) RETURNS timestamp with time zone
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF now_override IS NULL THEN
+        RETURN clock_timestamp();
+    END IF;
+    IF coalesce(current_setting('zeroth.allow_now_override', true), '') <> 'on' THEN
+        RAISE EXCEPTION 'now_override is a test hook; it needs zeroth.allow_now_override = on'
+            USING ERRCODE = 'ZP008';
+    END IF;
+    RETURN now_override;
+END
+$$;
+
+--
+-- Name: FUNCTION _now(now_override timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON FUNCTION zeroth._now(now_override timestamp with time zone) IS 'Internal: clock_timestamp(), or now_override when the test hook zeroth.allow_now_override = on (ZP008 otherwise).';
 
 --
 -- Name: _require(boolean, text); Type: FUNCTION; Schema: zeroth; Owner: -
@@ -344,7 +368,7 @@ CREATE FUNCTION zeroth.cancel_run(run_id uuid, worker_id text, generation bigint
     LANGUAGE plpgsql
     AS $$
 DECLARE
-    v_now    timestamptz := coalesce(now_override, clock_timestamp());
+    v_now    timestamptz := zeroth._now(now_override);
     v_tenant text := zeroth._scope_tenant(cancel_run.tenant_id, cancel_run.workspace_id);
     v_wskey  text := zeroth._workspace_key(cancel_run.workspace_id);
     v_freed  boolean;
@@ -354,7 +378,8 @@ BEGIN
     PERFORM zeroth._require_identifier(cancel_run.worker_id, 'worker_id');
     PERFORM zeroth._require(cancel_run.generation IS NOT NULL, 'generation must not be NULL');
 
-    v_freed := zeroth._free_slot(v_tenant, v_wskey, cancel_run.run_id, cancel_run.worker_id, cancel_run.generation);
+    v_freed := zeroth._free_slot(v_tenant, v_wskey, cancel_run.run_id, cancel_run.worker_id, cancel_run.generation,
+                                v_now);
     UPDATE zeroth.runs r
        SET status = 'cancelled',
            cancel_requested_at = coalesce(r.cancel_requested_at, v_now),
@@ -392,7 +417,7 @@ CREATE FUNCTION zeroth.claim_orphaned(deployment_ref text, worker_id text, tenan
     LANGUAGE plpgsql
     AS $$
 DECLARE
-    v_now    timestamptz := coalesce(now_override, clock_timestamp());
+    v_now    timestamptz := zeroth._now(now_override);
     v_lease  interval := zeroth._lease_interval(claim_orphaned.lease_seconds);
     v_tenant text := zeroth._scope_tenant(claim_orphaned.tenant_id, claim_orphaned.workspace_id);
     v_wskey  text := zeroth._workspace_key(claim_orphaned.workspace_id);
@@ -501,7 +526,7 @@ CREATE FUNCTION zeroth.claim_pending(deployment_ref text, worker_id text, tenant
     LANGUAGE plpgsql
     AS $$
 DECLARE
-    v_now    timestamptz := coalesce(now_override, clock_timestamp());
+    v_now    timestamptz := zeroth._now(now_override);
     v_lease  interval := zeroth._lease_interval(claim_pending.lease_seconds);
     v_tenant text := zeroth._scope_tenant(claim_pending.tenant_id, claim_pending.workspace_id);
     v_wskey  text := zeroth._workspace_key(claim_pending.workspace_id);
@@ -603,7 +628,7 @@ CREATE FUNCTION zeroth.clear_lease(run_id uuid, tenant_id text DEFAULT NULL::tex
     LANGUAGE plpgsql
     AS $$
 DECLARE
-    v_now    timestamptz := coalesce(now_override, clock_timestamp());
+    v_now    timestamptz := zeroth._now(now_override);
     v_tenant text := zeroth._scope_tenant(clear_lease.tenant_id, clear_lease.workspace_id);
     v_wskey  text := zeroth._workspace_key(clear_lease.workspace_id);
     v_run    record;
@@ -650,7 +675,7 @@ CREATE FUNCTION zeroth.commit_fenced(run_id uuid, worker_id text, generation big
     LANGUAGE plpgsql
     AS $$
 DECLARE
-    v_now    timestamptz := coalesce(now_override, clock_timestamp());
+    v_now    timestamptz := zeroth._now(now_override);
     v_tenant text := zeroth._scope_tenant(commit_fenced.tenant_id, commit_fenced.workspace_id);
     v_wskey  text := zeroth._workspace_key(commit_fenced.workspace_id);
     v_key    text;
@@ -713,7 +738,7 @@ CREATE FUNCTION zeroth.complete_run(run_id uuid, worker_id text, generation bigi
     LANGUAGE plpgsql
     AS $$
 DECLARE
-    v_now      timestamptz := coalesce(now_override, clock_timestamp());
+    v_now      timestamptz := zeroth._now(now_override);
     v_tenant   text := zeroth._scope_tenant(complete_run.tenant_id, complete_run.workspace_id);
     v_wskey    text := zeroth._workspace_key(complete_run.workspace_id);
     v_freed    boolean;
@@ -723,10 +748,12 @@ BEGIN
     PERFORM zeroth._require_identifier(complete_run.worker_id, 'worker_id');
     PERFORM zeroth._require(complete_run.generation IS NOT NULL, 'generation must not be NULL');
 
-    v_freed := zeroth._free_slot(v_tenant, v_wskey, complete_run.run_id, complete_run.worker_id, complete_run.generation);
+    v_freed := zeroth._free_slot(v_tenant, v_wskey, complete_run.run_id, complete_run.worker_id, complete_run.generation,
+                                v_now);
     UPDATE zeroth.runs r
        SET status = 'completed',
-           output = nullif(complete_run.output, 'null'::jsonb),
+           output = CASE WHEN complete_run.output IS NULL THEN r.output
+                         ELSE nullif(complete_run.output, 'null'::jsonb) END,
            finished_at = v_now,
            updated_at = v_now,
            lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
@@ -754,7 +781,7 @@ $$;
 --
 -- Name: FUNCTION complete_run(run_id uuid, worker_id text, generation bigint, output jsonb, tenant_id text, workspace_id text, now_override timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth.complete_run(run_id uuid, worker_id text, generation bigint, output jsonb, tenant_id text, workspace_id text, now_override timestamp with time zone) IS 'complete_run: running → completed for the live lease (worker_id, generation); stores output, clears the lease, frees the admission slot. Returns false when fenced out. Raises ZP003 (holder but not running), ZP008. Notifies zeroth_wakeup when a slot was freed. Time: clock_timestamp().';
+COMMENT ON FUNCTION zeroth.complete_run(run_id uuid, worker_id text, generation bigint, output jsonb, tenant_id text, workspace_id text, now_override timestamp with time zone) IS 'complete_run: running → completed for the live lease (worker_id, generation); stores output (SQL NULL keeps the committed output, JSON null clears it), clears the lease, frees the admission slot. Returns false when fenced out. Raises ZP003 (holder but not running), ZP008. Notifies zeroth_wakeup when a slot was freed. Time: clock_timestamp().';
 
 --
 -- Name: runs; Type: TABLE; Schema: zeroth; Owner: -
@@ -867,7 +894,7 @@ CREATE FUNCTION zeroth.enqueue_run(deployment_ref text, payload jsonb DEFAULT '{
     LANGUAGE plpgsql
     AS $$
 DECLARE
-    v_now    timestamptz := coalesce(now_override, clock_timestamp());
+    v_now    timestamptz := zeroth._now(now_override);
     v_tenant text := zeroth._scope_tenant(enqueue_run.tenant_id, enqueue_run.workspace_id);
     v_wskey  text := zeroth._workspace_key(enqueue_run.workspace_id);
     v_result zeroth.enqueued_run;
@@ -937,6 +964,15 @@ DECLARE
     v_result zeroth.enqueued_run;
     v_unknown text;
 BEGIN
+    -- The shared arguments are checked up front so an empty batch validates them too.
+    IF zeroth._scope_tenant(enqueue_runs.tenant_id, enqueue_runs.workspace_id) IS NULL THEN
+        RAISE EXCEPTION 'a workspace_id needs a tenant_id' USING ERRCODE = 'ZP006';
+    END IF;
+    PERFORM zeroth._require_identifier(enqueue_runs.deployment_ref, 'deployment_ref');
+    PERFORM zeroth._require_identifier(coalesce(enqueue_runs.tenant_id, 'default'), 'tenant_id');
+    IF enqueue_runs.workspace_id IS NOT NULL THEN
+        PERFORM zeroth._require_identifier(enqueue_runs.workspace_id, 'workspace_id');
+    END IF;
     PERFORM zeroth._require(jsonb_typeof(enqueue_runs.runs) = 'array', 'runs must be a JSON array');
     PERFORM zeroth._require(jsonb_array_length(enqueue_runs.runs) <= 10000, 'runs may hold at most 10000 items');
     FOR v_item IN SELECT e.item FROM jsonb_array_elements(enqueue_runs.runs) AS e(item) LOOP
@@ -985,7 +1021,7 @@ CREATE FUNCTION zeroth.expire_recovery_lease(run_id uuid, worker_id text, genera
     LANGUAGE plpgsql
     AS $$
 DECLARE
-    v_now    timestamptz := coalesce(now_override, clock_timestamp());
+    v_now    timestamptz := zeroth._now(now_override);
     v_tenant text := zeroth._scope_tenant(expire_recovery_lease.tenant_id, expire_recovery_lease.workspace_id);
     v_wskey  text := zeroth._workspace_key(expire_recovery_lease.workspace_id);
     v_run    record;
@@ -1027,7 +1063,7 @@ CREATE FUNCTION zeroth.fail_run(run_id uuid, worker_id text, generation bigint, 
     LANGUAGE plpgsql
     AS $$
 DECLARE
-    v_now     timestamptz := coalesce(now_override, clock_timestamp());
+    v_now     timestamptz := zeroth._now(now_override);
     v_tenant  text := zeroth._scope_tenant(fail_run.tenant_id, fail_run.workspace_id);
     v_wskey   text := zeroth._workspace_key(fail_run.workspace_id);
     v_outcome text;
@@ -1042,7 +1078,7 @@ BEGIN
                             AND fail_run.retry_max_seconds <= 86400 * 30,
                             'need 0 <= retry_base_seconds <= retry_max_seconds <= 30 days');
 
-    PERFORM zeroth._free_slot(v_tenant, v_wskey, fail_run.run_id, fail_run.worker_id, fail_run.generation);
+    PERFORM zeroth._free_slot(v_tenant, v_wskey, fail_run.run_id, fail_run.worker_id, fail_run.generation, v_now);
     -- SET expressions read the row as it was; RETURNING reads it as written, so the outcome is
     -- derived from what this UPDATE decided and nothing is read before the fenced write.
     UPDATE zeroth.runs r
@@ -1107,7 +1143,7 @@ CREATE FUNCTION zeroth.hand_back_to_pending(run_id uuid, worker_id text, generat
     LANGUAGE plpgsql
     AS $$
 DECLARE
-    v_now    timestamptz := coalesce(now_override, clock_timestamp());
+    v_now    timestamptz := zeroth._now(now_override);
     v_tenant text := zeroth._scope_tenant(hand_back_to_pending.tenant_id, hand_back_to_pending.workspace_id);
     v_wskey  text := zeroth._workspace_key(hand_back_to_pending.workspace_id);
     v_run    record;
@@ -1151,7 +1187,7 @@ CREATE FUNCTION zeroth.pause_run(run_id uuid, worker_id text, generation bigint,
     LANGUAGE plpgsql
     AS $$
 DECLARE
-    v_now    timestamptz := coalesce(now_override, clock_timestamp());
+    v_now    timestamptz := zeroth._now(now_override);
     v_tenant text := zeroth._scope_tenant(pause_run.tenant_id, pause_run.workspace_id);
     v_wskey  text := zeroth._workspace_key(pause_run.workspace_id);
     v_freed  boolean;
@@ -1162,7 +1198,8 @@ BEGIN
     PERFORM zeroth._require(pause_run.generation IS NOT NULL, 'generation must not be NULL');
     PERFORM zeroth._require_identifier(pause_run.reason, 'reason');
 
-    v_freed := zeroth._free_slot(v_tenant, v_wskey, pause_run.run_id, pause_run.worker_id, pause_run.generation);
+    v_freed := zeroth._free_slot(v_tenant, v_wskey, pause_run.run_id, pause_run.worker_id, pause_run.generation,
+                                v_now);
     UPDATE zeroth.runs r
        SET status = 'waiting',
            wait_reason = pause_run.reason,
@@ -1201,7 +1238,7 @@ CREATE FUNCTION zeroth.redrive_run(run_id uuid, tenant_id text DEFAULT NULL::tex
     LANGUAGE plpgsql
     AS $$
 DECLARE
-    v_now    timestamptz := coalesce(now_override, clock_timestamp());
+    v_now    timestamptz := zeroth._now(now_override);
     v_tenant text := zeroth._scope_tenant(redrive_run.tenant_id, redrive_run.workspace_id);
     v_wskey  text := zeroth._workspace_key(redrive_run.workspace_id);
     v_run    record;
@@ -1240,7 +1277,7 @@ CREATE FUNCTION zeroth.release_lease(run_id uuid, worker_id text, generation big
     LANGUAGE plpgsql
     AS $$
 DECLARE
-    v_now    timestamptz := coalesce(now_override, clock_timestamp());
+    v_now    timestamptz := zeroth._now(now_override);
     v_tenant text := zeroth._scope_tenant(release_lease.tenant_id, release_lease.workspace_id);
     v_wskey  text := zeroth._workspace_key(release_lease.workspace_id);
     v_run    record;
@@ -1284,7 +1321,7 @@ CREATE FUNCTION zeroth.renew_lease(run_id uuid, worker_id text, generation bigin
     LANGUAGE plpgsql
     AS $$
 DECLARE
-    v_now     timestamptz := coalesce(now_override, clock_timestamp());
+    v_now     timestamptz := zeroth._now(now_override);
     v_expires timestamptz := v_now + zeroth._lease_interval(renew_lease.lease_seconds);
     v_tenant  text := zeroth._scope_tenant(renew_lease.tenant_id, renew_lease.workspace_id);
     v_wskey   text := zeroth._workspace_key(renew_lease.workspace_id);
@@ -1328,7 +1365,7 @@ CREATE FUNCTION zeroth.renew_leases(worker_id text, run_ids uuid[], generations 
     LANGUAGE plpgsql
     AS $$
 DECLARE
-    v_now        timestamptz := coalesce(now_override, clock_timestamp());
+    v_now        timestamptz := zeroth._now(now_override);
     v_expires    timestamptz := v_now + zeroth._lease_interval(renew_leases.lease_seconds);
     v_tenant     text := zeroth._scope_tenant(renew_leases.tenant_id, renew_leases.workspace_id);
     v_wskey      text := zeroth._workspace_key(renew_leases.workspace_id);
@@ -1396,7 +1433,7 @@ CREATE FUNCTION zeroth.request_cancel(run_id uuid, tenant_id text DEFAULT NULL::
     LANGUAGE plpgsql
     AS $$
 DECLARE
-    v_now    timestamptz := coalesce(now_override, clock_timestamp());
+    v_now    timestamptz := zeroth._now(now_override);
     v_tenant text := zeroth._scope_tenant(request_cancel.tenant_id, request_cancel.workspace_id);
     v_wskey  text := zeroth._workspace_key(request_cancel.workspace_id);
     v_run    record;
@@ -1464,7 +1501,7 @@ CREATE FUNCTION zeroth.resume_run(run_id uuid, tenant_id text DEFAULT NULL::text
     LANGUAGE plpgsql
     AS $$
 DECLARE
-    v_now    timestamptz := coalesce(now_override, clock_timestamp());
+    v_now    timestamptz := zeroth._now(now_override);
     v_tenant text := zeroth._scope_tenant(resume_run.tenant_id, resume_run.workspace_id);
     v_wskey  text := zeroth._workspace_key(resume_run.workspace_id);
     v_run    record;
@@ -1503,7 +1540,7 @@ CREATE FUNCTION zeroth.save_checkpoint(run_id uuid, worker_id text, generation b
     LANGUAGE plpgsql
     AS $$
 DECLARE
-    v_now    timestamptz := coalesce(now_override, clock_timestamp());
+    v_now    timestamptz := zeroth._now(now_override);
     v_tenant text := zeroth._scope_tenant(save_checkpoint.tenant_id, save_checkpoint.workspace_id);
     v_wskey  text := zeroth._workspace_key(save_checkpoint.workspace_id);
     v_seq    bigint;
@@ -1559,7 +1596,7 @@ CREATE FUNCTION zeroth.start_run(run_id uuid, worker_id text, generation bigint,
     LANGUAGE plpgsql
     AS $$
 DECLARE
-    v_now    timestamptz := coalesce(now_override, clock_timestamp());
+    v_now    timestamptz := zeroth._now(now_override);
     v_tenant text := zeroth._scope_tenant(start_run.tenant_id, start_run.workspace_id);
     v_wskey  text := zeroth._workspace_key(start_run.workspace_id);
 BEGIN

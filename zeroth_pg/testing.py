@@ -286,11 +286,22 @@ def _admin_execute(admin_dsn: str, statement: pgsql.Composed) -> None:
 
 
 def create_database(admin_dsn: str, name: str, *, template: str = "template0") -> str:
-    """Create database ``name`` from ``template``; return its DSN."""
+    """Create database ``name`` from ``template``; return its DSN.
+
+    Test databases allow the SQL functions' ``now_override`` test hook
+    (``zeroth.allow_now_override = on``); per-database settings are not copied from a template,
+    so every database gets it here.
+    """
     _admin_execute(
         admin_dsn,
         pgsql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
             pgsql.Identifier(name), pgsql.Identifier(template)
+        ),
+    )
+    _admin_execute(
+        admin_dsn,
+        pgsql.SQL("ALTER DATABASE {} SET zeroth.allow_now_override = 'on'").format(
+            pgsql.Identifier(name)
         ),
     )
     return with_database(admin_dsn, name)

@@ -1,7 +1,7 @@
 -- 0002_functions: every transition of a run as one PL/pgSQL function in schema zeroth.
 --
 -- Rules that hold for every function here (sql/README.md has the full list):
---   * Database time only: v_now := coalesce(now_override, clock_timestamp()), sampled once per call.
+--   * Database time only: v_now := zeroth._now(now_override), sampled once per call.
 --     clock_timestamp() rather than now() because a caller may run several calls in one
 --     transaction; now_override exists for tests and must not be passed in production.
 --   * The fence is in the predicate: lease_worker_id + lease_generation + lease_expires_at >= v_now
@@ -54,6 +54,24 @@ COMMENT ON TYPE zeroth.lease_renewal IS 'Result row of renew_leases: one per req
 -- ---------------------------------------------------------------------------------------------
 -- Internal helpers (names start with an underscore; not part of the public API)
 -- ---------------------------------------------------------------------------------------------
+
+-- Database time. now_override is a test hook: it is refused unless the session (or database, or
+-- role) sets zeroth.allow_now_override = on, so no worker can bring its own clock into a lease
+-- decision in production.
+CREATE FUNCTION zeroth._now(now_override timestamptz) RETURNS timestamptz
+    LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    IF now_override IS NULL THEN
+        RETURN clock_timestamp();
+    END IF;
+    IF coalesce(current_setting('zeroth.allow_now_override', true), '') <> 'on' THEN
+        RAISE EXCEPTION 'now_override is a test hook; it needs zeroth.allow_now_override = on'
+            USING ERRCODE = 'ZP008';
+    END IF;
+    RETURN now_override;
+END
+$$;
+COMMENT ON FUNCTION zeroth._now(timestamptz) IS 'Internal: clock_timestamp(), or now_override when the test hook zeroth.allow_now_override = on (ZP008 otherwise).';
 
 -- Seed scope rule (seed-spec §4): tenant NULL means 'default' unless a workspace is named, in which
 -- case the scope is impossible and NULL is returned, so `tenant_id = NULL` matches nothing.
@@ -163,8 +181,11 @@ END
 $$;
 COMMENT ON FUNCTION zeroth._take_slots(text, text, text, integer, integer, timestamptz) IS 'Internal: lock up to `wanted` free concurrency slots of a scope (SKIP LOCKED) and report the live-slot count.';
 
--- Frees the slot held by exactly (run, worker, generation). Lock order: called before the run's UPDATE.
-CREATE FUNCTION zeroth._free_slot(tenant_id text, workspace_key text, run_id uuid, worker_id text, generation bigint)
+-- Frees the slot held by exactly (run, worker, generation) — with `at`, only while that lease is
+-- live, so a fenced write that is about to be refused leaves the slot as it was. Lock order:
+-- called before the run's UPDATE.
+CREATE FUNCTION zeroth._free_slot(tenant_id text, workspace_key text, run_id uuid, worker_id text, generation bigint,
+                                  at timestamptz DEFAULT NULL)
     RETURNS boolean
     LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
@@ -174,11 +195,12 @@ BEGIN
        AND s.tenant_id = _free_slot.tenant_id
        AND s.workspace_key = _free_slot.workspace_key
        AND s.lease_worker_id = _free_slot.worker_id
-       AND s.lease_generation = _free_slot.generation;
+       AND s.lease_generation = _free_slot.generation
+       AND (_free_slot.at IS NULL OR s.lease_expires_at >= _free_slot.at);
     RETURN FOUND;
 END
 $$;
-COMMENT ON FUNCTION zeroth._free_slot(text, text, uuid, text, bigint) IS 'Internal: release the admission slot held by exactly this (run, worker, generation).';
+COMMENT ON FUNCTION zeroth._free_slot(text, text, uuid, text, bigint, timestamptz) IS 'Internal: release the admission slot held by exactly this (run, worker, generation); with at, only while that lease is live.';
 
 -- Raises ZP003 invalid_transition when the caller still holds a live lease but the run's status
 -- does not allow the edge; returns quietly when the caller was simply fenced out. Called only after
@@ -233,7 +255,7 @@ CREATE FUNCTION zeroth.enqueue_run(
     RETURNS zeroth.enqueued_run
     LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-    v_now    timestamptz := coalesce(now_override, clock_timestamp());
+    v_now    timestamptz := zeroth._now(now_override);
     v_tenant text := zeroth._scope_tenant(enqueue_run.tenant_id, enqueue_run.workspace_id);
     v_wskey  text := zeroth._workspace_key(enqueue_run.workspace_id);
     v_result zeroth.enqueued_run;
@@ -306,6 +328,15 @@ DECLARE
     v_result zeroth.enqueued_run;
     v_unknown text;
 BEGIN
+    -- The shared arguments are checked up front so an empty batch validates them too.
+    IF zeroth._scope_tenant(enqueue_runs.tenant_id, enqueue_runs.workspace_id) IS NULL THEN
+        RAISE EXCEPTION 'a workspace_id needs a tenant_id' USING ERRCODE = 'ZP006';
+    END IF;
+    PERFORM zeroth._require_identifier(enqueue_runs.deployment_ref, 'deployment_ref');
+    PERFORM zeroth._require_identifier(coalesce(enqueue_runs.tenant_id, 'default'), 'tenant_id');
+    IF enqueue_runs.workspace_id IS NOT NULL THEN
+        PERFORM zeroth._require_identifier(enqueue_runs.workspace_id, 'workspace_id');
+    END IF;
     PERFORM zeroth._require(jsonb_typeof(enqueue_runs.runs) = 'array', 'runs must be a JSON array');
     PERFORM zeroth._require(jsonb_array_length(enqueue_runs.runs) <= 10000, 'runs may hold at most 10000 items');
     FOR v_item IN SELECT e.item FROM jsonb_array_elements(enqueue_runs.runs) AS e(item) LOOP
@@ -366,7 +397,7 @@ CREATE FUNCTION zeroth.claim_pending(
     RETURNS SETOF zeroth.claimed_run
     LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-    v_now    timestamptz := coalesce(now_override, clock_timestamp());
+    v_now    timestamptz := zeroth._now(now_override);
     v_lease  interval := zeroth._lease_interval(claim_pending.lease_seconds);
     v_tenant text := zeroth._scope_tenant(claim_pending.tenant_id, claim_pending.workspace_id);
     v_wskey  text := zeroth._workspace_key(claim_pending.workspace_id);
@@ -476,7 +507,7 @@ CREATE FUNCTION zeroth.claim_orphaned(
     RETURNS SETOF zeroth.claimed_run
     LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-    v_now    timestamptz := coalesce(now_override, clock_timestamp());
+    v_now    timestamptz := zeroth._now(now_override);
     v_lease  interval := zeroth._lease_interval(claim_orphaned.lease_seconds);
     v_tenant text := zeroth._scope_tenant(claim_orphaned.tenant_id, claim_orphaned.workspace_id);
     v_wskey  text := zeroth._workspace_key(claim_orphaned.workspace_id);
@@ -595,7 +626,7 @@ CREATE FUNCTION zeroth.renew_lease(
     RETURNS boolean
     LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-    v_now     timestamptz := coalesce(now_override, clock_timestamp());
+    v_now     timestamptz := zeroth._now(now_override);
     v_expires timestamptz := v_now + zeroth._lease_interval(renew_lease.lease_seconds);
     v_tenant  text := zeroth._scope_tenant(renew_lease.tenant_id, renew_lease.workspace_id);
     v_wskey   text := zeroth._workspace_key(renew_lease.workspace_id);
@@ -645,7 +676,7 @@ CREATE FUNCTION zeroth.renew_leases(
     RETURNS SETOF zeroth.lease_renewal
     LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-    v_now        timestamptz := coalesce(now_override, clock_timestamp());
+    v_now        timestamptz := zeroth._now(now_override);
     v_expires    timestamptz := v_now + zeroth._lease_interval(renew_leases.lease_seconds);
     v_tenant     text := zeroth._scope_tenant(renew_leases.tenant_id, renew_leases.workspace_id);
     v_wskey      text := zeroth._workspace_key(renew_leases.workspace_id);
@@ -754,7 +785,7 @@ CREATE FUNCTION zeroth.commit_fenced(
     RETURNS boolean
     LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-    v_now    timestamptz := coalesce(now_override, clock_timestamp());
+    v_now    timestamptz := zeroth._now(now_override);
     v_tenant text := zeroth._scope_tenant(commit_fenced.tenant_id, commit_fenced.workspace_id);
     v_wskey  text := zeroth._workspace_key(commit_fenced.workspace_id);
     v_key    text;
@@ -820,7 +851,7 @@ CREATE FUNCTION zeroth.start_run(
     RETURNS boolean
     LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-    v_now    timestamptz := coalesce(now_override, clock_timestamp());
+    v_now    timestamptz := zeroth._now(now_override);
     v_tenant text := zeroth._scope_tenant(start_run.tenant_id, start_run.workspace_id);
     v_wskey  text := zeroth._workspace_key(start_run.workspace_id);
 BEGIN
@@ -862,7 +893,7 @@ CREATE FUNCTION zeroth.save_checkpoint(
     RETURNS uuid
     LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-    v_now    timestamptz := coalesce(now_override, clock_timestamp());
+    v_now    timestamptz := zeroth._now(now_override);
     v_tenant text := zeroth._scope_tenant(save_checkpoint.tenant_id, save_checkpoint.workspace_id);
     v_wskey  text := zeroth._workspace_key(save_checkpoint.workspace_id);
     v_seq    bigint;
@@ -908,7 +939,8 @@ $$;
 COMMENT ON FUNCTION zeroth.save_checkpoint(uuid, text, bigint, jsonb, uuid, text, text, timestamptz) IS
 'save_checkpoint: append a checkpoint (or replace one by checkpoint_id) of a running run, fenced by (worker_id, generation, live lease); run row and checkpoint written together. Returns the checkpoint id, or NULL when fenced out. Raises ZP003 (not running), ZP007 (checkpoint of another run), ZP008. Time: clock_timestamp().';
 
--- complete_run: running → completed, fenced; stores output, clears the lease, frees the slot.
+-- complete_run: running → completed, fenced; stores output (SQL NULL keeps what commit_fenced
+-- wrote, JSON null clears it), clears the lease, frees the slot.
 -- Locks: the admission slot, then the run. Returns false when fenced out. Raises ZP003 (holder but
 -- not running), ZP008. Notifies zeroth_wakeup when a concurrency slot was freed. Time: clock_timestamp().
 CREATE FUNCTION zeroth.complete_run(
@@ -922,7 +954,7 @@ CREATE FUNCTION zeroth.complete_run(
     RETURNS boolean
     LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-    v_now      timestamptz := coalesce(now_override, clock_timestamp());
+    v_now      timestamptz := zeroth._now(now_override);
     v_tenant   text := zeroth._scope_tenant(complete_run.tenant_id, complete_run.workspace_id);
     v_wskey    text := zeroth._workspace_key(complete_run.workspace_id);
     v_freed    boolean;
@@ -932,10 +964,12 @@ BEGIN
     PERFORM zeroth._require_identifier(complete_run.worker_id, 'worker_id');
     PERFORM zeroth._require(complete_run.generation IS NOT NULL, 'generation must not be NULL');
 
-    v_freed := zeroth._free_slot(v_tenant, v_wskey, complete_run.run_id, complete_run.worker_id, complete_run.generation);
+    v_freed := zeroth._free_slot(v_tenant, v_wskey, complete_run.run_id, complete_run.worker_id, complete_run.generation,
+                                v_now);
     UPDATE zeroth.runs r
        SET status = 'completed',
-           output = nullif(complete_run.output, 'null'::jsonb),
+           output = CASE WHEN complete_run.output IS NULL THEN r.output
+                         ELSE nullif(complete_run.output, 'null'::jsonb) END,
            finished_at = v_now,
            updated_at = v_now,
            lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
@@ -960,7 +994,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION zeroth.complete_run(uuid, text, bigint, jsonb, text, text, timestamptz) IS
-'complete_run: running → completed for the live lease (worker_id, generation); stores output, clears the lease, frees the admission slot. Returns false when fenced out. Raises ZP003 (holder but not running), ZP008. Notifies zeroth_wakeup when a slot was freed. Time: clock_timestamp().';
+'complete_run: running → completed for the live lease (worker_id, generation); stores output (SQL NULL keeps the committed output, JSON null clears it), clears the lease, frees the admission slot. Returns false when fenced out. Raises ZP003 (holder but not running), ZP008. Notifies zeroth_wakeup when a slot was freed. Time: clock_timestamp().';
 
 -- fail_run: running → pending (retryable, attempts < max_attempts: run_after = now + exponential
 -- backoff with jitter) or → failed (non-retryable), or → failed and dead-lettered (retryable but
@@ -981,7 +1015,7 @@ CREATE FUNCTION zeroth.fail_run(
     RETURNS text
     LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-    v_now     timestamptz := coalesce(now_override, clock_timestamp());
+    v_now     timestamptz := zeroth._now(now_override);
     v_tenant  text := zeroth._scope_tenant(fail_run.tenant_id, fail_run.workspace_id);
     v_wskey   text := zeroth._workspace_key(fail_run.workspace_id);
     v_outcome text;
@@ -996,7 +1030,7 @@ BEGIN
                             AND fail_run.retry_max_seconds <= 86400 * 30,
                             'need 0 <= retry_base_seconds <= retry_max_seconds <= 30 days');
 
-    PERFORM zeroth._free_slot(v_tenant, v_wskey, fail_run.run_id, fail_run.worker_id, fail_run.generation);
+    PERFORM zeroth._free_slot(v_tenant, v_wskey, fail_run.run_id, fail_run.worker_id, fail_run.generation, v_now);
     -- SET expressions read the row as it was; RETURNING reads it as written, so the outcome is
     -- derived from what this UPDATE decided and nothing is read before the fenced write.
     UPDATE zeroth.runs r
@@ -1059,7 +1093,7 @@ CREATE FUNCTION zeroth.release_lease(
     RETURNS boolean
     LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-    v_now    timestamptz := coalesce(now_override, clock_timestamp());
+    v_now    timestamptz := zeroth._now(now_override);
     v_tenant text := zeroth._scope_tenant(release_lease.tenant_id, release_lease.workspace_id);
     v_wskey  text := zeroth._workspace_key(release_lease.workspace_id);
     v_run    record;
@@ -1108,7 +1142,7 @@ CREATE FUNCTION zeroth.hand_back_to_pending(
     RETURNS boolean
     LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-    v_now    timestamptz := coalesce(now_override, clock_timestamp());
+    v_now    timestamptz := zeroth._now(now_override);
     v_tenant text := zeroth._scope_tenant(hand_back_to_pending.tenant_id, hand_back_to_pending.workspace_id);
     v_wskey  text := zeroth._workspace_key(hand_back_to_pending.workspace_id);
     v_run    record;
@@ -1157,7 +1191,7 @@ CREATE FUNCTION zeroth.expire_recovery_lease(
     RETURNS boolean
     LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-    v_now    timestamptz := coalesce(now_override, clock_timestamp());
+    v_now    timestamptz := zeroth._now(now_override);
     v_tenant text := zeroth._scope_tenant(expire_recovery_lease.tenant_id, expire_recovery_lease.workspace_id);
     v_wskey  text := zeroth._workspace_key(expire_recovery_lease.workspace_id);
     v_run    record;
@@ -1226,7 +1260,7 @@ CREATE FUNCTION zeroth.clear_lease(
     RETURNS boolean
     LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-    v_now    timestamptz := coalesce(now_override, clock_timestamp());
+    v_now    timestamptz := zeroth._now(now_override);
     v_tenant text := zeroth._scope_tenant(clear_lease.tenant_id, clear_lease.workspace_id);
     v_wskey  text := zeroth._workspace_key(clear_lease.workspace_id);
     v_run    record;
@@ -1278,7 +1312,7 @@ CREATE FUNCTION zeroth.request_cancel(
     RETURNS text
     LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-    v_now    timestamptz := coalesce(now_override, clock_timestamp());
+    v_now    timestamptz := zeroth._now(now_override);
     v_tenant text := zeroth._scope_tenant(request_cancel.tenant_id, request_cancel.workspace_id);
     v_wskey  text := zeroth._workspace_key(request_cancel.workspace_id);
     v_run    record;
@@ -1349,7 +1383,7 @@ CREATE FUNCTION zeroth.cancel_run(
     RETURNS boolean
     LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-    v_now    timestamptz := coalesce(now_override, clock_timestamp());
+    v_now    timestamptz := zeroth._now(now_override);
     v_tenant text := zeroth._scope_tenant(cancel_run.tenant_id, cancel_run.workspace_id);
     v_wskey  text := zeroth._workspace_key(cancel_run.workspace_id);
     v_freed  boolean;
@@ -1359,7 +1393,8 @@ BEGIN
     PERFORM zeroth._require_identifier(cancel_run.worker_id, 'worker_id');
     PERFORM zeroth._require(cancel_run.generation IS NOT NULL, 'generation must not be NULL');
 
-    v_freed := zeroth._free_slot(v_tenant, v_wskey, cancel_run.run_id, cancel_run.worker_id, cancel_run.generation);
+    v_freed := zeroth._free_slot(v_tenant, v_wskey, cancel_run.run_id, cancel_run.worker_id, cancel_run.generation,
+                                v_now);
     UPDATE zeroth.runs r
        SET status = 'cancelled',
            cancel_requested_at = coalesce(r.cancel_requested_at, v_now),
@@ -1402,7 +1437,7 @@ CREATE FUNCTION zeroth.pause_run(
     RETURNS boolean
     LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-    v_now    timestamptz := coalesce(now_override, clock_timestamp());
+    v_now    timestamptz := zeroth._now(now_override);
     v_tenant text := zeroth._scope_tenant(pause_run.tenant_id, pause_run.workspace_id);
     v_wskey  text := zeroth._workspace_key(pause_run.workspace_id);
     v_freed  boolean;
@@ -1413,7 +1448,8 @@ BEGIN
     PERFORM zeroth._require(pause_run.generation IS NOT NULL, 'generation must not be NULL');
     PERFORM zeroth._require_identifier(pause_run.reason, 'reason');
 
-    v_freed := zeroth._free_slot(v_tenant, v_wskey, pause_run.run_id, pause_run.worker_id, pause_run.generation);
+    v_freed := zeroth._free_slot(v_tenant, v_wskey, pause_run.run_id, pause_run.worker_id, pause_run.generation,
+                                v_now);
     UPDATE zeroth.runs r
        SET status = 'waiting',
            wait_reason = pause_run.reason,
@@ -1454,7 +1490,7 @@ CREATE FUNCTION zeroth.resume_run(
     RETURNS boolean
     LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-    v_now    timestamptz := coalesce(now_override, clock_timestamp());
+    v_now    timestamptz := zeroth._now(now_override);
     v_tenant text := zeroth._scope_tenant(resume_run.tenant_id, resume_run.workspace_id);
     v_wskey  text := zeroth._workspace_key(resume_run.workspace_id);
     v_run    record;
@@ -1496,7 +1532,7 @@ CREATE FUNCTION zeroth.redrive_run(
     RETURNS boolean
     LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-    v_now    timestamptz := coalesce(now_override, clock_timestamp());
+    v_now    timestamptz := zeroth._now(now_override);
     v_tenant text := zeroth._scope_tenant(redrive_run.tenant_id, redrive_run.workspace_id);
     v_wskey  text := zeroth._workspace_key(redrive_run.workspace_id);
     v_run    record;
