@@ -29,7 +29,6 @@ from zeroth_pg.types import (
     OrphanClaimResult,
     RunStatus,
 )
-from zeroth_pg.worker import RunContext, RunWorker
 
 __all__ = [
     "CancelOutcome",
@@ -58,3 +57,13 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    # The worker is imported lazily so that `python -m zeroth_pg.worker` does not import the module
+    # twice (once as zeroth_pg.worker via this package, once as __main__).
+    if name in ("RunContext", "RunWorker"):
+        from zeroth_pg import worker
+
+        return getattr(worker, name)
+    raise AttributeError(f"module 'zeroth_pg' has no attribute {name!r}")

@@ -379,6 +379,71 @@ COMMENT ON FUNCTION zeroth.enqueue_runs(text, jsonb, text, text, timestamptz) IS
 -- Claims
 -- ---------------------------------------------------------------------------------------------
 
+-- Leases runs the caller has already locked (FOR UPDATE SKIP LOCKED) and, under
+-- max_concurrency, pairs run_ids[i] with the already locked slot slots[i]. Shared by
+-- claim_pending and claim_orphaned: new generation, worker, times, slot, and the latest checkpoint
+-- as recovery point. Returns the claimed rows in input order, or the run_id-NULL row that says
+-- the scan found nothing claimable.
+CREATE FUNCTION zeroth._lease_locked_runs(
+    tenant_id text, workspace_key text, run_ids uuid[], slots integer[], worker_id text,
+    at timestamptz, lease interval, active_count integer, concurrency_limit integer)
+    RETURNS SETOF zeroth.claimed_run
+    LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_count integer;
+BEGIN
+    RETURN QUERY
+    WITH wanted AS (
+        SELECT w.run_id, w.position, _lease_locked_runs.slots[w.position] AS slot_no
+          FROM unnest(_lease_locked_runs.run_ids) WITH ORDINALITY AS w(run_id, position)
+    ), claimed AS (
+        UPDATE zeroth.runs r
+           SET lease_worker_id = _lease_locked_runs.worker_id,
+               lease_acquired_at = _lease_locked_runs.at,
+               lease_expires_at = _lease_locked_runs.at + _lease_locked_runs.lease,
+               lease_generation = r.lease_generation + 1,
+               admission_slot = w.slot_no,
+               recovery_checkpoint_id = CASE WHEN r.checkpoint_seq > 0
+                   THEN zeroth._latest_checkpoint_id(r.tenant_id, r.workspace_key, r.run_id) END,
+               updated_at = _lease_locked_runs.at
+          FROM wanted w
+         WHERE r.tenant_id = _lease_locked_runs.tenant_id
+           AND r.workspace_key = _lease_locked_runs.workspace_key
+           AND r.run_id = w.run_id
+        RETURNING r.*, w.position
+    ), slotted AS (
+        UPDATE zeroth.admission_slots s
+           SET run_id = c.run_id, lease_worker_id = c.lease_worker_id,
+               lease_generation = c.lease_generation, lease_expires_at = c.lease_expires_at
+          FROM claimed c
+         WHERE s.tenant_id = c.tenant_id AND s.workspace_key = c.workspace_key
+           AND s.deployment_ref = c.deployment_ref AND s.slot_no = c.admission_slot
+        RETURNING s.slot_no
+    )
+    SELECT c.run_id, c.lease_generation, c.lease_expires_at, c.status, c.attempts, c.max_attempts,
+           c.priority, c.thread_id, c.idempotency_key, c.payload, c.metadata, c.recovery_checkpoint_id,
+           k.data, c.cancel_requested_at IS NOT NULL, _lease_locked_runs.active_count,
+           false, _lease_locked_runs.concurrency_limit
+      FROM claimed c
+      LEFT JOIN zeroth.checkpoints k ON k.checkpoint_id = c.recovery_checkpoint_id
+     ORDER BY c.position;
+
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    IF v_count = 0 THEN
+        RETURN NEXT zeroth._claim_marker(_lease_locked_runs.active_count, false,
+                                         _lease_locked_runs.concurrency_limit);
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION zeroth._lease_locked_runs(text, text, uuid[], integer[], text, timestamptz, interval, integer, integer) IS 'Internal: lease runs (and slots) the caller already locked; the shared second half of claim_pending and claim_orphaned.';
+
+CREATE FUNCTION zeroth._claim_marker(active_count integer, saturated boolean, concurrency_limit integer)
+    RETURNS zeroth.claimed_run
+    LANGUAGE sql IMMUTABLE
+    RETURN ROW(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+               active_count, saturated, concurrency_limit)::zeroth.claimed_run;
+COMMENT ON FUNCTION zeroth._claim_marker(integer, boolean, integer) IS 'Internal: the run_id-NULL row a claim returns when it claimed nothing, carrying the saturation it saw.';
+
 -- claim_pending: lease up to batch_size pending runs (status stays pending until start_run).
 -- Order: priority DESC, run_after, created_at; only runs whose run_after has passed and that hold
 -- no live lease. With max_concurrency, free admission slots are taken first with SKIP LOCKED (no
@@ -404,8 +469,7 @@ DECLARE
     v_want   integer := claim_pending.batch_size;
     v_slots  integer[];
     v_active integer := 0;
-    v_empty  zeroth.claimed_run;
-    v_count  integer;
+    v_ids    uuid[];
 BEGIN
     PERFORM zeroth._require_identifier(claim_pending.deployment_ref, 'deployment_ref');
     PERFORM zeroth._require_identifier(claim_pending.worker_id, 'worker_id');
@@ -422,18 +486,15 @@ BEGIN
           FROM zeroth._take_slots(v_tenant, v_wskey, claim_pending.deployment_ref,
                                   claim_pending.max_concurrency, claim_pending.batch_size, v_now) AS t;
         IF cardinality(v_slots) = 0 THEN
-            v_empty.active_count := v_active;
-            v_empty.concurrency_saturated := true;
-            v_empty.concurrency_limit := claim_pending.max_concurrency;
-            RETURN NEXT v_empty;
+            RETURN NEXT zeroth._claim_marker(v_active, true, claim_pending.max_concurrency);
             RETURN;
         END IF;
         v_want := cardinality(v_slots);
     END IF;
 
-    RETURN QUERY
-    WITH candidates AS MATERIALIZED (
-        SELECT r.tenant_id, r.workspace_key, r.run_id
+    -- Lock first (SKIP LOCKED: never wait on another claimer), then lease what was locked.
+    WITH locked AS MATERIALIZED (
+        SELECT r.run_id, r.priority, r.run_after, r.created_at
           FROM zeroth.runs r
          WHERE r.tenant_id = v_tenant
            AND r.workspace_key = v_wskey
@@ -444,46 +505,11 @@ BEGIN
          ORDER BY r.priority DESC, r.run_after, r.created_at
          LIMIT v_want
            FOR UPDATE SKIP LOCKED
-    ), numbered AS (
-        SELECT c.tenant_id, c.workspace_key, c.run_id, v_slots[row_number() OVER ()] AS slot_no
-          FROM candidates c
-    ), claimed AS (
-        UPDATE zeroth.runs r
-           SET lease_worker_id = claim_pending.worker_id,
-               lease_acquired_at = v_now,
-               lease_expires_at = v_now + v_lease,
-               lease_generation = r.lease_generation + 1,
-               admission_slot = n.slot_no,
-               recovery_checkpoint_id = CASE WHEN r.checkpoint_seq > 0
-                   THEN zeroth._latest_checkpoint_id(r.tenant_id, r.workspace_key, r.run_id) END,
-               updated_at = v_now
-          FROM numbered n
-         WHERE r.tenant_id = n.tenant_id AND r.workspace_key = n.workspace_key AND r.run_id = n.run_id
-        RETURNING r.*
-    ), slotted AS (
-        UPDATE zeroth.admission_slots s
-           SET run_id = c.run_id, lease_worker_id = c.lease_worker_id,
-               lease_generation = c.lease_generation, lease_expires_at = c.lease_expires_at
-          FROM claimed c
-         WHERE s.tenant_id = c.tenant_id AND s.workspace_key = c.workspace_key
-           AND s.deployment_ref = c.deployment_ref AND s.slot_no = c.admission_slot
-        RETURNING s.slot_no
     )
-    SELECT c.run_id, c.lease_generation, c.lease_expires_at, c.status, c.attempts, c.max_attempts,
-           c.priority, c.thread_id, c.idempotency_key, c.payload, c.metadata, c.recovery_checkpoint_id,
-           k.data, c.cancel_requested_at IS NOT NULL, v_active,
-           false, claim_pending.max_concurrency
-      FROM claimed c
-      LEFT JOIN zeroth.checkpoints k ON k.checkpoint_id = c.recovery_checkpoint_id
-     ORDER BY c.priority DESC, c.run_after, c.created_at;
-
-    GET DIAGNOSTICS v_count = ROW_COUNT;
-    IF v_count = 0 THEN
-        v_empty.active_count := v_active;
-        v_empty.concurrency_saturated := false;
-        v_empty.concurrency_limit := claim_pending.max_concurrency;
-        RETURN NEXT v_empty;
-    END IF;
+    SELECT coalesce(array_agg(l.run_id ORDER BY l.priority DESC, l.run_after, l.created_at), '{}') INTO v_ids FROM locked l;
+    RETURN QUERY SELECT * FROM zeroth._lease_locked_runs(
+        v_tenant, v_wskey, v_ids, v_slots, claim_pending.worker_id, v_now, v_lease, v_active,
+        claim_pending.max_concurrency);
 END
 $$;
 COMMENT ON FUNCTION zeroth.claim_pending(text, text, text, text, integer, integer, double precision, timestamptz) IS
@@ -514,8 +540,7 @@ DECLARE
     v_want   integer := claim_orphaned.claim_limit;
     v_slots  integer[];
     v_active integer := 0;
-    v_empty  zeroth.claimed_run;
-    v_count  integer;
+    v_ids    uuid[];
 BEGIN
     PERFORM zeroth._require_identifier(claim_orphaned.deployment_ref, 'deployment_ref');
     PERFORM zeroth._require_identifier(claim_orphaned.worker_id, 'worker_id');
@@ -537,22 +562,20 @@ BEGIN
                                   v_now) AS t;
         IF cardinality(v_slots) = 0 THEN
             -- Report saturation only when work is really blocked: is any orphan waiting?
-            v_empty.concurrency_saturated := EXISTS (
+            RETURN NEXT zeroth._claim_marker(v_active, EXISTS (
                 SELECT 1 FROM zeroth.runs r
                  WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey
                    AND r.deployment_ref = claim_orphaned.deployment_ref
-                   AND r.status = 'running' AND r.lease_expires_at < v_now);
-            v_empty.active_count := v_active;
-            v_empty.concurrency_limit := claim_orphaned.max_concurrency;
-            RETURN NEXT v_empty;
+                   AND r.status = 'running' AND r.lease_expires_at < v_now),
+                claim_orphaned.max_concurrency);
             RETURN;
         END IF;
         v_want := cardinality(v_slots);
     END IF;
 
-    RETURN QUERY
-    WITH candidates AS MATERIALIZED (
-        SELECT r.tenant_id, r.workspace_key, r.run_id
+    -- Lock first (SKIP LOCKED: never wait on another claimer), then lease what was locked.
+    WITH locked AS MATERIALIZED (
+        SELECT r.run_id, r.lease_expires_at, r.started_at
           FROM zeroth.runs r
          WHERE r.tenant_id = v_tenant
            AND r.workspace_key = v_wskey
@@ -562,45 +585,11 @@ BEGIN
          ORDER BY r.lease_expires_at, r.started_at
          LIMIT v_want
            FOR UPDATE SKIP LOCKED
-    ), numbered AS (
-        SELECT c.tenant_id, c.workspace_key, c.run_id, v_slots[row_number() OVER ()] AS slot_no
-          FROM candidates c
-    ), claimed AS (
-        UPDATE zeroth.runs r
-           SET lease_worker_id = claim_orphaned.worker_id,
-               lease_acquired_at = v_now,
-               lease_expires_at = v_now + v_lease,
-               lease_generation = r.lease_generation + 1,
-               admission_slot = n.slot_no,
-               recovery_checkpoint_id = zeroth._latest_checkpoint_id(r.tenant_id, r.workspace_key, r.run_id),
-               updated_at = v_now
-          FROM numbered n
-         WHERE r.tenant_id = n.tenant_id AND r.workspace_key = n.workspace_key AND r.run_id = n.run_id
-        RETURNING r.*
-    ), slotted AS (
-        UPDATE zeroth.admission_slots s
-           SET run_id = c.run_id, lease_worker_id = c.lease_worker_id,
-               lease_generation = c.lease_generation, lease_expires_at = c.lease_expires_at
-          FROM claimed c
-         WHERE s.tenant_id = c.tenant_id AND s.workspace_key = c.workspace_key
-           AND s.deployment_ref = c.deployment_ref AND s.slot_no = c.admission_slot
-        RETURNING s.slot_no
     )
-    SELECT c.run_id, c.lease_generation, c.lease_expires_at, c.status, c.attempts, c.max_attempts,
-           c.priority, c.thread_id, c.idempotency_key, c.payload, c.metadata, c.recovery_checkpoint_id,
-           k.data, c.cancel_requested_at IS NOT NULL, v_active,
-           false, claim_orphaned.max_concurrency
-      FROM claimed c
-      LEFT JOIN zeroth.checkpoints k ON k.checkpoint_id = c.recovery_checkpoint_id
-     ORDER BY c.started_at;
-
-    GET DIAGNOSTICS v_count = ROW_COUNT;
-    IF v_count = 0 THEN
-        v_empty.active_count := v_active;
-        v_empty.concurrency_saturated := false;
-        v_empty.concurrency_limit := claim_orphaned.max_concurrency;
-        RETURN NEXT v_empty;
-    END IF;
+    SELECT coalesce(array_agg(l.run_id ORDER BY l.lease_expires_at, l.started_at), '{}') INTO v_ids FROM locked l;
+    RETURN QUERY SELECT * FROM zeroth._lease_locked_runs(
+        v_tenant, v_wskey, v_ids, v_slots, claim_orphaned.worker_id, v_now, v_lease, v_active,
+        claim_orphaned.max_concurrency);
 END
 $$;
 COMMENT ON FUNCTION zeroth.claim_orphaned(text, text, text, text, integer, integer, double precision, timestamptz) IS

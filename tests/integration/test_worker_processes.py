@@ -1,0 +1,590 @@
+"""Worker processes: crash recovery, zombies, graceful shutdown, cancel, fleet concurrency.
+
+Each test starts real ``python -m zeroth_pg.worker`` subprocesses against a fresh database and
+signals them (SIGKILL, SIGSTOP/SIGCONT, SIGTERM). The handlers live in worker_apps.py and talk
+to the test only through the database (``public.events`` rows and checkpoints); the test polls
+the database with deadlines and never sleeps to coordinate. Leases are 2 s and orphan sweeps
+0.5 s so a takeover happens within a few seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+import pytest
+from worker_apps import EVENTS_DDL
+
+from zeroth_pg.client import LeaseManager
+from zeroth_pg.testing import run_psql
+
+REPO = Path(__file__).resolve().parents[2]
+LEASE = 2.0
+DEADLINE = 15.0  # generous bound for any awaited condition; tests finish far sooner
+
+LIVE_LEASES = """
+    SELECT count(*) FROM zeroth.runs r
+     WHERE r.deployment_ref = $1 AND r.lease_worker_id IS NOT NULL
+       AND r.lease_expires_at >= clock_timestamp()"""
+
+
+# -- worker subprocesses ----------------------------------------------------------------------
+
+
+class WorkerProcess:
+    """One ``python -m zeroth_pg.worker`` subprocess; its stderr (the log) is collected."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, worker_id: str) -> None:
+        self.proc = proc
+        self.worker_id = worker_id
+        self.lines: list[str] = []
+        self._new_line = asyncio.Event()
+        self._pump = asyncio.create_task(self._read_stderr())
+
+    @classmethod
+    async def spawn(cls, dsn: str, deployment: str, app: str, *extra: str,
+                    worker_id: str | None = None) -> WorkerProcess:
+        worker_id = worker_id or f"w-{uuid.uuid4().hex[:8]}"
+        paths = [str(REPO / "tests" / "integration"), str(REPO / "tests")]
+        if os.environ.get("PYTHONPATH"):
+            paths.append(os.environ["PYTHONPATH"])
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "WORKER_APPS_DSN": dsn}
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "zeroth_pg.worker", "--dsn", dsn, "--deployment", deployment,
+            "--app", app, "--worker-id", worker_id, "--lease", str(LEASE),
+            "--orphan-sweep-interval", "0.5", "--poll-interval", "0.5", "--log-level", "INFO",
+            *extra, cwd=REPO, env=env, stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+        return cls(proc, worker_id)
+
+    async def _read_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        async for raw in self.proc.stderr:
+            self.lines.append(raw.decode(errors="replace").rstrip("\n"))
+            self._new_line.set()
+
+    @property
+    def log(self) -> str:
+        return "\n".join(self.lines)
+
+    async def wait_for_line(self, needle: str, within: float = DEADLINE) -> str:
+        """The first log line containing ``needle`` (fails after ``within`` seconds)."""
+        deadline = time.monotonic() + within
+        while True:
+            for line in self.lines:
+                if needle in line:
+                    return line
+            left = deadline - time.monotonic()
+            if left <= 0 or (self.proc.returncode is not None and self._pump.done()):
+                pytest.fail(f"worker {self.worker_id}: no log line with {needle!r}:\n{self.log}")
+            self._new_line.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._new_line.wait(), timeout=min(left, 0.2))
+
+    async def started(self) -> None:
+        await self.wait_for_line(f"worker {self.worker_id} started")
+
+    def send(self, sig: signal.Signals) -> None:
+        self.proc.send_signal(sig)
+
+    async def wait_exit(self, within: float = DEADLINE) -> int:
+        code = await asyncio.wait_for(self.proc.wait(), timeout=within)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._pump, timeout=5)
+        return code
+
+    async def stop(self) -> None:
+        """Clean up whatever state the test left the process in."""
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGCONT)
+                self.proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self.proc.wait(), timeout=10)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    self.proc.kill()
+                await self.proc.wait()
+        if not self._pump.done():
+            self._pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._pump
+
+
+@pytest.fixture
+async def workers(database_dsn: str) -> AsyncIterator[Callable[..., Awaitable[WorkerProcess]]]:
+    """``await workers(deployment, app, *extra_args)`` starts a worker process; all are stopped
+    (SIGCONT + SIGTERM, then SIGKILL) at teardown."""
+    started: list[WorkerProcess] = []
+
+    async def spawn(deployment: str, app: str, *extra: str,
+                    worker_id: str | None = None) -> WorkerProcess:
+        proc = await WorkerProcess.spawn(database_dsn, deployment, app, *extra,
+                                         worker_id=worker_id)
+        started.append(proc)
+        return proc
+
+    try:
+        yield spawn
+    finally:
+        await asyncio.gather(*(proc.stop() for proc in started))
+
+
+@pytest.fixture
+async def events(pool: asyncpg.Pool) -> asyncpg.Pool:
+    await pool.execute(EVENTS_DDL)
+    return pool
+
+
+# -- polling the database -----------------------------------------------------------------------
+
+
+async def eventually(probe: Callable[[], Awaitable[Any]], what: str,
+                     within: float = DEADLINE, interval: float = 0.02) -> Any:
+    """Poll ``probe`` until it returns something truthy; fail after ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        value = await probe()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            pytest.fail(f"timed out after {within:g}s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+async def wait_event(pool: asyncpg.Pool, run_id: UUID, kind: str, *,
+                     generation: int | None = None, worker: WorkerProcess | None = None,
+                     within: float = DEADLINE) -> asyncpg.Record:
+    async def probe() -> asyncpg.Record | None:
+        row = await pool.fetchrow(
+            """SELECT e.*, e.data::text AS data_text FROM public.events e
+                WHERE e.run_id = $1 AND e.kind = $2
+                  AND ($3::bigint IS NULL OR e.generation = $3)
+                ORDER BY e.id LIMIT 1""", run_id, kind, generation)
+        if row is None and worker is not None and worker.proc.returncode not in (None, -9):
+            pytest.fail(f"worker {worker.worker_id} exited {worker.proc.returncode}:\n"
+                        f"{worker.log}")
+        return row
+
+    return await eventually(probe, f"event {kind!r} (generation {generation}) of run {run_id}",
+                            within=within)
+
+
+async def takeover(pool: asyncpg.Pool, run_id: UUID, old_generation: int,
+                   within: float = DEADLINE) -> tuple[Any, asyncpg.Record]:
+    """Poll until the run has a newer lease generation. Returns the last lease expiry seen for
+    ``old_generation`` (a renewal already in flight when its worker froze or died still counts)
+    and the row as taken over."""
+    last_expiry: Any = None
+
+    async def probe() -> asyncpg.Record | None:
+        nonlocal last_expiry
+        row = await run_row(pool, run_id)
+        if row["lease_generation"] == old_generation:
+            last_expiry = row["lease_expires_at"]
+            return None
+        return row
+
+    row = await eventually(probe, f"a takeover of run {run_id}", within=within)
+    assert last_expiry is not None, "the old lease was never observed"
+    return last_expiry, row
+
+
+def event_data(row: asyncpg.Record) -> dict[str, Any]:
+    return json.loads(row["data_text"])  # type: ignore[no-any-return]
+
+
+async def release(pool: asyncpg.Pool, run_id: UUID, generation: int = 0) -> None:
+    """Let the handler of ``run_id`` (that generation, or 0: any) return."""
+    await pool.execute(
+        """INSERT INTO public.events (run_id, worker_id, generation, kind)
+           VALUES ($1, 'test', $2, 'release')""", run_id, generation)
+
+
+async def run_row(pool: asyncpg.Pool, run_id: UUID) -> asyncpg.Record:
+    row = await pool.fetchrow(
+        """SELECT r.*, r.output::text AS output_text FROM zeroth.runs r WHERE r.run_id = $1""",
+        run_id)
+    assert row is not None
+    return row
+
+
+async def wait_status(pool: asyncpg.Pool, run_id: UUID, status: str,
+                      within: float = DEADLINE) -> asyncpg.Record:
+    async def probe() -> asyncpg.Record | None:
+        row = await run_row(pool, run_id)
+        return row if row["status"] == status else None
+
+    return await eventually(probe, f"run {run_id} {status}", within=within)
+
+
+async def checkpoints(pool: asyncpg.Pool, run_id: UUID) -> list[asyncpg.Record]:
+    return list(await pool.fetch(
+        """SELECT k.checkpoint_id, k.checkpoint_order, k.lease_generation,
+                  k.data::text AS data_text
+             FROM zeroth.checkpoints k WHERE k.run_id = $1 ORDER BY k.checkpoint_order""",
+        run_id))
+
+
+async def enqueue(pool: asyncpg.Pool, deployment: str, payload: dict[str, Any]) -> UUID:
+    return (await LeaseManager(pool).enqueue_run(deployment, payload)).run_id
+
+
+def output(row: asyncpg.Record) -> dict[str, Any]:
+    return json.loads(row["output_text"])  # type: ignore[no-any-return]
+
+
+def deployment_name(tag: str) -> str:
+    return f"proc-{tag}-{uuid.uuid4().hex[:6]}"
+
+
+# -- tests ----------------------------------------------------------------------------------------
+
+
+class TestCrashRecovery:
+    async def test_sigkill_mid_run_resumes_from_last_checkpoint_and_fences_the_dead(
+            self, workers: Any, events: asyncpg.Pool) -> None:
+        pool = events
+        dep = deployment_name("crash")
+        run_id = await enqueue(pool, dep, {"ticks": None, "step_seconds": 0.2})
+
+        a = await workers(dep, "worker_apps:scripted")
+        # A claims it and checkpoints at least twice before it dies.
+        await wait_event(pool, run_id, "started", generation=1, worker=a)
+        await eventually(lambda: pool.fetchval(
+            "SELECT count(*) >= 2 FROM zeroth.checkpoints k WHERE k.run_id = $1", run_id),
+            "two checkpoints of generation 1")
+        b = await workers(dep, "worker_apps:scripted")
+        await b.started()  # B is idle and sweeping for orphans before A dies
+
+        a.send(signal.SIGKILL)
+        killed_at = await pool.fetchval("SELECT clock_timestamp()")
+        assert await a.wait_exit() == -signal.SIGKILL
+        dead = await run_row(pool, run_id)
+        assert (dead["status"], dead["lease_worker_id"], dead["lease_generation"]) == (
+            "running", a.worker_id, 1)
+        old_expiry, taken = await takeover(pool, run_id, 1)
+        last = (await checkpoints(pool, run_id))[-1]
+        assert json.loads(last["data_text"])["generation"] == 1
+
+        resumed = await wait_event(pool, run_id, "started", generation=2, worker=b)
+        assert resumed["worker_id"] == b.worker_id
+        data = event_data(resumed)
+        assert data["recovered"] is True
+        assert data["recovery_checkpoint_id"] == str(last["checkpoint_id"])
+        assert data["resumed_from"] == json.loads(last["data_text"])["step"]
+        assert taken["lease_worker_id"] == b.worker_id
+        assert taken["lease_generation"] == 2
+        assert taken["recovery_checkpoint_id"] == last["checkpoint_id"]
+        # B took over only after A's lease had expired.
+        assert taken["lease_acquired_at"] > old_expiry
+        print(f"\n[crash] kill -> resumed by second worker: "
+              f"{(resumed['at'] - killed_at).total_seconds():.3f} s "
+              f"(lease {LEASE:g} s, sweep 0.5 s); lease expiry -> takeover: "
+              f"{(taken['lease_acquired_at'] - old_expiry).total_seconds():.3f} s; "
+              f"resumed from step {data['resumed_from']}")
+
+        # B's checkpoints continue A's sequence.
+        await eventually(lambda: pool.fetchval(
+            "SELECT count(*) > 0 FROM zeroth.checkpoints k "
+            "WHERE k.run_id = $1 AND k.lease_generation = 2", run_id),
+            "a checkpoint of generation 2")
+        after = [k for k in await checkpoints(pool, run_id) if k["lease_generation"] == 2]
+        assert json.loads(after[0]["data_text"])["step"] == data["resumed_from"] + 1
+
+        # The killed generation's late writes are refused while B holds the run ...
+        lm = LeaseManager(pool, lease_duration_seconds=LEASE)
+        stale = {"generation": 1}
+        assert await lm.complete_run(run_id, a.worker_id, output={"late": True}, **stale) is False
+        assert await lm.save_checkpoint(run_id, a.worker_id, {"late": True}, **stale) is None
+        assert await lm.commit_fenced(run_id, a.worker_id, output={"late": True},
+                                      **stale) is False
+        assert await lm.renew_lease(run_id, a.worker_id, **stale) is False
+        row = await run_row(pool, run_id)
+        assert (row["status"], row["output"], row["lease_worker_id"]) == (
+            "running", None, b.worker_id)
+        assert all(json.loads(k["data_text"]).get("late") is None
+                   for k in await checkpoints(pool, run_id))
+
+        await release(pool, run_id)
+        done = await wait_status(pool, run_id, "completed")
+        result = output(done)
+        assert result["worker_id"] == b.worker_id
+        assert result["generation"] == 2
+        assert result["resumed_from"] == data["resumed_from"]
+        assert result["recovery_checkpoint_id"] == str(last["checkpoint_id"])
+
+        # ... and after the run completed.
+        assert await lm.complete_run(run_id, a.worker_id, output={"late": True}, **stale) is False
+        assert await lm.save_checkpoint(run_id, a.worker_id, {"late": True}, **stale) is None
+        assert await lm.commit_fenced(run_id, a.worker_id, output={"late": True},
+                                      **stale) is False
+        assert output(await run_row(pool, run_id)) == result
+
+
+class TestZombie:
+    async def test_sigstopped_worker_past_its_lease_cannot_write_and_stops_its_handler(
+            self, workers: Any, events: asyncpg.Pool) -> None:
+        pool = events
+        dep = deployment_name("zombie")
+        run_id = await enqueue(pool, dep, {"ticks": None, "step_seconds": 0.2})
+
+        a = await workers(dep, "worker_apps:scripted")
+        await wait_event(pool, run_id, "started", generation=1, worker=a)
+        await eventually(lambda: pool.fetchval(
+            "SELECT count(*) > 0 FROM zeroth.checkpoints k WHERE k.run_id = $1", run_id),
+            "a checkpoint of generation 1")
+        b = await workers(dep, "worker_apps:scripted")
+        await b.started()
+
+        a.send(signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        old_expiry, taken = await takeover(pool, run_id, 1)
+        taken_after = time.monotonic() - stopped_at
+        assert taken["lease_worker_id"] == b.worker_id
+        assert taken["lease_generation"] == 2
+        assert taken["lease_acquired_at"] > old_expiry  # only once the frozen lease expired
+        resumed = await wait_event(pool, run_id, "started", generation=2, worker=b)
+        assert resumed["worker_id"] == b.worker_id
+        # B is running and checkpointing; from now on a generation-1 write cannot land.
+        await eventually(lambda: pool.fetchval(
+            "SELECT count(*) > 0 FROM zeroth.checkpoints k "
+            "WHERE k.run_id = $1 AND k.lease_generation = 2", run_id),
+            "a checkpoint of generation 2")
+        gen1_before = await pool.fetchval(
+            "SELECT count(*) FROM zeroth.checkpoints k "
+            "WHERE k.run_id = $1 AND k.lease_generation = 1", run_id)
+
+        a.send(signal.SIGCONT)
+        continued_at = time.monotonic()
+        stop = await wait_event(pool, run_id, "stopped", generation=1)
+        stop_latency = time.monotonic() - continued_at
+        assert stop["worker_id"] == a.worker_id
+        await a.wait_for_line("lease generation 1 lost")
+        print(f"\n[zombie] SIGSTOP -> takeover by second worker: {taken_after:.3f} s; "
+              f"SIGCONT -> zombie handler stopped: {stop_latency:.3f} s "
+              f"({event_data(stop)['why']})")
+
+        # B keeps going; A wrote nothing more.
+        mark = await pool.fetchval(
+            "SELECT max(k.checkpoint_order) FROM zeroth.checkpoints k WHERE k.run_id = $1",
+            run_id)
+        await eventually(lambda: pool.fetchval(
+            "SELECT max(k.checkpoint_order) > $2 FROM zeroth.checkpoints k WHERE k.run_id = $1",
+            run_id, mark), "another checkpoint of generation 2")
+        assert a.proc.returncode is None  # the zombie process lives on, only its run stopped
+        await release(pool, run_id, generation=2)
+        done = await wait_status(pool, run_id, "completed")
+        assert output(done)["worker_id"] == b.worker_id
+        assert output(done)["generation"] == 2
+
+        saved = await checkpoints(pool, run_id)
+        gen1 = [k for k in saved if k["lease_generation"] == 1]
+        gen2 = [k for k in saved if k["lease_generation"] == 2]
+        assert len(gen1) == gen1_before
+        assert max(k["checkpoint_order"] for k in gen1) < min(k["checkpoint_order"] for k in gen2)
+        assert all(json.loads(k["data_text"])["worker_id"] == b.worker_id for k in gen2)
+        kinds = {(r["generation"], r["kind"]) for r in await pool.fetch(
+            "SELECT e.generation, e.kind FROM public.events e WHERE e.run_id = $1", run_id)}
+        assert (1, "completing") not in kinds
+        assert (2, "completing") in kinds
+
+    async def test_released_zombie_cannot_complete_the_run_another_worker_holds(
+            self, workers: Any, events: asyncpg.Pool) -> None:
+        pool = events
+        dep = deployment_name("zombie-complete")
+        run_id = await enqueue(pool, dep, {"ticks": 1, "step_seconds": 0.05, "gate": True})
+
+        a = await workers(dep, "worker_apps:scripted")
+        await wait_event(pool, run_id, "gated", generation=1, worker=a)
+        b = await workers(dep, "worker_apps:scripted")
+        await b.started()
+
+        a.send(signal.SIGSTOP)
+        old_expiry, taken = await takeover(pool, run_id, 1)
+        assert taken["lease_worker_id"] == b.worker_id
+        assert taken["lease_acquired_at"] > old_expiry
+        held = await wait_event(pool, run_id, "gated", generation=2, worker=b)
+        assert event_data(held)["step"] == 1  # B resumed after A's checkpoint and now holds
+        # While A is frozen its handler is allowed to finish: on SIGCONT it returns at once,
+        # unless A's refused renewal stops it first. Either way nothing of A's may land.
+        await release(pool, run_id, generation=1)
+
+        a.send(signal.SIGCONT)
+        continued_at = time.monotonic()
+        await a.wait_for_line("lease generation 1 lost")
+
+        async def zombie_outcome() -> asyncpg.Record | None:
+            row: asyncpg.Record | None = await pool.fetchrow(
+                """SELECT e.kind, e.data::text AS data_text FROM public.events e
+                    WHERE e.run_id = $1 AND e.generation = 1
+                      AND e.kind IN ('stopped', 'completing')""", run_id)
+            return row
+
+        outcome = await eventually(zombie_outcome, "the zombie handler to end")
+        print(f"\n[zombie-complete] SIGCONT -> generation 1 refused: "
+              f"{time.monotonic() - continued_at:.3f} s (zombie handler {outcome['kind']})")
+        row = await run_row(pool, run_id)
+        assert row["status"] == "running"
+        assert row["output"] is None
+        assert row["lease_worker_id"] == b.worker_id
+        assert row["lease_generation"] == 2
+        assert a.proc.returncode is None
+
+        await release(pool, run_id, generation=2)
+        done = await wait_status(pool, run_id, "completed")
+        result = output(done)
+        assert result["worker_id"] == b.worker_id
+        assert result["generation"] == 2
+        assert result["resumed_from"] == 1
+        assert [k["lease_generation"] for k in await checkpoints(pool, run_id)] == [1]
+
+
+class TestGracefulShutdown:
+    async def test_sigterm_completes_the_quick_run_and_hands_back_the_slow_one(
+            self, workers: Any, events: asyncpg.Pool) -> None:
+        pool = events
+        dep = deployment_name("drain")
+        quick = await enqueue(pool, dep, {"ticks": 0, "gate": True})
+        slow = await enqueue(pool, dep, {"ticks": 2, "step_seconds": 0.1, "gate": True})
+
+        a = await workers(dep, "worker_apps:scripted", "--shutdown-timeout", "3")
+        await wait_event(pool, quick, "gated", generation=1, worker=a)
+        await wait_event(pool, slow, "gated", generation=1, worker=a)
+        assert len(await checkpoints(pool, slow)) == 2
+
+        a.send(signal.SIGTERM)
+        await a.wait_for_line(f"worker {a.worker_id} draining 2 run(s)")
+        await release(pool, quick)  # finishes within the shutdown timeout; slow never does
+        code = await a.wait_exit()
+        assert code == 0, a.log
+        await a.wait_for_line(f"worker {a.worker_id} stopped")
+        await a.wait_for_line(f"run {slow} handed back to pending: True")
+
+        done = await run_row(pool, quick)
+        assert done["status"] == "completed"
+        assert output(done)["worker_id"] == a.worker_id
+        back = await run_row(pool, slow)
+        assert back["status"] == "pending"
+        assert back["lease_worker_id"] is None
+        assert back["lease_expires_at"] is None
+        assert back["attempts"] == 0  # the interrupted attempt was given back
+        saved = await checkpoints(pool, slow)
+        assert [json.loads(k["data_text"])["step"] for k in saved] == [1, 2]
+        stopped = await wait_event(pool, slow, "stopped", generation=1)
+        assert event_data(stopped)["why"] == "cancelled"
+
+        b = await workers(dep, "worker_apps:scripted")
+        resumed = await wait_event(pool, slow, "started", generation=2, worker=b)
+        assert resumed["worker_id"] == b.worker_id
+        assert event_data(resumed)["resumed_from"] == 2
+        assert event_data(resumed)["recovery_checkpoint_id"] == str(saved[-1]["checkpoint_id"])
+        await release(pool, slow, generation=2)
+        finished = await wait_status(pool, slow, "completed")
+        result = output(finished)
+        assert result["worker_id"] == b.worker_id
+        assert result["resumed_from"] == 2
+        assert result["steps"] == 2
+        assert result["attempt"] == 1
+        assert len(await checkpoints(pool, slow)) == 2  # no step was redone
+        b.send(signal.SIGTERM)
+        assert await b.wait_exit() == 0, b.log
+        await b.wait_for_line(f"worker {b.worker_id} draining 0 run(s)")
+
+
+class TestCancelFromAnotherProcess:
+    async def test_psql_request_cancel_reaches_the_worker_handler(
+            self, workers: Any, events: asyncpg.Pool, database_dsn: str) -> None:
+        pool = events
+        dep = deployment_name("cancel")
+        run_id = await enqueue(pool, dep, {"ticks": 1, "step_seconds": 0.05, "gate": True})
+        a = await workers(dep, "worker_apps:scripted", "--lease", "30")
+        await wait_event(pool, run_id, "gated", generation=1, worker=a)
+
+        sent = time.monotonic()
+        # psql: a third process, neither the test nor the worker, asks for the cancel.
+        answer = await asyncio.to_thread(
+            run_psql, database_dsn,
+            f"SELECT zeroth.request_cancel(run_id => '{run_id}'::uuid)", "-t", "-A")
+        assert answer.stdout.strip() == "cancel_requested", answer.stderr
+        stop = await wait_event(pool, run_id, "stopped", generation=1)
+        reached = time.monotonic() - sent
+        assert event_data(stop)["cancel_requested"] is True
+        row = await wait_status(pool, run_id, "cancelled")
+        assert row["lease_worker_id"] is None
+        assert (1, "completing") not in {(r["generation"], r["kind"]) for r in await pool.fetch(
+            "SELECT e.generation, e.kind FROM public.events e WHERE e.run_id = $1", run_id)}
+        await a.wait_for_line(f"run {run_id} cancelled on request")
+        # The 30 s lease renews every 10 s: the cancel came by NOTIFY, not by a renewal.
+        assert reached < 30 / 3
+        print(f"\n[cancel] psql request_cancel -> handler stopped: {reached:.3f} s")
+
+
+class TestFleetConcurrency:
+    async def test_three_processes_never_exceed_the_fleet_max(
+            self, workers: Any, events: asyncpg.Pool, connect: Any) -> None:
+        pool = events
+        dep = deployment_name("fleet")
+        runs, limit = 60, 3
+        await LeaseManager(pool).enqueue_runs(dep, [{"payload": {"seconds": 0.1}}] * runs)
+
+        monitor = await connect()
+        samples: list[int] = []
+        done = asyncio.Event()
+
+        async def watch() -> None:
+            while not done.is_set():
+                samples.append(await monitor.fetchval(LIVE_LEASES, dep))
+                await asyncio.sleep(0.003)
+
+        watcher = asyncio.create_task(watch())
+        started = time.monotonic()
+        try:
+            procs = [await workers(dep, "worker_apps:sleeper", "--concurrency", "4",
+                                   "--fleet-concurrency", str(limit)) for _ in range(3)]
+
+            async def all_done() -> bool:
+                for proc in procs:
+                    if proc.proc.returncode is not None:
+                        pytest.fail(f"worker exited {proc.proc.returncode}:\n{proc.log}")
+                return bool(await pool.fetchval(
+                    "SELECT count(*) = $2 FROM zeroth.runs r "
+                    "WHERE r.deployment_ref = $1 AND r.status = 'completed'", dep, runs))
+
+            await eventually(all_done, f"{runs} runs completed", within=30, interval=0.05)
+        finally:
+            done.set()
+            await watcher
+        elapsed = time.monotonic() - started
+
+        assert max(samples) <= limit
+        assert max(samples) == limit  # the bound was reached, so it was really tested
+        # Handler executions (database clock) never overlapped more than the limit either.
+        rows = await pool.fetch(
+            "SELECT e.at, e.kind, e.worker_id FROM public.events e WHERE e.kind IN "
+            "('started', 'finished') ORDER BY e.at, e.kind = 'started'")
+        assert sum(r["kind"] == "started" for r in rows) == runs
+        running = overlap = 0
+        for r in rows:
+            running += 1 if r["kind"] == "started" else -1
+            overlap = max(overlap, running)
+        assert overlap <= limit
+        per_worker = {p.worker_id: sum(1 for r in rows if r["kind"] == "started"
+                                       and r["worker_id"] == p.worker_id) for p in procs}
+        assert await pool.fetchval(
+            "SELECT count(*) FROM zeroth.runs r WHERE r.deployment_ref = $1 "
+            "AND r.lease_worker_id IS NOT NULL", dep) == 0
+        print(f"\n[fleet] {runs} runs x 0.1 s on 3 processes (fleet max {limit}, local 4): "
+              f"{len(samples)} lease samples, max live leases {max(samples)}, max handler "
+              f"overlap {overlap}, {elapsed:.2f} s; runs per worker {sorted(per_worker.values())}")
