@@ -378,12 +378,19 @@ CREATE FUNCTION zeroth._take_slots(tenant_id text, workspace_key text, deploymen
     LANGUAGE plpgsql
     AS $$
 BEGIN
+    -- First use of a scope (or a larger K): create the slot rows. Only one session may do it at a
+    -- time, and the others must not wait for its transaction (an INSERT that conflicts with an
+    -- uncommitted row waits), so the creator takes a non-blocking advisory lock; a session that
+    -- misses it finds no free slot this time and reports saturation until the rows commit.
     IF NOT EXISTS (SELECT 1
                      FROM zeroth.admission_slots s
                     WHERE s.tenant_id = _take_slots.tenant_id
                       AND s.workspace_key = _take_slots.workspace_key
                       AND s.deployment_ref = _take_slots.deployment_ref
-                      AND s.slot_no = _take_slots.max_concurrency) THEN
+                      AND s.slot_no = _take_slots.max_concurrency)
+       AND pg_try_advisory_xact_lock(hashtextextended(
+               _take_slots.tenant_id || chr(31) || _take_slots.workspace_key || chr(31)
+               || _take_slots.deployment_ref, 7230)) THEN
         INSERT INTO zeroth.admission_slots (tenant_id, workspace_key, deployment_ref, slot_no)
         SELECT _take_slots.tenant_id, _take_slots.workspace_key, _take_slots.deployment_ref, g.n
           FROM generate_series(1, _take_slots.max_concurrency) AS g(n)
@@ -953,9 +960,10 @@ CREATE FUNCTION zeroth.enqueue_runs(deployment_ref text, runs jsonb, tenant_id t
     LANGUAGE plpgsql
     AS $$
 DECLARE
-    v_item   jsonb;
-    v_index  bigint := 0;
-    v_result zeroth.enqueued_run;
+    v_item    jsonb;
+    v_index   bigint := 0;
+    v_result  zeroth.enqueued_run;
+    v_results zeroth.enqueued_run[];
     v_unknown text;
 BEGIN
     -- The shared arguments are checked up front so an empty batch validates them too.
@@ -969,8 +977,14 @@ BEGIN
     END IF;
     PERFORM zeroth._require(jsonb_typeof(enqueue_runs.runs) = 'array', 'runs must be a JSON array');
     PERFORM zeroth._require(jsonb_array_length(enqueue_runs.runs) <= 10000, 'runs may hold at most 10000 items');
-    FOR v_item IN SELECT e.item FROM jsonb_array_elements(enqueue_runs.runs) AS e(item) LOOP
-        v_index := v_index + 1;
+    -- Items are inserted in (idempotency_key, run_id) order, so two batches that share keys wait
+    -- on each other in the same order and cannot deadlock; results still come back in input order.
+    v_results := array_fill(NULL::zeroth.enqueued_run, ARRAY[jsonb_array_length(enqueue_runs.runs)]);
+    FOR v_item, v_index IN
+        SELECT e.item, e.position
+          FROM jsonb_array_elements(enqueue_runs.runs) WITH ORDINALITY AS e(item, position)
+         ORDER BY e.item ->> 'idempotency_key', e.item ->> 'run_id', e.position
+    LOOP
         PERFORM zeroth._require(jsonb_typeof(v_item) = 'object', format('runs[%s] must be a JSON object', v_index));
         SELECT k INTO v_unknown FROM jsonb_object_keys(v_item) AS k
          WHERE k NOT IN ('payload', 'priority', 'run_after', 'max_attempts', 'idempotency_key',
@@ -990,12 +1004,12 @@ BEGIN
             run_id          => (v_item ->> 'run_id')::uuid,
             thread_id       => v_item ->> 'thread_id',
             now_override    => enqueue_runs.now_override);
-        ordinality := v_index;
-        run_id := v_result.run_id;
-        created := v_result.created;
-        status := v_result.status;
-        RETURN NEXT;
+        v_results[v_index] := v_result;
     END LOOP;
+    RETURN QUERY
+    SELECT x.position, x.run_id, x.created, x.status
+      FROM unnest(v_results) WITH ORDINALITY AS x(run_id, created, status, position)
+     ORDER BY x.position;
 EXCEPTION
     WHEN invalid_text_representation OR numeric_value_out_of_range OR invalid_datetime_format
          OR datetime_field_overflow THEN

@@ -1,0 +1,317 @@
+"""Races on concurrency admission (max_concurrency) with real sessions and the real clock.
+
+The bound K is fleet-wide: however many sessions claim at once, a monitor never sees more than
+K live leases in the scope. The slot rows are taken with SKIP LOCKED, so a claimer never waits
+on another claimer. A stale lease holder cannot renew its way back onto a slot another claimer
+has taken.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from typing import Any
+
+import asyncpg
+import pytest
+
+CLAIMERS = 32
+
+LIVE_LEASES = """
+    SELECT count(*) FROM zeroth.runs r
+     WHERE r.deployment_ref = $1 AND r.lease_worker_id IS NOT NULL
+       AND r.lease_expires_at >= clock_timestamp()"""
+
+LIVE_SLOTS = """
+    SELECT count(*) FROM zeroth.admission_slots s
+     WHERE s.deployment_ref = $1 AND s.run_id IS NOT NULL
+       AND s.lease_expires_at >= clock_timestamp()"""
+
+CLAIM_PENDING = """
+    SELECT * FROM zeroth.claim_pending(deployment_ref => $1, worker_id => $2,
+        max_concurrency => $3, batch_size => $4, lease_seconds => $5)"""
+
+CLAIM_ORPHANED = """
+    SELECT * FROM zeroth.claim_orphaned(deployment_ref => $1, worker_id => $2,
+        max_concurrency => $3, claim_limit => 1, lease_seconds => $4)"""
+
+START = "SELECT zeroth.start_run(run_id => $1, worker_id => $2, generation => $3)"
+COMPLETE = """SELECT zeroth.complete_run(run_id => $1, worker_id => $2, generation => $3,
+                  output => $4::text::jsonb)"""
+RELEASE = "SELECT zeroth.release_lease(run_id => $1, worker_id => $2, generation => $3)"
+RENEW = """SELECT zeroth.renew_lease(run_id => $1, worker_id => $2, generation => $3,
+               lease_seconds => $4)"""
+
+
+async def enqueue_many(connection: asyncpg.Connection, deployment: str, count: int) -> list[Any]:
+    rows = await connection.fetch(
+        "SELECT run_id FROM zeroth.enqueue_runs(deployment_ref => $1, runs => $2::text::jsonb)",
+        deployment, json.dumps([{"payload": {"n": i}} for i in range(count)]))
+    return [row["run_id"] for row in rows]
+
+
+async def open_sessions(connect: Any, count: int) -> list[asyncpg.Connection]:
+    return list(await asyncio.gather(*(connect() for _ in range(count))))
+
+
+class TestFleetWideBound:
+    async def test_live_leases_never_exceed_max_concurrency_under_32_claimers(
+            self, connect: Any) -> None:
+        k, runs, deployment = 5, 240, "admission-bound"
+        setup = await connect()
+        run_ids = await enqueue_many(setup, deployment, runs)
+        sessions = await open_sessions(connect, CLAIMERS)
+        monitor = await connect()
+
+        completed: list[tuple[Any, int]] = []
+        released = 0
+        recovered = 0
+        saturated_seen = 0
+        done = asyncio.Event()
+
+        async def claimer(index: int, session: asyncpg.Connection) -> None:
+            nonlocal released, recovered, saturated_seen
+            worker = f"claimer-{index}"
+            rng = random.Random(index)
+            while not done.is_set():
+                # Orphans (runs released after start) count against the same K.
+                rows = await session.fetch(CLAIM_ORPHANED, deployment, worker, k, 30.0)
+                mine = [row for row in rows if row["run_id"] is not None]
+                recovered += len(mine)
+                if not mine:
+                    rows = await session.fetch(CLAIM_PENDING, deployment, worker, k, 1, 30.0)
+                    mine = [row for row in rows if row["run_id"] is not None]
+                if not mine:
+                    saturated_seen += any(row["concurrency_saturated"] for row in rows)
+                    await asyncio.sleep(0.002)
+                    continue
+                (row,) = mine
+                fence = (row["run_id"], worker, row["lease_generation"])
+                assert row["active_count"] < k
+                assert await session.fetchval(START, *fence)
+                await asyncio.sleep(rng.uniform(0.002, 0.01))
+                if rng.random() < 0.15:
+                    # Give the lease back mid-run: the run stays running with an expired lease
+                    # and comes back through claim_orphaned under the same bound.
+                    assert await session.fetchval(RELEASE, *fence)
+                    released += 1
+                    continue
+                assert await session.fetchval(COMPLETE, *fence, json.dumps({"by": worker}))
+                completed.append((row["run_id"], row["lease_generation"]))
+                if len(completed) == runs:
+                    done.set()
+
+        samples: list[tuple[int, int]] = []
+
+        async def sample() -> None:
+            while not done.is_set():
+                async with monitor.transaction(isolation="repeatable_read", readonly=True):
+                    leases = await monitor.fetchval(LIVE_LEASES, deployment)
+                    slots = await monitor.fetchval(LIVE_SLOTS, deployment)
+                samples.append((leases, slots))
+                await asyncio.sleep(0)
+
+        await asyncio.wait_for(
+            asyncio.gather(sample(), *(claimer(i, s) for i, s in enumerate(sessions))),
+            timeout=120)
+
+        assert len(samples) > 50
+        assert max(leases for leases, _ in samples) <= k
+        assert max(slots for _, slots in samples) <= k
+        # The bound was actually contended, not trivially met by a trickle of claims.
+        assert max(leases for leases, _ in samples) >= 2
+        assert saturated_seen > 0
+        # Every run given back mid-run came back exactly once, through claim_orphaned.
+        assert released > 0
+        assert recovered == released
+        assert sorted(run_id for run_id, _ in completed) == sorted(run_ids)
+        final = await setup.fetch(
+            """SELECT r.status, r.lease_worker_id, r.admission_slot FROM zeroth.runs r
+                WHERE r.deployment_ref = $1""", deployment)
+        assert {row["status"] for row in final} == {"completed"}
+        assert all(row["lease_worker_id"] is None and row["admission_slot"] is None
+                   for row in final)
+        assert await setup.fetchval(
+            "SELECT count(*) FROM zeroth.admission_slots s WHERE s.deployment_ref = $1 "
+            "AND s.run_id IS NOT NULL", deployment) == 0
+
+
+class TestClaimersNeverWait:
+    async def test_no_claim_pending_backend_is_ever_seen_waiting_on_a_lock(
+            self, connect: Any) -> None:
+        k, runs, deployment = 5, 300, "admission-nowait"
+        setup = await connect()
+        await enqueue_many(setup, deployment, runs)
+        # Create the scope's slot rows first (the very first use of a scope is covered by
+        # TestFirstUseOfAScope); this test is about the steady state.
+        warm = await setup.fetch(CLAIM_PENDING, deployment, "warm-up", k, 1, 30.0)
+        (warm_row,) = warm
+        assert await setup.fetchval(
+            RELEASE, warm_row["run_id"], "warm-up", warm_row["lease_generation"])
+        sessions = await open_sessions(connect, CLAIMERS)
+        monitor = await connect()
+        pids = {session.get_server_pid() for session in sessions}
+        finished = 0
+        done = asyncio.Event()
+
+        async def claimer(index: int, session: asyncpg.Connection) -> None:
+            nonlocal finished
+            worker = f"claimer-{index}"
+            while not done.is_set():
+                rows = await session.fetch(CLAIM_PENDING, deployment, worker, k, 1, 30.0)
+                mine = [row for row in rows if row["run_id"] is not None]
+                if not mine:
+                    await asyncio.sleep(0.001)
+                    continue
+                fence = (mine[0]["run_id"], worker, mine[0]["lease_generation"])
+                assert await session.fetchval(START, *fence)
+                assert await session.fetchval(COMPLETE, *fence, "{}")
+                finished += 1
+                if finished == runs:
+                    done.set()
+
+        waiting: list[Any] = []
+        samples = 0
+        seen_active_claims = 0
+
+        async def sample() -> None:
+            nonlocal samples, seen_active_claims
+            while not done.is_set():
+                # A relation-extension lock ('extend') is a physical lock on growing a file,
+                # held for microseconds by any writer; it is not queuing behind another
+                # session's row or transaction, which is what "never wait" rules out.
+                rows = await monitor.fetch(
+                    """SELECT a.pid, a.wait_event_type, a.wait_event,
+                              EXISTS (SELECT 1 FROM pg_locks l
+                                       WHERE l.pid = a.pid AND NOT l.granted
+                                         AND l.locktype <> 'extend') AS blocked
+                         FROM pg_stat_activity a
+                        WHERE a.pid = ANY ($1::int[]) AND a.state = 'active'
+                          AND a.query LIKE '%claim_pending%'""", list(pids))
+                samples += 1
+                seen_active_claims += len(rows)
+                waiting.extend(
+                    row for row in rows
+                    if (row["wait_event_type"] == "Lock" and row["wait_event"] != "extend")
+                    or row["blocked"])
+                await asyncio.sleep(0)
+
+        await asyncio.wait_for(
+            asyncio.gather(sample(), *(claimer(i, s) for i, s in enumerate(sessions))),
+            timeout=120)
+
+        assert samples > 50
+        assert seen_active_claims > 0
+        assert waiting == []
+        assert await setup.fetchval(
+            "SELECT count(*) FROM zeroth.runs r WHERE r.deployment_ref = $1 "
+            "AND r.status = 'completed'", deployment) == runs
+
+
+class TestFirstUseOfAScope:
+    async def test_claim_on_a_new_scope_does_not_wait_for_another_claimers_open_transaction(
+            self, connect: Any) -> None:
+        # Two claimers reach a scope whose slot rows do not exist yet. The first creates them
+        # inside its (still open) transaction; the second must not queue behind it: claims
+        # never wait (sql/README.md, "Lock order").
+        deployment = "admission-cold"
+        first, second = await connect(), await connect()
+        await enqueue_many(first, deployment, 4)
+        async with first.transaction():
+            rows = await first.fetch(CLAIM_PENDING, deployment, "first", 2, 1, 30.0)
+            assert [row["run_id"] is not None for row in rows] == [True]
+            await second.execute("SET lock_timeout = '500ms'")
+            try:
+                rows = await second.fetch(CLAIM_PENDING, deployment, "second", 2, 1, 30.0)
+            except asyncpg.LockNotAvailableError:
+                pytest.fail("claim_pending waited for another claimer's slot-row insert")
+            claimed = [row for row in rows if row["run_id"] is not None]
+            assert len(claimed) <= 1
+        live = await first.fetchval(LIVE_LEASES, deployment)
+        assert live <= 2
+
+
+class TestRenewalVersusReallocation:
+    async def test_a_stale_holder_never_renews_onto_a_reallocated_slot(
+            self, connect: Any) -> None:
+        lease = 0.3
+        rounds = 8
+        holder, claimer_conn, monitor, setup = (
+            await connect(), await connect(), await connect(), await connect())
+        rng = random.Random(7)
+        for round_no in range(rounds):
+            deployment = f"renew-race-{round_no}"
+            run_a, _run_b = await enqueue_many(setup, deployment, 2)
+            rows = await holder.fetch(CLAIM_PENDING, deployment, "holder-a", 1, 1, lease)
+            (row_a,) = [row for row in rows if row["run_id"] is not None]
+            assert row_a["run_id"] == run_a
+            gen_a = row_a["lease_generation"]
+            assert await holder.fetchval(START, run_a, "holder-a", gen_a)
+
+            b_claim: dict[str, Any] = {}
+            renewals: list[tuple[float, bool, Any]] = []  # (client start, ok, new expiry)
+            samples: list[tuple[int, int]] = []
+            stop = asyncio.Event()
+
+            async def renew_loop(deployment: str = deployment, run_a: Any = run_a,
+                                 gen_a: int = gen_a, b_claim: dict[str, Any] = b_claim,
+                                 renewals: list[tuple[float, bool, Any]] = renewals,
+                                 stop: asyncio.Event = stop) -> None:
+                after_b = 0
+                while after_b < 5:
+                    # Sleep around the lease length, so renewals land just before or just
+                    # after expiry, racing the claimer for the slot.
+                    await asyncio.sleep(lease * rng.uniform(0.85, 1.2) if not b_claim else 0)
+                    started = time.monotonic()
+                    async with holder.transaction():
+                        ok = await holder.fetchval(RENEW, run_a, "holder-a", gen_a, lease)
+                        expiry = await holder.fetchval(
+                            "SELECT r.lease_expires_at FROM zeroth.runs r WHERE r.run_id = $1",
+                            run_a) if ok else None
+                    renewals.append((started, ok, expiry))
+                    if b_claim and started > b_claim["returned"]:
+                        after_b += 1
+                stop.set()
+
+            async def claim_loop(deployment: str = deployment,
+                                 b_claim: dict[str, Any] = b_claim) -> None:
+                while not b_claim:
+                    rows = await claimer_conn.fetch(
+                        CLAIM_PENDING, deployment, "claimer-b", 1, 1, 30.0)
+                    mine = [row for row in rows if row["run_id"] is not None]
+                    if mine:
+                        b_claim.update(row=mine[0], returned=time.monotonic())
+                    else:
+                        await asyncio.sleep(0.001)
+
+            async def sample(deployment: str = deployment, stop: asyncio.Event = stop,
+                             samples: list[tuple[int, int]] = samples) -> None:
+                while not stop.is_set():
+                    async with monitor.transaction(isolation="repeatable_read", readonly=True):
+                        samples.append((await monitor.fetchval(LIVE_LEASES, deployment),
+                                        await monitor.fetchval(LIVE_SLOTS, deployment)))
+                    await asyncio.sleep(0)
+
+            await asyncio.wait_for(asyncio.gather(renew_loop(), claim_loop(), sample()),
+                                   timeout=60)
+
+            row_b = b_claim["row"]
+            b_acquired = await setup.fetchval(
+                "SELECT r.lease_acquired_at FROM zeroth.runs r WHERE r.run_id = $1",
+                row_b["run_id"])
+            assert samples
+            assert max(leases for leases, _ in samples) <= 1, round_no
+            assert max(slots for _, slots in samples) <= 1, round_no
+            # A renewal that started after B's claim had committed must be refused.
+            late_successes = [r for r in renewals if r[0] > b_claim["returned"] and r[1]]
+            assert late_successes == [], round_no
+            # Every successful renewal kept A's lease strictly before B's began.
+            assert all(expiry < b_acquired for _, ok, expiry in renewals if ok), round_no
+            # A is fenced out for good; B holds the only slot.
+            assert not await setup.fetchval(RENEW, run_a, "holder-a", gen_a, lease)
+            slot = await setup.fetchrow(
+                "SELECT s.run_id, s.lease_worker_id FROM zeroth.admission_slots s "
+                "WHERE s.deployment_ref = $1 AND s.run_id IS NOT NULL", deployment)
+            assert (slot["run_id"], slot["lease_worker_id"]) == (row_b["run_id"], "claimer-b")
