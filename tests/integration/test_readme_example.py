@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import subprocess
@@ -28,8 +29,9 @@ def test_readme_worker_example_is_at_most_fifteen_lines_of_code():
 
 async def test_readme_worker_example_completes_a_run(database_dsn):
     env = {**os.environ, "ZEROTH_PG_DSN": database_dsn}
-    result = subprocess.run([sys.executable, "-c", _worker_example()], env=env,
-                            capture_output=True, text=True, timeout=120)
+    result = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-c", _worker_example()], env=env,
+        capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     conn = await asyncpg.connect(database_dsn)
     try:
