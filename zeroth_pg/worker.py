@@ -142,6 +142,9 @@ class _Active:
     deadline: float
     task: asyncio.Task[None] | None = None
     stop_reason: str | None = None
+    # Set by the task's first step. A task cancelled before that step never runs its body (no
+    # try/finally), so _stop only cancels a started task; an unstarted one settles on start.
+    started: bool = False
 
 
 class RunWorker:
@@ -435,7 +438,10 @@ class RunWorker:
             except Exception as exc:
                 log.warning("lease renewal failed (%s: %s); retrying", type(exc).__name__, exc)
                 self._enforce_deadlines()
-                interval = min(self.renew_interval, 1.0)
+                # Retry soon, and no later than the next deadline, so fail-stop is punctual.
+                deadlines = [e.deadline for e in self._active.values() if e.stop_reason is None]
+                interval = min(self.renew_interval, 1.0,
+                               *(max(0.01, d - time.monotonic()) for d in deadlines))
                 continue
             for renewal in renewals:
                 entry = self._active.get(renewal.run_id)
@@ -479,7 +485,7 @@ class RunWorker:
         entry.stop_reason = reason
         if reason == StopReason.CANCEL:
             entry.ctx.cancelled.set()
-        if entry.task is not None and not entry.task.done():
+        if entry.started and entry.task is not None and not entry.task.done():
             entry.task.cancel()
 
     def _spawn(self, run: ClaimedRun, *, deadline: float, recovered: bool) -> None:
@@ -500,7 +506,11 @@ class RunWorker:
 
     async def _execute(self, entry: _Active) -> None:
         run = entry.run
+        entry.started = True
         try:
+            if entry.stop_reason is not None:  # stopped before this task ran (a claimed orphan
+                await self._after_stop(entry)  # with a pending cancel): settle, never start it
+                return
             await self._execute_leased(entry)
         except asyncio.CancelledError:
             if entry.stop_reason is None:
@@ -648,9 +658,9 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(data)
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(prog: str) -> argparse.ArgumentParser:
     env = os.environ.get
-    p = argparse.ArgumentParser(prog="python -m zeroth_pg.worker", description=(
+    p = argparse.ArgumentParser(prog=prog, description=(
         "Run a zeroth_pg worker. Every option falls back to a ZEROTH_PG_* environment variable."))
     p.add_argument("--dsn", default=env("ZEROTH_PG_DSN"),
                    help="database URL [ZEROTH_PG_DSN]; none: the embedded server")
@@ -680,12 +690,14 @@ def _parser() -> argparse.ArgumentParser:
                    default=float(env("ZEROTH_PG_RETRY_BASE_SECONDS", "1")),
                    help="first retry delay in seconds, doubled per attempt "
                    "[ZEROTH_PG_RETRY_BASE_SECONDS=1]")
-    p.add_argument("--worker-id", default=env("ZEROTH_PG_WORKER_ID"), help="default: random")
+    p.add_argument("--worker-id", default=env("ZEROTH_PG_WORKER_ID"),
+                   help="[ZEROTH_PG_WORKER_ID]; default: random")
     p.add_argument("--metrics-port", type=int, default=int(env("ZEROTH_PG_METRICS_PORT", "0")),
                    help="serve /metrics on this port [ZEROTH_PG_METRICS_PORT]; 0: off")
     p.add_argument("--log-format", choices=("text", "json"),
                    default=env("ZEROTH_PG_LOG_FORMAT", "text"), help="[ZEROTH_PG_LOG_FORMAT]")
-    p.add_argument("--log-level", default=env("ZEROTH_PG_LOG_LEVEL", "INFO"))
+    p.add_argument("--log-level", default=env("ZEROTH_PG_LOG_LEVEL", "INFO"),
+                   help="[ZEROTH_PG_LOG_LEVEL=INFO]")
     return p
 
 
@@ -711,8 +723,9 @@ async def _serve(args: argparse.Namespace) -> None:
         await pool.close()
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def main(argv: list[str] | None = None, *, prog: str = "python -m zeroth_pg.worker") -> int:
+    """The worker command line (also ``zeroth-pg worker``): serve until SIGTERM, then drain."""
+    args = _parser(prog).parse_args(argv)
     handler = logging.StreamHandler(sys.stderr)
     if args.log_format == "json":
         handler.setFormatter(JsonFormatter())
