@@ -30,6 +30,43 @@ CREATE TYPE zeroth.run_status AS ENUM (
 COMMENT ON TYPE zeroth.run_status IS 'Status axis of a run. The lease axis (lease_* columns) is orthogonal: see docs/state-machine.md.';
 
 --
+-- Name: admission; Type: TYPE; Schema: zeroth; Owner: -
+--
+CREATE TYPE zeroth.admission AS (
+	outcome text,
+	run_id uuid,
+	status zeroth.run_status,
+	lease_generation bigint,
+	lease_expires_at timestamp with time zone,
+	active_run_id uuid,
+	retry_after_s integer,
+	displaced jsonb
+);
+
+--
+-- Name: TYPE admission; Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON TYPE zeroth.admission IS 'Result of admit_run. outcome: admitted | queued | busy | reused. lease_* are set when the caller holds the run (admit-and-own); active_run_id and retry_after_s name the run the thread waits for (busy, queued); displaced lists the runs an interrupt/rollback cancelled or asked to stop: [{run_id, outcome, worker_id, lease_generation}].';
+
+--
+-- Name: cancel_result; Type: TYPE; Schema: zeroth; Owner: -
+--
+CREATE TYPE zeroth.cancel_result AS (
+	outcome text,
+	run_id uuid,
+	status zeroth.run_status,
+	cancel_action text,
+	lease_worker_id text,
+	lease_generation bigint,
+	retry_after_s integer
+);
+
+--
+-- Name: TYPE cancel_result; Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON TYPE zeroth.cancel_result IS 'Result of request_cancel_v2. outcome: cancelled | cancel_requested | taken_over | not_cancellable | unknown; status after the call; the winning cancel_action; the owner asked to stop or displaced; retry_after_s = seconds until the owner''s lease + grace runs out (a cancel retried then takes over).';
+
+--
 -- Name: claimed_run; Type: TYPE; Schema: zeroth; Owner: -
 --
 CREATE TYPE zeroth.claimed_run AS (
@@ -87,6 +124,267 @@ CREATE TYPE zeroth.lease_renewal AS (
 COMMENT ON TYPE zeroth.lease_renewal IS 'Result row of renew_leases: one per requested (run_id, generation).';
 
 --
+-- Name: takeover; Type: TYPE; Schema: zeroth; Owner: -
+--
+CREATE TYPE zeroth.takeover AS (
+	run_id uuid,
+	thread_id text,
+	outcome text,
+	status zeroth.run_status,
+	previous_worker_id text,
+	previous_generation bigint
+);
+
+--
+-- Name: TYPE takeover; Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON TYPE zeroth.takeover IS 'A run claimed by claim_for_takeover / reconcile_thread_runs. outcome: failed (not resumable) | cancelled (a cancel was requested) | requeued (resumable: back to pending for another worker).';
+
+--
+-- Name: thread_run; Type: TYPE; Schema: zeroth; Owner: -
+--
+CREATE TYPE zeroth.thread_run AS (
+	run_id uuid,
+	thread_id text,
+	deployment_ref text,
+	status zeroth.run_status,
+	queued boolean,
+	wait_reason text,
+	attempts integer,
+	max_attempts integer,
+	resumable boolean,
+	created_at timestamp with time zone,
+	started_at timestamp with time zone,
+	finished_at timestamp with time zone,
+	updated_at timestamp with time zone,
+	lease_worker_id text,
+	lease_generation bigint,
+	lease_expires_at timestamp with time zone,
+	cancel_action text,
+	cancel_requested_at timestamp with time zone,
+	idempotency_key text,
+	payload jsonb,
+	metadata jsonb,
+	output jsonb,
+	error jsonb,
+	progress jsonb,
+	accounting jsonb
+);
+
+--
+-- Name: TYPE thread_run; Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON TYPE zeroth.thread_run IS 'A run as list_thread_runs / get_thread_run report it; queued = waiting behind the active run of its thread.';
+
+--
+-- Name: _admission_reuse(text, text, text, text, text, uuid, text, boolean); Type: FUNCTION; Schema: zeroth; Owner: -
+--
+CREATE FUNCTION zeroth._admission_reuse(tenant_id text, workspace_key text, deployment_ref text, thread_id text, idempotency_key text, run_id uuid, worker_id text, strict boolean) RETURNS zeroth.admission
+    LANGUAGE plpgsql STABLE
+    AS $$
+DECLARE
+    v_run    record;
+    v_result zeroth.admission;
+BEGIN
+    IF _admission_reuse.idempotency_key IS NULL AND _admission_reuse.run_id IS NULL THEN
+        RETURN v_result;
+    END IF;
+    SELECT r.run_id, r.thread_id, r.status, r.lease_worker_id, r.lease_generation, r.lease_expires_at INTO v_run
+      FROM zeroth.runs r
+     WHERE r.tenant_id = _admission_reuse.tenant_id
+       AND r.workspace_key = _admission_reuse.workspace_key
+       AND ((_admission_reuse.idempotency_key IS NOT NULL
+             AND r.deployment_ref = _admission_reuse.deployment_ref
+             AND r.idempotency_key = _admission_reuse.idempotency_key)
+            OR r.run_id = _admission_reuse.run_id)
+     ORDER BY (r.run_id = _admission_reuse.run_id) IS TRUE DESC
+     LIMIT 1;
+    IF NOT FOUND THEN
+        RETURN v_result;
+    END IF;
+    IF _admission_reuse.strict AND v_run.thread_id IS DISTINCT FROM _admission_reuse.thread_id THEN
+        RAISE EXCEPTION 'run % (same idempotency key or run_id) belongs to thread %, not %',
+            v_run.run_id, coalesce(quote_literal(v_run.thread_id), 'none'), quote_literal(_admission_reuse.thread_id)
+            USING ERRCODE = 'ZP008';
+    END IF;
+    v_result := ROW('reused', v_run.run_id, v_run.status, NULL, NULL, NULL, NULL, '[]'::jsonb)::zeroth.admission;
+    IF v_run.lease_worker_id = _admission_reuse.worker_id THEN
+        v_result.lease_generation := v_run.lease_generation;
+        v_result.lease_expires_at := v_run.lease_expires_at;
+    END IF;
+    RETURN v_result;
+END
+$$;
+
+--
+-- Name: FUNCTION _admission_reuse(tenant_id text, workspace_key text, deployment_ref text, thread_id text, idempotency_key text, run_id uuid, worker_id text, strict boolean); Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON FUNCTION zeroth._admission_reuse(tenant_id text, workspace_key text, deployment_ref text, thread_id text, idempotency_key text, run_id uuid, worker_id text, strict boolean) IS 'Internal: the run an admission returns as reused (same idempotency key or run_id), or a NULL outcome.';
+
+--
+-- Name: _admit(text, text, text, text, boolean, text, jsonb, jsonb, integer, timestamp with time zone, integer, text, uuid, boolean, interval, interval, timestamp with time zone, boolean, jsonb); Type: FUNCTION; Schema: zeroth; Owner: -
+--
+CREATE FUNCTION zeroth._admit(tenant_id text, workspace_id text, deployment_ref text, thread_id text, queue_when_busy boolean, worker_id text, payload jsonb, metadata jsonb, priority integer, run_after timestamp with time zone, max_attempts integer, idempotency_key text, run_id uuid, resumable boolean, lease interval, grace interval, at timestamp with time zone, strict boolean, displaced jsonb DEFAULT '[]'::jsonb) RETURNS zeroth.admission
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_wskey  text := zeroth._workspace_key(_admit.workspace_id);
+    v_result zeroth.admission;
+    v_active zeroth.runs;
+    v_queue  boolean;
+    v_owned  boolean;
+    v_new    record;
+BEGIN
+    -- A retried admission needs no lock.
+    v_result := zeroth._admission_reuse(_admit.tenant_id, v_wskey, _admit.deployment_ref, _admit.thread_id,
+                                        _admit.idempotency_key, _admit.run_id, _admit.worker_id, _admit.strict);
+    IF v_result.outcome IS NOT NULL THEN
+        RETURN v_result;
+    END IF;
+    PERFORM zeroth._lock_thread(_admit.tenant_id, v_wskey, _admit.thread_id);
+
+    FOR v_attempt IN 1..100 LOOP
+        v_active := zeroth._lock_thread_active(_admit.tenant_id, v_wskey, _admit.thread_id, _admit.at);
+        v_queue := v_active.run_id IS NOT NULL;
+        IF v_queue AND NOT _admit.queue_when_busy THEN
+            RETURN ROW('busy', NULL, NULL, NULL, NULL, v_active.run_id,
+                       zeroth._retry_after(v_active.lease_expires_at, _admit.grace, _admit.at),
+                       _admit.displaced)::zeroth.admission;
+        END IF;
+
+        v_owned := _admit.worker_id IS NOT NULL AND NOT v_queue;
+        INSERT INTO zeroth.runs AS r (
+            run_id, tenant_id, workspace_id, deployment_ref, thread_id, status, wait_reason, thread_queued_at,
+            priority, run_after, max_attempts, created_at, updated_at, payload, metadata, idempotency_key,
+            resumable, lease_worker_id, lease_acquired_at, lease_expires_at, lease_generation)
+        VALUES (
+            coalesce(_admit.run_id, gen_random_uuid()), _admit.tenant_id, _admit.workspace_id, _admit.deployment_ref,
+            _admit.thread_id,
+            CASE WHEN v_queue THEN 'waiting'::zeroth.run_status ELSE 'pending'::zeroth.run_status END,
+            CASE WHEN v_queue THEN 'thread_queue' END,
+            CASE WHEN v_queue THEN zeroth._queue_position(_admit.tenant_id, v_wskey, _admit.thread_id, _admit.at) END,
+            _admit.priority, coalesce(_admit.run_after, _admit.at), _admit.max_attempts, _admit.at, _admit.at,
+            _admit.payload, _admit.metadata, _admit.idempotency_key, _admit.resumable,
+            CASE WHEN v_owned THEN _admit.worker_id END,
+            CASE WHEN v_owned THEN _admit.at END,
+            CASE WHEN v_owned THEN _admit.at + _admit.lease END,
+            CASE WHEN v_owned THEN 1 ELSE 0 END)
+        ON CONFLICT DO NOTHING
+        RETURNING r.run_id, r.status, r.lease_generation, r.lease_expires_at INTO v_new;
+        IF FOUND THEN
+            IF NOT v_queue AND NOT v_owned THEN
+                PERFORM zeroth._notify_wakeup(_admit.deployment_ref, _admit.tenant_id, _admit.workspace_id);
+            END IF;
+            RETURN ROW(CASE WHEN v_queue THEN 'queued' ELSE 'admitted' END, v_new.run_id, v_new.status,
+                       CASE WHEN v_owned THEN v_new.lease_generation END, v_new.lease_expires_at,
+                       v_active.run_id, zeroth._retry_after(v_active.lease_expires_at, _admit.grace, _admit.at),
+                       _admit.displaced)::zeroth.admission;
+        END IF;
+        -- A unique index said no: the same key or run_id arrived concurrently, or an active run
+        -- appeared (only a finishing run's promotion can do that): look again.
+        v_result := zeroth._admission_reuse(_admit.tenant_id, v_wskey, _admit.deployment_ref, _admit.thread_id,
+                                            _admit.idempotency_key, _admit.run_id, _admit.worker_id, _admit.strict);
+        IF v_result.outcome IS NOT NULL THEN
+            RETURN v_result;
+        END IF;
+    END LOOP;
+    RAISE EXCEPTION 'the active run of thread % kept changing', thread_id USING ERRCODE = '40001';
+END
+$$;
+
+--
+-- Name: FUNCTION _admit(tenant_id text, workspace_id text, deployment_ref text, thread_id text, queue_when_busy boolean, worker_id text, payload jsonb, metadata jsonb, priority integer, run_after timestamp with time zone, max_attempts integer, idempotency_key text, run_id uuid, resumable boolean, lease interval, grace interval, at timestamp with time zone, strict boolean, displaced jsonb); Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON FUNCTION zeroth._admit(tenant_id text, workspace_id text, deployment_ref text, thread_id text, queue_when_busy boolean, worker_id text, payload jsonb, metadata jsonb, priority integer, run_after timestamp with time zone, max_attempts integer, idempotency_key text, run_id uuid, resumable boolean, lease interval, grace interval, at timestamp with time zone, strict boolean, displaced jsonb) IS 'Internal: the admission of admit_run and of enqueue_run with a thread_id: admitted, queued, busy or reused.';
+
+--
+-- Name: _cancel(text, text, uuid, text, interval, timestamp with time zone, text); Type: FUNCTION; Schema: zeroth; Owner: -
+--
+CREATE FUNCTION zeroth._cancel(tenant_id text, workspace_key text, run_id uuid, action text, grace interval, at timestamp with time zone, caller_worker_id text DEFAULT NULL::text) RETURNS zeroth.cancel_result
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_run    record;
+    v_freed  boolean;
+    v_result zeroth.cancel_result;
+BEGIN
+    PERFORM 1 FROM zeroth.admission_slots s
+     WHERE s.run_id = _cancel.run_id AND s.tenant_id = _cancel.tenant_id AND s.workspace_key = _cancel.workspace_key
+       FOR UPDATE;
+    SELECT r.status, r.lease_worker_id, r.lease_generation, r.lease_expires_at, r.deployment_ref,
+           r.workspace_id, r.cancel_action
+      INTO v_run
+      FROM zeroth.runs r
+     WHERE r.tenant_id = _cancel.tenant_id AND r.workspace_key = _cancel.workspace_key AND r.run_id = _cancel.run_id
+       FOR UPDATE;
+    v_result.run_id := _cancel.run_id;
+    IF NOT FOUND THEN
+        v_result.outcome := 'unknown';
+        RETURN v_result;
+    END IF;
+    v_result.lease_worker_id := v_run.lease_worker_id;
+    v_result.lease_generation := v_run.lease_generation;
+    IF v_run.status IN ('completed', 'failed', 'cancelled') THEN
+        v_result.outcome := 'not_cancellable';
+        v_result.status := v_run.status;
+        v_result.cancel_action := v_run.cancel_action;
+        RETURN v_result;
+    END IF;
+
+    IF v_run.status = 'running' AND v_run.lease_expires_at + _cancel.grace >= _cancel.at
+       AND v_run.lease_worker_id IS DISTINCT FROM _cancel.caller_worker_id THEN
+        UPDATE zeroth.runs r
+           SET cancel_requested_at = coalesce(r.cancel_requested_at, _cancel.at),
+               cancel_action = coalesce(r.cancel_action, _cancel.action),
+               updated_at = _cancel.at
+         WHERE r.tenant_id = _cancel.tenant_id AND r.workspace_key = _cancel.workspace_key AND r.run_id = _cancel.run_id
+        RETURNING r.cancel_action INTO v_result.cancel_action;
+        PERFORM pg_notify('zeroth_control', json_build_object(
+            'type', 'cancel', 'run_id', _cancel.run_id, 'worker_id', v_run.lease_worker_id,
+            'lease_generation', v_run.lease_generation)::text);
+        v_result.outcome := 'cancel_requested';
+        v_result.status := 'running';
+        v_result.retry_after_s := zeroth._retry_after(v_run.lease_expires_at, _cancel.grace, _cancel.at);
+        RETURN v_result;
+    END IF;
+
+    UPDATE zeroth.admission_slots s
+       SET run_id = NULL, lease_worker_id = NULL, lease_generation = NULL, lease_expires_at = NULL
+     WHERE s.run_id = _cancel.run_id AND s.tenant_id = _cancel.tenant_id AND s.workspace_key = _cancel.workspace_key;
+    v_freed := FOUND;
+    v_result.outcome := CASE WHEN v_run.status = 'running'
+                              AND v_run.lease_worker_id IS DISTINCT FROM _cancel.caller_worker_id
+                             THEN 'taken_over' ELSE 'cancelled' END;
+    UPDATE zeroth.runs r
+       SET status = 'cancelled',
+           cancel_requested_at = coalesce(r.cancel_requested_at, _cancel.at),
+           cancel_action = coalesce(r.cancel_action, _cancel.action),
+           error = CASE WHEN v_result.outcome = 'taken_over'
+                        THEN zeroth._stop_error('taken_over', format(
+                                 'cancelled after worker %s stopped renewing its lease (expired at %s)',
+                                 r.lease_worker_id, r.lease_expires_at), r.lease_worker_id, r.lease_generation, r.error)
+                        ELSE r.error END,
+           wait_reason = NULL,
+           thread_queued_at = NULL,
+           finished_at = _cancel.at,
+           updated_at = _cancel.at,
+           lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
+           admission_slot = NULL, recovery_checkpoint_id = NULL
+     WHERE r.tenant_id = _cancel.tenant_id AND r.workspace_key = _cancel.workspace_key AND r.run_id = _cancel.run_id
+    RETURNING r.status, r.cancel_action INTO v_result.status, v_result.cancel_action;
+    IF v_freed THEN
+        PERFORM zeroth._notify_wakeup(v_run.deployment_ref, _cancel.tenant_id, v_run.workspace_id);
+    END IF;
+    RETURN v_result;
+END
+$$;
+
+--
+-- Name: FUNCTION _cancel(tenant_id text, workspace_key text, run_id uuid, action text, grace interval, at timestamp with time zone, caller_worker_id text); Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON FUNCTION zeroth._cancel(tenant_id text, workspace_key text, run_id uuid, action text, grace interval, at timestamp with time zone, caller_worker_id text) IS 'Internal: the cancel decision of request_cancel(_v2) and admit_run: cancelled | cancel_requested | taken_over | not_cancellable | unknown.';
+
+--
 -- Name: _claim_marker(integer, boolean, integer); Type: FUNCTION; Schema: zeroth; Owner: -
 --
 CREATE FUNCTION zeroth._claim_marker(active_count integer, saturated boolean, concurrency_limit integer) RETURNS zeroth.claimed_run
@@ -97,6 +395,47 @@ CREATE FUNCTION zeroth._claim_marker(active_count integer, saturated boolean, co
 -- Name: FUNCTION _claim_marker(active_count integer, saturated boolean, concurrency_limit integer); Type: COMMENT; Schema: zeroth; Owner: -
 --
 COMMENT ON FUNCTION zeroth._claim_marker(active_count integer, saturated boolean, concurrency_limit integer) IS 'Internal: the run_id-NULL row a claim returns when it claimed nothing, carrying the saturation it saw.';
+
+--
+-- Name: _displace(text, text, text, text, interval, timestamp with time zone, text); Type: FUNCTION; Schema: zeroth; Owner: -
+--
+CREATE FUNCTION zeroth._displace(tenant_id text, workspace_key text, thread_id text, action text, grace interval, at timestamp with time zone, worker_id text) RETURNS jsonb
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_active    zeroth.runs := zeroth._lock_thread_active(_displace.tenant_id, _displace.workspace_key,
+                                                          _displace.thread_id, _displace.at);
+    v_queued    uuid;
+    v_cancel    zeroth.cancel_result;
+    v_displaced jsonb := '[]'::jsonb;
+BEGIN
+    IF v_active.run_id IS NULL THEN
+        RETURN v_displaced;
+    END IF;
+    FOR v_queued IN
+        SELECT r.run_id FROM zeroth.runs r
+         WHERE r.tenant_id = _displace.tenant_id AND r.workspace_key = _displace.workspace_key
+           AND r.thread_id = _displace.thread_id AND r.thread_queued_at IS NOT NULL
+         ORDER BY r.thread_queued_at, r.run_id
+           FOR UPDATE
+    LOOP
+        v_cancel := zeroth._cancel(_displace.tenant_id, _displace.workspace_key, v_queued, _displace.action,
+                                   _displace.grace, _displace.at, _displace.worker_id);
+        v_displaced := v_displaced || jsonb_build_array(jsonb_build_object(
+            'run_id', v_cancel.run_id, 'outcome', v_cancel.outcome, 'worker_id', NULL, 'lease_generation', NULL));
+    END LOOP;
+    v_cancel := zeroth._cancel(_displace.tenant_id, _displace.workspace_key, v_active.run_id, _displace.action,
+                               _displace.grace, _displace.at, _displace.worker_id);
+    RETURN v_displaced || jsonb_build_array(jsonb_build_object(
+        'run_id', v_cancel.run_id, 'outcome', v_cancel.outcome, 'worker_id', v_cancel.lease_worker_id,
+        'lease_generation', v_cancel.lease_generation));
+END
+$$;
+
+--
+-- Name: FUNCTION _displace(tenant_id text, workspace_key text, thread_id text, action text, grace interval, at timestamp with time zone, worker_id text); Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON FUNCTION zeroth._displace(tenant_id text, workspace_key text, thread_id text, action text, grace interval, at timestamp with time zone, worker_id text) IS 'Internal: interrupt / rollback of a thread: cancel its queue, then cancel (or ask the live owner to stop) its active run; returns the displaced runs.';
 
 --
 -- Name: _explain_admin_miss(text, text, uuid, text, zeroth.run_status[]); Type: FUNCTION; Schema: zeroth; Owner: -
@@ -176,6 +515,26 @@ $$;
 -- Name: FUNCTION _free_slot(tenant_id text, workspace_key text, run_id uuid, worker_id text, generation bigint, at timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
 --
 COMMENT ON FUNCTION zeroth._free_slot(tenant_id text, workspace_key text, run_id uuid, worker_id text, generation bigint, at timestamp with time zone) IS 'Internal: release the admission slot held by exactly this (run, worker, generation); with at, only while that lease is live.';
+
+--
+-- Name: _grace_interval(double precision); Type: FUNCTION; Schema: zeroth; Owner: -
+--
+CREATE FUNCTION zeroth._grace_interval(grace_seconds double precision) RETURNS interval
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+BEGIN
+    IF grace_seconds IS NULL OR grace_seconds = 'NaN'::float8 OR grace_seconds < 0 OR grace_seconds > 86400 THEN
+        RAISE EXCEPTION 'grace_seconds must be in [0, 86400], got %', coalesce(grace_seconds::text, 'NULL')
+            USING ERRCODE = 'ZP008';
+    END IF;
+    RETURN make_interval(secs => grace_seconds);
+END
+$$;
+
+--
+-- Name: FUNCTION _grace_interval(grace_seconds double precision); Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON FUNCTION zeroth._grace_interval(grace_seconds double precision) IS 'Internal: validates a takeover grace in seconds (ZP008 unless 0 <= s <= 86400).';
 
 --
 -- Name: checkpoints; Type: TABLE; Schema: zeroth; Owner: -
@@ -287,6 +646,209 @@ $$;
 COMMENT ON FUNCTION zeroth._lease_locked_runs(tenant_id text, workspace_key text, run_ids uuid[], slots integer[], worker_id text, at timestamp with time zone, lease interval, active_count integer, concurrency_limit integer) IS 'Internal: lease runs (and slots) the caller already locked; the shared second half of claim_pending and claim_orphaned.';
 
 --
+-- Name: admission_slots; Type: TABLE; Schema: zeroth; Owner: -
+--
+CREATE TABLE zeroth.admission_slots (
+    tenant_id text NOT NULL,
+    workspace_key text NOT NULL,
+    deployment_ref text NOT NULL,
+    slot_no integer NOT NULL,
+    run_id uuid,
+    lease_worker_id text,
+    lease_generation bigint,
+    lease_expires_at timestamp with time zone,
+    CONSTRAINT admission_slots_holder_complete CHECK ((((run_id IS NULL) = (lease_worker_id IS NULL)) AND ((run_id IS NULL) = (lease_generation IS NULL)) AND ((run_id IS NULL) = (lease_expires_at IS NULL)))),
+    CONSTRAINT admission_slots_slot_positive CHECK ((slot_no >= 1))
+)
+WITH (fillfactor='50');
+
+--
+-- Name: TABLE admission_slots; Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON TABLE zeroth.admission_slots IS 'Concurrency slots per (tenant, workspace, deployment). A slot is free when run_id is NULL or its lease expired.';
+
+--
+-- Name: _lock_slot(text, text, uuid, text, bigint); Type: FUNCTION; Schema: zeroth; Owner: -
+--
+CREATE FUNCTION zeroth._lock_slot(tenant_id text, workspace_key text, run_id uuid, worker_id text, generation bigint) RETURNS void
+    LANGUAGE sql
+    BEGIN ATOMIC
+ SELECT 1
+    FROM zeroth.admission_slots s
+   WHERE ((s.run_id = _lock_slot.run_id) AND (s.tenant_id = _lock_slot.tenant_id) AND (s.workspace_key = _lock_slot.workspace_key) AND (s.lease_worker_id = _lock_slot.worker_id) AND (s.lease_generation = _lock_slot.generation))
+  FOR UPDATE OF s;
+END;
+
+--
+-- Name: FUNCTION _lock_slot(tenant_id text, workspace_key text, run_id uuid, worker_id text, generation bigint); Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON FUNCTION zeroth._lock_slot(tenant_id text, workspace_key text, run_id uuid, worker_id text, generation bigint) IS 'Internal: lock the admission slot held by exactly this (run, worker, generation), changing nothing.';
+
+--
+-- Name: _lock_thread(text, text, text); Type: FUNCTION; Schema: zeroth; Owner: -
+--
+CREATE FUNCTION zeroth._lock_thread(tenant_id text, workspace_key text, thread_id text) RETURNS void
+    LANGUAGE sql
+    BEGIN ATOMIC
+ SELECT pg_advisory_xact_lock(1516464242, hashtext(((((tenant_id || chr(31)) || workspace_key) || chr(31)) || thread_id))) AS pg_advisory_xact_lock;
+END;
+
+--
+-- Name: FUNCTION _lock_thread(tenant_id text, workspace_key text, thread_id text); Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON FUNCTION zeroth._lock_thread(tenant_id text, workspace_key text, thread_id text) IS 'Internal: transaction advisory lock on one thread (admissions, redrive).';
+
+--
+-- Name: runs; Type: TABLE; Schema: zeroth; Owner: -
+--
+CREATE TABLE zeroth.runs (
+    run_id uuid NOT NULL,
+    tenant_id text NOT NULL,
+    workspace_id text,
+    workspace_key text GENERATED ALWAYS AS (
+CASE
+    WHEN (workspace_id IS NULL) THEN ''::text
+    ELSE ('w:'::text || workspace_id)
+END) STORED NOT NULL,
+    deployment_ref text NOT NULL,
+    thread_id text,
+    status zeroth.run_status DEFAULT 'pending'::zeroth.run_status NOT NULL,
+    wait_reason text,
+    priority integer DEFAULT 0 NOT NULL,
+    run_after timestamp with time zone NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    max_attempts integer DEFAULT 3 NOT NULL,
+    created_at timestamp with time zone NOT NULL,
+    updated_at timestamp with time zone NOT NULL,
+    started_at timestamp with time zone,
+    finished_at timestamp with time zone,
+    payload jsonb DEFAULT '{}'::jsonb NOT NULL,
+    output jsonb,
+    error jsonb,
+    metadata jsonb DEFAULT '{}'::jsonb NOT NULL,
+    progress jsonb,
+    idempotency_key text,
+    checkpoint_seq bigint DEFAULT 0 NOT NULL,
+    lease_worker_id text,
+    lease_acquired_at timestamp with time zone,
+    lease_expires_at timestamp with time zone,
+    lease_generation bigint DEFAULT 0 NOT NULL,
+    admission_slot integer,
+    recovery_checkpoint_id uuid,
+    cancel_action text,
+    cancel_requested_at timestamp with time zone,
+    dead_lettered_at timestamp with time zone,
+    thread_queued_at timestamp with time zone,
+    resumable boolean DEFAULT true NOT NULL,
+    accounting jsonb,
+    CONSTRAINT runs_accounting_object CHECK (((accounting IS NULL) OR (jsonb_typeof(accounting) = 'object'::text))),
+    CONSTRAINT runs_attempts_valid CHECK (((attempts >= 0) AND (max_attempts >= 1))),
+    CONSTRAINT runs_cancel_action_valid CHECK (((cancel_action IS NULL) OR (cancel_action = ANY (ARRAY['cancel'::text, 'interrupt'::text, 'rollback'::text])))),
+    CONSTRAINT runs_deployment_nonempty CHECK ((deployment_ref <> ''::text)),
+    CONSTRAINT runs_generation_nonnegative CHECK ((lease_generation >= 0)),
+    CONSTRAINT runs_lease_complete CHECK ((((lease_worker_id IS NULL) = (lease_expires_at IS NULL)) AND ((lease_worker_id IS NULL) = (lease_acquired_at IS NULL)))),
+    CONSTRAINT runs_lease_only_on_active CHECK (((lease_worker_id IS NULL) OR (status = ANY (ARRAY['pending'::zeroth.run_status, 'running'::zeroth.run_status])))),
+    CONSTRAINT runs_metadata_object CHECK ((jsonb_typeof(metadata) = 'object'::text)),
+    CONSTRAINT runs_payload_object CHECK ((jsonb_typeof(payload) = 'object'::text)),
+    CONSTRAINT runs_running_has_lease CHECK (((status <> 'running'::zeroth.run_status) OR (lease_worker_id IS NOT NULL))),
+    CONSTRAINT runs_slot_needs_lease CHECK (((admission_slot IS NULL) OR (lease_worker_id IS NOT NULL))),
+    CONSTRAINT runs_tenant_nonempty CHECK ((tenant_id <> ''::text)),
+    CONSTRAINT runs_thread_queue_waits CHECK (((thread_queued_at IS NULL) OR ((status = 'waiting'::zeroth.run_status) AND (thread_id IS NOT NULL)))),
+    CONSTRAINT runs_wait_reason_only_waiting CHECK (((wait_reason IS NULL) OR (status = 'waiting'::zeroth.run_status)))
+)
+WITH (fillfactor='80', autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_threshold='1000', autovacuum_vacuum_insert_scale_factor='0.05', autovacuum_analyze_scale_factor='0.02', autovacuum_analyze_threshold='1000');
+
+--
+-- Name: TABLE runs; Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON TABLE zeroth.runs IS 'One row per run. Write it only through the zeroth.* functions; every lease-holder write is fenced by (lease_worker_id, lease_generation, lease_expires_at).';
+
+--
+-- Name: COLUMN runs.attempts; Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON COLUMN zeroth.runs.attempts IS 'Number of started attempts (start_run from pending); a hand-back gives the attempt back.';
+
+--
+-- Name: COLUMN runs.checkpoint_seq; Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON COLUMN zeroth.runs.checkpoint_seq IS 'Number of checkpoints saved; the next checkpoint_order.';
+
+--
+-- Name: COLUMN runs.lease_generation; Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON COLUMN zeroth.runs.lease_generation IS 'Fencing token: bumped by every change of owner (claim_pending, claim_orphaned); never decreases, never reset.';
+
+--
+-- Name: COLUMN runs.admission_slot; Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON COLUMN zeroth.runs.admission_slot IS 'The admission_slots.slot_no this lease holds when it was claimed under max_concurrency; NULL otherwise.';
+
+--
+-- Name: COLUMN runs.thread_queued_at; Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON COLUMN zeroth.runs.thread_queued_at IS 'Set while the run waits behind the active run of its thread (status waiting); the queue is ordered by it. Cleared when the run is promoted to pending or cancelled.';
+
+--
+-- Name: COLUMN runs.resumable; Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON COLUMN zeroth.runs.resumable IS 'When its owner dies: true = another worker re-executes it (claim_orphaned, claim_for_takeover hands it back); false = claim_for_takeover / reconcile_thread_runs end it as failed with a stop reason (deer-flow). admit_run defaults to false for admit-and-own runs.';
+
+--
+-- Name: COLUMN runs.accounting; Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON COLUMN zeroth.runs.accounting IS 'Caller-defined JSON object (token and message counts, …) merged by update_run_progress.';
+
+--
+-- Name: _lock_thread_active(text, text, text, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
+--
+CREATE FUNCTION zeroth._lock_thread_active(tenant_id text, workspace_key text, thread_id text, at timestamp with time zone) RETURNS zeroth.runs
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_id  uuid;
+    v_run zeroth.runs;
+BEGIN
+    FOR v_attempt IN 1..100 LOOP
+        SELECT r.run_id INTO v_id
+          FROM zeroth.runs r
+         WHERE r.tenant_id = _lock_thread_active.tenant_id
+           AND r.workspace_key = _lock_thread_active.workspace_key
+           AND r.thread_id = _lock_thread_active.thread_id
+           AND r.status IN ('pending', 'running', 'waiting')
+           AND r.thread_queued_at IS NULL;
+        IF NOT FOUND THEN
+            IF zeroth._promote_thread_head(_lock_thread_active.tenant_id, _lock_thread_active.workspace_key,
+                                           _lock_thread_active.thread_id, _lock_thread_active.at) IS NULL THEN
+                RETURN v_run;
+            END IF;
+            CONTINUE;
+        END IF;
+        PERFORM 1 FROM zeroth.admission_slots s
+         WHERE s.run_id = v_id AND s.tenant_id = _lock_thread_active.tenant_id
+           AND s.workspace_key = _lock_thread_active.workspace_key
+           FOR UPDATE;
+        SELECT r.* INTO v_run
+          FROM zeroth.runs r
+         WHERE r.tenant_id = _lock_thread_active.tenant_id
+           AND r.workspace_key = _lock_thread_active.workspace_key
+           AND r.run_id = v_id
+           AND r.status IN ('pending', 'running', 'waiting')
+           AND r.thread_queued_at IS NULL
+           FOR UPDATE;
+        IF FOUND THEN
+            RETURN v_run;
+        END IF;
+    END LOOP;
+    RAISE EXCEPTION 'the active run of thread % kept changing', thread_id USING ERRCODE = '40001';
+END
+$$;
+
+--
+-- Name: FUNCTION _lock_thread_active(tenant_id text, workspace_key text, thread_id text, at timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON FUNCTION zeroth._lock_thread_active(tenant_id text, workspace_key text, thread_id text, at timestamp with time zone) IS 'Internal: lock (slots, then run) and return the active run of a thread, or a NULL row when idle; promotes a stranded queue head.';
+
+--
 -- Name: _notify_wakeup(text, text, text); Type: FUNCTION; Schema: zeroth; Owner: -
 --
 CREATE FUNCTION zeroth._notify_wakeup(deployment_ref text, tenant_id text, workspace_id text) RETURNS void
@@ -314,6 +876,9 @@ BEGIN
         RAISE EXCEPTION 'now_override is a test hook; it needs zeroth.allow_now_override = on'
             USING ERRCODE = 'ZP008';
     END IF;
+    IF NOT isfinite(now_override) THEN
+        RAISE EXCEPTION 'now_override must be a finite timestamp' USING ERRCODE = 'ZP008';
+    END IF;
     RETURN now_override;
 END
 $$;
@@ -321,7 +886,63 @@ $$;
 --
 -- Name: FUNCTION _now(now_override timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth._now(now_override timestamp with time zone) IS 'Internal: clock_timestamp(), or now_override when the test hook zeroth.allow_now_override = on (ZP008 otherwise).';
+COMMENT ON FUNCTION zeroth._now(now_override timestamp with time zone) IS 'Internal: clock_timestamp(), or a finite now_override when the test hook zeroth.allow_now_override = on (ZP008 otherwise).';
+
+--
+-- Name: _promote_thread_head(text, text, text, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
+--
+CREATE FUNCTION zeroth._promote_thread_head(tenant_id text, workspace_key text, thread_id text, at timestamp with time zone) RETURNS uuid
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_id  uuid;
+    v_run record;
+BEGIN
+    FOR v_attempt IN 1..100 LOOP
+        SELECT r.run_id INTO v_id
+          FROM zeroth.runs r
+         WHERE r.tenant_id = _promote_thread_head.tenant_id
+           AND r.workspace_key = _promote_thread_head.workspace_key
+           AND r.thread_id = _promote_thread_head.thread_id
+           AND r.thread_queued_at IS NOT NULL
+         ORDER BY r.thread_queued_at, r.run_id
+         LIMIT 1
+           FOR UPDATE;
+        IF NOT FOUND THEN
+            RETURN NULL;
+        END IF;
+        UPDATE zeroth.runs r
+           SET status = 'pending', thread_queued_at = NULL, wait_reason = NULL, updated_at = _promote_thread_head.at
+         WHERE r.tenant_id = _promote_thread_head.tenant_id
+           AND r.workspace_key = _promote_thread_head.workspace_key
+           AND r.run_id = v_id
+           AND r.thread_queued_at IS NOT NULL
+        RETURNING r.deployment_ref, r.workspace_id INTO v_run;
+        IF FOUND THEN
+            PERFORM zeroth._notify_wakeup(v_run.deployment_ref, _promote_thread_head.tenant_id, v_run.workspace_id);
+            RETURN v_id;
+        END IF;
+    END LOOP;
+    RAISE EXCEPTION 'the queue of thread % kept changing', thread_id USING ERRCODE = '40001';
+END
+$$;
+
+--
+-- Name: FUNCTION _promote_thread_head(tenant_id text, workspace_key text, thread_id text, at timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON FUNCTION zeroth._promote_thread_head(tenant_id text, workspace_key text, thread_id text, at timestamp with time zone) IS 'Internal: queued head of a thread → pending (FIFO by thread_queued_at); notifies zeroth_wakeup. Returns the promoted run or NULL.';
+
+--
+-- Name: _queue_position(text, text, text, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
+--
+CREATE FUNCTION zeroth._queue_position(tenant_id text, workspace_key text, thread_id text, at timestamp with time zone) RETURNS timestamp with time zone
+    LANGUAGE sql STABLE
+    RETURN GREATEST(at, (SELECT (max(r.thread_queued_at) + '00:00:00.000001'::interval) FROM zeroth.runs r WHERE ((r.tenant_id = _queue_position.tenant_id) AND (r.workspace_key = _queue_position.workspace_key) AND (r.thread_id = _queue_position.thread_id) AND (r.thread_queued_at IS NOT NULL))));
+
+--
+-- Name: FUNCTION _queue_position(tenant_id text, workspace_key text, thread_id text, at timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON FUNCTION zeroth._queue_position(tenant_id text, workspace_key text, thread_id text, at timestamp with time zone) IS 'Internal: thread_queued_at for a run joining the queue: max(at, last queued + 1 µs), so the queue is FIFO.';
 
 --
 -- Name: _require(boolean, text); Type: FUNCTION; Schema: zeroth; Owner: -
@@ -360,6 +981,18 @@ $$;
 COMMENT ON FUNCTION zeroth._require_identifier(value text, name text) IS 'Internal: ZP008 unless value is a non-empty identifier of at most 200 characters (keeps NOTIFY payloads far below 8000 bytes).';
 
 --
+-- Name: _retry_after(timestamp with time zone, interval, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
+--
+CREATE FUNCTION zeroth._retry_after(lease_expires_at timestamp with time zone, grace interval, at timestamp with time zone) RETURNS integer
+    LANGUAGE sql IMMUTABLE
+    RETURN CASE WHEN (lease_expires_at IS NOT NULL) THEN (LEAST(GREATEST((1)::numeric, ceil(EXTRACT(epoch FROM ((lease_expires_at + grace) - at)))), (2147483647)::numeric))::integer ELSE NULL::integer END;
+
+--
+-- Name: FUNCTION _retry_after(lease_expires_at timestamp with time zone, grace interval, at timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON FUNCTION zeroth._retry_after(lease_expires_at timestamp with time zone, grace interval, at timestamp with time zone) IS 'Internal: max(1, ceil(lease_expires_at + grace - at)) in seconds, clamped to the integer range; NULL without a lease.';
+
+--
 -- Name: _scope_tenant(text, text); Type: FUNCTION; Schema: zeroth; Owner: -
 --
 CREATE FUNCTION zeroth._scope_tenant(tenant_id text, workspace_id text) RETURNS text
@@ -372,12 +1005,104 @@ CREATE FUNCTION zeroth._scope_tenant(tenant_id text, workspace_id text) RETURNS 
 COMMENT ON FUNCTION zeroth._scope_tenant(tenant_id text, workspace_id text) IS 'Internal: effective tenant of a call (NULL = the call can match nothing).';
 
 --
+-- Name: _stop_error(text, text, text, bigint, jsonb); Type: FUNCTION; Schema: zeroth; Owner: -
+--
+CREATE FUNCTION zeroth._stop_error(stop_reason text, message text, worker_id text, generation bigint, previous jsonb) RETURNS jsonb
+    LANGUAGE sql IMMUTABLE
+    RETURN (jsonb_build_object('stop_reason', stop_reason, 'message', message, 'worker_id', worker_id, 'lease_generation', generation) || CASE WHEN (previous IS NULL) THEN '{}'::jsonb ELSE jsonb_build_object('previous_error', previous) END);
+
+--
+-- Name: FUNCTION _stop_error(stop_reason text, message text, worker_id text, generation bigint, previous jsonb); Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON FUNCTION zeroth._stop_error(stop_reason text, message text, worker_id text, generation bigint, previous jsonb) IS 'Internal: the error document of a run ended by someone other than its owner ({stop_reason, message, worker_id, lease_generation[, previous_error]}).';
+
+--
+-- Name: _take_over(text, text, uuid, interval, timestamp with time zone, text, text); Type: FUNCTION; Schema: zeroth; Owner: -
+--
+CREATE FUNCTION zeroth._take_over(tenant_id text, workspace_key text, run_id uuid, grace interval, at timestamp with time zone, stop_reason text, message text) RETURNS SETOF zeroth.takeover
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_run    record;
+    v_slot   integer;
+    v_result zeroth.takeover;
+BEGIN
+    SELECT r.admission_slot, r.deployment_ref INTO v_run
+      FROM zeroth.runs r
+     WHERE r.tenant_id = _take_over.tenant_id AND r.workspace_key = _take_over.workspace_key
+       AND r.run_id = _take_over.run_id;
+    IF v_run.admission_slot IS NOT NULL THEN
+        SELECT s.slot_no INTO v_slot
+          FROM zeroth.admission_slots s
+         WHERE s.tenant_id = _take_over.tenant_id AND s.workspace_key = _take_over.workspace_key
+           AND s.deployment_ref = v_run.deployment_ref AND s.slot_no = v_run.admission_slot
+           FOR UPDATE SKIP LOCKED;
+        IF NOT FOUND THEN
+            RETURN;
+        END IF;
+    END IF;
+
+    SELECT r.status, r.thread_id, r.lease_worker_id, r.lease_generation, r.lease_expires_at, r.resumable,
+           r.cancel_action, r.deployment_ref, r.workspace_id, r.error
+      INTO v_run
+      FROM zeroth.runs r
+     WHERE r.tenant_id = _take_over.tenant_id AND r.workspace_key = _take_over.workspace_key
+       AND r.run_id = _take_over.run_id
+       AND r.status IN ('pending', 'running')
+       AND r.lease_worker_id IS NOT NULL
+       AND r.lease_expires_at + _take_over.grace < _take_over.at
+       FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+
+    PERFORM zeroth._free_slot(_take_over.tenant_id, _take_over.workspace_key, _take_over.run_id,
+                              v_run.lease_worker_id, v_run.lease_generation);
+    v_result := ROW(_take_over.run_id, v_run.thread_id,
+                    CASE WHEN v_run.cancel_action IS NOT NULL THEN 'cancelled'
+                         WHEN v_run.resumable THEN 'requeued' ELSE 'failed' END,
+                    NULL, v_run.lease_worker_id, v_run.lease_generation)::zeroth.takeover;
+    UPDATE zeroth.runs r
+       SET status = CASE v_result.outcome WHEN 'cancelled' THEN 'cancelled'::zeroth.run_status
+                                          WHEN 'failed' THEN 'failed'::zeroth.run_status
+                                          ELSE 'pending'::zeroth.run_status END,
+           -- A hand-back gives the interrupted attempt back, as hand_back_to_pending does.
+           attempts = CASE WHEN v_result.outcome = 'requeued' AND r.status = 'running'
+                           THEN greatest(r.attempts - 1, 0) ELSE r.attempts END,
+           error = CASE WHEN v_result.outcome = 'requeued' THEN r.error
+                        ELSE zeroth._stop_error(_take_over.stop_reason, coalesce(_take_over.message, format(
+                                 'run lease expired: worker %s stopped renewing (expired at %s)',
+                                 r.lease_worker_id, r.lease_expires_at)),
+                             r.lease_worker_id, r.lease_generation, r.error) END,
+           finished_at = CASE WHEN v_result.outcome = 'requeued' THEN NULL ELSE _take_over.at END,
+           updated_at = _take_over.at,
+           lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
+           admission_slot = NULL, recovery_checkpoint_id = NULL
+     WHERE r.tenant_id = _take_over.tenant_id AND r.workspace_key = _take_over.workspace_key
+       AND r.run_id = _take_over.run_id
+    RETURNING r.status INTO v_result.status;
+    PERFORM zeroth._notify_wakeup(v_run.deployment_ref, _take_over.tenant_id, v_run.workspace_id);
+    RETURN NEXT v_result;
+END
+$$;
+
+--
+-- Name: FUNCTION _take_over(tenant_id text, workspace_key text, run_id uuid, grace interval, at timestamp with time zone, stop_reason text, message text); Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON FUNCTION zeroth._take_over(tenant_id text, workspace_key text, run_id uuid, grace interval, at timestamp with time zone, stop_reason text, message text) IS 'Internal: the takeover of one run whose lease expired past grace (SKIP LOCKED throughout), shared by claim_for_takeover and reconcile_thread_runs.';
+
+--
 -- Name: _take_slots(text, text, text, integer, integer, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
 --
 CREATE FUNCTION zeroth._take_slots(tenant_id text, workspace_key text, deployment_ref text, max_concurrency integer, wanted integer, at timestamp with time zone, OUT slots integer[], OUT active_count integer) RETURNS record
     LANGUAGE plpgsql
     AS $$
 BEGIN
+    -- The scope becomes slot rows: bound what would be written (K rows, indexed keys).
+    PERFORM zeroth._require(_take_slots.max_concurrency <= 10000, 'max_concurrency must be at most 10000');
+    PERFORM zeroth._require_identifier(_take_slots.tenant_id, 'tenant_id');
+    PERFORM zeroth._require(length(_take_slots.workspace_key) <= 202,
+                            'workspace_id must be at most 200 characters');
     -- First use of a scope (or a larger K): create the slot rows. Only one session may do it at a
     -- time, and the others must not wait for its transaction (an INSERT that conflicts with an
     -- uncommitted row waits), so the creator takes a non-blocking advisory lock; a session that
@@ -427,6 +1152,40 @@ $$;
 COMMENT ON FUNCTION zeroth._take_slots(tenant_id text, workspace_key text, deployment_ref text, max_concurrency integer, wanted integer, at timestamp with time zone, OUT slots integer[], OUT active_count integer) IS 'Internal: lock up to `wanted` free concurrency slots of a scope (SKIP LOCKED) and report the live-slot count.';
 
 --
+-- Name: _thread_run(zeroth.runs); Type: FUNCTION; Schema: zeroth; Owner: -
+--
+CREATE FUNCTION zeroth._thread_run(r zeroth.runs) RETURNS zeroth.thread_run
+    LANGUAGE sql IMMUTABLE
+    RETURN ROW((r).run_id, (r).thread_id, (r).deployment_ref, (r).status, ((r).thread_queued_at IS NOT NULL), (r).wait_reason, (r).attempts, (r).max_attempts, (r).resumable, (r).created_at, (r).started_at, (r).finished_at, (r).updated_at, (r).lease_worker_id, (r).lease_generation, (r).lease_expires_at, (r).cancel_action, (r).cancel_requested_at, (r).idempotency_key, (r).payload, (r).metadata, (r).output, (r).error, (r).progress, (r).accounting)::zeroth.thread_run;
+
+--
+-- Name: FUNCTION _thread_run(r zeroth.runs); Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON FUNCTION zeroth._thread_run(r zeroth.runs) IS 'Internal: a runs row as zeroth.thread_run.';
+
+--
+-- Name: _thread_run_finished(); Type: FUNCTION; Schema: zeroth; Owner: -
+--
+CREATE FUNCTION zeroth._thread_run_finished() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM pg_notify('zeroth_run_finished', json_build_object(
+        'run_id', NEW.run_id, 'thread_id', left(NEW.thread_id, 200), 'status', NEW.status,
+        'tenant_id', NEW.tenant_id, 'workspace_id', NEW.workspace_id)::text);
+    IF OLD.thread_queued_at IS NULL THEN
+        PERFORM zeroth._promote_thread_head(NEW.tenant_id, NEW.workspace_key, NEW.thread_id, NEW.updated_at);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+--
+-- Name: FUNCTION _thread_run_finished(); Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON FUNCTION zeroth._thread_run_finished() IS 'Internal trigger: a thread run ended → NOTIFY zeroth_run_finished {run_id, thread_id, status, tenant_id, workspace_id}; if it was the active run, promote the queue head.';
+
+--
 -- Name: _workspace_key(text); Type: FUNCTION; Schema: zeroth; Owner: -
 --
 CREATE FUNCTION zeroth._workspace_key(workspace_id text) RETURNS text
@@ -439,10 +1198,75 @@ CREATE FUNCTION zeroth._workspace_key(workspace_id text) RETURNS text
 COMMENT ON FUNCTION zeroth._workspace_key(workspace_id text) IS 'Internal: maps a workspace id (NULL is the null workspace) to the non-null scope key stored in runs.workspace_key.';
 
 --
+-- Name: admit_run(text, text, text, text, jsonb, text, text, double precision, double precision, text, jsonb, uuid, integer, integer, boolean, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
+--
+CREATE FUNCTION zeroth.admit_run(deployment_ref text, thread_id text, strategy text DEFAULT 'reject'::text, worker_id text DEFAULT NULL::text, payload jsonb DEFAULT '{}'::jsonb, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, lease_seconds double precision DEFAULT 60, grace_seconds double precision DEFAULT 10, idempotency_key text DEFAULT NULL::text, metadata jsonb DEFAULT '{}'::jsonb, run_id uuid DEFAULT NULL::uuid, priority integer DEFAULT 0, max_attempts integer DEFAULT 3, resumable boolean DEFAULT NULL::boolean, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS zeroth.admission
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_now    timestamptz := zeroth._now(now_override);
+    v_lease  interval := zeroth._lease_interval(admit_run.lease_seconds);
+    v_grace  interval := zeroth._grace_interval(admit_run.grace_seconds);
+    v_tenant    text := zeroth._scope_tenant(admit_run.tenant_id, admit_run.workspace_id);
+    v_wskey     text := zeroth._workspace_key(admit_run.workspace_id);
+    v_result    zeroth.admission;
+    v_displaced jsonb := '[]'::jsonb;
+BEGIN
+    IF v_tenant IS NULL THEN
+        RAISE EXCEPTION 'a workspace_id needs a tenant_id' USING ERRCODE = 'ZP006';
+    END IF;
+    PERFORM zeroth._require_identifier(admit_run.deployment_ref, 'deployment_ref');
+    PERFORM zeroth._require_identifier(admit_run.thread_id, 'thread_id');
+    PERFORM zeroth._require_identifier(v_tenant, 'tenant_id');
+    IF admit_run.workspace_id IS NOT NULL THEN
+        PERFORM zeroth._require_identifier(admit_run.workspace_id, 'workspace_id');
+    END IF;
+    IF admit_run.worker_id IS NOT NULL THEN
+        PERFORM zeroth._require_identifier(admit_run.worker_id, 'worker_id');
+    END IF;
+    PERFORM zeroth._require(admit_run.strategy IN ('reject', 'interrupt', 'rollback', 'enqueue'),
+                            'strategy must be reject, interrupt, rollback or enqueue');
+    PERFORM zeroth._require(jsonb_typeof(admit_run.payload) = 'object', 'payload must be a JSON object');
+    PERFORM zeroth._require(jsonb_typeof(admit_run.metadata) = 'object', 'metadata must be a JSON object');
+    PERFORM zeroth._require(admit_run.priority IS NOT NULL, 'priority must not be NULL');
+    PERFORM zeroth._require(admit_run.max_attempts BETWEEN 1 AND 1000, 'max_attempts must be between 1 and 1000');
+    PERFORM zeroth._require(admit_run.idempotency_key IS NULL
+                            OR length(admit_run.idempotency_key) BETWEEN 1 AND 500,
+                            'idempotency_key must be NULL or 1 to 500 characters');
+
+    IF admit_run.strategy IN ('interrupt', 'rollback') THEN
+        PERFORM zeroth._lock_thread(v_tenant, v_wskey, admit_run.thread_id);
+        -- Under the lock: a retried admission returns its run and interrupts nothing.
+        v_result := zeroth._admission_reuse(v_tenant, v_wskey, admit_run.deployment_ref, admit_run.thread_id,
+                                            admit_run.idempotency_key, admit_run.run_id, admit_run.worker_id, true);
+        IF v_result.outcome IS NOT NULL THEN
+            RETURN v_result;
+        END IF;
+        v_displaced := zeroth._displace(v_tenant, v_wskey, admit_run.thread_id, admit_run.strategy, v_grace, v_now,
+                                        admit_run.worker_id);
+    END IF;
+    -- After a displacement the thread is idle, or its active run is stopping for a live owner:
+    -- then the new run queues right behind it (the queue was cancelled).
+    RETURN zeroth._admit(v_tenant, admit_run.workspace_id, admit_run.deployment_ref, admit_run.thread_id,
+                         admit_run.strategy <> 'reject', admit_run.worker_id, admit_run.payload, admit_run.metadata,
+                         admit_run.priority, NULL, admit_run.max_attempts, admit_run.idempotency_key,
+                         admit_run.run_id, coalesce(admit_run.resumable, admit_run.worker_id IS NULL),
+                         v_lease, v_grace, v_now, true, v_displaced);
+END
+$$;
+
+--
+-- Name: FUNCTION admit_run(deployment_ref text, thread_id text, strategy text, worker_id text, payload jsonb, tenant_id text, workspace_id text, lease_seconds double precision, grace_seconds double precision, idempotency_key text, metadata jsonb, run_id uuid, priority integer, max_attempts integer, resumable boolean, now_override timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON FUNCTION zeroth.admit_run(deployment_ref text, thread_id text, strategy text, worker_id text, payload jsonb, tenant_id text, workspace_id text, lease_seconds double precision, grace_seconds double precision, idempotency_key text, metadata jsonb, run_id uuid, priority integer, max_attempts integer, resumable boolean, now_override timestamp with time zone) IS 'admit_run: create a run for a thread, at most one active per thread. worker_id = admit-and-own: leased to the caller at generation 1 in the same statement (pending; start it with start_run). Strategies when busy: reject → busy (+ active_run_id, retry_after_s); enqueue → queued behind it; interrupt / rollback → queue and active run cancelled with that action, then admitted, or queued behind a live other owner asked to stop (NOTIFY). A repeated idempotency key or run_id returns reused. Raises ZP006, ZP008. Notifies zeroth_wakeup, zeroth_control. Time: clock_timestamp().';
+
+--
 -- Name: cancel_run(uuid, text, bigint, text, text, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
 --
 CREATE FUNCTION zeroth.cancel_run(run_id uuid, worker_id text, generation bigint, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS boolean
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
     v_now    timestamptz := zeroth._now(now_override);
@@ -488,10 +1312,36 @@ $$;
 COMMENT ON FUNCTION zeroth.cancel_run(run_id uuid, worker_id text, generation bigint, tenant_id text, workspace_id text, now_override timestamp with time zone) IS 'cancel_run: the live lease holder (worker_id, generation) ends its pending or running run as cancelled; clears the lease, frees the slot. Returns false when fenced out. Raises ZP008. Notifies zeroth_wakeup when a slot was freed. Time: clock_timestamp().';
 
 --
+-- Name: claim_for_takeover(uuid, text, text, double precision, text, text, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
+--
+CREATE FUNCTION zeroth.claim_for_takeover(run_id uuid, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, grace_seconds double precision DEFAULT 10, stop_reason text DEFAULT 'orphan_recovered'::text, message text DEFAULT NULL::text, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS SETOF zeroth.takeover
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_now   timestamptz := zeroth._now(now_override);
+    v_grace interval := zeroth._grace_interval(claim_for_takeover.grace_seconds);
+BEGIN
+    PERFORM zeroth._require(claim_for_takeover.run_id IS NOT NULL, 'run_id must not be NULL');
+    PERFORM zeroth._require_identifier(claim_for_takeover.stop_reason, 'stop_reason');
+    RETURN QUERY SELECT * FROM zeroth._take_over(
+        zeroth._scope_tenant(claim_for_takeover.tenant_id, claim_for_takeover.workspace_id),
+        zeroth._workspace_key(claim_for_takeover.workspace_id), claim_for_takeover.run_id, v_grace, v_now,
+        claim_for_takeover.stop_reason, claim_for_takeover.message);
+END
+$$;
+
+--
+-- Name: FUNCTION claim_for_takeover(run_id uuid, tenant_id text, workspace_id text, grace_seconds double precision, stop_reason text, message text, now_override timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON FUNCTION zeroth.claim_for_takeover(run_id uuid, tenant_id text, workspace_id text, grace_seconds double precision, stop_reason text, message text, now_override timestamp with time zone) IS 'claim_for_takeover: take over one run whose owner''s lease expired more than grace ago: resumable → requeued (pending, attempt given back), not resumable → failed with {stop_reason, message}, cancel requested → cancelled. Returns the row once, or nothing (live, within grace, being renewed, not active, unknown). SKIP LOCKED. Raises ZP008. Notifies zeroth_wakeup. Time: clock_timestamp().';
+
+--
 -- Name: claim_orphaned(text, text, text, text, integer, integer, double precision, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
 --
 CREATE FUNCTION zeroth.claim_orphaned(deployment_ref text, worker_id text, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, max_concurrency integer DEFAULT NULL::integer, claim_limit integer DEFAULT NULL::integer, lease_seconds double precision DEFAULT 60, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS SETOF zeroth.claimed_run
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
     v_now    timestamptz := zeroth._now(now_override);
@@ -527,7 +1377,7 @@ BEGIN
                 SELECT 1 FROM zeroth.runs r
                  WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey
                    AND r.deployment_ref = claim_orphaned.deployment_ref
-                   AND r.status = 'running' AND r.lease_expires_at < v_now),
+                   AND r.status = 'running' AND r.lease_expires_at < v_now AND r.resumable),
                 claim_orphaned.max_concurrency);
             RETURN;
         END IF;
@@ -543,6 +1393,7 @@ BEGIN
            AND r.deployment_ref = claim_orphaned.deployment_ref
            AND r.status = 'running'
            AND r.lease_expires_at < v_now
+           AND r.resumable
          ORDER BY r.lease_expires_at, r.started_at
          LIMIT v_want
            FOR UPDATE SKIP LOCKED
@@ -557,13 +1408,14 @@ $$;
 --
 -- Name: FUNCTION claim_orphaned(deployment_ref text, worker_id text, tenant_id text, workspace_id text, max_concurrency integer, claim_limit integer, lease_seconds double precision, now_override timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth.claim_orphaned(deployment_ref text, worker_id text, tenant_id text, workspace_id text, max_concurrency integer, claim_limit integer, lease_seconds double precision, now_override timestamp with time zone) IS 'claim_orphaned: take over running runs whose lease expired; each gets a new generation and recovery_checkpoint_id = its latest checkpoint. claim_limit bounds the batch. A single run_id-NULL row reports saturation (an orphan is waiting but no slot is free) or a definitive empty scan. SKIP LOCKED throughout. Raises ZP006, ZP008. Time: clock_timestamp().';
+COMMENT ON FUNCTION zeroth.claim_orphaned(deployment_ref text, worker_id text, tenant_id text, workspace_id text, max_concurrency integer, claim_limit integer, lease_seconds double precision, now_override timestamp with time zone) IS 'claim_orphaned: take over resumable running runs whose lease expired (not resumable ones are left to claim_for_takeover); each gets a new generation and recovery_checkpoint_id = its latest checkpoint. claim_limit bounds the batch. A single run_id-NULL row reports saturation (an orphan is waiting but no slot is free) or a definitive empty scan. SKIP LOCKED throughout. Raises ZP006, ZP008. Time: clock_timestamp().';
 
 --
 -- Name: claim_pending(text, text, text, text, integer, integer, double precision, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
 --
 CREATE FUNCTION zeroth.claim_pending(deployment_ref text, worker_id text, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, max_concurrency integer DEFAULT NULL::integer, batch_size integer DEFAULT 1, lease_seconds double precision DEFAULT 60, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS SETOF zeroth.claimed_run
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
     v_now    timestamptz := zeroth._now(now_override);
@@ -626,7 +1478,8 @@ COMMENT ON FUNCTION zeroth.claim_pending(deployment_ref text, worker_id text, te
 -- Name: clear_lease(uuid, text, text, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
 --
 CREATE FUNCTION zeroth.clear_lease(run_id uuid, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS boolean
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
     v_now    timestamptz := zeroth._now(now_override);
@@ -673,7 +1526,8 @@ COMMENT ON FUNCTION zeroth.clear_lease(run_id uuid, tenant_id text, workspace_id
 -- Name: commit_fenced(uuid, text, bigint, jsonb, text, text, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
 --
 CREATE FUNCTION zeroth.commit_fenced(run_id uuid, worker_id text, generation bigint, columns jsonb, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS boolean
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
     v_now    timestamptz := zeroth._now(now_override);
@@ -736,7 +1590,8 @@ COMMENT ON FUNCTION zeroth.commit_fenced(run_id uuid, worker_id text, generation
 -- Name: complete_run(uuid, text, bigint, jsonb, text, text, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
 --
 CREATE FUNCTION zeroth.complete_run(run_id uuid, worker_id text, generation bigint, output jsonb DEFAULT NULL::jsonb, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS boolean
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
     v_now      timestamptz := zeroth._now(now_override);
@@ -785,90 +1640,24 @@ $$;
 COMMENT ON FUNCTION zeroth.complete_run(run_id uuid, worker_id text, generation bigint, output jsonb, tenant_id text, workspace_id text, now_override timestamp with time zone) IS 'complete_run: running → completed for the live lease (worker_id, generation); stores output (SQL NULL keeps the committed output, JSON null clears it), clears the lease, frees the admission slot. Returns false when fenced out. Raises ZP003 (holder but not running), ZP008. Notifies zeroth_wakeup when a slot was freed. Time: clock_timestamp().';
 
 --
--- Name: runs; Type: TABLE; Schema: zeroth; Owner: -
+-- Name: count_pending(text, text, text); Type: FUNCTION; Schema: zeroth; Owner: -
 --
-CREATE TABLE zeroth.runs (
-    run_id uuid NOT NULL,
-    tenant_id text NOT NULL,
-    workspace_id text,
-    workspace_key text GENERATED ALWAYS AS (
-CASE
-    WHEN (workspace_id IS NULL) THEN ''::text
-    ELSE ('w:'::text || workspace_id)
-END) STORED NOT NULL,
-    deployment_ref text NOT NULL,
-    thread_id text,
-    status zeroth.run_status DEFAULT 'pending'::zeroth.run_status NOT NULL,
-    wait_reason text,
-    priority integer DEFAULT 0 NOT NULL,
-    run_after timestamp with time zone NOT NULL,
-    attempts integer DEFAULT 0 NOT NULL,
-    max_attempts integer DEFAULT 3 NOT NULL,
-    created_at timestamp with time zone NOT NULL,
-    updated_at timestamp with time zone NOT NULL,
-    started_at timestamp with time zone,
-    finished_at timestamp with time zone,
-    payload jsonb DEFAULT '{}'::jsonb NOT NULL,
-    output jsonb,
-    error jsonb,
-    metadata jsonb DEFAULT '{}'::jsonb NOT NULL,
-    progress jsonb,
-    idempotency_key text,
-    checkpoint_seq bigint DEFAULT 0 NOT NULL,
-    lease_worker_id text,
-    lease_acquired_at timestamp with time zone,
-    lease_expires_at timestamp with time zone,
-    lease_generation bigint DEFAULT 0 NOT NULL,
-    admission_slot integer,
-    recovery_checkpoint_id uuid,
-    cancel_action text,
-    cancel_requested_at timestamp with time zone,
-    dead_lettered_at timestamp with time zone,
-    CONSTRAINT runs_attempts_valid CHECK (((attempts >= 0) AND (max_attempts >= 1))),
-    CONSTRAINT runs_cancel_action_valid CHECK (((cancel_action IS NULL) OR (cancel_action = ANY (ARRAY['cancel'::text, 'interrupt'::text, 'rollback'::text])))),
-    CONSTRAINT runs_deployment_nonempty CHECK ((deployment_ref <> ''::text)),
-    CONSTRAINT runs_generation_nonnegative CHECK ((lease_generation >= 0)),
-    CONSTRAINT runs_lease_complete CHECK ((((lease_worker_id IS NULL) = (lease_expires_at IS NULL)) AND ((lease_worker_id IS NULL) = (lease_acquired_at IS NULL)))),
-    CONSTRAINT runs_lease_only_on_active CHECK (((lease_worker_id IS NULL) OR (status = ANY (ARRAY['pending'::zeroth.run_status, 'running'::zeroth.run_status])))),
-    CONSTRAINT runs_metadata_object CHECK ((jsonb_typeof(metadata) = 'object'::text)),
-    CONSTRAINT runs_payload_object CHECK ((jsonb_typeof(payload) = 'object'::text)),
-    CONSTRAINT runs_running_has_lease CHECK (((status <> 'running'::zeroth.run_status) OR (lease_worker_id IS NOT NULL))),
-    CONSTRAINT runs_slot_needs_lease CHECK (((admission_slot IS NULL) OR (lease_worker_id IS NOT NULL))),
-    CONSTRAINT runs_tenant_nonempty CHECK ((tenant_id <> ''::text)),
-    CONSTRAINT runs_wait_reason_only_waiting CHECK (((wait_reason IS NULL) OR (status = 'waiting'::zeroth.run_status)))
-)
-WITH (fillfactor='80');
+CREATE FUNCTION zeroth.count_pending(deployment_ref text, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text) RETURNS bigint
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    RETURN (SELECT count(*) AS count FROM zeroth.runs r WHERE ((r.tenant_id = zeroth._scope_tenant(count_pending.tenant_id, count_pending.workspace_id)) AND (r.workspace_key = zeroth._workspace_key(count_pending.workspace_id)) AND (r.deployment_ref = count_pending.deployment_ref) AND (r.status = 'pending'::zeroth.run_status)));
 
 --
--- Name: TABLE runs; Type: COMMENT; Schema: zeroth; Owner: -
+-- Name: FUNCTION count_pending(deployment_ref text, tenant_id text, workspace_id text); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON TABLE zeroth.runs IS 'One row per run. Write it only through the zeroth.* functions; every lease-holder write is fenced by (lease_worker_id, lease_generation, lease_expires_at).';
-
---
--- Name: COLUMN runs.attempts; Type: COMMENT; Schema: zeroth; Owner: -
---
-COMMENT ON COLUMN zeroth.runs.attempts IS 'Number of started attempts (start_run from pending); a hand-back gives the attempt back.';
-
---
--- Name: COLUMN runs.checkpoint_seq; Type: COMMENT; Schema: zeroth; Owner: -
---
-COMMENT ON COLUMN zeroth.runs.checkpoint_seq IS 'Number of checkpoints saved; the next checkpoint_order.';
-
---
--- Name: COLUMN runs.lease_generation; Type: COMMENT; Schema: zeroth; Owner: -
---
-COMMENT ON COLUMN zeroth.runs.lease_generation IS 'Fencing token: bumped by every change of owner (claim_pending, claim_orphaned); never decreases, never reset.';
-
---
--- Name: COLUMN runs.admission_slot; Type: COMMENT; Schema: zeroth; Owner: -
---
-COMMENT ON COLUMN zeroth.runs.admission_slot IS 'The admission_slots.slot_no this lease holds when it was claimed under max_concurrency; NULL otherwise.';
+COMMENT ON FUNCTION zeroth.count_pending(deployment_ref text, tenant_id text, workspace_id text) IS 'count_pending: number of pending runs of a deployment in a scope (the worker''s queue-depth gauge); read only, through runs_claim_pending_idx. Raises nothing.';
 
 --
 -- Name: current_generation(uuid, text, text); Type: FUNCTION; Schema: zeroth; Owner: -
 --
 CREATE FUNCTION zeroth.current_generation(run_id uuid, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text) RETURNS bigint
-    LANGUAGE sql STABLE
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
     RETURN (SELECT r.lease_generation FROM zeroth.runs r WHERE ((r.tenant_id = zeroth._scope_tenant(current_generation.tenant_id, current_generation.workspace_id)) AND (r.workspace_key = zeroth._workspace_key(current_generation.workspace_id)) AND (r.run_id = current_generation.run_id)));
 
 --
@@ -880,7 +1669,8 @@ COMMENT ON FUNCTION zeroth.current_generation(run_id uuid, tenant_id text, works
 -- Name: current_holder(uuid, text, text); Type: FUNCTION; Schema: zeroth; Owner: -
 --
 CREATE FUNCTION zeroth.current_holder(run_id uuid, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text) RETURNS text
-    LANGUAGE sql STABLE
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
     RETURN (SELECT r.lease_worker_id FROM zeroth.runs r WHERE ((r.tenant_id = zeroth._scope_tenant(current_holder.tenant_id, current_holder.workspace_id)) AND (r.workspace_key = zeroth._workspace_key(current_holder.workspace_id)) AND (r.run_id = current_holder.run_id)));
 
 --
@@ -892,13 +1682,15 @@ COMMENT ON FUNCTION zeroth.current_holder(run_id uuid, tenant_id text, workspace
 -- Name: enqueue_run(text, jsonb, text, text, integer, timestamp with time zone, integer, text, jsonb, uuid, text, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
 --
 CREATE FUNCTION zeroth.enqueue_run(deployment_ref text, payload jsonb DEFAULT '{}'::jsonb, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, priority integer DEFAULT 0, run_after timestamp with time zone DEFAULT NULL::timestamp with time zone, max_attempts integer DEFAULT 3, idempotency_key text DEFAULT NULL::text, metadata jsonb DEFAULT '{}'::jsonb, run_id uuid DEFAULT NULL::uuid, thread_id text DEFAULT NULL::text, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS zeroth.enqueued_run
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
-    v_now    timestamptz := zeroth._now(now_override);
-    v_tenant text := zeroth._scope_tenant(enqueue_run.tenant_id, enqueue_run.workspace_id);
-    v_wskey  text := zeroth._workspace_key(enqueue_run.workspace_id);
-    v_result zeroth.enqueued_run;
+    v_now       timestamptz := zeroth._now(now_override);
+    v_tenant    text := zeroth._scope_tenant(enqueue_run.tenant_id, enqueue_run.workspace_id);
+    v_wskey     text := zeroth._workspace_key(enqueue_run.workspace_id);
+    v_result    zeroth.enqueued_run;
+    v_admission zeroth.admission;
 BEGIN
     IF v_tenant IS NULL THEN
         RAISE EXCEPTION 'a workspace_id needs a tenant_id' USING ERRCODE = 'ZP006';
@@ -912,10 +1704,21 @@ BEGIN
     PERFORM zeroth._require(jsonb_typeof(enqueue_run.metadata) = 'object', 'metadata must be a JSON object');
     PERFORM zeroth._require(enqueue_run.priority IS NOT NULL, 'priority must not be NULL');
     PERFORM zeroth._require(enqueue_run.max_attempts BETWEEN 1 AND 1000, 'max_attempts must be between 1 and 1000');
-    PERFORM zeroth._require(enqueue_run.idempotency_key IS NULL OR enqueue_run.idempotency_key <> '',
-                            'idempotency_key must be NULL or non-empty');
+    PERFORM zeroth._require(enqueue_run.idempotency_key IS NULL
+                            OR length(enqueue_run.idempotency_key) BETWEEN 1 AND 500,
+                            'idempotency_key must be NULL or 1 to 500 characters');
     PERFORM zeroth._require(enqueue_run.run_after IS NULL OR isfinite(enqueue_run.run_after),
                             'run_after must be a finite timestamp');
+
+    IF enqueue_run.thread_id IS NOT NULL THEN
+        PERFORM zeroth._require_identifier(enqueue_run.thread_id, 'thread_id');
+        v_admission := zeroth._admit(v_tenant, enqueue_run.workspace_id, enqueue_run.deployment_ref,
+                                     enqueue_run.thread_id, true, NULL, enqueue_run.payload, enqueue_run.metadata,
+                                     enqueue_run.priority, enqueue_run.run_after, enqueue_run.max_attempts,
+                                     enqueue_run.idempotency_key, enqueue_run.run_id, true, NULL, interval '0', v_now,
+                                     false);
+        RETURN ROW(v_admission.run_id, v_admission.outcome <> 'reused', v_admission.status)::zeroth.enqueued_run;
+    END IF;
 
     INSERT INTO zeroth.runs AS r (
         run_id, tenant_id, workspace_id, deployment_ref, thread_id, status, priority, run_after,
@@ -951,13 +1754,14 @@ $$;
 --
 -- Name: FUNCTION enqueue_run(deployment_ref text, payload jsonb, tenant_id text, workspace_id text, priority integer, run_after timestamp with time zone, max_attempts integer, idempotency_key text, metadata jsonb, run_id uuid, thread_id text, now_override timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth.enqueue_run(deployment_ref text, payload jsonb, tenant_id text, workspace_id text, priority integer, run_after timestamp with time zone, max_attempts integer, idempotency_key text, metadata jsonb, run_id uuid, thread_id text, now_override timestamp with time zone) IS 'enqueue_run: new → pending. Inserts one run; a repeated idempotency key (per tenant, workspace, deployment) or caller-chosen run_id returns the existing run with created = false. Raises ZP006 invalid_scope, ZP008 invalid_argument. Notifies zeroth_wakeup. Time: clock_timestamp().';
+COMMENT ON FUNCTION zeroth.enqueue_run(deployment_ref text, payload jsonb, tenant_id text, workspace_id text, priority integer, run_after timestamp with time zone, max_attempts integer, idempotency_key text, metadata jsonb, run_id uuid, thread_id text, now_override timestamp with time zone) IS 'enqueue_run: new → pending; with a thread_id whose thread has an active run, new → waiting in the thread queue (promoted to pending when that run ends). A repeated idempotency key (per tenant, workspace, deployment) or caller-chosen run_id returns the existing run with created = false. Raises ZP006 invalid_scope, ZP008 invalid_argument. Notifies zeroth_wakeup. Time: clock_timestamp().';
 
 --
 -- Name: enqueue_runs(text, jsonb, text, text, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
 --
 CREATE FUNCTION zeroth.enqueue_runs(deployment_ref text, runs jsonb, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(ordinality bigint, run_id uuid, created boolean, status zeroth.run_status)
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
     v_item    jsonb;
@@ -1026,7 +1830,8 @@ COMMENT ON FUNCTION zeroth.enqueue_runs(deployment_ref text, runs jsonb, tenant_
 -- Name: expire_recovery_lease(uuid, text, bigint, text, text, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
 --
 CREATE FUNCTION zeroth.expire_recovery_lease(run_id uuid, worker_id text, generation bigint, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS boolean
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
     v_now    timestamptz := zeroth._now(now_override);
@@ -1038,8 +1843,8 @@ BEGIN
     PERFORM zeroth._require_identifier(expire_recovery_lease.worker_id, 'worker_id');
     PERFORM zeroth._require(expire_recovery_lease.generation IS NOT NULL, 'generation must not be NULL');
 
-    PERFORM zeroth._free_slot(v_tenant, v_wskey, expire_recovery_lease.run_id, expire_recovery_lease.worker_id,
-                              expire_recovery_lease.generation);
+    -- Lock the slot first (lock order), free it only if the run's UPDATE matches below.
+    PERFORM zeroth._lock_slot(v_tenant, v_wskey, expire_recovery_lease.run_id, expire_recovery_lease.worker_id, expire_recovery_lease.generation);
     UPDATE zeroth.runs r
        SET lease_expires_at = least(r.lease_expires_at, v_now - interval '1 microsecond'),
            admission_slot = NULL,
@@ -1054,6 +1859,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;
     END IF;
+    PERFORM zeroth._free_slot(v_tenant, v_wskey, expire_recovery_lease.run_id, expire_recovery_lease.worker_id, expire_recovery_lease.generation);
     PERFORM zeroth._notify_wakeup(v_run.deployment_ref, v_tenant, v_run.workspace_id);
     RETURN true;
 END
@@ -1068,7 +1874,8 @@ COMMENT ON FUNCTION zeroth.expire_recovery_lease(run_id uuid, worker_id text, ge
 -- Name: fail_run(uuid, text, bigint, jsonb, boolean, double precision, double precision, text, text, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
 --
 CREATE FUNCTION zeroth.fail_run(run_id uuid, worker_id text, generation bigint, error jsonb DEFAULT NULL::jsonb, retryable boolean DEFAULT true, retry_base_seconds double precision DEFAULT 1, retry_max_seconds double precision DEFAULT 300, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS text
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
     v_now     timestamptz := zeroth._now(now_override);
@@ -1136,7 +1943,8 @@ COMMENT ON FUNCTION zeroth.fail_run(run_id uuid, worker_id text, generation bigi
 -- Name: get_recovery_checkpoint_id(uuid, text, text); Type: FUNCTION; Schema: zeroth; Owner: -
 --
 CREATE FUNCTION zeroth.get_recovery_checkpoint_id(run_id uuid, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text) RETURNS uuid
-    LANGUAGE sql STABLE
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
     RETURN (SELECT r.recovery_checkpoint_id FROM zeroth.runs r WHERE ((r.tenant_id = zeroth._scope_tenant(get_recovery_checkpoint_id.tenant_id, get_recovery_checkpoint_id.workspace_id)) AND (r.workspace_key = zeroth._workspace_key(get_recovery_checkpoint_id.workspace_id)) AND (r.run_id = get_recovery_checkpoint_id.run_id)));
 
 --
@@ -1145,10 +1953,53 @@ CREATE FUNCTION zeroth.get_recovery_checkpoint_id(run_id uuid, tenant_id text DE
 COMMENT ON FUNCTION zeroth.get_recovery_checkpoint_id(run_id uuid, tenant_id text, workspace_id text) IS 'get_recovery_checkpoint_id: the checkpoint the current lease holder should resume from (set by a claim when the run has checkpoints), or NULL. Read only.';
 
 --
+-- Name: get_thread_run(uuid, text, text); Type: FUNCTION; Schema: zeroth; Owner: -
+--
+CREATE FUNCTION zeroth.get_thread_run(run_id uuid, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text) RETURNS SETOF zeroth.thread_run
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    BEGIN ATOMIC
+ SELECT t.run_id,
+     t.thread_id,
+     t.deployment_ref,
+     t.status,
+     t.queued,
+     t.wait_reason,
+     t.attempts,
+     t.max_attempts,
+     t.resumable,
+     t.created_at,
+     t.started_at,
+     t.finished_at,
+     t.updated_at,
+     t.lease_worker_id,
+     t.lease_generation,
+     t.lease_expires_at,
+     t.cancel_action,
+     t.cancel_requested_at,
+     t.idempotency_key,
+     t.payload,
+     t.metadata,
+     t.output,
+     t.error,
+     t.progress,
+     t.accounting
+    FROM (zeroth.runs r
+      CROSS JOIN LATERAL zeroth._thread_run(r.*) t(run_id, thread_id, deployment_ref, status, queued, wait_reason, attempts, max_attempts, resumable, created_at, started_at, finished_at, updated_at, lease_worker_id, lease_generation, lease_expires_at, cancel_action, cancel_requested_at, idempotency_key, payload, metadata, output, error, progress, accounting))
+   WHERE ((r.tenant_id = zeroth._scope_tenant(get_thread_run.tenant_id, get_thread_run.workspace_id)) AND (r.workspace_key = zeroth._workspace_key(get_thread_run.workspace_id)) AND (r.run_id = get_thread_run.run_id));
+END;
+
+--
+-- Name: FUNCTION get_thread_run(run_id uuid, tenant_id text, workspace_id text); Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON FUNCTION zeroth.get_thread_run(run_id uuid, tenant_id text, workspace_id text) IS 'get_thread_run: one run (thread or not) as zeroth.thread_run, or no row when no run has this id in this scope. Read only.';
+
+--
 -- Name: hand_back_to_pending(uuid, text, bigint, text, text, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
 --
 CREATE FUNCTION zeroth.hand_back_to_pending(run_id uuid, worker_id text, generation bigint, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS boolean
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
     v_now    timestamptz := zeroth._now(now_override);
@@ -1160,8 +2011,8 @@ BEGIN
     PERFORM zeroth._require_identifier(hand_back_to_pending.worker_id, 'worker_id');
     PERFORM zeroth._require(hand_back_to_pending.generation IS NOT NULL, 'generation must not be NULL');
 
-    PERFORM zeroth._free_slot(v_tenant, v_wskey, hand_back_to_pending.run_id, hand_back_to_pending.worker_id,
-                              hand_back_to_pending.generation);
+    -- Lock the slot first (lock order), free it only if the run's UPDATE matches below.
+    PERFORM zeroth._lock_slot(v_tenant, v_wskey, hand_back_to_pending.run_id, hand_back_to_pending.worker_id, hand_back_to_pending.generation);
     UPDATE zeroth.runs r
        SET status = 'pending',
            attempts = greatest(r.attempts - 1, 0),
@@ -1178,6 +2029,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;
     END IF;
+    PERFORM zeroth._free_slot(v_tenant, v_wskey, hand_back_to_pending.run_id, hand_back_to_pending.worker_id, hand_back_to_pending.generation);
     PERFORM zeroth._notify_wakeup(v_run.deployment_ref, v_tenant, v_run.workspace_id);
     RETURN true;
 END
@@ -1189,10 +2041,55 @@ $$;
 COMMENT ON FUNCTION zeroth.hand_back_to_pending(run_id uuid, worker_id text, generation bigint, tenant_id text, workspace_id text, now_override timestamp with time zone) IS 'hand_back_to_pending: running → pending for exactly (worker_id, generation), no expiry check; gives the attempt back, clears the lease, frees the slot. An admin cancel that came first wins (no match). Returns false on no match. Raises ZP008. Notifies zeroth_wakeup. Time: clock_timestamp().';
 
 --
+-- Name: list_thread_runs(text, text, text, integer); Type: FUNCTION; Schema: zeroth; Owner: -
+--
+CREATE FUNCTION zeroth.list_thread_runs(thread_id text, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, max_runs integer DEFAULT 20) RETURNS SETOF zeroth.thread_run
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    BEGIN ATOMIC
+ SELECT t.run_id,
+     t.thread_id,
+     t.deployment_ref,
+     t.status,
+     t.queued,
+     t.wait_reason,
+     t.attempts,
+     t.max_attempts,
+     t.resumable,
+     t.created_at,
+     t.started_at,
+     t.finished_at,
+     t.updated_at,
+     t.lease_worker_id,
+     t.lease_generation,
+     t.lease_expires_at,
+     t.cancel_action,
+     t.cancel_requested_at,
+     t.idempotency_key,
+     t.payload,
+     t.metadata,
+     t.output,
+     t.error,
+     t.progress,
+     t.accounting
+    FROM (zeroth.runs r
+      CROSS JOIN LATERAL zeroth._thread_run(r.*) t(run_id, thread_id, deployment_ref, status, queued, wait_reason, attempts, max_attempts, resumable, created_at, started_at, finished_at, updated_at, lease_worker_id, lease_generation, lease_expires_at, cancel_action, cancel_requested_at, idempotency_key, payload, metadata, output, error, progress, accounting))
+   WHERE ((r.tenant_id = zeroth._scope_tenant(list_thread_runs.tenant_id, list_thread_runs.workspace_id)) AND (r.workspace_key = zeroth._workspace_key(list_thread_runs.workspace_id)) AND (r.thread_id = list_thread_runs.thread_id))
+   ORDER BY r.created_at DESC, r.run_id DESC
+  LIMIT GREATEST(LEAST(list_thread_runs.max_runs, 1000), 0);
+END;
+
+--
+-- Name: FUNCTION list_thread_runs(thread_id text, tenant_id text, workspace_id text, max_runs integer); Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON FUNCTION zeroth.list_thread_runs(thread_id text, tenant_id text, workspace_id text, max_runs integer) IS 'list_thread_runs: the runs of a thread, newest first (created_at, run_id), at most max_runs (capped at 1000). Read only.';
+
+--
 -- Name: pause_run(uuid, text, bigint, text, text, text, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
 --
 CREATE FUNCTION zeroth.pause_run(run_id uuid, worker_id text, generation bigint, reason text, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS boolean
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
     v_now    timestamptz := zeroth._now(now_override);
@@ -1240,21 +2137,138 @@ $$;
 COMMENT ON FUNCTION zeroth.pause_run(run_id uuid, worker_id text, generation bigint, reason text, tenant_id text, workspace_id text, now_override timestamp with time zone) IS 'pause_run: running → waiting with a reason, for the live lease (worker_id, generation); releases the lease and slot. Returns false when fenced out. Raises ZP003 (holder but not running), ZP008. Notifies zeroth_wakeup when a slot was freed. Time: clock_timestamp().';
 
 --
+-- Name: prune_runs(interval, integer, text, text, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
+--
+CREATE FUNCTION zeroth.prune_runs(older_than interval, batch_size integer DEFAULT 1000, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_now     timestamptz := zeroth._now(now_override);
+    v_wskey   text := zeroth._workspace_key(prune_runs.workspace_id);
+    v_cutoff  timestamptz;
+    v_deleted integer;
+BEGIN
+    IF prune_runs.tenant_id IS NULL AND prune_runs.workspace_id IS NOT NULL THEN
+        RAISE EXCEPTION 'a workspace_id needs a tenant_id' USING ERRCODE = 'ZP006';
+    END IF;
+    PERFORM zeroth._require(prune_runs.older_than IS NOT NULL AND isfinite(prune_runs.older_than)
+                            AND prune_runs.older_than >= interval '0',
+                            'older_than must be a finite, non-negative interval');
+    PERFORM zeroth._require(prune_runs.batch_size BETWEEN 1 AND 10000, 'batch_size must be between 1 and 10000');
+    IF prune_runs.tenant_id IS NOT NULL THEN
+        PERFORM zeroth._require_identifier(prune_runs.tenant_id, 'tenant_id');
+    END IF;
+    IF prune_runs.workspace_id IS NOT NULL THEN
+        PERFORM zeroth._require_identifier(prune_runs.workspace_id, 'workspace_id');
+    END IF;
+    BEGIN
+        v_cutoff := v_now - prune_runs.older_than;
+    EXCEPTION WHEN datetime_field_overflow THEN
+        RAISE EXCEPTION 'older_than % reaches before the earliest timestamp', prune_runs.older_than
+            USING ERRCODE = 'ZP008';
+    END;
+
+    -- Lock first, skipping rows another session holds (a redrive, a cancel), then delete what
+    -- was locked. A row changed under us is re-checked against the WHERE when it is locked, so a
+    -- run redriven to pending in the meantime is not deleted. Oldest first, through
+    -- runs_finished_idx (the ORDER BY is what keeps the planner on it).
+    WITH doomed AS MATERIALIZED (
+        SELECT r.tenant_id, r.workspace_key, r.run_id
+          FROM zeroth.runs r
+         WHERE r.status IN ('completed', 'failed', 'cancelled')
+           AND r.finished_at < v_cutoff
+           AND (prune_runs.tenant_id IS NULL
+                OR (r.tenant_id = prune_runs.tenant_id AND r.workspace_key = v_wskey))
+         ORDER BY r.finished_at
+         LIMIT prune_runs.batch_size
+           FOR UPDATE SKIP LOCKED
+    )
+    DELETE FROM zeroth.runs r
+     USING doomed d
+     WHERE r.tenant_id = d.tenant_id
+       AND r.workspace_key = d.workspace_key
+       AND r.run_id = d.run_id;
+    GET DIAGNOSTICS v_deleted = ROW_COUNT;
+    RETURN v_deleted;
+END
+$$;
+
+--
+-- Name: FUNCTION prune_runs(older_than interval, batch_size integer, tenant_id text, workspace_id text, now_override timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON FUNCTION zeroth.prune_runs(older_than interval, batch_size integer, tenant_id text, workspace_id text, now_override timestamp with time zone) IS 'prune_runs: finished (completed | failed | cancelled, dead letters included) → deleted when finished_at < now - older_than; one batch of at most batch_size per call, returns the number deleted (loop until 0). tenant_id NULL = every tenant; a tenant names exactly (tenant, workspace). Checkpoints go by ON DELETE CASCADE. FOR UPDATE SKIP LOCKED: never waits on workers. Raises ZP006 (workspace without tenant), ZP008. Time: clock_timestamp().';
+
+--
+-- Name: reconcile_thread_runs(text, text, text, double precision, integer, text, text, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
+--
+CREATE FUNCTION zeroth.reconcile_thread_runs(deployment_ref text DEFAULT NULL::text, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, grace_seconds double precision DEFAULT 10, claim_limit integer DEFAULT 100, stop_reason text DEFAULT 'orphan_recovered'::text, message text DEFAULT NULL::text, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS SETOF zeroth.takeover
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_now    timestamptz := zeroth._now(now_override);
+    v_grace  interval := zeroth._grace_interval(reconcile_thread_runs.grace_seconds);
+    v_tenant text := zeroth._scope_tenant(reconcile_thread_runs.tenant_id, reconcile_thread_runs.workspace_id);
+    v_wskey  text := zeroth._workspace_key(reconcile_thread_runs.workspace_id);
+    v_id     uuid;
+BEGIN
+    IF v_tenant IS NULL THEN
+        RAISE EXCEPTION 'a workspace_id needs a tenant_id' USING ERRCODE = 'ZP006';
+    END IF;
+    PERFORM zeroth._require(reconcile_thread_runs.claim_limit BETWEEN 1 AND 1000, 'claim_limit must be between 1 and 1000');
+    PERFORM zeroth._require_identifier(reconcile_thread_runs.stop_reason, 'stop_reason');
+    FOR v_id IN
+        SELECT r.run_id FROM zeroth.runs r
+         WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey
+           AND r.thread_id IS NOT NULL AND r.status IN ('pending', 'running', 'waiting')
+           AND r.thread_queued_at IS NULL
+           AND (reconcile_thread_runs.deployment_ref IS NULL OR r.deployment_ref = reconcile_thread_runs.deployment_ref)
+           AND r.lease_expires_at + v_grace < v_now
+         ORDER BY r.lease_expires_at
+         LIMIT reconcile_thread_runs.claim_limit
+    LOOP
+        RETURN QUERY SELECT * FROM zeroth._take_over(v_tenant, v_wskey, v_id, v_grace, v_now,
+                                                     reconcile_thread_runs.stop_reason, reconcile_thread_runs.message);
+    END LOOP;
+END
+$$;
+
+--
+-- Name: FUNCTION reconcile_thread_runs(deployment_ref text, tenant_id text, workspace_id text, grace_seconds double precision, claim_limit integer, stop_reason text, message text, now_override timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON FUNCTION zeroth.reconcile_thread_runs(deployment_ref text, tenant_id text, workspace_id text, grace_seconds double precision, claim_limit integer, stop_reason text, message text, now_override timestamp with time zone) IS 'reconcile_thread_runs: take over (as claim_for_takeover) up to claim_limit active thread runs of a scope (one deployment or all) whose owners'' leases expired more than grace ago. Concurrent reconcilers never block each other or report a run twice. Raises ZP006, ZP008. Notifies zeroth_wakeup. Time: clock_timestamp().';
+
+--
 -- Name: redrive_run(uuid, text, text, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
 --
 CREATE FUNCTION zeroth.redrive_run(run_id uuid, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS boolean
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
     v_now    timestamptz := zeroth._now(now_override);
     v_tenant text := zeroth._scope_tenant(redrive_run.tenant_id, redrive_run.workspace_id);
     v_wskey  text := zeroth._workspace_key(redrive_run.workspace_id);
+    v_thread text;
+    v_active zeroth.runs;
+    v_queue  boolean := false;
     v_run    record;
 BEGIN
     PERFORM zeroth._require(redrive_run.run_id IS NOT NULL, 'run_id must not be NULL');
 
+    SELECT r.thread_id INTO v_thread FROM zeroth.runs r
+     WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey AND r.run_id = redrive_run.run_id;
+    IF v_thread IS NOT NULL THEN
+        PERFORM zeroth._lock_thread(v_tenant, v_wskey, v_thread);
+        v_active := zeroth._lock_thread_active(v_tenant, v_wskey, v_thread, v_now);
+        v_queue := v_active.run_id IS NOT NULL;
+    END IF;
+
     UPDATE zeroth.runs r
-       SET status = 'pending',
+       SET status = CASE WHEN v_queue THEN 'waiting'::zeroth.run_status ELSE 'pending'::zeroth.run_status END,
+           wait_reason = CASE WHEN v_queue THEN 'thread_queue' END,
+           thread_queued_at = CASE WHEN v_queue THEN zeroth._queue_position(v_tenant, v_wskey, v_thread, v_now) END,
            attempts = 0,
            run_after = v_now,
            error = NULL, output = NULL, finished_at = NULL, dead_lettered_at = NULL,
@@ -1268,7 +2282,9 @@ BEGIN
     IF NOT FOUND THEN
         PERFORM zeroth._explain_admin_miss(v_tenant, v_wskey, redrive_run.run_id, 'redrive_run', '{failed,cancelled}');
     END IF;
-    PERFORM zeroth._notify_wakeup(v_run.deployment_ref, v_tenant, v_run.workspace_id);
+    IF NOT v_queue THEN
+        PERFORM zeroth._notify_wakeup(v_run.deployment_ref, v_tenant, v_run.workspace_id);
+    END IF;
     RETURN true;
 END
 $$;
@@ -1276,13 +2292,14 @@ $$;
 --
 -- Name: FUNCTION redrive_run(run_id uuid, tenant_id text, workspace_id text, now_override timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth.redrive_run(run_id uuid, tenant_id text, workspace_id text, now_override timestamp with time zone) IS 'redrive_run: failed or cancelled → pending; resets attempts, error, output, cancel and dead-letter marks, never lease_generation. Raises ZP001 (unknown run), ZP003 (not failed/cancelled), ZP008. Notifies zeroth_wakeup. Time: clock_timestamp().';
+COMMENT ON FUNCTION zeroth.redrive_run(run_id uuid, tenant_id text, workspace_id text, now_override timestamp with time zone) IS 'redrive_run: failed or cancelled → pending, or → waiting in the thread queue when its thread has an active run; resets attempts, error, output, cancel and dead-letter marks, never lease_generation. Raises ZP001 (unknown run), ZP003 (not failed/cancelled), ZP008. Notifies zeroth_wakeup when the run became pending. Time: clock_timestamp().';
 
 --
 -- Name: release_lease(uuid, text, bigint, text, text, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
 --
 CREATE FUNCTION zeroth.release_lease(run_id uuid, worker_id text, generation bigint, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS boolean
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
     v_now    timestamptz := zeroth._now(now_override);
@@ -1326,7 +2343,8 @@ COMMENT ON FUNCTION zeroth.release_lease(run_id uuid, worker_id text, generation
 -- Name: renew_lease(uuid, text, bigint, text, text, double precision, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
 --
 CREATE FUNCTION zeroth.renew_lease(run_id uuid, worker_id text, generation bigint DEFAULT NULL::bigint, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, lease_seconds double precision DEFAULT 60, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS boolean
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
     v_now     timestamptz := zeroth._now(now_override);
@@ -1370,7 +2388,8 @@ COMMENT ON FUNCTION zeroth.renew_lease(run_id uuid, worker_id text, generation b
 -- Name: renew_leases(text, uuid[], bigint[], text, text, double precision, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
 --
 CREATE FUNCTION zeroth.renew_leases(worker_id text, run_ids uuid[], generations bigint[], tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, lease_seconds double precision DEFAULT 60, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS SETOF zeroth.lease_renewal
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
     v_now        timestamptz := zeroth._now(now_override);
@@ -1438,75 +2457,56 @@ COMMENT ON FUNCTION zeroth.renew_leases(worker_id text, run_ids uuid[], generati
 -- Name: request_cancel(uuid, text, text, text, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
 --
 CREATE FUNCTION zeroth.request_cancel(run_id uuid, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, action text DEFAULT 'cancel'::text, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS text
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
-    v_now    timestamptz := zeroth._now(now_override);
-    v_tenant text := zeroth._scope_tenant(request_cancel.tenant_id, request_cancel.workspace_id);
-    v_wskey  text := zeroth._workspace_key(request_cancel.workspace_id);
-    v_run    record;
-    v_freed  boolean;
+    v_outcome text;
 BEGIN
-    PERFORM zeroth._require(request_cancel.run_id IS NOT NULL, 'run_id must not be NULL');
-    PERFORM zeroth._require(request_cancel.action IN ('cancel', 'interrupt', 'rollback'),
-                            'action must be cancel, interrupt or rollback');
-
-    -- Slot rows before the run row: the same lock order as renewals and completions.
-    PERFORM 1 FROM zeroth.admission_slots s
-     WHERE s.run_id = request_cancel.run_id AND s.tenant_id = v_tenant AND s.workspace_key = v_wskey
-       FOR UPDATE;
-    SELECT r.status, r.lease_worker_id, r.lease_generation, r.lease_expires_at, r.deployment_ref
-      INTO v_run
-      FROM zeroth.runs r
-     WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey AND r.run_id = request_cancel.run_id
-       FOR UPDATE;
-    IF NOT FOUND THEN
-        RETURN 'unknown';
-    ELSIF v_run.status IN ('completed', 'failed', 'cancelled') THEN
-        RETURN 'not_cancellable';
-    ELSIF v_run.status = 'running' AND v_run.lease_expires_at >= v_now THEN
-        UPDATE zeroth.runs r
-           SET cancel_requested_at = coalesce(r.cancel_requested_at, v_now),
-               cancel_action = coalesce(r.cancel_action, request_cancel.action),
-               updated_at = v_now
-         WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey AND r.run_id = request_cancel.run_id;
-        PERFORM pg_notify('zeroth_control', json_build_object(
-            'type', 'cancel', 'run_id', request_cancel.run_id, 'worker_id', v_run.lease_worker_id,
-            'lease_generation', v_run.lease_generation)::text);
-        RETURN 'cancel_requested';
-    END IF;
-
-    UPDATE zeroth.admission_slots s
-       SET run_id = NULL, lease_worker_id = NULL, lease_generation = NULL, lease_expires_at = NULL
-     WHERE s.run_id = request_cancel.run_id AND s.tenant_id = v_tenant AND s.workspace_key = v_wskey;
-    v_freed := FOUND;
-    UPDATE zeroth.runs r
-       SET status = 'cancelled',
-           cancel_requested_at = coalesce(r.cancel_requested_at, v_now),
-           cancel_action = coalesce(r.cancel_action, request_cancel.action),
-           wait_reason = NULL,
-           finished_at = v_now,
-           updated_at = v_now,
-           lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
-           admission_slot = NULL, recovery_checkpoint_id = NULL
-     WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey AND r.run_id = request_cancel.run_id;
-    IF v_freed THEN
-        PERFORM zeroth._notify_wakeup(v_run.deployment_ref, v_tenant, request_cancel.workspace_id);
-    END IF;
-    RETURN 'cancelled';
+    SELECT c.outcome INTO v_outcome
+      FROM zeroth.request_cancel_v2(run_id => request_cancel.run_id, tenant_id => request_cancel.tenant_id,
+                                    workspace_id => request_cancel.workspace_id, action => request_cancel.action,
+                                    grace_seconds => 0, now_override => request_cancel.now_override) AS c;
+    RETURN CASE v_outcome WHEN 'taken_over' THEN 'cancelled' ELSE v_outcome END;
 END
 $$;
 
 --
 -- Name: FUNCTION request_cancel(run_id uuid, tenant_id text, workspace_id text, action text, now_override timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth.request_cancel(run_id uuid, tenant_id text, workspace_id text, action text, now_override timestamp with time zone) IS 'request_cancel: returns cancelled (pending, waiting, or running with an expired lease: terminal at once, lease cleared so the old holder''s fenced writes are refused) | cancel_requested (running with a live lease: durable flag, first action wins, NOTIFY zeroth_control to the owner) | not_cancellable (terminal) | unknown (no such run in scope). Raises ZP008. Notifies zeroth_wakeup when an immediate cancel freed a slot. Time: clock_timestamp().';
+COMMENT ON FUNCTION zeroth.request_cancel(run_id uuid, tenant_id text, workspace_id text, action text, now_override timestamp with time zone) IS 'request_cancel: returns cancelled (pending, waiting, or running with an expired lease: terminal at once, lease cleared so the old holder''s fenced writes are refused) | cancel_requested (running with a live lease: durable flag, first action wins, NOTIFY zeroth_control to the owner) | not_cancellable (terminal) | unknown (no such run in scope). request_cancel_v2 adds taken_over, a grace and retry_after_s. Raises ZP008. Notifies zeroth_wakeup when an immediate cancel freed a slot. Time: clock_timestamp().';
+
+--
+-- Name: request_cancel_v2(uuid, text, text, text, double precision, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
+--
+CREATE FUNCTION zeroth.request_cancel_v2(run_id uuid, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, action text DEFAULT 'cancel'::text, grace_seconds double precision DEFAULT 10, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS zeroth.cancel_result
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_now   timestamptz := zeroth._now(now_override);
+    v_grace interval := zeroth._grace_interval(request_cancel_v2.grace_seconds);
+BEGIN
+    PERFORM zeroth._require(request_cancel_v2.run_id IS NOT NULL, 'run_id must not be NULL');
+    PERFORM zeroth._require(request_cancel_v2.action IN ('cancel', 'interrupt', 'rollback'),
+                            'action must be cancel, interrupt or rollback');
+    RETURN zeroth._cancel(zeroth._scope_tenant(request_cancel_v2.tenant_id, request_cancel_v2.workspace_id),
+                          zeroth._workspace_key(request_cancel_v2.workspace_id), request_cancel_v2.run_id,
+                          request_cancel_v2.action, v_grace, v_now);
+END
+$$;
+
+--
+-- Name: FUNCTION request_cancel_v2(run_id uuid, tenant_id text, workspace_id text, action text, grace_seconds double precision, now_override timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON FUNCTION zeroth.request_cancel_v2(run_id uuid, tenant_id text, workspace_id text, action text, grace_seconds double precision, now_override timestamp with time zone) IS 'request_cancel_v2: cancelled (pending/waiting/queued, at once) | cancel_requested (running, owner''s lease + grace not run out: durable flag, first action wins, NOTIFY zeroth_control, retry_after_s) | taken_over (running past lease + grace: cancelled with a stop reason, owner fenced out) | not_cancellable | unknown. Raises ZP008. Notifies zeroth_control, zeroth_wakeup. Time: clock_timestamp().';
 
 --
 -- Name: resume_run(uuid, text, text, jsonb, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
 --
 CREATE FUNCTION zeroth.resume_run(run_id uuid, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, input jsonb DEFAULT NULL::jsonb, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS boolean
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
     v_now    timestamptz := zeroth._now(now_override);
@@ -1527,8 +2527,15 @@ BEGIN
        AND r.workspace_key = v_wskey
        AND r.run_id = resume_run.run_id
        AND r.status = 'waiting'
+       AND r.thread_queued_at IS NULL
     RETURNING r.deployment_ref, r.workspace_id INTO v_run;
     IF NOT FOUND THEN
+        IF EXISTS (SELECT 1 FROM zeroth.runs r
+                    WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey AND r.run_id = resume_run.run_id
+                      AND r.thread_queued_at IS NOT NULL) THEN
+            RAISE EXCEPTION 'run % is queued behind the active run of its thread; it starts when that run ends',
+                resume_run.run_id USING ERRCODE = 'ZP003';
+        END IF;
         PERFORM zeroth._explain_admin_miss(v_tenant, v_wskey, resume_run.run_id, 'resume_run', '{waiting}');
     END IF;
     PERFORM zeroth._notify_wakeup(v_run.deployment_ref, v_tenant, v_run.workspace_id);
@@ -1539,13 +2546,14 @@ $$;
 --
 -- Name: FUNCTION resume_run(run_id uuid, tenant_id text, workspace_id text, input jsonb, now_override timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth.resume_run(run_id uuid, tenant_id text, workspace_id text, input jsonb, now_override timestamp with time zone) IS 'resume_run: waiting → pending; input (if given) is stored as metadata.resume_input. Raises ZP001 (unknown run), ZP003 (not waiting), ZP008. Notifies zeroth_wakeup. Time: clock_timestamp().';
+COMMENT ON FUNCTION zeroth.resume_run(run_id uuid, tenant_id text, workspace_id text, input jsonb, now_override timestamp with time zone) IS 'resume_run: waiting → pending; input (if given) is stored as metadata.resume_input. A run queued behind its thread''s active run cannot be resumed. Raises ZP001 (unknown run), ZP003 (not waiting, or queued), ZP008. Notifies zeroth_wakeup. Time: clock_timestamp().';
 
 --
 -- Name: save_checkpoint(uuid, text, bigint, jsonb, uuid, text, text, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
 --
 CREATE FUNCTION zeroth.save_checkpoint(run_id uuid, worker_id text, generation bigint, data jsonb, checkpoint_id uuid DEFAULT NULL::uuid, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS uuid
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
     v_now    timestamptz := zeroth._now(now_override);
@@ -1601,7 +2609,8 @@ COMMENT ON FUNCTION zeroth.save_checkpoint(run_id uuid, worker_id text, generati
 -- Name: start_run(uuid, text, bigint, text, text, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
 --
 CREATE FUNCTION zeroth.start_run(run_id uuid, worker_id text, generation bigint, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS boolean
-    LANGUAGE plpgsql
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
     v_now    timestamptz := zeroth._now(now_override);
@@ -1634,31 +2643,63 @@ $$;
 COMMENT ON FUNCTION zeroth.start_run(run_id uuid, worker_id text, generation bigint, tenant_id text, workspace_id text, now_override timestamp with time zone) IS 'start_run: pending → running for the live lease (worker_id, generation); counts an attempt and sets started_at. Idempotent for the holder of a running run. Returns false when fenced out. Raises ZP008. Time: clock_timestamp().';
 
 --
--- Name: admission_slots; Type: TABLE; Schema: zeroth; Owner: -
+-- Name: update_run_progress(uuid, text, bigint, jsonb, jsonb, text, text, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
 --
-CREATE TABLE zeroth.admission_slots (
-    tenant_id text NOT NULL,
-    workspace_key text NOT NULL,
-    deployment_ref text NOT NULL,
-    slot_no integer NOT NULL,
-    run_id uuid,
-    lease_worker_id text,
-    lease_generation bigint,
-    lease_expires_at timestamp with time zone,
-    CONSTRAINT admission_slots_holder_complete CHECK ((((run_id IS NULL) = (lease_worker_id IS NULL)) AND ((run_id IS NULL) = (lease_generation IS NULL)) AND ((run_id IS NULL) = (lease_expires_at IS NULL)))),
-    CONSTRAINT admission_slots_slot_positive CHECK ((slot_no >= 1))
-)
-WITH (fillfactor='50');
+CREATE FUNCTION zeroth.update_run_progress(run_id uuid, worker_id text, generation bigint, progress jsonb DEFAULT NULL::jsonb, accounting jsonb DEFAULT NULL::jsonb, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS boolean
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_now    timestamptz := zeroth._now(now_override);
+    v_tenant text := zeroth._scope_tenant(update_run_progress.tenant_id, update_run_progress.workspace_id);
+    v_wskey  text := zeroth._workspace_key(update_run_progress.workspace_id);
+BEGIN
+    PERFORM zeroth._require(update_run_progress.run_id IS NOT NULL, 'run_id must not be NULL');
+    PERFORM zeroth._require_identifier(update_run_progress.worker_id, 'worker_id');
+    PERFORM zeroth._require(update_run_progress.generation IS NOT NULL, 'generation must not be NULL');
+    PERFORM zeroth._require(update_run_progress.progress IS NOT NULL OR update_run_progress.accounting IS NOT NULL,
+                            'give progress, accounting or both');
+    PERFORM zeroth._require(update_run_progress.progress IS NULL OR jsonb_typeof(update_run_progress.progress) = 'object',
+                            'progress must be a JSON object');
+    PERFORM zeroth._require(update_run_progress.accounting IS NULL
+                            OR jsonb_typeof(update_run_progress.accounting) = 'object',
+                            'accounting must be a JSON object');
+    PERFORM zeroth._require(coalesce(octet_length(update_run_progress.progress::text), 0)
+                            + coalesce(octet_length(update_run_progress.accounting::text), 0) <= 65536,
+                            'progress and accounting may hold at most 64 kB');
+
+    UPDATE zeroth.runs r
+       SET progress = CASE WHEN update_run_progress.progress IS NULL THEN r.progress
+                           WHEN jsonb_typeof(r.progress) = 'object' THEN r.progress || update_run_progress.progress
+                           ELSE update_run_progress.progress END,
+           accounting = CASE WHEN update_run_progress.accounting IS NULL THEN r.accounting
+                             ELSE coalesce(r.accounting, '{}'::jsonb) || update_run_progress.accounting END,
+           updated_at = v_now
+     WHERE r.tenant_id = v_tenant
+       AND r.workspace_key = v_wskey
+       AND r.run_id = update_run_progress.run_id
+       AND r.lease_worker_id = update_run_progress.worker_id
+       AND r.lease_generation = update_run_progress.generation
+       AND r.lease_expires_at >= v_now
+       AND r.status = 'running';
+    IF NOT FOUND THEN
+        PERFORM zeroth._explain_fenced_miss(v_tenant, v_wskey, update_run_progress.run_id, update_run_progress.worker_id,
+                                            update_run_progress.generation, v_now, 'update_run_progress', '{running}');
+        RETURN false;
+    END IF;
+    RETURN true;
+END
+$$;
 
 --
--- Name: TABLE admission_slots; Type: COMMENT; Schema: zeroth; Owner: -
+-- Name: FUNCTION update_run_progress(run_id uuid, worker_id text, generation bigint, progress jsonb, accounting jsonb, tenant_id text, workspace_id text, now_override timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON TABLE zeroth.admission_slots IS 'Concurrency slots per (tenant, workspace, deployment). A slot is free when run_id is NULL or its lease expired.';
+COMMENT ON FUNCTION zeroth.update_run_progress(run_id uuid, worker_id text, generation bigint, progress jsonb, accounting jsonb, tenant_id text, workspace_id text, now_override timestamp with time zone) IS 'update_run_progress: the lease holder merges JSON objects into progress and/or accounting (top-level keys replace, omitted keys kept) while the run is running; fenced by (worker_id, generation, live lease). Returns false when fenced out. Raises ZP003 (holder but not running), ZP008. Time: clock_timestamp().';
 
 --
 -- Name: dead_letters; Type: VIEW; Schema: zeroth; Owner: -
 --
-CREATE VIEW zeroth.dead_letters AS
+CREATE VIEW zeroth.dead_letters WITH (security_invoker='true') AS
  SELECT run_id,
     tenant_id,
     workspace_id,
@@ -1678,9 +2719,58 @@ CREATE VIEW zeroth.dead_letters AS
 COMMENT ON VIEW zeroth.dead_letters IS 'Runs that failed max_attempts times with a retryable error and were dead-lettered by fail_run; redrive_run puts one back to pending.';
 
 --
+-- Name: expired_leases; Type: VIEW; Schema: zeroth; Owner: -
+--
+CREATE VIEW zeroth.expired_leases WITH (security_invoker='true') AS
+ SELECT run_id,
+    tenant_id,
+    workspace_id,
+    deployment_ref,
+    status,
+    lease_worker_id,
+    lease_generation,
+    lease_expires_at,
+    (EXTRACT(epoch FROM (clock_timestamp() - lease_expires_at)))::double precision AS seconds_expired,
+        CASE
+            WHEN (status = 'running'::zeroth.run_status) THEN 'claim_orphaned'::text
+            ELSE 'claim_pending'::text
+        END AS reclaimed_by,
+    checkpoint_seq
+   FROM zeroth.runs r
+  WHERE (((status = 'pending'::zeroth.run_status) OR (status = 'running'::zeroth.run_status)) AND (lease_expires_at < clock_timestamp()));
+
+--
+-- Name: VIEW expired_leases; Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON VIEW zeroth.expired_leases IS 'Pending or running runs whose lease expired and that no worker has taken yet. reclaimed_by names the claim that will take each: claim_orphaned for running runs (orphans of a crashed or stalled worker, resumed from their latest checkpoint; checkpoint_seq counts them), claim_pending for claims that were never started.';
+
+--
+-- Name: live_leases; Type: VIEW; Schema: zeroth; Owner: -
+--
+CREATE VIEW zeroth.live_leases WITH (security_invoker='true') AS
+ SELECT run_id,
+    tenant_id,
+    workspace_id,
+    deployment_ref,
+    status,
+    lease_worker_id,
+    lease_generation,
+    lease_acquired_at,
+    lease_expires_at,
+    (EXTRACT(epoch FROM (lease_expires_at - clock_timestamp())))::double precision AS seconds_left,
+    cancel_requested_at
+   FROM zeroth.runs r
+  WHERE (((status = 'pending'::zeroth.run_status) OR (status = 'running'::zeroth.run_status)) AND (lease_expires_at >= clock_timestamp()));
+
+--
+-- Name: VIEW live_leases; Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON VIEW zeroth.live_leases IS 'Runs holding a live lease: claimed (status pending, not yet started) or running. seconds_left is measured on the database clock; cancel_requested_at is set when request_cancel asked the holder to stop.';
+
+--
 -- Name: queue_depth; Type: VIEW; Schema: zeroth; Owner: -
 --
-CREATE VIEW zeroth.queue_depth AS
+CREATE VIEW zeroth.queue_depth WITH (security_invoker='true') AS
  SELECT tenant_id,
     workspace_id,
     deployment_ref,
@@ -1695,6 +2785,61 @@ CREATE VIEW zeroth.queue_depth AS
 -- Name: VIEW queue_depth; Type: COMMENT; Schema: zeroth; Owner: -
 --
 COMMENT ON VIEW zeroth.queue_depth IS 'Pending runs per (tenant, workspace, deployment): all pending, those without a live lease (claimable once due), and those scheduled for later (run_after in the future). Uses runs_claim_pending_idx.';
+
+--
+-- Name: table_health; Type: VIEW; Schema: zeroth; Owner: -
+--
+CREATE VIEW zeroth.table_health AS
+ WITH horizon AS (
+         SELECT h_1.holder,
+            h_1.xmin_age,
+            h_1.since
+           FROM ( SELECT format('backend %s (%s, %s)'::text, a.pid, COALESCE(a.state, 'unknown'::text), COALESCE(NULLIF(a.application_name, ''::text), a.backend_type)) AS holder,
+                    age(a.backend_xmin) AS xmin_age,
+                    a.xact_start AS since
+                   FROM pg_stat_activity a
+                  WHERE ((a.backend_xmin IS NOT NULL) AND (a.pid <> pg_backend_pid()) AND ((a.datname = current_database()) OR (a.datname IS NULL)))
+                UNION ALL
+                 SELECT format('replication slot %s'::text, s.slot_name) AS format,
+                    age(s.xmin) AS age,
+                    NULL::timestamp with time zone AS timestamptz
+                   FROM pg_replication_slots s
+                  WHERE (s.xmin IS NOT NULL)
+                UNION ALL
+                 SELECT format('prepared transaction %s'::text, p.gid) AS format,
+                    age(p.transaction) AS age,
+                    p.prepared
+                   FROM pg_prepared_xacts p
+                  WHERE (p.database = current_database())) h_1
+          ORDER BY h_1.xmin_age DESC
+         LIMIT 1
+        )
+ SELECT (t.relname)::text AS table_name,
+    t.n_live_tup,
+    t.n_dead_tup,
+    round(((t.n_dead_tup)::numeric / (NULLIF((t.n_live_tup + t.n_dead_tup), 0))::numeric), 4) AS dead_ratio,
+    t.n_tup_upd,
+    t.n_tup_hot_upd,
+    round(((t.n_tup_hot_upd)::numeric / (NULLIF(t.n_tup_upd, 0))::numeric), 4) AS hot_update_ratio,
+    t.last_autovacuum,
+    t.last_vacuum,
+    t.last_autoanalyze,
+    t.autovacuum_count,
+    pg_table_size((t.relid)::regclass) AS table_bytes,
+    pg_indexes_size((t.relid)::regclass) AS index_bytes,
+    pg_size_pretty(pg_table_size((t.relid)::regclass)) AS table_size,
+    pg_size_pretty(pg_indexes_size((t.relid)::regclass)) AS index_size,
+    h.holder AS oldest_xmin_holder,
+    h.xmin_age AS oldest_xmin_age,
+    (clock_timestamp() - h.since) AS oldest_xmin_duration
+   FROM (pg_stat_all_tables t
+     LEFT JOIN horizon h ON (true))
+  WHERE ((t.schemaname = 'zeroth'::name) AND (t.relname = ANY (ARRAY['runs'::name, 'checkpoints'::name, 'admission_slots'::name])));
+
+--
+-- Name: VIEW table_health; Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON VIEW zeroth.table_health IS 'Per hot table (runs, checkpoints, admission_slots): live and dead tuples, the share of HOT updates (lease renewals should be HOT), last (auto)vacuum and autoanalyze, table and index size; and, on every row, the oldest transaction horizon in this database that holds back vacuum (a backend snapshot, a replication slot or a prepared transaction), its age in transactions and, for backends and prepared transactions, how long it has been open. Other users'' backends are visible only with pg_read_all_stats (pg_monitor).';
 
 --
 -- Name: admission_slots admission_slots_pkey; Type: CONSTRAINT; Schema: zeroth; Owner: -
@@ -1735,6 +2880,11 @@ CREATE INDEX runs_claim_pending_idx ON zeroth.runs USING btree (tenant_id, works
 CREATE INDEX runs_dead_letter_idx ON zeroth.runs USING btree (tenant_id, workspace_key, deployment_ref, dead_lettered_at) WHERE (dead_lettered_at IS NOT NULL);
 
 --
+-- Name: runs_finished_idx; Type: INDEX; Schema: zeroth; Owner: -
+--
+CREATE INDEX runs_finished_idx ON zeroth.runs USING btree (finished_at, tenant_id, workspace_key) WHERE (status = ANY (ARRAY['completed'::zeroth.run_status, 'failed'::zeroth.run_status, 'cancelled'::zeroth.run_status]));
+
+--
 -- Name: runs_idempotency_key_idx; Type: INDEX; Schema: zeroth; Owner: -
 --
 CREATE UNIQUE INDEX runs_idempotency_key_idx ON zeroth.runs USING btree (tenant_id, workspace_key, deployment_ref, idempotency_key) WHERE (idempotency_key IS NOT NULL);
@@ -1745,7 +2895,67 @@ CREATE UNIQUE INDEX runs_idempotency_key_idx ON zeroth.runs USING btree (tenant_
 CREATE INDEX runs_running_idx ON zeroth.runs USING btree (tenant_id, workspace_key, deployment_ref) WHERE (status = 'running'::zeroth.run_status);
 
 --
+-- Name: runs_thread_active_idx; Type: INDEX; Schema: zeroth; Owner: -
+--
+CREATE UNIQUE INDEX runs_thread_active_idx ON zeroth.runs USING btree (tenant_id, workspace_key, thread_id) WHERE ((thread_id IS NOT NULL) AND (status = ANY (ARRAY['pending'::zeroth.run_status, 'running'::zeroth.run_status, 'waiting'::zeroth.run_status])) AND (thread_queued_at IS NULL));
+
+--
+-- Name: INDEX runs_thread_active_idx; Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON INDEX zeroth.runs_thread_active_idx IS 'At most one active (pending, running or waiting, not queued) run per thread, across all processes.';
+
+--
+-- Name: runs_thread_idx; Type: INDEX; Schema: zeroth; Owner: -
+--
+CREATE INDEX runs_thread_idx ON zeroth.runs USING btree (tenant_id, workspace_key, thread_id, created_at DESC, run_id DESC) WHERE (thread_id IS NOT NULL);
+
+--
+-- Name: runs_thread_queue_idx; Type: INDEX; Schema: zeroth; Owner: -
+--
+CREATE INDEX runs_thread_queue_idx ON zeroth.runs USING btree (tenant_id, workspace_key, thread_id, thread_queued_at, run_id) WHERE (thread_queued_at IS NOT NULL);
+
+--
+-- Name: runs runs_thread_run_finished; Type: TRIGGER; Schema: zeroth; Owner: -
+--
+CREATE TRIGGER runs_thread_run_finished AFTER UPDATE OF status ON zeroth.runs FOR EACH ROW WHEN (((old.thread_id IS NOT NULL) AND (old.status = ANY (ARRAY['pending'::zeroth.run_status, 'running'::zeroth.run_status, 'waiting'::zeroth.run_status])) AND (new.status = ANY (ARRAY['completed'::zeroth.run_status, 'failed'::zeroth.run_status, 'cancelled'::zeroth.run_status])))) EXECUTE FUNCTION zeroth._thread_run_finished();
+
+--
 -- Name: checkpoints checkpoints_run_fkey; Type: FK CONSTRAINT; Schema: zeroth; Owner: -
 --
 ALTER TABLE ONLY zeroth.checkpoints
     ADD CONSTRAINT checkpoints_run_fkey FOREIGN KEY (tenant_id, workspace_key, run_id) REFERENCES zeroth.runs(tenant_id, workspace_key, run_id) ON DELETE CASCADE;
+
+--
+-- Name: admission_slots; Type: ROW SECURITY; Schema: zeroth; Owner: -
+--
+ALTER TABLE zeroth.admission_slots ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: checkpoints; Type: ROW SECURITY; Schema: zeroth; Owner: -
+--
+ALTER TABLE zeroth.checkpoints ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: checkpoints checkpoints_reader_tenant; Type: POLICY; Schema: zeroth; Owner: -
+--
+CREATE POLICY checkpoints_reader_tenant ON zeroth.checkpoints FOR SELECT TO zeroth_reader USING ((tenant_id = current_setting('zeroth.tenant_id'::text, true)));
+
+--
+-- Name: POLICY checkpoints_reader_tenant ON checkpoints; Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON POLICY checkpoints_reader_tenant ON zeroth.checkpoints IS 'zeroth_reader sees the checkpoints of the tenant named in the setting zeroth.tenant_id (none when unset).';
+
+--
+-- Name: runs; Type: ROW SECURITY; Schema: zeroth; Owner: -
+--
+ALTER TABLE zeroth.runs ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: runs runs_reader_tenant; Type: POLICY; Schema: zeroth; Owner: -
+--
+CREATE POLICY runs_reader_tenant ON zeroth.runs FOR SELECT TO zeroth_reader USING ((tenant_id = current_setting('zeroth.tenant_id'::text, true)));
+
+--
+-- Name: POLICY runs_reader_tenant ON runs; Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON POLICY runs_reader_tenant ON zeroth.runs IS 'zeroth_reader sees the runs of the tenant named in the setting zeroth.tenant_id (none when unset).';

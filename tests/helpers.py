@@ -134,3 +134,53 @@ async def make_run(conn: asyncpg.Connection, status: str = "pending", *,
     else:
         raise ValueError(f"unknown status {status!r}")
     return lease
+
+
+def property_settings(*, ci_examples: int, **overrides: Any) -> Any:
+    """hypothesis settings for the property and fuzz tiers: ``ci_examples`` examples, the same
+    ones on every run (derandomized, so CI is deterministic), unless the environment variable
+    ZEROTH_PG_HYPOTHESIS_EXAMPLES asks for a longer, randomized run."""
+    import os
+
+    from hypothesis import HealthCheck, settings
+
+    examples = os.environ.get("ZEROTH_PG_HYPOTHESIS_EXAMPLES")
+    return settings(max_examples=int(examples) if examples else ci_examples,
+                    derandomize=not examples, deadline=None, print_blob=True,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+                    **overrides)
+
+
+def save_report(name: str, figures: dict[str, Any]) -> None:
+    """Print a test's figures and save them as JSON in ZEROTH_PG_TEST_REPORTS (default
+    build/test-reports), so a run reports what it exercised, not only pass/fail."""
+    import os
+    from pathlib import Path
+
+    text = json.dumps(figures, indent=2, default=str, sort_keys=True)
+    print(f"\n{name}: {text}")
+    directory = Path(os.environ.get("ZEROTH_PG_TEST_REPORTS", "build/test-reports"))
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"{name}.json").write_text(text + "\n")
+
+
+class BlockingConnection:
+    """An asyncpg connection on a private event loop, for synchronous callers that cannot await
+    (hypothesis rules and @given functions)."""
+
+    def __init__(self, dsn: str, **connect_kwargs: Any) -> None:
+        import asyncio
+
+        # loop_factory: the runner leaves the thread's current event loop (pytest-asyncio's) alone.
+        self._runner = asyncio.Runner(loop_factory=asyncio.new_event_loop)
+        self.conn: asyncpg.Connection = self.run(asyncpg.connect(dsn, **connect_kwargs))
+
+    def run(self, awaitable: Any) -> Any:
+        """Run a coroutine on this connection's loop and return its result."""
+        return self._runner.run(awaitable)
+
+    def close(self) -> None:
+        try:
+            self.run(self.conn.close())
+        finally:
+            self._runner.close()

@@ -87,6 +87,49 @@ RESUME_RUN = """SELECT zeroth.resume_run(run_id => $1, tenant_id => $2, workspac
 
 REDRIVE_RUN = """SELECT zeroth.redrive_run(run_id => $1, tenant_id => $2, workspace_id => $3)"""
 
-QUEUE_DEPTH = """SELECT coalesce(sum(q.pending), 0) FROM zeroth.queue_depth q
-    WHERE q.deployment_ref = $1 AND q.tenant_id = zeroth._scope_tenant($2, $3)
-    AND q.workspace_id IS NOT DISTINCT FROM $3"""
+PRUNE_RUNS = """SELECT zeroth.prune_runs(older_than => $1, batch_size => $2, tenant_id => $3,
+    workspace_id => $4)"""
+
+COUNT_PENDING = """SELECT zeroth.count_pending(deployment_ref => $1, tenant_id => $2,
+    workspace_id => $3)"""
+
+# -- threads (sql/migrations/0004_threads.sql) ---------------------------------------------------
+
+_THREAD_RUN_COLUMNS = """run_id, thread_id, deployment_ref, status::text AS status, queued,
+    wait_reason, attempts, max_attempts, resumable, created_at, started_at, finished_at,
+    updated_at, lease_worker_id, lease_generation, lease_expires_at, cancel_action,
+    cancel_requested_at, idempotency_key, payload::text AS payload, metadata::text AS metadata,
+    output::text AS output, error::text AS error, progress::text AS progress,
+    accounting::text AS accounting"""
+
+_TAKEOVER_COLUMNS = """run_id, thread_id, outcome, status::text AS status, previous_worker_id,
+    previous_generation"""
+
+ADMIT_RUN = """SELECT outcome, run_id, status::text AS status, lease_generation, lease_expires_at,
+    active_run_id, retry_after_s, displaced::text AS displaced FROM zeroth.admit_run(
+    deployment_ref => $1, thread_id => $2, strategy => $3, worker_id => $4,
+    payload => $5::text::jsonb, tenant_id => $6, workspace_id => $7, lease_seconds => $8,
+    grace_seconds => $9, idempotency_key => $10, metadata => $11::text::jsonb, run_id => $12,
+    priority => $13, max_attempts => $14, resumable => $15)"""
+
+REQUEST_CANCEL_V2 = """SELECT outcome, run_id, status::text AS status, cancel_action,
+    lease_worker_id, lease_generation, retry_after_s FROM zeroth.request_cancel_v2(
+    run_id => $1, tenant_id => $2, workspace_id => $3, action => $4, grace_seconds => $5)"""
+
+CLAIM_FOR_TAKEOVER = f"""SELECT {_TAKEOVER_COLUMNS} FROM zeroth.claim_for_takeover(
+    run_id => $1, tenant_id => $2, workspace_id => $3, grace_seconds => $4, stop_reason => $5,
+    message => $6)"""
+
+RECONCILE_THREAD_RUNS = f"""SELECT {_TAKEOVER_COLUMNS} FROM zeroth.reconcile_thread_runs(
+    deployment_ref => $1, tenant_id => $2, workspace_id => $3, grace_seconds => $4,
+    claim_limit => $5, stop_reason => $6, message => $7)"""
+
+UPDATE_RUN_PROGRESS = """SELECT zeroth.update_run_progress(run_id => $1, worker_id => $2,
+    generation => $3, progress => $4::text::jsonb, accounting => $5::text::jsonb,
+    tenant_id => $6, workspace_id => $7)"""
+
+LIST_THREAD_RUNS = f"""SELECT {_THREAD_RUN_COLUMNS} FROM zeroth.list_thread_runs(
+    thread_id => $1, tenant_id => $2, workspace_id => $3, max_runs => $4)"""
+
+GET_THREAD_RUN = f"""SELECT {_THREAD_RUN_COLUMNS} FROM zeroth.get_thread_run(run_id => $1,
+    tenant_id => $2, workspace_id => $3)"""

@@ -15,14 +15,14 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, TypeAlias
 from uuid import UUID
 
 import asyncpg
 
 from zeroth_pg import _calls
-from zeroth_pg.errors import translate
+from zeroth_pg.errors import InvalidArgumentError, translate
 from zeroth_pg.types import (
     CancelOutcome,
     ClaimedRun,
@@ -42,14 +42,36 @@ Executor: TypeAlias = "asyncpg.Pool | asyncpg.Connection"
 RunId: TypeAlias = UUID | str
 
 
+# Arguments the client must convert before SQL sees them raise InvalidArgumentError (ZP008's
+# class) instead of a bare ValueError/TypeError, so callers catch one exception tree.
+
+
 def _uuid(value: RunId | None) -> UUID | None:
     if value is None or isinstance(value, UUID):
         return value
-    return UUID(str(value))
+    try:
+        return UUID(value)
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise InvalidArgumentError(f"not a UUID: {value!r:.100}") from exc
+
+
+def _json(value: Any) -> str:
+    try:
+        return json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:  # a set, an object, NaN, a circular reference
+        raise InvalidArgumentError(f"not JSON: {exc}") from exc
 
 
 def _dumps(value: Any) -> str | None:
-    return None if value is None else json.dumps(value)
+    """JSON text, or SQL NULL for None."""
+    return None if value is None else _json(value)
+
+
+def _object(value: Mapping[str, Any] | None, name: str) -> str | None:
+    """A JSON object argument (payload, metadata): None means {}."""
+    if value is not None and not isinstance(value, Mapping):
+        raise InvalidArgumentError(f"{name} must be a mapping, not {type(value).__name__}")
+    return _dumps(dict(value or {}))
 
 
 def _loads(value: str | None) -> Any:
@@ -131,9 +153,9 @@ class LeaseManager:
         """Create a pending run (``zeroth.enqueue_run``); a repeated idempotency key returns the
         existing run with ``created=False``."""
         rows = await self._fetch(
-            _calls.ENQUEUE_RUN, deployment_ref, _dumps(dict(payload or {})), tenant_id,
+            _calls.ENQUEUE_RUN, deployment_ref, _object(payload, "payload"), tenant_id,
             workspace_id, priority, run_after, max_attempts, idempotency_key,
-            _dumps(dict(metadata or {})), _uuid(run_id), thread_id, conn=conn)
+            _object(metadata, "metadata"), _uuid(run_id), thread_id, conn=conn)
         return _enqueued(rows[0])
 
     async def enqueue_runs(
@@ -150,8 +172,10 @@ class LeaseManager:
         Each item may carry payload, priority, run_after, max_attempts, idempotency_key,
         metadata, run_id and thread_id.
         """
+        if not isinstance(runs, Iterable) or isinstance(runs, str | bytes | Mapping):
+            raise InvalidArgumentError("runs must be an iterable of mappings")
         items = [_json_item(item) for item in runs]
-        rows = await self._fetch(_calls.ENQUEUE_RUNS, deployment_ref, json.dumps(items), tenant_id,
+        rows = await self._fetch(_calls.ENQUEUE_RUNS, deployment_ref, _json(items), tenant_id,
                                  workspace_id, conn=conn)
         return [_enqueued(row) for row in rows]
 
@@ -271,7 +295,11 @@ class LeaseManager:
     ) -> list[LeaseRenewal]:
         """Renew all of one worker's leases in one call (``zeroth.renew_leases``), given as
         run id → generation; one result per lease, in order."""
-        pairs = list(leases.items()) if isinstance(leases, Mapping) else list(leases)
+        try:
+            pairs = [(run_id, generation) for run_id, generation in (
+                leases.items() if isinstance(leases, Mapping) else leases)]
+        except (TypeError, ValueError) as exc:
+            raise InvalidArgumentError("leases must map run ids to generations") from exc
         rows = await self._fetch(
             _calls.RENEW_LEASES, worker_id, [_uuid(run_id) for run_id, _ in pairs],
             [generation for _, generation in pairs], tenant_id, workspace_id,
@@ -307,6 +335,14 @@ class LeaseManager:
             _calls.GET_RECOVERY_CHECKPOINT_ID, _uuid(run_id), tenant_id, workspace_id, conn=conn)
         return value
 
+    async def count_pending(
+        self, deployment_ref: str, *, tenant_id: str | None = None,
+        workspace_id: str | None = None, conn: Executor | None = None,
+    ) -> int:
+        """Pending runs of a deployment in a scope (``zeroth.count_pending``)."""
+        return int(await self._fetchval(_calls.COUNT_PENDING, deployment_ref, tenant_id,
+                                        workspace_id, conn=conn))
+
     # -- fenced writes ---------------------------------------------------------------------
 
     async def commit_fenced(
@@ -323,7 +359,7 @@ class LeaseManager:
         """Write allowlisted columns (output, error, metadata, progress) only while holding
         the lease generation (``zeroth.commit_fenced``); False when fenced out."""
         return bool(await self._fetchval(
-            _calls.COMMIT_FENCED, _uuid(run_id), worker_id, generation, json.dumps(columns),
+            _calls.COMMIT_FENCED, _uuid(run_id), worker_id, generation, _json(columns),
             tenant_id, workspace_id, conn=conn))
 
     async def start_run(
@@ -341,7 +377,7 @@ class LeaseManager:
     ) -> UUID | None:
         """Save a checkpoint, fenced (``zeroth.save_checkpoint``); None when fenced out."""
         value: UUID | None = await self._fetchval(
-            _calls.SAVE_CHECKPOINT, _uuid(run_id), worker_id, generation, json.dumps(data),
+            _calls.SAVE_CHECKPOINT, _uuid(run_id), worker_id, generation, _json(data),
             _uuid(checkpoint_id), tenant_id, workspace_id, conn=conn)
         return value
 
@@ -448,9 +484,23 @@ class LeaseManager:
         return bool(await self._fetchval(_calls.REDRIVE_RUN, _uuid(run_id), tenant_id,
                                          workspace_id, conn=conn))
 
+    # -- maintenance -----------------------------------------------------------------------
+
+    async def prune_runs(
+        self, older_than: timedelta, *, batch_size: int = 1000, tenant_id: str | None = None,
+        workspace_id: str | None = None, conn: Executor | None = None,
+    ) -> int:
+        """Delete one batch of finished runs that finished before now - ``older_than``
+        (``zeroth.prune_runs``); returns how many. Call until it returns 0. ``tenant_id=None``:
+        every tenant."""
+        return int(await self._fetchval(_calls.PRUNE_RUNS, older_than, batch_size, tenant_id,
+                                        workspace_id, conn=conn))
+
 
 def _json_item(item: Mapping[str, Any]) -> dict[str, Any]:
     """One enqueue_runs item as JSON: datetimes and UUIDs become strings."""
+    if not isinstance(item, Mapping):
+        raise InvalidArgumentError(f"each run must be a mapping, not {type(item).__name__}")
     out: dict[str, Any] = {}
     for key, value in item.items():
         if isinstance(value, datetime):

@@ -1,16 +1,18 @@
-"""A demo of real workers: ``python -m zeroth_pg.demo``.
+"""A demo of real workers: ``python -m zeroth_pg.demo`` (also ``zeroth-pg demo``).
 
-It uses ``ZEROTH_PG_DSN`` or, without it, the embedded PostgreSQL; applies the migrations;
-enqueues a few thousand runs; starts worker **processes**; SIGKILLs one of them mid-way so its
-leases expire and the others recover its runs from their last checkpoints; and prints a summary.
-Some runs fail once or twice (retried with backoff) and a few always fail (dead-lettered after
-``max_attempts``). Every number in the summary is read back from the database.
+It uses ``--dsn`` / ``ZEROTH_PG_DSN`` or, without one, the embedded PostgreSQL; applies the
+migrations; enqueues a few thousand runs; starts worker **processes**; SIGKILLs one of them
+mid-way so its leases expire and the others recover its runs from their last checkpoints; and
+prints a summary table (``--json``: one JSON object). Some runs fail once or twice (retried with
+backoff) and a few always fail (dead-lettered after ``max_attempts``). Every number in the
+summary is read back from the database. Progress goes to stderr, the summary to stdout.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import random
 import signal
@@ -18,15 +20,21 @@ import subprocess
 import sys
 import time
 import uuid
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import asyncpg
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
 from zeroth_pg.client import LeaseManager
 from zeroth_pg.embedded import running_server
 from zeroth_pg.worker import RunContext
 
-__all__ = ["handle", "main"]
+__all__ = ["DemoSummary", "handle", "main"]
+
+ENQUEUE_BATCH = 500
 
 
 async def handle(ctx: RunContext) -> dict[str, Any]:
@@ -41,6 +49,46 @@ async def handle(ctx: RunContext) -> dict[str, Any]:
     if ctx.attempt <= int(ctx.payload.get("fail_attempts", 0)):
         raise RuntimeError(f"transient failure on attempt {ctx.attempt} (demo retry)")
     return {"steps": steps, "resumed_from_step": first if ctx.recovered else None}
+
+
+@dataclass(frozen=True, slots=True)
+class DemoSummary:
+    """What the demo's runs came to, read back from ``zeroth.runs``."""
+
+    deployment: str
+    runs: int
+    completed: int
+    failed: int
+    dead_lettered: int
+    retries: int
+    recovered: int
+    steps_saved: int
+    open: int
+    wall_seconds: float
+    killed_worker: bool
+
+    @property
+    def throughput(self) -> float:
+        """Finished runs per second of wall time, from the first worker start."""
+        return (self.completed + self.failed) / self.wall_seconds if self.wall_seconds else 0.0
+
+    def as_json(self) -> dict[str, Any]:
+        return {**asdict(self), "throughput": round(self.throughput, 1)}
+
+    def table(self) -> Table:
+        table = Table(title=f"zeroth_pg demo · {self.deployment}", title_justify="left",
+                      show_header=False)
+        table.add_column(style="bold")
+        table.add_column(justify="right")
+        table.add_row("runs", f"{self.runs:,}")
+        table.add_row("completed", f"{self.completed:,}")
+        table.add_row("failed (dead-lettered)", f"{self.failed:,} ({self.dead_lettered:,})")
+        table.add_row("retries", f"{self.retries:,}")
+        table.add_row("recovered after the kill" if self.killed_worker else "recovered",
+                      f"{self.recovered:,} (checkpointed steps not redone: {self.steps_saved:,})")
+        table.add_row("wall time", f"{self.wall_seconds:.1f} s")
+        table.add_row("throughput", f"{self.throughput:,.0f} runs/s")
+        return table
 
 
 def _payloads(count: int, rng: random.Random) -> list[dict[str, Any]]:
@@ -83,43 +131,46 @@ async def _counts(pool: asyncpg.Pool, deployment: str) -> asyncpg.Record:
         deployment)
 
 
-async def _demo(dsn: str, args: argparse.Namespace) -> int:
+async def _demo(dsn: str, args: argparse.Namespace, console: Console) -> DemoSummary | None:
     deployment = f"demo-{uuid.uuid4().hex[:8]}"
     rng = random.Random(args.seed)
     pool = await asyncpg.create_pool(dsn, min_size=1, max_size=4)
     workers: list[subprocess.Popen[bytes]] = []
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=console)
+    killed = False
     try:
         lm = LeaseManager(pool)
-        print(f"database: {dsn}")
-        print(f"enqueuing {args.runs} runs for deployment {deployment} ...")
+        console.print(f"database: {dsn}")
         payloads = _payloads(args.runs, rng)
-        for start in range(0, len(payloads), 500):
-            await lm.enqueue_runs(deployment, payloads[start:start + 500])
-            print(f"  enqueued {min(start + 500, len(payloads))}/{len(payloads)}", flush=True)
-        started = time.monotonic()
-        workers = [_spawn_worker(dsn, deployment, i, args) for i in range(args.workers)]
-        print(f"started {len(workers)} worker processes (lease {args.lease:g}s)")
-        killed = False
-        last_print = 0.0
-        while True:
-            counts = await _counts(pool, deployment)
-            done = counts["completed"] + counts["failed"]
-            now = time.monotonic()
-            if not killed and args.kill and done >= args.runs * 0.3 and len(workers) > 1:
-                workers[0].send_signal(signal.SIGKILL)
-                workers[0].wait()
-                killed = True
-                print(f"  SIGKILLed demo-worker-0 at {done} done: its leases will expire in "
-                      f"{args.lease:g}s and the other workers will resume its runs")
-            if now - last_print >= 1.0:
-                print(f"  {done}/{args.runs} finished ({counts['open']} open)", flush=True)
-                last_print = now
-            if counts["open"] == 0:
-                break
-            if now - started > args.timeout:
-                print("timed out waiting for the runs to finish", file=sys.stderr)
-                return 1
-            await asyncio.sleep(0.2)
+        with progress:
+            enqueue = progress.add_task(f"enqueue · {deployment}", total=args.runs)
+            for start in range(0, len(payloads), ENQUEUE_BATCH):
+                batch = payloads[start:start + ENQUEUE_BATCH]
+                await lm.enqueue_runs(deployment, batch)
+                progress.advance(enqueue, len(batch))
+            started = time.monotonic()
+            workers = [_spawn_worker(dsn, deployment, i, args) for i in range(args.workers)]
+            progress.console.print(f"started {len(workers)} worker processes "
+                                   f"(lease {args.lease:g}s, {args.concurrency} slots each)")
+            finished = progress.add_task("finished", total=args.runs)
+            while True:
+                counts = await _counts(pool, deployment)
+                done = counts["completed"] + counts["failed"]
+                progress.update(finished, completed=done)
+                if not killed and args.kill and done >= args.runs * 0.3 and len(workers) > 1:
+                    workers[0].send_signal(signal.SIGKILL)
+                    workers[0].wait()
+                    killed = True
+                    progress.console.print(
+                        f"SIGKILLed demo-worker-0 at {done} finished: its leases expire within "
+                        f"{args.lease:g}s and the other workers resume its runs")
+                if counts["open"] == 0:
+                    break
+                if time.monotonic() - started > args.timeout:
+                    progress.console.print("[red]timed out waiting for the runs to finish")
+                    return None
+                await asyncio.sleep(0.2)
         elapsed = time.monotonic() - started
     finally:
         for proc in workers:
@@ -131,41 +182,60 @@ async def _demo(dsn: str, args: argparse.Namespace) -> int:
             except subprocess.TimeoutExpired:
                 proc.kill()
         await pool.close()
-    rows = [
-        ("runs", counts["total"]),
-        ("completed", counts["completed"]),
-        ("failed (dead-lettered)", f"{counts['failed']} ({counts['dead_lettered']})"),
-        ("retries", counts["retries"]),
-        ("recovered after the kill", f"{counts['recovered']} (checkpointed steps not redone: "
-                                     f"{counts['steps_saved']})"),
-        ("wall time", f"{elapsed:.1f} s"),
-        ("throughput", f"{counts['total'] / elapsed:.0f} runs/s"),
-    ]
-    width = max(len(name) for name, _ in rows)
-    print()
-    print("summary".center(width + 30, "-"))
-    for name, value in rows:
-        print(f"{name.ljust(width)}  {value}")
-    ok = counts["open"] == 0 and counts["completed"] + counts["failed"] == args.runs
-    return 0 if ok else 1
+    return DemoSummary(
+        deployment=deployment, runs=counts["total"], completed=counts["completed"],
+        failed=counts["failed"], dead_lettered=counts["dead_lettered"], retries=counts["retries"],
+        recovered=counts["recovered"], steps_saved=counts["steps_saved"], open=counts["open"],
+        wall_seconds=round(elapsed, 2), killed_worker=killed)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m zeroth_pg.demo", description=__doc__)
-    parser.add_argument("--runs", type=int, default=2000)
-    parser.add_argument("--workers", type=int, default=3)
-    parser.add_argument("--concurrency", type=int, default=16, help="slots per worker")
-    parser.add_argument("--lease", type=float, default=3.0, help="lease seconds (short for demo)")
-    parser.add_argument("--no-kill", dest="kill", action="store_false",
-                        help="do not SIGKILL a worker mid-way")
-    parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--timeout", type=float, default=600.0)
+def _env(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+def _parser(prog: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dsn", default=os.environ.get("ZEROTH_PG_DSN"),
+                   help="database URL [ZEROTH_PG_DSN]; none: the embedded server")
+    p.add_argument("--runs", type=int, default=int(_env("ZEROTH_PG_DEMO_RUNS", "2000")),
+                   help="runs to enqueue [ZEROTH_PG_DEMO_RUNS=2000]")
+    p.add_argument("--workers", type=int, default=int(_env("ZEROTH_PG_DEMO_WORKERS", "3")),
+                   help="worker processes [ZEROTH_PG_DEMO_WORKERS=3]")
+    p.add_argument("--concurrency", type=int, default=int(_env("ZEROTH_PG_DEMO_CONCURRENCY", "16")),
+                   help="slots per worker [ZEROTH_PG_DEMO_CONCURRENCY=16]")
+    p.add_argument("--lease", type=float, default=float(_env("ZEROTH_PG_DEMO_LEASE", "3")),
+                   help="lease seconds, short for the demo [ZEROTH_PG_DEMO_LEASE=3]")
+    p.add_argument("--no-kill", dest="kill", action="store_false",
+                   default=_env("ZEROTH_PG_DEMO_KILL", "1") not in ("0", "false", "no"),
+                   help="do not SIGKILL a worker mid-way [ZEROTH_PG_DEMO_KILL=0]")
+    p.add_argument("--seed", type=int, default=int(_env("ZEROTH_PG_DEMO_SEED", "7")),
+                   help="seed of the run mix [ZEROTH_PG_DEMO_SEED=7]")
+    p.add_argument("--timeout", type=float, default=float(_env("ZEROTH_PG_DEMO_TIMEOUT", "600")),
+                   help="give up after this many seconds [ZEROTH_PG_DEMO_TIMEOUT=600]")
+    p.add_argument("--json", action="store_true",
+                   default=_env("ZEROTH_PG_JSON", "0") not in ("0", "false", "no", ""),
+                   help="print the summary as one JSON object [ZEROTH_PG_JSON]")
+    return p
+
+
+def main(argv: list[str] | None = None, *, prog: str = "python -m zeroth_pg.demo") -> int:
+    """Run the demo; 0 when every run finished, 1 otherwise (timeout, runs left open)."""
+    parser = _parser(prog)
     args = parser.parse_args(argv)
     if args.runs < 1 or args.workers < 1:
         parser.error("--runs and --workers must be at least 1")
+    if args.dsn:
+        os.environ["ZEROTH_PG_DSN"] = args.dsn
     with running_server() as dsn:
-        os.environ.setdefault("ZEROTH_PG_DSN", dsn)
-        return asyncio.run(_demo(dsn, args))
+        summary = asyncio.run(_demo(dsn, args, Console(stderr=True, soft_wrap=True)))
+    if summary is None:
+        return 1
+    if args.json:
+        print(json.dumps(summary.as_json()))
+    else:
+        Console().print(summary.table())
+    return 0 if summary.open == 0 and summary.completed + summary.failed == args.runs else 1
 
 
 if __name__ == "__main__":

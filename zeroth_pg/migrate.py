@@ -406,18 +406,26 @@ def _scratch_database(admin_dsn: str) -> Iterator[str]:
             )
 
 
-def generate_schema_sql(admin_dsn: str | None = None) -> str:
-    """Migrate a scratch database from empty and return its normalised schema dump.
+@contextmanager
+def migrated_scratch_database(admin_dsn: str | None = None) -> Iterator[str]:
+    """A scratch database migrated from empty to head, dropped on exit; yields its DSN.
 
     With no ``admin_dsn`` a throwaway server is started (see :mod:`zeroth_pg.testing`).
     """
     if admin_dsn is None:
         from zeroth_pg.testing import start_server
 
-        with start_server() as server:
-            return generate_schema_sql(server.dsn)
+        with start_server() as server, migrated_scratch_database(server.dsn) as dsn:
+            yield dsn
+        return
     with _scratch_database(admin_dsn) as dsn:
         upgrade(dsn)
+        yield dsn
+
+
+def generate_schema_sql(admin_dsn: str | None = None) -> str:
+    """Migrate a scratch database from empty and return its normalised schema dump."""
+    with migrated_scratch_database(admin_dsn) as dsn:
         return dump_schema(dsn)
 
 

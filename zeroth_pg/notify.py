@@ -7,6 +7,15 @@ connection runs ``UNLISTEN *`` on release, and a transaction-mode pooler cannot 
 pings it on an interval so a silently dead connection is noticed, reconnects with backoff, and
 calls ``on_connect`` after every (re)connect: notifications sent while it was away are gone, so
 the owner must poll once.
+
+Poolers: LISTEN works through a session-mode pooler, never through a transaction-mode one (the
+server connection that ran LISTEN goes back to the pool and the notifications with it). After
+each connect the Notifier compares the backend pid the server reports with the one in the
+protocol handshake: they differ behind any pooler, and a warning says so. It then checks on every
+health ping that ``pg_backend_pid()`` has not changed since LISTEN; a change proves the
+connection is multiplexed by a transaction-mode pooler, and the Notifier stops for good with an
+error (:attr:`Notifier.refused`) instead of pretending to listen. The worker keeps polling, so no
+run is lost, only latency. Give the listener a DSN that reaches the server directly.
 """
 
 from __future__ import annotations
@@ -22,14 +31,31 @@ from uuid import UUID
 
 import asyncpg
 
-__all__ = ["CONTROL_CHANNEL", "WAKEUP_CHANNEL", "Notifier", "enqueue_wakeup"]
+__all__ = [
+    "CHANNELS",
+    "CONTROL_CHANNEL",
+    "RUN_FINISHED_CHANNEL",
+    "WAKEUP_CHANNEL",
+    "ListenMultiplexedError",
+    "Notifier",
+    "enqueue_wakeup",
+]
 
 WAKEUP_CHANNEL = "zeroth_wakeup"
 CONTROL_CHANNEL = "zeroth_control"
+RUN_FINISHED_CHANNEL = "zeroth_run_finished"
+CHANNELS = frozenset({WAKEUP_CHANNEL, CONTROL_CHANNEL, RUN_FINISHED_CHANNEL})
+"""Every channel the SQL functions notify (a test keeps it equal to the migrations); a Notifier
+refuses any other name, so a typo or a caller-supplied string can never become a LISTEN."""
 
 log = logging.getLogger("zeroth_pg.notify")
 
 NotificationHandler = Callable[[str, dict[str, Any]], None]
+
+
+class ListenMultiplexedError(ConnectionError):
+    """The LISTEN connection changed server backend between statements: a transaction-mode
+    pooler sits in between, and no notification can arrive on it."""
 
 
 async def enqueue_wakeup(conn: asyncpg.Connection | asyncpg.Pool | None, run_id: UUID | str,
@@ -72,6 +98,9 @@ class Notifier:
         reconnect_max: float = 5.0,
         connect: Callable[[str], Awaitable[asyncpg.Connection]] | None = None,
     ) -> None:
+        unknown = sorted(set(channels) - CHANNELS)
+        if unknown or not channels:
+            raise ValueError(f"a Notifier listens on {sorted(CHANNELS)} only, not {unknown}")
         self.dsn = dsn
         self.channels = channels
         self.on_notification = on_notification
@@ -83,15 +112,20 @@ class Notifier:
         self._connect = connect or (lambda dsn: asyncpg.connect(dsn))
         self._task: asyncio.Task[None] | None = None
         self._conn: asyncpg.Connection | None = None
+        self._backend_pid: int | None = None
         self._lost = asyncio.Event()
         self.connected = asyncio.Event()
         self.connects = 0
+        self.behind_pooler = False
+        """The last connection went through a pooler (its handshake pid is not the backend's)."""
+        self.refused: str | None = None
+        """Why the Notifier stopped for good (a transaction-mode pooler), else None."""
 
     @property
     def backend_pid(self) -> int | None:
-        """The server pid of the LISTEN connection (None while disconnected)."""
+        """The server backend pid of the LISTEN connection (None while disconnected)."""
         conn = self._conn
-        return None if conn is None or conn.is_closed() else int(conn.get_server_pid())
+        return None if conn is None or conn.is_closed() else self._backend_pid
 
     def start(self) -> None:
         if self._task is None:
@@ -113,6 +147,10 @@ class Notifier:
                 delay = self.reconnect_min
             except asyncio.CancelledError:
                 raise
+            except ListenMultiplexedError as exc:
+                self.refused = str(exc)
+                log.error("%s", exc)
+                return  # a reconnect would meet the same pooler
             except Exception as exc:
                 log.warning("LISTEN connection failed (%s: %s); reconnecting in %.2fs",
                             type(exc).__name__, exc, delay)
@@ -127,8 +165,17 @@ class Notifier:
         conn = await self._connect(self.dsn)
         self._conn = conn
         conn.add_termination_listener(lambda _conn: self._lost.set())
+        self._backend_pid = backend_pid = int(await conn.fetchval("SELECT pg_backend_pid()"))
+        handshake_pid = conn.get_server_pid()
+        self.behind_pooler = handshake_pid != backend_pid
+        if self.behind_pooler:
+            log.warning(
+                "the LISTEN connection goes through a connection pooler (handshake pid %s, "
+                "server backend %s): LISTEN works in session pooling mode only; give the "
+                "listener a DSN that reaches the server directly", handshake_pid, backend_pid)
         for channel in self.channels:
             await conn.add_listener(channel, self._deliver)
+        await self._check_backend(conn, backend_pid)
         self.connects += 1
         self.connected.set()
         log.info("listening on %s (connect #%d)", ", ".join(self.channels), self.connects)
@@ -140,7 +187,21 @@ class Notifier:
             if self._lost.is_set() or conn.is_closed():
                 raise ConnectionError("LISTEN connection closed")
             # A dead TCP peer raises no exception by itself: ask the server something.
-            await conn.fetchval("SELECT 1", timeout=self.ping_timeout)
+            await self._check_backend(conn, backend_pid)
+
+    async def _check_backend(self, conn: asyncpg.Connection, backend_pid: int) -> None:
+        """A health ping that also proves the connection still talks to the backend that ran
+        LISTEN (a transaction-mode pooler hands each statement to any server connection)."""
+        try:
+            now = await conn.fetchval("SELECT pg_backend_pid()", timeout=self.ping_timeout)
+        except (asyncpg.InvalidSQLStatementNameError, asyncpg.DuplicatePreparedStatementError):
+            now = "another"  # a statement prepared on one backend met another: the same proof
+        if now != backend_pid:
+            raise ListenMultiplexedError(
+                f"the LISTEN connection moved from server backend {backend_pid} to {now}: a "
+                "transaction-mode pooler multiplexes it and no notification can arrive; the "
+                "listener stops (the worker keeps polling). Give it a DSN that reaches the "
+                "server directly or a session-mode pool.")
 
     def _deliver(self, _conn: object, _pid: int, channel: str, payload: str) -> None:
         try:

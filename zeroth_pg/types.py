@@ -40,10 +40,12 @@ class FailOutcome(StrEnum):
 
 
 class CancelOutcome(StrEnum):
-    """What ``zeroth.request_cancel`` did."""
+    """What ``zeroth.request_cancel`` / ``zeroth.request_cancel_v2`` did (only v2 reports
+    TAKEN_OVER: a running run past its owner's lease + grace, cancelled by the caller)."""
 
     CANCELLED = "cancelled"
     CANCEL_REQUESTED = "cancel_requested"
+    TAKEN_OVER = "taken_over"
     NOT_CANCELLABLE = "not_cancellable"
     UNKNOWN = "unknown"
 

@@ -43,14 +43,13 @@ from uuid import UUID
 
 import asyncpg
 
-from zeroth_pg import _calls
 from zeroth_pg.client import LeaseManager
 from zeroth_pg.errors import LeaseLostError, RetryableError
 from zeroth_pg.metrics import WorkerMetrics, default_metrics
 from zeroth_pg.notify import CONTROL_CHANNEL, WAKEUP_CHANNEL, Notifier
 from zeroth_pg.types import ClaimedRun, FailOutcome, RunStatus
 
-__all__ = ["Handler", "RunContext", "RunWorker", "main", "orchestrator_handler"]
+__all__ = ["Handler", "RunContext", "RunWorker", "main", "orchestrator_handler", "skip_reset"]
 
 log = logging.getLogger("zeroth_pg.worker")
 
@@ -231,8 +230,11 @@ class RunWorker:
         if self._claim_task is not None:
             return
         if self.dsn is not None:
-            self.notifier = Notifier(self.dsn, on_notification=self._on_notification,
-                                     on_connect=self.handle_wakeup)
+            # Named so operators (and the chaos soak) can tell the listener in pg_stat_activity.
+            settings = {"application_name": f"zeroth-listener:{self.worker_id}"}
+            self.notifier = Notifier(
+                self.dsn, on_notification=self._on_notification, on_connect=self.handle_wakeup,
+                connect=lambda dsn: asyncpg.connect(dsn, server_settings=settings))
             self.notifier.start()
         self._tasks.append(asyncio.create_task(self._renew_loop(), name="zeroth-renew"))
         self._tasks.append(asyncio.create_task(self._queue_depth_loop(), name="zeroth-depth"))
@@ -468,9 +470,9 @@ class RunWorker:
     async def _queue_depth_loop(self) -> None:
         while True:
             try:
-                depth = await self.pool.fetchval(_calls.QUEUE_DEPTH, self.deployment_ref,
-                                                 self.tenant_id, self.workspace_id)
-                self.metrics.queue_depth.labels(self.deployment_ref).set(depth or 0)
+                depth = await self.lease_manager.count_pending(
+                    self.deployment_ref, tenant_id=self.tenant_id, workspace_id=self.workspace_id)
+                self.metrics.queue_depth.labels(self.deployment_ref).set(depth)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -701,6 +703,18 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     return p
 
 
+async def skip_reset(_conn: asyncpg.Connection) -> None:
+    """``reset=`` for a worker's asyncpg pool: keep the session as it is on release.
+
+    asyncpg's default reset sends ``SELECT pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *;
+    RESET ALL`` on every release, one more round trip per SQL call; bench/ measured a worker 25-60%
+    faster without it. A pool that only runs zeroth.* calls needs no reset: each call is its own
+    transaction and leaves no session state (no SET, no LISTEN, no session advisory lock), and
+    asyncpg still rolls back a transaction left open. Do not use it for a pool shared with code
+    that changes session state.
+    """
+
+
 async def _serve(args: argparse.Namespace) -> None:
     from zeroth_pg.embedded import resolve_dsn
     from zeroth_pg.metrics import start_http_server
@@ -709,13 +723,16 @@ async def _serve(args: argparse.Namespace) -> None:
     handler = load_handler(args.app)
     if args.metrics_port:
         start_http_server(args.metrics_port)
-    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=max(4, args.concurrency + 2))
+    worker_id = args.worker_id or uuid.uuid4().hex
+    pool = await asyncpg.create_pool(
+        dsn, min_size=1, max_size=max(4, args.concurrency + 2), reset=skip_reset,
+        server_settings={"application_name": f"zeroth-worker:{worker_id}"})
     try:
         worker = RunWorker(
             pool, args.deployment, handler, dsn=dsn, tenant_id=args.tenant,
             workspace_id=args.workspace, max_concurrency=args.concurrency,
             fleet_max_concurrency=args.fleet_concurrency, poll_interval=args.poll_interval,
-            orphan_sweep_interval=args.orphan_sweep_interval, worker_id=args.worker_id,
+            orphan_sweep_interval=args.orphan_sweep_interval, worker_id=worker_id,
             shutdown_timeout=args.shutdown_timeout, lease_duration=args.lease,
             retry_base_seconds=args.retry_base)
         await worker.run_until_stopped()

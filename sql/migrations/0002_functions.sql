@@ -68,10 +68,13 @@ BEGIN
         RAISE EXCEPTION 'now_override is a test hook; it needs zeroth.allow_now_override = on'
             USING ERRCODE = 'ZP008';
     END IF;
+    IF NOT isfinite(now_override) THEN
+        RAISE EXCEPTION 'now_override must be a finite timestamp' USING ERRCODE = 'ZP008';
+    END IF;
     RETURN now_override;
 END
 $$;
-COMMENT ON FUNCTION zeroth._now(timestamptz) IS 'Internal: clock_timestamp(), or now_override when the test hook zeroth.allow_now_override = on (ZP008 otherwise).';
+COMMENT ON FUNCTION zeroth._now(timestamptz) IS 'Internal: clock_timestamp(), or a finite now_override when the test hook zeroth.allow_now_override = on (ZP008 otherwise).';
 
 -- Seed scope rule (seed-spec §4): tenant NULL means 'default' unless a workspace is named, in which
 -- case the scope is impossible and NULL is returned, so `tenant_id = NULL` matches nothing.
@@ -144,6 +147,11 @@ CREATE FUNCTION zeroth._take_slots(
     at timestamptz, OUT slots integer[], OUT active_count integer)
     LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
+    -- The scope becomes slot rows: bound what would be written (K rows, indexed keys).
+    PERFORM zeroth._require(_take_slots.max_concurrency <= 10000, 'max_concurrency must be at most 10000');
+    PERFORM zeroth._require_identifier(_take_slots.tenant_id, 'tenant_id');
+    PERFORM zeroth._require(length(_take_slots.workspace_key) <= 202,
+                            'workspace_id must be at most 200 characters');
     -- First use of a scope (or a larger K): create the slot rows. Only one session may do it at a
     -- time, and the others must not wait for its transaction (an INSERT that conflicts with an
     -- uncommitted row waits), so the creator takes a non-blocking advisory lock; a session that
@@ -208,6 +216,23 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION zeroth._free_slot(text, text, uuid, text, bigint, timestamptz) IS 'Internal: release the admission slot held by exactly this (run, worker, generation); with at, only while that lease is live.';
+
+-- Locks the slot row(s) held by (run, worker, generation) without changing them: the first step
+-- of a give-back that may still be refused, so the slot is freed only once the run's UPDATE
+-- matched, and slot rows are still locked before the run row.
+CREATE FUNCTION zeroth._lock_slot(tenant_id text, workspace_key text, run_id uuid, worker_id text, generation bigint)
+    RETURNS void
+    LANGUAGE sql VOLATILE
+    BEGIN ATOMIC
+        SELECT 1 FROM zeroth.admission_slots s
+         WHERE s.run_id = _lock_slot.run_id
+           AND s.tenant_id = _lock_slot.tenant_id
+           AND s.workspace_key = _lock_slot.workspace_key
+           AND s.lease_worker_id = _lock_slot.worker_id
+           AND s.lease_generation = _lock_slot.generation
+           FOR UPDATE;
+    END;
+COMMENT ON FUNCTION zeroth._lock_slot(text, text, uuid, text, bigint) IS 'Internal: lock the admission slot held by exactly this (run, worker, generation), changing nothing.';
 
 -- Raises ZP003 invalid_transition when the caller still holds a live lease but the run's status
 -- does not allow the edge; returns quietly when the caller was simply fenced out. Called only after
@@ -279,8 +304,9 @@ BEGIN
     PERFORM zeroth._require(jsonb_typeof(enqueue_run.metadata) = 'object', 'metadata must be a JSON object');
     PERFORM zeroth._require(enqueue_run.priority IS NOT NULL, 'priority must not be NULL');
     PERFORM zeroth._require(enqueue_run.max_attempts BETWEEN 1 AND 1000, 'max_attempts must be between 1 and 1000');
-    PERFORM zeroth._require(enqueue_run.idempotency_key IS NULL OR enqueue_run.idempotency_key <> '',
-                            'idempotency_key must be NULL or non-empty');
+    PERFORM zeroth._require(enqueue_run.idempotency_key IS NULL
+                            OR length(enqueue_run.idempotency_key) BETWEEN 1 AND 500,
+                            'idempotency_key must be NULL or 1 to 500 characters');
     PERFORM zeroth._require(enqueue_run.run_after IS NULL OR isfinite(enqueue_run.run_after),
                             'run_after must be a finite timestamp');
 
@@ -1154,8 +1180,8 @@ BEGIN
     PERFORM zeroth._require_identifier(hand_back_to_pending.worker_id, 'worker_id');
     PERFORM zeroth._require(hand_back_to_pending.generation IS NOT NULL, 'generation must not be NULL');
 
-    PERFORM zeroth._free_slot(v_tenant, v_wskey, hand_back_to_pending.run_id, hand_back_to_pending.worker_id,
-                              hand_back_to_pending.generation);
+    -- Lock the slot first (lock order), free it only if the run's UPDATE matches below.
+    PERFORM zeroth._lock_slot(v_tenant, v_wskey, hand_back_to_pending.run_id, hand_back_to_pending.worker_id, hand_back_to_pending.generation);
     UPDATE zeroth.runs r
        SET status = 'pending',
            attempts = greatest(r.attempts - 1, 0),
@@ -1172,6 +1198,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;
     END IF;
+    PERFORM zeroth._free_slot(v_tenant, v_wskey, hand_back_to_pending.run_id, hand_back_to_pending.worker_id, hand_back_to_pending.generation);
     PERFORM zeroth._notify_wakeup(v_run.deployment_ref, v_tenant, v_run.workspace_id);
     RETURN true;
 END
@@ -1203,8 +1230,8 @@ BEGIN
     PERFORM zeroth._require_identifier(expire_recovery_lease.worker_id, 'worker_id');
     PERFORM zeroth._require(expire_recovery_lease.generation IS NOT NULL, 'generation must not be NULL');
 
-    PERFORM zeroth._free_slot(v_tenant, v_wskey, expire_recovery_lease.run_id, expire_recovery_lease.worker_id,
-                              expire_recovery_lease.generation);
+    -- Lock the slot first (lock order), free it only if the run's UPDATE matches below.
+    PERFORM zeroth._lock_slot(v_tenant, v_wskey, expire_recovery_lease.run_id, expire_recovery_lease.worker_id, expire_recovery_lease.generation);
     UPDATE zeroth.runs r
        SET lease_expires_at = least(r.lease_expires_at, v_now - interval '1 microsecond'),
            admission_slot = NULL,
@@ -1219,6 +1246,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;
     END IF;
+    PERFORM zeroth._free_slot(v_tenant, v_wskey, expire_recovery_lease.run_id, expire_recovery_lease.worker_id, expire_recovery_lease.generation);
     PERFORM zeroth._notify_wakeup(v_run.deployment_ref, v_tenant, v_run.workspace_id);
     RETURN true;
 END

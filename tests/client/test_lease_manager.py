@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID, uuid4
 
@@ -386,6 +386,18 @@ class TestFencedWrites:
         row = await _row(pool, run_id)
         assert (row["status"], row["attempts"], row["lease_generation"]) == (
             "pending", 0, generation)
+
+    async def test_prune_runs_deletes_a_batch_of_finished_runs_and_returns_the_count(self, pool):
+        lm = LeaseManager(pool)
+        run_id, generation = await _running(lm)
+        assert await lm.complete_run(run_id, W1, generation=generation, output={}) is True
+        pending = (await lm.enqueue_run(DEPLOY)).run_id
+        assert await lm.prune_runs(timedelta(days=1)) == 0
+        assert await lm.prune_runs(timedelta(0), batch_size=10, tenant_id="default") == 1
+        assert await lm.prune_runs(timedelta(0)) == 0
+        assert await pool.fetchval("SELECT array_agg(run_id) FROM zeroth.runs") == [pending]
+        with pytest.raises(InvalidScopeError):
+            await lm.prune_runs(timedelta(0), workspace_id="ws")
 
     async def test_pause_run_then_resume_run_with_input(self, pool):
         lm = LeaseManager(pool)

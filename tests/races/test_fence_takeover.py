@@ -37,6 +37,9 @@ CREATE TABLE public.fence_audit (
     old_progress   jsonb,
     new_progress   jsonb,
     new_status     text);
+-- The trigger fires as the writer: zeroth_owner, since the functions are SECURITY DEFINER (0006).
+GRANT INSERT ON public.fence_audit TO zeroth_owner;
+GRANT USAGE ON SEQUENCE public.fence_audit_seq_seq TO zeroth_owner;
 CREATE FUNCTION public.fence_audit_row() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO public.fence_audit (run_id, old_generation, new_generation, old_output, new_output,

@@ -1,0 +1,441 @@
+"""The ``zeroth-pg`` command, run as a subprocess against a fresh test database.
+
+Each test points the command at ``database_dsn`` through ``ZEROTH_PG_DSN`` and checks exit codes,
+``--json`` output and what changed in the database. Runs are set up through the SQL API
+(helpers.make_run); times are placed with ``now_override`` relative to the database clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+import pytest
+import typer
+from helpers import make_run
+from rich.console import Console
+
+from zeroth_pg import demo, migrate
+from zeroth_pg.cli import app, parse_duration
+from zeroth_pg.client import LeaseManager
+
+REPO = Path(__file__).resolve().parents[2]
+DEADLINE = 60.0  # generous bound for any awaited condition; tests finish far sooner
+
+# Options that carry the values of one call, not settings: they have no ZEROTH_PG_* fallback
+# (an idempotency key or a payload taken from the environment would apply to every call).
+PER_CALL_OPTIONS = {"payload", "priority", "run_after", "max_attempts", "idempotency_key",
+                    "metadata", "batch", "status", "watch", "action", "help"}
+
+
+def cli(*args: str, dsn: str | None = None, stdin: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout: float = DEADLINE) -> subprocess.CompletedProcess[str]:
+    """``python -m zeroth_pg.cli ARGS`` with no ZEROTH_PG_* setting but the ones given."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("ZEROTH_PG_")}
+    clean["COLUMNS"] = "200"
+    if dsn is not None:
+        clean["ZEROTH_PG_DSN"] = dsn
+    return subprocess.run([sys.executable, "-m", "zeroth_pg.cli", *args], cwd=REPO,
+                          env={**clean, **(env or {})}, input=stdin, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def ok_json(result: subprocess.CompletedProcess[str]) -> Any:
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+async def db_now(conn: asyncpg.Connection) -> datetime:
+    return await conn.fetchval("SELECT clock_timestamp()")  # type: ignore[no-any-return]
+
+
+def _options(command: Any, path: str = "") -> list[tuple[str, Any]]:
+    """Every option of every command under ``command`` (typer's click, vendored or not)."""
+    found = []
+    for name, sub in getattr(command, "commands", {}).items():
+        found += _options(sub, f"{path} {name}")
+    for param in command.params:
+        if param.param_type_name == "option":
+            found.append((path.strip(), param))
+    return found
+
+
+class TestHelp:
+    def test_every_setting_option_has_a_zeroth_pg_environment_fallback(self):
+        options = _options(typer.main.get_command(app))
+        assert len(options) > 30
+        missing = [f"{where} --{opt.name}" for where, opt in options
+                   if opt.name not in PER_CALL_OPTIONS
+                   and not str(opt.envvar or "").startswith("ZEROTH_PG_")]
+        assert missing == []
+
+    def test_help_names_the_environment_variables_and_exit_codes(self):
+        root = cli("--help")
+        assert root.returncode == 0
+        assert "Exit codes" in root.stdout
+        for command in ("migrate", "verify", "worker", "enqueue", "runs", "status", "prune",
+                        "demo", "db"):
+            assert command in root.stdout
+        runs_list = cli("runs", "list", "--help")
+        assert runs_list.returncode == 0
+        for env in ("ZEROTH_PG_DSN", "ZEROTH_PG_TENANT", "ZEROTH_PG_WORKSPACE", "ZEROTH_PG_JSON",
+                    "ZEROTH_PG_DEPLOYMENT", "ZEROTH_PG_LIMIT"):
+            assert env in runs_list.stdout
+
+    def test_worker_and_demo_help_come_from_their_modules(self):
+        worker = cli("worker", "--help")
+        assert worker.returncode == 0
+        assert worker.stdout.startswith("usage: zeroth-pg worker")
+        for env in ("ZEROTH_PG_APP", "ZEROTH_PG_DEPLOYMENT", "ZEROTH_PG_CONCURRENCY",
+                    "ZEROTH_PG_LEASE_SECONDS", "ZEROTH_PG_WORKER_ID", "ZEROTH_PG_LOG_LEVEL"):
+            assert env in worker.stdout
+        assert "ZEROTH_PG_DEMO_RUNS" in demo._parser("zeroth-pg demo").format_help()
+
+    def test_console_script_is_installed(self):
+        script = Path(sys.executable).parent / "zeroth-pg"
+        result = subprocess.run([str(script), "--help"], capture_output=True, text=True,
+                                timeout=DEADLINE)
+        assert result.returncode == 0, result.stderr
+        assert "Usage: zeroth-pg" in result.stdout
+
+
+class TestUsageErrors:
+    def test_bad_arguments_exit_2_before_touching_a_database(self):
+        nowhere = "postgresql://nobody@/nowhere?host=/nonexistent"
+        assert cli("enqueue", "--deployment", "d", "--payload", "[1]", dsn=nowhere).returncode == 2
+        assert cli("runs", "show", "not-a-uuid", dsn=nowhere).returncode == 2
+        assert cli("prune", "--older-than", "7x", dsn=nowhere).returncode == 2
+
+    def test_an_unreachable_database_exits_1_with_one_line(self):
+        result = cli("runs", "list", dsn="postgresql://nobody@/nowhere?host=/nonexistent")
+        assert result.returncode == 1
+        assert result.stderr.startswith("error:")
+        assert "Traceback" not in result.stderr
+
+    def test_parse_duration(self):
+        assert parse_duration("7d") == timedelta(days=7)
+        assert parse_duration("1d12h") == timedelta(days=1, hours=12)
+        assert parse_duration("90m") == timedelta(minutes=90)
+        assert parse_duration("1.5s") == timedelta(seconds=1.5)
+        for bad in ("", "7", "d", "7x", "7d-1h"):
+            with pytest.raises(typer.BadParameter):
+                parse_duration(bad)
+
+
+class TestMigrate:
+    def test_sql_prints_the_install_script(self):
+        result = cli("migrate", "sql")
+        assert result.returncode == 0
+        assert result.stdout == migrate.install_sql()
+
+    def test_verify_fails_until_migrate_up_brings_the_schema_to_head(self,
+                                                                     empty_database_dsn):
+        dsn = empty_database_dsn
+        missing = cli("verify", "--json", dsn=dsn)
+        assert missing.returncode == 3
+        assert json.loads(missing.stdout)["state"] == "not_installed"
+        migrate.upgrade(dsn, "0003")
+        status = ok_json(cli("migrate", "status", "--json", dsn=dsn))
+        assert status["state"] == "behind"
+        assert status["current"] == "0003"
+        assert status["pending"] == [p.stem for p in migrate.sql_files()][3:]
+        assert cli("verify", dsn=dsn).returncode == 3
+        up = ok_json(cli("migrate", "up", "--json", dsn=dsn))
+        assert (up["from"], up["state"], up["pending"]) == ("0003", "current", [])
+        assert up["current"] == up["head"] == migrate.head_revision()
+        assert cli("verify", dsn=dsn).returncode == 0
+
+    async def test_verify_fails_on_a_revision_this_package_does_not_know(self, database_dsn):
+        conn = await asyncpg.connect(database_dsn)
+        try:
+            await conn.execute("UPDATE zeroth.alembic_version SET version_num = '9999'")
+        finally:
+            await conn.close()
+        result = cli("verify", "--json", dsn=database_dsn)
+        assert result.returncode == 3
+        assert json.loads(result.stdout)["state"] == "unknown"
+        assert "newer than this package" in result.stderr
+
+
+class TestEnqueue:
+    async def test_single_run_with_every_option_and_an_idempotent_repeat(self, database_dsn):
+        args = ("enqueue", "--deployment", "mail", "--payload", '{"to": "a@b"}', "--priority",
+                "5", "--max-attempts", "7", "--idempotency-key", "k-1", "--run-after", "1h",
+                "--metadata", '{"source": "cli"}', "--tenant", "acme", "--json")
+        first = ok_json(cli(*args, dsn=database_dsn))
+        again = ok_json(cli(*args, dsn=database_dsn))
+        assert first["created"] is True
+        assert first["status"] == "pending"
+        assert again == {**first, "created": False}
+        conn = await asyncpg.connect(database_dsn)
+        try:
+            row = await conn.fetchrow(
+                """SELECT r.tenant_id, r.payload::text, r.priority, r.max_attempts,
+                          r.metadata::text, r.run_after - clock_timestamp() AS delay
+                     FROM zeroth.runs r WHERE r.run_id = $1""", UUID(first["run_id"]))
+        finally:
+            await conn.close()
+        assert row["tenant_id"] == "acme"
+        assert json.loads(row["payload"]) == {"to": "a@b"}
+        assert (row["priority"], row["max_attempts"]) == (5, 7)
+        assert json.loads(row["metadata"]) == {"source": "cli"}
+        assert timedelta(minutes=55) < row["delay"] <= timedelta(hours=1)
+
+    async def test_batch_reads_json_lines_and_applies_the_option_defaults(self, database_dsn):
+        lines = ('{"payload": {"n": 1}}\n\n{"payload": {"n": 2}, "priority": 9}\n'
+                 '{"payload": {"n": 3}, "idempotency_key": "same"}\n'
+                 '{"payload": {"n": 4}, "idempotency_key": "same"}\n')
+        result = cli("enqueue", "--deployment", "bulk", "--batch", "--priority", "3",
+                     "--chunk-size", "2", "--json", dsn=database_dsn, stdin=lines)
+        assert result.returncode == 0, result.stderr
+        out = [json.loads(line) for line in result.stdout.splitlines()]
+        assert [r["created"] for r in out] == [True, True, True, False]
+        assert out[2]["run_id"] == out[3]["run_id"]
+        conn = await asyncpg.connect(database_dsn)
+        try:
+            rows = await conn.fetch("""SELECT (r.payload ->> 'n')::int AS n, r.priority
+                                         FROM zeroth.runs r WHERE r.deployment_ref = 'bulk'
+                                        ORDER BY 1""")
+        finally:
+            await conn.close()
+        assert [(r["n"], r["priority"]) for r in rows] == [(1, 3), (2, 9), (3, 3)]
+
+    async def test_a_malformed_batch_enqueues_nothing(self, database_dsn):
+        bad_line = cli("enqueue", "--deployment", "bulk", "--batch", dsn=database_dsn,
+                       stdin='{"payload": {}}\nnot json\n')
+        assert bad_line.returncode == 2
+        assert "line 2" in bad_line.stderr
+        unknown_key = cli("enqueue", "--deployment", "bulk", "--batch", dsn=database_dsn,
+                          stdin='{"payload": {}}\n{"colour": "red"}\n')
+        assert unknown_key.returncode == 2
+        conn = await asyncpg.connect(database_dsn)
+        try:
+            assert await conn.fetchval("SELECT count(*) FROM zeroth.runs") == 0
+        finally:
+            await conn.close()
+
+
+class TestRuns:
+    async def test_list_filters_and_show_prints_the_checkpoints(self, database_dsn):
+        conn = await asyncpg.connect(database_dsn)
+        try:
+            now = await db_now(conn)
+            done = await make_run(conn, "completed", deployment_ref="a", now=now)
+            failed = await make_run(conn, "failed", deployment_ref="a", now=now)
+            other = await make_run(conn, "completed", deployment_ref="b", now=now)
+            running = await make_run(conn, "running", deployment_ref="a", tenant_id="acme",
+                                     workspace_id="ws", now=now)
+            for step in (1, 2):
+                assert await conn.fetchval(
+                    """SELECT zeroth.save_checkpoint(run_id => $1, worker_id => $2,
+                           generation => $3, data => $4::text::jsonb, tenant_id => 'acme',
+                           workspace_id => 'ws')""",
+                    running.run_id, running.worker_id, running.generation,
+                    json.dumps({"step": step}))
+        finally:
+            await conn.close()
+
+        def ids(*args: str) -> set[str]:
+            return {row["run_id"] for row in ok_json(cli("runs", "list", "--json", *args,
+                                                         dsn=database_dsn))}
+
+        newest = ids("--limit", "3")
+        assert len(newest) == 3
+        assert newest < {str(r.run_id) for r in (done, failed, other, running)}
+        assert ids("--deployment", "a", "--status", "completed") == {str(done.run_id)}
+        assert ids("--status", "failed", "--status", "running") == {str(failed.run_id),
+                                                                      str(running.run_id)}
+        assert ids("--tenant", "acme") == {str(running.run_id)}
+
+        shown = ok_json(cli("runs", "show", str(running.run_id), "--json", dsn=database_dsn))
+        assert (shown["tenant_id"], shown["workspace_id"], shown["status"]) == (
+            "acme", "ws", "running")
+        assert [c["data"] for c in shown["checkpoints"]] == [{"step": 1}, {"step": 2}]
+        table = cli("runs", "show", str(running.run_id), dsn=database_dsn)
+        assert table.returncode == 0
+        assert "2 checkpoint(s)" in table.stdout
+
+        other_scope = cli("runs", "show", str(running.run_id), "--tenant", "default",
+                          dsn=database_dsn)
+        assert other_scope.returncode == 4
+        assert other_scope.stderr.startswith("error: no run")
+
+    async def test_cancel_then_redrive_in_the_run_s_own_scope(self, database_dsn):
+        conn = await asyncpg.connect(database_dsn)
+        try:
+            run = await make_run(conn, "pending", tenant_id="acme", now=await db_now(conn))
+            run_id = str(run.run_id)
+            cancelled = ok_json(cli("runs", "cancel", run_id, "--json", dsn=database_dsn))
+            assert cancelled == {"run_id": run_id, "outcome": "cancelled"}
+            again = cli("runs", "cancel", run_id, dsn=database_dsn)
+            assert again.returncode == 1
+            assert "already cancelled" in again.stderr
+            redriven = ok_json(cli("runs", "redrive", run_id, "--json", dsn=database_dsn))
+            assert redriven == {"run_id": run_id, "redriven": True}
+            assert await conn.fetchval("SELECT status::text FROM zeroth.runs WHERE run_id = $1",
+                                       run.run_id) == "pending"
+            not_redrivable = cli("runs", "redrive", run_id, dsn=database_dsn)
+            assert not_redrivable.returncode == 1
+            assert not_redrivable.stderr.startswith("error:")
+        finally:
+            await conn.close()
+        unknown = "00000000-0000-0000-0000-000000000000"
+        assert cli("runs", "cancel", unknown, dsn=database_dsn).returncode == 4
+
+
+async def _dead_letter(conn: asyncpg.Connection, deployment: str, now: datetime) -> None:
+    run = await make_run(conn, "running", deployment_ref=deployment, max_attempts=1, now=now)
+    outcome = await conn.fetchval(
+        """SELECT zeroth.fail_run(run_id => $1, worker_id => $2, generation => $3,
+               error => '{}', retryable => true, now_override => $4)""",
+        run.run_id, run.worker_id, run.generation, now)
+    assert outcome == "dead_lettered"
+
+
+class TestStatus:
+    async def test_counts_per_deployment_and_tenant_from_the_operator_views(self,
+                                                                             database_dsn):
+        conn = await asyncpg.connect(database_dsn)
+        try:
+            now = await db_now(conn)
+            await make_run(conn, "pending", deployment_ref="a", now=now)
+            await make_run(conn, "pending", deployment_ref="a", now=now,
+                           run_after=now + timedelta(hours=1))
+            await make_run(conn, "running", deployment_ref="a", now=now)
+            await make_run(conn, "running", deployment_ref="a", now=now - timedelta(hours=1))
+            await _dead_letter(conn, "a", now)
+            await make_run(conn, "pending", deployment_ref="a", tenant_id="acme", now=now)
+            await make_run(conn, "completed", deployment_ref="b", now=now)
+        finally:
+            await conn.close()
+        status = ok_json(cli("status", "--json", dsn=database_dsn))
+        scopes = {(s["tenant_id"], s["deployment_ref"]): s for s in status["scopes"]}
+        assert set(scopes) == {("default", "a"), ("acme", "a")}
+        assert {k: v for k, v in scopes[("default", "a")].items() if k != "workspace_id"} == {
+            "tenant_id": "default", "deployment_ref": "a", "pending": 2, "claimable": 2,
+            "scheduled": 1, "live_leases": 1, "expired_leases": 1, "dead_letters": 1}
+        assert scopes[("acme", "a")]["pending"] == 1
+        only_acme = cli("status", "--tenant", "acme", dsn=database_dsn)
+        assert only_acme.returncode == 0, only_acme.stderr
+        assert "acme" in only_acme.stdout
+        assert "default" not in only_acme.stdout
+
+    def test_watch_refreshes_until_its_count(self, database_dsn):
+        result = cli("status", "--watch", "--interval", "0.1", "--count", "3", "--json",
+                     dsn=database_dsn)
+        assert result.returncode == 0, result.stderr
+        samples = [json.loads(line) for line in result.stdout.splitlines()]
+        assert len(samples) == 3
+        assert samples[0]["at"] < samples[1]["at"] < samples[2]["at"]
+
+
+class TestPrune:
+    async def test_deletes_only_finished_runs_older_than_the_cutoff(self, database_dsn):
+        conn = await asyncpg.connect(database_dsn)
+        try:
+            now = await db_now(conn)
+            old, recent = now - timedelta(days=10), now - timedelta(days=1)
+            for status in ("failed", "cancelled"):
+                await make_run(conn, status, now=old)
+            checkpointed = await make_run(conn, "running", now=old)
+            fence = (checkpointed.run_id, checkpointed.worker_id, checkpointed.generation, old)
+            assert await conn.fetchval(
+                """SELECT zeroth.save_checkpoint(run_id => $1, worker_id => $2, generation => $3,
+                       data => '{}', now_override => $4)""", *fence)
+            assert await conn.fetchval(
+                """SELECT zeroth.complete_run(run_id => $1, worker_id => $2, generation => $3,
+                       output => '{}', now_override => $4)""", *fence)
+            kept = [await make_run(conn, "completed", now=recent),
+                    await make_run(conn, "pending", now=old),
+                    await make_run(conn, "running", now=old),
+                    await make_run(conn, "waiting", now=old),
+                    await make_run(conn, "completed", tenant_id="acme", now=old)]
+            result = ok_json(cli("prune", "--older-than", "7d", "--batch-size", "2",
+                                 "--tenant", "default", "--json", dsn=database_dsn))
+            assert result["deleted"] == 3
+            assert result["batches"] == 3  # 2 + 1 + the empty batch that ends the loop
+            left = {r["run_id"] for r in await conn.fetch("SELECT run_id FROM zeroth.runs")}
+            assert left == {lease.run_id for lease in kept}
+            assert await conn.fetchval("SELECT count(*) FROM zeroth.checkpoints") == 0
+            everyone = cli("prune", "--older-than", "7d", dsn=database_dsn)
+            assert everyone.returncode == 0, everyone.stderr
+            assert "deleted 1 finished run(s)" in everyone.stdout  # acme's old completed run
+        finally:
+            await conn.close()
+
+
+class TestWorker:
+    async def test_worker_command_completes_runs_and_drains_on_sigterm(self, database_dsn):
+        pool = await asyncpg.create_pool(database_dsn, min_size=1, max_size=2)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ZEROTH_PG_")}
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "zeroth_pg.cli", "worker", "--app", "zeroth_pg.demo:handle",
+            "--deployment", "cli-worker", "--poll-interval", "0.2", "--log-level", "INFO",
+            cwd=REPO, env={**env, "ZEROTH_PG_DSN": database_dsn},
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE)
+        try:
+            queued = await LeaseManager(pool).enqueue_run("cli-worker", {"steps": 2})
+            deadline = time.monotonic() + DEADLINE
+            status = None
+            while status != "completed" and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+                status = await pool.fetchval(
+                    "SELECT status::text FROM zeroth.runs WHERE run_id = $1", queued.run_id)
+            assert status == "completed"
+            proc.send_signal(signal.SIGTERM)
+            code = await asyncio.wait_for(proc.wait(), timeout=DEADLINE)
+            assert proc.stderr is not None
+            log = (await proc.stderr.read()).decode()
+            assert code == 0, log
+            assert "stopped" in log
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            await pool.close()
+
+
+class TestDemo:
+    def test_demo_with_500_runs_ends_with_the_expected_summary(self, database_dsn):
+        result = cli("demo", "--runs", "500", "--json", dsn=database_dsn, timeout=300)
+        assert result.returncode == 0, result.stderr
+        summary = json.loads(result.stdout)
+        payloads = [item["payload"] for item in demo._payloads(500, random.Random(7))]
+        always_fail = sum(1 for p in payloads if p.get("always_fail"))
+        assert summary["runs"] == 500
+        assert summary["open"] == 0
+        assert summary["failed"] == summary["dead_lettered"] == always_fail
+        assert summary["completed"] == 500 - always_fail
+        # Every transient failure is retried until it passes; dead letters used all 3 attempts.
+        assert summary["retries"] == (sum(p.get("fail_attempts", 0) for p in payloads)
+                                      + 2 * always_fail)
+        assert summary["killed_worker"] is True
+        assert summary["recovered"] >= 1  # the killed worker's runs, resumed elsewhere
+        assert summary["throughput"] > 0
+        assert "SIGKILLed demo-worker-0" in result.stderr
+
+    def test_summary_table_rows(self):
+        summary = demo.DemoSummary(
+            deployment="demo-x", runs=2000, completed=1985, failed=15, dead_lettered=15,
+            retries=120, recovered=17, steps_saved=20, open=0, wall_seconds=10.0,
+            killed_worker=True)
+        console = Console(record=True, width=100)
+        console.print(summary.table())
+        text = console.export_text()
+        for row in ("runs  ", "2,000", "completed", "1,985", "failed (dead-lettered)", "15 (15)",
+                    "retries", "recovered after the kill", "17 (checkpointed steps not redone: 20)",
+                    "wall time", "10.0 s", "throughput", "200 runs/s"):
+            assert row in text

@@ -1,0 +1,73 @@
+"""The SQL blocks of docs/dba-guide.md marked *(checked)* run through psql on a migrated database.
+
+A block is checked when the text line before it (or before the checked blocks right above it)
+says *(checked)*. They run in order in one transaction that is rolled back, except a block that
+commits by itself (the prune loop), which runs alone; the database holds a run in every state so
+the queries see rows.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from helpers import make_run
+
+from zeroth_pg.testing import run_psql
+
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "dba-guide.md"
+MARK = "*(checked)*"
+COMMITS = re.compile(r"\bCOMMIT\b")
+
+
+def checked_blocks(text: str) -> list[str]:
+    blocks: list[str] = []
+    checked = False
+    lines = iter(text.splitlines())
+    for line in lines:
+        if line.startswith("```"):
+            body = []
+            for inner in lines:
+                if inner.startswith("```"):
+                    break
+                body.append(inner)
+            if checked and line.strip() == "```sql":
+                blocks.append("\n".join(body))
+            continue
+        if line.strip():
+            checked = MARK in line
+    return blocks
+
+
+BLOCKS = checked_blocks(GUIDE.read_text(encoding="utf-8"))
+
+
+def test_the_guide_has_checked_blocks():
+    # Guards the parser: the install check, reloptions, five monitoring queries, prune, roles.
+    assert len(BLOCKS) >= 10
+
+
+@pytest.fixture
+async def populated(database_dsn, connect):
+    db = await connect()
+    for status in ("pending", "claimed", "running", "waiting", "completed", "failed"):
+        await make_run(db, status)
+    return database_dsn
+
+
+def run_checked(dsn: str, script: str) -> None:
+    done = run_psql(dsn, script, check=False)
+    assert done.returncode == 0, f"{done.stderr}\n--- script ---\n{script}"
+    assert "ERROR" not in done.stderr
+
+
+async def test_the_blocks_run_in_order_in_one_rolled_back_transaction(populated):
+    # In order, because a block may use what an earlier one created (the login roles).
+    blocks = [block for block in BLOCKS if not COMMITS.search(block)]
+    run_checked(populated, "BEGIN;\n" + "\n".join(blocks) + "\nROLLBACK;\n")
+
+
+@pytest.mark.parametrize("block", [block for block in BLOCKS if COMMITS.search(block)])
+async def test_a_block_that_commits_by_itself_runs_alone(populated, block):
+    run_checked(populated, block)

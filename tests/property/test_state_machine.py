@@ -1,0 +1,1020 @@
+"""Model-based test of the run protocol: a hypothesis state machine drives the real SQL functions
+and checks every step against a small pure-Python model of the documented semantics
+(sql/README.md, the functions' header comments, docs/state-machine.md).
+
+Three workers act in three scopes (two tenants; a null and a named workspace, the named one in
+both tenants) and two deployments, sometimes under max_concurrency, sometimes with a stale,
+forged or misdirected lease. Time is the test hook now_override, moved only by the
+``advance_clock`` rule, so a lease expires exactly when the model says it does. After every step
+the database (runs, admission slots, checkpoints) must equal the model, and these invariants are
+checked on the database itself, independently of the model:
+
+* at most one live owner per run: a run has at most one live slot, and a live slot mirrors its
+  run's lease (worker, generation, expiry);
+* lease_generation never decreases and moves by exactly one on a claim, and never otherwise;
+* terminal states absorb: nothing leaves completed, only redrive_run leaves failed/cancelled;
+* a running run has a lease;
+* the live slots of a (tenant, workspace, deployment) never outnumber the largest
+  max_concurrency used there;
+* scope isolation: a step leaves every row of every scope it had no business in byte-identical
+  (a checksum of whole rows), so a refused or failing step changes nothing anywhere;
+* a fenced write is accepted iff the model says the caller holds a live lease.
+
+Each example runs in one transaction on a fresh database and is rolled back at the end;
+``setseed`` makes fail_run's backoff jitter reproducible. CI runs a few hundred examples;
+ZEROTH_PG_HYPOTHESIS_EXAMPLES asks for more.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field, fields
+from datetime import datetime, timedelta
+from typing import Any, ClassVar
+from uuid import UUID
+
+import asyncpg
+from helpers import T0, BlockingConnection, property_settings, save_report
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    multiple,
+    rule,
+    run_state_machine_as_test,
+)
+
+TERMINAL = frozenset({"completed", "failed", "cancelled"})
+MICROSECOND = timedelta(microseconds=1)
+RETRY_BASE, RETRY_MAX = 1.0, 300.0  # fail_run's defaults
+
+
+@dataclass(frozen=True)
+class Scope:
+    tenant_id: str
+    workspace_id: str | None
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """(tenant_id, workspace_key) as stored in every table."""
+        return self.tenant_id, "" if self.workspace_id is None else f"w:{self.workspace_id}"
+
+
+SCOPES = (Scope("t1", None), Scope("t1", "w1"), Scope("t2", "w1"))
+DEPLOYMENTS = ("d1", "d2")
+WORKERS = ("wa", "wb", "wc")
+
+
+@dataclass(frozen=True)
+class RunRef:
+    scope: Scope
+    run_id: UUID
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """A lease as a worker believes it holds it; it may be stale by now."""
+
+    scope: Scope
+    run_id: UUID
+    worker_id: str
+    generation: int
+
+
+# ---------------------------------------------------------------------------------------------
+# The reference model
+
+
+@dataclass
+class Run:
+    """One run as the model sees it; the attribute names are the column aliases of RUNS_SQL."""
+
+    scope: Scope
+    run_id: UUID
+    deployment_ref: str
+    priority: int
+    run_after: datetime
+    created_at: datetime
+    max_attempts: int
+    status: str = "pending"
+    attempts: int = 0
+    started_at: datetime | None = None
+    finished: bool = False
+    generation: int = 0
+    holder: str | None = None
+    acquired: datetime | None = None
+    expires: datetime | None = None
+    slot: int | None = None
+    recovery: UUID | None = None
+    checkpoint_seq: int = 0
+    cancel_requested: bool = False
+    cancel_action: str | None = None
+    dead_lettered: bool = False
+    wait_reason: str | None = None
+    output: str | None = None  # jsonb as text; None is SQL NULL
+    error: Any = None  # parsed JSON (stop reasons without their message text); None is NULL
+    progress: str | None = None
+    resume_input: str | None = None
+    idempotency_key: str | None = None  # not compared: only enqueue's duplicate check reads it
+
+    def projection(self) -> dict[str, Any]:
+        """The run as RUNS_SQL reads it from the database."""
+        tenant_id, workspace_key = self.scope.key
+        return {"tenant_id": tenant_id, "workspace_key": workspace_key,
+                **{f.name: getattr(self, f.name) for f in fields(self)
+                   if f.name not in ("scope", "idempotency_key")}}
+
+    def clear_lease(self) -> None:
+        self.holder = self.acquired = self.expires = None
+        self.slot = self.recovery = None
+
+
+@dataclass(frozen=True)
+class Holder:
+    """What an admission slot row says about the lease that holds it."""
+
+    run_id: UUID
+    worker_id: str
+    generation: int
+    expires: datetime
+
+
+@dataclass
+class Checkpoint:
+    scope: Scope
+    run_id: UUID
+    order: int
+    generation: int
+    data: str
+
+
+@dataclass(frozen=True)
+class Raises:
+    sqlstate: str
+
+
+@dataclass
+class ClaimPlan:
+    """What a claim may do: lease up to ``want`` of ``candidates`` (best first) into ``slots``."""
+
+    scope: Scope
+    worker_id: str
+    lease: timedelta
+    limit: int | None
+    active: int
+    slots: list[int]
+    candidates: list[Run]
+    want: int | None
+    sort_key: Any
+    marker: tuple[int, bool, int | None] | None = None  # a run_id-NULL row and nothing else
+
+
+SlotKey = tuple[str, str, str]  # tenant_id, workspace_key, deployment_ref
+
+
+@dataclass
+class Model:
+    now: datetime = T0
+    runs: dict[tuple[Scope, UUID], Run] = field(default_factory=dict)
+    slots: dict[SlotKey, dict[int, Holder | None]] = field(default_factory=dict)
+    max_limit: dict[SlotKey, int] = field(default_factory=dict)
+    checkpoints: dict[UUID, Checkpoint] = field(default_factory=dict)
+    next_id: int = 0
+
+    def new_id(self) -> UUID:
+        self.next_id += 1
+        return UUID(int=self.next_id)
+
+    def run(self, scope: Scope, run_id: UUID) -> Run | None:
+        return self.runs.get((scope, run_id))
+
+    def live(self, ticket: Ticket) -> Run | None:
+        """The run if ``ticket`` is its live lease (the fence of every holder write)."""
+        run = self.holds(ticket)
+        live = run is not None and run.expires is not None and run.expires >= self.now
+        return run if live else None
+
+    def holds(self, ticket: Ticket) -> Run | None:
+        """The run if ``ticket`` names its lease exactly, live or not (release, hand back)."""
+        run = self.run(ticket.scope, ticket.run_id)
+        if run is None or run.holder != ticket.worker_id or run.generation != ticket.generation:
+            return None
+        return run
+
+    def fingerprint(self, scope: Scope) -> str:
+        """Everything the model knows about one scope, to tell which scopes a step touched."""
+        parts: list[Any] = [sorted((str(k[1]), sorted(r.projection().items(), key=str))
+                                   for k, r in self.runs.items() if k[0] == scope)]
+        parts.append(sorted((str(k), sorted(v.items(), key=str))
+                            for k, v in self.slots.items() if k[:2] == scope.key))
+        parts.append(sorted((str(i), repr(c)) for i, c in self.checkpoints.items()
+                            if c.scope == scope))
+        return repr(parts)
+
+    # -- admission slots -------------------------------------------------------------------
+
+    def _slot_rows(self, scope: Scope) -> Iterable[dict[int, Holder | None]]:
+        return [rows for key, rows in self.slots.items() if key[:2] == scope.key]
+
+    def free_slot(self, ticket: Ticket, *, live_only: bool, dead_only: bool = False) -> None:
+        """zeroth._free_slot: the slot held by exactly (run, worker, generation)."""
+        for rows in self._slot_rows(ticket.scope):
+            for number, holder in rows.items():
+                if (holder is not None and holder.run_id == ticket.run_id
+                        and holder.worker_id == ticket.worker_id
+                        and holder.generation == ticket.generation
+                        and (not live_only or holder.expires >= self.now)
+                        and (not dead_only or holder.expires < self.now)):
+                    rows[number] = None
+
+    def free_all_slots(self, scope: Scope, run_id: UUID) -> None:
+        for rows in self._slot_rows(scope):
+            for number, holder in rows.items():
+                if holder is not None and holder.run_id == run_id:
+                    rows[number] = None
+
+    def take_slots(self, scope: Scope, deployment_ref: str, limit: int,
+                   wanted: int) -> tuple[list[int], int]:
+        """zeroth._take_slots: the free slots numbered up to ``limit``, lowest first, no more
+        than ``limit`` minus the live slots (of any number); creates slots 1..limit on first
+        use of a limit."""
+        key = (*scope.key, deployment_ref)
+        rows = self.slots.setdefault(key, {})
+        self.max_limit[key] = max(self.max_limit.get(key, 0), limit)
+        if limit not in rows:
+            for number in range(1, limit + 1):
+                rows.setdefault(number, None)
+        active = sum(1 for h in rows.values() if h is not None and h.expires >= self.now)
+        free = sorted(n for n, h in rows.items()
+                      if n <= limit and (h is None or h.expires < self.now))
+        return free[:max(min(wanted, limit - active), 0)], active
+
+    # -- transitions -----------------------------------------------------------------------
+
+    def enqueue(self, scope: Scope, run_id: UUID, deployment_ref: str, priority: int,
+                run_after: datetime | None, max_attempts: int,
+                idempotency_key: str | None) -> tuple[UUID, bool, str]:
+        same_id = self.run(scope, run_id)
+        same_key = next((r for r in self.runs.values()
+                         if idempotency_key is not None and r.scope == scope
+                         and r.deployment_ref == deployment_ref
+                         and r.idempotency_key == idempotency_key), None)
+        if same_id is not None or same_key is not None:
+            existing = same_id or same_key
+            assert existing is not None
+            return existing.run_id, False, existing.status
+        run = Run(scope, run_id, deployment_ref, priority, run_after or self.now, self.now,
+                  max_attempts, idempotency_key=idempotency_key)
+        self.runs[(scope, run_id)] = run
+        return run_id, True, "pending"
+
+    def plan_claim_pending(self, scope: Scope, deployment_ref: str, worker_id: str,
+                           limit: int | None, batch_size: int, lease: timedelta) -> ClaimPlan:
+        candidates = sorted(
+            (r for r in self.runs.values()
+             if r.scope == scope and r.deployment_ref == deployment_ref and r.status == "pending"
+             and r.run_after <= self.now and (r.expires is None or r.expires < self.now)),
+            key=_pending_order)
+        plan = ClaimPlan(scope, worker_id, lease, limit, 0, [], candidates, batch_size,
+                         _pending_order)
+        if limit is not None:
+            plan.slots, plan.active = self.take_slots(scope, deployment_ref, limit, batch_size)
+            if not plan.slots:
+                plan.marker = (plan.active, True, limit)
+            plan.want = len(plan.slots)
+        return plan
+
+    def plan_claim_orphaned(self, scope: Scope, deployment_ref: str, worker_id: str,
+                            limit: int | None, claim_limit: int | None,
+                            lease: timedelta) -> ClaimPlan:
+        candidates = sorted(
+            (r for r in self.runs.values()
+             if r.scope == scope and r.deployment_ref == deployment_ref and r.status == "running"
+             and r.expires is not None and r.expires < self.now),
+            key=_orphan_order)
+        plan = ClaimPlan(scope, worker_id, lease, limit, 0, [], candidates, claim_limit,
+                         _orphan_order)
+        if limit is not None:
+            wanted = min(limit if claim_limit is None else claim_limit, limit)
+            plan.slots, plan.active = self.take_slots(scope, deployment_ref, limit, wanted)
+            if not plan.slots:
+                plan.marker = (plan.active, bool(candidates), limit)
+            plan.want = len(plan.slots)
+        return plan
+
+    def lease_run(self, plan: ClaimPlan, run: Run, position: int) -> Ticket:
+        run.holder, run.acquired, run.expires = plan.worker_id, self.now, self.now + plan.lease
+        run.generation += 1
+        run.slot = plan.slots[position] if plan.limit is not None else None
+        run.recovery = self.latest_checkpoint(run) if run.checkpoint_seq > 0 else None
+        if run.slot is not None:
+            self.slots[(*run.scope.key, run.deployment_ref)][run.slot] = Holder(
+                run.run_id, plan.worker_id, run.generation, run.expires)
+        return Ticket(run.scope, run.run_id, plan.worker_id, run.generation)
+
+    def latest_checkpoint(self, run: Run) -> UUID | None:
+        mine = [(c.order, i) for i, c in self.checkpoints.items()
+                if c.scope == run.scope and c.run_id == run.run_id]
+        return max(mine)[1] if mine else None
+
+    def renew(self, scope: Scope, worker_id: str, requested: list[tuple[UUID, int | None]],
+              lease: timedelta) -> set[UUID]:
+        """renew_lease(s): slots first, then the runs whose slot (if any) was renewed."""
+        expires = self.now + lease
+        slot_runs: set[UUID] = set()
+        for rows in self._slot_rows(scope):
+            for number, h in rows.items():
+                if (h is not None and h.worker_id == worker_id and h.expires >= self.now
+                        and any(h.run_id == r and g in (None, h.generation) for r, g in requested)):
+                    rows[number] = Holder(h.run_id, h.worker_id, h.generation, expires)
+                    slot_runs.add(h.run_id)
+        renewed: set[UUID] = set()
+        for run_id in dict.fromkeys(r for r, _ in requested):
+            run = self.run(scope, run_id)
+            if (run is not None and run.holder == worker_id and run.expires is not None
+                    and run.expires >= self.now
+                    and any(r == run_id and g in (None, run.generation) for r, g in requested)
+                    and (run.slot is None or run_id in slot_runs)):
+                run.expires = expires
+                renewed.add(run_id)
+        return renewed
+
+
+def _pending_order(run: Run) -> tuple[Any, ...]:
+    return -run.priority, run.run_after, run.created_at
+
+
+def _orphan_order(run: Run) -> tuple[Any, ...]:
+    return run.expires, run.started_at
+
+
+RUNS_SQL = """
+SELECT r.tenant_id, r.workspace_key, r.run_id, r.deployment_ref, r.priority, r.run_after,
+       r.created_at, r.max_attempts, r.status::text AS status, r.attempts, r.started_at,
+       r.finished_at IS NOT NULL AS finished, r.lease_generation AS generation,
+       r.lease_worker_id AS holder, r.lease_acquired_at AS acquired,
+       r.lease_expires_at AS expires, r.admission_slot AS slot,
+       r.recovery_checkpoint_id AS recovery, r.checkpoint_seq,
+       r.cancel_requested_at IS NOT NULL AS cancel_requested, r.cancel_action,
+       r.dead_lettered_at IS NOT NULL AS dead_lettered, r.wait_reason, r.output::text AS output,
+       r.error::text AS error, r.progress::text AS progress,
+       (r.metadata -> 'resume_input')::text AS resume_input, r::text AS whole
+  FROM zeroth.runs r"""
+SLOTS_SQL = """
+SELECT s.tenant_id, s.workspace_key, s.deployment_ref, s.slot_no, s.run_id, s.lease_worker_id,
+       s.lease_generation, s.lease_expires_at, s::text AS whole
+  FROM zeroth.admission_slots s"""
+CHECKPOINTS_SQL = """
+SELECT k.checkpoint_id, k.tenant_id, k.workspace_key, k.run_id, k.checkpoint_order,
+       k.lease_generation, k.data::text AS data, k::text AS whole
+  FROM zeroth.checkpoints k"""
+CLAIM_COLUMNS = """run_id, lease_generation, lease_expires_at, status::text AS status, attempts,
+    recovery_checkpoint_id, checkpoint_data::text AS checkpoint_data, cancel_requested,
+    active_count, concurrency_saturated, concurrency_limit"""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The database as the invariants see it."""
+
+    runs: dict[tuple[str, str, UUID], dict[str, Any]]
+    slots: dict[tuple[str, str, str, int], Holder | None]
+    checkpoints: dict[UUID, tuple[Any, ...]]
+    checksums: dict[tuple[str, str], str]
+
+
+# ---------------------------------------------------------------------------------------------
+# The database side
+
+
+class Database(BlockingConnection):
+    """The state machine's connection: one transaction per example, a savepoint per call."""
+
+    _transaction: Any = None
+
+    def begin(self) -> None:
+        self._transaction = self.conn.transaction()
+        self.run(self._transaction.start())
+        self.run(self.conn.execute("SELECT setseed(0.25)"))
+
+    def rollback(self) -> None:
+        self.run(self._transaction.rollback())
+
+    def call(self, function: str, select: str = "*", **kwargs: Any) -> list[Any] | Raises:
+        """``SELECT select FROM zeroth.function(name => $n, …)`` in a savepoint; a database
+        error comes back as Raises(sqlstate)."""
+        args = ", ".join(f"{name} => ${i}" for i, name in enumerate(kwargs, start=1))
+        sql = f"SELECT {select} FROM zeroth.{function}({args})"
+
+        async def call() -> list[Any]:
+            async with self.conn.transaction():
+                return list(await self.conn.fetch(sql, *kwargs.values()))
+
+        try:
+            return self.run(call())
+        except asyncpg.PostgresError as exc:
+            return Raises(exc.sqlstate)
+
+    def snapshot(self) -> Snapshot:
+        runs = self.run(self.conn.fetch(RUNS_SQL))
+        slots = self.run(self.conn.fetch(SLOTS_SQL))
+        checkpoints = self.run(self.conn.fetch(CHECKPOINTS_SQL))
+        wholes: dict[tuple[str, str], list[str]] = {}
+        for row in [*runs, *slots, *checkpoints]:
+            wholes.setdefault((row["tenant_id"], row["workspace_key"]), []).append(row["whole"])
+        return Snapshot(
+            runs={(r["tenant_id"], r["workspace_key"], r["run_id"]):
+                  {k: comparable_error(v) if k == "error" else v
+                   for k, v in dict(r).items() if k != "whole"} for r in runs},
+            slots={(s["tenant_id"], s["workspace_key"], s["deployment_ref"], s["slot_no"]):
+                   None if s["run_id"] is None else Holder(
+                       s["run_id"], s["lease_worker_id"], s["lease_generation"],
+                       s["lease_expires_at"]) for s in slots},
+            checkpoints={k["checkpoint_id"]: (k["tenant_id"], k["workspace_key"], k["run_id"],
+                                              k["checkpoint_order"], k["lease_generation"],
+                                              k["data"]) for k in checkpoints},
+            checksums={scope: hashlib.sha256("\n".join(sorted(rows)).encode()).hexdigest()
+                       for scope, rows in wholes.items()},
+        )
+
+
+def comparable_error(text: str | None) -> Any:
+    """A run's error as the model keeps it: parsed, a stop reason without its message (the
+    message formats a timestamp in the session's time zone)."""
+    error = None if text is None else json.loads(text)
+    if isinstance(error, dict) and "stop_reason" in error:
+        error.pop("message", None)
+    return error
+
+
+def scalar(result: list[Any] | Raises) -> Any:
+    """The value of a scalar function's single row, or the Raises."""
+    return result if isinstance(result, Raises) else result[0][0]
+
+
+# ---------------------------------------------------------------------------------------------
+# The state machine
+
+SCOPE = st.sampled_from(SCOPES)
+DEPLOYMENT = st.sampled_from(DEPLOYMENTS)
+WORKER = st.sampled_from(WORKERS)
+LEASE = st.sampled_from([10, 30])
+LIMIT = st.sampled_from([None, None, 1, 2])
+# How a lease is presented: by its current holder, as the worker got it (maybe stale by now),
+# or forged/misdirected on purpose.
+TAMPER = st.sampled_from(["current", "current", "current", None, None, "older", "newer",
+                          "worker", "scope"])
+# Admin calls name the run's own scope, or (sometimes) another one.
+ELSEWHERE = st.sampled_from([None, None, None, *SCOPES])
+
+
+def tampered(ticket: Ticket, how: str | None, model: Model) -> Ticket:
+    if how == "current":
+        run = model.run(ticket.scope, ticket.run_id)
+        if run is not None and run.holder is not None:
+            return Ticket(ticket.scope, ticket.run_id, run.holder, run.generation)
+    elif how in ("older", "newer"):
+        step = -1 if how == "older" else 1
+        return Ticket(ticket.scope, ticket.run_id, ticket.worker_id, ticket.generation + step)
+    elif how == "worker":
+        other = WORKERS[(WORKERS.index(ticket.worker_id) + 1) % len(WORKERS)]
+        return Ticket(ticket.scope, ticket.run_id, other, ticket.generation)
+    elif how == "scope":
+        other_scope = SCOPES[(SCOPES.index(ticket.scope) + 1) % len(SCOPES)]
+        return Ticket(other_scope, ticket.run_id, ticket.worker_id, ticket.generation)
+    return ticket
+
+
+@dataclass
+class Effect:
+    """What the last step was allowed to change, for the database-side invariants."""
+
+    scope: Scope | None = None  # the step's scope, when the step reported success
+    claimed: set[tuple[str, str, UUID]] = field(default_factory=set)
+    redriven: set[tuple[str, str, UUID]] = field(default_factory=set)
+
+
+class RunProtocol(RuleBasedStateMachine):
+    db: ClassVar[Database]
+    figures: ClassVar[Counter[str]]  # outcomes of every call, over all examples
+
+    runs = Bundle("runs")
+    tickets = Bundle("tickets")
+    checkpoint_ids = Bundle("checkpoint_ids")
+    AIM = st.one_of(runs, runs, runs, st.none())  # claims mostly look where a known run is
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = Model()
+        self.db.begin()
+        self.effect = Effect()
+        self.previous = self.db.snapshot()
+        self.fingerprints = self._fingerprints()
+
+    def teardown(self) -> None:
+        self.db.rollback()
+        self.figures["examples"] += 1
+
+    def _fingerprints(self) -> dict[Scope, str]:
+        return {scope: self.model.fingerprint(scope) for scope in SCOPES}
+
+    def call(self, function: str, *, select: str = "*", scope: Scope | None = None,
+             **kwargs: Any) -> list[Any] | Raises:
+        """Call a zeroth function at the model's clock, in ``scope`` (tenant, workspace)."""
+        if scope is not None:
+            kwargs |= {"tenant_id": scope.tenant_id, "workspace_id": scope.workspace_id}
+        return self.db.call(function, select, **kwargs, now_override=self.model.now)
+
+    def present(self, ticket: Ticket, tamper: str | None) -> Ticket:
+        return tampered(ticket, tamper, self.model)
+
+    def fenced(self, function: str, ticket: Ticket, **kwargs: Any) -> Any:
+        return scalar(self.call(function, scope=ticket.scope, run_id=ticket.run_id,
+                                worker_id=ticket.worker_id, generation=ticket.generation,
+                                **kwargs))
+
+    def succeeded(self, scope: Scope, outcome: object, function: str) -> None:
+        self.figures[f"{function}:{outcome}"] += 1
+        if outcome not in (None, False, "unknown", "not_cancellable") and not isinstance(
+                outcome, Raises):
+            self.effect.scope = scope
+
+    # -- enqueue and claims ----------------------------------------------------------------
+
+    @initialize(target=runs, per_scope=st.lists(st.sampled_from(DEPLOYMENTS), min_size=len(SCOPES),
+                                                max_size=len(SCOPES) * 3))
+    def some_runs(self, per_scope: list[str]) -> Any:
+        """Work in every scope from the start, so claims find something early."""
+        return multiple(*(self.enqueue(SCOPES[i % len(SCOPES)], deployment_ref, 0, 0, 2, None, None)
+                          for i, deployment_ref in enumerate(per_scope)))
+
+    @rule(target=runs, scope=SCOPE, deployment_ref=DEPLOYMENT,
+          priority=st.sampled_from([0, 0, 1]), delay=st.sampled_from([0, 0, 0, 20]),
+          max_attempts=st.sampled_from([1, 2, 3]),
+          idempotency_key=st.sampled_from([None, None, "k1", "k2"]), twin=st.none() | runs)
+    def enqueue(self, scope: Scope, deployment_ref: str, priority: int, delay: int,
+                max_attempts: int, idempotency_key: str | None, twin: RunRef | None) -> RunRef:
+        run_id = twin.run_id if twin is not None else self.model.new_id()
+        run_after = self.model.now + timedelta(seconds=delay) if delay else None
+        expected = self.model.enqueue(scope, run_id, deployment_ref, priority, run_after,
+                                      max_attempts, idempotency_key)
+        rows = self.call("enqueue_run", select="run_id, created, status::text", scope=scope,
+                         deployment_ref=deployment_ref, priority=priority, run_after=run_after,
+                         max_attempts=max_attempts, idempotency_key=idempotency_key,
+                         run_id=run_id)
+        assert not isinstance(rows, Raises), rows
+        assert tuple(rows[0]) == expected
+        self.succeeded(scope, expected[1], "enqueue_run")
+        return RunRef(scope, expected[0])
+
+    def _claim(self, function: str, plan: ClaimPlan, **kwargs: Any) -> Any:
+        rows = self.call(function, select=CLAIM_COLUMNS, scope=plan.scope,
+                         worker_id=plan.worker_id, max_concurrency=plan.limit,
+                         lease_seconds=plan.lease.total_seconds(), **kwargs)
+        assert not isinstance(rows, Raises), rows
+        claimed = [row for row in rows if row["run_id"] is not None]
+        if plan.marker is not None or not claimed:
+            active, saturated, limit = plan.marker or (plan.active, False, plan.limit)
+            wanted = plan.candidates[:plan.want] if plan.marker is None else []
+            assert not wanted, f"{function} claimed nothing; the model expected {wanted}"
+            assert [tuple(row)[-3:] for row in rows] == [(active, saturated, limit)]
+            why = "saturated" if plan.marker and plan.candidates else "empty"
+            self.figures[f"{function}:none ({why})"] += 1
+            return multiple()
+        # Ties in the claim order may be broken either way: the claimed runs must be a best
+        # prefix of the candidates, in order.
+        take = plan.candidates[:plan.want]
+        by_id = {run.run_id: run for run in plan.candidates}
+        assert len(rows) == len(claimed) == len(take), (rows, take)
+        chosen = [by_id.get(row["run_id"]) for row in claimed]
+        assert None not in chosen, f"{function} claimed a run that is not claimable: {rows}"
+        keys = [plan.sort_key(run) for run in chosen]
+        assert keys == sorted(keys) == [plan.sort_key(run) for run in take], (rows, take)
+        tickets = []
+        for position, (row, run) in enumerate(zip(claimed, chosen, strict=True)):
+            assert run is not None
+            tickets.append(self.model.lease_run(plan, run, position))
+            recovery = self.model.checkpoints.get(run.recovery) if run.recovery else None
+            assert dict(row) == {
+                "run_id": run.run_id, "lease_generation": run.generation,
+                "lease_expires_at": run.expires, "status": run.status,
+                "attempts": run.attempts, "recovery_checkpoint_id": run.recovery,
+                "checkpoint_data": recovery.data if recovery else None,
+                "cancel_requested": run.cancel_requested, "active_count": plan.active,
+                "concurrency_saturated": False, "concurrency_limit": plan.limit}
+            self.effect.claimed.add((*run.scope.key, run.run_id))
+        self.figures[f"{function}:{len(tickets)}"] += 1
+        return multiple(*tickets)
+
+    def _aim(self, ref: RunRef | None, scope: Scope, deployment_ref: str) -> tuple[Scope, str]:
+        """Claims look where a known run is (when given one), else anywhere."""
+        run = self.model.run(ref.scope, ref.run_id) if ref is not None else None
+        return (run.scope, run.deployment_ref) if run is not None else (scope, deployment_ref)
+
+    @rule(target=tickets, ref=AIM, scope=SCOPE, deployment_ref=DEPLOYMENT,
+          worker_id=WORKER, limit=LIMIT, batch_size=st.sampled_from([1, 1, 2, 3]), lease=LEASE,
+          start=st.booleans())
+    def claim_pending(self, ref: RunRef | None, scope: Scope, deployment_ref: str,
+                      worker_id: str, limit: int | None, batch_size: int, lease: int,
+                      start: bool) -> Any:
+        """claim_pending, and with ``start`` what a worker does next: start_run each claim."""
+        scope, deployment_ref = self._aim(ref, scope, deployment_ref)
+        plan = self.model.plan_claim_pending(scope, deployment_ref, worker_id, limit, batch_size,
+                                             timedelta(seconds=lease))
+        tickets = self._claim("claim_pending", plan, deployment_ref=deployment_ref,
+                              batch_size=batch_size)
+        for ticket in tickets.values if start else ():
+            self.start_run(ticket, "current")
+        return tickets
+
+    @rule(target=tickets, held=st.one_of(tickets, tickets, st.none()), scope=SCOPE,
+          deployment_ref=DEPLOYMENT, worker_id=WORKER, limit=LIMIT,
+          claim_limit=st.sampled_from([None, 1, 2]), lease=LEASE)
+    def claim_orphaned(self, held: Ticket | None, scope: Scope, deployment_ref: str,
+                       worker_id: str, limit: int | None, claim_limit: int | None,
+                       lease: int) -> Any:
+        """Orphans are runs someone claimed: look where a known lease is (or anywhere)."""
+        ref = RunRef(held.scope, held.run_id) if held is not None else None
+        scope, deployment_ref = self._aim(ref, scope, deployment_ref)
+        plan = self.model.plan_claim_orphaned(scope, deployment_ref, worker_id, limit,
+                                              claim_limit, timedelta(seconds=lease))
+        return self._claim("claim_orphaned", plan, deployment_ref=deployment_ref,
+                           claim_limit=claim_limit)
+
+    # -- lease upkeep ----------------------------------------------------------------------
+
+    @rule(ticket=tickets, tamper=TAMPER, lease=LEASE, owner_only=st.booleans())
+    def renew_lease(self, ticket: Ticket, tamper: str | None, lease: int,
+                    owner_only: bool) -> None:
+        ticket = self.present(ticket, tamper)
+        generation = None if owner_only else ticket.generation
+        expected = bool(self.model.renew(ticket.scope, ticket.worker_id,
+                                         [(ticket.run_id, generation)], timedelta(seconds=lease)))
+        outcome = scalar(self.call("renew_lease", scope=ticket.scope, run_id=ticket.run_id,
+                                   worker_id=ticket.worker_id, generation=generation,
+                                   lease_seconds=lease))
+        assert outcome is expected
+        self.succeeded(ticket.scope, outcome, "renew_lease")
+
+    @rule(scope=SCOPE, worker_id=WORKER, held=st.lists(tickets, max_size=4), lease=LEASE)
+    def renew_leases(self, scope: Scope, worker_id: str, held: list[Ticket], lease: int) -> None:
+        requested: list[tuple[UUID, int | None]] = [(t.run_id, t.generation) for t in held]
+        runs = {r: self.model.run(scope, r) for r, _ in requested}
+        renewed = self.model.renew(scope, worker_id, requested, timedelta(seconds=lease))
+        rows = self.call("renew_leases", select="run_id, renewed, lease_expires_at, "
+                         "cancel_requested", scope=scope, worker_id=worker_id,
+                         run_ids=[r for r, _ in requested], generations=[g for _, g in requested],
+                         lease_seconds=lease)
+        assert not isinstance(rows, Raises), rows
+        expected = []
+        for run_id, generation in requested:
+            run = runs[run_id]
+            ok = run is not None and run_id in renewed and run.generation == generation
+            expected.append((run_id, ok, run.expires if ok and run else None,
+                             bool(ok and run and run.cancel_requested)))
+        assert [tuple(row) for row in rows] == expected
+        self.succeeded(scope, bool(renewed), "renew_leases")
+
+    # -- fenced writes by the holder -------------------------------------------------------
+
+    @rule(ticket=tickets, tamper=TAMPER)
+    def start_run(self, ticket: Ticket, tamper: str | None) -> None:
+        ticket = self.present(ticket, tamper)
+        run = self.model.live(ticket)
+        expected = run is not None and run.status in ("pending", "running")
+        outcome = self.fenced("start_run", ticket)
+        assert outcome is expected, (ticket, run)
+        if expected and run is not None and run.status == "pending":
+            run.status, run.attempts, run.started_at = "running", run.attempts + 1, self.model.now
+        self.succeeded(ticket.scope, outcome, "start_run")
+
+    @rule(ticket=tickets, tamper=TAMPER, column=st.sampled_from(["output", "error", "progress"]),
+          value=st.sampled_from(['{"n": 1}', '{"n": 2}', "null"]))
+    def commit_fenced(self, ticket: Ticket, tamper: str | None, column: str, value: str) -> None:
+        ticket = self.present(ticket, tamper)
+        run = self.model.live(ticket)
+        outcome = self.fenced("commit_fenced", ticket, columns=f'{{"{column}": {value}}}')
+        assert outcome is (run is not None), (ticket, run)
+        if run is not None:
+            stored = None if value == "null" else value
+            setattr(run, column, json.loads(stored) if column == "error" and stored else stored)
+        self.succeeded(ticket.scope, outcome, "commit_fenced")
+
+    @rule(target=checkpoint_ids, ticket=tickets, tamper=TAMPER,
+          reuse=st.none() | checkpoint_ids, fresh=st.booleans())
+    def save_checkpoint(self, ticket: Ticket, tamper: str | None, reuse: UUID | None,
+                        fresh: bool) -> Any:
+        ticket = self.present(ticket, tamper)
+        run = self.model.live(ticket)
+        # A caller-chosen id (new, or one already used), or none: the database picks one.
+        checkpoint_id = reuse if reuse is not None else (self.model.new_id() if fresh else None)
+        data = json.dumps({"seq": run.checkpoint_seq + 1 if run else 0})
+        existing = self.model.checkpoints.get(checkpoint_id) if checkpoint_id else None
+        outcome = self.fenced("save_checkpoint", ticket, data=data, checkpoint_id=checkpoint_id)
+        if run is None:
+            assert outcome is None, (ticket, outcome)
+        elif run.status != "running":
+            assert outcome == Raises("ZP003"), (ticket, run, outcome)
+        elif existing is not None and (existing.scope, existing.run_id) != (run.scope, run.run_id):
+            assert outcome == Raises("ZP007"), (ticket, run, outcome)
+        elif checkpoint_id is None:
+            assert isinstance(outcome, UUID), outcome
+            assert outcome not in self.model.checkpoints, outcome
+        else:
+            assert outcome == checkpoint_id, (ticket, run, outcome)
+        self.succeeded(ticket.scope, "saved" if isinstance(outcome, UUID) else outcome,
+                       "save_checkpoint")
+        if run is None or isinstance(outcome, Raises):
+            return multiple()
+        run.checkpoint_seq += 1
+        self.model.checkpoints[outcome] = Checkpoint(run.scope, run.run_id, run.checkpoint_seq,
+                                                     ticket.generation, data)
+        return outcome
+
+    def _holder_ends(self, function: str, ticket: Ticket, done: Any, refused: Any,
+                     **kwargs: Any) -> Run | None:
+        """complete_run / fail_run / pause_run: only the live holder of a running run ends it
+        (returning ``done``); a live holder of a run that is not running gets ZP003; anyone
+        else is refused (``refused``) and changes nothing. Returns the run when it ended, its
+        lease and slot gone."""
+        run = self.model.live(ticket)
+        expected = (refused if run is None else Raises("ZP003") if run.status != "running"
+                    else done)
+        outcome = self.fenced(function, ticket, **kwargs)
+        assert outcome == expected, (ticket, run)
+        self.succeeded(ticket.scope, outcome, function)
+        if run is None or isinstance(outcome, Raises):
+            return None
+        self.model.free_slot(ticket, live_only=True)
+        run.clear_lease()
+        return run
+
+    @rule(ticket=tickets, tamper=TAMPER, output=st.sampled_from([None, '{"done": 1}', "null"]))
+    def complete_run(self, ticket: Ticket, tamper: str | None, output: str | None) -> None:
+        run = self._holder_ends("complete_run", self.present(ticket, tamper), True, False,
+                                output=output)
+        if run is not None:
+            run.status, run.finished = "completed", True
+            if output is not None:  # SQL NULL keeps the committed output, JSON null clears it
+                run.output = None if output == "null" else output
+
+    @rule(ticket=tickets, tamper=TAMPER, retryable=st.booleans(),
+          error=st.sampled_from([None, '{"e": 1}']))
+    def fail_run(self, ticket: Ticket, tamper: str | None, retryable: bool,
+                 error: str | None) -> None:
+        ticket = self.present(ticket, tamper)
+        live = self.model.live(ticket)
+        if live is None or not retryable:
+            outcome = "failed"
+        else:
+            outcome = "retry_scheduled" if live.attempts < live.max_attempts else "dead_lettered"
+        run = self._holder_ends("fail_run", ticket, outcome, None, error=error,
+                                retryable=retryable)
+        if run is None:
+            return
+        run.error = json.loads(error) if error else None
+        run.dead_lettered = outcome == "dead_lettered"
+        if outcome != "retry_scheduled":
+            run.status, run.finished = "failed", True
+            return
+        run.status = "pending"
+        # The jitter is random(): read the new run_after back and check that it is in range.
+        backoff = timedelta(seconds=min(RETRY_MAX, RETRY_BASE * 2 ** max(run.attempts - 1, 0)))
+        run_after = self.db.run(self.db.conn.fetchval(
+            """SELECT r.run_after FROM zeroth.runs r WHERE r.tenant_id = $1
+                   AND r.workspace_key = $2 AND r.run_id = $3""", *run.scope.key, run.run_id))
+        now = self.model.now
+        assert now + backoff / 2 - MICROSECOND <= run_after <= now + backoff + MICROSECOND
+        run.run_after = run_after
+
+    @rule(ticket=tickets, tamper=TAMPER)
+    def pause_run(self, ticket: Ticket, tamper: str | None) -> None:
+        run = self._holder_ends("pause_run", self.present(ticket, tamper), True, False,
+                                reason="approval")
+        if run is not None:
+            run.status, run.wait_reason = "waiting", "approval"
+
+    @rule(ticket=tickets, tamper=TAMPER)
+    def cancel_run(self, ticket: Ticket, tamper: str | None) -> None:
+        ticket = self.present(ticket, tamper)
+        run = self.model.live(ticket)
+        outcome = self.fenced("cancel_run", ticket)
+        assert outcome is (run is not None), (ticket, run)
+        self.succeeded(ticket.scope, outcome, "cancel_run")
+        if run is not None:
+            self.model.free_slot(ticket, live_only=True)
+            run.clear_lease()
+            run.status, run.finished, run.cancel_requested = "cancelled", True, True
+            run.cancel_action = run.cancel_action or "cancel"
+
+    # -- giving a lease back (exact generation, no expiry check) ---------------------------
+
+    def _give_back(self, function: str, ticket: Ticket, statuses: tuple[str, ...]) -> Run | None:
+        """release_lease / hand_back_to_pending / expire_recovery_lease: exactly the ticket's
+        (worker, generation), live or not, of a run in one of ``statuses``. On success the
+        ticket's slot is freed. A refused release_lease may still clean up the ticket's own
+        slot row when its lease already expired (freeing a dead slot changes nothing that
+        counts); a refused hand-back or expire changes nothing at all."""
+        run = self.model.holds(ticket)
+        expected = run is not None and run.status in statuses
+        outcome = self.fenced(function, ticket)
+        assert outcome is expected, (ticket, run)
+        self.succeeded(ticket.scope, outcome, function)
+        if expected or function == "release_lease":
+            self.model.free_slot(ticket, live_only=False, dead_only=not expected)
+        return run if expected else None
+
+    @rule(ticket=tickets, tamper=TAMPER)
+    def release_lease(self, ticket: Ticket, tamper: str | None) -> None:
+        run = self._give_back("release_lease", self.present(ticket, tamper), ("pending", "running"))
+        if run is not None:
+            self._expire_or_clear(run)
+
+    def _expire_or_clear(self, run: Run) -> None:
+        """A running run keeps its holder with a lease expired in place (never stranded); a
+        pending one loses the lease."""
+        if run.status == "running" and run.expires is not None:
+            run.expires = min(run.expires, self.model.now - MICROSECOND)
+            run.slot = run.recovery = None
+        else:
+            run.clear_lease()
+
+    @rule(ticket=tickets, tamper=TAMPER)
+    def hand_back_to_pending(self, ticket: Ticket, tamper: str | None) -> None:
+        run = self._give_back("hand_back_to_pending", self.present(ticket, tamper), ("running",))
+        if run is not None:
+            run.status, run.attempts = "pending", max(run.attempts - 1, 0)
+            run.clear_lease()
+
+    @rule(ticket=tickets, tamper=TAMPER)
+    def expire_recovery_lease(self, ticket: Ticket, tamper: str | None) -> None:
+        run = self._give_back("expire_recovery_lease", self.present(ticket, tamper), ("running",))
+        if run is not None and run.expires is not None:
+            run.expires, run.slot = min(run.expires, self.model.now - MICROSECOND), None
+
+    # -- admin and reads -------------------------------------------------------------------
+
+    # One rule for the admin calls and reads, so that together they are no more frequent than
+    # any holder call (hypothesis picks rules uniformly).
+    @rule(ref=runs, elsewhere=ELSEWHERE, operation=st.sampled_from(
+        ["clear_lease", "request_cancel", "resume_run", "redrive_run", "read_lease"]),
+        action=st.sampled_from(["cancel", "cancel", "interrupt", "rollback"]),
+        with_input=st.booleans())
+    def admin(self, ref: RunRef, elsewhere: Scope | None, operation: str, action: str,
+              with_input: bool) -> None:
+        scope = elsewhere or ref.scope
+        if operation == "request_cancel":
+            self.request_cancel(ref, scope, action)
+        elif operation == "resume_run":
+            self.resume_run(ref, scope, with_input)
+        else:
+            getattr(self, operation)(ref, scope)
+
+    def clear_lease(self, ref: RunRef, scope: Scope) -> None:
+        run = self.model.run(scope, ref.run_id)
+        expected = Raises("ZP001") if run is None else run.holder is not None
+        outcome = scalar(self.call("clear_lease", scope=scope, run_id=ref.run_id))
+        assert outcome == expected, (ref, scope, run)
+        self.succeeded(scope, outcome, "clear_lease")
+        if run is not None:
+            self.model.free_all_slots(scope, ref.run_id)
+            if run.holder is not None:
+                self._expire_or_clear(run)
+
+    def request_cancel(self, ref: RunRef, scope: Scope, action: str) -> None:
+        run = self.model.run(scope, ref.run_id)
+        if run is None:
+            expected = "unknown"
+        elif run.status in TERMINAL:
+            expected = "not_cancellable"
+        elif run.status == "running" and run.expires is not None and run.expires >= self.model.now:
+            expected = "cancel_requested"
+        else:
+            expected = "cancelled"
+        outcome = scalar(self.call("request_cancel", scope=scope, run_id=ref.run_id,
+                                   action=action))
+        assert outcome == expected, (ref, scope, run)
+        self.succeeded(scope, outcome, "request_cancel")
+        if run is None or expected == "not_cancellable":
+            return
+        run.cancel_requested = True
+        run.cancel_action = run.cancel_action or action
+        if expected == "cancelled":
+            if run.status == "running":  # the owner stopped renewing: the stop reason is kept
+                run.error = {"stop_reason": "taken_over", "worker_id": run.holder,
+                             "lease_generation": run.generation,
+                             **({"previous_error": run.error} if run.error is not None else {})}
+            self.model.free_all_slots(scope, ref.run_id)
+            run.status, run.wait_reason, run.finished = "cancelled", None, True
+            run.clear_lease()
+
+    def _admin_move(self, function: str, ref: RunRef, scope: Scope, allowed: tuple[str, ...],
+                    **kwargs: Any) -> Run | None:
+        run = self.model.run(scope, ref.run_id)
+        expected = (Raises("ZP001") if run is None else True if run.status in allowed
+                    else Raises("ZP003"))
+        outcome = scalar(self.call(function, scope=scope, run_id=ref.run_id, **kwargs))
+        assert outcome == expected, (ref, scope, run)
+        self.succeeded(scope, outcome, function)
+        if outcome is not True or run is None:
+            return None
+        run.status, run.run_after = "pending", self.model.now
+        return run
+
+    def resume_run(self, ref: RunRef, scope: Scope, with_input: bool) -> None:
+        given = '{"approved": true}' if with_input else None
+        run = self._admin_move("resume_run", ref, scope, ("waiting",), input=given)
+        if run is not None:
+            run.wait_reason = None
+            run.resume_input = given or run.resume_input
+
+    def redrive_run(self, ref: RunRef, scope: Scope) -> None:
+        run = self._admin_move("redrive_run", ref, scope, ("failed", "cancelled"))
+        if run is not None:
+            run.attempts, run.error, run.output, run.finished = 0, None, None, False
+            run.dead_lettered, run.cancel_requested, run.cancel_action = False, False, None
+            self.effect.redriven.add((*run.scope.key, run.run_id))
+
+    def read_lease(self, ref: RunRef, scope: Scope) -> None:
+        run = self.model.run(scope, ref.run_id)
+        for function, expected in (
+                ("current_generation", run.generation if run else None),
+                ("current_holder", run.holder if run else None),
+                ("get_recovery_checkpoint_id", run.recovery if run else None)):
+            outcome = scalar(self.db.call(function, run_id=ref.run_id, tenant_id=scope.tenant_id,
+                                          workspace_id=scope.workspace_id))
+            assert outcome == expected, (function, ref, scope)
+
+    @rule(seconds=st.sampled_from([1, 5, 10, 31]))
+    def advance_clock(self, seconds: int) -> None:
+        self.model.now += timedelta(seconds=seconds)
+
+    # -- checks after every step -----------------------------------------------------------
+
+    @invariant()
+    def database_matches_model_and_invariants(self) -> None:
+        current = self.db.snapshot()
+        effect, self.effect = self.effect, Effect()
+        model_runs = {(*r.scope.key, r.run_id): r.projection() for r in self.model.runs.values()}
+        for key in model_runs.keys() | current.runs.keys():
+            assert current.runs.get(key) == model_runs.get(key), f"run {key} differs from model"
+        model_slots = {(*k, n): h for k, rows in self.model.slots.items() for n, h in rows.items()}
+        assert current.slots == model_slots, "admission slots differ from the model"
+        assert current.checkpoints == {
+            i: (*c.scope.key, c.run_id, c.order, c.generation, c.data)
+            for i, c in self.model.checkpoints.items()}, "checkpoints differ from the model"
+        self._check_database(self.previous, current, effect)
+        self.previous = current
+
+    def _check_database(self, before: Snapshot, after: Snapshot, effect: Effect) -> None:
+        now = self.model.now
+        for key, row in after.runs.items():
+            old = before.runs.get(key)
+            if row["status"] == "running":
+                assert row["holder"] is not None, key
+                assert row["expires"] is not None, key
+            bump = 1 if key in effect.claimed else 0
+            assert row["generation"] == (old["generation"] if old else 0) + bump, key
+            if old is not None and old["status"] in TERMINAL:
+                assert row["status"] == old["status"] or (
+                    key in effect.redriven and old["status"] != "completed"), key
+        assert before.runs.keys() <= after.runs.keys(), "a run disappeared"
+
+        live = {k: h for k, h in after.slots.items() if h is not None and h.expires >= now}
+        per_run = Counter((k[0], k[1], h.run_id) for k, h in live.items())
+        assert max(per_run.values(), default=0) <= 1, "a run holds two live slots"
+        for (tenant_id, workspace_key, _, number), h in live.items():
+            row = after.runs[(tenant_id, workspace_key, h.run_id)]
+            assert (row["holder"], row["generation"], row["expires"], row["slot"]) == (
+                h.worker_id, h.generation, h.expires, number), "a live slot outlived its lease"
+        # Admission: neither live slots nor live leases claimed under a limit outnumber it.
+        slotted = Counter((k[0], k[1], r["deployment_ref"]) for k, r in after.runs.items()
+                          if r["slot"] is not None and r["expires"] is not None
+                          and r["expires"] >= now)
+        for key, count in (Counter(k[:3] for k in live) | slotted).items():
+            assert count <= self.model.max_limit[key], f"{key}: {count} live leases"
+
+        touched = {s for s in SCOPES if self.model.fingerprint(s) != self.fingerprints[s]}
+        if effect.scope is not None:
+            touched.add(effect.scope)
+        self.fingerprints = self._fingerprints()
+        for scope in SCOPES:
+            if scope not in touched:
+                assert before.checksums.get(scope.key) == after.checksums.get(scope.key), (
+                    f"rows of {scope} changed by a step that had no business there")
+
+
+def test_run_protocol_matches_model(database_dsn: str) -> None:
+    db = RunProtocol.db = Database(database_dsn)
+    RunProtocol.figures = Counter()
+    try:
+        run_state_machine_as_test(
+            RunProtocol, settings=property_settings(ci_examples=200, stateful_step_count=40))
+    finally:
+        db.close()
+        save_report("property_state_machine", dict(sorted(RunProtocol.figures.items())))

@@ -1,0 +1,65 @@
+"""Shared by tests/security: LOGIN roles made for one test, and the documented grant lists.
+
+Roles are cluster-wide, so each test role gets a unique name and is dropped when the test ends.
+It gets a password too, so the tests also work against a ZEROTH_PG_TEST_DSN server that does not
+trust local connections.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import quote, urlsplit, urlunsplit
+
+import psycopg
+from psycopg import sql as pgsql
+from psycopg.conninfo import make_conninfo
+
+from zeroth_pg.testing import libpq_dsn
+
+README = (Path(__file__).resolve().parents[2] / "sql" / "README.md").read_text(encoding="utf-8")
+
+
+def readme_grants(first_cell: str) -> set[str]:
+    """The backticked names in the row of sql/README.md "Roles and grants" whose first cell is
+    ``first_cell`` (``zeroth_worker``, ``admin only``, ...)."""
+    section = README.split("## Roles and grants", 1)[1].split("\n## ", 1)[0]
+    for line in section.splitlines():
+        cells = line.split("|")
+        if len(cells) > 2 and cells[1].strip() == first_cell:
+            return set(re.findall(r"`([a-z_0-9.]+)`", "|".join(cells[2:])))
+    raise AssertionError(f"no row {first_cell!r} in the Roles and grants table of sql/README.md")
+
+
+def dsn_as(dsn: str, user: str, password: str) -> str:
+    """``dsn`` logging in as ``user`` instead, in the same form (URI or key=value)."""
+    plain = libpq_dsn(dsn)
+    if "://" not in plain:
+        return make_conninfo(plain, user=user, password=password)
+    parts = urlsplit(plain)
+    host = parts.netloc.rpartition("@")[2]
+    netloc = f"{quote(user, safe='')}:{quote(password, safe='')}@{host}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+@contextlib.contextmanager
+def login_role(admin_dsn: str, member_of: str) -> Iterator[tuple[str, str]]:
+    """A new LOGIN role, member of ``member_of``; yields (name, password). At exit it is
+    dropped, with what it owns in ``admin_dsn``'s database."""
+    name = f"zp_test_{member_of.removeprefix('zeroth_')}_{secrets.token_hex(4)}"
+    password = secrets.token_hex(16)
+    with psycopg.connect(libpq_dsn(admin_dsn), autocommit=True) as conn:
+        conn.execute(pgsql.SQL("CREATE ROLE {} LOGIN PASSWORD {} IN ROLE {}").format(
+            pgsql.Identifier(name), pgsql.Literal(password), pgsql.Identifier(member_of)))
+    try:
+        yield name, password
+    finally:
+        with psycopg.connect(libpq_dsn(admin_dsn), autocommit=True) as conn:
+            conn.execute("SELECT pg_terminate_backend(a.pid) FROM pg_stat_activity a "
+                         "WHERE a.usename = %s", (name,))
+            # Whatever it owns or was granted in admin_dsn's database (a test may grant it).
+            conn.execute(pgsql.SQL("DROP OWNED BY {}").format(pgsql.Identifier(name)))
+            conn.execute(pgsql.SQL("DROP ROLE {}").format(pgsql.Identifier(name)))

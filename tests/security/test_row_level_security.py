@@ -1,0 +1,108 @@
+"""Row-level security for zeroth_reader: the runs and checkpoints of the tenant named in the
+setting zeroth.tenant_id, directly and through every view over them; nothing when it is unset.
+The SECURITY DEFINER functions (run as the table owner) stay unaffected.
+
+Everything runs in the ``conn`` fixture's transaction, with SET LOCAL ROLE for the reader.
+"""
+
+from __future__ import annotations
+
+import secrets
+from datetime import UTC, datetime
+
+import asyncpg
+import pytest
+from helpers import make_run
+
+PAST = datetime(2020, 1, 1, tzinfo=UTC)  # leases taken then have expired by now
+
+TENANT_VIEWS = ("zeroth.queue_depth", "zeroth.dead_letters", "zeroth.live_leases",
+                "zeroth.expired_leases")
+
+
+async def seed_tenant(conn: asyncpg.Connection, tenant: str) -> None:
+    """One row for every view: pending, live lease with a checkpoint, expired lease, dead letter."""
+    await make_run(conn, "pending", tenant_id=tenant)
+    live = await make_run(conn, "running", tenant_id=tenant)  # leased until 2030
+    assert await conn.fetchval(
+        """SELECT zeroth.save_checkpoint(run_id => $1, worker_id => $2, generation => $3,
+               data => '{}', tenant_id => $4, now_override => '2030-01-01')""",
+        live.run_id, live.worker_id, live.generation, tenant)
+    dead = await make_run(conn, "running", tenant_id=tenant, max_attempts=1)
+    assert await conn.fetchval(
+        """SELECT zeroth.fail_run(run_id => $1, worker_id => $2, generation => $3,
+               error => '{}', retryable => true, tenant_id => $4, now_override => '2030-01-01')""",
+        dead.run_id, dead.worker_id, dead.generation, tenant) == "dead_lettered"
+    # Last: a later make_run's batch claim would take this expired claim over.
+    await make_run(conn, "claimed", tenant_id=tenant, now=PAST)
+
+
+async def tenants_seen(conn: asyncpg.Connection, relation: str) -> list[str]:
+    return [row[0] for row in await conn.fetch(f"SELECT tenant_id FROM {relation}")]
+
+
+@pytest.fixture
+async def two_tenants(conn):
+    """Tenants A and B seeded by the superuser; the session then becomes zeroth_reader."""
+    a, b = f"tenant-a-{secrets.token_hex(3)}", f"tenant-b-{secrets.token_hex(3)}"
+    await seed_tenant(conn, a)
+    await seed_tenant(conn, b)
+    await conn.execute("SET LOCAL ROLE zeroth_reader")
+    return a, b
+
+
+async def use_tenant(conn: asyncpg.Connection, tenant: str | None) -> None:
+    await conn.execute("SELECT set_config('zeroth.tenant_id', $1, true)", tenant or "")
+
+
+class TestReaderSeesOneTenant:
+    @pytest.mark.parametrize("relation", ["zeroth.runs", "zeroth.checkpoints", *TENANT_VIEWS])
+    async def test_each_tenant_sees_only_its_own_rows(self, conn, two_tenants, relation):
+        for tenant in two_tenants:
+            await use_tenant(conn, tenant)
+            seen = await tenants_seen(conn, relation)
+            assert seen, f"{relation}: {tenant} sees none of its own rows"
+            assert set(seen) == {tenant}
+
+    @pytest.mark.parametrize("relation", ["zeroth.runs", "zeroth.checkpoints", *TENANT_VIEWS])
+    async def test_no_tenant_set_sees_nothing(self, conn, two_tenants, relation):
+        assert await conn.fetchval("SELECT current_setting('zeroth.tenant_id', true)") is None
+        assert await tenants_seen(conn, relation) == []
+        await use_tenant(conn, two_tenants[0])
+        await use_tenant(conn, None)  # reset to '' within the session: still nothing
+        assert await tenants_seen(conn, relation) == []
+
+    async def test_a_filter_on_the_other_tenant_finds_nothing(self, conn, two_tenants):
+        a, b = two_tenants
+        await use_tenant(conn, a)
+        assert await conn.fetchval("SELECT count(*) FROM zeroth.runs r WHERE r.tenant_id = $1",
+                                   b) == 0
+
+    async def test_table_health_is_readable_without_a_tenant(self, conn, two_tenants):
+        tables = {row[0] for row in await conn.fetch("SELECT table_name FROM zeroth.table_health")}
+        assert "runs" in tables
+
+
+class TestReaderCannotWrite:
+    @pytest.mark.parametrize("statement", [
+        "UPDATE zeroth.runs SET priority = 1",
+        "DELETE FROM zeroth.checkpoints",
+        "SELECT zeroth.current_generation(run_id => gen_random_uuid())",
+        "SELECT count(*) FROM zeroth.admission_slots",
+    ])
+    async def test_refused(self, conn, two_tenants, statement):
+        await use_tenant(conn, two_tenants[0])
+        with pytest.raises(asyncpg.PostgresError) as caught:
+            async with conn.transaction():
+                await conn.execute(statement)
+        assert caught.value.sqlstate == "42501"
+
+
+class TestFunctionsBypassTheReaderPolicy:
+    async def test_a_worker_with_another_tenant_setting_still_reaches_the_run(self, conn):
+        run = await make_run(conn, "running", tenant_id="tenant-fn")
+        await conn.execute("SET LOCAL ROLE zeroth_worker")
+        await use_tenant(conn, "someone-else")
+        assert await conn.fetchval(
+            "SELECT zeroth.current_generation(run_id => $1, tenant_id => 'tenant-fn')",
+            run.run_id) == run.generation
