@@ -1,0 +1,222 @@
+"""What every scenario shares: the server, scratch databases, interleaved repeats, results.
+
+The server is ``ZEROTH_PG_BENCH_DSN`` (an admin DSN of an existing server; scratch databases are
+created and dropped) or a throwaway cluster started by :func:`zeroth_pg.testing.start_server`, the
+tests' own harness (the embedded PostgreSQL wheel, tuned for throwaway use: fsync,
+synchronous_commit and full_page_writes off). Every system gets its own fresh database on that
+server, so the peers run on the same PostgreSQL, with the same settings, in the same run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import statistics
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import asyncpg
+
+from zeroth_pg import migrate
+from zeroth_pg.testing import create_database, drop_database, start_server
+from zeroth_pg.worker import skip_reset
+
+ENV_DSN = "ZEROTH_PG_BENCH_DSN"
+
+#: Server settings recorded with every result (they decide what the numbers mean).
+SETTINGS = (
+    "server_version", "fsync", "synchronous_commit", "full_page_writes", "wal_level",
+    "shared_buffers", "work_mem", "max_connections", "autovacuum", "autovacuum_naptime",
+    "checkpoint_timeout", "max_wal_size", "jit", "huge_pages", "shared_preload_libraries",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """One measured quantity of one system under one set of parameters, over its repeats."""
+
+    scenario: str
+    system: str
+    metric: str
+    unit: str
+    values: tuple[float, ...]
+    params: dict[str, Any] = field(default_factory=dict)
+    higher_is_better: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.values)
+
+    @property
+    def low(self) -> float:
+        return min(self.values)
+
+    @property
+    def high(self) -> float:
+        return max(self.values)
+
+    def as_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.update(median=self.median, min=self.low, max=self.high)
+        return data
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A goal of issue 6, with the measured value and whether it held in this run."""
+
+    goal: str
+    measured: str
+    met: bool | None  # None: not measured in this run (scenario not selected, or a peer missing)
+
+
+@dataclass
+class ScenarioReport:
+    name: str
+    title: str
+    results: list[Result] = field(default_factory=list)
+    tables: list[str] = field(default_factory=list)
+    targets: list[Target] = field(default_factory=list)
+    plots: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """Sizes of one run of the suite (``--quick`` shrinks them)."""
+
+    quick: bool
+    repeat: int
+    runs: int  # no-op runs per throughput measurement
+    concurrencies: tuple[int, ...]
+    batch_sizes: tuple[int, ...]
+    latency_runs: int
+    latency_gap: float
+    finished_rows: tuple[int, ...]
+    claim_runs: int
+    live_leases: int
+    sustained_seconds: float
+    sample_every: float
+    recovery_lease: float
+    recovery_repeat: int
+
+    @classmethod
+    def full(cls) -> Config:
+        return cls(quick=False, repeat=3, runs=20_000, concurrencies=(1, 8, 32),
+                   batch_sizes=(1, 10, 100), latency_runs=200, latency_gap=0.02,
+                   finished_rows=(0, 100_000, 1_000_000), claim_runs=5_000, live_leases=1_000,
+                   sustained_seconds=300.0, sample_every=5.0, recovery_lease=2.0,
+                   recovery_repeat=5)
+
+    @classmethod
+    def smoke(cls) -> Config:
+        return cls(quick=True, repeat=1, runs=300, concurrencies=(4,), batch_sizes=(1, 10),
+                   latency_runs=20, latency_gap=0.02, finished_rows=(0, 100_000),
+                   claim_runs=300, live_leases=300, sustained_seconds=30.0, sample_every=3.0,
+                   recovery_lease=1.0, recovery_repeat=2)
+
+
+class Server:
+    """The server under test and the scratch databases created on it (dropped on close)."""
+
+    def __init__(self, admin_dsn: str, kind: str) -> None:
+        self.admin_dsn = admin_dsn
+        self.kind = kind
+        self._databases: list[str] = []
+        self.tag = uuid.uuid4().hex[:6]
+
+    def database(self, label: str) -> str:
+        """A fresh empty database for one system; its DSN."""
+        name = f"bench_{label}_{self.tag}"
+        drop_database(self.admin_dsn, name)
+        self._databases.append(name)
+        return create_database(self.admin_dsn, name)
+
+    def zeroth_database(self, label: str) -> str:
+        """A fresh database with every zeroth_pg migration applied."""
+        dsn = self.database(label)
+        migrate.upgrade(dsn)
+        return dsn
+
+    async def settings(self) -> dict[str, str]:
+        conn = await asyncpg.connect(self.admin_dsn)
+        try:
+            rows = await conn.fetch(
+                "SELECT name, current_setting(name) AS value FROM pg_settings "
+                "WHERE name = ANY($1::text[])", list(SETTINGS))
+            version = await conn.fetchval("SELECT version()")
+        finally:
+            await conn.close()
+        found = {row["name"]: row["value"] for row in rows}
+        found["version"] = version
+        found["server_kind"] = self.kind
+        return found
+
+    def close(self) -> None:
+        for name in self._databases:
+            with contextlib.suppress(Exception):
+                drop_database(self.admin_dsn, name)
+
+
+@contextlib.contextmanager
+def server() -> Iterator[Server]:
+    """``ZEROTH_PG_BENCH_DSN``, else a throwaway server from the tests' harness."""
+    with contextlib.ExitStack() as stack:
+        dsn = os.environ.get(ENV_DSN)
+        if dsn:
+            found = Server(dsn, "env")
+        else:
+            started = stack.enter_context(start_server())
+            found = Server(started.dsn, started.kind)
+        stack.callback(found.close)
+        yield found
+
+
+async def interleave(cases: Sequence[tuple[str, Callable[[], Awaitable[float]]]],
+                     repeat: int) -> dict[str, list[float]]:
+    """Measure every case ``repeat`` times, round-robin, the order rotated each round, so that
+    noise from the rest of the machine falls on all systems alike."""
+    values: dict[str, list[float]] = {key: [] for key, _ in cases}
+    for round_no in range(repeat):
+        shift = round_no % len(cases)
+        for key, measure in [*cases[shift:], *cases[:shift]]:
+            values[key].append(await measure())
+    return values
+
+
+async def wait_until(predicate: Callable[[], bool], *, limit: float,
+                     what: str, interval: float = 0.002) -> None:
+    """Poll a cheap in-process predicate until true; TimeoutError naming ``what`` after
+    ``limit`` seconds."""
+    deadline = time.monotonic() + limit
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {limit:.0f}s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+@contextlib.asynccontextmanager
+async def pool(dsn: str, size: int) -> AsyncIterator[asyncpg.Pool]:
+    """A pool as ``zeroth-pg worker`` makes one: without asyncpg's reset round trip on release
+    (:func:`zeroth_pg.worker.skip_reset`). Every pool of the suite runs one system's own calls."""
+    created = await asyncpg.create_pool(dsn, min_size=size, max_size=size, reset=skip_reset)
+    try:
+        yield created
+    finally:
+        await created.close()
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) by linear interpolation."""
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    k = (len(ordered) - 1) * q / 100
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)

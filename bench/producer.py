@@ -1,0 +1,86 @@
+"""The wakeup-latency producer, in its own process so the consumer's event loop cannot delay it.
+
+    python -m bench.producer SYSTEM DSN N GAP
+
+Enqueues N runs of SYSTEM ``GAP`` seconds apart, each in its own transaction through that
+system's own enqueue path, and prints ``<job key> <instant>`` per run, where the instant is
+``time.perf_counter()`` right after the enqueue came back committed. On Linux perf_counter reads
+CLOCK_MONOTONIC, which is shared by every process, so the consumer's handler-start instants
+compare with these directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import asyncpg
+
+Enqueue = Callable[[], Awaitable[Any]]
+
+
+async def _sql(dsn: str, statement: str) -> Enqueue:
+    conn = await asyncpg.connect(dsn)
+    return lambda: conn.fetchval(statement)
+
+
+async def _pgqueuer(dsn: str) -> Enqueue:
+    from pgqueuer import AsyncpgDriver, Queries
+
+    queries = Queries(AsyncpgDriver(await asyncpg.connect(dsn)))
+
+    async def one() -> Any:
+        return (await queries.enqueue("noop", None, 0))[0]
+
+    return one
+
+
+async def _procrastinate(dsn: str, stack: list[Any]) -> Enqueue:
+    import procrastinate
+
+    logging.getLogger("procrastinate").setLevel(logging.ERROR)  # "App in __main__" notice
+    app = procrastinate.App(connector=procrastinate.PsycopgConnector(
+        conninfo=dsn, min_size=1, max_size=1))
+    task = app.task(name="noop", queue="bench")(lambda: None)
+    opened = app.open_async()
+    await opened.__aenter__()
+    stack.append(opened)
+    return lambda: task.defer_async()
+
+
+STATEMENTS = {
+    "zeroth": "SELECT run_id FROM zeroth.enqueue_run(deployment_ref => 'bench')",
+    "raw": """WITH j AS (INSERT INTO raw_jobs DEFAULT VALUES RETURNING id)
+              SELECT j.id FROM j, pg_notify('raw_wakeup', '')""",
+    "seed": """INSERT INTO seed_runs (tenant_id, workspace_scope, run_id, deployment_ref, status)
+               VALUES ('default', 'null', gen_random_uuid(), 'bench', 'PENDING')
+               RETURNING run_id""",
+}
+
+
+async def main(system: str, dsn: str, n: int, gap: float) -> None:
+    stack: list[Any] = []
+    if system in STATEMENTS:
+        one = await _sql(dsn, STATEMENTS[system])
+    elif system == "pgqueuer":
+        one = await _pgqueuer(dsn)
+    elif system == "procrastinate":
+        one = await _procrastinate(dsn, stack)
+    else:
+        raise SystemExit(f"unknown system {system!r}")
+    await one()  # warm the connection and prepared statements; the consumer skips this key
+    print("ready", flush=True)
+    for _ in range(n):
+        key = await one()
+        print(key, time.perf_counter(), flush=True)
+        await asyncio.sleep(gap)
+    for opened in stack:
+        await opened.__aexit__(None, None, None)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])))
