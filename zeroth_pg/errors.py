@@ -149,6 +149,9 @@ def translate(exc: BaseException) -> BaseException:
         if sqlstate in _RETRYABLE_SQLSTATES:
             return RetryableError(message, sqlstate=sqlstate)
         return DatabaseError(message, sqlstate=sqlstate)
-    if isinstance(exc, asyncpg.InterfaceError | ConnectionError | OSError):
+    # InternalClientError: asyncpg's protocol state after the server dropped the connection under
+    # it ("cannot switch to state …; another operation is in progress"), seen in the chaos soak.
+    if isinstance(exc, asyncpg.InterfaceError | asyncpg.InternalClientError | ConnectionError
+                  | OSError):
         return ConnectionLostError(str(exc) or type(exc).__name__)
     return exc

@@ -499,6 +499,17 @@ class TestCallerTransaction:
 
 
 class TestErrorMapping:
+    def test_asyncpg_protocol_confusion_after_a_dropped_connection_is_retryable(self):
+        # Seen in the chaos soak right after pg_terminate_backend / a server restart: asyncpg
+        # raises InternalClientError instead of a connection error; the call may be repeated.
+        from zeroth_pg.errors import ConnectionLostError, translate
+
+        mapped = translate(asyncpg.InternalClientError(
+            "cannot switch to state 12; another operation (2) is in progress"))
+
+        assert isinstance(mapped, ConnectionLostError)
+        assert mapped.retryable is True
+
     async def test_unknown_run_raises_run_not_found_lookup_error(self, pool):
         lm = LeaseManager(pool)
         for call in (lm.clear_lease, lm.resume_run, lm.redrive_run):

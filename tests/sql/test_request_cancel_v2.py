@@ -77,7 +77,8 @@ class TestLiveOwner:
     async def test_retry_after_is_clamped_for_a_far_off_clock(self, conn):
         run_id = await own_running(conn, worker_id=OTHER)
 
-        result = await cancel_v2(conn, run_id, now=datetime(1, 1, 1, tzinfo=UTC))
+        # Year 2, not year 1: asyncpg sends datetime.min as -infinity, which now_override refuses.
+        result = await cancel_v2(conn, run_id, now=datetime(2, 1, 1, tzinfo=UTC))
 
         assert (result["outcome"], result["retry_after_s"]) == ("cancel_requested", 2**31 - 1)
 
