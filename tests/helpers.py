@@ -7,7 +7,11 @@ reach. Time is injected with ``now_override``; ``T0`` is the fixed instant facto
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
+import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -184,3 +188,34 @@ class BlockingConnection:
             self.run(self.conn.close())
         finally:
             self._runner.close()
+
+
+# -- waiting on workers (integration tests) -------------------------------------------------------
+
+
+def unique_deployment(prefix: str) -> str:
+    """A deployment name no other test uses (metrics are labelled by deployment)."""
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def metric(name: str, deployment: str) -> float:
+    """A worker metric's current value for one deployment (0 before its first increment)."""
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value(name, {"deployment": deployment}) or 0.0
+
+
+async def wait_until(predicate: Callable[[], Any], what: str, *, within: float,
+                     interval: float = 0.01) -> Any:
+    """Poll ``predicate`` (sync or async) until it returns something truthy; fail after
+    ``within`` seconds, naming ``what`` was awaited (a deadline, never a timing assertion)."""
+    deadline = time.monotonic() + within
+    while True:
+        value = predicate()
+        if isinstance(value, Awaitable):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {within:g}s waiting for {what}")
+        await asyncio.sleep(interval)

@@ -12,14 +12,13 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 from uuid import UUID
 
 import asyncpg
 import pytest
-from prometheus_client import REGISTRY
+from helpers import metric, unique_deployment, wait_until
 
 from zeroth_pg.client import LeaseManager
 from zeroth_pg.worker import RunContext, RunWorker
@@ -29,26 +28,8 @@ RENEW_EVERY = LEASE / 3
 FOREVER = 3600.0
 
 
-def _deployment() -> str:
-    return f"lease-{uuid.uuid4().hex[:10]}"
 
 
-def _metric(name: str, deployment: str) -> float:
-    return REGISTRY.get_sample_value(name, {"deployment": deployment}) or 0.0
-
-
-async def _wait_until(predicate: Callable[[], Any], what: str, *, within: float,
-                      interval: float = 0.01) -> Any:
-    deadline = time.monotonic() + within
-    while True:
-        value = predicate()
-        if isinstance(value, Awaitable):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {within:g}s waiting for {what}")
-        await asyncio.sleep(interval)
 
 
 async def _row(conn: asyncpg.Connection | asyncpg.Pool, run_id: UUID) -> dict[str, Any]:
@@ -98,7 +79,7 @@ class Sleeper:
         return {"unreachable": True}
 
     async def wait_stopped(self, within: float) -> float:
-        await _wait_until(lambda: self.stopped_at is not None, "the handler to be stopped",
+        await wait_until(lambda: self.stopped_at is not None, "the handler to be stopped",
                           within=within)
         assert self.stopped_at is not None
         return self.stopped_at
@@ -138,10 +119,10 @@ async def _assert_nothing_more_written(pool: asyncpg.Pool, run_id: UUID,
 
 async def test_refused_renewal_after_a_takeover_stops_the_handler_and_writes_nothing_more(
         pool, spawn_worker, connect, database_dsn):
-    dep = _deployment()
+    dep = unique_deployment("lease")
     handler = Sleeper()
-    lost = _metric("zeroth_lease_lost_total", dep)
-    rejected = _metric("zeroth_lease_fencing_rejected_total", dep)
+    lost = metric("zeroth_lease_lost_total", dep)
+    rejected = metric("zeroth_lease_fencing_rejected_total", dep)
     worker = await spawn_worker(dep, handler, dsn=database_dsn)
     run = (await LeaseManager(pool).enqueue_run(dep)).run_id
     await asyncio.wait_for(handler.running.wait(), timeout=10)
@@ -162,9 +143,9 @@ async def test_refused_renewal_after_a_takeover_stops_the_handler_and_writes_not
     print(f"\nrefused renewal: handler stopped {(stopped - taken_at) * 1000:.0f} ms after the "
           f"takeover (renewal every {RENEW_EVERY:g} s)")
     assert stopped - taken_at <= RENEW_EVERY + 1.5  # about one renewal interval
-    await _wait_until(lambda: not worker.active_run_ids, "the run to leave the worker", within=5)
-    assert _metric("zeroth_lease_lost_total", dep) == lost + 1
-    assert _metric("zeroth_lease_fencing_rejected_total", dep) == rejected  # nothing was tried
+    await wait_until(lambda: not worker.active_run_ids, "the run to leave the worker", within=5)
+    assert metric("zeroth_lease_lost_total", dep) == lost + 1
+    assert metric("zeroth_lease_fencing_rejected_total", dep) == rejected  # nothing was tried
 
     row = await _row(pool, run)
     assert row["status"] == "running"  # not failed
@@ -179,9 +160,9 @@ async def test_refused_renewal_of_an_expired_lease_leaves_the_run_recoverable(
         pool, spawn_worker, connect):
     """An expired lease is never renewed, even with no new owner: the handler stops and the run
     stays RUNNING with its expired lease, so the next orphan sweep anywhere recovers it."""
-    dep = _deployment()
+    dep = unique_deployment("lease")
     handler = Sleeper()
-    lost = _metric("zeroth_lease_lost_total", dep)
+    lost = metric("zeroth_lease_lost_total", dep)
     worker = await spawn_worker(dep, handler)
     run = (await LeaseManager(pool).enqueue_run(dep)).run_id
     await asyncio.wait_for(handler.running.wait(), timeout=10)
@@ -197,8 +178,8 @@ async def test_refused_renewal_of_an_expired_lease_leaves_the_run_recoverable(
     stopped = await handler.wait_stopped(within=5)
     print(f"\nexpired lease: handler stopped {(stopped - cleared_at) * 1000:.0f} ms after "
           "clear_lease")
-    await _wait_until(lambda: not worker.active_run_ids, "the run to leave the worker", within=5)
-    assert _metric("zeroth_lease_lost_total", dep) == lost + 1
+    await wait_until(lambda: not worker.active_run_ids, "the run to leave the worker", within=5)
+    assert metric("zeroth_lease_lost_total", dep) == lost + 1
     await _assert_nothing_more_written(pool, run, snapshot, 1)
 
     rescuer = LeaseManager(pool, lease_duration_seconds=30)
@@ -215,7 +196,7 @@ async def _confirmed_renewal(pool: asyncpg.Pool, run: UUID) -> None:
     async def renewed() -> bool:
         return bool((await _row(pool, run))["lease_expires_at"] > first)
 
-    await _wait_until(renewed, "a first renewal", within=5, interval=0.05)
+    await wait_until(renewed, "a first renewal", within=5, interval=0.05)
 
 
 async def _assert_fail_stop(pool: asyncpg.Pool, admin: asyncpg.Connection, handler: Sleeper,
@@ -231,14 +212,14 @@ async def _assert_fail_stop(pool: asyncpg.Pool, admin: asyncpg.Connection, handl
     # The worker's deadline is the send time of its last confirmed renewal plus the lease, so it
     # may fall a round trip before the database's expiry; past it, the next check stops the run.
     assert -0.3 <= relative <= 2.0, relative
-    await _wait_until(lambda: not worker.active_run_ids, "the run to leave the worker", within=5)
-    assert _metric("zeroth_lease_lost_total", dep) == lost + 1
-    assert _metric("zeroth_lease_fencing_rejected_total", dep) == rejected
+    await wait_until(lambda: not worker.active_run_ids, "the run to leave the worker", within=5)
+    assert metric("zeroth_lease_lost_total", dep) == lost + 1
+    assert metric("zeroth_lease_fencing_rejected_total", dep) == rejected
 
     assert row["status"] == "running"  # not failed, not handed back
     assert row["lease_worker_id"] == worker.worker_id
     assert (row["error"], row["output"], row["attempts"]) == (None, None, 1)
-    await _wait_until(lambda: _expired(admin, run), "the lease to lapse", within=LEASE + 5,
+    await wait_until(lambda: _expired(admin, run), "the lease to lapse", within=LEASE + 5,
                       interval=0.05)
     after = await _row(admin, run)
     assert after["lease_expires_at"] == row["lease_expires_at"]  # nothing written: it lapsed
@@ -257,10 +238,10 @@ async def _expired(conn: asyncpg.Connection, run: UUID) -> bool:
 async def test_renewals_that_error_stop_the_handler_at_the_lease_deadline(
         pool, spawn_worker, connect, database_dsn):
     """The worker's pool is closed under it: every renewal raises (ConnectionLostError)."""
-    dep = _deployment()
+    dep = unique_deployment("lease")
     handler = Sleeper()
-    lost = _metric("zeroth_lease_lost_total", dep)
-    rejected = _metric("zeroth_lease_fencing_rejected_total", dep)
+    lost = metric("zeroth_lease_lost_total", dep)
+    rejected = metric("zeroth_lease_fencing_rejected_total", dep)
     admin = await connect()
     worker_pool = await asyncpg.create_pool(database_dsn, min_size=1, max_size=4)
     worker = await spawn_worker(dep, handler, worker_pool=worker_pool)
@@ -283,10 +264,10 @@ async def test_renewals_that_hang_stop_the_handler_at_the_lease_deadline(
         pool, spawn_worker, connect, database_dsn):
     """The worker's only pooled connection is held elsewhere: every renewal waits, then times
     out at the deadline."""
-    dep = _deployment()
+    dep = unique_deployment("lease")
     handler = Sleeper()
-    lost = _metric("zeroth_lease_lost_total", dep)
-    rejected = _metric("zeroth_lease_fencing_rejected_total", dep)
+    lost = metric("zeroth_lease_lost_total", dep)
+    rejected = metric("zeroth_lease_fencing_rejected_total", dep)
     admin = await connect()
     worker_pool = await asyncpg.create_pool(database_dsn, min_size=1, max_size=1)
     worker = await spawn_worker(dep, handler, worker_pool=worker_pool)

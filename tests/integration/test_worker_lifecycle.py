@@ -14,7 +14,6 @@ import asyncio
 import itertools
 import json
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -22,7 +21,7 @@ from uuid import UUID
 
 import asyncpg
 import pytest
-from prometheus_client import REGISTRY
+from helpers import metric, unique_deployment, wait_until
 
 from zeroth_pg.client import LeaseManager
 from zeroth_pg.errors import LeaseLostError
@@ -32,26 +31,8 @@ from zeroth_pg.worker import RunContext, RunWorker
 FOREVER = 3600.0
 
 
-def _deployment() -> str:
-    return f"life-{uuid.uuid4().hex[:10]}"
 
 
-def _metric(name: str, deployment: str) -> float:
-    return REGISTRY.get_sample_value(name, {"deployment": deployment}) or 0.0
-
-
-async def _wait_until(predicate: Callable[[], Any], what: str, *, within: float,
-                      interval: float = 0.02) -> Any:
-    deadline = time.monotonic() + within
-    while True:
-        value = predicate()
-        if isinstance(value, Awaitable):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {within:g}s waiting for {what}")
-        await asyncio.sleep(interval)
 
 
 async def _row(pool: asyncpg.Pool, run_id: UUID) -> dict[str, Any]:
@@ -75,7 +56,7 @@ async def _wait_status(pool: asyncpg.Pool, run_id: UUID, status: str, *,
         row = await _row(pool, run_id)
         return row if row["status"] == status else None
 
-    return await _wait_until(check, f"run {run_id} to be {status}", within=within)  # type: ignore[no-any-return]
+    return await wait_until(check, f"run {run_id} to be {status}", within=within)  # type: ignore[no-any-return]
 
 
 async def _checkpoints(pool: asyncpg.Pool, run_id: UUID) -> list[asyncpg.Record]:
@@ -111,15 +92,15 @@ async def spawn_worker(pool: asyncpg.Pool,
 
 
 async def test_returned_value_completes_the_run_with_its_output(pool, spawn_worker):
-    dep = _deployment()
+    dep = unique_deployment("life")
     seen: list[RunContext] = []
 
     async def handler(ctx: RunContext) -> dict[str, Any]:
         seen.append(ctx)
         return {"echo": ctx.payload, "attempt": ctx.attempt}
 
-    started, completed = (_metric("zeroth_runs_started_total", dep),
-                          _metric("zeroth_runs_completed_total", dep))
+    started, completed = (metric("zeroth_runs_started_total", dep),
+                          metric("zeroth_runs_completed_total", dep))
     worker = await spawn_worker(dep, handler)
     run = await LeaseManager(pool).enqueue_run(
         dep, {"x": 1}, metadata={"m": "v"}, idempotency_key="key-1", thread_id="thread-1")
@@ -138,14 +119,14 @@ async def test_returned_value_completes_the_run_with_its_output(pool, spawn_work
     assert not ctx.recovered
     assert ctx.recovery_checkpoint_id is None
     assert not ctx.cancel_requested
-    await _wait_until(lambda: _metric("zeroth_runs_completed_total", dep) == completed + 1,
+    await wait_until(lambda: metric("zeroth_runs_completed_total", dep) == completed + 1,
                       "the completed counter", within=5)
-    assert _metric("zeroth_runs_started_total", dep) == started + 1
+    assert metric("zeroth_runs_started_total", dep) == started + 1
 
 
 async def test_failures_retry_with_backoff_then_dead_letter_and_redrive_runs_again(
         pool, spawn_worker, connect):
-    dep = _deployment()
+    dep = unique_deployment("life")
     base = 0.3
     attempts: list[tuple[int, float]] = []
     succeed = False
@@ -156,8 +137,8 @@ async def test_failures_retry_with_backoff_then_dead_letter_and_redrive_runs_aga
             raise RuntimeError(f"boom on attempt {ctx.attempt}")
         return {"fixed": True, "attempt": ctx.attempt}
 
-    crashes = _metric("zeroth_worker_crashes_total", dep)
-    dead = _metric("zeroth_runs_dead_lettered_total", dep)
+    crashes = metric("zeroth_worker_crashes_total", dep)
+    dead = metric("zeroth_runs_dead_lettered_total", dep)
     await spawn_worker(dep, handler, poll_interval=0.05, retry_base_seconds=base,
                        retry_max_seconds=5.0)
     run = await LeaseManager(pool).enqueue_run(dep, {"x": 1}, max_attempts=3)
@@ -179,9 +160,9 @@ async def test_failures_retry_with_backoff_then_dead_letter_and_redrive_runs_aga
              FROM zeroth.dead_letters d WHERE d.run_id = $1""", run.run_id)
     assert letter is not None
     assert tuple(letter) == (3, 3, "boom on attempt 3")
-    await _wait_until(lambda: _metric("zeroth_runs_dead_lettered_total", dep) == dead + 1,
+    await wait_until(lambda: metric("zeroth_runs_dead_lettered_total", dep) == dead + 1,
                       "the dead-letter counter", within=5)
-    assert _metric("zeroth_worker_crashes_total", dep) == crashes + 3
+    assert metric("zeroth_worker_crashes_total", dep) == crashes + 3
     generation = row["lease_generation"]
 
     succeed = True
@@ -197,7 +178,7 @@ async def test_failures_retry_with_backoff_then_dead_letter_and_redrive_runs_aga
 
 
 async def test_recovered_run_resumes_from_its_checkpoint(pool, spawn_worker):
-    dep = _deployment()
+    dep = unique_deployment("life")
     dead = LeaseManager(pool, lease_duration_seconds=30)
     run = await dead.enqueue_run(dep, {"steps": 3})
     claim = await dead.claim_pending_result(dep, "crashed-worker")
@@ -242,7 +223,7 @@ async def test_recovered_run_resumes_from_its_checkpoint(pool, spawn_worker):
 
 
 async def test_context_writes_are_fenced_by_the_lease_generation(pool, spawn_worker, connect):
-    dep = _deployment()
+    dep = unique_deployment("life")
     wrote = asyncio.Event()
     go_on = asyncio.Event()
     refused: list[str] = []
@@ -262,8 +243,8 @@ async def test_context_writes_are_fenced_by_the_lease_generation(pool, spawn_wor
         await ctx.checkpoint({"step": 2})  # refused too: LeaseLostError ends the handler
         return {"unreachable": True}
 
-    lost = _metric("zeroth_lease_lost_total", dep)
-    rejected = _metric("zeroth_lease_fencing_rejected_total", dep)
+    lost = metric("zeroth_lease_lost_total", dep)
+    rejected = metric("zeroth_lease_fencing_rejected_total", dep)
     worker = await spawn_worker(dep, handler, lease_duration=60.0)  # no renewal during the test
     run = await LeaseManager(pool).enqueue_run(dep)
     await asyncio.wait_for(wrote.wait(), timeout=10)
@@ -284,7 +265,7 @@ async def test_context_writes_are_fenced_by_the_lease_generation(pool, spawn_wor
     assert taken.run_ids == (run.run_id,)
     new_generation = taken.generations[run.run_id]
     go_on.set()
-    await _wait_until(lambda: not worker.active_run_ids, "the handler to end", within=5)
+    await wait_until(lambda: not worker.active_run_ids, "the handler to end", within=5)
 
     assert refused == [f"progress:{state['generation']}"]
     row = await _row(pool, run.run_id)
@@ -292,19 +273,19 @@ async def test_context_writes_are_fenced_by_the_lease_generation(pool, spawn_wor
     assert (row["lease_worker_id"], row["lease_generation"]) == ("thief", new_generation)
     assert (row["progress"], row["output"], row["error"]) == ({"pct": 50}, None, None)
     assert len(await _checkpoints(pool, run.run_id)) == 1
-    assert _metric("zeroth_lease_lost_total", dep) == lost + 1
-    assert _metric("zeroth_lease_fencing_rejected_total", dep) == rejected + 1
+    assert metric("zeroth_lease_lost_total", dep) == lost + 1
+    assert metric("zeroth_lease_fencing_rejected_total", dep) == rejected + 1
 
 
 async def test_non_json_output_fails_the_run_without_retrying(pool, spawn_worker):
-    dep = _deployment()
+    dep = unique_deployment("life")
     calls: list[int] = []
 
     async def handler(ctx: RunContext) -> dict[str, Any]:
         calls.append(ctx.attempt)
         return {"when": datetime.now(UTC)}  # not JSON-serialisable
 
-    completed = _metric("zeroth_runs_completed_total", dep)
+    completed = metric("zeroth_runs_completed_total", dep)
     await spawn_worker(dep, handler, poll_interval=0.05, retry_base_seconds=0.0)
     run = await LeaseManager(pool).enqueue_run(dep, max_attempts=3)
     row = await _wait_status(pool, run.run_id, "failed")
@@ -316,12 +297,12 @@ async def test_non_json_output_fails_the_run_without_retrying(pool, spawn_worker
     assert row["output"] is None
     assert await pool.fetchval(
         "SELECT count(*) FROM zeroth.dead_letters d WHERE d.run_id = $1", run.run_id) == 0
-    assert _metric("zeroth_runs_completed_total", dep) == completed
+    assert metric("zeroth_runs_completed_total", dep) == completed
 
 
 async def test_graceful_shutdown_completes_quick_runs_and_hands_back_slow_ones(
         pool, spawn_worker):
-    dep = _deployment()
+    dep = unique_deployment("life")
     started: dict[str, asyncio.Event] = {"quick": asyncio.Event(), "slow": asyncio.Event()}
     release_quick = asyncio.Event()
     cancelled_at: list[float] = []
@@ -354,7 +335,7 @@ async def test_graceful_shutdown_completes_quick_runs_and_hands_back_slow_ones(
 
     shutdown_at = time.monotonic()
     shutdown = asyncio.create_task(worker_a.graceful_shutdown())
-    await _wait_until(lambda: worker_a.stopping, "the drain to begin", within=5)
+    await wait_until(lambda: worker_a.stopping, "the drain to begin", within=5)
     late = (await lm.enqueue_run(dep, {"kind": "late"})).run_id  # must not be claimed by A
     release_quick.set()  # the quick run finishes inside shutdown_timeout
     await asyncio.wait_for(shutdown, timeout=15)
@@ -385,7 +366,7 @@ async def test_graceful_shutdown_completes_quick_runs_and_hands_back_slow_ones(
 
 
 async def test_interrupt_stops_the_handler_and_leaves_the_run_recoverable(pool, spawn_worker):
-    dep = _deployment()
+    dep = unique_deployment("life")
     running = asyncio.Event()
     cancelled: list[bool] = []
 
@@ -398,7 +379,7 @@ async def test_interrupt_stops_the_handler_and_leaves_the_run_recoverable(pool, 
             raise
         return {}
 
-    lost = _metric("zeroth_lease_lost_total", dep)
+    lost = metric("zeroth_lease_lost_total", dep)
     worker = await spawn_worker(dep, handler)
     run = await LeaseManager(pool).enqueue_run(dep)
     await asyncio.wait_for(running.wait(), timeout=10)
@@ -413,7 +394,7 @@ async def test_interrupt_stops_the_handler_and_leaves_the_run_recoverable(pool, 
         worker.worker_id, before["lease_generation"])
     assert row["lease_expired"]  # expired in place: recoverable at once
     assert (row["error"], row["attempts"]) == (None, 1)
-    assert _metric("zeroth_lease_lost_total", dep) == lost
+    assert metric("zeroth_lease_lost_total", dep) == lost
 
     rescuer = LeaseManager(pool, lease_duration_seconds=30)
     taken = await rescuer.claim_orphaned_result(dep, "rescuer")
@@ -427,7 +408,7 @@ async def test_interrupt_stops_the_handler_and_leaves_the_run_recoverable(pool, 
 @pytest.mark.parametrize("path", ["notify", "renewal"])
 async def test_cancel_request_from_another_connection_reaches_the_handler(
         pool, spawn_worker, connect, path):
-    dep = _deployment()
+    dep = unique_deployment("life")
     running = asyncio.Event()
     seen: list[tuple[str, bool]] = []
 
@@ -463,11 +444,11 @@ async def test_cancel_request_from_another_connection_reaches_the_handler(
     assert (row["lease_worker_id"], row["error"], row["output"]) == (None, None, None)
     assert row["finished_at"] is not None
     # The test may see the commit before the worker has read cancel_run's answer.
-    await _wait_until(lambda: worker.active_run_ids == [], "the slot to be freed", within=5)
+    await wait_until(lambda: worker.active_run_ids == [], "the slot to be freed", within=5)
 
 
 async def test_one_claim_pass_takes_a_full_batch(pool, spawn_worker):
-    dep = _deployment()
+    dep = unique_deployment("life")
     active: set[UUID] = set()
     all_in = asyncio.Event()
     release = asyncio.Event()
@@ -502,13 +483,13 @@ async def test_one_claim_pass_takes_a_full_batch(pool, spawn_worker):
     assert len(acquired) == 1, f"claimed at {len(acquired)} different instants"  # one call
     assert batches[0] == 8
     release.set()
-    await _wait_until(lambda: pool.fetchval(
+    await wait_until(lambda: pool.fetchval(
         "SELECT count(*) = 8 FROM zeroth.runs r WHERE r.deployment_ref = $1 "
         "AND r.status = 'completed'", dep), "the batch to complete", within=10)
 
 
 async def test_local_max_concurrency_is_never_exceeded(pool, spawn_worker):
-    dep = _deployment()
+    dep = unique_deployment("life")
     now_running = 0
     peak = 0
 
@@ -524,7 +505,7 @@ async def test_local_max_concurrency_is_never_exceeded(pool, spawn_worker):
 
     await spawn_worker(dep, handler, max_concurrency=3, poll_interval=0.05)
     await LeaseManager(pool).enqueue_runs(dep, [{"payload": {"i": i}} for i in range(12)])
-    await _wait_until(lambda: pool.fetchval(
+    await wait_until(lambda: pool.fetchval(
         "SELECT count(*) = 12 FROM zeroth.runs r WHERE r.deployment_ref = $1 "
         "AND r.status = 'completed'", dep), "all 12 runs to complete", within=15)
     print(f"\nlocal cap 3: peak of {peak} handlers at once")
@@ -534,7 +515,7 @@ async def test_local_max_concurrency_is_never_exceeded(pool, spawn_worker):
 async def test_orphan_recovered_with_a_pending_cancel_request_ends_cancelled(pool, spawn_worker):
     """The owner died after a cancel was requested: whoever recovers the run carries the cancel
     out (it does not run the handler for it, leak the slot, or leave the run to be re-recovered)."""
-    dep = _deployment()
+    dep = unique_deployment("life")
     dead = LeaseManager(pool, lease_duration_seconds=30)
     run = (await dead.enqueue_run(dep)).run_id
     [claimed] = (await dead.claim_pending_result(dep, "crashed-worker")).runs
@@ -555,10 +536,10 @@ async def test_orphan_recovered_with_a_pending_cancel_request_ends_cancelled(poo
     assert row["lease_worker_id"] is None
     assert row["lease_generation"] == generation + 1  # cancelled by the recovering worker
     assert calls in ([], [True])  # the handler, if it ran at all, saw the cancel
-    await _wait_until(lambda: worker.active_run_ids == [], "the slot to be freed", within=5)
+    await wait_until(lambda: worker.active_run_ids == [], "the slot to be freed", within=5)
 
     # The slot is really free: the only slot takes the next run.
     nxt = (await LeaseManager(pool).enqueue_run(dep)).run_id
-    await _wait_until(lambda: pool.fetchval(
+    await wait_until(lambda: pool.fetchval(
         "SELECT r.status = 'running' FROM zeroth.runs r WHERE r.run_id = $1", nxt),
         "the next run to start", within=5)

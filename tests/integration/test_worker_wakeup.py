@@ -17,6 +17,7 @@ from uuid import UUID
 
 import asyncpg
 import pytest
+from helpers import unique_deployment, wait_until
 
 from zeroth_pg.client import LeaseManager
 from zeroth_pg.notify import enqueue_wakeup
@@ -25,22 +26,7 @@ from zeroth_pg.worker import RunContext, RunWorker
 IDLE = 60.0  # poll and sweep interval: the fallback never fires within a test
 
 
-def _deployment() -> str:
-    return f"wake-{uuid.uuid4().hex[:10]}"
 
-
-async def _wait_until(predicate: Callable[[], Any], what: str, *, within: float,
-                      interval: float = 0.01) -> Any:
-    deadline = time.monotonic() + within
-    while True:
-        value = predicate()
-        if isinstance(value, Awaitable):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {within:g}s waiting for {what}")
-        await asyncio.sleep(interval)
 
 
 class ClaimSpy:
@@ -84,7 +70,7 @@ async def _wait_idle(worker: RunWorker, spy: ClaimSpy) -> None:
     """Listening, and the claim loop asleep: no claim in flight and none started for 0.3 s."""
     assert worker.notifier is not None
     await asyncio.wait_for(worker.notifier.connected.wait(), timeout=10)
-    await _wait_until(lambda: spy.calls >= 1 and spy.in_flight == 0, "a first claim pass",
+    await wait_until(lambda: spy.calls >= 1 and spy.in_flight == 0, "a first claim pass",
                       within=10)
     while True:
         calls = spy.calls
@@ -129,13 +115,13 @@ class Recorder:
         return {"ok": True}
 
     async def wait_started(self, run_id: UUID, within: float) -> float:
-        await _wait_until(lambda: run_id in self.started, f"run {run_id} to start",
+        await wait_until(lambda: run_id in self.started, f"run {run_id} to start",
                           within=within, interval=0.005)
         return self.started[run_id]
 
 
 async def test_idle_worker_starts_a_fresh_run_within_one_second(spawn_worker, connect):
-    dep = _deployment()
+    dep = unique_deployment("wake")
     handler = Recorder()
     worker = await spawn_worker(dep, handler)
     spy = ClaimSpy(worker)
@@ -151,7 +137,7 @@ async def test_idle_worker_starts_a_fresh_run_within_one_second(spawn_worker, co
           f"(poll interval {IDLE:g} s)")
     assert latency <= 1.0
 
-    await _wait_until(lambda: producer.fetchval(
+    await wait_until(lambda: producer.fetchval(
         "SELECT r.status = 'completed' FROM zeroth.runs r WHERE r.run_id = $1", run.run_id),
         "the run to complete", within=5)
 
@@ -159,7 +145,7 @@ async def test_idle_worker_starts_a_fresh_run_within_one_second(spawn_worker, co
 async def test_a_wakeup_during_a_claim_pass_is_not_lost(spawn_worker, connect):
     """A NOTIFY that lands after the claim's snapshot but before the loop sleeps must still cut
     the sleep short (otherwise the run waits for the 60 s poll)."""
-    dep = _deployment()
+    dep = unique_deployment("wake")
     handler = Recorder()
     worker = await spawn_worker(dep, handler)
     claims = ClaimSpy(worker)
@@ -181,7 +167,7 @@ async def test_a_wakeup_during_a_claim_pass_is_not_lost(spawn_worker, connect):
     worker.lease_manager.claim_pending_result = claim_then_enqueue  # type: ignore[method-assign]
     # A wakeup with nothing to claim starts the pass.
     await enqueue_wakeup(producer, uuid.uuid4(), deployment_ref=dep)
-    await _wait_until(lambda: late, "the pass to enqueue its run", within=5)
+    await wait_until(lambda: late, "the pass to enqueue its run", within=5)
     noticed = time.monotonic()
     started_at = await handler.wait_started(late[0], within=5)
     print(f"\nwakeup during a claim pass: run started {(started_at - noticed) * 1000:.1f} ms "
@@ -191,7 +177,7 @@ async def test_a_wakeup_during_a_claim_pass_is_not_lost(spawn_worker, connect):
 
 async def test_missed_notifications_are_covered_by_the_poll_after_reconnect(
         spawn_worker, connect):
-    dep = _deployment()
+    dep = unique_deployment("wake")
     handler = Recorder()
     worker = await spawn_worker(dep, handler, max_concurrency=50)
     spy = ClaimSpy(worker)
@@ -215,7 +201,7 @@ async def test_missed_notifications_are_covered_by_the_poll_after_reconnect(
     pid = notifier.backend_pid
     assert pid is not None
     assert await admin.fetchval("SELECT pg_terminate_backend($1)", pid)
-    await _wait_until(lambda: not notifier.connected.is_set(), "the listener to notice",
+    await wait_until(lambda: not notifier.connected.is_set(), "the listener to notice",
                       within=5)
 
     runs = await LeaseManager(admin).enqueue_runs(dep, [{"payload": {"i": i}} for i in range(200)])
@@ -229,8 +215,8 @@ async def test_missed_notifications_are_covered_by_the_poll_after_reconnect(
 
     reconnect_at = time.monotonic()
     gate.set()
-    await _wait_until(lambda: notifier.connects == 2, "the reconnect", within=5)
-    await _wait_until(lambda: len(handler.started) == 200, "all 200 runs to start", within=15,
+    await wait_until(lambda: notifier.connects == 2, "the reconnect", within=5)
+    await wait_until(lambda: len(handler.started) == 200, "all 200 runs to start", within=15,
                       interval=0.02)
     first = min(handler.started.values()) - reconnect_at
     last = max(handler.started.values()) - reconnect_at
@@ -239,7 +225,7 @@ async def test_missed_notifications_are_covered_by_the_poll_after_reconnect(
     assert last <= 5.0
     assert notifier.connects == 2
     assert notifier.backend_pid not in (None, pid)
-    await _wait_until(lambda: admin.fetchval(
+    await wait_until(lambda: admin.fetchval(
         """SELECT count(*) = 200 FROM zeroth.runs r
             WHERE r.deployment_ref = $1 AND r.status = 'completed'
               AND r.started_at IS NOT NULL""", dep), "all 200 runs to complete", within=10)
@@ -247,7 +233,7 @@ async def test_missed_notifications_are_covered_by_the_poll_after_reconnect(
 
 async def test_wakeups_for_other_deployments_or_scopes_do_not_wake_the_worker(
         spawn_worker, connect):
-    dep, other = _deployment(), _deployment()
+    dep, other = unique_deployment("wake"), unique_deployment("wake")
     handler = Recorder()
     worker = await spawn_worker(dep, handler)
     claims = ClaimSpy(worker)
