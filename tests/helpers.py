@@ -219,3 +219,17 @@ async def wait_until(predicate: Callable[[], Any], what: str, *, within: float,
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {within:g}s waiting for {what}")
         await asyncio.sleep(interval)
+
+
+async def listen(connection: asyncpg.Connection, channel: str) -> asyncio.Queue[str]:
+    """LISTEN on ``connection``; the payloads of ``channel`` land in the returned queue."""
+    queue: asyncio.Queue[str] = asyncio.Queue()
+    await connection.add_listener(channel, lambda *args: queue.put_nowait(args[3]))
+    return queue
+
+
+async def next_payload(queue: asyncio.Queue[str]) -> str:
+    """The next notification payload. The timeout is a failure bound only: the notification was
+    committed before the test waits."""
+    return await asyncio.wait_for(queue.get(), timeout=10)
+

@@ -6,12 +6,11 @@ cancel_action an earlier request_cancel recorded.
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import asyncpg
 import pytest
-from helpers import DEPLOYMENT, WORKER, at, claim, enqueue, make_run, run_row
+from helpers import DEPLOYMENT, WORKER, at, claim, enqueue, listen, make_run, next_payload, run_row
 
 CANCEL = """SELECT zeroth.cancel_run(run_id => $1, worker_id => $2, generation => $3,
                 tenant_id => $4, workspace_id => $5, now_override => $6)"""
@@ -31,15 +30,6 @@ async def cancel(conn, run_id, worker_id=WORKER, generation=1, *, tenant_id=None
                                now)
 
 
-async def listen(connection, channel):
-    queue: asyncio.Queue[str] = asyncio.Queue()
-    await connection.add_listener(channel, lambda *args: queue.put_nowait(args[3]))
-    return queue
-
-
-async def next_payload(queue):
-    # A failure bound only: the notification was committed before we wait.
-    return await asyncio.wait_for(queue.get(), timeout=10)
 
 
 class TestHolderCancels:

@@ -13,7 +13,7 @@ from datetime import timedelta
 
 import asyncpg
 import pytest
-from helpers import DEPLOYMENT, WORKER, at, claim, enqueue, make_run, run_row
+from helpers import DEPLOYMENT, WORKER, at, claim, enqueue, listen, make_run, run_row
 
 CLEAR = """SELECT zeroth.clear_lease(run_id => $1, tenant_id => $2, workspace_id => $3,
                now_override => $4)"""
@@ -35,11 +35,6 @@ MICROSECOND = timedelta(microseconds=1)
 async def clear(conn, run_id, *, tenant_id=None, workspace_id=None, now=NOW):
     return await conn.fetchval(CLEAR, run_id, tenant_id, workspace_id, now)
 
-
-async def listen(connection, channel):
-    queue: asyncio.Queue[str] = asyncio.Queue()
-    await connection.add_listener(channel, lambda *args: queue.put_nowait(args[3]))
-    return queue
 
 
 async def assert_raises(conn, sqlstate, *args, **kwargs):

@@ -12,7 +12,7 @@ from datetime import timedelta
 
 import asyncpg
 import pytest
-from helpers import DEPLOYMENT, WORKER, at, make_run, run_row
+from helpers import DEPLOYMENT, WORKER, at, listen, make_run, run_row
 
 EXPIRE = """SELECT zeroth.expire_recovery_lease(run_id => $1, worker_id => $2, generation => $3,
                 tenant_id => $4, workspace_id => $5, now_override => $6)"""
@@ -51,11 +51,6 @@ async def recovered_run(conn, *, max_concurrency=None):
     assert [(r["run_id"], r["lease_generation"]) for r in rows] == [(lease.run_id, 2)]
     return lease.run_id, checkpoint
 
-
-async def listen(connection, channel):
-    queue: asyncio.Queue[str] = asyncio.Queue()
-    await connection.add_listener(channel, lambda *args: queue.put_nowait(args[3]))
-    return queue
 
 
 class TestExpireRunningLease:

@@ -6,13 +6,12 @@ storing the caller's input as metadata.resume_input.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 
 import asyncpg
 import pytest
-from helpers import DEPLOYMENT, WORKER, at, claim, enqueue, make_run, run_row
+from helpers import DEPLOYMENT, WORKER, at, claim, enqueue, listen, make_run, next_payload, run_row
 
 PAUSE = """SELECT zeroth.pause_run(run_id => $1, worker_id => $2, generation => $3,
                reason => $4, tenant_id => $5, workspace_id => $6, now_override => $7)"""
@@ -51,15 +50,6 @@ async def assert_raises(conn, sqlstate, call, *args, **kwargs):
     assert info.value.sqlstate == sqlstate
 
 
-async def listen(connection, channel):
-    queue: asyncio.Queue[str] = asyncio.Queue()
-    await connection.add_listener(channel, lambda *args: queue.put_nowait(args[3]))
-    return queue
-
-
-async def next_payload(queue):
-    # A failure bound only: the notification was committed before we wait.
-    return await asyncio.wait_for(queue.get(), timeout=10)
 
 
 class TestPauseRunningRun:

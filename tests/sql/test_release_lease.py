@@ -6,13 +6,12 @@ A pending run becomes claimable at once; a running run keeps its holder and gets
 
 from __future__ import annotations
 
-import asyncio
 import json
 from datetime import timedelta
 
 import asyncpg
 import pytest
-from helpers import DEPLOYMENT, WORKER, at, claim, enqueue, make_run, run_row
+from helpers import DEPLOYMENT, WORKER, at, claim, enqueue, listen, make_run, next_payload, run_row
 
 RELEASE = """SELECT zeroth.release_lease(run_id => $1, worker_id => $2, generation => $3,
                  tenant_id => $4, workspace_id => $5, now_override => $6)"""
@@ -39,15 +38,6 @@ async def claim_orphaned(conn, worker_id=OTHER, *, max_concurrency=None, now=NOW
     return await conn.fetch(CLAIM_ORPHANED, DEPLOYMENT, worker_id, max_concurrency, now)
 
 
-async def listen(connection, channel):
-    queue: asyncio.Queue[str] = asyncio.Queue()
-    await connection.add_listener(channel, lambda *args: queue.put_nowait(args[3]))
-    return queue
-
-
-async def next_payload(queue):
-    # A failure bound only: the notification was committed before we wait.
-    return await asyncio.wait_for(queue.get(), timeout=10)
 
 
 class TestReleaseOfClaimedPendingRun:
