@@ -397,6 +397,70 @@ CREATE FUNCTION zeroth._claim_marker(active_count integer, saturated boolean, co
 COMMENT ON FUNCTION zeroth._claim_marker(active_count integer, saturated boolean, concurrency_limit integer) IS 'Internal: the run_id-NULL row a claim returns when it claimed nothing, carrying the saturation it saw.';
 
 --
+-- Name: _claim_pending(text, text, text, text, integer, integer, double precision, timestamp with time zone, boolean); Type: FUNCTION; Schema: zeroth; Owner: -
+--
+CREATE FUNCTION zeroth._claim_pending(deployment_ref text, worker_id text, tenant_id text, workspace_id text, max_concurrency integer, batch_size integer, lease_seconds double precision, now_override timestamp with time zone, start boolean) RETURNS SETOF zeroth.claimed_run
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+DECLARE
+    v_now    timestamptz := zeroth._now(_claim_pending.now_override);
+    v_lease  interval := zeroth._lease_interval(_claim_pending.lease_seconds);
+    v_tenant text := zeroth._scope_tenant(_claim_pending.tenant_id, _claim_pending.workspace_id);
+    v_wskey  text := zeroth._workspace_key(_claim_pending.workspace_id);
+    v_want   integer := _claim_pending.batch_size;
+    v_slots  integer[];
+    v_active integer := 0;
+    v_ids    uuid[];
+BEGIN
+    PERFORM zeroth._require_identifier(_claim_pending.deployment_ref, 'deployment_ref');
+    PERFORM zeroth._require_identifier(_claim_pending.worker_id, 'worker_id');
+    PERFORM zeroth._require(_claim_pending.batch_size BETWEEN 1 AND 1000, 'batch_size must be between 1 and 1000');
+    PERFORM zeroth._require(_claim_pending.max_concurrency IS NULL OR _claim_pending.max_concurrency >= 1,
+                            'max_concurrency must be NULL or at least 1');
+
+    IF _claim_pending.max_concurrency IS NOT NULL THEN
+        IF v_tenant IS NULL THEN
+            RAISE EXCEPTION 'distributed concurrency needs an exact scope: a workspace_id needs a tenant_id'
+                USING ERRCODE = 'ZP006';
+        END IF;
+        SELECT t.slots, t.active_count INTO v_slots, v_active
+          FROM zeroth._take_slots(v_tenant, v_wskey, _claim_pending.deployment_ref,
+                                  _claim_pending.max_concurrency, _claim_pending.batch_size, v_now) AS t;
+        IF cardinality(v_slots) = 0 THEN
+            RETURN NEXT zeroth._claim_marker(v_active, true, _claim_pending.max_concurrency);
+            RETURN;
+        END IF;
+        v_want := cardinality(v_slots);
+    END IF;
+
+    -- Lock first (SKIP LOCKED: never wait on another claimer), then lease what was locked.
+    WITH locked AS MATERIALIZED (
+        SELECT r.run_id, r.priority, r.run_after, r.created_at
+          FROM zeroth.runs r
+         WHERE r.tenant_id = v_tenant
+           AND r.workspace_key = v_wskey
+           AND r.deployment_ref = _claim_pending.deployment_ref
+           AND r.status = 'pending'
+           AND r.run_after <= v_now
+           AND (r.lease_expires_at IS NULL OR r.lease_expires_at < v_now)
+         ORDER BY r.priority DESC, r.run_after, r.created_at
+         LIMIT v_want
+           FOR UPDATE SKIP LOCKED
+    )
+    SELECT coalesce(array_agg(l.run_id ORDER BY l.priority DESC, l.run_after, l.created_at), '{}') INTO v_ids FROM locked l;
+    RETURN QUERY SELECT * FROM zeroth._lease_locked_runs(
+        v_tenant, v_wskey, v_ids, v_slots, _claim_pending.worker_id, v_now, v_lease, v_active,
+        _claim_pending.max_concurrency, _claim_pending.start);
+END
+$$;
+
+--
+-- Name: FUNCTION _claim_pending(deployment_ref text, worker_id text, tenant_id text, workspace_id text, max_concurrency integer, batch_size integer, lease_seconds double precision, now_override timestamp with time zone, start boolean); Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON FUNCTION zeroth._claim_pending(deployment_ref text, worker_id text, tenant_id text, workspace_id text, max_concurrency integer, batch_size integer, lease_seconds double precision, now_override timestamp with time zone, start boolean) IS 'Internal: the body of claim_pending (start false) and claim_and_start (start true).';
+
+--
 -- Name: _displace(text, text, text, text, interval, timestamp with time zone, text); Type: FUNCTION; Schema: zeroth; Owner: -
 --
 CREATE FUNCTION zeroth._displace(tenant_id text, workspace_key text, thread_id text, action text, grace interval, at timestamp with time zone, worker_id text) RETURNS jsonb
@@ -588,10 +652,11 @@ $$;
 COMMENT ON FUNCTION zeroth._lease_interval(lease_seconds double precision) IS 'Internal: validates a lease duration in seconds (ZP008 unless 0 < s <= 86400).';
 
 --
--- Name: _lease_locked_runs(text, text, uuid[], integer[], text, timestamp with time zone, interval, integer, integer); Type: FUNCTION; Schema: zeroth; Owner: -
+-- Name: _lease_locked_runs(text, text, uuid[], integer[], text, timestamp with time zone, interval, integer, integer, boolean); Type: FUNCTION; Schema: zeroth; Owner: -
 --
-CREATE FUNCTION zeroth._lease_locked_runs(tenant_id text, workspace_key text, run_ids uuid[], slots integer[], worker_id text, at timestamp with time zone, lease interval, active_count integer, concurrency_limit integer) RETURNS SETOF zeroth.claimed_run
+CREATE FUNCTION zeroth._lease_locked_runs(tenant_id text, workspace_key text, run_ids uuid[], slots integer[], worker_id text, at timestamp with time zone, lease interval, active_count integer, concurrency_limit integer, start boolean) RETURNS SETOF zeroth.claimed_run
     LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 DECLARE
     v_count integer;
@@ -609,6 +674,11 @@ BEGIN
                admission_slot = w.slot_no,
                recovery_checkpoint_id = CASE WHEN r.checkpoint_seq > 0
                    THEN zeroth._latest_checkpoint_id(r.tenant_id, r.workspace_key, r.run_id) END,
+               status = CASE WHEN _lease_locked_runs.start THEN 'running' ELSE r.status END,
+               attempts = CASE WHEN _lease_locked_runs.start AND r.status = 'pending'
+                               THEN r.attempts + 1 ELSE r.attempts END,
+               started_at = CASE WHEN _lease_locked_runs.start AND r.status = 'pending'
+                                 THEN _lease_locked_runs.at ELSE r.started_at END,
                updated_at = _lease_locked_runs.at
           FROM wanted w
          WHERE r.tenant_id = _lease_locked_runs.tenant_id
@@ -641,9 +711,40 @@ END
 $$;
 
 --
+-- Name: FUNCTION _lease_locked_runs(tenant_id text, workspace_key text, run_ids uuid[], slots integer[], worker_id text, at timestamp with time zone, lease interval, active_count integer, concurrency_limit integer, start boolean); Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON FUNCTION zeroth._lease_locked_runs(tenant_id text, workspace_key text, run_ids uuid[], slots integer[], worker_id text, at timestamp with time zone, lease interval, active_count integer, concurrency_limit integer, start boolean) IS 'Internal: lease runs (and slots) the caller already locked, and with start make pending ones running; the shared second half of claim_pending, claim_and_start and claim_orphaned.';
+
+--
+-- Name: _lease_locked_runs(text, text, uuid[], integer[], text, timestamp with time zone, interval, integer, integer); Type: FUNCTION; Schema: zeroth; Owner: -
+--
+CREATE FUNCTION zeroth._lease_locked_runs(tenant_id text, workspace_key text, run_ids uuid[], slots integer[], worker_id text, at timestamp with time zone, lease interval, active_count integer, concurrency_limit integer) RETURNS SETOF zeroth.claimed_run
+    LANGUAGE sql
+    BEGIN ATOMIC
+ SELECT _lease_locked_runs.run_id,
+     _lease_locked_runs.lease_generation,
+     _lease_locked_runs.lease_expires_at,
+     _lease_locked_runs.status,
+     _lease_locked_runs.attempts,
+     _lease_locked_runs.max_attempts,
+     _lease_locked_runs.priority,
+     _lease_locked_runs.thread_id,
+     _lease_locked_runs.idempotency_key,
+     _lease_locked_runs.payload,
+     _lease_locked_runs.metadata,
+     _lease_locked_runs.recovery_checkpoint_id,
+     _lease_locked_runs.checkpoint_data,
+     _lease_locked_runs.cancel_requested,
+     _lease_locked_runs.active_count,
+     _lease_locked_runs.concurrency_saturated,
+     _lease_locked_runs.concurrency_limit
+    FROM zeroth._lease_locked_runs(_lease_locked_runs.tenant_id, _lease_locked_runs.workspace_key, _lease_locked_runs.run_ids, _lease_locked_runs.slots, _lease_locked_runs.worker_id, _lease_locked_runs.at, _lease_locked_runs.lease, _lease_locked_runs.active_count, _lease_locked_runs.concurrency_limit, false) _lease_locked_runs(run_id, lease_generation, lease_expires_at, status, attempts, max_attempts, priority, thread_id, idempotency_key, payload, metadata, recovery_checkpoint_id, checkpoint_data, cancel_requested, active_count, concurrency_saturated, concurrency_limit);
+END;
+
+--
 -- Name: FUNCTION _lease_locked_runs(tenant_id text, workspace_key text, run_ids uuid[], slots integer[], worker_id text, at timestamp with time zone, lease interval, active_count integer, concurrency_limit integer); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth._lease_locked_runs(tenant_id text, workspace_key text, run_ids uuid[], slots integer[], worker_id text, at timestamp with time zone, lease interval, active_count integer, concurrency_limit integer) IS 'Internal: lease runs (and slots) the caller already locked; the shared second half of claim_pending and claim_orphaned.';
+COMMENT ON FUNCTION zeroth._lease_locked_runs(tenant_id text, workspace_key text, run_ids uuid[], slots integer[], worker_id text, at timestamp with time zone, lease interval, active_count integer, concurrency_limit integer) IS 'Internal: lease runs (and slots) the caller already locked, status unchanged; used by claim_orphaned.';
 
 --
 -- Name: admission_slots; Type: TABLE; Schema: zeroth; Owner: -
@@ -981,6 +1082,30 @@ $$;
 COMMENT ON FUNCTION zeroth._require_identifier(value text, name text) IS 'Internal: ZP008 unless value is a non-empty identifier of at most 200 characters (keeps NOTIFY payloads far below 8000 bytes).';
 
 --
+-- Name: _require_lease_batch(uuid[], bigint[]); Type: FUNCTION; Schema: zeroth; Owner: -
+--
+CREATE FUNCTION zeroth._require_lease_batch(run_ids uuid[], generations bigint[]) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+BEGIN
+    PERFORM zeroth._require(run_ids IS NOT NULL AND generations IS NOT NULL
+                            AND cardinality(run_ids) = cardinality(generations),
+                            'run_ids and generations must be arrays of the same length');
+    PERFORM zeroth._require(array_position(run_ids, NULL) IS NULL
+                            AND array_position(generations, NULL) IS NULL,
+                            'run_ids and generations must not contain NULL');
+    PERFORM zeroth._require(cardinality(run_ids) <= 1000, 'at most 1000 runs per call');
+    PERFORM zeroth._require(cardinality(run_ids) = (SELECT count(DISTINCT u) FROM unnest(run_ids) AS u),
+                            'run_ids must not repeat a run');
+END
+$$;
+
+--
+-- Name: FUNCTION _require_lease_batch(run_ids uuid[], generations bigint[]); Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON FUNCTION zeroth._require_lease_batch(run_ids uuid[], generations bigint[]) IS 'Internal: ZP008 unless run_ids and generations are equal-length, NULL-free, at most 1000 long, without a repeated run.';
+
+--
 -- Name: _retry_after(timestamp with time zone, interval, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
 --
 CREATE FUNCTION zeroth._retry_after(lease_expires_at timestamp with time zone, grace interval, at timestamp with time zone) RETURNS integer
@@ -1312,6 +1437,38 @@ $$;
 COMMENT ON FUNCTION zeroth.cancel_run(run_id uuid, worker_id text, generation bigint, tenant_id text, workspace_id text, now_override timestamp with time zone) IS 'cancel_run: the live lease holder (worker_id, generation) ends its pending or running run as cancelled; clears the lease, frees the slot. Returns false when fenced out. Raises ZP008. Notifies zeroth_wakeup when a slot was freed. Time: clock_timestamp().';
 
 --
+-- Name: claim_and_start(text, text, text, text, integer, integer, double precision, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
+--
+CREATE FUNCTION zeroth.claim_and_start(deployment_ref text, worker_id text, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, max_concurrency integer DEFAULT NULL::integer, batch_size integer DEFAULT 1, lease_seconds double precision DEFAULT 60, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS SETOF zeroth.claimed_run
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    BEGIN ATOMIC
+ SELECT _claim_pending.run_id,
+     _claim_pending.lease_generation,
+     _claim_pending.lease_expires_at,
+     _claim_pending.status,
+     _claim_pending.attempts,
+     _claim_pending.max_attempts,
+     _claim_pending.priority,
+     _claim_pending.thread_id,
+     _claim_pending.idempotency_key,
+     _claim_pending.payload,
+     _claim_pending.metadata,
+     _claim_pending.recovery_checkpoint_id,
+     _claim_pending.checkpoint_data,
+     _claim_pending.cancel_requested,
+     _claim_pending.active_count,
+     _claim_pending.concurrency_saturated,
+     _claim_pending.concurrency_limit
+    FROM zeroth._claim_pending(claim_and_start.deployment_ref, claim_and_start.worker_id, claim_and_start.tenant_id, claim_and_start.workspace_id, claim_and_start.max_concurrency, claim_and_start.batch_size, claim_and_start.lease_seconds, claim_and_start.now_override, true) _claim_pending(run_id, lease_generation, lease_expires_at, status, attempts, max_attempts, priority, thread_id, idempotency_key, payload, metadata, recovery_checkpoint_id, checkpoint_data, cancel_requested, active_count, concurrency_saturated, concurrency_limit);
+END;
+
+--
+-- Name: FUNCTION claim_and_start(deployment_ref text, worker_id text, tenant_id text, workspace_id text, max_concurrency integer, batch_size integer, lease_seconds double precision, now_override timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON FUNCTION zeroth.claim_and_start(deployment_ref text, worker_id text, tenant_id text, workspace_id text, max_concurrency integer, batch_size integer, lease_seconds double precision, now_override timestamp with time zone) IS 'claim_and_start: claim_pending and start_run in one call — up to batch_size pending runs are leased (new generation) and made running (attempt counted, started_at set) by one UPDATE. Same order, max_concurrency slots, saturation row and SKIP LOCKED locking as claim_pending. Raises ZP006, ZP008. Time: clock_timestamp().';
+
+--
 -- Name: claim_for_takeover(uuid, text, text, double precision, text, text, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
 --
 CREATE FUNCTION zeroth.claim_for_takeover(run_id uuid, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, grace_seconds double precision DEFAULT 10, stop_reason text DEFAULT 'orphan_recovered'::text, message text DEFAULT NULL::text, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS SETOF zeroth.takeover
@@ -1414,60 +1571,28 @@ COMMENT ON FUNCTION zeroth.claim_orphaned(deployment_ref text, worker_id text, t
 -- Name: claim_pending(text, text, text, text, integer, integer, double precision, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
 --
 CREATE FUNCTION zeroth.claim_pending(deployment_ref text, worker_id text, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, max_concurrency integer DEFAULT NULL::integer, batch_size integer DEFAULT 1, lease_seconds double precision DEFAULT 60, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS SETOF zeroth.claimed_run
-    LANGUAGE plpgsql SECURITY DEFINER
+    LANGUAGE sql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
-    AS $$
-DECLARE
-    v_now    timestamptz := zeroth._now(now_override);
-    v_lease  interval := zeroth._lease_interval(claim_pending.lease_seconds);
-    v_tenant text := zeroth._scope_tenant(claim_pending.tenant_id, claim_pending.workspace_id);
-    v_wskey  text := zeroth._workspace_key(claim_pending.workspace_id);
-    v_want   integer := claim_pending.batch_size;
-    v_slots  integer[];
-    v_active integer := 0;
-    v_ids    uuid[];
-BEGIN
-    PERFORM zeroth._require_identifier(claim_pending.deployment_ref, 'deployment_ref');
-    PERFORM zeroth._require_identifier(claim_pending.worker_id, 'worker_id');
-    PERFORM zeroth._require(claim_pending.batch_size BETWEEN 1 AND 1000, 'batch_size must be between 1 and 1000');
-    PERFORM zeroth._require(claim_pending.max_concurrency IS NULL OR claim_pending.max_concurrency >= 1,
-                            'max_concurrency must be NULL or at least 1');
-
-    IF claim_pending.max_concurrency IS NOT NULL THEN
-        IF v_tenant IS NULL THEN
-            RAISE EXCEPTION 'distributed concurrency needs an exact scope: a workspace_id needs a tenant_id'
-                USING ERRCODE = 'ZP006';
-        END IF;
-        SELECT t.slots, t.active_count INTO v_slots, v_active
-          FROM zeroth._take_slots(v_tenant, v_wskey, claim_pending.deployment_ref,
-                                  claim_pending.max_concurrency, claim_pending.batch_size, v_now) AS t;
-        IF cardinality(v_slots) = 0 THEN
-            RETURN NEXT zeroth._claim_marker(v_active, true, claim_pending.max_concurrency);
-            RETURN;
-        END IF;
-        v_want := cardinality(v_slots);
-    END IF;
-
-    -- Lock first (SKIP LOCKED: never wait on another claimer), then lease what was locked.
-    WITH locked AS MATERIALIZED (
-        SELECT r.run_id, r.priority, r.run_after, r.created_at
-          FROM zeroth.runs r
-         WHERE r.tenant_id = v_tenant
-           AND r.workspace_key = v_wskey
-           AND r.deployment_ref = claim_pending.deployment_ref
-           AND r.status = 'pending'
-           AND r.run_after <= v_now
-           AND (r.lease_expires_at IS NULL OR r.lease_expires_at < v_now)
-         ORDER BY r.priority DESC, r.run_after, r.created_at
-         LIMIT v_want
-           FOR UPDATE SKIP LOCKED
-    )
-    SELECT coalesce(array_agg(l.run_id ORDER BY l.priority DESC, l.run_after, l.created_at), '{}') INTO v_ids FROM locked l;
-    RETURN QUERY SELECT * FROM zeroth._lease_locked_runs(
-        v_tenant, v_wskey, v_ids, v_slots, claim_pending.worker_id, v_now, v_lease, v_active,
-        claim_pending.max_concurrency);
-END
-$$;
+    BEGIN ATOMIC
+ SELECT _claim_pending.run_id,
+     _claim_pending.lease_generation,
+     _claim_pending.lease_expires_at,
+     _claim_pending.status,
+     _claim_pending.attempts,
+     _claim_pending.max_attempts,
+     _claim_pending.priority,
+     _claim_pending.thread_id,
+     _claim_pending.idempotency_key,
+     _claim_pending.payload,
+     _claim_pending.metadata,
+     _claim_pending.recovery_checkpoint_id,
+     _claim_pending.checkpoint_data,
+     _claim_pending.cancel_requested,
+     _claim_pending.active_count,
+     _claim_pending.concurrency_saturated,
+     _claim_pending.concurrency_limit
+    FROM zeroth._claim_pending(claim_pending.deployment_ref, claim_pending.worker_id, claim_pending.tenant_id, claim_pending.workspace_id, claim_pending.max_concurrency, claim_pending.batch_size, claim_pending.lease_seconds, claim_pending.now_override, false) _claim_pending(run_id, lease_generation, lease_expires_at, status, attempts, max_attempts, priority, thread_id, idempotency_key, payload, metadata, recovery_checkpoint_id, checkpoint_data, cancel_requested, active_count, concurrency_saturated, concurrency_limit);
+END;
 
 --
 -- Name: FUNCTION claim_pending(deployment_ref text, worker_id text, tenant_id text, workspace_id text, max_concurrency integer, batch_size integer, lease_seconds double precision, now_override timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
@@ -1638,6 +1763,97 @@ $$;
 -- Name: FUNCTION complete_run(run_id uuid, worker_id text, generation bigint, output jsonb, tenant_id text, workspace_id text, now_override timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
 --
 COMMENT ON FUNCTION zeroth.complete_run(run_id uuid, worker_id text, generation bigint, output jsonb, tenant_id text, workspace_id text, now_override timestamp with time zone) IS 'complete_run: running → completed for the live lease (worker_id, generation); stores output (SQL NULL keeps the committed output, JSON null clears it), clears the lease, frees the admission slot. Returns false when fenced out. Raises ZP003 (holder but not running), ZP008. Notifies zeroth_wakeup when a slot was freed. Time: clock_timestamp().';
+
+--
+-- Name: complete_runs(text, uuid[], bigint[], jsonb[], text, text, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
+--
+CREATE FUNCTION zeroth.complete_runs(worker_id text, run_ids uuid[], generations bigint[], outputs jsonb[] DEFAULT NULL::jsonb[], tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(run_id uuid, completed boolean)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_now        timestamptz := zeroth._now(complete_runs.now_override);
+    v_tenant     text := zeroth._scope_tenant(complete_runs.tenant_id, complete_runs.workspace_id);
+    v_wskey      text := zeroth._workspace_key(complete_runs.workspace_id);
+    v_done       uuid[];
+    v_freed_deps text[];
+BEGIN
+    PERFORM zeroth._require_identifier(complete_runs.worker_id, 'worker_id');
+    PERFORM zeroth._require_lease_batch(complete_runs.run_ids, complete_runs.generations);
+    PERFORM zeroth._require(complete_runs.outputs IS NULL
+                            OR cardinality(complete_runs.outputs) = cardinality(complete_runs.run_ids),
+                            'outputs must be NULL or as long as run_ids');
+
+    -- Slot rows first, in run_id order (renew_leases takes them in the same order).
+    PERFORM 1
+       FROM zeroth.admission_slots s
+       JOIN unnest(complete_runs.run_ids, complete_runs.generations) AS q(run_id, generation)
+         ON s.run_id = q.run_id AND s.lease_generation = q.generation
+      WHERE s.tenant_id = v_tenant AND s.workspace_key = v_wskey
+        AND s.lease_worker_id = complete_runs.worker_id
+        AND s.lease_expires_at >= v_now
+      ORDER BY s.run_id
+        FOR UPDATE OF s;
+
+    WITH requested AS (
+        SELECT q.run_id, q.generation, complete_runs.outputs[q.position] AS output
+          FROM unnest(complete_runs.run_ids, complete_runs.generations)
+               WITH ORDINALITY AS q(run_id, generation, position)
+    ), locked AS MATERIALIZED (
+        SELECT r.run_id
+          FROM zeroth.runs r
+          JOIN requested q ON r.run_id = q.run_id AND r.lease_generation = q.generation
+         WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey
+           AND r.lease_worker_id = complete_runs.worker_id
+           AND r.lease_expires_at >= v_now
+           AND r.status = 'running'
+         ORDER BY r.run_id
+           FOR UPDATE OF r
+    ), done AS (
+        UPDATE zeroth.runs r
+           SET status = 'completed',
+               output = CASE WHEN q.output IS NULL THEN r.output
+                             ELSE nullif(q.output, 'null'::jsonb) END,
+               finished_at = v_now,
+               updated_at = v_now,
+               lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
+               admission_slot = NULL, recovery_checkpoint_id = NULL
+          FROM locked l
+          JOIN requested q ON q.run_id = l.run_id
+         WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey AND r.run_id = l.run_id
+           AND r.lease_worker_id = complete_runs.worker_id
+           AND r.lease_generation = q.generation
+           AND r.lease_expires_at >= v_now
+           AND r.status = 'running'
+        RETURNING r.run_id, q.generation
+    ), freed AS (
+        UPDATE zeroth.admission_slots s
+           SET run_id = NULL, lease_worker_id = NULL, lease_generation = NULL, lease_expires_at = NULL
+          FROM done d
+         WHERE s.run_id = d.run_id
+           AND s.tenant_id = v_tenant AND s.workspace_key = v_wskey
+           AND s.lease_worker_id = complete_runs.worker_id
+           AND s.lease_generation = d.generation
+        RETURNING s.deployment_ref
+    )
+    SELECT (SELECT coalesce(array_agg(d.run_id), '{}') FROM done d),
+           (SELECT coalesce(array_agg(DISTINCT f.deployment_ref), '{}') FROM freed f)
+      INTO v_done, v_freed_deps;
+
+    PERFORM zeroth._notify_wakeup(d.deployment_ref, v_tenant, complete_runs.workspace_id)
+       FROM unnest(v_freed_deps) AS d(deployment_ref);
+
+    RETURN QUERY
+    SELECT q.run_id, q.run_id = ANY (v_done)
+      FROM unnest(complete_runs.run_ids) WITH ORDINALITY AS q(run_id, position)
+     ORDER BY q.position;
+END
+$$;
+
+--
+-- Name: FUNCTION complete_runs(worker_id text, run_ids uuid[], generations bigint[], outputs jsonb[], tenant_id text, workspace_id text, now_override timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON FUNCTION zeroth.complete_runs(worker_id text, run_ids uuid[], generations bigint[], outputs jsonb[], tenant_id text, workspace_id text, now_override timestamp with time zone) IS 'complete_runs: complete_run for a batch of one worker''s runs in one statement; run_ids[i] completes only while generations[i] is live, held by worker_id and running; outputs[i] as complete_run''s output. One row per requested run in input order, completed = false when refused. Locks slots then runs, each in run_id order. Raises ZP008. Notifies zeroth_wakeup (once per deployment) when slots were freed. Time: clock_timestamp().';
 
 --
 -- Name: count_pending(text, text, text); Type: FUNCTION; Schema: zeroth; Owner: -
@@ -2406,19 +2622,22 @@ BEGIN
                             AND array_position(renew_leases.generations, NULL) IS NULL,
                             'run_ids and generations must not contain NULL');
 
-    WITH requested AS (
-        SELECT q.run_id, q.generation
-          FROM unnest(renew_leases.run_ids, renew_leases.generations) AS q(run_id, generation)
+    WITH locked AS MATERIALIZED (
+        SELECT s.tenant_id, s.workspace_key, s.deployment_ref, s.slot_no
+          FROM zeroth.admission_slots s
+          JOIN unnest(renew_leases.run_ids, renew_leases.generations) AS q(run_id, generation)
+            ON s.run_id = q.run_id AND s.lease_generation = q.generation
+         WHERE s.tenant_id = v_tenant AND s.workspace_key = v_wskey
+           AND s.lease_worker_id = renew_leases.worker_id
+           AND s.lease_expires_at >= v_now
+         ORDER BY s.run_id
+           FOR UPDATE OF s
     ), renewed AS (
         UPDATE zeroth.admission_slots s
            SET lease_expires_at = v_expires
-          FROM requested q
-         WHERE s.run_id = q.run_id
-           AND s.tenant_id = v_tenant
-           AND s.workspace_key = v_wskey
-           AND s.lease_worker_id = renew_leases.worker_id
-           AND s.lease_generation = q.generation
-           AND s.lease_expires_at >= v_now
+          FROM locked l
+         WHERE s.tenant_id = l.tenant_id AND s.workspace_key = l.workspace_key
+           AND s.deployment_ref = l.deployment_ref AND s.slot_no = l.slot_no
         RETURNING s.run_id
     )
     SELECT coalesce(array_agg(x.run_id), '{}') INTO v_slot_runs FROM renewed x;
@@ -2427,17 +2646,24 @@ BEGIN
     WITH requested AS (
         SELECT q.run_id, q.generation, q.position
           FROM unnest(renew_leases.run_ids, renew_leases.generations) WITH ORDINALITY AS q(run_id, generation, position)
+    ), locked AS MATERIALIZED (
+        SELECT r.run_id
+          FROM zeroth.runs r
+          JOIN requested q ON r.run_id = q.run_id AND r.lease_generation = q.generation
+         WHERE r.tenant_id = v_tenant
+           AND r.workspace_key = v_wskey
+           AND r.lease_worker_id = renew_leases.worker_id
+           AND r.lease_expires_at >= v_now
+           AND (r.admission_slot IS NULL OR r.run_id = ANY (v_slot_runs))
+         ORDER BY r.run_id
+           FOR UPDATE OF r
     ), renewed AS (
         UPDATE zeroth.runs r
            SET lease_expires_at = v_expires
-          FROM requested q
-         WHERE r.tenant_id = v_tenant
-           AND r.workspace_key = v_wskey
-           AND r.run_id = q.run_id
+          FROM locked l
+         WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey AND r.run_id = l.run_id
            AND r.lease_worker_id = renew_leases.worker_id
-           AND r.lease_generation = q.generation
            AND r.lease_expires_at >= v_now
-           AND (r.admission_slot IS NULL OR r.run_id = ANY (v_slot_runs))
         RETURNING r.run_id, r.lease_generation, r.lease_expires_at, r.cancel_requested_at
     )
     SELECT q.run_id, n.run_id IS NOT NULL, n.lease_expires_at,
@@ -2451,7 +2677,7 @@ $$;
 --
 -- Name: FUNCTION renew_leases(worker_id text, run_ids uuid[], generations bigint[], tenant_id text, workspace_id text, lease_seconds double precision, now_override timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth.renew_leases(worker_id text, run_ids uuid[], generations bigint[], tenant_id text, workspace_id text, lease_seconds double precision, now_override timestamp with time zone) IS 'renew_leases: batch renew_lease for one worker; run_ids[i] is renewed only while generations[i] is live and held by worker_id. One row per requested run (renewed, new expiry, cancel_requested), in input order. Raises ZP008. Time: clock_timestamp().';
+COMMENT ON FUNCTION zeroth.renew_leases(worker_id text, run_ids uuid[], generations bigint[], tenant_id text, workspace_id text, lease_seconds double precision, now_override timestamp with time zone) IS 'renew_leases: batch renew_lease for one worker; run_ids[i] is renewed only while generations[i] is live and held by worker_id. One row per requested run (renewed, new expiry, cancel_requested), in input order. Locks slots then runs, each in run_id order. Raises ZP008. Time: clock_timestamp().';
 
 --
 -- Name: request_cancel(uuid, text, text, text, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -

@@ -27,6 +27,7 @@ from zeroth_pg.types import (
     LeaseClaimResult,
     LeaseRenewal,
     OrphanClaimResult,
+    RunCompletion,
     RunStatus,
 )
 
@@ -48,6 +49,7 @@ __all__ = [
     "LeaseRenewal",
     "OrphanClaimResult",
     "RetryableError",
+    "RunCompletion",
     "RunContext",
     "RunNotFoundError",
     "RunStatus",

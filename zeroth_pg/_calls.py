@@ -26,6 +26,10 @@ CLAIM_PENDING = f"""SELECT {_CLAIM_COLUMNS} FROM zeroth.claim_pending(
     deployment_ref => $1, worker_id => $2, tenant_id => $3, workspace_id => $4,
     max_concurrency => $5, batch_size => $6, lease_seconds => $7)"""
 
+CLAIM_AND_START = f"""SELECT {_CLAIM_COLUMNS} FROM zeroth.claim_and_start(
+    deployment_ref => $1, worker_id => $2, tenant_id => $3, workspace_id => $4,
+    max_concurrency => $5, batch_size => $6, lease_seconds => $7)"""
+
 CLAIM_ORPHANED = f"""SELECT {_CLAIM_COLUMNS} FROM zeroth.claim_orphaned(
     deployment_ref => $1, worker_id => $2, tenant_id => $3, workspace_id => $4,
     max_concurrency => $5, claim_limit => $6, lease_seconds => $7)"""
@@ -57,6 +61,10 @@ SAVE_CHECKPOINT = """SELECT zeroth.save_checkpoint(run_id => $1, worker_id => $2
 
 COMPLETE_RUN = """SELECT zeroth.complete_run(run_id => $1, worker_id => $2, generation => $3,
     output => $4::text::jsonb, tenant_id => $5, workspace_id => $6)"""
+
+COMPLETE_RUNS = """SELECT run_id, completed FROM zeroth.complete_runs(worker_id => $1,
+    run_ids => $2, generations => $3, outputs => $4::text[]::jsonb[], tenant_id => $5,
+    workspace_id => $6)"""
 
 FAIL_RUN = """SELECT zeroth.fail_run(run_id => $1, worker_id => $2, generation => $3,
     error => $4::text::jsonb, retryable => $5, retry_base_seconds => $6,

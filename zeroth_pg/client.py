@@ -31,6 +31,7 @@ from zeroth_pg.types import (
     LeaseClaimResult,
     LeaseRenewal,
     OrphanClaimResult,
+    RunCompletion,
     RunStatus,
 )
 
@@ -210,18 +211,26 @@ class LeaseManager:
     ) -> LeaseClaimResult:
         """Claim up to ``batch_size`` pending runs and report the saturation this call saw
         (``zeroth.claim_pending``)."""
-        rows = await self._fetch(
+        return _claim_result(await self._fetch(
             _calls.CLAIM_PENDING, deployment_ref, worker_id, tenant_id, workspace_id,
-            max_concurrency, batch_size, self.lease_duration_seconds, conn=conn)
-        runs = tuple(_claimed(row) for row in rows if row["run_id"] is not None)
-        first = rows[0]
-        return LeaseClaimResult(
-            run_id=runs[0].run_id if runs else None,
-            concurrency_saturated=first["concurrency_saturated"],
-            active_count=first["active_count"],
-            max_concurrency=first["concurrency_limit"],
-            runs=runs,
-        )
+            max_concurrency, batch_size, self.lease_duration_seconds, conn=conn))
+
+    async def claim_and_start(
+        self,
+        deployment_ref: str,
+        worker_id: str,
+        *,
+        tenant_id: str | None = None,
+        workspace_id: str | None = None,
+        max_concurrency: int | None = None,
+        batch_size: int = 1,
+        conn: Executor | None = None,
+    ) -> LeaseClaimResult:
+        """Claim up to ``batch_size`` pending runs and start them in the same statement
+        (``zeroth.claim_and_start``): every returned run is running, its attempt counted."""
+        return _claim_result(await self._fetch(
+            _calls.CLAIM_AND_START, deployment_ref, worker_id, tenant_id, workspace_id,
+            max_concurrency, batch_size, self.lease_duration_seconds, conn=conn))
 
     async def claim_orphaned(
         self,
@@ -391,6 +400,28 @@ class LeaseManager:
             _calls.COMPLETE_RUN, _uuid(run_id), worker_id, generation, _dumps(output), tenant_id,
             workspace_id, conn=conn))
 
+    async def complete_runs(
+        self, worker_id: str, completions: Sequence[tuple[RunId, int] | tuple[RunId, int, Any]],
+        *, tenant_id: str | None = None, workspace_id: str | None = None,
+        conn: Executor | None = None,
+    ) -> list[RunCompletion]:
+        """Complete many of one worker's runs in one call (``zeroth.complete_runs``), each
+        fenced on its own. ``completions`` are (run_id, generation) or (run_id, generation,
+        output) — output as in :meth:`complete_run`. One result per run, in order."""
+        try:
+            items = [(item[0], item[1], item[2] if len(item) > 2 else None)
+                     for item in completions]
+        except (TypeError, IndexError) as exc:
+            raise InvalidArgumentError(
+                "completions must be (run_id, generation[, output]) tuples") from exc
+        outputs = [_dumps(output) for _, _, output in items]
+        rows = await self._fetch(
+            _calls.COMPLETE_RUNS, worker_id, [_uuid(run_id) for run_id, _, _ in items],
+            [generation for _, generation, _ in items],
+            outputs if any(o is not None for o in outputs) else None, tenant_id, workspace_id,
+            conn=conn)
+        return [RunCompletion(run_id=row["run_id"], completed=row["completed"]) for row in rows]
+
     async def fail_run(
         self, run_id: RunId, worker_id: str, *, generation: int, error: Any = None,
         retryable: bool = True, retry_base_seconds: float = 1.0, retry_max_seconds: float = 300.0,
@@ -495,6 +526,18 @@ class LeaseManager:
         every tenant."""
         return int(await self._fetchval(_calls.PRUNE_RUNS, older_than, batch_size, tenant_id,
                                         workspace_id, conn=conn))
+
+
+def _claim_result(rows: list[asyncpg.Record]) -> LeaseClaimResult:
+    runs = tuple(_claimed(row) for row in rows if row["run_id"] is not None)
+    first = rows[0]
+    return LeaseClaimResult(
+        run_id=runs[0].run_id if runs else None,
+        concurrency_saturated=first["concurrency_saturated"],
+        active_count=first["active_count"],
+        max_concurrency=first["concurrency_limit"],
+        runs=runs,
+    )
 
 
 def _json_item(item: Mapping[str, Any]) -> dict[str, Any]:

@@ -120,6 +120,15 @@ class LeaseRenewal:
 
 
 @dataclass(frozen=True, slots=True)
+class RunCompletion:
+    """One row of complete_runs: whether that run was completed (false: fenced out or not
+    running)."""
+
+    run_id: UUID
+    completed: bool
+
+
+@dataclass(frozen=True, slots=True)
 class EnqueuedRun:
     """Result of enqueue_run(s): ``created`` is false when an existing run was returned."""
 

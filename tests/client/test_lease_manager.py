@@ -34,6 +34,7 @@ from zeroth_pg import (
     LeaseRenewal,
     OrphanClaimResult,
     RetryableError,
+    RunCompletion,
     RunNotFoundError,
     RunStatus,
     UnknownColumnError,
@@ -199,6 +200,55 @@ class TestClaimPending:
         run_id = await lm.claim_pending(DEPLOY, W1)
         assert run_id is not None
         assert 0 < await _remaining_lease_seconds(pool, run_id) <= 60
+
+
+class TestFastPath:
+    async def test_claim_and_start_returns_running_runs_with_their_attempt(self, pool):
+        lm = LeaseManager(pool, lease_duration_seconds=30)
+        enqueued = [await lm.enqueue_run(DEPLOY, payload={"n": n}) for n in range(3)]
+
+        result = await lm.claim_and_start(DEPLOY, W1, batch_size=5)
+
+        assert isinstance(result, LeaseClaimResult)
+        assert [run.run_id for run in result.runs] == [e.run_id for e in enqueued]
+        assert {(run.status, run.attempts, run.lease_generation) for run in result.runs} == {
+            (RunStatus.RUNNING, 1, 1)}
+        assert 25 < await _remaining_lease_seconds(pool, enqueued[0].run_id) <= 30
+        empty = await lm.claim_and_start(DEPLOY, W1)
+        assert (empty.run_id, empty.runs) == (None, ())
+
+    async def test_complete_runs_reports_each_run_and_stores_outputs(self, pool):
+        lm = LeaseManager(pool)
+        for _ in range(3):
+            await lm.enqueue_run(DEPLOY)
+        runs = (await lm.claim_and_start(DEPLOY, W1, batch_size=3)).runs
+
+        result = await lm.complete_runs(W1, [
+            (runs[0].run_id, runs[0].lease_generation, {"answer": 1}),
+            (str(runs[1].run_id), runs[1].lease_generation),
+            (runs[2].run_id, runs[2].lease_generation + 1)])
+
+        assert result == [RunCompletion(runs[0].run_id, True), RunCompletion(runs[1].run_id, True),
+                          RunCompletion(runs[2].run_id, False)]
+        assert json.loads((await _row(pool, runs[0].run_id))["output"]) == {"answer": 1}
+        assert (await _row(pool, runs[1].run_id))["output"] is None
+        assert (await _row(pool, runs[2].run_id))["status"] == "running"
+
+    @pytest.mark.parametrize("completions", [
+        pytest.param([("not-a-uuid", 1)], id="bad-uuid"),
+        pytest.param([(uuid4(),)], id="no-generation"),
+        pytest.param([(uuid4(), 1, {1, 2})], id="output-not-json"),
+    ])
+    async def test_complete_runs_rejects_bad_input_before_sending(self, pool, completions):
+        with pytest.raises(InvalidArgumentError):
+            await LeaseManager(pool).complete_runs(W1, completions)
+
+    async def test_complete_runs_repeated_run_raises_invalid_argument(self, pool):
+        lm = LeaseManager(pool)
+        run_id = uuid4()
+        with pytest.raises(InvalidArgumentError) as caught:
+            await lm.complete_runs(W1, [(run_id, 1), (run_id, 1)])
+        _assert_cause(caught.value, "ZP008")
 
 
 class TestClaimOrphaned:

@@ -1,0 +1,212 @@
+"""zeroth.complete_runs: complete_run for a batch of one worker's runs — each row fenced on its
+own, one result row per requested run, slots freed only for the runs that completed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from typing import Any
+
+import asyncpg
+import pytest
+from helpers import WORKER, at, listen, make_run, next_payload, run_row
+
+COMPLETE_RUNS = """SELECT run_id, completed FROM zeroth.complete_runs(worker_id => $1,
+    run_ids => $2::uuid[], generations => $3::bigint[], outputs => $4::text[]::jsonb[],
+    tenant_id => $5, now_override => $6)"""
+
+
+async def complete_runs(conn: asyncpg.Connection, pairs: list[tuple[Any, Any]], *,
+                        worker_id: str | None = WORKER, outputs: list[Any] | None = None,
+                        tenant_id: str | None = None, now: Any = None) -> list[tuple[Any, bool]]:
+    texts = None if outputs is None else [
+        None if value is None else json.dumps(value) for value in outputs]
+    rows = await conn.fetch(COMPLETE_RUNS, worker_id, [p[0] for p in pairs],
+                            [p[1] for p in pairs], texts, tenant_id, now or at(1))
+    return [(row["run_id"], row["completed"]) for row in rows]
+
+
+async def table_state(conn: asyncpg.Connection) -> list[list[dict[str, Any]]]:
+    return [[dict(r) for r in await conn.fetch(sql)] for sql in (
+        "SELECT * FROM zeroth.runs ORDER BY run_id",
+        "SELECT * FROM zeroth.admission_slots ORDER BY deployment_ref, slot_no")]
+
+
+async def drain(queue: asyncio.Queue[str]) -> None:
+    await asyncio.sleep(0.2)  # notifications of earlier commits are still on their way
+    while not queue.empty():
+        queue.get_nowait()
+
+
+class TestBatch:
+    async def test_every_live_run_completes_with_its_own_output(self, conn):
+        leases = [await make_run(conn, "running") for _ in range(3)]
+
+        result = await complete_runs(
+            conn, [(le.run_id, le.generation) for le in leases],
+            outputs=[{"n": 0}, {"n": 1}, {"n": 2}], now=at(5))
+
+        assert result == [(le.run_id, True) for le in leases]
+        for n, lease in enumerate(leases):
+            row = await run_row(conn, lease.run_id)
+            assert (row["status"], json.loads(row["output"]), row["finished_at"]) == (
+                "completed", {"n": n}, at(5))
+            assert (row["lease_worker_id"], row["lease_expires_at"], row["lease_generation"]) == (
+                None, None, 1)
+
+    async def test_results_follow_the_input_order(self, conn):
+        leases = [await make_run(conn, "running") for _ in range(4)]
+        pairs = sorted(((le.run_id, le.generation) for le in leases), key=str, reverse=True)
+
+        result = await complete_runs(conn, pairs)
+
+        assert [run_id for run_id, _ in result] == [run_id for run_id, _ in pairs]
+
+    async def test_no_outputs_keeps_committed_output_and_json_null_clears_it(self, conn):
+        kept, cleared = await make_run(conn, "running"), await make_run(conn, "running")
+        for lease in (kept, cleared):
+            assert await conn.fetchval(
+                """SELECT zeroth.commit_fenced(run_id => $1, worker_id => $2, generation => 1,
+                       columns => '{"output": {"partial": true}}', now_override => $3)""",
+                lease.run_id, WORKER, at(1))
+
+        await complete_runs(conn, [(kept.run_id, 1), (cleared.run_id, 1)], outputs=[None, None])
+        other = await make_run(conn, "running")
+        await complete_runs(conn, [(other.run_id, 1)], outputs=[None])
+
+        assert json.loads((await run_row(conn, kept.run_id))["output"]) == {"partial": True}
+        assert (await run_row(conn, other.run_id))["output"] is None
+
+    async def test_json_null_output_clears(self, conn):
+        lease = await make_run(conn, "running")
+        await conn.execute(
+            """SELECT zeroth.commit_fenced(run_id => $1, worker_id => $2, generation => 1,
+                   columns => '{"output": 1}', now_override => $3)""", lease.run_id, WORKER, at(1))
+
+        rows = await conn.fetch(
+            """SELECT completed FROM zeroth.complete_runs(worker_id => $1,
+                   run_ids => ARRAY[$2::uuid], generations => '{1}',
+                   outputs => ARRAY['null'::jsonb], now_override => $3)""",
+            WORKER, lease.run_id, at(2))
+
+        assert [r["completed"] for r in rows] == [True]
+        assert (await run_row(conn, lease.run_id))["output"] is None
+
+    async def test_empty_batch_returns_no_rows(self, conn):
+        assert await complete_runs(conn, []) == []
+
+
+class TestFence:
+    async def test_each_refused_row_is_reported_and_left_unchanged(self, conn):
+        good = await make_run(conn, "running")
+        stale = await make_run(conn, "running")
+        foreign = await make_run(conn, "running", worker_id="worker-b")
+        claimed = await make_run(conn, "claimed")      # lease held, never started
+        expired = await make_run(conn, "running", lease_seconds=1)
+        unknown = uuid.uuid4()
+        before = {le.run_id: dict(await run_row(conn, le.run_id))
+                  for le in (stale, foreign, claimed, expired)}
+
+        result = await complete_runs(conn, [
+            (good.run_id, 1), (stale.run_id, 7), (foreign.run_id, 1), (claimed.run_id, 1),
+            (expired.run_id, 1), (unknown, 1)], now=at(2))
+
+        assert result == [(good.run_id, True), (stale.run_id, False), (foreign.run_id, False),
+                          (claimed.run_id, False), (expired.run_id, False), (unknown, False)]
+        assert (await run_row(conn, good.run_id))["status"] == "completed"
+        for run_id, row in before.items():
+            assert dict(await run_row(conn, run_id)) == row
+
+    async def test_runs_of_another_scope_are_refused(self, conn):
+        lease = await make_run(conn, "running", tenant_id="t1")
+
+        assert await complete_runs(conn, [(lease.run_id, 1)]) == [(lease.run_id, False)]
+        assert await complete_runs(conn, [(lease.run_id, 1)], tenant_id="t1") == [
+            (lease.run_id, True)]
+
+    async def test_expiry_exactly_now_still_completes(self, conn):
+        lease = await make_run(conn, "running", lease_seconds=10)
+
+        assert await complete_runs(conn, [(lease.run_id, 1)], now=at(10)) == [(lease.run_id, True)]
+
+
+class TestSlots:
+    async def test_only_completed_runs_free_their_slots(self, conn):
+        done = await make_run(conn, "running", tenant_id="t1", max_concurrency=2)
+        refused = await make_run(conn, "running", tenant_id="t1", max_concurrency=2)
+
+        await complete_runs(conn, [(done.run_id, 1), (refused.run_id, 9)], tenant_id="t1")
+
+        held = await conn.fetch(
+            "SELECT run_id FROM zeroth.admission_slots WHERE run_id IS NOT NULL")
+        assert [r["run_id"] for r in held] == [refused.run_id]
+
+    async def test_freed_slots_wake_workers_once_per_deployment(self, connect):
+        conn = await connect()  # autocommit: NOTIFY is delivered at commit
+        queue = await listen(await connect(), "zeroth_wakeup")
+        first, second = (f"wake-{uuid.uuid4().hex[:8]}" for _ in range(2))
+        leases = [await make_run(conn, "running", tenant_id="t1", max_concurrency=5,
+                                 deployment_ref=first) for _ in range(3)]
+        leases.append(await make_run(conn, "running", tenant_id="t1", max_concurrency=5,
+                                     deployment_ref=second))
+        await drain(queue)  # the enqueues' own wakeups
+
+        result = await complete_runs(conn, [(le.run_id, 1) for le in leases], tenant_id="t1")
+
+        assert all(completed for _, completed in result)
+        payloads = [json.loads(await next_payload(queue)) for _ in range(2)]
+        assert sorted(p["deployment_ref"] for p in payloads) == sorted([first, second])
+        assert {p["tenant_id"] for p in payloads} == {"t1"}
+        await asyncio.sleep(0.2)
+        assert queue.empty()
+
+    async def test_no_slot_freed_sends_no_wakeup(self, connect):
+        conn = await connect()
+        queue = await listen(await connect(), "zeroth_wakeup")
+        lease = await make_run(conn, "running", deployment_ref="nowake-" + uuid.uuid4().hex[:8])
+        await drain(queue)
+
+        assert await complete_runs(conn, [(lease.run_id, 1)]) == [(lease.run_id, True)]
+        await asyncio.sleep(0.2)
+        assert queue.empty()
+
+
+class TestRejectedArguments:
+    @pytest.mark.parametrize("case", [
+        "null-worker", "null-run-ids", "length-mismatch", "null-element", "repeated-run",
+        "outputs-length", "too-many"])
+    async def test_bad_argument_raises_zp008_and_changes_nothing(self, conn, case):
+        lease = await make_run(conn, "running")
+        pairs: list[tuple[Any, Any]] = [(lease.run_id, 1)]
+        worker: str | None = WORKER
+        outputs: list[Any] | None = None
+        sql_args: tuple[Any, ...] | None = None
+        if case == "null-worker":
+            worker = None
+        elif case == "null-run-ids":
+            sql_args = (WORKER, None, [1], None, None, at(1))
+        elif case == "length-mismatch":
+            sql_args = (WORKER, [lease.run_id], [1, 2], None, None, at(1))
+        elif case == "null-element":
+            pairs.append((None, 1))
+        elif case == "repeated-run":
+            pairs.append((lease.run_id, 1))
+        elif case == "outputs-length":
+            outputs = [{"a": 1}, {"b": 2}]
+        elif case == "too-many":
+            pairs += [(uuid.uuid4(), 1) for _ in range(1000)]
+        before = await table_state(conn)
+
+        async def call() -> None:
+            async with conn.transaction():
+                if sql_args is not None:
+                    await conn.fetch(COMPLETE_RUNS, *sql_args)
+                else:
+                    await complete_runs(conn, pairs, worker_id=worker, outputs=outputs)
+
+        with pytest.raises(asyncpg.PostgresError) as error:
+            await call()
+
+        assert error.value.sqlstate == "ZP008"
+        assert await table_state(conn) == before
