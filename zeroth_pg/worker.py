@@ -2,11 +2,12 @@
 
 One worker is a handful of asyncio tasks around the SQL functions:
 
-* the **claim loop** (:meth:`RunWorker.poll_loop`) claims pending runs in batches up to the free
-  local slots (one round trip per batch), sweeps for orphans on start and every
-  ``orphan_sweep_interval`` (claiming at most as many as it has free slots), and sleeps until a
-  NOTIFY, a freed slot after a full batch, or ``poll_interval``. It is the only task that claims,
-  so local slot accounting needs no lock; a wakeup only sets an event and never blocks;
+* the **claim loop** (:meth:`RunWorker.poll_loop`) claims *and starts* pending runs in batches
+  up to the free local slots (``claim_and_start``: one round trip per batch), sweeps for orphans
+  on start and every ``orphan_sweep_interval`` (claiming at most as many as it has free slots),
+  and sleeps until a NOTIFY, a freed slot after a full batch, or ``poll_interval``. It is the
+  only task that claims, so local slot accounting needs no lock; a wakeup only sets an event
+  and never blocks;
 * one **renewal task** renews every lease of the worker with one ``renew_leases`` call every
   ``lease_duration / 3``. A refused renewal stops that run's handler at once and nothing more is
   written for it. A renewal that *fails* (connection lost) is retried until the last confirmed
@@ -16,7 +17,11 @@ One worker is a handful of asyncio tasks around the SQL functions:
 * the **notifier** (:class:`zeroth_pg.notify.Notifier`) turns NOTIFYs into "poll now" and cancel
   requests into handler cancellation, and triggers a claim pass after every reconnect;
 * one task per run executes ``handler(ctx)``: a returned value completes the run, an exception
-  fails it (retry with backoff until ``max_attempts``, then dead letter).
+  fails it (retry with backoff until ``max_attempts``, then dead letter);
+* one **completion task** sends the completions of runs that finished together as one
+  ``complete_runs`` call (each row fenced on its own). It never waits to fill a batch: it sends
+  what has queued up by the time the previous call came back, so a lone run is acknowledged as
+  fast as with ``complete_run`` and a burst takes one round trip instead of one per run.
 
 Every write for a run carries its lease generation and is fenced in SQL; the worker keeps no
 state that safety depends on.
@@ -144,6 +149,16 @@ class _Active:
     # Set by the task's first step. A task cancelled before that step never runs its body (no
     # try/finally), so _stop only cancels a started task; an unstarted one settles on start.
     started: bool = False
+    # Set once the handler returned and its completion is queued: a stop from then on lets the
+    # completion go out (the fence in SQL decides it) instead of cancelling the task.
+    finishing: bool = False
+
+
+@dataclass
+class _Completion:
+    entry: _Active
+    output: Any
+    result: asyncio.Future[bool | None]
 
 
 class RunWorker:
@@ -214,6 +229,8 @@ class RunWorker:
         self._stopped = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._claim_task: asyncio.Task[None] | None = None
+        self._completions: list[_Completion] = []
+        self._completion_queued = asyncio.Event()
 
     # -- public surface ------------------------------------------------------------------------
 
@@ -238,6 +255,7 @@ class RunWorker:
             self.notifier.start()
         self._tasks.append(asyncio.create_task(self._renew_loop(), name="zeroth-renew"))
         self._tasks.append(asyncio.create_task(self._queue_depth_loop(), name="zeroth-depth"))
+        self._tasks.append(asyncio.create_task(self._completion_loop(), name="zeroth-complete"))
         self._claim_task = asyncio.create_task(self.poll_loop(), name="zeroth-claim")
         log.info("worker %s started for deployment %s (local %d, fleet %s)", self.worker_id,
                  self.deployment_ref, self.max_concurrency, self.fleet_max_concurrency)
@@ -337,7 +355,7 @@ class RunWorker:
         if free <= 0 or self._stopping:
             return
         sent = time.monotonic()
-        result = await self.lease_manager.claim_pending_result(
+        result = await self.lease_manager.claim_and_start(
             self.deployment_ref, self.worker_id, tenant_id=self.tenant_id,
             workspace_id=self.workspace_id, max_concurrency=self.fleet_max_concurrency,
             batch_size=free)
@@ -487,14 +505,15 @@ class RunWorker:
         entry.stop_reason = reason
         if reason == StopReason.CANCEL:
             entry.ctx.cancelled.set()
-        if entry.started and entry.task is not None and not entry.task.done():
+        if (entry.started and not entry.finishing and entry.task is not None
+                and not entry.task.done()):
             entry.task.cancel()
 
     def _spawn(self, run: ClaimedRun, *, deadline: float, recovered: bool) -> None:
         ctx = RunContext(
             run_id=run.run_id, payload=run.payload,
-            # start_run counts an attempt for a pending run; a recovered run keeps its count.
-            attempt=run.attempts + (1 if run.status == RunStatus.PENDING else 0),
+            # claim_and_start already counted this attempt; a recovered run keeps its count.
+            attempt=run.attempts,
             max_attempts=run.max_attempts,
             metadata=run.metadata, thread_id=run.thread_id, idempotency_key=run.idempotency_key,
             lease_generation=run.lease_generation, worker_id=self.worker_id, recovered=recovered,
@@ -530,7 +549,10 @@ class RunWorker:
     async def _execute_leased(self, entry: _Active) -> None:
         run, ctx, lm, m = entry.run, entry.ctx, self.lease_manager, self.metrics
         dep = self.deployment_ref
-        if not await self._write(entry, self._fenced(entry, lm.start_run)):
+        # claim_and_start and claim_orphaned hand over running runs; start_run is only needed
+        # for a run leased by some other path while still pending.
+        if run.status == RunStatus.PENDING and not await self._write(
+                entry, self._fenced(entry, lm.start_run)):
             self._lease_lost(entry, fenced=True)
             return
         m.runs_started.labels(dep).inc()
@@ -555,15 +577,69 @@ class RunWorker:
             self._lease_lost(entry, fenced=False)
             return
         try:
-            json.dumps(output)
+            json.dumps(output, allow_nan=False)  # what the client will send
         except (TypeError, ValueError) as exc:  # retrying cannot make the output JSON
             await self._fail(entry, exc, retryable=False)
             return
-        completed = await self._write(entry, self._fenced(entry, lm.complete_run, output=output))
+        completed = await self._complete(entry, output)
         if completed:
             m.runs_completed.labels(dep).inc()
         elif completed is False:
             self._lease_lost(entry, fenced=True)
+
+    async def _complete(self, entry: _Active, output: Any) -> bool | None:
+        """Queue the run's completion for the next complete_runs call and wait for its row:
+        True completed, False refused by the fence, None no answer before the lease deadline."""
+        completion = _Completion(entry, output, asyncio.get_running_loop().create_future())
+        entry.finishing = True
+        self._completions.append(completion)
+        self._completion_queued.set()
+        return await completion.result
+
+    async def _completion_loop(self) -> None:
+        while True:
+            await self._completion_queued.wait()
+            # Handlers that finish in this same turn of the event loop join the batch.
+            await asyncio.sleep(0)
+            self._completion_queued.clear()
+            batch, self._completions = self._completions[:1000], self._completions[1000:]
+            if self._completions:
+                self._completion_queued.set()
+            try:
+                await self._send_completions(batch)
+            except asyncio.CancelledError:
+                for completion in batch:
+                    if not completion.result.done():
+                        completion.result.cancel()
+                raise
+            except Exception as exc:
+                for completion in batch:
+                    if not completion.result.done():
+                        completion.result.set_exception(exc)
+
+    async def _send_completions(self, batch: list[_Completion]) -> None:
+        """One complete_runs call for the batch, retried on transient failures while some
+        run's lease is still known to be live; a run past its deadline gets None."""
+        delay = 0.05
+        while batch:
+            try:
+                rows = await self.lease_manager.complete_runs(
+                    self.worker_id,
+                    [(c.entry.run.run_id, c.entry.run.lease_generation, c.output) for c in batch],
+                    tenant_id=self.tenant_id, workspace_id=self.workspace_id)
+            except RetryableError as exc:
+                now = time.monotonic()
+                for completion in [c for c in batch if now + delay >= c.entry.deadline]:
+                    log.error("run %s: giving up its completion after %s; the lease will expire",
+                              completion.entry.run.run_id, exc)
+                    completion.result.set_result(None)
+                batch = [c for c in batch if not c.result.done()]
+                await asyncio.sleep(delay)
+                delay = min(1.0, delay * 2)
+                continue
+            for completion, row in zip(batch, rows, strict=True):
+                completion.result.set_result(row.completed)
+            return
 
     async def _after_stop(self, entry: _Active) -> None:
         run, lm = entry.run, self.lease_manager

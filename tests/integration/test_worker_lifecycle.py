@@ -24,7 +24,7 @@ import pytest
 from helpers import metric, unique_deployment, wait_until
 
 from zeroth_pg.client import LeaseManager
-from zeroth_pg.errors import LeaseLostError
+from zeroth_pg.errors import ConnectionLostError, LeaseLostError
 from zeroth_pg.types import CancelOutcome
 from zeroth_pg.worker import RunContext, RunWorker
 
@@ -463,14 +463,14 @@ async def test_one_claim_pass_takes_a_full_batch(pool, spawn_worker):
     runs = await LeaseManager(pool).enqueue_runs(dep, [{"payload": {"i": i}} for i in range(8)])
     worker = await spawn_worker(dep, handler, max_concurrency=8, start=False)
     batches: list[int] = []
-    real = worker.lease_manager.claim_pending_result
+    real = worker.lease_manager.claim_and_start
 
     async def counting(*args: Any, **kwargs: Any) -> Any:
         result = await real(*args, **kwargs)
         batches.append(len(result.runs))
         return result
 
-    worker.lease_manager.claim_pending_result = counting  # type: ignore[method-assign]
+    worker.lease_manager.claim_and_start = counting  # type: ignore[method-assign]
     await worker.start()
     await asyncio.wait_for(all_in.wait(), timeout=10)
 
@@ -543,3 +543,94 @@ async def test_orphan_recovered_with_a_pending_cancel_request_ends_cancelled(poo
     await wait_until(lambda: pool.fetchval(
         "SELECT r.status = 'running' FROM zeroth.runs r WHERE r.run_id = $1", nxt),
         "the next run to start", within=5)
+
+
+class CompletionSpy:
+    """Records the batch size of every complete_runs call the worker makes; can fail the first
+    ``failures`` calls with a transient error before they reach the database."""
+
+    def __init__(self, worker: RunWorker, *, failures: int = 0) -> None:
+        self.sizes: list[int] = []
+        self.failures = failures
+        self.real = worker.lease_manager.complete_runs
+        worker.lease_manager.complete_runs = self._complete  # type: ignore[method-assign]
+
+    async def _complete(self, worker_id: str, completions: Any, **kwargs: Any) -> Any:
+        if self.failures:
+            self.failures -= 1
+            raise ConnectionLostError("injected: connection lost before the call was sent")
+        self.sizes.append(len(completions))
+        return await self.real(worker_id, completions, **kwargs)
+
+
+async def _completed(pool: asyncpg.Pool, dep: str) -> int:
+    return await pool.fetchval(  # type: ignore[no-any-return]
+        "SELECT count(*) FROM zeroth.runs r WHERE r.deployment_ref = $1 AND r.status = 'completed'",
+        dep)
+
+
+async def test_runs_finishing_together_are_completed_by_one_call(pool, spawn_worker):
+    dep = unique_deployment("life")
+    release = asyncio.Event()
+    arrived = 0
+
+    async def handler(ctx: RunContext) -> dict[str, Any]:
+        nonlocal arrived
+        arrived += 1
+        await release.wait()
+        return {"n": ctx.payload["n"]}
+
+    runs = await LeaseManager(pool).enqueue_runs(dep, [{"payload": {"n": n}} for n in range(16)])
+    worker = await spawn_worker(dep, handler, max_concurrency=16, start=False)
+    spy = CompletionSpy(worker)
+    await worker.start()
+    await wait_until(lambda: arrived == 16, "every handler to start", within=10)
+    release.set()
+
+    await wait_until(lambda: _completed(pool, dep), "the runs to complete", within=10)
+    await wait_until(lambda: worker.active_run_ids == [], "the slots to free", within=10)
+    assert await _completed(pool, dep) == 16
+    assert sum(spy.sizes) == 16
+    assert spy.sizes == [16]  # released in one turn of the loop: one round trip for all
+    outputs = [(await _row(pool, run.run_id))["output"] for run in runs]
+    assert outputs == [{"n": n} for n in range(16)]
+    assert metric("zeroth_runs_completed_total", dep) == 16
+
+
+async def test_a_completion_that_cannot_be_sent_is_retried(pool, spawn_worker):
+    dep = unique_deployment("life")
+
+    async def handler(ctx: RunContext) -> str:
+        return "done"
+
+    run = await LeaseManager(pool).enqueue_run(dep)
+    worker = await spawn_worker(dep, handler, start=False)
+    spy = CompletionSpy(worker, failures=2)
+    await worker.start()
+
+    await wait_until(lambda: _completed(pool, dep), "the run to complete", within=10)
+    assert (spy.failures, spy.sizes) == (0, [1])
+    assert (await _row(pool, run.run_id))["output"] == "done"
+
+
+async def test_a_completion_refused_by_the_fence_counts_a_lost_lease(pool, spawn_worker):
+    dep = unique_deployment("life")
+    entered = asyncio.Event()
+    release = asyncio.Event()
+
+    async def handler(ctx: RunContext) -> str:
+        entered.set()
+        await release.wait()
+        return "late"
+
+    run = await LeaseManager(pool).enqueue_run(dep)
+    worker = await spawn_worker(dep, handler)
+    await asyncio.wait_for(entered.wait(), timeout=10)
+    # An operator takes the run away (the lease is dropped): the worker's completion must lose.
+    assert await pool.fetchval("SELECT zeroth.clear_lease(run_id => $1)", run.run_id)
+    release.set()
+
+    await wait_until(lambda: worker.active_run_ids == [], "the handler to settle", within=10)
+    row = await _row(pool, run.run_id)
+    assert (row["status"], row["output"]) == ("running", None)  # nothing of the late write
+    assert metric("zeroth_lease_fencing_rejected_total", dep) == 1

@@ -30,13 +30,13 @@ IDLE = 60.0  # poll and sweep interval: the fallback never fires within a test
 
 
 class ClaimSpy:
-    """Counts the worker's claim_pending calls (wraps the real LeaseManager method)."""
+    """Counts the worker's claim_and_start calls (wraps the real LeaseManager method)."""
 
     def __init__(self, worker: RunWorker) -> None:
         self.calls = 0
         self.in_flight = 0
-        self.real = worker.lease_manager.claim_pending_result
-        worker.lease_manager.claim_pending_result = self._claim  # type: ignore[method-assign]
+        self.real = worker.lease_manager.claim_and_start
+        worker.lease_manager.claim_and_start = self._claim  # type: ignore[method-assign]
 
     async def _claim(self, *args: Any, **kwargs: Any) -> Any:
         self.calls += 1
@@ -164,7 +164,7 @@ async def test_a_wakeup_during_a_claim_pass_is_not_lost(spawn_worker, connect):
             await asyncio.wait_for(wakeups.event.wait(), timeout=5)  # delivered mid-pass
         return result
 
-    worker.lease_manager.claim_pending_result = claim_then_enqueue  # type: ignore[method-assign]
+    worker.lease_manager.claim_and_start = claim_then_enqueue  # type: ignore[method-assign]
     # A wakeup with nothing to claim starts the pass.
     await enqueue_wakeup(producer, uuid.uuid4(), deployment_ref=dep)
     await wait_until(lambda: late, "the pass to enqueue its run", within=5)
