@@ -31,7 +31,6 @@ from bench.harness import (
     percentile,
     pool,
 )
-from bench.proposals import Proposal
 from bench.systems import (
     DEPLOYMENT,
     REPO_ROOT,
@@ -47,7 +46,7 @@ from zeroth_pg.worker import RunWorker
 
 #: The slow baselines drain fewer runs per measurement (their rate is steady long before): at
 #: ~100-300 runs/s, 20,000 runs × 3 repeats × 3 concurrencies would take most of an hour.
-SLOW_RUNS = {"seed": 5_000, "procrastinate": 2_000, "zeroth-lease": 5_000}
+SLOW_RUNS = {"seed": 5_000, "procrastinate": 2_000}
 
 
 @dataclass
@@ -59,19 +58,17 @@ class Systems:
     seed: Seed
     pgqueuer: PgQueuer
     procrastinate: Procrastinate
-    proposal: Proposal
 
     @classmethod
     async def create(cls, server: Server) -> Systems:
         systems = cls(Zeroth(server), Raw(server), Seed(server), PgQueuer(server),
-                      Procrastinate(server), Proposal(server))
+                      Procrastinate(server))
         for system in systems.all():
             await system.setup()
         return systems
 
     def all(self) -> tuple[Any, ...]:
-        return (self.zeroth, self.raw, self.seed, self.pgqueuer, self.procrastinate,
-                self.proposal)
+        return (self.zeroth, self.raw, self.seed, self.pgqueuer, self.procrastinate)
 
     async def close(self) -> None:
         for system in self.all():
@@ -565,35 +562,6 @@ async def _wait_running(conn: asyncpg.Connection, run_id: Any) -> None:
         await asyncio.sleep(0.01)
 
 
-async def proposals(cfg: Config, s: Systems) -> ScenarioReport:
-    c = max(cfg.concurrencies)
-    rep = ScenarioReport("proposals", f"Proposed SQL changes (bench/proposals.py), {c} loops")
-    n = cfg.runs // 2
-    p, lease_runs = s.proposal, runs_for("zeroth-lease", cfg)
-    cases: list[tuple[str, Measure]] = []
-    for b in (1, 10):
-        cases += [
-            case(f"zeroth-lease (shipped SQL)|{b}", lease_runs, s.zeroth.drain_lease,
-                 concurrency=c, batch=b),
-            case(f"zeroth-lease, generic claim plan|{b}", lease_runs, p.drain_lease,
-                 concurrency=c, batch=b),
-            case(f"claim_and_start + complete_runs|{b}", n, p.drain_batched, concurrency=c,
-                 batch=b),
-            case(f"pgqueuer|{b}", n, s.pgqueuer.drain, concurrency=c, batch=b),
-            case(f"raw|{b}", n, s.raw.drain, concurrency=c, batch=b),
-        ]
-    rep.results += split_keys(rep.name, await interleave(cases, cfg.repeat), "batch", int)
-    rep.tables.append(report.grid(rep.results, column="batch"))
-    rep.tables.append(report.ratio_grid(rep.results, "claim_and_start + complete_runs",
-                                        column="batch"))
-    rep.notes.append(
-        f"{c} loops drain the queue; pgqueuer runs at max_concurrent_tasks = max({c}, 2 × "
-        "batch). The shipped functions are untouched (sql/ is not edited by the benchmark): "
-        "the proposals live in their own database, see bench/proposals.py for the SQL and "
-        "what a shipped version would still need.")
-    return rep
-
-
 SCENARIOS: dict[str, Callable[[Config, Systems], Awaitable[ScenarioReport]]] = {
     "throughput": throughput,
     "batch": batch_sizes,
@@ -603,6 +571,5 @@ SCENARIOS: dict[str, Callable[[Config, Systems], Awaitable[ScenarioReport]]] = {
     "renewal": renewal,
     "sustained": sustained,
     "recovery": recovery,
-    "proposals": proposals,
 }
 

@@ -9,7 +9,7 @@ answer) to the handler starting.
 * ``zeroth-worker`` — :class:`zeroth_pg.RunWorker` with a no-op handler: claim → start_run →
   complete_run, every write fenced, LISTEN/NOTIFY wakeups, renewal task, orphan sweep.
 * ``zeroth-lease`` — the :class:`zeroth_pg.LeaseManager` alone: ``concurrency`` loops of
-  claim_pending(batch) → start_run → complete_run.
+  claim_and_start(batch) → complete_runs(batch), two fenced statements per batch.
 * ``pgqueuer`` / ``procrastinate`` — the peers, configured as their docs recommend for throughput.
 * ``raw`` — the floor: plain asyncpg ``UPDATE … SKIP LOCKED`` claim of ``batch`` rows, then one
   ``UPDATE`` marking them done. No lease, no fence, no scope, no retries: the cost of the work.
@@ -191,18 +191,17 @@ class Zeroth(System):
             async def loop(worker_id: str) -> int:
                 done = 0
                 while True:
-                    claim = await lm.claim_pending_result(
+                    claim = await lm.claim_and_start(
                         DEPLOYMENT, worker_id, batch_size=batch, max_concurrency=max_concurrency)
                     if not claim.runs:
                         if claim.concurrency_saturated:
                             await asyncio.sleep(0)
                             continue
                         return done
-                    for run in claim.runs:
-                        gen = run.lease_generation
-                        assert await lm.start_run(run.run_id, worker_id, generation=gen)
-                        assert await lm.complete_run(run.run_id, worker_id, generation=gen)
-                        done += 1
+                    results = await lm.complete_runs(
+                        worker_id, [(run.run_id, run.lease_generation) for run in claim.runs])
+                    assert all(result.completed for result in results)
+                    done += len(results)
 
             started = time.perf_counter()
             done = await asyncio.gather(*(loop(f"lease-{i}") for i in range(concurrency)))

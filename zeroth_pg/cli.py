@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from enum import Enum, StrEnum
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 from uuid import UUID
 
@@ -437,6 +438,32 @@ def demo(ctx: typer.Context) -> None:
     from zeroth_pg.demo import main
 
     raise typer.Exit(main(list(ctx.args), prog="zeroth-pg demo"))
+
+
+@app.command(context_settings=_PASS_THROUGH, add_help_option=False)
+def bench(ctx: typer.Context) -> None:
+    """Measure zeroth_pg against pgqueuer, procrastinate and the raw-SQL floor (bench/).
+
+    The options of python -m bench: zeroth-pg bench --help lists them. Needs a source checkout
+    (bench/ is not part of the wheel) and the bench extra: pip install -e '.[dev,bench]'.
+    """
+    root = _checkout_root()
+    if root is None:
+        _err.print("zeroth-pg bench runs the suite in bench/ of a source checkout, which this "
+                   "installation is not: clone the repository, pip install -e '.[dev,bench]', "
+                   "and run it there")
+        raise typer.Exit(EXIT_USAGE)
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    from bench.__main__ import app as bench_app
+
+    bench_app(args=list(ctx.args), prog_name="zeroth-pg bench")
+
+
+def _checkout_root() -> Path | None:
+    """The repository this package was installed from in editable mode, if it has bench/."""
+    root = Path(__file__).resolve().parents[1]
+    return root if (root / "bench" / "__main__.py").is_file() else None
 
 
 # -- enqueue --------------------------------------------------------------------------------------

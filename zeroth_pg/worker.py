@@ -231,6 +231,7 @@ class RunWorker:
         self._claim_task: asyncio.Task[None] | None = None
         self._completions: list[_Completion] = []
         self._completion_queued = asyncio.Event()
+        self._finishing = 0  # runs whose handler returned, waiting for complete_runs' answer
 
     # -- public surface ------------------------------------------------------------------------
 
@@ -346,7 +347,13 @@ class RunWorker:
     # -- claiming ------------------------------------------------------------------------------
 
     def _free_slots(self) -> int:
-        return self.max_concurrency - len(self._active)
+        # A run whose handler has returned no longer occupies a local slot while its completion
+        # is in flight (its lease is still renewed until the answer): the next claim overlaps
+        # the completion call instead of waiting for it. The fleet limit is unaffected: its
+        # admission slot is freed in SQL by the completion itself.
+        # At most max_concurrency more may wait for their completion, so leases stay bounded.
+        executing = len(self._active) - self._finishing
+        return min(self.max_concurrency - executing, 2 * self.max_concurrency - len(self._active))
 
     async def _claim_pass(self) -> None:
         if self._sweep_due or time.monotonic() >= self._next_sweep:
@@ -542,6 +549,8 @@ class RunWorker:
             log.exception("run %s: worker error outside the handler", run.run_id)
         finally:
             self._active.pop(run.run_id, None)
+            if entry.finishing:
+                self._finishing -= 1
             self._slot_freed.set()
             if self._backlog or self._sweep_due:
                 self._wake.set()
@@ -592,8 +601,12 @@ class RunWorker:
         True completed, False refused by the fence, None no answer before the lease deadline."""
         completion = _Completion(entry, output, asyncio.get_running_loop().create_future())
         entry.finishing = True
+        self._finishing += 1
         self._completions.append(completion)
         self._completion_queued.set()
+        self._slot_freed.set()
+        if self._backlog:
+            self._wake.set()
         return await completion.result
 
     async def _completion_loop(self) -> None:

@@ -86,7 +86,7 @@ class TestHelp:
         assert root.returncode == 0
         assert "Exit codes" in root.stdout
         for command in ("migrate", "verify", "worker", "enqueue", "runs", "status", "prune",
-                        "demo", "db"):
+                        "demo", "db", "bench"):
             assert command in root.stdout
         runs_list = cli("runs", "list", "--help")
         assert runs_list.returncode == 0
@@ -102,6 +102,16 @@ class TestHelp:
                     "ZEROTH_PG_LEASE_SECONDS", "ZEROTH_PG_WORKER_ID", "ZEROTH_PG_LOG_LEVEL"):
             assert env in worker.stdout
         assert "ZEROTH_PG_DEMO_RUNS" in demo._parser("zeroth-pg demo").format_help()
+
+    def test_bench_passes_through_to_the_suite_of_the_checkout(self):
+        result = cli("bench", "--help")
+        assert result.returncode == 0, result.stderr
+        assert "Usage: zeroth-pg bench" in result.stdout
+        for scenario in ("throughput", "latency", "max_concurrency", "recovery"):
+            assert scenario in result.stdout
+        unknown = cli("bench", "no-such-scenario")
+        assert unknown.returncode == 2
+        assert "unknown scenario" in unknown.stderr
 
     def test_console_script_is_installed(self):
         script = Path(sys.executable).parent / "zeroth-pg"
