@@ -246,7 +246,8 @@ CREATE FUNCTION zeroth.complete_runs(
     workspace_id text        DEFAULT NULL,
     now_override timestamptz DEFAULT NULL)
     RETURNS TABLE (run_id uuid, completed boolean)
-    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+    SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_now        timestamptz := zeroth._now(complete_runs.now_override);
     v_tenant     text := zeroth._scope_tenant(complete_runs.tenant_id, complete_runs.workspace_id);
@@ -271,18 +272,22 @@ BEGIN
       ORDER BY s.run_id
         FOR UPDATE OF s;
 
+    -- The run rows are found by primary key (run_id = ANY: an index condition, whatever the
+    -- statistics say). No predicate here or in the UPDATE names the status, so the planner cannot
+    -- prefer runs_running_idx (every running run of the scope, scanned once per requested run when
+    -- its row estimate is stale); the status comes from the locked row.
     WITH requested AS (
         SELECT q.run_id, q.generation, complete_runs.outputs[q.position] AS output
           FROM unnest(complete_runs.run_ids, complete_runs.generations)
                WITH ORDINALITY AS q(run_id, generation, position)
     ), locked AS MATERIALIZED (
-        SELECT r.run_id
+        SELECT r.run_id, r.status
           FROM zeroth.runs r
           JOIN requested q ON r.run_id = q.run_id AND r.lease_generation = q.generation
          WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey
+           AND r.run_id = ANY (complete_runs.run_ids)
            AND r.lease_worker_id = complete_runs.worker_id
            AND r.lease_expires_at >= v_now
-           AND r.status = 'running'
          ORDER BY r.run_id
            FOR UPDATE OF r
     ), done AS (
@@ -297,10 +302,10 @@ BEGIN
           FROM locked l
           JOIN requested q ON q.run_id = l.run_id
          WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey AND r.run_id = l.run_id
+           AND l.status = 'running'
            AND r.lease_worker_id = complete_runs.worker_id
            AND r.lease_generation = q.generation
            AND r.lease_expires_at >= v_now
-           AND r.status = 'running'
         RETURNING r.run_id, q.generation
     ), freed AS (
         UPDATE zeroth.admission_slots s

@@ -187,6 +187,7 @@ class TestClaimersNeverWait:
                               EXISTS (SELECT 1 FROM pg_locks l
                                        WHERE l.pid = a.pid AND NOT l.granted
                                          AND l.locktype <> 'extend') AS blocked,
+                              pg_blocking_pids(a.pid) AS blockers,
                               (SELECT string_agg(b.query, ' | ') FROM pg_stat_activity b
                                 WHERE b.pid = ANY (pg_blocking_pids(a.pid))) AS blocked_by
                          FROM pg_stat_activity a
@@ -195,7 +196,7 @@ class TestClaimersNeverWait:
                 samples += 1
                 seen_active_claims += len(rows)
                 waiting.extend(
-                    dict(row) for row in rows
+                    {**dict(row), "sample": samples, "at": time.monotonic()} for row in rows
                     if (row["wait_event_type"] == "Lock" and row["wait_event"] != "extend")
                     or row["blocked"])
                 await asyncio.sleep(0)
@@ -206,16 +207,25 @@ class TestClaimersNeverWait:
 
         assert samples > 50
         assert seen_active_claims > 0
-        # The admission design promises that claimers never queue behind each other (no shared
-        # row: SKIP LOCKED on slots and runs). Under heavy load a full-suite run has twice caught
-        # a claim_pending backend in a transactionid wait whose blocker was not recorded; the
-        # blocker is now printed so the next occurrence says which statement it was. Waits on
-        # another claimer fail the test; any other wait is reported, not hidden.
-        behind_a_claimer = [w for w in waiting if "claim_pending" in (w["blocked_by"] or "")]
+        # Claimers never queue behind each other: no shared row, SKIP LOCKED on slots and runs.
+        # PostgreSQL still lets SKIP LOCKED wait for an instant in one place: when the version
+        # a claimer saw was updated by a transaction that commits just as the claimer looks
+        # (its conditional wait succeeds), heap_lock_tuple follows the update chain with
+        # heap_lock_updated_tuple_rec, which ignores the wait policy and waits for whoever holds
+        # the newest version — a start_run/complete_run of that run, or a claimer that locked it
+        # in an EvalPlanQual recheck. Reproduced under gdb on PG 18 (docs/dba-guide.md, "Lock
+        # waits"). Such a wait lasts one short transaction, so what this test rules out is a
+        # wait that lasts: the same backend behind the same blockers for 0.5 s of samples.
         if waiting:
-            print(f"claim_pending waits seen (blocker not a claimer unless listed below): "
-                  f"{waiting}")
-        assert behind_a_claimer == []
+            print(f"brief claim_pending waits seen: {waiting}")
+        streaks: dict[tuple[int, tuple[int, ...]], tuple[float, int]] = {}
+        for wait in waiting:
+            key = (wait["pid"], tuple(wait["blockers"]))
+            began, last_sample = streaks.get(key, (wait["at"], wait["sample"] - 1))
+            if wait["sample"] != last_sample + 1:
+                began = wait["at"]  # a separate wait
+            streaks[key] = (began, wait["sample"])
+            assert wait["at"] - began < 0.5, f"claim_pending queued for 0.5 s: {wait}"
         assert await setup.fetchval(
             "SELECT count(*) FROM zeroth.runs r WHERE r.deployment_ref = $1 "
             "AND r.status = 'completed'", deployment) == runs
