@@ -216,12 +216,15 @@ class RunWorker:
         self.retry_max_seconds = retry_max_seconds
         self.queue_depth_interval = queue_depth_interval
         self.metrics = metrics or default_metrics()
+        # The per-run series, looked up once (labels() takes a lock and builds a key each time).
+        self._runs_started = self.metrics.runs_started.labels(deployment_ref)
+        self._runs_completed = self.metrics.runs_completed.labels(deployment_ref)
+        self._run_duration = self.metrics.run_duration.labels(deployment_ref)
         self.lease_manager = LeaseManager(pool, lease_duration_seconds=lease_duration)
         self.notifier: Notifier | None = None
 
         self._active: dict[UUID, _Active] = {}
         self._wake = asyncio.Event()
-        self._slot_freed = asyncio.Event()
         self._backlog = False  # the last claim filled every free slot: more work is likely
         self._sweep_due = True  # orphans are looked for on start
         self._next_sweep = 0.0
@@ -271,7 +274,6 @@ class RunWorker:
             # Cleared before the pass, not before the sleep: a wakeup that arrives while the pass
             # is talking to the database must still cut the next sleep short.
             self._wake.clear()
-            self._slot_freed.clear()
             try:
                 await self._claim_pass()
             except asyncio.CancelledError:
@@ -406,14 +408,16 @@ class RunWorker:
         timeout = self.poll_interval
         if not self._sweep_due:
             timeout = min(timeout, max(0.0, self._next_sweep - time.monotonic()))
-        waits = [asyncio.ensure_future(self._wake.wait())]
+        # One event: a NOTIFY sets it, and so does a freed slot while a full batch or an orphan
+        # sweep is waiting for one (_slot_freed). No helper tasks: a wakeup resumes this loop in
+        # the next turn of the event loop.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await self._wake.wait()
+
+    def _slot_freed(self) -> None:
         if self._backlog or self._sweep_due:
-            waits.append(asyncio.ensure_future(self._slot_freed.wait()))
-        try:
-            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for waiter in waits:
-                waiter.cancel()
+            self._wake.set()
 
     def _on_notification(self, channel: str, payload: dict[str, Any]) -> None:
         if channel == WAKEUP_CHANNEL:
@@ -551,9 +555,7 @@ class RunWorker:
             self._active.pop(run.run_id, None)
             if entry.finishing:
                 self._finishing -= 1
-            self._slot_freed.set()
-            if self._backlog or self._sweep_due:
-                self._wake.set()
+            self._slot_freed()
 
     async def _execute_leased(self, entry: _Active) -> None:
         run, ctx, lm, m = entry.run, entry.ctx, self.lease_manager, self.metrics
@@ -564,7 +566,7 @@ class RunWorker:
                 entry, self._fenced(entry, lm.start_run)):
             self._lease_lost(entry, fenced=True)
             return
-        m.runs_started.labels(dep).inc()
+        self._runs_started.inc()
         started = time.monotonic()
         try:
             output = await self.handler(ctx)
@@ -581,7 +583,7 @@ class RunWorker:
             await self._fail(entry, exc, retryable=True)
             return
         finally:
-            m.run_duration.labels(dep).observe(time.monotonic() - started)
+            self._run_duration.observe(time.monotonic() - started)
         if entry.stop_reason in (StopReason.LEASE_LOST, StopReason.DEADLINE):
             self._lease_lost(entry, fenced=False)
             return
@@ -592,7 +594,7 @@ class RunWorker:
             return
         completed = await self._complete(entry, output)
         if completed:
-            m.runs_completed.labels(dep).inc()
+            self._runs_completed.inc()
         elif completed is False:
             self._lease_lost(entry, fenced=True)
 
@@ -604,9 +606,7 @@ class RunWorker:
         self._finishing += 1
         self._completions.append(completion)
         self._completion_queued.set()
-        self._slot_freed.set()
-        if self._backlog:
-            self._wake.set()
+        self._slot_freed()
         return await completion.result
 
     async def _completion_loop(self) -> None:
