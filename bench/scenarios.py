@@ -197,8 +197,10 @@ async def batch_sizes(cfg: Config, s: Systems) -> ScenarioReport:
         f"{n} runs per measurement, {loops} loops (zeroth-lease, raw) or local slots (pgqueuer's "
         "max_concurrent_tasks, at least 2 × batch). zeroth-worker claims as many runs per "
         "statement as it has free slots, so its batch is set through max_concurrency = "
-        f"max({loops}, batch); it still writes start_run and complete_run once per run. "
-        "raw marks a whole batch done with one UPDATE; pgqueuer buffers its completions.")
+        f"max({loops}, batch); it claims and starts a batch with one claim_and_start and "
+        "acknowledges the runs that finished together with one complete_runs, while "
+        "zeroth-lease's loops send one complete_runs per claimed batch. raw marks a whole batch "
+        "done with one UPDATE; pgqueuer buffers its completions.")
     return rep
 
 

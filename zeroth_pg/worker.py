@@ -226,6 +226,9 @@ class RunWorker:
         self._active: dict[UUID, _Active] = {}
         self._wake = asyncio.Event()
         self._backlog = False  # the last claim filled every free slot: more work is likely
+        # The last claim left no fleet slot (fleet_max_concurrency) free: claim again as soon as
+        # one of this worker's runs gives its slot back, not when that run's NOTIFY comes round.
+        self._fleet_full = False
         self._sweep_due = True  # orphans are looked for on start
         self._next_sweep = 0.0
         self._stopping = False
@@ -373,6 +376,9 @@ class RunWorker:
         for run in result.runs:
             self._spawn(run, deadline=sent + self.lease_duration, recovered=False)
         self._backlog = len(result.runs) == free
+        self._fleet_full = result.max_concurrency is not None and (
+            result.concurrency_saturated
+            or result.active_count + len(result.runs) >= result.max_concurrency)
 
     async def _sweep_orphans(self) -> None:
         free = self._free_slots()
@@ -415,8 +421,10 @@ class RunWorker:
             async with asyncio.timeout(timeout):
                 await self._wake.wait()
 
-    def _slot_freed(self) -> None:
-        if self._backlog or self._sweep_due:
+    def _slot_freed(self, *, fleet: bool = False) -> None:
+        """A local slot was freed; with ``fleet``, the run's admission slot too (the run left
+        the worker: its completion, failure or hand-back was answered)."""
+        if self._backlog or self._sweep_due or (fleet and self._fleet_full):
             self._wake.set()
 
     def _on_notification(self, channel: str, payload: dict[str, Any]) -> None:
@@ -555,7 +563,7 @@ class RunWorker:
             self._active.pop(run.run_id, None)
             if entry.finishing:
                 self._finishing -= 1
-            self._slot_freed()
+            self._slot_freed(fleet=True)
 
     async def _execute_leased(self, entry: _Active) -> None:
         run, ctx, lm, m = entry.run, entry.ctx, self.lease_manager, self.metrics
@@ -612,8 +620,9 @@ class RunWorker:
     async def _completion_loop(self) -> None:
         while True:
             await self._completion_queued.wait()
-            # Handlers that finish in this same turn of the event loop join the batch.
-            await asyncio.sleep(0)
+            if len(self._active) > self._finishing:
+                # Handlers that finish in this same turn of the event loop join the batch.
+                await asyncio.sleep(0)
             self._completion_queued.clear()
             batch, self._completions = self._completions[:1000], self._completions[1000:]
             if self._completions:

@@ -634,3 +634,24 @@ async def test_a_completion_refused_by_the_fence_counts_a_lost_lease(pool, spawn
     row = await _row(pool, run.run_id)
     assert (row["status"], row["output"]) == ("running", None)  # nothing of the late write
     assert metric("zeroth_lease_fencing_rejected_total", dep) == 1
+
+
+async def test_a_fleet_slot_given_back_wakes_the_claim_loop_without_a_notify(pool, spawn_worker):
+    """With the fleet limit equal to the local one, a claim made while completions are in flight
+    finds every fleet slot taken; the answer of the completion must start the next claim (no
+    NOTIFY listener here, and the poll interval is an hour)."""
+    dep = unique_deployment("life")
+    handled = 0
+
+    async def handler(ctx: RunContext) -> None:
+        nonlocal handled
+        handled += 1
+
+    await LeaseManager(pool).enqueue_runs(dep, [{} for _ in range(40)], tenant_id="t-fleet")
+    await spawn_worker(dep, handler, dsn=None, tenant_id="t-fleet", max_concurrency=2,
+                       fleet_max_concurrency=2, poll_interval=FOREVER)
+
+    await wait_until(lambda: handled == 40, "every run to be handled", within=20)
+    await wait_until(lambda: pool.fetchval(
+        "SELECT count(*) = 40 FROM zeroth.runs r WHERE r.deployment_ref = $1 "
+        "AND r.status = 'completed'", dep), "every run to complete", within=20)
