@@ -65,6 +65,11 @@ class Systems:
                       Procrastinate(server))
         for system in systems.all():
             await system.setup()
+        # Creating schemas churns the catalogs; autovacuum would then pick each database up in
+        # the middle of the first round of measurements (first samples 3–5× slower in earlier
+        # runs). Vacuum everything now, before anything is timed.
+        for system in systems.all():
+            await system.conn.execute("VACUUM ANALYZE")
         return systems
 
     def all(self) -> tuple[Any, ...]:
@@ -241,13 +246,15 @@ async def latency(cfg: Config, s: Systems) -> ScenarioReport:
 async def max_concurrency(cfg: Config, s: Systems) -> ScenarioReport:
     c = max(cfg.concurrencies)
     rep = ScenarioReport("max_concurrency", f"max_concurrency on vs off (concurrency {c}, "
-                         f"fleet limit {c})")
+                         f"fleet limit {c}; the worker also at {2 * c})")
     n = cfg.runs // 2
     lease_runs, seed_runs = runs_for("zeroth-lease", cfg), runs_for("seed", cfg)
     cases = [
         case("zeroth-worker|off", n, s.zeroth.drain_worker, concurrency=c),
         case("zeroth-worker|on", n, s.zeroth.drain_worker, concurrency=c,
              fleet_max_concurrency=c),
+        case(f"zeroth-worker|on, limit {2 * c}", n, s.zeroth.drain_worker, concurrency=c,
+             fleet_max_concurrency=2 * c),
         case("zeroth-lease|off", lease_runs, s.zeroth.drain_lease, concurrency=c),
         case("zeroth-lease|on", lease_runs, s.zeroth.drain_lease, concurrency=c,
              max_concurrency=c),
@@ -257,31 +264,36 @@ async def max_concurrency(cfg: Config, s: Systems) -> ScenarioReport:
     rep.results += split_keys(rep.name, await interleave(cases, cfg.repeat), "max_concurrency")
     rep.tables.append(report.grid(rep.results, column="max_concurrency"))
     lines = ["| system | on / off |", "|---|---|"]
-    for system in ("zeroth-worker", "zeroth-lease", "seed"):
-        on, off = best(rep.results, system, max_concurrency="on"), best(
+    compared = [("zeroth-worker", "on", f"limit {c}"),
+                ("zeroth-worker", f"on, limit {2 * c}", f"limit {2 * c}"),
+                ("zeroth-lease", "on", f"limit {c}"), ("seed", "on", f"limit {c}")]
+    for system, setting, limit in compared:
+        on, off = best(rep.results, system, max_concurrency=setting), best(
             rep.results, system, max_concurrency="off")
         if on and off:
-            lines.append(f"| {system} | {on.median / off.median:.2f} |")
+            lines.append(f"| {system}, {limit} | {on.median / off.median:.2f} |")
+        if system != "seed":
+            rep.targets.append(Target(
+                f"{system}: max_concurrency set ({limit}) ≥ 80% of unbounded",
+                "not measured" if not (on and off) else f"{100 * on.median / off.median:.0f}%",
+                None if not (on and off) else on.median >= 0.8 * off.median))
     rep.tables.append("\n".join(lines))
-    for system in ("zeroth-worker", "zeroth-lease"):
-        on, off = best(rep.results, system, max_concurrency="on"), best(
-            rep.results, system, max_concurrency="off")
-        rep.targets.append(Target(
-            f"{system}: max_concurrency set ≥ 80% of unbounded", "not measured" if not (
-                on and off) else f"{100 * on.median / off.median:.0f}%",
-            None if not (on and off) else on.median >= 0.8 * off.median))
     rep.notes.append(
         f"zeroth: claims pass max_concurrency = {c} (numbered admission slots taken with SKIP "
         "LOCKED). seed: on = a guardrail policy exists, so every claim locks the deployment's "
-        "admission row FOR UPDATE and counts live leases; off = no policy. The limit equals the "
-        "concurrency, so it never binds: the numbers are the cost of enforcing it.")
+        "admission row FOR UPDATE and counts live leases; off = no policy. A limit equal to the "
+        "concurrency never binds for zeroth-lease and seed (the numbers are the cost of "
+        "enforcing it), but it does for the worker: a run whose handler returned keeps its "
+        "admission slot until its completion commits, while the unbounded worker already claims "
+        f"the next batch (up to {2 * c} leases at once). At limit {2 * c} the fleet limit does "
+        "not bind the worker either.")
     return rep
 
 
 async def table_size(cfg: Config, s: Systems) -> ScenarioReport:
     loops = 8
     rep = ScenarioReport("table_size", f"Claim rate vs finished rows in the table ({loops} loops, "
-                         "claim → start → complete, one run per claim)")
+                         "claim_and_start → complete_runs, one run per claim)")
     systems: list[tuple[str, Any, Callable[..., Awaitable[float]]]] = [
         ("zeroth-lease", s.zeroth, s.zeroth.drain_lease),
         ("raw", s.raw, s.raw.drain),

@@ -357,8 +357,13 @@ class RunWorker:
         # the completion call instead of waiting for it. The fleet limit is unaffected: its
         # admission slot is freed in SQL by the completion itself.
         # At most max_concurrency more may wait for their completion, so leases stay bounded.
+        # This worker's own leases count against the fleet limit: a claim that only they would
+        # saturate is a wasted round trip.
         executing = len(self._active) - self._finishing
-        return min(self.max_concurrency - executing, 2 * self.max_concurrency - len(self._active))
+        free = min(self.max_concurrency - executing, 2 * self.max_concurrency - len(self._active))
+        if self.fleet_max_concurrency is not None:
+            free = min(free, self.fleet_max_concurrency - len(self._active))
+        return free
 
     async def _claim_pass(self) -> None:
         if self._sweep_due or time.monotonic() >= self._next_sweep:
