@@ -354,11 +354,11 @@ class RunWorker:
     def _free_slots(self) -> int:
         # A run whose handler has returned no longer occupies a local slot while its completion
         # is in flight (its lease is still renewed until the answer): the next claim overlaps
-        # the completion call instead of waiting for it. The fleet limit is unaffected: its
-        # admission slot is freed in SQL by the completion itself.
-        # At most max_concurrency more may wait for their completion, so leases stay bounded.
-        # This worker's own leases count against the fleet limit: a claim that only they would
-        # saturate is a wasted round trip.
+        # the completion call instead of waiting for it. At most max_concurrency runs wait like
+        # that, so this worker never holds more than twice max_concurrency leases. Its admission
+        # slot (fleet_max_concurrency) is only freed by the completion itself, so under a fleet
+        # limit every lease of this worker counts: a claim only they would saturate is a wasted
+        # round trip.
         executing = len(self._active) - self._finishing
         free = min(self.max_concurrency - executing, 2 * self.max_concurrency - len(self._active))
         if self.fleet_max_concurrency is not None:
@@ -659,13 +659,13 @@ class RunWorker:
                 for completion in [c for c in batch if now + delay >= c.entry.deadline]:
                     log.error("run %s: giving up its completion after %s; the lease will expire",
                               completion.entry.run.run_id, exc)
-                    completion.result.set_result(None)
+                    _settle(completion.result, None)
                 batch = [c for c in batch if not c.result.done()]
                 await asyncio.sleep(delay)
                 delay = min(1.0, delay * 2)
                 continue
             for completion, row in zip(batch, rows, strict=True):
-                completion.result.set_result(row.completed)
+                _settle(completion.result, row.completed)
             return
 
     async def _after_stop(self, entry: _Active) -> None:
@@ -732,6 +732,12 @@ class RunWorker:
                     return None
                 await asyncio.sleep(delay)
                 delay = min(1.0, delay * 2)
+
+
+def _settle(result: asyncio.Future[bool | None], value: bool | None) -> None:
+    """Answer a waiting run task, unless it is gone (its task was cancelled with the loop)."""
+    if not result.done():
+        result.set_result(value)
 
 
 # -- command line ---------------------------------------------------------------------------------
