@@ -52,7 +52,7 @@ from zeroth_pg.client import LeaseManager
 from zeroth_pg.errors import LeaseLostError, RetryableError
 from zeroth_pg.metrics import WorkerMetrics, default_metrics
 from zeroth_pg.notify import CONTROL_CHANNEL, WAKEUP_CHANNEL, Notifier
-from zeroth_pg.types import ClaimedRun, FailOutcome, RunStatus
+from zeroth_pg.types import ClaimedRun, FailOutcome
 
 __all__ = ["Handler", "RunContext", "RunWorker", "main", "orchestrator_handler", "skip_reset"]
 
@@ -571,14 +571,8 @@ class RunWorker:
             self._slot_freed(fleet=True)
 
     async def _execute_leased(self, entry: _Active) -> None:
-        run, ctx, lm, m = entry.run, entry.ctx, self.lease_manager, self.metrics
-        dep = self.deployment_ref
-        # claim_and_start and claim_orphaned hand over running runs; start_run is only needed
-        # for a run leased by some other path while still pending.
-        if run.status == RunStatus.PENDING and not await self._write(
-                entry, self._fenced(entry, lm.start_run)):
-            self._lease_lost(entry, fenced=True)
-            return
+        # Both claim paths (claim_and_start, claim_orphaned) hand over runs already running.
+        run, ctx, m, dep = entry.run, entry.ctx, self.metrics, self.deployment_ref
         self._runs_started.inc()
         started = time.monotonic()
         try:
@@ -677,9 +671,8 @@ class RunWorker:
             else:
                 self._lease_lost(entry, fenced=True)
         elif reason == StopReason.SHUTDOWN:
+            # Every claimed run is running (claim_and_start), started handler or not.
             handed = await self._write(entry, self._fenced(entry, lm.hand_back_to_pending))
-            if not handed:  # claimed but never started: still pending, just give the lease back
-                await self._write(entry, self._fenced(entry, lm.release_lease))
             log.info("run %s handed back to pending: %s", run.run_id, handed)
         elif reason == StopReason.INTERRUPT:
             await self._write(entry, self._fenced(entry, lm.release_lease))
