@@ -95,6 +95,27 @@ CREATE TYPE zeroth.claimed_run AS (
 COMMENT ON TYPE zeroth.claimed_run IS 'A row of claim_pending / claim_orphaned: one per claimed run, or a single row with run_id NULL that carries only the saturation the call observed.';
 
 --
+-- Name: enqueue_item; Type: TYPE; Schema: zeroth; Owner: -
+--
+CREATE TYPE zeroth.enqueue_item AS (
+	"position" bigint,
+	payload jsonb,
+	priority integer,
+	run_after timestamp with time zone,
+	max_attempts integer,
+	idempotency_key text,
+	metadata jsonb,
+	run_id uuid,
+	thread_id text,
+	new_run_id uuid
+);
+
+--
+-- Name: TYPE enqueue_item; Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON TYPE zeroth.enqueue_item IS 'Internal: one parsed item of an enqueue_runs batch; new_run_id is the caller''s run_id or a fresh one.';
+
+--
 -- Name: enqueued_run; Type: TYPE; Schema: zeroth; Owner: -
 --
 CREATE TYPE zeroth.enqueued_run AS (
@@ -138,7 +159,7 @@ CREATE TYPE zeroth.takeover AS (
 --
 -- Name: TYPE takeover; Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON TYPE zeroth.takeover IS 'A run claimed by claim_for_takeover / reconcile_thread_runs. outcome: failed (not resumable) | cancelled (a cancel was requested) | requeued (resumable: back to pending for another worker).';
+COMMENT ON TYPE zeroth.takeover IS 'A run ended or handed back by claim_for_takeover / reconcile_thread_runs / claim_orphaned. outcome: failed (not resumable) | cancelled (a cancel was requested) | requeued (resumable: back to pending for another worker, the interrupted attempt still counted) | dead_lettered (resumable but out of attempts).';
 
 --
 -- Name: thread_run; Type: TYPE; Schema: zeroth; Owner: -
@@ -219,7 +240,7 @@ $$;
 --
 -- Name: FUNCTION _admission_reuse(tenant_id text, workspace_key text, deployment_ref text, thread_id text, idempotency_key text, run_id uuid, worker_id text, strict boolean); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth._admission_reuse(tenant_id text, workspace_key text, deployment_ref text, thread_id text, idempotency_key text, run_id uuid, worker_id text, strict boolean) IS 'Internal: the run an admission returns as reused (same idempotency key or run_id), or a NULL outcome.';
+COMMENT ON FUNCTION zeroth._admission_reuse(tenant_id text, workspace_key text, deployment_ref text, thread_id text, idempotency_key text, run_id uuid, worker_id text, strict boolean) IS 'Internal: the run an admission returns as reused (same idempotency key or run_id; the first admission wins whatever the payload), or a NULL outcome.';
 
 --
 -- Name: _admit(text, text, text, text, boolean, text, jsonb, jsonb, integer, timestamp with time zone, integer, text, uuid, boolean, interval, interval, timestamp with time zone, boolean, jsonb); Type: FUNCTION; Schema: zeroth; Owner: -
@@ -235,13 +256,19 @@ DECLARE
     v_owned  boolean;
     v_new    record;
 BEGIN
-    -- A retried admission needs no lock.
+    -- A retried admission needs no lock...
     v_result := zeroth._admission_reuse(_admit.tenant_id, v_wskey, _admit.deployment_ref, _admit.thread_id,
                                         _admit.idempotency_key, _admit.run_id, _admit.worker_id, _admit.strict);
     IF v_result.outcome IS NOT NULL THEN
         RETURN v_result;
     END IF;
     PERFORM zeroth._lock_thread(_admit.tenant_id, v_wskey, _admit.thread_id);
+    -- ...unless its first attempt was in flight: under the lock, that one has committed.
+    v_result := zeroth._admission_reuse(_admit.tenant_id, v_wskey, _admit.deployment_ref, _admit.thread_id,
+                                        _admit.idempotency_key, _admit.run_id, _admit.worker_id, _admit.strict);
+    IF v_result.outcome IS NOT NULL THEN
+        RETURN v_result;
+    END IF;
 
     FOR v_attempt IN 1..100 LOOP
         v_active := zeroth._lock_thread_active(_admit.tenant_id, v_wskey, _admit.thread_id, _admit.at);
@@ -270,9 +297,9 @@ BEGIN
             CASE WHEN v_owned THEN _admit.at + _admit.lease END,
             CASE WHEN v_owned THEN 1 ELSE 0 END)
         ON CONFLICT DO NOTHING
-        RETURNING r.run_id, r.status, r.lease_generation, r.lease_expires_at INTO v_new;
+        RETURNING r.run_id, r.status, r.lease_generation, r.lease_expires_at, r.run_after INTO v_new;
         IF FOUND THEN
-            IF NOT v_queue AND NOT v_owned THEN
+            IF NOT v_queue AND NOT v_owned AND v_new.run_after <= _admit.at THEN
                 PERFORM zeroth._notify_wakeup(_admit.deployment_ref, _admit.tenant_id, _admit.workspace_id);
             END IF;
             RETURN ROW(CASE WHEN v_queue THEN 'queued' ELSE 'admitted' END, v_new.run_id, v_new.status,
@@ -295,16 +322,17 @@ $$;
 --
 -- Name: FUNCTION _admit(tenant_id text, workspace_id text, deployment_ref text, thread_id text, queue_when_busy boolean, worker_id text, payload jsonb, metadata jsonb, priority integer, run_after timestamp with time zone, max_attempts integer, idempotency_key text, run_id uuid, resumable boolean, lease interval, grace interval, at timestamp with time zone, strict boolean, displaced jsonb); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth._admit(tenant_id text, workspace_id text, deployment_ref text, thread_id text, queue_when_busy boolean, worker_id text, payload jsonb, metadata jsonb, priority integer, run_after timestamp with time zone, max_attempts integer, idempotency_key text, run_id uuid, resumable boolean, lease interval, grace interval, at timestamp with time zone, strict boolean, displaced jsonb) IS 'Internal: the admission of admit_run and of enqueue_run with a thread_id: admitted, queued, busy or reused.';
+COMMENT ON FUNCTION zeroth._admit(tenant_id text, workspace_id text, deployment_ref text, thread_id text, queue_when_busy boolean, worker_id text, payload jsonb, metadata jsonb, priority integer, run_after timestamp with time zone, max_attempts integer, idempotency_key text, run_id uuid, resumable boolean, lease interval, grace interval, at timestamp with time zone, strict boolean, displaced jsonb) IS 'Internal: the admission of admit_run and of enqueue_run(s) with a thread_id: admitted, queued, busy or reused.';
 
 --
--- Name: _cancel(text, text, uuid, text, interval, timestamp with time zone, text); Type: FUNCTION; Schema: zeroth; Owner: -
+-- Name: _cancel(text, text, uuid, text, interval, timestamp with time zone, text, bigint); Type: FUNCTION; Schema: zeroth; Owner: -
 --
-CREATE FUNCTION zeroth._cancel(tenant_id text, workspace_key text, run_id uuid, action text, grace interval, at timestamp with time zone, caller_worker_id text DEFAULT NULL::text) RETURNS zeroth.cancel_result
+CREATE FUNCTION zeroth._cancel(tenant_id text, workspace_key text, run_id uuid, action text, grace interval, at timestamp with time zone, caller_worker_id text DEFAULT NULL::text, caller_generation bigint DEFAULT NULL::bigint) RETURNS zeroth.cancel_result
     LANGUAGE plpgsql
     AS $$
 DECLARE
     v_run    record;
+    v_owner  boolean;
     v_freed  boolean;
     v_result zeroth.cancel_result;
 BEGIN
@@ -331,17 +359,19 @@ BEGIN
         RETURN v_result;
     END IF;
 
+    -- A worker id is only a label: owning the run means holding its live lease generation.
+    v_owner := v_run.lease_worker_id = _cancel.caller_worker_id
+               AND v_run.lease_generation = _cancel.caller_generation
+               AND v_run.lease_expires_at >= _cancel.at;
     IF v_run.status = 'running' AND v_run.lease_expires_at + _cancel.grace >= _cancel.at
-       AND v_run.lease_worker_id IS DISTINCT FROM _cancel.caller_worker_id THEN
+       AND v_owner IS NOT TRUE THEN
         UPDATE zeroth.runs r
            SET cancel_requested_at = coalesce(r.cancel_requested_at, _cancel.at),
                cancel_action = coalesce(r.cancel_action, _cancel.action),
                updated_at = _cancel.at
          WHERE r.tenant_id = _cancel.tenant_id AND r.workspace_key = _cancel.workspace_key AND r.run_id = _cancel.run_id
         RETURNING r.cancel_action INTO v_result.cancel_action;
-        PERFORM pg_notify('zeroth_control', json_build_object(
-            'type', 'cancel', 'run_id', _cancel.run_id, 'worker_id', v_run.lease_worker_id,
-            'lease_generation', v_run.lease_generation)::text);
+        PERFORM zeroth._notify_control(v_run.lease_worker_id);
         v_result.outcome := 'cancel_requested';
         v_result.status := 'running';
         v_result.retry_after_s := zeroth._retry_after(v_run.lease_expires_at, _cancel.grace, _cancel.at);
@@ -349,11 +379,10 @@ BEGIN
     END IF;
 
     UPDATE zeroth.admission_slots s
-       SET run_id = NULL, lease_worker_id = NULL, lease_generation = NULL, lease_expires_at = NULL
+       SET run_id = NULL, lease_generation = NULL
      WHERE s.run_id = _cancel.run_id AND s.tenant_id = _cancel.tenant_id AND s.workspace_key = _cancel.workspace_key;
     v_freed := FOUND;
-    v_result.outcome := CASE WHEN v_run.status = 'running'
-                              AND v_run.lease_worker_id IS DISTINCT FROM _cancel.caller_worker_id
+    v_result.outcome := CASE WHEN v_run.status = 'running' AND v_owner IS NOT TRUE
                              THEN 'taken_over' ELSE 'cancelled' END;
     UPDATE zeroth.runs r
        SET status = 'cancelled',
@@ -380,9 +409,9 @@ END
 $$;
 
 --
--- Name: FUNCTION _cancel(tenant_id text, workspace_key text, run_id uuid, action text, grace interval, at timestamp with time zone, caller_worker_id text); Type: COMMENT; Schema: zeroth; Owner: -
+-- Name: FUNCTION _cancel(tenant_id text, workspace_key text, run_id uuid, action text, grace interval, at timestamp with time zone, caller_worker_id text, caller_generation bigint); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth._cancel(tenant_id text, workspace_key text, run_id uuid, action text, grace interval, at timestamp with time zone, caller_worker_id text) IS 'Internal: the cancel decision of request_cancel(_v2) and admit_run: cancelled | cancel_requested | taken_over | not_cancellable | unknown.';
+COMMENT ON FUNCTION zeroth._cancel(tenant_id text, workspace_key text, run_id uuid, action text, grace interval, at timestamp with time zone, caller_worker_id text, caller_generation bigint) IS 'Internal: the cancel decision of request_cancel(_v2) and admit_run: cancelled | cancel_requested | taken_over | not_cancellable | unknown. The caller counts as the owner only with the live (worker id, generation).';
 
 --
 -- Name: _claim_marker(integer, boolean, integer); Type: FUNCTION; Schema: zeroth; Owner: -
@@ -397,14 +426,14 @@ CREATE FUNCTION zeroth._claim_marker(active_count integer, saturated boolean, co
 COMMENT ON FUNCTION zeroth._claim_marker(active_count integer, saturated boolean, concurrency_limit integer) IS 'Internal: the run_id-NULL row a claim returns when it claimed nothing, carrying the saturation it saw.';
 
 --
--- Name: _claim_pending(text, text, text, text, integer, integer, double precision, timestamp with time zone, boolean); Type: FUNCTION; Schema: zeroth; Owner: -
+-- Name: _claim_pending(text, text, text, text, integer, integer, double precision, boolean); Type: FUNCTION; Schema: zeroth; Owner: -
 --
-CREATE FUNCTION zeroth._claim_pending(deployment_ref text, worker_id text, tenant_id text, workspace_id text, max_concurrency integer, batch_size integer, lease_seconds double precision, now_override timestamp with time zone, start boolean) RETURNS SETOF zeroth.claimed_run
+CREATE FUNCTION zeroth._claim_pending(deployment_ref text, worker_id text, tenant_id text, workspace_id text, max_concurrency integer, batch_size integer, lease_seconds double precision, start boolean) RETURNS SETOF zeroth.claimed_run
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 DECLARE
-    v_now    timestamptz := zeroth._now(_claim_pending.now_override);
+    v_now    timestamptz := zeroth._now();
     v_lease  interval := zeroth._lease_interval(_claim_pending.lease_seconds);
     v_tenant text := zeroth._scope_tenant(_claim_pending.tenant_id, _claim_pending.workspace_id);
     v_wskey  text := zeroth._workspace_key(_claim_pending.workspace_id);
@@ -456,14 +485,14 @@ END
 $$;
 
 --
--- Name: FUNCTION _claim_pending(deployment_ref text, worker_id text, tenant_id text, workspace_id text, max_concurrency integer, batch_size integer, lease_seconds double precision, now_override timestamp with time zone, start boolean); Type: COMMENT; Schema: zeroth; Owner: -
+-- Name: FUNCTION _claim_pending(deployment_ref text, worker_id text, tenant_id text, workspace_id text, max_concurrency integer, batch_size integer, lease_seconds double precision, start boolean); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth._claim_pending(deployment_ref text, worker_id text, tenant_id text, workspace_id text, max_concurrency integer, batch_size integer, lease_seconds double precision, now_override timestamp with time zone, start boolean) IS 'Internal: the body of claim_pending (start false) and claim_and_start (start true).';
+COMMENT ON FUNCTION zeroth._claim_pending(deployment_ref text, worker_id text, tenant_id text, workspace_id text, max_concurrency integer, batch_size integer, lease_seconds double precision, start boolean) IS 'Internal: the body of claim_pending (start false) and claim_and_start (start true).';
 
 --
--- Name: _displace(text, text, text, text, interval, timestamp with time zone, text); Type: FUNCTION; Schema: zeroth; Owner: -
+-- Name: _displace(text, text, text, text, interval, timestamp with time zone, text, bigint); Type: FUNCTION; Schema: zeroth; Owner: -
 --
-CREATE FUNCTION zeroth._displace(tenant_id text, workspace_key text, thread_id text, action text, grace interval, at timestamp with time zone, worker_id text) RETURNS jsonb
+CREATE FUNCTION zeroth._displace(tenant_id text, workspace_key text, thread_id text, action text, grace interval, at timestamp with time zone, worker_id text, owner_generation bigint) RETURNS jsonb
     LANGUAGE plpgsql
     AS $$
 DECLARE
@@ -484,12 +513,12 @@ BEGIN
            FOR UPDATE
     LOOP
         v_cancel := zeroth._cancel(_displace.tenant_id, _displace.workspace_key, v_queued, _displace.action,
-                                   _displace.grace, _displace.at, _displace.worker_id);
+                                   _displace.grace, _displace.at);
         v_displaced := v_displaced || jsonb_build_array(jsonb_build_object(
             'run_id', v_cancel.run_id, 'outcome', v_cancel.outcome, 'worker_id', NULL, 'lease_generation', NULL));
     END LOOP;
     v_cancel := zeroth._cancel(_displace.tenant_id, _displace.workspace_key, v_active.run_id, _displace.action,
-                               _displace.grace, _displace.at, _displace.worker_id);
+                               _displace.grace, _displace.at, _displace.worker_id, _displace.owner_generation);
     RETURN v_displaced || jsonb_build_array(jsonb_build_object(
         'run_id', v_cancel.run_id, 'outcome', v_cancel.outcome, 'worker_id', v_cancel.lease_worker_id,
         'lease_generation', v_cancel.lease_generation));
@@ -497,9 +526,102 @@ END
 $$;
 
 --
--- Name: FUNCTION _displace(tenant_id text, workspace_key text, thread_id text, action text, grace interval, at timestamp with time zone, worker_id text); Type: COMMENT; Schema: zeroth; Owner: -
+-- Name: FUNCTION _displace(tenant_id text, workspace_key text, thread_id text, action text, grace interval, at timestamp with time zone, worker_id text, owner_generation bigint); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth._displace(tenant_id text, workspace_key text, thread_id text, action text, grace interval, at timestamp with time zone, worker_id text) IS 'Internal: interrupt / rollback of a thread: cancel its queue, then cancel (or ask the live owner to stop) its active run; returns the displaced runs.';
+COMMENT ON FUNCTION zeroth._displace(tenant_id text, workspace_key text, thread_id text, action text, grace interval, at timestamp with time zone, worker_id text, owner_generation bigint) IS 'Internal: interrupt / rollback of a thread: cancel its queue, then cancel (or ask the live owner to stop) its active run; returns the displaced runs.';
+
+--
+-- Name: _enqueue_items(jsonb); Type: FUNCTION; Schema: zeroth; Owner: -
+--
+CREATE FUNCTION zeroth._enqueue_items(runs jsonb) RETURNS zeroth.enqueue_item[]
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_items zeroth.enqueue_item[];
+    v_item  jsonb;
+    v_index bigint;
+    v_error text;
+BEGIN
+    PERFORM zeroth._require(jsonb_typeof(_enqueue_items.runs) = 'array', 'runs must be a JSON array');
+    PERFORM zeroth._require(jsonb_array_length(_enqueue_items.runs) <= 10000, 'runs may hold at most 10000 items');
+    SELECT format('runs[%s] %s', e.position,
+                  CASE WHEN jsonb_typeof(e.item) <> 'object' THEN 'must be a JSON object'
+                       ELSE format('has an unknown key %L',
+                                   (SELECT k FROM jsonb_object_keys(e.item) AS k
+                                     WHERE k NOT IN ('payload', 'priority', 'run_after', 'max_attempts',
+                                                     'idempotency_key', 'metadata', 'run_id', 'thread_id')
+                                     ORDER BY k LIMIT 1)) END)
+      INTO v_error
+      FROM jsonb_array_elements(_enqueue_items.runs) WITH ORDINALITY AS e(item, position)
+     WHERE jsonb_typeof(e.item) <> 'object'
+        OR EXISTS (SELECT 1 FROM jsonb_object_keys(e.item) AS k
+                    WHERE k NOT IN ('payload', 'priority', 'run_after', 'max_attempts', 'idempotency_key',
+                                    'metadata', 'run_id', 'thread_id'))
+     ORDER BY e.position
+     LIMIT 1;
+    PERFORM zeroth._require(v_error IS NULL, v_error);
+
+    BEGIN
+        v_items := ARRAY(
+            SELECT ROW(e.position,
+                       coalesce(e.item -> 'payload', '{}'::jsonb),
+                       coalesce((e.item ->> 'priority')::integer, 0),
+                       (e.item ->> 'run_after')::timestamptz,
+                       coalesce((e.item ->> 'max_attempts')::integer, 3),
+                       e.item ->> 'idempotency_key',
+                       coalesce(e.item -> 'metadata', '{}'::jsonb),
+                       (e.item ->> 'run_id')::uuid,
+                       e.item ->> 'thread_id',
+                       coalesce((e.item ->> 'run_id')::uuid, gen_random_uuid()))::zeroth.enqueue_item
+              FROM jsonb_array_elements(_enqueue_items.runs) WITH ORDINALITY AS e(item, position)
+             ORDER BY e.position);
+    EXCEPTION
+        WHEN invalid_text_representation OR numeric_value_out_of_range OR invalid_datetime_format
+             OR datetime_field_overflow THEN
+            FOR v_item, v_index IN
+                SELECT e.item, e.position
+                  FROM jsonb_array_elements(_enqueue_items.runs) WITH ORDINALITY AS e(item, position)
+                 ORDER BY e.position
+            LOOP
+                BEGIN
+                    PERFORM (v_item ->> 'priority')::integer, (v_item ->> 'run_after')::timestamptz,
+                            (v_item ->> 'max_attempts')::integer, (v_item ->> 'run_id')::uuid;
+                EXCEPTION
+                    WHEN invalid_text_representation OR numeric_value_out_of_range OR invalid_datetime_format
+                         OR datetime_field_overflow THEN
+                        RAISE EXCEPTION 'runs[%]: %', v_index, SQLERRM USING ERRCODE = 'ZP008';
+                END;
+            END LOOP;
+            RAISE;
+    END;
+
+    SELECT format('runs[%s]: %s', i.position,
+                  CASE WHEN jsonb_typeof(i.payload) IS DISTINCT FROM 'object' THEN 'payload must be a JSON object'
+                       WHEN jsonb_typeof(i.metadata) IS DISTINCT FROM 'object' THEN 'metadata must be a JSON object'
+                       WHEN i.max_attempts NOT BETWEEN 1 AND 1000 THEN 'max_attempts must be between 1 and 1000'
+                       WHEN NOT isfinite(i.run_after) THEN 'run_after must be a finite timestamp'
+                       WHEN length(i.idempotency_key) NOT BETWEEN 1 AND 500
+                           THEN 'idempotency_key must be NULL or 1 to 500 characters'
+                       ELSE 'thread_id must be a non-empty string of at most 200 characters' END)
+      INTO v_error
+      FROM unnest(v_items) AS i
+     WHERE jsonb_typeof(i.payload) IS DISTINCT FROM 'object'
+        OR jsonb_typeof(i.metadata) IS DISTINCT FROM 'object'
+        OR i.max_attempts NOT BETWEEN 1 AND 1000
+        OR NOT isfinite(i.run_after)
+        OR length(i.idempotency_key) NOT BETWEEN 1 AND 500
+        OR i.thread_id = '' OR length(i.thread_id) > 200
+     ORDER BY i.position
+     LIMIT 1;
+    PERFORM zeroth._require(v_error IS NULL, v_error);
+    RETURN v_items;
+END
+$$;
+
+--
+-- Name: FUNCTION _enqueue_items(runs jsonb); Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON FUNCTION zeroth._enqueue_items(runs jsonb) IS 'Internal: the items of an enqueue_runs batch, parsed and checked (ZP008 naming the first bad one), each with the run_id it will get.';
 
 --
 -- Name: _explain_admin_miss(text, text, uuid, text, zeroth.run_status[]); Type: FUNCTION; Schema: zeroth; Owner: -
@@ -557,28 +679,26 @@ $$;
 COMMENT ON FUNCTION zeroth._explain_fenced_miss(tenant_id text, workspace_key text, run_id uuid, worker_id text, generation bigint, at timestamp with time zone, transition text, allowed zeroth.run_status[]) IS 'Internal: after a fenced UPDATE matched nothing, raise ZP003 if the lease is still held (wrong status) rather than fenced out.';
 
 --
--- Name: _free_slot(text, text, uuid, text, bigint, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
+-- Name: _free_slot(text, text, uuid, bigint); Type: FUNCTION; Schema: zeroth; Owner: -
 --
-CREATE FUNCTION zeroth._free_slot(tenant_id text, workspace_key text, run_id uuid, worker_id text, generation bigint, at timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS boolean
+CREATE FUNCTION zeroth._free_slot(tenant_id text, workspace_key text, run_id uuid, generation bigint) RETURNS boolean
     LANGUAGE plpgsql
     AS $$
 BEGIN
     UPDATE zeroth.admission_slots s
-       SET run_id = NULL, lease_worker_id = NULL, lease_generation = NULL, lease_expires_at = NULL
+       SET run_id = NULL, lease_generation = NULL
      WHERE s.run_id = _free_slot.run_id
        AND s.tenant_id = _free_slot.tenant_id
        AND s.workspace_key = _free_slot.workspace_key
-       AND s.lease_worker_id = _free_slot.worker_id
-       AND s.lease_generation = _free_slot.generation
-       AND (_free_slot.at IS NULL OR s.lease_expires_at >= _free_slot.at);
+       AND s.lease_generation = _free_slot.generation;
     RETURN FOUND;
 END
 $$;
 
 --
--- Name: FUNCTION _free_slot(tenant_id text, workspace_key text, run_id uuid, worker_id text, generation bigint, at timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
+-- Name: FUNCTION _free_slot(tenant_id text, workspace_key text, run_id uuid, generation bigint); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth._free_slot(tenant_id text, workspace_key text, run_id uuid, worker_id text, generation bigint, at timestamp with time zone) IS 'Internal: release the admission slot held by exactly this (run, worker, generation); with at, only while that lease is live.';
+COMMENT ON FUNCTION zeroth._free_slot(tenant_id text, workspace_key text, run_id uuid, generation bigint) IS 'Internal: free the admission slot naming exactly this (run, generation); true when one was freed.';
 
 --
 -- Name: _grace_interval(double precision); Type: FUNCTION; Schema: zeroth; Owner: -
@@ -675,7 +795,7 @@ BEGIN
                recovery_checkpoint_id = CASE WHEN r.checkpoint_seq > 0
                    THEN zeroth._latest_checkpoint_id(r.tenant_id, r.workspace_key, r.run_id) END,
                status = CASE WHEN _lease_locked_runs.start THEN 'running' ELSE r.status END,
-               attempts = CASE WHEN _lease_locked_runs.start AND r.status = 'pending'
+               attempts = CASE WHEN r.status = 'running' OR _lease_locked_runs.start
                                THEN r.attempts + 1 ELSE r.attempts END,
                started_at = CASE WHEN _lease_locked_runs.start AND r.status = 'pending'
                                  THEN _lease_locked_runs.at ELSE r.started_at END,
@@ -687,8 +807,7 @@ BEGIN
         RETURNING r.*, w.position
     ), slotted AS (
         UPDATE zeroth.admission_slots s
-           SET run_id = c.run_id, lease_worker_id = c.lease_worker_id,
-               lease_generation = c.lease_generation, lease_expires_at = c.lease_expires_at
+           SET run_id = c.run_id, lease_generation = c.lease_generation
           FROM claimed c
          WHERE s.tenant_id = c.tenant_id AND s.workspace_key = c.workspace_key
            AND s.deployment_ref = c.deployment_ref AND s.slot_no = c.admission_slot
@@ -713,38 +832,7 @@ $$;
 --
 -- Name: FUNCTION _lease_locked_runs(tenant_id text, workspace_key text, run_ids uuid[], slots integer[], worker_id text, at timestamp with time zone, lease interval, active_count integer, concurrency_limit integer, start boolean); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth._lease_locked_runs(tenant_id text, workspace_key text, run_ids uuid[], slots integer[], worker_id text, at timestamp with time zone, lease interval, active_count integer, concurrency_limit integer, start boolean) IS 'Internal: lease runs (and slots) the caller already locked, and with start make pending ones running; the shared second half of claim_pending, claim_and_start and claim_orphaned.';
-
---
--- Name: _lease_locked_runs(text, text, uuid[], integer[], text, timestamp with time zone, interval, integer, integer); Type: FUNCTION; Schema: zeroth; Owner: -
---
-CREATE FUNCTION zeroth._lease_locked_runs(tenant_id text, workspace_key text, run_ids uuid[], slots integer[], worker_id text, at timestamp with time zone, lease interval, active_count integer, concurrency_limit integer) RETURNS SETOF zeroth.claimed_run
-    LANGUAGE sql
-    BEGIN ATOMIC
- SELECT _lease_locked_runs.run_id,
-     _lease_locked_runs.lease_generation,
-     _lease_locked_runs.lease_expires_at,
-     _lease_locked_runs.status,
-     _lease_locked_runs.attempts,
-     _lease_locked_runs.max_attempts,
-     _lease_locked_runs.priority,
-     _lease_locked_runs.thread_id,
-     _lease_locked_runs.idempotency_key,
-     _lease_locked_runs.payload,
-     _lease_locked_runs.metadata,
-     _lease_locked_runs.recovery_checkpoint_id,
-     _lease_locked_runs.checkpoint_data,
-     _lease_locked_runs.cancel_requested,
-     _lease_locked_runs.active_count,
-     _lease_locked_runs.concurrency_saturated,
-     _lease_locked_runs.concurrency_limit
-    FROM zeroth._lease_locked_runs(_lease_locked_runs.tenant_id, _lease_locked_runs.workspace_key, _lease_locked_runs.run_ids, _lease_locked_runs.slots, _lease_locked_runs.worker_id, _lease_locked_runs.at, _lease_locked_runs.lease, _lease_locked_runs.active_count, _lease_locked_runs.concurrency_limit, false) _lease_locked_runs(run_id, lease_generation, lease_expires_at, status, attempts, max_attempts, priority, thread_id, idempotency_key, payload, metadata, recovery_checkpoint_id, checkpoint_data, cancel_requested, active_count, concurrency_saturated, concurrency_limit);
-END;
-
---
--- Name: FUNCTION _lease_locked_runs(tenant_id text, workspace_key text, run_ids uuid[], slots integer[], worker_id text, at timestamp with time zone, lease interval, active_count integer, concurrency_limit integer); Type: COMMENT; Schema: zeroth; Owner: -
---
-COMMENT ON FUNCTION zeroth._lease_locked_runs(tenant_id text, workspace_key text, run_ids uuid[], slots integer[], worker_id text, at timestamp with time zone, lease interval, active_count integer, concurrency_limit integer) IS 'Internal: lease runs (and slots) the caller already locked, status unchanged; used by claim_orphaned.';
+COMMENT ON FUNCTION zeroth._lease_locked_runs(tenant_id text, workspace_key text, run_ids uuid[], slots integer[], worker_id text, at timestamp with time zone, lease interval, active_count integer, concurrency_limit integer, start boolean) IS 'Internal: lease runs (and slots) the caller already locked; with start make pending ones running; count an attempt per start and per re-leased orphan. The shared second half of claim_pending, claim_and_start and claim_orphaned.';
 
 --
 -- Name: admission_slots; Type: TABLE; Schema: zeroth; Owner: -
@@ -755,10 +843,8 @@ CREATE TABLE zeroth.admission_slots (
     deployment_ref text NOT NULL,
     slot_no integer NOT NULL,
     run_id uuid,
-    lease_worker_id text,
     lease_generation bigint,
-    lease_expires_at timestamp with time zone,
-    CONSTRAINT admission_slots_holder_complete CHECK ((((run_id IS NULL) = (lease_worker_id IS NULL)) AND ((run_id IS NULL) = (lease_generation IS NULL)) AND ((run_id IS NULL) = (lease_expires_at IS NULL)))),
+    CONSTRAINT admission_slots_holder_complete CHECK (((run_id IS NULL) = (lease_generation IS NULL))),
     CONSTRAINT admission_slots_slot_positive CHECK ((slot_no >= 1))
 )
 WITH (fillfactor='50');
@@ -766,24 +852,24 @@ WITH (fillfactor='50');
 --
 -- Name: TABLE admission_slots; Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON TABLE zeroth.admission_slots IS 'Concurrency slots per (tenant, workspace, deployment). A slot is free when run_id is NULL or its lease expired.';
+COMMENT ON TABLE zeroth.admission_slots IS 'Concurrency slots per (tenant, workspace, deployment). A slot names (run_id, lease_generation); it is held while that run holds that generation''s lease in this slot (runs.admission_slot) and the lease is live. The run row is the only copy of the lease.';
 
 --
--- Name: _lock_slot(text, text, uuid, text, bigint); Type: FUNCTION; Schema: zeroth; Owner: -
+-- Name: _lock_slot(text, text, uuid, bigint); Type: FUNCTION; Schema: zeroth; Owner: -
 --
-CREATE FUNCTION zeroth._lock_slot(tenant_id text, workspace_key text, run_id uuid, worker_id text, generation bigint) RETURNS void
+CREATE FUNCTION zeroth._lock_slot(tenant_id text, workspace_key text, run_id uuid, generation bigint) RETURNS void
     LANGUAGE sql
     BEGIN ATOMIC
  SELECT 1
     FROM zeroth.admission_slots s
-   WHERE ((s.run_id = _lock_slot.run_id) AND (s.tenant_id = _lock_slot.tenant_id) AND (s.workspace_key = _lock_slot.workspace_key) AND (s.lease_worker_id = _lock_slot.worker_id) AND (s.lease_generation = _lock_slot.generation))
+   WHERE ((s.run_id = _lock_slot.run_id) AND (s.tenant_id = _lock_slot.tenant_id) AND (s.workspace_key = _lock_slot.workspace_key) AND (s.lease_generation = _lock_slot.generation))
   FOR UPDATE OF s;
 END;
 
 --
--- Name: FUNCTION _lock_slot(tenant_id text, workspace_key text, run_id uuid, worker_id text, generation bigint); Type: COMMENT; Schema: zeroth; Owner: -
+-- Name: FUNCTION _lock_slot(tenant_id text, workspace_key text, run_id uuid, generation bigint); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth._lock_slot(tenant_id text, workspace_key text, run_id uuid, worker_id text, generation bigint) IS 'Internal: lock the admission slot held by exactly this (run, worker, generation), changing nothing.';
+COMMENT ON FUNCTION zeroth._lock_slot(tenant_id text, workspace_key text, run_id uuid, generation bigint) IS 'Internal: lock the admission slot naming exactly this (run, generation), changing nothing.';
 
 --
 -- Name: _lock_thread(text, text, text); Type: FUNCTION; Schema: zeroth; Owner: -
@@ -867,7 +953,7 @@ COMMENT ON TABLE zeroth.runs IS 'One row per run. Write it only through the zero
 --
 -- Name: COLUMN runs.attempts; Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON COLUMN zeroth.runs.attempts IS 'Number of started attempts (start_run from pending); a hand-back gives the attempt back.';
+COMMENT ON COLUMN zeroth.runs.attempts IS 'Number of attempts: counted when a run starts (start_run, claim_and_start) and when an orphan is re-leased after its lease expired (claim_orphaned). Only a hand-back by the live holder (hand_back_to_pending) gives one back.';
 
 --
 -- Name: COLUMN runs.checkpoint_seq; Type: COMMENT; Schema: zeroth; Owner: -
@@ -950,44 +1036,71 @@ $$;
 COMMENT ON FUNCTION zeroth._lock_thread_active(tenant_id text, workspace_key text, thread_id text, at timestamp with time zone) IS 'Internal: lock (slots, then run) and return the active run of a thread, or a NULL row when idle; promotes a stranded queue head.';
 
 --
+-- Name: notification_secret; Type: TABLE; Schema: zeroth; Owner: -
+--
+CREATE TABLE zeroth.notification_secret (
+    id boolean DEFAULT true NOT NULL,
+    secret text NOT NULL,
+    CONSTRAINT notification_secret_long CHECK ((length(secret) >= 32)),
+    CONSTRAINT notification_secret_one_row CHECK (id)
+);
+
+--
+-- Name: TABLE notification_secret; Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON TABLE zeroth.notification_secret IS 'The per-database random secret that NOTIFY payload keys are derived from (zeroth._notify_key). Readable by zeroth_owner only.';
+
+--
+-- Name: _notify_key(text, text[]); Type: FUNCTION; Schema: zeroth; Owner: -
+--
+CREATE FUNCTION zeroth._notify_key(kind text, subject text[]) RETURNS text
+    LANGUAGE sql STABLE
+    RETURN (SELECT "left"(encode(sha256(convert_to(((((s.secret || chr(31)) || _notify_key.kind) || chr(31)) || array_to_string(_notify_key.subject, chr(31), chr(30))), 'UTF8'::name)), 'hex'::text), 32) AS "left" FROM zeroth.notification_secret s);
+
+--
+-- Name: FUNCTION _notify_key(kind text, subject text[]); Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON FUNCTION zeroth._notify_key(kind text, subject text[]) IS 'Internal: the opaque NOTIFY payload for a subject: 32 hex digits of sha256(secret, kind, subject).';
+
+--
+-- Name: _notify_control(text); Type: FUNCTION; Schema: zeroth; Owner: -
+--
+CREATE FUNCTION zeroth._notify_control(worker_id text) RETURNS void
+    LANGUAGE sql
+    BEGIN ATOMIC
+ SELECT pg_notify('zeroth_control'::text, zeroth._notify_key('control'::text, ARRAY[worker_id])) AS pg_notify;
+END;
+
+--
+-- Name: FUNCTION _notify_control(worker_id text); Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON FUNCTION zeroth._notify_control(worker_id text) IS 'Internal: NOTIFY zeroth_control with the opaque key of a worker id.';
+
+--
 -- Name: _notify_wakeup(text, text, text); Type: FUNCTION; Schema: zeroth; Owner: -
 --
 CREATE FUNCTION zeroth._notify_wakeup(deployment_ref text, tenant_id text, workspace_id text) RETURNS void
     LANGUAGE sql
     BEGIN ATOMIC
- SELECT pg_notify('zeroth_wakeup'::text, (json_build_object('deployment_ref', deployment_ref, 'tenant_id', tenant_id, 'workspace_id', workspace_id))::text) AS pg_notify;
+ SELECT pg_notify('zeroth_wakeup'::text, zeroth._notify_key('wakeup'::text, ARRAY[tenant_id, workspace_id, deployment_ref])) AS pg_notify;
 END;
 
 --
 -- Name: FUNCTION _notify_wakeup(deployment_ref text, tenant_id text, workspace_id text); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth._notify_wakeup(deployment_ref text, tenant_id text, workspace_id text) IS 'Internal: NOTIFY zeroth_wakeup with {deployment_ref, tenant_id, workspace_id}.';
+COMMENT ON FUNCTION zeroth._notify_wakeup(deployment_ref text, tenant_id text, workspace_id text) IS 'Internal: NOTIFY zeroth_wakeup with the opaque key of (tenant, workspace, deployment).';
 
 --
--- Name: _now(timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
+-- Name: _now(); Type: FUNCTION; Schema: zeroth; Owner: -
 --
-CREATE FUNCTION zeroth._now(now_override timestamp with time zone) RETURNS timestamp with time zone
-    LANGUAGE plpgsql
-    AS $$
-BEGIN
-    IF now_override IS NULL THEN
-        RETURN clock_timestamp();
-    END IF;
-    IF coalesce(current_setting('zeroth.allow_now_override', true), '') <> 'on' THEN
-        RAISE EXCEPTION 'now_override is a test hook; it needs zeroth.allow_now_override = on'
-            USING ERRCODE = 'ZP008';
-    END IF;
-    IF NOT isfinite(now_override) THEN
-        RAISE EXCEPTION 'now_override must be a finite timestamp' USING ERRCODE = 'ZP008';
-    END IF;
-    RETURN now_override;
-END
-$$;
+CREATE FUNCTION zeroth._now() RETURNS timestamp with time zone
+    LANGUAGE sql
+    RETURN clock_timestamp();
 
 --
--- Name: FUNCTION _now(now_override timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
+-- Name: FUNCTION _now(); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth._now(now_override timestamp with time zone) IS 'Internal: clock_timestamp(), or a finite now_override when the test hook zeroth.allow_now_override = on (ZP008 otherwise).';
+COMMENT ON FUNCTION zeroth._now() IS 'Internal: the database clock, clock_timestamp() (not now(): a caller may make several calls in one transaction).';
 
 --
 -- Name: _promote_thread_head(text, text, text, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
@@ -1018,9 +1131,11 @@ BEGIN
            AND r.workspace_key = _promote_thread_head.workspace_key
            AND r.run_id = v_id
            AND r.thread_queued_at IS NOT NULL
-        RETURNING r.deployment_ref, r.workspace_id INTO v_run;
+        RETURNING r.deployment_ref, r.workspace_id, r.run_after INTO v_run;
         IF FOUND THEN
-            PERFORM zeroth._notify_wakeup(v_run.deployment_ref, _promote_thread_head.tenant_id, v_run.workspace_id);
+            IF v_run.run_after <= _promote_thread_head.at THEN
+                PERFORM zeroth._notify_wakeup(v_run.deployment_ref, _promote_thread_head.tenant_id, v_run.workspace_id);
+            END IF;
             RETURN v_id;
         END IF;
     END LOOP;
@@ -1031,7 +1146,7 @@ $$;
 --
 -- Name: FUNCTION _promote_thread_head(tenant_id text, workspace_key text, thread_id text, at timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth._promote_thread_head(tenant_id text, workspace_key text, thread_id text, at timestamp with time zone) IS 'Internal: queued head of a thread → pending (FIFO by thread_queued_at); notifies zeroth_wakeup. Returns the promoted run or NULL.';
+COMMENT ON FUNCTION zeroth._promote_thread_head(tenant_id text, workspace_key text, thread_id text, at timestamp with time zone) IS 'Internal: queued head of a thread → pending (FIFO by thread_queued_at); notifies zeroth_wakeup when it is due. Returns the promoted run or NULL.';
 
 --
 -- Name: _queue_position(text, text, text, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
@@ -1079,7 +1194,7 @@ $$;
 --
 -- Name: FUNCTION _require_identifier(value text, name text); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth._require_identifier(value text, name text) IS 'Internal: ZP008 unless value is a non-empty identifier of at most 200 characters (keeps NOTIFY payloads far below 8000 bytes).';
+COMMENT ON FUNCTION zeroth._require_identifier(value text, name text) IS 'Internal: ZP008 unless value is a non-empty identifier of at most 200 characters.';
 
 --
 -- Name: _require_lease_batch(uuid[], bigint[]); Type: FUNCTION; Schema: zeroth; Owner: -
@@ -1168,7 +1283,7 @@ BEGIN
     END IF;
 
     SELECT r.status, r.thread_id, r.lease_worker_id, r.lease_generation, r.lease_expires_at, r.resumable,
-           r.cancel_action, r.deployment_ref, r.workspace_id, r.error
+           r.cancel_action, r.deployment_ref, r.workspace_id, r.error, r.attempts, r.max_attempts
       INTO v_run
       FROM zeroth.runs r
      WHERE r.tenant_id = _take_over.tenant_id AND r.workspace_key = _take_over.workspace_key
@@ -1181,24 +1296,28 @@ BEGIN
         RETURN;
     END IF;
 
-    PERFORM zeroth._free_slot(_take_over.tenant_id, _take_over.workspace_key, _take_over.run_id,
-                              v_run.lease_worker_id, v_run.lease_generation);
     v_result := ROW(_take_over.run_id, v_run.thread_id,
                     CASE WHEN v_run.cancel_action IS NOT NULL THEN 'cancelled'
-                         WHEN v_run.resumable THEN 'requeued' ELSE 'failed' END,
+                         WHEN NOT v_run.resumable THEN 'failed'
+                         WHEN v_run.status = 'running' AND v_run.attempts >= v_run.max_attempts THEN 'dead_lettered'
+                         ELSE 'requeued' END,
                     NULL, v_run.lease_worker_id, v_run.lease_generation)::zeroth.takeover;
     UPDATE zeroth.runs r
        SET status = CASE v_result.outcome WHEN 'cancelled' THEN 'cancelled'::zeroth.run_status
-                                          WHEN 'failed' THEN 'failed'::zeroth.run_status
-                                          ELSE 'pending'::zeroth.run_status END,
-           -- A hand-back gives the interrupted attempt back, as hand_back_to_pending does.
-           attempts = CASE WHEN v_result.outcome = 'requeued' AND r.status = 'running'
-                           THEN greatest(r.attempts - 1, 0) ELSE r.attempts END,
-           error = CASE WHEN v_result.outcome = 'requeued' THEN r.error
-                        ELSE zeroth._stop_error(_take_over.stop_reason, coalesce(_take_over.message, format(
-                                 'run lease expired: worker %s stopped renewing (expired at %s)',
-                                 r.lease_worker_id, r.lease_expires_at)),
-                             r.lease_worker_id, r.lease_generation, r.error) END,
+                                          WHEN 'requeued' THEN 'pending'::zeroth.run_status
+                                          ELSE 'failed'::zeroth.run_status END,
+           error = CASE v_result.outcome
+                       WHEN 'requeued' THEN r.error
+                       WHEN 'dead_lettered' THEN zeroth._stop_error('attempts_exhausted', format(
+                                'worker %s stopped renewing its lease (expired at %s) on attempt %s of %s; '
+                                'a run whose worker dies every time is not retried again',
+                                r.lease_worker_id, r.lease_expires_at, r.attempts, r.max_attempts),
+                            r.lease_worker_id, r.lease_generation, r.error)
+                       ELSE zeroth._stop_error(_take_over.stop_reason, coalesce(_take_over.message, format(
+                                'run lease expired: worker %s stopped renewing (expired at %s)',
+                                r.lease_worker_id, r.lease_expires_at)),
+                            r.lease_worker_id, r.lease_generation, r.error) END,
+           dead_lettered_at = CASE WHEN v_result.outcome = 'dead_lettered' THEN _take_over.at ELSE r.dead_lettered_at END,
            finished_at = CASE WHEN v_result.outcome = 'requeued' THEN NULL ELSE _take_over.at END,
            updated_at = _take_over.at,
            lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
@@ -1206,6 +1325,10 @@ BEGIN
      WHERE r.tenant_id = _take_over.tenant_id AND r.workspace_key = _take_over.workspace_key
        AND r.run_id = _take_over.run_id
     RETURNING r.status INTO v_result.status;
+    PERFORM zeroth._free_slot(_take_over.tenant_id, _take_over.workspace_key, _take_over.run_id,
+                              v_run.lease_generation);
+    -- A requeued run is claimable now; an ended one may have freed a slot or promoted its thread
+    -- (the trigger notifies for the promoted run itself).
     PERFORM zeroth._notify_wakeup(v_run.deployment_ref, _take_over.tenant_id, v_run.workspace_id);
     RETURN NEXT v_result;
 END
@@ -1214,14 +1337,20 @@ $$;
 --
 -- Name: FUNCTION _take_over(tenant_id text, workspace_key text, run_id uuid, grace interval, at timestamp with time zone, stop_reason text, message text); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth._take_over(tenant_id text, workspace_key text, run_id uuid, grace interval, at timestamp with time zone, stop_reason text, message text) IS 'Internal: the takeover of one run whose lease expired past grace (SKIP LOCKED throughout), shared by claim_for_takeover and reconcile_thread_runs.';
+COMMENT ON FUNCTION zeroth._take_over(tenant_id text, workspace_key text, run_id uuid, grace interval, at timestamp with time zone, stop_reason text, message text) IS 'Internal: the takeover of one run whose lease expired past grace (SKIP LOCKED throughout): cancelled | failed | dead_lettered | requeued. Shared by claim_for_takeover, reconcile_thread_runs and claim_orphaned.';
 
 --
 -- Name: _take_slots(text, text, text, integer, integer, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
 --
 CREATE FUNCTION zeroth._take_slots(tenant_id text, workspace_key text, deployment_ref text, max_concurrency integer, wanted integer, at timestamp with time zone, OUT slots integer[], OUT active_count integer) RETURNS record
     LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
+DECLARE
+    v_free    integer[];
+    v_locked  integer[];
+    v_named   integer[];
+    v_retired integer[];
 BEGIN
     -- The scope becomes slot rows: bound what would be written (K rows, indexed keys).
     PERFORM zeroth._require(_take_slots.max_concurrency <= 10000, 'max_concurrency must be at most 10000');
@@ -1247,34 +1376,89 @@ BEGIN
         ON CONFLICT DO NOTHING;
     END IF;
 
-    SELECT count(*) FILTER (WHERE s.run_id IS NOT NULL AND s.lease_expires_at >= _take_slots.at)
-      INTO active_count
-      FROM zeroth.admission_slots s
-     WHERE s.tenant_id = _take_slots.tenant_id
-       AND s.workspace_key = _take_slots.workspace_key
-       AND s.deployment_ref = _take_slots.deployment_ref;
+    -- One pass over the scope's slots: which lease is live (a primary-key probe of its run).
+    SELECT count(*) FILTER (WHERE x.live)::integer,
+           coalesce(array_agg(x.slot_no ORDER BY x.slot_no)
+                        FILTER (WHERE NOT x.live AND x.slot_no <= _take_slots.max_concurrency), '{}')
+      INTO active_count, v_free
+      FROM (SELECT s.slot_no,
+                   s.run_id IS NOT NULL AND EXISTS (
+                       SELECT 1 FROM zeroth.runs r
+                        WHERE r.tenant_id = s.tenant_id AND r.workspace_key = s.workspace_key
+                          AND r.run_id = s.run_id
+                          AND r.lease_generation = s.lease_generation
+                          AND r.admission_slot = s.slot_no
+                          AND r.lease_expires_at >= _take_slots.at) AS live
+              FROM zeroth.admission_slots s
+             WHERE s.tenant_id = _take_slots.tenant_id
+               AND s.workspace_key = _take_slots.workspace_key
+               AND s.deployment_ref = _take_slots.deployment_ref) x;
 
-    -- A slot row locked by another session is being claimed or renewed right now: skip it.
-    WITH free AS MATERIALIZED (
-        SELECT s.slot_no
+    IF least(_take_slots.wanted, _take_slots.max_concurrency - active_count) <= 0 OR cardinality(v_free) = 0 THEN
+        slots := '{}';
+        RETURN;
+    END IF;
+
+    WITH locked AS MATERIALIZED (
+        SELECT s.slot_no, s.run_id
           FROM zeroth.admission_slots s
          WHERE s.tenant_id = _take_slots.tenant_id
            AND s.workspace_key = _take_slots.workspace_key
            AND s.deployment_ref = _take_slots.deployment_ref
-           AND s.slot_no <= _take_slots.max_concurrency
-           AND (s.run_id IS NULL OR s.lease_expires_at < _take_slots.at)
+           AND s.slot_no = ANY (v_free)
          ORDER BY s.slot_no
-         LIMIT greatest(least(_take_slots.wanted, _take_slots.max_concurrency - active_count), 0)
-           FOR UPDATE SKIP LOCKED
+         LIMIT least(_take_slots.wanted, _take_slots.max_concurrency - active_count)
+           FOR UPDATE OF s SKIP LOCKED
     )
-    SELECT coalesce(array_agg(f.slot_no ORDER BY f.slot_no), '{}') INTO slots FROM free f;
+    SELECT coalesce(array_agg(l.slot_no ORDER BY l.slot_no), '{}') INTO v_locked FROM locked l;
+
+    -- Under the slot locks, in a new snapshot: which of them does their run still name?
+    SELECT coalesce(array_agg(s.slot_no), '{}') INTO v_named
+      FROM zeroth.admission_slots s
+      JOIN zeroth.runs r ON r.tenant_id = s.tenant_id AND r.workspace_key = s.workspace_key
+                        AND r.run_id = s.run_id
+     WHERE s.tenant_id = _take_slots.tenant_id
+       AND s.workspace_key = _take_slots.workspace_key
+       AND s.deployment_ref = _take_slots.deployment_ref
+       AND s.slot_no = ANY (v_locked)
+       AND r.lease_generation = s.lease_generation
+       AND r.admission_slot = s.slot_no;
+
+    v_retired := '{}';
+    IF cardinality(v_named) > 0 THEN
+        WITH dead AS MATERIALIZED (
+            SELECT r.tenant_id, r.workspace_key, r.run_id, s.slot_no
+              FROM zeroth.admission_slots s
+              JOIN zeroth.runs r ON r.tenant_id = s.tenant_id AND r.workspace_key = s.workspace_key
+                                AND r.run_id = s.run_id
+             WHERE s.tenant_id = _take_slots.tenant_id
+               AND s.workspace_key = _take_slots.workspace_key
+               AND s.deployment_ref = _take_slots.deployment_ref
+               AND s.slot_no = ANY (v_named)
+               AND r.lease_generation = s.lease_generation
+               AND r.admission_slot = s.slot_no
+               AND r.lease_expires_at < _take_slots.at
+               FOR UPDATE OF r SKIP LOCKED
+        ), retired AS (
+            UPDATE zeroth.runs r
+               SET admission_slot = NULL
+              FROM dead d
+             WHERE r.tenant_id = d.tenant_id AND r.workspace_key = d.workspace_key AND r.run_id = d.run_id
+            RETURNING d.slot_no
+        )
+        SELECT coalesce(array_agg(x.slot_no), '{}') INTO v_retired FROM retired x;
+    END IF;
+
+    slots := ARRAY(SELECT u FROM unnest(v_locked) AS u
+                    WHERE u <> ALL (v_named) OR u = ANY (v_retired)
+                    ORDER BY u);
 END
 $$;
 
 --
 -- Name: FUNCTION _take_slots(tenant_id text, workspace_key text, deployment_ref text, max_concurrency integer, wanted integer, at timestamp with time zone, OUT slots integer[], OUT active_count integer); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth._take_slots(tenant_id text, workspace_key text, deployment_ref text, max_concurrency integer, wanted integer, at timestamp with time zone, OUT slots integer[], OUT active_count integer) IS 'Internal: lock up to `wanted` free concurrency slots of a scope (SKIP LOCKED) and report the live-slot count.';
+COMMENT ON FUNCTION zeroth._take_slots(tenant_id text, workspace_key text, deployment_ref text, max_concurrency integer, wanted integer, at timestamp with time zone, OUT slots integer[], OUT active_count integer) IS 'Internal: lock up to `wanted` free concurrency slots of a scope (SKIP LOCKED), retiring the expired leases they still name, and report the live-slot count.';
 
 --
 -- Name: _thread_run(zeroth.runs); Type: FUNCTION; Schema: zeroth; Owner: -
@@ -1295,9 +1479,8 @@ CREATE FUNCTION zeroth._thread_run_finished() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
-    PERFORM pg_notify('zeroth_run_finished', json_build_object(
-        'run_id', NEW.run_id, 'thread_id', left(NEW.thread_id, 200), 'status', NEW.status,
-        'tenant_id', NEW.tenant_id, 'workspace_id', NEW.workspace_id)::text);
+    PERFORM pg_notify('zeroth_run_finished', zeroth._notify_key(
+        'run_finished', ARRAY[NEW.tenant_id, NEW.workspace_key, NEW.run_id::text]));
     IF OLD.thread_queued_at IS NULL THEN
         PERFORM zeroth._promote_thread_head(NEW.tenant_id, NEW.workspace_key, NEW.thread_id, NEW.updated_at);
     END IF;
@@ -1308,7 +1491,7 @@ $$;
 --
 -- Name: FUNCTION _thread_run_finished(); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth._thread_run_finished() IS 'Internal trigger: a thread run ended → NOTIFY zeroth_run_finished {run_id, thread_id, status, tenant_id, workspace_id}; if it was the active run, promote the queue head.';
+COMMENT ON FUNCTION zeroth._thread_run_finished() IS 'Internal trigger: a thread run ended → NOTIFY zeroth_run_finished with the run''s opaque key; if it was the active run, promote the queue head.';
 
 --
 -- Name: _workspace_key(text); Type: FUNCTION; Schema: zeroth; Owner: -
@@ -1323,16 +1506,16 @@ CREATE FUNCTION zeroth._workspace_key(workspace_id text) RETURNS text
 COMMENT ON FUNCTION zeroth._workspace_key(workspace_id text) IS 'Internal: maps a workspace id (NULL is the null workspace) to the non-null scope key stored in runs.workspace_key.';
 
 --
--- Name: admit_run(text, text, text, text, jsonb, text, text, double precision, double precision, text, jsonb, uuid, integer, integer, boolean, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
+-- Name: admit_run(text, text, text, text, jsonb, text, text, double precision, double precision, text, jsonb, uuid, integer, integer, boolean, bigint); Type: FUNCTION; Schema: zeroth; Owner: -
 --
-CREATE FUNCTION zeroth.admit_run(deployment_ref text, thread_id text, strategy text DEFAULT 'reject'::text, worker_id text DEFAULT NULL::text, payload jsonb DEFAULT '{}'::jsonb, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, lease_seconds double precision DEFAULT 60, grace_seconds double precision DEFAULT 10, idempotency_key text DEFAULT NULL::text, metadata jsonb DEFAULT '{}'::jsonb, run_id uuid DEFAULT NULL::uuid, priority integer DEFAULT 0, max_attempts integer DEFAULT 3, resumable boolean DEFAULT NULL::boolean, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS zeroth.admission
+CREATE FUNCTION zeroth.admit_run(deployment_ref text, thread_id text, strategy text DEFAULT 'reject'::text, worker_id text DEFAULT NULL::text, payload jsonb DEFAULT '{}'::jsonb, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, lease_seconds double precision DEFAULT 60, grace_seconds double precision DEFAULT 10, idempotency_key text DEFAULT NULL::text, metadata jsonb DEFAULT '{}'::jsonb, run_id uuid DEFAULT NULL::uuid, priority integer DEFAULT 0, max_attempts integer DEFAULT 3, resumable boolean DEFAULT NULL::boolean, owner_generation bigint DEFAULT NULL::bigint) RETURNS zeroth.admission
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
-    v_now    timestamptz := zeroth._now(now_override);
-    v_lease  interval := zeroth._lease_interval(admit_run.lease_seconds);
-    v_grace  interval := zeroth._grace_interval(admit_run.grace_seconds);
+    v_now       timestamptz := zeroth._now();
+    v_lease     interval := zeroth._lease_interval(admit_run.lease_seconds);
+    v_grace     interval := zeroth._grace_interval(admit_run.grace_seconds);
     v_tenant    text := zeroth._scope_tenant(admit_run.tenant_id, admit_run.workspace_id);
     v_wskey     text := zeroth._workspace_key(admit_run.workspace_id);
     v_result    zeroth.admission;
@@ -1350,6 +1533,8 @@ BEGIN
     IF admit_run.worker_id IS NOT NULL THEN
         PERFORM zeroth._require_identifier(admit_run.worker_id, 'worker_id');
     END IF;
+    PERFORM zeroth._require(admit_run.owner_generation IS NULL OR admit_run.worker_id IS NOT NULL,
+                            'owner_generation needs a worker_id');
     PERFORM zeroth._require(admit_run.strategy IN ('reject', 'interrupt', 'rollback', 'enqueue'),
                             'strategy must be reject, interrupt, rollback or enqueue');
     PERFORM zeroth._require(jsonb_typeof(admit_run.payload) = 'object', 'payload must be a JSON object');
@@ -1369,7 +1554,7 @@ BEGIN
             RETURN v_result;
         END IF;
         v_displaced := zeroth._displace(v_tenant, v_wskey, admit_run.thread_id, admit_run.strategy, v_grace, v_now,
-                                        admit_run.worker_id);
+                                        admit_run.worker_id, admit_run.owner_generation);
     END IF;
     -- After a displacement the thread is idle, or its active run is stopping for a live owner:
     -- then the new run queues right behind it (the queue was cancelled).
@@ -1382,30 +1567,28 @@ END
 $$;
 
 --
--- Name: FUNCTION admit_run(deployment_ref text, thread_id text, strategy text, worker_id text, payload jsonb, tenant_id text, workspace_id text, lease_seconds double precision, grace_seconds double precision, idempotency_key text, metadata jsonb, run_id uuid, priority integer, max_attempts integer, resumable boolean, now_override timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
+-- Name: FUNCTION admit_run(deployment_ref text, thread_id text, strategy text, worker_id text, payload jsonb, tenant_id text, workspace_id text, lease_seconds double precision, grace_seconds double precision, idempotency_key text, metadata jsonb, run_id uuid, priority integer, max_attempts integer, resumable boolean, owner_generation bigint); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth.admit_run(deployment_ref text, thread_id text, strategy text, worker_id text, payload jsonb, tenant_id text, workspace_id text, lease_seconds double precision, grace_seconds double precision, idempotency_key text, metadata jsonb, run_id uuid, priority integer, max_attempts integer, resumable boolean, now_override timestamp with time zone) IS 'admit_run: create a run for a thread, at most one active per thread. worker_id = admit-and-own: leased to the caller at generation 1 in the same statement (pending; start it with start_run). Strategies when busy: reject → busy (+ active_run_id, retry_after_s); enqueue → queued behind it; interrupt / rollback → queue and active run cancelled with that action, then admitted, or queued behind a live other owner asked to stop (NOTIFY). A repeated idempotency key or run_id returns reused. Raises ZP006, ZP008. Notifies zeroth_wakeup, zeroth_control. Time: clock_timestamp().';
+COMMENT ON FUNCTION zeroth.admit_run(deployment_ref text, thread_id text, strategy text, worker_id text, payload jsonb, tenant_id text, workspace_id text, lease_seconds double precision, grace_seconds double precision, idempotency_key text, metadata jsonb, run_id uuid, priority integer, max_attempts integer, resumable boolean, owner_generation bigint) IS 'admit_run: create a run for a thread, at most one active per thread. worker_id = admit-and-own: leased to the caller at generation 1 in the same statement (pending; start it with start_run; takes no admission slot). Strategies when busy: reject → busy (+ active_run_id, retry_after_s); enqueue → queued behind it; interrupt / rollback → queue and active run cancelled with that action, then admitted, or queued behind a live owner asked to stop (NOTIFY). The caller''s own active run is cancelled at once only with worker_id + owner_generation of its live lease. A repeated idempotency key or run_id returns reused (first admission wins). Raises ZP006, ZP008. Notifies zeroth_wakeup, zeroth_control. Time: clock_timestamp().';
 
 --
--- Name: cancel_run(uuid, text, bigint, text, text, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
+-- Name: cancel_run(uuid, text, bigint, text, text); Type: FUNCTION; Schema: zeroth; Owner: -
 --
-CREATE FUNCTION zeroth.cancel_run(run_id uuid, worker_id text, generation bigint, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS boolean
+CREATE FUNCTION zeroth.cancel_run(run_id uuid, worker_id text, generation bigint, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text) RETURNS boolean
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
-    v_now    timestamptz := zeroth._now(now_override);
+    v_now    timestamptz := zeroth._now();
     v_tenant text := zeroth._scope_tenant(cancel_run.tenant_id, cancel_run.workspace_id);
     v_wskey  text := zeroth._workspace_key(cancel_run.workspace_id);
-    v_freed  boolean;
     v_run    record;
 BEGIN
     PERFORM zeroth._require(cancel_run.run_id IS NOT NULL, 'run_id must not be NULL');
     PERFORM zeroth._require_identifier(cancel_run.worker_id, 'worker_id');
     PERFORM zeroth._require(cancel_run.generation IS NOT NULL, 'generation must not be NULL');
 
-    v_freed := zeroth._free_slot(v_tenant, v_wskey, cancel_run.run_id, cancel_run.worker_id, cancel_run.generation,
-                                v_now);
+    PERFORM zeroth._lock_slot(v_tenant, v_wskey, cancel_run.run_id, cancel_run.generation);
     UPDATE zeroth.runs r
        SET status = 'cancelled',
            cancel_requested_at = coalesce(r.cancel_requested_at, v_now),
@@ -1424,7 +1607,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    IF v_freed THEN
+    IF zeroth._free_slot(v_tenant, v_wskey, cancel_run.run_id, cancel_run.generation) THEN
         PERFORM zeroth._notify_wakeup(v_run.deployment_ref, v_tenant, v_run.workspace_id);
     END IF;
     RETURN true;
@@ -1432,14 +1615,14 @@ END
 $$;
 
 --
--- Name: FUNCTION cancel_run(run_id uuid, worker_id text, generation bigint, tenant_id text, workspace_id text, now_override timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
+-- Name: FUNCTION cancel_run(run_id uuid, worker_id text, generation bigint, tenant_id text, workspace_id text); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth.cancel_run(run_id uuid, worker_id text, generation bigint, tenant_id text, workspace_id text, now_override timestamp with time zone) IS 'cancel_run: the live lease holder (worker_id, generation) ends its pending or running run as cancelled; clears the lease, frees the slot. Returns false when fenced out. Raises ZP008. Notifies zeroth_wakeup when a slot was freed. Time: clock_timestamp().';
+COMMENT ON FUNCTION zeroth.cancel_run(run_id uuid, worker_id text, generation bigint, tenant_id text, workspace_id text) IS 'cancel_run: the live lease holder (worker_id, generation) ends its pending or running run as cancelled; clears the lease, frees the slot. Returns false when fenced out. Raises ZP008. Notifies zeroth_wakeup when a slot was freed. Time: clock_timestamp().';
 
 --
--- Name: claim_and_start(text, text, text, text, integer, integer, double precision, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
+-- Name: claim_and_start(text, text, text, text, integer, integer, double precision); Type: FUNCTION; Schema: zeroth; Owner: -
 --
-CREATE FUNCTION zeroth.claim_and_start(deployment_ref text, worker_id text, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, max_concurrency integer DEFAULT NULL::integer, batch_size integer DEFAULT 1, lease_seconds double precision DEFAULT 60, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS SETOF zeroth.claimed_run
+CREATE FUNCTION zeroth.claim_and_start(deployment_ref text, worker_id text, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, max_concurrency integer DEFAULT NULL::integer, batch_size integer DEFAULT 1, lease_seconds double precision DEFAULT 60) RETURNS SETOF zeroth.claimed_run
     LANGUAGE sql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     BEGIN ATOMIC
@@ -1460,23 +1643,23 @@ CREATE FUNCTION zeroth.claim_and_start(deployment_ref text, worker_id text, tena
      _claim_pending.active_count,
      _claim_pending.concurrency_saturated,
      _claim_pending.concurrency_limit
-    FROM zeroth._claim_pending(claim_and_start.deployment_ref, claim_and_start.worker_id, claim_and_start.tenant_id, claim_and_start.workspace_id, claim_and_start.max_concurrency, claim_and_start.batch_size, claim_and_start.lease_seconds, claim_and_start.now_override, true) _claim_pending(run_id, lease_generation, lease_expires_at, status, attempts, max_attempts, priority, thread_id, idempotency_key, payload, metadata, recovery_checkpoint_id, checkpoint_data, cancel_requested, active_count, concurrency_saturated, concurrency_limit);
+    FROM zeroth._claim_pending(claim_and_start.deployment_ref, claim_and_start.worker_id, claim_and_start.tenant_id, claim_and_start.workspace_id, claim_and_start.max_concurrency, claim_and_start.batch_size, claim_and_start.lease_seconds, true) _claim_pending(run_id, lease_generation, lease_expires_at, status, attempts, max_attempts, priority, thread_id, idempotency_key, payload, metadata, recovery_checkpoint_id, checkpoint_data, cancel_requested, active_count, concurrency_saturated, concurrency_limit);
 END;
 
 --
--- Name: FUNCTION claim_and_start(deployment_ref text, worker_id text, tenant_id text, workspace_id text, max_concurrency integer, batch_size integer, lease_seconds double precision, now_override timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
+-- Name: FUNCTION claim_and_start(deployment_ref text, worker_id text, tenant_id text, workspace_id text, max_concurrency integer, batch_size integer, lease_seconds double precision); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth.claim_and_start(deployment_ref text, worker_id text, tenant_id text, workspace_id text, max_concurrency integer, batch_size integer, lease_seconds double precision, now_override timestamp with time zone) IS 'claim_and_start: claim_pending and start_run in one call — up to batch_size pending runs are leased (new generation) and made running (attempt counted, started_at set) by one UPDATE. Same order, max_concurrency slots, saturation row and SKIP LOCKED locking as claim_pending. Raises ZP006, ZP008. Time: clock_timestamp().';
+COMMENT ON FUNCTION zeroth.claim_and_start(deployment_ref text, worker_id text, tenant_id text, workspace_id text, max_concurrency integer, batch_size integer, lease_seconds double precision) IS 'claim_and_start: claim_pending and start_run in one call — up to batch_size pending runs are leased (new generation) and made running (attempt counted, started_at set) by one UPDATE. Same order, max_concurrency slots, saturation row and SKIP LOCKED locking as claim_pending. Raises ZP006, ZP008. Time: clock_timestamp().';
 
 --
--- Name: claim_for_takeover(uuid, text, text, double precision, text, text, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
+-- Name: claim_for_takeover(uuid, text, text, double precision, text, text); Type: FUNCTION; Schema: zeroth; Owner: -
 --
-CREATE FUNCTION zeroth.claim_for_takeover(run_id uuid, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, grace_seconds double precision DEFAULT 10, stop_reason text DEFAULT 'orphan_recovered'::text, message text DEFAULT NULL::text, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS SETOF zeroth.takeover
+CREATE FUNCTION zeroth.claim_for_takeover(run_id uuid, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, grace_seconds double precision DEFAULT 10, stop_reason text DEFAULT 'orphan_recovered'::text, message text DEFAULT NULL::text) RETURNS SETOF zeroth.takeover
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
-    v_now   timestamptz := zeroth._now(now_override);
+    v_now   timestamptz := zeroth._now();
     v_grace interval := zeroth._grace_interval(claim_for_takeover.grace_seconds);
 BEGIN
     PERFORM zeroth._require(claim_for_takeover.run_id IS NOT NULL, 'run_id must not be NULL');
@@ -1489,26 +1672,29 @@ END
 $$;
 
 --
--- Name: FUNCTION claim_for_takeover(run_id uuid, tenant_id text, workspace_id text, grace_seconds double precision, stop_reason text, message text, now_override timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
+-- Name: FUNCTION claim_for_takeover(run_id uuid, tenant_id text, workspace_id text, grace_seconds double precision, stop_reason text, message text); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth.claim_for_takeover(run_id uuid, tenant_id text, workspace_id text, grace_seconds double precision, stop_reason text, message text, now_override timestamp with time zone) IS 'claim_for_takeover: take over one run whose owner''s lease expired more than grace ago: resumable → requeued (pending, attempt given back), not resumable → failed with {stop_reason, message}, cancel requested → cancelled. Returns the row once, or nothing (live, within grace, being renewed, not active, unknown). SKIP LOCKED. Raises ZP008. Notifies zeroth_wakeup. Time: clock_timestamp().';
+COMMENT ON FUNCTION zeroth.claim_for_takeover(run_id uuid, tenant_id text, workspace_id text, grace_seconds double precision, stop_reason text, message text) IS 'claim_for_takeover: take over one run whose owner''s lease expired more than grace ago: resumable → requeued (pending, the interrupted attempt stays counted) or dead_lettered when out of attempts, not resumable → failed with {stop_reason, message}, cancel requested → cancelled. Returns the row once, or nothing (live, within grace, being renewed, not active, unknown). SKIP LOCKED. Raises ZP008. Notifies zeroth_wakeup. Time: clock_timestamp().';
 
 --
--- Name: claim_orphaned(text, text, text, text, integer, integer, double precision, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
+-- Name: claim_orphaned(text, text, text, text, integer, integer, double precision, double precision); Type: FUNCTION; Schema: zeroth; Owner: -
 --
-CREATE FUNCTION zeroth.claim_orphaned(deployment_ref text, worker_id text, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, max_concurrency integer DEFAULT NULL::integer, claim_limit integer DEFAULT NULL::integer, lease_seconds double precision DEFAULT 60, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS SETOF zeroth.claimed_run
+CREATE FUNCTION zeroth.claim_orphaned(deployment_ref text, worker_id text, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, max_concurrency integer DEFAULT NULL::integer, claim_limit integer DEFAULT NULL::integer, lease_seconds double precision DEFAULT 60, grace_seconds double precision DEFAULT 10) RETURNS SETOF zeroth.claimed_run
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 DECLARE
-    v_now    timestamptz := zeroth._now(now_override);
+    v_now    timestamptz := zeroth._now();
     v_lease  interval := zeroth._lease_interval(claim_orphaned.lease_seconds);
+    v_grace  interval := zeroth._grace_interval(claim_orphaned.grace_seconds);
     v_tenant text := zeroth._scope_tenant(claim_orphaned.tenant_id, claim_orphaned.workspace_id);
     v_wskey  text := zeroth._workspace_key(claim_orphaned.workspace_id);
     v_want   integer := claim_orphaned.claim_limit;
     v_slots  integer[];
     v_active integer := 0;
     v_ids    uuid[];
+    v_end    record;
 BEGIN
     PERFORM zeroth._require_identifier(claim_orphaned.deployment_ref, 'deployment_ref');
     PERFORM zeroth._require_identifier(claim_orphaned.worker_id, 'worker_id');
@@ -1516,12 +1702,31 @@ BEGIN
                             'claim_limit must be NULL or between 1 and 1000');
     PERFORM zeroth._require(claim_orphaned.max_concurrency IS NULL OR claim_orphaned.max_concurrency >= 1,
                             'max_concurrency must be NULL or at least 1');
+    IF claim_orphaned.max_concurrency IS NOT NULL AND v_tenant IS NULL THEN
+        RAISE EXCEPTION 'distributed concurrency needs an exact scope: a workspace_id needs a tenant_id'
+            USING ERRCODE = 'ZP006';
+    END IF;
 
+    -- 1. The orphans nobody may resume end here (each SKIP LOCKED inside _take_over).
+    FOR v_end IN
+        SELECT r.run_id, r.resumable
+          FROM zeroth.runs r
+         WHERE r.tenant_id = v_tenant
+           AND r.workspace_key = v_wskey
+           AND r.deployment_ref = claim_orphaned.deployment_ref
+           AND r.status = 'running'
+           AND ((r.resumable AND r.attempts >= r.max_attempts AND r.lease_expires_at < v_now)
+                OR (NOT r.resumable AND r.lease_expires_at + v_grace < v_now))
+         ORDER BY r.lease_expires_at
+         LIMIT coalesce(claim_orphaned.claim_limit, 100)
+    LOOP
+        PERFORM zeroth._take_over(v_tenant, v_wskey, v_end.run_id,
+                                  CASE WHEN v_end.resumable THEN interval '0' ELSE v_grace END,
+                                  v_now, 'orphan_recovered', NULL);
+    END LOOP;
+
+    -- 2. Re-lease the resumable ones.
     IF claim_orphaned.max_concurrency IS NOT NULL THEN
-        IF v_tenant IS NULL THEN
-            RAISE EXCEPTION 'distributed concurrency needs an exact scope: a workspace_id needs a tenant_id'
-                USING ERRCODE = 'ZP006';
-        END IF;
         SELECT t.slots, t.active_count INTO v_slots, v_active
           FROM zeroth._take_slots(v_tenant, v_wskey, claim_orphaned.deployment_ref,
                                   claim_orphaned.max_concurrency,
@@ -1534,7 +1739,8 @@ BEGIN
                 SELECT 1 FROM zeroth.runs r
                  WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey
                    AND r.deployment_ref = claim_orphaned.deployment_ref
-                   AND r.status = 'running' AND r.lease_expires_at < v_now AND r.resumable),
+                   AND r.status = 'running' AND r.lease_expires_at < v_now AND r.resumable
+                   AND r.attempts < r.max_attempts),
                 claim_orphaned.max_concurrency);
             RETURN;
         END IF;
@@ -1551,6 +1757,7 @@ BEGIN
            AND r.status = 'running'
            AND r.lease_expires_at < v_now
            AND r.resumable
+           AND r.attempts < r.max_attempts
          ORDER BY r.lease_expires_at, r.started_at
          LIMIT v_want
            FOR UPDATE SKIP LOCKED
@@ -1558,19 +1765,19 @@ BEGIN
     SELECT coalesce(array_agg(l.run_id ORDER BY l.lease_expires_at, l.started_at), '{}') INTO v_ids FROM locked l;
     RETURN QUERY SELECT * FROM zeroth._lease_locked_runs(
         v_tenant, v_wskey, v_ids, v_slots, claim_orphaned.worker_id, v_now, v_lease, v_active,
-        claim_orphaned.max_concurrency);
+        claim_orphaned.max_concurrency, false);
 END
 $$;
 
 --
--- Name: FUNCTION claim_orphaned(deployment_ref text, worker_id text, tenant_id text, workspace_id text, max_concurrency integer, claim_limit integer, lease_seconds double precision, now_override timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
+-- Name: FUNCTION claim_orphaned(deployment_ref text, worker_id text, tenant_id text, workspace_id text, max_concurrency integer, claim_limit integer, lease_seconds double precision, grace_seconds double precision); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth.claim_orphaned(deployment_ref text, worker_id text, tenant_id text, workspace_id text, max_concurrency integer, claim_limit integer, lease_seconds double precision, now_override timestamp with time zone) IS 'claim_orphaned: take over resumable running runs whose lease expired (not resumable ones are left to claim_for_takeover); each gets a new generation and recovery_checkpoint_id = its latest checkpoint. claim_limit bounds the batch. A single run_id-NULL row reports saturation (an orphan is waiting but no slot is free) or a definitive empty scan. SKIP LOCKED throughout. Raises ZP006, ZP008. Time: clock_timestamp().';
+COMMENT ON FUNCTION zeroth.claim_orphaned(deployment_ref text, worker_id text, tenant_id text, workspace_id text, max_concurrency integer, claim_limit integer, lease_seconds double precision, grace_seconds double precision) IS 'claim_orphaned: recover running runs whose lease expired. First ends the ones nobody may resume (resumable but out of attempts → failed + dead-lettered, stop_reason attempts_exhausted; not resumable and expired more than grace_seconds ago → failed, stop_reason orphan_recovered; cancel requested → cancelled), then re-leases resumable ones with attempts left: new generation, attempt counted, recovery_checkpoint_id = latest checkpoint. claim_limit bounds the batch. A single run_id-NULL row reports saturation (an orphan is waiting but no slot is free) or a definitive empty scan. SKIP LOCKED throughout. Raises ZP006, ZP008. Notifies zeroth_wakeup for the runs it ended. Time: clock_timestamp().';
 
 --
--- Name: claim_pending(text, text, text, text, integer, integer, double precision, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
+-- Name: claim_pending(text, text, text, text, integer, integer, double precision); Type: FUNCTION; Schema: zeroth; Owner: -
 --
-CREATE FUNCTION zeroth.claim_pending(deployment_ref text, worker_id text, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, max_concurrency integer DEFAULT NULL::integer, batch_size integer DEFAULT 1, lease_seconds double precision DEFAULT 60, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS SETOF zeroth.claimed_run
+CREATE FUNCTION zeroth.claim_pending(deployment_ref text, worker_id text, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, max_concurrency integer DEFAULT NULL::integer, batch_size integer DEFAULT 1, lease_seconds double precision DEFAULT 60) RETURNS SETOF zeroth.claimed_run
     LANGUAGE sql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     BEGIN ATOMIC
@@ -1591,23 +1798,23 @@ CREATE FUNCTION zeroth.claim_pending(deployment_ref text, worker_id text, tenant
      _claim_pending.active_count,
      _claim_pending.concurrency_saturated,
      _claim_pending.concurrency_limit
-    FROM zeroth._claim_pending(claim_pending.deployment_ref, claim_pending.worker_id, claim_pending.tenant_id, claim_pending.workspace_id, claim_pending.max_concurrency, claim_pending.batch_size, claim_pending.lease_seconds, claim_pending.now_override, false) _claim_pending(run_id, lease_generation, lease_expires_at, status, attempts, max_attempts, priority, thread_id, idempotency_key, payload, metadata, recovery_checkpoint_id, checkpoint_data, cancel_requested, active_count, concurrency_saturated, concurrency_limit);
+    FROM zeroth._claim_pending(claim_pending.deployment_ref, claim_pending.worker_id, claim_pending.tenant_id, claim_pending.workspace_id, claim_pending.max_concurrency, claim_pending.batch_size, claim_pending.lease_seconds, false) _claim_pending(run_id, lease_generation, lease_expires_at, status, attempts, max_attempts, priority, thread_id, idempotency_key, payload, metadata, recovery_checkpoint_id, checkpoint_data, cancel_requested, active_count, concurrency_saturated, concurrency_limit);
 END;
 
 --
--- Name: FUNCTION claim_pending(deployment_ref text, worker_id text, tenant_id text, workspace_id text, max_concurrency integer, batch_size integer, lease_seconds double precision, now_override timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
+-- Name: FUNCTION claim_pending(deployment_ref text, worker_id text, tenant_id text, workspace_id text, max_concurrency integer, batch_size integer, lease_seconds double precision); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth.claim_pending(deployment_ref text, worker_id text, tenant_id text, workspace_id text, max_concurrency integer, batch_size integer, lease_seconds double precision, now_override timestamp with time zone) IS 'claim_pending: lease up to batch_size pending runs (status stays pending; start_run makes it running). Order: priority DESC, run_after, created_at. With max_concurrency, takes free admission slots with SKIP LOCKED (claimers never queue on one row); a single run_id-NULL row reports saturation or an empty queue. Bumps lease_generation. Raises ZP006, ZP008. Time: clock_timestamp().';
+COMMENT ON FUNCTION zeroth.claim_pending(deployment_ref text, worker_id text, tenant_id text, workspace_id text, max_concurrency integer, batch_size integer, lease_seconds double precision) IS 'claim_pending: lease up to batch_size pending runs (status stays pending; start_run makes it running). Order: priority DESC, run_after, created_at. With max_concurrency, takes free admission slots with SKIP LOCKED (claimers never queue on one row); a single run_id-NULL row reports saturation or an empty queue. Bumps lease_generation. Raises ZP006, ZP008. Time: clock_timestamp().';
 
 --
--- Name: clear_lease(uuid, text, text, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
+-- Name: clear_lease(uuid, text, text); Type: FUNCTION; Schema: zeroth; Owner: -
 --
-CREATE FUNCTION zeroth.clear_lease(run_id uuid, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS boolean
+CREATE FUNCTION zeroth.clear_lease(run_id uuid, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text) RETURNS boolean
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
-    v_now    timestamptz := zeroth._now(now_override);
+    v_now    timestamptz := zeroth._now();
     v_tenant text := zeroth._scope_tenant(clear_lease.tenant_id, clear_lease.workspace_id);
     v_wskey  text := zeroth._workspace_key(clear_lease.workspace_id);
     v_run    record;
@@ -1615,7 +1822,7 @@ BEGIN
     PERFORM zeroth._require(clear_lease.run_id IS NOT NULL, 'run_id must not be NULL');
 
     UPDATE zeroth.admission_slots s
-       SET run_id = NULL, lease_worker_id = NULL, lease_generation = NULL, lease_expires_at = NULL
+       SET run_id = NULL, lease_generation = NULL
      WHERE s.run_id = clear_lease.run_id AND s.tenant_id = v_tenant AND s.workspace_key = v_wskey;
     UPDATE zeroth.runs r
        SET lease_worker_id   = CASE WHEN r.status = 'running' THEN r.lease_worker_id END,
@@ -1643,19 +1850,19 @@ END
 $$;
 
 --
--- Name: FUNCTION clear_lease(run_id uuid, tenant_id text, workspace_id text, now_override timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
+-- Name: FUNCTION clear_lease(run_id uuid, tenant_id text, workspace_id text); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth.clear_lease(run_id uuid, tenant_id text, workspace_id text, now_override timestamp with time zone) IS 'clear_lease: admin, unfenced. Pending: lease cleared. Running: holder kept, lease expired in place so claim_orphaned recovers it (never stranded). Frees the run''s slots. Returns false when there was no lease. Raises ZP001, ZP008. Notifies zeroth_wakeup. Time: clock_timestamp().';
+COMMENT ON FUNCTION zeroth.clear_lease(run_id uuid, tenant_id text, workspace_id text) IS 'clear_lease: admin, unfenced. Pending: lease cleared. Running: holder kept, lease expired in place so claim_orphaned recovers it (never stranded); the old holder can no longer release or hand it back. Frees the run''s slots. Returns false when there was no lease. Raises ZP001, ZP008. Notifies zeroth_wakeup. Time: clock_timestamp().';
 
 --
--- Name: commit_fenced(uuid, text, bigint, jsonb, text, text, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
+-- Name: commit_fenced(uuid, text, bigint, jsonb, text, text); Type: FUNCTION; Schema: zeroth; Owner: -
 --
-CREATE FUNCTION zeroth.commit_fenced(run_id uuid, worker_id text, generation bigint, columns jsonb, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS boolean
+CREATE FUNCTION zeroth.commit_fenced(run_id uuid, worker_id text, generation bigint, columns jsonb, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text) RETURNS boolean
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
-    v_now    timestamptz := zeroth._now(now_override);
+    v_now    timestamptz := zeroth._now();
     v_tenant text := zeroth._scope_tenant(commit_fenced.tenant_id, commit_fenced.workspace_id);
     v_wskey  text := zeroth._workspace_key(commit_fenced.workspace_id);
     v_key    text;
@@ -1707,30 +1914,28 @@ END
 $$;
 
 --
--- Name: FUNCTION commit_fenced(run_id uuid, worker_id text, generation bigint, columns jsonb, tenant_id text, workspace_id text, now_override timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
+-- Name: FUNCTION commit_fenced(run_id uuid, worker_id text, generation bigint, columns jsonb, tenant_id text, workspace_id text); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth.commit_fenced(run_id uuid, worker_id text, generation bigint, columns jsonb, tenant_id text, workspace_id text, now_override timestamp with time zone) IS 'commit_fenced: write allowlisted run columns (output, error, metadata, progress) only while (worker_id, generation) holds a live lease; the fence is in the UPDATE predicate. Lease/fence/status/identity columns raise ZP004 however spelled; other names raise ZP005. Returns false when fenced out. Raises ZP008. Time: clock_timestamp().';
+COMMENT ON FUNCTION zeroth.commit_fenced(run_id uuid, worker_id text, generation bigint, columns jsonb, tenant_id text, workspace_id text) IS 'commit_fenced: write allowlisted run columns (output, error, metadata, progress) only while (worker_id, generation) holds a live lease; the fence is in the UPDATE predicate. Lease/fence/status/identity columns raise ZP004 however spelled; other names raise ZP005. Returns false when fenced out. Raises ZP008. Time: clock_timestamp().';
 
 --
--- Name: complete_run(uuid, text, bigint, jsonb, text, text, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
+-- Name: complete_run(uuid, text, bigint, jsonb, text, text); Type: FUNCTION; Schema: zeroth; Owner: -
 --
-CREATE FUNCTION zeroth.complete_run(run_id uuid, worker_id text, generation bigint, output jsonb DEFAULT NULL::jsonb, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS boolean
+CREATE FUNCTION zeroth.complete_run(run_id uuid, worker_id text, generation bigint, output jsonb DEFAULT NULL::jsonb, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text) RETURNS boolean
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
-    v_now      timestamptz := zeroth._now(now_override);
-    v_tenant   text := zeroth._scope_tenant(complete_run.tenant_id, complete_run.workspace_id);
-    v_wskey    text := zeroth._workspace_key(complete_run.workspace_id);
-    v_freed    boolean;
-    v_run      record;
+    v_now    timestamptz := zeroth._now();
+    v_tenant text := zeroth._scope_tenant(complete_run.tenant_id, complete_run.workspace_id);
+    v_wskey  text := zeroth._workspace_key(complete_run.workspace_id);
+    v_run    record;
 BEGIN
     PERFORM zeroth._require(complete_run.run_id IS NOT NULL, 'run_id must not be NULL');
     PERFORM zeroth._require_identifier(complete_run.worker_id, 'worker_id');
     PERFORM zeroth._require(complete_run.generation IS NOT NULL, 'generation must not be NULL');
 
-    v_freed := zeroth._free_slot(v_tenant, v_wskey, complete_run.run_id, complete_run.worker_id, complete_run.generation,
-                                v_now);
+    PERFORM zeroth._lock_slot(v_tenant, v_wskey, complete_run.run_id, complete_run.generation);
     UPDATE zeroth.runs r
        SET status = 'completed',
            output = CASE WHEN complete_run.output IS NULL THEN r.output
@@ -1752,7 +1957,7 @@ BEGIN
                                             complete_run.generation, v_now, 'complete_run', '{running}');
         RETURN false;
     END IF;
-    IF v_freed THEN
+    IF zeroth._free_slot(v_tenant, v_wskey, complete_run.run_id, complete_run.generation) THEN
         PERFORM zeroth._notify_wakeup(v_run.deployment_ref, v_tenant, v_run.workspace_id);
     END IF;
     RETURN true;
@@ -1760,20 +1965,20 @@ END
 $$;
 
 --
--- Name: FUNCTION complete_run(run_id uuid, worker_id text, generation bigint, output jsonb, tenant_id text, workspace_id text, now_override timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
+-- Name: FUNCTION complete_run(run_id uuid, worker_id text, generation bigint, output jsonb, tenant_id text, workspace_id text); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth.complete_run(run_id uuid, worker_id text, generation bigint, output jsonb, tenant_id text, workspace_id text, now_override timestamp with time zone) IS 'complete_run: running → completed for the live lease (worker_id, generation); stores output (SQL NULL keeps the committed output, JSON null clears it), clears the lease, frees the admission slot. Returns false when fenced out. Raises ZP003 (holder but not running), ZP008. Notifies zeroth_wakeup when a slot was freed. Time: clock_timestamp().';
+COMMENT ON FUNCTION zeroth.complete_run(run_id uuid, worker_id text, generation bigint, output jsonb, tenant_id text, workspace_id text) IS 'complete_run: running → completed for the live lease (worker_id, generation); stores output (SQL NULL keeps the committed output, JSON null clears it), clears the lease, frees the admission slot. Returns false when fenced out. Raises ZP003 (holder but not running), ZP008. Notifies zeroth_wakeup when a slot was freed. Time: clock_timestamp().';
 
 --
--- Name: complete_runs(text, uuid[], bigint[], jsonb[], text, text, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
+-- Name: complete_runs(text, uuid[], bigint[], jsonb[], text, text); Type: FUNCTION; Schema: zeroth; Owner: -
 --
-CREATE FUNCTION zeroth.complete_runs(worker_id text, run_ids uuid[], generations bigint[], outputs jsonb[] DEFAULT NULL::jsonb[], tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(run_id uuid, completed boolean)
+CREATE FUNCTION zeroth.complete_runs(worker_id text, run_ids uuid[], generations bigint[], outputs jsonb[] DEFAULT NULL::jsonb[], tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text) RETURNS TABLE(run_id uuid, completed boolean)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 DECLARE
-    v_now        timestamptz := zeroth._now(complete_runs.now_override);
+    v_now        timestamptz := zeroth._now();
     v_tenant     text := zeroth._scope_tenant(complete_runs.tenant_id, complete_runs.workspace_id);
     v_wskey      text := zeroth._workspace_key(complete_runs.workspace_id);
     v_done       uuid[];
@@ -1785,14 +1990,12 @@ BEGIN
                             OR cardinality(complete_runs.outputs) = cardinality(complete_runs.run_ids),
                             'outputs must be NULL or as long as run_ids');
 
-    -- Slot rows first, in run_id order (renew_leases takes them in the same order).
+    -- Slot rows first, in run_id order.
     PERFORM 1
        FROM zeroth.admission_slots s
        JOIN unnest(complete_runs.run_ids, complete_runs.generations) AS q(run_id, generation)
          ON s.run_id = q.run_id AND s.lease_generation = q.generation
       WHERE s.tenant_id = v_tenant AND s.workspace_key = v_wskey
-        AND s.lease_worker_id = complete_runs.worker_id
-        AND s.lease_expires_at >= v_now
       ORDER BY s.run_id
         FOR UPDATE OF s;
 
@@ -1833,11 +2036,10 @@ BEGIN
         RETURNING r.run_id, q.generation
     ), freed AS (
         UPDATE zeroth.admission_slots s
-           SET run_id = NULL, lease_worker_id = NULL, lease_generation = NULL, lease_expires_at = NULL
+           SET run_id = NULL, lease_generation = NULL
           FROM done d
          WHERE s.run_id = d.run_id
            AND s.tenant_id = v_tenant AND s.workspace_key = v_wskey
-           AND s.lease_worker_id = complete_runs.worker_id
            AND s.lease_generation = d.generation
         RETURNING s.deployment_ref
     )
@@ -1856,9 +2058,27 @@ END
 $$;
 
 --
--- Name: FUNCTION complete_runs(worker_id text, run_ids uuid[], generations bigint[], outputs jsonb[], tenant_id text, workspace_id text, now_override timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
+-- Name: FUNCTION complete_runs(worker_id text, run_ids uuid[], generations bigint[], outputs jsonb[], tenant_id text, workspace_id text); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth.complete_runs(worker_id text, run_ids uuid[], generations bigint[], outputs jsonb[], tenant_id text, workspace_id text, now_override timestamp with time zone) IS 'complete_runs: complete_run for a batch of one worker''s runs in one statement; run_ids[i] completes only while generations[i] is live, held by worker_id and running; outputs[i] as complete_run''s output. One row per requested run in input order, completed = false when refused. Locks slots then runs, each in run_id order. Raises ZP008. Notifies zeroth_wakeup (once per deployment) when slots were freed. Time: clock_timestamp().';
+COMMENT ON FUNCTION zeroth.complete_runs(worker_id text, run_ids uuid[], generations bigint[], outputs jsonb[], tenant_id text, workspace_id text) IS 'complete_runs: complete_run for a batch of one worker''s runs in one statement; run_ids[i] completes only while generations[i] is live, held by worker_id and running; outputs[i] as complete_run''s output. One row per requested run in input order, completed = false when refused. Locks slots then runs, each in run_id order. Raises ZP008. Notifies zeroth_wakeup (once per deployment) when slots were freed. Time: clock_timestamp().';
+
+--
+-- Name: control_key(text); Type: FUNCTION; Schema: zeroth; Owner: -
+--
+CREATE FUNCTION zeroth.control_key(worker_id text) RETURNS text
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    PERFORM zeroth._require_identifier(control_key.worker_id, 'worker_id');
+    RETURN zeroth._notify_key('control', ARRAY[control_key.worker_id]);
+END
+$$;
+
+--
+-- Name: FUNCTION control_key(worker_id text); Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON FUNCTION zeroth.control_key(worker_id text) IS 'control_key: the opaque payload the control channel carries for this worker id (a cancel was requested for one of its runs; confirm with renew_leases before acting). Read only; notifies nothing. Raises ZP008.';
 
 --
 -- Name: count_pending(text, text, text); Type: FUNCTION; Schema: zeroth; Owner: -
@@ -1900,14 +2120,14 @@ CREATE FUNCTION zeroth.current_holder(run_id uuid, tenant_id text DEFAULT NULL::
 COMMENT ON FUNCTION zeroth.current_holder(run_id uuid, tenant_id text, workspace_id text) IS 'current_holder: the worker id named in the run''s lease (live or expired but not yet taken over), or NULL. Read only.';
 
 --
--- Name: enqueue_run(text, jsonb, text, text, integer, timestamp with time zone, integer, text, jsonb, uuid, text, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
+-- Name: enqueue_run(text, jsonb, text, text, integer, timestamp with time zone, integer, text, jsonb, uuid, text); Type: FUNCTION; Schema: zeroth; Owner: -
 --
-CREATE FUNCTION zeroth.enqueue_run(deployment_ref text, payload jsonb DEFAULT '{}'::jsonb, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, priority integer DEFAULT 0, run_after timestamp with time zone DEFAULT NULL::timestamp with time zone, max_attempts integer DEFAULT 3, idempotency_key text DEFAULT NULL::text, metadata jsonb DEFAULT '{}'::jsonb, run_id uuid DEFAULT NULL::uuid, thread_id text DEFAULT NULL::text, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS zeroth.enqueued_run
+CREATE FUNCTION zeroth.enqueue_run(deployment_ref text, payload jsonb DEFAULT '{}'::jsonb, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, priority integer DEFAULT 0, run_after timestamp with time zone DEFAULT NULL::timestamp with time zone, max_attempts integer DEFAULT 3, idempotency_key text DEFAULT NULL::text, metadata jsonb DEFAULT '{}'::jsonb, run_id uuid DEFAULT NULL::uuid, thread_id text DEFAULT NULL::text) RETURNS zeroth.enqueued_run
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
-    v_now       timestamptz := zeroth._now(now_override);
+    v_now       timestamptz := zeroth._now();
     v_tenant    text := zeroth._scope_tenant(enqueue_run.tenant_id, enqueue_run.workspace_id);
     v_wskey     text := zeroth._workspace_key(enqueue_run.workspace_id);
     v_result    zeroth.enqueued_run;
@@ -1942,18 +2162,20 @@ BEGIN
     END IF;
 
     INSERT INTO zeroth.runs AS r (
-        run_id, tenant_id, workspace_id, deployment_ref, thread_id, status, priority, run_after,
+        run_id, tenant_id, workspace_id, deployment_ref, status, priority, run_after,
         max_attempts, created_at, updated_at, payload, metadata, idempotency_key)
     VALUES (
         coalesce(enqueue_run.run_id, gen_random_uuid()), v_tenant, enqueue_run.workspace_id,
-        enqueue_run.deployment_ref, enqueue_run.thread_id, 'pending', enqueue_run.priority,
+        enqueue_run.deployment_ref, 'pending', enqueue_run.priority,
         coalesce(enqueue_run.run_after, v_now), enqueue_run.max_attempts, v_now, v_now,
         enqueue_run.payload, enqueue_run.metadata, enqueue_run.idempotency_key)
     ON CONFLICT DO NOTHING
     RETURNING r.run_id, true, r.status INTO v_result.run_id, v_result.created, v_result.status;
 
     IF FOUND THEN
-        PERFORM zeroth._notify_wakeup(enqueue_run.deployment_ref, v_tenant, enqueue_run.workspace_id);
+        IF coalesce(enqueue_run.run_after, v_now) <= v_now THEN
+            PERFORM zeroth._notify_wakeup(enqueue_run.deployment_ref, v_tenant, enqueue_run.workspace_id);
+        END IF;
         RETURN v_result;
     END IF;
 
@@ -1973,89 +2195,141 @@ END
 $$;
 
 --
--- Name: FUNCTION enqueue_run(deployment_ref text, payload jsonb, tenant_id text, workspace_id text, priority integer, run_after timestamp with time zone, max_attempts integer, idempotency_key text, metadata jsonb, run_id uuid, thread_id text, now_override timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
+-- Name: FUNCTION enqueue_run(deployment_ref text, payload jsonb, tenant_id text, workspace_id text, priority integer, run_after timestamp with time zone, max_attempts integer, idempotency_key text, metadata jsonb, run_id uuid, thread_id text); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth.enqueue_run(deployment_ref text, payload jsonb, tenant_id text, workspace_id text, priority integer, run_after timestamp with time zone, max_attempts integer, idempotency_key text, metadata jsonb, run_id uuid, thread_id text, now_override timestamp with time zone) IS 'enqueue_run: new → pending; with a thread_id whose thread has an active run, new → waiting in the thread queue (promoted to pending when that run ends). A repeated idempotency key (per tenant, workspace, deployment) or caller-chosen run_id returns the existing run with created = false. Raises ZP006 invalid_scope, ZP008 invalid_argument. Notifies zeroth_wakeup. Time: clock_timestamp().';
+COMMENT ON FUNCTION zeroth.enqueue_run(deployment_ref text, payload jsonb, tenant_id text, workspace_id text, priority integer, run_after timestamp with time zone, max_attempts integer, idempotency_key text, metadata jsonb, run_id uuid, thread_id text) IS 'enqueue_run: new → pending; with a thread_id whose thread has an active run, new → waiting in the thread queue (promoted to pending when that run ends). A repeated idempotency key (per tenant, workspace, deployment) or caller-chosen run_id returns the existing run with created = false (first enqueue wins, whatever the payload). Raises ZP006 invalid_scope, ZP008 invalid_argument. Notifies zeroth_wakeup when it creates a pending run that is due now. Time: clock_timestamp().';
 
 --
--- Name: enqueue_runs(text, jsonb, text, text, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
+-- Name: enqueue_runs(text, jsonb, text, text); Type: FUNCTION; Schema: zeroth; Owner: -
 --
-CREATE FUNCTION zeroth.enqueue_runs(deployment_ref text, runs jsonb, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS TABLE(ordinality bigint, run_id uuid, created boolean, status zeroth.run_status)
+CREATE FUNCTION zeroth.enqueue_runs(deployment_ref text, runs jsonb, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text) RETURNS TABLE(ordinality bigint, run_id uuid, created boolean, status zeroth.run_status)
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
-    v_item    jsonb;
-    v_index   bigint := 0;
-    v_result  zeroth.enqueued_run;
-    v_results zeroth.enqueued_run[];
-    v_unknown text;
+    v_now       timestamptz := zeroth._now();
+    v_tenant    text := zeroth._scope_tenant(enqueue_runs.tenant_id, enqueue_runs.workspace_id);
+    v_wskey     text := zeroth._workspace_key(enqueue_runs.workspace_id);
+    v_items     zeroth.enqueue_item[];
+    v_item      zeroth.enqueue_item;
+    v_thread    text;
+    v_created   uuid[];
+    v_keys      text[];
+    v_admitted  zeroth.admission;
+    v_t_pos     bigint[] := '{}';
+    v_t_run     uuid[] := '{}';
+    v_t_created boolean[] := '{}';
+    v_t_status  zeroth.run_status[] := '{}';
 BEGIN
     -- The shared arguments are checked up front so an empty batch validates them too.
-    IF zeroth._scope_tenant(enqueue_runs.tenant_id, enqueue_runs.workspace_id) IS NULL THEN
+    IF v_tenant IS NULL THEN
         RAISE EXCEPTION 'a workspace_id needs a tenant_id' USING ERRCODE = 'ZP006';
     END IF;
     PERFORM zeroth._require_identifier(enqueue_runs.deployment_ref, 'deployment_ref');
-    PERFORM zeroth._require_identifier(coalesce(enqueue_runs.tenant_id, 'default'), 'tenant_id');
+    PERFORM zeroth._require_identifier(v_tenant, 'tenant_id');
     IF enqueue_runs.workspace_id IS NOT NULL THEN
         PERFORM zeroth._require_identifier(enqueue_runs.workspace_id, 'workspace_id');
     END IF;
-    PERFORM zeroth._require(jsonb_typeof(enqueue_runs.runs) = 'array', 'runs must be a JSON array');
-    PERFORM zeroth._require(jsonb_array_length(enqueue_runs.runs) <= 10000, 'runs may hold at most 10000 items');
-    -- Items are inserted in (idempotency_key, run_id) order, so two batches that share keys wait
-    -- on each other in the same order and cannot deadlock; results still come back in input order.
-    v_results := array_fill(NULL::zeroth.enqueued_run, ARRAY[jsonb_array_length(enqueue_runs.runs)]);
-    FOR v_item, v_index IN
-        SELECT e.item, e.position
-          FROM jsonb_array_elements(enqueue_runs.runs) WITH ORDINALITY AS e(item, position)
-         ORDER BY e.item ->> 'idempotency_key', e.item ->> 'run_id', e.position
+    v_items := zeroth._enqueue_items(enqueue_runs.runs);
+
+    -- Every thread lock first, in the order of the lock keys (what the advisory lock really is).
+    FOR v_thread IN
+        SELECT t.thread_id
+          FROM (SELECT DISTINCT i.thread_id,
+                       hashtext(v_tenant || chr(31) || v_wskey || chr(31) || i.thread_id) AS lock_key
+                  FROM unnest(v_items) AS i
+                 WHERE i.thread_id IS NOT NULL) t
+         ORDER BY t.lock_key, t.thread_id
     LOOP
-        PERFORM zeroth._require(jsonb_typeof(v_item) = 'object', format('runs[%s] must be a JSON object', v_index));
-        SELECT k INTO v_unknown FROM jsonb_object_keys(v_item) AS k
-         WHERE k NOT IN ('payload', 'priority', 'run_after', 'max_attempts', 'idempotency_key',
-                         'metadata', 'run_id', 'thread_id')
-         LIMIT 1;
-        PERFORM zeroth._require(v_unknown IS NULL, format('runs[%s] has an unknown key %L', v_index, v_unknown));
-        v_result := zeroth.enqueue_run(
-            deployment_ref  => enqueue_runs.deployment_ref,
-            payload         => coalesce(v_item -> 'payload', '{}'::jsonb),
-            tenant_id       => enqueue_runs.tenant_id,
-            workspace_id    => enqueue_runs.workspace_id,
-            priority        => coalesce((v_item ->> 'priority')::integer, 0),
-            run_after       => (v_item ->> 'run_after')::timestamptz,
-            max_attempts    => coalesce((v_item ->> 'max_attempts')::integer, 3),
-            idempotency_key => v_item ->> 'idempotency_key',
-            metadata        => coalesce(v_item -> 'metadata', '{}'::jsonb),
-            run_id          => (v_item ->> 'run_id')::uuid,
-            thread_id       => v_item ->> 'thread_id',
-            now_override    => enqueue_runs.now_override);
-        v_results[v_index] := v_result;
+        PERFORM zeroth._lock_thread(v_tenant, v_wskey, v_thread);
     END LOOP;
+
+    -- The runs without a thread: one INSERT, in key order.
+    WITH inserted AS (
+        INSERT INTO zeroth.runs AS r (
+            run_id, tenant_id, workspace_id, deployment_ref, status, priority, run_after,
+            max_attempts, created_at, updated_at, payload, metadata, idempotency_key)
+        SELECT i.new_run_id, v_tenant, enqueue_runs.workspace_id, enqueue_runs.deployment_ref, 'pending',
+               i.priority, coalesce(i.run_after, v_now), i.max_attempts, v_now, v_now, i.payload, i.metadata,
+               i.idempotency_key
+          FROM unnest(v_items) AS i
+         WHERE i.thread_id IS NULL
+         ORDER BY i.idempotency_key, i.run_id, i.position
+        ON CONFLICT DO NOTHING
+        RETURNING r.run_id, r.idempotency_key
+    )
+    SELECT coalesce(array_agg(x.run_id), '{}'), coalesce(array_agg(x.idempotency_key), '{}')
+      INTO v_created, v_keys
+      FROM inserted x;
+
+    -- The runs with a thread: each admitted (or queued) under the locks already held.
+    FOR v_item IN SELECT i.* FROM unnest(v_items) AS i WHERE i.thread_id IS NOT NULL ORDER BY i.position LOOP
+        v_admitted := zeroth._admit(v_tenant, enqueue_runs.workspace_id, enqueue_runs.deployment_ref,
+                                    v_item.thread_id, true, NULL, v_item.payload, v_item.metadata, v_item.priority,
+                                    v_item.run_after, v_item.max_attempts, v_item.idempotency_key, v_item.run_id,
+                                    true, NULL, interval '0', v_now, false);
+        v_t_pos := v_t_pos || v_item.position;
+        v_t_run := v_t_run || v_admitted.run_id;
+        v_t_created := v_t_created || (v_admitted.outcome <> 'reused');
+        v_t_status := v_t_status || v_admitted.status;
+    END LOOP;
+
+    IF EXISTS (SELECT 1 FROM unnest(v_items) AS i
+                WHERE i.new_run_id = ANY (v_created) AND coalesce(i.run_after, v_now) <= v_now) THEN
+        PERFORM zeroth._notify_wakeup(enqueue_runs.deployment_ref, v_tenant, enqueue_runs.workspace_id);
+    END IF;
+
     RETURN QUERY
-    SELECT x.position, x.run_id, x.created, x.status
-      FROM unnest(v_results) WITH ORDINALITY AS x(run_id, created, status, position)
-     ORDER BY x.position;
-EXCEPTION
-    WHEN invalid_text_representation OR numeric_value_out_of_range OR invalid_datetime_format
-         OR datetime_field_overflow THEN
-        RAISE EXCEPTION 'runs[%]: %', v_index, SQLERRM USING ERRCODE = 'ZP008';
+    WITH item AS MATERIALIZED (
+        -- An item without a thread was created when a row with its run_id and key was inserted
+        -- and no earlier item of the batch (in insert order) had the same run_id and key.
+        SELECT i.*,
+               i.thread_id IS NULL
+               AND EXISTS (SELECT 1 FROM unnest(v_created, v_keys) AS c(run_id, idempotency_key)
+                            WHERE c.run_id = i.new_run_id
+                              AND c.idempotency_key IS NOT DISTINCT FROM i.idempotency_key)
+               AND NOT EXISTS (SELECT 1 FROM unnest(v_items) AS j
+                                WHERE j.thread_id IS NULL AND j.new_run_id = i.new_run_id
+                                  AND j.idempotency_key IS NOT DISTINCT FROM i.idempotency_key
+                                  AND j.position < i.position) AS inserted
+          FROM unnest(v_items) AS i
+    )
+    SELECT i.position,
+           coalesce(t.run_id, CASE WHEN i.inserted THEN i.new_run_id END, e.run_id),
+           coalesce(t.created, i.inserted),
+           coalesce(t.status, CASE WHEN i.inserted THEN 'pending'::zeroth.run_status END, e.status)
+      FROM item i
+      LEFT JOIN unnest(v_t_pos, v_t_run, v_t_created, v_t_status) AS t(position, run_id, created, status)
+             ON t.position = i.position
+      LEFT JOIN LATERAL (
+          -- A run without a thread that was not inserted: the run holding its key or run_id.
+          SELECT r.run_id, r.status
+            FROM zeroth.runs r
+           WHERE i.thread_id IS NULL AND NOT i.inserted
+             AND r.tenant_id = v_tenant AND r.workspace_key = v_wskey
+             AND ((i.idempotency_key IS NOT NULL AND r.deployment_ref = enqueue_runs.deployment_ref
+                   AND r.idempotency_key = i.idempotency_key)
+                  OR r.run_id = i.run_id)
+           ORDER BY (r.run_id = i.run_id) IS TRUE DESC
+           LIMIT 1) e ON true
+     ORDER BY i.position;
 END
 $$;
 
 --
--- Name: FUNCTION enqueue_runs(deployment_ref text, runs jsonb, tenant_id text, workspace_id text, now_override timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
+-- Name: FUNCTION enqueue_runs(deployment_ref text, runs jsonb, tenant_id text, workspace_id text); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth.enqueue_runs(deployment_ref text, runs jsonb, tenant_id text, workspace_id text, now_override timestamp with time zone) IS 'enqueue_runs: batch enqueue_run for one deployment and scope; runs is a JSON array of objects (payload, priority, run_after, max_attempts, idempotency_key, metadata, run_id, thread_id). Results in input order. Raises ZP006, ZP008 and rejects the whole batch. Notifies zeroth_wakeup.';
+COMMENT ON FUNCTION zeroth.enqueue_runs(deployment_ref text, runs jsonb, tenant_id text, workspace_id text) IS 'enqueue_runs: batch enqueue_run for one deployment and scope (one INSERT for the runs without a thread); runs is a JSON array of objects (payload, priority, run_after, max_attempts, idempotency_key, metadata, run_id, thread_id). Results in input order; a repeated key or run_id returns that run with created = false. Thread locks are taken first in one sorted order, inserts run in key order: concurrent batches cannot deadlock on threads or keys. Raises ZP006, ZP008 and rejects the whole batch. Notifies zeroth_wakeup once when a due pending run was created. Time: clock_timestamp().';
 
 --
--- Name: expire_recovery_lease(uuid, text, bigint, text, text, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
+-- Name: expire_recovery_lease(uuid, text, bigint, text, text); Type: FUNCTION; Schema: zeroth; Owner: -
 --
-CREATE FUNCTION zeroth.expire_recovery_lease(run_id uuid, worker_id text, generation bigint, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS boolean
+CREATE FUNCTION zeroth.expire_recovery_lease(run_id uuid, worker_id text, generation bigint, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text) RETURNS boolean
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
-    v_now    timestamptz := zeroth._now(now_override);
+    v_now    timestamptz := zeroth._now();
     v_tenant text := zeroth._scope_tenant(expire_recovery_lease.tenant_id, expire_recovery_lease.workspace_id);
     v_wskey  text := zeroth._workspace_key(expire_recovery_lease.workspace_id);
     v_run    record;
@@ -2064,8 +2338,7 @@ BEGIN
     PERFORM zeroth._require_identifier(expire_recovery_lease.worker_id, 'worker_id');
     PERFORM zeroth._require(expire_recovery_lease.generation IS NOT NULL, 'generation must not be NULL');
 
-    -- Lock the slot first (lock order), free it only if the run's UPDATE matches below.
-    PERFORM zeroth._lock_slot(v_tenant, v_wskey, expire_recovery_lease.run_id, expire_recovery_lease.worker_id, expire_recovery_lease.generation);
+    PERFORM zeroth._lock_slot(v_tenant, v_wskey, expire_recovery_lease.run_id, expire_recovery_lease.generation);
     UPDATE zeroth.runs r
        SET lease_expires_at = least(r.lease_expires_at, v_now - interval '1 microsecond'),
            admission_slot = NULL,
@@ -2075,36 +2348,38 @@ BEGIN
        AND r.run_id = expire_recovery_lease.run_id
        AND r.lease_worker_id = expire_recovery_lease.worker_id
        AND r.lease_generation = expire_recovery_lease.generation
+       AND r.lease_expires_at >= v_now
        AND r.status = 'running'
     RETURNING r.deployment_ref, r.workspace_id INTO v_run;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    PERFORM zeroth._free_slot(v_tenant, v_wskey, expire_recovery_lease.run_id, expire_recovery_lease.worker_id, expire_recovery_lease.generation);
+    PERFORM zeroth._free_slot(v_tenant, v_wskey, expire_recovery_lease.run_id, expire_recovery_lease.generation);
     PERFORM zeroth._notify_wakeup(v_run.deployment_ref, v_tenant, v_run.workspace_id);
     RETURN true;
 END
 $$;
 
 --
--- Name: FUNCTION expire_recovery_lease(run_id uuid, worker_id text, generation bigint, tenant_id text, workspace_id text, now_override timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
+-- Name: FUNCTION expire_recovery_lease(run_id uuid, worker_id text, generation bigint, tenant_id text, workspace_id text); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth.expire_recovery_lease(run_id uuid, worker_id text, generation bigint, tenant_id text, workspace_id text, now_override timestamp with time zone) IS 'expire_recovery_lease: for exactly (worker_id, generation) of a running run, set lease_expires_at to now - 1 µs, keeping holder and recovery checkpoint, freeing the slot: immediately reclaimable by claim_orphaned. Returns false on no match. Raises ZP008. Notifies zeroth_wakeup. Time: clock_timestamp().';
+COMMENT ON FUNCTION zeroth.expire_recovery_lease(run_id uuid, worker_id text, generation bigint, tenant_id text, workspace_id text) IS 'expire_recovery_lease: for exactly the live lease (worker_id, generation) of a running run, set lease_expires_at to now - 1 µs, keeping holder and recovery checkpoint, freeing the slot: immediately reclaimable by claim_orphaned (which counts an attempt). Returns false on no match. Raises ZP008. Notifies zeroth_wakeup. Time: clock_timestamp().';
 
 --
--- Name: fail_run(uuid, text, bigint, jsonb, boolean, double precision, double precision, text, text, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
+-- Name: fail_run(uuid, text, bigint, jsonb, boolean, double precision, double precision, text, text); Type: FUNCTION; Schema: zeroth; Owner: -
 --
-CREATE FUNCTION zeroth.fail_run(run_id uuid, worker_id text, generation bigint, error jsonb DEFAULT NULL::jsonb, retryable boolean DEFAULT true, retry_base_seconds double precision DEFAULT 1, retry_max_seconds double precision DEFAULT 300, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS text
+CREATE FUNCTION zeroth.fail_run(run_id uuid, worker_id text, generation bigint, error jsonb DEFAULT NULL::jsonb, retryable boolean DEFAULT true, retry_base_seconds double precision DEFAULT 1, retry_max_seconds double precision DEFAULT 300, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text) RETURNS text
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
-    v_now     timestamptz := zeroth._now(now_override);
+    v_now     timestamptz := zeroth._now();
     v_tenant  text := zeroth._scope_tenant(fail_run.tenant_id, fail_run.workspace_id);
     v_wskey   text := zeroth._workspace_key(fail_run.workspace_id);
     v_outcome text;
     v_deploy  text;
     v_ws      text;
+    v_due     boolean;
 BEGIN
     PERFORM zeroth._require(fail_run.run_id IS NOT NULL, 'run_id must not be NULL');
     PERFORM zeroth._require_identifier(fail_run.worker_id, 'worker_id');
@@ -2114,7 +2389,7 @@ BEGIN
                             AND fail_run.retry_max_seconds <= 86400 * 30,
                             'need 0 <= retry_base_seconds <= retry_max_seconds <= 30 days');
 
-    PERFORM zeroth._free_slot(v_tenant, v_wskey, fail_run.run_id, fail_run.worker_id, fail_run.generation, v_now);
+    PERFORM zeroth._lock_slot(v_tenant, v_wskey, fail_run.run_id, fail_run.generation);
     -- SET expressions read the row as it was; RETURNING reads it as written, so the outcome is
     -- derived from what this UPDATE decided and nothing is read before the fenced write.
     UPDATE zeroth.runs r
@@ -2143,22 +2418,24 @@ BEGIN
     RETURNING CASE WHEN r.status = 'pending' THEN 'retry_scheduled'
                    WHEN r.dead_lettered_at IS NOT NULL THEN 'dead_lettered'
                    ELSE 'failed' END,
-              r.deployment_ref, r.workspace_id
-         INTO v_outcome, v_deploy, v_ws;
+              r.deployment_ref, r.workspace_id, r.status = 'pending' AND r.run_after <= v_now
+         INTO v_outcome, v_deploy, v_ws, v_due;
     IF v_outcome IS NULL THEN
         PERFORM zeroth._explain_fenced_miss(v_tenant, v_wskey, fail_run.run_id, fail_run.worker_id,
                                             fail_run.generation, v_now, 'fail_run', '{running}');
         RETURN NULL;
     END IF;
-    PERFORM zeroth._notify_wakeup(v_deploy, v_tenant, v_ws);
+    IF zeroth._free_slot(v_tenant, v_wskey, fail_run.run_id, fail_run.generation) OR v_due THEN
+        PERFORM zeroth._notify_wakeup(v_deploy, v_tenant, v_ws);
+    END IF;
     RETURN v_outcome;
 END
 $$;
 
 --
--- Name: FUNCTION fail_run(run_id uuid, worker_id text, generation bigint, error jsonb, retryable boolean, retry_base_seconds double precision, retry_max_seconds double precision, tenant_id text, workspace_id text, now_override timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
+-- Name: FUNCTION fail_run(run_id uuid, worker_id text, generation bigint, error jsonb, retryable boolean, retry_base_seconds double precision, retry_max_seconds double precision, tenant_id text, workspace_id text); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth.fail_run(run_id uuid, worker_id text, generation bigint, error jsonb, retryable boolean, retry_base_seconds double precision, retry_max_seconds double precision, tenant_id text, workspace_id text, now_override timestamp with time zone) IS 'fail_run: running → pending with exponential backoff + jitter (retryable, attempts < max_attempts), → failed (not retryable), or → failed + dead_lettered_at (retries exhausted). Fenced; clears the lease, frees the slot. Returns retry_scheduled | failed | dead_lettered, or NULL when fenced out. Raises ZP003, ZP008. Notifies zeroth_wakeup. Time: clock_timestamp().';
+COMMENT ON FUNCTION zeroth.fail_run(run_id uuid, worker_id text, generation bigint, error jsonb, retryable boolean, retry_base_seconds double precision, retry_max_seconds double precision, tenant_id text, workspace_id text) IS 'fail_run: running → pending with exponential backoff + jitter (retryable, attempts < max_attempts), → failed (not retryable), or → failed + dead_lettered_at (retries exhausted). Fenced; clears the lease, frees the slot. Returns retry_scheduled | failed | dead_lettered, or NULL when fenced out. Raises ZP003, ZP008. Notifies zeroth_wakeup when a slot was freed or the retry is due at once. Time: clock_timestamp().';
 
 --
 -- Name: get_recovery_checkpoint_id(uuid, text, text); Type: FUNCTION; Schema: zeroth; Owner: -
@@ -2216,14 +2493,14 @@ END;
 COMMENT ON FUNCTION zeroth.get_thread_run(run_id uuid, tenant_id text, workspace_id text) IS 'get_thread_run: one run (thread or not) as zeroth.thread_run, or no row when no run has this id in this scope. Read only.';
 
 --
--- Name: hand_back_to_pending(uuid, text, bigint, text, text, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
+-- Name: hand_back_to_pending(uuid, text, bigint, text, text); Type: FUNCTION; Schema: zeroth; Owner: -
 --
-CREATE FUNCTION zeroth.hand_back_to_pending(run_id uuid, worker_id text, generation bigint, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS boolean
+CREATE FUNCTION zeroth.hand_back_to_pending(run_id uuid, worker_id text, generation bigint, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text) RETURNS boolean
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
-    v_now    timestamptz := zeroth._now(now_override);
+    v_now    timestamptz := zeroth._now();
     v_tenant text := zeroth._scope_tenant(hand_back_to_pending.tenant_id, hand_back_to_pending.workspace_id);
     v_wskey  text := zeroth._workspace_key(hand_back_to_pending.workspace_id);
     v_run    record;
@@ -2232,8 +2509,7 @@ BEGIN
     PERFORM zeroth._require_identifier(hand_back_to_pending.worker_id, 'worker_id');
     PERFORM zeroth._require(hand_back_to_pending.generation IS NOT NULL, 'generation must not be NULL');
 
-    -- Lock the slot first (lock order), free it only if the run's UPDATE matches below.
-    PERFORM zeroth._lock_slot(v_tenant, v_wskey, hand_back_to_pending.run_id, hand_back_to_pending.worker_id, hand_back_to_pending.generation);
+    PERFORM zeroth._lock_slot(v_tenant, v_wskey, hand_back_to_pending.run_id, hand_back_to_pending.generation);
     UPDATE zeroth.runs r
        SET status = 'pending',
            attempts = greatest(r.attempts - 1, 0),
@@ -2245,21 +2521,22 @@ BEGIN
        AND r.run_id = hand_back_to_pending.run_id
        AND r.lease_worker_id = hand_back_to_pending.worker_id
        AND r.lease_generation = hand_back_to_pending.generation
+       AND r.lease_expires_at >= v_now
        AND r.status = 'running'
     RETURNING r.deployment_ref, r.workspace_id INTO v_run;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    PERFORM zeroth._free_slot(v_tenant, v_wskey, hand_back_to_pending.run_id, hand_back_to_pending.worker_id, hand_back_to_pending.generation);
+    PERFORM zeroth._free_slot(v_tenant, v_wskey, hand_back_to_pending.run_id, hand_back_to_pending.generation);
     PERFORM zeroth._notify_wakeup(v_run.deployment_ref, v_tenant, v_run.workspace_id);
     RETURN true;
 END
 $$;
 
 --
--- Name: FUNCTION hand_back_to_pending(run_id uuid, worker_id text, generation bigint, tenant_id text, workspace_id text, now_override timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
+-- Name: FUNCTION hand_back_to_pending(run_id uuid, worker_id text, generation bigint, tenant_id text, workspace_id text); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth.hand_back_to_pending(run_id uuid, worker_id text, generation bigint, tenant_id text, workspace_id text, now_override timestamp with time zone) IS 'hand_back_to_pending: running → pending for exactly (worker_id, generation), no expiry check; gives the attempt back, clears the lease, frees the slot. An admin cancel that came first wins (no match). Returns false on no match. Raises ZP008. Notifies zeroth_wakeup. Time: clock_timestamp().';
+COMMENT ON FUNCTION zeroth.hand_back_to_pending(run_id uuid, worker_id text, generation bigint, tenant_id text, workspace_id text) IS 'hand_back_to_pending: running → pending for exactly the live lease (worker_id, generation); gives the attempt back (the only path that does), clears the lease, frees the slot. An admin cancel that came first wins (no match); an expired or cleared lease matches nothing. Returns false on no match. Raises ZP008. Notifies zeroth_wakeup. Time: clock_timestamp().';
 
 --
 -- Name: list_thread_runs(text, text, text, integer); Type: FUNCTION; Schema: zeroth; Owner: -
@@ -2306,17 +2583,16 @@ END;
 COMMENT ON FUNCTION zeroth.list_thread_runs(thread_id text, tenant_id text, workspace_id text, max_runs integer) IS 'list_thread_runs: the runs of a thread, newest first (created_at, run_id), at most max_runs (capped at 1000). Read only.';
 
 --
--- Name: pause_run(uuid, text, bigint, text, text, text, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
+-- Name: pause_run(uuid, text, bigint, text, text, text); Type: FUNCTION; Schema: zeroth; Owner: -
 --
-CREATE FUNCTION zeroth.pause_run(run_id uuid, worker_id text, generation bigint, reason text, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS boolean
+CREATE FUNCTION zeroth.pause_run(run_id uuid, worker_id text, generation bigint, reason text, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text) RETURNS boolean
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
-    v_now    timestamptz := zeroth._now(now_override);
+    v_now    timestamptz := zeroth._now();
     v_tenant text := zeroth._scope_tenant(pause_run.tenant_id, pause_run.workspace_id);
     v_wskey  text := zeroth._workspace_key(pause_run.workspace_id);
-    v_freed  boolean;
     v_run    record;
 BEGIN
     PERFORM zeroth._require(pause_run.run_id IS NOT NULL, 'run_id must not be NULL');
@@ -2324,8 +2600,7 @@ BEGIN
     PERFORM zeroth._require(pause_run.generation IS NOT NULL, 'generation must not be NULL');
     PERFORM zeroth._require_identifier(pause_run.reason, 'reason');
 
-    v_freed := zeroth._free_slot(v_tenant, v_wskey, pause_run.run_id, pause_run.worker_id, pause_run.generation,
-                                v_now);
+    PERFORM zeroth._lock_slot(v_tenant, v_wskey, pause_run.run_id, pause_run.generation);
     UPDATE zeroth.runs r
        SET status = 'waiting',
            wait_reason = pause_run.reason,
@@ -2345,7 +2620,7 @@ BEGIN
                                             pause_run.generation, v_now, 'pause_run', '{running}');
         RETURN false;
     END IF;
-    IF v_freed THEN
+    IF zeroth._free_slot(v_tenant, v_wskey, pause_run.run_id, pause_run.generation) THEN
         PERFORM zeroth._notify_wakeup(v_run.deployment_ref, v_tenant, v_run.workspace_id);
     END IF;
     RETURN true;
@@ -2353,19 +2628,19 @@ END
 $$;
 
 --
--- Name: FUNCTION pause_run(run_id uuid, worker_id text, generation bigint, reason text, tenant_id text, workspace_id text, now_override timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
+-- Name: FUNCTION pause_run(run_id uuid, worker_id text, generation bigint, reason text, tenant_id text, workspace_id text); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth.pause_run(run_id uuid, worker_id text, generation bigint, reason text, tenant_id text, workspace_id text, now_override timestamp with time zone) IS 'pause_run: running → waiting with a reason, for the live lease (worker_id, generation); releases the lease and slot. Returns false when fenced out. Raises ZP003 (holder but not running), ZP008. Notifies zeroth_wakeup when a slot was freed. Time: clock_timestamp().';
+COMMENT ON FUNCTION zeroth.pause_run(run_id uuid, worker_id text, generation bigint, reason text, tenant_id text, workspace_id text) IS 'pause_run: running → waiting with a reason, for the live lease (worker_id, generation); releases the lease and slot. Returns false when fenced out. Raises ZP003 (holder but not running), ZP008. Notifies zeroth_wakeup when a slot was freed. Time: clock_timestamp().';
 
 --
--- Name: prune_runs(interval, integer, text, text, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
+-- Name: prune_runs(interval, integer, text, text); Type: FUNCTION; Schema: zeroth; Owner: -
 --
-CREATE FUNCTION zeroth.prune_runs(older_than interval, batch_size integer DEFAULT 1000, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS integer
+CREATE FUNCTION zeroth.prune_runs(older_than interval, batch_size integer DEFAULT 1000, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text) RETURNS integer
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
-    v_now     timestamptz := zeroth._now(now_override);
+    v_now     timestamptz := zeroth._now();
     v_wskey   text := zeroth._workspace_key(prune_runs.workspace_id);
     v_cutoff  timestamptz;
     v_deleted integer;
@@ -2416,19 +2691,19 @@ END
 $$;
 
 --
--- Name: FUNCTION prune_runs(older_than interval, batch_size integer, tenant_id text, workspace_id text, now_override timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
+-- Name: FUNCTION prune_runs(older_than interval, batch_size integer, tenant_id text, workspace_id text); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth.prune_runs(older_than interval, batch_size integer, tenant_id text, workspace_id text, now_override timestamp with time zone) IS 'prune_runs: finished (completed | failed | cancelled, dead letters included) → deleted when finished_at < now - older_than; one batch of at most batch_size per call, returns the number deleted (loop until 0). tenant_id NULL = every tenant; a tenant names exactly (tenant, workspace). Checkpoints go by ON DELETE CASCADE. FOR UPDATE SKIP LOCKED: never waits on workers. Raises ZP006 (workspace without tenant), ZP008. Time: clock_timestamp().';
+COMMENT ON FUNCTION zeroth.prune_runs(older_than interval, batch_size integer, tenant_id text, workspace_id text) IS 'prune_runs: finished (completed | failed | cancelled, dead letters included) → deleted when finished_at < now - older_than; one batch of at most batch_size per call, returns the number deleted (loop until 0). tenant_id NULL = every tenant; a tenant names exactly (tenant, workspace). Checkpoints go by ON DELETE CASCADE. FOR UPDATE SKIP LOCKED: never waits on workers. Raises ZP006 (workspace without tenant), ZP008. Time: clock_timestamp().';
 
 --
--- Name: reconcile_thread_runs(text, text, text, double precision, integer, text, text, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
+-- Name: reconcile_thread_runs(text, text, text, double precision, integer, text, text); Type: FUNCTION; Schema: zeroth; Owner: -
 --
-CREATE FUNCTION zeroth.reconcile_thread_runs(deployment_ref text DEFAULT NULL::text, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, grace_seconds double precision DEFAULT 10, claim_limit integer DEFAULT 100, stop_reason text DEFAULT 'orphan_recovered'::text, message text DEFAULT NULL::text, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS SETOF zeroth.takeover
+CREATE FUNCTION zeroth.reconcile_thread_runs(deployment_ref text DEFAULT NULL::text, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, grace_seconds double precision DEFAULT 10, claim_limit integer DEFAULT 100, stop_reason text DEFAULT 'orphan_recovered'::text, message text DEFAULT NULL::text) RETURNS SETOF zeroth.takeover
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
-    v_now    timestamptz := zeroth._now(now_override);
+    v_now    timestamptz := zeroth._now();
     v_grace  interval := zeroth._grace_interval(reconcile_thread_runs.grace_seconds);
     v_tenant text := zeroth._scope_tenant(reconcile_thread_runs.tenant_id, reconcile_thread_runs.workspace_id);
     v_wskey  text := zeroth._workspace_key(reconcile_thread_runs.workspace_id);
@@ -2456,19 +2731,19 @@ END
 $$;
 
 --
--- Name: FUNCTION reconcile_thread_runs(deployment_ref text, tenant_id text, workspace_id text, grace_seconds double precision, claim_limit integer, stop_reason text, message text, now_override timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
+-- Name: FUNCTION reconcile_thread_runs(deployment_ref text, tenant_id text, workspace_id text, grace_seconds double precision, claim_limit integer, stop_reason text, message text); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth.reconcile_thread_runs(deployment_ref text, tenant_id text, workspace_id text, grace_seconds double precision, claim_limit integer, stop_reason text, message text, now_override timestamp with time zone) IS 'reconcile_thread_runs: take over (as claim_for_takeover) up to claim_limit active thread runs of a scope (one deployment or all) whose owners'' leases expired more than grace ago. Concurrent reconcilers never block each other or report a run twice. Raises ZP006, ZP008. Notifies zeroth_wakeup. Time: clock_timestamp().';
+COMMENT ON FUNCTION zeroth.reconcile_thread_runs(deployment_ref text, tenant_id text, workspace_id text, grace_seconds double precision, claim_limit integer, stop_reason text, message text) IS 'reconcile_thread_runs: take over (as claim_for_takeover) up to claim_limit active thread runs of a scope (one deployment or all) whose owners'' leases expired more than grace ago. Concurrent reconcilers never block each other or report a run twice. Raises ZP006, ZP008. Notifies zeroth_wakeup. Time: clock_timestamp().';
 
 --
--- Name: redrive_run(uuid, text, text, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
+-- Name: redrive_run(uuid, text, text); Type: FUNCTION; Schema: zeroth; Owner: -
 --
-CREATE FUNCTION zeroth.redrive_run(run_id uuid, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS boolean
+CREATE FUNCTION zeroth.redrive_run(run_id uuid, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text) RETURNS boolean
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
-    v_now    timestamptz := zeroth._now(now_override);
+    v_now    timestamptz := zeroth._now();
     v_tenant text := zeroth._scope_tenant(redrive_run.tenant_id, redrive_run.workspace_id);
     v_wskey  text := zeroth._workspace_key(redrive_run.workspace_id);
     v_thread text;
@@ -2511,19 +2786,19 @@ END
 $$;
 
 --
--- Name: FUNCTION redrive_run(run_id uuid, tenant_id text, workspace_id text, now_override timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
+-- Name: FUNCTION redrive_run(run_id uuid, tenant_id text, workspace_id text); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth.redrive_run(run_id uuid, tenant_id text, workspace_id text, now_override timestamp with time zone) IS 'redrive_run: failed or cancelled → pending, or → waiting in the thread queue when its thread has an active run; resets attempts, error, output, cancel and dead-letter marks, never lease_generation. Raises ZP001 (unknown run), ZP003 (not failed/cancelled), ZP008. Notifies zeroth_wakeup when the run became pending. Time: clock_timestamp().';
+COMMENT ON FUNCTION zeroth.redrive_run(run_id uuid, tenant_id text, workspace_id text) IS 'redrive_run: failed or cancelled → pending, or → waiting in the thread queue when its thread has an active run; resets attempts, error, output, cancel and dead-letter marks, never lease_generation. Raises ZP001 (unknown run), ZP003 (not failed/cancelled), ZP008. Notifies zeroth_wakeup when the run became pending. Time: clock_timestamp().';
 
 --
--- Name: release_lease(uuid, text, bigint, text, text, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
+-- Name: release_lease(uuid, text, bigint, text, text); Type: FUNCTION; Schema: zeroth; Owner: -
 --
-CREATE FUNCTION zeroth.release_lease(run_id uuid, worker_id text, generation bigint, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS boolean
+CREATE FUNCTION zeroth.release_lease(run_id uuid, worker_id text, generation bigint, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text) RETURNS boolean
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
-    v_now    timestamptz := zeroth._now(now_override);
+    v_now    timestamptz := zeroth._now();
     v_tenant text := zeroth._scope_tenant(release_lease.tenant_id, release_lease.workspace_id);
     v_wskey  text := zeroth._workspace_key(release_lease.workspace_id);
     v_run    record;
@@ -2532,7 +2807,7 @@ BEGIN
     PERFORM zeroth._require_identifier(release_lease.worker_id, 'worker_id');
     PERFORM zeroth._require(release_lease.generation IS NOT NULL, 'generation must not be NULL');
 
-    PERFORM zeroth._free_slot(v_tenant, v_wskey, release_lease.run_id, release_lease.worker_id, release_lease.generation);
+    PERFORM zeroth._lock_slot(v_tenant, v_wskey, release_lease.run_id, release_lease.generation);
     UPDATE zeroth.runs r
        SET lease_worker_id   = CASE WHEN r.status = 'running' THEN r.lease_worker_id END,
            lease_acquired_at = CASE WHEN r.status = 'running' THEN r.lease_acquired_at END,
@@ -2546,106 +2821,79 @@ BEGIN
        AND r.run_id = release_lease.run_id
        AND r.lease_worker_id = release_lease.worker_id
        AND r.lease_generation = release_lease.generation
+       AND r.lease_expires_at >= v_now
     RETURNING r.deployment_ref, r.workspace_id INTO v_run;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
+    PERFORM zeroth._free_slot(v_tenant, v_wskey, release_lease.run_id, release_lease.generation);
     PERFORM zeroth._notify_wakeup(v_run.deployment_ref, v_tenant, v_run.workspace_id);
     RETURN true;
 END
 $$;
 
 --
--- Name: FUNCTION release_lease(run_id uuid, worker_id text, generation bigint, tenant_id text, workspace_id text, now_override timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
+-- Name: FUNCTION release_lease(run_id uuid, worker_id text, generation bigint, tenant_id text, workspace_id text); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth.release_lease(run_id uuid, worker_id text, generation bigint, tenant_id text, workspace_id text, now_override timestamp with time zone) IS 'release_lease: give up exactly (worker_id, generation), no status or expiry check, never bumps the generation. Pending: lease cleared, claimable at once. Running: holder kept, lease expired in place so claim_orphaned recovers it (never a running run without a lease). Frees the slot. Returns false on no match. Raises ZP008. Notifies zeroth_wakeup. Time: clock_timestamp().';
+COMMENT ON FUNCTION zeroth.release_lease(run_id uuid, worker_id text, generation bigint, tenant_id text, workspace_id text) IS 'release_lease: give up exactly (worker_id, generation) while that lease is live, any status, never bumps the generation. Pending: lease cleared, claimable at once. Running: holder kept, lease expired in place so claim_orphaned recovers it (never a running run without a lease; the recovery counts an attempt). Frees the slot. Returns false on no match (an expired or cleared lease included). Raises ZP008. Notifies zeroth_wakeup. Time: clock_timestamp().';
 
 --
--- Name: renew_lease(uuid, text, bigint, text, text, double precision, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
+-- Name: renew_lease(uuid, text, bigint, text, text, double precision); Type: FUNCTION; Schema: zeroth; Owner: -
 --
-CREATE FUNCTION zeroth.renew_lease(run_id uuid, worker_id text, generation bigint DEFAULT NULL::bigint, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, lease_seconds double precision DEFAULT 60, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS boolean
+CREATE FUNCTION zeroth.renew_lease(run_id uuid, worker_id text, generation bigint DEFAULT NULL::bigint, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, lease_seconds double precision DEFAULT 60) RETURNS boolean
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
-    v_now     timestamptz := zeroth._now(now_override);
+    v_now     timestamptz := zeroth._now();
     v_expires timestamptz := v_now + zeroth._lease_interval(renew_lease.lease_seconds);
     v_tenant  text := zeroth._scope_tenant(renew_lease.tenant_id, renew_lease.workspace_id);
     v_wskey   text := zeroth._workspace_key(renew_lease.workspace_id);
-    v_slot_ok boolean;
 BEGIN
     PERFORM zeroth._require(renew_lease.run_id IS NOT NULL, 'run_id must not be NULL');
     PERFORM zeroth._require_identifier(renew_lease.worker_id, 'worker_id');
 
-    UPDATE zeroth.admission_slots s
-       SET lease_expires_at = v_expires
-     WHERE s.run_id = renew_lease.run_id
-       AND s.tenant_id = v_tenant
-       AND s.workspace_key = v_wskey
-       AND s.lease_worker_id = renew_lease.worker_id
-       AND (renew_lease.generation IS NULL OR s.lease_generation = renew_lease.generation)
-       AND s.lease_expires_at >= v_now;
-    v_slot_ok := FOUND;
-
+    WITH locked AS MATERIALIZED (
+        SELECT r.run_id
+          FROM zeroth.runs r
+         WHERE r.tenant_id = v_tenant
+           AND r.workspace_key = v_wskey
+           AND r.run_id = renew_lease.run_id
+           AND r.lease_worker_id = renew_lease.worker_id
+           AND (renew_lease.generation IS NULL OR r.lease_generation = renew_lease.generation)
+           AND r.lease_expires_at >= zeroth._now()
+           FOR UPDATE OF r
+    )
     UPDATE zeroth.runs r
        SET lease_expires_at = v_expires
-     WHERE r.tenant_id = v_tenant
-       AND r.workspace_key = v_wskey
-       AND r.run_id = renew_lease.run_id
-       AND r.lease_worker_id = renew_lease.worker_id
-       AND (renew_lease.generation IS NULL OR r.lease_generation = renew_lease.generation)
-       AND r.lease_expires_at >= v_now
-       AND (r.admission_slot IS NULL OR v_slot_ok);
+      FROM locked l
+     WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey AND r.run_id = l.run_id
+       AND r.lease_expires_at >= zeroth._now();
     RETURN FOUND;
 END
 $$;
 
 --
--- Name: FUNCTION renew_lease(run_id uuid, worker_id text, generation bigint, tenant_id text, workspace_id text, lease_seconds double precision, now_override timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
+-- Name: FUNCTION renew_lease(run_id uuid, worker_id text, generation bigint, tenant_id text, workspace_id text, lease_seconds double precision); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth.renew_lease(run_id uuid, worker_id text, generation bigint, tenant_id text, workspace_id text, lease_seconds double precision, now_override timestamp with time zone) IS 'renew_lease: extend a live lease held by (worker_id, generation); an expired lease is never renewed, even if untaken. generation NULL = owner only. Locks the run''s admission slot, then the run. Returns false when refused. Raises ZP008. Time: clock_timestamp().';
+COMMENT ON FUNCTION zeroth.renew_lease(run_id uuid, worker_id text, generation bigint, tenant_id text, workspace_id text, lease_seconds double precision) IS 'renew_lease: extend a live lease held by (worker_id, generation); an expired lease is never renewed, even if untaken (the expiry is re-checked once the row lock is held). generation NULL = owner only. Returns false when refused. Raises ZP008. Time: clock_timestamp().';
 
 --
--- Name: renew_leases(text, uuid[], bigint[], text, text, double precision, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
+-- Name: renew_leases(text, uuid[], bigint[], text, text, double precision); Type: FUNCTION; Schema: zeroth; Owner: -
 --
-CREATE FUNCTION zeroth.renew_leases(worker_id text, run_ids uuid[], generations bigint[], tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, lease_seconds double precision DEFAULT 60, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS SETOF zeroth.lease_renewal
+CREATE FUNCTION zeroth.renew_leases(worker_id text, run_ids uuid[], generations bigint[], tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, lease_seconds double precision DEFAULT 60) RETURNS SETOF zeroth.lease_renewal
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 DECLARE
-    v_now        timestamptz := zeroth._now(now_override);
-    v_expires    timestamptz := v_now + zeroth._lease_interval(renew_leases.lease_seconds);
-    v_tenant     text := zeroth._scope_tenant(renew_leases.tenant_id, renew_leases.workspace_id);
-    v_wskey      text := zeroth._workspace_key(renew_leases.workspace_id);
-    v_slot_runs  uuid[];
+    v_now     timestamptz := zeroth._now();
+    v_expires timestamptz := v_now + zeroth._lease_interval(renew_leases.lease_seconds);
+    v_tenant  text := zeroth._scope_tenant(renew_leases.tenant_id, renew_leases.workspace_id);
+    v_wskey   text := zeroth._workspace_key(renew_leases.workspace_id);
 BEGIN
     PERFORM zeroth._require_identifier(renew_leases.worker_id, 'worker_id');
-    PERFORM zeroth._require(renew_leases.run_ids IS NOT NULL AND renew_leases.generations IS NOT NULL
-                            AND cardinality(renew_leases.run_ids) = cardinality(renew_leases.generations),
-                            'run_ids and generations must be arrays of the same length');
-    PERFORM zeroth._require(array_position(renew_leases.run_ids, NULL) IS NULL
-                            AND array_position(renew_leases.generations, NULL) IS NULL,
-                            'run_ids and generations must not contain NULL');
-
-    WITH locked AS MATERIALIZED (
-        SELECT s.tenant_id, s.workspace_key, s.deployment_ref, s.slot_no
-          FROM zeroth.admission_slots s
-          JOIN unnest(renew_leases.run_ids, renew_leases.generations) AS q(run_id, generation)
-            ON s.run_id = q.run_id AND s.lease_generation = q.generation
-         WHERE s.tenant_id = v_tenant AND s.workspace_key = v_wskey
-           AND s.lease_worker_id = renew_leases.worker_id
-           AND s.lease_expires_at >= v_now
-         ORDER BY s.run_id
-           FOR UPDATE OF s
-    ), renewed AS (
-        UPDATE zeroth.admission_slots s
-           SET lease_expires_at = v_expires
-          FROM locked l
-         WHERE s.tenant_id = l.tenant_id AND s.workspace_key = l.workspace_key
-           AND s.deployment_ref = l.deployment_ref AND s.slot_no = l.slot_no
-        RETURNING s.run_id
-    )
-    SELECT coalesce(array_agg(x.run_id), '{}') INTO v_slot_runs FROM renewed x;
+    PERFORM zeroth._require_lease_batch(renew_leases.run_ids, renew_leases.generations);
 
     RETURN QUERY
     WITH requested AS (
@@ -2657,9 +2905,9 @@ BEGIN
           JOIN requested q ON r.run_id = q.run_id AND r.lease_generation = q.generation
          WHERE r.tenant_id = v_tenant
            AND r.workspace_key = v_wskey
+           AND r.run_id = ANY (renew_leases.run_ids)
            AND r.lease_worker_id = renew_leases.worker_id
-           AND r.lease_expires_at >= v_now
-           AND (r.admission_slot IS NULL OR r.run_id = ANY (v_slot_runs))
+           AND r.lease_expires_at >= zeroth._now()
          ORDER BY r.run_id
            FOR UPDATE OF r
     ), renewed AS (
@@ -2668,7 +2916,7 @@ BEGIN
           FROM locked l
          WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey AND r.run_id = l.run_id
            AND r.lease_worker_id = renew_leases.worker_id
-           AND r.lease_expires_at >= v_now
+           AND r.lease_expires_at >= zeroth._now()
         RETURNING r.run_id, r.lease_generation, r.lease_expires_at, r.cancel_requested_at
     )
     SELECT q.run_id, n.run_id IS NOT NULL, n.lease_expires_at,
@@ -2680,14 +2928,14 @@ END
 $$;
 
 --
--- Name: FUNCTION renew_leases(worker_id text, run_ids uuid[], generations bigint[], tenant_id text, workspace_id text, lease_seconds double precision, now_override timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
+-- Name: FUNCTION renew_leases(worker_id text, run_ids uuid[], generations bigint[], tenant_id text, workspace_id text, lease_seconds double precision); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth.renew_leases(worker_id text, run_ids uuid[], generations bigint[], tenant_id text, workspace_id text, lease_seconds double precision, now_override timestamp with time zone) IS 'renew_leases: batch renew_lease for one worker; run_ids[i] is renewed only while generations[i] is live and held by worker_id. One row per requested run (renewed, new expiry, cancel_requested), in input order. Locks slots then runs, each in run_id order. Raises ZP008. Time: clock_timestamp().';
+COMMENT ON FUNCTION zeroth.renew_leases(worker_id text, run_ids uuid[], generations bigint[], tenant_id text, workspace_id text, lease_seconds double precision) IS 'renew_leases: batch renew_lease for one worker; run_ids[i] is renewed only while generations[i] is live and held by worker_id (re-checked under the row lock). One row per requested run (renewed, new expiry, cancel_requested), in input order: how a worker confirms a cancel notification. Locks runs in run_id order. Raises ZP008 (unequal arrays, NULLs, a repeated run, more than 1000). Time: clock_timestamp().';
 
 --
--- Name: request_cancel(uuid, text, text, text, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
+-- Name: request_cancel(uuid, text, text, text); Type: FUNCTION; Schema: zeroth; Owner: -
 --
-CREATE FUNCTION zeroth.request_cancel(run_id uuid, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, action text DEFAULT 'cancel'::text, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS text
+CREATE FUNCTION zeroth.request_cancel(run_id uuid, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, action text DEFAULT 'cancel'::text) RETURNS text
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
@@ -2697,25 +2945,25 @@ BEGIN
     SELECT c.outcome INTO v_outcome
       FROM zeroth.request_cancel_v2(run_id => request_cancel.run_id, tenant_id => request_cancel.tenant_id,
                                     workspace_id => request_cancel.workspace_id, action => request_cancel.action,
-                                    grace_seconds => 0, now_override => request_cancel.now_override) AS c;
+                                    grace_seconds => 0) AS c;
     RETURN CASE v_outcome WHEN 'taken_over' THEN 'cancelled' ELSE v_outcome END;
 END
 $$;
 
 --
--- Name: FUNCTION request_cancel(run_id uuid, tenant_id text, workspace_id text, action text, now_override timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
+-- Name: FUNCTION request_cancel(run_id uuid, tenant_id text, workspace_id text, action text); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth.request_cancel(run_id uuid, tenant_id text, workspace_id text, action text, now_override timestamp with time zone) IS 'request_cancel: returns cancelled (pending, waiting, or running with an expired lease: terminal at once, lease cleared so the old holder''s fenced writes are refused) | cancel_requested (running with a live lease: durable flag, first action wins, NOTIFY zeroth_control to the owner) | not_cancellable (terminal) | unknown (no such run in scope). request_cancel_v2 adds taken_over, a grace and retry_after_s. Raises ZP008. Notifies zeroth_wakeup when an immediate cancel freed a slot. Time: clock_timestamp().';
+COMMENT ON FUNCTION zeroth.request_cancel(run_id uuid, tenant_id text, workspace_id text, action text) IS 'request_cancel: returns cancelled (pending, waiting, or running with an expired lease: terminal at once, lease cleared so the old holder''s fenced writes are refused) | cancel_requested (running with a live lease: durable flag, first action wins, NOTIFY zeroth_control to the owner''s key) | not_cancellable (terminal) | unknown (no such run in scope). request_cancel_v2 adds taken_over, a grace and retry_after_s. Raises ZP008. Notifies zeroth_wakeup when an immediate cancel freed a slot. Time: clock_timestamp().';
 
 --
--- Name: request_cancel_v2(uuid, text, text, text, double precision, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
+-- Name: request_cancel_v2(uuid, text, text, text, double precision); Type: FUNCTION; Schema: zeroth; Owner: -
 --
-CREATE FUNCTION zeroth.request_cancel_v2(run_id uuid, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, action text DEFAULT 'cancel'::text, grace_seconds double precision DEFAULT 10, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS zeroth.cancel_result
+CREATE FUNCTION zeroth.request_cancel_v2(run_id uuid, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, action text DEFAULT 'cancel'::text, grace_seconds double precision DEFAULT 10) RETURNS zeroth.cancel_result
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
-    v_now   timestamptz := zeroth._now(now_override);
+    v_now   timestamptz := zeroth._now();
     v_grace interval := zeroth._grace_interval(request_cancel_v2.grace_seconds);
 BEGIN
     PERFORM zeroth._require(request_cancel_v2.run_id IS NOT NULL, 'run_id must not be NULL');
@@ -2728,19 +2976,19 @@ END
 $$;
 
 --
--- Name: FUNCTION request_cancel_v2(run_id uuid, tenant_id text, workspace_id text, action text, grace_seconds double precision, now_override timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
+-- Name: FUNCTION request_cancel_v2(run_id uuid, tenant_id text, workspace_id text, action text, grace_seconds double precision); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth.request_cancel_v2(run_id uuid, tenant_id text, workspace_id text, action text, grace_seconds double precision, now_override timestamp with time zone) IS 'request_cancel_v2: cancelled (pending/waiting/queued, at once) | cancel_requested (running, owner''s lease + grace not run out: durable flag, first action wins, NOTIFY zeroth_control, retry_after_s) | taken_over (running past lease + grace: cancelled with a stop reason, owner fenced out) | not_cancellable | unknown. Raises ZP008. Notifies zeroth_control, zeroth_wakeup. Time: clock_timestamp().';
+COMMENT ON FUNCTION zeroth.request_cancel_v2(run_id uuid, tenant_id text, workspace_id text, action text, grace_seconds double precision) IS 'request_cancel_v2: cancelled (pending/waiting/queued, at once) | cancel_requested (running, owner''s lease + grace not run out: durable flag, first action wins, NOTIFY zeroth_control with the owner''s key, retry_after_s) | taken_over (running past lease + grace: cancelled with a stop reason, owner fenced out) | not_cancellable | unknown. Raises ZP008. Notifies zeroth_control, zeroth_wakeup. Time: clock_timestamp().';
 
 --
--- Name: resume_run(uuid, text, text, jsonb, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
+-- Name: resume_run(uuid, text, text, jsonb); Type: FUNCTION; Schema: zeroth; Owner: -
 --
-CREATE FUNCTION zeroth.resume_run(run_id uuid, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, input jsonb DEFAULT NULL::jsonb, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS boolean
+CREATE FUNCTION zeroth.resume_run(run_id uuid, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, input jsonb DEFAULT NULL::jsonb) RETURNS boolean
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
-    v_now    timestamptz := zeroth._now(now_override);
+    v_now    timestamptz := zeroth._now();
     v_tenant text := zeroth._scope_tenant(resume_run.tenant_id, resume_run.workspace_id);
     v_wskey  text := zeroth._workspace_key(resume_run.workspace_id);
     v_run    record;
@@ -2775,19 +3023,43 @@ END
 $$;
 
 --
--- Name: FUNCTION resume_run(run_id uuid, tenant_id text, workspace_id text, input jsonb, now_override timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
+-- Name: FUNCTION resume_run(run_id uuid, tenant_id text, workspace_id text, input jsonb); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth.resume_run(run_id uuid, tenant_id text, workspace_id text, input jsonb, now_override timestamp with time zone) IS 'resume_run: waiting → pending; input (if given) is stored as metadata.resume_input. A run queued behind its thread''s active run cannot be resumed. Raises ZP001 (unknown run), ZP003 (not waiting, or queued), ZP008. Notifies zeroth_wakeup. Time: clock_timestamp().';
+COMMENT ON FUNCTION zeroth.resume_run(run_id uuid, tenant_id text, workspace_id text, input jsonb) IS 'resume_run: waiting → pending; input (if given) is stored as metadata.resume_input. A run queued behind its thread''s active run cannot be resumed. Raises ZP001 (unknown run), ZP003 (not waiting, or queued), ZP008. Notifies zeroth_wakeup. Time: clock_timestamp().';
 
 --
--- Name: save_checkpoint(uuid, text, bigint, jsonb, uuid, text, text, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
+-- Name: run_finished_key(uuid, text, text); Type: FUNCTION; Schema: zeroth; Owner: -
 --
-CREATE FUNCTION zeroth.save_checkpoint(run_id uuid, worker_id text, generation bigint, data jsonb, checkpoint_id uuid DEFAULT NULL::uuid, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS uuid
+CREATE FUNCTION zeroth.run_finished_key(run_id uuid, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text) RETURNS text
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_tenant text := zeroth._scope_tenant(run_finished_key.tenant_id, run_finished_key.workspace_id);
+BEGIN
+    IF v_tenant IS NULL THEN
+        RAISE EXCEPTION 'a workspace_id needs a tenant_id' USING ERRCODE = 'ZP006';
+    END IF;
+    PERFORM zeroth._require(run_finished_key.run_id IS NOT NULL, 'run_id must not be NULL');
+    RETURN zeroth._notify_key('run_finished', ARRAY[v_tenant, zeroth._workspace_key(run_finished_key.workspace_id),
+                                                    run_finished_key.run_id::text]);
+END
+$$;
+
+--
+-- Name: FUNCTION run_finished_key(run_id uuid, tenant_id text, workspace_id text); Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON FUNCTION zeroth.run_finished_key(run_id uuid, tenant_id text, workspace_id text) IS 'run_finished_key: the opaque payload the run-finished channel carries when this thread run ends. Read only; notifies nothing. Raises ZP006, ZP008.';
+
+--
+-- Name: save_checkpoint(uuid, text, bigint, jsonb, uuid, text, text); Type: FUNCTION; Schema: zeroth; Owner: -
+--
+CREATE FUNCTION zeroth.save_checkpoint(run_id uuid, worker_id text, generation bigint, data jsonb, checkpoint_id uuid DEFAULT NULL::uuid, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text) RETURNS uuid
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
-    v_now    timestamptz := zeroth._now(now_override);
+    v_now    timestamptz := zeroth._now();
     v_tenant text := zeroth._scope_tenant(save_checkpoint.tenant_id, save_checkpoint.workspace_id);
     v_wskey  text := zeroth._workspace_key(save_checkpoint.workspace_id);
     v_seq    bigint;
@@ -2832,19 +3104,19 @@ END
 $$;
 
 --
--- Name: FUNCTION save_checkpoint(run_id uuid, worker_id text, generation bigint, data jsonb, checkpoint_id uuid, tenant_id text, workspace_id text, now_override timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
+-- Name: FUNCTION save_checkpoint(run_id uuid, worker_id text, generation bigint, data jsonb, checkpoint_id uuid, tenant_id text, workspace_id text); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth.save_checkpoint(run_id uuid, worker_id text, generation bigint, data jsonb, checkpoint_id uuid, tenant_id text, workspace_id text, now_override timestamp with time zone) IS 'save_checkpoint: append a checkpoint (or replace one by checkpoint_id) of a running run, fenced by (worker_id, generation, live lease); run row and checkpoint written together. Returns the checkpoint id, or NULL when fenced out. Raises ZP003 (not running), ZP007 (checkpoint of another run), ZP008. Time: clock_timestamp().';
+COMMENT ON FUNCTION zeroth.save_checkpoint(run_id uuid, worker_id text, generation bigint, data jsonb, checkpoint_id uuid, tenant_id text, workspace_id text) IS 'save_checkpoint: append a checkpoint (or replace one by checkpoint_id) of a running run, fenced by (worker_id, generation, live lease); run row and checkpoint written together. Returns the checkpoint id, or NULL when fenced out. Raises ZP003 (not running), ZP007 (checkpoint of another run), ZP008. Time: clock_timestamp().';
 
 --
--- Name: start_run(uuid, text, bigint, text, text, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
+-- Name: start_run(uuid, text, bigint, text, text); Type: FUNCTION; Schema: zeroth; Owner: -
 --
-CREATE FUNCTION zeroth.start_run(run_id uuid, worker_id text, generation bigint, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS boolean
+CREATE FUNCTION zeroth.start_run(run_id uuid, worker_id text, generation bigint, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text) RETURNS boolean
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
-    v_now    timestamptz := zeroth._now(now_override);
+    v_now    timestamptz := zeroth._now();
     v_tenant text := zeroth._scope_tenant(start_run.tenant_id, start_run.workspace_id);
     v_wskey  text := zeroth._workspace_key(start_run.workspace_id);
 BEGIN
@@ -2869,19 +3141,19 @@ END
 $$;
 
 --
--- Name: FUNCTION start_run(run_id uuid, worker_id text, generation bigint, tenant_id text, workspace_id text, now_override timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
+-- Name: FUNCTION start_run(run_id uuid, worker_id text, generation bigint, tenant_id text, workspace_id text); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth.start_run(run_id uuid, worker_id text, generation bigint, tenant_id text, workspace_id text, now_override timestamp with time zone) IS 'start_run: pending → running for the live lease (worker_id, generation); counts an attempt and sets started_at. Idempotent for the holder of a running run. Returns false when fenced out. Raises ZP008. Time: clock_timestamp().';
+COMMENT ON FUNCTION zeroth.start_run(run_id uuid, worker_id text, generation bigint, tenant_id text, workspace_id text) IS 'start_run: pending → running for the live lease (worker_id, generation); counts an attempt and sets started_at. Idempotent for the holder of a running run. Returns false when fenced out. Raises ZP008. Time: clock_timestamp().';
 
 --
--- Name: update_run_progress(uuid, text, bigint, jsonb, jsonb, text, text, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
+-- Name: update_run_progress(uuid, text, bigint, jsonb, jsonb, text, text); Type: FUNCTION; Schema: zeroth; Owner: -
 --
-CREATE FUNCTION zeroth.update_run_progress(run_id uuid, worker_id text, generation bigint, progress jsonb DEFAULT NULL::jsonb, accounting jsonb DEFAULT NULL::jsonb, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text, now_override timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS boolean
+CREATE FUNCTION zeroth.update_run_progress(run_id uuid, worker_id text, generation bigint, progress jsonb DEFAULT NULL::jsonb, accounting jsonb DEFAULT NULL::jsonb, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text) RETURNS boolean
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
-    v_now    timestamptz := zeroth._now(now_override);
+    v_now    timestamptz := zeroth._now();
     v_tenant text := zeroth._scope_tenant(update_run_progress.tenant_id, update_run_progress.workspace_id);
     v_wskey  text := zeroth._workspace_key(update_run_progress.workspace_id);
 BEGIN
@@ -2923,9 +3195,32 @@ END
 $$;
 
 --
--- Name: FUNCTION update_run_progress(run_id uuid, worker_id text, generation bigint, progress jsonb, accounting jsonb, tenant_id text, workspace_id text, now_override timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
+-- Name: FUNCTION update_run_progress(run_id uuid, worker_id text, generation bigint, progress jsonb, accounting jsonb, tenant_id text, workspace_id text); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth.update_run_progress(run_id uuid, worker_id text, generation bigint, progress jsonb, accounting jsonb, tenant_id text, workspace_id text, now_override timestamp with time zone) IS 'update_run_progress: the lease holder merges JSON objects into progress and/or accounting (top-level keys replace, omitted keys kept) while the run is running; fenced by (worker_id, generation, live lease). Returns false when fenced out. Raises ZP003 (holder but not running), ZP008. Time: clock_timestamp().';
+COMMENT ON FUNCTION zeroth.update_run_progress(run_id uuid, worker_id text, generation bigint, progress jsonb, accounting jsonb, tenant_id text, workspace_id text) IS 'update_run_progress: the lease holder merges JSON objects into progress and/or accounting (top-level keys replace, omitted keys kept) while the run is running; fenced by (worker_id, generation, live lease). Returns false when fenced out. Raises ZP003 (holder but not running), ZP008. Time: clock_timestamp().';
+
+--
+-- Name: wakeup_key(text, text, text); Type: FUNCTION; Schema: zeroth; Owner: -
+--
+CREATE FUNCTION zeroth.wakeup_key(deployment_ref text, tenant_id text DEFAULT NULL::text, workspace_id text DEFAULT NULL::text) RETURNS text
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    v_tenant text := zeroth._scope_tenant(wakeup_key.tenant_id, wakeup_key.workspace_id);
+BEGIN
+    IF v_tenant IS NULL THEN
+        RAISE EXCEPTION 'a workspace_id needs a tenant_id' USING ERRCODE = 'ZP006';
+    END IF;
+    PERFORM zeroth._require_identifier(wakeup_key.deployment_ref, 'deployment_ref');
+    RETURN zeroth._notify_key('wakeup', ARRAY[v_tenant, wakeup_key.workspace_id, wakeup_key.deployment_ref]);
+END
+$$;
+
+--
+-- Name: FUNCTION wakeup_key(deployment_ref text, tenant_id text, workspace_id text); Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON FUNCTION zeroth.wakeup_key(deployment_ref text, tenant_id text, workspace_id text) IS 'wakeup_key: the opaque payload the wakeup channel carries for this (deployment, tenant, workspace). Read only; notifies nothing. Raises ZP006, ZP008.';
 
 --
 -- Name: dead_letters; Type: VIEW; Schema: zeroth; Owner: -
@@ -3085,6 +3380,12 @@ ALTER TABLE ONLY zeroth.checkpoints
     ADD CONSTRAINT checkpoints_pkey PRIMARY KEY (checkpoint_id);
 
 --
+-- Name: notification_secret notification_secret_pkey; Type: CONSTRAINT; Schema: zeroth; Owner: -
+--
+ALTER TABLE ONLY zeroth.notification_secret
+    ADD CONSTRAINT notification_secret_pkey PRIMARY KEY (id);
+
+--
 -- Name: runs runs_pkey; Type: CONSTRAINT; Schema: zeroth; Owner: -
 --
 ALTER TABLE ONLY zeroth.runs
@@ -3175,6 +3476,11 @@ CREATE POLICY checkpoints_reader_tenant ON zeroth.checkpoints FOR SELECT TO zero
 -- Name: POLICY checkpoints_reader_tenant ON checkpoints; Type: COMMENT; Schema: zeroth; Owner: -
 --
 COMMENT ON POLICY checkpoints_reader_tenant ON zeroth.checkpoints IS 'zeroth_reader sees the checkpoints of the tenant named in the setting zeroth.tenant_id (none when unset).';
+
+--
+-- Name: notification_secret; Type: ROW SECURITY; Schema: zeroth; Owner: -
+--
+ALTER TABLE zeroth.notification_secret ENABLE ROW LEVEL SECURITY;
 
 --
 -- Name: runs; Type: ROW SECURITY; Schema: zeroth; Owner: -

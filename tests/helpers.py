@@ -2,7 +2,9 @@
 
 ``make_run(conn, status="running")`` drives a run to a state through the zeroth.* functions
 themselves (never by writing the table), so a factory can never build a state the API cannot
-reach. Time is injected with ``now_override``; ``T0`` is the fixed instant factories default to.
+reach. Time is injected through the test clock of the test databases (``clock_conn``,
+``clock_database_dsn``): ``zeroth_test.<function>(..., now_override => t)`` is ``zeroth.<function>``
+called at ``t`` (zeroth_pg.testing.install_test_clock). ``T0`` is the instant factories default to.
 """
 
 from __future__ import annotations
@@ -23,6 +25,11 @@ T0 = datetime(2030, 1, 1, tzinfo=UTC)
 DEPLOYMENT = "deploy-a"
 WORKER = "worker-a"
 LEASE = 60.0
+
+
+def clock_schema(arguments: Any) -> str:
+    """``zeroth_test`` when the named arguments carry a ``now_override``, else ``zeroth``."""
+    return "zeroth_test" if "now_override" in arguments else "zeroth"
 
 
 def at(seconds: float) -> datetime:
@@ -50,7 +57,7 @@ async def enqueue(conn: asyncpg.Connection, *, deployment_ref: str = DEPLOYMENT,
     args = ", ".join(
         f"{name} => ${i + 1}{'::text::jsonb' if name in ('payload', 'metadata') else ''}"
         for i, name in enumerate(names))
-    return await conn.fetchval(f"SELECT run_id FROM zeroth.enqueue_run({args})", *values)  # type: ignore[no-any-return]
+    return await conn.fetchval(f"SELECT run_id FROM zeroth_test.enqueue_run({args})", *values)  # type: ignore[no-any-return]
 
 
 async def claim(conn: asyncpg.Connection, *, deployment_ref: str = DEPLOYMENT,
@@ -60,7 +67,7 @@ async def claim(conn: asyncpg.Connection, *, deployment_ref: str = DEPLOYMENT,
                 now: datetime = T0) -> list[asyncpg.Record]:
     """zeroth.claim_pending; returns only the claimed rows (the saturation marker is dropped)."""
     rows = await conn.fetch(
-        """SELECT * FROM zeroth.claim_pending(deployment_ref => $1, worker_id => $2,
+        """SELECT * FROM zeroth_test.claim_pending(deployment_ref => $1, worker_id => $2,
                tenant_id => $3, workspace_id => $4, max_concurrency => $5, batch_size => $6,
                lease_seconds => $7, now_override => $8)""",
         deployment_ref, worker_id, tenant_id, workspace_id, max_concurrency, batch_size,
@@ -92,7 +99,7 @@ async def make_run(conn: asyncpg.Connection, status: str = "pending", *,
     if status == "pending":
         return Lease(run_id, worker_id, 0)
     rows = await conn.fetch(
-        """SELECT run_id, lease_generation FROM zeroth.claim_pending(deployment_ref => $1,
+        """SELECT run_id, lease_generation FROM zeroth_test.claim_pending(deployment_ref => $1,
                worker_id => $2, tenant_id => $3, workspace_id => $4, max_concurrency => $5,
                batch_size => 1000, lease_seconds => $6, now_override => $7)""",
         deployment_ref, worker_id, tenant_id, workspace_id, max_concurrency, lease_seconds, now)
@@ -103,7 +110,7 @@ async def make_run(conn: asyncpg.Connection, status: str = "pending", *,
     for row in rows:
         if row["run_id"] is not None and row["run_id"] != run_id:
             await conn.execute(
-                """SELECT zeroth.release_lease(run_id => $1, worker_id => $2, generation => $3,
+                """SELECT zeroth_test.release_lease(run_id => $1, worker_id => $2, generation => $3,
                        tenant_id => $4, workspace_id => $5, now_override => $6)""",
                 row["run_id"], worker_id, row["lease_generation"], tenant_id, workspace_id, now)
     if status == "claimed":
@@ -111,29 +118,29 @@ async def make_run(conn: asyncpg.Connection, status: str = "pending", *,
     fence = (lease.run_id, worker_id, lease.generation)
     scope = (tenant_id, workspace_id, now)
     assert await conn.fetchval(
-        """SELECT zeroth.start_run(run_id => $1, worker_id => $2, generation => $3,
+        """SELECT zeroth_test.start_run(run_id => $1, worker_id => $2, generation => $3,
                tenant_id => $4, workspace_id => $5, now_override => $6)""", *fence, *scope)
     if status == "running":
         return lease
     if status == "waiting":
         assert await conn.fetchval(
-            """SELECT zeroth.pause_run(run_id => $1, worker_id => $2, generation => $3,
+            """SELECT zeroth_test.pause_run(run_id => $1, worker_id => $2, generation => $3,
                    reason => 'approval', tenant_id => $4, workspace_id => $5,
                    now_override => $6)""", *fence, *scope)
     elif status == "completed":
         assert await conn.fetchval(
-            """SELECT zeroth.complete_run(run_id => $1, worker_id => $2, generation => $3,
+            """SELECT zeroth_test.complete_run(run_id => $1, worker_id => $2, generation => $3,
                    output => '{"ok": true}', tenant_id => $4, workspace_id => $5,
                    now_override => $6)""", *fence, *scope)
     elif status == "failed":
         outcome = await conn.fetchval(
-            """SELECT zeroth.fail_run(run_id => $1, worker_id => $2, generation => $3,
+            """SELECT zeroth_test.fail_run(run_id => $1, worker_id => $2, generation => $3,
                    error => '{"reason": "boom"}', retryable => false, tenant_id => $4,
                    workspace_id => $5, now_override => $6)""", *fence, *scope)
         assert outcome == "failed"
     elif status == "cancelled":
         assert await conn.fetchval(
-            """SELECT zeroth.cancel_run(run_id => $1, worker_id => $2, generation => $3,
+            """SELECT zeroth_test.cancel_run(run_id => $1, worker_id => $2, generation => $3,
                    tenant_id => $4, workspace_id => $5, now_override => $6)""", *fence, *scope)
     else:
         raise ValueError(f"unknown status {status!r}")
@@ -226,6 +233,28 @@ async def listen(connection: asyncpg.Connection, channel: str) -> asyncio.Queue[
     queue: asyncio.Queue[str] = asyncio.Queue()
     await connection.add_listener(channel, lambda *args: queue.put_nowait(args[3]))
     return queue
+
+
+async def wakeup_key(conn: asyncpg.Connection, deployment_ref: str = DEPLOYMENT,
+                     tenant_id: str | None = None, workspace_id: str | None = None) -> str:
+    """The opaque payload zeroth_wakeup carries for this scope (zeroth.wakeup_key)."""
+    return await conn.fetchval(  # type: ignore[no-any-return]
+        "SELECT zeroth.wakeup_key(deployment_ref => $1, tenant_id => $2, workspace_id => $3)",
+        deployment_ref, tenant_id, workspace_id)
+
+
+async def control_key(conn: asyncpg.Connection, worker_id: str = WORKER) -> str:
+    """The opaque payload zeroth_control carries for a worker id (zeroth.control_key)."""
+    return await conn.fetchval(  # type: ignore[no-any-return]
+        "SELECT zeroth.control_key(worker_id => $1)", worker_id)
+
+
+async def run_finished_key(conn: asyncpg.Connection, run_id: UUID, tenant_id: str | None = None,
+                           workspace_id: str | None = None) -> str:
+    """The opaque payload zeroth_run_finished carries for a run (zeroth.run_finished_key)."""
+    return await conn.fetchval(  # type: ignore[no-any-return]
+        "SELECT zeroth.run_finished_key(run_id => $1, tenant_id => $2, workspace_id => $3)",
+        run_id, tenant_id, workspace_id)
 
 
 async def next_payload(queue: asyncio.Queue[str]) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 from uuid import UUID
 
 import asyncpg
-from helpers import DEPLOYMENT, T0
+from helpers import DEPLOYMENT, T0, clock_schema
 
 THREAD = "thread-1"
 OWNER = "owner-a"
@@ -34,7 +34,7 @@ def _named(function: str, values: dict[str, Any], json_args: tuple[str, ...] = (
         for i, name in enumerate(values))
     params = [json.dumps(value) if name in json_args and value is not None else value
               for name, value in values.items()]
-    return f"zeroth.{function}({args})", params
+    return f"{clock_schema(values)}.{function}({args})", params
 
 
 def _call(function: str, values: dict[str, Any], columns: str, json_args: tuple[str, ...] = ()

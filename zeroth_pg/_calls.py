@@ -32,7 +32,7 @@ CLAIM_AND_START = f"""SELECT {_CLAIM_COLUMNS} FROM zeroth.claim_and_start(
 
 CLAIM_ORPHANED = f"""SELECT {_CLAIM_COLUMNS} FROM zeroth.claim_orphaned(
     deployment_ref => $1, worker_id => $2, tenant_id => $3, workspace_id => $4,
-    max_concurrency => $5, claim_limit => $6, lease_seconds => $7)"""
+    max_concurrency => $5, claim_limit => $6, lease_seconds => $7, grace_seconds => $8)"""
 
 RENEW_LEASE = """SELECT zeroth.renew_lease(run_id => $1, worker_id => $2, generation => $3,
     tenant_id => $4, workspace_id => $5, lease_seconds => $6)"""
@@ -99,6 +99,14 @@ PRUNE_RUNS = """SELECT zeroth.prune_runs(older_than => $1, batch_size => $2, ten
     workspace_id => $4)"""
 
 COUNT_PENDING = """SELECT zeroth.count_pending(deployment_ref => $1, tenant_id => $2,
+    workspace_id => $3)"""
+
+WAKEUP_KEY = """SELECT zeroth.wakeup_key(deployment_ref => $1, tenant_id => $2,
+    workspace_id => $3)"""
+
+CONTROL_KEY = """SELECT zeroth.control_key(worker_id => $1)"""
+
+RUN_FINISHED_KEY = """SELECT zeroth.run_finished_key(run_id => $1, tenant_id => $2,
     workspace_id => $3)"""
 
 # -- threads (sql/migrations/0004_threads.sql) ---------------------------------------------------

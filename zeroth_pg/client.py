@@ -13,6 +13,7 @@ workspace; a ``workspace_id`` without a ``tenant_id`` matches nothing (seed-spec
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -58,9 +59,35 @@ def _uuid(value: RunId | None) -> UUID | None:
 
 def _json(value: Any) -> str:
     try:
-        return json.dumps(value, allow_nan=False)
+        text = json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as exc:  # a set, an object, NaN, a circular reference
         raise InvalidArgumentError(f"not JSON: {exc}") from exc
+    # jsonb cannot hold U+0000 or a lone UTF-16 surrogate (json.dumps writes both as \u escapes);
+    # the server would refuse the whole statement, so say so here, for this one value.
+    if ("\\u0000" in text or "\\ud" in text) and (why := unstorable(value)) is not None:
+        raise InvalidArgumentError(f"PostgreSQL cannot store this JSON value: {why}")
+    return text
+
+
+_UNSTORABLE_CHARACTER = re.compile("[\x00\ud800-\udfff]")
+
+
+def unstorable(value: Any) -> str | None:
+    """Why PostgreSQL's jsonb cannot store ``value`` (a string, or a key, holding U+0000 or a
+    lone surrogate), or None when it can."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if (found := _UNSTORABLE_CHARACTER.search(item)) is not None:
+                what = "U+0000" if found.group() == "\x00" else "a lone UTF-16 surrogate"
+                return f"a string contains {what}"
+        elif isinstance(item, Mapping):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return None
 
 
 def _dumps(value: Any) -> str | None:
@@ -241,12 +268,14 @@ class LeaseManager:
         workspace_id: str | None = None,
         max_concurrency: int | None = None,
         claim_limit: int | None = None,
+        grace_seconds: float = 10.0,
         conn: Executor | None = None,
     ) -> list[UUID]:
         """Take over running runs whose lease expired (``zeroth.claim_orphaned``)."""
         result = await self.claim_orphaned_result(
             deployment_ref, worker_id, tenant_id=tenant_id, workspace_id=workspace_id,
-            max_concurrency=max_concurrency, claim_limit=claim_limit, conn=conn)
+            max_concurrency=max_concurrency, claim_limit=claim_limit,
+            grace_seconds=grace_seconds, conn=conn)
         return list(result.run_ids)
 
     async def claim_orphaned_result(
@@ -258,13 +287,16 @@ class LeaseManager:
         workspace_id: str | None = None,
         max_concurrency: int | None = None,
         claim_limit: int | None = None,
+        grace_seconds: float = 10.0,
         conn: Executor | None = None,
     ) -> OrphanClaimResult:
         """Claim orphans and tell saturation (an orphan waits for a slot) from a definitive
-        empty scan (``zeroth.claim_orphaned``)."""
+        empty scan (``zeroth.claim_orphaned``). The same call ends the orphans nobody may
+        resume: out of attempts (dead-lettered), or not resumable and expired more than
+        ``grace_seconds`` ago (failed); those are not returned."""
         rows = await self._fetch(
             _calls.CLAIM_ORPHANED, deployment_ref, worker_id, tenant_id, workspace_id,
-            max_concurrency, claim_limit, self.lease_duration_seconds, conn=conn)
+            max_concurrency, claim_limit, self.lease_duration_seconds, grace_seconds, conn=conn)
         runs = tuple(_claimed(row) for row in rows if row["run_id"] is not None)
         first = rows[0]
         return OrphanClaimResult(
@@ -350,6 +382,32 @@ class LeaseManager:
     ) -> int:
         """Pending runs of a deployment in a scope (``zeroth.count_pending``)."""
         return int(await self._fetchval(_calls.COUNT_PENDING, deployment_ref, tenant_id,
+                                        workspace_id, conn=conn))
+
+    # -- notification keys -----------------------------------------------------------------
+    # NOTIFY payloads are opaque: each channel carries a key only the database can compute (from
+    # a secret no client role can read). These say which key means "for you".
+
+    async def wakeup_key(
+        self, deployment_ref: str, *, tenant_id: str | None = None,
+        workspace_id: str | None = None, conn: Executor | None = None,
+    ) -> str:
+        """The payload of ``zeroth_wakeup`` for this scope (``zeroth.wakeup_key``)."""
+        return str(await self._fetchval(_calls.WAKEUP_KEY, deployment_ref, tenant_id,
+                                        workspace_id, conn=conn))
+
+    async def control_key(self, worker_id: str, *, conn: Executor | None = None) -> str:
+        """The payload of ``zeroth_control`` for this worker id (``zeroth.control_key``): a
+        cancel was requested for one of its runs. Confirm with :meth:`renew_leases`."""
+        return str(await self._fetchval(_calls.CONTROL_KEY, worker_id, conn=conn))
+
+    async def run_finished_key(
+        self, run_id: RunId, *, tenant_id: str | None = None, workspace_id: str | None = None,
+        conn: Executor | None = None,
+    ) -> str:
+        """The payload of ``zeroth_run_finished`` when this run ends
+        (``zeroth.run_finished_key``)."""
+        return str(await self._fetchval(_calls.RUN_FINISHED_KEY, _uuid(run_id), tenant_id,
                                         workspace_id, conn=conn))
 
     # -- fenced writes ---------------------------------------------------------------------

@@ -83,7 +83,7 @@ class DemoSummary:
         table.add_row("runs", f"{self.runs:,}")
         table.add_row("completed", f"{self.completed:,}")
         table.add_row("failed (dead-lettered)", f"{self.failed:,} ({self.dead_lettered:,})")
-        table.add_row("retries", f"{self.retries:,}")
+        table.add_row("retries (and recoveries)", f"{self.retries:,}")
         table.add_row("recovered after the kill" if self.killed_worker else "recovered",
                       f"{self.recovered:,} (checkpointed steps not redone: {self.steps_saved:,})")
         table.add_row("wall time", f"{self.wall_seconds:.1f} s")

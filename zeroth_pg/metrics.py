@@ -25,6 +25,7 @@ class WorkerMetrics:
     guardrail_rejections: Counter
     utilization: Gauge
     queue_depth: Gauge
+    worker_errors: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry = REGISTRY) -> WorkerMetrics:
@@ -53,6 +54,12 @@ class WorkerMetrics:
                               (*d, "resource"), registry=registry),
             queue_depth=Gauge("zeroth_queue_depth", "Pending runs of the deployment.", d,
                               registry=registry),
+            worker_errors=Counter(
+                "zeroth_worker_errors", "Failures of the worker's own machinery, by kind: a "
+                "background loop that crashed and was restarted (renew_loop, claim_loop, ...), a "
+                "failed claim pass or orphan sweep, a run settled after a worker error (settle), "
+                "a completion batch or a run's completion the database refused.",
+                (*d, "kind"), registry=registry),
         )
 
 

@@ -1,9 +1,17 @@
 """LISTEN/NOTIFY wakeups: hints that cut latency, never the truth.
 
-The SQL functions that make work claimable notify ``zeroth_wakeup`` with a small JSON payload
-(``deployment_ref``, ``tenant_id``, ``workspace_id``); ``request_cancel`` notifies
-``zeroth_control``. A :class:`Notifier` holds ONE dedicated connection outside any pool (a pooled
-connection runs ``UNLISTEN *`` on release, and a transaction-mode pooler cannot LISTEN at all),
+NOTIFY and LISTEN need no privilege, so anyone who can connect can send any notification and hear
+every one. The payloads are therefore opaque keys (32 hex digits derived from a per-database
+secret only zeroth_owner can read): the SQL functions that make work claimable notify
+``zeroth_wakeup`` with the key of the (deployment, tenant, workspace); a cancel request notifies
+``zeroth_control`` with the key of the run's worker id; the end of a thread run notifies
+``zeroth_run_finished`` with the run's key. A listener asks the database for the keys it cares
+about (``LeaseManager.wakeup_key`` / ``control_key`` / ``run_finished_key``) and compares. A
+notification is only ever a hint: a worker claims by query, and confirms a cancel with
+``renew_leases`` before it stops anything.
+
+A :class:`Notifier` holds ONE dedicated connection outside any pool (a pooled connection runs
+``UNLISTEN *`` on release, and a transaction-mode pooler cannot LISTEN at all),
 pings it on an interval so a silently dead connection is noticed, reconnects with backoff, and
 calls ``on_connect`` after every (re)connect: notifications sent while it was away are gone, so
 the owner must poll once.
@@ -22,12 +30,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import random
 from collections.abc import Awaitable, Callable
-from typing import Any
-from uuid import UUID
 
 import asyncpg
 
@@ -50,7 +55,7 @@ refuses any other name, so a typo or a caller-supplied string can never become a
 
 log = logging.getLogger("zeroth_pg.notify")
 
-NotificationHandler = Callable[[str, dict[str, Any]], None]
+NotificationHandler = Callable[[str, str], None]
 
 
 class ListenMultiplexedError(ConnectionError):
@@ -58,31 +63,32 @@ class ListenMultiplexedError(ConnectionError):
     pooler sits in between, and no notification can arrive on it."""
 
 
-async def enqueue_wakeup(conn: asyncpg.Connection | asyncpg.Pool | None, run_id: UUID | str,
-                         *, deployment_ref: str | None = None) -> None:
-    """Best-effort wakeup for a run; never raises (the poll fallback covers a lost hint).
+async def enqueue_wakeup(conn: asyncpg.Connection | asyncpg.Pool | None, *, deployment_ref: str,
+                         tenant_id: str | None = None, workspace_id: str | None = None) -> None:
+    """Best-effort wakeup of the workers of a scope; never raises (the poll covers a lost hint).
 
     The SQL functions already notify when they make work claimable; this is for callers that
-    changed something outside them and want workers to look now.
+    changed something outside them and want workers to look now. It sends the scope's key
+    (``zeroth.wakeup_key``), so it needs EXECUTE on that function (zeroth_worker has it).
     """
     if conn is None:
         return
-    payload: dict[str, Any] = {"run_id": str(run_id)}
-    if deployment_ref is not None:
-        payload["deployment_ref"] = deployment_ref
     try:
-        await conn.execute("SELECT pg_notify($1, $2)", WAKEUP_CHANNEL, json.dumps(payload))
+        await conn.execute(
+            "SELECT pg_notify($1, zeroth.wakeup_key(deployment_ref => $2, tenant_id => $3,"
+            " workspace_id => $4))", WAKEUP_CHANNEL, deployment_ref, tenant_id, workspace_id)
     except Exception as exc:  # a hint must never break the caller
-        log.warning("wakeup for run %s not sent (%s: %s); poll fallback active",
-                    run_id, type(exc).__name__, exc)
+        log.warning("wakeup for deployment %s not sent (%s: %s); poll fallback active",
+                    deployment_ref, type(exc).__name__, exc)
 
 
 class Notifier:
     """One dedicated LISTEN connection with health pings and reconnect-with-backoff.
 
-    ``on_notification(channel, payload)`` is called for every notification (payloads that are
-    not JSON objects arrive as ``{}``); it must not block. ``on_connect()`` is called after every
-    successful (re)connect, before any notification of that connection is delivered.
+    ``on_notification(channel, payload)`` is called for every notification with its payload
+    text (anyone can send one: treat it as a hint); it must not block. ``on_connect()`` is
+    called after every successful (re)connect, before any notification of that connection is
+    delivered.
     """
 
     def __init__(
@@ -205,13 +211,7 @@ class Notifier:
 
     def _deliver(self, _conn: object, _pid: int, channel: str, payload: str) -> None:
         try:
-            data = json.loads(payload) if payload else {}
-        except ValueError:
-            data = {}
-        if not isinstance(data, dict):
-            data = {}
-        try:
-            self.on_notification(channel, data)
+            self.on_notification(channel, payload)
         except Exception:
             log.exception("notification handler failed for %s", channel)
 

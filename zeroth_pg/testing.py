@@ -22,6 +22,9 @@ Fixtures:
 * ``pg_server_dsn`` (session): the admin DSN (database ``postgres``).
 * ``database_dsn`` (function): a fresh migrated database cloned from the template, dropped after
   the test. For committed data seen by several sessions: races, integration, chaos.
+* ``clock_database_dsn`` (function), ``clock_conn`` (function, async): the same with the test
+  clock (:func:`install_test_clock`): ``zeroth_test.<function>(..., now_override => t)`` calls
+  ``zeroth.<function>`` at time ``t``. Only these databases have it.
 * ``empty_database_dsn`` (function): a fresh database with nothing installed (migration tests).
 * ``pool`` (function, async): an asyncpg pool (1..40) on ``database_dsn``.
 * ``conn`` (function, async): one asyncpg connection to the session's shared migrated database,
@@ -29,7 +32,8 @@ Fixtures:
 * ``connect`` (function): ``await connect()`` opens another asyncpg connection to
   ``database_dsn``; all are closed at teardown.
 
-Helpers: :func:`with_database`, :func:`libpq_dsn`, :func:`run_psql`, :func:`start_server`.
+Helpers: :func:`with_database`, :func:`libpq_dsn`, :func:`run_psql`, :func:`start_server`,
+:func:`install_test_clock`.
 """
 
 from __future__ import annotations
@@ -56,8 +60,11 @@ from zeroth_pg import migrate
 from zeroth_pg.migrate import with_database
 
 __all__ = [
+    "TEST_CLOCK_SCHEMA",
+    "TEST_CLOCK_SETTING",
     "ServerUnavailableError",
     "TestServer",
+    "install_test_clock",
     "libpq_dsn",
     "psql_executable",
     "run_psql",
@@ -286,25 +293,117 @@ def _admin_execute(admin_dsn: str, statement: pgsql.Composed) -> None:
 
 
 def create_database(admin_dsn: str, name: str, *, template: str = "template0") -> str:
-    """Create database ``name`` from ``template``; return its DSN.
-
-    Test databases allow the SQL functions' ``now_override`` test hook
-    (``zeroth.allow_now_override = on``); per-database settings are not copied from a template,
-    so every database gets it here.
-    """
+    """Create database ``name`` from ``template``; return its DSN."""
     _admin_execute(
         admin_dsn,
         pgsql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
             pgsql.Identifier(name), pgsql.Identifier(template)
         ),
     )
-    _admin_execute(
-        admin_dsn,
-        pgsql.SQL("ALTER DATABASE {} SET zeroth.allow_now_override = 'on'").format(
-            pgsql.Identifier(name)
-        ),
-    )
     return with_database(admin_dsn, name)
+
+
+#: Schema of the test clock's call wrappers (only in databases :func:`install_test_clock` ran on).
+TEST_CLOCK_SCHEMA = "zeroth_test"
+#: The session setting the test clock reads; unset or empty means the real clock.
+TEST_CLOCK_SETTING = "zeroth_test.now"
+
+_TEST_CLOCK_NOW = f"""
+CREATE OR REPLACE FUNCTION zeroth._now() RETURNS timestamptz
+    LANGUAGE sql VOLATILE
+    RETURN coalesce(nullif(current_setting('{TEST_CLOCK_SETTING}', true), '')::timestamptz,
+                    clock_timestamp());
+COMMENT ON FUNCTION zeroth._now() IS
+    'TEST DATABASE: the session setting {TEST_CLOCK_SETTING} when set, else clock_timestamp().';
+"""
+
+_TEST_SLOT_LEASES = f"""
+CREATE VIEW {TEST_CLOCK_SCHEMA}.slot_leases AS
+SELECT s.*, r.lease_worker_id, r.lease_expires_at
+  FROM zeroth.admission_slots s
+  LEFT JOIN zeroth.runs r ON r.tenant_id = s.tenant_id AND r.workspace_key = s.workspace_key
+                         AND r.run_id = s.run_id AND r.lease_generation = s.lease_generation
+                         AND r.admission_slot = s.slot_no;
+COMMENT ON VIEW {TEST_CLOCK_SCHEMA}.slot_leases IS
+    'TEST DATABASE: admission slots with the holder and expiry of the lease each names, read from
+     its run (NULL when the run no longer holds that lease in that slot).';
+"""
+
+
+def install_test_clock(dsn: str) -> None:
+    """Give the database at ``dsn`` a clock that tests can move. **Never on a real database.**
+
+    As the superuser the test server runs with, it replaces ``zeroth._now()`` — the one function
+    every zeroth decision reads the time from — by one that returns the session setting
+    ``zeroth_test.now`` when set, and creates schema ``zeroth_test`` with one wrapper per public
+    function, same name and arguments plus ``now_override timestamptz DEFAULT NULL``: the wrapper
+    sets the clock for that one call, calls ``zeroth.<name>`` as its caller (SECURITY INVOKER, so
+    grants still apply) and puts the clock back. A read aid comes with it: the view
+    ``zeroth_test.slot_leases``, each admission slot with the holder and expiry of the lease it
+    names (read from the run). A shipped database has none of this: no function of
+    schema zeroth takes a time, and only the database owner or a superuser could replace
+    ``zeroth._now()`` (DESIGN rule 1). ``tests/adversarial`` checks that a shipped database gives
+    a session no way to move the clock.
+    """
+    with psycopg.connect(libpq_dsn(dsn), autocommit=True) as conn, conn.transaction():
+        conn.execute(_TEST_CLOCK_NOW)
+        conn.execute(pgsql.SQL("CREATE SCHEMA {}").format(pgsql.Identifier(TEST_CLOCK_SCHEMA)))
+        conn.execute(
+            pgsql.SQL("COMMENT ON SCHEMA {} IS {}").format(
+                pgsql.Identifier(TEST_CLOCK_SCHEMA),
+                pgsql.Literal("TEST DATABASE: zeroth.* at a chosen time (zeroth_pg.testing)"),
+            )
+        )
+        conn.execute(
+            pgsql.SQL("GRANT USAGE ON SCHEMA {} TO PUBLIC").format(
+                pgsql.Identifier(TEST_CLOCK_SCHEMA)
+            )
+        )
+        conn.execute(_TEST_SLOT_LEASES)
+        routines = conn.execute(
+            """SELECT p.proname, pg_get_function_arguments(p.oid), pg_get_function_result(p.oid),
+                      p.proretset,
+                      ARRAY(SELECT a.name
+                              FROM unnest(p.proargnames, coalesce(p.proargmodes,
+                                          array_fill('i'::"char", ARRAY[p.pronargs])))
+                                   AS a(name, mode)
+                             WHERE a.mode IN ('i', 'b'))
+                 FROM pg_proc p
+                WHERE p.pronamespace = 'zeroth'::regnamespace AND left(p.proname, 1) <> '_'
+                ORDER BY p.proname"""
+        ).fetchall()
+        for name, arguments, result, returns_set, in_names in routines:
+            conn.execute(_clock_wrapper(name, arguments, result, returns_set, in_names))
+
+
+def _clock_wrapper(
+    name: str, arguments: str, result: str, returns_set: bool, in_names: list[str]
+) -> str:
+    """``zeroth_test.<name>(<arguments>, now_override)``: ``zeroth.<name>`` at that time."""
+    call = f"zeroth.{name}(" + ", ".join(f"{a} => {name}.{a}" for a in in_names) + ")"
+    if returns_set:
+        body = f"RETURN QUERY SELECT * FROM {call};"
+        declare = ""
+        finish = "RETURN;"
+    else:
+        body = f"v_result := {call};"
+        declare = f"v_result {result};"
+        finish = "RETURN v_result;"
+    return f"""
+CREATE FUNCTION {TEST_CLOCK_SCHEMA}.{name}({arguments}, now_override timestamptz DEFAULT NULL)
+    RETURNS {result}
+    LANGUAGE plpgsql VOLATILE AS $wrapper$
+DECLARE
+    v_previous text := current_setting('{TEST_CLOCK_SETTING}', true);
+    {declare}
+BEGIN
+    PERFORM set_config('{TEST_CLOCK_SETTING}', coalesce(now_override::text, ''), true);
+    {body}
+    PERFORM set_config('{TEST_CLOCK_SETTING}', coalesce(v_previous, ''), true);
+    {finish}
+END
+$wrapper$;
+"""
 
 
 def drop_database(admin_dsn: str, name: str) -> None:
@@ -316,14 +415,18 @@ def drop_database(admin_dsn: str, name: str) -> None:
 
 
 class _Session:
-    """The server and the session-wide databases, created on first use."""
+    """The server and the session-wide databases, created on first use.
+
+    Two migrated templates: one exactly as the package ships it, and one with the test clock
+    (:func:`install_test_clock`); each has a shared database for the rollback-per-test fixtures.
+    """
 
     def __init__(self) -> None:
         self._stack = contextlib.ExitStack()
         self.server: TestServer | None = None
         self.error: ServerUnavailableError | None = None
-        self._template: str | None = None
-        self._shared: str | None = None
+        self._templates: dict[bool, str] = {}
+        self._shared: dict[bool, str] = {}
         self._suffix = ""
 
     def get_server(self) -> TestServer:
@@ -339,27 +442,31 @@ class _Session:
             self._suffix = "" if self.server.owned else f"_{uuid.uuid4().hex[:8]}"
         return self.server
 
-    def template(self) -> str:
-        """Name of the migrated template database."""
-        if self._template is None:
+    def template(self, *, clock: bool = False) -> str:
+        """Name of the migrated template database (with the test clock when ``clock``)."""
+        if clock not in self._templates:
             admin = self.get_server().dsn
-            name = f"zeroth_template{self._suffix}"
+            name = f"zeroth_template{'_clock' if clock else ''}{self._suffix}"
             drop_database(admin, name)
             self._stack.callback(drop_database, admin, name)
-            migrate.upgrade(create_database(admin, name))
-            self._template = name
-        return self._template
+            if clock:
+                dsn = create_database(admin, name, template=self.template())
+                install_test_clock(dsn)
+            else:
+                migrate.upgrade(create_database(admin, name))
+            self._templates[clock] = name
+        return self._templates[clock]
 
-    def shared_dsn(self) -> str:
+    def shared_dsn(self, *, clock: bool = False) -> str:
         """DSN of the migrated database shared by ``conn`` fixtures (each in a rollback)."""
         admin = self.get_server().dsn
-        if self._shared is None:
-            name = f"zeroth_shared{self._suffix}"
+        if clock not in self._shared:
+            name = f"zeroth_shared{'_clock' if clock else ''}{self._suffix}"
             drop_database(admin, name)
             self._stack.callback(drop_database, admin, name)
-            create_database(admin, name, template=self.template())
-            self._shared = name
-        return with_database(admin, self._shared)
+            create_database(admin, name, template=self.template(clock=clock))
+            self._shared[clock] = name
+        return with_database(admin, self._shared[clock])
 
     def new_database_name(self) -> str:
         return f"test_{uuid.uuid4().hex[:12]}{self._suffix}"
@@ -423,17 +530,27 @@ def pg_server_dsn(pg_server: TestServer) -> str:
     return pg_server.dsn
 
 
-@pytest.fixture
-def database_dsn(request: pytest.FixtureRequest) -> Iterator[str]:
-    """A fresh migrated database (a clone of the template), dropped after the test."""
+def _cloned_database(request: pytest.FixtureRequest, *, clock: bool) -> Iterator[str]:
     state = _session(request.config)
     admin = state.get_server().dsn
     name = state.new_database_name()
-    dsn = create_database(admin, name, template=state.template())
+    dsn = create_database(admin, name, template=state.template(clock=clock))
     try:
         yield dsn
     finally:
         drop_database(admin, name)
+
+
+@pytest.fixture
+def database_dsn(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh migrated database (a clone of the template), dropped after the test."""
+    yield from _cloned_database(request, clock=False)
+
+
+@pytest.fixture
+def clock_database_dsn(request: pytest.FixtureRequest) -> Iterator[str]:
+    """``database_dsn`` with the test clock (:func:`install_test_clock`)."""
+    yield from _cloned_database(request, clock=True)
 
 
 @pytest.fixture
@@ -471,13 +588,10 @@ async def pool(database_dsn: str) -> AsyncIterator[Any]:
             created.terminate()
 
 
-@pytest_asyncio.fixture
-async def conn(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
-    """One asyncpg connection to the shared migrated database, in a transaction rolled back
-    after the test. Nothing it writes is visible to other sessions."""
+async def _rolled_back(request: pytest.FixtureRequest, *, clock: bool) -> AsyncIterator[Any]:
     import asyncpg
 
-    connection = await asyncpg.connect(_session(request.config).shared_dsn())
+    connection = await asyncpg.connect(_session(request.config).shared_dsn(clock=clock))
     transaction = connection.transaction()
     await transaction.start()
     try:
@@ -487,6 +601,21 @@ async def conn(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
             await transaction.rollback()
         finally:
             await _close(connection)
+
+
+@pytest_asyncio.fixture
+async def conn(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
+    """One asyncpg connection to the shared migrated database, in a transaction rolled back
+    after the test. Nothing it writes is visible to other sessions."""
+    async for connection in _rolled_back(request, clock=False):
+        yield connection
+
+
+@pytest_asyncio.fixture
+async def clock_conn(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
+    """``conn`` on the shared database with the test clock (:func:`install_test_clock`)."""
+    async for connection in _rolled_back(request, clock=True):
+        yield connection
 
 
 @pytest_asyncio.fixture

@@ -369,20 +369,22 @@ class ThreadRuns(LeaseManager):
         """Wait until the run is completed, failed or cancelled, at most ``timeout`` seconds.
 
         Returns the last state read (check :attr:`ThreadRun.finished`), or None when no run has
-        this id in this scope. Woken by ``NOTIFY zeroth_run_finished`` (thread runs); re-reads
-        every ``poll_interval`` regardless.
+        this id in this scope. Woken by ``NOTIFY zeroth_run_finished`` (thread runs) carrying
+        the run's opaque key; re-reads every ``poll_interval`` regardless (a notification is a
+        hint, and anyone can send one).
         """
-        wanted = str(_uuid(run_id))
+        wanted: str | None = None
         woken = asyncio.Event()
 
         def on_finished(_conn: object, _pid: int, _channel: str, payload: str) -> None:
-            with contextlib.suppress(ValueError, TypeError, AttributeError):
-                if json.loads(payload).get("run_id") == wanted:
-                    woken.set()
+            if wanted is None or payload == wanted:
+                woken.set()
 
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         async with self._listening(on_finished) as conn:
+            wanted = await self.run_finished_key(run_id, tenant_id=tenant_id,
+                                                 workspace_id=workspace_id, conn=conn)
             while True:
                 woken.clear()
                 run = await self.get(run_id, tenant_id=tenant_id, workspace_id=workspace_id,

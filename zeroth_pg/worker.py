@@ -4,25 +4,33 @@ One worker is a handful of asyncio tasks around the SQL functions:
 
 * the **claim loop** (:meth:`RunWorker.poll_loop`) claims *and starts* pending runs in batches
   up to the free local slots (``claim_and_start``: one round trip per batch), sweeps for orphans
-  on start and every ``orphan_sweep_interval`` (claiming at most as many as it has free slots),
-  and sleeps until a NOTIFY, a freed slot after a full batch, or ``poll_interval``. It is the
-  only task that claims, so local slot accounting needs no lock; a wakeup only sets an event
-  and never blocks;
+  on start and every ``orphan_sweep_interval`` (``claim_orphaned``, which also ends the orphans
+  nobody may resume), and sleeps until a NOTIFY, a freed slot after a full batch, or
+  ``poll_interval``. It is the only task that claims, so local slot accounting needs no lock; a
+  wakeup only sets an event and never blocks. A failing sweep is logged and claiming goes on;
 * one **renewal task** renews every lease of the worker with one ``renew_leases`` call every
-  ``lease_duration / 3``. A refused renewal stops that run's handler at once and nothing more is
-  written for it. A renewal that *fails* (connection lost) is retried until the last confirmed
-  lease deadline, measured on the local monotonic clock from the moment the confirmed call was
-  sent; past it the handler is stopped (fail-stop). The run is neither failed nor released: its
-  lease simply expires, so it is never stranded and claim_orphaned recovers it;
-* the **notifier** (:class:`zeroth_pg.notify.Notifier`) turns NOTIFYs into "poll now" and cancel
-  requests into handler cancellation, and triggers a claim pass after every reconnect;
+  ``lease_duration / 3``, and at once when a ``zeroth_control`` notification carries this
+  worker's key. A refused renewal stops that run's handler at once and nothing more is written
+  for it; a renewal that reports ``cancel_requested`` stops it as cancelled. The database is the
+  only source of a stop: a notification (which anyone can send) only makes the worker ask. A
+  renewal that *fails* (connection lost) is retried until the last confirmed lease deadline,
+  measured on the local monotonic clock from the moment the confirmed call was sent; past it the
+  handler is stopped (fail-stop). The run is neither failed nor released: its lease simply
+  expires, so it is never stranded and claim_orphaned recovers it;
+* the **notifier** (:class:`zeroth_pg.notify.Notifier`) turns NOTIFYs that carry this worker's
+  opaque keys into "poll now" and "renew now", and triggers a claim pass after every reconnect;
 * one task per run executes ``handler(ctx)``: a returned value completes the run, an exception
-  fails it (retry with backoff until ``max_attempts``, then dead letter);
+  fails it (retry with backoff until ``max_attempts``, then dead letter). Its lifecycle is
+  :class:`RunState`, its transitions in :meth:`_Active.advance`;
 * one **completion task** sends the completions of runs that finished together as one
   ``complete_runs`` call (each row fenced on its own). It never waits to fill a batch: it sends
   what has queued up by the time the previous call came back, so a lone run is acknowledged as
-  fast as with ``complete_run`` and a burst takes one round trip instead of one per run.
+  fast as with ``complete_run`` and a burst takes one round trip instead of one per run. An
+  output PostgreSQL cannot store fails that run (not retryable) and never its batch.
 
+Every background task is supervised: a crash is logged, counted (``zeroth_worker_errors``) and
+the task restarted. Every path that stops a run ends in a fenced outcome (completed, failed,
+cancelled, handed back) or leaves a lease that expires by itself; none drops a run silently.
 Every write for a run carries its lease generation and is fenced in SQL; the worker keeps no
 state that safety depends on.
 """
@@ -32,10 +40,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import enum
 import importlib
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import time
@@ -48,27 +58,60 @@ from uuid import UUID
 
 import asyncpg
 
-from zeroth_pg.client import LeaseManager
-from zeroth_pg.errors import LeaseLostError, RetryableError
+from zeroth_pg.client import LeaseManager, unstorable
+from zeroth_pg.errors import DatabaseError, LeaseLostError, RetryableError
 from zeroth_pg.metrics import WorkerMetrics, default_metrics
 from zeroth_pg.notify import CONTROL_CHANNEL, WAKEUP_CHANNEL, Notifier
 from zeroth_pg.types import ClaimedRun, FailOutcome
 
-__all__ = ["Handler", "RunContext", "RunWorker", "main", "orchestrator_handler", "skip_reset"]
+__all__ = [
+    "Handler",
+    "RunContext",
+    "RunState",
+    "RunWorker",
+    "StopReason",
+    "main",
+    "orchestrator_handler",
+    "skip_reset",
+]
 
 log = logging.getLogger("zeroth_pg.worker")
 
 Handler = Callable[["RunContext"], Awaitable[Any]]
 
 
-class StopReason:
-    """Why the worker cancelled a handler (set before the cancel, read by the run's task)."""
+class StopReason(enum.Enum):
+    """Why the worker stops a run before its handler finished (set before the cancel)."""
 
-    LEASE_LOST = "lease_lost"  # renewal refused: another worker owns the run
+    LEASE_LOST = "lease_lost"  # renewal refused: the lease expired, was taken or was cleared
     DEADLINE = "deadline"  # renewals failed until the last confirmed lease deadline
-    CANCEL = "cancel"  # a cancel request reached the owner
+    SUPERSEDED = "superseded"  # this process re-claimed the run at a newer generation
+    CANCEL = "cancel"  # the database reported a cancel request (renewal or claim)
     SHUTDOWN = "shutdown"  # graceful shutdown ran out of time: hand back to pending
     INTERRUPT = "interrupt"  # operator interrupt: stop without changing the status
+
+
+#: Stops after which nothing more may be written for the run: its lease is gone.
+_LOST = frozenset({StopReason.LEASE_LOST, StopReason.DEADLINE, StopReason.SUPERSEDED})
+
+
+class RunState(enum.Enum):
+    """The life of one leased run inside the worker."""
+
+    QUEUED = "queued"  # spawned; its task has not taken its first step
+    EXECUTING = "executing"  # the handler is running
+    COMPLETING = "completing"  # the handler returned; its completion is queued or in flight
+    SETTLING = "settling"  # writing its other outcome: failed, cancelled, handed back, released
+    DONE = "done"  # nothing more will be written; the entry leaves the worker
+
+
+_TRANSITIONS: dict[RunState, frozenset[RunState]] = {
+    RunState.QUEUED: frozenset({RunState.EXECUTING, RunState.SETTLING, RunState.DONE}),
+    RunState.EXECUTING: frozenset({RunState.COMPLETING, RunState.SETTLING, RunState.DONE}),
+    RunState.COMPLETING: frozenset({RunState.SETTLING, RunState.DONE}),
+    RunState.SETTLING: frozenset({RunState.DONE}),
+    RunState.DONE: frozenset(),
+}
 
 
 @dataclass(eq=False)
@@ -92,7 +135,7 @@ class RunContext:
 
     @property
     def cancel_requested(self) -> bool:
-        """True once a cancel request for this run reached the worker."""
+        """True once the database reported a cancel request for this run."""
         return self.cancelled.is_set()
 
     async def commit(self, **columns: Any) -> None:
@@ -139,25 +182,51 @@ def orchestrator_handler(orchestrator: Orchestrator) -> Handler:
 
 @dataclass(eq=False)
 class _Active:
+    """One leased run inside the worker: its lease, its task and its :class:`RunState`."""
+
     run: ClaimedRun
     ctx: RunContext
     # Monotonic instant before which the lease is known to be live: the send time of the last
     # call that confirmed it plus the lease duration (the server added it to a later instant).
     deadline: float
     task: asyncio.Task[None] | None = None
-    stop_reason: str | None = None
-    # Set by the task's first step. A task cancelled before that step never runs its body (no
-    # try/finally), so _stop only cancels a started task; an unstarted one settles on start.
-    started: bool = False
-    # Set once the handler returned and its completion is queued: a stop from then on lets the
-    # completion go out (the fence in SQL decides it) instead of cancelling the task.
-    finishing: bool = False
+    state: RunState = RunState.QUEUED
+    stop_reason: StopReason | None = None
+
+    @property
+    def key(self) -> tuple[UUID, int]:
+        return self.run.run_id, self.run.lease_generation
+
+    def advance(self, to: RunState) -> None:
+        """The one place a run changes state; an impossible transition is a worker bug."""
+        if to not in _TRANSITIONS[self.state]:
+            raise RuntimeError(f"run {self.run.run_id}: {self.state.value} -> {to.value}")
+        self.state = to
+
+    def request_stop(self, reason: StopReason) -> bool:
+        """Record why the run must stop (the first reason wins); True when its running handler
+        must be cancelled. A queued run settles on its first step without starting the handler;
+        a completing run lets its completion go out (the fence in SQL decides it)."""
+        if self.stop_reason is not None or self.state in (RunState.SETTLING, RunState.DONE):
+            return False
+        self.stop_reason = reason
+        if reason is StopReason.CANCEL:
+            self.ctx.cancelled.set()
+        return self.state is RunState.EXECUTING
+
+    @property
+    def renewable(self) -> bool:
+        """Its lease is still renewed: not stopping, not settled."""
+        return self.stop_reason is None and self.state in (
+            RunState.QUEUED, RunState.EXECUTING, RunState.COMPLETING)
 
 
 @dataclass
 class _Completion:
     entry: _Active
     output: Any
+    # True completed, False refused by the fence, None no answer before the lease deadline; an
+    # exception when the database refused this run's completion itself (a value it cannot store).
     result: asyncio.Future[bool | None]
 
 
@@ -167,7 +236,9 @@ class RunWorker:
     ``max_concurrency`` is the local cap (runs executing in this process);
     ``fleet_max_concurrency``, when set, is passed to every claim and bounds live leases of the
     deployment across all workers, atomically in SQL. ``dsn`` enables LISTEN/NOTIFY wakeups on a
-    dedicated connection; without it the worker polls.
+    dedicated connection; without it the worker polls. The orphan sweep also ends the runs no
+    worker may resume (out of attempts; not resumable and expired more than ``orphan_grace``
+    seconds ago), so their threads move on.
     """
 
     def __init__(
@@ -183,6 +254,7 @@ class RunWorker:
         fleet_max_concurrency: int | None = None,
         poll_interval: float = 0.5,
         orphan_sweep_interval: float = 5.0,
+        orphan_grace: float = 10.0,
         worker_id: str | None = None,
         shutdown_timeout: float = 30.0,
         lease_duration: float = 60.0,
@@ -208,6 +280,7 @@ class RunWorker:
         self.fleet_max_concurrency = fleet_max_concurrency
         self.poll_interval = poll_interval
         self.orphan_sweep_interval = orphan_sweep_interval
+        self.orphan_grace = orphan_grace
         self.worker_id = worker_id or uuid.uuid4().hex
         self.shutdown_timeout = shutdown_timeout
         self.lease_duration = lease_duration
@@ -223,8 +296,15 @@ class RunWorker:
         self.lease_manager = LeaseManager(pool, lease_duration_seconds=lease_duration)
         self.notifier: Notifier | None = None
 
-        self._active: dict[UUID, _Active] = {}
+        # Keyed by (run_id, generation): after a stall longer than its lease, this process may
+        # re-claim its own orphan and hold both generations until the old task has stopped.
+        self._active: dict[tuple[UUID, int], _Active] = {}
         self._wake = asyncio.Event()
+        self._renew_now = asyncio.Event()
+        # The opaque NOTIFY payloads meant for this worker; None until fetched (then every
+        # notification on the channel is taken as a hint: a wasted look, never a wrong action).
+        self._wakeup_key: str | None = None
+        self._control_key: str | None = None
         self._backlog = False  # the last claim filled every free slot: more work is likely
         # The last claim left no fleet slot (fleet_max_concurrency) free: claim again as soon as
         # one of this worker's runs gives its slot back, not when that run's NOTIFY comes round.
@@ -234,16 +314,16 @@ class RunWorker:
         self._stopping = False
         self._stopped = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._key_tasks: set[asyncio.Task[None]] = set()
         self._claim_task: asyncio.Task[None] | None = None
         self._completions: list[_Completion] = []
         self._completion_queued = asyncio.Event()
-        self._finishing = 0  # runs whose handler returned, waiting for complete_runs' answer
 
     # -- public surface ------------------------------------------------------------------------
 
     @property
     def active_run_ids(self) -> list[UUID]:
-        return list(self._active)
+        return list(dict.fromkeys(run_id for run_id, _ in self._active))
 
     @property
     def stopping(self) -> bool:
@@ -257,13 +337,15 @@ class RunWorker:
             # Named so operators (and the chaos soak) can tell the listener in pg_stat_activity.
             settings = {"application_name": f"zeroth-listener:{self.worker_id}"}
             self.notifier = Notifier(
-                self.dsn, on_notification=self._on_notification, on_connect=self.handle_wakeup,
+                self.dsn, on_notification=self._on_notification, on_connect=self._on_listen,
                 connect=lambda dsn: asyncpg.connect(dsn, server_settings=settings))
             self.notifier.start()
-        self._tasks.append(asyncio.create_task(self._renew_loop(), name="zeroth-renew"))
-        self._tasks.append(asyncio.create_task(self._queue_depth_loop(), name="zeroth-depth"))
-        self._tasks.append(asyncio.create_task(self._completion_loop(), name="zeroth-complete"))
-        self._claim_task = asyncio.create_task(self.poll_loop(), name="zeroth-claim")
+        for name, loop in (("renew", self._renew_loop), ("complete", self._completion_loop),
+                           ("depth", self._queue_depth_loop)):
+            self._tasks.append(asyncio.create_task(self._supervised(name, loop),
+                                                   name=f"zeroth-{name}"))
+        self._claim_task = asyncio.create_task(self._supervised("claim", self.poll_loop),
+                                               name="zeroth-claim")
         log.info("worker %s started for deployment %s (local %d, fleet %s)", self.worker_id,
                  self.deployment_ref, self.max_concurrency, self.fleet_max_concurrency)
 
@@ -283,6 +365,7 @@ class RunWorker:
                 raise
             except Exception:
                 log.exception("claim pass failed; retrying after the poll interval")
+                self._worker_error("claim")
                 self._backlog = False
             if self._stopping:
                 break
@@ -291,12 +374,13 @@ class RunWorker:
     async def interrupt_active_run(self, run_id: UUID) -> None:
         """Stop this worker's execution of a run without changing its persisted status; its
         lease is released (a running run's lease is expired in place and stays recoverable)."""
-        entry = self._active.get(run_id)
-        if entry is None or entry.task is None:
-            return
-        self._stop(entry, StopReason.INTERRUPT)
-        with contextlib.suppress(asyncio.CancelledError):
-            await entry.task
+        entries = [e for (rid, _), e in self._active.items() if rid == run_id]
+        for entry in entries:
+            self._stop(entry, StopReason.INTERRUPT)
+        for entry in entries:
+            if entry.task is not None:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await entry.task
 
     async def graceful_shutdown(self) -> None:
         """Stop claiming, let running handlers finish for up to ``shutdown_timeout``, then
@@ -308,6 +392,8 @@ class RunWorker:
         self._wake.set()
         log.info("worker %s draining %d run(s)", self.worker_id, len(self._active))
         if self._claim_task is not None:
+            # Not cancelled: a claim cut off after it committed would strand its runs until
+            # their leases expire. The loop ends after its current pass.
             with contextlib.suppress(asyncio.CancelledError):
                 await self._claim_task
         running = [entry.task for entry in self._active.values() if entry.task is not None]
@@ -320,9 +406,10 @@ class RunWorker:
             assert entry.task is not None
             with contextlib.suppress(asyncio.CancelledError):
                 await entry.task
-        for task in self._tasks:
+        background = [*self._tasks, *self._key_tasks]
+        for task in background:
             task.cancel()
-        for task in self._tasks:
+        for task in background:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         if self.notifier is not None:
@@ -349,6 +436,28 @@ class RunWorker:
                     loop.remove_signal_handler(sig)
             await self.graceful_shutdown()
 
+    # -- supervision ---------------------------------------------------------------------------
+
+    async def _supervised(self, name: str, loop: Callable[[], Awaitable[None]]) -> None:
+        """Run a background loop until the worker stops; a crash is logged, counted and the
+        loop restarted after a backoff, so one bug cannot silently stop renewals or claims."""
+        delay = 0.1
+        while not self._stopping:
+            try:
+                await loop()
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("worker %s: the %s loop crashed; restarting it in %.1fs",
+                              self.worker_id, name, delay)
+                self._worker_error(f"{name}_loop")
+                await asyncio.sleep(delay)
+                delay = min(5.0, delay * 2)
+
+    def _worker_error(self, kind: str) -> None:
+        self.metrics.worker_errors.labels(self.deployment_ref, kind).inc()
+
     # -- claiming ------------------------------------------------------------------------------
 
     def _free_slots(self) -> int:
@@ -359,7 +468,8 @@ class RunWorker:
         # slot (fleet_max_concurrency) is only freed by the completion itself, so under a fleet
         # limit every lease of this worker counts: a claim only they would saturate is a wasted
         # round trip.
-        executing = len(self._active) - self._finishing
+        completing = sum(1 for e in self._active.values() if e.state is RunState.COMPLETING)
+        executing = len(self._active) - completing
         free = min(self.max_concurrency - executing, 2 * self.max_concurrency - len(self._active))
         if self.fleet_max_concurrency is not None:
             free = min(free, self.fleet_max_concurrency - len(self._active))
@@ -367,7 +477,16 @@ class RunWorker:
 
     async def _claim_pass(self) -> None:
         if self._sweep_due or time.monotonic() >= self._next_sweep:
-            await self._sweep_orphans()
+            try:
+                await self._sweep_orphans()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # A broken sweep must not stop claiming: the next sweep is due in the interval.
+                log.exception("orphan sweep failed; claiming goes on")
+                self._worker_error("sweep")
+                self._sweep_due = False
+                self._next_sweep = time.monotonic() + self.orphan_sweep_interval
         free = self._free_slots()
         if free <= 0 or self._stopping:
             return
@@ -394,12 +513,12 @@ class RunWorker:
         result = await self.lease_manager.claim_orphaned_result(
             self.deployment_ref, self.worker_id, tenant_id=self.tenant_id,
             workspace_id=self.workspace_id, max_concurrency=self.fleet_max_concurrency,
-            claim_limit=free)
+            claim_limit=free, grace_seconds=self.orphan_grace)
         self._observe_saturation(result.concurrency_saturated, result.active_count,
                                  result.max_concurrency)
         for run in result.runs:
-            log.info("recovered orphan %s at generation %d (checkpoint %s)", run.run_id,
-                     run.lease_generation, run.recovery_checkpoint_id)
+            log.info("recovered orphan %s at generation %d, attempt %d (checkpoint %s)",
+                     run.run_id, run.lease_generation, run.attempts, run.recovery_checkpoint_id)
             self._spawn(run, deadline=sent + self.lease_duration, recovered=True)
         # Saturated, or the limit was reached: there may be more orphans; look again soon.
         self._sweep_due = result.concurrency_saturated or len(result.runs) == free
@@ -432,50 +551,67 @@ class RunWorker:
         if self._backlog or self._sweep_due or (fleet and self._fleet_full):
             self._wake.set()
 
-    def _on_notification(self, channel: str, payload: dict[str, Any]) -> None:
-        if channel == WAKEUP_CHANNEL:
-            if self._wakeup_is_for_me(payload):
-                self.handle_wakeup(payload.get("run_id"))
-        elif channel == CONTROL_CHANNEL and payload.get("type") == "cancel":
-            self._on_cancel_request(payload)
+    # -- notifications: hints, never the truth -------------------------------------------------
 
-    def _wakeup_is_for_me(self, payload: dict[str, Any]) -> bool:
-        if payload.get("deployment_ref", self.deployment_ref) != self.deployment_ref:
-            return False
-        tenant = self.tenant_id if self.tenant_id is not None else "default"
-        if payload.get("tenant_id", tenant) != tenant:
-            return False
-        return "workspace_id" not in payload or payload["workspace_id"] == self.workspace_id
+    def _on_listen(self) -> None:
+        """After every LISTEN (re)connect: look for work (notifications sent meanwhile are
+        gone) and fetch the keys again (the secret they come from may have been rotated)."""
+        self.handle_wakeup()
+        self._renew_now.set()
+        task = asyncio.get_running_loop().create_task(self._fetch_keys())
+        self._key_tasks.add(task)
+        task.add_done_callback(self._key_tasks.discard)
 
-    def _on_cancel_request(self, payload: dict[str, Any]) -> None:
-        if payload.get("worker_id") != self.worker_id:
-            return
+    async def _fetch_keys(self) -> None:
         try:
-            run_id = UUID(str(payload.get("run_id")))
-        except ValueError:
-            return
-        entry = self._active.get(run_id)
-        if entry is not None and entry.run.lease_generation == payload.get("lease_generation"):
-            self._stop(entry, StopReason.CANCEL)
+            lm = self.lease_manager
+            self._wakeup_key = await lm.wakeup_key(
+                self.deployment_ref, tenant_id=self.tenant_id, workspace_id=self.workspace_id)
+            self._control_key = await lm.control_key(self.worker_id)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # until the next connect every notification is a hint for us
+            log.warning("could not fetch this worker's notification keys (%s: %s)",
+                        type(exc).__name__, exc)
+
+    def _on_notification(self, channel: str, payload: str) -> None:
+        if channel == WAKEUP_CHANNEL:
+            if self._wakeup_key is None or payload == self._wakeup_key:
+                self.handle_wakeup()
+        elif channel == CONTROL_CHANNEL and self._active and (
+                self._control_key is None or payload == self._control_key):
+            # Someone asked for a cancel of a run held by this worker id, or pretends to: ask
+            # the database (the renewal reports cancel_requested) before stopping anything.
+            self._renew_now.set()
 
     # -- lease upkeep --------------------------------------------------------------------------
 
     async def _renew_loop(self) -> None:
         interval = self.renew_interval
+        # A notification can ask for a renewal at any time: at most one every 50 ms, so a flood
+        # of forged notifications costs one cheap statement per 50 ms and nothing else.
+        spacing = min(0.05, self.renew_interval)
+        last = 0.0
         while True:
-            await asyncio.sleep(interval)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(interval):
+                    await self._renew_now.wait()
+            if (wait := last + spacing - time.monotonic()) > 0:
+                await asyncio.sleep(wait)
+            self._renew_now.clear()
             interval = self.renew_interval
-            leases = {run_id: entry.run.lease_generation for run_id, entry in self._active.items()
-                      if entry.stop_reason is None}
-            if not leases:
+            entries = {entry.run.run_id: entry for entry in self._active.values()
+                       if entry.renewable}
+            if not entries:
                 continue
-            sent = time.monotonic()
-            nearest = min(self._active[run_id].deadline for run_id in leases)
+            last = sent = time.monotonic()
+            nearest = min(entry.deadline for entry in entries.values())
             try:
                 renewals = await asyncio.wait_for(
                     self.lease_manager.renew_leases(
-                        self.worker_id, leases, tenant_id=self.tenant_id,
-                        workspace_id=self.workspace_id),
+                        self.worker_id,
+                        {run_id: entry.run.lease_generation for run_id, entry in entries.items()},
+                        tenant_id=self.tenant_id, workspace_id=self.workspace_id),
                     timeout=max(0.05, nearest - sent))
             except asyncio.CancelledError:
                 raise
@@ -483,28 +619,29 @@ class RunWorker:
                 log.warning("lease renewal failed (%s: %s); retrying", type(exc).__name__, exc)
                 self._enforce_deadlines()
                 # Retry soon, and no later than the next deadline, so fail-stop is punctual.
-                deadlines = [e.deadline for e in self._active.values() if e.stop_reason is None]
+                deadlines = [e.deadline for e in self._active.values() if e.renewable]
                 interval = min(self.renew_interval, 1.0,
                                *(max(0.01, d - time.monotonic()) for d in deadlines))
                 continue
             for renewal in renewals:
-                entry = self._active.get(renewal.run_id)
-                if entry is None or entry.run.lease_generation != leases[renewal.run_id]:
+                entry = entries[renewal.run_id]
+                if renewal.renewed:
+                    entry.deadline = sent + self.lease_duration
+                    if renewal.cancel_requested:
+                        self._stop(entry, StopReason.CANCEL)
+                elif entry.state is RunState.COMPLETING:
+                    # Its completion raced this renewal and cleared the lease; the completion's
+                    # own answer says what happened.
                     continue
-                if not renewal.renewed:
+                elif entry.renewable:
                     log.warning("lease of run %s (generation %d) lost", renewal.run_id,
                                 entry.run.lease_generation)
                     self._stop(entry, StopReason.LEASE_LOST)
-                elif renewal.cancel_requested:
-                    entry.deadline = sent + self.lease_duration
-                    self._stop(entry, StopReason.CANCEL)
-                else:
-                    entry.deadline = sent + self.lease_duration
 
     def _enforce_deadlines(self) -> None:
         now = time.monotonic()
         for entry in list(self._active.values()):
-            if entry.stop_reason is None and now >= entry.deadline:
+            if entry.renewable and now >= entry.deadline:
                 log.error("run %s: no confirmed lease since its deadline; stopping the handler",
                           entry.run.run_id)
                 self._stop(entry, StopReason.DEADLINE)
@@ -523,20 +660,21 @@ class RunWorker:
 
     # -- executing a run -----------------------------------------------------------------------
 
-    def _stop(self, entry: _Active, reason: str) -> None:
-        if entry.stop_reason is not None:
-            return
-        entry.stop_reason = reason
-        if reason == StopReason.CANCEL:
-            entry.ctx.cancelled.set()
-        if (entry.started and not entry.finishing and entry.task is not None
-                and not entry.task.done()):
+    def _stop(self, entry: _Active, reason: StopReason) -> None:
+        if entry.request_stop(reason) and entry.task is not None and not entry.task.done():
             entry.task.cancel()
 
     def _spawn(self, run: ClaimedRun, *, deadline: float, recovered: bool) -> None:
+        # This process may have recovered its own orphan (its event loop stalled past the
+        # lease): the older generation's lease is gone, so stop that task; it writes nothing.
+        for older in [e for (rid, _), e in self._active.items() if rid == run.run_id]:
+            log.warning("run %s: re-claimed at generation %d while generation %d still ran here;"
+                        " stopping the older one", run.run_id, run.lease_generation,
+                        older.run.lease_generation)
+            self._stop(older, StopReason.SUPERSEDED)
         ctx = RunContext(
             run_id=run.run_id, payload=run.payload,
-            # claim_and_start already counted this attempt; a recovered run keeps its count.
+            # claim_and_start counted this attempt; so did claim_orphaned for a recovered run.
             attempt=run.attempts,
             max_attempts=run.max_attempts,
             metadata=run.metadata, thread_id=run.thread_id, idempotency_key=run.idempotency_key,
@@ -544,62 +682,95 @@ class RunWorker:
             recovery_checkpoint_id=run.recovery_checkpoint_id, checkpoint_data=run.checkpoint_data,
             cancelled=asyncio.Event(), _worker=self)
         entry = _Active(run=run, ctx=ctx, deadline=deadline)
-        self._active[run.run_id] = entry
+        self._active[entry.key] = entry
         entry.task = asyncio.create_task(self._execute(entry), name=f"run-{run.run_id}")
-        if run.cancel_requested:
+        if run.cancel_requested:  # the claim itself reported the cancel: the database said so
             self._stop(entry, StopReason.CANCEL)
 
     async def _execute(self, entry: _Active) -> None:
         run = entry.run
-        entry.started = True
         try:
             if entry.stop_reason is not None:  # stopped before this task ran (a claimed orphan
-                await self._after_stop(entry)  # with a pending cancel): settle, never start it
+                await self._settle_stopped(entry)  # with a pending cancel): never start it
                 return
+            entry.advance(RunState.EXECUTING)
             await self._execute_leased(entry)
         except asyncio.CancelledError:
-            if entry.stop_reason is None:
+            if entry.stop_reason is None or entry.state is not RunState.EXECUTING:
                 raise  # not ours (the loop is shutting down): propagate
-            # Stopped before the handler ran (e.g. during start_run): settle it the same way.
-            await self._after_stop(entry)
-        except Exception:
+            # Stopped while outside the handler (between steps): settle it the same way.
+            await self._settle_stopped(entry)
+        except Exception as exc:
+            # A bug or a refusal in the worker's own steps: give the run an explicit outcome
+            # (a retryable failure, so a bug that always hits ends in a dead letter) and count it.
             log.exception("run %s: worker error outside the handler", run.run_id)
+            self._worker_error("settle")
+            await self._fail_quietly(entry, exc)
         finally:
-            self._active.pop(run.run_id, None)
-            if entry.finishing:
-                self._finishing -= 1
+            if entry.state is not RunState.DONE:
+                entry.advance(RunState.DONE)
+            if self._active.get(entry.key) is entry:
+                del self._active[entry.key]
             self._slot_freed(fleet=True)
 
     async def _execute_leased(self, entry: _Active) -> None:
         # Both claim paths (claim_and_start, claim_orphaned) hand over runs already running.
-        run, ctx, m, dep = entry.run, entry.ctx, self.metrics, self.deployment_ref
+        run, ctx = entry.run, entry.ctx
         self._runs_started.inc()
         started = time.monotonic()
         try:
             output = await self.handler(ctx)
-        except asyncio.CancelledError:
-            await self._after_stop(entry)
+        except asyncio.CancelledError as exc:
+            if entry.stop_reason is not None:
+                await self._settle_stopped(entry)
+                return
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the loop is cancelling this task: not the handler's doing
+            # The handler raised CancelledError itself (a cancelled inner task it let escape):
+            # a failure like any other, never a run dropped without an outcome.
+            self.metrics.worker_crashes.labels(self.deployment_ref).inc()
+            log.warning("run %s attempt %d: the handler raised CancelledError itself",
+                        run.run_id, ctx.attempt)
+            await self._fail(entry, exc, retryable=True)
             return
         except LeaseLostError:
             self._lease_lost(entry, fenced=True)
             return
         except Exception as exc:
-            m.worker_crashes.labels(dep).inc()
+            self.metrics.worker_crashes.labels(self.deployment_ref).inc()
             log.info("run %s attempt %d failed: %s: %s", run.run_id, ctx.attempt,
-                        type(exc).__name__, exc)
+                     type(exc).__name__, exc)
             await self._fail(entry, exc, retryable=True)
             return
         finally:
             self._run_duration.observe(time.monotonic() - started)
-        if entry.stop_reason in (StopReason.LEASE_LOST, StopReason.DEADLINE):
+        if entry.stop_reason in _LOST:
             self._lease_lost(entry, fenced=False)
             return
+        # Retrying cannot make an output JSON, nor storable: fail that run, never its batch.
         try:
             json.dumps(output, allow_nan=False)  # what the client will send
-        except (TypeError, ValueError) as exc:  # retrying cannot make the output JSON
+        except (TypeError, ValueError) as exc:
             await self._fail(entry, exc, retryable=False)
             return
-        completed = await self._complete(entry, output)
+        if (why := unstorable(output)) is not None:
+            log.warning("run %s: PostgreSQL cannot store its output (%s); failing it",
+                        run.run_id, why)
+            await self._fail(entry, ValueError(f"PostgreSQL cannot store the output: {why}"),
+                             retryable=False)
+            return
+        try:
+            completed = await self._complete(entry, output)
+        except Exception as exc:
+            # The database refused this one run's completion (a value it cannot take): retrying
+            # cannot help. Anything else (the completion machinery broke) may pass next time.
+            refused = isinstance(exc, DatabaseError)
+            log.warning("run %s: its completion failed (%s: %s); failing it", run.run_id,
+                        type(exc).__name__, exc)
+            self._worker_error("completion_refused" if refused else "completion_lost")
+            await self._fail(entry, exc, retryable=not refused)
+            return
         if completed:
             self._runs_completed.inc()
         elif completed is False:
@@ -609,8 +780,7 @@ class RunWorker:
         """Queue the run's completion for the next complete_runs call and wait for its row:
         True completed, False refused by the fence, None no answer before the lease deadline."""
         completion = _Completion(entry, output, asyncio.get_running_loop().create_future())
-        entry.finishing = True
-        self._finishing += 1
+        entry.advance(RunState.COMPLETING)
         self._completions.append(completion)
         self._completion_queued.set()
         self._slot_freed()
@@ -619,7 +789,7 @@ class RunWorker:
     async def _completion_loop(self) -> None:
         while True:
             await self._completion_queued.wait()
-            if len(self._active) > self._finishing:
+            if any(e.state is RunState.EXECUTING for e in self._active.values()):
                 # Handlers that finish in this same turn of the event loop join the batch.
                 await asyncio.sleep(0)
             self._completion_queued.clear()
@@ -628,19 +798,18 @@ class RunWorker:
                 self._completion_queued.set()
             try:
                 await self._send_completions(batch)
-            except asyncio.CancelledError:
+            finally:
+                # Whatever happened, no run task is left waiting for an answer that never comes.
                 for completion in batch:
                     if not completion.result.done():
-                        completion.result.cancel()
-                raise
-            except Exception as exc:
-                for completion in batch:
-                    if not completion.result.done():
-                        completion.result.set_exception(exc)
+                        completion.result.set_exception(
+                            RuntimeError("the completion loop stopped before answering"))
 
     async def _send_completions(self, batch: list[_Completion]) -> None:
         """One complete_runs call for the batch, retried on transient failures while some
-        run's lease is still known to be live; a run past its deadline gets None."""
+        run's lease is still known to be live; a run past its deadline gets None. When the
+        database refuses the batch itself, each run is completed on its own, so one bad value
+        fails its run and never the others."""
         delay = 0.05
         while batch:
             try:
@@ -658,31 +827,44 @@ class RunWorker:
                 await asyncio.sleep(delay)
                 delay = min(1.0, delay * 2)
                 continue
+            except Exception as exc:
+                if len(batch) == 1:
+                    batch[0].result.set_exception(exc)
+                    return
+                log.warning("complete_runs refused a batch of %d (%s: %s); completing them one "
+                            "by one", len(batch), type(exc).__name__, exc)
+                self._worker_error("completion_batch")
+                for completion in batch:
+                    await self._send_completions([completion])
+                return
             for completion, row in zip(batch, rows, strict=True):
                 _settle(completion.result, row.completed)
             return
 
-    async def _after_stop(self, entry: _Active) -> None:
+    async def _settle_stopped(self, entry: _Active) -> None:
+        """The outcome of a run stopped before its handler finished, by the stop's reason."""
         run, lm = entry.run, self.lease_manager
         reason = entry.stop_reason
-        if reason == StopReason.CANCEL:
+        entry.advance(RunState.SETTLING)
+        if reason is StopReason.CANCEL:
             if await self._write(entry, self._fenced(entry, lm.cancel_run)):
                 log.info("run %s cancelled on request", run.run_id)
             else:
                 self._lease_lost(entry, fenced=True)
-        elif reason == StopReason.SHUTDOWN:
+        elif reason is StopReason.SHUTDOWN:
             # Every claimed run is running (claim_and_start), started handler or not.
             handed = await self._write(entry, self._fenced(entry, lm.hand_back_to_pending))
             log.info("run %s handed back to pending: %s", run.run_id, handed)
-        elif reason == StopReason.INTERRUPT:
+        elif reason is StopReason.INTERRUPT:
             await self._write(entry, self._fenced(entry, lm.release_lease))
-        elif reason in (StopReason.LEASE_LOST, StopReason.DEADLINE):
+        else:  # the lease is gone: nothing may be written
             self._lease_lost(entry, fenced=False)
 
     async def _fail(self, entry: _Active, exc: BaseException, *, retryable: bool) -> None:
         run = entry.run
-        error = {"type": type(exc).__name__, "message": str(exc),
-                 "traceback": "".join(traceback.format_exception(exc))[-4000:],
+        entry.advance(RunState.SETTLING)
+        error = {"type": type(exc).__name__, "message": _storable_text(str(exc)),
+                 "traceback": _storable_text("".join(traceback.format_exception(exc))[-4000:]),
                  "worker_id": self.worker_id, "lease_generation": run.lease_generation}
         outcome = await self._write(entry, self._fenced(
             entry, self.lease_manager.fail_run, error=error, retryable=retryable,
@@ -693,13 +875,30 @@ class RunWorker:
             self.metrics.runs_dead_lettered.labels(self.deployment_ref).inc()
             log.warning("run %s dead-lettered after %d attempts", run.run_id, entry.ctx.attempt)
 
+    async def _fail_quietly(self, entry: _Active, exc: BaseException) -> None:
+        """Last resort after a worker error: a retryable failure with a minimal error document.
+        If even that cannot be written, the lease expires and claim_orphaned recovers the run,
+        counting the attempt, so a worker bug that always hits ends in a dead letter."""
+        if entry.state in (RunState.SETTLING, RunState.DONE) or entry.stop_reason in _LOST:
+            return
+        entry.advance(RunState.SETTLING)
+        try:
+            await self._write(entry, self._fenced(
+                entry, self.lease_manager.fail_run, retryable=True,
+                error={"type": "WorkerError", "message": _storable_text(
+                    f"{type(exc).__name__}: {exc}")[:1000], "worker_id": self.worker_id}))
+        except Exception:
+            log.exception("run %s: could not record the worker error; its lease will expire",
+                          entry.run.run_id)
+
     def _lease_lost(self, entry: _Active, *, fenced: bool) -> None:
         self.metrics.lease_lost.labels(self.deployment_ref).inc()
         if fenced:
             self.metrics.fencing_rejected.labels(self.deployment_ref).inc()
         log.warning("run %s: lease generation %d lost (%s); nothing more is written",
                     entry.run.run_id, entry.run.lease_generation,
-                    "write refused" if fenced else entry.stop_reason)
+                    "write refused" if fenced or entry.stop_reason is None
+                    else entry.stop_reason.value)
 
     def _fenced(self, entry: _Active, method: Callable[..., Awaitable[Any]],
                 **extra: Any) -> Callable[[], Awaitable[Any]]:
@@ -731,6 +930,15 @@ def _settle(result: asyncio.Future[bool | None], value: bool | None) -> None:
     """Answer a waiting run task, unless it is gone (its task was cancelled with the loop)."""
     if not result.done():
         result.set_result(value)
+
+
+_UNSTORABLE_TEXT = re.compile("[\x00\ud800-\udfff]")
+
+
+def _storable_text(text: str) -> str:
+    """``text`` with what jsonb cannot hold (U+0000, lone surrogates) replaced by U+FFFD, so an
+    error document about a poisonous value can always be written."""
+    return _UNSTORABLE_TEXT.sub("\ufffd", text)
 
 
 # -- command line ---------------------------------------------------------------------------------

@@ -179,9 +179,13 @@ async function processRun(run) {
 async function listen() {
   const client = new Client({ connectionString: opts.dsn });
   await client.connect();
+  // Payloads are opaque keys (anyone can NOTIFY and LISTEN): ask the database which one means
+  // "work for this deployment", and treat a match as a hint only.
+  const { rows } = await client.query(
+    'SELECT zeroth.wakeup_key(deployment_ref => $1) AS key', [deployment]);
+  const key = rows[0].key;
   client.on('notification', (msg) => {
-    const hint = JSON.parse(msg.payload);
-    if (wake && hint.deployment_ref === deployment) {
+    if (wake && msg.payload === key) {
       log(`woken by ${msg.channel}`);
       wake();
     }

@@ -308,7 +308,7 @@ class TestRuns:
 async def _dead_letter(conn: asyncpg.Connection, deployment: str, now: datetime) -> None:
     run = await make_run(conn, "running", deployment_ref=deployment, max_attempts=1, now=now)
     outcome = await conn.fetchval(
-        """SELECT zeroth.fail_run(run_id => $1, worker_id => $2, generation => $3,
+        """SELECT zeroth_test.fail_run(run_id => $1, worker_id => $2, generation => $3,
                error => '{}', retryable => true, now_override => $4)""",
         run.run_id, run.worker_id, run.generation, now)
     assert outcome == "dead_lettered"
@@ -362,10 +362,11 @@ class TestPrune:
             checkpointed = await make_run(conn, "running", now=old)
             fence = (checkpointed.run_id, checkpointed.worker_id, checkpointed.generation, old)
             assert await conn.fetchval(
-                """SELECT zeroth.save_checkpoint(run_id => $1, worker_id => $2, generation => $3,
+                """SELECT zeroth_test.save_checkpoint(run_id => $1, worker_id => $2,
+                       generation => $3,
                        data => '{}', now_override => $4)""", *fence)
             assert await conn.fetchval(
-                """SELECT zeroth.complete_run(run_id => $1, worker_id => $2, generation => $3,
+                """SELECT zeroth_test.complete_run(run_id => $1, worker_id => $2, generation => $3,
                        output => '{}', now_override => $4)""", *fence)
             kept = [await make_run(conn, "completed", now=recent),
                     await make_run(conn, "pending", now=old),
@@ -430,8 +431,10 @@ class TestDemo:
         assert summary["failed"] == summary["dead_lettered"] == always_fail
         assert summary["completed"] == 500 - always_fail
         # Every transient failure is retried until it passes; dead letters used all 3 attempts.
-        assert summary["retries"] == (sum(p.get("fail_attempts", 0) for p in payloads)
-                                      + 2 * always_fail)
+        # A run recovered from the killed worker counts one more attempt (the one that died):
+        # at most the killed worker's leases, twice its 16 slots.
+        handler_retries = sum(p.get("fail_attempts", 0) for p in payloads) + 2 * always_fail
+        assert handler_retries <= summary["retries"] <= handler_retries + 2 * 16
         assert summary["killed_worker"] is True
         assert summary["recovered"] >= 1  # the killed worker's runs, resumed elsewhere
         assert summary["throughput"] > 0

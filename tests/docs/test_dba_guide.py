@@ -16,6 +16,19 @@ from helpers import make_run
 
 from zeroth_pg.testing import run_psql
 
+
+@pytest.fixture
+def conn(clock_conn):
+    """make_run places runs on the test clock."""
+    return clock_conn
+
+
+@pytest.fixture
+def database_dsn(clock_database_dsn):
+    """make_run places runs on the test clock."""
+    return clock_database_dsn
+
+
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "dba-guide.md"
 MARK = "*(checked)*"
 COMMITS = re.compile(r"\bCOMMIT\b")

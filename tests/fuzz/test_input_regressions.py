@@ -58,10 +58,3 @@ async def test_a_long_scope_identifier_in_a_limited_claim_is_an_invalid_argument
         conn, f"""SELECT * FROM zeroth.{function}(deployment_ref => $1, worker_id => $2,
                       tenant_id => $3, workspace_id => $4, max_concurrency => 2)""",
         DEPLOYMENT, WORKER, scope["tenant_id"], scope.get("workspace_id")) == "ZP008"
-
-
-@pytest.mark.parametrize("instant", ["infinity", "-infinity"])
-async def test_a_non_finite_now_override_is_an_invalid_argument(conn, instant):
-    assert await sqlstate_of(
-        conn, """SELECT * FROM zeroth.enqueue_run(deployment_ref => $1,
-                     now_override => $2::text::timestamptz)""", DEPLOYMENT, instant) == "ZP008"

@@ -20,6 +20,12 @@ from worker_examples import assert_processed, enqueue, finish, read_until, rows,
 
 from zeroth_pg.testing import libpq_dsn
 
+
+@pytest.fixture
+def database_dsn(clock_database_dsn):
+    """The seeded orphan is made in the past on the test clock; the worker runs on real time."""
+    return clock_database_dsn
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "node"
 DEPLOYMENT = "node-loop"
 WORKER = "node-loop-worker"

@@ -13,9 +13,17 @@ import signal
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
 from worker_examples import assert_processed, enqueue, finish, read_until, rows, seed, start
 
 from zeroth_pg.testing import libpq_dsn, psql_executable
+
+
+@pytest.fixture
+def database_dsn(clock_database_dsn):
+    """The seeded orphan is made in the past on the test clock; the worker runs on real time."""
+    return clock_database_dsn
+
 
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "psql" / "worker_loop.sh"
 DEPLOYMENT = "psql-loop"

@@ -207,7 +207,7 @@ async def test_recovered_run_resumes_from_its_checkpoint(pool, spawn_worker):
     assert ctx.recovery_checkpoint_id == last
     assert ctx.checkpoint_data == {"step": 2}
     assert ctx.lease_generation == old + 1
-    assert ctx.attempt == 1  # a recovered run keeps its attempt count
+    assert ctx.attempt == 2  # the attempt that died with the crashed worker counts
     # The crashed generation's late writes are refused while the new owner runs.
     assert not await dead.commit_fenced(run.run_id, "crashed-worker", generation=old,
                                         progress={"late": True})
@@ -217,7 +217,7 @@ async def test_recovered_run_resumes_from_its_checkpoint(pool, spawn_worker):
     row = await _wait_status(pool, run.run_id, "completed")
     assert row["output"] == {"resumed_from": {"step": 2}}
     assert row["progress"] is None
-    assert row["attempts"] == 1
+    assert row["attempts"] == 2
     assert [json.loads(k["data"]) for k in await _checkpoints(pool, run.run_id)] == [
         {"step": 1}, {"step": 2}]
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 from uuid import UUID
@@ -166,7 +165,7 @@ async def test_a_wakeup_during_a_claim_pass_is_not_lost(spawn_worker, connect):
 
     worker.lease_manager.claim_and_start = claim_then_enqueue  # type: ignore[method-assign]
     # A wakeup with nothing to claim starts the pass.
-    await enqueue_wakeup(producer, uuid.uuid4(), deployment_ref=dep)
+    await enqueue_wakeup(producer, deployment_ref=dep)
     await wait_until(lambda: late, "the pass to enqueue its run", within=5)
     noticed = time.monotonic()
     started_at = await handler.wait_started(late[0], within=5)

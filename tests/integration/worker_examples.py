@@ -21,10 +21,10 @@ from helpers import make_run
 PAST = datetime(2020, 1, 1, tzinfo=UTC)
 # Generous failure bound for an example to print a line or to exit; never a measured duration.
 DEADLINE = 60.0
-ENQUEUE = """SELECT run_id FROM zeroth.enqueue_run(deployment_ref => $1, payload => $2::text::jsonb,
-                 max_attempts => $3)"""
-SAVE_CHECKPOINT = """SELECT zeroth.save_checkpoint(run_id => $1, worker_id => $2, generation => $3,
-                         data => '{"step": 2}', now_override => $4)"""
+ENQUEUE = """SELECT run_id FROM zeroth.enqueue_run(deployment_ref => $1,
+                 payload => $2::text::jsonb, max_attempts => $3)"""
+SAVE_CHECKPOINT = """SELECT zeroth_test.save_checkpoint(run_id => $1, worker_id => $2,
+                         generation => $3, data => '{"step": 2}', now_override => $4)"""
 RUNS = """SELECT r.run_id, r.status::text AS status, r.attempts, r.lease_generation,
                  r.lease_worker_id, r.output::text AS output, r.dead_lettered_at,
                  (SELECT count(*) FROM zeroth.checkpoints k
@@ -87,11 +87,12 @@ async def assert_processed(db: asyncpg.Connection, seeded: Seeded, out: list[str
     assert (runs[seeded.retried]["attempts"], runs[seeded.retried]["lease_generation"]) == (2, 2)
     dead = runs[seeded.dead]
     assert (dead["attempts"], dead["dead_lettered_at"] is not None) == (2, True)
-    # The orphan resumed after its checkpoint: one more step, same attempt, new generation.
+    # The orphan resumed after its checkpoint: one more step, a new generation, and its second
+    # attempt (the first died with its worker).
     orphan = runs[seeded.orphan]
     assert json.loads(orphan["output"]) == {
-        "steps": 3, "resumed_from": 2, "attempt": 1, "worker": worker}
-    assert (orphan["attempts"], orphan["lease_generation"], orphan["checkpoints"]) == (1, 2, 2)
+        "steps": 3, "resumed_from": 2, "attempt": 2, "worker": worker}
+    assert (orphan["attempts"], orphan["lease_generation"], orphan["checkpoints"]) == (2, 2, 2)
 
 
 async def start(*command: str, env: dict[str, str]) -> asyncio.subprocess.Process:

@@ -4,13 +4,15 @@ and checks every step against a small pure-Python model of the documented semant
 
 Three workers act in three scopes (two tenants; a null and a named workspace, the named one in
 both tenants) and two deployments, sometimes under max_concurrency, sometimes with a stale,
-forged or misdirected lease. Time is the test hook now_override, moved only by the
-``advance_clock`` rule, so a lease expires exactly when the model says it does. After every step
-the database (runs, admission slots, checkpoints) must equal the model, and these invariants are
-checked on the database itself, independently of the model:
+forged or misdirected lease. Time is the test clock of the test databases
+(``zeroth_test.<function>(..., now_override)``), moved only by the ``advance_clock`` rule, so a
+lease expires exactly when the model says it does. After every step the database (runs,
+admission slots, checkpoints) must equal the model, and these invariants are checked on the
+database itself, independently of the model:
 
-* at most one live owner per run: a run has at most one live slot, and a live slot mirrors its
-  run's lease (worker, generation, expiry);
+* the slot never disagrees with the run: a slot names (run, generation) and is live exactly while
+  that run holds that generation's live lease in it; every live lease claimed under a limit is
+  named by its slot, so no run holds two live slots and no lease outlives (or survives) its slot;
 * lease_generation never decreases and moves by exactly one on a claim, and never otherwise;
 * terminal states absorb: nothing leaves completed, only redrive_run leaves failed/cancelled;
 * a running run has a lease;
@@ -37,7 +39,7 @@ from typing import Any, ClassVar
 from uuid import UUID
 
 import asyncpg
-from helpers import T0, BlockingConnection, property_settings, save_report
+from helpers import T0, BlockingConnection, clock_schema, property_settings, save_report
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     Bundle,
@@ -135,13 +137,11 @@ class Run:
 
 
 @dataclass(frozen=True)
-class Holder:
-    """What an admission slot row says about the lease that holds it."""
+class SlotName:
+    """What an admission slot row holds: the lease it names. Holder and expiry live on the run."""
 
     run_id: UUID
-    worker_id: str
     generation: int
-    expires: datetime
 
 
 @dataclass
@@ -181,7 +181,7 @@ SlotKey = tuple[str, str, str]  # tenant_id, workspace_key, deployment_ref
 class Model:
     now: datetime = T0
     runs: dict[tuple[Scope, UUID], Run] = field(default_factory=dict)
-    slots: dict[SlotKey, dict[int, Holder | None]] = field(default_factory=dict)
+    slots: dict[SlotKey, dict[int, SlotName | None]] = field(default_factory=dict)
     max_limit: dict[SlotKey, int] = field(default_factory=dict)
     checkpoints: dict[UUID, Checkpoint] = field(default_factory=dict)
     next_id: int = 0
@@ -218,41 +218,54 @@ class Model:
 
     # -- admission slots -------------------------------------------------------------------
 
-    def _slot_rows(self, scope: Scope) -> Iterable[dict[int, Holder | None]]:
+    def _slot_rows(self, scope: Scope) -> Iterable[dict[int, SlotName | None]]:
         return [rows for key, rows in self.slots.items() if key[:2] == scope.key]
 
-    def free_slot(self, ticket: Ticket, *, live_only: bool, dead_only: bool = False) -> None:
-        """zeroth._free_slot: the slot held by exactly (run, worker, generation)."""
+    def named_by(self, scope: Scope, number: int, name: SlotName | None) -> Run | None:
+        """The run when it still holds the lease the slot names, in that slot (live or not)."""
+        run = None if name is None else self.run(scope, name.run_id)
+        if run is None or run.generation != name.generation or run.slot != number:
+            return None
+        return run
+
+    def slot_live(self, scope: Scope, number: int, name: SlotName | None) -> bool:
+        run = self.named_by(scope, number, name)
+        return run is not None and run.expires is not None and run.expires >= self.now
+
+    def free_slot(self, ticket: Ticket) -> None:
+        """zeroth._free_slot: the slot naming exactly (run, generation)."""
         for rows in self._slot_rows(ticket.scope):
-            for number, holder in rows.items():
-                if (holder is not None and holder.run_id == ticket.run_id
-                        and holder.worker_id == ticket.worker_id
-                        and holder.generation == ticket.generation
-                        and (not live_only or holder.expires >= self.now)
-                        and (not dead_only or holder.expires < self.now)):
+            for number, name in rows.items():
+                if name == SlotName(ticket.run_id, ticket.generation):
                     rows[number] = None
 
     def free_all_slots(self, scope: Scope, run_id: UUID) -> None:
         for rows in self._slot_rows(scope):
-            for number, holder in rows.items():
-                if holder is not None and holder.run_id == run_id:
+            for number, name in rows.items():
+                if name is not None and name.run_id == run_id:
                     rows[number] = None
 
     def take_slots(self, scope: Scope, deployment_ref: str, limit: int,
                    wanted: int) -> tuple[list[int], int]:
         """zeroth._take_slots: the free slots numbered up to ``limit``, lowest first, no more
         than ``limit`` minus the live slots (of any number); creates slots 1..limit on first
-        use of a limit."""
+        use of a limit. A taken slot whose run still names it (an expired lease) is retired
+        from that run first."""
         key = (*scope.key, deployment_ref)
         rows = self.slots.setdefault(key, {})
         self.max_limit[key] = max(self.max_limit.get(key, 0), limit)
         if limit not in rows:
             for number in range(1, limit + 1):
                 rows.setdefault(number, None)
-        active = sum(1 for h in rows.values() if h is not None and h.expires >= self.now)
-        free = sorted(n for n, h in rows.items()
-                      if n <= limit and (h is None or h.expires < self.now))
-        return free[:max(min(wanted, limit - active), 0)], active
+        active = sum(1 for n, name in rows.items() if self.slot_live(scope, n, name))
+        free = sorted(n for n, name in rows.items()
+                      if n <= limit and not self.slot_live(scope, n, name))
+        take = free[:max(min(wanted, limit - active), 0)]
+        for number in take:
+            named = self.named_by(scope, number, rows[number])
+            if named is not None:
+                named.slot = None
+        return take, active
 
     # -- transitions -----------------------------------------------------------------------
 
@@ -289,13 +302,34 @@ class Model:
             plan.want = len(plan.slots)
         return plan
 
+    def end_exhausted_orphans(self, scope: Scope, deployment_ref: str,
+                              claim_limit: int | None) -> None:
+        """claim_orphaned's first step: orphans out of attempts are dead-lettered (or cancelled,
+        when a cancel was requested) as _take_over does. (Every run here is resumable.)"""
+        ended = sorted(
+            (r for r in self.runs.values()
+             if r.scope == scope and r.deployment_ref == deployment_ref and r.status == "running"
+             and r.attempts >= r.max_attempts and r.expires is not None and r.expires < self.now),
+            key=lambda r: r.expires)[:claim_limit or 100]
+        for run in ended:
+            cancelled = run.cancel_action is not None
+            previous = {"previous_error": run.error} if run.error is not None else {}
+            run.error = {"stop_reason": "orphan_recovered" if cancelled else "attempts_exhausted",
+                         "worker_id": run.holder, "lease_generation": run.generation, **previous}
+            run.status, run.finished = ("cancelled" if cancelled else "failed"), True
+            run.dead_lettered = not cancelled
+            self.free_slot(Ticket(run.scope, run.run_id, run.holder or "", run.generation))
+            run.clear_lease()
+
     def plan_claim_orphaned(self, scope: Scope, deployment_ref: str, worker_id: str,
                             limit: int | None, claim_limit: int | None,
                             lease: timedelta) -> ClaimPlan:
+        self.end_exhausted_orphans(scope, deployment_ref, claim_limit)
         candidates = sorted(
             (r for r in self.runs.values()
              if r.scope == scope and r.deployment_ref == deployment_ref and r.status == "running"
-             and r.expires is not None and r.expires < self.now),
+             and r.expires is not None and r.expires < self.now
+             and r.attempts < r.max_attempts),
             key=_orphan_order)
         plan = ClaimPlan(scope, worker_id, lease, limit, 0, [], candidates, claim_limit,
                          _orphan_order)
@@ -308,13 +342,15 @@ class Model:
         return plan
 
     def lease_run(self, plan: ClaimPlan, run: Run, position: int) -> Ticket:
+        if run.status == "running":  # an orphan: the attempt that died with its worker counts
+            run.attempts += 1
         run.holder, run.acquired, run.expires = plan.worker_id, self.now, self.now + plan.lease
         run.generation += 1
         run.slot = plan.slots[position] if plan.limit is not None else None
         run.recovery = self.latest_checkpoint(run) if run.checkpoint_seq > 0 else None
         if run.slot is not None:
-            self.slots[(*run.scope.key, run.deployment_ref)][run.slot] = Holder(
-                run.run_id, plan.worker_id, run.generation, run.expires)
+            self.slots[(*run.scope.key, run.deployment_ref)][run.slot] = SlotName(
+                run.run_id, run.generation)
         return Ticket(run.scope, run.run_id, plan.worker_id, run.generation)
 
     def latest_checkpoint(self, run: Run) -> UUID | None:
@@ -324,22 +360,15 @@ class Model:
 
     def renew(self, scope: Scope, worker_id: str, requested: list[tuple[UUID, int | None]],
               lease: timedelta) -> set[UUID]:
-        """renew_lease(s): slots first, then the runs whose slot (if any) was renewed."""
+        """renew_lease(s): the live leases held by worker_id at the requested generations (slots
+        are not touched: a slot is held through its run's lease)."""
         expires = self.now + lease
-        slot_runs: set[UUID] = set()
-        for rows in self._slot_rows(scope):
-            for number, h in rows.items():
-                if (h is not None and h.worker_id == worker_id and h.expires >= self.now
-                        and any(h.run_id == r and g in (None, h.generation) for r, g in requested)):
-                    rows[number] = Holder(h.run_id, h.worker_id, h.generation, expires)
-                    slot_runs.add(h.run_id)
         renewed: set[UUID] = set()
         for run_id in dict.fromkeys(r for r, _ in requested):
             run = self.run(scope, run_id)
             if (run is not None and run.holder == worker_id and run.expires is not None
                     and run.expires >= self.now
-                    and any(r == run_id and g in (None, run.generation) for r, g in requested)
-                    and (run.slot is None or run_id in slot_runs)):
+                    and any(r == run_id and g in (None, run.generation) for r, g in requested)):
                 run.expires = expires
                 renewed.add(run_id)
         return renewed
@@ -366,8 +395,8 @@ SELECT r.tenant_id, r.workspace_key, r.run_id, r.deployment_ref, r.priority, r.r
        (r.metadata -> 'resume_input')::text AS resume_input, r::text AS whole
   FROM zeroth.runs r"""
 SLOTS_SQL = """
-SELECT s.tenant_id, s.workspace_key, s.deployment_ref, s.slot_no, s.run_id, s.lease_worker_id,
-       s.lease_generation, s.lease_expires_at, s::text AS whole
+SELECT s.tenant_id, s.workspace_key, s.deployment_ref, s.slot_no, s.run_id, s.lease_generation,
+       s::text AS whole
   FROM zeroth.admission_slots s"""
 CHECKPOINTS_SQL = """
 SELECT k.checkpoint_id, k.tenant_id, k.workspace_key, k.run_id, k.checkpoint_order,
@@ -383,7 +412,7 @@ class Snapshot:
     """The database as the invariants see it."""
 
     runs: dict[tuple[str, str, UUID], dict[str, Any]]
-    slots: dict[tuple[str, str, str, int], Holder | None]
+    slots: dict[tuple[str, str, str, int], SlotName | None]
     checkpoints: dict[UUID, tuple[Any, ...]]
     checksums: dict[tuple[str, str], str]
 
@@ -409,7 +438,7 @@ class Database(BlockingConnection):
         """``SELECT select FROM zeroth.function(name => $n, …)`` in a savepoint; a database
         error comes back as Raises(sqlstate)."""
         args = ", ".join(f"{name} => ${i}" for i, name in enumerate(kwargs, start=1))
-        sql = f"SELECT {select} FROM zeroth.{function}({args})"
+        sql = f"SELECT {select} FROM {clock_schema(kwargs)}.{function}({args})"
 
         async def call() -> list[Any]:
             async with self.conn.transaction():
@@ -432,9 +461,8 @@ class Database(BlockingConnection):
                   {k: comparable_error(v) if k == "error" else v
                    for k, v in dict(r).items() if k != "whole"} for r in runs},
             slots={(s["tenant_id"], s["workspace_key"], s["deployment_ref"], s["slot_no"]):
-                   None if s["run_id"] is None else Holder(
-                       s["run_id"], s["lease_worker_id"], s["lease_generation"],
-                       s["lease_expires_at"]) for s in slots},
+                   None if s["run_id"] is None else SlotName(s["run_id"], s["lease_generation"])
+                   for s in slots},
             checkpoints={k["checkpoint_id"]: (k["tenant_id"], k["workspace_key"], k["run_id"],
                                               k["checkpoint_order"], k["lease_generation"],
                                               k["data"]) for k in checkpoints},
@@ -661,15 +689,25 @@ class RunProtocol(RuleBasedStateMachine):
         assert outcome is expected
         self.succeeded(ticket.scope, outcome, "renew_lease")
 
-    @rule(scope=SCOPE, worker_id=WORKER, held=st.lists(tickets, max_size=4), lease=LEASE)
+    # Mostly distinct runs; now and then a batch that names a run twice (refused whole).
+    @rule(scope=SCOPE, worker_id=WORKER, lease=LEASE, held=st.one_of(
+        st.lists(tickets, max_size=4, unique_by=lambda t: t.run_id),
+        st.lists(tickets, max_size=4, unique_by=lambda t: t.run_id),
+        st.lists(tickets, min_size=2, max_size=3)))
     def renew_leases(self, scope: Scope, worker_id: str, held: list[Ticket], lease: int) -> None:
         requested: list[tuple[UUID, int | None]] = [(t.run_id, t.generation) for t in held]
         runs = {r: self.model.run(scope, r) for r, _ in requested}
-        renewed = self.model.renew(scope, worker_id, requested, timedelta(seconds=lease))
+        repeated = len({r for r, _ in requested}) < len(requested)
+        renewed = set() if repeated else self.model.renew(scope, worker_id, requested,
+                                                           timedelta(seconds=lease))
         rows = self.call("renew_leases", select="run_id, renewed, lease_expires_at, "
                          "cancel_requested", scope=scope, worker_id=worker_id,
                          run_ids=[r for r, _ in requested], generations=[g for _, g in requested],
                          lease_seconds=lease)
+        if repeated:  # a batch that names a run twice is refused whole (as complete_runs)
+            assert rows == Raises("ZP008"), rows
+            self.succeeded(scope, rows, "renew_leases")
+            return
         assert not isinstance(rows, Raises), rows
         expected = []
         for run_id, generation in requested:
@@ -750,7 +788,7 @@ class RunProtocol(RuleBasedStateMachine):
         self.succeeded(ticket.scope, outcome, function)
         if run is None or isinstance(outcome, Raises):
             return None
-        self.model.free_slot(ticket, live_only=True)
+        self.model.free_slot(ticket)
         run.clear_lease()
         return run
 
@@ -807,26 +845,25 @@ class RunProtocol(RuleBasedStateMachine):
         assert outcome is (run is not None), (ticket, run)
         self.succeeded(ticket.scope, outcome, "cancel_run")
         if run is not None:
-            self.model.free_slot(ticket, live_only=True)
+            self.model.free_slot(ticket)
             run.clear_lease()
             run.status, run.finished, run.cancel_requested = "cancelled", True, True
             run.cancel_action = run.cancel_action or "cancel"
 
-    # -- giving a lease back (exact generation, no expiry check) ---------------------------
+    # -- giving a lease back (exact generation, live lease) --------------------------------
 
     def _give_back(self, function: str, ticket: Ticket, statuses: tuple[str, ...]) -> Run | None:
         """release_lease / hand_back_to_pending / expire_recovery_lease: exactly the ticket's
-        (worker, generation), live or not, of a run in one of ``statuses``. On success the
-        ticket's slot is freed. A refused release_lease may still clean up the ticket's own
-        slot row when its lease already expired (freeing a dead slot changes nothing that
-        counts); a refused hand-back or expire changes nothing at all."""
-        run = self.model.holds(ticket)
+        live (worker, generation), of a run in one of ``statuses``. On success the ticket's slot
+        is freed; a refused give-back changes nothing at all (an expired or cleared lease is no
+        longer the caller's to move)."""
+        run = self.model.live(ticket)
         expected = run is not None and run.status in statuses
         outcome = self.fenced(function, ticket)
         assert outcome is expected, (ticket, run)
         self.succeeded(ticket.scope, outcome, function)
-        if expected or function == "release_lease":
-            self.model.free_slot(ticket, live_only=False, dead_only=not expected)
+        if expected:
+            self.model.free_slot(ticket)
         return run if expected else None
 
     @rule(ticket=tickets, tamper=TAMPER)
@@ -985,18 +1022,26 @@ class RunProtocol(RuleBasedStateMachine):
                     key in effect.redriven and old["status"] != "completed"), key
         assert before.runs.keys() <= after.runs.keys(), "a run disappeared"
 
-        live = {k: h for k, h in after.slots.items() if h is not None and h.expires >= now}
-        per_run = Counter((k[0], k[1], h.run_id) for k, h in live.items())
+        def holds(key: tuple[str, str, str, int], name: SlotName | None) -> bool:
+            """The slot is live: its run holds the named generation's live lease in it."""
+            row = None if name is None else after.runs.get((key[0], key[1], name.run_id))
+            return (row is not None and row["generation"] == name.generation
+                    and row["slot"] == key[3] and row["holder"] is not None
+                    and row["expires"] is not None and row["expires"] >= now)
+
+        live = {k: name for k, name in after.slots.items() if holds(k, name)}
+        per_run = Counter((k[0], k[1], name.run_id) for k, name in live.items())
         assert max(per_run.values(), default=0) <= 1, "a run holds two live slots"
-        for (tenant_id, workspace_key, _, number), h in live.items():
-            row = after.runs[(tenant_id, workspace_key, h.run_id)]
-            assert (row["holder"], row["generation"], row["expires"], row["slot"]) == (
-                h.worker_id, h.generation, h.expires, number), "a live slot outlived its lease"
-        # Admission: neither live slots nor live leases claimed under a limit outnumber it.
-        slotted = Counter((k[0], k[1], r["deployment_ref"]) for k, r in after.runs.items()
-                          if r["slot"] is not None and r["expires"] is not None
-                          and r["expires"] >= now)
-        for key, count in (Counter(k[:3] for k in live) | slotted).items():
+        # The slot never disagrees with the run: every live lease claimed under a limit is
+        # named, with its generation, by the slot it says it holds.
+        slotted = {k: r for k, r in after.runs.items()
+                   if r["slot"] is not None and r["expires"] is not None and r["expires"] >= now}
+        for (tenant_id, workspace_key, run_id), r in slotted.items():
+            slot = (tenant_id, workspace_key, r["deployment_ref"], r["slot"])
+            assert after.slots.get(slot) == SlotName(run_id, r["generation"]), (
+                f"run {run_id} holds a live lease in slot {slot} that does not name it")
+        # Admission: live slotted leases never outnumber the largest limit used in the scope.
+        for key, count in Counter(k[:3] for k in live).items():
             assert count <= self.model.max_limit[key], f"{key}: {count} live leases"
 
         touched = {s for s in SCOPES if self.model.fingerprint(s) != self.fingerprints[s]}

@@ -15,7 +15,7 @@ async def test_a_refused_give_back_leaves_the_live_slot_alone(conn, function):
     held = await make_run(conn, "claimed", tenant_id=TENANT, max_concurrency=1)  # pending, slot 1
     await enqueue(conn, tenant_id=TENANT)
     refused = await conn.fetchval(
-        f"""SELECT zeroth.{function}(run_id => $1, worker_id => $2, generation => $3,
+        f"""SELECT zeroth_test.{function}(run_id => $1, worker_id => $2, generation => $3,
                 tenant_id => $4, now_override => $5)""",
         held.run_id, WORKER, held.generation, TENANT, at(1))
     assert refused is False  # documented: "Returns false on no match" (the run is not running)
@@ -24,6 +24,6 @@ async def test_a_refused_give_back_leaves_the_live_slot_alone(conn, function):
                        now=at(2)) == []
     # ... and its renewal still works.
     assert await conn.fetchval(
-        """SELECT zeroth.renew_lease(run_id => $1, worker_id => $2, generation => $3,
+        """SELECT zeroth_test.renew_lease(run_id => $1, worker_id => $2, generation => $3,
                tenant_id => $4, now_override => $5)""",
         held.run_id, WORKER, held.generation, TENANT, at(3)) is True

@@ -1,4 +1,5 @@
-"""Fixtures of the race tests."""
+"""Fixtures of the race tests. Their databases carry the test clock
+(zeroth_pg.testing.install_test_clock): interleavings place each call at a chosen time."""
 
 from __future__ import annotations
 
@@ -6,6 +7,16 @@ import asyncio
 
 import pytest
 from interleave import Session
+
+
+@pytest.fixture
+def conn(clock_conn):
+    return clock_conn
+
+
+@pytest.fixture
+def database_dsn(clock_database_dsn):
+    return clock_database_dsn
 
 
 @pytest.fixture

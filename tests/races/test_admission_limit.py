@@ -25,7 +25,7 @@ LIVE_LEASES = """
        AND r.lease_expires_at >= clock_timestamp()"""
 
 LIVE_SLOTS = """
-    SELECT count(*) FROM zeroth.admission_slots s
+    SELECT count(*) FROM zeroth_test.slot_leases s
      WHERE s.deployment_ref = $1 AND s.run_id IS NOT NULL
        AND s.lease_expires_at >= clock_timestamp()"""
 
@@ -46,9 +46,11 @@ RENEW = """SELECT zeroth.renew_lease(run_id => $1, worker_id => $2, generation =
 
 
 async def enqueue_many(connection: asyncpg.Connection, deployment: str, count: int) -> list[Any]:
+    # Every recovery of a released run counts an attempt: room for as many as the race makes.
     rows = await connection.fetch(
         "SELECT run_id FROM zeroth.enqueue_runs(deployment_ref => $1, runs => $2::text::jsonb)",
-        deployment, json.dumps([{"payload": {"n": i}} for i in range(count)]))
+        deployment, json.dumps([{"payload": {"n": i}, "max_attempts": 1000}
+                                for i in range(count)]))
     return [row["run_id"] for row in rows]
 
 
@@ -333,6 +335,6 @@ class TestRenewalVersusReallocation:
             # A is fenced out for good; B holds the only slot.
             assert not await setup.fetchval(RENEW, run_a, "holder-a", gen_a, lease)
             slot = await setup.fetchrow(
-                "SELECT s.run_id, s.lease_worker_id FROM zeroth.admission_slots s "
+                "SELECT s.run_id, s.lease_worker_id FROM zeroth_test.slot_leases s "
                 "WHERE s.deployment_ref = $1 AND s.run_id IS NOT NULL", deployment)
             assert (slot["run_id"], slot["lease_worker_id"]) == (row_b["run_id"], "claimer-b")

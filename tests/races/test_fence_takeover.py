@@ -52,9 +52,9 @@ CREATE TRIGGER fence_audit AFTER UPDATE ON zeroth.runs
     FOR EACH ROW EXECUTE FUNCTION public.fence_audit_row();
 """
 
-COMMIT = """SELECT zeroth.commit_fenced(run_id => $1, worker_id => $2, generation => $3,
+COMMIT = """SELECT zeroth_test.commit_fenced(run_id => $1, worker_id => $2, generation => $3,
                 columns => $4::text::jsonb, now_override => $5)"""
-COMPLETE = """SELECT zeroth.complete_run(run_id => $1, worker_id => $2, generation => $3,
+COMPLETE = """SELECT zeroth_test.complete_run(run_id => $1, worker_id => $2, generation => $3,
                   output => $4::text::jsonb, now_override => $5)"""
 
 

@@ -18,20 +18,21 @@ from interleave import (
 )
 
 CLAIM = """SELECT run_id, lease_generation, concurrency_saturated, active_count
-             FROM zeroth.claim_pending(deployment_ref => $1, worker_id => $2,
+             FROM zeroth_test.claim_pending(deployment_ref => $1, worker_id => $2,
                   max_concurrency => $3, batch_size => 1, lease_seconds => 60,
                   now_override => $4)"""
 CLAIM_ORPHANED = """SELECT run_id, lease_generation, recovery_checkpoint_id, concurrency_saturated
-                      FROM zeroth.claim_orphaned(deployment_ref => $1, worker_id => $2,
+                      FROM zeroth_test.claim_orphaned(deployment_ref => $1, worker_id => $2,
                           max_concurrency => $3, lease_seconds => 60, now_override => $4)"""
-RENEW = """SELECT zeroth.renew_lease(run_id => $1, worker_id => $2, generation => $3,
+RENEW = """SELECT zeroth_test.renew_lease(run_id => $1, worker_id => $2, generation => $3,
                lease_seconds => 60, now_override => $4)"""
-SAVE_CHECKPOINT = """SELECT zeroth.save_checkpoint(run_id => $1, worker_id => $2, generation => $3,
+SAVE_CHECKPOINT = """SELECT zeroth_test.save_checkpoint(run_id => $1, worker_id => $2,
+                         generation => $3,
                          data => '{"step": 1}', now_override => $4)"""
-ENQUEUE = """SELECT run_id, created, status FROM zeroth.enqueue_run(deployment_ref => $1,
+ENQUEUE = """SELECT run_id, created, status FROM zeroth_test.enqueue_run(deployment_ref => $1,
                  idempotency_key => $2, now_override => $3)"""
 SLOT = """SELECT s.run_id, s.lease_worker_id, s.lease_generation, s.lease_expires_at
-            FROM zeroth.admission_slots s WHERE s.deployment_ref = $1 AND s.slot_no = 1"""
+            FROM zeroth_test.slot_leases s WHERE s.deployment_ref = $1 AND s.slot_no = 1"""
 SLOT_ROWS = "SELECT count(*) FROM zeroth.admission_slots s WHERE s.deployment_ref = $1"
 KEYED = """SELECT r.run_id FROM zeroth.runs r
             WHERE r.deployment_ref = $1 AND r.idempotency_key = $2"""

@@ -26,22 +26,23 @@ from interleave import (
 )
 
 CLAIM = """SELECT run_id, lease_generation, concurrency_saturated
-             FROM zeroth.claim_pending(deployment_ref => $1, worker_id => $2,
+             FROM zeroth_test.claim_pending(deployment_ref => $1, worker_id => $2,
                   max_concurrency => $3, lease_seconds => 60, now_override => $4)"""
 CLAIM_ORPHANED = """SELECT run_id, lease_generation, recovery_checkpoint_id, concurrency_saturated
-                      FROM zeroth.claim_orphaned(deployment_ref => $1, worker_id => $2,
+                      FROM zeroth_test.claim_orphaned(deployment_ref => $1, worker_id => $2,
                           max_concurrency => $3, lease_seconds => 60, now_override => $4)"""
-RENEW = """SELECT zeroth.renew_lease(run_id => $1, worker_id => $2, generation => $3,
+RENEW = """SELECT zeroth_test.renew_lease(run_id => $1, worker_id => $2, generation => $3,
                lease_seconds => 60, now_override => $4)"""
-SAVE_CHECKPOINT = """SELECT zeroth.save_checkpoint(run_id => $1, worker_id => $2, generation => $3,
+SAVE_CHECKPOINT = """SELECT zeroth_test.save_checkpoint(run_id => $1, worker_id => $2,
+                         generation => $3,
                          data => '{"step": 1}', now_override => $4)"""
-CLEAR = "SELECT zeroth.clear_lease(run_id => $1, now_override => $2)"
-REDRIVE = "SELECT zeroth.redrive_run(run_id => $1, now_override => $2)"
-RESUME = """SELECT zeroth.resume_run(run_id => $1, input => '{"answer": 42}',
+CLEAR = "SELECT zeroth_test.clear_lease(run_id => $1, now_override => $2)"
+REDRIVE = "SELECT zeroth_test.redrive_run(run_id => $1, now_override => $2)"
+RESUME = """SELECT zeroth_test.resume_run(run_id => $1, input => '{"answer": 42}',
                 now_override => $2)"""
-CANCEL = "SELECT zeroth.request_cancel(run_id => $1, now_override => $2)"
+CANCEL = "SELECT zeroth_test.request_cancel(run_id => $1, now_override => $2)"
 SLOT = """SELECT s.run_id, s.lease_worker_id, s.lease_generation, s.lease_expires_at
-            FROM zeroth.admission_slots s WHERE s.deployment_ref = $1 AND s.slot_no = 1"""
+            FROM zeroth_test.slot_leases s WHERE s.deployment_ref = $1 AND s.slot_no = 1"""
 
 SWEEPER = "worker-b"
 MICROSECOND = timedelta(microseconds=1)
@@ -63,13 +64,13 @@ class Cleanup:
 
 CLEANUPS = {
     "release_lease": Cleanup(
-        """SELECT zeroth.release_lease(run_id => $1, worker_id => $2, generation => $3,
+        """SELECT zeroth_test.release_lease(run_id => $1, worker_id => $2, generation => $3,
                now_override => $4)""", "claimed", CLAIM),
     "hand_back_to_pending": Cleanup(
-        """SELECT zeroth.hand_back_to_pending(run_id => $1, worker_id => $2, generation => $3,
+        """SELECT zeroth_test.hand_back_to_pending(run_id => $1, worker_id => $2, generation => $3,
                now_override => $4)""", "running", CLAIM),
     "expire_recovery_lease": Cleanup(
-        """SELECT zeroth.expire_recovery_lease(run_id => $1, worker_id => $2, generation => $3,
+        """SELECT zeroth_test.expire_recovery_lease(run_id => $1, worker_id => $2, generation => $3,
                now_override => $4)""", "running", CLAIM_ORPHANED),
 }
 # The claim of generation N+1 once generation N's lease expired (at 60): a claimed pending run is
@@ -94,6 +95,10 @@ async def slot_row(db: asyncpg.Connection, deployment_ref: str) -> dict[str, Any
 
 @pytest.mark.parametrize("name", list(CLEANUPS))
 class TestCleanupOfOldGenerationVersusNewClaim:
+    """The old holder's cleanup sampled its clock at 59, while its lease (to 60) was live; the
+    claim of generation 2 runs at 61. (A cleanup that samples after 60 is refused at once:
+    give-backs need a live lease, tests/sql.)"""
+
     async def test_cleanup_waits_for_the_new_claim_and_matches_nothing_once_it_commits(
             self, sessions, name):
         old_holder, claimer, db = sessions
@@ -107,7 +112,7 @@ class TestCleanupOfOldGenerationVersusNewClaim:
             assert (taken["run_id"], taken["lease_generation"]) == (lease.run_id, 2)
             new_lease = dict(await run_row(claimer.conn, lease.run_id))
 
-            stale = old_holder.spawn(cleanup.sql, lease.run_id, WORKER, 1, at(61))
+            stale = old_holder.spawn(cleanup.sql, lease.run_id, WORKER, 1, at(59))
             await assert_waits_for(db, old_holder, claimer, stale)
             await claimer.commit()
 
@@ -132,7 +137,7 @@ class TestCleanupOfOldGenerationVersusNewClaim:
             assert only(await claimer.rows(TAKEOVER[cleanup.status], deployment_ref, SWEEPER,
                                            max_concurrency, at(61)))["run_id"] == lease.run_id
 
-            pending_cleanup = old_holder.spawn(cleanup.sql, lease.run_id, WORKER, 1, at(61))
+            pending_cleanup = old_holder.spawn(cleanup.sql, lease.run_id, WORKER, 1, at(59))
             await assert_waits_for(db, old_holder, claimer, pending_cleanup)
             await claimer.rollback()
 
@@ -145,9 +150,9 @@ class TestCleanupOfOldGenerationVersusNewClaim:
                 assert (row["status"], row["lease_worker_id"], row["attempts"]) == (
                     "pending", None, 0)
             else:
-                # Expired in place: an expiry already in the past stays where it was.
+                # Expired in place, as of the cleanup's own clock sample.
                 assert (row["status"], row["lease_worker_id"], row["lease_expires_at"]) == (
-                    "running", WORKER, at(60))
+                    "running", WORKER, at(59) - MICROSECOND)
             if max_concurrency:
                 assert (await slot_row(db, deployment_ref))["run_id"] is None
 
@@ -164,7 +169,7 @@ class TestCleanupOfOldGenerationVersusNewClaim:
             if cleanup.status == "running":
                 checkpoint_id = await db.fetchval(SAVE_CHECKPOINT, lease.run_id, WORKER, 1, at(1))
             await holder.begin()
-            assert (await holder.call(cleanup.sql, lease.run_id, WORKER, 1, at(61))).value
+            assert (await holder.call(cleanup.sql, lease.run_id, WORKER, 1, at(59))).value
 
             marker = only(await finishes_without_waiting(db, claimer, claimer.spawn(
                 cleanup.reclaimed_by, deployment_ref, SWEEPER, max_concurrency, at(61),
@@ -198,7 +203,7 @@ class TestStaleReleaseBySameWorker:
         taken = only(await new_claim.rows(CLAIM, DEPLOYMENT, WORKER, None, at(61)))
         assert (taken["run_id"], taken["lease_generation"]) == (lease.run_id, 2)
 
-        stale = old_call.spawn(CLEANUPS["release_lease"].sql, lease.run_id, WORKER, 1, at(61))
+        stale = old_call.spawn(CLEANUPS["release_lease"].sql, lease.run_id, WORKER, 1, at(59))
         await assert_waits_for(db, old_call, new_claim, stale)
         await new_claim.commit()
 

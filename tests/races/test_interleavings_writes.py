@@ -25,17 +25,17 @@ from interleave import (
     finished,
 )
 
-CANCEL = """SELECT zeroth.request_cancel(run_id => $1, now_override => $2)"""
-RENEW = """SELECT zeroth.renew_lease(run_id => $1, worker_id => $2, generation => $3,
+CANCEL = """SELECT zeroth_test.request_cancel(run_id => $1, now_override => $2)"""
+RENEW = """SELECT zeroth_test.renew_lease(run_id => $1, worker_id => $2, generation => $3,
                lease_seconds => 60, now_override => $4)"""
 RENEW_MANY = """SELECT run_id, renewed, lease_expires_at, cancel_requested
-                  FROM zeroth.renew_leases(worker_id => $1, run_ids => $2, generations => $3,
+                  FROM zeroth_test.renew_leases(worker_id => $1, run_ids => $2, generations => $3,
                        lease_seconds => 60, now_override => $4)"""
-COMPLETE = """SELECT zeroth.complete_run(run_id => $1, worker_id => $2, generation => $3,
+COMPLETE = """SELECT zeroth_test.complete_run(run_id => $1, worker_id => $2, generation => $3,
                   output => '{"ok": true}', now_override => $4)"""
 CHECKPOINTS = "SELECT count(*) FROM zeroth.checkpoints k WHERE k.run_id = $1"
 SLOT = """SELECT s.run_id, s.lease_worker_id, s.lease_generation, s.lease_expires_at
-            FROM zeroth.admission_slots s WHERE s.deployment_ref = $1 AND s.slot_no = $2"""
+            FROM zeroth_test.slot_leases s WHERE s.deployment_ref = $1 AND s.slot_no = $2"""
 
 # Each interleaving runs once without admission and once holding slot 1 of max_concurrency=1,
 # each in its own deployment so the two runs share no slot rows.
@@ -56,24 +56,24 @@ class Write:
 
 WRITES = {
     "start_run": Write(
-        """SELECT zeroth.start_run(run_id => $1, worker_id => $2, generation => $3,
+        """SELECT zeroth_test.start_run(run_id => $1, worker_id => $2, generation => $3,
                now_override => $4)""", False, True, "running"),
     "commit_fenced": Write(
-        """SELECT zeroth.commit_fenced(run_id => $1, worker_id => $2, generation => $3,
+        """SELECT zeroth_test.commit_fenced(run_id => $1, worker_id => $2, generation => $3,
                columns => '{"progress": {"n": 1}}', now_override => $4)""", False, True, "running"),
     "save_checkpoint": Write(
-        """SELECT zeroth.save_checkpoint(run_id => $1, worker_id => $2, generation => $3,
+        """SELECT zeroth_test.save_checkpoint(run_id => $1, worker_id => $2, generation => $3,
                data => '{"step": 1}', now_override => $4)""", None, ..., "running"),
     "complete_run": Write(COMPLETE, False, True, "completed"),
     "fail_run": Write(
-        """SELECT zeroth.fail_run(run_id => $1, worker_id => $2, generation => $3,
+        """SELECT zeroth_test.fail_run(run_id => $1, worker_id => $2, generation => $3,
                error => '{"reason": "boom"}', retryable => false, now_override => $4)""",
         None, "failed", "failed"),
     "cancel_run": Write(
-        """SELECT zeroth.cancel_run(run_id => $1, worker_id => $2, generation => $3,
+        """SELECT zeroth_test.cancel_run(run_id => $1, worker_id => $2, generation => $3,
                now_override => $4)""", False, True, "cancelled"),
     "pause_run": Write(
-        """SELECT zeroth.pause_run(run_id => $1, worker_id => $2, generation => $3,
+        """SELECT zeroth_test.pause_run(run_id => $1, worker_id => $2, generation => $3,
                reason => 'approval', now_override => $4)""", False, True, "waiting"),
 }
 # What request_cancel answers once the write has committed (the lease, if any, is still live).
@@ -374,7 +374,7 @@ class TestBatchRenewalVersusCancel:
             assert (row["status"], row["lease_worker_id"], row["lease_expires_at"]) == (
                 "running", WORKER, at(49 + 60))
             assert row["cancel_requested_at"] is not None
-        slots = await db.fetch("""SELECT s.run_id, s.lease_expires_at FROM zeroth.admission_slots s
+        slots = await db.fetch("""SELECT s.run_id, s.lease_expires_at FROM zeroth_test.slot_leases s
                                    WHERE s.deployment_ref = 'deploy-slotted'""")
         assert sorted((r["run_id"], r["lease_expires_at"]) for r in slots) == sorted(
             (run_id, at(49 + 60)) for run_id in ids)

@@ -93,12 +93,13 @@ async def test_each_orphan_is_taken_over_exactly_once_by_8_concurrent_sweepers(
     holder = {run_id: (generation, worker) for run_id, generation, worker in claimed}
     assert len(rows) == ORPHANS
     for row in rows:
-        # Bumped exactly once, held by the sweeper that reported it, lease live, attempt kept.
+        # Bumped exactly once, held by the sweeper that reported it, lease live, and the
+        # attempt that died with the crashed worker counted once.
         assert (row["lease_generation"], row["lease_worker_id"]) == holder[row["run_id"]]
         assert row["lease_generation"] == before[row["run_id"]] + 1
         assert row["status"] == "running"
         assert row["live"]
-        assert row["attempts"] == 1
+        assert row["attempts"] == 2
     # The new holders' fences work and the crashed holder's fence does not.
     run_id, (generation, worker) = next(iter(holder.items()))
     assert not await setup.fetchval(

@@ -16,14 +16,14 @@ from typing import Any
 from helpers import DEPLOYMENT, T0, at, make_run, run_row
 from interleave import assert_waits_for, finished, finishes_without_waiting
 
-PRUNE = """SELECT zeroth.prune_runs(older_than => $1, batch_size => $2, now_override => $3)"""
-CLAIM = """SELECT run_id, lease_generation FROM zeroth.claim_pending(deployment_ref => $1,
+PRUNE = """SELECT zeroth_test.prune_runs(older_than => $1, batch_size => $2, now_override => $3)"""
+CLAIM = """SELECT run_id, lease_generation FROM zeroth_test.claim_pending(deployment_ref => $1,
                worker_id => $2, now_override => $3) WHERE run_id IS NOT NULL"""
-START = """SELECT zeroth.start_run(run_id => $1, worker_id => $2, generation => $3,
+START = """SELECT zeroth_test.start_run(run_id => $1, worker_id => $2, generation => $3,
                now_override => $4)"""
-COMPLETE = """SELECT zeroth.complete_run(run_id => $1, worker_id => $2, generation => $3,
+COMPLETE = """SELECT zeroth_test.complete_run(run_id => $1, worker_id => $2, generation => $3,
                   now_override => $4)"""
-REDRIVE = "SELECT zeroth.redrive_run(run_id => $1, now_override => $2)"
+REDRIVE = "SELECT zeroth_test.redrive_run(run_id => $1, now_override => $2)"
 
 DAY = timedelta(days=1)
 NOW = at(10 * 86400)

@@ -15,13 +15,15 @@ from helpers import at
 from interleave import assert_waits_for, finished, finishes_without_waiting, only
 from thread_calls import OTHER, THREAD, active, admit, own_running, queue, status
 
-COMPLETE = """SELECT zeroth.complete_run(run_id => $1, worker_id => $2, generation => 1,
+COMPLETE = """SELECT zeroth_test.complete_run(run_id => $1, worker_id => $2, generation => 1,
                   output => '{"late": true}', now_override => $3)"""
-RENEW = """SELECT zeroth.renew_lease(run_id => $1, worker_id => $2, generation => 1,
+RENEW = """SELECT zeroth_test.renew_lease(run_id => $1, worker_id => $2, generation => 1,
                lease_seconds => 30, now_override => $3)"""
-CANCEL_V2 = """SELECT outcome FROM zeroth.request_cancel_v2(run_id => $1, now_override => $2)"""
-TAKE_OVER = """SELECT outcome FROM zeroth.claim_for_takeover(run_id => $1, now_override => $2)"""
-ADMIT = """SELECT outcome, displaced::text FROM zeroth.admit_run(deployment_ref => 'deploy-a',
+CANCEL_V2 = """SELECT outcome FROM zeroth_test.request_cancel_v2(run_id => $1,
+                   now_override => $2)"""
+TAKE_OVER = """SELECT outcome FROM zeroth_test.claim_for_takeover(run_id => $1,
+                   now_override => $2)"""
+ADMIT = """SELECT outcome, displaced::text FROM zeroth_test.admit_run(deployment_ref => 'deploy-a',
                thread_id => $1, strategy => $2, now_override => $3)"""
 OUTPUT = "SELECT r.output::text FROM zeroth.runs r WHERE r.run_id = $1"
 

@@ -11,7 +11,7 @@ from datetime import timedelta
 
 import asyncpg
 import pytest
-from security_roles import dsn_as, login_role, readme_grants
+from roles import dsn_as, login_role, readme_grants
 
 from zeroth_pg import LeaseManager
 from zeroth_pg.errors import DatabaseError
@@ -172,7 +172,9 @@ class TestWorkerLogin:
                 "SELECT count(*) FROM zeroth.admission_slots",
                 "SELECT count(*) FROM zeroth.queue_depth",
                 "SELECT count(*) FROM zeroth.dead_letters",
-                "SELECT zeroth._now(NULL)",
+                "SELECT zeroth._now()",
+                "SELECT secret FROM zeroth.notification_secret",
+                "SELECT zeroth._notify_key('wakeup', ARRAY['default', NULL, 'd'])",
             ):
                 await expect_refused(conn, statement)
         finally:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import psycopg
 from psycopg import sql as pgsql
-from security_roles import dsn_as, login_role
+from roles import dsn_as, login_role
 
 from zeroth_pg import migrate
 from zeroth_pg.testing import libpq_dsn

@@ -14,6 +14,19 @@ import asyncpg
 import pytest
 from helpers import make_run
 
+
+@pytest.fixture
+def conn(clock_conn):
+    """make_run places runs on the test clock."""
+    return clock_conn
+
+
+@pytest.fixture
+def database_dsn(clock_database_dsn):
+    """make_run places runs on the test clock."""
+    return clock_database_dsn
+
+
 PAST = datetime(2020, 1, 1, tzinfo=UTC)  # leases taken then have expired by now
 
 TENANT_VIEWS = ("zeroth.queue_depth", "zeroth.dead_letters", "zeroth.live_leases",
@@ -25,12 +38,12 @@ async def seed_tenant(conn: asyncpg.Connection, tenant: str) -> None:
     await make_run(conn, "pending", tenant_id=tenant)
     live = await make_run(conn, "running", tenant_id=tenant)  # leased until 2030
     assert await conn.fetchval(
-        """SELECT zeroth.save_checkpoint(run_id => $1, worker_id => $2, generation => $3,
+        """SELECT zeroth_test.save_checkpoint(run_id => $1, worker_id => $2, generation => $3,
                data => '{}', tenant_id => $4, now_override => '2030-01-01')""",
         live.run_id, live.worker_id, live.generation, tenant)
     dead = await make_run(conn, "running", tenant_id=tenant, max_attempts=1)
     assert await conn.fetchval(
-        """SELECT zeroth.fail_run(run_id => $1, worker_id => $2, generation => $3,
+        """SELECT zeroth_test.fail_run(run_id => $1, worker_id => $2, generation => $3,
                error => '{}', retryable => true, tenant_id => $4, now_override => '2030-01-01')""",
         dead.run_id, dead.worker_id, dead.generation, tenant) == "dead_lettered"
     # Last: a later make_run's batch claim would take this expired claim over.

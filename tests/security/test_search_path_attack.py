@@ -73,11 +73,19 @@ class TestTrapIsArmed:
 
     async def test_an_unpinned_function_body_would_run_the_attackers_clock(self, conn,
                                                                          attacker_schema):
-        # zeroth._now is an internal helper: SECURITY INVOKER and unpinned, safe only because it
-        # runs inside the pinned functions and nobody else may execute it. A superuser calling
-        # it with the attacker's search_path shows what the pin prevents.
+        # A PL/pgSQL body resolves its calls when it runs: unpinned, the attacker's search_path
+        # decides which clock_timestamp() it gets. This is what the pin on every public
+        # function prevents.
+        await conn.execute("""CREATE FUNCTION pg_temp.unpinned_clock() RETURNS timestamptz
+                                  LANGUAGE plpgsql AS $$ BEGIN RETURN clock_timestamp(); END $$""")
         await conn.execute("SET LOCAL search_path = evil, pg_catalog, public")
-        assert await conn.fetchval("SELECT zeroth._now(NULL)") == FAKE_TIME
+        assert await conn.fetchval("SELECT pg_temp.unpinned_clock()") == FAKE_TIME
+
+    async def test_the_database_clock_is_bound_when_it_is_created(self, conn, attacker_schema):
+        # zeroth._now() (every decision's clock) has a SQL-standard body: clock_timestamp() was
+        # resolved to pg_catalog's when the migration created it, whatever search_path calls it.
+        await conn.execute("SET LOCAL search_path = evil, pg_catalog, public")
+        assert await conn.fetchval("SELECT zeroth._now()") != FAKE_TIME
 
 
 class TestPinnedFunctionsIgnoreTheAttacker:

@@ -12,7 +12,7 @@ import uuid
 
 import asyncpg
 import pytest
-from helpers import DEPLOYMENT, at, claim, make_run, run_row
+from helpers import DEPLOYMENT, at, claim, control_key, make_run, run_row
 from thread_calls import (
     OTHER,
     OWNER,
@@ -25,11 +25,11 @@ from thread_calls import (
     status,
 )
 
-RESUME = "SELECT zeroth.resume_run(run_id => $1, now_override => $2)"
-REDRIVE = "SELECT zeroth.redrive_run(run_id => $1, now_override => $2)"
-ENQUEUE = """SELECT run_id, created, status::text AS status FROM zeroth.enqueue_run(
+RESUME = "SELECT zeroth_test.resume_run(run_id => $1, now_override => $2)"
+REDRIVE = "SELECT zeroth_test.redrive_run(run_id => $1, now_override => $2)"
+ENQUEUE = """SELECT run_id, created, status::text AS status FROM zeroth_test.enqueue_run(
                  deployment_ref => $1, thread_id => $2, now_override => $3)"""
-REQUEST_CANCEL = "SELECT zeroth.request_cancel(run_id => $1, now_override => $2)"
+REQUEST_CANCEL = "SELECT zeroth_test.request_cancel(run_id => $1, now_override => $2)"
 
 
 class TestIdleThread:
@@ -249,7 +249,7 @@ class TestEnqueue:
     async def test_enqueue_runs_on_one_thread_run_one_after_another(self, conn):
         # One call, one now_override: the queue is still first in, first out.
         rows = await conn.fetch(
-            """SELECT run_id, status::text AS status FROM zeroth.enqueue_runs(
+            """SELECT run_id, status::text AS status FROM zeroth_test.enqueue_runs(
                    deployment_ref => $1, runs => $2::text::jsonb, now_override => $3)
                 ORDER BY ordinality""",
             DEPLOYMENT, json.dumps([{"thread_id": THREAD}] * 8), at(0))
@@ -343,7 +343,7 @@ class TestInterrupt:
     async def test_interrupt_allows_self_owned_valid_lease(self, conn, strategy):
         old = await own_running(conn, worker_id=OWNER)
 
-        new = await admit(conn, strategy=strategy, worker_id=OWNER, now=at(5))
+        new = await admit(conn, strategy=strategy, worker_id=OWNER, owner_generation=1, now=at(5))
 
         assert (new["outcome"], new["lease_generation"]) == ("admitted", 1)
         assert new["displaced"] == [{"run_id": str(old), "outcome": "cancelled",
@@ -351,6 +351,27 @@ class TestInterrupt:
         assert await status(conn, old) == "cancelled"
         # The admitter aborts its local task; that task's late success is refused.
         assert await fenced(conn, "complete_run", old, OWNER, 1, now=at(6)) is False
+
+    async def test_naming_the_owner_without_its_generation_only_asks_it_to_stop(self, conn,
+                                                                                  strategy):
+        # A worker id is a label anyone can write: without the live generation the caller is
+        # just another admitter, and the owner's live run keeps running until it finalises.
+        old = await own_running(conn, worker_id=OWNER)
+
+        new = await admit(conn, strategy=strategy, worker_id=OWNER, now=at(5))
+
+        assert (new["outcome"], new["active_run_id"]) == ("queued", old)
+        assert new["displaced"][-1]["outcome"] == "cancel_requested"
+        assert await status(conn, old) == "running"
+        assert await fenced(conn, "complete_run", old, OWNER, 1, now=at(6)) is True
+
+    async def test_a_stale_owner_generation_only_asks_the_owner_to_stop(self, conn, strategy):
+        old = await own_running(conn, worker_id=OWNER)
+
+        new = await admit(conn, strategy=strategy, worker_id=OWNER, owner_generation=2, now=at(5))
+
+        assert new["outcome"] == "queued"
+        assert await status(conn, old) == "running"
 
     async def test_interrupt_claims_expired_predecessor_past_grace(self, conn, strategy):
         old = await own_running(conn, worker_id=OTHER, lease_seconds=30)
@@ -403,8 +424,11 @@ class TestInterrupt:
         await admit(actor, strategy=strategy, now=at(1))
 
         payload = await asyncio.wait_for(notes.get(), timeout=10)
-        assert json.loads(payload) == {"type": "cancel", "run_id": str(old), "worker_id": OTHER,
-                                       "lease_generation": 1}
+        # The owner's opaque key only: it learns which run (and that it is a cancel) from its
+        # own renewal, and a listener learns nothing.
+        assert payload == await control_key(actor, OTHER)
+        assert str(old) not in payload
+        assert OTHER not in payload
 
 
 class TestIdempotency:

@@ -6,19 +6,29 @@ cancel_action an earlier request_cancel recorded.
 
 from __future__ import annotations
 
-import json
-
 import asyncpg
 import pytest
-from helpers import DEPLOYMENT, WORKER, at, claim, enqueue, listen, make_run, next_payload, run_row
+from helpers import (
+    DEPLOYMENT,
+    WORKER,
+    at,
+    claim,
+    enqueue,
+    listen,
+    make_run,
+    next_payload,
+    run_row,
+    wakeup_key,
+)
 
-CANCEL = """SELECT zeroth.cancel_run(run_id => $1, worker_id => $2, generation => $3,
+CANCEL = """SELECT zeroth_test.cancel_run(run_id => $1, worker_id => $2, generation => $3,
                 tenant_id => $4, workspace_id => $5, now_override => $6)"""
-REQUEST_CANCEL = """SELECT zeroth.request_cancel(run_id => $1, action => $2, now_override => $3)"""
-CLAIM_ORPHANED = """SELECT run_id, lease_generation FROM zeroth.claim_orphaned(
+REQUEST_CANCEL = """SELECT zeroth_test.request_cancel(run_id => $1, action => $2,
+                        now_override => $3)"""
+CLAIM_ORPHANED = """SELECT run_id, lease_generation FROM zeroth_test.claim_orphaned(
                         deployment_ref => $1, worker_id => $2, now_override => $3)
                      WHERE run_id IS NOT NULL"""
-SLOT = """SELECT s.run_id, s.lease_worker_id, s.lease_generation FROM zeroth.admission_slots s
+SLOT = """SELECT s.run_id, s.lease_worker_id, s.lease_generation FROM zeroth_test.slot_leases s
            WHERE s.deployment_ref = $1 AND s.slot_no = 1"""
 OTHER = "worker-b"
 NOW = at(10)
@@ -157,8 +167,7 @@ class TestCancelNotifiesWhenASlotIsFreed:
 
         assert await cancel(actor, lease.run_id) is True
 
-        assert json.loads(await next_payload(queue)) == {
-            "deployment_ref": DEPLOYMENT, "tenant_id": "default", "workspace_id": None}
+        assert await next_payload(queue) == await wakeup_key(actor, DEPLOYMENT, "default", None)
 
     async def test_cancel_without_a_slot_sends_no_wakeup(self, connect):
         actor, listener = await connect(), await connect()

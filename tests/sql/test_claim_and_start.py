@@ -11,7 +11,8 @@ import asyncpg
 import pytest
 from helpers import DEPLOYMENT, LEASE, T0, WORKER, at, enqueue, make_run, run_row
 
-CLAIM_AND_START = """SELECT * FROM zeroth.claim_and_start(deployment_ref => $1, worker_id => $2,
+CLAIM_AND_START = """SELECT * FROM zeroth_test.claim_and_start(deployment_ref => $1,
+                         worker_id => $2,
     tenant_id => $3, workspace_id => $4, max_concurrency => $5, batch_size => $6,
     lease_seconds => $7, now_override => $8)"""
 
@@ -51,7 +52,7 @@ class TestClaimAndStart:
         (row,) = await claim_and_start(conn)
 
         assert await conn.fetchval(
-            """SELECT zeroth.complete_run(run_id => $1, worker_id => $2, generation => $3,
+            """SELECT zeroth_test.complete_run(run_id => $1, worker_id => $2, generation => $3,
                    output => '{"done": 1}', now_override => $4)""",
             row["run_id"], WORKER, row["lease_generation"], at(2))
         assert (await run_row(conn, row["run_id"]))["status"] == "completed"
@@ -61,7 +62,7 @@ class TestClaimAndStart:
         (row,) = await claim_and_start(conn)
 
         assert await conn.fetchval(
-            """SELECT zeroth.start_run(run_id => $1, worker_id => $2, generation => $3,
+            """SELECT zeroth_test.start_run(run_id => $1, worker_id => $2, generation => $3,
                    now_override => $4)""", row["run_id"], WORKER, row["lease_generation"], at(3))
         stored = await run_row(conn, row["run_id"])
         assert (stored["attempts"], stored["started_at"]) == (1, T0)
@@ -85,10 +86,11 @@ class TestClaimAndStart:
     async def test_handed_back_run_is_started_again_with_its_checkpoint(self, conn):
         lease = await make_run(conn, "running")
         checkpoint = await conn.fetchval(
-            """SELECT zeroth.save_checkpoint(run_id => $1, worker_id => $2, generation => 1,
+            """SELECT zeroth_test.save_checkpoint(run_id => $1, worker_id => $2, generation => 1,
                    data => '{"step": 3}', now_override => $3)""", lease.run_id, WORKER, at(1))
         assert await conn.fetchval(
-            """SELECT zeroth.hand_back_to_pending(run_id => $1, worker_id => $2, generation => 1,
+            """SELECT zeroth_test.hand_back_to_pending(run_id => $1, worker_id => $2,
+                   generation => 1,
                    now_override => $3)""", lease.run_id, WORKER, at(2))
 
         (row,) = await claim_and_start(conn, worker_id="worker-b", now=at(3))
@@ -131,7 +133,7 @@ class TestMaxConcurrency:
 
         slot = await conn.fetchrow(
             """SELECT run_id, lease_worker_id, lease_generation, lease_expires_at
-                 FROM zeroth.admission_slots WHERE run_id IS NOT NULL""")
+                 FROM zeroth_test.slot_leases WHERE run_id IS NOT NULL""")
         assert tuple(slot) == (row["run_id"], WORKER, 1, row["lease_expires_at"])
 
 

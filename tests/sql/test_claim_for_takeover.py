@@ -25,7 +25,7 @@ from thread_calls import (
     take_over,
 )
 
-CLAIM_ORPHANED = """SELECT run_id FROM zeroth.claim_orphaned(deployment_ref => 'deploy-a',
+CLAIM_ORPHANED = """SELECT run_id FROM zeroth_test.claim_orphaned(deployment_ref => 'deploy-a',
                         worker_id => $1, now_override => $2) WHERE run_id IS NOT NULL"""
 SLOT = """SELECT s.run_id FROM zeroth.admission_slots s WHERE s.deployment_ref = 'deploy-a'"""
 
@@ -90,10 +90,25 @@ class TestTerminalTakeover:
 
         assert dict(await run_row(conn, run_id)) == dict(taken)
 
-    async def test_not_resumable_run_is_never_recovered_by_claim_orphaned(self, conn):
+    async def test_not_resumable_run_is_ended_never_resumed_by_claim_orphaned(self, conn):
+        # Finding 9: the owner died; nothing in the package called reconcile_thread_runs, so the
+        # run (and every run queued behind it on its thread) stayed stuck for ever.
         run_id = await own_running(conn, worker_id=OTHER, lease_seconds=30)
+        queued = await admit(conn, strategy="enqueue", now=at(1))
 
         assert await conn.fetch(CLAIM_ORPHANED, OWNER, at(600)) == []
+
+        row = await run_row(conn, run_id)
+        assert row["status"] == "failed"
+        assert json.loads(row["error"])["stop_reason"] == "orphan_recovered"
+        assert await active(conn) == [queued["run_id"]]
+
+    async def test_claim_orphaned_leaves_a_not_resumable_run_alone_within_grace(self, conn):
+        run_id = await own_running(conn, worker_id=OTHER, lease_seconds=30)
+
+        # Expired at at(30); the default grace is 10 s.
+        assert await conn.fetch(CLAIM_ORPHANED, OWNER, at(39)) == []
+
         assert (await run_row(conn, run_id))["status"] == "running"
 
     async def test_takeover_frees_the_thread_for_the_queue(self, conn):
@@ -115,8 +130,10 @@ class TestRequeue:
 
         assert [(r["outcome"], r["status"]) for r in rows] == [("requeued", "pending")]
         row = await run_row(conn, run_id)
+        # The interrupted attempt stays counted (finding 4): only a hand-back by the live
+        # holder gives one back.
         assert (row["lease_worker_id"], row["attempts"], row["finished_at"], row["error"]) == (
-            None, 0, None, None)
+            None, 1, None, None)
         assert await active(conn) == [run_id]  # it keeps its thread
         claimed = await claim(conn, worker_id=OWNER, now=at(42))
         assert [(r["run_id"], r["lease_generation"]) for r in claimed] == [(run_id, 2)]

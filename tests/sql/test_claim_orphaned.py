@@ -26,7 +26,7 @@ async def claim_orphans(conn: asyncpg.Connection, *, worker_id: str = RESCUER,
                         now: Any = AFTER_EXPIRY) -> list[asyncpg.Record]:
     """Every row claim_orphaned returns, the run_id-NULL marker included."""
     return await conn.fetch(  # type: ignore[no-any-return]
-        f"""SELECT {COLUMNS} FROM zeroth.claim_orphaned(deployment_ref => $1, worker_id => $2,
+        f"""SELECT {COLUMNS} FROM zeroth_test.claim_orphaned(deployment_ref => $1, worker_id => $2,
                tenant_id => $3, workspace_id => $4, max_concurrency => $5, claim_limit => $6,
                lease_seconds => $7, now_override => $8)""",
         deployment_ref, worker_id, tenant_id, workspace_id, max_concurrency, claim_limit,
@@ -50,7 +50,7 @@ async def snapshot(conn: asyncpg.Connection) -> dict[str, list[dict[str, Any]]]:
 async def save_checkpoint(conn: asyncpg.Connection, lease: Lease, data: dict[str, Any], *,
                           checkpoint_id: Any = None, now: Any = CHECKPOINT_AT) -> Any:
     return await conn.fetchval(
-        """SELECT zeroth.save_checkpoint(run_id => $1, worker_id => $2, generation => $3,
+        """SELECT zeroth_test.save_checkpoint(run_id => $1, worker_id => $2, generation => $3,
                data => $4::text::jsonb, checkpoint_id => $5, now_override => $6)""",
         lease.run_id, lease.worker_id, lease.generation, json.dumps(data), checkpoint_id, now)
 
@@ -101,7 +101,8 @@ class TestTakeover:
         assert claimed["lease_generation"] == lease.generation + 1
         assert claimed["lease_expires_at"] == at(150)
         assert claimed["status"] == "running"
-        assert claimed["attempts"] == 1
+        # The attempt that died with its worker counts: this is attempt 2 (finding 4).
+        assert claimed["attempts"] == 2
         assert claimed["cancel_requested"] is False
         row = await run_row(conn, lease.run_id)
         assert row["status"] == "running"
@@ -109,7 +110,7 @@ class TestTakeover:
         assert row["lease_generation"] == 2
         assert row["lease_acquired_at"] == at(120)
         assert row["lease_expires_at"] == at(150)
-        assert row["attempts"] == 1
+        assert row["attempts"] == 2
         assert row["started_at"] == T0
 
     async def test_each_takeover_bumps_the_generation_again(self, conn):
@@ -244,12 +245,13 @@ class TestMaxConcurrency:
             """SELECT * FROM zeroth.admission_slots s
                 WHERE s.deployment_ref = $1 AND s.slot_no = $2""", DEPLOYMENT,
             row["admission_slot"])
-        assert (slot["run_id"], slot["lease_worker_id"], slot["lease_generation"]) == (
-            orphan.run_id, RESCUER, 2)
+        # The slot names the new lease; the lease itself (holder, expiry) lives on the run only.
+        assert (slot["run_id"], slot["lease_generation"]) == (orphan.run_id, 2)
+        assert row["lease_worker_id"] == RESCUER
         # The slot is live again: a pending claim under the same limit is now saturated.
         await enqueue(conn, now=at(121))
         pending = await conn.fetch(
-            """SELECT run_id, concurrency_saturated FROM zeroth.claim_pending(
+            """SELECT run_id, concurrency_saturated FROM zeroth_test.claim_pending(
                    deployment_ref => $1, worker_id => 'worker-c', max_concurrency => 1,
                    now_override => $2)""", DEPLOYMENT, at(122))
         assert [(r["run_id"], r["concurrency_saturated"]) for r in pending] == [(None, True)]
@@ -276,33 +278,33 @@ class TestDisplacedHolder:
         before = await snapshot(conn)
         now = at(121)
         assert await conn.fetchval(
-            """SELECT zeroth.renew_lease(run_id => $1, worker_id => $2, generation => $3,
+            """SELECT zeroth_test.renew_lease(run_id => $1, worker_id => $2, generation => $3,
                    now_override => $4)""", *fence, now) is False
         assert await conn.fetchval(
-            """SELECT zeroth.commit_fenced(run_id => $1, worker_id => $2, generation => $3,
+            """SELECT zeroth_test.commit_fenced(run_id => $1, worker_id => $2, generation => $3,
                    columns => '{"output": {"stale": true}}', now_override => $4)""",
             *fence, now) is False
         assert await save_checkpoint(conn, old, {"stale": True}, now=now) is None
         assert await conn.fetchval(
-            """SELECT zeroth.complete_run(run_id => $1, worker_id => $2, generation => $3,
+            """SELECT zeroth_test.complete_run(run_id => $1, worker_id => $2, generation => $3,
                    now_override => $4)""", *fence, now) is False
         assert await conn.fetchval(
-            """SELECT zeroth.fail_run(run_id => $1, worker_id => $2, generation => $3,
+            """SELECT zeroth_test.fail_run(run_id => $1, worker_id => $2, generation => $3,
                    now_override => $4)""", *fence, now) is None
         assert await conn.fetchval(
-            """SELECT zeroth.release_lease(run_id => $1, worker_id => $2, generation => $3,
+            """SELECT zeroth_test.release_lease(run_id => $1, worker_id => $2, generation => $3,
                    now_override => $4)""", *fence, now) is False
         assert await conn.fetchval(
-            """SELECT zeroth.hand_back_to_pending(run_id => $1, worker_id => $2,
+            """SELECT zeroth_test.hand_back_to_pending(run_id => $1, worker_id => $2,
                    generation => $3, now_override => $4)""", *fence, now) is False
         assert await snapshot(conn) == before
 
         assert await conn.fetchval(
-            """SELECT zeroth.commit_fenced(run_id => $1, worker_id => $2, generation => $3,
+            """SELECT zeroth_test.commit_fenced(run_id => $1, worker_id => $2, generation => $3,
                    columns => '{"output": {"fresh": true}}', now_override => $4)""",
             new.run_id, new.worker_id, new.generation, now) is True
         assert await conn.fetchval(
-            """SELECT zeroth.complete_run(run_id => $1, worker_id => $2, generation => $3,
+            """SELECT zeroth_test.complete_run(run_id => $1, worker_id => $2, generation => $3,
                    now_override => $4)""", new.run_id, new.worker_id, new.generation, now) is True
 
 
@@ -310,7 +312,8 @@ class TestCancelRequested:
     async def test_pending_cancel_request_surfaces_in_the_claim_row(self, conn):
         lease = await make_run(conn, "running")
         outcome = await conn.fetchval(
-            "SELECT zeroth.request_cancel(run_id => $1, now_override => $2)", lease.run_id, at(10))
+            "SELECT zeroth_test.request_cancel(run_id => $1, now_override => $2)",
+            lease.run_id, at(10))
         assert outcome == "cancel_requested"
         rows = await claim_orphans(conn, now=at(120))
         assert claimed_ids(rows) == [lease.run_id]
@@ -319,10 +322,11 @@ class TestCancelRequested:
     async def test_the_rescuer_can_then_honour_the_cancel(self, conn):
         lease = await make_run(conn, "running")
         await conn.fetchval(
-            "SELECT zeroth.request_cancel(run_id => $1, now_override => $2)", lease.run_id, at(10))
+            "SELECT zeroth_test.request_cancel(run_id => $1, now_override => $2)",
+            lease.run_id, at(10))
         rows = await claim_orphans(conn, now=at(120))
         assert await conn.fetchval(
-            """SELECT zeroth.cancel_run(run_id => $1, worker_id => $2, generation => $3,
+            """SELECT zeroth_test.cancel_run(run_id => $1, worker_id => $2, generation => $3,
                    now_override => $4)""", lease.run_id, RESCUER, rows[0]["lease_generation"],
             at(121))
         assert (await run_row(conn, lease.run_id))["status"] == "cancelled"

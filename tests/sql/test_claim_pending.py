@@ -24,7 +24,7 @@ async def claim_rows(conn: asyncpg.Connection, *, deployment_ref: str = DEPLOYME
                      now: Any = T0) -> list[asyncpg.Record]:
     """Every row claim_pending returns, the run_id-NULL marker included."""
     return await conn.fetch(  # type: ignore[no-any-return]
-        f"""SELECT {COLUMNS} FROM zeroth.claim_pending(deployment_ref => $1, worker_id => $2,
+        f"""SELECT {COLUMNS} FROM zeroth_test.claim_pending(deployment_ref => $1, worker_id => $2,
                tenant_id => $3, workspace_id => $4, max_concurrency => $5, batch_size => $6,
                lease_seconds => $7, now_override => $8)""",
         deployment_ref, worker_id, tenant_id, workspace_id, max_concurrency, batch_size,
@@ -44,14 +44,14 @@ async def snapshot(conn: asyncpg.Connection) -> dict[str, list[dict[str, Any]]]:
 async def start(conn: asyncpg.Connection, run_id: Any, worker_id: str, generation: int,
                 now: Any = T0) -> bool:
     return await conn.fetchval(  # type: ignore[no-any-return]
-        """SELECT zeroth.start_run(run_id => $1, worker_id => $2, generation => $3,
+        """SELECT zeroth_test.start_run(run_id => $1, worker_id => $2, generation => $3,
                now_override => $4)""", run_id, worker_id, generation, now)
 
 
 async def complete(conn: asyncpg.Connection, run_id: Any, worker_id: str, generation: int,
                    now: Any = T0) -> bool:
     return await conn.fetchval(  # type: ignore[no-any-return]
-        """SELECT zeroth.complete_run(run_id => $1, worker_id => $2, generation => $3,
+        """SELECT zeroth_test.complete_run(run_id => $1, worker_id => $2, generation => $3,
                now_override => $4)""", run_id, worker_id, generation, now)
 
 
@@ -189,7 +189,7 @@ class TestGenerations:
     async def test_released_pending_run_is_claimable_at_once_with_a_new_generation(self, conn):
         lease = await make_run(conn, "claimed")
         assert await conn.fetchval(
-            """SELECT zeroth.release_lease(run_id => $1, worker_id => $2, generation => $3,
+            """SELECT zeroth_test.release_lease(run_id => $1, worker_id => $2, generation => $3,
                    now_override => $4)""", lease.run_id, lease.worker_id, lease.generation, at(1))
         rows = await claim(conn, worker_id="worker-b", now=at(1))
         assert [(r["run_id"], r["lease_generation"]) for r in rows] == [(lease.run_id, 2)]
@@ -258,8 +258,11 @@ class TestMaxConcurrency:
                 WHERE s.tenant_id = 'default' AND s.workspace_key = '' AND s.deployment_ref = $1
                   AND s.slot_no = $2""", DEPLOYMENT, row["admission_slot"])
         assert row["admission_slot"] is not None
-        assert (slot["run_id"], slot["lease_worker_id"], slot["lease_generation"],
-                slot["lease_expires_at"]) == (lease.run_id, WORKER, 1, at(60))
+        # The slot names the lease; holder and expiry live on the run row only.
+        assert dict(slot) == {"tenant_id": "default", "workspace_key": "",
+                              "deployment_ref": DEPLOYMENT, "slot_no": row["admission_slot"],
+                              "run_id": lease.run_id, "lease_generation": 1}
+        assert (row["lease_worker_id"], row["lease_expires_at"]) == (WORKER, at(60))
 
     async def test_claims_without_max_concurrency_hold_no_slot_and_are_not_counted(self, conn):
         unbounded = await make_run(conn, "claimed")
@@ -313,15 +316,16 @@ class TestMaxConcurrency:
 
 
 class TestDatabaseClock:
-    """Seed §9.5 (fast worker clock): a worker never supplies its clock. The only time input is
-    now_override, a test-only knob; without it admission counts live leases by database time."""
+    """Seed §9.5 (fast worker clock): a worker never supplies its clock. claim_pending takes no
+    time at all; admission counts live leases by database time. (The test databases move that
+    clock through zeroth_test, which a shipped database does not have: tests/adversarial.)"""
 
-    async def test_the_only_time_parameter_is_now_override(self, conn):
+    async def test_claim_pending_takes_no_time_argument(self, conn):
         names = await conn.fetchval(
             """SELECT p.proargnames FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
                 WHERE n.nspname = 'zeroth' AND p.proname = 'claim_pending'""")
         assert names == ["deployment_ref", "worker_id", "tenant_id", "workspace_id",
-                         "max_concurrency", "batch_size", "lease_seconds", "now_override"]
+                         "max_concurrency", "batch_size", "lease_seconds"]
 
     async def test_admission_counts_live_leases_by_database_time(self, conn):
         await enqueue(conn, now=None)
@@ -345,8 +349,8 @@ class TestDatabaseClock:
         assert live == 1
 
     async def test_now_override_a_day_ahead_sees_every_lease_as_expired(self, conn):
-        # Documented behaviour of the test-only knob: it replaces database time entirely, so a
-        # claim one day ahead finds the slot free. Production callers never pass it.
+        # The test clock replaces database time entirely, so a claim one day ahead finds the slot
+        # free (the expired lease is retired from its slot first).
         first = await make_run(conn, "claimed", max_concurrency=1)
         await enqueue(conn, now=at(1))
         rows = await claim_rows(conn, worker_id="fast", max_concurrency=1, batch_size=2,
@@ -420,11 +424,13 @@ class TestRecoveryCheckpoint:
         checkpoint_ids = []
         for step in (1, 2):
             checkpoint_ids.append(await conn.fetchval(
-                """SELECT zeroth.save_checkpoint(run_id => $1, worker_id => $2, generation => $3,
+                """SELECT zeroth_test.save_checkpoint(run_id => $1, worker_id => $2,
+                       generation => $3,
                        data => $4::text::jsonb, now_override => $5)""",
                 lease.run_id, lease.worker_id, lease.generation, json.dumps({"step": step}), at(1)))
         assert await conn.fetchval(
-            """SELECT zeroth.hand_back_to_pending(run_id => $1, worker_id => $2, generation => $3,
+            """SELECT zeroth_test.hand_back_to_pending(run_id => $1, worker_id => $2,
+                   generation => $3,
                    now_override => $4)""", lease.run_id, lease.worker_id, lease.generation, at(2))
 
         rows = await claim_rows(conn, worker_id="worker-b", now=at(3))
@@ -440,7 +446,8 @@ class TestRecoveryCheckpoint:
     async def test_run_without_checkpoints_has_no_recovery_checkpoint(self, conn):
         lease = await make_run(conn, "running")
         assert await conn.fetchval(
-            """SELECT zeroth.hand_back_to_pending(run_id => $1, worker_id => $2, generation => $3,
+            """SELECT zeroth_test.hand_back_to_pending(run_id => $1, worker_id => $2,
+                   generation => $3,
                    now_override => $4)""", lease.run_id, lease.worker_id, lease.generation, at(1))
         rows = await claim_rows(conn, worker_id="worker-b", now=at(2))
         assert rows[0]["run_id"] == lease.run_id

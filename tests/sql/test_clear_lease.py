@@ -7,25 +7,24 @@ claim_orphaned recovers the run (clearing it would strand it, F-02). Frees the r
 from __future__ import annotations
 
 import asyncio
-import json
 import uuid
 from datetime import timedelta
 
 import asyncpg
 import pytest
-from helpers import DEPLOYMENT, WORKER, at, claim, enqueue, listen, make_run, run_row
+from helpers import DEPLOYMENT, WORKER, at, claim, enqueue, listen, make_run, run_row, wakeup_key
 
-CLEAR = """SELECT zeroth.clear_lease(run_id => $1, tenant_id => $2, workspace_id => $3,
+CLEAR = """SELECT zeroth_test.clear_lease(run_id => $1, tenant_id => $2, workspace_id => $3,
                now_override => $4)"""
-CLAIM_ORPHANED = """SELECT run_id, lease_generation FROM zeroth.claim_orphaned(
+CLAIM_ORPHANED = """SELECT run_id, lease_generation FROM zeroth_test.claim_orphaned(
                         deployment_ref => $1, worker_id => $2, max_concurrency => $3,
                         now_override => $4)
                      WHERE run_id IS NOT NULL"""
-COMMIT = """SELECT zeroth.commit_fenced(run_id => $1, worker_id => $2, generation => $3,
+COMMIT = """SELECT zeroth_test.commit_fenced(run_id => $1, worker_id => $2, generation => $3,
                 columns => '{"progress": {"step": 9}}', now_override => $4)"""
-START = """SELECT zeroth.start_run(run_id => $1, worker_id => $2, generation => $3,
+START = """SELECT zeroth_test.start_run(run_id => $1, worker_id => $2, generation => $3,
                now_override => $4)"""
-SLOT = """SELECT s.run_id, s.lease_worker_id, s.lease_generation FROM zeroth.admission_slots s
+SLOT = """SELECT s.run_id, s.lease_worker_id, s.lease_generation FROM zeroth_test.slot_leases s
            WHERE s.deployment_ref = $1 AND s.slot_no = 1"""
 OTHER = "worker-b"
 NOW = at(10)
@@ -187,7 +186,7 @@ class TestClearLeaseFreesSlots:
         await clear(conn, lease.run_id)
 
         held = await conn.fetch(
-            "SELECT s.run_id, s.lease_worker_id FROM zeroth.admission_slots s"
+            "SELECT s.run_id, s.lease_worker_id FROM zeroth_test.slot_leases s"
             " WHERE s.run_id IS NOT NULL")
         assert [tuple(r) for r in held] == [(other.run_id, OTHER)]
 
@@ -201,8 +200,7 @@ class TestClearLeaseNotifiesWakeup:
         assert await clear(actor, lease.run_id, tenant_id="acme") is True
 
         payload = await asyncio.wait_for(queue.get(), timeout=10)
-        assert json.loads(payload) == {
-            "deployment_ref": DEPLOYMENT, "tenant_id": "acme", "workspace_id": None}
+        assert payload == await wakeup_key(actor, DEPLOYMENT, "acme", None)
 
 
 class TestClearLeaseRejectsBadArguments:

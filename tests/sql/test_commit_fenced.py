@@ -15,7 +15,7 @@ from helpers import WORKER, at, claim, enqueue, make_run, run_row
 OTHER = "worker-b"
 SOON = at(1)
 
-COMMIT = """SELECT zeroth.commit_fenced(run_id => $1, worker_id => $2, generation => $3,
+COMMIT = """SELECT zeroth_test.commit_fenced(run_id => $1, worker_id => $2, generation => $3,
                 columns => $4::text::jsonb, now_override => $5)"""
 
 
@@ -177,7 +177,7 @@ class TestFencedOut:
     async def test_previous_owner_is_refused_after_takeover(self, conn):
         lease = await make_run(conn, "running")
         taken = await conn.fetch(
-            """SELECT run_id FROM zeroth.claim_orphaned(deployment_ref => 'deploy-a',
+            """SELECT run_id FROM zeroth_test.claim_orphaned(deployment_ref => 'deploy-a',
                    worker_id => $1, now_override => $2)""", OTHER, at(61))
         assert [r["run_id"] for r in taken] == [lease.run_id]
         before = await run_row(conn, lease.run_id)

@@ -11,12 +11,12 @@ from uuid import UUID
 
 import asyncpg
 import pytest
-from helpers import DEPLOYMENT, WORKER, at, claim, enqueue, make_run, run_row
+from helpers import DEPLOYMENT, WORKER, at, claim, enqueue, make_run, run_row, wakeup_key
 
 OTHER = "worker-b"
 SOON = at(1)
 
-COMPLETE = """SELECT zeroth.complete_run(run_id => $1, worker_id => $2, generation => $3,
+COMPLETE = """SELECT zeroth_test.complete_run(run_id => $1, worker_id => $2, generation => $3,
                   output => $4::text::jsonb, now_override => $5)"""
 
 
@@ -31,7 +31,7 @@ async def complete(conn: asyncpg.Connection, run_id: UUID | None, output: Any = 
 async def slots(conn: asyncpg.Connection) -> list[asyncpg.Record]:
     return await conn.fetch(  # type: ignore[no-any-return]
         """SELECT s.slot_no, s.run_id, s.lease_worker_id, s.lease_generation, s.lease_expires_at
-             FROM zeroth.admission_slots s WHERE s.deployment_ref = $1 ORDER BY s.slot_no""",
+             FROM zeroth_test.slot_leases s WHERE s.deployment_ref = $1 ORDER BY s.slot_no""",
         DEPLOYMENT)
 
 
@@ -72,7 +72,7 @@ class TestComplete:
     async def test_recovered_run_is_completed_by_its_new_owner(self, conn):
         lease = await make_run(conn, "running")
         taken = await conn.fetch(
-            """SELECT run_id FROM zeroth.claim_orphaned(deployment_ref => $1,
+            """SELECT run_id FROM zeroth_test.claim_orphaned(deployment_ref => $1,
                    worker_id => $2, now_override => $3)""", DEPLOYMENT, OTHER, at(61))
         assert [r["run_id"] for r in taken] == [lease.run_id]
 
@@ -101,7 +101,7 @@ class TestFencedOut:
     async def test_stale_generation_cannot_complete(self, conn):
         lease = await make_run(conn, "running")
         taken = await conn.fetch(
-            """SELECT run_id FROM zeroth.claim_orphaned(deployment_ref => $1,
+            """SELECT run_id FROM zeroth_test.claim_orphaned(deployment_ref => $1,
                    worker_id => $2, now_override => $3)""", DEPLOYMENT, WORKER, at(61))
         assert [r["run_id"] for r in taken] == [lease.run_id]
         before = await run_row(conn, lease.run_id)
@@ -226,8 +226,8 @@ class TestWakeup:
         assert await complete(worker, lease.run_id, {"ok": True}) is True
         await worker.execute("SELECT pg_notify('zeroth_wakeup', $1)", self.SENTINEL)
 
-        assert json.loads(await self.next_payload(received)) == {
-            "deployment_ref": DEPLOYMENT, "tenant_id": "default", "workspace_id": None}
+        key = await wakeup_key(worker, DEPLOYMENT, "default", None)
+        assert await self.next_payload(received) == key
         assert await self.next_payload(received) == self.SENTINEL
 
     async def test_completion_without_a_slot_sends_no_wakeup(self, connect):
@@ -256,12 +256,12 @@ class TestCompletionKeepsCommittedOutput:
     async def test_completing_without_output_keeps_what_commit_fenced_wrote(self, conn):
         lease = await make_run(conn, "running")
         assert await conn.fetchval(
-            """SELECT zeroth.commit_fenced(run_id => $1, worker_id => $2, generation => $3,
+            """SELECT zeroth_test.commit_fenced(run_id => $1, worker_id => $2, generation => $3,
                    columns => '{"output": {"streamed": 3}}', now_override => $4)""",
             lease.run_id, lease.worker_id, lease.generation, at(1))
 
         assert await conn.fetchval(
-            """SELECT zeroth.complete_run(run_id => $1, worker_id => $2, generation => $3,
+            """SELECT zeroth_test.complete_run(run_id => $1, worker_id => $2, generation => $3,
                    now_override => $4)""", lease.run_id, lease.worker_id, lease.generation, at(2))
 
         row = await run_row(conn, lease.run_id)
@@ -270,12 +270,12 @@ class TestCompletionKeepsCommittedOutput:
     async def test_completing_with_json_null_clears_the_output(self, conn):
         lease = await make_run(conn, "running")
         await conn.fetchval(
-            """SELECT zeroth.commit_fenced(run_id => $1, worker_id => $2, generation => $3,
+            """SELECT zeroth_test.commit_fenced(run_id => $1, worker_id => $2, generation => $3,
                    columns => '{"output": {"streamed": 3}}', now_override => $4)""",
             lease.run_id, lease.worker_id, lease.generation, at(1))
 
         assert await conn.fetchval(
-            """SELECT zeroth.complete_run(run_id => $1, worker_id => $2, generation => $3,
+            """SELECT zeroth_test.complete_run(run_id => $1, worker_id => $2, generation => $3,
                    output => 'null', now_override => $4)""",
             lease.run_id, lease.worker_id, lease.generation, at(2))
 

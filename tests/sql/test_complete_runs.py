@@ -10,9 +10,9 @@ from typing import Any
 
 import asyncpg
 import pytest
-from helpers import WORKER, at, listen, make_run, next_payload, run_row
+from helpers import WORKER, at, listen, make_run, next_payload, run_row, wakeup_key
 
-COMPLETE_RUNS = """SELECT run_id, completed FROM zeroth.complete_runs(worker_id => $1,
+COMPLETE_RUNS = """SELECT run_id, completed FROM zeroth_test.complete_runs(worker_id => $1,
     run_ids => $2::uuid[], generations => $3::bigint[], outputs => $4::text[]::jsonb[],
     tenant_id => $5, now_override => $6)"""
 
@@ -67,7 +67,7 @@ class TestBatch:
         kept, cleared = await make_run(conn, "running"), await make_run(conn, "running")
         for lease in (kept, cleared):
             assert await conn.fetchval(
-                """SELECT zeroth.commit_fenced(run_id => $1, worker_id => $2, generation => 1,
+                """SELECT zeroth_test.commit_fenced(run_id => $1, worker_id => $2, generation => 1,
                        columns => '{"output": {"partial": true}}', now_override => $3)""",
                 lease.run_id, WORKER, at(1))
 
@@ -81,11 +81,11 @@ class TestBatch:
     async def test_json_null_output_clears(self, conn):
         lease = await make_run(conn, "running")
         await conn.execute(
-            """SELECT zeroth.commit_fenced(run_id => $1, worker_id => $2, generation => 1,
+            """SELECT zeroth_test.commit_fenced(run_id => $1, worker_id => $2, generation => 1,
                    columns => '{"output": 1}', now_override => $3)""", lease.run_id, WORKER, at(1))
 
         rows = await conn.fetch(
-            """SELECT completed FROM zeroth.complete_runs(worker_id => $1,
+            """SELECT completed FROM zeroth_test.complete_runs(worker_id => $1,
                    run_ids => ARRAY[$2::uuid], generations => '{1}',
                    outputs => ARRAY['null'::jsonb], now_override => $3)""",
             WORKER, lease.run_id, at(2))
@@ -155,11 +155,12 @@ class TestSlots:
         result = await complete_runs(conn, [(le.run_id, 1) for le in leases], tenant_id="t1")
 
         assert all(completed for _, completed in result)
-        payloads = [json.loads(await next_payload(queue)) for _ in range(2)]
-        assert sorted(p["deployment_ref"] for p in payloads) == sorted([first, second])
-        assert {p["tenant_id"] for p in payloads} == {"t1"}
-        await asyncio.sleep(0.2)
-        assert queue.empty()
+        await conn.execute("SELECT pg_notify('zeroth_wakeup', 'sentinel')")
+        payloads = [await next_payload(queue) for _ in range(3)]
+        # One per deployment, then the sentinel (notifications arrive in commit order).
+        assert sorted(payloads[:2]) == sorted([await wakeup_key(conn, first, "t1"),
+                                               await wakeup_key(conn, second, "t1")])
+        assert payloads[2] == "sentinel"
 
     async def test_no_slot_freed_sends_no_wakeup(self, connect):
         conn = await connect()

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from datetime import datetime
 from typing import Any
 from uuid import UUID, uuid4
 
 import asyncpg
 import pytest
-from helpers import DEPLOYMENT, T0, at, run_row
+from helpers import DEPLOYMENT, T0, at, clock_schema, run_row, wakeup_key
 
 JSONB = ("payload", "metadata")
 # asyncpg encodes these two sentinels as the timestamps 'infinity' and '-infinity'.
@@ -35,7 +36,7 @@ async def call_enqueue(conn: asyncpg.Connection, **kwargs: Any) -> asyncpg.Recor
         f"{name} => ${i + 1}{'::text::jsonb' if name in JSONB else ''}"
         for i, name in enumerate(names))
     return await conn.fetchrow(  # type: ignore[no-any-return]
-        f"SELECT run_id, created, status FROM zeroth.enqueue_run({args})", *values)
+        f"SELECT run_id, created, status FROM {clock_schema(names)}.enqueue_run({args})", *values)
 
 
 async def snapshot(conn: asyncpg.Connection) -> list[dict[str, Any]]:
@@ -119,10 +120,10 @@ class TestIdempotencyKey:
     async def test_replay_reports_the_current_status_of_the_existing_run(self, conn):
         first = await call_enqueue(conn, idempotency_key="order-1")
         await conn.fetch(
-            """SELECT run_id FROM zeroth.claim_pending(deployment_ref => $1, worker_id => 'w',
+            """SELECT run_id FROM zeroth_test.claim_pending(deployment_ref => $1, worker_id => 'w',
                    now_override => $2)""", DEPLOYMENT, T0)
         await conn.fetchval(
-            """SELECT zeroth.start_run(run_id => $1, worker_id => 'w', generation => 1,
+            """SELECT zeroth_test.start_run(run_id => $1, worker_id => 'w', generation => 1,
                    now_override => $2)""", first["run_id"], T0)
         replay = await call_enqueue(conn, idempotency_key="order-1")
         assert (replay["run_id"], replay["created"], replay["status"]) == (
@@ -262,19 +263,25 @@ async def drain_until_sentinel(queue: asyncio.Queue[str]) -> list[str]:
 
 
 class TestWakeupNotify:
-    async def test_committed_enqueue_notifies_with_documented_payload(self, connect):
+    async def test_committed_enqueue_notifies_with_the_scopes_opaque_key(self, connect):
         queue = await listen(connect)
         producer = await connect()
         await call_enqueue(producer)
-        assert json.loads(await next_notification(queue)) == {
-            "deployment_ref": DEPLOYMENT, "tenant_id": "default", "workspace_id": None}
+        assert await next_notification(queue) == await wakeup_key(producer)
 
-    async def test_payload_names_tenant_and_workspace(self, connect):
+    async def test_payload_names_no_tenant_workspace_or_deployment(self, connect):
+        # LISTEN needs no privilege: the payload must tell a stranger nothing about the scope.
         queue = await listen(connect)
         producer = await connect()
         await call_enqueue(producer, tenant_id="t1", workspace_id="w1", deployment_ref="deploy-x")
-        assert json.loads(await next_notification(queue)) == {
-            "deployment_ref": "deploy-x", "tenant_id": "t1", "workspace_id": "w1"}
+        payload = await next_notification(queue)
+        assert payload == await wakeup_key(producer, "deploy-x", "t1", "w1")
+        assert re.fullmatch(r"[0-9a-f]{32}", payload)
+        others = {await wakeup_key(producer, "deploy-x", "t1", None),
+                  await wakeup_key(producer, "deploy-x", "t2", "w1"),
+                  await wakeup_key(producer, "deploy-y", "t1", "w1")}
+        assert payload not in others
+        assert len(others) == 3
 
     async def test_rolled_back_enqueue_does_not_notify(self, connect):
         queue = await listen(connect)
@@ -301,7 +308,7 @@ class TestWakeupNotify:
         queue = await listen(connect)
         producer = await connect()
         first = await call_enqueue(producer, idempotency_key="k")
-        assert json.loads(await next_notification(queue))["deployment_ref"] == DEPLOYMENT
+        assert await next_notification(queue) == await wakeup_key(producer)
         replay = await call_enqueue(producer, idempotency_key="k")
         assert (replay["run_id"], replay["created"]) == (first["run_id"], False)
         await send_sentinel(producer)

@@ -9,7 +9,7 @@ from uuid import uuid4
 
 import asyncpg
 import pytest
-from helpers import DEPLOYMENT, T0, at, enqueue, run_row
+from helpers import DEPLOYMENT, T0, at, enqueue, run_row, wakeup_key
 
 NOTIFY_TIMEOUT = 10  # only guards against a hang; no assertion depends on it
 
@@ -20,7 +20,7 @@ async def enqueue_batch(conn: asyncpg.Connection, runs: Any, *, deployment_ref: 
     """zeroth.enqueue_runs; ``runs`` is JSON-encoded here (anything, so bad shapes can be sent)."""
     return await conn.fetch(  # type: ignore[no-any-return]
         """SELECT ordinality, run_id, created, status
-             FROM zeroth.enqueue_runs(deployment_ref => $1, runs => $2::text::jsonb,
+             FROM zeroth_test.enqueue_runs(deployment_ref => $1, runs => $2::text::jsonb,
                                       tenant_id => $3, workspace_id => $4, now_override => $5)""",
         deployment_ref, json.dumps(runs), tenant_id, workspace_id, now)
 
@@ -232,8 +232,7 @@ class TestWakeupNotify:
         rows = await enqueue_batch(producer, [{}, {}, {}], tenant_id="t1", workspace_id="w1")
         assert len(rows) == 3
         received = await notifications_before_sentinel(queue, producer)
-        assert [json.loads(payload) for payload in received] == [
-            {"deployment_ref": DEPLOYMENT, "tenant_id": "t1", "workspace_id": "w1"}]
+        assert received == [await wakeup_key(producer, DEPLOYMENT, "t1", "w1")]
 
     async def test_two_batches_in_two_transactions_notify_twice(self, connect):
         queue = await listen(connect)

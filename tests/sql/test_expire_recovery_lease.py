@@ -12,19 +12,21 @@ from datetime import timedelta
 
 import asyncpg
 import pytest
-from helpers import DEPLOYMENT, WORKER, at, listen, make_run, run_row
+from helpers import DEPLOYMENT, WORKER, at, listen, make_run, run_row, wakeup_key
 
-EXPIRE = """SELECT zeroth.expire_recovery_lease(run_id => $1, worker_id => $2, generation => $3,
+EXPIRE = """SELECT zeroth_test.expire_recovery_lease(run_id => $1, worker_id => $2,
+                generation => $3,
                 tenant_id => $4, workspace_id => $5, now_override => $6)"""
 CLAIM_ORPHANED = """SELECT run_id, lease_generation, recovery_checkpoint_id, checkpoint_data
-                      FROM zeroth.claim_orphaned(deployment_ref => $1, worker_id => $2,
+                      FROM zeroth_test.claim_orphaned(deployment_ref => $1, worker_id => $2,
                           max_concurrency => $3, now_override => $4)
                      WHERE run_id IS NOT NULL"""
-SAVE_CHECKPOINT = """SELECT zeroth.save_checkpoint(run_id => $1, worker_id => $2, generation => $3,
+SAVE_CHECKPOINT = """SELECT zeroth_test.save_checkpoint(run_id => $1, worker_id => $2,
+                         generation => $3,
                          data => $4::text::jsonb, now_override => $5)"""
-COMMIT = """SELECT zeroth.commit_fenced(run_id => $1, worker_id => $2, generation => $3,
+COMMIT = """SELECT zeroth_test.commit_fenced(run_id => $1, worker_id => $2, generation => $3,
                 columns => '{"progress": {"step": 9}}', now_override => $4)"""
-SLOT = """SELECT s.run_id, s.lease_worker_id, s.lease_generation FROM zeroth.admission_slots s
+SLOT = """SELECT s.run_id, s.lease_worker_id, s.lease_generation FROM zeroth_test.slot_leases s
            WHERE s.deployment_ref = $1 AND s.slot_no = 1"""
 OTHER = "worker-b"
 RECOVERED_AT = at(61)
@@ -103,12 +105,15 @@ class TestExpireRunningLease:
         rows = await claim_orphaned(conn, OTHER, now=at(10))
         assert [(r["run_id"], r["lease_generation"]) for r in rows] == [(lease.run_id, 2)]
 
-    async def test_expire_of_an_already_expired_lease_keeps_the_earlier_expiry(self, conn):
+    async def test_an_expired_lease_is_no_longer_its_holders_to_expire(self, conn):
+        # Finding 11: an expired (or admin-cleared) lease of the right generation used to be
+        # accepted; the lease is gone, so the old holder moves nothing.
         lease = await make_run(conn, "running")
+        before = await run_row(conn, lease.run_id)
 
-        assert await expire(conn, lease.run_id, WORKER, 1, now=at(120)) is True
+        assert await expire(conn, lease.run_id, WORKER, 1, now=at(120)) is False
 
-        assert (await run_row(conn, lease.run_id))["lease_expires_at"] == at(60)
+        assert dict(await run_row(conn, lease.run_id)) == dict(before)
 
 
 class TestExpireMatchesTheExactGeneration:
@@ -198,8 +203,7 @@ class TestExpireNotifiesWakeup:
         assert await expire(actor, lease.run_id, WORKER, 1, now=at(10)) is True
 
         payload = await asyncio.wait_for(queue.get(), timeout=10)
-        assert json.loads(payload) == {
-            "deployment_ref": DEPLOYMENT, "tenant_id": "default", "workspace_id": None}
+        assert payload == await wakeup_key(actor, DEPLOYMENT, "default", None)
 
 
 class TestExpireRejectsBadArguments:

@@ -16,7 +16,7 @@ OTHER = "worker-b"
 SOON = at(1)
 MICROSECOND = timedelta(microseconds=1)
 
-FAIL = """SELECT zeroth.fail_run(run_id => $1, worker_id => $2, generation => $3,
+FAIL = """SELECT zeroth_test.fail_run(run_id => $1, worker_id => $2, generation => $3,
               error => $4::text::jsonb, retryable => $5, retry_base_seconds => $6,
               retry_max_seconds => $7, now_override => $8)"""
 
@@ -33,14 +33,14 @@ async def fail(conn: asyncpg.Connection, run_id: UUID | None, *, error: Any = No
 async def start(conn: asyncpg.Connection, run_id: UUID, generation: int, now: datetime,
                 worker_id: str = WORKER) -> None:
     assert await conn.fetchval(
-        """SELECT zeroth.start_run(run_id => $1, worker_id => $2, generation => $3,
+        """SELECT zeroth_test.start_run(run_id => $1, worker_id => $2, generation => $3,
                now_override => $4)""", run_id, worker_id, generation, now)
 
 
 async def slots(conn: asyncpg.Connection) -> list[tuple[Any, ...]]:
     rows = await conn.fetch(
         """SELECT s.slot_no, s.run_id, s.lease_worker_id, s.lease_generation, s.lease_expires_at
-             FROM zeroth.admission_slots s WHERE s.deployment_ref = $1 ORDER BY s.slot_no""",
+             FROM zeroth_test.slot_leases s WHERE s.deployment_ref = $1 ORDER BY s.slot_no""",
         DEPLOYMENT)
     return [tuple(row) for row in rows]
 
@@ -227,7 +227,7 @@ class TestFencedOut:
     async def test_stale_generation_cannot_fail_the_run(self, conn):
         lease = await make_run(conn, "running")
         taken = await conn.fetch(
-            """SELECT run_id FROM zeroth.claim_orphaned(deployment_ref => $1,
+            """SELECT run_id FROM zeroth_test.claim_orphaned(deployment_ref => $1,
                    worker_id => $2, now_override => $3)""", DEPLOYMENT, WORKER, at(61))
         assert [r["run_id"] for r in taken] == [lease.run_id]
         before = await run_row(conn, lease.run_id)

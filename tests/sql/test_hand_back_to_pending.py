@@ -10,19 +10,32 @@ import json
 
 import asyncpg
 import pytest
-from helpers import DEPLOYMENT, WORKER, at, claim, listen, make_run, next_payload, run_row
+from helpers import (
+    DEPLOYMENT,
+    WORKER,
+    at,
+    claim,
+    listen,
+    make_run,
+    next_payload,
+    run_row,
+    wakeup_key,
+)
 
-HAND_BACK = """SELECT zeroth.hand_back_to_pending(run_id => $1, worker_id => $2, generation => $3,
+HAND_BACK = """SELECT zeroth_test.hand_back_to_pending(run_id => $1, worker_id => $2,
+                   generation => $3,
                    tenant_id => $4, workspace_id => $5, now_override => $6)"""
-CLAIM_ORPHANED = """SELECT run_id, lease_generation FROM zeroth.claim_orphaned(
+CLAIM_ORPHANED = """SELECT run_id, lease_generation FROM zeroth_test.claim_orphaned(
                         deployment_ref => $1, worker_id => $2, now_override => $3)
                      WHERE run_id IS NOT NULL"""
-SAVE_CHECKPOINT = """SELECT zeroth.save_checkpoint(run_id => $1, worker_id => $2, generation => $3,
+SAVE_CHECKPOINT = """SELECT zeroth_test.save_checkpoint(run_id => $1, worker_id => $2,
+                         generation => $3,
                          data => $4::text::jsonb, now_override => $5)"""
-REQUEST_CANCEL = """SELECT zeroth.request_cancel(run_id => $1, action => $2, now_override => $3)"""
-START = """SELECT zeroth.start_run(run_id => $1, worker_id => $2, generation => $3,
+REQUEST_CANCEL = """SELECT zeroth_test.request_cancel(run_id => $1, action => $2,
+                        now_override => $3)"""
+START = """SELECT zeroth_test.start_run(run_id => $1, worker_id => $2, generation => $3,
                now_override => $4)"""
-SLOT = """SELECT s.run_id, s.lease_worker_id, s.lease_generation FROM zeroth.admission_slots s
+SLOT = """SELECT s.run_id, s.lease_worker_id, s.lease_generation FROM zeroth_test.slot_leases s
            WHERE s.deployment_ref = $1 AND s.slot_no = 1"""
 OTHER = "worker-b"
 NOW = at(10)
@@ -90,13 +103,14 @@ class TestHandBackOfRunningRun:
                                          at(1))
         assert await conn.fetch(CLAIM_ORPHANED, DEPLOYMENT, OTHER, at(61))
         row = await run_row(conn, lease.run_id)
-        assert (row["recovery_checkpoint_id"], row["attempts"]) == (checkpoint, 1)
+        # The recovery counted the attempt that died with the first worker.
+        assert (row["recovery_checkpoint_id"], row["attempts"]) == (checkpoint, 2)
 
         assert await hand_back(conn, lease.run_id, OTHER, 2, now=at(70)) is True
 
         row = await run_row(conn, lease.run_id)
         assert (row["status"], row["recovery_checkpoint_id"], row["attempts"]) == (
-            "pending", None, 0)
+            "pending", None, 1)
 
     async def test_attempt_is_counted_again_when_the_next_owner_starts(self, conn):
         lease = await make_run(conn, "running")
@@ -163,14 +177,28 @@ class TestHandBackMatchesTheExactGeneration:
         assert dict(await run_row(conn, lease.run_id, tenant_id="acme")) == dict(before)
 
 
-class TestHandBackHasNoExpiryCheck:
-    async def test_holder_can_hand_back_after_its_lease_expired_untaken(self, conn):
+class TestHandBackNeedsALiveLease:
+    async def test_holder_cannot_hand_back_after_its_lease_expired(self, conn):
+        # Finding 11: an expired lease of the right generation used to be accepted, and gave the
+        # attempt back. The lease is gone: the run stays an orphan for claim_orphaned.
         lease = await make_run(conn, "running")
+        before = await run_row(conn, lease.run_id)
 
-        assert await hand_back(conn, lease.run_id, now=at(600)) is True
+        assert await hand_back(conn, lease.run_id, now=at(600)) is False
 
-        row = await run_row(conn, lease.run_id)
-        assert (row["status"], row["lease_worker_id"], row["attempts"]) == ("pending", None, 0)
+        assert dict(await run_row(conn, lease.run_id)) == dict(before)
+
+    async def test_holder_cannot_hand_back_after_an_admin_cleared_its_lease(self, conn):
+        lease = await make_run(conn, "running")
+        assert await conn.fetchval(
+            "SELECT zeroth_test.clear_lease(run_id => $1, now_override => $2)", lease.run_id, at(5))
+        before = await run_row(conn, lease.run_id)
+
+        assert await hand_back(conn, lease.run_id, now=at(6)) is False
+
+        after = await run_row(conn, lease.run_id)
+        assert dict(after) == dict(before)
+        assert (after["status"], after["attempts"]) == ("running", 1)
 
 
 class TestAdminCancelWinsOverHandBack:
@@ -220,8 +248,7 @@ class TestHandBackNotifiesWakeup:
 
         assert await hand_back(actor, lease.run_id, tenant_id="acme", workspace_id="ws-1") is True
 
-        assert json.loads(await next_payload(queue)) == {
-            "deployment_ref": DEPLOYMENT, "tenant_id": "acme", "workspace_id": "ws-1"}
+        assert await next_payload(queue) == await wakeup_key(actor, DEPLOYMENT, "acme", "ws-1")
 
     async def test_refused_hand_back_sends_no_wakeup(self, connect):
         actor, listener = await connect(), await connect()

@@ -24,7 +24,7 @@ async def claim_orphans(conn: asyncpg.Connection, worker_id: str, now: Any, *,
                         tenant_id: str | None = None,
                         workspace_id: str | None = None) -> asyncpg.Record:
     return await conn.fetchrow(  # type: ignore[no-any-return]
-        """SELECT run_id, lease_generation, recovery_checkpoint_id FROM zeroth.claim_orphaned(
+        """SELECT run_id, lease_generation, recovery_checkpoint_id FROM zeroth_test.claim_orphaned(
                deployment_ref => 'deploy-a', worker_id => $1, tenant_id => $2,
                workspace_id => $3, now_override => $4)""", worker_id, tenant_id, workspace_id, now)
 
@@ -33,7 +33,7 @@ async def save_checkpoint(conn: asyncpg.Connection, run_id: Any, worker_id: str,
                           *, tenant_id: str | None = None,
                           workspace_id: str | None = None) -> Any:
     return await conn.fetchval(
-        """SELECT zeroth.save_checkpoint(run_id => $1, worker_id => $2, generation => $3,
+        """SELECT zeroth_test.save_checkpoint(run_id => $1, worker_id => $2, generation => $3,
                data => '{"step": 1}', tenant_id => $4, workspace_id => $5, now_override => $6)""",
         run_id, worker_id, generation, tenant_id, workspace_id, at(1))
 
@@ -105,7 +105,8 @@ class TestRecoveryCheckpointId:
         assert claimed["recovery_checkpoint_id"] == saved
         assert await read(conn, "get_recovery_checkpoint_id", lease.run_id) == saved
         assert await conn.fetchval(
-            """SELECT zeroth.complete_run(run_id => $1, worker_id => 'worker-b', generation => $2,
+            """SELECT zeroth_test.complete_run(run_id => $1, worker_id => 'worker-b',
+                   generation => $2,
                    now_override => $3)""", lease.run_id, claimed["lease_generation"], at(121))
         assert await read(conn, "get_recovery_checkpoint_id", lease.run_id) is None
 

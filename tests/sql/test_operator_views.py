@@ -15,15 +15,16 @@ import asyncpg
 from helpers import DEPLOYMENT, LEASE, T0, WORKER, Lease, claim, enqueue, make_run
 
 PAST = datetime(2020, 1, 1, tzinfo=UTC)
-RENEW = """SELECT zeroth.renew_lease(run_id => $1, worker_id => $2, generation => $3,
+RENEW = """SELECT zeroth_test.renew_lease(run_id => $1, worker_id => $2, generation => $3,
                lease_seconds => 60, now_override => $4)"""
-SAVE_CHECKPOINT = """SELECT zeroth.save_checkpoint(run_id => $1, worker_id => $2, generation => $3,
+SAVE_CHECKPOINT = """SELECT zeroth_test.save_checkpoint(run_id => $1, worker_id => $2,
+                         generation => $3,
                          data => '{"step": 1}', now_override => $4)"""
-FAIL_RETRYABLE = """SELECT zeroth.fail_run(run_id => $1, worker_id => $2, generation => $3,
+FAIL_RETRYABLE = """SELECT zeroth_test.fail_run(run_id => $1, worker_id => $2, generation => $3,
                         error => '{"reason": "boom"}', retryable => true, now_override => $4)"""
 CLAIM_ORPHANED = """SELECT run_id, lease_generation FROM zeroth.claim_orphaned(
                         deployment_ref => $1, worker_id => $2) WHERE run_id IS NOT NULL"""
-RELEASE = """SELECT zeroth.release_lease(run_id => $1, worker_id => $2, generation => $3,
+RELEASE = """SELECT zeroth_test.release_lease(run_id => $1, worker_id => $2, generation => $3,
                  now_override => $4)"""
 REQUEST_CANCEL = "SELECT zeroth.request_cancel(run_id => $1)"
 

@@ -11,20 +11,31 @@ import uuid
 
 import asyncpg
 import pytest
-from helpers import DEPLOYMENT, WORKER, at, claim, enqueue, listen, make_run, next_payload, run_row
+from helpers import (
+    DEPLOYMENT,
+    WORKER,
+    at,
+    claim,
+    enqueue,
+    listen,
+    make_run,
+    next_payload,
+    run_row,
+    wakeup_key,
+)
 
-PAUSE = """SELECT zeroth.pause_run(run_id => $1, worker_id => $2, generation => $3,
+PAUSE = """SELECT zeroth_test.pause_run(run_id => $1, worker_id => $2, generation => $3,
                reason => $4, tenant_id => $5, workspace_id => $6, now_override => $7)"""
-RESUME = """SELECT zeroth.resume_run(run_id => $1, tenant_id => $2, workspace_id => $3,
+RESUME = """SELECT zeroth_test.resume_run(run_id => $1, tenant_id => $2, workspace_id => $3,
                 input => $4::text::jsonb, now_override => $5)"""
-CLAIM_ORPHANED = """SELECT run_id FROM zeroth.claim_orphaned(deployment_ref => $1,
+CLAIM_ORPHANED = """SELECT run_id FROM zeroth_test.claim_orphaned(deployment_ref => $1,
                         worker_id => $2, now_override => $3)
                      WHERE run_id IS NOT NULL"""
-START = """SELECT zeroth.start_run(run_id => $1, worker_id => $2, generation => $3,
+START = """SELECT zeroth_test.start_run(run_id => $1, worker_id => $2, generation => $3,
                now_override => $4)"""
-COMPLETE = """SELECT zeroth.complete_run(run_id => $1, worker_id => $2, generation => $3,
+COMPLETE = """SELECT zeroth_test.complete_run(run_id => $1, worker_id => $2, generation => $3,
                   output => '{"done": true}', now_override => $4)"""
-SLOT = """SELECT s.run_id, s.lease_worker_id, s.lease_generation FROM zeroth.admission_slots s
+SLOT = """SELECT s.run_id, s.lease_worker_id, s.lease_generation FROM zeroth_test.slot_leases s
            WHERE s.deployment_ref = $1 AND s.slot_no = 1"""
 OTHER = "worker-b"
 NOW = at(10)
@@ -251,8 +262,7 @@ class TestPauseAndResumeNotify:
 
         assert await resume(actor, lease.run_id, tenant_id="acme", workspace_id="ws-1") is True
 
-        assert json.loads(await next_payload(queue)) == {
-            "deployment_ref": DEPLOYMENT, "tenant_id": "acme", "workspace_id": "ws-1"}
+        assert await next_payload(queue) == await wakeup_key(actor, DEPLOYMENT, "acme", "ws-1")
 
     async def test_pause_that_frees_a_slot_notifies_wakeup(self, connect):
         actor, listener = await connect(), await connect()
@@ -261,5 +271,4 @@ class TestPauseAndResumeNotify:
 
         assert await pause(actor, lease.run_id) is True
 
-        assert json.loads(await next_payload(queue)) == {
-            "deployment_ref": DEPLOYMENT, "tenant_id": "default", "workspace_id": None}
+        assert await next_payload(queue) == await wakeup_key(actor, DEPLOYMENT, "default", None)

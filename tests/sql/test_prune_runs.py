@@ -16,15 +16,16 @@ import asyncpg
 import pytest
 from helpers import T0, at, make_run, run_row
 
-PRUNE = """SELECT zeroth.prune_runs(older_than => $1, batch_size => $2, tenant_id => $3,
+PRUNE = """SELECT zeroth_test.prune_runs(older_than => $1, batch_size => $2, tenant_id => $3,
                workspace_id => $4, now_override => $5)"""
-SAVE_CHECKPOINT = """SELECT zeroth.save_checkpoint(run_id => $1, worker_id => $2, generation => $3,
+SAVE_CHECKPOINT = """SELECT zeroth_test.save_checkpoint(run_id => $1, worker_id => $2,
+                         generation => $3,
                          data => '{"step": 1}', now_override => $4)"""
-COMPLETE = """SELECT zeroth.complete_run(run_id => $1, worker_id => $2, generation => $3,
+COMPLETE = """SELECT zeroth_test.complete_run(run_id => $1, worker_id => $2, generation => $3,
                   now_override => $4)"""
-FAIL_RETRYABLE = """SELECT zeroth.fail_run(run_id => $1, worker_id => $2, generation => $3,
+FAIL_RETRYABLE = """SELECT zeroth_test.fail_run(run_id => $1, worker_id => $2, generation => $3,
                         retryable => true, now_override => $4)"""
-REDRIVE = "SELECT zeroth.redrive_run(run_id => $1, now_override => $2)"
+REDRIVE = "SELECT zeroth_test.redrive_run(run_id => $1, now_override => $2)"
 ALL_RUNS = "SELECT r.run_id FROM zeroth.runs r"
 
 DAY = timedelta(days=1)
@@ -151,7 +152,7 @@ class TestPruneBatches:
         await finished_run(conn)
 
         assert await conn.fetchval(
-            "SELECT zeroth.prune_runs(older_than => '1 day', now_override => $1)", NOW) == 1
+            "SELECT zeroth_test.prune_runs(older_than => '1 day', now_override => $1)", NOW) == 1
 
 
 class TestPruneScope:

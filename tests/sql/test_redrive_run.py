@@ -13,15 +13,16 @@ import asyncpg
 import pytest
 from helpers import WORKER, at, claim, make_run, run_row
 
-REDRIVE = """SELECT zeroth.redrive_run(run_id => $1, tenant_id => $2, workspace_id => $3,
+REDRIVE = """SELECT zeroth_test.redrive_run(run_id => $1, tenant_id => $2, workspace_id => $3,
                  now_override => $4)"""
-START = """SELECT zeroth.start_run(run_id => $1, worker_id => $2, generation => $3,
+START = """SELECT zeroth_test.start_run(run_id => $1, worker_id => $2, generation => $3,
                now_override => $4)"""
-FAIL = """SELECT zeroth.fail_run(run_id => $1, worker_id => $2, generation => $3,
+FAIL = """SELECT zeroth_test.fail_run(run_id => $1, worker_id => $2, generation => $3,
               error => '{"reason": "boom"}', retryable => true, now_override => $4)"""
-COMMIT = """SELECT zeroth.commit_fenced(run_id => $1, worker_id => $2, generation => $3,
+COMMIT = """SELECT zeroth_test.commit_fenced(run_id => $1, worker_id => $2, generation => $3,
                 columns => '{"output": {"partial": true}}', now_override => $4)"""
-REQUEST_CANCEL = """SELECT zeroth.request_cancel(run_id => $1, action => $2, now_override => $3)"""
+REQUEST_CANCEL = """SELECT zeroth_test.request_cancel(run_id => $1, action => $2,
+                        now_override => $3)"""
 OTHER = "worker-b"
 NOW = at(100)
 

@@ -6,22 +6,32 @@ A pending run becomes claimable at once; a running run keeps its holder and gets
 
 from __future__ import annotations
 
-import json
 from datetime import timedelta
 
 import asyncpg
 import pytest
-from helpers import DEPLOYMENT, WORKER, at, claim, enqueue, listen, make_run, next_payload, run_row
+from helpers import (
+    DEPLOYMENT,
+    WORKER,
+    at,
+    claim,
+    enqueue,
+    listen,
+    make_run,
+    next_payload,
+    run_row,
+    wakeup_key,
+)
 
-RELEASE = """SELECT zeroth.release_lease(run_id => $1, worker_id => $2, generation => $3,
+RELEASE = """SELECT zeroth_test.release_lease(run_id => $1, worker_id => $2, generation => $3,
                  tenant_id => $4, workspace_id => $5, now_override => $6)"""
 CLAIM_ORPHANED = """SELECT run_id, lease_generation, recovery_checkpoint_id
-                      FROM zeroth.claim_orphaned(deployment_ref => $1, worker_id => $2,
+                      FROM zeroth_test.claim_orphaned(deployment_ref => $1, worker_id => $2,
                           max_concurrency => $3, now_override => $4)
                      WHERE run_id IS NOT NULL"""
-RENEW = """SELECT zeroth.renew_lease(run_id => $1, worker_id => $2, generation => $3,
+RENEW = """SELECT zeroth_test.renew_lease(run_id => $1, worker_id => $2, generation => $3,
                now_override => $4)"""
-SLOT = """SELECT s.run_id, s.lease_worker_id, s.lease_generation FROM zeroth.admission_slots s
+SLOT = """SELECT s.run_id, s.lease_worker_id, s.lease_generation FROM zeroth_test.slot_leases s
            WHERE s.deployment_ref = $1 AND s.slot_no = 1"""
 OTHER = "worker-b"
 MICROSECOND = timedelta(microseconds=1)
@@ -115,12 +125,13 @@ class TestReleaseOfRunningRun:
 
         assert await conn.fetchval(RENEW, lease.run_id, WORKER, 1, at(10)) is False
 
-    async def test_release_of_an_already_expired_lease_keeps_the_earlier_expiry(self, conn):
+    async def test_an_expired_lease_is_no_longer_its_holders_to_release(self, conn):
         lease = await make_run(conn, "running")
+        before = await run_row(conn, lease.run_id)
 
-        assert await release(conn, lease.run_id, now=at(120)) is True
+        assert await release(conn, lease.run_id, now=at(120)) is False
 
-        assert (await run_row(conn, lease.run_id))["lease_expires_at"] == at(60)
+        assert dict(await run_row(conn, lease.run_id)) == dict(before)
 
 
 class TestReleaseMatchesTheExactGeneration:
@@ -206,22 +217,30 @@ class TestReleaseMatchesTheExactGeneration:
         assert await release(conn, lease.run_id, tenant_id="acme", workspace_id="ws-1") is True
 
 
-class TestReleaseHasNoExpiryCheck:
-    async def test_holder_can_release_an_expired_untaken_pending_lease(self, conn):
+class TestReleaseNeedsALiveLease:
+    async def test_holder_cannot_release_an_expired_pending_lease(self, conn):
+        # Finding 11: the lease expired, so it is not the old holder's to give back (a claim
+        # simply takes the run again).
         lease = await make_run(conn, "claimed")
+        before = await run_row(conn, lease.run_id)
 
-        assert await release(conn, lease.run_id, now=at(600)) is True
+        assert await release(conn, lease.run_id, now=at(600)) is False
 
-        row = await run_row(conn, lease.run_id)
-        assert row["lease_worker_id"] is None
-        assert row["lease_generation"] == 1
+        assert dict(await run_row(conn, lease.run_id)) == dict(before)
 
-    async def test_holder_can_release_an_expired_untaken_running_lease(self, conn):
+    async def test_an_expired_running_lease_stays_an_orphan_for_recovery(self, conn):
         lease = await make_run(conn, "running")
 
-        assert await release(conn, lease.run_id, now=at(600)) is True
+        assert await release(conn, lease.run_id, now=at(600)) is False
 
         assert [r["run_id"] for r in await claim_orphaned(conn, now=at(600))] == [lease.run_id]
+
+    async def test_holder_cannot_release_after_an_admin_cleared_its_lease(self, conn):
+        lease = await make_run(conn, "claimed")
+        assert await conn.fetchval(
+            "SELECT zeroth_test.clear_lease(run_id => $1, now_override => $2)", lease.run_id, at(5))
+
+        assert await release(conn, lease.run_id, now=at(6)) is False
 
 
 class TestReleaseFreesTheSlot:
@@ -258,8 +277,7 @@ class TestReleaseNotifiesWakeup:
 
         assert await release(actor, lease.run_id) is True
 
-        assert json.loads(await next_payload(queue)) == {
-            "deployment_ref": DEPLOYMENT, "tenant_id": "default", "workspace_id": None}
+        assert await next_payload(queue) == await wakeup_key(actor, DEPLOYMENT, "default", None)
 
     async def test_refused_release_sends_no_wakeup(self, connect):
         actor, listener = await connect(), await connect()

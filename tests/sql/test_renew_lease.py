@@ -12,7 +12,7 @@ from helpers import DEPLOYMENT, WORKER, at, claim, enqueue, make_run, run_row
 
 OTHER = "worker-b"
 
-RENEW = """SELECT zeroth.renew_lease(run_id => $1, worker_id => $2, generation => $3,
+RENEW = """SELECT zeroth_test.renew_lease(run_id => $1, worker_id => $2, generation => $3,
                lease_seconds => $4, now_override => $5)"""
 
 
@@ -26,14 +26,14 @@ async def renew(conn: asyncpg.Connection, run_id: UUID | None, worker_id: str | 
 async def slot_row(conn: asyncpg.Connection, slot_no: int = 1) -> asyncpg.Record:
     return await conn.fetchrow(  # type: ignore[no-any-return]
         """SELECT s.run_id, s.lease_worker_id, s.lease_generation, s.lease_expires_at
-             FROM zeroth.admission_slots s
+             FROM zeroth_test.slot_leases s
             WHERE s.tenant_id = 'default' AND s.workspace_key = '' AND s.deployment_ref = $1
               AND s.slot_no = $2""", DEPLOYMENT, slot_no)
 
 
 async def orphan_claim(conn: asyncpg.Connection, worker_id: str, now: datetime) -> list[Any]:
     rows = await conn.fetch(
-        """SELECT run_id, lease_generation FROM zeroth.claim_orphaned(deployment_ref => $1,
+        """SELECT run_id, lease_generation FROM zeroth_test.claim_orphaned(deployment_ref => $1,
                worker_id => $2, lease_seconds => 60, now_override => $3)""",
         DEPLOYMENT, worker_id, now)
     return [row for row in rows if row["run_id"] is not None]
@@ -256,7 +256,8 @@ class TestBadArguments:
         with pytest.raises(asyncpg.PostgresError) as raised:
             async with conn.transaction():
                 await conn.fetchval(
-                    """SELECT zeroth.renew_lease(run_id => $1, worker_id => $2, generation => 1,
+                    """SELECT zeroth_test.renew_lease(run_id => $1, worker_id => $2,
+                           generation => 1,
                            lease_seconds => NULL, now_override => $3)""",
                     lease.run_id, WORKER, at(30))
 

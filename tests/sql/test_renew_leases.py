@@ -13,7 +13,7 @@ from helpers import WORKER, at, claim, enqueue, make_run, run_row
 OTHER = "worker-b"
 
 RENEW_MANY = """SELECT run_id, renewed, lease_expires_at, cancel_requested
-                  FROM zeroth.renew_leases(worker_id => $1, run_ids => $2::uuid[],
+                  FROM zeroth_test.renew_leases(worker_id => $1, run_ids => $2::uuid[],
                        generations => $3::bigint[], lease_seconds => $4, now_override => $5)"""
 
 
@@ -27,7 +27,7 @@ async def renew_many(conn: asyncpg.Connection, run_ids: list[Any] | None,
 async def slot_of(conn: asyncpg.Connection, run_id: UUID) -> asyncpg.Record | None:
     return await conn.fetchrow(  # type: ignore[no-any-return]
         """SELECT s.slot_no, s.lease_worker_id, s.lease_generation, s.lease_expires_at
-             FROM zeroth.admission_slots s WHERE s.run_id = $1""", run_id)
+             FROM zeroth_test.slot_leases s WHERE s.run_id = $1""", run_id)
 
 
 async def all_rows(conn: asyncpg.Connection, run_ids: list[UUID]) -> list[asyncpg.Record]:
@@ -68,7 +68,7 @@ class TestBatchRenewal:
         assert [r["lease_generation"] for r in reclaimed] == [stale.generation + 1]
         taken = await make_run(conn, "running", deployment_ref="d-taken", lease_seconds=60)
         takeover = await conn.fetch(
-            """SELECT run_id FROM zeroth.claim_orphaned(deployment_ref => 'd-taken',
+            """SELECT run_id FROM zeroth_test.claim_orphaned(deployment_ref => 'd-taken',
                    worker_id => $1, lease_seconds => 600, now_override => $2)""", OTHER, at(61))
         assert [r["run_id"] for r in takeover] == [taken.run_id]
         losers = [stale.run_id, expired.run_id, taken.run_id]
@@ -118,7 +118,7 @@ class TestCancelRequested:
         cancelled = await make_run(conn, "running")
         untouched = await make_run(conn, "running")
         outcome = await conn.fetchval(
-            "SELECT zeroth.request_cancel(run_id => $1, now_override => $2)",
+            "SELECT zeroth_test.request_cancel(run_id => $1, now_override => $2)",
             cancelled.run_id, at(10))
         assert outcome == "cancel_requested"
 

@@ -16,8 +16,8 @@ import pytest
 from helpers import at, make_run, run_row
 from thread_calls import OTHER, OWNER, THREAD, active, admit, cancel_v2, fenced, own_running
 
-REQUEST_CANCEL = "SELECT zeroth.request_cancel(run_id => $1, now_override => $2)"
-RENEW_MANY = """SELECT renewed, cancel_requested FROM zeroth.renew_leases(worker_id => $1,
+REQUEST_CANCEL = "SELECT zeroth_test.request_cancel(run_id => $1, now_override => $2)"
+RENEW_MANY = """SELECT renewed, cancel_requested FROM zeroth_test.renew_leases(worker_id => $1,
                     run_ids => $2, generations => $3, now_override => $4)"""
 
 

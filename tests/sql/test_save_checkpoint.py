@@ -15,7 +15,7 @@ from helpers import WORKER, at, claim, make_run, run_row
 OTHER = "worker-b"
 SOON = at(1)
 
-SAVE = """SELECT zeroth.save_checkpoint(run_id => $1, worker_id => $2, generation => $3,
+SAVE = """SELECT zeroth_test.save_checkpoint(run_id => $1, worker_id => $2, generation => $3,
               data => $4::text::jsonb, checkpoint_id => $5, now_override => $6)"""
 
 
@@ -38,7 +38,7 @@ async def checkpoints(conn: asyncpg.Connection, run_id: UUID) -> list[dict[str, 
 async def recover(conn: asyncpg.Connection, now: datetime) -> list[asyncpg.Record]:
     rows = await conn.fetch(
         """SELECT run_id, lease_generation, recovery_checkpoint_id, checkpoint_data
-             FROM zeroth.claim_orphaned(deployment_ref => 'deploy-a', worker_id => $1,
+             FROM zeroth_test.claim_orphaned(deployment_ref => 'deploy-a', worker_id => $1,
                   now_override => $2)""", OTHER, now)
     return [row for row in rows if row["run_id"] is not None]
 
@@ -122,7 +122,7 @@ class TestCheckpointOfAnotherRun:
         owner = await make_run(conn, "running", tenant_id="tenant-x")
         thief = await make_run(conn, "running")
         foreign = await conn.fetchval(
-            """SELECT zeroth.save_checkpoint(run_id => $1, worker_id => $2, generation => 1,
+            """SELECT zeroth_test.save_checkpoint(run_id => $1, worker_id => $2, generation => 1,
                    data => '{"x": 1}', tenant_id => 'tenant-x', now_override => $3)""",
             owner.run_id, WORKER, at(1))
         thief_before = await run_row(conn, thief.run_id)
@@ -261,7 +261,7 @@ class TestRecovery:
         lease = await make_run(conn, "running")
         latest = await save(conn, lease.run_id, {"step": 1})
         outcome = await conn.fetchval(
-            """SELECT zeroth.fail_run(run_id => $1, worker_id => $2, generation => 1,
+            """SELECT zeroth_test.fail_run(run_id => $1, worker_id => $2, generation => 1,
                    retry_base_seconds => 0, retry_max_seconds => 0, now_override => $3)""",
             lease.run_id, WORKER, at(2))
         assert outcome == "retry_scheduled"

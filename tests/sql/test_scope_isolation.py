@@ -11,7 +11,7 @@ from uuid import UUID, uuid4
 
 import asyncpg
 import pytest
-from helpers import DEPLOYMENT, WORKER, at, make_run, run_row
+from helpers import DEPLOYMENT, WORKER, at, clock_schema, make_run, run_row
 
 NOW = at(30)  # inside the factories' lease (T0 .. at(60))
 LATER = at(120)  # every factory lease has expired
@@ -48,7 +48,7 @@ async def call(conn: asyncpg.Connection, function: str, scope: Scope, **kwargs: 
         f"{name} => ${i + 1}{'::text::jsonb' if name in ('columns', 'data') else ''}"
         for i, name in enumerate(kwargs))
     values = [json.dumps(v) if name in ("columns", "data") else v for name, v in kwargs.items()]
-    return await conn.fetchval(f"SELECT zeroth.{function}({args})", *values)
+    return await conn.fetchval(f"SELECT {clock_schema(kwargs)}.{function}({args})", *values)
 
 
 async def fenced(conn: asyncpg.Connection, function: str, scope: Scope, run_id: UUID,
@@ -59,7 +59,7 @@ async def fenced(conn: asyncpg.Connection, function: str, scope: Scope, run_id: 
 
 async def claim_pending(conn: asyncpg.Connection, scope: Scope, now: Any = NOW) -> list[Any]:
     rows = await conn.fetch(
-        """SELECT run_id FROM zeroth.claim_pending(deployment_ref => $1, worker_id => $2,
+        """SELECT run_id FROM zeroth_test.claim_pending(deployment_ref => $1, worker_id => $2,
                tenant_id => $3, workspace_id => $4, batch_size => 100, now_override => $5)""",
         DEPLOYMENT, WORKER, scope.tenant_id, scope.workspace_id, now)
     return [row["run_id"] for row in rows if row["run_id"] is not None]
@@ -69,7 +69,7 @@ async def claim_orphaned(conn: asyncpg.Connection, scope: Scope,
                          now: Any = LATER) -> list[asyncpg.Record]:
     rows = await conn.fetch(
         """SELECT run_id, lease_generation, recovery_checkpoint_id, checkpoint_data
-             FROM zeroth.claim_orphaned(deployment_ref => $1, worker_id => 'worker-b',
+             FROM zeroth_test.claim_orphaned(deployment_ref => $1, worker_id => 'worker-b',
                   tenant_id => $2, workspace_id => $3, now_override => $4)""",
         DEPLOYMENT, scope.tenant_id, scope.workspace_id, now)
     return [row for row in rows if row["run_id"] is not None]
@@ -272,7 +272,7 @@ async def assert_unreachable(conn: asyncpg.Connection, run_id: UUID, scope: Scop
         assert await call(conn, read, scope, run_id=run_id) is None, read
     assert await fenced(conn, "renew_lease", scope, run_id) is False
     renewals = await conn.fetch(
-        """SELECT renewed FROM zeroth.renew_leases(worker_id => $1, run_ids => $2,
+        """SELECT renewed FROM zeroth_test.renew_leases(worker_id => $1, run_ids => $2,
                generations => $3, tenant_id => $4, workspace_id => $5, now_override => $6)""",
         WORKER, [run_id], [1], scope.tenant_id, scope.workspace_id, NOW)
     assert [row["renewed"] for row in renewals] == [False]

@@ -13,7 +13,7 @@ from helpers import WORKER, at, claim, make_run, run_row
 OTHER = "worker-b"
 SOON = at(1)
 
-START = """SELECT zeroth.start_run(run_id => $1, worker_id => $2, generation => $3,
+START = """SELECT zeroth_test.start_run(run_id => $1, worker_id => $2, generation => $3,
                now_override => $4)"""
 
 
@@ -54,10 +54,10 @@ class TestStart:
         assert again["attempts"] == first["attempts"] == 1
         assert again["started_at"] == first["started_at"]
 
-    async def test_recovered_run_starts_without_counting_another_attempt(self, conn):
+    async def test_recovered_run_starts_without_counting_a_third_attempt(self, conn):
         lease = await make_run(conn, "running")
         taken = await conn.fetch(
-            """SELECT run_id, lease_generation FROM zeroth.claim_orphaned(
+            """SELECT run_id, lease_generation FROM zeroth_test.claim_orphaned(
                    deployment_ref => 'deploy-a', worker_id => $1, now_override => $2)""",
             OTHER, at(61))
         assert [(r["run_id"], r["lease_generation"]) for r in taken] == [(lease.run_id, 2)]
@@ -66,7 +66,8 @@ class TestStart:
                            now=at(62)) is True
 
         row = await run_row(conn, lease.run_id)
-        assert (row["status"], row["attempts"], row["started_at"]) == ("running", 1, at(0))
+        # The recovery counted attempt 2; starting the recovered run counts nothing more.
+        assert (row["status"], row["attempts"], row["started_at"]) == ("running", 2, at(0))
 
     async def test_expiry_exactly_equal_to_now_still_starts(self, conn):
         lease = await make_run(conn, "claimed")
@@ -78,7 +79,7 @@ class TestStart:
     async def test_each_retry_counts_another_attempt(self, conn):
         lease = await make_run(conn, "running")
         outcome = await conn.fetchval(
-            """SELECT zeroth.fail_run(run_id => $1, worker_id => $2, generation => $3,
+            """SELECT zeroth_test.fail_run(run_id => $1, worker_id => $2, generation => $3,
                    retry_base_seconds => 0, retry_max_seconds => 0, now_override => $4)""",
             lease.run_id, WORKER, lease.generation, at(1))
         assert outcome == "retry_scheduled"
@@ -137,7 +138,7 @@ class TestFinishedRunsCannotStart:
     async def test_claimed_run_cancelled_by_an_admin_cannot_start(self, conn):
         lease = await make_run(conn, "claimed")
         outcome = await conn.fetchval(
-            "SELECT zeroth.request_cancel(run_id => $1, now_override => $2)",
+            "SELECT zeroth_test.request_cancel(run_id => $1, now_override => $2)",
             lease.run_id, at(1))
         assert outcome == "cancelled"
         before = await run_row(conn, lease.run_id)

@@ -1,4 +1,5 @@
-"""Shared by tests/security: LOGIN roles made for one test, and the documented grant lists.
+"""Shared by tests/security and tests/adversarial: LOGIN roles made for one test,
+    and the documented grant lists.
 
 Roles are cluster-wide, so each test role gets a unique name and is dropped when the test ends.
 It gets a password too, so the tests also work against a ZEROTH_PG_TEST_DSN server that does not
@@ -20,7 +21,7 @@ from psycopg.conninfo import make_conninfo
 
 from zeroth_pg.testing import libpq_dsn
 
-README = (Path(__file__).resolve().parents[2] / "sql" / "README.md").read_text(encoding="utf-8")
+README = (Path(__file__).resolve().parents[1] / "sql" / "README.md").read_text(encoding="utf-8")
 
 
 def readme_grants(first_cell: str) -> set[str]:
@@ -46,14 +47,18 @@ def dsn_as(dsn: str, user: str, password: str) -> str:
 
 
 @contextlib.contextmanager
-def login_role(admin_dsn: str, member_of: str) -> Iterator[tuple[str, str]]:
-    """A new LOGIN role, member of ``member_of``; yields (name, password). At exit it is
-    dropped, with what it owns in ``admin_dsn``'s database."""
-    name = f"zp_test_{member_of.removeprefix('zeroth_')}_{secrets.token_hex(4)}"
+def login_role(admin_dsn: str, member_of: str | None) -> Iterator[tuple[str, str]]:
+    """A new LOGIN role, member of ``member_of`` (None: of nothing, no grant at all); yields
+    (name, password). At exit it is dropped, with what it owns in ``admin_dsn``'s database."""
+    label = "nobody" if member_of is None else member_of.removeprefix("zeroth_")
+    name = f"zp_test_{label}_{secrets.token_hex(4)}"
     password = secrets.token_hex(16)
+    create = pgsql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
+        pgsql.Identifier(name), pgsql.Literal(password))
+    if member_of is not None:
+        create += pgsql.SQL(" IN ROLE {}").format(pgsql.Identifier(member_of))
     with psycopg.connect(libpq_dsn(admin_dsn), autocommit=True) as conn:
-        conn.execute(pgsql.SQL("CREATE ROLE {} LOGIN PASSWORD {} IN ROLE {}").format(
-            pgsql.Identifier(name), pgsql.Literal(password), pgsql.Identifier(member_of)))
+        conn.execute(create)
     try:
         yield name, password
     finally:
