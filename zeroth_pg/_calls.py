@@ -126,7 +126,7 @@ ADMIT_RUN = """SELECT outcome, run_id, status::text AS status, lease_generation,
     deployment_ref => $1, thread_id => $2, strategy => $3, worker_id => $4,
     payload => $5::text::jsonb, tenant_id => $6, workspace_id => $7, lease_seconds => $8,
     grace_seconds => $9, idempotency_key => $10, metadata => $11::text::jsonb, run_id => $12,
-    priority => $13, max_attempts => $14, resumable => $15)"""
+    priority => $13, max_attempts => $14, resumable => $15, owner_generation => $16)"""
 
 REQUEST_CANCEL_V2 = """SELECT outcome, run_id, status::text AS status, cancel_action,
     lease_worker_id, lease_generation, retry_after_s FROM zeroth.request_cancel_v2(

@@ -79,7 +79,8 @@ class TakeoverOutcome(StrEnum):
 
     FAILED = "failed"  # not resumable: ended with a stop reason
     CANCELLED = "cancelled"  # a cancel had been requested
-    REQUEUED = "requeued"  # resumable: back to pending for any worker
+    REQUEUED = "requeued"  # resumable: back to pending for any worker (the attempt counted)
+    DEAD_LETTERED = "dead_lettered"  # resumable but out of attempts: failed, dead-lettered
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,15 +272,18 @@ class ThreadRuns(LeaseManager):
         priority: int = 0,
         max_attempts: int = 3,
         resumable: bool | None = None,
+        owner_generation: int | None = None,
         conn: Executor | None = None,
     ) -> Admission:
         """Create a run for a thread (``zeroth.admit_run``); with ``worker_id`` it is leased to
-        the caller at generation 1 in the same statement (admit-and-own)."""
+        the caller at generation 1 in the same statement (admit-and-own). To interrupt its own
+        running run at once, the caller proves it holds that run's lease with
+        ``owner_generation``; with ``worker_id`` alone a live run is only asked to stop."""
         rows = await self._fetch(
             _calls.ADMIT_RUN, deployment_ref, thread_id, str(strategy), worker_id,
             _dumps(dict(payload or {})), tenant_id, workspace_id, self.lease_duration_seconds,
             self.grace_seconds, idempotency_key, _dumps(dict(metadata or {})), _uuid(run_id),
-            priority, max_attempts, resumable, conn=conn)
+            priority, max_attempts, resumable, owner_generation, conn=conn)
         row = rows[0]
         return Admission(
             outcome=AdmitOutcome(row["outcome"]), run_id=row["run_id"],

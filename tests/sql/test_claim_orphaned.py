@@ -212,6 +212,49 @@ class TestClaimLimit:
         assert await snapshot(conn) == before
 
 
+class TestRunsThatKillTheirWorker:
+    """Finding 4: a run whose handler takes its process down was recovered for ever (each
+    recovery gave the attempt back). Every re-lease of an orphan counts an attempt now, and one
+    out of attempts is dead-lettered instead of re-leased."""
+
+    async def test_each_recovery_counts_an_attempt_until_the_run_is_dead_lettered(self, conn):
+        lease = await make_run(conn, "running", max_attempts=3)  # attempt 1, lease to 60
+        attempts = []
+        for n, worker in enumerate(["w-2", "w-3"], start=1):
+            rows = await claim_orphans(conn, worker_id=worker, now=at(120 * n))
+            attempts.append([(r["attempts"], r["lease_generation"]) for r in rows
+                             if r["run_id"] is not None])
+        assert attempts == [[(2, 2)], [(3, 3)]]
+
+        # Attempt 3 dies too: nothing is re-leased, the run ends as a dead letter.
+        assert claimed_ids(await claim_orphans(conn, worker_id="w-4", now=at(400))) == []
+        row = await run_row(conn, lease.run_id)
+        assert (row["status"], row["attempts"], row["lease_worker_id"]) == ("failed", 3, None)
+        assert row["dead_lettered_at"] == at(400)
+        error = json.loads(row["error"])
+        assert (error["stop_reason"], error["worker_id"], error["lease_generation"]) == (
+            "attempts_exhausted", "w-3", 3)
+
+    async def test_the_dead_letter_frees_its_slot_and_the_claim_says_so(self, conn):
+        await make_run(conn, "running", max_attempts=1, max_concurrency=1)
+        waiting = await enqueue(conn, now=at(1))
+
+        assert claimed_ids(await claim_orphans(conn, max_concurrency=1, now=at(120))) == []
+
+        rows = await conn.fetch(
+            """SELECT run_id FROM zeroth_test.claim_pending(deployment_ref => $1,
+                   worker_id => 'w-x', max_concurrency => 1, now_override => $2)""",
+            DEPLOYMENT, at(121))
+        assert [r["run_id"] for r in rows] == [waiting]
+
+    async def test_a_run_with_attempts_left_is_re_leased_not_ended(self, conn):
+        lease = await make_run(conn, "running", max_attempts=2)
+
+        rows = await claim_orphans(conn, now=at(120))
+
+        assert [(r["run_id"], r["attempts"]) for r in rows] == [(lease.run_id, 2)]
+
+
 class TestMaxConcurrency:
     async def test_saturated_with_an_orphan_waiting_reports_saturated(self, conn):
         orphan = await make_run(conn, "running")  # no slot; lease lapses at at(60)

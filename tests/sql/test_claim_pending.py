@@ -264,6 +264,35 @@ class TestMaxConcurrency:
                               "run_id": lease.run_id, "lease_generation": 1}
         assert (row["lease_worker_id"], row["lease_expires_at"]) == (WORKER, at(60))
 
+    async def test_a_dba_who_expires_a_lease_by_hand_frees_its_slot_at_once(self, conn):
+        # Finding 6: the slot kept its own copy of the lease, so a manual UPDATE of the run (a
+        # DBA unsticking it) left the slot "live" for the rest of the old lease. The slot only
+        # names the lease now; the run row is the truth.
+        held = await make_run(conn, "running", max_concurrency=1)
+        waiting = await enqueue(conn, now=at(1))
+        await conn.execute(
+            "UPDATE zeroth.runs SET lease_expires_at = $2 WHERE run_id = $1", held.run_id, at(2))
+
+        rows = await claim_rows(conn, worker_id="worker-b", max_concurrency=1, now=at(3))
+
+        assert [r["run_id"] for r in rows] == [waiting]
+        assert rows[0]["active_count"] == 0
+
+    async def test_a_limit_without_a_tenant_binds_the_default_scope_only(self, conn):
+        # Decision (finding 11): upstream refuses max_concurrency without an explicit scope
+        # because its API could not tell "not passed" from None. Here tenant NULL always means
+        # the 'default' tenant and workspace NULL the null workspace, so a limit without them
+        # is exactly that scope's limit, and nobody else's (sql/README.md).
+        await make_run(conn, "running", max_concurrency=1)
+        other = await make_run(conn, "pending", tenant_id="acme")
+        await enqueue(conn, now=at(1))
+
+        assert_marker(await claim_rows(conn, worker_id="w-b", max_concurrency=1, now=at(2)),
+                      saturated=True, active_count=1, limit=1)
+        theirs = await claim_rows(conn, worker_id="w-b", tenant_id="acme", max_concurrency=1,
+                                  now=at(2))
+        assert [r["run_id"] for r in theirs] == [other.run_id]
+
     async def test_claims_without_max_concurrency_hold_no_slot_and_are_not_counted(self, conn):
         unbounded = await make_run(conn, "claimed")
         assert (await run_row(conn, unbounded.run_id))["admission_slot"] is None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import timedelta
 from typing import Any
 from uuid import uuid4
 
@@ -225,6 +226,32 @@ async def notifications_before_sentinel(queue: asyncio.Queue[str],
     return received
 
 
+class TestRepeatsWithinOneBatch:
+    """The runs without a thread go in with one INSERT: repeats inside the batch come back as
+    they would from one call after another (the first in input order is created)."""
+
+    async def test_a_repeated_key_in_one_batch_creates_the_first_only(self, conn):
+        rows = await enqueue_batch(conn, [{"idempotency_key": "k", "payload": {"n": 1}},
+                                          {"payload": {"n": 2}},
+                                          {"idempotency_key": "k", "payload": {"n": 3}}])
+        assert [r["created"] for r in rows] == [True, True, False]
+        assert rows[2]["run_id"] == rows[0]["run_id"]
+        assert json.loads((await run_row(conn, rows[0]["run_id"]))["payload"]) == {"n": 1}
+
+    async def test_a_repeated_run_id_in_one_batch_creates_the_first_only(self, conn):
+        run_id = str(uuid4())
+        rows = await enqueue_batch(conn, [{"run_id": run_id, "payload": {"n": 1}},
+                                          {"run_id": run_id, "payload": {"n": 2}}])
+        assert [(str(r["run_id"]), r["created"]) for r in rows] == [(run_id, True),
+                                                                    (run_id, False)]
+        assert json.loads((await run_row(conn, rows[0]["run_id"]))["payload"]) == {"n": 1}
+
+    async def test_threads_and_plain_runs_mix_in_one_batch(self, conn):
+        rows = await enqueue_batch(conn, [{"thread_id": "t"}, {}, {"thread_id": "t"}, {}])
+        assert [r["status"] for r in rows] == ["pending", "pending", "waiting", "pending"]
+        assert [r["created"] for r in rows] == [True] * 4
+
+
 class TestWakeupNotify:
     async def test_a_batch_sends_one_notification_per_transaction(self, connect):
         queue = await listen(connect)
@@ -233,6 +260,14 @@ class TestWakeupNotify:
         assert len(rows) == 3
         received = await notifications_before_sentinel(queue, producer)
         assert received == [await wakeup_key(producer, DEPLOYMENT, "t1", "w1")]
+
+    async def test_a_batch_of_runs_not_due_wakes_nobody(self, connect):
+        # A worker woken for a run_after in the future claims nothing; the poll finds it.
+        queue = await listen(connect)
+        producer = await connect()
+        later = (T0 + timedelta(minutes=5)).isoformat()
+        await enqueue_batch(producer, [{"run_after": later}, {"run_after": later}])
+        assert await notifications_before_sentinel(queue, producer) == []
 
     async def test_two_batches_in_two_transactions_notify_twice(self, connect):
         queue = await listen(connect)

@@ -131,6 +131,26 @@ class TestCancelRequested:
         ]
 
 
+class TestCancelsAreReportedInTheirOwnScope:
+    async def test_a_cancel_of_the_same_run_id_elsewhere_is_not_reported_here(self, conn):
+        # Finding 11: run ids are unique per scope only, and on main the zeroth_control payload
+        # and the worker matched a cancel by run id alone. The renewal that confirms a cancel
+        # reads the caller's own scope.
+        mine = await make_run(conn, "running", tenant_id="t-1")
+        theirs = await make_run(conn, "running", tenant_id="t-2", run_id=mine.run_id)
+        assert (theirs.run_id, theirs.generation) == (mine.run_id, mine.generation)
+        assert await conn.fetchval(
+            """SELECT zeroth_test.request_cancel(run_id => $1, tenant_id => 't-2',
+                   now_override => $2)""", mine.run_id, at(10)) == "cancel_requested"
+
+        rows = await conn.fetch(
+            """SELECT renewed, cancel_requested FROM zeroth_test.renew_leases(worker_id => $1,
+                   run_ids => $2::uuid[], generations => $3::bigint[], tenant_id => 't-1',
+                   now_override => $4)""", WORKER, [mine.run_id], [1], at(20))
+
+        assert [tuple(r) for r in rows] == [(True, False)]
+
+
 class TestBadArguments:
     @pytest.mark.parametrize(
         ("shape", "worker_id", "lease_seconds"),
@@ -175,6 +195,25 @@ class TestBadArguments:
 
         assert raised.value.sqlstate == "ZP008"
         assert await all_rows(conn, [a.run_id, b.run_id]) == before
+
+    async def test_a_batch_that_repeats_a_run_is_refused_whole(self, conn):
+        # Finding 11: renew_leases skipped the checks complete_runs has.
+        lease = await make_run(conn, "running")
+        before = await run_row(conn, lease.run_id)
+
+        with pytest.raises(asyncpg.PostgresError) as raised:
+            async with conn.transaction():
+                await renew_many(conn, [lease.run_id, lease.run_id], [1, 1], now=at(30))
+
+        assert raised.value.sqlstate == "ZP008"
+        assert await run_row(conn, lease.run_id) == before
+
+    async def test_more_than_1000_runs_is_refused(self, conn):
+        ids = [uuid4() for _ in range(1001)]
+        with pytest.raises(asyncpg.PostgresError) as raised:
+            async with conn.transaction():
+                await renew_many(conn, ids, [1] * 1001, now=at(30))
+        assert raised.value.sqlstate == "ZP008"
 
     async def test_empty_arrays_return_no_rows(self, conn):
         lease = await make_run(conn, "running")

@@ -1,0 +1,122 @@
+"""Interleavings the outside review broke on main (issue 11), each replayed with real sessions.
+
+* Finding 6: a renewal refused because another session re-leased the run into another slot in
+  between used to renew and commit its slot row anyway; that zombie slot counted against K for a
+  whole lease. A slot now holds no copy of the lease: it names (run, generation), so a slot whose
+  run moved on is free however the renewal ended.
+* Finding 8: two enqueue_runs batches [T1, T2] and [T2, T1] took the per-thread locks in input
+  order and deadlocked. Every thread lock of a batch is now taken in one sorted order first.
+* Finding 10: concurrent retries of one admission (same idempotency key or run_id, different
+  payloads) got ``busy`` for their own run; now every one of them is ``reused``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from helpers import DEPLOYMENT, at, enqueue, make_run, run_row
+from interleave import Session, assert_waits_for, finished
+
+K = 2
+RENEW = """SELECT zeroth_test.renew_lease(run_id => $1, worker_id => 'worker-a', generation => 1,
+               now_override => $2)"""
+CLAIM_ORPHANED = """SELECT run_id, lease_generation FROM zeroth_test.claim_orphaned(
+                        deployment_ref => $1, worker_id => 'worker-c', max_concurrency => $2,
+                        now_override => $3) WHERE run_id IS NOT NULL"""
+CLAIM = """SELECT run_id, concurrency_saturated, active_count FROM zeroth_test.claim_pending(
+               deployment_ref => $1, worker_id => 'worker-d', max_concurrency => $2,
+               now_override => $3)"""
+LIVE_SLOTS = """SELECT count(*) FROM zeroth_test.slot_leases s
+                 WHERE s.deployment_ref = $1 AND s.lease_expires_at >= $2"""
+
+
+class TestRefusedRenewalLeavesNoZombieSlot:
+    async def test_renewal_refused_after_a_re_lease_into_another_slot(self, sessions):
+        renewer, rescuer, db = sessions
+        lease = await make_run(db, "running", max_concurrency=K)  # slot 1, generation 1, to 60
+        # The rescuer holds the run row, so the renewal (which sampled 59, inside its lease)
+        # cannot finish before the re-lease: on main it had already renewed its slot row.
+        await rescuer.begin()
+        await rescuer.call("SELECT 1 FROM zeroth.runs WHERE run_id = $1 FOR UPDATE", lease.run_id)
+        renewal = renewer.spawn(RENEW, lease.run_id, at(59))
+        await assert_waits_for(db, renewer, rescuer, renewal)
+        taken = (await rescuer.rows(CLAIM_ORPHANED, DEPLOYMENT, K, at(61))).value
+        assert [(r["run_id"], r["lease_generation"]) for r in taken] == [(lease.run_id, 2)]
+        await rescuer.commit()
+
+        assert (await finished(renewal)).value is False
+        # One live lease in the scope: a second run is admitted under K = 2.
+        assert await db.fetchval(LIVE_SLOTS, DEPLOYMENT, at(62)) == 1
+        waiting = await enqueue(db, now=at(62))
+        rows = await db.fetch(CLAIM, DEPLOYMENT, K, at(62))
+        assert [(r["run_id"], r["concurrency_saturated"], r["active_count"]) for r in rows] == [
+            (waiting, False, 1)]
+        row = await run_row(db, lease.run_id)
+        assert (row["lease_worker_id"], row["lease_generation"]) == ("worker-c", 2)
+
+
+class TestBatchesOfThreadsCannotDeadlock:
+    async def test_two_batches_naming_two_threads_in_opposite_orders(self, sessions, connect):
+        first, second, db = sessions
+        holder = Session(await connect())
+        # Hold T1's thread lock, so the first batch stops inside its locking and the second
+        # arrives while it waits: on main the second then held T2 and waited for T1, while the
+        # first held T1 and waited for T2.
+        await holder.begin()
+        await holder.call("SELECT zeroth._lock_thread('default', '', 'T1')")
+        batch = """SELECT run_id, status::text FROM zeroth.enqueue_runs(deployment_ref => $1,
+                       runs => $2::text::jsonb) ORDER BY ordinality"""
+        items = [{"thread_id": "T1"}, {"thread_id": "T2"}]
+        a = first.spawn(batch, DEPLOYMENT, json.dumps(items), rows=True)
+        await assert_waits_for(db, first, holder, a)
+        b = second.spawn(batch, DEPLOYMENT, json.dumps(items[::-1]), rows=True)
+        await wait_blocked(db, second)
+        await holder.commit()
+
+        outcomes = [await finished(a), await finished(b)]
+        assert [o.sqlstate for o in outcomes] == [None, None]
+        statuses = sorted(r["status"] for o in outcomes for r in o.value)
+        assert statuses == ["pending", "pending", "waiting", "waiting"]  # one active per thread
+
+
+async def wait_blocked(db: Any, session: Session) -> None:
+    for _ in range(1000):
+        if await db.fetchval("SELECT cardinality(pg_blocking_pids($1)) > 0", session.pid):
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("the second batch never waited")
+
+
+class TestConcurrentRetriesOfOneAdmission:
+    async def test_twelve_retries_with_one_key_all_get_the_one_run(self, connect):
+        sessions = [await connect() for _ in range(12)]
+
+        async def admit(conn: Any, n: int) -> Any:
+            return await conn.fetchrow(
+                """SELECT outcome, run_id FROM zeroth.admit_run(deployment_ref => $1,
+                       thread_id => 'retried', strategy => 'reject', idempotency_key => 'req-1',
+                       payload => $2::text::jsonb)""", DEPLOYMENT, json.dumps({"body": n}))
+
+        results = await asyncio.gather(*(admit(c, n) for n, c in enumerate(sessions)))
+
+        assert sorted(r["outcome"] for r in results) == ["admitted"] + ["reused"] * 11
+        assert len({r["run_id"] for r in results}) == 1
+        db = sessions[0]
+        assert await db.fetchval("SELECT count(*) FROM zeroth.runs") == 1
+
+    async def test_twelve_retries_with_one_run_id_all_get_the_one_run(self, connect):
+        sessions = [await connect() for _ in range(12)]
+        run_id = "6f1c1b0e-7d2a-4f7e-9c57-1e0cfb2b2a10"
+
+        async def admit(conn: Any) -> Any:
+            return await conn.fetchrow(
+                """SELECT outcome, run_id FROM zeroth.admit_run(deployment_ref => $1,
+                       thread_id => 'retried', strategy => 'reject', run_id => $2::uuid)""",
+                DEPLOYMENT, run_id)
+
+        results = await asyncio.gather(*(admit(c) for c in sessions))
+
+        assert sorted(r["outcome"] for r in results) == ["admitted"] + ["reused"] * 11
+        assert {str(r["run_id"]) for r in results} == {run_id}
