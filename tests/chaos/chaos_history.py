@@ -17,9 +17,16 @@ Two append-only tables live next to ``zeroth`` in the soak's database (:data:`AU
   write; and every fault the harness injected (``kill``, ``stop``, ``cont``, ``terminate``,
   ``restart``), with the leases the victim held.
 
-:func:`check_history` replays both after the run and returns the invariant violations and the
-figures of the report. It needs nothing but the rows, so tests/chaos/test_history_checker.py
-feeds it hand-made histories to prove each check can fail.
+A trigger sees one row at a time, so what holds *between* tables is sampled instead: while the
+fleet runs, the soak snapshots every live lease with the admission slot it is held in
+(:data:`SLOTS_QUERY`: one statement, so one MVCC snapshot of ``zeroth.runs`` and
+``zeroth.admission_slots``). A slot is live exactly while the run it names holds that
+generation's live lease in it, so in every snapshot a live slotted lease is named by its slot,
+and a scope under ``max_concurrency`` has at most that many live leases, each in a slot.
+
+:func:`check_history` replays all of it after the run and returns the invariant violations and
+the figures of the report. It needs nothing but the rows, so tests/chaos/test_history_checker.py
+feeds it hand-made histories and snapshots to prove each check can fail.
 """
 
 from __future__ import annotations
@@ -33,7 +40,8 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
-__all__ = ["AUDIT_DDL", "EVENTS_QUERY", "HISTORY_QUERY", "RUNS_QUERY", "Report", "check_history"]
+__all__ = ["AUDIT_DDL", "EVENTS_QUERY", "HISTORY_QUERY", "RUNS_QUERY", "SLOTS_QUERY", "Report",
+           "check_history"]
 
 AUDIT_DDL = r"""
 CREATE TABLE public.chaos_history (
@@ -162,6 +170,22 @@ RUNS_QUERY = """
            r.created_at
       FROM zeroth.runs r"""
 
+# One snapshot: every live lease, with the slot row its admission_slot points at (a slot names
+# (run_id, lease_generation) and nothing else). Liveness is judged by clock_timestamp(), read
+# after the snapshot was taken: a lease live then was live, in the snapshot's rows, at the moment
+# of the snapshot, so no claim committed before it can have seen that lease expired. (By now(),
+# which is earlier, a lease a claim had just retired could look live.)
+SLOTS_QUERY = """
+    SELECT statement_timestamp() AS at, r.tenant_id, r.workspace_key, r.deployment_ref, r.run_id,
+           r.lease_worker_id, r.lease_generation, r.lease_expires_at,
+           r.admission_slot AS slot_no, s.slot_no IS NOT NULL AS slot_exists,
+           s.run_id AS slot_run_id, s.lease_generation AS slot_generation
+      FROM zeroth.runs r
+      LEFT JOIN zeroth.admission_slots s
+        ON s.tenant_id = r.tenant_id AND s.workspace_key = r.workspace_key
+       AND s.deployment_ref = r.deployment_ref AND s.slot_no = r.admission_slot
+     WHERE r.lease_worker_id IS NOT NULL AND r.lease_expires_at >= clock_timestamp()"""
+
 TERMINAL_STATUSES = frozenset({"completed", "failed", "cancelled"})
 TERMINAL_KINDS = frozenset({"complete", "fail", "cancel"})
 # Every write that ends a generation's work on the run (at most one per generation).
@@ -231,11 +255,14 @@ def check_history(
     *,
     lease_seconds: float,
     fleet_limits: Mapping[str, int] | None = None,
+    slot_samples: Sequence[Row] = (),
     min_stale_refused: int = 50,
 ) -> Report:
     """Replay the accepted history and the events against the invariants (listed in
     docs/reliability.md). ``fleet_limits`` maps a tenant to the ``max_concurrency`` its workers
-    claimed with; ``min_stale_refused`` is how many refused stale writes make the run count."""
+    claimed with; ``slot_samples`` are the rows of the :data:`SLOTS_QUERY` snapshots, each with
+    the number of its snapshot as ``sample``; ``min_stale_refused`` is how many refused stale
+    writes make the run count."""
     report = Report()
     by_run: dict[UUID, list[Row]] = defaultdict(list)
     for row in history:
@@ -246,6 +273,7 @@ def check_history(
     _check_fence(report, history, lease_seconds)
     windows = _check_generations_and_windows(report, by_run)
     _check_fleet_limits(report, windows, fleet_limits or {})
+    _check_slot_samples(report, slot_samples, fleet_limits or {})
     _check_handler_log(report, history, events, by_run)
     _count_stale_writes(report, events, by_run, min_stale_refused)
     _figures(report, history, events, runs, by_run)
@@ -387,6 +415,59 @@ def _check_fleet_limits(report: Report, windows: Iterable[_Window], limits: Mapp
             held.sort(key=lambda window: window.claimed_at)
             _check_disjoint(report, "fleet_limit", f"tenant {tenant} slot {slot}", held)
         report.figures.setdefault("admission_slots_used", {})[tenant] = len(by_slot)
+
+
+def _check_slot_samples(report: Report, samples: Sequence[Row], limits: Mapping[str, int]
+                        ) -> None:
+    """In every snapshot, each live lease held in an admission slot is named by that slot with
+    its generation (a live slotted lease is never missing from its slot), and a scope under
+    max_concurrency has no more live leases than that, each in a slot. A tenant under a limit
+    whose slotted leases were never seen live makes the check vacuous: that fails too."""
+    by_sample: dict[Any, list[Row]] = defaultdict(list)
+    for row in samples:
+        by_sample[row["sample"]].append(row)
+    peak: Counter[str] = Counter()
+    checked = 0
+    for sample, rows in sorted(by_sample.items()):
+        live: Counter[tuple[str, str, str]] = Counter()
+        for row in rows:
+            scope = (row["tenant_id"], row["workspace_key"], row["deployment_ref"])
+            lease = (f"run {row['run_id']} generation {row['lease_generation']} "
+                     f"(worker {row['lease_worker_id']}, live until {row['lease_expires_at']})")
+            where = f"snapshot {sample} at {rows[0]['at']}: {lease}"
+            slot = row["slot_no"]
+            if slot is None:
+                if scope[0] in limits:
+                    report.fail("live_slotted_leases_within_limit",
+                                f"{where} holds no admission slot under max_concurrency "
+                                f"{limits[scope[0]]}")
+                continue
+            live[scope] += 1
+            checked += 1
+            named = (row["slot_run_id"], row["slot_generation"])
+            if named != (row["run_id"], row["lease_generation"]):
+                held_by = ("no such slot row" if not row["slot_exists"] else
+                           "nothing" if named == (None, None) else
+                           f"run {named[0]} generation {named[1]}")
+                report.fail("live_lease_named_by_its_slot",
+                            f"{where} is held in slot {slot} of {scope}, which names {held_by}")
+        for scope, count in sorted(live.items()):
+            tenant = scope[0]
+            peak[tenant] = max(peak[tenant], count)
+            if tenant in limits and count > limits[tenant]:
+                report.fail("live_slotted_leases_within_limit",
+                            f"snapshot {sample} at {rows[0]['at']}: {count} live leases in "
+                            f"admission slots of {scope} (max_concurrency {limits[tenant]})")
+    for tenant, limit in sorted(limits.items()):
+        if peak[tenant] == 0:
+            report.fail("admission_slots_sampled",
+                        f"no snapshot saw a live lease in an admission slot of tenant {tenant} "
+                        f"(max_concurrency {limit}): the slot checks proved nothing")
+    report.figures["slot_snapshots"] = {
+        "with_live_leases": len(by_sample),
+        "live_slotted_leases_checked": checked,
+        "live_slotted_leases_peak": dict(sorted(peak.items())),
+    }
 
 
 def _check_handler_log(report: Report, history: Sequence[Row], events: Sequence[Row],

@@ -6,8 +6,10 @@ checkpoints each and commits its progress, under 3 s leases. Meanwhile chaos_fle
 SIGKILLs and respawns workers, freezes them past their lease and wakes them up as zombies, and
 terminates pool and listener backends, and the server is restarted every 25 s, fast and
 immediate in turn. Triggers capture every accepted write; the handler logs every start and every
-fenced write attempt with its answer, outside the fence; chaos_history.check_history then
-replays it all offline (docs/reliability.md lists the invariants).
+fenced write attempt with its answer, outside the fence; every 0.2 s the harness snapshots the
+live leases with the admission slots they are held in (chaos_history.SLOTS_QUERY);
+chaos_history.check_history then replays it all offline (docs/reliability.md lists the
+invariants).
 
 Sizes: by default the CI size, at least 1,500 runs and 75 s of faults. ``ZEROTH_PG_SOAK_SECONDS=N``
 runs the full size: at least 5,000 runs and N seconds. ``ZEROTH_PG_CHAOS_SEED`` repeats the
@@ -41,7 +43,14 @@ from chaos_fleet import (
     harness_pool,
     retrying,
 )
-from chaos_history import AUDIT_DDL, EVENTS_QUERY, HISTORY_QUERY, RUNS_QUERY, check_history
+from chaos_history import (
+    AUDIT_DDL,
+    EVENTS_QUERY,
+    HISTORY_QUERY,
+    RUNS_QUERY,
+    SLOTS_QUERY,
+    check_history,
+)
 
 from zeroth_pg import migrate
 from zeroth_pg.client import LeaseManager
@@ -53,6 +62,7 @@ SOAK_SECONDS_ENV = "ZEROTH_PG_SOAK_SECONDS"
 SEED_ENV = "ZEROTH_PG_CHAOS_SEED"
 RESULTS = Path(__file__).resolve().parent / "results" / "latest.json"
 ENQUEUE_BATCH = 500
+SLOT_SAMPLE_EVERY = 0.2  # seconds between two snapshots of the live leases and their slots
 FAULTS = {"kill", "stop", "cont", "terminate_worker", "terminate_listener", "restart_fast",
           "restart_immediate"}
 
@@ -152,6 +162,25 @@ async def feed_and_drain(harness: asyncpg.Pool, injector: FaultInjector, rng: ra
         await asyncio.sleep(0.5)
 
 
+class SlotSampler:
+    """Snapshots the live leases with the admission slots they are held in (SLOTS_QUERY, one
+    statement: one MVCC snapshot of both tables) every ``SLOT_SAMPLE_EVERY`` s until cancelled.
+    ``rows`` carry the number of their snapshot as ``sample``; a snapshot that a fault broke is
+    retried, not skipped silently."""
+
+    def __init__(self, harness: asyncpg.Pool) -> None:
+        self.harness = harness
+        self.rows: list[dict[str, Any]] = []
+        self.taken = 0
+
+    async def run(self) -> None:
+        while True:
+            rows = await retrying(lambda: self.harness.fetch(SLOTS_QUERY))
+            self.taken += 1
+            self.rows += [{"sample": self.taken, **dict(row)} for row in rows]
+            await asyncio.sleep(SLOT_SAMPLE_EVERY)
+
+
 async def read_audit(dsn: str) -> tuple[list[dict[str, Any]], ...]:
     conn = await asyncpg.connect(dsn)
     try:
@@ -179,15 +208,18 @@ async def test_fence_holds_under_chaos(chaos_db: tuple[ChaosServer, str]) -> Non
     harness = await harness_pool(dsn)
     fleet = Fleet(dsn, FLEET)
     injector = FaultInjector(fleet, server, harness, seed, lease=FLEET.lease)
+    sampler = SlotSampler(harness)
     try:
         await fleet.start()
         faults = asyncio.create_task(injector.run())
+        sampling = asyncio.create_task(sampler.run())
         try:
             drained = await feed_and_drain(harness, injector, rng, plan)
         finally:
-            faults.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await faults
+            for task in (faults, sampling):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
     finally:
         await fleet.finish()
         await harness.close()
@@ -195,7 +227,7 @@ async def test_fence_holds_under_chaos(chaos_db: tuple[ChaosServer, str]) -> Non
 
     history, events, runs = await read_audit(dsn)
     report = check_history(history, events, runs, lease_seconds=FLEET.lease,
-                           fleet_limits=FLEET.fleet_limits,
+                           fleet_limits=FLEET.fleet_limits, slot_samples=sampler.rows,
                            min_stale_refused=plan.min_stale_refused)
     results = {
         "seed": seed, "plan": asdict(plan), "fleet": asdict(FLEET),
@@ -204,6 +236,7 @@ async def test_fence_holds_under_chaos(chaos_db: tuple[ChaosServer, str]) -> Non
         "worker_log": fleet.log_markers(),
         "unexpected_worker_exits": len(fleet.unexpected_exits),
         "history_rows": len(history), "events": len(events),
+        "slot_snapshots_taken": sampler.taken,
         "violations": report.summary(),
     }
     save_results(results)

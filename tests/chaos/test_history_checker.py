@@ -4,6 +4,8 @@ A checker that never fails proves nothing, so each invariant gets a hand-made hi
 breaks it. The base history is a clean takeover: worker w1 claims run A, checkpoints step 1 and
 freezes; its lease lapses; w2 claims generation 2, resumes at step 1 and completes; w1 wakes up
 and its stale checkpoint is refused. Run B, of a tenant under max_concurrency 1, holds slot 1.
+Two snapshots of the live leases were taken meanwhile: one while w1 held A and w3 held B in
+slot 1 (which names B's generation 1), one while w2 held A.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from chaos_history import check_history
 
 LEASE = 3.0
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
-RUN_A, RUN_B = UUID(int=0xA), UUID(int=0xB)
+RUN_A, RUN_B, RUN_C = UUID(int=0xA), UUID(int=0xB), UUID(int=0xC)
 WRITE_1, WRITE_2, STALE = UUID(int=1), UUID(int=2), UUID(int=3)
 
 Scenario = dict[str, list[dict[str, Any]]]
@@ -64,6 +66,23 @@ def event(kind: str, run_id: UUID | None, generation: int | None, worker: str | 
             "data": data or {}, "at": at(when)}
 
 
+def slot_sample(sample: int, when: float, run_id: UUID, generation: int, worker: str,
+                expires: float, *, tenant: str = "t1", slot: int | None = None,
+                named: tuple[UUID | None, int | None] | None = None,
+                slot_exists: bool = True) -> dict[str, Any]:
+    """A SLOTS_QUERY row of snapshot ``sample``: a live lease, held in ``slot`` (if any), whose
+    row names ``named`` (by default this very lease)."""
+    slot_run, slot_generation = (run_id, generation) if named is None else named
+    in_slot = slot is not None and slot_exists
+    return {
+        "sample": sample, "at": at(when), "tenant_id": tenant, "workspace_key": "",
+        "deployment_ref": "chaos", "run_id": run_id, "lease_worker_id": worker,
+        "lease_generation": generation, "lease_expires_at": at(expires), "slot_no": slot,
+        "slot_exists": in_slot, "slot_run_id": slot_run if in_slot else None,
+        "slot_generation": slot_generation if in_slot else None,
+    }
+
+
 def clean() -> Scenario:
     history = [
         history_row("claim", RUN_A, 0.0, old_gen=0, old_worker=None, old_expires=None,
@@ -101,13 +120,18 @@ def clean() -> Scenario:
              "lease_worker_id": None, "lease_generation": generation, "created_at": at(-1.0)}
             for run_id, tenant, generation in
             ((RUN_A, "t1", 2), (RUN_B, "t3", 1))]
-    return {"history": history, "events": events, "runs": runs}
+    slot_samples = [
+        slot_sample(1, 0.6, RUN_A, 1, "w1", 3.0),
+        slot_sample(1, 0.6, RUN_B, 1, "w3", 3.0, tenant="t3", slot=1),
+        slot_sample(2, 3.9, RUN_A, 2, "w2", 6.5),
+    ]
+    return {"history": history, "events": events, "runs": runs, "slot_samples": slot_samples}
 
 
 def check(scenario: Scenario) -> dict[str, list[str]]:
     return check_history(scenario["history"], scenario["events"], scenario["runs"],
                          lease_seconds=LEASE, fleet_limits={"t3": 1},
-                         min_stale_refused=1).violations
+                         slot_samples=scenario["slot_samples"], min_stale_refused=1).violations
 
 
 def row_of(scenario: Scenario, kind: str, run_id: UUID = RUN_A, nth: int = 0) -> dict[str, Any]:
@@ -170,7 +194,7 @@ def fence_never_exercised(s: Scenario) -> None:
 
 
 def slot_shared_by_two_live_leases(s: Scenario) -> None:
-    other = UUID(int=0xC)
+    other = RUN_C
     s["history"] += [
         history_row("claim", other, 0.5, old_gen=0, old_worker=None, old_expires=None,
                     claim=(1, "w4", 3.5), slot=1, tenant="t3") | {"id": 101},
@@ -178,6 +202,40 @@ def slot_shared_by_two_live_leases(s: Scenario) -> None:
                     cleared=True, new_status="completed", tenant="t3") | {"id": 102},
     ]
     s["runs"].append({**s["runs"][1], "run_id": other})
+
+
+def sampled_slot_row(s: Scenario) -> dict[str, Any]:
+    return next(row for row in s["slot_samples"] if row["slot_no"] is not None)
+
+
+def live_slotted_lease_missing_from_its_slot(s: Scenario) -> None:
+    sampled_slot_row(s).update(slot_run_id=None, slot_generation=None)
+
+
+def slot_names_another_run_while_the_lease_is_live(s: Scenario) -> None:
+    sampled_slot_row(s).update(slot_run_id=RUN_C, slot_generation=1)
+
+
+def slot_names_another_generation_of_the_run(s: Scenario) -> None:
+    sampled_slot_row(s)["slot_generation"] = 2
+
+
+def live_lease_held_in_a_slot_that_does_not_exist(s: Scenario) -> None:
+    sampled_slot_row(s).update(slot_no=2, slot_exists=False, slot_run_id=None,
+                               slot_generation=None)
+
+
+def more_live_slotted_leases_than_max_concurrency(s: Scenario) -> None:
+    # Each in a slot that names it, so only the count gives it away.
+    s["slot_samples"].append(slot_sample(1, 0.6, RUN_C, 1, "w4", 3.5, tenant="t3", slot=2))
+
+
+def live_lease_without_a_slot_under_max_concurrency(s: Scenario) -> None:
+    s["slot_samples"].append(slot_sample(1, 0.6, RUN_C, 1, "w4", 3.5, tenant="t3"))
+
+
+def slots_never_seen_live(s: Scenario) -> None:
+    s["slot_samples"] = [row for row in s["slot_samples"] if row["tenant_id"] != "t3"]
 
 
 BROKEN: list[tuple[Callable[[Scenario], None], str]] = [
@@ -194,6 +252,13 @@ BROKEN: list[tuple[Callable[[Scenario], None], str]] = [
     (accepted_write_missing, "handler_log_agrees"),
     (fence_never_exercised, "fence_exercised"),
     (slot_shared_by_two_live_leases, "fleet_limit"),
+    (live_slotted_lease_missing_from_its_slot, "live_lease_named_by_its_slot"),
+    (slot_names_another_run_while_the_lease_is_live, "live_lease_named_by_its_slot"),
+    (slot_names_another_generation_of_the_run, "live_lease_named_by_its_slot"),
+    (live_lease_held_in_a_slot_that_does_not_exist, "live_lease_named_by_its_slot"),
+    (more_live_slotted_leases_than_max_concurrency, "live_slotted_leases_within_limit"),
+    (live_lease_without_a_slot_under_max_concurrency, "live_slotted_leases_within_limit"),
+    (slots_never_seen_live, "admission_slots_sampled"),
 ]
 
 

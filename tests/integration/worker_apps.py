@@ -14,6 +14,10 @@ Nothing here sleeps to coordinate; sleeps only pace the simulated work.
 
 A run is released by an event ``(run_id, generation, kind='release')`` with the generation of
 the lease that should let go, or generation 0 for whichever generation runs it.
+
+``exit_on_poison`` kills its own process (``os._exit(9)``, as an OOM kill or a segfault would:
+no cleanup, no outcome written) for a run whose payload has ``poison``; any other run sleeps
+``seconds`` and completes.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import asyncpg
 from zeroth_pg.errors import LeaseLostError
 from zeroth_pg.worker import RunContext
 
-__all__ = ["EVENTS_DDL", "scripted", "sleeper"]
+__all__ = ["EVENTS_DDL", "POISON_EXIT_CODE", "exit_on_poison", "scripted", "sleeper"]
 
 EVENTS_DDL = """
     CREATE TABLE public.events (
@@ -41,6 +45,7 @@ EVENTS_DDL = """
         at         timestamptz NOT NULL DEFAULT clock_timestamp()
     )"""
 
+POISON_EXIT_CODE = 9  # what a worker process that ran a poison run exits with
 _POLL = 0.05
 _pool: asyncpg.Pool | None = None
 _pool_lock: asyncio.Lock | None = None
@@ -136,3 +141,17 @@ async def sleeper(ctx: RunContext) -> dict[str, Any]:
     await asyncio.sleep(float(ctx.payload.get("seconds", 0.1)))
     await record(ctx, "finished")
     return {"worker_id": ctx.worker_id, "generation": ctx.lease_generation}
+
+
+async def exit_on_poison(ctx: RunContext) -> dict[str, Any]:
+    """A ``poison`` run takes its worker process down (``os._exit``: no handler returns, no
+    lease is given back, nothing more is written); any other run works ``seconds`` and
+    completes. The ``started`` event, committed before the exit, says which attempt died where."""
+    poison = bool(ctx.payload.get("poison"))
+    await record(ctx, "started", {"attempt": ctx.attempt, "recovered": ctx.recovered,
+                                  "poison": poison})
+    if poison:
+        os._exit(POISON_EXIT_CODE)
+    await asyncio.sleep(float(ctx.payload.get("seconds", 0.1)))
+    return {"worker_id": ctx.worker_id, "generation": ctx.lease_generation,
+            "attempt": ctx.attempt}
