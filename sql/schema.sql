@@ -803,6 +803,9 @@ BEGIN
           FROM wanted w
          WHERE r.tenant_id = _lease_locked_runs.tenant_id
            AND r.workspace_key = _lease_locked_runs.workspace_key
+           -- By primary key with the array (a generic plan is made once per session, maybe
+           -- while the table was empty; it must not come to scan the scope per claimed run).
+           AND r.run_id = ANY (_lease_locked_runs.run_ids)
            AND r.run_id = w.run_id
         RETURNING r.*, w.position
     ), slotted AS (
@@ -1349,7 +1352,9 @@ CREATE FUNCTION zeroth._take_slots(tenant_id text, workspace_key text, deploymen
 DECLARE
     v_free    integer[];
     v_locked  integer[];
+    v_holders uuid[];
     v_named   integer[];
+    v_runs    uuid[];
     v_retired integer[];
 BEGIN
     -- The scope becomes slot rows: bound what would be written (K rows, indexed keys).
@@ -1410,10 +1415,16 @@ BEGIN
          LIMIT least(_take_slots.wanted, _take_slots.max_concurrency - active_count)
            FOR UPDATE OF s SKIP LOCKED
     )
-    SELECT coalesce(array_agg(l.slot_no ORDER BY l.slot_no), '{}') INTO v_locked FROM locked l;
+    SELECT coalesce(array_agg(l.slot_no ORDER BY l.slot_no), '{}'),
+           coalesce(array_agg(l.run_id) FILTER (WHERE l.run_id IS NOT NULL), '{}')
+      INTO v_locked, v_holders
+      FROM locked l;
 
-    -- Under the slot locks, in a new snapshot: which of them does their run still name?
-    SELECT coalesce(array_agg(s.slot_no), '{}') INTO v_named
+    -- Under the slot locks, in a new snapshot: which of them does their run still name? The runs
+    -- are named by primary key with the array: this function's plans are generic and may have
+    -- been made on an empty table, and a join by filter would then walk the scope (issue 13).
+    SELECT coalesce(array_agg(s.slot_no), '{}'), coalesce(array_agg(s.run_id), '{}')
+      INTO v_named, v_runs
       FROM zeroth.admission_slots s
       JOIN zeroth.runs r ON r.tenant_id = s.tenant_id AND r.workspace_key = s.workspace_key
                         AND r.run_id = s.run_id
@@ -1421,6 +1432,8 @@ BEGIN
        AND s.workspace_key = _take_slots.workspace_key
        AND s.deployment_ref = _take_slots.deployment_ref
        AND s.slot_no = ANY (v_locked)
+       AND r.tenant_id = _take_slots.tenant_id AND r.workspace_key = _take_slots.workspace_key
+       AND r.run_id = ANY (v_holders)
        AND r.lease_generation = s.lease_generation
        AND r.admission_slot = s.slot_no;
 
@@ -1435,6 +1448,8 @@ BEGIN
                AND s.workspace_key = _take_slots.workspace_key
                AND s.deployment_ref = _take_slots.deployment_ref
                AND s.slot_no = ANY (v_named)
+               AND r.tenant_id = _take_slots.tenant_id AND r.workspace_key = _take_slots.workspace_key
+               AND r.run_id = ANY (v_runs)
                AND r.lease_generation = s.lease_generation
                AND r.admission_slot = s.slot_no
                AND r.lease_expires_at < _take_slots.at
@@ -1443,7 +1458,8 @@ BEGIN
             UPDATE zeroth.runs r
                SET admission_slot = NULL
               FROM dead d
-             WHERE r.tenant_id = d.tenant_id AND r.workspace_key = d.workspace_key AND r.run_id = d.run_id
+             WHERE r.tenant_id = _take_slots.tenant_id AND r.workspace_key = _take_slots.workspace_key
+               AND r.run_id = ANY (v_runs) AND r.run_id = d.run_id
             RETURNING d.slot_no
         )
         SELECT coalesce(array_agg(x.slot_no), '{}') INTO v_retired FROM retired x;
@@ -2028,7 +2044,12 @@ BEGIN
                admission_slot = NULL, recovery_checkpoint_id = NULL
           FROM locked l
           JOIN requested q ON q.run_id = l.run_id
-         WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey AND r.run_id = l.run_id
+         WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey
+           -- By primary key with the array, not only by the join: a generic plan made while
+           -- the table was small joined by filter and scanned the whole scope per run (the
+           -- continuous-load collapse of issue 13).
+           AND r.run_id = ANY (complete_runs.run_ids)
+           AND r.run_id = l.run_id
            AND l.status = 'running'
            AND r.lease_worker_id = complete_runs.worker_id
            AND r.lease_generation = q.generation
@@ -2867,7 +2888,8 @@ BEGIN
     UPDATE zeroth.runs r
        SET lease_expires_at = v_expires
       FROM locked l
-     WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey AND r.run_id = l.run_id
+     WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey
+       AND r.run_id = renew_lease.run_id AND r.run_id = l.run_id
        AND r.lease_expires_at >= zeroth._now();
     RETURN FOUND;
 END
@@ -2914,7 +2936,9 @@ BEGIN
         UPDATE zeroth.runs r
            SET lease_expires_at = v_expires
           FROM locked l
-         WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey AND r.run_id = l.run_id
+         WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey
+           AND r.run_id = ANY (renew_leases.run_ids)  -- the primary key, whatever the plan
+           AND r.run_id = l.run_id
            AND r.lease_worker_id = renew_leases.worker_id
            AND r.lease_expires_at >= zeroth._now()
         RETURNING r.run_id, r.lease_generation, r.lease_expires_at, r.cancel_requested_at
