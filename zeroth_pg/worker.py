@@ -737,10 +737,14 @@ class RunWorker:
         except LeaseLostError:
             self._lease_lost(entry, fenced=True)
             return
-        except Exception as exc:
+        except (KeyboardInterrupt, SystemExit):
+            raise  # the process is going down: its leases expire and count the attempt
+        except BaseException as exc:
+            # Exception, and whatever else a handler may raise (GeneratorExit, a BaseException
+            # subclass of its own): a failure of this attempt, never a run left to its lease.
             self.metrics.worker_crashes.labels(self.deployment_ref).inc()
             log.info("run %s attempt %d failed: %s: %s", run.run_id, ctx.attempt,
-                     type(exc).__name__, exc)
+                     type(exc).__name__, _message(exc))
             await self._fail(entry, exc, retryable=True)
             return
         finally:
@@ -862,10 +866,11 @@ class RunWorker:
 
     async def _fail(self, entry: _Active, exc: BaseException, *, retryable: bool) -> None:
         run = entry.run
-        entry.advance(RunState.SETTLING)
-        error = {"type": type(exc).__name__, "message": _storable_text(str(exc)),
-                 "traceback": _storable_text("".join(traceback.format_exception(exc))[-4000:]),
+        # Described before the state moves: nothing about the exception may raise past here.
+        error = {"type": type(exc).__name__, "message": _message(exc),
+                 "traceback": _traceback(exc),
                  "worker_id": self.worker_id, "lease_generation": run.lease_generation}
+        entry.advance(RunState.SETTLING)
         outcome = await self._write(entry, self._fenced(
             entry, self.lease_manager.fail_run, error=error, retryable=retryable,
             retry_base_seconds=self.retry_base_seconds, retry_max_seconds=self.retry_max_seconds))
@@ -885,8 +890,9 @@ class RunWorker:
         try:
             await self._write(entry, self._fenced(
                 entry, self.lease_manager.fail_run, retryable=True,
-                error={"type": "WorkerError", "message": _storable_text(
-                    f"{type(exc).__name__}: {exc}")[:1000], "worker_id": self.worker_id}))
+                error={"type": "WorkerError",
+                       "message": f"{type(exc).__name__}: {_message(exc)}"[:1000],
+                       "worker_id": self.worker_id}))
         except Exception:
             log.exception("run %s: could not record the worker error; its lease will expire",
                           entry.run.run_id)
@@ -939,6 +945,22 @@ def _storable_text(text: str) -> str:
     """``text`` with what jsonb cannot hold (U+0000, lone surrogates) replaced by U+FFFD, so an
     error document about a poisonous value can always be written."""
     return _UNSTORABLE_TEXT.sub("\ufffd", text)
+
+
+def _message(exc: BaseException) -> str:
+    """``str(exc)``, storable, even when the exception's own ``__str__`` raises."""
+    try:
+        return _storable_text(str(exc))
+    except Exception as broken:
+        return f"<str() of the exception raised {type(broken).__name__}>"
+
+
+def _traceback(exc: BaseException) -> str:
+    """The last 4000 characters of the formatted traceback, storable, never raising."""
+    try:
+        return _storable_text("".join(traceback.format_exception(exc))[-4000:])
+    except Exception as broken:
+        return f"<the traceback could not be formatted: {type(broken).__name__}>"
 
 
 # -- command line ---------------------------------------------------------------------------------

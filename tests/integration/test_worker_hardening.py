@@ -261,6 +261,51 @@ async def test_a_handler_that_raises_cancelled_error_itself_gets_a_retryable_fai
     assert not worker.stopping  # the worker goes on
 
 
+class UnprintableError(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no way to print me")
+
+
+class PluginAbort(BaseException):
+    """A BaseException subclass of a handler's own (some libraries define these)."""
+
+
+@pytest.mark.parametrize(("raised", "message"), [
+    (UnprintableError(), "<str() of the exception raised RuntimeError>"),
+    (GeneratorExit("closed"), "closed"),
+    (PluginAbort("aborted"), "aborted"),
+], ids=["str-raises", "generator-exit", "own-base-exception"])
+async def test_whatever_a_handler_raises_is_a_written_failure_not_a_crash(
+        pool, spawn_worker, raised, message):
+    """Red-team finding: an exception whose __str__ raises, GeneratorExit, or another
+    BaseException left the run without fail_run (recovered only when its lease expired, as a
+    worker death)."""
+    dep = unique_deployment("harden")
+    calls: list[int] = []
+
+    async def handler(ctx: RunContext) -> Any:
+        calls.append(ctx.attempt)
+        raise raised
+
+    errors = _all_errors(dep)
+    lost = metric("zeroth_lease_lost_total", dep)
+    worker = await spawn_worker(dep, handler)
+    run = (await LeaseManager(pool).enqueue_run(dep, max_attempts=1)).run_id
+    row = await _wait_status(pool, run, "failed")
+    await wait_until(lambda: worker.active_run_ids == [], "the run to settle", within=10)
+
+    assert calls == [1]
+    assert (row["attempts"], row["lease_worker_id"]) == (1, None)
+    assert row["dead_lettered_at"] is not None  # retryable, out of attempts
+    error = row["error"]
+    assert (error["type"], error["message"]) == (type(raised).__name__, message)
+    assert error["lease_generation"] == 1
+    assert "stop_reason" not in error  # written by fail_run, not by an orphan recovery
+    assert metric("zeroth_lease_lost_total", dep) == lost
+    assert _all_errors(dep) == errors
+    assert not worker.stopping
+
+
 # -- finding 7: a stalled worker re-claims its own orphan ---------------------------------------
 
 
