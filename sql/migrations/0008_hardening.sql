@@ -533,12 +533,25 @@ BEGIN
         IF NOT FOUND THEN
             RETURN NULL;
         END IF;
+        -- By primary key, the queue mark read from the locked row: named in the predicate, it let
+        -- a generic plan made on a small table reach the run through runs_thread_queue_idx and
+        -- walk every queued run of the scope (the thread-finished trigger path).
+        WITH locked AS MATERIALIZED (
+            SELECT r.run_id, r.thread_queued_at
+              FROM zeroth.runs r
+             WHERE r.tenant_id = _promote_thread_head.tenant_id
+               AND r.workspace_key = _promote_thread_head.workspace_key
+               AND r.run_id = v_id
+               FOR UPDATE OF r
+        )
         UPDATE zeroth.runs r
            SET status = 'pending', thread_queued_at = NULL, wait_reason = NULL, updated_at = _promote_thread_head.at
+          FROM locked l
          WHERE r.tenant_id = _promote_thread_head.tenant_id
            AND r.workspace_key = _promote_thread_head.workspace_key
            AND r.run_id = v_id
-           AND r.thread_queued_at IS NOT NULL
+           AND r.run_id = l.run_id
+           AND l.thread_queued_at IS NOT NULL
         RETURNING r.deployment_ref, r.workspace_id, r.run_after INTO v_run;
         IF FOUND THEN
             IF v_run.run_after <= _promote_thread_head.at THEN
@@ -1109,15 +1122,26 @@ BEGIN
     IF _admission_reuse.idempotency_key IS NULL AND _admission_reuse.run_id IS NULL THEN
         RETURN v_result;
     END IF;
-    SELECT r.run_id, r.thread_id, r.status, r.lease_worker_id, r.lease_generation, r.lease_expires_at INTO v_run
-      FROM zeroth.runs r
-     WHERE r.tenant_id = _admission_reuse.tenant_id
-       AND r.workspace_key = _admission_reuse.workspace_key
-       AND ((_admission_reuse.idempotency_key IS NOT NULL
-             AND r.deployment_ref = _admission_reuse.deployment_ref
-             AND r.idempotency_key = _admission_reuse.idempotency_key)
-            OR r.run_id = _admission_reuse.run_id)
-     ORDER BY (r.run_id = _admission_reuse.run_id) IS TRUE DESC
+    -- One branch per unique index (the primary key, the key's index), the run_id match first. An
+    -- OR of the two is no index condition: a generic plan made while the table was small read
+    -- the whole scope through runs_pkey and filtered it, every run of its history per admission.
+    SELECT x.run_id, x.thread_id, x.status, x.lease_worker_id, x.lease_generation, x.lease_expires_at
+      INTO v_run
+      FROM (SELECT r.run_id, r.thread_id, r.status, r.lease_worker_id, r.lease_generation,
+                   r.lease_expires_at, true AS by_run_id
+              FROM zeroth.runs r
+             WHERE r.tenant_id = _admission_reuse.tenant_id
+               AND r.workspace_key = _admission_reuse.workspace_key
+               AND r.run_id = _admission_reuse.run_id
+            UNION ALL
+            SELECT r.run_id, r.thread_id, r.status, r.lease_worker_id, r.lease_generation,
+                   r.lease_expires_at, false
+              FROM zeroth.runs r
+             WHERE r.tenant_id = _admission_reuse.tenant_id
+               AND r.workspace_key = _admission_reuse.workspace_key
+               AND r.deployment_ref = _admission_reuse.deployment_ref
+               AND r.idempotency_key = _admission_reuse.idempotency_key) x
+     ORDER BY x.by_run_id DESC
      LIMIT 1;
     IF NOT FOUND THEN
         RETURN v_result;
@@ -1426,16 +1450,23 @@ BEGIN
         RETURN v_result;
     END IF;
 
-    -- A unique index said no: return the run that holds the key (or the caller's run_id).
-    SELECT r.run_id, false, r.status INTO v_result.run_id, v_result.created, v_result.status
-      FROM zeroth.runs r
-     WHERE r.tenant_id = v_tenant
-       AND r.workspace_key = v_wskey
-       AND ((enqueue_run.idempotency_key IS NOT NULL
-             AND r.deployment_ref = enqueue_run.deployment_ref
-             AND r.idempotency_key = enqueue_run.idempotency_key)
-            OR r.run_id = enqueue_run.run_id)
-     ORDER BY (r.run_id = enqueue_run.run_id) IS TRUE DESC
+    -- A unique index said no: return the run that holds the key (or the caller's run_id). One
+    -- branch per unique index, the run_id match first: an OR of the two is no index condition,
+    -- and a generic plan made on a small table filtered the whole scope (as _admission_reuse).
+    SELECT x.run_id, false, x.status INTO v_result.run_id, v_result.created, v_result.status
+      FROM (SELECT r.run_id, r.status, true AS by_run_id
+              FROM zeroth.runs r
+             WHERE r.tenant_id = v_tenant
+               AND r.workspace_key = v_wskey
+               AND r.run_id = enqueue_run.run_id
+            UNION ALL
+            SELECT r.run_id, r.status, false
+              FROM zeroth.runs r
+             WHERE r.tenant_id = v_tenant
+               AND r.workspace_key = v_wskey
+               AND r.deployment_ref = enqueue_run.deployment_ref
+               AND r.idempotency_key = enqueue_run.idempotency_key) x
+     ORDER BY x.by_run_id DESC
      LIMIT 1;
     RETURN v_result;
 END
@@ -1646,15 +1677,23 @@ BEGIN
       LEFT JOIN unnest(v_t_pos, v_t_run, v_t_created, v_t_status) AS t(position, run_id, created, status)
              ON t.position = i.position
       LEFT JOIN LATERAL (
-          -- A run without a thread that was not inserted: the run holding its key or run_id.
-          SELECT r.run_id, r.status
-            FROM zeroth.runs r
-           WHERE i.thread_id IS NULL AND NOT i.inserted
-             AND r.tenant_id = v_tenant AND r.workspace_key = v_wskey
-             AND ((i.idempotency_key IS NOT NULL AND r.deployment_ref = enqueue_runs.deployment_ref
-                   AND r.idempotency_key = i.idempotency_key)
-                  OR r.run_id = i.run_id)
-           ORDER BY (r.run_id = i.run_id) IS TRUE DESC
+          -- A run without a thread that was not inserted: the run holding its key or run_id, one
+          -- branch per unique index, the run_id match first (an OR of the two filtered the whole
+          -- scope per item in a generic plan made on a small table).
+          SELECT x.run_id, x.status
+            FROM (SELECT r.run_id, r.status, true AS by_run_id
+                    FROM zeroth.runs r
+                   WHERE i.thread_id IS NULL AND NOT i.inserted
+                     AND r.tenant_id = v_tenant AND r.workspace_key = v_wskey
+                     AND r.run_id = i.run_id
+                  UNION ALL
+                  SELECT r.run_id, r.status, false
+                    FROM zeroth.runs r
+                   WHERE i.thread_id IS NULL AND NOT i.inserted
+                     AND r.tenant_id = v_tenant AND r.workspace_key = v_wskey
+                     AND r.deployment_ref = enqueue_runs.deployment_ref
+                     AND r.idempotency_key = i.idempotency_key) x
+           ORDER BY x.by_run_id DESC
            LIMIT 1) e ON true
      ORDER BY i.position;
 END
@@ -2022,6 +2061,20 @@ BEGIN
                             + coalesce(octet_length(update_run_progress.accounting::text), 0) <= 65536,
                             'progress and accounting may hold at most 64 kB');
 
+    -- Lock, then write (as complete_runs): the status is read from the locked row and named by
+    -- no predicate, so the planner cannot reach the run through runs_running_idx (a generic plan
+    -- made on a small table walked every running run of the scope per call).
+    WITH locked AS MATERIALIZED (
+        SELECT r.run_id, r.status
+          FROM zeroth.runs r
+         WHERE r.tenant_id = v_tenant
+           AND r.workspace_key = v_wskey
+           AND r.run_id = update_run_progress.run_id
+           AND r.lease_worker_id = update_run_progress.worker_id
+           AND r.lease_generation = update_run_progress.generation
+           AND r.lease_expires_at >= v_now
+           FOR UPDATE OF r
+    )
     UPDATE zeroth.runs r
        SET progress = CASE WHEN update_run_progress.progress IS NULL THEN r.progress
                            WHEN jsonb_typeof(r.progress) = 'object' THEN r.progress || update_run_progress.progress
@@ -2029,13 +2082,15 @@ BEGIN
            accounting = CASE WHEN update_run_progress.accounting IS NULL THEN r.accounting
                              ELSE coalesce(r.accounting, '{}'::jsonb) || update_run_progress.accounting END,
            updated_at = v_now
+      FROM locked l
      WHERE r.tenant_id = v_tenant
        AND r.workspace_key = v_wskey
        AND r.run_id = update_run_progress.run_id
+       AND r.run_id = l.run_id
+       AND l.status = 'running'
        AND r.lease_worker_id = update_run_progress.worker_id
        AND r.lease_generation = update_run_progress.generation
-       AND r.lease_expires_at >= v_now
-       AND r.status = 'running';
+       AND r.lease_expires_at >= v_now;
     IF NOT FOUND THEN
         PERFORM zeroth._explain_fenced_miss(v_tenant, v_wskey, update_run_progress.run_id, update_run_progress.worker_id,
                                             update_run_progress.generation, v_now, 'update_run_progress', '{running}');
@@ -2111,16 +2166,32 @@ BEGIN
     PERFORM zeroth._require(save_checkpoint.generation IS NOT NULL, 'generation must not be NULL');
     PERFORM zeroth._require(save_checkpoint.data IS NOT NULL, 'data must not be NULL');
 
+    -- Lock, then write (as complete_runs): the status is read from the locked row and named by
+    -- no predicate, so the planner cannot reach the run through runs_running_idx (a generic plan
+    -- made on a small table walked every running run of the scope per call).
+    WITH locked AS MATERIALIZED (
+        SELECT r.run_id, r.status
+          FROM zeroth.runs r
+         WHERE r.tenant_id = v_tenant
+           AND r.workspace_key = v_wskey
+           AND r.run_id = save_checkpoint.run_id
+           AND r.lease_worker_id = save_checkpoint.worker_id
+           AND r.lease_generation = save_checkpoint.generation
+           AND r.lease_expires_at >= v_now
+           FOR UPDATE OF r
+    )
     UPDATE zeroth.runs r
        SET checkpoint_seq = r.checkpoint_seq + 1,
            updated_at = v_now
+      FROM locked l
      WHERE r.tenant_id = v_tenant
        AND r.workspace_key = v_wskey
        AND r.run_id = save_checkpoint.run_id
+       AND r.run_id = l.run_id
+       AND l.status = 'running'
        AND r.lease_worker_id = save_checkpoint.worker_id
        AND r.lease_generation = save_checkpoint.generation
        AND r.lease_expires_at >= v_now
-       AND r.status = 'running'
     RETURNING r.checkpoint_seq INTO v_seq;
     IF NOT FOUND THEN
         PERFORM zeroth._explain_fenced_miss(v_tenant, v_wskey, save_checkpoint.run_id, save_checkpoint.worker_id,
@@ -2170,6 +2241,20 @@ BEGIN
     PERFORM zeroth._require(complete_run.generation IS NOT NULL, 'generation must not be NULL');
 
     PERFORM zeroth._lock_slot(v_tenant, v_wskey, complete_run.run_id, complete_run.generation);
+    -- Lock, then write (as complete_runs): the status is read from the locked row and named by
+    -- no predicate, so the planner cannot reach the run through runs_running_idx (a generic plan
+    -- made on a small table walked every running run of the scope per call).
+    WITH locked AS MATERIALIZED (
+        SELECT r.run_id, r.status
+          FROM zeroth.runs r
+         WHERE r.tenant_id = v_tenant
+           AND r.workspace_key = v_wskey
+           AND r.run_id = complete_run.run_id
+           AND r.lease_worker_id = complete_run.worker_id
+           AND r.lease_generation = complete_run.generation
+           AND r.lease_expires_at >= v_now
+           FOR UPDATE OF r
+    )
     UPDATE zeroth.runs r
        SET status = 'completed',
            output = CASE WHEN complete_run.output IS NULL THEN r.output
@@ -2178,13 +2263,15 @@ BEGIN
            updated_at = v_now,
            lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
            admission_slot = NULL, recovery_checkpoint_id = NULL
+      FROM locked l
      WHERE r.tenant_id = v_tenant
        AND r.workspace_key = v_wskey
        AND r.run_id = complete_run.run_id
+       AND r.run_id = l.run_id
+       AND l.status = 'running'
        AND r.lease_worker_id = complete_run.worker_id
        AND r.lease_generation = complete_run.generation
        AND r.lease_expires_at >= v_now
-       AND r.status = 'running'
     RETURNING r.deployment_ref, r.workspace_id INTO v_run;
     IF NOT FOUND THEN
         PERFORM zeroth._explain_fenced_miss(v_tenant, v_wskey, complete_run.run_id, complete_run.worker_id,
@@ -2231,14 +2318,19 @@ BEGIN
                             OR cardinality(complete_runs.outputs) = cardinality(complete_runs.run_ids),
                             'outputs must be NULL or as long as run_ids');
 
-    -- Slot rows first, in run_id order.
+    -- Slot rows first, in run_id order: one probe of admission_slots_run_idx per requested run,
+    -- as _lock_slot does. Joined to the array by filter, a generic plan made on few slots walked
+    -- every slot of the scope (all its deployments) through admission_slots_pkey.
     PERFORM 1
-       FROM zeroth.admission_slots s
-       JOIN unnest(complete_runs.run_ids, complete_runs.generations) AS q(run_id, generation)
-         ON s.run_id = q.run_id AND s.lease_generation = q.generation
-      WHERE s.tenant_id = v_tenant AND s.workspace_key = v_wskey
-      ORDER BY s.run_id
-        FOR UPDATE OF s;
+       FROM (SELECT q.run_id, q.generation
+               FROM unnest(complete_runs.run_ids, complete_runs.generations) AS q(run_id, generation)
+              ORDER BY q.run_id) q
+      CROSS JOIN LATERAL (
+            SELECT s.slot_no
+              FROM zeroth.admission_slots s
+             WHERE s.run_id = q.run_id AND s.lease_generation = q.generation
+               AND s.tenant_id = v_tenant AND s.workspace_key = v_wskey
+               FOR UPDATE OF s) l;
 
     -- The run rows are found by primary key (run_id = ANY: an index condition, whatever the
     -- statistics say). No predicate here or in the UPDATE names the status, so the planner cannot
@@ -2341,7 +2433,22 @@ BEGIN
 
     PERFORM zeroth._lock_slot(v_tenant, v_wskey, fail_run.run_id, fail_run.generation);
     -- SET expressions read the row as it was; RETURNING reads it as written, so the outcome is
-    -- derived from what this UPDATE decided and nothing is read before the fenced write.
+    -- derived from what this UPDATE decided and nothing is read before the fenced write (the
+    -- lock is taken by the same statement). Lock, then write (as complete_runs): the status is
+    -- read from the locked row and named by no predicate, so the planner cannot reach the run
+    -- through runs_running_idx (a generic plan made on a small table walked every running run
+    -- of the scope per call).
+    WITH locked AS MATERIALIZED (
+        SELECT r.run_id, r.status
+          FROM zeroth.runs r
+         WHERE r.tenant_id = v_tenant
+           AND r.workspace_key = v_wskey
+           AND r.run_id = fail_run.run_id
+           AND r.lease_worker_id = fail_run.worker_id
+           AND r.lease_generation = fail_run.generation
+           AND r.lease_expires_at >= v_now
+           FOR UPDATE OF r
+    )
     UPDATE zeroth.runs r
        SET status = CASE WHEN fail_run.retryable AND r.attempts < r.max_attempts
                          THEN 'pending'::zeroth.run_status ELSE 'failed'::zeroth.run_status END,
@@ -2358,13 +2465,15 @@ BEGIN
            updated_at = v_now,
            lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
            admission_slot = NULL, recovery_checkpoint_id = NULL
+      FROM locked l
      WHERE r.tenant_id = v_tenant
        AND r.workspace_key = v_wskey
        AND r.run_id = fail_run.run_id
+       AND r.run_id = l.run_id
+       AND l.status = 'running'
        AND r.lease_worker_id = fail_run.worker_id
        AND r.lease_generation = fail_run.generation
        AND r.lease_expires_at >= v_now
-       AND r.status = 'running'
     RETURNING CASE WHEN r.status = 'pending' THEN 'retry_scheduled'
                    WHEN r.dead_lettered_at IS NOT NULL THEN 'dead_lettered'
                    ELSE 'failed' END,
@@ -2458,19 +2567,35 @@ BEGIN
     PERFORM zeroth._require_identifier(pause_run.reason, 'reason');
 
     PERFORM zeroth._lock_slot(v_tenant, v_wskey, pause_run.run_id, pause_run.generation);
+    -- Lock, then write (as complete_runs): the status is read from the locked row and named by
+    -- no predicate, so the planner cannot reach the run through runs_running_idx (a generic plan
+    -- made on a small table walked every running run of the scope per call).
+    WITH locked AS MATERIALIZED (
+        SELECT r.run_id, r.status
+          FROM zeroth.runs r
+         WHERE r.tenant_id = v_tenant
+           AND r.workspace_key = v_wskey
+           AND r.run_id = pause_run.run_id
+           AND r.lease_worker_id = pause_run.worker_id
+           AND r.lease_generation = pause_run.generation
+           AND r.lease_expires_at >= v_now
+           FOR UPDATE OF r
+    )
     UPDATE zeroth.runs r
        SET status = 'waiting',
            wait_reason = pause_run.reason,
            updated_at = v_now,
            lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
            admission_slot = NULL, recovery_checkpoint_id = NULL
+      FROM locked l
      WHERE r.tenant_id = v_tenant
        AND r.workspace_key = v_wskey
        AND r.run_id = pause_run.run_id
+       AND r.run_id = l.run_id
+       AND l.status = 'running'
        AND r.lease_worker_id = pause_run.worker_id
        AND r.lease_generation = pause_run.generation
        AND r.lease_expires_at >= v_now
-       AND r.status = 'running'
     RETURNING r.deployment_ref, r.workspace_id INTO v_run;
     IF NOT FOUND THEN
         PERFORM zeroth._explain_fenced_miss(v_tenant, v_wskey, pause_run.run_id, pause_run.worker_id,
@@ -2568,19 +2693,35 @@ BEGIN
     PERFORM zeroth._require(hand_back_to_pending.generation IS NOT NULL, 'generation must not be NULL');
 
     PERFORM zeroth._lock_slot(v_tenant, v_wskey, hand_back_to_pending.run_id, hand_back_to_pending.generation);
+    -- Lock, then write (as complete_runs): the status is read from the locked row and named by
+    -- no predicate, so the planner cannot reach the run through runs_running_idx (a generic plan
+    -- made on a small table walked every running run of the scope per call).
+    WITH locked AS MATERIALIZED (
+        SELECT r.run_id, r.status
+          FROM zeroth.runs r
+         WHERE r.tenant_id = v_tenant
+           AND r.workspace_key = v_wskey
+           AND r.run_id = hand_back_to_pending.run_id
+           AND r.lease_worker_id = hand_back_to_pending.worker_id
+           AND r.lease_generation = hand_back_to_pending.generation
+           AND r.lease_expires_at >= v_now
+           FOR UPDATE OF r
+    )
     UPDATE zeroth.runs r
        SET status = 'pending',
            attempts = greatest(r.attempts - 1, 0),
            lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
            admission_slot = NULL, recovery_checkpoint_id = NULL,
            updated_at = v_now
+      FROM locked l
      WHERE r.tenant_id = v_tenant
        AND r.workspace_key = v_wskey
        AND r.run_id = hand_back_to_pending.run_id
+       AND r.run_id = l.run_id
+       AND l.status = 'running'
        AND r.lease_worker_id = hand_back_to_pending.worker_id
        AND r.lease_generation = hand_back_to_pending.generation
        AND r.lease_expires_at >= v_now
-       AND r.status = 'running'
     RETURNING r.deployment_ref, r.workspace_id INTO v_run;
     IF NOT FOUND THEN
         RETURN false;
@@ -2618,17 +2759,33 @@ BEGIN
     PERFORM zeroth._require(expire_recovery_lease.generation IS NOT NULL, 'generation must not be NULL');
 
     PERFORM zeroth._lock_slot(v_tenant, v_wskey, expire_recovery_lease.run_id, expire_recovery_lease.generation);
+    -- Lock, then write (as complete_runs): the status is read from the locked row and named by
+    -- no predicate, so the planner cannot reach the run through runs_running_idx (a generic plan
+    -- made on a small table walked every running run of the scope per call).
+    WITH locked AS MATERIALIZED (
+        SELECT r.run_id, r.status
+          FROM zeroth.runs r
+         WHERE r.tenant_id = v_tenant
+           AND r.workspace_key = v_wskey
+           AND r.run_id = expire_recovery_lease.run_id
+           AND r.lease_worker_id = expire_recovery_lease.worker_id
+           AND r.lease_generation = expire_recovery_lease.generation
+           AND r.lease_expires_at >= v_now
+           FOR UPDATE OF r
+    )
     UPDATE zeroth.runs r
        SET lease_expires_at = least(r.lease_expires_at, v_now - interval '1 microsecond'),
            admission_slot = NULL,
            updated_at = v_now
+      FROM locked l
      WHERE r.tenant_id = v_tenant
        AND r.workspace_key = v_wskey
        AND r.run_id = expire_recovery_lease.run_id
+       AND r.run_id = l.run_id
+       AND l.status = 'running'
        AND r.lease_worker_id = expire_recovery_lease.worker_id
        AND r.lease_generation = expire_recovery_lease.generation
        AND r.lease_expires_at >= v_now
-       AND r.status = 'running'
     RETURNING r.deployment_ref, r.workspace_id INTO v_run;
     IF NOT FOUND THEN
         RETURN false;
@@ -2804,15 +2961,22 @@ BEGIN
     END IF;
     PERFORM zeroth._require(reconcile_thread_runs.claim_limit BETWEEN 1 AND 1000, 'claim_limit must be between 1 and 1000');
     PERFORM zeroth._require_identifier(reconcile_thread_runs.stop_reason, 'stop_reason');
-    FOR v_id IN
+    -- The candidates are planned on every call, on the table as it is (EXECUTE: a one-shot plan;
+    -- the text is constant, the values are parameters). The scan has no key to name, and on a
+    -- small table runs_thread_idx (every run of every thread, history included) costs the same as
+    -- runs_thread_active_idx: a generic plan cached then walked the threads' whole history on
+    -- every pass. A periodic pass can afford the planning; _take_over keeps its cached plans.
+    FOR v_id IN EXECUTE $sql$
         SELECT r.run_id FROM zeroth.runs r
-         WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey
+         WHERE r.tenant_id = $1 AND r.workspace_key = $2
            AND r.thread_id IS NOT NULL AND r.status IN ('pending', 'running', 'waiting')
            AND r.thread_queued_at IS NULL
-           AND (reconcile_thread_runs.deployment_ref IS NULL OR r.deployment_ref = reconcile_thread_runs.deployment_ref)
-           AND r.lease_expires_at + v_grace < v_now
+           AND ($3::text IS NULL OR r.deployment_ref = $3::text)
+           AND r.lease_expires_at + $4::interval < $5::timestamptz
          ORDER BY r.lease_expires_at
-         LIMIT reconcile_thread_runs.claim_limit
+         LIMIT $6::integer $sql$
+        USING v_tenant, v_wskey, reconcile_thread_runs.deployment_ref, v_grace, v_now,
+              reconcile_thread_runs.claim_limit
     LOOP
         RETURN QUERY SELECT * FROM zeroth._take_over(v_tenant, v_wskey, v_id, v_grace, v_now,
                                                      reconcile_thread_runs.stop_reason, reconcile_thread_runs.message);
