@@ -346,6 +346,7 @@ DECLARE
     v_owner  boolean;
     v_freed  boolean;
     v_result zeroth.cancel_result;
+    v_at     timestamptz;
 BEGIN
     PERFORM 1 FROM zeroth.admission_slots s
      WHERE s.run_id = _cancel.run_id AND s.tenant_id = _cancel.tenant_id AND s.workspace_key = _cancel.workspace_key
@@ -356,6 +357,9 @@ BEGIN
       FROM zeroth.runs r
      WHERE r.tenant_id = _cancel.tenant_id AND r.workspace_key = _cancel.workspace_key AND r.run_id = _cancel.run_id
        FOR UPDATE;
+    -- Decide with the clock read under the row lock, not the caller's `at` from before it: a
+    -- caller that waited for the row must not count an owner whose lease expired meanwhile.
+    v_at := greatest(_cancel.at, zeroth._now());
     v_result.run_id := _cancel.run_id;
     IF NOT FOUND THEN
         v_result.outcome := 'unknown';
@@ -373,19 +377,19 @@ BEGIN
     -- A worker id is only a label: owning the run means holding its live lease generation.
     v_owner := v_run.lease_worker_id = _cancel.caller_worker_id
                AND v_run.lease_generation = _cancel.caller_generation
-               AND v_run.lease_expires_at >= _cancel.at;
-    IF v_run.status = 'running' AND v_run.lease_expires_at + _cancel.grace >= _cancel.at
+               AND v_run.lease_expires_at >= v_at;
+    IF v_run.status = 'running' AND v_run.lease_expires_at + _cancel.grace >= v_at
        AND v_owner IS NOT TRUE THEN
         UPDATE zeroth.runs r
-           SET cancel_requested_at = coalesce(r.cancel_requested_at, _cancel.at),
+           SET cancel_requested_at = coalesce(r.cancel_requested_at, v_at),
                cancel_action = coalesce(r.cancel_action, _cancel.action),
-               updated_at = _cancel.at
+               updated_at = v_at
          WHERE r.tenant_id = _cancel.tenant_id AND r.workspace_key = _cancel.workspace_key AND r.run_id = _cancel.run_id
         RETURNING r.cancel_action INTO v_result.cancel_action;
         PERFORM zeroth._notify_control(v_run.lease_worker_id);
         v_result.outcome := 'cancel_requested';
         v_result.status := 'running';
-        v_result.retry_after_s := zeroth._retry_after(v_run.lease_expires_at, _cancel.grace, _cancel.at);
+        v_result.retry_after_s := zeroth._retry_after(v_run.lease_expires_at, _cancel.grace, v_at);
         RETURN v_result;
     END IF;
 
@@ -397,7 +401,7 @@ BEGIN
                              THEN 'taken_over' ELSE 'cancelled' END;
     UPDATE zeroth.runs r
        SET status = 'cancelled',
-           cancel_requested_at = coalesce(r.cancel_requested_at, _cancel.at),
+           cancel_requested_at = coalesce(r.cancel_requested_at, v_at),
            cancel_action = coalesce(r.cancel_action, _cancel.action),
            error = CASE WHEN v_result.outcome = 'taken_over'
                         THEN zeroth._stop_error('taken_over', format(
@@ -406,8 +410,8 @@ BEGIN
                         ELSE r.error END,
            wait_reason = NULL,
            thread_queued_at = NULL,
-           finished_at = _cancel.at,
-           updated_at = _cancel.at,
+           finished_at = v_at,
+           updated_at = v_at,
            lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
            admission_slot = NULL, recovery_checkpoint_id = NULL
      WHERE r.tenant_id = _cancel.tenant_id AND r.workspace_key = _cancel.workspace_key AND r.run_id = _cancel.run_id
@@ -849,55 +853,16 @@ $$;
 COMMENT ON FUNCTION zeroth._lease_locked_runs(tenant_id text, workspace_key text, run_ids uuid[], slots integer[], worker_id text, at timestamp with time zone, lease interval, active_count integer, concurrency_limit integer, start boolean) IS 'Internal: lease runs (and slots) the caller already locked; with start make pending ones running; count an attempt per start and per re-leased orphan. The shared second half of claim_pending, claim_and_start and claim_orphaned.';
 
 --
--- Name: admission_slots; Type: TABLE; Schema: zeroth; Owner: -
+-- Name: _now(); Type: FUNCTION; Schema: zeroth; Owner: -
 --
-CREATE TABLE zeroth.admission_slots (
-    tenant_id text NOT NULL,
-    workspace_key text NOT NULL,
-    deployment_ref text NOT NULL,
-    slot_no integer NOT NULL,
-    run_id uuid,
-    lease_generation bigint,
-    CONSTRAINT admission_slots_holder_complete CHECK (((run_id IS NULL) = (lease_generation IS NULL))),
-    CONSTRAINT admission_slots_slot_positive CHECK ((slot_no >= 1))
-)
-WITH (fillfactor='50');
-
---
--- Name: TABLE admission_slots; Type: COMMENT; Schema: zeroth; Owner: -
---
-COMMENT ON TABLE zeroth.admission_slots IS 'Concurrency slots per (tenant, workspace, deployment). A slot names (run_id, lease_generation); it is held while that run holds that generation''s lease in this slot (runs.admission_slot) and the lease is live. The run row is the only copy of the lease.';
-
---
--- Name: _lock_slot(text, text, uuid, bigint); Type: FUNCTION; Schema: zeroth; Owner: -
---
-CREATE FUNCTION zeroth._lock_slot(tenant_id text, workspace_key text, run_id uuid, generation bigint) RETURNS void
+CREATE FUNCTION zeroth._now() RETURNS timestamp with time zone
     LANGUAGE sql
-    BEGIN ATOMIC
- SELECT 1
-    FROM zeroth.admission_slots s
-   WHERE ((s.run_id = _lock_slot.run_id) AND (s.tenant_id = _lock_slot.tenant_id) AND (s.workspace_key = _lock_slot.workspace_key) AND (s.lease_generation = _lock_slot.generation))
-  FOR UPDATE OF s;
-END;
+    RETURN clock_timestamp();
 
 --
--- Name: FUNCTION _lock_slot(tenant_id text, workspace_key text, run_id uuid, generation bigint); Type: COMMENT; Schema: zeroth; Owner: -
+-- Name: FUNCTION _now(); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth._lock_slot(tenant_id text, workspace_key text, run_id uuid, generation bigint) IS 'Internal: lock the admission slot naming exactly this (run, generation), changing nothing.';
-
---
--- Name: _lock_thread(text, text, text); Type: FUNCTION; Schema: zeroth; Owner: -
---
-CREATE FUNCTION zeroth._lock_thread(tenant_id text, workspace_key text, thread_id text) RETURNS void
-    LANGUAGE sql
-    BEGIN ATOMIC
- SELECT pg_advisory_xact_lock(1516464242, hashtext(((((tenant_id || chr(31)) || workspace_key) || chr(31)) || thread_id))) AS pg_advisory_xact_lock;
-END;
-
---
--- Name: FUNCTION _lock_thread(tenant_id text, workspace_key text, thread_id text); Type: COMMENT; Schema: zeroth; Owner: -
---
-COMMENT ON FUNCTION zeroth._lock_thread(tenant_id text, workspace_key text, thread_id text) IS 'Internal: transaction advisory lock on one thread (admissions, redrive).';
+COMMENT ON FUNCTION zeroth._now() IS 'Internal: the database clock, clock_timestamp() (not now(): a caller may make several calls in one transaction).';
 
 --
 -- Name: runs; Type: TABLE; Schema: zeroth; Owner: -
@@ -998,6 +963,74 @@ COMMENT ON COLUMN zeroth.runs.resumable IS 'When its owner dies: true = another 
 -- Name: COLUMN runs.accounting; Type: COMMENT; Schema: zeroth; Owner: -
 --
 COMMENT ON COLUMN zeroth.runs.accounting IS 'Caller-defined JSON object (token and message counts, …) merged by update_run_progress.';
+
+--
+-- Name: _lock_leased_run(text, text, uuid, text, bigint); Type: FUNCTION; Schema: zeroth; Owner: -
+--
+CREATE FUNCTION zeroth._lock_leased_run(tenant_id text, workspace_key text, run_id uuid, worker_id text, generation bigint) RETURNS zeroth.run_status
+    LANGUAGE sql
+    BEGIN ATOMIC
+ SELECT r.status
+    FROM zeroth.runs r
+   WHERE ((r.tenant_id = _lock_leased_run.tenant_id) AND (r.workspace_key = _lock_leased_run.workspace_key) AND (r.run_id = _lock_leased_run.run_id) AND (r.lease_worker_id = _lock_leased_run.worker_id) AND (r.lease_generation = _lock_leased_run.generation) AND (r.lease_expires_at >= zeroth._now()))
+  FOR UPDATE OF r;
+END;
+
+--
+-- Name: FUNCTION _lock_leased_run(tenant_id text, workspace_key text, run_id uuid, worker_id text, generation bigint); Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON FUNCTION zeroth._lock_leased_run(tenant_id text, workspace_key text, run_id uuid, worker_id text, generation bigint) IS 'Internal: lock the run row a fenced write names when its lease is (worker_id, generation) and not expired; return its status (NULL: not that lease). Callers read the clock after it.';
+
+--
+-- Name: admission_slots; Type: TABLE; Schema: zeroth; Owner: -
+--
+CREATE TABLE zeroth.admission_slots (
+    tenant_id text NOT NULL,
+    workspace_key text NOT NULL,
+    deployment_ref text NOT NULL,
+    slot_no integer NOT NULL,
+    run_id uuid,
+    lease_generation bigint,
+    CONSTRAINT admission_slots_holder_complete CHECK (((run_id IS NULL) = (lease_generation IS NULL))),
+    CONSTRAINT admission_slots_slot_positive CHECK ((slot_no >= 1))
+)
+WITH (fillfactor='50');
+
+--
+-- Name: TABLE admission_slots; Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON TABLE zeroth.admission_slots IS 'Concurrency slots per (tenant, workspace, deployment). A slot names (run_id, lease_generation); it is held while that run holds that generation''s lease in this slot (runs.admission_slot) and the lease is live. The run row is the only copy of the lease.';
+
+--
+-- Name: _lock_slot(text, text, uuid, bigint); Type: FUNCTION; Schema: zeroth; Owner: -
+--
+CREATE FUNCTION zeroth._lock_slot(tenant_id text, workspace_key text, run_id uuid, generation bigint) RETURNS void
+    LANGUAGE sql
+    BEGIN ATOMIC
+ SELECT 1
+    FROM zeroth.admission_slots s
+   WHERE ((s.run_id = _lock_slot.run_id) AND (s.tenant_id = _lock_slot.tenant_id) AND (s.workspace_key = _lock_slot.workspace_key) AND (s.lease_generation = _lock_slot.generation))
+  FOR UPDATE OF s;
+END;
+
+--
+-- Name: FUNCTION _lock_slot(tenant_id text, workspace_key text, run_id uuid, generation bigint); Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON FUNCTION zeroth._lock_slot(tenant_id text, workspace_key text, run_id uuid, generation bigint) IS 'Internal: lock the admission slot naming exactly this (run, generation), changing nothing.';
+
+--
+-- Name: _lock_thread(text, text, text); Type: FUNCTION; Schema: zeroth; Owner: -
+--
+CREATE FUNCTION zeroth._lock_thread(tenant_id text, workspace_key text, thread_id text) RETURNS void
+    LANGUAGE sql
+    BEGIN ATOMIC
+ SELECT pg_advisory_xact_lock(1516464242, hashtext(((((tenant_id || chr(31)) || workspace_key) || chr(31)) || thread_id))) AS pg_advisory_xact_lock;
+END;
+
+--
+-- Name: FUNCTION _lock_thread(tenant_id text, workspace_key text, thread_id text); Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON FUNCTION zeroth._lock_thread(tenant_id text, workspace_key text, thread_id text) IS 'Internal: transaction advisory lock on one thread (admissions, redrive).';
 
 --
 -- Name: _lock_thread_active(text, text, text, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
@@ -1103,18 +1136,6 @@ END;
 -- Name: FUNCTION _notify_wakeup(deployment_ref text, tenant_id text, workspace_id text); Type: COMMENT; Schema: zeroth; Owner: -
 --
 COMMENT ON FUNCTION zeroth._notify_wakeup(deployment_ref text, tenant_id text, workspace_id text) IS 'Internal: NOTIFY zeroth_wakeup with the opaque key of (tenant, workspace, deployment).';
-
---
--- Name: _now(); Type: FUNCTION; Schema: zeroth; Owner: -
---
-CREATE FUNCTION zeroth._now() RETURNS timestamp with time zone
-    LANGUAGE sql
-    RETURN clock_timestamp();
-
---
--- Name: FUNCTION _now(); Type: COMMENT; Schema: zeroth; Owner: -
---
-COMMENT ON FUNCTION zeroth._now() IS 'Internal: the database clock, clock_timestamp() (not now(): a caller may make several calls in one transaction).';
 
 --
 -- Name: _promote_thread_head(text, text, text, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
@@ -1619,6 +1640,7 @@ CREATE FUNCTION zeroth.cancel_run(run_id uuid, worker_id text, generation bigint
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
+    v_status zeroth.run_status;
     v_now    timestamptz := zeroth._now();
     v_tenant text := zeroth._scope_tenant(cancel_run.tenant_id, cancel_run.workspace_id);
     v_wskey  text := zeroth._workspace_key(cancel_run.workspace_id);
@@ -1629,6 +1651,9 @@ BEGIN
     PERFORM zeroth._require(cancel_run.generation IS NOT NULL, 'generation must not be NULL');
 
     PERFORM zeroth._lock_slot(v_tenant, v_wskey, cancel_run.run_id, cancel_run.generation);
+    -- The run row first, then the clock: see zeroth._lock_leased_run.
+    v_status := zeroth._lock_leased_run(v_tenant, v_wskey, cancel_run.run_id, cancel_run.worker_id, cancel_run.generation);
+    v_now := zeroth._now();
     UPDATE zeroth.runs r
        SET status = 'cancelled',
            cancel_requested_at = coalesce(r.cancel_requested_at, v_now),
@@ -1902,6 +1927,7 @@ CREATE FUNCTION zeroth.commit_fenced(run_id uuid, worker_id text, generation big
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
+    v_status zeroth.run_status;
     v_now    timestamptz := zeroth._now();
     v_tenant text := zeroth._scope_tenant(commit_fenced.tenant_id, commit_fenced.workspace_id);
     v_wskey  text := zeroth._workspace_key(commit_fenced.workspace_id);
@@ -1933,6 +1959,9 @@ BEGIN
                             OR jsonb_typeof(commit_fenced.columns -> 'metadata') = 'object',
                             'metadata must be a JSON object');
 
+    -- The run row first, then the clock: see zeroth._lock_leased_run.
+    v_status := zeroth._lock_leased_run(v_tenant, v_wskey, commit_fenced.run_id, commit_fenced.worker_id, commit_fenced.generation);
+    v_now := zeroth._now();
     UPDATE zeroth.runs r
        SET output   = CASE WHEN commit_fenced.columns ? 'output'
                            THEN nullif(commit_fenced.columns -> 'output', 'null'::jsonb) ELSE r.output END,
@@ -1966,6 +1995,7 @@ CREATE FUNCTION zeroth.complete_run(run_id uuid, worker_id text, generation bigi
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
+    v_status zeroth.run_status;
     v_now    timestamptz := zeroth._now();
     v_tenant text := zeroth._scope_tenant(complete_run.tenant_id, complete_run.workspace_id);
     v_wskey  text := zeroth._workspace_key(complete_run.workspace_id);
@@ -1976,20 +2006,9 @@ BEGIN
     PERFORM zeroth._require(complete_run.generation IS NOT NULL, 'generation must not be NULL');
 
     PERFORM zeroth._lock_slot(v_tenant, v_wskey, complete_run.run_id, complete_run.generation);
-    -- Lock, then write (as complete_runs): the status is read from the locked row and named by
-    -- no predicate, so the planner cannot reach the run through runs_running_idx (a generic plan
-    -- made on a small table walked every running run of the scope per call).
-    WITH locked AS MATERIALIZED (
-        SELECT r.run_id, r.status
-          FROM zeroth.runs r
-         WHERE r.tenant_id = v_tenant
-           AND r.workspace_key = v_wskey
-           AND r.run_id = complete_run.run_id
-           AND r.lease_worker_id = complete_run.worker_id
-           AND r.lease_generation = complete_run.generation
-           AND r.lease_expires_at >= v_now
-           FOR UPDATE OF r
-    )
+    -- The run row first, then the clock: see zeroth._lock_leased_run.
+    v_status := zeroth._lock_leased_run(v_tenant, v_wskey, complete_run.run_id, complete_run.worker_id, complete_run.generation);
+    v_now := zeroth._now();
     UPDATE zeroth.runs r
        SET status = 'completed',
            output = CASE WHEN complete_run.output IS NULL THEN r.output
@@ -1998,12 +2017,10 @@ BEGIN
            updated_at = v_now,
            lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
            admission_slot = NULL, recovery_checkpoint_id = NULL
-      FROM locked l
      WHERE r.tenant_id = v_tenant
        AND r.workspace_key = v_wskey
        AND r.run_id = complete_run.run_id
-       AND r.run_id = l.run_id
-       AND l.status = 'running'
+       AND v_status = 'running'
        AND r.lease_worker_id = complete_run.worker_id
        AND r.lease_generation = complete_run.generation
        AND r.lease_expires_at >= v_now
@@ -2037,6 +2054,7 @@ DECLARE
     v_now        timestamptz := zeroth._now();
     v_tenant     text := zeroth._scope_tenant(complete_runs.tenant_id, complete_runs.workspace_id);
     v_wskey      text := zeroth._workspace_key(complete_runs.workspace_id);
+    v_running    uuid[];
     v_done       uuid[];
     v_freed_deps text[];
 BEGIN
@@ -2060,24 +2078,28 @@ BEGIN
                AND s.tenant_id = v_tenant AND s.workspace_key = v_wskey
                FOR UPDATE OF s) l;
 
-    -- The run rows are found by primary key (run_id = ANY: an index condition, whatever the
-    -- statistics say). No predicate here or in the UPDATE names the status, so the planner cannot
-    -- prefer runs_running_idx (every running run of the scope, scanned once per requested run when
-    -- its row estimate is stale); the status comes from the locked row.
+    -- The run rows, in run_id order, then the clock (as zeroth._lock_leased_run: a batch that
+    -- waited for a row judges every lease by the time it got them). Found by primary key
+    -- (run_id = ANY: an index condition, whatever the statistics say); no predicate here or in the
+    -- UPDATE names the status, so the planner cannot prefer runs_running_idx (every running run
+    -- of the scope, scanned once per requested run when its row estimate is stale); the running
+    -- ones are read from the locked rows.
+    SELECT coalesce(array_agg(l.run_id) FILTER (WHERE l.status = 'running'), '{}') INTO v_running
+      FROM (SELECT r.run_id, r.status
+              FROM zeroth.runs r
+              JOIN unnest(complete_runs.run_ids, complete_runs.generations) AS q(run_id, generation)
+                ON r.run_id = q.run_id AND r.lease_generation = q.generation
+             WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey
+               AND r.run_id = ANY (complete_runs.run_ids)
+               AND r.lease_worker_id = complete_runs.worker_id
+             ORDER BY r.run_id
+               FOR UPDATE OF r) l;
+    v_now := zeroth._now();
+
     WITH requested AS (
         SELECT q.run_id, q.generation, complete_runs.outputs[q.position] AS output
           FROM unnest(complete_runs.run_ids, complete_runs.generations)
                WITH ORDINALITY AS q(run_id, generation, position)
-    ), locked AS MATERIALIZED (
-        SELECT r.run_id, r.status
-          FROM zeroth.runs r
-          JOIN requested q ON r.run_id = q.run_id AND r.lease_generation = q.generation
-         WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey
-           AND r.run_id = ANY (complete_runs.run_ids)
-           AND r.lease_worker_id = complete_runs.worker_id
-           AND r.lease_expires_at >= v_now
-         ORDER BY r.run_id
-           FOR UPDATE OF r
     ), done AS (
         UPDATE zeroth.runs r
            SET status = 'completed',
@@ -2087,15 +2109,13 @@ BEGIN
                updated_at = v_now,
                lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
                admission_slot = NULL, recovery_checkpoint_id = NULL
-          FROM locked l
-          JOIN requested q ON q.run_id = l.run_id
+          FROM requested q
          WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey
            -- By primary key with the array, not only by the join: a generic plan made while
            -- the table was small joined by filter and scanned the whole scope per run (the
-           -- continuous-load collapse of issue 13).
-           AND r.run_id = ANY (complete_runs.run_ids)
-           AND r.run_id = l.run_id
-           AND l.status = 'running'
+           -- continuous-load collapse of issue 13). The array holds the running runs locked.
+           AND r.run_id = ANY (v_running)
+           AND r.run_id = q.run_id
            AND r.lease_worker_id = complete_runs.worker_id
            AND r.lease_generation = q.generation
            AND r.lease_expires_at >= v_now
@@ -2410,6 +2430,7 @@ CREATE FUNCTION zeroth.expire_recovery_lease(run_id uuid, worker_id text, genera
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
+    v_status zeroth.run_status;
     v_now    timestamptz := zeroth._now();
     v_tenant text := zeroth._scope_tenant(expire_recovery_lease.tenant_id, expire_recovery_lease.workspace_id);
     v_wskey  text := zeroth._workspace_key(expire_recovery_lease.workspace_id);
@@ -2420,30 +2441,17 @@ BEGIN
     PERFORM zeroth._require(expire_recovery_lease.generation IS NOT NULL, 'generation must not be NULL');
 
     PERFORM zeroth._lock_slot(v_tenant, v_wskey, expire_recovery_lease.run_id, expire_recovery_lease.generation);
-    -- Lock, then write (as complete_runs): the status is read from the locked row and named by
-    -- no predicate, so the planner cannot reach the run through runs_running_idx (a generic plan
-    -- made on a small table walked every running run of the scope per call).
-    WITH locked AS MATERIALIZED (
-        SELECT r.run_id, r.status
-          FROM zeroth.runs r
-         WHERE r.tenant_id = v_tenant
-           AND r.workspace_key = v_wskey
-           AND r.run_id = expire_recovery_lease.run_id
-           AND r.lease_worker_id = expire_recovery_lease.worker_id
-           AND r.lease_generation = expire_recovery_lease.generation
-           AND r.lease_expires_at >= v_now
-           FOR UPDATE OF r
-    )
+    -- The run row first, then the clock: see zeroth._lock_leased_run.
+    v_status := zeroth._lock_leased_run(v_tenant, v_wskey, expire_recovery_lease.run_id, expire_recovery_lease.worker_id, expire_recovery_lease.generation);
+    v_now := zeroth._now();
     UPDATE zeroth.runs r
        SET lease_expires_at = least(r.lease_expires_at, v_now - interval '1 microsecond'),
            admission_slot = NULL,
            updated_at = v_now
-      FROM locked l
      WHERE r.tenant_id = v_tenant
        AND r.workspace_key = v_wskey
        AND r.run_id = expire_recovery_lease.run_id
-       AND r.run_id = l.run_id
-       AND l.status = 'running'
+       AND v_status = 'running'
        AND r.lease_worker_id = expire_recovery_lease.worker_id
        AND r.lease_generation = expire_recovery_lease.generation
        AND r.lease_expires_at >= v_now
@@ -2470,6 +2478,7 @@ CREATE FUNCTION zeroth.fail_run(run_id uuid, worker_id text, generation bigint, 
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
+    v_status  zeroth.run_status;
     v_now     timestamptz := zeroth._now();
     v_tenant  text := zeroth._scope_tenant(fail_run.tenant_id, fail_run.workspace_id);
     v_wskey   text := zeroth._workspace_key(fail_run.workspace_id);
@@ -2487,23 +2496,11 @@ BEGIN
                             'need 0 <= retry_base_seconds <= retry_max_seconds <= 30 days');
 
     PERFORM zeroth._lock_slot(v_tenant, v_wskey, fail_run.run_id, fail_run.generation);
+    -- The run row first, then the clock: see zeroth._lock_leased_run.
+    v_status := zeroth._lock_leased_run(v_tenant, v_wskey, fail_run.run_id, fail_run.worker_id, fail_run.generation);
+    v_now := zeroth._now();
     -- SET expressions read the row as it was; RETURNING reads it as written, so the outcome is
-    -- derived from what this UPDATE decided and nothing is read before the fenced write (the
-    -- lock is taken by the same statement). Lock, then write (as complete_runs): the status is
-    -- read from the locked row and named by no predicate, so the planner cannot reach the run
-    -- through runs_running_idx (a generic plan made on a small table walked every running run
-    -- of the scope per call).
-    WITH locked AS MATERIALIZED (
-        SELECT r.run_id, r.status
-          FROM zeroth.runs r
-         WHERE r.tenant_id = v_tenant
-           AND r.workspace_key = v_wskey
-           AND r.run_id = fail_run.run_id
-           AND r.lease_worker_id = fail_run.worker_id
-           AND r.lease_generation = fail_run.generation
-           AND r.lease_expires_at >= v_now
-           FOR UPDATE OF r
-    )
+    -- derived from what this UPDATE decided.
     UPDATE zeroth.runs r
        SET status = CASE WHEN fail_run.retryable AND r.attempts < r.max_attempts
                          THEN 'pending'::zeroth.run_status ELSE 'failed'::zeroth.run_status END,
@@ -2520,12 +2517,10 @@ BEGIN
            updated_at = v_now,
            lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
            admission_slot = NULL, recovery_checkpoint_id = NULL
-      FROM locked l
      WHERE r.tenant_id = v_tenant
        AND r.workspace_key = v_wskey
        AND r.run_id = fail_run.run_id
-       AND r.run_id = l.run_id
-       AND l.status = 'running'
+       AND v_status = 'running'
        AND r.lease_worker_id = fail_run.worker_id
        AND r.lease_generation = fail_run.generation
        AND r.lease_expires_at >= v_now
@@ -2614,6 +2609,7 @@ CREATE FUNCTION zeroth.hand_back_to_pending(run_id uuid, worker_id text, generat
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
+    v_status zeroth.run_status;
     v_now    timestamptz := zeroth._now();
     v_tenant text := zeroth._scope_tenant(hand_back_to_pending.tenant_id, hand_back_to_pending.workspace_id);
     v_wskey  text := zeroth._workspace_key(hand_back_to_pending.workspace_id);
@@ -2624,32 +2620,19 @@ BEGIN
     PERFORM zeroth._require(hand_back_to_pending.generation IS NOT NULL, 'generation must not be NULL');
 
     PERFORM zeroth._lock_slot(v_tenant, v_wskey, hand_back_to_pending.run_id, hand_back_to_pending.generation);
-    -- Lock, then write (as complete_runs): the status is read from the locked row and named by
-    -- no predicate, so the planner cannot reach the run through runs_running_idx (a generic plan
-    -- made on a small table walked every running run of the scope per call).
-    WITH locked AS MATERIALIZED (
-        SELECT r.run_id, r.status
-          FROM zeroth.runs r
-         WHERE r.tenant_id = v_tenant
-           AND r.workspace_key = v_wskey
-           AND r.run_id = hand_back_to_pending.run_id
-           AND r.lease_worker_id = hand_back_to_pending.worker_id
-           AND r.lease_generation = hand_back_to_pending.generation
-           AND r.lease_expires_at >= v_now
-           FOR UPDATE OF r
-    )
+    -- The run row first, then the clock: see zeroth._lock_leased_run.
+    v_status := zeroth._lock_leased_run(v_tenant, v_wskey, hand_back_to_pending.run_id, hand_back_to_pending.worker_id, hand_back_to_pending.generation);
+    v_now := zeroth._now();
     UPDATE zeroth.runs r
        SET status = 'pending',
            attempts = greatest(r.attempts - 1, 0),
            lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
            admission_slot = NULL, recovery_checkpoint_id = NULL,
            updated_at = v_now
-      FROM locked l
      WHERE r.tenant_id = v_tenant
        AND r.workspace_key = v_wskey
        AND r.run_id = hand_back_to_pending.run_id
-       AND r.run_id = l.run_id
-       AND l.status = 'running'
+       AND v_status = 'running'
        AND r.lease_worker_id = hand_back_to_pending.worker_id
        AND r.lease_generation = hand_back_to_pending.generation
        AND r.lease_expires_at >= v_now
@@ -2720,6 +2703,7 @@ CREATE FUNCTION zeroth.pause_run(run_id uuid, worker_id text, generation bigint,
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
+    v_status zeroth.run_status;
     v_now    timestamptz := zeroth._now();
     v_tenant text := zeroth._scope_tenant(pause_run.tenant_id, pause_run.workspace_id);
     v_wskey  text := zeroth._workspace_key(pause_run.workspace_id);
@@ -2731,32 +2715,19 @@ BEGIN
     PERFORM zeroth._require_identifier(pause_run.reason, 'reason');
 
     PERFORM zeroth._lock_slot(v_tenant, v_wskey, pause_run.run_id, pause_run.generation);
-    -- Lock, then write (as complete_runs): the status is read from the locked row and named by
-    -- no predicate, so the planner cannot reach the run through runs_running_idx (a generic plan
-    -- made on a small table walked every running run of the scope per call).
-    WITH locked AS MATERIALIZED (
-        SELECT r.run_id, r.status
-          FROM zeroth.runs r
-         WHERE r.tenant_id = v_tenant
-           AND r.workspace_key = v_wskey
-           AND r.run_id = pause_run.run_id
-           AND r.lease_worker_id = pause_run.worker_id
-           AND r.lease_generation = pause_run.generation
-           AND r.lease_expires_at >= v_now
-           FOR UPDATE OF r
-    )
+    -- The run row first, then the clock: see zeroth._lock_leased_run.
+    v_status := zeroth._lock_leased_run(v_tenant, v_wskey, pause_run.run_id, pause_run.worker_id, pause_run.generation);
+    v_now := zeroth._now();
     UPDATE zeroth.runs r
        SET status = 'waiting',
            wait_reason = pause_run.reason,
            updated_at = v_now,
            lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
            admission_slot = NULL, recovery_checkpoint_id = NULL
-      FROM locked l
      WHERE r.tenant_id = v_tenant
        AND r.workspace_key = v_wskey
        AND r.run_id = pause_run.run_id
-       AND r.run_id = l.run_id
-       AND l.status = 'running'
+       AND v_status = 'running'
        AND r.lease_worker_id = pause_run.worker_id
        AND r.lease_generation = pause_run.generation
        AND r.lease_expires_at >= v_now
@@ -2951,6 +2922,7 @@ CREATE FUNCTION zeroth.release_lease(run_id uuid, worker_id text, generation big
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
+    v_status zeroth.run_status;
     v_now    timestamptz := zeroth._now();
     v_tenant text := zeroth._scope_tenant(release_lease.tenant_id, release_lease.workspace_id);
     v_wskey  text := zeroth._workspace_key(release_lease.workspace_id);
@@ -2961,6 +2933,9 @@ BEGIN
     PERFORM zeroth._require(release_lease.generation IS NOT NULL, 'generation must not be NULL');
 
     PERFORM zeroth._lock_slot(v_tenant, v_wskey, release_lease.run_id, release_lease.generation);
+    -- The run row first, then the clock: see zeroth._lock_leased_run.
+    v_status := zeroth._lock_leased_run(v_tenant, v_wskey, release_lease.run_id, release_lease.worker_id, release_lease.generation);
+    v_now := zeroth._now();
     UPDATE zeroth.runs r
        SET lease_worker_id   = CASE WHEN r.status = 'running' THEN r.lease_worker_id END,
            lease_acquired_at = CASE WHEN r.status = 'running' THEN r.lease_acquired_at END,
@@ -3215,6 +3190,7 @@ CREATE FUNCTION zeroth.save_checkpoint(run_id uuid, worker_id text, generation b
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
+    v_status zeroth.run_status;
     v_now    timestamptz := zeroth._now();
     v_tenant text := zeroth._scope_tenant(save_checkpoint.tenant_id, save_checkpoint.workspace_id);
     v_wskey  text := zeroth._workspace_key(save_checkpoint.workspace_id);
@@ -3226,29 +3202,16 @@ BEGIN
     PERFORM zeroth._require(save_checkpoint.generation IS NOT NULL, 'generation must not be NULL');
     PERFORM zeroth._require(save_checkpoint.data IS NOT NULL, 'data must not be NULL');
 
-    -- Lock, then write (as complete_runs): the status is read from the locked row and named by
-    -- no predicate, so the planner cannot reach the run through runs_running_idx (a generic plan
-    -- made on a small table walked every running run of the scope per call).
-    WITH locked AS MATERIALIZED (
-        SELECT r.run_id, r.status
-          FROM zeroth.runs r
-         WHERE r.tenant_id = v_tenant
-           AND r.workspace_key = v_wskey
-           AND r.run_id = save_checkpoint.run_id
-           AND r.lease_worker_id = save_checkpoint.worker_id
-           AND r.lease_generation = save_checkpoint.generation
-           AND r.lease_expires_at >= v_now
-           FOR UPDATE OF r
-    )
+    -- The run row first, then the clock: see zeroth._lock_leased_run.
+    v_status := zeroth._lock_leased_run(v_tenant, v_wskey, save_checkpoint.run_id, save_checkpoint.worker_id, save_checkpoint.generation);
+    v_now := zeroth._now();
     UPDATE zeroth.runs r
        SET checkpoint_seq = r.checkpoint_seq + 1,
            updated_at = v_now
-      FROM locked l
      WHERE r.tenant_id = v_tenant
        AND r.workspace_key = v_wskey
        AND r.run_id = save_checkpoint.run_id
-       AND r.run_id = l.run_id
-       AND l.status = 'running'
+       AND v_status = 'running'
        AND r.lease_worker_id = save_checkpoint.worker_id
        AND r.lease_generation = save_checkpoint.generation
        AND r.lease_expires_at >= v_now
@@ -3288,6 +3251,7 @@ CREATE FUNCTION zeroth.start_run(run_id uuid, worker_id text, generation bigint,
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
+    v_status zeroth.run_status;
     v_now    timestamptz := zeroth._now();
     v_tenant text := zeroth._scope_tenant(start_run.tenant_id, start_run.workspace_id);
     v_wskey  text := zeroth._workspace_key(start_run.workspace_id);
@@ -3296,6 +3260,9 @@ BEGIN
     PERFORM zeroth._require_identifier(start_run.worker_id, 'worker_id');
     PERFORM zeroth._require(start_run.generation IS NOT NULL, 'generation must not be NULL');
 
+    -- The run row first, then the clock: see zeroth._lock_leased_run.
+    v_status := zeroth._lock_leased_run(v_tenant, v_wskey, start_run.run_id, start_run.worker_id, start_run.generation);
+    v_now := zeroth._now();
     UPDATE zeroth.runs r
        SET status = 'running',
            attempts = CASE WHEN r.status = 'pending' THEN r.attempts + 1 ELSE r.attempts END,
@@ -3307,7 +3274,7 @@ BEGIN
        AND r.lease_worker_id = start_run.worker_id
        AND r.lease_generation = start_run.generation
        AND r.lease_expires_at >= v_now
-       AND r.status IN ('pending', 'running');
+       AND v_status IN ('pending', 'running');
     RETURN FOUND;
 END
 $$;
@@ -3325,6 +3292,7 @@ CREATE FUNCTION zeroth.update_run_progress(run_id uuid, worker_id text, generati
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $$
 DECLARE
+    v_status zeroth.run_status;
     v_now    timestamptz := zeroth._now();
     v_tenant text := zeroth._scope_tenant(update_run_progress.tenant_id, update_run_progress.workspace_id);
     v_wskey  text := zeroth._workspace_key(update_run_progress.workspace_id);
@@ -3343,20 +3311,9 @@ BEGIN
                             + coalesce(octet_length(update_run_progress.accounting::text), 0) <= 65536,
                             'progress and accounting may hold at most 64 kB');
 
-    -- Lock, then write (as complete_runs): the status is read from the locked row and named by
-    -- no predicate, so the planner cannot reach the run through runs_running_idx (a generic plan
-    -- made on a small table walked every running run of the scope per call).
-    WITH locked AS MATERIALIZED (
-        SELECT r.run_id, r.status
-          FROM zeroth.runs r
-         WHERE r.tenant_id = v_tenant
-           AND r.workspace_key = v_wskey
-           AND r.run_id = update_run_progress.run_id
-           AND r.lease_worker_id = update_run_progress.worker_id
-           AND r.lease_generation = update_run_progress.generation
-           AND r.lease_expires_at >= v_now
-           FOR UPDATE OF r
-    )
+    -- The run row first, then the clock: see zeroth._lock_leased_run.
+    v_status := zeroth._lock_leased_run(v_tenant, v_wskey, update_run_progress.run_id, update_run_progress.worker_id, update_run_progress.generation);
+    v_now := zeroth._now();
     UPDATE zeroth.runs r
        SET progress = CASE WHEN update_run_progress.progress IS NULL THEN r.progress
                            WHEN jsonb_typeof(r.progress) = 'object' THEN r.progress || update_run_progress.progress
@@ -3364,12 +3321,10 @@ BEGIN
            accounting = CASE WHEN update_run_progress.accounting IS NULL THEN r.accounting
                              ELSE coalesce(r.accounting, '{}'::jsonb) || update_run_progress.accounting END,
            updated_at = v_now
-      FROM locked l
      WHERE r.tenant_id = v_tenant
        AND r.workspace_key = v_wskey
        AND r.run_id = update_run_progress.run_id
-       AND r.run_id = l.run_id
-       AND l.status = 'running'
+       AND v_status = 'running'
        AND r.lease_worker_id = update_run_progress.worker_id
        AND r.lease_generation = update_run_progress.generation
        AND r.lease_expires_at >= v_now;

@@ -326,6 +326,31 @@ CREATE FUNCTION zeroth._lock_slot(tenant_id text, workspace_key text, run_id uui
     END;
 COMMENT ON FUNCTION zeroth._lock_slot(text, text, uuid, bigint) IS 'Internal: lock the admission slot naming exactly this (run, generation), changing nothing.';
 
+-- Locks the run row a fenced write names when the lease it names is the caller's (worker id,
+-- generation, not yet expired) and returns the run's status, NULL when the lease is not the
+-- caller's. Every fenced write reads the clock only after this lock: a write that waited
+-- for the row (behind a cancel request, an operator's clear_lease, another call of the same
+-- worker) decides with the time it got the row, so a lease that expired or was cleared while it
+-- waited is refused. The clock read at the start of the call would have let it land. By primary
+-- key, and the status is returned, not filtered: a predicate on the status let a generic plan
+-- reach the run through runs_running_idx and walk every running run of the scope.
+CREATE FUNCTION zeroth._lock_leased_run(tenant_id text, workspace_key text, run_id uuid,
+                                        worker_id text, generation bigint)
+    RETURNS zeroth.run_status
+    LANGUAGE sql VOLATILE
+    BEGIN ATOMIC
+        SELECT r.status FROM zeroth.runs r
+         WHERE r.tenant_id = _lock_leased_run.tenant_id
+           AND r.workspace_key = _lock_leased_run.workspace_key
+           AND r.run_id = _lock_leased_run.run_id
+           AND r.lease_worker_id = _lock_leased_run.worker_id
+           AND r.lease_generation = _lock_leased_run.generation
+           -- Already expired: refused without waiting for whoever holds the row.
+           AND r.lease_expires_at >= zeroth._now()
+           FOR UPDATE;
+    END;
+COMMENT ON FUNCTION zeroth._lock_leased_run(text, text, uuid, text, bigint) IS 'Internal: lock the run row a fenced write names when its lease is (worker_id, generation) and not expired; return its status (NULL: not that lease). Callers read the clock after it.';
+
 -- Frees the slot naming exactly (run, generation). Called once the run's own UPDATE matched, so a
 -- refused write leaves the slot as it was. Returns whether a slot was freed.
 CREATE FUNCTION zeroth._free_slot(tenant_id text, workspace_key text, run_id uuid, generation bigint)
@@ -739,6 +764,7 @@ DECLARE
     v_owner  boolean;
     v_freed  boolean;
     v_result zeroth.cancel_result;
+    v_at     timestamptz;
 BEGIN
     PERFORM 1 FROM zeroth.admission_slots s
      WHERE s.run_id = _cancel.run_id AND s.tenant_id = _cancel.tenant_id AND s.workspace_key = _cancel.workspace_key
@@ -749,6 +775,9 @@ BEGIN
       FROM zeroth.runs r
      WHERE r.tenant_id = _cancel.tenant_id AND r.workspace_key = _cancel.workspace_key AND r.run_id = _cancel.run_id
        FOR UPDATE;
+    -- Decide with the clock read under the row lock, not the caller's `at` from before it: a
+    -- caller that waited for the row must not count an owner whose lease expired meanwhile.
+    v_at := greatest(_cancel.at, zeroth._now());
     v_result.run_id := _cancel.run_id;
     IF NOT FOUND THEN
         v_result.outcome := 'unknown';
@@ -766,19 +795,19 @@ BEGIN
     -- A worker id is only a label: owning the run means holding its live lease generation.
     v_owner := v_run.lease_worker_id = _cancel.caller_worker_id
                AND v_run.lease_generation = _cancel.caller_generation
-               AND v_run.lease_expires_at >= _cancel.at;
-    IF v_run.status = 'running' AND v_run.lease_expires_at + _cancel.grace >= _cancel.at
+               AND v_run.lease_expires_at >= v_at;
+    IF v_run.status = 'running' AND v_run.lease_expires_at + _cancel.grace >= v_at
        AND v_owner IS NOT TRUE THEN
         UPDATE zeroth.runs r
-           SET cancel_requested_at = coalesce(r.cancel_requested_at, _cancel.at),
+           SET cancel_requested_at = coalesce(r.cancel_requested_at, v_at),
                cancel_action = coalesce(r.cancel_action, _cancel.action),
-               updated_at = _cancel.at
+               updated_at = v_at
          WHERE r.tenant_id = _cancel.tenant_id AND r.workspace_key = _cancel.workspace_key AND r.run_id = _cancel.run_id
         RETURNING r.cancel_action INTO v_result.cancel_action;
         PERFORM zeroth._notify_control(v_run.lease_worker_id);
         v_result.outcome := 'cancel_requested';
         v_result.status := 'running';
-        v_result.retry_after_s := zeroth._retry_after(v_run.lease_expires_at, _cancel.grace, _cancel.at);
+        v_result.retry_after_s := zeroth._retry_after(v_run.lease_expires_at, _cancel.grace, v_at);
         RETURN v_result;
     END IF;
 
@@ -790,7 +819,7 @@ BEGIN
                              THEN 'taken_over' ELSE 'cancelled' END;
     UPDATE zeroth.runs r
        SET status = 'cancelled',
-           cancel_requested_at = coalesce(r.cancel_requested_at, _cancel.at),
+           cancel_requested_at = coalesce(r.cancel_requested_at, v_at),
            cancel_action = coalesce(r.cancel_action, _cancel.action),
            error = CASE WHEN v_result.outcome = 'taken_over'
                         THEN zeroth._stop_error('taken_over', format(
@@ -799,8 +828,8 @@ BEGIN
                         ELSE r.error END,
            wait_reason = NULL,
            thread_queued_at = NULL,
-           finished_at = _cancel.at,
-           updated_at = _cancel.at,
+           finished_at = v_at,
+           updated_at = v_at,
            lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
            admission_slot = NULL, recovery_checkpoint_id = NULL
      WHERE r.tenant_id = _cancel.tenant_id AND r.workspace_key = _cancel.workspace_key AND r.run_id = _cancel.run_id
@@ -1975,6 +2004,7 @@ CREATE FUNCTION zeroth.commit_fenced(
     RETURNS boolean
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+    v_status zeroth.run_status;
     v_now    timestamptz := zeroth._now();
     v_tenant text := zeroth._scope_tenant(commit_fenced.tenant_id, commit_fenced.workspace_id);
     v_wskey  text := zeroth._workspace_key(commit_fenced.workspace_id);
@@ -2006,6 +2036,9 @@ BEGIN
                             OR jsonb_typeof(commit_fenced.columns -> 'metadata') = 'object',
                             'metadata must be a JSON object');
 
+    -- The run row first, then the clock: see zeroth._lock_leased_run.
+    v_status := zeroth._lock_leased_run(v_tenant, v_wskey, commit_fenced.run_id, commit_fenced.worker_id, commit_fenced.generation);
+    v_now := zeroth._now();
     UPDATE zeroth.runs r
        SET output   = CASE WHEN commit_fenced.columns ? 'output'
                            THEN nullif(commit_fenced.columns -> 'output', 'null'::jsonb) ELSE r.output END,
@@ -2043,6 +2076,7 @@ CREATE FUNCTION zeroth.update_run_progress(
     RETURNS boolean
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+    v_status zeroth.run_status;
     v_now    timestamptz := zeroth._now();
     v_tenant text := zeroth._scope_tenant(update_run_progress.tenant_id, update_run_progress.workspace_id);
     v_wskey  text := zeroth._workspace_key(update_run_progress.workspace_id);
@@ -2061,20 +2095,9 @@ BEGIN
                             + coalesce(octet_length(update_run_progress.accounting::text), 0) <= 65536,
                             'progress and accounting may hold at most 64 kB');
 
-    -- Lock, then write (as complete_runs): the status is read from the locked row and named by
-    -- no predicate, so the planner cannot reach the run through runs_running_idx (a generic plan
-    -- made on a small table walked every running run of the scope per call).
-    WITH locked AS MATERIALIZED (
-        SELECT r.run_id, r.status
-          FROM zeroth.runs r
-         WHERE r.tenant_id = v_tenant
-           AND r.workspace_key = v_wskey
-           AND r.run_id = update_run_progress.run_id
-           AND r.lease_worker_id = update_run_progress.worker_id
-           AND r.lease_generation = update_run_progress.generation
-           AND r.lease_expires_at >= v_now
-           FOR UPDATE OF r
-    )
+    -- The run row first, then the clock: see zeroth._lock_leased_run.
+    v_status := zeroth._lock_leased_run(v_tenant, v_wskey, update_run_progress.run_id, update_run_progress.worker_id, update_run_progress.generation);
+    v_now := zeroth._now();
     UPDATE zeroth.runs r
        SET progress = CASE WHEN update_run_progress.progress IS NULL THEN r.progress
                            WHEN jsonb_typeof(r.progress) = 'object' THEN r.progress || update_run_progress.progress
@@ -2082,12 +2105,10 @@ BEGIN
            accounting = CASE WHEN update_run_progress.accounting IS NULL THEN r.accounting
                              ELSE coalesce(r.accounting, '{}'::jsonb) || update_run_progress.accounting END,
            updated_at = v_now
-      FROM locked l
      WHERE r.tenant_id = v_tenant
        AND r.workspace_key = v_wskey
        AND r.run_id = update_run_progress.run_id
-       AND r.run_id = l.run_id
-       AND l.status = 'running'
+       AND v_status = 'running'
        AND r.lease_worker_id = update_run_progress.worker_id
        AND r.lease_generation = update_run_progress.generation
        AND r.lease_expires_at >= v_now;
@@ -2114,6 +2135,7 @@ CREATE FUNCTION zeroth.start_run(
     RETURNS boolean
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+    v_status zeroth.run_status;
     v_now    timestamptz := zeroth._now();
     v_tenant text := zeroth._scope_tenant(start_run.tenant_id, start_run.workspace_id);
     v_wskey  text := zeroth._workspace_key(start_run.workspace_id);
@@ -2122,6 +2144,9 @@ BEGIN
     PERFORM zeroth._require_identifier(start_run.worker_id, 'worker_id');
     PERFORM zeroth._require(start_run.generation IS NOT NULL, 'generation must not be NULL');
 
+    -- The run row first, then the clock: see zeroth._lock_leased_run.
+    v_status := zeroth._lock_leased_run(v_tenant, v_wskey, start_run.run_id, start_run.worker_id, start_run.generation);
+    v_now := zeroth._now();
     UPDATE zeroth.runs r
        SET status = 'running',
            attempts = CASE WHEN r.status = 'pending' THEN r.attempts + 1 ELSE r.attempts END,
@@ -2133,7 +2158,7 @@ BEGIN
        AND r.lease_worker_id = start_run.worker_id
        AND r.lease_generation = start_run.generation
        AND r.lease_expires_at >= v_now
-       AND r.status IN ('pending', 'running');
+       AND v_status IN ('pending', 'running');
     RETURN FOUND;
 END
 $$;
@@ -2155,6 +2180,7 @@ CREATE FUNCTION zeroth.save_checkpoint(
     RETURNS uuid
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+    v_status zeroth.run_status;
     v_now    timestamptz := zeroth._now();
     v_tenant text := zeroth._scope_tenant(save_checkpoint.tenant_id, save_checkpoint.workspace_id);
     v_wskey  text := zeroth._workspace_key(save_checkpoint.workspace_id);
@@ -2166,29 +2192,16 @@ BEGIN
     PERFORM zeroth._require(save_checkpoint.generation IS NOT NULL, 'generation must not be NULL');
     PERFORM zeroth._require(save_checkpoint.data IS NOT NULL, 'data must not be NULL');
 
-    -- Lock, then write (as complete_runs): the status is read from the locked row and named by
-    -- no predicate, so the planner cannot reach the run through runs_running_idx (a generic plan
-    -- made on a small table walked every running run of the scope per call).
-    WITH locked AS MATERIALIZED (
-        SELECT r.run_id, r.status
-          FROM zeroth.runs r
-         WHERE r.tenant_id = v_tenant
-           AND r.workspace_key = v_wskey
-           AND r.run_id = save_checkpoint.run_id
-           AND r.lease_worker_id = save_checkpoint.worker_id
-           AND r.lease_generation = save_checkpoint.generation
-           AND r.lease_expires_at >= v_now
-           FOR UPDATE OF r
-    )
+    -- The run row first, then the clock: see zeroth._lock_leased_run.
+    v_status := zeroth._lock_leased_run(v_tenant, v_wskey, save_checkpoint.run_id, save_checkpoint.worker_id, save_checkpoint.generation);
+    v_now := zeroth._now();
     UPDATE zeroth.runs r
        SET checkpoint_seq = r.checkpoint_seq + 1,
            updated_at = v_now
-      FROM locked l
      WHERE r.tenant_id = v_tenant
        AND r.workspace_key = v_wskey
        AND r.run_id = save_checkpoint.run_id
-       AND r.run_id = l.run_id
-       AND l.status = 'running'
+       AND v_status = 'running'
        AND r.lease_worker_id = save_checkpoint.worker_id
        AND r.lease_generation = save_checkpoint.generation
        AND r.lease_expires_at >= v_now
@@ -2231,6 +2244,7 @@ CREATE FUNCTION zeroth.complete_run(
     RETURNS boolean
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+    v_status zeroth.run_status;
     v_now    timestamptz := zeroth._now();
     v_tenant text := zeroth._scope_tenant(complete_run.tenant_id, complete_run.workspace_id);
     v_wskey  text := zeroth._workspace_key(complete_run.workspace_id);
@@ -2241,20 +2255,9 @@ BEGIN
     PERFORM zeroth._require(complete_run.generation IS NOT NULL, 'generation must not be NULL');
 
     PERFORM zeroth._lock_slot(v_tenant, v_wskey, complete_run.run_id, complete_run.generation);
-    -- Lock, then write (as complete_runs): the status is read from the locked row and named by
-    -- no predicate, so the planner cannot reach the run through runs_running_idx (a generic plan
-    -- made on a small table walked every running run of the scope per call).
-    WITH locked AS MATERIALIZED (
-        SELECT r.run_id, r.status
-          FROM zeroth.runs r
-         WHERE r.tenant_id = v_tenant
-           AND r.workspace_key = v_wskey
-           AND r.run_id = complete_run.run_id
-           AND r.lease_worker_id = complete_run.worker_id
-           AND r.lease_generation = complete_run.generation
-           AND r.lease_expires_at >= v_now
-           FOR UPDATE OF r
-    )
+    -- The run row first, then the clock: see zeroth._lock_leased_run.
+    v_status := zeroth._lock_leased_run(v_tenant, v_wskey, complete_run.run_id, complete_run.worker_id, complete_run.generation);
+    v_now := zeroth._now();
     UPDATE zeroth.runs r
        SET status = 'completed',
            output = CASE WHEN complete_run.output IS NULL THEN r.output
@@ -2263,12 +2266,10 @@ BEGIN
            updated_at = v_now,
            lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
            admission_slot = NULL, recovery_checkpoint_id = NULL
-      FROM locked l
      WHERE r.tenant_id = v_tenant
        AND r.workspace_key = v_wskey
        AND r.run_id = complete_run.run_id
-       AND r.run_id = l.run_id
-       AND l.status = 'running'
+       AND v_status = 'running'
        AND r.lease_worker_id = complete_run.worker_id
        AND r.lease_generation = complete_run.generation
        AND r.lease_expires_at >= v_now
@@ -2309,6 +2310,7 @@ DECLARE
     v_now        timestamptz := zeroth._now();
     v_tenant     text := zeroth._scope_tenant(complete_runs.tenant_id, complete_runs.workspace_id);
     v_wskey      text := zeroth._workspace_key(complete_runs.workspace_id);
+    v_running    uuid[];
     v_done       uuid[];
     v_freed_deps text[];
 BEGIN
@@ -2332,24 +2334,28 @@ BEGIN
                AND s.tenant_id = v_tenant AND s.workspace_key = v_wskey
                FOR UPDATE OF s) l;
 
-    -- The run rows are found by primary key (run_id = ANY: an index condition, whatever the
-    -- statistics say). No predicate here or in the UPDATE names the status, so the planner cannot
-    -- prefer runs_running_idx (every running run of the scope, scanned once per requested run when
-    -- its row estimate is stale); the status comes from the locked row.
+    -- The run rows, in run_id order, then the clock (as zeroth._lock_leased_run: a batch that
+    -- waited for a row judges every lease by the time it got them). Found by primary key
+    -- (run_id = ANY: an index condition, whatever the statistics say); no predicate here or in the
+    -- UPDATE names the status, so the planner cannot prefer runs_running_idx (every running run
+    -- of the scope, scanned once per requested run when its row estimate is stale); the running
+    -- ones are read from the locked rows.
+    SELECT coalesce(array_agg(l.run_id) FILTER (WHERE l.status = 'running'), '{}') INTO v_running
+      FROM (SELECT r.run_id, r.status
+              FROM zeroth.runs r
+              JOIN unnest(complete_runs.run_ids, complete_runs.generations) AS q(run_id, generation)
+                ON r.run_id = q.run_id AND r.lease_generation = q.generation
+             WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey
+               AND r.run_id = ANY (complete_runs.run_ids)
+               AND r.lease_worker_id = complete_runs.worker_id
+             ORDER BY r.run_id
+               FOR UPDATE OF r) l;
+    v_now := zeroth._now();
+
     WITH requested AS (
         SELECT q.run_id, q.generation, complete_runs.outputs[q.position] AS output
           FROM unnest(complete_runs.run_ids, complete_runs.generations)
                WITH ORDINALITY AS q(run_id, generation, position)
-    ), locked AS MATERIALIZED (
-        SELECT r.run_id, r.status
-          FROM zeroth.runs r
-          JOIN requested q ON r.run_id = q.run_id AND r.lease_generation = q.generation
-         WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey
-           AND r.run_id = ANY (complete_runs.run_ids)
-           AND r.lease_worker_id = complete_runs.worker_id
-           AND r.lease_expires_at >= v_now
-         ORDER BY r.run_id
-           FOR UPDATE OF r
     ), done AS (
         UPDATE zeroth.runs r
            SET status = 'completed',
@@ -2359,15 +2365,13 @@ BEGIN
                updated_at = v_now,
                lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
                admission_slot = NULL, recovery_checkpoint_id = NULL
-          FROM locked l
-          JOIN requested q ON q.run_id = l.run_id
+          FROM requested q
          WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey
            -- By primary key with the array, not only by the join: a generic plan made while
            -- the table was small joined by filter and scanned the whole scope per run (the
-           -- continuous-load collapse of issue 13).
-           AND r.run_id = ANY (complete_runs.run_ids)
-           AND r.run_id = l.run_id
-           AND l.status = 'running'
+           -- continuous-load collapse of issue 13). The array holds the running runs locked.
+           AND r.run_id = ANY (v_running)
+           AND r.run_id = q.run_id
            AND r.lease_worker_id = complete_runs.worker_id
            AND r.lease_generation = q.generation
            AND r.lease_expires_at >= v_now
@@ -2415,6 +2419,7 @@ CREATE FUNCTION zeroth.fail_run(
     RETURNS text
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+    v_status  zeroth.run_status;
     v_now     timestamptz := zeroth._now();
     v_tenant  text := zeroth._scope_tenant(fail_run.tenant_id, fail_run.workspace_id);
     v_wskey   text := zeroth._workspace_key(fail_run.workspace_id);
@@ -2432,23 +2437,11 @@ BEGIN
                             'need 0 <= retry_base_seconds <= retry_max_seconds <= 30 days');
 
     PERFORM zeroth._lock_slot(v_tenant, v_wskey, fail_run.run_id, fail_run.generation);
+    -- The run row first, then the clock: see zeroth._lock_leased_run.
+    v_status := zeroth._lock_leased_run(v_tenant, v_wskey, fail_run.run_id, fail_run.worker_id, fail_run.generation);
+    v_now := zeroth._now();
     -- SET expressions read the row as it was; RETURNING reads it as written, so the outcome is
-    -- derived from what this UPDATE decided and nothing is read before the fenced write (the
-    -- lock is taken by the same statement). Lock, then write (as complete_runs): the status is
-    -- read from the locked row and named by no predicate, so the planner cannot reach the run
-    -- through runs_running_idx (a generic plan made on a small table walked every running run
-    -- of the scope per call).
-    WITH locked AS MATERIALIZED (
-        SELECT r.run_id, r.status
-          FROM zeroth.runs r
-         WHERE r.tenant_id = v_tenant
-           AND r.workspace_key = v_wskey
-           AND r.run_id = fail_run.run_id
-           AND r.lease_worker_id = fail_run.worker_id
-           AND r.lease_generation = fail_run.generation
-           AND r.lease_expires_at >= v_now
-           FOR UPDATE OF r
-    )
+    -- derived from what this UPDATE decided.
     UPDATE zeroth.runs r
        SET status = CASE WHEN fail_run.retryable AND r.attempts < r.max_attempts
                          THEN 'pending'::zeroth.run_status ELSE 'failed'::zeroth.run_status END,
@@ -2465,12 +2458,10 @@ BEGIN
            updated_at = v_now,
            lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
            admission_slot = NULL, recovery_checkpoint_id = NULL
-      FROM locked l
      WHERE r.tenant_id = v_tenant
        AND r.workspace_key = v_wskey
        AND r.run_id = fail_run.run_id
-       AND r.run_id = l.run_id
-       AND l.status = 'running'
+       AND v_status = 'running'
        AND r.lease_worker_id = fail_run.worker_id
        AND r.lease_generation = fail_run.generation
        AND r.lease_expires_at >= v_now
@@ -2505,6 +2496,7 @@ CREATE FUNCTION zeroth.cancel_run(
     RETURNS boolean
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+    v_status zeroth.run_status;
     v_now    timestamptz := zeroth._now();
     v_tenant text := zeroth._scope_tenant(cancel_run.tenant_id, cancel_run.workspace_id);
     v_wskey  text := zeroth._workspace_key(cancel_run.workspace_id);
@@ -2515,6 +2507,9 @@ BEGIN
     PERFORM zeroth._require(cancel_run.generation IS NOT NULL, 'generation must not be NULL');
 
     PERFORM zeroth._lock_slot(v_tenant, v_wskey, cancel_run.run_id, cancel_run.generation);
+    -- The run row first, then the clock: see zeroth._lock_leased_run.
+    v_status := zeroth._lock_leased_run(v_tenant, v_wskey, cancel_run.run_id, cancel_run.worker_id, cancel_run.generation);
+    v_now := zeroth._now();
     UPDATE zeroth.runs r
        SET status = 'cancelled',
            cancel_requested_at = coalesce(r.cancel_requested_at, v_now),
@@ -2556,6 +2551,7 @@ CREATE FUNCTION zeroth.pause_run(
     RETURNS boolean
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+    v_status zeroth.run_status;
     v_now    timestamptz := zeroth._now();
     v_tenant text := zeroth._scope_tenant(pause_run.tenant_id, pause_run.workspace_id);
     v_wskey  text := zeroth._workspace_key(pause_run.workspace_id);
@@ -2567,32 +2563,19 @@ BEGIN
     PERFORM zeroth._require_identifier(pause_run.reason, 'reason');
 
     PERFORM zeroth._lock_slot(v_tenant, v_wskey, pause_run.run_id, pause_run.generation);
-    -- Lock, then write (as complete_runs): the status is read from the locked row and named by
-    -- no predicate, so the planner cannot reach the run through runs_running_idx (a generic plan
-    -- made on a small table walked every running run of the scope per call).
-    WITH locked AS MATERIALIZED (
-        SELECT r.run_id, r.status
-          FROM zeroth.runs r
-         WHERE r.tenant_id = v_tenant
-           AND r.workspace_key = v_wskey
-           AND r.run_id = pause_run.run_id
-           AND r.lease_worker_id = pause_run.worker_id
-           AND r.lease_generation = pause_run.generation
-           AND r.lease_expires_at >= v_now
-           FOR UPDATE OF r
-    )
+    -- The run row first, then the clock: see zeroth._lock_leased_run.
+    v_status := zeroth._lock_leased_run(v_tenant, v_wskey, pause_run.run_id, pause_run.worker_id, pause_run.generation);
+    v_now := zeroth._now();
     UPDATE zeroth.runs r
        SET status = 'waiting',
            wait_reason = pause_run.reason,
            updated_at = v_now,
            lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
            admission_slot = NULL, recovery_checkpoint_id = NULL
-      FROM locked l
      WHERE r.tenant_id = v_tenant
        AND r.workspace_key = v_wskey
        AND r.run_id = pause_run.run_id
-       AND r.run_id = l.run_id
-       AND l.status = 'running'
+       AND v_status = 'running'
        AND r.lease_worker_id = pause_run.worker_id
        AND r.lease_generation = pause_run.generation
        AND r.lease_expires_at >= v_now
@@ -2632,6 +2615,7 @@ CREATE FUNCTION zeroth.release_lease(
     RETURNS boolean
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+    v_status zeroth.run_status;
     v_now    timestamptz := zeroth._now();
     v_tenant text := zeroth._scope_tenant(release_lease.tenant_id, release_lease.workspace_id);
     v_wskey  text := zeroth._workspace_key(release_lease.workspace_id);
@@ -2642,6 +2626,9 @@ BEGIN
     PERFORM zeroth._require(release_lease.generation IS NOT NULL, 'generation must not be NULL');
 
     PERFORM zeroth._lock_slot(v_tenant, v_wskey, release_lease.run_id, release_lease.generation);
+    -- The run row first, then the clock: see zeroth._lock_leased_run.
+    v_status := zeroth._lock_leased_run(v_tenant, v_wskey, release_lease.run_id, release_lease.worker_id, release_lease.generation);
+    v_now := zeroth._now();
     UPDATE zeroth.runs r
        SET lease_worker_id   = CASE WHEN r.status = 'running' THEN r.lease_worker_id END,
            lease_acquired_at = CASE WHEN r.status = 'running' THEN r.lease_acquired_at END,
@@ -2683,6 +2670,7 @@ CREATE FUNCTION zeroth.hand_back_to_pending(
     RETURNS boolean
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+    v_status zeroth.run_status;
     v_now    timestamptz := zeroth._now();
     v_tenant text := zeroth._scope_tenant(hand_back_to_pending.tenant_id, hand_back_to_pending.workspace_id);
     v_wskey  text := zeroth._workspace_key(hand_back_to_pending.workspace_id);
@@ -2693,32 +2681,19 @@ BEGIN
     PERFORM zeroth._require(hand_back_to_pending.generation IS NOT NULL, 'generation must not be NULL');
 
     PERFORM zeroth._lock_slot(v_tenant, v_wskey, hand_back_to_pending.run_id, hand_back_to_pending.generation);
-    -- Lock, then write (as complete_runs): the status is read from the locked row and named by
-    -- no predicate, so the planner cannot reach the run through runs_running_idx (a generic plan
-    -- made on a small table walked every running run of the scope per call).
-    WITH locked AS MATERIALIZED (
-        SELECT r.run_id, r.status
-          FROM zeroth.runs r
-         WHERE r.tenant_id = v_tenant
-           AND r.workspace_key = v_wskey
-           AND r.run_id = hand_back_to_pending.run_id
-           AND r.lease_worker_id = hand_back_to_pending.worker_id
-           AND r.lease_generation = hand_back_to_pending.generation
-           AND r.lease_expires_at >= v_now
-           FOR UPDATE OF r
-    )
+    -- The run row first, then the clock: see zeroth._lock_leased_run.
+    v_status := zeroth._lock_leased_run(v_tenant, v_wskey, hand_back_to_pending.run_id, hand_back_to_pending.worker_id, hand_back_to_pending.generation);
+    v_now := zeroth._now();
     UPDATE zeroth.runs r
        SET status = 'pending',
            attempts = greatest(r.attempts - 1, 0),
            lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
            admission_slot = NULL, recovery_checkpoint_id = NULL,
            updated_at = v_now
-      FROM locked l
      WHERE r.tenant_id = v_tenant
        AND r.workspace_key = v_wskey
        AND r.run_id = hand_back_to_pending.run_id
-       AND r.run_id = l.run_id
-       AND l.status = 'running'
+       AND v_status = 'running'
        AND r.lease_worker_id = hand_back_to_pending.worker_id
        AND r.lease_generation = hand_back_to_pending.generation
        AND r.lease_expires_at >= v_now
@@ -2749,6 +2724,7 @@ CREATE FUNCTION zeroth.expire_recovery_lease(
     RETURNS boolean
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+    v_status zeroth.run_status;
     v_now    timestamptz := zeroth._now();
     v_tenant text := zeroth._scope_tenant(expire_recovery_lease.tenant_id, expire_recovery_lease.workspace_id);
     v_wskey  text := zeroth._workspace_key(expire_recovery_lease.workspace_id);
@@ -2759,30 +2735,17 @@ BEGIN
     PERFORM zeroth._require(expire_recovery_lease.generation IS NOT NULL, 'generation must not be NULL');
 
     PERFORM zeroth._lock_slot(v_tenant, v_wskey, expire_recovery_lease.run_id, expire_recovery_lease.generation);
-    -- Lock, then write (as complete_runs): the status is read from the locked row and named by
-    -- no predicate, so the planner cannot reach the run through runs_running_idx (a generic plan
-    -- made on a small table walked every running run of the scope per call).
-    WITH locked AS MATERIALIZED (
-        SELECT r.run_id, r.status
-          FROM zeroth.runs r
-         WHERE r.tenant_id = v_tenant
-           AND r.workspace_key = v_wskey
-           AND r.run_id = expire_recovery_lease.run_id
-           AND r.lease_worker_id = expire_recovery_lease.worker_id
-           AND r.lease_generation = expire_recovery_lease.generation
-           AND r.lease_expires_at >= v_now
-           FOR UPDATE OF r
-    )
+    -- The run row first, then the clock: see zeroth._lock_leased_run.
+    v_status := zeroth._lock_leased_run(v_tenant, v_wskey, expire_recovery_lease.run_id, expire_recovery_lease.worker_id, expire_recovery_lease.generation);
+    v_now := zeroth._now();
     UPDATE zeroth.runs r
        SET lease_expires_at = least(r.lease_expires_at, v_now - interval '1 microsecond'),
            admission_slot = NULL,
            updated_at = v_now
-      FROM locked l
      WHERE r.tenant_id = v_tenant
        AND r.workspace_key = v_wskey
        AND r.run_id = expire_recovery_lease.run_id
-       AND r.run_id = l.run_id
-       AND l.status = 'running'
+       AND v_status = 'running'
        AND r.lease_worker_id = expire_recovery_lease.worker_id
        AND r.lease_generation = expire_recovery_lease.generation
        AND r.lease_expires_at >= v_now
