@@ -1019,18 +1019,45 @@ END;
 COMMENT ON FUNCTION zeroth._lock_slot(tenant_id text, workspace_key text, run_id uuid, generation bigint) IS 'Internal: lock the admission slot naming exactly this (run, generation), changing nothing.';
 
 --
+-- Name: _thread_stripe(text, text, text); Type: FUNCTION; Schema: zeroth; Owner: -
+--
+CREATE FUNCTION zeroth._thread_stripe(tenant_id text, workspace_key text, thread_id text) RETURNS integer
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    RETURN ((hashtextextended((ARRAY[tenant_id, workspace_key, thread_id])::text, (1516464242)::bigint) & (16383)::bigint))::integer;
+
+--
+-- Name: FUNCTION _thread_stripe(tenant_id text, workspace_key text, thread_id text); Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON FUNCTION zeroth._thread_stripe(tenant_id text, workspace_key text, thread_id text) IS 'Internal: the zeroth.lock_stripes row (0..16383) that serialises admissions of this thread.';
+
+--
+-- Name: lock_stripes; Type: TABLE; Schema: zeroth; Owner: -
+--
+CREATE TABLE zeroth.lock_stripes (
+    stripe integer NOT NULL
+);
+
+--
+-- Name: TABLE lock_stripes; Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON TABLE zeroth.lock_stripes IS 'Row locks that serialise the admissions of one thread (stripes 0..16383) and the creation of a scope''s admission slots (16384..17407), by hash. Locked by zeroth functions only: no role but zeroth_owner can read or lock it.';
+
+--
 -- Name: _lock_thread(text, text, text); Type: FUNCTION; Schema: zeroth; Owner: -
 --
 CREATE FUNCTION zeroth._lock_thread(tenant_id text, workspace_key text, thread_id text) RETURNS void
     LANGUAGE sql
     BEGIN ATOMIC
- SELECT pg_advisory_xact_lock(1516464242, hashtext(((((tenant_id || chr(31)) || workspace_key) || chr(31)) || thread_id))) AS pg_advisory_xact_lock;
+ SELECT 1
+    FROM zeroth.lock_stripes l
+   WHERE (l.stripe = zeroth._thread_stripe(_lock_thread.tenant_id, _lock_thread.workspace_key, _lock_thread.thread_id))
+  FOR UPDATE OF l;
 END;
 
 --
 -- Name: FUNCTION _lock_thread(tenant_id text, workspace_key text, thread_id text); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth._lock_thread(tenant_id text, workspace_key text, thread_id text) IS 'Internal: transaction advisory lock on one thread (admissions, redrive).';
+COMMENT ON FUNCTION zeroth._lock_thread(tenant_id text, workspace_key text, thread_id text) IS 'Internal: lock the thread''s stripe of zeroth.lock_stripes until the transaction ends (admissions, redrive).';
 
 --
 -- Name: _lock_thread_active(text, text, text, timestamp with time zone); Type: FUNCTION; Schema: zeroth; Owner: -
@@ -1409,21 +1436,25 @@ BEGIN
                             'workspace_id must be at most 200 characters');
     -- First use of a scope (or a larger K): create the slot rows. Only one session may do it at a
     -- time, and the others must not wait for its transaction (an INSERT that conflicts with an
-    -- uncommitted row waits), so the creator takes a non-blocking advisory lock; a session that
-    -- misses it finds no free slot this time and reports saturation until the rows commit.
+    -- uncommitted row waits), so the creator takes the scope's stripe of zeroth.lock_stripes with
+    -- SKIP LOCKED; a session that misses it finds no free slot this time and reports saturation
+    -- until the rows commit. (A row lock: an advisory lock could be held by anyone who connects.)
     IF NOT EXISTS (SELECT 1
                      FROM zeroth.admission_slots s
                     WHERE s.tenant_id = _take_slots.tenant_id
                       AND s.workspace_key = _take_slots.workspace_key
                       AND s.deployment_ref = _take_slots.deployment_ref
-                      AND s.slot_no = _take_slots.max_concurrency)
-       AND pg_try_advisory_xact_lock(hashtextextended(
-               _take_slots.tenant_id || chr(31) || _take_slots.workspace_key || chr(31)
-               || _take_slots.deployment_ref, 7230)) THEN
-        INSERT INTO zeroth.admission_slots (tenant_id, workspace_key, deployment_ref, slot_no)
-        SELECT _take_slots.tenant_id, _take_slots.workspace_key, _take_slots.deployment_ref, g.n
-          FROM generate_series(1, _take_slots.max_concurrency) AS g(n)
-        ON CONFLICT DO NOTHING;
+                      AND s.slot_no = _take_slots.max_concurrency) THEN
+        PERFORM 1 FROM zeroth.lock_stripes l
+         WHERE l.stripe = 16384 + (hashtextextended(ARRAY[_take_slots.tenant_id, _take_slots.workspace_key,
+                                                          _take_slots.deployment_ref]::text, 7230) & 1023)::integer
+           FOR UPDATE SKIP LOCKED;
+        IF FOUND THEN
+            INSERT INTO zeroth.admission_slots (tenant_id, workspace_key, deployment_ref, slot_no)
+            SELECT _take_slots.tenant_id, _take_slots.workspace_key, _take_slots.deployment_ref, g.n
+              FROM generate_series(1, _take_slots.max_concurrency) AS g(n)
+            ON CONFLICT DO NOTHING;
+        END IF;
     END IF;
 
     -- One pass over the scope's slots: which lease is live (a primary-key probe of its run).
@@ -2325,14 +2356,14 @@ BEGIN
     END IF;
     v_items := zeroth._enqueue_items(enqueue_runs.runs);
 
-    -- Every thread lock first, in the order of the lock keys (what the advisory lock really is).
+    -- Every thread lock first, in stripe order (what the lock really is), so two batches naming
+    -- the same threads in any order take them in one order.
     FOR v_thread IN
         SELECT t.thread_id
-          FROM (SELECT DISTINCT i.thread_id,
-                       hashtext(v_tenant || chr(31) || v_wskey || chr(31) || i.thread_id) AS lock_key
+          FROM (SELECT DISTINCT i.thread_id, zeroth._thread_stripe(v_tenant, v_wskey, i.thread_id) AS stripe
                   FROM unnest(v_items) AS i
                  WHERE i.thread_id IS NOT NULL) t
-         ORDER BY t.lock_key, t.thread_id
+         ORDER BY t.stripe, t.thread_id
     LOOP
         PERFORM zeroth._lock_thread(v_tenant, v_wskey, v_thread);
     END LOOP;
@@ -3523,6 +3554,12 @@ ALTER TABLE ONLY zeroth.checkpoints
     ADD CONSTRAINT checkpoints_pkey PRIMARY KEY (checkpoint_id);
 
 --
+-- Name: lock_stripes lock_stripes_pkey; Type: CONSTRAINT; Schema: zeroth; Owner: -
+--
+ALTER TABLE ONLY zeroth.lock_stripes
+    ADD CONSTRAINT lock_stripes_pkey PRIMARY KEY (stripe);
+
+--
 -- Name: notification_secret notification_secret_pkey; Type: CONSTRAINT; Schema: zeroth; Owner: -
 --
 ALTER TABLE ONLY zeroth.notification_secret
@@ -3619,6 +3656,11 @@ CREATE POLICY checkpoints_reader_tenant ON zeroth.checkpoints FOR SELECT TO zero
 -- Name: POLICY checkpoints_reader_tenant ON checkpoints; Type: COMMENT; Schema: zeroth; Owner: -
 --
 COMMENT ON POLICY checkpoints_reader_tenant ON zeroth.checkpoints IS 'zeroth_reader sees the checkpoints of the tenant named in the setting zeroth.tenant_id (none when unset).';
+
+--
+-- Name: lock_stripes; Type: ROW SECURITY; Schema: zeroth; Owner: -
+--
+ALTER TABLE zeroth.lock_stripes ENABLE ROW LEVEL SECURITY;
 
 --
 -- Name: notification_secret; Type: ROW SECURITY; Schema: zeroth; Owner: -

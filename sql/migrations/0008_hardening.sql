@@ -75,6 +75,24 @@ ALTER TABLE zeroth.notification_secret OWNER TO zeroth_owner;
 ALTER TABLE zeroth.notification_secret ENABLE ROW LEVEL SECURITY;
 REVOKE ALL ON zeroth.notification_secret FROM PUBLIC;
 
+-- The locks that serialise admissions of one thread, and the creation of a scope's slot rows, are
+-- row locks on this table, which only its owner can read or lock. They were advisory locks, and
+-- an advisory lock needs no privilege: any LOGIN role could compute a thread's key (pg_locks even
+-- lists the keys in use) and hold it, blocking every admission of that thread, or hold a scope's
+-- slot-creation key so that its first claims reported saturation for as long as it liked. A
+-- stripe stands for every thread (0..16383) or scope (16384..17407) whose key hashes to it; two
+-- that share one only wait for each other, as a collision of the advisory key did. Locking a
+-- stripe only marks its tuple (no new row version), so the table never grows.
+CREATE TABLE zeroth.lock_stripes (
+    stripe integer NOT NULL,
+    CONSTRAINT lock_stripes_pkey PRIMARY KEY (stripe)
+);
+COMMENT ON TABLE zeroth.lock_stripes IS 'Row locks that serialise the admissions of one thread (stripes 0..16383) and the creation of a scope''s admission slots (16384..17407), by hash. Locked by zeroth functions only: no role but zeroth_owner can read or lock it.';
+INSERT INTO zeroth.lock_stripes (stripe) SELECT g.n FROM generate_series(0, 17407) AS g(n);
+ALTER TABLE zeroth.lock_stripes OWNER TO zeroth_owner;
+ALTER TABLE zeroth.lock_stripes ENABLE ROW LEVEL SECURITY;
+REVOKE ALL ON zeroth.lock_stripes FROM PUBLIC;
+
 -- A slot names a lease; the lease itself lives on the run row only.
 ALTER TABLE zeroth.admission_slots
     DROP CONSTRAINT admission_slots_holder_complete,
@@ -400,21 +418,25 @@ BEGIN
                             'workspace_id must be at most 200 characters');
     -- First use of a scope (or a larger K): create the slot rows. Only one session may do it at a
     -- time, and the others must not wait for its transaction (an INSERT that conflicts with an
-    -- uncommitted row waits), so the creator takes a non-blocking advisory lock; a session that
-    -- misses it finds no free slot this time and reports saturation until the rows commit.
+    -- uncommitted row waits), so the creator takes the scope's stripe of zeroth.lock_stripes with
+    -- SKIP LOCKED; a session that misses it finds no free slot this time and reports saturation
+    -- until the rows commit. (A row lock: an advisory lock could be held by anyone who connects.)
     IF NOT EXISTS (SELECT 1
                      FROM zeroth.admission_slots s
                     WHERE s.tenant_id = _take_slots.tenant_id
                       AND s.workspace_key = _take_slots.workspace_key
                       AND s.deployment_ref = _take_slots.deployment_ref
-                      AND s.slot_no = _take_slots.max_concurrency)
-       AND pg_try_advisory_xact_lock(hashtextextended(
-               _take_slots.tenant_id || chr(31) || _take_slots.workspace_key || chr(31)
-               || _take_slots.deployment_ref, 7230)) THEN
-        INSERT INTO zeroth.admission_slots (tenant_id, workspace_key, deployment_ref, slot_no)
-        SELECT _take_slots.tenant_id, _take_slots.workspace_key, _take_slots.deployment_ref, g.n
-          FROM generate_series(1, _take_slots.max_concurrency) AS g(n)
-        ON CONFLICT DO NOTHING;
+                      AND s.slot_no = _take_slots.max_concurrency) THEN
+        PERFORM 1 FROM zeroth.lock_stripes l
+         WHERE l.stripe = 16384 + (hashtextextended(ARRAY[_take_slots.tenant_id, _take_slots.workspace_key,
+                                                          _take_slots.deployment_ref]::text, 7230) & 1023)::integer
+           FOR UPDATE SKIP LOCKED;
+        IF FOUND THEN
+            INSERT INTO zeroth.admission_slots (tenant_id, workspace_key, deployment_ref, slot_no)
+            SELECT _take_slots.tenant_id, _take_slots.workspace_key, _take_slots.deployment_ref, g.n
+              FROM generate_series(1, _take_slots.max_concurrency) AS g(n)
+            ON CONFLICT DO NOTHING;
+        END IF;
     END IF;
 
     -- One pass over the scope's slots: which lease is live (a primary-key probe of its run).
@@ -512,18 +534,27 @@ COMMENT ON FUNCTION zeroth._take_slots(text, text, text, integer, integer, times
 -- Threads (helpers of 0004, unchanged in behaviour)
 -- ---------------------------------------------------------------------------------------------
 
--- Serialises admissions (and redrives) of one thread. Two-key advisory locks live apart from the
--- one-key lock of migrations; a hash collision only makes two threads wait for each other.
+-- Serialises admissions (and redrives) of one thread: a row lock on its stripe of
+-- zeroth.lock_stripes (see the table); threads that share a stripe only wait for each other.
+CREATE FUNCTION zeroth._thread_stripe(tenant_id text, workspace_key text, thread_id text) RETURNS integer
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    -- The key is an array's text, so no separator character inside an identifier makes two alike.
+    RETURN (hashtextextended(ARRAY[tenant_id, workspace_key, thread_id]::text, 1516464242) & 16383)::integer;
+COMMENT ON FUNCTION zeroth._thread_stripe(text, text, text) IS 'Internal: the zeroth.lock_stripes row (0..16383) that serialises admissions of this thread.';
+
 CREATE FUNCTION zeroth._lock_thread(tenant_id text, workspace_key text, thread_id text) RETURNS void
     LANGUAGE sql VOLATILE
     BEGIN ATOMIC
-        SELECT pg_advisory_xact_lock(1516464242, hashtext(tenant_id || chr(31) || workspace_key || chr(31) || thread_id));
+        SELECT 1 FROM zeroth.lock_stripes l
+         WHERE l.stripe = zeroth._thread_stripe(_lock_thread.tenant_id, _lock_thread.workspace_key,
+                                                 _lock_thread.thread_id)
+           FOR UPDATE;
     END;
-COMMENT ON FUNCTION zeroth._lock_thread(text, text, text) IS 'Internal: transaction advisory lock on one thread (admissions, redrive).';
+COMMENT ON FUNCTION zeroth._lock_thread(text, text, text) IS 'Internal: lock the thread''s stripe of zeroth.lock_stripes until the transaction ends (admissions, redrive).';
 
 -- The thread_queued_at of a run joining a thread's queue: now, but always after the last queued
 -- run, so the queue stays first-in first-out even for runs queued in the same microsecond.
--- Callers hold the thread's advisory lock, so the max is stable.
+-- Callers hold the thread's lock (_lock_thread), so the max is stable.
 CREATE FUNCTION zeroth._queue_position(tenant_id text, workspace_key text, thread_id text, at timestamptz)
     RETURNS timestamptz
     LANGUAGE sql STABLE
@@ -1232,7 +1263,7 @@ COMMENT ON FUNCTION zeroth._displace(text, text, text, text, interval, timestamp
 
 -- The admission proper, shared by admit_run (after _displace), enqueue_run and enqueue_runs: an
 -- idle thread admits (leased to worker_id when given), a busy one answers busy (reject) or queues
--- the run (enqueue). Serialised per thread by the advisory lock; a retried admission is looked up
+-- the run (enqueue). Serialised per thread by the thread's lock (_lock_thread); a retried admission is looked up
 -- again once the lock is held (its first attempt may have committed while we waited), and the
 -- unique index is the backstop (ON CONFLICT DO NOTHING, then look again). displaced is passed
 -- through to the result.
@@ -1324,7 +1355,7 @@ COMMENT ON FUNCTION zeroth._admit(text, text, text, text, boolean, text, jsonb, 
 -- must first stop (cancel requested, NOTIFY), queued behind it. The caller's own active run is
 -- cancelled at once only when it proves ownership with worker_id and owner_generation (its live
 -- lease). A repeated idempotency key or run_id returns reused (the first admission wins, whatever
--- the payload). Locks: thread advisory lock, slots, active run, queue. Raises ZP006, ZP008.
+-- the payload). Locks: the thread's lock, slots, active run, queue. Raises ZP006, ZP008.
 -- Notifies zeroth_wakeup, zeroth_control. Time: clock_timestamp().
 CREATE FUNCTION zeroth.admit_run(
     deployment_ref   text,
@@ -1409,7 +1440,7 @@ COMMENT ON FUNCTION zeroth.admit_run(text, text, text, text, jsonb, text, text, 
 -- behind it (thread queue, as admit_run's enqueue strategy: promoted to pending when that run
 -- ends). A repeated idempotency key (per tenant, workspace and deployment) or caller-chosen
 -- run_id returns the existing run with created = false (the first enqueue wins, whatever the
--- payload). Locks: the thread's advisory lock and active run (thread runs only), else the
+-- payload). Locks: the thread's lock and active run (thread runs only), else the
 -- unique-index entry. Raises ZP006 invalid_scope, ZP008 invalid_argument. Notifies zeroth_wakeup
 -- when it creates a pending run that is due now. Time: clock_timestamp().
 CREATE FUNCTION zeroth.enqueue_run(
@@ -1636,14 +1667,14 @@ BEGIN
     END IF;
     v_items := zeroth._enqueue_items(enqueue_runs.runs);
 
-    -- Every thread lock first, in the order of the lock keys (what the advisory lock really is).
+    -- Every thread lock first, in stripe order (what the lock really is), so two batches naming
+    -- the same threads in any order take them in one order.
     FOR v_thread IN
         SELECT t.thread_id
-          FROM (SELECT DISTINCT i.thread_id,
-                       hashtext(v_tenant || chr(31) || v_wskey || chr(31) || i.thread_id) AS lock_key
+          FROM (SELECT DISTINCT i.thread_id, zeroth._thread_stripe(v_tenant, v_wskey, i.thread_id) AS stripe
                   FROM unnest(v_items) AS i
                  WHERE i.thread_id IS NOT NULL) t
-         ORDER BY t.lock_key, t.thread_id
+         ORDER BY t.stripe, t.thread_id
     LOOP
         PERFORM zeroth._lock_thread(v_tenant, v_wskey, v_thread);
     END LOOP;
@@ -3002,7 +3033,7 @@ COMMENT ON FUNCTION zeroth.resume_run(uuid, text, text, jsonb) IS
 -- in the thread queue when its thread has an active run now. Resets attempts, error, output,
 -- cancel and dead-letter marks; never the lease generation, so fencing stays monotonic across
 -- replays. Checkpoints are kept: the next claim hands the latest one to the handler, which
--- decides whether to resume from it. Locks: the thread's advisory lock and active run (thread
+-- decides whether to resume from it. Locks: the thread's lock and active run (thread
 -- runs), then the run row. Returns true. Raises ZP001 (unknown run), ZP003 (not failed/cancelled),
 -- ZP008. Notifies zeroth_wakeup when the run became pending. Time: clock_timestamp().
 CREATE FUNCTION zeroth.redrive_run(

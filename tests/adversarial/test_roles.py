@@ -39,8 +39,16 @@ async def call_every_function(admin: asyncpg.Connection, session: asyncpg.Connec
     return results
 
 
-RELATIONS = ("runs", "checkpoints", "admission_slots", "notification_secret", "alembic_version",
-             "queue_depth", "dead_letters", "live_leases", "expired_leases", "table_health")
+RELATIONS = ("runs", "checkpoints", "admission_slots", "notification_secret", "lock_stripes",
+             "alembic_version", "queue_depth", "dead_letters", "live_leases", "expired_leases",
+             "table_health")
+
+
+async def test_the_relations_tried_here_are_every_relation_of_the_schema(admin):
+    names = {row["relname"] for row in await admin.fetch(
+        """SELECT c.relname FROM pg_class c
+            WHERE c.relnamespace = 'zeroth'::regnamespace AND c.relkind IN ('r', 'v', 'm', 'p')""")}
+    assert names == set(RELATIONS)
 
 
 async def seed(admin: asyncpg.Connection) -> None:
@@ -94,7 +102,7 @@ class TestReader:
             "SELECT tenant_id FROM zeroth.queue_depth")] == ["acme"]
         assert await reader.fetchval("SELECT count(*) FROM zeroth.runs") == 1
 
-    @pytest.mark.parametrize("relation", ["admission_slots", "notification_secret"])
-    async def test_cannot_read_the_slots_or_the_secret(self, login, relation):
+    @pytest.mark.parametrize("relation", ["admission_slots", "notification_secret", "lock_stripes"])
+    async def test_cannot_read_the_slots_the_secret_or_the_locks(self, login, relation):
         reader = await login("reader")
         assert await outcome(reader, f"SELECT * FROM zeroth.{relation}") == "42501"

@@ -143,7 +143,7 @@ class TestAdmissionAgainstTheActiveRunsEnd:
         await a.begin()
         first = only(await a.rows(ADMIT, THREAD, "reject", at(0)))
         second = b.spawn(ADMIT, THREAD, "reject", at(1), rows=True)
-        await assert_waits_for(db, b, a, second)  # the thread's advisory lock
+        await assert_waits_for(db, b, a, second)  # the thread's stripe lock
         await a.commit()
 
         assert first["outcome"] == "admitted"

@@ -1,0 +1,105 @@
+"""Nobody outside the package can hold a lock the package waits on.
+
+Red-team finding (after issue 11): admissions of a thread were serialised by a transaction
+advisory lock, and a scope's slot rows were created under a non-blocking advisory lock. Advisory
+locks need no privilege and their keys were computable (hashtext of tenant, workspace and thread),
+so a LOGIN role with no grant at all held ``pg_advisory_lock(1516464242, hashtext(...))`` and
+every admission of that thread blocked for as long as it liked; holding a scope's key made that
+scope's first claims report saturation with no slot rows created. Both are now row locks on
+zeroth.lock_stripes, which only zeroth_owner can read or lock.
+
+Played on a shipped database as ``nobody`` (no grant) and ``worker`` (zeroth_worker): the
+stranger holds the keys the old code used (and every advisory key it likes), and the package's
+calls go through; neither role can lock a stripe row itself.
+"""
+
+from __future__ import annotations
+
+import json
+
+import asyncpg
+import pytest
+
+THREAD = "conversation-42"
+DEPLOYMENT = "d"
+TENANT = "acme"
+#: Generous: a call that waits on the stranger's lock fails here instead of hanging the suite.
+TIMEOUT_MS = 5000
+
+
+async def hold_the_old_keys(stranger: asyncpg.Connection) -> None:
+    """The advisory keys the package used to wait on, held at session level by the stranger."""
+    for tenant, wskey in (("default", ""), (TENANT, "")):
+        await stranger.execute(
+            "SELECT pg_advisory_lock(1516464242, hashtext($1 || chr(31) || $2 || chr(31) || $3))",
+            tenant, wskey, THREAD)
+        await stranger.execute(
+            "SELECT pg_advisory_lock(hashtextextended($1 || chr(31) || $2 || chr(31) || $3, 7230))",
+            tenant, wskey, DEPLOYMENT)
+
+
+@pytest.fixture
+async def bounded(admin: asyncpg.Connection) -> asyncpg.Connection:
+    await admin.execute(f"SET statement_timeout = {TIMEOUT_MS}")
+    return admin
+
+
+@pytest.mark.parametrize("kind", ["nobody", "worker"])
+async def test_a_stranger_holding_the_old_advisory_keys_blocks_no_admission(
+        login, bounded, kind):
+    stranger = await login(kind)
+    await hold_the_old_keys(stranger)
+
+    admitted = await bounded.fetchrow(
+        """SELECT outcome, run_id FROM zeroth.admit_run(deployment_ref => $1, thread_id => $2,
+               strategy => 'enqueue')""", DEPLOYMENT, THREAD)
+    assert admitted["outcome"] == "admitted"
+    queued = await bounded.fetchrow(
+        "SELECT status::text FROM zeroth.enqueue_run(deployment_ref => $1, thread_id => $2)",
+        DEPLOYMENT, THREAD)
+    assert queued["status"] == "waiting"
+    batch = await bounded.fetch(
+        """SELECT status::text FROM zeroth.enqueue_runs(deployment_ref => $1,
+               runs => $2::text::jsonb)""",
+        DEPLOYMENT, json.dumps([{"thread_id": THREAD}, {"thread_id": "another"}]))
+    assert sorted(row["status"] for row in batch) == ["pending", "waiting"]
+    assert await bounded.fetchval(
+        "SELECT count(*) FROM zeroth.runs WHERE thread_id = $1", THREAD) == 3
+
+
+@pytest.mark.parametrize("kind", ["nobody", "worker"])
+async def test_a_stranger_holding_the_old_slot_key_does_not_saturate_a_new_scope(
+        login, bounded, kind):
+    stranger = await login(kind)
+    await hold_the_old_keys(stranger)
+    run_id = await bounded.fetchval(
+        "SELECT run_id FROM zeroth.enqueue_run(deployment_ref => $1, tenant_id => $2)",
+        DEPLOYMENT, TENANT)
+
+    rows = await bounded.fetch(
+        """SELECT run_id, concurrency_saturated FROM zeroth.claim_and_start(
+               deployment_ref => $1, worker_id => 'w', tenant_id => $2, max_concurrency => 5)""",
+        DEPLOYMENT, TENANT)
+    assert [(row["run_id"], row["concurrency_saturated"]) for row in rows] == [(run_id, False)]
+    assert await bounded.fetchval(
+        "SELECT count(*) FROM zeroth.admission_slots WHERE tenant_id = $1", TENANT) == 5
+
+
+@pytest.mark.parametrize("kind", ["nobody", "worker", "reader"])
+async def test_no_role_can_lock_a_stripe_itself(login, kind):
+    session = await login(kind)
+    with pytest.raises(asyncpg.InsufficientPrivilegeError):
+        await session.execute("SELECT 1 FROM zeroth.lock_stripes FOR UPDATE")
+    with pytest.raises(asyncpg.InsufficientPrivilegeError):
+        await session.execute("SELECT 1 FROM zeroth.lock_stripes WHERE stripe = 0 FOR KEY SHARE")
+
+
+async def test_no_zeroth_function_takes_an_advisory_lock(admin):
+    """The guard that keeps it so: migrations serialise on one (the DBA's tool), the runtime on
+    none."""
+    offenders = await admin.fetch(
+        """SELECT p.oid::regprocedure::text AS function
+             FROM pg_proc p
+            WHERE p.pronamespace = 'zeroth'::regnamespace
+              AND pg_get_functiondef(p.oid) ~* 'pg_(try_)?advisory'""")
+    assert [row["function"] for row in offenders] == []
