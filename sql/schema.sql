@@ -907,11 +907,13 @@ END) STORED NOT NULL,
     thread_queued_at timestamp with time zone,
     resumable boolean DEFAULT true NOT NULL,
     accounting jsonb,
+    hand_backs integer DEFAULT 0 NOT NULL,
     CONSTRAINT runs_accounting_object CHECK (((accounting IS NULL) OR (jsonb_typeof(accounting) = 'object'::text))),
     CONSTRAINT runs_attempts_valid CHECK (((attempts >= 0) AND (max_attempts >= 1))),
     CONSTRAINT runs_cancel_action_valid CHECK (((cancel_action IS NULL) OR (cancel_action = ANY (ARRAY['cancel'::text, 'interrupt'::text, 'rollback'::text])))),
     CONSTRAINT runs_deployment_nonempty CHECK ((deployment_ref <> ''::text)),
     CONSTRAINT runs_generation_nonnegative CHECK ((lease_generation >= 0)),
+    CONSTRAINT runs_hand_backs_nonnegative CHECK ((hand_backs >= 0)),
     CONSTRAINT runs_lease_complete CHECK ((((lease_worker_id IS NULL) = (lease_expires_at IS NULL)) AND ((lease_worker_id IS NULL) = (lease_acquired_at IS NULL)))),
     CONSTRAINT runs_lease_only_on_active CHECK (((lease_worker_id IS NULL) OR (status = ANY (ARRAY['pending'::zeroth.run_status, 'running'::zeroth.run_status])))),
     CONSTRAINT runs_metadata_object CHECK ((jsonb_typeof(metadata) = 'object'::text)),
@@ -932,7 +934,7 @@ COMMENT ON TABLE zeroth.runs IS 'One row per run. Write it only through the zero
 --
 -- Name: COLUMN runs.attempts; Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON COLUMN zeroth.runs.attempts IS 'Number of attempts: counted when a run starts (start_run, claim_and_start) and when an orphan is re-leased after its lease expired (claim_orphaned). Only a hand-back by the live holder (hand_back_to_pending) gives one back.';
+COMMENT ON COLUMN zeroth.runs.attempts IS 'Number of attempts: counted when a run starts (start_run, claim_and_start) and when an orphan is re-leased after its lease expired (claim_orphaned). Given back only by the live holder stopping gracefully: pause_run (waiting is not a failure) and the first max_attempts hand-backs (hand_back_to_pending). So attempts never exceed max_attempts through the functions.';
 
 --
 -- Name: COLUMN runs.checkpoint_seq; Type: COMMENT; Schema: zeroth; Owner: -
@@ -963,6 +965,11 @@ COMMENT ON COLUMN zeroth.runs.resumable IS 'When its owner dies: true = another 
 -- Name: COLUMN runs.accounting; Type: COMMENT; Schema: zeroth; Owner: -
 --
 COMMENT ON COLUMN zeroth.runs.accounting IS 'Caller-defined JSON object (token and message counts, …) merged by update_run_progress.';
+
+--
+-- Name: COLUMN runs.hand_backs; Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON COLUMN zeroth.runs.hand_backs IS 'How many times a live holder handed the run back (hand_back_to_pending). The first max_attempts hand-backs give their attempt back; later ones keep it counted, and one that finds the attempts used up dead-letters the run (stop_reason attempts_exhausted). redrive_run resets it.';
 
 --
 -- Name: _lock_leased_run(text, text, uuid, text, bigint); Type: FUNCTION; Schema: zeroth; Owner: -
@@ -2654,9 +2661,25 @@ BEGIN
     -- The run row first, then the clock: see zeroth._lock_leased_run.
     v_status := zeroth._lock_leased_run(v_tenant, v_wskey, hand_back_to_pending.run_id, hand_back_to_pending.worker_id, hand_back_to_pending.generation);
     v_now := zeroth._now();
+    -- The first max_attempts hand-backs give the attempt back; after that the attempt stays
+    -- counted, and a hand-back that finds no attempt left dead-letters the run.
     UPDATE zeroth.runs r
-       SET status = 'pending',
-           attempts = greatest(r.attempts - 1, 0),
+       SET status = CASE WHEN r.hand_backs >= r.max_attempts AND r.attempts >= r.max_attempts
+                         THEN 'failed'::zeroth.run_status ELSE 'pending'::zeroth.run_status END,
+           attempts = CASE WHEN r.hand_backs < r.max_attempts THEN greatest(r.attempts - 1, 0)
+                           ELSE r.attempts END,
+           hand_backs = r.hand_backs + 1,
+           error = CASE WHEN r.hand_backs >= r.max_attempts AND r.attempts >= r.max_attempts
+                        THEN zeroth._stop_error('attempts_exhausted', format(
+                                 'handed back %s times without finishing (attempt %s of %s); a run '
+                                 'that never finishes before its worker stops is not retried again',
+                                 r.hand_backs + 1, r.attempts, r.max_attempts),
+                             r.lease_worker_id, r.lease_generation, r.error)
+                        ELSE r.error END,
+           dead_lettered_at = CASE WHEN r.hand_backs >= r.max_attempts AND r.attempts >= r.max_attempts
+                                   THEN v_now ELSE r.dead_lettered_at END,
+           finished_at = CASE WHEN r.hand_backs >= r.max_attempts AND r.attempts >= r.max_attempts
+                              THEN v_now END,
            lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
            admission_slot = NULL, recovery_checkpoint_id = NULL,
            updated_at = v_now
@@ -2680,7 +2703,7 @@ $$;
 --
 -- Name: FUNCTION hand_back_to_pending(run_id uuid, worker_id text, generation bigint, tenant_id text, workspace_id text); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth.hand_back_to_pending(run_id uuid, worker_id text, generation bigint, tenant_id text, workspace_id text) IS 'hand_back_to_pending: running → pending for exactly the live lease (worker_id, generation); gives the attempt back (the only path that does), clears the lease, frees the slot. An admin cancel that came first wins (no match); an expired or cleared lease matches nothing. Returns false on no match. Raises ZP008. Notifies zeroth_wakeup. Time: clock_timestamp().';
+COMMENT ON FUNCTION zeroth.hand_back_to_pending(run_id uuid, worker_id text, generation bigint, tenant_id text, workspace_id text) IS 'hand_back_to_pending: running → pending for exactly the live lease (worker_id, generation); gives the attempt back for the first max_attempts hand-backs (runs.hand_backs), after that keeps it counted and, when no attempt is left, dead-letters the run instead (failed, stop_reason attempts_exhausted; still returns true); clears the lease, frees the slot. An admin cancel that came first wins (no match); an expired or cleared lease matches nothing. Returns false on no match. Raises ZP008. Notifies zeroth_wakeup. Time: clock_timestamp().';
 
 --
 -- Name: list_thread_runs(text, text, text, integer); Type: FUNCTION; Schema: zeroth; Owner: -
@@ -2752,6 +2775,9 @@ BEGIN
     UPDATE zeroth.runs r
        SET status = 'waiting',
            wait_reason = pause_run.reason,
+           -- Waiting is not a failure: the attempt is given back, so approval loops never use up
+           -- the retry budget (nor push attempts past max_attempts).
+           attempts = greatest(r.attempts - 1, 0),
            updated_at = v_now,
            lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
            admission_slot = NULL, recovery_checkpoint_id = NULL
@@ -2778,7 +2804,7 @@ $$;
 --
 -- Name: FUNCTION pause_run(run_id uuid, worker_id text, generation bigint, reason text, tenant_id text, workspace_id text); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth.pause_run(run_id uuid, worker_id text, generation bigint, reason text, tenant_id text, workspace_id text) IS 'pause_run: running → waiting with a reason, for the live lease (worker_id, generation); releases the lease and slot. Returns false when fenced out. Raises ZP003 (holder but not running), ZP008. Notifies zeroth_wakeup when a slot was freed. Time: clock_timestamp().';
+COMMENT ON FUNCTION zeroth.pause_run(run_id uuid, worker_id text, generation bigint, reason text, tenant_id text, workspace_id text) IS 'pause_run: running → waiting with a reason, for the live lease (worker_id, generation); releases the lease and slot and gives the attempt back. Returns false when fenced out. Raises ZP003 (holder but not running), ZP008. Notifies zeroth_wakeup when a slot was freed. Time: clock_timestamp().';
 
 --
 -- Name: prune_runs(interval, integer, text, text); Type: FUNCTION; Schema: zeroth; Owner: -
@@ -2921,6 +2947,7 @@ BEGIN
            wait_reason = CASE WHEN v_queue THEN 'thread_queue' END,
            thread_queued_at = CASE WHEN v_queue THEN zeroth._queue_position(v_tenant, v_wskey, v_thread, v_now) END,
            attempts = 0,
+           hand_backs = 0,
            run_after = v_now,
            error = NULL, output = NULL, finished_at = NULL, dead_lettered_at = NULL,
            cancel_action = NULL, cancel_requested_at = NULL,
@@ -2943,7 +2970,7 @@ $$;
 --
 -- Name: FUNCTION redrive_run(run_id uuid, tenant_id text, workspace_id text); Type: COMMENT; Schema: zeroth; Owner: -
 --
-COMMENT ON FUNCTION zeroth.redrive_run(run_id uuid, tenant_id text, workspace_id text) IS 'redrive_run: failed or cancelled → pending, or → waiting in the thread queue when its thread has an active run; resets attempts, error, output, cancel and dead-letter marks, never lease_generation. Raises ZP001 (unknown run), ZP003 (not failed/cancelled), ZP008. Notifies zeroth_wakeup when the run became pending. Time: clock_timestamp().';
+COMMENT ON FUNCTION zeroth.redrive_run(run_id uuid, tenant_id text, workspace_id text) IS 'redrive_run: failed or cancelled → pending, or → waiting in the thread queue when its thread has an active run; resets attempts, hand_backs, error, output, cancel and dead-letter marks, never lease_generation. Raises ZP001 (unknown run), ZP003 (not failed/cancelled), ZP008. Notifies zeroth_wakeup when the run became pending. Time: clock_timestamp().';
 
 --
 -- Name: release_lease(uuid, text, bigint, text, text); Type: FUNCTION; Schema: zeroth; Owner: -

@@ -506,7 +506,8 @@ class LeaseManager:
         tenant_id: str | None = None, workspace_id: str | None = None,
         conn: Executor | None = None,
     ) -> bool:
-        """running → waiting, fenced, releasing the lease (``zeroth.pause_run``)."""
+        """running → waiting, fenced, releasing the lease and giving the attempt back
+        (``zeroth.pause_run``)."""
         return bool(await self._fetchval(_calls.PAUSE_RUN, _uuid(run_id), worker_id, generation,
                                          reason, tenant_id, workspace_id, conn=conn))
 
@@ -524,7 +525,11 @@ class LeaseManager:
         self, run_id: RunId, worker_id: str, *, generation: int, tenant_id: str | None = None,
         workspace_id: str | None = None, conn: Executor | None = None,
     ) -> bool:
-        """running → pending for exactly this generation (``zeroth.hand_back_to_pending``)."""
+        """running → pending for exactly this generation (``zeroth.hand_back_to_pending``).
+
+        The first ``max_attempts`` hand-backs of a run give its attempt back; later ones keep it
+        counted, and one that finds no attempt left dead-letters the run instead (still True:
+        the lease was given back)."""
         return bool(await self._fetchval(_calls.HAND_BACK_TO_PENDING, _uuid(run_id), worker_id,
                                          generation, tenant_id, workspace_id, conn=conn))
 

@@ -100,7 +100,13 @@ ALTER TABLE zeroth.admission_slots
     DROP COLUMN lease_expires_at,
     ADD CONSTRAINT admission_slots_holder_complete CHECK ((run_id IS NULL) = (lease_generation IS NULL));
 COMMENT ON TABLE zeroth.admission_slots IS 'Concurrency slots per (tenant, workspace, deployment). A slot names (run_id, lease_generation); it is held while that run holds that generation''s lease in this slot (runs.admission_slot) and the lease is live. The run row is the only copy of the lease.';
-COMMENT ON COLUMN zeroth.runs.attempts IS 'Number of attempts: counted when a run starts (start_run, claim_and_start) and when an orphan is re-leased after its lease expired (claim_orphaned). Only a hand-back by the live holder (hand_back_to_pending) gives one back.';
+-- Hand-backs are counted so that they cannot loop: a handler that always outlives the worker's
+-- shutdown (or sends its own worker SIGTERM) was handed back, attempt refunded, for ever.
+ALTER TABLE zeroth.runs
+    ADD COLUMN hand_backs integer NOT NULL DEFAULT 0,
+    ADD CONSTRAINT runs_hand_backs_nonnegative CHECK (hand_backs >= 0);
+COMMENT ON COLUMN zeroth.runs.hand_backs IS 'How many times a live holder handed the run back (hand_back_to_pending). The first max_attempts hand-backs give their attempt back; later ones keep it counted, and one that finds the attempts used up dead-letters the run (stop_reason attempts_exhausted). redrive_run resets it.';
+COMMENT ON COLUMN zeroth.runs.attempts IS 'Number of attempts: counted when a run starts (start_run, claim_and_start) and when an orphan is re-leased after its lease expired (claim_orphaned). Given back only by the live holder stopping gracefully: pause_run (waiting is not a failure) and the first max_attempts hand-backs (hand_back_to_pending). So attempts never exceed max_attempts through the functions.';
 
 -- One item of an enqueue_runs batch, parsed and checked (internal).
 CREATE TYPE zeroth.enqueue_item AS (
@@ -2569,7 +2575,8 @@ COMMENT ON FUNCTION zeroth.cancel_run(uuid, text, bigint, text, text) IS
 'cancel_run: the live lease holder (worker_id, generation) ends its pending or running run as cancelled; clears the lease, frees the slot. Returns false when fenced out. Raises ZP008. Notifies zeroth_wakeup when a slot was freed. Time: clock_timestamp().';
 
 -- pause_run: running → waiting (approval, interrupt, …), fenced. The lease is released (a waiting
--- run is claimed by nobody) and the slot freed; resume_run makes it pending again. Returns false
+-- run is claimed by nobody), the slot freed and the attempt given back (waiting is not a
+-- failure); resume_run makes it pending again. Returns false
 -- when fenced out. Raises ZP003 (holder but not running), ZP008. Notifies zeroth_wakeup when a slot
 -- was freed. Time: clock_timestamp().
 CREATE FUNCTION zeroth.pause_run(
@@ -2600,6 +2607,9 @@ BEGIN
     UPDATE zeroth.runs r
        SET status = 'waiting',
            wait_reason = pause_run.reason,
+           -- Waiting is not a failure: the attempt is given back, so approval loops never use up
+           -- the retry budget (nor push attempts past max_attempts).
+           attempts = greatest(r.attempts - 1, 0),
            updated_at = v_now,
            lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
            admission_slot = NULL, recovery_checkpoint_id = NULL
@@ -2623,7 +2633,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION zeroth.pause_run(uuid, text, bigint, text, text, text) IS
-'pause_run: running → waiting with a reason, for the live lease (worker_id, generation); releases the lease and slot. Returns false when fenced out. Raises ZP003 (holder but not running), ZP008. Notifies zeroth_wakeup when a slot was freed. Time: clock_timestamp().';
+'pause_run: running → waiting with a reason, for the live lease (worker_id, generation); releases the lease and slot and gives the attempt back. Returns false when fenced out. Raises ZP003 (holder but not running), ZP008. Notifies zeroth_wakeup when a slot was freed. Time: clock_timestamp().';
 
 -- ---------------------------------------------------------------------------------------------
 -- Giving a lease back (exact generation, live lease; none of these bumps the generation)
@@ -2687,8 +2697,12 @@ COMMENT ON FUNCTION zeroth.release_lease(uuid, text, bigint, text, text) IS
 'release_lease: give up exactly (worker_id, generation) while that lease is live, any status, never bumps the generation. Pending: lease cleared, claimable at once. Running: holder kept, lease expired in place so claim_orphaned recovers it (never a running run without a lease; the recovery counts an attempt). Frees the slot. Returns false on no match (an expired or cleared lease included). Raises ZP008. Notifies zeroth_wakeup. Time: clock_timestamp().';
 
 -- hand_back_to_pending: running → pending for exactly the live lease (worker_id, generation)
--- (graceful shutdown, contention). The attempt is given back: the only path that does, because
--- the live holder stops the attempt and returns the run to the queue itself. An admin cancel that got there first wins: the run is no
+-- (graceful shutdown, contention). The live holder stops the attempt and returns the run to the
+-- queue itself, so the attempt is given back — for the first max_attempts hand-backs (hand_backs
+-- counts them). After that the attempt stays counted, and a hand-back that finds every attempt
+-- used dead-letters the run instead (failed, stop_reason attempts_exhausted): a handler that
+-- always outlives the shutdown, or sends its own worker SIGTERM, cannot loop for ever. Still
+-- returns true then (the lease was given back). An admin cancel that got there first wins: the run is no
 -- longer running, so nothing matches; an expired or cleared lease matches nothing either. Clears
 -- the lease and recovery id, frees the slot. Locks: slot, then run. Returns false on no match.
 -- Raises ZP008. Notifies zeroth_wakeup. Time: clock_timestamp().
@@ -2715,9 +2729,25 @@ BEGIN
     -- The run row first, then the clock: see zeroth._lock_leased_run.
     v_status := zeroth._lock_leased_run(v_tenant, v_wskey, hand_back_to_pending.run_id, hand_back_to_pending.worker_id, hand_back_to_pending.generation);
     v_now := zeroth._now();
+    -- The first max_attempts hand-backs give the attempt back; after that the attempt stays
+    -- counted, and a hand-back that finds no attempt left dead-letters the run.
     UPDATE zeroth.runs r
-       SET status = 'pending',
-           attempts = greatest(r.attempts - 1, 0),
+       SET status = CASE WHEN r.hand_backs >= r.max_attempts AND r.attempts >= r.max_attempts
+                         THEN 'failed'::zeroth.run_status ELSE 'pending'::zeroth.run_status END,
+           attempts = CASE WHEN r.hand_backs < r.max_attempts THEN greatest(r.attempts - 1, 0)
+                           ELSE r.attempts END,
+           hand_backs = r.hand_backs + 1,
+           error = CASE WHEN r.hand_backs >= r.max_attempts AND r.attempts >= r.max_attempts
+                        THEN zeroth._stop_error('attempts_exhausted', format(
+                                 'handed back %s times without finishing (attempt %s of %s); a run '
+                                 'that never finishes before its worker stops is not retried again',
+                                 r.hand_backs + 1, r.attempts, r.max_attempts),
+                             r.lease_worker_id, r.lease_generation, r.error)
+                        ELSE r.error END,
+           dead_lettered_at = CASE WHEN r.hand_backs >= r.max_attempts AND r.attempts >= r.max_attempts
+                                   THEN v_now ELSE r.dead_lettered_at END,
+           finished_at = CASE WHEN r.hand_backs >= r.max_attempts AND r.attempts >= r.max_attempts
+                              THEN v_now END,
            lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
            admission_slot = NULL, recovery_checkpoint_id = NULL,
            updated_at = v_now
@@ -2738,7 +2768,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION zeroth.hand_back_to_pending(uuid, text, bigint, text, text) IS
-'hand_back_to_pending: running → pending for exactly the live lease (worker_id, generation); gives the attempt back (the only path that does), clears the lease, frees the slot. An admin cancel that came first wins (no match); an expired or cleared lease matches nothing. Returns false on no match. Raises ZP008. Notifies zeroth_wakeup. Time: clock_timestamp().';
+'hand_back_to_pending: running → pending for exactly the live lease (worker_id, generation); gives the attempt back for the first max_attempts hand-backs (runs.hand_backs), after that keeps it counted and, when no attempt is left, dead-letters the run instead (failed, stop_reason attempts_exhausted; still returns true); clears the lease, frees the slot. An admin cancel that came first wins (no match); an expired or cleared lease matches nothing. Returns false on no match. Raises ZP008. Notifies zeroth_wakeup. Time: clock_timestamp().';
 
 -- expire_recovery_lease: make owned running work immediately reclaimable without losing anything:
 -- for exactly the live lease (worker_id, generation), lease_expires_at := now - 1 µs, holder and
@@ -3030,7 +3060,7 @@ COMMENT ON FUNCTION zeroth.resume_run(uuid, text, text, jsonb) IS
 'resume_run: waiting → pending; input (if given) is stored as metadata.resume_input. A run queued behind its thread''s active run cannot be resumed. Raises ZP001 (unknown run), ZP003 (not waiting, or queued), ZP008. Notifies zeroth_wakeup. Time: clock_timestamp().';
 
 -- redrive_run: failed or cancelled → pending (dead-letter redrive, operator replay), or → waiting
--- in the thread queue when its thread has an active run now. Resets attempts, error, output,
+-- in the thread queue when its thread has an active run now. Resets attempts, hand_backs, error, output,
 -- cancel and dead-letter marks; never the lease generation, so fencing stays monotonic across
 -- replays. Checkpoints are kept: the next claim hands the latest one to the handler, which
 -- decides whether to resume from it. Locks: the thread's lock and active run (thread
@@ -3066,6 +3096,7 @@ BEGIN
            wait_reason = CASE WHEN v_queue THEN 'thread_queue' END,
            thread_queued_at = CASE WHEN v_queue THEN zeroth._queue_position(v_tenant, v_wskey, v_thread, v_now) END,
            attempts = 0,
+           hand_backs = 0,
            run_after = v_now,
            error = NULL, output = NULL, finished_at = NULL, dead_lettered_at = NULL,
            cancel_action = NULL, cancel_requested_at = NULL,
@@ -3085,7 +3116,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION zeroth.redrive_run(uuid, text, text) IS
-'redrive_run: failed or cancelled → pending, or → waiting in the thread queue when its thread has an active run; resets attempts, error, output, cancel and dead-letter marks, never lease_generation. Raises ZP001 (unknown run), ZP003 (not failed/cancelled), ZP008. Notifies zeroth_wakeup when the run became pending. Time: clock_timestamp().';
+'redrive_run: failed or cancelled → pending, or → waiting in the thread queue when its thread has an active run; resets attempts, hand_backs, error, output, cancel and dead-letter marks, never lease_generation. Raises ZP001 (unknown run), ZP003 (not failed/cancelled), ZP008. Notifies zeroth_wakeup when the run became pending. Time: clock_timestamp().';
 
 -- prune_runs: finished (completed | failed | cancelled) → deleted, when finished_at < now - older_than.
 -- One batch of at most batch_size runs per call (one short transaction); the caller loops until 0.

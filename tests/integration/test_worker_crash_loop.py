@@ -44,16 +44,18 @@ class Supervisor:
     """Keeps ``FLEET_SIZE`` worker processes running: a process that exited with the poison
     exit code is counted and replaced; any other exit fails the test."""
 
-    def __init__(self, spawn: Callable[..., Awaitable[WorkerProcess]], deployment: str) -> None:
+    def __init__(self, spawn: Callable[..., Awaitable[WorkerProcess]], deployment: str, *,
+                 app: str = "worker_apps:exit_on_poison", exit_code: int = POISON_EXIT_CODE,
+                 extra: tuple[str, ...] = ()) -> None:
         self._spawn = spawn
         self._deployment = deployment
+        self._app, self._exit_code, self._extra = app, exit_code, extra
         self.current: list[WorkerProcess] = []
         self.deaths: list[WorkerProcess] = []
 
     async def _start_one(self) -> WorkerProcess:
         # One run at a time: a process that dies takes only its poison run down with it.
-        return await self._spawn(self._deployment, "worker_apps:exit_on_poison",
-                                 "--concurrency", "1")
+        return await self._spawn(self._deployment, self._app, "--concurrency", "1", *self._extra)
 
     async def start(self) -> None:
         self.current = [await self._start_one() for _ in range(FLEET_SIZE)]
@@ -64,7 +66,7 @@ class Supervisor:
             if proc.proc.returncode is None:
                 continue
             code = await proc.wait_exit()
-            if code != POISON_EXIT_CODE:
+            if code != self._exit_code:
                 pytest.fail(f"worker {proc.worker_id} exited {code}, not by a poison run:\n"
                             f"{proc.log}")
             self.deaths.append(proc)
@@ -159,3 +161,66 @@ class TestCrashLoop:
               f"max_attempts {list(POISON_MAX_ATTEMPTS)}), {NORMAL_RUNS} normal runs completed "
               f"({retried} needed another attempt) on {FLEET_SIZE} supervised processes: "
               f"{elapsed:.2f} s")
+
+
+class TestShutdownLoop:
+    async def test_a_run_that_stops_its_worker_every_time_is_dead_lettered(
+            self, workers: Any, events: asyncpg.Pool) -> None:  # noqa: F811 - fixtures
+        """Red-team finding (after issue 11): a handler that sends its own worker SIGTERM and
+        outlives the shutdown timeout was handed back with its attempt refunded, by every worker
+        process in turn, for ever. The first max_attempts hand-backs still refund; after them the
+        attempts count, and the hand-back that finds none left dead-letters the run: 2 x
+        max_attempts executions at most."""
+        pool = events
+        dep = deployment_name("shutdownloop")
+        client = LeaseManager(pool)
+        max_attempts = 2
+        poison = (await client.enqueue_run(dep, payload={"poison": True},
+                                           max_attempts=max_attempts, priority=1)).run_id
+        normal = [run.run_id for run in await client.enqueue_runs(
+            dep, [{"payload": {"seconds": 0.1}}] * 6)]
+        # A drained worker exits 0; every exit of this fleet is one.
+        supervisor = Supervisor(workers, dep, app="worker_apps:sigterm_on_poison", exit_code=0,
+                                extra=("--shutdown-timeout", "0.3"))
+        await supervisor.start()
+        executions = 2 * max_attempts
+
+        async def loop_over() -> bool:
+            await supervisor.reap()
+            if len(supervisor.deaths) > executions:
+                pytest.fail(f"{len(supervisor.deaths)} worker processes stopped, more than "
+                            f"{executions}: the shutdown loop goes on")
+            return bool(await pool.fetchval(
+                """SELECT count(*) FILTER (WHERE r.run_id = $2 AND r.status = 'failed') = 1
+                      AND count(*) FILTER (WHERE r.run_id = ANY ($3)
+                                             AND r.status = 'completed') = $4
+                     FROM zeroth.runs r WHERE r.deployment_ref = $1""",
+                dep, poison, normal, len(normal)))
+
+        await wait_until(loop_over, "the poison run dead-lettered and the normal runs "
+                         "completed", within=WITHIN, interval=0.05)
+        await supervisor.reap()
+
+        row = await pool.fetchrow(
+            """SELECT r.status::text AS status, r.attempts, r.hand_backs, r.dead_lettered_at,
+                      r.lease_worker_id, r.error::text AS error_text
+                 FROM zeroth.runs r WHERE r.run_id = $1""", poison)
+        assert row is not None
+        error = json.loads(row["error_text"])
+        assert (row["status"], row["attempts"], row["hand_backs"], error["stop_reason"]) == (
+            "failed", max_attempts, executions, "attempts_exhausted"), (dict(row), error)
+        assert row["dead_lettered_at"] is not None
+        assert row["lease_worker_id"] is None
+        starts = await started_events(pool, poison)
+        # Refunded hand-backs: every execution is attempt 1 until max_attempts of them.
+        assert [s["attempt"] for s in starts] == [1] * max_attempts + list(
+            range(1, max_attempts + 1))
+        assert len({s["worker_id"] for s in starts}) == executions
+
+        async def last_one_exited() -> bool:  # it dead-letters the run, then finishes draining
+            await supervisor.reap()
+            return len(supervisor.deaths) >= executions
+
+        await wait_until(last_one_exited, "the last stopped worker to exit", within=WITHIN)
+        assert len(supervisor.deaths) == executions
+        assert await pool.fetchval(LIVE_LEASES, dep) == 0

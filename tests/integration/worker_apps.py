@@ -17,7 +17,9 @@ the lease that should let go, or generation 0 for whichever generation runs it.
 
 ``exit_on_poison`` kills its own process (``os._exit(9)``, as an OOM kill or a segfault would:
 no cleanup, no outcome written) for a run whose payload has ``poison``; any other run sleeps
-``seconds`` and completes.
+``seconds`` and completes. ``sigterm_on_poison`` instead sends its own process SIGTERM and never
+finishes (a node-pressure eviction that hits the same run every time looks like this): the worker
+drains, stops the handler at its shutdown timeout and hands the run back.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 from typing import Any
 
 import asyncpg
@@ -32,7 +35,8 @@ import asyncpg
 from zeroth_pg.errors import LeaseLostError
 from zeroth_pg.worker import RunContext
 
-__all__ = ["EVENTS_DDL", "POISON_EXIT_CODE", "exit_on_poison", "scripted", "sleeper"]
+__all__ = ["EVENTS_DDL", "POISON_EXIT_CODE", "exit_on_poison", "scripted", "sigterm_on_poison",
+           "sleeper"]
 
 EVENTS_DDL = """
     CREATE TABLE public.events (
@@ -155,3 +159,16 @@ async def exit_on_poison(ctx: RunContext) -> dict[str, Any]:
     await asyncio.sleep(float(ctx.payload.get("seconds", 0.1)))
     return {"worker_id": ctx.worker_id, "generation": ctx.lease_generation,
             "attempt": ctx.attempt}
+
+
+async def sigterm_on_poison(ctx: RunContext) -> dict[str, Any]:
+    """A ``poison`` run asks its own worker process to stop (SIGTERM) and then outlives the
+    shutdown timeout; any other run works ``seconds`` and completes."""
+    poison = bool(ctx.payload.get("poison"))
+    await record(ctx, "started", {"attempt": ctx.attempt, "recovered": ctx.recovered,
+                                  "poison": poison})
+    if poison:
+        os.kill(os.getpid(), signal.SIGTERM)
+        await asyncio.sleep(3600)
+    await asyncio.sleep(float(ctx.payload.get("seconds", 0.1)))
+    return {"worker_id": ctx.worker_id, "generation": ctx.lease_generation}

@@ -105,6 +105,7 @@ class Run:
     max_attempts: int
     status: str = "pending"
     attempts: int = 0
+    hand_backs: int = 0
     started_at: datetime | None = None
     finished: bool = False
     generation: int = 0
@@ -384,7 +385,8 @@ def _orphan_order(run: Run) -> tuple[Any, ...]:
 
 RUNS_SQL = """
 SELECT r.tenant_id, r.workspace_key, r.run_id, r.deployment_ref, r.priority, r.run_after,
-       r.created_at, r.max_attempts, r.status::text AS status, r.attempts, r.started_at,
+       r.created_at, r.max_attempts, r.status::text AS status, r.attempts, r.hand_backs,
+       r.started_at,
        r.finished_at IS NOT NULL AS finished, r.lease_generation AS generation,
        r.lease_worker_id AS holder, r.lease_acquired_at AS acquired,
        r.lease_expires_at AS expires, r.admission_slot AS slot,
@@ -836,6 +838,7 @@ class RunProtocol(RuleBasedStateMachine):
                                 reason="approval")
         if run is not None:
             run.status, run.wait_reason = "waiting", "approval"
+            run.attempts = max(run.attempts - 1, 0)  # waiting is not a failure
 
     @rule(ticket=tickets, tamper=TAMPER)
     def cancel_run(self, ticket: Ticket, tamper: str | None) -> None:
@@ -884,9 +887,22 @@ class RunProtocol(RuleBasedStateMachine):
     @rule(ticket=tickets, tamper=TAMPER)
     def hand_back_to_pending(self, ticket: Ticket, tamper: str | None) -> None:
         run = self._give_back("hand_back_to_pending", self.present(ticket, tamper), ("running",))
-        if run is not None:
+        if run is None:
+            return
+        # The first max_attempts hand-backs give the attempt back; then it stays counted, and a
+        # hand-back that finds no attempt left dead-letters the run.
+        refund = run.hand_backs < run.max_attempts
+        run.hand_backs += 1
+        if refund:
             run.status, run.attempts = "pending", max(run.attempts - 1, 0)
-            run.clear_lease()
+        elif run.attempts < run.max_attempts:
+            run.status = "pending"
+        else:
+            previous = {"previous_error": run.error} if run.error is not None else {}
+            run.error = {"stop_reason": "attempts_exhausted", "worker_id": run.holder,
+                         "lease_generation": run.generation, **previous}
+            run.status, run.finished, run.dead_lettered = "failed", True, True
+        run.clear_lease()
 
     @rule(ticket=tickets, tamper=TAMPER)
     def expire_recovery_lease(self, ticket: Ticket, tamper: str | None) -> None:
@@ -974,6 +990,7 @@ class RunProtocol(RuleBasedStateMachine):
         run = self._admin_move("redrive_run", ref, scope, ("failed", "cancelled"))
         if run is not None:
             run.attempts, run.error, run.output, run.finished = 0, None, None, False
+            run.hand_backs = 0
             run.dead_lettered, run.cancel_requested, run.cancel_action = False, False, None
             self.effect.redriven.add((*run.scope.key, run.run_id))
 

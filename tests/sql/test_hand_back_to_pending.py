@@ -1,6 +1,7 @@
 """zeroth.hand_back_to_pending: running → pending for exactly (worker_id, generation).
 
-Used on graceful shutdown and contention: no expiry check, the attempt is given back, checkpoints
+Used on graceful shutdown and contention: the live lease only, the attempt is given back for the
+first max_attempts hand-backs (then counted, and dead-lettered when none is left), checkpoints
 are kept for the next owner, and an admin cancel that got there first wins.
 """
 
@@ -121,6 +122,60 @@ class TestHandBackOfRunningRun:
                                    at(12)) is True
 
         assert (await run_row(conn, lease.run_id))["attempts"] == 1
+
+
+CLAIM_AND_START = """SELECT run_id, lease_generation, attempts FROM zeroth_test.claim_and_start(
+                         deployment_ref => $1, worker_id => $2, now_override => $3)
+                      WHERE run_id IS NOT NULL"""
+REDRIVE = "SELECT zeroth_test.redrive_run(run_id => $1, now_override => $2)"
+
+
+class TestHandBacksAreBounded:
+    """Red-team finding (after issue 11): a handler that always outlives the worker's shutdown
+    (or sends its own worker SIGTERM) was handed back, attempt refunded, for ever."""
+
+    @pytest.mark.parametrize("max_attempts", [1, 2, 3])
+    async def test_after_max_attempts_free_hand_backs_the_attempts_count_then_dead_letter(
+            self, conn, max_attempts):
+        run_id = (await make_run(conn, "pending", max_attempts=max_attempts)).run_id
+        seen = []
+        for n in range(1, 2 * max_attempts + 1):
+            (row,) = await conn.fetch(CLAIM_AND_START, DEPLOYMENT, WORKER, at(100 * n))
+            assert row["run_id"] == run_id, n
+            seen.append(row["attempts"])
+            assert await hand_back(conn, run_id, WORKER, row["lease_generation"],
+                                   now=at(100 * n + 1)) is True
+            after = await run_row(conn, run_id)
+            assert after["hand_backs"] == n
+            assert after["attempts"] <= after["max_attempts"]
+        # Free: attempt 1 every time; then counted up to max_attempts.
+        assert seen == [1] * max_attempts + list(range(1, max_attempts + 1))
+        row = await run_row(conn, run_id)
+        error = json.loads(row["error"])
+        assert (row["status"], row["attempts"], error["stop_reason"]) == (
+            "failed", max_attempts, "attempts_exhausted")
+        assert error["message"].startswith(f"handed back {2 * max_attempts} times")
+        assert row["dead_lettered_at"] is not None
+        assert row["finished_at"] is not None
+        assert row["lease_worker_id"] is None
+        assert await conn.fetch(CLAIM_AND_START, DEPLOYMENT, OTHER, at(10_000)) == []
+
+    async def test_a_redrive_gives_the_run_its_free_hand_backs_again(self, conn):
+        run_id = (await make_run(conn, "pending", max_attempts=1)).run_id
+        for n in (1, 2):
+            (row,) = await conn.fetch(CLAIM_AND_START, DEPLOYMENT, WORKER, at(100 * n))
+            await hand_back(conn, run_id, WORKER, row["lease_generation"], now=at(100 * n + 1))
+        assert (await run_row(conn, run_id))["status"] == "failed"
+
+        assert await conn.fetchval(REDRIVE, run_id, at(300)) is True
+
+        row = await run_row(conn, run_id)
+        assert (row["status"], row["attempts"], row["hand_backs"]) == ("pending", 0, 0)
+        (claimed,) = await conn.fetch(CLAIM_AND_START, DEPLOYMENT, WORKER, at(301))
+        assert await hand_back(conn, run_id, WORKER, claimed["lease_generation"],
+                               now=at(302)) is True
+        row = await run_row(conn, run_id)
+        assert (row["status"], row["attempts"], row["hand_backs"]) == ("pending", 0, 1)
 
 
 class TestHandBackOnlyFromRunning:

@@ -79,9 +79,25 @@ class TestPauseRunningRun:
         assert row["admission_slot"] is None
         assert row["recovery_checkpoint_id"] is None
         assert row["lease_generation"] == 1
-        assert row["attempts"] == before["attempts"]
+        # Waiting is not a failure: the attempt is given back (approval loops do not use up the
+        # retry budget, nor push attempts past max_attempts).
+        assert (before["attempts"], row["attempts"]) == (1, 0)
         assert row["finished_at"] is None
         assert row["updated_at"] == NOW
+
+    async def test_approval_loops_never_push_attempts_past_max_attempts(self, conn):
+        """Red-team finding (after issue 11): with max_attempts 1, three rounds of claim,
+        pause and resume left attempts at 4."""
+        run_id = (await make_run(conn, "pending", max_attempts=1)).run_id
+        for n in range(1, 4):
+            (row,) = await claim(conn, now=at(1000 * n))
+            assert await conn.fetchval(START, run_id, WORKER, row["lease_generation"],
+                                       at(1000 * n + 1)) is True
+            assert (await run_row(conn, run_id))["attempts"] == 1
+            assert await pause(conn, run_id, generation=row["lease_generation"],
+                               now=at(1000 * n + 2)) is True
+            assert await resume(conn, run_id, now=at(1000 * n + 3)) is True
+            assert (await run_row(conn, run_id))["attempts"] == 0
 
     async def test_waiting_run_is_never_claimed(self, conn):
         lease = await make_run(conn, "running")
