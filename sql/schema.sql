@@ -836,7 +836,8 @@ BEGIN
            k.data, c.cancel_requested_at IS NOT NULL, _lease_locked_runs.active_count,
            false, _lease_locked_runs.concurrency_limit
       FROM claimed c
-      LEFT JOIN zeroth.checkpoints k ON k.checkpoint_id = c.recovery_checkpoint_id
+      LEFT JOIN zeroth.checkpoints k ON k.tenant_id = c.tenant_id AND k.workspace_key = c.workspace_key
+                                     AND k.checkpoint_id = c.recovery_checkpoint_id
      ORDER BY c.position;
 
     GET DIAGNOSTICS v_count = ROW_COUNT;
@@ -3578,7 +3579,7 @@ ALTER TABLE ONLY zeroth.admission_slots
 -- Name: checkpoints checkpoints_pkey; Type: CONSTRAINT; Schema: zeroth; Owner: -
 --
 ALTER TABLE ONLY zeroth.checkpoints
-    ADD CONSTRAINT checkpoints_pkey PRIMARY KEY (checkpoint_id);
+    ADD CONSTRAINT checkpoints_pkey PRIMARY KEY (tenant_id, workspace_key, checkpoint_id);
 
 --
 -- Name: lock_stripes lock_stripes_pkey; Type: CONSTRAINT; Schema: zeroth; Owner: -

@@ -85,7 +85,7 @@ class InvalidScopeError(ZerothError, ValueError):
 
 
 class CheckpointConflictError(ZerothError):
-    """ZP007: a caller-chosen checkpoint id already belongs to another run."""
+    """ZP007: a caller-chosen checkpoint id already belongs to another run of the same scope."""
 
     sqlstate = "ZP007"
 

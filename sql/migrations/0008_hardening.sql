@@ -100,6 +100,14 @@ ALTER TABLE zeroth.admission_slots
     DROP COLUMN lease_expires_at,
     ADD CONSTRAINT admission_slots_holder_complete CHECK ((run_id IS NULL) = (lease_generation IS NULL));
 COMMENT ON TABLE zeroth.admission_slots IS 'Concurrency slots per (tenant, workspace, deployment). A slot names (run_id, lease_generation); it is held while that run holds that generation''s lease in this slot (runs.admission_slot) and the lease is live. The run row is the only copy of the lease.';
+-- A checkpoint id is unique within its scope, not across scopes: with a global key, a caller in
+-- one tenant learned whether another tenant had used an id (ZP007 "belongs to another run") and
+-- could take a predictable id first, so that the other tenant's save failed. Caller-chosen ids
+-- are a tenant's own namespace now.
+ALTER TABLE zeroth.checkpoints
+    DROP CONSTRAINT checkpoints_pkey,
+    ADD CONSTRAINT checkpoints_pkey PRIMARY KEY (tenant_id, workspace_key, checkpoint_id);
+
 -- Hand-backs are counted so that they cannot loop: a handler that always outlives the worker's
 -- shutdown (or sends its own worker SIGTERM) was handed back, attempt refunded, for ever.
 ALTER TABLE zeroth.runs
@@ -938,7 +946,8 @@ BEGIN
            k.data, c.cancel_requested_at IS NOT NULL, _lease_locked_runs.active_count,
            false, _lease_locked_runs.concurrency_limit
       FROM claimed c
-      LEFT JOIN zeroth.checkpoints k ON k.checkpoint_id = c.recovery_checkpoint_id
+      LEFT JOIN zeroth.checkpoints k ON k.tenant_id = c.tenant_id AND k.workspace_key = c.workspace_key
+                                     AND k.checkpoint_id = c.recovery_checkpoint_id
      ORDER BY c.position;
 
     GET DIAGNOSTICS v_count = ROW_COUNT;

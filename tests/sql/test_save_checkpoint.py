@@ -118,19 +118,33 @@ class TestCheckpointOfAnotherRun:
         assert after["checkpoint_seq"] == 0
         assert await checkpoints(conn, thief.run_id) == []
 
-    async def test_checkpoint_id_of_a_run_in_another_tenant_raises_conflict(self, conn):
+    async def test_a_checkpoint_id_is_the_scopes_own_another_tenant_neither_sees_nor_blocks_it(
+            self, conn):
+        """Red-team finding (after issue 11): checkpoint ids were unique across scopes, so a
+        tenant saving a guessed id learned (ZP007) whether another tenant used it, and saving a
+        predictable id first made the other tenant's save fail. Ids are per scope now."""
         owner = await make_run(conn, "running", tenant_id="tenant-x")
-        thief = await make_run(conn, "running")
-        foreign = await conn.fetchval(
+        other = await make_run(conn, "running")
+        chosen = uuid4()
+        saved = await conn.fetchval(
             """SELECT zeroth_test.save_checkpoint(run_id => $1, worker_id => $2, generation => 1,
-                   data => '{"x": 1}', tenant_id => 'tenant-x', now_override => $3)""",
-            owner.run_id, WORKER, at(1))
-        thief_before = await run_row(conn, thief.run_id)
+                   data => '{"x": 1}', tenant_id => 'tenant-x', checkpoint_id => $3,
+                   now_override => $4)""",
+            owner.run_id, WORKER, chosen, at(1))
+        assert saved == chosen
 
-        await rejected_with(conn, "ZP007", thief.run_id, {"stolen": True}, checkpoint_id=foreign)
-
-        assert await run_row(conn, thief.run_id) == thief_before
+        # The same id in the default tenant: an ordinary save, no oracle, no interference.
+        assert await save(conn, other.run_id, {"mine": True}, checkpoint_id=chosen) == chosen
         assert [k["data"] for k in await checkpoints(conn, owner.run_id)] == [{"x": 1}]
+        assert [k["data"] for k in await checkpoints(conn, other.run_id)] == [{"mine": True}]
+        # And the owner can still replace its own checkpoint by that id.
+        assert await conn.fetchval(
+            """SELECT zeroth_test.save_checkpoint(run_id => $1, worker_id => $2, generation => 1,
+                   data => '{"x": 2}', tenant_id => 'tenant-x', checkpoint_id => $3,
+                   now_override => $4)""",
+            owner.run_id, WORKER, chosen, at(2)) == chosen
+        assert [k["data"] for k in await checkpoints(conn, owner.run_id)] == [{"x": 2}]
+        assert [k["data"] for k in await checkpoints(conn, other.run_id)] == [{"mine": True}]
 
 
 class TestFencedOut:
