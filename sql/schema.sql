@@ -310,6 +310,9 @@ BEGIN
         ON CONFLICT DO NOTHING
         RETURNING r.run_id, r.status, r.lease_generation, r.lease_expires_at, r.run_after INTO v_new;
         IF FOUND THEN
+            IF v_queue THEN
+                PERFORM zeroth._mark_queue_changed(_admit.tenant_id, v_wskey, v_active.run_id);
+            END IF;
             IF NOT v_queue AND NOT v_owned AND v_new.run_after <= _admit.at THEN
                 PERFORM zeroth._notify_wakeup(_admit.deployment_ref, _admit.tenant_id, _admit.workspace_id);
             END IF;
@@ -1116,6 +1119,21 @@ $$;
 -- Name: FUNCTION _lock_thread_active(tenant_id text, workspace_key text, thread_id text, at timestamp with time zone); Type: COMMENT; Schema: zeroth; Owner: -
 --
 COMMENT ON FUNCTION zeroth._lock_thread_active(tenant_id text, workspace_key text, thread_id text, at timestamp with time zone) IS 'Internal: lock (slots, then run) and return the active run of a thread, or a NULL row when idle; promotes a stranded queue head.';
+
+--
+-- Name: _mark_queue_changed(text, text, uuid); Type: FUNCTION; Schema: zeroth; Owner: -
+--
+CREATE FUNCTION zeroth._mark_queue_changed(tenant_id text, workspace_key text, run_id uuid) RETURNS void
+    LANGUAGE sql
+    BEGIN ATOMIC
+ UPDATE zeroth.runs r SET updated_at = r.updated_at
+   WHERE ((r.tenant_id = _mark_queue_changed.tenant_id) AND (r.workspace_key = _mark_queue_changed.workspace_key) AND (r.run_id = _mark_queue_changed.run_id));
+END;
+
+--
+-- Name: FUNCTION _mark_queue_changed(tenant_id text, workspace_key text, run_id uuid); Type: COMMENT; Schema: zeroth; Owner: -
+--
+COMMENT ON FUNCTION zeroth._mark_queue_changed(tenant_id text, workspace_key text, run_id uuid) IS 'Internal: write the thread''s active run row (no column changed) when a run joins its queue, so a REPEATABLE READ / SERIALIZABLE finisher with an older snapshot fails with 40001 instead of stranding the queue.';
 
 --
 -- Name: notification_secret; Type: TABLE; Schema: zeroth; Owner: -
@@ -2961,7 +2979,9 @@ BEGIN
     IF NOT FOUND THEN
         PERFORM zeroth._explain_admin_miss(v_tenant, v_wskey, redrive_run.run_id, 'redrive_run', '{failed,cancelled}');
     END IF;
-    IF NOT v_queue THEN
+    IF v_queue THEN
+        PERFORM zeroth._mark_queue_changed(v_tenant, v_wskey, v_active.run_id);
+    ELSE
         PERFORM zeroth._notify_wakeup(v_run.deployment_ref, v_tenant, v_run.workspace_id);
     END IF;
     RETURN true;

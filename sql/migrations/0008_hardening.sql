@@ -681,6 +681,24 @@ END
 $$;
 COMMENT ON FUNCTION zeroth._lock_thread_active(text, text, text, timestamptz) IS 'Internal: lock (slots, then run) and return the active run of a thread, or a NULL row when idle; promotes a stranded queue head.';
 
+-- A run joined the queue behind the thread's active run: write the active run's row (a new row
+-- version, no column changed). The trigger that promotes the queue when the active run ends reads
+-- the queue in the finishing transaction's snapshot; a REPEATABLE READ or SERIALIZABLE transaction
+-- whose snapshot is older than the queued run would not see it, and stranded it (waiting, no
+-- active run, nothing to promote it until the next admission). With this write such a transaction
+-- fails to finish the run with 40001 (could not serialize access) and retries with a snapshot that
+-- sees the queue; a READ COMMITTED one waits for the row and then sees it anyway.
+CREATE FUNCTION zeroth._mark_queue_changed(tenant_id text, workspace_key text, run_id uuid) RETURNS void
+    LANGUAGE sql VOLATILE
+    BEGIN ATOMIC
+        UPDATE zeroth.runs r
+           SET updated_at = r.updated_at
+         WHERE r.tenant_id = _mark_queue_changed.tenant_id
+           AND r.workspace_key = _mark_queue_changed.workspace_key
+           AND r.run_id = _mark_queue_changed.run_id;
+    END;
+COMMENT ON FUNCTION zeroth._mark_queue_changed(text, text, uuid) IS 'Internal: write the thread''s active run row (no column changed) when a run joins its queue, so a REPEATABLE READ / SERIALIZABLE finisher with an older snapshot fails with 40001 instead of stranding the queue.';
+
 -- Ends the thread's active run → promote its queue; every end of a thread run is announced on
 -- zeroth_run_finished with the run's opaque key (join waits on it). The finishing call's own time
 -- (updated_at) is used.
@@ -1340,6 +1358,9 @@ BEGIN
         ON CONFLICT DO NOTHING
         RETURNING r.run_id, r.status, r.lease_generation, r.lease_expires_at, r.run_after INTO v_new;
         IF FOUND THEN
+            IF v_queue THEN
+                PERFORM zeroth._mark_queue_changed(_admit.tenant_id, v_wskey, v_active.run_id);
+            END IF;
             IF NOT v_queue AND NOT v_owned AND v_new.run_after <= _admit.at THEN
                 PERFORM zeroth._notify_wakeup(_admit.deployment_ref, _admit.tenant_id, _admit.workspace_id);
             END IF;
@@ -3118,7 +3139,9 @@ BEGIN
     IF NOT FOUND THEN
         PERFORM zeroth._explain_admin_miss(v_tenant, v_wskey, redrive_run.run_id, 'redrive_run', '{failed,cancelled}');
     END IF;
-    IF NOT v_queue THEN
+    IF v_queue THEN
+        PERFORM zeroth._mark_queue_changed(v_tenant, v_wskey, v_active.run_id);
+    ELSE
         PERFORM zeroth._notify_wakeup(v_run.deployment_ref, v_tenant, v_run.workspace_id);
     END IF;
     RETURN true;

@@ -137,6 +137,31 @@ class TestAdmissionAgainstTheActiveRunsEnd:
         assert promoted[0] != run_id
         assert await status(db, promoted[0]) == "pending"
 
+    @pytest.mark.parametrize("isolation", ["repeatable_read", "serializable"])
+    async def test_a_finisher_whose_snapshot_predates_the_queued_run_must_retry(
+            self, sessions, isolation):
+        """Red-team finding (after issue 11): a REPEATABLE READ transaction that finished the
+        active run from a snapshot older than a queued run promoted nothing (the trigger reads
+        the queue in that snapshot), and the queued run waited with no active run. The admission
+        now writes the active run's row, so that finisher fails with 40001 and its retry, with a
+        new snapshot, promotes the queued run."""
+        a, b, db = sessions
+        run_id = await own_running(db, worker_id=OTHER, lease_seconds=30)
+        snapshot = a.conn.transaction(isolation=isolation)
+        await snapshot.start()
+        await a.conn.fetchval("SELECT 1")  # the snapshot is taken here
+
+        assert only(await b.rows(ADMIT, THREAD, "enqueue", at(5)))["outcome"] == "queued"
+        assert (await a.call(COMPLETE, run_id, OTHER, at(6))).sqlstate == "40001"
+        await snapshot.rollback()
+
+        assert (await a.call(COMPLETE, run_id, OTHER, at(7))).value is True
+        assert await queue(db) == []
+        promoted = await active(db)
+        assert len(promoted) == 1
+        assert promoted[0] != run_id
+        assert await status(db, promoted[0]) == "pending"
+
     async def test_admission_behind_an_open_admission_sees_its_run(self, sessions):
         a, b, db = sessions
 
