@@ -1670,6 +1670,69 @@ COMMENT ON FUNCTION zeroth._enqueue_items(jsonb) IS 'Internal: the items of an e
 -- keys wait for each other in one order. Raises ZP006, ZP008 (the whole batch is rejected, nothing
 -- written). Notifies zeroth_wakeup once when it created a pending run that is due now.
 -- Time: clock_timestamp().
+-- The writes of one enqueue_runs batch: every thread lock (in stripe order), then the runs without
+-- a thread in one INSERT, then each thread item admitted. Returns what was created, for the
+-- caller to report; enqueue_runs may run it again after a deadlock (see there).
+CREATE FUNCTION zeroth._enqueue_batch(
+    tenant_id text, workspace_key text, workspace_id text, deployment_ref text,
+    items zeroth.enqueue_item[], at timestamptz,
+    OUT created uuid[], OUT keys text[], OUT t_pos bigint[], OUT t_run uuid[],
+    OUT t_created boolean[], OUT t_status zeroth.run_status[])
+    LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_item     zeroth.enqueue_item;
+    v_thread   text;
+    v_admitted zeroth.admission;
+BEGIN
+    t_pos := '{}'; t_run := '{}'; t_created := '{}'; t_status := '{}';
+    -- Every thread lock first, in stripe order (what the lock really is), so two batches naming
+    -- the same threads in any order take them in one order.
+    FOR v_thread IN
+        SELECT t.thread_id
+          FROM (SELECT DISTINCT i.thread_id,
+                       zeroth._thread_stripe(_enqueue_batch.tenant_id, _enqueue_batch.workspace_key,
+                                             i.thread_id) AS stripe
+                  FROM unnest(_enqueue_batch.items) AS i
+                 WHERE i.thread_id IS NOT NULL) t
+         ORDER BY t.stripe, t.thread_id
+    LOOP
+        PERFORM zeroth._lock_thread(_enqueue_batch.tenant_id, _enqueue_batch.workspace_key, v_thread);
+    END LOOP;
+
+    -- The runs without a thread: one INSERT, in key order.
+    WITH inserted AS (
+        INSERT INTO zeroth.runs AS r (
+            run_id, tenant_id, workspace_id, deployment_ref, status, priority, run_after,
+            max_attempts, created_at, updated_at, payload, metadata, idempotency_key)
+        SELECT i.new_run_id, _enqueue_batch.tenant_id, _enqueue_batch.workspace_id,
+               _enqueue_batch.deployment_ref, 'pending', i.priority,
+               coalesce(i.run_after, _enqueue_batch.at), i.max_attempts, _enqueue_batch.at,
+               _enqueue_batch.at, i.payload, i.metadata, i.idempotency_key
+          FROM unnest(_enqueue_batch.items) AS i
+         WHERE i.thread_id IS NULL
+         ORDER BY i.idempotency_key, i.run_id, i.position
+        ON CONFLICT DO NOTHING
+        RETURNING r.run_id, r.idempotency_key
+    )
+    SELECT coalesce(array_agg(x.run_id), '{}'), coalesce(array_agg(x.idempotency_key), '{}')
+      INTO created, keys
+      FROM inserted x;
+
+    -- The runs with a thread: each admitted (or queued) under the locks already held.
+    FOR v_item IN SELECT i.* FROM unnest(_enqueue_batch.items) AS i WHERE i.thread_id IS NOT NULL ORDER BY i.position LOOP
+        v_admitted := zeroth._admit(_enqueue_batch.tenant_id, _enqueue_batch.workspace_id, _enqueue_batch.deployment_ref,
+                                    v_item.thread_id, true, NULL, v_item.payload, v_item.metadata, v_item.priority,
+                                    v_item.run_after, v_item.max_attempts, v_item.idempotency_key, v_item.run_id,
+                                    true, NULL, interval '0', _enqueue_batch.at, false);
+        t_pos := t_pos || v_item.position;
+        t_run := t_run || v_admitted.run_id;
+        t_created := t_created || (v_admitted.outcome <> 'reused');
+        t_status := t_status || v_admitted.status;
+    END LOOP;
+END
+$$;
+COMMENT ON FUNCTION zeroth._enqueue_batch(text, text, text, text, zeroth.enqueue_item[], timestamptz) IS 'Internal: the writes of one enqueue_runs batch (thread locks in stripe order, one INSERT for the runs without a thread, one admission per thread item); returns what was created.';
+
 CREATE FUNCTION zeroth.enqueue_runs(
     deployment_ref text,
     runs           jsonb,
@@ -1682,15 +1745,13 @@ DECLARE
     v_tenant    text := zeroth._scope_tenant(enqueue_runs.tenant_id, enqueue_runs.workspace_id);
     v_wskey     text := zeroth._workspace_key(enqueue_runs.workspace_id);
     v_items     zeroth.enqueue_item[];
-    v_item      zeroth.enqueue_item;
-    v_thread    text;
+    v_batch     record;
     v_created   uuid[];
     v_keys      text[];
-    v_admitted  zeroth.admission;
-    v_t_pos     bigint[] := '{}';
-    v_t_run     uuid[] := '{}';
-    v_t_created boolean[] := '{}';
-    v_t_status  zeroth.run_status[] := '{}';
+    v_t_pos     bigint[];
+    v_t_run     uuid[];
+    v_t_created boolean[];
+    v_t_status  zeroth.run_status[];
 BEGIN
     -- The shared arguments are checked up front so an empty batch validates them too.
     IF v_tenant IS NULL THEN
@@ -1703,47 +1764,39 @@ BEGIN
     END IF;
     v_items := zeroth._enqueue_items(enqueue_runs.runs);
 
-    -- Every thread lock first, in stripe order (what the lock really is), so two batches naming
-    -- the same threads in any order take them in one order.
-    FOR v_thread IN
-        SELECT t.thread_id
-          FROM (SELECT DISTINCT i.thread_id, zeroth._thread_stripe(v_tenant, v_wskey, i.thread_id) AS stripe
-                  FROM unnest(v_items) AS i
-                 WHERE i.thread_id IS NOT NULL) t
-         ORDER BY t.stripe, t.thread_id
-    LOOP
-        PERFORM zeroth._lock_thread(v_tenant, v_wskey, v_thread);
-    END LOOP;
-
-    -- The runs without a thread: one INSERT, in key order.
-    WITH inserted AS (
-        INSERT INTO zeroth.runs AS r (
-            run_id, tenant_id, workspace_id, deployment_ref, status, priority, run_after,
-            max_attempts, created_at, updated_at, payload, metadata, idempotency_key)
-        SELECT i.new_run_id, v_tenant, enqueue_runs.workspace_id, enqueue_runs.deployment_ref, 'pending',
-               i.priority, coalesce(i.run_after, v_now), i.max_attempts, v_now, v_now, i.payload, i.metadata,
-               i.idempotency_key
-          FROM unnest(v_items) AS i
-         WHERE i.thread_id IS NULL
-         ORDER BY i.idempotency_key, i.run_id, i.position
-        ON CONFLICT DO NOTHING
-        RETURNING r.run_id, r.idempotency_key
-    )
-    SELECT coalesce(array_agg(x.run_id), '{}'), coalesce(array_agg(x.idempotency_key), '{}')
-      INTO v_created, v_keys
-      FROM inserted x;
-
-    -- The runs with a thread: each admitted (or queued) under the locks already held.
-    FOR v_item IN SELECT i.* FROM unnest(v_items) AS i WHERE i.thread_id IS NOT NULL ORDER BY i.position LOOP
-        v_admitted := zeroth._admit(v_tenant, enqueue_runs.workspace_id, enqueue_runs.deployment_ref,
-                                    v_item.thread_id, true, NULL, v_item.payload, v_item.metadata, v_item.priority,
-                                    v_item.run_after, v_item.max_attempts, v_item.idempotency_key, v_item.run_id,
-                                    true, NULL, interval '0', v_now, false);
-        v_t_pos := v_t_pos || v_item.position;
-        v_t_run := v_t_run || v_admitted.run_id;
-        v_t_created := v_t_created || (v_admitted.outcome <> 'reused');
-        v_t_status := v_t_status || v_admitted.status;
-    END LOOP;
+    -- Two batches can meet in a deadlock only through the keys they name (idempotency keys,
+    -- caller-chosen run ids): one INSERT waits on the other's uncommitted key while the other
+    -- waits on one of its own, in another unique index or in the thread items that follow. That
+    -- needs batches that name the same keys in contradicting ways (the same run_id with two
+    -- keys, a key as a thread item in one and a plain item in the other); PostgreSQL breaks the
+    -- cycle after deadlock_timeout and the batch that lost runs again (its writes were undone
+    -- with the subtransaction, so the retry sees the winner's runs as existing). It first gives
+    -- the winner a moment: a retry that raced ahead would insert the contested key again before
+    -- the winner, woken by the abort, had taken it, and close the same cycle. Batches without
+    -- keys cannot conflict and pay for no subtransaction.
+    IF EXISTS (SELECT 1 FROM unnest(v_items) AS i WHERE i.idempotency_key IS NOT NULL OR i.run_id IS NOT NULL) THEN
+        FOR v_try IN 1..5 LOOP
+            BEGIN
+                v_batch := zeroth._enqueue_batch(v_tenant, v_wskey, enqueue_runs.workspace_id,
+                                                 enqueue_runs.deployment_ref, v_items, v_now);
+                EXIT;
+            EXCEPTION WHEN deadlock_detected THEN
+                IF v_try = 5 THEN
+                    RAISE;
+                END IF;
+                PERFORM pg_sleep(0.02 * v_try * (1 + random()));
+            END;
+        END LOOP;
+    ELSE
+        v_batch := zeroth._enqueue_batch(v_tenant, v_wskey, enqueue_runs.workspace_id,
+                                         enqueue_runs.deployment_ref, v_items, v_now);
+    END IF;
+    v_created := v_batch.created;
+    v_keys := v_batch.keys;
+    v_t_pos := v_batch.t_pos;
+    v_t_run := v_batch.t_run;
+    v_t_created := v_batch.t_created;
+    v_t_status := v_batch.t_status;
 
     IF EXISTS (SELECT 1 FROM unnest(v_items) AS i
                 WHERE i.new_run_id = ANY (v_created) AND coalesce(i.run_after, v_now) <= v_now) THEN

@@ -6,6 +6,9 @@
   run moved on is free however the renewal ended.
 * Finding 8: two enqueue_runs batches [T1, T2] and [T2, T1] took the per-thread locks in input
   order and deadlocked. Every thread lock of a batch is now taken in one sorted order first.
+  Batches that name the same keys in contradicting ways (the same run_id with two idempotency
+  keys) can still meet in a deadlock inside their INSERTs; the batch PostgreSQL picks as the
+  victim now runs again by itself, so both callers get their runs.
 * Finding 10: concurrent retries of one admission (same idempotency key or run_id, different
   payloads) got ``busy`` for their own run; now every one of them is ``reused``.
 """
@@ -14,8 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from typing import Any
 
+import pytest
 from helpers import DEPLOYMENT, at, enqueue, make_run, run_row
 from interleave import Session, assert_waits_for, finished
 
@@ -79,6 +84,62 @@ class TestBatchesOfThreadsCannotDeadlock:
         assert [o.sqlstate for o in outcomes] == [None, None]
         statuses = sorted(r["status"] for o in outcomes for r in o.value)
         assert statuses == ["pending", "pending", "waiting", "waiting"]  # one active per thread
+
+
+class TestBatchesThatContradictEachOtherStillBothLand:
+    async def test_two_batches_naming_two_run_ids_with_crossed_keys(self, sessions, connect):
+        """Red-team finding (after issue 11): b1 = [(Y, 'a'), (X, 'c')], b2 = [(X, 'a2'),
+        (Y, 'c2')] insert Y then X and X then Y: each waits for the other's uncommitted primary
+        key, PostgreSQL kills one with 40P01. A third session makes the interleaving certain: it
+        holds an uncommitted run Z that b1 also names, so b1 has inserted Y and waits on Z when
+        b2 inserts X and waits on b1's Y; then Z commits, b1 reaches X, and the cycle closes."""
+        first, second, db = sessions
+        holder = Session(await connect())
+        x, y, z = (uuid.UUID(int=n) for n in (0xA, 0xB, 0xC))
+        batch = """SELECT ordinality, run_id, created FROM zeroth.enqueue_runs(deployment_ref => $1,
+                       runs => $2::text::jsonb) ORDER BY ordinality"""
+        await holder.begin()
+        await holder.call(batch, DEPLOYMENT, json.dumps(
+            [{"run_id": str(z), "idempotency_key": "zz"}]))
+        a = first.spawn(batch, DEPLOYMENT, json.dumps([
+            {"run_id": str(y), "idempotency_key": "a"}, {"run_id": str(z), "idempotency_key": "b"},
+            {"run_id": str(x), "idempotency_key": "c"}]), rows=True)
+        await assert_waits_for(db, first, holder, a)
+        b = second.spawn(batch, DEPLOYMENT, json.dumps([
+            {"run_id": str(x), "idempotency_key": "a2"},
+            {"run_id": str(y), "idempotency_key": "c2"}]), rows=True)
+        await wait_blocked(db, second)
+        await holder.commit()
+
+        outcomes = [await finished(a), await finished(b)]
+        assert [o.sqlstate for o in outcomes] == [None, None], outcomes
+        # Each run id exists once, with the key of whichever batch inserted it; both batches
+        # report every run id they named.
+        keys = dict(await db.fetch(
+            "SELECT r.run_id, r.idempotency_key FROM zeroth.runs r WHERE r.run_id = ANY ($1)",
+            [x, y, z]))
+        assert set(keys) == {x, y, z}
+        assert [r["run_id"] for r in outcomes[0].value] == [y, z, x]
+        assert [r["run_id"] for r in outcomes[1].value] == [x, y]
+        created = [r["created"] for o in outcomes for r in o.value]
+        assert created.count(True) == 2  # X and Y once each; Z was the holder's
+
+    @pytest.mark.parametrize(("items", "subtransaction"), [
+        ([{}, {}], False), ([{"idempotency_key": "k"}, {}], True)], ids=["no-keys", "keys"])
+    async def test_only_a_batch_with_keys_pays_for_the_retry(self, connect, items,
+                                                             subtransaction):
+        """The retry costs a subtransaction; batches that name no key cannot deadlock this way
+        and take none (their rows carry the top-level transaction id)."""
+        conn = await connect()
+        async with conn.transaction():
+            await conn.fetch("SELECT * FROM zeroth.enqueue_runs(deployment_ref => $1, "
+                             "runs => $2::text::jsonb)", DEPLOYMENT, json.dumps(items))
+            top = await conn.fetchval("SELECT pg_current_xact_id()::text")
+            xmins = {row["xmin"] for row in await conn.fetch(
+                "SELECT r.xmin::text AS xmin FROM zeroth.runs r WHERE r.deployment_ref = $1",
+                DEPLOYMENT)}
+        assert len(xmins) == 1
+        assert (xmins != {top}) is subtransaction
 
 
 async def wait_blocked(db: Any, session: Session) -> None:
