@@ -1219,7 +1219,7 @@ COMMENT ON TABLE zeroth.notification_secret IS 'The per-database random secret t
 --
 CREATE FUNCTION zeroth._notify_key(kind text, subject text[]) RETURNS text
     LANGUAGE sql STABLE
-    RETURN (SELECT "left"(encode(sha256(convert_to(((((s.secret || chr(31)) || _notify_key.kind) || chr(31)) || array_to_string(_notify_key.subject, chr(31), chr(30))), 'UTF8'::name)), 'hex'::text), 32) AS "left" FROM zeroth.notification_secret s);
+    RETURN (SELECT "left"(encode(sha256(convert_to(((((s.secret || chr(31)) || _notify_key.kind) || chr(31)) || (_notify_key.subject)::text), 'UTF8'::name)), 'hex'::text), 32) AS "left" FROM zeroth.notification_secret s);
 
 --
 -- Name: FUNCTION _notify_key(kind text, subject text[]); Type: COMMENT; Schema: zeroth; Owner: -

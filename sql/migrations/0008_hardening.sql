@@ -230,9 +230,11 @@ COMMENT ON FUNCTION zeroth._require_lease_batch(uuid[], bigint[]) IS 'Internal: 
 -- other subject; NULL parts (the null workspace) hash apart from every string.
 CREATE FUNCTION zeroth._notify_key(kind text, subject text[]) RETURNS text
     LANGUAGE sql STABLE
+    -- The subject as an array literal: quoted elements and an unquoted NULL, so no character
+    -- inside an identifier can make two subjects alike (a joined string with separator
+    -- characters could: (t, NULL, d) and (t, chr(30), d) got the same key).
     RETURN (SELECT left(encode(sha256(convert_to(
-                       s.secret || chr(31) || kind || chr(31) || array_to_string(subject, chr(31), chr(30)),
-                       'UTF8')), 'hex'), 32)
+                       s.secret || chr(31) || kind || chr(31) || subject::text, 'UTF8')), 'hex'), 32)
               FROM zeroth.notification_secret s);
 COMMENT ON FUNCTION zeroth._notify_key(text, text[]) IS 'Internal: the opaque NOTIFY payload for a subject: 32 hex digits of sha256(secret, kind, subject).';
 

@@ -96,6 +96,22 @@ class TestAStrangerListening:
                                    || chr(31) || 'secret-deploy']) AS g""")
         assert key not in guesses
 
+    async def test_no_separator_inside_a_name_makes_two_subjects_share_a_key(self, admin):
+        """Red-team observation (after issue 11): keys hashed the subject joined with chr(31)
+        and NULL as chr(30), so the workspace NULL and a workspace named chr(30) (or names
+        that moved a separator between them) shared a key."""
+        pairs = [
+            (("d", "acme", None), ("d", "acme", chr(30))),
+            (("d", "a" + chr(31) + "b", None), ("d", "a", "b")),
+            (("d", "acme", "NULL"), ("d", "acme", None)),
+            (("d" + chr(31) + "acme", "x", None), ("d", "acme" + chr(31) + "x", None)),
+        ]
+        for left, right in pairs:
+            keys = [await admin.fetchval(
+                "SELECT zeroth.wakeup_key(deployment_ref => $1, tenant_id => $2, "
+                "workspace_id => $3)", *subject) for subject in (left, right)]
+            assert keys[0] != keys[1], (left, right)
+
     async def test_keys_differ_per_installation(self, admin, empty_database_dsn):
         # Every install draws its own secret: a key heard on one database means nothing on
         # another. (A database cloned with CREATE DATABASE ... TEMPLATE copies its secret like
