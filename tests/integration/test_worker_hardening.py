@@ -27,7 +27,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import asyncpg
 import pytest
@@ -610,3 +610,66 @@ async def test_a_real_cancel_request_stops_the_handler_through_the_early_renewal
     assert (row["lease_worker_id"], row["error"], row["output"]) == (None, None, None)
     assert row["finished_at"] is not None
     await wait_until(lambda: worker.active_run_ids == [], "the slot to be freed", within=5)
+
+
+async def test_a_cancel_of_the_same_run_id_in_another_tenant_stops_nothing_here(
+        pool, spawn_worker):
+    """Finding 11 (bullet 4): run ids are unique per scope, but the control notification and the
+    worker matched a cancel by run id, worker id and generation only. Two workers with the same
+    worker id (ids are labels, e.g. a host name) in two tenants each hold a run with the same
+    caller-chosen run id at generation 1; a cancel in tenant t-2 stops t-2's run only."""
+    dep = unique_deployment("harden")
+    run_id = uuid4()
+    running = {"t-1": asyncio.Event(), "t-2": asyncio.Event()}
+    release = asyncio.Event()
+    stopped: set[str] = set()
+
+    def handler_for(tenant: str) -> Callable[[RunContext], Awaitable[Any]]:
+        async def handler(ctx: RunContext) -> Any:
+            running[tenant].set()
+            try:
+                await release.wait()
+            except asyncio.CancelledError:
+                stopped.add(tenant)
+                raise
+            return {"tenant": tenant}
+        return handler
+
+    for tenant in ("t-1", "t-2"):
+        worker = await spawn_worker(dep, handler_for(tenant), tenant_id=tenant,
+                                    worker_id="host-1", lease_duration=60.0, poll_interval=0.05)
+        await asyncio.wait_for(worker.notifier.connected.wait(), timeout=10)
+    for tenant in ("t-1", "t-2"):
+        await pool.execute(
+            "SELECT zeroth.enqueue_run(deployment_ref => $1, tenant_id => $2, run_id => $3)",
+            dep, tenant, run_id)
+    for event in running.values():
+        await asyncio.wait_for(event.wait(), timeout=10)
+    assert dict(await pool.fetch(
+        "SELECT tenant_id, lease_generation FROM zeroth.runs WHERE run_id = $1", run_id)) == {
+        "t-1": 1, "t-2": 1}
+
+    assert await pool.fetchval(
+        "SELECT zeroth.request_cancel(run_id => $1, tenant_id => 't-2')",
+        run_id) == "cancel_requested"
+
+    async def status_in(tenant: str) -> str:
+        return await pool.fetchval(  # type: ignore[no-any-return]
+            "SELECT status::text FROM zeroth.runs WHERE run_id = $1 AND tenant_id = $2",
+            run_id, tenant)
+
+    async def t2_cancelled() -> bool:
+        return await status_in("t-2") == "cancelled"
+
+    await wait_until(t2_cancelled, "t-2's run to be cancelled", within=10)
+    # The hint reached both workers (same worker id, same key): give t-1's worker a moment to
+    # act on it wrongly before letting its handler finish.
+    await asyncio.sleep(0.3)
+    release.set()
+
+    async def t1_finished() -> str | None:
+        status = await status_in("t-1")
+        return status if status not in ("pending", "running") else None
+
+    assert await wait_until(t1_finished, "t-1's run to finish", within=10) == "completed"
+    assert stopped == {"t-2"}

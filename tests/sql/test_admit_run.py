@@ -473,6 +473,20 @@ class TestIdempotency:
         assert await conn.fetchval("SELECT count(*) FROM zeroth.runs") == rows_before
 
 
+class TestAdmitAndOwnIsNotAClaim:
+    async def test_an_owned_lease_takes_no_slot_and_does_not_fill_max_concurrency(self, conn):
+        """Finding 11 (bullet 5), a documented decision (docs/threads.md): an admit-and-own
+        lease is not a claim, so it takes no admission slot and counts against no K."""
+        owned = await admit(conn, worker_id=OWNER)
+        assert (owned["outcome"], owned["lease_generation"]) == ("admitted", 1)
+        assert (await run_row(conn, owned["run_id"]))["admission_slot"] is None
+        assert await conn.fetchval("SELECT count(*) FROM zeroth.admission_slots") == 0
+
+        waiting = await make_run(conn, "pending", now=at(1))
+        rows = await claim(conn, worker_id=OTHER, max_concurrency=1, now=at(2))
+        assert [(r["run_id"], r["active_count"]) for r in rows] == [(waiting.run_id, 0)]
+
+
 class TestBadArguments:
     @pytest.mark.parametrize(("kwargs", "code"), [
         ({"strategy": "steal"}, "ZP008"),

@@ -242,6 +242,24 @@ class TestReleaseNeedsALiveLease:
 
         assert await release(conn, lease.run_id, now=at(6)) is False
 
+    async def test_holder_cannot_give_back_a_running_run_after_an_admin_cleared_its_lease(
+            self, conn):
+        # clear_lease expires a running run's lease in place (the holder stays named, so the run
+        # is an orphan for recovery); the old holder may no longer release or expire it. This is
+        # the case 1b3d493 got wrong (a cleared *pending* run had no holder left to match).
+        lease = await make_run(conn, "running")
+        assert await conn.fetchval(
+            "SELECT zeroth_test.clear_lease(run_id => $1, now_override => $2)", lease.run_id, at(5))
+        before = await conn.fetchval("SELECT r::text FROM zeroth.runs r WHERE r.run_id = $1",
+                                     lease.run_id)
+
+        assert await release(conn, lease.run_id, now=at(6)) is False
+        assert await conn.fetchval(
+            """SELECT zeroth_test.expire_recovery_lease(run_id => $1, worker_id => $2,
+                   generation => 1, now_override => $3)""", lease.run_id, WORKER, at(6)) is False
+        assert await conn.fetchval("SELECT r::text FROM zeroth.runs r WHERE r.run_id = $1",
+                                   lease.run_id) == before
+
 
 class TestReleaseFreesTheSlot:
     async def test_release_of_pending_run_frees_its_slot_for_another_claim(self, conn):
