@@ -26,7 +26,7 @@ from typing import Annotated, Any
 import typer
 
 from bench import report
-from bench.harness import Config, ScenarioReport, server
+from bench.harness import PROFILES, Config, ScenarioReport, server, wal_flushes_per_second
 from bench.scenarios import SCENARIOS, Systems
 
 app = typer.Typer(add_completion=False, help=__doc__)
@@ -58,8 +58,9 @@ async def _run(names: list[str], cfg: Config, meta: dict[str, Any], out: Path,
                prefix: str) -> tuple[list[ScenarioReport], list[str]]:
     reports: list[ScenarioReport] = []
     failed: list[str] = []
-    with server() as srv:
+    with server(meta["profile"]) as srv:
         meta["server"] = await srv.settings()
+        meta["wal_flushes_per_second"] = await wal_flushes_per_second(srv.admin_dsn)
         systems = await Systems.create(srv)
         try:
             for name in names:
@@ -99,7 +100,13 @@ def main(
     sustained: Annotated[float | None, typer.Option(
         help="seconds of the sustained-load scenario (default 300)")] = None,
     out: Annotated[Path, typer.Option(help="where results go")] = report.RESULTS_DIR,
+    profile: Annotated[str, typer.Option(
+        help="durability of the throwaway server: durable (fsync, synchronous_commit, "
+             "full_page_writes on: production) or fast (all off: the CPU-bound view); a server "
+             "given by ZEROTH_PG_BENCH_DSN is measured as it is")] = "durable",
 ) -> None:
+    if profile not in PROFILES:
+        raise typer.BadParameter(f"--profile must be one of {PROFILES}")
     names = scenarios or list(SCENARIOS)
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
@@ -113,9 +120,11 @@ def main(
         cfg = replace(cfg, sustained_seconds=max(10.0, sustained))
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
     started = datetime.datetime.now(datetime.UTC)
-    prefix = started.strftime("%Y-%m-%d") + ("-quick" if quick else "")
+    prefix = (started.strftime("%Y-%m-%d") + ("-quick" if quick else "")
+              + ("" if profile == "durable" else f"-{profile}"))
     report.configure(out, prefix)
     meta: dict[str, Any] = {"started": started.isoformat(timespec="seconds"), "quick": quick,
+                            "profile": profile,
                             "config": asdict(cfg), "machine": _machine(),
                             "versions": _versions(), "argv": sys.argv}
     t0 = time.perf_counter()

@@ -1,10 +1,15 @@
 """What every scenario shares: the server, scratch databases, interleaved repeats, results.
 
-The server is ``ZEROTH_PG_BENCH_DSN`` (an admin DSN of an existing server; scratch databases are
-created and dropped) or a throwaway cluster started by :func:`zeroth_pg.testing.start_server`, the
-tests' own harness (the embedded PostgreSQL wheel, tuned for throwaway use: fsync,
-synchronous_commit and full_page_writes off). Every system gets its own fresh database on that
-server, so the peers run on the same PostgreSQL, with the same settings, in the same run.
+The server is ``ZEROTH_PG_BENCH_DSN`` (an admin DSN of an existing server, measured with the
+settings it has; scratch databases are created and dropped) or a throwaway cluster started by
+:func:`zeroth_pg.testing.start_server`, the tests' own harness. A throwaway cluster runs the
+``durable`` profile by default: fsync, synchronous_commit and full_page_writes **on**, as a
+production server runs, so commits per run and NOTIFY cost what they cost there. The ``fast``
+profile keeps the test harness's throwaway tuning (all three off): the CPU-bound view. Every
+system gets its own fresh database on that server, so the peers run on the same PostgreSQL,
+with the same settings, in the same run. Next to the settings every result records how many WAL
+flushes per second the machine manages (one 8 kB write + fdatasync in the data directory, as
+``pg_test_fsync`` measures it): with one flush per commit, that is the ceiling of serial commits.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import asyncio
 import contextlib
 import os
 import statistics
+import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
@@ -20,12 +26,16 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import asyncpg
+import psycopg
+from psycopg import sql as pgsql
 
 from zeroth_pg import migrate
-from zeroth_pg.testing import create_database, drop_database, start_server
+from zeroth_pg.testing import create_database, drop_database, libpq_dsn, start_server
 from zeroth_pg.worker import skip_reset
 
 ENV_DSN = "ZEROTH_PG_BENCH_DSN"
+PROFILES = ("durable", "fast")
+_DURABLE = (("fsync", "on"), ("synchronous_commit", "on"), ("full_page_writes", "on"))
 
 #: Server settings recorded with every result (they decide what the numbers mean).
 SETTINGS = (
@@ -165,8 +175,11 @@ class Server:
 
 
 @contextlib.contextmanager
-def server() -> Iterator[Server]:
-    """``ZEROTH_PG_BENCH_DSN``, else a throwaway server from the tests' harness."""
+def server(profile: str = "durable") -> Iterator[Server]:
+    """``ZEROTH_PG_BENCH_DSN`` as it is, else a throwaway server from the tests' harness set to
+    ``profile`` (durable: fsync, synchronous_commit, full_page_writes on; fast: off)."""
+    if profile not in PROFILES:
+        raise ValueError(f"profile must be one of {PROFILES}, not {profile!r}")
     with contextlib.ExitStack() as stack:
         dsn = os.environ.get(ENV_DSN)
         if dsn:
@@ -174,8 +187,47 @@ def server() -> Iterator[Server]:
         else:
             started = stack.enter_context(start_server())
             found = Server(started.dsn, started.kind)
+            if profile == "durable":
+                _settings(found.admin_dsn, _DURABLE)
         stack.callback(found.close)
         yield found
+
+
+def _settings(dsn: str, values: Sequence[tuple[str, str]]) -> None:
+    """ALTER SYSTEM each setting and reload (all three durability settings take a reload)."""
+    with psycopg.connect(libpq_dsn(dsn), autocommit=True) as conn:
+        for name, value in values:
+            conn.execute(pgsql.SQL("ALTER SYSTEM SET {} = {}").format(
+                pgsql.Identifier(name), pgsql.Literal(value)))
+        conn.execute("SELECT pg_reload_conf()")
+
+
+async def wal_flushes_per_second(admin_dsn: str, seconds: float = 2.0) -> float | None:
+    """One 8 kB write + fdatasync, repeated for ``seconds`` in the server's data directory (as
+    ``pg_test_fsync``'s "one 8kB write" line): the flushes per second the WAL's disk allows.
+    None when the data directory is not on this machine (a remote server)."""
+    conn = await asyncpg.connect(admin_dsn)
+    try:
+        directory = await conn.fetchval("SELECT current_setting('data_directory')")
+    finally:
+        await conn.close()
+    def measure() -> float | None:
+        if not directory or not os.path.isdir(directory):
+            return None
+        block = os.urandom(8192)
+        fd, path = tempfile.mkstemp(prefix="bench-fsync-", dir=directory)
+        try:
+            count, started = 0, time.perf_counter()
+            while (elapsed := time.perf_counter() - started) < seconds:
+                os.pwrite(fd, block, 0)
+                os.fdatasync(fd)
+                count += 1
+            return count / elapsed
+        finally:
+            os.close(fd)
+            os.unlink(path)
+
+    return await asyncio.to_thread(measure)
 
 
 async def interleave(cases: Sequence[tuple[str, Callable[[], Awaitable[float]]]],

@@ -179,6 +179,10 @@ def markdown(reports: Sequence[ScenarioReport], meta: dict[str, Any]) -> str:
              f"Server: {settings.get('version', '?')} ({settings.get('server_kind')}); "
              + ", ".join(f"{k}={v}" for k, v in settings.items()
                          if k not in ("version", "server_kind", "server_version")) + ".  ",
+             f"Profile: {meta.get('profile', 'fast')}; WAL flushes the machine allows "
+             f"(8 kB write + fdatasync in the data directory): "
+             + (f"{meta['wal_flushes_per_second']:,.0f}/s" if meta.get("wal_flushes_per_second")
+                else "not measured") + ".  ",
              f"Versions: {', '.join(f'{k} {v}' for k, v in meta['versions'].items())}.  ",
              f"Command: `python -m bench {' '.join(meta['argv'][1:])}`.",
              "", "## Targets", "", "| target | measured | met |", "|---|---|---|"]

@@ -21,6 +21,7 @@ import asyncpg
 from prometheus_client import CollectorRegistry
 
 from bench import report
+from bench.continuous import continuous
 from bench.harness import (
     Config,
     Result,
@@ -585,5 +586,6 @@ SCENARIOS: dict[str, Callable[[Config, Systems], Awaitable[ScenarioReport]]] = {
     "renewal": renewal,
     "sustained": sustained,
     "recovery": recovery,
+    "continuous": continuous,
 }
 
