@@ -1,1 +1,1 @@
-pytest_plugins = ["zeroth_pg.testing"]
+pytest_plugins = ["zeroth_pg.testing", "pytester"]

