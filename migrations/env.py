@@ -7,7 +7,11 @@ Every revision is a stub that runs one ``sql/migrations`` file (see zeroth_pg.mi
   serialise and the second finds the database at head and does nothing;
 * creates schema ``zeroth`` (under the lock) before alembic creates its version table there;
 * commits each revision in its own transaction (``transaction_per_migration``), so a failure
-  leaves the database at the last good revision.
+  leaves the database at the last good revision;
+* when the database is then at head, re-applies every function file (``sql/functions``, in the
+  order of its order.txt) in one more transaction, still under the lock
+  (zeroth_pg.migrate.apply_functions). An upgrade that stops at an older revision leaves the
+  functions alone: they are written for the head schema.
 
 Online mode only: the offline script is ``python -m zeroth_pg.migrate sql``.
 """
@@ -18,7 +22,7 @@ from alembic import context
 from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
 
-from zeroth_pg.migrate import ADVISORY_LOCK_KEY, VERSION_SCHEMA, VERSION_TABLE
+from zeroth_pg.migrate import ADVISORY_LOCK_KEY, VERSION_SCHEMA, VERSION_TABLE, apply_functions
 
 
 def run_migrations_online() -> None:
@@ -43,6 +47,12 @@ def run_migrations_online() -> None:
                     context.run_migrations()
                 if connection.in_transaction():
                     connection.commit()
+                at = connection.execute(
+                    text(f"SELECT version_num FROM {VERSION_SCHEMA}.{VERSION_TABLE}")
+                ).scalars().all()
+                connection.commit()
+                if at == [context.script.get_current_head()]:
+                    apply_functions(connection.connection.dbapi_connection)
             finally:
                 if connection.in_transaction():
                     connection.rollback()

@@ -1,4 +1,5 @@
-"""Calls of the thread functions (sql/migrations/0004_threads.sql) shared by the thread tests.
+"""Calls of the thread functions (sql/functions/admit_run.sql and friends), shared by the
+thread tests.
 
 Each helper calls one zeroth.* function with named notation and ``now_override`` (default
 ``helpers.T0``) and returns plain dicts, so a test reads like the SQL it exercises.

@@ -23,13 +23,18 @@ def _pick(installed: str, checkout: str, marker: str) -> Path:
 
 
 def sql_dir() -> Path:
-    """The ``sql/`` directory: ``migrations/NNNN_slug.sql``, ``schema.sql``, ``README.md``."""
+    """The ``sql/`` directory: ``migrations/NNNN_slug.sql``, ``functions/``, ``schema.sql``."""
     return _pick("_sql", "sql", "migrations")
 
 
 def sql_migrations_dir() -> Path:
     """The directory holding the ``NNNN_slug.sql`` migration files."""
     return sql_dir() / "migrations"
+
+
+def sql_functions_dir() -> Path:
+    """The directory holding one file per function and view, and ``order.txt``."""
+    return sql_dir() / "functions"
 
 
 def migrations_dir() -> Path:

@@ -30,7 +30,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from zeroth_pg import errors, migrate
-from zeroth_pg._paths import repo_root
+from zeroth_pg._paths import repo_root, sql_functions_dir
 
 __all__ = ["DOCS_COMMAND", "FunctionDoc", "read_functions", "render", "sql_api_markdown"]
 
@@ -221,10 +221,31 @@ def _grantees(grantees: Iterable[str], default_acl: bool, default: str) -> str:
     return ", ".join(f"`{role}`" for role in grantees) or "the owner only"
 
 
+_DEFINES = re.compile(
+    r"^CREATE OR REPLACE (?:FUNCTION|VIEW|TRIGGER) (?:zeroth\.)?(\w+)", re.MULTILINE
+)
+
+
+def source_files() -> dict[str, str]:
+    """Function, view or trigger name → its file, relative to the repository root."""
+    root = sql_functions_dir()
+    return {
+        name: f"sql/functions/{path.relative_to(root).as_posix()}"
+        for path in migrate.function_files()
+        for name in _DEFINES.findall(path.read_text(encoding="utf-8"))
+    }
+
+
+def _source(sources: dict[str, str], name: str) -> str:
+    path = sources.get(name)
+    return f"[{path}](../{path})" if path else "*(no file)*"
+
+
 def render(functions: list[FunctionDoc], relations: list[dict[str, Any]],
            triggers: list[dict[str, Any]], enums: list[dict[str, Any]],
            revision: str | None) -> str:
     """The markdown of docs/sql-api.md."""
+    sources = source_files()
     public = [fn for fn in functions if fn.public]
     out = [
         "# SQL API reference",
@@ -237,7 +258,9 @@ def render(functions: list[FunctionDoc], relations: list[dict[str, Any]],
         f"(`SELECT {SCHEMA}.renew_lease(run_id => $1, worker_id => $2, generation => $3)`); "
         "functions whose names start with `_` are internal and not part of the API. Conventions "
         "(database time, fencing, scope, lock order) are in [sql/README.md](../sql/README.md); "
-        "the status and lease edges are drawn in [state-machine.md](state-machine.md).",
+        "the status and lease edges are drawn in [state-machine.md](state-machine.md). Each "
+        "function, view and trigger links to its file in `sql/functions/`, the whole truth about "
+        "it (header, body, owner, grants, comment).",
         "",
         "*Raises* lists the SQLSTATEs a function can raise, read from its body and the bodies of "
         f"the `{SCHEMA}` functions it calls; *notifies* lists the NOTIFY channels it can send on. "
@@ -274,6 +297,7 @@ def render(functions: list[FunctionDoc], relations: list[dict[str, Any]],
             f"- **Volatility:** {fn.volatility}; **security:** "
             f"{'definer' if fn.security_definer else 'invoker'}",
             f"- **EXECUTE:** {_grantees(fn.grantees, fn.default_acl, 'PUBLIC')}",
+            f"- **Source:** {_source(sources, fn.name)}",
         ]
     for kind, title in (("v", "Views"), ("c", "Result types")):
         out += ["", f"## {title}"]
@@ -283,7 +307,7 @@ def render(functions: list[FunctionDoc], relations: list[dict[str, Any]],
             out += ["", f"### {SCHEMA}.{rel['name']}", "", rel["comment"] or "*(no comment)*", ""]
             if kind == "v":
                 readers = _grantees(rel["grantees"], rel["default_acl"], "the owner only")
-                out += [f"SELECT: {readers}", ""]
+                out += [f"SELECT: {readers}; source: {_source(sources, rel['name'])}", ""]
             out += ["| column | type |", "|---|---|"]
             out += [f"| `{column}` | `{type_}` |"
                     for column, type_ in zip(rel["columns"], rel["types"], strict=True)]
@@ -292,7 +316,8 @@ def render(functions: list[FunctionDoc], relations: list[dict[str, Any]],
     for trigger in triggers:
         channels = by_name[trigger["function"]].notifies if trigger["function"] in by_name else ()
         out += ["", f"### {trigger['name']}", "", "```sql", trigger["definition"], "```", "",
-                trigger["comment"] or "*(no comment)*", "", f"- **Notifies:** {_codes(channels)}"]
+                trigger["comment"] or "*(no comment)*", "", f"- **Notifies:** {_codes(channels)}",
+                f"- **Source:** {_source(sources, trigger['name'])}"]
     out += ["", "## Enums"]
     for enum in enums:
         out += ["", f"### {SCHEMA}.{enum['name']}", "", enum["comment"] or "*(no comment)*", "",

@@ -1,10 +1,15 @@
-"""Schema migrations: alembic stubs over ``sql/migrations/*.sql``, and the psql install script.
+"""Schema migrations: alembic stubs over ``sql/migrations/*.sql``, the function files, and the
+psql install and upgrade scripts.
 
-The SQL files are the truth (forward-only, immutable once released). Each alembic revision in
-``migrations/versions`` runs exactly one file through the raw DBAPI cursor, one transaction per
-revision, with its version table ``zeroth.alembic_version``. ``migrations/env.py`` holds a
-session-level advisory lock (:data:`ADVISORY_LOCK_KEY`) across the whole upgrade so concurrent
-upgrades of one database serialise and the later one finds nothing to do.
+What has state (types, tables, indexes, roles, policies, data changes) is in versioned migrations,
+forward-only: each alembic revision in ``migrations/versions`` runs exactly one
+``sql/migrations`` file through the raw DBAPI cursor, one transaction per revision, with its
+version table ``zeroth.alembic_version``. Code (every function, the trigger and the views) is in
+``sql/functions/``, one idempotent file per function, re-applied in the order of
+``sql/functions/order.txt`` in one transaction at the end of every upgrade that reaches head
+(:func:`apply_functions`). ``migrations/env.py`` holds a session-level advisory lock
+(:data:`ADVISORY_LOCK_KEY`) across the whole upgrade so concurrent upgrades of one database
+serialise.
 
 Command line (a developer tool; ``dump-schema`` without ``--dsn`` needs the ``embedded`` extra)::
 
@@ -12,6 +17,7 @@ Command line (a developer tool; ``dump-schema`` without ``--dsn`` needs the ``em
     python -m zeroth_pg.migrate current --dsn postgresql://...
     python -m zeroth_pg.migrate head
     python -m zeroth_pg.migrate sql > install.sql
+    python -m zeroth_pg.migrate sql --from 0007 > upgrade.sql   (or --dsn: the database's revision)
     python -m zeroth_pg.migrate dump-schema [--dsn ADMIN_DSN] [--check]
 """
 
@@ -24,12 +30,14 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import uuid
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import psycopg
@@ -37,23 +45,33 @@ from psycopg import sql as pgsql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from sqlalchemy.engine import URL
 
-from zeroth_pg._paths import migrations_dir, repo_root, sql_dir, sql_migrations_dir
+from zeroth_pg._paths import (
+    migrations_dir,
+    repo_root,
+    sql_dir,
+    sql_functions_dir,
+    sql_migrations_dir,
+)
 
 __all__ = [
     "ADVISORY_LOCK_KEY",
     "VERSION_SCHEMA",
     "VERSION_TABLE",
+    "apply_functions",
     "apply_sql_file",
     "current_revision",
     "dump_schema",
     "find_pg_dump",
     "forward_only",
+    "function_files",
+    "functions_sql",
     "head_revision",
     "install_sql",
     "normalise_dump",
     "sql_files",
     "to_sqlalchemy_url",
     "upgrade",
+    "upgrade_sql",
 ]
 
 #: Key of the advisory lock that serialises upgrades of one database: b"zeroth" as an integer.
@@ -75,8 +93,10 @@ _UPGRADE_LOCK = threading.Lock()
 _SQL_FILE_RE = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
 SCHEMA_DUMP_COMMAND = "python -m zeroth_pg.migrate dump-schema"
 _SCHEMA_HEADER = (
-    "-- sql/schema.sql: the schema as the migrations leave it. Generated; do not edit.\n"
-    f"-- Regenerate with `{SCHEMA_DUMP_COMMAND}`;\n"
+    "-- sql/schema.sql: the state of schema zeroth as the migrations leave it (types, tables,\n"
+    "-- indexes, constraints, policies, owners, privileges, comments). The functions, views and\n"
+    "-- the trigger are not here: each has its own file in sql/functions/.\n"
+    f"-- Generated; do not edit. Regenerate with `{SCHEMA_DUMP_COMMAND}`;\n"
     "-- tests/migrations/test_schema_drift.py fails when it drifts.\n"
     "\n"
 )
@@ -89,6 +109,41 @@ def sql_files() -> list[Path]:
     if bad:
         raise ValueError(f"migration files must be named NNNN_slug.sql: {bad}")
     return files
+
+
+def function_files() -> list[Path]:
+    """The function and view files, in the order ``sql/functions/order.txt`` declares.
+
+    Every ``.sql`` file under ``sql/functions`` must be listed exactly once, and every listed file
+    must exist: a file that was added but not ordered would silently never be applied.
+    """
+    root = sql_functions_dir()
+    listed = [
+        line.strip()
+        for line in (root / "order.txt").read_text(encoding="utf-8").splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+    present = {p.relative_to(root).as_posix() for p in root.rglob("*.sql")}
+    repeated = sorted({name for name in listed if listed.count(name) > 1})
+    missing = sorted(set(listed) - present)
+    unlisted = sorted(present - set(listed))
+    if repeated or missing or unlisted:
+        raise ValueError(
+            f"sql/functions/order.txt disagrees with the files: repeated {repeated}, "
+            f"listed but missing {missing}, present but not listed {unlisted}"
+        )
+    return [root / name for name in listed]
+
+
+def functions_sql() -> str:
+    """Every function file in order, as one script (no transaction control of its own)."""
+    root = sql_functions_dir()
+    parts: list[str] = []
+    for path in function_files():
+        parts += [f"-- ==== sql/functions/{path.relative_to(root).as_posix()} ====", ""]
+        parts.append(path.read_text(encoding="utf-8").rstrip("\n"))
+        parts.append("")
+    return "\n".join(parts)
 
 
 def to_sqlalchemy_url(dsn: str) -> URL:
@@ -203,6 +258,24 @@ def apply_sql_file(filename: str) -> None:
         cur.close()
 
 
+def apply_functions(dbapi_conn: Any) -> None:
+    """Re-apply every function file, in order, on a DBAPI (psycopg) connection, and commit.
+
+    ``migrations/env.py`` calls it after the pending migrations when the database is at head,
+    still under the upgrade lock. Each file is an idempotent ``CREATE OR REPLACE`` with its owner,
+    grants and comment, so applying them to a database that already has them changes nothing.
+    """
+    cur = dbapi_conn.cursor()
+    try:
+        cur.execute(functions_sql())
+    except BaseException:
+        dbapi_conn.rollback()
+        raise
+    finally:
+        cur.close()
+    dbapi_conn.commit()
+
+
 def forward_only(revision: str) -> None:
     """The ``downgrade()`` of every revision: zeroth_pg migrations only go forward."""
     raise NotImplementedError(
@@ -214,39 +287,81 @@ def forward_only(revision: str) -> None:
 def install_sql() -> str:
     """The whole install script for DBAs who apply SQL with psql instead of alembic.
 
-    One transaction: every migration file in order, then the alembic version table stamped at
-    head, so a later ``alembic upgrade`` (or :func:`upgrade`) knows the database is current.
-    Refuses to run on a database that already has zeroth_pg installed. Apply it with
+    One transaction: every migration file in order, the function files, then the alembic version
+    table stamped at head, so a later ``alembic upgrade`` (or :func:`upgrade`) knows the database
+    is current. Refuses to run on a database that already has zeroth_pg installed. Apply it with
     ``psql -v ON_ERROR_STOP=1 -f install.sql``.
     """
+    return upgrade_sql(None)
+
+
+def _revision_files(after: str | None) -> list[Path]:
+    files = sql_files()
+    if after is None:
+        return files
+    revisions = [_SQL_FILE_RE.match(path.name).group(1) for path in files]  # type: ignore[union-attr]
+    if after not in revisions:
+        raise ValueError(f"unknown revision {after!r}; known: {', '.join(revisions)}")
+    return files[revisions.index(after) + 1 :]
+
+
+def upgrade_sql(from_revision: str | None) -> str:
+    """The psql script that brings a database from ``from_revision`` to head (None: install).
+
+    One transaction, under the upgrade lock: it checks that the database is at ``from_revision``
+    (or has no zeroth_pg, for an install), runs the migrations after it, re-applies the function
+    files and moves the alembic stamp, so the result is what :func:`upgrade` would leave.
+    """
     head = head_revision()
+    files = _revision_files(from_revision)
+    version = f"{VERSION_SCHEMA}.{VERSION_TABLE}"
+    if from_revision is None:
+        title = f"-- zeroth_pg install script, revision {head}."
+        guard = [
+            "DO $zeroth_install$",
+            "BEGIN",
+            f"    IF to_regclass('{version}') IS NOT NULL THEN",
+            "        RAISE EXCEPTION 'zeroth_pg is already installed in this database'",
+            "            USING HINT = 'Upgrade it with alembic (zeroth_pg.migrate.upgrade).';",
+            "    END IF;",
+            "END",
+            "$zeroth_install$;",
+            f"CREATE SCHEMA IF NOT EXISTS {VERSION_SCHEMA};",
+            _VERSION_TABLE_DDL,
+        ]
+        stamp = f"INSERT INTO {version} (version_num) VALUES ('{head}');"
+        usage = "-- For a database that already has zeroth_pg, print an upgrade script with --from."
+    else:
+        title = f"-- zeroth_pg upgrade script, revision {from_revision} to {head}."
+        guard = [
+            "DO $zeroth_upgrade$",
+            "BEGIN",
+            f"    IF to_regclass('{version}') IS NULL",
+            f"       OR (SELECT array_agg(v.version_num) FROM {version} v)",
+            f"          IS DISTINCT FROM ARRAY['{from_revision}']::varchar[] THEN",
+            "        RAISE EXCEPTION 'this script upgrades a database at revision "
+            f"{from_revision}'",
+            "            USING HINT = 'Print the script for the database''s revision: "
+            "python -m zeroth_pg.migrate sql --dsn ...';",
+            "    END IF;",
+            "END",
+            "$zeroth_upgrade$;",
+        ]
+        stamp = f"UPDATE {version} SET version_num = '{head}';"
+        usage = "-- Upgrades only a database at exactly that revision; anything else is refused."
     parts = [
-        f"-- zeroth_pg install script, revision {head}.",
+        title,
         "-- Generated by `python -m zeroth_pg.migrate sql`; apply with: psql -v ON_ERROR_STOP=1 -f",
-        "-- For a database that already has zeroth_pg, upgrade with alembic instead.",
+        usage,
         "BEGIN;",
         f"SELECT pg_advisory_xact_lock({ADVISORY_LOCK_KEY});",
-        "DO $zeroth_install$",
-        "BEGIN",
-        f"    IF to_regclass('{VERSION_SCHEMA}.{VERSION_TABLE}') IS NOT NULL THEN",
-        "        RAISE EXCEPTION 'zeroth_pg is already installed in this database'",
-        "            USING HINT = 'Upgrade it with alembic (zeroth_pg.migrate.upgrade).';",
-        "    END IF;",
-        "END",
-        "$zeroth_install$;",
-        f"CREATE SCHEMA IF NOT EXISTS {VERSION_SCHEMA};",
-        _VERSION_TABLE_DDL,
+        *guard,
     ]
-    for path in sql_files():
+    for path in files:
         parts += ["", f"-- ==== sql/migrations/{path.name} ====", ""]
         parts.append(path.read_text(encoding="utf-8").rstrip("\n"))
-    parts += [
-        "",
-        "-- ==== stamp ====",
-        f"INSERT INTO {VERSION_SCHEMA}.{VERSION_TABLE} (version_num) VALUES ('{head}');",
-        "COMMIT;",
-        "",
-    ]
+    parts += ["", functions_sql().rstrip("\n")]
+    parts += ["", "-- ==== stamp ====", stamp, "COMMIT;", ""]
     return "\n".join(parts)
 
 
@@ -349,28 +464,60 @@ def normalise_dump(text: str) -> str:
     return "\n".join(result).strip("\n") + "\n"
 
 
-def dump_schema(dsn: str, *, pg_dump: str | None = None) -> str:
-    """The normalised ``pg_dump --schema-only`` of schema ``zeroth`` of the database at ``dsn``.
+#: pg_restore TOC entry types that are code: they live in sql/functions, not in schema.sql.
+_CODE_ENTRY_TYPES = ("FUNCTION", "PROCEDURE", "VIEW", "TRIGGER")
 
-    The alembic version table is left out: it is bookkeeping, not schema.
+
+def _state_entries(toc: str) -> str:
+    """The ``pg_restore -l`` listing without the functions, views and triggers, and without the
+    comments and privileges that belong to them."""
+    entries = [line for line in toc.splitlines() if line and not line.startswith(";")]
+
+    def fields(line: str) -> list[str]:
+        return line.split(";", 1)[1].split()
+
+    views = {fields(e)[4] for e in entries if fields(e)[2] == "VIEW"}
+    kept: list[str] = []
+    for entry in entries:
+        f = fields(entry)  # [table oid, oid, type, namespace, (kind,) name, owner]
+        kind = f[2]
+        if kind in _CODE_ENTRY_TYPES:
+            continue
+        if kind in ("COMMENT", "ACL") and (
+            f[4] in _CODE_ENTRY_TYPES or (f[4] == "TABLE" and f[5] in views)
+        ):
+            continue
+        kept.append(entry)
+    return "\n".join(kept) + "\n"
+
+
+def dump_schema(dsn: str, *, pg_dump: str | None = None) -> str:
+    """The state of schema ``zeroth`` of the database at ``dsn``, as a normalised ``pg_dump``:
+    types, tables, indexes, constraints, policies, owners, privileges and comments.
+
+    The code (functions, views, the trigger) is left out: each has its own file in
+    ``sql/functions``. So is the alembic version table: it is bookkeeping, not schema.
     """
     exe = pg_dump or find_pg_dump(server_major(dsn))
-    result = subprocess.run(
-        [
-            exe,
-            "--schema-only",
-            f"--schema={VERSION_SCHEMA}",
-            f"--exclude-table={VERSION_SCHEMA}.{VERSION_TABLE}",
-            "--no-owner",
-            "--no-privileges",
-            f"--dbname={_strip_driver(dsn)}",
-        ],
-        capture_output=True,
-        text=True,
-    )
-    if result.returncode != 0:
-        raise RuntimeError(f"pg_dump failed ({exe}): {result.stderr.strip()}")
-    return _SCHEMA_HEADER + normalise_dump(result.stdout)
+    restore = str(Path(exe).with_name("pg_restore"))
+    with tempfile.TemporaryDirectory(prefix="zeroth-dump-") as scratch:
+        archive, listing = Path(scratch) / "schema.dump", Path(scratch) / "state.list"
+        steps = (
+            [exe, "--schema-only", f"--schema={VERSION_SCHEMA}",
+             f"--exclude-table={VERSION_SCHEMA}.{VERSION_TABLE}", "--format=custom",
+             f"--file={archive}", f"--dbname={_strip_driver(dsn)}"],
+            [restore, "--list", str(archive)],
+            [restore, f"--use-list={listing}", "--file=-", str(archive)],
+        )
+        outputs: list[str] = []
+        for step in steps:
+            result = subprocess.run(step, capture_output=True, text=True)
+            if result.returncode != 0:
+                raise RuntimeError(f"{Path(step[0]).name} failed: {result.stderr.strip()}")
+            outputs.append(result.stdout)
+            if step is steps[1]:
+                listing.write_text(_state_entries(result.stdout), encoding="utf-8")
+    return _SCHEMA_HEADER + normalise_dump(outputs[-1])
 
 
 def with_database(dsn: str, dbname: str) -> str:
@@ -444,7 +591,9 @@ def _main(argv: list[str] | None = None) -> int:
         p = sub.add_parser(name)
         p.add_argument("--dsn", default=os.environ.get("ZEROTH_PG_DSN"), required=False)
     sub.add_parser("head")
-    sub.add_parser("sql", help="print the psql install script")
+    script = sub.add_parser("sql", help="print the psql install (or upgrade) script")
+    script.add_argument("--from", dest="from_revision", help="print the upgrade from REVISION")
+    script.add_argument("--dsn", help="print the upgrade from the revision of this database")
     dump = sub.add_parser("dump-schema", help="regenerate sql/schema.sql")
     dump.add_argument("--dsn", help="admin DSN of a server to use (default: a throwaway server)")
     dump.add_argument("--output", type=Path, default=None)
@@ -460,7 +609,11 @@ def _main(argv: list[str] | None = None) -> int:
     elif args.command == "head":
         print(head_revision())
     elif args.command == "sql":
-        sys.stdout.write(install_sql())
+        if args.from_revision and args.dsn:
+            parser.error("give --from or --dsn, not both")
+        sys.stdout.write(
+            upgrade_sql(current_revision(args.dsn) if args.dsn else args.from_revision)
+        )
     else:
         target: Path = args.output or schema_sql_path()
         fresh = generate_schema_sql(args.dsn)

@@ -3,6 +3,10 @@
 -- Conventions (see sql/README.md): database time only; scope is (tenant_id, workspace_key) where
 -- workspace_key is '' for the null workspace and 'w:' || workspace_id otherwise, so NULL is a real
 -- workspace that an index can find with plain equality.
+--
+-- The functions, views and trigger this migration created when it was released live in
+-- sql/functions/ now (one file each, re-applied by every upgrade: sql/README.md); this file
+-- keeps what has state: types, tables, indexes, roles, policies and data changes.
 
 CREATE SCHEMA IF NOT EXISTS zeroth;
 COMMENT ON SCHEMA zeroth IS 'zeroth_pg: a Postgres-native durable run dispatcher. The public API is the functions in this schema.';
@@ -16,12 +20,6 @@ CREATE TYPE zeroth.run_status AS ENUM (
     'cancelled'
 );
 COMMENT ON TYPE zeroth.run_status IS 'Status axis of a run. The lease axis (lease_* columns) is orthogonal: see docs/state-machine.md.';
-
--- The scope key of a workspace. IMMUTABLE and SQL so it is inlined into index predicates.
-CREATE FUNCTION zeroth._workspace_key(workspace_id text) RETURNS text
-    LANGUAGE sql IMMUTABLE PARALLEL SAFE
-    RETURN CASE WHEN workspace_id IS NULL THEN '' ELSE 'w:' || workspace_id END;
-COMMENT ON FUNCTION zeroth._workspace_key(text) IS 'Internal: maps a workspace id (NULL is the null workspace) to the non-null scope key stored in runs.workspace_key.';
 
 CREATE TABLE zeroth.runs (
     run_id                 uuid              NOT NULL,

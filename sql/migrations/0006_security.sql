@@ -20,6 +20,10 @@
 --
 -- Roles are cluster-wide: they are created only when missing, so this file also runs on a fresh
 -- database of a cluster where another database already ran it.
+--
+-- The functions, views and trigger this migration created when it was released live in
+-- sql/functions/ now (one file each, re-applied by every upgrade: sql/README.md); this file
+-- keeps what has state: types, tables, indexes, roles, policies and data changes.
 
 DO $roles$
 DECLARE
@@ -78,45 +82,6 @@ END
 $owner$;
 
 -- ---------------------------------------------------------------------------------------------
--- Public functions run as zeroth_owner with a pinned search_path. Listed one by one so a review
--- sees each; tests/security fails when a public function is missing here (or in a later file).
--- A later CREATE OR REPLACE resets both attributes: it must repeat them (sql/README.md).
--- ---------------------------------------------------------------------------------------------
-
-ALTER FUNCTION zeroth.enqueue_run                SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
-ALTER FUNCTION zeroth.enqueue_runs               SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
-ALTER FUNCTION zeroth.admit_run                  SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
-ALTER FUNCTION zeroth.claim_pending              SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
-ALTER FUNCTION zeroth.claim_orphaned             SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
-ALTER FUNCTION zeroth.claim_for_takeover         SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
-ALTER FUNCTION zeroth.reconcile_thread_runs      SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
-ALTER FUNCTION zeroth.renew_lease                SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
-ALTER FUNCTION zeroth.renew_leases               SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
-ALTER FUNCTION zeroth.current_generation         SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
-ALTER FUNCTION zeroth.current_holder             SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
-ALTER FUNCTION zeroth.get_recovery_checkpoint_id SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
-ALTER FUNCTION zeroth.count_pending              SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
-ALTER FUNCTION zeroth.list_thread_runs           SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
-ALTER FUNCTION zeroth.get_thread_run             SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
-ALTER FUNCTION zeroth.commit_fenced              SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
-ALTER FUNCTION zeroth.update_run_progress        SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
-ALTER FUNCTION zeroth.start_run                  SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
-ALTER FUNCTION zeroth.save_checkpoint            SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
-ALTER FUNCTION zeroth.complete_run               SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
-ALTER FUNCTION zeroth.fail_run                   SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
-ALTER FUNCTION zeroth.cancel_run                 SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
-ALTER FUNCTION zeroth.pause_run                  SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
-ALTER FUNCTION zeroth.release_lease              SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
-ALTER FUNCTION zeroth.hand_back_to_pending       SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
-ALTER FUNCTION zeroth.expire_recovery_lease      SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
-ALTER FUNCTION zeroth.request_cancel             SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
-ALTER FUNCTION zeroth.request_cancel_v2          SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
-ALTER FUNCTION zeroth.resume_run                 SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
-ALTER FUNCTION zeroth.clear_lease                SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
-ALTER FUNCTION zeroth.redrive_run                SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
-ALTER FUNCTION zeroth.prune_runs                 SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
-
--- ---------------------------------------------------------------------------------------------
 -- Privileges. PUBLIC gets nothing; helpers (_-prefixed) are executable by zeroth_owner only,
 -- which is who runs them (from inside the SECURITY DEFINER functions).
 -- ---------------------------------------------------------------------------------------------
@@ -129,40 +94,6 @@ REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA zeroth FROM PUBLIC;
 ALTER DEFAULT PRIVILEGES FOR ROLE zeroth_owner REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC;
 
 GRANT USAGE ON SCHEMA zeroth TO zeroth_worker, zeroth_reader;
-
--- Worker and producer functions. Not granted (admin only, run as zeroth_owner or a superuser):
--- clear_lease (unfenced), redrive_run (undoes a dead letter), prune_runs (deletes history).
-GRANT EXECUTE ON FUNCTION
-    zeroth.enqueue_run,
-    zeroth.enqueue_runs,
-    zeroth.admit_run,
-    zeroth.claim_pending,
-    zeroth.claim_orphaned,
-    zeroth.claim_for_takeover,
-    zeroth.reconcile_thread_runs,
-    zeroth.renew_lease,
-    zeroth.renew_leases,
-    zeroth.current_generation,
-    zeroth.current_holder,
-    zeroth.get_recovery_checkpoint_id,
-    zeroth.count_pending,
-    zeroth.list_thread_runs,
-    zeroth.get_thread_run,
-    zeroth.commit_fenced,
-    zeroth.update_run_progress,
-    zeroth.start_run,
-    zeroth.save_checkpoint,
-    zeroth.complete_run,
-    zeroth.fail_run,
-    zeroth.cancel_run,
-    zeroth.pause_run,
-    zeroth.release_lease,
-    zeroth.hand_back_to_pending,
-    zeroth.expire_recovery_lease,
-    zeroth.request_cancel,
-    zeroth.request_cancel_v2,
-    zeroth.resume_run
-    TO zeroth_worker;
 
 -- ---------------------------------------------------------------------------------------------
 -- Readers: the operator views, and runs/checkpoints directly, one tenant at a time.
@@ -184,14 +115,4 @@ CREATE POLICY checkpoints_reader_tenant ON zeroth.checkpoints FOR SELECT TO zero
     USING (tenant_id = pg_catalog.current_setting('zeroth.tenant_id', true));
 COMMENT ON POLICY checkpoints_reader_tenant ON zeroth.checkpoints IS 'zeroth_reader sees the checkpoints of the tenant named in the setting zeroth.tenant_id (none when unset).';
 
--- Views over runs read as the caller, so the policies above filter them for a reader.
--- table_health holds no run data and keeps its owner's rights (statistics of the three tables).
-ALTER VIEW zeroth.queue_depth SET (security_invoker = true);
-ALTER VIEW zeroth.dead_letters SET (security_invoker = true);
-ALTER VIEW zeroth.live_leases SET (security_invoker = true);
-ALTER VIEW zeroth.expired_leases SET (security_invoker = true);
-
 GRANT SELECT ON zeroth.runs, zeroth.checkpoints TO zeroth_reader;
-GRANT SELECT ON zeroth.queue_depth, zeroth.dead_letters, zeroth.live_leases, zeroth.expired_leases,
-                zeroth.table_health
-    TO zeroth_reader;

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from schema_catalog import differences, snapshot
+
 from zeroth_pg import migrate
 from zeroth_pg.testing import run_psql
 
@@ -10,18 +12,19 @@ def test_install_script_matches_alembic(empty_database_dsn: str, database_dsn: s
     run_psql(empty_database_dsn, migrate.install_sql())
     assert migrate.current_revision(empty_database_dsn) == migrate.head_revision()
     assert migrate.dump_schema(empty_database_dsn) == migrate.dump_schema(database_dsn)
+    assert differences(snapshot(empty_database_dsn), snapshot(database_dsn)) == []
 
 
 def test_alembic_finds_an_installed_database_current(empty_database_dsn: str) -> None:
     run_psql(empty_database_dsn, migrate.install_sql())
-    before = migrate.dump_schema(empty_database_dsn)
+    before = snapshot(empty_database_dsn)
     migrate.upgrade(empty_database_dsn)
-    assert migrate.dump_schema(empty_database_dsn) == before
+    assert differences(snapshot(empty_database_dsn), before) == []
 
 
 def test_install_script_refuses_an_installed_database(database_dsn: str) -> None:
-    before = migrate.dump_schema(database_dsn)
+    before = snapshot(database_dsn)
     result = run_psql(database_dsn, migrate.install_sql(), check=False)
     assert result.returncode != 0
     assert "already installed" in result.stderr
-    assert migrate.dump_schema(database_dsn) == before
+    assert differences(snapshot(database_dsn), before) == []

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 
 import psycopg
+from schema_catalog import install_released
 
 from zeroth_pg import migrate
 
@@ -22,7 +23,7 @@ CLAIM = """SELECT run_id, lease_generation FROM zeroth.claim_pending(deployment_
 
 def test_migration_dedupes_duplicate_active_rows_before_unique_index(
         empty_database_dsn: str) -> None:
-    migrate.upgrade(empty_database_dsn, "0003")
+    install_released(empty_database_dsn, "0003")  # as release 0003 left it, functions included
     with psycopg.connect(empty_database_dsn, autocommit=True) as conn:
         def enqueue(thread: str) -> str:
             row = conn.execute(ENQUEUE, (thread,)).fetchone()

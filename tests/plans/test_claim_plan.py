@@ -7,7 +7,7 @@ one set-based INSERT in the shape complete_run / fail_run leave behind (the only
 zeroth.runs, to build volume fast). Then VACUUM ANALYZE, the steady state autovacuum keeps.
 
 Checked three ways: EXPLAIN of the candidates queries copied from claim_pending / claim_orphaned
-(sql/migrations/0002_functions.sql) with literal values; the same queries as a generic plan
+(sql/functions/internal/claims.sql) with literal values; the same queries as a generic plan
 (parameters, as PL/pgSQL may cache them); and the real function calls, by the scan counters of
 their own transaction (pg_stat_xact_*), across enough calls for PL/pgSQL to switch plans.
 """

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
+from zeroth_pg import migrate
 from zeroth_pg.notify import CHANNELS, CONTROL_CHANNEL, WAKEUP_CHANNEL, Notifier
 
-MIGRATIONS = sorted((Path(__file__).resolve().parents[2] / "sql" / "migrations").glob("*.sql"))
+#: The SQL that runs: the migrations (state) and the function files (code).
+SQL_SOURCES = migrate.sql_files() + migrate.function_files()
 
 
 def ignore(_channel: str, _payload: dict[str, object]) -> None:
@@ -40,7 +41,7 @@ class TestChannelNames:
 
 class TestChannelsMatchTheSql:
     def test_every_notify_in_the_migrations_names_a_literal_fixed_channel(self):
-        text = "\n".join(path.read_text(encoding="utf-8") for path in MIGRATIONS)
+        text = "\n".join(path.read_text(encoding="utf-8") for path in SQL_SOURCES)
         calls = re.findall(r"pg_notify\(\s*([^,]*),", text)
         assert calls, "no pg_notify found: the pattern is stale"
         literals = {re.fullmatch(r"'([a-z_]+)'", call.strip()) for call in calls}

@@ -11,9 +11,11 @@ import pytest
 
 import zeroth_pg
 import zeroth_pg.errors
+from zeroth_pg import migrate
 
 ROOT = Path(__file__).resolve().parents[2]
-MIGRATIONS = sorted((ROOT / "sql" / "migrations").glob("*.sql"))
+#: The SQL that runs: the migrations (state) and the function files (code).
+SQL_SOURCES = migrate.sql_files() + migrate.function_files()
 README = (ROOT / "sql" / "README.md").read_text(encoding="utf-8")
 
 PUBLIC_FUNCTIONS = """
@@ -26,7 +28,7 @@ PUBLIC_FUNCTIONS = """
 
 def raised_sqlstates() -> set[str]:
     codes: set[str] = set()
-    for path in MIGRATIONS:
+    for path in SQL_SOURCES:
         codes |= set(re.findall(r"ERRCODE = '(ZP[0-9A-Z]{3})'", path.read_text(encoding="utf-8")))
     return codes
 

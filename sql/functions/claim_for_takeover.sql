@@ -1,0 +1,33 @@
+-- claim_for_takeover: take over one run whose owner's lease expired more than grace ago, applying
+-- the run's own choice: resumable → requeued (back to pending, claimable, checkpoints kept; the
+-- interrupted attempt stays counted) or, out of attempts, dead-lettered; not resumable → failed
+-- with {stop_reason, message}; a cancel was requested → cancelled. Returns the row once, or
+-- nothing (lease live or within grace, renewing right now, not active, unknown). Locks: slot then
+-- run, SKIP LOCKED. Raises ZP008. Notifies zeroth_wakeup (and zeroth_run_finished for thread
+-- runs). Time: clock_timestamp().
+CREATE OR REPLACE FUNCTION zeroth.claim_for_takeover(
+    run_id        uuid,
+    tenant_id     text             DEFAULT NULL,
+    workspace_id  text             DEFAULT NULL,
+    grace_seconds double precision DEFAULT 10,
+    stop_reason   text             DEFAULT 'orphan_recovered',
+    message       text             DEFAULT NULL)
+    RETURNS SETOF zeroth.takeover
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_now   timestamptz := zeroth._now();
+    v_grace interval := zeroth._grace_interval(claim_for_takeover.grace_seconds);
+BEGIN
+    PERFORM zeroth._require(claim_for_takeover.run_id IS NOT NULL, 'run_id must not be NULL');
+    PERFORM zeroth._require_identifier(claim_for_takeover.stop_reason, 'stop_reason');
+    RETURN QUERY SELECT * FROM zeroth._take_over(
+        zeroth._scope_tenant(claim_for_takeover.tenant_id, claim_for_takeover.workspace_id),
+        zeroth._workspace_key(claim_for_takeover.workspace_id), claim_for_takeover.run_id, v_grace, v_now,
+        claim_for_takeover.stop_reason, claim_for_takeover.message);
+END
+$$;
+COMMENT ON FUNCTION zeroth.claim_for_takeover(uuid, text, text, double precision, text, text) IS
+'claim_for_takeover: take over one run whose owner''s lease expired more than grace ago: resumable → requeued (pending, the interrupted attempt stays counted) or dead_lettered when out of attempts, not resumable → failed with {stop_reason, message}, cancel requested → cancelled. Returns the row once, or nothing (live, within grace, being renewed, not active, unknown). SKIP LOCKED. Raises ZP008. Notifies zeroth_wakeup. Time: clock_timestamp().';
+ALTER FUNCTION zeroth.claim_for_takeover(uuid, text, text, double precision, text, text) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth.claim_for_takeover(uuid, text, text, double precision, text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION zeroth.claim_for_takeover(uuid, text, text, double precision, text, text) TO zeroth_worker;

@@ -1,0 +1,114 @@
+-- claim_orphaned: recover running runs whose lease expired (crashed or stalled owners).
+--   1. First it ends, at most claim_limit (or 100) of them, the orphans nobody may resume, as
+--      claim_for_takeover would: a resumable run out of attempts is dead-lettered (stop_reason
+--      attempts_exhausted), a non-resumable run whose lease expired more than grace_seconds ago
+--      fails (stop_reason orphan_recovered), a run with a requested cancel is cancelled. Their
+--      threads move on. This needs no slot, so it happens under saturation too.
+--   2. Then it re-leases resumable orphans with attempts left: a new generation, an attempt
+--      counted, recovery_checkpoint_id = the latest checkpoint. claim_limit bounds the batch (NULL
+--      = all, or the free slots under max_concurrency). With no free slot it probes for one
+--      orphan: saturated = an orphan is waiting; (run_id NULL, not saturated) is a definitive
+--      empty scan.
+-- Locks: slot rows then run rows, SKIP LOCKED. Raises ZP006, ZP008. Notifies zeroth_wakeup for
+-- runs it ended (slots freed, threads promoted). Time: clock_timestamp().
+CREATE OR REPLACE FUNCTION zeroth.claim_orphaned(
+    deployment_ref  text,
+    worker_id       text,
+    tenant_id       text             DEFAULT NULL,
+    workspace_id    text             DEFAULT NULL,
+    max_concurrency integer          DEFAULT NULL,
+    claim_limit     integer          DEFAULT NULL,
+    lease_seconds   double precision DEFAULT 60,
+    grace_seconds   double precision DEFAULT 10)
+    RETURNS SETOF zeroth.claimed_run
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+    SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    v_now    timestamptz := zeroth._now();
+    v_lease  interval := zeroth._lease_interval(claim_orphaned.lease_seconds);
+    v_grace  interval := zeroth._grace_interval(claim_orphaned.grace_seconds);
+    v_tenant text := zeroth._scope_tenant(claim_orphaned.tenant_id, claim_orphaned.workspace_id);
+    v_wskey  text := zeroth._workspace_key(claim_orphaned.workspace_id);
+    v_want   integer := claim_orphaned.claim_limit;
+    v_slots  integer[];
+    v_active integer := 0;
+    v_ids    uuid[];
+    v_end    record;
+BEGIN
+    PERFORM zeroth._require_identifier(claim_orphaned.deployment_ref, 'deployment_ref');
+    PERFORM zeroth._require_identifier(claim_orphaned.worker_id, 'worker_id');
+    PERFORM zeroth._require(claim_orphaned.claim_limit IS NULL OR claim_orphaned.claim_limit BETWEEN 1 AND 1000,
+                            'claim_limit must be NULL or between 1 and 1000');
+    PERFORM zeroth._require(claim_orphaned.max_concurrency IS NULL OR claim_orphaned.max_concurrency >= 1,
+                            'max_concurrency must be NULL or at least 1');
+    IF claim_orphaned.max_concurrency IS NOT NULL AND v_tenant IS NULL THEN
+        RAISE EXCEPTION 'distributed concurrency needs an exact scope: a workspace_id needs a tenant_id'
+            USING ERRCODE = 'ZP006';
+    END IF;
+
+    -- 1. The orphans nobody may resume end here (each SKIP LOCKED inside _take_over).
+    FOR v_end IN
+        SELECT r.run_id, r.resumable
+          FROM zeroth.runs r
+         WHERE r.tenant_id = v_tenant
+           AND r.workspace_key = v_wskey
+           AND r.deployment_ref = claim_orphaned.deployment_ref
+           AND r.status = 'running'
+           AND ((r.resumable AND r.attempts >= r.max_attempts AND r.lease_expires_at < v_now)
+                OR (NOT r.resumable AND r.lease_expires_at + v_grace < v_now))
+         ORDER BY r.lease_expires_at
+         LIMIT coalesce(claim_orphaned.claim_limit, 100)
+    LOOP
+        PERFORM zeroth._take_over(v_tenant, v_wskey, v_end.run_id,
+                                  CASE WHEN v_end.resumable THEN interval '0' ELSE v_grace END,
+                                  v_now, 'orphan_recovered', NULL);
+    END LOOP;
+
+    -- 2. Re-lease the resumable ones.
+    IF claim_orphaned.max_concurrency IS NOT NULL THEN
+        SELECT t.slots, t.active_count INTO v_slots, v_active
+          FROM zeroth._take_slots(v_tenant, v_wskey, claim_orphaned.deployment_ref,
+                                  claim_orphaned.max_concurrency,
+                                  least(coalesce(claim_orphaned.claim_limit, claim_orphaned.max_concurrency),
+                                        claim_orphaned.max_concurrency),
+                                  v_now) AS t;
+        IF cardinality(v_slots) = 0 THEN
+            -- Report saturation only when work is really blocked: is any orphan waiting?
+            RETURN NEXT zeroth._claim_marker(v_active, EXISTS (
+                SELECT 1 FROM zeroth.runs r
+                 WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey
+                   AND r.deployment_ref = claim_orphaned.deployment_ref
+                   AND r.status = 'running' AND r.lease_expires_at < v_now AND r.resumable
+                   AND r.attempts < r.max_attempts),
+                claim_orphaned.max_concurrency);
+            RETURN;
+        END IF;
+        v_want := cardinality(v_slots);
+    END IF;
+
+    -- Lock first (SKIP LOCKED: never wait on another claimer), then lease what was locked.
+    WITH locked AS MATERIALIZED (
+        SELECT r.run_id, r.lease_expires_at, r.started_at
+          FROM zeroth.runs r
+         WHERE r.tenant_id = v_tenant
+           AND r.workspace_key = v_wskey
+           AND r.deployment_ref = claim_orphaned.deployment_ref
+           AND r.status = 'running'
+           AND r.lease_expires_at < v_now
+           AND r.resumable
+           AND r.attempts < r.max_attempts
+         ORDER BY r.lease_expires_at, r.started_at
+         LIMIT v_want
+           FOR UPDATE SKIP LOCKED
+    )
+    SELECT coalesce(array_agg(l.run_id ORDER BY l.lease_expires_at, l.started_at), '{}') INTO v_ids FROM locked l;
+    RETURN QUERY SELECT * FROM zeroth._lease_locked_runs(
+        v_tenant, v_wskey, v_ids, v_slots, claim_orphaned.worker_id, v_now, v_lease, v_active,
+        claim_orphaned.max_concurrency, false);
+END
+$$;
+COMMENT ON FUNCTION zeroth.claim_orphaned(text, text, text, text, integer, integer, double precision, double precision) IS
+'claim_orphaned: recover running runs whose lease expired. First ends the ones nobody may resume (resumable but out of attempts → failed + dead-lettered, stop_reason attempts_exhausted; not resumable and expired more than grace_seconds ago → failed, stop_reason orphan_recovered; cancel requested → cancelled), then re-leases resumable ones with attempts left: new generation, attempt counted, recovery_checkpoint_id = latest checkpoint. claim_limit bounds the batch. A single run_id-NULL row reports saturation (an orphan is waiting but no slot is free) or a definitive empty scan. SKIP LOCKED throughout. Raises ZP006, ZP008. Notifies zeroth_wakeup for the runs it ended. Time: clock_timestamp().';
+ALTER FUNCTION zeroth.claim_orphaned(text, text, text, text, integer, integer, double precision, double precision) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth.claim_orphaned(text, text, text, text, integer, integer, double precision, double precision) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION zeroth.claim_orphaned(text, text, text, text, integer, integer, double precision, double precision) TO zeroth_worker;

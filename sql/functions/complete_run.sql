@@ -1,0 +1,60 @@
+-- complete_run: running → completed, fenced; stores output (SQL NULL keeps what commit_fenced
+-- wrote, JSON null clears it), clears the lease, frees the slot. Locks: the admission slot, then
+-- the run. Returns false when fenced out. Raises ZP003 (holder but not running), ZP008. Notifies
+-- zeroth_wakeup when a concurrency slot was freed. Time: clock_timestamp().
+CREATE OR REPLACE FUNCTION zeroth.complete_run(
+    run_id       uuid,
+    worker_id    text,
+    generation   bigint,
+    output       jsonb DEFAULT NULL,
+    tenant_id    text  DEFAULT NULL,
+    workspace_id text  DEFAULT NULL)
+    RETURNS boolean
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_status zeroth.run_status;
+    v_now    timestamptz := zeroth._now();
+    v_tenant text := zeroth._scope_tenant(complete_run.tenant_id, complete_run.workspace_id);
+    v_wskey  text := zeroth._workspace_key(complete_run.workspace_id);
+    v_run    record;
+BEGIN
+    PERFORM zeroth._require(complete_run.run_id IS NOT NULL, 'run_id must not be NULL');
+    PERFORM zeroth._require_identifier(complete_run.worker_id, 'worker_id');
+    PERFORM zeroth._require(complete_run.generation IS NOT NULL, 'generation must not be NULL');
+
+    PERFORM zeroth._lock_slot(v_tenant, v_wskey, complete_run.run_id, complete_run.generation);
+    -- The run row first, then the clock: see zeroth._lock_leased_run.
+    v_status := zeroth._lock_leased_run(v_tenant, v_wskey, complete_run.run_id, complete_run.worker_id, complete_run.generation);
+    v_now := zeroth._now();
+    UPDATE zeroth.runs r
+       SET status = 'completed',
+           output = CASE WHEN complete_run.output IS NULL THEN r.output
+                         ELSE nullif(complete_run.output, 'null'::jsonb) END,
+           finished_at = v_now,
+           updated_at = v_now,
+           lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
+           admission_slot = NULL, recovery_checkpoint_id = NULL
+     WHERE r.tenant_id = v_tenant
+       AND r.workspace_key = v_wskey
+       AND r.run_id = complete_run.run_id
+       AND v_status = 'running'
+       AND r.lease_worker_id = complete_run.worker_id
+       AND r.lease_generation = complete_run.generation
+       AND r.lease_expires_at >= v_now
+    RETURNING r.deployment_ref, r.workspace_id INTO v_run;
+    IF NOT FOUND THEN
+        PERFORM zeroth._explain_fenced_miss(v_tenant, v_wskey, complete_run.run_id, complete_run.worker_id,
+                                            complete_run.generation, v_now, 'complete_run', '{running}');
+        RETURN false;
+    END IF;
+    IF zeroth._free_slot(v_tenant, v_wskey, complete_run.run_id, complete_run.generation) THEN
+        PERFORM zeroth._notify_wakeup(v_run.deployment_ref, v_tenant, v_run.workspace_id);
+    END IF;
+    RETURN true;
+END
+$$;
+COMMENT ON FUNCTION zeroth.complete_run(uuid, text, bigint, jsonb, text, text) IS
+'complete_run: running → completed for the live lease (worker_id, generation); stores output (SQL NULL keeps the committed output, JSON null clears it), clears the lease, frees the admission slot. Returns false when fenced out. Raises ZP003 (holder but not running), ZP008. Notifies zeroth_wakeup when a slot was freed. Time: clock_timestamp().';
+ALTER FUNCTION zeroth.complete_run(uuid, text, bigint, jsonb, text, text) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth.complete_run(uuid, text, bigint, jsonb, text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION zeroth.complete_run(uuid, text, bigint, jsonb, text, text) TO zeroth_worker;

@@ -1,0 +1,19 @@
+-- count_pending: the pending runs of one deployment in one scope — what a worker's queue-depth
+-- gauge reads. A worker role has no table privileges, so it gets this read instead of the
+-- views. Uses runs_claim_pending_idx. No locks. Raises nothing. Time: none.
+CREATE OR REPLACE FUNCTION zeroth.count_pending(
+    deployment_ref text,
+    tenant_id      text DEFAULT NULL,
+    workspace_id   text DEFAULT NULL)
+    RETURNS bigint
+    LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+    RETURN (SELECT count(*) FROM zeroth.runs r
+             WHERE r.tenant_id = zeroth._scope_tenant(count_pending.tenant_id, count_pending.workspace_id)
+               AND r.workspace_key = zeroth._workspace_key(count_pending.workspace_id)
+               AND r.deployment_ref = count_pending.deployment_ref
+               AND r.status = 'pending');
+COMMENT ON FUNCTION zeroth.count_pending(text, text, text) IS
+'count_pending: number of pending runs of a deployment in a scope (the worker''s queue-depth gauge); read only, through runs_claim_pending_idx. Raises nothing.';
+ALTER FUNCTION zeroth.count_pending(text, text, text) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth.count_pending(text, text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION zeroth.count_pending(text, text, text) TO zeroth_worker;

@@ -1,0 +1,286 @@
+-- Parses and checks the items of an enqueue_runs batch: one row per item, in input order, typed,
+-- each with the run_id it will get (the caller's or a fresh one). Raises ZP008 naming the first
+-- bad item, so nothing is written. The casts run for the whole batch at once; only when one fails
+-- are the items cast one by one, to say which. Nothing is written inside the EXCEPTION block, so
+-- its subtransaction never takes a transaction id.
+CREATE OR REPLACE FUNCTION zeroth._enqueue_items(runs jsonb) RETURNS zeroth.enqueue_item[]
+    LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_items zeroth.enqueue_item[];
+    v_item  jsonb;
+    v_index bigint;
+    v_error text;
+BEGIN
+    PERFORM zeroth._require(jsonb_typeof(_enqueue_items.runs) = 'array', 'runs must be a JSON array');
+    PERFORM zeroth._require(jsonb_array_length(_enqueue_items.runs) <= 10000, 'runs may hold at most 10000 items');
+    SELECT format('runs[%s] %s', e.position,
+                  CASE WHEN jsonb_typeof(e.item) <> 'object' THEN 'must be a JSON object'
+                       ELSE format('has an unknown key %L',
+                                   (SELECT k FROM jsonb_object_keys(e.item) AS k
+                                     WHERE k NOT IN ('payload', 'priority', 'run_after', 'max_attempts',
+                                                     'idempotency_key', 'metadata', 'run_id', 'thread_id')
+                                     ORDER BY k LIMIT 1)) END)
+      INTO v_error
+      FROM jsonb_array_elements(_enqueue_items.runs) WITH ORDINALITY AS e(item, position)
+     WHERE jsonb_typeof(e.item) <> 'object'
+        OR EXISTS (SELECT 1 FROM jsonb_object_keys(e.item) AS k
+                    WHERE k NOT IN ('payload', 'priority', 'run_after', 'max_attempts', 'idempotency_key',
+                                    'metadata', 'run_id', 'thread_id'))
+     ORDER BY e.position
+     LIMIT 1;
+    PERFORM zeroth._require(v_error IS NULL, v_error);
+
+    BEGIN
+        v_items := ARRAY(
+            SELECT ROW(e.position,
+                       coalesce(e.item -> 'payload', '{}'::jsonb),
+                       coalesce((e.item ->> 'priority')::integer, 0),
+                       (e.item ->> 'run_after')::timestamptz,
+                       coalesce((e.item ->> 'max_attempts')::integer, 3),
+                       e.item ->> 'idempotency_key',
+                       coalesce(e.item -> 'metadata', '{}'::jsonb),
+                       (e.item ->> 'run_id')::uuid,
+                       e.item ->> 'thread_id',
+                       coalesce((e.item ->> 'run_id')::uuid, gen_random_uuid()))::zeroth.enqueue_item
+              FROM jsonb_array_elements(_enqueue_items.runs) WITH ORDINALITY AS e(item, position)
+             ORDER BY e.position);
+    EXCEPTION
+        WHEN invalid_text_representation OR numeric_value_out_of_range OR invalid_datetime_format
+             OR datetime_field_overflow THEN
+            FOR v_item, v_index IN
+                SELECT e.item, e.position
+                  FROM jsonb_array_elements(_enqueue_items.runs) WITH ORDINALITY AS e(item, position)
+                 ORDER BY e.position
+            LOOP
+                BEGIN
+                    PERFORM (v_item ->> 'priority')::integer, (v_item ->> 'run_after')::timestamptz,
+                            (v_item ->> 'max_attempts')::integer, (v_item ->> 'run_id')::uuid;
+                EXCEPTION
+                    WHEN invalid_text_representation OR numeric_value_out_of_range OR invalid_datetime_format
+                         OR datetime_field_overflow THEN
+                        RAISE EXCEPTION 'runs[%]: %', v_index, SQLERRM USING ERRCODE = 'ZP008';
+                END;
+            END LOOP;
+            RAISE;
+    END;
+
+    SELECT format('runs[%s]: %s', i.position,
+                  CASE WHEN jsonb_typeof(i.payload) IS DISTINCT FROM 'object' THEN 'payload must be a JSON object'
+                       WHEN jsonb_typeof(i.metadata) IS DISTINCT FROM 'object' THEN 'metadata must be a JSON object'
+                       WHEN i.max_attempts NOT BETWEEN 1 AND 1000 THEN 'max_attempts must be between 1 and 1000'
+                       WHEN NOT isfinite(i.run_after) THEN 'run_after must be a finite timestamp'
+                       WHEN length(i.idempotency_key) NOT BETWEEN 1 AND 500
+                           THEN 'idempotency_key must be NULL or 1 to 500 characters'
+                       ELSE 'thread_id must be a non-empty string of at most 200 characters' END)
+      INTO v_error
+      FROM unnest(v_items) AS i
+     WHERE jsonb_typeof(i.payload) IS DISTINCT FROM 'object'
+        OR jsonb_typeof(i.metadata) IS DISTINCT FROM 'object'
+        OR i.max_attempts NOT BETWEEN 1 AND 1000
+        OR NOT isfinite(i.run_after)
+        OR length(i.idempotency_key) NOT BETWEEN 1 AND 500
+        OR i.thread_id = '' OR length(i.thread_id) > 200
+     ORDER BY i.position
+     LIMIT 1;
+    PERFORM zeroth._require(v_error IS NULL, v_error);
+    RETURN v_items;
+END
+$$;
+COMMENT ON FUNCTION zeroth._enqueue_items(jsonb) IS 'Internal: the items of an enqueue_runs batch, parsed and checked (ZP008 naming the first bad one), each with the run_id it will get.';
+ALTER FUNCTION zeroth._enqueue_items(jsonb) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._enqueue_items(jsonb) FROM PUBLIC;
+
+-- The writes of one enqueue_runs batch: every thread lock (in stripe order), then the runs without
+-- a thread in one INSERT, then each thread item admitted. Returns what was created, for the
+-- caller to report; enqueue_runs may run it again after a deadlock (see there).
+CREATE OR REPLACE FUNCTION zeroth._enqueue_batch(
+    tenant_id text, workspace_key text, workspace_id text, deployment_ref text,
+    items zeroth.enqueue_item[], at timestamptz,
+    OUT created uuid[], OUT keys text[], OUT t_pos bigint[], OUT t_run uuid[],
+    OUT t_created boolean[], OUT t_status zeroth.run_status[])
+    LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_item     zeroth.enqueue_item;
+    v_thread   text;
+    v_admitted zeroth.admission;
+BEGIN
+    t_pos := '{}'; t_run := '{}'; t_created := '{}'; t_status := '{}';
+    -- Every thread lock first, in stripe order (what the lock really is), so two batches naming
+    -- the same threads in any order take them in one order.
+    FOR v_thread IN
+        SELECT t.thread_id
+          FROM (SELECT DISTINCT i.thread_id,
+                       zeroth._thread_stripe(_enqueue_batch.tenant_id, _enqueue_batch.workspace_key,
+                                             i.thread_id) AS stripe
+                  FROM unnest(_enqueue_batch.items) AS i
+                 WHERE i.thread_id IS NOT NULL) t
+         ORDER BY t.stripe, t.thread_id
+    LOOP
+        PERFORM zeroth._lock_thread(_enqueue_batch.tenant_id, _enqueue_batch.workspace_key, v_thread);
+    END LOOP;
+
+    -- The runs without a thread: one INSERT, in key order.
+    WITH inserted AS (
+        INSERT INTO zeroth.runs AS r (
+            run_id, tenant_id, workspace_id, deployment_ref, status, priority, run_after,
+            max_attempts, created_at, updated_at, payload, metadata, idempotency_key)
+        SELECT i.new_run_id, _enqueue_batch.tenant_id, _enqueue_batch.workspace_id,
+               _enqueue_batch.deployment_ref, 'pending', i.priority,
+               coalesce(i.run_after, _enqueue_batch.at), i.max_attempts, _enqueue_batch.at,
+               _enqueue_batch.at, i.payload, i.metadata, i.idempotency_key
+          FROM unnest(_enqueue_batch.items) AS i
+         WHERE i.thread_id IS NULL
+         ORDER BY i.idempotency_key, i.run_id, i.position
+        ON CONFLICT DO NOTHING
+        RETURNING r.run_id, r.idempotency_key
+    )
+    SELECT coalesce(array_agg(x.run_id), '{}'), coalesce(array_agg(x.idempotency_key), '{}')
+      INTO created, keys
+      FROM inserted x;
+
+    -- The runs with a thread: each admitted (or queued) under the locks already held.
+    FOR v_item IN SELECT i.* FROM unnest(_enqueue_batch.items) AS i WHERE i.thread_id IS NOT NULL ORDER BY i.position LOOP
+        v_admitted := zeroth._admit(_enqueue_batch.tenant_id, _enqueue_batch.workspace_id, _enqueue_batch.deployment_ref,
+                                    v_item.thread_id, true, NULL, v_item.payload, v_item.metadata, v_item.priority,
+                                    v_item.run_after, v_item.max_attempts, v_item.idempotency_key, v_item.run_id,
+                                    true, NULL, interval '0', _enqueue_batch.at, false);
+        t_pos := t_pos || v_item.position;
+        t_run := t_run || v_admitted.run_id;
+        t_created := t_created || (v_admitted.outcome <> 'reused');
+        t_status := t_status || v_admitted.status;
+    END LOOP;
+END
+$$;
+COMMENT ON FUNCTION zeroth._enqueue_batch(text, text, text, text, zeroth.enqueue_item[], timestamptz) IS 'Internal: the writes of one enqueue_runs batch (thread locks in stripe order, one INSERT for the runs without a thread, one admission per thread item); returns what was created.';
+ALTER FUNCTION zeroth._enqueue_batch(text, text, text, text, zeroth.enqueue_item[], timestamptz) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._enqueue_batch(text, text, text, text, zeroth.enqueue_item[], timestamptz) FROM PUBLIC;
+
+-- enqueue_runs: enqueue_run for a batch of one deployment and scope, in one transaction and, for
+-- the runs without a thread, one INSERT. runs is a JSON array of objects with optional keys
+-- payload, priority, run_after, max_attempts, idempotency_key, metadata, run_id, thread_id.
+-- Results come back in input order (ordinality); a repeated idempotency key or run_id — in the
+-- database or earlier in the batch — returns that run with created = false. Every thread lock
+-- the batch needs is taken first, in one sorted order, so two batches that share threads cannot
+-- deadlock; the runs are inserted in (idempotency_key, run_id) order, so two batches that share
+-- keys wait for each other in one order. Raises ZP006, ZP008 (the whole batch is rejected, nothing
+-- written). Notifies zeroth_wakeup once when it created a pending run that is due now.
+-- Time: clock_timestamp().
+CREATE OR REPLACE FUNCTION zeroth.enqueue_runs(
+    deployment_ref text,
+    runs           jsonb,
+    tenant_id      text DEFAULT NULL,
+    workspace_id   text DEFAULT NULL)
+    RETURNS TABLE (ordinality bigint, run_id uuid, created boolean, status zeroth.run_status)
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_now       timestamptz := zeroth._now();
+    v_tenant    text := zeroth._scope_tenant(enqueue_runs.tenant_id, enqueue_runs.workspace_id);
+    v_wskey     text := zeroth._workspace_key(enqueue_runs.workspace_id);
+    v_items     zeroth.enqueue_item[];
+    v_batch     record;
+    v_created   uuid[];
+    v_keys      text[];
+    v_t_pos     bigint[];
+    v_t_run     uuid[];
+    v_t_created boolean[];
+    v_t_status  zeroth.run_status[];
+BEGIN
+    -- The shared arguments are checked up front so an empty batch validates them too.
+    IF v_tenant IS NULL THEN
+        RAISE EXCEPTION 'a workspace_id needs a tenant_id' USING ERRCODE = 'ZP006';
+    END IF;
+    PERFORM zeroth._require_identifier(enqueue_runs.deployment_ref, 'deployment_ref');
+    PERFORM zeroth._require_identifier(v_tenant, 'tenant_id');
+    IF enqueue_runs.workspace_id IS NOT NULL THEN
+        PERFORM zeroth._require_identifier(enqueue_runs.workspace_id, 'workspace_id');
+    END IF;
+    v_items := zeroth._enqueue_items(enqueue_runs.runs);
+
+    -- Two batches can meet in a deadlock only through the keys they name (idempotency keys,
+    -- caller-chosen run ids): one INSERT waits on the other's uncommitted key while the other
+    -- waits on one of its own, in another unique index or in the thread items that follow. That
+    -- needs batches that name the same keys in contradicting ways (the same run_id with two
+    -- keys, a key as a thread item in one and a plain item in the other); PostgreSQL breaks the
+    -- cycle after deadlock_timeout and the batch that lost runs again (its writes were undone
+    -- with the subtransaction, so the retry sees the winner's runs as existing). It first gives
+    -- the winner a moment: a retry that raced ahead would insert the contested key again before
+    -- the winner, woken by the abort, had taken it, and close the same cycle. Batches without
+    -- keys cannot conflict and pay for no subtransaction.
+    IF EXISTS (SELECT 1 FROM unnest(v_items) AS i WHERE i.idempotency_key IS NOT NULL OR i.run_id IS NOT NULL) THEN
+        FOR v_try IN 1..5 LOOP
+            BEGIN
+                v_batch := zeroth._enqueue_batch(v_tenant, v_wskey, enqueue_runs.workspace_id,
+                                                 enqueue_runs.deployment_ref, v_items, v_now);
+                EXIT;
+            EXCEPTION WHEN deadlock_detected THEN
+                IF v_try = 5 THEN
+                    RAISE;
+                END IF;
+                PERFORM pg_sleep(0.02 * v_try * (1 + random()));
+            END;
+        END LOOP;
+    ELSE
+        v_batch := zeroth._enqueue_batch(v_tenant, v_wskey, enqueue_runs.workspace_id,
+                                         enqueue_runs.deployment_ref, v_items, v_now);
+    END IF;
+    v_created := v_batch.created;
+    v_keys := v_batch.keys;
+    v_t_pos := v_batch.t_pos;
+    v_t_run := v_batch.t_run;
+    v_t_created := v_batch.t_created;
+    v_t_status := v_batch.t_status;
+
+    IF EXISTS (SELECT 1 FROM unnest(v_items) AS i
+                WHERE i.new_run_id = ANY (v_created) AND coalesce(i.run_after, v_now) <= v_now) THEN
+        PERFORM zeroth._notify_wakeup(enqueue_runs.deployment_ref, v_tenant, enqueue_runs.workspace_id);
+    END IF;
+
+    RETURN QUERY
+    WITH item AS MATERIALIZED (
+        -- An item without a thread was created when a row with its run_id and key was inserted
+        -- and no earlier item of the batch (in insert order) had the same run_id and key.
+        SELECT i.*,
+               i.thread_id IS NULL
+               AND EXISTS (SELECT 1 FROM unnest(v_created, v_keys) AS c(run_id, idempotency_key)
+                            WHERE c.run_id = i.new_run_id
+                              AND c.idempotency_key IS NOT DISTINCT FROM i.idempotency_key)
+               AND NOT EXISTS (SELECT 1 FROM unnest(v_items) AS j
+                                WHERE j.thread_id IS NULL AND j.new_run_id = i.new_run_id
+                                  AND j.idempotency_key IS NOT DISTINCT FROM i.idempotency_key
+                                  AND j.position < i.position) AS inserted
+          FROM unnest(v_items) AS i
+    )
+    SELECT i.position,
+           coalesce(t.run_id, CASE WHEN i.inserted THEN i.new_run_id END, e.run_id),
+           coalesce(t.created, i.inserted),
+           coalesce(t.status, CASE WHEN i.inserted THEN 'pending'::zeroth.run_status END, e.status)
+      FROM item i
+      LEFT JOIN unnest(v_t_pos, v_t_run, v_t_created, v_t_status) AS t(position, run_id, created, status)
+             ON t.position = i.position
+      LEFT JOIN LATERAL (
+          -- A run without a thread that was not inserted: the run holding its key or run_id, one
+          -- branch per unique index, the run_id match first (an OR of the two filtered the whole
+          -- scope per item in a generic plan made on a small table).
+          SELECT x.run_id, x.status
+            FROM (SELECT r.run_id, r.status, true AS by_run_id
+                    FROM zeroth.runs r
+                   WHERE i.thread_id IS NULL AND NOT i.inserted
+                     AND r.tenant_id = v_tenant AND r.workspace_key = v_wskey
+                     AND r.run_id = i.run_id
+                  UNION ALL
+                  SELECT r.run_id, r.status, false
+                    FROM zeroth.runs r
+                   WHERE i.thread_id IS NULL AND NOT i.inserted
+                     AND r.tenant_id = v_tenant AND r.workspace_key = v_wskey
+                     AND r.deployment_ref = enqueue_runs.deployment_ref
+                     AND r.idempotency_key = i.idempotency_key) x
+           ORDER BY x.by_run_id DESC
+           LIMIT 1) e ON true
+     ORDER BY i.position;
+END
+$$;
+COMMENT ON FUNCTION zeroth.enqueue_runs(text, jsonb, text, text) IS
+'enqueue_runs: batch enqueue_run for one deployment and scope (one INSERT for the runs without a thread); runs is a JSON array of objects (payload, priority, run_after, max_attempts, idempotency_key, metadata, run_id, thread_id). Results in input order; a repeated key or run_id returns that run with created = false. Thread locks are taken first in one sorted order, inserts run in key order: concurrent batches cannot deadlock on threads or keys. Raises ZP006, ZP008 and rejects the whole batch. Notifies zeroth_wakeup once when a due pending run was created. Time: clock_timestamp().';
+ALTER FUNCTION zeroth.enqueue_runs(text, jsonb, text, text) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth.enqueue_runs(text, jsonb, text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION zeroth.enqueue_runs(text, jsonb, text, text) TO zeroth_worker;

@@ -1,0 +1,54 @@
+-- expire_recovery_lease: make owned running work immediately reclaimable without losing anything:
+-- for exactly the live lease (worker_id, generation), lease_expires_at := now - 1 µs, holder and
+-- recovery checkpoint kept, slot freed. Used when the setup of a recovered run fails (the run must
+-- stay claimable, never released to a NULL lease); the next recovery counts an attempt. Locks:
+-- slot, then run. Returns false on no match. Raises ZP008. Notifies zeroth_wakeup.
+-- Time: clock_timestamp().
+CREATE OR REPLACE FUNCTION zeroth.expire_recovery_lease(
+    run_id       uuid,
+    worker_id    text,
+    generation   bigint,
+    tenant_id    text DEFAULT NULL,
+    workspace_id text DEFAULT NULL)
+    RETURNS boolean
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_status zeroth.run_status;
+    v_now    timestamptz := zeroth._now();
+    v_tenant text := zeroth._scope_tenant(expire_recovery_lease.tenant_id, expire_recovery_lease.workspace_id);
+    v_wskey  text := zeroth._workspace_key(expire_recovery_lease.workspace_id);
+    v_run    record;
+BEGIN
+    PERFORM zeroth._require(expire_recovery_lease.run_id IS NOT NULL, 'run_id must not be NULL');
+    PERFORM zeroth._require_identifier(expire_recovery_lease.worker_id, 'worker_id');
+    PERFORM zeroth._require(expire_recovery_lease.generation IS NOT NULL, 'generation must not be NULL');
+
+    PERFORM zeroth._lock_slot(v_tenant, v_wskey, expire_recovery_lease.run_id, expire_recovery_lease.generation);
+    -- The run row first, then the clock: see zeroth._lock_leased_run.
+    v_status := zeroth._lock_leased_run(v_tenant, v_wskey, expire_recovery_lease.run_id, expire_recovery_lease.worker_id, expire_recovery_lease.generation);
+    v_now := zeroth._now();
+    UPDATE zeroth.runs r
+       SET lease_expires_at = least(r.lease_expires_at, v_now - interval '1 microsecond'),
+           admission_slot = NULL,
+           updated_at = v_now
+     WHERE r.tenant_id = v_tenant
+       AND r.workspace_key = v_wskey
+       AND r.run_id = expire_recovery_lease.run_id
+       AND v_status = 'running'
+       AND r.lease_worker_id = expire_recovery_lease.worker_id
+       AND r.lease_generation = expire_recovery_lease.generation
+       AND r.lease_expires_at >= v_now
+    RETURNING r.deployment_ref, r.workspace_id INTO v_run;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM zeroth._free_slot(v_tenant, v_wskey, expire_recovery_lease.run_id, expire_recovery_lease.generation);
+    PERFORM zeroth._notify_wakeup(v_run.deployment_ref, v_tenant, v_run.workspace_id);
+    RETURN true;
+END
+$$;
+COMMENT ON FUNCTION zeroth.expire_recovery_lease(uuid, text, bigint, text, text) IS
+'expire_recovery_lease: for exactly the live lease (worker_id, generation) of a running run, set lease_expires_at to now - 1 µs, keeping holder and recovery checkpoint, freeing the slot: immediately reclaimable by claim_orphaned (which counts an attempt). Returns false on no match. Raises ZP008. Notifies zeroth_wakeup. Time: clock_timestamp().';
+ALTER FUNCTION zeroth.expire_recovery_lease(uuid, text, bigint, text, text) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth.expire_recovery_lease(uuid, text, bigint, text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION zeroth.expire_recovery_lease(uuid, text, bigint, text, text) TO zeroth_worker;

@@ -1,0 +1,85 @@
+-- fail_run: running → pending (retryable, attempts < max_attempts: run_after = now + exponential
+-- backoff with jitter) or → failed (non-retryable), or → failed and dead-lettered (retryable but
+-- attempts exhausted). Fenced; clears the lease and frees the slot. Returns 'retry_scheduled',
+-- 'failed' or 'dead_lettered', or NULL when fenced out. Raises ZP003, ZP008. Notifies
+-- zeroth_wakeup when a slot was freed or the retry is due at once. Time: clock_timestamp().
+CREATE OR REPLACE FUNCTION zeroth.fail_run(
+    run_id             uuid,
+    worker_id          text,
+    generation         bigint,
+    error              jsonb            DEFAULT NULL,
+    retryable          boolean          DEFAULT true,
+    retry_base_seconds double precision DEFAULT 1,
+    retry_max_seconds  double precision DEFAULT 300,
+    tenant_id          text             DEFAULT NULL,
+    workspace_id       text             DEFAULT NULL)
+    RETURNS text
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_status  zeroth.run_status;
+    v_now     timestamptz := zeroth._now();
+    v_tenant  text := zeroth._scope_tenant(fail_run.tenant_id, fail_run.workspace_id);
+    v_wskey   text := zeroth._workspace_key(fail_run.workspace_id);
+    v_outcome text;
+    v_deploy  text;
+    v_ws      text;
+    v_due     boolean;
+BEGIN
+    PERFORM zeroth._require(fail_run.run_id IS NOT NULL, 'run_id must not be NULL');
+    PERFORM zeroth._require_identifier(fail_run.worker_id, 'worker_id');
+    PERFORM zeroth._require(fail_run.generation IS NOT NULL, 'generation must not be NULL');
+    PERFORM zeroth._require(fail_run.retryable IS NOT NULL, 'retryable must not be NULL');
+    PERFORM zeroth._require(fail_run.retry_base_seconds >= 0 AND fail_run.retry_max_seconds >= fail_run.retry_base_seconds
+                            AND fail_run.retry_max_seconds <= 86400 * 30,
+                            'need 0 <= retry_base_seconds <= retry_max_seconds <= 30 days');
+
+    PERFORM zeroth._lock_slot(v_tenant, v_wskey, fail_run.run_id, fail_run.generation);
+    -- The run row first, then the clock: see zeroth._lock_leased_run.
+    v_status := zeroth._lock_leased_run(v_tenant, v_wskey, fail_run.run_id, fail_run.worker_id, fail_run.generation);
+    v_now := zeroth._now();
+    -- SET expressions read the row as it was; RETURNING reads it as written, so the outcome is
+    -- derived from what this UPDATE decided.
+    UPDATE zeroth.runs r
+       SET status = CASE WHEN fail_run.retryable AND r.attempts < r.max_attempts
+                         THEN 'pending'::zeroth.run_status ELSE 'failed'::zeroth.run_status END,
+           run_after = CASE WHEN fail_run.retryable AND r.attempts < r.max_attempts
+                            -- Exponential backoff with equal jitter: half fixed, half random.
+                            THEN v_now + make_interval(secs => least(
+                                     fail_run.retry_max_seconds,
+                                     fail_run.retry_base_seconds * power(2, greatest(r.attempts - 1, 0)::double precision))
+                                 * (0.5 + random() / 2))
+                            ELSE r.run_after END,
+           finished_at = CASE WHEN fail_run.retryable AND r.attempts < r.max_attempts THEN NULL ELSE v_now END,
+           dead_lettered_at = CASE WHEN fail_run.retryable AND r.attempts >= r.max_attempts THEN v_now END,
+           error = fail_run.error,
+           updated_at = v_now,
+           lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
+           admission_slot = NULL, recovery_checkpoint_id = NULL
+     WHERE r.tenant_id = v_tenant
+       AND r.workspace_key = v_wskey
+       AND r.run_id = fail_run.run_id
+       AND v_status = 'running'
+       AND r.lease_worker_id = fail_run.worker_id
+       AND r.lease_generation = fail_run.generation
+       AND r.lease_expires_at >= v_now
+    RETURNING CASE WHEN r.status = 'pending' THEN 'retry_scheduled'
+                   WHEN r.dead_lettered_at IS NOT NULL THEN 'dead_lettered'
+                   ELSE 'failed' END,
+              r.deployment_ref, r.workspace_id, r.status = 'pending' AND r.run_after <= v_now
+         INTO v_outcome, v_deploy, v_ws, v_due;
+    IF v_outcome IS NULL THEN
+        PERFORM zeroth._explain_fenced_miss(v_tenant, v_wskey, fail_run.run_id, fail_run.worker_id,
+                                            fail_run.generation, v_now, 'fail_run', '{running}');
+        RETURN NULL;
+    END IF;
+    IF zeroth._free_slot(v_tenant, v_wskey, fail_run.run_id, fail_run.generation) OR v_due THEN
+        PERFORM zeroth._notify_wakeup(v_deploy, v_tenant, v_ws);
+    END IF;
+    RETURN v_outcome;
+END
+$$;
+COMMENT ON FUNCTION zeroth.fail_run(uuid, text, bigint, jsonb, boolean, double precision, double precision, text, text) IS
+'fail_run: running → pending with exponential backoff + jitter (retryable, attempts < max_attempts), → failed (not retryable), or → failed + dead_lettered_at (retries exhausted). Fenced; clears the lease, frees the slot. Returns retry_scheduled | failed | dead_lettered, or NULL when fenced out. Raises ZP003, ZP008. Notifies zeroth_wakeup when a slot was freed or the retry is due at once. Time: clock_timestamp().';
+ALTER FUNCTION zeroth.fail_run(uuid, text, bigint, jsonb, boolean, double precision, double precision, text, text) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth.fail_run(uuid, text, bigint, jsonb, boolean, double precision, double precision, text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION zeroth.fail_run(uuid, text, bigint, jsonb, boolean, double precision, double precision, text, text) TO zeroth_worker;

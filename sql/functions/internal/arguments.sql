@@ -1,0 +1,92 @@
+-- sql/functions/internal/arguments.sql: argument checks and scope keys shared by every public function.
+-- Internal helpers: SECURITY INVOKER, executable by zeroth_owner only (they run inside the
+-- SECURITY DEFINER public functions). Re-applied by every upgrade (sql/README.md).
+
+CREATE OR REPLACE FUNCTION zeroth._workspace_key(workspace_id text) RETURNS text
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    RETURN CASE WHEN workspace_id IS NULL THEN '' ELSE 'w:' || workspace_id END;
+COMMENT ON FUNCTION zeroth._workspace_key(text) IS 'Internal: maps a workspace id (NULL is the null workspace) to the non-null scope key stored in runs.workspace_key.';
+ALTER FUNCTION zeroth._workspace_key(text) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._workspace_key(text) FROM PUBLIC;
+
+-- Seed scope rule (seed-spec §4): tenant NULL means 'default' unless a workspace is named, in which
+-- case the scope is impossible and NULL is returned, so `tenant_id = NULL` matches nothing.
+CREATE OR REPLACE FUNCTION zeroth._scope_tenant(tenant_id text, workspace_id text) RETURNS text
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    RETURN CASE WHEN tenant_id IS NULL AND workspace_id IS NOT NULL THEN NULL
+                ELSE coalesce(tenant_id, 'default') END;
+COMMENT ON FUNCTION zeroth._scope_tenant(text, text) IS 'Internal: effective tenant of a call (NULL = the call can match nothing).';
+ALTER FUNCTION zeroth._scope_tenant(text, text) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._scope_tenant(text, text) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION zeroth._lease_interval(lease_seconds double precision) RETURNS interval
+    LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF lease_seconds IS NULL OR lease_seconds = 'NaN'::float8 OR lease_seconds <= 0 OR lease_seconds > 86400 THEN
+        RAISE EXCEPTION 'lease_seconds must be in (0, 86400], got %', coalesce(lease_seconds::text, 'NULL')
+            USING ERRCODE = 'ZP008';
+    END IF;
+    RETURN make_interval(secs => lease_seconds);
+END
+$$;
+COMMENT ON FUNCTION zeroth._lease_interval(double precision) IS 'Internal: validates a lease duration in seconds (ZP008 unless 0 < s <= 86400).';
+ALTER FUNCTION zeroth._lease_interval(double precision) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._lease_interval(double precision) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION zeroth._grace_interval(grace_seconds double precision) RETURNS interval
+    LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF grace_seconds IS NULL OR grace_seconds = 'NaN'::float8 OR grace_seconds < 0 OR grace_seconds > 86400 THEN
+        RAISE EXCEPTION 'grace_seconds must be in [0, 86400], got %', coalesce(grace_seconds::text, 'NULL')
+            USING ERRCODE = 'ZP008';
+    END IF;
+    RETURN make_interval(secs => grace_seconds);
+END
+$$;
+COMMENT ON FUNCTION zeroth._grace_interval(double precision) IS 'Internal: validates a takeover grace in seconds (ZP008 unless 0 <= s <= 86400).';
+ALTER FUNCTION zeroth._grace_interval(double precision) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._grace_interval(double precision) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION zeroth._require(condition boolean, message text) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF condition IS NOT TRUE THEN
+        RAISE EXCEPTION '%', message USING ERRCODE = 'ZP008';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION zeroth._require(boolean, text) IS 'Internal: raises ZP008 invalid_argument with the message unless the condition is true.';
+ALTER FUNCTION zeroth._require(boolean, text) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._require(boolean, text) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION zeroth._require_identifier(value text, name text) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF value IS NULL OR value = '' OR length(value) > 200 THEN
+        RAISE EXCEPTION '% must be a non-empty string of at most 200 characters', name USING ERRCODE = 'ZP008';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION zeroth._require_identifier(text, text) IS 'Internal: ZP008 unless value is a non-empty identifier of at most 200 characters.';
+ALTER FUNCTION zeroth._require_identifier(text, text) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._require_identifier(text, text) FROM PUBLIC;
+
+-- Checks the (run_ids, generations) arrays of a batch call: same length, no NULL, no repeated
+-- run, at most 1000 entries (one statement's worth). Raises ZP008.
+CREATE OR REPLACE FUNCTION zeroth._require_lease_batch(run_ids uuid[], generations bigint[]) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    PERFORM zeroth._require(run_ids IS NOT NULL AND generations IS NOT NULL
+                            AND cardinality(run_ids) = cardinality(generations),
+                            'run_ids and generations must be arrays of the same length');
+    PERFORM zeroth._require(array_position(run_ids, NULL) IS NULL
+                            AND array_position(generations, NULL) IS NULL,
+                            'run_ids and generations must not contain NULL');
+    PERFORM zeroth._require(cardinality(run_ids) <= 1000, 'at most 1000 runs per call');
+    PERFORM zeroth._require(cardinality(run_ids) = (SELECT count(DISTINCT u) FROM unnest(run_ids) AS u),
+                            'run_ids must not repeat a run');
+END
+$$;
+COMMENT ON FUNCTION zeroth._require_lease_batch(uuid[], bigint[]) IS 'Internal: ZP008 unless run_ids and generations are equal-length, NULL-free, at most 1000 long, without a repeated run.';
+ALTER FUNCTION zeroth._require_lease_batch(uuid[], bigint[]) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._require_lease_batch(uuid[], bigint[]) FROM PUBLIC;

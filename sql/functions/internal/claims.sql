@@ -1,0 +1,160 @@
+-- sql/functions/internal/claims.sql: the shared body of claim_pending / claim_and_start and the leasing step of every claim.
+-- Internal helpers: SECURITY INVOKER, executable by zeroth_owner only (they run inside the
+-- SECURITY DEFINER public functions). Re-applied by every upgrade (sql/README.md).
+
+CREATE OR REPLACE FUNCTION zeroth._latest_checkpoint_id(tenant_id text, workspace_key text, run_id uuid) RETURNS uuid
+    LANGUAGE sql STABLE
+    RETURN (SELECT k.checkpoint_id
+              FROM zeroth.checkpoints k
+             WHERE k.tenant_id = _latest_checkpoint_id.tenant_id
+               AND k.workspace_key = _latest_checkpoint_id.workspace_key
+               AND k.run_id = _latest_checkpoint_id.run_id
+             ORDER BY k.checkpoint_order DESC
+             LIMIT 1);
+COMMENT ON FUNCTION zeroth._latest_checkpoint_id(text, text, uuid) IS 'Internal: the checkpoint with the highest checkpoint_order of a run, or NULL.';
+ALTER FUNCTION zeroth._latest_checkpoint_id(text, text, uuid) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._latest_checkpoint_id(text, text, uuid) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION zeroth._claim_marker(active_count integer, saturated boolean, concurrency_limit integer)
+    RETURNS zeroth.claimed_run
+    LANGUAGE sql IMMUTABLE
+    RETURN ROW(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+               active_count, saturated, concurrency_limit)::zeroth.claimed_run;
+COMMENT ON FUNCTION zeroth._claim_marker(integer, boolean, integer) IS 'Internal: the run_id-NULL row a claim returns when it claimed nothing, carrying the saturation it saw.';
+ALTER FUNCTION zeroth._claim_marker(integer, boolean, integer) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._claim_marker(integer, boolean, integer) FROM PUBLIC;
+
+-- Leases runs the caller has already locked (FOR UPDATE SKIP LOCKED) and, under max_concurrency,
+-- pairs run_ids[i] with the already locked slot slots[i]: new generation, worker, times, slot, the
+-- latest checkpoint as recovery point. Counts an attempt for every run that starts here (start:
+-- pending → running) and for every running run re-leased after its lease expired (an orphan: its
+-- last attempt died with its worker). Returns the claimed rows in input order, or the run_id-NULL
+-- row that says nothing was claimable.
+CREATE OR REPLACE FUNCTION zeroth._lease_locked_runs(
+    tenant_id text, workspace_key text, run_ids uuid[], slots integer[], worker_id text,
+    at timestamptz, lease interval, active_count integer, concurrency_limit integer, start boolean)
+    RETURNS SETOF zeroth.claimed_run
+    LANGUAGE plpgsql VOLATILE
+    SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    v_count integer;
+BEGIN
+    RETURN QUERY
+    WITH wanted AS (
+        SELECT w.run_id, w.position, _lease_locked_runs.slots[w.position] AS slot_no
+          FROM unnest(_lease_locked_runs.run_ids) WITH ORDINALITY AS w(run_id, position)
+    ), claimed AS (
+        UPDATE zeroth.runs r
+           SET lease_worker_id = _lease_locked_runs.worker_id,
+               lease_acquired_at = _lease_locked_runs.at,
+               lease_expires_at = _lease_locked_runs.at + _lease_locked_runs.lease,
+               lease_generation = r.lease_generation + 1,
+               admission_slot = w.slot_no,
+               recovery_checkpoint_id = CASE WHEN r.checkpoint_seq > 0
+                   THEN zeroth._latest_checkpoint_id(r.tenant_id, r.workspace_key, r.run_id) END,
+               status = CASE WHEN _lease_locked_runs.start THEN 'running' ELSE r.status END,
+               attempts = CASE WHEN r.status = 'running' OR _lease_locked_runs.start
+                               THEN r.attempts + 1 ELSE r.attempts END,
+               started_at = CASE WHEN _lease_locked_runs.start AND r.status = 'pending'
+                                 THEN _lease_locked_runs.at ELSE r.started_at END,
+               updated_at = _lease_locked_runs.at
+          FROM wanted w
+         WHERE r.tenant_id = _lease_locked_runs.tenant_id
+           AND r.workspace_key = _lease_locked_runs.workspace_key
+           -- By primary key with the array (a generic plan is made once per session, maybe
+           -- while the table was empty; it must not come to scan the scope per claimed run).
+           AND r.run_id = ANY (_lease_locked_runs.run_ids)
+           AND r.run_id = w.run_id
+        RETURNING r.*, w.position
+    ), slotted AS (
+        UPDATE zeroth.admission_slots s
+           SET run_id = c.run_id, lease_generation = c.lease_generation
+          FROM claimed c
+         WHERE s.tenant_id = c.tenant_id AND s.workspace_key = c.workspace_key
+           AND s.deployment_ref = c.deployment_ref AND s.slot_no = c.admission_slot
+        RETURNING s.slot_no
+    )
+    SELECT c.run_id, c.lease_generation, c.lease_expires_at, c.status, c.attempts, c.max_attempts,
+           c.priority, c.thread_id, c.idempotency_key, c.payload, c.metadata, c.recovery_checkpoint_id,
+           k.data, c.cancel_requested_at IS NOT NULL, _lease_locked_runs.active_count,
+           false, _lease_locked_runs.concurrency_limit
+      FROM claimed c
+      LEFT JOIN zeroth.checkpoints k ON k.tenant_id = c.tenant_id AND k.workspace_key = c.workspace_key
+                                     AND k.checkpoint_id = c.recovery_checkpoint_id
+     ORDER BY c.position;
+
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    IF v_count = 0 THEN
+        RETURN NEXT zeroth._claim_marker(_lease_locked_runs.active_count, false,
+                                         _lease_locked_runs.concurrency_limit);
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION zeroth._lease_locked_runs(text, text, uuid[], integer[], text, timestamptz, interval, integer, integer, boolean) IS 'Internal: lease runs (and slots) the caller already locked; with start make pending ones running; count an attempt per start and per re-leased orphan. The shared second half of claim_pending, claim_and_start and claim_orphaned.';
+ALTER FUNCTION zeroth._lease_locked_runs(text, text, uuid[], integer[], text, timestamptz, interval, integer, integer, boolean) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._lease_locked_runs(text, text, uuid[], integer[], text, timestamptz, interval, integer, integer, boolean) FROM PUBLIC;
+
+-- The body of claim_pending and claim_and_start: take free admission slots (max_concurrency),
+-- lock up to that many pending runs with SKIP LOCKED, lease them (and with start, make them
+-- running). Locks: slot rows, then run rows, all FOR UPDATE SKIP LOCKED, so no claimer ever waits
+-- on another. Raises ZP006, ZP008.
+CREATE OR REPLACE FUNCTION zeroth._claim_pending(
+    deployment_ref text, worker_id text, tenant_id text, workspace_id text, max_concurrency integer,
+    batch_size integer, lease_seconds double precision, start boolean)
+    RETURNS SETOF zeroth.claimed_run
+    LANGUAGE plpgsql VOLATILE
+    SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    v_now    timestamptz := zeroth._now();
+    v_lease  interval := zeroth._lease_interval(_claim_pending.lease_seconds);
+    v_tenant text := zeroth._scope_tenant(_claim_pending.tenant_id, _claim_pending.workspace_id);
+    v_wskey  text := zeroth._workspace_key(_claim_pending.workspace_id);
+    v_want   integer := _claim_pending.batch_size;
+    v_slots  integer[];
+    v_active integer := 0;
+    v_ids    uuid[];
+BEGIN
+    PERFORM zeroth._require_identifier(_claim_pending.deployment_ref, 'deployment_ref');
+    PERFORM zeroth._require_identifier(_claim_pending.worker_id, 'worker_id');
+    PERFORM zeroth._require(_claim_pending.batch_size BETWEEN 1 AND 1000, 'batch_size must be between 1 and 1000');
+    PERFORM zeroth._require(_claim_pending.max_concurrency IS NULL OR _claim_pending.max_concurrency >= 1,
+                            'max_concurrency must be NULL or at least 1');
+
+    IF _claim_pending.max_concurrency IS NOT NULL THEN
+        IF v_tenant IS NULL THEN
+            RAISE EXCEPTION 'distributed concurrency needs an exact scope: a workspace_id needs a tenant_id'
+                USING ERRCODE = 'ZP006';
+        END IF;
+        SELECT t.slots, t.active_count INTO v_slots, v_active
+          FROM zeroth._take_slots(v_tenant, v_wskey, _claim_pending.deployment_ref,
+                                  _claim_pending.max_concurrency, _claim_pending.batch_size, v_now) AS t;
+        IF cardinality(v_slots) = 0 THEN
+            RETURN NEXT zeroth._claim_marker(v_active, true, _claim_pending.max_concurrency);
+            RETURN;
+        END IF;
+        v_want := cardinality(v_slots);
+    END IF;
+
+    -- Lock first (SKIP LOCKED: never wait on another claimer), then lease what was locked.
+    WITH locked AS MATERIALIZED (
+        SELECT r.run_id, r.priority, r.run_after, r.created_at
+          FROM zeroth.runs r
+         WHERE r.tenant_id = v_tenant
+           AND r.workspace_key = v_wskey
+           AND r.deployment_ref = _claim_pending.deployment_ref
+           AND r.status = 'pending'
+           AND r.run_after <= v_now
+           AND (r.lease_expires_at IS NULL OR r.lease_expires_at < v_now)
+         ORDER BY r.priority DESC, r.run_after, r.created_at
+         LIMIT v_want
+           FOR UPDATE SKIP LOCKED
+    )
+    SELECT coalesce(array_agg(l.run_id ORDER BY l.priority DESC, l.run_after, l.created_at), '{}') INTO v_ids FROM locked l;
+    RETURN QUERY SELECT * FROM zeroth._lease_locked_runs(
+        v_tenant, v_wskey, v_ids, v_slots, _claim_pending.worker_id, v_now, v_lease, v_active,
+        _claim_pending.max_concurrency, _claim_pending.start);
+END
+$$;
+COMMENT ON FUNCTION zeroth._claim_pending(text, text, text, text, integer, integer, double precision, boolean) IS 'Internal: the body of claim_pending (start false) and claim_and_start (start true).';
+ALTER FUNCTION zeroth._claim_pending(text, text, text, text, integer, integer, double precision, boolean) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._claim_pending(text, text, text, text, integer, integer, double precision, boolean) FROM PUBLIC;

@@ -1,0 +1,202 @@
+-- sql/functions/internal/threads.sql: thread admission plumbing: stripe locks, the FIFO queue, promotion, the finished trigger.
+-- Internal helpers: SECURITY INVOKER, executable by zeroth_owner only (they run inside the
+-- SECURITY DEFINER public functions). Re-applied by every upgrade (sql/README.md).
+
+-- Serialises admissions (and redrives) of one thread: a row lock on its stripe of
+-- zeroth.lock_stripes (see the table); threads that share a stripe only wait for each other.
+CREATE OR REPLACE FUNCTION zeroth._thread_stripe(tenant_id text, workspace_key text, thread_id text) RETURNS integer
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    -- The key is an array's text, so no separator character inside an identifier makes two alike.
+    RETURN (hashtextextended(ARRAY[tenant_id, workspace_key, thread_id]::text, 1516464242) & 16383)::integer;
+COMMENT ON FUNCTION zeroth._thread_stripe(text, text, text) IS 'Internal: the zeroth.lock_stripes row (0..16383) that serialises admissions of this thread.';
+ALTER FUNCTION zeroth._thread_stripe(text, text, text) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._thread_stripe(text, text, text) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION zeroth._lock_thread(tenant_id text, workspace_key text, thread_id text) RETURNS void
+    LANGUAGE sql VOLATILE
+    BEGIN ATOMIC
+        SELECT 1 FROM zeroth.lock_stripes l
+         WHERE l.stripe = zeroth._thread_stripe(_lock_thread.tenant_id, _lock_thread.workspace_key,
+                                                 _lock_thread.thread_id)
+           FOR UPDATE;
+    END;
+COMMENT ON FUNCTION zeroth._lock_thread(text, text, text) IS 'Internal: lock the thread''s stripe of zeroth.lock_stripes until the transaction ends (admissions, redrive).';
+ALTER FUNCTION zeroth._lock_thread(text, text, text) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._lock_thread(text, text, text) FROM PUBLIC;
+
+-- The thread_queued_at of a run joining a thread's queue: now, but always after the last queued
+-- run, so the queue stays first-in first-out even for runs queued in the same microsecond.
+-- Callers hold the thread's lock (_lock_thread), so the max is stable.
+CREATE OR REPLACE FUNCTION zeroth._queue_position(tenant_id text, workspace_key text, thread_id text, at timestamptz)
+    RETURNS timestamptz
+    LANGUAGE sql STABLE
+    RETURN greatest(at, (SELECT max(r.thread_queued_at) + interval '1 microsecond'
+                           FROM zeroth.runs r
+                          WHERE r.tenant_id = _queue_position.tenant_id
+                            AND r.workspace_key = _queue_position.workspace_key
+                            AND r.thread_id = _queue_position.thread_id
+                            AND r.thread_queued_at IS NOT NULL));
+COMMENT ON FUNCTION zeroth._queue_position(text, text, text, timestamptz) IS 'Internal: thread_queued_at for a run joining the queue: max(at, last queued + 1 µs), so the queue is FIFO.';
+ALTER FUNCTION zeroth._queue_position(text, text, text, timestamptz) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._queue_position(text, text, text, timestamptz) FROM PUBLIC;
+
+-- Promotes the oldest queued run of a thread to pending and wakes workers. Called when the
+-- active run ended (trigger) or when an admission finds a queue without an active run. Waits for
+-- a row lock on the head (a concurrent cancel of it decides first) and then takes the next one.
+CREATE OR REPLACE FUNCTION zeroth._promote_thread_head(tenant_id text, workspace_key text, thread_id text, at timestamptz)
+    RETURNS uuid
+    LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_id  uuid;
+    v_run record;
+BEGIN
+    FOR v_attempt IN 1..100 LOOP
+        SELECT r.run_id INTO v_id
+          FROM zeroth.runs r
+         WHERE r.tenant_id = _promote_thread_head.tenant_id
+           AND r.workspace_key = _promote_thread_head.workspace_key
+           AND r.thread_id = _promote_thread_head.thread_id
+           AND r.thread_queued_at IS NOT NULL
+         ORDER BY r.thread_queued_at, r.run_id
+         LIMIT 1
+           FOR UPDATE;
+        IF NOT FOUND THEN
+            RETURN NULL;
+        END IF;
+        -- By primary key, the queue mark read from the locked row: named in the predicate, it let
+        -- a generic plan made on a small table reach the run through runs_thread_queue_idx and
+        -- walk every queued run of the scope (the thread-finished trigger path).
+        WITH locked AS MATERIALIZED (
+            SELECT r.run_id, r.thread_queued_at
+              FROM zeroth.runs r
+             WHERE r.tenant_id = _promote_thread_head.tenant_id
+               AND r.workspace_key = _promote_thread_head.workspace_key
+               AND r.run_id = v_id
+               FOR UPDATE OF r
+        )
+        UPDATE zeroth.runs r
+           SET status = 'pending', thread_queued_at = NULL, wait_reason = NULL, updated_at = _promote_thread_head.at
+          FROM locked l
+         WHERE r.tenant_id = _promote_thread_head.tenant_id
+           AND r.workspace_key = _promote_thread_head.workspace_key
+           AND r.run_id = v_id
+           AND r.run_id = l.run_id
+           AND l.thread_queued_at IS NOT NULL
+        RETURNING r.deployment_ref, r.workspace_id, r.run_after INTO v_run;
+        IF FOUND THEN
+            IF v_run.run_after <= _promote_thread_head.at THEN
+                PERFORM zeroth._notify_wakeup(v_run.deployment_ref, _promote_thread_head.tenant_id, v_run.workspace_id);
+            END IF;
+            RETURN v_id;
+        END IF;
+    END LOOP;
+    RAISE EXCEPTION 'the queue of thread % kept changing', thread_id USING ERRCODE = '40001';
+END
+$$;
+COMMENT ON FUNCTION zeroth._promote_thread_head(text, text, text, timestamptz) IS 'Internal: queued head of a thread → pending (FIFO by thread_queued_at); notifies zeroth_wakeup when it is due. Returns the promoted run or NULL.';
+ALTER FUNCTION zeroth._promote_thread_head(text, text, text, timestamptz) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._promote_thread_head(text, text, text, timestamptz) FROM PUBLIC;
+
+-- Finds and locks the active run of a thread (its slot rows first, then the run), or returns a
+-- row of NULLs when the thread is idle. If the run ends while we wait for its lock, look again.
+-- A queue without an active run (left by a REPEATABLE READ caller) is healed by promoting its head.
+CREATE OR REPLACE FUNCTION zeroth._lock_thread_active(tenant_id text, workspace_key text, thread_id text, at timestamptz)
+    RETURNS zeroth.runs
+    LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_id  uuid;
+    v_run zeroth.runs;
+BEGIN
+    FOR v_attempt IN 1..100 LOOP
+        SELECT r.run_id INTO v_id
+          FROM zeroth.runs r
+         WHERE r.tenant_id = _lock_thread_active.tenant_id
+           AND r.workspace_key = _lock_thread_active.workspace_key
+           AND r.thread_id = _lock_thread_active.thread_id
+           AND r.status IN ('pending', 'running', 'waiting')
+           AND r.thread_queued_at IS NULL;
+        IF NOT FOUND THEN
+            IF zeroth._promote_thread_head(_lock_thread_active.tenant_id, _lock_thread_active.workspace_key,
+                                           _lock_thread_active.thread_id, _lock_thread_active.at) IS NULL THEN
+                RETURN v_run;
+            END IF;
+            CONTINUE;
+        END IF;
+        PERFORM 1 FROM zeroth.admission_slots s
+         WHERE s.run_id = v_id AND s.tenant_id = _lock_thread_active.tenant_id
+           AND s.workspace_key = _lock_thread_active.workspace_key
+           FOR UPDATE;
+        SELECT r.* INTO v_run
+          FROM zeroth.runs r
+         WHERE r.tenant_id = _lock_thread_active.tenant_id
+           AND r.workspace_key = _lock_thread_active.workspace_key
+           AND r.run_id = v_id
+           AND r.status IN ('pending', 'running', 'waiting')
+           AND r.thread_queued_at IS NULL
+           FOR UPDATE;
+        IF FOUND THEN
+            RETURN v_run;
+        END IF;
+    END LOOP;
+    RAISE EXCEPTION 'the active run of thread % kept changing', thread_id USING ERRCODE = '40001';
+END
+$$;
+COMMENT ON FUNCTION zeroth._lock_thread_active(text, text, text, timestamptz) IS 'Internal: lock (slots, then run) and return the active run of a thread, or a NULL row when idle; promotes a stranded queue head.';
+ALTER FUNCTION zeroth._lock_thread_active(text, text, text, timestamptz) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._lock_thread_active(text, text, text, timestamptz) FROM PUBLIC;
+
+-- A run joined the queue behind the thread's active run: write the active run's row (a new row
+-- version, no column changed). The trigger that promotes the queue when the active run ends reads
+-- the queue in the finishing transaction's snapshot; a REPEATABLE READ or SERIALIZABLE transaction
+-- whose snapshot is older than the queued run would not see it, and stranded it (waiting, no
+-- active run, nothing to promote it until the next admission). With this write such a transaction
+-- fails to finish the run with 40001 (could not serialize access) and retries with a snapshot that
+-- sees the queue; a READ COMMITTED one waits for the row and then sees it anyway.
+CREATE OR REPLACE FUNCTION zeroth._mark_queue_changed(tenant_id text, workspace_key text, run_id uuid) RETURNS void
+    LANGUAGE sql VOLATILE
+    BEGIN ATOMIC
+        UPDATE zeroth.runs r
+           SET updated_at = r.updated_at
+         WHERE r.tenant_id = _mark_queue_changed.tenant_id
+           AND r.workspace_key = _mark_queue_changed.workspace_key
+           AND r.run_id = _mark_queue_changed.run_id;
+    END;
+COMMENT ON FUNCTION zeroth._mark_queue_changed(text, text, uuid) IS 'Internal: write the thread''s active run row (no column changed) when a run joins its queue, so a REPEATABLE READ / SERIALIZABLE finisher with an older snapshot fails with 40001 instead of stranding the queue.';
+ALTER FUNCTION zeroth._mark_queue_changed(text, text, uuid) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._mark_queue_changed(text, text, uuid) FROM PUBLIC;
+
+-- Ends the thread's active run → promote its queue; every end of a thread run is announced on
+-- zeroth_run_finished with the run's opaque key (join waits on it). The finishing call's own time
+-- (updated_at) is used.
+CREATE OR REPLACE FUNCTION zeroth._thread_run_finished() RETURNS trigger
+    LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    PERFORM pg_notify('zeroth_run_finished', zeroth._notify_key(
+        'run_finished', ARRAY[NEW.tenant_id, NEW.workspace_key, NEW.run_id::text]));
+    IF OLD.thread_queued_at IS NULL THEN
+        PERFORM zeroth._promote_thread_head(NEW.tenant_id, NEW.workspace_key, NEW.thread_id, NEW.updated_at);
+    END IF;
+    RETURN NULL;
+END
+$$;
+COMMENT ON FUNCTION zeroth._thread_run_finished() IS 'Internal trigger: a thread run ended → NOTIFY zeroth_run_finished with the run''s opaque key; if it was the active run, promote the queue head.';
+-- The trigger that calls it.
+CREATE OR REPLACE TRIGGER runs_thread_run_finished
+    AFTER UPDATE OF status ON zeroth.runs
+    FOR EACH ROW
+    WHEN (OLD.thread_id IS NOT NULL
+          AND OLD.status IN ('pending', 'running', 'waiting')
+          AND NEW.status IN ('completed', 'failed', 'cancelled'))
+    EXECUTE FUNCTION zeroth._thread_run_finished();
+ALTER FUNCTION zeroth._thread_run_finished() OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._thread_run_finished() FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION zeroth._thread_run(r zeroth.runs) RETURNS zeroth.thread_run
+    LANGUAGE sql IMMUTABLE
+    RETURN ROW(r.run_id, r.thread_id, r.deployment_ref, r.status, r.thread_queued_at IS NOT NULL, r.wait_reason,
+               r.attempts, r.max_attempts, r.resumable, r.created_at, r.started_at, r.finished_at, r.updated_at,
+               r.lease_worker_id, r.lease_generation, r.lease_expires_at, r.cancel_action, r.cancel_requested_at,
+               r.idempotency_key, r.payload, r.metadata, r.output, r.error, r.progress, r.accounting)::zeroth.thread_run;
+COMMENT ON FUNCTION zeroth._thread_run(zeroth.runs) IS 'Internal: a runs row as zeroth.thread_run.';
+ALTER FUNCTION zeroth._thread_run(zeroth.runs) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._thread_run(zeroth.runs) FROM PUBLIC;

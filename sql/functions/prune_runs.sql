@@ -1,0 +1,68 @@
+-- prune_runs: finished (completed | failed | cancelled) → deleted, when finished_at < now - older_than.
+-- One batch of at most batch_size runs per call (one short transaction); the caller loops until 0.
+-- Scope: tenant_id NULL = every tenant (a DBA function); a tenant names exactly (tenant, workspace),
+-- NULL workspace being the null workspace. Dead letters are failed runs and go too. Checkpoints go
+-- by ON DELETE CASCADE. Locks: the doomed run rows FOR UPDATE SKIP LOCKED, so it never waits on a
+-- worker or an operator and nobody waits on it for long. Raises ZP006 (workspace without tenant),
+-- ZP008. Notifies nothing. Time: clock_timestamp().
+CREATE OR REPLACE FUNCTION zeroth.prune_runs(
+    older_than   interval,
+    batch_size   integer DEFAULT 1000,
+    tenant_id    text    DEFAULT NULL,
+    workspace_id text    DEFAULT NULL)
+    RETURNS integer
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_now     timestamptz := zeroth._now();
+    v_wskey   text := zeroth._workspace_key(prune_runs.workspace_id);
+    v_cutoff  timestamptz;
+    v_deleted integer;
+BEGIN
+    IF prune_runs.tenant_id IS NULL AND prune_runs.workspace_id IS NOT NULL THEN
+        RAISE EXCEPTION 'a workspace_id needs a tenant_id' USING ERRCODE = 'ZP006';
+    END IF;
+    PERFORM zeroth._require(prune_runs.older_than IS NOT NULL AND isfinite(prune_runs.older_than)
+                            AND prune_runs.older_than >= interval '0',
+                            'older_than must be a finite, non-negative interval');
+    PERFORM zeroth._require(prune_runs.batch_size BETWEEN 1 AND 10000, 'batch_size must be between 1 and 10000');
+    IF prune_runs.tenant_id IS NOT NULL THEN
+        PERFORM zeroth._require_identifier(prune_runs.tenant_id, 'tenant_id');
+    END IF;
+    IF prune_runs.workspace_id IS NOT NULL THEN
+        PERFORM zeroth._require_identifier(prune_runs.workspace_id, 'workspace_id');
+    END IF;
+    BEGIN
+        v_cutoff := v_now - prune_runs.older_than;
+    EXCEPTION WHEN datetime_field_overflow THEN
+        RAISE EXCEPTION 'older_than % reaches before the earliest timestamp', prune_runs.older_than
+            USING ERRCODE = 'ZP008';
+    END;
+
+    -- Lock first, skipping rows another session holds (a redrive, a cancel), then delete what
+    -- was locked. A row changed under us is re-checked against the WHERE when it is locked, so a
+    -- run redriven to pending in the meantime is not deleted. Oldest first, through
+    -- runs_finished_idx (the ORDER BY is what keeps the planner on it).
+    WITH doomed AS MATERIALIZED (
+        SELECT r.tenant_id, r.workspace_key, r.run_id
+          FROM zeroth.runs r
+         WHERE r.status IN ('completed', 'failed', 'cancelled')
+           AND r.finished_at < v_cutoff
+           AND (prune_runs.tenant_id IS NULL
+                OR (r.tenant_id = prune_runs.tenant_id AND r.workspace_key = v_wskey))
+         ORDER BY r.finished_at
+         LIMIT prune_runs.batch_size
+           FOR UPDATE SKIP LOCKED
+    )
+    DELETE FROM zeroth.runs r
+     USING doomed d
+     WHERE r.tenant_id = d.tenant_id
+       AND r.workspace_key = d.workspace_key
+       AND r.run_id = d.run_id;
+    GET DIAGNOSTICS v_deleted = ROW_COUNT;
+    RETURN v_deleted;
+END
+$$;
+COMMENT ON FUNCTION zeroth.prune_runs(interval, integer, text, text) IS
+'prune_runs: finished (completed | failed | cancelled, dead letters included) → deleted when finished_at < now - older_than; one batch of at most batch_size per call, returns the number deleted (loop until 0). tenant_id NULL = every tenant; a tenant names exactly (tenant, workspace). Checkpoints go by ON DELETE CASCADE. FOR UPDATE SKIP LOCKED: never waits on workers. Raises ZP006 (workspace without tenant), ZP008. Time: clock_timestamp().';
+ALTER FUNCTION zeroth.prune_runs(interval, integer, text, text) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth.prune_runs(interval, integer, text, text) FROM PUBLIC;

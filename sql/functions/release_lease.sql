@@ -1,0 +1,59 @@
+-- release_lease: give up exactly (worker_id, generation) while that lease is live, whatever the
+-- status, so cleanup of generation N can never touch generation N+1 even when the same worker
+-- holds it, and a lease that expired (or an admin cleared) is no longer the caller's to move.
+-- A pending run becomes claimable at once (lease cleared). A running run keeps its holder and
+-- gets an expired lease instead (a running run without a lease would be stranded, F-02), so
+-- claim_orphaned recovers it (the recovery counts the next attempt: an interrupted attempt is
+-- spent, only hand_back_to_pending gives one back). Frees the slot. Locks: slot, then run. Returns false on no match.
+-- Raises ZP008. Notifies zeroth_wakeup. Time: clock_timestamp().
+CREATE OR REPLACE FUNCTION zeroth.release_lease(
+    run_id       uuid,
+    worker_id    text,
+    generation   bigint,
+    tenant_id    text DEFAULT NULL,
+    workspace_id text DEFAULT NULL)
+    RETURNS boolean
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_status zeroth.run_status;
+    v_now    timestamptz := zeroth._now();
+    v_tenant text := zeroth._scope_tenant(release_lease.tenant_id, release_lease.workspace_id);
+    v_wskey  text := zeroth._workspace_key(release_lease.workspace_id);
+    v_run    record;
+BEGIN
+    PERFORM zeroth._require(release_lease.run_id IS NOT NULL, 'run_id must not be NULL');
+    PERFORM zeroth._require_identifier(release_lease.worker_id, 'worker_id');
+    PERFORM zeroth._require(release_lease.generation IS NOT NULL, 'generation must not be NULL');
+
+    PERFORM zeroth._lock_slot(v_tenant, v_wskey, release_lease.run_id, release_lease.generation);
+    -- The run row first, then the clock: see zeroth._lock_leased_run.
+    v_status := zeroth._lock_leased_run(v_tenant, v_wskey, release_lease.run_id, release_lease.worker_id, release_lease.generation);
+    v_now := zeroth._now();
+    UPDATE zeroth.runs r
+       SET lease_worker_id   = CASE WHEN r.status = 'running' THEN r.lease_worker_id END,
+           lease_acquired_at = CASE WHEN r.status = 'running' THEN r.lease_acquired_at END,
+           lease_expires_at  = CASE WHEN r.status = 'running'
+                                    THEN least(r.lease_expires_at, v_now - interval '1 microsecond') END,
+           admission_slot = NULL,
+           recovery_checkpoint_id = NULL,
+           updated_at = v_now
+     WHERE r.tenant_id = v_tenant
+       AND r.workspace_key = v_wskey
+       AND r.run_id = release_lease.run_id
+       AND r.lease_worker_id = release_lease.worker_id
+       AND r.lease_generation = release_lease.generation
+       AND r.lease_expires_at >= v_now
+    RETURNING r.deployment_ref, r.workspace_id INTO v_run;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM zeroth._free_slot(v_tenant, v_wskey, release_lease.run_id, release_lease.generation);
+    PERFORM zeroth._notify_wakeup(v_run.deployment_ref, v_tenant, v_run.workspace_id);
+    RETURN true;
+END
+$$;
+COMMENT ON FUNCTION zeroth.release_lease(uuid, text, bigint, text, text) IS
+'release_lease: give up exactly (worker_id, generation) while that lease is live, any status, never bumps the generation. Pending: lease cleared, claimable at once. Running: holder kept, lease expired in place so claim_orphaned recovers it (never a running run without a lease; the recovery counts an attempt). Frees the slot. Returns false on no match (an expired or cleared lease included). Raises ZP008. Notifies zeroth_wakeup. Time: clock_timestamp().';
+ALTER FUNCTION zeroth.release_lease(uuid, text, bigint, text, text) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth.release_lease(uuid, text, bigint, text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION zeroth.release_lease(uuid, text, bigint, text, text) TO zeroth_worker;

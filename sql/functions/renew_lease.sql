@@ -1,0 +1,50 @@
+-- renew_lease: extend a live lease held by (worker_id, generation). An expired lease is never
+-- renewed, even when nobody took the run. The row is locked first and the expiry checked against
+-- the clock again once the lock is held, so a renewal that waited for the row (a claim retiring
+-- the lease's slot, an orphan claim) decides on the time it really writes. generation NULL =
+-- owner only (seed compatibility). Slots are not touched: a slot is held through the run's lease.
+-- Locks: the run row. Returns false when refused. Raises ZP008. Notifies nothing.
+-- Time: clock_timestamp().
+CREATE OR REPLACE FUNCTION zeroth.renew_lease(
+    run_id        uuid,
+    worker_id     text,
+    generation    bigint           DEFAULT NULL,
+    tenant_id     text             DEFAULT NULL,
+    workspace_id  text             DEFAULT NULL,
+    lease_seconds double precision DEFAULT 60)
+    RETURNS boolean
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_now     timestamptz := zeroth._now();
+    v_expires timestamptz := v_now + zeroth._lease_interval(renew_lease.lease_seconds);
+    v_tenant  text := zeroth._scope_tenant(renew_lease.tenant_id, renew_lease.workspace_id);
+    v_wskey   text := zeroth._workspace_key(renew_lease.workspace_id);
+BEGIN
+    PERFORM zeroth._require(renew_lease.run_id IS NOT NULL, 'run_id must not be NULL');
+    PERFORM zeroth._require_identifier(renew_lease.worker_id, 'worker_id');
+
+    WITH locked AS MATERIALIZED (
+        SELECT r.run_id
+          FROM zeroth.runs r
+         WHERE r.tenant_id = v_tenant
+           AND r.workspace_key = v_wskey
+           AND r.run_id = renew_lease.run_id
+           AND r.lease_worker_id = renew_lease.worker_id
+           AND (renew_lease.generation IS NULL OR r.lease_generation = renew_lease.generation)
+           AND r.lease_expires_at >= zeroth._now()
+           FOR UPDATE OF r
+    )
+    UPDATE zeroth.runs r
+       SET lease_expires_at = v_expires
+      FROM locked l
+     WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey
+       AND r.run_id = renew_lease.run_id AND r.run_id = l.run_id
+       AND r.lease_expires_at >= zeroth._now();
+    RETURN FOUND;
+END
+$$;
+COMMENT ON FUNCTION zeroth.renew_lease(uuid, text, bigint, text, text, double precision) IS
+'renew_lease: extend a live lease held by (worker_id, generation); an expired lease is never renewed, even if untaken (the expiry is re-checked once the row lock is held). generation NULL = owner only. Returns false when refused. Raises ZP008. Time: clock_timestamp().';
+ALTER FUNCTION zeroth.renew_lease(uuid, text, bigint, text, text, double precision) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth.renew_lease(uuid, text, bigint, text, text, double precision) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION zeroth.renew_lease(uuid, text, bigint, text, text, double precision) TO zeroth_worker;

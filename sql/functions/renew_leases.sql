@@ -1,0 +1,64 @@
+-- renew_leases: one call renews all of a worker's leases. run_ids[i] is renewed only while
+-- generations[i] is live and held by worker_id (checked again once the row lock is held, as
+-- renew_lease does). Returns one row per requested run with the new expiry and whether a cancel
+-- was requested, so a worker learns of losses and cancels together — this is also how a worker
+-- confirms a zeroth_control notification. Locks: the runs, in run_id order (as complete_runs), so
+-- renewing and completing overlapping sets on two connections cannot deadlock. Raises ZP008
+-- (arrays of different lengths, NULLs, a repeated run, more than 1000). Time: clock_timestamp().
+CREATE OR REPLACE FUNCTION zeroth.renew_leases(
+    worker_id     text,
+    run_ids       uuid[],
+    generations   bigint[],
+    tenant_id     text             DEFAULT NULL,
+    workspace_id  text             DEFAULT NULL,
+    lease_seconds double precision DEFAULT 60)
+    RETURNS SETOF zeroth.lease_renewal
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+    SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    v_now     timestamptz := zeroth._now();
+    v_expires timestamptz := v_now + zeroth._lease_interval(renew_leases.lease_seconds);
+    v_tenant  text := zeroth._scope_tenant(renew_leases.tenant_id, renew_leases.workspace_id);
+    v_wskey   text := zeroth._workspace_key(renew_leases.workspace_id);
+BEGIN
+    PERFORM zeroth._require_identifier(renew_leases.worker_id, 'worker_id');
+    PERFORM zeroth._require_lease_batch(renew_leases.run_ids, renew_leases.generations);
+
+    RETURN QUERY
+    WITH requested AS (
+        SELECT q.run_id, q.generation, q.position
+          FROM unnest(renew_leases.run_ids, renew_leases.generations) WITH ORDINALITY AS q(run_id, generation, position)
+    ), locked AS MATERIALIZED (
+        SELECT r.run_id
+          FROM zeroth.runs r
+          JOIN requested q ON r.run_id = q.run_id AND r.lease_generation = q.generation
+         WHERE r.tenant_id = v_tenant
+           AND r.workspace_key = v_wskey
+           AND r.run_id = ANY (renew_leases.run_ids)
+           AND r.lease_worker_id = renew_leases.worker_id
+           AND r.lease_expires_at >= zeroth._now()
+         ORDER BY r.run_id
+           FOR UPDATE OF r
+    ), renewed AS (
+        UPDATE zeroth.runs r
+           SET lease_expires_at = v_expires
+          FROM locked l
+         WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey
+           AND r.run_id = ANY (renew_leases.run_ids)  -- the primary key, whatever the plan
+           AND r.run_id = l.run_id
+           AND r.lease_worker_id = renew_leases.worker_id
+           AND r.lease_expires_at >= zeroth._now()
+        RETURNING r.run_id, r.lease_generation, r.lease_expires_at, r.cancel_requested_at
+    )
+    SELECT q.run_id, n.run_id IS NOT NULL, n.lease_expires_at,
+           coalesce(n.cancel_requested_at IS NOT NULL, false)
+      FROM requested q
+      LEFT JOIN renewed n ON n.run_id = q.run_id AND n.lease_generation = q.generation
+     ORDER BY q.position;
+END
+$$;
+COMMENT ON FUNCTION zeroth.renew_leases(text, uuid[], bigint[], text, text, double precision) IS
+'renew_leases: batch renew_lease for one worker; run_ids[i] is renewed only while generations[i] is live and held by worker_id (re-checked under the row lock). One row per requested run (renewed, new expiry, cancel_requested), in input order: how a worker confirms a cancel notification. Locks runs in run_id order. Raises ZP008 (unequal arrays, NULLs, a repeated run, more than 1000). Time: clock_timestamp().';
+ALTER FUNCTION zeroth.renew_leases(text, uuid[], bigint[], text, text, double precision) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth.renew_leases(text, uuid[], bigint[], text, text, double precision) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION zeroth.renew_leases(text, uuid[], bigint[], text, text, double precision) TO zeroth_worker;

@@ -1,0 +1,44 @@
+-- start_run: pending → running, fenced. Counts an attempt. Idempotent for the holder of a running
+-- run (a recovered run is already running), so a worker may call it on every drive.
+-- Locks: the run row. Returns false when fenced out. Raises ZP008. Time: clock_timestamp().
+CREATE OR REPLACE FUNCTION zeroth.start_run(
+    run_id       uuid,
+    worker_id    text,
+    generation   bigint,
+    tenant_id    text DEFAULT NULL,
+    workspace_id text DEFAULT NULL)
+    RETURNS boolean
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_status zeroth.run_status;
+    v_now    timestamptz := zeroth._now();
+    v_tenant text := zeroth._scope_tenant(start_run.tenant_id, start_run.workspace_id);
+    v_wskey  text := zeroth._workspace_key(start_run.workspace_id);
+BEGIN
+    PERFORM zeroth._require(start_run.run_id IS NOT NULL, 'run_id must not be NULL');
+    PERFORM zeroth._require_identifier(start_run.worker_id, 'worker_id');
+    PERFORM zeroth._require(start_run.generation IS NOT NULL, 'generation must not be NULL');
+
+    -- The run row first, then the clock: see zeroth._lock_leased_run.
+    v_status := zeroth._lock_leased_run(v_tenant, v_wskey, start_run.run_id, start_run.worker_id, start_run.generation);
+    v_now := zeroth._now();
+    UPDATE zeroth.runs r
+       SET status = 'running',
+           attempts = CASE WHEN r.status = 'pending' THEN r.attempts + 1 ELSE r.attempts END,
+           started_at = CASE WHEN r.status = 'pending' THEN v_now ELSE r.started_at END,
+           updated_at = v_now
+     WHERE r.tenant_id = v_tenant
+       AND r.workspace_key = v_wskey
+       AND r.run_id = start_run.run_id
+       AND r.lease_worker_id = start_run.worker_id
+       AND r.lease_generation = start_run.generation
+       AND r.lease_expires_at >= v_now
+       AND v_status IN ('pending', 'running');
+    RETURN FOUND;
+END
+$$;
+COMMENT ON FUNCTION zeroth.start_run(uuid, text, bigint, text, text) IS
+'start_run: pending → running for the live lease (worker_id, generation); counts an attempt and sets started_at. Idempotent for the holder of a running run. Returns false when fenced out. Raises ZP008. Time: clock_timestamp().';
+ALTER FUNCTION zeroth.start_run(uuid, text, bigint, text, text) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth.start_run(uuid, text, bigint, text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION zeroth.start_run(uuid, text, bigint, text, text) TO zeroth_worker;

@@ -1,0 +1,58 @@
+-- sql/functions/views/table_health.sql: the operator view zeroth.table_health. Re-applied by every
+-- upgrade (sql/README.md).
+-- Table health of the three hot tables, and the oldest transaction horizon holding back vacuum in
+-- this database: a backend's snapshot (backend_xmin), a replication slot's xmin, or a prepared
+-- transaction. Dead tuples that vacuum may not remove yet accumulate behind it, so a large
+-- oldest_xmin_age next to a growing n_dead_tup names the culprit. Other users' backend_xmin is
+-- only visible with pg_read_all_stats (e.g. through pg_monitor); without it those sessions are
+-- not seen.
+-- Not security_invoker: it holds no run data and keeps its owner's rights (statistics of the
+-- hot tables).
+CREATE OR REPLACE VIEW zeroth.table_health AS
+WITH horizon AS (
+    SELECT h.holder, h.xmin_age, h.since
+      FROM (SELECT format('backend %s (%s, %s)', a.pid, coalesce(a.state, 'unknown'),
+                          coalesce(nullif(a.application_name, ''), a.backend_type)) AS holder,
+                   age(a.backend_xmin) AS xmin_age,
+                   a.xact_start AS since
+              FROM pg_stat_activity a
+             WHERE a.backend_xmin IS NOT NULL
+               AND a.pid <> pg_backend_pid()
+               AND (a.datname = current_database() OR a.datname IS NULL)
+            UNION ALL
+            SELECT format('replication slot %s', s.slot_name), age(s.xmin), NULL::timestamptz
+              FROM pg_replication_slots s
+             WHERE s.xmin IS NOT NULL
+            UNION ALL
+            SELECT format('prepared transaction %s', p.gid), age(p.transaction), p.prepared
+              FROM pg_prepared_xacts p
+             WHERE p.database = current_database()) h
+     ORDER BY h.xmin_age DESC
+     LIMIT 1
+)
+SELECT t.relname::text AS table_name,
+       t.n_live_tup,
+       t.n_dead_tup,
+       round(t.n_dead_tup::numeric / nullif(t.n_live_tup + t.n_dead_tup, 0), 4) AS dead_ratio,
+       t.n_tup_upd,
+       t.n_tup_hot_upd,
+       round(t.n_tup_hot_upd::numeric / nullif(t.n_tup_upd, 0), 4) AS hot_update_ratio,
+       t.last_autovacuum,
+       t.last_vacuum,
+       t.last_autoanalyze,
+       t.autovacuum_count,
+       pg_table_size(t.relid) AS table_bytes,
+       pg_indexes_size(t.relid) AS index_bytes,
+       pg_size_pretty(pg_table_size(t.relid)) AS table_size,
+       pg_size_pretty(pg_indexes_size(t.relid)) AS index_size,
+       h.holder AS oldest_xmin_holder,
+       h.xmin_age AS oldest_xmin_age,
+       clock_timestamp() - h.since AS oldest_xmin_duration
+  FROM pg_stat_all_tables t
+  LEFT JOIN horizon h ON true
+ WHERE t.schemaname = 'zeroth'
+   AND t.relname IN ('runs', 'checkpoints', 'admission_slots');
+COMMENT ON VIEW zeroth.table_health IS 'Per hot table (runs, checkpoints, admission_slots): live and dead tuples, the share of HOT updates (lease renewals should be HOT), last (auto)vacuum and autoanalyze, table and index size; and, on every row, the oldest transaction horizon in this database that holds back vacuum (a backend snapshot, a replication slot or a prepared transaction), its age in transactions and, for backends and prepared transactions, how long it has been open. Other users'' backends are visible only with pg_read_all_stats (pg_monitor).';
+ALTER VIEW zeroth.table_health OWNER TO zeroth_owner;
+REVOKE ALL ON zeroth.table_health FROM PUBLIC;
+GRANT SELECT ON zeroth.table_health TO zeroth_reader;

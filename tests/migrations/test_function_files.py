@@ -1,0 +1,196 @@
+"""Code in sql/functions, state in sql/migrations: every upgrade path ends where a fresh install
+does, object for object in the catalog, and each function file is the whole truth about its
+function.
+
+A database installed by an older release (tests/migrations/released/: the migration files as
+they were released, functions included) and upgraded to head must be catalog-identical to a fresh
+install, through alembic and through the psql upgrade script alike.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import psycopg
+import pytest
+from schema_catalog import differences, install_released, released_revisions, snapshot
+
+from zeroth_pg import migrate
+from zeroth_pg._paths import sql_functions_dir
+from zeroth_pg.testing import run_psql
+
+CREATE = re.compile(
+    r"^CREATE OR REPLACE (FUNCTION|VIEW|TRIGGER) (?:zeroth\.)?(\w+)", re.MULTILINE)
+
+
+def _definitions() -> dict[str, list[Path]]:
+    """name → the files that CREATE OR REPLACE it (functions, views, triggers)."""
+    found: dict[str, list[Path]] = {}
+    for path in migrate.function_files():
+        for _kind, name in CREATE.findall(path.read_text(encoding="utf-8")):
+            found.setdefault(name, []).append(path)
+    return found
+
+
+class TestUpgradesEndAtAFreshInstall:
+    @pytest.mark.parametrize("revision", released_revisions())
+    def test_alembic_from_a_released_revision(self, revision: str, empty_database_dsn: str,
+                                              database_dsn: str) -> None:
+        install_released(empty_database_dsn, revision)
+        assert migrate.current_revision(empty_database_dsn) == revision
+        migrate.upgrade(empty_database_dsn)
+        assert migrate.current_revision(empty_database_dsn) == migrate.head_revision()
+        assert differences(snapshot(empty_database_dsn), snapshot(database_dsn)) == []
+
+    @pytest.mark.parametrize("revision", released_revisions())
+    def test_psql_upgrade_script_from_a_released_revision(
+            self, revision: str, empty_database_dsn: str, database_dsn: str) -> None:
+        install_released(empty_database_dsn, revision)
+        run_psql(empty_database_dsn, migrate.upgrade_sql(revision))
+        assert migrate.current_revision(empty_database_dsn) == migrate.head_revision()
+        assert differences(snapshot(empty_database_dsn), snapshot(database_dsn)) == []
+
+    def test_psql_install_script_is_a_fresh_install(self, empty_database_dsn: str,
+                                                    database_dsn: str) -> None:
+        run_psql(empty_database_dsn, migrate.upgrade_sql(None))
+        assert differences(snapshot(empty_database_dsn), snapshot(database_dsn)) == []
+
+    def test_upgrade_script_refuses_a_database_at_another_revision(
+            self, empty_database_dsn: str) -> None:
+        install_released(empty_database_dsn, "0006")
+        before = snapshot(empty_database_dsn)
+        result = run_psql(empty_database_dsn, migrate.upgrade_sql("0005"), check=False)
+        assert result.returncode != 0
+        assert "upgrades a database at revision 0005" in result.stderr
+        assert differences(snapshot(empty_database_dsn), before) == []
+
+    def test_upgrade_script_refuses_an_unknown_revision(self) -> None:
+        with pytest.raises(ValueError, match="unknown revision"):
+            migrate.upgrade_sql("0042'; DROP SCHEMA zeroth CASCADE; --")
+
+
+class TestReapplication:
+    def test_a_current_database_is_unchanged_by_another_upgrade(self, database_dsn: str) -> None:
+        before = snapshot(database_dsn)
+        migrate.upgrade(database_dsn)
+        assert differences(snapshot(database_dsn), before) == []
+
+    def test_an_upgrade_restores_a_function_a_dba_changed_by_hand(self, database_dsn: str) -> None:
+        # The files are the truth: a manual CREATE OR REPLACE, a lost grant or comment is drift
+        # that the next upgrade repairs (and the snapshot is able to see it).
+        before = snapshot(database_dsn)
+        with psycopg.connect(database_dsn, autocommit=True) as conn:
+            conn.execute("CREATE OR REPLACE FUNCTION zeroth._now() RETURNS timestamptz "
+                         "LANGUAGE sql VOLATILE RETURN now()")
+            conn.execute("REVOKE EXECUTE ON FUNCTION zeroth.claim_and_start FROM zeroth_worker")
+            conn.execute("COMMENT ON VIEW zeroth.queue_depth IS NULL")
+        changed = differences(snapshot(database_dsn), before)
+        assert any("zeroth._now()" in line for line in changed)
+        assert any("claim_and_start" in line for line in changed)
+        assert any("queue_depth" in line for line in changed)
+        migrate.upgrade(database_dsn)
+        assert differences(snapshot(database_dsn), before) == []
+
+    def test_an_upgrade_that_stops_short_of_head_leaves_functions_alone(
+            self, empty_database_dsn: str) -> None:
+        # The files are written for the head schema; an older schema gets none of them.
+        migrate.upgrade(empty_database_dsn, "0007")
+        with psycopg.connect(empty_database_dsn) as conn:
+            row = conn.execute("SELECT count(*) FROM pg_proc "
+                               "WHERE pronamespace = 'zeroth'::regnamespace").fetchone()
+        assert row == (0,)
+
+    def test_a_failing_file_changes_nothing(self, database_dsn: str,
+                                            monkeypatch: pytest.MonkeyPatch,
+                                            tmp_path: Path) -> None:
+        copy = tmp_path / "functions"
+        shutil.copytree(sql_functions_dir(), copy)
+        broken = copy / "views" / "table_health.sql"
+        broken.write_text(broken.read_text(encoding="utf-8") + "\nSELECT 1/0;\n",
+                          encoding="utf-8")
+        (copy / "internal" / "clock.sql").write_text(
+            "CREATE OR REPLACE FUNCTION zeroth._now() RETURNS timestamptz "
+            "LANGUAGE sql VOLATILE RETURN now();\n", encoding="utf-8")
+        monkeypatch.setattr(migrate, "sql_functions_dir", lambda: copy)
+        before = snapshot(database_dsn)
+        with pytest.raises(Exception, match="division by zero"):
+            migrate.upgrade(database_dsn)
+        assert differences(snapshot(database_dsn), before) == []
+
+
+class TestOneFilePerFunction:
+    def test_order_lists_every_file_once(self, monkeypatch: pytest.MonkeyPatch,
+                                         tmp_path: Path) -> None:
+        assert migrate.function_files()
+        copy = tmp_path / "functions"
+        shutil.copytree(sql_functions_dir(), copy)
+        monkeypatch.setattr(migrate, "sql_functions_dir", lambda: copy)
+        (copy / "stray.sql").write_text("SELECT 1;\n", encoding="utf-8")
+        with pytest.raises(ValueError, match=r"present but not listed \['stray.sql'\]"):
+            migrate.function_files()
+        (copy / "stray.sql").unlink()
+        order = copy / "order.txt"
+        order.write_text(order.read_text(encoding="utf-8") + "claim_pending.sql\nmissing.sql\n",
+                         encoding="utf-8")
+        with pytest.raises(ValueError, match=r"repeated \['claim_pending.sql'\].*missing.sql"):
+            migrate.function_files()
+
+    def test_every_catalog_function_and_view_has_exactly_one_file(self,
+                                                                  database_dsn: str) -> None:
+        with psycopg.connect(database_dsn) as conn:
+            names = [r[0] for r in conn.execute(
+                """SELECT p.proname FROM pg_proc p WHERE p.pronamespace = 'zeroth'::regnamespace
+                   UNION ALL
+                   SELECT c.relname FROM pg_class c
+                    WHERE c.relnamespace = 'zeroth'::regnamespace AND c.relkind = 'v'
+                   UNION ALL
+                   SELECT t.tgname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+                    WHERE c.relnamespace = 'zeroth'::regnamespace AND NOT t.tgisinternal""")]
+        definitions = _definitions()
+        assert sorted(names) == sorted(definitions), "catalog and files name different objects"
+        assert {n: [p.name for p in ps] for n, ps in definitions.items() if len(ps) > 1} == {}
+
+    def test_each_public_function_has_its_own_file_named_after_it(self) -> None:
+        for name, (path,) in _definitions().items():
+            if not name.startswith("_") and path.parent.name != "views" and name != (
+                    "runs_thread_run_finished"):
+                assert path.name == f"{name}.sql", (name, path)
+
+    def test_each_file_states_owner_privileges_and_comment(self, database_dsn: str) -> None:
+        with psycopg.connect(database_dsn) as conn:
+            granted = {r[0] for r in conn.execute(
+                """SELECT p.proname FROM pg_proc p
+                    WHERE p.pronamespace = 'zeroth'::regnamespace
+                      AND has_function_privilege('zeroth_worker', p.oid, 'EXECUTE')""")}
+        for path in migrate.function_files():
+            text = path.read_text(encoding="utf-8")
+            for kind, name in CREATE.findall(text):
+                if kind == "TRIGGER":
+                    continue
+                what = "FUNCTION" if kind == "FUNCTION" else "VIEW"
+                signature = rf"zeroth\.{name}\b(\([^)]*\))?"
+                for statement in (rf"COMMENT ON {what} {signature} IS",
+                                  rf"ALTER {what} {signature} OWNER TO zeroth_owner;",
+                                  rf"REVOKE ALL ON (FUNCTION )?{signature} FROM PUBLIC;"):
+                    assert re.search(statement, text), (path.name, name, statement)
+                grant = re.search(rf"GRANT EXECUTE ON FUNCTION {signature} TO zeroth_worker;",
+                                  text)
+                if kind == "FUNCTION":
+                    assert bool(grant) == (name in granted), (path.name, name)
+                if kind == "FUNCTION" and not name.startswith("_"):
+                    header = text[: text.index(f"CREATE OR REPLACE FUNCTION zeroth.{name}(")]
+                    assert header.rstrip().splitlines()[-1].startswith("--"), (
+                        f"{path.name}: {name} has no header comment")
+
+    def test_migrations_hold_no_code(self) -> None:
+        code = re.compile(r"^\s*CREATE (OR REPLACE )?(FUNCTION|PROCEDURE|VIEW|TRIGGER)\b",
+                          re.IGNORECASE | re.MULTILINE)
+        for path in migrate.sql_files():
+            assert not code.search(path.read_text(encoding="utf-8")), path.name
+
+    def test_function_files_do_not_manage_transactions(self) -> None:
+        pattern = re.compile(r"^\s*(BEGIN|COMMIT|ROLLBACK)\s*;", re.IGNORECASE | re.MULTILINE)
+        for path in migrate.function_files():
+            assert not pattern.search(path.read_text(encoding="utf-8")), path.name
