@@ -1,4 +1,5 @@
-"""Every SQL statement the client sends, in one place: one call per zeroth.* function.
+"""Every SQL statement the client sends, in one place: one call per zeroth.* function, and at
+the end the operator reads of the ``zeroth-pg`` command (views and tables).
 
 Functions are called with named notation so that a new optional parameter on the SQL side never
 shifts an argument. JSON goes in as text cast to jsonb and comes back as text, so the client works
@@ -149,3 +150,62 @@ LIST_THREAD_RUNS = f"""SELECT {_THREAD_RUN_COLUMNS} FROM zeroth.list_thread_runs
 
 GET_THREAD_RUN = f"""SELECT {_THREAD_RUN_COLUMNS} FROM zeroth.get_thread_run(run_id => $1,
     tenant_id => $2, workspace_id => $3)"""
+
+# -- operator reads of the zeroth-pg command (zeroth_pg/cli): views and tables; its writes go
+#    through LeaseManager
+
+_RUN_COLUMNS = """r.run_id, r.tenant_id, r.workspace_id, r.deployment_ref, r.thread_id,
+    r.status::text AS status, r.wait_reason, r.priority, r.run_after, r.attempts, r.max_attempts,
+    r.created_at, r.updated_at, r.started_at, r.finished_at, r.dead_lettered_at,
+    r.idempotency_key, r.lease_worker_id, r.lease_generation, r.lease_expires_at,
+    r.recovery_checkpoint_id, r.cancel_action, r.cancel_requested_at, r.checkpoint_seq,
+    r.payload::text AS payload, r.output::text AS output, r.error::text AS error,
+    r.metadata::text AS metadata, r.progress::text AS progress"""
+
+LIST_RUNS = f"""SELECT {_RUN_COLUMNS}
+      FROM zeroth.runs r
+     WHERE ($1::text IS NULL OR r.deployment_ref = $1)
+       AND ($2::text[] IS NULL OR r.status::text = ANY ($2::text[]))
+       AND ($3::text IS NULL OR r.tenant_id = $3)
+       AND ($4::text IS NULL OR r.workspace_id = $4)
+     ORDER BY r.created_at DESC, r.run_id
+     LIMIT $5"""
+
+FIND_RUN = f"""SELECT {_RUN_COLUMNS}, r.workspace_key
+      FROM zeroth.runs r
+     WHERE r.run_id = $1
+       AND ($2::text IS NULL OR r.tenant_id = $2)
+       AND ($3::text IS NULL OR r.workspace_id = $3)"""
+
+RUN_CHECKPOINTS = """SELECT c.checkpoint_order, c.checkpoint_id, c.lease_generation, c.created_at,
+           c.data::text AS data
+      FROM zeroth.checkpoints c
+     WHERE c.tenant_id = $1 AND c.workspace_key = $2 AND c.run_id = $3
+     ORDER BY c.checkpoint_order"""
+
+# One row per (tenant, workspace, deployment) out of the operator views.
+STATUS = """SELECT s.tenant_id, s.workspace_id, s.deployment_ref,
+           sum(s.pending)::bigint AS pending, sum(s.claimable)::bigint AS claimable,
+           sum(s.scheduled)::bigint AS scheduled, sum(s.live)::bigint AS live_leases,
+           sum(s.expired)::bigint AS expired_leases, sum(s.dead)::bigint AS dead_letters
+      FROM (SELECT q.tenant_id, q.workspace_id, q.deployment_ref, q.pending, q.claimable,
+                   q.scheduled, 0 AS live, 0 AS expired, 0 AS dead
+              FROM zeroth.queue_depth q
+            UNION ALL
+            SELECT l.tenant_id, l.workspace_id, l.deployment_ref, 0, 0, 0, count(*), 0, 0
+              FROM zeroth.live_leases l GROUP BY l.tenant_id, l.workspace_id, l.deployment_ref
+            UNION ALL
+            SELECT e.tenant_id, e.workspace_id, e.deployment_ref, 0, 0, 0, 0, count(*), 0
+              FROM zeroth.expired_leases e GROUP BY e.tenant_id, e.workspace_id, e.deployment_ref
+            UNION ALL
+            SELECT d.tenant_id, d.workspace_id, d.deployment_ref, 0, 0, 0, 0, 0, count(*)
+              FROM zeroth.dead_letters d GROUP BY d.tenant_id, d.workspace_id, d.deployment_ref
+           ) s
+     WHERE ($1::text IS NULL OR s.deployment_ref = $1)
+       AND ($2::text IS NULL OR s.tenant_id = $2)
+       AND ($3::text IS NULL OR s.workspace_id = $3)
+     GROUP BY s.tenant_id, s.workspace_id, s.deployment_ref
+     ORDER BY s.tenant_id, s.workspace_id NULLS FIRST, s.deployment_ref"""
+
+DATABASE_NOW = "SELECT clock_timestamp()"
+DATABASE_NOW_PLUS = "SELECT clock_timestamp() + $1::interval"

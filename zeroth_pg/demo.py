@@ -1,4 +1,4 @@
-"""A demo of real workers: ``python -m zeroth_pg.demo`` (also ``zeroth-pg demo``).
+"""A demo of real workers: ``zeroth-pg demo`` (also ``python -m zeroth_pg.demo``).
 
 It uses ``--dsn`` / ``ZEROTH_PG_DSN`` or, without one, the embedded PostgreSQL; applies the
 migrations; enqueues a few thousand runs; starts worker **processes**; SIGKILLs one of them
@@ -10,7 +10,6 @@ summary is read back from the database. Progress goes to stderr, the summary to 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -32,7 +31,7 @@ from zeroth_pg.client import LeaseManager
 from zeroth_pg.embedded import running_server
 from zeroth_pg.worker import RunContext
 
-__all__ = ["DemoSummary", "handle", "main"]
+__all__ = ["DemoOptions", "DemoSummary", "handle", "run"]
 
 ENQUEUE_BATCH = 500
 
@@ -107,7 +106,7 @@ def _payloads(count: int, rng: random.Random) -> list[dict[str, Any]]:
 
 
 def _spawn_worker(dsn: str, deployment: str, index: int,
-                  args: argparse.Namespace) -> subprocess.Popen[bytes]:
+                  args: DemoOptions) -> subprocess.Popen[bytes]:
     command = [sys.executable, "-m", "zeroth_pg.worker", "--dsn", dsn, "--deployment", deployment,
                "--app", "zeroth_pg.demo:handle", "--concurrency", str(args.concurrency),
                "--lease", str(args.lease), "--orphan-sweep-interval", "1", "--poll-interval", "1",
@@ -131,7 +130,7 @@ async def _counts(pool: asyncpg.Pool, deployment: str) -> asyncpg.Record:
         deployment)
 
 
-async def _demo(dsn: str, args: argparse.Namespace, console: Console) -> DemoSummary | None:
+async def _demo(dsn: str, args: DemoOptions, console: Console) -> DemoSummary | None:
     deployment = f"demo-{uuid.uuid4().hex[:8]}"
     rng = random.Random(args.seed)
     pool = await asyncpg.create_pool(dsn, min_size=1, max_size=4)
@@ -189,42 +188,25 @@ async def _demo(dsn: str, args: argparse.Namespace, console: Console) -> DemoSum
         wall_seconds=round(elapsed, 2), killed_worker=killed)
 
 
-def _env(name: str, default: str) -> str:
-    return os.environ.get(name, default)
+@dataclass(frozen=True, slots=True)
+class DemoOptions:
+    """The demo's settings (``zeroth-pg demo --help`` names their ``ZEROTH_PG_*`` variables)."""
+
+    dsn: str | None = None  # None: ZEROTH_PG_DSN, else the embedded server
+    runs: int = 2000
+    workers: int = 3  # worker processes
+    concurrency: int = 16  # slots per worker
+    lease: float = 3.0  # lease seconds, short for the demo
+    kill: bool = True  # SIGKILL a worker mid-way
+    seed: int = 7  # seed of the run mix
+    timeout: float = 600.0  # give up after this many seconds
+    json: bool = False  # print the summary as one JSON object
 
 
-def _parser(prog: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dsn", default=os.environ.get("ZEROTH_PG_DSN"),
-                   help="database URL [ZEROTH_PG_DSN]; none: the embedded server")
-    p.add_argument("--runs", type=int, default=int(_env("ZEROTH_PG_DEMO_RUNS", "2000")),
-                   help="runs to enqueue [ZEROTH_PG_DEMO_RUNS=2000]")
-    p.add_argument("--workers", type=int, default=int(_env("ZEROTH_PG_DEMO_WORKERS", "3")),
-                   help="worker processes [ZEROTH_PG_DEMO_WORKERS=3]")
-    p.add_argument("--concurrency", type=int, default=int(_env("ZEROTH_PG_DEMO_CONCURRENCY", "16")),
-                   help="slots per worker [ZEROTH_PG_DEMO_CONCURRENCY=16]")
-    p.add_argument("--lease", type=float, default=float(_env("ZEROTH_PG_DEMO_LEASE", "3")),
-                   help="lease seconds, short for the demo [ZEROTH_PG_DEMO_LEASE=3]")
-    p.add_argument("--no-kill", dest="kill", action="store_false",
-                   default=_env("ZEROTH_PG_DEMO_KILL", "1") not in ("0", "false", "no"),
-                   help="do not SIGKILL a worker mid-way [ZEROTH_PG_DEMO_KILL=0]")
-    p.add_argument("--seed", type=int, default=int(_env("ZEROTH_PG_DEMO_SEED", "7")),
-                   help="seed of the run mix [ZEROTH_PG_DEMO_SEED=7]")
-    p.add_argument("--timeout", type=float, default=float(_env("ZEROTH_PG_DEMO_TIMEOUT", "600")),
-                   help="give up after this many seconds [ZEROTH_PG_DEMO_TIMEOUT=600]")
-    p.add_argument("--json", action="store_true",
-                   default=_env("ZEROTH_PG_JSON", "0") not in ("0", "false", "no", ""),
-                   help="print the summary as one JSON object [ZEROTH_PG_JSON]")
-    return p
-
-
-def main(argv: list[str] | None = None, *, prog: str = "python -m zeroth_pg.demo") -> int:
+def run(args: DemoOptions) -> int:
     """Run the demo; 0 when every run finished, 1 otherwise (timeout, runs left open)."""
-    parser = _parser(prog)
-    args = parser.parse_args(argv)
     if args.runs < 1 or args.workers < 1:
-        parser.error("--runs and --workers must be at least 1")
+        raise ValueError("--runs and --workers must be at least 1")
     if args.dsn:
         os.environ["ZEROTH_PG_DSN"] = args.dsn
     with running_server() as dsn:
@@ -239,4 +221,6 @@ def main(argv: list[str] | None = None, *, prog: str = "python -m zeroth_pg.demo
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from zeroth_pg._console import run_command
+
+    run_command("zeroth_pg.cli.demo", prog_name="python -m zeroth_pg.demo")

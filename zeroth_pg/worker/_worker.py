@@ -1,59 +1,24 @@
 """RunWorker: claims runs, executes a handler under a renewed lease, recovers orphans, drains.
 
-One worker is a handful of asyncio tasks around the SQL functions:
-
-* the **claim loop** (:meth:`RunWorker.poll_loop`) claims *and starts* pending runs in batches
-  up to the free local slots (``claim_and_start``: one round trip per batch), sweeps for orphans
-  on start and every ``orphan_sweep_interval`` (``claim_orphaned``, which also ends the orphans
-  nobody may resume), and sleeps until a NOTIFY, a freed slot after a full batch, or
-  ``poll_interval``. It is the only task that claims, so local slot accounting needs no lock; a
-  wakeup only sets an event and never blocks. A failing sweep is logged and claiming goes on;
-* one **renewal task** renews every lease of the worker with one ``renew_leases`` call every
-  ``lease_duration / 3``, and at once when a ``zeroth_control`` notification carries this
-  worker's key. A refused renewal stops that run's handler at once and nothing more is written
-  for it; a renewal that reports ``cancel_requested`` stops it as cancelled. The database is the
-  only source of a stop: a notification (which anyone can send) only makes the worker ask. A
-  renewal that *fails* (connection lost) is retried until the last confirmed lease deadline,
-  measured on the local monotonic clock from the moment the confirmed call was sent; past it the
-  handler is stopped (fail-stop). The run is neither failed nor released: its lease simply
-  expires, so it is never stranded and claim_orphaned recovers it;
-* the **notifier** (:class:`zeroth_pg.notify.Notifier`) turns NOTIFYs that carry this worker's
-  opaque keys into "poll now" and "renew now", and triggers a claim pass after every reconnect;
-* one task per run executes ``handler(ctx)``: a returned value completes the run, an exception
-  fails it (retry with backoff until ``max_attempts``, then dead letter). Its lifecycle is
-  :class:`RunState`, its transitions in :meth:`_Active.advance`;
-* one **completion task** sends the completions of runs that finished together as one
-  ``complete_runs`` call (each row fenced on its own). It never waits to fill a batch: it sends
-  what has queued up by the time the previous call came back, so a lone run is acknowledged as
-  fast as with ``complete_run`` and a burst takes one round trip instead of one per run. An
-  output PostgreSQL cannot store fails that run (not retryable) and never its batch.
-
-Every background task is supervised: a crash is logged, counted (``zeroth_worker_errors``) and
-the task restarted. Every path that stops a run ends in a fenced outcome (completed, failed,
-cancelled, handed back) or leaves a lease that expires by itself; none drops a run silently.
-Every write for a run carries its lease generation and is fenced in SQL; the worker keeps no
-state that safety depends on.
+The claim loop, the run tasks, supervision and shutdown live here; a run's lifecycle is in
+:mod:`zeroth_pg.worker._run`, the lease renewals in :mod:`zeroth_pg.worker._leases` and the
+completion batching in :mod:`zeroth_pg.worker._completions` (the package docstring has the whole
+picture).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
-import enum
-import importlib
 import json
 import logging
-import os
 import re
 import signal
-import sys
 import time
 import traceback
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 from uuid import UUID
 
 import asyncpg
@@ -63,172 +28,13 @@ from zeroth_pg.errors import DatabaseError, LeaseLostError, RetryableError
 from zeroth_pg.metrics import WorkerMetrics, default_metrics
 from zeroth_pg.notify import CONTROL_CHANNEL, WAKEUP_CHANNEL, Notifier
 from zeroth_pg.types import ClaimedRun, FailOutcome
+from zeroth_pg.worker._completions import CompletionBatcher
+from zeroth_pg.worker._leases import LeaseUpkeep
+from zeroth_pg.worker._run import ActiveRun, Handler, RunContext, RunState, StopReason
 
-__all__ = [
-    "Handler",
-    "RunContext",
-    "RunState",
-    "RunWorker",
-    "StopReason",
-    "main",
-    "orchestrator_handler",
-    "skip_reset",
-]
+__all__ = ["RunWorker"]
 
 log = logging.getLogger("zeroth_pg.worker")
-
-Handler = Callable[["RunContext"], Awaitable[Any]]
-
-
-class StopReason(enum.Enum):
-    """Why the worker stops a run before its handler finished (set before the cancel)."""
-
-    LEASE_LOST = "lease_lost"  # renewal refused: the lease expired, was taken or was cleared
-    DEADLINE = "deadline"  # renewals failed until the last confirmed lease deadline
-    SUPERSEDED = "superseded"  # this process re-claimed the run at a newer generation
-    CANCEL = "cancel"  # the database reported a cancel request (renewal or claim)
-    SHUTDOWN = "shutdown"  # graceful shutdown ran out of time: hand back to pending
-    INTERRUPT = "interrupt"  # operator interrupt: stop without changing the status
-
-
-#: Stops after which nothing more may be written for the run: its lease is gone.
-_LOST = frozenset({StopReason.LEASE_LOST, StopReason.DEADLINE, StopReason.SUPERSEDED})
-
-
-class RunState(enum.Enum):
-    """The life of one leased run inside the worker."""
-
-    QUEUED = "queued"  # spawned; its task has not taken its first step
-    EXECUTING = "executing"  # the handler is running
-    COMPLETING = "completing"  # the handler returned; its completion is queued or in flight
-    SETTLING = "settling"  # writing its other outcome: failed, cancelled, handed back, released
-    DONE = "done"  # nothing more will be written; the entry leaves the worker
-
-
-_TRANSITIONS: dict[RunState, frozenset[RunState]] = {
-    RunState.QUEUED: frozenset({RunState.EXECUTING, RunState.SETTLING, RunState.DONE}),
-    RunState.EXECUTING: frozenset({RunState.COMPLETING, RunState.SETTLING, RunState.DONE}),
-    RunState.COMPLETING: frozenset({RunState.SETTLING, RunState.DONE}),
-    RunState.SETTLING: frozenset({RunState.DONE}),
-    RunState.DONE: frozenset(),
-}
-
-
-@dataclass(eq=False)
-class RunContext:
-    """What a handler sees of its run. Every write is fenced by the lease generation."""
-
-    run_id: UUID
-    payload: dict[str, Any]
-    attempt: int
-    max_attempts: int
-    metadata: dict[str, Any]
-    thread_id: str | None
-    idempotency_key: str | None
-    lease_generation: int
-    worker_id: str
-    recovered: bool
-    recovery_checkpoint_id: UUID | None
-    checkpoint_data: Any
-    cancelled: asyncio.Event
-    _worker: RunWorker = field(repr=False)
-
-    @property
-    def cancel_requested(self) -> bool:
-        """True once the database reported a cancel request for this run."""
-        return self.cancelled.is_set()
-
-    async def commit(self, **columns: Any) -> None:
-        """Write output / error / metadata / progress, fenced; raises LeaseLostError if refused."""
-        ok = await self._worker.lease_manager.commit_fenced(
-            self.run_id, self.worker_id, generation=self.lease_generation,
-            tenant_id=self._worker.tenant_id, workspace_id=self._worker.workspace_id, **columns)
-        if not ok:
-            raise LeaseLostError("commit refused: lease lost", run_id=self.run_id,
-                                 worker_id=self.worker_id, generation=self.lease_generation)
-
-    async def checkpoint(self, data: Any, *, checkpoint_id: UUID | None = None) -> UUID:
-        """Save a checkpoint, fenced; raises LeaseLostError if refused. Returns its id."""
-        saved = await self._worker.lease_manager.save_checkpoint(
-            self.run_id, self.worker_id, data, generation=self.lease_generation,
-            checkpoint_id=checkpoint_id, tenant_id=self._worker.tenant_id,
-            workspace_id=self._worker.workspace_id)
-        if saved is None:
-            raise LeaseLostError("checkpoint refused: lease lost", run_id=self.run_id,
-                                 worker_id=self.worker_id, generation=self.lease_generation)
-        return saved
-
-    async def progress(self, value: Any) -> None:
-        """Record progress (any JSON value), fenced."""
-        await self.commit(progress=value)
-
-
-class Orchestrator(Protocol):
-    async def drive(self, run: RunContext) -> Any: ...
-
-    async def resume(self, run: RunContext, checkpoint: Any) -> Any: ...
-
-
-def orchestrator_handler(orchestrator: Orchestrator) -> Handler:
-    """Adapt an object with ``drive(run)`` / ``resume(run, checkpoint)`` (upstream's shape)."""
-
-    async def handle(ctx: RunContext) -> Any:
-        if ctx.recovery_checkpoint_id is not None:
-            return await orchestrator.resume(ctx, ctx.checkpoint_data)
-        return await orchestrator.drive(ctx)
-
-    return handle
-
-
-@dataclass(eq=False)
-class _Active:
-    """One leased run inside the worker: its lease, its task and its :class:`RunState`."""
-
-    run: ClaimedRun
-    ctx: RunContext
-    # Monotonic instant before which the lease is known to be live: the send time of the last
-    # call that confirmed it plus the lease duration (the server added it to a later instant).
-    deadline: float
-    task: asyncio.Task[None] | None = None
-    state: RunState = RunState.QUEUED
-    stop_reason: StopReason | None = None
-
-    @property
-    def key(self) -> tuple[UUID, int]:
-        return self.run.run_id, self.run.lease_generation
-
-    def advance(self, to: RunState) -> None:
-        """The one place a run changes state; an impossible transition is a worker bug."""
-        if to not in _TRANSITIONS[self.state]:
-            raise RuntimeError(f"run {self.run.run_id}: {self.state.value} -> {to.value}")
-        self.state = to
-
-    def request_stop(self, reason: StopReason) -> bool:
-        """Record why the run must stop (the first reason wins); True when its running handler
-        must be cancelled. A queued run settles on its first step without starting the handler;
-        a completing run lets its completion go out (the fence in SQL decides it)."""
-        if self.stop_reason is not None or self.state in (RunState.SETTLING, RunState.DONE):
-            return False
-        self.stop_reason = reason
-        if reason is StopReason.CANCEL:
-            self.ctx.cancelled.set()
-        return self.state is RunState.EXECUTING
-
-    @property
-    def renewable(self) -> bool:
-        """Its lease is still renewed: not stopping, not settled."""
-        return self.stop_reason is None and self.state in (
-            RunState.QUEUED, RunState.EXECUTING, RunState.COMPLETING)
-
-
-@dataclass
-class _Completion:
-    entry: _Active
-    output: Any
-    # True completed, False refused by the fence, None no answer before the lease deadline; an
-    # exception when the database refused this run's completion itself (a value it cannot store).
-    result: asyncio.Future[bool | None]
-
 
 class RunWorker:
     """A worker of one deployment in one tenant/workspace scope.
@@ -298,9 +104,18 @@ class RunWorker:
 
         # Keyed by (run_id, generation): after a stall longer than its lease, this process may
         # re-claim its own orphan and hold both generations until the old task has stopped.
-        self._active: dict[tuple[UUID, int], _Active] = {}
+        self._active: dict[tuple[UUID, int], ActiveRun] = {}
         self._wake = asyncio.Event()
-        self._renew_now = asyncio.Event()
+        self._leases = LeaseUpkeep(
+            self.lease_manager, self.worker_id, runs=self._active.values, stop=self._stop,
+            lease_duration=lease_duration, renew_interval=self.renew_interval,
+            tenant_id=tenant_id, workspace_id=workspace_id)
+        self._completions = CompletionBatcher(
+            self.lease_manager, self.worker_id, tenant_id=tenant_id, workspace_id=workspace_id,
+            # A handler that finishes in this same turn of the event loop joins the batch.
+            others_may_join=lambda: any(
+                e.state is RunState.EXECUTING for e in self._active.values()),
+            on_batch_refused=lambda: self._worker_error("completion_batch"))
         # The opaque NOTIFY payloads meant for this worker; None until fetched (then every
         # notification on the channel is taken as a hint: a wasted look, never a wrong action).
         self._wakeup_key: str | None = None
@@ -316,8 +131,6 @@ class RunWorker:
         self._tasks: list[asyncio.Task[None]] = []
         self._key_tasks: set[asyncio.Task[None]] = set()
         self._claim_task: asyncio.Task[None] | None = None
-        self._completions: list[_Completion] = []
-        self._completion_queued = asyncio.Event()
 
     # -- public surface ------------------------------------------------------------------------
 
@@ -557,7 +370,7 @@ class RunWorker:
         """After every LISTEN (re)connect: look for work (notifications sent meanwhile are
         gone) and fetch the keys again (the secret they come from may have been rotated)."""
         self.handle_wakeup()
-        self._renew_now.set()
+        self._leases.renew_now.set()
         task = asyncio.get_running_loop().create_task(self._fetch_keys())
         self._key_tasks.add(task)
         task.add_done_callback(self._key_tasks.discard)
@@ -582,69 +395,12 @@ class RunWorker:
                 self._control_key is None or payload == self._control_key):
             # Someone asked for a cancel of a run held by this worker id, or pretends to: ask
             # the database (the renewal reports cancel_requested) before stopping anything.
-            self._renew_now.set()
+            self._leases.renew_now.set()
 
     # -- lease upkeep --------------------------------------------------------------------------
 
     async def _renew_loop(self) -> None:
-        interval = self.renew_interval
-        # A notification can ask for a renewal at any time: at most one every 50 ms, so a flood
-        # of forged notifications costs one cheap statement per 50 ms and nothing else.
-        spacing = min(0.05, self.renew_interval)
-        last = 0.0
-        while True:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(interval):
-                    await self._renew_now.wait()
-            if (wait := last + spacing - time.monotonic()) > 0:
-                await asyncio.sleep(wait)
-            self._renew_now.clear()
-            interval = self.renew_interval
-            entries = {entry.run.run_id: entry for entry in self._active.values()
-                       if entry.renewable}
-            if not entries:
-                continue
-            last = sent = time.monotonic()
-            nearest = min(entry.deadline for entry in entries.values())
-            try:
-                renewals = await asyncio.wait_for(
-                    self.lease_manager.renew_leases(
-                        self.worker_id,
-                        {run_id: entry.run.lease_generation for run_id, entry in entries.items()},
-                        tenant_id=self.tenant_id, workspace_id=self.workspace_id),
-                    timeout=max(0.05, nearest - sent))
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("lease renewal failed (%s: %s); retrying", type(exc).__name__, exc)
-                self._enforce_deadlines()
-                # Retry soon, and no later than the next deadline, so fail-stop is punctual.
-                deadlines = [e.deadline for e in self._active.values() if e.renewable]
-                interval = min(self.renew_interval, 1.0,
-                               *(max(0.01, d - time.monotonic()) for d in deadlines))
-                continue
-            for renewal in renewals:
-                entry = entries[renewal.run_id]
-                if renewal.renewed:
-                    entry.deadline = sent + self.lease_duration
-                    if renewal.cancel_requested:
-                        self._stop(entry, StopReason.CANCEL)
-                elif entry.state is RunState.COMPLETING:
-                    # Its completion raced this renewal and cleared the lease; the completion's
-                    # own answer says what happened.
-                    continue
-                elif entry.renewable:
-                    log.warning("lease of run %s (generation %d) lost", renewal.run_id,
-                                entry.run.lease_generation)
-                    self._stop(entry, StopReason.LEASE_LOST)
-
-    def _enforce_deadlines(self) -> None:
-        now = time.monotonic()
-        for entry in list(self._active.values()):
-            if entry.renewable and now >= entry.deadline:
-                log.error("run %s: no confirmed lease since its deadline; stopping the handler",
-                          entry.run.run_id)
-                self._stop(entry, StopReason.DEADLINE)
+        await self._leases.run()
 
     async def _queue_depth_loop(self) -> None:
         while True:
@@ -660,7 +416,7 @@ class RunWorker:
 
     # -- executing a run -----------------------------------------------------------------------
 
-    def _stop(self, entry: _Active, reason: StopReason) -> None:
+    def _stop(self, entry: ActiveRun, reason: StopReason) -> None:
         if entry.request_stop(reason) and entry.task is not None and not entry.task.done():
             entry.task.cancel()
 
@@ -681,13 +437,13 @@ class RunWorker:
             lease_generation=run.lease_generation, worker_id=self.worker_id, recovered=recovered,
             recovery_checkpoint_id=run.recovery_checkpoint_id, checkpoint_data=run.checkpoint_data,
             cancelled=asyncio.Event(), _worker=self)
-        entry = _Active(run=run, ctx=ctx, deadline=deadline)
+        entry = ActiveRun(run=run, ctx=ctx, deadline=deadline)
         self._active[entry.key] = entry
         entry.task = asyncio.create_task(self._execute(entry), name=f"run-{run.run_id}")
         if run.cancel_requested:  # the claim itself reported the cancel: the database said so
             self._stop(entry, StopReason.CANCEL)
 
-    async def _execute(self, entry: _Active) -> None:
+    async def _execute(self, entry: ActiveRun) -> None:
         run = entry.run
         try:
             if entry.stop_reason is not None:  # stopped before this task ran (a claimed orphan
@@ -707,13 +463,12 @@ class RunWorker:
             self._worker_error("settle")
             await self._fail_quietly(entry, exc)
         finally:
-            if entry.state is not RunState.DONE:
-                entry.advance(RunState.DONE)
+            entry.finish()
             if self._active.get(entry.key) is entry:
                 del self._active[entry.key]
             self._slot_freed(fleet=True)
 
-    async def _execute_leased(self, entry: _Active) -> None:
+    async def _execute_leased(self, entry: ActiveRun) -> None:
         # Both claim paths (claim_and_start, claim_orphaned) hand over runs already running.
         run, ctx = entry.run, entry.ctx
         self._runs_started.inc()
@@ -749,7 +504,7 @@ class RunWorker:
             return
         finally:
             self._run_duration.observe(time.monotonic() - started)
-        if entry.stop_reason in _LOST:
+        if entry.lease_gone:
             self._lease_lost(entry, fenced=False)
             return
         # Retrying cannot make an output JSON, nor storable: fail that run, never its batch.
@@ -780,72 +535,18 @@ class RunWorker:
         elif completed is False:
             self._lease_lost(entry, fenced=True)
 
-    async def _complete(self, entry: _Active, output: Any) -> bool | None:
+    async def _complete(self, entry: ActiveRun, output: Any) -> bool | None:
         """Queue the run's completion for the next complete_runs call and wait for its row:
         True completed, False refused by the fence, None no answer before the lease deadline."""
-        completion = _Completion(entry, output, asyncio.get_running_loop().create_future())
         entry.advance(RunState.COMPLETING)
-        self._completions.append(completion)
-        self._completion_queued.set()
+        answer = self._completions.submit(entry, output)
         self._slot_freed()
-        return await completion.result
+        return await answer
 
     async def _completion_loop(self) -> None:
-        while True:
-            await self._completion_queued.wait()
-            if any(e.state is RunState.EXECUTING for e in self._active.values()):
-                # Handlers that finish in this same turn of the event loop join the batch.
-                await asyncio.sleep(0)
-            self._completion_queued.clear()
-            batch, self._completions = self._completions[:1000], self._completions[1000:]
-            if self._completions:
-                self._completion_queued.set()
-            try:
-                await self._send_completions(batch)
-            finally:
-                # Whatever happened, no run task is left waiting for an answer that never comes.
-                for completion in batch:
-                    if not completion.result.done():
-                        completion.result.set_exception(
-                            RuntimeError("the completion loop stopped before answering"))
+        await self._completions.run()
 
-    async def _send_completions(self, batch: list[_Completion]) -> None:
-        """One complete_runs call for the batch, retried on transient failures while some
-        run's lease is still known to be live; a run past its deadline gets None. When the
-        database refuses the batch itself, each run is completed on its own, so one bad value
-        fails its run and never the others."""
-        delay = 0.05
-        while batch:
-            try:
-                rows = await self.lease_manager.complete_runs(
-                    self.worker_id,
-                    [(c.entry.run.run_id, c.entry.run.lease_generation, c.output) for c in batch],
-                    tenant_id=self.tenant_id, workspace_id=self.workspace_id)
-            except RetryableError as exc:
-                now = time.monotonic()
-                for completion in [c for c in batch if now + delay >= c.entry.deadline]:
-                    log.error("run %s: giving up its completion after %s; the lease will expire",
-                              completion.entry.run.run_id, exc)
-                    _settle(completion.result, None)
-                batch = [c for c in batch if not c.result.done()]
-                await asyncio.sleep(delay)
-                delay = min(1.0, delay * 2)
-                continue
-            except Exception as exc:
-                if len(batch) == 1:
-                    batch[0].result.set_exception(exc)
-                    return
-                log.warning("complete_runs refused a batch of %d (%s: %s); completing them one "
-                            "by one", len(batch), type(exc).__name__, exc)
-                self._worker_error("completion_batch")
-                for completion in batch:
-                    await self._send_completions([completion])
-                return
-            for completion, row in zip(batch, rows, strict=True):
-                _settle(completion.result, row.completed)
-            return
-
-    async def _settle_stopped(self, entry: _Active) -> None:
+    async def _settle_stopped(self, entry: ActiveRun) -> None:
         """The outcome of a run stopped before its handler finished, by the stop's reason."""
         run, lm = entry.run, self.lease_manager
         reason = entry.stop_reason
@@ -864,7 +565,7 @@ class RunWorker:
         else:  # the lease is gone: nothing may be written
             self._lease_lost(entry, fenced=False)
 
-    async def _fail(self, entry: _Active, exc: BaseException, *, retryable: bool) -> None:
+    async def _fail(self, entry: ActiveRun, exc: BaseException, *, retryable: bool) -> None:
         run = entry.run
         # Described before the state moves: nothing about the exception may raise past here.
         error = {"type": type(exc).__name__, "message": _message(exc),
@@ -880,11 +581,11 @@ class RunWorker:
             self.metrics.runs_dead_lettered.labels(self.deployment_ref).inc()
             log.warning("run %s dead-lettered after %d attempts", run.run_id, entry.ctx.attempt)
 
-    async def _fail_quietly(self, entry: _Active, exc: BaseException) -> None:
+    async def _fail_quietly(self, entry: ActiveRun, exc: BaseException) -> None:
         """Last resort after a worker error: a retryable failure with a minimal error document.
         If even that cannot be written, the lease expires and claim_orphaned recovers the run,
         counting the attempt, so a worker bug that always hits ends in a dead letter."""
-        if entry.state in (RunState.SETTLING, RunState.DONE) or entry.stop_reason in _LOST:
+        if not entry.may_settle:
             return
         entry.advance(RunState.SETTLING)
         try:
@@ -897,7 +598,7 @@ class RunWorker:
             log.exception("run %s: could not record the worker error; its lease will expire",
                           entry.run.run_id)
 
-    def _lease_lost(self, entry: _Active, *, fenced: bool) -> None:
+    def _lease_lost(self, entry: ActiveRun, *, fenced: bool) -> None:
         self.metrics.lease_lost.labels(self.deployment_ref).inc()
         if fenced:
             self.metrics.fencing_rejected.labels(self.deployment_ref).inc()
@@ -906,14 +607,14 @@ class RunWorker:
                     "write refused" if fenced or entry.stop_reason is None
                     else entry.stop_reason.value)
 
-    def _fenced(self, entry: _Active, method: Callable[..., Awaitable[Any]],
+    def _fenced(self, entry: ActiveRun, method: Callable[..., Awaitable[Any]],
                 **extra: Any) -> Callable[[], Awaitable[Any]]:
         """A repeatable call of a LeaseManager write carrying this run's exact lease."""
         run = entry.run
         return lambda: method(run.run_id, self.worker_id, generation=run.lease_generation,
                               tenant_id=self.tenant_id, workspace_id=self.workspace_id, **extra)
 
-    async def _write(self, entry: _Active, call: Callable[[], Awaitable[Any]]) -> Any:
+    async def _write(self, entry: ActiveRun, call: Callable[[], Awaitable[Any]]) -> Any:
         """Make one fenced write, retrying transient failures until the lease deadline.
 
         Returns the call's result, or None when the deadline passed without an answer (the lease
@@ -930,12 +631,6 @@ class RunWorker:
                     return None
                 await asyncio.sleep(delay)
                 delay = min(1.0, delay * 2)
-
-
-def _settle(result: asyncio.Future[bool | None], value: bool | None) -> None:
-    """Answer a waiting run task, unless it is gone (its task was cancelled with the loop)."""
-    if not result.done():
-        result.set_result(value)
 
 
 _UNSTORABLE_TEXT = re.compile("[\x00\ud800-\udfff]")
@@ -961,129 +656,3 @@ def _traceback(exc: BaseException) -> str:
         return _storable_text("".join(traceback.format_exception(exc))[-4000:])
     except Exception as broken:
         return f"<the traceback could not be formatted: {type(broken).__name__}>"
-
-
-# -- command line ---------------------------------------------------------------------------------
-
-
-def load_handler(spec: str) -> Handler:
-    """``module:attr`` → an async handler; an object with drive/resume is adapted."""
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise ValueError(f"--app must look like module:handler, got {spec!r}")
-    target: Any = importlib.import_module(module_name)
-    for part in attr.split("."):
-        target = getattr(target, part)
-    if hasattr(target, "drive") and hasattr(target, "resume"):
-        return orchestrator_handler(target)
-    if not callable(target):
-        raise ValueError(f"{spec} is not callable")
-    return target  # type: ignore[no-any-return]
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per log line (structured logging for collectors)."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        data = {"ts": self.formatTime(record), "level": record.levelname, "logger": record.name,
-                "message": record.getMessage()}
-        if record.exc_info:
-            data["exc"] = self.formatException(record.exc_info)
-        return json.dumps(data)
-
-
-def _parser(prog: str) -> argparse.ArgumentParser:
-    env = os.environ.get
-    p = argparse.ArgumentParser(prog=prog, description=(
-        "Run a zeroth_pg worker. Every option falls back to a ZEROTH_PG_* environment variable."))
-    p.add_argument("--dsn", default=env("ZEROTH_PG_DSN"),
-                   help="database URL [ZEROTH_PG_DSN]; none: the embedded server")
-    p.add_argument("--deployment", default=env("ZEROTH_PG_DEPLOYMENT"), required=not env(
-        "ZEROTH_PG_DEPLOYMENT"), help="deployment_ref to serve [ZEROTH_PG_DEPLOYMENT]")
-    p.add_argument("--app", default=env("ZEROTH_PG_APP"), required=not env("ZEROTH_PG_APP"),
-                   help="handler as module:attr [ZEROTH_PG_APP]")
-    p.add_argument("--tenant", default=env("ZEROTH_PG_TENANT"), help="[ZEROTH_PG_TENANT]")
-    p.add_argument("--workspace", default=env("ZEROTH_PG_WORKSPACE"), help="[ZEROTH_PG_WORKSPACE]")
-    p.add_argument("--concurrency", type=int, default=int(env("ZEROTH_PG_CONCURRENCY", "8")),
-                   help="local slots [ZEROTH_PG_CONCURRENCY=8]")
-    p.add_argument("--fleet-concurrency", type=int,
-                   default=int(env("ZEROTH_PG_FLEET_CONCURRENCY", "0")) or None,
-                   help="fleet-wide max_concurrency [ZEROTH_PG_FLEET_CONCURRENCY]")
-    p.add_argument("--poll-interval", type=float,
-                   default=float(env("ZEROTH_PG_POLL_INTERVAL", "0.5")),
-                   help="[ZEROTH_PG_POLL_INTERVAL=0.5]")
-    p.add_argument("--orphan-sweep-interval", type=float,
-                   default=float(env("ZEROTH_PG_ORPHAN_SWEEP_INTERVAL", "5")),
-                   help="[ZEROTH_PG_ORPHAN_SWEEP_INTERVAL=5]")
-    p.add_argument("--lease", type=float, default=float(env("ZEROTH_PG_LEASE_SECONDS", "60")),
-                   help="lease duration in seconds [ZEROTH_PG_LEASE_SECONDS=60]")
-    p.add_argument("--shutdown-timeout", type=float,
-                   default=float(env("ZEROTH_PG_SHUTDOWN_TIMEOUT", "30")),
-                   help="[ZEROTH_PG_SHUTDOWN_TIMEOUT=30]")
-    p.add_argument("--retry-base", type=float,
-                   default=float(env("ZEROTH_PG_RETRY_BASE_SECONDS", "1")),
-                   help="first retry delay in seconds, doubled per attempt "
-                   "[ZEROTH_PG_RETRY_BASE_SECONDS=1]")
-    p.add_argument("--worker-id", default=env("ZEROTH_PG_WORKER_ID"),
-                   help="[ZEROTH_PG_WORKER_ID]; default: random")
-    p.add_argument("--metrics-port", type=int, default=int(env("ZEROTH_PG_METRICS_PORT", "0")),
-                   help="serve /metrics on this port [ZEROTH_PG_METRICS_PORT]; 0: off")
-    p.add_argument("--log-format", choices=("text", "json"),
-                   default=env("ZEROTH_PG_LOG_FORMAT", "text"), help="[ZEROTH_PG_LOG_FORMAT]")
-    p.add_argument("--log-level", default=env("ZEROTH_PG_LOG_LEVEL", "INFO"),
-                   help="[ZEROTH_PG_LOG_LEVEL=INFO]")
-    return p
-
-
-async def skip_reset(_conn: asyncpg.Connection) -> None:
-    """``reset=`` for a worker's asyncpg pool: keep the session as it is on release.
-
-    asyncpg's default reset sends ``SELECT pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *;
-    RESET ALL`` on every release, one more round trip per SQL call; bench/ measured a worker 25-60%
-    faster without it. A pool that only runs zeroth.* calls needs no reset: each call is its own
-    transaction and leaves no session state (no SET, no LISTEN, no session advisory lock), and
-    asyncpg still rolls back a transaction left open. Do not use it for a pool shared with code
-    that changes session state.
-    """
-
-
-async def _serve(args: argparse.Namespace) -> None:
-    from zeroth_pg.embedded import resolve_dsn
-    from zeroth_pg.metrics import start_http_server
-
-    dsn = args.dsn or resolve_dsn()
-    handler = load_handler(args.app)
-    if args.metrics_port:
-        start_http_server(args.metrics_port)
-    worker_id = args.worker_id or uuid.uuid4().hex
-    pool = await asyncpg.create_pool(
-        dsn, min_size=1, max_size=max(4, args.concurrency + 2), reset=skip_reset,
-        server_settings={"application_name": f"zeroth-worker:{worker_id}"})
-    try:
-        worker = RunWorker(
-            pool, args.deployment, handler, dsn=dsn, tenant_id=args.tenant,
-            workspace_id=args.workspace, max_concurrency=args.concurrency,
-            fleet_max_concurrency=args.fleet_concurrency, poll_interval=args.poll_interval,
-            orphan_sweep_interval=args.orphan_sweep_interval, worker_id=worker_id,
-            shutdown_timeout=args.shutdown_timeout, lease_duration=args.lease,
-            retry_base_seconds=args.retry_base)
-        await worker.run_until_stopped()
-    finally:
-        await pool.close()
-
-
-def main(argv: list[str] | None = None, *, prog: str = "python -m zeroth_pg.worker") -> int:
-    """The worker command line (also ``zeroth-pg worker``): serve until SIGTERM, then drain."""
-    args = _parser(prog).parse_args(argv)
-    handler = logging.StreamHandler(sys.stderr)
-    if args.log_format == "json":
-        handler.setFormatter(JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
-    logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
-    asyncio.run(_serve(args))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,121 @@
+"""Completion batching (zeroth_pg.worker._completions.CompletionBatcher) on real leases: runs
+that finish together take one complete_runs call, the fence answers each run on its own, an
+output PostgreSQL cannot store fails only its run, and an unreachable database answers None by a
+run's lease deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import pytest
+from leased import WORKER, active, claim, lease_row
+
+from zeroth_pg.client import LeaseManager
+from zeroth_pg.errors import InvalidArgumentError
+from zeroth_pg.worker._completions import CompletionBatcher
+
+
+class CountingCalls:
+    """Counts the complete_runs calls of a LeaseManager (and the runs in each)."""
+
+    def __init__(self, lm: LeaseManager) -> None:
+        self.sizes: list[int] = []
+        self._real = lm.complete_runs
+        lm.complete_runs = self._complete  # type: ignore[method-assign]
+
+    async def _complete(self, worker_id: str, completions: Any, **kwargs: Any) -> Any:
+        self.sizes.append(len(completions))
+        return await self._real(worker_id, completions, **kwargs)
+
+
+@pytest.fixture
+def lm(pool: asyncpg.Pool) -> LeaseManager:
+    return LeaseManager(pool)
+
+
+@contextlib.asynccontextmanager
+async def running(batcher: CompletionBatcher) -> AsyncIterator[asyncio.Task[None]]:
+    task = asyncio.create_task(batcher.run())
+    try:
+        yield task
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+class TestBatching:
+    async def test_completions_queued_together_take_one_call(self, pool, lm):
+        runs = await claim(lm, 5)
+        calls = CountingCalls(lm)
+        batcher = CompletionBatcher(lm, WORKER)
+        answers = [batcher.submit(active(run), {"i": run.payload["i"]}) for run in runs]
+        async with running(batcher):
+            assert await asyncio.gather(*answers) == [True] * 5
+        assert calls.sizes == [5]
+        for run in runs:
+            row = await lease_row(pool, run)
+            assert (row["status"], json.loads(row["output"])) == (
+                "completed", {"i": run.payload["i"]})
+
+    async def test_a_lone_completion_goes_out_without_waiting_for_company(self, lm):
+        [run] = await claim(lm, 1)
+        calls = CountingCalls(lm)
+        batcher = CompletionBatcher(lm, WORKER)
+        async with running(batcher):
+            await asyncio.sleep(0.05)  # the loop is idle, waiting
+            assert await asyncio.wait_for(batcher.complete(active(run), {}), timeout=5) is True
+        assert calls.sizes == [1]
+
+
+class TestAnswers:
+    async def test_the_fence_answers_each_run_of_a_batch_on_its_own(self, lm):
+        kept, cleared = await claim(lm, 2)
+        assert await lm.clear_lease(cleared.run_id)
+        batcher = CompletionBatcher(lm, WORKER)
+        answers = [batcher.submit(active(kept), {}), batcher.submit(active(cleared), {})]
+        async with running(batcher):
+            assert await asyncio.gather(*answers) == [True, False]
+
+    async def test_an_output_postgres_cannot_store_fails_only_its_own_run(self, pool, lm):
+        good, bad, other = await claim(lm, 3)
+        refused = []
+        batcher = CompletionBatcher(lm, WORKER, on_batch_refused=lambda: refused.append(1))
+        answers = [batcher.submit(active(good), {"ok": 1}),
+                   batcher.submit(active(bad), {"text": "nul \x00 byte"}),  # jsonb refuses it
+                   batcher.submit(active(other), {"ok": 2})]
+        async with running(batcher):
+            results = await asyncio.gather(*answers, return_exceptions=True)
+        assert (results[0], results[2]) == (True, True)
+        assert isinstance(results[1], InvalidArgumentError)  # refused before it was sent
+        assert refused == [1]
+        assert (await lease_row(pool, bad))["status"] == "running"  # its task fails it
+
+    async def test_an_unreachable_database_answers_none_by_the_lease_deadline(
+            self, database_dsn, lm):
+        [run] = await claim(lm, 1)
+        closed = await asyncpg.create_pool(database_dsn, min_size=0, max_size=1)
+        await closed.close()
+        batcher = CompletionBatcher(LeaseManager(closed), WORKER)
+        started = time.monotonic()
+        async with running(batcher):
+            answer = await asyncio.wait_for(
+                batcher.complete(active(run, deadline=started + 0.3), {}), timeout=10)
+        assert answer is None  # given up when the next retry would pass the deadline
+
+    async def test_a_stopped_loop_leaves_no_run_waiting(self, database_dsn, lm):
+        [run] = await claim(lm, 1)
+        closed = await asyncpg.create_pool(database_dsn, min_size=0, max_size=1)
+        await closed.close()
+        batcher = CompletionBatcher(LeaseManager(closed), WORKER)
+        answer = batcher.submit(active(run), {})  # deadline 60 s away: retried until then
+        async with running(batcher):
+            await asyncio.sleep(0.2)
+        with pytest.raises(RuntimeError, match="stopped before answering"):
+            await answer

@@ -1,0 +1,80 @@
+"""``zeroth-pg worker`` (also ``python -m zeroth_pg.worker``): serve a deployment until SIGTERM.
+
+The options only; the process is :func:`zeroth_pg.worker.run_process`.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated
+
+import typer
+
+from zeroth_pg.cli._common import App, Dsn, Tenant, Workspace
+
+__all__ = ["LogFormat", "app", "main", "worker"]
+
+
+class LogFormat(StrEnum):
+    TEXT = "text"
+    JSON = "json"  # one JSON object per line
+
+
+def worker(
+    deployment: Annotated[str, typer.Option(
+        "--deployment", envvar="ZEROTH_PG_DEPLOYMENT", help="deployment_ref to serve.",
+        show_default=False)],
+    handler: Annotated[str, typer.Option(
+        "--app", envvar="ZEROTH_PG_APP", help="The handler, as module:attr.",
+        show_default=False)],
+    dsn: Dsn = None,
+    tenant: Tenant = None,
+    workspace: Workspace = None,
+    concurrency: Annotated[int, typer.Option(
+        envvar="ZEROTH_PG_CONCURRENCY", help="Local slots.")] = 8,
+    fleet_concurrency: Annotated[int, typer.Option(
+        envvar="ZEROTH_PG_FLEET_CONCURRENCY",
+        help="Fleet-wide max_concurrency of the deployment (0: none).")] = 0,
+    poll_interval: Annotated[float, typer.Option(
+        envvar="ZEROTH_PG_POLL_INTERVAL", help="Seconds between claims with no NOTIFY.")] = 0.5,
+    orphan_sweep_interval: Annotated[float, typer.Option(
+        envvar="ZEROTH_PG_ORPHAN_SWEEP_INTERVAL", help="Seconds between orphan sweeps.")] = 5.0,
+    lease: Annotated[float, typer.Option(
+        envvar="ZEROTH_PG_LEASE_SECONDS", help="Lease duration in seconds.")] = 60.0,
+    shutdown_timeout: Annotated[float, typer.Option(
+        envvar="ZEROTH_PG_SHUTDOWN_TIMEOUT",
+        help="On SIGTERM, seconds running handlers get before they are handed back.")] = 30.0,
+    retry_base: Annotated[float, typer.Option(
+        envvar="ZEROTH_PG_RETRY_BASE_SECONDS",
+        help="First retry delay in seconds, doubled per attempt.")] = 1.0,
+    worker_id: Annotated[str | None, typer.Option(
+        envvar="ZEROTH_PG_WORKER_ID", help="Default: random.", show_default=False)] = None,
+    metrics_port: Annotated[int, typer.Option(
+        envvar="ZEROTH_PG_METRICS_PORT", help="Serve /metrics on this port (0: off).")] = 0,
+    log_format: Annotated[LogFormat, typer.Option(
+        envvar="ZEROTH_PG_LOG_FORMAT", help="Log lines on stderr.")] = LogFormat.TEXT,
+    log_level: Annotated[str, typer.Option(envvar="ZEROTH_PG_LOG_LEVEL")] = "INFO",
+) -> None:
+    """Run a worker: --app module:handler --deployment NAME [...]; SIGTERM drains.
+
+    Running handlers then get --shutdown-timeout seconds; the rest are cancelled and handed back
+    to pending with their checkpoints.
+    """
+    from zeroth_pg.worker import run_process
+
+    raise typer.Exit(run_process(
+        log_format=log_format.value, log_level=log_level, deployment=deployment, app=handler,
+        dsn=dsn, tenant=tenant, workspace=workspace, concurrency=concurrency,
+        fleet_concurrency=fleet_concurrency or None, poll_interval=poll_interval,
+        orphan_sweep_interval=orphan_sweep_interval, lease=lease,
+        shutdown_timeout=shutdown_timeout, retry_base=retry_base, worker_id=worker_id,
+        metrics_port=metrics_port))
+
+
+#: The command alone, for ``python -m zeroth_pg.worker``.
+app = App(name="worker")
+app.command()(worker)
+
+
+def main(prog_name: str = "python -m zeroth_pg.worker") -> None:
+    app(prog_name=prog_name)

@@ -1,0 +1,67 @@
+"""RunWorker: claims runs, executes a handler under a renewed lease, recovers orphans, drains.
+
+One worker is a handful of asyncio tasks around the SQL functions:
+
+* the **claim loop** (:meth:`RunWorker.poll_loop`) claims *and starts* pending runs in batches
+  up to the free local slots (``claim_and_start``: one round trip per batch), sweeps for orphans
+  on start and every ``orphan_sweep_interval`` (``claim_orphaned``, which also ends the orphans
+  nobody may resume), and sleeps until a NOTIFY, a freed slot after a full batch, or
+  ``poll_interval``. It is the only task that claims, so local slot accounting needs no lock; a
+  wakeup only sets an event and never blocks. A failing sweep is logged and claiming goes on;
+* one **renewal task** (:mod:`._leases`) renews every lease of the worker with one
+  ``renew_leases`` call every ``lease_duration / 3``, and at once when a ``zeroth_control``
+  notification carries this worker's key. A refused renewal stops that run's handler at once and
+  nothing more is written for it; a renewal that reports ``cancel_requested`` stops it as
+  cancelled. The database is the only source of a stop: a notification (which anyone can send)
+  only makes the worker ask. A renewal that *fails* (connection lost) is retried until the last
+  confirmed lease deadline, measured on the local monotonic clock from the moment the confirmed
+  call was sent; past it the handler is stopped (fail-stop). The run is neither failed nor
+  released: its lease simply expires, so it is never stranded and claim_orphaned recovers it;
+* the **notifier** (:class:`zeroth_pg.notify.Notifier`) turns NOTIFYs that carry this worker's
+  opaque keys into "poll now" and "renew now", and triggers a claim pass after every reconnect;
+* one task per run executes ``handler(ctx)``: a returned value completes the run, an exception
+  fails it (retry with backoff until ``max_attempts``, then dead letter). Its lifecycle is
+  :class:`RunState` and :class:`StopReason`, its transitions in :class:`._run.ActiveRun`;
+* one **completion task** (:mod:`._completions`) sends the completions of runs that finished
+  together as one ``complete_runs`` call (each row fenced on its own). It never waits to fill a
+  batch: it sends what has queued up by the time the previous call came back, so a lone run is
+  acknowledged as fast as with ``complete_run`` and a burst takes one round trip instead of one
+  per run. An output PostgreSQL cannot store fails that run (not retryable) and never its batch.
+
+Every background task is supervised: a crash is logged, counted (``zeroth_worker_errors``) and
+the task restarted. Every path that stops a run ends in a fenced outcome (completed, failed,
+cancelled, handed back) or leaves a lease that expires by itself; none drops a run silently.
+Every write for a run carries its lease generation and is fenced in SQL; the worker keeps no
+state that safety depends on.
+
+Modules: ``_worker`` (:class:`RunWorker`: claims, run tasks, supervision, shutdown), ``_run``
+(what a handler sees, and a run's lifecycle), ``_leases``, ``_completions``, and ``_process`` (a
+worker process, for the command line in :mod:`zeroth_pg.cli.worker`). This package imports no
+command-line framework.
+"""
+
+from zeroth_pg.worker._process import JsonFormatter, load_handler, run_process, serve, skip_reset
+from zeroth_pg.worker._run import (
+    Handler,
+    Orchestrator,
+    RunContext,
+    RunState,
+    StopReason,
+    orchestrator_handler,
+)
+from zeroth_pg.worker._worker import RunWorker
+
+__all__ = [
+    "Handler",
+    "JsonFormatter",
+    "Orchestrator",
+    "RunContext",
+    "RunState",
+    "RunWorker",
+    "StopReason",
+    "load_handler",
+    "orchestrator_handler",
+    "run_process",
+    "serve",
+    "skip_reset",
+]

@@ -1,0 +1,152 @@
+"""Completion batching: the completions of runs that finished together, as one call.
+
+A run task hands its output to :meth:`CompletionBatcher.complete` and waits for its row. The
+batcher's loop sends what has queued up as one ``complete_runs`` call (each row fenced on its
+own). It never waits to fill a batch: it sends what has queued up by the time the previous call
+came back, so a lone run is acknowledged as fast as with ``complete_run`` and a burst takes one
+round trip instead of one per run. Transient failures are retried while a run's lease is known
+to be live; an output PostgreSQL cannot store fails that run and never its batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from zeroth_pg.errors import RetryableError
+from zeroth_pg.types import ClaimedRun
+
+if TYPE_CHECKING:
+    from zeroth_pg.client import LeaseManager
+
+__all__ = ["CompletionBatcher", "Leased"]
+
+log = logging.getLogger("zeroth_pg.worker")
+
+#: Runs per complete_runs call at most.
+MAX_BATCH = 1000
+
+
+class Leased(Protocol):
+    """A run under a lease: :class:`zeroth_pg.worker._run.ActiveRun` is one."""
+
+    @property
+    def run(self) -> ClaimedRun: ...
+
+    @property
+    def deadline(self) -> float:
+        """Monotonic instant before which the lease is known to be live."""
+        ...
+
+
+@dataclass
+class _Completion:
+    entry: Leased
+    output: Any
+    # True completed, False refused by the fence, None no answer before the lease deadline; an
+    # exception when the database refused this run's completion itself (a value it cannot store).
+    result: asyncio.Future[bool | None]
+
+
+class CompletionBatcher:
+    """Queues completions and sends them in batches from :meth:`run`."""
+
+    def __init__(
+        self,
+        lease_manager: LeaseManager,
+        worker_id: str,
+        *,
+        tenant_id: str | None = None,
+        workspace_id: str | None = None,
+        others_may_join: Callable[[], bool] = lambda: False,
+        on_batch_refused: Callable[[], None] = lambda: None,
+    ) -> None:
+        """``others_may_join``: True when a handler could finish in this same turn of the event
+        loop (one more turn is worth waiting); ``on_batch_refused``: counts a batch the database
+        refused as a whole (then completed run by run)."""
+        self.lease_manager = lease_manager
+        self.worker_id = worker_id
+        self.tenant_id = tenant_id
+        self.workspace_id = workspace_id
+        self._others_may_join = others_may_join
+        self._on_batch_refused = on_batch_refused
+        self._queue: list[_Completion] = []
+        self._queued = asyncio.Event()
+
+    def submit(self, entry: Leased, output: Any) -> asyncio.Future[bool | None]:
+        """Queue ``entry``'s completion; the future answers True completed, False refused by
+        the fence, None no answer before the lease deadline (or raises what refused it)."""
+        completion = _Completion(entry, output, asyncio.get_running_loop().create_future())
+        self._queue.append(completion)
+        self._queued.set()
+        return completion.result
+
+    async def complete(self, entry: Leased, output: Any) -> bool | None:
+        """:meth:`submit`, and wait for the answer."""
+        return await self.submit(entry, output)
+
+    async def run(self) -> None:
+        """Send the queued completions until cancelled."""
+        while True:
+            await self._queued.wait()
+            if self._others_may_join():
+                # Handlers that finish in this same turn of the event loop join the batch.
+                await asyncio.sleep(0)
+            self._queued.clear()
+            batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
+            if self._queue:
+                self._queued.set()
+            try:
+                await self._send(batch)
+            finally:
+                # Whatever happened, no run task is left waiting for an answer that never comes.
+                for completion in batch:
+                    if not completion.result.done():
+                        completion.result.set_exception(
+                            RuntimeError("the completion loop stopped before answering"))
+
+    async def _send(self, batch: list[_Completion]) -> None:
+        """One complete_runs call for the batch, retried on transient failures while some
+        run's lease is still known to be live; a run past its deadline gets None. When the
+        database refuses the batch itself, each run is completed on its own, so one bad value
+        fails its run and never the others."""
+        delay = 0.05
+        while batch:
+            try:
+                rows = await self.lease_manager.complete_runs(
+                    self.worker_id,
+                    [(c.entry.run.run_id, c.entry.run.lease_generation, c.output) for c in batch],
+                    tenant_id=self.tenant_id, workspace_id=self.workspace_id)
+            except RetryableError as exc:
+                now = time.monotonic()
+                for completion in [c for c in batch if now + delay >= c.entry.deadline]:
+                    log.error("run %s: giving up its completion after %s; the lease will expire",
+                              completion.entry.run.run_id, exc)
+                    _settle(completion.result, None)
+                batch = [c for c in batch if not c.result.done()]
+                await asyncio.sleep(delay)
+                delay = min(1.0, delay * 2)
+                continue
+            except Exception as exc:
+                if len(batch) == 1:
+                    batch[0].result.set_exception(exc)
+                    return
+                log.warning("complete_runs refused a batch of %d (%s: %s); completing them one "
+                            "by one", len(batch), type(exc).__name__, exc)
+                self._on_batch_refused()
+                for completion in batch:
+                    await self._send([completion])
+                return
+            for completion, row in zip(batch, rows, strict=True):
+                _settle(completion.result, row.completed)
+            return
+
+
+def _settle(result: asyncio.Future[bool | None], value: bool | None) -> None:
+    """Answer a waiting run task, unless it is gone (its task was cancelled with the loop)."""
+    if not result.done():
+        result.set_result(value)

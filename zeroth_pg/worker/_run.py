@@ -1,0 +1,199 @@
+"""One leased run inside the worker: what its handler sees (:class:`RunContext`), and its
+lifecycle (:class:`RunState`, :class:`StopReason`), whose transitions all live in
+:class:`ActiveRun`.
+
+A run is spawned ``QUEUED`` when a claim hands it over, ``EXECUTING`` while its handler runs,
+``COMPLETING`` while its completion is queued or in flight, ``SETTLING`` while another outcome is
+written (failed, cancelled, handed back, released) and ``DONE`` when nothing more will be
+written. Independently of the state, a *stop* may be requested once (the first reason wins): it
+cancels an executing handler, makes a queued run settle without starting it, and lets a
+completing run's completion go out (the fence in SQL decides it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+from uuid import UUID
+
+from zeroth_pg.errors import LeaseLostError
+from zeroth_pg.types import ClaimedRun
+
+if TYPE_CHECKING:
+    from zeroth_pg.worker._worker import RunWorker
+
+__all__ = [
+    "ActiveRun",
+    "Handler",
+    "Orchestrator",
+    "RunContext",
+    "RunState",
+    "StopReason",
+    "orchestrator_handler",
+]
+
+Handler = Callable[["RunContext"], Awaitable[Any]]
+
+
+class StopReason(enum.Enum):
+    """Why the worker stops a run before its handler finished (set before the cancel)."""
+
+    LEASE_LOST = "lease_lost"  # renewal refused: the lease expired, was taken or was cleared
+    DEADLINE = "deadline"  # renewals failed until the last confirmed lease deadline
+    SUPERSEDED = "superseded"  # this process re-claimed the run at a newer generation
+    CANCEL = "cancel"  # the database reported a cancel request (renewal or claim)
+    SHUTDOWN = "shutdown"  # graceful shutdown ran out of time: hand back to pending
+    INTERRUPT = "interrupt"  # operator interrupt: stop without changing the status
+
+    @property
+    def lease_gone(self) -> bool:
+        """After this stop nothing more may be written for the run: its lease is gone."""
+        return self in _LEASE_GONE
+
+
+_LEASE_GONE = frozenset({StopReason.LEASE_LOST, StopReason.DEADLINE, StopReason.SUPERSEDED})
+
+
+class RunState(enum.Enum):
+    """The life of one leased run inside the worker."""
+
+    QUEUED = "queued"  # spawned; its task has not taken its first step
+    EXECUTING = "executing"  # the handler is running
+    COMPLETING = "completing"  # the handler returned; its completion is queued or in flight
+    SETTLING = "settling"  # writing its other outcome: failed, cancelled, handed back, released
+    DONE = "done"  # nothing more will be written; the entry leaves the worker
+
+
+_TRANSITIONS: dict[RunState, frozenset[RunState]] = {
+    RunState.QUEUED: frozenset({RunState.EXECUTING, RunState.SETTLING, RunState.DONE}),
+    RunState.EXECUTING: frozenset({RunState.COMPLETING, RunState.SETTLING, RunState.DONE}),
+    RunState.COMPLETING: frozenset({RunState.SETTLING, RunState.DONE}),
+    RunState.SETTLING: frozenset({RunState.DONE}),
+    RunState.DONE: frozenset(),
+}
+
+
+@dataclass(eq=False)
+class RunContext:
+    """What a handler sees of its run. Every write is fenced by the lease generation."""
+
+    run_id: UUID
+    payload: dict[str, Any]
+    attempt: int
+    max_attempts: int
+    metadata: dict[str, Any]
+    thread_id: str | None
+    idempotency_key: str | None
+    lease_generation: int
+    worker_id: str
+    recovered: bool
+    recovery_checkpoint_id: UUID | None
+    checkpoint_data: Any
+    cancelled: asyncio.Event
+    _worker: RunWorker = field(repr=False)
+
+    @property
+    def cancel_requested(self) -> bool:
+        """True once the database reported a cancel request for this run."""
+        return self.cancelled.is_set()
+
+    async def commit(self, **columns: Any) -> None:
+        """Write output / error / metadata / progress, fenced; raises LeaseLostError if refused."""
+        ok = await self._worker.lease_manager.commit_fenced(
+            self.run_id, self.worker_id, generation=self.lease_generation,
+            tenant_id=self._worker.tenant_id, workspace_id=self._worker.workspace_id, **columns)
+        if not ok:
+            raise LeaseLostError("commit refused: lease lost", run_id=self.run_id,
+                                 worker_id=self.worker_id, generation=self.lease_generation)
+
+    async def checkpoint(self, data: Any, *, checkpoint_id: UUID | None = None) -> UUID:
+        """Save a checkpoint, fenced; raises LeaseLostError if refused. Returns its id."""
+        saved = await self._worker.lease_manager.save_checkpoint(
+            self.run_id, self.worker_id, data, generation=self.lease_generation,
+            checkpoint_id=checkpoint_id, tenant_id=self._worker.tenant_id,
+            workspace_id=self._worker.workspace_id)
+        if saved is None:
+            raise LeaseLostError("checkpoint refused: lease lost", run_id=self.run_id,
+                                 worker_id=self.worker_id, generation=self.lease_generation)
+        return saved
+
+    async def progress(self, value: Any) -> None:
+        """Record progress (any JSON value), fenced."""
+        await self.commit(progress=value)
+
+
+class Orchestrator(Protocol):
+    async def drive(self, run: RunContext) -> Any: ...
+
+    async def resume(self, run: RunContext, checkpoint: Any) -> Any: ...
+
+
+def orchestrator_handler(orchestrator: Orchestrator) -> Handler:
+    """Adapt an object with ``drive(run)`` / ``resume(run, checkpoint)`` (upstream's shape)."""
+
+    async def handle(ctx: RunContext) -> Any:
+        if ctx.recovery_checkpoint_id is not None:
+            return await orchestrator.resume(ctx, ctx.checkpoint_data)
+        return await orchestrator.drive(ctx)
+
+    return handle
+
+
+@dataclass(eq=False)
+class ActiveRun:
+    """One leased run inside the worker: its lease, its task, its :class:`RunState` and the
+    reason it was asked to stop. Every change of either goes through a method of this class."""
+
+    run: ClaimedRun
+    ctx: RunContext
+    # Monotonic instant before which the lease is known to be live: the send time of the last
+    # call that confirmed it plus the lease duration (the server added it to a later instant).
+    deadline: float
+    task: asyncio.Task[None] | None = None
+    state: RunState = RunState.QUEUED
+    stop_reason: StopReason | None = None
+
+    @property
+    def key(self) -> tuple[UUID, int]:
+        return self.run.run_id, self.run.lease_generation
+
+    def advance(self, to: RunState) -> None:
+        """The one place a run changes state; an impossible transition is a worker bug."""
+        if to not in _TRANSITIONS[self.state]:
+            raise RuntimeError(f"run {self.run.run_id}: {self.state.value} -> {to.value}")
+        self.state = to
+
+    def finish(self) -> None:
+        """``DONE``, from wherever the run stands (its task is ending)."""
+        if self.state is not RunState.DONE:
+            self.advance(RunState.DONE)
+
+    def request_stop(self, reason: StopReason) -> bool:
+        """Record why the run must stop (the first reason wins); True when its running handler
+        must be cancelled. A queued run settles on its first step without starting the handler;
+        a completing run lets its completion go out (the fence in SQL decides it)."""
+        if self.stop_reason is not None or self.state in (RunState.SETTLING, RunState.DONE):
+            return False
+        self.stop_reason = reason
+        if reason is StopReason.CANCEL:
+            self.ctx.cancelled.set()
+        return self.state is RunState.EXECUTING
+
+    @property
+    def renewable(self) -> bool:
+        """Its lease is still renewed: not stopping, not settled."""
+        return self.stop_reason is None and self.state in (
+            RunState.QUEUED, RunState.EXECUTING, RunState.COMPLETING)
+
+    @property
+    def lease_gone(self) -> bool:
+        """It was stopped because its lease is gone: nothing more may be written."""
+        return self.stop_reason is not None and self.stop_reason.lease_gone
+
+    @property
+    def may_settle(self) -> bool:
+        """An outcome may still be written for it: not settling or settled, lease not gone."""
+        return self.state not in (RunState.SETTLING, RunState.DONE) and not self.lease_gone
