@@ -372,20 +372,6 @@ ALTER TABLE zeroth.admission_slots OWNER TO zeroth_owner;
 COMMENT ON TABLE zeroth.admission_slots IS 'Concurrency slots per (tenant, workspace, deployment). A slot names (run_id, lease_generation); it is held while that run holds that generation''s lease in this slot (runs.admission_slot) and the lease is live. The run row is the only copy of the lease.';
 
 --
--- Name: lock_stripes; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
---
-CREATE TABLE zeroth.lock_stripes (
-    stripe integer NOT NULL
-);
-
-ALTER TABLE zeroth.lock_stripes OWNER TO zeroth_owner;
-
---
--- Name: TABLE lock_stripes; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
---
-COMMENT ON TABLE zeroth.lock_stripes IS 'Row locks that serialise the admissions of one thread (stripes 0..16383) and the creation of a scope''s admission slots (16384..17407), by hash. Locked by zeroth functions only: no role but zeroth_owner can read or lock it.';
-
---
 -- Name: notification_secret; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
 --
 CREATE TABLE zeroth.notification_secret (
@@ -401,6 +387,42 @@ ALTER TABLE zeroth.notification_secret OWNER TO zeroth_owner;
 -- Name: TABLE notification_secret; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
 COMMENT ON TABLE zeroth.notification_secret IS 'The per-database random secret that NOTIFY payload keys are derived from (zeroth._notify_key). Readable by zeroth_owner only.';
+
+--
+-- Name: lock_stripes; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE TABLE zeroth.lock_stripes (
+    stripe integer NOT NULL
+);
+
+ALTER TABLE zeroth.lock_stripes OWNER TO zeroth_owner;
+
+--
+-- Name: TABLE lock_stripes; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON TABLE zeroth.lock_stripes IS 'Unused since revision 0009 (thread admissions lock zeroth.thread_locks; slot creation takes no shared lock); kept for the functions of 0008 during an upgrade, dropped by a later migration.';
+
+--
+-- Name: thread_locks; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE TABLE zeroth.thread_locks (
+    tenant_id text NOT NULL,
+    workspace_key text NOT NULL,
+    thread_id text NOT NULL
+);
+
+ALTER TABLE zeroth.thread_locks OWNER TO zeroth_owner;
+
+--
+-- Name: TABLE thread_locks; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON TABLE zeroth.thread_locks IS 'One row per thread that has been admitted to: its row lock serialises the admissions and redrives of that thread (zeroth._lock_thread). Created on first use, deleted by prune_runs once the thread has no runs left. Locked by zeroth functions only: no role but zeroth_owner can read or lock it.';
+
+--
+-- Name: thread_locks thread_locks_pkey; Type: CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE ONLY zeroth.thread_locks
+    ADD CONSTRAINT thread_locks_pkey PRIMARY KEY (tenant_id, workspace_key, thread_id);
 
 --
 -- Name: admission_slots admission_slots_pkey; Type: CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
@@ -537,6 +559,11 @@ CREATE POLICY runs_reader_tenant ON zeroth.runs FOR SELECT TO zeroth_reader USIN
 -- Name: POLICY runs_reader_tenant ON runs; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
 COMMENT ON POLICY runs_reader_tenant ON zeroth.runs IS 'zeroth_reader sees the runs of the tenant named in the setting zeroth.tenant_id (none when unset).';
+
+--
+-- Name: thread_locks; Type: ROW SECURITY; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE zeroth.thread_locks ENABLE ROW LEVEL SECURITY;
 
 --
 -- Name: SCHEMA zeroth; Type: ACL; Schema: -; Owner: zeroth_owner

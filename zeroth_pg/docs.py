@@ -2,8 +2,8 @@
 
 The SQL API is documented where it lives: every public function's ``COMMENT ON FUNCTION``, its
 signature and result from ``pg_proc``, and, read from the function bodies, the SQLSTATEs it can
-raise (``ERRCODE = '…'``) and the NOTIFY channels it can send on (``pg_notify('…')``), followed
-through the ``zeroth.*`` functions it calls (``_require`` raises ZP008, ``_notify_wakeup``
+raise (``ERRCODE = '…'``) and the NOTIFY channels it can send on (``zeroth._notify('…', …)``),
+followed through the ``zeroth.*`` functions it calls (``_require`` raises ZP008, ``_notify_wakeup``
 notifies ``zeroth_wakeup``, …). Views and result types come with their columns and comments.
 
 Command line (without ``--dsn`` a throwaway server is started, as ``migrate dump-schema`` does)::
@@ -38,7 +38,8 @@ DOCS_COMMAND = "python -m zeroth_pg.docs"
 SCHEMA = "zeroth"
 
 _ERRCODE_RE = re.compile(r"ERRCODE\s*=\s*'([0-9A-Z]{5})'")
-_NOTIFY_RE = re.compile(r"pg_notify\(\s*'([^']+)'")
+# Every notification goes through zeroth._notify(channel, payload) (internal/notify.sql).
+_NOTIFY_RE = re.compile(r"(?:pg_notify|zeroth\._notify)\(\s*'([^']+)'")
 _CALL_RE = re.compile(rf"\b{SCHEMA}\.([a-z_][a-z0-9_]*)\s*\(")
 _LINE_COMMENT_RE = re.compile(r"--[^\n]*")
 

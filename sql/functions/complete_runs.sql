@@ -29,6 +29,10 @@ BEGIN
     PERFORM zeroth._require(complete_runs.outputs IS NULL
                             OR cardinality(complete_runs.outputs) = cardinality(complete_runs.run_ids),
                             'outputs must be NULL or as long as run_ids');
+    -- outputs[i] pairs with run_ids[i] by subscript: '[0:1]={…}' would shift every output by one.
+    PERFORM zeroth._require(coalesce(array_ndims(complete_runs.outputs), 1) = 1
+                            AND coalesce(array_lower(complete_runs.outputs, 1), 1) = 1,
+                            'outputs must be a one-dimensional array indexed from 1');
 
     -- Slot rows first, in run_id order: one probe of admission_slots_run_idx per requested run,
     -- as _lock_slot does. Joined to the array by filter, a generic plan made on few slots walked

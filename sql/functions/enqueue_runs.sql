@@ -45,8 +45,9 @@ BEGIN
               FROM jsonb_array_elements(_enqueue_items.runs) WITH ORDINALITY AS e(item, position)
              ORDER BY e.position);
     EXCEPTION
-        WHEN invalid_text_representation OR numeric_value_out_of_range OR invalid_datetime_format
-             OR datetime_field_overflow THEN
+        -- Any data exception (class 22: a bad number, uuid or timestamp, an unknown time zone)
+        -- is the caller's bad item, ZP008, never another class (red-team finding F4).
+        WHEN data_exception THEN
             FOR v_item, v_index IN
                 SELECT e.item, e.position
                   FROM jsonb_array_elements(_enqueue_items.runs) WITH ORDINALITY AS e(item, position)
@@ -56,12 +57,11 @@ BEGIN
                     PERFORM (v_item ->> 'priority')::integer, (v_item ->> 'run_after')::timestamptz,
                             (v_item ->> 'max_attempts')::integer, (v_item ->> 'run_id')::uuid;
                 EXCEPTION
-                    WHEN invalid_text_representation OR numeric_value_out_of_range OR invalid_datetime_format
-                         OR datetime_field_overflow THEN
+                    WHEN data_exception THEN
                         RAISE EXCEPTION 'runs[%]: %', v_index, SQLERRM USING ERRCODE = 'ZP008';
                 END;
             END LOOP;
-            RAISE;
+            RAISE EXCEPTION 'runs: %', SQLERRM USING ERRCODE = 'ZP008';
     END;
 
     SELECT format('runs[%s]: %s', i.position,
@@ -90,8 +90,8 @@ COMMENT ON FUNCTION zeroth._enqueue_items(jsonb) IS 'Internal: the items of an e
 ALTER FUNCTION zeroth._enqueue_items(jsonb) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._enqueue_items(jsonb) FROM PUBLIC;
 
--- The writes of one enqueue_runs batch: every thread lock (in stripe order), then the runs without
--- a thread in one INSERT, then each thread item admitted. Returns what was created, for the
+-- The writes of one enqueue_runs batch: every thread lock (in thread_id order) and the threads'
+-- active runs (in run_id order), then the runs without a thread in one INSERT, then each thread item admitted. Returns what was created, for the
 -- caller to report; enqueue_runs may run it again after a deadlock (see there).
 CREATE OR REPLACE FUNCTION zeroth._enqueue_batch(
     tenant_id text, workspace_key text, workspace_id text, deployment_ref text,
@@ -102,22 +102,51 @@ CREATE OR REPLACE FUNCTION zeroth._enqueue_batch(
 DECLARE
     v_item     zeroth.enqueue_item;
     v_thread   text;
+    v_threads  text[];
+    v_active   uuid[];
     v_admitted zeroth.admission;
 BEGIN
     t_pos := '{}'; t_run := '{}'; t_created := '{}'; t_status := '{}';
-    -- Every thread lock first, in stripe order (what the lock really is), so two batches naming
-    -- the same threads in any order take them in one order.
-    FOR v_thread IN
-        SELECT t.thread_id
-          FROM (SELECT DISTINCT i.thread_id,
-                       zeroth._thread_stripe(_enqueue_batch.tenant_id, _enqueue_batch.workspace_key,
-                                             i.thread_id) AS stripe
-                  FROM unnest(_enqueue_batch.items) AS i
-                 WHERE i.thread_id IS NOT NULL) t
-         ORDER BY t.stripe, t.thread_id
-    LOOP
+    -- Every thread lock first, in thread_id order, so two batches naming the same threads in any
+    -- order take them in one order.
+    SELECT coalesce(array_agg(DISTINCT i.thread_id ORDER BY i.thread_id), '{}') INTO v_threads
+      FROM unnest(_enqueue_batch.items) AS i
+     WHERE i.thread_id IS NOT NULL;
+    FOREACH v_thread IN ARRAY v_threads LOOP
         PERFORM zeroth._lock_thread(_enqueue_batch.tenant_id, _enqueue_batch.workspace_key, v_thread);
     END LOOP;
+    -- Then the active runs of those threads, the way complete_runs and renew_leases lock a
+    -- worker's runs: their slot rows, then the run rows, each in run_id order. Each admission
+    -- below locks its thread's active run again (already held). Locked item by item instead, a
+    -- batch naming two busy threads against the order of their runs' ids deadlocked with the
+    -- worker renewing or completing both (red-team finding F3).
+    IF cardinality(v_threads) > 0 THEN
+        SELECT coalesce(array_agg(r.run_id), '{}') INTO v_active
+          FROM zeroth.runs r
+         WHERE r.tenant_id = _enqueue_batch.tenant_id
+           AND r.workspace_key = _enqueue_batch.workspace_key
+           AND r.thread_id = ANY (v_threads)
+           AND r.status IN ('pending', 'running', 'waiting')
+           AND r.thread_queued_at IS NULL;
+        -- One probe of admission_slots_run_idx per run, as complete_runs does (by filter, a
+        -- generic plan walked every slot of the scope).
+        PERFORM 1
+          FROM (SELECT a.run_id FROM unnest(v_active) AS a(run_id) ORDER BY a.run_id) a
+         CROSS JOIN LATERAL (
+                SELECT s.slot_no
+                  FROM zeroth.admission_slots s
+                 WHERE s.run_id = a.run_id
+                   AND s.tenant_id = _enqueue_batch.tenant_id
+                   AND s.workspace_key = _enqueue_batch.workspace_key
+                   FOR UPDATE OF s) l;
+        PERFORM 1
+          FROM (SELECT 1 FROM zeroth.runs r
+                 WHERE r.tenant_id = _enqueue_batch.tenant_id
+                   AND r.workspace_key = _enqueue_batch.workspace_key
+                   AND r.run_id = ANY (v_active)
+                 ORDER BY r.run_id
+                   FOR UPDATE OF r) l;
+    END IF;
 
     -- The runs without a thread: one INSERT, in key order.
     WITH inserted AS (
@@ -151,7 +180,7 @@ BEGIN
     END LOOP;
 END
 $$;
-COMMENT ON FUNCTION zeroth._enqueue_batch(text, text, text, text, zeroth.enqueue_item[], timestamptz) IS 'Internal: the writes of one enqueue_runs batch (thread locks in stripe order, one INSERT for the runs without a thread, one admission per thread item); returns what was created.';
+COMMENT ON FUNCTION zeroth._enqueue_batch(text, text, text, text, zeroth.enqueue_item[], timestamptz) IS 'Internal: the writes of one enqueue_runs batch (thread locks in thread_id order, then the threads'' active runs in run_id order, one INSERT for the runs without a thread, one admission per thread item); returns what was created.';
 ALTER FUNCTION zeroth._enqueue_batch(text, text, text, text, zeroth.enqueue_item[], timestamptz) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._enqueue_batch(text, text, text, text, zeroth.enqueue_item[], timestamptz) FROM PUBLIC;
 

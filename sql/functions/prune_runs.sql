@@ -2,8 +2,9 @@
 -- One batch of at most batch_size runs per call (one short transaction); the caller loops until 0.
 -- Scope: tenant_id NULL = every tenant (a DBA function); a tenant names exactly (tenant, workspace),
 -- NULL workspace being the null workspace. Dead letters are failed runs and go too. Checkpoints go
--- by ON DELETE CASCADE. Locks: the doomed run rows FOR UPDATE SKIP LOCKED, so it never waits on a
--- worker or an operator and nobody waits on it for long. Raises ZP006 (workspace without tenant),
+-- by ON DELETE CASCADE; the thread_locks rows of threads left without a run go too. Locks: the
+-- doomed run rows and lock rows FOR UPDATE SKIP LOCKED, so it never waits on a worker or an
+-- operator and nobody waits on it for long. Raises ZP006 (workspace without tenant),
 -- ZP008. Notifies nothing. Time: clock_timestamp().
 CREATE OR REPLACE FUNCTION zeroth.prune_runs(
     older_than   interval,
@@ -17,6 +18,9 @@ DECLARE
     v_wskey   text := zeroth._workspace_key(prune_runs.workspace_id);
     v_cutoff  timestamptz;
     v_deleted integer;
+    v_tenants text[];
+    v_wskeys  text[];
+    v_threads text[];
 BEGIN
     IF prune_runs.tenant_id IS NULL AND prune_runs.workspace_id IS NOT NULL THEN
         RAISE EXCEPTION 'a workspace_id needs a tenant_id' USING ERRCODE = 'ZP006';
@@ -53,12 +57,38 @@ BEGIN
          LIMIT prune_runs.batch_size
            FOR UPDATE SKIP LOCKED
     )
-    DELETE FROM zeroth.runs r
-     USING doomed d
-     WHERE r.tenant_id = d.tenant_id
-       AND r.workspace_key = d.workspace_key
-       AND r.run_id = d.run_id;
-    GET DIAGNOSTICS v_deleted = ROW_COUNT;
+    , deleted AS (
+        DELETE FROM zeroth.runs r
+         USING doomed d
+         WHERE r.tenant_id = d.tenant_id
+           AND r.workspace_key = d.workspace_key
+           AND r.run_id = d.run_id
+        RETURNING r.tenant_id, r.workspace_key, r.thread_id
+    )
+    SELECT (SELECT count(*) FROM deleted)::integer, coalesce(array_agg(t.tenant_id), '{}'),
+           coalesce(array_agg(t.workspace_key), '{}'), coalesce(array_agg(t.thread_id), '{}')
+      INTO v_deleted, v_tenants, v_wskeys, v_threads
+      FROM (SELECT DISTINCT x.tenant_id, x.workspace_key, x.thread_id
+              FROM deleted x WHERE x.thread_id IS NOT NULL) t;
+
+    -- The lock rows (zeroth.thread_locks) of those threads that have no run left, skipping any an
+    -- admission holds: it is about to give the thread a run.
+    IF cardinality(v_threads) > 0 THEN
+        DELETE FROM zeroth.thread_locks l
+         USING (SELECT k.tenant_id, k.workspace_key, k.thread_id
+                  FROM zeroth.thread_locks k
+                  JOIN unnest(v_tenants, v_wskeys, v_threads) AS g(tenant_id, workspace_key, thread_id)
+                    ON k.tenant_id = g.tenant_id AND k.workspace_key = g.workspace_key
+                   AND k.thread_id = g.thread_id
+                 WHERE NOT EXISTS (SELECT 1 FROM zeroth.runs r
+                                    WHERE r.tenant_id = k.tenant_id
+                                      AND r.workspace_key = k.workspace_key
+                                      AND r.thread_id = k.thread_id)
+                   FOR UPDATE OF k SKIP LOCKED) gone
+         WHERE l.tenant_id = gone.tenant_id
+           AND l.workspace_key = gone.workspace_key
+           AND l.thread_id = gone.thread_id;
+    END IF;
     RETURN v_deleted;
 END
 $$;

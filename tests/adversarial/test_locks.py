@@ -103,3 +103,72 @@ async def test_no_zeroth_function_takes_an_advisory_lock(admin):
             WHERE p.pronamespace = 'zeroth'::regnamespace
               AND pg_get_functiondef(p.oid) ~* 'pg_(try_)?advisory'""")
     assert [row["function"] for row in offenders] == []
+
+
+async def colliding_thread(admin: asyncpg.Connection, tenant: str, thread: str) -> str:
+    """A thread id of tenant 'evil' whose 0008 stripe is the stripe of (tenant, '', thread)."""
+    return str(await admin.fetchval(
+        """SELECT 't' || g FROM generate_series(1, 400000) g
+            WHERE hashtextextended(ARRAY['evil', '', 't' || g]::text, 1516464242) & 16383
+                = hashtextextended(ARRAY[$1, '', $2]::text, 1516464242) & 16383
+            LIMIT 1""", tenant, thread))
+
+
+async def colliding_workspace(admin: asyncpg.Connection, tenant: str, deployment: str) -> str:
+    """A workspace of tenant 'evil' whose 0008 scope stripe is that of (tenant, '', deployment)."""
+    return str(await admin.fetchval(
+        """SELECT g::text FROM generate_series(1, 400000) g
+            WHERE hashtextextended(ARRAY['evil', 'w:' || g, $2]::text, 7230) & 1023
+                = hashtextextended(ARRAY[$1, '', $2]::text, 7230) & 1023
+            LIMIT 1""", tenant, deployment))
+
+
+async def test_a_worker_holding_its_own_threads_and_scopes_stalls_no_other_tenant(
+        login, bounded, admin):
+    """Red-team finding F1 (after 0008): the 0008 stripes were shared by every tenant and
+    computable, so a worker acting only in its own tenant held the stripes of another tenant's
+    thread and scope (here: the very ones the victim uses) in an open transaction, and the victim's
+    admissions waited and its first claims reported saturation. The locks are exact now
+    (zeroth.thread_locks; slot creation shares no lock): only the attacker's own threads wait."""
+    evil_thread = await colliding_thread(admin, TENANT, THREAD)
+    evil_workspace = await colliding_workspace(admin, TENANT, DEPLOYMENT)
+
+    attacker = await login("worker")
+    hold = attacker.transaction()
+    await hold.start()
+    try:
+        await attacker.execute(
+            "SELECT zeroth.enqueue_run(deployment_ref => $1, tenant_id => 'evil', thread_id => $2)",
+            DEPLOYMENT, evil_thread)
+        await attacker.execute(
+            """SELECT * FROM zeroth.claim_and_start(deployment_ref => $1, worker_id => 'evil',
+                   tenant_id => 'evil', workspace_id => $2, max_concurrency => 5)""",
+            DEPLOYMENT, evil_workspace)
+
+        admitted = await bounded.fetchrow(
+            """SELECT outcome FROM zeroth.admit_run(deployment_ref => $1, thread_id => $2,
+                   tenant_id => $3)""", DEPLOYMENT, THREAD, TENANT)
+        assert admitted["outcome"] == "admitted"
+        run_id = await bounded.fetchval(
+            "SELECT run_id FROM zeroth.enqueue_run(deployment_ref => $1, tenant_id => $2)",
+            DEPLOYMENT, TENANT)
+        rows = await bounded.fetch(
+            """SELECT run_id, concurrency_saturated FROM zeroth.claim_and_start(
+                   deployment_ref => $1, worker_id => 'w', tenant_id => $2, max_concurrency => 5,
+                   batch_size => 5)""", DEPLOYMENT, TENANT)
+        assert run_id in {row["run_id"] for row in rows}
+        assert not any(row["concurrency_saturated"] for row in rows)
+    finally:
+        await hold.rollback()
+
+
+@pytest.mark.parametrize("kind", ["nobody", "worker", "reader"])
+async def test_no_role_can_lock_a_thread_lock_row(login, admin, kind):
+    await admin.execute("SELECT zeroth.enqueue_run(deployment_ref => 'd', thread_id => 't')")
+    session = await login(kind)
+    for statement in ("SELECT 1 FROM zeroth.thread_locks FOR UPDATE",
+                      "SELECT 1 FROM zeroth.thread_locks FOR KEY SHARE",
+                      "INSERT INTO zeroth.thread_locks VALUES ('default', '', 't') "
+                      "ON CONFLICT DO NOTHING"):
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await session.execute(statement)

@@ -86,6 +86,77 @@ class TestBatchesOfThreadsCannotDeadlock:
         assert statuses == ["pending", "pending", "waiting", "waiting"]  # one active per thread
 
 
+class TestABatchAndTheWorkerLockActiveRunsInOneOrder:
+    """Red-team finding F3 (after 0008): a batch admitted its thread items in item order, each
+    locking its thread's active run (and slot) as it went, while renew_leases and complete_runs
+    lock a worker's runs in run_id order. A batch naming two busy threads against the order of
+    their active runs' ids deadlocked with the worker holding both. The batch now locks every
+    active run of its threads first, slots then runs, each in run_id order. A third session only
+    fixes the interleaving: it holds one row for a moment, as a call in flight would."""
+
+    A1, A2 = uuid.UUID(int=1), uuid.UUID(int=2)
+    BATCH = """SELECT count(*) FROM zeroth.enqueue_runs(deployment_ref => $1,
+                   runs => '[{"thread_id": "T2"}, {"thread_id": "T1"}]')"""
+
+    async def busy_threads(self, db: Any, max_concurrency: int | None) -> dict[Any, int]:
+        for run_id, thread in ((self.A1, "T1"), (self.A2, "T2")):
+            await db.execute("SELECT zeroth.enqueue_run(deployment_ref => $1, run_id => $2, "
+                             "thread_id => $3)", DEPLOYMENT, run_id, thread)
+        rows = await db.fetch(
+            """SELECT run_id, lease_generation FROM zeroth.claim_and_start(deployment_ref => $1,
+                   worker_id => 'W', max_concurrency => $2, batch_size => 2)
+                WHERE run_id IS NOT NULL""", DEPLOYMENT, max_concurrency)
+        assert {row["run_id"] for row in rows} == {self.A1, self.A2}
+        return {row["run_id"]: row["lease_generation"] for row in rows}
+
+    async def settle(self, db: Any, session: Session, task: Any) -> None:
+        """Until the task finished or waits for a lock (either is fine here)."""
+        for _ in range(400):
+            if task.done() or await db.fetchval(
+                    "SELECT cardinality(pg_blocking_pids($1)) > 0", session.pid):
+                return
+            await asyncio.sleep(0.005)
+
+    async def test_against_renew_leases(self, sessions, connect):
+        producer, worker, db = sessions
+        generations = await self.busy_threads(db, max_concurrency=10)
+        holder = Session(await connect())
+        await holder.begin()
+        await holder.call("SELECT 1 FROM zeroth.admission_slots WHERE run_id = $1 FOR UPDATE",
+                          self.A1)
+        batch = producer.spawn(self.BATCH, DEPLOYMENT)
+        await assert_waits_for(db, producer, holder, batch)
+        renewal = worker.spawn(
+            """SELECT count(*) FILTER (WHERE renewed) FROM zeroth.renew_leases(worker_id => 'W',
+                   run_ids => $1, generations => $2)""",
+            [self.A1, self.A2], [generations[self.A1], generations[self.A2]])
+        await self.settle(db, worker, renewal)
+        await holder.commit()
+
+        outcomes = [await finished(batch), await finished(renewal)]
+        assert [o.sqlstate for o in outcomes] == [None, None], outcomes
+        assert [o.value for o in outcomes] == [2, 2]
+
+    async def test_against_complete_runs(self, sessions, connect):
+        producer, worker, db = sessions
+        generations = await self.busy_threads(db, max_concurrency=None)
+        holder = Session(await connect())
+        await holder.begin()
+        await holder.call("SELECT 1 FROM zeroth.runs WHERE run_id = $1 FOR UPDATE", self.A1)
+        completion = worker.spawn(
+            """SELECT count(*) FILTER (WHERE completed) FROM zeroth.complete_runs(worker_id => 'W',
+                   run_ids => $1, generations => $2)""",
+            [self.A1, self.A2], [generations[self.A1], generations[self.A2]])
+        await assert_waits_for(db, worker, holder, completion)
+        batch = producer.spawn(self.BATCH, DEPLOYMENT)
+        await self.settle(db, producer, batch)
+        await holder.commit()
+
+        outcomes = [await finished(completion), await finished(batch)]
+        assert [o.sqlstate for o in outcomes] == [None, None], outcomes
+        assert [o.value for o in outcomes] == [2, 2]
+
+
 class TestBatchesThatContradictEachOtherStillBothLand:
     async def test_two_batches_naming_two_run_ids_with_crossed_keys(self, sessions, connect):
         """Red-team finding (after issue 11): b1 = [(Y, 'a'), (X, 'c')], b2 = [(X, 'a2'),

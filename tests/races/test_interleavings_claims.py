@@ -9,6 +9,8 @@ Every clock is injected with now_override; the lease of a factory run expires at
 
 from __future__ import annotations
 
+import asyncio
+
 from helpers import DEPLOYMENT, WORKER, at, enqueue, make_run, run_row
 from interleave import (
     assert_waits_for,
@@ -164,17 +166,19 @@ class TestClaimPendingAdmissionNeverWaits:
 
     async def test_first_claim_in_a_new_scope_does_not_make_a_concurrent_claimer_wait(
             self, sessions):
-        # sql/README.md: "The claims take both with FOR UPDATE SKIP LOCKED and never wait." Here
-        # A's claim is the scope's first under max_concurrency, so A's open transaction is the
-        # one that inserted the slot rows.
+        # sql/README.md: claims do not queue behind another claimer. Here A's claim is the
+        # scope's first under max_concurrency, so A's open transaction is the one that inserted
+        # the slot rows: B's INSERT of the same rows would wait for A's commit, so B gives up
+        # after its 10 ms lock_timeout and reports saturation, while A is still open.
         a, b, db = sessions
         run_id = await enqueue(db)
         assert await db.fetchval(SLOT_ROWS, DEPLOYMENT) == 0
         await a.begin()
         assert only(await a.rows(CLAIM, DEPLOYMENT, WORKER, 1, at(1)))["run_id"] == run_id
 
-        marker = only(await finishes_without_waiting(
-            db, b, b.spawn(CLAIM, DEPLOYMENT, SWEEPER, 1, at(1), rows=True)))
+        # B finishes while A stays open (had it queued behind A, the wait would never end).
+        claim = b.spawn(CLAIM, DEPLOYMENT, SWEEPER, 1, at(1), rows=True)
+        marker = only(await asyncio.wait_for(asyncio.shield(claim), timeout=30))
         await a.commit()
 
         assert (marker["run_id"], marker["concurrency_saturated"]) == (None, True)

@@ -121,3 +121,27 @@ class TestPruneAndOperators:
 
         assert other_half.value == 2
         assert await run_ids(db) == set()
+
+
+class TestThreadLockRows:
+    ENQUEUE = "SELECT status::text FROM zeroth.enqueue_run(deployment_ref => $1, thread_id => $2)"
+
+    async def test_an_admission_in_flight_keeps_its_lock_row_and_neither_waits(self, sessions):
+        # The admission holds the thread's lock row (zeroth.thread_locks) while the thread's only
+        # old run is pruned: prune skips the held row instead of waiting, and the admission's run
+        # keeps the thread (and its row) alive.
+        pruner, admission, db = sessions
+        old = (await make_run(db, "completed", thread_id="t")).run_id
+        await admission.begin()
+        assert (await admission.call(self.ENQUEUE, DEPLOYMENT, "t")).value == "pending"
+
+        pruned = await finishes_without_waiting(db, pruner, pruner.spawn(
+            PRUNE, *prune_args()))
+        await admission.commit()
+
+        assert pruned.value == 1
+        assert old not in await run_ids(db)
+        assert await db.fetchval("SELECT count(*) FROM zeroth.thread_locks") == 1
+        # and a later prune leaves it: the thread still has its new run
+        assert (await pruner.call(PRUNE, *prune_args())).value == 0
+        assert await db.fetchval("SELECT count(*) FROM zeroth.thread_locks") == 1

@@ -176,13 +176,14 @@ class TestSlots:
 class TestRejectedArguments:
     @pytest.mark.parametrize("case", [
         "null-worker", "null-run-ids", "length-mismatch", "null-element", "repeated-run",
-        "outputs-length", "too-many"])
+        "outputs-length", "too-many", "two-dimensional", "outputs-from-zero"])
     async def test_bad_argument_raises_zp008_and_changes_nothing(self, conn, case):
         lease = await make_run(conn, "running")
         pairs: list[tuple[Any, Any]] = [(lease.run_id, 1)]
         worker: str | None = WORKER
         outputs: list[Any] | None = None
         sql_args: tuple[Any, ...] | None = None
+        sql = COMPLETE_RUNS
         if case == "null-worker":
             worker = None
         elif case == "null-run-ids":
@@ -197,12 +198,18 @@ class TestRejectedArguments:
             outputs = [{"a": 1}, {"b": 2}]
         elif case == "too-many":
             pairs += [(uuid.uuid4(), 1) for _ in range(1000)]
+        elif case == "two-dimensional":  # 0A000 before (red-team F4)
+            sql_args = (WORKER, [[lease.run_id]], [[1]], None, None, at(1))
+        elif case == "outputs-from-zero":
+            # '[0:0]={...}': outputs[i] would pair with the wrong run (red-team F4).
+            sql_args = (WORKER, [lease.run_id], [1], '[0:0]={"{\\"a\\": 1}"}', None, at(1))
+            sql = COMPLETE_RUNS.replace("$4::text[]::jsonb[]", "$4::text::jsonb[]")
         before = await table_state(conn)
 
         async def call() -> None:
             async with conn.transaction():
                 if sql_args is not None:
-                    await conn.fetch(COMPLETE_RUNS, *sql_args)
+                    await conn.fetch(sql, *sql_args)
                 else:
                     await complete_runs(conn, pairs, worker_id=worker, outputs=outputs)
 

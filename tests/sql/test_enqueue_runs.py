@@ -147,6 +147,8 @@ class TestWholeBatchRejected:
             pytest.param({"payload": [1]}, id="payload-not-object"),
             pytest.param({"metadata": "m"}, id="metadata-not-object"),
             pytest.param({"unknown_key": 1}, id="unknown-key"),
+            # 22023 before (red-team F4): every data exception of an item is the item's ZP008.
+            pytest.param({"run_after": "2024-01-01 00:00 Mars/Olympus"}, id="unknown-time-zone"),
         ])
     async def test_one_bad_item_rejects_the_batch_with_zp008(self, conn, bad_item):
         await enqueue(conn, idempotency_key="existing")

@@ -242,3 +242,21 @@ async def assert_raises(conn: asyncpg.Connection, sqlstate: str, **arguments: An
             await conn.fetchval(sql, older_than, values["batch_size"], values["tenant_id"],
                                 values["workspace_id"], NOW)
     assert info.value.sqlstate == sqlstate
+
+
+class TestThreadLockRows:
+    """zeroth.thread_locks holds one row per thread that was admitted to (0009); prune_runs deletes
+    the row once the thread has no run left, so the table does not grow with the history."""
+
+    LOCKS = "SELECT thread_id FROM zeroth.thread_locks ORDER BY 1"
+
+    async def test_the_row_goes_with_the_threads_last_run_and_stays_while_one_is_left(self, conn):
+        kept_old = await finished_run(conn, "completed", thread_id="kept")
+        await finished_run(conn, "cancelled", thread_id="gone")
+        await make_run(conn, "pending", thread_id="kept", now=NOW)  # a newer run of "kept"
+        assert [r["thread_id"] for r in await conn.fetch(self.LOCKS)] == ["gone", "kept"]
+
+        assert await prune(conn) == 2
+
+        assert kept_old not in await run_ids(conn)
+        assert [r["thread_id"] for r in await conn.fetch(self.LOCKS)] == ["kept"]

@@ -162,6 +162,7 @@ class TestBadArguments:
             pytest.param("null-run-ids", WORKER, 60.0, id="null-run-ids"),
             pytest.param("null-generations", WORKER, 60.0, id="null-generations"),
             pytest.param("ok", "", 60.0, id="empty-worker"),
+            pytest.param("two-dimensional", WORKER, 60.0, id="two-dimensional"),
             pytest.param("ok", None, 60.0, id="null-worker"),
             pytest.param("ok", WORKER, 0.0, id="lease-zero"),
             pytest.param("ok", WORKER, float("nan"), id="lease-nan"),
@@ -182,6 +183,8 @@ class TestBadArguments:
             run_ids = [a.run_id, None]
         elif shape == "null-generation-element":
             generations = [a.generation, None]
+        elif shape == "two-dimensional":  # 0A000 before (red-team F4)
+            run_ids, generations = [[a.run_id, b.run_id]], [[a.generation, b.generation]]
         elif shape == "null-run-ids":
             run_ids = None
         elif shape == "null-generations":

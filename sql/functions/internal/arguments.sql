@@ -79,6 +79,12 @@ BEGIN
     PERFORM zeroth._require(run_ids IS NOT NULL AND generations IS NOT NULL
                             AND cardinality(run_ids) = cardinality(generations),
                             'run_ids and generations must be arrays of the same length');
+    -- One dimension, subscripts from 1 (or empty): the callers pair the arrays by position.
+    PERFORM zeroth._require(coalesce(array_ndims(run_ids), 1) = 1
+                            AND coalesce(array_ndims(generations), 1) = 1
+                            AND coalesce(array_lower(run_ids, 1), 1) = 1
+                            AND coalesce(array_lower(generations, 1), 1) = 1,
+                            'run_ids and generations must be one-dimensional arrays indexed from 1');
     PERFORM zeroth._require(array_position(run_ids, NULL) IS NULL
                             AND array_position(generations, NULL) IS NULL,
                             'run_ids and generations must not contain NULL');
@@ -87,6 +93,6 @@ BEGIN
                             'run_ids must not repeat a run');
 END
 $$;
-COMMENT ON FUNCTION zeroth._require_lease_batch(uuid[], bigint[]) IS 'Internal: ZP008 unless run_ids and generations are equal-length, NULL-free, at most 1000 long, without a repeated run.';
+COMMENT ON FUNCTION zeroth._require_lease_batch(uuid[], bigint[]) IS 'Internal: ZP008 unless run_ids and generations are equal-length one-dimensional arrays indexed from 1, NULL-free, at most 1000 long, without a repeated run.';
 ALTER FUNCTION zeroth._require_lease_batch(uuid[], bigint[]) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._require_lease_batch(uuid[], bigint[]) FROM PUBLIC;

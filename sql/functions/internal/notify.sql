@@ -17,12 +17,31 @@ COMMENT ON FUNCTION zeroth._notify_key(text, text[]) IS 'Internal: the opaque NO
 ALTER FUNCTION zeroth._notify_key(text, text[]) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._notify_key(text, text[]) FROM PUBLIC;
 
+-- Every NOTIFY of the package, and only while the notification queue is less than half full.
+-- NOTIFY and LISTEN need no privilege: a LOGIN role with no grant can LISTEN, sit idle in a
+-- transaction (so the queue's tail cannot advance) and fill the rest of the queue with its own
+-- notifications. A transaction that notifies into a full queue fails at COMMIT, where no function
+-- can catch it, so a full queue would have failed every enqueue, completion and cancel that
+-- notifies (red-team finding F2: successful runs ended dead-lettered). A notification is only a
+-- hint (workers poll), so dropping it while the queue is under pressure loses nothing; at half
+-- full there is room left for every notification this transaction can still add before it
+-- commits. Monitor pg_notification_queue_usage() and set idle_in_transaction_session_timeout
+-- (docs/dba-guide.md).
+CREATE OR REPLACE FUNCTION zeroth._notify(channel text, payload text) RETURNS void
+    LANGUAGE sql VOLATILE
+    BEGIN ATOMIC
+        SELECT pg_notify(channel, payload) WHERE pg_notification_queue_usage() < 0.5;
+    END;
+COMMENT ON FUNCTION zeroth._notify(text, text) IS 'Internal: pg_notify(channel, payload) unless the notification queue is half full or more (a notification is a hint; a full queue fails the notifying transaction at COMMIT).';
+ALTER FUNCTION zeroth._notify(text, text) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._notify(text, text) FROM PUBLIC;
+
 -- Work may be claimable in (deployment, tenant, workspace): NOTIFY zeroth_wakeup with that
 -- scope's key. PostgreSQL folds identical payloads within one transaction, so a batch notifies once.
 CREATE OR REPLACE FUNCTION zeroth._notify_wakeup(deployment_ref text, tenant_id text, workspace_id text) RETURNS void
     LANGUAGE sql VOLATILE
     BEGIN ATOMIC
-        SELECT pg_notify('zeroth_wakeup', zeroth._notify_key('wakeup', ARRAY[tenant_id, workspace_id, deployment_ref]));
+        SELECT zeroth._notify('zeroth_wakeup', zeroth._notify_key('wakeup', ARRAY[tenant_id, workspace_id, deployment_ref]));
     END;
 COMMENT ON FUNCTION zeroth._notify_wakeup(text, text, text) IS 'Internal: NOTIFY zeroth_wakeup with the opaque key of (tenant, workspace, deployment).';
 ALTER FUNCTION zeroth._notify_wakeup(text, text, text) OWNER TO zeroth_owner;
@@ -33,7 +52,7 @@ REVOKE ALL ON FUNCTION zeroth._notify_wakeup(text, text, text) FROM PUBLIC;
 CREATE OR REPLACE FUNCTION zeroth._notify_control(worker_id text) RETURNS void
     LANGUAGE sql VOLATILE
     BEGIN ATOMIC
-        SELECT pg_notify('zeroth_control', zeroth._notify_key('control', ARRAY[worker_id]));
+        SELECT zeroth._notify('zeroth_control', zeroth._notify_key('control', ARRAY[worker_id]));
     END;
 COMMENT ON FUNCTION zeroth._notify_control(text) IS 'Internal: NOTIFY zeroth_control with the opaque key of a worker id.';
 ALTER FUNCTION zeroth._notify_control(text) OWNER TO zeroth_owner;

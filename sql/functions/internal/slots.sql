@@ -62,33 +62,37 @@ DECLARE
     v_named   integer[];
     v_runs    uuid[];
     v_retired integer[];
+    v_lock_timeout text;
 BEGIN
     -- The scope becomes slot rows: bound what would be written (K rows, indexed keys).
     PERFORM zeroth._require(_take_slots.max_concurrency <= 10000, 'max_concurrency must be at most 10000');
     PERFORM zeroth._require_identifier(_take_slots.tenant_id, 'tenant_id');
     PERFORM zeroth._require(length(_take_slots.workspace_key) <= 202,
                             'workspace_id must be at most 200 characters');
-    -- First use of a scope (or a larger K): create the slot rows. Only one session may do it at a
-    -- time, and the others must not wait for its transaction (an INSERT that conflicts with an
-    -- uncommitted row waits), so the creator takes the scope's stripe of zeroth.lock_stripes with
-    -- SKIP LOCKED; a session that misses it finds no free slot this time and reports saturation
-    -- until the rows commit. (A row lock: an advisory lock could be held by anyone who connects.)
+    -- First use of a scope (or a larger K): create the slot rows. Claims never wait, and an
+    -- INSERT that conflicts with another claimer's uncommitted slot rows would wait for its
+    -- transaction: so the INSERT runs in a subtransaction with a 10 ms lock_timeout, and a claimer
+    -- that would wait finds no free slot this time (it reports saturation until the rows
+    -- commit). Only claimers of this very scope can be in the way: no lock is shared with any
+    -- other scope (0008 took a stripe of zeroth.lock_stripes, computable and shared by every
+    -- tenant: red-team finding F1). The subtransaction is paid once per scope and K.
     IF NOT EXISTS (SELECT 1
                      FROM zeroth.admission_slots s
                     WHERE s.tenant_id = _take_slots.tenant_id
                       AND s.workspace_key = _take_slots.workspace_key
                       AND s.deployment_ref = _take_slots.deployment_ref
                       AND s.slot_no = _take_slots.max_concurrency) THEN
-        PERFORM 1 FROM zeroth.lock_stripes l
-         WHERE l.stripe = 16384 + (hashtextextended(ARRAY[_take_slots.tenant_id, _take_slots.workspace_key,
-                                                          _take_slots.deployment_ref]::text, 7230) & 1023)::integer
-           FOR UPDATE SKIP LOCKED;
-        IF FOUND THEN
+        v_lock_timeout := current_setting('lock_timeout');
+        BEGIN
+            PERFORM set_config('lock_timeout', '10ms', true);
             INSERT INTO zeroth.admission_slots (tenant_id, workspace_key, deployment_ref, slot_no)
             SELECT _take_slots.tenant_id, _take_slots.workspace_key, _take_slots.deployment_ref, g.n
               FROM generate_series(1, _take_slots.max_concurrency) AS g(n)
             ON CONFLICT DO NOTHING;
-        END IF;
+            PERFORM set_config('lock_timeout', v_lock_timeout, true);
+        EXCEPTION WHEN lock_not_available THEN
+            NULL;  -- rolled back, lock_timeout with it
+        END;
     END IF;
 
     -- One pass over the scope's slots: which lease is live (a primary-key probe of its run).

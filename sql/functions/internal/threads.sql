@@ -1,28 +1,28 @@
--- sql/functions/internal/threads.sql: thread admission plumbing: stripe locks, the FIFO queue, promotion, the finished trigger.
+-- sql/functions/internal/threads.sql: thread admission plumbing: the thread lock, the FIFO queue,
+-- promotion, the finished trigger.
 -- Internal helpers: SECURITY INVOKER, executable by zeroth_owner only (they run inside the
 -- SECURITY DEFINER public functions). Re-applied by every upgrade (sql/README.md).
 
--- Serialises admissions (and redrives) of one thread: a row lock on its stripe of
--- zeroth.lock_stripes (see the table); threads that share a stripe only wait for each other.
-CREATE OR REPLACE FUNCTION zeroth._thread_stripe(tenant_id text, workspace_key text, thread_id text) RETURNS integer
-    LANGUAGE sql IMMUTABLE PARALLEL SAFE
-    -- The key is an array's text, so no separator character inside an identifier makes two alike.
-    RETURN (hashtextextended(ARRAY[tenant_id, workspace_key, thread_id]::text, 1516464242) & 16383)::integer;
-COMMENT ON FUNCTION zeroth._thread_stripe(text, text, text) IS 'Internal: the zeroth.lock_stripes row (0..16383) that serialises admissions of this thread.';
-ALTER FUNCTION zeroth._thread_stripe(text, text, text) OWNER TO zeroth_owner;
-REVOKE ALL ON FUNCTION zeroth._thread_stripe(text, text, text) FROM PUBLIC;
-
+-- Serialises admissions (and redrives) of one thread: a row lock on the thread's own row of
+-- zeroth.thread_locks, inserted on first use. One statement inserts or locks: ON CONFLICT DO
+-- UPDATE locks the existing row even though its WHERE false updates nothing. Only sessions that
+-- admit to this very thread ever wait for each other (an owner-only table: nobody else can lock
+-- it). Under REPEATABLE READ a row another transaction inserted after the snapshot raises 40001.
 CREATE OR REPLACE FUNCTION zeroth._lock_thread(tenant_id text, workspace_key text, thread_id text) RETURNS void
     LANGUAGE sql VOLATILE
     BEGIN ATOMIC
-        SELECT 1 FROM zeroth.lock_stripes l
-         WHERE l.stripe = zeroth._thread_stripe(_lock_thread.tenant_id, _lock_thread.workspace_key,
-                                                 _lock_thread.thread_id)
-           FOR UPDATE;
+        INSERT INTO zeroth.thread_locks AS l (tenant_id, workspace_key, thread_id)
+        VALUES (_lock_thread.tenant_id, _lock_thread.workspace_key, _lock_thread.thread_id)
+        ON CONFLICT ON CONSTRAINT thread_locks_pkey DO UPDATE SET thread_id = excluded.thread_id
+           WHERE false;
     END;
-COMMENT ON FUNCTION zeroth._lock_thread(text, text, text) IS 'Internal: lock the thread''s stripe of zeroth.lock_stripes until the transaction ends (admissions, redrive).';
+COMMENT ON FUNCTION zeroth._lock_thread(text, text, text) IS 'Internal: lock the thread''s own row of zeroth.thread_locks (inserted on first use) until the transaction ends (admissions, redrive).';
 ALTER FUNCTION zeroth._lock_thread(text, text, text) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._lock_thread(text, text, text) FROM PUBLIC;
+
+-- Replaced by that row (0009): a thread's stripe of zeroth.lock_stripes was computable and shared
+-- with other tenants' threads. Dropped after _lock_thread, whose old body called it.
+DROP FUNCTION IF EXISTS zeroth._thread_stripe(text, text, text);
 
 -- The thread_queued_at of a run joining a thread's queue: now, but always after the last queued
 -- run, so the queue stays first-in first-out even for runs queued in the same microsecond.
@@ -171,7 +171,7 @@ REVOKE ALL ON FUNCTION zeroth._mark_queue_changed(text, text, uuid) FROM PUBLIC;
 CREATE OR REPLACE FUNCTION zeroth._thread_run_finished() RETURNS trigger
     LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
-    PERFORM pg_notify('zeroth_run_finished', zeroth._notify_key(
+    PERFORM zeroth._notify('zeroth_run_finished', zeroth._notify_key(
         'run_finished', ARRAY[NEW.tenant_id, NEW.workspace_key, NEW.run_id::text]));
     IF OLD.thread_queued_at IS NULL THEN
         PERFORM zeroth._promote_thread_head(NEW.tenant_id, NEW.workspace_key, NEW.thread_id, NEW.updated_at);
