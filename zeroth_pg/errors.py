@@ -129,8 +129,13 @@ _BY_SQLSTATE: dict[str, type[ZerothError]] = {
     if cls.sqlstate is not None
 }
 
-# serialization_failure, deadlock_detected, lock_not_available, and the server shutting down.
-_RETRYABLE_SQLSTATES = frozenset({"40001", "40P01", "55P03", "57P01", "57P02", "57P03"})
+# serialization_failure, deadlock_detected, lock_not_available, the server shutting down, and
+# "too many notifications in the NOTIFY queue" (54000: a full queue, which drains).
+_RETRYABLE_SQLSTATES = frozenset({"40001", "40P01", "55P03", "57P01", "57P02", "57P03", "54000"})
+#: insufficient_resources (disk full, out of memory, too many connections): the server's state,
+#: never the call's values, so a worker must not fail a run for it (red-team F2: a completion
+#: refused by a full NOTIFY queue was failed as "a value PostgreSQL cannot store").
+_RETRYABLE_CLASSES = ("53",)
 
 
 def translate(exc: BaseException) -> BaseException:
@@ -146,7 +151,7 @@ def translate(exc: BaseException) -> BaseException:
             return cls(message)
         if (sqlstate or "").startswith("08"):
             return ConnectionLostError(message, sqlstate=sqlstate)
-        if sqlstate in _RETRYABLE_SQLSTATES:
+        if sqlstate in _RETRYABLE_SQLSTATES or (sqlstate or "")[:2] in _RETRYABLE_CLASSES:
             return RetryableError(message, sqlstate=sqlstate)
         return DatabaseError(message, sqlstate=sqlstate)
     # InternalClientError: asyncpg's protocol state after the server dropped the connection under

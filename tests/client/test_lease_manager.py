@@ -40,6 +40,7 @@ from zeroth_pg import (
     UnknownColumnError,
     ZerothError,
 )
+from zeroth_pg.errors import translate
 
 DEPLOY = "deploy-client"
 W1 = "worker-1"
@@ -652,6 +653,17 @@ class TestErrorMapping:
             await lm.enqueue_run(DEPLOY, max_attempts=0)
         assert await _row(pool, enqueued.run_id) == before
         assert await pool.fetchval("SELECT count(*) FROM zeroth.runs") == 1
+
+    @pytest.mark.parametrize("sqlstate", ["54000", "53100", "53200", "53300", "40P01"])
+    async def test_a_server_state_error_is_retryable_not_a_bad_value(self, pool, sqlstate):
+        # A full NOTIFY queue (54000) or an exhausted server resource (class 53) says nothing
+        # about the call's values: a worker must retry, never fail the run (red-team F2).
+        with pytest.raises(asyncpg.PostgresError) as raised:
+            await pool.execute(
+                f"DO $$BEGIN RAISE EXCEPTION 'server state' USING ERRCODE = '{sqlstate}'; END$$")
+        translated = translate(raised.value)
+        assert isinstance(translated, RetryableError)
+        assert translated.retryable is True
 
     async def test_terminated_connection_raises_retryable_connection_lost(self, pool, connect):
         lm = LeaseManager(pool)
