@@ -6,11 +6,12 @@ Every revision is a stub that runs one ``sql/migrations`` file (see zeroth_pg.mi
   reads the version table until after the last revision commits, so two concurrent upgrades
   serialise and the second finds the database at head and does nothing;
 * creates schema ``zeroth`` (under the lock) before alembic creates its version table there;
-* commits each revision in its own transaction (``transaction_per_migration``), so a failure
-  leaves the database at the last good revision;
-* when the database is then at head, re-applies every function file (``sql/functions``, in the
-  order of its order.txt) in one more transaction, still under the lock
-  (zeroth_pg.migrate.apply_functions). An upgrade that stops at an older revision leaves the
+* an upgrade to head runs every pending revision and then the function files (``sql/functions``
+  in the order of its order.txt, zeroth_pg.migrate.apply_functions: skipped when exactly those
+  files were applied and the catalog still holds them) in ONE transaction, with search_path
+  pinned and a lock_timeout, retried when a lock was not available: callers see the old schema
+  and functions or the new ones, never a mix, and an upgrade never parks in a lock queue;
+* an upgrade that stops at an older revision commits each revision on its own and leaves the
   functions alone: they are written for the head schema.
 
 Online mode only: the offline script is ``python -m zeroth_pg.migrate sql``.
@@ -18,11 +19,39 @@ Online mode only: the offline script is ``python -m zeroth_pg.migrate sql``.
 
 from __future__ import annotations
 
+import logging
+import random
+import time
+
 from alembic import context
+from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
 from zeroth_pg.migrate import ADVISORY_LOCK_KEY, VERSION_SCHEMA, VERSION_TABLE, apply_functions
+
+log = logging.getLogger("zeroth_pg.migrate")
+
+
+#: An upgrade to head waits at most this long for any one lock (a table a migration alters, a view
+#: or the trigger a function file replaces), then rolls back and tries again: waiting longer would
+#: make every call that needs the same object queue behind the upgrade's lock request.
+LOCK_TIMEOUT = "5s"
+ATTEMPTS = 12
+
+
+def _reaches_head(script: ScriptDirectory, target: object) -> bool:
+    head = script.get_current_head()
+    try:
+        destination = script.get_revision(target if isinstance(target, str) else None)
+    except Exception:
+        return False
+    return destination is not None and destination.revision == head
+
+
+def _lock_not_available(exc: BaseException) -> bool:
+    return isinstance(exc, DBAPIError) and getattr(exc.orig, "sqlstate", None) == "55P03"
 
 
 def run_migrations_online() -> None:
@@ -31,6 +60,7 @@ def run_migrations_online() -> None:
     if not url:
         raise RuntimeError("no database URL: use zeroth_pg.migrate.upgrade(dsn)")
     engine = create_engine(url, poolclass=NullPool)
+    to_head = _reaches_head(context.script, context.get_revision_argument())
     try:
         with engine.connect() as connection:
             connection.execute(text("SELECT pg_advisory_lock(:key)"), {"key": ADVISORY_LOCK_KEY})
@@ -41,18 +71,34 @@ def run_migrations_online() -> None:
                     connection=connection,
                     version_table=VERSION_TABLE,
                     version_table_schema=VERSION_SCHEMA,
-                    transaction_per_migration=True,
+                    # To head: one transaction for every pending migration and the function
+                    # files, so no caller ever sees the schema between them (0008 drops every
+                    # function of 0002-0007; the files create them again).
+                    transaction_per_migration=not to_head,
                 )
-                with context.begin_transaction():
-                    context.run_migrations()
+                if not to_head:
+                    with context.begin_transaction():
+                        context.run_migrations()
+                else:
+                    for attempt in range(1, ATTEMPTS + 1):
+                        try:
+                            with context.begin_transaction():
+                                connection.execute(text(
+                                    "SELECT pg_catalog.set_config('lock_timeout', :t, true)"),
+                                    {"t": LOCK_TIMEOUT})
+                                context.run_migrations()
+                                apply_functions(connection.connection.dbapi_connection)
+                            break
+                        except DBAPIError as exc:
+                            if not _lock_not_available(exc) or attempt == ATTEMPTS:
+                                raise
+                            if connection.in_transaction():
+                                connection.rollback()
+                            log.warning("upgrade waited %s for a lock (attempt %d of %d); "
+                                        "trying again", LOCK_TIMEOUT, attempt, ATTEMPTS)
+                            time.sleep(min(10.0, 0.5 * 2 ** (attempt - 1)) * random.uniform(0.5, 1))
                 if connection.in_transaction():
                     connection.commit()
-                at = connection.execute(
-                    text(f"SELECT version_num FROM {VERSION_SCHEMA}.{VERSION_TABLE}")
-                ).scalars().all()
-                connection.commit()
-                if at == [context.script.get_current_head()]:
-                    apply_functions(connection.connection.dbapi_connection)
             finally:
                 if connection.in_transaction():
                     connection.rollback()

@@ -389,6 +389,24 @@ ALTER TABLE zeroth.notification_secret OWNER TO zeroth_owner;
 COMMENT ON TABLE zeroth.notification_secret IS 'The per-database random secret that NOTIFY payload keys are derived from (zeroth._notify_key). Readable by zeroth_owner only.';
 
 --
+-- Name: code_version; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE TABLE zeroth.code_version (
+    id boolean DEFAULT true NOT NULL,
+    files_sha256 text NOT NULL,
+    catalog_md5 text NOT NULL,
+    applied_at timestamp with time zone NOT NULL,
+    CONSTRAINT code_version_one_row CHECK (id)
+);
+
+ALTER TABLE zeroth.code_version OWNER TO zeroth_owner;
+
+--
+-- Name: TABLE code_version; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON TABLE zeroth.code_version IS 'One row: the sha256 of the sql/functions files the last upgrade applied and the md5 of the catalog''s definitions of the schema''s functions, views and triggers right after (zeroth_pg.migrate). Readable by zeroth_owner only.';
+
+--
 -- Name: lock_stripes; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
 --
 CREATE TABLE zeroth.lock_stripes (
@@ -435,6 +453,12 @@ ALTER TABLE ONLY zeroth.admission_slots
 --
 ALTER TABLE ONLY zeroth.checkpoints
     ADD CONSTRAINT checkpoints_pkey PRIMARY KEY (tenant_id, workspace_key, checkpoint_id);
+
+--
+-- Name: code_version code_version_pkey; Type: CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE ONLY zeroth.code_version
+    ADD CONSTRAINT code_version_pkey PRIMARY KEY (id);
 
 --
 -- Name: lock_stripes lock_stripes_pkey; Type: CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
@@ -534,6 +558,11 @@ CREATE POLICY checkpoints_reader_tenant ON zeroth.checkpoints FOR SELECT TO zero
 -- Name: POLICY checkpoints_reader_tenant ON checkpoints; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
 COMMENT ON POLICY checkpoints_reader_tenant ON zeroth.checkpoints IS 'zeroth_reader sees the checkpoints of the tenant named in the setting zeroth.tenant_id (none when unset).';
+
+--
+-- Name: code_version; Type: ROW SECURITY; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE zeroth.code_version ENABLE ROW LEVEL SECURITY;
 
 --
 -- Name: lock_stripes; Type: ROW SECURITY; Schema: zeroth; Owner: zeroth_owner

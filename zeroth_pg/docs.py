@@ -30,6 +30,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from zeroth_pg import errors, migrate
+from zeroth_pg._libpq import libpq_dsn
 from zeroth_pg._paths import repo_root, sql_functions_dir
 
 __all__ = ["DOCS_COMMAND", "FunctionDoc", "read_functions", "render", "sql_api_markdown"]
@@ -328,7 +329,7 @@ def render(functions: list[FunctionDoc], relations: list[dict[str, Any]],
 
 def sql_api_markdown(dsn: str) -> str:
     """docs/sql-api.md for the migrated database at ``dsn``."""
-    with psycopg.connect(migrate._strip_driver(dsn), autocommit=True) as conn:
+    with psycopg.connect(libpq_dsn(dsn), autocommit=True) as conn:
         functions = read_functions(conn)
         cursor = conn.cursor(row_factory=dict_row)
         relations = cursor.execute(_RELATIONS, (SCHEMA,)).fetchall()

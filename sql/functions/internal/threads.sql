@@ -169,7 +169,9 @@ REVOKE ALL ON FUNCTION zeroth._mark_queue_changed(text, text, uuid) FROM PUBLIC;
 -- zeroth_run_finished with the run's opaque key (join waits on it). The finishing call's own time
 -- (updated_at) is used.
 CREATE OR REPLACE FUNCTION zeroth._thread_run_finished() RETURNS trigger
-    LANGUAGE plpgsql VOLATILE AS $$
+    -- Pinned: a trigger runs with the search_path of whoever updates the row, a DBA's manual
+    -- UPDATE included, and its body's operators would resolve there (red-team pass 3).
+    LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     PERFORM zeroth._notify('zeroth_run_finished', zeroth._notify_key(
         'run_finished', ARRAY[NEW.tenant_id, NEW.workspace_key, NEW.run_id::text]));
