@@ -60,6 +60,9 @@ BEGIN
     PERFORM zeroth._require(admit_run.idempotency_key IS NULL
                             OR length(admit_run.idempotency_key) BETWEEN 1 AND 500,
                             'idempotency_key must be NULL or 1 to 500 characters');
+    PERFORM zeroth._require(zeroth._key_fits(v_tenant, v_wskey, admit_run.deployment_ref,
+                                             admit_run.idempotency_key),
+                            'tenant_id, workspace_id, deployment_ref and idempotency_key must fit in 2600 bytes together');
 
     IF admit_run.strategy IN ('interrupt', 'rollback') THEN
         PERFORM zeroth._lock_thread(v_tenant, v_wskey, admit_run.thread_id);

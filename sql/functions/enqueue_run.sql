@@ -41,6 +41,9 @@ BEGIN
     PERFORM zeroth._require(enqueue_run.idempotency_key IS NULL
                             OR length(enqueue_run.idempotency_key) BETWEEN 1 AND 500,
                             'idempotency_key must be NULL or 1 to 500 characters');
+    PERFORM zeroth._require(zeroth._key_fits(v_tenant, v_wskey, enqueue_run.deployment_ref,
+                                             enqueue_run.idempotency_key),
+                            'tenant_id, workspace_id, deployment_ref and idempotency_key must fit in 2600 bytes together');
     PERFORM zeroth._require(enqueue_run.run_after IS NULL OR isfinite(enqueue_run.run_after),
                             'run_after must be a finite timestamp');
 

@@ -213,6 +213,7 @@ DECLARE
     v_t_run     uuid[];
     v_t_created boolean[];
     v_t_status  zeroth.run_status[];
+    v_too_long  bigint;
 BEGIN
     -- The shared arguments are checked up front so an empty batch validates them too.
     IF v_tenant IS NULL THEN
@@ -224,6 +225,13 @@ BEGIN
         PERFORM zeroth._require_identifier(enqueue_runs.workspace_id, 'workspace_id');
     END IF;
     v_items := zeroth._enqueue_items(enqueue_runs.runs);
+    SELECT min(i.position) INTO v_too_long
+      FROM unnest(v_items) AS i
+     WHERE NOT zeroth._key_fits(v_tenant, v_wskey, enqueue_runs.deployment_ref, i.idempotency_key);
+    IF v_too_long IS NOT NULL THEN
+        RAISE EXCEPTION 'runs[%]: tenant_id, workspace_id, deployment_ref and idempotency_key must fit in 2600 bytes together',
+            v_too_long USING ERRCODE = 'ZP008';
+    END IF;
 
     -- Two batches can meet in a deadlock only through the keys they name (idempotency keys,
     -- caller-chosen run ids): one INSERT waits on the other's uncommitted key while the other

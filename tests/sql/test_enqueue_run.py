@@ -214,6 +214,11 @@ class TestRejectedInput:
             pytest.param({"tenant_id": "t" * 201}, id="201-char-tenant"),
             pytest.param({"tenant_id": "t1", "workspace_id": ""}, id="empty-workspace"),
             pytest.param({"tenant_id": "t1", "workspace_id": "w" * 201}, id="201-char-workspace"),
+            # 200 four-byte characters each and a 500-character key overflow the idempotency
+            # index's 2704-byte row (54000, which a producer would retry for ever): red-team D.
+            pytest.param({"tenant_id": "\U0001F600" * 200, "workspace_id": "\U0001F601" * 200,
+                          "deployment_ref": "\U0001F602" * 200,
+                          "idempotency_key": "\U0001F603" * 500}, id="key-over-2600-bytes"),
         ])
     async def test_bad_argument_raises_zp008_and_inserts_nothing(self, conn, kwargs):
         await call_enqueue(conn, idempotency_key="existing")

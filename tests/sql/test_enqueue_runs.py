@@ -297,3 +297,17 @@ class TestWakeupNotify:
         assert caught.value.sqlstate == "ZP008"
         assert await notifications_before_sentinel(queue, producer) == []
         assert await producer.fetchval("SELECT count(*) FROM zeroth.runs") == 0
+
+
+async def test_an_item_whose_key_overflows_the_index_rejects_the_batch_with_zp008(conn):
+    # Red-team pass 3, finding D: the idempotency index refuses rows over 2704 bytes with 54000,
+    # which a producer would retry for ever; the batch is refused up front, naming the item.
+    wide = {"deployment_ref": "\U0001F602" * 200, "tenant_id": "\U0001F600" * 200,
+            "workspace_id": "\U0001F601" * 200}
+    with pytest.raises(asyncpg.PostgresError) as caught:
+        async with conn.transaction():
+            await enqueue_batch(conn, [{"idempotency_key": "a"},
+                                       {"idempotency_key": "\U0001F603" * 500}], **wide)
+    assert caught.value.sqlstate == "ZP008"
+    assert "runs[2]" in caught.value.args[0]
+    assert await conn.fetchval("SELECT count(*) FROM zeroth.runs") == 0

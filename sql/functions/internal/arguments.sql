@@ -73,6 +73,20 @@ REVOKE ALL ON FUNCTION zeroth._require_identifier(text, text) FROM PUBLIC;
 
 -- Checks the (run_ids, generations) arrays of a batch call: same length, no NULL, no repeated
 -- run, at most 1000 entries (one statement's worth). Raises ZP008.
+-- Whether a run's idempotency key fits its index (runs_idempotency_key_idx): PostgreSQL refuses an
+-- index row over 2704 bytes (54000), a refusal the caller could only retry for ever. Identifiers
+-- are bounded in characters, and 200 four-byte characters are 800 bytes, so the key's bytes are
+-- bounded together with the scope's (red-team pass 3, finding D).
+CREATE OR REPLACE FUNCTION zeroth._key_fits(tenant_id text, workspace_key text, deployment_ref text,
+                                            idempotency_key text) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    RETURN idempotency_key IS NULL
+        OR octet_length(tenant_id) + octet_length(workspace_key) + octet_length(deployment_ref)
+           + octet_length(idempotency_key) <= 2600;
+COMMENT ON FUNCTION zeroth._key_fits(text, text, text, text) IS 'Internal: true unless tenant, workspace key, deployment and idempotency key together exceed 2600 bytes (the idempotency index refuses rows over 2704).';
+ALTER FUNCTION zeroth._key_fits(text, text, text, text) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._key_fits(text, text, text, text) FROM PUBLIC;
+
 CREATE OR REPLACE FUNCTION zeroth._require_lease_batch(run_ids uuid[], generations bigint[]) RETURNS void
     LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
