@@ -36,7 +36,8 @@ DEADLINE = 60.0  # generous bound for any awaited condition; tests finish far so
 # Options that carry the values of one call, not settings: they have no ZEROTH_PG_* fallback
 # (an idempotency key or a payload taken from the environment would apply to every call).
 PER_CALL_OPTIONS = {"payload", "priority", "run_after", "max_attempts", "idempotency_key",
-                    "metadata", "batch", "status", "watch", "action", "help"}
+                    "metadata", "batch", "status", "watch", "action", "help", "from_revision",
+                    "from_database"}
 
 
 def cli(*args: str, dsn: str | None = None, stdin: str | None = None,
@@ -154,6 +155,22 @@ class TestMigrate:
         result = cli("migrate", "sql")
         assert result.returncode == 0
         assert result.stdout == migrate.install_sql()
+
+    def test_sql_from_a_revision_or_a_database_prints_the_upgrade_script(self,
+                                                                        empty_database_dsn):
+        result = cli("migrate", "sql", "--from", "0007")
+        assert result.returncode == 0
+        assert result.stdout == migrate.upgrade_sql("0007")
+        migrate.upgrade(empty_database_dsn, "0005")
+        result = cli("migrate", "sql", "--dsn", empty_database_dsn)
+        assert result.returncode == 0
+        assert result.stdout == migrate.upgrade_sql("0005")
+
+    def test_sql_from_an_unknown_revision_is_refused(self):
+        result = cli("migrate", "sql", "--from", "0042")
+        assert result.returncode != 0
+        assert "unknown revision" in result.stderr
+        assert result.stdout == ""
 
     def test_verify_fails_until_migrate_up_brings_the_schema_to_head(self,
                                                                      empty_database_dsn):

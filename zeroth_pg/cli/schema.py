@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from dataclasses import asdict, dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -107,11 +107,27 @@ def migrate_status(dsn: Dsn = None, as_json: JsonOutput = False) -> None:
 
 
 @migrate_app.command("sql")
-def migrate_sql() -> None:
-    """Print the whole install script for psql (psql -v ON_ERROR_STOP=1 -f install.sql)."""
+def migrate_sql(
+    from_revision: Annotated[str | None, typer.Option(
+        "--from", help="print the upgrade script from this revision, not the install")] = None,
+    from_database: Annotated[str | None, typer.Option(
+        "--dsn", help="print the upgrade script from this database's revision (no environment "
+                      "fallback: a plain `migrate sql` always prints the install)")] = None,
+) -> None:
+    """Print the psql script: the whole install, or the upgrade from a revision (one
+    transaction; psql -v ON_ERROR_STOP=1 -f script.sql)."""
     from zeroth_pg import migrate
 
-    sys.stdout.write(migrate.install_sql())
+    if from_revision is not None and from_database is not None:
+        raise typer.BadParameter("give --from or --dsn, not both")
+    if from_database is not None:
+        from_revision = migrate.current_revision(from_database)
+        if from_revision is None:
+            err.print("zeroth_pg is not installed in that database: printing the install script")
+    try:
+        sys.stdout.write(migrate.upgrade_sql(from_revision))
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--from") from exc
 
 
 def verify(dsn: Dsn = None, as_json: JsonOutput = False) -> None:
