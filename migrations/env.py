@@ -9,7 +9,7 @@ Every revision is a stub that runs one ``sql/migrations`` file (see zeroth_pg.mi
 * an upgrade to head runs every pending revision and then the function files (``sql/functions``
   in the order of its order.txt, zeroth_pg.migrate.apply_functions: skipped when exactly those
   files were applied and the catalog still holds them) in ONE transaction, with search_path
-  pinned and a lock_timeout, retried when a lock was not available: callers see the old schema
+  pinned and a short lock_timeout, retried when a lock was not available: callers see the old schema
   and functions or the new ones, never a mix, and an upgrade never parks in a lock queue;
 * an upgrade that stops at an older revision commits each revision on its own and leaves the
   functions alone: they are written for the head schema.
@@ -37,8 +37,11 @@ log = logging.getLogger("zeroth_pg.migrate")
 #: An upgrade to head waits at most this long for any one lock (a table a migration alters, a view
 #: or the trigger a function file replaces), then rolls back and tries again: waiting longer would
 #: make every call that needs the same object queue behind the upgrade's lock request.
-LOCK_TIMEOUT = "5s"
-ATTEMPTS = 12
+LOCK_TIMEOUT = "500ms"
+ATTEMPTS = 40
+#: SQLSTATEs after which the whole upgrade transaction is tried again: lock_not_available (the
+#: lock_timeout above) and deadlock_detected (live traffic picked the upgrade as the victim).
+RETRIED = ("55P03", "40P01")
 
 
 def _reaches_head(script: ScriptDirectory, target: object) -> bool:
@@ -50,8 +53,11 @@ def _reaches_head(script: ScriptDirectory, target: object) -> bool:
     return destination is not None and destination.revision == head
 
 
-def _lock_not_available(exc: BaseException) -> bool:
-    return isinstance(exc, DBAPIError) and getattr(exc.orig, "sqlstate", None) == "55P03"
+def _retried(exc: BaseException) -> bool:
+    """The migrations and function files run on the raw psycopg cursor (psycopg.Error); alembic's
+    own statements go through SQLAlchemy (DBAPIError wrapping one)."""
+    cause = exc.orig if isinstance(exc, DBAPIError) else exc
+    return getattr(cause, "sqlstate", None) in RETRIED
 
 
 def run_migrations_online() -> None:
@@ -89,14 +95,14 @@ def run_migrations_online() -> None:
                                 context.run_migrations()
                                 apply_functions(connection.connection.dbapi_connection)
                             break
-                        except DBAPIError as exc:
-                            if not _lock_not_available(exc) or attempt == ATTEMPTS:
+                        except Exception as exc:
+                            if not _retried(exc) or attempt == ATTEMPTS:
                                 raise
                             if connection.in_transaction():
                                 connection.rollback()
-                            log.warning("upgrade waited %s for a lock (attempt %d of %d); "
-                                        "trying again", LOCK_TIMEOUT, attempt, ATTEMPTS)
-                            time.sleep(min(10.0, 0.5 * 2 ** (attempt - 1)) * random.uniform(0.5, 1))
+                            log.warning("upgrade attempt %d of %d gave way (%s); trying again",
+                                        attempt, ATTEMPTS, exc)
+                            time.sleep(min(5.0, 0.2 * 2 ** (attempt - 1)) * random.uniform(0.5, 1))
                 if connection.in_transaction():
                     connection.commit()
             finally:

@@ -395,6 +395,7 @@ CREATE TABLE zeroth.code_version (
     id boolean DEFAULT true NOT NULL,
     files_sha256 text NOT NULL,
     catalog_md5 text NOT NULL,
+    package_version text NOT NULL,
     applied_at timestamp with time zone NOT NULL,
     CONSTRAINT code_version_one_row CHECK (id)
 );
@@ -404,7 +405,7 @@ ALTER TABLE zeroth.code_version OWNER TO zeroth_owner;
 --
 -- Name: TABLE code_version; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
-COMMENT ON TABLE zeroth.code_version IS 'One row: the sha256 of the sql/functions files the last upgrade applied and the md5 of the catalog''s definitions of the schema''s functions, views and triggers right after (zeroth_pg.migrate). Readable by zeroth_owner only.';
+COMMENT ON TABLE zeroth.code_version IS 'One row: the sha256 of the sql/functions files the last upgrade applied, the md5 of the catalog''s definitions of the schema''s functions, views and triggers right after, and the zeroth-pg version that applied them (an older package refuses to put older code back). Written by zeroth_pg.migrate; readable by zeroth_owner only.';
 
 --
 -- Name: lock_stripes; Type: TABLE; Schema: zeroth; Owner: zeroth_owner

@@ -136,23 +136,33 @@ def function_files() -> list[Path]:
     return [root / name for name in listed]
 
 
-#: The first statement of every upgrade transaction. LANGUAGE sql bodies, views and the
+#: The first statements of every upgrade transaction. LANGUAGE sql bodies, views and the
 #: operators in them are bound when they are created, with the creating session's search_path
 #: (a function's own ``SET search_path`` only applies when it runs): with a schema on the path
 #: that others can write to (``public`` before PostgreSQL 15), a stranger's operator such as
 #: ``public.<(float8, numeric)`` would be bound into a SECURITY DEFINER body (red-team pass 3).
-PIN_SEARCH_PATH = "SET LOCAL search_path = pg_catalog, pg_temp;"
+#: The other settings fix how the catalog digest deparses definitions, so it does not depend on
+#: the session that runs the upgrade (red-team pass 4).
+PIN_SESSION = (
+    "SET LOCAL search_path = pg_catalog, pg_temp; SET LOCAL IntervalStyle = postgres; "
+    "SET LOCAL quote_all_identifiers = off; SET LOCAL DateStyle = 'ISO, MDY'; "
+    "SET LOCAL extra_float_digits = 1;"
+)
+
+#: libpq startup options for every connection the upgrade opens: the search_path is pinned
+#: before the first query (alembic's and SQLAlchemy's own queries use operators too).
+PINNED_OPTIONS = "-c search_path=pg_catalog,pg_temp"
 
 #: A digest of what the catalog holds for the code: every function, view and trigger of the
 #: schema with its definition, owner, privileges, options and comment. Run under
-#: PIN_SEARCH_PATH, so the deparsed definitions do not depend on the session.
+#: PIN_SESSION, so the deparsed definitions do not depend on the session.
 CATALOG_DIGEST_SQL = """SELECT md5(coalesce(string_agg(d.line, E'\\n' ORDER BY d.line), ''))
   FROM (SELECT concat_ws(' ', 'function', p.oid::pg_catalog.regprocedure::text,
                          pg_catalog.pg_get_functiondef(p.oid),
                          pg_catalog.pg_get_userbyid(p.proowner), p.proacl::text,
                          pg_catalog.obj_description(p.oid, 'pg_proc')) AS line
           FROM pg_catalog.pg_proc p
-         WHERE p.pronamespace = 'zeroth'::pg_catalog.regnamespace
+         WHERE p.pronamespace = 'zeroth'::pg_catalog.regnamespace AND p.prokind IN ('f', 'p', 'w')
         UNION ALL
         SELECT concat_ws(' ', 'view', c.relname, pg_catalog.pg_get_viewdef(c.oid),
                          pg_catalog.pg_get_userbyid(c.relowner), c.relacl::text, c.reloptions::text,
@@ -169,9 +179,9 @@ CATALOG_DIGEST_SQL = """SELECT md5(coalesce(string_agg(d.line, E'\\n' ORDER BY d
 
 def functions_sql() -> str:
     """Every function file in order, as one script (no transaction control of its own), after
-    :data:`PIN_SEARCH_PATH`."""
+    :data:`PIN_SESSION`."""
     root = sql_functions_dir()
-    parts: list[str] = [PIN_SEARCH_PATH, ""]
+    parts: list[str] = [PIN_SESSION, ""]
     for path in function_files():
         parts += [f"-- ==== sql/functions/{path.relative_to(root).as_posix()} ====", ""]
         parts.append(path.read_text(encoding="utf-8").rstrip("\n"))
@@ -184,15 +194,56 @@ def functions_digest() -> str:
     return hashlib.sha256(functions_sql().encode("utf-8")).hexdigest()
 
 
+def package_version() -> str:
+    """This package's version, which zeroth.code_version records with the code it applied."""
+    from zeroth_pg import __version__
+
+    return __version__
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """The numeric release of a version string: "0.10.2rc1" → (0, 10, 2)."""
+    match = re.match(r"\d+(?:\.\d+)*", version)
+    return tuple(int(part) for part in match.group(0).split(".")) if match else ()
+
+
 def _record_functions_sql(files_sha256: str) -> str:
     """The statement that records in zeroth.code_version what was just applied."""
     return (
-        "INSERT INTO zeroth.code_version AS v (id, files_sha256, catalog_md5, applied_at)\n"
-        f"SELECT true, '{files_sha256}', ({CATALOG_DIGEST_SQL}), pg_catalog.clock_timestamp()\n"
+        "INSERT INTO zeroth.code_version AS v (id, files_sha256, catalog_md5, package_version,"
+        " applied_at)\n"
+        f"SELECT true, '{files_sha256}', ({CATALOG_DIGEST_SQL}), '{package_version()}',"
+        " pg_catalog.clock_timestamp()\n"
         "ON CONFLICT ON CONSTRAINT code_version_pkey DO UPDATE\n"
         "   SET files_sha256 = excluded.files_sha256, catalog_md5 = excluded.catalog_md5,\n"
-        "       applied_at = excluded.applied_at;"
+        "       package_version = excluded.package_version, applied_at = excluded.applied_at;"
     )
+
+
+def _refuse_older_package_sql() -> str:
+    """A psql guard: refuse when a newer package applied the functions (see apply_functions)."""
+    release = ",".join(str(n) for n in _release(package_version())) or "0"
+    return (
+        "DO $zeroth_code$\n"
+        "BEGIN\n"
+        "    IF pg_catalog.to_regclass('zeroth.code_version') IS NULL THEN\n"
+        "        RETURN;  -- before 0009: no package recorded its code yet\n"
+        "    END IF;\n"
+        "    IF EXISTS (SELECT FROM zeroth.code_version v\n"
+        "                WHERE pg_catalog.string_to_array(pg_catalog.substring(v.package_version,\n"
+        "                          '^[0-9]+(?:[.][0-9]+)*'), '.')::int[]\n"
+        f"                    > ARRAY[{release}]) THEN\n"
+        "        RAISE EXCEPTION 'a newer zeroth-pg applied this database''s functions; this "
+        f"script (zeroth-pg {package_version()}) would put older code back'\n"
+        "            USING HINT = 'Upgrade with the newer package.';\n"
+        "    END IF;\n"
+        "END\n"
+        "$zeroth_code$;"
+    )
+
+
+class OlderPackageError(RuntimeError):
+    """A newer zeroth-pg applied this database's functions: this one would put older code back."""
 
 
 def to_sqlalchemy_url(dsn: str) -> URL:
@@ -236,17 +287,31 @@ def _alembic_config(dsn: str | None = None) -> object:
     cfg.set_main_option("script_location", str(migrations_dir()))
     if dsn is not None:
         # Through attributes, not set_main_option: configparser would interpolate '%' in the URL.
-        cfg.attributes["zeroth_url"] = to_sqlalchemy_url(dsn)
+        url = to_sqlalchemy_url(dsn)
+        options = " ".join(filter(None, (str(url.query.get("options") or ""), PINNED_OPTIONS)))
+        cfg.attributes["zeroth_url"] = url.update_query_dict({"options": options})
     return cfg
 
 
 def upgrade(dsn: str, revision: str = "head") -> None:
     """Apply every pending migration to the database at ``dsn`` (alembic ``upgrade head``).
 
+    To head (the default): the pending migrations and the function files in one transaction
+    (migrations/env.py). ``revision`` may name an older revision for tests of the migrations
+    themselves: that upgrade stops short of head and applies no function file, so the database
+    is left without working functions (the files are written for the head schema) until the
+    next upgrade to head. Never stop a database that serves callers short of head. Relative
+    targets (``+1``) are refused.
+
     Safe to run concurrently from several processes: they serialise on an advisory lock and the
     later ones find the database current. Synchronous; call it from a thread in async code.
     """
     from alembic import command
+
+    if revision not in ("head", "heads") and revision not in {
+        path.name[:4] for path in sql_files()
+    }:
+        raise ValueError(f"upgrade to 'head' or to a revision id, not {revision!r}")
 
     # alembic's `context` and `op` are process-global proxies: one upgrade per process at a time.
     with _UPGRADE_LOCK:
@@ -265,7 +330,7 @@ def head_revision() -> str:
 
 def current_revision(dsn: str) -> str | None:
     """The revision the database at ``dsn`` is at, or None when zeroth_pg is not installed."""
-    with psycopg.connect(_strip_driver(dsn), autocommit=True) as conn:
+    with psycopg.connect(_strip_driver(dsn), autocommit=True, options=PINNED_OPTIONS) as conn:
         row = conn.execute(
             "SELECT to_regclass(%s) IS NOT NULL", (f"{VERSION_SCHEMA}.{VERSION_TABLE}",)
         ).fetchone()
@@ -297,7 +362,7 @@ def apply_sql_file(filename: str) -> None:
         raise RuntimeError("alembic connection has no DBAPI connection")
     cur = dbapi_conn.cursor()
     try:
-        cur.execute(PIN_SEARCH_PATH)
+        cur.execute(PIN_SESSION)
         cur.execute(text)
     finally:
         cur.close()
@@ -311,18 +376,25 @@ def apply_functions(dbapi_conn: Any) -> bool:
     grants and comment) unless zeroth.code_version shows that exactly these files were applied
     and the catalog still holds what they made: then it changes nothing and takes no lock, so an
     upgrade with nothing to do never waits for a session idle in a transaction. A function
-    someone changed by hand differs from the recorded catalog digest and is put back. Returns
-    whether it applied them. Does not commit.
+    someone changed by hand differs from the recorded catalog digest and is put back. Raises
+    :class:`OlderPackageError` when a newer package applied them (a lagging host must not put
+    older code back). Returns whether it applied them. Does not commit.
     """
     files_sha256 = functions_digest()
     cur = dbapi_conn.cursor()
     try:
-        cur.execute(PIN_SEARCH_PATH)
-        cur.execute("SELECT v.files_sha256, v.catalog_md5 FROM zeroth.code_version v")
+        cur.execute(PIN_SESSION)
+        cur.execute(
+            "SELECT v.files_sha256, v.catalog_md5, v.package_version FROM zeroth.code_version v")
         recorded = cur.fetchone()
+        if recorded is not None and _release(recorded[2]) > _release(package_version()):
+            raise OlderPackageError(
+                f"zeroth-pg {recorded[2]} applied this database's functions; this package "
+                f"({package_version()}) is older and would put older code back: upgrade with "
+                "the newer package")
         cur.execute(CATALOG_DIGEST_SQL)
         current = cur.fetchone()
-        if recorded is not None and current is not None and tuple(recorded) == (
+        if recorded is not None and current is not None and (recorded[0], recorded[1]) == (
             files_sha256, current[0]
         ):
             return False
@@ -411,9 +483,10 @@ def upgrade_sql(from_revision: str | None) -> str:
         "-- Generated by `python -m zeroth_pg.migrate sql`; apply with: psql -v ON_ERROR_STOP=1 -f",
         usage,
         "BEGIN;",
-        PIN_SEARCH_PATH,
+        PIN_SESSION,
         f"SELECT pg_advisory_xact_lock({ADVISORY_LOCK_KEY});",
         *guard,
+        _refuse_older_package_sql(),
     ]
     for path in files:
         parts += ["", f"-- ==== sql/migrations/{path.name} ====", ""]

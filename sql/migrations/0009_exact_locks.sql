@@ -36,11 +36,12 @@ CREATE TABLE zeroth.code_version (
     id             boolean     NOT NULL DEFAULT true,
     files_sha256   text        NOT NULL,
     catalog_md5    text        NOT NULL,
+    package_version text       NOT NULL,
     applied_at     timestamptz NOT NULL,
     CONSTRAINT code_version_pkey PRIMARY KEY (id),
     CONSTRAINT code_version_one_row CHECK (id)
 );
-COMMENT ON TABLE zeroth.code_version IS 'One row: the sha256 of the sql/functions files the last upgrade applied and the md5 of the catalog''s definitions of the schema''s functions, views and triggers right after (zeroth_pg.migrate). Readable by zeroth_owner only.';
+COMMENT ON TABLE zeroth.code_version IS 'One row: the sha256 of the sql/functions files the last upgrade applied, the md5 of the catalog''s definitions of the schema''s functions, views and triggers right after, and the zeroth-pg version that applied them (an older package refuses to put older code back). Written by zeroth_pg.migrate; readable by zeroth_owner only.';
 ALTER TABLE zeroth.code_version OWNER TO zeroth_owner;
 ALTER TABLE zeroth.code_version ENABLE ROW LEVEL SECURITY;
 REVOKE ALL ON zeroth.code_version FROM PUBLIC;

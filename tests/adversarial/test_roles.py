@@ -40,8 +40,8 @@ async def call_every_function(admin: asyncpg.Connection, session: asyncpg.Connec
 
 
 RELATIONS = ("runs", "checkpoints", "admission_slots", "notification_secret", "lock_stripes",
-             "thread_locks", "alembic_version", "queue_depth", "dead_letters", "live_leases",
-             "expired_leases", "table_health")
+             "thread_locks", "code_version", "alembic_version", "queue_depth", "dead_letters",
+             "live_leases", "expired_leases", "table_health")
 
 
 async def test_the_relations_tried_here_are_every_relation_of_the_schema(admin):
@@ -103,7 +103,7 @@ class TestReader:
         assert await reader.fetchval("SELECT count(*) FROM zeroth.runs") == 1
 
     @pytest.mark.parametrize("relation", ["admission_slots", "notification_secret", "lock_stripes",
-                                      "thread_locks"])
+                                      "thread_locks", "code_version"])
     async def test_cannot_read_the_slots_the_secret_or_the_locks(self, login, relation):
         reader = await login("reader")
         assert await outcome(reader, f"SELECT * FROM zeroth.{relation}") == "42501"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import shutil
 import threading
+import time
 from pathlib import Path
 
 import psycopg
@@ -303,3 +304,92 @@ class TestAnUpgradeIsOneStepForCallers:
         # runs: XX000); none finds the functions missing.
         assert "42883" not in errors, errors
         assert len(errors) <= 1, errors
+
+
+class TestTheUpgradeSession:
+    """Red-team pass 4: the upgrade's own session, before and around the function files."""
+
+    def test_alembics_own_queries_bind_no_operator_a_stranger_planted(
+            self, empty_database_dsn: str) -> None:
+        # alembic looks for its version table with `relname IN ($1::VARCHAR)`: PostgreSQL has no
+        # =(name, varchar), so a public one is an exact match, and it ran as the superuser that
+        # migrates. The connection starts with search_path pinned (libpq options).
+        with psycopg.connect(empty_database_dsn, autocommit=True) as admin:
+            admin.execute("GRANT CREATE ON SCHEMA public TO PUBLIC")
+        with login_role(empty_database_dsn, None) as (name, password), psycopg.connect(
+                dsn_as(empty_database_dsn, name, password), autocommit=True) as stranger:
+            stranger.execute(
+                """CREATE FUNCTION public.hijacked(name, varchar) RETURNS boolean LANGUAGE plpgsql
+                       AS $$BEGIN RAISE EXCEPTION 'hijacked operator ran'; END$$;
+                   CREATE OPERATOR public.= (LEFTARG = name, RIGHTARG = varchar,
+                                             FUNCTION = public.hijacked)""")
+            migrate.upgrade(empty_database_dsn)  # a fresh install
+            migrate.upgrade(empty_database_dsn)  # and one with nothing to do
+        assert migrate.current_revision(empty_database_dsn) == migrate.head_revision()
+
+    def test_the_digest_does_not_depend_on_the_upgrading_sessions_settings(
+            self, database_dsn: str) -> None:
+        with psycopg.connect(database_dsn, autocommit=True) as conn:
+            applied = conn.execute("SELECT applied_at FROM zeroth.code_version").fetchone()
+            name = conn.execute("SELECT current_database()").fetchone()
+            assert name is not None
+            conn.execute(f'ALTER DATABASE "{name[0]}" SET IntervalStyle = iso_8601')
+            conn.execute(f'ALTER DATABASE "{name[0]}" SET quote_all_identifiers = on')
+        migrate.upgrade(database_dsn)
+        with psycopg.connect(database_dsn) as conn:
+            assert conn.execute("SELECT applied_at FROM zeroth.code_version").fetchone() == (
+                applied)
+
+    def test_an_older_package_does_not_put_older_code_back(self, database_dsn: str) -> None:
+        with psycopg.connect(database_dsn, autocommit=True) as conn:
+            conn.execute("UPDATE zeroth.code_version SET package_version = '99.0.0', "
+                         "files_sha256 = 'from a newer package'")
+        before = snapshot(database_dsn)
+        with pytest.raises(migrate.OlderPackageError, match=r"99\.0\.0"):
+            migrate.upgrade(database_dsn)
+        result = run_psql(database_dsn, migrate.upgrade_sql(migrate.head_revision()),
+                          check=False)
+        assert result.returncode != 0
+        assert "would put older code back" in result.stderr
+        assert differences(snapshot(database_dsn), before) == []
+
+    def test_a_relative_target_is_refused(self, database_dsn: str) -> None:
+        with pytest.raises(ValueError, match="revision id"):
+            migrate.upgrade(database_dsn, "+1")
+
+    def test_a_real_reapply_gives_way_to_an_idle_reader_and_lets_writers_through(
+            self, database_dsn: str) -> None:
+        # New function files (simulated: another recorded digest) must replace the views; a
+        # reader idle in a transaction holds one. Each attempt waits at most 500 ms for it, then
+        # rolls back and lets go of zeroth.runs, so writers go on; once the reader ends, an
+        # attempt succeeds. Before, the retry never ran (psycopg's error is no DBAPIError) and
+        # the first attempt failed the upgrade.
+        with psycopg.connect(database_dsn, autocommit=True) as conn:
+            conn.execute("UPDATE zeroth.code_version SET files_sha256 = 'older files'")
+        outcome: list[BaseException | None] = []
+
+        def upgrade() -> None:
+            try:
+                migrate.upgrade(database_dsn)
+                outcome.append(None)
+            except BaseException as exc:
+                outcome.append(exc)
+
+        with psycopg.connect(database_dsn) as reader, psycopg.connect(
+                database_dsn, autocommit=True) as writer:
+            reader.execute("SELECT count(*) FROM zeroth.queue_depth")  # left open
+            thread = threading.Thread(target=upgrade, daemon=True)
+            thread.start()
+            # Long enough for attempts to have met the reader's lock (500 ms each) and given way;
+            # before, the first attempt held zeroth.runs while it waited 5 s, then failed.
+            time.sleep(2.0)
+            for _ in range(3):  # writers get through while the upgrade keeps giving way
+                writer.execute("SET statement_timeout = '20s'")
+                writer.execute("SELECT zeroth.enqueue_run(deployment_ref => 'd')")
+            assert outcome == []  # still trying: the reader is still open
+            reader.rollback()
+            thread.join(timeout=120)
+        assert outcome == [None]
+        with psycopg.connect(database_dsn) as conn:
+            recorded = conn.execute("SELECT files_sha256 FROM zeroth.code_version").fetchone()
+        assert recorded == (migrate.functions_digest(),)

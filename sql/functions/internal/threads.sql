@@ -182,14 +182,6 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION zeroth._thread_run_finished() IS 'Internal trigger: a thread run ended → NOTIFY zeroth_run_finished with the run''s opaque key; if it was the active run, promote the queue head.';
--- The trigger that calls it.
-CREATE OR REPLACE TRIGGER runs_thread_run_finished
-    AFTER UPDATE OF status ON zeroth.runs
-    FOR EACH ROW
-    WHEN (OLD.thread_id IS NOT NULL
-          AND OLD.status IN ('pending', 'running', 'waiting')
-          AND NEW.status IN ('completed', 'failed', 'cancelled'))
-    EXECUTE FUNCTION zeroth._thread_run_finished();
 ALTER FUNCTION zeroth._thread_run_finished() OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._thread_run_finished() FROM PUBLIC;
 
