@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import hashlib
+import logging
 import os
 import re
 import shutil
@@ -74,6 +75,8 @@ __all__ = [
     "upgrade",
     "upgrade_sql",
 ]
+
+log = logging.getLogger("zeroth_pg.migrate")
 
 #: Key of the advisory lock that serialises upgrades of one database: b"zeroth" as an integer.
 #: Advisory locks are per database, so upgrades of different databases never wait on each other.
@@ -242,10 +245,6 @@ def _refuse_older_package_sql() -> str:
     )
 
 
-class OlderPackageError(RuntimeError):
-    """A newer zeroth-pg applied this database's functions: this one would put older code back."""
-
-
 def to_sqlalchemy_url(dsn: str) -> URL:
     """Convert a libpq/asyncpg DSN (URI or ``key=value`` form) to a ``postgresql+psycopg`` URL.
 
@@ -376,9 +375,10 @@ def apply_functions(dbapi_conn: Any) -> bool:
     grants and comment) unless zeroth.code_version shows that exactly these files were applied
     and the catalog still holds what they made: then it changes nothing and takes no lock, so an
     upgrade with nothing to do never waits for a session idle in a transaction. A function
-    someone changed by hand differs from the recorded catalog digest and is put back. Raises
-    :class:`OlderPackageError` when a newer package applied them (a lagging host must not put
-    older code back). Returns whether it applied them. Does not commit.
+    someone changed by hand differs from the recorded catalog digest and is put back. When a
+    newer package applied them it leaves them alone and logs a warning: a lagging host of a
+    rolling deploy that upgrades at startup must neither put older code back nor fail (old and
+    new workers overlap, DESIGN rule 10). Returns whether it applied them. Does not commit.
     """
     files_sha256 = functions_digest()
     cur = dbapi_conn.cursor()
@@ -388,10 +388,9 @@ def apply_functions(dbapi_conn: Any) -> bool:
             "SELECT v.files_sha256, v.catalog_md5, v.package_version FROM zeroth.code_version v")
         recorded = cur.fetchone()
         if recorded is not None and _release(recorded[2]) > _release(package_version()):
-            raise OlderPackageError(
-                f"zeroth-pg {recorded[2]} applied this database's functions; this package "
-                f"({package_version()}) is older and would put older code back: upgrade with "
-                "the newer package")
+            log.warning("zeroth-pg %s applied this database's functions; this package (%s) is "
+                        "older and leaves them as they are", recorded[2], package_version())
+            return False
         cur.execute(CATALOG_DIGEST_SQL)
         current = cur.fetchone()
         if recorded is not None and current is not None and (recorded[0], recorded[1]) == (
