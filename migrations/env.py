@@ -25,7 +25,7 @@ import time
 
 from alembic import context
 from alembic.script import ScriptDirectory
-from sqlalchemy import create_engine, text
+from sqlalchemy import Connection, create_engine, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
@@ -46,11 +46,43 @@ RETRIED = ("55P03", "40P01")
 
 def _reaches_head(script: ScriptDirectory, target: object) -> bool:
     head = script.get_current_head()
+    if isinstance(target, tuple | list):  # alembic gives ("heads",)-style tuples for "heads"
+        target = target[0] if len(target) == 1 else None
+    if target in ("head", "heads"):
+        return True
     try:
         destination = script.get_revision(target if isinstance(target, str) else None)
     except Exception:
         return False
     return destination is not None and destination.revision == head
+
+
+#: How often a waiting upgrade says who holds the upgrade lock.
+REPORT_EVERY = 10.0
+
+
+def _take_upgrade_lock(connection: Connection) -> None:
+    """The advisory lock that serialises upgrades. Any role can take an advisory lock, so a
+    concurrent upgrade and a stranger look alike: the upgrade waits for either, and every
+    REPORT_EVERY seconds it logs who holds the key (a stranger holding it delays upgrades only)."""
+    key = {"key": ADVISORY_LOCK_KEY}
+    waited, reported = 0.0, 0.0
+    while not connection.execute(text("SELECT pg_try_advisory_lock(:key)"), key).scalar():
+        connection.commit()
+        if waited >= reported:
+            holders = connection.execute(text(
+                """SELECT l.pid, a.usename, a.application_name, a.state
+                     FROM pg_catalog.pg_locks l
+                     LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
+                    WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+                      AND l.classid::pg_catalog.int8 = (:key >> 32)
+                      AND l.objid::pg_catalog.int8 = (:key & 4294967295)"""), key).all()
+            connection.commit()
+            log.warning("upgrade waits for the upgrade lock (key %d), held by %s",
+                        ADVISORY_LOCK_KEY, [tuple(row) for row in holders] or "nobody visible")
+            reported += REPORT_EVERY
+        time.sleep(0.5)
+        waited += 0.5
 
 
 def _retried(exc: BaseException) -> bool:
@@ -69,7 +101,7 @@ def run_migrations_online() -> None:
     to_head = _reaches_head(context.script, context.get_revision_argument())
     try:
         with engine.connect() as connection:
-            connection.execute(text("SELECT pg_advisory_lock(:key)"), {"key": ADVISORY_LOCK_KEY})
+            _take_upgrade_lock(connection)
             try:
                 connection.execute(text(f"CREATE SCHEMA IF NOT EXISTS {VERSION_SCHEMA}"))
                 connection.commit()

@@ -307,9 +307,9 @@ def upgrade(dsn: str, revision: str = "head") -> None:
     """
     from alembic import command
 
-    if revision not in ("head", "heads") and revision not in {
-        path.name[:4] for path in sql_files()
-    }:
+    if revision == "heads":  # one head: the same, and env.py recognises "head" (red-team pass 5)
+        revision = "head"
+    if revision != "head" and revision not in {path.name[:4] for path in sql_files()}:
         raise ValueError(f"upgrade to 'head' or to a revision id, not {revision!r}")
 
     # alembic's `context` and `op` are process-global proxies: one upgrade per process at a time.
@@ -438,7 +438,9 @@ def upgrade_sql(from_revision: str | None) -> str:
 
     One transaction, under the upgrade lock: it checks that the database is at ``from_revision``
     (or has no zeroth_pg, for an install), runs the migrations after it, re-applies the function
-    files and moves the alembic stamp, so the result is what :func:`upgrade` would leave.
+    files unless exactly they are applied already (psql ``\\if``: the script needs psql), and
+    moves the alembic stamp, so the result is what :func:`upgrade` would leave. It waits at
+    most 2 s for any lock and fails then: re-run it.
     """
     head = head_revision()
     files = _revision_files(from_revision)
@@ -483,6 +485,10 @@ def upgrade_sql(from_revision: str | None) -> str:
         usage,
         "BEGIN;",
         PIN_SESSION,
+        # Wait at most this long for any lock (a concurrent upgrade, a session idle in a
+        # transaction that touched zeroth.runs or a view): a script parked in a lock queue
+        # would make every call that needs the object wait behind it. Re-run it if it fails.
+        "SET LOCAL lock_timeout = '2s';",
         f"SELECT pg_advisory_xact_lock({ADVISORY_LOCK_KEY});",
         *guard,
         _refuse_older_package_sql(),
@@ -490,9 +496,24 @@ def upgrade_sql(from_revision: str | None) -> str:
     for path in files:
         parts += ["", f"-- ==== sql/migrations/{path.name} ====", ""]
         parts.append(path.read_text(encoding="utf-8").rstrip("\n"))
-    parts += ["", functions_sql().rstrip("\n")]
-    parts += ["", "-- ==== stamp ====", _record_functions_sql(functions_digest()), stamp,
-              "COMMIT;", ""]
+    # The function files only when they or the catalog changed (as apply_functions decides):
+    # re-creating the views and the trigger takes locks an idle session may hold.
+    sha = functions_digest()
+    parts += [
+        "",
+        "SELECT NOT EXISTS (SELECT FROM zeroth.code_version v",
+        f"                   WHERE v.files_sha256 = '{sha}'",
+        f"                     AND v.catalog_md5 = ({CATALOG_DIGEST_SQL}))",
+        "       AS zeroth_apply_functions",
+        "\\gset",
+        "\\if :zeroth_apply_functions",
+        functions_sql().rstrip("\n"),
+        _record_functions_sql(sha),
+        "\\else",
+        "\\echo 'zeroth_pg: the function files are already applied'",
+        "\\endif",
+    ]
+    parts += ["", "-- ==== stamp ====", stamp, "COMMIT;", ""]
     return "\n".join(parts)
 
 

@@ -588,3 +588,43 @@ class TestFleetConcurrency:
         print(f"\n[fleet] {runs} runs x 0.1 s on 3 processes (fleet max {limit}, local 4): "
               f"{len(samples)} lease samples, max live leases {max(samples)}, max handler "
               f"overlap {overlap}, {elapsed:.2f} s; runs per worker {sorted(per_worker.values())}")
+
+
+async def test_a_worker_given_zeroth_pg_dsn_serves_without_migrating_it(database_dsn):
+    """Red-team pass 5: ``serve()`` with no dsn took ZEROTH_PG_DSN and migrated it first, which
+    needs the migrating role's privileges: a least-privileged worker (a zeroth_worker login, no
+    CREATE on the database) crashed at every start. It now serves the database as it is."""
+    from roles import dsn_as, login_role
+
+    with login_role(database_dsn, "zeroth_worker") as (name, password):
+        worker_dsn = dsn_as(database_dsn, name, password)
+        paths = [str(REPO / "tests" / "integration"), str(REPO / "tests")]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "ZEROTH_PG_DSN": worker_dsn,
+               "WORKER_APPS_DSN": database_dsn}
+        code = ("import asyncio, logging\n"
+                "logging.basicConfig(level=logging.INFO)\n"
+                "from zeroth_pg.worker._process import serve\n"
+                "asyncio.run(serve(deployment='env-dsn', app='worker_apps:sleeper',"
+                " worker_id='w-env-dsn', poll_interval=0.5))\n")
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", code, cwd=REPO, env=env, stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+        worker = WorkerProcess(proc, "w-env-dsn")
+        try:
+            await worker.started()
+            lm_pool = await asyncpg.create_pool(database_dsn, min_size=1, max_size=2)
+            try:
+                await lm_pool.execute(EVENTS_DDL)  # what the handler records into
+                run = await LeaseManager(lm_pool).enqueue_run("env-dsn", payload={"seconds": 0})
+                deadline = time.monotonic() + 30
+                while await lm_pool.fetchval(
+                        "SELECT status::text FROM zeroth.runs WHERE run_id = $1",
+                        run.run_id) != "completed":
+                    assert time.monotonic() < deadline, worker.log
+                    await asyncio.sleep(0.1)
+            finally:
+                await lm_pool.close()
+            worker.send(signal.SIGTERM)
+            assert await worker.wait_exit() == 0, worker.log
+        finally:
+            await worker.stop()

@@ -398,3 +398,60 @@ class TestTheUpgradeSession:
         with psycopg.connect(database_dsn) as conn:
             recorded = conn.execute("SELECT files_sha256 FROM zeroth.code_version").fetchone()
         assert recorded == (migrate.functions_digest(),)
+
+
+class TestUpgradePathsARedTeamMissed:
+    """Red-team pass 5."""
+
+    def test_heads_is_head(self, empty_database_dsn: str, database_dsn: str) -> None:
+        # "heads" came to env.py as a tuple and took the partial path: stamped head, no
+        # function files, and 0008 had dropped every function.
+        install_released(empty_database_dsn, "0007")
+        migrate.upgrade(empty_database_dsn, "heads")
+        assert differences(snapshot(empty_database_dsn), snapshot(database_dsn)) == []
+
+    def test_a_stranger_holding_the_upgrade_lock_is_named_while_the_upgrade_waits(
+            self, database_dsn: str, caplog: pytest.LogCaptureFixture) -> None:
+        # Any role can take any advisory lock: the upgrade cannot tell a stranger from a
+        # concurrent upgrade and waits, but says who holds the key instead of hanging mutely.
+        done = threading.Event()
+        with login_role(database_dsn, None) as (name, password), psycopg.connect(
+                dsn_as(database_dsn, name, password), autocommit=True) as stranger:
+            stranger.execute("SELECT pg_advisory_lock(%s)", (migrate.ADVISORY_LOCK_KEY,))
+            with caplog.at_level("WARNING", logger="zeroth_pg.migrate"):
+                thread = threading.Thread(
+                    target=lambda: (migrate.upgrade(database_dsn), done.set()), daemon=True)
+                thread.start()
+                for _ in range(200):
+                    if name in caplog.text:
+                        break
+                    time.sleep(0.05)
+                assert name in caplog.text, caplog.text
+                assert not done.is_set()
+                stranger.execute("SELECT pg_advisory_unlock(%s)", (migrate.ADVISORY_LOCK_KEY,))
+                thread.join(timeout=60)
+        assert done.is_set()
+
+    def test_the_psql_script_at_head_skips_the_files_and_takes_no_lock_idle_sessions_hold(
+            self, database_dsn: str) -> None:
+        with psycopg.connect(database_dsn) as worker:
+            worker.execute("SELECT zeroth.enqueue_run(deployment_ref => 'd')")  # left open
+            result = run_psql(database_dsn, migrate.upgrade_sql(migrate.head_revision()),
+                              check=False)
+        assert result.returncode == 0, result.stderr
+        assert "already applied" in result.stdout
+
+    def test_the_psql_script_gives_up_on_a_held_lock_instead_of_parking(
+            self, database_dsn: str) -> None:
+        # New files must replace the views; a reader holds one. The script waits at most 2 s
+        # (lock_timeout) and fails as a whole, rather than queueing every writer behind it.
+        with psycopg.connect(database_dsn, autocommit=True) as conn:
+            conn.execute("UPDATE zeroth.code_version SET files_sha256 = 'older files'")
+        before = snapshot(database_dsn)
+        with psycopg.connect(database_dsn) as reader:
+            reader.execute("SELECT count(*) FROM zeroth.queue_depth")  # left open
+            result = run_psql(database_dsn, migrate.upgrade_sql(migrate.head_revision()),
+                              check=False)
+        assert result.returncode != 0
+        assert "lock timeout" in result.stderr
+        assert differences(snapshot(database_dsn), before) == []

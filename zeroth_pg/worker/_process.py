@@ -10,6 +10,7 @@ import asyncio
 import importlib
 import json
 import logging
+import os
 import sys
 import uuid
 from typing import Any
@@ -78,11 +79,14 @@ async def serve(
     metrics_port: int = 0,
 ) -> None:
     """Serve ``deployment`` with the handler ``app`` (``module:attr``) until SIGTERM/SIGINT,
-    then drain. No ``dsn``: the embedded server."""
+    then drain. No ``dsn``: ``ZEROTH_PG_DSN`` as it is (never migrated by a worker), else the
+    embedded server (migrated)."""
     from zeroth_pg.embedded import resolve_dsn
     from zeroth_pg.metrics import start_http_server
 
-    dsn = dsn or resolve_dsn()
+    # A database it was given (ZEROTH_PG_DSN) is never migrated by a worker: that needs the
+    # migrating role's privileges, not zeroth_worker's. Only the embedded server is.
+    dsn = dsn or resolve_dsn(migrate=not os.environ.get("ZEROTH_PG_DSN"))
     handler = load_handler(app)
     if metrics_port:
         start_http_server(metrics_port)
