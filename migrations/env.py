@@ -75,6 +75,8 @@ def _take_upgrade_lock(connection: Connection) -> None:
                      FROM pg_catalog.pg_locks l
                      LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
                     WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+                      AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
+                                         WHERE d.datname = pg_catalog.current_database())
                       AND l.classid::pg_catalog.int8 = (:key >> 32)
                       AND l.objid::pg_catalog.int8 = (:key & 4294967295)"""), key).all()
             connection.commit()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -22,7 +23,7 @@ from schema_catalog import differences, install_released, released_revisions, sn
 
 from zeroth_pg import migrate
 from zeroth_pg._paths import sql_functions_dir
-from zeroth_pg.testing import run_psql
+from zeroth_pg.testing import libpq_dsn, psql_executable, run_psql
 
 CREATE = re.compile(
     r"^CREATE OR REPLACE (FUNCTION|VIEW|TRIGGER) (?:zeroth\.)?(\w+)", re.MULTILINE)
@@ -455,3 +456,22 @@ class TestUpgradePathsARedTeamMissed:
         assert result.returncode != 0
         assert "lock timeout" in result.stderr
         assert differences(snapshot(database_dsn), before) == []
+
+
+class TestThePsqlScriptWhateverPsqlIsToldElsewhere:
+    def test_on_error_rollback_and_no_on_error_stop_cannot_commit_a_refused_script(
+            self, empty_database_dsn: str) -> None:
+        # Red-team pass 6: with ON_ERROR_ROLLBACK on (a common psqlrc) and no ON_ERROR_STOP,
+        # psql rolled back each failing statement alone and committed the rest: the revision
+        # guard, the older-package refusal and a lock-timed-out trigger were skipped and a broken
+        # catalog was recorded as applied. The script now sets both itself.
+        install_released(empty_database_dsn, "0007")
+        before = snapshot(empty_database_dsn)
+        result = subprocess.run(
+            [psql_executable(), "-X", "-q", "-v", "ON_ERROR_ROLLBACK=on",
+             libpq_dsn(empty_database_dsn)],
+            input=migrate.upgrade_sql("0006"), capture_output=True, text=True)
+        assert result.returncode != 0
+        assert "upgrades a database at revision 0006" in result.stderr
+        assert migrate.current_revision(empty_database_dsn) == "0007"
+        assert differences(snapshot(empty_database_dsn), before) == []
