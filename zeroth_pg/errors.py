@@ -129,9 +129,11 @@ _BY_SQLSTATE: dict[str, type[ZerothError]] = {
     if cls.sqlstate is not None
 }
 
-# serialization_failure, deadlock_detected, lock_not_available, the server shutting down, and
-# "too many notifications in the NOTIFY queue" (54000: a full queue, which drains).
-_RETRYABLE_SQLSTATES = frozenset({"40001", "40P01", "55P03", "57P01", "57P02", "57P03", "54000"})
+# serialization_failure, deadlock_detected, lock_not_available, the server shutting down. Not
+# 54000 (program_limit_exceeded): a value too large for jsonb or an index row is refused every
+# time (red-team pass 7: a 256 MB output was retried for ever); zeroth itself never fills the
+# NOTIFY queue (zeroth._notify stops at half full).
+_RETRYABLE_SQLSTATES = frozenset({"40001", "40P01", "55P03", "57P01", "57P02", "57P03"})
 #: insufficient_resources (disk full, out of memory, too many connections): the server's state,
 #: never the call's values, so a worker must not fail a run for it (red-team F2: a completion
 #: refused by a full NOTIFY queue was failed as "a value PostgreSQL cannot store").

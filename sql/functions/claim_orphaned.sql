@@ -9,6 +9,9 @@
 --      = all, or the free slots under max_concurrency). With no free slot it probes for one
 --      orphan: saturated = an orphan is waiting; (run_id NULL, not saturated) is a definitive
 --      empty scan.
+--   claim_limit 0 does step 1 only (at most 100) and re-leases nothing: a worker with no free
+--   slot still ends the orphans that block their threads. Its one run_id-NULL row says whether
+--   a resumable orphan is waiting.
 -- Locks: slot rows then run rows, SKIP LOCKED. Raises ZP006, ZP008. Notifies zeroth_wakeup for
 -- runs it ended (slots freed, threads promoted). Time: clock_timestamp().
 CREATE OR REPLACE FUNCTION zeroth.claim_orphaned(
@@ -37,8 +40,8 @@ DECLARE
 BEGIN
     PERFORM zeroth._require_identifier(claim_orphaned.deployment_ref, 'deployment_ref');
     PERFORM zeroth._require_identifier(claim_orphaned.worker_id, 'worker_id');
-    PERFORM zeroth._require(claim_orphaned.claim_limit IS NULL OR claim_orphaned.claim_limit BETWEEN 1 AND 1000,
-                            'claim_limit must be NULL or between 1 and 1000');
+    PERFORM zeroth._require(claim_orphaned.claim_limit IS NULL OR claim_orphaned.claim_limit BETWEEN 0 AND 1000,
+                            'claim_limit must be NULL or between 0 and 1000');
     PERFORM zeroth._require(claim_orphaned.max_concurrency IS NULL OR claim_orphaned.max_concurrency >= 1,
                             'max_concurrency must be NULL or at least 1');
     IF claim_orphaned.max_concurrency IS NOT NULL AND v_tenant IS NULL THEN
@@ -57,12 +60,23 @@ BEGIN
            AND ((r.resumable AND r.attempts >= r.max_attempts AND r.lease_expires_at < v_now)
                 OR (NOT r.resumable AND r.lease_expires_at + v_grace < v_now))
          ORDER BY r.lease_expires_at
-         LIMIT coalesce(claim_orphaned.claim_limit, 100)
+         LIMIT coalesce(nullif(claim_orphaned.claim_limit, 0), 100)
     LOOP
         PERFORM zeroth._take_over(v_tenant, v_wskey, v_end.run_id,
                                   CASE WHEN v_end.resumable THEN interval '0' ELSE v_grace END,
                                   v_now, 'orphan_recovered', NULL);
     END LOOP;
+
+    IF claim_orphaned.claim_limit = 0 THEN  -- step 1 only: report whether one is waiting
+        RETURN NEXT zeroth._claim_marker(0, EXISTS (
+            SELECT 1 FROM zeroth.runs r
+             WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey
+               AND r.deployment_ref = claim_orphaned.deployment_ref
+               AND r.status = 'running' AND r.lease_expires_at < v_now AND r.resumable
+               AND r.attempts < r.max_attempts),
+            claim_orphaned.max_concurrency);
+        RETURN;
+    END IF;
 
     -- 2. Re-lease the resumable ones.
     IF claim_orphaned.max_concurrency IS NOT NULL THEN
@@ -108,7 +122,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION zeroth.claim_orphaned(text, text, text, text, integer, integer, double precision, double precision) IS
-'claim_orphaned: recover running runs whose lease expired. First ends the ones nobody may resume (resumable but out of attempts → failed + dead-lettered, stop_reason attempts_exhausted; not resumable and expired more than grace_seconds ago → failed, stop_reason orphan_recovered; cancel requested → cancelled), then re-leases resumable ones with attempts left: new generation, attempt counted, recovery_checkpoint_id = latest checkpoint. claim_limit bounds the batch. A single run_id-NULL row reports saturation (an orphan is waiting but no slot is free) or a definitive empty scan. SKIP LOCKED throughout. Raises ZP006, ZP008. Notifies zeroth_wakeup for the runs it ended. Time: clock_timestamp().';
+'claim_orphaned: recover running runs whose lease expired. First ends the ones nobody may resume (resumable but out of attempts → failed + dead-lettered, stop_reason attempts_exhausted; not resumable and expired more than grace_seconds ago → failed, stop_reason orphan_recovered; cancel requested → cancelled), then re-leases resumable ones with attempts left: new generation, attempt counted, recovery_checkpoint_id = latest checkpoint. claim_limit bounds the batch (0: end only, re-lease nothing). A single run_id-NULL row reports saturation (an orphan is waiting but no slot is free) or a definitive empty scan. SKIP LOCKED throughout. Raises ZP006, ZP008. Notifies zeroth_wakeup for the runs it ended. Time: clock_timestamp().';
 ALTER FUNCTION zeroth.claim_orphaned(text, text, text, text, integer, integer, double precision, double precision) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.claim_orphaned(text, text, text, text, integer, integer, double precision, double precision) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.claim_orphaned(text, text, text, text, integer, integer, double precision, double precision) TO zeroth_worker;

@@ -673,3 +673,93 @@ async def test_a_cancel_of_the_same_run_id_in_another_tenant_stops_nothing_here(
 
     assert await wait_until(t1_finished, "t-1's run to finish", within=10) == "completed"
     assert stopped == {"t-2"}
+
+
+# -- red-team pass 7 -------------------------------------------------------------------------
+
+
+async def test_an_output_larger_than_jsonb_holds_fails_its_run_and_the_next_run_completes(
+        pool, spawn_worker, monkeypatch):
+    """A 256 MB output was refused by the server (54000), retried as transient for ever while
+    renewals kept its lease alive, and every completion after it queued behind. The worker now
+    fails it non-retryably before sending (the limit is lowered here so the test stays small; the
+    server side of 54000 is covered by the client's error mapping)."""
+    from zeroth_pg.worker import _worker
+
+    monkeypatch.setattr(_worker, "MAX_OUTPUT_CHARACTERS", 1000)
+    dep = unique_deployment("harden")
+
+    async def handler(ctx: RunContext) -> Any:
+        return {"text": "x" * 2000} if ctx.payload["kind"] == "big" else {"ok": 1}
+
+    lm = LeaseManager(pool)
+    big = await lm.enqueue_run(dep, payload={"kind": "big"}, max_attempts=3)
+    small = await lm.enqueue_run(dep, payload={"kind": "small"})
+    await spawn_worker(dep, handler)
+
+    failed = await _wait_status(pool, big.run_id, "failed")
+    assert failed["attempts"] == 1  # not retried
+    assert "cannot store the output" in failed["error"]["message"]
+    assert (await _wait_status(pool, small.run_id, "completed"))["output"] == {"ok": 1}
+
+
+async def test_a_handler_that_ignores_cancellation_frees_its_slot_and_bounds_the_shutdown(
+        pool, spawn_worker):
+    """The run's lease is gone (an operator cleared it) and its handler swallows every cancel:
+    the entry kept its slot for ever, so nothing else was claimed, and graceful_shutdown waited
+    for it for ever. The slot is free once the lease is gone, and the shutdown abandons the
+    handler after shutdown_timeout."""
+    dep = unique_deployment("harden")
+    release = asyncio.Event()
+    started = asyncio.Event()
+
+    async def handler(ctx: RunContext) -> Any:
+        if ctx.payload["kind"] == "other":
+            return {"ok": 1}
+        started.set()
+        while not release.is_set():  # a bad handler: every cancellation is swallowed
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(0.05)
+        return None
+
+    lm = LeaseManager(pool)
+    stubborn = await lm.enqueue_run(dep, payload={"kind": "stubborn"})
+    worker = await spawn_worker(dep, handler, max_concurrency=1, shutdown_timeout=0.5,
+                                lease_duration=2.0)
+    try:
+        await asyncio.wait_for(started.wait(), timeout=10)
+        assert await pool.fetchval("SELECT zeroth.clear_lease(run_id => $1)", stubborn.run_id)
+        other = await lm.enqueue_run(dep, payload={"kind": "other"})
+        await _wait_status(pool, other.run_id, "completed", within=20)
+
+        await asyncio.wait_for(worker.graceful_shutdown(), timeout=20)
+    finally:
+        release.set()
+
+
+async def test_a_worker_with_no_free_slot_still_ends_the_orphans_nobody_may_resume(
+        pool, spawn_worker):
+    """Its sweep returned early without a free slot, so an orphan out of attempts stayed
+    running (its thread blocked) for as long as every worker was busy. claim_orphaned with
+    claim_limit 0 ends it without a slot."""
+    dep = unique_deployment("harden")
+    lm = LeaseManager(pool)
+    orphan = await lm.enqueue_run(dep, payload={"kind": "orphan"}, max_attempts=1)
+    crashed = LeaseManager(pool, lease_duration_seconds=0.5)
+    claimed = await crashed.claim_and_start(dep, "crashed-worker")
+    assert [run.run_id for run in claimed.runs] == [orphan.run_id]
+    release = asyncio.Event()
+
+    async def handler(ctx: RunContext) -> Any:
+        await release.wait()
+        return {"ok": 1}
+
+    busy = await lm.enqueue_run(dep, payload={"kind": "busy"})
+    try:
+        await spawn_worker(dep, handler, max_concurrency=1, orphan_sweep_interval=0.2)
+        await _wait_status(pool, busy.run_id, "running")
+        ended = await _wait_status(pool, orphan.run_id, "failed", within=20)
+        assert ended["error"]["stop_reason"] == "attempts_exhausted"
+        assert (await _row(pool, busy.run_id))["status"] == "running"  # still saturated
+    finally:
+        release.set()

@@ -183,7 +183,6 @@ class TestClaimLimit:
     @pytest.mark.parametrize(
         "kwargs",
         [
-            pytest.param({"claim_limit": 0}, id="claim-limit-0"),
             pytest.param({"claim_limit": 1001}, id="claim-limit-1001"),
             pytest.param({"claim_limit": -1}, id="claim-limit-negative"),
             pytest.param({"max_concurrency": 0}, id="max-concurrency-0"),
@@ -246,6 +245,21 @@ class TestRunsThatKillTheirWorker:
                    worker_id => 'w-x', max_concurrency => 1, now_override => $2)""",
             DEPLOYMENT, at(121))
         assert [r["run_id"] for r in rows] == [waiting]
+
+    async def test_claim_limit_zero_ends_what_nobody_may_resume_and_re_leases_nothing(self, conn):
+        # A worker with no free slot (red-team pass 7): it still ends the orphans that block
+        # their threads; the resumable one with attempts left waits for a slot, and the marker
+        # row says one is waiting.
+        exhausted = await make_run(conn, "running", max_attempts=1)
+        resumable = await make_run(conn, "running", max_attempts=3)
+
+        rows = await claim_orphans(conn, claim_limit=0, now=at(120))
+
+        assert claimed_ids(rows) == []
+        assert [r["concurrency_saturated"] for r in rows] == [True]
+        assert (await run_row(conn, exhausted.run_id))["status"] == "failed"
+        row = await run_row(conn, resumable.run_id)
+        assert (row["status"], row["attempts"], row["lease_generation"]) == ("running", 1, 1)
 
     async def test_a_run_with_attempts_left_is_re_leased_not_ended(self, conn):
         lease = await make_run(conn, "running", max_attempts=2)

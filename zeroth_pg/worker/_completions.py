@@ -50,6 +50,10 @@ class _Completion:
     # True completed, False refused by the fence, None no answer before the lease deadline; an
     # exception when the database refused this run's completion itself (a value it cannot store).
     result: asyncio.Future[bool | None]
+    # Retries stop here: the lease deadline known when the completion was submitted. Not the
+    # entry's own deadline, which its renewals keep moving: a completion that can never land
+    # was retried for ever while the lease stayed alive (red-team pass 7).
+    give_up_at: float
 
 
 class CompletionBatcher:
@@ -80,7 +84,8 @@ class CompletionBatcher:
     def submit(self, entry: Leased, output: Any) -> asyncio.Future[bool | None]:
         """Queue ``entry``'s completion; the future answers True completed, False refused by
         the fence, None no answer before the lease deadline (or raises what refused it)."""
-        completion = _Completion(entry, output, asyncio.get_running_loop().create_future())
+        completion = _Completion(entry, output, asyncio.get_running_loop().create_future(),
+                                 entry.deadline)
         self._queue.append(completion)
         self._queued.set()
         return completion.result
@@ -123,7 +128,7 @@ class CompletionBatcher:
                     tenant_id=self.tenant_id, workspace_id=self.workspace_id)
             except RetryableError as exc:
                 now = time.monotonic()
-                for completion in [c for c in batch if now + delay >= c.entry.deadline]:
+                for completion in [c for c in batch if now + delay >= c.give_up_at]:
                     log.error("run %s: giving up its completion after %s; the lease will expire",
                               completion.entry.run.run_id, exc)
                     _settle(completion.result, None)

@@ -36,6 +36,10 @@ __all__ = ["RunWorker"]
 
 log = logging.getLogger("zeroth_pg.worker")
 
+#: jsonb holds at most 256 MB; an output whose JSON text is longer cannot be stored, and a
+#: completion that can never land must fail its run rather than be retried.
+MAX_OUTPUT_CHARACTERS = 255 * 2**20
+
 class RunWorker:
     """A worker of one deployment in one tenant/workspace scope.
 
@@ -126,6 +130,7 @@ class RunWorker:
         self._fleet_full = False
         self._sweep_due = True  # orphans are looked for on start
         self._next_sweep = 0.0
+        self._next_end_only = 0.0  # the end-only sweep of a worker with no free slot
         self._stopping = False
         self._stopped = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -215,10 +220,15 @@ class RunWorker:
         leftovers = [entry for entry in self._active.values() if entry.task is not None]
         for entry in leftovers:
             self._stop(entry, StopReason.SHUTDOWN)
-        for entry in leftovers:
-            assert entry.task is not None
-            with contextlib.suppress(asyncio.CancelledError):
-                await entry.task
+        # A handler that swallows its cancellation would hold the shutdown for ever: wait one
+        # more shutdown_timeout for the leftovers' hand-backs, then leave whatever still runs
+        # (its lease expires and claim_orphaned recovers it, counting the attempt).
+        pending = [entry.task for entry in leftovers if entry.task is not None]
+        if pending:
+            _, stuck = await asyncio.wait(pending, timeout=self.shutdown_timeout)
+            for task in stuck:
+                log.error("a handler ignored its cancellation at shutdown; abandoning it (%s)",
+                          task.get_name())
         background = [*self._tasks, *self._key_tasks]
         for task in background:
             task.cancel()
@@ -281,11 +291,15 @@ class RunWorker:
         # slot (fleet_max_concurrency) is only freed by the completion itself, so under a fleet
         # limit every lease of this worker counts: a claim only they would saturate is a wasted
         # round trip.
-        completing = sum(1 for e in self._active.values() if e.state is RunState.COMPLETING)
-        executing = len(self._active) - completing
-        free = min(self.max_concurrency - executing, 2 * self.max_concurrency - len(self._active))
+        # A run whose lease is gone was cancelled and can write nothing; a handler that ignores
+        # its cancellation must not keep the slot for ever (red-team pass 7), nor count against
+        # the fleet limit (its admission slot went with its lease).
+        held = [e for e in self._active.values() if not e.lease_gone]
+        completing = sum(1 for e in held if e.state is RunState.COMPLETING)
+        executing = len(held) - completing
+        free = min(self.max_concurrency - executing, 2 * self.max_concurrency - len(held))
         if self.fleet_max_concurrency is not None:
-            free = min(free, self.fleet_max_concurrency - len(self._active))
+            free = min(free, self.fleet_max_concurrency - len(held))
         return free
 
     async def _claim_pass(self) -> None:
@@ -320,7 +334,17 @@ class RunWorker:
     async def _sweep_orphans(self) -> None:
         free = self._free_slots()
         if free <= 0:
+            # No slot to re-lease into, but the orphans nobody may resume (out of attempts, not
+            # resumable past grace) need none: end them, so their threads move on while every
+            # worker is busy (claim_limit 0: end only), once per sweep interval. Re-leasing
+            # waits for a free slot.
             self._sweep_due = True  # retried as soon as a slot frees
+            if time.monotonic() >= self._next_end_only:
+                self._next_end_only = time.monotonic() + self.orphan_sweep_interval
+                await self.lease_manager.claim_orphaned_result(
+                    self.deployment_ref, self.worker_id, tenant_id=self.tenant_id,
+                    workspace_id=self.workspace_id, max_concurrency=self.fleet_max_concurrency,
+                    claim_limit=0, grace_seconds=self.orphan_grace)
             return
         sent = time.monotonic()
         result = await self.lease_manager.claim_orphaned_result(
@@ -509,9 +533,16 @@ class RunWorker:
             return
         # Retrying cannot make an output JSON, nor storable: fail that run, never its batch.
         try:
-            json.dumps(output, allow_nan=False)  # what the client will send
+            text = json.dumps(output, allow_nan=False)  # what the client will send
         except (TypeError, ValueError) as exc:
             await self._fail(entry, exc, retryable=False)
+            return
+        if len(text) > MAX_OUTPUT_CHARACTERS:
+            log.warning("run %s: its output is %d characters of JSON, more than jsonb holds; "
+                        "failing it", run.run_id, len(text))
+            await self._fail(entry, ValueError(
+                f"PostgreSQL cannot store the output: {len(text)} characters of JSON, more "
+                f"than jsonb holds ({MAX_OUTPUT_CHARACTERS})"), retryable=False)
             return
         if (why := unstorable(output)) is not None:
             log.warning("run %s: PostgreSQL cannot store its output (%s); failing it",
