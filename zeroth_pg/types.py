@@ -111,10 +111,13 @@ class OrphanClaimResult:
 
 @dataclass(frozen=True, slots=True)
 class LeaseRenewal:
-    """One row of renew_leases: whether the lease was renewed and whether a cancel is pending."""
+    """One row of renew_leases: whether the lease was renewed and whether a cancel is pending.
+
+    ``renewed`` is None when another session held the run's row: not renewed this time, but not
+    lost either (renew_leases skips locked rows); try again."""
 
     run_id: UUID
-    renewed: bool
+    renewed: bool | None
     lease_expires_at: datetime | None
     cancel_requested: bool
 

@@ -15,6 +15,10 @@ CREATE OR REPLACE FUNCTION zeroth.complete_runs(
     workspace_id text    DEFAULT NULL)
     RETURNS TABLE (run_id uuid, completed boolean)
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+    -- A row another session holds (an application's cancel in an open transaction) is waited
+    -- for at most this long, then 55P03: the worker retries until its give-up deadline rather
+    -- than queue every later completion behind one lock (red-team pass 8).
+    SET lock_timeout = '2s'
     SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_now        timestamptz := zeroth._now();

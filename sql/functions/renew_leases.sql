@@ -2,9 +2,12 @@
 -- generations[i] is live and held by worker_id (checked again once the row lock is held, as
 -- renew_lease does). Returns one row per requested run with the new expiry and whether a cancel
 -- was requested, so a worker learns of losses and cancels together — this is also how a worker
--- confirms a zeroth_control notification. Locks: the runs, in run_id order (as complete_runs), so
--- renewing and completing overlapping sets on two connections cannot deadlock. Raises ZP008
--- (arrays of different lengths, NULLs, a repeated run, more than 1000). Time: clock_timestamp().
+-- confirms a zeroth_control notification. Locks: the runs, in run_id order, FOR UPDATE SKIP
+-- LOCKED: a row another session holds (an application's request_cancel in an open transaction,
+-- an operator) is not waited for, so one busy row cannot make every lease of the worker lapse
+-- (red-team pass 8); its row says renewed NULL (not renewed this time, the lease not lost: try
+-- again). Raises ZP008 (arrays of different lengths, NULLs, a repeated run, more than 1000).
+-- Time: clock_timestamp().
 CREATE OR REPLACE FUNCTION zeroth.renew_leases(
     worker_id     text,
     run_ids       uuid[],
@@ -28,6 +31,17 @@ BEGIN
     WITH requested AS (
         SELECT q.run_id, q.generation, q.position
           FROM unnest(renew_leases.run_ids, renew_leases.generations) WITH ORDINALITY AS q(run_id, generation, position)
+    ), held AS MATERIALIZED (
+        -- The leases that are this worker's by the snapshot (no lock): a requested run in here
+        -- but not locked below was skipped because another session holds its row.
+        SELECT r.run_id
+          FROM zeroth.runs r
+          JOIN requested q ON r.run_id = q.run_id AND r.lease_generation = q.generation
+         WHERE r.tenant_id = v_tenant
+           AND r.workspace_key = v_wskey
+           AND r.run_id = ANY (renew_leases.run_ids)
+           AND r.lease_worker_id = renew_leases.worker_id
+           AND r.lease_expires_at >= v_now
     ), locked AS MATERIALIZED (
         SELECT r.run_id
           FROM zeroth.runs r
@@ -38,7 +52,7 @@ BEGIN
            AND r.lease_worker_id = renew_leases.worker_id
            AND r.lease_expires_at >= zeroth._now()
          ORDER BY r.run_id
-           FOR UPDATE OF r
+           FOR UPDATE OF r SKIP LOCKED
     ), renewed AS (
         UPDATE zeroth.runs r
            SET lease_expires_at = v_expires
@@ -50,15 +64,21 @@ BEGIN
            AND r.lease_expires_at >= zeroth._now()
         RETURNING r.run_id, r.lease_generation, r.lease_expires_at, r.cancel_requested_at
     )
-    SELECT q.run_id, n.run_id IS NOT NULL, n.lease_expires_at,
+    SELECT q.run_id,
+           CASE WHEN n.run_id IS NOT NULL THEN true
+                WHEN h.run_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM locked l
+                                                           WHERE l.run_id = q.run_id) THEN NULL
+                ELSE false END,
+           n.lease_expires_at,
            coalesce(n.cancel_requested_at IS NOT NULL, false)
       FROM requested q
       LEFT JOIN renewed n ON n.run_id = q.run_id AND n.lease_generation = q.generation
+      LEFT JOIN held h ON h.run_id = q.run_id
      ORDER BY q.position;
 END
 $$;
 COMMENT ON FUNCTION zeroth.renew_leases(text, uuid[], bigint[], text, text, double precision) IS
-'renew_leases: batch renew_lease for one worker; run_ids[i] is renewed only while generations[i] is live and held by worker_id (re-checked under the row lock). One row per requested run (renewed, new expiry, cancel_requested), in input order: how a worker confirms a cancel notification. Locks runs in run_id order. Raises ZP008 (unequal arrays, NULLs, a repeated run, more than 1000). Time: clock_timestamp().';
+'renew_leases: batch renew_lease for one worker; run_ids[i] is renewed only while generations[i] is live and held by worker_id (re-checked under the row lock). One row per requested run (renewed, new expiry, cancel_requested), in input order: how a worker confirms a cancel notification. Locks runs in run_id order, SKIP LOCKED: a run whose row another session holds gets renewed NULL (not renewed this time, not lost). Raises ZP008 (unequal arrays, NULLs, a repeated run, more than 1000). Time: clock_timestamp().';
 ALTER FUNCTION zeroth.renew_leases(text, uuid[], bigint[], text, text, double precision) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.renew_leases(text, uuid[], bigint[], text, text, double precision) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.renew_leases(text, uuid[], bigint[], text, text, double precision) TO zeroth_worker;

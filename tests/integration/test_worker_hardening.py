@@ -763,3 +763,75 @@ async def test_a_worker_with_no_free_slot_still_ends_the_orphans_nobody_may_resu
         assert (await _row(pool, busy.run_id))["status"] == "running"  # still saturated
     finally:
         release.set()
+
+
+# -- red-team pass 8 -------------------------------------------------------------------------
+
+
+async def test_a_completion_cancelled_by_the_server_is_retried_not_a_failure(pool, spawn_worker):
+    """statement_timeout or pg_cancel_backend cancelled the completion (57014): the worker took
+    it for a value the database refuses and failed a successful run for good. It is retried."""
+    dep = unique_deployment("harden")
+    lm = LeaseManager(pool)
+    run = await lm.enqueue_run(dep, max_attempts=3)
+    started, finish = asyncio.Event(), asyncio.Event()
+
+    async def handler(ctx: RunContext) -> Any:
+        started.set()
+        await finish.wait()
+        return {"done": True}
+
+    await spawn_worker(dep, handler)
+    await asyncio.wait_for(started.wait(), timeout=10)
+    holder = await pool.acquire()
+    tx = holder.transaction()
+    await tx.start()
+    try:
+        # Someone holds the run's row (an application's cancel in an open transaction), so the
+        # completion waits for it; then the server cancels that statement.
+        await holder.execute("SELECT 1 FROM zeroth.runs WHERE run_id = $1 FOR UPDATE", run.run_id)
+        finish.set()
+
+        async def blocked_completion() -> int | None:
+            return await pool.fetchval(  # type: ignore[no-any-return]
+                "SELECT pid FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid)) "
+                "AND query LIKE '%complete_run%'", holder.get_server_pid())
+
+        pid = await wait_until(blocked_completion, "the completion to wait for the row", within=10)
+        assert await pool.fetchval("SELECT pg_cancel_backend($1)", pid)
+    finally:
+        await tx.rollback()
+        await pool.release(holder)
+    row = await _wait_status(pool, run.run_id, "completed", within=20)
+    assert (row["attempts"], row["output"]) == (1, {"done": True})
+
+
+async def test_a_handler_that_ignores_a_cancel_request_gives_up_its_slot_once_its_lease_lapses(
+        pool, spawn_worker):
+    """A cancel stops renewing the run; a handler that swallows it kept its slot for ever (it
+    never became 'lease gone'). Its slot is free once its last confirmed deadline passed."""
+    dep = unique_deployment("harden")
+    release = asyncio.Event()
+    started = asyncio.Event()
+
+    async def handler(ctx: RunContext) -> Any:
+        if ctx.payload["kind"] == "other":
+            return {"ok": 1}
+        started.set()
+        while not release.is_set():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(0.05)
+        return None
+
+    lm = LeaseManager(pool)
+    stubborn = await lm.enqueue_run(dep, payload={"kind": "stubborn"})
+    await spawn_worker(dep, handler, max_concurrency=1, shutdown_timeout=0.5, lease_duration=2.0)
+    try:
+        await asyncio.wait_for(started.wait(), timeout=10)
+        outcome = await pool.fetchval(
+            "SELECT outcome FROM zeroth.request_cancel_v2(run_id => $1)", stubborn.run_id)
+        assert outcome == "cancel_requested"
+        other = await lm.enqueue_run(dep, payload={"kind": "other"})
+        await _wait_status(pool, other.run_id, "completed", within=20)
+    finally:
+        release.set()

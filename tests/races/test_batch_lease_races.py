@@ -14,6 +14,8 @@ import random
 from typing import Any
 
 import asyncpg
+from helpers import at, make_run
+from interleave import finishes_without_waiting
 
 CLAIM_AND_START = """SELECT run_id, lease_generation, status FROM zeroth.claim_and_start(
     deployment_ref => $1, worker_id => $2, max_concurrency => $3, batch_size => $4,
@@ -171,3 +173,23 @@ class TestCompleteRacingTakeover:
         # Both sides must have won some runs, or the race was never run.
         assert outcomes["completed"] > 0, outcomes
         assert outcomes["taken"] > 0, outcomes
+
+
+class TestRenewLeasesSkipsABusyRow:
+    async def test_a_row_another_session_holds_is_reported_not_waited_for(self, sessions):
+        """Red-team pass 8: renew_leases waited for every row; one run's row held by another
+        session (an application's cancel in an open transaction) made the whole renewal time
+        out and every lease of the worker lapse. It skips the busy row (renewed NULL: not
+        renewed this time, not lost) and renews the rest."""
+        holder, renewer, db = sessions
+        a = await make_run(db, "running")
+        b = await make_run(db, "running")
+        await holder.begin()
+        await holder.call("SELECT 1 FROM zeroth.runs WHERE run_id = $1 FOR UPDATE", a.run_id)
+        renewal = await finishes_without_waiting(db, renewer, renewer.spawn(
+            """SELECT run_id, renewed FROM zeroth_test.renew_leases(worker_id => $1,
+                   run_ids => $2, generations => $3, now_override => $4)""",
+            a.worker_id, [a.run_id, b.run_id], [a.generation, b.generation], at(30), rows=True))
+        await holder.commit()
+        assert [(r["run_id"], r["renewed"]) for r in renewal.value] == [
+            (a.run_id, None), (b.run_id, True)]

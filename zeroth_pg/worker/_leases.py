@@ -94,6 +94,11 @@ class LeaseUpkeep:
                 continue
             for renewal in renewals:
                 entry = entries[renewal.run_id]
+                if renewal.renewed is None:
+                    # Another session holds the run's row: not renewed this time, not lost. The
+                    # deadline stays; the next renewal tries again (enforce_deadlines stops the
+                    # handler if the row stays busy past it).
+                    continue
                 if renewal.renewed:
                     entry.deadline = sent + self.lease_duration
                     if renewal.cancel_requested:

@@ -195,10 +195,13 @@ class RunWorker:
         entries = [e for (rid, _), e in self._active.items() if rid == run_id]
         for entry in entries:
             self._stop(entry, StopReason.INTERRUPT)
-        for entry in entries:
-            if entry.task is not None:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await entry.task
+        # Bounded: a handler that ignores its cancellation is left to itself after
+        # shutdown_timeout (its lease is released or lapses; red-team pass 8).
+        tasks = [entry.task for entry in entries if entry.task is not None]
+        if tasks:
+            _, stuck = await asyncio.wait(tasks, timeout=self.shutdown_timeout)
+            if stuck:
+                log.error("run %s: its handler ignored the interrupt; leaving it", run_id)
 
     async def graceful_shutdown(self) -> None:
         """Stop claiming, let running handlers finish for up to ``shutdown_timeout``, then
@@ -291,10 +294,13 @@ class RunWorker:
         # slot (fleet_max_concurrency) is only freed by the completion itself, so under a fleet
         # limit every lease of this worker counts: a claim only they would saturate is a wasted
         # round trip.
-        # A run whose lease is gone was cancelled and can write nothing; a handler that ignores
-        # its cancellation must not keep the slot for ever (red-team pass 7), nor count against
-        # the fleet limit (its admission slot went with its lease).
-        held = [e for e in self._active.values() if not e.lease_gone]
+        # A run whose lease is gone was cancelled and can write nothing, and a stopped run is no
+        # longer renewed, so its lease is gone once its last confirmed deadline passed: a
+        # handler that ignores its cancellation must not keep the slot for ever (red-team
+        # passes 7 and 8), nor count against the fleet limit (its admission slot went with it).
+        now = time.monotonic()
+        held = [e for e in self._active.values()
+                if not e.lease_gone and not (e.stop_reason is not None and now >= e.deadline)]
         completing = sum(1 for e in held if e.state is RunState.COMPLETING)
         executing = len(held) - completing
         free = min(self.max_concurrency - executing, 2 * self.max_concurrency - len(held))
@@ -553,9 +559,11 @@ class RunWorker:
         try:
             completed = await self._complete(entry, output)
         except Exception as exc:
-            # The database refused this one run's completion (a value it cannot take): retrying
-            # cannot help. Anything else (the completion machinery broke) may pass next time.
-            refused = isinstance(exc, DatabaseError)
+            # The database refused this one run's completion for its value (a data exception,
+            # a program limit, a zeroth argument error): retrying cannot help. Anything else
+            # (a cancelled statement, the completion machinery broke) may pass next time.
+            refused = isinstance(exc, DatabaseError) and not isinstance(exc, RetryableError) and (
+                (exc.code or getattr(exc, "sqlstate", None) or "")[:2] in ("22", "54", "ZP"))
             log.warning("run %s: its completion failed (%s: %s); failing it", run.run_id,
                         type(exc).__name__, exc)
             self._worker_error("completion_refused" if refused else "completion_lost")
