@@ -835,3 +835,75 @@ async def test_a_handler_that_ignores_a_cancel_request_gives_up_its_slot_once_it
         await _wait_status(pool, other.run_id, "completed", within=20)
     finally:
         release.set()
+
+
+# -- red-team pass 9 -------------------------------------------------------------------------
+
+
+async def test_a_busy_row_does_not_let_a_handler_outlive_its_lease(pool, spawn_worker):
+    """renew_leases reports a row another session holds as renewed NULL; the worker kept going
+    until a later renewal said the lease was lost, a renewal interval after its deadline, while
+    another worker could already take the run over. It is stopped at its deadline now: before
+    the run can be taken over."""
+    dep = unique_deployment("harden")
+    lm = LeaseManager(pool)
+    run = await lm.enqueue_run(dep)
+    started, cancelled = asyncio.Event(), asyncio.Event()
+
+    async def handler(ctx: RunContext) -> Any:
+        started.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return None
+
+    await spawn_worker(dep, handler, lease_duration=3.0, renew_fraction=0.45)
+    await asyncio.wait_for(started.wait(), timeout=10)
+    holder = await pool.acquire()
+    tx = holder.transaction()
+    await tx.start()
+    try:
+        await holder.execute("SELECT 1 FROM zeroth.runs WHERE run_id = $1 FOR UPDATE", run.run_id)
+        expires = await pool.fetchval(
+            "SELECT lease_expires_at - clock_timestamp() FROM zeroth.runs WHERE run_id = $1",
+            run.run_id)
+        await asyncio.sleep(expires.total_seconds() + 0.3)  # the lease has expired meanwhile
+        stopped_before_takeover = cancelled.is_set()
+    finally:
+        await tx.rollback()
+        await pool.release(holder)
+    taken = await LeaseManager(pool).claim_orphaned(dep, "w2")
+    assert stopped_before_takeover, "the handler still ran when its run could be taken over"
+    assert taken == [run.run_id]
+
+
+async def test_a_held_row_delays_only_its_own_completion_not_its_batch(pool, spawn_worker):
+    """complete_runs waits at most 2 s for a row; the batch was retried whole until every run
+    in it gave up, so runs nobody held were re-run too. The batch is completed run by run."""
+    dep = unique_deployment("harden")
+    lm = LeaseManager(pool)
+    held, free = (await lm.enqueue_run(dep)), (await lm.enqueue_run(dep))
+    arrived: set[Any] = set()
+    finish = asyncio.Event()
+
+    async def handler(ctx: RunContext) -> Any:
+        arrived.add(ctx.run_id)
+        await finish.wait()  # both return in the same turn: one complete_runs batch
+        return {"ok": 1}
+
+    await spawn_worker(dep, handler, lease_duration=30.0)
+    await wait_until(lambda: len(arrived) == 2, "both handlers", within=10)
+    holder = await pool.acquire()
+    tx = holder.transaction()
+    await tx.start()
+    try:
+        await holder.execute("SELECT 1 FROM zeroth.runs WHERE run_id = $1 FOR UPDATE", held.run_id)
+        finish.set()
+        await _wait_status(pool, free.run_id, "completed", within=20)  # while the row is held
+    finally:
+        await tx.rollback()
+        await pool.release(holder)
+    row = await _wait_status(pool, held.run_id, "completed", within=30)
+    assert row["attempts"] == 1

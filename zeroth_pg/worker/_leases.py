@@ -92,12 +92,14 @@ class LeaseUpkeep:
                 interval = min(self.renew_interval, 1.0,
                                *(max(0.01, d - time.monotonic()) for d in deadlines))
                 continue
+            busy: list[float] = []
             for renewal in renewals:
                 entry = entries[renewal.run_id]
                 if renewal.renewed is None:
                     # Another session holds the run's row: not renewed this time, not lost. The
-                    # deadline stays; the next renewal tries again (enforce_deadlines stops the
-                    # handler if the row stays busy past it).
+                    # deadline stays; the next renewal comes no later than it, and the handler
+                    # is stopped at it if the row stays busy (red-team pass 9).
+                    busy.append(entry.deadline)
                     continue
                 if renewal.renewed:
                     entry.deadline = sent + self.lease_duration
@@ -111,6 +113,10 @@ class LeaseUpkeep:
                     log.warning("lease of run %s (generation %d) lost", renewal.run_id,
                                 entry.run.lease_generation)
                     self._stop(entry, StopReason.LEASE_LOST)
+            if busy:
+                self.enforce_deadlines()
+                interval = min(self.renew_interval,
+                               *(max(0.01, d - time.monotonic()) for d in busy))
 
     def enforce_deadlines(self) -> None:
         """Stop every renewable run whose lease is no longer known to be live."""
