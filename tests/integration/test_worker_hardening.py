@@ -907,3 +907,40 @@ async def test_a_held_row_delays_only_its_own_completion_not_its_batch(pool, spa
         await pool.release(holder)
     row = await _wait_status(pool, held.run_id, "completed", within=30)
     assert row["attempts"] == 1
+
+
+async def test_a_completion_retrying_on_a_held_row_does_not_hold_up_later_ones(
+        pool, spawn_worker):
+    """Red-team pass 10: after the split, the loop waited for the held run's retries, so every
+    completion submitted later waited behind it (up to a lease). The split runs retry on their
+    own now."""
+    dep = unique_deployment("harden")
+    lm = LeaseManager(pool)
+    held, later = (await lm.enqueue_run(dep, payload={"kind": "held"})), None
+    started, finish_held, finish_later = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def handler(ctx: RunContext) -> Any:
+        if ctx.payload["kind"] == "held":
+            started.set()
+            await finish_held.wait()
+        else:
+            await finish_later.wait()
+        return {"kind": ctx.payload["kind"]}
+
+    await spawn_worker(dep, handler, lease_duration=30.0)
+    await asyncio.wait_for(started.wait(), timeout=10)
+    later = await lm.enqueue_run(dep, payload={"kind": "later"})
+    await _wait_status(pool, later.run_id, "running")
+    holder = await pool.acquire()
+    tx = holder.transaction()
+    await tx.start()
+    try:
+        await holder.execute("SELECT 1 FROM zeroth.runs WHERE run_id = $1 FOR UPDATE", held.run_id)
+        finish_held.set()  # its completion meets the held row and retries
+        await asyncio.sleep(2.5)  # past complete_runs' 2 s lock_timeout: it is retrying now
+        finish_later.set()
+        await _wait_status(pool, later.run_id, "completed", within=20)  # row still held
+    finally:
+        await tx.rollback()
+        await pool.release(holder)
+    assert (await _wait_status(pool, held.run_id, "completed", within=30))["attempts"] == 1

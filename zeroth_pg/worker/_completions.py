@@ -80,6 +80,9 @@ class CompletionBatcher:
         self._on_batch_refused = on_batch_refused
         self._queue: list[_Completion] = []
         self._queued = asyncio.Event()
+        # Single completions split off a batch that met a held row: they retry on their own,
+        # so the loop goes on with the next batch instead of waiting behind one busy row.
+        self._retrying: dict[asyncio.Task[None], _Completion] = {}
 
     def submit(self, entry: Leased, output: Any) -> asyncio.Future[bool | None]:
         """Queue ``entry``'s completion; the future answers True completed, False refused by
@@ -96,25 +99,36 @@ class CompletionBatcher:
 
     async def run(self) -> None:
         """Send the queued completions until cancelled."""
-        while True:
-            await self._queued.wait()
-            if self._others_may_join():
-                # Handlers that finish in this same turn of the event loop join the batch.
-                await asyncio.sleep(0)
-            self._queued.clear()
-            batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
-            if self._queue:
-                self._queued.set()
-            try:
-                await self._send(batch)
-            finally:
-                # Whatever happened, no run task is left waiting for an answer that never comes.
-                for completion in batch:
-                    if not completion.result.done():
-                        completion.result.set_exception(
-                            RuntimeError("the completion loop stopped before answering"))
+        try:
+            while True:
+                await self._queued.wait()
+                if self._others_may_join():
+                    # Handlers that finish in this same turn of the event loop join the batch.
+                    await asyncio.sleep(0)
+                self._queued.clear()
+                batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
+                if self._queue:
+                    self._queued.set()
+                try:
+                    await self._send(batch)
+                finally:
+                    # Whatever happened, no run task is left waiting for an answer that never
+                    # comes (the ones retrying on their own are answered there, or at exit).
+                    retrying = {id(c) for c in self._retrying.values()}
+                    for completion in batch:
+                        if not completion.result.done() and id(completion) not in retrying:
+                            completion.result.set_exception(
+                                RuntimeError("the completion loop stopped before answering"))
+        finally:
+            self._stop_retrying()
 
-    async def _send(self, batch: list[_Completion]) -> None:
+    def _stop_retrying(self) -> None:
+        for task, completion in list(self._retrying.items()):
+            task.cancel()
+            _settle(completion.result, None)  # no answer: the lease expires, the run is re-run
+        self._retrying.clear()
+
+    async def _send(self, batch: list[_Completion], *, on_its_own: bool = False) -> None:
         """One complete_runs call for the batch, retried on transient failures while some
         run's lease is still known to be live; a run past its deadline gets None. When the
         database refuses the batch itself, each run is completed on its own, so one bad value
@@ -127,13 +141,16 @@ class CompletionBatcher:
                     [(c.entry.run.run_id, c.entry.run.lease_generation, c.output) for c in batch],
                     tenant_id=self.tenant_id, workspace_id=self.workspace_id)
             except RetryableError as exc:
-                if len(batch) > 1 and getattr(exc, "code", None) == "55P03":
-                    # One run's row is held by another session (complete_runs waits 2 s for a
-                    # row): complete the runs one by one, so only that run waits and the others
-                    # land (red-team pass 9: a batch retried whole gave them all up).
+                if not on_its_own and getattr(exc, "code", None) == "55P03":
+                    # A run's row is held by another session (complete_runs waits 2 s for a
+                    # row): each run of the batch retries on its own, so only that run waits,
+                    # and the loop goes on with later completions (red-team passes 9 and 10).
                     log.warning("complete_runs waited for a row another session holds; "
-                                "completing the batch of %d one by one", len(batch))
-                    await asyncio.gather(*(self._send([completion]) for completion in batch))
+                                "the batch of %d retries run by run", len(batch))
+                    for completion in batch:
+                        task = asyncio.create_task(self._send([completion], on_its_own=True))
+                        self._retrying[task] = completion
+                        task.add_done_callback(lambda done: self._retrying.pop(done, None))
                     return
                 now = time.monotonic()
                 for completion in [c for c in batch if now + delay >= c.give_up_at]:
@@ -146,7 +163,8 @@ class CompletionBatcher:
                 continue
             except Exception as exc:
                 if len(batch) == 1:
-                    batch[0].result.set_exception(exc)
+                    if not batch[0].result.done():  # its waiter may have been cancelled
+                        batch[0].result.set_exception(exc)
                     return
                 log.warning("complete_runs refused a batch of %d (%s: %s); completing them one "
                             "by one", len(batch), type(exc).__name__, exc)
