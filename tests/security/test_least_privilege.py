@@ -16,7 +16,9 @@ from roles import dsn_as, login_role, readme_grants
 from zeroth_pg import LeaseManager
 from zeroth_pg.errors import DatabaseError
 
-PLANNING = {"plan_cache_mode=force_generic_plan"}
+# Besides the pinned search_path: plan caching (0007), and complete_runs' bounded wait for a
+# row another session holds (red-team pass 8).
+PLANNING = {"plan_cache_mode=force_generic_plan", "lock_timeout=2s"}
 PINNED = ["search_path=pg_catalog, pg_temp"]
 
 FUNCTIONS = """
