@@ -31,17 +31,6 @@ BEGIN
     WITH requested AS (
         SELECT q.run_id, q.generation, q.position
           FROM unnest(renew_leases.run_ids, renew_leases.generations) WITH ORDINALITY AS q(run_id, generation, position)
-    ), held AS MATERIALIZED (
-        -- The leases that are this worker's by the snapshot (no lock): a requested run in here
-        -- but not locked below was skipped because another session holds its row.
-        SELECT r.run_id
-          FROM zeroth.runs r
-          JOIN requested q ON r.run_id = q.run_id AND r.lease_generation = q.generation
-         WHERE r.tenant_id = v_tenant
-           AND r.workspace_key = v_wskey
-           AND r.run_id = ANY (renew_leases.run_ids)
-           AND r.lease_worker_id = renew_leases.worker_id
-           AND r.lease_expires_at >= v_now
     ), locked AS MATERIALIZED (
         SELECT r.run_id
           FROM zeroth.runs r
@@ -66,14 +55,20 @@ BEGIN
     )
     SELECT q.run_id,
            CASE WHEN n.run_id IS NOT NULL THEN true
-                WHEN h.run_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM locked l
-                                                           WHERE l.run_id = q.run_id) THEN NULL
+                -- Only for a run not renewed (CASE reaches it for those alone, so the common
+                -- path pays nothing): still this worker's lease by the snapshot, but not locked
+                -- above, so another session holds its row: NULL, not lost.
+                WHEN NOT EXISTS (SELECT 1 FROM locked l WHERE l.run_id = q.run_id)
+                 AND EXISTS (SELECT 1 FROM zeroth.runs r
+                              WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey
+                                AND r.run_id = q.run_id AND r.lease_generation = q.generation
+                                AND r.lease_worker_id = renew_leases.worker_id
+                                AND r.lease_expires_at >= v_now) THEN NULL
                 ELSE false END,
            n.lease_expires_at,
            coalesce(n.cancel_requested_at IS NOT NULL, false)
       FROM requested q
       LEFT JOIN renewed n ON n.run_id = q.run_id AND n.lease_generation = q.generation
-      LEFT JOIN held h ON h.run_id = q.run_id
      ORDER BY q.position;
 END
 $$;
