@@ -369,6 +369,7 @@ class TestBatchRenewalVersusCancel:
         errors = [o.sqlstate for pair in outcomes for o in pair if o.sqlstate is not None]
         assert "40P01" not in errors
         assert errors == []
+        last_renewed = [0] * 4
         for round_no, pair in enumerate(outcomes):
             renew, cancel = pair if round_no % 2 == 0 else pair[::-1]
             renewed = [r["renewed"] for r in renew.value]
@@ -377,12 +378,15 @@ class TestBatchRenewalVersusCancel:
             assert [r for i, r in enumerate(renewed) if i != target] == [True] * 3
             assert renewed[target] in (True, None)
             assert cancel.value == "cancel_requested"
-        for run_id in ids:
+            for i, ok in enumerate(renewed):
+                if ok:
+                    last_renewed[i] = round_no
+        for run_id, last in zip(ids, last_renewed, strict=True):
             row = await run_row(db, run_id)
             assert (row["status"], row["lease_worker_id"], row["lease_expires_at"]) == (
-                "running", WORKER, at(49 + 60))
+                "running", WORKER, at(last + 60))
             assert row["cancel_requested_at"] is not None
         slots = await db.fetch("""SELECT s.run_id, s.lease_expires_at FROM zeroth_test.slot_leases s
                                    WHERE s.deployment_ref = 'deploy-slotted'""")
         assert sorted((r["run_id"], r["lease_expires_at"]) for r in slots) == sorted(
-            (run_id, at(49 + 60)) for run_id in ids)
+            (run_id, at(last + 60)) for run_id, last in zip(ids, last_renewed, strict=True))
