@@ -228,11 +228,39 @@ async def wait_until(predicate: Callable[[], Any], what: str, *, within: float,
         await asyncio.sleep(interval)
 
 
-async def listen(connection: asyncpg.Connection, channel: str) -> asyncio.Queue[str]:
-    """LISTEN on ``connection``; the payloads of ``channel`` land in the returned queue."""
+
+
+Scope = tuple[str, str | None, str | None]
+DEFAULT_SCOPE: Scope = (DEPLOYMENT, None, None)
+
+
+async def announce_idle(conn: asyncpg.Connection, deployment_ref: str = DEPLOYMENT,
+                        tenant_id: str | None = None, workspace_id: str | None = None,
+                        held: list[int] | None = None) -> list[int]:
+    """This session waits for work of the scope (zeroth.announce_idle): the stripes it holds."""
+    return list(await conn.fetchval(
+        "SELECT zeroth.announce_idle(deployment_ref => $1, tenant_id => $2, workspace_id => $3,"
+        " held => $4::integer[])", deployment_ref, tenant_id, workspace_id, held or []))
+
+
+async def listen(connection: asyncpg.Connection, channel: str,
+                 scopes: tuple[Scope, ...] = ()) -> asyncio.Queue[str]:
+    """LISTEN on ``connection``; the payloads of ``channel`` land in the returned queue. On
+    ``zeroth_wakeup`` the connection also waits for work of ``scopes`` (default: the default
+    scope) like an idle worker: writers notify only while one does (the wakeup gate)."""
     queue: asyncio.Queue[str] = asyncio.Queue()
     await connection.add_listener(channel, lambda *args: queue.put_nowait(args[3]))
+    if channel == "zeroth_wakeup":
+        for scope in scopes or (DEFAULT_SCOPE,):
+            assert len(await announce_idle(connection, *scope)) == 8
     return queue
+
+
+async def wakeup_listener(connect: Any, scopes: tuple[Scope, ...] = (DEFAULT_SCOPE,),
+                          channel: str = "zeroth_wakeup") -> asyncio.Queue[str]:
+    """A dedicated connection that LISTENs and, like an idle worker, holds the wakeup gate of
+    ``scopes`` (writers notify only while a worker waits); payloads land in the queue."""
+    return await listen(await connect(), channel, scopes)
 
 
 async def wakeup_key(conn: asyncpg.Connection, deployment_ref: str = DEPLOYMENT,

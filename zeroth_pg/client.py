@@ -401,6 +401,28 @@ class LeaseManager:
         cancel was requested for one of its runs. Confirm with :meth:`renew_leases`."""
         return str(await self._fetchval(_calls.CONTROL_KEY, worker_id, conn=conn))
 
+    async def announce_idle(
+        self, deployment_ref: str, *, tenant_id: str | None = None,
+        workspace_id: str | None = None, held: Sequence[int] = (), conn: Executor | None = None,
+    ) -> tuple[int, ...]:
+        """This session waits for work of the scope: take the scope's wakeup-gate stripes not in
+        ``held`` (``zeroth.announce_idle``), so writers notify ``zeroth_wakeup``; returns every
+        stripe the session holds. Session advisory locks: pass the listener's own connection
+        (``conn``), never a pooled one, and claim once more after a call that returned a new
+        stripe."""
+        stripes = await self._fetchval(_calls.ANNOUNCE_IDLE, deployment_ref, tenant_id,
+                                       workspace_id, list(held), conn=conn)
+        return tuple(stripes)
+
+    async def announce_busy(
+        self, deployment_ref: str, *, tenant_id: str | None = None,
+        workspace_id: str | None = None, held: Sequence[int] = (), conn: Executor | None = None,
+    ) -> int:
+        """Let go of the wakeup-gate stripes ``held`` (``zeroth.announce_busy``): writers of the
+        scope stop notifying. Returns how many this session held."""
+        return int(await self._fetchval(_calls.ANNOUNCE_BUSY, deployment_ref, tenant_id,
+                                        workspace_id, list(held), conn=conn))
+
     async def run_finished_key(
         self, run_id: RunId, *, tenant_id: str | None = None, workspace_id: str | None = None,
         conn: Executor | None = None,

@@ -33,6 +33,7 @@ import contextlib
 import logging
 import random
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import asyncpg
 
@@ -56,6 +57,7 @@ refuses any other name, so a typo or a caller-supplied string can never become a
 log = logging.getLogger("zeroth_pg.notify")
 
 NotificationHandler = Callable[[str, str], None]
+T = TypeVar("T")
 
 
 class ListenMultiplexedError(ConnectionError):
@@ -120,6 +122,9 @@ class Notifier:
         self._conn: asyncpg.Connection | None = None
         self._backend_pid: int | None = None
         self._lost = asyncio.Event()
+        # One statement at a time on the LISTEN connection: health pings and the owner's calls
+        # (announce_idle / announce_busy, whose session locks must live on this connection).
+        self._statement = asyncio.Lock()
         self.connected = asyncio.Event()
         self.connects = 0
         self.behind_pooler = False
@@ -132,6 +137,19 @@ class Notifier:
         """The server backend pid of the LISTEN connection (None while disconnected)."""
         conn = self._conn
         return None if conn is None or conn.is_closed() else self._backend_pid
+
+    async def on_session(self, call: Callable[[asyncpg.Connection], Awaitable[T]], *,
+                         session: int | None = None) -> T:
+        """Run ``call`` on the LISTEN connection, one statement at a time with the pings. With
+        ``session`` (a value of :attr:`connects`), only on that connection: session state such
+        as advisory locks belongs to it. Raises ConnectionError while disconnected or once the
+        connection is another one."""
+        async with self._statement:
+            conn = self._conn
+            if (conn is None or conn.is_closed() or not self.connected.is_set()
+                    or (session is not None and session != self.connects)):
+                raise ConnectionError("the LISTEN connection is not the one asked for")
+            return await call(conn)
 
     def start(self) -> None:
         if self._task is None:
@@ -199,7 +217,8 @@ class Notifier:
         """A health ping that also proves the connection still talks to the backend that ran
         LISTEN (a transaction-mode pooler hands each statement to any server connection)."""
         try:
-            now = await conn.fetchval("SELECT pg_backend_pid()", timeout=self.ping_timeout)
+            async with self._statement:
+                now = await conn.fetchval("SELECT pg_backend_pid()", timeout=self.ping_timeout)
         except (asyncpg.InvalidSQLStatementNameError, asyncpg.DuplicatePreparedStatementError):
             now = "another"  # a statement prepared on one backend met another: the same proof
         if now != backend_pid:

@@ -11,8 +11,11 @@
 //   3. one timer renews every held lease with a single renew_leases call every lease/3 seconds;
 //      a cancel requested with request_cancel comes back on that renewal and the run ends with
 //      cancel_run;
-//   4. nothing to claim: wait --poll seconds, or less when a NOTIFY on zeroth_wakeup arrives on a
-//      dedicated LISTEN connection (NOTIFY is only a hint: polling alone is always correct).
+//   4. nothing to claim: say so on the dedicated LISTEN connection (announce_idle takes the
+//      scope's wakeup-gate stripes; writers NOTIFY zeroth_wakeup only while a worker holds them)
+//      and claim once more if it got a stripe it did not have; then wait --poll seconds, or less
+//      when a NOTIFY arrives (or 5 ms doubling while another session holds some stripes). Work
+//      found again: announce_busy. NOTIFY is only a hint: polling alone is always correct.
 // SIGTERM / SIGINT stop it gracefully: runs in hand go back to pending with their checkpoints
 // (hand_back_to_pending), claimed runs not started are released (release_lease).
 //
@@ -194,6 +197,36 @@ async function listen() {
   return client;
 }
 
+// The wakeup gate (sql/README.md): the stripes this LISTEN session holds, and the backoff while
+// it holds fewer than all eight.
+const gate = { held: [], retry: 5 };
+
+async function announceIdle(listener) {
+  const { rows } = await listener.query(
+    'SELECT zeroth.announce_idle(deployment_ref => $1, held => $2::integer[]) AS held',
+    [deployment, gate.held]);
+  const gained = rows[0].held.length > gate.held.length;
+  gate.held = rows[0].held;
+  if (gained) gate.retry = 5;
+  return gained;
+}
+
+async function announceBusy(listener) {
+  if (gate.held.length === 0) return;
+  const held = gate.held;
+  gate.held = [];
+  gate.retry = 5;
+  await listener.query(
+    'SELECT zeroth.announce_busy(deployment_ref => $1, held => $2::integer[])', [deployment, held]);
+}
+
+function idleWait() {
+  if (gate.held.length === 8) return opts.poll * 1000;
+  const wait = Math.min(opts.poll * 1000, gate.retry);
+  gate.retry = Math.min(opts.poll * 1000, gate.retry * 2);
+  return wait;
+}
+
 async function main() {
   const listener = await listen();
   const renew = () => renewAll().catch((err) => log(`renewal failed: ${err.message}`));
@@ -214,10 +247,13 @@ async function main() {
           log('queue empty: exiting (--until-empty)');
           break;
         }
+        // A stripe gained: its writer did not notify and has committed; look once more.
+        if (await announceIdle(listener)) continue;
         log('waiting for work');
-        await idle(opts.poll * 1000);
+        await idle(idleWait());
         continue;
       }
+      await announceBusy(listener);
       for (const run of runs) log(`claimed ${run.run_id} generation ${run.lease_generation}`);
       await Promise.all(runs.map(processRun));
     }

@@ -94,15 +94,24 @@ async def test_no_role_can_lock_a_stripe_itself(login, kind):
         await session.execute("SELECT 1 FROM zeroth.lock_stripes WHERE stripe = 0 FOR KEY SHARE")
 
 
-async def test_no_zeroth_function_takes_an_advisory_lock(admin):
-    """The guard that keeps it so: migrations serialise on one (the DBA's tool), the runtime on
-    none."""
-    offenders = await admin.fetch(
+async def test_no_zeroth_function_waits_on_an_advisory_lock(admin):
+    """The guard that keeps it so: migrations serialise on one (the DBA's tool), the runtime
+    never waits on one. The wakeup gate (sql/functions/internal/notify.sql) only *tries* them:
+    a stranger holding its keys changes whether a NOTIFY is sent, never whether a call goes
+    through (tests/adversarial/test_wakeup_gate.py)."""
+    waiting = await admin.fetch(
         """SELECT p.oid::regprocedure::text AS function
              FROM pg_proc p
             WHERE p.pronamespace = 'zeroth'::regnamespace
-              AND pg_get_functiondef(p.oid) ~* 'pg_(try_)?advisory'""")
-    assert [row["function"] for row in offenders] == []
+              AND pg_get_functiondef(p.oid) ~* 'pg_advisory_(xact_)?lock'""")
+    assert [row["function"] for row in waiting] == []
+    trying = await admin.fetch(
+        """SELECT p.proname::text AS function
+             FROM pg_proc p
+            WHERE p.pronamespace = 'zeroth'::regnamespace
+              AND pg_get_functiondef(p.oid) ~* 'pg_try_advisory'
+            ORDER BY 1""")
+    assert [row["function"] for row in trying] == ["_notify_wakeup", "announce_idle"]
 
 
 async def colliding_thread(admin: asyncpg.Connection, tenant: str, thread: str) -> str:

@@ -16,6 +16,7 @@ import re
 
 import asyncpg
 import pytest
+from helpers import announce_idle
 
 from zeroth_pg import migrate
 
@@ -46,6 +47,8 @@ class TestAStrangerListening:
         stranger = await login("nobody")
         heard = await listen_all(stranger)
         worker = await login("worker")
+        # An idle worker of the scope (writers notify only while one waits for work).
+        assert len(await announce_idle(await login("worker"), "secret-deploy", "acme", "ws-9")) == 8
         scope = "tenant_id => 'acme', workspace_id => 'ws-9'"
         # Work made claimable (wakeup), an owned thread run asked to stop (control), its end
         # (run finished), and the wakeup of the slot and thread it freed.

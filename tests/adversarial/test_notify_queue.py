@@ -26,6 +26,7 @@ from typing import Any
 
 import asyncpg
 import pytest
+from helpers import announce_idle
 from roles import dsn_as, login_role
 
 from zeroth_pg import migrate
@@ -132,6 +133,10 @@ async def test_a_full_queue_fails_no_zeroth_call_and_wakeups_resume_once_it_drai
             heard.put_nowait(args[3])
 
         await worker.add_listener("zeroth_wakeup", hear)
-        await worker.execute("SELECT zeroth.enqueue_run(deployment_ref => 'd')")
+        # It waits for work on the connection that listens (writers notify only then; a
+        # session's own gate locks never stop its own writes).
+        await announce_idle(worker, "d")
+        async with connected(small_queue_dsn, "zeroth_worker") as writer:
+            await writer.execute("SELECT zeroth.enqueue_run(deployment_ref => 'd')")
         key = await worker.fetchval("SELECT zeroth.wakeup_key(deployment_ref => 'd')")
         assert await asyncio.wait_for(heard.get(), timeout=10) == key

@@ -11,7 +11,17 @@ from uuid import UUID
 
 import asyncpg
 import pytest
-from helpers import DEPLOYMENT, WORKER, at, claim, enqueue, make_run, run_row, wakeup_key
+from helpers import (
+    DEPLOYMENT,
+    WORKER,
+    at,
+    claim,
+    enqueue,
+    make_run,
+    run_row,
+    wakeup_key,
+    wakeup_listener,
+)
 
 OTHER = "worker-b"
 SOON = at(1)
@@ -208,11 +218,8 @@ class TestWakeup:
     SENTINEL = "sentinel"
 
     async def listen(self, connect: Any) -> asyncio.Queue[str]:
-        listener = await connect()
-        received: asyncio.Queue[str] = asyncio.Queue()
-        await listener.add_listener(
-            "zeroth_wakeup", lambda _conn, _pid, _channel, payload: received.put_nowait(payload))
-        return received
+        """A listener that waits for work of the default scope like an idle worker."""
+        return await wakeup_listener(connect)
 
     async def next_payload(self, received: asyncio.Queue[str]) -> str:
         # The guard only stops a hung test; nothing here is a timing assertion.

@@ -144,8 +144,9 @@ class TestSlots:
 
     async def test_freed_slots_wake_workers_once_per_deployment(self, connect):
         conn = await connect()  # autocommit: NOTIFY is delivered at commit
-        queue = await listen(await connect(), "zeroth_wakeup")
         first, second = (f"wake-{uuid.uuid4().hex[:8]}" for _ in range(2))
+        queue = await listen(await connect(), "zeroth_wakeup",
+                             ((first, "t1", None), (second, "t1", None)))
         leases = [await make_run(conn, "running", tenant_id="t1", max_concurrency=5,
                                  deployment_ref=first) for _ in range(3)]
         leases.append(await make_run(conn, "running", tenant_id="t1", max_concurrency=5,

@@ -11,7 +11,18 @@ from uuid import UUID, uuid4
 
 import asyncpg
 import pytest
-from helpers import DEPLOYMENT, T0, at, clock_schema, run_row, wakeup_key
+from helpers import (
+    DEFAULT_SCOPE,
+    DEPLOYMENT,
+    T0,
+    Scope,
+    announce_idle,
+    at,
+    clock_schema,
+    run_row,
+    wakeup_key,
+    wakeup_listener,
+)
 
 JSONB = ("payload", "metadata")
 # asyncpg encodes these two sentinels as the timestamps 'infinity' and '-infinity'.
@@ -242,12 +253,10 @@ class TestRejectedInput:
 # --- NOTIFY zeroth_wakeup (committed transactions on a fresh database) -------------------------
 
 
-async def listen(connect: Any, channel: str = "zeroth_wakeup") -> asyncio.Queue[str]:
-    """A dedicated listener connection; its notifications land in the returned queue."""
-    listener = await connect()
-    queue: asyncio.Queue[str] = asyncio.Queue()
-    await listener.add_listener(channel, lambda _c, _pid, _ch, payload: queue.put_nowait(payload))
-    return queue
+async def listen(connect: Any, *scopes: Scope) -> asyncio.Queue[str]:
+    """A dedicated listener connection that waits for work of ``scopes`` (default: the default
+    scope) like an idle worker; its notifications land in the returned queue."""
+    return await wakeup_listener(connect, scopes or (DEFAULT_SCOPE,))
 
 
 async def next_notification(queue: asyncio.Queue[str]) -> str:
@@ -276,7 +285,7 @@ class TestWakeupNotify:
 
     async def test_payload_names_no_tenant_workspace_or_deployment(self, connect):
         # LISTEN needs no privilege: the payload must tell a stranger nothing about the scope.
-        queue = await listen(connect)
+        queue = await listen(connect, ("deploy-x", "t1", "w1"))
         producer = await connect()
         await call_enqueue(producer, tenant_id="t1", workspace_id="w1", deployment_ref="deploy-x")
         payload = await next_notification(queue)
@@ -334,6 +343,7 @@ class TestWakeupNotify:
         senders: asyncio.Queue[int] = asyncio.Queue()
         await listener.add_listener(
             "zeroth_wakeup", lambda _c, pid, _ch, _payload: senders.put_nowait(pid))
+        await announce_idle(listener)
         producer = await connect()
         run_id: UUID = (await call_enqueue(producer))["run_id"]
         assert await asyncio.wait_for(senders.get(), NOTIFY_TIMEOUT) == producer.get_server_pid()

@@ -10,7 +10,17 @@ from uuid import uuid4
 
 import asyncpg
 import pytest
-from helpers import DEPLOYMENT, T0, at, enqueue, run_row, wakeup_key
+from helpers import (
+    DEFAULT_SCOPE,
+    DEPLOYMENT,
+    T0,
+    Scope,
+    at,
+    enqueue,
+    run_row,
+    wakeup_key,
+    wakeup_listener,
+)
 
 NOTIFY_TIMEOUT = 10  # only guards against a hang; no assertion depends on it
 
@@ -210,12 +220,10 @@ class TestWholeBatchRejected:
 # --- NOTIFY (committed transactions on a fresh database) ---------------------------------------
 
 
-async def listen(connect: Any) -> asyncio.Queue[str]:
-    listener = await connect()
-    queue: asyncio.Queue[str] = asyncio.Queue()
-    await listener.add_listener(
-        "zeroth_wakeup", lambda _c, _pid, _ch, payload: queue.put_nowait(payload))
-    return queue
+async def listen(connect: Any, *scopes: Scope) -> asyncio.Queue[str]:
+    """A listener that waits for work of ``scopes`` (default: the default scope) like an idle
+    worker."""
+    return await wakeup_listener(connect, scopes or (DEFAULT_SCOPE,))
 
 
 async def notifications_before_sentinel(queue: asyncio.Queue[str],
@@ -256,7 +264,7 @@ class TestRepeatsWithinOneBatch:
 
 class TestWakeupNotify:
     async def test_a_batch_sends_one_notification_per_transaction(self, connect):
-        queue = await listen(connect)
+        queue = await listen(connect, (DEPLOYMENT, "t1", "w1"))
         producer = await connect()
         rows = await enqueue_batch(producer, [{}, {}, {}], tenant_id="t1", workspace_id="w1")
         assert len(rows) == 3

@@ -299,7 +299,7 @@ class TestHandBackNotifiesWakeup:
     async def test_hand_back_notifies_the_runs_scope(self, connect):
         actor, listener = await connect(), await connect()
         lease = await make_run(actor, "running", tenant_id="acme", workspace_id="ws-1")
-        queue = await listen(listener, "zeroth_wakeup")
+        queue = await listen(listener, "zeroth_wakeup", ((DEPLOYMENT, "acme", "ws-1"),))
 
         assert await hand_back(actor, lease.run_id, tenant_id="acme", workspace_id="ws-1") is True
 

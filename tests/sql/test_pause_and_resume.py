@@ -274,7 +274,7 @@ class TestPauseAndResumeNotify:
     async def test_resume_notifies_the_runs_scope(self, connect):
         actor, listener = await connect(), await connect()
         lease = await make_run(actor, "waiting", workspace_id="ws-1", tenant_id="acme")
-        queue = await listen(listener, "zeroth_wakeup")
+        queue = await listen(listener, "zeroth_wakeup", ((DEPLOYMENT, "acme", "ws-1"),))
 
         assert await resume(actor, lease.run_id, tenant_id="acme", workspace_id="ws-1") is True
 

@@ -15,6 +15,7 @@ import pytest
 from helpers import (
     DEPLOYMENT,
     WORKER,
+    announce_idle,
     at,
     claim,
     control_key,
@@ -280,6 +281,7 @@ class TestImmediateCancelWakesWorkersWhenItFreesASlot:
         lease = await make_run(actor, "claimed", max_concurrency=1)
         queue: asyncio.Queue[str] = asyncio.Queue()
         await listener.add_listener("zeroth_wakeup", lambda *args: queue.put_nowait(args[3]))
+        await announce_idle(listener)
 
         assert await request_cancel(actor, lease.run_id) == "cancelled"
         await actor.execute("SELECT pg_notify('zeroth_wakeup', 'sentinel')")
@@ -292,6 +294,7 @@ class TestImmediateCancelWakesWorkersWhenItFreesASlot:
         lease = await make_run(actor, "pending")
         queue: asyncio.Queue[str] = asyncio.Queue()
         await listener.add_listener("zeroth_wakeup", lambda *args: queue.put_nowait(args[3]))
+        await announce_idle(listener)
 
         assert await request_cancel(actor, lease.run_id) == "cancelled"
         await actor.execute("SELECT pg_notify('zeroth_wakeup', 'sentinel')")

@@ -29,6 +29,7 @@ from zeroth_pg.metrics import WorkerMetrics, default_metrics
 from zeroth_pg.notify import CONTROL_CHANNEL, WAKEUP_CHANNEL, Notifier
 from zeroth_pg.types import ClaimedRun, FailOutcome
 from zeroth_pg.worker._completions import CompletionBatcher
+from zeroth_pg.worker._gate import GateState, WakeupGate
 from zeroth_pg.worker._leases import LeaseUpkeep
 from zeroth_pg.worker._run import ActiveRun, Handler, RunContext, RunState, StopReason
 
@@ -124,6 +125,10 @@ class RunWorker:
         # notification on the channel is taken as a hint: a wasted look, never a wrong action).
         self._wakeup_key: str | None = None
         self._control_key: str | None = None
+        # Writers notify only while this worker holds their stripe of the scope's wakeup gate,
+        # which it does only while it waits for work (worker/_gate.py).
+        self._gate = WakeupGate(self.lease_manager, deployment_ref, tenant_id=tenant_id,
+                                workspace_id=workspace_id)
         self._backlog = False  # the last claim filled every free slot: more work is likely
         # The last claim left no fleet slot (fleet_max_concurrency) free: claim again as soon as
         # one of this worker's runs gives its slot back, not when that run's NOTIFY comes round.
@@ -177,16 +182,29 @@ class RunWorker:
             # Cleared before the pass, not before the sleep: a wakeup that arrives while the pass
             # is talking to the database must still cut the next sleep short.
             self._wake.clear()
+            # About to look: writers need not notify this worker until it waits again. Let go
+            # of the wakeup gate on the LISTEN connection while the claim runs on the pool.
+            release = (asyncio.create_task(self._gate.busy())
+                       if self._gate.state is not GateState.BUSY else None)
+            claimed: int | None = None
             try:
-                await self._claim_pass()
+                claimed = await self._claim_pass()
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("claim pass failed; retrying after the poll interval")
                 self._worker_error("claim")
                 self._backlog = False
+            finally:
+                if release is not None:
+                    await release
             if self._stopping:
                 break
+            # The claim took less than it asked for: this worker waits for work now, so it asks
+            # writers to notify it; a stripe gained means a writer that did not notify has
+            # committed since, so look once more before sleeping.
+            if claimed is not None and not self._backlog and await self._gate.idle():
+                continue
             await self._sleep_until_work()
 
     async def interrupt_active_run(self, run_id: UUID) -> None:
@@ -308,7 +326,9 @@ class RunWorker:
             free = min(free, self.fleet_max_concurrency - len(held))
         return free
 
-    async def _claim_pass(self) -> None:
+    async def _claim_pass(self) -> int | None:
+        """Sweep if due, then claim into the free slots: how many runs were claimed, or None
+        when no claim was made (no free slot, or stopping)."""
         if self._sweep_due or time.monotonic() >= self._next_sweep:
             try:
                 await self._sweep_orphans()
@@ -322,7 +342,7 @@ class RunWorker:
                 self._next_sweep = time.monotonic() + self.orphan_sweep_interval
         free = self._free_slots()
         if free <= 0 or self._stopping:
-            return
+            return None
         sent = time.monotonic()
         result = await self.lease_manager.claim_and_start(
             self.deployment_ref, self.worker_id, tenant_id=self.tenant_id,
@@ -336,6 +356,7 @@ class RunWorker:
         self._fleet_full = result.max_concurrency is not None and (
             result.concurrency_saturated
             or result.active_count + len(result.runs) >= result.max_concurrency)
+        return len(result.runs)
 
     async def _sweep_orphans(self) -> None:
         free = self._free_slots()
@@ -378,7 +399,7 @@ class RunWorker:
     async def _sleep_until_work(self) -> None:
         if self._backlog and self._free_slots() > 0:
             return  # the last batch was full and a slot is already free: claim again now
-        timeout = self.poll_interval
+        timeout = self._gate.poll_in(self.poll_interval)
         if not self._sweep_due:
             timeout = min(timeout, max(0.0, self._next_sweep - time.monotonic()))
         # One event: a NOTIFY sets it, and so does a freed slot while a full batch or an orphan
@@ -399,6 +420,8 @@ class RunWorker:
     def _on_listen(self) -> None:
         """After every LISTEN (re)connect: look for work (notifications sent meanwhile are
         gone) and fetch the keys again (the secret they come from may have been rotated)."""
+        if self.notifier is not None:
+            self._gate.connected(self.notifier)
         self.handle_wakeup()
         self._leases.renew_now.set()
         task = asyncio.get_running_loop().create_task(self._fetch_keys())

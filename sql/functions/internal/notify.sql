@@ -36,14 +36,78 @@ COMMENT ON FUNCTION zeroth._notify(text, text) IS 'Internal: pg_notify(channel, 
 ALTER FUNCTION zeroth._notify(text, text) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._notify(text, text) FROM PUBLIC;
 
+-- Wakeups are sent only to a scope that has an idle worker: the wakeup gate (docs/performance.md,
+-- "NOTIFY"). PostgreSQL takes one cluster-wide lock in the commit of every transaction that
+-- queued a notification and holds it until that commit is flushed, so notifying transactions
+-- commit one at a time (no group commit): with a NOTIFY in every enqueue, 64 concurrent producers
+-- on a durable server lost 55-69% of their throughput. A worker only needs a wakeup while it
+-- waits for work, so a waiting worker says so with session advisory locks, and a writer notifies
+-- only when it sees one.
+--
+-- The gate of a scope is WAKEUP_STRIPES advisory locks (two-key form: the first 32 bits of the
+-- scope's wakeup key, stripe 0..7). A worker that found nothing to claim takes every stripe it can
+-- in exclusive mode, session-level (announce_idle) and then claims once more; when it has work
+-- again it lets them go (announce_busy). A writer that made work claimable tries the shared lock
+-- of ONE stripe (its transaction id modulo the stripe count), transaction-level:
+--   * the try fails: a waiting worker holds the stripe → NOTIFY (as before);
+--   * the try succeeds: nobody waits on this stripe now, and the writer now holds the stripe until
+--     it commits, so no worker can take it before this run is committed and visible. A worker
+--     that did not get every stripe keeps claiming on a short backoff, and a worker that gets the
+--     stripe claims once more right after: the run is found by that claim, not by a NOTIFY.
+-- No writer ever waits (try locks), writers never conflict with each other (shared), and a writer
+-- that holds its stripe for a long transaction hides only its stripe from the waiting workers.
+-- The gate is a hint like the NOTIFY it gates: a stranger who takes these locks (advisory locks
+-- need no privilege) can make writers notify (today's cost) or keep workers from taking a stripe
+-- (those writers' runs are found by the workers' polls: latency, never a lost run).
+CREATE OR REPLACE FUNCTION zeroth._wakeup_lock(wakeup_key text) RETURNS integer
+    LANGUAGE sql IMMUTABLE
+    RETURN ('x' || left(wakeup_key, 8))::bit(32)::integer;
+COMMENT ON FUNCTION zeroth._wakeup_lock(text) IS 'Internal: the first key of a scope''s wakeup gate advisory locks (the first 32 bits of its wakeup key); the second key is the stripe.';
+ALTER FUNCTION zeroth._wakeup_lock(text) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._wakeup_lock(text) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION zeroth._wakeup_stripes() RETURNS integer
+    LANGUAGE sql IMMUTABLE
+    RETURN 8;
+COMMENT ON FUNCTION zeroth._wakeup_stripes() IS 'Internal: how many advisory locks (stripes) a scope''s wakeup gate has.';
+ALTER FUNCTION zeroth._wakeup_stripes() OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._wakeup_stripes() FROM PUBLIC;
+
+-- A `held` argument of announce_idle / announce_busy: distinct stripes in 0..stripes-1 (NULL is
+-- none), else ZP008.
+CREATE OR REPLACE FUNCTION zeroth._wakeup_stripes_arg(held integer[]) RETURNS integer[]
+    LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF held IS NULL OR cardinality(held) = 0 THEN
+        RETURN '{}';
+    END IF;
+    IF array_ndims(held) <> 1
+       OR EXISTS (SELECT 1 FROM unnest(held) s WHERE s IS NULL OR s < 0 OR s >= zeroth._wakeup_stripes())
+       OR (SELECT count(DISTINCT s) FROM unnest(held) s) <> cardinality(held) THEN
+        RAISE EXCEPTION 'held must list distinct wakeup stripes in 0..%, got %',
+            zeroth._wakeup_stripes() - 1, held USING ERRCODE = 'ZP008';
+    END IF;
+    RETURN held;
+END
+$$;
+COMMENT ON FUNCTION zeroth._wakeup_stripes_arg(integer[]) IS 'Internal: validates the held stripes of announce_idle / announce_busy (ZP008 unless distinct values in 0..7; NULL is none).';
+ALTER FUNCTION zeroth._wakeup_stripes_arg(integer[]) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._wakeup_stripes_arg(integer[]) FROM PUBLIC;
+
 -- Work may be claimable in (deployment, tenant, workspace): NOTIFY zeroth_wakeup with that
--- scope's key. PostgreSQL folds identical payloads within one transaction, so a batch notifies once.
+-- scope's key if a worker waits on this transaction's stripe of the scope's gate (above); else
+-- hold that stripe (shared) until commit. PostgreSQL folds identical payloads within one
+-- transaction, so a batch notifies once.
 CREATE OR REPLACE FUNCTION zeroth._notify_wakeup(deployment_ref text, tenant_id text, workspace_id text) RETURNS void
     LANGUAGE sql VOLATILE
     BEGIN ATOMIC
-        SELECT zeroth._notify('zeroth_wakeup', zeroth._notify_key('wakeup', ARRAY[tenant_id, workspace_id, deployment_ref]));
+        SELECT zeroth._notify('zeroth_wakeup', g.key)
+          FROM (SELECT zeroth._notify_key('wakeup', ARRAY[tenant_id, workspace_id, deployment_ref]) AS key) g
+         WHERE NOT pg_try_advisory_xact_lock_shared(
+                   zeroth._wakeup_lock(g.key),
+                   (pg_current_xact_id()::text::bigint % zeroth._wakeup_stripes())::integer);
     END;
-COMMENT ON FUNCTION zeroth._notify_wakeup(text, text, text) IS 'Internal: NOTIFY zeroth_wakeup with the opaque key of (tenant, workspace, deployment).';
+COMMENT ON FUNCTION zeroth._notify_wakeup(text, text, text) IS 'Internal: NOTIFY zeroth_wakeup with the opaque key of (tenant, workspace, deployment) if a worker waits on this transaction''s stripe of the scope''s wakeup gate; else hold that stripe (shared) until commit.';
 ALTER FUNCTION zeroth._notify_wakeup(text, text, text) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._notify_wakeup(text, text, text) FROM PUBLIC;
 

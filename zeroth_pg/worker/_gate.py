@@ -1,0 +1,131 @@
+"""The worker's side of a scope's wakeup gate (sql/functions/internal/notify.sql).
+
+Writers notify ``zeroth_wakeup`` only while a worker of the scope holds their stripe of the
+scope's gate, so a NOTIFY costs nothing while every worker is busy (a notifying commit takes a
+cluster-wide lock until it is flushed; docs/performance.md, "NOTIFY"). The claim loop drives one
+:class:`WakeupGate` through three states:
+
+* ``BUSY`` — the last claim found work (or there is no free slot): nothing held, writers of the
+  scope do not notify for this worker.
+* ``PARTLY_IDLE`` — the last claim found nothing and ``announce_idle`` got only some stripes
+  (or none): a writer's open transaction or another waiting worker holds the rest. The loop
+  polls on a short backoff (5 ms doubling up to ``poll_interval``) and asks for the rest before
+  every claim.
+* ``IDLE`` — every stripe is held: every writer of the scope notifies; the loop sleeps until a
+  NOTIFY or ``poll_interval``.
+
+Whenever ``announce_idle`` returns a stripe it did not hold before, the loop claims once more
+before it sleeps: a writer that held that stripe did not notify, and its run is committed and
+visible by then. The locks live on the LISTEN connection (``Notifier.on_session``); a reconnect
+drops them with the old session, and the gate starts over as ``BUSY``. Without a listener the gate
+is inert and the worker polls on ``poll_interval``, as before.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from zeroth_pg.client import LeaseManager
+    from zeroth_pg.notify import Notifier
+
+__all__ = ["WAKEUP_STRIPES", "GateState", "WakeupGate"]
+
+log = logging.getLogger("zeroth_pg.worker")
+
+#: How many advisory locks a scope's gate has (``zeroth._wakeup_stripes()``; a test keeps them
+#: equal).
+WAKEUP_STRIPES = 8
+#: The first poll after ``announce_idle`` left some stripes to others; doubled up to the
+#: worker's poll interval.
+FIRST_RETRY = 0.005
+
+
+class GateState(enum.Enum):
+    BUSY = "busy"
+    PARTLY_IDLE = "partly_idle"
+    IDLE = "idle"
+
+
+class WakeupGate:
+    """Which stripes of one scope's gate this worker holds, on which LISTEN session."""
+
+    def __init__(self, lease_manager: LeaseManager, deployment_ref: str, *,
+                 tenant_id: str | None, workspace_id: str | None) -> None:
+        self._lm = lease_manager
+        self._scope = (deployment_ref, tenant_id, workspace_id)
+        self._notifier: Notifier | None = None
+        self._session: int | None = None
+        self.held: tuple[int, ...] = ()
+        self.state = GateState.BUSY
+        self._retry = FIRST_RETRY
+
+    def connected(self, notifier: Notifier) -> None:
+        """A (re)connected LISTEN session: whatever the old one held went with it."""
+        self._notifier = notifier
+        self._session = notifier.connects
+        self.held = ()
+        self.state = GateState.BUSY
+        self._retry = FIRST_RETRY
+
+    async def idle(self) -> bool:
+        """The last claim found nothing: ask for the missing stripes. True when a stripe was
+        gained (claim once more: its writer did not notify and has committed)."""
+        notifier, session = self._notifier, self._session
+        if notifier is None or session is None or self.state is GateState.IDLE:
+            return False
+        deployment_ref, tenant_id, workspace_id = self._scope
+        held = self.held
+        try:
+            now_held = await notifier.on_session(
+                lambda conn: self._lm.announce_idle(
+                    deployment_ref, tenant_id=tenant_id, workspace_id=workspace_id, held=held,
+                    conn=conn),
+                session=session)
+        except Exception as exc:  # a hint: the poll covers it
+            log.debug("announce_idle failed (%s: %s); polling", type(exc).__name__, exc)
+            return False
+        if session != self._session:
+            return False  # reconnected meanwhile: those locks went with the old session
+        gained = len(now_held) > len(held)
+        self.held = now_held
+        if len(now_held) == WAKEUP_STRIPES:
+            self.state = GateState.IDLE
+        else:
+            if self.state is GateState.BUSY or gained:
+                self._retry = FIRST_RETRY
+            self.state = GateState.PARTLY_IDLE
+        return gained
+
+    async def busy(self) -> None:
+        """The last claim found work, or no slot is free: let go, writers stop notifying."""
+        notifier, session, held = self._notifier, self._session, self.held
+        self.held = ()
+        self.state = GateState.BUSY
+        if not held or notifier is None:
+            return
+        deployment_ref, tenant_id, workspace_id = self._scope
+        try:
+            await notifier.on_session(
+                lambda conn: self._lm.announce_busy(
+                    deployment_ref, tenant_id=tenant_id, workspace_id=workspace_id, held=held,
+                    conn=conn),
+                session=session)
+        except Exception as exc:
+            # The session is gone (its locks went with it), or the call failed on a live one:
+            # then the stripes are still held; keep them so the next busy() lets them go and
+            # the next idle() does not take them twice. Meanwhile writers notify: time, not runs.
+            log.debug("announce_busy failed (%s: %s)", type(exc).__name__, exc)
+            if session == self._session:
+                self.held = held
+
+    def poll_in(self, poll_interval: float) -> float:
+        """How long the claim loop may sleep before it polls: ``poll_interval`` unless some
+        stripes are held by others (then a short backoff, doubled each time)."""
+        if self.state is not GateState.PARTLY_IDLE:
+            return poll_interval
+        wait = min(poll_interval, self._retry)
+        self._retry = min(poll_interval, self._retry * 2)
+        return wait
