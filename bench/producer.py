@@ -1,6 +1,7 @@
-"""The wakeup-latency producer, in its own process so the consumer's event loop cannot delay it.
+"""The producers, in their own process so the consumer's event loop cannot delay them.
 
-    python -m bench.producer SYSTEM DSN N GAP
+    python -m bench.producer SYSTEM DSN N GAP          # wakeup latency: N runs GAP s apart
+    python -m bench.producer --flood SYSTEM DSN P S    # many writers: P sessions for S seconds
 
 Enqueues N runs of SYSTEM ``GAP`` seconds apart, each in its own transaction through that
 system's own enqueue path, and prints ``<job key> <instant>`` per run, where the instant is
@@ -62,16 +63,46 @@ STATEMENTS = {
 }
 
 
+async def _enqueuer(system: str, dsn: str, stack: list[Any]) -> Enqueue:
+    """One session's enqueue of one run, in its own transaction, through the system's path."""
+    if system in STATEMENTS:
+        return await _sql(dsn, STATEMENTS[system])
+    if system == "pgqueuer":
+        return await _pgqueuer(dsn)
+    if system == "procrastinate":
+        return await _procrastinate(dsn, stack)
+    raise SystemExit(f"unknown system {system!r}")
+
+
+async def flood(system: str, dsn: str, sessions: int, seconds: float) -> None:
+    """``sessions`` concurrent writers, each enqueueing single runs in its own transaction as
+    fast as it can, like the request handlers of a web service; prints
+    ``<runs committed> <seconds>`` measured from the moment every session is connected."""
+    stack: list[Any] = []
+    writers = [await _enqueuer(system, dsn, stack) for _ in range(sessions)]
+    for one in writers:
+        await one()  # warm each connection
+    print("ready", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # "go"
+    count = 0
+    started = time.perf_counter()
+    stop = started + seconds
+
+    async def write(one: Enqueue) -> None:
+        nonlocal count
+        while time.perf_counter() < stop:
+            await one()
+            count += 1
+
+    await asyncio.gather(*(write(one) for one in writers))
+    print(count, time.perf_counter() - started, flush=True)
+    for opened in stack:
+        await opened.__aexit__(None, None, None)
+
+
 async def main(system: str, dsn: str, n: int, gap: float) -> None:
     stack: list[Any] = []
-    if system in STATEMENTS:
-        one = await _sql(dsn, STATEMENTS[system])
-    elif system == "pgqueuer":
-        one = await _pgqueuer(dsn)
-    elif system == "procrastinate":
-        one = await _procrastinate(dsn, stack)
-    else:
-        raise SystemExit(f"unknown system {system!r}")
+    one = await _enqueuer(system, dsn, stack)
     await one()  # warm the connection and prepared statements; the consumer skips this key
     print("ready", flush=True)
     for _ in range(n):
@@ -83,4 +114,7 @@ async def main(system: str, dsn: str, n: int, gap: float) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])))
+    if sys.argv[1] == "--flood":
+        asyncio.run(flood(sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5])))
+    else:
+        asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])))

@@ -41,6 +41,7 @@ from bench.systems import (
     Seed,
     Zeroth,
 )
+from bench.writers import writers
 from zeroth_pg import LeaseManager
 from zeroth_pg.metrics import WorkerMetrics
 from zeroth_pg.worker import RunWorker
@@ -587,5 +588,6 @@ SCENARIOS: dict[str, Callable[[Config, Systems], Awaitable[ScenarioReport]]] = {
     "sustained": sustained,
     "recovery": recovery,
     "continuous": continuous,
+    "writers": writers,
 }
 
