@@ -52,6 +52,58 @@ async def _procrastinate(dsn: str, stack: list[Any]) -> Enqueue:
     return lambda: task.defer_async()
 
 
+async def _absurd(dsn: str, stack: list[Any]) -> Enqueue:
+    from absurd_sdk import AsyncAbsurd
+
+    app = AsyncAbsurd(dsn, queue_name="bench")
+    stack.append(app)
+
+    async def one() -> Any:
+        return (await app.spawn("noop", {}, queue="bench"))["task_id"]
+
+    return one
+
+
+async def _dbos(dsn: str, stack: list[Any]) -> Enqueue:
+    from bench.dbos_peer import APP_VERSION, QUEUE, WORKFLOW, client_for
+
+    dbos = client_for(dsn)
+    stack.append(dbos)
+    options: Any = {"queue_name": QUEUE, "workflow_name": WORKFLOW, "app_version": APP_VERSION}
+
+    async def one() -> Any:
+        return (await dbos.enqueue_async(options)).get_workflow_id()
+
+    return one
+
+
+async def _chancy(dsn: str, stack: list[Any]) -> Enqueue:
+    from chancy import Chancy, Job
+
+    from bench.chancy_jobs import noop
+
+    log = logging.getLogger("bench.chancy")
+    log.setLevel(logging.WARNING)
+    app = Chancy(dsn, min_connection_pool_size=1, max_connection_pool_size=1, log=log)
+    await app.__aenter__()
+    stack.append(app)
+    job = Job.from_func(noop, queue="bench")
+
+    async def one() -> Any:
+        return (await app.push(job)).identifier
+
+    return one
+
+
+async def _close(opened: Any) -> None:
+    if hasattr(opened, "__aexit__"):
+        await opened.__aexit__(None, None, None)
+    elif hasattr(opened, "destroy"):
+        opened.destroy()
+    else:
+        await opened.close()
+
+
 STATEMENTS = {
     "zeroth": "SELECT run_id FROM zeroth.enqueue_run(deployment_ref => 'bench')",
     "raw": """WITH j AS (INSERT INTO raw_jobs DEFAULT VALUES RETURNING id)
@@ -70,6 +122,8 @@ async def main(system: str, dsn: str, n: int, gap: float) -> None:
         one = await _pgqueuer(dsn)
     elif system == "procrastinate":
         one = await _procrastinate(dsn, stack)
+    elif system in ("absurd", "dbos", "chancy"):
+        one = await {"absurd": _absurd, "dbos": _dbos, "chancy": _chancy}[system](dsn, stack)
     else:
         raise SystemExit(f"unknown system {system!r}")
     await one()  # warm the connection and prepared statements; the consumer skips this key
@@ -79,7 +133,7 @@ async def main(system: str, dsn: str, n: int, gap: float) -> None:
         print(key, time.perf_counter(), flush=True)
         await asyncio.sleep(gap)
     for opened in stack:
-        await opened.__aexit__(None, None, None)
+        await _close(opened)
 
 
 if __name__ == "__main__":
