@@ -48,7 +48,8 @@ def _machine() -> str:
 
 def _versions() -> dict[str, str]:
     found = {}
-    for name in ("zeroth-pg", "pgqueuer", "procrastinate", "asyncpg", "psycopg"):
+    for name in ("zeroth-pg", "pgqueuer", "procrastinate", "absurd-sdk", "absurdctl", "dbos",
+                 "chancy", "asyncpg", "psycopg"):
         with contextlib.suppress(metadata.PackageNotFoundError):
             found[name] = metadata.version(name)
     return found

@@ -53,6 +53,58 @@ async def _procrastinate(dsn: str, stack: list[Any]) -> Enqueue:
     return lambda: task.defer_async()
 
 
+async def _absurd(dsn: str, stack: list[Any]) -> Enqueue:
+    from absurd_sdk import AsyncAbsurd
+
+    app = AsyncAbsurd(dsn, queue_name="bench")
+    stack.append(app)
+
+    async def one() -> Any:
+        return (await app.spawn("noop", {}, queue="bench"))["task_id"]
+
+    return one
+
+
+async def _dbos(dsn: str, stack: list[Any]) -> Enqueue:
+    from bench.dbos_peer import APP_VERSION, QUEUE, WORKFLOW, client_for
+
+    dbos = client_for(dsn)
+    stack.append(dbos)
+    options: Any = {"queue_name": QUEUE, "workflow_name": WORKFLOW, "app_version": APP_VERSION}
+
+    async def one() -> Any:
+        return (await dbos.enqueue_async(options)).get_workflow_id()
+
+    return one
+
+
+async def _chancy(dsn: str, stack: list[Any]) -> Enqueue:
+    from chancy import Chancy, Job
+
+    from bench.chancy_jobs import noop
+
+    log = logging.getLogger("bench.chancy")
+    log.setLevel(logging.WARNING)
+    app = Chancy(dsn, min_connection_pool_size=1, max_connection_pool_size=1, log=log)
+    await app.__aenter__()
+    stack.append(app)
+    job = Job.from_func(noop, queue="bench")
+
+    async def one() -> Any:
+        return (await app.push(job)).identifier
+
+    return one
+
+
+async def _close(opened: Any) -> None:
+    if hasattr(opened, "__aexit__"):
+        await opened.__aexit__(None, None, None)
+    elif hasattr(opened, "destroy"):
+        opened.destroy()
+    else:
+        await opened.close()
+
+
 STATEMENTS = {
     "zeroth": "SELECT run_id FROM zeroth.enqueue_run(deployment_ref => 'bench')",
     "raw": """WITH j AS (INSERT INTO raw_jobs DEFAULT VALUES RETURNING id)
@@ -71,6 +123,8 @@ async def _enqueuer(system: str, dsn: str, stack: list[Any]) -> Enqueue:
         return await _pgqueuer(dsn)
     if system == "procrastinate":
         return await _procrastinate(dsn, stack)
+    if system in ("absurd", "dbos", "chancy"):
+        return await {"absurd": _absurd, "dbos": _dbos, "chancy": _chancy}[system](dsn, stack)
     raise SystemExit(f"unknown system {system!r}")
 
 
@@ -97,7 +151,7 @@ async def flood(system: str, dsn: str, sessions: int, seconds: float) -> None:
     await asyncio.gather(*(write(one) for one in writers))
     print(count, time.perf_counter() - started, flush=True)
     for opened in stack:
-        await opened.__aexit__(None, None, None)
+        await _close(opened)
 
 
 async def main(system: str, dsn: str, n: int, gap: float) -> None:
@@ -110,7 +164,7 @@ async def main(system: str, dsn: str, n: int, gap: float) -> None:
         print(key, time.perf_counter(), flush=True)
         await asyncio.sleep(gap)
     for opened in stack:
-        await opened.__aexit__(None, None, None)
+        await _close(opened)
 
 
 if __name__ == "__main__":

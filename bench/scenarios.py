@@ -20,7 +20,7 @@ from typing import Any
 import asyncpg
 from prometheus_client import CollectorRegistry
 
-from bench import report
+from bench import peers, report
 from bench.continuous import continuous
 from bench.harness import (
     Config,
@@ -48,7 +48,12 @@ from zeroth_pg.worker import RunWorker
 
 #: The slow baselines drain fewer runs per measurement (their rate is steady long before): at
 #: ~100-300 runs/s, 20,000 runs × 3 repeats × 3 concurrencies would take most of an hour.
-SLOW_RUNS = {"seed": 5_000, "procrastinate": 2_000}
+SLOW_RUNS = {"seed": 5_000, "procrastinate": 2_000, "absurd": 5_000, "dbos": 2_000}
+
+#: The optional durable-execution peers (bench/peers.py), measured when their library is
+#: importable.
+PEERS = {"absurd": peers.Absurd, "dbos": peers.Dbos, "chancy": peers.Chancy}
+PEER_NAMES = {"absurd": "Absurd", "dbos": "DBOS", "chancy": "chancy"}
 
 
 @dataclass
@@ -60,11 +65,20 @@ class Systems:
     seed: Seed
     pgqueuer: PgQueuer
     procrastinate: Procrastinate
+    #: The durable-execution peers whose library is installed, by label.
+    peers: dict[str, Any]
 
     @classmethod
     async def create(cls, server: Server) -> Systems:
+        found: dict[str, Any] = {}
+        for label, kind in PEERS.items():
+            if absent := peers.missing(label):
+                print(f"[bench] {label} skipped: {', '.join(absent)} not importable "
+                      "(pip install -e '.[bench]')", flush=True)
+            else:
+                found[label] = kind(server)
         systems = cls(Zeroth(server), Raw(server), Seed(server), PgQueuer(server),
-                      Procrastinate(server))
+                      Procrastinate(server), found)
         for system in systems.all():
             await system.setup()
         # Creating schemas churns the catalogs; autovacuum would then pick each database up in
@@ -75,7 +89,8 @@ class Systems:
         return systems
 
     def all(self) -> tuple[Any, ...]:
-        return (self.zeroth, self.raw, self.seed, self.pgqueuer, self.procrastinate)
+        return (self.zeroth, self.raw, self.seed, self.pgqueuer, self.procrastinate,
+                *self.peers.values())
 
     async def close(self) -> None:
         for system in self.all():
@@ -158,6 +173,8 @@ async def throughput(cfg: Config, s: Systems) -> ScenarioReport:
         ]
         cases += [case(f"pgqueuer batch={b}", runs_for("pgqueuer", cfg), s.pgqueuer.drain,
                        concurrency=c, batch=b) for b in pgqueuer_batches(c)]
+        cases += [case(label, runs_for(label, cfg), peer.drain, concurrency=c)
+                  for label, peer in s.peers.items()]
         values = await interleave(cases, cfg.repeat)
         rep.results += [rate_result(rep.name, key, v, concurrency=c) for key, v in values.items()]
     rep.tables.append(report.grid(rep.results, column="concurrency"))
@@ -169,6 +186,9 @@ async def throughput(cfg: Config, s: Systems) -> ScenarioReport:
                                         ours, best(rep.results, "pgqueuer", concurrency=c), 2.0))
         rep.targets.append(ratio_target(f"worker ≥ 10× procrastinate (c={c})", ours,
                                         best(rep.results, "procrastinate", concurrency=c), 10.0))
+        for label, name in PEER_NAMES.items():
+            rep.targets.append(ratio_target(f"worker ahead of {name} (c={c})", ours,
+                                            best(rep.results, label, concurrency=c), 1.0))
     rep.plots.append(report.scaling_plot(rep, "concurrency", "runs/s", log_x=True))
     rep.notes.append(
         "Each measurement drains a freshly enqueued queue: zeroth-worker, pgqueuer and raw "
@@ -176,7 +196,15 @@ async def throughput(cfg: Config, s: Systems) -> ScenarioReport:
         f"({', '.join(f'{k} {runs_for(k, cfg)}' for k in SLOW_RUNS)}) because their rate is "
         "steady long before. pgqueuer is run at each batch_size its "
         "max_concurrent_tasks ≥ 2 × batch_size rule allows (at concurrency 1 that means "
-        "max_concurrent_tasks = 2); its best is the one compared.")
+        "max_concurrent_tasks = 2); its best is the one compared. The durable-execution peers "
+        "(bench/peers.py, bench/dbos_peer.py): absurd-sdk's async worker "
+        "(start_worker(concurrency=C), batch = C); DBOS in a process of its own, "
+        "worker_concurrency = C, polling_interval_sec 10 ms (default 1 s), its time including "
+        "DBOS.launch() and destroy(); chancy's worker with the asyncio executor, concurrency C, "
+        "eager_polling. chancy's worker holds finished jobs' results in memory and writes them "
+        "in batches (every second, and on stop: the drain ends after that write), so unlike "
+        "the others a finished job is not durable when its handler returns. A peer whose "
+        "library is not installed is not measured (its targets say 'not measured').")
     return rep
 
 
@@ -215,7 +243,8 @@ async def latency(cfg: Config, s: Systems) -> ScenarioReport:
     rep = ScenarioReport("latency", f"Wakeup latency: idle consumer, {cfg.latency_runs} runs "
                          f"{cfg.latency_gap * 1000:.0f} ms apart, enqueue commit → handler start")
     systems = [("zeroth-worker", s.zeroth), ("pgqueuer", s.pgqueuer),
-               ("procrastinate", s.procrastinate), ("raw", s.raw), ("seed", s.seed)]
+               ("procrastinate", s.procrastinate), ("raw", s.raw), ("seed", s.seed),
+               *s.peers.items()]
     samples: dict[str, list[list[float]]] = {name: [] for name, _ in systems}
     for round_no in range(cfg.repeat):
         shift = round_no % len(systems)
@@ -239,7 +268,9 @@ async def latency(cfg: Config, s: Systems) -> ScenarioReport:
         "system's own path and notes the instant its enqueue came back committed; the handler "
         "notes when it starts; both read CLOCK_MONOTONIC. Percentiles are per repeat; the table "
         "shows their median [min–max] over repeats. seed has no NOTIFY: upstream's default is a "
-        "0.5 s poll (ARQ wakeups are off by default), so it shows what polling costs. Under load "
+        "0.5 s poll (ARQ wakeups are off by default), so it shows what polling costs. Neither "
+        "Absurd (a 0.25 s poll, its SDK's default) nor DBOS (its queue poll, 10 ms here) is "
+        "woken by a NOTIFY; chancy is. Under load "
         "the producer can be descheduled between its answer and reading the clock, which shows "
         "as a small negative sample.")
     return rep
