@@ -21,6 +21,7 @@ import asyncpg
 from prometheus_client import CollectorRegistry
 
 from bench import report
+from bench.commits import commits
 from bench.continuous import continuous
 from bench.harness import (
     Config,
@@ -587,5 +588,6 @@ SCENARIOS: dict[str, Callable[[Config, Systems], Awaitable[ScenarioReport]]] = {
     "sustained": sustained,
     "recovery": recovery,
     "continuous": continuous,
+    "commits": commits,
 }
 
