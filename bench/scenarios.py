@@ -33,6 +33,7 @@ from bench.harness import (
     percentile,
     pool,
 )
+from bench.pressure import pressure_scenario
 from bench.systems import (
     DEPLOYMENT,
     REPO_ROOT,
@@ -589,5 +590,6 @@ SCENARIOS: dict[str, Callable[[Config, Systems], Awaitable[ScenarioReport]]] = {
     "recovery": recovery,
     "continuous": continuous,
     "commits": commits,
+    "pressure": pressure_scenario,
 }
 
