@@ -173,7 +173,8 @@ async def pressure_scenario(cfg: Config, s: Any) -> ScenarioReport:
                     tuple((p[key][1] - p[key][0]) / 1024 for p in per), params,
                     higher_is_better=False, extra={"bytes": [p[key] for p in per]}))
     pick = {metric: [r for r in rep.results if r.metric == metric]
-            for metric in ("throughput", "pickup_p50", "pickup_p99", "jobs_growth")}
+            for metric in ("throughput", "pickup_p50", "pickup_p99", "jobs_growth",
+                           "all_growth")}
     rep.tables.append("Drain rate (runs/s)\n\n" + report.grid(pick["throughput"],
                                                               column="phase"))
     if pick["pickup_p99"]:
@@ -183,14 +184,17 @@ async def pressure_scenario(cfg: Config, s: Any) -> ScenarioReport:
                           + report.grid(pick["pickup_p99"], column="phase", digits=1))
     rep.tables.append("Jobs table growth during the phase (kB, table + indexes + TOAST)\n\n"
                       + report.grid(pick["jobs_growth"], column="phase"))
+    rep.tables.append("Growth of all the system's tables during the phase (kB; pgqueuer's log, "
+                      "procrastinate's events, zeroth's admission slots included)\n\n"
+                      + report.grid(pick["all_growth"], column="phase"))
     rep.targets += _targets(rep.results, [d.name for d in found])
     holder = [r["holder"] for rounds in runs.values() for r in rounds]
     readers = [r["readers"] for rounds in runs.values() for r in rounds]
+    slow = ", ".join(f"{d.name} {drains_mod.runs(d, size['runs'])}" for d in found
+                     if d.runs_share < 1)
     rep.notes.append(
-        f"{size['runs']} runs per phase per system (slow ones fewer: "
-        + ", ".join(f"{d.name} {drains_mod.runs(d, size['runs'])}" for d in found
-                    if d.runs_share < 1)
-        + f"), drained at concurrency {size['concurrency']}; then a {size['probe']}-run "
+        f"{size['runs']} runs per phase per system{f' ({slow})' if slow else ''}, drained at "
+        f"concurrency {size['concurrency']}; then a {size['probe']}-run "
         f"wakeup probe {1000 * size['gap']:.0f} ms apart; {size['repeat']} round(s), the system "
         "order rotated. The holder pinned the horizon across "
         f"{min(h['xids_past_holder'] for h in holder)}–{max(h['xids_past_holder'] for h in holder)}"
