@@ -93,7 +93,7 @@ def main(
     scenarios: Annotated[list[str] | None, typer.Argument(
         help=f"scenarios to run (default: all): {', '.join(SCENARIOS)}")] = None,
     quick: Annotated[bool, typer.Option(
-        "--quick", help="small sizes: a smoke run of every scenario in under 2 minutes")] = False,
+        "--quick", help="small sizes: a smoke run of every scenario in about 2.5 minutes")] = False,
     repeat: Annotated[int | None, typer.Option(
         help="measurements per system and configuration (default 3)")] = None,
     runs: Annotated[int | None, typer.Option(

@@ -21,6 +21,7 @@ import asyncpg
 from prometheus_client import CollectorRegistry
 
 from bench import peers, report
+from bench.commits import commits
 from bench.continuous import continuous
 from bench.harness import (
     Config,
@@ -32,6 +33,7 @@ from bench.harness import (
     percentile,
     pool,
 )
+from bench.pressure import pressure_scenario
 from bench.systems import (
     DEPLOYMENT,
     REPO_ROOT,
@@ -620,5 +622,7 @@ SCENARIOS: dict[str, Callable[[Config, Systems], Awaitable[ScenarioReport]]] = {
     "recovery": recovery,
     "continuous": continuous,
     "writers": writers,
+    "commits": commits,
+    "pressure": pressure_scenario,
 }
 
