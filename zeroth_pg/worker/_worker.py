@@ -178,14 +178,16 @@ class RunWorker:
 
     async def poll_loop(self) -> None:
         """Claim until stopping: orphans when a sweep is due, then pending runs in batches."""
+        looking_again = False
         while not self._stopping:
             # Cleared before the pass, not before the sleep: a wakeup that arrives while the pass
             # is talking to the database must still cut the next sleep short.
             self._wake.clear()
-            # About to look: writers need not notify this worker until it waits again. Let go
-            # of the wakeup gate on the LISTEN connection while the claim runs on the pool.
+            # Woken to look: writers need not notify this worker until it waits again, so let
+            # go of the wakeup gate (on the LISTEN connection, while the claim runs on the
+            # pool). Not when looking once more right after taking it: that would only loop.
             release = (asyncio.create_task(self._gate.busy())
-                       if self._gate.state is not GateState.BUSY else None)
+                       if not looking_again and self._gate.state is not GateState.BUSY else None)
             claimed: int | None = None
             try:
                 claimed = await self._claim_pass()
@@ -203,7 +205,9 @@ class RunWorker:
             # The claim took less than it asked for: this worker waits for work now, so it asks
             # writers to notify it; a stripe gained means a writer that did not notify has
             # committed since, so look once more before sleeping.
-            if claimed is not None and not self._backlog and await self._gate.idle():
+            looking_again = (claimed is not None and not self._backlog
+                             and await self._gate.idle())
+            if looking_again:
                 continue
             await self._sleep_until_work()
 
