@@ -203,5 +203,41 @@ async def test_a_waiting_worker_does_not_spin(started_worker, admin):
     await admin.execute("SELECT zeroth.enqueue_run(deployment_ref => $1)", DEPLOYMENT)
     await wait_until(lambda: claims >= 1, what="the woken claim", within=30)
     await asyncio.sleep(1.0)
-    # The woken claim, the one after re-taking the gate, and nothing more.
-    assert claims == 2
+    # The woken claim took fewer runs than it asked for: the worker still waits and keeps the
+    # gate, so nothing more.
+    assert claims == 1
+
+
+async def count_claims(worker: RunWorker, seconds: float) -> int:
+    claims = 0
+    claim = worker.lease_manager.claim_and_start
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal claims
+        claims += 1
+        return await claim(*args, **kwargs)
+
+    worker.lease_manager.claim_and_start = counted  # type: ignore[method-assign]
+    await asyncio.sleep(seconds)
+    worker.lease_manager.claim_and_start = claim  # type: ignore[method-assign]
+    return claims
+
+
+@pytest.mark.parametrize("holder", ["stranger", "second worker"])
+async def test_a_worker_short_of_stripes_backs_off(started_worker, admin, login, holder):
+    """Red-team pass 11 (F2): a worker that could not take every stripe (a stranger holds one,
+    or another waiting worker holds them all) reset its backoff on every pass and polled every
+    5 ms for ever. It doubles up to poll_interval now: a few polls a second at most."""
+    async def handler(_run: Any) -> None:
+        return None
+
+    if holder == "stranger":
+        stranger = await login("nobody")
+        await stranger.execute("SELECT pg_advisory_lock_shared($1, 0)", await gate_key(admin))
+    else:
+        first = await started_worker(handler, poll_interval=0.5)
+        await wait_until(lambda: listener_locks(admin, first), what="the first worker's stripes",
+                         within=30)
+    worker = await started_worker(handler, poll_interval=0.5)
+    await asyncio.sleep(1.0)  # its backoff has grown by now
+    assert await count_claims(worker, 2.0) <= 6  # 2 s at poll_interval 0.5, and a margin

@@ -7,7 +7,10 @@ One worker is a handful of asyncio tasks around the SQL functions:
   on start and every ``orphan_sweep_interval`` (``claim_orphaned``, which also ends the orphans
   nobody may resume), and sleeps until a NOTIFY, a freed slot after a full batch, or
   ``poll_interval``. It is the only task that claims, so local slot accounting needs no lock; a
-  wakeup only sets an event and never blocks. A failing sweep is logged and claiming goes on;
+  wakeup only sets an event and never blocks. A failing sweep is logged and claiming goes on.
+  Writers notify only while a worker waits: when a claim comes back short the loop takes the
+  scope's wakeup gate (``announce_idle`` on the LISTEN connection) and looks once more; when it
+  is woken it lets the gate go while it claims (:mod:`._gate`);
 * one **renewal task** (:mod:`._leases`) renews every lease of the worker with one
   ``renew_leases`` call every ``lease_duration / 3``, and at once when a ``zeroth_control``
   notification carries this worker's key. A refused renewal stops that run's handler at once and
@@ -34,7 +37,8 @@ cancelled, handed back) or leaves a lease that expires by itself; none drops a r
 Every write for a run carries its lease generation and is fenced in SQL; the worker keeps no
 state that safety depends on.
 
-Modules: ``_worker`` (:class:`RunWorker`: claims, run tasks, supervision, shutdown), ``_run``
+Modules: ``_worker`` (:class:`RunWorker`: claims, run tasks, supervision, shutdown), ``_gate``
+(the wakeup gate), ``_run``
 (what a handler sees, and a run's lifecycle), ``_leases``, ``_completions``, and ``_process`` (a
 worker process, for the command line in :mod:`zeroth_pg.cli.worker`). This package imports no
 command-line framework.

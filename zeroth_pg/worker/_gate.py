@@ -5,8 +5,8 @@ scope's gate, so a NOTIFY costs nothing while every worker is busy (a notifying 
 cluster-wide lock until it is flushed; docs/performance.md, "NOTIFY"). The claim loop drives one
 :class:`WakeupGate` through three states:
 
-* ``BUSY`` — the last claim found work (or there is no free slot): nothing held, writers of the
-  scope do not notify for this worker.
+* ``BUSY`` — the last claim filled every free slot, or no slot is free: nothing held, writers of
+  the scope do not notify for this worker.
 * ``PARTLY_IDLE`` — the last claim found nothing and ``announce_idle`` got only some stripes
   (or none): a writer's open transaction or another waiting worker holds the rest. The loop
   polls on a short backoff (5 ms doubling up to ``poll_interval``) and asks for the rest before
@@ -14,11 +14,14 @@ cluster-wide lock until it is flushed; docs/performance.md, "NOTIFY"). The claim
 * ``IDLE`` — every stripe is held: every writer of the scope notifies; the loop sleeps until a
   NOTIFY or ``poll_interval``.
 
-Whenever ``announce_idle`` returns a stripe it did not hold before, the loop claims once more
-before it sleeps: a writer that held that stripe did not notify, and its run is committed and
-visible by then. The locks live on the LISTEN connection (``Notifier.on_session``); a reconnect
-drops them with the old session, and the gate starts over as ``BUSY``. Without a listener the gate
-is inert and the worker polls on ``poll_interval``, as before.
+A claim that took fewer runs than it asked for makes the worker a waiting one (``idle``): it
+keeps what it holds and asks for the rest. Whenever ``announce_idle`` returns a stripe it did not
+hold before, the loop claims once more before it sleeps: a writer that held that stripe did not
+notify, and its run is committed and visible by then. The locks live on the LISTEN connection
+(``Notifier.on_session``); a reconnect drops them with the old session, and the gate starts over
+as ``BUSY``. Without a listener the gate is inert and the worker polls on ``poll_interval``, as
+before. Nothing may be written on the LISTEN session: a session's own gate locks never stop its
+own writes, so such a write would never notify.
 """
 
 from __future__ import annotations
@@ -71,8 +74,10 @@ class WakeupGate:
         self._retry = FIRST_RETRY
 
     async def idle(self) -> bool:
-        """The last claim found nothing: ask for the missing stripes. True when a stripe was
-        gained (claim once more: its writer did not notify and has committed)."""
+        """The last claim took fewer runs than it asked for: keep what is held and ask for the
+        missing stripes. True when a stripe was gained (claim once more: its writer did not
+        notify and has committed). The backoff of ``poll_in`` starts over only after a busy
+        spell or a gain, so a worker that stays short of stripes polls less and less often."""
         notifier, session = self._notifier, self._session
         if notifier is None or session is None or self.state is GateState.IDLE:
             return False
@@ -100,7 +105,8 @@ class WakeupGate:
         return gained
 
     async def busy(self) -> None:
-        """The last claim found work, or no slot is free: let go, writers stop notifying."""
+        """The last claim filled every free slot, or no slot is free: let go, writers stop
+        notifying."""
         notifier, session, held = self._notifier, self._session, self.held
         self.held = ()
         self.state = GateState.BUSY

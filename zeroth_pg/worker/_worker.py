@@ -29,7 +29,7 @@ from zeroth_pg.metrics import WorkerMetrics, default_metrics
 from zeroth_pg.notify import CONTROL_CHANNEL, WAKEUP_CHANNEL, Notifier
 from zeroth_pg.types import ClaimedRun, FailOutcome
 from zeroth_pg.worker._completions import CompletionBatcher
-from zeroth_pg.worker._gate import GateState, WakeupGate
+from zeroth_pg.worker._gate import WakeupGate
 from zeroth_pg.worker._leases import LeaseUpkeep
 from zeroth_pg.worker._run import ActiveRun, Handler, RunContext, RunState, StopReason
 
@@ -178,16 +178,10 @@ class RunWorker:
 
     async def poll_loop(self) -> None:
         """Claim until stopping: orphans when a sweep is due, then pending runs in batches."""
-        looking_again = False
         while not self._stopping:
             # Cleared before the pass, not before the sleep: a wakeup that arrives while the pass
             # is talking to the database must still cut the next sleep short.
             self._wake.clear()
-            # Woken to look: writers need not notify this worker until it waits again, so let
-            # go of the wakeup gate (on the LISTEN connection, while the claim runs on the
-            # pool). Not when looking once more right after taking it: that would only loop.
-            release = (asyncio.create_task(self._gate.busy())
-                       if not looking_again and self._gate.state is not GateState.BUSY else None)
             claimed: int | None = None
             try:
                 claimed = await self._claim_pass()
@@ -197,17 +191,16 @@ class RunWorker:
                 log.exception("claim pass failed; retrying after the poll interval")
                 self._worker_error("claim")
                 self._backlog = False
-            finally:
-                if release is not None:
-                    await release
             if self._stopping:
                 break
-            # The claim took less than it asked for: this worker waits for work now, so it asks
-            # writers to notify it; a stripe gained means a writer that did not notify has
-            # committed since, so look once more before sleeping.
-            looking_again = (claimed is not None and not self._backlog
-                             and await self._gate.idle())
-            if looking_again:
+            if claimed is None or self._backlog:
+                # No free slot, or a full batch (more is likely: it claims again at once):
+                # writers need not notify this worker until it waits again.
+                await self._gate.busy()
+            elif await self._gate.idle():
+                # The claim took less than it asked for, so this worker waits for work and
+                # holds the wakeup gate; it gained a stripe, so a writer that did not notify
+                # has committed since: look once more before sleeping.
                 continue
             await self._sleep_until_work()
 
