@@ -18,13 +18,9 @@ DECLARE
     v_wskey  text := zeroth._workspace_key(complete_run.workspace_id);
     v_run    record;
 BEGIN
-    PERFORM zeroth._require(complete_run.run_id IS NOT NULL, 'run_id must not be NULL');
-    PERFORM zeroth._require_identifier(complete_run.worker_id, 'worker_id');
-    PERFORM zeroth._require(complete_run.generation IS NOT NULL, 'generation must not be NULL');
-
-    PERFORM zeroth._lock_slot(v_tenant, v_wskey, complete_run.run_id, complete_run.generation);
-    -- The run row first, then the clock: see zeroth._lock_leased_run.
-    v_status := zeroth._lock_leased_run(v_tenant, v_wskey, complete_run.run_id, complete_run.worker_id, complete_run.generation);
+    -- Checks the fence's arguments; the slot, then the run row, then the clock: see
+    -- zeroth._lock_lease_end.
+    v_status := zeroth._lock_lease_end(v_tenant, v_wskey, complete_run.run_id, complete_run.worker_id, complete_run.generation);
     v_now := zeroth._now();
     UPDATE zeroth.runs r
        SET status = 'completed',

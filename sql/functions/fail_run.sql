@@ -25,17 +25,14 @@ DECLARE
     v_ws      text;
     v_due     boolean;
 BEGIN
-    PERFORM zeroth._require(fail_run.run_id IS NOT NULL, 'run_id must not be NULL');
-    PERFORM zeroth._require_identifier(fail_run.worker_id, 'worker_id');
-    PERFORM zeroth._require(fail_run.generation IS NOT NULL, 'generation must not be NULL');
     PERFORM zeroth._require(fail_run.retryable IS NOT NULL, 'retryable must not be NULL');
     PERFORM zeroth._require(fail_run.retry_base_seconds >= 0 AND fail_run.retry_max_seconds >= fail_run.retry_base_seconds
                             AND fail_run.retry_max_seconds <= 86400 * 30,
                             'need 0 <= retry_base_seconds <= retry_max_seconds <= 30 days');
 
-    PERFORM zeroth._lock_slot(v_tenant, v_wskey, fail_run.run_id, fail_run.generation);
-    -- The run row first, then the clock: see zeroth._lock_leased_run.
-    v_status := zeroth._lock_leased_run(v_tenant, v_wskey, fail_run.run_id, fail_run.worker_id, fail_run.generation);
+    -- Checks the fence's arguments; the slot, then the run row, then the clock: see
+    -- zeroth._lock_lease_end.
+    v_status := zeroth._lock_lease_end(v_tenant, v_wskey, fail_run.run_id, fail_run.worker_id, fail_run.generation);
     v_now := zeroth._now();
     -- SET expressions read the row as it was; RETURNING reads it as written, so the outcome is
     -- derived from what this UPDATE decided.

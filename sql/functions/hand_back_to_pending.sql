@@ -23,13 +23,9 @@ DECLARE
     v_wskey  text := zeroth._workspace_key(hand_back_to_pending.workspace_id);
     v_run    record;
 BEGIN
-    PERFORM zeroth._require(hand_back_to_pending.run_id IS NOT NULL, 'run_id must not be NULL');
-    PERFORM zeroth._require_identifier(hand_back_to_pending.worker_id, 'worker_id');
-    PERFORM zeroth._require(hand_back_to_pending.generation IS NOT NULL, 'generation must not be NULL');
-
-    PERFORM zeroth._lock_slot(v_tenant, v_wskey, hand_back_to_pending.run_id, hand_back_to_pending.generation);
-    -- The run row first, then the clock: see zeroth._lock_leased_run.
-    v_status := zeroth._lock_leased_run(v_tenant, v_wskey, hand_back_to_pending.run_id, hand_back_to_pending.worker_id, hand_back_to_pending.generation);
+    -- Checks the fence's arguments; the slot, then the run row, then the clock: see
+    -- zeroth._lock_lease_end.
+    v_status := zeroth._lock_lease_end(v_tenant, v_wskey, hand_back_to_pending.run_id, hand_back_to_pending.worker_id, hand_back_to_pending.generation);
     v_now := zeroth._now();
     -- The first max_attempts hand-backs give the attempt back; after that the attempt stays
     -- counted, and a hand-back that finds no attempt left dead-letters the run.

@@ -21,13 +21,9 @@ DECLARE
     v_wskey  text := zeroth._workspace_key(release_lease.workspace_id);
     v_run    record;
 BEGIN
-    PERFORM zeroth._require(release_lease.run_id IS NOT NULL, 'run_id must not be NULL');
-    PERFORM zeroth._require_identifier(release_lease.worker_id, 'worker_id');
-    PERFORM zeroth._require(release_lease.generation IS NOT NULL, 'generation must not be NULL');
-
-    PERFORM zeroth._lock_slot(v_tenant, v_wskey, release_lease.run_id, release_lease.generation);
-    -- The run row first, then the clock: see zeroth._lock_leased_run.
-    v_status := zeroth._lock_leased_run(v_tenant, v_wskey, release_lease.run_id, release_lease.worker_id, release_lease.generation);
+    -- Checks the fence's arguments; the slot, then the run row, then the clock: see
+    -- zeroth._lock_lease_end.
+    v_status := zeroth._lock_lease_end(v_tenant, v_wskey, release_lease.run_id, release_lease.worker_id, release_lease.generation);
     v_now := zeroth._now();
     UPDATE zeroth.runs r
        SET lease_worker_id   = CASE WHEN r.status = 'running' THEN r.lease_worker_id END,
