@@ -195,7 +195,7 @@ class TestClearLeaseNotifiesWakeup:
     async def test_clear_notifies_the_runs_scope(self, connect):
         actor, listener = await connect(), await connect()
         lease = await make_run(actor, "running", tenant_id="acme")
-        queue = await listen(listener, "zeroth_wakeup")
+        queue = await listen(listener, "zeroth_wakeup", ((DEPLOYMENT, "acme", None),))
 
         assert await clear(actor, lease.run_id, tenant_id="acme") is True
 
