@@ -206,8 +206,11 @@ class Notifier:
         if self.on_connect is not None:
             self.on_connect()
         while True:
+            # asyncio.timeout: wait_for can drop a cancellation on 3.11 (gh-86296), and
+            # Notifier.stop waits for this task.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._lost.wait(), timeout=self.ping_interval)
+                async with asyncio.timeout(self.ping_interval):
+                    await self._lost.wait()
             if self._lost.is_set() or conn.is_closed():
                 raise ConnectionError("LISTEN connection closed")
             # A dead TCP peer raises no exception by itself: ask the server something.
@@ -238,6 +241,7 @@ class Notifier:
         conn, self._conn = self._conn, None
         if conn is not None and not conn.is_closed():
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(conn.close(), timeout=2)
+                async with asyncio.timeout(2):  # not wait_for (gh-86296, above)
+                    await conn.close()
             if not conn.is_closed():
                 conn.terminate()

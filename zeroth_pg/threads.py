@@ -396,8 +396,10 @@ class ThreadRuns(LeaseManager):
                 left = deadline - loop.time()
                 if run is None or run.finished or left <= 0:
                     return run
+                # asyncio.timeout: wait_for can drop a cancellation on 3.11 (gh-86296).
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(woken.wait(), timeout=min(left, poll_interval))
+                    async with asyncio.timeout(min(left, poll_interval)):
+                        await woken.wait()
 
     @contextlib.asynccontextmanager
     async def _listening(self, callback: Any) -> AsyncIterator[Any]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import time
 from collections.abc import AsyncIterator
 
@@ -154,3 +155,21 @@ class TestFailStop:
         upkeep = Upkeep(lm, [past, future, stopped], renew_interval=1)
         upkeep.unit.enforce_deadlines()
         assert upkeep.stops == [(past, StopReason.DEADLINE)]
+
+
+class TestCancellation:
+    async def test_a_cancel_that_meets_a_renewal_answer_stops_the_loop(self, pool, lm):
+        """Python 3.11's asyncio.wait_for drops a cancellation that arrives just as the call it
+        waits for completes (CPython gh-86296). The renewal loop waited for renew_leases that
+        way, so a cancel at that instant was lost: the loop kept renewing and whoever awaited it
+        (graceful_shutdown, these tests' teardown) hung for ever. Seen as a CI hang here."""
+        [run] = await claim(lm, 1)
+        entry = active(run)
+        rng = random.Random(13)
+        for attempt in range(150):
+            upkeep = Upkeep(lm, [entry], renew_interval=0.001)
+            task = asyncio.create_task(upkeep.unit.run())
+            await asyncio.sleep(rng.uniform(0.0, 0.01))
+            task.cancel()
+            done, _ = await asyncio.wait([task], timeout=5)
+            assert done, f"attempt {attempt}: the renewal loop ignored its cancellation"

@@ -76,12 +76,14 @@ class LeaseUpkeep:
             last = sent = time.monotonic()
             nearest = min(entry.deadline for entry in entries.values())
             try:
-                renewals = await asyncio.wait_for(
-                    self.lease_manager.renew_leases(
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for drops a cancellation
+                # that arrives as the call completes (CPython gh-86296), and the loop went on
+                # renewing while shutdown waited for it for ever.
+                async with asyncio.timeout(max(0.05, nearest - sent)):
+                    renewals = await self.lease_manager.renew_leases(
                         self.worker_id,
                         {run_id: entry.run.lease_generation for run_id, entry in entries.items()},
-                        tenant_id=self.tenant_id, workspace_id=self.workspace_id),
-                    timeout=max(0.05, nearest - sent))
+                        tenant_id=self.tenant_id, workspace_id=self.workspace_id)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
