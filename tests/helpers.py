@@ -236,11 +236,11 @@ DEFAULT_SCOPE: Scope = (DEPLOYMENT, None, None)
 
 async def announce_idle(conn: asyncpg.Connection, deployment_ref: str = DEPLOYMENT,
                         tenant_id: str | None = None, workspace_id: str | None = None,
-                        held: list[int] | None = None) -> list[int]:
+                        ) -> list[int]:
     """This session waits for work of the scope (zeroth.announce_idle): the stripes it holds."""
     return list(await conn.fetchval(
-        "SELECT zeroth.announce_idle(deployment_ref => $1, tenant_id => $2, workspace_id => $3,"
-        " held => $4::integer[])", deployment_ref, tenant_id, workspace_id, held or []))
+        "SELECT zeroth.announce_idle(deployment_ref => $1, tenant_id => $2, workspace_id => $3)",
+        deployment_ref, tenant_id, workspace_id))
 
 
 async def listen(connection: asyncpg.Connection, channel: str,

@@ -108,10 +108,10 @@ WAKEUP_KEY = """SELECT zeroth.wakeup_key(deployment_ref => $1, tenant_id => $2,
 CONTROL_KEY = """SELECT zeroth.control_key(worker_id => $1)"""
 
 ANNOUNCE_IDLE = """SELECT zeroth.announce_idle(deployment_ref => $1, tenant_id => $2,
-    workspace_id => $3, held => $4::integer[])"""
+    workspace_id => $3)"""
 
 ANNOUNCE_BUSY = """SELECT zeroth.announce_busy(deployment_ref => $1, tenant_id => $2,
-    workspace_id => $3, held => $4::integer[])"""
+    workspace_id => $3)"""
 
 RUN_FINISHED_KEY = """SELECT zeroth.run_finished_key(run_id => $1, tenant_id => $2,
     workspace_id => $3)"""

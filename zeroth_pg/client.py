@@ -403,25 +403,24 @@ class LeaseManager:
 
     async def announce_idle(
         self, deployment_ref: str, *, tenant_id: str | None = None,
-        workspace_id: str | None = None, held: Sequence[int] = (), conn: Executor | None = None,
+        workspace_id: str | None = None, conn: Executor | None = None,
     ) -> tuple[int, ...]:
-        """This session waits for work of the scope: take the scope's wakeup-gate stripes not in
-        ``held`` (``zeroth.announce_idle``), so writers notify ``zeroth_wakeup``; returns every
-        stripe the session holds. Session advisory locks: pass the listener's own connection
-        (``conn``), never a pooled one, and claim once more after a call that returned a new
-        stripe."""
-        stripes = await self._fetchval(_calls.ANNOUNCE_IDLE, deployment_ref, tenant_id,
-                                       workspace_id, list(held), conn=conn)
-        return tuple(stripes)
+        """This session waits for work of the scope: take the scope's wakeup-gate stripes it
+        does not hold (``zeroth.announce_idle``), so writers notify ``zeroth_wakeup``; returns
+        every stripe the session holds. Session advisory locks: pass the listener's own
+        connection (``conn``), never a pooled one, write nothing on it, and claim once more
+        after a call that returned a new stripe."""
+        return tuple(await self._fetchval(_calls.ANNOUNCE_IDLE, deployment_ref, tenant_id,
+                                          workspace_id, conn=conn))
 
     async def announce_busy(
         self, deployment_ref: str, *, tenant_id: str | None = None,
-        workspace_id: str | None = None, held: Sequence[int] = (), conn: Executor | None = None,
+        workspace_id: str | None = None, conn: Executor | None = None,
     ) -> int:
-        """Let go of the wakeup-gate stripes ``held`` (``zeroth.announce_busy``): writers of the
-        scope stop notifying. Returns how many this session held."""
+        """Let go of every wakeup-gate stripe of the scope this session holds
+        (``zeroth.announce_busy``): writers of the scope stop notifying. Returns how many."""
         return int(await self._fetchval(_calls.ANNOUNCE_BUSY, deployment_ref, tenant_id,
-                                        workspace_id, list(held), conn=conn))
+                                        workspace_id, conn=conn))
 
     async def run_finished_key(
         self, run_id: RunId, *, tenant_id: str | None = None, workspace_id: str | None = None,

@@ -203,9 +203,8 @@ const gate = { held: [], retry: 5 };
 
 async function announceIdle(listener) {
   const { rows } = await listener.query(
-    'SELECT zeroth.announce_idle(deployment_ref => $1, held => $2::integer[]) AS held',
-    [deployment, gate.held]);
-  const gained = rows[0].held.length > gate.held.length;
+    'SELECT zeroth.announce_idle(deployment_ref => $1) AS held', [deployment]);
+  const gained = rows[0].held.some((stripe) => !gate.held.includes(stripe));
   gate.held = rows[0].held;
   if (gained) gate.retry = 5;
   return gained;
@@ -213,11 +212,9 @@ async function announceIdle(listener) {
 
 async function announceBusy(listener) {
   if (gate.held.length === 0) return;
-  const held = gate.held;
   gate.held = [];
   gate.retry = 5;
-  await listener.query(
-    'SELECT zeroth.announce_busy(deployment_ref => $1, held => $2::integer[])', [deployment, held]);
+  await listener.query('SELECT zeroth.announce_busy(deployment_ref => $1)', [deployment]);
 }
 
 function idleWait() {

@@ -33,7 +33,7 @@ async def gate_key(admin: asyncpg.Connection, deployment_ref: str = DEPLOYMENT) 
 async def hold_every_stripe(stranger: asyncpg.Connection, key: int, *, shared: bool) -> None:
     function = "pg_advisory_lock_shared" if shared else "pg_advisory_lock"
     for stripe in range(8):
-        await stranger.execute(f"SELECT {function}($1, $2)", key, stripe)
+        await stranger.execute(f"SELECT {function}($1::bigint + $2)", key, stripe)
 
 
 @pytest.fixture
@@ -80,7 +80,9 @@ async def test_a_stranger_cannot_release_a_workers_stripes(login, admin):
     await announce_idle(worker, DEPLOYMENT)
     key = await gate_key(admin)
     for stripe in range(8):
-        assert await stranger.fetchval("SELECT pg_advisory_unlock($1, $2)", key, stripe) is False
+        released = await stranger.fetchval("SELECT pg_advisory_unlock($1::bigint + $2)",
+                                           key, stripe)
+        assert released is False
     assert await admin.fetchval(
         "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = $1 AND granted",
         worker.get_server_pid()) == 8
@@ -233,7 +235,7 @@ async def test_a_worker_short_of_stripes_backs_off(started_worker, admin, login,
 
     if holder == "stranger":
         stranger = await login("nobody")
-        await stranger.execute("SELECT pg_advisory_lock_shared($1, 0)", await gate_key(admin))
+        await stranger.execute("SELECT pg_advisory_lock_shared($1::bigint)", await gate_key(admin))
     else:
         first = await started_worker(handler, poll_interval=0.5)
         await wait_until(lambda: listener_locks(admin, first), what="the first worker's stripes",

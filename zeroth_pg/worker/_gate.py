@@ -86,15 +86,16 @@ class WakeupGate:
         try:
             now_held = await notifier.on_session(
                 lambda conn: self._lm.announce_idle(
-                    deployment_ref, tenant_id=tenant_id, workspace_id=workspace_id, held=held,
-                    conn=conn),
+                    deployment_ref, tenant_id=tenant_id, workspace_id=workspace_id, conn=conn),
                 session=session)
         except Exception as exc:  # a hint: the poll covers it
             log.debug("announce_idle failed (%s: %s); polling", type(exc).__name__, exc)
             return False
         if session != self._session:
             return False  # reconnected meanwhile: those locks went with the old session
-        gained = len(now_held) > len(held)
+        # The database says what this session holds (pg_locks), so a lost answer costs nothing
+        # but a look: "gained" is measured against what the last answer said.
+        gained = bool(set(now_held) - set(held))
         self.held = now_held
         if len(now_held) == WAKEUP_STRIPES:
             self.state = GateState.IDLE
@@ -116,13 +117,12 @@ class WakeupGate:
         try:
             await notifier.on_session(
                 lambda conn: self._lm.announce_busy(
-                    deployment_ref, tenant_id=tenant_id, workspace_id=workspace_id, held=held,
-                    conn=conn),
+                    deployment_ref, tenant_id=tenant_id, workspace_id=workspace_id, conn=conn),
                 session=session)
         except Exception as exc:
             # The session is gone (its locks went with it), or the call failed on a live one:
-            # then the stripes are still held; keep them so the next busy() lets them go and
-            # the next idle() does not take them twice. Meanwhile writers notify: time, not runs.
+            # writers notify until the next busy() or reconnect lets them go (announce_busy
+            # reads what the session holds, so nothing is lost track of). Time, not runs.
             log.debug("announce_busy failed (%s: %s)", type(exc).__name__, exc)
             if session == self._session:
                 self.held = held

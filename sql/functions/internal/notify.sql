@@ -44,10 +44,11 @@ REVOKE ALL ON FUNCTION zeroth._notify(text, text) FROM PUBLIC;
 -- waits for work, so a waiting worker says so with session advisory locks, and a writer notifies
 -- only when it sees one.
 --
--- The gate of a scope is WAKEUP_STRIPES advisory locks (two-key form: the first 32 bits of the
--- scope's wakeup key, stripe 0..7). A worker that found nothing to claim takes every stripe it can
--- in exclusive mode, session-level (announce_idle) and then claims once more; when it has work
--- again it lets them go (announce_busy). A writer that made work claimable tries the shared lock
+-- The gate of a scope is 8 advisory locks, one bigint key per stripe (zeroth._wakeup_lock: 61
+-- bits of the scope's wakeup key, the stripe 0..7 in the low 3). A worker that found nothing to claim takes every stripe it can
+-- in exclusive mode, session-level (announce_idle) and then claims once more; when it has more
+-- work than slots it lets them go (announce_busy). Nothing may be written on that session: a
+-- session's own locks never conflict with its writes, so they would never notify (F4). A writer that made work claimable tries the shared lock
 -- of ONE stripe (its transaction id modulo the stripe count), transaction-level:
 --   * the try fails: a waiting worker holds the stripe → NOTIFY (as before);
 --   * the try succeeds: nobody waits on this stripe now, and the writer now holds the stripe until
@@ -59,10 +60,12 @@ REVOKE ALL ON FUNCTION zeroth._notify(text, text) FROM PUBLIC;
 -- The gate is a hint like the NOTIFY it gates: a stranger who takes these locks (advisory locks
 -- need no privilege) can make writers notify (today's cost) or keep workers from taking a stripe
 -- (those writers' runs are found by the workers' polls: latency, never a lost run).
-CREATE OR REPLACE FUNCTION zeroth._wakeup_lock(wakeup_key text) RETURNS integer
+CREATE OR REPLACE FUNCTION zeroth._wakeup_lock(wakeup_key text) RETURNS bigint
     LANGUAGE sql IMMUTABLE
-    RETURN ('x' || left(wakeup_key, 8))::bit(32)::integer;
-COMMENT ON FUNCTION zeroth._wakeup_lock(text) IS 'Internal: the first key of a scope''s wakeup gate advisory locks (the first 32 bits of its wakeup key); the second key is the stripe.';
+    -- 61 bits of the key and the stripe in the low 3: two scopes share a gate only if 61 bits
+    -- of sha256 agree (32 bits collided at ~77,000 scopes; red-team pass 11, F5).
+    RETURN ('x' || left(wakeup_key, 16))::bit(64)::bigint & ~7::bigint;
+COMMENT ON FUNCTION zeroth._wakeup_lock(text) IS 'Internal: the advisory lock key of stripe 0 of a scope''s wakeup gate (61 bits of its wakeup key, low 3 bits zero); stripe s is key + s.';
 ALTER FUNCTION zeroth._wakeup_lock(text) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._wakeup_lock(text) FROM PUBLIC;
 
@@ -73,26 +76,24 @@ COMMENT ON FUNCTION zeroth._wakeup_stripes() IS 'Internal: how many advisory loc
 ALTER FUNCTION zeroth._wakeup_stripes() OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._wakeup_stripes() FROM PUBLIC;
 
--- A `held` argument of announce_idle / announce_busy: distinct stripes in 0..stripes-1 (NULL is
--- none), else ZP008.
-CREATE OR REPLACE FUNCTION zeroth._wakeup_stripes_arg(held integer[]) RETURNS integer[]
-    LANGUAGE plpgsql IMMUTABLE AS $$
-BEGIN
-    IF held IS NULL OR cardinality(held) = 0 THEN
-        RETURN '{}';
-    END IF;
-    IF array_ndims(held) <> 1
-       OR EXISTS (SELECT 1 FROM unnest(held) s WHERE s IS NULL OR s < 0 OR s >= zeroth._wakeup_stripes())
-       OR (SELECT count(DISTINCT s) FROM unnest(held) s) <> cardinality(held) THEN
-        RAISE EXCEPTION 'held must list distinct wakeup stripes in 0..%, got %',
-            zeroth._wakeup_stripes() - 1, held USING ERRCODE = 'ZP008';
-    END IF;
-    RETURN held;
-END
-$$;
-COMMENT ON FUNCTION zeroth._wakeup_stripes_arg(integer[]) IS 'Internal: validates the held stripes of announce_idle / announce_busy (ZP008 unless distinct values in 0..7; NULL is none).';
-ALTER FUNCTION zeroth._wakeup_stripes_arg(integer[]) OWNER TO zeroth_owner;
-REVOKE ALL ON FUNCTION zeroth._wakeup_stripes_arg(integer[]) FROM PUBLIC;
+-- The stripes of the gate at `lock` that this session holds (session level, exclusive), from
+-- pg_locks: announce_idle and announce_busy read them instead of trusting the caller, so a
+-- client that lost count can neither take a stripe twice (session locks are re-entrant: it stayed
+-- held after announce_busy) nor believe it holds one it does not (red-team pass 11, F3). A bigint
+-- advisory key k shows as classid = high 32 bits, objid = low 32 bits, objsubid = 1.
+CREATE OR REPLACE FUNCTION zeroth._wakeup_stripes_held(lock bigint) RETURNS integer[]
+    LANGUAGE sql STABLE
+    RETURN (SELECT coalesce(array_agg(l.objid::bigint - (lock & 4294967295) ORDER BY l.objid), '{}')::integer[]
+              FROM pg_catalog.pg_locks l
+             WHERE l.locktype = 'advisory' AND l.pid = pg_backend_pid() AND l.granted
+               AND l.mode = 'ExclusiveLock' AND l.objsubid = 1
+               AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
+                                  WHERE d.datname = current_database())
+               AND l.classid::bigint = (lock >> 32) & 4294967295
+               AND l.objid::bigint - (lock & 4294967295) BETWEEN 0 AND zeroth._wakeup_stripes() - 1);
+COMMENT ON FUNCTION zeroth._wakeup_stripes_held(bigint) IS 'Internal: the stripes of the wakeup gate at this key that this session holds (from pg_locks).';
+ALTER FUNCTION zeroth._wakeup_stripes_held(bigint) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._wakeup_stripes_held(bigint) FROM PUBLIC;
 
 -- Work may be claimable in (deployment, tenant, workspace): NOTIFY zeroth_wakeup with that
 -- scope's key if a worker waits on this transaction's stripe of the scope's gate (above); else
@@ -104,8 +105,7 @@ CREATE OR REPLACE FUNCTION zeroth._notify_wakeup(deployment_ref text, tenant_id 
         SELECT zeroth._notify('zeroth_wakeup', g.key)
           FROM (SELECT zeroth._notify_key('wakeup', ARRAY[tenant_id, workspace_id, deployment_ref]) AS key) g
          WHERE NOT pg_try_advisory_xact_lock_shared(
-                   zeroth._wakeup_lock(g.key),
-                   (pg_current_xact_id()::text::bigint % zeroth._wakeup_stripes())::integer);
+                   zeroth._wakeup_lock(g.key) + pg_current_xact_id()::text::bigint % zeroth._wakeup_stripes());
     END;
 COMMENT ON FUNCTION zeroth._notify_wakeup(text, text, text) IS 'Internal: NOTIFY zeroth_wakeup with the opaque key of (tenant, workspace, deployment) if a worker waits on this transaction''s stripe of the scope''s wakeup gate; else hold that stripe (shared) until commit.';
 ALTER FUNCTION zeroth._notify_wakeup(text, text, text) OWNER TO zeroth_owner;
