@@ -143,13 +143,29 @@ class Notifier:
         """Run ``call`` on the LISTEN connection, one statement at a time with the pings. With
         ``session`` (a value of :attr:`connects`), only on that connection: session state such
         as advisory locks belongs to it. Raises ConnectionError while disconnected or once the
-        connection is another one."""
-        async with self._statement:
-            conn = self._conn
-            if (conn is None or conn.is_closed() or not self.connected.is_set()
-                    or (session is not None and session != self.connects)):
-                raise ConnectionError("the LISTEN connection is not the one asked for")
-            return await call(conn)
+        connection is another one. Bounded by ``ping_timeout``, the wait for the connection
+        included: a call that does not come back in time (a dead peer raises nothing by itself)
+        drops the connection, so the listener reconnects and the caller never hangs
+        (red-team pass 12)."""
+        try:
+            async with asyncio.timeout(self.ping_timeout), self._statement:
+                conn = self._conn
+                if (conn is None or conn.is_closed() or not self.connected.is_set()
+                        or (session is not None and session != self.connects)):
+                    raise ConnectionError("the LISTEN connection is not the one asked for")
+                return await call(conn)
+        except TimeoutError:
+            self._drop("a call on the LISTEN connection")
+            raise
+
+    def _drop(self, what: str) -> None:
+        """The connection stopped answering: terminate it; the run loop reconnects."""
+        conn = self._conn
+        log.warning("%s got no answer in %.1fs; dropping the LISTEN connection", what,
+                    self.ping_timeout)
+        if conn is not None and not conn.is_closed():
+            conn.terminate()
+        self._lost.set()
 
     def start(self) -> None:
         if self._task is None:
@@ -220,8 +236,12 @@ class Notifier:
         """A health ping that also proves the connection still talks to the backend that ran
         LISTEN (a transaction-mode pooler hands each statement to any server connection)."""
         try:
-            async with self._statement:
-                now = await conn.fetchval("SELECT pg_backend_pid()", timeout=self.ping_timeout)
+            try:
+                async with asyncio.timeout(self.ping_timeout), self._statement:
+                    now = await conn.fetchval("SELECT pg_backend_pid()")
+            except TimeoutError:
+                self._drop("the health ping")
+                raise
         except (asyncpg.InvalidSQLStatementNameError, asyncpg.DuplicatePreparedStatementError):
             now = "another"  # a statement prepared on one backend met another: the same proof
         if now != backend_pid:

@@ -9,6 +9,8 @@ cannot release a worker's stripes.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -243,3 +245,33 @@ async def test_a_worker_short_of_stripes_backs_off(started_worker, admin, login,
     worker = await started_worker(handler, poll_interval=0.5)
     await asyncio.sleep(1.0)  # its backoff has grown by now
     assert await count_claims(worker, 2.0) <= 6  # 2 s at poll_interval 0.5, and a margin
+
+
+async def test_a_listener_that_stops_answering_stops_neither_claims_nor_shutdown(
+        started_worker, admin):
+    """Red-team pass 12 (F1): announce_busy on a listener whose backend stopped answering (a
+    dead peer raises nothing; here the backend is SIGSTOPped) had no bound, so the claim loop
+    waited on it for ever and graceful_shutdown with it. Calls on the LISTEN connection are
+    bounded by the ping timeout now, and a call that runs out drops the connection."""
+    done: asyncio.Queue[Any] = asyncio.Queue()
+
+    async def handler(run: Any) -> None:
+        done.put_nowait(run.run_id)
+
+    worker = await started_worker(handler, max_concurrency=1, poll_interval=0.2)
+    await wait_until(lambda: listener_locks(admin, worker), what="the idle stripes", within=30)
+    assert worker.notifier is not None
+    stopped = worker.notifier.backend_pid
+    assert stopped is not None
+    os.kill(stopped, signal.SIGSTOP)
+    try:
+        run_ids = [await admin.fetchval(
+            "SELECT run_id FROM zeroth.enqueue_run(deployment_ref => $1)", DEPLOYMENT)
+            for _ in range(3)]
+        finished = {await asyncio.wait_for(done.get(), timeout=60) for _ in run_ids}
+        assert finished == set(run_ids)
+        async with asyncio.timeout(30):
+            await worker.graceful_shutdown()
+    finally:
+        os.kill(stopped, signal.SIGCONT)
+        await admin.execute("SELECT pg_terminate_backend($1)", stopped)
