@@ -7,8 +7,10 @@ CREATE OR REPLACE FUNCTION zeroth.announce_busy(
     RETURNS integer
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    v_lock bigint := zeroth._wakeup_lock(zeroth.wakeup_key(
-        announce_busy.deployment_ref, announce_busy.tenant_id, announce_busy.workspace_id));
+    -- wakeup_key checks the scope (ZP006, ZP008); the gate has a key of its own.
+    v_checked text := zeroth.wakeup_key(announce_busy.deployment_ref, announce_busy.tenant_id, announce_busy.workspace_id);
+    v_lock bigint := zeroth._wakeup_lock(zeroth._scope_tenant(announce_busy.tenant_id, announce_busy.workspace_id),
+                                         announce_busy.workspace_id, announce_busy.deployment_ref);
     v_released integer := 0;
     v_stripe integer;
 BEGIN

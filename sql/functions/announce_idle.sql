@@ -17,8 +17,10 @@ CREATE OR REPLACE FUNCTION zeroth.announce_idle(
     RETURNS integer[]
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    v_lock bigint := zeroth._wakeup_lock(zeroth.wakeup_key(
-        announce_idle.deployment_ref, announce_idle.tenant_id, announce_idle.workspace_id));
+    -- wakeup_key checks the scope (ZP006, ZP008); the gate has a key of its own.
+    v_checked text := zeroth.wakeup_key(announce_idle.deployment_ref, announce_idle.tenant_id, announce_idle.workspace_id);
+    v_lock bigint := zeroth._wakeup_lock(zeroth._scope_tenant(announce_idle.tenant_id, announce_idle.workspace_id),
+                                         announce_idle.workspace_id, announce_idle.deployment_ref);
     v_held integer[] := zeroth._wakeup_stripes_held(v_lock);
 BEGIN
     FOR v_stripe IN 0 .. zeroth._wakeup_stripes() - 1 LOOP

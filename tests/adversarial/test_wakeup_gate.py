@@ -29,7 +29,7 @@ TIMEOUT_MS = 3000  # a call that waits on the stranger fails here instead of han
 async def gate_key(admin: asyncpg.Connection, deployment_ref: str = DEPLOYMENT) -> int:
     """What a stranger reads from pg_locks while a worker waits."""
     return int(await admin.fetchval(
-        "SELECT zeroth._wakeup_lock(zeroth.wakeup_key(deployment_ref => $1))", deployment_ref))
+        "SELECT zeroth._wakeup_lock('default', NULL, $1)", deployment_ref))
 
 
 async def hold_every_stripe(stranger: asyncpg.Connection, key: int, *, shared: bool) -> None:

@@ -31,7 +31,7 @@ async def busy(conn: asyncpg.Connection, deployment_ref: str = DEPLOYMENT,
 
 async def gate_key(conn: asyncpg.Connection, deployment_ref: str = DEPLOYMENT) -> int:
     return int(await conn.fetchval(
-        "SELECT zeroth._wakeup_lock(zeroth.wakeup_key(deployment_ref => $1))", deployment_ref))
+        "SELECT zeroth._wakeup_lock('default', NULL, $1)", deployment_ref))
 
 
 async def gate_locks(conn: asyncpg.Connection, pid: int) -> list[tuple[int, str]]:
@@ -187,3 +187,47 @@ class TestBadInput:
             await announce_idle(worker, deployment_ref)
         assert caught.value.sqlstate == "ZP008"
         assert await gate_locks(other, worker.get_server_pid()) == []
+
+
+class TestLockTable:
+    async def test_a_transaction_into_many_scopes_keeps_at_most_64_gate_locks(self, connect):
+        """Red-team pass 12 (F2): every scope a transaction enqueued into kept one advisory lock
+        (never a fast-path lock) until commit, and 15,000 scopes ran the server's lock table out
+        of shared memory. After 64 the transaction notifies instead."""
+        writer, other = await connect(), await connect()
+        transaction = writer.transaction()
+        await transaction.start()
+        for n in range(200):
+            await writer.fetchval(
+                "SELECT run_id FROM zeroth.enqueue_run(deployment_ref => $1)", f"fan-{n}")
+        held = await other.fetchval(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = $1",
+            writer.get_server_pid())
+        await transaction.commit()
+        assert held == 64
+        assert await other.fetchval(
+            "SELECT count(*) FROM zeroth.runs WHERE deployment_ref LIKE 'fan-%'") == 200
+
+    async def test_a_hostile_count_only_makes_its_own_transaction_notify(self, connect):
+        # Nobody waits for work: a writer would not notify. Garbage counts as none; a count of
+        # 64 or more makes that one transaction notify anyway (its own cost).
+        writer, listener = await connect(), await connect()
+        queue: asyncio.Queue[str] = asyncio.Queue()
+        await listener.add_listener("zeroth_wakeup", lambda *a: queue.put_nowait(a[3]))
+        async with writer.transaction():
+            await writer.execute("SET LOCAL zeroth.wakeup_gate_locks = 'not a number'")
+            await enqueue(writer)
+        async with writer.transaction():
+            await writer.execute("SET LOCAL zeroth.wakeup_gate_locks = '999999'")
+            await enqueue(writer)
+        assert await heard_before_sentinel(queue, writer) == [await wakeup_key(writer)]
+
+
+class TestKeys:
+    async def test_the_gate_key_is_not_the_payload(self, connect):
+        # Red-team pass 12 (F3): a payload a stranger hears must not name a lock in pg_locks.
+        conn = await connect()
+        payload = await wakeup_key(conn)
+        gate = await gate_key(conn)
+        assert gate != int(payload[:16], 16) & ~7
+        assert gate & 7 == 0
