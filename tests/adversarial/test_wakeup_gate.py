@@ -275,3 +275,25 @@ async def test_a_listener_that_stops_answering_stops_neither_claims_nor_shutdown
     finally:
         os.kill(stopped, signal.SIGCONT)
         await admin.execute("SELECT pg_terminate_backend($1)", stopped)
+
+
+async def test_a_waiting_worker_takes_the_new_gate_after_a_secret_rotation(started_worker, admin):
+    """The gate's keys come from the notification secret: after a rotation an idle worker must
+    hold the new stripes again (it asks every few seconds), or writers would stop notifying."""
+    async def handler(_run: Any) -> None:
+        return None
+
+    worker = await started_worker(handler, poll_interval=0.2)
+    await wait_until(lambda: listener_locks(admin, worker), what="the idle stripes", within=30)
+    await admin.execute("""UPDATE zeroth.notification_secret
+                              SET secret = replace(gen_random_uuid()::text, '-', '')""")
+    new_key = await gate_key(admin)
+    assert worker.notifier is not None
+
+    async def holds_new() -> bool:
+        return await admin.fetchval(
+            """SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = $1
+                  AND ((classid::bigint << 32) | objid::bigint) - $2 BETWEEN 0 AND 7""",
+            worker.notifier.backend_pid, new_key) == 8
+
+    await wait_until(holds_new, what="the new gate's stripes", within=30)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -44,6 +45,9 @@ WAKEUP_STRIPES = 8
 #: The first poll after ``announce_idle`` left some stripes to others; doubled up to the
 #: worker's poll interval.
 FIRST_RETRY = 0.005
+#: A waiting worker that holds every stripe asks again this often: the gate's keys come from the
+#: notification secret, and after a rotation the stripes it holds are no gate any more.
+REFRESH = 5.0
 
 
 class GateState(enum.Enum):
@@ -64,6 +68,7 @@ class WakeupGate:
         self.held: tuple[int, ...] = ()
         self.state = GateState.BUSY
         self._retry = FIRST_RETRY
+        self._asked = 0.0
 
     def connected(self, notifier: Notifier) -> None:
         """A (re)connected LISTEN session: whatever the old one held went with it."""
@@ -79,8 +84,10 @@ class WakeupGate:
         notify and has committed). The backoff of ``poll_in`` starts over only after a busy
         spell or a gain, so a worker that stays short of stripes polls less and less often."""
         notifier, session = self._notifier, self._session
-        if notifier is None or session is None or self.state is GateState.IDLE:
+        if notifier is None or session is None or (
+                self.state is GateState.IDLE and time.monotonic() < self._asked + REFRESH):
             return False
+        self._asked = time.monotonic()
         deployment_ref, tenant_id, workspace_id = self._scope
         held = self.held
         try:
