@@ -14,6 +14,11 @@ cluster-wide lock until it is flushed; docs/performance.md, "NOTIFY"). The claim
 * ``IDLE`` — every stripe is held: every writer of the scope notifies; the loop sleeps until a
   NOTIFY or ``poll_interval``.
 
+While work flows (a claim found some and left room for more) the worker holds nothing and looks
+again every ``LINGER`` (2 ms); only ``LINGER_LOOKS`` empty looks in a row make it ask for the
+gate. A worker that keeps up with a steady stream therefore polls briefly instead of having every
+writer notify it, which would serialise their commits (docs/performance.md, "NOTIFY").
+
 A claim that took fewer runs than it asked for makes the worker a waiting one (``idle``): it
 keeps what it holds and asks for the rest. Whenever ``announce_idle`` returns a stripe it did not
 hold before, the loop claims once more before it sleeps: a writer that held that stripe did not
@@ -45,6 +50,12 @@ WAKEUP_STRIPES = 8
 #: The first poll after ``announce_idle`` left some stripes to others; doubled up to the
 #: worker's poll interval.
 FIRST_RETRY = 0.005
+#: While work flows (the last claim found some, with room for more) the worker looks again this
+#: often instead of asking writers to notify it, and only after this many empty looks in a row
+#: does it wait for a NOTIFY: a NOTIFY per enqueue serialises the writers' commits, and a worker
+#: that keeps up with a steady stream would otherwise ask for exactly that.
+LINGER = 0.002
+LINGER_LOOKS = 3
 #: A waiting worker that holds every stripe asks again this often: the gate's keys come from the
 #: notification secret, and after a rotation the stripes it holds are no gate any more.
 REFRESH = 5.0
@@ -69,6 +80,7 @@ class WakeupGate:
         self.state = GateState.BUSY
         self._retry = FIRST_RETRY
         self._asked = 0.0
+        self._empty_looks: int | None = None  # counting while work flows; None: not flowing
 
     def connected(self, notifier: Notifier) -> None:
         """A (re)connected LISTEN session: whatever the old one held went with it."""
@@ -77,12 +89,19 @@ class WakeupGate:
         self.held = ()
         self.state = GateState.BUSY
         self._retry = FIRST_RETRY
+        self._empty_looks = None
 
     async def idle(self) -> bool:
-        """The last claim took fewer runs than it asked for: keep what is held and ask for the
-        missing stripes. True when a stripe was gained (claim once more: its writer did not
-        notify and has committed). The backoff of ``poll_in`` starts over only after a busy
-        spell or a gain, so a worker that stays short of stripes polls less and less often."""
+        """The last claim found nothing: after ``LINGER_LOOKS`` such looks in a row while work
+        flowed (or at once otherwise), keep what is held and ask for the missing stripes. True
+        when a stripe was gained (claim once more: its writer did not notify and has
+        committed). The backoff of ``poll_in`` starts over only after a busy spell or a gain,
+        so a worker that stays short of stripes polls less and less often."""
+        if self._empty_looks is not None:
+            self._empty_looks += 1
+            if self._empty_looks < LINGER_LOOKS:
+                return False  # look again in LINGER (poll_in)
+            self._empty_looks = None
         notifier, session = self._notifier, self._session
         if notifier is None or session is None or (
                 self.state is GateState.IDLE and time.monotonic() < self._asked + REFRESH):
@@ -118,6 +137,7 @@ class WakeupGate:
         notifier, session, held = self._notifier, self._session, self.held
         self.held = ()
         self.state = GateState.BUSY
+        self._empty_looks = None
         if not held or notifier is None:
             return
         deployment_ref, tenant_id, workspace_id = self._scope
@@ -134,9 +154,18 @@ class WakeupGate:
             if session == self._session:
                 self.held = held
 
+    async def flowing(self) -> None:
+        """The last claim found work and left room for more: let go (writers stop notifying)
+        and look again every ``LINGER`` until ``LINGER_LOOKS`` looks in a row find nothing."""
+        await self.busy()
+        self._empty_looks = 0
+
     def poll_in(self, poll_interval: float) -> float:
-        """How long the claim loop may sleep before it polls: ``poll_interval`` unless some
-        stripes are held by others (then a short backoff, doubled each time)."""
+        """How long the claim loop may sleep before it polls: ``LINGER`` while work flows,
+        ``poll_interval`` unless some stripes are held by others (then a short backoff,
+        doubled each time)."""
+        if self._empty_looks is not None:
+            return min(LINGER, poll_interval)
         if self.state is not GateState.PARTLY_IDLE:
             return poll_interval
         wait = min(poll_interval, self._retry)

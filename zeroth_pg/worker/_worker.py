@@ -197,10 +197,14 @@ class RunWorker:
                 # No free slot, or a full batch (more is likely: it claims again at once):
                 # writers need not notify this worker until it waits again.
                 await self._gate.busy()
+            elif claimed:
+                # Some work, and room for more: work is flowing. Writers need not notify
+                # while it flows; the worker looks again every few milliseconds instead.
+                await self._gate.flowing()
             elif await self._gate.idle():
-                # The claim took less than it asked for, so this worker waits for work and
-                # holds the wakeup gate; it gained a stripe, so a writer that did not notify
-                # has committed since: look once more before sleeping.
+                # Nothing (for a few looks in a row): this worker waits for work and holds the
+                # wakeup gate; it gained a stripe, so a writer that did not notify has
+                # committed since: look once more before sleeping.
                 continue
             await self._sleep_until_work()
 
