@@ -295,7 +295,8 @@ async def test_a_waiting_worker_takes_the_new_gate_after_a_secret_rotation(start
     async def holds_new() -> bool:
         return await admin.fetchval(
             """SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = $1
-                  AND ((classid::bigint << 32) | objid::bigint) - $2 BETWEEN 0 AND 7""",
+                  AND classid::bigint = ($2::bigint >> 32) & 4294967295
+                  AND objid::bigint - ($2::bigint & 4294967295) BETWEEN 0 AND 7""",
             worker.notifier.backend_pid, new_key) == 8
 
     await wait_until(holds_new, what="the new gate's stripes", within=30)

@@ -38,8 +38,9 @@ async def gate_locks(conn: asyncpg.Connection, pid: int) -> list[tuple[int, str]
     """The advisory locks a backend holds on the default scope's gate: (stripe, mode)."""
     key = await gate_key(conn)
     rows = await conn.fetch(
-        """SELECT ((classid::bigint << 32) | objid::bigint) - $2 AS stripe, mode FROM pg_locks
-            WHERE locktype = 'advisory' AND pid = $1 AND granted ORDER BY objid""",
+        """SELECT objid::bigint - ($2::bigint & 4294967295) AS stripe, mode FROM pg_locks
+            WHERE locktype = 'advisory' AND pid = $1 AND granted
+              AND classid::bigint = ($2::bigint >> 32) & 4294967295 ORDER BY objid""",
         pid, key)
     return [(int(r["stripe"]), r["mode"]) for r in rows]
 
