@@ -14,6 +14,13 @@ runs that are due by then (through each system's own batch enqueue), for ``secon
 runs started per 5-second window (their median and minimum after the first 10 s: stalls show
 in the minimum, not in a mean) and pickup latency (the producer's enqueue came back committed →
 the handler starts) percentiles. The consumer then gets up to 30 s to finish the backlog.
+
+The restart cells do the same and restart PostgreSQL (``pg_ctl restart -m fast``) half-way
+through (quick runs: after 10 s, and the cell runs 37 s); the producer retries an enqueue that
+failed. Measured besides: the 5 s windows that begin 10 s or more after the server is back
+(the target: each ≥ 95% of the offered rate), the pickup p99 of the runs enqueued from then
+on, and the first second after the restart in which ≥ 95% of the offered rate started
+("recovered after"). Only on a server the bench started itself (not ``ZEROTH_PG_BENCH_DSN``).
 """
 
 from __future__ import annotations
@@ -49,6 +56,10 @@ WARMUP = 10.0
 TICK = 0.01
 HANDLER_SECONDS = 0.001
 DRAIN_LIMIT = 30.0
+RETRY_PAUSE = 0.05
+RECOVERY_GRACE = 10.0
+
+Restart = Callable[[], None]
 
 
 @dataclass
@@ -58,6 +69,8 @@ class Trace:
     t0: float = field(default_factory=time.perf_counter)
     acked: dict[int, float] = field(default_factory=dict)
     started: dict[int, float] = field(default_factory=dict)
+    #: (began, back) of the server restart, seconds after t0; None without one.
+    restart: tuple[float, float] | None = None
 
     def start(self, n: int) -> None:
         self.started.setdefault(n, time.perf_counter())
@@ -71,26 +84,72 @@ class Trace:
                 counts[index] += 1
         return [c / WINDOW for c in counts]
 
-    def pickups_ms(self) -> list[float]:
+    def pickups_ms(self, since: float = 0.0) -> list[float]:
+        """Pickup latencies of the runs acknowledged ``since`` seconds after t0 or later."""
         return [1000 * (self.started[n] - acked) for n, acked in self.acked.items()
-                if n in self.started]
+                if n in self.started and acked - self.t0 >= since]
+
+    def recovered_after(self, rate: float) -> float | None:
+        """Seconds from the server being back to the end of the first whole second after it
+        in which ≥ 95% of the offered rate started; None if none did."""
+        if self.restart is None:
+            return None
+        back = self.restart[1]
+        starts = sorted(instant - self.t0 for instant in self.started.values())
+        second = 0
+        while back + second + 1 <= (starts[-1] if starts else 0):
+            low, high = back + second, back + second + 1
+            if sum(1 for t in starts if low <= t < high) >= 0.95 * rate:
+                return second + 1.0
+            second += 1
+        return None
+
+
+def restart_at(seconds: float) -> float:
+    """When a restart cell restarts the server: half-way through a full cell; after the warm-up
+    in a quick one (whose cells are short)."""
+    return max(WARMUP, seconds / 2)
+
+
+def restart_cell_seconds(seconds: float) -> float:
+    """A restart cell runs long enough for three whole windows after the recovery grace."""
+    return max(seconds, restart_at(seconds) + 2 + RECOVERY_GRACE + 3 * WINDOW)
 
 
 async def produce(trace: Trace, rate: float, seconds: float,
-                  enqueue: Callable[[list[int]], Awaitable[None]]) -> int:
-    """Enqueue ``rate`` runs per second for ``seconds``, every TICK the ones due by then."""
+                  enqueue: Callable[[list[int]], Awaitable[None]],
+                  restart: Restart | None = None) -> int:
+    """Enqueue ``rate`` runs per second for ``seconds``, every TICK the ones due by then; with
+    ``restart``, call it (in a thread) at :func:`restart_at` and retry enqueues that fail."""
     sent = 0
     trace.t0 = time.perf_counter()
+    restarting: asyncio.Task[None] | None = None
+
+    async def restart_server(call: Restart) -> None:
+        began = time.perf_counter() - trace.t0
+        await asyncio.to_thread(call)
+        trace.restart = (began, time.perf_counter() - trace.t0)
+
     while (elapsed := time.perf_counter() - trace.t0) < seconds:
+        if restart is not None and restarting is None and elapsed >= restart_at(seconds):
+            restarting = asyncio.create_task(restart_server(restart))
         due = int(elapsed * rate)
         if due > sent:
             numbers = list(range(sent, due))
-            await enqueue(numbers)
+            try:
+                await enqueue(numbers)
+            except Exception:
+                if restart is None:
+                    raise
+                await asyncio.sleep(RETRY_PAUSE)  # the server is restarting: try again
+                continue
             acked = time.perf_counter()
             for n in numbers:
                 trace.acked[n] = acked
             sent = due
         await asyncio.sleep(TICK)
+    if restarting is not None:
+        await restarting
     return sent
 
 
@@ -105,8 +164,9 @@ async def _finish(trace: Trace, sent: int) -> None:
 # -- one consumer + producer per system ----------------------------------------------------------
 
 async def zeroth_cell(server: Any, trace: Trace, rate: float, concurrency: int,
-                      seconds: float) -> int:
-    dsn = await asyncio.to_thread(server.zeroth_database, f"cont{int(rate)}w{concurrency}")
+                      seconds: float, restart: Restart | None) -> int:
+    label = f"cont{int(rate)}w{concurrency}{'r' if restart else ''}"
+    dsn = await asyncio.to_thread(server.zeroth_database, label)
 
     async def handler(run: Any) -> None:
         trace.start(run.payload["n"])
@@ -121,7 +181,7 @@ async def zeroth_cell(server: Any, trace: Trace, rate: float, concurrency: int,
             assert worker.notifier is not None
             await asyncio.wait_for(worker.notifier.connected.wait(), timeout=10)
             sent = await produce(trace, rate, seconds, lambda numbers: lm.enqueue_runs(
-                DEPLOYMENT, [{"payload": {"n": n}} for n in numbers]))
+                DEPLOYMENT, [{"payload": {"n": n}} for n in numbers]), restart)
             await _finish(trace, sent)
         finally:
             await worker.graceful_shutdown()
@@ -129,8 +189,8 @@ async def zeroth_cell(server: Any, trace: Trace, rate: float, concurrency: int,
 
 
 async def pgqueuer_cell(system: Any, trace: Trace, rate: float, concurrency: int,
-                        seconds: float) -> int:
-    from pgqueuer import AsyncpgDriver, Queries
+                        seconds: float, restart: Restart | None) -> int:
+    from pgqueuer import AsyncpgPoolDriver, Queries
     from pgqueuer import PgQueuer as PgQ
 
     await system.reset()
@@ -140,8 +200,9 @@ async def pgqueuer_cell(system: Any, trace: Trace, rate: float, concurrency: int
         await asyncio.sleep(HANDLER_SECONDS)
 
     conn = await asyncpg.connect(system.dsn)
-    producer = await asyncpg.connect(system.dsn)
-    queries = Queries(AsyncpgDriver(producer))
+    # A pool of one for the producer: it replaces a connection a restart broke.
+    producer = await asyncpg.create_pool(system.dsn, min_size=1, max_size=1)
+    queries = Queries(AsyncpgPoolDriver(producer))
     pgq = PgQ.from_asyncpg_connection(conn)
     pgq.entrypoint("job")(handler)
     batch = max(1, min(10, concurrency // 2))
@@ -155,19 +216,20 @@ async def pgqueuer_cell(system: Any, trace: Trace, rate: float, concurrency: int
             await queries.enqueue(["job"] * len(numbers), [str(n).encode() for n in numbers],
                                   [0] * len(numbers))
 
-        sent = await produce(trace, rate, seconds, enqueue)
+        sent = await produce(trace, rate, seconds, enqueue, restart)
         await _finish(trace, sent)
     finally:
         pgq.shutdown.set()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(task, timeout=30)
-        await conn.close()
+        with contextlib.suppress(Exception):  # broken by the restart
+            await conn.close()
         await producer.close()
     return sent
 
 
 async def procrastinate_cell(system: Any, trace: Trace, rate: float, concurrency: int,
-                             seconds: float) -> int:
+                             seconds: float, restart: Restart | None) -> int:
     await system.reset()
     app, register = system._app(concurrency + 4)
 
@@ -186,7 +248,7 @@ async def procrastinate_cell(system: Any, trace: Trace, rate: float, concurrency
             async def enqueue(numbers: list[int]) -> None:
                 await task.batch_defer_async(*({"n": n} for n in numbers))
 
-            sent = await produce(trace, rate, seconds, enqueue)
+            sent = await produce(trace, rate, seconds, enqueue, restart)
             await _finish(trace, sent)
         finally:
             worker.cancel()
@@ -198,9 +260,16 @@ async def procrastinate_cell(system: Any, trace: Trace, rate: float, concurrency
 # -- the scenario ---------------------------------------------------------------------------------
 
 
-def cells(cfg: Config) -> list[tuple[float, int]]:
-    """(offered runs/s, consumer slots): the outside harness's two cells."""
-    return [(200.0, 4)] if cfg.quick else [(200.0, 4), (600.0, 32)]
+def cells(cfg: Config) -> list[tuple[float, int, bool]]:
+    """(offered runs/s, consumer slots, restart half-way): the outside harness's two cells, and
+    the 600/s one again with a restart (quick: one cell, and it again with a restart)."""
+    if cfg.quick:
+        return [(200.0, 4, False), (200.0, 4, True)]
+    return [(200.0, 4, False), (600.0, 32, False), (600.0, 32, True)]
+
+
+def _window_starts(seconds: float) -> list[float]:
+    return [i * WINDOW for i in range(int(seconds // WINDOW))]
 
 
 async def continuous(cfg: Config, s: Any) -> ScenarioReport:
@@ -212,12 +281,27 @@ async def continuous(cfg: Config, s: Any) -> ScenarioReport:
         ("pgqueuer", pgqueuer_cell, s.pgqueuer),
         ("procrastinate", procrastinate_cell, s.procrastinate),
     ]
+    restart = s.zeroth.server.restart
     lines = ["| offered / W | system | started | 5 s windows after 10 s: median (min) runs/s | "
              "pickup p50 / p99 / max ms |", "|---|---|---|---|---|"]
-    for rate, concurrency in cells(cfg):
-        for name, cell, target in systems:
+    restart_lines = ["| offered / W | system | started | restart took s | recovered after s | "
+                     "windows from 10 s after: median (min) runs/s | pickup p99 from then ms |",
+                     "|---|---|---|---|---|---|---|"]
+    for rate, concurrency, restarts in cells(cfg):
+        if restarts and restart is None:
+            rep.notes.append("The restart cells need a server the bench started itself; "
+                             "skipped on ZEROTH_PG_BENCH_DSN.")
+            continue
+        # Quick runs restart under zeroth_pg only (a peer that never recovers costs the whole
+        # drain limit); full runs restart under every system.
+        for name, cell, target in systems[:1] if restarts and cfg.quick else systems:
             trace = Trace()
-            sent = await cell(target, trace, rate, concurrency, seconds)
+            if restarts:
+                length = restart_cell_seconds(seconds)
+                sent = await cell(target, trace, rate, concurrency, length, restart)
+                _restart_row(rep, restart_lines, trace, name, rate, concurrency, length, sent)
+                continue
+            sent = await cell(target, trace, rate, concurrency, seconds, None)
             windows = trace.windows(seconds)[int(WARMUP // WINDOW):]
             pickups = trace.pickups_ms()
             params = {"offered": rate, "concurrency": concurrency}
@@ -245,7 +329,11 @@ async def continuous(cfg: Config, s: Any) -> ScenarioReport:
                     f"min window {min(windows):.0f}/s ({100 * min(windows) / rate:.0f}%), "
                     f"p99 {p99:.1f} ms", kept_up and p99 <= 100))
             print(lines[-1], flush=True)
+        if restarts:
+            await s.reconnect()  # every system's setup connection died with the server
     rep.tables.append("\n".join(lines))
+    if len(restart_lines) > 2:
+        rep.tables.append("\n".join(restart_lines))
     rep.notes.append(
         "One process runs the producer and the consumer (as the outside harness did). The "
         "producer enqueues every 10 ms the runs due by then, in one call of the system's batch "
@@ -253,6 +341,45 @@ async def continuous(cfg: Config, s: Any) -> ScenarioReport:
         "batch_defer_async); pickup is from that call's return (committed) to the handler's "
         "start. zeroth_pg gets a freshly migrated database per cell (the bug this scenario "
         "guards against lived in sessions that met an empty table); the peers' tables are "
-        "emptied and their connections are new. The restart-mid-run variant of the issue is "
-        "not in this scenario yet.")
+        "emptied and their connections are new. Restart cells: pg_ctl restart -m fast half-way, "
+        "from a thread, while the producer keeps going (an enqueue that fails is retried every "
+        f"{RETRY_PAUSE * 1000:.0f} ms; one that committed but lost its answer is enqueued twice, "
+        "and only its first start counts).")
     return rep
+
+
+def _restart_row(rep: ScenarioReport, lines: list[str], trace: Trace, name: str, rate: float,
+                 concurrency: int, seconds: float, sent: int) -> None:
+    """The restart cell's results: recovery, and the windows and pickups from RECOVERY_GRACE
+    seconds after the server was back."""
+    params = {"offered": rate, "concurrency": concurrency, "restart": True}
+    assert trace.restart is not None
+    began, back = trace.restart
+    since = back + RECOVERY_GRACE
+    all_windows = trace.windows(seconds)
+    after = [w for start, w in zip(_window_starts(seconds), all_windows, strict=True)
+             if start >= since]
+    pickups = trace.pickups_ms(since)
+    p99 = percentile(pickups, 99)
+    recovered = trace.recovered_after(rate)
+    rep.results.append(Result(rep.name, name, "restart_window_min", "runs/s",
+                              (min(after, default=0.0),), params,
+                              extra={"windows": all_windows, "sent": sent,
+                                     "started": len(trace.started),
+                                     "restart": [began, back], "recovered_after": recovered}))
+    rep.results.append(Result(rep.name, name, "restart_pickup_p99", "ms", (p99,), params,
+                              higher_is_better=False))
+    median = statistics.median(after) if after else float("nan")
+    lines.append(
+        f"| {rate:.0f}/s, W={concurrency} | {name} | {len(trace.started)} of {sent} | "
+        f"{back - began:.1f} | {'never' if recovered is None else f'{recovered:.0f}'} | "
+        f"{median:.0f} ({min(after, default=float('nan')):.0f}) | {p99:.1f} |")
+    print(lines[-1], flush=True)
+    if name == "zeroth-worker":
+        kept_up = bool(after) and min(after) >= 0.95 * rate
+        rep.targets.append(Target(
+            f"continuous {rate:.0f}/s W={concurrency}, PostgreSQL restarted half-way: back to "
+            "≥ 95% of offered in every 5 s window and pickup p99 ≤ 100 ms within 10 s",
+            f"recovered after {recovered} s; min window from 10 s after "
+            f"{min(after, default=0.0):.0f}/s, p99 {p99:.1f} ms",
+            kept_up and p99 <= 100 and recovered is not None and recovered <= RECOVERY_GRACE))

@@ -1,11 +1,12 @@
 """What every scenario shares: the server, scratch databases, interleaved repeats, results.
 
 The server is ``ZEROTH_PG_BENCH_DSN`` (an admin DSN of an existing server, measured with the
-settings it has; scratch databases are created and dropped) or a throwaway cluster started by
-:func:`zeroth_pg.testing.start_server`, the tests' own harness. A throwaway cluster runs the
-``durable`` profile by default: fsync, synchronous_commit and full_page_writes **on**, as a
-production server runs, so commits per run and NOTIFY cost what they cost there. The ``fast``
-profile keeps the test harness's throwaway tuning (all three off): the CPU-bound view. Every
+settings it has; scratch databases are created and dropped) or a throwaway cluster of the
+bench's own (:func:`zeroth_pg._server.dedicated_server`: the tests' embedded PostgreSQL, with
+``max_connections`` raised for 64 writers, and restartable for the restart cells). A throwaway
+cluster runs the ``durable`` profile by default: fsync, synchronous_commit and full_page_writes
+**on**, as a production server runs, so commits per run and NOTIFY cost what they cost there.
+The ``fast`` profile turns all three off, as the test harness does: the CPU-bound view. Every
 system gets its own fresh database on that server, so the peers run on the same PostgreSQL,
 with the same settings, in the same run. Next to the settings every result records how many WAL
 flushes per second the machine manages (one 8 kB write + fdatasync in the data directory, as
@@ -26,16 +27,18 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import asyncpg
-import psycopg
-from psycopg import sql as pgsql
 
 from zeroth_pg import migrate
-from zeroth_pg.testing import create_database, drop_database, libpq_dsn, start_server
+from zeroth_pg._server import dedicated_server
+from zeroth_pg.testing import create_database, drop_database
 from zeroth_pg.worker import skip_reset
 
 ENV_DSN = "ZEROTH_PG_BENCH_DSN"
 PROFILES = ("durable", "fast")
-_DURABLE = (("fsync", "on"), ("synchronous_commit", "on"), ("full_page_writes", "on"))
+_DURABILITY = ("fsync", "synchronous_commit", "full_page_writes")
+#: A throwaway server's connection limit: 64 writers, a consumer and its listener, the peers'
+#: pools (the harness's default of 100 stopped the writers scenario at 48 sessions).
+MAX_CONNECTIONS = "250"
 
 #: Server settings recorded with every result (they decide what the numbers mean).
 SETTINGS = (
@@ -135,9 +138,13 @@ class Config:
 class Server:
     """The server under test and the scratch databases created on it (dropped on close)."""
 
-    def __init__(self, admin_dsn: str, kind: str) -> None:
+    def __init__(self, admin_dsn: str, kind: str,
+                 restart: Callable[[str], None] | None = None) -> None:
         self.admin_dsn = admin_dsn
         self.kind = kind
+        #: ``restart(mode)``: ``pg_ctl restart -m mode`` (blocking); None on a server the bench
+        #: did not start (``ZEROTH_PG_BENCH_DSN``), where the restart cells are skipped.
+        self.restart = restart
         self._databases: list[str] = []
         self.tag = uuid.uuid4().hex[:6]
 
@@ -176,8 +183,9 @@ class Server:
 
 @contextlib.contextmanager
 def server(profile: str = "durable") -> Iterator[Server]:
-    """``ZEROTH_PG_BENCH_DSN`` as it is, else a throwaway server from the tests' harness set to
-    ``profile`` (durable: fsync, synchronous_commit, full_page_writes on; fast: off)."""
+    """``ZEROTH_PG_BENCH_DSN`` as it is, else a throwaway embedded server of the bench's own (it
+    may restart it) set to ``profile`` (durable: fsync, synchronous_commit, full_page_writes on;
+    fast: off) with ``max_connections`` = MAX_CONNECTIONS."""
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {PROFILES}, not {profile!r}")
     with contextlib.ExitStack() as stack:
@@ -185,21 +193,13 @@ def server(profile: str = "durable") -> Iterator[Server]:
         if dsn:
             found = Server(dsn, "env")
         else:
-            started = stack.enter_context(start_server())
-            found = Server(started.dsn, started.kind)
-            if profile == "durable":
-                _settings(found.admin_dsn, _DURABLE)
+            durability = "on" if profile == "durable" else "off"
+            settings = (("max_connections", MAX_CONNECTIONS),
+                        *((name, durability) for name in _DURABILITY))
+            started = stack.enter_context(dedicated_server(settings))
+            found = Server(started.dsn, "embedded", started.restart)
         stack.callback(found.close)
         yield found
-
-
-def _settings(dsn: str, values: Sequence[tuple[str, str]]) -> None:
-    """ALTER SYSTEM each setting and reload (all three durability settings take a reload)."""
-    with psycopg.connect(libpq_dsn(dsn), autocommit=True) as conn:
-        for name, value in values:
-            conn.execute(pgsql.SQL("ALTER SYSTEM SET {} = {}").format(
-                pgsql.Identifier(name), pgsql.Literal(value)))
-        conn.execute("SELECT pg_reload_conf()")
 
 
 async def wal_flushes_per_second(admin_dsn: str, seconds: float = 2.0) -> float | None:

@@ -98,6 +98,11 @@ class Systems:
         for system in self.all():
             await system.close()
 
+    async def reconnect(self) -> None:
+        """New setup connections for every system (after a server restart killed them)."""
+        for system in self.all():
+            await system.reconnect()
+
 
 Measure = Callable[[], Awaitable[float]]
 

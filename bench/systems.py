@@ -116,6 +116,11 @@ class System:
         if self.admin is not None:
             await self.admin.close()
 
+    async def reconnect(self) -> None:
+        if self.admin is not None:
+            self.admin.terminate()
+        self.admin = await asyncpg.connect(self.dsn)
+
     @property
     def conn(self) -> asyncpg.Connection:
         assert self.admin is not None
@@ -538,6 +543,12 @@ class PgQueuer(System):
         self.queries = Queries(AsyncpgDriver(self.conn))
         await self.queries.install()
         await self.queries.optimize_autovacuum()
+
+    async def reconnect(self) -> None:
+        from pgqueuer import AsyncpgDriver, Queries
+
+        await super().reconnect()
+        self.queries = Queries(AsyncpgDriver(self.conn))
 
     async def reset(self) -> None:
         await self.queries.clear_queue()

