@@ -163,6 +163,39 @@ ALTER TYPE zeroth.lease_renewal OWNER TO zeroth_owner;
 COMMENT ON TYPE zeroth.lease_renewal IS 'Result row of renew_leases: one per requested (run_id, generation).';
 
 --
+-- Name: scope_claimed_run; Type: TYPE; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE TYPE zeroth.scope_claimed_run AS (
+	tenant_id text,
+	workspace_id text,
+	deployment_ref text,
+	run_id uuid,
+	lease_generation bigint,
+	lease_expires_at timestamp with time zone,
+	status zeroth.run_status,
+	attempts integer,
+	max_attempts integer,
+	priority integer,
+	thread_id text,
+	idempotency_key text,
+	payload jsonb,
+	metadata jsonb,
+	recovery_checkpoint_id uuid,
+	checkpoint_data jsonb,
+	cancel_requested boolean,
+	active_count integer,
+	concurrency_saturated boolean,
+	concurrency_limit integer
+);
+
+ALTER TYPE zeroth.scope_claimed_run OWNER TO zeroth_owner;
+
+--
+-- Name: TYPE scope_claimed_run; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON TYPE zeroth.scope_claimed_run IS 'A row of claim_and_start_scopes: a claimed run with its scope (tenant, workspace, deployment), or a row with run_id NULL per scope that had claimable work but no free slot (saturated, or paused: concurrency_limit 0).';
+
+--
 -- Name: takeover; Type: TYPE; Schema: zeroth; Owner: zeroth_owner
 --
 CREATE TYPE zeroth.takeover AS (
@@ -389,6 +422,55 @@ ALTER TABLE zeroth.notification_secret OWNER TO zeroth_owner;
 COMMENT ON TABLE zeroth.notification_secret IS 'The per-database random secret that NOTIFY payload keys are derived from (zeroth._notify_key). Readable by zeroth_owner only.';
 
 --
+-- Name: scope_limits; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE TABLE zeroth.scope_limits (
+    tenant_id text NOT NULL,
+    workspace_id text,
+    workspace_key text GENERATED ALWAYS AS (
+CASE
+    WHEN (workspace_id IS NULL) THEN ''::text
+    ELSE ('w:'::text || workspace_id)
+END) STORED NOT NULL,
+    deployment_ref text NOT NULL,
+    max_concurrency integer,
+    weight integer DEFAULT 1 NOT NULL,
+    paused boolean DEFAULT false NOT NULL,
+    note text,
+    CONSTRAINT scope_limits_deployment_nonempty CHECK ((deployment_ref <> ''::text)),
+    CONSTRAINT scope_limits_max_concurrency_valid CHECK (((max_concurrency IS NULL) OR ((max_concurrency >= 1) AND (max_concurrency <= 10000)))),
+    CONSTRAINT scope_limits_tenant_nonempty CHECK ((tenant_id <> ''::text)),
+    CONSTRAINT scope_limits_weight_valid CHECK (((weight >= 1) AND (weight <= 1000)))
+);
+
+ALTER TABLE zeroth.scope_limits OWNER TO zeroth_owner;
+
+--
+-- Name: TABLE scope_limits; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON TABLE zeroth.scope_limits IS 'Per-scope limits a DBA sets in SQL: one row per (tenant, workspace, deployment) that is not run with the defaults. max_concurrency (NULL: the claimer''s own max_concurrency argument) caps the live leases of the scope fleet-wide; weight (1-1000) is its share of a multi-scope claim under a backlog; paused = true: no claim leases anything in the scope (runs keep arriving and wait). Every claim reads the row on each call. Written by zeroth_owner; zeroth_reader sees the rows of the tenant named in zeroth.tenant_id.';
+
+--
+-- Name: COLUMN scope_limits.max_concurrency; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.scope_limits.max_concurrency IS 'Live leases allowed in the scope, fleet-wide (1-10000); NULL: the claimer''s max_concurrency argument (none: unlimited).';
+
+--
+-- Name: COLUMN scope_limits.weight; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.scope_limits.weight IS 'Share of a multi-scope claim (claim_and_start_scopes) while several scopes have work: a scope of weight 2 is served twice as often as one of weight 1. Scopes without a row weigh 1.';
+
+--
+-- Name: COLUMN scope_limits.paused; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.scope_limits.paused IS 'true: nothing in the scope is leased (pending claims and orphan recovery alike) until it is false again.';
+
+--
+-- Name: COLUMN scope_limits.note; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.scope_limits.note IS 'Free text for the DBA (why the limit is there).';
+
+--
 -- Name: code_version; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
 --
 CREATE TABLE zeroth.code_version (
@@ -478,6 +560,12 @@ ALTER TABLE ONLY zeroth.notification_secret
 --
 ALTER TABLE ONLY zeroth.runs
     ADD CONSTRAINT runs_pkey PRIMARY KEY (tenant_id, workspace_key, run_id);
+
+--
+-- Name: scope_limits scope_limits_pkey; Type: CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE ONLY zeroth.scope_limits
+    ADD CONSTRAINT scope_limits_pkey PRIMARY KEY (tenant_id, workspace_key, deployment_ref);
 
 --
 -- Name: admission_slots_run_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner
@@ -591,6 +679,21 @@ CREATE POLICY runs_reader_tenant ON zeroth.runs FOR SELECT TO zeroth_reader USIN
 COMMENT ON POLICY runs_reader_tenant ON zeroth.runs IS 'zeroth_reader sees the runs of the tenant named in the setting zeroth.tenant_id (none when unset).';
 
 --
+-- Name: scope_limits; Type: ROW SECURITY; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE zeroth.scope_limits ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: scope_limits scope_limits_reader_tenant; Type: POLICY; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE POLICY scope_limits_reader_tenant ON zeroth.scope_limits FOR SELECT TO zeroth_reader USING ((tenant_id = current_setting('zeroth.tenant_id'::text, true)));
+
+--
+-- Name: POLICY scope_limits_reader_tenant ON scope_limits; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON POLICY scope_limits_reader_tenant ON zeroth.scope_limits IS 'zeroth_reader sees the limits of the tenant named in the setting zeroth.tenant_id (none when unset).';
+
+--
 -- Name: thread_locks; Type: ROW SECURITY; Schema: zeroth; Owner: zeroth_owner
 --
 ALTER TABLE zeroth.thread_locks ENABLE ROW LEVEL SECURITY;
@@ -610,3 +713,8 @@ GRANT SELECT ON TABLE zeroth.checkpoints TO zeroth_reader;
 -- Name: TABLE runs; Type: ACL; Schema: zeroth; Owner: zeroth_owner
 --
 GRANT SELECT ON TABLE zeroth.runs TO zeroth_reader;
+
+--
+-- Name: TABLE scope_limits; Type: ACL; Schema: zeroth; Owner: zeroth_owner
+--
+GRANT SELECT ON TABLE zeroth.scope_limits TO zeroth_reader;

@@ -38,6 +38,9 @@ if TYPE_CHECKING:
         OrphanClaimResult,
         RunCompletion,
         RunStatus,
+        Scope,
+        ScopedRun,
+        ScopesClaimResult,
     )
     from zeroth_pg.worker import RunContext, RunWorker
 
@@ -52,7 +55,8 @@ _HOMES = {
         "zeroth_pg.errors"),
     **dict.fromkeys(
         ("CancelOutcome", "ClaimedRun", "EnqueuedRun", "FailOutcome", "LeaseClaimResult",
-         "LeaseRenewal", "OrphanClaimResult", "RunCompletion", "RunStatus"),
+         "LeaseRenewal", "OrphanClaimResult", "RunCompletion", "RunStatus", "Scope", "ScopedRun",
+         "ScopesClaimResult"),
         "zeroth_pg.types"),
     "RunContext": "zeroth_pg.worker",
     "RunWorker": "zeroth_pg.worker",
@@ -81,6 +85,9 @@ __all__ = [
     "RunNotFoundError",
     "RunStatus",
     "RunWorker",
+    "Scope",
+    "ScopedRun",
+    "ScopesClaimResult",
     "UnknownColumnError",
     "ZerothError",
 ]

@@ -31,6 +31,11 @@ CLAIM_AND_START = f"""SELECT {_CLAIM_COLUMNS} FROM zeroth.claim_and_start(
     deployment_ref => $1, worker_id => $2, tenant_id => $3, workspace_id => $4,
     max_concurrency => $5, batch_size => $6, lease_seconds => $7)"""
 
+CLAIM_AND_START_SCOPES = f"""SELECT tenant_id, workspace_id, deployment_ref, {_CLAIM_COLUMNS}
+    FROM zeroth.claim_and_start_scopes(deployment_refs => $1::text[], worker_id => $2,
+    tenant_ids => $3::text[], workspace_ids => $4::text[], max_concurrency => $5,
+    batch_size => $6, lease_seconds => $7)"""
+
 CLAIM_ORPHANED = f"""SELECT {_CLAIM_COLUMNS} FROM zeroth.claim_orphaned(
     deployment_ref => $1, worker_id => $2, tenant_id => $3, workspace_id => $4,
     max_concurrency => $5, claim_limit => $6, lease_seconds => $7, grace_seconds => $8)"""

@@ -34,6 +34,9 @@ from zeroth_pg.types import (
     OrphanClaimResult,
     RunCompletion,
     RunStatus,
+    Scope,
+    ScopedRun,
+    ScopesClaimResult,
 )
 
 __all__ = ["Executor", "LeaseManager"]
@@ -258,6 +261,44 @@ class LeaseManager:
         return _claim_result(await self._fetch(
             _calls.CLAIM_AND_START, deployment_ref, worker_id, tenant_id, workspace_id,
             max_concurrency, batch_size, self.lease_duration_seconds, conn=conn))
+
+    async def claim_and_start_scopes(
+        self,
+        deployment_refs: Sequence[str],
+        worker_id: str,
+        *,
+        scopes: Sequence[tuple[str | None, str | None]] | None = None,
+        max_concurrency: int | None = None,
+        batch_size: int = 1,
+        conn: Executor | None = None,
+    ) -> ScopesClaimResult:
+        """Claim and start up to ``batch_size`` runs across many deployments and scopes, fairly
+        (``zeroth.claim_and_start_scopes``). ``scopes``: (tenant_id, workspace_id) pairs, or
+        None for every scope of ``deployment_refs`` that has pending runs. Each scope keeps
+        its own limits (``zeroth.scope_limits``, else ``max_concurrency``)."""
+        if isinstance(deployment_refs, str):
+            raise InvalidArgumentError("deployment_refs must be a sequence of deployment names, "
+                                       "not one string")
+        tenants: list[str | None] | None = None
+        workspaces: list[str | None] | None = None
+        if scopes is not None:
+            pairs = [tuple(pair) for pair in scopes]
+            if any(len(pair) != 2 for pair in pairs):
+                raise InvalidArgumentError("each scope must be a (tenant_id, workspace_id) pair")
+            tenants = [pair[0] for pair in pairs]
+            workspaces = [pair[1] for pair in pairs]
+        rows = await self._fetch(
+            _calls.CLAIM_AND_START_SCOPES, list(deployment_refs), worker_id, tenants, workspaces,
+            max_concurrency, batch_size, self.lease_duration_seconds, conn=conn)
+        runs: list[ScopedRun] = []
+        saturated: list[Scope] = []
+        for row in rows:
+            scope = Scope(row["deployment_ref"], row["tenant_id"], row["workspace_id"])
+            if row["run_id"] is None:
+                saturated.append(scope)
+            else:
+                runs.append(ScopedRun(scope, _claimed(row)))
+        return ScopesClaimResult(runs=tuple(runs), saturated=tuple(saturated))
 
     async def claim_orphaned(
         self,

@@ -17,6 +17,9 @@ __all__ = [
     "LeaseRenewal",
     "OrphanClaimResult",
     "RunStatus",
+    "Scope",
+    "ScopedRun",
+    "ScopesClaimResult",
 ]
 
 
@@ -107,6 +110,32 @@ class OrphanClaimResult:
     active_count: int = 0
     max_concurrency: int | None = None
     runs: tuple[ClaimedRun, ...] = field(default=())
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """One (deployment, tenant, workspace): where a run lives and what its limits are set on."""
+
+    deployment_ref: str
+    tenant_id: str = "default"
+    workspace_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ScopedRun:
+    """A run claimed by a multi-scope claim, with its scope."""
+
+    scope: Scope
+    run: ClaimedRun
+
+
+@dataclass(frozen=True, slots=True)
+class ScopesClaimResult:
+    """Result of one ``zeroth.claim_and_start_scopes`` call: the runs claimed (each running, its
+    attempt counted) and the scopes that had due work but no free concurrency slot."""
+
+    runs: tuple[ScopedRun, ...]
+    saturated: tuple[Scope, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,8 @@
 --      = all, or the free slots under max_concurrency). With no free slot it probes for one
 --      orphan: saturated = an orphan is waiting; (run_id NULL, not saturated) is a definitive
 --      empty scan.
+--   The scope's row in zeroth.scope_limits applies: its max_concurrency replaces the argument;
+--   paused re-leases nothing (step 1 still runs: it leases nothing).
 --   claim_limit 0 does step 1 only (at most 100) and re-leases nothing: a worker with no free
 --   slot still ends the orphans that block their threads. Its one run_id-NULL row says whether
 --   a resumable orphan is waiting.
@@ -37,6 +39,8 @@ DECLARE
     v_active integer := 0;
     v_ids    uuid[];
     v_end    record;
+    v_limit  integer;
+    v_paused boolean;
 BEGIN
     PERFORM zeroth._require_identifier(claim_orphaned.deployment_ref, 'deployment_ref');
     PERFORM zeroth._require_identifier(claim_orphaned.worker_id, 'worker_id');
@@ -48,6 +52,9 @@ BEGIN
         RAISE EXCEPTION 'distributed concurrency needs an exact scope: a workspace_id needs a tenant_id'
             USING ERRCODE = 'ZP006';
     END IF;
+    SELECT l.max_concurrency, l.paused INTO v_limit, v_paused
+      FROM zeroth._scope_limit(v_tenant, v_wskey, claim_orphaned.deployment_ref,
+                               claim_orphaned.max_concurrency) AS l;
 
     -- 1. The orphans nobody may resume end here (each SKIP LOCKED inside _take_over).
     FOR v_end IN
@@ -74,17 +81,19 @@ BEGIN
                AND r.deployment_ref = claim_orphaned.deployment_ref
                AND r.status = 'running' AND r.lease_expires_at < v_now AND r.resumable
                AND r.attempts < r.max_attempts),
-            claim_orphaned.max_concurrency);
+            v_limit);
+        RETURN;
+    END IF;
+    IF v_paused THEN  -- a paused scope (zeroth.scope_limits): nothing is re-leased
+        RETURN NEXT zeroth._claim_marker(0, false, v_limit);
         RETURN;
     END IF;
 
     -- 2. Re-lease the resumable ones.
-    IF claim_orphaned.max_concurrency IS NOT NULL THEN
+    IF v_limit IS NOT NULL THEN
         SELECT t.slots, t.active_count INTO v_slots, v_active
-          FROM zeroth._take_slots(v_tenant, v_wskey, claim_orphaned.deployment_ref,
-                                  claim_orphaned.max_concurrency,
-                                  least(coalesce(claim_orphaned.claim_limit, claim_orphaned.max_concurrency),
-                                        claim_orphaned.max_concurrency),
+          FROM zeroth._take_slots(v_tenant, v_wskey, claim_orphaned.deployment_ref, v_limit,
+                                  least(coalesce(claim_orphaned.claim_limit, v_limit), v_limit),
                                   v_now) AS t;
         IF cardinality(v_slots) = 0 THEN
             -- Report saturation only when work is really blocked: is any orphan waiting?
@@ -94,7 +103,7 @@ BEGIN
                    AND r.deployment_ref = claim_orphaned.deployment_ref
                    AND r.status = 'running' AND r.lease_expires_at < v_now AND r.resumable
                    AND r.attempts < r.max_attempts),
-                claim_orphaned.max_concurrency);
+                v_limit);
             RETURN;
         END IF;
         v_want := cardinality(v_slots);
@@ -118,11 +127,11 @@ BEGIN
     SELECT coalesce(array_agg(l.run_id ORDER BY l.lease_expires_at, l.started_at), '{}') INTO v_ids FROM locked l;
     RETURN QUERY SELECT * FROM zeroth._lease_locked_runs(
         v_tenant, v_wskey, v_ids, v_slots, claim_orphaned.worker_id, v_now, v_lease, v_active,
-        claim_orphaned.max_concurrency, false);
+        v_limit, false);
 END
 $$;
 COMMENT ON FUNCTION zeroth.claim_orphaned(text, text, text, text, integer, integer, double precision, double precision) IS
-'claim_orphaned: recover running runs whose lease expired. First ends the ones nobody may resume (resumable but out of attempts → failed + dead-lettered, stop_reason attempts_exhausted; not resumable and expired more than grace_seconds ago → failed, stop_reason orphan_recovered; cancel requested → cancelled), then re-leases resumable ones with attempts left: new generation, attempt counted, recovery_checkpoint_id = latest checkpoint. claim_limit bounds the batch (0: end only, re-lease nothing). A single run_id-NULL row reports saturation (an orphan is waiting but no slot is free) or a definitive empty scan. SKIP LOCKED throughout. Raises ZP006, ZP008. Notifies zeroth_wakeup for the runs it ended. Time: clock_timestamp().';
+'claim_orphaned: recover running runs whose lease expired. First ends the ones nobody may resume (resumable but out of attempts → failed + dead-lettered, stop_reason attempts_exhausted; not resumable and expired more than grace_seconds ago → failed, stop_reason orphan_recovered; cancel requested → cancelled), then re-leases resumable ones with attempts left: new generation, attempt counted, recovery_checkpoint_id = latest checkpoint. claim_limit bounds the batch (0: end only, re-lease nothing). The scope''s zeroth.scope_limits row applies: its max_concurrency replaces the argument; paused re-leases nothing. A single run_id-NULL row reports saturation (an orphan is waiting but no slot is free) or a definitive empty scan. SKIP LOCKED throughout. Raises ZP006, ZP008. Notifies zeroth_wakeup for the runs it ended. Time: clock_timestamp().';
 ALTER FUNCTION zeroth.claim_orphaned(text, text, text, text, integer, integer, double precision, double precision) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.claim_orphaned(text, text, text, text, integer, integer, double precision, double precision) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.claim_orphaned(text, text, text, text, integer, integer, double precision, double precision) TO zeroth_worker;

@@ -2,6 +2,8 @@
 -- Order: priority DESC, run_after, created_at; only runs whose run_after has passed and that hold
 -- no live lease. With max_concurrency, free admission slots are taken first with SKIP LOCKED (no
 -- claimer waits on another); none free → one row with run_id NULL and concurrency_saturated.
+-- The scope's zeroth.scope_limits row applies: its max_concurrency replaces the argument; paused
+-- leases nothing (one run_id-NULL row, not saturated).
 -- Locks: slot rows, then run rows, all FOR UPDATE SKIP LOCKED. Bumps lease_generation per claim.
 -- Raises ZP006 (max_concurrency in an impossible scope), ZP008. Time: clock_timestamp().
 CREATE OR REPLACE FUNCTION zeroth.claim_pending(
@@ -19,7 +21,7 @@ CREATE OR REPLACE FUNCTION zeroth.claim_pending(
                                             max_concurrency, batch_size, lease_seconds, false);
     END;
 COMMENT ON FUNCTION zeroth.claim_pending(text, text, text, text, integer, integer, double precision) IS
-'claim_pending: lease up to batch_size pending runs (status stays pending; start_run makes it running). Order: priority DESC, run_after, created_at. With max_concurrency, takes free admission slots with SKIP LOCKED (claimers never queue on one row); a single run_id-NULL row reports saturation or an empty queue. Bumps lease_generation. Raises ZP006, ZP008. Time: clock_timestamp().';
+'claim_pending: lease up to batch_size pending runs (status stays pending; start_run makes it running). Order: priority DESC, run_after, created_at. With max_concurrency, takes free admission slots with SKIP LOCKED (claimers never queue on one row); a single run_id-NULL row reports saturation or an empty queue. The scope''s zeroth.scope_limits row applies: its max_concurrency replaces the argument, paused leases nothing. Bumps lease_generation. Raises ZP006, ZP008. Time: clock_timestamp().';
 ALTER FUNCTION zeroth.claim_pending(text, text, text, text, integer, integer, double precision) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.claim_pending(text, text, text, text, integer, integer, double precision) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.claim_pending(text, text, text, text, integer, integer, double precision) TO zeroth_worker;

@@ -1,5 +1,5 @@
-"""Row-level security for zeroth_reader: the runs and checkpoints of the tenant named in the
-setting zeroth.tenant_id, directly and through every view over them; nothing when it is unset.
+"""Row-level security for zeroth_reader: the runs, checkpoints and scope limits of the tenant
+named in the setting zeroth.tenant_id, directly and through every view over them; nothing when it is unset.
 The SECURITY DEFINER functions (run as the table owner) stay unaffected.
 
 Everything runs in the ``conn`` fixture's transaction, with SET LOCAL ROLE for the reader.
@@ -29,6 +29,7 @@ def database_dsn(clock_database_dsn):
 
 PAST = datetime(2020, 1, 1, tzinfo=UTC)  # leases taken then have expired by now
 
+TENANT_TABLES = ("zeroth.runs", "zeroth.checkpoints", "zeroth.scope_limits")
 TENANT_VIEWS = ("zeroth.queue_depth", "zeroth.dead_letters", "zeroth.live_leases",
                 "zeroth.expired_leases")
 
@@ -48,6 +49,8 @@ async def seed_tenant(conn: asyncpg.Connection, tenant: str) -> None:
         dead.run_id, dead.worker_id, dead.generation, tenant) == "dead_lettered"
     # Last: a later make_run's batch claim would take this expired claim over.
     await make_run(conn, "claimed", tenant_id=tenant, now=PAST)
+    await conn.execute("INSERT INTO zeroth.scope_limits (tenant_id, deployment_ref, weight) "
+                       "VALUES ($1, 'any', 2)", tenant)
 
 
 async def tenants_seen(conn: asyncpg.Connection, relation: str) -> list[str]:
@@ -69,7 +72,7 @@ async def use_tenant(conn: asyncpg.Connection, tenant: str | None) -> None:
 
 
 class TestReaderSeesOneTenant:
-    @pytest.mark.parametrize("relation", ["zeroth.runs", "zeroth.checkpoints", *TENANT_VIEWS])
+    @pytest.mark.parametrize("relation", [*TENANT_TABLES, *TENANT_VIEWS])
     async def test_each_tenant_sees_only_its_own_rows(self, conn, two_tenants, relation):
         for tenant in two_tenants:
             await use_tenant(conn, tenant)
@@ -77,7 +80,7 @@ class TestReaderSeesOneTenant:
             assert seen, f"{relation}: {tenant} sees none of its own rows"
             assert set(seen) == {tenant}
 
-    @pytest.mark.parametrize("relation", ["zeroth.runs", "zeroth.checkpoints", *TENANT_VIEWS])
+    @pytest.mark.parametrize("relation", [*TENANT_TABLES, *TENANT_VIEWS])
     async def test_no_tenant_set_sees_nothing(self, conn, two_tenants, relation):
         assert await conn.fetchval("SELECT current_setting('zeroth.tenant_id', true)") is None
         assert await tenants_seen(conn, relation) == []

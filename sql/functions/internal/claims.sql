@@ -94,10 +94,63 @@ COMMENT ON FUNCTION zeroth._lease_locked_runs(text, text, uuid[], integer[], tex
 ALTER FUNCTION zeroth._lease_locked_runs(text, text, uuid[], integer[], text, timestamptz, interval, integer, integer, boolean) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._lease_locked_runs(text, text, uuid[], integer[], text, timestamptz, interval, integer, integer, boolean) FROM PUBLIC;
 
--- The body of claim_pending and claim_and_start: take free admission slots (max_concurrency),
--- lock up to that many pending runs with SKIP LOCKED, lease them (and with start, make them
--- running). Locks: slot rows, then run rows, all FOR UPDATE SKIP LOCKED, so no claimer ever waits
--- on another. Raises ZP006, ZP008.
+-- One scope's claim, arguments already checked and limits resolved (concurrency_limit: the
+-- scope's effective max_concurrency, NULL for none): take free admission slots, lock up to that
+-- many (at most `want`) pending, due runs with SKIP LOCKED, lease them (with start, make them
+-- running). Locks: slot rows, then run rows, all FOR UPDATE SKIP LOCKED, so no claimer ever
+-- waits on another. The shared body of claim_pending, claim_and_start and claim_and_start_scopes.
+CREATE OR REPLACE FUNCTION zeroth._claim_in_scope(
+    tenant_id text, workspace_key text, deployment_ref text, worker_id text,
+    concurrency_limit integer, want integer, at timestamptz, lease interval, start boolean)
+    RETURNS SETOF zeroth.claimed_run
+    LANGUAGE plpgsql VOLATILE
+    SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    v_want   integer := _claim_in_scope.want;
+    v_slots  integer[];
+    v_active integer := 0;
+    v_ids    uuid[];
+BEGIN
+    IF _claim_in_scope.concurrency_limit IS NOT NULL THEN
+        SELECT t.slots, t.active_count INTO v_slots, v_active
+          FROM zeroth._take_slots(_claim_in_scope.tenant_id, _claim_in_scope.workspace_key,
+                                  _claim_in_scope.deployment_ref, _claim_in_scope.concurrency_limit,
+                                  _claim_in_scope.want, _claim_in_scope.at) AS t;
+        IF cardinality(v_slots) = 0 THEN
+            RETURN NEXT zeroth._claim_marker(v_active, true, _claim_in_scope.concurrency_limit);
+            RETURN;
+        END IF;
+        v_want := cardinality(v_slots);
+    END IF;
+
+    -- Lock first (SKIP LOCKED: never wait on another claimer), then lease what was locked.
+    WITH locked AS MATERIALIZED (
+        SELECT r.run_id, r.priority, r.run_after, r.created_at
+          FROM zeroth.runs r
+         WHERE r.tenant_id = _claim_in_scope.tenant_id
+           AND r.workspace_key = _claim_in_scope.workspace_key
+           AND r.deployment_ref = _claim_in_scope.deployment_ref
+           AND r.status = 'pending'
+           AND r.run_after <= _claim_in_scope.at
+           AND (r.lease_expires_at IS NULL OR r.lease_expires_at < _claim_in_scope.at)
+         ORDER BY r.priority DESC, r.run_after, r.created_at
+         LIMIT v_want
+           FOR UPDATE SKIP LOCKED
+    )
+    SELECT coalesce(array_agg(l.run_id ORDER BY l.priority DESC, l.run_after, l.created_at), '{}') INTO v_ids FROM locked l;
+    RETURN QUERY SELECT * FROM zeroth._lease_locked_runs(
+        _claim_in_scope.tenant_id, _claim_in_scope.workspace_key, v_ids, v_slots,
+        _claim_in_scope.worker_id, _claim_in_scope.at, _claim_in_scope.lease, v_active,
+        _claim_in_scope.concurrency_limit, _claim_in_scope.start);
+END
+$$;
+COMMENT ON FUNCTION zeroth._claim_in_scope(text, text, text, text, integer, integer, timestamptz, interval, boolean) IS 'Internal: claim up to `want` pending, due runs of one scope under its effective concurrency limit (slots then runs, SKIP LOCKED); with start make them running. The shared body of claim_pending, claim_and_start and claim_and_start_scopes.';
+ALTER FUNCTION zeroth._claim_in_scope(text, text, text, text, integer, integer, timestamptz, interval, boolean) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._claim_in_scope(text, text, text, text, integer, integer, timestamptz, interval, boolean) FROM PUBLIC;
+
+-- The body of claim_pending and claim_and_start: check the arguments, resolve the scope's limits
+-- (zeroth.scope_limits: a paused scope gives nothing; its max_concurrency replaces the caller's),
+-- then claim in that one scope. Raises ZP006, ZP008.
 CREATE OR REPLACE FUNCTION zeroth._claim_pending(
     deployment_ref text, worker_id text, tenant_id text, workspace_id text, max_concurrency integer,
     batch_size integer, lease_seconds double precision, start boolean)
@@ -109,52 +162,31 @@ DECLARE
     v_lease  interval := zeroth._lease_interval(_claim_pending.lease_seconds);
     v_tenant text := zeroth._scope_tenant(_claim_pending.tenant_id, _claim_pending.workspace_id);
     v_wskey  text := zeroth._workspace_key(_claim_pending.workspace_id);
-    v_want   integer := _claim_pending.batch_size;
-    v_slots  integer[];
-    v_active integer := 0;
-    v_ids    uuid[];
+    v_limit  integer;
+    v_paused boolean;
 BEGIN
     PERFORM zeroth._require_identifier(_claim_pending.deployment_ref, 'deployment_ref');
     PERFORM zeroth._require_identifier(_claim_pending.worker_id, 'worker_id');
     PERFORM zeroth._require(_claim_pending.batch_size BETWEEN 1 AND 1000, 'batch_size must be between 1 and 1000');
     PERFORM zeroth._require(_claim_pending.max_concurrency IS NULL OR _claim_pending.max_concurrency >= 1,
                             'max_concurrency must be NULL or at least 1');
-
-    IF _claim_pending.max_concurrency IS NOT NULL THEN
-        IF v_tenant IS NULL THEN
-            RAISE EXCEPTION 'distributed concurrency needs an exact scope: a workspace_id needs a tenant_id'
-                USING ERRCODE = 'ZP006';
-        END IF;
-        SELECT t.slots, t.active_count INTO v_slots, v_active
-          FROM zeroth._take_slots(v_tenant, v_wskey, _claim_pending.deployment_ref,
-                                  _claim_pending.max_concurrency, _claim_pending.batch_size, v_now) AS t;
-        IF cardinality(v_slots) = 0 THEN
-            RETURN NEXT zeroth._claim_marker(v_active, true, _claim_pending.max_concurrency);
-            RETURN;
-        END IF;
-        v_want := cardinality(v_slots);
+    IF _claim_pending.max_concurrency IS NOT NULL AND v_tenant IS NULL THEN
+        RAISE EXCEPTION 'distributed concurrency needs an exact scope: a workspace_id needs a tenant_id'
+            USING ERRCODE = 'ZP006';
     END IF;
 
-    -- Lock first (SKIP LOCKED: never wait on another claimer), then lease what was locked.
-    WITH locked AS MATERIALIZED (
-        SELECT r.run_id, r.priority, r.run_after, r.created_at
-          FROM zeroth.runs r
-         WHERE r.tenant_id = v_tenant
-           AND r.workspace_key = v_wskey
-           AND r.deployment_ref = _claim_pending.deployment_ref
-           AND r.status = 'pending'
-           AND r.run_after <= v_now
-           AND (r.lease_expires_at IS NULL OR r.lease_expires_at < v_now)
-         ORDER BY r.priority DESC, r.run_after, r.created_at
-         LIMIT v_want
-           FOR UPDATE SKIP LOCKED
-    )
-    SELECT coalesce(array_agg(l.run_id ORDER BY l.priority DESC, l.run_after, l.created_at), '{}') INTO v_ids FROM locked l;
-    RETURN QUERY SELECT * FROM zeroth._lease_locked_runs(
-        v_tenant, v_wskey, v_ids, v_slots, _claim_pending.worker_id, v_now, v_lease, v_active,
-        _claim_pending.max_concurrency, _claim_pending.start);
+    SELECT l.max_concurrency, l.paused INTO v_limit, v_paused
+      FROM zeroth._scope_limit(v_tenant, v_wskey, _claim_pending.deployment_ref,
+                               _claim_pending.max_concurrency) AS l;
+    IF v_paused THEN  -- nothing this caller may claim: a definitive empty answer
+        RETURN NEXT zeroth._claim_marker(0, false, v_limit);
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT * FROM zeroth._claim_in_scope(
+        v_tenant, v_wskey, _claim_pending.deployment_ref, _claim_pending.worker_id, v_limit,
+        _claim_pending.batch_size, v_now, v_lease, _claim_pending.start);
 END
 $$;
-COMMENT ON FUNCTION zeroth._claim_pending(text, text, text, text, integer, integer, double precision, boolean) IS 'Internal: the body of claim_pending (start false) and claim_and_start (start true).';
+COMMENT ON FUNCTION zeroth._claim_pending(text, text, text, text, integer, integer, double precision, boolean) IS 'Internal: the body of claim_pending (start false) and claim_and_start (start true): arguments, the scope''s limits (zeroth.scope_limits), then _claim_in_scope.';
 ALTER FUNCTION zeroth._claim_pending(text, text, text, text, integer, integer, double precision, boolean) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._claim_pending(text, text, text, text, integer, integer, double precision, boolean) FROM PUBLIC;

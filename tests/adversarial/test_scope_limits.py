@@ -1,0 +1,103 @@
+"""Per-scope limits and the multi-scope claim against the roles the product keeps out, on a
+database exactly as shipped (no test clock):
+
+* a zeroth_worker cannot read or change zeroth.scope_limits, so it can neither lift a pause, nor
+  raise a limit, nor give its own tenant more weight; a pause holds against its claims, single-
+  and multi-scope alike;
+* a zeroth_reader sees the limits of the tenant it names and nothing else, and changes none;
+* a role with no grant can do neither, nor claim.
+"""
+
+from __future__ import annotations
+
+import asyncpg
+import pytest
+
+CLAIM_SCOPES = """SELECT run_id FROM zeroth.claim_and_start_scopes(
+    deployment_refs => ARRAY['d'], worker_id => 'w', batch_size => 100)"""
+
+WRITES = (
+    "UPDATE zeroth.scope_limits SET paused = false",
+    "DELETE FROM zeroth.scope_limits",
+    "INSERT INTO zeroth.scope_limits (tenant_id, deployment_ref, weight) "
+    "VALUES ('acme', 'd', 1000)",
+    "TRUNCATE zeroth.scope_limits",
+)
+
+
+async def seed(admin: asyncpg.Connection) -> None:
+    for tenant in ("acme", "globex"):
+        for _ in range(3):
+            await admin.execute(
+                "SELECT zeroth.enqueue_run(deployment_ref => 'd', tenant_id => $1)", tenant)
+    await admin.execute(
+        "INSERT INTO zeroth.scope_limits (tenant_id, deployment_ref, paused) VALUES "
+        "('acme', 'd', true), ('globex', 'd', false)")
+
+
+async def sqlstate(conn: asyncpg.Connection, statement: str) -> str:
+    try:
+        await conn.execute(statement)
+    except asyncpg.PostgresError as exc:
+        return exc.sqlstate or "?"
+    return "ok"
+
+
+class TestWorker:
+    @pytest.mark.parametrize("statement", ["SELECT * FROM zeroth.scope_limits", *WRITES])
+    async def test_cannot_read_or_change_the_limits(self, login, admin, statement):
+        await seed(admin)
+        worker = await login("worker")
+        assert await sqlstate(worker, statement) == "42501"
+        assert await admin.fetchval(
+            "SELECT paused FROM zeroth.scope_limits WHERE tenant_id = 'acme'") is True
+
+    async def test_a_pause_holds_against_every_claim_it_can_make(self, login, admin):
+        await seed(admin)
+        worker = await login("worker")
+        claimed = [r["run_id"] for r in await worker.fetch(CLAIM_SCOPES)]
+        claimed += [r["run_id"] for r in await worker.fetch(
+            "SELECT run_id FROM zeroth.claim_and_start(deployment_ref => 'd', worker_id => 'w', "
+            "tenant_id => 'acme', batch_size => 100)") if r["run_id"]]
+        claimed += [r["run_id"] for r in await worker.fetch(
+            "SELECT run_id FROM zeroth.claim_and_start_scopes(deployment_refs => ARRAY['d'], "
+            "worker_id => 'w', tenant_ids => ARRAY['acme'], batch_size => 100)")]
+        tenants = await admin.fetch(
+            "SELECT DISTINCT tenant_id FROM zeroth.runs WHERE run_id = ANY ($1::uuid[])", claimed)
+        assert [r["tenant_id"] for r in tenants] == ["globex"]
+        assert await admin.fetchval(
+            "SELECT count(*) FROM zeroth.runs WHERE tenant_id = 'acme' AND status = 'pending' "
+            "AND lease_worker_id IS NULL") == 3
+
+
+class TestReader:
+    async def test_sees_the_limits_of_its_named_tenant_only(self, login, admin):
+        await seed(admin)
+        reader = await login("reader")
+        assert await reader.fetchval("SELECT count(*) FROM zeroth.scope_limits") == 0
+        await reader.execute("SET zeroth.tenant_id = 'acme'")
+        rows = await reader.fetch("SELECT tenant_id, paused FROM zeroth.scope_limits")
+        assert [tuple(r) for r in rows] == [("acme", True)]
+
+    @pytest.mark.parametrize("statement", WRITES)
+    async def test_changes_nothing(self, login, admin, statement):
+        await seed(admin)
+        reader = await login("reader")
+        await reader.execute("SET zeroth.tenant_id = 'acme'")
+        assert await sqlstate(reader, statement) == "42501"
+
+    async def test_cannot_claim(self, login, admin):
+        await seed(admin)
+        reader = await login("reader")
+        assert await sqlstate(reader, CLAIM_SCOPES) == "42501"
+
+
+class TestNoGrant:
+    @pytest.mark.parametrize("statement", [CLAIM_SCOPES, "SELECT * FROM zeroth.scope_limits",
+                                           *WRITES])
+    async def test_can_do_nothing(self, login, admin, statement):
+        await seed(admin)
+        nobody = await login("nobody")
+        assert await sqlstate(nobody, statement) == "42501"
+        assert await admin.fetchval("SELECT count(*) FROM zeroth.runs WHERE status = 'pending' "
+                                    "AND lease_worker_id IS NULL") == 6

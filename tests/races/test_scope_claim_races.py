@@ -1,0 +1,135 @@
+"""Races on the multi-scope claim (zeroth.claim_and_start_scopes) with real sessions and the
+real clock: many claimers over many scopes, some of them single-scope claimers of one of those
+scopes, and a DBA changing zeroth.scope_limits while they claim.
+
+What must hold: a run is claimed by one claimer at a time and completed exactly once; no scope
+ever has more live leases than its max_concurrency, whichever function claimed them; once a
+pause has committed, nothing in the scope starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from typing import Any
+
+import asyncpg
+
+DEPLOYMENT = "scope-race"
+TENANTS = ("t1", "t2", "t3", "t4")
+LIMIT = 3
+
+CLAIM_SCOPES = """
+    SELECT tenant_id, run_id, lease_generation FROM zeroth.claim_and_start_scopes(
+        deployment_refs => ARRAY[$1], worker_id => $2, max_concurrency => $3, batch_size => $4,
+        lease_seconds => 30)"""
+
+CLAIM_ONE = """
+    SELECT $3::text AS tenant_id, run_id, lease_generation FROM zeroth.claim_and_start(
+        deployment_ref => $1, worker_id => $2, tenant_id => $3, max_concurrency => $4,
+        batch_size => $5, lease_seconds => 30)"""
+
+COMPLETE = """SELECT zeroth.complete_run(run_id => $1, worker_id => $2, generation => $3,
+                  tenant_id => $4, output => '{}')"""
+
+LIVE_PER_TENANT = """
+    SELECT r.tenant_id, count(*) AS live FROM zeroth.runs r
+     WHERE r.deployment_ref = $1 AND r.lease_worker_id IS NOT NULL
+       AND r.lease_expires_at >= clock_timestamp()
+     GROUP BY r.tenant_id"""
+
+
+async def enqueue(connection: asyncpg.Connection, tenant: str, count: int) -> list[Any]:
+    rows = await connection.fetch(
+        "SELECT run_id FROM zeroth.enqueue_runs(deployment_ref => $1, runs => $2::text::jsonb, "
+        "tenant_id => $3)", DEPLOYMENT, json.dumps([{"payload": {"n": i}} for i in range(count)]),
+        tenant)
+    return [row["run_id"] for row in rows]
+
+
+async def test_claimers_across_scopes_never_share_a_run_nor_exceed_a_scope_limit(connect):
+    setup = await connect()
+    expected = {t: set(await enqueue(setup, t, 60)) for t in TENANTS}
+    monitor = await connect()
+    sessions = [await connect() for _ in range(8)]
+    completed: dict[Any, int] = {}
+    worst: dict[str, int] = {}
+    done = asyncio.Event()
+
+    async def claimer(index: int, session: asyncpg.Connection) -> None:
+        worker = f"claimer-{index}"
+        rng = random.Random(index)
+        while not done.is_set():
+            if index % 4 == 3:  # a quarter claim one scope only, as today's workers do
+                rows = await session.fetch(CLAIM_ONE, DEPLOYMENT, worker,
+                                           TENANTS[index % len(TENANTS)], LIMIT, 2)
+            else:
+                rows = await session.fetch(CLAIM_SCOPES, DEPLOYMENT, worker, LIMIT,
+                                           rng.randint(1, 6))
+            rows = [r for r in rows if r["run_id"] is not None]
+            if not rows:
+                await asyncio.sleep(0.002)
+                continue
+            await asyncio.sleep(rng.random() * 0.005)
+            for row in rows:
+                if await session.fetchval(COMPLETE, row["run_id"], worker,
+                                          row["lease_generation"], row["tenant_id"]):
+                    completed[row["run_id"]] = completed.get(row["run_id"], 0) + 1
+
+    async def watch() -> None:
+        while not done.is_set():
+            for row in await monitor.fetch(LIVE_PER_TENANT, DEPLOYMENT):
+                worst[row["tenant_id"]] = max(worst.get(row["tenant_id"], 0), row["live"])
+            if len(completed) == sum(len(v) for v in expected.values()):
+                done.set()
+            await asyncio.sleep(0.001)
+
+    await asyncio.wait_for(asyncio.gather(
+        watch(), *(claimer(i, s) for i, s in enumerate(sessions))), timeout=120)
+
+    assert set(completed) == set().union(*expected.values())
+    assert set(completed.values()) == {1}
+    assert max(worst.values()) <= LIMIT
+    assert set(worst) == set(TENANTS)  # every scope was served
+    statuses = await setup.fetch("SELECT status::text, count(*) FROM zeroth.runs GROUP BY 1")
+    assert [tuple(r) for r in statuses] == [("completed", 240)]
+
+
+async def test_nothing_starts_in_a_scope_once_its_pause_has_committed(connect):
+    setup = await connect()
+    for tenant in TENANTS:
+        await enqueue(setup, tenant, 400)
+    dba = await connect()
+    sessions = [await connect() for _ in range(4)]
+    stop = asyncio.Event()
+
+    async def claimer(index: int, session: asyncpg.Connection) -> None:
+        worker = f"claimer-{index}"
+        while not stop.is_set():
+            for row in await session.fetch(CLAIM_SCOPES, DEPLOYMENT, worker, None, 4):
+                if row["run_id"] is not None:
+                    await session.fetchval(COMPLETE, row["run_id"], worker,
+                                           row["lease_generation"], row["tenant_id"])
+
+    tasks = [asyncio.create_task(claimer(i, s)) for i, s in enumerate(sessions)]
+    try:
+        await asyncio.sleep(0.3)
+        await dba.execute("INSERT INTO zeroth.scope_limits (tenant_id, deployment_ref, paused) "
+                          "VALUES ('t1', $1, true)", DEPLOYMENT)
+        paused_at = await dba.fetchval("SELECT clock_timestamp()")  # after the commit
+        await asyncio.sleep(0.5)
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks)
+
+    last_start = await setup.fetchval(
+        "SELECT max(started_at) FROM zeroth.runs WHERE tenant_id = 't1'")
+    assert last_start is not None
+    assert last_start <= paused_at
+    left = await setup.fetchval(
+        "SELECT count(*) FROM zeroth.runs WHERE tenant_id = 't1' AND status = 'pending'")
+    assert left > 0  # the pause came before the scope was drained
+    others = await setup.fetchval(
+        "SELECT max(started_at) FROM zeroth.runs WHERE tenant_id <> 't1'")
+    assert others > paused_at  # the other scopes went on
