@@ -23,7 +23,6 @@ CREATE OR REPLACE FUNCTION zeroth.claim_and_start_scopes(
 DECLARE
     v_now     timestamptz := zeroth._now();
     v_lease   interval := zeroth._lease_interval(claim_and_start_scopes.lease_seconds);
-    v_deps    text[];
     v_tenants text[];
     v_wskeys  text[];
     v_depref  text[];
@@ -44,59 +43,12 @@ BEGIN
     PERFORM zeroth._require(claim_and_start_scopes.max_concurrency IS NULL
                             OR claim_and_start_scopes.max_concurrency >= 1,
                             'max_concurrency must be NULL or at least 1');
-    PERFORM zeroth._require(claim_and_start_scopes.deployment_refs IS NOT NULL
-                            AND array_ndims(claim_and_start_scopes.deployment_refs) = 1
-                            AND cardinality(claim_and_start_scopes.deployment_refs) BETWEEN 1 AND 100,
-                            'deployment_refs must be a one-dimensional array of 1 to 100 deployments');
-    FOR i IN 1 .. cardinality(claim_and_start_scopes.deployment_refs) LOOP
-        PERFORM zeroth._require_identifier(claim_and_start_scopes.deployment_refs[i], 'every deployment_ref');
-    END LOOP;
-    v_deps := ARRAY(SELECT DISTINCT d FROM unnest(claim_and_start_scopes.deployment_refs) AS d);
-
-    IF claim_and_start_scopes.tenant_ids IS NULL THEN
-        PERFORM zeroth._require(claim_and_start_scopes.workspace_ids IS NULL,
-                                'workspace_ids needs tenant_ids (NULL tenant_ids is every scope)');
-    ELSE
-        PERFORM zeroth._require(array_ndims(claim_and_start_scopes.tenant_ids) = 1
-                                AND cardinality(claim_and_start_scopes.tenant_ids)
-                                    * cardinality(v_deps) BETWEEN 1 AND 10000,
-                                'tenant_ids must be a one-dimensional array, and scopes × deployments at most 10000');
-        PERFORM zeroth._require(claim_and_start_scopes.workspace_ids IS NULL
-                                OR (array_ndims(claim_and_start_scopes.workspace_ids) = 1
-                                    AND cardinality(claim_and_start_scopes.workspace_ids)
-                                        = cardinality(claim_and_start_scopes.tenant_ids)),
-                                'workspace_ids must be NULL or as long as tenant_ids');
-        FOR i IN 1 .. cardinality(claim_and_start_scopes.tenant_ids) LOOP
-            IF claim_and_start_scopes.tenant_ids[i] IS NULL
-               AND claim_and_start_scopes.workspace_ids[i] IS NOT NULL THEN
-                RAISE EXCEPTION 'a workspace_id needs a tenant_id (scope % of tenant_ids)', i
-                    USING ERRCODE = 'ZP006';
-            END IF;
-            PERFORM zeroth._require_identifier(coalesce(claim_and_start_scopes.tenant_ids[i], 'default'),
-                                               'every tenant_id');
-            PERFORM zeroth._require(coalesce(length(claim_and_start_scopes.workspace_ids[i]), 0) <= 200,
-                                    'every workspace_id must be at most 200 characters');
-        END LOOP;
-    END IF;
-
     -- The scopes with due work and their limits, in a weighted random order: sorting by
     -- -ln(U) / weight (U uniform in (0, 1]) puts a scope first with probability weight / total.
-    WITH listed AS (
-        SELECT DISTINCT zeroth._scope_tenant(t.tenant_id, t.workspace_id) AS tenant_id,
-                        zeroth._workspace_key(t.workspace_id) AS workspace_key,
-                        d.deployment_ref
-          FROM unnest(claim_and_start_scopes.tenant_ids,
-                      coalesce(claim_and_start_scopes.workspace_ids,
-                               array_fill(NULL::text, ARRAY[coalesce(cardinality(claim_and_start_scopes.tenant_ids), 0)])))
-                   AS t(tenant_id, workspace_id)
-         CROSS JOIN unnest(v_deps) AS d(deployment_ref)
-         WHERE claim_and_start_scopes.tenant_ids IS NOT NULL
-    ), candidates AS (
-        SELECT * FROM listed
-        UNION ALL
-        SELECT p.tenant_id, p.workspace_key, p.deployment_ref
-          FROM zeroth._pending_scopes(v_deps) AS p
-         WHERE claim_and_start_scopes.tenant_ids IS NULL
+    WITH candidates AS (
+        SELECT * FROM zeroth._listed_scopes(claim_and_start_scopes.deployment_refs,
+                                            claim_and_start_scopes.tenant_ids,
+                                            claim_and_start_scopes.workspace_ids, true)
     ), due AS (
         SELECT c.tenant_id, c.workspace_key, c.deployment_ref, l.max_concurrency, l.weight,
                -ln(1.0 - random()) / l.weight AS turn
@@ -127,8 +79,7 @@ BEGIN
                           ELSE v_left END;
             v_got := 0;
             FOR v_out IN
-                SELECT v_tenants[i], CASE WHEN v_wskeys[i] = '' THEN NULL ELSE substr(v_wskeys[i], 3) END,
-                       v_depref[i], c.*
+                SELECT v_tenants[i], zeroth._workspace_id(v_wskeys[i]), v_depref[i], c.*
                   FROM zeroth._claim_in_scope(v_tenants[i], v_wskeys[i], v_depref[i],
                                               claim_and_start_scopes.worker_id, v_limits[i], v_ask,
                                               v_now, v_lease, true) AS c

@@ -133,3 +133,37 @@ async def test_nothing_starts_in_a_scope_once_its_pause_has_committed(connect):
     others = await setup.fetchval(
         "SELECT max(started_at) FROM zeroth.runs WHERE tenant_id <> 't1'")
     assert others > paused_at  # the other scopes went on
+
+
+SWEEP = """SELECT tenant_id, run_id, lease_generation FROM zeroth.claim_orphaned_scopes(
+    deployment_refs => ARRAY[$1], worker_id => $2, claim_limit => $3, lease_seconds => 30)"""
+
+
+async def test_two_fleet_sweepers_re_lease_each_orphan_once(connect):
+    """Orphans in four scopes, two sessions sweeping every scope at once: each orphan gets
+    exactly one new lease (SKIP LOCKED inside each scope's claim_orphaned), none is skipped."""
+    setup = await connect()
+    orphaned: set[Any] = set()
+    for tenant in TENANTS:
+        await enqueue(setup, tenant, 10)
+        rows = await setup.fetch(
+            "SELECT run_id FROM zeroth.claim_and_start(deployment_ref => $1, worker_id => 'dead',"
+            " tenant_id => $2, batch_size => 10, lease_seconds => 0.05)", DEPLOYMENT, tenant)
+        orphaned |= {r["run_id"] for r in rows}
+    await asyncio.sleep(0.1)  # every lease has expired: the 'dead' worker never renewed
+    a, b = await connect(), await connect()
+    taken: list[Any] = []
+
+    async def sweeper(session: asyncpg.Connection, name: str) -> None:
+        while len(taken) < len(orphaned):
+            rows = await session.fetch(SWEEP, DEPLOYMENT, name, 3)
+            taken.extend(r["run_id"] for r in rows if r["run_id"] is not None)
+            if not rows:
+                return
+
+    await asyncio.wait_for(asyncio.gather(sweeper(a, "a"), sweeper(b, "b")), timeout=60)
+    assert sorted(taken) == sorted(orphaned)
+    generations = await setup.fetch(
+        "SELECT DISTINCT lease_generation FROM zeroth.runs WHERE run_id = ANY ($1::uuid[])",
+        list(orphaned))
+    assert [r["lease_generation"] for r in generations] == [2]

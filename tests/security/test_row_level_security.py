@@ -1,6 +1,6 @@
 """Row-level security for zeroth_reader: the runs, checkpoints and scope limits of the tenant
-named in the setting zeroth.tenant_id, directly and through every view over them; nothing when it is unset.
-The SECURITY DEFINER functions (run as the table owner) stay unaffected.
+named in the setting zeroth.tenant_id, directly and through every view over them; nothing when
+it is unset. The SECURITY DEFINER functions (run as the table owner) stay unaffected.
 
 Everything runs in the ``conn`` fixture's transaction, with SET LOCAL ROLE for the reader.
 """

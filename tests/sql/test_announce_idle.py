@@ -211,7 +211,8 @@ class TestLockTable:
 
     async def test_a_hostile_count_only_makes_its_own_transaction_notify(self, connect):
         # Nobody waits for work: a writer would not notify. Garbage counts as none; a count of
-        # 64 or more makes that one transaction notify anyway (its own cost).
+        # 64 or more makes that one transaction notify anyway (its own cost), for both gates:
+        # the scope's and the deployment's.
         writer, listener = await connect(), await connect()
         queue: asyncio.Queue[str] = asyncio.Queue()
         await listener.add_listener("zeroth_wakeup", lambda *a: queue.put_nowait(a[3]))
@@ -221,7 +222,10 @@ class TestLockTable:
         async with writer.transaction():
             await writer.execute("SET LOCAL zeroth.wakeup_gate_locks = '999999'")
             await enqueue(writer)
-        assert await heard_before_sentinel(queue, writer) == [await wakeup_key(writer)]
+        heard = await heard_before_sentinel(queue, writer)
+        deployment_key = await writer.fetchval("SELECT zeroth.deployment_wakeup_key($1)",
+                                               DEPLOYMENT)
+        assert sorted(heard) == sorted([await wakeup_key(writer), deployment_key])
 
 
 class TestKeys:

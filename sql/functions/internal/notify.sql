@@ -99,34 +99,55 @@ COMMENT ON FUNCTION zeroth._wakeup_stripes_held(bigint) IS 'Internal: the stripe
 ALTER FUNCTION zeroth._wakeup_stripes_held(bigint) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._wakeup_stripes_held(bigint) FROM PUBLIC;
 
--- Work may be claimable in (deployment, tenant, workspace): NOTIFY zeroth_wakeup with that
--- scope's key if a worker waits on this transaction's stripe of the scope's gate (above); else
--- hold that stripe (shared) until commit. PostgreSQL folds identical payloads within one
--- transaction, so a batch notifies once. Advisory locks are never fast-path locks: each one a
--- transaction keeps takes an entry of the server's shared lock table until it ends, so a
--- transaction that enqueues into thousands of scopes ran the table out of memory (red-team pass
--- 12, F2). After WAKEUP_GATE_LOCKS of them (counted in the transaction-local setting
+-- The gate of a whole deployment: fleet workers that serve every scope of a deployment
+-- (claim_and_start_scopes) wait on it (announce_idle_deployment), since they cannot hold the gate
+-- of every scope there is. Same stripes and rules as a scope's gate, under a label of its own.
+CREATE OR REPLACE FUNCTION zeroth._wakeup_lock_deployment(deployment_ref text)
+    RETURNS bigint
+    LANGUAGE sql STABLE
+    RETURN ('x' || left(zeroth._notify_key('wakeup_gate_deployment', ARRAY[deployment_ref]), 16))
+               ::bit(64)::bigint & ~7::bigint;
+COMMENT ON FUNCTION zeroth._wakeup_lock_deployment(text) IS 'Internal: the advisory lock key of stripe 0 of a deployment''s wakeup gate (fleet workers serving every scope of it); stripe s is key + s.';
+ALTER FUNCTION zeroth._wakeup_lock_deployment(text) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._wakeup_lock_deployment(text) FROM PUBLIC;
+
+-- Work may be claimable in (deployment, tenant, workspace). Two gates, each as described above:
+-- the scope's (its workers) and the deployment's (fleet workers serving every scope of it). For
+-- each: NOTIFY zeroth_wakeup with that gate's key if a worker waits on this transaction's stripe
+-- of it, else hold that stripe (shared) until commit. PostgreSQL folds identical payloads within
+-- one transaction, so a batch notifies once per key. Advisory locks are never fast-path locks:
+-- each one a transaction keeps takes an entry of the server's shared lock table until it ends,
+-- so a transaction that enqueues into thousands of scopes ran the table out of memory (red-team
+-- pass 12, F2). After 64 of them (counted in the transaction-local setting
 -- zeroth.wakeup_gate_locks) it simply notifies: one serialised commit for a transaction that
 -- large costs little. Anyone can set that setting in their own session; it only decides whether
 -- their own transaction notifies.
 CREATE OR REPLACE FUNCTION zeroth._notify_wakeup(deployment_ref text, tenant_id text, workspace_id text) RETURNS void
     LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-    v_taken text := current_setting('zeroth.wakeup_gate_locks', true);
-    v_count integer := CASE WHEN v_taken ~ '^[0-9]{1,6}$' THEN v_taken::integer ELSE 0 END;
+    v_taken  text := current_setting('zeroth.wakeup_gate_locks', true);
+    v_count  integer := CASE WHEN v_taken ~ '^[0-9]{1,6}$' THEN v_taken::integer ELSE 0 END;
+    v_stripe bigint := pg_current_xact_id()::text::bigint % zeroth._wakeup_stripes();
+    v_before integer := v_count;
 BEGIN
-    IF v_count < 64 THEN
-        IF pg_try_advisory_xact_lock_shared(
-               zeroth._wakeup_lock(tenant_id, workspace_id, deployment_ref)
-               + pg_current_xact_id()::text::bigint % zeroth._wakeup_stripes()) THEN
-            PERFORM set_config('zeroth.wakeup_gate_locks', (v_count + 1)::text, true);
-            RETURN;  -- nobody waits on this stripe; a worker that takes it looks once more
-        END IF;
+    IF v_count < 64 AND pg_try_advisory_xact_lock_shared(
+           zeroth._wakeup_lock(tenant_id, workspace_id, deployment_ref) + v_stripe) THEN
+        v_count := v_count + 1;  -- nobody waits on this stripe; a worker that takes it looks once more
+    ELSE
+        PERFORM zeroth._notify('zeroth_wakeup', zeroth._notify_key('wakeup', ARRAY[tenant_id, workspace_id, deployment_ref]));
     END IF;
-    PERFORM zeroth._notify('zeroth_wakeup', zeroth._notify_key('wakeup', ARRAY[tenant_id, workspace_id, deployment_ref]));
+    IF v_count < 64 AND pg_try_advisory_xact_lock_shared(
+           zeroth._wakeup_lock_deployment(deployment_ref) + v_stripe) THEN
+        v_count := v_count + 1;
+    ELSE
+        PERFORM zeroth._notify('zeroth_wakeup', zeroth._notify_key('wakeup_deployment', ARRAY[deployment_ref]));
+    END IF;
+    IF v_count <> v_before THEN
+        PERFORM set_config('zeroth.wakeup_gate_locks', v_count::text, true);
+    END IF;
 END
 $$;
-COMMENT ON FUNCTION zeroth._notify_wakeup(text, text, text) IS 'Internal: NOTIFY zeroth_wakeup with the opaque key of (tenant, workspace, deployment) if a worker waits on this transaction''s stripe of the scope''s wakeup gate, or after 64 gate locks in this transaction; else hold that stripe (shared) until commit.';
+COMMENT ON FUNCTION zeroth._notify_wakeup(text, text, text) IS 'Internal: for the scope''s wakeup gate and the deployment''s: NOTIFY zeroth_wakeup with that gate''s opaque key if a worker waits on this transaction''s stripe of it, or after 64 gate locks in this transaction; else hold that stripe (shared) until commit.';
 ALTER FUNCTION zeroth._notify_wakeup(text, text, text) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._notify_wakeup(text, text, text) FROM PUBLIC;
 

@@ -76,3 +76,111 @@ CREATE OR REPLACE FUNCTION zeroth._scope_has_due_run(tenant_id text, workspace_k
 COMMENT ON FUNCTION zeroth._scope_has_due_run(text, text, text, timestamptz) IS 'Internal: true when the scope has a pending, due run that holds no live lease (what a claim would take).';
 ALTER FUNCTION zeroth._scope_has_due_run(text, text, text, timestamptz) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._scope_has_due_run(text, text, text, timestamptz) FROM PUBLIC;
+
+-- The scopes of these deployments that hold a running run: a skip scan of runs_running_idx
+-- (tenant_id, workspace_key, deployment_ref) WHERE status = 'running', one probe per such scope
+-- (of any deployment). The candidates of claim_orphaned_scopes. Reads only; takes no lock.
+CREATE OR REPLACE FUNCTION zeroth._running_scopes(deployment_refs text[])
+    RETURNS TABLE (tenant_id text, workspace_key text, deployment_ref text)
+    LANGUAGE sql STABLE
+    BEGIN ATOMIC
+        WITH RECURSIVE found AS (
+            (SELECT r.tenant_id, r.workspace_key, r.deployment_ref
+               FROM zeroth.runs r
+              WHERE r.status = 'running'
+              ORDER BY r.tenant_id, r.workspace_key, r.deployment_ref
+              LIMIT 1)
+            UNION ALL
+            SELECT n.tenant_id, n.workspace_key, n.deployment_ref
+              FROM found f
+             CROSS JOIN LATERAL (
+                SELECT r.tenant_id, r.workspace_key, r.deployment_ref
+                  FROM zeroth.runs r
+                 WHERE r.status = 'running'
+                   AND (r.tenant_id, r.workspace_key, r.deployment_ref)
+                       > (f.tenant_id, f.workspace_key, f.deployment_ref)
+                 ORDER BY r.tenant_id, r.workspace_key, r.deployment_ref
+                 LIMIT 1) n
+        )
+        SELECT f.tenant_id, f.workspace_key, f.deployment_ref
+          FROM found f
+         WHERE f.deployment_ref = ANY (_running_scopes.deployment_refs);
+    END;
+COMMENT ON FUNCTION zeroth._running_scopes(text[]) IS 'Internal: the (tenant, workspace_key, deployment) scopes of these deployments that hold a running run, by a skip scan of runs_running_idx (one probe per such scope).';
+ALTER FUNCTION zeroth._running_scopes(text[]) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._running_scopes(text[]) FROM PUBLIC;
+
+-- The arguments every multi-scope function shares, checked once (ZP008; ZP006 for a listed
+-- workspace without a tenant), and the candidate scopes they name: the listed (tenant_ids[i],
+-- workspace_ids[i]) × deployment_refs, or with tenant_ids NULL the scopes a skip scan finds
+-- (pending: _pending_scopes; otherwise running: _running_scopes). Distinct, unordered.
+CREATE OR REPLACE FUNCTION zeroth._listed_scopes(deployment_refs text[], tenant_ids text[],
+                                                 workspace_ids text[], pending boolean)
+    RETURNS TABLE (tenant_id text, workspace_key text, deployment_ref text)
+    LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_deps text[];
+BEGIN
+    PERFORM zeroth._require(_listed_scopes.deployment_refs IS NOT NULL
+                            AND array_ndims(_listed_scopes.deployment_refs) = 1
+                            AND cardinality(_listed_scopes.deployment_refs) BETWEEN 1 AND 100,
+                            'deployment_refs must be a one-dimensional array of 1 to 100 deployments');
+    FOR i IN 1 .. cardinality(_listed_scopes.deployment_refs) LOOP
+        PERFORM zeroth._require_identifier(_listed_scopes.deployment_refs[i], 'every deployment_ref');
+    END LOOP;
+    v_deps := ARRAY(SELECT DISTINCT d FROM unnest(_listed_scopes.deployment_refs) AS d);
+
+    IF _listed_scopes.tenant_ids IS NULL THEN
+        PERFORM zeroth._require(_listed_scopes.workspace_ids IS NULL,
+                                'workspace_ids needs tenant_ids (NULL tenant_ids is every scope)');
+        IF _listed_scopes.pending THEN
+            RETURN QUERY SELECT p.tenant_id, p.workspace_key, p.deployment_ref
+                           FROM zeroth._pending_scopes(v_deps) AS p;
+        ELSE
+            RETURN QUERY SELECT p.tenant_id, p.workspace_key, p.deployment_ref
+                           FROM zeroth._running_scopes(v_deps) AS p;
+        END IF;
+        RETURN;
+    END IF;
+
+    PERFORM zeroth._require(array_ndims(_listed_scopes.tenant_ids) = 1
+                            AND cardinality(_listed_scopes.tenant_ids) * cardinality(v_deps)
+                                BETWEEN 1 AND 10000,
+                            'tenant_ids must be a one-dimensional array, and scopes × deployments at most 10000');
+    PERFORM zeroth._require(_listed_scopes.workspace_ids IS NULL
+                            OR (array_ndims(_listed_scopes.workspace_ids) = 1
+                                AND cardinality(_listed_scopes.workspace_ids)
+                                    = cardinality(_listed_scopes.tenant_ids)),
+                            'workspace_ids must be NULL or as long as tenant_ids');
+    FOR i IN 1 .. cardinality(_listed_scopes.tenant_ids) LOOP
+        IF _listed_scopes.tenant_ids[i] IS NULL AND _listed_scopes.workspace_ids[i] IS NOT NULL THEN
+            RAISE EXCEPTION 'a workspace_id needs a tenant_id (scope % of tenant_ids)', i
+                USING ERRCODE = 'ZP006';
+        END IF;
+        PERFORM zeroth._require_identifier(coalesce(_listed_scopes.tenant_ids[i], 'default'),
+                                           'every tenant_id');
+        PERFORM zeroth._require(coalesce(length(_listed_scopes.workspace_ids[i]), 0) <= 200,
+                                'every workspace_id must be at most 200 characters');
+    END LOOP;
+    RETURN QUERY
+    SELECT DISTINCT zeroth._scope_tenant(t.tenant_id, t.workspace_id),
+                    zeroth._workspace_key(t.workspace_id),
+                    d.deployment_ref
+      FROM unnest(_listed_scopes.tenant_ids,
+                  coalesce(_listed_scopes.workspace_ids,
+                           array_fill(NULL::text, ARRAY[cardinality(_listed_scopes.tenant_ids)])))
+               AS t(tenant_id, workspace_id)
+     CROSS JOIN unnest(v_deps) AS d(deployment_ref);
+END
+$$;
+COMMENT ON FUNCTION zeroth._listed_scopes(text[], text[], text[], boolean) IS 'Internal: check the scope arguments of a multi-scope function (ZP006, ZP008) and return the scopes they name: the listed ones × the deployments, or (tenant_ids NULL) every scope of the deployments with pending (pending true) or running runs.';
+ALTER FUNCTION zeroth._listed_scopes(text[], text[], text[], boolean) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._listed_scopes(text[], text[], text[], boolean) FROM PUBLIC;
+
+-- The workspace id a workspace key stands for ('' is the null workspace).
+CREATE OR REPLACE FUNCTION zeroth._workspace_id(workspace_key text) RETURNS text
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    RETURN CASE WHEN workspace_key = '' THEN NULL ELSE substr(workspace_key, 3) END;
+COMMENT ON FUNCTION zeroth._workspace_id(text) IS 'Internal: the workspace id of a workspace key (the inverse of _workspace_key).';
+ALTER FUNCTION zeroth._workspace_id(text) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._workspace_id(text) FROM PUBLIC;
