@@ -36,6 +36,11 @@ CLAIM_AND_START_SCOPES = f"""SELECT tenant_id, workspace_id, deployment_ref, {_C
     tenant_ids => $3::text[], workspace_ids => $4::text[], max_concurrency => $5,
     batch_size => $6, lease_seconds => $7)"""
 
+CLAIM_ORPHANED_SCOPES = f"""SELECT tenant_id, workspace_id, deployment_ref, {_CLAIM_COLUMNS}
+    FROM zeroth.claim_orphaned_scopes(deployment_refs => $1::text[], worker_id => $2,
+    tenant_ids => $3::text[], workspace_ids => $4::text[], max_concurrency => $5,
+    claim_limit => $6, lease_seconds => $7, grace_seconds => $8)"""
+
 CLAIM_ORPHANED = f"""SELECT {_CLAIM_COLUMNS} FROM zeroth.claim_orphaned(
     deployment_ref => $1, worker_id => $2, tenant_id => $3, workspace_id => $4,
     max_concurrency => $5, claim_limit => $6, lease_seconds => $7, grace_seconds => $8)"""
@@ -117,6 +122,12 @@ ANNOUNCE_IDLE = """SELECT zeroth.announce_idle(deployment_ref => $1, tenant_id =
 
 ANNOUNCE_BUSY = """SELECT zeroth.announce_busy(deployment_ref => $1, tenant_id => $2,
     workspace_id => $3)"""
+
+DEPLOYMENT_WAKEUP_KEY = "SELECT zeroth.deployment_wakeup_key(deployment_ref => $1)"
+
+ANNOUNCE_IDLE_DEPLOYMENT = "SELECT zeroth.announce_idle_deployment(deployment_ref => $1)"
+
+ANNOUNCE_BUSY_DEPLOYMENT = "SELECT zeroth.announce_busy_deployment(deployment_ref => $1)"
 
 RUN_FINISHED_KEY = """SELECT zeroth.run_finished_key(run_id => $1, tenant_id => $2,
     workspace_id => $3)"""

@@ -276,29 +276,31 @@ class LeaseManager:
         (``zeroth.claim_and_start_scopes``). ``scopes``: (tenant_id, workspace_id) pairs, or
         None for every scope of ``deployment_refs`` that has pending runs. Each scope keeps
         its own limits (``zeroth.scope_limits``, else ``max_concurrency``)."""
-        if isinstance(deployment_refs, str):
-            raise InvalidArgumentError("deployment_refs must be a sequence of deployment names, "
-                                       "not one string")
-        tenants: list[str | None] | None = None
-        workspaces: list[str | None] | None = None
-        if scopes is not None:
-            pairs = [tuple(pair) for pair in scopes]
-            if any(len(pair) != 2 for pair in pairs):
-                raise InvalidArgumentError("each scope must be a (tenant_id, workspace_id) pair")
-            tenants = [pair[0] for pair in pairs]
-            workspaces = [pair[1] for pair in pairs]
-        rows = await self._fetch(
-            _calls.CLAIM_AND_START_SCOPES, list(deployment_refs), worker_id, tenants, workspaces,
-            max_concurrency, batch_size, self.lease_duration_seconds, conn=conn)
-        runs: list[ScopedRun] = []
-        saturated: list[Scope] = []
-        for row in rows:
-            scope = Scope(row["deployment_ref"], row["tenant_id"], row["workspace_id"])
-            if row["run_id"] is None:
-                saturated.append(scope)
-            else:
-                runs.append(ScopedRun(scope, _claimed(row)))
-        return ScopesClaimResult(runs=tuple(runs), saturated=tuple(saturated))
+        deployments, tenants, workspaces = _scope_arguments(deployment_refs, scopes)
+        return _scopes_result(await self._fetch(
+            _calls.CLAIM_AND_START_SCOPES, deployments, worker_id, tenants, workspaces,
+            max_concurrency, batch_size, self.lease_duration_seconds, conn=conn))
+
+    async def claim_orphaned_scopes(
+        self,
+        deployment_refs: Sequence[str],
+        worker_id: str,
+        *,
+        scopes: Sequence[tuple[str | None, str | None]] | None = None,
+        max_concurrency: int | None = None,
+        claim_limit: int | None = None,
+        grace_seconds: float = 10.0,
+        conn: Executor | None = None,
+    ) -> ScopesClaimResult:
+        """:meth:`claim_orphaned_result` in every scope of ``deployment_refs`` with an expired
+        running run, or in the listed ``scopes`` (``zeroth.claim_orphaned_scopes``);
+        ``claim_limit`` is shared by all (0: end only). ``saturated``: the scopes where a
+        resumable orphan waits for a free slot."""
+        deployments, tenants, workspaces = _scope_arguments(deployment_refs, scopes)
+        return _scopes_result(await self._fetch(
+            _calls.CLAIM_ORPHANED_SCOPES, deployments, worker_id, tenants, workspaces,
+            max_concurrency, claim_limit, self.lease_duration_seconds, grace_seconds,
+            conn=conn))
 
     async def claim_orphaned(
         self,
@@ -462,6 +464,26 @@ class LeaseManager:
         (``zeroth.announce_busy``): writers of the scope stop notifying. Returns how many."""
         return int(await self._fetchval(_calls.ANNOUNCE_BUSY, deployment_ref, tenant_id,
                                         workspace_id, conn=conn))
+
+    async def deployment_wakeup_key(self, deployment_ref: str, *,
+                                    conn: Executor | None = None) -> str:
+        """The payload of ``zeroth_wakeup`` for work in any scope of the deployment while a
+        fleet worker waits on its gate (``zeroth.deployment_wakeup_key``)."""
+        return str(await self._fetchval(_calls.DEPLOYMENT_WAKEUP_KEY, deployment_ref, conn=conn))
+
+    async def announce_idle_deployment(self, deployment_ref: str, *,
+                                       conn: Executor | None = None) -> tuple[int, ...]:
+        """:meth:`announce_idle` on the gate of the whole deployment
+        (``zeroth.announce_idle_deployment``): writers of any of its scopes notify."""
+        return tuple(await self._fetchval(_calls.ANNOUNCE_IDLE_DEPLOYMENT, deployment_ref,
+                                          conn=conn))
+
+    async def announce_busy_deployment(self, deployment_ref: str, *,
+                                       conn: Executor | None = None) -> int:
+        """:meth:`announce_busy` on the gate of the whole deployment
+        (``zeroth.announce_busy_deployment``)."""
+        return int(await self._fetchval(_calls.ANNOUNCE_BUSY_DEPLOYMENT, deployment_ref,
+                                        conn=conn))
 
     async def run_finished_key(
         self, run_id: RunId, *, tenant_id: str | None = None, workspace_id: str | None = None,
@@ -663,6 +685,34 @@ def _claim_result(rows: list[asyncpg.Record]) -> LeaseClaimResult:
         max_concurrency=first["concurrency_limit"],
         runs=runs,
     )
+
+
+def _scope_arguments(
+    deployment_refs: Sequence[str], scopes: Sequence[tuple[str | None, str | None]] | None,
+) -> tuple[list[str], list[str | None] | None, list[str | None] | None]:
+    """The arrays of a multi-scope call: deployments, and tenants and workspaces (None: every
+    scope)."""
+    if isinstance(deployment_refs, str):
+        raise InvalidArgumentError("deployment_refs must be a sequence of deployment names, "
+                                   "not one string")
+    if scopes is None:
+        return list(deployment_refs), None, None
+    pairs = [tuple(pair) for pair in scopes]
+    if any(len(pair) != 2 for pair in pairs):
+        raise InvalidArgumentError("each scope must be a (tenant_id, workspace_id) pair")
+    return list(deployment_refs), [p[0] for p in pairs], [p[1] for p in pairs]
+
+
+def _scopes_result(rows: list[asyncpg.Record]) -> ScopesClaimResult:
+    runs: list[ScopedRun] = []
+    saturated: list[Scope] = []
+    for row in rows:
+        scope = Scope(row["deployment_ref"], row["tenant_id"], row["workspace_id"])
+        if row["run_id"] is None:
+            saturated.append(scope)
+        else:
+            runs.append(ScopedRun(scope, _claimed(row)))
+    return ScopesClaimResult(runs=tuple(runs), saturated=tuple(saturated))
 
 
 def _json_item(item: Mapping[str, Any]) -> dict[str, Any]:

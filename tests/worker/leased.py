@@ -13,20 +13,22 @@ import asyncpg
 from helpers import unique_deployment
 
 from zeroth_pg.client import LeaseManager
-from zeroth_pg.types import ClaimedRun, RunStatus
+from zeroth_pg.types import ClaimedRun, RunStatus, Scope
 from zeroth_pg.worker._run import ActiveRun, RunContext
 
 WORKER = "unit-worker"
 
 
-def active(run: ClaimedRun, *, deadline: float | None = None) -> ActiveRun:
-    """``run`` as the worker holds it; its lease known live for ``deadline`` (default 60 s)."""
+def active(run: ClaimedRun, *, deadline: float | None = None,
+           scope: Scope = Scope("unit")) -> ActiveRun:
+    """``run`` as the worker holds it; its lease known live for ``deadline`` (default 60 s).
+    ``scope``: where it lives (the units' runs are in the default tenant, no workspace)."""
     ctx = RunContext(
         run_id=run.run_id, payload=run.payload, attempt=run.attempts,
         max_attempts=run.max_attempts, metadata=run.metadata, thread_id=run.thread_id,
         idempotency_key=run.idempotency_key, lease_generation=run.lease_generation,
         worker_id=WORKER, recovered=False, recovery_checkpoint_id=run.recovery_checkpoint_id,
-        checkpoint_data=run.checkpoint_data, cancelled=asyncio.Event(),
+        checkpoint_data=run.checkpoint_data, cancelled=asyncio.Event(), scope=scope,
         _worker=None)  # type: ignore[arg-type]  # the units never write through the context
     return ActiveRun(run=run, ctx=ctx,
                      deadline=time.monotonic() + 60 if deadline is None else deadline)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from zeroth_pg.errors import RetryableError
-from zeroth_pg.types import ClaimedRun
+from zeroth_pg.types import ClaimedRun, Scope
 
 if TYPE_CHECKING:
     from zeroth_pg.client import LeaseManager
@@ -40,6 +40,11 @@ class Leased(Protocol):
     @property
     def deadline(self) -> float:
         """Monotonic instant before which the lease is known to be live."""
+        ...
+
+    @property
+    def scope(self) -> Scope:
+        """Where the run lives (complete_runs is called per tenant and workspace)."""
         ...
 
 
@@ -64,8 +69,6 @@ class CompletionBatcher:
         lease_manager: LeaseManager,
         worker_id: str,
         *,
-        tenant_id: str | None = None,
-        workspace_id: str | None = None,
         others_may_join: Callable[[], bool] = lambda: False,
         on_batch_refused: Callable[[], None] = lambda: None,
     ) -> None:
@@ -74,8 +77,6 @@ class CompletionBatcher:
         refused as a whole (then completed run by run)."""
         self.lease_manager = lease_manager
         self.worker_id = worker_id
-        self.tenant_id = tenant_id
-        self.workspace_id = workspace_id
         self._others_may_join = others_may_join
         self._on_batch_refused = on_batch_refused
         self._queue: list[_Completion] = []
@@ -110,7 +111,9 @@ class CompletionBatcher:
                 if self._queue:
                     self._queued.set()
                 try:
-                    await self._send(batch)
+                    # complete_runs is scoped: one call per (tenant, workspace) of the batch.
+                    for group in _by_scope(batch):
+                        await self._send(group)
                 finally:
                     # Whatever happened, no run task is left waiting for an answer that never
                     # comes (the ones retrying on their own are answered there, or at exit).
@@ -134,12 +137,14 @@ class CompletionBatcher:
         database refuses the batch itself, each run is completed on its own, so one bad value
         fails its run and never the others."""
         delay = 0.05
+        scope = batch[0].entry.scope if batch else None
         while batch:
+            assert scope is not None
             try:
                 rows = await self.lease_manager.complete_runs(
                     self.worker_id,
                     [(c.entry.run.run_id, c.entry.run.lease_generation, c.output) for c in batch],
-                    tenant_id=self.tenant_id, workspace_id=self.workspace_id)
+                    tenant_id=scope.tenant_id, workspace_id=scope.workspace_id)
             except RetryableError as exc:
                 if not on_its_own and getattr(exc, "code", None) == "55P03":
                     # A run's row is held by another session (complete_runs waits 2 s for a
@@ -175,6 +180,15 @@ class CompletionBatcher:
             for completion, row in zip(batch, rows, strict=True):
                 _settle(completion.result, row.completed)
             return
+
+
+def _by_scope(batch: list[_Completion]) -> list[list[_Completion]]:
+    """The batch split by (tenant, workspace), in order of first appearance."""
+    groups: dict[tuple[str, str | None], list[_Completion]] = {}
+    for completion in batch:
+        scope = completion.entry.scope
+        groups.setdefault((scope.tenant_id, scope.workspace_id), []).append(completion)
+    return list(groups.values())
 
 
 def _settle(result: asyncio.Future[bool | None], value: bool | None) -> None:

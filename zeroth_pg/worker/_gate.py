@@ -1,4 +1,7 @@
-"""The worker's side of a scope's wakeup gate (sql/functions/internal/notify.sql).
+"""The worker's side of the wakeup gates it waits on (sql/functions/internal/notify.sql): its
+scope's gate for a worker of one scope, the gate of each deployment it serves for a fleet worker
+(``announce_idle_deployment``). Each gate is a :class:`GateTarget`; the state below is over all
+of them (``IDLE``: every stripe of every gate held).
 
 Writers notify ``zeroth_wakeup`` only while a worker of the scope holds their stripe of the
 scope's gate, so a NOTIFY costs nothing while every worker is busy (a notifying commit takes a
@@ -34,13 +37,15 @@ from __future__ import annotations
 import enum
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from zeroth_pg.client import LeaseManager
     from zeroth_pg.notify import Notifier
 
-__all__ = ["WAKEUP_STRIPES", "GateState", "WakeupGate"]
+__all__ = ["WAKEUP_STRIPES", "GateState", "GateTarget", "WakeupGate"]
 
 log = logging.getLogger("zeroth_pg.worker")
 
@@ -61,6 +66,30 @@ LINGER_LOOKS = 3
 REFRESH = 5.0
 
 
+@dataclass(frozen=True, slots=True)
+class GateTarget:
+    """One gate: how to ask for its stripes and how to let them go, on the LISTEN session."""
+
+    announce_idle: Callable[[Any], Awaitable[tuple[int, ...]]]
+    announce_busy: Callable[[Any], Awaitable[int]]
+
+    @classmethod
+    def scope(cls, lm: LeaseManager, deployment_ref: str, tenant_id: str | None,
+              workspace_id: str | None) -> GateTarget:
+        """The gate of one scope (``announce_idle`` / ``announce_busy``)."""
+        return cls(
+            lambda conn: lm.announce_idle(deployment_ref, tenant_id=tenant_id,
+                                          workspace_id=workspace_id, conn=conn),
+            lambda conn: lm.announce_busy(deployment_ref, tenant_id=tenant_id,
+                                          workspace_id=workspace_id, conn=conn))
+
+    @classmethod
+    def deployment(cls, lm: LeaseManager, deployment_ref: str) -> GateTarget:
+        """The gate of every scope of a deployment (``announce_idle_deployment``)."""
+        return cls(lambda conn: lm.announce_idle_deployment(deployment_ref, conn=conn),
+                   lambda conn: lm.announce_busy_deployment(deployment_ref, conn=conn))
+
+
 class GateState(enum.Enum):
     BUSY = "busy"
     PARTLY_IDLE = "partly_idle"
@@ -68,15 +97,14 @@ class GateState(enum.Enum):
 
 
 class WakeupGate:
-    """Which stripes of one scope's gate this worker holds, on which LISTEN session."""
+    """Which stripes of its gates this worker holds, on which LISTEN session."""
 
-    def __init__(self, lease_manager: LeaseManager, deployment_ref: str, *,
-                 tenant_id: str | None, workspace_id: str | None) -> None:
-        self._lm = lease_manager
-        self._scope = (deployment_ref, tenant_id, workspace_id)
+    def __init__(self, targets: Sequence[GateTarget]) -> None:
+        self._targets = tuple(targets)
         self._notifier: Notifier | None = None
         self._session: int | None = None
-        self.held: tuple[int, ...] = ()
+        #: The stripes held, per target (index into the targets).
+        self.held: tuple[tuple[int, ...], ...] = self._nothing()
         self.state = GateState.BUSY
         self._retry = FIRST_RETRY
         self._asked = 0.0
@@ -86,7 +114,7 @@ class WakeupGate:
         """A (re)connected LISTEN session: whatever the old one held went with it."""
         self._notifier = notifier
         self._session = notifier.connects
-        self.held = ()
+        self.held = self._nothing()
         self.state = GateState.BUSY
         self._retry = FIRST_RETRY
         self._empty_looks = None
@@ -107,23 +135,22 @@ class WakeupGate:
                 self.state is GateState.IDLE and time.monotonic() < self._asked + REFRESH):
             return False
         self._asked = time.monotonic()
-        deployment_ref, tenant_id, workspace_id = self._scope
-        held = self.held
-        try:
-            now_held = await notifier.on_session(
-                lambda conn: self._lm.announce_idle(
-                    deployment_ref, tenant_id=tenant_id, workspace_id=workspace_id, conn=conn),
-                session=session)
-        except Exception as exc:  # a hint: the poll covers it
-            log.debug("announce_idle failed (%s: %s); polling", type(exc).__name__, exc)
-            return False
-        if session != self._session:
-            return False  # reconnected meanwhile: those locks went with the old session
-        # The database says what this session holds (pg_locks), so a lost answer costs nothing
-        # but a look: "gained" is measured against what the last answer said.
-        gained = bool(set(now_held) - set(held))
-        self.held = now_held
-        if len(now_held) == WAKEUP_STRIPES:
+        gained = False
+        for index, target in enumerate(self._targets):
+            if len(self.held[index]) == WAKEUP_STRIPES and self.state is not GateState.IDLE:
+                continue  # full: only the refresh of an idle worker asks again
+            try:
+                now_held = await notifier.on_session(target.announce_idle, session=session)
+            except Exception as exc:  # a hint: the poll covers it
+                log.debug("announce_idle failed (%s: %s); polling", type(exc).__name__, exc)
+                return gained
+            if session != self._session:
+                return False  # reconnected meanwhile: those locks went with the old session
+            # The database says what this session holds (pg_locks), so a lost answer costs
+            # nothing but a look: "gained" is measured against what the last answer said.
+            gained = gained or bool(set(now_held) - set(self.held[index]))
+            self.held = (*self.held[:index], tuple(now_held), *self.held[index + 1:])
+        if all(len(held) == WAKEUP_STRIPES for held in self.held):
             self.state = GateState.IDLE
         else:
             if self.state is GateState.BUSY or gained:
@@ -135,30 +162,33 @@ class WakeupGate:
         """The last claim filled every free slot, or no slot is free: let go, writers stop
         notifying."""
         notifier, session, held = self._notifier, self._session, self.held
-        self.held = ()
+        self.held = self._nothing()
         self.state = GateState.BUSY
         self._empty_looks = None
-        if not held or notifier is None:
+        if notifier is None:
             return
-        deployment_ref, tenant_id, workspace_id = self._scope
-        try:
-            await notifier.on_session(
-                lambda conn: self._lm.announce_busy(
-                    deployment_ref, tenant_id=tenant_id, workspace_id=workspace_id, conn=conn),
-                session=session)
-        except Exception as exc:
-            # The session is gone (its locks went with it), or the call failed on a live one:
-            # writers notify until the next busy() or reconnect lets them go (announce_busy
-            # reads what the session holds, so nothing is lost track of). Time, not runs.
-            log.debug("announce_busy failed (%s: %s)", type(exc).__name__, exc)
-            if session == self._session:
-                self.held = held
+        for index, target in enumerate(self._targets):
+            if not held[index]:
+                continue
+            try:
+                await notifier.on_session(target.announce_busy, session=session)
+            except Exception as exc:
+                # The session is gone (its locks went with it), or the call failed on a live
+                # one: writers notify until the next busy() or reconnect lets them go
+                # (announce_busy reads what the session holds, so nothing is lost track of).
+                # Time, not runs.
+                log.debug("announce_busy failed (%s: %s)", type(exc).__name__, exc)
+                if session == self._session:
+                    self.held = (*self.held[:index], held[index], *self.held[index + 1:])
 
     async def flowing(self) -> None:
         """The last claim found work and left room for more: let go (writers stop notifying)
         and look again every ``LINGER`` until ``LINGER_LOOKS`` looks in a row find nothing."""
         await self.busy()
         self._empty_looks = 0
+
+    def _nothing(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(() for _ in self._targets)
 
     def poll_in(self, poll_interval: float) -> float:
         """How long the claim loop may sleep before it polls: ``LINGER`` while work flows,

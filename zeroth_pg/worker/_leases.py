@@ -1,6 +1,7 @@
 """Lease upkeep: the renewals of every lease a worker holds, and fail-stop at their deadlines.
 
-One ``renew_leases`` call renews every renewable lease, every ``renew_interval`` and at once when
+One ``renew_leases`` call per (tenant, workspace) renews every renewable lease of that scope (one
+call in all for a worker of one scope), every ``renew_interval`` and at once when
 :attr:`LeaseUpkeep.renew_now` is set (a ``zeroth_control`` notification for this worker). A
 refused renewal stops that run (:attr:`StopReason.LEASE_LOST`): nothing more is written for it.
 A renewal that reports ``cancel_requested`` stops it as :attr:`StopReason.CANCEL`. A renewal that
@@ -16,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from typing import TYPE_CHECKING
 
 from zeroth_pg.worker._run import ActiveRun, RunState, StopReason
@@ -41,13 +42,9 @@ class LeaseUpkeep:
         stop: Callable[[ActiveRun, StopReason], None],
         lease_duration: float,
         renew_interval: float,
-        tenant_id: str | None = None,
-        workspace_id: str | None = None,
     ) -> None:
         self.lease_manager = lease_manager
         self.worker_id = worker_id
-        self.tenant_id = tenant_id
-        self.workspace_id = workspace_id
         self.lease_duration = lease_duration
         self.renew_interval = renew_interval
         self._runs = runs
@@ -70,55 +67,63 @@ class LeaseUpkeep:
                 await asyncio.sleep(wait)
             self.renew_now.clear()
             interval = self.renew_interval
-            entries = {entry.run.run_id: entry for entry in self._runs() if entry.renewable}
+            entries = [entry for entry in self._runs() if entry.renewable]
             if not entries:
                 continue
-            last = sent = time.monotonic()
-            nearest = min(entry.deadline for entry in entries.values())
-            try:
-                # asyncio.timeout, not wait_for: on Python 3.11 wait_for drops a cancellation
-                # that arrives as the call completes (CPython gh-86296), and the loop went on
-                # renewing while shutdown waited for it for ever.
-                async with asyncio.timeout(max(0.05, nearest - sent)):
-                    renewals = await self.lease_manager.renew_leases(
-                        self.worker_id,
-                        {run_id: entry.run.lease_generation for run_id, entry in entries.items()},
-                        tenant_id=self.tenant_id, workspace_id=self.workspace_id)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("lease renewal failed (%s: %s); retrying", type(exc).__name__, exc)
-                self.enforce_deadlines()
-                # Retry soon, and no later than the next deadline, so fail-stop is punctual.
-                deadlines = [e.deadline for e in self._runs() if e.renewable]
-                interval = min(self.renew_interval, 1.0,
-                               *(max(0.01, d - time.monotonic()) for d in deadlines))
-                continue
-            busy: list[float] = []
-            for renewal in renewals:
-                entry = entries[renewal.run_id]
-                if renewal.renewed is None:
-                    # Another session holds the run's row: not renewed this time, not lost. The
-                    # deadline stays; the next renewal comes no later than it, and the handler
-                    # is stopped at it if the row stays busy (red-team pass 9).
-                    busy.append(entry.deadline)
-                    continue
-                if renewal.renewed:
-                    entry.deadline = sent + self.lease_duration
-                    if renewal.cancel_requested:
-                        self._stop(entry, StopReason.CANCEL)
-                elif entry.state is RunState.COMPLETING:
-                    # Its completion raced this renewal and cleared the lease; the completion's
-                    # own answer says what happened.
-                    continue
-                elif entry.renewable:
-                    log.warning("lease of run %s (generation %d) lost", renewal.run_id,
-                                entry.run.lease_generation)
-                    self._stop(entry, StopReason.LEASE_LOST)
-            if busy:
+            last = time.monotonic()
+            soon: list[float] = []  # deadlines that need a renewal before the next interval
+            for group in _by_scope(entries):
+                soon.extend(await self._renew(group))
+            if soon:
                 self.enforce_deadlines()
                 interval = min(self.renew_interval,
-                               *(max(0.01, d - time.monotonic()) for d in busy))
+                               *(max(0.01, d - time.monotonic()) for d in soon))
+
+    async def _renew(self, entries: list[ActiveRun]) -> list[float]:
+        """One renew_leases call for the entries (all of one scope). Returns the deadlines that
+        must be renewed again before the next interval: every one after a failed call (retry
+        soon, no later than the deadline, so fail-stop is punctual), else those whose row
+        another session held."""
+        by_id = {entry.run.run_id: entry for entry in entries}
+        scope = entries[0].scope
+        sent = time.monotonic()
+        nearest = min(entry.deadline for entry in entries)
+        try:
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for drops a cancellation that
+            # arrives as the call completes (CPython gh-86296), and the loop went on renewing
+            # while shutdown waited for it for ever.
+            async with asyncio.timeout(max(0.05, nearest - sent)):
+                renewals = await self.lease_manager.renew_leases(
+                    self.worker_id,
+                    {run_id: entry.run.lease_generation for run_id, entry in by_id.items()},
+                    tenant_id=scope.tenant_id, workspace_id=scope.workspace_id)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("lease renewal failed (%s: %s); retrying", type(exc).__name__, exc)
+            return [*(e.deadline for e in entries if e.renewable), sent + 1.0]
+        busy: list[float] = []
+        for renewal in renewals:
+            entry = by_id[renewal.run_id]
+            if renewal.renewed is None:
+                # Another session holds the run's row: not renewed this time, not lost. The
+                # deadline stays; the next renewal comes no later than it, and the handler is
+                # stopped at it if the row stays busy (red-team pass 9).
+                busy.append(entry.deadline)
+                continue
+            if renewal.renewed:
+                entry.deadline = sent + self.lease_duration
+                if renewal.cancel_requested:
+                    self._stop(entry, StopReason.CANCEL)
+            elif entry.state is RunState.COMPLETING:
+                # Its completion raced this renewal and cleared the lease; the completion's own
+                # answer says what happened.
+                continue
+            elif entry.renewable:
+                log.warning("lease of run %s (generation %d) lost", renewal.run_id,
+                            entry.run.lease_generation)
+                self._stop(entry, StopReason.LEASE_LOST)
+        return busy
 
     def enforce_deadlines(self) -> None:
         """Stop every renewable run whose lease is no longer known to be live."""
@@ -128,3 +133,11 @@ class LeaseUpkeep:
                 log.error("run %s: no confirmed lease since its deadline; stopping the handler",
                           entry.run.run_id)
                 self._stop(entry, StopReason.DEADLINE)
+
+
+def _by_scope(entries: Iterable[ActiveRun]) -> list[list[ActiveRun]]:
+    """The entries split by (tenant, workspace): renew_leases is scoped."""
+    groups: dict[tuple[str, str | None], list[ActiveRun]] = {}
+    for entry in entries:
+        groups.setdefault((entry.scope.tenant_id, entry.scope.workspace_id), []).append(entry)
+    return list(groups.values())

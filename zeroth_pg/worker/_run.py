@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from uuid import UUID
 
 from zeroth_pg.errors import LeaseLostError
-from zeroth_pg.types import ClaimedRun
+from zeroth_pg.types import ClaimedRun, Scope
 
 if TYPE_CHECKING:
     from zeroth_pg.worker._worker import RunWorker
@@ -78,7 +78,8 @@ _TRANSITIONS: dict[RunState, frozenset[RunState]] = {
 
 @dataclass(eq=False)
 class RunContext:
-    """What a handler sees of its run. Every write is fenced by the lease generation."""
+    """What a handler sees of its run. Every write is fenced by the lease generation.
+    ``scope`` is where the run lives: its deployment, tenant and workspace."""
 
     run_id: UUID
     payload: dict[str, Any]
@@ -93,6 +94,7 @@ class RunContext:
     recovery_checkpoint_id: UUID | None
     checkpoint_data: Any
     cancelled: asyncio.Event
+    scope: Scope
     _worker: RunWorker = field(repr=False)
 
     @property
@@ -104,7 +106,7 @@ class RunContext:
         """Write output / error / metadata / progress, fenced; raises LeaseLostError if refused."""
         ok = await self._worker.lease_manager.commit_fenced(
             self.run_id, self.worker_id, generation=self.lease_generation,
-            tenant_id=self._worker.tenant_id, workspace_id=self._worker.workspace_id, **columns)
+            tenant_id=self.scope.tenant_id, workspace_id=self.scope.workspace_id, **columns)
         if not ok:
             raise LeaseLostError("commit refused: lease lost", run_id=self.run_id,
                                  worker_id=self.worker_id, generation=self.lease_generation)
@@ -113,8 +115,8 @@ class RunContext:
         """Save a checkpoint, fenced; raises LeaseLostError if refused. Returns its id."""
         saved = await self._worker.lease_manager.save_checkpoint(
             self.run_id, self.worker_id, data, generation=self.lease_generation,
-            checkpoint_id=checkpoint_id, tenant_id=self._worker.tenant_id,
-            workspace_id=self._worker.workspace_id)
+            checkpoint_id=checkpoint_id, tenant_id=self.scope.tenant_id,
+            workspace_id=self.scope.workspace_id)
         if saved is None:
             raise LeaseLostError("checkpoint refused: lease lost", run_id=self.run_id,
                                  worker_id=self.worker_id, generation=self.lease_generation)
@@ -159,6 +161,10 @@ class ActiveRun:
     @property
     def key(self) -> tuple[UUID, int]:
         return self.run.run_id, self.run.lease_generation
+
+    @property
+    def scope(self) -> Scope:
+        return self.ctx.scope
 
     def advance(self, to: RunState) -> None:
         """The one place a run changes state; an impossible transition is a worker bug."""

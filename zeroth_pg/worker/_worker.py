@@ -17,7 +17,7 @@ import signal
 import time
 import traceback
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 from uuid import UUID
 
@@ -27,11 +27,12 @@ from zeroth_pg.client import LeaseManager, unstorable
 from zeroth_pg.errors import DatabaseError, LeaseLostError, RetryableError
 from zeroth_pg.metrics import WorkerMetrics, default_metrics
 from zeroth_pg.notify import CONTROL_CHANNEL, WAKEUP_CHANNEL, Notifier
-from zeroth_pg.types import ClaimedRun, FailOutcome
+from zeroth_pg.types import ClaimedRun, FailOutcome, Scope
 from zeroth_pg.worker._completions import CompletionBatcher
 from zeroth_pg.worker._gate import WakeupGate
 from zeroth_pg.worker._leases import LeaseUpkeep
 from zeroth_pg.worker._run import ActiveRun, Handler, RunContext, RunState, StopReason
+from zeroth_pg.worker._sources import Claimed, ClaimSource, ManyScopes, OneScope
 
 __all__ = ["RunWorker"]
 
@@ -42,11 +43,20 @@ log = logging.getLogger("zeroth_pg.worker")
 MAX_OUTPUT_CHARACTERS = 255 * 2**20
 
 class RunWorker:
-    """A worker of one deployment in one tenant/workspace scope.
+    """A worker of one deployment in one tenant/workspace scope, or (a fleet worker) of several
+    deployments in many scopes.
+
+    ``RunWorker(pool, "send-email", handler, tenant_id=…)`` serves one scope.
+    ``RunWorker(pool, {"send-email": h1, "resize": h2})`` serves every scope of those
+    deployments, and with ``scopes=[(tenant_id, workspace_id), …]`` the listed ones; one claim
+    loop (``zeroth.claim_and_start_scopes``: fair shares per scope, by the weights of
+    ``zeroth.scope_limits``), one listener, one renewal task and one completion task for all of
+    them, each run's handler chosen by its deployment.
 
     ``max_concurrency`` is the local cap (runs executing in this process);
-    ``fleet_max_concurrency``, when set, is passed to every claim and bounds live leases of the
-    deployment across all workers, atomically in SQL. ``dsn`` enables LISTEN/NOTIFY wakeups on a
+    ``fleet_max_concurrency``, when set, is passed to every claim and bounds live leases of each
+    scope across all workers, atomically in SQL (a scope's ``zeroth.scope_limits`` row, when it
+    has one, replaces it). ``dsn`` enables LISTEN/NOTIFY wakeups on a
     dedicated connection; without it the worker polls. The orphan sweep also ends the runs no
     worker may resume (out of attempts; not resumable and expired more than ``orphan_grace``
     seconds ago), so their threads move on.
@@ -55,9 +65,10 @@ class RunWorker:
     def __init__(
         self,
         pool: asyncpg.Pool,
-        deployment_ref: str,
-        handler: Handler,
+        deployment_ref: str | Mapping[str, Handler],
+        handler: Handler | None = None,
         *,
+        scopes: Sequence[tuple[str | None, str | None]] | None = None,
         dsn: str | None = None,
         tenant_id: str | None = None,
         workspace_id: str | None = None,
@@ -82,8 +93,23 @@ class RunWorker:
         if lease_duration <= 0 or not 0 < renew_fraction < 1:
             raise ValueError("lease_duration must be > 0 and renew_fraction in (0, 1)")
         self.pool = pool
-        self.deployment_ref = deployment_ref
-        self.handler = handler
+        self.lease_manager = LeaseManager(pool, lease_duration_seconds=lease_duration)
+        self._source: ClaimSource
+        if isinstance(deployment_ref, str):
+            if handler is None:
+                raise ValueError("a worker of one deployment needs its handler")
+            if scopes is not None:
+                raise ValueError("scopes needs a mapping of deployments to handlers")
+            self._handlers: dict[str, Handler] = {deployment_ref: handler}
+            self._source = OneScope(self.lease_manager, deployment_ref, tenant_id, workspace_id)
+        else:
+            if handler is not None or tenant_id is not None or workspace_id is not None:
+                raise ValueError("a fleet worker takes its handlers in the mapping and its "
+                                 "scopes in scopes=, not handler, tenant_id or workspace_id")
+            self._handlers = dict(deployment_ref)
+            self._source = ManyScopes(self.lease_manager, list(self._handlers), scopes)
+        #: The first (for a worker of one deployment, the only) deployment served.
+        self.deployment_ref = self._source.deployments[0]
         self.dsn = dsn
         self.tenant_id = tenant_id
         self.workspace_id = workspace_id
@@ -100,11 +126,12 @@ class RunWorker:
         self.retry_max_seconds = retry_max_seconds
         self.queue_depth_interval = queue_depth_interval
         self.metrics = metrics or default_metrics()
-        # The per-run series, looked up once (labels() takes a lock and builds a key each time).
-        self._runs_started = self.metrics.runs_started.labels(deployment_ref)
-        self._runs_completed = self.metrics.runs_completed.labels(deployment_ref)
-        self._run_duration = self.metrics.run_duration.labels(deployment_ref)
-        self.lease_manager = LeaseManager(pool, lease_duration_seconds=lease_duration)
+        # The per-run series, looked up once per deployment (labels() takes a lock and builds a
+        # key each time).
+        self._series = {d: (self.metrics.runs_started.labels(d),
+                            self.metrics.runs_completed.labels(d),
+                            self.metrics.run_duration.labels(d))
+                        for d in self._source.deployments}
         self.notifier: Notifier | None = None
 
         # Keyed by (run_id, generation): after a stall longer than its lease, this process may
@@ -113,22 +140,21 @@ class RunWorker:
         self._wake = asyncio.Event()
         self._leases = LeaseUpkeep(
             self.lease_manager, self.worker_id, runs=self._active.values, stop=self._stop,
-            lease_duration=lease_duration, renew_interval=self.renew_interval,
-            tenant_id=tenant_id, workspace_id=workspace_id)
+            lease_duration=lease_duration, renew_interval=self.renew_interval)
         self._completions = CompletionBatcher(
-            self.lease_manager, self.worker_id, tenant_id=tenant_id, workspace_id=workspace_id,
+            self.lease_manager, self.worker_id,
             # A handler that finishes in this same turn of the event loop joins the batch.
             others_may_join=lambda: any(
                 e.state is RunState.EXECUTING for e in self._active.values()),
             on_batch_refused=lambda: self._worker_error("completion_batch"))
         # The opaque NOTIFY payloads meant for this worker; None until fetched (then every
         # notification on the channel is taken as a hint: a wasted look, never a wrong action).
-        self._wakeup_key: str | None = None
+        self._wakeup_keys: frozenset[str] | None = None
         self._control_key: str | None = None
-        # Writers notify only while this worker holds their stripe of the scope's wakeup gate,
-        # which it does only while it waits for work (worker/_gate.py).
-        self._gate = WakeupGate(self.lease_manager, deployment_ref, tenant_id=tenant_id,
-                                workspace_id=workspace_id)
+        # Writers notify only while this worker holds their stripe of a wakeup gate it waits on
+        # (its scope's, or each deployment's for a fleet worker), which it does only while it
+        # waits for work (worker/_gate.py).
+        self._gate = WakeupGate(self._source.gate_targets())
         self._backlog = False  # the last claim filled every free slot: more work is likely
         # The last claim left no fleet slot (fleet_max_concurrency) free: claim again as soon as
         # one of this worker's runs gives its slot back, not when that run's NOTIFY comes round.
@@ -169,8 +195,8 @@ class RunWorker:
                                                    name=f"zeroth-{name}"))
         self._claim_task = asyncio.create_task(self._supervised("claim", self.poll_loop),
                                                name="zeroth-claim")
-        log.info("worker %s started for deployment %s (local %d, fleet %s)", self.worker_id,
-                 self.deployment_ref, self.max_concurrency, self.fleet_max_concurrency)
+        log.info("worker %s started for %s (local %d, fleet %s)", self.worker_id,
+                 self._source.describe(), self.max_concurrency, self.fleet_max_concurrency)
 
     def handle_wakeup(self, run_id: object = None) -> None:
         """A hint that work may be claimable: the claim loop polls now. Never blocks."""
@@ -300,8 +326,8 @@ class RunWorker:
                 await asyncio.sleep(delay)
                 delay = min(5.0, delay * 2)
 
-    def _worker_error(self, kind: str) -> None:
-        self.metrics.worker_errors.labels(self.deployment_ref, kind).inc()
+    def _worker_error(self, kind: str, deployment_ref: str | None = None) -> None:
+        self.metrics.worker_errors.labels(deployment_ref or self.deployment_ref, kind).inc()
 
     # -- claiming ------------------------------------------------------------------------------
 
@@ -345,18 +371,12 @@ class RunWorker:
         if free <= 0 or self._stopping:
             return None
         sent = time.monotonic()
-        result = await self.lease_manager.claim_and_start(
-            self.deployment_ref, self.worker_id, tenant_id=self.tenant_id,
-            workspace_id=self.workspace_id, max_concurrency=self.fleet_max_concurrency,
-            batch_size=free)
-        self._observe_saturation(result.concurrency_saturated, result.active_count,
-                                 result.max_concurrency)
-        for run in result.runs:
-            self._spawn(run, deadline=sent + self.lease_duration, recovered=False)
+        result = await self._source.claim(self.worker_id, free, self.fleet_max_concurrency)
+        self._observe_saturation(result)
+        for scope, run in result.runs:
+            self._spawn(scope, run, deadline=sent + self.lease_duration, recovered=False)
         self._backlog = len(result.runs) == free
-        self._fleet_full = result.max_concurrency is not None and (
-            result.concurrency_saturated
-            or result.active_count + len(result.runs) >= result.max_concurrency)
+        self._fleet_full = result.fleet_full
         return len(result.runs)
 
     async def _sweep_orphans(self) -> None:
@@ -369,32 +389,26 @@ class RunWorker:
             self._sweep_due = True  # retried as soon as a slot frees
             if time.monotonic() >= self._next_end_only:
                 self._next_end_only = time.monotonic() + self.orphan_sweep_interval
-                await self.lease_manager.claim_orphaned_result(
-                    self.deployment_ref, self.worker_id, tenant_id=self.tenant_id,
-                    workspace_id=self.workspace_id, max_concurrency=self.fleet_max_concurrency,
-                    claim_limit=0, grace_seconds=self.orphan_grace)
+                await self._source.sweep(self.worker_id, 0, self.fleet_max_concurrency,
+                                         self.orphan_grace)
             return
         sent = time.monotonic()
-        result = await self.lease_manager.claim_orphaned_result(
-            self.deployment_ref, self.worker_id, tenant_id=self.tenant_id,
-            workspace_id=self.workspace_id, max_concurrency=self.fleet_max_concurrency,
-            claim_limit=free, grace_seconds=self.orphan_grace)
-        self._observe_saturation(result.concurrency_saturated, result.active_count,
-                                 result.max_concurrency)
-        for run in result.runs:
+        result = await self._source.sweep(self.worker_id, free, self.fleet_max_concurrency,
+                                          self.orphan_grace)
+        self._observe_saturation(result)
+        for scope, run in result.runs:
             log.info("recovered orphan %s at generation %d, attempt %d (checkpoint %s)",
                      run.run_id, run.lease_generation, run.attempts, run.recovery_checkpoint_id)
-            self._spawn(run, deadline=sent + self.lease_duration, recovered=True)
+            self._spawn(scope, run, deadline=sent + self.lease_duration, recovered=True)
         # Saturated, or the limit was reached: there may be more orphans; look again soon.
-        self._sweep_due = result.concurrency_saturated or len(result.runs) == free
+        self._sweep_due = result.saturated or len(result.runs) == free
         self._next_sweep = time.monotonic() + self.orphan_sweep_interval
 
-    def _observe_saturation(self, saturated: bool, active: int, limit: int | None) -> None:
-        if limit is None:
-            return
-        self.metrics.utilization.labels(self.deployment_ref, "concurrency").set(
-            min(1.0, active / limit))
-        if saturated:
+    def _observe_saturation(self, result: Claimed) -> None:
+        if result.limit is not None:  # one scope: its utilisation
+            self.metrics.utilization.labels(self.deployment_ref, "concurrency").set(
+                min(1.0, result.active_count / result.limit))
+        if result.saturated:
             self.metrics.guardrail_rejections.labels(self.deployment_ref, "concurrency").inc()
 
     async def _sleep_until_work(self) -> None:
@@ -431,10 +445,8 @@ class RunWorker:
 
     async def _fetch_keys(self) -> None:
         try:
-            lm = self.lease_manager
-            self._wakeup_key = await lm.wakeup_key(
-                self.deployment_ref, tenant_id=self.tenant_id, workspace_id=self.workspace_id)
-            self._control_key = await lm.control_key(self.worker_id)
+            self._wakeup_keys = await self._source.wakeup_keys()
+            self._control_key = await self.lease_manager.control_key(self.worker_id)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # until the next connect every notification is a hint for us
@@ -443,7 +455,7 @@ class RunWorker:
 
     def _on_notification(self, channel: str, payload: str) -> None:
         if channel == WAKEUP_CHANNEL:
-            if self._wakeup_key is None or payload == self._wakeup_key:
+            if self._wakeup_keys is None or payload in self._wakeup_keys:
                 self.handle_wakeup()
         elif channel == CONTROL_CHANNEL and self._active and (
                 self._control_key is None or payload == self._control_key):
@@ -459,8 +471,9 @@ class RunWorker:
     async def _queue_depth_loop(self) -> None:
         while True:
             try:
-                depth = await self.lease_manager.count_pending(
-                    self.deployment_ref, tenant_id=self.tenant_id, workspace_id=self.workspace_id)
+                depth = await self._source.queue_depth()
+                if depth is None:
+                    return  # a fleet worker: the depth is per scope (zeroth.queue_depth)
                 self.metrics.queue_depth.labels(self.deployment_ref).set(depth)
             except asyncio.CancelledError:
                 raise
@@ -474,7 +487,7 @@ class RunWorker:
         if entry.request_stop(reason) and entry.task is not None and not entry.task.done():
             entry.task.cancel()
 
-    def _spawn(self, run: ClaimedRun, *, deadline: float, recovered: bool) -> None:
+    def _spawn(self, scope: Scope, run: ClaimedRun, *, deadline: float, recovered: bool) -> None:
         # This process may have recovered its own orphan (its event loop stalled past the
         # lease): the older generation's lease is gone, so stop that task; it writes nothing.
         for older in [e for (rid, _), e in self._active.items() if rid == run.run_id]:
@@ -490,7 +503,7 @@ class RunWorker:
             metadata=run.metadata, thread_id=run.thread_id, idempotency_key=run.idempotency_key,
             lease_generation=run.lease_generation, worker_id=self.worker_id, recovered=recovered,
             recovery_checkpoint_id=run.recovery_checkpoint_id, checkpoint_data=run.checkpoint_data,
-            cancelled=asyncio.Event(), _worker=self)
+            cancelled=asyncio.Event(), scope=scope, _worker=self)
         entry = ActiveRun(run=run, ctx=ctx, deadline=deadline)
         self._active[entry.key] = entry
         entry.task = asyncio.create_task(self._execute(entry), name=f"run-{run.run_id}")
@@ -525,10 +538,12 @@ class RunWorker:
     async def _execute_leased(self, entry: ActiveRun) -> None:
         # Both claim paths (claim_and_start, claim_orphaned) hand over runs already running.
         run, ctx = entry.run, entry.ctx
-        self._runs_started.inc()
+        deployment = entry.scope.deployment_ref
+        runs_started, runs_completed, run_duration = self._series[deployment]
+        runs_started.inc()
         started = time.monotonic()
         try:
-            output = await self.handler(ctx)
+            output = await self._handlers[deployment](ctx)
         except asyncio.CancelledError as exc:
             if entry.stop_reason is not None:
                 await self._settle_stopped(entry)
@@ -538,7 +553,7 @@ class RunWorker:
                 raise  # the loop is cancelling this task: not the handler's doing
             # The handler raised CancelledError itself (a cancelled inner task it let escape):
             # a failure like any other, never a run dropped without an outcome.
-            self.metrics.worker_crashes.labels(self.deployment_ref).inc()
+            self.metrics.worker_crashes.labels(deployment).inc()
             log.warning("run %s attempt %d: the handler raised CancelledError itself",
                         run.run_id, ctx.attempt)
             await self._fail(entry, exc, retryable=True)
@@ -551,13 +566,13 @@ class RunWorker:
         except BaseException as exc:
             # Exception, and whatever else a handler may raise (GeneratorExit, a BaseException
             # subclass of its own): a failure of this attempt, never a run left to its lease.
-            self.metrics.worker_crashes.labels(self.deployment_ref).inc()
+            self.metrics.worker_crashes.labels(deployment).inc()
             log.info("run %s attempt %d failed: %s: %s", run.run_id, ctx.attempt,
                      type(exc).__name__, _message(exc))
             await self._fail(entry, exc, retryable=True)
             return
         finally:
-            self._run_duration.observe(time.monotonic() - started)
+            run_duration.observe(time.monotonic() - started)
         if entry.lease_gone:
             self._lease_lost(entry, fenced=False)
             return
@@ -590,11 +605,12 @@ class RunWorker:
                 (exc.code or getattr(exc, "sqlstate", None) or "")[:2] in ("22", "54", "ZP"))
             log.warning("run %s: its completion failed (%s: %s); failing it", run.run_id,
                         type(exc).__name__, exc)
-            self._worker_error("completion_refused" if refused else "completion_lost")
+            self._worker_error("completion_refused" if refused else "completion_lost",
+                               deployment)
             await self._fail(entry, exc, retryable=not refused)
             return
         if completed:
-            self._runs_completed.inc()
+            runs_completed.inc()
         elif completed is False:
             self._lease_lost(entry, fenced=True)
 
@@ -641,7 +657,7 @@ class RunWorker:
         if outcome is None:
             self._lease_lost(entry, fenced=True)
         elif outcome == FailOutcome.DEAD_LETTERED:
-            self.metrics.runs_dead_lettered.labels(self.deployment_ref).inc()
+            self.metrics.runs_dead_lettered.labels(entry.scope.deployment_ref).inc()
             log.warning("run %s dead-lettered after %d attempts", run.run_id, entry.ctx.attempt)
 
     async def _fail_quietly(self, entry: ActiveRun, exc: BaseException) -> None:
@@ -662,9 +678,10 @@ class RunWorker:
                           entry.run.run_id)
 
     def _lease_lost(self, entry: ActiveRun, *, fenced: bool) -> None:
-        self.metrics.lease_lost.labels(self.deployment_ref).inc()
+        deployment = entry.scope.deployment_ref
+        self.metrics.lease_lost.labels(deployment).inc()
         if fenced:
-            self.metrics.fencing_rejected.labels(self.deployment_ref).inc()
+            self.metrics.fencing_rejected.labels(deployment).inc()
         log.warning("run %s: lease generation %d lost (%s); nothing more is written",
                     entry.run.run_id, entry.run.lease_generation,
                     "write refused" if fenced or entry.stop_reason is None
@@ -673,9 +690,9 @@ class RunWorker:
     def _fenced(self, entry: ActiveRun, method: Callable[..., Awaitable[Any]],
                 **extra: Any) -> Callable[[], Awaitable[Any]]:
         """A repeatable call of a LeaseManager write carrying this run's exact lease."""
-        run = entry.run
+        run, scope = entry.run, entry.scope
         return lambda: method(run.run_id, self.worker_id, generation=run.lease_generation,
-                              tenant_id=self.tenant_id, workspace_id=self.workspace_id, **extra)
+                              tenant_id=scope.tenant_id, workspace_id=scope.workspace_id, **extra)
 
     async def _write(self, entry: ActiveRun, call: Callable[[], Awaitable[Any]]) -> Any:
         """Make one fenced write, retrying transient failures until the lease deadline.

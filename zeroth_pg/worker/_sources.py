@@ -1,0 +1,151 @@
+"""Where a worker's runs come from: one scope (:class:`OneScope`, today's worker of one deployment
+in one tenant/workspace) or many (:class:`ManyScopes`, a fleet worker serving several
+deployments in a listed set of scopes or in every scope they have).
+
+Both answer the same questions for the claim loop, each with its SQL: claim into the free slots,
+sweep for orphans, which NOTIFY payloads are meant for this worker, and which wakeup gates it
+waits on. Everything after the claim (renewals, completions, fenced writes) follows the scope
+each run carries, so the rest of the worker does not know which source it has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from zeroth_pg.types import ClaimedRun, Scope
+from zeroth_pg.worker._gate import GateTarget
+
+if TYPE_CHECKING:
+    from zeroth_pg.client import LeaseManager
+
+__all__ = ["ClaimSource", "Claimed", "ManyScopes", "OneScope"]
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """What one claim or sweep handed over, and the saturation it saw."""
+
+    runs: tuple[tuple[Scope, ClaimedRun], ...]
+    #: Some scope had work (a pending run, or a resumable orphan) but no free fleet slot.
+    saturated: bool
+    #: No fleet slot is left after this claim in the scope(s) it served (claim again as soon as
+    #: one of this worker's runs gives its slot back).
+    fleet_full: bool = False
+    #: One scope only: its live leases and limit, for the utilisation gauge.
+    active_count: int = 0
+    limit: int | None = None
+
+
+class ClaimSource(Protocol):
+    deployments: tuple[str, ...]
+
+    def describe(self) -> str: ...
+
+    async def claim(self, worker_id: str, free: int, fleet_max: int | None) -> Claimed: ...
+
+    async def sweep(self, worker_id: str, claim_limit: int, fleet_max: int | None,
+                    grace: float) -> Claimed: ...
+
+    async def wakeup_keys(self) -> frozenset[str]: ...
+
+    def gate_targets(self) -> list[GateTarget]: ...
+
+    async def queue_depth(self) -> int | None: ...
+
+
+class OneScope:
+    """One deployment in one (tenant, workspace): claim_and_start, claim_orphaned, the scope's
+    wakeup gate."""
+
+    def __init__(self, lm: LeaseManager, deployment_ref: str, tenant_id: str | None,
+                 workspace_id: str | None) -> None:
+        self._lm = lm
+        self.deployments: tuple[str, ...] = (deployment_ref,)
+        self.scope = Scope(deployment_ref, tenant_id or "default", workspace_id)
+        # The caller's spelling, passed through to every call (NULL tenant = 'default').
+        self._tenant_id, self._workspace_id = tenant_id, workspace_id
+
+    def describe(self) -> str:
+        return f"deployment {self.scope.deployment_ref}"
+
+    async def claim(self, worker_id: str, free: int, fleet_max: int | None) -> Claimed:
+        result = await self._lm.claim_and_start(
+            self.scope.deployment_ref, worker_id, tenant_id=self._tenant_id,
+            workspace_id=self._workspace_id, max_concurrency=fleet_max, batch_size=free)
+        limit = result.max_concurrency
+        return Claimed(
+            runs=tuple((self.scope, run) for run in result.runs),
+            saturated=result.concurrency_saturated,
+            fleet_full=limit is not None and (
+                result.concurrency_saturated or result.active_count + len(result.runs) >= limit),
+            active_count=result.active_count, limit=limit)
+
+    async def sweep(self, worker_id: str, claim_limit: int, fleet_max: int | None,
+                    grace: float) -> Claimed:
+        result = await self._lm.claim_orphaned_result(
+            self.scope.deployment_ref, worker_id, tenant_id=self._tenant_id,
+            workspace_id=self._workspace_id, max_concurrency=fleet_max, claim_limit=claim_limit,
+            grace_seconds=grace)
+        return Claimed(runs=tuple((self.scope, run) for run in result.runs),
+                       saturated=result.concurrency_saturated,
+                       active_count=result.active_count, limit=result.max_concurrency)
+
+    async def wakeup_keys(self) -> frozenset[str]:
+        return frozenset({await self._lm.wakeup_key(
+            self.scope.deployment_ref, tenant_id=self._tenant_id,
+            workspace_id=self._workspace_id)})
+
+    def gate_targets(self) -> list[GateTarget]:
+        return [GateTarget.scope(self._lm, self.scope.deployment_ref, self._tenant_id,
+                                 self._workspace_id)]
+
+    async def queue_depth(self) -> int | None:
+        return await self._lm.count_pending(self.scope.deployment_ref, tenant_id=self._tenant_id,
+                                            workspace_id=self._workspace_id)
+
+
+class ManyScopes:
+    """Several deployments in a listed set of (tenant, workspace) scopes, or (``scopes`` None)
+    in every scope they have: claim_and_start_scopes, claim_orphaned_scopes, and the wakeup
+    gate of each deployment (a NOTIFY from a scope outside the list is a wasted look)."""
+
+    def __init__(self, lm: LeaseManager, deployments: Sequence[str],
+                 scopes: Sequence[tuple[str | None, str | None]] | None) -> None:
+        if isinstance(deployments, str) or not deployments:
+            raise ValueError("a fleet worker needs a non-empty list of deployments")
+        self._lm = lm
+        self.deployments = tuple(dict.fromkeys(deployments))
+        self.scopes: list[tuple[str | None, str | None]] | None = (
+            None if scopes is None else [(tenant, workspace) for tenant, workspace in scopes])
+        if self.scopes is not None and not self.scopes:
+            raise ValueError("scopes must be None (every scope) or a non-empty list")
+
+    def describe(self) -> str:
+        where = "every scope" if self.scopes is None else f"{len(self.scopes)} scope(s)"
+        return f"deployments {', '.join(self.deployments)} in {where}"
+
+    async def claim(self, worker_id: str, free: int, fleet_max: int | None) -> Claimed:
+        result = await self._lm.claim_and_start_scopes(
+            self.deployments, worker_id, scopes=self.scopes, max_concurrency=fleet_max,
+            batch_size=free)
+        return Claimed(runs=tuple((r.scope, r.run) for r in result.runs),
+                       saturated=bool(result.saturated), fleet_full=bool(result.saturated))
+
+    async def sweep(self, worker_id: str, claim_limit: int, fleet_max: int | None,
+                    grace: float) -> Claimed:
+        result = await self._lm.claim_orphaned_scopes(
+            self.deployments, worker_id, scopes=self.scopes, max_concurrency=fleet_max,
+            claim_limit=claim_limit, grace_seconds=grace)
+        return Claimed(runs=tuple((r.scope, r.run) for r in result.runs),
+                       saturated=bool(result.saturated))
+
+    async def wakeup_keys(self) -> frozenset[str]:
+        return frozenset([await self._lm.deployment_wakeup_key(d) for d in self.deployments])
+
+    def gate_targets(self) -> list[GateTarget]:
+        return [GateTarget.deployment(self._lm, d) for d in self.deployments]
+
+    async def queue_depth(self) -> int | None:
+        return None  # per scope: zeroth.queue_depth (a fleet may serve thousands of scopes)
