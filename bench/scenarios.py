@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry
 from bench import peers, report
 from bench.commits import commits
 from bench.continuous import continuous
+from bench.fleet import fleet
 from bench.harness import (
     Config,
     Result,
@@ -629,5 +630,6 @@ SCENARIOS: dict[str, Callable[[Config, Systems], Awaitable[ScenarioReport]]] = {
     "writers": writers,
     "commits": commits,
     "pressure": pressure_scenario,
+    "fleet": fleet,
 }
 

@@ -3,10 +3,10 @@
 -- every scope of those deployments that holds a pending run (a skip scan: one probe per such
 -- scope). Each scope keeps its rules: order priority DESC, run_after, created_at; the
 -- max_concurrency of its zeroth.scope_limits row (else the argument) in exact slots; paused
--- scopes are skipped. Fairness: the scopes with due work are visited in a weighted random order
--- (weight from zeroth.scope_limits, default 1) and each first gets its share of batch_size,
--- ceil(batch_size × weight / total weight); what is left goes, in the same order, to scopes that
--- filled their share. Rows: one per claimed run, plus one run_id-NULL row per scope that had due
+-- scopes are skipped. Fairness: each of the batch_size places is drawn for a scope with due work
+-- with probability weight / total weight (weight from zeroth.scope_limits, default 1), so a
+-- backlogged scope's expected share is exactly its weight's at any batch size; what a scope
+-- cannot use goes, in a weighted random order, to the scopes that may have more. Rows: one per claimed run, plus one run_id-NULL row per scope that had due
 -- work but no free slot. Locks: per scope, slot rows then run rows, FOR UPDATE SKIP LOCKED.
 -- Raises ZP006, ZP008. Time: clock_timestamp().
 CREATE OR REPLACE FUNCTION zeroth.claim_and_start_scopes(
@@ -29,6 +29,8 @@ DECLARE
     v_limits  integer[];
     v_weights integer[];
     v_filled  boolean[];
+    v_tried   boolean[];
+    v_quota   integer[];
     v_total   integer;
     v_left    integer := claim_and_start_scopes.batch_size;
     v_ask     integer;
@@ -67,16 +69,39 @@ BEGIN
       INTO v_tenants, v_wskeys, v_depref, v_limits, v_weights, v_total
       FROM due d;
     v_filled := array_fill(false, ARRAY[cardinality(v_tenants)]);
+    v_tried := v_filled;
+    IF cardinality(v_tenants) = 0 THEN
+        RETURN;
+    END IF;
 
-    -- Pass 1: each scope its share; pass 2: the rest to the scopes that filled theirs.
+    -- The share of each scope: batch_size places, each drawn for scope j with probability
+    -- weight[j] / total (width_bucket finds the place's scope among the cumulative weights by
+    -- binary search). Multinomial, not rounded: rounding up per scope gave the first scope of
+    -- the order more than its weight whenever the batch was small.
+    SELECT coalesce(array_agg(coalesce(t.n, 0) ORDER BY s.i), '{}')
+      INTO v_quota
+      FROM generate_subscripts(v_weights, 1) AS s(i)
+      LEFT JOIN (SELECT width_bucket(floor(random() * v_total)::integer,
+                                     ARRAY(SELECT coalesce(sum(u.w) OVER (ORDER BY u.i ROWS BETWEEN
+                                                  UNBOUNDED PRECEDING AND 1 PRECEDING), 0)::integer
+                                             FROM unnest(v_weights) WITH ORDINALITY AS u(w, i)
+                                            ORDER BY u.i)) AS i,
+                        count(*)::integer AS n
+                   FROM generate_series(1, claim_and_start_scopes.batch_size)
+                  GROUP BY 1) t ON t.i = s.i;
+
+    -- Pass 1: each scope its places; pass 2: the rest, in the weighted random order, to every
+    -- scope not known to be dry (it filled its places, or had none).
     FOR v_pass IN 1 .. 2 LOOP
         FOR i IN 1 .. cardinality(v_tenants) LOOP
             EXIT WHEN v_left = 0;
-            CONTINUE WHEN v_pass = 2 AND NOT v_filled[i];
-            v_ask := CASE WHEN v_pass = 1
-                          THEN least(v_left, greatest(1, ceil(claim_and_start_scopes.batch_size::numeric
-                                                              * v_weights[i] / v_total)::integer))
-                          ELSE v_left END;
+            IF v_pass = 1 THEN
+                CONTINUE WHEN v_quota[i] = 0;
+                v_ask := least(v_left, v_quota[i]);
+            ELSE
+                CONTINUE WHEN v_tried[i] AND NOT v_filled[i];
+                v_ask := v_left;
+            END IF;
             v_got := 0;
             FOR v_out IN
                 SELECT v_tenants[i], zeroth._workspace_id(v_wskeys[i]), v_depref[i], c.*
@@ -87,18 +112,19 @@ BEGIN
                 IF v_out.run_id IS NOT NULL THEN
                     v_got := v_got + 1;
                     RETURN NEXT v_out;
-                ELSIF v_out.concurrency_saturated AND v_pass = 1 THEN
+                ELSIF v_out.concurrency_saturated AND NOT v_tried[i] THEN
                     RETURN NEXT v_out;
                 END IF;
             END LOOP;
             v_left := v_left - v_got;
             v_filled[i] := v_got = v_ask;
+            v_tried[i] := true;
         END LOOP;
     END LOOP;
 END
 $$;
 COMMENT ON FUNCTION zeroth.claim_and_start_scopes(text[], text, text[], text[], integer, integer, double precision) IS
-'claim_and_start_scopes: claim_and_start over many deployments and scopes in one call, fairly. Scopes: (tenant_ids[i], workspace_ids[i]) × deployment_refs, or with tenant_ids NULL every scope of those deployments holding a pending run (skip scan, one probe per such scope). Per scope: priority DESC, run_after, created_at; zeroth.scope_limits max_concurrency (else the argument) in exact slots; paused scopes skipped. Fairness: scopes with due work in a weighted random order (weight from zeroth.scope_limits, default 1), each first gets ceil(batch_size × weight / total weight), the rest goes in the same order to scopes that filled their share. Rows: one per claimed run with its scope, plus one run_id-NULL row per scope that had due work but no free slot. SKIP LOCKED throughout. Raises ZP006, ZP008. Time: clock_timestamp().';
+'claim_and_start_scopes: claim_and_start over many deployments and scopes in one call, fairly. Scopes: (tenant_ids[i], workspace_ids[i]) × deployment_refs, or with tenant_ids NULL every scope of those deployments holding a pending run (skip scan, one probe per such scope). Per scope: priority DESC, run_after, created_at; zeroth.scope_limits max_concurrency (else the argument) in exact slots; paused scopes skipped. Fairness: each of the batch_size places is drawn for a scope with due work with probability weight / total weight (weight from zeroth.scope_limits, default 1), so a backlogged scope''s expected share is its weight''s at any batch size; what a scope cannot use goes, in a weighted random order, to the scopes that may have more. Rows: one per claimed run with its scope, plus one run_id-NULL row per scope that had due work but no free slot. SKIP LOCKED throughout. Raises ZP006, ZP008. Time: clock_timestamp().';
 ALTER FUNCTION zeroth.claim_and_start_scopes(text[], text, text[], text[], integer, integer, double precision) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.claim_and_start_scopes(text[], text, text[], text[], integer, integer, double precision) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.claim_and_start_scopes(text[], text, text[], text[], integer, integer, double precision) TO zeroth_worker;

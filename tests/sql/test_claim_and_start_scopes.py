@@ -106,21 +106,19 @@ class TestClaims:
         assert (await run_row(conn, later))["status"] == "pending"
         assert await claim(conn, ("nothing-here",), batch_size=10) == []
 
-    async def test_backlogged_scopes_share_a_batch_equally(self, conn):
-        for tenant in ("t1", "t2"):
+    async def test_a_batch_is_filled_from_every_backlogged_scope(self, conn):
+        for tenant in ("t1", "t2", "t3"):
             await backlog(conn, 20, tenant=tenant)
-        assert per_tenant(await claim(conn, batch_size=10)) == {"t1": 5, "t2": 5}
-
-    async def test_weights_from_scope_limits_set_the_shares(self, conn):
-        for tenant in ("heavy", "light"):
-            await backlog(conn, 20, tenant=tenant)
-        await set_limit(conn, "heavy", weight=3)
-        assert per_tenant(await claim(conn, batch_size=8)) == {"heavy": 6, "light": 2}
+        served = per_tenant(await claim(conn, batch_size=30))
+        assert sum(served.values()) == 30
+        assert set(served) <= {"t1", "t2", "t3"}
 
     async def test_what_a_small_scope_cannot_use_goes_to_the_others(self, conn):
         await backlog(conn, 1, tenant="small")
         await backlog(conn, 20, tenant="big")
-        assert per_tenant(await claim(conn, batch_size=10)) == {"small": 1, "big": 9}
+        served = per_tenant(await claim(conn, batch_size=10))
+        assert sum(served.values()) == 10
+        assert served["small"] <= 1
 
     async def test_max_concurrency_is_per_scope_and_saturation_is_reported_per_scope(self, conn):
         for tenant in ("t1", "t2"):
@@ -189,6 +187,20 @@ class TestFairnessOverManyClaims:
         await set_limit(conn, "heavy", weight=3)
         served = await self._shares(conn, 400)
         # Binomial(400, 3/4): mean 300, sd 8.7; 6 sd is 248..352.
+        assert 248 <= served["heavy"] <= 352
+
+    async def test_weights_hold_for_batches_too(self, conn):
+        """Rounding each scope's share up gave the first scope of the order more than its
+        weight whenever the batch was small (0.80 instead of 0.75 under a worker with 8 slots,
+        bench fleet); the places of a batch are drawn one by one now."""
+        for tenant in ("heavy", "light"):
+            await backlog(conn, 500, tenant=tenant)
+        await set_limit(conn, "heavy", weight=3)
+        served: collections.Counter[str] = collections.Counter()
+        for i in range(200):
+            served.update(per_tenant(await claim(conn, batch_size=2, now=at(i * 0.001))))
+        # 400 places, Binomial(400, 3/4) per place drawn: sd 8.7, 6 sd either side.
+        assert sum(served.values()) == 400
         assert 248 <= served["heavy"] <= 352
 
 
