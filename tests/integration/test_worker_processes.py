@@ -628,3 +628,34 @@ async def test_a_worker_given_zeroth_pg_dsn_serves_without_migrating_it(database
             assert await worker.wait_exit() == 0, worker.log
         finally:
             await worker.stop()
+
+
+async def test_one_process_serves_a_mapping_of_deployments_in_every_scope(workers, pool):
+    """``--app worker_apps:fleet`` (a mapping) with ``--deployment`` twice: a fleet worker of
+    those two deployments, in every tenant and workspace; the mapping's third is not served."""
+    lm = LeaseManager(pool)
+    served: list[tuple[str, str, str | None]] = []
+    for deployment in ("fleet-mail", "fleet-resize"):
+        for tenant, workspace in (("acme", None), ("globex", "w1")):
+            await lm.enqueue_run(deployment, {}, tenant_id=tenant, workspace_id=workspace)
+            served.append((deployment, tenant, workspace))
+    left = await lm.enqueue_run("fleet-unserved", {}, tenant_id="acme")
+    worker = await workers("fleet-mail", "worker_apps:fleet", "--deployment", "fleet-resize")
+    await worker.started()
+    deadline = time.monotonic() + DEADLINE
+    while await pool.fetchval("SELECT count(*) FROM zeroth.runs WHERE status = 'completed'") < 4:
+        assert time.monotonic() < deadline, worker.log
+        await asyncio.sleep(0.1)
+    rows = await pool.fetch(
+        "SELECT deployment_ref, tenant_id, workspace_id, output FROM zeroth.runs "
+        "WHERE status = 'completed'")
+    assert sorted((r["deployment_ref"], r["tenant_id"], r["workspace_id"]) for r in rows) == \
+        sorted(served)
+    for row in rows:
+        assert json.loads(row["output"]) == {"deployment": row["deployment_ref"],
+                                             "tenant": row["tenant_id"],
+                                             "workspace": row["workspace_id"]}
+    assert await pool.fetchval("SELECT status::text FROM zeroth.runs WHERE run_id = $1",
+                               left.run_id) == "pending"
+    worker.send(signal.SIGTERM)
+    assert await worker.wait_exit() == 0, worker.log

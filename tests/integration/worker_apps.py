@@ -35,8 +35,8 @@ import asyncpg
 from zeroth_pg.errors import LeaseLostError
 from zeroth_pg.worker import RunContext
 
-__all__ = ["EVENTS_DDL", "POISON_EXIT_CODE", "exit_on_poison", "scripted", "sigterm_on_poison",
-           "sleeper"]
+__all__ = ["EVENTS_DDL", "POISON_EXIT_CODE", "exit_on_poison", "fleet", "scripted",
+           "sigterm_on_poison", "sleeper", "tagged"]
 
 EVENTS_DDL = """
     CREATE TABLE public.events (
@@ -172,3 +172,13 @@ async def sigterm_on_poison(ctx: RunContext) -> dict[str, Any]:
         await asyncio.sleep(3600)
     await asyncio.sleep(float(ctx.payload.get("seconds", 0.1)))
     return {"worker_id": ctx.worker_id, "generation": ctx.lease_generation}
+
+
+async def tagged(ctx: RunContext) -> dict[str, Any]:
+    """Completes at once with the scope it ran in (for the fleet worker process)."""
+    return {"deployment": ctx.scope.deployment_ref, "tenant": ctx.scope.tenant_id,
+            "workspace": ctx.scope.workspace_id}
+
+
+#: A fleet worker's handlers: ``--app worker_apps:fleet`` serves every deployment named here.
+fleet = {"fleet-mail": tagged, "fleet-resize": tagged, "fleet-unserved": tagged}

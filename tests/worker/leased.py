@@ -17,12 +17,13 @@ from zeroth_pg.types import ClaimedRun, RunStatus, Scope
 from zeroth_pg.worker._run import ActiveRun, RunContext
 
 WORKER = "unit-worker"
+#: Where the units' runs live (claim() enqueues them in the default tenant, no workspace).
+UNIT_SCOPE = Scope("unit")
 
 
 def active(run: ClaimedRun, *, deadline: float | None = None,
-           scope: Scope = Scope("unit")) -> ActiveRun:
-    """``run`` as the worker holds it; its lease known live for ``deadline`` (default 60 s).
-    ``scope``: where it lives (the units' runs are in the default tenant, no workspace)."""
+           scope: Scope = UNIT_SCOPE) -> ActiveRun:
+    """``run`` as the worker holds it; its lease known live for ``deadline`` (default 60 s)."""
     ctx = RunContext(
         run_id=run.run_id, payload=run.payload, attempt=run.attempts,
         max_attempts=run.max_attempts, metadata=run.metadata, thread_id=run.thread_id,

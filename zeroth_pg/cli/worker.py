@@ -21,12 +21,15 @@ class LogFormat(StrEnum):
 
 
 def worker(
-    deployment: Annotated[str, typer.Option(
-        "--deployment", envvar="ZEROTH_PG_DEPLOYMENT", help="deployment_ref to serve.",
-        show_default=False)],
     handler: Annotated[str, typer.Option(
-        "--app", envvar="ZEROTH_PG_APP", help="The handler, as module:attr.",
+        "--app", envvar="ZEROTH_PG_APP",
+        help="The handler, as module:attr; or a mapping {deployment: handler} for a fleet "
+             "worker that serves them all (in every scope, or in --tenant/--workspace).",
         show_default=False)],
+    deployment: Annotated[list[str] | None, typer.Option(
+        "--deployment", envvar="ZEROTH_PG_DEPLOYMENT",
+        help="deployment_ref to serve (repeat it for a fleet worker's subset; default: every "
+             "deployment of a mapping).", show_default=False)] = None,
     dsn: Dsn = None,
     tenant: Tenant = None,
     workspace: Workspace = None,
@@ -55,7 +58,8 @@ def worker(
         envvar="ZEROTH_PG_LOG_FORMAT", help="Log lines on stderr.")] = LogFormat.TEXT,
     log_level: Annotated[str, typer.Option(envvar="ZEROTH_PG_LOG_LEVEL")] = "INFO",
 ) -> None:
-    """Run a worker: --app module:handler --deployment NAME [...]; SIGTERM drains.
+    """Run a worker: --app module:handler --deployment NAME, or --app module:handlers (a
+    mapping) for a fleet worker of several deployments; SIGTERM drains.
 
     Running handlers then get --shutdown-timeout seconds; the rest are cancelled and handed back
     to pending with their checkpoints.

@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 import uuid
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import asyncpg
@@ -20,22 +21,41 @@ import asyncpg
 from zeroth_pg.worker._run import Handler, orchestrator_handler
 from zeroth_pg.worker._worker import RunWorker
 
-__all__ = ["JsonFormatter", "load_handler", "run_process", "serve", "skip_reset"]
+__all__ = ["JsonFormatter", "load_app", "load_handler", "run_process", "serve", "skip_reset"]
 
 
-def load_handler(spec: str) -> Handler:
-    """``module:attr`` → an async handler; an object with drive/resume is adapted."""
+def _import(spec: str) -> Any:
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise ValueError(f"--app must look like module:handler, got {spec!r}")
     target: Any = importlib.import_module(module_name)
     for part in attr.split("."):
         target = getattr(target, part)
+    return target
+
+
+def _as_handler(target: Any, what: str) -> Handler:
     if hasattr(target, "drive") and hasattr(target, "resume"):
         return orchestrator_handler(target)
     if not callable(target):
-        raise ValueError(f"{spec} is not callable")
+        raise ValueError(f"{what} is not callable")
     return target  # type: ignore[no-any-return]
+
+
+def load_handler(spec: str) -> Handler:
+    """``module:attr`` → an async handler; an object with drive/resume is adapted."""
+    return _as_handler(_import(spec), spec)
+
+
+def load_app(spec: str) -> Handler | dict[str, Handler]:
+    """``module:attr`` → one handler, or (a mapping of deployment names to handlers) the
+    handlers of a fleet worker, each adapted like :func:`load_handler`."""
+    target = _import(spec)
+    if isinstance(target, Mapping):
+        if not target:
+            raise ValueError(f"{spec} maps no deployment to a handler")
+        return {str(name): _as_handler(h, f"{spec}[{name!r}]") for name, h in target.items()}
+    return _as_handler(target, spec)
 
 
 class JsonFormatter(logging.Formatter):
@@ -63,7 +83,7 @@ async def skip_reset(_conn: asyncpg.Connection) -> None:
 
 async def serve(
     *,
-    deployment: str,
+    deployment: str | Sequence[str] | None,
     app: str,
     dsn: str | None = None,
     tenant: str | None = None,
@@ -79,15 +99,35 @@ async def serve(
     metrics_port: int = 0,
 ) -> None:
     """Serve ``deployment`` with the handler ``app`` (``module:attr``) until SIGTERM/SIGINT,
-    then drain. No ``dsn``: ``ZEROTH_PG_DSN`` as it is (never migrated by a worker), else the
-    embedded server (migrated)."""
+    then drain. An ``app`` that is a mapping of deployment names to handlers makes a fleet
+    worker: it serves the named deployments (``deployment``: one name or several; None: every
+    one in the mapping) in every scope, or in the one scope ``tenant``/``workspace`` name. No
+    ``dsn``: ``ZEROTH_PG_DSN`` as it is (never migrated by a worker), else the embedded server
+    (migrated)."""
     from zeroth_pg.embedded import resolve_dsn
     from zeroth_pg.metrics import start_http_server
 
     # A database it was given (ZEROTH_PG_DSN) is never migrated by a worker: that needs the
     # migrating role's privileges, not zeroth_worker's. Only the embedded server is.
     dsn = dsn or resolve_dsn(migrate=not os.environ.get("ZEROTH_PG_DSN"))
-    handler = load_handler(app)
+    loaded = load_app(app)
+    names = [deployment] if isinstance(deployment, str) else list(deployment or ())
+    target: str | dict[str, Handler]
+    handler: Handler | None = None
+    scopes: list[tuple[str | None, str | None]] | None = None
+    if isinstance(loaded, dict):
+        unknown = [name for name in names if name not in loaded]
+        if unknown:
+            raise ValueError(f"{app} has no handler for deployment(s) {', '.join(unknown)} "
+                             f"(it has {', '.join(loaded)})")
+        target = {name: loaded[name] for name in names} if names else loaded
+        if tenant is not None or workspace is not None:
+            scopes = [(tenant, workspace)]
+        tenant = workspace = None
+    else:
+        if len(names) != 1:
+            raise ValueError(f"{app} is one handler: name exactly one --deployment for it")
+        target, handler = names[0], loaded
     if metrics_port:
         start_http_server(metrics_port)
     worker_id = worker_id or uuid.uuid4().hex
@@ -96,7 +136,8 @@ async def serve(
         server_settings={"application_name": f"zeroth-worker:{worker_id}"})
     try:
         worker = RunWorker(
-            pool, deployment, handler, dsn=dsn, tenant_id=tenant, workspace_id=workspace,
+            pool, target, handler, scopes=scopes, dsn=dsn, tenant_id=tenant,
+            workspace_id=workspace,
             max_concurrency=concurrency, fleet_max_concurrency=fleet_concurrency,
             poll_interval=poll_interval, orphan_sweep_interval=orphan_sweep_interval,
             worker_id=worker_id, shutdown_timeout=shutdown_timeout, lease_duration=lease,
