@@ -300,6 +300,7 @@ async def continuous(cfg: Config, s: Any) -> ScenarioReport:
                 length = restart_cell_seconds(seconds)
                 sent = await cell(target, trace, rate, concurrency, length, restart)
                 _restart_row(rep, restart_lines, trace, name, rate, concurrency, length, sent)
+                await s.reconnect()  # every system's setup connection died with the server
                 continue
             sent = await cell(target, trace, rate, concurrency, seconds, None)
             windows = trace.windows(seconds)[int(WARMUP // WINDOW):]
@@ -329,8 +330,6 @@ async def continuous(cfg: Config, s: Any) -> ScenarioReport:
                     f"min window {min(windows):.0f}/s ({100 * min(windows) / rate:.0f}%), "
                     f"p99 {p99:.1f} ms", kept_up and p99 <= 100))
             print(lines[-1], flush=True)
-        if restarts:
-            await s.reconnect()  # every system's setup connection died with the server
     rep.tables.append("\n".join(lines))
     if len(restart_lines) > 2:
         rep.tables.append("\n".join(restart_lines))
