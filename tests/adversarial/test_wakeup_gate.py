@@ -145,10 +145,12 @@ async def test_a_waiting_worker_holds_the_gate_and_a_busy_one_lets_it_go(started
 
 
 async def test_a_reconnected_listener_takes_the_gate_again(started_worker, admin):
-    async def handler(_run: Any) -> None:
-        return None
+    done = asyncio.Event()
 
-    worker = await started_worker(handler, poll_interval=60.0)
+    async def finished(_run: Any) -> None:
+        done.set()
+
+    worker = await started_worker(finished, poll_interval=60.0)
     await wait_until(lambda: listener_locks(admin, worker), what="the idle stripes",
                      within=30)
     assert worker.notifier is not None
@@ -161,12 +163,6 @@ async def test_a_reconnected_listener_takes_the_gate_again(started_worker, admin
         return pid not in (None, old) and await listener_locks(admin, worker) == 8
 
     await wait_until(again, what="the reconnected listener's stripes", within=30)
-    done = asyncio.Event()
-
-    async def finished(_run: Any) -> None:
-        done.set()
-
-    worker.handler = finished
     await admin.execute("SELECT zeroth.enqueue_run(deployment_ref => $1)", DEPLOYMENT)
     await asyncio.wait_for(done.wait(), timeout=30)  # woken by NOTIFY, not the 60 s poll
 
