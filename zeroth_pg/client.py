@@ -688,19 +688,28 @@ def _claim_result(rows: list[asyncpg.Record]) -> LeaseClaimResult:
 
 
 def _scope_arguments(
-    deployment_refs: Sequence[str], scopes: Sequence[tuple[str | None, str | None]] | None,
-) -> tuple[list[str], list[str | None] | None, list[str | None] | None]:
+    deployment_refs: Sequence[str] | None,
+    scopes: Sequence[tuple[str | None, str | None]] | None,
+) -> tuple[list[str] | None, list[str | None] | None, list[str | None] | None]:
     """The arrays of a multi-scope call: deployments, and tenants and workspaces (None: every
-    scope)."""
-    if isinstance(deployment_refs, str):
-        raise InvalidArgumentError("deployment_refs must be a sequence of deployment names, "
-                                   "not one string")
+    scope). What is not a list of names (None, a string, a number) goes to the database as it
+    is or is refused here, always as InvalidArgumentError, never a TypeError."""
+    if isinstance(deployment_refs, str | bytes) or not (
+            deployment_refs is None or isinstance(deployment_refs, Iterable)):
+        raise InvalidArgumentError("deployment_refs must be a sequence of deployment names")
+    deployments = None if deployment_refs is None else list(deployment_refs)
     if scopes is None:
-        return list(deployment_refs), None, None
-    pairs = [tuple(pair) for pair in scopes]
+        return deployments, None, None
+    if isinstance(scopes, str | bytes) or not isinstance(scopes, Iterable):
+        raise InvalidArgumentError("scopes must be a sequence of (tenant_id, workspace_id) pairs")
+    pairs: list[tuple[Any, ...]] = []
+    for pair in scopes:
+        if isinstance(pair, str | bytes) or not isinstance(pair, Iterable):
+            raise InvalidArgumentError("each scope must be a (tenant_id, workspace_id) pair")
+        pairs.append(tuple(pair))
     if any(len(pair) != 2 for pair in pairs):
         raise InvalidArgumentError("each scope must be a (tenant_id, workspace_id) pair")
-    return list(deployment_refs), [p[0] for p in pairs], [p[1] for p in pairs]
+    return deployments, [p[0] for p in pairs], [p[1] for p in pairs]
 
 
 def _scopes_result(rows: list[asyncpg.Record]) -> ScopesClaimResult:
