@@ -11,17 +11,8 @@ DECLARE
     v_checked text := zeroth.wakeup_key(announce_busy.deployment_ref, announce_busy.tenant_id, announce_busy.workspace_id);
     v_lock bigint := zeroth._wakeup_lock(zeroth._scope_tenant(announce_busy.tenant_id, announce_busy.workspace_id),
                                          announce_busy.workspace_id, announce_busy.deployment_ref);
-    v_released integer := 0;
-    v_stripe integer;
 BEGIN
-    -- Once each: announce_idle never takes a stripe the session holds (a lock the session took
-    -- itself as well stays held, its own business).
-    FOR v_stripe IN SELECT unnest(zeroth._wakeup_stripes_held(v_lock)) LOOP
-        IF pg_advisory_unlock(v_lock + v_stripe) THEN
-            v_released := v_released + 1;
-        END IF;
-    END LOOP;
-    RETURN v_released;
+    RETURN zeroth._release_wakeup_stripes(v_lock);
 END
 $$;
 COMMENT ON FUNCTION zeroth.announce_busy(text, text, text) IS

@@ -7,15 +7,8 @@ CREATE OR REPLACE FUNCTION zeroth.announce_busy_deployment(deployment_ref text)
 DECLARE
     v_checked text := zeroth.deployment_wakeup_key(announce_busy_deployment.deployment_ref);
     v_lock bigint := zeroth._wakeup_lock_deployment(announce_busy_deployment.deployment_ref);
-    v_released integer := 0;
-    v_stripe integer;
 BEGIN
-    FOR v_stripe IN SELECT unnest(zeroth._wakeup_stripes_held(v_lock)) LOOP
-        IF pg_advisory_unlock(v_lock + v_stripe) THEN
-            v_released := v_released + 1;
-        END IF;
-    END LOOP;
-    RETURN v_released;
+    RETURN zeroth._release_wakeup_stripes(v_lock);
 END
 $$;
 COMMENT ON FUNCTION zeroth.announce_busy_deployment(text) IS

@@ -21,16 +21,8 @@ DECLARE
     v_checked text := zeroth.wakeup_key(announce_idle.deployment_ref, announce_idle.tenant_id, announce_idle.workspace_id);
     v_lock bigint := zeroth._wakeup_lock(zeroth._scope_tenant(announce_idle.tenant_id, announce_idle.workspace_id),
                                          announce_idle.workspace_id, announce_idle.deployment_ref);
-    v_held integer[] := zeroth._wakeup_stripes_held(v_lock);
 BEGIN
-    FOR v_stripe IN 0 .. zeroth._wakeup_stripes() - 1 LOOP
-        IF NOT v_stripe = ANY (v_held) THEN
-            IF pg_try_advisory_lock(v_lock + v_stripe) THEN
-                v_held := v_held || v_stripe;
-            END IF;
-        END IF;
-    END LOOP;
-    RETURN (SELECT coalesce(array_agg(s ORDER BY s), '{}') FROM unnest(v_held) s);
+    RETURN zeroth._take_wakeup_stripes(v_lock);
 END
 $$;
 COMMENT ON FUNCTION zeroth.announce_idle(text, text, text) IS

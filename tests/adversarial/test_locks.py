@@ -111,8 +111,7 @@ async def test_no_zeroth_function_waits_on_an_advisory_lock(admin):
             WHERE p.pronamespace = 'zeroth'::regnamespace
               AND pg_get_functiondef(p.oid) ~* 'pg_try_advisory'
             ORDER BY 1""")
-    assert [row["function"] for row in trying] == [
-        "_notify_wakeup", "announce_idle", "announce_idle_deployment"]
+    assert [row["function"] for row in trying] == ["_notify_wakeup", "_take_wakeup_stripes"]
 
 
 async def colliding_thread(admin: asyncpg.Connection, tenant: str, thread: str) -> str:

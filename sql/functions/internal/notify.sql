@@ -111,6 +111,46 @@ COMMENT ON FUNCTION zeroth._wakeup_lock_deployment(text) IS 'Internal: the advis
 ALTER FUNCTION zeroth._wakeup_lock_deployment(text) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._wakeup_lock_deployment(text) FROM PUBLIC;
 
+-- The two halves every announce function shares, for the gate whose stripe 0 is `lock`: take
+-- the stripes this session does not hold yet (session-level, exclusive, never waiting) and
+-- return every stripe it then holds; or let go of every stripe it holds and count them.
+CREATE OR REPLACE FUNCTION zeroth._take_wakeup_stripes(lock bigint) RETURNS integer[]
+    LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_held integer[] := zeroth._wakeup_stripes_held(lock);
+BEGIN
+    FOR v_stripe IN 0 .. zeroth._wakeup_stripes() - 1 LOOP
+        IF NOT v_stripe = ANY (v_held) AND pg_try_advisory_lock(lock + v_stripe) THEN
+            v_held := v_held || v_stripe;
+        END IF;
+    END LOOP;
+    RETURN (SELECT coalesce(array_agg(s ORDER BY s), '{}') FROM unnest(v_held) s);
+END
+$$;
+COMMENT ON FUNCTION zeroth._take_wakeup_stripes(bigint) IS 'Internal: take the stripes of the gate at this key the session does not hold (session advisory locks, try only); every stripe it holds after.';
+ALTER FUNCTION zeroth._take_wakeup_stripes(bigint) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._take_wakeup_stripes(bigint) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION zeroth._release_wakeup_stripes(lock bigint) RETURNS integer
+    LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_released integer := 0;
+    v_stripe integer;
+BEGIN
+    -- Once each: _take_wakeup_stripes never takes a stripe the session holds (a lock the
+    -- session took itself as well stays held, its own business).
+    FOR v_stripe IN SELECT unnest(zeroth._wakeup_stripes_held(lock)) LOOP
+        IF pg_advisory_unlock(lock + v_stripe) THEN
+            v_released := v_released + 1;
+        END IF;
+    END LOOP;
+    RETURN v_released;
+END
+$$;
+COMMENT ON FUNCTION zeroth._release_wakeup_stripes(bigint) IS 'Internal: let go of every stripe of the gate at this key the session holds; how many.';
+ALTER FUNCTION zeroth._release_wakeup_stripes(bigint) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._release_wakeup_stripes(bigint) FROM PUBLIC;
+
 -- Work may be claimable in (deployment, tenant, workspace). Two gates, each as described above:
 -- the scope's (its workers) and the deployment's (fleet workers serving every scope of it). For
 -- each: NOTIFY zeroth_wakeup with that gate's key if a worker waits on this transaction's stripe

@@ -78,6 +78,8 @@ ALTER FUNCTION zeroth._scope_has_due_run(text, text, text, timestamptz) OWNER TO
 REVOKE ALL ON FUNCTION zeroth._scope_has_due_run(text, text, text, timestamptz) FROM PUBLIC;
 
 -- The scopes of these deployments that hold a running run: a skip scan of runs_running_idx
+-- (_pending_scopes's twin: each must name its status as a constant, or a generic plan could not
+-- use that status's partial index)
 -- (tenant_id, workspace_key, deployment_ref) WHERE status = 'running', one probe per such scope
 -- (of any deployment). The candidates of claim_orphaned_scopes. Reads only; takes no lock.
 CREATE OR REPLACE FUNCTION zeroth._running_scopes(deployment_refs text[])
