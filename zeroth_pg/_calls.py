@@ -112,6 +112,9 @@ PRUNE_RUNS = """SELECT zeroth.prune_runs(older_than => $1, batch_size => $2, ten
 COUNT_PENDING = """SELECT zeroth.count_pending(deployment_ref => $1, tenant_id => $2,
     workspace_id => $3)"""
 
+COUNT_PENDING_SCOPES = """SELECT deployment_ref, pending FROM zeroth.count_pending_scopes(
+    deployment_refs => $1::text[], tenant_ids => $2::text[], workspace_ids => $3::text[])"""
+
 WAKEUP_KEY = """SELECT zeroth.wakeup_key(deployment_ref => $1, tenant_id => $2,
     workspace_id => $3)"""
 
@@ -205,29 +208,59 @@ RUN_CHECKPOINTS = """SELECT c.checkpoint_order, c.checkpoint_id, c.lease_generat
      WHERE c.tenant_id = $1 AND c.workspace_key = $2 AND c.run_id = $3
      ORDER BY c.checkpoint_order"""
 
-# One row per (tenant, workspace, deployment) out of the operator views.
-STATUS = """SELECT s.tenant_id, s.workspace_id, s.deployment_ref,
-           sum(s.pending)::bigint AS pending, sum(s.claimable)::bigint AS claimable,
-           sum(s.scheduled)::bigint AS scheduled, sum(s.live)::bigint AS live_leases,
-           sum(s.expired)::bigint AS expired_leases, sum(s.dead)::bigint AS dead_letters
-      FROM (SELECT q.tenant_id, q.workspace_id, q.deployment_ref, q.pending, q.claimable,
-                   q.scheduled, 0 AS live, 0 AS expired, 0 AS dead
-              FROM zeroth.queue_depth q
-            UNION ALL
-            SELECT l.tenant_id, l.workspace_id, l.deployment_ref, 0, 0, 0, count(*), 0, 0
-              FROM zeroth.live_leases l GROUP BY l.tenant_id, l.workspace_id, l.deployment_ref
-            UNION ALL
-            SELECT e.tenant_id, e.workspace_id, e.deployment_ref, 0, 0, 0, 0, count(*), 0
-              FROM zeroth.expired_leases e GROUP BY e.tenant_id, e.workspace_id, e.deployment_ref
-            UNION ALL
-            SELECT d.tenant_id, d.workspace_id, d.deployment_ref, 0, 0, 0, 0, 0, count(*)
-              FROM zeroth.dead_letters d GROUP BY d.tenant_id, d.workspace_id, d.deployment_ref
-           ) s
-     WHERE ($1::text IS NULL OR s.deployment_ref = $1)
-       AND ($2::text IS NULL OR s.tenant_id = $2)
-       AND ($3::text IS NULL OR s.workspace_id = $3)
-     GROUP BY s.tenant_id, s.workspace_id, s.deployment_ref
-     ORDER BY s.tenant_id, s.workspace_id NULLS FIRST, s.deployment_ref"""
+# One row per (tenant, workspace, deployment) out of the operator views, and per scope that has a
+# zeroth.scope_limits row (runs or not: a paused scope with nothing queued is shown), with that
+# row's limits (NULL without one). Read as the caller: a zeroth_reader sees its own tenant.
+_STATUS_SCOPES = """SELECT g.tenant_id, g.workspace_id, g.deployment_ref, g.pending, g.claimable,
+           g.scheduled, g.live_leases, g.expired_leases, g.dead_letters,
+           x.max_concurrency, x.weight, x.paused
+      FROM (SELECT s.tenant_id, s.workspace_id, s.deployment_ref,
+                   sum(s.pending)::bigint AS pending, sum(s.claimable)::bigint AS claimable,
+                   sum(s.scheduled)::bigint AS scheduled, sum(s.live)::bigint AS live_leases,
+                   sum(s.expired)::bigint AS expired_leases, sum(s.dead)::bigint AS dead_letters
+              FROM (SELECT q.tenant_id, q.workspace_id, q.deployment_ref, q.pending, q.claimable,
+                           q.scheduled, 0 AS live, 0 AS expired, 0 AS dead
+                      FROM zeroth.queue_depth q
+                    UNION ALL
+                    SELECT l.tenant_id, l.workspace_id, l.deployment_ref, 0, 0, 0, count(*), 0, 0
+                      FROM zeroth.live_leases l
+                     GROUP BY l.tenant_id, l.workspace_id, l.deployment_ref
+                    UNION ALL
+                    SELECT e.tenant_id, e.workspace_id, e.deployment_ref, 0, 0, 0, 0, count(*), 0
+                      FROM zeroth.expired_leases e
+                     GROUP BY e.tenant_id, e.workspace_id, e.deployment_ref
+                    UNION ALL
+                    SELECT d.tenant_id, d.workspace_id, d.deployment_ref, 0, 0, 0, 0, 0, count(*)
+                      FROM zeroth.dead_letters d
+                     GROUP BY d.tenant_id, d.workspace_id, d.deployment_ref
+                    UNION ALL
+                    SELECT k.tenant_id, k.workspace_id, k.deployment_ref, 0, 0, 0, 0, 0, 0
+                      FROM zeroth.scope_limits k
+                   ) s
+             WHERE ($1::text IS NULL OR s.deployment_ref = $1)
+               AND ($2::text IS NULL OR s.tenant_id = $2)
+               AND ($3::text IS NULL OR s.workspace_id = $3)
+             GROUP BY s.tenant_id, s.workspace_id, s.deployment_ref) g
+      LEFT JOIN zeroth.scope_limits x
+             ON x.tenant_id = g.tenant_id
+            AND x.workspace_key = CASE WHEN g.workspace_id IS NULL THEN ''
+                                       ELSE 'w:' || g.workspace_id END
+            AND x.deployment_ref = g.deployment_ref"""
+
+STATUS = f"""{_STATUS_SCOPES}
+     ORDER BY g.tenant_id, g.workspace_id NULLS FIRST, g.deployment_ref"""
+
+# The rows of STATUS summed per deployment (every scope together): how many scopes it has and
+# how many of them are paused.
+STATUS_BY_DEPLOYMENT = f"""SELECT t.deployment_ref, count(*) AS scopes,
+           sum(t.pending)::bigint AS pending, sum(t.claimable)::bigint AS claimable,
+           sum(t.scheduled)::bigint AS scheduled, sum(t.live_leases)::bigint AS live_leases,
+           sum(t.expired_leases)::bigint AS expired_leases,
+           sum(t.dead_letters)::bigint AS dead_letters,
+           count(*) FILTER (WHERE t.paused) AS paused_scopes
+      FROM ({_STATUS_SCOPES}) t
+     GROUP BY t.deployment_ref
+     ORDER BY t.deployment_ref"""
 
 DATABASE_NOW = "SELECT clock_timestamp()"
 DATABASE_NOW_PLUS = "SELECT clock_timestamp() + $1::interval"

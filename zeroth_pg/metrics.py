@@ -2,6 +2,11 @@
 
 The metrics live in one registry per process (prometheus-client's default unless a registry is
 passed), so several workers in one process share them and are told apart by the label.
+
+The ``zeroth_scope_runs_*`` counters are labelled by deployment, tenant and workspace as well
+(the null workspace is ``""``). They always exist, but only a worker built with
+``scope_metrics=True`` counts into them: a fleet worker serving every scope would make one
+series per tenant it ever saw, an unbounded number.
 """
 
 from __future__ import annotations
@@ -26,10 +31,14 @@ class WorkerMetrics:
     utilization: Gauge
     queue_depth: Gauge
     worker_errors: Counter
+    scope_runs_started: Counter
+    scope_runs_completed: Counter
+    scope_runs_failed: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry = REGISTRY) -> WorkerMetrics:
         d = ("deployment",)
+        scope = (*d, "tenant", "workspace")
         return cls(
             runs_started=Counter("zeroth_runs_started", "Run executions started.", d,
                                  registry=registry),
@@ -52,14 +61,25 @@ class WorkerMetrics:
             utilization=Gauge("zeroth_guardrail_utilization_ratio",
                               "Live leases / max_concurrency seen by the last claim.",
                               (*d, "resource"), registry=registry),
-            queue_depth=Gauge("zeroth_queue_depth", "Pending runs of the deployment.", d,
-                              registry=registry),
+            queue_depth=Gauge("zeroth_queue_depth",
+                              "Pending runs of the deployment in the scopes the worker serves.",
+                              d, registry=registry),
             worker_errors=Counter(
                 "zeroth_worker_errors", "Failures of the worker's own machinery, by kind: a "
                 "background loop that crashed and was restarted (renew_loop, claim_loop, ...), a "
                 "failed claim pass or orphan sweep, a run settled after a worker error (settle), "
                 "a completion batch or a run's completion the database refused.",
                 (*d, "kind"), registry=registry),
+            scope_runs_started=Counter(
+                "zeroth_scope_runs_started", "Run executions started, per scope (only counted "
+                "by a worker with scope_metrics=True).", scope, registry=registry),
+            scope_runs_completed=Counter(
+                "zeroth_scope_runs_completed", "Run executions that completed, per scope (only "
+                "counted by a worker with scope_metrics=True).", scope, registry=registry),
+            scope_runs_failed=Counter(
+                "zeroth_scope_runs_failed", "Attempts whose failure was recorded (retried, "
+                "failed or dead-lettered), per scope (only counted by a worker with "
+                "scope_metrics=True).", scope, registry=registry),
         )
 
 

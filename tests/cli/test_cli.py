@@ -12,9 +12,11 @@ import json
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,7 @@ import pytest
 import typer
 from helpers import make_run
 from rich.console import Console
+from roles import dsn_as, login_role
 
 from zeroth_pg import demo, migrate
 from zeroth_pg.cli import app, parse_duration
@@ -336,6 +339,28 @@ async def _dead_letter(conn: asyncpg.Connection, deployment: str, now: datetime)
     assert outcome == "dead_lettered"
 
 
+COUNT_KEYS = ("pending", "claimable", "scheduled", "live_leases", "expired_leases",
+              "dead_letters")
+
+
+async def _limited_fleet(conn: asyncpg.Connection) -> None:
+    """Runs of two deployments in four scopes, and zeroth.scope_limits rows: one for a scope
+    with runs, two paused scopes without any run (one of them of a deployment with no run)."""
+    now = await db_now(conn)
+    await make_run(conn, "pending", deployment_ref="mail", tenant_id="acme", now=now)
+    await make_run(conn, "pending", deployment_ref="mail", tenant_id="acme", now=now)
+    await make_run(conn, "running", deployment_ref="mail", tenant_id="acme", now=now)
+    await make_run(conn, "pending", deployment_ref="mail", tenant_id="acme",
+                   workspace_id="eu", now=now)
+    await make_run(conn, "pending", deployment_ref="mail", tenant_id="globex", now=now)
+    await conn.execute(
+        """INSERT INTO zeroth.scope_limits (tenant_id, workspace_id, deployment_ref,
+                                            max_concurrency, weight, paused, note)
+           VALUES ('acme', NULL, 'mail', 4, 3, false, 'contract'),
+                  ('initech', NULL, 'mail', 2, 1, true, 'unpaid'),
+                  ('globex', NULL, 'resize', NULL, 1, true, NULL)""")
+
+
 class TestStatus:
     async def test_counts_per_deployment_and_tenant_from_the_operator_views(self,
                                                                              database_dsn):
@@ -357,12 +382,103 @@ class TestStatus:
         assert set(scopes) == {("default", "a"), ("acme", "a")}
         assert {k: v for k, v in scopes[("default", "a")].items() if k != "workspace_id"} == {
             "tenant_id": "default", "deployment_ref": "a", "pending": 2, "claimable": 2,
-            "scheduled": 1, "live_leases": 1, "expired_leases": 1, "dead_letters": 1}
+            "scheduled": 1, "live_leases": 1, "expired_leases": 1, "dead_letters": 1,
+            "max_concurrency": None, "weight": None, "paused": None}  # no scope_limits row
         assert scopes[("acme", "a")]["pending"] == 1
         only_acme = cli("status", "--tenant", "acme", dsn=database_dsn)
         assert only_acme.returncode == 0, only_acme.stderr
         assert "acme" in only_acme.stdout
         assert "default" not in only_acme.stdout
+
+    async def test_each_scope_shows_its_limits_and_a_paused_empty_scope_is_shown(
+            self, database_dsn):
+        conn = await asyncpg.connect(database_dsn)
+        try:
+            await _limited_fleet(conn)
+        finally:
+            await conn.close()
+        status = ok_json(cli("status", "--json", dsn=database_dsn))
+        assert set(status) == {"at", "scopes"}
+        scopes = {(s["tenant_id"], s["workspace_id"], s["deployment_ref"]): s
+                  for s in status["scopes"]}
+        assert set(scopes) == {("acme", None, "mail"), ("acme", "eu", "mail"),
+                               ("globex", None, "mail"), ("globex", None, "resize"),
+                               ("initech", None, "mail")}
+        limits = {k: (s["max_concurrency"], s["weight"], s["paused"]) for k, s in scopes.items()}
+        assert limits == {("acme", None, "mail"): (4, 3, False),
+                          ("acme", "eu", "mail"): (None, None, None),  # no limits row
+                          ("globex", None, "mail"): (None, None, None),
+                          ("globex", None, "resize"): (None, 1, True),
+                          ("initech", None, "mail"): (2, 1, True)}
+        # The paused scope with nothing queued, nothing leased and no dead letter is a row too.
+        assert {k: v for k, v in scopes[("initech", None, "mail")].items()
+                if k in COUNT_KEYS} == dict.fromkeys(COUNT_KEYS, 0)
+        assert (scopes[("acme", None, "mail")]["pending"],
+                scopes[("acme", "eu", "mail")]["pending"]) == (2, 1)
+        table = cli("status", dsn=database_dsn)
+        assert table.returncode == 0, table.stderr
+        header = next(line for line in table.stdout.splitlines() if "deployment" in line)
+        assert header.split() == ["tenant", "workspace", "deployment", "pending", "claimable",
+                                  "scheduled", "leased", "expired", "dead", "limit", "weight",
+                                  "paused"]
+        rows = {tuple(line.split()[:3]): line.split() for line in table.stdout.splitlines()
+                if line.split()[:1] == ["initech"]}
+        assert rows == {("initech", "mail", "0"): ["initech", "mail", *["0"] * 6, "2", "1",
+                                                    "yes"]}
+        # The scope limits rows match the filters like the runs.
+        only_mail = ok_json(cli("status", "--json", "--tenant", "initech", dsn=database_dsn))
+        assert [s["deployment_ref"] for s in only_mail["scopes"]] == ["mail"]
+        assert ok_json(cli("status", "--json", "--tenant", "initech", "--deployment", "resize",
+                           dsn=database_dsn))["scopes"] == []
+
+    async def test_by_deployment_sums_every_scope(self, database_dsn):
+        conn = await asyncpg.connect(database_dsn)
+        try:
+            await _limited_fleet(conn)
+        finally:
+            await conn.close()
+        status = ok_json(cli("status", "--by", "deployment", "--json", dsn=database_dsn))
+        assert set(status) == {"at", "deployments"}
+        assert status["deployments"] == [
+            {"deployment_ref": "mail", "scopes": 4, "pending": 4, "claimable": 4,
+             "scheduled": 0, "live_leases": 1, "expired_leases": 0, "dead_letters": 0,
+             "paused_scopes": 1},
+            {"deployment_ref": "resize", "scopes": 1, "pending": 0, "claimable": 0,
+             "scheduled": 0, "live_leases": 0, "expired_leases": 0, "dead_letters": 0,
+             "paused_scopes": 1}]
+        only_acme = ok_json(cli("status", "--by", "deployment", "--tenant", "acme", "--json",
+                                dsn=database_dsn))
+        assert [(d["deployment_ref"], d["scopes"], d["pending"])
+                for d in only_acme["deployments"]] == [("mail", 2, 3)]
+        table = cli("status", "--by", "deployment", dsn=database_dsn)
+        assert table.returncode == 0, table.stderr
+        lines = [line.split() for line in table.stdout.splitlines()]
+        assert ["deployment", "scopes", "pending", "claimable", "scheduled", "leased",
+                "expired", "dead", "paused"] in lines
+        assert ["mail", "4", "4", "4", "0", "1", "0", "0", "1"] in lines
+
+    async def test_a_reader_sees_its_own_tenant_and_its_limits(self, database_dsn,
+                                                                pg_server_dsn):
+        conn = await asyncpg.connect(database_dsn)
+        try:
+            await _limited_fleet(conn)
+            with login_role(pg_server_dsn, "zeroth_reader") as (name, password):
+                # The tenant a reader names (here for every session of its role).
+                await conn.execute(f"ALTER ROLE {name} SET zeroth.tenant_id = 'initech'")
+                reader = dsn_as(database_dsn, name, password)
+                status = ok_json(cli("status", "--json", dsn=reader))
+                by_deployment = ok_json(cli("status", "--json", "--by", "deployment",
+                                            dsn=reader))
+                await conn.execute(f"ALTER ROLE {name} SET zeroth.tenant_id = 'acme'")
+                acme = ok_json(cli("status", "--json", dsn=reader))
+        finally:
+            await conn.close()
+        assert [(s["tenant_id"], s["deployment_ref"], s["max_concurrency"], s["paused"])
+                for s in status["scopes"]] == [("initech", "mail", 2, True)]
+        assert [(d["deployment_ref"], d["scopes"], d["paused_scopes"])
+                for d in by_deployment["deployments"]] == [("mail", 1, 1)]
+        assert [(s["workspace_id"], s["pending"], s["live_leases"], s["weight"])
+                for s in acme["scopes"]] == [(None, 2, 1, 3), ("eu", 1, 0, None)]
 
     def test_watch_refreshes_until_its_count(self, database_dsn):
         result = cli("status", "--watch", "--interval", "0.1", "--count", "3", "--json",
@@ -439,6 +555,55 @@ class TestWorker:
                 proc.kill()
                 await proc.wait()
             await pool.close()
+
+    async def test_scope_metrics_option_counts_runs_per_scope_on_the_metrics_port(
+            self, database_dsn):
+        with socket.socket() as probe:  # a free port for /metrics
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        pool = await asyncpg.create_pool(database_dsn, min_size=1, max_size=2)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ZEROTH_PG_")}
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "zeroth_pg.cli", "worker", "--app", "zeroth_pg.demo:handle",
+            "--deployment", "cli-scoped", "--tenant", "acme", "--workspace", "eu",
+            "--poll-interval", "0.2", "--scope-metrics", "--metrics-port", str(port),
+            cwd=REPO, env={**env, "ZEROTH_PG_DSN": database_dsn},
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL)
+        labels = 'deployment="cli-scoped",tenant="acme",workspace="eu"'
+        wanted = {f"zeroth_scope_runs_started_total{{{labels}}} 3.0",
+                  f"zeroth_scope_runs_completed_total{{{labels}}} 2.0",
+                  f"zeroth_scope_runs_failed_total{{{labels}}} 1.0"}
+
+        def scrape() -> set[str]:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
+                                            timeout=5) as page:
+                    return set(page.read().decode().splitlines())
+            except OSError:
+                return set()  # not serving yet
+
+        try:
+            lm = LeaseManager(pool)
+            for payload, attempts in (({"steps": 1}, 3), ({"steps": 1}, 3),
+                                      ({"steps": 1, "always_fail": True}, 1)):
+                await lm.enqueue_run("cli-scoped", payload, tenant_id="acme",
+                                     workspace_id="eu", max_attempts=attempts)
+            deadline = time.monotonic() + DEADLINE
+            lines = set()
+            while not wanted <= lines and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+                lines = await asyncio.to_thread(scrape)
+            assert wanted <= lines
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), timeout=DEADLINE)
+            finally:
+                if proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
+                await pool.close()
 
 
 class TestDemo:

@@ -180,6 +180,11 @@ async def cycle(w: Worker, i: int, grown: bool) -> None:
         "SELECT count(*) FROM zeroth.runs WHERE deployment_ref = $1 AND status = 'pending'", d)
     await w.call("count_pending", "SELECT zeroth.count_pending(deployment_ref => $1)", d,
                  work=pending)
+    # The listed scopes only: with tenant_ids NULL it is the skip scan of every pending scope
+    # that claim_and_start_scopes makes too (one probe per scope, not per run of `d`).
+    await w.call("count_pending_scopes", """SELECT * FROM zeroth.count_pending_scopes(
+                     deployment_refs => ARRAY[$1], tenant_ids => ARRAY['default'])""", d,
+                 work=pending)
 
     # -- the thread: admitted, queued, reused, busy, listed
     thread_enqueue = """SELECT * FROM zeroth.enqueue_run(deployment_ref => $1, thread_id => $2,

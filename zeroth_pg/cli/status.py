@@ -1,10 +1,12 @@
-"""``zeroth-pg status [--watch]``: queue depth, leases and dead letters per scope."""
+"""``zeroth-pg status [--watch] [--by deployment]``: queue depth, leases and dead letters per
+scope, with the scope's limits (zeroth.scope_limits), or summed per deployment."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 from datetime import datetime
+from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -29,18 +31,44 @@ if TYPE_CHECKING:
 
 __all__ = ["status"]
 
-_STATUS_COLUMNS = [("tenant_id", "tenant"), ("workspace_id", "workspace"),
-                   ("deployment_ref", "deployment"), ("pending", "pending"),
-                   ("claimable", "claimable"), ("scheduled", "scheduled"),
-                   ("live_leases", "leased"), ("expired_leases", "expired"),
-                   ("dead_letters", "dead")]
+
+class By(StrEnum):
+    SCOPE = "scope"  # one row per (tenant, workspace, deployment)
+    DEPLOYMENT = "deployment"  # the scopes of each deployment summed
 
 
-def _status_table(rows: list[dict[str, Any]], at: datetime, footer: str = "") -> Table:
-    table = rows_table(rows, _STATUS_COLUMNS, keep=[key for key, _ in _STATUS_COLUMNS[2:]],
-                   title=f"zeroth_pg status at {cell(at)} UTC (database clock){footer}")
-    table.caption = ("leased / expired: runs with a live / an expired lease; dead: dead letters"
-                     if rows else "no pending runs, leases or dead letters")
+_COUNTS = [("pending", "pending"), ("claimable", "claimable"), ("scheduled", "scheduled"),
+           ("live_leases", "leased"), ("expired_leases", "expired"), ("dead_letters", "dead")]
+#: Per scope: the counts, then the scope's zeroth.scope_limits row (empty without one; the
+#: columns are left out when no scope shown has a row).
+_SCOPE_COLUMNS = [("tenant_id", "tenant"), ("workspace_id", "workspace"),
+                  ("deployment_ref", "deployment"), *_COUNTS, ("max_concurrency", "limit"),
+                  ("weight", "weight"), ("paused", "paused")]
+_DEPLOYMENT_COLUMNS = [("deployment_ref", "deployment"), ("scopes", "scopes"), *_COUNTS,
+                       ("paused_scopes", "paused")]
+_KEEP = {By.SCOPE: ["deployment_ref", *(key for key, _ in _COUNTS)],
+         By.DEPLOYMENT: [key for key, _ in _DEPLOYMENT_COLUMNS]}
+_CAPTION = "leased / expired: runs with a live / an expired lease; dead: dead letters"
+_LIMITS_CAPTION = "; limit, weight, paused: the scope's zeroth.scope_limits row"
+_DEPLOYMENT_CAPTION = ("every scope of a deployment summed; " + _CAPTION
+                       + "; paused: scopes paused in zeroth.scope_limits")
+
+
+def _status_table(rows: list[dict[str, Any]], at: datetime, footer: str = "",
+                  by: By = By.SCOPE) -> Table:
+    columns = _SCOPE_COLUMNS if by is By.SCOPE else _DEPLOYMENT_COLUMNS
+    # A scope's paused flag reads yes / no (blank: the scope has no limits row).
+    shown = [{**row, "paused": "yes" if row["paused"] else "no"}
+             if by is By.SCOPE and row.get("paused") is not None else row for row in rows]
+    table = rows_table(shown, columns, keep=_KEEP[by],
+                       title=f"zeroth_pg status at {cell(at)} UTC (database clock){footer}")
+    if not rows:
+        table.caption = "no pending runs, leases, dead letters or scope limits"
+    elif by is By.DEPLOYMENT:
+        table.caption = _DEPLOYMENT_CAPTION
+    else:
+        limited = any(row.get("weight") is not None for row in rows)
+        table.caption = _CAPTION + (_LIMITS_CAPTION if limited else "")
     return table
 
 
@@ -48,6 +76,10 @@ def status(
     deployment: DeploymentFilter = None,
     tenant: TenantFilter = None,
     workspace: WorkspaceFilter = None,
+    by: Annotated[By, typer.Option(
+        "--by", envvar="ZEROTH_PG_STATUS_BY",
+        help="One row per scope (tenant, workspace, deployment) with its limits, or per "
+             "deployment (its scopes summed: for a fleet of many tenants).")] = By.SCOPE,
     watch: Annotated[bool, typer.Option("--watch", help="Refresh like top until Ctrl-C.")] = False,
     interval: Annotated[float, typer.Option(
         envvar="ZEROTH_PG_WATCH_INTERVAL", min=0.1, help="Seconds between refreshes.")] = 2.0,
@@ -57,15 +89,21 @@ def status(
     dsn: Dsn = None,
     as_json: JsonOutput = False,
 ) -> None:
-    """Queue depth, live and expired leases and dead letters per deployment and tenant."""
+    """Queue depth, live and expired leases and dead letters per deployment and tenant, with
+    each scope's limits (zeroth.scope_limits: max_concurrency, weight, paused); scopes with a
+    limits row but no runs are shown too. A zeroth_reader sees the tenant it names in
+    zeroth.tenant_id."""
     from rich.live import Live
 
+    query = _calls.STATUS if by is By.SCOPE else _calls.STATUS_BY_DEPLOYMENT
+    key = "scopes" if by is By.SCOPE else "deployments"
+
     async def sample(conn: asyncpg.Connection) -> tuple[list[dict[str, Any]], datetime]:
-        rows = await conn.fetch(_calls.STATUS, deployment, tenant, workspace)
+        rows = await conn.fetch(query, deployment, tenant, workspace)
         return [dict(row) for row in rows], await conn.fetchval(_calls.DATABASE_NOW)
 
     def emit_json(rows: list[dict[str, Any]], at: datetime) -> None:
-        print_json({"at": at, "scopes": rows})
+        print_json({"at": at, key: rows})
 
     async def work(conn: asyncpg.Connection) -> None:
         rows, at = await sample(conn)
@@ -73,18 +111,18 @@ def status(
             if as_json:
                 emit_json(rows, at)
             else:
-                out.print(_status_table(rows, at))
+                out.print(_status_table(rows, at, by=by))
             return
         footer = f" · every {interval:g}s · Ctrl-C quits"
         shown = 0
-        live = None if as_json else Live(_status_table(rows, at, footer), console=out,
+        live = None if as_json else Live(_status_table(rows, at, footer, by), console=out,
                                          auto_refresh=False)
         with live or contextlib.nullcontext():
             while True:
                 if live is None:
                     emit_json(rows, at)
                 else:
-                    live.update(_status_table(rows, at, footer), refresh=True)
+                    live.update(_status_table(rows, at, footer, by), refresh=True)
                 shown += 1
                 if count and shown >= count:
                     return
