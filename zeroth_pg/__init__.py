@@ -13,6 +13,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from zeroth_pg.app import App, Deployment, SyncRunContext
     from zeroth_pg.client import LeaseManager
     from zeroth_pg.errors import (
         CheckpointConflictError,
@@ -20,9 +21,11 @@ if TYPE_CHECKING:
         DatabaseError,
         FenceColumnWriteError,
         InvalidArgumentError,
+        InvalidPayloadError,
         InvalidScopeError,
         InvalidTransitionError,
         LeaseLostError,
+        NonRetryableError,
         RetryableError,
         RunNotFoundError,
         UnknownColumnError,
@@ -36,6 +39,7 @@ if TYPE_CHECKING:
         LeaseClaimResult,
         LeaseRenewal,
         OrphanClaimResult,
+        RetryPolicy,
         RunCompletion,
         RunStatus,
         Scope,
@@ -46,39 +50,45 @@ if TYPE_CHECKING:
 
 #: Where each public name lives.
 _HOMES = {
+    **dict.fromkeys(("App", "Deployment", "SyncRunContext"), "zeroth_pg.app"),
     "LeaseManager": "zeroth_pg.client",
     **dict.fromkeys(
         ("CheckpointConflictError", "ConnectionLostError", "DatabaseError",
-         "FenceColumnWriteError", "InvalidArgumentError", "InvalidScopeError",
-         "InvalidTransitionError", "LeaseLostError", "RetryableError", "RunNotFoundError",
-         "UnknownColumnError", "ZerothError"),
+         "FenceColumnWriteError", "InvalidArgumentError", "InvalidPayloadError",
+         "InvalidScopeError", "InvalidTransitionError", "LeaseLostError", "NonRetryableError",
+         "RetryableError", "RunNotFoundError", "UnknownColumnError", "ZerothError"),
         "zeroth_pg.errors"),
     **dict.fromkeys(
         ("CancelOutcome", "ClaimedRun", "EnqueuedRun", "FailOutcome", "LeaseClaimResult",
-         "LeaseRenewal", "OrphanClaimResult", "RunCompletion", "RunStatus", "Scope", "ScopedRun",
-         "ScopesClaimResult"),
+         "LeaseRenewal", "OrphanClaimResult", "RetryPolicy", "RunCompletion", "RunStatus",
+         "Scope", "ScopedRun", "ScopesClaimResult"),
         "zeroth_pg.types"),
     "RunContext": "zeroth_pg.worker",
     "RunWorker": "zeroth_pg.worker",
 }
 
 __all__ = [
+    "App",
     "CancelOutcome",
     "CheckpointConflictError",
     "ClaimedRun",
     "ConnectionLostError",
     "DatabaseError",
+    "Deployment",
     "EnqueuedRun",
     "FailOutcome",
     "FenceColumnWriteError",
     "InvalidArgumentError",
+    "InvalidPayloadError",
     "InvalidScopeError",
     "InvalidTransitionError",
     "LeaseClaimResult",
     "LeaseLostError",
     "LeaseManager",
     "LeaseRenewal",
+    "NonRetryableError",
     "OrphanClaimResult",
+    "RetryPolicy",
     "RetryableError",
     "RunCompletion",
     "RunContext",
@@ -88,6 +98,7 @@ __all__ = [
     "Scope",
     "ScopedRun",
     "ScopesClaimResult",
+    "SyncRunContext",
     "UnknownColumnError",
     "ZerothError",
 ]

@@ -22,7 +22,7 @@ from uuid import UUID
 
 import asyncpg
 
-from zeroth_pg import _calls
+from zeroth_pg import _calls, tracing
 from zeroth_pg.errors import InvalidArgumentError, translate
 from zeroth_pg.types import (
     CancelOutcome,
@@ -182,11 +182,15 @@ class LeaseManager:
         conn: Executor | None = None,
     ) -> EnqueuedRun:
         """Create a pending run (``zeroth.enqueue_run``); a repeated idempotency key returns the
-        existing run with ``created=False``."""
-        rows = await self._fetch(
-            _calls.ENQUEUE_RUN, deployment_ref, _object(payload, "payload"), tenant_id,
-            workspace_id, priority, run_after, max_attempts, idempotency_key,
-            _object(metadata, "metadata"), _uuid(run_id), thread_id, conn=conn)
+        existing run with ``created=False``. With OpenTelemetry, a ``send`` span whose trace
+        context goes into ``metadata`` (:mod:`zeroth_pg.tracing`)."""
+        with tracing.send(deployment_ref, tenant_id, workspace_id) as span:
+            rows = await self._fetch(
+                _calls.ENQUEUE_RUN, deployment_ref, _object(payload, "payload"), tenant_id,
+                workspace_id, priority, run_after, max_attempts, idempotency_key,
+                _object(tracing.inject(metadata), "metadata"), _uuid(run_id), thread_id,
+                conn=conn)
+            tracing.sent(span, rows[0]["run_id"])
         return _enqueued(rows[0])
 
     async def enqueue_runs(
@@ -206,8 +210,15 @@ class LeaseManager:
         if not isinstance(runs, Iterable) or isinstance(runs, str | bytes | Mapping):
             raise InvalidArgumentError("runs must be an iterable of mappings")
         items = [_json_item(item) for item in runs]
-        rows = await self._fetch(_calls.ENQUEUE_RUNS, deployment_ref, _json(items), tenant_id,
-                                 workspace_id, conn=conn)
+        with tracing.send(deployment_ref, tenant_id, workspace_id, len(items)):
+            if tracing.enabled():
+                for item in items:
+                    if isinstance(item.get("metadata", {}), Mapping):
+                        traced = tracing.inject(item.get("metadata"))
+                        if traced is not None:
+                            item["metadata"] = traced
+            rows = await self._fetch(_calls.ENQUEUE_RUNS, deployment_ref, _json(items),
+                                     tenant_id, workspace_id, conn=conn)
         return [_enqueued(row) for row in rows]
 
     # -- claims ----------------------------------------------------------------------------
@@ -426,6 +437,19 @@ class LeaseManager:
         """Pending runs of a deployment in a scope (``zeroth.count_pending``)."""
         return int(await self._fetchval(_calls.COUNT_PENDING, deployment_ref, tenant_id,
                                         workspace_id, conn=conn))
+
+    async def count_pending_scopes(
+        self, deployment_refs: Sequence[str], *,
+        scopes: Sequence[tuple[str | None, str | None]] | None = None,
+        conn: Executor | None = None,
+    ) -> dict[str, int]:
+        """Pending runs per deployment, summed over the listed ``scopes`` ((tenant_id,
+        workspace_id) pairs) or, with None, over every scope of ``deployment_refs``
+        (``zeroth.count_pending_scopes``): one entry per deployment, 0 when it has none."""
+        deployments, tenants, workspaces = _scope_arguments(deployment_refs, scopes)
+        rows = await self._fetch(_calls.COUNT_PENDING_SCOPES, deployments, tenants, workspaces,
+                                 conn=conn)
+        return {row["deployment_ref"]: int(row["pending"]) for row in rows}
 
     # -- notification keys -----------------------------------------------------------------
     # NOTIFY payloads are opaque: each channel carries a key only the database can compute (from

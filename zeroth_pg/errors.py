@@ -19,9 +19,11 @@ __all__ = [
     "DatabaseError",
     "FenceColumnWriteError",
     "InvalidArgumentError",
+    "InvalidPayloadError",
     "InvalidScopeError",
     "InvalidTransitionError",
     "LeaseLostError",
+    "NonRetryableError",
     "RetryableError",
     "RunNotFoundError",
     "UnknownColumnError",
@@ -93,7 +95,21 @@ class CheckpointConflictError(ZerothError):
 class InvalidArgumentError(ZerothError, ValueError):
     """ZP008: an argument is out of range, missing or malformed. Nothing was changed."""
 
-    sqlstate = "ZP008"
+    sqlstate: ClassVar[str | None] = "ZP008"
+
+
+class NonRetryableError(ZerothError):
+    """Raised by a handler (or for it): fail this run now, without a retry, whatever attempts it
+    has left (``zeroth.fail_run`` with ``retryable => false``: status failed)."""
+
+
+class InvalidPayloadError(InvalidArgumentError, NonRetryableError):
+    """A payload does not match its deployment's handler (a missing or unknown argument, a value
+    of the wrong JSON type). Raised by ``Deployment.enqueue`` before anything is sent, and in the
+    worker for a payload another client wrote: that run fails without a retry, because no retry
+    can make its payload fit."""
+
+    sqlstate = None  # raised in Python only: the server's ZP008 stays InvalidArgumentError
 
 
 class DatabaseError(ZerothError):

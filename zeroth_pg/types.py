@@ -16,6 +16,7 @@ __all__ = [
     "LeaseClaimResult",
     "LeaseRenewal",
     "OrphanClaimResult",
+    "RetryPolicy",
     "RunStatus",
     "Scope",
     "ScopedRun",
@@ -119,6 +120,20 @@ class Scope:
     deployment_ref: str
     tenant_id: str = "default"
     workspace_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """The backoff of a failed attempt that will be retried (``zeroth.fail_run``): about
+    ``base_seconds * 2 ** (attempt - 1)`` with jitter, at most ``max_seconds``."""
+
+    base_seconds: float = 1.0
+    max_seconds: float = 300.0
+
+    def __post_init__(self) -> None:
+        # zeroth.fail_run's own bounds, checked here so a bad policy fails at start-up.
+        if not 0 <= self.base_seconds <= self.max_seconds <= 30 * 86400:
+            raise ValueError("a retry policy needs 0 <= base_seconds <= max_seconds <= 30 days")
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,15 +12,18 @@ from __future__ import annotations
 import asyncio
 import collections
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
 import asyncpg
 import pytest
 from helpers import unique_deployment, wait_until
+from prometheus_client import CollectorRegistry
 
 from zeroth_pg.client import LeaseManager
-from zeroth_pg.types import Scope
+from zeroth_pg.metrics import WorkerMetrics
+from zeroth_pg.types import RetryPolicy, Scope
 from zeroth_pg.worker import RunContext, RunWorker
 
 IDLE = 60.0  # poll and sweep interval: a quick start was a NOTIFY's doing
@@ -288,3 +291,128 @@ class TestConstruction:
     def test_an_empty_scope_list_is_refused(self, pool):
         with pytest.raises(ValueError, match="non-empty list"):
             RunWorker(pool, {"a": Seen().handler("a")}, scopes=[])
+
+    @pytest.mark.parametrize(("kwargs", "message"), [
+        ({"deployment_concurrency": {"b": 1}}, "does not serve: b"),
+        ({"retries": {"b": RetryPolicy()}}, "does not serve: b"),
+        ({"deployment_concurrency": {"a": 0}}, "at least 1"),
+        ({"deployment_concurrency": {"a": 1.5}}, "at least 1"),
+    ])
+    def test_per_deployment_settings_name_served_deployments(self, pool, kwargs, message):
+        with pytest.raises(ValueError, match=message):
+            RunWorker(pool, {"a": Seen().handler("a")}, **kwargs)
+
+    def test_a_retry_policy_keeps_fail_runs_bounds(self):
+        with pytest.raises(ValueError, match="30 days"):
+            RetryPolicy(base_seconds=10, max_seconds=5)
+        with pytest.raises(ValueError, match="30 days"):
+            RetryPolicy(base_seconds=-1)
+
+
+async def test_a_deployment_limit_holds_for_orphans_too(fleet, pool):
+    """Three orphans of a deployment limited to one handler in this worker: recovered one at a
+    time, every one of them, while another deployment's orphans are recovered beside them."""
+    narrow, wide = unique_deployment("fleet-narrow"), unique_deployment("fleet-wide")
+    lm = LeaseManager(pool, lease_duration_seconds=0.2)
+    orphans = {}
+    for deployment in (narrow, wide):
+        ids = [*await enqueue(lm, deployment, "t1"), *await enqueue(lm, deployment, "t2"),
+               *await enqueue(lm, deployment, "t3")]
+        for tenant in ("t1", "t2", "t3"):
+            claimed = await lm.claim_and_start(deployment, "crashed-worker", tenant_id=tenant)
+            assert len(claimed.runs) == 1
+        orphans[deployment] = ids
+    await asyncio.sleep(0.3)  # the crashed worker's leases have expired
+    running = collections.Counter[str]()
+    peak = collections.Counter[str]()
+
+    def limited(deployment: str) -> Callable[[RunContext], Awaitable[None]]:
+        async def handle(ctx: RunContext) -> None:
+            running[deployment] += 1
+            peak[deployment] = max(peak[deployment], running[deployment])
+            await asyncio.sleep(0.05)
+            running[deployment] -= 1
+        return handle
+
+    await fleet({narrow: limited(narrow), wide: limited(wide)}, max_concurrency=8,
+                deployment_concurrency={narrow: 1})
+    await wait_until(lambda: pool.fetchval(
+        "SELECT count(*) = 6 FROM zeroth.runs WHERE status = 'completed'"),
+        "every orphan to complete", within=30)
+    assert peak[narrow] == 1
+    assert await pool.fetchval("SELECT count(*) FROM zeroth.runs WHERE attempts = 2") == 6
+
+
+def sample(registry: CollectorRegistry, name: str, **labels: str) -> float | None:
+    return registry.get_sample_value(name, labels)
+
+
+async def test_the_queue_depth_gauge_is_per_deployment_over_the_served_scopes(fleet, pool):
+    a, b, idle = (unique_deployment(x) for x in ("depth-a", "depth-b", "depth-idle"))
+    lm = LeaseManager(pool)
+    later = [{"payload": {}, "run_after": datetime(2100, 1, 1, tzinfo=UTC)}]  # never claimed
+    for deployment, tenant, workspace, n in ((a, "acme", None, 3), (a, "globex", "w1", 2),
+                                             (a, "initech", None, 4), (b, "acme", None, 1)):
+        await lm.enqueue_runs(deployment, later * n, tenant_id=tenant, workspace_id=workspace)
+    await lm.enqueue_runs(a, later, tenant_id="globex")  # not the listed (globex, w1)
+    registries = {kind: CollectorRegistry() for kind in ("every", "listed", "one")}
+    seen = Seen()
+    handlers = {d: seen.handler(d) for d in (a, b, idle)}
+    await fleet(handlers, queue_depth_interval=0.05,
+                metrics=WorkerMetrics.create(registries["every"]))
+    await fleet(handlers, scopes=[("acme", None), ("globex", "w1")], queue_depth_interval=0.05,
+                metrics=WorkerMetrics.create(registries["listed"]))
+    one = RunWorker(pool, a, seen.handler(a), tenant_id="initech", queue_depth_interval=0.05,
+                    poll_interval=IDLE, metrics=WorkerMetrics.create(registries["one"]))
+    await one.start()
+    try:
+        expected = {"every": {a: 10, b: 1, idle: 0}, "listed": {a: 5, b: 1, idle: 0},
+                    "one": {a: 4}}
+
+        def gauges() -> dict[str, dict[str, float | None]]:
+            return {kind: {d: sample(registries[kind], "zeroth_queue_depth", deployment=d)
+                           for d in expected[kind]} for kind in expected}
+
+        await wait_until(lambda: gauges() == expected, "every worker's gauges", within=30)
+    finally:
+        await asyncio.wait_for(one.graceful_shutdown(), timeout=30)
+    assert seen.runs == {}
+    assert sample(registries["one"], "zeroth_queue_depth", deployment=b) is None
+
+
+async def test_scope_metrics_count_per_tenant_only_when_asked_for(fleet, pool):
+    counted, plain = unique_deployment("scoped"), unique_deployment("unscoped")
+    lm = LeaseManager(pool)
+
+    async def handle(ctx: RunContext) -> dict[str, int]:
+        if ctx.payload.get("fail"):
+            raise RuntimeError("this one fails")
+        return {"ok": 1}
+
+    for deployment in (counted, plain):
+        await lm.enqueue_runs(deployment, [{"payload": {}}] * 3, tenant_id="t1")
+        await lm.enqueue_runs(deployment, [{"payload": {}}, {"payload": {"fail": True},
+                                                             "max_attempts": 1}],
+                              tenant_id="t2", workspace_id="w")
+    on, off = CollectorRegistry(), CollectorRegistry()
+    await fleet({counted: handle}, scope_metrics=True, metrics=WorkerMetrics.create(on))
+    await fleet({plain: handle}, metrics=WorkerMetrics.create(off))
+
+    def finished(registry: CollectorRegistry, deployment: str) -> bool:
+        return (sample(registry, "zeroth_runs_completed_total", deployment=deployment),
+                sample(registry, "zeroth_runs_dead_lettered_total", deployment=deployment)
+                ) == (4, 1)
+
+    await wait_until(lambda: finished(on, counted) and finished(off, plain),
+                     "both workers to finish their runs", within=30)
+    t1 = {"deployment": counted, "tenant": "t1", "workspace": ""}  # the null workspace: ""
+    t2 = {"deployment": counted, "tenant": "t2", "workspace": "w"}
+    assert {(name, scope["tenant"]): on.get_sample_value(f"zeroth_scope_runs_{name}_total",
+                                                         scope)
+            for name in ("started", "completed", "failed") for scope in (t1, t2)} == {
+        ("started", "t1"): 3, ("started", "t2"): 2, ("completed", "t1"): 3,
+        ("completed", "t2"): 1, ("failed", "t1"): None, ("failed", "t2"): 1}
+    # Off by default: the counters exist but have no series at all.
+    for name in ("started", "completed", "failed"):
+        families = [m for m in off.collect() if m.name == f"zeroth_scope_runs_{name}"]
+        assert [family.samples for family in families] == [[]]

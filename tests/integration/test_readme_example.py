@@ -14,12 +14,23 @@ import asyncpg
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
-def _worker_example() -> str:
-    text = README.read_text()
-    section = text.split("## A worker in 15 lines", 1)[1]
+def _example(heading: str) -> str:
+    section = README.read_text().split(heading, 1)[1]
     match = re.search(r"```python\n(.*?)```", section, re.S)
-    assert match, "README lost its worker example"
+    assert match, f"README lost its example under {heading!r}"
     return match.group(1)
+
+
+def _worker_example() -> str:
+    return _example("## A worker in 15 lines")
+
+
+async def _run_example(code: str, dsn: str) -> None:
+    env = {**os.environ, "ZEROTH_PG_DSN": dsn}
+    result = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-c", code], env=env, capture_output=True, text=True,
+        timeout=120)
+    assert result.returncode == 0, result.stderr
 
 
 def test_readme_worker_example_is_at_most_fifteen_lines_of_code():
@@ -28,11 +39,7 @@ def test_readme_worker_example_is_at_most_fifteen_lines_of_code():
 
 
 async def test_readme_worker_example_completes_a_run(database_dsn):
-    env = {**os.environ, "ZEROTH_PG_DSN": database_dsn}
-    result = await asyncio.to_thread(
-        subprocess.run, [sys.executable, "-c", _worker_example()], env=env,
-        capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
+    await _run_example(_worker_example(), database_dsn)
     conn = await asyncpg.connect(database_dsn)
     try:
         row = await conn.fetchrow(
@@ -41,3 +48,21 @@ async def test_readme_worker_example_completes_a_run(database_dsn):
         await conn.close()
     assert row["status"] == "completed"
     assert row["output"] == '{"hello": "world"}'
+
+
+async def test_readme_application_example_serves_two_deployments_with_one_worker(database_dsn):
+    await _run_example(_example("## An application: two deployments, one worker"),
+                       database_dsn)
+    conn = await asyncpg.connect(database_dsn)
+    try:
+        rows = await conn.fetch(
+            "SELECT deployment_ref, tenant_id, status::text AS status, output::text AS output "
+            "FROM zeroth.runs ORDER BY deployment_ref")
+        checkpoints = await conn.fetchval("SELECT count(*) FROM zeroth.checkpoints")
+    finally:
+        await conn.close()
+    assert [(r["deployment_ref"], r["tenant_id"], r["status"]) for r in rows] == [
+        ("resize", "globex", "completed"), ("send-email", "acme", "completed")]
+    assert [r["output"] for r in rows] == ['{"path": "cat.png", "width": 640}',
+                                           '{"sent_to": "ada@example.com"}']
+    assert checkpoints == 1

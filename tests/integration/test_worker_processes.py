@@ -25,6 +25,7 @@ from uuid import UUID
 import asyncpg
 import pytest
 from worker_apps import EVENTS_DDL
+from worker_apps import app as worker_app
 
 from zeroth_pg.client import LeaseManager
 from zeroth_pg.testing import run_psql
@@ -655,6 +656,31 @@ async def test_one_process_serves_a_mapping_of_deployments_in_every_scope(worker
         assert json.loads(row["output"]) == {"deployment": row["deployment_ref"],
                                              "tenant": row["tenant_id"],
                                              "workspace": row["workspace_id"]}
+    assert await pool.fetchval("SELECT status::text FROM zeroth.runs WHERE run_id = $1",
+                               left.run_id) == "pending"
+    worker.send(signal.SIGTERM)
+    assert await worker.wait_exit() == 0, worker.log
+
+
+async def test_one_process_serves_the_deployments_of_an_app(workers, pool):
+    """``--app worker_apps:app`` (a zeroth_pg.App) with ``--deployment`` twice: its async and
+    its sync deployment are served, in every tenant, the sync one in a thread of its own; the
+    App's third deployment is not served."""
+    lm, deployments = LeaseManager(pool), worker_app.deployments
+    await lm.enqueue_run("app-greet", deployments["app-greet"].payload(name="ada"),
+                         tenant_id="acme")
+    await lm.enqueue_run("app-shout", deployments["app-shout"].payload("hi"), tenant_id="globex")
+    left = await lm.enqueue_run("app-unserved", {})
+    worker = await workers("app-greet", "worker_apps:app", "--deployment", "app-shout")
+    await worker.started()
+    deadline = time.monotonic() + DEADLINE
+    while await pool.fetchval("SELECT count(*) FROM zeroth.runs WHERE status = 'completed'") < 2:
+        assert time.monotonic() < deadline, worker.log
+        await asyncio.sleep(0.1)
+    outputs = {r["deployment_ref"]: json.loads(r["output"]) for r in await pool.fetch(
+        "SELECT deployment_ref, output FROM zeroth.runs WHERE status = 'completed'")}
+    assert outputs == {"app-greet": {"hello": "ada", "tenant": "acme"},
+                       "app-shout": {"shout": "HI", "thread": "run"}}
     assert await pool.fetchval("SELECT status::text FROM zeroth.runs WHERE run_id = $1",
                                left.run_id) == "pending"
     worker.send(signal.SIGTERM)

@@ -32,10 +32,11 @@ from typing import Any
 
 import asyncpg
 
+from zeroth_pg import App
 from zeroth_pg.errors import LeaseLostError
 from zeroth_pg.worker import RunContext
 
-__all__ = ["EVENTS_DDL", "POISON_EXIT_CODE", "exit_on_poison", "fleet", "scripted",
+__all__ = ["EVENTS_DDL", "POISON_EXIT_CODE", "app", "exit_on_poison", "fleet", "scripted",
            "sigterm_on_poison", "sleeper", "tagged"]
 
 EVENTS_DDL = """
@@ -182,3 +183,24 @@ async def tagged(ctx: RunContext) -> dict[str, Any]:
 
 #: A fleet worker's handlers: ``--app worker_apps:fleet`` serves every deployment named here.
 fleet = {"fleet-mail": tagged, "fleet-resize": tagged, "fleet-unserved": tagged}
+
+
+#: An application of three deployments: ``--app worker_apps:app`` serves them (``--deployment``
+#: picks some). ``app-shout`` is a plain function: it runs in a thread of its own.
+app = App()
+
+
+@app.deployment("app-greet")
+async def greet(run: RunContext, name: str) -> dict[str, Any]:
+    return {"hello": name, "tenant": run.scope.tenant_id}
+
+
+@app.deployment("app-shout", concurrency=1)
+def shout(run: Any, text: str) -> dict[str, Any]:
+    import threading
+
+    return {"shout": text.upper(), "thread": threading.current_thread().name.split("-")[1]}
+
+
+@app.deployment("app-unserved")
+async def unserved(run: RunContext) -> None: ...

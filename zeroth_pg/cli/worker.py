@@ -23,8 +23,9 @@ class LogFormat(StrEnum):
 def worker(
     handler: Annotated[str, typer.Option(
         "--app", envvar="ZEROTH_PG_APP",
-        help="The handler, as module:attr; or a mapping {deployment: handler} for a fleet "
-             "worker that serves them all (in every scope, or in --tenant/--workspace).",
+        help="A zeroth_pg.App as module:attr (a worker of its deployments), a mapping "
+             "{deployment: handler} (the same), or one handler with --deployment. An App or "
+             "mapping is served in every scope, or in --tenant/--workspace.",
         show_default=False)],
     deployment: Annotated[list[str] | None, typer.Option(
         "--deployment", envvar="ZEROTH_PG_DEPLOYMENT",
@@ -54,12 +55,16 @@ def worker(
         envvar="ZEROTH_PG_WORKER_ID", help="Default: random.", show_default=False)] = None,
     metrics_port: Annotated[int, typer.Option(
         envvar="ZEROTH_PG_METRICS_PORT", help="Serve /metrics on this port (0: off).")] = 0,
+    scope_metrics: Annotated[bool, typer.Option(
+        "--scope-metrics", envvar="ZEROTH_PG_SCOPE_METRICS",
+        help="Also count runs per (deployment, tenant, workspace) in zeroth_scope_runs_* "
+             "(one series per tenant served: keep it for a bounded set of tenants).")] = False,
     log_format: Annotated[LogFormat, typer.Option(
         envvar="ZEROTH_PG_LOG_FORMAT", help="Log lines on stderr.")] = LogFormat.TEXT,
     log_level: Annotated[str, typer.Option(envvar="ZEROTH_PG_LOG_LEVEL")] = "INFO",
 ) -> None:
-    """Run a worker: --app module:handler --deployment NAME, or --app module:handlers (a
-    mapping) for a fleet worker of several deployments; SIGTERM drains.
+    """Run a worker: --app module:app (a zeroth_pg.App, or a mapping of handlers) for a fleet
+    worker of its deployments, or --app module:handler --deployment NAME; SIGTERM drains.
 
     Running handlers then get --shutdown-timeout seconds; the rest are cancelled and handed back
     to pending with their checkpoints.
@@ -72,7 +77,7 @@ def worker(
         fleet_concurrency=fleet_concurrency or None, poll_interval=poll_interval,
         orphan_sweep_interval=orphan_sweep_interval, lease=lease,
         shutdown_timeout=shutdown_timeout, retry_base=retry_base, worker_id=worker_id,
-        metrics_port=metrics_port))
+        metrics_port=metrics_port, scope_metrics=scope_metrics))
 
 
 #: The command alone, for ``python -m zeroth_pg.worker``.

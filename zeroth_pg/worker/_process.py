@@ -14,14 +14,15 @@ import os
 import sys
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import asyncpg
 
 from zeroth_pg.worker._run import Handler, orchestrator_handler
 from zeroth_pg.worker._worker import RunWorker
 
-__all__ = ["JsonFormatter", "load_app", "load_handler", "run_process", "serve", "skip_reset"]
+__all__ = ["JsonFormatter", "WorkerApp", "load_app", "load_handler", "run_process", "serve",
+           "skip_reset"]
 
 
 def _import(spec: str) -> Any:
@@ -47,10 +48,27 @@ def load_handler(spec: str) -> Handler:
     return _as_handler(_import(spec), spec)
 
 
-def load_app(spec: str) -> Handler | dict[str, Handler]:
-    """``module:attr`` → one handler, or (a mapping of deployment names to handlers) the
-    handlers of a fleet worker, each adapted like :func:`load_handler`."""
+@runtime_checkable
+class WorkerApp(Protocol):
+    """What a worker process needs of an application (:class:`zeroth_pg.App`): its DSN and the
+    RunWorker arguments of some of its deployments. A protocol, so that this module, which the
+    App imports, need not import it back."""
+
+    dsn: str | None
+
+    def select(self, names: Sequence[str] | None = None) -> list[Any]: ...
+
+    def worker_options(self, names: Sequence[str] | None = None) -> dict[str, Any]: ...
+
+
+def load_app(spec: str) -> Handler | dict[str, Handler] | WorkerApp:
+    """``module:attr`` → a :class:`zeroth_pg.App` (its deployments), one handler, or (a mapping
+    of deployment names to handlers) the handlers of a fleet worker, each adapted like
+    :func:`load_handler`."""
     target = _import(spec)
+    if isinstance(target, WorkerApp):
+        target.select()  # ValueError when it has no deployment
+        return target
     if isinstance(target, Mapping):
         if not target:
             raise ValueError(f"{spec} maps no deployment to a handler")
@@ -97,25 +115,35 @@ async def serve(
     retry_base: float = 1.0,
     worker_id: str | None = None,
     metrics_port: int = 0,
+    scope_metrics: bool = False,
 ) -> None:
     """Serve ``deployment`` with the handler ``app`` (``module:attr``) until SIGTERM/SIGINT,
-    then drain. An ``app`` that is a mapping of deployment names to handlers makes a fleet
-    worker: it serves the named deployments (``deployment``: one name or several; None: every
-    one in the mapping) in every scope, or in the one scope ``tenant``/``workspace`` name. No
-    ``dsn``: ``ZEROTH_PG_DSN`` as it is (never migrated by a worker), else the embedded server
+    then drain. An ``app`` that is a :class:`zeroth_pg.App`, or a mapping of deployment names to
+    handlers, makes a fleet worker: it serves the named deployments (``deployment``: one name
+    or several; None: every one) in every scope, or in the one scope ``tenant``/``workspace``
+    name, with each App deployment's retry policy and local limit. No ``dsn``: the App's, else
+    ``ZEROTH_PG_DSN`` as it is (never migrated by a worker), else the embedded server
     (migrated)."""
     from zeroth_pg.embedded import resolve_dsn
     from zeroth_pg.metrics import start_http_server
 
-    # A database it was given (ZEROTH_PG_DSN) is never migrated by a worker: that needs the
-    # migrating role's privileges, not zeroth_worker's. Only the embedded server is.
-    dsn = dsn or resolve_dsn(migrate=not os.environ.get("ZEROTH_PG_DSN"))
     loaded = load_app(app)
     names = [deployment] if isinstance(deployment, str) else list(deployment or ())
+    # A database it was given (ZEROTH_PG_DSN) is never migrated by a worker: that needs the
+    # migrating role's privileges, not zeroth_worker's. Only the embedded server is.
+    dsn = dsn or (loaded.dsn if isinstance(loaded, WorkerApp) else None) or resolve_dsn(
+        migrate=not os.environ.get("ZEROTH_PG_DSN"))
     target: str | dict[str, Handler]
     handler: Handler | None = None
     scopes: list[tuple[str | None, str | None]] | None = None
-    if isinstance(loaded, dict):
+    per_deployment: dict[str, Any] = {}
+    if isinstance(loaded, WorkerApp):
+        per_deployment = loaded.worker_options(names)  # ValueError names unknown deployments
+        target = per_deployment.pop("deployment_ref")
+        if tenant is not None or workspace is not None:
+            scopes = [(tenant, workspace)]
+        tenant = workspace = None
+    elif isinstance(loaded, dict):
         unknown = [name for name in names if name not in loaded]
         if unknown:
             raise ValueError(f"{app} has no handler for deployment(s) {', '.join(unknown)} "
@@ -141,7 +169,7 @@ async def serve(
             max_concurrency=concurrency, fleet_max_concurrency=fleet_concurrency,
             poll_interval=poll_interval, orphan_sweep_interval=orphan_sweep_interval,
             worker_id=worker_id, shutdown_timeout=shutdown_timeout, lease_duration=lease,
-            retry_base_seconds=retry_base)
+            retry_base_seconds=retry_base, scope_metrics=scope_metrics, **per_deployment)
         await worker.run_until_stopped()
     finally:
         await pool.close()

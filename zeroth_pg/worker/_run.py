@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 from uuid import UUID
 
+from zeroth_pg import tracing
 from zeroth_pg.errors import LeaseLostError
 from zeroth_pg.types import ClaimedRun, Scope
 
@@ -113,10 +114,11 @@ class RunContext:
 
     async def checkpoint(self, data: Any, *, checkpoint_id: UUID | None = None) -> UUID:
         """Save a checkpoint, fenced; raises LeaseLostError if refused. Returns its id."""
-        saved = await self._worker.lease_manager.save_checkpoint(
-            self.run_id, self.worker_id, data, generation=self.lease_generation,
-            checkpoint_id=checkpoint_id, tenant_id=self.scope.tenant_id,
-            workspace_id=self.scope.workspace_id)
+        with tracing.step("checkpoint", self.scope.deployment_ref, self.run_id):
+            saved = await self._worker.lease_manager.save_checkpoint(
+                self.run_id, self.worker_id, data, generation=self.lease_generation,
+                checkpoint_id=checkpoint_id, tenant_id=self.scope.tenant_id,
+                workspace_id=self.scope.workspace_id)
         if saved is None:
             raise LeaseLostError("checkpoint refused: lease lost", run_id=self.run_id,
                                  worker_id=self.worker_id, generation=self.lease_generation)

@@ -10,7 +10,7 @@ each run carries, so the rest of the worker does not know which source it has.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -43,16 +43,20 @@ class ClaimSource(Protocol):
 
     def describe(self) -> str: ...
 
-    async def claim(self, worker_id: str, free: int, fleet_max: int | None) -> Claimed: ...
+    # ``deployments``: a subset of :attr:`deployments` to claim for this call (the others are
+    # at their local limit), None for all of them.
+    async def claim(self, worker_id: str, free: int, fleet_max: int | None,
+                    deployments: Sequence[str] | None = None) -> Claimed: ...
 
     async def sweep(self, worker_id: str, claim_limit: int, fleet_max: int | None,
-                    grace: float) -> Claimed: ...
+                    grace: float, deployments: Sequence[str] | None = None) -> Claimed: ...
 
     async def wakeup_keys(self) -> frozenset[str]: ...
 
     def gate_targets(self) -> list[GateTarget]: ...
 
-    async def queue_depth(self) -> int | None: ...
+    # Pending runs per deployment served, over the scopes served (one SQL statement).
+    async def queue_depth(self) -> Mapping[str, int]: ...
 
 
 class OneScope:
@@ -70,7 +74,8 @@ class OneScope:
     def describe(self) -> str:
         return f"deployment {self.scope.deployment_ref}"
 
-    async def claim(self, worker_id: str, free: int, fleet_max: int | None) -> Claimed:
+    async def claim(self, worker_id: str, free: int, fleet_max: int | None,
+                    deployments: Sequence[str] | None = None) -> Claimed:
         result = await self._lm.claim_and_start(
             self.scope.deployment_ref, worker_id, tenant_id=self._tenant_id,
             workspace_id=self._workspace_id, max_concurrency=fleet_max, batch_size=free)
@@ -83,7 +88,7 @@ class OneScope:
             active_count=result.active_count, limit=limit)
 
     async def sweep(self, worker_id: str, claim_limit: int, fleet_max: int | None,
-                    grace: float) -> Claimed:
+                    grace: float, deployments: Sequence[str] | None = None) -> Claimed:
         result = await self._lm.claim_orphaned_result(
             self.scope.deployment_ref, worker_id, tenant_id=self._tenant_id,
             workspace_id=self._workspace_id, max_concurrency=fleet_max, claim_limit=claim_limit,
@@ -101,9 +106,10 @@ class OneScope:
         return [GateTarget.scope(self._lm, self.scope.deployment_ref, self._tenant_id,
                                  self._workspace_id)]
 
-    async def queue_depth(self) -> int | None:
-        return await self._lm.count_pending(self.scope.deployment_ref, tenant_id=self._tenant_id,
-                                            workspace_id=self._workspace_id)
+    async def queue_depth(self) -> Mapping[str, int]:
+        return {self.scope.deployment_ref: await self._lm.count_pending(
+            self.scope.deployment_ref, tenant_id=self._tenant_id,
+            workspace_id=self._workspace_id)}
 
 
 class ManyScopes:
@@ -126,18 +132,19 @@ class ManyScopes:
         where = "every scope" if self.scopes is None else f"{len(self.scopes)} scope(s)"
         return f"deployments {', '.join(self.deployments)} in {where}"
 
-    async def claim(self, worker_id: str, free: int, fleet_max: int | None) -> Claimed:
+    async def claim(self, worker_id: str, free: int, fleet_max: int | None,
+                    deployments: Sequence[str] | None = None) -> Claimed:
         result = await self._lm.claim_and_start_scopes(
-            self.deployments, worker_id, scopes=self.scopes, max_concurrency=fleet_max,
-            batch_size=free)
+            deployments or self.deployments, worker_id, scopes=self.scopes,
+            max_concurrency=fleet_max, batch_size=free)
         return Claimed(runs=tuple((r.scope, r.run) for r in result.runs),
                        saturated=bool(result.saturated), fleet_full=bool(result.saturated))
 
     async def sweep(self, worker_id: str, claim_limit: int, fleet_max: int | None,
-                    grace: float) -> Claimed:
+                    grace: float, deployments: Sequence[str] | None = None) -> Claimed:
         result = await self._lm.claim_orphaned_scopes(
-            self.deployments, worker_id, scopes=self.scopes, max_concurrency=fleet_max,
-            claim_limit=claim_limit, grace_seconds=grace)
+            deployments or self.deployments, worker_id, scopes=self.scopes,
+            max_concurrency=fleet_max, claim_limit=claim_limit, grace_seconds=grace)
         return Claimed(runs=tuple((r.scope, r.run) for r in result.runs),
                        saturated=bool(result.saturated))
 
@@ -147,5 +154,7 @@ class ManyScopes:
     def gate_targets(self) -> list[GateTarget]:
         return [GateTarget.deployment(self._lm, d) for d in self.deployments]
 
-    async def queue_depth(self) -> int | None:
-        return None  # per scope: zeroth.queue_depth (a fleet may serve thousands of scopes)
+    async def queue_depth(self) -> Mapping[str, int]:
+        # Summed per deployment (a fleet may serve thousands of scopes; per scope, an operator
+        # reads zeroth.queue_depth or `zeroth-pg status`).
+        return await self._lm.count_pending_scopes(self.deployments, scopes=self.scopes)

@@ -9,6 +9,7 @@ picture).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import logging
@@ -22,12 +23,14 @@ from typing import Any
 from uuid import UUID
 
 import asyncpg
+from prometheus_client import Counter
 
+from zeroth_pg import tracing
 from zeroth_pg.client import LeaseManager, unstorable
-from zeroth_pg.errors import DatabaseError, LeaseLostError, RetryableError
+from zeroth_pg.errors import DatabaseError, LeaseLostError, NonRetryableError, RetryableError
 from zeroth_pg.metrics import WorkerMetrics, default_metrics
 from zeroth_pg.notify import CONTROL_CHANNEL, WAKEUP_CHANNEL, Notifier
-from zeroth_pg.types import ClaimedRun, FailOutcome, Scope
+from zeroth_pg.types import ClaimedRun, FailOutcome, RetryPolicy, Scope
 from zeroth_pg.worker._completions import CompletionBatcher
 from zeroth_pg.worker._gate import WakeupGate
 from zeroth_pg.worker._leases import LeaseUpkeep
@@ -53,13 +56,21 @@ class RunWorker:
     ``zeroth.scope_limits``), one listener, one renewal task and one completion task for all of
     them, each run's handler chosen by its deployment.
 
-    ``max_concurrency`` is the local cap (runs executing in this process);
+    ``max_concurrency`` is the local cap (runs executing in this process), and
+    ``deployment_concurrency`` (``{deployment: n}``) caps single deployments under it;
+    ``retries`` (``{deployment: RetryPolicy}``) replaces ``retry_base_seconds`` /
+    ``retry_max_seconds`` for some deployments;
     ``fleet_max_concurrency``, when set, is passed to every claim and bounds live leases of each
     scope across all workers, atomically in SQL (a scope's ``zeroth.scope_limits`` row, when it
     has one, replaces it). ``dsn`` enables LISTEN/NOTIFY wakeups on a
     dedicated connection; without it the worker polls. The orphan sweep also ends the runs no
     worker may resume (out of attempts; not resumable and expired more than ``orphan_grace``
     seconds ago), so their threads move on.
+
+    ``scope_metrics=True`` also counts each run in the ``zeroth_scope_runs_started`` /
+    ``_completed`` / ``_failed`` counters labelled by deployment, tenant and workspace. Off by
+    default: a fleet worker of every scope makes a series per tenant it ever saw (unbounded
+    cardinality for the metrics backend); turn it on for a bounded set of tenants.
     """
 
     def __init__(
@@ -83,8 +94,11 @@ class RunWorker:
         renew_fraction: float = 1 / 3,
         retry_base_seconds: float = 1.0,
         retry_max_seconds: float = 300.0,
+        retries: Mapping[str, RetryPolicy] | None = None,
+        deployment_concurrency: Mapping[str, int] | None = None,
         queue_depth_interval: float = 10.0,
         metrics: WorkerMetrics | None = None,
+        scope_metrics: bool = False,
     ) -> None:
         if max_concurrency < 1:
             raise ValueError("max_concurrency must be at least 1")
@@ -124,8 +138,22 @@ class RunWorker:
         self.renew_interval = lease_duration * renew_fraction
         self.retry_base_seconds = retry_base_seconds
         self.retry_max_seconds = retry_max_seconds
+        default_retry = RetryPolicy(retry_base_seconds, retry_max_seconds)
+        self._retries = {d: default_retry for d in self._source.deployments}
+        self._retries.update(self._per_deployment(retries, "retries"))
+        #: Local limits of single deployments (handlers running at once in this process), under
+        #: the total ``max_concurrency``.
+        self.deployment_concurrency = self._per_deployment(
+            deployment_concurrency, "deployment_concurrency")
+        if any(not isinstance(n, int) or n < 1 for n in self.deployment_concurrency.values()):
+            raise ValueError("every deployment_concurrency limit must be an int of at least 1")
+        self._claim_round = 0  # rotates the claims of a pass over deployment limits
+        # Deployments whose last claim of their own filled their local room: they likely have
+        # more work, so a slot they free is claimed into at once (like a full batch).
+        self._deployments_full: set[str] = set()
         self.queue_depth_interval = queue_depth_interval
         self.metrics = metrics or default_metrics()
+        self.scope_metrics = scope_metrics
         # The per-run series, looked up once per deployment (labels() takes a lock and builds a
         # key each time).
         self._series = {d: (self.metrics.runs_started.labels(d),
@@ -329,7 +357,31 @@ class RunWorker:
     def _worker_error(self, kind: str, deployment_ref: str | None = None) -> None:
         self.metrics.worker_errors.labels(deployment_ref or self.deployment_ref, kind).inc()
 
+    def _count_scope(self, counter: Counter, scope: Scope) -> None:
+        """One more in a per-scope counter, with ``scope_metrics`` only (None labels: "")."""
+        if self.scope_metrics:
+            counter.labels(scope.deployment_ref, scope.tenant_id or "",
+                           scope.workspace_id or "").inc()
+
     # -- claiming ------------------------------------------------------------------------------
+
+    def _per_deployment(self, values: Mapping[str, Any] | None, what: str) -> dict[str, Any]:
+        """A per-deployment setting, checked against the deployments this worker serves."""
+        chosen = dict(values or {})
+        unknown = sorted(set(chosen) - set(self._source.deployments))
+        if unknown:
+            raise ValueError(f"{what} names deployment(s) this worker does not serve: "
+                             f"{', '.join(unknown)}")
+        return chosen
+
+    def _held(self) -> list[ActiveRun]:
+        # A run whose lease is gone was cancelled and can write nothing, and a stopped run is no
+        # longer renewed, so its lease is gone once its last confirmed deadline passed: a
+        # handler that ignores its cancellation must not keep the slot for ever (red-team
+        # passes 7 and 8), nor count against the fleet limit (its admission slot went with it).
+        now = time.monotonic()
+        return [e for e in self._active.values()
+                if not e.lease_gone and not (e.stop_reason is not None and now >= e.deadline)]
 
     def _free_slots(self) -> int:
         # A run whose handler has returned no longer occupies a local slot while its completion
@@ -339,19 +391,47 @@ class RunWorker:
         # slot (fleet_max_concurrency) is only freed by the completion itself, so under a fleet
         # limit every lease of this worker counts: a claim only they would saturate is a wasted
         # round trip.
-        # A run whose lease is gone was cancelled and can write nothing, and a stopped run is no
-        # longer renewed, so its lease is gone once its last confirmed deadline passed: a
-        # handler that ignores its cancellation must not keep the slot for ever (red-team
-        # passes 7 and 8), nor count against the fleet limit (its admission slot went with it).
-        now = time.monotonic()
-        held = [e for e in self._active.values()
-                if not e.lease_gone and not (e.stop_reason is not None and now >= e.deadline)]
+        held = self._held()
         completing = sum(1 for e in held if e.state is RunState.COMPLETING)
         executing = len(held) - completing
         free = min(self.max_concurrency - executing, 2 * self.max_concurrency - len(held))
         if self.fleet_max_concurrency is not None:
             free = min(free, self.fleet_max_concurrency - len(held))
         return free
+
+    def _executing_by_deployment(self) -> collections.Counter[str]:
+        return collections.Counter(
+            e.scope.deployment_ref for e in self._held() if e.state is not RunState.COMPLETING)
+
+    def _deployment_has_room(self) -> bool:
+        """A deployment whose last own claim was full has room again under its local limit."""
+        if not self._deployments_full:
+            return False
+        executing = self._executing_by_deployment()
+        return any(executing[d] < self.deployment_concurrency[d] for d in self._deployments_full)
+
+    def _claim_groups(self, free: int) -> list[tuple[tuple[str, ...] | None, int]]:
+        """The claims of one pass, as (deployments, limit); deployments None: all of them.
+
+        Without deployment limits that is one claim of ``free``. A deployment whose local limit
+        leaves it less room than ``free`` gets a claim of its own, limited to its room (one
+        claim over every deployment could otherwise hand it more than its limit); a deployment
+        at its limit is left out. The order of the claims rotates every pass, so a deployment
+        with a limit is not always served last.
+        """
+        if not self.deployment_concurrency:
+            return [(None, free)]
+        executing = self._executing_by_deployment()
+        rooms = {d: limit - executing[d] for d, limit in self.deployment_concurrency.items()}
+        shared = tuple(d for d in self._source.deployments if rooms.get(d, free) >= free)
+        groups: list[tuple[tuple[str, ...] | None, int]] = [
+            ((d,), room) for d, room in rooms.items() if 0 < room < free]
+        if shared:
+            whole = len(shared) == len(self._source.deployments)
+            groups.append((None if whole else shared, free))
+        self._claim_round += 1
+        turn = self._claim_round % len(groups) if groups else 0
+        return groups[turn:] + groups[:turn]
 
     async def _claim_pass(self) -> int | None:
         """Sweep if due, then claim into the free slots: how many runs were claimed, or None
@@ -370,14 +450,33 @@ class RunWorker:
         free = self._free_slots()
         if free <= 0 or self._stopping:
             return None
-        sent = time.monotonic()
-        result = await self._source.claim(self.worker_id, free, self.fleet_max_concurrency)
-        self._observe_saturation(result)
-        for scope, run in result.runs:
-            self._spawn(scope, run, deadline=sent + self.lease_duration, recovered=False)
-        self._backlog = len(result.runs) == free
-        self._fleet_full = result.fleet_full
-        return len(result.runs)
+        groups = self._claim_groups(free)
+        if not groups:
+            return None  # every deployment is at its local limit
+        claimed = asked = 0
+        self._fleet_full = False
+        for deployments, limit in groups:
+            limit = min(limit, free - claimed)
+            if limit <= 0:
+                break
+            asked += limit
+            sent, sent_ns = time.monotonic(), tracing.now_ns()
+            result = await self._source.claim(self.worker_id, limit, self.fleet_max_concurrency,
+                                              deployments)
+            tracing.received(result.runs, sent_ns)
+            self._observe_saturation(result)
+            for scope, run in result.runs:
+                self._spawn(scope, run, deadline=sent + self.lease_duration, recovered=False)
+            claimed += len(result.runs)
+            self._fleet_full = self._fleet_full or result.fleet_full
+            if deployments is not None and len(deployments) == 1 and (
+                    deployments[0] in self.deployment_concurrency):
+                if len(result.runs) == limit:
+                    self._deployments_full.add(deployments[0])
+                else:
+                    self._deployments_full.discard(deployments[0])
+        self._backlog = claimed == asked
+        return claimed
 
     async def _sweep_orphans(self) -> None:
         free = self._free_slots()
@@ -392,16 +491,27 @@ class RunWorker:
                 await self._source.sweep(self.worker_id, 0, self.fleet_max_concurrency,
                                          self.orphan_grace)
             return
-        sent = time.monotonic()
-        result = await self._source.sweep(self.worker_id, free, self.fleet_max_concurrency,
-                                          self.orphan_grace)
-        self._observe_saturation(result)
-        for scope, run in result.runs:
-            log.info("recovered orphan %s at generation %d, attempt %d (checkpoint %s)",
-                     run.run_id, run.lease_generation, run.attempts, run.recovery_checkpoint_id)
-            self._spawn(scope, run, deadline=sent + self.lease_duration, recovered=True)
-        # Saturated, or the limit was reached: there may be more orphans; look again soon.
-        self._sweep_due = result.saturated or len(result.runs) == free
+        more = False
+        claimed = 0
+        # A deployment at its local limit is left out; its orphans wait for its next sweep.
+        for deployments, limit in self._claim_groups(free):
+            limit = min(limit, free - claimed)
+            if limit <= 0:
+                break
+            sent, sent_ns = time.monotonic(), tracing.now_ns()
+            result = await self._source.sweep(self.worker_id, limit, self.fleet_max_concurrency,
+                                              self.orphan_grace, deployments)
+            tracing.received(result.runs, sent_ns)
+            self._observe_saturation(result)
+            for scope, run in result.runs:
+                log.info("recovered orphan %s at generation %d, attempt %d (checkpoint %s)",
+                         run.run_id, run.lease_generation, run.attempts,
+                         run.recovery_checkpoint_id)
+                self._spawn(scope, run, deadline=sent + self.lease_duration, recovered=True)
+            claimed += len(result.runs)
+            # Saturated, or the limit was reached: there may be more orphans; look again soon.
+            more = more or result.saturated or len(result.runs) == limit
+        self._sweep_due = more
         self._next_sweep = time.monotonic() + self.orphan_sweep_interval
 
     def _observe_saturation(self, result: Claimed) -> None:
@@ -412,7 +522,7 @@ class RunWorker:
             self.metrics.guardrail_rejections.labels(self.deployment_ref, "concurrency").inc()
 
     async def _sleep_until_work(self) -> None:
-        if self._backlog and self._free_slots() > 0:
+        if self._free_slots() > 0 and (self._backlog or self._deployment_has_room()):
             return  # the last batch was full and a slot is already free: claim again now
         timeout = self._gate.poll_in(self.poll_interval)
         if not self._sweep_due:
@@ -427,7 +537,8 @@ class RunWorker:
     def _slot_freed(self, *, fleet: bool = False) -> None:
         """A local slot was freed; with ``fleet``, the run's admission slot too (the run left
         the worker: its completion, failure or hand-back was answered)."""
-        if self._backlog or self._sweep_due or (fleet and self._fleet_full):
+        if (self._backlog or self._sweep_due or (fleet and self._fleet_full)
+                or self._deployments_full):
             self._wake.set()
 
     # -- notifications: hints, never the truth -------------------------------------------------
@@ -471,10 +582,9 @@ class RunWorker:
     async def _queue_depth_loop(self) -> None:
         while True:
             try:
-                depth = await self._source.queue_depth()
-                if depth is None:
-                    return  # a fleet worker: the depth is per scope (zeroth.queue_depth)
-                self.metrics.queue_depth.labels(self.deployment_ref).set(depth)
+                # Per deployment served, summed over the scopes served (one statement).
+                for deployment, depth in (await self._source.queue_depth()).items():
+                    self.metrics.queue_depth.labels(deployment).set(depth)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -537,15 +647,23 @@ class RunWorker:
 
     async def _execute_leased(self, entry: ActiveRun) -> None:
         # Both claim paths (claim_and_start, claim_orphaned) hand over runs already running.
+        with tracing.process(entry.scope, entry.run, attempt=entry.ctx.attempt,
+                             worker_id=self.worker_id, recovered=entry.ctx.recovered) as span:
+            await self._attempt(entry, span)
+
+    async def _attempt(self, entry: ActiveRun, span: Any) -> None:
+        """Run the handler, then write the attempt's outcome (``span``: its trace span)."""
         run, ctx = entry.run, entry.ctx
         deployment = entry.scope.deployment_ref
         runs_started, runs_completed, run_duration = self._series[deployment]
         runs_started.inc()
+        self._count_scope(self.metrics.scope_runs_started, entry.scope)
         started = time.monotonic()
         try:
             output = await self._handlers[deployment](ctx)
         except asyncio.CancelledError as exc:
             if entry.stop_reason is not None:
+                tracing.failed(span, None, f"stopped: {entry.stop_reason.value}")
                 await self._settle_stopped(entry)
                 return
             task = asyncio.current_task()
@@ -556,30 +674,44 @@ class RunWorker:
             self.metrics.worker_crashes.labels(deployment).inc()
             log.warning("run %s attempt %d: the handler raised CancelledError itself",
                         run.run_id, ctx.attempt)
+            tracing.failed(span, exc, "handler failed")
             await self._fail(entry, exc, retryable=True)
             return
-        except LeaseLostError:
+        except LeaseLostError as exc:
+            tracing.failed(span, exc, "lease lost")
             self._lease_lost(entry, fenced=True)
             return
         except (KeyboardInterrupt, SystemExit):
             raise  # the process is going down: its leases expire and count the attempt
+        except NonRetryableError as exc:
+            # The handler (or the application API, for a payload that does not fit its
+            # handler) says no retry can succeed: fail the run now.
+            self.metrics.worker_crashes.labels(deployment).inc()
+            log.info("run %s attempt %d failed for good: %s: %s", run.run_id, ctx.attempt,
+                     type(exc).__name__, _message(exc))
+            tracing.failed(span, exc, "failed for good")
+            await self._fail(entry, exc, retryable=False)
+            return
         except BaseException as exc:
             # Exception, and whatever else a handler may raise (GeneratorExit, a BaseException
             # subclass of its own): a failure of this attempt, never a run left to its lease.
             self.metrics.worker_crashes.labels(deployment).inc()
             log.info("run %s attempt %d failed: %s: %s", run.run_id, ctx.attempt,
                      type(exc).__name__, _message(exc))
+            tracing.failed(span, exc, "handler failed")
             await self._fail(entry, exc, retryable=True)
             return
         finally:
             run_duration.observe(time.monotonic() - started)
         if entry.lease_gone:
+            tracing.failed(span, None, "lease lost")
             self._lease_lost(entry, fenced=False)
             return
         # Retrying cannot make an output JSON, nor storable: fail that run, never its batch.
         try:
             text = json.dumps(output, allow_nan=False)  # what the client will send
         except (TypeError, ValueError) as exc:
+            tracing.failed(span, exc, "output is not JSON")
             await self._fail(entry, exc, retryable=False)
             return
         if len(text) > MAX_OUTPUT_CHARACTERS:
@@ -588,15 +720,18 @@ class RunWorker:
             await self._fail(entry, ValueError(
                 f"PostgreSQL cannot store the output: {len(text)} characters of JSON, more "
                 f"than jsonb holds ({MAX_OUTPUT_CHARACTERS})"), retryable=False)
+            tracing.failed(span, None, "output too large")
             return
         if (why := unstorable(output)) is not None:
             log.warning("run %s: PostgreSQL cannot store its output (%s); failing it",
                         run.run_id, why)
+            tracing.failed(span, None, "output not storable")
             await self._fail(entry, ValueError(f"PostgreSQL cannot store the output: {why}"),
                              retryable=False)
             return
         try:
-            completed = await self._complete(entry, output)
+            with tracing.step("complete", deployment, run.run_id):
+                completed = await self._complete(entry, output)
         except Exception as exc:
             # The database refused this one run's completion for its value (a data exception,
             # a program limit, a zeroth argument error): retrying cannot help. Anything else
@@ -607,12 +742,18 @@ class RunWorker:
                         type(exc).__name__, exc)
             self._worker_error("completion_refused" if refused else "completion_lost",
                                deployment)
+            tracing.failed(span, exc, "completion refused" if refused else "completion lost")
             await self._fail(entry, exc, retryable=not refused)
             return
         if completed:
             runs_completed.inc()
+            self._count_scope(self.metrics.scope_runs_completed, entry.scope)
+            tracing.outcome(span, "completed")
         elif completed is False:
+            tracing.failed(span, None, "lease lost")
             self._lease_lost(entry, fenced=True)
+        else:
+            tracing.failed(span, None, "no answer before the lease deadline")
 
     async def _complete(self, entry: ActiveRun, output: Any) -> bool | None:
         """Queue the run's completion for the next complete_runs call and wait for its row:
@@ -650,10 +791,13 @@ class RunWorker:
         error = {"type": type(exc).__name__, "message": _message(exc),
                  "traceback": _traceback(exc),
                  "worker_id": self.worker_id, "lease_generation": run.lease_generation}
+        retry = self._retries[entry.scope.deployment_ref]
         entry.advance(RunState.SETTLING)
         outcome = await self._write(entry, self._fenced(
             entry, self.lease_manager.fail_run, error=error, retryable=retryable,
-            retry_base_seconds=self.retry_base_seconds, retry_max_seconds=self.retry_max_seconds))
+            retry_base_seconds=retry.base_seconds, retry_max_seconds=retry.max_seconds))
+        if outcome is not None:
+            self._count_scope(self.metrics.scope_runs_failed, entry.scope)
         if outcome is None:
             self._lease_lost(entry, fenced=True)
         elif outcome == FailOutcome.DEAD_LETTERED:

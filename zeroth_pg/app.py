@@ -1,0 +1,612 @@
+"""The application API: declare each kind of work once, enqueue it with checked arguments, serve
+all of it with one worker.
+
+::
+
+    app = zeroth_pg.App()                          # ZEROTH_PG_DSN, or the embedded server
+
+    @app.deployment("send-email", max_attempts=5)
+    async def send_email(run, to: str, subject: str) -> dict: ...
+
+    await send_email.enqueue(to="a@b", subject="hi", tenant_id="acme")
+    await app.run_worker()                         # or: zeroth-pg worker --app mymodule:app
+
+A :class:`Deployment` is the function plus its defaults. Its payload is the function's arguments
+after the first (the :class:`~zeroth_pg.worker.RunContext`), by name, checked against the
+signature and its annotations when the run is enqueued (:class:`InvalidPayloadError`, nothing
+sent) and again when it runs, since another client may have written it (the run then fails
+without a retry). A plain ``def`` runs in a thread of its own, so it never blocks the event loop
+that renews its lease; it gets a :class:`SyncRunContext`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import functools
+import inspect
+import json
+import os
+import threading
+import types
+import typing
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Union
+
+import asyncpg
+
+from zeroth_pg.client import LeaseManager, unstorable
+from zeroth_pg.errors import InvalidPayloadError, LeaseLostError
+from zeroth_pg.types import EnqueuedRun, RetryPolicy
+from zeroth_pg.worker import RunContext, RunWorker
+
+__all__ = ["App", "Deployment", "SyncRunContext"]
+
+#: Keyword arguments of ``Deployment.enqueue`` that are options of the run, not its payload; a
+#: handler parameter may not share a name with one.
+ENQUEUE_OPTIONS = frozenset({"tenant_id", "workspace_id", "priority", "run_after",
+                             "max_attempts", "idempotency_key", "metadata", "run_id",
+                             "thread_id", "conn"})
+
+_NoneType = type(None)
+
+# -- payload checks -----------------------------------------------------------------------------
+
+#: Checks one JSON value; returns what is wrong with it, or None.
+Check = Callable[[Any], "str | None"]
+
+
+def _kind(value: Any) -> str:
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+            list: "an array", dict: "an object", _NoneType: "null"}.get(
+                type(value), type(value).__name__)
+
+
+def _any(_value: Any) -> str | None:
+    return None
+
+
+def _compile(annotation: Any, where: str) -> Check:
+    """The check of one annotation, or TypeError when it is not a JSON type we can check."""
+    if annotation in (inspect.Parameter.empty, Any, object):
+        return _any
+    if annotation is None or annotation is _NoneType:
+        return lambda v: None if v is None else f"expected null, got {_kind(v)}"
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return _compile(args[0], where)
+    if origin is Union or origin is types.UnionType:
+        options = [_compile(arg, where) for arg in args]
+
+        def one_of(v: Any) -> str | None:
+            problems = [check(v) for check in options]
+            if all(problems):
+                return f"matches none of {annotation}: {'; '.join(p for p in problems if p)}"
+            return None
+        return one_of
+    if origin is Literal:
+        allowed = args
+        return lambda v: None if any(v == a and type(v) is type(a) for a in allowed) else (
+            f"expected one of {list(allowed)!r}, got {v!r:.60}")
+    if annotation is bool:
+        return lambda v: None if isinstance(v, bool) else f"expected a boolean, got {_kind(v)}"
+    if annotation is int:
+        return lambda v: None if isinstance(v, int) and not isinstance(v, bool) else (
+            f"expected an integer, got {_kind(v)}")
+    if annotation is float:  # JSON has one number type: an integer is a float too
+        return lambda v: None if isinstance(v, int | float) and not isinstance(v, bool) else (
+            f"expected a number, got {_kind(v)}")
+    if annotation is str:
+        return lambda v: None if isinstance(v, str) else f"expected a string, got {_kind(v)}"
+    if annotation is list or origin is list:
+        item = _compile(args[0], where) if args else _any
+
+        def array(v: Any) -> str | None:
+            if not isinstance(v, list):
+                return f"expected an array, got {_kind(v)}"
+            for i, element in enumerate(v):
+                if (problem := item(element)) is not None:
+                    return f"[{i}]: {problem}"
+            return None
+        return array
+    if annotation is dict or origin is dict:
+        if args and args[0] is not str:
+            raise TypeError(f"{where}: a JSON object's keys are strings, not {args[0]!r}")
+        value_check = _compile(args[1], where) if args else _any
+
+        def obj(v: Any) -> str | None:
+            if not isinstance(v, dict):
+                return f"expected an object, got {_kind(v)}"
+            for key, element in v.items():
+                if not isinstance(key, str):
+                    return f"an object key must be a string, got {_kind(key)}"
+                if (problem := value_check(element)) is not None:
+                    return f"[{key!r}]: {problem}"
+            return None
+        return obj
+    raise TypeError(
+        f"{where}: {annotation!r} is not a JSON type. A payload argument must be str, int, "
+        "float, bool, None, list[...], dict[str, ...], Any, or a Union / Optional / Literal / "
+        "Annotated of those (it is stored as JSON and comes back as JSON)")
+
+
+@dataclass(frozen=True, slots=True)
+class _Argument:
+    name: str
+    required: bool
+    positional: bool  # may be given by position
+    check: Check
+
+
+def _signature(fn: Callable[..., Any], name: str) -> tuple[list[_Argument], Check | None]:
+    """The payload arguments of a handler (every parameter after the run), and the check of
+    extra keyword arguments when it takes ``**kwargs``."""
+    # A functools.partial's annotations are its function's; a callable object's, its __call__'s.
+    annotated = getattr(fn, "func", None) if isinstance(fn, functools.partial) else (
+        fn if inspect.isfunction(fn) or inspect.ismethod(fn) else type(fn).__call__)
+    try:
+        hints = typing.get_type_hints(annotated, include_extras=True)
+    except Exception as exc:  # an annotation naming something that does not exist
+        raise TypeError(f"deployment {name!r}: cannot resolve the annotations of "
+                        f"{_label(fn)}: {exc}") from exc
+    parameters = list(inspect.signature(fn).parameters.values())
+    if not parameters or parameters[0].kind not in (
+            inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
+        raise TypeError(f"deployment {name!r}: {_label(fn)} must take the run as its "
+                        "first positional parameter")
+    arguments: list[_Argument] = []
+    extra: Check | None = None
+    for p in parameters[1:]:
+        where = f"deployment {name!r}, parameter {p.name!r}"
+        check = _compile(hints.get(p.name, inspect.Parameter.empty), where)
+        if p.kind is inspect.Parameter.VAR_KEYWORD:
+            extra = check
+            continue
+        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.VAR_POSITIONAL):
+            raise TypeError(f"{where}: a payload is an object of named arguments, so a "
+                            "handler cannot take positional-only or *args parameters")
+        if p.name in ENQUEUE_OPTIONS:
+            raise TypeError(f"{where}: the name is an option of enqueue "
+                            f"({', '.join(sorted(ENQUEUE_OPTIONS))}); rename the parameter")
+        if p.default is not inspect.Parameter.empty and (
+                problem := _json_problem({p.name: p.default})) is not None:
+            raise TypeError(f"{where}: its default is not JSON ({problem})")
+        arguments.append(_Argument(p.name, p.default is inspect.Parameter.empty,
+                                   p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD, check))
+    return arguments, extra
+
+
+def _label(fn: Callable[..., Any]) -> str:
+    return getattr(fn, "__qualname__", None) or type(fn).__qualname__
+
+
+def _json_problem(value: Any) -> str | None:
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:  # a set, a datetime, NaN, a circular reference
+        return str(exc)
+    return unstorable(value)
+
+
+# -- what a synchronous handler sees ------------------------------------------------------------
+
+class SyncRunContext:
+    """What a plain ``def`` handler sees: the run's fields (as on
+    :class:`~zeroth_pg.worker.RunContext`) and blocking, fenced ``commit`` / ``checkpoint`` /
+    ``progress``, run on the worker's event loop.
+
+    The handler runs in its own thread while the loop renews its lease. Python cannot stop a
+    thread from outside, so when the worker stops the run (a cancel request, a lost lease, the
+    end of a graceful shutdown) :attr:`stop_requested` turns true, every later write raises
+    :class:`~zeroth_pg.errors.LeaseLostError`, and whatever the function returns is dropped: poll
+    :attr:`cancel_requested` or :attr:`stop_requested` between steps.
+    """
+
+    def __init__(self, run: RunContext, loop: asyncio.AbstractEventLoop) -> None:
+        self._run = run
+        self._loop = loop
+        self._stopped = threading.Event()
+
+    def __getattr__(self, name: str) -> Any:  # the run's data fields
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._run, name)
+
+    @property
+    def cancel_requested(self) -> bool:
+        """True once the database reported a cancel request for this run."""
+        return self._run.cancel_requested
+
+    @property
+    def stop_requested(self) -> bool:
+        """True once the worker stopped waiting for this handler (cancel, lease lost,
+        shutdown): return as soon as you can; nothing more will be written."""
+        return self._stopped.is_set() or self._run.cancel_requested
+
+    def _call(self, coroutine: Any) -> Any:
+        if self._stopped.is_set():
+            coroutine.close()
+            raise LeaseLostError("the worker stopped this run", run_id=self._run.run_id,
+                                 worker_id=self._run.worker_id,
+                                 generation=self._run.lease_generation)
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    def commit(self, **columns: Any) -> None:
+        """:meth:`RunContext.commit`, blocking."""
+        self._call(self._run.commit(**columns))
+
+    def checkpoint(self, data: Any, *, checkpoint_id: Any = None) -> Any:
+        """:meth:`RunContext.checkpoint`, blocking; returns the checkpoint id."""
+        return self._call(self._run.checkpoint(data, checkpoint_id=checkpoint_id))
+
+    def progress(self, value: Any) -> None:
+        """:meth:`RunContext.progress`, blocking."""
+        self._call(self._run.progress(value))
+
+
+async def _in_thread(fn: Callable[..., Any], run: RunContext, arguments: dict[str, Any]) -> Any:
+    """Call ``fn(SyncRunContext, **arguments)`` in a daemon thread of its own and wait for it.
+
+    A thread per run, not a pool: the worker's local concurrency already bounds how many run at
+    once, and a daemon thread that ignores its stop never holds up the process's exit (a
+    ThreadPoolExecutor joins its threads at exit). Context variables (a trace's span) follow.
+    """
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[Any] = loop.create_future()
+    sync_run = SyncRunContext(run, loop)
+    context = contextvars.copy_context()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if done.done():
+            return  # the worker stopped waiting
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(result)
+
+    def target() -> None:
+        try:
+            result = context.run(fn, sync_run, **arguments)
+        except Exception as exc:
+            # A future cannot carry StopIteration; a failure of the run either way.
+            error = exc if not isinstance(exc, StopIteration) else RuntimeError(
+                "the handler raised StopIteration")
+            outcome: tuple[Any, BaseException | None] = (None, error)
+        except BaseException as exc:
+            # SystemExit or KeyboardInterrupt in this thread ends the thread, not the process:
+            # a failure of this attempt, as any other.
+            failure = RuntimeError(f"the handler's thread raised {type(exc).__name__}")
+            failure.__cause__ = exc
+            outcome = (None, failure)
+        else:
+            outcome = (result, None)
+        # A closed loop: the worker is gone, and so is the run's lease.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(settle, *outcome)
+
+    threading.Thread(target=target, name=f"zeroth-run-{run.run_id}", daemon=True).start()
+    try:
+        return await done
+    except asyncio.CancelledError:
+        sync_run._stopped.set()
+        raise
+
+
+# -- deployments --------------------------------------------------------------------------------
+
+class Deployment:
+    """One kind of work: a handler and its defaults. Calling it calls the function itself."""
+
+    def __init__(self, app: App, name: str, fn: Callable[..., Any], *, max_attempts: int,
+                 priority: int, retry: RetryPolicy | None, concurrency: int | None) -> None:
+        if not isinstance(name, str) or not name:
+            raise TypeError("a deployment needs a non-empty name")
+        if concurrency is not None and (not isinstance(concurrency, int) or concurrency < 1):
+            raise ValueError(f"deployment {name!r}: concurrency must be an int of at least 1")
+        self.app = app
+        self.name = name
+        self.fn = fn
+        self.max_attempts = max_attempts
+        self.priority = priority
+        self.retry = retry
+        #: Handlers of this deployment running at once in one worker (None: the worker's).
+        self.concurrency = concurrency
+        # A callable object with an async __call__ is a coroutine function too.
+        self.is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+            getattr(fn, "__call__", None))  # noqa: B004 - the method itself
+        self._arguments, self._extra = _signature(fn, name)
+        self.__doc__ = getattr(fn, "__doc__", None)
+        self.__wrapped__ = fn
+
+    def __repr__(self) -> str:
+        return f"<Deployment {self.name!r} of {_label(self.fn)}>"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    # -- the payload -------------------------------------------------------------------------
+
+    def payload(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """The payload of a run of these arguments (positional ones by the handler's parameter
+        order), checked; raises :class:`InvalidPayloadError`."""
+        positional = [a for a in self._arguments if a.positional]
+        if len(args) > len(positional):
+            raise InvalidPayloadError(
+                f"{self.name}: takes {len(positional)} positional argument(s) after the run, "
+                f"got {len(args)}")
+        given = dict(kwargs)
+        for argument, value in zip(positional, args, strict=False):
+            if argument.name in given:
+                raise InvalidPayloadError(
+                    f"{self.name}: got several values for argument {argument.name!r}")
+            given[argument.name] = value
+        self._check(given, "")
+        return given
+
+    def _check(self, payload: Mapping[str, Any], context: str) -> None:
+        """Raise :class:`InvalidPayloadError` unless ``payload`` fits the handler."""
+        known = {a.name for a in self._arguments}
+        problems: list[str] = []
+        missing = [a.name for a in self._arguments if a.required and a.name not in payload]
+        if missing:
+            problems.append(f"missing {', '.join(map(repr, missing))}")
+        for key, value in payload.items():
+            if not isinstance(key, str):
+                problems.append(f"an argument name must be a string, got {key!r:.60}")
+                continue
+            if key in known:
+                check = next(a.check for a in self._arguments if a.name == key)
+            elif self._extra is not None:
+                check = self._extra
+            else:
+                problems.append(f"unexpected argument {key!r}")
+                continue
+            if (problem := check(value)) is not None:
+                problems.append(f"{key}: {problem}")
+        if not problems and (problem := _json_problem(dict(payload))) is not None:
+            problems.append(f"not storable as JSON: {problem}")
+        if problems:
+            raise InvalidPayloadError(f"{self.name}{context}: {'; '.join(problems)}")
+
+    # -- enqueue -----------------------------------------------------------------------------
+
+    def configure(self, **options: Any) -> _Configured:
+        """Bind enqueue options (``tenant_id``, ``priority``, ``conn``, ...) for the calls
+        that follow: ``await send_email.configure(tenant_id="acme").enqueue(to=...)``."""
+        unknown = sorted(set(options) - ENQUEUE_OPTIONS)
+        if unknown:
+            raise TypeError(f"unknown enqueue option(s) {', '.join(unknown)}")
+        return _Configured(self, options)
+
+    async def enqueue(self, *args: Any, **kwargs: Any) -> EnqueuedRun:
+        """Check the arguments against the handler and create a pending run
+        (``zeroth.enqueue_run``). Keyword arguments named like an enqueue option
+        (:data:`ENQUEUE_OPTIONS`) are options; the rest is the payload. Raises
+        :class:`InvalidPayloadError` (nothing enqueued)."""
+        return await _Configured(self, {}).enqueue(*args, **kwargs)
+
+    async def enqueue_many(self, payloads: Iterable[Mapping[str, Any]],
+                           **options: Any) -> list[EnqueuedRun]:
+        """Many runs in one call (``zeroth.enqueue_runs``), each mapping the keyword arguments
+        of one run; ``options``: ``tenant_id``, ``workspace_id``, ``priority``,
+        ``max_attempts``, ``run_after``, ``metadata``, ``conn``. Every payload is checked before
+        anything is sent."""
+        return await _Configured(self, {}).enqueue_many(payloads, **options)
+
+    # -- the worker side ---------------------------------------------------------------------
+
+    async def handle(self, run: RunContext) -> Any:
+        """The worker's handler: check the stored payload, then call the function (in a thread
+        of its own when it is not a coroutine function)."""
+        payload = run.payload
+        if not isinstance(payload, dict):
+            raise InvalidPayloadError(f"{self.name}: the payload is not a JSON object")
+        self._check(payload, f" (run {run.run_id})")
+        if self.is_async:
+            return await self.fn(run, **payload)
+        return await _in_thread(self.fn, run, payload)
+
+
+class _Configured:
+    """A deployment with bound enqueue options (:meth:`Deployment.configure`)."""
+
+    def __init__(self, deployment: Deployment, options: Mapping[str, Any]) -> None:
+        self._deployment = deployment
+        self._options = options
+
+    def _split(self, kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        options = dict(self._options)
+        payload: dict[str, Any] = {}
+        for key, value in kwargs.items():
+            (options if key in ENQUEUE_OPTIONS else payload)[key] = value
+        return options, payload
+
+    async def enqueue(self, *args: Any, **kwargs: Any) -> EnqueuedRun:
+        d = self._deployment
+        options, payload = self._split(kwargs)
+        checked = d.payload(*args, **payload)
+        lm = await d.app.lease_manager()
+        return await lm.enqueue_run(
+            d.name, checked, tenant_id=options.get("tenant_id"),
+            workspace_id=options.get("workspace_id"),
+            priority=options.get("priority", d.priority),
+            run_after=options.get("run_after"),
+            max_attempts=options.get("max_attempts", d.max_attempts),
+            idempotency_key=options.get("idempotency_key"), metadata=options.get("metadata"),
+            run_id=options.get("run_id"), thread_id=options.get("thread_id"),
+            conn=options.get("conn"))
+
+    async def enqueue_many(self, payloads: Iterable[Mapping[str, Any]],
+                           **options: Any) -> list[EnqueuedRun]:
+        d = self._deployment
+        bound = {**self._options, **options}
+        per_run = {"priority", "max_attempts", "run_after", "metadata"}
+        unknown = sorted(set(bound) - per_run - {"tenant_id", "workspace_id", "conn"})
+        if unknown:
+            raise TypeError(f"enqueue_many takes no option(s) {', '.join(unknown)} (they name "
+                            "one run: use enqueue)")
+        if isinstance(payloads, Mapping | str | bytes):
+            raise InvalidPayloadError(f"{d.name}: enqueue_many needs an iterable of mappings")
+        items: list[dict[str, Any]] = []
+        for i, arguments in enumerate(payloads):
+            if not isinstance(arguments, Mapping):
+                raise InvalidPayloadError(f"{d.name}: payload [{i}] is not a mapping")
+            try:
+                checked = d.payload(**arguments)
+            except InvalidPayloadError as exc:
+                raise InvalidPayloadError(f"payload [{i}]: {exc}") from exc
+            except TypeError as exc:  # a non-string key
+                raise InvalidPayloadError(f"{d.name}: payload [{i}]: {exc}") from exc
+            item: dict[str, Any] = {"payload": checked,
+                                    "priority": bound.get("priority", d.priority),
+                                    "max_attempts": bound.get("max_attempts", d.max_attempts)}
+            if bound.get("metadata") is not None:
+                item["metadata"] = bound["metadata"]
+            if bound.get("run_after") is not None:
+                item["run_after"] = bound["run_after"]
+            items.append(item)
+        lm = await d.app.lease_manager()
+        return await lm.enqueue_runs(d.name, items, tenant_id=bound.get("tenant_id"),
+                                     workspace_id=bound.get("workspace_id"),
+                                     conn=bound.get("conn"))
+
+
+# -- the application ----------------------------------------------------------------------------
+
+class App:
+    """A registry of deployments, and the pool they enqueue and run through.
+
+    ``dsn``: the database (default: ``ZEROTH_PG_DSN`` as it is, else the embedded server,
+    migrated);
+    ``pool``: an asyncpg pool of your own instead (``dsn`` then only enables LISTEN/NOTIFY
+    wakeups of :meth:`worker`). A pool the App creates runs zeroth calls only and skips asyncpg's
+    per-release reset (see :func:`zeroth_pg.worker.skip_reset`); pass your own if you share it.
+    The pool opens on first use; close it with :meth:`close` or ``async with app:``.
+    """
+
+    def __init__(self, dsn: str | None = None, *, pool: asyncpg.Pool | None = None,
+                 pool_size: int = 16, lease_duration: float = 60.0) -> None:
+        self.dsn = dsn
+        self._pool = pool
+        self._own_pool = pool is None
+        self.pool_size = pool_size
+        self.lease_duration = lease_duration
+        self._deployments: dict[str, Deployment] = {}
+        self._lease_manager: LeaseManager | None = None
+        self._opening: asyncio.Lock | None = None  # created in the loop that opens the pool
+
+    # -- declaring work ----------------------------------------------------------------------
+
+    def deployment(self, name: str | None = None, *, max_attempts: int = 3, priority: int = 0,
+                   retry: RetryPolicy | None = None,
+                   concurrency: int | None = None) -> Callable[[Callable[..., Any]], Deployment]:
+        """Register the decorated function as the handler of deployment ``name`` (default: the
+        function's name). ``max_attempts`` and ``priority`` are the defaults of its runs,
+        ``retry`` the backoff of its failed attempts, ``concurrency`` a local limit of its
+        handlers in one worker."""
+
+        def register(fn: Callable[..., Any]) -> Deployment:
+            chosen = name or fn.__name__
+            if chosen in self._deployments:
+                raise ValueError(f"deployment {chosen!r} is registered already "
+                                 f"(by {_label(self._deployments[chosen].fn)})")
+            deployment = Deployment(self, chosen, fn, max_attempts=max_attempts,
+                                    priority=priority, retry=retry, concurrency=concurrency)
+            self._deployments[chosen] = deployment
+            return deployment
+
+        return register
+
+    @property
+    def deployments(self) -> Mapping[str, Deployment]:
+        return types.MappingProxyType(self._deployments)
+
+    def select(self, names: Sequence[str] | None = None) -> list[Deployment]:
+        """The named deployments (None: every one), or ValueError naming the unknown ones."""
+        if not self._deployments:
+            raise ValueError("this App has no deployment registered")
+        if not names:
+            return list(self._deployments.values())
+        unknown = [n for n in names if n not in self._deployments]
+        if unknown:
+            raise ValueError(f"no deployment {', '.join(map(repr, unknown))} in this App "
+                             f"(it has {', '.join(self._deployments)})")
+        return [self._deployments[n] for n in dict.fromkeys(names)]
+
+    def worker_options(self, names: Sequence[str] | None = None) -> dict[str, Any]:
+        """The RunWorker arguments the deployments define: their handlers (a fleet worker's
+        mapping), retry policies and local limits."""
+        chosen = self.select(names)
+        return {
+            "deployment_ref": {d.name: d.handle for d in chosen},
+            "retries": {d.name: d.retry for d in chosen if d.retry is not None},
+            "deployment_concurrency": {d.name: d.concurrency for d in chosen
+                                       if d.concurrency is not None},
+        }
+
+    # -- the connection ----------------------------------------------------------------------
+
+    async def open(self) -> asyncpg.Pool:
+        """The pool, created on first use."""
+        if self._pool is None:
+            if self._opening is None:
+                self._opening = asyncio.Lock()
+            async with self._opening:
+                if self._pool is None:
+                    from zeroth_pg.worker import skip_reset
+
+                    if self.dsn is None:
+                        from zeroth_pg.embedded import resolve_dsn
+
+                        # Like a worker process: a database it was given (ZEROTH_PG_DSN) is
+                        # installed by its DBA, never migrated from here; the embedded one is.
+                        given = bool(os.environ.get("ZEROTH_PG_DSN"))
+                        self.dsn = await asyncio.to_thread(resolve_dsn, migrate=not given)
+                    self._pool = await asyncpg.create_pool(
+                        self.dsn, min_size=1, max_size=self.pool_size, reset=skip_reset)
+        return self._pool
+
+    async def lease_manager(self) -> LeaseManager:
+        if self._lease_manager is None:
+            self._lease_manager = LeaseManager(await self.open(),
+                                               lease_duration_seconds=self.lease_duration)
+        return self._lease_manager
+
+    async def close(self) -> None:
+        """Close the pool if the App created it."""
+        pool, self._pool, self._lease_manager = self._pool, None, None
+        if pool is not None and self._own_pool:
+            await pool.close()
+
+    async def __aenter__(self) -> App:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.close()
+
+    # -- workers -----------------------------------------------------------------------------
+
+    async def worker(self, deployments: Sequence[str] | None = None, *,
+                     scopes: Sequence[tuple[str | None, str | None]] | None = None,
+                     **options: Any) -> RunWorker:
+        """A (not yet started) worker of the named deployments (None: all) in every scope, or
+        in ``scopes``; ``options`` are :class:`~zeroth_pg.worker.RunWorker`'s keywords."""
+        pool = await self.open()
+        arguments = self.worker_options(deployments)
+        arguments["retries"] = {**arguments["retries"], **options.pop("retries", {})}
+        arguments["deployment_concurrency"] = {**arguments["deployment_concurrency"],
+                                               **options.pop("deployment_concurrency", {})}
+        options.setdefault("dsn", self.dsn)
+        options.setdefault("lease_duration", self.lease_duration)
+        return RunWorker(pool, arguments.pop("deployment_ref"), scopes=scopes, **arguments,
+                         **options)
+
+    async def run_worker(self, deployments: Sequence[str] | None = None, **options: Any) -> None:
+        """Serve the deployments until SIGTERM/SIGINT, then drain (:meth:`worker` options)."""
+        worker = await self.worker(deployments, **options)
+        await worker.run_until_stopped()
+

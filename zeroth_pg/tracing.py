@@ -1,0 +1,183 @@
+"""OpenTelemetry spans of a run's life, when ``opentelemetry-api`` is installed (the ``otel``
+extra); without it every function here is a no-op costing one attribute check.
+
+One trace follows a run from the code that enqueued it, across processes and retries: the
+enqueue (a ``send`` span, kind PRODUCER) writes its W3C trace context into the run's metadata
+under :data:`METADATA_KEY` (``{"traceparent": …, "tracestate": …}``); every attempt's execution
+is a ``process`` span (kind CONSUMER) whose parent is that context, so a retry or a recovery on
+another worker lands in the same trace, one span per attempt. Inside it: ``checkpoint`` spans,
+the handler's own spans, and the ``complete`` span of the outcome. A claim that handed runs over
+is a ``receive`` span linked to each run's context. Names and attributes follow the messaging
+semantic conventions (``messaging.system`` = ``zeroth_pg``, ``messaging.destination.name`` =
+the deployment, ``messaging.message.id`` = the run id). Spans are created through the global
+tracer provider: configure the SDK as usual, nothing else. A client in another language carries
+a trace into a run by writing ``metadata.otel.traceparent`` itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+try:
+    from opentelemetry import propagate, trace
+    from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+except ImportError:  # the otel extra is not installed
+    trace = None  # type: ignore[assignment]
+
+if TYPE_CHECKING:
+    from zeroth_pg.types import ClaimedRun, Scope
+
+__all__ = ["METADATA_KEY", "enabled", "failed", "inject", "process", "received", "send", "step"]
+
+#: The key of the run's metadata that carries the trace context of its enqueue.
+METADATA_KEY = "otel"
+SYSTEM = "zeroth_pg"
+
+
+def enabled() -> bool:
+    return trace is not None
+
+
+def _tracer() -> Any:
+    from zeroth_pg import __version__
+
+    return trace.get_tracer("zeroth_pg", __version__)
+
+
+def _scope_attributes(deployment_ref: str, tenant_id: str | None,
+                      workspace_id: str | None) -> dict[str, Any]:
+    attributes: dict[str, Any] = {"messaging.system": SYSTEM,
+                                  "messaging.destination.name": deployment_ref,
+                                  "zeroth.tenant_id": tenant_id or "default"}
+    if workspace_id is not None:
+        attributes["zeroth.workspace_id"] = workspace_id
+    return attributes
+
+
+def inject(metadata: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """``metadata`` with the current trace context under :data:`METADATA_KEY`; unchanged
+    without tracing, without a sampled span, or when the caller set that key itself."""
+    if trace is None or (metadata is not None and METADATA_KEY in metadata):
+        return metadata
+    if not trace.get_current_span().get_span_context().is_valid:
+        return metadata
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    if not carrier:
+        return metadata
+    return {**(metadata or {}), METADATA_KEY: carrier}
+
+
+@contextlib.contextmanager
+def send(deployment_ref: str, tenant_id: str | None, workspace_id: str | None,
+         count: int | None = None) -> Iterator[Any]:
+    """The span of an enqueue (``count`` runs for a batch); yields it, or None."""
+    if trace is None:
+        yield None
+        return
+    attributes = _scope_attributes(deployment_ref, tenant_id, workspace_id)
+    attributes["messaging.operation.type"] = "send"
+    attributes["messaging.operation.name"] = "enqueue_run" if count is None else "enqueue_runs"
+    if count is not None:
+        attributes["messaging.batch.message_count"] = count
+    with _tracer().start_as_current_span(f"send {deployment_ref}", kind=SpanKind.PRODUCER,
+                                         attributes=attributes) as span:
+        yield span
+
+
+def sent(span: Any, run_id: object) -> None:
+    """Name the run an enqueue span created (one run only)."""
+    if span is not None:
+        span.set_attribute("messaging.message.id", str(run_id))
+
+
+def _extract(metadata: Mapping[str, Any] | None) -> Any:
+    carrier = (metadata or {}).get(METADATA_KEY)
+    if not isinstance(carrier, Mapping):
+        return None
+    return propagate.extract({str(k): str(v) for k, v in carrier.items()})
+
+
+def received(runs: Iterable[tuple[Scope, ClaimedRun]], started_ns: int) -> None:
+    """A ``receive`` span for a claim that handed runs over, begun at ``started_ns`` (a claim
+    that found nothing leaves no span), linked to each run's enqueue."""
+    if trace is None:
+        return
+    runs = list(runs)
+    if not runs:
+        return
+    links = []
+    for _scope, run in runs:
+        context = _extract(run.metadata)
+        if context is not None:
+            span_context = trace.get_current_span(context).get_span_context()
+            if span_context.is_valid:
+                links.append(Link(span_context, {"messaging.message.id": str(run.run_id)}))
+    deployments = sorted({scope.deployment_ref for scope, _ in runs})
+    attributes = {"messaging.system": SYSTEM, "messaging.operation.type": "receive",
+                  "messaging.operation.name": "claim",
+                  "messaging.batch.message_count": len(runs)}
+    if len(deployments) == 1:
+        attributes["messaging.destination.name"] = deployments[0]
+    span = _tracer().start_span(
+        "receive" if len(deployments) > 1 else f"receive {deployments[0]}",
+        kind=SpanKind.CONSUMER, attributes=attributes, links=links, start_time=started_ns)
+    span.end()
+
+
+def now_ns() -> int:
+    return time.time_ns()
+
+
+@contextlib.contextmanager
+def process(scope: Scope, run: ClaimedRun, *, attempt: int, worker_id: str,
+            recovered: bool) -> Iterator[Any]:
+    """The span of one attempt's execution, a child of the run's enqueue; yields it, or None.
+    The worker marks failures itself (:func:`failed`): a handler's exception is an outcome."""
+    if trace is None:
+        yield None
+        return
+    attributes = _scope_attributes(scope.deployment_ref, scope.tenant_id, scope.workspace_id)
+    attributes.update({"messaging.operation.type": "process",
+                       "messaging.message.id": str(run.run_id),
+                       "messaging.consumer.group.name": scope.deployment_ref,
+                       "zeroth.attempt": attempt, "zeroth.lease_generation": run.lease_generation,
+                       "zeroth.worker_id": worker_id, "zeroth.recovered": recovered})
+    with _tracer().start_as_current_span(
+            f"process {scope.deployment_ref}", context=_extract(run.metadata),
+            kind=SpanKind.CONSUMER, attributes=attributes, record_exception=False,
+            set_status_on_exception=False) as span:
+        yield span
+
+
+@contextlib.contextmanager
+def step(name: str, deployment_ref: str, run_id: object) -> Iterator[Any]:
+    """A child span of the current one (``checkpoint``, ``complete``, ``fail``)."""
+    if trace is None:
+        yield None
+        return
+    attributes = {"messaging.system": SYSTEM, "messaging.destination.name": deployment_ref,
+                  "messaging.message.id": str(run_id)}
+    if name in ("complete", "fail"):
+        attributes["messaging.operation.type"] = "settle"
+    with _tracer().start_as_current_span(f"{name} {deployment_ref}",
+                                         attributes=attributes) as span:
+        yield span
+
+
+def failed(span: Any, exc: BaseException | None, outcome: str) -> None:
+    """Mark an attempt's span as failed (``outcome``: retried, failed, lease lost, …)."""
+    if span is None:
+        return
+    span.set_attribute("zeroth.outcome", outcome)
+    if exc is not None:
+        span.record_exception(exc)
+    span.set_status(Status(StatusCode.ERROR, outcome))
+
+
+def outcome(span: Any, value: str) -> None:
+    if span is not None:
+        span.set_attribute("zeroth.outcome", value)
