@@ -141,9 +141,11 @@ class _Argument:
     check: Check
 
 
-def _signature(fn: Callable[..., Any], name: str) -> tuple[list[_Argument], Check | None]:
-    """The payload arguments of a handler (every parameter after the run), and the check of
-    extra keyword arguments when it takes ``**kwargs``."""
+def _signature(fn: Callable[..., Any],
+               name: str) -> tuple[list[_Argument], Check | None, str | None]:
+    """The payload arguments of a handler (every parameter after the run), the check of extra
+    keyword arguments when it takes ``**kwargs``, and the name no payload key may have (the
+    run's parameter, unless it is positional-only)."""
     # A functools.partial's annotations are its function's; a callable object's, its __call__'s.
     annotated = getattr(fn, "func", None) if isinstance(fn, functools.partial) else (
         fn if inspect.isfunction(fn) or inspect.ismethod(fn) else type(fn).__call__)
@@ -159,6 +161,8 @@ def _signature(fn: Callable[..., Any], name: str) -> tuple[list[_Argument], Chec
                         "first positional parameter")
     arguments: list[_Argument] = []
     extra: Check | None = None
+    run_name = (parameters[0].name
+                if parameters[0].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD else None)
     for p in parameters[1:]:
         where = f"deployment {name!r}, parameter {p.name!r}"
         check = _compile(hints.get(p.name, inspect.Parameter.empty), where)
@@ -176,7 +180,7 @@ def _signature(fn: Callable[..., Any], name: str) -> tuple[list[_Argument], Chec
             raise TypeError(f"{where}: its default is not JSON ({problem})")
         arguments.append(_Argument(p.name, p.default is inspect.Parameter.empty,
                                    p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD, check))
-    return arguments, extra
+    return arguments, extra, run_name
 
 
 def _label(fn: Callable[..., Any]) -> str:
@@ -289,9 +293,13 @@ async def _in_thread(fn: Callable[..., Any], run: RunContext, arguments: dict[st
 
     threading.Thread(target=target, name=f"zeroth-run-{run.run_id}", daemon=True).start()
     try:
-        return await done
+        return await asyncio.shield(done)  # a cancel of this task must not cancel `done`
     except asyncio.CancelledError:
         sync_run._stopped.set()
+        # The run's outcome is settled now, but the thread runs until it returns: it keeps its
+        # deployment's local slot until then (red-team: a second run of a deployment limited
+        # to one started beside a thread still running).
+        run._linger(done)
         raise
 
 
@@ -317,7 +325,7 @@ class Deployment:
         # A callable object with an async __call__ is a coroutine function too.
         self.is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
             getattr(fn, "__call__", None))  # noqa: B004 - the method itself
-        self._arguments, self._extra = _signature(fn, name)
+        self._arguments, self._extra, self._run_name = _signature(fn, name)
         self.__doc__ = getattr(fn, "__doc__", None)
         self.__wrapped__ = fn
 
@@ -356,6 +364,9 @@ class Deployment:
         for key, value in payload.items():
             if not isinstance(key, str):
                 problems.append(f"an argument name must be a string, got {key!r:.60}")
+                continue
+            if key == self._run_name:  # fn(run, **payload) would get it twice
+                problems.append(f"{key!r} names the run's own parameter")
                 continue
             if key in known:
                 check = next(a.check for a in self._arguments if a.name == key)
@@ -576,9 +587,12 @@ class App:
         return self._lease_manager
 
     async def close(self) -> None:
-        """Close the pool if the App created it."""
+        """Close the pool if the App created it (a pool it was given stays open, and stays the
+        App's: a later use never opens another behind the caller's back)."""
+        if not self._own_pool:
+            return
         pool, self._pool, self._lease_manager = self._pool, None, None
-        if pool is not None and self._own_pool:
+        if pool is not None:
             await pool.close()
 
     async def __aenter__(self) -> App:

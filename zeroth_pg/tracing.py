@@ -10,8 +10,9 @@ the handler's own spans, and the ``complete`` span of the outcome. A claim that 
 is a ``receive`` span linked to each run's context. Names and attributes follow the messaging
 semantic conventions (``messaging.system`` = ``zeroth_pg``, ``messaging.destination.name`` =
 the deployment, ``messaging.message.id`` = the run id). Spans are created through the global
-tracer provider: configure the SDK as usual, nothing else. A client in another language carries
-a trace into a run by writing ``metadata.otel.traceparent`` itself.
+tracer provider: configure the SDK as usual, nothing else. The carrier is W3C trace context
+only (``traceparent``, ``tracestate``; never baggage). A client in another language carries a
+trace into a run by writing ``metadata.otel.traceparent`` itself.
 """
 
 from __future__ import annotations
@@ -22,8 +23,14 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 try:
-    from opentelemetry import propagate, trace
+    from opentelemetry import trace
     from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    # W3C trace context only, whatever the process's global propagators: the carrier is data in
+    # a shared table, so it holds the trace's ids and nothing else (no baggage, which a writer
+    # of the row could otherwise pass into every handler's context and outgoing calls).
+    _PROPAGATOR = TraceContextTextMapPropagator()
 except ImportError:  # the otel extra is not installed
     trace = None  # type: ignore[assignment]
 
@@ -60,12 +67,13 @@ def _scope_attributes(deployment_ref: str, tenant_id: str | None,
 def inject(metadata: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
     """``metadata`` with the current trace context under :data:`METADATA_KEY`; unchanged
     without tracing, without a sampled span, or when the caller set that key itself."""
-    if trace is None or (metadata is not None and METADATA_KEY in metadata):
-        return metadata
+    if trace is None or (metadata is not None and (
+            not isinstance(metadata, Mapping) or METADATA_KEY in metadata)):
+        return metadata  # a metadata that is not an object is the client's error to report
     if not trace.get_current_span().get_span_context().is_valid:
         return metadata
     carrier: dict[str, str] = {}
-    propagate.inject(carrier)
+    _PROPAGATOR.inject(carrier)
     if not carrier:
         return metadata
     return {**(metadata or {}), METADATA_KEY: carrier}
@@ -98,7 +106,8 @@ def _extract(metadata: Mapping[str, Any] | None) -> Any:
     carrier = (metadata or {}).get(METADATA_KEY)
     if not isinstance(carrier, Mapping):
         return None
-    return propagate.extract({str(k): str(v) for k, v in carrier.items()})
+    return _PROPAGATOR.extract({k: v for k, v in carrier.items()
+                                if k in ("traceparent", "tracestate") and isinstance(v, str)})
 
 
 def received(runs: Iterable[tuple[Scope, ClaimedRun]], started_ns: int) -> None:

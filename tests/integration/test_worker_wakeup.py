@@ -153,13 +153,16 @@ async def test_a_wakeup_during_a_claim_pass_is_not_lost(spawn_worker, connect):
     await _wait_idle(worker, claims)
 
     producer = await connect()
+    # Its own connection: under load a poll may start the pass while the producer still sends
+    # the wakeup below (seen in a full-suite run: "another operation is in progress").
+    late_producer = await connect()
     late: list[UUID] = []
 
     async def claim_then_enqueue(*args: Any, **kwargs: Any) -> Any:
         result = await claims.real(*args, **kwargs)
         if not late:  # once: the claim above has run, so it cannot have seen this run
             wakeups.event.clear()
-            late.append((await LeaseManager(producer).enqueue_run(dep)).run_id)
+            late.append((await LeaseManager(late_producer).enqueue_run(dep)).run_id)
             await asyncio.wait_for(wakeups.event.wait(), timeout=5)  # delivered mid-pass
         return result
 

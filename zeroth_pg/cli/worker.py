@@ -43,8 +43,10 @@ def worker(
         envvar="ZEROTH_PG_POLL_INTERVAL", help="Seconds between claims with no NOTIFY.")] = 0.5,
     orphan_sweep_interval: Annotated[float, typer.Option(
         envvar="ZEROTH_PG_ORPHAN_SWEEP_INTERVAL", help="Seconds between orphan sweeps.")] = 5.0,
-    lease: Annotated[float, typer.Option(
-        envvar="ZEROTH_PG_LEASE_SECONDS", help="Lease duration in seconds.")] = 60.0,
+    lease: Annotated[float | None, typer.Option(
+        envvar="ZEROTH_PG_LEASE_SECONDS",
+        help="Lease duration in seconds (default: the App's lease_duration, else 60).",
+        show_default=False)] = None,
     shutdown_timeout: Annotated[float, typer.Option(
         envvar="ZEROTH_PG_SHUTDOWN_TIMEOUT",
         help="On SIGTERM, seconds running handlers get before they are handed back.")] = 30.0,

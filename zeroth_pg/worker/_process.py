@@ -66,6 +66,10 @@ def load_app(spec: str) -> Handler | dict[str, Handler] | WorkerApp:
     of deployment names to handlers) the handlers of a fleet worker, each adapted like
     :func:`load_handler`."""
     target = _import(spec)
+    if isinstance(getattr(target, "app", None), WorkerApp) and hasattr(target, "handle"):
+        # One deployment of an App: calling it would call the bare function without a payload.
+        raise ValueError(f"{spec} is one deployment of an App: give the App (module:app) and "
+                         f"--deployment {getattr(target, 'name', '...')}")
     if isinstance(target, WorkerApp):
         target.select()  # ValueError when it has no deployment
         return target
@@ -110,7 +114,7 @@ async def serve(
     fleet_concurrency: int | None = None,
     poll_interval: float = 0.5,
     orphan_sweep_interval: float = 5.0,
-    lease: float = 60.0,
+    lease: float | None = None,
     shutdown_timeout: float = 30.0,
     retry_base: float = 1.0,
     worker_id: str | None = None,
@@ -168,7 +172,8 @@ async def serve(
             workspace_id=workspace,
             max_concurrency=concurrency, fleet_max_concurrency=fleet_concurrency,
             poll_interval=poll_interval, orphan_sweep_interval=orphan_sweep_interval,
-            worker_id=worker_id, shutdown_timeout=shutdown_timeout, lease_duration=lease,
+            worker_id=worker_id, shutdown_timeout=shutdown_timeout,
+            lease_duration=lease or getattr(loaded, "lease_duration", None) or 60.0,
             retry_base_seconds=retry_base, scope_metrics=scope_metrics, **per_deployment)
         await worker.run_until_stopped()
     finally:

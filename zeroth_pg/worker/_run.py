@@ -128,6 +128,11 @@ class RunContext:
         """Record progress (any JSON value), fenced."""
         await self.commit(progress=value)
 
+    def _linger(self, done: asyncio.Future[Any]) -> None:
+        """The handler goes on after the worker stopped waiting for it (a thread cannot be
+        stopped): its deployment's local limit counts it until ``done``."""
+        self._worker.linger(self.scope.deployment_ref, done)
+
 
 class Orchestrator(Protocol):
     async def drive(self, run: RunContext) -> Any: ...

@@ -151,6 +151,9 @@ class RunWorker:
         # Deployments whose last claim of their own filled their local room: they likely have
         # more work, so a slot they free is claimed into at once (like a full batch).
         self._deployments_full: set[str] = set()
+        # Handlers still running after their runs left the worker (linger), per deployment.
+        self._lingering: collections.defaultdict[str, set[asyncio.Future[Any]]] = (
+            collections.defaultdict(set))
         self.queue_depth_interval = queue_depth_interval
         self.metrics = metrics or default_metrics()
         self.scope_metrics = scope_metrics
@@ -400,8 +403,30 @@ class RunWorker:
         return free
 
     def _executing_by_deployment(self) -> collections.Counter[str]:
-        return collections.Counter(
-            e.scope.deployment_ref for e in self._held() if e.state is not RunState.COMPLETING)
+        """Handlers running per deployment, for the local deployment limits. Unlike the total
+        (_held), a handler that ignores its stop counts until it returns, lease gone or not,
+        and so does one still running after its run was settled (:meth:`linger`): the
+        resource such a limit guards is still in use (red-team: a second run of a deployment
+        limited to one started beside a sync handler's thread)."""
+        running = collections.Counter(
+            e.scope.deployment_ref for e in self._active.values()
+            if e.state in (RunState.QUEUED, RunState.EXECUTING))
+        for deployment, handlers in self._lingering.items():
+            running[deployment] += len(handlers)
+        return running
+
+    def linger(self, deployment_ref: str, done: asyncio.Future[Any]) -> None:
+        """A handler of ``deployment_ref`` goes on running after its run left the worker (a
+        sync handler's thread, which Python cannot stop): it counts against the deployment's
+        local limit until ``done``."""
+        handlers = self._lingering[deployment_ref]
+        handlers.add(done)
+
+        def returned(future: asyncio.Future[Any]) -> None:
+            handlers.discard(future)
+            self._wake.set()  # rare: a claim pass costs less than a run waiting for the poll
+
+        done.add_done_callback(returned)
 
     def _deployment_has_room(self) -> bool:
         """A deployment whose last own claim was full has room again under its local limit."""
@@ -409,6 +434,17 @@ class RunWorker:
             return False
         executing = self._executing_by_deployment()
         return any(executing[d] < self.deployment_concurrency[d] for d in self._deployments_full)
+
+    def _note_fill(self, deployments: tuple[str, ...] | None, limit: int, got: int) -> None:
+        """After a claim: a limited deployment that filled a claim of its own likely has more
+        work; one claimed for in a shared claim (whose fill is the backlog's business) or that
+        came back short has not (red-team: a stale entry kept an idle worker claiming)."""
+        if deployments is not None and len(deployments) == 1 and got == limit and (
+                deployments[0] in self.deployment_concurrency):
+            self._deployments_full.add(deployments[0])
+        else:
+            self._deployments_full.difference_update(
+                self.deployment_concurrency if deployments is None else deployments)
 
     def _claim_groups(self, free: int) -> list[tuple[tuple[str, ...] | None, int]]:
         """The claims of one pass, as (deployments, limit); deployments None: all of them.
@@ -452,7 +488,11 @@ class RunWorker:
             return None
         groups = self._claim_groups(free)
         if not groups:
-            return None  # every deployment is at its local limit
+            # Every deployment is at its local limit: wait until one frees a slot (those whose
+            # last own claim was full wake the loop then, _slot_freed), not claim again at once
+            # (red-team: a stale backlog flag here spun the loop without ever yielding).
+            self._backlog = False
+            return None
         claimed = asked = 0
         self._fleet_full = False
         for deployments, limit in groups:
@@ -469,22 +509,18 @@ class RunWorker:
                 self._spawn(scope, run, deadline=sent + self.lease_duration, recovered=False)
             claimed += len(result.runs)
             self._fleet_full = self._fleet_full or result.fleet_full
-            if deployments is not None and len(deployments) == 1 and (
-                    deployments[0] in self.deployment_concurrency):
-                if len(result.runs) == limit:
-                    self._deployments_full.add(deployments[0])
-                else:
-                    self._deployments_full.discard(deployments[0])
+            self._note_fill(deployments, limit, len(result.runs))
         self._backlog = claimed == asked
         return claimed
 
     async def _sweep_orphans(self) -> None:
         free = self._free_slots()
-        if free <= 0:
-            # No slot to re-lease into, but the orphans nobody may resume (out of attempts, not
-            # resumable past grace) need none: end them, so their threads move on while every
-            # worker is busy (claim_limit 0: end only), once per sweep interval. Re-leasing
-            # waits for a free slot.
+        groups = self._claim_groups(free) if free > 0 else []
+        if not groups:
+            # No slot to re-lease into (none free, or every deployment at its local limit), but
+            # the orphans nobody may resume (out of attempts, not resumable past grace) need
+            # none: end them, so their threads move on while every worker is busy (claim_limit
+            # 0: end only), once per sweep interval. Re-leasing waits for a free slot.
             self._sweep_due = True  # retried as soon as a slot frees
             if time.monotonic() >= self._next_end_only:
                 self._next_end_only = time.monotonic() + self.orphan_sweep_interval
@@ -494,7 +530,7 @@ class RunWorker:
         more = False
         claimed = 0
         # A deployment at its local limit is left out; its orphans wait for its next sweep.
-        for deployments, limit in self._claim_groups(free):
+        for deployments, limit in groups:
             limit = min(limit, free - claimed)
             if limit <= 0:
                 break
