@@ -48,10 +48,22 @@ def enabled() -> bool:
     return trace is not None
 
 
-def _tracer() -> Any:
-    from zeroth_pg import __version__
+_cached: tuple[Any, Any] | None = None  # (provider, its tracer)
 
-    return trace.get_tracer("zeroth_pg", __version__)
+
+def _tracer() -> Any:
+    """The tracer of the configured provider, or None while none is configured: with the API
+    installed but no SDK set up (a dependency of some other library), a no-op span per run
+    would still cost ~10-20 µs of this process's CPU, and it records nothing."""
+    global _cached
+    provider = trace.get_tracer_provider()
+    if isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider):
+        return None
+    if _cached is None or _cached[0] is not provider:
+        from zeroth_pg import __version__
+
+        _cached = (provider, provider.get_tracer("zeroth_pg", __version__))
+    return _cached[1]
 
 
 def _scope_attributes(deployment_ref: str, tenant_id: str | None,
@@ -83,7 +95,8 @@ def inject(metadata: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
 def send(deployment_ref: str, tenant_id: str | None, workspace_id: str | None,
          count: int | None = None) -> Iterator[Any]:
     """The span of an enqueue (``count`` runs for a batch); yields it, or None."""
-    if trace is None:
+    tracer = _tracer() if trace is not None else None
+    if tracer is None:
         yield None
         return
     attributes = _scope_attributes(deployment_ref, tenant_id, workspace_id)
@@ -91,8 +104,8 @@ def send(deployment_ref: str, tenant_id: str | None, workspace_id: str | None,
     attributes["messaging.operation.name"] = "enqueue_run" if count is None else "enqueue_runs"
     if count is not None:
         attributes["messaging.batch.message_count"] = count
-    with _tracer().start_as_current_span(f"send {deployment_ref}", kind=SpanKind.PRODUCER,
-                                         attributes=attributes) as span:
+    with tracer.start_as_current_span(f"send {deployment_ref}", kind=SpanKind.PRODUCER,
+                                      attributes=attributes) as span:
         yield span
 
 
@@ -113,7 +126,8 @@ def _extract(metadata: Mapping[str, Any] | None) -> Any:
 def received(runs: Iterable[tuple[Scope, ClaimedRun]], started_ns: int) -> None:
     """A ``receive`` span for a claim that handed runs over, begun at ``started_ns`` (a claim
     that found nothing leaves no span), linked to each run's enqueue."""
-    if trace is None:
+    tracer = _tracer() if trace is not None else None
+    if tracer is None:
         return
     runs = list(runs)
     if not runs:
@@ -131,7 +145,7 @@ def received(runs: Iterable[tuple[Scope, ClaimedRun]], started_ns: int) -> None:
                   "messaging.batch.message_count": len(runs)}
     if len(deployments) == 1:
         attributes["messaging.destination.name"] = deployments[0]
-    span = _tracer().start_span(
+    span = tracer.start_span(
         "receive" if len(deployments) > 1 else f"receive {deployments[0]}",
         kind=SpanKind.CONSUMER, attributes=attributes, links=links, start_time=started_ns)
     span.end()
@@ -146,7 +160,8 @@ def process(scope: Scope, run: ClaimedRun, *, attempt: int, worker_id: str,
             recovered: bool) -> Iterator[Any]:
     """The span of one attempt's execution, a child of the run's enqueue; yields it, or None.
     The worker marks failures itself (:func:`failed`): a handler's exception is an outcome."""
-    if trace is None:
+    tracer = _tracer() if trace is not None else None
+    if tracer is None:
         yield None
         return
     attributes = _scope_attributes(scope.deployment_ref, scope.tenant_id, scope.workspace_id)
@@ -155,7 +170,7 @@ def process(scope: Scope, run: ClaimedRun, *, attempt: int, worker_id: str,
                        "messaging.consumer.group.name": scope.deployment_ref,
                        "zeroth.attempt": attempt, "zeroth.lease_generation": run.lease_generation,
                        "zeroth.worker_id": worker_id, "zeroth.recovered": recovered})
-    with _tracer().start_as_current_span(
+    with tracer.start_as_current_span(
             f"process {scope.deployment_ref}", context=_extract(run.metadata),
             kind=SpanKind.CONSUMER, attributes=attributes, record_exception=False,
             set_status_on_exception=False) as span:
@@ -165,15 +180,16 @@ def process(scope: Scope, run: ClaimedRun, *, attempt: int, worker_id: str,
 @contextlib.contextmanager
 def step(name: str, deployment_ref: str, run_id: object) -> Iterator[Any]:
     """A child span of the current one (``checkpoint``, ``complete``, ``fail``)."""
-    if trace is None:
+    tracer = _tracer() if trace is not None else None
+    if tracer is None:
         yield None
         return
     attributes = {"messaging.system": SYSTEM, "messaging.destination.name": deployment_ref,
                   "messaging.message.id": str(run_id)}
     if name in ("complete", "fail"):
         attributes["messaging.operation.type"] = "settle"
-    with _tracer().start_as_current_span(f"{name} {deployment_ref}",
-                                         attributes=attributes) as span:
+    with tracer.start_as_current_span(f"{name} {deployment_ref}",
+                                      attributes=attributes) as span:
         yield span
 
 
