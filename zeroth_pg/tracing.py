@@ -48,21 +48,29 @@ def enabled() -> bool:
     return trace is not None
 
 
-_cached: tuple[Any, Any] | None = None  # (provider, its tracer)
+_cached: tuple[Any, Any] | None = None  # (provider, its tracer or None)
+_checked_at = -1.0  # monotonic time of the last look at the global provider
+_RECHECK_SECONDS = 1.0
 
 
 def _tracer() -> Any:
     """The tracer of the configured provider, or None while none is configured: with the API
     installed but no SDK set up (a dependency of some other library), a no-op span per run
-    would still cost ~10-20 µs of this process's CPU, and it records nothing."""
-    global _cached
-    provider = trace.get_tracer_provider()
-    if isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider):
-        return None
-    if _cached is None or _cached[0] is not provider:
-        from zeroth_pg import __version__
+    would still cost ~10-20 µs of this process's CPU, and it records nothing. The provider is
+    looked up at most once a second (the lookup reads os.environ while none is set: two
+    lookups per run were 5% of a 100-slot worker's CPU), so an SDK configured after the
+    worker started is picked up within a second."""
+    global _cached, _checked_at
+    now = time.monotonic()
+    if _cached is None or now - _checked_at >= _RECHECK_SECONDS:
+        _checked_at = now
+        provider = trace.get_tracer_provider()
+        if _cached is None or _cached[0] is not provider:
+            from zeroth_pg import __version__
 
-        _cached = (provider, provider.get_tracer("zeroth_pg", __version__))
+            unset = isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+            _cached = (provider,
+                       None if unset else provider.get_tracer("zeroth_pg", __version__))
     return _cached[1]
 
 

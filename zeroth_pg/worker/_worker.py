@@ -168,6 +168,10 @@ class RunWorker:
         # Keyed by (run_id, generation): after a stall longer than its lease, this process may
         # re-claim its own orphan and hold both generations until the old task has stopped.
         self._active: dict[tuple[UUID, int], ActiveRun] = {}
+        # The generations of each run in _active: a claim looks up older ones of the same run
+        # without walking every active run (that walk was O(active) per spawn: 6% of a
+        # 100-slot worker's CPU in a profile).
+        self._generations: dict[UUID, set[int]] = {}
         self._wake = asyncio.Event()
         self._leases = LeaseUpkeep(
             self.lease_manager, self.worker_id, runs=self._active.values, stop=self._stop,
@@ -636,7 +640,8 @@ class RunWorker:
     def _spawn(self, scope: Scope, run: ClaimedRun, *, deadline: float, recovered: bool) -> None:
         # This process may have recovered its own orphan (its event loop stalled past the
         # lease): the older generation's lease is gone, so stop that task; it writes nothing.
-        for older in [e for (rid, _), e in self._active.items() if rid == run.run_id]:
+        held_generations = self._generations.setdefault(run.run_id, set())
+        for older in [self._active[(run.run_id, g)] for g in held_generations]:
             log.warning("run %s: re-claimed at generation %d while generation %d still ran here;"
                         " stopping the older one", run.run_id, run.lease_generation,
                         older.run.lease_generation)
@@ -652,6 +657,7 @@ class RunWorker:
             cancelled=asyncio.Event(), scope=scope, _worker=self)
         entry = ActiveRun(run=run, ctx=ctx, deadline=deadline)
         self._active[entry.key] = entry
+        held_generations.add(run.lease_generation)
         entry.task = asyncio.create_task(self._execute(entry), name=f"run-{run.run_id}")
         if run.cancel_requested:  # the claim itself reported the cancel: the database said so
             self._stop(entry, StopReason.CANCEL)
@@ -679,6 +685,11 @@ class RunWorker:
             entry.finish()
             if self._active.get(entry.key) is entry:
                 del self._active[entry.key]
+                generations = self._generations.get(run.run_id)
+                if generations is not None:
+                    generations.discard(run.lease_generation)
+                    if not generations:
+                        del self._generations[run.run_id]
             self._slot_freed(fleet=True)
 
     async def _execute_leased(self, entry: ActiveRun) -> None:
