@@ -110,6 +110,19 @@ def _loads(value: str | None) -> Any:
 
 
 def _claimed(row: asyncpg.Record) -> ClaimedRun:
+    # The claim has committed: a value this process cannot decode must fail its own run, never
+    # make the whole batch raise here and strand every run of it until its lease expires.
+    problems: list[str] = []
+
+    def decoded(column: str, empty: Any) -> Any:
+        try:
+            return _loads(row[column])
+        except (RecursionError, ValueError) as exc:
+            problems.append(f"{column}: {type(exc).__name__}: {str(exc)[:200]}")
+            return empty
+
+    payload, metadata = decoded("payload", {}), decoded("metadata", {})
+    checkpoint = decoded("checkpoint_data", None)
     return ClaimedRun(
         run_id=row["run_id"],
         lease_generation=row["lease_generation"],
@@ -120,11 +133,12 @@ def _claimed(row: asyncpg.Record) -> ClaimedRun:
         priority=row["priority"],
         thread_id=row["thread_id"],
         idempotency_key=row["idempotency_key"],
-        payload=_loads(row["payload"]),
-        metadata=_loads(row["metadata"]),
+        payload=payload,
+        metadata=metadata,
         recovery_checkpoint_id=row["recovery_checkpoint_id"],
-        checkpoint_data=_loads(row["checkpoint_data"]),
+        checkpoint_data=checkpoint,
         cancel_requested=row["cancel_requested"],
+        undecodable="; ".join(problems) or None,
     )
 
 

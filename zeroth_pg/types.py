@@ -72,6 +72,11 @@ class ClaimedRun:
     recovery_checkpoint_id: UUID | None
     checkpoint_data: Any
     cancel_requested: bool
+    #: Why this client could not decode the run's payload, metadata or checkpoint (JSON that
+    #: PostgreSQL stores but Python's decoder refuses: nested deeper than its recursion limit,
+    #: an integer of more than 4,300 digits); those fields are then empty. None: all decoded.
+    #: The worker fails such a run without a retry instead of losing its whole claim batch.
+    undecodable: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,13 @@ from prometheus_client import Counter
 
 from zeroth_pg import tracing
 from zeroth_pg.client import LeaseManager, unstorable
-from zeroth_pg.errors import DatabaseError, LeaseLostError, NonRetryableError, RetryableError
+from zeroth_pg.errors import (
+    DatabaseError,
+    InvalidPayloadError,
+    LeaseLostError,
+    NonRetryableError,
+    RetryableError,
+)
 from zeroth_pg.metrics import WorkerMetrics, default_metrics
 from zeroth_pg.notify import CONTROL_CHANNEL, WAKEUP_CHANNEL, Notifier
 from zeroth_pg.types import ClaimedRun, FailOutcome, RetryPolicy, Scope
@@ -667,6 +673,15 @@ class RunWorker:
         try:
             if entry.stop_reason is not None:  # stopped before this task ran (a claimed orphan
                 await self._settle_stopped(entry)  # with a pending cancel): never start it
+                return
+            if run.undecodable is not None:
+                # JSON the database holds but Python cannot decode: no handler could run it, and
+                # no retry can change that.
+                log.warning("run %s: cannot decode its JSON (%s); failing it", run.run_id,
+                            run.undecodable)
+                await self._fail(entry, InvalidPayloadError(
+                    f"this worker cannot decode the run's JSON: {run.undecodable}"),
+                    retryable=False)
                 return
             entry.advance(RunState.EXECUTING)
             await self._execute_leased(entry)
