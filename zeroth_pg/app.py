@@ -439,7 +439,7 @@ class _Configured:
         d = self._deployment
         options, payload = self._split(kwargs)
         checked = d.payload(*args, **payload)
-        lm = await d.app.lease_manager()
+        lm = await d.app.lease_manager(options.get("conn"))
         return await lm.enqueue_run(
             d.name, checked, tenant_id=options.get("tenant_id"),
             workspace_id=options.get("workspace_id"),
@@ -479,7 +479,7 @@ class _Configured:
             if bound.get("run_after") is not None:
                 item["run_after"] = bound["run_after"]
             items.append(item)
-        lm = await d.app.lease_manager()
+        lm = await d.app.lease_manager(bound.get("conn"))
         return await lm.enqueue_runs(d.name, items, tenant_id=bound.get("tenant_id"),
                                      workspace_id=bound.get("workspace_id"),
                                      conn=bound.get("conn"))
@@ -580,7 +580,11 @@ class App:
                         self.dsn, min_size=1, max_size=self.pool_size, reset=skip_reset)
         return self._pool
 
-    async def lease_manager(self) -> LeaseManager:
+    async def lease_manager(self, conn: asyncpg.Connection | None = None) -> LeaseManager:
+        """The App's LeaseManager; with ``conn``, one over that connection alone (an enqueue in
+        the caller's transaction never opens the App's pool, nor an embedded server)."""
+        if conn is not None:
+            return LeaseManager(conn, lease_duration_seconds=self.lease_duration)
         if self._lease_manager is None:
             self._lease_manager = LeaseManager(await self.open(),
                                                lease_duration_seconds=self.lease_duration)

@@ -200,6 +200,13 @@ class TestEnqueue:
             await audit.configure(conn=conn, tenant_id="acme").enqueue(event="login")
             await transaction.rollback()
         assert await run_count(pool) == 0  # rolled back with the caller's transaction
+        unopened = App()  # no DSN: it would start the embedded server if it opened a pool
+        unopened.deployment("audit")(audit.fn)
+        async with pool.acquire() as conn:
+            await unopened.deployments["audit"].configure(conn=conn).enqueue(event="inside")
+        assert unopened._pool is None  # the caller's connection was enough
+        assert await run_count(pool) == 1
+        await pool.execute("DELETE FROM zeroth.runs")
         queued = await audit.configure(tenant_id="acme", workspace_id="w1").enqueue(event="x")
         assert (await run_row(pool, queued.run_id))["tenant_id"] == "acme"
 
