@@ -101,3 +101,34 @@ class TestNoGrant:
         assert await sqlstate(nobody, statement) == "42501"
         assert await admin.fetchval("SELECT count(*) FROM zeroth.runs WHERE status = 'pending' "
                                     "AND lease_worker_id IS NULL") == 6
+
+
+COUNT_SCOPES = """SELECT deployment_ref, pending FROM zeroth.count_pending_scopes(
+    deployment_refs => ARRAY['d'])"""
+
+
+class TestCountPendingScopes:
+    """zeroth.count_pending_scopes (a fleet worker's queue-depth gauge): the worker role may
+    count, and the count changes nothing and locks nothing; reader and no-grant roles may not
+    call it (a reader reads the views of its own tenant instead)."""
+
+    async def test_a_worker_counts_every_scope_and_changes_nothing(self, login, admin):
+        await seed(admin)
+        before = await admin.fetch("SELECT run_id, status, lease_generation, updated_at "
+                                   "FROM zeroth.runs ORDER BY run_id")
+        worker = await login("worker")
+        async with worker.transaction():
+            rows = await worker.fetch(COUNT_SCOPES)
+            assert [tuple(r) for r in rows] == [("d", 6)]  # paused scopes are still pending
+            locks = await worker.fetchval(
+                "SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() "
+                "AND locktype IN ('tuple', 'advisory', 'transactionid')")
+        assert locks == 0
+        assert await admin.fetch("SELECT run_id, status, lease_generation, updated_at "
+                                 "FROM zeroth.runs ORDER BY run_id") == before
+
+    @pytest.mark.parametrize("kind", ["reader", "nobody"])
+    async def test_other_roles_cannot_call_it(self, login, admin, kind):
+        await seed(admin)
+        stranger = await login(kind)
+        assert await sqlstate(stranger, COUNT_SCOPES) == "42501"

@@ -167,3 +167,24 @@ async def test_two_fleet_sweepers_re_lease_each_orphan_once(connect):
         "SELECT DISTINCT lease_generation FROM zeroth.runs WHERE run_id = ANY ($1::uuid[])",
         list(orphaned))
     assert [r["lease_generation"] for r in generations] == [2]
+
+
+async def test_a_queue_depth_count_never_waits_on_an_open_claim_nor_blocks_one(connect):
+    """zeroth.count_pending_scopes beside a claim that has not committed: the count answers at
+    once (it takes no row lock) with what its snapshot holds, and a claim started while a
+    count's transaction is still open is not held up by it either."""
+    setup, claimer, counter = await connect(), await connect(), await connect()
+    await enqueue(setup, "t1", 5)
+    count = ("SELECT pending FROM zeroth.count_pending_scopes("
+             "deployment_refs => ARRAY[$1])")
+    async with claimer.transaction():
+        claimed = await claimer.fetch(CLAIM_SCOPES, DEPLOYMENT, "w1", None, 3)
+        assert len(claimed) == 3
+        await counter.execute("SET statement_timeout = '5s'")
+        # Not yet committed: the counter's snapshot still sees five pending runs.
+        assert await counter.fetchval(count, DEPLOYMENT) == 5
+    assert await counter.fetchval(count, DEPLOYMENT) == 2
+    async with counter.transaction():
+        assert await counter.fetchval(count, DEPLOYMENT) == 2
+        await claimer.execute("SET statement_timeout = '5s'")
+        assert len(await claimer.fetch(CLAIM_SCOPES, DEPLOYMENT, "w2", None, 5)) == 2
