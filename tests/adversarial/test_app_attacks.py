@@ -16,7 +16,6 @@ import json
 import os
 import sys
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,36 +26,8 @@ from helpers import wait_until
 from zeroth_pg import App, InvalidPayloadError, RetryPolicy
 from zeroth_pg.client import LeaseManager
 from zeroth_pg.errors import InvalidArgumentError
-from zeroth_pg.worker import RunWorker
 
 WITHIN = 30.0
-
-
-@pytest.fixture
-async def app(pool: asyncpg.Pool, database_dsn: str) -> AsyncIterator[App]:
-    application = App(database_dsn, pool=pool)
-    yield application
-    await application.close()
-
-
-@pytest.fixture
-async def serve(app: App) -> AsyncIterator[Callable[..., Awaitable[RunWorker]]]:
-    workers: list[RunWorker] = []
-
-    async def start(*deployments: str, **options: Any) -> RunWorker:
-        options.setdefault("poll_interval", 0.05)
-        options.setdefault("orphan_sweep_interval", 0.2)
-        options.setdefault("shutdown_timeout", 2.0)
-        worker = await app.worker(list(deployments) or None, **options)
-        workers.append(worker)
-        await worker.start()
-        return worker
-
-    try:
-        yield start
-    finally:
-        for worker in workers:
-            await asyncio.wait_for(worker.graceful_shutdown(), timeout=30)
 
 
 async def status_of(pool: asyncpg.Pool, run_id: Any) -> asyncpg.Record:

@@ -14,7 +14,7 @@ import asyncio
 import functools
 import json
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal
 
 import asyncpg
@@ -24,36 +24,8 @@ from helpers import wait_until
 import zeroth_pg
 from zeroth_pg import App, InvalidPayloadError, LeaseLostError, NonRetryableError, RetryPolicy
 from zeroth_pg.client import LeaseManager
-from zeroth_pg.worker import RunWorker
 
 WITHIN = 30.0
-
-
-@pytest.fixture
-async def app(pool: asyncpg.Pool, database_dsn: str) -> AsyncIterator[App]:
-    application = App(database_dsn, pool=pool)
-    yield application
-    await application.close()  # not the test's pool: only a pool the App created is closed
-
-
-@pytest.fixture
-async def serve(app: App) -> AsyncIterator[Callable[..., Awaitable[RunWorker]]]:
-    workers: list[RunWorker] = []
-
-    async def start(*deployments: str, **options: Any) -> RunWorker:
-        options.setdefault("poll_interval", 0.05)
-        options.setdefault("orphan_sweep_interval", 0.2)
-        options.setdefault("shutdown_timeout", 2.0)
-        worker = await app.worker(list(deployments) or None, **options)
-        workers.append(worker)
-        await worker.start()
-        return worker
-
-    try:
-        yield start
-    finally:
-        for worker in workers:
-            await asyncio.wait_for(worker.graceful_shutdown(), timeout=30)
 
 
 async def run_row(pool: asyncpg.Pool, run_id: Any) -> asyncpg.Record:

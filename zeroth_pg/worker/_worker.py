@@ -745,23 +745,17 @@ class RunWorker:
             return
         except (KeyboardInterrupt, SystemExit):
             raise  # the process is going down: its leases expire and count the attempt
-        except NonRetryableError as exc:
-            # The handler (or the application API, for a payload that does not fit its
-            # handler) says no retry can succeed: fail the run now.
-            self.metrics.worker_crashes.labels(deployment).inc()
-            log.info("run %s attempt %d failed for good: %s: %s", run.run_id, ctx.attempt,
-                     type(exc).__name__, _message(exc))
-            tracing.failed(span, exc, "failed for good")
-            await self._fail(entry, exc, retryable=False)
-            return
         except BaseException as exc:
             # Exception, and whatever else a handler may raise (GeneratorExit, a BaseException
             # subclass of its own): a failure of this attempt, never a run left to its lease.
+            # NonRetryableError (raised by the handler, or by the application API for a
+            # payload that does not fit it) says no retry can succeed: the run fails now.
+            retryable = not isinstance(exc, NonRetryableError)
             self.metrics.worker_crashes.labels(deployment).inc()
-            log.info("run %s attempt %d failed: %s: %s", run.run_id, ctx.attempt,
-                     type(exc).__name__, _message(exc))
-            tracing.failed(span, exc, "handler failed")
-            await self._fail(entry, exc, retryable=True)
+            log.info("run %s attempt %d failed%s: %s: %s", run.run_id, ctx.attempt,
+                     "" if retryable else " for good", type(exc).__name__, _message(exc))
+            tracing.failed(span, exc, "handler failed" if retryable else "failed for good")
+            await self._fail(entry, exc, retryable=retryable)
             return
         finally:
             run_duration.observe(time.monotonic() - started)
