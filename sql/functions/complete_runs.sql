@@ -1,3 +1,55 @@
+-- The write of complete_runs, on runs it has locked: complete each requested run that is in
+-- `running` (locked, running) while its lease is live; returns those completed (complete_runs
+-- frees their slots).
+-- Planned with nested loops off: the UPDATE must pair each run with its request (its generation
+-- and output), and a nested loop over the two (the plan a generic plan's estimate of 10 rows
+-- picks) compared every run with every request: 1,000,000 comparisons, 0.17 s, for 1,000 runs.
+-- The rows are still found by primary key (run_id = ANY), so a hash join reads only the batch.
+-- Only this statement is planned so: complete_runs frees the slots (a hash join would walk the
+-- scope's slots).
+CREATE OR REPLACE FUNCTION zeroth._complete_locked_runs(
+    tenant_id text, workspace_key text, worker_id text, run_ids uuid[], generations bigint[],
+    outputs jsonb[], running uuid[], at timestamptz) RETURNS uuid[]
+    LANGUAGE plpgsql VOLATILE
+    SET enable_nestloop = off
+    SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    v_done uuid[];
+BEGIN
+    WITH requested AS (
+        SELECT q.run_id, q.generation, _complete_locked_runs.outputs[q.position] AS output
+          FROM unnest(_complete_locked_runs.run_ids, _complete_locked_runs.generations)
+               WITH ORDINALITY AS q(run_id, generation, position)
+    ), completed AS (
+        UPDATE zeroth.runs r
+           SET status = 'completed',
+               output = CASE WHEN q.output IS NULL THEN r.output
+                             ELSE nullif(q.output, 'null'::jsonb) END,
+               finished_at = _complete_locked_runs.at,
+               updated_at = _complete_locked_runs.at,
+               lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
+               admission_slot = NULL, recovery_checkpoint_id = NULL
+          FROM requested q
+         WHERE r.tenant_id = _complete_locked_runs.tenant_id
+           AND r.workspace_key = _complete_locked_runs.workspace_key
+           -- By primary key with the array, not only by the join: a generic plan made while
+           -- the table was small joined by filter and scanned the whole scope per run (the
+           -- continuous-load collapse of issue 13). The array holds the running runs locked.
+           AND r.run_id = ANY (_complete_locked_runs.running)
+           AND r.run_id = q.run_id
+           AND r.lease_worker_id = _complete_locked_runs.worker_id
+           AND r.lease_generation = q.generation
+           AND r.lease_expires_at >= _complete_locked_runs.at
+        RETURNING r.run_id
+    )
+    SELECT coalesce(array_agg(d.run_id), '{}') INTO v_done FROM completed d;
+    RETURN v_done;
+END
+$$;
+COMMENT ON FUNCTION zeroth._complete_locked_runs(text, text, text, uuid[], bigint[], jsonb[], uuid[], timestamptz) IS 'Internal: the write of complete_runs on the runs it locked (running: the locked running ones): complete those whose lease (worker, generation) is live at `at`; returns the completed runs. Planned with nested loops off (a hash join of the batch with its request).';
+ALTER FUNCTION zeroth._complete_locked_runs(text, text, text, uuid[], bigint[], jsonb[], uuid[], timestamptz) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._complete_locked_runs(text, text, text, uuid[], bigint[], jsonb[], uuid[], timestamptz) FROM PUBLIC;
+
 -- complete_runs: complete_run for a batch of one worker's runs. runs[i] = (run_ids[i],
 -- generations[i]) completes only while that exact lease is live, held by worker_id, and the run is
 -- running; outputs[i] as in complete_run (SQL NULL — or no outputs array — keeps the output written
@@ -26,7 +78,8 @@ DECLARE
     v_wskey      text := zeroth._workspace_key(complete_runs.workspace_id);
     v_running    uuid[];
     v_done       uuid[];
-    v_freed_deps text[];
+    v_slot_rows  tid[];
+    v_freed_deps text[] := '{}';
 BEGIN
     PERFORM zeroth._require_identifier(complete_runs.worker_id, 'worker_id');
     PERFORM zeroth._require_lease_batch(complete_runs.run_ids, complete_runs.generations);
@@ -41,71 +94,55 @@ BEGIN
     -- Slot rows first, in run_id order: one probe of admission_slots_run_idx per requested run,
     -- as _lock_slot does. Joined to the array by filter, a generic plan made on few slots walked
     -- every slot of the scope (all its deployments) through admission_slots_pkey.
-    PERFORM 1
+    -- Their row addresses are kept to free them below: a row this transaction holds locked
+    -- cannot move, and a TID scan is the one plan that touches those rows and no others.
+    SELECT coalesce(array_agg(l.ctid), '{}') INTO v_slot_rows
        FROM (SELECT q.run_id, q.generation
                FROM unnest(complete_runs.run_ids, complete_runs.generations) AS q(run_id, generation)
               ORDER BY q.run_id) q
       CROSS JOIN LATERAL (
-            SELECT s.slot_no
+            SELECT s.ctid
               FROM zeroth.admission_slots s
              WHERE s.run_id = q.run_id AND s.lease_generation = q.generation
                AND s.tenant_id = v_tenant AND s.workspace_key = v_wskey
                FOR UPDATE OF s) l;
 
     -- The run rows, in run_id order, then the clock (as zeroth._lock_leased_run: a batch that
-    -- waited for a row judges every lease by the time it got them). Found by primary key
-    -- (run_id = ANY: an index condition, whatever the statistics say); no predicate here or in the
-    -- UPDATE names the status, so the planner cannot prefer runs_running_idx (every running run
-    -- of the scope, scanned once per requested run when its row estimate is stale); the running
-    -- ones are read from the locked rows.
+    -- waited for a row judges every lease by the time it got them). One primary-key probe per
+    -- requested run: a LATERAL sub-select with a locking clause is never flattened into a join,
+    -- so no plan pairs the batch with itself by a filter (1,000 runs made 1,000,000 comparisons),
+    -- and no plan reaches the rows through runs_running_idx (no predicate names the status; the
+    -- running ones are read from the locked rows).
     SELECT coalesce(array_agg(l.run_id) FILTER (WHERE l.status = 'running'), '{}') INTO v_running
-      FROM (SELECT r.run_id, r.status
+      FROM (SELECT q.run_id, q.generation
+              FROM unnest(complete_runs.run_ids, complete_runs.generations) AS q(run_id, generation)
+             ORDER BY q.run_id) q
+     CROSS JOIN LATERAL (
+            SELECT r.run_id, r.status
               FROM zeroth.runs r
-              JOIN unnest(complete_runs.run_ids, complete_runs.generations) AS q(run_id, generation)
-                ON r.run_id = q.run_id AND r.lease_generation = q.generation
              WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey
-               AND r.run_id = ANY (complete_runs.run_ids)
+               AND r.run_id = q.run_id
+               AND r.lease_generation = q.generation
                AND r.lease_worker_id = complete_runs.worker_id
-             ORDER BY r.run_id
                FOR UPDATE OF r) l;
     v_now := zeroth._now();
 
-    WITH requested AS (
-        SELECT q.run_id, q.generation, complete_runs.outputs[q.position] AS output
-          FROM unnest(complete_runs.run_ids, complete_runs.generations)
-               WITH ORDINALITY AS q(run_id, generation, position)
-    ), done AS (
-        UPDATE zeroth.runs r
-           SET status = 'completed',
-               output = CASE WHEN q.output IS NULL THEN r.output
-                             ELSE nullif(q.output, 'null'::jsonb) END,
-               finished_at = v_now,
-               updated_at = v_now,
-               lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
-               admission_slot = NULL, recovery_checkpoint_id = NULL
-          FROM requested q
-         WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey
-           -- By primary key with the array, not only by the join: a generic plan made while
-           -- the table was small joined by filter and scanned the whole scope per run (the
-           -- continuous-load collapse of issue 13). The array holds the running runs locked.
-           AND r.run_id = ANY (v_running)
-           AND r.run_id = q.run_id
-           AND r.lease_worker_id = complete_runs.worker_id
-           AND r.lease_generation = q.generation
-           AND r.lease_expires_at >= v_now
-        RETURNING r.run_id, q.generation
-    ), freed AS (
-        UPDATE zeroth.admission_slots s
-           SET run_id = NULL, lease_generation = NULL
-          FROM done d
-         WHERE s.run_id = d.run_id
-           AND s.tenant_id = v_tenant AND s.workspace_key = v_wskey
-           AND s.lease_generation = d.generation
-        RETURNING s.deployment_ref
-    )
-    SELECT (SELECT coalesce(array_agg(d.run_id), '{}') FROM done d),
-           (SELECT coalesce(array_agg(DISTINCT f.deployment_ref), '{}') FROM freed f)
-      INTO v_done, v_freed_deps;
+    v_done := zeroth._complete_locked_runs(v_tenant, v_wskey, complete_runs.worker_id,
+                                           complete_runs.run_ids, complete_runs.generations,
+                                           complete_runs.outputs, v_running, v_now);
+
+    -- The slots of the completed runs, among those locked above (each locked for its run's
+    -- requested lease, the lease each completion ended).
+    IF cardinality(v_slot_rows) > 0 THEN
+        WITH freed AS (
+            UPDATE zeroth.admission_slots s
+               SET run_id = NULL, lease_generation = NULL
+             WHERE s.ctid = ANY (v_slot_rows)
+               AND s.run_id = ANY (v_done)
+            RETURNING s.deployment_ref
+        )
+        SELECT coalesce(array_agg(DISTINCT f.deployment_ref), '{}') INTO v_freed_deps FROM freed f;
+    END IF;
 
     PERFORM zeroth._notify_wakeup(d.deployment_ref, v_tenant, complete_runs.workspace_id)
        FROM unnest(v_freed_deps) AS d(deployment_ref);

@@ -16,9 +16,10 @@ from roles import dsn_as, login_role, readme_grants
 from zeroth_pg import LeaseManager
 from zeroth_pg.errors import DatabaseError
 
-# Besides the pinned search_path: plan caching (0007), and complete_runs' bounded wait for a
-# row another session holds (red-team pass 8).
-PLANNING = {"plan_cache_mode=force_generic_plan", "lock_timeout=2s"}
+# Besides the pinned search_path: plan caching (0007), complete_runs' bounded wait for a row
+# another session holds (red-team pass 8), and renew_leases' hashed pairing of a batch with its
+# request (tests/plans/test_batch_joins.py).
+PLANNING = {"plan_cache_mode=force_generic_plan", "lock_timeout=2s", "enable_nestloop=off"}
 PINNED = ["search_path=pg_catalog, pg_temp"]
 
 FUNCTIONS = """
