@@ -365,7 +365,8 @@ class TestSleepRejectsBadArguments:
         lease = await make_run(conn, "running")
         before = await run_row(conn, lease.run_id)
         if isinstance(kwargs.get("resume_at"), str):
-            kwargs = {"resume_at": await conn.fetchval(f"SELECT '{kwargs['resume_at']}'::timestamptz")}
+            text = kwargs["resume_at"]
+            kwargs = {"resume_at": await conn.fetchval(f"SELECT '{text}'::timestamptz")}
 
         error = await assert_raises(conn, "ZP008", sleep, lease.run_id, checkpoint={"x": 1},
                                     **kwargs)
