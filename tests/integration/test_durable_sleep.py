@@ -24,7 +24,7 @@ from helpers import metric, unique_deployment, wait_until
 
 from zeroth_pg import App, LeaseLostError
 from zeroth_pg.client import LeaseManager
-from zeroth_pg.types import SleepOutcome
+from zeroth_pg.types import SleepOutcome, SleepResult
 from zeroth_pg.worker import RunContext, RunSlept, RunWorker
 
 WITHIN = 30.0
@@ -179,6 +179,25 @@ class TestSleepCannotBeSwallowed:
 
         assert json.loads(row["output"]) == "resumed"
         assert after_sleep == [RunSlept, "commit refused"]
+
+
+class TestForgedRunSlept:
+    async def test_a_run_slept_the_handler_made_itself_fails_the_attempt(self, pool,
+                                                                         spawn_worker):
+        dep = unique_deployment("sleep")
+
+        async def handler(run: RunContext) -> str:
+            if run.attempt == 1:  # claims to have slept, never called sleep_run
+                raise RunSlept(SleepResult(SleepOutcome.SLEEPING, None, None))
+            return "second attempt"
+
+        await spawn_worker(dep, handler, retry_base_seconds=0.05, retry_max_seconds=0.05)
+        run = await LeaseManager(pool).enqueue_run(dep, {})
+
+        row = await _wait_status(pool, run.run_id, "completed")
+
+        assert json.loads(row["output"]) == "second attempt"
+        assert row["attempts"] == 2  # the forged sleep was a failed attempt, not a free one
 
 
 class TestSleepAfterTheLeaseWasLost:

@@ -730,8 +730,17 @@ class RunWorker:
         started = time.monotonic()
         try:
             output = await self._handlers[deployment](ctx)
-        except RunSlept:
-            self._after_sleep(entry, span)
+        except RunSlept as exc:
+            if ctx.slept is not None:
+                self._after_sleep(entry, span)
+                return
+            # Raised without a sleep of this attempt (made by the handler, or another run's):
+            # its lease is still live, so it ends as a failure, never left to expire.
+            self.metrics.worker_crashes.labels(deployment).inc()
+            log.warning("run %s attempt %d: the handler raised RunSlept without sleeping",
+                        run.run_id, ctx.attempt)
+            tracing.failed(span, exc, "handler failed")
+            await self._fail(entry, exc, retryable=True)
             return
         except asyncio.CancelledError as exc:
             if ctx.slept is not None:  # asleep, so settled: no stop cancels it
