@@ -24,6 +24,7 @@ from helpers import (
     run_row,
     wakeup_key,
 )
+from thread_calls import THREAD, admit
 
 SLEEP = """SELECT outcome, run_after, checkpoint_id FROM zeroth_test.sleep_run(
                run_id => $1, worker_id => $2, generation => $3, resume_at => $4,
@@ -270,6 +271,27 @@ class TestSleepingThreadRun:
         assert await conn.fetchval(COMPLETE, lease.run_id, OTHER, 2, at(41))
         promoted = await run_row(conn, queued)
         assert (promoted["status"], promoted["thread_queued_at"]) == ("pending", None)
+
+    @pytest.mark.parametrize("strategy", ["interrupt", "rollback"])
+    async def test_an_interrupting_admission_cancels_the_sleeper_and_takes_the_thread(
+            self, conn, strategy):
+        lease = await make_run(conn, "running", thread_id=THREAD)
+        await sleep(conn, lease.run_id, delay_seconds=3600)
+
+        admitted = await admit(conn, THREAD, strategy, now=at(20))
+
+        assert admitted["status"] == "pending"
+        assert admitted["run_id"] != lease.run_id
+        assert (await run_row(conn, lease.run_id))["status"] == "cancelled"
+
+    async def test_a_rejecting_admission_meets_the_sleeper_as_the_active_run(self, conn):
+        lease = await make_run(conn, "running", thread_id=THREAD)
+        await sleep(conn, lease.run_id, delay_seconds=3600)
+
+        refused = await admit(conn, THREAD, "reject", now=at(20))
+
+        assert refused["active_run_id"] == lease.run_id
+        assert (await run_row(conn, lease.run_id))["status"] == "pending"
 
     async def test_a_cancelled_sleep_of_a_thread_run_promotes_the_queue(self, conn):
         lease = await make_run(conn, "running", thread_id="t-1")
