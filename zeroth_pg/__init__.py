@@ -45,8 +45,10 @@ if TYPE_CHECKING:
         Scope,
         ScopedRun,
         ScopesClaimResult,
+        SleepOutcome,
+        SleepResult,
     )
-    from zeroth_pg.worker import RunContext, RunWorker
+    from zeroth_pg.worker import RunContext, RunSlept, RunWorker
 
 #: Where each public name lives.
 _HOMES = {
@@ -61,9 +63,10 @@ _HOMES = {
     **dict.fromkeys(
         ("CancelOutcome", "ClaimedRun", "EnqueuedRun", "FailOutcome", "LeaseClaimResult",
          "LeaseRenewal", "OrphanClaimResult", "RetryPolicy", "RunCompletion", "RunStatus",
-         "Scope", "ScopedRun", "ScopesClaimResult"),
+         "Scope", "ScopedRun", "ScopesClaimResult", "SleepOutcome", "SleepResult"),
         "zeroth_pg.types"),
     "RunContext": "zeroth_pg.worker",
+    "RunSlept": "zeroth_pg.worker",
     "RunWorker": "zeroth_pg.worker",
 }
 
@@ -93,11 +96,14 @@ __all__ = [
     "RunCompletion",
     "RunContext",
     "RunNotFoundError",
+    "RunSlept",
     "RunStatus",
     "RunWorker",
     "Scope",
     "ScopedRun",
     "ScopesClaimResult",
+    "SleepOutcome",
+    "SleepResult",
     "SyncRunContext",
     "UnknownColumnError",
     "ZerothError",

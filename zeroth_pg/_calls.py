@@ -87,6 +87,10 @@ CANCEL_RUN = """SELECT zeroth.cancel_run(run_id => $1, worker_id => $2, generati
 PAUSE_RUN = """SELECT zeroth.pause_run(run_id => $1, worker_id => $2, generation => $3,
     reason => $4, tenant_id => $5, workspace_id => $6)"""
 
+SLEEP_RUN = """SELECT outcome, run_after, checkpoint_id FROM zeroth.sleep_run(run_id => $1,
+    worker_id => $2, generation => $3, resume_at => $4, delay_seconds => $5,
+    checkpoint => $6::text::jsonb, tenant_id => $7, workspace_id => $8)"""
+
 RELEASE_LEASE = """SELECT zeroth.release_lease(run_id => $1, worker_id => $2, generation => $3,
     tenant_id => $4, workspace_id => $5)"""
 

@@ -33,14 +33,15 @@ import types
 import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Union
+from datetime import datetime
+from typing import Any, Literal, NoReturn, Union
 
 import asyncpg
 
 from zeroth_pg.client import LeaseManager, unstorable
 from zeroth_pg.errors import InvalidPayloadError, LeaseLostError
 from zeroth_pg.types import EnqueuedRun, RetryPolicy
-from zeroth_pg.worker import RunContext, RunWorker
+from zeroth_pg.worker import RunContext, RunSlept, RunWorker
 
 __all__ = ["App", "Deployment", "SyncRunContext"]
 
@@ -200,7 +201,7 @@ def _json_problem(value: Any) -> str | None:
 class SyncRunContext:
     """What a plain ``def`` handler sees: the run's fields (as on
     :class:`~zeroth_pg.worker.RunContext`) and blocking, fenced ``commit`` / ``checkpoint`` /
-    ``progress``, run on the worker's event loop.
+    ``progress`` / ``sleep`` / ``sleep_until``, run on the worker's event loop.
 
     The handler runs in its own thread while the loop renews its lease. Python cannot stop a
     thread from outside, so when the worker stops the run (a cancel request, a lost lease, the
@@ -250,6 +251,18 @@ class SyncRunContext:
         """:meth:`RunContext.progress`, blocking."""
         self._call(self._run.progress(value))
 
+    def sleep(self, seconds: float, *, checkpoint: Any = None) -> NoReturn:
+        """:meth:`RunContext.sleep`, blocking: raises :class:`~zeroth_pg.worker.RunSlept` (a
+        BaseException; let it propagate) once the sleep is accepted. The function is called
+        again from the start when the run resumes, with the latest checkpoint."""
+        self._call(self._run.sleep(seconds, checkpoint=checkpoint))
+        raise AssertionError("unreachable: RunContext.sleep always raises")
+
+    def sleep_until(self, when: datetime, *, checkpoint: Any = None) -> NoReturn:
+        """:meth:`RunContext.sleep_until`, blocking; as :meth:`sleep`."""
+        self._call(self._run.sleep_until(when, checkpoint=checkpoint))
+        raise AssertionError("unreachable: RunContext.sleep_until always raises")
+
 
 async def _in_thread(fn: Callable[..., Any], run: RunContext, arguments: dict[str, Any]) -> Any:
     """Call ``fn(SyncRunContext, **arguments)`` in a daemon thread of its own and wait for it.
@@ -274,11 +287,13 @@ async def _in_thread(fn: Callable[..., Any], run: RunContext, arguments: dict[st
     def target() -> None:
         try:
             result = context.run(fn, sync_run, **arguments)
+        except RunSlept as exc:  # the attempt ended in a durable sleep: the worker's to see
+            outcome: tuple[Any, BaseException | None] = (None, exc)
         except Exception as exc:
             # A future cannot carry StopIteration; a failure of the run either way.
             error = exc if not isinstance(exc, StopIteration) else RuntimeError(
                 "the handler raised StopIteration")
-            outcome: tuple[Any, BaseException | None] = (None, error)
+            outcome = (None, error)
         except BaseException as exc:
             # SystemExit or KeyboardInterrupt in this thread ends the thread, not the process:
             # a failure of this attempt, as any other.

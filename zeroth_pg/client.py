@@ -37,6 +37,8 @@ from zeroth_pg.types import (
     Scope,
     ScopedRun,
     ScopesClaimResult,
+    SleepOutcome,
+    SleepResult,
 )
 
 __all__ = ["Executor", "LeaseManager"]
@@ -632,6 +634,28 @@ class LeaseManager:
         (``zeroth.pause_run``)."""
         return bool(await self._fetchval(_calls.PAUSE_RUN, _uuid(run_id), worker_id, generation,
                                          reason, tenant_id, workspace_id, conn=conn))
+
+    async def sleep_run(
+        self, run_id: RunId, worker_id: str, *, generation: int,
+        resume_at: datetime | None = None, delay_seconds: float | None = None,
+        checkpoint: Any = None, tenant_id: str | None = None, workspace_id: str | None = None,
+        conn: Executor | None = None,
+    ) -> SleepResult | None:
+        """Durable sleep, fenced (``zeroth.sleep_run``): running → pending until ``resume_at``
+        (a past instant: now) or the database clock + ``delay_seconds`` (exactly one), the
+        attempt given back, the lease and slot released; ``checkpoint`` (any JSON value but
+        None) is saved in the same call, the recovery checkpoint of the resumed attempt. A
+        pending cancel request cancels the run instead. None when fenced out."""
+        if resume_at is not None and (not isinstance(resume_at, datetime)
+                                      or resume_at.utcoffset() is None):
+            raise InvalidArgumentError("resume_at must be a timezone-aware datetime")
+        row = (await self._fetch(
+            _calls.SLEEP_RUN, _uuid(run_id), worker_id, generation, resume_at, delay_seconds,
+            _dumps(checkpoint), tenant_id, workspace_id, conn=conn))[0]
+        if row["outcome"] is None:
+            return None
+        return SleepResult(outcome=SleepOutcome(row["outcome"]), run_after=row["run_after"],
+                           checkpoint_id=row["checkpoint_id"])
 
     # -- giving a lease back ---------------------------------------------------------------
 

@@ -27,6 +27,7 @@ class WorkerMetrics:
     fencing_rejected: Counter
     worker_crashes: Counter
     runs_dead_lettered: Counter
+    runs_slept: Counter
     guardrail_rejections: Counter
     utilization: Gauge
     queue_depth: Gauge
@@ -55,6 +56,9 @@ class WorkerMetrics:
             runs_dead_lettered=Counter("zeroth_runs_dead_lettered",
                                        "Runs dead-lettered after max_attempts.", d,
                                        registry=registry),
+            runs_slept=Counter("zeroth_runs_slept", "Attempts that ended in a durable sleep "
+                               "(sleep_run: pending until their resume time).", d,
+                               registry=registry),
             guardrail_rejections=Counter("zeroth_guardrail_rejections",
                                          "Claims refused by a guardrail.", (*d, "reason"),
                                          registry=registry),

@@ -187,14 +187,14 @@ def process(scope: Scope, run: ClaimedRun, *, attempt: int, worker_id: str,
 
 @contextlib.contextmanager
 def step(name: str, deployment_ref: str, run_id: object) -> Iterator[Any]:
-    """A child span of the current one (``checkpoint``, ``complete``, ``fail``)."""
+    """A child span of the current one (``checkpoint``, ``complete``, ``fail``, ``sleep``)."""
     tracer = _tracer() if trace is not None else None
     if tracer is None:
         yield None
         return
     attributes = {"messaging.system": SYSTEM, "messaging.destination.name": deployment_ref,
                   "messaging.message.id": str(run_id)}
-    if name in ("complete", "fail"):
+    if name in ("complete", "fail", "sleep"):
         attributes["messaging.operation.type"] = "settle"
     with tracer.start_as_current_span(f"{name} {deployment_ref}",
                                       attributes=attributes) as span:

@@ -21,6 +21,8 @@ __all__ = [
     "Scope",
     "ScopedRun",
     "ScopesClaimResult",
+    "SleepOutcome",
+    "SleepResult",
 ]
 
 
@@ -52,6 +54,23 @@ class CancelOutcome(StrEnum):
     TAKEN_OVER = "taken_over"
     NOT_CANCELLABLE = "not_cancellable"
     UNKNOWN = "unknown"
+
+
+class SleepOutcome(StrEnum):
+    """What ``zeroth.sleep_run`` did with the holder's run."""
+
+    SLEEPING = "sleeping"  # pending until run_after; the attempt was given back
+    CANCELLED = "cancelled"  # a cancel request was pending: cancelled instead of sleeping
+
+
+@dataclass(frozen=True, slots=True)
+class SleepResult:
+    """The row of ``zeroth.sleep_run`` that was not fenced out: the outcome, the instant the run
+    resumes (``None`` when cancelled) and the checkpoint saved with the sleep (if one was)."""
+
+    outcome: SleepOutcome
+    run_after: datetime | None
+    checkpoint_id: UUID | None
 
 
 @dataclass(frozen=True, slots=True)

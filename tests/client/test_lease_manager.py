@@ -37,6 +37,8 @@ from zeroth_pg import (
     RunCompletion,
     RunNotFoundError,
     RunStatus,
+    SleepOutcome,
+    SleepResult,
     UnknownColumnError,
     ZerothError,
 )
@@ -460,6 +462,46 @@ class TestFencedWrites:
         row = await _row(pool, run_id)
         assert row["status"] == "pending"
         assert json.loads(row["metadata"])["resume_input"] == {"approved": True}
+
+    async def test_sleep_run_returns_its_typed_result_and_none_when_fenced_out(self, pool):
+        lm = LeaseManager(pool)
+        run_id, generation = await _running(lm)
+        assert await lm.sleep_run(run_id, W2, generation=generation, delay_seconds=5) is None
+        before = await pool.fetchval("SELECT clock_timestamp()")
+        result = await lm.sleep_run(str(run_id), W1, generation=generation, delay_seconds=5,
+                                    checkpoint={"step": 2})
+        assert isinstance(result, SleepResult)
+        assert result.outcome is SleepOutcome.SLEEPING
+        assert result.run_after is not None
+        assert result.run_after >= before + timedelta(seconds=5)
+        row = await _row(pool, run_id)
+        assert (row["status"], row["run_after"], row["attempts"]) == (
+            "pending", result.run_after, 0)
+        assert await pool.fetchval("SELECT checkpoint_id FROM zeroth.checkpoints "
+                                   "WHERE run_id = $1", run_id) == result.checkpoint_id
+
+    async def test_sleep_run_until_an_instant_and_with_a_pending_cancel(self, pool):
+        lm = LeaseManager(pool)
+        run_id, generation = await _running(lm)
+        when = await pool.fetchval("SELECT date_trunc('second', now()) + interval '1 day'")
+        result = await lm.sleep_run(run_id, W1, generation=generation, resume_at=when)
+        assert result == SleepResult(SleepOutcome.SLEEPING, when, None)
+        live, generation = await _running(lm)
+        assert await lm.request_cancel(live) is CancelOutcome.CANCEL_REQUESTED
+        result = await lm.sleep_run(live, W1, generation=generation, delay_seconds=1)
+        assert result == SleepResult(SleepOutcome.CANCELLED, None, None)
+
+    async def test_sleep_run_refuses_bad_times_with_invalid_argument(self, pool):
+        lm = LeaseManager(pool)
+        run_id, generation = await _running(lm)
+        with pytest.raises(InvalidArgumentError, match="timezone-aware"):
+            await lm.sleep_run(run_id, W1, generation=generation,
+                               resume_at=datetime(2100, 1, 1))  # naive
+        with pytest.raises(InvalidArgumentError, match="exactly one"):
+            await lm.sleep_run(run_id, W1, generation=generation)
+        with pytest.raises(InvalidArgumentError, match="delay_seconds"):
+            await lm.sleep_run(run_id, W1, generation=generation, delay_seconds=-1)
+        assert (await _row(pool, run_id))["status"] == "running"
 
     async def test_release_lease_makes_claimed_run_claimable(self, pool):
         lm = LeaseManager(pool)

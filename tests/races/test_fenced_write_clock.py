@@ -38,6 +38,9 @@ WRITES: dict[str, tuple[str, Any]] = {
                         None),
     "cancel_run": (f"SELECT zeroth.cancel_run({FENCE})", False),
     "pause_run": (f"SELECT zeroth.pause_run({FENCE}, reason => 'approval')", False),
+    "sleep_run": (
+        f"""SELECT s.outcome FROM zeroth.sleep_run({FENCE}, delay_seconds => 5,
+                checkpoint => '{{"late": 1}}') s""", None),
     "release_lease": (f"SELECT zeroth.release_lease({FENCE})", False),
     "expire_recovery_lease": (f"SELECT zeroth.expire_recovery_lease({FENCE})", False),
     "update_run_progress": (

@@ -16,12 +16,13 @@ import asyncio
 import enum
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 from uuid import UUID
 
 from zeroth_pg import tracing
 from zeroth_pg.errors import LeaseLostError
-from zeroth_pg.types import ClaimedRun, Scope
+from zeroth_pg.types import ClaimedRun, Scope, SleepResult
 
 if TYPE_CHECKING:
     from zeroth_pg.worker._worker import RunWorker
@@ -31,12 +32,26 @@ __all__ = [
     "Handler",
     "Orchestrator",
     "RunContext",
+    "RunSlept",
     "RunState",
     "StopReason",
     "orchestrator_handler",
 ]
 
 Handler = Callable[["RunContext"], Awaitable[Any]]
+
+
+class RunSlept(BaseException):
+    """Raised by :meth:`RunContext.sleep` / :meth:`RunContext.sleep_until` once the database
+    accepted the sleep: the attempt is over, and the handler must not go on. A BaseException, so
+    a handler's ``except Exception`` lets it through; let it propagate. The worker takes it as
+    "this attempt ended by sleeping" (no completion, no failure, no retry); it does so even when
+    the handler swallows it, since the run's lease is gone. ``result`` says what the database
+    did (``SleepOutcome.CANCELLED``: a cancel request was pending, the run is cancelled)."""
+
+    def __init__(self, result: SleepResult) -> None:
+        super().__init__(f"run {result.outcome.value} until {result.run_after}")
+        self.result = result
 
 
 class StopReason(enum.Enum):
@@ -97,6 +112,8 @@ class RunContext:
     cancelled: asyncio.Event
     scope: Scope
     _worker: RunWorker = field(repr=False)
+    #: What the database did with this attempt's accepted sleep; None while it has not slept.
+    slept: SleepResult | None = field(default=None, init=False)
 
     @property
     def cancel_requested(self) -> bool:
@@ -127,6 +144,40 @@ class RunContext:
     async def progress(self, value: Any) -> None:
         """Record progress (any JSON value), fenced."""
         await self.commit(progress=value)
+
+    async def sleep(self, seconds: float, *, checkpoint: Any = None) -> NoReturn:
+        """Durable sleep for ``seconds`` (counted on the database clock): see
+        :meth:`sleep_until`."""
+        await self._sleep(delay_seconds=seconds, checkpoint=checkpoint)
+
+    async def sleep_until(self, when: datetime, *, checkpoint: Any = None) -> NoReturn:
+        """Durable sleep until ``when`` (timezone-aware; a past instant resumes at once).
+
+        Ends this attempt (``zeroth.sleep_run``, fenced): the run goes back to pending until
+        ``when``, its attempt is given back (sleeping is not failing), its lease and slot are
+        released, and ``checkpoint`` (if not None) is saved in the same call. Never returns: it
+        raises :class:`RunSlept`, which ends the handler. At ``when`` any worker claims the run
+        and calls the handler **again from the start**, with the latest checkpoint in
+        ``recovery_checkpoint_id`` / ``checkpoint_data``; nothing in memory survives the sleep.
+        Raises LeaseLostError when the lease was already lost (nothing was changed).
+        """
+        await self._sleep(resume_at=when, checkpoint=checkpoint)
+
+    async def _sleep(self, *, resume_at: datetime | None = None,
+                     delay_seconds: float | None = None, checkpoint: Any) -> NoReturn:
+        if self.slept is not None:  # asleep already (a handler that swallowed RunSlept)
+            raise RunSlept(self.slept)
+        with tracing.step("sleep", self.scope.deployment_ref, self.run_id):
+            result = await self._worker.lease_manager.sleep_run(
+                self.run_id, self.worker_id, generation=self.lease_generation,
+                resume_at=resume_at, delay_seconds=delay_seconds, checkpoint=checkpoint,
+                tenant_id=self.scope.tenant_id, workspace_id=self.scope.workspace_id)
+        if result is None:
+            raise LeaseLostError("sleep refused: lease lost", run_id=self.run_id,
+                                 worker_id=self.worker_id, generation=self.lease_generation)
+        self.slept = result
+        self._worker.run_slept(self)
+        raise RunSlept(result)
 
     def _linger(self, done: asyncio.Future[Any]) -> None:
         """The handler goes on after the worker stopped waiting for it (a thread cannot be

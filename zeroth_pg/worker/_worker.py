@@ -36,11 +36,18 @@ from zeroth_pg.errors import (
 )
 from zeroth_pg.metrics import WorkerMetrics, default_metrics
 from zeroth_pg.notify import CONTROL_CHANNEL, WAKEUP_CHANNEL, Notifier
-from zeroth_pg.types import ClaimedRun, FailOutcome, RetryPolicy, Scope
+from zeroth_pg.types import ClaimedRun, FailOutcome, RetryPolicy, Scope, SleepOutcome
 from zeroth_pg.worker._completions import CompletionBatcher
 from zeroth_pg.worker._gate import WakeupGate
 from zeroth_pg.worker._leases import LeaseUpkeep
-from zeroth_pg.worker._run import ActiveRun, Handler, RunContext, RunState, StopReason
+from zeroth_pg.worker._run import (
+    ActiveRun,
+    Handler,
+    RunContext,
+    RunSlept,
+    RunState,
+    StopReason,
+)
 from zeroth_pg.worker._sources import Claimed, ClaimSource, ManyScopes, OneScope
 
 __all__ = ["RunWorker"]
@@ -723,7 +730,25 @@ class RunWorker:
         started = time.monotonic()
         try:
             output = await self._handlers[deployment](ctx)
+        except RunSlept as exc:
+            if ctx.slept is not None:
+                self._after_sleep(entry, span)
+                return
+            # Raised without a sleep of this attempt (made by the handler, or another run's):
+            # its lease is still live, so it ends as a failure, never left to expire.
+            self.metrics.worker_crashes.labels(deployment).inc()
+            log.warning("run %s attempt %d: the handler raised RunSlept without sleeping",
+                        run.run_id, ctx.attempt)
+            tracing.failed(span, exc, "handler failed")
+            await self._fail(entry, exc, retryable=True)
+            return
         except asyncio.CancelledError as exc:
+            if ctx.slept is not None:  # asleep, so settled: no stop cancels it
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise  # the loop is cancelling this task
+                self._after_sleep(entry, span)
+                return
             if entry.stop_reason is not None:
                 tracing.failed(span, None, f"stopped: {entry.stop_reason.value}")
                 await self._settle_stopped(entry)
@@ -746,6 +771,9 @@ class RunWorker:
         except (KeyboardInterrupt, SystemExit):
             raise  # the process is going down: its leases expire and count the attempt
         except BaseException as exc:
+            if ctx.slept is not None:  # it swallowed RunSlept and raised something else: the
+                self._after_sleep(entry, span)  # sleep was accepted, nothing more is written
+                return
             # Exception, and whatever else a handler may raise (GeneratorExit, a BaseException
             # subclass of its own): a failure of this attempt, never a run left to its lease.
             # NonRetryableError (raised by the handler, or by the application API for a
@@ -759,6 +787,9 @@ class RunWorker:
             return
         finally:
             run_duration.observe(time.monotonic() - started)
+        if ctx.slept is not None:  # it swallowed RunSlept and returned: the run sleeps anyway
+            self._after_sleep(entry, span)
+            return
         if entry.lease_gone:
             tracing.failed(span, None, "lease lost")
             self._lease_lost(entry, fenced=False)
@@ -810,6 +841,27 @@ class RunWorker:
             self._lease_lost(entry, fenced=True)
         else:
             tracing.failed(span, None, "no answer before the lease deadline")
+
+    def run_slept(self, ctx: RunContext) -> None:
+        """The database accepted ``ctx``'s sleep (RunContext.sleep_until): its lease is gone.
+        Settled now, so neither a renewal nor a stop touches it while the handler unwinds."""
+        entry = self._active.get((ctx.run_id, ctx.lease_generation))
+        if entry is not None and entry.ctx is ctx and entry.state is RunState.EXECUTING:
+            entry.advance(RunState.SETTLING)
+
+    def _after_sleep(self, entry: ActiveRun, span: Any) -> None:
+        """The attempt ended in a durable sleep: nothing is written; its slot frees when its
+        task ends."""
+        slept = entry.ctx.slept
+        deployment = entry.scope.deployment_ref
+        if slept is not None and slept.outcome is SleepOutcome.CANCELLED:
+            log.info("run %s cancelled on request instead of sleeping", entry.run.run_id)
+            tracing.outcome(span, "cancelled")
+            return
+        self.metrics.runs_slept.labels(deployment).inc()
+        log.info("run %s attempt %d sleeps until %s", entry.run.run_id, entry.ctx.attempt,
+                 None if slept is None else slept.run_after)
+        tracing.outcome(span, "slept")
 
     async def _complete(self, entry: ActiveRun, output: Any) -> bool | None:
         """Queue the run's completion for the next complete_runs call and wait for its row:
