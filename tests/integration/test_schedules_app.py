@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from datetime import timedelta
+from itertools import pairwise
 
 import pytest
 from helpers import wait_until
@@ -54,7 +55,7 @@ class TestLeaseManager:
         result = await lm.fire_due_schedules(["d"])
         assert len(result.fires) == 3
         times = [f.fire_at for f in result.fires]
-        assert [b - a for a, b in zip(times, times[1:], strict=False)] == [timedelta(seconds=1)] * 2
+        assert [b - a for a, b in pairwise(times)] == [timedelta(seconds=1)] * 2
         assert all(f.skipped >= 5 for f in result.fires)
         assert result.next_due_at == times[-1] + timedelta(seconds=1)
         again = await lm.fire_due_schedules(["d"])
@@ -75,7 +76,8 @@ class TestPeriodic:
         await wait_until(lambda: len(seen) >= 2, "two scheduled runs", within=30)
         assert {s["kind"] for s in seen} == {"tick"}
         row = await pool.fetchrow("SELECT managed_by, fire_count FROM zeroth.schedules")
-        assert row["managed_by"] == "app" and row["fire_count"] >= 2
+        assert row["managed_by"] == "app"
+        assert row["fire_count"] >= 2
 
     def test_a_payload_that_does_not_fit_the_handler_is_refused_at_declaration(self, app: App):
         @app.deployment("typed")
@@ -119,7 +121,7 @@ class TestThreeWorkers:
                  FROM zeroth.runs ORDER BY 1""")
         times = [r["fire_at"] for r in rows]
         assert len(times) == len(set(times))  # never two runs for one fire time
-        steps = {b - a for a, b in zip(times, times[1:], strict=False)}
+        steps = {b - a for a, b in pairwise(times)}
         assert steps == {timedelta(seconds=1)}  # and no fire time left out
         fires = await pool.fetch("SELECT fire_at, run_id FROM zeroth.schedule_fires ORDER BY 1")
         assert [f["fire_at"] for f in fires] == times

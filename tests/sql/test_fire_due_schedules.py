@@ -62,7 +62,7 @@ class TestFiring:
         assert datetime.fromisoformat(meta["zeroth_schedule"]["fire_at"]) == at(1)
         assert run["idempotency_key"].startswith("zeroth-schedule:")
 
-    async def test_a_second_call_at_the_same_time_fires_nothing_and_says_when_to_come_back(self, conn):
+    async def test_a_second_call_fires_nothing_and_says_when_to_come_back(self, conn):
         await schedule(conn)
         await fire(conn, at(1.5))
         (row,) = await fire(conn, at(1.5))
@@ -143,7 +143,8 @@ class TestMissedFires:
         await conn.execute("DELETE FROM zeroth.schedule_fires")
         await conn.execute("UPDATE zeroth.schedules SET next_fire_at = $1", at(1))
         rows = await fire(conn, at(10))
-        assert len(fired(rows)) == 10 and not any(r["created"] for r in rows)
+        assert len(fired(rows)) == 10
+        assert not any(r["created"] for r in rows)
         assert await run_count(conn) == 10
         assert await conn.fetchval(
             "SELECT count(*) FROM zeroth.schedule_fires f JOIN zeroth.runs r USING (run_id)") == 10
@@ -152,7 +153,8 @@ class TestMissedFires:
         await schedule(conn, interval=3600, policy="skip")
         await fire(conn, at(3600))
         await fire(conn, at(3600 * 24 * 8))
-        times = [r["fire_at"] for r in await conn.fetch("SELECT fire_at FROM zeroth.schedule_fires")]
+        rows = await conn.fetch("SELECT fire_at FROM zeroth.schedule_fires")
+        times = [r["fire_at"] for r in rows]
         assert times == [at(3600 * 24 * 8)]
 
 
@@ -180,7 +182,8 @@ class TestScope:
         await schedule(conn, tenant="globex")
         rows = await fire(conn, at(1), tenants=["acme"])
         assert [r["tenant_id"] for r in rows] == ["acme"]
-        assert await conn.fetchval("SELECT count(*) FROM zeroth.runs WHERE tenant_id = 'globex'") == 0
+        assert await conn.fetchval(
+            "SELECT count(*) FROM zeroth.runs WHERE tenant_id = 'globex'") == 0
 
     async def test_every_scope_when_no_tenant_is_listed(self, conn):
         await schedule(conn, tenant="acme")
@@ -195,10 +198,11 @@ class TestArguments:
         ("SELECT * FROM zeroth.fire_due_schedules(deployment_refs => '{\"\"}')", "ZP008"),
         ("SELECT * FROM zeroth.fire_due_schedules(deployment_refs => '{d}', max_schedules => 0)",
          "ZP008"),
-        ("SELECT * FROM zeroth.fire_due_schedules(deployment_refs => '{d}', workspace_ids => '{w}')",
+        ("SELECT * FROM zeroth.fire_due_schedules(deployment_refs => '{d}', "
+         "workspace_ids => '{w}')",
          "ZP008"),
-        ("SELECT * FROM zeroth.fire_due_schedules(deployment_refs => '{d}', tenant_ids => '{NULL}', "
-         "workspace_ids => '{w}')", "ZP006"),
+        ("SELECT * FROM zeroth.fire_due_schedules(deployment_refs => '{d}', "
+         "tenant_ids => '{NULL}', workspace_ids => '{w}')", "ZP006"),
     ])
     async def test_bad_arguments_are_refused(self, conn, sql, code):
         with pytest.raises(asyncpg.PostgresError) as caught:

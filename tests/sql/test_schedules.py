@@ -97,7 +97,8 @@ class TestCreate:
 
     async def test_a_workspace_without_a_tenant_is_an_invalid_scope(self, conn):
         code, _ = await error(conn, "SELECT * FROM zeroth.create_schedule(name => 's', "
-                                    "deployment_ref => 'd', cron => '* * * * *', workspace_id => 'w')")
+                                    "deployment_ref => 'd', cron => '* * * * *', "
+                                    "workspace_id => 'w')")
         assert code == "ZP006"
 
 
@@ -132,19 +133,22 @@ class TestAlter:
     async def test_another_tenants_schedule_is_not_found(self, conn):
         await create(conn, tenant="acme")
         for fn in ("alter_schedule", "pause_schedule", "resume_schedule", "delete_schedule"):
-            code, _ = await error(conn, f"SELECT * FROM zeroth.{fn}(name => 's', tenant_id => 'globex')")
+            code, _ = await error(
+                conn, f"SELECT * FROM zeroth.{fn}(name => 's', tenant_id => 'globex')")
             assert code == "ZP009"
         assert await conn.fetchval("SELECT paused FROM zeroth.schedules") is False
 
 
 class TestPauseResumeDelete:
-    async def test_pause_is_idempotent_and_resume_starts_from_the_next_fire_time_after_now(self, conn):
+    async def test_pause_is_idempotent_and_resume_starts_after_now(self, conn):
         await create(conn)
-        await conn.fetch("SELECT * FROM zeroth_test.pause_schedule(name => 's', now_override => $1)", at(1))
+        await conn.fetch(
+            "SELECT * FROM zeroth_test.pause_schedule(name => 's', now_override => $1)", at(1))
         row = await conn.fetchrow("SELECT * FROM zeroth.pause_schedule(name => 's')")
         assert row["paused"] is True
         row = await conn.fetchrow(
-            "SELECT * FROM zeroth_test.resume_schedule(name => 's', now_override => $1)", at(3600 + 1))
+            "SELECT * FROM zeroth_test.resume_schedule(name => 's', now_override => $1)",
+            at(3600 + 1))
         assert (row["paused"], row["next_fire_at"]) == (False, at(3600 + 300))
 
     async def test_resume_of_a_running_schedule_changes_nothing(self, conn):
