@@ -35,7 +35,7 @@ class TestSchedulesScript:
 
     async def test_manage_and_fire_schedules_through_psql_only(self, database_dsn, connect):
         base = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
-        done = subprocess.run(
+        done = subprocess.run(  # noqa: ASYNC221 - the script is the test subject
             [str(SCRIPT), libpq_dsn(database_dsn)],
             env={**base, "PSQL": _psql(), "DEPLOYMENT": "psql-sched", "FIRE_SECONDS": "3"},
             capture_output=True, text=True, timeout=120, check=False)
