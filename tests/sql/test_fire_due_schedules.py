@@ -8,6 +8,7 @@ pauses, scopes, DST nights, and what a run of a schedule carries."""
 from __future__ import annotations
 
 import json
+from itertools import pairwise
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
@@ -38,6 +39,10 @@ async def schedule(conn: asyncpg.Connection, name: str = "s", *, interval: int |
 async def fire(conn: asyncpg.Connection, now: datetime, *, deployments: tuple[str, ...] = ("d",),
                tenants: list[str] | None = None) -> list[asyncpg.Record]:
     return await conn.fetch(FIRE, list(deployments), tenants, now)  # type: ignore[no-any-return]
+
+
+def pairwise_steps(times: list[datetime]) -> list[timedelta]:
+    return [b - a for a, b in pairwise(times)]
 
 
 def fired(rows: list[asyncpg.Record]) -> list[datetime]:
@@ -126,6 +131,18 @@ class TestMissedFires:
         await schedule(conn, cron="* * * * *", limit=5)
         rows = await fire(conn, T0 + timedelta(days=3, seconds=30))  # 4320 minutes missed
         assert fired(rows) == [T0 + timedelta(days=3, minutes=-m) for m in (4, 3, 2, 1, 0)]
+
+    async def test_a_long_outage_of_a_dense_cron_schedule_catches_up_the_latest(self, conn):
+        # 3600 fire times missed: more than one walk holds, and a one-day window (720) fewer
+        # than the limit, so the window must widen (to two days) and stop there.
+        await conn.execute("SET LOCAL statement_timeout = '20s'")
+        await schedule(conn, cron="*/2 * * * *", limit=1000)
+        rows = await fire(conn, T0 + timedelta(days=5))
+        times = fired(rows)
+        assert len(times) == 1000
+        assert times[-1] == T0 + timedelta(days=5)
+        assert set(pairwise_steps(times)) == {timedelta(minutes=2)}
+        assert rows[0]["skipped"] >= 1000
 
     async def test_a_clock_stepped_back_fires_nothing_twice(self, conn):
         await schedule(conn)

@@ -59,8 +59,8 @@ REVOKE ALL ON FUNCTION zeroth._schedule_next(text, integer, timestamptz, text, t
 -- many there are in all (total; for a cron schedule with more than 2000 due, a lower bound).
 -- Interval schedules are arithmetic. A cron schedule is walked forward from from_at; past 2000
 -- fire times (a minute schedule down for a day and a half) the walk starts again over a window
--- before up_to that widens fourfold from one day until it holds `keep` fire times or reaches
--- from_at, so an outage of any length costs a bounded walk.
+-- before up_to that doubles from one day until it holds `keep` fire times or reaches from_at,
+-- so an outage of any length costs a bounded walk.
 CREATE OR REPLACE FUNCTION zeroth._schedule_due(cron text, interval_seconds integer,
                                                 anchor_at timestamptz, time_zone text,
                                                 from_at timestamptz, up_to timestamptz,
@@ -96,28 +96,36 @@ BEGIN
         RETURN;
     END IF;
 
-    v_start := _schedule_due.from_at;
+    -- The walk from from_at: exact while at most 2000 fire times are due.
+    v_at := zeroth._cron_next(_schedule_due.cron, _schedule_due.time_zone,
+                              _schedule_due.from_at - interval '1 microsecond');
+    WHILE v_at IS NOT NULL AND v_at <= _schedule_due.up_to AND total < 2000 LOOP
+        total := total + 1;
+        times := (times || v_at)[greatest(1, cardinality(times) + 2 - _schedule_due.keep):];
+        v_at := zeroth._cron_next(_schedule_due.cron, _schedule_due.time_zone, v_at);
+    END LOOP;
+    IF total < 2000 THEN
+        RETURN;
+    END IF;
+    -- More: walk windows before up_to, doubling from one day, until one holds `keep` fire times
+    -- (or reaches from_at). A window holds at most twice the last one's count plus one day of
+    -- minutes (< 2 * 1000 + 1440), so the 10000 cap is never the reason a walk stops short.
     LOOP
+        v_start := greatest(_schedule_due.from_at, _schedule_due.up_to - v_window);
         v_count := 0;
         times := '{}';
-        v_at := zeroth._cron_next(_schedule_due.cron, _schedule_due.time_zone, v_start - interval '1 microsecond');
-        WHILE v_at IS NOT NULL AND v_at <= _schedule_due.up_to AND v_count < 2000 LOOP
+        v_at := zeroth._cron_next(_schedule_due.cron, _schedule_due.time_zone,
+                                  v_start - interval '1 microsecond');
+        WHILE v_at IS NOT NULL AND v_at <= _schedule_due.up_to AND v_count < 10000 LOOP
             v_count := v_count + 1;
             times := (times || v_at)[greatest(1, cardinality(times) + 2 - _schedule_due.keep):];
             v_at := zeroth._cron_next(_schedule_due.cron, _schedule_due.time_zone, v_at);
         END LOOP;
-        total := greatest(total, v_count);
-        EXIT WHEN v_count < 2000 AND (v_start = _schedule_due.from_at
-                                      OR cardinality(times) >= _schedule_due.keep);
-        -- Too many to walk, or the window held too few: walk a window before up_to instead.
-        IF v_start <> _schedule_due.from_at THEN
-            v_window := v_window * 4;
-        END IF;
-        v_start := greatest(_schedule_due.from_at, _schedule_due.up_to - v_window);
-        IF v_count >= 2000 AND v_start = _schedule_due.from_at THEN
-            v_start := _schedule_due.up_to - v_window;
-        END IF;
+        EXIT WHEN cardinality(times) >= _schedule_due.keep OR v_start = _schedule_due.from_at
+                  OR v_count >= 10000;
+        v_window := v_window * 2;
     END LOOP;
+    total := greatest(total, v_count);
 END
 $$;
 COMMENT ON FUNCTION zeroth._schedule_due(text, integer, timestamptz, text, timestamptz, timestamptz, integer) IS 'Internal: the keep most recent fire times of a schedule in [from_at, up_to], oldest first, and how many there are (a lower bound past 2000 for cron).';
