@@ -8,8 +8,8 @@ pauses, scopes, DST nights, and what a run of a schedule carries."""
 from __future__ import annotations
 
 import json
-from itertools import pairwise
 from datetime import UTC, datetime, timedelta
+from itertools import pairwise
 
 import asyncpg
 import pytest
