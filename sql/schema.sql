@@ -163,6 +163,29 @@ ALTER TYPE zeroth.lease_renewal OWNER TO zeroth_owner;
 COMMENT ON TYPE zeroth.lease_renewal IS 'Result row of renew_leases: one per requested (run_id, generation).';
 
 --
+-- Name: schedule_fire; Type: TYPE; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE TYPE zeroth.schedule_fire AS (
+	schedule_id uuid,
+	tenant_id text,
+	workspace_id text,
+	name text,
+	deployment_ref text,
+	fire_at timestamp with time zone,
+	run_id uuid,
+	created boolean,
+	skipped bigint,
+	next_due_at timestamp with time zone
+);
+
+ALTER TYPE zeroth.schedule_fire OWNER TO zeroth_owner;
+
+--
+-- Name: TYPE schedule_fire; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON TYPE zeroth.schedule_fire IS 'A row of fire_due_schedules: one fire time that became a run (created false: the run already existed under its idempotency key), with the fire times of that schedule skipped by its missed-fire policy in this call; or one row with schedule_id NULL when nothing fired. next_due_at (every row): the earliest next_fire_at of the schedules served after this call, NULL when none will fire.';
+
+--
 -- Name: scope_claimed_run; Type: TYPE; Schema: zeroth; Owner: zeroth_owner
 --
 CREATE TYPE zeroth.scope_claimed_run AS (
@@ -383,6 +406,94 @@ COMMENT ON COLUMN zeroth.runs.accounting IS 'Caller-defined JSON object (token a
 COMMENT ON COLUMN zeroth.runs.hand_backs IS 'How many times a live holder handed the run back (hand_back_to_pending). The first max_attempts hand-backs give their attempt back; later ones keep it counted, and one that finds the attempts used up dead-letters the run (stop_reason attempts_exhausted). redrive_run resets it.';
 
 --
+-- Name: schedules; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE TABLE zeroth.schedules (
+    schedule_id uuid DEFAULT gen_random_uuid() NOT NULL,
+    tenant_id text NOT NULL,
+    workspace_id text,
+    workspace_key text GENERATED ALWAYS AS (
+CASE
+    WHEN (workspace_id IS NULL) THEN ''::text
+    ELSE ('w:'::text || workspace_id)
+END) STORED NOT NULL,
+    name text NOT NULL,
+    deployment_ref text NOT NULL,
+    cron text,
+    interval_seconds integer,
+    time_zone text DEFAULT 'UTC'::text NOT NULL,
+    anchor_at timestamp with time zone NOT NULL,
+    payload jsonb DEFAULT '{}'::jsonb NOT NULL,
+    metadata jsonb DEFAULT '{}'::jsonb NOT NULL,
+    priority integer DEFAULT 0 NOT NULL,
+    max_attempts integer DEFAULT 3 NOT NULL,
+    missed_fire_policy text DEFAULT 'skip'::text NOT NULL,
+    catch_up_limit integer,
+    misfire_grace_seconds integer DEFAULT 60 NOT NULL,
+    paused boolean DEFAULT false NOT NULL,
+    managed_by text DEFAULT 'sql'::text NOT NULL,
+    next_fire_at timestamp with time zone,
+    last_fire_at timestamp with time zone,
+    fire_count bigint DEFAULT 0 NOT NULL,
+    skipped_count bigint DEFAULT 0 NOT NULL,
+    created_at timestamp with time zone NOT NULL,
+    updated_at timestamp with time zone NOT NULL,
+    CONSTRAINT schedules_deployment_valid CHECK (((deployment_ref <> ''::text) AND (length(deployment_ref) <= 200))),
+    CONSTRAINT schedules_grace_valid CHECK (((misfire_grace_seconds >= 1) AND (misfire_grace_seconds <= 86400))),
+    CONSTRAINT schedules_interval_valid CHECK (((interval_seconds >= 1) AND (interval_seconds <= 31622400))),
+    CONSTRAINT schedules_managed_by_valid CHECK ((managed_by = ANY (ARRAY['sql'::text, 'app'::text]))),
+    CONSTRAINT schedules_max_attempts_valid CHECK (((max_attempts >= 1) AND (max_attempts <= 1000))),
+    CONSTRAINT schedules_metadata_object CHECK ((jsonb_typeof(metadata) = 'object'::text)),
+    CONSTRAINT schedules_name_valid CHECK (((name <> ''::text) AND (length(name) <= 200))),
+    CONSTRAINT schedules_one_timing CHECK (((cron IS NULL) <> (interval_seconds IS NULL))),
+    CONSTRAINT schedules_payload_object CHECK ((jsonb_typeof(payload) = 'object'::text)),
+    CONSTRAINT schedules_policy_valid CHECK ((((missed_fire_policy = 'skip'::text) AND (catch_up_limit IS NULL)) OR ((missed_fire_policy = 'catch_up'::text) AND ((catch_up_limit >= 1) AND (catch_up_limit <= 1000))))),
+    CONSTRAINT schedules_tenant_nonempty CHECK ((tenant_id <> ''::text))
+);
+
+ALTER TABLE zeroth.schedules OWNER TO zeroth_owner;
+
+--
+-- Name: TABLE schedules; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON TABLE zeroth.schedules IS 'Periodic runs: one row per schedule of a scope (unique name per tenant and workspace). Each fire time becomes one run of deployment_ref (payload, metadata, priority, max_attempts), enqueued by zeroth.fire_due_schedules exactly once (zeroth.schedule_fires). Written by the schedule functions only; zeroth_reader sees the rows of the tenant named in zeroth.tenant_id.';
+
+--
+-- Name: COLUMN schedules.cron; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.schedules.cron IS 'A standard 5-field cron expression (minute hour day-of-month month day-of-week) evaluated on the wall clock of time_zone; NULL for an interval schedule.';
+
+--
+-- Name: COLUMN schedules.interval_seconds; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.schedules.interval_seconds IS 'Fire every interval_seconds seconds from anchor_at (time_zone plays no part); NULL for a cron schedule.';
+
+--
+-- Name: COLUMN schedules.time_zone; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.schedules.time_zone IS 'The IANA time zone the cron expression is read in (canonical name from pg_timezone_names).';
+
+--
+-- Name: COLUMN schedules.anchor_at; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.schedules.anchor_at IS 'Interval schedules fire at anchor_at + k * interval_seconds; the creation time unless given.';
+
+--
+-- Name: COLUMN schedules.missed_fire_policy; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.schedules.missed_fire_policy IS 'What fires when several fire times are due at once (no firer was running, a pause of the worker fleet, a clock step forward): skip = only the most recent one, and only when it is late by at most misfire_grace_seconds; catch_up = the catch_up_limit most recent ones, oldest first. The others are counted in skipped_count.';
+
+--
+-- Name: COLUMN schedules.managed_by; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.schedules.managed_by IS 'sql: created or last changed by a DBA (create_schedule, alter_schedule): register_schedule (a worker''s start) never changes it. app: registered by an application; its next registration may update the definition (never paused).';
+
+--
+-- Name: COLUMN schedules.next_fire_at; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.schedules.next_fire_at IS 'The next fire time not yet fired (NULL: never fires again). A fire time is due when next_fire_at <= the database clock.';
+
+--
 -- Name: admission_slots; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
 --
 CREATE TABLE zeroth.admission_slots (
@@ -504,6 +615,24 @@ ALTER TABLE zeroth.lock_stripes OWNER TO zeroth_owner;
 COMMENT ON TABLE zeroth.lock_stripes IS 'Unused since revision 0009 (thread admissions lock zeroth.thread_locks; slot creation takes no shared lock); kept for the functions of 0008 during an upgrade, dropped by a later migration.';
 
 --
+-- Name: schedule_fires; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE TABLE zeroth.schedule_fires (
+    schedule_id uuid NOT NULL,
+    fire_at timestamp with time zone NOT NULL,
+    tenant_id text NOT NULL,
+    run_id uuid NOT NULL,
+    fired_at timestamp with time zone NOT NULL
+);
+
+ALTER TABLE zeroth.schedule_fires OWNER TO zeroth_owner;
+
+--
+-- Name: TABLE schedule_fires; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON TABLE zeroth.schedule_fires IS 'The exactly-once record of schedules: one row per (schedule, fire time) that became a run (run_id; fired_at = database time of the firing). Rows older than 7 days are pruned by fire_due_schedules. zeroth_reader sees the rows of the tenant named in zeroth.tenant_id.';
+
+--
 -- Name: thread_locks; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
 --
 CREATE TABLE zeroth.thread_locks (
@@ -560,6 +689,24 @@ ALTER TABLE ONLY zeroth.notification_secret
 --
 ALTER TABLE ONLY zeroth.runs
     ADD CONSTRAINT runs_pkey PRIMARY KEY (tenant_id, workspace_key, run_id);
+
+--
+-- Name: schedule_fires schedule_fires_pkey; Type: CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE ONLY zeroth.schedule_fires
+    ADD CONSTRAINT schedule_fires_pkey PRIMARY KEY (schedule_id, fire_at);
+
+--
+-- Name: schedules schedules_name_key; Type: CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE ONLY zeroth.schedules
+    ADD CONSTRAINT schedules_name_key UNIQUE (tenant_id, workspace_key, name);
+
+--
+-- Name: schedules schedules_pkey; Type: CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE ONLY zeroth.schedules
+    ADD CONSTRAINT schedules_pkey PRIMARY KEY (schedule_id);
 
 --
 -- Name: scope_limits scope_limits_pkey; Type: CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
@@ -623,10 +770,21 @@ CREATE INDEX runs_thread_idx ON zeroth.runs USING btree (tenant_id, workspace_ke
 CREATE INDEX runs_thread_queue_idx ON zeroth.runs USING btree (tenant_id, workspace_key, thread_id, thread_queued_at, run_id) WHERE (thread_queued_at IS NOT NULL);
 
 --
+-- Name: schedules_due_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE INDEX schedules_due_idx ON zeroth.schedules USING btree (deployment_ref, next_fire_at) WHERE ((NOT paused) AND (next_fire_at IS NOT NULL));
+
+--
 -- Name: checkpoints checkpoints_run_fkey; Type: FK CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
 --
 ALTER TABLE ONLY zeroth.checkpoints
     ADD CONSTRAINT checkpoints_run_fkey FOREIGN KEY (tenant_id, workspace_key, run_id) REFERENCES zeroth.runs(tenant_id, workspace_key, run_id) ON DELETE CASCADE;
+
+--
+-- Name: schedule_fires schedule_fires_schedule_id_fkey; Type: FK CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE ONLY zeroth.schedule_fires
+    ADD CONSTRAINT schedule_fires_schedule_id_fkey FOREIGN KEY (schedule_id) REFERENCES zeroth.schedules(schedule_id) ON DELETE CASCADE;
 
 --
 -- Name: admission_slots; Type: ROW SECURITY; Schema: zeroth; Owner: zeroth_owner
@@ -679,6 +837,36 @@ CREATE POLICY runs_reader_tenant ON zeroth.runs FOR SELECT TO zeroth_reader USIN
 COMMENT ON POLICY runs_reader_tenant ON zeroth.runs IS 'zeroth_reader sees the runs of the tenant named in the setting zeroth.tenant_id (none when unset).';
 
 --
+-- Name: schedule_fires; Type: ROW SECURITY; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE zeroth.schedule_fires ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: schedule_fires schedule_fires_reader_tenant; Type: POLICY; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE POLICY schedule_fires_reader_tenant ON zeroth.schedule_fires FOR SELECT TO zeroth_reader USING ((tenant_id = current_setting('zeroth.tenant_id'::text, true)));
+
+--
+-- Name: POLICY schedule_fires_reader_tenant ON schedule_fires; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON POLICY schedule_fires_reader_tenant ON zeroth.schedule_fires IS 'zeroth_reader sees the fires of the tenant named in the setting zeroth.tenant_id (none when unset).';
+
+--
+-- Name: schedules; Type: ROW SECURITY; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE zeroth.schedules ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: schedules schedules_reader_tenant; Type: POLICY; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE POLICY schedules_reader_tenant ON zeroth.schedules FOR SELECT TO zeroth_reader USING ((tenant_id = current_setting('zeroth.tenant_id'::text, true)));
+
+--
+-- Name: POLICY schedules_reader_tenant ON schedules; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON POLICY schedules_reader_tenant ON zeroth.schedules IS 'zeroth_reader sees the schedules of the tenant named in the setting zeroth.tenant_id (none when unset).';
+
+--
 -- Name: scope_limits; Type: ROW SECURITY; Schema: zeroth; Owner: zeroth_owner
 --
 ALTER TABLE zeroth.scope_limits ENABLE ROW LEVEL SECURITY;
@@ -715,6 +903,16 @@ GRANT SELECT ON TABLE zeroth.checkpoints TO zeroth_reader;
 GRANT SELECT ON TABLE zeroth.runs TO zeroth_reader;
 
 --
+-- Name: TABLE schedules; Type: ACL; Schema: zeroth; Owner: zeroth_owner
+--
+GRANT SELECT ON TABLE zeroth.schedules TO zeroth_reader;
+
+--
 -- Name: TABLE scope_limits; Type: ACL; Schema: zeroth; Owner: zeroth_owner
 --
 GRANT SELECT ON TABLE zeroth.scope_limits TO zeroth_reader;
+
+--
+-- Name: TABLE schedule_fires; Type: ACL; Schema: zeroth; Owner: zeroth_owner
+--
+GRANT SELECT ON TABLE zeroth.schedule_fires TO zeroth_reader;

@@ -268,3 +268,43 @@ STATUS_BY_DEPLOYMENT = f"""SELECT t.deployment_ref, count(*) AS scopes,
 
 DATABASE_NOW = "SELECT clock_timestamp()"
 DATABASE_NOW_PLUS = "SELECT clock_timestamp() + $1::interval"
+
+SCHEDULE_COLUMNS = """schedule_id, tenant_id, workspace_id, name, deployment_ref, cron,
+    interval_seconds, time_zone, anchor_at, payload::text AS payload, metadata::text AS metadata,
+    priority, max_attempts, missed_fire_policy, catch_up_limit, misfire_grace_seconds, paused,
+    managed_by, next_fire_at, last_fire_at, fire_count, skipped_count, created_at, updated_at"""
+
+CREATE_SCHEDULE = f"""SELECT {SCHEDULE_COLUMNS} FROM zeroth.create_schedule(name => $1,
+    deployment_ref => $2, cron => $3, interval_seconds => $4, tenant_id => $5, workspace_id => $6,
+    time_zone => $7, payload => $8::text::jsonb, metadata => $9::text::jsonb, priority => $10,
+    max_attempts => $11, missed_fire_policy => $12, catch_up_limit => $13,
+    misfire_grace_seconds => $14, start_at => $15, paused => $16)"""
+
+ALTER_SCHEDULE = f"""SELECT {SCHEDULE_COLUMNS} FROM zeroth.alter_schedule(name => $1,
+    tenant_id => $2, workspace_id => $3, deployment_ref => $4, cron => $5, interval_seconds => $6,
+    time_zone => $7, payload => $8::text::jsonb, metadata => $9::text::jsonb, priority => $10,
+    max_attempts => $11, missed_fire_policy => $12, catch_up_limit => $13,
+    misfire_grace_seconds => $14, start_at => $15)"""
+
+PAUSE_SCHEDULE = f"""SELECT {SCHEDULE_COLUMNS} FROM zeroth.pause_schedule(name => $1,
+    tenant_id => $2, workspace_id => $3)"""
+
+RESUME_SCHEDULE = f"""SELECT {SCHEDULE_COLUMNS} FROM zeroth.resume_schedule(name => $1,
+    tenant_id => $2, workspace_id => $3)"""
+
+DELETE_SCHEDULE = """SELECT zeroth.delete_schedule(name => $1, tenant_id => $2,
+    workspace_id => $3)"""
+
+LIST_SCHEDULES = f"""SELECT {SCHEDULE_COLUMNS} FROM zeroth.list_schedules(tenant_id => $1,
+    workspace_id => $2, deployment_refs => $3::text[])"""
+
+REGISTER_SCHEDULE = """SELECT schedule_id, outcome, next_fire_at, paused
+    FROM zeroth.register_schedule(name => $1, deployment_ref => $2, cron => $3,
+    interval_seconds => $4, tenant_id => $5, workspace_id => $6, time_zone => $7,
+    payload => $8::text::jsonb, metadata => $9::text::jsonb, priority => $10, max_attempts => $11,
+    missed_fire_policy => $12, catch_up_limit => $13, misfire_grace_seconds => $14)"""
+
+FIRE_DUE_SCHEDULES = """SELECT schedule_id, tenant_id, workspace_id, name, deployment_ref,
+    fire_at, run_id, created, skipped, next_due_at
+    FROM zeroth.fire_due_schedules(deployment_refs => $1::text[], tenant_ids => $2::text[],
+    workspace_ids => $3::text[], max_schedules => $4)"""

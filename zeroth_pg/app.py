@@ -11,6 +11,10 @@ all of it with one worker.
     await send_email.enqueue(to="a@b", subject="hi", tenant_id="acme")
     await app.run_worker()                         # or: zeroth-pg worker --app mymodule:app
 
+    @app.periodic(cron="0 7 * * mon-fri", time_zone="Europe/Berlin", payload={"kind": "daily"})
+    @app.deployment("report")
+    async def report(run, kind: str) -> dict: ...  # a run every weekday at 07:00 Berlin time
+
 A :class:`Deployment` is the function plus its defaults. Its payload is the function's arguments
 after the first (the :class:`~zeroth_pg.worker.RunContext`), by name, checked against the
 signature and its annotations when the run is enqueued (:class:`InvalidPayloadError`, nothing
@@ -41,7 +45,7 @@ import asyncpg
 from zeroth_pg.client import LeaseManager, unstorable
 from zeroth_pg.errors import InvalidPayloadError, LeaseLostError
 from zeroth_pg.types import EnqueuedRun, RetryPolicy
-from zeroth_pg.worker import RunContext, RunSlept, RunWorker
+from zeroth_pg.worker import PeriodicSchedule, RunContext, RunSlept, RunWorker
 
 __all__ = ["App", "Deployment", "SyncRunContext"]
 
@@ -521,6 +525,7 @@ class App:
         self.pool_size = pool_size
         self.lease_duration = lease_duration
         self._deployments: dict[str, Deployment] = {}
+        self._schedules: dict[tuple[str | None, str | None, str], PeriodicSchedule] = {}
         self._lease_manager: LeaseManager | None = None
         self._opening: asyncio.Lock | None = None  # created in the loop that opens the pool
 
@@ -545,6 +550,49 @@ class App:
             return deployment
 
         return register
+
+    def periodic(self, *, cron: str | None = None, interval_seconds: int | None = None,
+                 name: str | None = None, time_zone: str = "UTC",
+                 payload: Mapping[str, Any] | None = None, tenant_id: str | None = None,
+                 workspace_id: str | None = None, missed_fire_policy: str = "skip",
+                 catch_up_limit: int | None = None, misfire_grace_seconds: int = 60,
+                 priority: int | None = None) -> Callable[[Deployment], Deployment]:
+        """Run the decorated deployment on a schedule (stack it above ``@app.deployment``):
+        exactly one of ``cron`` (5 fields, on the wall clock of ``time_zone``) and
+        ``interval_seconds``. ``payload`` is checked against the handler's signature now. The
+        schedule (``name``, default: the deployment's) is registered when a worker of the App
+        starts (``zeroth.register_schedule``): created, updated, or, once a DBA paused or
+        changed it in SQL, kept as the DBA left it. Every worker of the deployment fires it;
+        each fire time becomes one run whichever does."""
+        if (cron is None) == (interval_seconds is None):
+            raise ValueError("periodic needs exactly one of cron and interval_seconds")
+
+        def register(deployment: Deployment) -> Deployment:
+            if not isinstance(deployment, Deployment) or deployment.app is not self:
+                raise TypeError("@app.periodic decorates a deployment of this App: put it "
+                                "above @app.deployment")
+            data = dict(payload or {})
+            deployment._check(data, f" (the payload of periodic {name or deployment.name!r})")
+            schedule = PeriodicSchedule(
+                name=name or deployment.name, deployment_ref=deployment.name, cron=cron,
+                interval_seconds=interval_seconds, time_zone=time_zone, payload=data,
+                tenant_id=tenant_id, workspace_id=workspace_id,
+                priority=deployment.priority if priority is None else priority,
+                max_attempts=deployment.max_attempts, missed_fire_policy=missed_fire_policy,
+                catch_up_limit=catch_up_limit, misfire_grace_seconds=misfire_grace_seconds)
+            key = (tenant_id, workspace_id, schedule.name)
+            if key in self._schedules:
+                raise ValueError(f"a schedule named {schedule.name!r} is declared already in "
+                                 "this scope: give this one a name=")
+            self._schedules[key] = schedule
+            return deployment
+
+        return register
+
+    @property
+    def schedules(self) -> list[PeriodicSchedule]:
+        """The schedules declared with :meth:`periodic`."""
+        return list(self._schedules.values())
 
     @property
     def deployments(self) -> Mapping[str, Deployment]:
@@ -635,6 +683,9 @@ class App:
                                                **options.pop("deployment_concurrency", {})}
         options.setdefault("dsn", self.dsn)
         options.setdefault("lease_duration", self.lease_duration)
+        served = set(arguments["deployment_ref"])
+        options.setdefault("schedules", [s for s in self._schedules.values()
+                                         if s.deployment_ref in served])
         return RunWorker(pool, arguments.pop("deployment_ref"), scopes=scopes, **arguments,
                          **options)
 

@@ -34,6 +34,10 @@ from zeroth_pg.types import (
     OrphanClaimResult,
     RunCompletion,
     RunStatus,
+    Schedule,
+    ScheduleFire,
+    ScheduleFiring,
+    ScheduleRegistration,
     Scope,
     ScopedRun,
     ScopesClaimResult,
@@ -735,6 +739,136 @@ class LeaseManager:
         every tenant."""
         return int(await self._fetchval(_calls.PRUNE_RUNS, older_than, batch_size, tenant_id,
                                         workspace_id, conn=conn))
+
+    # -- schedules -------------------------------------------------------------------------
+    # A DBA's (create/alter/pause/resume/delete: admin functions, run as zeroth_owner) and an
+    # application's (register_schedule at worker start, fire_due_schedules in the worker).
+
+    async def create_schedule(
+        self, name: str, deployment_ref: str, *, cron: str | None = None,
+        interval_seconds: int | None = None, tenant_id: str | None = None,
+        workspace_id: str | None = None, time_zone: str = "UTC",
+        payload: Mapping[str, Any] | None = None, metadata: Mapping[str, Any] | None = None,
+        priority: int = 0, max_attempts: int = 3, missed_fire_policy: str = "skip",
+        catch_up_limit: int | None = None, misfire_grace_seconds: int = 60,
+        start_at: datetime | None = None, paused: bool = False, conn: Executor | None = None,
+    ) -> Schedule:
+        """A new schedule of a scope (``zeroth.create_schedule``, admin): exactly one of ``cron``
+        (5 fields, on the wall clock of ``time_zone``) and ``interval_seconds``."""
+        rows = await self._fetch(
+            _calls.CREATE_SCHEDULE, name, deployment_ref, cron, interval_seconds, tenant_id,
+            workspace_id, time_zone, _object(payload, "payload"), _object(metadata, "metadata"),
+            priority, max_attempts, missed_fire_policy, catch_up_limit, misfire_grace_seconds,
+            start_at, paused, conn=conn)
+        return _schedule(rows[0])
+
+    async def alter_schedule(
+        self, name: str, *, tenant_id: str | None = None, workspace_id: str | None = None,
+        deployment_ref: str | None = None, cron: str | None = None,
+        interval_seconds: int | None = None, time_zone: str | None = None,
+        payload: Mapping[str, Any] | None = None, metadata: Mapping[str, Any] | None = None,
+        priority: int | None = None, max_attempts: int | None = None,
+        missed_fire_policy: str | None = None, catch_up_limit: int | None = None,
+        misfire_grace_seconds: int | None = None, start_at: datetime | None = None,
+        conn: Executor | None = None,
+    ) -> Schedule:
+        """Change a schedule (``zeroth.alter_schedule``, admin); None keeps a value. Raises
+        :class:`~zeroth_pg.errors.ScheduleNotFoundError` (ZP009)."""
+        rows = await self._fetch(
+            _calls.ALTER_SCHEDULE, name, tenant_id, workspace_id, deployment_ref, cron,
+            interval_seconds, time_zone, None if payload is None else _object(payload, "payload"),
+            None if metadata is None else _object(metadata, "metadata"), priority, max_attempts,
+            missed_fire_policy, catch_up_limit, misfire_grace_seconds, start_at, conn=conn)
+        return _schedule(rows[0])
+
+    async def pause_schedule(
+        self, name: str, *, tenant_id: str | None = None, workspace_id: str | None = None,
+        conn: Executor | None = None,
+    ) -> Schedule:
+        """Stop a schedule firing (``zeroth.pause_schedule``, admin; ZP009 when missing)."""
+        rows = await self._fetch(_calls.PAUSE_SCHEDULE, name, tenant_id, workspace_id, conn=conn)
+        return _schedule(rows[0])
+
+    async def resume_schedule(
+        self, name: str, *, tenant_id: str | None = None, workspace_id: str | None = None,
+        conn: Executor | None = None,
+    ) -> Schedule:
+        """Fire again from the next fire time after now (``zeroth.resume_schedule``, admin)."""
+        rows = await self._fetch(_calls.RESUME_SCHEDULE, name, tenant_id, workspace_id, conn=conn)
+        return _schedule(rows[0])
+
+    async def delete_schedule(
+        self, name: str, *, tenant_id: str | None = None, workspace_id: str | None = None,
+        conn: Executor | None = None,
+    ) -> UUID:
+        """Delete a schedule and its fire records (``zeroth.delete_schedule``, admin); returns its
+        id. Its runs stay."""
+        value = await self._fetchval(_calls.DELETE_SCHEDULE, name, tenant_id, workspace_id,
+                                     conn=conn)
+        return UUID(str(value))
+
+    async def list_schedules(
+        self, *, tenant_id: str | None = None, workspace_id: str | None = None,
+        deployment_refs: Sequence[str] | None = None, conn: Executor | None = None,
+    ) -> list[Schedule]:
+        """The schedules of one scope by name (``zeroth.list_schedules``)."""
+        deployments, _, _ = _scope_arguments(deployment_refs, None)
+        rows = await self._fetch(_calls.LIST_SCHEDULES, tenant_id, workspace_id, deployments,
+                                 conn=conn)
+        return [_schedule(row) for row in rows]
+
+    async def register_schedule(
+        self, name: str, deployment_ref: str, *, cron: str | None = None,
+        interval_seconds: int | None = None, tenant_id: str | None = None,
+        workspace_id: str | None = None, time_zone: str = "UTC",
+        payload: Mapping[str, Any] | None = None, metadata: Mapping[str, Any] | None = None,
+        priority: int = 0, max_attempts: int = 3, missed_fire_policy: str = "skip",
+        catch_up_limit: int | None = None, misfire_grace_seconds: int = 60,
+        conn: Executor | None = None,
+    ) -> ScheduleRegistration:
+        """Declare an application's schedule (``zeroth.register_schedule``): created, updated if
+        an application made it, or kept as a DBA left it (never unpaused)."""
+        rows = await self._fetch(
+            _calls.REGISTER_SCHEDULE, name, deployment_ref, cron, interval_seconds, tenant_id,
+            workspace_id, time_zone, _object(payload, "payload"), _object(metadata, "metadata"),
+            priority, max_attempts, missed_fire_policy, catch_up_limit, misfire_grace_seconds,
+            conn=conn)
+        row = rows[0]
+        return ScheduleRegistration(schedule_id=row["schedule_id"], outcome=row["outcome"],
+                                    next_fire_at=row["next_fire_at"], paused=row["paused"])
+
+    async def fire_due_schedules(
+        self, deployment_refs: Sequence[str], *,
+        scopes: Sequence[tuple[str | None, str | None]] | None = None,
+        max_schedules: int = 100, conn: Executor | None = None,
+    ) -> ScheduleFiring:
+        """Turn due fire times of these deployments' schedules into runs, exactly once
+        (``zeroth.fire_due_schedules``): the listed ``scopes`` or, with None, every scope."""
+        deployments, tenants, workspaces = _scope_arguments(deployment_refs, scopes)
+        rows = await self._fetch(_calls.FIRE_DUE_SCHEDULES, deployments, tenants, workspaces,
+                                 max_schedules, conn=conn)
+        fires = tuple(
+            ScheduleFire(schedule_id=row["schedule_id"], tenant_id=row["tenant_id"],
+                         workspace_id=row["workspace_id"], name=row["name"],
+                         deployment_ref=row["deployment_ref"], fire_at=row["fire_at"],
+                         run_id=row["run_id"], created=row["created"], skipped=int(row["skipped"]))
+            for row in rows if row["schedule_id"] is not None)
+        return ScheduleFiring(fires=fires, next_due_at=rows[0]["next_due_at"] if rows else None)
+
+
+def _schedule(row: asyncpg.Record) -> Schedule:
+    return Schedule(
+        schedule_id=row["schedule_id"], tenant_id=row["tenant_id"],
+        workspace_id=row["workspace_id"], name=row["name"], deployment_ref=row["deployment_ref"],
+        cron=row["cron"], interval_seconds=row["interval_seconds"], time_zone=row["time_zone"],
+        anchor_at=row["anchor_at"], payload=_loads(row["payload"]),
+        metadata=_loads(row["metadata"]), priority=row["priority"],
+        max_attempts=row["max_attempts"], missed_fire_policy=row["missed_fire_policy"],
+        catch_up_limit=row["catch_up_limit"], misfire_grace_seconds=row["misfire_grace_seconds"],
+        paused=row["paused"], managed_by=row["managed_by"], next_fire_at=row["next_fire_at"],
+        last_fire_at=row["last_fire_at"], fire_count=int(row["fire_count"]),
+        skipped_count=int(row["skipped_count"]), created_at=row["created_at"],
+        updated_at=row["updated_at"])
 
 
 def _claim_result(rows: list[asyncpg.Record]) -> LeaseClaimResult:

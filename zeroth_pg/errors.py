@@ -26,6 +26,7 @@ __all__ = [
     "NonRetryableError",
     "RetryableError",
     "RunNotFoundError",
+    "ScheduleNotFoundError",
     "UnknownColumnError",
     "ZerothError",
     "translate",
@@ -98,6 +99,12 @@ class InvalidArgumentError(ZerothError, ValueError):
     sqlstate: ClassVar[str | None] = "ZP008"
 
 
+class ScheduleNotFoundError(ZerothError, LookupError):
+    """ZP009: no schedule has this name in this tenant/workspace scope."""
+
+    sqlstate = "ZP009"
+
+
 class NonRetryableError(ZerothError):
     """Raised by a handler (or for it): fail this run now, without a retry, whatever attempts it
     has left (``zeroth.fail_run`` with ``retryable => false``: status failed)."""
@@ -141,6 +148,7 @@ _BY_SQLSTATE: dict[str, type[ZerothError]] = {
         InvalidScopeError,
         CheckpointConflictError,
         InvalidArgumentError,
+        ScheduleNotFoundError,
     )
     if cls.sqlstate is not None
 }

@@ -18,6 +18,10 @@ __all__ = [
     "OrphanClaimResult",
     "RetryPolicy",
     "RunStatus",
+    "Schedule",
+    "ScheduleFire",
+    "ScheduleFiring",
+    "ScheduleRegistration",
     "Scope",
     "ScopedRun",
     "ScopesClaimResult",
@@ -206,3 +210,71 @@ class EnqueuedRun:
     run_id: UUID
     created: bool
     status: RunStatus
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """A row of ``zeroth.schedules`` (create_schedule, alter_schedule, pause_schedule,
+    resume_schedule, list_schedules): exactly one of ``cron`` and ``interval_seconds`` is set."""
+
+    schedule_id: UUID
+    tenant_id: str
+    workspace_id: str | None
+    name: str
+    deployment_ref: str
+    cron: str | None
+    interval_seconds: int | None
+    time_zone: str
+    anchor_at: datetime
+    payload: dict[str, Any]
+    metadata: dict[str, Any]
+    priority: int
+    max_attempts: int
+    missed_fire_policy: str
+    catch_up_limit: int | None
+    misfire_grace_seconds: int
+    paused: bool
+    managed_by: str
+    next_fire_at: datetime | None
+    last_fire_at: datetime | None
+    fire_count: int
+    skipped_count: int
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleRegistration:
+    """Result of register_schedule: ``outcome`` is created, updated, unchanged or kept (a DBA
+    created or changed it: left as it is)."""
+
+    schedule_id: UUID
+    outcome: str
+    next_fire_at: datetime | None
+    paused: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleFire:
+    """One fire time that became a run (fire_due_schedules); ``created`` is false when the run
+    already existed under the fire time's idempotency key; ``skipped`` counts the fire times of
+    the schedule its missed-fire policy passed over in that call."""
+
+    schedule_id: UUID
+    tenant_id: str
+    workspace_id: str | None
+    name: str
+    deployment_ref: str
+    fire_at: datetime
+    run_id: UUID
+    created: bool
+    skipped: int
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleFiring:
+    """Result of fire_due_schedules: what fired, and the earliest next fire time of the schedules
+    served (None: none will fire), for the caller to sleep until."""
+
+    fires: tuple[ScheduleFire, ...]
+    next_due_at: datetime | None

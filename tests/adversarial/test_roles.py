@@ -40,7 +40,8 @@ async def call_every_function(admin: asyncpg.Connection, session: asyncpg.Connec
 
 
 RELATIONS = ("runs", "checkpoints", "admission_slots", "notification_secret", "lock_stripes",
-             "thread_locks", "code_version", "scope_limits", "alembic_version", "queue_depth",
+             "thread_locks", "code_version", "scope_limits", "schedules", "schedule_fires",
+             "alembic_version", "queue_depth",
              "dead_letters",
              "live_leases", "expired_leases", "table_health")
 

@@ -33,7 +33,7 @@ are the same commands as ``zeroth-pg worker`` and ``zeroth-pg demo``. The comman
 
 from __future__ import annotations
 
-from zeroth_pg.cli import db, demo, enqueue, prune, runs, schema, status, worker
+from zeroth_pg.cli import db, demo, enqueue, prune, runs, schedules, schema, status, worker
 from zeroth_pg.cli._common import EXIT_CODES, App, parse_duration
 from zeroth_pg.cli.schema import SchemaState, SchemaStatus, schema_status
 
@@ -55,6 +55,7 @@ app = App(
 app.add_typer(schema.migrate_app, name="migrate")
 app.add_typer(runs.runs_app, name="runs")
 app.add_typer(db.db_app, name="db")
+app.add_typer(schedules.schedules_app, name="schedules")
 app.command("verify")(schema.verify)
 app.command("worker")(worker.worker)
 app.command("demo")(demo.demo)

@@ -21,7 +21,12 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from zeroth_pg.errors import InvalidArgumentError, InvalidScopeError, RunNotFoundError
+from zeroth_pg.errors import (
+    InvalidArgumentError,
+    InvalidScopeError,
+    RunNotFoundError,
+    ScheduleNotFoundError,
+)
 
 if TYPE_CHECKING:
     import asyncpg
@@ -63,7 +68,7 @@ EXIT_CODES = (
     "Exit codes: 0 ok · 1 failure (database or connection error, run not cancellable, demo "
     "incomplete) · 2 usage (bad option, malformed JSON, argument refused by the database) · "
     "3 schema not installed, behind, or newer than this package (verify) · 4 not found (run id, "
-    "embedded server)."
+    "schedule name, embedded server)."
 )
 
 out = Console(soft_wrap=True)
@@ -91,7 +96,7 @@ class App(typer.Typer):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         try:
             return super().__call__(*args, **kwargs)
-        except (RunNotFoundError, NotFoundError) as exc:
+        except (RunNotFoundError, ScheduleNotFoundError, NotFoundError) as exc:
             _fail(EXIT_NOT_FOUND, exc)
         except (UsageError, InvalidArgumentError, InvalidScopeError) as exc:
             _fail(EXIT_USAGE, exc)

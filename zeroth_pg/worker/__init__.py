@@ -25,6 +25,10 @@ One worker is a handful of asyncio tasks around the SQL functions:
 * one task per run executes ``handler(ctx)``: a returned value completes the run, an exception
   fails it (retry with backoff until ``max_attempts``, then dead letter). Its lifecycle is
   :class:`RunState` and :class:`StopReason`, its transitions in :class:`._run.ActiveRun`;
+* with schedules (``schedules=`` or ``fire_schedules=True``), one **schedule task**
+  (:mod:`._schedules`) registers the application's schedules on start and turns due fire times
+  of the deployments served into runs (``fire_due_schedules``, safe with any number of workers),
+  sleeping until the next fire time, at most ``schedule_max_sleep``;
 * one **completion task** (:mod:`._completions`) sends the completions of runs that finished
   together as one ``complete_runs`` call (each row fenced on its own). It never waits to fill a
   batch: it sends what has queued up by the time the previous call came back, so a lone run is
@@ -54,16 +58,19 @@ from zeroth_pg.worker._run import (
     StopReason,
     orchestrator_handler,
 )
+from zeroth_pg.worker._schedules import PeriodicSchedule, ScheduleFirer
 from zeroth_pg.worker._worker import RunWorker
 
 __all__ = [
     "Handler",
     "JsonFormatter",
     "Orchestrator",
+    "PeriodicSchedule",
     "RunContext",
     "RunSlept",
     "RunState",
     "RunWorker",
+    "ScheduleFirer",
     "StopReason",
     "load_handler",
     "orchestrator_handler",

@@ -48,6 +48,7 @@ from zeroth_pg.worker._run import (
     RunState,
     StopReason,
 )
+from zeroth_pg.worker._schedules import PeriodicSchedule, ScheduleFirer
 from zeroth_pg.worker._sources import Claimed, ClaimSource, ManyScopes, OneScope
 
 __all__ = ["RunWorker"]
@@ -112,6 +113,9 @@ class RunWorker:
         queue_depth_interval: float = 10.0,
         metrics: WorkerMetrics | None = None,
         scope_metrics: bool = False,
+        schedules: Sequence[PeriodicSchedule] = (),
+        fire_schedules: bool | None = None,
+        schedule_max_sleep: float = 1.0,
     ) -> None:
         if max_concurrency < 1:
             raise ValueError("max_concurrency must be at least 1")
@@ -177,6 +181,17 @@ class RunWorker:
                             self.metrics.run_duration.labels(d))
                         for d in self._source.deployments}
         self.notifier: Notifier | None = None
+        # Schedules (worker/_schedules.py): registered on start, then fired for the deployments
+        # and scopes served. Off unless the worker has schedules of its own or is asked to fire
+        # (fire_schedules=True: a DBA's schedules of these deployments).
+        self._firer: ScheduleFirer | None = None
+        if fire_schedules or (fire_schedules is None and schedules):
+            fire_scopes = (self._source.scopes if isinstance(self._source, ManyScopes)
+                           else [(tenant_id, workspace_id)])
+            self._firer = ScheduleFirer(self.lease_manager, self._source.deployments, fire_scopes,
+                                        schedules, max_sleep=schedule_max_sleep)
+        elif schedules:
+            raise ValueError("schedules given with fire_schedules=False")
 
         # Keyed by (run_id, generation): after a stall longer than its lease, this process may
         # re-claim its own orphan and hold both generations until the old task has stopped.
@@ -230,6 +245,9 @@ class RunWorker:
         """Start the notifier, the renewal task and the claim loop (orphans are swept first)."""
         if self._claim_task is not None:
             return
+        if self._firer is not None:
+            # Before anything is served: a schedule the database refuses fails the start.
+            await self._firer.register()
         if self.dsn is not None:
             # Named so operators (and the chaos soak) can tell the listener in pg_stat_activity.
             settings = {"application_name": f"zeroth-listener:{self.worker_id}"}
@@ -241,6 +259,11 @@ class RunWorker:
                            ("depth", self._queue_depth_loop)):
             self._tasks.append(asyncio.create_task(self._supervised(name, loop),
                                                    name=f"zeroth-{name}"))
+        if self._firer is not None:
+            firer = self._firer
+            self._tasks.append(asyncio.create_task(
+                self._supervised("schedules", lambda: firer.run(lambda: self._stopping)),
+                name="zeroth-schedules"))
         self._claim_task = asyncio.create_task(self._supervised("claim", self.poll_loop),
                                                name="zeroth-claim")
         log.info("worker %s started for %s (local %d, fleet %s)", self.worker_id,

@@ -1,0 +1,157 @@
+-- fire_due_schedules: turn the due fire times of the schedules of these deployments into runs,
+-- exactly once (any worker, a psql loop or pg_cron may call it, as often as it likes). Scopes: the
+-- listed (tenant_ids[i], workspace_ids[i]), or with tenant_ids NULL every scope. Locks up to
+-- max_schedules due, unpaused schedule rows FOR UPDATE SKIP LOCKED (a schedule another caller
+-- is firing is left to it); per schedule the missed-fire policy picks the fire times (skip: the
+-- most recent, if late by at most misfire_grace_seconds; catch_up: the catch_up_limit most
+-- recent), each recorded in schedule_fires (primary key (schedule, fire time): never twice) and
+-- enqueued by enqueue_run (idempotency key from the same pair); next_fire_at moves past now.
+-- Raises ZP006, ZP008. Notifies zeroth_wakeup (via enqueue_run). Time: clock_timestamp().
+CREATE OR REPLACE FUNCTION zeroth.fire_due_schedules(
+    deployment_refs text[],
+    tenant_ids      text[]  DEFAULT NULL,
+    workspace_ids   text[]  DEFAULT NULL,
+    max_schedules   integer DEFAULT 100)
+    RETURNS SETOF zeroth.schedule_fire
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_now     timestamptz := zeroth._now();
+    v_deps    text[];
+    v_tenants text[];
+    v_wskeys  text[];
+    v_s       zeroth.schedules;
+    v_due     record;
+    v_times   timestamptz[];
+    v_skipped bigint;
+    v_fire    timestamptz;
+    v_run     uuid;
+    v_enq     zeroth.enqueued_run;
+    v_out     zeroth.schedule_fire[] := '{}';
+    v_fired   integer;
+    v_next    timestamptz;
+BEGIN
+    PERFORM zeroth._require(fire_due_schedules.deployment_refs IS NOT NULL
+                            AND array_ndims(fire_due_schedules.deployment_refs) = 1
+                            AND cardinality(fire_due_schedules.deployment_refs) BETWEEN 1 AND 100,
+                            'deployment_refs must be a one-dimensional array of 1 to 100 deployments');
+    FOR i IN 1 .. cardinality(fire_due_schedules.deployment_refs) LOOP
+        PERFORM zeroth._require_identifier(fire_due_schedules.deployment_refs[i], 'every deployment_ref');
+    END LOOP;
+    PERFORM zeroth._require(fire_due_schedules.max_schedules BETWEEN 1 AND 1000,
+                            'max_schedules must be between 1 and 1000');
+    v_deps := ARRAY(SELECT DISTINCT d FROM unnest(fire_due_schedules.deployment_refs) AS d);
+    IF fire_due_schedules.tenant_ids IS NOT NULL THEN
+        -- Checks the listed scopes (ZP006, ZP008) as every multi-scope function does.
+        PERFORM 1
+           FROM zeroth._listed_scopes(v_deps, fire_due_schedules.tenant_ids,
+                                      fire_due_schedules.workspace_ids, true) AS l;
+        SELECT array_agg(zeroth._scope_tenant(t.tenant_id, t.workspace_id)),
+               array_agg(zeroth._workspace_key(t.workspace_id))
+          INTO v_tenants, v_wskeys
+          FROM unnest(fire_due_schedules.tenant_ids,
+                      coalesce(fire_due_schedules.workspace_ids,
+                               array_fill(NULL::text, ARRAY[cardinality(fire_due_schedules.tenant_ids)])))
+                   AS t(tenant_id, workspace_id);
+    ELSE
+        PERFORM zeroth._require(fire_due_schedules.workspace_ids IS NULL,
+                                'workspace_ids needs tenant_ids (NULL tenant_ids is every scope)');
+    END IF;
+
+    -- Materialised: the due rows are chosen and locked once, before any run is enqueued; a row
+    -- another caller holds is skipped, and one it fired and committed meanwhile no longer
+    -- qualifies (FOR UPDATE re-checks next_fire_at on the newest version).
+    FOR v_s IN
+        WITH due AS MATERIALIZED (
+            SELECT s.schedule_id
+              FROM zeroth.schedules s
+             WHERE s.deployment_ref = ANY (v_deps)
+               AND NOT s.paused
+               AND s.next_fire_at IS NOT NULL
+               AND s.next_fire_at <= v_now
+               AND (v_tenants IS NULL
+                    OR (s.tenant_id, s.workspace_key) IN (SELECT t.tenant_id, t.workspace_key
+                                                            FROM unnest(v_tenants, v_wskeys) AS t(tenant_id, workspace_key)))
+             ORDER BY s.next_fire_at
+             LIMIT fire_due_schedules.max_schedules
+               FOR UPDATE OF s SKIP LOCKED)
+        SELECT s.* FROM zeroth.schedules s JOIN due d ON d.schedule_id = s.schedule_id
+         ORDER BY s.next_fire_at, s.schedule_id
+    LOOP
+        SELECT * INTO v_due
+          FROM zeroth._schedule_due(v_s.cron, v_s.interval_seconds, v_s.anchor_at, v_s.time_zone,
+                                    v_s.next_fire_at, v_now,
+                                    CASE WHEN v_s.missed_fire_policy = 'catch_up' THEN v_s.catch_up_limit ELSE 1 END);
+        v_times := v_due.times;
+        v_skipped := v_due.total - cardinality(v_times);
+        IF v_s.missed_fire_policy = 'skip' AND cardinality(v_times) = 1
+           AND v_now - v_times[1] > make_interval(secs => v_s.misfire_grace_seconds) THEN
+            v_times := '{}';
+            v_skipped := v_skipped + 1;
+        END IF;
+        v_fired := 0;
+        FOREACH v_fire IN ARRAY v_times LOOP
+            v_run := NULL;
+            INSERT INTO zeroth.schedule_fires AS f (schedule_id, fire_at, tenant_id, run_id, fired_at)
+            VALUES (v_s.schedule_id, v_fire, v_s.tenant_id, gen_random_uuid(), v_now)
+            ON CONFLICT DO NOTHING
+            RETURNING f.run_id INTO v_run;
+            -- Already fired (a DBA moved next_fire_at back, the clock stepped back): no second run.
+            CONTINUE WHEN v_run IS NULL;
+            v_enq := zeroth.enqueue_run(
+                deployment_ref  => v_s.deployment_ref,
+                payload         => v_s.payload,
+                tenant_id       => v_s.tenant_id,
+                workspace_id    => v_s.workspace_id,
+                priority        => v_s.priority,
+                max_attempts    => v_s.max_attempts,
+                idempotency_key => 'zeroth-schedule:' || v_s.schedule_id::text || ':'
+                                   || to_char(v_fire AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+                metadata        => v_s.metadata || jsonb_build_object('zeroth_schedule', jsonb_build_object(
+                                       'name', v_s.name, 'schedule_id', v_s.schedule_id, 'fire_at', v_fire)),
+                run_id          => v_run);
+            IF v_enq.run_id <> v_run THEN
+                -- The run of this fire time exists (its fire record was pruned): record that one.
+                UPDATE zeroth.schedule_fires f SET run_id = v_enq.run_id
+                 WHERE f.schedule_id = v_s.schedule_id AND f.fire_at = v_fire;
+            END IF;
+            v_fired := v_fired + 1;
+            v_out := v_out || ROW(v_s.schedule_id, v_s.tenant_id, v_s.workspace_id, v_s.name,
+                                  v_s.deployment_ref, v_fire, v_enq.run_id, v_enq.created,
+                                  v_skipped, NULL)::zeroth.schedule_fire;
+        END LOOP;
+        v_next := zeroth._schedule_next(v_s.cron, v_s.interval_seconds, v_s.anchor_at, v_s.time_zone, v_now);
+        UPDATE zeroth.schedules AS s
+           SET next_fire_at = v_next,
+               last_fire_at = CASE WHEN v_fired > 0 THEN greatest(s.last_fire_at, v_times[cardinality(v_times)])
+                                   ELSE s.last_fire_at END,
+               fire_count = s.fire_count + v_fired,
+               skipped_count = s.skipped_count + v_skipped,
+               updated_at = v_now
+         WHERE s.schedule_id = v_s.schedule_id;
+        -- Keep a week of fire records (the run's idempotency key guards older fire times too).
+        DELETE FROM zeroth.schedule_fires f
+         WHERE f.schedule_id = v_s.schedule_id AND f.fire_at < v_now - interval '7 days';
+    END LOOP;
+
+    v_next := (SELECT min(s.next_fire_at)
+                 FROM zeroth.schedules s
+                WHERE s.deployment_ref = ANY (v_deps)
+                  AND NOT s.paused
+                  AND s.next_fire_at IS NOT NULL
+                  AND (v_tenants IS NULL
+                       OR (s.tenant_id, s.workspace_key) IN (SELECT t.tenant_id, t.workspace_key
+                                                               FROM unnest(v_tenants, v_wskeys) AS t(tenant_id, workspace_key))));
+    IF cardinality(v_out) = 0 THEN
+        RETURN NEXT ROW(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, v_next)::zeroth.schedule_fire;
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT o.schedule_id, o.tenant_id, o.workspace_id, o.name, o.deployment_ref, o.fire_at,
+                        o.run_id, o.created, o.skipped, v_next
+                   FROM unnest(v_out) AS o;
+END
+$$;
+COMMENT ON FUNCTION zeroth.fire_due_schedules(text[], text[], text[], integer) IS
+'fire_due_schedules: the due fire times of the schedules of these deployments (listed scopes, or tenant_ids NULL: every scope) become runs, exactly once: up to max_schedules due unpaused schedules locked FOR UPDATE SKIP LOCKED; the missed-fire policy picks the fire times (skip: the most recent if late by at most misfire_grace_seconds; catch_up: the catch_up_limit most recent); each is recorded in schedule_fires (primary key schedule + fire time) and enqueued (idempotency key from the same pair, metadata zeroth_schedule); next_fire_at moves past now. Rows: one per fire, or one with schedule_id NULL; next_due_at = the earliest next fire time served. Raises ZP006 invalid_scope, ZP008 invalid_argument. Notifies zeroth_wakeup (enqueue_run). Time: clock_timestamp().';
+ALTER FUNCTION zeroth.fire_due_schedules(text[], text[], text[], integer) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth.fire_due_schedules(text[], text[], text[], integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION zeroth.fire_due_schedules(text[], text[], text[], integer) TO zeroth_worker;

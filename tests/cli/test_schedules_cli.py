@@ -1,0 +1,55 @@
+"""``zeroth-pg schedules list | add | pause | resume | delete`` as a subprocess against a fresh
+test database: exit codes, --json output and what changed in the database."""
+
+from __future__ import annotations
+
+import json
+
+from test_cli import cli, ok_json
+
+
+class TestSchedulesCommand:
+    async def test_add_list_pause_resume_delete(self, database_dsn, connect):
+        added = ok_json(cli("schedules", "add", "nightly", "--deployment", "d", "--cron",
+                            "0 3 * * *", "--tz", "Europe/Berlin", "--payload", '{"k": 1}',
+                            "--tenant", "acme", "--json", dsn=database_dsn))
+        assert (added[0]["name"], added[0]["timing"], added[0]["time_zone"]) == (
+            "nightly", "0 3 * * *", "Europe/Berlin")
+        ok_json(cli("schedules", "add", "tick", "--deployment", "d", "--every", "5",
+                    "--catch-up", "3", "--tenant", "acme", "--json", dsn=database_dsn))
+        listed = ok_json(cli("schedules", "list", "--tenant", "acme", "--json", dsn=database_dsn))
+        assert [(r["name"], r["missed"]) for r in listed] == [
+            ("nightly", "skip"), ("tick", "catch_up 3")]
+        assert ok_json(cli("schedules", "list", "--json", dsn=database_dsn)) == []
+
+        paused = ok_json(cli("schedules", "pause", "tick", "--tenant", "acme", "--json",
+                             dsn=database_dsn))
+        assert paused[0]["paused"] is True
+        resumed = ok_json(cli("schedules", "resume", "tick", "--tenant", "acme", "--json",
+                              dsn=database_dsn))
+        assert resumed[0]["paused"] is False
+        deleted = ok_json(cli("schedules", "delete", "tick", "--tenant", "acme", "--json",
+                              dsn=database_dsn))
+        assert deleted["name"] == "tick"
+
+        conn = await connect()
+        rows = await conn.fetch("SELECT name, payload::text AS payload FROM zeroth.schedules")
+        assert [(r["name"], json.loads(r["payload"])) for r in rows] == [("nightly", {"k": 1})]
+
+    def test_a_bad_expression_is_a_usage_error_naming_the_problem(self, database_dsn):
+        result = cli("schedules", "add", "bad", "--deployment", "d", "--cron", "0 0 31 2 *",
+                     dsn=database_dsn)
+        assert result.returncode == 2
+        assert "never fires" in result.stderr
+
+    def test_a_missing_schedule_is_not_found(self, database_dsn):
+        result = cli("schedules", "pause", "nope", dsn=database_dsn)
+        assert result.returncode == 4
+        assert 'no schedule named "nope"' in result.stderr
+
+    def test_the_table_output(self, database_dsn):
+        ok_json(cli("schedules", "add", "tick", "--deployment", "d", "--every", "60", "--json",
+                    dsn=database_dsn))
+        table = cli("schedules", "list", dsn=database_dsn)
+        assert table.returncode == 0, table.stderr
+        assert "every 60s" in table.stdout

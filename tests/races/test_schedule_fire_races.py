@@ -1,0 +1,94 @@
+"""Two firers of one schedule at once (zeroth.fire_due_schedules), with real sessions: the
+second skips a schedule the first holds (FOR UPDATE SKIP LOCKED: it neither waits nor fires it),
+and once the first commits nothing is left to fire for that fire time; a DBA's pause waits for a
+firer holding the row and nothing fires after it; two workers registering one schedule at once
+create it once; and many firers hammering one schedule on the real clock never double fire."""
+
+from __future__ import annotations
+
+import asyncio
+
+from helpers import T0, at
+
+FIRE_AT = """SELECT schedule_id, fire_at FROM zeroth_test.fire_due_schedules(
+    deployment_refs => '{d}', now_override => $1)"""
+
+
+async def create(db, *, interval: int = 1) -> None:
+    await db.execute(
+        "SELECT zeroth_test.create_schedule(name => 's', deployment_ref => 'd', "
+        "interval_seconds => $1, missed_fire_policy => 'catch_up', catch_up_limit => 100, "
+        "now_override => $2)", interval, T0)
+
+
+async def test_a_second_firer_skips_the_schedule_the_first_holds(connect):
+    db, a, b = await connect(), await connect(), await connect()
+    await create(db)
+    await a.execute("BEGIN")
+    first = [r for r in await a.fetch(FIRE_AT, at(5)) if r["schedule_id"]]
+    assert len(first) == 5
+    await b.execute("SET lock_timeout = '2s'")  # waiting would fail the test, not hang it
+    assert [r for r in await b.fetch(FIRE_AT, at(5)) if r["schedule_id"]] == []
+    await a.execute("COMMIT")
+    assert [r for r in await b.fetch(FIRE_AT, at(5)) if r["schedule_id"]] == []
+    assert await db.fetchval("SELECT count(*) FROM zeroth.runs") == 5
+
+
+async def test_a_firer_that_rolls_back_leaves_the_fire_times_to_the_next(connect):
+    db, a, b = await connect(), await connect(), await connect()
+    await create(db)
+    await a.execute("BEGIN")
+    await a.fetch(FIRE_AT, at(3))
+    await a.execute("ROLLBACK")
+    assert len([r for r in await b.fetch(FIRE_AT, at(3)) if r["schedule_id"]]) == 3
+    assert await db.fetchval("SELECT count(*) FROM zeroth.runs") == 3
+
+
+async def test_a_pause_waits_for_the_firer_and_holds_after_it(connect):
+    db, a, dba = await connect(), await connect(), await connect()
+    await create(db)
+    await a.execute("BEGIN")
+    await a.fetch(FIRE_AT, at(2))
+    pause = asyncio.create_task(dba.fetch("SELECT * FROM zeroth.pause_schedule(name => 's')"))
+    await asyncio.sleep(0.2)
+    assert not pause.done()  # it waits for the row the firer holds
+    await a.execute("COMMIT")
+    await pause
+    assert [r for r in await a.fetch(FIRE_AT, at(50)) if r["schedule_id"]] == []
+    assert await db.fetchval("SELECT count(*) FROM zeroth.runs") == 2
+
+
+async def test_two_workers_registering_at_once_create_one_schedule(connect):
+    a, b, db = await connect(), await connect(), await connect()
+    register = ("SELECT outcome FROM zeroth.register_schedule(name => 'r', deployment_ref => 'd', "
+                "cron => '*/5 * * * *')")
+    await a.execute("BEGIN")
+    assert await a.fetchval(register) == "created"
+    other = asyncio.create_task(b.fetchval(register))
+    await asyncio.sleep(0.2)
+    assert not other.done()  # waits on the uncommitted name
+    await a.execute("COMMIT")
+    assert await other == "unchanged"
+    assert await db.fetchval("SELECT count(*) FROM zeroth.schedules") == 1
+
+
+async def test_many_firers_on_the_real_clock_never_double_fire(connect):
+    db = await connect()
+    await db.execute(
+        "SELECT zeroth.create_schedule(name => 's', deployment_ref => 'd', interval_seconds => 1, "
+        "missed_fire_policy => 'catch_up', catch_up_limit => 100)")
+    firers = [await connect() for _ in range(4)]
+
+    async def hammer(conn) -> int:
+        fired = 0
+        for _ in range(60):
+            rows = await conn.fetch("SELECT schedule_id FROM zeroth.fire_due_schedules("
+                                    "deployment_refs => '{d}')")
+            fired += sum(1 for r in rows if r["schedule_id"])
+            await asyncio.sleep(0.05)
+        return fired
+
+    counts = await asyncio.gather(*(hammer(c) for c in firers))
+    keys = await db.fetch("SELECT idempotency_key FROM zeroth.runs")
+    assert sum(counts) == len(keys) == len({k["idempotency_key"] for k in keys})
+    assert await db.fetchval("SELECT count(*) FROM zeroth.schedule_fires") == len(keys)
