@@ -1,0 +1,84 @@
+-- sql/functions/internal/rate_limits.sql: rate limits (zeroth.rate_limits): take starts from a key's
+-- rolling window, log the starts made, say when the next start becomes possible.
+-- Internal helpers: SECURITY INVOKER, executable by zeroth_owner only (they run inside the
+-- SECURITY DEFINER public functions). Re-applied by every upgrade (sql/README.md).
+
+-- Takes up to `wanted` starts from rate limit `name` at database time `at`. Locks the key's row
+-- FOR NO KEY UPDATE SKIP LOCKED (claimers of one key serialise, none ever waits: one that finds
+-- the row locked gets granted 0 and retry_at = at + 10 ms, "retry soon"); the lock is held to the
+-- end of the caller's transaction, so the starts it logs are seen by the next holder. Prunes the
+-- log of entries at or before at - period, then grants least(wanted, max_starts - the starts
+-- logged after at - period). Counting every logged start after at - period (later ones too, should
+-- a claim's clock sample precede the previous holder's) keeps every rolling window of every
+-- claim order within max_starts. granted 0 with a full window: retry_at = the earliest time the
+-- window has room for one start (the oldest start that must leave it, + period).
+CREATE OR REPLACE FUNCTION zeroth._take_rate(name text, wanted integer, at timestamptz,
+                                             OUT granted integer, OUT retry_at timestamptz)
+    LANGUAGE plpgsql VOLATILE
+    SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    v_max    integer;
+    v_period interval;
+    v_used   integer;
+BEGIN
+    SELECT k.max_starts, make_interval(secs => k.period_seconds) INTO v_max, v_period
+      FROM zeroth.rate_limits k
+     WHERE k.name = _take_rate.name
+       FOR NO KEY UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN  -- another claimer holds the key right now: skip, never wait
+        granted := 0;
+        retry_at := _take_rate.at + interval '10 milliseconds';
+        RETURN;
+    END IF;
+    DELETE FROM zeroth.rate_limit_starts s
+     WHERE s.name = _take_rate.name AND s.started_at <= _take_rate.at - v_period;
+    SELECT coalesce(sum(s.starts), 0)::integer INTO v_used
+      FROM zeroth.rate_limit_starts s
+     WHERE s.name = _take_rate.name AND s.started_at > _take_rate.at - v_period;
+    granted := greatest(least(_take_rate.wanted, v_max - v_used), 0);
+    IF granted = 0 THEN
+        -- The oldest start e whose leaving makes room: the starts after e are at most max - 1.
+        SELECT min(w.started_at) + v_period INTO retry_at
+          FROM (SELECT s.started_at, s.starts,
+                       sum(s.starts) OVER (ORDER BY s.started_at DESC) AS newer_or_same
+                  FROM zeroth.rate_limit_starts s
+                 WHERE s.name = _take_rate.name AND s.started_at > _take_rate.at - v_period) AS w
+         WHERE w.newer_or_same - w.starts <= v_max - 1;
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION zeroth._take_rate(text, integer, timestamptz) IS 'Internal: take up to `wanted` starts from rate limit `name` at `at` (key row locked FOR NO KEY UPDATE SKIP LOCKED; log pruned; exact rolling window). granted 0: retry_at is when the window has room (or at + 10 ms when another claimer holds the key).';
+ALTER FUNCTION zeroth._take_rate(text, integer, timestamptz) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._take_rate(text, integer, timestamptz) FROM PUBLIC;
+
+-- Logs `starts` starts of rate limit `name` at `at` (the caller holds the key's row from
+-- _take_rate): one log row per claim, merged with one of the same time, and the key's
+-- last_start_at. Nothing to log: no write.
+CREATE OR REPLACE FUNCTION zeroth._log_rate(name text, starts integer, at timestamptz)
+    RETURNS void
+    LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    IF _log_rate.starts > 0 THEN
+        INSERT INTO zeroth.rate_limit_starts AS s (name, started_at, starts)
+        VALUES (_log_rate.name, _log_rate.at, _log_rate.starts)
+        ON CONFLICT ON CONSTRAINT rate_limit_starts_pkey
+            DO UPDATE SET starts = s.starts + excluded.starts;
+        UPDATE zeroth.rate_limits k
+           SET last_start_at = greatest(k.last_start_at, _log_rate.at)
+         WHERE k.name = _log_rate.name;
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION zeroth._log_rate(text, integer, timestamptz) IS 'Internal: log `starts` starts of rate limit `name` at `at` (the caller holds the key from _take_rate).';
+ALTER FUNCTION zeroth._log_rate(text, integer, timestamptz) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._log_rate(text, integer, timestamptz) FROM PUBLIC;
+
+-- The run_id-NULL row of a claim held back by its rate limit until retry_at.
+CREATE OR REPLACE FUNCTION zeroth._rate_marker(concurrency_limit integer, retry_at timestamptz)
+    RETURNS zeroth.claimed_run
+    LANGUAGE sql IMMUTABLE
+    RETURN ROW(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+               0, false, concurrency_limit, retry_at)::zeroth.claimed_run;
+COMMENT ON FUNCTION zeroth._rate_marker(integer, timestamptz) IS 'Internal: the run_id-NULL row a claim returns when its rate limit held it back; retry_at: when a start becomes possible.';
+ALTER FUNCTION zeroth._rate_marker(integer, timestamptz) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._rate_marker(integer, timestamptz) FROM PUBLIC;
