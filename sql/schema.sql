@@ -97,7 +97,8 @@ CREATE TYPE zeroth.claimed_run AS (
 	active_count integer,
 	concurrency_saturated boolean,
 	concurrency_limit integer,
-	retry_at timestamp with time zone
+	retry_at timestamp with time zone,
+	retry_after double precision
 );
 
 ALTER TYPE zeroth.claimed_run OWNER TO zeroth_owner;
@@ -105,7 +106,7 @@ ALTER TYPE zeroth.claimed_run OWNER TO zeroth_owner;
 --
 -- Name: TYPE claimed_run; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
-COMMENT ON TYPE zeroth.claimed_run IS 'A row of a claim: a leased run, or with run_id NULL what the claim saw instead (active_count, concurrency_saturated, concurrency_limit; retry_at: held back by a rate limit until then).';
+COMMENT ON TYPE zeroth.claimed_run IS 'A row of a claim: a leased run, or with run_id NULL what the claim saw instead (active_count, concurrency_saturated, concurrency_limit). retry_at / retry_after (seconds from the claim''s database time): the scope''s rate limit held the claim back (run_id NULL) or cut its batch short (claimed rows); no start is possible before then.';
 
 --
 -- Name: enqueue_item; Type: TYPE; Schema: zeroth; Owner: zeroth_owner
@@ -187,7 +188,8 @@ CREATE TYPE zeroth.scope_claimed_run AS (
 	active_count integer,
 	concurrency_saturated boolean,
 	concurrency_limit integer,
-	retry_at timestamp with time zone
+	retry_at timestamp with time zone,
+	retry_after double precision
 );
 
 ALTER TYPE zeroth.scope_claimed_run OWNER TO zeroth_owner;
@@ -424,6 +426,23 @@ ALTER TABLE zeroth.notification_secret OWNER TO zeroth_owner;
 COMMENT ON TABLE zeroth.notification_secret IS 'The per-database random secret that NOTIFY payload keys are derived from (zeroth._notify_key). Readable by zeroth_owner only.';
 
 --
+-- Name: rate_limit_starts; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE TABLE zeroth.rate_limit_starts (
+    name text NOT NULL,
+    started_at timestamp with time zone NOT NULL,
+    starts integer NOT NULL,
+    CONSTRAINT rate_limit_starts_starts_positive CHECK ((starts >= 1))
+);
+
+ALTER TABLE zeroth.rate_limit_starts OWNER TO zeroth_owner;
+
+--
+-- Name: TABLE rate_limit_starts; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON TABLE zeroth.rate_limit_starts IS 'The sliding log of each rate limit: how many runs the claims started under the key at each database time. Written by the claims only (pruned of entries older than the window by the claim itself); no role but zeroth_owner reads it.';
+
+--
 -- Name: scope_limits; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
 --
 CREATE TABLE zeroth.scope_limits (
@@ -510,23 +529,6 @@ ALTER TABLE zeroth.lock_stripes OWNER TO zeroth_owner;
 -- Name: TABLE lock_stripes; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
 COMMENT ON TABLE zeroth.lock_stripes IS 'Unused since revision 0009 (thread admissions lock zeroth.thread_locks; slot creation takes no shared lock); kept for the functions of 0008 during an upgrade, dropped by a later migration.';
-
---
--- Name: rate_limit_starts; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
---
-CREATE TABLE zeroth.rate_limit_starts (
-    name text NOT NULL,
-    started_at timestamp with time zone NOT NULL,
-    starts integer NOT NULL,
-    CONSTRAINT rate_limit_starts_starts_positive CHECK ((starts >= 1))
-);
-
-ALTER TABLE zeroth.rate_limit_starts OWNER TO zeroth_owner;
-
---
--- Name: TABLE rate_limit_starts; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
---
-COMMENT ON TABLE zeroth.rate_limit_starts IS 'The sliding log of each rate limit: how many runs the claims started under the key at each database time. Written by the claims only (pruned of entries older than the window by the claim itself); no role but zeroth_owner reads it.';
 
 --
 -- Name: rate_limits; Type: TABLE; Schema: zeroth; Owner: zeroth_owner

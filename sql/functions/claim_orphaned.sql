@@ -104,7 +104,7 @@ BEGIN
                           AND r.deployment_ref = claim_orphaned.deployment_ref
                           AND r.status = 'running' AND r.lease_expires_at < v_now AND r.resumable
                           AND r.attempts < r.max_attempts) THEN
-                RETURN NEXT zeroth._rate_marker(v_limit, v_taken.retry_at);
+                RETURN NEXT zeroth._rate_marker(v_limit, v_taken.retry_at, v_now);
             ELSE
                 RETURN NEXT zeroth._claim_marker(0, false, v_limit);
             END IF;
@@ -148,7 +148,8 @@ BEGIN
     )
     SELECT coalesce(array_agg(l.run_id ORDER BY l.lease_expires_at, l.started_at), '{}') INTO v_ids FROM locked l;
     IF v_rate IS NOT NULL THEN
-        PERFORM zeroth._log_rate(v_rate, cardinality(v_ids), v_now);
+        PERFORM zeroth._log_rate(v_rate, cardinality(v_ids), v_now);  -- orphans: the sweep's
+        -- next pass (not a retry_at on the rows) takes what the limit held back
     END IF;
     RETURN QUERY SELECT * FROM zeroth._lease_locked_runs(
         v_tenant, v_wskey, v_ids, v_slots, claim_orphaned.worker_id, v_now, v_lease, v_active,

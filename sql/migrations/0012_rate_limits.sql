@@ -9,8 +9,10 @@
 --     (now - period) plus k stay within max_starts; it prunes the entries older than the window.
 --   * zeroth.scope_limits.rate_limit: the key a (tenant, workspace, deployment) scope draws from.
 --     Several scopes may share one key (one provider's quota used by several kinds of work).
---   * claimed_run / scope_claimed_run gain retry_at: on the run_id-NULL row of a claim held back
---     by its rate limit, the earliest time a start becomes possible.
+--   * claimed_run / scope_claimed_run gain retry_at and retry_after: set when the scope's rate
+--     limit held the claim back (the run_id-NULL row) or cut its batch short (every claimed row):
+--     the earliest database time a start becomes possible, and the seconds from the claim's
+--     database time until then (what a worker sleeps: no clock of its own involved).
 
 CREATE TABLE zeroth.rate_limits (
     name           text             NOT NULL,
@@ -60,6 +62,8 @@ CREATE POLICY rate_limits_reader_tenant ON zeroth.rate_limits FOR SELECT TO zero
 COMMENT ON POLICY rate_limits_reader_tenant ON zeroth.rate_limits IS 'zeroth_reader sees the keys named by a scope of the tenant in the setting zeroth.tenant_id (none when unset).';
 
 ALTER TYPE zeroth.claimed_run ADD ATTRIBUTE retry_at timestamptz;
+ALTER TYPE zeroth.claimed_run ADD ATTRIBUTE retry_after double precision;
 ALTER TYPE zeroth.scope_claimed_run ADD ATTRIBUTE retry_at timestamptz;
-COMMENT ON TYPE zeroth.claimed_run IS 'A row of a claim: a leased run, or with run_id NULL what the claim saw instead (active_count, concurrency_saturated, concurrency_limit; retry_at: held back by a rate limit until then).';
+ALTER TYPE zeroth.scope_claimed_run ADD ATTRIBUTE retry_after double precision;
+COMMENT ON TYPE zeroth.claimed_run IS 'A row of a claim: a leased run, or with run_id NULL what the claim saw instead (active_count, concurrency_saturated, concurrency_limit). retry_at / retry_after (seconds from the claim''s database time): the scope''s rate limit held the claim back (run_id NULL) or cut its batch short (claimed rows); no start is possible before then.';
 COMMENT ON TYPE zeroth.scope_claimed_run IS 'A row of claim_and_start_scopes: a claimed run with its scope (tenant, workspace, deployment), or a row with run_id NULL per scope that had claimable work but no free slot (saturated, or paused: concurrency_limit 0) or was held back by its rate limit (retry_at: the earliest time a start becomes possible).';

@@ -19,7 +19,7 @@ CREATE OR REPLACE FUNCTION zeroth._claim_marker(active_count integer, saturated 
     RETURNS zeroth.claimed_run
     LANGUAGE sql IMMUTABLE
     RETURN ROW(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-               active_count, saturated, concurrency_limit, NULL)::zeroth.claimed_run;
+               active_count, saturated, concurrency_limit, NULL, NULL)::zeroth.claimed_run;
 COMMENT ON FUNCTION zeroth._claim_marker(integer, boolean, integer) IS 'Internal: the run_id-NULL row a claim returns when it claimed nothing, carrying the saturation it saw.';
 ALTER FUNCTION zeroth._claim_marker(integer, boolean, integer) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._claim_marker(integer, boolean, integer) FROM PUBLIC;
@@ -77,7 +77,8 @@ BEGIN
     SELECT c.run_id, c.lease_generation, c.lease_expires_at, c.status, c.attempts, c.max_attempts,
            c.priority, c.thread_id, c.idempotency_key, c.payload, c.metadata, c.recovery_checkpoint_id,
            k.data, c.cancel_requested_at IS NOT NULL, _lease_locked_runs.active_count,
-           false, _lease_locked_runs.concurrency_limit, NULL::timestamptz
+           false, _lease_locked_runs.concurrency_limit, NULL::timestamptz,
+           NULL::double precision
       FROM claimed c
       LEFT JOIN zeroth.checkpoints k ON k.tenant_id = c.tenant_id AND k.workspace_key = c.workspace_key
                                      AND k.checkpoint_id = c.recovery_checkpoint_id
@@ -116,6 +117,8 @@ DECLARE
     v_active integer := 0;
     v_ids    uuid[];
     v_rate   record;
+    v_retry  timestamptz;
+    v_row    zeroth.claimed_run;
 BEGIN
     IF _claim_in_scope.rate_limit IS NOT NULL THEN
         SELECT t.granted, t.retry_at INTO v_rate
@@ -124,7 +127,8 @@ BEGIN
             -- Held back only if work is really waiting; otherwise a definitive empty answer.
             IF zeroth._scope_has_due_run(_claim_in_scope.tenant_id, _claim_in_scope.workspace_key,
                                          _claim_in_scope.deployment_ref, _claim_in_scope.at) THEN
-                RETURN NEXT zeroth._rate_marker(_claim_in_scope.concurrency_limit, v_rate.retry_at);
+                RETURN NEXT zeroth._rate_marker(_claim_in_scope.concurrency_limit, v_rate.retry_at,
+                                                _claim_in_scope.at);
             ELSE
                 RETURN NEXT zeroth._claim_marker(0, false, _claim_in_scope.concurrency_limit);
             END IF;
@@ -160,7 +164,23 @@ BEGIN
     )
     SELECT coalesce(array_agg(l.run_id ORDER BY l.priority DESC, l.run_after, l.created_at), '{}') INTO v_ids FROM locked l;
     IF _claim_in_scope.rate_limit IS NOT NULL THEN
-        PERFORM zeroth._log_rate(_claim_in_scope.rate_limit, cardinality(v_ids), _claim_in_scope.at);
+        -- Log the starts; a batch the limit cut short says on every row when more may start.
+        v_retry := zeroth._log_rate(_claim_in_scope.rate_limit, cardinality(v_ids),
+                                    _claim_in_scope.at);
+        IF v_retry IS NOT NULL AND cardinality(v_ids) = v_rate.granted
+           AND v_rate.granted < _claim_in_scope.want THEN
+            FOR v_row IN
+                SELECT * FROM zeroth._lease_locked_runs(
+                    _claim_in_scope.tenant_id, _claim_in_scope.workspace_key, v_ids, v_slots,
+                    _claim_in_scope.worker_id, _claim_in_scope.at, _claim_in_scope.lease,
+                    v_active, _claim_in_scope.concurrency_limit, _claim_in_scope.start)
+            LOOP
+                v_row.retry_at := v_retry;
+                v_row.retry_after := extract(epoch FROM v_retry - _claim_in_scope.at);
+                RETURN NEXT v_row;
+            END LOOP;
+            RETURN;
+        END IF;
     END IF;
     RETURN QUERY SELECT * FROM zeroth._lease_locked_runs(
         _claim_in_scope.tenant_id, _claim_in_scope.workspace_key, v_ids, v_slots,

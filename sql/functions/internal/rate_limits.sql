@@ -3,6 +3,26 @@
 -- Internal helpers: SECURITY INVOKER, executable by zeroth_owner only (they run inside the
 -- SECURITY DEFINER public functions). Re-applied by every upgrade (sql/README.md).
 
+-- The earliest time after `at` when rate limit `name` (max_starts, period) has room for one more
+-- start: the oldest logged start whose leaving makes room (the starts after it are at most
+-- max_starts - 1) + period; NULL when there is room at `at` already.
+CREATE OR REPLACE FUNCTION zeroth._rate_room_at(name text, at timestamptz, max_starts integer,
+                                                period interval)
+    RETURNS timestamptz
+    LANGUAGE sql STABLE
+    RETURN (SELECT min(w.started_at) + _rate_room_at.period
+              FROM (SELECT s.started_at, s.starts,
+                           sum(s.starts) OVER (ORDER BY s.started_at DESC) AS newer_or_same,
+                           sum(s.starts) OVER () AS used
+                      FROM zeroth.rate_limit_starts s
+                     WHERE s.name = _rate_room_at.name
+                       AND s.started_at > _rate_room_at.at - _rate_room_at.period) AS w
+             WHERE w.used >= _rate_room_at.max_starts
+               AND w.newer_or_same - w.starts <= _rate_room_at.max_starts - 1);
+COMMENT ON FUNCTION zeroth._rate_room_at(text, timestamptz, integer, interval) IS 'Internal: the earliest time rate limit `name` has room for one more start (NULL: room now): the oldest logged start whose leaving makes room, + period.';
+ALTER FUNCTION zeroth._rate_room_at(text, timestamptz, integer, interval) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._rate_room_at(text, timestamptz, integer, interval) FROM PUBLIC;
+
 -- Takes up to `wanted` starts from rate limit `name` at database time `at`. Locks the key's row
 -- FOR NO KEY UPDATE SKIP LOCKED (claimers of one key serialise, none ever waits: one that finds
 -- the row locked gets granted 0 and retry_at = at + 10 ms, "retry soon"); the lock is held to the
@@ -37,13 +57,7 @@ BEGIN
      WHERE s.name = _take_rate.name AND s.started_at > _take_rate.at - v_period;
     granted := greatest(least(_take_rate.wanted, v_max - v_used), 0);
     IF granted = 0 THEN
-        -- The oldest start e whose leaving makes room: the starts after e are at most max - 1.
-        SELECT min(w.started_at) + v_period INTO retry_at
-          FROM (SELECT s.started_at, s.starts,
-                       sum(s.starts) OVER (ORDER BY s.started_at DESC) AS newer_or_same
-                  FROM zeroth.rate_limit_starts s
-                 WHERE s.name = _take_rate.name AND s.started_at > _take_rate.at - v_period) AS w
-         WHERE w.newer_or_same - w.starts <= v_max - 1;
+        retry_at := zeroth._rate_room_at(_take_rate.name, _take_rate.at, v_max, v_period);
     END IF;
 END
 $$;
@@ -53,10 +67,14 @@ REVOKE ALL ON FUNCTION zeroth._take_rate(text, integer, timestamptz) FROM PUBLIC
 
 -- Logs `starts` starts of rate limit `name` at `at` (the caller holds the key's row from
 -- _take_rate): one log row per claim, merged with one of the same time, and the key's
--- last_start_at. Nothing to log: no write.
+-- last_start_at. Nothing to log: no write. Returns when the window has room again if these
+-- starts filled it (NULL: room left).
 CREATE OR REPLACE FUNCTION zeroth._log_rate(name text, starts integer, at timestamptz)
-    RETURNS void
+    RETURNS timestamptz
     LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_max    integer;
+    v_period interval;
 BEGIN
     IF _log_rate.starts > 0 THEN
         INSERT INTO zeroth.rate_limit_starts AS s (name, started_at, starts)
@@ -65,20 +83,25 @@ BEGIN
             DO UPDATE SET starts = s.starts + excluded.starts;
         UPDATE zeroth.rate_limits k
            SET last_start_at = greatest(k.last_start_at, _log_rate.at)
-         WHERE k.name = _log_rate.name;
+         WHERE k.name = _log_rate.name
+        RETURNING k.max_starts, make_interval(secs => k.period_seconds) INTO v_max, v_period;
+        RETURN zeroth._rate_room_at(_log_rate.name, _log_rate.at, v_max, v_period);
     END IF;
+    RETURN NULL;
 END
 $$;
-COMMENT ON FUNCTION zeroth._log_rate(text, integer, timestamptz) IS 'Internal: log `starts` starts of rate limit `name` at `at` (the caller holds the key from _take_rate).';
+COMMENT ON FUNCTION zeroth._log_rate(text, integer, timestamptz) IS 'Internal: log `starts` starts of rate limit `name` at `at` (the caller holds the key from _take_rate); returns when the window has room again if they filled it, else NULL.';
 ALTER FUNCTION zeroth._log_rate(text, integer, timestamptz) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._log_rate(text, integer, timestamptz) FROM PUBLIC;
 
--- The run_id-NULL row of a claim held back by its rate limit until retry_at.
-CREATE OR REPLACE FUNCTION zeroth._rate_marker(concurrency_limit integer, retry_at timestamptz)
+-- The run_id-NULL row of a claim (at `at`) held back by its rate limit until retry_at.
+CREATE OR REPLACE FUNCTION zeroth._rate_marker(concurrency_limit integer, retry_at timestamptz,
+                                               at timestamptz)
     RETURNS zeroth.claimed_run
     LANGUAGE sql IMMUTABLE
     RETURN ROW(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-               0, false, concurrency_limit, retry_at)::zeroth.claimed_run;
-COMMENT ON FUNCTION zeroth._rate_marker(integer, timestamptz) IS 'Internal: the run_id-NULL row a claim returns when its rate limit held it back; retry_at: when a start becomes possible.';
-ALTER FUNCTION zeroth._rate_marker(integer, timestamptz) OWNER TO zeroth_owner;
-REVOKE ALL ON FUNCTION zeroth._rate_marker(integer, timestamptz) FROM PUBLIC;
+               0, false, concurrency_limit, retry_at,
+               greatest(extract(epoch FROM retry_at - at)::double precision, 0))::zeroth.claimed_run;
+COMMENT ON FUNCTION zeroth._rate_marker(integer, timestamptz, timestamptz) IS 'Internal: the run_id-NULL row a claim at `at` returns when its rate limit held it back; retry_at: when a start becomes possible, retry_after: the seconds until then.';
+ALTER FUNCTION zeroth._rate_marker(integer, timestamptz, timestamptz) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._rate_marker(integer, timestamptz, timestamptz) FROM PUBLIC;
