@@ -761,6 +761,11 @@ ALTER TABLE zeroth.lock_stripes ENABLE ROW LEVEL SECURITY;
 ALTER TABLE zeroth.notification_secret ENABLE ROW LEVEL SECURITY;
 
 --
+-- Name: rate_limit_starts; Type: ROW SECURITY; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE zeroth.rate_limit_starts ENABLE ROW LEVEL SECURITY;
+
+--
 -- Name: rate_limits; Type: ROW SECURITY; Schema: zeroth; Owner: zeroth_owner
 --
 ALTER TABLE zeroth.rate_limits ENABLE ROW LEVEL SECURITY;

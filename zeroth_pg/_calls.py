@@ -12,7 +12,8 @@ from __future__ import annotations
 _CLAIM_COLUMNS = """run_id, lease_generation, lease_expires_at, status::text AS status, attempts,
     max_attempts, priority, thread_id, idempotency_key, payload::text AS payload,
     metadata::text AS metadata, recovery_checkpoint_id, checkpoint_data::text AS checkpoint_data,
-    cancel_requested, active_count, concurrency_saturated, concurrency_limit"""
+    cancel_requested, active_count, concurrency_saturated, concurrency_limit, retry_at,
+    retry_after"""
 
 ENQUEUE_RUN = """SELECT run_id, created, status::text AS status FROM zeroth.enqueue_run(
     deployment_ref => $1, payload => $2::text::jsonb, tenant_id => $3, workspace_id => $4,
@@ -44,6 +45,9 @@ CLAIM_ORPHANED_SCOPES = f"""SELECT tenant_id, workspace_id, deployment_ref, {_CL
 CLAIM_ORPHANED = f"""SELECT {_CLAIM_COLUMNS} FROM zeroth.claim_orphaned(
     deployment_ref => $1, worker_id => $2, tenant_id => $3, workspace_id => $4,
     max_concurrency => $5, claim_limit => $6, lease_seconds => $7, grace_seconds => $8)"""
+
+SET_RATE_LIMIT = """SELECT zeroth.set_rate_limit(name => $1, max_starts => $2,
+    period_seconds => $3, note => $4)"""
 
 RENEW_LEASE = """SELECT zeroth.renew_lease(run_id => $1, worker_id => $2, generation => $3,
     tenant_id => $4, workspace_id => $5, lease_seconds => $6)"""

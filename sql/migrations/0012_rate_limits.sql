@@ -45,6 +45,7 @@ CREATE TABLE zeroth.rate_limit_starts (
 );
 COMMENT ON TABLE zeroth.rate_limit_starts IS 'The sliding log of each rate limit: how many runs the claims started under the key at each database time. Written by the claims only (pruned of entries older than the window by the claim itself); no role but zeroth_owner reads it.';
 ALTER TABLE zeroth.rate_limit_starts OWNER TO zeroth_owner;
+ALTER TABLE zeroth.rate_limit_starts ENABLE ROW LEVEL SECURITY;  -- no policy: nobody but the owner
 REVOKE ALL ON zeroth.rate_limit_starts FROM PUBLIC;
 
 ALTER TABLE zeroth.scope_limits ADD COLUMN rate_limit text
