@@ -51,7 +51,8 @@ async def setup_key(conn: asyncpg.Connection, deployments: tuple[str, ...],
 async def enqueue(conn: asyncpg.Connection, deployment: str, count: int) -> None:
     await conn.execute(
         "SELECT count(*) FROM zeroth.enqueue_runs(deployment_ref => $1, "
-        "runs => $2::text::jsonb)", deployment, json.dumps([{"payload": {"n": i}} for i in range(count)]))
+        "runs => $2::text::jsonb)", deployment,
+        json.dumps([{"payload": {"n": i}} for i in range(count)]))
 
 
 async def started(conn: asyncpg.Connection) -> list[datetime]:

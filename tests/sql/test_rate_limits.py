@@ -170,7 +170,8 @@ class TestSharedKeysAndScopes:
         rows = await start(conn, 1)
         assert len(runs(rows)) == 2  # the slots bind first
         (marker,) = await start(conn, 2)
-        assert marker["concurrency_saturated"] and marker["retry_at"] is None
+        assert marker["concurrency_saturated"]
+        assert marker["retry_at"] is None
         # Free the slots: then the rate limit binds (2 + 2 = 4 of 5, then 1 with 2 slots free).
         await complete(conn, runs(rows), 3)
         second = runs(await start(conn, 4))
@@ -180,7 +181,8 @@ class TestSharedKeysAndScopes:
         assert len(runs(rows)) == 1
         assert {r["retry_at"] for r in rows} == {at(11)}
         (marker,) = await start(conn, 6)
-        assert not marker["concurrency_saturated"] and marker["retry_at"] == at(11)
+        assert not marker["concurrency_saturated"]
+        assert marker["retry_at"] == at(11)
 
     async def test_the_multi_scope_claim_reports_each_held_back_scope(self, conn):
         await backlog(conn, 5, deployment_ref="embed")
@@ -216,7 +218,8 @@ class TestOrphans:
         rows = await conn.fetch(CLAIM_ORPHANED, DEPLOYMENT, "rescuer", None, None, at(50))
         assert len(runs(rows)) == 2
         (marker,) = await conn.fetch(CLAIM_ORPHANED, DEPLOYMENT, "rescuer", None, None, at(51))
-        assert marker["run_id"] is None and marker["retry_at"] == at(150)
+        assert marker["run_id"] is None
+        assert marker["retry_at"] == at(150)
 
 
 class TestSetRateLimit:
