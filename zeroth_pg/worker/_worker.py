@@ -527,18 +527,20 @@ class RunWorker:
             claimed += len(result.runs)
             self._fleet_full = self._fleet_full or result.fleet_full
             self._note_fill(deployments, limit, len(result.runs))
-            self._note_rate(sent, result)
+            self._note_rate(result)
         self._backlog = claimed == asked and self._rate_retry_at is None
         return claimed
 
-    def _note_rate(self, sent: float, result: Claimed) -> None:
-        """After a claim sent at ``sent``: when its rate limit lets this worker start again
-        (the earliest over the claims of the pass), and whether all it saw is held back."""
+    def _note_rate(self, result: Claimed) -> None:
+        """After a claim: when its rate limit lets this worker start again (the earliest over
+        the claims of the pass), and whether all it saw is held back. Counted from the answer's
+        arrival, which is after the database time retry_after is counted from: never early (an
+        early claim would only be held back again), late by the claim's own latency."""
         if result.retry_after is None:
             self._rate_all_held = False
             return
         self.metrics.guardrail_rejections.labels(self.deployment_ref, "rate_limit").inc()
-        at = sent + result.retry_after
+        at = time.monotonic() + result.retry_after
         self._rate_retry_at = at if self._rate_retry_at is None else min(self._rate_retry_at, at)
         self._rate_all_held = self._rate_all_held and result.all_held_back
 
