@@ -145,3 +145,26 @@ async def test_a_held_back_worker_sleeps_until_the_reported_time(pool, database_
 
 async def _done_at_least(pool: asyncpg.Pool, deployment: str, n: int) -> bool:
     return await done(pool, deployment) >= n
+
+
+async def test_a_fleet_worker_serves_other_scopes_while_one_is_held_back(pool, database_dsn):
+    limited, free = unique_deployment("rate-fleet-held"), unique_deployment("rate-fleet-free")
+    await limit_scope(pool, limited, f"{limited}-key", 1, 3600.0)
+    for deployment, n in ((limited, 3), (free, 20)):
+        await pool.execute(
+            """SELECT count(*) FROM zeroth.enqueue_runs(deployment_ref => $1,
+                   runs => (SELECT jsonb_agg(jsonb_build_object('payload', '{}'::jsonb))
+                              FROM generate_series(1, $2)))""", deployment, n)
+    worker = RunWorker(pool, {limited: handler, free: handler}, dsn=database_dsn,
+                       max_concurrency=4, poll_interval=0.2, shutdown_timeout=5.0)
+    await worker.start()
+    try:
+        await wait_until(lambda: _done_at_least(pool, free, 20), "the free scope's runs",
+                         within=60)
+        # More work for the free scope while the other is still held back: the NOTIFY is heard.
+        await pool.execute("SELECT run_id FROM zeroth.enqueue_run(deployment_ref => $1, "
+                           "payload => '{}')", free)
+        await wait_until(lambda: _done_at_least(pool, free, 21), "the late run", within=30)
+    finally:
+        await asyncio.wait_for(worker.graceful_shutdown(), timeout=30)
+    assert await done(pool, limited) == 1  # one start per hour
