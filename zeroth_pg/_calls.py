@@ -214,10 +214,15 @@ RUN_CHECKPOINTS = """SELECT c.checkpoint_order, c.checkpoint_id, c.lease_generat
 
 # One row per (tenant, workspace, deployment) out of the operator views, and per scope that has a
 # zeroth.scope_limits row (runs or not: a paused scope with nothing queued is shown), with that
-# row's limits (NULL without one). Read as the caller: a zeroth_reader sees its own tenant.
+# row's limits (NULL without one; rate_limit as key:max_starts/periods). Read as the
+# caller: a zeroth_reader sees its own tenant.
 _STATUS_SCOPES = """SELECT g.tenant_id, g.workspace_id, g.deployment_ref, g.pending, g.claimable,
            g.scheduled, g.live_leases, g.expired_leases, g.dead_letters,
-           x.max_concurrency, x.weight, x.paused
+           x.max_concurrency, x.weight, x.paused,
+           CASE WHEN x.rate_limit IS NOT NULL
+                THEN x.rate_limit || ':' || coalesce(rl.max_starts::text || '/'
+                                                     || rl.period_seconds::text || 's', '?')
+           END AS rate_limit
       FROM (SELECT s.tenant_id, s.workspace_id, s.deployment_ref,
                    sum(s.pending)::bigint AS pending, sum(s.claimable)::bigint AS claimable,
                    sum(s.scheduled)::bigint AS scheduled, sum(s.live)::bigint AS live_leases,
@@ -249,7 +254,8 @@ _STATUS_SCOPES = """SELECT g.tenant_id, g.workspace_id, g.deployment_ref, g.pend
              ON x.tenant_id = g.tenant_id
             AND x.workspace_key = CASE WHEN g.workspace_id IS NULL THEN ''
                                        ELSE 'w:' || g.workspace_id END
-            AND x.deployment_ref = g.deployment_ref"""
+            AND x.deployment_ref = g.deployment_ref
+      LEFT JOIN zeroth.rate_limits rl ON rl.name = x.rate_limit"""
 
 STATUS = f"""{_STATUS_SCOPES}
      ORDER BY g.tenant_id, g.workspace_id NULLS FIRST, g.deployment_ref"""
