@@ -597,10 +597,14 @@ class RunWorker:
         if self._free_slots() > 0 and (self._backlog or self._deployment_has_room()):
             return  # the last batch was full and a slot is already free: claim again now
         timeout = self._gate.poll_in(self.poll_interval)
+        if self._rate_retry_at is not None:
+            # Held back by a rate limit: look again right then. With all its work held back the
+            # worker does not poll meanwhile (a poll could only be held back again); otherwise
+            # the poll interval still serves the rest.
+            wait = max(0.0, self._rate_retry_at - time.monotonic())
+            timeout = wait if self._rate_all_held else min(timeout, wait)
         if not self._sweep_due:
             timeout = min(timeout, max(0.0, self._next_sweep - time.monotonic()))
-        if self._rate_retry_at is not None:  # held back by a rate limit: look again right then
-            timeout = min(timeout, max(0.0, self._rate_retry_at - time.monotonic()))
         # One event: a NOTIFY sets it, and so does a freed slot while a full batch or an orphan
         # sweep is waiting for one (_slot_freed). No helper tasks: a wakeup resumes this loop in
         # the next turn of the event loop.
