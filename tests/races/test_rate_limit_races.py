@@ -158,3 +158,28 @@ async def test_a_claimer_skips_a_locked_key_row_and_never_waits(connect):
     rows: Any = await claimer.fetch("""SELECT run_id FROM zeroth.claim_and_start(
         deployment_ref => 'embed', worker_id => 'w', batch_size => 3)""")
     assert len([r for r in rows if r["run_id"]]) == 3
+
+
+async def test_a_repeatable_read_claim_with_an_old_snapshot_fails_instead_of_overgranting(connect):
+    """A claimer inside a REPEATABLE READ transaction whose snapshot predates another claim's
+    starts would count the window without them; the claim that logged them also updated the
+    key's row, so locking it is a serialization failure (40001), never an extra start."""
+    setup, late = await connect(), await connect()
+    await setup_key(setup, ("embed",))
+    await setup.execute("UPDATE zeroth.rate_limits SET max_starts = 2, period_seconds = 3600")
+    await enqueue(setup, "embed", 5)
+    tx = late.transaction(isolation="repeatable_read")
+    await tx.start()
+    try:
+        await late.fetchval("SELECT count(*) FROM zeroth.runs")  # the snapshot is taken here
+        rows = await setup.fetch(CLAIM_ONE, "embed", "w1", 2)
+        assert len([r for r in rows if r["run_id"]]) == 2
+        try:
+            await late.fetch(CLAIM_ONE, "embed", "w2", 2)
+        except asyncpg.SerializationError:
+            pass
+        else:
+            raise AssertionError("an old snapshot claimed from a full window")
+    finally:
+        await tx.rollback()
+    assert await setup.fetchval("SELECT count(*) FROM zeroth.runs WHERE status = 'running'") == 2

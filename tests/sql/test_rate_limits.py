@@ -222,6 +222,32 @@ class TestOrphans:
         assert marker["retry_at"] == at(150)
 
 
+    async def test_the_multi_scope_sweep_reports_a_held_back_scope(self, conn):
+        for _ in range(2):
+            await make_run(conn, "running", lease_seconds=1, max_attempts=3)
+        await set_rate(conn, max_starts=1, period=100)
+        await use_rate(conn)
+        sweep = """SELECT * FROM zeroth_test.claim_orphaned_scopes(deployment_refs => $1,
+            worker_id => 'rescuer', now_override => $2)"""
+        rows = await conn.fetch(sweep, [DEPLOYMENT], at(50))
+        assert len(runs(rows)) == 1
+        (marker,) = await conn.fetch(sweep, [DEPLOYMENT], at(51))
+        assert marker["run_id"] is None
+        assert marker["deployment_ref"] == DEPLOYMENT
+        assert (marker["retry_at"], marker["retry_after"]) == (at(150), 99.0)
+
+    async def test_claim_limit_zero_still_ends_orphans_under_a_full_window(self, conn):
+        await set_rate(conn, max_starts=1, period=100)
+        await use_rate(conn)
+        # Its own start (claimed at T0) filled the window; ending it needs none.
+        dead = await make_run(conn, "running", lease_seconds=1, max_attempts=1)
+        rows = await conn.fetch(CLAIM_ORPHANED, DEPLOYMENT, "rescuer", None, 0, at(50))
+        assert runs(rows) == []
+        assert await conn.fetchval("SELECT status::text FROM zeroth.runs WHERE run_id = $1",
+                                   dead.run_id) == "failed"
+        assert await conn.fetchval("SELECT sum(starts) FROM zeroth.rate_limit_starts") == 1
+
+
 class TestSetRateLimit:
     async def test_creates_then_changes(self, conn):
         assert await conn.fetchval("SELECT zeroth.set_rate_limit(name => 'k', max_starts => 5, "
