@@ -440,7 +440,7 @@ ALTER TABLE zeroth.rate_limit_starts OWNER TO zeroth_owner;
 --
 -- Name: TABLE rate_limit_starts; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
-COMMENT ON TABLE zeroth.rate_limit_starts IS 'The sliding log of each rate limit: how many runs the claims started under the key at each database time. Written by the claims only (pruned of entries older than the window by the claim itself); no role but zeroth_owner reads it.';
+COMMENT ON TABLE zeroth.rate_limit_starts IS 'The sliding log of each rate limit: how many runs the claims started under the key at each database time, rounded up to a thousandth of the period (a start counts at most period/1000 longer, never shorter; at most about 1000 rows per key). Written by the claims only (pruned of entries older than the window by the claim itself); no role but zeroth_owner reads it.';
 
 --
 -- Name: scope_limits; Type: TABLE; Schema: zeroth; Owner: zeroth_owner

@@ -96,8 +96,9 @@ BEGIN
     --    the scope's rate limit (held back: report when a start becomes possible, if an orphan
     --    is waiting).
     IF v_rate IS NOT NULL THEN
-        SELECT t.granted, t.retry_at INTO v_taken
+        SELECT t.granted, t.retry_at, t.decided_at INTO v_taken
           FROM zeroth._take_rate(v_rate, least(coalesce(v_want, 1000), 1000), v_now) AS t;
+        v_now := v_taken.decided_at;  -- the re-leases happen when the key was held
         IF v_taken.granted = 0 THEN
             IF EXISTS (SELECT 1 FROM zeroth.runs r
                         WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey

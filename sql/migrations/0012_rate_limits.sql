@@ -5,7 +5,7 @@
 --     zeroth.set_rate_limit or plain SQL); last_start_at is kept by the claims. A claim locks the
 --     key's row FOR UPDATE SKIP LOCKED: claimers of one key serialise without ever waiting.
 --   * zeroth.rate_limit_starts: the sliding log of a key's starts, one row per claim that started
---     something (started_at, how many). A claim starts k more only if the starts logged after
+--     something (started_at rounded up to period / 1000, how many: at most ~1000 rows a key). A claim starts k more only if the starts logged after
 --     (now - period) plus k stay within max_starts; it prunes the entries older than the window.
 --   * zeroth.scope_limits.rate_limit: the key a (tenant, workspace, deployment) scope draws from.
 --     Several scopes may share one key (one provider's quota used by several kinds of work).
@@ -43,7 +43,7 @@ CREATE TABLE zeroth.rate_limit_starts (
         ON UPDATE CASCADE ON DELETE CASCADE,
     CONSTRAINT rate_limit_starts_starts_positive CHECK (starts >= 1)
 );
-COMMENT ON TABLE zeroth.rate_limit_starts IS 'The sliding log of each rate limit: how many runs the claims started under the key at each database time. Written by the claims only (pruned of entries older than the window by the claim itself); no role but zeroth_owner reads it.';
+COMMENT ON TABLE zeroth.rate_limit_starts IS 'The sliding log of each rate limit: how many runs the claims started under the key at each database time, rounded up to a thousandth of the period (a start counts at most period/1000 longer, never shorter; at most about 1000 rows per key). Written by the claims only (pruned of entries older than the window by the claim itself); no role but zeroth_owner reads it.';
 ALTER TABLE zeroth.rate_limit_starts OWNER TO zeroth_owner;
 ALTER TABLE zeroth.rate_limit_starts ENABLE ROW LEVEL SECURITY;  -- no policy: nobody but the owner
 REVOKE ALL ON zeroth.rate_limit_starts FROM PUBLIC;

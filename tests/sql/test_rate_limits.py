@@ -70,15 +70,15 @@ async def backlog(conn: asyncpg.Connection, n: int, **kwargs: object) -> None:
 class TestWindow:
     async def test_a_batch_takes_only_the_starts_left(self, conn):
         await backlog(conn, 120)
-        await set_rate(conn, max_starts=100, period=60)
+        await set_rate(conn, max_starts=100, period=50)
         await use_rate(conn)
         assert len(runs(await start(conn, 1, batch_size=90))) == 90
         rows = await start(conn, 2, batch_size=100)
         assert len(runs(rows)) == 10  # batch_size 100 with 10 starts left leases 10
         # Cut short by the limit: every row says when the next start is possible (the first
-        # start leaves the window at 1 + 60).
-        assert {r["retry_at"] for r in rows} == {at(61)}
-        assert {r["retry_after"] for r in rows} == {59.0}
+        # start leaves the window at 1 + 50).
+        assert {r["retry_at"] for r in rows} == {at(51)}
+        assert {r["retry_after"] for r in rows} == {49.0}
 
     async def test_a_full_window_holds_the_claim_back_with_the_time_of_the_next_start(self, conn):
         await backlog(conn, 20)
@@ -141,6 +141,19 @@ class TestWindow:
         assert len(runs(await start(conn, 1, sql=CLAIM_PENDING))) == 2
         (marker,) = await start(conn, 2, sql=CLAIM_PENDING)
         assert marker["retry_at"] == at(11)
+
+
+    async def test_a_start_is_logged_rounded_up_to_a_thousandth_of_the_period(self, conn):
+        # It counts up to period / 1000 longer (never shorter): a key has about 1000 log rows
+        # at most, whatever max_starts and the batch sizes, and no window holds more.
+        await backlog(conn, 5)
+        await set_rate(conn, max_starts=1, period=10)
+        await use_rate(conn)
+        assert len(runs(await start(conn, 1.0001))) == 1
+        assert await conn.fetchval("SELECT started_at FROM zeroth.rate_limit_starts") == at(1.01)
+        (marker,) = await start(conn, 11.005)
+        assert marker["retry_at"] == at(11.01)
+        assert len(runs(await start(conn, 11.01))) == 1
 
 
 class TestSharedKeysAndScopes:

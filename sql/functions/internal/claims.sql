@@ -119,16 +119,18 @@ DECLARE
     v_rate   record;
     v_retry  timestamptz;
     v_row    zeroth.claimed_run;
+    v_at     timestamptz := _claim_in_scope.at;
 BEGIN
     IF _claim_in_scope.rate_limit IS NOT NULL THEN
-        SELECT t.granted, t.retry_at INTO v_rate
+        SELECT t.granted, t.retry_at, t.decided_at INTO v_rate
           FROM zeroth._take_rate(_claim_in_scope.rate_limit, v_want, _claim_in_scope.at) AS t;
+        v_at := v_rate.decided_at;  -- the starts happen when the key was held (ascending)
         IF v_rate.granted = 0 THEN
             -- Held back only if work is really waiting; otherwise a definitive empty answer.
             IF zeroth._scope_has_due_run(_claim_in_scope.tenant_id, _claim_in_scope.workspace_key,
-                                         _claim_in_scope.deployment_ref, _claim_in_scope.at) THEN
+                                         _claim_in_scope.deployment_ref, v_at) THEN
                 RETURN NEXT zeroth._rate_marker(_claim_in_scope.concurrency_limit, v_rate.retry_at,
-                                                _claim_in_scope.at);
+                                                v_at);
             ELSE
                 RETURN NEXT zeroth._claim_marker(0, false, _claim_in_scope.concurrency_limit);
             END IF;
@@ -140,7 +142,7 @@ BEGIN
         SELECT t.slots, t.active_count INTO v_slots, v_active
           FROM zeroth._take_slots(_claim_in_scope.tenant_id, _claim_in_scope.workspace_key,
                                   _claim_in_scope.deployment_ref, _claim_in_scope.concurrency_limit,
-                                  v_want, _claim_in_scope.at) AS t;
+                                  v_want, v_at) AS t;
         IF cardinality(v_slots) = 0 THEN
             RETURN NEXT zeroth._claim_marker(v_active, true, _claim_in_scope.concurrency_limit);
             RETURN;
@@ -156,8 +158,8 @@ BEGIN
            AND r.workspace_key = _claim_in_scope.workspace_key
            AND r.deployment_ref = _claim_in_scope.deployment_ref
            AND r.status = 'pending'
-           AND r.run_after <= _claim_in_scope.at
-           AND (r.lease_expires_at IS NULL OR r.lease_expires_at < _claim_in_scope.at)
+           AND r.run_after <= v_at
+           AND (r.lease_expires_at IS NULL OR r.lease_expires_at < v_at)
          ORDER BY r.priority DESC, r.run_after, r.created_at
          LIMIT v_want
            FOR UPDATE SKIP LOCKED
@@ -165,18 +167,17 @@ BEGIN
     SELECT coalesce(array_agg(l.run_id ORDER BY l.priority DESC, l.run_after, l.created_at), '{}') INTO v_ids FROM locked l;
     IF _claim_in_scope.rate_limit IS NOT NULL THEN
         -- Log the starts; a batch the limit cut short says on every row when more may start.
-        v_retry := zeroth._log_rate(_claim_in_scope.rate_limit, cardinality(v_ids),
-                                    _claim_in_scope.at);
+        v_retry := zeroth._log_rate(_claim_in_scope.rate_limit, cardinality(v_ids), v_at);
         IF v_retry IS NOT NULL AND cardinality(v_ids) = v_rate.granted
            AND v_rate.granted < _claim_in_scope.want THEN
             FOR v_row IN
                 SELECT * FROM zeroth._lease_locked_runs(
                     _claim_in_scope.tenant_id, _claim_in_scope.workspace_key, v_ids, v_slots,
-                    _claim_in_scope.worker_id, _claim_in_scope.at, _claim_in_scope.lease,
+                    _claim_in_scope.worker_id, v_at, _claim_in_scope.lease,
                     v_active, _claim_in_scope.concurrency_limit, _claim_in_scope.start)
             LOOP
                 v_row.retry_at := v_retry;
-                v_row.retry_after := extract(epoch FROM v_retry - _claim_in_scope.at);
+                v_row.retry_after := extract(epoch FROM v_retry - v_at);
                 RETURN NEXT v_row;
             END LOOP;
             RETURN;
@@ -184,7 +185,7 @@ BEGIN
     END IF;
     RETURN QUERY SELECT * FROM zeroth._lease_locked_runs(
         _claim_in_scope.tenant_id, _claim_in_scope.workspace_key, v_ids, v_slots,
-        _claim_in_scope.worker_id, _claim_in_scope.at, _claim_in_scope.lease, v_active,
+        _claim_in_scope.worker_id, v_at, _claim_in_scope.lease, v_active,
         _claim_in_scope.concurrency_limit, _claim_in_scope.start);
 END
 $$;

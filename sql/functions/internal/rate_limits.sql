@@ -23,17 +23,18 @@ COMMENT ON FUNCTION zeroth._rate_room_at(text, timestamptz, integer, interval) I
 ALTER FUNCTION zeroth._rate_room_at(text, timestamptz, integer, interval) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._rate_room_at(text, timestamptz, integer, interval) FROM PUBLIC;
 
--- Takes up to `wanted` starts from rate limit `name` at database time `at`. Locks the key's row
--- FOR NO KEY UPDATE SKIP LOCKED (claimers of one key serialise, none ever waits: one that finds
--- the row locked gets granted 0 and retry_at = at + 10 ms, "retry soon"); the lock is held to the
--- end of the caller's transaction, so the starts it logs are seen by the next holder. Prunes the
--- log of entries at or before at - period, then grants least(wanted, max_starts - the starts
--- logged after at - period). Counting every logged start after at - period (later ones too, should
--- a claim's clock sample precede the previous holder's) keeps every rolling window of every
--- claim order within max_starts. granted 0 with a full window: retry_at = the earliest time the
--- window has room for one start (the oldest start that must leave it, + period).
+-- Takes up to `wanted` starts from rate limit `name` for a claim begun at `at`. Locks the key's
+-- row FOR NO KEY UPDATE SKIP LOCKED (claimers of one key serialise, none ever waits: one that
+-- finds the row locked gets granted 0 and retry_at = at + 10 ms, "retry soon"), then reads the
+-- clock (decided_at: the time the claim's starts happen at), so successive holders of a key
+-- decide at increasing times. Prunes the log of entries at or before decided_at - period and
+-- grants least(wanted, max_starts - the starts still logged): every rolling window within
+-- max_starts. granted 0 with a full window: retry_at = the earliest time the window has room.
+-- (The unreleased first draft had no decided_at: dropped first.)
+DROP FUNCTION IF EXISTS zeroth._take_rate(text, integer, timestamptz);
 CREATE OR REPLACE FUNCTION zeroth._take_rate(name text, wanted integer, at timestamptz,
-                                             OUT granted integer, OUT retry_at timestamptz)
+                                             OUT granted integer, OUT retry_at timestamptz,
+                                             OUT decided_at timestamptz)
     LANGUAGE plpgsql VOLATILE
     SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
@@ -48,20 +49,23 @@ BEGIN
     IF NOT FOUND THEN  -- another claimer holds the key right now: skip, never wait
         granted := 0;
         retry_at := _take_rate.at + interval '10 milliseconds';
+        decided_at := _take_rate.at;
         RETURN;
     END IF;
+    -- The clock once the key is held: the previous holder decided (and committed) before it.
+    decided_at := greatest(zeroth._now(), _take_rate.at);
     DELETE FROM zeroth.rate_limit_starts s
-     WHERE s.name = _take_rate.name AND s.started_at <= _take_rate.at - v_period;
+     WHERE s.name = _take_rate.name AND s.started_at <= decided_at - v_period;
     SELECT coalesce(sum(s.starts), 0)::integer INTO v_used
       FROM zeroth.rate_limit_starts s
-     WHERE s.name = _take_rate.name AND s.started_at > _take_rate.at - v_period;
+     WHERE s.name = _take_rate.name;
     granted := greatest(least(_take_rate.wanted, v_max - v_used), 0);
     IF granted = 0 THEN
-        retry_at := zeroth._rate_room_at(_take_rate.name, _take_rate.at, v_max, v_period);
+        retry_at := zeroth._rate_room_at(_take_rate.name, decided_at, v_max, v_period);
     END IF;
 END
 $$;
-COMMENT ON FUNCTION zeroth._take_rate(text, integer, timestamptz) IS 'Internal: take up to `wanted` starts from rate limit `name` at `at` (key row locked FOR NO KEY UPDATE SKIP LOCKED; log pruned; exact rolling window). granted 0: retry_at is when the window has room (or at + 10 ms when another claimer holds the key).';
+COMMENT ON FUNCTION zeroth._take_rate(text, integer, timestamptz) IS 'Internal: take up to `wanted` starts from rate limit `name` (key row locked FOR NO KEY UPDATE SKIP LOCKED, then the clock read: decided_at; log pruned; rolling window). granted 0: retry_at is when the window has room (or at + 10 ms when another claimer holds the key).';
 ALTER FUNCTION zeroth._take_rate(text, integer, timestamptz) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._take_rate(text, integer, timestamptz) FROM PUBLIC;
 
@@ -77,8 +81,19 @@ DECLARE
     v_period interval;
 BEGIN
     IF _log_rate.starts > 0 THEN
+        -- Logged at `at` rounded UP to a thousandth of the period: a start counts a little
+        -- longer (at most period / 1000: never more than max_starts in any window), and a key
+        -- has at most about 1000 log rows whatever max_starts and the batch sizes.
         INSERT INTO zeroth.rate_limit_starts AS s (name, started_at, starts)
-        VALUES (_log_rate.name, _log_rate.at, _log_rate.starts)
+        SELECT _log_rate.name,
+               timestamptz 'epoch' + (b.us / 1000000) * interval '1 second'
+                                   + (b.us % 1000000) * interval '1 microsecond',
+               _log_rate.starts
+          FROM zeroth.rate_limits k
+         CROSS JOIN LATERAL (SELECT greatest(floor(k.period_seconds * 1000), 1)::bigint AS g) g
+         CROSS JOIN LATERAL (SELECT (ceil((extract(epoch FROM _log_rate.at) * 1000000) / g.g)
+                                     * g.g)::bigint AS us) b
+         WHERE k.name = _log_rate.name
         ON CONFLICT ON CONSTRAINT rate_limit_starts_pkey
             DO UPDATE SET starts = s.starts + excluded.starts;
         UPDATE zeroth.rate_limits k
