@@ -1,5 +1,5 @@
 -- 0012_rate_limits: rate limits (issue 15): at most max_starts starts per period_seconds on a named
--- key, enforced fleet-wide inside every claim, on the database clock, in an exact rolling window.
+-- key, enforced fleet-wide inside every claim, on the database clock, in a rolling window.
 --
 --   * zeroth.rate_limits: name → max_starts, period_seconds. Written by zeroth_owner (a DBA, by
 --     zeroth.set_rate_limit or plain SQL); last_start_at is kept by the claims. A claim locks the
