@@ -96,7 +96,9 @@ CREATE TYPE zeroth.claimed_run AS (
 	cancel_requested boolean,
 	active_count integer,
 	concurrency_saturated boolean,
-	concurrency_limit integer
+	concurrency_limit integer,
+	retry_at timestamp with time zone,
+	retry_after double precision
 );
 
 ALTER TYPE zeroth.claimed_run OWNER TO zeroth_owner;
@@ -104,7 +106,7 @@ ALTER TYPE zeroth.claimed_run OWNER TO zeroth_owner;
 --
 -- Name: TYPE claimed_run; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
-COMMENT ON TYPE zeroth.claimed_run IS 'A row of claim_pending / claim_orphaned: one per claimed run, or a single row with run_id NULL that carries only the saturation the call observed.';
+COMMENT ON TYPE zeroth.claimed_run IS 'A row of a claim: a leased run, or with run_id NULL what the claim saw instead (active_count, concurrency_saturated, concurrency_limit). retry_at / retry_after (seconds from the claim''s database time): the scope''s rate limit held the claim back (run_id NULL) or cut its batch short (claimed rows); no start is possible before then.';
 
 --
 -- Name: enqueue_item; Type: TYPE; Schema: zeroth; Owner: zeroth_owner
@@ -208,7 +210,9 @@ CREATE TYPE zeroth.scope_claimed_run AS (
 	cancel_requested boolean,
 	active_count integer,
 	concurrency_saturated boolean,
-	concurrency_limit integer
+	concurrency_limit integer,
+	retry_at timestamp with time zone,
+	retry_after double precision
 );
 
 ALTER TYPE zeroth.scope_claimed_run OWNER TO zeroth_owner;
@@ -216,7 +220,7 @@ ALTER TYPE zeroth.scope_claimed_run OWNER TO zeroth_owner;
 --
 -- Name: TYPE scope_claimed_run; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
-COMMENT ON TYPE zeroth.scope_claimed_run IS 'A row of claim_and_start_scopes: a claimed run with its scope (tenant, workspace, deployment), or a row with run_id NULL per scope that had claimable work but no free slot (saturated, or paused: concurrency_limit 0).';
+COMMENT ON TYPE zeroth.scope_claimed_run IS 'A row of claim_and_start_scopes: a claimed run with its scope (tenant, workspace, deployment), or a row with run_id NULL per scope that had claimable work but no free slot (saturated, or paused: concurrency_limit 0) or was held back by its rate limit (retry_at: the earliest time a start becomes possible).';
 
 --
 -- Name: takeover; Type: TYPE; Schema: zeroth; Owner: zeroth_owner
@@ -533,6 +537,23 @@ ALTER TABLE zeroth.notification_secret OWNER TO zeroth_owner;
 COMMENT ON TABLE zeroth.notification_secret IS 'The per-database random secret that NOTIFY payload keys are derived from (zeroth._notify_key). Readable by zeroth_owner only.';
 
 --
+-- Name: rate_limit_starts; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE TABLE zeroth.rate_limit_starts (
+    name text NOT NULL,
+    started_at timestamp with time zone NOT NULL,
+    starts integer NOT NULL,
+    CONSTRAINT rate_limit_starts_starts_positive CHECK ((starts >= 1))
+);
+
+ALTER TABLE zeroth.rate_limit_starts OWNER TO zeroth_owner;
+
+--
+-- Name: TABLE rate_limit_starts; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON TABLE zeroth.rate_limit_starts IS 'The sliding log of each rate limit: how many runs the claims started under the key at each database time, rounded up to a thousandth of the period (a start counts at most period/1000 longer, never shorter; at most about 1000 rows per key). Written by the claims only (pruned of entries older than the window by the claim itself); no role but zeroth_owner reads it.';
+
+--
 -- Name: scope_limits; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
 --
 CREATE TABLE zeroth.scope_limits (
@@ -548,6 +569,7 @@ END) STORED NOT NULL,
     weight integer DEFAULT 1 NOT NULL,
     paused boolean DEFAULT false NOT NULL,
     note text,
+    rate_limit text,
     CONSTRAINT scope_limits_deployment_nonempty CHECK ((deployment_ref <> ''::text)),
     CONSTRAINT scope_limits_max_concurrency_valid CHECK (((max_concurrency IS NULL) OR ((max_concurrency >= 1) AND (max_concurrency <= 10000)))),
     CONSTRAINT scope_limits_tenant_nonempty CHECK ((tenant_id <> ''::text)),
@@ -582,6 +604,11 @@ COMMENT ON COLUMN zeroth.scope_limits.paused IS 'true: nothing in the scope is l
 COMMENT ON COLUMN zeroth.scope_limits.note IS 'Free text for the DBA (why the limit is there).';
 
 --
+-- Name: COLUMN scope_limits.rate_limit; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.scope_limits.rate_limit IS 'The zeroth.rate_limits key the scope''s starts count against (NULL: no rate limit). Several scopes may name one key and share its budget. A key still named here cannot be deleted.';
+
+--
 -- Name: code_version; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
 --
 CREATE TABLE zeroth.code_version (
@@ -613,6 +640,47 @@ ALTER TABLE zeroth.lock_stripes OWNER TO zeroth_owner;
 -- Name: TABLE lock_stripes; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
 COMMENT ON TABLE zeroth.lock_stripes IS 'Unused since revision 0009 (thread admissions lock zeroth.thread_locks; slot creation takes no shared lock); kept for the functions of 0008 during an upgrade, dropped by a later migration.';
+
+--
+-- Name: rate_limits; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE TABLE zeroth.rate_limits (
+    name text NOT NULL,
+    max_starts integer NOT NULL,
+    period_seconds double precision NOT NULL,
+    last_start_at timestamp with time zone,
+    note text,
+    CONSTRAINT rate_limits_max_starts_valid CHECK (((max_starts >= 1) AND (max_starts <= 1000000))),
+    CONSTRAINT rate_limits_name_valid CHECK (((name <> ''::text) AND (length(name) <= 200))),
+    CONSTRAINT rate_limits_period_valid CHECK (((period_seconds >= (0.001)::double precision) AND (period_seconds <= (86400)::double precision)))
+);
+
+ALTER TABLE zeroth.rate_limits OWNER TO zeroth_owner;
+
+--
+-- Name: TABLE rate_limits; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON TABLE zeroth.rate_limits IS 'Rate limits a DBA sets: at most max_starts starts in any rolling window of period_seconds, fleet-wide, for every scope whose zeroth.scope_limits row names the key (rate_limit). Every claim reads the row on each call. Written by zeroth_owner (zeroth.set_rate_limit or SQL); zeroth_reader sees the keys its tenant''s scopes use.';
+
+--
+-- Name: COLUMN rate_limits.max_starts; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.rate_limits.max_starts IS 'Starts allowed in any window of period_seconds (1-1000000).';
+
+--
+-- Name: COLUMN rate_limits.period_seconds; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.rate_limits.period_seconds IS 'The rolling window, in seconds (0.001-86400).';
+
+--
+-- Name: COLUMN rate_limits.last_start_at; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.rate_limits.last_start_at IS 'Kept by the claims: the database time of the last claim that started runs under the key.';
+
+--
+-- Name: COLUMN rate_limits.note; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.rate_limits.note IS 'Free text for the DBA (whose quota this is).';
 
 --
 -- Name: schedule_fires; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
@@ -683,6 +751,18 @@ ALTER TABLE ONLY zeroth.lock_stripes
 --
 ALTER TABLE ONLY zeroth.notification_secret
     ADD CONSTRAINT notification_secret_pkey PRIMARY KEY (id);
+
+--
+-- Name: rate_limit_starts rate_limit_starts_pkey; Type: CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE ONLY zeroth.rate_limit_starts
+    ADD CONSTRAINT rate_limit_starts_pkey PRIMARY KEY (name, started_at);
+
+--
+-- Name: rate_limits rate_limits_pkey; Type: CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE ONLY zeroth.rate_limits
+    ADD CONSTRAINT rate_limits_pkey PRIMARY KEY (name);
 
 --
 -- Name: runs runs_pkey; Type: CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
@@ -775,16 +855,33 @@ CREATE INDEX runs_thread_queue_idx ON zeroth.runs USING btree (tenant_id, worksp
 CREATE INDEX schedules_due_idx ON zeroth.schedules USING btree (deployment_ref, next_fire_at) WHERE ((NOT paused) AND (next_fire_at IS NOT NULL));
 
 --
+-- Name: scope_limits_rate_limit_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE INDEX scope_limits_rate_limit_idx ON zeroth.scope_limits USING btree (rate_limit) WHERE (rate_limit IS NOT NULL);
+
+--
 -- Name: checkpoints checkpoints_run_fkey; Type: FK CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
 --
 ALTER TABLE ONLY zeroth.checkpoints
     ADD CONSTRAINT checkpoints_run_fkey FOREIGN KEY (tenant_id, workspace_key, run_id) REFERENCES zeroth.runs(tenant_id, workspace_key, run_id) ON DELETE CASCADE;
 
 --
+-- Name: rate_limit_starts rate_limit_starts_name_fkey; Type: FK CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE ONLY zeroth.rate_limit_starts
+    ADD CONSTRAINT rate_limit_starts_name_fkey FOREIGN KEY (name) REFERENCES zeroth.rate_limits(name) ON UPDATE CASCADE ON DELETE CASCADE;
+
+--
 -- Name: schedule_fires schedule_fires_schedule_id_fkey; Type: FK CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
 --
 ALTER TABLE ONLY zeroth.schedule_fires
     ADD CONSTRAINT schedule_fires_schedule_id_fkey FOREIGN KEY (schedule_id) REFERENCES zeroth.schedules(schedule_id) ON DELETE CASCADE;
+
+--
+-- Name: scope_limits scope_limits_rate_limit_fkey; Type: FK CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE ONLY zeroth.scope_limits
+    ADD CONSTRAINT scope_limits_rate_limit_fkey FOREIGN KEY (rate_limit) REFERENCES zeroth.rate_limits(name) ON UPDATE CASCADE ON DELETE RESTRICT;
 
 --
 -- Name: admission_slots; Type: ROW SECURITY; Schema: zeroth; Owner: zeroth_owner
@@ -820,6 +917,28 @@ ALTER TABLE zeroth.lock_stripes ENABLE ROW LEVEL SECURITY;
 -- Name: notification_secret; Type: ROW SECURITY; Schema: zeroth; Owner: zeroth_owner
 --
 ALTER TABLE zeroth.notification_secret ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: rate_limit_starts; Type: ROW SECURITY; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE zeroth.rate_limit_starts ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: rate_limits; Type: ROW SECURITY; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE zeroth.rate_limits ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: rate_limits rate_limits_reader_tenant; Type: POLICY; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE POLICY rate_limits_reader_tenant ON zeroth.rate_limits FOR SELECT TO zeroth_reader USING ((EXISTS ( SELECT 1
+   FROM zeroth.scope_limits l
+  WHERE ((l.rate_limit = rate_limits.name) AND (l.tenant_id = current_setting('zeroth.tenant_id'::text, true))))));
+
+--
+-- Name: POLICY rate_limits_reader_tenant ON rate_limits; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON POLICY rate_limits_reader_tenant ON zeroth.rate_limits IS 'zeroth_reader sees the keys named by a scope of the tenant in the setting zeroth.tenant_id (none when unset).';
 
 --
 -- Name: runs; Type: ROW SECURITY; Schema: zeroth; Owner: zeroth_owner
@@ -911,6 +1030,11 @@ GRANT SELECT ON TABLE zeroth.schedules TO zeroth_reader;
 -- Name: TABLE scope_limits; Type: ACL; Schema: zeroth; Owner: zeroth_owner
 --
 GRANT SELECT ON TABLE zeroth.scope_limits TO zeroth_reader;
+
+--
+-- Name: TABLE rate_limits; Type: ACL; Schema: zeroth; Owner: zeroth_owner
+--
+GRANT SELECT ON TABLE zeroth.rate_limits TO zeroth_reader;
 
 --
 -- Name: TABLE schedule_fires; Type: ACL; Schema: zeroth; Owner: zeroth_owner

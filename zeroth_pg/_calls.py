@@ -12,7 +12,8 @@ from __future__ import annotations
 _CLAIM_COLUMNS = """run_id, lease_generation, lease_expires_at, status::text AS status, attempts,
     max_attempts, priority, thread_id, idempotency_key, payload::text AS payload,
     metadata::text AS metadata, recovery_checkpoint_id, checkpoint_data::text AS checkpoint_data,
-    cancel_requested, active_count, concurrency_saturated, concurrency_limit"""
+    cancel_requested, active_count, concurrency_saturated, concurrency_limit, retry_at,
+    retry_after"""
 
 ENQUEUE_RUN = """SELECT run_id, created, status::text AS status FROM zeroth.enqueue_run(
     deployment_ref => $1, payload => $2::text::jsonb, tenant_id => $3, workspace_id => $4,
@@ -44,6 +45,9 @@ CLAIM_ORPHANED_SCOPES = f"""SELECT tenant_id, workspace_id, deployment_ref, {_CL
 CLAIM_ORPHANED = f"""SELECT {_CLAIM_COLUMNS} FROM zeroth.claim_orphaned(
     deployment_ref => $1, worker_id => $2, tenant_id => $3, workspace_id => $4,
     max_concurrency => $5, claim_limit => $6, lease_seconds => $7, grace_seconds => $8)"""
+
+SET_RATE_LIMIT = """SELECT zeroth.set_rate_limit(name => $1, max_starts => $2,
+    period_seconds => $3, note => $4)"""
 
 RENEW_LEASE = """SELECT zeroth.renew_lease(run_id => $1, worker_id => $2, generation => $3,
     tenant_id => $4, workspace_id => $5, lease_seconds => $6)"""
@@ -214,10 +218,15 @@ RUN_CHECKPOINTS = """SELECT c.checkpoint_order, c.checkpoint_id, c.lease_generat
 
 # One row per (tenant, workspace, deployment) out of the operator views, and per scope that has a
 # zeroth.scope_limits row (runs or not: a paused scope with nothing queued is shown), with that
-# row's limits (NULL without one). Read as the caller: a zeroth_reader sees its own tenant.
+# row's limits (NULL without one; rate_limit as key:max_starts/periods). Read as the
+# caller: a zeroth_reader sees its own tenant.
 _STATUS_SCOPES = """SELECT g.tenant_id, g.workspace_id, g.deployment_ref, g.pending, g.claimable,
            g.scheduled, g.live_leases, g.expired_leases, g.dead_letters,
-           x.max_concurrency, x.weight, x.paused
+           x.max_concurrency, x.weight, x.paused,
+           CASE WHEN x.rate_limit IS NOT NULL
+                THEN x.rate_limit || ':' || coalesce(rl.max_starts::text || '/'
+                                                     || rl.period_seconds::text || 's', '?')
+           END AS rate_limit
       FROM (SELECT s.tenant_id, s.workspace_id, s.deployment_ref,
                    sum(s.pending)::bigint AS pending, sum(s.claimable)::bigint AS claimable,
                    sum(s.scheduled)::bigint AS scheduled, sum(s.live)::bigint AS live_leases,
@@ -249,7 +258,8 @@ _STATUS_SCOPES = """SELECT g.tenant_id, g.workspace_id, g.deployment_ref, g.pend
              ON x.tenant_id = g.tenant_id
             AND x.workspace_key = CASE WHEN g.workspace_id IS NULL THEN ''
                                        ELSE 'w:' || g.workspace_id END
-            AND x.deployment_ref = g.deployment_ref"""
+            AND x.deployment_ref = g.deployment_ref
+      LEFT JOIN zeroth.rate_limits rl ON rl.name = x.rate_limit"""
 
 STATUS = f"""{_STATUS_SCOPES}
      ORDER BY g.tenant_id, g.workspace_id NULLS FIRST, g.deployment_ref"""

@@ -32,6 +32,7 @@ from zeroth_pg.types import (
     LeaseClaimResult,
     LeaseRenewal,
     OrphanClaimResult,
+    RateLimited,
     RunCompletion,
     RunStatus,
     Schedule,
@@ -380,6 +381,8 @@ class LeaseManager:
             active_count=first["active_count"],
             max_concurrency=first["concurrency_limit"],
             runs=runs,
+            retry_at=first["retry_at"],
+            retry_after=first["retry_after"],
         )
 
     # -- lease upkeep ----------------------------------------------------------------------
@@ -730,6 +733,17 @@ class LeaseManager:
 
     # -- maintenance -----------------------------------------------------------------------
 
+    async def set_rate_limit(
+        self, name: str, max_starts: int, period_seconds: float, *, note: str | None = None,
+        conn: Executor | None = None,
+    ) -> bool:
+        """Create or change rate limit ``name``: at most ``max_starts`` starts in any rolling
+        window of ``period_seconds``, for every scope whose ``zeroth.scope_limits.rate_limit``
+        names it (``zeroth.set_rate_limit``; admin: granted to nobody, run as a member of
+        zeroth_owner). True when the key was created. Bad values: InvalidArgumentError."""
+        return bool(await self._fetchval(_calls.SET_RATE_LIMIT, name, max_starts,
+                                         period_seconds, note, conn=conn))
+
     async def prune_runs(
         self, older_than: timedelta, *, batch_size: int = 1000, tenant_id: str | None = None,
         workspace_id: str | None = None, conn: Executor | None = None,
@@ -880,6 +894,8 @@ def _claim_result(rows: list[asyncpg.Record]) -> LeaseClaimResult:
         active_count=first["active_count"],
         max_concurrency=first["concurrency_limit"],
         runs=runs,
+        retry_at=first["retry_at"],
+        retry_after=first["retry_after"],
     )
 
 
@@ -911,13 +927,17 @@ def _scope_arguments(
 def _scopes_result(rows: list[asyncpg.Record]) -> ScopesClaimResult:
     runs: list[ScopedRun] = []
     saturated: list[Scope] = []
+    limited: dict[Scope, RateLimited] = {}
     for row in rows:
         scope = Scope(row["deployment_ref"], row["tenant_id"], row["workspace_id"])
-        if row["run_id"] is None:
-            saturated.append(scope)
-        else:
+        if row["retry_at"] is not None:
+            limited.setdefault(scope, RateLimited(scope, row["retry_at"], row["retry_after"]))
+        if row["run_id"] is not None:
             runs.append(ScopedRun(scope, _claimed(row)))
-    return ScopesClaimResult(runs=tuple(runs), saturated=tuple(saturated))
+        elif row["retry_at"] is None:
+            saturated.append(scope)
+    return ScopesClaimResult(runs=tuple(runs), saturated=tuple(saturated),
+                             rate_limited=tuple(limited.values()))
 
 
 def _json_item(item: Mapping[str, Any]) -> dict[str, Any]:

@@ -16,6 +16,7 @@ __all__ = [
     "LeaseClaimResult",
     "LeaseRenewal",
     "OrphanClaimResult",
+    "RateLimited",
     "RetryPolicy",
     "RunStatus",
     "Schedule",
@@ -115,6 +116,12 @@ class LeaseClaimResult:
     active_count: int
     max_concurrency: int | None
     runs: tuple[ClaimedRun, ...] = field(default=())
+    #: The scope's rate limit (``zeroth.rate_limits``) held this claim back (nothing claimed)
+    #: or cut its batch short: no start is possible before ``retry_at`` (database time),
+    #: ``retry_after`` seconds after the claim (what to sleep: no local clock involved).
+    #: None: the rate limit, if any, had room.
+    retry_at: datetime | None = None
+    retry_after: float | None = None
 
     @property
     def utilization(self) -> float:
@@ -139,6 +146,10 @@ class OrphanClaimResult:
     active_count: int = 0
     max_concurrency: int | None = None
     runs: tuple[ClaimedRun, ...] = field(default=())
+    #: The scope's rate limit held the re-leases back: none possible before then (see
+    #: :class:`LeaseClaimResult`).
+    retry_at: datetime | None = None
+    retry_after: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,12 +184,25 @@ class ScopedRun:
 
 
 @dataclass(frozen=True, slots=True)
+class RateLimited:
+    """A scope a multi-scope claim could not start (more) runs in because of its rate limit:
+    no start is possible before ``retry_at`` (database time), ``retry_after`` seconds after
+    the claim."""
+
+    scope: Scope
+    retry_at: datetime
+    retry_after: float
+
+
+@dataclass(frozen=True, slots=True)
 class ScopesClaimResult:
     """Result of one ``zeroth.claim_and_start_scopes`` call: the runs claimed (each running, its
-    attempt counted) and the scopes that had due work but no free concurrency slot."""
+    attempt counted), the scopes that had due work but no free concurrency slot, and the scopes
+    their rate limit held back or cut short (``rate_limited``, one entry per scope)."""
 
     runs: tuple[ScopedRun, ...]
     saturated: tuple[Scope, ...] = ()
+    rate_limited: tuple[RateLimited, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,8 +6,10 @@
 -- scopes are skipped. Fairness: each of the batch_size places is drawn for a scope with due work
 -- with probability weight / total weight (weight from zeroth.scope_limits, default 1), so a
 -- backlogged scope's expected share is exactly its weight's at any batch size; what a scope
--- cannot use goes, in a weighted random order, to the scopes that may have more. Rows: one per claimed run, plus one run_id-NULL row per scope that had due
--- work but no free slot. Locks: per scope, slot rows then run rows, FOR UPDATE SKIP LOCKED.
+-- cannot use goes, in a weighted random order, to the scopes that may have more. A scope's
+-- rate_limit key caps its starts (rolling window). Rows: one per claimed run, plus one
+-- run_id-NULL row per scope that had due work but no free slot, or was held back by its rate
+-- limit (retry_at). Locks: per scope, rate key row, slot rows, run rows, all SKIP LOCKED.
 -- Raises ZP006, ZP008. Time: clock_timestamp().
 CREATE OR REPLACE FUNCTION zeroth.claim_and_start_scopes(
     deployment_refs text[],
@@ -27,6 +29,7 @@ DECLARE
     v_wskeys  text[];
     v_depref  text[];
     v_limits  integer[];
+    v_rates   text[];
     v_weights integer[];
     v_filled  boolean[];
     v_tried   boolean[];
@@ -53,6 +56,7 @@ BEGIN
                                             claim_and_start_scopes.workspace_ids, true)
     ), due AS (
         SELECT c.tenant_id, c.workspace_key, c.deployment_ref, l.max_concurrency, l.weight,
+               l.rate_limit,
                -ln(1.0 - random()) / l.weight AS turn
           FROM candidates c
          CROSS JOIN LATERAL zeroth._scope_limit(c.tenant_id, c.workspace_key, c.deployment_ref,
@@ -65,8 +69,9 @@ BEGIN
            coalesce(array_agg(d.deployment_ref ORDER BY d.turn), '{}'),
            coalesce(array_agg(d.max_concurrency ORDER BY d.turn), '{}'),
            coalesce(array_agg(d.weight ORDER BY d.turn), '{}'),
+           coalesce(array_agg(d.rate_limit ORDER BY d.turn), '{}'),
            coalesce(sum(d.weight), 0)::integer
-      INTO v_tenants, v_wskeys, v_depref, v_limits, v_weights, v_total
+      INTO v_tenants, v_wskeys, v_depref, v_limits, v_weights, v_rates, v_total
       FROM due d;
     v_filled := array_fill(false, ARRAY[cardinality(v_tenants)]);
     v_tried := v_filled;
@@ -106,13 +111,15 @@ BEGIN
             FOR v_out IN
                 SELECT v_tenants[i], zeroth._workspace_id(v_wskeys[i]), v_depref[i], c.*
                   FROM zeroth._claim_in_scope(v_tenants[i], v_wskeys[i], v_depref[i],
-                                              claim_and_start_scopes.worker_id, v_limits[i], v_ask,
+                                              claim_and_start_scopes.worker_id, v_limits[i],
+                                              v_rates[i], v_ask,
                                               v_now, v_lease, true) AS c
             LOOP
                 IF v_out.run_id IS NOT NULL THEN
                     v_got := v_got + 1;
                     RETURN NEXT v_out;
-                ELSIF v_out.concurrency_saturated AND NOT v_tried[i] THEN
+                ELSIF (v_out.concurrency_saturated AND NOT v_tried[i])
+                      OR v_out.retry_at IS NOT NULL THEN
                     RETURN NEXT v_out;
                 END IF;
             END LOOP;
@@ -124,7 +131,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION zeroth.claim_and_start_scopes(text[], text, text[], text[], integer, integer, double precision) IS
-'claim_and_start_scopes: claim_and_start over many deployments and scopes in one call, fairly. Scopes: (tenant_ids[i], workspace_ids[i]) × deployment_refs, or with tenant_ids NULL every scope of those deployments holding a pending run (skip scan, one probe per such scope). Per scope: priority DESC, run_after, created_at; zeroth.scope_limits max_concurrency (else the argument) in exact slots; paused scopes skipped. Fairness: each of the batch_size places is drawn for a scope with due work with probability weight / total weight (weight from zeroth.scope_limits, default 1), so a backlogged scope''s expected share is its weight''s at any batch size; what a scope cannot use goes, in a weighted random order, to the scopes that may have more. Rows: one per claimed run with its scope, plus one run_id-NULL row per scope that had due work but no free slot. SKIP LOCKED throughout. Raises ZP006, ZP008. Time: clock_timestamp().';
+'claim_and_start_scopes: claim_and_start over many deployments and scopes in one call, fairly. Scopes: (tenant_ids[i], workspace_ids[i]) × deployment_refs, or with tenant_ids NULL every scope of those deployments holding a pending run (skip scan, one probe per such scope). Per scope: priority DESC, run_after, created_at; zeroth.scope_limits max_concurrency (else the argument) in exact slots; paused scopes skipped; the zeroth.rate_limits key of its rate_limit caps its starts (rolling window). Fairness: each of the batch_size places is drawn for a scope with due work with probability weight / total weight (weight from zeroth.scope_limits, default 1), so a backlogged scope''s expected share is its weight''s at any batch size; what a scope cannot use goes, in a weighted random order, to the scopes that may have more. Rows: one per claimed run with its scope, plus one run_id-NULL row per scope that had due work but no free slot, or was held back by its rate limit (retry_at: when a start becomes possible). SKIP LOCKED throughout. Raises ZP006, ZP008. Time: clock_timestamp().';
 ALTER FUNCTION zeroth.claim_and_start_scopes(text[], text, text[], text[], integer, integer, double precision) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.claim_and_start_scopes(text[], text, text[], text[], integer, integer, double precision) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.claim_and_start_scopes(text[], text, text[], text[], integer, integer, double precision) TO zeroth_worker;

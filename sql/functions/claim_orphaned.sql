@@ -10,11 +10,12 @@
 --      orphan: saturated = an orphan is waiting; (run_id NULL, not saturated) is a definitive
 --      empty scan.
 --   The scope's row in zeroth.scope_limits applies: its max_concurrency replaces the argument;
---   paused re-leases nothing (step 1 still runs: it leases nothing).
+--   paused re-leases nothing (step 1 still runs: it leases nothing); its rate_limit key caps the
+--   re-leases (each starts an attempt): held back, the run_id-NULL row carries retry_at.
 --   claim_limit 0 does step 1 only (at most 100) and re-leases nothing: a worker with no free
 --   slot still ends the orphans that block their threads. Its one run_id-NULL row says whether
 --   a resumable orphan is waiting.
--- Locks: slot rows then run rows, SKIP LOCKED. Raises ZP006, ZP008. Notifies zeroth_wakeup for
+-- Locks: rate key row, slot rows, run rows, SKIP LOCKED. Raises ZP006, ZP008. Notifies zeroth_wakeup for
 -- runs it ended (slots freed, threads promoted). Time: clock_timestamp().
 CREATE OR REPLACE FUNCTION zeroth.claim_orphaned(
     deployment_ref  text,
@@ -41,6 +42,8 @@ DECLARE
     v_end    record;
     v_limit  integer;
     v_paused boolean;
+    v_rate   text;
+    v_taken  record;
 BEGIN
     PERFORM zeroth._require_identifier(claim_orphaned.deployment_ref, 'deployment_ref');
     PERFORM zeroth._require_identifier(claim_orphaned.worker_id, 'worker_id');
@@ -52,7 +55,7 @@ BEGIN
         RAISE EXCEPTION 'distributed concurrency needs an exact scope: a workspace_id needs a tenant_id'
             USING ERRCODE = 'ZP006';
     END IF;
-    SELECT l.max_concurrency, l.paused INTO v_limit, v_paused
+    SELECT l.max_concurrency, l.paused, l.rate_limit INTO v_limit, v_paused, v_rate
       FROM zeroth._scope_limit(v_tenant, v_wskey, claim_orphaned.deployment_ref,
                                claim_orphaned.max_concurrency) AS l;
 
@@ -89,11 +92,31 @@ BEGIN
         RETURN;
     END IF;
 
-    -- 2. Re-lease the resumable ones.
+    -- 2. Re-lease the resumable ones: each re-lease starts an attempt, so it takes a start from
+    --    the scope's rate limit (held back: report when a start becomes possible, if an orphan
+    --    is waiting).
+    IF v_rate IS NOT NULL THEN
+        SELECT t.granted, t.retry_at, t.decided_at INTO v_taken
+          FROM zeroth._take_rate(v_rate, least(coalesce(v_want, 1000), 1000), v_now) AS t;
+        v_now := v_taken.decided_at;  -- the re-leases happen when the key was held
+        IF v_taken.granted = 0 THEN
+            IF EXISTS (SELECT 1 FROM zeroth.runs r
+                        WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey
+                          AND r.deployment_ref = claim_orphaned.deployment_ref
+                          AND r.status = 'running' AND r.lease_expires_at < v_now AND r.resumable
+                          AND r.attempts < r.max_attempts) THEN
+                RETURN NEXT zeroth._rate_marker(v_limit, v_taken.retry_at, v_now);
+            ELSE
+                RETURN NEXT zeroth._claim_marker(0, false, v_limit);
+            END IF;
+            RETURN;
+        END IF;
+        v_want := v_taken.granted;
+    END IF;
     IF v_limit IS NOT NULL THEN
         SELECT t.slots, t.active_count INTO v_slots, v_active
           FROM zeroth._take_slots(v_tenant, v_wskey, claim_orphaned.deployment_ref, v_limit,
-                                  least(coalesce(claim_orphaned.claim_limit, v_limit), v_limit),
+                                  least(coalesce(v_want, v_limit), v_limit),
                                   v_now) AS t;
         IF cardinality(v_slots) = 0 THEN
             -- Report saturation only when work is really blocked: is any orphan waiting?
@@ -125,13 +148,17 @@ BEGIN
            FOR UPDATE SKIP LOCKED
     )
     SELECT coalesce(array_agg(l.run_id ORDER BY l.lease_expires_at, l.started_at), '{}') INTO v_ids FROM locked l;
+    IF v_rate IS NOT NULL THEN
+        PERFORM zeroth._log_rate(v_rate, cardinality(v_ids), v_now);  -- orphans: the sweep's
+        -- next pass (not a retry_at on the rows) takes what the limit held back
+    END IF;
     RETURN QUERY SELECT * FROM zeroth._lease_locked_runs(
         v_tenant, v_wskey, v_ids, v_slots, claim_orphaned.worker_id, v_now, v_lease, v_active,
         v_limit, false);
 END
 $$;
 COMMENT ON FUNCTION zeroth.claim_orphaned(text, text, text, text, integer, integer, double precision, double precision) IS
-'claim_orphaned: recover running runs whose lease expired. First ends the ones nobody may resume (resumable but out of attempts → failed + dead-lettered, stop_reason attempts_exhausted; not resumable and expired more than grace_seconds ago → failed, stop_reason orphan_recovered; cancel requested → cancelled), then re-leases resumable ones with attempts left: new generation, attempt counted, recovery_checkpoint_id = latest checkpoint. claim_limit bounds the batch (0: end only, re-lease nothing). The scope''s zeroth.scope_limits row applies: its max_concurrency replaces the argument; paused re-leases nothing. A single run_id-NULL row reports saturation (an orphan is waiting but no slot is free) or a definitive empty scan. SKIP LOCKED throughout. Raises ZP006, ZP008. Notifies zeroth_wakeup for the runs it ended. Time: clock_timestamp().';
+'claim_orphaned: recover running runs whose lease expired. First ends the ones nobody may resume (resumable but out of attempts → failed + dead-lettered, stop_reason attempts_exhausted; not resumable and expired more than grace_seconds ago → failed, stop_reason orphan_recovered; cancel requested → cancelled), then re-leases resumable ones with attempts left: new generation, attempt counted, recovery_checkpoint_id = latest checkpoint. claim_limit bounds the batch (0: end only, re-lease nothing). The scope''s zeroth.scope_limits row applies: its max_concurrency replaces the argument; paused re-leases nothing; its rate_limit key caps the re-leases (rolling window). A single run_id-NULL row reports saturation (an orphan is waiting but no slot is free), a rate limit holding it back (retry_at: when a start becomes possible) or a definitive empty scan. SKIP LOCKED throughout. Raises ZP006, ZP008. Notifies zeroth_wakeup for the runs it ended. Time: clock_timestamp().';
 ALTER FUNCTION zeroth.claim_orphaned(text, text, text, text, integer, integer, double precision, double precision) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.claim_orphaned(text, text, text, text, integer, integer, double precision, double precision) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.claim_orphaned(text, text, text, text, integer, integer, double precision, double precision) TO zeroth_worker;

@@ -6,7 +6,8 @@
 -- the orphans nobody may resume, re-leases resumable ones under the scope's limits, paused
 -- scopes re-lease nothing); claim_limit is shared: NULL all, 0 end only, else at most that many
 -- re-leased in all. Rows: one per re-leased run with its scope, plus one run_id-NULL row per
--- scope where a resumable orphan waits for a free slot. Locks: as claim_orphaned, per scope.
+-- scope where a resumable orphan waits for a free slot or is held back by the scope's rate limit
+-- (retry_at). Locks: as claim_orphaned, per scope.
 -- Raises ZP006, ZP008. Notifies zeroth_wakeup for runs it ended. Time: clock_timestamp().
 CREATE OR REPLACE FUNCTION zeroth.claim_orphaned_scopes(
     deployment_refs text[],
@@ -68,7 +69,7 @@ BEGIN
             IF v_out.run_id IS NOT NULL THEN
                 v_got := v_got + 1;
                 RETURN NEXT v_out;
-            ELSIF v_out.concurrency_saturated THEN
+            ELSIF v_out.concurrency_saturated OR v_out.retry_at IS NOT NULL THEN
                 RETURN NEXT v_out;
             END IF;
         END LOOP;
@@ -79,7 +80,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION zeroth.claim_orphaned_scopes(text[], text, text[], text[], integer, integer, double precision, double precision) IS
-'claim_orphaned_scopes: claim_orphaned over many deployments and scopes in one call. Scopes: (tenant_ids[i], workspace_ids[i]) × deployment_refs, or with tenant_ids NULL every scope of those deployments holding a running run (skip scan of runs_running_idx), in random order, those with an expired lease. Each scope is claim_orphaned exactly (ends the orphans nobody may resume, re-leases resumable ones under the scope''s limits; paused scopes re-lease nothing); claim_limit is shared across scopes (NULL all, 0 end only). Rows: one per re-leased run with its scope, plus one run_id-NULL row per scope where a resumable orphan waits for a slot. Raises ZP006, ZP008. Notifies zeroth_wakeup for the runs it ended. Time: clock_timestamp().';
+'claim_orphaned_scopes: claim_orphaned over many deployments and scopes in one call. Scopes: (tenant_ids[i], workspace_ids[i]) × deployment_refs, or with tenant_ids NULL every scope of those deployments holding a running run (skip scan of runs_running_idx), in random order, those with an expired lease. Each scope is claim_orphaned exactly (ends the orphans nobody may resume, re-leases resumable ones under the scope''s limits; paused scopes re-lease nothing); claim_limit is shared across scopes (NULL all, 0 end only). Rows: one per re-leased run with its scope, plus one run_id-NULL row per scope where a resumable orphan waits for a slot or its rate limit (retry_at). Raises ZP006, ZP008. Notifies zeroth_wakeup for the runs it ended. Time: clock_timestamp().';
 ALTER FUNCTION zeroth.claim_orphaned_scopes(text[], text, text[], text[], integer, integer, double precision, double precision) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.claim_orphaned_scopes(text[], text, text[], text[], integer, integer, double precision, double precision) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.claim_orphaned_scopes(text[], text, text[], text[], integer, integer, double precision, double precision) TO zeroth_worker;

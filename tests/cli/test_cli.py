@@ -383,7 +383,8 @@ class TestStatus:
         assert {k: v for k, v in scopes[("default", "a")].items() if k != "workspace_id"} == {
             "tenant_id": "default", "deployment_ref": "a", "pending": 2, "claimable": 2,
             "scheduled": 1, "live_leases": 1, "expired_leases": 1, "dead_letters": 1,
-            "max_concurrency": None, "weight": None, "paused": None}  # no scope_limits row
+            "max_concurrency": None, "weight": None, "paused": None,
+            "rate_limit": None}  # no scope_limits row
         assert scopes[("acme", "a")]["pending"] == 1
         only_acme = cli("status", "--tenant", "acme", dsn=database_dsn)
         assert only_acme.returncode == 0, only_acme.stderr
@@ -426,6 +427,7 @@ class TestStatus:
         assert rows == {("initech", "mail", "0"): ["initech", "mail", *["0"] * 6, "2", "1",
                                                     "yes"]}
         # The scope limits rows match the filters like the runs.
+        assert all(s["rate_limit"] is None for s in scopes.values())
         only_mail = ok_json(cli("status", "--json", "--tenant", "initech", dsn=database_dsn))
         assert [s["deployment_ref"] for s in only_mail["scopes"]] == ["mail"]
         assert ok_json(cli("status", "--json", "--tenant", "initech", "--deployment", "resize",
@@ -639,3 +641,22 @@ class TestDemo:
                     "retries", "recovered after the kill", "17 (checkpointed steps not redone: 20)",
                     "wall time", "10.0 s", "throughput", "200 runs/s"):
             assert row in text
+
+
+async def test_status_shows_the_rate_limit_a_scope_draws_from(database_dsn):
+    conn = await asyncpg.connect(database_dsn)
+    try:
+        await conn.execute("SELECT zeroth.set_rate_limit(name => 'llm', max_starts => 600, "
+                           "period_seconds => 60)")
+        await conn.execute("INSERT INTO zeroth.scope_limits (tenant_id, deployment_ref, "
+                           "rate_limit) VALUES ('acme', 'summarise', 'llm')")
+    finally:
+        await conn.close()
+    status = ok_json(cli("status", "--json", dsn=database_dsn))
+    assert [(s["deployment_ref"], s["rate_limit"]) for s in status["scopes"]] == [
+        ("summarise", "llm:600/60s")]
+    table = cli("status", dsn=database_dsn)
+    assert table.returncode == 0, table.stderr
+    header = next(line for line in table.stdout.splitlines() if "deployment" in line)
+    assert header.split()[-1] == "rate"
+    assert "llm:600/60s" in table.stdout

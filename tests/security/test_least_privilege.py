@@ -125,7 +125,8 @@ class TestGrants:
         readable = {r["name"] for r in relations if r["reader_select"]}
         assert {"zeroth.queue_depth", "zeroth.dead_letters"} <= views
         assert readable == views | {"zeroth.runs", "zeroth.checkpoints", "zeroth.scope_limits",
-                                    "zeroth.schedules", "zeroth.schedule_fires"}
+                                    "zeroth.schedules", "zeroth.schedule_fires",
+                                    "zeroth.rate_limits"}
         assert readme_grants("zeroth_reader") == readable
         assert [r["name"] for r in relations if r["reader_writes"]] == []
 

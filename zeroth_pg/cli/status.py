@@ -43,13 +43,14 @@ _COUNTS = [("pending", "pending"), ("claimable", "claimable"), ("scheduled", "sc
 #: columns are left out when no scope shown has a row).
 _SCOPE_COLUMNS = [("tenant_id", "tenant"), ("workspace_id", "workspace"),
                   ("deployment_ref", "deployment"), *_COUNTS, ("max_concurrency", "limit"),
-                  ("weight", "weight"), ("paused", "paused")]
+                  ("weight", "weight"), ("paused", "paused"), ("rate_limit", "rate")]
 _DEPLOYMENT_COLUMNS = [("deployment_ref", "deployment"), ("scopes", "scopes"), *_COUNTS,
                        ("paused_scopes", "paused")]
 _KEEP = {By.SCOPE: ["deployment_ref", *(key for key, _ in _COUNTS)],
          By.DEPLOYMENT: [key for key, _ in _DEPLOYMENT_COLUMNS]}
 _CAPTION = "leased / expired: runs with a live / an expired lease; dead: dead letters"
-_LIMITS_CAPTION = "; limit, weight, paused: the scope's zeroth.scope_limits row"
+_LIMITS_CAPTION = ("; limit, weight, paused: the scope's zeroth.scope_limits row; rate: its "
+                   "rate limit, key:max_starts/period (zeroth.rate_limits)")
 _DEPLOYMENT_CAPTION = ("every scope of a deployment summed; " + _CAPTION
                        + "; paused: scopes paused in zeroth.scope_limits")
 
@@ -90,8 +91,9 @@ def status(
     as_json: JsonOutput = False,
 ) -> None:
     """Queue depth, live and expired leases and dead letters per deployment and tenant, with
-    each scope's limits (zeroth.scope_limits: max_concurrency, weight, paused); scopes with a
-    limits row but no runs are shown too. A zeroth_reader sees the tenant it names in
+    each scope's limits (zeroth.scope_limits: max_concurrency, weight, paused, and the rate
+    limit it draws from as key:max_starts/periods); scopes with a limits row but no runs are
+    shown too. A zeroth_reader sees the tenant it names in
     zeroth.tenant_id."""
     from rich.live import Live
 

@@ -36,6 +36,13 @@ class Claimed:
     #: One scope only: its live leases and limit, for the utilisation gauge.
     active_count: int = 0
     limit: int | None = None
+    #: A rate limit held a scope back or cut its batch short: seconds (from the claim's
+    #: database time) until the first of them can start a run again. None: no rate limit hit.
+    retry_after: float | None = None
+    #: All the work this claim could see is held back by its rate limit until retry_after, so
+    #: a NOTIFY before then cannot be for anything claimable (one scope only: a fleet's NOTIFY
+    #: names a deployment, and may be for a scope that is not held back).
+    all_held_back: bool = False
 
 
 class ClaimSource(Protocol):
@@ -85,7 +92,8 @@ class OneScope:
             saturated=result.concurrency_saturated,
             fleet_full=limit is not None and (
                 result.concurrency_saturated or result.active_count + len(result.runs) >= limit),
-            active_count=result.active_count, limit=limit)
+            active_count=result.active_count, limit=limit, retry_after=result.retry_after,
+            all_held_back=result.retry_after is not None)
 
     async def sweep(self, worker_id: str, claim_limit: int, fleet_max: int | None,
                     grace: float, deployments: Sequence[str] | None = None) -> Claimed:
@@ -138,7 +146,9 @@ class ManyScopes:
             deployments or self.deployments, worker_id, scopes=self.scopes,
             max_concurrency=fleet_max, batch_size=free)
         return Claimed(runs=tuple((r.scope, r.run) for r in result.runs),
-                       saturated=bool(result.saturated), fleet_full=bool(result.saturated))
+                       saturated=bool(result.saturated), fleet_full=bool(result.saturated),
+                       retry_after=min((r.retry_after for r in result.rate_limited),
+                                       default=None))
 
     async def sweep(self, worker_id: str, claim_limit: int, fleet_max: int | None,
                     grace: float, deployments: Sequence[str] | None = None) -> Claimed:

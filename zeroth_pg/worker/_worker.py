@@ -222,6 +222,12 @@ class RunWorker:
         # The last claim left no fleet slot (fleet_max_concurrency) free: claim again as soon as
         # one of this worker's runs gives its slot back, not when that run's NOTIFY comes round.
         self._fleet_full = False
+        # A rate limit (zeroth.rate_limits) held back or cut short the last claim: claim again
+        # at this time.monotonic() (the claim's retry_after), not at once and not at the poll
+        # interval; with _rate_all_held, a NOTIFY before then is ignored (one scope: nothing it
+        # could announce is claimable before then).
+        self._rate_retry_at: float | None = None
+        self._rate_all_held = False
         self._sweep_due = True  # orphans are looked for on start
         self._next_sweep = 0.0
         self._next_end_only = 0.0  # the end-only sweep of a worker with no free slot
@@ -290,7 +296,7 @@ class RunWorker:
                 self._backlog = False
             if self._stopping:
                 break
-            if claimed is None or self._backlog:
+            if claimed is None or self._backlog or self._rate_held():
                 # No free slot, or a full batch (more is likely: it claims again at once):
                 # writers need not notify this worker until it waits again.
                 await self._gate.busy()
@@ -535,6 +541,7 @@ class RunWorker:
             return None
         claimed = asked = 0
         self._fleet_full = False
+        self._rate_retry_at, self._rate_all_held = None, True
         for deployments, limit in groups:
             limit = min(limit, free - claimed)
             if limit <= 0:
@@ -550,8 +557,27 @@ class RunWorker:
             claimed += len(result.runs)
             self._fleet_full = self._fleet_full or result.fleet_full
             self._note_fill(deployments, limit, len(result.runs))
-        self._backlog = claimed == asked
+            self._note_rate(result)
+        self._backlog = claimed == asked and self._rate_retry_at is None
         return claimed
+
+    def _note_rate(self, result: Claimed) -> None:
+        """After a claim: when its rate limit lets this worker start again (the earliest over
+        the claims of the pass), and whether all it saw is held back. Counted from the answer's
+        arrival, which is after the database time retry_after is counted from: never early (an
+        early claim would only be held back again), late by the claim's own latency."""
+        if result.retry_after is None:
+            self._rate_all_held = False
+            return
+        self.metrics.guardrail_rejections.labels(self.deployment_ref, "rate_limit").inc()
+        at = time.monotonic() + result.retry_after
+        self._rate_retry_at = at if self._rate_retry_at is None else min(self._rate_retry_at, at)
+        self._rate_all_held = self._rate_all_held and result.all_held_back
+
+    def _rate_held(self) -> bool:
+        """All the work this worker can see is held back by its rate limit right now."""
+        return (self._rate_all_held and self._rate_retry_at is not None
+                and time.monotonic() < self._rate_retry_at)
 
     async def _sweep_orphans(self) -> None:
         free = self._free_slots()
@@ -601,6 +627,12 @@ class RunWorker:
         if self._free_slots() > 0 and (self._backlog or self._deployment_has_room()):
             return  # the last batch was full and a slot is already free: claim again now
         timeout = self._gate.poll_in(self.poll_interval)
+        if self._rate_retry_at is not None:
+            # Held back by a rate limit: look again right then. With all its work held back the
+            # worker does not poll meanwhile (a poll could only be held back again); otherwise
+            # the poll interval still serves the rest.
+            wait = max(0.0, self._rate_retry_at - time.monotonic())
+            timeout = wait if self._rate_all_held else min(timeout, wait)
         if not self._sweep_due:
             timeout = min(timeout, max(0.0, self._next_sweep - time.monotonic()))
         # One event: a NOTIFY sets it, and so does a freed slot while a full batch or an orphan
@@ -642,7 +674,8 @@ class RunWorker:
 
     def _on_notification(self, channel: str, payload: str) -> None:
         if channel == WAKEUP_CHANNEL:
-            if self._wakeup_keys is None or payload in self._wakeup_keys:
+            if (self._wakeup_keys is None or payload in self._wakeup_keys) and (
+                    not self._rate_held()):
                 self.handle_wakeup()
         elif channel == CONTROL_CHANNEL and self._active and (
                 self._control_key is None or payload == self._control_key):

@@ -19,7 +19,7 @@ CREATE OR REPLACE FUNCTION zeroth._claim_marker(active_count integer, saturated 
     RETURNS zeroth.claimed_run
     LANGUAGE sql IMMUTABLE
     RETURN ROW(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-               active_count, saturated, concurrency_limit)::zeroth.claimed_run;
+               active_count, saturated, concurrency_limit, NULL, NULL)::zeroth.claimed_run;
 COMMENT ON FUNCTION zeroth._claim_marker(integer, boolean, integer) IS 'Internal: the run_id-NULL row a claim returns when it claimed nothing, carrying the saturation it saw.';
 ALTER FUNCTION zeroth._claim_marker(integer, boolean, integer) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._claim_marker(integer, boolean, integer) FROM PUBLIC;
@@ -79,7 +79,8 @@ BEGIN
     SELECT c.run_id, c.lease_generation, c.lease_expires_at, c.status, c.attempts, c.max_attempts,
            c.priority, c.thread_id, c.idempotency_key, c.payload, c.metadata, c.recovery_checkpoint_id,
            k.data, c.cancel_requested_at IS NOT NULL, _lease_locked_runs.active_count,
-           false, _lease_locked_runs.concurrency_limit
+           false, _lease_locked_runs.concurrency_limit, NULL::timestamptz,
+           NULL::double precision
       FROM claimed c
       LEFT JOIN zeroth.checkpoints k ON k.tenant_id = c.tenant_id AND k.workspace_key = c.workspace_key
                                      AND k.checkpoint_id = c.recovery_checkpoint_id
@@ -97,13 +98,18 @@ ALTER FUNCTION zeroth._lease_locked_runs(text, text, uuid[], integer[], text, ti
 REVOKE ALL ON FUNCTION zeroth._lease_locked_runs(text, text, uuid[], integer[], text, timestamptz, interval, integer, integer, boolean) FROM PUBLIC;
 
 -- One scope's claim, arguments already checked and limits resolved (concurrency_limit: the
--- scope's effective max_concurrency, NULL for none): take free admission slots, lock up to that
--- many (at most `want`) pending, due runs with SKIP LOCKED, lease them (with start, make them
--- running). Locks: slot rows, then run rows, all FOR UPDATE SKIP LOCKED, so no claimer ever
--- waits on another. The shared body of claim_pending, claim_and_start and claim_and_start_scopes.
+-- scope's effective max_concurrency, NULL for none; rate_limit: its zeroth.rate_limits key, NULL
+-- for none): take starts from the rate limit, then free admission slots, lock up to that many
+-- (at most `want`) pending, due runs with SKIP LOCKED, lease them (with start, make them
+-- running) and log them as starts of the rate limit. Locks: the rate key row, slot rows, run
+-- rows, all SKIP LOCKED, so no claimer ever waits on another. The shared body of claim_pending,
+-- claim_and_start and claim_and_start_scopes. (0012 added rate_limit; the old signature is
+-- dropped first.)
+DROP FUNCTION IF EXISTS zeroth._claim_in_scope(text, text, text, text, integer, integer, timestamptz, interval, boolean);
 CREATE OR REPLACE FUNCTION zeroth._claim_in_scope(
     tenant_id text, workspace_key text, deployment_ref text, worker_id text,
-    concurrency_limit integer, want integer, at timestamptz, lease interval, start boolean)
+    concurrency_limit integer, rate_limit text, want integer, at timestamptz, lease interval,
+    start boolean)
     RETURNS SETOF zeroth.claimed_run
     LANGUAGE plpgsql VOLATILE
     SET plan_cache_mode = force_generic_plan AS $$
@@ -112,12 +118,33 @@ DECLARE
     v_slots  integer[];
     v_active integer := 0;
     v_ids    uuid[];
+    v_rate   record;
+    v_retry  timestamptz;
+    v_row    zeroth.claimed_run;
+    v_at     timestamptz := _claim_in_scope.at;
 BEGIN
+    IF _claim_in_scope.rate_limit IS NOT NULL THEN
+        SELECT t.granted, t.retry_at, t.decided_at INTO v_rate
+          FROM zeroth._take_rate(_claim_in_scope.rate_limit, v_want, _claim_in_scope.at) AS t;
+        v_at := v_rate.decided_at;  -- the starts happen when the key was held (ascending)
+        IF v_rate.granted = 0 THEN
+            -- Held back only if work is really waiting; otherwise a definitive empty answer.
+            IF zeroth._scope_has_due_run(_claim_in_scope.tenant_id, _claim_in_scope.workspace_key,
+                                         _claim_in_scope.deployment_ref, v_at) THEN
+                RETURN NEXT zeroth._rate_marker(_claim_in_scope.concurrency_limit, v_rate.retry_at,
+                                                v_at);
+            ELSE
+                RETURN NEXT zeroth._claim_marker(0, false, _claim_in_scope.concurrency_limit);
+            END IF;
+            RETURN;
+        END IF;
+        v_want := v_rate.granted;
+    END IF;
     IF _claim_in_scope.concurrency_limit IS NOT NULL THEN
         SELECT t.slots, t.active_count INTO v_slots, v_active
           FROM zeroth._take_slots(_claim_in_scope.tenant_id, _claim_in_scope.workspace_key,
                                   _claim_in_scope.deployment_ref, _claim_in_scope.concurrency_limit,
-                                  _claim_in_scope.want, _claim_in_scope.at) AS t;
+                                  v_want, v_at) AS t;
         IF cardinality(v_slots) = 0 THEN
             RETURN NEXT zeroth._claim_marker(v_active, true, _claim_in_scope.concurrency_limit);
             RETURN;
@@ -133,25 +160,44 @@ BEGIN
            AND r.workspace_key = _claim_in_scope.workspace_key
            AND r.deployment_ref = _claim_in_scope.deployment_ref
            AND r.status = 'pending'
-           AND r.run_after <= _claim_in_scope.at
-           AND (r.lease_expires_at IS NULL OR r.lease_expires_at < _claim_in_scope.at)
+           AND r.run_after <= v_at
+           AND (r.lease_expires_at IS NULL OR r.lease_expires_at < v_at)
          ORDER BY r.priority DESC, r.run_after, r.created_at
          LIMIT v_want
            FOR UPDATE SKIP LOCKED
     )
     SELECT coalesce(array_agg(l.run_id ORDER BY l.priority DESC, l.run_after, l.created_at), '{}') INTO v_ids FROM locked l;
+    IF _claim_in_scope.rate_limit IS NOT NULL THEN
+        -- Log the starts; a batch the limit cut short says on every row when more may start.
+        v_retry := zeroth._log_rate(_claim_in_scope.rate_limit, cardinality(v_ids), v_at);
+        IF v_retry IS NOT NULL AND cardinality(v_ids) = v_rate.granted
+           AND v_rate.granted < _claim_in_scope.want THEN
+            FOR v_row IN
+                SELECT * FROM zeroth._lease_locked_runs(
+                    _claim_in_scope.tenant_id, _claim_in_scope.workspace_key, v_ids, v_slots,
+                    _claim_in_scope.worker_id, v_at, _claim_in_scope.lease,
+                    v_active, _claim_in_scope.concurrency_limit, _claim_in_scope.start)
+            LOOP
+                v_row.retry_at := v_retry;
+                v_row.retry_after := extract(epoch FROM v_retry - v_at);
+                RETURN NEXT v_row;
+            END LOOP;
+            RETURN;
+        END IF;
+    END IF;
     RETURN QUERY SELECT * FROM zeroth._lease_locked_runs(
         _claim_in_scope.tenant_id, _claim_in_scope.workspace_key, v_ids, v_slots,
-        _claim_in_scope.worker_id, _claim_in_scope.at, _claim_in_scope.lease, v_active,
+        _claim_in_scope.worker_id, v_at, _claim_in_scope.lease, v_active,
         _claim_in_scope.concurrency_limit, _claim_in_scope.start);
 END
 $$;
-COMMENT ON FUNCTION zeroth._claim_in_scope(text, text, text, text, integer, integer, timestamptz, interval, boolean) IS 'Internal: claim up to `want` pending, due runs of one scope under its effective concurrency limit (slots then runs, SKIP LOCKED); with start make them running. The shared body of claim_pending, claim_and_start and claim_and_start_scopes.';
-ALTER FUNCTION zeroth._claim_in_scope(text, text, text, text, integer, integer, timestamptz, interval, boolean) OWNER TO zeroth_owner;
-REVOKE ALL ON FUNCTION zeroth._claim_in_scope(text, text, text, text, integer, integer, timestamptz, interval, boolean) FROM PUBLIC;
+COMMENT ON FUNCTION zeroth._claim_in_scope(text, text, text, text, integer, text, integer, timestamptz, interval, boolean) IS 'Internal: claim up to `want` pending, due runs of one scope under its rate limit (starts from the key''s rolling window; none left: the marker with retry_at) and its effective concurrency limit (rate key, slots, runs, SKIP LOCKED); with start make them running. The shared body of claim_pending, claim_and_start and claim_and_start_scopes.';
+ALTER FUNCTION zeroth._claim_in_scope(text, text, text, text, integer, text, integer, timestamptz, interval, boolean) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._claim_in_scope(text, text, text, text, integer, text, integer, timestamptz, interval, boolean) FROM PUBLIC;
 
 -- The body of claim_pending and claim_and_start: check the arguments, resolve the scope's limits
--- (zeroth.scope_limits: a paused scope gives nothing; its max_concurrency replaces the caller's),
+-- (zeroth.scope_limits: a paused scope gives nothing; its max_concurrency replaces the caller's;
+-- its rate_limit key caps the starts),
 -- then claim in that one scope. Raises ZP006, ZP008.
 CREATE OR REPLACE FUNCTION zeroth._claim_pending(
     deployment_ref text, worker_id text, tenant_id text, workspace_id text, max_concurrency integer,
@@ -166,6 +212,7 @@ DECLARE
     v_wskey  text := zeroth._workspace_key(_claim_pending.workspace_id);
     v_limit  integer;
     v_paused boolean;
+    v_rate   text;
 BEGIN
     PERFORM zeroth._require_identifier(_claim_pending.deployment_ref, 'deployment_ref');
     PERFORM zeroth._require_identifier(_claim_pending.worker_id, 'worker_id');
@@ -177,7 +224,7 @@ BEGIN
             USING ERRCODE = 'ZP006';
     END IF;
 
-    SELECT l.max_concurrency, l.paused INTO v_limit, v_paused
+    SELECT l.max_concurrency, l.paused, l.rate_limit INTO v_limit, v_paused, v_rate
       FROM zeroth._scope_limit(v_tenant, v_wskey, _claim_pending.deployment_ref,
                                _claim_pending.max_concurrency) AS l;
     IF v_paused THEN  -- nothing this caller may claim: a definitive empty answer
@@ -186,7 +233,7 @@ BEGIN
     END IF;
     RETURN QUERY SELECT * FROM zeroth._claim_in_scope(
         v_tenant, v_wskey, _claim_pending.deployment_ref, _claim_pending.worker_id, v_limit,
-        _claim_pending.batch_size, v_now, v_lease, _claim_pending.start);
+        v_rate, _claim_pending.batch_size, v_now, v_lease, _claim_pending.start);
 END
 $$;
 COMMENT ON FUNCTION zeroth._claim_pending(text, text, text, text, integer, integer, double precision, boolean) IS 'Internal: the body of claim_pending (start false) and claim_and_start (start true): arguments, the scope''s limits (zeroth.scope_limits), then _claim_in_scope.';
