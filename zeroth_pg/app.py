@@ -612,13 +612,15 @@ class App:
 
     def worker_options(self, names: Sequence[str] | None = None) -> dict[str, Any]:
         """The RunWorker arguments the deployments define: their handlers (a fleet worker's
-        mapping), retry policies and local limits."""
+        mapping), retry policies, local limits and the schedules declared for them."""
         chosen = self.select(names)
+        served = {d.name for d in chosen}
         return {
             "deployment_ref": {d.name: d.handle for d in chosen},
             "retries": {d.name: d.retry for d in chosen if d.retry is not None},
             "deployment_concurrency": {d.name: d.concurrency for d in chosen
                                        if d.concurrency is not None},
+            "schedules": [s for s in self._schedules.values() if s.deployment_ref in served],
         }
 
     # -- the connection ----------------------------------------------------------------------
@@ -683,9 +685,8 @@ class App:
                                                **options.pop("deployment_concurrency", {})}
         options.setdefault("dsn", self.dsn)
         options.setdefault("lease_duration", self.lease_duration)
-        served = set(arguments["deployment_ref"])
-        options.setdefault("schedules", [s for s in self._schedules.values()
-                                         if s.deployment_ref in served])
+        if "schedules" in options:
+            arguments.pop("schedules")
         return RunWorker(pool, arguments.pop("deployment_ref"), scopes=scopes, **arguments,
                          **options)
 

@@ -36,9 +36,17 @@ async def sqlstate(conn: asyncpg.Connection, statement: str, *args: object) -> s
 
 class TestNoCallerClock:
     async def test_no_public_function_takes_a_time_but_enqueues_run_after(self, admin):
-        rows = [tuple(r) for r in await admin.fetch(TIME_PARAMETERS)]
-        # run_after is business input (when a run becomes due), never the clock of a decision.
-        assert rows == [("enqueue_run", "run_after", "timestamp with time zone")]
+        rows = {tuple(r) for r in await admin.fetch(TIME_PARAMETERS)}
+        # Business input, never the clock of a decision: when a run becomes due (run_after; a
+        # durable sleep's resume_at, a past one taken as now, so it cannot jump the queue), a
+        # schedule's anchor (start_at: admin functions only) and the zone its cron is read in.
+        assert rows == {("enqueue_run", "run_after", "timestamp with time zone"),
+                        ("sleep_run", "resume_at", "timestamp with time zone"),
+                        ("create_schedule", "start_at", "timestamp with time zone"),
+                        ("alter_schedule", "start_at", "timestamp with time zone"),
+                        ("create_schedule", "time_zone", "text"),
+                        ("alter_schedule", "time_zone", "text"),
+                        ("register_schedule", "time_zone", "text")}
 
     async def test_a_shipped_database_has_no_test_clock(self, admin):
         assert await admin.fetchval("SELECT to_regnamespace('zeroth_test')") is None

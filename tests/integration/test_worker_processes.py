@@ -685,3 +685,45 @@ async def test_one_process_serves_the_deployments_of_an_app(workers, pool):
                                left.run_id) == "pending"
     worker.send(signal.SIGTERM)
     assert await worker.wait_exit() == 0, worker.log
+
+
+async def _fired_and_completed(pool: asyncpg.Pool, deployment: str,
+                               worker: WorkerProcess) -> list[asyncpg.Record]:
+    deadline = time.monotonic() + DEADLINE
+    while True:
+        rows = await pool.fetch(
+            """SELECT output, metadata FROM zeroth.runs
+                WHERE deployment_ref = $1 AND status = 'completed'
+                  AND metadata ? 'zeroth_schedule'""", deployment)
+        if len(rows) >= 2:
+            return rows
+        assert time.monotonic() < deadline, worker.log
+        await asyncio.sleep(0.1)
+
+
+async def test_an_app_process_registers_and_fires_its_periodic_schedules(workers, pool):
+    """``--app worker_apps:periodic_app``: the process registers the App's @app.periodic
+    schedule when it starts and fires it (it used to start without its schedules: the CLI took
+    the App's handlers, not its schedules)."""
+    worker = await workers("app-tick", "worker_apps:periodic_app")
+    await worker.started()
+    rows = await _fired_and_completed(pool, "app-tick", worker)
+    assert {json.loads(r["output"])["source"] for r in rows} == {"schedule"}
+    assert await pool.fetchval(
+        "SELECT managed_by FROM zeroth.schedules WHERE name = 'app-tick'") == "app"
+    worker.send(signal.SIGTERM)
+    assert await worker.wait_exit() == 0, worker.log
+
+
+async def test_fire_schedules_makes_a_process_fire_a_dba_schedule(workers, pool):
+    """A schedule a DBA created in SQL fires when a worker of its deployment is started with
+    --fire-schedules; each fire time is one run."""
+    await LeaseManager(pool).create_schedule("mail-every-second", "fleet-mail",
+                                             interval_seconds=1)
+    worker = await workers("fleet-mail", "worker_apps:fleet", "--fire-schedules")
+    await worker.started()
+    rows = await _fired_and_completed(pool, "fleet-mail", worker)
+    fires = [json.loads(r["metadata"])["zeroth_schedule"]["fire_at"] for r in rows]
+    assert len(fires) == len(set(fires))
+    worker.send(signal.SIGTERM)
+    assert await worker.wait_exit() == 0, worker.log

@@ -36,7 +36,7 @@ from zeroth_pg import App
 from zeroth_pg.errors import LeaseLostError
 from zeroth_pg.worker import RunContext
 
-__all__ = ["EVENTS_DDL", "POISON_EXIT_CODE", "app", "exit_on_poison", "fleet", "scripted",
+__all__ = ["EVENTS_DDL", "POISON_EXIT_CODE", "app", "periodic_app", "exit_on_poison", "fleet", "scripted",
            "sigterm_on_poison", "sleeper", "tagged"]
 
 EVENTS_DDL = """
@@ -204,3 +204,14 @@ def shout(run: Any, text: str) -> dict[str, Any]:
 
 @app.deployment("app-unserved")
 async def unserved(run: RunContext) -> None: ...
+
+
+#: An application with a schedule: ``--app worker_apps:periodic_app`` registers ``app-tick`` every
+#: second when its worker starts and fires it.
+periodic_app = App()
+
+
+@periodic_app.periodic(interval_seconds=1, payload={"source": "schedule"})
+@periodic_app.deployment("app-tick")
+async def tick(run: RunContext, source: str) -> dict[str, Any]:
+    return {"source": source, "fire": run.metadata.get("zeroth_schedule", {}).get("fire_at")}

@@ -61,6 +61,11 @@ def worker(
         "--scope-metrics", envvar="ZEROTH_PG_SCOPE_METRICS",
         help="Also count runs per (deployment, tenant, workspace) in zeroth_scope_runs_* "
              "(one series per tenant served: keep it for a bounded set of tenants).")] = False,
+    fire_schedules: Annotated[bool, typer.Option(
+        "--fire-schedules", envvar="ZEROTH_PG_FIRE_SCHEDULES",
+        help="Also fire the due schedules (zeroth.schedules) of the deployments served, those a "
+             "DBA made in SQL included; an App's worker fires its @app.periodic ones anyway. "
+             "Any number of workers may: each fire time becomes one run.")] = False,
     log_format: Annotated[LogFormat, typer.Option(
         envvar="ZEROTH_PG_LOG_FORMAT", help="Log lines on stderr.")] = LogFormat.TEXT,
     log_level: Annotated[str, typer.Option(envvar="ZEROTH_PG_LOG_LEVEL")] = "INFO",
@@ -79,7 +84,8 @@ def worker(
         fleet_concurrency=fleet_concurrency or None, poll_interval=poll_interval,
         orphan_sweep_interval=orphan_sweep_interval, lease=lease,
         shutdown_timeout=shutdown_timeout, retry_base=retry_base, worker_id=worker_id,
-        metrics_port=metrics_port, scope_metrics=scope_metrics))
+        metrics_port=metrics_port, scope_metrics=scope_metrics,
+        fire_schedules=fire_schedules or None))
 
 
 #: The command alone, for ``python -m zeroth_pg.worker``.

@@ -120,6 +120,7 @@ async def serve(
     worker_id: str | None = None,
     metrics_port: int = 0,
     scope_metrics: bool = False,
+    fire_schedules: bool | None = None,
 ) -> None:
     """Serve ``deployment`` with the handler ``app`` (``module:attr``) until SIGTERM/SIGINT,
     then drain. An ``app`` that is a :class:`zeroth_pg.App`, or a mapping of deployment names to
@@ -174,7 +175,8 @@ async def serve(
             poll_interval=poll_interval, orphan_sweep_interval=orphan_sweep_interval,
             worker_id=worker_id, shutdown_timeout=shutdown_timeout,
             lease_duration=lease or getattr(loaded, "lease_duration", None) or 60.0,
-            retry_base_seconds=retry_base, scope_metrics=scope_metrics, **per_deployment)
+            retry_base_seconds=retry_base, scope_metrics=scope_metrics,
+            fire_schedules=fire_schedules, **per_deployment)
         await worker.run_until_stopped()
     finally:
         await pool.close()
