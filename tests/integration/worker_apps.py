@@ -36,8 +36,18 @@ from zeroth_pg import App
 from zeroth_pg.errors import LeaseLostError
 from zeroth_pg.worker import RunContext
 
-__all__ = ["EVENTS_DDL", "POISON_EXIT_CODE", "app", "periodic_app", "exit_on_poison", "fleet", "scripted",
-           "sigterm_on_poison", "sleeper", "tagged"]
+__all__ = [
+    "EVENTS_DDL",
+    "POISON_EXIT_CODE",
+    "app",
+    "exit_on_poison",
+    "fleet",
+    "periodic_app",
+    "scripted",
+    "sigterm_on_poison",
+    "sleeper",
+    "tagged",
+]
 
 EVENTS_DDL = """
     CREATE TABLE public.events (
