@@ -173,3 +173,43 @@ async def test_a_fleet_worker_serves_other_scopes_while_one_is_held_back(pool, d
     finally:
         await asyncio.wait_for(worker.graceful_shutdown(), timeout=30)
     assert await done(pool, limited) == 1  # one start per hour
+
+
+async def test_an_orphan_held_back_by_a_full_window_is_recovered_when_a_start_frees(
+        pool, database_dsn):
+    """Orphans and pending runs draw starts from the same key. A worker whose sweep was held
+    back sweeps again at the reported retry time (and a claim pass sweeps before it claims), so
+    the orphan takes the next start instead of waiting a whole sweep interval — 60 s here, by
+    when the worker's own claims would have taken every start (red-team finding: with a
+    saturated key an orphan was never re-leased while the backlog lasted)."""
+    deployment = unique_deployment("rate-orphan")
+    await limit_scope(pool, deployment, f"{deployment}-key", 3, 2.0)
+    orphan = await pool.fetchval(
+        "SELECT run_id FROM zeroth.enqueue_run(deployment_ref => $1, priority => 100)",
+        deployment)
+    await pool.execute(
+        """SELECT count(*) FROM zeroth.enqueue_runs(deployment_ref => $1,
+               runs => (SELECT jsonb_agg(jsonb_build_object('payload', jsonb_build_object('i', i)))
+                          FROM generate_series(1, 50) AS i))""", deployment)
+    # The orphan's first holder dies with a short lease; two long leases fill the window.
+    assert await pool.fetchval(
+        """SELECT run_id FROM zeroth.claim_and_start(deployment_ref => $1, worker_id => 'dead',
+               lease_seconds => 0.3)""", deployment) == orphan
+    assert len(await pool.fetch(
+        """SELECT run_id FROM zeroth.claim_and_start(deployment_ref => $1, worker_id => 'filler',
+               batch_size => 2, lease_seconds => 600) WHERE run_id IS NOT NULL""",
+        deployment)) == 2
+    await wait_until(lambda: pool.fetchval(
+        "SELECT lease_expires_at < clock_timestamp() FROM zeroth.runs WHERE run_id = $1",
+        orphan), "the orphan's lease to expire", within=10)
+    worker = RunWorker(pool, deployment, handler, dsn=database_dsn, max_concurrency=4,
+                       poll_interval=0.05, orphan_sweep_interval=60.0, shutdown_timeout=5.0)
+    await worker.start()
+    try:
+        await wait_until(lambda: pool.fetchval(
+            """SELECT attempts >= 2 FROM zeroth.runs WHERE run_id = $1""", orphan),
+            "the orphan to be re-leased", within=20, interval=0.05)
+    finally:
+        await asyncio.wait_for(worker.graceful_shutdown(), timeout=30)
+    starts = await start_times(pool, deployment)
+    assert max_in_window([s for s in starts if s is not None], 2.0) <= 3

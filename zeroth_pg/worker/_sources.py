@@ -103,7 +103,8 @@ class OneScope:
             grace_seconds=grace)
         return Claimed(runs=tuple((self.scope, run) for run in result.runs),
                        saturated=result.concurrency_saturated,
-                       active_count=result.active_count, limit=result.max_concurrency)
+                       active_count=result.active_count, limit=result.max_concurrency,
+                       retry_after=result.retry_after)
 
     async def wakeup_keys(self) -> frozenset[str]:
         return frozenset({await self._lm.wakeup_key(
@@ -156,7 +157,9 @@ class ManyScopes:
             deployments or self.deployments, worker_id, scopes=self.scopes,
             max_concurrency=fleet_max, claim_limit=claim_limit, grace_seconds=grace)
         return Claimed(runs=tuple((r.scope, r.run) for r in result.runs),
-                       saturated=bool(result.saturated))
+                       saturated=bool(result.saturated),
+                       retry_after=min((r.retry_after for r in result.rate_limited),
+                                       default=None))
 
     async def wakeup_keys(self) -> frozenset[str]:
         return frozenset([await self._lm.deployment_wakeup_key(d) for d in self.deployments])

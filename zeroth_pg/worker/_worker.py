@@ -595,6 +595,7 @@ class RunWorker:
             return
         more = False
         claimed = 0
+        next_sweep: float | None = None
         # A deployment at its local limit is left out; its orphans wait for its next sweep.
         for deployments, limit in groups:
             limit = min(limit, free - claimed)
@@ -613,8 +614,16 @@ class RunWorker:
             claimed += len(result.runs)
             # Saturated, or the limit was reached: there may be more orphans; look again soon.
             more = more or result.saturated or len(result.runs) == limit
+            if result.retry_after is not None:
+                # Orphans held back by a rate limit: sweep again when a start is possible (a
+                # claim pass sweeps before it claims, so the orphan takes that start before
+                # this worker's pending runs do), not a whole sweep interval later, by when
+                # claimers sleeping until the same instant have taken every start.
+                held = time.monotonic() + result.retry_after
+                next_sweep = held if next_sweep is None else min(next_sweep, held)
         self._sweep_due = more
-        self._next_sweep = time.monotonic() + self.orphan_sweep_interval
+        self._next_sweep = min(time.monotonic() + self.orphan_sweep_interval,
+                               next_sweep if next_sweep is not None else float("inf"))
 
     def _observe_saturation(self, result: Claimed) -> None:
         if result.limit is not None:  # one scope: its utilisation
