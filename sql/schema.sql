@@ -442,6 +442,9 @@ END) STORED NOT NULL,
     skipped_count bigint DEFAULT 0 NOT NULL,
     created_at timestamp with time zone NOT NULL,
     updated_at timestamp with time zone NOT NULL,
+    last_error text,
+    last_error_at timestamp with time zone,
+    CONSTRAINT schedules_cron_valid CHECK (((cron IS NULL) OR ((btrim(cron) <> ''::text) AND (length(cron) <= 500)))),
     CONSTRAINT schedules_deployment_valid CHECK (((deployment_ref <> ''::text) AND (length(deployment_ref) <= 200))),
     CONSTRAINT schedules_grace_valid CHECK (((misfire_grace_seconds >= 1) AND (misfire_grace_seconds <= 86400))),
     CONSTRAINT schedules_interval_valid CHECK (((interval_seconds >= 1) AND (interval_seconds <= 31622400))),
@@ -452,7 +455,11 @@ END) STORED NOT NULL,
     CONSTRAINT schedules_one_timing CHECK (((cron IS NULL) <> (interval_seconds IS NULL))),
     CONSTRAINT schedules_payload_object CHECK ((jsonb_typeof(payload) = 'object'::text)),
     CONSTRAINT schedules_policy_valid CHECK ((((missed_fire_policy = 'skip'::text) AND (catch_up_limit IS NULL)) OR ((missed_fire_policy = 'catch_up'::text) AND ((catch_up_limit >= 1) AND (catch_up_limit <= 1000))))),
-    CONSTRAINT schedules_tenant_nonempty CHECK ((tenant_id <> ''::text))
+    CONSTRAINT schedules_tenant_nonempty CHECK ((tenant_id <> ''::text)),
+    CONSTRAINT schedules_tenant_valid CHECK ((length(tenant_id) <= 200)),
+    CONSTRAINT schedules_time_zone_valid CHECK (((time_zone <> ''::text) AND (length(time_zone) <= 100))),
+    CONSTRAINT schedules_times_finite CHECK ((isfinite(anchor_at) AND isfinite(created_at) AND isfinite(updated_at) AND ((next_fire_at IS NULL) OR isfinite(next_fire_at)) AND ((last_fire_at IS NULL) OR isfinite(last_fire_at)) AND ((last_error_at IS NULL) OR isfinite(last_error_at)))),
+    CONSTRAINT schedules_workspace_valid CHECK (((workspace_id IS NULL) OR ((workspace_id <> ''::text) AND (length(workspace_id) <= 200))))
 );
 
 ALTER TABLE zeroth.schedules OWNER TO zeroth_owner;
@@ -496,6 +503,21 @@ COMMENT ON COLUMN zeroth.schedules.managed_by IS 'sql: created or last changed b
 -- Name: COLUMN schedules.next_fire_at; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
 COMMENT ON COLUMN zeroth.schedules.next_fire_at IS 'The next fire time not yet fired (NULL: never fires again). A fire time is due when next_fire_at <= the database clock.';
+
+--
+-- Name: COLUMN schedules.last_fire_at; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.schedules.last_fire_at IS 'The newest fire time that became a run: the high-water mark, never moved back and never pruned. fire_due_schedules never fires a time at or before it, whatever next_fire_at says (exactly once even after schedule_fires and the runs were pruned).';
+
+--
+-- Name: COLUMN schedules.last_error; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.schedules.last_error IS 'Why the last fire of this schedule failed (SQLSTATE: message), NULL if none since the last resume or change. A schedule whose fire raised is paused by fire_due_schedules, so one bad row never stops the others; fix it and resume_schedule.';
+
+--
+-- Name: COLUMN schedules.last_error_at; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.schedules.last_error_at IS 'When last_error happened (database time).';
 
 --
 -- Name: admission_slots; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
@@ -690,7 +712,8 @@ CREATE TABLE zeroth.schedule_fires (
     fire_at timestamp with time zone NOT NULL,
     tenant_id text NOT NULL,
     run_id uuid NOT NULL,
-    fired_at timestamp with time zone NOT NULL
+    fired_at timestamp with time zone NOT NULL,
+    CONSTRAINT schedule_fires_finite CHECK ((isfinite(fire_at) AND isfinite(fired_at)))
 );
 
 ALTER TABLE zeroth.schedule_fires OWNER TO zeroth_owner;

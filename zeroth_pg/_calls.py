@@ -282,7 +282,8 @@ DATABASE_NOW_PLUS = "SELECT clock_timestamp() + $1::interval"
 SCHEDULE_COLUMNS = """schedule_id, tenant_id, workspace_id, name, deployment_ref, cron,
     interval_seconds, time_zone, anchor_at, payload::text AS payload, metadata::text AS metadata,
     priority, max_attempts, missed_fire_policy, catch_up_limit, misfire_grace_seconds, paused,
-    managed_by, next_fire_at, last_fire_at, fire_count, skipped_count, created_at, updated_at"""
+    managed_by, next_fire_at, last_fire_at, fire_count, skipped_count, created_at, updated_at,
+    last_error, last_error_at"""
 
 CREATE_SCHEDULE = f"""SELECT {SCHEDULE_COLUMNS} FROM zeroth.create_schedule(name => $1,
     deployment_ref => $2, cron => $3, interval_seconds => $4, tenant_id => $5, workspace_id => $6,
@@ -317,4 +318,4 @@ REGISTER_SCHEDULE = """SELECT schedule_id, outcome, next_fire_at, paused
 FIRE_DUE_SCHEDULES = """SELECT schedule_id, tenant_id, workspace_id, name, deployment_ref,
     fire_at, run_id, created, skipped, next_due_at
     FROM zeroth.fire_due_schedules(deployment_refs => $1::text[], tenant_ids => $2::text[],
-    workspace_ids => $3::text[], max_schedules => $4)"""
+    workspace_ids => $3::text[], max_schedules => $4, max_fires => $5)"""

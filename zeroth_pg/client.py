@@ -854,13 +854,14 @@ class LeaseManager:
     async def fire_due_schedules(
         self, deployment_refs: Sequence[str], *,
         scopes: Sequence[tuple[str | None, str | None]] | None = None,
-        max_schedules: int = 100, conn: Executor | None = None,
+        max_schedules: int = 100, max_fires: int = 1000, conn: Executor | None = None,
     ) -> ScheduleFiring:
         """Turn due fire times of these deployments' schedules into runs, exactly once
-        (``zeroth.fire_due_schedules``): the listed ``scopes`` or, with None, every scope."""
+        (``zeroth.fire_due_schedules``): the listed ``scopes`` or, with None, every scope; at
+        most ``max_fires`` runs per call (the rest stay due for the next call)."""
         deployments, tenants, workspaces = _scope_arguments(deployment_refs, scopes)
         rows = await self._fetch(_calls.FIRE_DUE_SCHEDULES, deployments, tenants, workspaces,
-                                 max_schedules, conn=conn)
+                                 max_schedules, max_fires, conn=conn)
         fires = tuple(
             ScheduleFire(schedule_id=row["schedule_id"], tenant_id=row["tenant_id"],
                          workspace_id=row["workspace_id"], name=row["name"],
@@ -882,7 +883,8 @@ def _schedule(row: asyncpg.Record) -> Schedule:
         paused=row["paused"], managed_by=row["managed_by"], next_fire_at=row["next_fire_at"],
         last_fire_at=row["last_fire_at"], fire_count=int(row["fire_count"]),
         skipped_count=int(row["skipped_count"]), created_at=row["created_at"],
-        updated_at=row["updated_at"])
+        updated_at=row["updated_at"], last_error=row["last_error"],
+        last_error_at=row["last_error_at"])
 
 
 def _claim_result(rows: list[asyncpg.Record]) -> LeaseClaimResult:

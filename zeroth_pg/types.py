@@ -239,7 +239,8 @@ class EnqueuedRun:
 @dataclass(frozen=True, slots=True)
 class Schedule:
     """A row of ``zeroth.schedules`` (create_schedule, alter_schedule, pause_schedule,
-    resume_schedule, list_schedules): exactly one of ``cron`` and ``interval_seconds`` is set."""
+    resume_schedule, list_schedules): exactly one of ``cron`` and ``interval_seconds`` is set;
+    ``last_error`` says why its last fire failed (fire_due_schedules then paused it)."""
 
     schedule_id: UUID
     tenant_id: str
@@ -265,6 +266,8 @@ class Schedule:
     skipped_count: int
     created_at: datetime
     updated_at: datetime
+    last_error: str | None
+    last_error_at: datetime | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,8 +2,8 @@
 -- keeps its value. A cron replaces an interval and an interval a cron. A change of timing (cron,
 -- interval_seconds, time_zone, start_at) sets next_fire_at to the first fire time after now of
 -- the new timing. Marks the schedule managed_by 'sql', so no register_schedule (a worker's start)
--- changes it back. Locks the schedule row (waits for a firer holding it). Raises ZP006, ZP008,
--- ZP009 schedule_not_found. Time: clock_timestamp().
+-- changes it back. Clears last_error. Locks the row (waits at most 2 s for a firer: 55P03).
+-- Raises ZP006, ZP008, ZP009 schedule_not_found, 55P03. Time: clock_timestamp().
 CREATE OR REPLACE FUNCTION zeroth.alter_schedule(
     name                  text,
     tenant_id             text        DEFAULT NULL,
@@ -21,7 +21,8 @@ CREATE OR REPLACE FUNCTION zeroth.alter_schedule(
     misfire_grace_seconds integer     DEFAULT NULL,
     start_at              timestamptz DEFAULT NULL)
     RETURNS zeroth.schedules
-    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+    SET lock_timeout = '2s' AS $$
 DECLARE
     v_now    timestamptz := zeroth._now();
     v_old    zeroth.schedules;
@@ -71,13 +72,13 @@ BEGIN
            priority = v_new.priority, max_attempts = v_new.max_attempts,
            missed_fire_policy = v_new.missed_fire_policy, catch_up_limit = v_new.catch_up_limit,
            misfire_grace_seconds = v_new.misfire_grace_seconds, next_fire_at = v_new.next_fire_at,
-           managed_by = 'sql', updated_at = v_now
+           managed_by = 'sql', updated_at = v_now, last_error = NULL, last_error_at = NULL
      WHERE s.schedule_id = v_old.schedule_id
     RETURNING s.* INTO v_row;
     RETURN v_row;
 END
 $$;
 COMMENT ON FUNCTION zeroth.alter_schedule(text, text, text, text, text, integer, text, jsonb, jsonb, integer, integer, text, integer, integer, timestamptz) IS
-'alter_schedule: admin: change a schedule of a scope (NULL arguments keep their value; a cron replaces an interval and the reverse). A change of timing (cron, interval_seconds, time_zone, start_at) sets next_fire_at to the first fire time after now. Marks it managed_by sql: register_schedule no longer changes it. Locks the schedule row. Raises ZP006 invalid_scope, ZP008 invalid_argument, ZP009 schedule_not_found. Time: clock_timestamp().';
+'alter_schedule: admin: change a schedule of a scope (NULL arguments keep their value; a cron replaces an interval and the reverse). A change of timing (cron, interval_seconds, time_zone, start_at) sets next_fire_at to the first fire time after now. Marks it managed_by sql: register_schedule no longer changes it. Clears last_error. Locks the schedule row, waiting at most 2 s (lock_timeout) for a firer. Raises ZP006 invalid_scope, ZP008 invalid_argument, ZP009 schedule_not_found, 55P03 lock_not_available. Time: clock_timestamp().';
 ALTER FUNCTION zeroth.alter_schedule(text, text, text, text, text, integer, text, jsonb, jsonb, integer, integer, text, integer, integer, timestamptz) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.alter_schedule(text, text, text, text, text, integer, text, jsonb, jsonb, integer, integer, text, integer, integer, timestamptz) FROM PUBLIC;

@@ -8,7 +8,7 @@
 --   * zeroth.schedule_fires: the exactly-once record, one row per (schedule, fire time) that
 --     became a run. Its primary key makes a second run for one fire time impossible, whoever
 --     fires, however often and whatever the clock did; fire_due_schedules prunes rows older than
---     7 days (the run's idempotency key, derived from the same pair, still guards them).
+--     7 days; schedules.last_fire_at (the high-water mark, never pruned) still guards them.
 --   * zeroth.schedule_fire: a row of fire_due_schedules.
 
 CREATE TABLE zeroth.schedules (
@@ -39,9 +39,23 @@ CREATE TABLE zeroth.schedules (
     skipped_count         bigint      NOT NULL DEFAULT 0,
     created_at            timestamptz NOT NULL,
     updated_at            timestamptz NOT NULL,
+    last_error            text,
+    last_error_at         timestamptz,
     CONSTRAINT schedules_pkey PRIMARY KEY (schedule_id),
     CONSTRAINT schedules_name_key UNIQUE (tenant_id, workspace_key, name),
     CONSTRAINT schedules_tenant_nonempty CHECK (tenant_id <> ''),
+    -- enqueue_run's identifier limits (zeroth._require_identifier): a row its runs cannot carry
+    -- would fail every fire.
+    CONSTRAINT schedules_tenant_valid CHECK (length(tenant_id) <= 200),
+    CONSTRAINT schedules_workspace_valid CHECK (workspace_id IS NULL OR (workspace_id <> '' AND length(workspace_id) <= 200)),
+    CONSTRAINT schedules_time_zone_valid CHECK (time_zone <> '' AND length(time_zone) <= 100),
+    CONSTRAINT schedules_cron_valid CHECK (cron IS NULL OR (btrim(cron) <> '' AND length(cron) <= 500)),
+    -- No instant is infinite: the fire-time walks (_cron_next) need a finite start.
+    CONSTRAINT schedules_times_finite CHECK (
+        isfinite(anchor_at) AND isfinite(created_at) AND isfinite(updated_at)
+        AND (next_fire_at IS NULL OR isfinite(next_fire_at))
+        AND (last_fire_at IS NULL OR isfinite(last_fire_at))
+        AND (last_error_at IS NULL OR isfinite(last_error_at))),
     CONSTRAINT schedules_name_valid CHECK (name <> '' AND length(name) <= 200),
     CONSTRAINT schedules_deployment_valid CHECK (deployment_ref <> '' AND length(deployment_ref) <= 200),
     CONSTRAINT schedules_one_timing CHECK ((cron IS NULL) <> (interval_seconds IS NULL)),
@@ -62,6 +76,9 @@ COMMENT ON COLUMN zeroth.schedules.time_zone IS 'The IANA time zone the cron exp
 COMMENT ON COLUMN zeroth.schedules.anchor_at IS 'Interval schedules fire at anchor_at + k * interval_seconds; the creation time unless given.';
 COMMENT ON COLUMN zeroth.schedules.missed_fire_policy IS 'What fires when several fire times are due at once (no firer was running, a pause of the worker fleet, a clock step forward): skip = only the most recent one, and only when it is late by at most misfire_grace_seconds; catch_up = the catch_up_limit most recent ones, oldest first. The others are counted in skipped_count.';
 COMMENT ON COLUMN zeroth.schedules.managed_by IS 'sql: created or last changed by a DBA (create_schedule, alter_schedule): register_schedule (a worker''s start) never changes it. app: registered by an application; its next registration may update the definition (never paused).';
+COMMENT ON COLUMN zeroth.schedules.last_fire_at IS 'The newest fire time that became a run: the high-water mark, never moved back and never pruned. fire_due_schedules never fires a time at or before it, whatever next_fire_at says (exactly once even after schedule_fires and the runs were pruned).';
+COMMENT ON COLUMN zeroth.schedules.last_error IS 'Why the last fire of this schedule failed (SQLSTATE: message), NULL if none since the last resume or change. A schedule whose fire raised is paused by fire_due_schedules, so one bad row never stops the others; fix it and resume_schedule.';
+COMMENT ON COLUMN zeroth.schedules.last_error_at IS 'When last_error happened (database time).';
 COMMENT ON COLUMN zeroth.schedules.next_fire_at IS 'The next fire time not yet fired (NULL: never fires again). A fire time is due when next_fire_at <= the database clock.';
 ALTER TABLE zeroth.schedules OWNER TO zeroth_owner;
 ALTER TABLE zeroth.schedules ENABLE ROW LEVEL SECURITY;
@@ -80,7 +97,8 @@ CREATE TABLE zeroth.schedule_fires (
     tenant_id   text        NOT NULL,
     run_id      uuid        NOT NULL,
     fired_at    timestamptz NOT NULL,
-    CONSTRAINT schedule_fires_pkey PRIMARY KEY (schedule_id, fire_at)
+    CONSTRAINT schedule_fires_pkey PRIMARY KEY (schedule_id, fire_at),
+    CONSTRAINT schedule_fires_finite CHECK (isfinite(fire_at) AND isfinite(fired_at))
 );
 COMMENT ON TABLE zeroth.schedule_fires IS 'The exactly-once record of schedules: one row per (schedule, fire time) that became a run (run_id; fired_at = database time of the firing). Rows older than 7 days are pruned by fire_due_schedules. zeroth_reader sees the rows of the tenant named in zeroth.tenant_id.';
 ALTER TABLE zeroth.schedule_fires OWNER TO zeroth_owner;

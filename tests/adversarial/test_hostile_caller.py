@@ -216,6 +216,14 @@ def arguments(function: Function, world: Seed) -> st.SearchStrategy[dict[str, An
         "runs": st.sampled_from(['[{}]', f'[{{"thread_id": "{THREAD}"}}, {{}}]']),
         "retry_base_seconds": st.just(0.0), "retry_max_seconds": st.just(1.0),
         "stop_reason": st.just("orphan_recovered"), "idempotency_key": st.sampled_from([None, "k"]),
+        # Schedules (register_schedule needs a name and a timing; the rest are drawn or default).
+        "name": st.sampled_from(["s-1", "s-2"]),
+        "cron": st.sampled_from([None, "* * * * *", "*/0 * * * *"]),
+        "interval_seconds": st.sampled_from([None, 1, 0]),
+        "time_zone": st.sampled_from(["UTC", "Nowhere/Atlantis"]),
+        "missed_fire_policy": st.sampled_from(["skip", "catch_up"]),
+        "catch_up_limit": st.sampled_from([None, 5]),
+        "max_schedules": st.sampled_from([1, 100]), "max_fires": st.sampled_from([1, 1000]),
     }
 
     @st.composite
@@ -242,6 +250,10 @@ def arguments(function: Function, world: Seed) -> st.SearchStrategy[dict[str, An
                 scope = draw(st.sampled_from([s for s in SCOPES if scope_key(*s) != lease.scope]))
         args |= {"tenant_id": scope[0], "workspace_id": scope[1]}
         for parameter in function.parameters:
+            # A required argument the pools cannot draw would make every call 42883 (no such
+            # function): the function would never be attacked.
+            assert parameter.has_default or parameter.name in args or parameter.name in pools, (
+                f"{function.name}: no pool for its required argument {parameter.name}")
             if parameter.name in args or parameter.name not in pools:
                 continue
             if parameter.has_default and draw(st.booleans()):

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 
+import asyncpg
+import pytest
 from helpers import T0, at
 
 FIRE_AT = """SELECT schedule_id, fire_at FROM zeroth_test.fire_due_schedules(
@@ -56,6 +58,42 @@ async def test_a_pause_waits_for_the_firer_and_holds_after_it(connect):
     await pause
     assert [r for r in await a.fetch(FIRE_AT, at(50)) if r["schedule_id"]] == []
     assert await db.fetchval("SELECT count(*) FROM zeroth.runs") == 2
+
+
+async def test_an_admin_function_waits_at_most_its_lock_timeout_for_a_firer(connect):
+    """A firer (or anything) holding the row for long: pause, resume, alter and delete fail with
+    55P03 lock_not_available after lock_timeout (2 s) and change nothing."""
+    db, holder, dba = await connect(), await connect(), await connect()
+    await create(db)
+    await holder.execute("BEGIN")
+    await holder.execute("SELECT 1 FROM zeroth.schedules WHERE name = 's' FOR UPDATE")
+    before = await db.fetchval("SELECT s::text FROM zeroth.schedules s")
+    for call in ("pause_schedule(name => 's')", "resume_schedule(name => 's')",
+                 "alter_schedule(name => 's', priority => 5)", "delete_schedule(name => 's')"):
+        with pytest.raises(asyncpg.LockNotAvailableError):
+            await dba.fetch(f"SELECT * FROM zeroth.{call}")
+    await holder.execute("ROLLBACK")
+    assert await db.fetchval("SELECT s::text FROM zeroth.schedules s") == before
+    assert (await dba.fetchrow("SELECT * FROM zeroth.pause_schedule(name => 's')"))["paused"]
+
+
+async def test_a_firer_skips_a_row_being_changed_and_fires_the_committed_change(connect):
+    """A DBA's uncommitted change holds the row: the firer skips it (it never fires the version
+    it can see); once committed, the run carries the new payload. (The firer reads the row's
+    columns from the locked row itself, so a change committed between its snapshot and its
+    lock is used too; that window cannot be held open from outside, hence this shape.)"""
+    db, a, dba = await connect(), await connect(), await connect()
+    await create(db)
+    await a.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+    await dba.execute("BEGIN")
+    await dba.fetch("SELECT * FROM zeroth.alter_schedule(name => 's', payload => '{\"v\": 2}')")
+    # The firer's statement meets the row locked: it skips it (never the old version) ...
+    assert [r for r in await a.fetch(FIRE_AT, at(1)) if r["schedule_id"]] == []
+    await dba.execute("COMMIT")
+    # ... and the next statement fires the new payload.
+    assert len([r for r in await a.fetch(FIRE_AT, at(1)) if r["schedule_id"]]) == 1
+    await a.execute("COMMIT")
+    assert await db.fetchval("SELECT payload::text FROM zeroth.runs") == '{"v": 2}'
 
 
 async def test_two_workers_registering_at_once_create_one_schedule(connect):

@@ -156,9 +156,14 @@ class TestMissedFires:
         await fire(conn, at(10))
         await conn.execute("UPDATE zeroth.schedules SET next_fire_at = $1", at(1))
         assert fired(await fire(conn, at(10))) == []
-        # Even with the fire records gone, each fire time's run is found by its idempotency key.
+        # With the fire records gone, the high-water mark (last_fire_at, never pruned) holds.
         await conn.execute("DELETE FROM zeroth.schedule_fires")
         await conn.execute("UPDATE zeroth.schedules SET next_fire_at = $1", at(1))
+        assert fired(await fire(conn, at(10))) == []
+        assert await run_count(conn) == 10
+        # And with the mark erased too, each fire time's run is found by its idempotency key.
+        await conn.execute("UPDATE zeroth.schedules SET next_fire_at = $1, last_fire_at = NULL",
+                           at(1))
         rows = await fire(conn, at(10))
         assert len(fired(rows)) == 10
         assert not any(r["created"] for r in rows)

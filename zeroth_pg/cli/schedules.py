@@ -36,7 +36,7 @@ NameArg = Annotated[str, typer.Argument(help="The schedule's name (unique in its
 _COLUMNS = [("name", "name"), ("deployment_ref", "deployment"), ("timing", "timing"),
             ("time_zone", "zone"), ("missed", "missed fires"), ("paused", "paused"),
             ("next_fire_at", "next fire (UTC)"), ("last_fire_at", "last fire (UTC)"),
-            ("fire_count", "fired"), ("managed_by", "by")]
+            ("fire_count", "fired"), ("managed_by", "by"), ("last_error", "last error")]
 
 
 def _row(schedule: Any) -> dict[str, Any]:

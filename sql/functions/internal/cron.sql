@@ -216,7 +216,8 @@ ALTER FUNCTION zeroth._local_instant(timestamp, text) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._local_instant(timestamp, text) FROM PUBLIC;
 
 -- The first fire time of a cron expression strictly after an instant, or NULL if none within 29
--- years (a day-of-week restriction that no listed 29 February meets). Walks candidate days, not
+-- years (a day-of-week restriction that no listed 29 February meets); ZP008 for an infinite or
+-- NULL instant. Walks candidate days, not
 -- minutes: a month that is not listed is passed over whole, and within a matching day the first
 -- listed hour and minute is taken from the sorted sets.
 CREATE OR REPLACE FUNCTION zeroth._cron_next(cron text, time_zone text, after timestamptz)
@@ -237,6 +238,11 @@ DECLARE
     v_m      integer;
     v_at     timestamptz;
 BEGIN
+    -- An infinite instant would never leave the loop below (infinity + 1 day is infinity).
+    IF _cron_next.after IS NULL OR NOT isfinite(_cron_next.after) THEN
+        RAISE EXCEPTION 'a fire time is computed after a finite instant, not %', _cron_next.after
+            USING ERRCODE = 'ZP008';
+    END IF;
     SELECT * INTO v_spec FROM zeroth._cron_parse(_cron_next.cron);
     WHILE v_day <= v_limit LOOP
         IF NOT extract(month FROM v_day)::integer = ANY (v_spec.months) THEN
@@ -268,6 +274,6 @@ BEGIN
     RETURN NULL;
 END
 $$;
-COMMENT ON FUNCTION zeroth._cron_next(text, text, timestamptz) IS 'Internal: the first fire time of a cron expression in a time zone strictly after an instant (NULL: none within 29 years).';
+COMMENT ON FUNCTION zeroth._cron_next(text, text, timestamptz) IS 'Internal: the first fire time of a cron expression in a time zone strictly after an instant (NULL: none within 29 years; ZP008 for an infinite instant).';
 ALTER FUNCTION zeroth._cron_next(text, text, timestamptz) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._cron_next(text, text, timestamptz) FROM PUBLIC;

@@ -33,13 +33,18 @@ ALTER FUNCTION zeroth._time_zone_name(text) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._time_zone_name(text) FROM PUBLIC;
 
 -- The first fire time of a schedule strictly after an instant (NULL: none). Interval schedules
--- fire at anchor_at + k * interval_seconds (k >= 0), cron schedules as _cron_next.
+-- fire at anchor_at + k * interval_seconds (k >= 0), cron schedules as _cron_next. ZP008 for an
+-- infinite instant.
 CREATE OR REPLACE FUNCTION zeroth._schedule_next(cron text, interval_seconds integer,
                                                  anchor_at timestamptz, time_zone text,
                                                  after timestamptz)
     RETURNS timestamptz
     LANGUAGE plpgsql STABLE AS $$
 BEGIN
+    IF NOT (isfinite(_schedule_next.after) AND isfinite(_schedule_next.anchor_at)) THEN
+        RAISE EXCEPTION 'a fire time is computed from finite instants, not % (anchor %)',
+            _schedule_next.after, _schedule_next.anchor_at USING ERRCODE = 'ZP008';
+    END IF;
     IF _schedule_next.cron IS NOT NULL THEN
         RETURN zeroth._cron_next(_schedule_next.cron, _schedule_next.time_zone, _schedule_next.after);
     END IF;
@@ -60,7 +65,7 @@ REVOKE ALL ON FUNCTION zeroth._schedule_next(text, integer, timestamptz, text, t
 -- Interval schedules are arithmetic. A cron schedule is walked forward from from_at; past 2000
 -- fire times (a minute schedule down for a day and a half) the walk starts again over a window
 -- before up_to that doubles from one day until it holds `keep` fire times or reaches from_at,
--- so an outage of any length costs a bounded walk.
+-- so an outage of any length costs a bounded walk. ZP008 for an infinite instant.
 CREATE OR REPLACE FUNCTION zeroth._schedule_due(cron text, interval_seconds integer,
                                                 anchor_at timestamptz, time_zone text,
                                                 from_at timestamptz, up_to timestamptz,
@@ -77,6 +82,11 @@ DECLARE
 BEGIN
     times := '{}';
     total := 0;
+    IF NOT (isfinite(_schedule_due.from_at) AND isfinite(_schedule_due.up_to)
+            AND isfinite(_schedule_due.anchor_at)) THEN
+        RAISE EXCEPTION 'fire times are walked between finite instants, not % to % (anchor %)',
+            _schedule_due.from_at, _schedule_due.up_to, _schedule_due.anchor_at USING ERRCODE = 'ZP008';
+    END IF;
     IF _schedule_due.from_at IS NULL OR _schedule_due.from_at > _schedule_due.up_to THEN
         RETURN;
     END IF;
