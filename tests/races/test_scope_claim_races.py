@@ -15,6 +15,7 @@ import random
 from typing import Any
 
 import asyncpg
+from helpers import wait_until
 
 DEPLOYMENT = "scope-race"
 TENANTS = ("t1", "t2", "t3", "t4")
@@ -99,7 +100,7 @@ async def test_claimers_across_scopes_never_share_a_run_nor_exceed_a_scope_limit
 async def test_nothing_starts_in_a_scope_once_its_pause_has_committed(connect):
     setup = await connect()
     for tenant in TENANTS:
-        await enqueue(setup, tenant, 400)
+        await enqueue(setup, tenant, 2000)
     dba = await connect()
     sessions = [await connect() for _ in range(4)]
     stop = asyncio.Event()
@@ -114,7 +115,11 @@ async def test_nothing_starts_in_a_scope_once_its_pause_has_committed(connect):
 
     tasks = [asyncio.create_task(claimer(i, s)) for i, s in enumerate(sessions)]
     try:
-        await asyncio.sleep(0.3)
+        # Pause while the claimers are busy in t1: once it has started runs, not after a
+        # fixed head start (a fast machine drained the scope first).
+        await wait_until(lambda: dba.fetchval(
+            "SELECT count(*) >= 20 FROM zeroth.runs WHERE tenant_id = 't1' "
+            "AND status <> 'pending'"), "the claimers to start runs in t1", within=30)
         await dba.execute("INSERT INTO zeroth.scope_limits (tenant_id, deployment_ref, paused) "
                           "VALUES ('t1', $1, true)", DEPLOYMENT)
         paused_at = await dba.fetchval("SELECT clock_timestamp()")  # after the commit
