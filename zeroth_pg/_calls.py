@@ -81,6 +81,13 @@ COMPLETE_RUNS = """SELECT run_id, completed FROM zeroth.complete_runs(worker_id 
     run_ids => $2, generations => $3, outputs => $4::text[]::jsonb[], tenant_id => $5,
     workspace_id => $6)"""
 
+# The claim rows' fields are expanded server-side (asyncpg caches composite codecs: see above).
+COMPLETE_AND_CLAIM = f"""SELECT x.completed, {_CLAIM_COLUMNS}
+    FROM zeroth.complete_and_claim(deployment_ref => $1, worker_id => $2, run_ids => $3,
+    generations => $4, outputs => $5::text[]::jsonb[], tenant_id => $6, workspace_id => $7,
+    max_concurrency => $8, batch_size => $9, lease_seconds => $10) AS x
+    CROSS JOIN LATERAL (SELECT (x.claimed).*) AS c"""
+
 FAIL_RUN = """SELECT zeroth.fail_run(run_id => $1, worker_id => $2, generation => $3,
     error => $4::text::jsonb, retryable => $5, retry_base_seconds => $6,
     retry_max_seconds => $7, tenant_id => $8, workspace_id => $9)"""

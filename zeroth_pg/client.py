@@ -17,7 +17,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, cast
 from uuid import UUID
 
 import asyncpg
@@ -27,6 +27,7 @@ from zeroth_pg.errors import InvalidArgumentError, translate
 from zeroth_pg.types import (
     CancelOutcome,
     ClaimedRun,
+    CompleteAndClaimResult,
     EnqueuedRun,
     FailOutcome,
     LeaseClaimResult,
@@ -597,19 +598,32 @@ class LeaseManager:
         """Complete many of one worker's runs in one call (``zeroth.complete_runs``), each
         fenced on its own. ``completions`` are (run_id, generation) or (run_id, generation,
         output) — output as in :meth:`complete_run`. One result per run, in order."""
-        try:
-            items = [(item[0], item[1], item[2] if len(item) > 2 else None)
-                     for item in completions]
-        except (TypeError, IndexError) as exc:
-            raise InvalidArgumentError(
-                "completions must be (run_id, generation[, output]) tuples") from exc
-        outputs = [_dumps(output) for _, _, output in items]
+        run_ids, generations, outputs = _completion_arrays(completions)
         rows = await self._fetch(
-            _calls.COMPLETE_RUNS, worker_id, [_uuid(run_id) for run_id, _, _ in items],
-            [generation for _, generation, _ in items],
-            outputs if any(o is not None for o in outputs) else None, tenant_id, workspace_id,
-            conn=conn)
+            _calls.COMPLETE_RUNS, worker_id, run_ids, generations, outputs, tenant_id,
+            workspace_id, conn=conn)
         return [RunCompletion(run_id=row["run_id"], completed=row["completed"]) for row in rows]
+
+    async def complete_and_claim(
+        self, deployment_ref: str, worker_id: str,
+        completions: Sequence[tuple[RunId, int] | tuple[RunId, int, Any]], *,
+        tenant_id: str | None = None, workspace_id: str | None = None,
+        max_concurrency: int | None = None, batch_size: int = 1,
+        conn: Executor | None = None,
+    ) -> CompleteAndClaimResult:
+        """:meth:`complete_runs`, then :meth:`claim_and_start` into the slots they freed, in one
+        call and one commit (``zeroth.complete_and_claim``). Any error leaves both undone."""
+        run_ids, generations, outputs = _completion_arrays(completions)
+        rows = await self._fetch(
+            _calls.COMPLETE_AND_CLAIM, deployment_ref, worker_id, run_ids, generations, outputs,
+            tenant_id, workspace_id, max_concurrency, batch_size, self.lease_duration_seconds,
+            conn=conn)
+        return CompleteAndClaimResult(
+            # The database refused a NULL run id, so every one is a UUID here.
+            completions=tuple(RunCompletion(run_id=cast(UUID, run_id), completed=completed)
+                              for run_id, completed in zip(run_ids, rows[0]["completed"],
+                                                           strict=True)),
+            claim=_claim_result(rows))
 
     async def fail_run(
         self, run_id: RunId, worker_id: str, *, generation: int, error: Any = None,
@@ -885,6 +899,21 @@ def _schedule(row: asyncpg.Record) -> Schedule:
         skipped_count=int(row["skipped_count"]), created_at=row["created_at"],
         updated_at=row["updated_at"], last_error=row["last_error"],
         last_error_at=row["last_error_at"])
+
+
+def _completion_arrays(
+    completions: Sequence[tuple[RunId, int] | tuple[RunId, int, Any]],
+) -> tuple[list[UUID | None], list[int], list[str | None] | None]:
+    """The arrays of a batch of completions: run ids, generations, and the outputs as JSON text
+    (None when no completion carries one: the outputs written with commit_fenced stay)."""
+    try:
+        items = [(item[0], item[1], item[2] if len(item) > 2 else None) for item in completions]
+    except (TypeError, IndexError) as exc:
+        raise InvalidArgumentError(
+            "completions must be (run_id, generation[, output]) tuples") from exc
+    outputs = [_dumps(output) for _, _, output in items]
+    return ([_uuid(run_id) for run_id, _, _ in items], [generation for _, generation, _ in items],
+            outputs if any(o is not None for o in outputs) else None)
 
 
 def _claim_result(rows: list[asyncpg.Record]) -> LeaseClaimResult:

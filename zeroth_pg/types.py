@@ -228,6 +228,15 @@ class RunCompletion:
 
 
 @dataclass(frozen=True, slots=True)
+class CompleteAndClaimResult:
+    """Result of complete_and_claim: one completion per requested run, in order, and the claim
+    made in the same transaction (into the slots those completions freed)."""
+
+    completions: tuple[RunCompletion, ...]
+    claim: LeaseClaimResult
+
+
+@dataclass(frozen=True, slots=True)
 class EnqueuedRun:
     """Result of enqueue_run(s): ``created`` is false when an existing run was returned."""
 

@@ -118,16 +118,24 @@ async def spawn_worker(pool: asyncpg.Pool,
 
 
 class CompletionSpy:
-    """Records the run ids of every complete_runs call the worker makes (the real call)."""
+    """Records the run ids of every completion call the worker makes (complete_runs, or
+    complete_and_claim when the completions carry the next claim), then makes the real call."""
 
     def __init__(self, worker: RunWorker) -> None:
         self.batches: list[list[UUID]] = []
-        self.real = worker.lease_manager.complete_runs
-        worker.lease_manager.complete_runs = self._complete  # type: ignore[method-assign]
+        lm = worker.lease_manager
+        self.real, self.real_along = lm.complete_runs, lm.complete_and_claim
+        lm.complete_runs = self._complete  # type: ignore[method-assign]
+        lm.complete_and_claim = self._complete_and_claim  # type: ignore[method-assign]
 
     async def _complete(self, worker_id: str, completions: Any, **kwargs: Any) -> Any:
         self.batches.append([item[0] for item in completions])
         return await self.real(worker_id, completions, **kwargs)
+
+    async def _complete_and_claim(self, deployment_ref: str, worker_id: str, completions: Any,
+                                  **kwargs: Any) -> Any:
+        self.batches.append([item[0] for item in completions])
+        return await self.real_along(deployment_ref, worker_id, completions, **kwargs)
 
 
 # -- finding 5: values PostgreSQL cannot store --------------------------------------------------
@@ -457,8 +465,11 @@ class RaceSpy:
         self.renewed = asyncio.Event()  # set whenever a renewal begins
         self.real_renew = worker.lease_manager.renew_leases
         self.real_complete = worker.lease_manager.complete_runs
+        self.real_along = worker.lease_manager.complete_and_claim
         worker.lease_manager.renew_leases = self._renew  # type: ignore[method-assign]
         worker.lease_manager.complete_runs = self._complete  # type: ignore[method-assign]
+        worker.lease_manager.complete_and_claim = (  # type: ignore[method-assign]
+            self._complete_and_claim)
 
     async def _renew(self, worker_id: str, leases: Any, **kwargs: Any) -> Any:
         self.renewals += 1
@@ -470,9 +481,19 @@ class RaceSpy:
                 self.refused.setdefault(renewal.run_id, []).append(index)
         return renewals
 
+    async def _complete_and_claim(self, deployment_ref: str, worker_id: str, completions: Any,
+                                  **kwargs: Any) -> Any:
+        result = await self.real_along(deployment_ref, worker_id, completions, **kwargs)
+        await self._race({row.run_id for row in result.completions if row.completed})
+        return result
+
     async def _complete(self, worker_id: str, completions: Any, **kwargs: Any) -> Any:
         rows = await self.real_complete(worker_id, completions, **kwargs)
-        done = {row.run_id for row in rows if row.completed}
+        await self._race({row.run_id for row in rows if row.completed})
+        return rows
+
+    async def _race(self, done: set[UUID]) -> None:
+        """Answer once a renewal sent after the commit was refused for every run in ``done``."""
         since = self.renewals  # a refusal counts only from a renewal sent after the commit
 
         def handled() -> bool:
@@ -490,7 +511,6 @@ class RaceSpy:
                     await self.renewed.wait()
         if handled():
             self.raced |= done
-        return rows
 
 
 async def test_a_renewal_refused_by_the_runs_own_completion_is_no_lost_lease(

@@ -546,21 +546,32 @@ async def test_orphan_recovered_with_a_pending_cancel_request_ends_cancelled(poo
 
 
 class CompletionSpy:
-    """Records the batch size of every complete_runs call the worker makes; can fail the first
+    """Records the batch size of every completion call the worker makes (complete_runs, or
+    complete_and_claim when the completions carry the next claim); can fail the first
     ``failures`` calls with a transient error before they reach the database."""
 
     def __init__(self, worker: RunWorker, *, failures: int = 0) -> None:
         self.sizes: list[int] = []
         self.failures = failures
-        self.real = worker.lease_manager.complete_runs
-        worker.lease_manager.complete_runs = self._complete  # type: ignore[method-assign]
+        lm = worker.lease_manager
+        self.real, self.real_along = lm.complete_runs, lm.complete_and_claim
+        lm.complete_runs = self._complete  # type: ignore[method-assign]
+        lm.complete_and_claim = self._complete_and_claim  # type: ignore[method-assign]
 
-    async def _complete(self, worker_id: str, completions: Any, **kwargs: Any) -> Any:
+    def _count(self, completions: Any) -> None:
         if self.failures:
             self.failures -= 1
             raise ConnectionLostError("injected: connection lost before the call was sent")
         self.sizes.append(len(completions))
+
+    async def _complete(self, worker_id: str, completions: Any, **kwargs: Any) -> Any:
+        self._count(completions)
         return await self.real(worker_id, completions, **kwargs)
+
+    async def _complete_and_claim(self, deployment_ref: str, worker_id: str, completions: Any,
+                                  **kwargs: Any) -> Any:
+        self._count(completions)
+        return await self.real_along(deployment_ref, worker_id, completions, **kwargs)
 
 
 async def _completed(pool: asyncpg.Pool, dep: str) -> int:

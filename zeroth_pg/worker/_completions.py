@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -23,7 +23,7 @@ from zeroth_pg.types import ClaimedRun, Scope
 if TYPE_CHECKING:
     from zeroth_pg.client import LeaseManager
 
-__all__ = ["CompletionBatcher", "Leased"]
+__all__ = ["ClaimAlong", "CompletionBatcher", "Leased"]
 
 log = logging.getLogger("zeroth_pg.worker")
 
@@ -46,6 +46,16 @@ class Leased(Protocol):
     def scope(self) -> Scope:
         """Where the run lives (complete_runs is called per tenant and workspace)."""
         ...
+
+    #: Its completion carries a claim into the slot it frees (see :data:`ClaimAlong`).
+    claims_next: bool
+
+
+#: Sends a batch's completions together with a claim into the slots of those entries whose
+#: ``claims_next`` is set (``complete_and_claim``), hands the claimed runs over, and clears
+#: those flags whatever happens: one completed-or-not per entry, in order, or None when no
+#: claim can go out now (then, as on an error, the batch is completed the plain way).
+ClaimAlong = Callable[[list[tuple[Leased, Any]]], Awaitable[list[bool] | None]]
 
 
 @dataclass
@@ -71,10 +81,13 @@ class CompletionBatcher:
         *,
         others_may_join: Callable[[], bool] = lambda: False,
         on_batch_refused: Callable[[], None] = lambda: None,
+        claim_along: ClaimAlong | None = None,
     ) -> None:
         """``others_may_join``: True when a handler could finish in this same turn of the event
         loop (one more turn is worth waiting); ``on_batch_refused``: counts a batch the database
-        refused as a whole (then completed run by run)."""
+        refused as a whole (then completed run by run); ``claim_along``: sends a batch that
+        carries claims (one commit for both), tried once before the plain path."""
+        self._claim_along = claim_along
         self.lease_manager = lease_manager
         self.worker_id = worker_id
         self._others_may_join = others_may_join
@@ -136,6 +149,10 @@ class CompletionBatcher:
         run's lease is still known to be live; a run past its deadline gets None. When the
         database refuses the batch itself, each run is completed on its own, so one bad value
         fails its run and never the others."""
+        if (self._claim_along is not None and not on_its_own
+                and any(c.entry.claims_next for c in batch)
+                and await self._send_with_claims(batch)):
+            return
         delay = 0.05
         scope = batch[0].entry.scope if batch else None
         while batch:
@@ -180,6 +197,25 @@ class CompletionBatcher:
             for completion, row in zip(batch, rows, strict=True):
                 _settle(completion.result, row.completed)
             return
+
+
+    async def _send_with_claims(self, batch: list[_Completion]) -> bool:
+        """One try of the batch with its claims: True when it was answered. Any failure leaves
+        it to the plain path (complete_runs, with its retries and its run-by-run fallback),
+        and the claim to the claim loop: the call was one transaction, so nothing of it stands.
+        """
+        assert self._claim_along is not None
+        try:
+            completed = await self._claim_along([(c.entry, c.output) for c in batch])
+        except Exception as exc:
+            log.info("complete_and_claim failed (%s: %s); completing the batch of %d without "
+                     "a claim", type(exc).__name__, exc, len(batch))
+            return False
+        if completed is None:
+            return False
+        for completion, done in zip(batch, completed, strict=True):
+            _settle(completion.result, done)
+        return True
 
 
 def _by_scope(batch: list[_Completion]) -> list[list[_Completion]]:

@@ -215,6 +215,9 @@ class ActiveRun:
     task: asyncio.Task[None] | None = None
     state: RunState = RunState.QUEUED
     stop_reason: StopReason | None = None
+    # Its completion goes out with a claim into the slot it frees (complete_and_claim): until
+    # that call has answered, the slot is reserved for it and the claim loop does not fill it.
+    claims_next: bool = False
 
     @property
     def key(self) -> tuple[UUID, int]:

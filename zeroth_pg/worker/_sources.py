@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+from uuid import UUID
 
-from zeroth_pg.types import ClaimedRun, Scope
+from zeroth_pg.types import ClaimedRun, LeaseClaimResult, RunCompletion, Scope
 from zeroth_pg.worker._gate import GateTarget
 
 if TYPE_CHECKING:
@@ -83,9 +84,11 @@ class OneScope:
 
     async def claim(self, worker_id: str, free: int, fleet_max: int | None,
                     deployments: Sequence[str] | None = None) -> Claimed:
-        result = await self._lm.claim_and_start(
+        return self._claimed(await self._lm.claim_and_start(
             self.scope.deployment_ref, worker_id, tenant_id=self._tenant_id,
-            workspace_id=self._workspace_id, max_concurrency=fleet_max, batch_size=free)
+            workspace_id=self._workspace_id, max_concurrency=fleet_max, batch_size=free))
+
+    def _claimed(self, result: LeaseClaimResult) -> Claimed:
         limit = result.max_concurrency
         return Claimed(
             runs=tuple((self.scope, run) for run in result.runs),
@@ -94,6 +97,15 @@ class OneScope:
                 result.concurrency_saturated or result.active_count + len(result.runs) >= limit),
             active_count=result.active_count, limit=limit, retry_after=result.retry_after,
             all_held_back=result.retry_after is not None)
+
+    async def complete_and_claim(
+            self, worker_id: str, completions: Sequence[tuple[UUID, int, Any]], free: int,
+            fleet_max: int | None) -> tuple[tuple[RunCompletion, ...], Claimed]:
+        """Complete runs of this scope and claim up to ``free`` more in the same call."""
+        result = await self._lm.complete_and_claim(
+            self.scope.deployment_ref, worker_id, completions, tenant_id=self._tenant_id,
+            workspace_id=self._workspace_id, max_concurrency=fleet_max, batch_size=free)
+        return result.completions, self._claimed(result.claim)
 
     async def sweep(self, worker_id: str, claim_limit: int, fleet_max: int | None,
                     grace: float, deployments: Sequence[str] | None = None) -> Claimed:

@@ -37,7 +37,7 @@ from zeroth_pg.errors import (
 from zeroth_pg.metrics import WorkerMetrics, default_metrics
 from zeroth_pg.notify import CONTROL_CHANNEL, WAKEUP_CHANNEL, Notifier
 from zeroth_pg.types import ClaimedRun, FailOutcome, RetryPolicy, Scope, SleepOutcome
-from zeroth_pg.worker._completions import CompletionBatcher
+from zeroth_pg.worker._completions import CompletionBatcher, Leased
 from zeroth_pg.worker._gate import WakeupGate
 from zeroth_pg.worker._leases import LeaseUpkeep
 from zeroth_pg.worker._run import (
@@ -209,7 +209,9 @@ class RunWorker:
             # A handler that finishes in this same turn of the event loop joins the batch.
             others_may_join=lambda: any(
                 e.state is RunState.EXECUTING for e in self._active.values()),
-            on_batch_refused=lambda: self._worker_error("completion_batch"))
+            on_batch_refused=lambda: self._worker_error("completion_batch"),
+            claim_along=(self._complete_and_claim if isinstance(self._source, OneScope)
+                         else None))
         # The opaque NOTIFY payloads meant for this worker; None until fetched (then every
         # notification on the channel is taken as a hint: a wasted look, never a wrong action).
         self._wakeup_keys: frozenset[str] | None = None
@@ -441,7 +443,10 @@ class RunWorker:
         # limit every lease of this worker counts: a claim only they would saturate is a wasted
         # round trip.
         held = self._held()
-        completing = sum(1 for e in held if e.state is RunState.COMPLETING)
+        # A completion that carries a claim keeps its slot until that call answers: the claim
+        # in it fills the slot (complete_and_claim).
+        completing = sum(1 for e in held
+                         if e.state is RunState.COMPLETING and not e.claims_next)
         executing = len(held) - completing
         free = min(self.max_concurrency - executing, 2 * self.max_concurrency - len(held))
         if self.fleet_max_concurrency is not None:
@@ -932,9 +937,52 @@ class RunWorker:
         """Queue the run's completion for the next complete_runs call and wait for its row:
         True completed, False refused by the fence, None no answer before the lease deadline."""
         entry.advance(RunState.COMPLETING)
+        entry.claims_next = self._may_claim_along(entry)
         answer = self._completions.submit(entry, output)
-        self._slot_freed()
+        if not entry.claims_next:
+            self._slot_freed()
         return await answer
+
+    def _may_claim_along(self, entry: ActiveRun) -> bool:
+        """The completion of ``entry`` may carry the claim of the next run into its slot: one
+        commit for both (complete_and_claim). Only where a claim pass would do nothing else:
+        one scope, no local deployment limits, no orphan sweep due (a claim pass sweeps first),
+        no rate limit holding claims back, not stopping."""
+        return (isinstance(self._source, OneScope) and entry.scope == self._source.scope
+                and not self._stopping and not self.deployment_concurrency
+                and not self._sweep_due and time.monotonic() < self._next_sweep
+                and self._rate_retry_at is None)
+
+    async def _complete_and_claim(self, batch: list[tuple[Leased, Any]]) -> list[bool] | None:
+        """The claim_along of the completion batcher: complete ``batch`` and claim one run per
+        entry that carries a claim, in one call; the claimed runs start here. The flags are
+        cleared whatever happens, so a failed call gives the slots back to the claim loop."""
+        along = [entry for entry, _ in batch if entry.claims_next]
+        source = self._source
+        full = False
+        try:
+            if not along or self._stopping or not isinstance(source, OneScope):
+                return None
+            sent, sent_ns = time.monotonic(), tracing.now_ns()
+            completions, result = await source.complete_and_claim(
+                self.worker_id,
+                [(entry.run.run_id, entry.run.lease_generation, output)
+                 for entry, output in batch],
+                len(along), self.fleet_max_concurrency)
+            tracing.received(result.runs, sent_ns)
+            self._observe_saturation(result)
+            for scope, run in result.runs:
+                self._spawn(scope, run, deadline=sent + self.lease_duration, recovered=False)
+            full = len(result.runs) == len(along) and result.retry_after is None
+            return [row.completed for row in completions]
+        finally:
+            for entry in along:
+                entry.claims_next = False
+            if along and not full:
+                # The claim came back short (no more work, a limit, a rate limit) or was not
+                # made: the claim loop takes over, so the wakeup gate, the rate-limit sleep and
+                # the saturation flags follow a claim pass of its own, as without this call.
+                self._wake.set()
 
     async def _completion_loop(self) -> None:
         await self._completions.run()
