@@ -170,3 +170,42 @@ async def test_a_shutdown_mid_backlog_leaves_every_run_completed_or_pending(pool
     assert await pool.fetchval(
         """SELECT count(*) FROM zeroth.runs
             WHERE deployment_ref = $1 AND lease_worker_id IS NOT NULL""", dep) == 0
+
+
+async def test_runs_claimed_by_a_call_that_answers_after_the_drain_began_are_handed_back(
+        pool, spawn_worker):
+    dep = unique_deployment("along")
+    started: list[Any] = []
+
+    async def handler(ctx: RunContext) -> str:
+        started.append(ctx.run_id)
+        return "ok"
+
+    await LeaseManager(pool).enqueue_runs(dep, [{"payload": {"n": n}} for n in range(5)])
+    worker = await spawn_worker(dep, handler, max_concurrency=1, start=False)
+    lm = worker.lease_manager
+    real = lm.complete_and_claim
+    sent = asyncio.Event()
+    claimed: list[Any] = []
+
+    async def held_until_the_drain(deployment_ref: str, worker_id: str, completions: Any,
+                                   **kwargs: Any) -> Any:
+        sent.set()
+        await wait_until(lambda: worker.stopping, "the drain to begin", within=10)
+        result = await real(deployment_ref, worker_id, completions, **kwargs)
+        claimed.extend(run.run_id for run in result.claim.runs)
+        return result
+
+    lm.complete_and_claim = held_until_the_drain  # type: ignore[method-assign]
+    await worker.start()
+    await wait_until(sent.is_set, "the first completion with its claim", within=10)
+
+    await asyncio.wait_for(worker.graceful_shutdown(), timeout=30)
+
+    assert len(claimed) == 1
+    assert claimed[0] not in started
+    row = await pool.fetchrow(
+        """SELECT status::text AS status, attempts, lease_worker_id FROM zeroth.runs
+            WHERE run_id = $1""", claimed[0])
+    assert (row["status"], row["attempts"], row["lease_worker_id"]) == ("pending", 0, None)
+    assert await _statuses(pool, dep) == {"completed": 1, "pending": 4}

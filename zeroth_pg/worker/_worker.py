@@ -973,6 +973,11 @@ class RunWorker:
             self._observe_saturation(result)
             for scope, run in result.runs:
                 self._spawn(scope, run, deadline=sent + self.lease_duration, recovered=False)
+                if self._stopping:
+                    # The drain began while this call was out: never start these; each is
+                    # handed back with its exact generation.
+                    self._stop(self._active[(run.run_id, run.lease_generation)],
+                               StopReason.SHUTDOWN)
             full = len(result.runs) == len(along) and result.retry_after is None
             return [row.completed for row in completions]
         finally:
