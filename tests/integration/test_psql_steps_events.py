@@ -27,7 +27,8 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
 def test_without_a_dsn_it_prints_its_usage():
     assert os.access(SCRIPT, os.X_OK)
     done = _run()
-    assert done.returncode == 2 and "usage" in done.stderr
+    assert done.returncode == 2
+    assert "usage" in done.stderr
 
 
 async def test_a_step_and_an_approval_with_psql(database_dsn, connect):

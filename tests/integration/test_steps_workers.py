@@ -7,6 +7,9 @@ completes with the payload once ``emit_event`` is called; with a timeout, the wo
 sweep (``wake_due_waits``) brings it back and it completes with the timeout outcome.
 """
 
+# The fixtures workers and events come from test_worker_processes (imported by name).
+# ruff: noqa: F811
+
 from __future__ import annotations
 
 import json

@@ -41,14 +41,16 @@ OTHER = "worker-b"
 
 
 async def get(conn, lease, key, *, generation=None, worker=None, tenant=None, workspace=None,
-              now=at(1)):
+              now=None):
+    now = at(1) if now is None else now
     return await conn.fetchrow(GET, lease.run_id, worker or lease.worker_id,
                                lease.generation if generation is None else generation, key,
                                tenant, workspace, now)
 
 
 async def record(conn, lease, key, value, *, generation=None, worker=None, tenant=None,
-                 now=at(1)):
+                 now=None):
+    now = at(1) if now is None else now
     return await conn.fetchrow(RECORD, lease.run_id, worker or lease.worker_id,
                                lease.generation if generation is None else generation, key,
                                json.dumps(value), tenant, None, now)
@@ -57,14 +59,16 @@ async def record(conn, lease, key, value, *, generation=None, worker=None, tenan
 DEFAULT_KEY = object()
 
 
-async def wait(conn, run_id, generation, name, *, key=DEFAULT_KEY, timeout=None, worker=WORKER,
-               tenant=None, now=at(1)):
-    return await conn.fetchrow(WAIT, run_id, worker, generation, f"#event:{name}" if key is DEFAULT_KEY else key, name,
-                               timeout, tenant, None, now)
+async def wait(conn, run_id, generation, name, *, key=DEFAULT_KEY, seconds=None, worker=WORKER,
+               tenant=None, now=None):
+    step_key = f"#event:{name}" if key is DEFAULT_KEY else key
+    return await conn.fetchrow(WAIT, run_id, worker, generation, step_key, name, seconds, tenant,
+                               None, at(1) if now is None else now)
 
 
-async def emit(conn, name, payload=None, *, tenant=None, workspace=None, now=at(2)):
-    return await conn.fetchrow(EMIT, name, json.dumps(payload), tenant, workspace, now)
+async def emit(conn, name, payload=None, *, tenant=None, workspace=None, now=None):
+    return await conn.fetchrow(EMIT, name, json.dumps(payload), tenant, workspace,
+                               at(2) if now is None else now)
 
 
 async def reclaim(conn, run_id, *, now, tenant=None):
@@ -88,11 +92,14 @@ async def test_record_then_read_first_result_wins(clock_conn):
     lease = await make_run(clock_conn, "running")
     assert tuple(await get(clock_conn, lease, "fetch")) == (False, None)
     first = await record(clock_conn, lease, "fetch", {"n": 1})
-    assert first["recorded"] is True and json.loads(first["result"]) == {"n": 1}
+    assert first["recorded"] is True
+    assert json.loads(first["result"]) == {"n": 1}
     second = await record(clock_conn, lease, "fetch", {"n": 2})
-    assert second["recorded"] is False and json.loads(second["result"]) == {"n": 1}
+    assert second["recorded"] is False
+    assert json.loads(second["result"]) == {"n": 1}
     read = await get(clock_conn, lease, "fetch")
-    assert read["step_found"] is True and json.loads(read["result"]) == {"n": 1}
+    assert read["step_found"] is True
+    assert json.loads(read["result"]) == {"n": 1}
     rows = await clock_conn.fetch(STEPS, lease.run_id)
     assert [(r["step_key"], r["lease_generation"], r["attempt"]) for r in rows] == [
         ("fetch", lease.generation, 1)]
@@ -102,7 +109,8 @@ async def test_json_null_is_a_result(clock_conn):
     lease = await make_run(clock_conn, "running")
     assert (await record(clock_conn, lease, "nothing", None))["recorded"] is True
     read = await get(clock_conn, lease, "nothing")
-    assert read["step_found"] is True and read["result"] == "null"
+    assert read["step_found"] is True
+    assert read["result"] == "null"
 
 
 async def test_stale_holder_can_neither_record_nor_read(clock_conn):
@@ -183,7 +191,8 @@ async def test_steps_are_pruned_with_their_run(clock_conn):
 async def test_wait_emit_resume(clock_conn):
     lease = await make_run(clock_conn, "running")
     waited = await wait(clock_conn, lease.run_id, lease.generation, "approval:42")
-    assert waited["outcome"] == "waiting" and waited["timeout_at"] is None
+    assert waited["outcome"] == "waiting"
+    assert waited["timeout_at"] is None
     row = await run_row(clock_conn, lease.run_id)
     assert (row["status"], row["wait_reason"], row["lease_worker_id"], row["attempts"]) == (
         "waiting", "event:approval:42", None, 0)
@@ -193,7 +202,8 @@ async def test_wait_emit_resume(clock_conn):
     assert (row["status"], row["wait_reason"]) == ("pending", None)
     generation = await reclaim(clock_conn, lease.run_id, now=at(3))
     again = await wait(clock_conn, lease.run_id, generation, "approval:42", now=at(4))
-    assert again["outcome"] == "received" and json.loads(again["payload"]) == {"ok": True}
+    assert again["outcome"] == "received"
+    assert json.loads(again["payload"]) == {"ok": True}
     steps = await clock_conn.fetch(STEPS, lease.run_id)
     assert [(s["step_key"], json.loads(s["result"])["outcome"]) for s in steps] == [
         ("#event:approval:42", "received")]
@@ -207,7 +217,8 @@ async def test_emit_before_wait_is_seen_without_leaving_the_worker(clock_conn):
     assert tuple(await emit(clock_conn, "early", [1, 2], now=at(0))) == (True, 0)
     lease = await make_run(clock_conn, "running")
     waited = await wait(clock_conn, lease.run_id, lease.generation, "early")
-    assert waited["outcome"] == "received" and json.loads(waited["payload"]) == [1, 2]
+    assert waited["outcome"] == "received"
+    assert json.loads(waited["payload"]) == [1, 2]
     assert (await run_row(clock_conn, lease.run_id))["status"] == "running"
 
 
@@ -224,23 +235,26 @@ async def test_second_emit_wakes_nothing(clock_conn):
     await wait(clock_conn, lease.run_id, lease.generation, "e")
     assert tuple(await emit(clock_conn, "e", 1)) == (True, 1)
     generation = await reclaim(clock_conn, lease.run_id, now=at(3))
-    assert (await wait(clock_conn, lease.run_id, generation, "e", now=at(4)))["outcome"] == "received"
+    waited = await wait(clock_conn, lease.run_id, generation, "e", now=at(4))
+    assert waited["outcome"] == "received"
     assert tuple(await emit(clock_conn, "e", 2, now=at(5))) == (False, 0)
     assert (await run_row(clock_conn, lease.run_id))["status"] == "running"
 
 
 async def test_timeout(clock_conn):
     lease = await make_run(clock_conn, "running")
-    waited = await wait(clock_conn, lease.run_id, lease.generation, "slow", timeout=30, now=at(10))
-    assert waited["outcome"] == "waiting" and waited["timeout_at"] == at(40)
+    waited = await wait(clock_conn, lease.run_id, lease.generation, "slow", seconds=30, now=at(10))
+    assert waited["outcome"] == "waiting"
+    assert waited["timeout_at"] == at(40)
     assert await clock_conn.fetchval(WAKE, [DEPLOYMENT], 100, at(39)) == 0
     assert (await run_row(clock_conn, lease.run_id))["status"] == "waiting"
     assert await clock_conn.fetchval(WAKE, [DEPLOYMENT], 100, at(41)) == 1
     assert await clock_conn.fetchval(WAKE, [DEPLOYMENT], 100, at(42)) == 0  # once
     generation = await reclaim(clock_conn, lease.run_id, now=at(43))
     # The replay keeps the first wait's deadline, whatever timeout it passes now.
-    again = await wait(clock_conn, lease.run_id, generation, "slow", timeout=3600, now=at(44))
-    assert again["outcome"] == "timed_out" and again["payload"] is None
+    again = await wait(clock_conn, lease.run_id, generation, "slow", seconds=3600, now=at(44))
+    assert again["outcome"] == "timed_out"
+    assert again["payload"] is None
     # An emit after the timeout wakes nothing and changes no recorded outcome.
     assert tuple(await emit(clock_conn, "slow", 1, now=at(45))) == (True, 0)
     replay = await wait(clock_conn, lease.run_id, generation, "slow", now=at(46))
@@ -249,23 +263,25 @@ async def test_timeout(clock_conn):
 
 async def test_event_after_deadline_but_before_the_sweep_is_a_timeout(clock_conn):
     lease = await make_run(clock_conn, "running")
-    await wait(clock_conn, lease.run_id, lease.generation, "e", timeout=10, now=at(0))
+    await wait(clock_conn, lease.run_id, lease.generation, "e", seconds=10, now=at(0))
     assert tuple(await emit(clock_conn, "e", 1, now=at(20))) == (True, 1)  # wakes it, too late
     generation = await reclaim(clock_conn, lease.run_id, now=at(21))
-    assert (await wait(clock_conn, lease.run_id, generation, "e", now=at(22)))["outcome"] == "timed_out"
+    waited = await wait(clock_conn, lease.run_id, generation, "e", now=at(22))
+    assert waited["outcome"] == "timed_out"
 
 
 async def test_event_by_the_deadline_is_received(clock_conn):
     lease = await make_run(clock_conn, "running")
-    await wait(clock_conn, lease.run_id, lease.generation, "e", timeout=10, now=at(0))
+    await wait(clock_conn, lease.run_id, lease.generation, "e", seconds=10, now=at(0))
     assert tuple(await emit(clock_conn, "e", 1, now=at(10))) == (True, 1)
     generation = await reclaim(clock_conn, lease.run_id, now=at(30))
-    assert (await wait(clock_conn, lease.run_id, generation, "e", now=at(31)))["outcome"] == "received"
+    waited = await wait(clock_conn, lease.run_id, generation, "e", now=at(31))
+    assert waited["outcome"] == "received"
 
 
 async def test_zero_timeout_times_out_at_once(clock_conn):
     lease = await make_run(clock_conn, "running")
-    waited = await wait(clock_conn, lease.run_id, lease.generation, "e", timeout=0)
+    waited = await wait(clock_conn, lease.run_id, lease.generation, "e", seconds=0)
     assert waited["outcome"] == "timed_out"
     assert (await run_row(clock_conn, lease.run_id))["status"] == "running"
 
@@ -294,11 +310,11 @@ async def test_bad_event_name_is_zp008(clock_conn, name):
     assert (await run_row(clock_conn, lease.run_id))["status"] == "running"
 
 
-@pytest.mark.parametrize("timeout", [-1, float("nan"), 366 * 86400 + 1])
-async def test_bad_timeout_is_zp008(clock_conn, timeout):
+@pytest.mark.parametrize("bad", [-1, float("nan"), 366 * 86400 + 1])
+async def test_bad_timeout_is_zp008(clock_conn, bad):
     lease = await make_run(clock_conn, "running")
     assert await sqlstate(clock_conn, lambda: wait(clock_conn, lease.run_id, lease.generation,
-                                                   "e", timeout=timeout)) == "ZP008"
+                                                   "e", seconds=bad)) == "ZP008"
     assert (await run_row(clock_conn, lease.run_id))["status"] == "running"
 
 
@@ -325,19 +341,21 @@ async def test_pending_cancel_request_wins_over_waiting(clock_conn):
     assert await clock_conn.fetchval(
         "SELECT zeroth_test.request_cancel(run_id => $1, now_override => $2)",
         lease.run_id, at(1)) == "cancel_requested"
-    assert (await wait(clock_conn, lease.run_id, lease.generation, "e", now=at(2)))["outcome"] == "cancelled"
+    waited = await wait(clock_conn, lease.run_id, lease.generation, "e", now=at(2))
+    assert waited["outcome"] == "cancelled"
     row = await run_row(clock_conn, lease.run_id)
     assert (row["status"], row["lease_worker_id"]) == ("cancelled", None)
 
 
 async def test_resume_run_of_an_event_wait_keeps_the_deadline(clock_conn):
     lease = await make_run(clock_conn, "running")
-    first = await wait(clock_conn, lease.run_id, lease.generation, "e", timeout=100, now=at(0))
+    first = await wait(clock_conn, lease.run_id, lease.generation, "e", seconds=100, now=at(0))
     assert await clock_conn.fetchval(
         "SELECT zeroth_test.resume_run(run_id => $1, now_override => $2)", lease.run_id, at(5))
     generation = await reclaim(clock_conn, lease.run_id, now=at(6))
-    again = await wait(clock_conn, lease.run_id, generation, "e", timeout=5, now=at(7))
-    assert again["outcome"] == "waiting" and again["timeout_at"] == first["timeout_at"] == at(100)
+    again = await wait(clock_conn, lease.run_id, generation, "e", seconds=5, now=at(7))
+    assert again["outcome"] == "waiting"
+    assert again["timeout_at"] == first["timeout_at"] == at(100)
 
 
 async def test_pause_and_resume_still_work(clock_conn):
