@@ -939,9 +939,13 @@ class RunWorker:
             log.info("run %s cancelled on request instead of sleeping", entry.run.run_id)
             tracing.outcome(span, "cancelled")
             return
-        self.metrics.runs_slept.labels(deployment).inc()
-        log.info("run %s attempt %d sleeps until %s", entry.run.run_id, entry.ctx.attempt,
-                 None if slept is None else slept.run_after)
+        self.metrics.runs_slept.labels(deployment).inc()  # waits for an event count here too
+        if slept is not None and slept.outcome is SleepOutcome.WAITING:
+            log.info("run %s attempt %d waits for an event (deadline %s)", entry.run.run_id,
+                     entry.ctx.attempt, slept.run_after)
+        else:
+            log.info("run %s attempt %d sleeps until %s", entry.run.run_id, entry.ctx.attempt,
+                     None if slept is None else slept.run_after)
         tracing.outcome(span, "slept")
 
     async def _complete(self, entry: ActiveRun, output: Any) -> bool | None:
