@@ -281,6 +281,8 @@ class SyncRunContext:
     def step(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """:meth:`RunContext.step`, blocking: ``fn`` runs in this (the handler's) thread; the
         read and the record run on the worker's event loop, fenced."""
+        if self._run.slept is not None:  # left its worker already (it swallowed RunSlept)
+            raise RunSlept(self._run.slept)
         key = self._run._next_step_key(name)
         recorded, result = self._call(self._run._read_step(key))
         if recorded:

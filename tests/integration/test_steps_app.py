@@ -137,3 +137,29 @@ async def test_step_names_with_hash_are_refused(app: App, pool, serve):
     await serve()
     row = await status(pool, queued.run_id, "failed")
     assert "InvalidArgumentError" in row["error"]
+
+
+async def test_a_handler_that_swallows_the_wait_writes_nothing_more(app: App, pool, serve):
+    seen: list[str] = []
+
+    @app.deployment("swallows")
+    async def swallows(run) -> str:
+        try:
+            await run.wait_for_event("later")
+        except BaseException as exc:
+            seen.append(type(exc).__name__)
+        try:
+            await run.step("after", lambda: "stolen")
+        except BaseException as exc:
+            seen.append(type(exc).__name__)
+        return "returned anyway"
+
+    queued = await swallows.enqueue()
+    await serve()
+    row = await status(pool, queued.run_id, "waiting")
+    assert row["wait_reason"] == "event:later"
+    await wait_until(lambda: len(seen) == 2, "the handler to return", within=WITHIN)
+    # The wait stands (no completion), and the step after it was never recorded.
+    assert seen == ["RunSlept", "RunSlept"]
+    assert (await status(pool, queued.run_id, "waiting"))["output"] is None
+    assert await steps(pool, queued.run_id) == {}

@@ -257,7 +257,11 @@ class RunContext:
         list). The n-th use of one name in an attempt is the step ``name#n``, so keep the order
         of steps deterministic. The result must be JSON: anything else raises StepResultError
         and records nothing. While ``fn`` runs, :attr:`step_idempotency_key` names the step.
+        After the attempt slept or left to wait (a handler that swallowed :class:`RunSlept`) it
+        raises RunSlept again and calls nothing.
         """
+        if self.slept is not None:  # left its worker already (a handler that swallowed it)
+            raise RunSlept(self.slept)
         key = self._next_step_key(name)
         with tracing.step("step", self.scope.deployment_ref, self.run_id):
             recorded, result = await self._read_step(key)
