@@ -159,3 +159,25 @@ class TestOtherTenant:
         worker = await login("worker")
         result = await worker.fetch("SELECT * FROM zeroth.wake_due_waits()")
         assert [tuple(r) for r in result] == [(0,)]
+
+
+class TestManualUpdate:
+    async def test_a_dba_making_a_waiting_run_pending_by_hand_loses_no_wait(self, login, admin):
+        """A plain UPDATE (no resume_run): the replay waits again on the same deadline, the
+        emit still wakes it, and the payload is recorded once."""
+        worker = await login("worker")
+        run_id, generation = await held_run(admin, worker)
+        first = await worker.fetchrow(WAIT.replace("tenant_id => $4", "tenant_id => $4, "
+                                                   "timeout_seconds => 3600")
+                                      .replace("SELECT outcome", "SELECT outcome, timeout_at"),
+                                      run_id, "w1", generation, "acme")
+        assert first["outcome"] == "waiting"
+        await admin.execute("""UPDATE zeroth.runs SET status = 'pending', wait_reason = NULL,
+                                      run_after = clock_timestamp() WHERE run_id = $1""", run_id)
+        (claimed,) = await worker.fetch(CLAIM, "w1", "acme", 60)
+        again = await worker.fetchrow(WAIT.replace("SELECT outcome", "SELECT outcome, timeout_at"),
+                                      run_id, "w1", claimed["lease_generation"], "acme")
+        assert (again["outcome"], again["timeout_at"]) == ("waiting", first["timeout_at"])
+        assert await admin.fetchval(
+            "SELECT count(*) FROM zeroth.event_waits WHERE run_id = $1", run_id) == 1
+        assert tuple(await worker.fetchrow(EMIT, json.dumps("ok"), "acme")) == (True, 1)
