@@ -650,6 +650,47 @@ ALTER TABLE zeroth.code_version OWNER TO zeroth_owner;
 COMMENT ON TABLE zeroth.code_version IS 'One row: the sha256 of the sql/functions files the last upgrade applied, the md5 of the catalog''s definitions of the schema''s functions, views and triggers right after, and the zeroth-pg version that applied them (an older package refuses to put older code back). Written by zeroth_pg.migrate; readable by zeroth_owner only.';
 
 --
+-- Name: event_waits; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE TABLE zeroth.event_waits (
+    tenant_id text NOT NULL,
+    workspace_key text NOT NULL,
+    run_id uuid NOT NULL,
+    step_key text NOT NULL,
+    name text NOT NULL,
+    timeout_at timestamp with time zone,
+    created_at timestamp with time zone NOT NULL
+);
+
+ALTER TABLE zeroth.event_waits OWNER TO zeroth_owner;
+
+--
+-- Name: TABLE event_waits; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON TABLE zeroth.event_waits IS 'A run waiting on an event of its scope (wait_for_event): the step key its result will be recorded under and the database time it times out (NULL: never). Kept until that result is recorded; deleted with the run.';
+
+--
+-- Name: events; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE TABLE zeroth.events (
+    tenant_id text NOT NULL,
+    workspace_key text NOT NULL,
+    name text NOT NULL,
+    payload jsonb,
+    emitted_at timestamp with time zone,
+    created_at timestamp with time zone NOT NULL,
+    CONSTRAINT events_emitted CHECK (((payload IS NULL) = (emitted_at IS NULL))),
+    CONSTRAINT events_name_valid CHECK (((name <> ''::text) AND (length(name) <= 200)))
+);
+
+ALTER TABLE zeroth.events OWNER TO zeroth_owner;
+
+--
+-- Name: TABLE events; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON TABLE zeroth.events IS 'External events of a scope by name (emit_event): payload and emitted_at are written once (first write wins). A row with emitted_at NULL is a channel a run waits on; its row lock serialises wait_for_event against emit_event.';
+
+--
 -- Name: lock_stripes; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
 --
 CREATE TABLE zeroth.lock_stripes (
@@ -703,6 +744,28 @@ COMMENT ON COLUMN zeroth.rate_limits.last_start_at IS 'Kept by the claims: the d
 -- Name: COLUMN rate_limits.note; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
 COMMENT ON COLUMN zeroth.rate_limits.note IS 'Free text for the DBA (whose quota this is).';
+
+--
+-- Name: run_steps; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE TABLE zeroth.run_steps (
+    tenant_id text NOT NULL,
+    workspace_key text NOT NULL,
+    run_id uuid NOT NULL,
+    step_key text NOT NULL,
+    result jsonb NOT NULL,
+    lease_generation bigint NOT NULL,
+    attempt integer NOT NULL,
+    recorded_at timestamp with time zone NOT NULL,
+    CONSTRAINT run_steps_step_key_valid CHECK (((step_key <> ''::text) AND (length(step_key) <= 400)))
+);
+
+ALTER TABLE zeroth.run_steps OWNER TO zeroth_owner;
+
+--
+-- Name: TABLE run_steps; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON TABLE zeroth.run_steps IS 'Recorded step results per run (run.step, wait_for_event): written once per (run, step_key) by the live lease holder (record_step, wait_for_event); first recorded result wins. lease_generation and attempt say which attempt recorded it. Deleted with the run.';
 
 --
 -- Name: schedule_fires; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
@@ -764,6 +827,18 @@ ALTER TABLE ONLY zeroth.code_version
     ADD CONSTRAINT code_version_pkey PRIMARY KEY (id);
 
 --
+-- Name: event_waits event_waits_pkey; Type: CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE ONLY zeroth.event_waits
+    ADD CONSTRAINT event_waits_pkey PRIMARY KEY (tenant_id, workspace_key, run_id, step_key);
+
+--
+-- Name: events events_pkey; Type: CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE ONLY zeroth.events
+    ADD CONSTRAINT events_pkey PRIMARY KEY (tenant_id, workspace_key, name);
+
+--
 -- Name: lock_stripes lock_stripes_pkey; Type: CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
 --
 ALTER TABLE ONLY zeroth.lock_stripes
@@ -786,6 +861,12 @@ ALTER TABLE ONLY zeroth.rate_limit_starts
 --
 ALTER TABLE ONLY zeroth.rate_limits
     ADD CONSTRAINT rate_limits_pkey PRIMARY KEY (name);
+
+--
+-- Name: run_steps run_steps_pkey; Type: CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE ONLY zeroth.run_steps
+    ADD CONSTRAINT run_steps_pkey PRIMARY KEY (tenant_id, workspace_key, run_id, step_key);
 
 --
 -- Name: runs runs_pkey; Type: CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
@@ -826,6 +907,16 @@ CREATE INDEX admission_slots_run_idx ON zeroth.admission_slots USING btree (run_
 -- Name: checkpoints_run_order_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner
 --
 CREATE INDEX checkpoints_run_order_idx ON zeroth.checkpoints USING btree (tenant_id, workspace_key, run_id, checkpoint_order DESC);
+
+--
+-- Name: event_waits_name_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE INDEX event_waits_name_idx ON zeroth.event_waits USING btree (tenant_id, workspace_key, name);
+
+--
+-- Name: event_waits_timeout_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE INDEX event_waits_timeout_idx ON zeroth.event_waits USING btree (timeout_at) WHERE (timeout_at IS NOT NULL);
 
 --
 -- Name: runs_claim_pending_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner
@@ -889,10 +980,22 @@ ALTER TABLE ONLY zeroth.checkpoints
     ADD CONSTRAINT checkpoints_run_fkey FOREIGN KEY (tenant_id, workspace_key, run_id) REFERENCES zeroth.runs(tenant_id, workspace_key, run_id) ON DELETE CASCADE;
 
 --
+-- Name: event_waits event_waits_run_fkey; Type: FK CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE ONLY zeroth.event_waits
+    ADD CONSTRAINT event_waits_run_fkey FOREIGN KEY (tenant_id, workspace_key, run_id) REFERENCES zeroth.runs(tenant_id, workspace_key, run_id) ON DELETE CASCADE;
+
+--
 -- Name: rate_limit_starts rate_limit_starts_name_fkey; Type: FK CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
 --
 ALTER TABLE ONLY zeroth.rate_limit_starts
     ADD CONSTRAINT rate_limit_starts_name_fkey FOREIGN KEY (name) REFERENCES zeroth.rate_limits(name) ON UPDATE CASCADE ON DELETE CASCADE;
+
+--
+-- Name: run_steps run_steps_run_fkey; Type: FK CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE ONLY zeroth.run_steps
+    ADD CONSTRAINT run_steps_run_fkey FOREIGN KEY (tenant_id, workspace_key, run_id) REFERENCES zeroth.runs(tenant_id, workspace_key, run_id) ON DELETE CASCADE;
 
 --
 -- Name: schedule_fires schedule_fires_schedule_id_fkey; Type: FK CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
@@ -932,6 +1035,16 @@ COMMENT ON POLICY checkpoints_reader_tenant ON zeroth.checkpoints IS 'zeroth_rea
 ALTER TABLE zeroth.code_version ENABLE ROW LEVEL SECURITY;
 
 --
+-- Name: event_waits; Type: ROW SECURITY; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE zeroth.event_waits ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: events; Type: ROW SECURITY; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE zeroth.events ENABLE ROW LEVEL SECURITY;
+
+--
 -- Name: lock_stripes; Type: ROW SECURITY; Schema: zeroth; Owner: zeroth_owner
 --
 ALTER TABLE zeroth.lock_stripes ENABLE ROW LEVEL SECURITY;
@@ -962,6 +1075,11 @@ CREATE POLICY rate_limits_reader_tenant ON zeroth.rate_limits FOR SELECT TO zero
 -- Name: POLICY rate_limits_reader_tenant ON rate_limits; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
 COMMENT ON POLICY rate_limits_reader_tenant ON zeroth.rate_limits IS 'zeroth_reader sees the keys named by a scope of the tenant in the setting zeroth.tenant_id (none when unset).';
+
+--
+-- Name: run_steps; Type: ROW SECURITY; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE zeroth.run_steps ENABLE ROW LEVEL SECURITY;
 
 --
 -- Name: runs; Type: ROW SECURITY; Schema: zeroth; Owner: zeroth_owner

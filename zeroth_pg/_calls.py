@@ -102,6 +102,22 @@ SLEEP_RUN = """SELECT outcome, run_after, checkpoint_id FROM zeroth.sleep_run(ru
     worker_id => $2, generation => $3, resume_at => $4, delay_seconds => $5,
     checkpoint => $6::text::jsonb, tenant_id => $7, workspace_id => $8)"""
 
+GET_STEP = """SELECT step_found, result::text AS result FROM zeroth.get_step(run_id => $1,
+    worker_id => $2, generation => $3, step_key => $4, tenant_id => $5, workspace_id => $6)"""
+
+RECORD_STEP = """SELECT recorded, recorded_result::text AS recorded_result FROM zeroth.record_step(
+    run_id => $1, worker_id => $2, generation => $3, step_key => $4, result => $5::text::jsonb,
+    tenant_id => $6, workspace_id => $7)"""
+
+WAIT_FOR_EVENT = """SELECT outcome, payload::text AS payload, timeout_at FROM zeroth.wait_for_event(
+    run_id => $1, worker_id => $2, generation => $3, step_key => $4, name => $5,
+    timeout_seconds => $6, tenant_id => $7, workspace_id => $8)"""
+
+EMIT_EVENT = """SELECT emitted, woken FROM zeroth.emit_event(name => $1, payload => $2::text::jsonb,
+    tenant_id => $3, workspace_id => $4)"""
+
+WAKE_DUE_WAITS = """SELECT zeroth.wake_due_waits(deployment_refs => $1::text[], batch_size => $2)"""
+
 RELEASE_LEASE = """SELECT zeroth.release_lease(run_id => $1, worker_id => $2, generation => $3,
     tenant_id => $4, workspace_id => $5)"""
 

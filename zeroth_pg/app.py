@@ -46,6 +46,7 @@ from zeroth_pg.client import LeaseManager, unstorable
 from zeroth_pg.errors import InvalidPayloadError, LeaseLostError
 from zeroth_pg.types import EnqueuedRun, RetryPolicy
 from zeroth_pg.worker import PeriodicSchedule, RunContext, RunSlept, RunWorker
+from zeroth_pg.worker._run import _CURRENT_STEP
 
 __all__ = ["App", "Deployment", "SyncRunContext"]
 
@@ -266,6 +267,39 @@ class SyncRunContext:
         """:meth:`RunContext.sleep_until`, blocking; as :meth:`sleep`."""
         self._call(self._run.sleep_until(when, checkpoint=checkpoint))
         raise AssertionError("unreachable: RunContext.sleep_until always raises")
+
+    @property
+    def step_key(self) -> str | None:
+        """:attr:`RunContext.step_key` (the step whose function runs in this thread)."""
+        return self._run.step_key
+
+    @property
+    def step_idempotency_key(self) -> str | None:
+        """:attr:`RunContext.step_idempotency_key`."""
+        return self._run.step_idempotency_key
+
+    def step(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """:meth:`RunContext.step`, blocking: ``fn`` runs in this (the handler's) thread; the
+        read and the record run on the worker's event loop, fenced."""
+        if self._run.slept is not None:  # left its worker already (it swallowed RunSlept)
+            raise RunSlept(self._run.slept)
+        key = self._run._next_step_key(name)
+        recorded, result = self._call(self._run._read_step(key))
+        if recorded:
+            return result
+        token = _CURRENT_STEP.set(key)
+        try:
+            value = fn(*args, **kwargs)
+        finally:
+            _CURRENT_STEP.reset(token)
+        return self._call(self._run._record_step(key, value))
+
+    def wait_for_event(self, name: str, *, timeout: float | None = None) -> Any:
+        """:meth:`RunContext.wait_for_event`, blocking: returns the payload, raises
+        :class:`~zeroth_pg.errors.EventTimeoutError`, or raises
+        :class:`~zeroth_pg.worker.RunSlept` (let it propagate) when the run leaves its worker
+        to wait; the function is called again from the start once the event is emitted."""
+        return self._call(self._run.wait_for_event(name, timeout=timeout))
 
 
 async def _in_thread(fn: Callable[..., Any], run: RunContext, arguments: dict[str, Any]) -> Any:

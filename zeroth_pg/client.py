@@ -28,7 +28,10 @@ from zeroth_pg.types import (
     CancelOutcome,
     ClaimedRun,
     CompleteAndClaimResult,
+    EmitResult,
     EnqueuedRun,
+    EventWait,
+    EventWaitOutcome,
     FailOutcome,
     LeaseClaimResult,
     LeaseRenewal,
@@ -45,6 +48,7 @@ from zeroth_pg.types import (
     ScopesClaimResult,
     SleepOutcome,
     SleepResult,
+    StepResult,
 )
 
 __all__ = ["Executor", "LeaseManager"]
@@ -677,6 +681,70 @@ class LeaseManager:
             return None
         return SleepResult(outcome=SleepOutcome(row["outcome"]), run_after=row["run_after"],
                            checkpoint_id=row["checkpoint_id"])
+
+    # -- steps and events ------------------------------------------------------------------
+
+    async def get_step(
+        self, run_id: RunId, worker_id: str, step_key: str, *, generation: int,
+        tenant_id: str | None = None, workspace_id: str | None = None,
+        conn: Executor | None = None,
+    ) -> StepResult | None:
+        """A step's recorded result, read by the live holder only (``zeroth.get_step``):
+        ``recorded`` False when none is recorded yet; None when fenced out."""
+        row = (await self._fetch(_calls.GET_STEP, _uuid(run_id), worker_id, generation, step_key,
+                                 tenant_id, workspace_id, conn=conn))[0]
+        if row["step_found"] is None:
+            return None
+        return StepResult(recorded=bool(row["step_found"]), result=_loads(row["result"]))
+
+    async def record_step(
+        self, run_id: RunId, worker_id: str, step_key: str, result: Any, *, generation: int,
+        tenant_id: str | None = None, workspace_id: str | None = None,
+        conn: Executor | None = None,
+    ) -> StepResult | None:
+        """Record a step's result once, fenced (``zeroth.record_step``): the first recorded
+        result wins and is returned (``recorded`` False: an earlier one won); None when fenced
+        out. ``result`` must be JSON (None is JSON null)."""
+        row = (await self._fetch(_calls.RECORD_STEP, _uuid(run_id), worker_id, generation,
+                                 step_key, _json(result), tenant_id, workspace_id, conn=conn))[0]
+        if row["recorded"] is None:
+            return None
+        return StepResult(recorded=bool(row["recorded"]), result=_loads(row["recorded_result"]))
+
+    async def wait_for_event(
+        self, run_id: RunId, worker_id: str, step_key: str, name: str, *, generation: int,
+        timeout_seconds: float | None = None, tenant_id: str | None = None,
+        workspace_id: str | None = None, conn: Executor | None = None,
+    ) -> EventWait | None:
+        """Wait for the event ``name`` of the run's scope as step ``step_key``, fenced
+        (``zeroth.wait_for_event``): received / timed_out (recorded), or the run left its
+        worker (waiting; cancelled when a cancel request was pending). None when fenced out."""
+        row = (await self._fetch(_calls.WAIT_FOR_EVENT, _uuid(run_id), worker_id, generation,
+                                 step_key, name, timeout_seconds, tenant_id, workspace_id,
+                                 conn=conn))[0]
+        if row["outcome"] is None:
+            return None
+        return EventWait(outcome=EventWaitOutcome(row["outcome"]),
+                         payload=_loads(row["payload"]), timeout_at=row["timeout_at"])
+
+    async def emit_event(
+        self, name: str, payload: Any = None, *, tenant_id: str | None = None,
+        workspace_id: str | None = None, conn: Executor | None = None,
+    ) -> EmitResult:
+        """Emit the event ``name`` of a scope (``zeroth.emit_event``): idempotent, first write
+        wins; every run of the scope waiting on it becomes pending."""
+        row = (await self._fetch(_calls.EMIT_EVENT, name, _json(payload), tenant_id,
+                                 workspace_id, conn=conn))[0]
+        return EmitResult(emitted=bool(row["emitted"]), woken=int(row["woken"]))
+
+    async def wake_due_waits(
+        self, deployment_refs: Sequence[str] | None = None, *, batch_size: int = 100,
+        conn: Executor | None = None,
+    ) -> int:
+        """Runs waiting on an event past their deadline → pending (``zeroth.wake_due_waits``);
+        returns how many (call again while it returns ``batch_size``)."""
+        refs = None if deployment_refs is None else list(deployment_refs)
+        return int(await self._fetchval(_calls.WAKE_DUE_WAITS, refs, batch_size, conn=conn))
 
     # -- giving a lease back ---------------------------------------------------------------
 

@@ -17,6 +17,7 @@ __all__ = [
     "CheckpointConflictError",
     "ConnectionLostError",
     "DatabaseError",
+    "EventTimeoutError",
     "FenceColumnWriteError",
     "InvalidArgumentError",
     "InvalidPayloadError",
@@ -27,6 +28,7 @@ __all__ = [
     "RetryableError",
     "RunNotFoundError",
     "ScheduleNotFoundError",
+    "StepResultError",
     "UnknownColumnError",
     "ZerothError",
     "translate",
@@ -117,6 +119,24 @@ class InvalidPayloadError(InvalidArgumentError, NonRetryableError):
     can make its payload fit."""
 
     sqlstate = None  # raised in Python only: the server's ZP008 stays InvalidArgumentError
+
+
+class StepResultError(InvalidArgumentError, NonRetryableError):
+    """A step's function returned a value that is not JSON (a set, an object, NaN, ...) or that
+    PostgreSQL cannot store. Raised by ``run.step`` before anything is recorded; the attempt
+    fails without a retry (the same code would return the same value again)."""
+
+    sqlstate = None  # raised in Python only
+
+
+class EventTimeoutError(ZerothError, TimeoutError):
+    """``run.wait_for_event`` reached its deadline before the event was emitted. The timeout is
+    the wait's recorded step result, so every replay of the handler raises it again at the same
+    place: catch it to go on without the event."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"event {name!r} was not emitted before the wait's deadline")
+        self.name = name
 
 
 class DatabaseError(ZerothError):

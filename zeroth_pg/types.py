@@ -11,7 +11,10 @@ from uuid import UUID
 __all__ = [
     "CancelOutcome",
     "ClaimedRun",
+    "EmitResult",
     "EnqueuedRun",
+    "EventWait",
+    "EventWaitOutcome",
     "FailOutcome",
     "LeaseClaimResult",
     "LeaseRenewal",
@@ -28,6 +31,7 @@ __all__ = [
     "ScopesClaimResult",
     "SleepOutcome",
     "SleepResult",
+    "StepResult",
 ]
 
 
@@ -66,6 +70,7 @@ class SleepOutcome(StrEnum):
 
     SLEEPING = "sleeping"  # pending until run_after; the attempt was given back
     CANCELLED = "cancelled"  # a cancel request was pending: cancelled instead of sleeping
+    WAITING = "waiting"  # wait_for_event: waiting for an event; run_after is the wait's deadline
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +81,43 @@ class SleepResult:
     outcome: SleepOutcome
     run_after: datetime | None
     checkpoint_id: UUID | None
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """A step's row (``zeroth.get_step`` / ``zeroth.record_step``) for the live holder:
+    ``recorded`` says whether a result is recorded (get_step) or whether this call recorded it
+    (record_step: False when an earlier result won, which is the ``result`` returned)."""
+
+    recorded: bool
+    result: Any
+
+
+class EventWaitOutcome(StrEnum):
+    """What ``zeroth.wait_for_event`` did."""
+
+    RECEIVED = "received"  # the event was there (now, or recorded by an earlier attempt)
+    TIMED_OUT = "timed_out"  # the wait's deadline passed first (recorded)
+    WAITING = "waiting"  # the run left its worker: status waiting until the event or deadline
+    CANCELLED = "cancelled"  # a cancel request was pending: cancelled instead of waiting
+
+
+@dataclass(frozen=True, slots=True)
+class EventWait:
+    """The row of ``zeroth.wait_for_event`` that was not fenced out."""
+
+    outcome: EventWaitOutcome
+    payload: Any
+    timeout_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class EmitResult:
+    """The row of ``zeroth.emit_event``: ``emitted`` False for a repeat (first write wins);
+    ``woken`` runs made pending."""
+
+    emitted: bool
+    woken: int
 
 
 @dataclass(frozen=True, slots=True)

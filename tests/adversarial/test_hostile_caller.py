@@ -54,7 +54,7 @@ LEASE = 3600.0
 CANCELS = {"request_cancel", "request_cancel_v2", "admit_run"}
 FENCED = {"commit_fenced", "update_run_progress", "start_run", "save_checkpoint", "complete_run",
           "fail_run", "cancel_run", "pause_run", "release_lease", "hand_back_to_pending",
-          "expire_recovery_lease", "renew_lease"}
+          "expire_recovery_lease", "renew_lease", "record_step", "wait_for_event"}
 
 
 def scope_key(tenant_id: str | None, workspace_id: str | None) -> tuple[str | None, str]:
@@ -224,6 +224,10 @@ def arguments(function: Function, world: Seed) -> st.SearchStrategy[dict[str, An
         "missed_fire_policy": st.sampled_from(["skip", "catch_up"]),
         "catch_up_limit": st.sampled_from([None, 5]),
         "max_schedules": st.sampled_from([1, 100]), "max_fires": st.sampled_from([1, 1000]),
+        # Steps and events (a step of a victim's run, a wait on a schedule-named event).
+        "step_key": st.sampled_from(["s-1", "#event:s-1"]),
+        "result": st.sampled_from(['{"stolen": true}', "null"]),
+        "timeout_seconds": st.sampled_from([None, 0.0, 60.0]),
     }
 
     @st.composite

@@ -13,7 +13,9 @@ completing run's completion go out (the fence in SQL decides it).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import enum
+import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -21,8 +23,14 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 from uuid import UUID
 
 from zeroth_pg import tracing
-from zeroth_pg.errors import LeaseLostError
-from zeroth_pg.types import ClaimedRun, Scope, SleepResult
+from zeroth_pg.client import _json
+from zeroth_pg.errors import (
+    EventTimeoutError,
+    InvalidArgumentError,
+    LeaseLostError,
+    StepResultError,
+)
+from zeroth_pg.types import ClaimedRun, EventWaitOutcome, Scope, SleepOutcome, SleepResult
 
 if TYPE_CHECKING:
     from zeroth_pg.worker._worker import RunWorker
@@ -39,6 +47,14 @@ __all__ = [
 ]
 
 Handler = Callable[["RunContext"], Awaitable[Any]]
+
+#: The step key of the step whose function is running in this context (``run.step``), so
+#: concurrent steps of one handler (asyncio.gather) each see their own.
+_CURRENT_STEP: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "zeroth_current_step", default=None)
+
+#: Waits are keyed "#event:<name>"; a step name may not hold "#", so the two never collide.
+_EVENT_STEP_PREFIX = "#event:"
 
 
 class RunSlept(BaseException):
@@ -114,6 +130,8 @@ class RunContext:
     _worker: RunWorker = field(repr=False)
     #: What the database did with this attempt's accepted sleep; None while it has not slept.
     slept: SleepResult | None = field(default=None, init=False)
+    #: How many times each step name was used in this attempt (deterministic numbering).
+    _step_counts: dict[str, int] = field(default_factory=dict, init=False, repr=False)
 
     @property
     def cancel_requested(self) -> bool:
@@ -178,6 +196,130 @@ class RunContext:
         self.slept = result
         self._worker.run_slept(self)
         raise RunSlept(result)
+
+    # -- steps and events ----------------------------------------------------------------------
+
+    @property
+    def step_key(self) -> str | None:
+        """The key of the step whose function is running now (``name``, ``name#2``, …), None
+        outside a step."""
+        return _CURRENT_STEP.get()
+
+    @property
+    def step_idempotency_key(self) -> str | None:
+        """``"<run_id>:<step key>"`` while a step's function runs (None outside one): the same
+        in every attempt of the run. A step's *recorded result* is written once; its side
+        effects happen at least once (an attempt may die between the side effect and the
+        record), unless the external system deduplicates on this key."""
+        key = _CURRENT_STEP.get()
+        return None if key is None else f"{self.run_id}:{key}"
+
+    def _next_step_key(self, name: str) -> str:
+        if not isinstance(name, str) or not name or len(name) > 200 or "#" in name:
+            raise InvalidArgumentError(
+                "a step name must be a non-empty string of at most 200 characters without '#', "
+                f"got {name!r}")
+        return self._next_step_key_raw(name)
+
+    def _lease_lost(self, what: str) -> LeaseLostError:
+        return LeaseLostError(f"{what} refused: lease lost", run_id=self.run_id,
+                              worker_id=self.worker_id, generation=self.lease_generation)
+
+    async def _read_step(self, key: str) -> tuple[bool, Any]:
+        read = await self._worker.lease_manager.get_step(
+            self.run_id, self.worker_id, key, generation=self.lease_generation,
+            tenant_id=self.scope.tenant_id, workspace_id=self.scope.workspace_id)
+        if read is None:
+            raise self._lease_lost("step read")
+        return read.recorded, read.result
+
+    async def _record_step(self, key: str, value: Any) -> Any:
+        try:
+            _json(value)
+        except InvalidArgumentError as exc:
+            raise StepResultError(f"step {key!r} returned a value that cannot be recorded: "
+                                  f"{exc}") from None
+        recorded = await self._worker.lease_manager.record_step(
+            self.run_id, self.worker_id, key, value, generation=self.lease_generation,
+            tenant_id=self.scope.tenant_id, workspace_id=self.scope.workspace_id)
+        if recorded is None:
+            raise self._lease_lost("step record")
+        return recorded.result
+
+    async def step(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn(*args, **kwargs)`` as the durable step ``name``, once per run.
+
+        If this run recorded a result for the step in any earlier attempt, return it without
+        calling ``fn``; otherwise call (and await, if it returns an awaitable) ``fn``, record
+        its result fenced by the lease generation (``zeroth.record_step``: first recorded result
+        wins; a stale attempt records nothing and gets LeaseLostError) and return the
+        *recorded* value, decoded from JSON as a replay would see it (a tuple comes back as a
+        list). The n-th use of one name in an attempt is the step ``name#n``, so keep the order
+        of steps deterministic. The result must be JSON: anything else raises StepResultError
+        and records nothing. While ``fn`` runs, :attr:`step_idempotency_key` names the step.
+        After the attempt slept or left to wait (a handler that swallowed :class:`RunSlept`) it
+        raises RunSlept again and calls nothing.
+        """
+        if self.slept is not None:  # left its worker already (a handler that swallowed it)
+            raise RunSlept(self.slept)
+        key = self._next_step_key(name)
+        with tracing.step("step", self.scope.deployment_ref, self.run_id):
+            recorded, result = await self._read_step(key)
+        if recorded:
+            return result
+        token = _CURRENT_STEP.set(key)
+        try:
+            value = fn(*args, **kwargs)
+            if inspect.isawaitable(value):
+                value = await value
+        finally:
+            _CURRENT_STEP.reset(token)
+        with tracing.step("record_step", self.scope.deployment_ref, self.run_id):
+            return await self._record_step(key, value)
+
+    # A durable deadline on the database clock, not a local timeout: asyncio.timeout cannot do it.
+    async def wait_for_event(self, name: str, *, timeout: float | None = None) -> Any:  # noqa: ASYNC109
+        """Wait for the event ``name`` of this run's scope and return its payload.
+
+        A step (``#event:<name>``, numbered like :meth:`step`): an event already emitted is
+        recorded as the step result and returned at once. Otherwise the attempt ends
+        (``zeroth.wait_for_event``: status ``waiting``, lease and slot released, attempt given
+        back) by raising :class:`RunSlept` (a BaseException: let it propagate); when
+        ``zeroth.emit_event`` is called (from any service or psql) the run becomes pending, the
+        handler is called again from the start, its recorded steps return at once, and this
+        call returns the payload. ``timeout`` seconds (database clock, from the first wait; at
+        most 366 days; None: no deadline): past it, the wait's recorded outcome is a timeout
+        and this call raises :class:`~zeroth_pg.errors.EventTimeoutError`, in this attempt and
+        every replay. Workers' orphan sweeps move runs whose deadline passed back to pending
+        (``zeroth.wake_due_waits``), so a timeout is seen within about one sweep interval.
+        """
+        if self.slept is not None:  # left its worker already (a handler that swallowed it)
+            raise RunSlept(self.slept)
+        if not isinstance(name, str):
+            raise InvalidArgumentError(f"an event name must be a string, got {name!r}")
+        key = self._next_step_key_raw(_EVENT_STEP_PREFIX + name)
+        with tracing.step("wait_for_event", self.scope.deployment_ref, self.run_id):
+            waited = await self._worker.lease_manager.wait_for_event(
+                self.run_id, self.worker_id, key, name, generation=self.lease_generation,
+                timeout_seconds=timeout, tenant_id=self.scope.tenant_id,
+                workspace_id=self.scope.workspace_id)
+        if waited is None:
+            raise self._lease_lost("wait_for_event")
+        if waited.outcome is EventWaitOutcome.RECEIVED:
+            return waited.payload
+        if waited.outcome is EventWaitOutcome.TIMED_OUT:
+            raise EventTimeoutError(name)
+        outcome = (SleepOutcome.WAITING if waited.outcome is EventWaitOutcome.WAITING
+                   else SleepOutcome.CANCELLED)
+        self.slept = SleepResult(outcome=outcome, run_after=waited.timeout_at,
+                                 checkpoint_id=None)
+        self._worker.run_slept(self)
+        raise RunSlept(self.slept)
+
+    def _next_step_key_raw(self, base: str) -> str:
+        count = self._step_counts.get(base, 0) + 1
+        self._step_counts[base] = count
+        return base if count == 1 else f"{base}#{count}"
 
     def _linger(self, done: asyncio.Future[Any]) -> None:
         """The handler goes on after the worker stopped waiting for it (a thread cannot be

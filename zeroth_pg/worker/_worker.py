@@ -584,7 +584,23 @@ class RunWorker:
         return (self._rate_all_held and self._rate_retry_at is not None
                 and time.monotonic() < self._rate_retry_at)
 
+    async def _wake_due_waits(self) -> None:
+        """Event waits past their deadline → pending (``zeroth.wake_due_waits``), in every scope
+        of this worker's deployments, before each orphan sweep: the replayed wait_for_event then
+        records the timeout. A failure is logged; the next sweep tries again."""
+        try:
+            for _ in range(10):  # at most 1,000 a sweep; the next sweep takes the rest
+                if await self.lease_manager.wake_due_waits(self._source.deployments,
+                                                           batch_size=100) < 100:
+                    break
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("waking timed-out event waits failed; the next sweep tries again")
+            self._worker_error("wake_due_waits")
+
     async def _sweep_orphans(self) -> None:
+        await self._wake_due_waits()
         free = self._free_slots()
         groups = self._claim_groups(free) if free > 0 else []
         if not groups:
@@ -928,9 +944,13 @@ class RunWorker:
             log.info("run %s cancelled on request instead of sleeping", entry.run.run_id)
             tracing.outcome(span, "cancelled")
             return
-        self.metrics.runs_slept.labels(deployment).inc()
-        log.info("run %s attempt %d sleeps until %s", entry.run.run_id, entry.ctx.attempt,
-                 None if slept is None else slept.run_after)
+        self.metrics.runs_slept.labels(deployment).inc()  # waits for an event count here too
+        if slept is not None and slept.outcome is SleepOutcome.WAITING:
+            log.info("run %s attempt %d waits for an event (deadline %s)", entry.run.run_id,
+                     entry.ctx.attempt, slept.run_after)
+        else:
+            log.info("run %s attempt %d sleeps until %s", entry.run.run_id, entry.ctx.attempt,
+                     None if slept is None else slept.run_after)
         tracing.outcome(span, "slept")
 
     async def _complete(self, entry: ActiveRun, output: Any) -> bool | None:

@@ -1,0 +1,39 @@
+-- sql/functions/internal/steps.sql: what the step and event functions share.
+-- Internal helpers: SECURITY INVOKER, executable by zeroth_owner only (they run inside the
+-- SECURITY DEFINER public functions). Re-applied by every upgrade (sql/README.md).
+
+-- ZP008 unless step_key is a usable step key: non-empty, at most 400 characters (a name of up to
+-- 200 plus the numbering and prefixes the clients add).
+CREATE OR REPLACE FUNCTION zeroth._require_step_key(step_key text) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF step_key IS NULL OR step_key = '' OR length(step_key) > 400 THEN
+        RAISE EXCEPTION 'step_key must be a non-empty string of at most 400 characters'
+            USING ERRCODE = 'ZP008';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION zeroth._require_step_key(text) IS 'Internal: ZP008 unless step_key is non-empty and at most 400 characters.';
+ALTER FUNCTION zeroth._require_step_key(text) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._require_step_key(text) FROM PUBLIC;
+
+-- The attempt number of the run while (worker_id, generation) holds its live lease at `at` and it
+-- is running; NULL otherwise. The fence of every step write and read, in one statement's
+-- snapshot: a later generation's rows are never visible to a statement that still sees this one.
+CREATE OR REPLACE FUNCTION zeroth._step_holder_attempt(tenant_id text, workspace_key text, run_id uuid,
+                                                       worker_id text, generation bigint, at timestamptz)
+    RETURNS integer
+    LANGUAGE sql STABLE
+    BEGIN ATOMIC
+        SELECT r.attempts FROM zeroth.runs r
+         WHERE r.tenant_id = _step_holder_attempt.tenant_id
+           AND r.workspace_key = _step_holder_attempt.workspace_key
+           AND r.run_id = _step_holder_attempt.run_id
+           AND r.status = 'running'
+           AND r.lease_worker_id = _step_holder_attempt.worker_id
+           AND r.lease_generation = _step_holder_attempt.generation
+           AND r.lease_expires_at >= _step_holder_attempt.at;
+    END;
+COMMENT ON FUNCTION zeroth._step_holder_attempt(text, text, uuid, text, bigint, timestamptz) IS 'Internal: the run''s attempt count while (worker_id, generation) holds its live lease at `at` and it is running; NULL otherwise.';
+ALTER FUNCTION zeroth._step_holder_attempt(text, text, uuid, text, bigint, timestamptz) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._step_holder_attempt(text, text, uuid, text, bigint, timestamptz) FROM PUBLIC;

@@ -1,0 +1,55 @@
+-- wake_due_waits: the event waits whose deadline passed → their runs pending, due now (the
+-- replayed wait_for_event then records the timeout). Across every scope of the deployments (NULL:
+-- every deployment), like claim_orphaned_scopes; run by the worker's orphan sweep. Locks: the run
+-- rows FOR UPDATE SKIP LOCKED (never waits), at most batch_size a call. Returns the number woken
+-- (loop until below batch_size). Raises ZP008. Notifies zeroth_wakeup per woken scope. Time:
+-- clock_timestamp().
+CREATE OR REPLACE FUNCTION zeroth.wake_due_waits(
+    deployment_refs text[]  DEFAULT NULL,
+    batch_size      integer DEFAULT 100)
+    RETURNS integer
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_now   timestamptz := zeroth._now();
+    v_run   record;
+    v_woken integer := 0;
+BEGIN
+    PERFORM zeroth._require(wake_due_waits.batch_size BETWEEN 1 AND 1000,
+                            format('batch_size must be in [1, 1000], got %s', wake_due_waits.batch_size));
+    PERFORM zeroth._require(wake_due_waits.deployment_refs IS NULL
+                            OR (cardinality(wake_due_waits.deployment_refs) BETWEEN 1 AND 1000
+                                AND array_position(wake_due_waits.deployment_refs, NULL) IS NULL),
+                            'deployment_refs must be NULL or 1-1000 names without NULL');
+
+    FOR v_run IN
+        WITH due AS (
+            SELECT r.tenant_id, r.workspace_key, r.run_id
+              FROM zeroth.event_waits w
+              JOIN zeroth.runs r
+                ON r.tenant_id = w.tenant_id AND r.workspace_key = w.workspace_key AND r.run_id = w.run_id
+             WHERE w.timeout_at <= v_now
+               AND r.status = 'waiting'
+               AND r.wait_reason = 'event:' || w.name
+               AND r.thread_queued_at IS NULL
+               AND (wake_due_waits.deployment_refs IS NULL OR r.deployment_ref = ANY (wake_due_waits.deployment_refs))
+             ORDER BY w.timeout_at
+             LIMIT wake_due_waits.batch_size
+               FOR UPDATE OF r SKIP LOCKED)
+        UPDATE zeroth.runs r
+           SET status = 'pending', wait_reason = NULL, run_after = v_now, updated_at = v_now
+          FROM due
+         WHERE r.tenant_id = due.tenant_id AND r.workspace_key = due.workspace_key AND r.run_id = due.run_id
+           AND r.status = 'waiting'
+        RETURNING r.deployment_ref, r.tenant_id, r.workspace_id
+    LOOP
+        v_woken := v_woken + 1;
+        PERFORM zeroth._notify_wakeup(v_run.deployment_ref, v_run.tenant_id, v_run.workspace_id);
+    END LOOP;
+    RETURN v_woken;
+END
+$$;
+COMMENT ON FUNCTION zeroth.wake_due_waits(text[], integer) IS
+'wake_due_waits: runs waiting on an event past their wait''s deadline → pending, due now (the replayed wait_for_event records timed_out), in every scope of the deployments (NULL: all); run rows FOR UPDATE SKIP LOCKED, at most batch_size (1-1000). Returns the number woken. Raises ZP008. Notifies zeroth_wakeup per woken scope. Time: clock_timestamp().';
+ALTER FUNCTION zeroth.wake_due_waits(text[], integer) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth.wake_due_waits(text[], integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION zeroth.wake_due_waits(text[], integer) TO zeroth_worker;
