@@ -360,6 +360,9 @@ class ActiveRun:
     # Its completion goes out with a claim into the slot it frees (complete_and_claim): until
     # that call has answered, the slot is reserved for it and the claim loop does not fill it.
     claims_next: bool = False
+    # That call claimed a run into its slot: the slot was passed on, so the end of this run frees
+    # nothing the claim loop could fill (waking it would cost a claim that finds no slot).
+    slot_passed_on: bool = False
 
     @property
     def key(self) -> tuple[UUID, int]:

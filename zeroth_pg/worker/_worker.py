@@ -798,7 +798,8 @@ class RunWorker:
                     generations.discard(run.lease_generation)
                     if not generations:
                         del self._generations[run.run_id]
-            self._slot_freed(fleet=True)
+            if not entry.slot_passed_on:
+                self._slot_freed(fleet=True)
 
     async def _execute_leased(self, entry: ActiveRun) -> None:
         # Both claim paths (claim_and_start, claim_orphaned) hand over runs already running.
@@ -998,6 +999,9 @@ class RunWorker:
                     # handed back with its exact generation.
                     self._stop(self._active[(run.run_id, run.lease_generation)],
                                StopReason.SHUTDOWN)
+            for entry in along[:len(result.runs)]:
+                if isinstance(entry, ActiveRun):
+                    entry.slot_passed_on = True
             full = len(result.runs) == len(along) and result.retry_after is None
             return [row.completed for row in completions]
         finally:
