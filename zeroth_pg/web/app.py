@@ -88,24 +88,25 @@ def _time(value: str | None) -> datetime | None:
     return datetime.fromisoformat(text) if text else None
 
 
-def _chart(points: list[asyncpg.Record]) -> str:
-    """An inline SVG bar chart of completions (green) and failures (red) per minute."""
-    width, height = 600, 80
-    if not points:
-        return (f'<svg class="chart" viewBox="0 0 {width} {height}" role="img" '
-                'aria-label="no finished runs in the last hour"><text x="10" y="45">'
-                "no finished runs in the last hour</text></svg>")
-    top = max(max(int(p["completed"]), int(p["failed"])) for p in points) or 1
-    bar = width / max(len(points), 1)
-    parts = []
-    for i, p in enumerate(points):
+def _chart(points: list[asyncpg.Record], now: datetime) -> str:
+    """An inline SVG bar chart over the last 60 minutes: completions (green) and failures (red)
+    per minute, one slot a minute, the newest on the right."""
+    width, height, slot = 600, 80, 10.0
+    top = max([max(int(p["completed"]), int(p["failed"])) for p in points] or [1]) or 1
+    current = now.replace(second=0, microsecond=0)
+    parts = [f'<line class="axis" x1="0" y1="{height - 0.5}" x2="{width}" y2="{height - 0.5}"/>']
+    for p in points:
+        ago = int((current - p["minute"]).total_seconds() // 60)
+        if not 0 <= ago < 60:
+            continue
+        x = (59 - ago) * slot
         for j, (key, cls) in enumerate((("completed", "ok"), ("failed", "bad"))):
             h = int(p[key]) / top * (height - 10)
-            parts.append(f'<rect class="{cls}" x="{i * bar + j * bar / 2:.1f}" '
-                         f'y="{height - h:.1f}" width="{bar / 2 - 1:.1f}" height="{h:.1f}">'
+            parts.append(f'<rect class="{cls}" x="{x + j * slot / 2:.1f}" y="{height - h:.1f}" '
+                         f'width="{slot / 2 - 0.5:.1f}" height="{h:.1f}">'
                          f"<title>{p['minute']:%H:%M} {key} {int(p[key])}</title></rect>")
-    return (f'<svg class="chart" viewBox="0 0 {width} {height}" role="img" '
-            f'aria-label="finished runs per minute">{"".join(parts)}</svg>')
+    return (f'<svg class="chart" viewBox="0 0 {width} {height}" preserveAspectRatio="none" '
+            f'role="img" aria-label="finished runs per minute, last hour">{"".join(parts)}</svg>')
 
 
 class _Guard(BaseHTTPMiddleware):
@@ -175,7 +176,7 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
             s["running"] = running.get((s["tenant_id"], s["workspace_id"], s["deployment_ref"]), 0)
             s["due"] = (s["claimable"] or 0) - (s["scheduled"] or 0)
             s["oldest_pending_s"] = oldest.get(s["deployment_ref"])
-        return {"scopes": scopes, "chart": _chart(list(points)), "now": now,
+        return {"scopes": scopes, "chart": _chart(list(points), now), "now": now,
                 "finished": sum(int(p["completed"]) + int(p["failed"]) for p in points)}
 
     async def overview(request: Request) -> Response:
