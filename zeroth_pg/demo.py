@@ -201,6 +201,25 @@ class DemoOptions:
     seed: int = 7  # seed of the run mix
     timeout: float = 600.0  # give up after this many seconds
     json: bool = False  # print the summary as one JSON object
+    web: bool = False  # serve the read-only dashboard (zeroth_pg.web) while the demo runs
+    web_port: int = 8787
+
+
+def _start_web(dsn: str, port: int) -> Any:
+    """The read-only dashboard on 127.0.0.1:port in a daemon thread (uvicorn); its URL goes to
+    stderr. Returns the uvicorn server (set should_exit to stop it)."""
+    import threading
+
+    import uvicorn
+
+    from zeroth_pg.web import create_app
+
+    config = uvicorn.Config(create_app(dsn), host="127.0.0.1", port=port, log_level="warning")
+    server = uvicorn.Server(config)
+    threading.Thread(target=server.run, daemon=True, name="zeroth-pg web").start()
+    print(f"dashboard: http://127.0.0.1:{port}/ (read-only, while the demo runs)",
+          file=sys.stderr, flush=True)
+    return server
 
 
 def run(args: DemoOptions) -> int:
@@ -210,7 +229,12 @@ def run(args: DemoOptions) -> int:
     if args.dsn:
         os.environ["ZEROTH_PG_DSN"] = args.dsn
     with running_server() as dsn:
-        summary = asyncio.run(_demo(dsn, args, Console(stderr=True, soft_wrap=True)))
+        server = _start_web(dsn, args.web_port) if args.web else None
+        try:
+            summary = asyncio.run(_demo(dsn, args, Console(stderr=True, soft_wrap=True)))
+        finally:
+            if server is not None:
+                server.should_exit = True
     if summary is None:
         return 1
     if args.json:

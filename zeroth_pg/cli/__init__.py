@@ -33,7 +33,18 @@ are the same commands as ``zeroth-pg worker`` and ``zeroth-pg demo``. The comman
 
 from __future__ import annotations
 
-from zeroth_pg.cli import db, demo, enqueue, prune, runs, schedules, schema, status, worker
+from zeroth_pg.cli import (
+    db,
+    demo,
+    enqueue,
+    prune,
+    runs,
+    schedules,
+    schema,
+    status,
+    web,
+    worker,
+)
 from zeroth_pg.cli._common import EXIT_CODES, App, parse_duration
 from zeroth_pg.cli.schema import SchemaState, SchemaStatus, schema_status
 
@@ -62,6 +73,7 @@ app.command("demo")(demo.demo)
 app.command("enqueue")(enqueue.enqueue)
 app.command("status")(status.status)
 app.command("prune")(prune.prune)
+app.command("web")(web.web)
 
 
 def main(prog_name: str = "zeroth-pg") -> None:

@@ -30,6 +30,11 @@ def demo(
     timeout: Annotated[float, typer.Option(
         envvar="ZEROTH_PG_DEMO_TIMEOUT", help="Give up after this many seconds.")] = 600.0,
     as_json: JsonOutput = False,
+    web: Annotated[bool, typer.Option(
+        "--web", envvar="ZEROTH_PG_DEMO_WEB",
+        help="Serve the read-only dashboard on 127.0.0.1 while the demo runs.")] = False,
+    web_port: Annotated[int, typer.Option(
+        "--web-port", envvar="ZEROTH_PG_WEB_PORT", help="Port of the dashboard.")] = 8787,
 ) -> None:
     """Watch worker processes run, lose one to SIGKILL, and recover its runs.
 
@@ -42,7 +47,7 @@ def demo(
 
     raise typer.Exit(run(DemoOptions(
         dsn=dsn, runs=runs, workers=workers, concurrency=concurrency, lease=lease, kill=kill,
-        seed=seed, timeout=timeout, json=as_json)))
+        seed=seed, timeout=timeout, json=as_json, web=web, web_port=web_port)))
 
 
 #: The command alone, for ``python -m zeroth_pg.demo``.

@@ -1,0 +1,123 @@
+"""zeroth-pg web in a real headless Chromium (Debian's chromium + chromium-driver, driven by
+Selenium): every page loads, runs are filtered, a run is opened, a dead letter redriven and a run
+cancelled, and the database changed. Screenshots go to ZEROTH_PG_TEST_REPORTS/web/."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import threading
+from pathlib import Path
+
+import asyncpg
+import pytest
+from helpers import make_run
+from test_web_pages import _dead_letter, _now, _status
+
+CHROMIUM = shutil.which("chromium")
+DRIVER = shutil.which("chromedriver")
+pytestmark = pytest.mark.skipif(
+    not (CHROMIUM and DRIVER),
+    reason="needs Debian's chromium and chromium-driver (apt-get install chromium "
+           "chromium-driver; .ci/run installs them)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class _Server:
+    def __init__(self, dsn: str) -> None:
+        import uvicorn
+
+        from zeroth_pg.web import create_app
+
+        self.port = _free_port()
+        config = uvicorn.Config(create_app(dsn, enable_actions=True), host="127.0.0.1",
+                                port=self.port, log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> str:
+        self.thread.start()
+        while not self.server.started:  # startup, not a timed assertion
+            threading.Event().wait(0.05)
+        return f"http://127.0.0.1:{self.port}"
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join()
+
+
+async def test_browse_filter_open_redrive_cancel(database_dsn):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    shots = Path(os.environ.get("ZEROTH_PG_TEST_REPORTS", "build/test-reports")) / "web"
+    shots.mkdir(parents=True, exist_ok=True)
+    conn = await asyncpg.connect(database_dsn)
+    try:
+        now = await _now(conn)
+        for i in range(6):
+            await make_run(conn, "completed" if i % 2 else "pending", deployment_ref="mail",
+                           now=now, payload={"to": f"user{i}@example.com"})
+        running = await make_run(conn, "running", deployment_ref="reports", now=now,
+                                 worker_id="host-a:worker-1", lease_seconds=600,
+                                 payload={"report": "q3"})
+        dead = await _dead_letter(conn, "mail", now)
+        options = webdriver.ChromeOptions()
+        options.binary_location = CHROMIUM
+        for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
+                    "--window-size=1280,900"):
+            options.add_argument(arg)
+        with _Server(database_dsn) as base:
+            driver = webdriver.Chrome(service=Service(DRIVER), options=options)
+            try:
+                def page(path: str, name: str) -> None:
+                    driver.get(base + path)
+                    assert "zeroth-pg" in driver.title
+                    driver.save_screenshot(str(shots / f"{name}.png"))
+
+                page("/", "overview")
+                assert "reports" in driver.find_element(By.ID, "overview").text
+                page("/workers", "workers")
+                assert "host-a:worker-1" in driver.page_source
+                page("/runs", "runs")
+                # Filter: deployment reports only.
+                box = driver.find_element(By.NAME, "deployment")
+                box.send_keys("reports")
+                driver.find_element(By.CSS_SELECTOR, ".filters button").click()
+                WebDriverWait(driver, 30).until(lambda d: "deployment=reports" in d.current_url)
+                rows = driver.find_elements(By.CSS_SELECTOR, "#runs tbody tr")
+                assert len(rows) == 1
+                assert "reports" in rows[0].text
+                driver.save_screenshot(str(shots / "runs-filtered.png"))
+                rows[0].find_element(By.TAG_NAME, "a").click()
+                WebDriverWait(driver, 30).until(lambda d: str(running.run_id) in d.current_url)
+                assert str(running.run_id) in driver.page_source
+                driver.save_screenshot(str(shots / "run-detail.png"))
+                driver.find_element(By.ID, "cancel").click()
+                WebDriverWait(driver, 30).until(lambda d: "cancel" not in d.title.lower()
+                                                and d.find_elements(By.TAG_NAME, "h1"))
+                page("/dead-letters", "dead-letters")
+                driver.find_element(By.CSS_SELECTOR, "button.redrive-one").click()
+                WebDriverWait(driver, 30).until(lambda d: str(dead) in d.current_url)
+                assert str(dead) in driver.page_source  # redirected to the run
+                driver.save_screenshot(str(shots / "redriven.png"))
+            finally:
+                driver.quit()
+        # The database changed: the dead letter is pending again; the running run, whose
+        # lease is live, has its cancel requested (its holder stops it).
+        assert await _status(conn, dead) == "pending"
+        cancel_at = await conn.fetchval(
+            "SELECT cancel_requested_at FROM zeroth.runs WHERE run_id = $1", running.run_id)
+        assert cancel_at is not None
+    finally:
+        await conn.close()
+    await asyncio.sleep(0)

@@ -1,0 +1,220 @@
+"""zeroth-pg web over HTTP (Starlette's TestClient, lifespan included) against a real database:
+every page, every action, escaping, CSRF, read-only mode, the token, a reader refused."""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime
+
+import asyncpg
+from helpers import make_run
+from roles import dsn_as, login_role
+from starlette.testclient import TestClient
+
+from zeroth_pg.web import create_app
+
+XSS = '<script>alert("x")</script><img src=x onerror=alert(1)>'
+
+
+async def _now(conn: asyncpg.Connection) -> datetime:
+    value: datetime = await conn.fetchval("SELECT clock_timestamp()")
+    return value
+
+
+async def _dead_letter(conn: asyncpg.Connection, deployment: str, now: datetime,
+                       **kwargs: object) -> object:
+    run = await make_run(conn, "running", deployment_ref=deployment, max_attempts=1, now=now,
+                         **kwargs)
+    outcome = await conn.fetchval(
+        """SELECT zeroth_test.fail_run(run_id => $1, worker_id => $2, generation => $3,
+               error => $5::jsonb, retryable => true, now_override => $4,
+               tenant_id => $6)""",
+        run.run_id, run.worker_id, run.generation, now, json.dumps({"message": XSS}),
+        kwargs.get("tenant_id"))
+    assert outcome == "dead_lettered"
+    return run.run_id
+
+
+def _csrf(html: str) -> str:
+    found = re.search(r'name="csrf" value="([0-9a-f]+)"', html)
+    assert found, "no CSRF token in the page"
+    return found.group(1)
+
+
+async def _status(conn: asyncpg.Connection, run_id: object) -> str:
+    value: str = await conn.fetchval("SELECT status::text FROM zeroth.runs WHERE run_id = $1",
+                                     run_id)
+    return value
+
+
+class TestPages:
+    async def test_every_page_renders_and_escapes_html_payloads(self, database_dsn):
+        conn = await asyncpg.connect(database_dsn)
+        try:
+            now = await _now(conn)
+            pending = await make_run(conn, "pending", deployment_ref=XSS, now=now,
+                                     payload={"html": XSS}, idempotency_key=XSS)
+            running = await make_run(conn, "running", deployment_ref="mail", now=now,
+                                     worker_id=XSS, lease_seconds=600)
+            dead = await _dead_letter(conn, "mail", now)
+        finally:
+            await conn.close()
+        with TestClient(create_app(database_dsn)) as client:
+            pages = {path: client.get(path) for path in
+                     ["/", "/overview.json", "/runs", f"/runs/{pending.run_id}",
+                      f"/runs/{running.run_id}", f"/runs/{dead}", "/dead-letters", "/workers",
+                      "/runs?search=" + XSS]}
+        for path, response in pages.items():
+            assert response.status_code == 200, (path, response.text)
+            assert "<script>alert" not in response.text, path
+            assert "onerror=alert" not in response.text.replace("onerror=alert(1)&gt;", ""), path
+        assert "&lt;script&gt;" in pages["/runs"].text
+        assert str(pending.run_id) in pages["/runs?search=" + XSS].text  # idempotency key
+        assert "&lt;script&gt;" in pages[f"/runs/{dead}"].text  # the error
+        assert str(dead)[:12] in pages["/dead-letters"].text
+        assert "&lt;script&gt;" in pages["/workers"].text  # the worker id
+        assert "mail" in pages["/"].text
+        assert "<svg" in pages["/"].text
+        # Read-only: no action form is shown.
+        assert 'action="/actions/' not in "".join(r.text for r in pages.values())
+
+    async def test_runs_filters_and_keyset_pages(self, database_dsn, monkeypatch):
+        monkeypatch.setattr("zeroth_pg.web.app.PAGE_SIZE", 3)
+        conn = await asyncpg.connect(database_dsn)
+        try:
+            now = await _now(conn)
+            ids = {str((await make_run(conn, "pending", deployment_ref="a", now=now)).run_id)
+                   for _ in range(7)}
+            other = await make_run(conn, "pending", deployment_ref="b", tenant_id="acme",
+                                   now=now, thread_id="t-1")
+        finally:
+            await conn.close()
+        seen: list[str] = []
+        with TestClient(create_app(database_dsn)) as client:
+            url: str | None = "/runs?deployment=a&status=pending"
+            while url:
+                page = client.get(url)
+                assert page.status_code == 200
+                seen += re.findall(r'href="/runs/([0-9a-f-]{36})"', page.text)
+                nxt = re.search(r'id="next" href="([^"]+)"', page.text)
+                url = nxt.group(1).replace("&amp;", "&") if nxt else None
+            by_thread = client.get("/runs?thread=t-1").text
+            by_tenant = client.get("/runs?tenant=acme").text
+            bad = client.get("/runs?since=yesterday")
+        assert sorted(seen) == sorted(ids)
+        assert len(seen) == 7
+        assert str(other.run_id) in by_thread
+        assert str(other.run_id) in by_tenant
+        assert bad.status_code == 400
+        assert "bad filter" in bad.text
+
+    def test_unknown_and_malformed_run_ids(self, database_dsn):
+        with TestClient(create_app(database_dsn)) as client:
+            assert client.get("/runs/00000000-0000-0000-0000-000000000000").status_code == 404
+            assert client.get("/runs/not-a-uuid").status_code == 400
+
+
+class TestActions:
+    async def test_redrive_one_all_matching_and_cancel_change_the_database(self, database_dsn):
+        conn = await asyncpg.connect(database_dsn)
+        try:
+            now = await _now(conn)
+            one = await _dead_letter(conn, "mail", now)
+            more = [await _dead_letter(conn, "sms", now) for _ in range(2)]
+            keep = await _dead_letter(conn, "mail", now)
+            pending = await make_run(conn, "pending", deployment_ref="mail", now=now)
+            with TestClient(create_app(database_dsn, enable_actions=True)) as client:
+                csrf = _csrf(client.get(f"/runs/{one}").text)
+                r = client.post("/actions/redrive", data={"run_id": str(one), "csrf": csrf},
+                                follow_redirects=False)
+                assert r.status_code == 303
+                assert await _status(conn, one) == "pending"
+                r = client.post("/actions/redrive-matching",
+                                data={"deployment": "sms", "csrf": csrf}, follow_redirects=False)
+                assert r.status_code == 303
+                assert r.headers["location"].endswith("done=2")
+                assert [await _status(conn, m) for m in more] == ["pending", "pending"]
+                assert await _status(conn, keep) == "failed"  # another deployment's
+                r = client.post("/actions/cancel",
+                                data={"run_id": str(pending.run_id), "csrf": csrf},
+                                follow_redirects=False)
+                assert r.status_code == 303
+                assert await _status(conn, pending.run_id) == "cancelled"
+                # Redriving a run that is not failed: the database's ZP003, shown, nothing done.
+                r = client.post("/actions/redrive", data={"run_id": str(one), "csrf": csrf})
+                assert r.status_code == 409
+                assert "ZP003" in r.text
+        finally:
+            await conn.close()
+
+    async def test_csrf_and_read_only_mode_refuse_and_change_nothing(self, database_dsn):
+        conn = await asyncpg.connect(database_dsn)
+        try:
+            dead = await _dead_letter(conn, "mail", await _now(conn))
+            with TestClient(create_app(database_dsn, enable_actions=True)) as client:
+                client.get("/")
+                for data in ({"run_id": str(dead)}, {"run_id": str(dead), "csrf": "0" * 64}):
+                    r = client.post("/actions/redrive", data=data)
+                    assert r.status_code == 403
+                    assert "CSRF" in r.text
+            # A token from another session (another browser's cookie) is refused too.
+            with TestClient(create_app(database_dsn, enable_actions=True)) as a:
+                stolen = _csrf(a.get(f"/runs/{dead}").text)
+            with TestClient(create_app(database_dsn, enable_actions=True)) as b:
+                b.get("/")
+                assert b.post("/actions/redrive",
+                              data={"run_id": str(dead), "csrf": stolen}).status_code == 403
+            with TestClient(create_app(database_dsn)) as client:
+                client.get("/")
+                r = client.post("/actions/cancel", data={"run_id": str(dead), "csrf": "x"})
+                assert r.status_code == 403
+                assert "disabled" in r.text
+            assert await _status(conn, dead) == "failed"
+        finally:
+            await conn.close()
+
+    async def test_a_reader_dsn_can_never_act_and_sees_its_tenant(self, database_dsn,
+                                                                  pg_server_dsn):
+        conn = await asyncpg.connect(database_dsn)
+        try:
+            now = await _now(conn)
+            mine = await _dead_letter(conn, "mail", now, tenant_id="acme")
+            theirs = await _dead_letter(conn, "mail", now, tenant_id="initech")
+            with login_role(pg_server_dsn, "zeroth_reader") as (name, password):
+                await conn.execute(f"ALTER ROLE {name} SET zeroth.tenant_id = 'acme'")
+                reader = dsn_as(database_dsn, name, password)
+                with TestClient(create_app(reader, enable_actions=True)) as client:
+                    dead_page = client.get("/dead-letters").text
+                    runs_page = client.get("/runs?tenant=initech").text
+                    hidden = client.get(f"/runs/{theirs}")
+                    csrf = _csrf(client.get(f"/runs/{mine}").text)
+                    r = client.post("/actions/redrive", data={"run_id": str(mine),
+                                                              "csrf": csrf})
+                    c = client.post("/actions/cancel", data={"run_id": str(mine),
+                                                             "csrf": csrf})
+            assert str(mine)[:12] in dead_page
+            assert str(theirs)[:12] not in dead_page
+            assert str(theirs) not in runs_page
+            assert hidden.status_code == 404
+            assert r.status_code == 403
+            assert "42501" in r.text
+            assert "refused" in r.text
+            assert c.status_code == 403
+            assert "42501" in c.text
+            assert await _status(conn, mine) == "failed"
+        finally:
+            await conn.close()
+
+
+class TestToken:
+    def test_the_token_guards_every_page(self, database_dsn):
+        app = create_app(database_dsn, token="s3cret")
+        with TestClient(app) as client:
+            for path in ["/", "/runs", "/dead-letters", "/workers", "/overview.json",
+                         "/static/web.css"]:
+                assert client.get(path).status_code == 401, path
+            assert client.get("/?token=wrong").status_code == 401
+            assert client.get("/", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+            assert client.get("/?token=s3cret").status_code == 200
+            assert client.get("/runs").status_code == 200  # the cookie it set
