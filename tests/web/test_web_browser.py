@@ -57,6 +57,7 @@ async def test_browse_filter_open_redrive_cancel(database_dsn):
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.expected_conditions import staleness_of
     from selenium.webdriver.support.ui import WebDriverWait
 
     shots = Path(os.environ.get("ZEROTH_PG_TEST_REPORTS", "build/test-reports")) / "web"
@@ -102,9 +103,12 @@ async def test_browse_filter_open_redrive_cancel(database_dsn):
                 WebDriverWait(driver, 30).until(lambda d: str(running.run_id) in d.current_url)
                 assert str(running.run_id) in driver.page_source
                 driver.save_screenshot(str(shots / "run-detail.png"))
-                driver.find_element(By.ID, "cancel").click()
-                WebDriverWait(driver, 30).until(lambda d: "cancel" not in d.title.lower()
-                                                and d.find_elements(By.TAG_NAME, "h1"))
+                cancel = driver.find_element(By.ID, "cancel")
+                cancel.click()
+                # The POST answered once the page it came from is gone (a title check passed
+                # at once and let the next page abort the POST).
+                WebDriverWait(driver, 30).until(staleness_of(cancel))
+                WebDriverWait(driver, 30).until(lambda d: d.find_elements(By.TAG_NAME, "h1"))
                 page("/dead-letters", "dead-letters")
                 driver.find_element(By.CSS_SELECTOR, "button.redrive-one").click()
                 WebDriverWait(driver, 30).until(lambda d: str(dead) in d.current_url)
