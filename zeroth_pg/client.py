@@ -743,7 +743,7 @@ class LeaseManager:
     ) -> int:
         """Runs waiting on an event past their deadline → pending (``zeroth.wake_due_waits``);
         returns how many (call again while it returns ``batch_size``)."""
-        refs = None if deployment_refs is None else list(deployment_refs)
+        refs, _, _ = _scope_arguments(deployment_refs, None)
         return int(await self._fetchval(_calls.WAKE_DUE_WAITS, refs, batch_size, conn=conn))
 
     # -- giving a lease back ---------------------------------------------------------------

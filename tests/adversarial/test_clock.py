@@ -20,8 +20,11 @@ DEPLOYMENT = "d"
 TIME_PARAMETERS = """
     SELECT p.proname, a.name, format_type(a.type, NULL) AS type
       FROM pg_proc p
-     CROSS JOIN LATERAL unnest(p.proargnames, p.proargtypes::oid[]) AS a(name, type)
+     CROSS JOIN LATERAL unnest(p.proargnames, coalesce(p.proallargtypes, p.proargtypes::oid[]),
+                               coalesce(p.proargmodes, array_fill('i'::"char",
+                                        ARRAY[p.pronargs]))) AS a(name, type, mode)
      WHERE p.pronamespace = 'zeroth'::regnamespace AND left(p.proname, 1) <> '_'
+       AND a.mode IN ('i', 'b', 'v')
        AND (a.type IN ('timestamptz'::regtype, 'timestamp'::regtype, 'date'::regtype)
             OR a.name ~ 'now|clock|time')"""
 
@@ -39,9 +42,11 @@ class TestNoCallerClock:
         rows = {tuple(r) for r in await admin.fetch(TIME_PARAMETERS)}
         # Business input, never the clock of a decision: when a run becomes due (run_after; a
         # durable sleep's resume_at, a past one taken as now, so it cannot jump the queue), a
-        # schedule's anchor (start_at: admin functions only) and the zone its cron is read in.
+        # schedule's anchor (start_at: admin functions only) and the zone its cron is read in;
+        # a wait's timeout is a duration, turned into a deadline on the database clock.
         assert rows == {("enqueue_run", "run_after", "timestamp with time zone"),
                         ("sleep_run", "resume_at", "timestamp with time zone"),
+                        ("wait_for_event", "timeout_seconds", "double precision"),
                         ("create_schedule", "start_at", "timestamp with time zone"),
                         ("alter_schedule", "start_at", "timestamp with time zone"),
                         ("create_schedule", "time_zone", "text"),

@@ -38,7 +38,7 @@ def web(
     = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", envvar="ZEROTH_PG_WEB_PORT")] = 8787,
     enable_actions: Annotated[bool, typer.Option(
-        "--enable-actions",
+        "--enable-actions", envvar="ZEROTH_PG_WEB_ENABLE_ACTIONS",
         help="Allow redrive and cancel (POST + CSRF, as the DSN's role). Default: read-only.")]
     = False,
 ) -> None:
