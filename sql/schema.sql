@@ -280,6 +280,36 @@ ALTER TYPE zeroth.thread_run OWNER TO zeroth_owner;
 COMMENT ON TYPE zeroth.thread_run IS 'A run as list_thread_runs / get_thread_run report it; queued = waiting behind the active run of its thread.';
 
 --
+-- Name: child_runs; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE TABLE zeroth.child_runs (
+    tenant_id text NOT NULL,
+    workspace_key text NOT NULL,
+    parent_run_id uuid NOT NULL,
+    step_key text NOT NULL,
+    child_run_id uuid NOT NULL,
+    deployment_ref text NOT NULL,
+    payload jsonb NOT NULL,
+    detached boolean NOT NULL,
+    created_at timestamp with time zone NOT NULL,
+    status zeroth.run_status,
+    output jsonb,
+    error jsonb,
+    dead_lettered boolean DEFAULT false NOT NULL,
+    finished_at timestamp with time zone,
+    CONSTRAINT child_runs_outcome_complete CHECK (((status IS NULL) = (finished_at IS NULL))),
+    CONSTRAINT child_runs_outcome_terminal CHECK (((status IS NULL) OR (status = ANY (ARRAY['completed'::zeroth.run_status, 'failed'::zeroth.run_status, 'cancelled'::zeroth.run_status])))),
+    CONSTRAINT child_runs_step_key_valid CHECK (((step_key <> ''::text) AND (length(step_key) <= 400)))
+);
+
+ALTER TABLE zeroth.child_runs OWNER TO zeroth_owner;
+
+--
+-- Name: TABLE child_runs; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON TABLE zeroth.child_runs IS 'Child runs per parent and step key (start_child_run): written once by the parent''s live lease holder; the child''s terminal outcome (status, output, error, dead_lettered, finished_at) is copied in when it ends (trigger runs_child_run_finished). Deleted with the parent.';
+
+--
 -- Name: checkpoints; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
 --
 CREATE TABLE zeroth.checkpoints (
@@ -344,6 +374,7 @@ END) STORED NOT NULL,
     resumable boolean DEFAULT true NOT NULL,
     accounting jsonb,
     hand_backs integer DEFAULT 0 NOT NULL,
+    parent_run_id uuid,
     CONSTRAINT runs_accounting_object CHECK (((accounting IS NULL) OR (jsonb_typeof(accounting) = 'object'::text))),
     CONSTRAINT runs_attempts_valid CHECK (((attempts >= 0) AND (max_attempts >= 1))),
     CONSTRAINT runs_cancel_action_valid CHECK (((cancel_action IS NULL) OR (cancel_action = ANY (ARRAY['cancel'::text, 'interrupt'::text, 'rollback'::text])))),
@@ -408,6 +439,11 @@ COMMENT ON COLUMN zeroth.runs.accounting IS 'Caller-defined JSON object (token a
 -- Name: COLUMN runs.hand_backs; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
 COMMENT ON COLUMN zeroth.runs.hand_backs IS 'How many times a live holder handed the run back (hand_back_to_pending). The first max_attempts hand-backs give their attempt back; later ones keep it counted, and one that finds the attempts used up dead-letters the run (stop_reason attempts_exhausted). redrive_run resets it.';
+
+--
+-- Name: COLUMN runs.parent_run_id; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.runs.parent_run_id IS 'The run of the same scope that started this one as a child run (start_child_run); NULL otherwise.';
 
 --
 -- Name: schedules; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
@@ -631,6 +667,28 @@ COMMENT ON COLUMN zeroth.scope_limits.note IS 'Free text for the DBA (why the li
 COMMENT ON COLUMN zeroth.scope_limits.rate_limit IS 'The zeroth.rate_limits key the scope''s starts count against (NULL: no rate limit). Several scopes may name one key and share its budget. A key still named here cannot be deleted.';
 
 --
+-- Name: child_waits; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE TABLE zeroth.child_waits (
+    tenant_id text NOT NULL,
+    workspace_key text NOT NULL,
+    parent_run_id uuid NOT NULL,
+    step_key text NOT NULL,
+    mode text NOT NULL,
+    child_run_ids uuid[] NOT NULL,
+    created_at timestamp with time zone NOT NULL,
+    CONSTRAINT child_waits_children_nonempty CHECK ((cardinality(child_run_ids) >= 1)),
+    CONSTRAINT child_waits_mode_valid CHECK ((mode = ANY (ARRAY['all'::text, 'any'::text])))
+);
+
+ALTER TABLE zeroth.child_waits OWNER TO zeroth_owner;
+
+--
+-- Name: TABLE child_waits; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON TABLE zeroth.child_waits IS 'A parent run waiting for its children (wait_for_children): the step key its result will be recorded under, the mode (all | any) and the children awaited. Kept until that result is recorded; deleted with the parent.';
+
+--
 -- Name: code_version; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
 --
 CREATE TABLE zeroth.code_version (
@@ -821,6 +879,24 @@ ALTER TABLE ONLY zeroth.checkpoints
     ADD CONSTRAINT checkpoints_pkey PRIMARY KEY (tenant_id, workspace_key, checkpoint_id);
 
 --
+-- Name: child_runs child_runs_child_key; Type: CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE ONLY zeroth.child_runs
+    ADD CONSTRAINT child_runs_child_key UNIQUE (tenant_id, workspace_key, child_run_id);
+
+--
+-- Name: child_runs child_runs_pkey; Type: CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE ONLY zeroth.child_runs
+    ADD CONSTRAINT child_runs_pkey PRIMARY KEY (tenant_id, workspace_key, parent_run_id, step_key);
+
+--
+-- Name: child_waits child_waits_pkey; Type: CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE ONLY zeroth.child_waits
+    ADD CONSTRAINT child_waits_pkey PRIMARY KEY (tenant_id, workspace_key, parent_run_id, step_key);
+
+--
 -- Name: code_version code_version_pkey; Type: CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
 --
 ALTER TABLE ONLY zeroth.code_version
@@ -980,6 +1056,18 @@ ALTER TABLE ONLY zeroth.checkpoints
     ADD CONSTRAINT checkpoints_run_fkey FOREIGN KEY (tenant_id, workspace_key, run_id) REFERENCES zeroth.runs(tenant_id, workspace_key, run_id) ON DELETE CASCADE;
 
 --
+-- Name: child_runs child_runs_parent_fkey; Type: FK CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE ONLY zeroth.child_runs
+    ADD CONSTRAINT child_runs_parent_fkey FOREIGN KEY (tenant_id, workspace_key, parent_run_id) REFERENCES zeroth.runs(tenant_id, workspace_key, run_id) ON DELETE CASCADE;
+
+--
+-- Name: child_waits child_waits_parent_fkey; Type: FK CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE ONLY zeroth.child_waits
+    ADD CONSTRAINT child_waits_parent_fkey FOREIGN KEY (tenant_id, workspace_key, parent_run_id) REFERENCES zeroth.runs(tenant_id, workspace_key, run_id) ON DELETE CASCADE;
+
+--
 -- Name: event_waits event_waits_run_fkey; Type: FK CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
 --
 ALTER TABLE ONLY zeroth.event_waits
@@ -1028,6 +1116,16 @@ CREATE POLICY checkpoints_reader_tenant ON zeroth.checkpoints FOR SELECT TO zero
 -- Name: POLICY checkpoints_reader_tenant ON checkpoints; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
 COMMENT ON POLICY checkpoints_reader_tenant ON zeroth.checkpoints IS 'zeroth_reader sees the checkpoints of the tenant named in the setting zeroth.tenant_id (none when unset).';
+
+--
+-- Name: child_runs; Type: ROW SECURITY; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE zeroth.child_runs ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: child_waits; Type: ROW SECURITY; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE zeroth.child_waits ENABLE ROW LEVEL SECURITY;
 
 --
 -- Name: code_version; Type: ROW SECURITY; Schema: zeroth; Owner: zeroth_owner

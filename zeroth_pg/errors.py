@@ -15,6 +15,7 @@ import asyncpg
 
 __all__ = [
     "CheckpointConflictError",
+    "ChildRunConflictError",
     "ConnectionLostError",
     "DatabaseError",
     "EventTimeoutError",
@@ -107,6 +108,14 @@ class ScheduleNotFoundError(ZerothError, LookupError):
     sqlstate = "ZP009"
 
 
+class ChildRunConflictError(ZerothError, ValueError):
+    """ZP010: a child run's step key already names another child (another deployment, payload or
+    detached flag) or another kind of step. A replayed parent must start the same children in the
+    same order: a handler whose children depend on something that changed between attempts."""
+
+    sqlstate = "ZP010"
+
+
 class NonRetryableError(ZerothError):
     """Raised by a handler (or for it): fail this run now, without a retry, whatever attempts it
     has left (``zeroth.fail_run`` with ``retryable => false``: status failed)."""
@@ -169,6 +178,7 @@ _BY_SQLSTATE: dict[str, type[ZerothError]] = {
         CheckpointConflictError,
         InvalidArgumentError,
         ScheduleNotFoundError,
+        ChildRunConflictError,
     )
     if cls.sqlstate is not None
 }

@@ -11,3 +11,23 @@ CREATE OR REPLACE TRIGGER runs_thread_run_finished
           AND OLD.status IN ('pending', 'running', 'waiting')
           AND NEW.status IN ('completed', 'failed', 'cancelled'))
     EXECUTE FUNCTION zeroth._thread_run_finished();
+
+-- A child run ended (any function, any path) → zeroth._child_run_finished
+-- (sql/functions/internal/children.sql) copies its outcome and wakes a parent whose wait is met.
+-- The WHEN is evaluated before any trigger call is queued: a run that is no child (parent_run_id
+-- NULL) pays one NULL test (docs/performance.md, "Child runs").
+CREATE OR REPLACE TRIGGER runs_child_run_finished
+    AFTER UPDATE OF status ON zeroth.runs
+    FOR EACH ROW
+    WHEN (NEW.parent_run_id IS NOT NULL
+          AND OLD.status IN ('pending', 'running', 'waiting')
+          AND NEW.status IN ('completed', 'failed', 'cancelled'))
+    EXECUTE FUNCTION zeroth._child_run_finished();
+
+-- A run was cancelled (any path) → zeroth._cancel_children cancels its unfinished children that
+-- were not started detached. Cancels are off the hot path; a run without children pays one probe.
+CREATE OR REPLACE TRIGGER runs_cancel_children
+    AFTER UPDATE OF status ON zeroth.runs
+    FOR EACH ROW
+    WHEN (OLD.status IN ('pending', 'running', 'waiting') AND NEW.status = 'cancelled')
+    EXECUTE FUNCTION zeroth._cancel_children();

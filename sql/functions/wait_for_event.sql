@@ -28,7 +28,7 @@ DECLARE
     v_event   record;
     v_wait    record;
     v_timeout timestamptz;
-    v_run     record;
+    v_left    zeroth.run_status;
 BEGIN
     IF v_tenant IS NULL THEN
         RAISE EXCEPTION 'a workspace_id needs a tenant_id' USING ERRCODE = 'ZP006';
@@ -107,26 +107,9 @@ BEGIN
     END IF;
 
     -- Not there yet: the run leaves its worker. A pending cancel request wins (as in sleep_run).
-    UPDATE zeroth.runs r
-       SET status = CASE WHEN r.cancel_requested_at IS NULL THEN 'waiting'::zeroth.run_status
-                         ELSE 'cancelled'::zeroth.run_status END,
-           wait_reason = CASE WHEN r.cancel_requested_at IS NULL THEN 'event:' || wait_for_event.name END,
-           finished_at = CASE WHEN r.cancel_requested_at IS NULL THEN NULL ELSE v_now END,
-           -- Waiting is not a failure: the attempt is given back (as pause_run).
-           attempts = CASE WHEN r.cancel_requested_at IS NULL THEN greatest(r.attempts - 1, 0)
-                           ELSE r.attempts END,
-           updated_at = v_now,
-           lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
-           admission_slot = NULL, recovery_checkpoint_id = NULL
-     WHERE r.tenant_id = v_tenant
-       AND r.workspace_key = v_wskey
-       AND r.run_id = wait_for_event.run_id
-       AND r.status = 'running'
-       AND r.lease_worker_id = wait_for_event.worker_id
-       AND r.lease_generation = wait_for_event.generation
-       AND r.lease_expires_at >= v_now
-    RETURNING r.status, r.deployment_ref, r.workspace_id INTO v_run;
-    IF v_run.status = 'waiting' THEN
+    v_left := zeroth._leave_for_wait(v_tenant, v_wskey, wait_for_event.run_id, wait_for_event.worker_id,
+                                     wait_for_event.generation, 'event:' || wait_for_event.name, v_now);
+    IF v_left = 'waiting' THEN
         INSERT INTO zeroth.event_waits AS w (tenant_id, workspace_key, run_id, step_key, name, timeout_at, created_at)
         VALUES (v_tenant, v_wskey, wait_for_event.run_id, wait_for_event.step_key, wait_for_event.name,
                 v_timeout, v_now)
@@ -135,9 +118,6 @@ BEGIN
         outcome := 'waiting';
     ELSE
         outcome := 'cancelled';
-    END IF;
-    IF zeroth._free_slot(v_tenant, v_wskey, wait_for_event.run_id, wait_for_event.generation) THEN
-        PERFORM zeroth._notify_wakeup(v_run.deployment_ref, v_tenant, v_run.workspace_id);
     END IF;
     RETURN NEXT;
 END

@@ -42,7 +42,7 @@ async def call_every_function(admin: asyncpg.Connection, session: asyncpg.Connec
 RELATIONS = ("runs", "checkpoints", "admission_slots", "notification_secret", "lock_stripes",
              "thread_locks", "code_version", "scope_limits", "schedules", "schedule_fires",
              "rate_limits", "rate_limit_starts", "run_steps", "events", "event_waits",
-             "alembic_version", "queue_depth",
+             "child_runs", "child_waits", "alembic_version", "queue_depth",
              "dead_letters",
              "live_leases", "expired_leases", "table_health")
 
@@ -107,7 +107,8 @@ class TestReader:
 
     @pytest.mark.parametrize("relation", ["admission_slots", "notification_secret", "lock_stripes",
                                           "thread_locks", "code_version", "rate_limit_starts",
-                                          "run_steps", "events", "event_waits"])
+                                          "run_steps", "events", "event_waits",
+                                          "child_runs", "child_waits"])
     async def test_cannot_read_the_slots_the_secret_or_the_locks(self, login, relation):
         reader = await login("reader")
         assert await outcome(reader, f"SELECT * FROM zeroth.{relation}") == "42501"

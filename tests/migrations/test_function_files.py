@@ -158,8 +158,8 @@ class TestOneFilePerFunction:
 
     def test_each_public_function_has_its_own_file_named_after_it(self) -> None:
         for name, (path,) in _definitions().items():
-            if not name.startswith("_") and path.parent.name != "views" and name != (
-                    "runs_thread_run_finished"):
+            if not name.startswith("_") and path.parent.name != "views" and path.name != (
+                    "triggers.sql"):
                 assert path.name == f"{name}.sql", (name, path)
 
     def test_each_file_states_owner_privileges_and_comment(self, database_dsn: str) -> None:

@@ -1,0 +1,141 @@
+-- sql/functions/internal/children.sql: what start_child_run, wait_for_children, wake_due_waits and
+-- the child triggers share.
+-- Internal helpers: SECURITY INVOKER, executable by zeroth_owner only (they run inside the
+-- SECURITY DEFINER public functions and the triggers on zeroth.runs). Re-applied by every upgrade
+-- (sql/README.md).
+--
+-- Lock order (sql/README.md): a parent's own calls lock the parent (slot, run row), then the
+-- child_runs rows they read (FOR SHARE); a cancelled parent's trigger then locks its unfinished
+-- children (slot, run row: zeroth._cancel). A child that ends holds its own slot and row, then its
+-- child_runs row, then the parent's child_waits rows, and takes the parent's run row only with SKIP
+-- LOCKED: it never waits for the parent, so it cannot close a cycle with the parent's cancel,
+-- which waits for the child. A wake-up skipped that way (the parent's row was held by another
+-- session that left it waiting) is made by zeroth.wake_due_waits.
+
+-- Whether the awaited children of a wait are terminal: all of them (mode 'all') or at least one
+-- ('any'), read from the copies of their outcomes in child_runs.
+CREATE OR REPLACE FUNCTION zeroth._children_ready(tenant_id text, workspace_key text, parent_run_id uuid,
+                                                  child_run_ids uuid[], mode text)
+    RETURNS boolean
+    LANGUAGE sql STABLE
+    BEGIN ATOMIC
+        SELECT CASE WHEN _children_ready.mode = 'any' THEN count(c.status) >= 1
+                    ELSE count(c.status) = cardinality(_children_ready.child_run_ids) END
+          FROM zeroth.child_runs c
+         WHERE c.tenant_id = _children_ready.tenant_id
+           AND c.workspace_key = _children_ready.workspace_key
+           AND c.parent_run_id = _children_ready.parent_run_id
+           AND c.child_run_id = ANY (_children_ready.child_run_ids);
+    END;
+COMMENT ON FUNCTION zeroth._children_ready(text, text, uuid, uuid[], text) IS 'Internal: whether all (mode all) or any (mode any) of the awaited children of the parent have ended, by their outcomes in child_runs.';
+ALTER FUNCTION zeroth._children_ready(text, text, uuid, uuid[], text) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._children_ready(text, text, uuid, uuid[], text) FROM PUBLIC;
+
+-- The outcomes of the children, in the order given: one JSON object each (run_id, status, output,
+-- error, dead_lettered, finished_at); status NULL for a child that has not ended.
+CREATE OR REPLACE FUNCTION zeroth._child_outcomes(tenant_id text, workspace_key text, parent_run_id uuid,
+                                                  child_run_ids uuid[])
+    RETURNS jsonb
+    LANGUAGE sql STABLE
+    BEGIN ATOMIC
+        SELECT coalesce(jsonb_agg(jsonb_build_object(
+                   'run_id', c.child_run_id, 'status', c.status, 'output', c.output, 'error', c.error,
+                   'dead_lettered', c.dead_lettered, 'finished_at', c.finished_at) ORDER BY u.ord), '[]'::jsonb)
+          FROM unnest(_child_outcomes.child_run_ids) WITH ORDINALITY AS u(child_run_id, ord)
+          JOIN zeroth.child_runs c
+            ON c.tenant_id = _child_outcomes.tenant_id
+           AND c.workspace_key = _child_outcomes.workspace_key
+           AND c.parent_run_id = _child_outcomes.parent_run_id
+           AND c.child_run_id = u.child_run_id;
+    END;
+COMMENT ON FUNCTION zeroth._child_outcomes(text, text, uuid, uuid[]) IS 'Internal: the outcomes of the children in the order given (run_id, status, output, error, dead_lettered, finished_at; status NULL while a child has not ended), as a JSON array.';
+ALTER FUNCTION zeroth._child_outcomes(text, text, uuid, uuid[]) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._child_outcomes(text, text, uuid, uuid[]) FROM PUBLIC;
+
+-- A child run ended (any function, any path) → copy its outcome to its child_runs row, and make
+-- its parent pending when the parent waits for children whose wait is now met. The parent's
+-- child_waits rows are locked (they serialise siblings that end at once: the second sees the
+-- first's outcome); the parent's row is taken SKIP LOCKED (see the lock order above). Uses the
+-- ending call's time (NEW.updated_at).
+CREATE OR REPLACE FUNCTION zeroth._child_run_finished() RETURNS trigger
+    -- Pinned: a trigger runs with the search_path of whoever updates the row.
+    LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_wait  record;
+    v_run   record;
+BEGIN
+    UPDATE zeroth.child_runs c
+       SET status = NEW.status, output = NEW.output, error = NEW.error,
+           dead_lettered = NEW.dead_lettered_at IS NOT NULL,
+           finished_at = coalesce(NEW.finished_at, NEW.updated_at)
+     WHERE c.tenant_id = NEW.tenant_id
+       AND c.workspace_key = NEW.workspace_key
+       AND c.child_run_id = NEW.run_id
+       AND c.parent_run_id = NEW.parent_run_id;
+    IF NOT FOUND THEN
+        RETURN NULL;  -- the parent (and with it the link) was pruned
+    END IF;
+    FOR v_wait IN
+        SELECT w.step_key, w.mode, w.child_run_ids FROM zeroth.child_waits w
+         WHERE w.tenant_id = NEW.tenant_id
+           AND w.workspace_key = NEW.workspace_key
+           AND w.parent_run_id = NEW.parent_run_id
+           AND NEW.run_id = ANY (w.child_run_ids)
+         ORDER BY w.step_key
+           FOR UPDATE
+    LOOP
+        IF zeroth._children_ready(NEW.tenant_id, NEW.workspace_key, NEW.parent_run_id, v_wait.child_run_ids,
+                                  v_wait.mode) THEN
+            UPDATE zeroth.runs r
+               SET status = 'pending', wait_reason = NULL, run_after = NEW.updated_at, updated_at = NEW.updated_at
+             WHERE r.tenant_id = NEW.tenant_id
+               AND r.workspace_key = NEW.workspace_key
+               AND r.run_id = (SELECT p.run_id FROM zeroth.runs p
+                                WHERE p.tenant_id = NEW.tenant_id
+                                  AND p.workspace_key = NEW.workspace_key
+                                  AND p.run_id = NEW.parent_run_id
+                                  AND p.status = 'waiting'
+                                  AND p.wait_reason = 'children:' || v_wait.step_key
+                                  AND p.thread_queued_at IS NULL
+                                  FOR NO KEY UPDATE SKIP LOCKED)
+               AND r.status = 'waiting'
+            RETURNING r.deployment_ref, r.workspace_id INTO v_run;
+            IF FOUND THEN
+                PERFORM zeroth._notify_wakeup(v_run.deployment_ref, NEW.tenant_id, v_run.workspace_id);
+            END IF;
+        END IF;
+    END LOOP;
+    RETURN NULL;
+END
+$$;
+COMMENT ON FUNCTION zeroth._child_run_finished() IS 'Internal trigger: a child run ended → copy its outcome to child_runs; its parent, waiting for children whose wait (all | any) is now met, → pending, due now (parent row taken SKIP LOCKED; wake_due_waits makes a skipped wake-up). NOTIFY zeroth_wakeup when a parent was woken.';
+ALTER FUNCTION zeroth._child_run_finished() OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._child_run_finished() FROM PUBLIC;
+
+-- A run was cancelled (any function, any path) → cancel its unfinished children that were not
+-- started detached, each as request_cancel would with no grace (zeroth._cancel: pending or waiting
+-- → cancelled; running with a live lease → cancel requested, owner notified; running past its
+-- lease → cancelled). Each cancelled child cascades to its own children the same way. A run with
+-- no children pays one index probe on child_runs.
+CREATE OR REPLACE FUNCTION zeroth._cancel_children() RETURNS trigger
+    LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_child uuid;
+BEGIN
+    FOR v_child IN
+        SELECT c.child_run_id FROM zeroth.child_runs c
+         WHERE c.tenant_id = NEW.tenant_id
+           AND c.workspace_key = NEW.workspace_key
+           AND c.parent_run_id = NEW.run_id
+           AND c.status IS NULL
+           AND NOT c.detached
+         ORDER BY c.child_run_id
+    LOOP
+        PERFORM zeroth._cancel(NEW.tenant_id, NEW.workspace_key, v_child, 'cancel', interval '0', NEW.updated_at);
+    END LOOP;
+    RETURN NULL;
+END
+$$;
+COMMENT ON FUNCTION zeroth._cancel_children() IS 'Internal trigger: a run was cancelled → cancel its unfinished, non-detached children as request_cancel does (zeroth._cancel, no grace), in run_id order; cascades to their children.';
+ALTER FUNCTION zeroth._cancel_children() OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._cancel_children() FROM PUBLIC;
