@@ -118,6 +118,15 @@ EMIT_EVENT = """SELECT emitted, woken FROM zeroth.emit_event(name => $1, payload
 
 WAKE_DUE_WAITS = """SELECT zeroth.wake_due_waits(deployment_refs => $1::text[], batch_size => $2)"""
 
+START_CHILD_RUN = """SELECT child_run_id, created FROM zeroth.start_child_run(run_id => $1,
+    worker_id => $2, generation => $3, step_key => $4, deployment_ref => $5,
+    payload => $6::text::jsonb, priority => $7, max_attempts => $8, metadata => $9::text::jsonb,
+    detached => $10, tenant_id => $11, workspace_id => $12)"""
+
+WAIT_FOR_CHILDREN = """SELECT outcome, children::text AS children FROM zeroth.wait_for_children(
+    run_id => $1, worker_id => $2, generation => $3, step_key => $4,
+    child_run_ids => $5::uuid[], mode => $6, tenant_id => $7, workspace_id => $8)"""
+
 RELEASE_LEASE = """SELECT zeroth.release_lease(run_id => $1, worker_id => $2, generation => $3,
     tenant_id => $4, workspace_id => $5)"""
 

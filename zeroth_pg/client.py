@@ -26,6 +26,10 @@ from zeroth_pg import _calls, tracing
 from zeroth_pg.errors import InvalidArgumentError, translate
 from zeroth_pg.types import (
     CancelOutcome,
+    ChildOutcome,
+    ChildStart,
+    ChildWait,
+    ChildWaitOutcome,
     ClaimedRun,
     CompleteAndClaimResult,
     EmitResult,
@@ -746,6 +750,50 @@ class LeaseManager:
         refs, _, _ = _scope_arguments(deployment_refs, None)
         return int(await self._fetchval(_calls.WAKE_DUE_WAITS, refs, batch_size, conn=conn))
 
+    # -- child runs ------------------------------------------------------------------------
+
+    async def start_child_run(
+        self, run_id: RunId, worker_id: str, step_key: str, deployment_ref: str,
+        payload: Mapping[str, Any] | None = None, *, generation: int, priority: int = 0,
+        max_attempts: int = 3, metadata: Mapping[str, Any] | None = None,
+        detached: bool = False, tenant_id: str | None = None, workspace_id: str | None = None,
+        conn: Executor | None = None,
+    ) -> ChildStart | None:
+        """Start a child run of the holder's running run as step ``step_key``, fenced
+        (``zeroth.start_child_run``): pending in the parent's scope; a replay of the step gets
+        the same child (``created`` False), another deployment / payload / detached under the
+        key raises ChildRunConflictError. ``detached``: not cancelled with the parent. None when
+        fenced out."""
+        row = (await self._fetch(
+            _calls.START_CHILD_RUN, _uuid(run_id), worker_id, generation, step_key,
+            deployment_ref, _object(payload, "payload"), priority, max_attempts,
+            _object(tracing.inject(metadata), "metadata"), detached, tenant_id, workspace_id,
+            conn=conn))[0]
+        if row["child_run_id"] is None:
+            return None
+        return ChildStart(child_run_id=row["child_run_id"], created=bool(row["created"]))
+
+    async def wait_for_children(
+        self, run_id: RunId, worker_id: str, step_key: str, child_run_ids: Sequence[RunId], *,
+        generation: int, mode: str = "all", tenant_id: str | None = None,
+        workspace_id: str | None = None, conn: Executor | None = None,
+    ) -> ChildWait | None:
+        """Wait for all (``mode="all"``) or any (``"any"``) of the holder's children as step
+        ``step_key``, fenced (``zeroth.wait_for_children``): ready with their outcomes
+        (recorded), or the run left its worker (waiting; cancelled when a cancel request was
+        pending). None when fenced out."""
+        if isinstance(child_run_ids, str | bytes) or not isinstance(child_run_ids, Sequence):
+            raise InvalidArgumentError("child_run_ids must be a sequence of run ids")
+        ids = [_uuid(child) for child in child_run_ids]
+        row = (await self._fetch(_calls.WAIT_FOR_CHILDREN, _uuid(run_id), worker_id, generation,
+                                 step_key, ids, mode, tenant_id, workspace_id, conn=conn))[0]
+        if row["outcome"] is None:
+            return None
+        children = _loads(row["children"])
+        return ChildWait(outcome=ChildWaitOutcome(row["outcome"]),
+                         children=None if children is None else tuple(
+                             _child_outcome(child) for child in children))
+
     # -- giving a lease back ---------------------------------------------------------------
 
     async def release_lease(
@@ -1037,6 +1085,17 @@ def _scopes_result(rows: list[asyncpg.Record]) -> ScopesClaimResult:
             saturated.append(scope)
     return ScopesClaimResult(runs=tuple(runs), saturated=tuple(saturated),
                              rate_limited=tuple(limited.values()))
+
+
+def _child_outcome(child: Mapping[str, Any]) -> ChildOutcome:
+    """One element of wait_for_children's children array."""
+    finished = child.get("finished_at")
+    return ChildOutcome(
+        run_id=UUID(child["run_id"]),
+        status=None if child.get("status") is None else RunStatus(child["status"]),
+        output=child.get("output"), error=child.get("error"),
+        dead_lettered=bool(child.get("dead_lettered")),
+        finished_at=None if finished is None else datetime.fromisoformat(finished))
 
 
 def _json_item(item: Mapping[str, Any]) -> dict[str, Any]:

@@ -10,6 +10,10 @@ from uuid import UUID
 
 __all__ = [
     "CancelOutcome",
+    "ChildOutcome",
+    "ChildStart",
+    "ChildWait",
+    "ChildWaitOutcome",
     "ClaimedRun",
     "EmitResult",
     "EnqueuedRun",
@@ -118,6 +122,57 @@ class EmitResult:
 
     emitted: bool
     woken: int
+
+
+@dataclass(frozen=True, slots=True)
+class ChildStart:
+    """The row of ``zeroth.start_child_run`` that was not fenced out: the child's run id, and
+    whether this call created it (False: the step started it before, in this or an earlier
+    attempt)."""
+
+    child_run_id: UUID
+    created: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ChildOutcome:
+    """How one child run ended, as recorded by ``zeroth.wait_for_children``. ``status`` is None
+    for a child that had not ended when a wait with ``mode="any"`` was met; ``dead_lettered``
+    says a failed child ran out of attempts."""
+
+    run_id: UUID
+    status: RunStatus | None
+    output: Any
+    error: Any
+    dead_lettered: bool
+    finished_at: datetime | None
+
+    @property
+    def finished(self) -> bool:
+        """Whether the child had ended (completed, failed or cancelled)."""
+        return self.status is not None
+
+    @property
+    def succeeded(self) -> bool:
+        """Whether the child completed."""
+        return self.status is RunStatus.COMPLETED
+
+
+class ChildWaitOutcome(StrEnum):
+    """What ``zeroth.wait_for_children`` did."""
+
+    READY = "ready"  # the wait was met (now, or recorded by an earlier attempt): the outcomes
+    WAITING = "waiting"  # the run left its worker: status waiting until the children end
+    CANCELLED = "cancelled"  # a cancel request was pending: cancelled instead of waiting
+
+
+@dataclass(frozen=True, slots=True)
+class ChildWait:
+    """The row of ``zeroth.wait_for_children`` that was not fenced out: the outcome and, when
+    ready, one :class:`ChildOutcome` per awaited child in the order given."""
+
+    outcome: ChildWaitOutcome
+    children: tuple[ChildOutcome, ...] | None
 
 
 @dataclass(frozen=True, slots=True)
