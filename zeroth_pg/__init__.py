@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from zeroth_pg.client import LeaseManager
     from zeroth_pg.errors import (
         CheckpointConflictError,
+        ChildRunConflictError,
         ConnectionLostError,
         DatabaseError,
         EventTimeoutError,
@@ -36,6 +37,10 @@ if TYPE_CHECKING:
     )
     from zeroth_pg.types import (
         CancelOutcome,
+        ChildOutcome,
+        ChildStart,
+        ChildWait,
+        ChildWaitOutcome,
         ClaimedRun,
         CompleteAndClaimResult,
         EmitResult,
@@ -68,14 +73,16 @@ _HOMES = {
     **dict.fromkeys(("App", "Deployment", "SyncRunContext"), "zeroth_pg.app"),
     "LeaseManager": "zeroth_pg.client",
     **dict.fromkeys(
-        ("CheckpointConflictError", "ConnectionLostError", "DatabaseError", "EventTimeoutError",
+        ("CheckpointConflictError", "ChildRunConflictError", "ConnectionLostError",
+         "DatabaseError", "EventTimeoutError",
          "FenceColumnWriteError", "InvalidArgumentError", "InvalidPayloadError",
          "InvalidScopeError", "InvalidTransitionError", "LeaseLostError", "NonRetryableError",
          "RetryableError", "RunNotFoundError", "ScheduleNotFoundError", "StepResultError",
          "UnknownColumnError", "ZerothError"),
         "zeroth_pg.errors"),
     **dict.fromkeys(
-        ("CancelOutcome", "ClaimedRun", "CompleteAndClaimResult", "EmitResult", "EnqueuedRun",
+        ("CancelOutcome", "ChildOutcome", "ChildStart", "ChildWait", "ChildWaitOutcome",
+         "ClaimedRun", "CompleteAndClaimResult", "EmitResult", "EnqueuedRun",
          "EventWait", "EventWaitOutcome", "FailOutcome", "LeaseClaimResult",
          "LeaseRenewal", "OrphanClaimResult", "RateLimited", "RetryPolicy", "RunCompletion",
          "RunStatus", "Schedule", "ScheduleFire", "ScheduleFiring", "ScheduleRegistration",
@@ -91,6 +98,11 @@ __all__ = [
     "App",
     "CancelOutcome",
     "CheckpointConflictError",
+    "ChildOutcome",
+    "ChildRunConflictError",
+    "ChildStart",
+    "ChildWait",
+    "ChildWaitOutcome",
     "ClaimedRun",
     "CompleteAndClaimResult",
     "ConnectionLostError",

@@ -38,13 +38,14 @@ import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal, NoReturn, Union
+from typing import Any, Literal, NoReturn, Union, cast
+from uuid import UUID
 
 import asyncpg
 
 from zeroth_pg.client import LeaseManager, unstorable
 from zeroth_pg.errors import InvalidPayloadError, LeaseLostError
-from zeroth_pg.types import EnqueuedRun, RetryPolicy
+from zeroth_pg.types import ChildOutcome, EnqueuedRun, RetryPolicy
 from zeroth_pg.worker import PeriodicSchedule, RunContext, RunSlept, RunWorker
 from zeroth_pg.worker._run import _CURRENT_STEP
 
@@ -301,6 +302,22 @@ class SyncRunContext:
         to wait; the function is called again from the start once the event is emitted."""
         return self._call(self._run.wait_for_event(name, timeout=timeout))
 
+
+    def start_child(self, deployment: str, payload: Mapping[str, Any] | None = None, *,
+                    key: str | None = None, priority: int = 0, max_attempts: int = 3,
+                    metadata: Mapping[str, Any] | None = None, detached: bool = False) -> UUID:
+        """:meth:`RunContext.start_child`, blocking: returns the child's run id."""
+        return cast(UUID, self._call(self._run.start_child(
+            deployment, payload, key=key, priority=priority, max_attempts=max_attempts,
+            metadata=metadata, detached=detached)))
+
+    def wait_for_children(self, children: Sequence[UUID], *,
+                          mode: str = "all") -> list[ChildOutcome]:
+        """:meth:`RunContext.wait_for_children`, blocking: returns the outcomes, or raises
+        :class:`~zeroth_pg.worker.RunSlept` (let it propagate) when the run leaves its worker
+        to wait; the function is called again from the start once the wait is met."""
+        return cast(list[ChildOutcome], self._call(
+            self._run.wait_for_children(children, mode=mode)))
 
 async def _in_thread(fn: Callable[..., Any], run: RunContext, arguments: dict[str, Any]) -> Any:
     """Call ``fn(SyncRunContext, **arguments)`` in a daemon thread of its own and wait for it.

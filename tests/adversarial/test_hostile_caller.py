@@ -54,7 +54,8 @@ LEASE = 3600.0
 CANCELS = {"request_cancel", "request_cancel_v2", "admit_run"}
 FENCED = {"commit_fenced", "update_run_progress", "start_run", "save_checkpoint", "complete_run",
           "fail_run", "cancel_run", "pause_run", "release_lease", "hand_back_to_pending",
-          "expire_recovery_lease", "renew_lease", "record_step", "wait_for_event"}
+          "expire_recovery_lease", "renew_lease", "record_step", "wait_for_event", "start_child_run",
+          "wait_for_children"}
 
 
 def scope_key(tenant_id: str | None, workspace_id: str | None) -> tuple[str | None, str]:

@@ -16,7 +16,7 @@ import asyncio
 import contextvars
 import enum
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol
@@ -30,7 +30,15 @@ from zeroth_pg.errors import (
     LeaseLostError,
     StepResultError,
 )
-from zeroth_pg.types import ClaimedRun, EventWaitOutcome, Scope, SleepOutcome, SleepResult
+from zeroth_pg.types import (
+    ChildOutcome,
+    ChildWaitOutcome,
+    ClaimedRun,
+    EventWaitOutcome,
+    Scope,
+    SleepOutcome,
+    SleepResult,
+)
 
 if TYPE_CHECKING:
     from zeroth_pg.worker._worker import RunWorker
@@ -55,6 +63,10 @@ _CURRENT_STEP: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 
 #: Waits are keyed "#event:<name>"; a step name may not hold "#", so the two never collide.
 _EVENT_STEP_PREFIX = "#event:"
+#: A child started without a key is the step "#child:<deployment>"; a wait for children is the
+#: step "#children" (both numbered like run.step), so neither collides with a step name.
+_CHILD_STEP_PREFIX = "#child:"
+_CHILDREN_STEP = "#children"
 
 
 class RunSlept(BaseException):
@@ -313,6 +325,68 @@ class RunContext:
                    else SleepOutcome.CANCELLED)
         self.slept = SleepResult(outcome=outcome, run_after=waited.timeout_at,
                                  checkpoint_id=None)
+        self._worker.run_slept(self)
+        raise RunSlept(self.slept)
+
+    # -- child runs ------------------------------------------------------------------------------
+
+    async def start_child(self, deployment: str, payload: Mapping[str, Any] | None = None, *,
+                          key: str | None = None, priority: int = 0, max_attempts: int = 3,
+                          metadata: Mapping[str, Any] | None = None,
+                          detached: bool = False) -> UUID:
+        """Start a child run of ``deployment`` in this run's scope and return its run id.
+
+        A step (``zeroth.start_child_run``, fenced): ``key`` names it (a step name, numbered
+        like :meth:`step` when reused); without one it is ``#child:<deployment>``, numbered, so
+        keep the order of starts deterministic. A replayed attempt gets the same child back
+        and starts nothing; another deployment, payload or ``detached`` under the same key
+        raises :class:`~zeroth_pg.errors.ChildRunConflictError`. The child is cancelled with
+        this run (any cancel path) while it has not ended, unless ``detached``. Raises
+        LeaseLostError when the lease was lost (nothing was started).
+        """
+        if self.slept is not None:  # left its worker already (a handler that swallowed it)
+            raise RunSlept(self.slept)
+        step_key = (self._next_step_key_raw(_CHILD_STEP_PREFIX + deployment)
+                    if key is None else self._next_step_key(key))
+        with tracing.step("start_child", self.scope.deployment_ref, self.run_id):
+            started = await self._worker.lease_manager.start_child_run(
+                self.run_id, self.worker_id, step_key, deployment, payload,
+                generation=self.lease_generation, priority=priority, max_attempts=max_attempts,
+                metadata=metadata, detached=detached, tenant_id=self.scope.tenant_id,
+                workspace_id=self.scope.workspace_id)
+        if started is None:
+            raise self._lease_lost("start_child")
+        return started.child_run_id
+
+    async def wait_for_children(self, children: Sequence[UUID], *,
+                                mode: str = "all") -> list[ChildOutcome]:
+        """Wait until all (``mode="all"``) or any (``"any"``) of ``children`` (ids from
+        :meth:`start_child`) ended, and return one :class:`~zeroth_pg.types.ChildOutcome` per
+        child, in the order given (status, output, error, dead_lettered; status None for a
+        child still running when an ``any`` wait was met).
+
+        A step (``#children``, numbered like :meth:`step`; ``zeroth.wait_for_children``):
+        children that ended already are recorded as the step result and returned at once.
+        Otherwise the attempt ends (status ``waiting``, lease and slot released, attempt given
+        back) by raising :class:`RunSlept` (a BaseException: let it propagate); when the wait
+        is met the run becomes pending, the handler is called again from the start, and this
+        call returns the recorded outcomes, the same in every later replay. A failed or
+        dead-lettered child is an outcome, not an exception.
+        """
+        if self.slept is not None:  # left its worker already (a handler that swallowed it)
+            raise RunSlept(self.slept)
+        key = self._next_step_key_raw(_CHILDREN_STEP)
+        with tracing.step("wait_for_children", self.scope.deployment_ref, self.run_id):
+            waited = await self._worker.lease_manager.wait_for_children(
+                self.run_id, self.worker_id, key, children, generation=self.lease_generation,
+                mode=mode, tenant_id=self.scope.tenant_id, workspace_id=self.scope.workspace_id)
+        if waited is None:
+            raise self._lease_lost("wait_for_children")
+        if waited.outcome is ChildWaitOutcome.READY:
+            return list(waited.children or ())
+        outcome = (SleepOutcome.WAITING if waited.outcome is ChildWaitOutcome.WAITING
+                   else SleepOutcome.CANCELLED)
+        self.slept = SleepResult(outcome=outcome, run_after=None, checkpoint_id=None)
         self._worker.run_slept(self)
         raise RunSlept(self.slept)
 
