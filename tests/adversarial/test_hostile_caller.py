@@ -54,8 +54,8 @@ LEASE = 3600.0
 CANCELS = {"request_cancel", "request_cancel_v2", "admit_run"}
 FENCED = {"commit_fenced", "update_run_progress", "start_run", "save_checkpoint", "complete_run",
           "fail_run", "cancel_run", "pause_run", "release_lease", "hand_back_to_pending",
-          "expire_recovery_lease", "renew_lease", "record_step", "wait_for_event", "start_child_run",
-          "wait_for_children"}
+          "expire_recovery_lease", "renew_lease", "record_step", "wait_for_event",
+          "start_child_run", "wait_for_children"}
 
 
 def scope_key(tenant_id: str | None, workspace_id: str | None) -> tuple[str | None, str]:
@@ -226,9 +226,12 @@ def arguments(function: Function, world: Seed) -> st.SearchStrategy[dict[str, An
         "catch_up_limit": st.sampled_from([None, 5]),
         "max_schedules": st.sampled_from([1, 100]), "max_fires": st.sampled_from([1, 1000]),
         # Steps and events (a step of a victim's run, a wait on a schedule-named event).
-        "step_key": st.sampled_from(["s-1", "#event:s-1"]),
+        "step_key": st.sampled_from(["s-1", "#event:s-1", "#child:d1", "#children"]),
         "result": st.sampled_from(['{"stolen": true}', "null"]),
         "timeout_seconds": st.sampled_from([None, 0.0, 60.0]),
+        # Child runs (any run id of the world as a "child", a mode that is none).
+        "child_run_ids": st.lists(uuids, max_size=3), "mode": st.sampled_from(["all", "any", "x"]),
+        "detached": st.booleans(),
     }
 
     @st.composite
