@@ -677,6 +677,7 @@ CREATE TABLE zeroth.child_waits (
     mode text NOT NULL,
     child_run_ids uuid[] NOT NULL,
     created_at timestamp with time zone NOT NULL,
+    met_at timestamp with time zone,
     CONSTRAINT child_waits_children_nonempty CHECK ((cardinality(child_run_ids) >= 1)),
     CONSTRAINT child_waits_mode_valid CHECK ((mode = ANY (ARRAY['all'::text, 'any'::text])))
 );
@@ -686,7 +687,7 @@ ALTER TABLE zeroth.child_waits OWNER TO zeroth_owner;
 --
 -- Name: TABLE child_waits; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
-COMMENT ON TABLE zeroth.child_waits IS 'A parent run waiting for its children (wait_for_children): the step key its result will be recorded under, the mode (all | any) and the children awaited. Kept until that result is recorded; deleted with the parent.';
+COMMENT ON TABLE zeroth.child_waits IS 'A parent run waiting for its children (wait_for_children): the step key its result will be recorded under, the mode (all | any) and the children awaited; met_at once the wait was met while the parent''s row was locked (wake_due_waits wakes it). Kept until that result is recorded; deleted with the parent.';
 
 --
 -- Name: code_version; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
@@ -983,6 +984,11 @@ CREATE INDEX admission_slots_run_idx ON zeroth.admission_slots USING btree (run_
 -- Name: checkpoints_run_order_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner
 --
 CREATE INDEX checkpoints_run_order_idx ON zeroth.checkpoints USING btree (tenant_id, workspace_key, run_id, checkpoint_order DESC);
+
+--
+-- Name: child_waits_met; Type: INDEX; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE INDEX child_waits_met ON zeroth.child_waits USING btree (met_at) WHERE (met_at IS NOT NULL);
 
 --
 -- Name: event_waits_name_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner

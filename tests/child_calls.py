@@ -22,8 +22,9 @@ CHILD = "child-d"
 
 async def start_child(conn: asyncpg.Connection, parent: UUID, generation: int, key: str, *,
                       deployment: str = CHILD, payload: dict[str, Any] | None = None,
-                      detached: bool = False, max_attempts: int = 3, worker: str = WORKER, tenant: str | None = None,
-                      workspace: str | None = None, now: datetime | None = None,
+                      detached: bool = False, max_attempts: int = 3, worker: str = WORKER,
+                      tenant: str | None = None, workspace: str | None = None,
+                      now: datetime | None = None,
                       ) -> asyncpg.Record:
     """zeroth.start_child_run; the row (child_run_id, created)."""
     schema = "zeroth" if now is None else "zeroth_test"

@@ -114,7 +114,8 @@ BEGIN
         VALUES (v_tenant, v_wskey, wait_for_children.run_id, wait_for_children.step_key, wait_for_children.mode,
                 wait_for_children.child_run_ids, v_now)
         ON CONFLICT ON CONSTRAINT child_waits_pkey DO UPDATE
-           SET mode = excluded.mode, child_run_ids = excluded.child_run_ids, created_at = excluded.created_at;
+           SET mode = excluded.mode, child_run_ids = excluded.child_run_ids, created_at = excluded.created_at,
+               met_at = NULL;
         outcome := 'waiting';
     ELSE
         outcome := 'cancelled';

@@ -1,6 +1,7 @@
 -- wake_due_waits: the event waits whose deadline passed → their runs pending, due now (the
 -- replayed wait_for_event then records the timeout); then parents still waiting for children whose
--- wait is met (a wake-up a child's end had to skip: internal/children.sql). Across every scope of the deployments (NULL:
+-- wait was met while their row was locked (the wake-up a child's end had to skip, marked in
+-- child_waits.met_at: internal/children.sql). Across every scope of the deployments (NULL:
 -- every deployment), like claim_orphaned_scopes; run by the worker's orphan sweep. Locks: the run
 -- rows FOR UPDATE SKIP LOCKED (never waits), at most batch_size a call. Returns the number woken
 -- (loop until below batch_size). Raises ZP008. Notifies zeroth_wakeup per woken scope. Time:
@@ -51,18 +52,19 @@ BEGIN
     END IF;
 
     -- Parents whose children's wait is met but which are still waiting: a child's end takes the
-    -- parent's row SKIP LOCKED (internal/children.sql, lock order) and leaves this one to us.
+    -- parent's row SKIP LOCKED (internal/children.sql, lock order) and, when it could not wake
+    -- it, marks the wait (met_at): only those are visited (partial index child_waits_met).
     FOR v_run IN
         WITH due AS (
             SELECT r.tenant_id, r.workspace_key, r.run_id
               FROM zeroth.child_waits w
               JOIN zeroth.runs r
                 ON r.tenant_id = w.tenant_id AND r.workspace_key = w.workspace_key AND r.run_id = w.parent_run_id
-             WHERE r.status = 'waiting'
+             WHERE w.met_at IS NOT NULL
+               AND r.status = 'waiting'
                AND r.wait_reason = 'children:' || w.step_key
                AND r.thread_queued_at IS NULL
                AND (wake_due_waits.deployment_refs IS NULL OR r.deployment_ref = ANY (wake_due_waits.deployment_refs))
-               AND zeroth._children_ready(w.tenant_id, w.workspace_key, w.parent_run_id, w.child_run_ids, w.mode)
              LIMIT wake_due_waits.batch_size - v_woken
                FOR UPDATE OF r SKIP LOCKED)
         UPDATE zeroth.runs r
@@ -79,7 +81,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION zeroth.wake_due_waits(text[], integer) IS
-'wake_due_waits: runs waiting on an event past their wait''s deadline → pending, due now (the replayed wait_for_event records timed_out), then parents waiting for children whose wait is met (wait_for_children; a wake-up a child''s end skipped because the parent''s row was locked), in every scope of the deployments (NULL: all); run rows FOR UPDATE SKIP LOCKED, at most batch_size (1-1000). Returns the number woken. Raises ZP008. Notifies zeroth_wakeup per woken scope. Time: clock_timestamp().';
+'wake_due_waits: runs waiting on an event past their wait''s deadline → pending, due now (the replayed wait_for_event records timed_out), then parents waiting for children whose wait was met while their row was locked (wait_for_children; the wake-up a child''s end skipped, marked in child_waits.met_at), in every scope of the deployments (NULL: all); run rows FOR UPDATE SKIP LOCKED, at most batch_size (1-1000). Returns the number woken. Raises ZP008. Notifies zeroth_wakeup per woken scope. Time: clock_timestamp().';
 ALTER FUNCTION zeroth.wake_due_waits(text[], integer) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.wake_due_waits(text[], integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.wake_due_waits(text[], integer) TO zeroth_worker;

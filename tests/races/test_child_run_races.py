@@ -3,7 +3,9 @@ child's end and with a second attempt of the parent.
 
 A parent entering its wait and a child ending meet on the child's child_runs row (the wait locks
 it FOR SHARE, the end updates it): whichever commits first is seen by the other, so the parent is
-either told "ready" or woken by the child's trigger; no wake-up is lost. Two siblings ending at
+either told "ready" or woken by the child's trigger; no wake-up is lost. A child's end never
+waits for a parent's row another session holds: it marks the wait, and wake_due_waits wakes the
+parent. Two siblings ending at
 once serialise on the wait's child_waits row: the second sees the first and wakes the parent. A
 stale parent attempt that waited behind a takeover starts nothing; two calls of the same holder
 under one key get one child. A parent's cancel and its child's end never deadlock. Clocks are
@@ -16,7 +18,7 @@ import json
 
 from child_calls import CHILD
 from helpers import DEPLOYMENT, WORKER, at, make_run, run_row
-from interleave import assert_waits_for, finished, only
+from interleave import assert_waits_for, finished, finishes_without_waiting, only
 
 START = """SELECT child_run_id, created FROM zeroth_test.start_child_run(run_id => $1,
                worker_id => $2, generation => $3, step_key => $4, deployment_ref => 'child-d',
@@ -34,6 +36,9 @@ CLAIM_ORPHANED = """SELECT run_id, lease_generation FROM zeroth_test.claim_orpha
 CANCEL = """SELECT outcome FROM zeroth_test.request_cancel_v2(run_id => $1, action => 'cancel',
                 now_override => $2)"""
 CHILDREN = "SELECT count(*) FROM zeroth.runs r WHERE r.parent_run_id = $1"
+LOCK_ROW = "SELECT 1 FROM zeroth.runs r WHERE r.run_id = $1 FOR UPDATE"
+WAKE = """SELECT zeroth_test.wake_due_waits(deployment_refs => $1::text[], batch_size => 100,
+              now_override => $2)"""
 
 
 async def parent_and_children(db, n):
@@ -96,6 +101,26 @@ async def test_two_siblings_ending_at_once_wake_an_all_wait_once(sessions):
     await a.commit()
     assert (await finished(second)).value is True
     assert (await run_row(db, lease.run_id))["status"] == "pending"
+
+
+async def test_a_child_ending_while_another_session_holds_the_parent_marks_the_wait(sessions):
+    """The child's end never waits for its parent's row (SKIP LOCKED): the wake-up it skipped is
+    marked (child_waits.met_at) and made by wake_due_waits."""
+    holder, child, db = sessions
+    lease, [(kid, gen)] = await parent_and_children(db, 1)
+    assert (await db.fetchrow(WAIT, lease.run_id, WORKER, 1, [kid], "all", at(3)))[
+        "outcome"] == "waiting"
+    await holder.begin()
+    assert (await holder.call(LOCK_ROW, lease.run_id)).value == 1
+    end = child.spawn(COMPLETE, kid, "cw", gen, json.dumps(1), at(4))
+    assert (await finishes_without_waiting(db, child, end)).value is True
+    await holder.commit()
+    assert (await run_row(db, lease.run_id))["status"] == "waiting"
+    assert await db.fetchval("SELECT count(*) FROM zeroth.child_waits WHERE met_at IS NOT NULL"
+                             ) == 1
+    assert await db.fetchval(WAKE, [DEPLOYMENT], at(5)) == 1
+    assert (await run_row(db, lease.run_id))["status"] == "pending"
+    assert await db.fetchval(WAKE, [DEPLOYMENT], at(6)) == 0
 
 
 async def test_a_stale_parent_that_waited_for_the_takeover_starts_nothing(sessions):

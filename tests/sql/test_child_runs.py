@@ -256,7 +256,7 @@ class TestWait:
     async def test_not_a_child_is_zp008_and_changes_nothing(self, clock_conn):
         lease, (a,) = await parent_with_children(clock_conn, 1)
         stranger = (await make_run(clock_conn, "pending", deployment_ref=CHILD)).run_id
-        other_parent, (theirs,) = await parent_with_children(clock_conn, 1)
+        _, (theirs,) = await parent_with_children(clock_conn, 1)
         for ids in ([stranger], [a, theirs], [lease.run_id]):
             assert await sqlstate(clock_conn, lambda ids=ids: wait_children(
                 clock_conn, lease.run_id, lease.generation, "join", ids, now=at(2))) == "ZP008"
@@ -324,11 +324,13 @@ class TestWait:
     async def test_skipped_wake_up_is_made_by_wake_due_waits(self, clock_conn):
         lease, (a,) = await parent_with_children(clock_conn, 1)
         await wait_children(clock_conn, lease.run_id, lease.generation, "j", [a], now=at(2))
+        assert await clock_conn.fetchval(WAKE, [DEPLOYMENT], 100, at(3)) == 0  # not met
         # As if the child's trigger had found the parent's row locked: its outcome is copied,
-        # the parent still waits.
+        # the wait marked met, the parent still waits (tests/races: the real lock).
         await clock_conn.execute(
             """UPDATE zeroth.child_runs SET status = 'completed', finished_at = $2
                 WHERE child_run_id = $1""", a, at(3))
+        await clock_conn.execute("UPDATE zeroth.child_waits SET met_at = $1", at(3))
         assert await status(clock_conn, lease.run_id) == ("waiting", "children:j")
         assert await clock_conn.fetchval(WAKE, [DEPLOYMENT], 100, at(4)) == 1
         assert (await status(clock_conn, lease.run_id))[0] == "pending"

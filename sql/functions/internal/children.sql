@@ -10,7 +10,8 @@
 -- child_runs row, then the parent's child_waits rows, and takes the parent's run row only with SKIP
 -- LOCKED: it never waits for the parent, so it cannot close a cycle with the parent's cancel,
 -- which waits for the child. A wake-up skipped that way (the parent's row was held by another
--- session that left it waiting) is made by zeroth.wake_due_waits.
+-- session that left it waiting) marks the wait (child_waits.met_at) and is made by
+-- zeroth.wake_due_waits.
 
 -- Whether the awaited children of a wait are terminal: all of them (mode 'all') or at least one
 -- ('any'), read from the copies of their outcomes in child_runs.
@@ -102,13 +103,19 @@ BEGIN
             RETURNING r.deployment_ref, r.workspace_id INTO v_run;
             IF FOUND THEN
                 PERFORM zeroth._notify_wakeup(v_run.deployment_ref, NEW.tenant_id, v_run.workspace_id);
+            ELSE
+                -- Not woken (its row was locked, or it is not waiting on this key now): marked,
+                -- so wake_due_waits visits this wait and no other.
+                UPDATE zeroth.child_waits w SET met_at = coalesce(w.met_at, NEW.updated_at)
+                 WHERE w.tenant_id = NEW.tenant_id AND w.workspace_key = NEW.workspace_key
+                   AND w.parent_run_id = NEW.parent_run_id AND w.step_key = v_wait.step_key;
             END IF;
         END IF;
     END LOOP;
     RETURN NULL;
 END
 $$;
-COMMENT ON FUNCTION zeroth._child_run_finished() IS 'Internal trigger: a child run ended → copy its outcome to child_runs; its parent, waiting for children whose wait (all | any) is now met, → pending, due now (parent row taken SKIP LOCKED; wake_due_waits makes a skipped wake-up). NOTIFY zeroth_wakeup when a parent was woken.';
+COMMENT ON FUNCTION zeroth._child_run_finished() IS 'Internal trigger: a child run ended → copy its outcome to child_runs; its parent, waiting for children whose wait (all | any) is now met, → pending, due now (parent row taken SKIP LOCKED; a skipped wake-up marks child_waits.met_at and wake_due_waits makes it). NOTIFY zeroth_wakeup when a parent was woken.';
 ALTER FUNCTION zeroth._child_run_finished() OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._child_run_finished() FROM PUBLIC;
 
