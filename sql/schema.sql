@@ -676,10 +676,12 @@ CREATE TABLE zeroth.child_waits (
     step_key text NOT NULL,
     mode text NOT NULL,
     child_run_ids uuid[] NOT NULL,
+    remaining integer NOT NULL,
     created_at timestamp with time zone NOT NULL,
     met_at timestamp with time zone,
     CONSTRAINT child_waits_children_nonempty CHECK ((cardinality(child_run_ids) >= 1)),
-    CONSTRAINT child_waits_mode_valid CHECK ((mode = ANY (ARRAY['all'::text, 'any'::text])))
+    CONSTRAINT child_waits_mode_valid CHECK ((mode = ANY (ARRAY['all'::text, 'any'::text]))),
+    CONSTRAINT child_waits_remaining_valid CHECK (((remaining >= 0) AND (remaining <= cardinality(child_run_ids))))
 );
 
 ALTER TABLE zeroth.child_waits OWNER TO zeroth_owner;
@@ -687,7 +689,7 @@ ALTER TABLE zeroth.child_waits OWNER TO zeroth_owner;
 --
 -- Name: TABLE child_waits; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
-COMMENT ON TABLE zeroth.child_waits IS 'A parent run waiting for its children (wait_for_children): the step key its result will be recorded under, the mode (all | any) and the children awaited; met_at once the wait was met while the parent''s row was locked (wake_due_waits wakes it). Kept until that result is recorded; deleted with the parent.';
+COMMENT ON TABLE zeroth.child_waits IS 'A parent run waiting for its children (wait_for_children): the step key its result will be recorded under, the mode (all | any), the children awaited and how many are still to end (remaining); met_at once the wait was met while the parent''s row was locked (wake_due_waits wakes it). Kept until that result is recorded; deleted with the parent.';
 
 --
 -- Name: code_version; Type: TABLE; Schema: zeroth; Owner: zeroth_owner

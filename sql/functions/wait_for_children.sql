@@ -27,6 +27,7 @@ DECLARE
     v_attempt integer;
     v_step    jsonb;
     v_found   integer;
+    v_ended   integer;
     v_left    zeroth.run_status;
 BEGIN
     IF v_tenant IS NULL THEN
@@ -88,8 +89,11 @@ BEGIN
             USING ERRCODE = 'ZP008';
     END IF;
 
-    IF zeroth._children_ready(v_tenant, v_wskey, wait_for_children.run_id, wait_for_children.child_run_ids,
-                              wait_for_children.mode) THEN
+    -- A statement of its own (a fresh snapshot): sees every end that committed before the locks.
+    v_ended := zeroth._children_ended(v_tenant, v_wskey, wait_for_children.run_id,
+                                      wait_for_children.child_run_ids);
+    IF v_ended = cardinality(wait_for_children.child_run_ids)
+       OR (wait_for_children.mode = 'any' AND v_ended >= 1) THEN
         outcome := 'ready';
         children := zeroth._child_outcomes(v_tenant, v_wskey, wait_for_children.run_id,
                                            wait_for_children.child_run_ids);
@@ -109,13 +113,14 @@ BEGIN
     v_left := zeroth._leave_for_wait(v_tenant, v_wskey, wait_for_children.run_id, wait_for_children.worker_id,
                                      wait_for_children.generation, 'children:' || wait_for_children.step_key, v_now);
     IF v_left = 'waiting' THEN
+        -- remaining: the children still to end; each child's first end counts it down (trigger).
         INSERT INTO zeroth.child_waits AS w (tenant_id, workspace_key, parent_run_id, step_key, mode,
-                                             child_run_ids, created_at)
+                                             child_run_ids, remaining, created_at)
         VALUES (v_tenant, v_wskey, wait_for_children.run_id, wait_for_children.step_key, wait_for_children.mode,
-                wait_for_children.child_run_ids, v_now)
+                wait_for_children.child_run_ids, cardinality(wait_for_children.child_run_ids) - v_ended, v_now)
         ON CONFLICT ON CONSTRAINT child_waits_pkey DO UPDATE
-           SET mode = excluded.mode, child_run_ids = excluded.child_run_ids, created_at = excluded.created_at,
-               met_at = NULL;
+           SET mode = excluded.mode, child_run_ids = excluded.child_run_ids, remaining = excluded.remaining,
+               created_at = excluded.created_at, met_at = NULL;
         outcome := 'waiting';
     ELSE
         outcome := 'cancelled';

@@ -10,10 +10,13 @@
 --     does not depend on the child's row (which prune_runs may delete first). Deleted with the
 --     parent.
 --   * zeroth.child_waits: the parent waiting for some of its children (all or any) under a step
---     key. Its row lock serialises the children that end at once; kept until the wait's step
---     result is recorded. Deleted with the parent. met_at marks a wait that was met when the
---     child's end could not wake the parent (its row was locked): wake_due_waits visits only
---     those (partial index), so its sweep costs nothing while no wake-up was skipped.
+--     key, and how many of them are still to end (remaining: counted down by each child's first
+--     end, so a child's end costs O(1) rows however many siblings it has; the wait is met at 0
+--     for all, below the number listed for any). Its row lock serialises the children that end
+--     at once; kept until the wait's step result is recorded. Deleted with the parent. met_at
+--     marks a wait that was met when the child's end could not wake the parent (its row was
+--     locked): wake_due_waits visits only those (partial index), so its sweep costs nothing
+--     while no wake-up was skipped.
 -- No role but zeroth_owner reads the two tables: the functions are the interface.
 
 ALTER TABLE zeroth.runs ADD COLUMN parent_run_id uuid;
@@ -54,15 +57,17 @@ CREATE TABLE zeroth.child_waits (
     step_key      text        NOT NULL,
     mode          text        NOT NULL,
     child_run_ids uuid[]      NOT NULL,
+    remaining     integer     NOT NULL,
     created_at    timestamptz NOT NULL,
     met_at        timestamptz,
     CONSTRAINT child_waits_pkey PRIMARY KEY (tenant_id, workspace_key, parent_run_id, step_key),
     CONSTRAINT child_waits_parent_fkey FOREIGN KEY (tenant_id, workspace_key, parent_run_id)
         REFERENCES zeroth.runs (tenant_id, workspace_key, run_id) ON DELETE CASCADE,
     CONSTRAINT child_waits_mode_valid CHECK (mode IN ('all', 'any')),
-    CONSTRAINT child_waits_children_nonempty CHECK (cardinality(child_run_ids) >= 1)
+    CONSTRAINT child_waits_children_nonempty CHECK (cardinality(child_run_ids) >= 1),
+    CONSTRAINT child_waits_remaining_valid CHECK (remaining BETWEEN 0 AND cardinality(child_run_ids))
 );
-COMMENT ON TABLE zeroth.child_waits IS 'A parent run waiting for its children (wait_for_children): the step key its result will be recorded under, the mode (all | any) and the children awaited; met_at once the wait was met while the parent''s row was locked (wake_due_waits wakes it). Kept until that result is recorded; deleted with the parent.';
+COMMENT ON TABLE zeroth.child_waits IS 'A parent run waiting for its children (wait_for_children): the step key its result will be recorded under, the mode (all | any), the children awaited and how many are still to end (remaining); met_at once the wait was met while the parent''s row was locked (wake_due_waits wakes it). Kept until that result is recorded; deleted with the parent.';
 CREATE INDEX child_waits_met ON zeroth.child_waits (met_at) WHERE met_at IS NOT NULL;
 ALTER TABLE zeroth.child_waits OWNER TO zeroth_owner;
 ALTER TABLE zeroth.child_waits ENABLE ROW LEVEL SECURITY;  -- no policy: nobody but the owner

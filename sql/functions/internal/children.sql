@@ -13,24 +13,23 @@
 -- session that left it waiting) marks the wait (child_waits.met_at) and is made by
 -- zeroth.wake_due_waits.
 
--- Whether the awaited children of a wait are terminal: all of them (mode 'all') or at least one
--- ('any'), read from the copies of their outcomes in child_runs.
-CREATE OR REPLACE FUNCTION zeroth._children_ready(tenant_id text, workspace_key text, parent_run_id uuid,
-                                                  child_run_ids uuid[], mode text)
-    RETURNS boolean
+-- How many of the listed children of the parent have ended, read from the copies of their
+-- outcomes in child_runs (a wait for all is met at cardinality, a wait for any at 1).
+CREATE OR REPLACE FUNCTION zeroth._children_ended(tenant_id text, workspace_key text, parent_run_id uuid,
+                                                  child_run_ids uuid[])
+    RETURNS integer
     LANGUAGE sql STABLE
     BEGIN ATOMIC
-        SELECT CASE WHEN _children_ready.mode = 'any' THEN count(c.status) >= 1
-                    ELSE count(c.status) = cardinality(_children_ready.child_run_ids) END
+        SELECT count(c.status)::integer
           FROM zeroth.child_runs c
-         WHERE c.tenant_id = _children_ready.tenant_id
-           AND c.workspace_key = _children_ready.workspace_key
-           AND c.parent_run_id = _children_ready.parent_run_id
-           AND c.child_run_id = ANY (_children_ready.child_run_ids);
+         WHERE c.tenant_id = _children_ended.tenant_id
+           AND c.workspace_key = _children_ended.workspace_key
+           AND c.parent_run_id = _children_ended.parent_run_id
+           AND c.child_run_id = ANY (_children_ended.child_run_ids);
     END;
-COMMENT ON FUNCTION zeroth._children_ready(text, text, uuid, uuid[], text) IS 'Internal: whether all (mode all) or any (mode any) of the awaited children of the parent have ended, by their outcomes in child_runs.';
-ALTER FUNCTION zeroth._children_ready(text, text, uuid, uuid[], text) OWNER TO zeroth_owner;
-REVOKE ALL ON FUNCTION zeroth._children_ready(text, text, uuid, uuid[], text) FROM PUBLIC;
+COMMENT ON FUNCTION zeroth._children_ended(text, text, uuid, uuid[]) IS 'Internal: how many of the listed children of the parent have ended, by their outcomes in child_runs.';
+ALTER FUNCTION zeroth._children_ended(text, text, uuid, uuid[]) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._children_ended(text, text, uuid, uuid[]) FROM PUBLIC;
 
 -- The outcomes of the children, in the order given: one JSON object each (run_id, status, output,
 -- error, dead_lettered, finished_at); status NULL for a child that has not ended.
@@ -53,18 +52,32 @@ COMMENT ON FUNCTION zeroth._child_outcomes(text, text, uuid, uuid[]) IS 'Interna
 ALTER FUNCTION zeroth._child_outcomes(text, text, uuid, uuid[]) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._child_outcomes(text, text, uuid, uuid[]) FROM PUBLIC;
 
--- A child run ended (any function, any path) → copy its outcome to its child_runs row, and make
--- its parent pending when the parent waits for children whose wait is now met. The parent's
--- child_waits rows are locked (they serialise siblings that end at once: the second sees the
--- first's outcome); the parent's row is taken SKIP LOCKED (see the lock order above). Uses the
+-- A child run ended (any function, any path) → copy its outcome to its child_runs row and, on its
+-- first end (a redriven child that ends again updates the copy, and is not counted twice), count
+-- it down in each of its parent's waits that lists it; a wait whose count says it is met (all:
+-- none left; any: one fewer than listed) makes the parent pending. O(1) rows per end, whatever
+-- the number of siblings: the count, not the siblings, decides. The parent's child_waits rows
+-- are locked (they serialise siblings that end at once); the parent's row is taken SKIP LOCKED
+-- (see the lock order above), and a wake-up skipped that way marks the wait (met_at). Uses the
 -- ending call's time (NEW.updated_at).
 CREATE OR REPLACE FUNCTION zeroth._child_run_finished() RETURNS trigger
     -- Pinned: a trigger runs with the search_path of whoever updates the row.
     LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+    v_was   zeroth.run_status;
     v_wait  record;
+    v_left  integer;
     v_run   record;
 BEGIN
+    SELECT c.status INTO v_was FROM zeroth.child_runs c
+     WHERE c.tenant_id = NEW.tenant_id
+       AND c.workspace_key = NEW.workspace_key
+       AND c.child_run_id = NEW.run_id
+       AND c.parent_run_id = NEW.parent_run_id
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN NULL;  -- the parent (and with it the link) was pruned
+    END IF;
     UPDATE zeroth.child_runs c
        SET status = NEW.status, output = NEW.output, error = NEW.error,
            dead_lettered = NEW.dead_lettered_at IS NOT NULL,
@@ -73,11 +86,11 @@ BEGIN
        AND c.workspace_key = NEW.workspace_key
        AND c.child_run_id = NEW.run_id
        AND c.parent_run_id = NEW.parent_run_id;
-    IF NOT FOUND THEN
-        RETURN NULL;  -- the parent (and with it the link) was pruned
+    IF v_was IS NOT NULL THEN
+        RETURN NULL;  -- ended before (then redriven): every wait counted it then
     END IF;
     FOR v_wait IN
-        SELECT w.step_key, w.mode, w.child_run_ids FROM zeroth.child_waits w
+        SELECT w.step_key, w.mode, cardinality(w.child_run_ids) AS listed FROM zeroth.child_waits w
          WHERE w.tenant_id = NEW.tenant_id
            AND w.workspace_key = NEW.workspace_key
            AND w.parent_run_id = NEW.parent_run_id
@@ -85,37 +98,39 @@ BEGIN
          ORDER BY w.step_key
            FOR UPDATE
     LOOP
-        IF zeroth._children_ready(NEW.tenant_id, NEW.workspace_key, NEW.parent_run_id, v_wait.child_run_ids,
-                                  v_wait.mode) THEN
-            UPDATE zeroth.runs r
-               SET status = 'pending', wait_reason = NULL, run_after = NEW.updated_at, updated_at = NEW.updated_at
-             WHERE r.tenant_id = NEW.tenant_id
-               AND r.workspace_key = NEW.workspace_key
-               AND r.run_id = (SELECT p.run_id FROM zeroth.runs p
-                                WHERE p.tenant_id = NEW.tenant_id
-                                  AND p.workspace_key = NEW.workspace_key
-                                  AND p.run_id = NEW.parent_run_id
-                                  AND p.status = 'waiting'
-                                  AND p.wait_reason = 'children:' || v_wait.step_key
-                                  AND p.thread_queued_at IS NULL
-                                  FOR NO KEY UPDATE SKIP LOCKED)
-               AND r.status = 'waiting'
-            RETURNING r.deployment_ref, r.workspace_id INTO v_run;
-            IF FOUND THEN
-                PERFORM zeroth._notify_wakeup(v_run.deployment_ref, NEW.tenant_id, v_run.workspace_id);
-            ELSE
-                -- Not woken (its row was locked, or it is not waiting on this key now): marked,
-                -- so wake_due_waits visits this wait and no other.
-                UPDATE zeroth.child_waits w SET met_at = coalesce(w.met_at, NEW.updated_at)
-                 WHERE w.tenant_id = NEW.tenant_id AND w.workspace_key = NEW.workspace_key
-                   AND w.parent_run_id = NEW.parent_run_id AND w.step_key = v_wait.step_key;
-            END IF;
+        UPDATE zeroth.child_waits w SET remaining = w.remaining - 1
+         WHERE w.tenant_id = NEW.tenant_id AND w.workspace_key = NEW.workspace_key
+           AND w.parent_run_id = NEW.parent_run_id AND w.step_key = v_wait.step_key
+        RETURNING w.remaining INTO v_left;
+        CONTINUE WHEN NOT (v_left = 0 OR (v_wait.mode = 'any' AND v_left < v_wait.listed));
+        UPDATE zeroth.runs r
+           SET status = 'pending', wait_reason = NULL, run_after = NEW.updated_at, updated_at = NEW.updated_at
+         WHERE r.tenant_id = NEW.tenant_id
+           AND r.workspace_key = NEW.workspace_key
+           AND r.run_id = (SELECT p.run_id FROM zeroth.runs p
+                            WHERE p.tenant_id = NEW.tenant_id
+                              AND p.workspace_key = NEW.workspace_key
+                              AND p.run_id = NEW.parent_run_id
+                              AND p.status = 'waiting'
+                              AND p.wait_reason = 'children:' || v_wait.step_key
+                              AND p.thread_queued_at IS NULL
+                              FOR NO KEY UPDATE SKIP LOCKED)
+           AND r.status = 'waiting'
+        RETURNING r.deployment_ref, r.workspace_id INTO v_run;
+        IF FOUND THEN
+            PERFORM zeroth._notify_wakeup(v_run.deployment_ref, NEW.tenant_id, v_run.workspace_id);
+        ELSE
+            -- Not woken (its row was locked, or it is not waiting on this key now): marked,
+            -- so wake_due_waits visits this wait and no other.
+            UPDATE zeroth.child_waits w SET met_at = coalesce(w.met_at, NEW.updated_at)
+             WHERE w.tenant_id = NEW.tenant_id AND w.workspace_key = NEW.workspace_key
+               AND w.parent_run_id = NEW.parent_run_id AND w.step_key = v_wait.step_key;
         END IF;
     END LOOP;
     RETURN NULL;
 END
 $$;
-COMMENT ON FUNCTION zeroth._child_run_finished() IS 'Internal trigger: a child run ended → copy its outcome to child_runs; its parent, waiting for children whose wait (all | any) is now met, → pending, due now (parent row taken SKIP LOCKED; a skipped wake-up marks child_waits.met_at and wake_due_waits makes it). NOTIFY zeroth_wakeup when a parent was woken.';
+COMMENT ON FUNCTION zeroth._child_run_finished() IS 'Internal trigger: a child run ended → copy its outcome to child_runs; on its first end, count it down in its parent''s waits; a wait now met (all: none left; any: one ended) makes the waiting parent pending, due now (parent row taken SKIP LOCKED; a skipped wake-up marks child_waits.met_at and wake_due_waits makes it). NOTIFY zeroth_wakeup when a parent was woken.';
 ALTER FUNCTION zeroth._child_run_finished() OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._child_run_finished() FROM PUBLIC;
 
