@@ -689,7 +689,7 @@ ALTER TABLE zeroth.child_waits OWNER TO zeroth_owner;
 --
 -- Name: TABLE child_waits; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
-COMMENT ON TABLE zeroth.child_waits IS 'A parent run waiting for its children (wait_for_children): the step key its result will be recorded under, the mode (all | any), the children awaited and how many are still to end (remaining); met_at once the wait was met while the parent''s row was locked (wake_due_waits wakes it). Kept until that result is recorded; deleted with the parent.';
+COMMENT ON TABLE zeroth.child_waits IS 'A parent run waiting for its children (wait_for_children): the step key its result will be recorded under, the mode (all | any), the children awaited and how many are still to end (remaining); met_at once the wait was met while the parent''s row was locked (wake_due_waits wakes it). Kept until that result is recorded; deleted with the parent (prune_runs).';
 
 --
 -- Name: code_version; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
@@ -1068,12 +1068,6 @@ ALTER TABLE ONLY zeroth.checkpoints
 --
 ALTER TABLE ONLY zeroth.child_runs
     ADD CONSTRAINT child_runs_parent_fkey FOREIGN KEY (tenant_id, workspace_key, parent_run_id) REFERENCES zeroth.runs(tenant_id, workspace_key, run_id) ON DELETE CASCADE;
-
---
--- Name: child_waits child_waits_parent_fkey; Type: FK CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
---
-ALTER TABLE ONLY zeroth.child_waits
-    ADD CONSTRAINT child_waits_parent_fkey FOREIGN KEY (tenant_id, workspace_key, parent_run_id) REFERENCES zeroth.runs(tenant_id, workspace_key, run_id) ON DELETE CASCADE;
 
 --
 -- Name: event_waits event_waits_run_fkey; Type: FK CONSTRAINT; Schema: zeroth; Owner: zeroth_owner

@@ -2,7 +2,7 @@
 -- One batch of at most batch_size runs per call (one short transaction); the caller loops until 0.
 -- Scope: tenant_id NULL = every tenant (a DBA function); a tenant names exactly (tenant, workspace),
 -- NULL workspace being the null workspace. Dead letters are failed runs and go too. Checkpoints go
--- by ON DELETE CASCADE; the thread_locks rows of threads left without a run go too. Locks: the
+-- by ON DELETE CASCADE, a parent's child_waits rows explicitly; the thread_locks rows of threads left without a run go too. Locks: the
 -- doomed run rows and lock rows FOR UPDATE SKIP LOCKED, so it never waits on a worker or an
 -- operator and nobody waits on it for long. Raises ZP006 (workspace without tenant),
 -- ZP008. Notifies nothing. Time: clock_timestamp().
@@ -63,7 +63,15 @@ BEGIN
          WHERE r.tenant_id = d.tenant_id
            AND r.workspace_key = d.workspace_key
            AND r.run_id = d.run_id
-        RETURNING r.tenant_id, r.workspace_key, r.thread_id
+        RETURNING r.tenant_id, r.workspace_key, r.thread_id, r.run_id
+    )
+    -- A parent's child waits have no foreign key (0014_child_runs.sql says why): they go here.
+    , unwaited AS (
+        DELETE FROM zeroth.child_waits w
+         USING deleted x
+         WHERE w.tenant_id = x.tenant_id
+           AND w.workspace_key = x.workspace_key
+           AND w.parent_run_id = x.run_id
     )
     SELECT (SELECT count(*) FROM deleted)::integer, coalesce(array_agg(t.tenant_id), '{}'),
            coalesce(array_agg(t.workspace_key), '{}'), coalesce(array_agg(t.thread_id), '{}')

@@ -13,10 +13,11 @@
 --     key, and how many of them are still to end (remaining: counted down by each child's first
 --     end, so a child's end costs O(1) rows however many siblings it has; the wait is met at 0
 --     for all, below the number listed for any). Its row lock serialises the children that end
---     at once; kept until the wait's step result is recorded. Deleted with the parent. met_at
+--     at once; kept until the wait's step result is recorded. met_at
 --     marks a wait that was met when the child's end could not wake the parent (its row was
 --     locked): wake_due_waits visits only those (partial index), so its sweep costs nothing
---     while no wake-up was skipped.
+--     while no wake-up was skipped. Deleted with the parent by prune_runs (no foreign key: see
+--     the table).
 -- No role but zeroth_owner reads the two tables: the functions are the interface.
 
 ALTER TABLE zeroth.runs ADD COLUMN parent_run_id uuid;
@@ -60,14 +61,17 @@ CREATE TABLE zeroth.child_waits (
     remaining     integer     NOT NULL,
     created_at    timestamptz NOT NULL,
     met_at        timestamptz,
+    -- No foreign key to runs: siblings ending in one transaction (a complete_runs batch) update
+    -- this row more than once, and PostgreSQL re-checks a foreign key when the row it updates was
+    -- written by its own transaction, taking FOR KEY SHARE on the parent's row: that would wait
+    -- for (and could deadlock with) the parent's cancel, which holds the parent and waits for the
+    -- children. prune_runs deletes a parent's waits instead of ON DELETE CASCADE.
     CONSTRAINT child_waits_pkey PRIMARY KEY (tenant_id, workspace_key, parent_run_id, step_key),
-    CONSTRAINT child_waits_parent_fkey FOREIGN KEY (tenant_id, workspace_key, parent_run_id)
-        REFERENCES zeroth.runs (tenant_id, workspace_key, run_id) ON DELETE CASCADE,
     CONSTRAINT child_waits_mode_valid CHECK (mode IN ('all', 'any')),
     CONSTRAINT child_waits_children_nonempty CHECK (cardinality(child_run_ids) >= 1),
     CONSTRAINT child_waits_remaining_valid CHECK (remaining BETWEEN 0 AND cardinality(child_run_ids))
 );
-COMMENT ON TABLE zeroth.child_waits IS 'A parent run waiting for its children (wait_for_children): the step key its result will be recorded under, the mode (all | any), the children awaited and how many are still to end (remaining); met_at once the wait was met while the parent''s row was locked (wake_due_waits wakes it). Kept until that result is recorded; deleted with the parent.';
+COMMENT ON TABLE zeroth.child_waits IS 'A parent run waiting for its children (wait_for_children): the step key its result will be recorded under, the mode (all | any), the children awaited and how many are still to end (remaining); met_at once the wait was met while the parent''s row was locked (wake_due_waits wakes it). Kept until that result is recorded; deleted with the parent (prune_runs).';
 CREATE INDEX child_waits_met ON zeroth.child_waits (met_at) WHERE met_at IS NOT NULL;
 ALTER TABLE zeroth.child_waits OWNER TO zeroth_owner;
 ALTER TABLE zeroth.child_waits ENABLE ROW LEVEL SECURITY;  -- no policy: nobody but the owner

@@ -64,7 +64,8 @@ async def test_fan_out_100_children_and_fan_in(app: App, pool, serve):
     assert len(children) == 100
     assert {c["status"] for c in children} == {"completed"}
     assert calls["child"] == 100  # every child ran once
-    assert calls["parent"] >= 2  # it left its worker to wait, and was called again
+    # Once if every child had ended by its wait, else once more after the wait was met.
+    assert calls["parent"] in (1, 2)
     assert row["attempts"] == 1  # waiting gave the attempt back
     steps = await pool.fetchval(
         """SELECT count(*) FROM zeroth.run_steps s WHERE s.run_id = $1

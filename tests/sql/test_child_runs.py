@@ -391,13 +391,20 @@ class TestCancel:
         await finish(clock_conn, lease.run_id, lease.generation, "complete", now=at(2))
         assert (await status(clock_conn, a))[0] == "pending"
 
-    async def test_prune_deletes_the_links_with_the_parent(self, clock_conn):
-        lease, (a,) = await parent_with_children(clock_conn, 1)
-        await finish(clock_conn, lease.run_id, lease.generation, "complete", now=at(2))
+    async def test_prune_deletes_the_links_and_waits_with_the_parent(self, clock_conn):
+        lease, (b,) = await parent_with_children(clock_conn, 1)
+        a = (await start_child(clock_conn, lease.run_id, lease.generation, "kept", detached=True,
+                               now=at(1)))["child_run_id"]
+        await wait_children(clock_conn, lease.run_id, lease.generation, "j", [b], now=at(2))
+        assert await clock_conn.fetchval(  # a waiting parent cancelled: its wait stays till prune
+            "SELECT zeroth_test.request_cancel(run_id => $1, now_override => $2)",
+            lease.run_id, at(3)) == "cancelled"
+        assert await clock_conn.fetchval("SELECT count(*) FROM zeroth.child_waits") == 1
         assert await clock_conn.fetchval(
             "SELECT zeroth_test.prune_runs(older_than => interval '1 second', now_override => $1)",
-            at(100)) == 1
+            at(100)) == 2  # the parent and its cancelled child b
         assert await clock_conn.fetchval("SELECT count(*) FROM zeroth.child_runs") == 0
+        assert await clock_conn.fetchval("SELECT count(*) FROM zeroth.child_waits") == 0
         # The orphaned child still ends normally.
         taken = await claim_start(clock_conn, CHILD, worker=OTHER, now=at(101))
         assert await finish(clock_conn, a, taken[a], "complete", worker=OTHER, now=at(102))
