@@ -20,6 +20,7 @@ from helpers import wait_until
 
 from zeroth_pg.client import LeaseManager
 from zeroth_pg.errors import InvalidArgumentError
+from zeroth_pg.worker import RunWorker
 
 ENQUEUE = """SELECT run_id FROM zeroth.enqueue_run(deployment_ref => $1, tenant_id => $2,
                  workspace_id => $3)"""
@@ -483,3 +484,127 @@ class TestEventNamesInPython:
         output = await wait_until(done, "the run completed", within=30)
         assert json.loads(output) == {"first": "A", "second": "A"}
         assert len(refused) == 1
+
+
+# -- A, worker level: claims carried by completions ------------------------------------------
+
+
+class _Gauge:
+    """Handlers executing at once (all workers of the test process), and the most seen."""
+
+    def __init__(self) -> None:
+        self.now = 0
+        self.most = 0
+        self.runs: list[UUID] = []
+
+    async def handler(self, run: Any) -> dict[str, Any]:
+        self.now += 1
+        self.most = max(self.most, self.now)
+        try:
+            for _ in range(3):
+                await asyncio.sleep(0)  # let other handlers and the claim loop interleave
+            self.runs.append(run.run_id)
+            return {"n": run.payload["n"]}
+        finally:
+            self.now -= 1
+
+
+def _spy_claim_along(worker: RunWorker) -> list[int]:
+    """Counts the runs each complete_and_claim of ``worker`` asked for (a spy: the real call
+    goes out), so a test can tell the path it attacks was taken."""
+    asked: list[int] = []
+    real = worker.lease_manager.complete_and_claim
+
+    async def spy(*args: Any, **kwargs: Any) -> Any:
+        asked.append(kwargs["batch_size"])
+        return await real(*args, **kwargs)
+
+    worker.lease_manager.complete_and_claim = spy  # type: ignore[method-assign]
+    return asked
+
+
+async def _all_completed(pool: asyncpg.Pool, deployment: str, count: int) -> bool:
+    return await pool.fetchval(
+        "SELECT count(*) FILTER (WHERE status = 'completed') = $2 AND count(*) = $2 "
+        "FROM zeroth.runs WHERE deployment_ref = $1", deployment, count)
+
+
+class TestClaimAlongWorkers:
+    async def test_continuous_load_never_exceeds_the_limits_and_never_stalls(self, pool):
+        """Promises 2 and 5: two workers of one scope (local 3 each, fleet 2) under a producer
+        that keeps enqueueing: never more than 2 handlers at once, every run completed exactly
+        once (one attempt), and the claims carried by completions were really made."""
+        lm = LeaseManager(pool)
+        gauge = _Gauge()
+        workers = [RunWorker(pool, "load", gauge.handler, tenant_id="acme", max_concurrency=3,
+                             fleet_max_concurrency=2, poll_interval=0.05,
+                             orphan_sweep_interval=30, lease_duration=30)
+                   for _ in range(2)]
+        asked = [_spy_claim_along(w) for w in workers]
+        for worker in workers:
+            await worker.start()
+        try:
+            total = 0
+            for _ in range(12):  # the producer, running beside the workers
+                await lm.enqueue_runs("load", [{"payload": {"n": total + i}} for i in range(10)],
+                                      tenant_id="acme")
+                total += 10
+                await asyncio.sleep(0.01)
+            await wait_until(lambda: _all_completed(pool, "load", total),
+                             "every run completed", within=60)
+        finally:
+            for worker in workers:
+                await worker.graceful_shutdown()
+        assert gauge.most <= 2
+        assert sorted(gauge.runs) == sorted(set(gauge.runs))  # each handler ran once
+        assert len(gauge.runs) == total
+        assert await pool.fetchval("SELECT max(attempts) FROM zeroth.runs") == 1
+        assert sum(map(len, asked)) > 0
+
+    async def test_a_stale_completion_carrying_a_claim_takes_no_slot_and_stalls_nothing(
+            self, pool):
+        """Promises 1 and 5: the first run's lease is taken over (by "thief") while its handler
+        runs, and the handler returns. Its completion — carrying a claim — is refused; the claim
+        finds the only fleet slot held by the thief. Once the thief completes, the worker goes on
+        and completes the rest; the first run's accepted outcome is the thief's."""
+        lm = LeaseManager(pool, lease_duration_seconds=30)
+        gauge = _Gauge()
+        stolen: list[int] = []
+
+        async def handler(run: Any) -> dict[str, Any]:
+            if run.payload.get("steal"):
+                await pool.execute("UPDATE zeroth.runs SET lease_expires_at = clock_timestamp()"
+                                   " - interval '1 s' WHERE run_id = $1", run.run_id)
+                taken = await lm.claim_orphaned_result("steal", "thief", tenant_id="acme",
+                                                       max_concurrency=1, grace_seconds=0)
+                stolen.extend(r.lease_generation for r in taken.runs)
+                return {"by": "the stale holder"}
+            return await gauge.handler(run)
+
+        first = (await lm.enqueue_run("steal", {"steal": True, "n": -1}, tenant_id="acme",
+                                      priority=10)).run_id
+        await lm.enqueue_runs("steal", [{"payload": {"n": i}} for i in range(5)],
+                              tenant_id="acme")
+        worker = RunWorker(pool, "steal", handler, tenant_id="acme", max_concurrency=1,
+                           fleet_max_concurrency=1, poll_interval=0.05,
+                           orphan_sweep_interval=30, lease_duration=30)
+        asked = _spy_claim_along(worker)
+        await worker.start()
+        try:
+            await wait_until(lambda: stolen, "the takeover", within=30)
+            await wait_until(lambda: asked, "the completion carrying a claim", within=30)
+            row = await pool.fetchrow("SELECT status::text, lease_worker_id FROM zeroth.runs "
+                                      "WHERE run_id = $1", first)
+            assert tuple(row) == ("running", "thief")
+            assert await pool.fetchval(
+                "SELECT count(*) FROM zeroth.runs WHERE status = 'running'") == 1
+            assert await lm.complete_run(first, "thief", generation=stolen[0],
+                                         output={"by": "thief"}, tenant_id="acme") is True
+            await wait_until(lambda: _all_completed(pool, "steal", 6), "every run completed",
+                             within=60)
+        finally:
+            await worker.graceful_shutdown()
+        assert json.loads(await pool.fetchval(
+            "SELECT output::text FROM zeroth.runs WHERE run_id = $1", first)) == {"by": "thief"}
+        assert gauge.most == 1
+        assert len(gauge.runs) == 5
