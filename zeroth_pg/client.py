@@ -75,7 +75,9 @@ def _uuid(value: RunId | None) -> UUID | None:
 def _json(value: Any) -> str:
     try:
         text = json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError) as exc:  # a set, an object, NaN, a circular reference
+    # A set, an object, NaN, a circular reference; RecursionError: nested deeper than the
+    # encoder goes (a RuntimeError, so it escaped as one and failed a run as retryable).
+    except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidArgumentError(f"not JSON: {exc}") from exc
     # jsonb cannot hold U+0000 or a lone UTF-16 surrogate (json.dumps writes both as \u escapes);
     # the server would refuse the whole statement, so say so here, for this one value.

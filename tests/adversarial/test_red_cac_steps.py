@@ -608,3 +608,62 @@ class TestClaimAlongWorkers:
             "SELECT output::text FROM zeroth.runs WHERE run_id = $1", first)) == {"by": "thief"}
         assert gauge.most == 1
         assert len(gauge.runs) == 5
+
+
+def _deep(depth: int = 5000) -> list[Any]:
+    """JSON nested deeper than Python's json encoder can write (RecursionError, not ValueError)."""
+    value: list[Any] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+class TestTooDeepJson:
+    async def test_a_step_result_too_deep_to_encode_is_a_step_result_error(self, app, pool,
+                                                                         serve):
+        """Bad input → a typed exception that changes nothing: the step's value cannot be
+        encoded, so the run fails for good (StepResultError, no retry that would run the step's
+        side effect again) and nothing is recorded."""
+        calls: list[int] = []
+
+        @app.deployment("deep-step", max_attempts=3)
+        async def deep_step(run) -> None:
+            await run.step("deep", lambda: calls.append(1) or _deep())
+
+        queued = await deep_step.enqueue()
+        await serve()
+
+        async def failed() -> Any:
+            return await pool.fetchrow(
+                "SELECT error::text AS error, attempts FROM zeroth.runs WHERE run_id = $1 "
+                "AND status = 'failed'", queued.run_id)
+
+        row = await wait_until(failed, "the run failed", within=30)
+        assert json.loads(row["error"])["type"] == "StepResultError"
+        assert (row["attempts"], calls) == (1, [1])
+        assert await pool.fetchval("SELECT count(*) FROM zeroth.run_steps") == 0
+
+    async def test_an_output_too_deep_to_encode_fails_the_run_without_a_retry(self, app, pool,
+                                                                            serve):
+        calls: list[int] = []
+
+        @app.deployment("deep-output", max_attempts=3)
+        async def deep_output(run) -> Any:
+            calls.append(1)
+            return _deep()
+
+        queued = await deep_output.enqueue()
+        await serve()
+
+        async def failed() -> Any:
+            return await pool.fetchrow(
+                "SELECT error::text AS error, attempts FROM zeroth.runs WHERE run_id = $1 "
+                "AND status = 'failed'", queued.run_id)
+
+        row = await wait_until(failed, "the run failed", within=30)
+        assert (row["attempts"], calls) == (1, [1])
+
+    async def test_a_payload_too_deep_to_encode_is_an_invalid_argument(self, pool):
+        with pytest.raises(InvalidArgumentError):
+            await LeaseManager(pool).enqueue_run("d", {"deep": _deep()})
+        assert await pool.fetchval("SELECT count(*) FROM zeroth.runs") == 0
