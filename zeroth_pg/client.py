@@ -23,7 +23,7 @@ from uuid import UUID
 import asyncpg
 
 from zeroth_pg import _calls, tracing
-from zeroth_pg.errors import InvalidArgumentError, translate
+from zeroth_pg.errors import InvalidArgumentError, StepResultError, translate
 from zeroth_pg.types import (
     CancelOutcome,
     ClaimedRun,
@@ -121,6 +121,18 @@ def _object(value: Mapping[str, Any] | None, name: str) -> str | None:
 
 def _loads(value: str | None) -> Any:
     return None if value is None else json.loads(value)
+
+
+def _step_value(value: str | None, what: str) -> Any:
+    """A recorded step result or event payload, decoded. JSON PostgreSQL holds but Python cannot
+    decode (an integer of more than 4,300 digits, nesting deeper than the decoder goes), written
+    by psql or another language's client, is a StepResultError (no retry can decode it), never
+    a ValueError or RecursionError that fails the run as retryable, again on every replay."""
+    try:
+        return _loads(value)
+    except (RecursionError, ValueError) as exc:
+        raise StepResultError(f"{what} cannot be decoded in Python: {type(exc).__name__}: "
+                              f"{str(exc)[:200]}") from None
 
 
 def _claimed(row: asyncpg.Record) -> ClaimedRun:
@@ -697,7 +709,8 @@ class LeaseManager:
                                  tenant_id, workspace_id, conn=conn))[0]
         if row["step_found"] is None:
             return None
-        return StepResult(recorded=bool(row["step_found"]), result=_loads(row["result"]))
+        return StepResult(recorded=bool(row["step_found"]),
+                          result=_step_value(row["result"], f"the result of step {step_key!r}"))
 
     async def record_step(
         self, run_id: RunId, worker_id: str, step_key: str, result: Any, *, generation: int,
@@ -711,7 +724,8 @@ class LeaseManager:
                                  step_key, _json(result), tenant_id, workspace_id, conn=conn))[0]
         if row["recorded"] is None:
             return None
-        return StepResult(recorded=bool(row["recorded"]), result=_loads(row["recorded_result"]))
+        return StepResult(recorded=bool(row["recorded"]), result=_step_value(
+            row["recorded_result"], f"the result of step {step_key!r}"))
 
     async def wait_for_event(
         self, run_id: RunId, worker_id: str, step_key: str, name: str, *, generation: int,
@@ -727,7 +741,8 @@ class LeaseManager:
         if row["outcome"] is None:
             return None
         return EventWait(outcome=EventWaitOutcome(row["outcome"]),
-                         payload=_loads(row["payload"]), timeout_at=row["timeout_at"])
+                         payload=_step_value(row["payload"], f"the payload of event {name!r}"),
+                         timeout_at=row["timeout_at"])
 
     async def emit_event(
         self, name: str, payload: Any = None, *, tenant_id: str | None = None,

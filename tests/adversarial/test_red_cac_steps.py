@@ -196,6 +196,52 @@ class TestCompleteAndClaimLimits:
         assert await admin.fetchval(LIVE, "d") == 1
 
 
+    async def test_a_rate_limit_holds_the_claim_back_and_the_completion_still_lands(
+            self, login, admin):
+        worker = await login("worker")
+        await admin.execute("SELECT zeroth.set_rate_limit(name => 'rl', max_starts => 1, "
+                            "period_seconds => 3600)")
+        await admin.execute("""INSERT INTO zeroth.scope_limits (tenant_id, workspace_id,
+                                   deployment_ref, rate_limit) VALUES ('acme', NULL, 'd', 'rl')""")
+        a, ga = await held(admin, worker)  # the one start of the hour
+        b = await admin.fetchval(ENQUEUE, "d", "acme", None)
+        rows = await worker.fetch(
+            CAC.replace("(claimed).concurrency_saturated AS saturated",
+                        "(claimed).retry_after AS retry_after"),
+            "d", "w1", [a], [ga], "acme", None, None, 1, 60)
+        assert rows[0]["completed"] == [True]
+        assert [r["run_id"] for r in rows] == [None]
+        assert rows[0]["retry_after"] > 3000
+        assert await admin.fetchval("SELECT status FROM zeroth.runs WHERE run_id = $1",
+                                    b) == "pending"
+
+    @pytest.mark.parametrize("stale", [False, True])
+    async def test_a_thread_never_has_two_active_runs_through_a_claim_along(self, login, admin,
+                                                                            stale):
+        """The completion of a thread's active run promotes its queue head, which the claim in
+        the same call may take; a refused (stale) completion promotes nothing, so the claim
+        cannot start the thread's second run beside the first."""
+        worker = await login("worker")
+        enqueue = ("SELECT run_id FROM zeroth.enqueue_run(deployment_ref => 'd', "
+                   "tenant_id => 'acme', thread_id => 't')")
+        first = await admin.fetchval(enqueue)
+        second = await admin.fetchval(enqueue)
+        (claimed,) = await worker.fetch(CLAIM, "d", "w1", "acme", None, None, 60)
+        assert claimed["run_id"] == first
+        gen = claimed["lease_generation"]
+        if stale:
+            await expire(admin, first)
+            (taken,) = await worker.fetch(ORPHANED, "d", "w2", "acme", None)
+            assert taken["run_id"] == first
+        rows = await worker.fetch(CAC, "d", "w1", [first], [gen], "acme", None, None, 2, 60)
+        assert rows[0]["completed"] == [not stale]
+        assert [r["run_id"] for r in rows] == [None if stale else second]
+        active = await admin.fetchval(
+            """SELECT count(*) FROM zeroth.runs WHERE thread_id = 't'
+                  AND status IN ('pending', 'running')""")
+        assert active == 1
+
+
 class TestCompleteAndClaimBadInput:
     @pytest.mark.parametrize(("run_ids", "generations", "extra"), [
         ("two", [1], {}),  # length mismatch
@@ -667,3 +713,56 @@ class TestTooDeepJson:
         with pytest.raises(InvalidArgumentError):
             await LeaseManager(pool).enqueue_run("d", {"deep": _deep()})
         assert await pool.fetchval("SELECT count(*) FROM zeroth.runs") == 0
+
+
+class TestUndecodableStepValues:
+    """JSON PostgreSQL holds but Python cannot decode (an integer of 5,000 digits: Python refuses
+    more than 4,300; nesting deeper than its decoder goes), written by another language's client
+    or by psql: an event payload, a step result. The run must fail for good with a typed error
+    (StepResultError), not retry a ValueError / RecursionError until it is dead-lettered."""
+
+    @pytest.mark.parametrize("value", ["1e5000", "[" * 3000 + "]" * 3000])
+    async def test_an_event_payload_python_cannot_decode_fails_the_run_once(
+            self, app, pool, serve, value):
+        @app.deployment("undecodable-event", max_attempts=3)
+        async def waits(run) -> Any:
+            return await run.wait_for_event("big")
+
+        queued = await waits.enqueue()
+        await pool.fetch("SELECT * FROM zeroth.emit_event(name => 'big', payload => $1::jsonb)",
+                         value)
+        await serve()
+
+        async def failed() -> Any:
+            return await pool.fetchrow(
+                "SELECT error::text AS error, attempts FROM zeroth.runs WHERE run_id = $1 "
+                "AND status = 'failed'", queued.run_id)
+
+        row = await wait_until(failed, "the run failed", within=30)
+        assert json.loads(row["error"])["type"] == "StepResultError"
+        assert row["attempts"] == 1
+
+    async def test_a_step_result_python_cannot_decode_fails_the_run_once(self, app, pool,
+                                                                       serve):
+        calls: list[int] = []
+
+        @app.deployment("undecodable-step", max_attempts=3)
+        async def stepper(run) -> Any:
+            if run.attempt == 1:  # another client recorded the step (psql, another language)
+                await pool.fetch(
+                    """SELECT * FROM zeroth.record_step(run_id => $1, worker_id => $2,
+                           generation => $3, step_key => 's', result => '1e5000')""",
+                    run.run_id, run.worker_id, run.lease_generation)
+            return await run.step("s", lambda: calls.append(1) or 1)
+
+        queued = await stepper.enqueue()
+        await serve()
+
+        async def failed() -> Any:
+            return await pool.fetchrow(
+                "SELECT error::text AS error, attempts FROM zeroth.runs WHERE run_id = $1 "
+                "AND status = 'failed'", queued.run_id)
+
+        row = await wait_until(failed, "the run failed", within=30)
+        assert json.loads(row["error"])["type"] == "StepResultError"
+        assert (row["attempts"], calls) == (1, [])
