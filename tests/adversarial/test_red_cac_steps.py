@@ -425,6 +425,37 @@ class TestEmitIsolation:
         assert statuses == {old: "pending", run_id: "pending"}
 
 
+    async def test_a_repeatable_read_emit_that_waited_for_the_wait_fails_and_its_retry_wakes(
+            self, login, admin):
+        """The same race with the emit blocked behind the wait's row lock: the emit's snapshot
+        was taken before the wait committed, so once the wait commits the emit is refused
+        (40001) rather than record the event and wake nothing."""
+        worker, app = await login("worker"), await login("worker")
+        old, gold = await held(admin, worker)
+        assert (await worker.fetchrow(WAIT, old, "w1", gold, "#event:e", "e", None, "acme",
+                                      None))["outcome"] == "waiting"
+        run_id, gen = await held(admin, worker)
+        waiting = worker.transaction()
+        await waiting.start()
+        assert (await worker.fetchrow(WAIT, run_id, "w1", gen, "#event:e", "e", None, "acme",
+                                      None))["outcome"] == "waiting"
+        transaction = app.transaction(isolation="repeatable_read")
+        await transaction.start()
+        emit = asyncio.ensure_future(app.fetchrow(EMIT, "e", '"go"', "acme", None))
+        pid = app.get_server_pid()
+
+        async def blocked() -> bool:
+            return await admin.fetchval(
+                "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", pid)
+
+        await wait_until(blocked, "the emit waiting for the wait's row lock", within=30)
+        await waiting.commit()
+        with pytest.raises(asyncpg.SerializationError):
+            await emit
+        await transaction.rollback()
+        assert tuple(await app.fetchrow(EMIT, "e", '"go"', "acme", None)) == (True, 2)
+
+
 class TestWaitingRunsLeaveTheirSlot:
     async def test_a_waiting_run_frees_its_lease_and_slot(self, login, admin):
         worker = await login("worker")
