@@ -197,7 +197,8 @@ def _label(fn: Callable[..., Any]) -> str:
 def _json_problem(value: Any) -> str | None:
     try:
         json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError) as exc:  # a set, a datetime, NaN, a circular reference
+    # A set, a datetime, NaN, a circular reference; RecursionError: nested too deep to encode.
+    except (TypeError, ValueError, RecursionError) as exc:
         return str(exc)
     return unstorable(value)
 

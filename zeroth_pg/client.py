@@ -23,7 +23,7 @@ from uuid import UUID
 import asyncpg
 
 from zeroth_pg import _calls, tracing
-from zeroth_pg.errors import InvalidArgumentError, translate
+from zeroth_pg.errors import InvalidArgumentError, StepResultError, translate
 from zeroth_pg.types import (
     CancelOutcome,
     ChildOutcome,
@@ -79,7 +79,9 @@ def _uuid(value: RunId | None) -> UUID | None:
 def _json(value: Any) -> str:
     try:
         text = json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError) as exc:  # a set, an object, NaN, a circular reference
+    # A set, an object, NaN, a circular reference; RecursionError: nested deeper than the
+    # encoder goes (a RuntimeError, so it escaped as one and failed a run as retryable).
+    except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidArgumentError(f"not JSON: {exc}") from exc
     # jsonb cannot hold U+0000 or a lone UTF-16 surrogate (json.dumps writes both as \u escapes);
     # the server would refuse the whole statement, so say so here, for this one value.
@@ -123,6 +125,18 @@ def _object(value: Mapping[str, Any] | None, name: str) -> str | None:
 
 def _loads(value: str | None) -> Any:
     return None if value is None else json.loads(value)
+
+
+def _step_value(value: str | None, what: str) -> Any:
+    """A recorded step result or event payload, decoded. JSON PostgreSQL holds but Python cannot
+    decode (an integer of more than 4,300 digits, nesting deeper than the decoder goes), written
+    by psql or another language's client, is a StepResultError (no retry can decode it), never
+    a ValueError or RecursionError that fails the run as retryable, again on every replay."""
+    try:
+        return _loads(value)
+    except (RecursionError, ValueError) as exc:
+        raise StepResultError(f"{what} cannot be decoded in Python: {type(exc).__name__}: "
+                              f"{str(exc)[:200]}") from None
 
 
 def _claimed(row: asyncpg.Record) -> ClaimedRun:
@@ -699,7 +713,8 @@ class LeaseManager:
                                  tenant_id, workspace_id, conn=conn))[0]
         if row["step_found"] is None:
             return None
-        return StepResult(recorded=bool(row["step_found"]), result=_loads(row["result"]))
+        return StepResult(recorded=bool(row["step_found"]),
+                          result=_step_value(row["result"], f"the result of step {step_key!r}"))
 
     async def record_step(
         self, run_id: RunId, worker_id: str, step_key: str, result: Any, *, generation: int,
@@ -713,7 +728,8 @@ class LeaseManager:
                                  step_key, _json(result), tenant_id, workspace_id, conn=conn))[0]
         if row["recorded"] is None:
             return None
-        return StepResult(recorded=bool(row["recorded"]), result=_loads(row["recorded_result"]))
+        return StepResult(recorded=bool(row["recorded"]), result=_step_value(
+            row["recorded_result"], f"the result of step {step_key!r}"))
 
     async def wait_for_event(
         self, run_id: RunId, worker_id: str, step_key: str, name: str, *, generation: int,
@@ -729,7 +745,8 @@ class LeaseManager:
         if row["outcome"] is None:
             return None
         return EventWait(outcome=EventWaitOutcome(row["outcome"]),
-                         payload=_loads(row["payload"]), timeout_at=row["timeout_at"])
+                         payload=_step_value(row["payload"], f"the payload of event {name!r}"),
+                         timeout_at=row["timeout_at"])
 
     async def emit_event(
         self, name: str, payload: Any = None, *, tenant_id: str | None = None,

@@ -132,8 +132,11 @@ class InvalidPayloadError(InvalidArgumentError, NonRetryableError):
 
 class StepResultError(InvalidArgumentError, NonRetryableError):
     """A step's function returned a value that is not JSON (a set, an object, NaN, ...) or that
-    PostgreSQL cannot store. Raised by ``run.step`` before anything is recorded; the attempt
-    fails without a retry (the same code would return the same value again)."""
+    PostgreSQL cannot store (nested too deep to encode included). Raised by ``run.step`` before
+    anything is recorded; the attempt fails without a retry (the same code would return the same
+    value again). Also raised by the client's get_step, record_step and wait_for_event for a
+    recorded step result or event payload that Python cannot decode (written by psql or another
+    language: an integer of more than 4,300 digits, nesting deeper than the decoder goes)."""
 
     sqlstate = None  # raised in Python only
 

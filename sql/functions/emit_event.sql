@@ -2,8 +2,10 @@
 -- the event's row is written once (INSERT … ON CONFLICT on its key, locked, so a concurrent
 -- wait_for_event either sees it or is seen); a repeat changes nothing. The first emit makes every
 -- run of this scope waiting on the name (wait_reason 'event:' || name) pending, due now. Returns
--- one row (emitted: false for a repeat, woken: runs made pending). Raises ZP006, ZP008. Notifies
--- zeroth_wakeup per woken scope and deployment. Time: clock_timestamp().
+-- one row (emitted: false for a repeat, woken: runs made pending). Raises ZP006, ZP008; from a
+-- REPEATABLE READ or SERIALIZABLE transaction also 40001 when a wait on the name committed after
+-- its snapshot (retry it: the retry wakes that run; wait_for_event writes the event's row for this).
+-- Notifies zeroth_wakeup per woken scope and deployment. Time: clock_timestamp().
 CREATE OR REPLACE FUNCTION zeroth.emit_event(
     name         text,
     payload      jsonb DEFAULT 'null'::jsonb,
@@ -58,7 +60,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION zeroth.emit_event(text, jsonb, text, text) IS
-'emit_event: record the event name of a scope with payload, once (idempotent, first write wins; a repeat returns emitted = false and changes nothing), and make every run of the scope waiting on it (wait_for_event) pending, due now; the payload becomes that wait''s recorded step result when the run replays. Callable from psql. Returns one row (emitted, woken). Raises ZP006 (workspace without tenant), ZP008. Notifies zeroth_wakeup for each woken scope and deployment. Time: clock_timestamp().';
+'emit_event: record the event name of a scope with payload, once (idempotent, first write wins; a repeat returns emitted = false and changes nothing), and make every run of the scope waiting on it (wait_for_event) pending, due now; the payload becomes that wait''s recorded step result when the run replays. Callable from psql. Returns one row (emitted, woken). Raises ZP006 (workspace without tenant), ZP008; from a REPEATABLE READ or SERIALIZABLE transaction 40001 when a wait on the name committed after its snapshot (retry: the retry wakes it). Notifies zeroth_wakeup for each woken scope and deployment. Time: clock_timestamp().';
 ALTER FUNCTION zeroth.emit_event(text, jsonb, text, text) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.emit_event(text, jsonb, text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.emit_event(text, jsonb, text, text) TO zeroth_worker;

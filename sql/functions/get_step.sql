@@ -21,6 +21,7 @@ BEGIN
     PERFORM zeroth._require_identifier(get_step.worker_id, 'worker_id');
     PERFORM zeroth._require(get_step.generation IS NOT NULL, 'generation must not be NULL');
     PERFORM zeroth._require_step_key(get_step.step_key);
+    PERFORM zeroth._require_step_key_fits(v_tenant, v_wskey, get_step.step_key);
 
     SELECT s.step_key IS NOT NULL, s.result INTO step_found, result
       FROM zeroth.runs r

@@ -23,6 +23,7 @@ BEGIN
     PERFORM zeroth._require_identifier(record_step.worker_id, 'worker_id');
     PERFORM zeroth._require(record_step.generation IS NOT NULL, 'generation must not be NULL');
     PERFORM zeroth._require_step_key(record_step.step_key);
+    PERFORM zeroth._require_step_key_fits(v_tenant, v_wskey, record_step.step_key);
     PERFORM zeroth._require(record_step.result IS NOT NULL, 'result must not be NULL (JSON null is ''null''::jsonb)');
 
     -- The run row first, then the clock: see zeroth._lock_leased_run.

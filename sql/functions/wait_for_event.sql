@@ -5,7 +5,8 @@
 -- passed → outcome timed_out, recorded; else running → waiting (wait_reason 'event:' || name), the
 -- lease, slot and attempt given back as pause_run does (a pending cancel request → cancelled).
 -- Returns one row (outcome received | timed_out | waiting | cancelled, payload, timeout_at);
--- outcome NULL when fenced out. Raises ZP003, ZP006, ZP008. Notifies zeroth_wakeup when a slot was freed. Time: clock_timestamp().
+-- outcome NULL when fenced out. Raises ZP003, ZP006, ZP008 (also: step_key holds another step's
+-- result). Going to waiting writes the event's row (see below). Notifies zeroth_wakeup when a slot was freed. Time: clock_timestamp().
 CREATE OR REPLACE FUNCTION zeroth.wait_for_event(
     run_id          uuid,
     worker_id       text,
@@ -34,6 +35,7 @@ BEGIN
         RAISE EXCEPTION 'a workspace_id needs a tenant_id' USING ERRCODE = 'ZP006';
     END IF;
     PERFORM zeroth._require_step_key(wait_for_event.step_key);
+    PERFORM zeroth._require_step_key_fits(v_tenant, v_wskey, wait_for_event.step_key);
     PERFORM zeroth._require_identifier(wait_for_event.name, 'name');
     PERFORM zeroth._require(wait_for_event.timeout_seconds IS NULL
                             OR (wait_for_event.timeout_seconds <> 'NaN'::float8
@@ -61,6 +63,15 @@ BEGIN
      WHERE s.tenant_id = v_tenant AND s.workspace_key = v_wskey AND s.run_id = wait_for_event.run_id
        AND s.step_key = wait_for_event.step_key;
     IF FOUND THEN
+        -- Only a wait for this very event may answer: a step key holding another step's result
+        -- (record_step's, or a wait for another name) would be replayed as this wait's outcome
+        -- (another event's payload, or outcome NULL, which says "fenced out").
+        IF v_step->>'event' IS DISTINCT FROM wait_for_event.name
+           OR coalesce(v_step->>'outcome', '') NOT IN ('received', 'timed_out') THEN
+            RAISE EXCEPTION 'step % of run % holds the result of another step, not of a wait for event %',
+                quote_literal(wait_for_event.step_key), wait_for_event.run_id, quote_literal(wait_for_event.name)
+                USING ERRCODE = 'ZP008';
+        END IF;
         outcome := v_step->>'outcome';
         payload := v_step->'payload';
         RETURN NEXT;
@@ -110,6 +121,14 @@ BEGIN
     v_left := zeroth._leave_for_wait(v_tenant, v_wskey, wait_for_event.run_id, wait_for_event.worker_id,
                                      wait_for_event.generation, 'event:' || wait_for_event.name, v_now);
     IF v_left = 'waiting' THEN
+        -- A new version of the event's row, not only its lock: an emit_event whose snapshot is
+        -- older than this wait (an application's REPEATABLE READ or SERIALIZABLE transaction)
+        -- sees neither the wait row nor the run as waiting, so it would record the event and
+        -- wake nothing, and no later emit could (first write wins). Updating the row makes that
+        -- emit fail with 40001 instead (its ON CONFLICT finds a version its snapshot cannot
+        -- see), and its retry wakes the run. A HOT update (no indexed column changes).
+        UPDATE zeroth.events e SET created_at = e.created_at
+         WHERE e.tenant_id = v_tenant AND e.workspace_key = v_wskey AND e.name = wait_for_event.name;
         INSERT INTO zeroth.event_waits AS w (tenant_id, workspace_key, run_id, step_key, name, timeout_at, created_at)
         VALUES (v_tenant, v_wskey, wait_for_event.run_id, wait_for_event.step_key, wait_for_event.name,
                 v_timeout, v_now)
@@ -123,7 +142,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION zeroth.wait_for_event(uuid, text, bigint, text, text, double precision, text, text) IS
-'wait_for_event: for the live lease (worker_id, generation), wait for the event name of the run''s scope as step step_key. Recorded step → its outcome; event emitted by the deadline → recorded, received; deadline passed → recorded, timed_out; else running → waiting (wait_reason event:name; lease, slot and attempt given back; a pending cancel request → cancelled) until emit_event or wake_due_waits makes it pending. The deadline (database clock + timeout_seconds, at most 366 days) is set by the first wait of the step and kept on replay. Returns one row (outcome received | timed_out | waiting | cancelled, payload, timeout_at); outcome NULL when fenced out. Raises ZP003 (holder but not running), ZP006, ZP008. Notifies zeroth_wakeup when a slot was freed. Time: clock_timestamp().';
+'wait_for_event: for the live lease (worker_id, generation), wait for the event name of the run''s scope as step step_key. Recorded step → its outcome; event emitted by the deadline → recorded, received; deadline passed → recorded, timed_out; else running → waiting (wait_reason event:name; lease, slot and attempt given back; a pending cancel request → cancelled) until emit_event or wake_due_waits makes it pending. The deadline (database clock + timeout_seconds, at most 366 days) is set by the first wait of the step and kept on replay. Returns one row (outcome received | timed_out | waiting | cancelled, payload, timeout_at); outcome NULL when fenced out. Raises ZP003 (holder but not running), ZP006, ZP008 (also: step_key holds the result of another step or of a wait for another name). Going to waiting writes the event''s row, so an emit_event from an older snapshot (REPEATABLE READ, SERIALIZABLE) fails with 40001 instead of waking nothing. Notifies zeroth_wakeup when a slot was freed. Time: clock_timestamp().';
 ALTER FUNCTION zeroth.wait_for_event(uuid, text, bigint, text, text, double precision, text, text) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.wait_for_event(uuid, text, bigint, text, text, double precision, text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.wait_for_event(uuid, text, bigint, text, text, double precision, text, text) TO zeroth_worker;

@@ -304,11 +304,15 @@ class RunContext:
         and this call raises :class:`~zeroth_pg.errors.EventTimeoutError`, in this attempt and
         every replay. Workers' orphan sweeps move runs whose deadline passed back to pending
         (``zeroth.wake_due_waits``), so a timeout is seen within about one sweep interval.
+        ``name`` may not hold ``#`` (as step names: the numbering of repeated waits uses it).
         """
         if self.slept is not None:  # left its worker already (a handler that swallowed it)
             raise RunSlept(self.slept)
-        if not isinstance(name, str):
-            raise InvalidArgumentError(f"an event name must be a string, got {name!r}")
+        if not isinstance(name, str) or "#" in name:
+            # The n-th wait for "a" is keyed "#event:a#n": a wait for "a#2" would replay the
+            # second wait for "a" and return its payload (the database refuses it, ZP008).
+            raise InvalidArgumentError(
+                f"an event name must be a string without '#', got {name!r}")
         key = self._next_step_key_raw(_EVENT_STEP_PREFIX + name)
         with tracing.step("wait_for_event", self.scope.deployment_ref, self.run_id):
             waited = await self._worker.lease_manager.wait_for_event(

@@ -884,7 +884,7 @@ class RunWorker:
         # Retrying cannot make an output JSON, nor storable: fail that run, never its batch.
         try:
             text = json.dumps(output, allow_nan=False)  # what the client will send
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, RecursionError) as exc:  # RecursionError: too deep
             tracing.failed(span, exc, "output is not JSON")
             await self._fail(entry, exc, retryable=False)
             return

@@ -82,3 +82,26 @@ $$;
 COMMENT ON FUNCTION zeroth._leave_for_wait(text, text, uuid, text, bigint, text, timestamptz) IS 'Internal: the holder''s running run → waiting (wait_reason) or, with a pending cancel request, cancelled; lease, slot and attempt given back, fenced; NOTIFY zeroth_wakeup when a slot was freed. Returns the new status, NULL when fenced out.';
 ALTER FUNCTION zeroth._leave_for_wait(text, text, uuid, text, bigint, text, timestamptz) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._leave_for_wait(text, text, uuid, text, bigint, text, timestamptz) FROM PUBLIC;
+-- ZP008 unless (tenant, workspace key, run, step key) fits the primary keys of run_steps and
+-- event_waits: PostgreSQL refuses an index row over 2704 bytes (54000). Each part is bounded in
+-- characters, not bytes: a tenant, a workspace and a step key of four-byte characters at those
+-- limits make 3,200 bytes, which no call could ever record (red-team: 54000 from record_step). Checked before
+-- anything runs, so run.step fails before its function's side effect, never after. Same bound as
+-- zeroth._key_fits (2600 bytes leave room for the uuid and the tuple and varlena headers).
+CREATE OR REPLACE FUNCTION zeroth._require_step_key_fits(tenant_id text, workspace_key text,
+                                                         step_key text) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF coalesce(octet_length(tenant_id), 0) + coalesce(octet_length(workspace_key), 0)
+       + octet_length(step_key) > 2600 THEN
+        RAISE EXCEPTION 'step_key is too long for this scope: tenant, workspace and step key '
+                        'together may hold at most 2600 bytes, got %',
+            coalesce(octet_length(tenant_id), 0) + coalesce(octet_length(workspace_key), 0)
+            + octet_length(step_key)
+            USING ERRCODE = 'ZP008';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION zeroth._require_step_key_fits(text, text, text) IS 'Internal: ZP008 unless tenant, workspace key and step key together hold at most 2600 bytes (the run_steps and event_waits primary keys refuse index rows over 2704).';
+ALTER FUNCTION zeroth._require_step_key_fits(text, text, text) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._require_step_key_fits(text, text, text) FROM PUBLIC;
