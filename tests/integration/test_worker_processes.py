@@ -54,15 +54,17 @@ class WorkerProcess:
         self._pump = asyncio.create_task(self._read_stderr())
 
     @classmethod
-    async def spawn(cls, dsn: str, deployment: str, app: str, *extra: str,
+    async def spawn(cls, dsn: str, deployment: str | None, app: str, *extra: str,
                     worker_id: str | None = None) -> WorkerProcess:
+        """``deployment`` None: a fleet worker of every deployment of the App ``app`` names."""
         worker_id = worker_id or f"w-{uuid.uuid4().hex[:8]}"
         paths = [str(REPO / "tests" / "integration"), str(REPO / "tests")]
         if os.environ.get("PYTHONPATH"):
             paths.append(os.environ["PYTHONPATH"])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "WORKER_APPS_DSN": dsn}
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "zeroth_pg.worker", "--dsn", dsn, "--deployment", deployment,
+            sys.executable, "-m", "zeroth_pg.worker", "--dsn", dsn,
+            *(["--deployment", deployment] if deployment is not None else []),
             "--app", app, "--worker-id", worker_id, "--lease", str(LEASE),
             "--orphan-sweep-interval", "0.5", "--poll-interval", "0.5", "--log-level", "INFO",
             *extra, cwd=REPO, env=env, stdin=asyncio.subprocess.DEVNULL,
