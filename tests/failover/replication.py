@@ -146,6 +146,20 @@ class ReplicatedPair:
             "SELECT pg_last_wal_replay_lsn() >= pg_last_wal_receive_lsn()")[0][0]), timeout,
             "the standby replays what it received")
 
+    def freeze_wal_receiver(self) -> int:
+        """SIGSTOP the standby's WAL receiver: an asynchronous standby falls behind, as a loaded
+        standby or a slow network makes it (a synchronous one would hold every commit). Returns
+        its pid for :meth:`thaw`."""
+        rows = self.standby.execute("SELECT w.pid FROM pg_stat_wal_receiver w")
+        assert rows, "the standby has no WAL receiver"
+        pid = int(rows[0][0])  # type: ignore[call-overload]
+        os.kill(pid, signal.SIGSTOP)
+        return pid
+
+    def thaw(self, pid: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+
     def kill_primary(self) -> None:
         """SIGKILL the primary's postmaster and wait until its port refuses connections."""
         pid = self.primary.postmaster_pid()

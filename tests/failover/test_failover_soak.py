@@ -13,12 +13,13 @@ it at DEBUG; chaos_fleet.WorkerProcess.completed).
 * ``sync`` (synchronous_standby_names names the standby, synchronous_commit = on): asserted —
   0 runs lost, 0 stuck, 0 accepted stale writes, exactly one accepted outcome per run, every run
   terminal, every acknowledged completion on the new primary.
-* ``async`` (no synchronous standby): measured and reported, not asserted — acknowledged
-  enqueues and completions the new primary lacks, runs executed again after an acknowledged
-  completion, the replication lag at the kill.
+* ``async`` (no synchronous standby): the standby's WAL receiver is frozen for ASYNC_LAG_S
+  before the kill, so it is behind as a loaded standby or a slow network would leave it; then
+  measured and reported, not asserted — acknowledged enqueues and completions the new primary
+  lacks, runs executed again after an acknowledged completion, how far the standby was behind.
 
 Both report the time from the kill to the promotion and to the first claim on the new primary.
-Sizes: CI runs 900 runs per mode (about half a minute each on a loaded 2-core machine);
+Sizes: CI runs 600 runs per mode (about 20-30 s each on a loaded 2-core machine);
 ``ZEROTH_PG_FAILOVER_RUNS=N`` runs N. Figures are printed and saved to
 tests/failover/results/<mode>.json; docs/reliability.md has the latest.
 """
@@ -30,7 +31,7 @@ import contextlib
 import json
 import os
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,12 @@ from zeroth_pg.client import LeaseManager
 pytestmark = [pytest.mark.failover, pytest.mark.slow]
 
 RUNS_ENV = "ZEROTH_PG_FAILOVER_RUNS"
-CI_RUNS = 900
+CI_RUNS = 600
+#: How long the asynchronous standby's WAL receiver is frozen before the kill. On loopback an
+#: idle-enough standby is 0 bytes behind and an asynchronous failover loses next to nothing
+#: (docs/reliability.md); this is what one second of lag, from a loaded standby or a slow
+#: network, costs.
+ASYNC_LAG_S = 1.0
 RESULTS = Path(__file__).resolve().parent / "results"
 FLEET = FleetConfig(tenants=("t1", "t2", "t3"), workers=6, concurrency=10, lease=3.0,
                     fleet_limits={"t3": 6})
@@ -118,34 +124,40 @@ async def read_audit(dsn: str) -> tuple[list[dict[str, Any]], ...]:
         await conn.close()
 
 
-def compare_acknowledged(enqueued: set[UUID], completions: list[tuple[str, int]],
+def compare_acknowledged(enqueued: set[UUID], completions: list[tuple[str, int, str]],
                          runs: list[dict[str, Any]], history: list[dict[str, Any]]
                          ) -> dict[str, Any]:
-    """What was acknowledged outside the database against what the new primary holds."""
+    """What was acknowledged outside the database against what the new primary holds.
+    ``completions`` are (run id, generation, worker id) as the workers were answered. An
+    acknowledged completion is kept when the new primary's one accepted completion is that very
+    one: same generation *and* worker (after a lossy failover a generation number can be handed
+    out again, to another worker)."""
     final = {run["run_id"]: run for run in runs}
-    acknowledged: dict[UUID, list[int]] = defaultdict(list)
-    for run_id, generation in completions:
-        acknowledged[UUID(run_id)].append(generation)
-    completed_at = {row["run_id"]: row["old_generation"] for row in history
-                    if row["kind"] == "complete"}
-    lost_completions = [
-        (str(run_id), generation) for run_id, generations in acknowledged.items()
-        for generation in generations
-        if final.get(run_id, {}).get("status") != "completed"
-        or completed_at.get(run_id) != generation]
-    claims = Counter(row["run_id"] for row in history if row["kind"] == "claim")
+    acknowledged: dict[UUID, list[tuple[int, str]]] = defaultdict(list)
+    for run_id, generation, worker in completions:
+        acknowledged[UUID(run_id)].append((generation, worker))
+    accepted = {row["run_id"]: (row["old_generation"], row["old_worker"]) for row in history
+                if row["kind"] == "complete"}
+    # Every acknowledgement of a run but the one its accepted outcome is was lost (the same
+    # worker may have been answered twice under one generation number: two, one kept).
+    lost: list[tuple[str, int, str]] = []
+    for run_id, outcomes in acknowledged.items():
+        kept = list(outcomes)
+        if final.get(run_id, {}).get("status") == "completed" and accepted.get(run_id) in kept:
+            kept.remove(accepted[run_id])
+        lost += [(str(run_id), *outcome) for outcome in kept]
+    generation_reused = sum(
+        1 for run_id, outcomes in acknowledged.items()
+        if len({generation for generation, _ in outcomes}) < len(set(outcomes)))
     return {
         "enqueued_acknowledged": len(enqueued),
         "enqueued_lost": len(enqueued - final.keys()),
-        "completions_acknowledged": sum(len(g) for g in acknowledged.values()),
-        "acknowledged_completions_lost": len(lost_completions),
-        "lost_examples": lost_completions[:5],
-        "runs_completed_twice": sum(len(g) > 1 for g in acknowledged.values()),
-        "runs_executed_again_after_acknowledged_completion": sum(
-            1 for run_id, generations in acknowledged.items()
-            if completed_at.get(run_id, min(generations)) > min(generations)),
+        "completions_acknowledged": len(completions),
+        "acknowledged_completions_lost": len(lost),
+        "lost_examples": lost[:3],
+        "runs_completed_twice": sum(len(outcomes) > 1 for outcomes in acknowledged.values()),
+        "runs_completed_twice_under_one_generation_number": generation_reused,
         "runs_not_acknowledged_complete": len(final.keys() - acknowledged.keys()),
-        "claims_per_run_max": max(claims.values(), default=0),
     }
 
 
@@ -174,9 +186,13 @@ async def test_failover_soak(mode: str) -> None:
             sampling = asyncio.create_task(sample_slots(harness, slot_samples))
             halfway = await until(lambda: _completed(harness, total // 2), DRAIN_TIMEOUT)
             assert halfway, f"half of the runs did not complete: {await counts(harness)}"
+            frozen = None
+            if mode == "async":
+                # Fault injection, not a wait for a condition: the standby falls this far behind.
+                frozen = await asyncio.to_thread(pair.freeze_wal_receiver)
+                await asyncio.sleep(ASYNC_LAG_S)
             lag = await harness.fetchrow(
-                "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), s.replay_lsn)::bigint AS bytes,"
-                " extract(epoch FROM s.replay_lag)::float8 AS seconds"
+                "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), s.flush_lsn)::bigint AS bytes"
                 " FROM pg_stat_replication s")
             killed_at = datetime.now(UTC)
             kill_began = time.monotonic()
@@ -184,11 +200,17 @@ async def test_failover_soak(mode: str) -> None:
             # From here no new statement reaches the old primary (its backends exit when they
             # next wait, and it refuses connections): a later claim is on the new primary.
             refused_at = datetime.now(UTC)
-            await asyncio.to_thread(pair.promote)
+            promoting = asyncio.ensure_future(asyncio.to_thread(pair.promote))
+            if frozen is not None:
+                # Thawed once the promotion has told it to stop: it exits without reading what
+                # the dead primary had sent, as that WAL would die in a dead machine's buffers.
+                await asyncio.sleep(0.3)
+                pair.thaw(frozen)
+            await promoting
             failover = {"killed_at": killed_at.isoformat(),
                         "kill_to_promoted_s": round(time.monotonic() - kill_began, 3),
-                        "replay_lag_bytes_at_kill": lag["bytes"] if lag else None,
-                        "replay_lag_s_at_kill": lag["seconds"] if lag else None}
+                        "injected_lag_s": ASYNC_LAG_S if frozen is not None else 0,
+                        "standby_flush_behind_bytes_at_kill": lag["bytes"] if lag else None}
             await retrying(lambda: harness.execute(
                 "INSERT INTO public.chaos_events (event_id, source, kind, data)"
                 " VALUES (gen_random_uuid(), 'harness', 'failover', $1::text::jsonb)",
@@ -207,7 +229,8 @@ async def test_failover_soak(mode: str) -> None:
     report = check_history(history, events, runs, lease_seconds=FLEET.lease,
                            fleet_limits=FLEET.fleet_limits, slot_samples=slot_samples,
                            min_stale_refused=0)
-    completions = [done for worker in fleet.every for done in worker.completed]
+    completions = [(run_id, generation, worker.worker_id) for worker in fleet.every
+                   for run_id, generation in worker.completed]
     losses = compare_acknowledged(enqueued, completions, runs, history)
     # A handler write answered "accepted" whose history row the new primary lacks: its audit
     # event was retried onto the new primary after the failover (a lower bound: an event lost
@@ -241,8 +264,7 @@ async def test_failover_soak(mode: str) -> None:
     if mode == "sync":
         problems += [f"{check}: {found['count']} violation(s), e.g. {found['first'][:5]}"
                      for check, found in report.summary().items()]
-        for figure in ("enqueued_lost", "acknowledged_completions_lost", "runs_completed_twice",
-                       "runs_executed_again_after_acknowledged_completion"):
+        for figure in ("enqueued_lost", "acknowledged_completions_lost", "runs_completed_twice"):
             if losses[figure]:
                 problems.append(f"{figure}: {losses[figure]}")
         if len(runs) != len(enqueued):
