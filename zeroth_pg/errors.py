@@ -160,7 +160,8 @@ class DatabaseError(ZerothError):
 
 
 class RetryableError(DatabaseError):
-    """A transient failure (serialization, deadlock, lost connection): the call may be repeated."""
+    """A transient failure (serialization, deadlock, lost connection, a write that met a
+    read-only server during a failover): the call may be repeated."""
 
     retryable = True
 
@@ -192,7 +193,11 @@ _BY_SQLSTATE: dict[str, type[ZerothError]] = {
 # NOTIFY queue (zeroth._notify stops at half full).
 # query_canceled (57014: statement_timeout or pg_cancel_backend) too: it says nothing about the
 # values, and a completion failed for it threw away a successful run's output (red-team pass 8).
-_RETRYABLE_SQLSTATES = frozenset({"40001", "40P01", "55P03", "57014", "57P01", "57P02", "57P03"})
+# read_only_sql_transaction (25006): a write that reached a server that is (no longer, or not
+# yet) the primary, around a failover; the same call succeeds once the connection reaches the
+# promoted one (docs/dba-guide.md, "High availability").
+_RETRYABLE_SQLSTATES = frozenset({"25006", "40001", "40P01", "55P03", "57014", "57P01", "57P02",
+                                  "57P03"})
 #: insufficient_resources (disk full, out of memory, too many connections): the server's state,
 #: never the call's values, so a worker must not fail a run for it (red-team F2: a completion
 #: refused by a full NOTIFY queue was failed as "a value PostgreSQL cannot store").

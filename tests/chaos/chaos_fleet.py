@@ -25,6 +25,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
 import sys
 import time
@@ -52,6 +53,7 @@ _SERVER_SETTINGS = (("max_connections", "300"), ("fsync", "off"), ("full_page_wr
 # What the worker logs when the fence or a renewal refuses it, or a lease runs out locally.
 _LOG_MARKERS = {"write_refused": "(write refused)", "renewal_refused": ") lost",
                 "deadline_fail_stop": "no confirmed lease since its deadline"}
+_COMPLETED = re.compile(r"run (\S+) completed at generation (\d+)")
 
 
 # -- the server -----------------------------------------------------------------------------
@@ -116,6 +118,10 @@ class WorkerProcess:
         self.killed = False
         self.tail: deque[str] = deque(maxlen=60)
         self.markers: Counter[str] = Counter()
+        self.completed: list[tuple[str, int]] = []
+        """(run id, generation) of every completion the database acknowledged (logged at
+        DEBUG: a fleet started with ``log_level="DEBUG"``; the failover soak compares them with
+        what the promoted standby holds)."""
         self.started = asyncio.Event()
         """Set once the worker logged that it started (its pool is connected by then)."""
         self._pump = asyncio.create_task(self._read())
@@ -127,6 +133,8 @@ class WorkerProcess:
             self.tail.append(line)
             if f"worker {self.worker_id} started" in line:
                 self.started.set()
+            if (completed := _COMPLETED.search(line)) is not None:
+                self.completed.append((completed[1], int(completed[2])))
             for name, marker in _LOG_MARKERS.items():
                 if marker in line:
                     self.markers[name] += 1
@@ -165,9 +173,10 @@ class WorkerProcess:
 class Fleet:
     """One worker process per slot; slot i serves tenant i mod len(tenants)."""
 
-    def __init__(self, dsn: str, config: FleetConfig) -> None:
+    def __init__(self, dsn: str, config: FleetConfig, *, log_level: str = "INFO") -> None:
         self.dsn = dsn
         self.config = config
+        self.log_level = log_level
         self.slots = [f"{config.tenants[i % len(config.tenants)]}-{i // len(config.tenants)}"
                       for i in range(config.workers)]
         self.current: dict[str, WorkerProcess] = {}
@@ -194,7 +203,7 @@ class Fleet:
             "--worker-id", worker_id, "--concurrency", str(self.config.concurrency),
             "--lease", str(self.config.lease), "--orphan-sweep-interval", "1",
             "--poll-interval", "0.5", "--retry-base", "0.2", "--shutdown-timeout", "5",
-            "--log-level", "INFO", *extra,
+            "--log-level", self.log_level, *extra,
             cwd=REPO, env=env, stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
         worker = WorkerProcess(proc, worker_id, tenant)

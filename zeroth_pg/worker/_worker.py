@@ -921,6 +921,9 @@ class RunWorker:
             return
         if completed:
             runs_completed.inc()
+            # The acknowledgement, in the log: what a failover soak compares with what the new
+            # primary holds (tests/failover).
+            log.debug("run %s completed at generation %d", run.run_id, run.lease_generation)
             self._count_scope(self.metrics.scope_runs_completed, entry.scope)
             tracing.outcome(span, "completed")
         elif completed is False:

@@ -1,0 +1,20 @@
+"""Fixtures of the failover tests: a migrated zeroth database on a replicated pair."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from failover_support import zeroth_pair
+from replication import ReplicatedPair
+
+# The failover soak reuses the chaos soak's fleet, handler and history checker (tests/chaos).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "chaos"))
+
+
+@pytest.fixture
+def sync_pair() -> Iterator[tuple[ReplicatedPair, str]]:
+    with zeroth_pair("sync") as found:
+        yield found
