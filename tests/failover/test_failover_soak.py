@@ -3,12 +3,14 @@
 The chaos soak's six ``python -m zeroth_pg.worker`` processes and handler (tests/chaos: two
 workers per tenant, t3 under a fleet-wide ``max_concurrency``, 3 s leases, runs of 2-4 steps
 that checkpoint each and commit their progress) work through a backlog over the multi-host DSN
-of a replicated pair (replication.py). When half of the runs are complete, the primary's
-postmaster is SIGKILLed and the standby promoted; nothing else is touched: the same processes
-carry on against the new primary. The chaos history checker then replays what the new primary
-holds, and the harness compares it with what was acknowledged outside the database: every
-enqueue the harness was answered, and every completion a worker was answered (the worker logs
-it at DEBUG; chaos_fleet.WorkerProcess.completed).
+of a replicated pair (replication.py). When a third of the runs are complete, the primary's
+postmaster is SIGKILLed and the standby promoted; the killed primary's data directory is then
+re-cloned from the new primary and started as its standby, and at two thirds the new primary is
+killed in turn and the old one promoted back. Nothing else is touched: the same worker processes
+carry on against whichever server is the primary. The chaos history checker then replays what
+the last primary holds, and the harness compares it with what was acknowledged outside the
+database: every enqueue the harness was answered, and every completion a worker was answered
+(the worker logs it at DEBUG; chaos_fleet.WorkerProcess.completed).
 
 * ``sync`` (synchronous_standby_names names the standby, synchronous_commit = on): asserted —
   0 runs lost, 0 stuck, 0 accepted stale writes, exactly one accepted outcome per run, every run
@@ -18,8 +20,8 @@ it at DEBUG; chaos_fleet.WorkerProcess.completed).
   measured and reported, not asserted — acknowledged enqueues and completions the new primary
   lacks, runs executed again after an acknowledged completion, how far the standby was behind.
 
-Both report the time from the kill to the promotion and to the first claim on the new primary.
-Sizes: CI runs 600 runs per mode (about 20-30 s each on a loaded 2-core machine);
+Both report, per failover, the time from the kill to the promotion and to the first claim on the
+new primary. Sizes: CI runs 600 runs per mode (about 30-40 s each on a loaded 2-core machine);
 ``ZEROTH_PG_FAILOVER_RUNS=N`` runs N. Figures are printed and saved to
 tests/failover/results/<mode>.json; docs/reliability.md has the latest.
 """
