@@ -181,6 +181,15 @@ class ReplicatedPair:
         _until(lambda: not self.standby.execute("SELECT pg_is_in_recovery()")[0][0], 90,
                "the promoted standby leaves recovery")
 
+    def reclone_old_primary(self) -> ReplicatedPair:
+        """After a failover: the killed primary's data directory is discarded and re-cloned from
+        the promoted standby, and started as its standby (never as a second primary). Returns
+        the pair with the roles swapped, in the same mode, on the same ports."""
+        self.primary.stop()
+        shutil.rmtree(self.primary.pgdata)
+        _attach_standby(self.standby, self.primary, self.mode)
+        return ReplicatedPair(self.mode, self.standby, self.primary)
+
     def failover(self) -> None:
         self.kill_primary()
         self.promote()
@@ -211,6 +220,31 @@ def _configure(pgdata: Path, settings: dict[str, str]) -> None:
             conf.write(f"{name} = {value}\n")
 
 
+def _attach_standby(primary: Node, standby: Node, mode: str) -> None:
+    """Clone ``standby`` from the running ``primary`` through a replication slot, start it, wait
+    until it streams and, in ``sync`` mode, until it is the synchronous standby."""
+    primary.execute(f"SELECT pg_create_physical_replication_slot('{SLOT}')")
+    _run("pg_basebackup", "-D", str(standby.pgdata), "-h", "127.0.0.1", "-p",
+         str(primary.port), "-U", "postgres", "-X", "stream", "-S", SLOT, "-R", "-c", "fast")
+    # The standby names itself, so that synchronous_standby_names can name it. (Later lines of
+    # postgresql.auto.conf win over what the copy brought along.)
+    with (standby.pgdata / "postgresql.auto.conf").open("a") as auto:
+        auto.write(f"primary_conninfo = 'host=127.0.0.1 port={primary.port} user=postgres "
+                   f"application_name={STANDBY_NAME}'\nprimary_slot_name = '{SLOT}'\n")
+    standby.start()
+    _until(lambda: bool(primary.execute(
+        "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'")[0][0]), 60,
+        "the standby streams")
+    if mode == "sync":
+        # After the copy: a standby that inherited the setting would wait, once promoted, for a
+        # synchronous standby of its own.
+        primary.execute(f"ALTER SYSTEM SET synchronous_standby_names = '{STANDBY_NAME}'")
+        primary.execute("SELECT pg_reload_conf()")
+        _until(lambda: bool(primary.execute(
+            "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'")[0][0]), 60,
+            "the standby is synchronous")
+
+
 @contextlib.contextmanager
 def replicated_pair(mode: str) -> Iterator[ReplicatedPair]:
     """A primary and a standby replicating in ``mode`` (``sync`` or ``async``); both stopped and
@@ -236,24 +270,7 @@ def replicated_pair(mode: str) -> Iterator[ReplicatedPair]:
         with (primary.pgdata / "pg_hba.conf").open("a") as hba:
             hba.write("host replication all 127.0.0.1/32 trust\n")
         primary.start()
-        primary.execute(f"SELECT pg_create_physical_replication_slot('{SLOT}')")
-        _run("pg_basebackup", "-D", str(standby.pgdata), "-h", "127.0.0.1", "-p",
-             str(primary.port), "-U", "postgres", "-X", "stream", "-S", SLOT, "-R",
-             "-c", "fast")
-        # The standby names itself, so that synchronous_standby_names can name it.
-        with (standby.pgdata / "postgresql.auto.conf").open("a") as auto:
-            auto.write(f"primary_conninfo = 'host=127.0.0.1 port={primary.port} user=postgres "
-                       f"application_name={STANDBY_NAME}'\nprimary_slot_name = '{SLOT}'\n")
-        standby.start()
-        _until(lambda: bool(primary.execute(
-            "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'")[0][0]), 60,
-            "the standby streams")
-        if mode == "sync":
-            primary.execute(f"ALTER SYSTEM SET synchronous_standby_names = '{STANDBY_NAME}'")
-            primary.execute("SELECT pg_reload_conf()")
-            _until(lambda: bool(primary.execute(
-                "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'")[0][0]), 60,
-                "the standby is synchronous")
+        _attach_standby(primary, standby, mode)
         yield pair
     finally:
         standby.stop()

@@ -3,12 +3,14 @@
 The chaos soak's six ``python -m zeroth_pg.worker`` processes and handler (tests/chaos: two
 workers per tenant, t3 under a fleet-wide ``max_concurrency``, 3 s leases, runs of 2-4 steps
 that checkpoint each and commit their progress) work through a backlog over the multi-host DSN
-of a replicated pair (replication.py). When half of the runs are complete, the primary's
-postmaster is SIGKILLed and the standby promoted; nothing else is touched: the same processes
-carry on against the new primary. The chaos history checker then replays what the new primary
-holds, and the harness compares it with what was acknowledged outside the database: every
-enqueue the harness was answered, and every completion a worker was answered (the worker logs
-it at DEBUG; chaos_fleet.WorkerProcess.completed).
+of a replicated pair (replication.py). When a third of the runs are complete, the primary's
+postmaster is SIGKILLed and the standby promoted; the killed primary's data directory is then
+re-cloned from the new primary and started as its standby, and at two thirds the new primary is
+killed in turn and the old one promoted back. Nothing else is touched: the same worker processes
+carry on against whichever server is the primary. The chaos history checker then replays what
+the last primary holds, and the harness compares it with what was acknowledged outside the
+database: every enqueue the harness was answered, and every completion a worker was answered
+(the worker logs it at DEBUG; chaos_fleet.WorkerProcess.completed).
 
 * ``sync`` (synchronous_standby_names names the standby, synchronous_commit = on): asserted —
   0 runs lost, 0 stuck, 0 accepted stale writes, exactly one accepted outcome per run, every run
@@ -18,8 +20,8 @@ it at DEBUG; chaos_fleet.WorkerProcess.completed).
   measured and reported, not asserted — acknowledged enqueues and completions the new primary
   lacks, runs executed again after an acknowledged completion, how far the standby was behind.
 
-Both report the time from the kill to the promotion and to the first claim on the new primary.
-Sizes: CI runs 600 runs per mode (about 20-30 s each on a loaded 2-core machine);
+Both report, per failover, the time from the kill to the promotion and to the first claim on the
+new primary. Sizes: CI runs 600 runs per mode (about 30-40 s each on a loaded 2-core machine);
 ``ZEROTH_PG_FAILOVER_RUNS=N`` runs N. Figures are printed and saved to
 tests/failover/results/<mode>.json; docs/reliability.md has the latest.
 """
@@ -50,6 +52,7 @@ from chaos_history import (
     check_history,
 )
 from failover_support import zeroth_pair
+from replication import ReplicatedPair
 
 from zeroth_pg.client import LeaseManager
 
@@ -62,6 +65,8 @@ CI_RUNS = 600
 #: (docs/reliability.md); this is what one second of lag, from a loaded standby or a slow
 #: network, costs.
 ASYNC_LAG_S = 1.0
+#: Shares of the runs completed at which the primary is killed: there, and back again.
+FAILOVER_AT = (1 / 3, 2 / 3)
 RESULTS = Path(__file__).resolve().parent / "results"
 FLEET = FleetConfig(tenants=("t1", "t2", "t3"), workers=6, concurrency=10, lease=3.0,
                     fleet_limits={"t3": 6})
@@ -167,6 +172,40 @@ def first_claim_after(history: list[dict[str, Any]], at: datetime) -> datetime |
     return min(claims, default=None)
 
 
+async def fail_over(pair: ReplicatedPair, harness: asyncpg.Pool) -> dict[str, Any]:
+    """SIGKILL the primary, promote the standby (in async mode after making it lag); the
+    figures of the failover, its instants as datetimes."""
+    frozen = None
+    if pair.mode == "async":
+        # Fault injection, not a wait for a condition: the standby falls this far behind.
+        frozen = await asyncio.to_thread(pair.freeze_wal_receiver)
+        await asyncio.sleep(ASYNC_LAG_S)
+    lag = await retrying(lambda: harness.fetchrow(
+        "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), s.flush_lsn)::bigint AS bytes"
+        " FROM pg_stat_replication s"))
+    killed_at = datetime.now(UTC)
+    kill_began = time.monotonic()
+    await asyncio.to_thread(pair.kill_primary)
+    # From here no new statement reaches the old primary (its backends exit when they next
+    # wait, and it refuses connections): a later claim is on the new primary.
+    refused_at = datetime.now(UTC)
+    promoting = asyncio.ensure_future(asyncio.to_thread(pair.promote))
+    if frozen is not None:
+        # Thawed once the promotion has told it to stop: it exits without reading what the dead
+        # primary had sent, as that WAL would die in a dead machine's buffers.
+        await asyncio.sleep(0.3)
+        pair.thaw(frozen)
+    await promoting
+    figures = {"kill_to_promoted_s": round(time.monotonic() - kill_began, 3),
+               "injected_lag_s": ASYNC_LAG_S if frozen is not None else 0,
+               "standby_flush_behind_bytes_at_kill": lag["bytes"] if lag else None}
+    await retrying(lambda: harness.execute(
+        "INSERT INTO public.chaos_events (event_id, source, kind, data)"
+        " VALUES (gen_random_uuid(), 'harness', 'failover', $1::text::jsonb)",
+        json.dumps(figures)))
+    return {**figures, "killed_at": killed_at, "refused_at": refused_at}
+
+
 @pytest.mark.parametrize("mode", ["sync", "async"])
 async def test_failover_soak(mode: str) -> None:
     total = int(os.environ.get(RUNS_ENV) or CI_RUNS)
@@ -176,45 +215,23 @@ async def test_failover_soak(mode: str) -> None:
             conn.execute(AUDIT_DDL)
         harness = await harness_pool(dsn)
         fleet = Fleet(dsn, FLEET, log_level="DEBUG")
-        failover: dict[str, Any] = {}
-        killed_at = refused_at = datetime.now(UTC)
+        failovers: list[dict[str, Any]] = []
         slot_samples: list[dict[str, Any]] = []
         sampling: asyncio.Task[None] | None = None
         try:
             enqueued = await enqueue_all(harness, total)
             await fleet.start()
             sampling = asyncio.create_task(sample_slots(harness, slot_samples))
-            halfway = await until(lambda: _completed(harness, total // 2), DRAIN_TIMEOUT)
-            assert halfway, f"half of the runs did not complete: {await counts(harness)}"
-            frozen = None
-            if mode == "async":
-                # Fault injection, not a wait for a condition: the standby falls this far behind.
-                frozen = await asyncio.to_thread(pair.freeze_wal_receiver)
-                await asyncio.sleep(ASYNC_LAG_S)
-            lag = await harness.fetchrow(
-                "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), s.flush_lsn)::bigint AS bytes"
-                " FROM pg_stat_replication s")
-            killed_at = datetime.now(UTC)
-            kill_began = time.monotonic()
-            await asyncio.to_thread(pair.kill_primary)
-            # From here no new statement reaches the old primary (its backends exit when they
-            # next wait, and it refuses connections): a later claim is on the new primary.
-            refused_at = datetime.now(UTC)
-            promoting = asyncio.ensure_future(asyncio.to_thread(pair.promote))
-            if frozen is not None:
-                # Thawed once the promotion has told it to stop: it exits without reading what
-                # the dead primary had sent, as that WAL would die in a dead machine's buffers.
-                await asyncio.sleep(0.3)
-                pair.thaw(frozen)
-            await promoting
-            failover = {"killed_at": killed_at.isoformat(),
-                        "kill_to_promoted_s": round(time.monotonic() - kill_began, 3),
-                        "injected_lag_s": ASYNC_LAG_S if frozen is not None else 0,
-                        "standby_flush_behind_bytes_at_kill": lag["bytes"] if lag else None}
-            await retrying(lambda: harness.execute(
-                "INSERT INTO public.chaos_events (event_id, source, kind, data)"
-                " VALUES (gen_random_uuid(), 'harness', 'failover', $1::text::jsonb)",
-                json.dumps(failover)))
+            for share in FAILOVER_AT:
+                reached = await until(lambda share=share: _completed(harness, int(total * share)),
+                                      DRAIN_TIMEOUT)
+                assert reached, f"{share:.0%} of the runs did not complete: {await counts(harness)}"
+                if failovers:
+                    # And back: the killed primary returns as the new primary's standby.
+                    recloned = time.monotonic()
+                    pair = await asyncio.to_thread(pair.reclone_old_primary)
+                    failovers[-1]["reclone_old_primary_s"] = round(time.monotonic() - recloned, 1)
+                failovers.append(await fail_over(pair, harness))
             drained = await until(lambda: _all_terminal(harness), DRAIN_TIMEOUT)
         finally:
             if sampling is not None:
@@ -238,12 +255,16 @@ async def test_failover_soak(mode: str) -> None:
     losses["acknowledged_handler_writes_lost"] = sum(
         "answered accepted but is not in the history" in message
         for message in report.violations.get("handler_log_agrees", []))
-    first_claim = first_claim_after(history, refused_at)
+    first_claims = [first_claim_after(history, failover["refused_at"]) for failover in failovers]
+    for failover, first_claim in zip(failovers, first_claims, strict=True):
+        failover["kill_to_first_claim_on_new_primary_s"] = None if first_claim is None else round(
+            (first_claim - failover["killed_at"]).total_seconds(), 3)
+        failover["killed_at"] = failover["killed_at"].isoformat()
+        del failover["refused_at"]
     results = {
         "mode": mode, "runs_planned": total, "fleet": FLEET.workers,
         "machine": {"cpus": os.cpu_count()}, "wall_s": round(wall, 1), "drained": drained,
-        "failover": {**failover, "kill_to_first_claim_on_new_primary_s": None if first_claim
-                     is None else round((first_claim - killed_at).total_seconds(), 3)},
+        "failovers": failovers,
         "acknowledged_vs_new_primary": losses,
         **{key: report.figures[key] for key in (
             "runs", "final_status", "runs_per_s", "executions_per_run", "claims_per_run",
@@ -259,8 +280,8 @@ async def test_failover_soak(mode: str) -> None:
     problems = [f"worker died: {exit_}" for exit_ in fleet.unexpected_exits]
     if not drained:
         problems.append(f"runs still open after {DRAIN_TIMEOUT:g}s")
-    if first_claim is None:
-        problems.append("no claim on the new primary")
+    if None in first_claims:
+        problems.append(f"no claim on the new primary after failover(s) {failovers}")
     if mode == "sync":
         problems += [f"{check}: {found['count']} violation(s), e.g. {found['first'][:5]}"
                      for check, found in report.summary().items()]
