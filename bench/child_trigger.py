@@ -7,8 +7,9 @@ enqueues N runs that are no child, claims them (claim_and_start, batches of B) a
 them with complete_runs in batches of B; only the complete_runs calls are timed. Rounds
 alternate between the triggers enabled (as shipped) and disabled (ALTER TABLE … DISABLE
 TRIGGER runs_child_run_finished, runs_cancel_children: what the table costs without them), so
-drift on a shared machine hits both alike. A last measurement completes N children of one
-parent (parent_run_id set: the trigger runs, copies the outcome, probes the parent's waits).
+drift on a shared machine hits both alike. Two last measurements complete N children of one
+parent (parent_run_id set: the trigger runs and copies the outcome), first while the parent is
+not waiting, then while it waits for all N (fan-in: each end also counts the wait down).
 
 The guard is the trigger's WHEN (NEW.parent_run_id IS NOT NULL …), evaluated before any call is
 queued, so a run that is no child should pay one NULL test. Nothing asserts a speed: numbers go
@@ -70,17 +71,31 @@ async def one_round(pool: asyncpg.Pool, n: int, batch: int, enabled: bool) -> fl
             await pool.execute(f"ALTER TABLE zeroth.runs ENABLE TRIGGER {name}")
 
 
-async def children_round(pool: asyncpg.Pool, n: int, batch: int) -> float:
+async def children_round(pool: asyncpg.Pool, n: int, batch: int, *, fan_in: bool = False
+                         ) -> float:
     lm = LeaseManager(pool, lease_duration_seconds=600)
     parent_dep = f"bench-parent-{uuid.uuid4().hex[:8]}"
     child_dep = f"bench-child-{uuid.uuid4().hex[:8]}"
     await lm.enqueue_run(parent_dep, {})
     (parent_id, parent_gen), = await _leased(lm, parent_dep, 1, 1)
+    ids: list[UUID] = []
     async with pool.acquire() as conn:
         for i in range(n):
-            await lm.start_child_run(parent_id, "bench", f"c{i}", child_dep, {},
-                                     generation=parent_gen, conn=conn)
-    return await _complete(lm, await _leased(lm, child_dep, n, batch), batch)
+            started = await lm.start_child_run(parent_id, "bench", f"c{i}", child_dep, {},
+                                               generation=parent_gen, conn=conn)
+            assert started is not None
+            ids.append(started.child_run_id)
+    if fan_in:  # the parent waits for all of them: every end counts its wait down
+        waited = await lm.wait_for_children(parent_id, "bench", "#children", ids,
+                                            generation=parent_gen)
+        assert waited is not None
+        assert waited.outcome.value == "waiting"
+    spent = await _complete(lm, await _leased(lm, child_dep, n, batch), batch)
+    if fan_in:
+        status = await pool.fetchval("SELECT status::text FROM zeroth.runs WHERE run_id = $1",
+                                     parent_id)
+        assert status == "pending", status  # the last end woke it
+    return spent
 
 
 async def main_async(dsn: str, n: int, batch: int, rounds: int) -> None:
@@ -93,6 +108,7 @@ async def main_async(dsn: str, n: int, batch: int, rounds: int) -> None:
             for enabled in ((True, False) if r % 2 == 0 else (False, True)):
                 (with_t if enabled else without).append(await one_round(pool, n, batch, enabled))
         kids = await children_round(pool, n, batch)
+        fan_in = await children_round(pool, n, batch, fan_in=True)
 
         def per_run(values: list[float]) -> str:
             us = [v / n * 1e6 for v in values]
@@ -106,6 +122,8 @@ async def main_async(dsn: str, n: int, batch: int, rounds: int) -> None:
         print(f"  difference of medians: "
               f"{(statistics.median(with_t) - statistics.median(without)) / n * 1e6:+.1f} us/run")
         print(f"  children of one waiting-free parent (trigger runs): {kids / n * 1e6:.1f} us/run")
+        print(f"  children of one parent waiting for all {n} (fan-in): "
+              f"{fan_in / n * 1e6:.1f} us/run")
     finally:
         await pool.close()
 

@@ -36,6 +36,8 @@ CLAIM_ORPHANED = """SELECT run_id, lease_generation FROM zeroth_test.claim_orpha
 CANCEL = """SELECT outcome FROM zeroth_test.request_cancel_v2(run_id => $1, action => 'cancel',
                 now_override => $2)"""
 CHILDREN = "SELECT count(*) FROM zeroth.runs r WHERE r.parent_run_id = $1"
+HAND_BACK = """SELECT zeroth_test.hand_back_to_pending(run_id => $1, worker_id => $2,
+                   generation => $3, now_override => $4)"""
 LOCK_ROW = "SELECT 1 FROM zeroth.runs r WHERE r.run_id = $1 FOR UPDATE"
 WAKE = """SELECT zeroth_test.wake_due_waits(deployment_refs => $1::text[], batch_size => 100,
               now_override => $2)"""
@@ -183,3 +185,29 @@ async def test_a_childs_end_waiting_for_its_parents_cancel_then_completes(sessio
     assert (await finished(end)).value is True
     assert (await run_row(db, lease.run_id))["status"] == "cancelled"
     assert (await run_row(db, kid))["status"] == "completed"
+
+
+async def test_a_parents_cancel_and_a_siblings_end_do_not_deadlock(sessions):
+    """Two children: the parent's cancel cancels the first (its trigger sees the parent
+    cancelled and takes no wait row), then waits for the second, whose end a session holds; that
+    end locks the parent's wait row, finds the parent's row held (SKIP LOCKED), marks the wait
+    and commits; the cancel then finds the second child completed. Neither waits for the other."""
+    ender, canceller, db = sessions
+    lease, kids = await parent_and_children(db, 2)
+    (first, first_gen), (second, gen) = sorted(kids)
+    assert (await db.fetchrow(WAIT, lease.run_id, WORKER, 1, [first, second], "all", at(3)))[
+        "outcome"] == "waiting"
+    # The first child is pending again (handed back), so the cancel ends it at once: its end
+    # runs the child trigger inside the cancel's transaction.
+    assert await db.fetchval(HAND_BACK, first, "cw", first_gen, at(3)) is True
+    await ender.begin()
+    assert (await ender.call(LOCK_ROW, second)).value == 1
+    cancel = canceller.spawn(CANCEL, lease.run_id, at(4))
+    await assert_waits_for(db, canceller, ender, cancel)
+    end = ender.spawn(COMPLETE, second, "cw", gen, json.dumps(2), at(4))
+    assert (await finishes_without_waiting(db, ender, end)).value is True
+    await ender.commit()
+    assert (await finished(cancel)).value == "cancelled"
+    assert [(await run_row(db, kid))["status"] for kid in (first, second)] == [
+        "cancelled", "completed"]
+    assert (await run_row(db, lease.run_id))["status"] == "cancelled"

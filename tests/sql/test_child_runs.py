@@ -182,6 +182,40 @@ class TestWait:
                                     now=at(8))
         assert again == (outcome, children)
 
+    async def test_an_end_while_the_parent_is_resumed_by_hand_is_recounted(self, clock_conn):
+        """resume_run takes a waiting parent out of its wait: a child that ends meanwhile is
+        not counted down (the parent is not waiting), and the replay's wait counts it."""
+        lease, (a, b) = await parent_with_children(clock_conn, 2)
+        await wait_children(clock_conn, lease.run_id, lease.generation, "j", [a, b], now=at(2))
+        assert await clock_conn.fetchval(
+            "SELECT zeroth_test.resume_run(run_id => $1, now_override => $2)",
+            lease.run_id, at(3)) is True
+        taken = await claim_start(clock_conn, CHILD, worker=OTHER, now=at(4))
+        await finish(clock_conn, a, taken[a], "complete", value=1, worker=OTHER, now=at(5))
+        assert await clock_conn.fetchval("SELECT remaining FROM zeroth.child_waits") == 2
+        generation = await reclaim(clock_conn, lease.run_id, now=at(6))
+        outcome, _ = await wait_children(clock_conn, lease.run_id, generation, "j", [a, b],
+                                         now=at(7))
+        assert outcome == "waiting"
+        assert await clock_conn.fetchval("SELECT remaining FROM zeroth.child_waits") == 1
+        await finish(clock_conn, b, taken[b], "complete", value=2, worker=OTHER, now=at(8))
+        assert (await status(clock_conn, lease.run_id))[0] == "pending"
+
+    async def test_a_redriven_child_ending_again_is_counted_once(self, clock_conn):
+        lease, (a, b) = await parent_with_children(clock_conn, 2)
+        taken = await claim_start(clock_conn, CHILD, worker=OTHER, now=at(2))
+        await finish(clock_conn, a, taken[a], "fail", value="x", worker=OTHER, now=at(3))
+        await wait_children(clock_conn, lease.run_id, lease.generation, "j", [a, b], now=at(4))
+        assert await clock_conn.fetchval("SELECT remaining FROM zeroth.child_waits") == 1
+        assert await clock_conn.fetchval(
+            "SELECT zeroth_test.redrive_run(run_id => $1, now_override => $2)", a, at(5))
+        again = await claim_start(clock_conn, CHILD, worker=OTHER, now=at(6))
+        await finish(clock_conn, a, again[a], "complete", value="ok", worker=OTHER, now=at(7))
+        assert await clock_conn.fetchval("SELECT remaining FROM zeroth.child_waits") == 1
+        assert (await status(clock_conn, lease.run_id))[0] == "waiting"  # b has not ended
+        await finish(clock_conn, b, taken[b], "complete", worker=OTHER, now=at(8))
+        assert (await status(clock_conn, lease.run_id))[0] == "pending"
+
     async def test_wait_any_wakes_on_the_first_end(self, clock_conn):
         lease, (a, b) = await parent_with_children(clock_conn, 2)
         outcome, _ = await wait_children(clock_conn, lease.run_id, lease.generation, "first",

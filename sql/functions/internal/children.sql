@@ -6,10 +6,14 @@
 --
 -- Lock order (sql/README.md): a parent's own calls lock the parent (slot, run row), then the
 -- child_runs rows they read (FOR SHARE); a cancelled parent's trigger then locks its unfinished
--- children (slot, run row: zeroth._cancel). A child that ends holds its own slot and row, then its
--- child_runs row, then the parent's child_waits rows, and takes the parent's run row only with SKIP
--- LOCKED: it never waits for the parent, so it cannot close a cycle with the parent's cancel,
--- which waits for the child. A wake-up skipped that way (the parent's row was held by another
+-- children (slot, run row: zeroth._cancel) and their child_runs rows, never a child_waits row. A
+-- child that ends holds its own slot and row, then its child_runs row, then (only while its parent
+-- is waiting for children) the parent's child_waits rows, and takes the parent's run row only with
+-- SKIP LOCKED: it never waits for the parent, so it cannot close a cycle with the parent's cancel,
+-- which waits for the child. Left: two transactions that each end children of the same two
+-- waiting parents (two workers' complete_runs batches of siblings) can take the two parents'
+-- child_waits rows in opposite orders; PostgreSQL breaks that after deadlock_timeout and the
+-- worker repeats its batch (40P01 is retryable). A wake-up skipped that way (the parent's row was held by another
 -- session that left it waiting) marks the wait (child_waits.met_at) and is made by
 -- zeroth.wake_due_waits.
 
@@ -88,6 +92,22 @@ BEGIN
        AND c.parent_run_id = NEW.parent_run_id;
     IF v_was IS NOT NULL THEN
         RETURN NULL;  -- ended before (then redriven): every wait counted it then
+    END IF;
+    -- Only a parent waiting for children has a wait to count down. A plain read, after the
+    -- update above: a parent entering its wait right now holds this child's child_runs row FOR
+    -- SHARE, so the update waited for it and this read sees the parent waiting (and a wait that
+    -- waited for us counts this end itself). Inside a parent's cancel the parent reads as
+    -- cancelled, so a cancel cascade never takes a child_waits row: a sibling's end holding one
+    -- while the cancel waits for the sibling's run row cannot close a cycle. A wait skipped here
+    -- is recounted by the parent's next wait_for_children (its ON CONFLICT branch).
+    PERFORM 1 FROM zeroth.runs p
+     WHERE p.tenant_id = NEW.tenant_id
+       AND p.workspace_key = NEW.workspace_key
+       AND p.run_id = NEW.parent_run_id
+       AND p.status = 'waiting'
+       AND p.wait_reason LIKE 'children:%';
+    IF NOT FOUND THEN
+        RETURN NULL;
     END IF;
     FOR v_wait IN
         SELECT w.step_key, w.mode, cardinality(w.child_run_ids) AS listed FROM zeroth.child_waits w
