@@ -3,6 +3,10 @@
 * Runs in flight when the primary dies finish on the promoted standby: the worker's pool and
   listener follow the multi-host DSN, its writes retry through the outage (connection loss and
   25006 are retryable), and every run ends completed once.
+* An idle worker that never polls on a timer (poll and sweep intervals of an hour) hears the
+  new primary: its listener reconnects, re-polls, and announces it is idle there again (the
+  wakeup gate's locks live on the listen connection), so a run enqueued after the failover
+  wakes it.
 * A worker whose renewals fail for longer than its lease keeps the fail-stop rule: it stops the
   handler at its last confirmed lease deadline with no server answering, writes nothing more, and
   the run is recovered at the next generation on the new primary.
@@ -29,9 +33,11 @@ DEPLOYMENT = "failover"
 @contextlib.asynccontextmanager
 async def running_worker(dsn: str, handler: Any, **options: Any) -> AsyncIterator[RunWorker]:
     pool = await asyncpg.create_pool(dsn, min_size=1, max_size=8)
+    settings: dict[str, Any] = {
+        "poll_interval": 0.1, "orphan_sweep_interval": 0.3, "orphan_grace": 0.1,
+        "shutdown_timeout": 5.0, "retry_base_seconds": 0.1}
     worker = RunWorker(pool, DEPLOYMENT, handler, dsn=dsn, tenant_id="t",
-                       poll_interval=0.1, orphan_sweep_interval=0.3, orphan_grace=0.1,
-                       shutdown_timeout=5.0, retry_base_seconds=0.1, **options)
+                       **(settings | options))
     await worker.start()
     try:
         yield worker
@@ -84,6 +90,49 @@ class TestRunsInFlight:
         assert {row["status"] for row in rows} == {"completed"}
         # The accepted outcome is the one of the generation that held the run at the end.
         assert all(row["output_generation"] == row["lease_generation"] for row in rows)
+
+
+class TestIdleWorker:
+    async def test_an_idle_worker_is_woken_by_a_run_enqueued_on_the_new_primary(
+            self, sync_pair: tuple[ReplicatedPair, str]) -> None:
+        pair, dsn = sync_pair
+        hour = 3600.0
+
+        async def handler(ctx: RunContext) -> dict[str, Any]:
+            return {"ok": True}
+
+        harness = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
+        client = LeaseManager(harness)
+        try:
+            async with running_worker(dsn, handler, max_concurrency=2, poll_interval=hour,
+                                      orphan_sweep_interval=hour) as worker:
+                assert worker.notifier is not None
+                notifier = worker.notifier
+                await eventually(lambda: asyncio.sleep(0, notifier.connects >= 1),
+                                 what="the listener connects")
+                # Only a notification can wake this worker before an hour has passed.
+                first = await client.enqueue_run(DEPLOYMENT, {}, tenant_id="t")
+                await eventually(lambda: _status_is(harness, first.run_id, "completed"),
+                                 what="the run enqueued on the old primary completes")
+
+                await asyncio.to_thread(pair.failover)
+                await eventually(lambda: asyncio.sleep(0, notifier.connects >= 2),
+                                 what="the listener reconnects to the new primary")
+                second = await retrying(lambda: client.enqueue_run(DEPLOYMENT, {},
+                                                                   tenant_id="t"))
+                await eventually(lambda: _status_is(harness, second.run_id, "completed"),
+                                 what="the run enqueued on the new primary wakes the worker")
+            assert await retrying(lambda: harness.fetchval(
+                "SELECT inet_server_port()")) == pair.standby.port
+        finally:
+            await harness.close()
+
+
+async def _status_is(pool: asyncpg.Pool, run_id: Any, status: str) -> bool:
+    # A pooled connection to the dead primary raises retryably: eventually() tries again.
+    found = await pool.fetchval("SELECT r.status::text FROM zeroth.runs r WHERE r.run_id = $1",
+                                run_id)
+    return bool(found == status)
 
 
 async def _completed_at_least(pool: asyncpg.Pool, count: int) -> bool:
