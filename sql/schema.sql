@@ -1008,6 +1008,16 @@ CREATE INDEX event_waits_timeout_idx ON zeroth.event_waits USING btree (timeout_
 CREATE INDEX runs_claim_pending_idx ON zeroth.runs USING btree (tenant_id, workspace_key, deployment_ref, priority DESC, run_after, created_at) WHERE (status = 'pending'::zeroth.run_status);
 
 --
+-- Name: runs_created_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE INDEX runs_created_idx ON zeroth.runs USING btree (created_at, run_id);
+
+--
+-- Name: INDEX runs_created_idx; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON INDEX zeroth.runs_created_idx IS 'Keyset pages of runs by (created_at, run_id), newest first (zeroth.run_list, the dashboard''s runs page).';
+
+--
 -- Name: runs_dead_letter_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner
 --
 CREATE INDEX runs_dead_letter_idx ON zeroth.runs USING btree (tenant_id, workspace_key, deployment_ref, dead_lettered_at) WHERE (dead_lettered_at IS NOT NULL);
@@ -1021,6 +1031,16 @@ CREATE INDEX runs_finished_idx ON zeroth.runs USING btree (finished_at, tenant_i
 -- Name: runs_idempotency_key_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner
 --
 CREATE UNIQUE INDEX runs_idempotency_key_idx ON zeroth.runs USING btree (tenant_id, workspace_key, deployment_ref, idempotency_key) WHERE (idempotency_key IS NOT NULL);
+
+--
+-- Name: runs_run_id_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE INDEX runs_run_id_idx ON zeroth.runs USING btree (run_id);
+
+--
+-- Name: INDEX runs_run_id_idx; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON INDEX zeroth.runs_run_id_idx IS 'A run by its id alone, whatever its scope (zeroth.run_list, the dashboard''s run page and search).';
 
 --
 -- Name: runs_running_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner
@@ -1140,9 +1160,29 @@ ALTER TABLE zeroth.code_version ENABLE ROW LEVEL SECURITY;
 ALTER TABLE zeroth.event_waits ENABLE ROW LEVEL SECURITY;
 
 --
+-- Name: event_waits event_waits_reader_tenant; Type: POLICY; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE POLICY event_waits_reader_tenant ON zeroth.event_waits FOR SELECT TO zeroth_reader USING ((tenant_id = current_setting('zeroth.tenant_id'::text, true)));
+
+--
+-- Name: POLICY event_waits_reader_tenant ON event_waits; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON POLICY event_waits_reader_tenant ON zeroth.event_waits IS 'zeroth_reader sees the event waits of the tenant named in the setting zeroth.tenant_id (none when unset).';
+
+--
 -- Name: events; Type: ROW SECURITY; Schema: zeroth; Owner: zeroth_owner
 --
 ALTER TABLE zeroth.events ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: events events_reader_tenant; Type: POLICY; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE POLICY events_reader_tenant ON zeroth.events FOR SELECT TO zeroth_reader USING ((tenant_id = current_setting('zeroth.tenant_id'::text, true)));
+
+--
+-- Name: POLICY events_reader_tenant ON events; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON POLICY events_reader_tenant ON zeroth.events IS 'zeroth_reader sees the events of the tenant named in the setting zeroth.tenant_id (none when unset).';
 
 --
 -- Name: lock_stripes; Type: ROW SECURITY; Schema: zeroth; Owner: zeroth_owner
@@ -1180,6 +1220,16 @@ COMMENT ON POLICY rate_limits_reader_tenant ON zeroth.rate_limits IS 'zeroth_rea
 -- Name: run_steps; Type: ROW SECURITY; Schema: zeroth; Owner: zeroth_owner
 --
 ALTER TABLE zeroth.run_steps ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: run_steps run_steps_reader_tenant; Type: POLICY; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE POLICY run_steps_reader_tenant ON zeroth.run_steps FOR SELECT TO zeroth_reader USING ((tenant_id = current_setting('zeroth.tenant_id'::text, true)));
+
+--
+-- Name: POLICY run_steps_reader_tenant ON run_steps; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON POLICY run_steps_reader_tenant ON zeroth.run_steps IS 'zeroth_reader sees the step results of the tenant named in the setting zeroth.tenant_id (none when unset).';
 
 --
 -- Name: runs; Type: ROW SECURITY; Schema: zeroth; Owner: zeroth_owner
@@ -1273,9 +1323,24 @@ GRANT SELECT ON TABLE zeroth.schedules TO zeroth_reader;
 GRANT SELECT ON TABLE zeroth.scope_limits TO zeroth_reader;
 
 --
+-- Name: TABLE event_waits; Type: ACL; Schema: zeroth; Owner: zeroth_owner
+--
+GRANT SELECT ON TABLE zeroth.event_waits TO zeroth_reader;
+
+--
+-- Name: TABLE events; Type: ACL; Schema: zeroth; Owner: zeroth_owner
+--
+GRANT SELECT ON TABLE zeroth.events TO zeroth_reader;
+
+--
 -- Name: TABLE rate_limits; Type: ACL; Schema: zeroth; Owner: zeroth_owner
 --
 GRANT SELECT ON TABLE zeroth.rate_limits TO zeroth_reader;
+
+--
+-- Name: TABLE run_steps; Type: ACL; Schema: zeroth; Owner: zeroth_owner
+--
+GRANT SELECT ON TABLE zeroth.run_steps TO zeroth_reader;
 
 --
 -- Name: TABLE schedule_fires; Type: ACL; Schema: zeroth; Owner: zeroth_owner

@@ -44,7 +44,8 @@ RELATIONS = ("runs", "checkpoints", "admission_slots", "notification_secret", "l
              "rate_limits", "rate_limit_starts", "run_steps", "events", "event_waits",
              "child_runs", "child_waits", "alembic_version", "queue_depth",
              "dead_letters",
-             "live_leases", "expired_leases", "table_health")
+             "live_leases", "expired_leases", "table_health", "scope_overview", "run_list",
+             "run_activity", "checkpoint_list", "step_list", "wait_list")
 
 
 async def test_the_relations_tried_here_are_every_relation_of_the_schema(admin):
@@ -104,10 +105,13 @@ class TestReader:
         assert [r["tenant_id"] for r in await reader.fetch(
             "SELECT tenant_id FROM zeroth.queue_depth")] == ["acme"]
         assert await reader.fetchval("SELECT count(*) FROM zeroth.runs") == 1
+        # Steps, event waits and events (0015: the dashboard's run page): its tenant's only.
+        for relation in ("run_steps", "event_waits", "events", "step_list", "wait_list"):
+            assert await reader.fetchval(
+                f"SELECT count(*) FROM zeroth.{relation} WHERE tenant_id <> 'acme'") == 0
 
     @pytest.mark.parametrize("relation", ["admission_slots", "notification_secret", "lock_stripes",
                                           "thread_locks", "code_version", "rate_limit_starts",
-                                          "run_steps", "events", "event_waits",
                                           "child_runs", "child_waits"])
     async def test_cannot_read_the_slots_the_secret_or_the_locks(self, login, relation):
         reader = await login("reader")

@@ -126,7 +126,8 @@ class TestGrants:
         assert {"zeroth.queue_depth", "zeroth.dead_letters"} <= views
         assert readable == views | {"zeroth.runs", "zeroth.checkpoints", "zeroth.scope_limits",
                                     "zeroth.schedules", "zeroth.schedule_fires",
-                                    "zeroth.rate_limits"}
+                                    "zeroth.rate_limits", "zeroth.run_steps",
+                                    "zeroth.event_waits", "zeroth.events"}
         assert readme_grants("zeroth_reader") == readable
         assert [r["name"] for r in relations if r["reader_writes"]] == []
 
@@ -138,10 +139,13 @@ class TestGrants:
                  JOIN pg_rewrite w ON w.ev_class = v.oid
                  JOIN pg_depend d ON d.classid = 'pg_rewrite'::regclass AND d.objid = w.oid
                 WHERE v.relkind = 'v' AND v.relnamespace = 'zeroth'::regnamespace
-                  AND d.refobjid IN ('zeroth.runs'::regclass, 'zeroth.checkpoints'::regclass)""")
+                  AND d.refobjid IN ('zeroth.runs'::regclass, 'zeroth.checkpoints'::regclass,
+                                     'zeroth.run_steps'::regclass, 'zeroth.event_waits'::regclass,
+                                     'zeroth.events'::regclass, 'zeroth.scope_limits'::regclass)""")
         invoker = {r["name"] for r in await conn.fetch(RELATIONS) if r["invoker"]}
         names = {r["name"] for r in over_runs}
-        assert {"zeroth.queue_depth", "zeroth.dead_letters"} <= names
+        assert {"zeroth.queue_depth", "zeroth.dead_letters", "zeroth.run_list",
+                "zeroth.step_list", "zeroth.wait_list"} <= names
         assert names - invoker == set()
 
     async def test_row_level_security_is_on_for_every_table_with_run_data(self, conn):

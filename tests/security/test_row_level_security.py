@@ -29,19 +29,34 @@ def database_dsn(clock_database_dsn):
 
 PAST = datetime(2020, 1, 1, tzinfo=UTC)  # leases taken then have expired by now
 
-TENANT_TABLES = ("zeroth.runs", "zeroth.checkpoints", "zeroth.scope_limits")
+TENANT_TABLES = ("zeroth.runs", "zeroth.checkpoints", "zeroth.scope_limits", "zeroth.run_steps",
+                 "zeroth.event_waits", "zeroth.events")
 TENANT_VIEWS = ("zeroth.queue_depth", "zeroth.dead_letters", "zeroth.live_leases",
-                "zeroth.expired_leases")
+                "zeroth.expired_leases", "zeroth.scope_overview", "zeroth.run_list",
+                "zeroth.run_activity", "zeroth.checkpoint_list", "zeroth.step_list",
+                "zeroth.wait_list")
 
 
 async def seed_tenant(conn: asyncpg.Connection, tenant: str) -> None:
-    """One row for every view: pending, live lease with a checkpoint, expired lease, dead letter."""
+    """One row for every view: pending, live lease with a checkpoint and a step, a run waiting on
+    an event, expired lease, dead letter (finished in 2030: inside run_activity's last hour)."""
     await make_run(conn, "pending", tenant_id=tenant)
     live = await make_run(conn, "running", tenant_id=tenant)  # leased until 2030
     assert await conn.fetchval(
         """SELECT zeroth_test.save_checkpoint(run_id => $1, worker_id => $2, generation => $3,
                data => '{}', tenant_id => $4, now_override => '2030-01-01')""",
         live.run_id, live.worker_id, live.generation, tenant)
+    assert await conn.fetchval(
+        """SELECT s.recorded FROM zeroth_test.record_step(run_id => $1, worker_id => $2,
+               generation => $3, step_key => 'one', result => '1', tenant_id => $4,
+               now_override => '2030-01-01') s""",
+        live.run_id, live.worker_id, live.generation, tenant)
+    waiter = await make_run(conn, "running", tenant_id=tenant)
+    assert await conn.fetchval(
+        """SELECT w.outcome FROM zeroth_test.wait_for_event(run_id => $1, worker_id => $2,
+               generation => $3, step_key => 'hook', name => 'approved', tenant_id => $4,
+               now_override => '2030-01-01') w""",
+        waiter.run_id, waiter.worker_id, waiter.generation, tenant) == "waiting"
     dead = await make_run(conn, "running", tenant_id=tenant, max_attempts=1)
     assert await conn.fetchval(
         """SELECT zeroth_test.fail_run(run_id => $1, worker_id => $2, generation => $3,

@@ -9,6 +9,7 @@ import os
 import shutil
 import socket
 import threading
+from datetime import timedelta
 from pathlib import Path
 
 import asyncpg
@@ -65,12 +66,31 @@ async def test_browse_filter_open_redrive_cancel(database_dsn):
     conn = await asyncpg.connect(database_dsn)
     try:
         now = await _now(conn)
+        # An hour of history for the chart: completions and some failures, minute by minute.
+        for k in range(45):
+            await make_run(conn, "failed" if k % 7 == 3 else "completed",
+                           deployment_ref=("mail", "billing", "search")[k % 3],
+                           now=now - timedelta(minutes=(k * 5) % 58, seconds=k),
+                           payload={"n": k})
         for i in range(6):
             await make_run(conn, "completed" if i % 2 else "pending", deployment_ref="mail",
                            now=now, payload={"to": f"user{i}@example.com"})
         running = await make_run(conn, "running", deployment_ref="reports", now=now,
                                  worker_id="host-a:worker-1", lease_seconds=600,
                                  payload={"report": "q3"})
+        assert await conn.fetchval(
+            """SELECT s.recorded FROM zeroth_test.record_step(run_id => $1, worker_id => $2,
+                   generation => $3, step_key => 'render-pdf', result => '{"pages": 12}',
+                   now_override => $4) s""",
+            running.run_id, running.worker_id, running.generation, now)
+        waiting = await make_run(conn, "running", deployment_ref="approvals", now=now,
+                                 worker_id="host-b:worker-1", lease_seconds=600,
+                                 tenant_id="acme", payload={"invoice": 42})
+        assert await conn.fetchval(
+            """SELECT w.outcome FROM zeroth_test.wait_for_event(run_id => $1, worker_id => $2,
+                   generation => $3, step_key => '#event:approved', name => 'approved',
+                   timeout_seconds => 3600, tenant_id => 'acme', now_override => $4) w""",
+            waiting.run_id, waiting.worker_id, waiting.generation, now) == "waiting"
         dead = await _dead_letter(conn, "mail", now)
         options = webdriver.ChromeOptions()
         options.binary_location = CHROMIUM
@@ -83,10 +103,19 @@ async def test_browse_filter_open_redrive_cancel(database_dsn):
                 def page(path: str, name: str) -> None:
                     driver.get(base + path)
                     assert "zeroth-pg" in driver.title
+                    shoot(name)
+
+                def shoot(name: str) -> None:
+                    # The whole page: the window grown to the document's height.
+                    height = driver.execute_script("return document.body.scrollHeight")
+                    driver.set_window_size(1280, max(900, int(height) + 140))
                     driver.save_screenshot(str(shots / f"{name}.png"))
+                    driver.set_window_size(1280, 900)
 
                 page("/", "overview")
                 assert "reports" in driver.find_element(By.ID, "overview").text
+                page(f"/runs/{waiting.run_id}", "run-waiting")
+                assert "approved" in driver.find_element(By.TAG_NAME, "main").text
                 page("/workers", "workers")
                 assert "host-a:worker-1" in driver.page_source
                 page("/runs", "runs")
@@ -98,11 +127,12 @@ async def test_browse_filter_open_redrive_cancel(database_dsn):
                 rows = driver.find_elements(By.CSS_SELECTOR, "#runs tbody tr")
                 assert len(rows) == 1
                 assert "reports" in rows[0].text
-                driver.save_screenshot(str(shots / "runs-filtered.png"))
+                shoot("runs-filtered")
                 rows[0].find_element(By.TAG_NAME, "a").click()
                 WebDriverWait(driver, 30).until(lambda d: str(running.run_id) in d.current_url)
                 assert str(running.run_id) in driver.page_source
-                driver.save_screenshot(str(shots / "run-detail.png"))
+                assert "render-pdf" in driver.find_element(By.TAG_NAME, "main").text
+                shoot("run-detail")
                 cancel = driver.find_element(By.ID, "cancel")
                 cancel.click()
                 # The POST answered once the page it came from is gone (a title check passed
@@ -113,7 +143,7 @@ async def test_browse_filter_open_redrive_cancel(database_dsn):
                 driver.find_element(By.CSS_SELECTOR, "button.redrive-one").click()
                 WebDriverWait(driver, 30).until(lambda d: str(dead) in d.current_url)
                 assert str(dead) in driver.page_source  # redirected to the run
-                driver.save_screenshot(str(shots / "redriven.png"))
+                shoot("redriven")
             finally:
                 driver.quit()
         # The database changed: the dead letter is pending again; the running run, whose

@@ -218,3 +218,25 @@ class TestToken:
             assert client.get("/", headers={"Authorization": "Bearer s3cret"}).status_code == 200
             assert client.get("/?token=s3cret").status_code == 200
             assert client.get("/runs").status_code == 200  # the cookie it set
+
+
+class TestRunDetail:
+    async def test_attempt_history_is_shown_once_the_view_exists(self, database_dsn):
+        conn = await asyncpg.connect(database_dsn)
+        try:
+            run = await make_run(conn, "running", deployment_ref="mail", now=await _now(conn))
+            with TestClient(create_app(database_dsn)) as client:
+                before = client.get(f"/runs/{run.run_id}").text
+                # Issue 16's zeroth.attempt_history, played by a stand-in with the run's id.
+                await conn.execute(
+                    """CREATE VIEW zeroth.attempt_history AS
+                       SELECT r.run_id, r.attempts AS attempt, '<b>boom</b>'::text AS error
+                         FROM zeroth.runs r""")
+                after = client.get(f"/runs/{run.run_id}").text
+        finally:
+            await conn.close()
+        assert "Attempt history" not in before
+        assert "Steps" in before
+        assert "Event waits" in before
+        assert "Attempt history" in after
+        assert "&lt;b&gt;boom&lt;/b&gt;" in after

@@ -32,21 +32,25 @@ _HERE = Path(__file__).parent
 _STATUSES = ["pending", "running", "waiting", "completed", "failed", "cancelled"]
 PAGE_SIZE = 50
 
-# Keyset page of runs, newest first: (created_at, run_id) below the cursor. Read as the caller,
-# so a zeroth_reader sees only its tenant (row-level security).
-_RUN_PAGE = f"""SELECT {_calls._RUN_COLUMNS}
-      FROM zeroth.runs r
-     WHERE ($1::text IS NULL OR r.deployment_ref = $1)
-       AND ($2::text IS NULL OR r.status::text = $2)
-       AND ($3::text IS NULL OR r.tenant_id = $3)
-       AND ($4::text IS NULL OR r.workspace_id = $4)
-       AND ($5::text IS NULL OR r.thread_id = $5)
-       AND ($6::timestamptz IS NULL OR r.created_at >= $6)
-       AND ($7::timestamptz IS NULL OR r.created_at < $7)
-       AND ($8::text IS NULL OR r.run_id::text = $8 OR r.idempotency_key = $8)
-       AND ($9::timestamptz IS NULL OR (r.created_at, r.run_id) < ($9, $10::uuid))
-     ORDER BY r.created_at DESC, r.run_id DESC
-     LIMIT $11"""
+# Every read goes through the documented views (sql/functions/views/), read as the DSN's role, so
+# a zeroth_reader sees only its tenant (row-level security); the actions call the SQL functions.
+
+_PAGE_COLUMNS = """r.run_id, r.status::text AS status, r.deployment_ref, r.tenant_id,
+           r.workspace_id, r.thread_id, r.attempts, r.max_attempts, r.created_at,
+           r.lease_worker_id"""
+
+_OVERVIEW = """SELECT o.tenant_id, o.workspace_id, o.deployment_ref, o.pending, o.due, o.scheduled,
+           o.running, o.live_leases, o.expired_leases, o.dead_letters, o.paused,
+           o.max_concurrency,
+           EXTRACT(epoch FROM clock_timestamp() - o.oldest_due_at)::double precision
+               AS oldest_due_s
+      FROM zeroth.scope_overview o
+     ORDER BY o.tenant_id, o.workspace_id NULLS FIRST, o.deployment_ref"""
+
+# Finished runs per minute over the last hour, every scope together.
+_PER_MINUTE = """SELECT a.minute, sum(a.completed)::bigint AS completed,
+           sum(a.failed)::bigint AS failed
+      FROM zeroth.run_activity a GROUP BY a.minute ORDER BY a.minute"""
 
 _WORKERS = """SELECT l.lease_worker_id AS worker_id, count(*) AS runs,
            max(l.lease_acquired_at) AS last_acquired, min(l.lease_expires_at) AS next_expiry,
@@ -64,19 +68,82 @@ _DEAD = """SELECT d.run_id, d.tenant_id, d.workspace_id, d.deployment_ref, d.att
        AND ($2::text IS NULL OR d.tenant_id = $2)
      ORDER BY d.dead_lettered_at DESC, d.run_id LIMIT $3"""
 
-# Finished runs per minute over the last hour, from the runs_finished_idx range.
-_PER_MINUTE = """SELECT date_trunc('minute', r.finished_at) AS minute,
-           count(*) FILTER (WHERE r.status = 'completed') AS completed,
-           count(*) FILTER (WHERE r.status = 'failed') AS failed
-      FROM zeroth.runs r
-     WHERE r.finished_at >= clock_timestamp() - interval '1 hour'
-     GROUP BY 1 ORDER BY 1"""
+_RUN = """SELECT r.run_id, r.tenant_id, r.workspace_id, r.workspace_key, r.deployment_ref,
+           r.thread_id, r.status::text AS status, r.wait_reason, r.priority, r.run_after,
+           r.attempts, r.max_attempts, r.created_at, r.updated_at, r.started_at, r.finished_at,
+           r.dead_lettered_at, r.idempotency_key, r.lease_worker_id, r.lease_generation,
+           r.lease_acquired_at, r.lease_expires_at, r.recovery_checkpoint_id, r.cancel_action,
+           r.cancel_requested_at, r.checkpoint_seq, r.payload::text AS payload,
+           r.output::text AS output, r.error::text AS error, r.metadata::text AS metadata,
+           r.progress::text AS progress
+      FROM zeroth.run_list r WHERE r.run_id = $1"""
 
-_OLDEST_PENDING = """SELECT q.deployment_ref,
-           EXTRACT(epoch FROM clock_timestamp() - min(r.created_at))::double precision AS age
-      FROM zeroth.runs r JOIN (SELECT DISTINCT deployment_ref FROM zeroth.queue_depth) q
-        ON q.deployment_ref = r.deployment_ref
-     WHERE r.status = 'pending' GROUP BY q.deployment_ref"""
+# The per-run views, on (tenant_id, workspace_key, run_id): a range of each table's index.
+_CHECKPOINTS = """SELECT c.checkpoint_order, c.checkpoint_id, c.lease_generation, c.created_at,
+           c.data::text AS data
+      FROM zeroth.checkpoint_list c
+     WHERE c.tenant_id = $1 AND c.workspace_key = $2 AND c.run_id = $3
+     ORDER BY c.checkpoint_order"""
+
+_STEPS = """SELECT s.step_key, s.attempt, s.lease_generation, s.recorded_at,
+           s.result::text AS result
+      FROM zeroth.step_list s
+     WHERE s.tenant_id = $1 AND s.workspace_key = $2 AND s.run_id = $3
+     ORDER BY s.recorded_at, s.step_key"""
+
+_WAITS = """SELECT w.step_key, w.name, w.created_at, w.timeout_at, w.emitted_at
+      FROM zeroth.wait_list w
+     WHERE w.tenant_id = $1 AND w.workspace_key = $2 AND w.run_id = $3
+     ORDER BY w.created_at, w.step_key"""
+
+# The thread's latest runs: a range of runs_thread_idx (tenant_id, workspace_key, thread_id,
+# created_at DESC, run_id DESC).
+_THREAD = """SELECT r.run_id, r.status::text AS status, r.thread_queued_at AS queued,
+           r.created_at
+      FROM zeroth.run_list r
+     WHERE r.tenant_id = $1 AND r.workspace_key = $2 AND r.thread_id = $3
+     ORDER BY r.created_at DESC, r.run_id DESC LIMIT 20"""
+
+# Attempt history is another view (issue 16's attempts): shown when the database has it.
+_HAS_ATTEMPTS = "SELECT to_regclass('zeroth.attempt_history') IS NOT NULL"
+_ATTEMPTS = "SELECT h.* FROM zeroth.attempt_history h WHERE h.run_id = $1"
+
+
+def run_page_query(filters: dict[str, Any], after: tuple[datetime, uuid.UUID] | None,
+                   limit: int) -> tuple[str, list[Any]]:
+    """The runs page's keyset query on zeroth.run_list, newest first, with a predicate only for
+    each filter given (so each shape gets its own plan: runs_created_idx walked backwards, or
+    runs_run_id_idx for a run id; never a sort of the table). tests/plans/test_run_list_plan.py
+    checks every shape's EXPLAIN at a million runs."""
+    where: list[str] = []
+    args: list[Any] = []
+
+    def add(fragment: str, *values: Any) -> None:
+        marks = [f"${len(args) + i + 1}" for i in range(len(values))]
+        args.extend(values)
+        where.append(fragment.format(*marks))
+
+    for key, fragment in (("status", "r.status::text = {}"),
+                          ("deployment", "r.deployment_ref = {}"),
+                          ("tenant", "r.tenant_id = {}"),
+                          ("workspace", "r.workspace_id = {}"),
+                          ("thread", "r.thread_id = {}"),
+                          ("since", "r.created_at >= {}"),
+                          ("until", "r.created_at < {}")):
+        if filters.get(key) is not None:
+            add(fragment, filters[key])
+    search = filters.get("search")
+    if search is not None:
+        try:
+            add("r.run_id = {}", uuid.UUID(search))
+        except ValueError:
+            add("r.idempotency_key = {}", search)
+    if after is not None:
+        add("(r.created_at, r.run_id) < ({}, {})", *after)
+    args.append(limit)
+    return (f"SELECT {_PAGE_COLUMNS}\n      FROM zeroth.run_list r"
+            + (f"\n     WHERE {' AND '.join(where)}" if where else "")
+            + f"\n     ORDER BY r.created_at DESC, r.run_id DESC\n     LIMIT ${len(args)}", args)
 
 
 def _opt(value: str | None) -> str | None:
@@ -163,19 +230,9 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
 
     async def overview_data() -> dict[str, Any]:
         async with pool().acquire() as conn:
-            scopes = [dict(r) for r in await conn.fetch(_calls.STATUS, None, None, None)]
-            running = {(r["tenant_id"], r["workspace_id"], r["deployment_ref"]): r["n"]
-                       for r in await conn.fetch(
-                           "SELECT l.tenant_id, l.workspace_id, l.deployment_ref, count(*) AS n"
-                           " FROM zeroth.live_leases l WHERE l.status = 'running'"
-                           " GROUP BY 1, 2, 3")}
-            oldest = {r["deployment_ref"]: r["age"] for r in await conn.fetch(_OLDEST_PENDING)}
+            scopes = await conn.fetch(_OVERVIEW)
             points = await conn.fetch(_PER_MINUTE)
-            now = await conn.fetchval(_calls.DATABASE_NOW)
-        for s in scopes:
-            s["running"] = running.get((s["tenant_id"], s["workspace_id"], s["deployment_ref"]), 0)
-            s["due"] = (s["claimable"] or 0) - (s["scheduled"] or 0)
-            s["oldest_pending_s"] = oldest.get(s["deployment_ref"])
+            now = await conn.fetchval("SELECT clock_timestamp()")
         return {"scopes": scopes, "chart": _chart(list(points), now), "now": now,
                 "finished": sum(int(p["completed"]) + int(p["failed"]) for p in points)}
 
@@ -203,11 +260,11 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
         except ValueError as exc:
             error = f"bad filter: {exc}"
         else:
+            sql, args = run_page_query(
+                {**filters, "since": since, "until": until},
+                (after_at, after_id) if after_at and after_id else None, PAGE_SIZE + 1)
             async with pool().acquire() as conn:
-                rows = await conn.fetch(
-                    _RUN_PAGE, filters["deployment"], filters["status"], filters["tenant"],
-                    filters["workspace"], filters["thread"], since, until, filters["search"],
-                    after_at, after_id, PAGE_SIZE + 1)
+                rows = await conn.fetch(sql, *args)
         more = len(rows) > PAGE_SIZE
         rows = rows[:PAGE_SIZE]
         next_params = None
@@ -225,20 +282,27 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
         except ValueError:
             return render(request, "error.html", status_code=400, message="not a run id")
         async with pool().acquire() as conn:
-            run = await conn.fetchrow(_calls.FIND_RUN, run_id, None, None)
+            run = await conn.fetchrow(_RUN, run_id)
             if run is None:
                 return render(request, "error.html", status_code=404,
                               message=f"no run {run_id} visible to this role")
-            checkpoints = await conn.fetch(_calls.RUN_CHECKPOINTS, run["tenant_id"],
-                                           run["workspace_key"], run_id)
+            scope = (run["tenant_id"], run["workspace_key"], run_id)
+            checkpoints = await conn.fetch(_CHECKPOINTS, *scope)
+            steps = await conn.fetch(_STEPS, *scope)
+            waits = await conn.fetch(_WAITS, *scope)
             thread = []
             if run["thread_id"]:
-                thread = await conn.fetch(_calls.LIST_THREAD_RUNS, run["thread_id"],
-                                          run["tenant_id"], run["workspace_id"], 20)
-        # Sections: each is (title, template); issue 16's steps / events / attempts add theirs.
-        sections = [("Checkpoints", "_checkpoints.html"), ("Thread queue", "_thread.html")]
+                thread = await conn.fetch(_THREAD, run["tenant_id"], run["workspace_key"],
+                                          run["thread_id"])
+            attempts: list[asyncpg.Record] | None = None
+            if await conn.fetchval(_HAS_ATTEMPTS):
+                attempts = await conn.fetch(_ATTEMPTS, run_id)
+        sections = [("Steps", "_steps.html"), ("Event waits", "_waits.html"),
+                    ("Checkpoints", "_checkpoints.html"), ("Thread queue", "_thread.html")]
+        if attempts is not None:
+            sections.insert(0, ("Attempt history", "_attempts.html"))
         return render(request, "run.html", run=run, checkpoints=checkpoints, thread=thread,
-                      sections=sections)
+                      steps=steps, waits=waits, attempts=attempts, sections=sections)
 
     async def dead_letters(request: Request) -> Response:
         q = request.query_params
@@ -268,12 +332,21 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
                                 message="CSRF token missing or wrong: reload the page")
         return form, None
 
-    async def _act(request: Request, what: str, sql: str, *args: Any) -> Any:
+    async def _act(request: Request, what: str, sql: str, run_id: uuid.UUID,
+                   *extra: Any) -> Any:
+        """Call ``sql`` (run_id, tenant_id, workspace_id, *extra) as the DSN's role, in the
+        run's scope as this role sees it in run_list (a run it cannot see: the default scope,
+        so the function answers ZP001 or the role's 42501)."""
         async with pool().acquire() as conn:
             role = await conn.fetchval("SELECT current_user")
-            log.warning("web action %s %s as %s from %s", what, args,
+            log.warning("web action %s %s as %s from %s", what, run_id,
                         role, request.client.host if request.client else "?")
-            return await conn.fetchval(sql, *args)
+            scope = await conn.fetchrow(
+                "SELECT r.tenant_id, r.workspace_id FROM zeroth.run_list r WHERE r.run_id = $1",
+                run_id)
+            tenant, workspace = (scope["tenant_id"], scope["workspace_id"]) if scope else (
+                None, None)
+            return await conn.fetchval(sql, run_id, tenant, workspace, *extra)
 
     def _refused(request: Request, exc: asyncpg.PostgresError) -> Response:
         code = exc.sqlstate
@@ -292,7 +365,7 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
         except ValueError:
             return render(request, "error.html", status_code=400, message="not a run id")
         try:
-            await _act(request, "redrive", _calls.REDRIVE_RUN, run_id, None, None)
+            await _act(request, "redrive", _calls.REDRIVE_RUN, run_id)
         except asyncpg.PostgresError as exc:
             return _refused(request, exc)
         return RedirectResponse(f"/runs/{run_id}", status_code=303)
@@ -308,7 +381,7 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
             async with pool().acquire() as conn:
                 ids = [r["run_id"] for r in await conn.fetch(_DEAD, deployment, tenant, 1000)]
             for run_id in ids:
-                await _act(request, "redrive", _calls.REDRIVE_RUN, run_id, None, None)
+                await _act(request, "redrive", _calls.REDRIVE_RUN, run_id)
                 done += 1
         except asyncpg.PostgresError as exc:
             return _refused(request, exc)
@@ -323,10 +396,22 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
         except ValueError:
             return render(request, "error.html", status_code=400, message="not a run id")
         try:
-            await _act(request, "cancel", _calls.REQUEST_CANCEL, run_id, None, None, "cancel")
+            await _act(request, "cancel", _calls.REQUEST_CANCEL, run_id, "cancel")
         except asyncpg.PostgresError as exc:
             return _refused(request, exc)
         return RedirectResponse(f"/runs/{run_id}", status_code=303)
+
+    async def database_error(request: Request, exc: Exception) -> Response:
+        # A role without the grants (42501) or any other database error: a page that says so,
+        # never a stack trace, and no data.
+        code = getattr(exc, "sqlstate", None) or "?"
+        log.warning("web read refused (%s): %s", code, exc)
+        if code == "42501":
+            return render(request, "error.html", status_code=403, message=(
+                f"the database refused this role a read ({code}: {exc}); the dashboard needs a "
+                "role in zeroth_reader (or zeroth_owner)"))
+        return render(request, "error.html", status_code=500,
+                      message=f"the database answered an error ({code}): {exc}")
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
@@ -351,4 +436,5 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
         Mount("/static", StaticFiles(directory=_HERE / "static"), name="static"),
     ]
     return Starlette(routes=routes, lifespan=lifespan,
+                     exception_handlers={asyncpg.PostgresError: database_error},
                      middleware=[Middleware(_Guard, token=token)])

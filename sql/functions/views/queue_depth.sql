@@ -11,11 +11,18 @@ SELECT r.tenant_id,
        count(*) FILTER (WHERE r.lease_worker_id IS NULL OR r.lease_expires_at < clock_timestamp())
            AS claimable,
        count(*) FILTER (WHERE r.run_after > clock_timestamp()) AS scheduled,
-       count(*) AS pending
+       count(*) AS pending,
+       count(*) FILTER (WHERE r.run_after <= clock_timestamp()
+                          AND (r.lease_worker_id IS NULL OR r.lease_expires_at < clock_timestamp()))
+           AS due,
+       min(r.run_after) FILTER (WHERE r.run_after <= clock_timestamp()
+                                  AND (r.lease_worker_id IS NULL
+                                       OR r.lease_expires_at < clock_timestamp()))
+           AS oldest_due_at
   FROM zeroth.runs r
  WHERE r.status = 'pending'
  GROUP BY r.tenant_id, r.workspace_id, r.deployment_ref;
-COMMENT ON VIEW zeroth.queue_depth IS 'Pending runs per (tenant, workspace, deployment): all pending, those without a live lease (claimable once due), and those scheduled for later (run_after in the future). Uses runs_claim_pending_idx.';
+COMMENT ON VIEW zeroth.queue_depth IS 'Pending runs per (tenant, workspace, deployment): all pending, those without a live lease (claimable once due), and those scheduled for later (run_after in the future); due counts the claimable ones that are due now; oldest_due_at is the run_after of the longest-waiting due run nobody holds (NULL when none), so now() - oldest_due_at is how long work has waited. Uses runs_claim_pending_idx.';
 ALTER VIEW zeroth.queue_depth OWNER TO zeroth_owner;
 REVOKE ALL ON zeroth.queue_depth FROM PUBLIC;
 GRANT SELECT ON zeroth.queue_depth TO zeroth_reader;

@@ -1,0 +1,48 @@
+-- sql/functions/views/run_list.sql: the operator view zeroth.run_list. Re-applied by every
+-- upgrade (sql/README.md).
+-- One row per run with the columns an operator reads (the dashboard's runs page and run page,
+-- issue 17): everything but the internal bookkeeping (resumable, hand_backs, the admission
+-- and notification fields). Pages of it ordered by (created_at DESC, run_id DESC) walk
+-- runs_created_idx backwards and a run_id lookup uses runs_run_id_idx (0015), so a page costs
+-- O(page) at millions of runs; workspace_key is kept so that a caller can use the scope
+-- indexes (runs_thread_idx: tenant_id, workspace_key, thread_id, created_at).
+-- security_invoker: the view reads as its caller, so zeroth_reader's row-level security
+-- policy on zeroth.runs filters it to one tenant.
+CREATE OR REPLACE VIEW zeroth.run_list WITH (security_invoker = true) AS
+SELECT r.run_id,
+       r.tenant_id,
+       r.workspace_id,
+       r.workspace_key,
+       r.deployment_ref,
+       r.thread_id,
+       r.thread_queued_at,
+       r.status,
+       r.wait_reason,
+       r.priority,
+       r.run_after,
+       r.attempts,
+       r.max_attempts,
+       r.created_at,
+       r.updated_at,
+       r.started_at,
+       r.finished_at,
+       r.dead_lettered_at,
+       r.idempotency_key,
+       r.lease_worker_id,
+       r.lease_generation,
+       r.lease_acquired_at,
+       r.lease_expires_at,
+       r.recovery_checkpoint_id,
+       r.cancel_action,
+       r.cancel_requested_at,
+       r.checkpoint_seq,
+       r.payload,
+       r.output,
+       r.error,
+       r.metadata,
+       r.progress
+  FROM zeroth.runs r;
+COMMENT ON VIEW zeroth.run_list IS 'Every run with the columns an operator reads (scope, status, timing, lease, cancel, payload, output, error, metadata, progress). Keyset pages on (created_at, run_id) use runs_created_idx; a run by run_id uses runs_run_id_idx. A zeroth_reader sees its tenant''s runs.';
+ALTER VIEW zeroth.run_list OWNER TO zeroth_owner;
+REVOKE ALL ON zeroth.run_list FROM PUBLIC;
+GRANT SELECT ON zeroth.run_list TO zeroth_reader;

@@ -1,0 +1,138 @@
+"""The dashboard's runs page at a million runs: every query shape it sends (zeroth_pg.web.app.
+run_page_query: no filter, each filter, a keyset cursor, a run id, as the owner and as a
+zeroth_reader with its tenant set) walks an index in (created_at, run_id) order or looks the run
+up by id, and never sorts the table (a thread filter may sort that thread's runs, found through
+runs_thread_idx).
+
+A behavioural bound, not a timing: the plan has no Sort node and names the index, and
+EXPLAIN (ANALYZE, BUFFERS) counts the shared buffers one page touches. The million rows are one
+set-based INSERT as the owner (the only direct write to zeroth.runs here), then VACUUM ANALYZE.
+The plans are printed and saved to ZEROTH_PG_TEST_REPORTS/plans/run_list.txt.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from zeroth_pg.web.app import PAGE_SIZE, run_page_query
+
+RUNS = 1_000_000
+
+
+async def add_runs(connection: asyncpg.Connection) -> None:
+    """1M runs over 30 days: 3 tenants, 7 deployments (moduli prime to the status cycle's, so
+    every filter combination has runs), 70% completed, 10% failed, 5%
+    cancelled, 15% pending; one in ten on a thread (finished ones only)."""
+    await connection.execute(
+        """INSERT INTO zeroth.runs (run_id, tenant_id, workspace_id, deployment_ref, thread_id,
+                                    status, run_after, attempts, created_at, updated_at,
+                                    started_at, finished_at, idempotency_key, lease_generation)
+           SELECT gen_random_uuid(), 't' || (g % 3), NULL, 'd' || (g % 7),
+                  CASE WHEN g % 10 = 1 AND s.st <> 'pending' THEN 'th-' || (g % 1000) END,
+                  s.st::zeroth.run_status, t, 1, t, t, t, CASE WHEN s.st <> 'pending' THEN t END,
+                  'k' || g, 1
+             FROM generate_series(1, $1) AS g,
+                  LATERAL (SELECT clock_timestamp() - interval '30 days'
+                                  + g * interval '2592 ms' AS t,
+                                  CASE WHEN g % 20 < 14 THEN 'completed'
+                                       WHEN g % 20 < 16 THEN 'failed'
+                                       WHEN g % 20 = 16 THEN 'cancelled'
+                                       ELSE 'pending' END AS st) AS s""", RUNS)
+    await connection.execute("VACUUM ANALYZE zeroth.runs")
+
+
+def nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    return [plan, *(n for child in plan.get("Plans", []) for n in nodes(child))]
+
+
+async def explain(connection: asyncpg.Connection, sql: str, args: list[Any]
+                  ) -> tuple[dict[str, Any], str]:
+    raw = await connection.fetchval(
+        f"EXPLAIN (ANALYZE, BUFFERS, TIMING OFF, FORMAT JSON) {sql}", *args)
+    text = "\n".join(r[0] for r in await connection.fetch(
+        f"EXPLAIN (ANALYZE, BUFFERS, TIMING OFF, COSTS OFF) {sql}", *args))
+    return json.loads(raw)[0]["Plan"], text
+
+
+async def shapes(connection: asyncpg.Connection) -> dict[str, tuple[str, list[Any]]]:
+    middle: datetime = await connection.fetchval(
+        "SELECT r.created_at FROM zeroth.run_list r ORDER BY r.created_at LIMIT 1 OFFSET $1",
+        RUNS // 2)
+    row = await connection.fetchrow(
+        "SELECT r.created_at, r.run_id FROM zeroth.run_list r "
+        "WHERE r.created_at >= $1 ORDER BY r.created_at, r.run_id LIMIT 1", middle)
+    cursor = (row["created_at"], row["run_id"])
+    later: datetime = await connection.fetchval(
+        "SELECT r.created_at FROM zeroth.run_list r ORDER BY r.created_at LIMIT 1 OFFSET $1",
+        RUNS // 2 + 5000)
+    one: uuid.UUID = row["run_id"]
+    limit = PAGE_SIZE + 1
+    return {
+        "first page": run_page_query({}, None, limit),
+        "page after a cursor": run_page_query({}, cursor, limit),
+        "status failed": run_page_query({"status": "failed"}, None, limit),
+        "status pending, after a cursor": run_page_query({"status": "pending"}, cursor, limit),
+        "deployment d3": run_page_query({"deployment": "d3"}, None, limit),
+        "tenant t1 and deployment d5": run_page_query({"tenant": "t1", "deployment": "d5"},
+                                                      None, limit),
+        "thread th-1": run_page_query({"thread": "th-1"}, None, limit),
+        "time range": run_page_query({"since": middle, "until": later}, None, limit),
+        "run id": run_page_query({"search": str(one)}, None, limit),
+    }
+
+
+class TestRunsPageAtAMillionRuns:
+    async def test_every_page_shape_walks_an_index_and_never_sorts(self, connect: Any) -> None:
+        owner = await connect()
+        await add_runs(owner)
+        report: list[str] = []
+        costs: dict[str, int] = {}
+        for role in ("owner", "zeroth_reader, tenant t1"):
+            for name, (sql, args) in (await shapes(owner)).items():
+                transaction = owner.transaction()
+                await transaction.start()
+                try:
+                    if role != "owner":
+                        await owner.execute("SET LOCAL ROLE zeroth_reader")
+                        await owner.execute("SET LOCAL zeroth.tenant_id = 't1'")
+                    plan, text = await explain(owner, sql, args)
+                finally:
+                    await transaction.rollback()
+                key = f"{name} ({role})"
+                report.append(f"-- {key}\n{sql}\n{text}\n")
+                kinds = {n["Node Type"] for n in nodes(plan)}
+                indexes = {n.get("Index Name") for n in nodes(plan)} - {None}
+                assert "Seq Scan" not in kinds, (key, text)
+                sorted_rows = [int(c["Actual Rows"]) for n in nodes(plan)
+                               if n["Node Type"] in ("Sort", "Incremental Sort")
+                               for c in n["Plans"]]
+                assert max(sorted_rows, default=0) < 10_000, (key, text)
+                if name == "thread th-1":
+                    # A thread's runs (a thousand here) come from runs_thread_idx and may be
+                    # sorted: a sort of one thread, never of the table.
+                    assert "runs_thread_idx" in indexes or "runs_created_idx" in indexes, text
+                elif name == "run id":
+                    assert "runs_run_id_idx" in indexes, (key, text)  # one row, maybe "sorted"
+                else:
+                    assert not sorted_rows, (key, text)
+                    assert "runs_created_idx" in indexes, (key, text)
+                costs[key] = int(plan["Shared Hit Blocks"] + plan["Shared Read Blocks"])
+        out = Path(os.environ.get("ZEROTH_PG_TEST_REPORTS", "build/test-reports")) / "plans"
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "run_list.txt").write_text("\n".join(report))
+        print("\n".join(report))
+        print(costs)
+        # A page reads about its own rows: the unfiltered pages a few dozen buffers, a filter
+        # that keeps one run in ten (or one in twenty, tenant and deployment) some hundreds. A
+        # filter that matches almost nothing walks far down the index (docs/dba-guide.md).
+        assert costs["first page (owner)"] < 100, costs
+        assert costs["page after a cursor (owner)"] < 100, costs
+        assert costs["run id (owner)"] < 20, costs
+        assert {k: c for k, c in costs.items() if c >= 2000} == {}, costs
