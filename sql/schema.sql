@@ -280,57 +280,6 @@ ALTER TYPE zeroth.thread_run OWNER TO zeroth_owner;
 COMMENT ON TYPE zeroth.thread_run IS 'A run as list_thread_runs / get_thread_run report it; queued = waiting behind the active run of its thread.';
 
 --
--- Name: child_runs; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
---
-CREATE TABLE zeroth.child_runs (
-    tenant_id text NOT NULL,
-    workspace_key text NOT NULL,
-    parent_run_id uuid NOT NULL,
-    step_key text NOT NULL,
-    child_run_id uuid NOT NULL,
-    deployment_ref text NOT NULL,
-    payload jsonb NOT NULL,
-    detached boolean NOT NULL,
-    created_at timestamp with time zone NOT NULL,
-    status zeroth.run_status,
-    output jsonb,
-    error jsonb,
-    dead_lettered boolean DEFAULT false NOT NULL,
-    finished_at timestamp with time zone,
-    CONSTRAINT child_runs_outcome_complete CHECK (((status IS NULL) = (finished_at IS NULL))),
-    CONSTRAINT child_runs_outcome_terminal CHECK (((status IS NULL) OR (status = ANY (ARRAY['completed'::zeroth.run_status, 'failed'::zeroth.run_status, 'cancelled'::zeroth.run_status])))),
-    CONSTRAINT child_runs_step_key_valid CHECK (((step_key <> ''::text) AND (length(step_key) <= 400)))
-);
-
-ALTER TABLE zeroth.child_runs OWNER TO zeroth_owner;
-
---
--- Name: TABLE child_runs; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
---
-COMMENT ON TABLE zeroth.child_runs IS 'Child runs per parent and step key (start_child_run): written once by the parent''s live lease holder; the child''s terminal outcome (status, output, error, dead_lettered, finished_at) is copied in when it ends (trigger runs_child_run_finished). Deleted with the parent.';
-
---
--- Name: checkpoints; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
---
-CREATE TABLE zeroth.checkpoints (
-    checkpoint_id uuid NOT NULL,
-    tenant_id text NOT NULL,
-    workspace_key text NOT NULL,
-    run_id uuid NOT NULL,
-    checkpoint_order bigint NOT NULL,
-    lease_generation bigint NOT NULL,
-    data jsonb NOT NULL,
-    created_at timestamp with time zone NOT NULL
-);
-
-ALTER TABLE zeroth.checkpoints OWNER TO zeroth_owner;
-
---
--- Name: TABLE checkpoints; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
---
-COMMENT ON TABLE zeroth.checkpoints IS 'Ordered checkpoints per run, written fenced by save_checkpoint; claim_orphaned hands the latest to the next owner.';
-
---
 -- Name: runs; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
 --
 CREATE TABLE zeroth.runs (
@@ -444,6 +393,57 @@ COMMENT ON COLUMN zeroth.runs.hand_backs IS 'How many times a live holder handed
 -- Name: COLUMN runs.parent_run_id; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
 COMMENT ON COLUMN zeroth.runs.parent_run_id IS 'The run of the same scope that started this one as a child run (start_child_run); NULL otherwise.';
+
+--
+-- Name: child_runs; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE TABLE zeroth.child_runs (
+    tenant_id text NOT NULL,
+    workspace_key text NOT NULL,
+    parent_run_id uuid NOT NULL,
+    step_key text NOT NULL,
+    child_run_id uuid NOT NULL,
+    deployment_ref text NOT NULL,
+    payload jsonb NOT NULL,
+    detached boolean NOT NULL,
+    created_at timestamp with time zone NOT NULL,
+    status zeroth.run_status,
+    output jsonb,
+    error jsonb,
+    dead_lettered boolean DEFAULT false NOT NULL,
+    finished_at timestamp with time zone,
+    CONSTRAINT child_runs_outcome_complete CHECK (((status IS NULL) = (finished_at IS NULL))),
+    CONSTRAINT child_runs_outcome_terminal CHECK (((status IS NULL) OR (status = ANY (ARRAY['completed'::zeroth.run_status, 'failed'::zeroth.run_status, 'cancelled'::zeroth.run_status])))),
+    CONSTRAINT child_runs_step_key_valid CHECK (((step_key <> ''::text) AND (length(step_key) <= 400)))
+);
+
+ALTER TABLE zeroth.child_runs OWNER TO zeroth_owner;
+
+--
+-- Name: TABLE child_runs; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON TABLE zeroth.child_runs IS 'Child runs per parent and step key (start_child_run): written once by the parent''s live lease holder; the child''s terminal outcome (status, output, error, dead_lettered, finished_at) is copied in when it ends (trigger runs_child_run_finished). Deleted with the parent.';
+
+--
+-- Name: checkpoints; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE TABLE zeroth.checkpoints (
+    checkpoint_id uuid NOT NULL,
+    tenant_id text NOT NULL,
+    workspace_key text NOT NULL,
+    run_id uuid NOT NULL,
+    checkpoint_order bigint NOT NULL,
+    lease_generation bigint NOT NULL,
+    data jsonb NOT NULL,
+    created_at timestamp with time zone NOT NULL
+);
+
+ALTER TABLE zeroth.checkpoints OWNER TO zeroth_owner;
+
+--
+-- Name: TABLE checkpoints; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON TABLE zeroth.checkpoints IS 'Ordered checkpoints per run, written fenced by save_checkpoint; claim_orphaned hands the latest to the next owner.';
 
 --
 -- Name: schedules; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
@@ -665,6 +665,43 @@ COMMENT ON COLUMN zeroth.scope_limits.note IS 'Free text for the DBA (why the li
 -- Name: COLUMN scope_limits.rate_limit; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
 COMMENT ON COLUMN zeroth.scope_limits.rate_limit IS 'The zeroth.rate_limits key the scope''s starts count against (NULL: no rate limit). Several scopes may name one key and share its budget. A key still named here cannot be deleted.';
+
+--
+-- Name: run_attempts; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE TABLE zeroth.run_attempts (
+    tenant_id text NOT NULL,
+    workspace_key text NOT NULL,
+    run_id uuid NOT NULL,
+    attempt integer NOT NULL,
+    lease_generation bigint NOT NULL,
+    worker_id text NOT NULL,
+    claimed_at timestamp with time zone,
+    started_at timestamp with time zone,
+    ended_at timestamp with time zone,
+    outcome text,
+    error jsonb,
+    CONSTRAINT run_attempts_ended CHECK (((outcome IS NULL) = (ended_at IS NULL))),
+    CONSTRAINT run_attempts_outcome_valid CHECK ((outcome = ANY (ARRAY['completed'::text, 'failed'::text, 'dead_lettered'::text, 'cancelled'::text, 'recovered'::text, 'expired'::text, 'lease_lost'::text, 'handed_back'::text, 'released'::text, 'slept'::text, 'paused'::text, 'waited'::text])))
+)
+WITH (fillfactor='90');
+
+ALTER TABLE zeroth.run_attempts OWNER TO zeroth_owner;
+
+--
+-- Name: TABLE run_attempts; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON TABLE zeroth.run_attempts IS 'Attempt history: one row per lease generation of a run (a claim), with its holder, attempt number, when it was claimed, started and ended, and how it ended (outcome; error when it failed). Written only by the trigger runs_attempt_history on zeroth.runs; deleted with the run by prune_runs. zeroth_reader reads it through zeroth.attempt_history, the rows of the tenant named in zeroth.tenant_id.';
+
+--
+-- Name: COLUMN run_attempts.attempt; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.run_attempts.attempt IS 'runs.attempts when the attempt started (or was claimed, when it never started): a sleep, a pause or a wait gives its attempt back, so the next attempt may carry the same number.';
+
+--
+-- Name: COLUMN run_attempts.outcome; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.run_attempts.outcome IS 'How the attempt ended; NULL while it is open. completed | failed (error) | dead_lettered (error) | cancelled | recovered (its lease expired and another worker or a takeover took the run) | expired (claimed, never started, the lease lapsed) | lease_lost (lease taken or cleared outside the functions'' rules: clear_lease, a DBA) | handed_back | released | slept | paused | waited.';
 
 --
 -- Name: child_waits; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
@@ -1003,6 +1040,11 @@ CREATE INDEX event_waits_name_idx ON zeroth.event_waits USING btree (tenant_id, 
 CREATE INDEX event_waits_timeout_idx ON zeroth.event_waits USING btree (timeout_at) WHERE (timeout_at IS NOT NULL);
 
 --
+-- Name: run_attempts_run_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE INDEX run_attempts_run_idx ON zeroth.run_attempts USING btree (tenant_id, workspace_key, run_id, lease_generation);
+
+--
 -- Name: runs_claim_pending_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner
 --
 CREATE INDEX runs_claim_pending_idx ON zeroth.runs USING btree (tenant_id, workspace_key, deployment_ref, priority DESC, run_after, created_at) WHERE (status = 'pending'::zeroth.run_status);
@@ -1177,6 +1219,21 @@ CREATE POLICY rate_limits_reader_tenant ON zeroth.rate_limits FOR SELECT TO zero
 COMMENT ON POLICY rate_limits_reader_tenant ON zeroth.rate_limits IS 'zeroth_reader sees the keys named by a scope of the tenant in the setting zeroth.tenant_id (none when unset).';
 
 --
+-- Name: run_attempts; Type: ROW SECURITY; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE zeroth.run_attempts ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: run_attempts run_attempts_reader_tenant; Type: POLICY; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE POLICY run_attempts_reader_tenant ON zeroth.run_attempts FOR SELECT TO zeroth_reader USING ((tenant_id = current_setting('zeroth.tenant_id'::text, true)));
+
+--
+-- Name: POLICY run_attempts_reader_tenant ON run_attempts; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON POLICY run_attempts_reader_tenant ON zeroth.run_attempts IS 'zeroth_reader sees the attempts of the tenant named in the setting zeroth.tenant_id (none when unset).';
+
+--
 -- Name: run_steps; Type: ROW SECURITY; Schema: zeroth; Owner: zeroth_owner
 --
 ALTER TABLE zeroth.run_steps ENABLE ROW LEVEL SECURITY;
@@ -1253,14 +1310,14 @@ GRANT USAGE ON SCHEMA zeroth TO zeroth_worker;
 GRANT USAGE ON SCHEMA zeroth TO zeroth_reader;
 
 --
--- Name: TABLE checkpoints; Type: ACL; Schema: zeroth; Owner: zeroth_owner
---
-GRANT SELECT ON TABLE zeroth.checkpoints TO zeroth_reader;
-
---
 -- Name: TABLE runs; Type: ACL; Schema: zeroth; Owner: zeroth_owner
 --
 GRANT SELECT ON TABLE zeroth.runs TO zeroth_reader;
+
+--
+-- Name: TABLE checkpoints; Type: ACL; Schema: zeroth; Owner: zeroth_owner
+--
+GRANT SELECT ON TABLE zeroth.checkpoints TO zeroth_reader;
 
 --
 -- Name: TABLE schedules; Type: ACL; Schema: zeroth; Owner: zeroth_owner
@@ -1271,6 +1328,11 @@ GRANT SELECT ON TABLE zeroth.schedules TO zeroth_reader;
 -- Name: TABLE scope_limits; Type: ACL; Schema: zeroth; Owner: zeroth_owner
 --
 GRANT SELECT ON TABLE zeroth.scope_limits TO zeroth_reader;
+
+--
+-- Name: TABLE run_attempts; Type: ACL; Schema: zeroth; Owner: zeroth_owner
+--
+GRANT SELECT ON TABLE zeroth.run_attempts TO zeroth_reader;
 
 --
 -- Name: TABLE rate_limits; Type: ACL; Schema: zeroth; Owner: zeroth_owner

@@ -31,3 +31,21 @@ CREATE OR REPLACE TRIGGER runs_cancel_children
     FOR EACH ROW
     WHEN (OLD.status IN ('pending', 'running', 'waiting') AND NEW.status = 'cancelled')
     EXECUTE FUNCTION zeroth._cancel_children();
+
+-- The attempt history (zeroth._record_attempt, sql/functions/internal/attempts.sql): only an
+-- update that changes the status, the lease generation or the holder fires it, so renewals,
+-- progress, checkpoints and commit_fenced pay nothing (the WHEN is evaluated before any call).
+CREATE OR REPLACE TRIGGER runs_attempt_history
+    AFTER UPDATE OF status, lease_generation, lease_worker_id ON zeroth.runs
+    FOR EACH ROW
+    WHEN (OLD.status IS DISTINCT FROM NEW.status
+          OR OLD.lease_generation IS DISTINCT FROM NEW.lease_generation
+          OR OLD.lease_worker_id IS DISTINCT FROM NEW.lease_worker_id)
+    EXECUTE FUNCTION zeroth._record_attempt();
+
+-- A run inserted with a holder (admit_run with worker_id: admit-and-own) starts an attempt.
+CREATE OR REPLACE TRIGGER runs_attempt_history_insert
+    AFTER INSERT ON zeroth.runs
+    FOR EACH ROW
+    WHEN (NEW.lease_worker_id IS NOT NULL)
+    EXECUTE FUNCTION zeroth._record_attempt();

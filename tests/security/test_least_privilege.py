@@ -126,7 +126,7 @@ class TestGrants:
         assert {"zeroth.queue_depth", "zeroth.dead_letters"} <= views
         assert readable == views | {"zeroth.runs", "zeroth.checkpoints", "zeroth.scope_limits",
                                     "zeroth.schedules", "zeroth.schedule_fires",
-                                    "zeroth.rate_limits"}
+                                    "zeroth.rate_limits", "zeroth.run_attempts"}
         assert readme_grants("zeroth_reader") == readable
         assert [r["name"] for r in relations if r["reader_writes"]] == []
 
