@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from datetime import timedelta
-from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
