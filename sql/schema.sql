@@ -280,6 +280,57 @@ ALTER TYPE zeroth.thread_run OWNER TO zeroth_owner;
 COMMENT ON TYPE zeroth.thread_run IS 'A run as list_thread_runs / get_thread_run report it; queued = waiting behind the active run of its thread.';
 
 --
+-- Name: child_runs; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE TABLE zeroth.child_runs (
+    tenant_id text NOT NULL,
+    workspace_key text NOT NULL,
+    parent_run_id uuid NOT NULL,
+    step_key text NOT NULL,
+    child_run_id uuid NOT NULL,
+    deployment_ref text NOT NULL,
+    payload jsonb NOT NULL,
+    detached boolean NOT NULL,
+    created_at timestamp with time zone NOT NULL,
+    status zeroth.run_status,
+    output jsonb,
+    error jsonb,
+    dead_lettered boolean DEFAULT false NOT NULL,
+    finished_at timestamp with time zone,
+    CONSTRAINT child_runs_outcome_complete CHECK (((status IS NULL) = (finished_at IS NULL))),
+    CONSTRAINT child_runs_outcome_terminal CHECK (((status IS NULL) OR (status = ANY (ARRAY['completed'::zeroth.run_status, 'failed'::zeroth.run_status, 'cancelled'::zeroth.run_status])))),
+    CONSTRAINT child_runs_step_key_valid CHECK (((step_key <> ''::text) AND (length(step_key) <= 400)))
+);
+
+ALTER TABLE zeroth.child_runs OWNER TO zeroth_owner;
+
+--
+-- Name: TABLE child_runs; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON TABLE zeroth.child_runs IS 'Child runs per parent and step key (start_child_run): written once by the parent''s live lease holder; the child''s terminal outcome (status, output, error, dead_lettered, finished_at) is copied in when it ends (trigger runs_child_run_finished). Deleted with the parent.';
+
+--
+-- Name: checkpoints; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE TABLE zeroth.checkpoints (
+    checkpoint_id uuid NOT NULL,
+    tenant_id text NOT NULL,
+    workspace_key text NOT NULL,
+    run_id uuid NOT NULL,
+    checkpoint_order bigint NOT NULL,
+    lease_generation bigint NOT NULL,
+    data jsonb NOT NULL,
+    created_at timestamp with time zone NOT NULL
+);
+
+ALTER TABLE zeroth.checkpoints OWNER TO zeroth_owner;
+
+--
+-- Name: TABLE checkpoints; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON TABLE zeroth.checkpoints IS 'Ordered checkpoints per run, written fenced by save_checkpoint; claim_orphaned hands the latest to the next owner.';
+
+--
 -- Name: runs; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
 --
 CREATE TABLE zeroth.runs (
@@ -393,57 +444,6 @@ COMMENT ON COLUMN zeroth.runs.hand_backs IS 'How many times a live holder handed
 -- Name: COLUMN runs.parent_run_id; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
 COMMENT ON COLUMN zeroth.runs.parent_run_id IS 'The run of the same scope that started this one as a child run (start_child_run); NULL otherwise.';
-
---
--- Name: child_runs; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
---
-CREATE TABLE zeroth.child_runs (
-    tenant_id text NOT NULL,
-    workspace_key text NOT NULL,
-    parent_run_id uuid NOT NULL,
-    step_key text NOT NULL,
-    child_run_id uuid NOT NULL,
-    deployment_ref text NOT NULL,
-    payload jsonb NOT NULL,
-    detached boolean NOT NULL,
-    created_at timestamp with time zone NOT NULL,
-    status zeroth.run_status,
-    output jsonb,
-    error jsonb,
-    dead_lettered boolean DEFAULT false NOT NULL,
-    finished_at timestamp with time zone,
-    CONSTRAINT child_runs_outcome_complete CHECK (((status IS NULL) = (finished_at IS NULL))),
-    CONSTRAINT child_runs_outcome_terminal CHECK (((status IS NULL) OR (status = ANY (ARRAY['completed'::zeroth.run_status, 'failed'::zeroth.run_status, 'cancelled'::zeroth.run_status])))),
-    CONSTRAINT child_runs_step_key_valid CHECK (((step_key <> ''::text) AND (length(step_key) <= 400)))
-);
-
-ALTER TABLE zeroth.child_runs OWNER TO zeroth_owner;
-
---
--- Name: TABLE child_runs; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
---
-COMMENT ON TABLE zeroth.child_runs IS 'Child runs per parent and step key (start_child_run): written once by the parent''s live lease holder; the child''s terminal outcome (status, output, error, dead_lettered, finished_at) is copied in when it ends (trigger runs_child_run_finished). Deleted with the parent.';
-
---
--- Name: checkpoints; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
---
-CREATE TABLE zeroth.checkpoints (
-    checkpoint_id uuid NOT NULL,
-    tenant_id text NOT NULL,
-    workspace_key text NOT NULL,
-    run_id uuid NOT NULL,
-    checkpoint_order bigint NOT NULL,
-    lease_generation bigint NOT NULL,
-    data jsonb NOT NULL,
-    created_at timestamp with time zone NOT NULL
-);
-
-ALTER TABLE zeroth.checkpoints OWNER TO zeroth_owner;
-
---
--- Name: TABLE checkpoints; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
---
-COMMENT ON TABLE zeroth.checkpoints IS 'Ordered checkpoints per run, written fenced by save_checkpoint; claim_orphaned hands the latest to the next owner.';
 
 --
 -- Name: schedules; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
@@ -1310,14 +1310,14 @@ GRANT USAGE ON SCHEMA zeroth TO zeroth_worker;
 GRANT USAGE ON SCHEMA zeroth TO zeroth_reader;
 
 --
--- Name: TABLE runs; Type: ACL; Schema: zeroth; Owner: zeroth_owner
---
-GRANT SELECT ON TABLE zeroth.runs TO zeroth_reader;
-
---
 -- Name: TABLE checkpoints; Type: ACL; Schema: zeroth; Owner: zeroth_owner
 --
 GRANT SELECT ON TABLE zeroth.checkpoints TO zeroth_reader;
+
+--
+-- Name: TABLE runs; Type: ACL; Schema: zeroth; Owner: zeroth_owner
+--
+GRANT SELECT ON TABLE zeroth.runs TO zeroth_reader;
 
 --
 -- Name: TABLE schedules; Type: ACL; Schema: zeroth; Owner: zeroth_owner

@@ -3,7 +3,7 @@
 -- Internal: SECURITY INVOKER, executable by zeroth_owner only. Re-applied by every upgrade
 -- (sql/README.md).
 
--- How the attempt of OLD's lease ended, from the row before and after the update that ended it
+-- How an attempt ends (outcome), from the runs row before and after the update that ended it
 -- (docs/state-machine.md, "Attempt history"). Only the two rows decide, so every function, the
 -- batched ones and a DBA's manual UPDATE included, is described alike, and no caller can choose
 -- the label. First match wins:
@@ -20,32 +20,12 @@
 --   handed_back / slept / failed running → pending: hand_backs counted / attempt given back
 --                                (sleep_run) / neither (fail_run retrying);
 --   released                     a claim not started let go (release_lease, clear_lease).
-CREATE OR REPLACE FUNCTION zeroth._attempt_outcome(o zeroth.runs, n zeroth.runs, at timestamptz) RETURNS text
-    LANGUAGE sql IMMUTABLE
-    RETURN CASE
-        WHEN n.status = 'completed' THEN 'completed'
-        WHEN n.status = 'cancelled' THEN 'cancelled'
-        WHEN n.dead_lettered_at IS NOT NULL AND o.dead_lettered_at IS NULL THEN 'dead_lettered'
-        WHEN o.lease_expires_at < at THEN CASE WHEN o.status = 'running' THEN 'recovered' ELSE 'expired' END
-        WHEN n.status = 'failed' THEN 'failed'
-        WHEN n.status = 'waiting' THEN CASE WHEN n.wait_reason LIKE 'event:%' THEN 'waited' ELSE 'paused' END
-        WHEN n.lease_worker_id IS NOT NULL THEN 'lease_lost'
-        WHEN o.status = 'running' AND n.status = 'pending' THEN
-            CASE WHEN n.hand_backs > o.hand_backs THEN 'handed_back'
-                 WHEN n.attempts < o.attempts THEN 'slept'
-                 ELSE 'failed' END
-        WHEN o.status = 'pending' AND n.status = 'pending' THEN 'released'
-        ELSE 'lease_lost'
-    END;
-COMMENT ON FUNCTION zeroth._attempt_outcome(zeroth.runs, zeroth.runs, timestamptz) IS 'Internal: how the attempt of the old row''s lease ended, from the runs row before and after the update that ended it (completed | cancelled | dead_lettered | recovered | expired | failed | waited | paused | lease_lost | handed_back | slept | released).';
-ALTER FUNCTION zeroth._attempt_outcome(zeroth.runs, zeroth.runs, timestamptz) OWNER TO zeroth_owner;
-REVOKE ALL ON FUNCTION zeroth._attempt_outcome(zeroth.runs, zeroth.runs, timestamptz) FROM PUBLIC;
-
+--
 -- The trigger function. An attempt is a lease generation of a run: opened when a holder of a new
 -- generation appears (a claim: claim_pending, claim_and_start[_scopes], claim_orphaned,
 -- complete_and_claim, admit_run with a worker), started when the run becomes running under it
 -- (start_run), ended by the update that clears its holder, bumps its generation or takes the run
--- out of pending/running (see _attempt_outcome). Each step is one UPDATE or INSERT through
+-- out of pending/running (outcome: the rules above). Each step is one UPDATE or INSERT through
 -- run_attempts_run_idx; an update finding no open row (an attempt begun before this migration, a
 -- DBA's UPDATE) inserts the row instead, so the trigger never raises. The time is the run's new
 -- updated_at (the function's own database time), or the clock when an UPDATE left it alone.
@@ -71,7 +51,25 @@ BEGIN
             OR NEW.lease_generation <> OLD.lease_generation
             OR NEW.status NOT IN ('pending', 'running')
             OR (OLD.status = 'running' AND NEW.status = 'pending')) THEN
-        v_outcome := zeroth._attempt_outcome(OLD, NEW, v_at);
+        -- Inline (not a function of the two rows): building two runs composites per call cost
+        -- more than the rest of the trigger (bench/attempt_history.py).
+        v_outcome := CASE
+            WHEN NEW.status = 'completed' THEN 'completed'
+            WHEN NEW.status = 'cancelled' THEN 'cancelled'
+            WHEN NEW.dead_lettered_at IS NOT NULL AND OLD.dead_lettered_at IS NULL THEN 'dead_lettered'
+            WHEN OLD.lease_expires_at < v_at THEN
+                CASE WHEN OLD.status = 'running' THEN 'recovered' ELSE 'expired' END
+            WHEN NEW.status = 'failed' THEN 'failed'
+            WHEN NEW.status = 'waiting' THEN
+                CASE WHEN NEW.wait_reason LIKE 'event:%' THEN 'waited' ELSE 'paused' END
+            WHEN NEW.lease_worker_id IS NOT NULL THEN 'lease_lost'
+            WHEN OLD.status = 'running' AND NEW.status = 'pending' THEN
+                CASE WHEN NEW.hand_backs > OLD.hand_backs THEN 'handed_back'
+                     WHEN NEW.attempts < OLD.attempts THEN 'slept'
+                     ELSE 'failed' END
+            WHEN OLD.status = 'pending' AND NEW.status = 'pending' THEN 'released'
+            ELSE 'lease_lost'
+        END;
         UPDATE zeroth.run_attempts a
            SET ended_at = v_at,
                outcome = v_outcome,
@@ -119,6 +117,6 @@ BEGIN
     RETURN NULL;
 END
 $$;
-COMMENT ON FUNCTION zeroth._record_attempt() IS 'Internal trigger (runs_attempt_history, runs_attempt_history_insert): keeps zeroth.run_attempts, one row per lease generation of a run: opened by a claim, started by start_run, ended (outcome from zeroth._attempt_outcome) by the update that clears the holder, bumps the generation or ends the run. Never raises on a row it does not expect: it inserts.';
+COMMENT ON FUNCTION zeroth._record_attempt() IS 'Internal trigger (runs_attempt_history, runs_attempt_history_insert): keeps zeroth.run_attempts, one row per lease generation of a run: opened by a claim, started by start_run, ended (outcome by the rules of its header) by the update that clears the holder, bumps the generation or ends the run. Never raises on a row it does not expect: it inserts.';
 ALTER FUNCTION zeroth._record_attempt() OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._record_attempt() FROM PUBLIC;
