@@ -20,7 +20,7 @@ from thread_calls import OWNER, own_running, take_over
 
 OTHER = "worker-b"
 CASTS = {"run_ids": "::uuid[]", "generations": "::bigint[]", "outputs": "::text[]::jsonb[]",
-         "deployment_refs": "::text[]", "output": "::text::jsonb", "error": "::text::jsonb",
+         "deployment_refs": "::text[]", "child_run_ids": "::uuid[]", "output": "::text::jsonb", "error": "::text::jsonb",
          "payload": "::text::jsonb", "checkpoint": "::text::jsonb"}
 HISTORY = """SELECT a.attempt, a.lease_generation, a.worker_id, a.claimed_at, a.started_at,
                     a.ended_at, a.outcome, a.error::text AS error
@@ -221,6 +221,21 @@ class TestGracefulEnds:
         await call(conn, "claim_and_start", at(3), deployment_ref=DEPLOYMENT, worker_id=OTHER)
         assert outcomes(await history(conn, lease.run_id)) == [
             (1, 1, WORKER, "waited"), (1, 2, OTHER, None)]
+
+    async def test_wait_for_children_then_their_end(self, conn):
+        parent = await make_run(conn, "running", now=at(0))
+        [child] = await call(conn, "start_child_run", at(1), "child_run_id", run_id=parent.run_id,
+                             worker_id=WORKER, generation=1, step_key="kid#1",
+                             deployment_ref="kids")
+        [row] = await call(conn, "wait_for_children", at(2), "outcome", run_id=parent.run_id,
+                           worker_id=WORKER, generation=1, step_key="kids#1",
+                           child_run_ids=[child["child_run_id"]])
+        assert row["outcome"] == "waiting"
+        [kid] = await call(conn, "claim_and_start", at(3), "run_id, lease_generation",
+                           deployment_ref="kids", worker_id=OTHER)
+        assert await fenced(conn, "complete_run", Lease(kid["run_id"], OTHER, 1), at(4))
+        assert outcomes(await history(conn, parent.run_id)) == [(1, 1, WORKER, "waited")]
+        assert outcomes(await history(conn, child["child_run_id"])) == [(1, 1, OTHER, "completed")]
 
     async def test_cancel_by_the_holder(self, conn):
         lease = await make_run(conn, "cancelled", now=at(0))

@@ -15,7 +15,8 @@
 --                                expire_recovery_lease or clear_lease expired it in place);
 --   expired                      a claim never started whose lease lapsed (reclaimed or cleared);
 --   failed                       the new status failed (fail_run not retryable);
---   waited / paused              waiting: wait_for_event (wait_reason event:…) / pause_run;
+--   waited / paused              waiting: wait_for_event, wait_for_children (wait_reason
+--                                event:… / children:…) / pause_run (any other reason);
 --   lease_lost                   another holder or generation while the lease was live (a DBA);
 --   handed_back / slept / failed running → pending: hand_backs counted / attempt given back
 --                                (sleep_run) / neither (fail_run retrying);
@@ -61,7 +62,8 @@ BEGIN
                 CASE WHEN OLD.status = 'running' THEN 'recovered' ELSE 'expired' END
             WHEN NEW.status = 'failed' THEN 'failed'
             WHEN NEW.status = 'waiting' THEN
-                CASE WHEN NEW.wait_reason LIKE 'event:%' THEN 'waited' ELSE 'paused' END
+                CASE WHEN NEW.wait_reason LIKE 'event:%' OR NEW.wait_reason LIKE 'children:%'
+                     THEN 'waited' ELSE 'paused' END
             WHEN NEW.lease_worker_id IS NOT NULL THEN 'lease_lost'
             WHEN OLD.status = 'running' AND NEW.status = 'pending' THEN
                 CASE WHEN NEW.hand_backs > OLD.hand_backs THEN 'handed_back'
