@@ -20,8 +20,8 @@ from thread_calls import OWNER, own_running, take_over
 
 OTHER = "worker-b"
 CASTS = {"run_ids": "::uuid[]", "generations": "::bigint[]", "outputs": "::text[]::jsonb[]",
-         "deployment_refs": "::text[]", "child_run_ids": "::uuid[]", "output": "::text::jsonb", "error": "::text::jsonb",
-         "payload": "::text::jsonb", "checkpoint": "::text::jsonb"}
+         "deployment_refs": "::text[]", "child_run_ids": "::uuid[]", "output": "::text::jsonb",
+         "error": "::text::jsonb", "payload": "::text::jsonb", "checkpoint": "::text::jsonb"}
 HISTORY = """SELECT a.attempt, a.lease_generation, a.worker_id, a.claimed_at, a.started_at,
                     a.ended_at, a.outcome, a.error::text AS error
                FROM zeroth.run_attempts a WHERE a.run_id = $1
