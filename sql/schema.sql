@@ -683,15 +683,14 @@ CREATE TABLE zeroth.run_attempts (
     error jsonb,
     CONSTRAINT run_attempts_ended CHECK (((outcome IS NULL) = (ended_at IS NULL))),
     CONSTRAINT run_attempts_outcome_valid CHECK ((outcome = ANY (ARRAY['completed'::text, 'failed'::text, 'dead_lettered'::text, 'cancelled'::text, 'recovered'::text, 'expired'::text, 'lease_lost'::text, 'handed_back'::text, 'released'::text, 'slept'::text, 'paused'::text, 'waited'::text])))
-)
-WITH (fillfactor='90');
+);
 
 ALTER TABLE zeroth.run_attempts OWNER TO zeroth_owner;
 
 --
 -- Name: TABLE run_attempts; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
-COMMENT ON TABLE zeroth.run_attempts IS 'Attempt history: one row per lease generation of a run (a claim), with its holder, attempt number, when it was claimed, started and ended, and how it ended (outcome; error when it failed). Written only by the trigger runs_attempt_history on zeroth.runs; deleted with the run by prune_runs. zeroth_reader reads it through zeroth.attempt_history, the rows of the tenant named in zeroth.tenant_id.';
+COMMENT ON TABLE zeroth.run_attempts IS 'Attempt history, ended attempts: one row per lease generation of a run (a claim) once it ended, with its holder, attempt number, when it was claimed, started and ended, and how it ended (outcome; error when it failed). Inserted only by the trigger runs_attempt_history on zeroth.runs when the attempt ends (the open attempt is the runs row); deleted with the run by prune_runs. zeroth_reader reads it through zeroth.attempt_history, the rows of the tenant named in zeroth.tenant_id.';
 
 --
 -- Name: COLUMN run_attempts.attempt; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
@@ -701,7 +700,7 @@ COMMENT ON COLUMN zeroth.run_attempts.attempt IS 'runs.attempts when the attempt
 --
 -- Name: COLUMN run_attempts.outcome; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
-COMMENT ON COLUMN zeroth.run_attempts.outcome IS 'How the attempt ended; NULL while it is open. completed | failed (error) | dead_lettered (error) | cancelled | recovered (its lease expired and another worker or a takeover took the run) | expired (claimed, never started, the lease lapsed) | lease_lost (lease taken or cleared outside the functions'' rules: clear_lease, a DBA) | handed_back | released | slept | paused | waited.';
+COMMENT ON COLUMN zeroth.run_attempts.outcome IS 'How the attempt ended (rows here are ended attempts; NULL only in zeroth.attempt_history''s open rows). completed | failed (error) | dead_lettered (error) | cancelled | recovered (its lease expired and another worker or a takeover took the run) | expired (claimed, never started, the lease lapsed) | lease_lost (lease taken or cleared outside the functions'' rules: clear_lease, a DBA) | handed_back | released | slept | paused | waited.';
 
 --
 -- Name: child_waits; Type: TABLE; Schema: zeroth; Owner: zeroth_owner

@@ -26,8 +26,8 @@ COMPLETE = """SELECT zeroth.complete_run(run_id => $1, worker_id => $2, generati
                   tenant_id => $4)"""
 FAIL = """SELECT zeroth.fail_run(run_id => $1, worker_id => $2, generation => $3,
               error => '{"x": 1}', tenant_id => $4)"""
-HISTORY = """SELECT a.lease_generation, a.worker_id, a.outcome FROM zeroth.run_attempts a
-              WHERE a.run_id = $1 ORDER BY a.lease_generation"""
+HISTORY = """SELECT a.lease_generation, a.worker_id, a.outcome FROM zeroth.attempt_history a
+              WHERE a.run_id = $1 ORDER BY a.lease_generation, a.ended_at NULLS LAST"""
 WRITES = (
     "INSERT INTO zeroth.run_attempts (tenant_id, workspace_key, run_id, attempt, "
     "lease_generation, worker_id, ended_at, outcome) VALUES ('acme', '', $1, 9, 9, 'evil', now(), "

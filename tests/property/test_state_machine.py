@@ -400,11 +400,13 @@ SLOTS_SQL = """
 SELECT s.tenant_id, s.workspace_key, s.deployment_ref, s.slot_no, s.run_id, s.lease_generation,
        s::text AS whole
   FROM zeroth.admission_slots s"""
-# The attempt history (zeroth.run_attempts, written by the trigger runs_attempt_history).
+# The attempt history (view zeroth.attempt_history: the ended attempts, written by the trigger
+# runs_attempt_history, and the open one from zeroth.runs), keyed like the other tables.
 HISTORY_SQL = """
-SELECT a.tenant_id, a.workspace_key, a.run_id, a.lease_generation, a.worker_id, a.outcome
-  FROM zeroth.run_attempts a
- ORDER BY a.tenant_id, a.workspace_key, a.run_id, a.lease_generation, a.claimed_at NULLS FIRST"""
+SELECT a.tenant_id, coalesce('w:' || a.workspace_id, '') AS workspace_key, a.run_id,
+       a.lease_generation, a.worker_id, a.outcome
+  FROM zeroth.attempt_history a
+ ORDER BY 1, 2, a.run_id, a.lease_generation, a.claimed_at NULLS FIRST, a.ended_at NULLS LAST"""
 CHECKPOINTS_SQL = """
 SELECT k.checkpoint_id, k.tenant_id, k.workspace_key, k.run_id, k.checkpoint_order,
        k.lease_generation, k.data::text AS data, k::text AS whole

@@ -16,9 +16,9 @@ from typing import Any
 import asyncpg
 
 HISTORY = """SELECT a.run_id, a.lease_generation, a.worker_id, a.outcome
-               FROM zeroth.run_attempts a
-               JOIN zeroth.runs r USING (tenant_id, workspace_key, run_id)
-              WHERE r.deployment_ref = $1 ORDER BY a.run_id, a.lease_generation"""
+               FROM zeroth.attempt_history a
+              WHERE a.run_id IN (SELECT r.run_id FROM zeroth.runs r WHERE r.deployment_ref = $1)
+              ORDER BY a.run_id, a.lease_generation, a.ended_at NULLS LAST"""
 
 
 async def enqueue(connection: asyncpg.Connection, deployment: str, n: int) -> None:

@@ -1,7 +1,8 @@
 """The attempt history (zeroth.run_attempts, view zeroth.attempt_history).
 
-One row per lease generation of a run, written by the trigger runs_attempt_history on zeroth.runs
-(sql/functions/internal/attempts.sql), never by a caller: every path of docs/state-machine.md
+One row per lease generation of a run, read through the view: the ended attempts, inserted by the
+trigger runs_attempt_history on zeroth.runs when they end (sql/functions/internal/attempts.sql),
+never by a caller, and the open attempt from the run's own row: every path of docs/state-machine.md
 ("Attempt history") produces the documented row, prune_runs deletes it with the run, a reader
 sees its tenant's rows only, and a DBA's manual UPDATE is recorded instead of raising.
 """
@@ -15,7 +16,7 @@ from uuid import UUID
 
 import asyncpg
 import pytest
-from helpers import DEPLOYMENT, WORKER, Lease, at, claim, enqueue, make_run, run_row
+from helpers import DEPLOYMENT, WORKER, Lease, at, claim, enqueue, make_run
 from thread_calls import OWNER, own_running, take_over
 
 OTHER = "worker-b"
@@ -24,8 +25,8 @@ CASTS = {"run_ids": "::uuid[]", "generations": "::bigint[]", "outputs": "::text[
          "error": "::text::jsonb", "payload": "::text::jsonb", "checkpoint": "::text::jsonb"}
 HISTORY = """SELECT a.attempt, a.lease_generation, a.worker_id, a.claimed_at, a.started_at,
                     a.ended_at, a.outcome, a.error::text AS error
-               FROM zeroth.run_attempts a WHERE a.run_id = $1
-              ORDER BY a.lease_generation, a.claimed_at NULLS FIRST"""
+               FROM zeroth.attempt_history a WHERE a.run_id = $1
+              ORDER BY a.lease_generation, a.claimed_at NULLS FIRST, a.ended_at NULLS LAST"""
 
 
 async def call(conn: asyncpg.Connection, function: str, now: Any, columns: str = "*",
@@ -290,7 +291,8 @@ class TestManualUpdates:
         assert (row["outcome"], row["error"]) == ("failed", {"by": "dba"})
         assert row["ended_at"] is not None
 
-    async def test_dba_update_without_an_open_attempt_inserts_a_row(self, conn):
+    async def test_dba_update_after_the_history_was_deleted_records_the_end(self, conn):
+        # The ended row comes from the runs row alone: nothing in zeroth.run_attempts is needed.
         lease = await make_run(conn, "running", now=at(0))
         await conn.execute("DELETE FROM zeroth.run_attempts WHERE run_id = $1", lease.run_id)
         await conn.execute(
@@ -319,10 +321,10 @@ class TestView:
 
     @pytest.mark.parametrize("outcome", ["bogus", ""])
     async def test_outcome_is_checked(self, conn, outcome):
-        lease = await make_run(conn, "running", now=at(0))
+        lease = await make_run(conn, "completed", now=at(0))
         with pytest.raises(asyncpg.CheckViolationError):
             async with conn.transaction():
                 await conn.execute(
                     """UPDATE zeroth.run_attempts SET outcome = $2, ended_at = now()
                         WHERE run_id = $1""", lease.run_id, outcome)
-        assert (await run_row(conn, lease.run_id))["status"] == "running"
+        assert outcomes(await history(conn, lease.run_id)) == [(1, 1, WORKER, "completed")]
