@@ -74,6 +74,19 @@ class TestClaimStartComplete:
                        "claimed_at": at(1), "started_at": at(2), "ended_at": at(3),
                        "outcome": "completed", "error": None}
 
+    async def test_only_the_end_of_an_attempt_writes_a_row(self, conn):
+        # The open attempt is the runs row (the view shows it); the claim and the start write
+        # nothing, the end one row (docs/state-machine.md, "Attempt history").
+        stored = "SELECT count(*) FROM zeroth.run_attempts WHERE run_id = $1"
+        run_id = await enqueue(conn)
+        [claimed] = await claim(conn, now=at(1))
+        lease = Lease(run_id, WORKER, claimed["lease_generation"])
+        assert await fenced(conn, "start_run", lease, at(2))
+        assert await conn.fetchval(stored, run_id) == 0
+        assert outcomes(await history(conn, run_id)) == [(1, 1, WORKER, None)]
+        assert await fenced(conn, "complete_run", lease, at(3), output={"ok": 1})
+        assert await conn.fetchval(stored, run_id) == 1
+
     async def test_renewals_progress_and_checkpoints_write_no_history(self, conn):
         lease = await make_run(conn, "running", now=at(0))
         before = await history(conn, lease.run_id)
