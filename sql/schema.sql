@@ -695,7 +695,7 @@ COMMENT ON TABLE zeroth.run_attempts IS 'Attempt history, ended attempts: one ro
 --
 -- Name: COLUMN run_attempts.attempt; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
-COMMENT ON COLUMN zeroth.run_attempts.attempt IS 'runs.attempts when the attempt started (or was claimed, when it never started): a sleep, a pause or a wait gives its attempt back, so the next attempt may carry the same number.';
+COMMENT ON COLUMN zeroth.run_attempts.attempt IS 'runs.attempts while the attempt ran (counted when it started); a claim that never started records the number it would have counted (runs.attempts + 1). A sleep, a pause or a wait gives its attempt back, so the next attempt may carry the same number.';
 
 --
 -- Name: COLUMN run_attempts.outcome; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
