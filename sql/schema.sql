@@ -667,6 +667,42 @@ COMMENT ON COLUMN zeroth.scope_limits.note IS 'Free text for the DBA (why the li
 COMMENT ON COLUMN zeroth.scope_limits.rate_limit IS 'The zeroth.rate_limits key the scope''s starts count against (NULL: no rate limit). Several scopes may name one key and share its budget. A key still named here cannot be deleted.';
 
 --
+-- Name: run_attempts; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE TABLE zeroth.run_attempts (
+    tenant_id text NOT NULL,
+    workspace_key text NOT NULL,
+    run_id uuid NOT NULL,
+    attempt integer NOT NULL,
+    lease_generation bigint NOT NULL,
+    worker_id text NOT NULL,
+    claimed_at timestamp with time zone,
+    started_at timestamp with time zone,
+    ended_at timestamp with time zone,
+    outcome text,
+    error jsonb,
+    CONSTRAINT run_attempts_ended CHECK (((outcome IS NULL) = (ended_at IS NULL))),
+    CONSTRAINT run_attempts_outcome_valid CHECK ((outcome = ANY (ARRAY['completed'::text, 'failed'::text, 'dead_lettered'::text, 'cancelled'::text, 'recovered'::text, 'expired'::text, 'lease_lost'::text, 'handed_back'::text, 'released'::text, 'slept'::text, 'paused'::text, 'waited'::text])))
+);
+
+ALTER TABLE zeroth.run_attempts OWNER TO zeroth_owner;
+
+--
+-- Name: TABLE run_attempts; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON TABLE zeroth.run_attempts IS 'Attempt history, ended attempts: one row per lease generation of a run (a claim) once it ended, with its holder, attempt number, when it was claimed, started and ended, and how it ended (outcome; error when it failed). Inserted only by the trigger runs_attempt_history on zeroth.runs when the attempt ends (the open attempt is the runs row); deleted with the run by prune_runs. zeroth_reader reads it through zeroth.attempt_history, the rows of the tenant named in zeroth.tenant_id.';
+
+--
+-- Name: COLUMN run_attempts.attempt; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.run_attempts.attempt IS 'runs.attempts while the attempt ran (counted when it started); a claim that never started records the number it would have counted (runs.attempts + 1). A sleep, a pause or a wait gives its attempt back, so the next attempt may carry the same number.';
+
+--
+-- Name: COLUMN run_attempts.outcome; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.run_attempts.outcome IS 'How the attempt ended (rows here are ended attempts; NULL only in zeroth.attempt_history''s open rows). completed | failed (error) | dead_lettered (error) | cancelled | recovered (its lease expired and another worker or a takeover took the run) | expired (claimed, never started, the lease lapsed) | lease_lost (lease taken or cleared outside the functions'' rules: clear_lease, a DBA) | handed_back | released | slept | paused | waited.';
+
+--
 -- Name: child_waits; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
 --
 CREATE TABLE zeroth.child_waits (
@@ -1003,6 +1039,11 @@ CREATE INDEX event_waits_name_idx ON zeroth.event_waits USING btree (tenant_id, 
 CREATE INDEX event_waits_timeout_idx ON zeroth.event_waits USING btree (timeout_at) WHERE (timeout_at IS NOT NULL);
 
 --
+-- Name: run_attempts_run_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE INDEX run_attempts_run_idx ON zeroth.run_attempts USING btree (tenant_id, workspace_key, run_id, lease_generation);
+
+--
 -- Name: runs_claim_pending_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner
 --
 CREATE INDEX runs_claim_pending_idx ON zeroth.runs USING btree (tenant_id, workspace_key, deployment_ref, priority DESC, run_after, created_at) WHERE (status = 'pending'::zeroth.run_status);
@@ -1217,6 +1258,21 @@ CREATE POLICY rate_limits_reader_tenant ON zeroth.rate_limits FOR SELECT TO zero
 COMMENT ON POLICY rate_limits_reader_tenant ON zeroth.rate_limits IS 'zeroth_reader sees the keys named by a scope of the tenant in the setting zeroth.tenant_id (none when unset).';
 
 --
+-- Name: run_attempts; Type: ROW SECURITY; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE zeroth.run_attempts ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: run_attempts run_attempts_reader_tenant; Type: POLICY; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE POLICY run_attempts_reader_tenant ON zeroth.run_attempts FOR SELECT TO zeroth_reader USING ((tenant_id = current_setting('zeroth.tenant_id'::text, true)));
+
+--
+-- Name: POLICY run_attempts_reader_tenant ON run_attempts; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON POLICY run_attempts_reader_tenant ON zeroth.run_attempts IS 'zeroth_reader sees the attempts of the tenant named in the setting zeroth.tenant_id (none when unset).';
+
+--
 -- Name: run_steps; Type: ROW SECURITY; Schema: zeroth; Owner: zeroth_owner
 --
 ALTER TABLE zeroth.run_steps ENABLE ROW LEVEL SECURITY;
@@ -1321,6 +1377,11 @@ GRANT SELECT ON TABLE zeroth.schedules TO zeroth_reader;
 -- Name: TABLE scope_limits; Type: ACL; Schema: zeroth; Owner: zeroth_owner
 --
 GRANT SELECT ON TABLE zeroth.scope_limits TO zeroth_reader;
+
+--
+-- Name: TABLE run_attempts; Type: ACL; Schema: zeroth; Owner: zeroth_owner
+--
+GRANT SELECT ON TABLE zeroth.run_attempts TO zeroth_reader;
 
 --
 -- Name: TABLE event_waits; Type: ACL; Schema: zeroth; Owner: zeroth_owner

@@ -248,6 +248,16 @@ RUN_CHECKPOINTS = """SELECT c.checkpoint_order, c.checkpoint_id, c.lease_generat
      WHERE c.tenant_id = $1 AND c.workspace_key = $2 AND c.run_id = $3
      ORDER BY c.checkpoint_order"""
 
+# The attempt history of one run, oldest first, through the view zeroth.attempt_history (the
+# ended attempts of zeroth.run_attempts, written by the trigger runs_attempt_history, and the open
+# one from zeroth.runs). The view names the workspace, not its key ($2): the run's key is rebuilt
+# from it, and the tenant and the run id bound each part's index scan.
+RUN_ATTEMPTS = """SELECT a.attempt, a.lease_generation, a.worker_id, a.claimed_at, a.started_at,
+           a.ended_at, a.outcome, a.error::text AS error
+      FROM zeroth.attempt_history a
+     WHERE a.tenant_id = $1 AND coalesce('w:' || a.workspace_id, '') = $2 AND a.run_id = $3
+     ORDER BY a.lease_generation, a.claimed_at NULLS FIRST, a.ended_at NULLS LAST"""
+
 # One row per (tenant, workspace, deployment) out of the operator views, and per scope that has a
 # zeroth.scope_limits row (runs or not: a paused scope with nothing queued is shown), with that
 # row's limits (NULL without one; rate_limit as key:max_starts/periods). Read as the

@@ -2,7 +2,8 @@
 -- One batch of at most batch_size runs per call (one short transaction); the caller loops until 0.
 -- Scope: tenant_id NULL = every tenant (a DBA function); a tenant names exactly (tenant, workspace),
 -- NULL workspace being the null workspace. Dead letters are failed runs and go too. Checkpoints go
--- by ON DELETE CASCADE, a parent's child_waits rows explicitly; the thread_locks rows of threads left without a run go too. Locks: the
+-- by ON DELETE CASCADE, a parent's child_waits rows and the attempt history (zeroth.run_attempts)
+-- in the same statement; the thread_locks rows of threads left without a run go too. Locks: the
 -- doomed run rows and lock rows FOR UPDATE SKIP LOCKED, so it never waits on a worker or an
 -- operator and nobody waits on it for long. Raises ZP006 (workspace without tenant),
 -- ZP008. Notifies nothing. Time: clock_timestamp().
@@ -73,6 +74,15 @@ BEGIN
            AND w.workspace_key = x.workspace_key
            AND w.parent_run_id = x.run_id
     )
+    -- The attempt history has no foreign key (a key would tax every claim): it goes in this
+    -- statement, so a run and its history are deleted together.
+    , history AS (
+        DELETE FROM zeroth.run_attempts a
+         USING deleted x
+         WHERE a.tenant_id = x.tenant_id
+           AND a.workspace_key = x.workspace_key
+           AND a.run_id = x.run_id
+    )
     SELECT (SELECT count(*) FROM deleted)::integer, coalesce(array_agg(t.tenant_id), '{}'),
            coalesce(array_agg(t.workspace_key), '{}'), coalesce(array_agg(t.thread_id), '{}')
       INTO v_deleted, v_tenants, v_wskeys, v_threads
@@ -101,6 +111,6 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION zeroth.prune_runs(interval, integer, text, text) IS
-'prune_runs: finished (completed | failed | cancelled, dead letters included) → deleted when finished_at < now - older_than; one batch of at most batch_size per call, returns the number deleted (loop until 0). tenant_id NULL = every tenant; a tenant names exactly (tenant, workspace). Checkpoints go by ON DELETE CASCADE. FOR UPDATE SKIP LOCKED: never waits on workers. Raises ZP006 (workspace without tenant), ZP008. Time: clock_timestamp().';
+'prune_runs: finished (completed | failed | cancelled, dead letters included) → deleted when finished_at < now - older_than; one batch of at most batch_size per call, returns the number deleted (loop until 0). tenant_id NULL = every tenant; a tenant names exactly (tenant, workspace). Checkpoints go by ON DELETE CASCADE, the attempt history in the same statement. FOR UPDATE SKIP LOCKED: never waits on workers. Raises ZP006 (workspace without tenant), ZP008. Time: clock_timestamp().';
 ALTER FUNCTION zeroth.prune_runs(interval, integer, text, text) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.prune_runs(interval, integer, text, text) FROM PUBLIC;

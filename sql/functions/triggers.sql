@@ -31,3 +31,20 @@ CREATE OR REPLACE TRIGGER runs_cancel_children
     FOR EACH ROW
     WHEN (OLD.status IN ('pending', 'running', 'waiting') AND NEW.status = 'cancelled')
     EXECUTE FUNCTION zeroth._cancel_children();
+
+-- The attempt history (zeroth._record_attempt, sql/functions/internal/attempts.sql): only an
+-- update that ends an attempt fires it — the run had a holder, and the update clears or changes
+-- the holder, bumps the generation or changes the status other than by starting the claim
+-- (pending → running). Claims from no holder (claim_pending, claim_and_start, admit_run with a
+-- worker), start_run, renewals, progress, checkpoints and commit_fenced pay nothing (the WHEN is
+-- evaluated before any call); the open attempt is read from zeroth.runs (zeroth.attempt_history).
+CREATE OR REPLACE TRIGGER runs_attempt_history
+    AFTER UPDATE OF status, lease_generation, lease_worker_id ON zeroth.runs
+    FOR EACH ROW
+    WHEN (OLD.lease_worker_id IS NOT NULL
+          AND (NEW.lease_worker_id IS DISTINCT FROM OLD.lease_worker_id
+               OR NEW.lease_generation IS DISTINCT FROM OLD.lease_generation
+               OR (NEW.status IS DISTINCT FROM OLD.status
+                   AND NOT (OLD.status = 'pending' AND NEW.status = 'running'))))
+    EXECUTE FUNCTION zeroth._record_attempt();
+DROP TRIGGER IF EXISTS runs_attempt_history_insert ON zeroth.runs;

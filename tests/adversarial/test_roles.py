@@ -42,10 +42,10 @@ async def call_every_function(admin: asyncpg.Connection, session: asyncpg.Connec
 RELATIONS = ("runs", "checkpoints", "admission_slots", "notification_secret", "lock_stripes",
              "thread_locks", "code_version", "scope_limits", "schedules", "schedule_fires",
              "rate_limits", "rate_limit_starts", "run_steps", "events", "event_waits",
-             "child_runs", "child_waits", "alembic_version", "queue_depth",
+             "child_runs", "child_waits", "run_attempts", "alembic_version", "queue_depth",
              "dead_letters",
              "live_leases", "expired_leases", "table_health", "scope_overview", "run_list",
-             "run_activity", "checkpoint_list", "step_list", "wait_list")
+             "run_activity", "checkpoint_list", "step_list", "wait_list", "attempt_history")
 
 
 async def test_the_relations_tried_here_are_every_relation_of_the_schema(admin):

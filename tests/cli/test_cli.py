@@ -263,7 +263,7 @@ class TestEnqueue:
 
 
 class TestRuns:
-    async def test_list_filters_and_show_prints_the_checkpoints(self, database_dsn):
+    async def test_list_filters_and_show_prints_the_checkpoints_and_attempts(self, database_dsn):
         conn = await asyncpg.connect(database_dsn)
         try:
             now = await db_now(conn)
@@ -301,6 +301,12 @@ class TestRuns:
         table = cli("runs", "show", str(running.run_id), dsn=database_dsn)
         assert table.returncode == 0
         assert "2 checkpoint(s)" in table.stdout
+        assert [(a["attempt"], a["lease_generation"], a["outcome"])
+                for a in shown["attempt_history"]] == [(1, 1, None)]
+        assert "1 attempt(s)" in table.stdout
+        assert "(open)" in table.stdout
+        finished = ok_json(cli("runs", "show", str(done.run_id), "--json", dsn=database_dsn))
+        assert [a["outcome"] for a in finished["attempt_history"]] == ["completed"]
 
         other_scope = cli("runs", "show", str(running.run_id), "--tenant", "default",
                           dsn=database_dsn)

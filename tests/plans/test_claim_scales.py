@@ -151,9 +151,11 @@ class TestClaimCostWithManyFinishedRuns:
         # call with its UPDATEs, slot and checkpoint lookups — stays under 100 buffers.
         assert {key: cost for key, cost in large.items() if key[1] == 1 and cost >= BOUND} == {}
         # A batch costs a bounded amount per claimed run (heap page, index entries, checkpoint
-        # lookup): under 15 buffers a run.
+        # lookup, and the attempt history: nothing for a claim from no holder, one INSERT through
+        # run_attempts_run_idx for a claim that ends another attempt, an orphan's): under 20
+        # buffers a run.
         assert {key: cost for key, cost in large.items()
-                if key[1] > 1 and cost >= 15 * key[1]} == {}, large
+                if key[1] > 1 and cost >= 20 * key[1]} == {}, large
         # The candidates queries read exactly as much with 100,000 finished runs as without.
         assert {key: (small[key], cost) for key, cost in large.items()
                 if "candidates" in key[0] and cost > small[key] + 2} == {}, (small, large)

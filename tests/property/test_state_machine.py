@@ -400,6 +400,13 @@ SLOTS_SQL = """
 SELECT s.tenant_id, s.workspace_key, s.deployment_ref, s.slot_no, s.run_id, s.lease_generation,
        s::text AS whole
   FROM zeroth.admission_slots s"""
+# The attempt history (view zeroth.attempt_history: the ended attempts, written by the trigger
+# runs_attempt_history, and the open one from zeroth.runs), keyed like the other tables.
+HISTORY_SQL = """
+SELECT a.tenant_id, coalesce('w:' || a.workspace_id, '') AS workspace_key, a.run_id,
+       a.lease_generation, a.worker_id, a.outcome
+  FROM zeroth.attempt_history a
+ ORDER BY 1, 2, a.run_id, a.lease_generation, a.claimed_at NULLS FIRST, a.ended_at NULLS LAST"""
 CHECKPOINTS_SQL = """
 SELECT k.checkpoint_id, k.tenant_id, k.workspace_key, k.run_id, k.checkpoint_order,
        k.lease_generation, k.data::text AS data, k::text AS whole
@@ -1022,8 +1029,32 @@ class RunProtocol(RuleBasedStateMachine):
         assert current.checkpoints == {
             i: (*c.scope.key, c.run_id, c.order, c.generation, c.data)
             for i, c in self.model.checkpoints.items()}, "checkpoints differ from the model"
+        self._check_history()
         self._check_database(self.previous, current, effect)
         self.previous = current
+
+    def _check_history(self) -> None:
+        """The attempt history against the model: every claim of a run (each generation, 1 to
+        the run's) opened exactly one row, the open row is the model's live holder's (none
+        without one), a completed run's last attempt ended completed and a dead-lettered run's
+        dead_lettered; a run the model no longer has has no history."""
+        rows: dict[tuple[str, str, UUID], list[asyncpg.Record]] = {}
+        for row in self.db.run(self.db.conn.fetch(HISTORY_SQL)):
+            rows.setdefault((row["tenant_id"], row["workspace_key"], row["run_id"]), []).append(row)
+        model = {(*r.scope.key, r.run_id): r for r in self.model.runs.values()}
+        assert rows.keys() <= model.keys(), "history of a run the model does not have"
+        for key, run in model.items():
+            history = rows.get(key, [])
+            assert [h["lease_generation"] for h in history] == list(
+                range(1, run.generation + 1)), f"run {key}: one history row per claim"
+            open_rows = [(h["lease_generation"], h["worker_id"]) for h in history
+                         if h["outcome"] is None]
+            assert open_rows == ([(run.generation, run.holder)] if run.holder else []), (
+                f"run {key}: the open attempt is the model's lease")
+            if run.status == "completed":
+                assert history[-1]["outcome"] == "completed", key
+            if run.dead_lettered:
+                assert history[-1]["outcome"] == "dead_lettered", key
 
     def _check_database(self, before: Snapshot, after: Snapshot, effect: Effect) -> None:
         now = self.model.now

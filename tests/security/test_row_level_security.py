@@ -30,11 +30,11 @@ def database_dsn(clock_database_dsn):
 PAST = datetime(2020, 1, 1, tzinfo=UTC)  # leases taken then have expired by now
 
 TENANT_TABLES = ("zeroth.runs", "zeroth.checkpoints", "zeroth.scope_limits", "zeroth.run_steps",
-                 "zeroth.event_waits", "zeroth.events")
+                 "zeroth.event_waits", "zeroth.events", "zeroth.run_attempts")
 TENANT_VIEWS = ("zeroth.queue_depth", "zeroth.dead_letters", "zeroth.live_leases",
                 "zeroth.expired_leases", "zeroth.scope_overview", "zeroth.run_list",
                 "zeroth.run_activity", "zeroth.checkpoint_list", "zeroth.step_list",
-                "zeroth.wait_list")
+                "zeroth.wait_list", "zeroth.attempt_history")
 
 
 async def seed_tenant(conn: asyncpg.Connection, tenant: str) -> None:
@@ -120,6 +120,10 @@ class TestReaderCannotWrite:
         "DELETE FROM zeroth.checkpoints",
         "SELECT zeroth.current_generation(run_id => gen_random_uuid())",
         "SELECT count(*) FROM zeroth.admission_slots",
+        "UPDATE zeroth.run_attempts SET outcome = 'completed', ended_at = now()",
+        "DELETE FROM zeroth.run_attempts",
+        "INSERT INTO zeroth.run_attempts (tenant_id, workspace_key, run_id, attempt, "
+        "lease_generation, worker_id) VALUES ('x', '', gen_random_uuid(), 1, 1, 'w')",
     ])
     async def test_refused(self, conn, two_tenants, statement):
         await use_tenant(conn, two_tenants[0])

@@ -94,13 +94,14 @@ async def _locate(conn: asyncpg.Connection, run_id: UUID, tenant: str | None,
 @runs_app.command("show")
 def runs_show(run_id: RunIdArg, tenant: TenantFilter = None, workspace: WorkspaceFilter = None,
               dsn: Dsn = None, as_json: JsonOutput = False) -> None:
-    """One run and its checkpoints."""
+    """One run, its checkpoints and its attempt history."""
 
     async def work(conn: asyncpg.Connection) -> dict[str, Any]:
         run = await _locate(conn, run_id, tenant, workspace)
-        checkpoints = await conn.fetch(_calls.RUN_CHECKPOINTS, run["tenant_id"],
-                                       run.pop("workspace_key"), run_id)
+        scope = (run["tenant_id"], run.pop("workspace_key"), run_id)
+        checkpoints = await conn.fetch(_calls.RUN_CHECKPOINTS, *scope)
         run["checkpoints"] = [record(c) for c in checkpoints]
+        run["attempt_history"] = [record(a) for a in await conn.fetch(_calls.RUN_ATTEMPTS, *scope)]
         return run
 
     run = run_async(dsn, work)
@@ -108,6 +109,7 @@ def runs_show(run_id: RunIdArg, tenant: TenantFilter = None, workspace: Workspac
         print_json(run)
         return
     checkpoints = run.pop("checkpoints")
+    attempts = run.pop("attempt_history")
     fields = [{"field": key, "value": value} for key, value in run.items() if value is not None]
     out.print(rows_table(fields, [("field", "field"), ("value", "value")], title=f"run {run_id}"))
     out.print(rows_table(checkpoints, [("checkpoint_order", "#"),
@@ -115,6 +117,13 @@ def runs_show(run_id: RunIdArg, tenant: TenantFilter = None, workspace: Workspac
                                        ("lease_generation", "generation"),
                                        ("created_at", "created (UTC)"), ("data", "data")],
                          title=f"{len(checkpoints)} checkpoint(s)"))
+    for attempt in attempts:
+        attempt["outcome"] = attempt["outcome"] or "(open)"
+    out.print(rows_table(attempts, [("attempt", "#"), ("lease_generation", "generation"),
+                                    ("worker_id", "worker"), ("claimed_at", "claimed (UTC)"),
+                                    ("started_at", "started (UTC)"), ("ended_at", "ended (UTC)"),
+                                    ("outcome", "outcome"), ("error", "error")],
+                         title=f"{len(attempts)} attempt(s)"))
 
 
 class CancelAction(StrEnum):

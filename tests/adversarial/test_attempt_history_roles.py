@@ -1,0 +1,121 @@
+"""The attempt history against the roles the product keeps out, on a database exactly as shipped:
+
+* a role with no grant can read neither zeroth.run_attempts nor zeroth.attempt_history (42501);
+* a zeroth_worker, even the live holder of the run, can neither read, insert, update nor delete a
+  history row (42501), and no argument of the functions it may call chooses an outcome: the
+  trigger derives it from the run row alone;
+* a zeroth_reader sees the rows of the tenant it names in zeroth.tenant_id only, nothing without
+  one, and can write none;
+* a stale holder (its lease taken over) ends nothing: its refused writes leave the history as the
+  new holder's claim made it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+import pytest
+
+ENQUEUE = "SELECT run_id FROM zeroth.enqueue_run(deployment_ref => 'd', tenant_id => $1)"
+CLAIM = """SELECT run_id, lease_generation FROM zeroth.claim_and_start(deployment_ref => 'd',
+               worker_id => $1, tenant_id => $2, lease_seconds => $3) WHERE run_id IS NOT NULL"""
+ORPHANED = """SELECT run_id, lease_generation FROM zeroth.claim_orphaned(deployment_ref => 'd',
+                  worker_id => $1, tenant_id => $2, grace_seconds => 0) WHERE run_id IS NOT NULL"""
+COMPLETE = """SELECT zeroth.complete_run(run_id => $1, worker_id => $2, generation => $3,
+                  tenant_id => $4)"""
+FAIL = """SELECT zeroth.fail_run(run_id => $1, worker_id => $2, generation => $3,
+              error => '{"x": 1}', tenant_id => $4)"""
+HISTORY = """SELECT a.lease_generation, a.worker_id, a.outcome FROM zeroth.attempt_history a
+              WHERE a.run_id = $1 ORDER BY a.lease_generation, a.ended_at NULLS LAST"""
+WRITES = (
+    "INSERT INTO zeroth.run_attempts (tenant_id, workspace_key, run_id, attempt, "
+    "lease_generation, worker_id, ended_at, outcome) VALUES ('acme', '', $1, 9, 9, 'evil', now(), "
+    "'completed')",
+    "UPDATE zeroth.run_attempts SET outcome = 'completed', ended_at = now() WHERE run_id = $1",
+    "DELETE FROM zeroth.run_attempts WHERE run_id = $1",
+)
+
+
+async def held_run(admin: asyncpg.Connection, worker: asyncpg.Connection, *,
+                   tenant: str = "acme", worker_id: str = "w1",
+                   lease_seconds: float = 60) -> tuple[Any, int]:
+    run_id = await admin.fetchval(ENQUEUE, tenant)
+    (row,) = await worker.fetch(CLAIM, worker_id, tenant, lease_seconds)
+    assert row["run_id"] == run_id
+    return run_id, row["lease_generation"]
+
+
+async def rows(admin: asyncpg.Connection, run_id: Any) -> list[tuple[Any, ...]]:
+    return [tuple(row) for row in await admin.fetch(HISTORY, run_id)]
+
+
+class TestNoGrant:
+    @pytest.mark.parametrize("relation", ["run_attempts", "attempt_history"])
+    async def test_reads_nothing(self, login, admin, relation):
+        worker = await login("worker")
+        await held_run(admin, worker)
+        nobody = await login("nobody")
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await nobody.fetch(f"SELECT * FROM zeroth.{relation}")
+
+
+class TestWorker:
+    @pytest.mark.parametrize("statement", WRITES)
+    async def test_cannot_write_history_even_as_the_holder(self, login, admin, statement):
+        worker = await login("worker")
+        run_id, _ = await held_run(admin, worker)
+        before = await rows(admin, run_id)
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await worker.execute(statement, run_id)
+        assert await rows(admin, run_id) == before
+
+    @pytest.mark.parametrize("relation", ["run_attempts", "attempt_history"])
+    async def test_cannot_read_history(self, login, admin, relation):
+        worker = await login("worker")
+        await held_run(admin, worker)
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await worker.fetch(f"SELECT * FROM zeroth.{relation}")
+
+    async def test_a_setting_named_like_an_outcome_changes_nothing(self, login, admin):
+        # The trigger reads no setting: a worker cannot label its own failure a success.
+        worker = await login("worker")
+        run_id, generation = await held_run(admin, worker)
+        await worker.execute("SET zeroth.attempt_outcome = 'completed'")
+        assert await worker.fetchval(FAIL, run_id, "w1", generation, "acme") == "retry_scheduled"
+        assert await rows(admin, run_id) == [(1, "w1", "failed")]
+
+    async def test_stale_holder_ends_nothing(self, login, admin):
+        worker = await login("worker")
+        run_id, generation = await held_run(admin, worker, lease_seconds=0.001)
+        await admin.execute("SELECT pg_sleep(0.01)")  # the real clock: the lease expires
+        (row,) = await worker.fetch(ORPHANED, "w2", "acme")
+        assert row["lease_generation"] == generation + 1
+        after_takeover = await rows(admin, run_id)
+        assert after_takeover == [(1, "w1", "recovered"), (2, "w2", None)]
+        assert await worker.fetchval(COMPLETE, run_id, "w1", generation, "acme") is False
+        assert await worker.fetchval(FAIL, run_id, "w1", generation, "acme") is None
+        assert await rows(admin, run_id) == after_takeover
+
+
+class TestReader:
+    async def test_sees_its_tenant_only_and_nothing_without_one(self, login, admin):
+        worker = await login("worker")
+        mine, _ = await held_run(admin, worker, tenant="acme")
+        await held_run(admin, worker, tenant="globex")
+        reader = await login("reader")
+        assert await reader.fetchval("SELECT count(*) FROM zeroth.attempt_history") == 0
+        await reader.execute("SET zeroth.tenant_id = 'acme'")
+        seen = await reader.fetch("SELECT tenant_id, run_id FROM zeroth.attempt_history")
+        assert [(r["tenant_id"], r["run_id"]) for r in seen] == [("acme", mine)]
+
+    @pytest.mark.parametrize("statement", WRITES)
+    async def test_cannot_write(self, login, admin, statement):
+        worker = await login("worker")
+        run_id, _ = await held_run(admin, worker)
+        before = await rows(admin, run_id)
+        reader = await login("reader")
+        await reader.execute("SET zeroth.tenant_id = 'acme'")
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await reader.execute(statement, run_id)
+        assert await rows(admin, run_id) == before
