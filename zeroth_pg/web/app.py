@@ -104,9 +104,12 @@ _THREAD = """SELECT r.run_id, r.status::text AS status, r.thread_queued_at AS qu
      WHERE r.tenant_id = $1 AND r.workspace_key = $2 AND r.thread_id = $3
      ORDER BY r.created_at DESC, r.run_id DESC LIMIT 20"""
 
-# Attempt history is another view (issue 16's attempts): shown when the database has it.
-_HAS_ATTEMPTS = "SELECT to_regclass('zeroth.attempt_history') IS NOT NULL"
-_ATTEMPTS = "SELECT h.* FROM zeroth.attempt_history h WHERE h.run_id = $1"
+# One row per attempt (lease generation); the open one last.
+_ATTEMPTS = """SELECT h.attempt, h.lease_generation, h.worker_id, h.claimed_at, h.started_at,
+           h.ended_at, h.outcome, h.error::text AS error
+      FROM zeroth.attempt_history h
+     WHERE h.tenant_id = $1 AND h.workspace_id IS NOT DISTINCT FROM $2 AND h.run_id = $3
+     ORDER BY h.lease_generation, h.ended_at NULLS LAST"""
 
 
 def run_page_query(filters: dict[str, Any], after: tuple[datetime, uuid.UUID] | None,
@@ -294,13 +297,10 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
             if run["thread_id"]:
                 thread = await conn.fetch(_THREAD, run["tenant_id"], run["workspace_key"],
                                           run["thread_id"])
-            attempts: list[asyncpg.Record] | None = None
-            if await conn.fetchval(_HAS_ATTEMPTS):
-                attempts = await conn.fetch(_ATTEMPTS, run_id)
-        sections = [("Steps", "_steps.html"), ("Event waits", "_waits.html"),
-                    ("Checkpoints", "_checkpoints.html"), ("Thread queue", "_thread.html")]
-        if attempts is not None:
-            sections.insert(0, ("Attempt history", "_attempts.html"))
+            attempts = await conn.fetch(_ATTEMPTS, run["tenant_id"], run["workspace_id"], run_id)
+        sections = [("Attempt history", "_attempts.html"), ("Steps", "_steps.html"),
+                    ("Event waits", "_waits.html"), ("Checkpoints", "_checkpoints.html"),
+                    ("Thread queue", "_thread.html")]
         return render(request, "run.html", run=run, checkpoints=checkpoints, thread=thread,
                       steps=steps, waits=waits, attempts=attempts, sections=sections)
 
