@@ -264,6 +264,39 @@ class TestChildRuns:
         row = await worker.fetchrow(WAIT, parent, "w1", generation, [child], "acme")
         assert row["outcome"] == "waiting", row["children"]
 
+    async def test_workspaces_of_one_tenant_are_separate_scopes(self, login, admin):
+        worker = await login("worker")
+        held_in = {}
+        for ws in ("ws1", "ws2"):
+            await admin.fetchval("SELECT run_id FROM zeroth.enqueue_run(deployment_ref => 'd', "
+                                 "tenant_id => 'acme', workspace_id => $1)", ws)
+            (row,) = await worker.fetch(
+                "SELECT run_id, lease_generation FROM zeroth.claim_and_start(deployment_ref => "
+                "'d', worker_id => 'w1', tenant_id => 'acme', workspace_id => $1, "
+                "lease_seconds => 60) WHERE run_id IS NOT NULL", ws)
+            held_in[ws] = (row["run_id"], row["lease_generation"])
+        start = ("SELECT child_run_id FROM zeroth.start_child_run(run_id => $1, worker_id => 'w1', "
+                 "generation => $2, step_key => 'c', deployment_ref => 'child-d', "
+                 "tenant_id => 'acme', workspace_id => $3)")
+        wait = ("SELECT outcome FROM zeroth.wait_for_children(run_id => $1, worker_id => 'w1', "
+                "generation => $2, step_key => 'w', child_run_ids => $3::uuid[], "
+                "tenant_id => 'acme', workspace_id => $4)")
+        run1, gen1 = held_in["ws1"]
+        run2, gen2 = held_in["ws2"]
+        child1 = await worker.fetchval(start, run1, gen1, "ws1")
+        before = await snapshot(admin)
+        # ws1's parent named in ws2 or in the tenant's default workspace: fenced out.
+        for ws in ("ws2", None):
+            assert await worker.fetchval(start, run1, gen1, ws) is None
+            assert await worker.fetchval(wait, run1, gen1, [child1], ws) is None
+        # ws2's parent cannot await ws1's child.
+        with pytest.raises(asyncpg.PostgresError) as err:
+            await worker.fetch(wait, run2, gen2, [child1], "ws2")
+        assert err.value.sqlstate == "ZP008"
+        assert await snapshot(admin) == before
+        assert await admin.fetchval("SELECT workspace_id FROM zeroth.runs WHERE run_id = $1",
+                                    child1) == "ws1"
+
     @pytest.mark.parametrize("kind", ["nobody", "reader", "worker"])
     async def test_internal_helpers_are_not_callable(self, login, admin, kind):
         worker = await login("worker")
