@@ -22,6 +22,7 @@ from typing import Any
 
 import asyncpg
 import pytest
+from roles import readme_grants
 
 ENQUEUE = "SELECT run_id FROM zeroth.enqueue_run(deployment_ref => 'd', tenant_id => $1)"
 CLAIM = """SELECT run_id, lease_generation FROM zeroth.claim_and_start(deployment_ref => $3,
@@ -82,6 +83,31 @@ class TestChildRuns:
         before = await snapshot(admin)
         with pytest.raises(asyncpg.PostgresError) as err:
             await worker.fetch(WAIT, run_id, "w1", generation, lists[ids], "acme")
+        assert err.value.sqlstate.startswith("ZP"), err.value
+        assert await snapshot(admin) == before
+
+    @pytest.mark.parametrize(("argument", "value"), [
+        ("mode", "'ALL'"), ("mode", "NULL"), ("step_key", "''"), ("step_key", "NULL"),
+        ("step_key", "repeat('k', 401)"), ("run_id", "NULL"), ("worker_id", "NULL"),
+        ("worker_id", "''"), ("generation", "NULL"),
+        ("workspace_id", "'ws', tenant_id => NULL"),
+    ])
+    async def test_bad_wait_for_children_input_raises_zp_and_changes_nothing(
+            self, login, admin, argument, value):
+        worker = await login("worker")
+        run_id, generation, (child,) = await family(admin, worker)
+        arguments = {"run_id": "$1", "worker_id": "'w1'", "generation": "$2",
+                     "step_key": "'w'", "child_run_ids": "ARRAY[$3]::uuid[]", "mode": "'all'",
+                     "tenant_id": "'acme'"}
+        arguments[argument] = value
+        if argument == "workspace_id":
+            del arguments["tenant_id"]
+        call = ", ".join(f"{k} => {v}" for k, v in arguments.items())
+        before = await snapshot(admin)
+        with pytest.raises(asyncpg.PostgresError) as err:
+            await worker.fetch(f"SELECT * FROM zeroth.wait_for_children({call}) "
+                               "WHERE $1::uuid IS NOT NULL AND $2::bigint IS NOT NULL",
+                               run_id, generation, child)
         assert err.value.sqlstate.startswith("ZP"), err.value
         assert await snapshot(admin) == before
 
@@ -435,3 +461,36 @@ class TestViews:
             assert err.value.sqlstate in ("42501", "55000"), statement
         assert await snapshot(admin) == before
         assert made
+
+
+class TestLeastPrivilege:
+    @pytest.mark.parametrize("kind", ["nobody", "reader", "worker"])
+    async def test_each_role_has_exactly_its_documented_rights(self, login, admin, kind):
+        """The catalog as each hostile role sees it: the functions it may execute and the
+        relations it may write are those sql/README.md grants, nothing more (new 0014-0016
+        objects included)."""
+        hostile = await login(kind)
+        name = await hostile.fetchval("SELECT current_user")
+        executable = {r["proname"] for r in await admin.fetch(
+            "SELECT p.proname FROM pg_proc p WHERE p.pronamespace = 'zeroth'::regnamespace "
+            "AND has_function_privilege($1, p.oid, 'EXECUTE')", name)}
+        writable = {r["relname"] for r in await admin.fetch(
+            "SELECT c.relname FROM pg_class c WHERE c.relnamespace = 'zeroth'::regnamespace "
+            "AND c.relkind IN ('r', 'v', 'p') AND (has_table_privilege($1, c.oid, "
+            "'INSERT, UPDATE, DELETE, TRUNCATE, REFERENCES, TRIGGER'))", name)}
+        readable = {r["relname"] for r in await admin.fetch(
+            "SELECT c.relname FROM pg_class c WHERE c.relnamespace = 'zeroth'::regnamespace "
+            "AND c.relkind IN ('r', 'v', 'p', 'm', 'S') AND has_table_privilege($1, c.oid, "
+            "'SELECT')", name)}
+        assert writable == set()
+        if kind == "nobody":
+            assert (executable, readable) == (set(), set())
+        elif kind == "worker":
+            assert executable <= readme_grants("zeroth_worker"), executable - readme_grants(
+                "zeroth_worker")
+            assert readable == set()
+        else:
+            granted = {g.removeprefix("zeroth.") for g in readme_grants("zeroth_reader")}
+            assert executable <= granted, executable - granted
+            assert readable <= granted, readable - granted
+            assert not any(n.startswith("_") for n in executable)
