@@ -323,6 +323,35 @@ class TestChildRuns:
         assert await admin.fetchval("SELECT workspace_id FROM zeroth.runs WHERE run_id = $1",
                                     child1) == "ws1"
 
+    @pytest.mark.parametrize("how", ["two_processes", "batch_twice"])
+    async def test_a_child_ended_twice_at_once_is_counted_once(self, login, admin, how):
+        worker = await login("worker")
+        parent, generation, (c1, c2) = await family(admin, worker, detached=(False, False))
+        assert (await worker.fetchrow(WAIT, parent, "w1", generation, [c1, c2],
+                                      "acme"))["outcome"] == "waiting"
+        claimed = dict([await held(admin, worker, deployment="child-d") for _ in range(2)])
+        if how == "two_processes":  # the same worker id and lease from two connections
+            first, second = await login("worker"), await login("worker")
+            done = await asyncio.gather(
+                first.fetchval(COMPLETE, c1, "w1", claimed[c1], "acme"),
+                second.fetchval(COMPLETE, c1, "w1", claimed[c1], "acme"))
+            assert done.count(True) == 1, done
+        else:  # a batch naming the child twice is refused whole (ZP), then sent once
+            before = await snapshot(admin)
+            batch = ("SELECT * FROM zeroth.complete_runs(worker_id => 'w1', "
+                     "run_ids => $1::uuid[], generations => $2::bigint[], tenant_id => 'acme')")
+            with pytest.raises(asyncpg.PostgresError) as err:
+                await worker.fetch(batch, [c1, c1], [claimed[c1], claimed[c1]])
+            assert err.value.sqlstate.startswith("ZP"), err.value
+            assert await snapshot(admin) == before
+            rows = await worker.fetch(batch, [c1], [claimed[c1]])
+            assert [r["completed"] for r in rows] == [True]
+        assert await status(admin, parent) == "waiting"  # c2 has not ended
+        assert await admin.fetchval(
+            "SELECT remaining FROM zeroth.child_waits WHERE parent_run_id = $1", parent) == 1
+        assert await worker.fetchval(COMPLETE, c2, "w1", claimed[c2], "acme") is True
+        assert await status(admin, parent) == "pending"
+
     @pytest.mark.parametrize("kind", ["nobody", "reader", "worker"])
     async def test_internal_helpers_are_not_callable(self, login, admin, kind):
         worker = await login("worker")
