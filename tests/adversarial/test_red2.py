@@ -523,3 +523,29 @@ class TestLeastPrivilege:
             assert executable <= granted, executable - granted
             assert readable <= granted, readable - granted
             assert not any(n.startswith("_") for n in executable)
+
+
+class TestCancelMeetsEnd:
+    @pytest.mark.parametrize("round_", range(3))
+    async def test_a_parents_cancel_and_its_childs_end_at_once_both_land(
+            self, login, admin, connect, round_):
+        """The cancel cascade locks the child after the parent; the child's end locks the child,
+        then takes the parent SKIP LOCKED: neither waits for the other in a cycle, and the parent
+        ends cancelled whichever commits first."""
+        worker = await login("worker")
+        parent, generation, (child,) = await family(admin, worker)
+        assert (await worker.fetchrow(WAIT, parent, "w1", generation, [child],
+                                      "acme"))["outcome"] == "waiting"
+        _, child_generation = await held(admin, worker, deployment="child-d")
+        canceller = await connect()
+        ender = await login("worker")
+        cancelled, completed = await asyncio.gather(
+            canceller.fetchval("SELECT zeroth.request_cancel(run_id => $1, tenant_id => 'acme')",
+                               parent),
+            ender.fetchval(COMPLETE, child, "w1", child_generation, "acme"),
+            return_exceptions=True)
+        assert not isinstance(cancelled, BaseException), cancelled
+        assert not isinstance(completed, BaseException), completed
+        assert await status(admin, parent) == "cancelled"
+        assert await status(admin, child) in ("completed", "running")
+        assert round_ >= 0
