@@ -1,23 +1,35 @@
-"""Attempt history: what the trigger that writes zeroth.run_attempts costs the hot path.
+"""Attempt history: what writing zeroth.run_attempts costs the hot path.
 
     python -m bench.attempt_history [DSN] [--runs N] [--batch B] [--rounds R] [--durable]
 
 DSN: a migrated database (default: a throwaway embedded server, migrated here; its tuning is
-fsync, synchronous_commit and full_page_writes off, the CPU-bound view where a trigger's cost is
+fsync, synchronous_commit and full_page_writes off, the CPU-bound view where the history's cost is
 the largest share; --durable turns the three on with ALTER SYSTEM first). Two workloads, each
 timed around the SQL calls only:
 
 * chain — the RunWorker's path at concurrency 1: complete_and_claim completes the previous run
-  and claims and starts the next, one call per run (one history row inserted per call: the
-  attempt it ends);
-* batch — claim_and_start of B runs, then complete_runs of those B.
+  and claims and starts the next, one call per run (one history row per call: the attempt it
+  ends);
+* batch — claim_and_start of B runs, then complete_runs of those B;
+* worker — end to end: a RunWorker with max_concurrency 32 drains N enqueued no-op runs (its
+  own claim, renewal and completion batching: complete_and_claim and complete_runs), timed from
+  its start to the last completion.
 
-Rounds alternate between the trigger enabled (as shipped) and disabled (ALTER TABLE … DISABLE
-TRIGGER runs_attempt_history: the table without a history), the order flipped every round, so
-drift on a shared machine hits both alike. Every run costs the history one INSERT (when its
-attempt ends) through one index; its claim and its start write nothing (the open attempt is
-read from zeroth.runs by zeroth.attempt_history). Nothing asserts a
-speed: numbers go to stdout (a noisy shared machine gives noisy numbers).
+Three variants of the same schema, in alternating rounds (the order rotated every round, so drift
+on a shared machine hits all alike):
+
+* ``shipped`` — as installed: the completion functions insert their ended attempts set-based in
+  the completing statement (one INSERT … SELECT per batch), the trigger runs_attempt_history
+  skips those completions;
+* ``trigger`` — the previous design: the completion functions without their INSERT and the
+  trigger without that exception (one trigger call and one INSERT per completed run);
+* ``none`` — no history: the completion functions without their INSERT, the trigger disabled.
+
+The variants are made from the shipped files in sql/functions (the ``recorded`` CTE cut out, the
+trigger's exception cut out) and the shipped definitions are restored at the end. Every run
+costs the history one row when its attempt ends; its claim and its start write nothing (the open
+attempt is read from zeroth.runs by zeroth.attempt_history). Nothing asserts a speed: numbers go
+to stdout (a noisy shared machine gives noisy numbers).
 """
 
 from __future__ import annotations
@@ -25,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import re
 import statistics
 import time
 import uuid
@@ -32,9 +45,37 @@ from uuid import UUID
 
 import asyncpg
 
-from zeroth_pg import LeaseManager
+from bench.harness import pool as worker_pool
+from bench.harness import wait_until
+from zeroth_pg import LeaseManager, RunWorker
+from zeroth_pg.migrate import sql_functions_dir
 
-TRIGGERS = ("runs_attempt_history",)
+VARIANTS = ("shipped", "trigger", "none")
+#: The completion functions' files: each writes its ended attempts in a CTE named ``recorded``.
+COMPLETIONS = ("complete_runs.sql", "complete_run.sql")
+#: The trigger's exception for the completions the functions record themselves.
+EXCEPTION = re.compile(r"\n\s*AND NOT \(OLD\.status = 'running' AND NEW\.status = 'completed'"
+                       r"\s*AND CURRENT_USER = 'zeroth_owner'\)")
+TRIGGER = re.compile(r"CREATE OR REPLACE TRIGGER runs_attempt_history.*?;", re.S)
+
+
+def _variant_sql() -> dict[str, list[str]]:
+    """The statements that install each variant (``shipped`` restores the files as they are)."""
+    functions = sql_functions_dir()
+    shipped = [(functions / name).read_text() for name in COMPLETIONS]
+    without_insert = [re.sub(r"    \), recorded AS \(.*?\n    \)\n", "    )\n", text,
+                             count=1, flags=re.S) for text in shipped]
+    assert all("recorded AS" not in text for text in without_insert), "recorded CTE not found"
+    match = TRIGGER.search((functions / "triggers.sql").read_text())
+    assert match, "runs_attempt_history not found in triggers.sql"
+    trigger = match.group(0)
+    every_end = EXCEPTION.sub("", trigger)
+    assert every_end != trigger, "the trigger's completion exception was not found"
+    enable = "ALTER TABLE zeroth.runs ENABLE TRIGGER runs_attempt_history"
+    return {"shipped": [*shipped, trigger, enable],
+            "trigger": [*without_insert, every_end, enable],
+            "none": [*without_insert, trigger,
+                     "ALTER TABLE zeroth.runs DISABLE TRIGGER runs_attempt_history"]}
 
 
 async def _enqueue(lm: LeaseManager, deployment: str, n: int) -> None:
@@ -75,19 +116,39 @@ async def batch(lm: LeaseManager, deployment: str, n: int, size: int) -> float:
     return spent
 
 
-async def one_round(pool: asyncpg.Pool, n: int, size: int, enabled: bool) -> tuple[float, float]:
+async def worker(dsn: str, deployment: str, n: int, concurrency: int = 32) -> float:
+    """Seconds for a RunWorker to drain n enqueued runs (start to the last completion)."""
+    handled = 0
+
+    async def count(_run: object) -> None:
+        nonlocal handled
+        handled += 1
+
+    async with worker_pool(dsn, min(concurrency + 3, 40)) as workers:
+        run_worker = RunWorker(workers, deployment, count, dsn=dsn, max_concurrency=concurrency)
+        started = time.perf_counter()
+        await run_worker.start()
+        try:
+            await wait_until(lambda: handled >= n and not run_worker.active_run_ids,
+                             limit=300, what="attempt-history worker drain")
+            return time.perf_counter() - started
+        finally:
+            await run_worker.graceful_shutdown()
+
+
+async def one_round(pool: asyncpg.Pool, dsn: str, n: int, size: int,
+                    install: list[str]) -> tuple[float, float, float]:
     lm = LeaseManager(pool, lease_duration_seconds=600)
-    chained, batched = (f"bench-att-{kind}-{uuid.uuid4().hex[:8]}" for kind in ("c", "b"))
-    await _enqueue(lm, chained, n)
-    await _enqueue(lm, batched, n)
-    verb = "ENABLE" if enabled else "DISABLE"
-    for name in TRIGGERS:
-        await pool.execute(f"ALTER TABLE zeroth.runs {verb} TRIGGER {name}")
-    try:
-        return await chain(lm, chained, n), await batch(lm, batched, n, size)
-    finally:
-        for name in TRIGGERS:
-            await pool.execute(f"ALTER TABLE zeroth.runs ENABLE TRIGGER {name}")
+    chained, batched, drained = (f"bench-att-{kind}-{uuid.uuid4().hex[:8]}"
+                                 for kind in ("c", "b", "w"))
+    for deployment in (chained, batched, drained):
+        await _enqueue(lm, deployment, n)
+    async with pool.acquire() as conn, conn.transaction():
+        for statement in install:
+            await conn.execute(statement)
+    await pool.expire_connections()  # no session keeps a plan of the other variant
+    return (await chain(lm, chained, n), await batch(lm, batched, n, size),
+            await worker(dsn, drained, n))
 
 
 async def main_async(dsn: str, n: int, size: int, rounds: int, durable: bool) -> None:
@@ -100,11 +161,17 @@ async def main_async(dsn: str, n: int, size: int, rounds: int, durable: bool) ->
             await pool.expire_connections()
         settings = {s: await pool.fetchval(f"SHOW {s}")
                     for s in ("fsync", "synchronous_commit", "full_page_writes")}
-        await one_round(pool, min(n, 200), size, True)  # warm-up
-        times: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
-        for r in range(rounds):
-            for enabled in ((True, False) if r % 2 == 0 else (False, True)):
-                times[enabled].append(await one_round(pool, n, size, enabled))
+        variants = _variant_sql()
+        times: dict[str, list[tuple[float, float, float]]] = {v: [] for v in VARIANTS}
+        try:
+            await one_round(pool, dsn, min(n, 200), size, variants["shipped"])  # warm-up
+            for r in range(rounds):
+                for variant in VARIANTS[r % 3:] + VARIANTS[:r % 3]:
+                    times[variant].append(await one_round(pool, dsn, n, size, variants[variant]))
+        finally:
+            async with pool.acquire() as conn, conn.transaction():
+                for statement in variants["shipped"]:
+                    await conn.execute(statement)
         history = await pool.fetchval("SELECT count(*) FROM zeroth.run_attempts")
 
         def line(values: list[float]) -> str:
@@ -112,19 +179,19 @@ async def main_async(dsn: str, n: int, size: int, rounds: int, durable: bool) ->
             return (f"median {statistics.median(us):7.1f} us/run (min {min(us):.1f}, "
                     f"max {max(us):.1f}; {n / statistics.median(values):.0f} runs/s)")
 
-        print(f"server: {settings}; {n} runs per round, {rounds} rounds per setting; "
-              f"{history} history rows written in all")
+        print(f"server: {settings}; {n} runs per round, {rounds} rounds per variant; "
+              f"{history} history rows in the table after all rounds")
         for index, name in ((0, "chain (complete_and_claim, c=1)"),
-                            (1, f"batch (claim_and_start + complete_runs, B={size})")):
-            on = [t[index] for t in times[True]]
-            off = [t[index] for t in times[False]]
-            delta = (statistics.median(on) - statistics.median(off)) / n * 1e6
-            ratio = statistics.median(off) / statistics.median(on)
+                            (1, f"batch (claim_and_start + complete_runs, B={size})"),
+                            (2, "worker (RunWorker, max_concurrency 32)")):
+            medians = {v: statistics.median(t[index] for t in times[v]) for v in VARIANTS}
             print(f"{name}:")
-            print(f"  history on  : {line(on)}")
-            print(f"  history off : {line(off)}")
-            print(f"  difference of medians: {delta:+.1f} us/run; throughput with/without "
-                  f"{ratio:.1%}")
+            for variant in VARIANTS:
+                print(f"  {variant:8}: {line([t[index] for t in times[variant]])}")
+            for variant in ("shipped", "trigger"):
+                delta = (medians[variant] - medians["none"]) / n * 1e6
+                print(f"  {variant} over none: {delta:+.1f} us/run; throughput "
+                      f"{medians['none'] / medians[variant]:.1%} of none")
     finally:
         await pool.close()
 

@@ -17,27 +17,43 @@ DECLARE
     v_tenant text := zeroth._scope_tenant(complete_run.tenant_id, complete_run.workspace_id);
     v_wskey  text := zeroth._workspace_key(complete_run.workspace_id);
     v_run    record;
+    v_acquired timestamptz;
 BEGIN
     -- Checks the fence's arguments; the slot, then the run row, then the clock: see
     -- zeroth._lock_lease_end.
     v_status := zeroth._lock_lease_end(v_tenant, v_wskey, complete_run.run_id, complete_run.worker_id, complete_run.generation);
     v_now := zeroth._now();
-    UPDATE zeroth.runs r
-       SET status = 'completed',
-           output = CASE WHEN complete_run.output IS NULL THEN r.output
-                         ELSE nullif(complete_run.output, 'null'::jsonb) END,
-           finished_at = v_now,
-           updated_at = v_now,
-           lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
-           admission_slot = NULL, recovery_checkpoint_id = NULL
-     WHERE r.tenant_id = v_tenant
-       AND r.workspace_key = v_wskey
-       AND r.run_id = complete_run.run_id
-       AND v_status = 'running'
-       AND r.lease_worker_id = complete_run.worker_id
-       AND r.lease_generation = complete_run.generation
-       AND r.lease_expires_at >= v_now
-    RETURNING r.deployment_ref, r.workspace_id INTO v_run;
+    -- The claim's time for the attempt history, which the UPDATE clears (the row is locked).
+    SELECT r.lease_acquired_at INTO v_acquired FROM zeroth.runs r
+     WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey AND r.run_id = complete_run.run_id;
+    -- The ended attempt is recorded here, in the completing statement (as complete_runs does;
+    -- the trigger runs_attempt_history leaves completions by the functions to them).
+    WITH completed AS (
+        UPDATE zeroth.runs r
+           SET status = 'completed',
+               output = CASE WHEN complete_run.output IS NULL THEN r.output
+                             ELSE nullif(complete_run.output, 'null'::jsonb) END,
+               finished_at = v_now,
+               updated_at = v_now,
+               lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
+               admission_slot = NULL, recovery_checkpoint_id = NULL
+         WHERE r.tenant_id = v_tenant
+           AND r.workspace_key = v_wskey
+           AND r.run_id = complete_run.run_id
+           AND v_status = 'running'
+           AND r.lease_worker_id = complete_run.worker_id
+           AND r.lease_generation = complete_run.generation
+           AND r.lease_expires_at >= v_now
+        RETURNING r.deployment_ref, r.workspace_id, r.attempts, r.started_at
+    ), recorded AS (
+        INSERT INTO zeroth.run_attempts (tenant_id, workspace_key, run_id, attempt, lease_generation,
+                                         worker_id, claimed_at, started_at, ended_at, outcome)
+        SELECT v_tenant, v_wskey, complete_run.run_id, c.attempts, complete_run.generation,
+               complete_run.worker_id, v_acquired, greatest(c.started_at, v_acquired), v_now,
+               'completed'
+          FROM completed c
+    )
+    SELECT c.deployment_ref, c.workspace_id INTO v_run FROM completed c;
     IF NOT FOUND THEN
         PERFORM zeroth._explain_fenced_miss(v_tenant, v_wskey, complete_run.run_id, complete_run.worker_id,
                                             complete_run.generation, v_now, 'complete_run', '{running}');

@@ -1,15 +1,20 @@
 -- The write of complete_runs, on runs it has locked: complete each requested run that is in
 -- `running` (locked, running) while its lease is live; returns those completed (complete_runs
--- frees their slots).
+-- frees their slots). The ended attempts go into the attempt history in the same statement, one
+-- INSERT … SELECT for the batch (the trigger runs_attempt_history leaves these completions to
+-- it: sql/functions/triggers.sql). The UPDATE clears the lease, so what it cleared and the
+-- history needs, the claim's time, comes in from the locking read (acquired[i] for running[i]);
+-- attempts, generation and started_at are not changed and are returned.
 -- Planned with nested loops off: the UPDATE must pair each run with its request (its generation
 -- and output), and a nested loop over the two (the plan a generic plan's estimate of 10 rows
 -- picks) compared every run with every request: 1,000,000 comparisons, 0.17 s, for 1,000 runs.
 -- The rows are still found by primary key (run_id = ANY), so a hash join reads only the batch.
 -- Only this statement is planned so: complete_runs frees the slots (a hash join would walk the
 -- scope's slots).
+DROP FUNCTION IF EXISTS zeroth._complete_locked_runs(text, text, text, uuid[], bigint[], jsonb[], uuid[], timestamptz);
 CREATE OR REPLACE FUNCTION zeroth._complete_locked_runs(
     tenant_id text, workspace_key text, worker_id text, run_ids uuid[], generations bigint[],
-    outputs jsonb[], running uuid[], at timestamptz) RETURNS uuid[]
+    outputs jsonb[], running uuid[], acquired timestamptz[], at timestamptz) RETURNS uuid[]
     LANGUAGE plpgsql VOLATILE
     SET enable_nestloop = off
     SET plan_cache_mode = force_generic_plan AS $$
@@ -40,15 +45,27 @@ BEGIN
            AND r.lease_worker_id = _complete_locked_runs.worker_id
            AND r.lease_generation = q.generation
            AND r.lease_expires_at >= _complete_locked_runs.at
-        RETURNING r.run_id
+        RETURNING r.run_id, r.attempts, r.lease_generation, r.started_at
+    ), recorded AS (
+        -- The rows zeroth._record_attempt would write for these ends (outcome completed; a
+        -- running attempt's number is runs.attempts; it started at the later of its start and
+        -- its claim).
+        INSERT INTO zeroth.run_attempts (tenant_id, workspace_key, run_id, attempt, lease_generation,
+                                         worker_id, claimed_at, started_at, ended_at, outcome)
+        SELECT _complete_locked_runs.tenant_id, _complete_locked_runs.workspace_key, d.run_id,
+               d.attempts, d.lease_generation, _complete_locked_runs.worker_id, h.acquired_at,
+               greatest(d.started_at, h.acquired_at), _complete_locked_runs.at, 'completed'
+          FROM completed d
+          JOIN unnest(_complete_locked_runs.running, _complete_locked_runs.acquired)
+               AS h(run_id, acquired_at) ON h.run_id = d.run_id
     )
     SELECT coalesce(array_agg(d.run_id), '{}') INTO v_done FROM completed d;
     RETURN v_done;
 END
 $$;
-COMMENT ON FUNCTION zeroth._complete_locked_runs(text, text, text, uuid[], bigint[], jsonb[], uuid[], timestamptz) IS 'Internal: the write of complete_runs on the runs it locked (running: the locked running ones): complete those whose lease (worker, generation) is live at `at`; returns the completed runs. Planned with nested loops off (a hash join of the batch with its request).';
-ALTER FUNCTION zeroth._complete_locked_runs(text, text, text, uuid[], bigint[], jsonb[], uuid[], timestamptz) OWNER TO zeroth_owner;
-REVOKE ALL ON FUNCTION zeroth._complete_locked_runs(text, text, text, uuid[], bigint[], jsonb[], uuid[], timestamptz) FROM PUBLIC;
+COMMENT ON FUNCTION zeroth._complete_locked_runs(text, text, text, uuid[], bigint[], jsonb[], uuid[], timestamptz[], timestamptz) IS 'Internal: the write of complete_runs on the runs it locked (running: the locked running ones, acquired: their lease_acquired_at): complete those whose lease (worker, generation) is live at `at`, and insert their ended attempts (outcome completed) into run_attempts in the same statement; returns the completed runs. Planned with nested loops off (a hash join of the batch with its request).';
+ALTER FUNCTION zeroth._complete_locked_runs(text, text, text, uuid[], bigint[], jsonb[], uuid[], timestamptz[], timestamptz) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._complete_locked_runs(text, text, text, uuid[], bigint[], jsonb[], uuid[], timestamptz[], timestamptz) FROM PUBLIC;
 
 -- complete_runs: complete_run for a batch of one worker's runs. runs[i] = (run_ids[i],
 -- generations[i]) completes only while that exact lease is live, held by worker_id, and the run is
@@ -77,6 +94,7 @@ DECLARE
     v_tenant     text := zeroth._scope_tenant(complete_runs.tenant_id, complete_runs.workspace_id);
     v_wskey      text := zeroth._workspace_key(complete_runs.workspace_id);
     v_running    uuid[];
+    v_acquired   timestamptz[];
     v_done       uuid[];
     v_slot_rows  tid[];
     v_freed_deps text[] := '{}';
@@ -113,12 +131,14 @@ BEGIN
     -- so no plan pairs the batch with itself by a filter (1,000 runs made 1,000,000 comparisons),
     -- and no plan reaches the rows through runs_running_idx (no predicate names the status; the
     -- running ones are read from the locked rows).
-    SELECT coalesce(array_agg(l.run_id) FILTER (WHERE l.status = 'running'), '{}') INTO v_running
+    SELECT coalesce(array_agg(l.run_id) FILTER (WHERE l.status = 'running'), '{}'),
+           coalesce(array_agg(l.lease_acquired_at) FILTER (WHERE l.status = 'running'), '{}')
+      INTO v_running, v_acquired
       FROM (SELECT q.run_id, q.generation
               FROM unnest(complete_runs.run_ids, complete_runs.generations) AS q(run_id, generation)
              ORDER BY q.run_id) q
      CROSS JOIN LATERAL (
-            SELECT r.run_id, r.status
+            SELECT r.run_id, r.status, r.lease_acquired_at
               FROM zeroth.runs r
              WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey
                AND r.run_id = q.run_id
@@ -129,7 +149,7 @@ BEGIN
 
     v_done := zeroth._complete_locked_runs(v_tenant, v_wskey, complete_runs.worker_id,
                                            complete_runs.run_ids, complete_runs.generations,
-                                           complete_runs.outputs, v_running, v_now);
+                                           complete_runs.outputs, v_running, v_acquired, v_now);
 
     -- The slots of the completed runs, among those locked above (each locked for its run's
     -- requested lease, the lease each completion ended).

@@ -2,7 +2,9 @@
 -- in the thread queue when its thread has an active run now. Resets attempts, hand_backs, error, output,
 -- cancel and dead-letter marks; never the lease generation, so fencing stays monotonic across
 -- replays. Checkpoints are kept: the next claim hands the latest one to the handler, which
--- decides whether to resume from it. Locks: the thread's lock and active run (thread
+-- decides whether to resume from it. A child run's parent sees it as not ended again (trigger
+-- runs_child_run_reopened: its outcome copy cleared, its parent's open waits recounted; a wait
+-- already recorded keeps its outcomes). Locks: the thread's lock and active run (thread
 -- runs), then the run row. Returns true. Raises ZP001 (unknown run), ZP003 (not failed/cancelled),
 -- ZP008. Notifies zeroth_wakeup when the run became pending. Time: clock_timestamp().
 CREATE OR REPLACE FUNCTION zeroth.redrive_run(
@@ -57,6 +59,6 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION zeroth.redrive_run(uuid, text, text) IS
-'redrive_run: failed or cancelled → pending, or → waiting in the thread queue when its thread has an active run; resets attempts, hand_backs, error, output, cancel and dead-letter marks, never lease_generation. Raises ZP001 (unknown run), ZP003 (not failed/cancelled), ZP008. Notifies zeroth_wakeup when the run became pending. Time: clock_timestamp().';
+'redrive_run: failed or cancelled → pending, or → waiting in the thread queue when its thread has an active run; resets attempts, hand_backs, error, output, cancel and dead-letter marks, never lease_generation. A redriven child run is not ended for its parent again (its open waits wait for its next end; recorded waits keep their outcomes). Raises ZP001 (unknown run), ZP003 (not failed/cancelled), ZP008. Notifies zeroth_wakeup when the run became pending. Time: clock_timestamp().';
 ALTER FUNCTION zeroth.redrive_run(uuid, text, text) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.redrive_run(uuid, text, text) FROM PUBLIC;

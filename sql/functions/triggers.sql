@@ -24,6 +24,25 @@ CREATE OR REPLACE TRIGGER runs_child_run_finished
           AND NEW.status IN ('completed', 'failed', 'cancelled'))
     EXECUTE FUNCTION zeroth._child_run_finished();
 
+-- An ended child run is active again (redrive_run, a DBA) → zeroth._child_run_reopened clears its
+-- outcome copy and recounts its parent's waits, so a later wait waits for its next end.
+CREATE OR REPLACE TRIGGER runs_child_run_reopened
+    AFTER UPDATE OF status ON zeroth.runs
+    FOR EACH ROW
+    WHEN (NEW.parent_run_id IS NOT NULL
+          AND OLD.status IN ('completed', 'failed', 'cancelled')
+          AND NEW.status IN ('pending', 'running', 'waiting'))
+    EXECUTE FUNCTION zeroth._child_run_reopened();
+
+-- A child run deleted before it ended (a DBA; prune_runs deletes ended runs only) →
+-- zeroth._child_run_deleted reports it to its parent as cancelled, so no parent waits forever.
+CREATE OR REPLACE TRIGGER runs_child_run_deleted
+    AFTER DELETE ON zeroth.runs
+    FOR EACH ROW
+    WHEN (OLD.parent_run_id IS NOT NULL
+          AND OLD.status IN ('pending', 'running', 'waiting'))
+    EXECUTE FUNCTION zeroth._child_run_deleted();
+
 -- A run was cancelled (any path) → zeroth._cancel_children cancels its unfinished children that
 -- were not started detached. Cancels are off the hot path; a run without children pays one probe.
 CREATE OR REPLACE TRIGGER runs_cancel_children
@@ -38,6 +57,11 @@ CREATE OR REPLACE TRIGGER runs_cancel_children
 -- (pending → running). Claims from no holder (claim_pending, claim_and_start, admit_run with a
 -- worker), start_run, renewals, progress, checkpoints and commit_fenced pay nothing (the WHEN is
 -- evaluated before any call); the open attempt is read from zeroth.runs (zeroth.attempt_history).
+-- Completions by the functions (running → completed as zeroth_owner: complete_run, complete_runs
+-- and complete_and_claim) write their rows themselves, set-based in the completing statement
+-- (zeroth._complete_locked_runs), so the hot path's most frequent end calls no trigger either; a
+-- worker cannot become zeroth_owner, so it cannot skip a row that way. A DBA's completion (any
+-- other role) still goes through the trigger.
 CREATE OR REPLACE TRIGGER runs_attempt_history
     AFTER UPDATE OF status, lease_generation, lease_worker_id ON zeroth.runs
     FOR EACH ROW
@@ -45,6 +69,8 @@ CREATE OR REPLACE TRIGGER runs_attempt_history
           AND (NEW.lease_worker_id IS DISTINCT FROM OLD.lease_worker_id
                OR NEW.lease_generation IS DISTINCT FROM OLD.lease_generation
                OR (NEW.status IS DISTINCT FROM OLD.status
-                   AND NOT (OLD.status = 'pending' AND NEW.status = 'running'))))
+                   AND NOT (OLD.status = 'pending' AND NEW.status = 'running')))
+          AND NOT (OLD.status = 'running' AND NEW.status = 'completed'
+                   AND CURRENT_USER = 'zeroth_owner'))
     EXECUTE FUNCTION zeroth._record_attempt();
 DROP TRIGGER IF EXISTS runs_attempt_history_insert ON zeroth.runs;

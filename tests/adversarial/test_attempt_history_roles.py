@@ -6,6 +6,8 @@
   trigger derives it from the run row alone;
 * a zeroth_reader sees the rows of the tenant it names in zeroth.tenant_id only, nothing without
   one, and can write none;
+* a worker cannot act as zeroth_owner (whose completions the trigger leaves to the completing
+  statement), and each completion function writes exactly one row per completed run;
 * a stale holder (its lease taken over) ends nothing: its refused writes leave the history as the
   new holder's claim made it.
 """
@@ -84,6 +86,36 @@ class TestWorker:
         await worker.execute("SET zeroth.attempt_outcome = 'completed'")
         assert await worker.fetchval(FAIL, run_id, "w1", generation, "acme") == "retry_scheduled"
         assert await rows(admin, run_id) == [(1, "w1", "failed")]
+
+    async def test_cannot_become_the_owner_to_complete_without_a_history_row(self, login, admin):
+        # The functions' own completions write their history rows in the completing statement
+        # and the trigger skips completions made as zeroth_owner: a worker that could act as
+        # zeroth_owner could complete runs that leave no row. It cannot take that role.
+        worker = await login("worker")
+        run_id, generation = await held_run(admin, worker)
+        for become in ("SET ROLE zeroth_owner", "SET SESSION AUTHORIZATION zeroth_owner"):
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await worker.execute(become)
+        assert await worker.fetchval(COMPLETE, run_id, "w1", generation, "acme") is True
+        assert await rows(admin, run_id) == [(1, "w1", "completed")]
+
+    async def test_every_completion_function_writes_exactly_one_row(self, login, admin):
+        worker = await login("worker")
+        singles = [await held_run(admin, worker) for _ in range(3)]
+        (first, g1), (second, g2), (third, g3) = singles
+        assert await worker.fetchval(COMPLETE, first, "w1", g1, "acme") is True
+        assert [r["completed"] for r in await worker.fetch(
+            "SELECT completed FROM zeroth.complete_runs(worker_id => 'w1', run_ids => $1::uuid[], "
+            "generations => $2::bigint[], tenant_id => 'acme')", [second], [g2])] == [True]
+        (row,) = await worker.fetch(
+            "SELECT completed FROM zeroth.complete_and_claim(deployment_ref => 'd', "
+            "worker_id => 'w1', run_ids => $1::uuid[], generations => $2::bigint[], "
+            "tenant_id => 'acme')", [third], [g3])
+        assert row["completed"] == [True]
+        for run_id in (first, second, third):
+            assert await admin.fetchval(
+                "SELECT count(*) FROM zeroth.run_attempts WHERE run_id = $1", run_id) == 1
+            assert await rows(admin, run_id) == [(1, "w1", "completed")]
 
     async def test_stale_holder_ends_nothing(self, login, admin):
         worker = await login("worker")

@@ -1,12 +1,11 @@
 """Red team 2: attacks on the code merged for child runs (0014), the dashboard views (0015) and
 the attempt history (0016), as the roles the product keeps out, on a database exactly as shipped.
 
-Each test is one attack; it passes when the promise held (an attack that broke the promise and is
-not fixed here is marked xfail(strict=True) with the reason):
+Each test is one attack; it passes when the promise held:
 
 * child runs: bad child id lists and cycles raise a ZP error and change nothing; a cancelled
   parent cascades to attached children only; a wake-up skipped while the parent's row was locked
-  is made by wake_due_waits; a DBA deleting an awaited child;
+  is made by wake_due_waits; a DBA deleting an awaited child wakes the parent;
 * internal helpers cannot be called by any hostile role;
 * the attempt history: a reader sees no other tenant's open attempt (the zeroth.runs part of the
   view); a DBA's manual updates never raise;
@@ -16,8 +15,9 @@ not fixed here is marked xfail(strict=True) with the reason):
 * least privilege from the catalog: each role executes, reads and writes only what sql/README.md
   grants it.
 
-Open (xfail strict): a DBA's DELETE of an awaited child strands its parent; a wait made after a
-child's redrive reads the child's old outcome.
+Both once open (held as strict xfails until fixed): a DBA's DELETE of an awaited child now ends
+the wait as a cancelled child (trigger runs_child_run_deleted); a wait made after a child's redrive
+waits for its new end (trigger runs_child_run_reopened clears the outcome copy).
 """
 
 from __future__ import annotations
@@ -180,9 +180,6 @@ class TestChildRuns:
         assert row["outcome"] == "ready"
         assert '"v": 1' in row["children"]
 
-    @pytest.mark.xfail(strict=True, reason=(
-        "open: a DBA's DELETE of a child run that a parent awaits leaves the parent waiting "
-        "forever; nothing fires on DELETE of a child and wake_due_waits only visits met waits"))
     async def test_a_dba_deleting_an_awaited_child_does_not_strand_the_parent(
             self, login, admin):
         worker = await login("worker")
@@ -272,11 +269,6 @@ class TestChildRuns:
         assert (await worker.fetchrow(WAIT, parent, "w1", generation2, [child],
                                       "acme"))["children"] == recorded
 
-    @pytest.mark.xfail(strict=True, reason=(
-        "open: redrive_run leaves the child's first outcome in child_runs, so a parent that "
-        "waits after the redrive reads the redriven (pending) child as ended with its old "
-        "failure and never gets its new outcome; clearing the copy in redrive_run is not enough "
-        "(a wait that already counted the child would count it twice), so it needs a design"))
     async def test_a_wait_after_a_childs_redrive_waits_for_its_new_end(self, login, admin):
         worker = await login("worker")
         parent, generation = await held(admin, worker)

@@ -8,8 +8,10 @@ waits for a parent's row another session holds: it marks the wait, and wake_due_
 parent. Two siblings ending at
 once serialise on the wait's child_waits row: the second sees the first and wakes the parent. A
 stale parent attempt that waited behind a takeover starts nothing; two calls of the same holder
-under one key get one child. A parent's cancel and its child's end never deadlock. Clocks are
-injected with now_override.
+under one key get one child. A parent's cancel and its child's end never deadlock. A child's
+redrive and its parent's wait meet on the same child_runs row: either the redrive recounts the
+wait or the wait counts the child as not ended, never both. A DBA's DELETE of an awaited child
+waits for the parent entering its wait, then wakes it. Clocks are injected with now_override.
 """
 
 from __future__ import annotations
@@ -211,3 +213,71 @@ async def test_a_parents_cancel_and_a_siblings_end_do_not_deadlock(sessions):
     assert [(await run_row(db, kid))["status"] for kid in (first, second)] == [
         "cancelled", "completed"]
     assert (await run_row(db, lease.run_id))["status"] == "cancelled"
+
+
+FAIL = """SELECT zeroth_test.fail_run(run_id => $1, worker_id => $2, generation => $3,
+              error => '"x"', retryable => false, now_override => $4)"""
+REDRIVE = "SELECT zeroth_test.redrive_run(run_id => $1, now_override => $2)"
+REMAINING = "SELECT remaining FROM zeroth.child_waits WHERE parent_run_id = $1"
+
+
+async def _failed_and_running(db):
+    """A parent with two running children, the first of which failed (ended)."""
+    lease, kids = await parent_and_children(db, 2)
+    (failed, failed_gen), (running, running_gen) = kids
+    assert await db.fetchval(FAIL, failed, "cw", failed_gen, at(2)) == "failed"
+    return lease, failed, (running, running_gen)
+
+
+async def _then_the_children_end(db, lease, failed, running):
+    """The redriven child and its sibling end: the parent wakes only after both."""
+    await db.fetchval(COMPLETE, running[0], "cw", running[1], json.dumps(1), at(7))
+    assert (await run_row(db, lease.run_id))["status"] == "waiting"
+    (again,) = await db.fetch(CLAIM, CHILD, "cw", at(8))
+    assert again["run_id"] == failed
+    await db.fetchval(COMPLETE, failed, "cw", again["lease_generation"], json.dumps(2), at(9))
+    assert (await run_row(db, lease.run_id))["status"] == "pending"
+
+
+async def test_a_redrive_waiting_for_the_parent_entering_its_wait_recounts_it(sessions):
+    """The wait holds the ended child's child_runs row FOR SHARE and counts it ended; the redrive
+    (its trigger clears that copy) waits for it, then recounts the wait: nothing counted twice."""
+    parent, operator, db = sessions
+    lease, failed, running = await _failed_and_running(db)
+    await parent.begin()
+    entered = only(await parent.rows(WAIT, lease.run_id, WORKER, 1, [failed, running[0]], "all",
+                                     at(3)))
+    assert entered["outcome"] == "waiting"
+    redrive = operator.spawn(REDRIVE, failed, at(4))
+    await assert_waits_for(db, operator, parent, redrive)
+    await parent.commit()
+    assert (await finished(redrive)).value is True
+    assert await db.fetchval(REMAINING, lease.run_id) == 2
+    await _then_the_children_end(db, lease, failed, running)
+
+
+async def test_a_wait_waiting_for_a_childs_redrive_counts_it_not_ended(sessions):
+    operator, parent, db = sessions
+    lease, failed, running = await _failed_and_running(db)
+    await operator.begin()
+    assert (await operator.call(REDRIVE, failed, at(3))).value is True
+    wait = parent.spawn(WAIT, lease.run_id, WORKER, 1, [failed, running[0]], "all", at(4),
+                        rows=True)
+    await assert_waits_for(db, parent, operator, wait)
+    await operator.commit()
+    assert only(await finished(wait))["outcome"] == "waiting"
+    assert await db.fetchval(REMAINING, lease.run_id) == 2
+    await _then_the_children_end(db, lease, failed, running)
+
+
+async def test_a_dba_deleting_a_child_while_the_parent_enters_its_wait_wakes_it(sessions):
+    parent, dba, db = sessions
+    lease, [(kid, _gen)] = await parent_and_children(db, 1)
+    await parent.begin()
+    assert only(await parent.rows(WAIT, lease.run_id, WORKER, 1, [kid], "all", at(3)))[
+        "outcome"] == "waiting"
+    delete = dba.spawn("DELETE FROM zeroth.runs WHERE run_id = $1", kid)
+    await assert_waits_for(db, dba, parent, delete)
+    await parent.commit()
+    assert (await finished(delete)).sqlstate is None
+    assert (await run_row(db, lease.run_id))["status"] == "pending"

@@ -304,6 +304,16 @@ class TestManualUpdates:
         assert (row["outcome"], row["error"]) == ("failed", {"by": "dba"})
         assert row["ended_at"] is not None
 
+    async def test_dba_completion_is_recorded_by_the_trigger(self, conn):
+        # The functions' completions write their own rows; a DBA's (any role but zeroth_owner)
+        # goes through the trigger, once.
+        lease = await make_run(conn, "running", now=at(0))
+        await conn.execute(
+            """UPDATE zeroth.runs SET status = 'completed', finished_at = now(),
+                   lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL
+                WHERE run_id = $1""", lease.run_id)
+        assert outcomes(await history(conn, lease.run_id)) == [(1, 1, WORKER, "completed")]
+
     async def test_dba_update_after_the_history_was_deleted_records_the_end(self, conn):
         # The ended row comes from the runs row alone: nothing in zeroth.run_attempts is needed.
         lease = await make_run(conn, "running", now=at(0))

@@ -371,6 +371,126 @@ class TestWait:
         assert await clock_conn.fetchval(WAKE, [DEPLOYMENT], 100, at(5)) == 0
 
 
+# -- a child redriven or deleted ------------------------------------------------------------------
+
+REDRIVE = "SELECT zeroth_test.redrive_run(run_id => $1, now_override => $2)"
+COPY = "SELECT status::text FROM zeroth.child_runs WHERE child_run_id = $1"
+
+
+class TestRedriveAndDelete:
+    """A child that ended and is redriven is a child that has not ended (its outcome copy is
+    cleared, its parent's unrecorded waits recounted); a recorded wait keeps what it recorded.
+    A child deleted before it ended is an end its parent sees (cancelled, with an error), not a
+    wait that never ends."""
+
+    async def test_a_wait_after_a_childs_redrive_waits_for_its_new_end(self, clock_conn):
+        lease, (a,) = await parent_with_children(clock_conn, 1, max_attempts=1)
+        taken = await claim_start(clock_conn, CHILD, worker=OTHER, now=at(2))
+        assert await finish(clock_conn, a, taken[a], "dead_letter", value="boom", worker=OTHER,
+                            now=at(3)) == "dead_lettered"
+        assert await clock_conn.fetchval(COPY, a) == "failed"
+        assert await clock_conn.fetchval(REDRIVE, a, at(4)) is True
+        assert await clock_conn.fetchval(COPY, a) is None
+        outcome, _ = await wait_children(clock_conn, lease.run_id, lease.generation, "j", [a],
+                                         now=at(5))
+        assert outcome == "waiting"
+        again = await claim_start(clock_conn, CHILD, worker=OTHER, now=at(6))
+        await finish(clock_conn, a, again[a], "complete", value="ok", worker=OTHER, now=at(7))
+        assert (await status(clock_conn, lease.run_id))[0] == "pending"
+        generation = await reclaim(clock_conn, lease.run_id, now=at(8))
+        outcome, children = await wait_children(clock_conn, lease.run_id, generation, "j", [a],
+                                                now=at(9))
+        assert outcome == "ready"
+        assert [(c["status"], c["output"], c["error"], c["dead_lettered"]) for c in children] == [
+            ("completed", "ok", None, False)]
+
+    async def test_a_redrive_while_the_parent_waits_is_recounted(self, clock_conn):
+        lease, (a, b) = await parent_with_children(clock_conn, 2)
+        await wait_children(clock_conn, lease.run_id, lease.generation, "j", [a, b], now=at(2))
+        taken = await claim_start(clock_conn, CHILD, worker=OTHER, now=at(3))
+        await finish(clock_conn, a, taken[a], "fail", value="x", worker=OTHER, now=at(4))
+        assert await clock_conn.fetchval("SELECT remaining FROM zeroth.child_waits") == 1
+        assert await clock_conn.fetchval(REDRIVE, a, at(5)) is True
+        assert await clock_conn.fetchval("SELECT remaining FROM zeroth.child_waits") == 2
+        await finish(clock_conn, b, taken[b], "complete", worker=OTHER, now=at(6))
+        assert await status(clock_conn, lease.run_id) == ("waiting", "children:j")
+        again = await claim_start(clock_conn, CHILD, worker=OTHER, now=at(7))
+        await finish(clock_conn, a, again[a], "complete", value="second", worker=OTHER,
+                     now=at(8))
+        assert (await status(clock_conn, lease.run_id))[0] == "pending"
+        generation = await reclaim(clock_conn, lease.run_id, now=at(9))
+        _, children = await wait_children(clock_conn, lease.run_id, generation, "j", [a, b],
+                                          now=at(10))
+        assert [(c["status"], c["output"]) for c in children] == [("completed", "second"),
+                                                                  ("completed", None)]
+
+    async def test_an_any_wait_met_then_redriven_before_the_replay_waits_again(self, clock_conn):
+        lease, (a, b) = await parent_with_children(clock_conn, 2)
+        await wait_children(clock_conn, lease.run_id, lease.generation, "j", [a, b], mode="any",
+                            now=at(2))
+        taken = await claim_start(clock_conn, CHILD, worker=OTHER, now=at(3))
+        await finish(clock_conn, a, taken[a], "fail", value="x", worker=OTHER, now=at(4))
+        assert (await status(clock_conn, lease.run_id))[0] == "pending"
+        assert await clock_conn.fetchval(REDRIVE, a, at(5)) is True
+        assert await clock_conn.fetchval("SELECT remaining FROM zeroth.child_waits") == 2
+        generation = await reclaim(clock_conn, lease.run_id, now=at(6))
+        outcome, _ = await wait_children(clock_conn, lease.run_id, generation, "j", [a, b],
+                                         mode="any", now=at(7))
+        assert outcome == "waiting"
+        await finish(clock_conn, b, taken[b], "complete", value="b", worker=OTHER, now=at(8))
+        assert (await status(clock_conn, lease.run_id))[0] == "pending"
+
+    async def test_a_recorded_wait_keeps_its_outcome_after_a_redrive(self, clock_conn):
+        lease, (a,) = await parent_with_children(clock_conn, 1)
+        taken = await claim_start(clock_conn, CHILD, worker=OTHER, now=at(2))
+        await finish(clock_conn, a, taken[a], "fail", value="first", worker=OTHER, now=at(3))
+        outcome, recorded = await wait_children(clock_conn, lease.run_id, lease.generation, "j",
+                                                [a], now=at(4))
+        assert outcome == "ready"
+        assert recorded[0]["error"] == "first"
+        assert await clock_conn.fetchval(REDRIVE, a, at(5)) is True
+        again = await claim_start(clock_conn, CHILD, worker=OTHER, now=at(6))
+        await finish(clock_conn, a, again[a], "complete", value="later", worker=OTHER, now=at(7))
+        assert (await status(clock_conn, lease.run_id))[0] == "running"  # not woken again
+        replay = await wait_children(clock_conn, lease.run_id, lease.generation, "j", [a],
+                                     now=at(8))
+        assert replay == (outcome, recorded)
+
+    async def test_a_deleted_child_ends_the_wait_as_cancelled(self, clock_conn):
+        lease, (a, b) = await parent_with_children(clock_conn, 2)
+        await wait_children(clock_conn, lease.run_id, lease.generation, "j", [a, b], now=at(2))
+        taken = await claim_start(clock_conn, CHILD, worker=OTHER, now=at(3))
+        await finish(clock_conn, b, taken[b], "complete", value="b", worker=OTHER, now=at(4))
+        await clock_conn.execute("DELETE FROM zeroth.runs WHERE run_id = $1", a)
+        assert (await status(clock_conn, lease.run_id))[0] == "pending"
+        generation = await reclaim(clock_conn, lease.run_id, now=at(5))
+        outcome, children = await wait_children(clock_conn, lease.run_id, generation, "j", [a, b],
+                                                now=at(6))
+        assert outcome == "ready"
+        assert (children[0]["status"], children[0]["error"]) == (
+            "cancelled", {"message": "the child run was deleted before it ended",
+                          "deleted_status": "running"})
+        assert children[1]["status"] == "completed"
+
+    async def test_a_child_deleted_before_the_wait_reads_as_ended(self, clock_conn):
+        lease, (a,) = await parent_with_children(clock_conn, 1)
+        await clock_conn.execute("DELETE FROM zeroth.runs WHERE run_id = $1", a)
+        outcome, children = await wait_children(clock_conn, lease.run_id, lease.generation, "j",
+                                                [a], now=at(2))
+        assert outcome == "ready"
+        assert (children[0]["status"], children[0]["error"]["deleted_status"]) == (
+            "cancelled", "pending")
+
+    async def test_deleting_an_ended_child_keeps_its_outcome(self, clock_conn):
+        lease, (a,) = await parent_with_children(clock_conn, 1)
+        taken = await claim_start(clock_conn, CHILD, worker=OTHER, now=at(2))
+        await finish(clock_conn, a, taken[a], "complete", value=5, worker=OTHER, now=at(3))
+        await clock_conn.execute("DELETE FROM zeroth.runs WHERE run_id = $1", a)
+        _, children = await wait_children(clock_conn, lease.run_id, lease.generation, "j", [a],
+                                          now=at(4))
+        assert (children[0]["status"], children[0]["output"]) == ("completed", 5)
+
+
 # -- cancel ---------------------------------------------------------------------------------------
 
 class TestCancel:

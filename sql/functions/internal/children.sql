@@ -56,16 +56,19 @@ COMMENT ON FUNCTION zeroth._child_outcomes(text, text, uuid, uuid[]) IS 'Interna
 ALTER FUNCTION zeroth._child_outcomes(text, text, uuid, uuid[]) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._child_outcomes(text, text, uuid, uuid[]) FROM PUBLIC;
 
--- A child run ended (any function, any path) → copy its outcome to its child_runs row and, on its
--- first end (a redriven child that ends again updates the copy, and is not counted twice), count
--- it down in each of its parent's waits that lists it; a wait whose count says it is met (all:
--- none left; any: one fewer than listed) makes the parent pending. O(1) rows per end, whatever
--- the number of siblings: the count, not the siblings, decides. The parent's child_waits rows
--- are locked (they serialise siblings that end at once); the parent's row is taken SKIP LOCKED
--- (see the lock order above), and a wake-up skipped that way marks the wait (met_at). Uses the
--- ending call's time (NEW.updated_at).
-CREATE OR REPLACE FUNCTION zeroth._child_run_finished() RETURNS trigger
-    -- Pinned: a trigger runs with the search_path of whoever updates the row.
+-- A child run ended → copy its outcome to its child_runs row and, on its first end since it was
+-- started or last reopened (zeroth._child_run_reopened clears the copy and recounts), count it
+-- down in each of its parent's waits that lists it; a wait whose count says it is met (all: none
+-- left; any: one fewer than listed) makes the parent pending. O(1) rows per end, whatever the
+-- number of siblings: the count, not the siblings, decides. The parent's child_waits rows are
+-- locked (they serialise siblings that end at once); the parent's row is taken SKIP LOCKED (see
+-- the lock order above), and a wake-up skipped that way marks the wait (met_at). Called by the
+-- triggers of a child's end (its update) and of its deletion before it ended (reported as
+-- cancelled), with the ending call's time.
+CREATE OR REPLACE FUNCTION zeroth._child_ended(
+    tenant_id text, workspace_key text, parent_run_id uuid, child_run_id uuid,
+    status zeroth.run_status, output jsonb, error jsonb, dead_lettered boolean, at timestamptz)
+    RETURNS void
     LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_was   zeroth.run_status;
@@ -74,24 +77,23 @@ DECLARE
     v_run   record;
 BEGIN
     SELECT c.status INTO v_was FROM zeroth.child_runs c
-     WHERE c.tenant_id = NEW.tenant_id
-       AND c.workspace_key = NEW.workspace_key
-       AND c.child_run_id = NEW.run_id
-       AND c.parent_run_id = NEW.parent_run_id
+     WHERE c.tenant_id = _child_ended.tenant_id
+       AND c.workspace_key = _child_ended.workspace_key
+       AND c.child_run_id = _child_ended.child_run_id
+       AND c.parent_run_id = _child_ended.parent_run_id
        FOR UPDATE;
     IF NOT FOUND THEN
-        RETURN NULL;  -- the parent (and with it the link) was pruned
+        RETURN;  -- the parent (and with it the link) was pruned
     END IF;
     UPDATE zeroth.child_runs c
-       SET status = NEW.status, output = NEW.output, error = NEW.error,
-           dead_lettered = NEW.dead_lettered_at IS NOT NULL,
-           finished_at = coalesce(NEW.finished_at, NEW.updated_at)
-     WHERE c.tenant_id = NEW.tenant_id
-       AND c.workspace_key = NEW.workspace_key
-       AND c.child_run_id = NEW.run_id
-       AND c.parent_run_id = NEW.parent_run_id;
+       SET status = _child_ended.status, output = _child_ended.output, error = _child_ended.error,
+           dead_lettered = _child_ended.dead_lettered, finished_at = _child_ended.at
+     WHERE c.tenant_id = _child_ended.tenant_id
+       AND c.workspace_key = _child_ended.workspace_key
+       AND c.child_run_id = _child_ended.child_run_id
+       AND c.parent_run_id = _child_ended.parent_run_id;
     IF v_was IS NOT NULL THEN
-        RETURN NULL;  -- ended before (then redriven): every wait counted it then
+        RETURN;  -- already ended (a DBA's update between two ends): every wait counted it then
     END IF;
     -- Only a parent waiting for children has a wait to count down. A plain read, after the
     -- update above: a parent entering its wait right now holds this child's child_runs row FOR
@@ -101,36 +103,36 @@ BEGIN
     -- while the cancel waits for the sibling's run row cannot close a cycle. A wait skipped here
     -- is recounted by the parent's next wait_for_children (its ON CONFLICT branch).
     PERFORM 1 FROM zeroth.runs p
-     WHERE p.tenant_id = NEW.tenant_id
-       AND p.workspace_key = NEW.workspace_key
-       AND p.run_id = NEW.parent_run_id
+     WHERE p.tenant_id = _child_ended.tenant_id
+       AND p.workspace_key = _child_ended.workspace_key
+       AND p.run_id = _child_ended.parent_run_id
        AND p.status = 'waiting'
        AND p.wait_reason LIKE 'children:%';
     IF NOT FOUND THEN
-        RETURN NULL;
+        RETURN;
     END IF;
     FOR v_wait IN
         SELECT w.step_key, w.mode, cardinality(w.child_run_ids) AS listed FROM zeroth.child_waits w
-         WHERE w.tenant_id = NEW.tenant_id
-           AND w.workspace_key = NEW.workspace_key
-           AND w.parent_run_id = NEW.parent_run_id
-           AND NEW.run_id = ANY (w.child_run_ids)
+         WHERE w.tenant_id = _child_ended.tenant_id
+           AND w.workspace_key = _child_ended.workspace_key
+           AND w.parent_run_id = _child_ended.parent_run_id
+           AND _child_ended.child_run_id = ANY (w.child_run_ids)
          ORDER BY w.step_key
            FOR UPDATE
     LOOP
-        UPDATE zeroth.child_waits w SET remaining = w.remaining - 1
-         WHERE w.tenant_id = NEW.tenant_id AND w.workspace_key = NEW.workspace_key
-           AND w.parent_run_id = NEW.parent_run_id AND w.step_key = v_wait.step_key
+        UPDATE zeroth.child_waits w SET remaining = greatest(w.remaining - 1, 0)
+         WHERE w.tenant_id = _child_ended.tenant_id AND w.workspace_key = _child_ended.workspace_key
+           AND w.parent_run_id = _child_ended.parent_run_id AND w.step_key = v_wait.step_key
         RETURNING w.remaining INTO v_left;
         CONTINUE WHEN NOT (v_left = 0 OR (v_wait.mode = 'any' AND v_left < v_wait.listed));
         UPDATE zeroth.runs r
-           SET status = 'pending', wait_reason = NULL, run_after = NEW.updated_at, updated_at = NEW.updated_at
-         WHERE r.tenant_id = NEW.tenant_id
-           AND r.workspace_key = NEW.workspace_key
+           SET status = 'pending', wait_reason = NULL, run_after = _child_ended.at, updated_at = _child_ended.at
+         WHERE r.tenant_id = _child_ended.tenant_id
+           AND r.workspace_key = _child_ended.workspace_key
            AND r.run_id = (SELECT p.run_id FROM zeroth.runs p
-                            WHERE p.tenant_id = NEW.tenant_id
-                              AND p.workspace_key = NEW.workspace_key
-                              AND p.run_id = NEW.parent_run_id
+                            WHERE p.tenant_id = _child_ended.tenant_id
+                              AND p.workspace_key = _child_ended.workspace_key
+                              AND p.run_id = _child_ended.parent_run_id
                               AND p.status = 'waiting'
                               AND p.wait_reason = 'children:' || v_wait.step_key
                               AND p.thread_queued_at IS NULL
@@ -138,21 +140,102 @@ BEGIN
            AND r.status = 'waiting'
         RETURNING r.deployment_ref, r.workspace_id INTO v_run;
         IF FOUND THEN
-            PERFORM zeroth._notify_wakeup(v_run.deployment_ref, NEW.tenant_id, v_run.workspace_id);
+            PERFORM zeroth._notify_wakeup(v_run.deployment_ref, _child_ended.tenant_id, v_run.workspace_id);
         ELSE
             -- Not woken (its row was locked, or it is not waiting on this key now): marked,
             -- so wake_due_waits visits this wait and no other.
-            UPDATE zeroth.child_waits w SET met_at = coalesce(w.met_at, NEW.updated_at)
-             WHERE w.tenant_id = NEW.tenant_id AND w.workspace_key = NEW.workspace_key
-               AND w.parent_run_id = NEW.parent_run_id AND w.step_key = v_wait.step_key;
+            UPDATE zeroth.child_waits w SET met_at = coalesce(w.met_at, _child_ended.at)
+             WHERE w.tenant_id = _child_ended.tenant_id AND w.workspace_key = _child_ended.workspace_key
+               AND w.parent_run_id = _child_ended.parent_run_id AND w.step_key = v_wait.step_key;
         END IF;
+    END LOOP;
+END
+$$;
+COMMENT ON FUNCTION zeroth._child_ended(text, text, uuid, uuid, zeroth.run_status, jsonb, jsonb, boolean, timestamptz) IS 'Internal: a child run ended (or was deleted before it ended) → copy its outcome to child_runs; on its first end since it was started or reopened, count it down in its parent''s waits; a wait now met (all: none left; any: one ended) makes the waiting parent pending, due now (parent row taken SKIP LOCKED; a skipped wake-up marks child_waits.met_at and wake_due_waits makes it). NOTIFY zeroth_wakeup when a parent was woken.';
+ALTER FUNCTION zeroth._child_ended(text, text, uuid, uuid, zeroth.run_status, jsonb, jsonb, boolean, timestamptz) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._child_ended(text, text, uuid, uuid, zeroth.run_status, jsonb, jsonb, boolean, timestamptz) FROM PUBLIC;
+
+-- Trigger runs_child_run_finished: a child run ended (any function, any path, a DBA's update).
+CREATE OR REPLACE FUNCTION zeroth._child_run_finished() RETURNS trigger
+    -- Pinned: a trigger runs with the search_path of whoever updates the row.
+    LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM zeroth._child_ended(NEW.tenant_id, NEW.workspace_key, NEW.parent_run_id, NEW.run_id,
+                                NEW.status, NEW.output, NEW.error, NEW.dead_lettered_at IS NOT NULL,
+                                coalesce(NEW.finished_at, NEW.updated_at));
+    RETURN NULL;
+END
+$$;
+COMMENT ON FUNCTION zeroth._child_run_finished() IS 'Internal trigger (runs_child_run_finished): a child run ended → zeroth._child_ended with its outcome and time.';
+ALTER FUNCTION zeroth._child_run_finished() OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._child_run_finished() FROM PUBLIC;
+
+-- Trigger runs_child_run_deleted: a child run deleted before it ended (a DBA's DELETE; prune_runs
+-- deletes only ended runs) is an end its parent sees — cancelled, with an error saying why —
+-- not a child the parent waits for forever.
+CREATE OR REPLACE FUNCTION zeroth._child_run_deleted() RETURNS trigger
+    LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM zeroth._child_ended(OLD.tenant_id, OLD.workspace_key, OLD.parent_run_id, OLD.run_id,
+                                'cancelled', NULL,
+                                jsonb_build_object('message', 'the child run was deleted before it ended',
+                                                   'deleted_status', OLD.status),
+                                false, zeroth._now());
+    RETURN NULL;
+END
+$$;
+COMMENT ON FUNCTION zeroth._child_run_deleted() IS 'Internal trigger (runs_child_run_deleted): a child run deleted before it ended → zeroth._child_ended as cancelled, error {message, deleted_status}, so its parent is not left waiting.';
+ALTER FUNCTION zeroth._child_run_deleted() OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._child_run_deleted() FROM PUBLIC;
+
+-- Trigger runs_child_run_reopened: a child that had ended is active again (redrive_run, a DBA) →
+-- its outcome copy is cleared, so a wait made from now on waits for its next end, and each of its
+-- parent's waits that lists it and has no recorded result yet is recounted (remaining from the
+-- copies; met_at cleared when no longer met). A wait whose result was recorded keeps it: a step's
+-- result is written once. Locks as a child's end: the child's child_runs row, then the parent's
+-- child_waits rows in step_key order.
+CREATE OR REPLACE FUNCTION zeroth._child_run_reopened() RETURNS trigger
+    LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_wait record;
+    v_left integer;
+BEGIN
+    UPDATE zeroth.child_runs c
+       SET status = NULL, output = NULL, error = NULL, dead_lettered = false, finished_at = NULL
+     WHERE c.tenant_id = NEW.tenant_id
+       AND c.workspace_key = NEW.workspace_key
+       AND c.child_run_id = NEW.run_id
+       AND c.parent_run_id = NEW.parent_run_id
+       AND c.status IS NOT NULL;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    FOR v_wait IN
+        SELECT w.step_key, w.mode, w.child_run_ids FROM zeroth.child_waits w
+         WHERE w.tenant_id = NEW.tenant_id
+           AND w.workspace_key = NEW.workspace_key
+           AND w.parent_run_id = NEW.parent_run_id
+           AND NEW.run_id = ANY (w.child_run_ids)
+         ORDER BY w.step_key
+           FOR UPDATE
+    LOOP
+        v_left := cardinality(v_wait.child_run_ids)
+                  - zeroth._children_ended(NEW.tenant_id, NEW.workspace_key, NEW.parent_run_id,
+                                           v_wait.child_run_ids);
+        UPDATE zeroth.child_waits w
+           SET remaining = v_left,
+               met_at = CASE WHEN v_left = 0
+                               OR (v_wait.mode = 'any' AND v_left < cardinality(v_wait.child_run_ids))
+                             THEN w.met_at END
+         WHERE w.tenant_id = NEW.tenant_id AND w.workspace_key = NEW.workspace_key
+           AND w.parent_run_id = NEW.parent_run_id AND w.step_key = v_wait.step_key;
     END LOOP;
     RETURN NULL;
 END
 $$;
-COMMENT ON FUNCTION zeroth._child_run_finished() IS 'Internal trigger: a child run ended → copy its outcome to child_runs; on its first end, count it down in its parent''s waits; a wait now met (all: none left; any: one ended) makes the waiting parent pending, due now (parent row taken SKIP LOCKED; a skipped wake-up marks child_waits.met_at and wake_due_waits makes it). NOTIFY zeroth_wakeup when a parent was woken.';
-ALTER FUNCTION zeroth._child_run_finished() OWNER TO zeroth_owner;
-REVOKE ALL ON FUNCTION zeroth._child_run_finished() FROM PUBLIC;
+COMMENT ON FUNCTION zeroth._child_run_reopened() IS 'Internal trigger (runs_child_run_reopened): an ended child run is active again (redrive_run, a DBA) → clear its outcome copy in child_runs and recount its parent''s unrecorded waits that list it (remaining; met_at cleared when no longer met). Recorded step results are kept.';
+ALTER FUNCTION zeroth._child_run_reopened() OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._child_run_reopened() FROM PUBLIC;
 
 -- A run was cancelled (any function, any path) → cancel its unfinished children that were not
 -- started detached, each as request_cancel would with no grace (zeroth._cancel: pending or waiting
