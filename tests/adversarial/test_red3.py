@@ -7,6 +7,7 @@ Each test is one attack; it passes when the promise held.
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 from typing import Any
@@ -187,3 +188,305 @@ class TestBatches:
         assert await ended(admin, run_id) == []
         assert await admin.fetchval(
             "SELECT status::text FROM zeroth.runs WHERE run_id = $1", run_id) == "running"
+
+
+# -- child runs: redriven and deleted children (triggers runs_child_run_reopened / _deleted) --
+
+START_ON = """SELECT child_run_id FROM zeroth.start_child_run(run_id => $1, worker_id => 'w1',
+                  generation => $2, step_key => $3, deployment_ref => $3, max_attempts => 1,
+                  tenant_id => $4, workspace_id => $5)"""
+CLAIM_ON = """SELECT run_id, lease_generation FROM zeroth.claim_and_start(deployment_ref => $1,
+                  worker_id => 'w1', tenant_id => $2, workspace_id => $3, lease_seconds => 60)
+               WHERE run_id IS NOT NULL"""
+WAIT_ON = """SELECT outcome, children::text AS children FROM zeroth.wait_for_children(
+                 run_id => $1, worker_id => 'w1', generation => $2, step_key => $3,
+                 child_run_ids => $4::uuid[], mode => $5, tenant_id => $6, workspace_id => $7)"""
+END_CHILD = {
+    "complete": """SELECT zeroth.complete_run(run_id => $1, worker_id => 'w1', generation => $2,
+                       output => '{"v": 1}', tenant_id => $3, workspace_id => $4)::text""",
+    "fail": """SELECT zeroth.fail_run(run_id => $1, worker_id => 'w1', generation => $2,
+                   error => '{"boom": 1}', retryable => false, tenant_id => $3,
+                   workspace_id => $4)""",
+}
+REDRIVE = "SELECT zeroth.redrive_run(run_id => $1, tenant_id => $2, workspace_id => $3)"
+WAITS = """SELECT step_key, remaining, met_at IS NOT NULL AS met FROM zeroth.child_waits
+            WHERE parent_run_id = $1 AND tenant_id = $2 ORDER BY step_key"""
+
+
+class Family:
+    """A parent run held by worker w1 in one scope, with one child per key, each child on a
+    deployment named after its key (so a claim takes exactly that child)."""
+
+    def __init__(self, admin: asyncpg.Connection, worker: asyncpg.Connection,
+                 tenant: str = "acme", workspace: str | None = None) -> None:
+        self.admin, self.worker, self.tenant, self.workspace = admin, worker, tenant, workspace
+        self.run_id: Any = None
+        self.generation = 0
+        self.kids: dict[str, Any] = {}
+        self.leases: dict[str, int] = {}
+
+    async def start(self, *keys: str, run_id: Any = None) -> Family:
+        self.run_id = await self.admin.fetchval(
+            "SELECT run_id FROM zeroth.enqueue_run(deployment_ref => 'd', tenant_id => $1, "
+            "workspace_id => $2, run_id => $3)", self.tenant, self.workspace, run_id)
+        await self.claim_parent()
+        for key in keys:
+            self.kids[key] = await self.worker.fetchval(
+                START_ON, self.run_id, self.generation, key, self.tenant, self.workspace)
+        return self
+
+    async def claim_parent(self) -> None:
+        (row,) = await self.worker.fetch(CLAIM_ON, "d", self.tenant, self.workspace)
+        assert row["run_id"] == self.run_id
+        self.generation = row["lease_generation"]
+
+    async def wait(self, keys: list[str], mode: str = "all", step: str = "w") -> tuple[Any, Any]:
+        row = await self.worker.fetchrow(WAIT_ON, self.run_id, self.generation, step,
+                                         [self.kids[k] for k in keys], mode, self.tenant,
+                                         self.workspace)
+        return row["outcome"], None if row["children"] is None else json.loads(row["children"])
+
+    async def run(self, key: str) -> None:
+        (row,) = await self.worker.fetch(CLAIM_ON, key, self.tenant, self.workspace)
+        assert row["run_id"] == self.kids[key]
+        self.leases[key] = row["lease_generation"]
+
+    async def end(self, key: str, how: str = "complete") -> None:
+        if key not in self.leases:
+            await self.run(key)
+        got = await self.worker.fetchval(END_CHILD[how], self.kids[key], self.leases.pop(key),
+                                         self.tenant, self.workspace)
+        assert got == {"complete": "true", "fail": "failed"}[how]
+
+    async def redrive(self, key: str) -> None:
+        assert await self.admin.fetchval(REDRIVE, self.kids[key], self.tenant,
+                                         self.workspace) is True
+
+    async def status(self, run: Any = None) -> str:
+        return await self.admin.fetchval(
+            "SELECT status::text FROM zeroth.runs WHERE run_id = $1 AND tenant_id = $2 "
+            "AND workspace_id IS NOT DISTINCT FROM $3",
+            self.run_id if run is None else run, self.tenant, self.workspace)
+
+    async def remaining(self, step: str = "w") -> int | None:
+        return await self.admin.fetchval(
+            "SELECT remaining FROM zeroth.child_waits WHERE parent_run_id = $1 AND "
+            "tenant_id = $2 AND workspace_key = $3 AND step_key = $4", self.run_id, self.tenant,
+            "" if self.workspace is None else f"w:{self.workspace}", step)
+
+    async def scope_rows(self) -> tuple[Any, ...]:
+        """Every row of this scope in runs, child_runs, child_waits, run_steps, run_attempts."""
+        wskey = "" if self.workspace is None else f"w:{self.workspace}"
+        out = []
+        for relation in ("runs", "child_runs", "child_waits", "run_steps", "run_attempts"):
+            out.append([tuple(r) for r in await self.admin.fetch(
+                f"SELECT t.* FROM zeroth.{relation} t WHERE t.tenant_id = $1 "
+                f"AND t.workspace_key = $2 ORDER BY t::text", self.tenant, wskey)])
+        return tuple(out)
+
+
+class TestRedrivenChildren:
+    async def test_end_redrive_end_again_wakes_an_all_wait_once_after_the_last_end(
+            self, login, admin):
+        worker = await login("worker")
+        f = await Family(admin, worker).start("k1", "k2")
+        assert (await f.wait(["k1", "k2"]))[0] == "waiting"
+        await f.end("k1", "fail")
+        assert (await f.status(), await f.remaining()) == ("waiting", 1)
+        await f.redrive("k1")
+        assert (await f.status(), await f.remaining()) == ("waiting", 2)
+        await f.end("k1")  # its second end counts once
+        assert (await f.status(), await f.remaining()) == ("waiting", 1)
+        await f.end("k2")
+        assert (await f.status(), await f.remaining()) == ("pending", 0)
+        await f.claim_parent()
+        outcome, children = await f.wait(["k1", "k2"])
+        assert outcome == "ready"
+        assert [(c["status"], c["output"]) for c in children] == [
+            ("completed", {"v": 1}), ("completed", {"v": 1})]
+
+    async def test_an_any_wait_woken_by_a_child_then_redriven_waits_for_a_new_end(
+            self, login, admin):
+        worker = await login("worker")
+        f = await Family(admin, worker).start("k1", "k2")
+        assert (await f.wait(["k1", "k2"], "any"))[0] == "waiting"
+        await f.end("k1", "fail")
+        assert await f.status() == "pending"  # woken by the first end
+        await f.redrive("k1")  # before the parent replays its wait: k1 has not ended now
+        await f.claim_parent()
+        assert (await f.wait(["k1", "k2"], "any"))[0] == "waiting"
+        assert await f.remaining() == 2
+        await f.end("k2")
+        assert await f.status() == "pending"
+        await f.claim_parent()
+        outcome, children = await f.wait(["k1", "k2"], "any")
+        assert outcome == "ready"
+        assert [c["status"] for c in children] == [None, "completed"]
+
+    async def test_a_skipped_any_wake_up_is_unmarked_by_the_redrive(self, login, admin, connect):
+        """The parent's row is held when k1 ends: the wait is marked met (met_at) for the sweep.
+        k1 is redriven before the sweep: the wait is no longer met, so the sweep wakes nothing;
+        the parent wakes when k2 ends."""
+        worker = await login("worker")
+        f = await Family(admin, worker).start("k1", "k2")
+        assert (await f.wait(["k1", "k2"], "any"))[0] == "waiting"
+        locker = await connect()
+        tx = locker.transaction()
+        await tx.start()
+        await locker.execute("SELECT 1 FROM zeroth.runs WHERE run_id = $1 FOR UPDATE", f.run_id)
+        await f.end("k1", "fail")
+        await tx.commit()
+        assert await admin.fetch(WAITS, f.run_id, "acme") == [("w", 1, True)]
+        await f.redrive("k1")
+        assert await admin.fetch(WAITS, f.run_id, "acme") == [("w", 2, False)]
+        assert await admin.fetchval("SELECT zeroth.wake_due_waits()") == 0
+        assert await f.status() == "waiting"
+        await f.end("k2")
+        assert await f.status() == "pending"
+
+    async def test_a_dba_flipping_an_ended_child_between_ends_counts_it_once(
+            self, login, admin):
+        worker = await login("worker")
+        f = await Family(admin, worker).start("k1", "k2")
+        assert (await f.wait(["k1", "k2"]))[0] == "waiting"
+        await f.end("k1")
+        await admin.execute("UPDATE zeroth.runs SET status = 'failed', error = '{\"dba\": 1}' "
+                            "WHERE run_id = $1", f.kids["k1"])
+        # ended → ended is no new end (runs_child_run_finished fires on active → ended): not
+        # counted again, and the parent keeps the outcome it was told first.
+        assert (await f.status(), await f.remaining()) == ("waiting", 1)
+        await f.end("k2")
+        assert await f.status() == "pending"
+
+    async def test_a_login_member_of_zeroth_owner_reopening_a_child_by_hand_recounts(
+            self, login, admin, pg_server_dsn, database_dsn):
+        """The triggers run as the DBA's role: a member of zeroth_owner (not a superuser) sees
+        the owner-only child tables through its membership, so its reopen is not lost."""
+        worker = await login("worker")
+        f = await Family(admin, worker).start("k1", "k2")
+        assert (await f.wait(["k1", "k2"]))[0] == "waiting"
+        await f.end("k1")
+        assert await f.remaining() == 1
+        with login_role(pg_server_dsn, "zeroth_owner") as (name, password):
+            ops = await asyncpg.connect(dsn_as(database_dsn, name, password))
+            try:
+                await ops.execute("UPDATE zeroth.runs SET status = 'pending', finished_at = NULL "
+                                  "WHERE run_id = $1", f.kids["k1"])
+            finally:
+                await ops.close()
+        assert (await f.status(), await f.remaining()) == ("waiting", 2)
+        await f.end("k2")
+        assert await f.status() == "waiting"
+        await f.end("k1")
+        assert await f.status() == "pending"
+
+    @pytest.mark.parametrize("call", ["null", "pending", "unknown", "other_tenant",
+                                      "other_workspace"])
+    async def test_a_bad_redrive_of_a_child_raises_zp_and_changes_nothing(
+            self, login, admin, call):
+        worker = await login("worker")
+        f = await Family(admin, worker).start("k1", "k2")
+        assert (await f.wait(["k1", "k2"]))[0] == "waiting"
+        await f.end("k1", "fail")
+        args = {"null": (None, "acme", None), "pending": (f.kids["k2"], "acme", None),
+                "unknown": (uuid.uuid4(), "acme", None),
+                "other_tenant": (f.kids["k1"], "globex", None),
+                "other_workspace": (f.kids["k1"], "acme", "ws")}[call]
+        before = await f.scope_rows()
+        with pytest.raises(asyncpg.PostgresError) as err:
+            await admin.fetchval(REDRIVE, *args)
+        assert err.value.sqlstate.startswith("ZP"), err.value
+        assert await f.scope_rows() == before
+
+
+class TestDeletedChildren:
+    @pytest.mark.parametrize("state", ["pending", "running", "waiting", "completed",
+                                       "redriven"])
+    async def test_a_dba_deleting_an_awaited_child_counts_it_once(self, login, admin, state):
+        worker = await login("worker")
+        f = await Family(admin, worker).start("victim", "other")
+        assert (await f.wait(["victim", "other"]))[0] == "waiting"
+        if state in ("running", "waiting"):
+            await f.run("victim")
+        if state == "waiting":
+            assert await worker.fetchval(
+                "SELECT zeroth.pause_run(run_id => $1, worker_id => 'w1', generation => $2, "
+                "reason => 'dba', tenant_id => 'acme')", f.kids["victim"],
+                f.leases["victim"]) is True
+        if state in ("completed", "redriven"):
+            await f.end("victim", "complete" if state == "completed" else "fail")
+        if state == "redriven":
+            await f.redrive("victim")
+        assert await f.status(f.kids["victim"]) == state.replace("redriven", "pending")
+        await admin.execute("DELETE FROM zeroth.runs WHERE run_id = $1", f.kids["victim"])
+        assert (await f.status(), await f.remaining()) == ("waiting", 1)
+        await f.end("other")
+        assert (await f.status(), await f.remaining()) == ("pending", 0)
+        await f.claim_parent()
+        outcome, children = await f.wait(["victim", "other"])
+        assert outcome == "ready"
+        victim = children[0]
+        if state == "completed":
+            assert (victim["status"], victim["output"]) == ("completed", {"v": 1})
+        else:
+            assert victim["status"] == "cancelled"
+            assert victim["error"]["deleted_status"] == state.replace("redriven", "pending")
+
+    async def test_the_holder_of_a_deleted_child_lands_nothing(self, login, admin):
+        worker = await login("worker")
+        f = await Family(admin, worker).start("victim", "other")
+        assert (await f.wait(["victim", "other"]))[0] == "waiting"
+        await f.run("victim")
+        await admin.execute("DELETE FROM zeroth.runs WHERE run_id = $1", f.kids["victim"])
+        before = await f.scope_rows()
+        for how in ("complete", "fail"):
+            try:
+                got = await worker.fetchval(END_CHILD[how], f.kids["victim"], f.leases["victim"],
+                                            "acme", None)
+            except asyncpg.PostgresError as err:
+                assert err.sqlstate.startswith("ZP"), err
+            else:
+                assert got in ("false", None), got
+        assert await f.scope_rows() == before
+        assert await f.remaining() == 1
+
+    async def test_a_dba_deleting_a_parent_with_its_children_in_one_statement(
+            self, login, admin):
+        worker = await login("worker")
+        f = await Family(admin, worker).start("k1", "k2")
+        assert (await f.wait(["k1", "k2"]))[0] == "waiting"
+        await f.run("k1")
+        bystander = await Family(admin, worker, tenant="globex").start("k1")
+        assert (await bystander.wait(["k1"]))[0] == "waiting"
+        theirs = await bystander.scope_rows()
+        await admin.execute("DELETE FROM zeroth.runs WHERE run_id = ANY ($1::uuid[])",
+                            [f.run_id, *f.kids.values()])
+        assert await admin.fetchval(
+            "SELECT count(*) FROM zeroth.child_runs WHERE parent_run_id = $1", f.run_id) == 0
+        assert await bystander.scope_rows() == theirs
+
+
+class TestChildScopes:
+    """Another scope's child, whose parent has the same run id (enqueue_run takes a caller's
+    run_id), ends, is redriven and is deleted: this scope's parent, links and waits never move."""
+
+    @pytest.mark.parametrize(("tenant", "workspace"), [("globex", None), ("acme", "ws")])
+    async def test_another_scopes_child_never_touches_this_scopes_parent(
+            self, login, admin, tenant, workspace):
+        worker = await login("worker")
+        mine = await Family(admin, worker).start("k1")
+        assert (await mine.wait(["k1"]))[0] == "waiting"
+        theirs = await Family(admin, worker, tenant=tenant, workspace=workspace).start(
+            "k1", run_id=mine.run_id)
+        assert theirs.run_id == mine.run_id
+        assert (await theirs.wait(["k1"]))[0] == "waiting"
+        before = await mine.scope_rows()
+        await theirs.end("k1", "fail")
+        assert await theirs.status() == "pending"
+        await theirs.redrive("k1")
+        await theirs.claim_parent()
+        assert (await theirs.wait(["k1"]))[0] == "waiting"
+        await admin.execute("DELETE FROM zeroth.runs WHERE run_id = $1", theirs.kids["k1"])
+        assert await theirs.status() == "pending"
+        assert await mine.scope_rows() == before
+        assert await mine.status() == "waiting"
