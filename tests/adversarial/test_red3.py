@@ -175,7 +175,8 @@ class TestBatches:
     async def test_a_batch_of_another_scope_completes_and_records_nothing(self, login, admin):
         worker = await login("worker")
         run_id, generation = await held(admin, worker, tenant="acme")
-        for tenant, workspace in (("globex", None), ("acme", "ws"), (None, None)):
+        # (None, "ws"): a workspace without a tenant is an impossible scope, which matches nothing.
+        for tenant, workspace in (("globex", None), ("acme", "ws"), (None, None), (None, "ws")):
             rows = await worker.fetch(
                 "SELECT completed FROM zeroth.complete_runs(worker_id => 'w1', "
                 "run_ids => $1::uuid[], generations => $2::bigint[], tenant_id => $3, "
@@ -185,6 +186,42 @@ class TestBatches:
                 "SELECT zeroth.complete_run(run_id => $1, worker_id => 'w1', generation => $2, "
                 "tenant_id => $3, workspace_id => $4)", run_id, generation, tenant,
                 workspace) is False
+        assert await ended(admin, run_id) == []
+        assert await admin.fetchval(
+            "SELECT status::text FROM zeroth.runs WHERE run_id = $1", run_id) == "running"
+
+
+    @pytest.mark.parametrize(("call", "args"), [
+        ("complete_runs", "run_ids => $1::uuid[] || $1::uuid[], generations => $2::bigint[] || "
+                          "$2::bigint[]"),
+        ("complete_runs", "run_ids => $1::uuid[], generations => $2::bigint[] || 7::bigint"),
+        ("complete_runs", "run_ids => $1::uuid[], generations => $2::bigint[], "
+                          "outputs => ARRAY['1', '2']::jsonb[]"),
+        ("complete_runs", "run_ids => $1::uuid[], generations => $2::bigint[], "
+                          "outputs => '[0:0]={1}'::jsonb[]"),
+        ("complete_runs", "run_ids => $1::uuid[] || NULL::uuid, generations => $2::bigint[] || "
+                          "1::bigint"),
+        ("complete_runs", "run_ids => $1::uuid[], generations => $2::bigint[], worker_id => ''"),
+        ("complete_and_claim", "deployment_ref => 'd', run_ids => $1::uuid[], "
+                               "generations => $2::bigint[], batch_size => 0"),
+        ("complete_and_claim", "deployment_ref => 'd', run_ids => $1::uuid[], "
+                               "generations => $2::bigint[], lease_seconds => -1"),
+        ("complete_and_claim", "deployment_ref => '', run_ids => $1::uuid[], "
+                               "generations => $2::bigint[]"),
+    ])
+    async def test_bad_batch_input_raises_zp_and_writes_no_history(
+            self, login, admin, call, args):
+        """Refused whole: a live completion in the same call is not kept, nor its history row
+        (complete_and_claim's claim arguments are checked after its completions ran)."""
+        worker = await login("worker")
+        run_id, generation = await held(admin, worker)
+        if "worker_id" not in args:
+            args += ", worker_id => 'w1'"
+        if "tenant_id" not in args:
+            args += ", tenant_id => 'acme'"
+        with pytest.raises(asyncpg.PostgresError) as err:
+            await worker.fetch(f"SELECT * FROM zeroth.{call}({args})", [run_id], [generation])
+        assert err.value.sqlstate.startswith("ZP"), err.value
         assert await ended(admin, run_id) == []
         assert await admin.fetchval(
             "SELECT status::text FROM zeroth.runs WHERE run_id = $1", run_id) == "running"
