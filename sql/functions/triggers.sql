@@ -25,7 +25,7 @@ CREATE OR REPLACE TRIGGER runs_child_run_finished
     EXECUTE FUNCTION zeroth._child_run_finished();
 
 -- An ended child run is active again (redrive_run, a DBA) → zeroth._child_run_reopened clears its
--- outcome copy and recounts its parent's waits, so a later wait waits for its next end.
+-- outcome copy and recounts its waiting parent's waits, so a later wait waits for its next end.
 CREATE OR REPLACE TRIGGER runs_child_run_reopened
     AFTER UPDATE OF status ON zeroth.runs
     FOR EACH ROW

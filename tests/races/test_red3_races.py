@@ -19,7 +19,7 @@ import json
 
 import pytest
 from helpers import DEPLOYMENT, WORKER, at, make_run, run_row
-from interleave import DEADLINE, Session, assert_waits_for, blockers, finished, only
+from interleave import DEADLINE, Outcome, Session, assert_waits_for, blockers, finished, only
 from test_child_run_races import (CLAIM, CLAIM_ORPHANED, COMPLETE, FAIL, REDRIVE, REMAINING,
                                   WAIT, parent_and_children)
 
@@ -189,3 +189,40 @@ async def test_a_dba_deleting_a_child_as_it_completes_counts_it_once(sessions, f
     assert (await run_row(db, lease.run_id))["status"] == "waiting"
     assert await db.fetchval(COMPLETE, k2, "cw", g2, json.dumps(2), at(5)) is True
     assert (await run_row(db, lease.run_id))["status"] == "pending"
+
+
+PRUNE = """SELECT zeroth_test.prune_runs(older_than => interval '100 seconds',
+               now_override => $1)"""
+CANCEL_PARENT = """SELECT outcome FROM zeroth_test.request_cancel_v2(run_id => $1,
+                       action => 'cancel', now_override => $2)"""
+
+
+async def test_a_childs_redrive_and_the_prune_of_its_ended_parent_do_not_deadlock(
+        sessions, connect):
+    """A cancelled parent keeps the wait it was cancelled in (child_waits). Its child is
+    redriven while prune_runs deletes the parent: the redrive's trigger locks the child's
+    child_runs row, prune deletes the parent's wait row and then (ON DELETE CASCADE) the child's
+    child_runs row. A third session holding that child_runs row lines the two up: once it lets
+    go, the redrive must not go on to wait for the wait row prune deleted while prune waits for
+    the child_runs row the redrive holds (a deadlock, 40P01 after deadlock_timeout)."""
+    operator, pruner, db = sessions
+    holder = Session(await connect())
+    lease, [(kid, gen)] = await parent_and_children(db, 1)
+    assert (await db.fetchrow(WAIT, lease.run_id, WORKER, 1, [kid], "all", at(3)))[
+        "outcome"] == "waiting"
+    assert await db.fetchval(CANCEL_PARENT, lease.run_id, at(4)) == "cancelled"
+    assert await db.fetchval(FAIL, kid, "cw", gen, at(5)) == "failed"
+    assert await db.fetchval(REMAINING, lease.run_id) == 1  # the cancelled parent's wait stays
+    await holder.begin()
+    assert (await holder.call("SELECT 1 FROM zeroth.child_runs WHERE child_run_id = $1 "
+                              "FOR UPDATE", kid)).value == 1
+    redrive = operator.spawn(REDRIVE, kid, at(1000))
+    await assert_waits_for(db, operator, holder, redrive)
+    prune = pruner.spawn(PRUNE, at(1000))
+    await blocked(db, pruner, prune)
+    await holder.commit()
+    assert (await finished(redrive)) == Outcome(value=True)
+    assert (await finished(prune)) == Outcome(value=1)  # the parent (the child was held)
+    assert await db.fetchval("SELECT count(*) FROM zeroth.child_waits WHERE parent_run_id = $1",
+                             lease.run_id) == 0
+    assert (await run_row(db, kid))["status"] == "pending"
