@@ -8,6 +8,7 @@ Each test is one attack; it passes when the promise held.
 from __future__ import annotations
 
 import json
+import random
 import re
 import uuid
 from typing import Any
@@ -527,3 +528,108 @@ class TestChildScopes:
         assert await theirs.status() == "pending"
         assert await mine.scope_rows() == before
         assert await mine.status() == "waiting"
+
+
+class TestRandomWalk:
+    """Seeded random walks over one parent and three children: ends (completed, failed),
+    redrives, DBA deletes, ends while another session holds the parent's row (a skipped wake-up),
+    sweeps, the woken parent's replays and a running parent's new waits (a ready wait records the
+    step, the next wait takes a new step key). After every step: each child's outcome copy says whether it has ended;
+    while the parent waits, its wait's count is the number of listed children not ended, and it
+    waits only while the wait is not met (or marked for the sweep); a woken parent's replay is
+    ready exactly when the wait is met."""
+
+    @pytest.mark.parametrize("seed", range(12))
+    async def test_the_wait_count_is_the_truth_after_every_step(
+            self, login, admin, connect, seed):
+        rng = random.Random(seed)
+        mode = "all" if seed % 2 == 0 else "any"
+        worker = await login("worker")
+        keys = ["k1", "k2", "k3"]
+        f = await Family(admin, worker).start(*keys)
+        locker = await connect()
+        step = 0
+        outcome, _ = await f.wait(keys, mode, step=f"w{step}")
+        assert outcome == "waiting"
+        deleted: set[str] = set()
+        log: list[str] = []
+        for _ in range(60):
+            states = {k: (None if k in deleted else await f.status(f.kids[k])) for k in keys}
+            choices = []
+            for k, st in states.items():
+                if st in ("pending", "running"):
+                    choices += [("end", k, "complete"), ("end", k, "fail"),
+                                ("locked_end", k, "fail")]
+                if st in ("failed", "cancelled"):
+                    choices += [("redrive", k, None)] * 3
+                if st is not None and rng.random() < 0.08:
+                    choices.append(("delete", k, None))
+                if st == "pending" and k not in f.leases:
+                    choices.append(("claim", k, None))
+            choices.append(("sweep", None, None))
+            parent = await f.status()
+            if parent in ("pending", "running"):  # woken, or running after a ready wait
+                choices += [("wait", None, parent)] * 2
+            op, key, how = rng.choice(choices)
+            log.append(f"{op} {key or ''} {how or ''}".strip())
+            if op == "end":
+                await f.end(key, how)
+            elif op == "claim":
+                await f.run(key)
+            elif op == "locked_end":
+                tx = locker.transaction()
+                await tx.start()
+                await locker.execute("SELECT 1 FROM zeroth.runs WHERE run_id = $1 FOR UPDATE",
+                                     f.run_id)
+                await f.end(key, how)
+                await tx.commit()
+            elif op == "redrive":
+                await f.redrive(key)
+                f.leases.pop(key, None)
+            elif op == "delete":
+                await admin.execute("DELETE FROM zeroth.runs WHERE run_id = $1", f.kids[key])
+                deleted.add(key)
+                f.leases.pop(key, None)
+            elif op == "sweep":
+                await admin.fetchval("SELECT zeroth.wake_due_waits()")
+            elif op == "wait":  # a woken parent replays its wait; a running one waits anew
+                if how == "pending":
+                    await f.claim_parent()
+                outcome, _ = await f.wait(keys, mode, step=f"w{step}")
+                assert outcome == ("ready" if await self.met(f, mode) else "waiting"), log
+                if outcome == "ready":  # recorded; the parent runs on, its next wait a new key
+                    step += 1
+            await self.check(f, keys, mode, deleted, f"w{step}", log)
+        # The rest end: a parent still waiting must be woken (by the ends, or the sweep).
+        for k in keys:
+            if k not in deleted and await f.status(f.kids[k]) in ("pending", "running"):
+                await f.end(k)
+        await admin.fetchval("SELECT zeroth.wake_due_waits()")
+        assert await f.status() in ("pending", "running"), log
+        assert step >= 1, log  # the walk got at least one wait recorded
+
+    @staticmethod
+    async def met(f: Family, mode: str) -> bool:
+        ended_now = await f.admin.fetchval(
+            "SELECT count(status) FROM zeroth.child_runs WHERE parent_run_id = $1", f.run_id)
+        return ended_now == 3 if mode == "all" else ended_now >= 1
+
+    async def check(self, f: Family, keys: list[str], mode: str, deleted: set[str], step: str,
+                    log: list[str]) -> None:
+        for k in keys:
+            copy = await f.admin.fetchval(
+                "SELECT status::text FROM zeroth.child_runs WHERE child_run_id = $1", f.kids[k])
+            if k in deleted:
+                assert copy is not None, (k, log)
+                continue
+            st = await f.status(f.kids[k])
+            assert (copy is None) == (st in ("pending", "running", "waiting")), (k, st, copy, log)
+        if await f.status() != "waiting":
+            return
+        ended_now = await f.admin.fetchval(
+            "SELECT count(status) FROM zeroth.child_runs WHERE parent_run_id = $1", f.run_id)
+        assert await f.remaining(step) == 3 - ended_now, log
+        marked = await f.admin.fetchval(
+            "SELECT met_at IS NOT NULL FROM zeroth.child_waits WHERE parent_run_id = $1 "
+            "AND step_key = $2", f.run_id, step)
+        assert not await self.met(f, mode) or marked, ("a met wait left unmarked", log)
