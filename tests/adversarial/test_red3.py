@@ -437,6 +437,34 @@ class TestRedrivenChildren:
         assert await f.scope_rows() == before
 
 
+    @pytest.mark.parametrize("kind", ["nobody", "reader", "worker"])
+    async def test_no_product_role_can_redrive_delete_or_reopen_a_child(
+            self, login, admin, kind):
+        worker = await login("worker")
+        f = await Family(admin, worker).start("k1", "k2")
+        assert (await f.wait(["k1", "k2"]))[0] == "waiting"
+        await f.end("k1", "fail")
+        hostile = await login(kind)
+        if kind == "reader":
+            await hostile.execute("SET zeroth.tenant_id = 'acme'")
+        before = await f.scope_rows()
+        for statement in (
+                REDRIVE,
+                "DELETE FROM zeroth.runs WHERE run_id = $1 AND $2::text IS NOT DISTINCT FROM $2 "
+                "AND $3::text IS NOT DISTINCT FROM $3",
+                "UPDATE zeroth.runs SET status = 'pending' WHERE run_id = $1 "
+                "AND $2::text IS NOT DISTINCT FROM $2 AND $3::text IS NOT DISTINCT FROM $3",
+                "UPDATE zeroth.child_runs SET status = NULL, finished_at = NULL "
+                "WHERE child_run_id = $1 AND $2::text IS NOT DISTINCT FROM $2 "
+                "AND $3::text IS NOT DISTINCT FROM $3",
+                "UPDATE zeroth.child_waits SET remaining = 0 WHERE $1::uuid = ANY (child_run_ids) "
+                "AND $2::text IS NOT DISTINCT FROM $2 AND $3::text IS NOT DISTINCT FROM $3"):
+            for run in (f.kids["k1"], f.kids["k2"]):
+                with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                    await hostile.execute(statement, run, "acme", None)
+        assert await f.scope_rows() == before
+
+
 class TestDeletedChildren:
     @pytest.mark.parametrize("state", ["pending", "running", "waiting", "completed",
                                        "redriven"])
