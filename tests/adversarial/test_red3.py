@@ -1,8 +1,28 @@
 """Red team 3: attacks on issue 16 (commit 832d743) — the attempt history written set-based by
 the completions, and the triggers for redriven and deleted child runs — as the roles the product
-keeps out and as a DBA, on a database exactly as shipped.
+keeps out and as a DBA, on a database exactly as shipped. Races: tests/races/test_red3_races.py.
 
-Each test is one attack; it passes when the promise held.
+Each test is one attack; it passes when the promise held:
+
+* attempt history: a DBA completing a run by hand leaves exactly one row as a superuser, as a
+  LOGIN member of zeroth_owner, and as zeroth_owner itself (SET ROLE / SET SESSION AUTHORIZATION:
+  was a break, zero rows — the trigger skipped every running → completed update made as
+  zeroth_owner; it now also needs the mark the two completion writers set for their call only);
+  the mark set by a superuser or a worker never skips a row; no product role is a member of
+  zeroth_owner; only complete_run and zeroth._complete_locked_runs complete runs and carry the
+  mark; mixed, cross-scope and malformed batches record exactly the live completions (ZP and
+  nothing written for bad input, complete_and_claim included);
+* child runs: a child ended, redriven and ended again wakes an all wait once, after the last
+  end; an any wait woken then redriven waits for a new end; a skipped wake-up (met_at) is
+  unmarked by the redrive; a DBA flipping an ended child is not counted twice; a member of
+  zeroth_owner reopening a child by hand recounts; bad redrives raise ZP and change nothing; no
+  product role can redrive, delete or reopen a child or touch a wait; a DBA deleting an awaited
+  child (pending, running, waiting, ended, redriven) counts it once, its holder lands nothing;
+  another tenant's or workspace's child whose parent has the same run id never touches this
+  scope; seeded random walks keep a waiting parent's count the truth after every step.
+
+One break fixed in the races module: a child's redrive deadlocked with prune_runs deleting its
+ended parent (the reopen trigger now takes wait rows only while the parent waits for children).
 """
 
 from __future__ import annotations
@@ -505,14 +525,10 @@ class TestDeletedChildren:
         await f.run("victim")
         await admin.execute("DELETE FROM zeroth.runs WHERE run_id = $1", f.kids["victim"])
         before = await f.scope_rows()
-        for how in ("complete", "fail"):
-            try:
-                got = await worker.fetchval(END_CHILD[how], f.kids["victim"], f.leases["victim"],
-                                            "acme", None)
-            except asyncpg.PostgresError as err:
-                assert err.sqlstate.startswith("ZP"), err
-            else:
-                assert got in ("false", None), got
+        # Its lease went with the row: fenced out (complete_run false, fail_run NULL).
+        for how, refused in (("complete", "false"), ("fail", None)):
+            assert await worker.fetchval(END_CHILD[how], f.kids["victim"], f.leases["victim"],
+                                         "acme", None) == refused
         assert await f.scope_rows() == before
         assert await f.remaining() == 1
 
@@ -562,10 +578,10 @@ class TestRandomWalk:
     """Seeded random walks over one parent and three children: ends (completed, failed),
     redrives, DBA deletes, ends while another session holds the parent's row (a skipped wake-up),
     sweeps, the woken parent's replays and a running parent's new waits (a ready wait records the
-    step, the next wait takes a new step key). After every step: each child's outcome copy says whether it has ended;
-    while the parent waits, its wait's count is the number of listed children not ended, and it
-    waits only while the wait is not met (or marked for the sweep); a woken parent's replay is
-    ready exactly when the wait is met."""
+    step, the next wait takes a new step key). After every step: each child's outcome copy says
+    whether it has ended; while the parent waits, its wait's count is the number of listed
+    children not ended, and it waits only while the wait is not met (or marked for the sweep); a
+    wait is ready exactly when it is met."""
 
     @pytest.mark.parametrize("seed", range(12))
     async def test_the_wait_count_is_the_truth_after_every_step(

@@ -20,8 +20,16 @@ import json
 import pytest
 from helpers import DEPLOYMENT, WORKER, at, make_run, run_row
 from interleave import DEADLINE, Outcome, Session, assert_waits_for, blockers, finished, only
-from test_child_run_races import (CLAIM, CLAIM_ORPHANED, COMPLETE, FAIL, REDRIVE, REMAINING,
-                                  WAIT, parent_and_children)
+from test_child_run_races import (
+    CLAIM,
+    CLAIM_ORPHANED,
+    COMPLETE,
+    FAIL,
+    REDRIVE,
+    REMAINING,
+    WAIT,
+    parent_and_children,
+)
 
 COMPLETE_RUNS = """SELECT completed FROM zeroth_test.complete_runs(worker_id => $2,
                        run_ids => ARRAY[$1]::uuid[], generations => ARRAY[$3]::bigint[],
