@@ -131,6 +131,32 @@ class TestDbaCompletionAsTheOwner:
         assert owner_of == []
 
 
+    @pytest.mark.parametrize("kind", ["nobody", "zeroth_reader", "zeroth_worker"])
+    async def test_no_login_role_can_make_itself_zeroth_owner(
+            self, pg_server_dsn, database_dsn, kind):
+        member_of = None if kind == "nobody" else kind
+        with login_role(pg_server_dsn, member_of) as (name, password):
+            hostile = await asyncpg.connect(dsn_as(database_dsn, name, password))
+            try:
+                for statement in ("SET ROLE zeroth_owner",
+                                  "SET SESSION AUTHORIZATION zeroth_owner",
+                                  "GRANT zeroth_owner TO CURRENT_USER"):
+                    with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                        await hostile.execute(statement)
+                # A role may set its own login defaults, this one included: it is checked when
+                # the next session starts, and refused there (a warning; the session stays the
+                # role itself).
+                await hostile.execute("ALTER ROLE CURRENT_USER SET role = 'zeroth_owner'")
+            finally:
+                await hostile.close()
+            again = await asyncpg.connect(dsn_as(database_dsn, name, password))
+            try:
+                assert await again.fetchval("SELECT current_user::text") == name
+                assert await again.fetchval(
+                    "SELECT pg_has_role(current_user, 'zeroth_owner', 'USAGE')") is False
+            finally:
+                await again.close()
+
 class TestCompletionWriters:
     """The trigger leaves exactly two writers' completions to them; no other function may move a
     run to completed, and only those two may carry the mark."""
