@@ -77,6 +77,25 @@ class TestDbaCompletionAsTheOwner:
             "SELECT status::text FROM zeroth.runs WHERE run_id = $1", run_id) == "completed"
         assert await ended(admin, run_id) == [(generation, "w1", "completed")]
 
+    async def test_the_mark_does_not_outlive_the_completion_that_set_it(self, login, admin):
+        # One transaction: complete_run and complete_runs (the mark is on during each), then the
+        # DBA, as zeroth_owner, completes another run by hand: recorded by the trigger.
+        worker = await login("worker")
+        first, g1 = await held(admin, worker)
+        second, g2 = await held(admin, worker)
+        by_hand, g3 = await held(admin, worker)
+        async with admin.transaction():
+            assert await admin.fetchval(COMPLETE, first, "w1", g1, "acme") is True
+            assert [r["completed"] for r in await admin.fetch(BATCH, "w1", [second], [g2])] == [
+                True]
+            assert await admin.fetchval(
+                "SELECT current_setting('zeroth.completion_records_attempt', true)") in ("", None)
+            await admin.execute("SET LOCAL ROLE zeroth_owner")
+            await admin.execute(DBA_COMPLETE, by_hand)
+        for run, generation in ((first, g1), (second, g2), (by_hand, g3)):
+            assert await ended(admin, run) == [(generation, "w1", "completed")]
+
+
     async def test_a_login_member_of_zeroth_owner_completing_by_hand_leaves_one_row(
             self, login, admin, pg_server_dsn, database_dsn):
         # docs/dba-guide.md's `ops` role: a LOGIN member of zeroth_owner, acting as itself.
@@ -272,6 +291,36 @@ class TestBatches:
         assert await ended(admin, run_id) == []
         assert await admin.fetchval(
             "SELECT status::text FROM zeroth.runs WHERE run_id = $1", run_id) == "running"
+
+
+class TestReaderScope:
+    async def test_a_reader_sees_only_its_tenants_batch_written_rows(self, login, admin):
+        """The completions write their history rows themselves, with the scope of the call: a
+        reader naming one tenant sees that tenant's rows (every workspace) and no other's."""
+        worker = await login("worker")
+        mine = []
+        for tenant in ("acme", "globex"):
+            for workspace in (None, "ws"):
+                await admin.fetchval(
+                    "SELECT run_id FROM zeroth.enqueue_run(deployment_ref => 'd', "
+                    "tenant_id => $1, workspace_id => $2)", tenant, workspace)
+                (row,) = await worker.fetch(CLAIM_ON, "d", tenant, workspace)
+                rows = await worker.fetch(
+                    "SELECT completed FROM zeroth.complete_and_claim(deployment_ref => 'none', "
+                    "worker_id => 'w1', run_ids => $1::uuid[], generations => $2::bigint[], "
+                    "tenant_id => $3, workspace_id => $4)",
+                    [row["run_id"]], [row["lease_generation"]], tenant, workspace)
+                assert rows[0]["completed"] == [True]
+                if tenant == "acme":
+                    mine.append((row["run_id"], workspace))
+        reader = await login("reader")
+        await reader.execute("SET zeroth.tenant_id = 'acme'")
+        seen = await reader.fetch(
+            "SELECT run_id, workspace_id, outcome FROM zeroth.attempt_history")
+        assert sorted((r["run_id"], r["workspace_id"], r["outcome"]) for r in seen) == sorted(
+            (run, ws, "completed") for run, ws in mine)
+        assert await reader.fetchval(
+            "SELECT count(*) FROM zeroth.run_attempts WHERE tenant_id <> 'acme'") == 0
 
 
 # -- child runs: redriven and deleted children (triggers runs_child_run_reopened / _deleted) --
