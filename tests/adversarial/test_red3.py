@@ -513,6 +513,35 @@ class TestRedrivenChildren:
         await f.end("k1")
         assert await f.status() == "pending"
 
+    async def test_an_operator_redriving_a_cancelled_family_gets_one_wake_after_the_new_ends(
+            self, login, admin):
+        """The parent is cancelled while it waits (its attached children with it); the operator
+        redrives the children, then the parent (neither is waiting when the children reopen:
+        the parent's old wait row is left to its replay). The replayed wait waits for the
+        children's new ends and is woken once, after the last."""
+        worker = await login("worker")
+        f = await Family(admin, worker).start("k1", "k2")
+        assert (await f.wait(["k1", "k2"]))[0] == "waiting"
+        assert await admin.fetchval(
+            "SELECT outcome FROM zeroth.request_cancel_v2(run_id => $1, action => 'cancel', "
+            "tenant_id => 'acme')", f.run_id) == "cancelled"
+        assert [await f.status(f.kids[k]) for k in ("k1", "k2")] == ["cancelled", "cancelled"]
+        await f.redrive("k1")
+        await f.redrive("k2")
+        assert await admin.fetchval(REDRIVE, f.run_id, "acme", None) is True
+        await f.claim_parent()
+        assert (await f.wait(["k1", "k2"]))[0] == "waiting"
+        assert await f.remaining() == 2
+        await f.end("k1")
+        assert await f.status() == "waiting"
+        await f.end("k2")
+        assert await f.status() == "pending"
+        await f.claim_parent()
+        outcome, children = await f.wait(["k1", "k2"])
+        assert outcome == "ready"
+        assert [c["status"] for c in children] == ["completed", "completed"]
+
+
     @pytest.mark.parametrize("call", ["null", "pending", "unknown", "other_tenant",
                                       "other_workspace"])
     async def test_a_bad_redrive_of_a_child_raises_zp_and_changes_nothing(
