@@ -257,6 +257,25 @@ class TestBatches:
             "SELECT status::text FROM zeroth.runs WHERE run_id = $1", run_id) == "running"
 
 
+    async def test_completing_a_claim_not_started_raises_zp003_and_writes_nothing(
+            self, login, admin):
+        worker = await login("worker")
+        await admin.fetchval(ENQUEUE, "acme")
+        (claimed,) = await worker.fetch(
+            "SELECT run_id, lease_generation FROM zeroth.claim_pending(deployment_ref => 'd', "
+            "worker_id => 'w1', tenant_id => 'acme') WHERE run_id IS NOT NULL")
+        run_id, generation = claimed["run_id"], claimed["lease_generation"]
+        with pytest.raises(asyncpg.PostgresError) as err:
+            await worker.fetchval(COMPLETE, run_id, "w1", generation, "acme")
+        assert err.value.sqlstate == "ZP003", err.value
+        assert [r["completed"] for r in await worker.fetch(BATCH, "w1", [run_id],
+                                                            [generation])] == [False]
+        assert await ended(admin, run_id) == []
+        row = await admin.fetchrow("SELECT status::text, lease_worker_id FROM zeroth.runs "
+                                   "WHERE run_id = $1", run_id)
+        assert tuple(row) == ("pending", "w1")
+
+
     @pytest.mark.parametrize(("call", "args"), [
         ("complete_runs", "run_ids => $1::uuid[] || $1::uuid[], generations => $2::bigint[] || "
                           "$2::bigint[]"),
