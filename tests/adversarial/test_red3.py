@@ -198,6 +198,26 @@ class TestCompletionWriters:
             assert "completion_records_attempt" not in r["source"], r["name"]
 
 
+    @pytest.mark.parametrize("columns", [
+        {"status": "completed"}, {"Status": "completed", "output": {"v": 1}},
+        {' "status" ': "completed"}, {"finished_at": "2026-01-01T00:00:00Z"},
+        {"lease_worker_id": None}, {"status\t": "completed"}])
+    async def test_commit_fenced_cannot_complete_a_run(self, login, admin, columns):
+        """The one worker function that writes run columns by name never reaches status (or
+        the lease): a holder cannot complete its run outside the completions' history write."""
+        worker = await login("worker")
+        run_id, generation = await held(admin, worker)
+        with pytest.raises(asyncpg.PostgresError) as err:
+            await worker.fetchval(
+                "SELECT zeroth.commit_fenced(run_id => $1, worker_id => 'w1', generation => $2, "
+                "columns => $3::text::jsonb, tenant_id => 'acme')", run_id, generation,
+                json.dumps(columns))
+        assert err.value.sqlstate in ("ZP004", "ZP005", "ZP008"), err.value
+        assert await admin.fetchval(
+            "SELECT status::text FROM zeroth.runs WHERE run_id = $1", run_id) == "running"
+        assert await ended(admin, run_id) == []
+
+
 class TestBatches:
     async def test_mixed_batch_records_exactly_the_live_completions(self, login, admin):
         """complete_runs / complete_and_claim with a live lease, a stale generation (taken over),
