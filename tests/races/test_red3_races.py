@@ -9,7 +9,10 @@ redriven and deleted child runs.
   sibling ends): the wait's count is the truth after every interleaving, and the parent is woken
   only once every awaited child has ended;
 * a DBA's DELETE of an awaited child against that child's completion, in either order: the
-  child is counted once.
+  child is counted once;
+* a child's redrive against prune_runs deleting its ended (cancelled) parent, lined up by a
+  third session: was a deadlock (40P01), fixed in f941024 — the reopen trigger takes wait rows
+  only while the parent waits for children.
 """
 
 from __future__ import annotations
