@@ -10,6 +10,7 @@ redriven and deleted child runs.
   only once every awaited child has ended;
 * a DBA's DELETE of an awaited child against that child's completion, in either order: the
   child is counted once;
+* a child's redrive and a DBA's DELETE of it, in either order: counted once;
 * a child's redrive against prune_runs deleting its ended (cancelled) parent, lined up by a
   third session: was a deadlock (40P01), fixed in f941024 — the reopen trigger takes wait rows
   only while the parent waits for children.
@@ -237,3 +238,36 @@ async def test_a_childs_redrive_and_the_prune_of_its_ended_parent_do_not_deadloc
     assert await db.fetchval("SELECT count(*) FROM zeroth.child_waits WHERE parent_run_id = $1",
                              lease.run_id) == 0
     assert (await run_row(db, kid))["status"] == "pending"
+
+
+@pytest.mark.parametrize("first", ["redrive", "delete"])
+async def test_a_redrive_and_a_dba_delete_of_one_child_count_it_once(sessions, first):
+    """Parent waiting for [k1, k2], k1 failed (counted). The redrive reopens k1 (recount: 2
+    left), the DELETE reports it cancelled (1 left): in either order k1 ends up counted once and
+    k2's end wakes the parent; a redrive that waited for the DELETE finds no run (ZP001)."""
+    operator, dba, db = sessions
+    lease, [(k1, g1), (k2, g2)] = await parent_and_children(db, 2)
+    assert (await db.fetchrow(WAIT, lease.run_id, WORKER, 1, [k1, k2], "all", at(3)))[
+        "outcome"] == "waiting"
+    assert await db.fetchval(FAIL, k1, "cw", g1, at(4)) == "failed"
+    assert await db.fetchval(REMAINING, lease.run_id) == 1
+    delete = "DELETE FROM zeroth.runs WHERE run_id = $1"
+    if first == "redrive":
+        await operator.begin()
+        assert (await operator.call(REDRIVE, k1, at(5))).value is True
+        late = dba.spawn(delete, k1)
+        await assert_waits_for(db, dba, operator, late)
+        await operator.commit()
+        assert (await finished(late)).sqlstate is None
+    else:
+        await dba.begin()
+        await dba.call(delete, k1)
+        late = operator.spawn(REDRIVE, k1, at(5))
+        await assert_waits_for(db, operator, dba, late)
+        await dba.commit()
+        assert (await finished(late)).sqlstate == "ZP001"
+    assert await db.fetchval("SELECT count(*) FROM zeroth.runs WHERE run_id = $1", k1) == 0
+    assert await db.fetchval(REMAINING, lease.run_id) == 1
+    assert (await run_row(db, lease.run_id))["status"] == "waiting"
+    assert await db.fetchval(COMPLETE, k2, "cw", g2, json.dumps(2), at(6)) is True
+    assert (await run_row(db, lease.run_id))["status"] == "pending"
