@@ -4,6 +4,8 @@ redriven and deleted child runs.
 
 * one lease completed from two sessions at once (complete_run, complete_runs,
   complete_and_claim, in either order): one completion, one history row;
+* a completion and a fail_run / hand-back of the same lease from two sessions, either first:
+  one end, one history row (the completion's own or the trigger's);
 * a completion that waited for a takeover: refused, and the taken-over attempt has one row;
 * two siblings ending at once while a third is redriven (and a redrive holding the wait while a
   sibling ends): the wait's count is the truth after every interleaving, and the parent is woken
@@ -271,3 +273,40 @@ async def test_a_redrive_and_a_dba_delete_of_one_child_count_it_once(sessions, f
     assert (await run_row(db, lease.run_id))["status"] == "waiting"
     assert await db.fetchval(COMPLETE, k2, "cw", g2, json.dumps(2), at(6)) is True
     assert (await run_row(db, lease.run_id))["status"] == "pending"
+
+
+OTHER_ENDS = {
+    "fail_run": ("""SELECT zeroth_test.fail_run(run_id => $1, worker_id => $2, generation => $3,
+                        error => $4::text::jsonb, retryable => false, now_override => $5)""",
+                 "failed", "failed"),
+    "hand_back": ("""SELECT zeroth_test.hand_back_to_pending(run_id => $1, worker_id => $2,
+                         generation => $3, now_override => $5)
+                      WHERE $4::text IS NULL OR $4::text IS NOT NULL""",
+                  True, "handed_back"),
+}
+
+
+@pytest.mark.parametrize("other", sorted(OTHER_ENDS))
+@pytest.mark.parametrize("completion", ["complete_run", "complete_runs"])
+@pytest.mark.parametrize("completion_first", [True, False])
+async def test_a_completion_and_another_end_of_one_lease_write_one_row(
+        sessions, other, completion, completion_first):
+    """Two processes of one lease end it two ways at once: the first to lock wins, the other is
+    refused, and the attempt has exactly one row (written by the completion's statement or by
+    the trigger)."""
+    a, b, db = sessions
+    lease = await make_run(db, "running")
+    query, accepted, outcome = OTHER_ENDS[other]
+    calls = [(COMPLETIONS[completion], True, "completed"), (query, accepted, outcome)]
+    if not completion_first:
+        calls.reverse()
+    (first, first_ok, first_outcome), (second, _ok, _outcome) = calls
+    await a.begin()
+    assert (await a.call(first, lease.run_id, WORKER, lease.generation, json.dumps(1),
+                         at(1))).value == first_ok
+    late = b.spawn(second, lease.run_id, WORKER, lease.generation, json.dumps(2), at(1))
+    await assert_waits_for(db, b, a, late)
+    await a.commit()
+    refused = await finished(late)
+    assert refused.value in (False, None) or (refused.sqlstate or "").startswith("ZP"), refused
+    assert await ended(db, lease.run_id) == [(lease.generation, WORKER, first_outcome)]
