@@ -55,7 +55,9 @@ VARIANTS = ("shipped", "trigger", "none")
 COMPLETIONS = ("complete_runs.sql", "complete_run.sql")
 #: The trigger's exception for the completions the functions record themselves.
 EXCEPTION = re.compile(r"\n\s*AND NOT \(OLD\.status = 'running' AND NEW\.status = 'completed'"
-                       r"\s*AND CURRENT_USER = 'zeroth_owner'\)")
+                       r"\s*AND CURRENT_USER = 'zeroth_owner'"
+                       r"\s*AND coalesce\(current_setting\('zeroth\.completion_records_attempt', "
+                       r"true\), ''\)\s*= 'on'\)")
 TRIGGER = re.compile(r"CREATE OR REPLACE TRIGGER runs_attempt_history.*?;", re.S)
 
 

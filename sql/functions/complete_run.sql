@@ -10,7 +10,9 @@ CREATE OR REPLACE FUNCTION zeroth.complete_run(
     tenant_id    text  DEFAULT NULL,
     workspace_id text  DEFAULT NULL)
     RETURNS boolean
-    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+    -- Marks this call's completion as recorded here (the trigger's WHEN reads it: triggers.sql).
+    SET zeroth.completion_records_attempt = 'on' AS $$
 DECLARE
     v_status zeroth.run_status;
     v_now    timestamptz := zeroth._now();

@@ -17,7 +17,9 @@ CREATE OR REPLACE FUNCTION zeroth._complete_locked_runs(
     outputs jsonb[], running uuid[], acquired timestamptz[], at timestamptz) RETURNS uuid[]
     LANGUAGE plpgsql VOLATILE
     SET enable_nestloop = off
-    SET plan_cache_mode = force_generic_plan AS $$
+    SET plan_cache_mode = force_generic_plan
+    -- Marks this call's completions as recorded here (the trigger's WHEN reads it: triggers.sql).
+    SET zeroth.completion_records_attempt = 'on' AS $$
 DECLARE
     v_done uuid[];
 BEGIN

@@ -25,7 +25,7 @@ CREATE OR REPLACE TRIGGER runs_child_run_finished
     EXECUTE FUNCTION zeroth._child_run_finished();
 
 -- An ended child run is active again (redrive_run, a DBA) → zeroth._child_run_reopened clears its
--- outcome copy and recounts its parent's waits, so a later wait waits for its next end.
+-- outcome copy and recounts its waiting parent's waits, so a later wait waits for its next end.
 CREATE OR REPLACE TRIGGER runs_child_run_reopened
     AFTER UPDATE OF status ON zeroth.runs
     FOR EACH ROW
@@ -59,9 +59,11 @@ CREATE OR REPLACE TRIGGER runs_cancel_children
 -- evaluated before any call); the open attempt is read from zeroth.runs (zeroth.attempt_history).
 -- Completions by the functions (running → completed as zeroth_owner: complete_run, complete_runs
 -- and complete_and_claim) write their rows themselves, set-based in the completing statement
--- (zeroth._complete_locked_runs), so the hot path's most frequent end calls no trigger either; a
--- worker cannot become zeroth_owner, so it cannot skip a row that way. A DBA's completion (any
--- other role) still goes through the trigger.
+-- (zeroth._complete_locked_runs), so the hot path's most frequent end calls no trigger either.
+-- Such an update is recognised by two marks together: it is made as zeroth_owner, which no worker
+-- can become, and inside one of the two writers, whose SET clause turns the setting
+-- zeroth.completion_records_attempt on for their call only. A DBA's completion by hand — as any
+-- role, zeroth_owner included (SET ROLE: red-team pass 3) — still goes through the trigger.
 CREATE OR REPLACE TRIGGER runs_attempt_history
     AFTER UPDATE OF status, lease_generation, lease_worker_id ON zeroth.runs
     FOR EACH ROW
@@ -71,6 +73,8 @@ CREATE OR REPLACE TRIGGER runs_attempt_history
                OR (NEW.status IS DISTINCT FROM OLD.status
                    AND NOT (OLD.status = 'pending' AND NEW.status = 'running')))
           AND NOT (OLD.status = 'running' AND NEW.status = 'completed'
-                   AND CURRENT_USER = 'zeroth_owner'))
+                   AND CURRENT_USER = 'zeroth_owner'
+                   AND coalesce(current_setting('zeroth.completion_records_attempt', true), '')
+                       = 'on'))
     EXECUTE FUNCTION zeroth._record_attempt();
 DROP TRIGGER IF EXISTS runs_attempt_history_insert ON zeroth.runs;

@@ -80,7 +80,9 @@ class TestWorker:
             await worker.fetch(f"SELECT * FROM zeroth.{relation}")
 
     async def test_a_setting_named_like_an_outcome_changes_nothing(self, login, admin):
-        # The trigger reads no setting: a worker cannot label its own failure a success.
+        # The outcome is derived from the run rows, never a setting (the trigger's WHEN reads
+        # one, the completions' mark, and only for a completion made as zeroth_owner): a
+        # worker cannot label its own failure a success.
         worker = await login("worker")
         run_id, generation = await held_run(admin, worker)
         await worker.execute("SET zeroth.attempt_outcome = 'completed'")

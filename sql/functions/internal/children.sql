@@ -189,10 +189,13 @@ ALTER FUNCTION zeroth._child_run_deleted() OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._child_run_deleted() FROM PUBLIC;
 
 -- Trigger runs_child_run_reopened: a child that had ended is active again (redrive_run, a DBA) →
--- its outcome copy is cleared, so a wait made from now on waits for its next end, and each of its
--- parent's waits that lists it and has no recorded result yet is recounted (remaining from the
--- copies; met_at cleared when no longer met). A wait whose result was recorded keeps it: a step's
--- result is written once. Locks as a child's end: the child's child_runs row, then the parent's
+-- its outcome copy is cleared, so a wait made from now on waits for its next end, and, while its
+-- parent waits for children, each of the parent's waits that lists it and has no recorded result
+-- yet is recounted (remaining from the copies; met_at cleared when no longer met). A parent that
+-- is not waiting recounts its wait when it next enters one (wait_for_children's ON CONFLICT
+-- branch), and only waiting parents are woken, so its wait rows are left alone. A wait whose
+-- result was recorded keeps it: a step's result is written once. Locks as a child's end: the
+-- child's child_runs row, then (only while the parent waits for children) the parent's
 -- child_waits rows in step_key order.
 CREATE OR REPLACE FUNCTION zeroth._child_run_reopened() RETURNS trigger
     LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
@@ -207,6 +210,21 @@ BEGIN
        AND c.child_run_id = NEW.run_id
        AND c.parent_run_id = NEW.parent_run_id
        AND c.status IS NOT NULL;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    -- Only a parent waiting for children has a wait to recount; a plain read after the update
+    -- above, as in zeroth._child_ended (a parent entering its wait right now holds this child's
+    -- child_runs row FOR SHARE: the update waited for it, and this read sees it waiting). Taking
+    -- no child_waits row otherwise keeps a redrive of an ended parent's child from deadlocking
+    -- with prune_runs, which deletes that parent's wait rows and then, ON DELETE CASCADE, this
+    -- child's child_runs row (red-team pass 3).
+    PERFORM 1 FROM zeroth.runs p
+     WHERE p.tenant_id = NEW.tenant_id
+       AND p.workspace_key = NEW.workspace_key
+       AND p.run_id = NEW.parent_run_id
+       AND p.status = 'waiting'
+       AND p.wait_reason LIKE 'children:%';
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
@@ -233,7 +251,7 @@ BEGIN
     RETURN NULL;
 END
 $$;
-COMMENT ON FUNCTION zeroth._child_run_reopened() IS 'Internal trigger (runs_child_run_reopened): an ended child run is active again (redrive_run, a DBA) → clear its outcome copy in child_runs and recount its parent''s unrecorded waits that list it (remaining; met_at cleared when no longer met). Recorded step results are kept.';
+COMMENT ON FUNCTION zeroth._child_run_reopened() IS 'Internal trigger (runs_child_run_reopened): an ended child run is active again (redrive_run, a DBA) → clear its outcome copy in child_runs and, while its parent waits for children, recount the parent''s unrecorded waits that list it (remaining; met_at cleared when no longer met; a parent not waiting recounts when it next waits). Recorded step results are kept.';
 ALTER FUNCTION zeroth._child_run_reopened() OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._child_run_reopened() FROM PUBLIC;
 
