@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import re
 import statistics
 import time
@@ -45,8 +44,8 @@ from uuid import UUID
 
 import asyncpg
 
+from bench.harness import migrated_or_throwaway, wait_until
 from bench.harness import pool as worker_pool
-from bench.harness import wait_until
 from zeroth_pg import LeaseManager, RunWorker
 from zeroth_pg.migrate import sql_functions_dir
 
@@ -207,14 +206,7 @@ def main() -> None:
     parser.add_argument("--durable", action="store_true",
                         help="fsync, synchronous_commit and full_page_writes on first")
     args = parser.parse_args()
-    with contextlib.ExitStack() as stack:
-        dsn = args.dsn
-        if dsn is None:
-            from zeroth_pg import migrate
-            from zeroth_pg._server import _start_embedded
-
-            dsn, _ = _start_embedded(stack)
-            migrate.upgrade(dsn)
+    with migrated_or_throwaway(args.dsn) as dsn:
         asyncio.run(main_async(dsn, args.runs, args.batch, args.rounds, args.durable))
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import statistics
 import time
 import uuid
@@ -28,6 +27,7 @@ from uuid import UUID
 
 import asyncpg
 
+from bench.harness import migrated_or_throwaway
 from zeroth_pg import LeaseManager
 
 TRIGGERS = ("runs_child_run_finished", "runs_cancel_children")
@@ -135,14 +135,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=4)
     args = parser.parse_args()
-    with contextlib.ExitStack() as stack:
-        dsn = args.dsn
-        if dsn is None:
-            from zeroth_pg import migrate
-            from zeroth_pg._server import _start_embedded
-
-            dsn, _ = _start_embedded(stack)
-            migrate.upgrade(dsn)
+    with migrated_or_throwaway(args.dsn) as dsn:
         asyncio.run(main_async(dsn, args.runs, args.batch, args.rounds))
 
 

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import statistics
 import uuid
 
 import asyncpg
 
 from bench.attempt_history import _enqueue, batch, chain, worker
+from bench.harness import migrated_or_throwaway
 from zeroth_pg import LeaseManager
 
 CREATE = ["CREATE INDEX IF NOT EXISTS runs_created_idx ON zeroth.runs (created_at, run_id)",
@@ -87,14 +87,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3000)
     parser.add_argument("--rounds", type=int, default=4)
     args = parser.parse_args()
-    with contextlib.ExitStack() as stack:
-        dsn = args.dsn
-        if dsn is None:
-            from zeroth_pg import migrate
-            from zeroth_pg._server import _start_embedded
-
-            dsn, _ = _start_embedded(stack)
-            migrate.upgrade(dsn)
+    with migrated_or_throwaway(args.dsn) as dsn:
         asyncio.run(main_async(dsn, args.runs, args.rounds))
 
 

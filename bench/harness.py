@@ -202,6 +202,21 @@ def server(profile: str = "durable") -> Iterator[Server]:
         yield found
 
 
+@contextlib.contextmanager
+def migrated_or_throwaway(dsn: str | None) -> Iterator[str]:
+    """The separate scripts' database: ``dsn`` as it is (already migrated), else a throwaway
+    embedded server, migrated here, for as long as the block runs."""
+    if dsn is not None:
+        yield dsn
+        return
+    from zeroth_pg._server import _start_embedded
+
+    with contextlib.ExitStack() as stack:
+        started, _ = _start_embedded(stack)
+        migrate.upgrade(started)
+        yield started
+
+
 async def wal_flushes_per_second(admin_dsn: str, seconds: float = 2.0) -> float | None:
     """One 8 kB write + fdatasync, repeated for ``seconds`` in the server's data directory (as
     ``pg_test_fsync``'s "one 8kB write" line): the flushes per second the WAL's disk allows.

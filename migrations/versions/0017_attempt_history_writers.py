@@ -1,4 +1,4 @@
-"""0017_attempt_history_writers: runs sql/migrations/0017_attempt_history_writers.sql (forward-only)."""
+"""0017_attempt_history_writers: runs sql/migrations/0017_attempt_history_writers.sql."""
 
 from zeroth_pg.migrate import apply_sql_file, forward_only
 
