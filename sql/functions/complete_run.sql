@@ -10,9 +10,7 @@ CREATE OR REPLACE FUNCTION zeroth.complete_run(
     tenant_id    text  DEFAULT NULL,
     workspace_id text  DEFAULT NULL)
     RETURNS boolean
-    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-    -- Marks this call's completion as recorded here (the trigger's WHEN reads it: triggers.sql).
-    SET zeroth.completion_records_attempt = 'on' AS $$
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_status zeroth.run_status;
     v_now    timestamptz := zeroth._now();
@@ -20,6 +18,7 @@ DECLARE
     v_wskey  text := zeroth._workspace_key(complete_run.workspace_id);
     v_run    record;
     v_acquired timestamptz;
+    v_completed boolean;
 BEGIN
     -- Checks the fence's arguments; the slot, then the run row, then the clock: see
     -- zeroth._lock_lease_end.
@@ -29,7 +28,10 @@ BEGIN
     SELECT r.lease_acquired_at INTO v_acquired FROM zeroth.runs r
      WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey AND r.run_id = complete_run.run_id;
     -- The ended attempt is recorded here, in the completing statement (as complete_runs does;
-    -- the trigger runs_attempt_history leaves completions by the functions to them).
+    -- the trigger runs_attempt_history leaves completions by the functions to them). The mark
+    -- the trigger's WHEN reads is raised for this statement only, as in
+    -- zeroth._complete_locked_runs (which says why it is not a SET clause).
+    PERFORM set_config('zeroth.completion_records_attempt', 'on', true);
     WITH completed AS (
         UPDATE zeroth.runs r
            SET status = 'completed',
@@ -56,7 +58,9 @@ BEGIN
           FROM completed c
     )
     SELECT c.deployment_ref, c.workspace_id INTO v_run FROM completed c;
-    IF NOT FOUND THEN
+    v_completed := FOUND;
+    PERFORM set_config('zeroth.completion_records_attempt', 'off', true);
+    IF NOT v_completed THEN
         PERFORM zeroth._explain_fenced_miss(v_tenant, v_wskey, complete_run.run_id, complete_run.worker_id,
                                             complete_run.generation, v_now, 'complete_run', '{running}');
         RETURN false;

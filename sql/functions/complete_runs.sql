@@ -17,12 +17,16 @@ CREATE OR REPLACE FUNCTION zeroth._complete_locked_runs(
     outputs jsonb[], running uuid[], acquired timestamptz[], at timestamptz) RETURNS uuid[]
     LANGUAGE plpgsql VOLATILE
     SET enable_nestloop = off
-    SET plan_cache_mode = force_generic_plan
-    -- Marks this call's completions as recorded here (the trigger's WHEN reads it: triggers.sql).
-    SET zeroth.completion_records_attempt = 'on' AS $$
+    SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_done uuid[];
 BEGIN
+    -- Marks the completions of the next statement as recorded by it (the trigger's WHEN reads the
+    -- mark: triggers.sql), and lowers it right after, so it never outlives this call; an error
+    -- rolls it back with the statement (SET LOCAL semantics). Raised here, not in a SET clause: a
+    -- SET clause of a custom setting needs SET privilege on that parameter when the function is
+    -- created, which a migrating role that is only a member of zeroth_owner does not have.
+    PERFORM set_config('zeroth.completion_records_attempt', 'on', true);
     WITH requested AS (
         SELECT q.run_id, q.generation, _complete_locked_runs.outputs[q.position] AS output
           FROM unnest(_complete_locked_runs.run_ids, _complete_locked_runs.generations)
@@ -62,6 +66,7 @@ BEGIN
                AS h(run_id, acquired_at) ON h.run_id = d.run_id
     )
     SELECT coalesce(array_agg(d.run_id), '{}') INTO v_done FROM completed d;
+    PERFORM set_config('zeroth.completion_records_attempt', 'off', true);
     RETURN v_done;
 END
 $$;

@@ -61,8 +61,9 @@ CREATE OR REPLACE TRIGGER runs_cancel_children
 -- and complete_and_claim) write their rows themselves, set-based in the completing statement
 -- (zeroth._complete_locked_runs), so the hot path's most frequent end calls no trigger either.
 -- Such an update is recognised by two marks together: it is made as zeroth_owner, which no worker
--- can become, and inside one of the two writers, whose SET clause turns the setting
--- zeroth.completion_records_attempt on for their call only. A DBA's completion by hand — as any
+-- can become, and inside the completing statement of one of the two writers, which turn the
+-- setting zeroth.completion_records_attempt on for that statement only (set_config, lowered
+-- right after it; an error rolls it back). A DBA's completion by hand — as any
 -- role, zeroth_owner included (SET ROLE: red-team pass 3) — still goes through the trigger.
 CREATE OR REPLACE TRIGGER runs_attempt_history
     AFTER UPDATE OF status, lease_generation, lease_worker_id ON zeroth.runs

@@ -88,8 +88,10 @@ class TestDbaCompletionAsTheOwner:
             assert await admin.fetchval(COMPLETE, first, "w1", g1, "acme") is True
             assert [r["completed"] for r in await admin.fetch(BATCH, "w1", [second], [g2])] == [
                 True]
+            # Lowered by the function that raised it ('off'), never left 'on'.
             assert await admin.fetchval(
-                "SELECT current_setting('zeroth.completion_records_attempt', true)") in ("", None)
+                "SELECT current_setting('zeroth.completion_records_attempt', true)") in (
+                    "", None, "off")
             await admin.execute("SET LOCAL ROLE zeroth_owner")
             await admin.execute(DBA_COMPLETE, by_hand)
         for run, generation in ((first, g1), (second, g2), (by_hand, g3)):
@@ -184,18 +186,28 @@ class TestCompletionWriters:
             self, admin):
         rows = await admin.fetch(
             """SELECT p.proname::text AS name, p.prosrc AS source,
-                      coalesce('zeroth.completion_records_attempt=on' = ANY (p.proconfig), false)
-                          AS marked
+                      coalesce(array_to_string(p.proconfig, ' '), '') AS config
                  FROM pg_proc p WHERE p.pronamespace = 'zeroth'::regnamespace""")
         completing = {r["name"] for r in rows
                       if re.search(r"SET\s+status\s*=\s*'completed'", r["source"], re.I)}
         assert completing == {"complete_run", "_complete_locked_runs"}
-        assert {r["name"] for r in rows if r["marked"]} == completing
+        raise_mark = "set_config('zeroth.completion_records_attempt', 'on', true)"
+        lower_mark = "set_config('zeroth.completion_records_attempt', 'off', true)"
+        assert {r["name"] for r in rows if "completion_records_attempt" in r["source"]} \
+            == completing
         for r in rows:
+            # No SET clause carries the mark (it needs a superuser's grant at install).
+            assert "completion_records_attempt" not in r["config"], r["name"]
             if r["name"] in completing:
                 assert "INSERT INTO zeroth.run_attempts" in r["source"], r["name"]
-            # Nobody raises the mark for a part of a call (it would outlive the statement).
-            assert "completion_records_attempt" not in r["source"], r["name"]
+                # Raised once just before the completing statement and lowered once after it,
+                # so it never outlives the call.
+                source = r["source"]
+                assert source.count(raise_mark) == 1, r["name"]
+                assert source.count(lower_mark) == 1, r["name"]
+                raised, lowered = source.index(raise_mark), source.index(lower_mark)
+                completing_at = re.search(r"SET\s+status\s*=\s*'completed'", source).start()
+                assert raised < completing_at < lowered, r["name"]
 
 
     @pytest.mark.parametrize("columns", [

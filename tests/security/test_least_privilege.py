@@ -18,11 +18,8 @@ from zeroth_pg.errors import DatabaseError
 
 # Besides the pinned search_path: plan caching (0007), complete_runs' bounded wait for a row
 # another session holds (red-team pass 8), and renew_leases' hashed pairing of a batch with its
-# request (tests/plans/test_batch_joins.py); and complete_run's mark that its completion writes
-# its own attempt history row (red-team pass 3: tests/adversarial/test_red3.py checks that only
-# the two history-writing completions carry it).
-PLANNING = {"plan_cache_mode=force_generic_plan", "lock_timeout=2s", "enable_nestloop=off",
-            "zeroth.completion_records_attempt=on"}
+# request (tests/plans/test_batch_joins.py).
+PLANNING = {"plan_cache_mode=force_generic_plan", "lock_timeout=2s", "enable_nestloop=off"}
 PINNED = ["search_path=pg_catalog, pg_temp"]
 
 FUNCTIONS = """
