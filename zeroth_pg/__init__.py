@@ -13,6 +13,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from zeroth_pg._libpq import asyncpg_dsn
     from zeroth_pg.app import App, Deployment, SyncRunContext
     from zeroth_pg.client import LeaseManager
     from zeroth_pg.errors import (
@@ -72,6 +73,7 @@ if TYPE_CHECKING:
 _HOMES = {
     **dict.fromkeys(("App", "Deployment", "SyncRunContext"), "zeroth_pg.app"),
     "LeaseManager": "zeroth_pg.client",
+    "asyncpg_dsn": "zeroth_pg._libpq",
     **dict.fromkeys(
         ("CheckpointConflictError", "ChildRunConflictError", "ConnectionLostError",
          "DatabaseError", "EventTimeoutError",
@@ -149,6 +151,7 @@ __all__ = [
     "SyncRunContext",
     "UnknownColumnError",
     "ZerothError",
+    "asyncpg_dsn",
 ]
 
 __version__ = "0.1.0"

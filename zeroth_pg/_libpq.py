@@ -13,7 +13,30 @@ import warnings
 from pathlib import Path
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
-__all__ = ["embedded_bin_dir", "libpq_dsn", "psql_executable", "run_psql", "with_database"]
+__all__ = [
+    "asyncpg_dsn",
+    "embedded_bin_dir",
+    "libpq_dsn",
+    "psql_executable",
+    "run_psql",
+    "with_database",
+]
+
+#: libpq keywords asyncpg reads from a URI's query string, as libpq means them.
+_ASYNCPG_KEYS = frozenset({
+    "host", "port", "dbname", "user", "password", "passfile", "service", "sslmode", "sslcert",
+    "sslkey", "sslrootcert", "sslcrl", "sslpassword", "sslnegotiation",
+    "ssl_min_protocol_version", "ssl_max_protocol_version", "target_session_attrs",
+    "krbsrvname", "gsslib",
+})
+#: libpq keywords that are startup parameters: asyncpg sends any other query key as one.
+_STARTUP_KEYS = frozenset({"application_name", "options"})
+#: Client-side tuning asyncpg has no equivalent for; dropping it loosens nothing (asyncpg's own
+#: connect timeout, 60 s, applies).
+_DROPPED_KEYS = frozenset({
+    "connect_timeout", "keepalives", "keepalives_idle", "keepalives_interval",
+    "keepalives_count", "tcp_user_timeout",
+})
 
 
 def libpq_dsn(dsn: str) -> str:
@@ -24,6 +47,51 @@ def libpq_dsn(dsn: str) -> str:
     is already valid libpq and passes unchanged.
     """
     return re.sub(r"^(postgres(?:ql)?)\+[a-z0-9_]+://", r"\1://", dsn)
+
+
+def asyncpg_dsn(dsn: str) -> str:
+    """``dsn`` in a form asyncpg accepts: the one conversion every asyncpg connection of zeroth_pg
+    goes through (worker pools and listener, App, the CLI, the dashboard).
+
+    A URI (``postgresql://…``, several hosts included) passes unchanged but for a SQLAlchemy-style
+    ``+driver``. A libpq ``key=value`` string — asyncpg takes none — becomes the equivalent URI,
+    several hosts and ports included: ``host=db1,db2 port=5432,5433 dbname=app
+    target_session_attrs=read-write`` → ``postgresql://?host=db1,db2&port=5432,5433&dbname=app&
+    target_session_attrs=read-write``. ``fallback_application_name`` becomes ``application_name``
+    when that is not set; ``connect_timeout``, ``keepalives*`` and ``tcp_user_timeout`` are
+    dropped. A keyword asyncpg cannot honour (``hostaddr``, ``channel_binding``,
+    ``gssencmode``, ``require_auth``, …) raises ValueError rather than being ignored.
+    """
+    plain = libpq_dsn(dsn.strip())
+    if not plain or re.match(r"^postgres(?:ql)?://", plain):
+        return plain
+    from psycopg import ProgrammingError
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        params = {k: str(v) for k, v in conninfo_to_dict(plain).items() if str(v) != ""}
+    except ProgrammingError as exc:
+        raise ValueError(f"not a valid libpq connection string: {exc}") from None
+    fallback = params.pop("fallback_application_name", None)
+    if fallback is not None:
+        params.setdefault("application_name", fallback)
+    for key in _DROPPED_KEYS:
+        params.pop(key, None)
+    refused = sorted(set(params) - _ASYNCPG_KEYS - _STARTUP_KEYS)
+    if refused:
+        raise ValueError(f"the connection string sets {', '.join(refused)}, which asyncpg "
+                         "cannot honour: use a postgresql:// URI without it")
+    if "host" in params:
+        hosts = params["host"].split(",")
+        # asyncpg reads host:port from each entry: a bare IPv6 address needs its brackets.
+        params["host"] = ",".join(f"[{h}]" if ":" in h and not h.startswith(("/", "["))
+                                  else h for h in hosts)
+        ports = params.get("port", "").split(",")
+        if len(hosts) > 1 and len(ports) == 1 and ports[0]:
+            params["port"] = ",".join(ports * len(hosts))  # libpq: one port for every host
+        elif "port" in params:
+            params["port"] = ",".join(p or "5432" for p in ports)
+    return "postgresql://?" + urlencode(params, safe="/,")
 
 
 def with_database(dsn: str, dbname: str) -> str:

@@ -43,6 +43,7 @@ from uuid import UUID
 
 import asyncpg
 
+from zeroth_pg._libpq import asyncpg_dsn
 from zeroth_pg.client import LeaseManager, unstorable
 from zeroth_pg.errors import InvalidPayloadError, LeaseLostError
 from zeroth_pg.types import ChildOutcome, EnqueuedRun, RetryPolicy
@@ -694,7 +695,8 @@ class App:
                         given = bool(os.environ.get("ZEROTH_PG_DSN"))
                         self.dsn = await asyncio.to_thread(resolve_dsn, migrate=not given)
                     self._pool = await asyncpg.create_pool(
-                        self.dsn, min_size=1, max_size=self.pool_size, reset=skip_reset)
+                        asyncpg_dsn(self.dsn), min_size=1, max_size=self.pool_size,
+                        reset=skip_reset)
         return self._pool
 
     async def lease_manager(self, conn: asyncpg.Connection | None = None) -> LeaseManager:

@@ -43,7 +43,13 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from zeroth_pg._libpq import libpq_dsn, psql_executable, run_psql, with_database
+from zeroth_pg._libpq import (
+    asyncpg_dsn,
+    libpq_dsn,
+    psql_executable,
+    run_psql,
+    with_database,
+)
 from zeroth_pg._server import (
     ServerUnavailableError,
     TestServer,
@@ -354,7 +360,8 @@ async def pool(database_dsn: str) -> AsyncIterator[Any]:
     """An asyncpg pool (min 1, max 40) on ``database_dsn``."""
     import asyncpg
 
-    created = await asyncpg.create_pool(database_dsn, min_size=1, max_size=POOL_MAX_SIZE)
+    created = await asyncpg.create_pool(asyncpg_dsn(database_dsn), min_size=1,
+                                        max_size=POOL_MAX_SIZE)
     try:
         yield created
     finally:
@@ -367,7 +374,8 @@ async def pool(database_dsn: str) -> AsyncIterator[Any]:
 async def _rolled_back(request: pytest.FixtureRequest, *, clock: bool) -> AsyncIterator[Any]:
     import asyncpg
 
-    connection = await asyncpg.connect(_session(request.config).shared_dsn(clock=clock))
+    shared = _session(request.config).shared_dsn(clock=clock)
+    connection = await asyncpg.connect(asyncpg_dsn(shared))
     transaction = connection.transaction()
     await transaction.start()
     try:
@@ -402,7 +410,7 @@ async def connect(database_dsn: str) -> AsyncIterator[Callable[..., Awaitable[An
     opened: list[Any] = []
 
     async def _connect(**kwargs: Any) -> Any:
-        connection = await asyncpg.connect(database_dsn, **kwargs)
+        connection = await asyncpg.connect(asyncpg_dsn(database_dsn), **kwargs)
         opened.append(connection)
         return connection
 

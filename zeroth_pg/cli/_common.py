@@ -153,8 +153,10 @@ def run_async(dsn: str | None, work: Callable[[asyncpg.Connection], Any]) -> Any
 
     import asyncpg
 
+    from zeroth_pg._libpq import asyncpg_dsn
+
     async def main(url: str) -> Any:
-        conn = await asyncpg.connect(url)
+        conn = await asyncpg.connect(asyncpg_dsn(url))
         try:
             return await work(conn)
         finally:

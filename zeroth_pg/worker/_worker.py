@@ -26,6 +26,7 @@ import asyncpg
 from prometheus_client import Counter
 
 from zeroth_pg import tracing
+from zeroth_pg._libpq import asyncpg_dsn
 from zeroth_pg.client import LeaseManager, unstorable
 from zeroth_pg.errors import (
     DatabaseError,
@@ -261,7 +262,7 @@ class RunWorker:
             settings = {"application_name": f"zeroth-listener:{self.worker_id}"}
             self.notifier = Notifier(
                 self.dsn, on_notification=self._on_notification, on_connect=self._on_listen,
-                connect=lambda dsn: asyncpg.connect(dsn, server_settings=settings))
+                connect=lambda dsn: asyncpg.connect(asyncpg_dsn(dsn), server_settings=settings))
             self.notifier.start()
         for name, loop in (("renew", self._renew_loop), ("complete", self._completion_loop),
                            ("depth", self._queue_depth_loop)):
