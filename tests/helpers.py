@@ -290,3 +290,17 @@ async def next_payload(queue: asyncio.Queue[str]) -> str:
     committed before the test waits."""
     return await asyncio.wait_for(queue.get(), timeout=10)
 
+
+
+#: The origin a dashboard test client speaks from: a loopback name the dashboard answers.
+DASHBOARD_ORIGIN = "http://127.0.0.1"
+
+
+def dashboard(app: Any, **kwargs: Any) -> Any:
+    """Starlette's TestClient for the zeroth-pg web ``app`` as the operator's browser on it sends
+    its requests: Host 127.0.0.1 and the dashboard's own Origin (which a browser sends on every
+    POST; the dashboard refuses a foreign Host, and a POST from another origin)."""
+    from starlette.testclient import TestClient
+
+    headers = {"Origin": DASHBOARD_ORIGIN, **kwargs.pop("headers", {})}
+    return TestClient(app, base_url=DASHBOARD_ORIGIN, headers=headers, **kwargs)

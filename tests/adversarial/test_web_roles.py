@@ -16,9 +16,9 @@ from typing import Any
 import asyncpg
 import psycopg
 import pytest
+from helpers import dashboard
 from psycopg import sql as pgsql
 from roles import dsn_as, login_role
-from starlette.testclient import TestClient
 
 from zeroth_pg.testing import libpq_dsn
 from zeroth_pg.web import create_app
@@ -104,7 +104,7 @@ def as_role(pg_server_dsn: str, database_dsn: str) -> Any:
 class TestNoGrant:
     async def test_every_page_is_an_error_page_with_no_data(self, admin, as_role):
         runs = await seed(admin, "acme")
-        with as_role(None) as dsn, TestClient(create_app(dsn, enable_actions=True)) as client:
+        with as_role(None) as dsn, dashboard(create_app(dsn, enable_actions=True)) as client:
             answers = {path: client.get(path) for path in pages(runs)}
         for path, response in answers.items():
             assert response.status_code == 403, (path, response.status_code)
@@ -122,7 +122,7 @@ class TestReader:
         runs = await seed(admin, "acme")
         before = await snapshot(admin)
         with as_role("zeroth_reader", tenant="acme") as dsn, \
-                TestClient(create_app(dsn, enable_actions=True)) as client:
+                dashboard(create_app(dsn, enable_actions=True)) as client:
             token = csrf(client.get(f"/runs/{runs['dead']}").text)
             answers = [
                 client.post("/actions/redrive", data={"run_id": str(runs["dead"]), "csrf": token}),
@@ -142,7 +142,7 @@ class TestReader:
     async def test_a_tenant_reader_sees_only_its_tenant_on_every_page(self, admin, as_role):
         mine = await seed(admin, "acme", worker_id="acme-worker")
         theirs = await seed(admin, "initech", worker_id="initech-worker")
-        with as_role("zeroth_reader", tenant="acme") as dsn, TestClient(create_app(dsn)) as client:
+        with as_role("zeroth_reader", tenant="acme") as dsn, dashboard(create_app(dsn)) as client:
             answers = {path: client.get(path) for path in pages(mine)}
             other = {path: client.get(path) for path in pages(theirs)
                      if path.startswith("/runs/")}
@@ -162,7 +162,7 @@ class TestReader:
 class TestEscaping:
     async def test_every_value_on_every_page_is_escaped(self, admin, database_dsn):
         runs = await seed(admin, "acme", worker_id=XSS)
-        with TestClient(create_app(database_dsn, enable_actions=True)) as client:
+        with dashboard(create_app(database_dsn, enable_actions=True)) as client:
             answers = {path: client.get(path) for path in pages(runs)}
         for path, response in answers.items():
             assert response.status_code == 200, (path, response.text)
@@ -186,7 +186,7 @@ class TestCsrf:
                 "deployment": "dead", "tenant": "acme"}
         if token is not None:
             form["csrf"] = token
-        with TestClient(create_app(database_dsn, enable_actions=True)) as client:
+        with dashboard(create_app(database_dsn, enable_actions=True)) as client:
             client.get("/")  # a session cookie
             response = client.post(path, data=form)
         assert response.status_code == 403
@@ -200,7 +200,7 @@ class TestToken:
         before = await snapshot(admin)
         routes = [*pages(runs), "/static/web.css", "/static/web.js", "/static/nothing",
                   "/no-such-page"]
-        with TestClient(create_app(database_dsn, enable_actions=True, token="s3cret")) as client:
+        with dashboard(create_app(database_dsn, enable_actions=True, token="s3cret")) as client:
             refused = {path: client.get(path).status_code for path in routes}
             posts = {path: client.post(path, data={"run_id": str(runs["dead"])}).status_code
                      for path in ACTIONS}

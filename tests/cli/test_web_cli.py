@@ -1,13 +1,19 @@
 """``zeroth-pg web`` and ``zeroth-pg demo --web`` as subprocesses on a free port against the test
-database: the dashboard answers /, the token guards it, and the process stops on SIGTERM.
+database: the dashboard answers /, the token guards it, and the process stops on SIGTERM. The
+requests a DNS-rebinding or cross-site page sends (a foreign Host, a foreign Origin) are sent raw
+(http.client) to the real process and refused; actions and a network bind need a token, which the
+command generates and prints when ZEROTH_PG_WEB_TOKEN is unset.
 
 Waiting is by condition: the URL line the command prints, then a GET that connects (a bounded
 number of tries; the bound is a deadline for a hang, not a timed assertion)."""
 
 from __future__ import annotations
 
+import asyncio
+import http.client
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -16,6 +22,11 @@ import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
+from uuid import UUID
+
+import asyncpg
+
+from zeroth_pg.client import LeaseManager
 
 DEADLINE = 120.0
 REPO = Path(__file__).resolve().parents[2]
@@ -69,6 +80,141 @@ def stop(proc: subprocess.Popen[str]) -> int:
         if proc.returncode is None:
             proc.kill()
             proc.wait()
+
+
+def raw(port: int, method: str, path: str, headers: dict[str, str],
+        form: str | None = None) -> tuple[int, http.client.HTTPMessage, str]:
+    """One request to 127.0.0.1:port with exactly ``headers`` (Host included, as a browser on a
+    rebound name sends it): status, headers, body."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
+        for name, value in headers.items():
+            conn.putheader(name, value)
+        body = form.encode() if form is not None else None
+        if body is not None:
+            conn.putheader("Content-Type", "application/x-www-form-urlencoded")
+            conn.putheader("Content-Length", str(len(body)))
+        conn.endheaders(body)
+        response = conn.getresponse()
+        return response.status, response.msg, response.read().decode()
+    finally:
+        conn.close()
+
+
+REBOUND = "rebind.attacker.example"
+
+
+async def _pending_run(dsn: str, secret: str) -> UUID:
+    conn = await asyncpg.connect(dsn)
+    try:
+        queued = await LeaseManager(conn).enqueue_run(  # type: ignore[arg-type]
+            "web-origin", {"secret": secret})
+        return queued.run_id
+    finally:
+        await conn.close()
+
+
+async def _status(dsn: str, run_id: UUID) -> str:
+    conn = await asyncpg.connect(dsn)
+    try:
+        value: str = await conn.fetchval(
+            "SELECT status::text FROM zeroth.runs WHERE run_id = $1", run_id)
+        return value
+    finally:
+        await conn.close()
+
+
+class TestHostileRequests:
+    async def test_a_rebinding_page_gets_no_page_payload_or_cookie(self, database_dsn, tmp_path):
+        run_id = await _pending_run(database_dsn, "p4yload")
+        port = free_port()
+        proc = start(["web", "--port", str(port)], database_dsn, tmp_path)
+        try:
+            wait_for_line(proc, tmp_path / "out", "zeroth-pg web: http://")
+            own, _ = await asyncio.to_thread(get, f"http://127.0.0.1:{port}/runs/{run_id}")
+            hostile = {path: await asyncio.to_thread(
+                           raw, port, "GET", path, {"Host": f"{REBOUND}:{port}"})
+                       for path in ("/", "/overview.json", f"/runs/{run_id}", "/runs")}
+        finally:
+            stop(proc)
+        assert own == 200
+        for path, (status, headers, body) in hostile.items():
+            assert status == 421, path
+            assert headers.get_all("Set-Cookie") is None, path
+            assert "p4yload" not in body
+            assert "web-origin" not in body
+
+    async def test_actions_need_the_generated_token_and_the_dashboard_origin(
+            self, database_dsn, tmp_path):
+        run_id = await _pending_run(database_dsn, "p4yload")
+        port = free_port()
+        proc = start(["web", "--port", str(port), "--enable-actions"], database_dsn, tmp_path)
+        own = {"Host": f"127.0.0.1:{port}"}
+        try:
+            line = wait_for_line(proc, tmp_path / "out", "zeroth-pg web: http://")
+            found = re.search(r"\?token=([A-Za-z0-9_-]{20,})", line)
+            assert found, line
+            token = found.group(1)
+            without, _ = await asyncio.to_thread(get, f"http://127.0.0.1:{port}/")
+            status, headers, page = await asyncio.to_thread(
+                raw, port, "GET", f"/runs/{run_id}",
+                {**own, "Authorization": f"Bearer {token}"})
+            assert status == 200
+            cookie = next(c.split(";")[0] for c in headers.get_all("Set-Cookie") or []
+                          if c.startswith("zp_session="))
+            csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', page)
+            assert csrf
+            form = f"run_id={run_id}&csrf={csrf.group(1)}"
+            browser = {"Authorization": f"Bearer {token}", "Cookie": cookie}
+            # The rebound page, even holding the cookie, the token and the CSRF token.
+            rebound = await asyncio.to_thread(
+                raw, port, "POST", "/actions/cancel",
+                {**browser, "Host": f"{REBOUND}:{port}", "Origin": f"http://{REBOUND}:{port}"},
+                form)
+            cross_site = await asyncio.to_thread(
+                raw, port, "POST", "/actions/cancel",
+                {**browser, **own, "Origin": f"http://{REBOUND}:{port}"}, form)
+            no_origin = await asyncio.to_thread(
+                raw, port, "POST", "/actions/cancel", {**browser, **own}, form)
+            untouched = await _status(database_dsn, run_id)
+            same_origin = await asyncio.to_thread(
+                raw, port, "POST", "/actions/cancel",
+                {**browser, **own, "Origin": f"http://127.0.0.1:{port}"}, form)
+        finally:
+            stop(proc)
+        assert "token generated" in line
+        assert "actions enabled" in line
+        assert without == 401
+        assert rebound[0] == 421
+        assert cross_site[0] == 403
+        assert no_origin[0] == 403
+        assert untouched == "pending"
+        assert same_origin[0] == 303, same_origin[2]
+        assert await _status(database_dsn, run_id) == "cancelled"
+
+    def test_a_network_bind_without_a_token_generates_one_and_warns(self, database_dsn,
+                                                                   tmp_path):
+        port = free_port()
+        proc = start(["web", "--host", "0.0.0.0", "--port", str(port)], database_dsn, tmp_path,
+                     ZEROTH_PG_WEB_ALLOWED_HOSTS="dash.example.com, other.example")
+        try:
+            line = wait_for_line(proc, tmp_path / "out", "zeroth-pg web: http://")
+            found = re.search(r"\?token=([A-Za-z0-9_-]{20,})", line)
+            assert found, line
+            bearer = {"Authorization": f"Bearer {found.group(1)}"}
+            without, _ = get(f"http://127.0.0.1:{port}/")
+            with_token, _ = get(f"http://127.0.0.1:{port}/", headers=bearer)
+            named = raw(port, "GET", "/", {"Host": f"dash.example.com:{port}", **bearer})
+            other = raw(port, "GET", "/", {"Host": "other.example", **bearer})
+            foreign = raw(port, "GET", "/", {"Host": f"{REBOUND}:{port}", **bearer})
+        finally:
+            stop(proc)
+        warning = (tmp_path / "err").read_text()
+        assert "warning" in warning
+        assert "--host 0.0.0.0" in warning
+        assert (without, with_token) == (401, 200)
+        assert (named[0], other[0], foreign[0]) == (200, 200, 421)
 
 
 class TestWebCommand:

@@ -8,9 +8,8 @@ import re
 from datetime import datetime
 
 import asyncpg
-from helpers import make_run
+from helpers import dashboard, make_run
 from roles import dsn_as, login_role
-from starlette.testclient import TestClient
 
 from zeroth_pg.web import create_app
 
@@ -60,7 +59,7 @@ class TestPages:
             dead = await _dead_letter(conn, "mail", now)
         finally:
             await conn.close()
-        with TestClient(create_app(database_dsn)) as client:
+        with dashboard(create_app(database_dsn)) as client:
             pages = {path: client.get(path) for path in
                      ["/", "/overview.json", "/runs", f"/runs/{pending.run_id}",
                       f"/runs/{running.run_id}", f"/runs/{dead}", "/dead-letters", "/workers",
@@ -91,7 +90,7 @@ class TestPages:
         finally:
             await conn.close()
         seen: list[str] = []
-        with TestClient(create_app(database_dsn)) as client:
+        with dashboard(create_app(database_dsn)) as client:
             url: str | None = "/runs?deployment=a&status=pending"
             while url:
                 page = client.get(url)
@@ -110,7 +109,7 @@ class TestPages:
         assert "bad filter" in bad.text
 
     def test_unknown_and_malformed_run_ids(self, database_dsn):
-        with TestClient(create_app(database_dsn)) as client:
+        with dashboard(create_app(database_dsn)) as client:
             assert client.get("/runs/00000000-0000-0000-0000-000000000000").status_code == 404
             assert client.get("/runs/not-a-uuid").status_code == 400
 
@@ -124,7 +123,7 @@ class TestActions:
             more = [await _dead_letter(conn, "sms", now) for _ in range(2)]
             keep = await _dead_letter(conn, "mail", now)
             pending = await make_run(conn, "pending", deployment_ref="mail", now=now)
-            with TestClient(create_app(database_dsn, enable_actions=True)) as client:
+            with dashboard(create_app(database_dsn, enable_actions=True)) as client:
                 csrf = _csrf(client.get(f"/runs/{one}").text)
                 r = client.post("/actions/redrive", data={"run_id": str(one), "csrf": csrf},
                                 follow_redirects=False)
@@ -152,20 +151,20 @@ class TestActions:
         conn = await asyncpg.connect(database_dsn)
         try:
             dead = await _dead_letter(conn, "mail", await _now(conn))
-            with TestClient(create_app(database_dsn, enable_actions=True)) as client:
+            with dashboard(create_app(database_dsn, enable_actions=True)) as client:
                 client.get("/")
                 for data in ({"run_id": str(dead)}, {"run_id": str(dead), "csrf": "0" * 64}):
                     r = client.post("/actions/redrive", data=data)
                     assert r.status_code == 403
                     assert "CSRF" in r.text
             # A token from another session (another browser's cookie) is refused too.
-            with TestClient(create_app(database_dsn, enable_actions=True)) as a:
+            with dashboard(create_app(database_dsn, enable_actions=True)) as a:
                 stolen = _csrf(a.get(f"/runs/{dead}").text)
-            with TestClient(create_app(database_dsn, enable_actions=True)) as b:
+            with dashboard(create_app(database_dsn, enable_actions=True)) as b:
                 b.get("/")
                 assert b.post("/actions/redrive",
                               data={"run_id": str(dead), "csrf": stolen}).status_code == 403
-            with TestClient(create_app(database_dsn)) as client:
+            with dashboard(create_app(database_dsn)) as client:
                 client.get("/")
                 r = client.post("/actions/cancel", data={"run_id": str(dead), "csrf": "x"})
                 assert r.status_code == 403
@@ -184,7 +183,7 @@ class TestActions:
             with login_role(pg_server_dsn, "zeroth_reader") as (name, password):
                 await conn.execute(f"ALTER ROLE {name} SET zeroth.tenant_id = 'acme'")
                 reader = dsn_as(database_dsn, name, password)
-                with TestClient(create_app(reader, enable_actions=True)) as client:
+                with dashboard(create_app(reader, enable_actions=True)) as client:
                     dead_page = client.get("/dead-letters").text
                     runs_page = client.get("/runs?tenant=initech").text
                     hidden = client.get(f"/runs/{theirs}")
@@ -207,10 +206,83 @@ class TestActions:
             await conn.close()
 
 
+FOREIGN_HOST = "rebind.attacker.example:18787"
+FOREIGN_ORIGIN = f"http://{FOREIGN_HOST}"
+
+
+class TestHostAndOrigin:
+    """DNS rebinding: a page on a name the attacker points at 127.0.0.1 is same-origin with the
+    dashboard, so its requests carry its own name as Host; a cross-site form posts with its own
+    Origin. Both are refused before anything is read, set or changed."""
+
+    async def test_a_foreign_host_gets_no_page_no_payload_and_no_cookie(self, database_dsn):
+        conn = await asyncpg.connect(database_dsn)
+        try:
+            run = await make_run(conn, "pending", deployment_ref="mail", now=await _now(conn),
+                                 payload={"secret": "p4yload"})
+        finally:
+            await conn.close()
+        with dashboard(create_app(database_dsn, enable_actions=True)) as client:
+            for host in (FOREIGN_HOST, "rebind.attacker.example", "localhost.attacker.example",
+                         "127.0.0.1.nip.io:8787", "user@127.0.0.1", ""):
+                for path in ("/", "/overview.json", "/runs", f"/runs/{run.run_id}",
+                             "/dead-letters", "/workers", "/static/web.js"):
+                    r = client.get(path, headers={"Host": host})
+                    assert r.status_code == 421, (host, path)
+                    assert "set-cookie" not in r.headers, (host, path)
+                    assert "p4yload" not in r.text
+                    assert "mail" not in r.text
+            for host in ("127.0.0.1:8787", "localhost:8787", "LOCALHOST", "[::1]:8787"):
+                r = client.get(f"/runs/{run.run_id}", headers={"Host": host})
+                assert r.status_code == 200, host
+                assert "p4yload" in r.text
+
+    def test_allowed_hosts_add_the_names_a_proxy_or_users_reach_it_by(self, database_dsn):
+        app = create_app(database_dsn, allowed_hosts=["Dash.Example.com", "10.0.0.5"])
+        with dashboard(app) as client:
+            assert client.get("/", headers={"Host": "dash.example.com"}).status_code == 200
+            assert client.get("/", headers={"Host": "10.0.0.5:8787"}).status_code == 200
+            assert client.get("/", headers={"Host": "evil.example.com"}).status_code == 421
+
+    async def test_a_post_from_another_origin_is_refused_and_changes_nothing(self, database_dsn):
+        conn = await asyncpg.connect(database_dsn)
+        try:
+            pending = await make_run(conn, "pending", deployment_ref="mail", now=await _now(conn))
+            form = {"run_id": str(pending.run_id)}
+            with dashboard(create_app(database_dsn, enable_actions=True)) as client:
+                form["csrf"] = _csrf(client.get(f"/runs/{pending.run_id}").text)
+                # The rebinding page itself: its Host and its Origin are its own name.
+                r = client.post("/actions/cancel", data=form,
+                                headers={"Host": FOREIGN_HOST, "Origin": FOREIGN_ORIGIN})
+                assert r.status_code == 421
+                # Cross-site or cross-port pages posting to the real host, with the cookie and
+                # token: refused on their Origin (or Referer when they send no Origin).
+                for headers in ({"Origin": FOREIGN_ORIGIN}, {"Origin": "null"},
+                                {"Origin": "http://127.0.0.1:3000"},
+                                {"Origin": "https://127.0.0.1:8443"},
+                                {"Origin": ""}):
+                    r = client.post("/actions/cancel", data=form, headers=headers)
+                    assert r.status_code == 403, headers
+                    assert "Origin" in r.text
+                del client.headers["origin"]
+                for headers in ({}, {"Referer": f"{FOREIGN_ORIGIN}/runs"},
+                                {"Referer": "http://127.0.0.1:3000/"}):
+                    r = client.post("/actions/cancel", data=form, headers=headers)
+                    assert r.status_code == 403, headers
+                assert await _status(conn, pending.run_id) == "pending"
+                # The dashboard's own page: a browser that sends only a Referer is accepted.
+                r = client.post("/actions/cancel", data=form, follow_redirects=False,
+                                headers={"Referer": f"http://127.0.0.1/runs/{pending.run_id}"})
+                assert r.status_code == 303
+            assert await _status(conn, pending.run_id) == "cancelled"
+        finally:
+            await conn.close()
+
+
 class TestToken:
     def test_the_token_guards_every_page(self, database_dsn):
         app = create_app(database_dsn, token="s3cret")
-        with TestClient(app) as client:
+        with dashboard(app) as client:
             for path in ["/", "/runs", "/dead-letters", "/workers", "/overview.json",
                          "/static/web.css"]:
                 assert client.get(path).status_code == 401, path
@@ -225,7 +297,7 @@ class TestRunDetail:
         conn = await asyncpg.connect(database_dsn)
         try:
             run = await make_run(conn, "running", deployment_ref="mail", now=await _now(conn))
-            with TestClient(create_app(database_dsn)) as client:
+            with dashboard(create_app(database_dsn)) as client:
                 before = client.get(f"/runs/{run.run_id}").text
                 # The attempt ends failed with an error holding HTML (a DBA's UPDATE: the
                 # trigger records it like any function's).

@@ -2,47 +2,101 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
+import secrets
+import sys
+from collections.abc import Sequence
 from typing import Annotated
 
 import typer
 
-from zeroth_pg.cli._common import Dsn, UsageError, database
+from zeroth_pg.cli._common import Dsn, database
 
-__all__ = ["serve", "web"]
+__all__ = ["is_loopback", "serve", "web"]
+
+_WILDCARDS = ("0.0.0.0", "::", "")
 
 
-def serve(url: str, *, host: str, port: int, enable_actions: bool) -> None:
-    """Run the dashboard on ``host:port`` until interrupted (uvicorn)."""
+def is_loopback(host: str) -> bool:
+    """True when binding ``host`` keeps the dashboard on this machine."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def serve(url: str, *, host: str, port: int, enable_actions: bool,
+          allowed_hosts: Sequence[str] = ()) -> None:
+    """Run the dashboard on ``host:port`` until interrupted (uvicorn).
+
+    It needs a token (``ZEROTH_PG_WEB_TOKEN``) when actions are enabled or ``host`` is not a
+    loopback address; without one it generates one for this run and prints the URL carrying it.
+    It answers the loopback names, ``host`` (unless a wildcard) and ``allowed_hosts``.
+    """
     try:
         import uvicorn
 
         from zeroth_pg.web import create_app
     except ImportError as exc:  # pragma: no cover - the web extra is missing
+        from zeroth_pg.cli._common import UsageError
+
         raise UsageError(f"zeroth-pg web needs the web extra: pip install 'zeroth-pg[web]' "
                          f"({exc})") from exc
     token = os.environ.get("ZEROTH_PG_WEB_TOKEN") or None
+    generated = None
+    if token is None and (enable_actions or not is_loopback(host)):
+        token = generated = secrets.token_urlsafe(24)
+    names = [name for entry in allowed_hosts for name in entry.replace(",", " ").split()]
+    if host not in _WILDCARDS:
+        names.append(host)
     logging.basicConfig(level=logging.INFO)
-    app = create_app(url, enable_actions=enable_actions, token=token)
-    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-    print(f"zeroth-pg web: http://{shown}:{port}/{'?token=…' if token else ''} "
-          f"({'actions enabled' if enable_actions else 'read-only'})", flush=True)
+    app = create_app(url, enable_actions=enable_actions, token=token, allowed_hosts=names)
+    if not is_loopback(host):
+        print(f"zeroth-pg web: warning: --host {host} serves the dashboard to the network: every "
+              "page needs the token, and it answers only the Host names 127.0.0.1, localhost, "
+              "::1, the bound address and those given with --allowed-host "
+              f"({', '.join(names) or 'none'}); put TLS in front of it", file=sys.stderr,
+              flush=True)
+    shown = "127.0.0.1" if host in _WILDCARDS else host
+    shown = f"[{shown}]" if ":" in shown else shown
+    mode = "actions enabled" if enable_actions else "read-only"
+    if generated:
+        print(f"zeroth-pg web: http://{shown}:{port}/?token={generated} ({mode}; token generated "
+              "for this run: set ZEROTH_PG_WEB_TOKEN to choose one)", flush=True)
+    else:
+        print(f"zeroth-pg web: http://{shown}:{port}/{'?token=…' if token else ''} ({mode})",
+              flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning")
 
 
 def web(
     dsn: Dsn = None,
-    host: Annotated[str, typer.Option("--host", envvar="ZEROTH_PG_WEB_HOST",
-                                      help="Address to bind (default: loopback only).")]
+    host: Annotated[str, typer.Option(
+        "--host", envvar="ZEROTH_PG_WEB_HOST",
+        help="Address to bind (default: loopback only; any other needs a token, generated when "
+             "ZEROTH_PG_WEB_TOKEN is unset).")]
     = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", envvar="ZEROTH_PG_WEB_PORT")] = 8787,
     enable_actions: Annotated[bool, typer.Option(
         "--enable-actions", envvar="ZEROTH_PG_WEB_ENABLE_ACTIONS",
-        help="Allow redrive and cancel (POST + CSRF, as the DSN's role). Default: read-only.")]
+        help="Allow redrive and cancel (POST from the dashboard's own origin + CSRF, as the DSN's "
+             "role; needs a token, generated when ZEROTH_PG_WEB_TOKEN is unset). Default: "
+             "read-only.")]
     = False,
+    allowed_host: Annotated[list[str] | None, typer.Option(
+        "--allowed-host", envvar="ZEROTH_PG_WEB_ALLOWED_HOSTS", show_default=False,
+        help="A Host name the dashboard also answers (repeat it; the variable takes a list "
+             "separated by spaces or commas): the name a proxy or the users reach it by. "
+             "Always answered: 127.0.0.1, localhost, ::1 and --host.")]
+    = None,
 ) -> None:
     """Serve the operator dashboard (read-only unless --enable-actions; set
-    ZEROTH_PG_WEB_TOKEN to require a token on every page)."""
+    ZEROTH_PG_WEB_TOKEN to require a token on every page — with --enable-actions or a
+    non-loopback --host one is generated and printed when it is unset)."""
     with database(dsn) as url:
-        serve(url, host=host, port=port, enable_actions=enable_actions)
+        serve(url, host=host, port=port, enable_actions=enable_actions,
+              allowed_hosts=allowed_host or ())

@@ -8,7 +8,7 @@ import logging
 import secrets
 import urllib.parse
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -24,13 +24,18 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from zeroth_pg import _calls
+from zeroth_pg._libpq import asyncpg_dsn
 
-__all__ = ["create_app"]
+__all__ = ["LOOPBACK_HOSTS", "create_app"]
 
 log = logging.getLogger("zeroth_pg.web")
 _HERE = Path(__file__).parent
 _STATUSES = ["pending", "running", "waiting", "completed", "failed", "cancelled"]
 PAGE_SIZE = 50
+#: The Host names the dashboard always answers; create_app's ``allowed_hosts`` adds to them.
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 # Every read goes through the documented views (sql/functions/views/), read as the DSN's role, so
 # a zeroth_reader sees only its tenant (row-level security); the actions call the SQL functions.
@@ -179,6 +184,64 @@ def _chart(points: list[asyncpg.Record], now: datetime) -> str:
             f'role="img" aria-label="finished runs per minute, last hour">{"".join(parts)}</svg>')
 
 
+def _host_name(entry: str) -> str:
+    """An allow-list entry (``name``, ``name:port``, ``::1``, ``[::1]:port``) as a bare name."""
+    entry = entry.strip().lower()
+    if entry.count(":") > 1 and not entry.startswith("["):
+        return entry  # a bare IPv6 address
+    found = _netloc(entry)
+    return found[0] if found else entry
+
+
+def _netloc(value: str) -> tuple[str, int | None] | None:
+    """A Host header (or the host[:port] of a URL) as (lower-case name, port or None); None
+    when it is not one (empty, a user part, a path, a bad port)."""
+    if not value or any(c in value for c in "/@?#\\ \t"):
+        return None
+    try:
+        parts = urllib.parse.urlsplit("//" + value)
+        name, port = (parts.hostname or "").rstrip("."), parts.port
+    except ValueError:
+        return None
+    return (name, port) if name else None
+
+
+class _Origins(BaseHTTPMiddleware):
+    """DNS rebinding and cross-site requests: a request whose Host is not an allowed name is
+    refused (421) before anything is read or a cookie set; a POST (any method but GET, HEAD,
+    OPTIONS) is refused (403) unless its Origin — or, without one, its Referer — is this very
+    host and port. A page on a name that its DNS points at 127.0.0.1 sends its own name as Host;
+    a page on another origin sends its own Origin."""
+
+    def __init__(self, app: Any, allowed: frozenset[str]) -> None:
+        super().__init__(app)
+        self.allowed = allowed
+
+    async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
+        host = _netloc(request.headers.get("host", ""))
+        if host is None or host[0] not in self.allowed:
+            shown = request.headers.get("host", "")[:100]
+            log.warning("web request refused: Host %r is not allowed", shown)
+            return Response(f"zeroth-pg web: this dashboard does not answer to the Host "
+                            f"{shown!r}; start it with --allowed-host NAME for the name its "
+                            "users (or a proxy) reach it by", status_code=421,
+                            media_type="text/plain")
+        if request.method not in _SAFE_METHODS:
+            origin = request.headers.get("origin")
+            source = origin if origin is not None else request.headers.get("referer", "")
+            parts = urllib.parse.urlsplit(source)
+            default = _DEFAULT_PORTS.get(parts.scheme)
+            found = _netloc(parts.netloc) if default is not None else None
+            if found is None or (found[0], found[1] or default) != (host[0], host[1] or default):
+                log.warning("web %s refused: %s %r is not this dashboard (%s)", request.method,
+                            "Origin" if origin is not None else "Referer", source[:200],
+                            request.headers.get("host", "")[:100])
+                return Response("zeroth-pg web: a POST must come from this dashboard's own pages "
+                                "(its Origin or Referer must be this host and port)",
+                                status_code=403, media_type="text/plain")
+        return await call_next(request)
+
+
 class _Guard(BaseHTTPMiddleware):
     """The optional token: ?token= sets a cookie; the cookie or a Bearer header is checked."""
 
@@ -201,8 +264,14 @@ class _Guard(BaseHTTPMiddleware):
         return response
 
 
-def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = None) -> Starlette:
-    """The dashboard for the database at ``dsn``, read as that DSN's role."""
+def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = None,
+               allowed_hosts: Iterable[str] = ()) -> Starlette:
+    """The dashboard for the database at ``dsn``, read as that DSN's role.
+
+    It answers only requests whose Host is a loopback name (:data:`LOOPBACK_HOSTS`) or one of
+    ``allowed_hosts`` (names, any port), and accepts a POST only from its own origin (see
+    :class:`_Origins`); ``token``, when given, is required on every request."""
+    allowed = frozenset(_host_name(h) for h in (*LOOPBACK_HOSTS, *allowed_hosts) if h.strip())
     env = Environment(loader=FileSystemLoader(_HERE / "templates"),
                       autoescape=select_autoescape(default=True, default_for_string=True))
     csrf_secret = secrets.token_bytes(32)
@@ -415,7 +484,7 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
-        state["pool"] = await asyncpg.create_pool(dsn, min_size=1, max_size=4,
+        state["pool"] = await asyncpg.create_pool(asyncpg_dsn(dsn), min_size=1, max_size=4,
                                                   server_settings={"application_name":
                                                                    "zeroth-pg web"})
         try:
@@ -437,4 +506,5 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
     ]
     return Starlette(routes=routes, lifespan=lifespan,
                      exception_handlers={asyncpg.PostgresError: database_error},
-                     middleware=[Middleware(_Guard, token=token)])
+                     middleware=[Middleware(_Origins, allowed=allowed),
+                                 Middleware(_Guard, token=token)])
