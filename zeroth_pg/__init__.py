@@ -66,7 +66,7 @@ if TYPE_CHECKING:
         SleepResult,
         StepResult,
     )
-    from zeroth_pg.worker import RunContext, RunSlept, RunWorker
+    from zeroth_pg.worker import PeriodicSchedule, RunContext, RunSlept, RunWorker
 
 #: Where each public name lives.
 _HOMES = {
@@ -89,6 +89,7 @@ _HOMES = {
          "Scope", "ScopedRun", "ScopesClaimResult", "SleepOutcome", "SleepResult",
          "StepResult"),
         "zeroth_pg.types"),
+    "PeriodicSchedule": "zeroth_pg.worker",
     "RunContext": "zeroth_pg.worker",
     "RunSlept": "zeroth_pg.worker",
     "RunWorker": "zeroth_pg.worker",
@@ -125,6 +126,7 @@ __all__ = [
     "LeaseRenewal",
     "NonRetryableError",
     "OrphanClaimResult",
+    "PeriodicSchedule",
     "RateLimited",
     "RetryPolicy",
     "RetryableError",
