@@ -1064,6 +1064,11 @@ COMMENT ON INDEX zeroth.runs_created_idx IS 'Keyset pages of runs by (created_at
 CREATE INDEX runs_dead_letter_idx ON zeroth.runs USING btree (tenant_id, workspace_key, deployment_ref, dead_lettered_at) WHERE (dead_lettered_at IS NOT NULL);
 
 --
+-- Name: runs_failed_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE INDEX runs_failed_idx ON zeroth.runs USING btree (tenant_id, workspace_key, deployment_ref) WHERE ((status = 'failed'::zeroth.run_status) AND (dead_lettered_at IS NULL));
+
+--
 -- Name: runs_finished_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner
 --
 CREATE INDEX runs_finished_idx ON zeroth.runs USING btree (finished_at, tenant_id, workspace_key) WHERE (status = ANY (ARRAY['completed'::zeroth.run_status, 'failed'::zeroth.run_status, 'cancelled'::zeroth.run_status]));
@@ -1107,6 +1112,11 @@ CREATE INDEX runs_thread_idx ON zeroth.runs USING btree (tenant_id, workspace_ke
 -- Name: runs_thread_queue_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner
 --
 CREATE INDEX runs_thread_queue_idx ON zeroth.runs USING btree (tenant_id, workspace_key, thread_id, thread_queued_at, run_id) WHERE (thread_queued_at IS NOT NULL);
+
+--
+-- Name: runs_waiting_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE INDEX runs_waiting_idx ON zeroth.runs USING btree (tenant_id, workspace_key, deployment_ref) WHERE (status = 'waiting'::zeroth.run_status);
 
 --
 -- Name: schedules_due_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner

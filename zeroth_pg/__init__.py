@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         EventTimeoutError,
         FenceColumnWriteError,
         InvalidArgumentError,
+        InvalidNameError,
         InvalidPayloadError,
         InvalidScopeError,
         InvalidTransitionError,
@@ -67,7 +68,7 @@ if TYPE_CHECKING:
         SleepResult,
         StepResult,
     )
-    from zeroth_pg.worker import RunContext, RunSlept, RunWorker
+    from zeroth_pg.worker import PeriodicSchedule, RunContext, RunSlept, RunWorker
 
 #: Where each public name lives.
 _HOMES = {
@@ -77,7 +78,8 @@ _HOMES = {
     **dict.fromkeys(
         ("CheckpointConflictError", "ChildRunConflictError", "ConnectionLostError",
          "DatabaseError", "EventTimeoutError",
-         "FenceColumnWriteError", "InvalidArgumentError", "InvalidPayloadError",
+         "FenceColumnWriteError", "InvalidArgumentError", "InvalidNameError",
+         "InvalidPayloadError",
          "InvalidScopeError", "InvalidTransitionError", "LeaseLostError", "NonRetryableError",
          "RetryableError", "RunNotFoundError", "ScheduleNotFoundError", "StepResultError",
          "UnknownColumnError", "ZerothError"),
@@ -91,6 +93,7 @@ _HOMES = {
          "Scope", "ScopedRun", "ScopesClaimResult", "SleepOutcome", "SleepResult",
          "StepResult"),
         "zeroth_pg.types"),
+    "PeriodicSchedule": "zeroth_pg.worker",
     "RunContext": "zeroth_pg.worker",
     "RunSlept": "zeroth_pg.worker",
     "RunWorker": "zeroth_pg.worker",
@@ -118,6 +121,7 @@ __all__ = [
     "FailOutcome",
     "FenceColumnWriteError",
     "InvalidArgumentError",
+    "InvalidNameError",
     "InvalidPayloadError",
     "InvalidScopeError",
     "InvalidTransitionError",
@@ -127,6 +131,7 @@ __all__ = [
     "LeaseRenewal",
     "NonRetryableError",
     "OrphanClaimResult",
+    "PeriodicSchedule",
     "RateLimited",
     "RetryPolicy",
     "RetryableError",

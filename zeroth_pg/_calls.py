@@ -258,60 +258,38 @@ RUN_ATTEMPTS = """SELECT a.attempt, a.lease_generation, a.worker_id, a.claimed_a
      WHERE a.tenant_id = $1 AND coalesce('w:' || a.workspace_id, '') = $2 AND a.run_id = $3
      ORDER BY a.lease_generation, a.claimed_at NULLS FIRST, a.ended_at NULLS LAST"""
 
-# One row per (tenant, workspace, deployment) out of the operator views, and per scope that has a
-# zeroth.scope_limits row (runs or not: a paused scope with nothing queued is shown), with that
-# row's limits (NULL without one; rate_limit as key:max_starts/periods). Read as the
-# caller: a zeroth_reader sees its own tenant.
-_STATUS_SCOPES = """SELECT g.tenant_id, g.workspace_id, g.deployment_ref, g.pending, g.claimable,
-           g.scheduled, g.live_leases, g.expired_leases, g.dead_letters,
-           x.max_concurrency, x.weight, x.paused,
+# One row per (tenant, workspace, deployment) of zeroth.scope_overview (the dashboard's overview:
+# one home for the counts), with its zeroth.scope_limits row's limits (NULL without one;
+# rate_limit as key:max_starts/periods). Read as the caller: a zeroth_reader sees its own tenant.
+_STATUS_SCOPES = """SELECT o.tenant_id, o.workspace_id, o.deployment_ref, o.pending, o.due,
+           o.scheduled, o.running, o.live_leases, o.expired_leases, o.waiting, o.failed,
+           o.dead_letters, x.max_concurrency, x.weight, x.paused,
            CASE WHEN x.rate_limit IS NOT NULL
                 THEN x.rate_limit || ':' || coalesce(rl.max_starts::text || '/'
                                                      || rl.period_seconds::text || 's', '?')
            END AS rate_limit
-      FROM (SELECT s.tenant_id, s.workspace_id, s.deployment_ref,
-                   sum(s.pending)::bigint AS pending, sum(s.claimable)::bigint AS claimable,
-                   sum(s.scheduled)::bigint AS scheduled, sum(s.live)::bigint AS live_leases,
-                   sum(s.expired)::bigint AS expired_leases, sum(s.dead)::bigint AS dead_letters
-              FROM (SELECT q.tenant_id, q.workspace_id, q.deployment_ref, q.pending, q.claimable,
-                           q.scheduled, 0 AS live, 0 AS expired, 0 AS dead
-                      FROM zeroth.queue_depth q
-                    UNION ALL
-                    SELECT l.tenant_id, l.workspace_id, l.deployment_ref, 0, 0, 0, count(*), 0, 0
-                      FROM zeroth.live_leases l
-                     GROUP BY l.tenant_id, l.workspace_id, l.deployment_ref
-                    UNION ALL
-                    SELECT e.tenant_id, e.workspace_id, e.deployment_ref, 0, 0, 0, 0, count(*), 0
-                      FROM zeroth.expired_leases e
-                     GROUP BY e.tenant_id, e.workspace_id, e.deployment_ref
-                    UNION ALL
-                    SELECT d.tenant_id, d.workspace_id, d.deployment_ref, 0, 0, 0, 0, 0, count(*)
-                      FROM zeroth.dead_letters d
-                     GROUP BY d.tenant_id, d.workspace_id, d.deployment_ref
-                    UNION ALL
-                    SELECT k.tenant_id, k.workspace_id, k.deployment_ref, 0, 0, 0, 0, 0, 0
-                      FROM zeroth.scope_limits k
-                   ) s
-             WHERE ($1::text IS NULL OR s.deployment_ref = $1)
-               AND ($2::text IS NULL OR s.tenant_id = $2)
-               AND ($3::text IS NULL OR s.workspace_id = $3)
-             GROUP BY s.tenant_id, s.workspace_id, s.deployment_ref) g
+      FROM zeroth.scope_overview o
       LEFT JOIN zeroth.scope_limits x
-             ON x.tenant_id = g.tenant_id
-            AND x.workspace_key = CASE WHEN g.workspace_id IS NULL THEN ''
-                                       ELSE 'w:' || g.workspace_id END
-            AND x.deployment_ref = g.deployment_ref
-      LEFT JOIN zeroth.rate_limits rl ON rl.name = x.rate_limit"""
+             ON x.tenant_id = o.tenant_id
+            AND x.workspace_key = CASE WHEN o.workspace_id IS NULL THEN ''
+                                       ELSE 'w:' || o.workspace_id END
+            AND x.deployment_ref = o.deployment_ref
+      LEFT JOIN zeroth.rate_limits rl ON rl.name = x.rate_limit
+     WHERE ($1::text IS NULL OR o.deployment_ref = $1)
+       AND ($2::text IS NULL OR o.tenant_id = $2)
+       AND ($3::text IS NULL OR o.workspace_id = $3)"""
 
 STATUS = f"""{_STATUS_SCOPES}
-     ORDER BY g.tenant_id, g.workspace_id NULLS FIRST, g.deployment_ref"""
+     ORDER BY o.tenant_id, o.workspace_id NULLS FIRST, o.deployment_ref"""
 
 # The rows of STATUS summed per deployment (every scope together): how many scopes it has and
 # how many of them are paused.
 STATUS_BY_DEPLOYMENT = f"""SELECT t.deployment_ref, count(*) AS scopes,
-           sum(t.pending)::bigint AS pending, sum(t.claimable)::bigint AS claimable,
-           sum(t.scheduled)::bigint AS scheduled, sum(t.live_leases)::bigint AS live_leases,
+           sum(t.pending)::bigint AS pending, sum(t.due)::bigint AS due,
+           sum(t.scheduled)::bigint AS scheduled, sum(t.running)::bigint AS running,
+           sum(t.live_leases)::bigint AS live_leases,
            sum(t.expired_leases)::bigint AS expired_leases,
+           sum(t.waiting)::bigint AS waiting, sum(t.failed)::bigint AS failed,
            sum(t.dead_letters)::bigint AS dead_letters,
            count(*) FILTER (WHERE t.paused) AS paused_scopes
       FROM ({_STATUS_SCOPES}) t

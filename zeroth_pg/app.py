@@ -195,6 +195,10 @@ def _label(fn: Callable[..., Any]) -> str:
     return getattr(fn, "__qualname__", None) or type(fn).__qualname__
 
 
+#: How many bad payloads an enqueue_many error names one by one (the rest are counted).
+_MAX_NAMED_PAYLOADS = 20
+
+
 def _json_problem(value: Any) -> str | None:
     try:
         json.dumps(value, allow_nan=False)
@@ -438,19 +442,19 @@ class Deployment:
                 problems.append(f"an argument name must be a string, got {key!r:.60}")
                 continue
             if key == self._run_name:  # fn(run, **payload) would get it twice
-                problems.append(f"{key!r} names the run's own parameter")
+                problems.append(f"{key!r:.60} names the run's own parameter")
                 continue
             if key in known:
                 check = next(a.check for a in self._arguments if a.name == key)
             elif self._extra is not None:
                 check = self._extra
             else:
-                problems.append(f"unexpected argument {key!r}")
+                problems.append(f"unexpected argument {key!r:.60}")
                 continue
             if (problem := check(value)) is not None:
                 problems.append(f"{key}: {problem}")
-        if not problems and (problem := _json_problem(dict(payload))) is not None:
-            problems.append(f"not storable as JSON: {problem}")
+            elif (problem := _json_problem(value)) is not None:  # every problem, each named
+                problems.append(f"{key}: not storable as JSON: {problem:.200}")
         if problems:
             raise InvalidPayloadError(f"{self.name}{context}: {'; '.join(problems)}")
 
@@ -534,15 +538,19 @@ class _Configured:
         if isinstance(payloads, Mapping | str | bytes):
             raise InvalidPayloadError(f"{d.name}: enqueue_many needs an iterable of mappings")
         items: list[dict[str, Any]] = []
+        bad: list[str] = []  # every bad payload is named, not only the first
         for i, arguments in enumerate(payloads):
             if not isinstance(arguments, Mapping):
-                raise InvalidPayloadError(f"{d.name}: payload [{i}] is not a mapping")
+                bad.append(f"payload [{i}] is not a mapping")
+                continue
             try:
                 checked = d.payload(**arguments)
             except InvalidPayloadError as exc:
-                raise InvalidPayloadError(f"payload [{i}]: {exc}") from exc
+                bad.append(f"payload [{i}]: {exc}")
+                continue
             except TypeError as exc:  # a non-string key
-                raise InvalidPayloadError(f"{d.name}: payload [{i}]: {exc}") from exc
+                bad.append(f"payload [{i}]: {exc}")
+                continue
             item: dict[str, Any] = {"payload": checked,
                                     "priority": bound.get("priority", d.priority),
                                     "max_attempts": bound.get("max_attempts", d.max_attempts)}
@@ -551,6 +559,12 @@ class _Configured:
             if bound.get("run_after") is not None:
                 item["run_after"] = bound["run_after"]
             items.append(item)
+        if bad:
+            shown = bad[:_MAX_NAMED_PAYLOADS]
+            more = len(bad) - len(shown)
+            raise InvalidPayloadError(
+                f"{d.name}: {len(bad)} bad payload(s), nothing enqueued: " + "; ".join(shown)
+                + (f"; and {more} more" if more else ""))
         lm = await d.app.lease_manager(bound.get("conn"))
         return await lm.enqueue_runs(d.name, items, tenant_id=bound.get("tenant_id"),
                                      workspace_id=bound.get("workspace_id"),

@@ -141,6 +141,15 @@ class StepResultError(InvalidArgumentError, NonRetryableError):
     sqlstate = None  # raised in Python only
 
 
+class InvalidNameError(InvalidArgumentError, NonRetryableError):
+    """A handler named a step or an event wrongly (``run.step("a#b")``, an empty name, one too
+    long, not a string). Raised by ``run.step`` and ``run.wait_for_event`` before anything is
+    written; the attempt fails without a retry, because the handler's code would make the same
+    mistake in every attempt."""
+
+    sqlstate = None  # raised in Python only
+
+
 class EventTimeoutError(ZerothError, TimeoutError):
     """``run.wait_for_event`` reached its deadline before the event was emitted. The timeout is
     the wait's recorded step result, so every replay of the handler raises it again at the same

@@ -3,3 +3,12 @@
 -- Each section below names the finding it answers; the functions that use this state are in
 -- sql/functions/ and are re-applied after this file in the same upgrade.
 SELECT 1;
+
+-- Waiting runs and failed runs that are not dead letters, counted by zeroth.scope_overview (and
+-- so by the dashboard and `zeroth-pg status`) through their own partial indexes (issue 31, item
+-- 3: an operator missed every stuck approval and 3 of 5 failed runs). A run enters each index
+-- only while it is waiting or failed, so the claim and completion path writes neither.
+CREATE INDEX runs_waiting_idx ON zeroth.runs (tenant_id, workspace_key, deployment_ref)
+    WHERE status = 'waiting';
+CREATE INDEX runs_failed_idx ON zeroth.runs (tenant_id, workspace_key, deployment_ref)
+    WHERE status = 'failed' AND dead_lettered_at IS NULL;

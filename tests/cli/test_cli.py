@@ -345,8 +345,8 @@ async def _dead_letter(conn: asyncpg.Connection, deployment: str, now: datetime)
     assert outcome == "dead_lettered"
 
 
-COUNT_KEYS = ("pending", "claimable", "scheduled", "live_leases", "expired_leases",
-              "dead_letters")
+COUNT_KEYS = ("pending", "due", "scheduled", "running", "live_leases", "expired_leases",
+              "waiting", "failed", "dead_letters")
 
 
 async def _limited_fleet(conn: asyncpg.Connection) -> None:
@@ -387,8 +387,9 @@ class TestStatus:
         scopes = {(s["tenant_id"], s["deployment_ref"]): s for s in status["scopes"]}
         assert set(scopes) == {("default", "a"), ("acme", "a")}
         assert {k: v for k, v in scopes[("default", "a")].items() if k != "workspace_id"} == {
-            "tenant_id": "default", "deployment_ref": "a", "pending": 2, "claimable": 2,
-            "scheduled": 1, "live_leases": 1, "expired_leases": 1, "dead_letters": 1,
+            "tenant_id": "default", "deployment_ref": "a", "pending": 2, "due": 1,
+            "scheduled": 1, "running": 2, "live_leases": 1, "expired_leases": 1, "waiting": 0,
+            "failed": 0, "dead_letters": 1,
             "max_concurrency": None, "weight": None, "paused": None,
             "rate_limit": None}  # no scope_limits row
         assert scopes[("acme", "a")]["pending"] == 1
@@ -396,6 +397,26 @@ class TestStatus:
         assert only_acme.returncode == 0, only_acme.stderr
         assert "acme" in only_acme.stdout
         assert "default" not in only_acme.stdout
+
+    async def test_waiting_runs_and_failures_without_a_dead_letter_are_counted(
+            self, database_dsn):
+        conn = await asyncpg.connect(database_dsn)
+        try:
+            now = await db_now(conn)
+            await make_run(conn, "waiting", deployment_ref="approve", now=now)
+            await make_run(conn, "waiting", deployment_ref="approve", now=now)
+            failed = await make_run(conn, "running", deployment_ref="approve", now=now)
+            await conn.execute(
+                """SELECT zeroth_test.fail_run(run_id => $1, worker_id => $2, generation => $3,
+                       error => '{"type": "NonRetryableError"}', retryable => false,
+                       now_override => $4)""", failed.run_id, failed.worker_id,
+                failed.generation, now)
+            await _dead_letter(conn, "approve", now)
+        finally:
+            await conn.close()
+        status = ok_json(cli("status", "--json", dsn=database_dsn))
+        [scope] = status["scopes"]
+        assert (scope["waiting"], scope["failed"], scope["dead_letters"]) == (2, 1, 1)
 
     async def test_each_scope_shows_its_limits_and_a_paused_empty_scope_is_shown(
             self, database_dsn):
@@ -425,12 +446,12 @@ class TestStatus:
         table = cli("status", dsn=database_dsn)
         assert table.returncode == 0, table.stderr
         header = next(line for line in table.stdout.splitlines() if "deployment" in line)
-        assert header.split() == ["tenant", "workspace", "deployment", "pending", "claimable",
-                                  "scheduled", "leased", "expired", "dead", "limit", "weight",
-                                  "paused"]
+        assert header.split() == ["tenant", "workspace", "deployment", "pending", "due",
+                                  "scheduled", "running", "leased", "expired", "waiting",
+                                  "failed", "dead", "limit", "weight", "paused"]
         rows = {tuple(line.split()[:3]): line.split() for line in table.stdout.splitlines()
                 if line.split()[:1] == ["initech"]}
-        assert rows == {("initech", "mail", "0"): ["initech", "mail", *["0"] * 6, "2", "1",
+        assert rows == {("initech", "mail", "0"): ["initech", "mail", *["0"] * 9, "2", "1",
                                                     "yes"]}
         # The scope limits rows match the filters like the runs.
         assert all(s["rate_limit"] is None for s in scopes.values())
@@ -448,12 +469,12 @@ class TestStatus:
         status = ok_json(cli("status", "--by", "deployment", "--json", dsn=database_dsn))
         assert set(status) == {"at", "deployments"}
         assert status["deployments"] == [
-            {"deployment_ref": "mail", "scopes": 4, "pending": 4, "claimable": 4,
-             "scheduled": 0, "live_leases": 1, "expired_leases": 0, "dead_letters": 0,
-             "paused_scopes": 1},
-            {"deployment_ref": "resize", "scopes": 1, "pending": 0, "claimable": 0,
-             "scheduled": 0, "live_leases": 0, "expired_leases": 0, "dead_letters": 0,
-             "paused_scopes": 1}]
+            {"deployment_ref": "mail", "scopes": 4, "pending": 4, "due": 4,
+             "scheduled": 0, "running": 1, "live_leases": 1, "expired_leases": 0, "waiting": 0,
+             "failed": 0, "dead_letters": 0, "paused_scopes": 1},
+            {"deployment_ref": "resize", "scopes": 1, "pending": 0, "due": 0,
+             "scheduled": 0, "running": 0, "live_leases": 0, "expired_leases": 0, "waiting": 0,
+             "failed": 0, "dead_letters": 0, "paused_scopes": 1}]
         only_acme = ok_json(cli("status", "--by", "deployment", "--tenant", "acme", "--json",
                                 dsn=database_dsn))
         assert [(d["deployment_ref"], d["scopes"], d["pending"])
@@ -461,9 +482,9 @@ class TestStatus:
         table = cli("status", "--by", "deployment", dsn=database_dsn)
         assert table.returncode == 0, table.stderr
         lines = [line.split() for line in table.stdout.splitlines()]
-        assert ["deployment", "scopes", "pending", "claimable", "scheduled", "leased",
-                "expired", "dead", "paused"] in lines
-        assert ["mail", "4", "4", "4", "0", "1", "0", "0", "1"] in lines
+        assert ["deployment", "scopes", "pending", "due", "scheduled", "running", "leased",
+                "expired", "waiting", "failed", "dead", "paused"] in lines
+        assert ["mail", "4", "4", "4", "0", "1", "1", "0", "0", "0", "0", "1"] in lines
 
     async def test_a_reader_sees_its_own_tenant_and_its_limits(self, database_dsn,
                                                                 pg_server_dsn):

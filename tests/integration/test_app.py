@@ -147,6 +147,41 @@ class TestEnqueue:
         assert isinstance(caught.value, zeroth_pg.InvalidArgumentError)  # ZP008's class too
         assert await run_count(pool) == 0
 
+    async def test_a_refusal_names_every_problem_and_the_argument_of_an_unstorable_value(
+            self, app, pool):
+        @app.deployment("send-email")
+        async def send_email(run, to: str, subject: str,
+                             extra: dict[str, Any] | None = None): ...
+
+        with pytest.raises(InvalidPayloadError) as caught:
+            await send_email.enqueue(to="a", extra={"k": {1, 2}})  # subject missing too
+        message = str(caught.value)
+        assert "missing 'subject'" in message
+        assert "extra: not storable as JSON" in message
+        huge_name = "k" * 1_000_000
+        with pytest.raises(InvalidPayloadError) as caught:
+            await send_email.enqueue(to="a", subject="s", **{huge_name: 1})
+        assert len(str(caught.value)) < 1_000  # a caller's argument name is bounded
+        assert await run_count(pool) == 0
+
+    async def test_enqueue_many_names_every_bad_payload_not_only_the_first(self, app, pool):
+        @app.deployment("thumb")
+        async def thumb(run, path: str, width: int = 100): ...
+
+        with pytest.raises(InvalidPayloadError) as caught:
+            await thumb.enqueue_many([{"path": "a"}, {"width": 1}, "x",  # type: ignore[list-item]
+                                      {"path": "b", "width": "wide"}])
+        message = str(caught.value)
+        assert "3 bad payload(s)" in message
+        for named in ("payload [1]", "missing 'path'", "payload [2] is not a mapping",
+                      "payload [3]", "width"):
+            assert named in message
+        with pytest.raises(InvalidPayloadError) as caught:
+            await thumb.enqueue_many([{"width": 1}] * 50)
+        assert "50 bad payload(s)" in str(caught.value)
+        assert "and 30 more" in str(caught.value)
+        assert await run_count(pool) == 0
+
     async def test_numbers_follow_json_and_annotated_unions_are_checked(self, app, pool):
         @app.deployment("measure")
         async def measure(run, ratio: float, label: Annotated[str | None, "doc"],

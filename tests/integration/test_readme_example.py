@@ -50,9 +50,19 @@ async def test_readme_worker_example_completes_a_run(database_dsn):
     assert row["output"] == '{"hello": "world"}'
 
 
-async def test_readme_application_example_serves_two_deployments_with_one_worker(database_dsn):
-    await _run_example(_example("## An application: two deployments, one worker"),
-                       database_dsn)
+async def test_readme_application_example_serves_two_deployments_with_one_worker(
+        database_dsn, tmp_path):
+    section = README.read_text().split("## An application: two deployments, one worker", 1)[1]
+    module, script = re.findall(r"```python\n(.*?)```", section, re.S)[:2]
+    (tmp_path / "mymodule.py").write_text(module)
+    env = {**os.environ, "ZEROTH_PG_DSN": database_dsn}
+    result = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-c", script], cwd=tmp_path, env=env,
+        capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert sorted(result.stdout.splitlines()) == [
+        'resize completed {"path": "cat.png", "width": 640}',
+        'send-email completed {"sent_to": "ada@example.com"}']
     conn = await asyncpg.connect(database_dsn)
     try:
         rows = await conn.fetch(

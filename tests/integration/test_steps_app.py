@@ -128,15 +128,32 @@ async def test_a_timeout_is_an_event_timeout_error_in_every_replay(app: App, poo
     assert (await steps(pool, queued.run_id))["#event:never"]["outcome"] == "timed_out"
 
 
-async def test_step_names_with_hash_are_refused(app: App, pool, serve):
-    @app.deployment("hash-name", max_attempts=1)
+async def test_a_step_name_with_hash_fails_the_run_at_once_without_a_retry(
+        app: App, pool, serve):
+    @app.deployment("hash-name", max_attempts=3)
     async def hash_name(run) -> None:
         await run.step("a#2", lambda: 1)
 
     queued = await hash_name.enqueue()
     await serve()
     row = await status(pool, queued.run_id, "failed")
-    assert "InvalidArgumentError" in row["error"]
+    assert "InvalidNameError" in row["error"]
+    assert row["attempts"] == 1  # the same code makes the same mistake: no retry
+
+
+async def test_an_event_named_with_hash_or_percent_reaches_its_python_wait(
+        app: App, pool, serve):
+    @app.deployment("hash-event")
+    async def hash_event(run) -> Any:
+        return [await run.wait_for_event("order#7"), await run.wait_for_event("50%#off")]
+
+    lm = LeaseManager(pool)
+    await lm.emit_event("order#7", "seven")
+    await lm.emit_event("50%#off", "half")
+    queued = await hash_event.enqueue()
+    await serve()
+    row = await status(pool, queued.run_id, "completed")
+    assert json.loads(row["output"]) == ["seven", "half"]
 
 
 async def test_a_handler_that_swallows_the_wait_writes_nothing_more(app: App, pool, serve):

@@ -71,7 +71,11 @@ EXIT_CODES = (
     "schedule name, embedded server)."
 )
 
-out = Console(soft_wrap=True)
+#: Piped or redirected, a table is printed whole, one complete line per row, whatever COLUMNS
+#: says (`zeroth-pg runs list | grep failed` must find every failed run); on a terminal its
+#: free-text columns fold to the width and the others are never shortened.
+_PIPED_WIDTH = 100_000
+out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else _PIPED_WIDTH)
 err = Console(stderr=True, soft_wrap=True)
 
 
@@ -196,10 +200,8 @@ def cell(value: Any) -> str:
     return str(plain(value))
 
 
-#: Columns that may wrap; the others are kept on one line (ids, statuses, counts, times).
-_FREE_TEXT = {"value", "data"}
-#: Columns never shortened: ids to copy into the next command.
-_UUIDS = {"run_id", "checkpoint_id"}
+#: Columns that may wrap; the others (ids, statuses, counts, times) are kept whole on one line.
+_FREE_TEXT = {"value", "data", "error"}
 
 
 def rows_table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]],
@@ -208,12 +210,15 @@ def rows_table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]
     shown = [(key, header) for key, header in columns
              if key in keep or any(row.get(key) is not None for row in rows)]
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    for key, header in shown:
-        wraps = key in _FREE_TEXT
-        table.add_column(header, no_wrap=not wraps, overflow="fold" if wraps else "ellipsis",
-                         min_width=36 if key in _UUIDS else None)
-    for row in rows:
-        table.add_row(*(cell(row.get(key)) for key, _ in shown))
+    cells = [[cell(row.get(key)) for key, _ in shown] for row in rows]
+    for index, (key, header) in enumerate(shown):
+        if key in _FREE_TEXT:
+            table.add_column(header, overflow="fold")
+        else:  # as wide as its widest value: a narrow terminal shrinks the free text instead
+            whole = max([len(header), *(len(line[index]) for line in cells)])
+            table.add_column(header, no_wrap=True, overflow="fold", min_width=whole)
+    for line in cells:
+        table.add_row(*line)
     return table
 
 

@@ -37,8 +37,9 @@ class By(StrEnum):
     DEPLOYMENT = "deployment"  # the scopes of each deployment summed
 
 
-_COUNTS = [("pending", "pending"), ("claimable", "claimable"), ("scheduled", "scheduled"),
-           ("live_leases", "leased"), ("expired_leases", "expired"), ("dead_letters", "dead")]
+_COUNTS = [("pending", "pending"), ("due", "due"), ("scheduled", "scheduled"),
+           ("running", "running"), ("live_leases", "leased"), ("expired_leases", "expired"),
+           ("waiting", "waiting"), ("failed", "failed"), ("dead_letters", "dead")]
 #: Per scope: the counts, then the scope's zeroth.scope_limits row (empty without one; the
 #: columns are left out when no scope shown has a row).
 _SCOPE_COLUMNS = [("tenant_id", "tenant"), ("workspace_id", "workspace"),
@@ -48,7 +49,10 @@ _DEPLOYMENT_COLUMNS = [("deployment_ref", "deployment"), ("scopes", "scopes"), *
                        ("paused_scopes", "paused")]
 _KEEP = {By.SCOPE: ["deployment_ref", *(key for key, _ in _COUNTS)],
          By.DEPLOYMENT: [key for key, _ in _DEPLOYMENT_COLUMNS]}
-_CAPTION = "leased / expired: runs with a live / an expired lease; dead: dead letters"
+_CAPTION = ("pending = due (nobody holds it, its time has come) + scheduled (run_after later) + "
+            "claimed; leased / expired: runs with a live / an expired lease; waiting: for an "
+            "event, children or a thread's turn; failed: ended failed without a dead letter "
+            "(non-retryable); dead: dead letters (attempts exhausted)")
 _LIMITS_CAPTION = ("; limit, weight, paused: the scope's zeroth.scope_limits row; rate: its "
                    "rate limit, key:max_starts/period (zeroth.rate_limits)")
 _DEPLOYMENT_CAPTION = ("every scope of a deployment summed; " + _CAPTION
@@ -64,7 +68,8 @@ def _status_table(rows: list[dict[str, Any]], at: datetime, footer: str = "",
     table = rows_table(shown, columns, keep=_KEEP[by],
                        title=f"zeroth_pg status at {cell(at)} UTC (database clock){footer}")
     if not rows:
-        table.caption = "no pending runs, leases, dead letters or scope limits"
+        table.caption = ("no pending, running, waiting or failed runs, leases, dead letters or "
+                         "scope limits")
     elif by is By.DEPLOYMENT:
         table.caption = _DEPLOYMENT_CAPTION
     else:
@@ -90,7 +95,8 @@ def status(
     dsn: Dsn = None,
     as_json: JsonOutput = False,
 ) -> None:
-    """Queue depth, live and expired leases and dead letters per deployment and tenant, with
+    """Queue depth (pending: due, scheduled), running, live and expired leases, waiting runs,
+    failed runs and dead letters per deployment and tenant, with
     each scope's limits (zeroth.scope_limits: max_concurrency, weight, paused, and the rate
     limit it draws from as key:max_starts/periods); scopes with a limits row but no runs are
     shown too. A zeroth_reader sees the tenant it names in

@@ -45,7 +45,8 @@ _PAGE_COLUMNS = """r.run_id, r.status::text AS status, r.deployment_ref, r.tenan
            r.lease_worker_id"""
 
 _OVERVIEW = """SELECT o.tenant_id, o.workspace_id, o.deployment_ref, o.pending, o.due, o.scheduled,
-           o.running, o.live_leases, o.expired_leases, o.dead_letters, o.paused,
+           o.running, o.live_leases, o.expired_leases, o.waiting, o.failed, o.dead_letters,
+           o.paused,
            o.max_concurrency,
            EXTRACT(epoch FROM clock_timestamp() - o.oldest_due_at)::double precision
                AS oldest_due_s

@@ -30,6 +30,10 @@ def _import(spec: str) -> Any:
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise ValueError(f"--app must look like module:handler, got {spec!r}")
+    # Like uvicorn, gunicorn and celery: `zeroth-pg worker --app mymodule:app` typed next to
+    # mymodule.py finds it (a console script's sys.path does not hold the current directory).
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
     target: Any = importlib.import_module(module_name)
     for part in attr.split("."):
         target = getattr(target, part)

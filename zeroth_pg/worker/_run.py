@@ -27,6 +27,7 @@ from zeroth_pg.client import _json
 from zeroth_pg.errors import (
     EventTimeoutError,
     InvalidArgumentError,
+    InvalidNameError,
     LeaseLostError,
     StepResultError,
 )
@@ -63,6 +64,13 @@ _CURRENT_STEP: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 
 #: Waits are keyed "#event:<name>"; a step name may not hold "#", so the two never collide.
 _EVENT_STEP_PREFIX = "#event:"
+
+
+def _escape_step_name(name: str) -> str:
+    """An event name as it stands in a step key: the n-th wait for "a" is keyed "#event:a#n",
+    so a "#" of the name itself (and the "%" that escapes it) is percent-encoded, and a wait for
+    "a#2" can never replay the second wait for "a". A name with neither is unchanged."""
+    return name.replace("%", "%25").replace("#", "%23")
 #: A child started without a key is the step "#child:<deployment>"; a wait for children is the
 #: step "#children" (both numbered like run.step), so neither collides with a step name.
 _CHILD_STEP_PREFIX = "#child:"
@@ -228,9 +236,10 @@ class RunContext:
 
     def _next_step_key(self, name: str) -> str:
         if not isinstance(name, str) or not name or len(name) > 200 or "#" in name:
-            raise InvalidArgumentError(
+            # A mistake in the handler's code: every attempt would make it again.
+            raise InvalidNameError(
                 "a step name must be a non-empty string of at most 200 characters without '#', "
-                f"got {name!r}")
+                f"got {name!r:.220}")
         return self._next_step_key_raw(name)
 
     def _lease_lost(self, what: str) -> LeaseLostError:
@@ -304,16 +313,18 @@ class RunContext:
         and this call raises :class:`~zeroth_pg.errors.EventTimeoutError`, in this attempt and
         every replay. Workers' orphan sweeps move runs whose deadline passed back to pending
         (``zeroth.wake_due_waits``), so a timeout is seen within about one sweep interval.
-        ``name`` may not hold ``#`` (as step names: the numbering of repeated waits uses it).
+        ``name`` is any name ``zeroth.emit_event`` takes (``#`` included).
         """
         if self.slept is not None:  # left its worker already (a handler that swallowed it)
             raise RunSlept(self.slept)
-        if not isinstance(name, str) or "#" in name:
-            # The n-th wait for "a" is keyed "#event:a#n": a wait for "a#2" would replay the
-            # second wait for "a" and return its payload (the database refuses it, ZP008).
-            raise InvalidArgumentError(
-                f"an event name must be a string without '#', got {name!r}")
-        key = self._next_step_key_raw(_EVENT_STEP_PREFIX + name)
+        if not isinstance(name, str):
+            raise InvalidNameError(f"an event name must be a string, got {name!r:.220}")
+        escaped = _escape_step_name(name)
+        if not name or len(name) > 200 or len(escaped) > 300:
+            raise InvalidNameError(
+                "an event name must be a non-empty string of at most 200 characters ('#' and "
+                f"'%' count three), got {name!r:.220}")
+        key = self._next_step_key_raw(_EVENT_STEP_PREFIX + escaped)
         with tracing.step("wait_for_event", self.scope.deployment_ref, self.run_id):
             waited = await self._worker.lease_manager.wait_for_event(
                 self.run_id, self.worker_id, key, name, generation=self.lease_generation,
