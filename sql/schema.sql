@@ -1196,6 +1196,16 @@ COMMENT ON POLICY checkpoints_reader_tenant ON zeroth.checkpoints IS 'zeroth_rea
 ALTER TABLE zeroth.child_runs ENABLE ROW LEVEL SECURITY;
 
 --
+-- Name: child_runs child_runs_reader_tenant; Type: POLICY; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE POLICY child_runs_reader_tenant ON zeroth.child_runs FOR SELECT TO zeroth_reader USING ((tenant_id = current_setting('zeroth.tenant_id'::text, true)));
+
+--
+-- Name: POLICY child_runs_reader_tenant ON child_runs; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON POLICY child_runs_reader_tenant ON zeroth.child_runs IS 'zeroth_reader sees the child runs of the tenant named in the setting zeroth.tenant_id (none when unset).';
+
+--
 -- Name: child_waits; Type: ROW SECURITY; Schema: zeroth; Owner: zeroth_owner
 --
 ALTER TABLE zeroth.child_waits ENABLE ROW LEVEL SECURITY;
@@ -1367,6 +1377,11 @@ ALTER TABLE zeroth.thread_locks ENABLE ROW LEVEL SECURITY;
 --
 GRANT USAGE ON SCHEMA zeroth TO zeroth_worker;
 GRANT USAGE ON SCHEMA zeroth TO zeroth_reader;
+
+--
+-- Name: TABLE child_runs; Type: ACL; Schema: zeroth; Owner: zeroth_owner
+--
+GRANT SELECT ON TABLE zeroth.child_runs TO zeroth_reader;
 
 --
 -- Name: TABLE checkpoints; Type: ACL; Schema: zeroth; Owner: zeroth_owner

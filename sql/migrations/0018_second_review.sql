@@ -12,3 +12,11 @@ CREATE INDEX runs_waiting_idx ON zeroth.runs (tenant_id, workspace_key, deployme
     WHERE status = 'waiting';
 CREATE INDEX runs_failed_idx ON zeroth.runs (tenant_id, workspace_key, deployment_ref)
     WHERE status = 'failed' AND dead_lettered_at IS NULL;
+
+-- The dashboard's run page links a parent run to its children (issue 31, item 4): zeroth_reader
+-- reads zeroth.child_runs (through the view zeroth.child_list), its own tenant's rows only, as
+-- it reads run_steps and event_waits (0015).
+GRANT SELECT ON zeroth.child_runs TO zeroth_reader;
+CREATE POLICY child_runs_reader_tenant ON zeroth.child_runs FOR SELECT TO zeroth_reader
+    USING (tenant_id = current_setting('zeroth.tenant_id', true));
+COMMENT ON POLICY child_runs_reader_tenant ON zeroth.child_runs IS 'zeroth_reader sees the child runs of the tenant named in the setting zeroth.tenant_id (none when unset).';

@@ -45,7 +45,8 @@ RELATIONS = ("runs", "checkpoints", "admission_slots", "notification_secret", "l
              "child_runs", "child_waits", "run_attempts", "alembic_version", "queue_depth",
              "dead_letters",
              "live_leases", "expired_leases", "table_health", "scope_overview", "run_list",
-             "run_activity", "checkpoint_list", "step_list", "wait_list", "attempt_history")
+             "run_activity", "checkpoint_list", "step_list", "wait_list", "attempt_history",
+             "child_list")
 
 
 async def test_the_relations_tried_here_are_every_relation_of_the_schema(admin):
@@ -106,13 +107,14 @@ class TestReader:
             "SELECT tenant_id FROM zeroth.queue_depth")] == ["acme"]
         assert await reader.fetchval("SELECT count(*) FROM zeroth.runs") == 1
         # Steps, event waits and events (0015: the dashboard's run page): its tenant's only.
-        for relation in ("run_steps", "event_waits", "events", "step_list", "wait_list"):
+        for relation in ("run_steps", "event_waits", "events", "step_list", "wait_list",
+                         "child_runs", "child_list"):
             assert await reader.fetchval(
                 f"SELECT count(*) FROM zeroth.{relation} WHERE tenant_id <> 'acme'") == 0
 
     @pytest.mark.parametrize("relation", ["admission_slots", "notification_secret", "lock_stripes",
                                           "thread_locks", "code_version", "rate_limit_starts",
-                                          "child_runs", "child_waits"])
+                                          "child_waits"])
     async def test_cannot_read_the_slots_the_secret_or_the_locks(self, login, relation):
         reader = await login("reader")
         assert await outcome(reader, f"SELECT * FROM zeroth.{relation}") == "42501"

@@ -127,7 +127,8 @@ class TestGrants:
         assert readable == views | {"zeroth.runs", "zeroth.checkpoints", "zeroth.scope_limits",
                                     "zeroth.schedules", "zeroth.schedule_fires",
                                     "zeroth.rate_limits", "zeroth.run_steps",
-                                    "zeroth.event_waits", "zeroth.events", "zeroth.run_attempts"}
+                                    "zeroth.event_waits", "zeroth.events", "zeroth.run_attempts",
+                                    "zeroth.child_runs"}
         assert readme_grants("zeroth_reader") == readable
         assert [r["name"] for r in relations if r["reader_writes"]] == []
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import asyncpg
+from child_calls import start_child
 from helpers import dashboard, make_run
 from roles import dsn_as, login_role
 
@@ -316,3 +317,83 @@ class TestRunDetail:
         assert "failed" in after
         assert "&lt;b&gt;boom&lt;/b&gt;" in after
         assert "<b>boom</b>" not in after
+
+    async def test_a_run_reads_as_its_operator_needs_it(self, database_dsn):
+        """Parent and children linked both ways with their states, why a run waits, when a
+        pending run is due, a running run whose lease expired flagged, a completed run's earlier
+        failure not shown as its error, and a traceback with its real line breaks."""
+        conn = await asyncpg.connect(database_dsn)
+        try:
+            now = await _now(conn)
+            parent = await make_run(conn, "running", deployment_ref="plan", now=now,
+                                    lease_seconds=600)
+            child = await start_child(conn, parent.run_id, parent.generation, "research",
+                                      now=now)
+            await conn.execute(
+                """SELECT zeroth_test.request_cancel(run_id => $1, now_override => $2)""",
+                child["child_run_id"], now)
+            later = await make_run(conn, "pending", deployment_ref="plan", now=now,
+                                   run_after=now + timedelta(hours=2))
+            waiting = await make_run(conn, "waiting", deployment_ref="plan", now=now)
+            orphan = await make_run(conn, "running", deployment_ref="plan",
+                                    now=now - timedelta(hours=1), lease_seconds=5)
+            retried = await make_run(conn, "running", deployment_ref="plan", now=now,
+                                     lease_seconds=600)
+            traceback = 'Traceback (most recent call last):\n  File "h.py", line 3\nValueError: x'
+            await conn.execute(
+                """UPDATE zeroth.runs SET status = 'completed', finished_at = now(),
+                          output = '{}', lease_worker_id = NULL, lease_acquired_at = NULL,
+                          lease_expires_at = NULL, admission_slot = NULL,
+                          error = jsonb_build_object('type', 'ValueError', 'message', 'x',
+                                                     'traceback', $2::text)
+                    WHERE run_id = $1""", retried.run_id, traceback)
+            with dashboard(create_app(database_dsn)) as client:
+                page = {name: client.get(f"/runs/{run_id}").text for name, run_id in
+                        [("parent", parent.run_id), ("child", child["child_run_id"]),
+                         ("later", later.run_id), ("waiting", waiting.run_id),
+                         ("orphan", orphan.run_id), ("retried", retried.run_id)]}
+            wait_reason = await conn.fetchval(
+                "SELECT wait_reason FROM zeroth.runs WHERE run_id = $1", waiting.run_id)
+        finally:
+            await conn.close()
+        child_id = str(child["child_run_id"])
+        assert f'href="/runs/{child_id}"' in page["parent"]
+        assert "research" in page["parent"]
+        assert '<span class="st cancelled">cancelled</span>' in page["parent"]
+        assert f'href="/runs/{parent.run_id}"' in page["child"]  # and back to the parent
+        assert 'id="due-at"' in page["later"]
+        assert 'id="wait-reason"' in page["waiting"]
+        assert wait_reason in page["waiting"]
+        assert 'id="lease-expired"' in page["orphan"]
+        assert 'id="lease-expired"' not in page["parent"]
+        assert "Last failure" in page["retried"]
+        assert '<h2 id="failure-title">Error' not in page["retried"]
+        assert "ValueError: x" in page["retried"]
+        assert 'File &#34;h.py&#34;, line 3\nValueError' in page["retried"]  # real line breaks
+        assert "\\n" not in page["retried"].split('class="trace">', 1)[1].split("</pre>", 1)[0]
+
+    async def test_a_reader_sees_its_own_tenants_children_only(self, database_dsn,
+                                                              pg_server_dsn):
+        conn = await asyncpg.connect(database_dsn)
+        try:
+            now = await _now(conn)
+            ids = {}
+            for tenant in ("acme", "globex"):
+                parent = await make_run(conn, "running", deployment_ref="plan", now=now,
+                                        tenant_id=tenant, lease_seconds=600)
+                child = await start_child(conn, parent.run_id, parent.generation, "c",
+                                          tenant=tenant, now=now)
+                ids[tenant] = (parent.run_id, child["child_run_id"])
+        finally:
+            await conn.close()
+        with login_role(pg_server_dsn, "zeroth_reader") as (name, password):
+            reader = await asyncpg.connect(dsn_as(database_dsn, name, password),
+                                           server_settings={"zeroth.tenant_id": "acme"})
+            try:
+                seen = {row["child_run_id"] for row in
+                        await reader.fetch("SELECT child_run_id FROM zeroth.child_list")}
+                raw = await reader.fetch("SELECT child_run_id FROM zeroth.child_runs")
+            finally:
+                await reader.close()
+        assert seen == {ids["acme"][1]}
+        assert {row["child_run_id"] for row in raw} == {ids["acme"][1]}

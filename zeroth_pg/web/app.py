@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hmac
+import json
 import logging
 import secrets
 import urllib.parse
@@ -81,8 +82,17 @@ _RUN = """SELECT r.run_id, r.tenant_id, r.workspace_id, r.workspace_key, r.deplo
            r.lease_acquired_at, r.lease_expires_at, r.recovery_checkpoint_id, r.cancel_action,
            r.cancel_requested_at, r.checkpoint_seq, r.payload::text AS payload,
            r.output::text AS output, r.error::text AS error, r.metadata::text AS metadata,
-           r.progress::text AS progress
+           r.progress::text AS progress, r.parent_run_id,
+           r.status = 'running' AND r.lease_expires_at < clock_timestamp() AS lease_expired
       FROM zeroth.run_list r WHERE r.run_id = $1"""
+
+# The run's children, each with its current status (zeroth.child_list: a range of
+# child_runs_pkey), in the order they were started.
+_CHILDREN = """SELECT c.child_run_id, c.step_key, c.deployment_ref, c.status::text AS status,
+           c.detached, c.created_at, c.finished_at
+      FROM zeroth.child_list c
+     WHERE c.tenant_id = $1 AND c.workspace_key = $2 AND c.parent_run_id = $3
+     ORDER BY c.created_at, c.step_key"""
 
 # The per-run views, on (tenant_id, workspace_key, run_id): a range of each table's index.
 _CHECKPOINTS = """SELECT c.checkpoint_order, c.checkpoint_id, c.lease_generation, c.created_at,
@@ -116,6 +126,30 @@ _ATTEMPTS = """SELECT h.attempt, h.lease_generation, h.worker_id, h.claimed_at, 
       FROM zeroth.attempt_history h
      WHERE h.tenant_id = $1 AND h.workspace_id IS NOT DISTINCT FROM $2 AND h.run_id = $3
      ORDER BY h.lease_generation, h.ended_at NULLS LAST"""
+
+
+#: How much of a stored error document the run page shows (the database bounds what it stores).
+_FAILURE_SHOWN = 20_000
+
+
+def failure_view(error: str | None) -> dict[str, str] | None:
+    """A stored error document (``zeroth.runs.error``, ``run_attempts.error``: JSON text) as the
+    run page shows it: a one-line summary (``type: message``) and the traceback with its real
+    line breaks; a document some other client wrote in another shape is shown as its JSON."""
+    if error is None:
+        return None
+    try:
+        document = json.loads(error)
+    except ValueError:
+        document = None
+    if isinstance(document, dict) and isinstance(document.get("message", ""), str):
+        kind = str(document.get("type") or "error")
+        message = str(document.get("message") or "")
+        trace = document.get("traceback")
+        return {"summary": f"{kind}: {message}"[:500],
+                "detail": (trace if isinstance(trace, str) else json.dumps(document,
+                                                                          indent=2))[:_FAILURE_SHOWN]}
+    return {"summary": error[:500], "detail": error[:_FAILURE_SHOWN]}
 
 
 def run_page_query(filters: dict[str, Any], after: tuple[datetime, uuid.UUID] | None,
@@ -275,6 +309,7 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
     allowed = frozenset(_host_name(h) for h in (*LOOPBACK_HOSTS, *allowed_hosts) if h.strip())
     env = Environment(loader=FileSystemLoader(_HERE / "templates"),
                       autoescape=select_autoescape(default=True, default_for_string=True))
+    env.filters["failure"] = failure_view
     csrf_secret = secrets.token_bytes(32)
     state: dict[str, Any] = {}
 
@@ -368,11 +403,14 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
                 thread = await conn.fetch(_THREAD, run["tenant_id"], run["workspace_key"],
                                           run["thread_id"])
             attempts = await conn.fetch(_ATTEMPTS, run["tenant_id"], run["workspace_id"], run_id)
-        sections = [("Attempt history", "_attempts.html"), ("Steps", "_steps.html"),
+            children = await conn.fetch(_CHILDREN, *scope)
+        sections = [("Attempt history", "_attempts.html"), ("Children", "_children.html"),
+                    ("Steps", "_steps.html"),
                     ("Event waits", "_waits.html"), ("Checkpoints", "_checkpoints.html"),
                     ("Thread queue", "_thread.html")]
         return render(request, "run.html", run=run, checkpoints=checkpoints, thread=thread,
-                      steps=steps, waits=waits, attempts=attempts, sections=sections)
+                      steps=steps, waits=waits, attempts=attempts, children=children,
+                      failure=failure_view(run["error"]), sections=sections)
 
     async def dead_letters(request: Request) -> Response:
         q = request.query_params

@@ -40,9 +40,10 @@ SELECT r.run_id,
        r.output,
        r.error,
        r.metadata,
-       r.progress
+       r.progress,
+       r.parent_run_id
   FROM zeroth.runs r;
-COMMENT ON VIEW zeroth.run_list IS 'Every run with the columns an operator reads (scope, status, timing, lease, cancel, payload, output, error, metadata, progress). Keyset pages on (created_at, run_id) use runs_created_idx; a run by run_id uses runs_run_id_idx. A zeroth_reader sees its tenant''s runs.';
+COMMENT ON VIEW zeroth.run_list IS 'Every run with the columns an operator reads (scope, status, timing, lease, cancel, payload, output, error, metadata, progress, the parent run of a child run). Keyset pages on (created_at, run_id) use runs_created_idx; a run by run_id uses runs_run_id_idx. A zeroth_reader sees its tenant''s runs.';
 ALTER VIEW zeroth.run_list OWNER TO zeroth_owner;
 REVOKE ALL ON zeroth.run_list FROM PUBLIC;
 GRANT SELECT ON zeroth.run_list TO zeroth_reader;
