@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import signal
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -1141,3 +1142,40 @@ async def test_sys_exit_in_an_async_handler_fails_its_run_and_the_worker_serves_
     later = (await lm.enqueue_run(dep, {"n": 2})).run_id  # still claiming
     assert (await _wait_status(pool, later, "completed"))["output"] == {"ok": 2}
     assert not worker.stopping
+
+
+@pytest.mark.parametrize("sigint_raises", [False, True], ids=["sigint-handled", "sigint-raises"])
+async def test_keyboard_interrupt_from_an_async_handler_fails_its_run(pool, spawn_worker,
+                                                                      sigint_raises):
+    """KeyboardInterrupt out of an async handler fails that run (as a sync handler's does),
+    never escaping into the event loop. Where SIGINT is handled (run_until_stopped, asyncio.run:
+    here pytest's runner) it can only be the handler's own, and the worker serves on; where
+    SIGINT raises KeyboardInterrupt in the loop's thread (Python's default handler) it may be
+    the operator's Ctrl-C, so the worker drains as it would on SIGINT."""
+    dep = unique_deployment("harden")
+
+    async def handler(ctx: RunContext) -> Any:
+        if ctx.payload.get("interrupt"):
+            raise KeyboardInterrupt
+        return {"ok": True}
+
+    previous = signal.getsignal(signal.SIGINT)
+    if sigint_raises:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        worker = await spawn_worker(dep, handler)
+        run = (await LeaseManager(pool).enqueue_run(dep, {"interrupt": True},
+                                                    max_attempts=1)).run_id
+        error = (await _wait_status(pool, run, "failed"))["error"]
+        assert error["type"] == "RuntimeError"
+        assert "KeyboardInterrupt" in error["message"]
+        if sigint_raises:
+            await wait_until(lambda: worker.stopping, "the worker to drain by itself",
+                             within=10)
+            await asyncio.wait_for(worker.graceful_shutdown(), timeout=30)  # its end
+        else:
+            later = (await LeaseManager(pool).enqueue_run(dep)).run_id
+            assert (await _wait_status(pool, later, "completed"))["output"] == {"ok": True}
+            assert not worker.stopping
+    finally:
+        signal.signal(signal.SIGINT, previous)
