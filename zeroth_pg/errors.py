@@ -248,8 +248,9 @@ def translate(exc: BaseException) -> BaseException:
 
 #: The most UTF-8 bytes of one text taken from a handler's exception (its message, its traceback,
 #: its type's name) that the worker logs, traces or stores; a longer text is cut, with a marker
-#: ``…[truncated N characters]`` saying how much was left out. zeroth.fail_run bounds an error
-#: document on the SQL side as well (the same bound, sql/functions/fail_run.sql).
+#: ``…[truncated N characters]`` saying how much was left out. The database bounds a stored
+#: error document again, for every client (zeroth.fail_run, zeroth.commit_fenced); its bounds are
+#: looser (per string and per document), so a document within this module's is stored unchanged.
 MAX_ERROR_TEXT_BYTES = 64 * 1024
 #: The most UTF-8 bytes of the JSON text of a whole error document the worker writes (the texts
 #: are shortened further when their JSON escapes would pass it).
