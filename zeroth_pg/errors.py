@@ -263,6 +263,8 @@ _MARKER_ROOM = 48
 #: (__cause__ / __context__), newest first.
 _MAX_FRAMES = 40
 _MAX_CHAIN = 5
+#: Of each exception's message in a traceback (the document's ``message`` has the long one).
+_TRACEBACK_MESSAGE_BYTES = 4096
 _MAX_NOTES = 5
 _MAX_GROUP_MEMBERS = 5
 
@@ -345,7 +347,8 @@ def _type_name(exc: BaseException, limit: int = 1024) -> str:
 
 
 def _exception_text(exc: BaseException, limit: int) -> str:
-    """The frames (innermost :data:`_MAX_FRAMES`) and the last line of one exception."""
+    """The frames (innermost :data:`_MAX_FRAMES`) and the last line of one exception (its
+    message at most ``limit`` bytes)."""
     tb = exc.__traceback__
     lines: list[str] = []
     if tb is not None:
@@ -354,7 +357,8 @@ def _exception_text(exc: BaseException, limit: int) -> str:
         lines.append("Traceback (most recent call last):\n")
         if total > len(frames):
             lines.append(f"  [{total - len(frames)} outer frames left out]\n")
-        lines.extend(bounded_text(line, limit // _MAX_FRAMES) for line in frames.format())
+        lines.extend(bounded_text(line, MAX_ERROR_TEXT_BYTES // _MAX_FRAMES)
+                     for line in frames.format())
     name, message = _type_name(exc), _message(exc, limit)
     lines.append(f"{name}: {message}\n" if message else f"{name}\n")
     notes = getattr(exc, "__notes__", None)
@@ -394,7 +398,7 @@ def _traceback(exc: BaseException, limit: int) -> str:
         if current is not None and id(current) not in seen:
             parts.append("[earlier exceptions of the chain left out]\n")
         for link, link_how in reversed(chain):
-            parts.append(_exception_text(link, limit // 2))
+            parts.append(_exception_text(link, min(limit // 2, _TRACEBACK_MESSAGE_BYTES)))
             parts.append(link_how)
         return bounded_text("".join(parts), limit, tail=True)
     except Exception as broken:
