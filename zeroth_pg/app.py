@@ -45,7 +45,7 @@ import asyncpg
 
 from zeroth_pg._libpq import asyncpg_dsn
 from zeroth_pg.client import LeaseManager, unstorable
-from zeroth_pg.errors import InvalidPayloadError, LeaseLostError
+from zeroth_pg.errors import InvalidPayloadError, LeaseLostError, handler_exit
 from zeroth_pg.types import ChildOutcome, EnqueuedRun, RetryPolicy
 from zeroth_pg.worker import PeriodicSchedule, RunContext, RunSlept, RunWorker
 from zeroth_pg.worker._run import _CURRENT_STEP
@@ -357,9 +357,11 @@ async def _in_thread(fn: Callable[..., Any], run: RunContext, arguments: dict[st
             outcome = (None, error)
         except BaseException as exc:
             # SystemExit or KeyboardInterrupt in this thread ends the thread, not the process:
-            # a failure of this attempt, as any other.
-            failure = RuntimeError(f"the handler's thread raised {type(exc).__name__}")
-            failure.__cause__ = exc
+            # a failure of this attempt, as any other, described as an async handler's is.
+            failure = handler_exit(exc)
+            if failure is exc:  # another BaseException: carried as an Exception
+                failure = RuntimeError(f"the handler's thread raised {type(exc).__name__}")
+                failure.__cause__ = exc
             outcome = (None, failure)
         else:
             outcome = (result, None)

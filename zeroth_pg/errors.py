@@ -9,15 +9,23 @@ function is one transaction.
 
 from __future__ import annotations
 
-from typing import ClassVar
+import json
+import re
+import reprlib
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import asyncpg
 
 __all__ = [
+    "MAX_ERROR_DOCUMENT_BYTES",
+    "MAX_ERROR_TEXT_BYTES",
     "CheckpointConflictError",
     "ChildRunConflictError",
     "ConnectionLostError",
     "DatabaseError",
+    "ErrorDescription",
     "EventTimeoutError",
     "FenceColumnWriteError",
     "InvalidArgumentError",
@@ -32,6 +40,9 @@ __all__ = [
     "StepResultError",
     "UnknownColumnError",
     "ZerothError",
+    "bounded_text",
+    "describe",
+    "handler_exit",
     "translate",
 ]
 
@@ -235,3 +246,231 @@ def translate(exc: BaseException) -> BaseException:
                   | OSError):
         return ConnectionLostError(str(exc) or type(exc).__name__)
     return exc
+
+
+# -- what a handler's exception becomes: bounded text ----------------------------------------------
+#
+# A handler's exception is the handler's data: its message may be a 300 MB response body, its
+# __str__ may raise or be slow, its traceback may have thousands of frames, its chain may repeat
+# all of that. Everything the worker does with it (log, trace, store) goes through describe(),
+# whose work is O(the bound) once str() has returned, and whose texts are at most the bound.
+
+#: The most UTF-8 bytes of one text taken from a handler's exception (its message, its traceback,
+#: its type's name) that the worker logs, traces or stores; a longer text is cut, with a marker
+#: ``…[truncated N characters]`` saying how much was left out. The database bounds a stored
+#: error document again, for every client (zeroth.fail_run, zeroth.commit_fenced); its bounds are
+#: looser (per string and per document), so a document within this module's is stored unchanged.
+MAX_ERROR_TEXT_BYTES = 64 * 1024
+#: The most UTF-8 bytes of the JSON text of a whole error document the worker writes (the texts
+#: are shortened further when their JSON escapes would pass it).
+MAX_ERROR_DOCUMENT_BYTES = 3 * MAX_ERROR_TEXT_BYTES
+
+_UNSTORABLE_TEXT = re.compile("[\x00\ud800-\udfff]")
+#: Room kept for the marker: "…[truncated " + up to 20 digits + " characters]".
+_MARKER_ROOM = 48
+#: Of a traceback: the innermost frames of each exception, and the exceptions of its chain
+#: (__cause__ / __context__), newest first.
+_MAX_FRAMES = 40
+_MAX_CHAIN = 5
+#: Of each exception's message in a traceback (the document's ``message`` has the long one).
+_TRACEBACK_MESSAGE_BYTES = 4096
+_MAX_NOTES = 5
+_MAX_GROUP_MEMBERS = 5
+
+
+def _storable(text: str) -> str:
+    """``text`` with what jsonb cannot hold (U+0000, lone surrogates) replaced by U+FFFD."""
+    return _UNSTORABLE_TEXT.sub("\ufffd", text)
+
+
+def bounded_text(text: str, limit: int = MAX_ERROR_TEXT_BYTES, *, tail: bool = False) -> str:
+    """``text``, storable in jsonb (U+0000 and lone surrogates become U+FFFD) and at most
+    ``limit`` UTF-8 bytes: a longer text keeps its head (``tail``: its end) and says how many
+    characters were cut. The work is O(``limit``) whatever the length of ``text``: it is sliced
+    before anything else is done with it."""
+    length = len(text)
+    if length * 4 <= limit:  # at most 4 bytes a character, U+FFFD 3: fits whatever it holds
+        return _storable(str(text))
+    window = _storable(text[-limit:] if tail else text[:limit])
+    data = window.encode()
+    if length <= limit and len(data) <= limit:
+        return window
+    budget = max(0, limit - _MARKER_ROOM)
+    kept = (data[-budget:] if tail else data[:budget]).decode(errors="ignore") if budget else ""
+    marker = f"[truncated {length - len(kept)} characters]"
+    return f"{marker}\u2026{kept}" if tail else f"{kept}\u2026{marker}"
+
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 2000
+_REPR.maxlevel = 3
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = _REPR.maxfrozenset = 20
+_REPR.maxdeque = _REPR.maxarray = 20
+#: Values whose str() is their repr (or bytes'), which reprlib abbreviates without building it.
+_ABBREVIATED = (list, tuple, dict, set, frozenset, bytes, bytearray)
+
+
+def bounded_repr(value: object) -> str:
+    """A short repr of ``value``: containers and strings are abbreviated without building their
+    whole repr (reprlib); another object's repr is cut to the bound."""
+    return bounded_text(_REPR.repr(value), 4 * _REPR.maxother)
+
+
+def _raw_message(exc: BaseException) -> str:
+    """What ``str(exc)`` says, without building it where the exception only holds its arguments
+    (BaseException's and KeyError's __str__): a huge list argument is abbreviated, a string
+    argument is returned as it is (no copy)."""
+    kind = type(exc)
+    args = exc.args if isinstance(exc.args, tuple) else ()
+    if kind.__str__ is BaseException.__str__ and isinstance(exc.args, tuple):
+        if not args:
+            return ""
+        if len(args) == 1:
+            only = args[0]
+            if isinstance(only, str):
+                return only
+            if isinstance(only, _ABBREVIATED):
+                return bounded_repr(only)
+        elif len(args) > 1:
+            return bounded_repr(args)
+    elif kind.__str__ is KeyError.__str__ and len(args) == 1:
+        return bounded_repr(args[0])
+    text = str(exc)
+    if not isinstance(text, str):  # pragma: no cover - str() always returns a str
+        raise TypeError("__str__ returned a non-string")
+    return text
+
+
+def _message(exc: BaseException, limit: int) -> str:
+    try:
+        return bounded_text(_raw_message(exc), limit)
+    except Exception as broken:
+        return f"<str() of the exception raised {type(broken).__name__}>"
+
+
+def _type_name(exc: BaseException, limit: int = 1024) -> str:
+    try:
+        return bounded_text(type(exc).__name__, limit)
+    except Exception:  # pragma: no cover - a class's __name__ is always a str
+        return "<unnamed exception type>"
+
+
+def _exception_text(exc: BaseException, limit: int) -> str:
+    """The frames (innermost :data:`_MAX_FRAMES`) and the last line of one exception (its
+    message at most ``limit`` bytes)."""
+    tb = exc.__traceback__
+    lines: list[str] = []
+    if tb is not None:
+        total = sum(1 for _ in traceback.walk_tb(tb))
+        frames = traceback.extract_tb(tb, limit=-_MAX_FRAMES)
+        lines.append("Traceback (most recent call last):\n")
+        if total > len(frames):
+            lines.append(f"  [{total - len(frames)} outer frames left out]\n")
+        lines.extend(bounded_text(line, MAX_ERROR_TEXT_BYTES // _MAX_FRAMES)
+                     for line in frames.format())
+    name, message = _type_name(exc), _message(exc, limit)
+    lines.append(f"{name}: {message}\n" if message else f"{name}\n")
+    notes = getattr(exc, "__notes__", None)
+    if isinstance(notes, list):
+        lines.extend(f"{bounded_text(note, 1024)}\n" for note in notes[:_MAX_NOTES]
+                     if isinstance(note, str))
+    members = getattr(exc, "exceptions", None)
+    if isinstance(exc, BaseExceptionGroup) and isinstance(members, tuple):
+        lines.append(f"[a group of {len(members)} exceptions]\n")
+        lines.extend(f"  +- {_type_name(member)}: {_message(member, 1024)}\n"
+                     for member in members[:_MAX_GROUP_MEMBERS])
+    return "".join(lines)
+
+
+def _traceback(exc: BaseException, limit: int) -> str:
+    """The traceback of ``exc`` and its chain, as Python prints it but bounded: at most
+    :data:`_MAX_CHAIN` exceptions, each with its innermost frames and a bounded message; the
+    whole cut to ``limit`` bytes, keeping its end (the exception raised)."""
+    try:
+        chain: list[tuple[BaseException, str]] = []
+        seen: set[int] = set()
+        current: BaseException | None = exc
+        how = ""
+        while current is not None and id(current) not in seen and len(chain) < _MAX_CHAIN:
+            seen.add(id(current))
+            chain.append((current, how))
+            cause, context = current.__cause__, current.__context__
+            if isinstance(cause, BaseException):
+                current, how = cause, ("\nThe above exception was the direct cause of the "
+                                       "following exception:\n\n")
+            elif isinstance(context, BaseException) and not current.__suppress_context__:
+                current, how = context, ("\nDuring handling of the above exception, another "
+                                         "exception occurred:\n\n")
+            else:
+                current = None
+        parts: list[str] = []
+        if current is not None and id(current) not in seen:
+            parts.append("[earlier exceptions of the chain left out]\n")
+        for link, link_how in reversed(chain):
+            parts.append(_exception_text(link, min(limit // 2, _TRACEBACK_MESSAGE_BYTES)))
+            parts.append(link_how)
+        return bounded_text("".join(parts), limit, tail=True)
+    except Exception as broken:
+        return f"<the traceback could not be formatted: {type(broken).__name__}>"
+
+
+@dataclass(frozen=True)
+class ErrorDescription:
+    """A handler's exception as the worker logs, traces and stores it: its type's name, its
+    message and its traceback, each storable and at most :data:`MAX_ERROR_TEXT_BYTES` (see
+    :func:`describe`)."""
+
+    type: str
+    message: str
+    traceback: str
+    _exc: BaseException | None = field(default=None, repr=False, compare=False)
+
+    def document(self, **extra: Any) -> dict[str, Any]:
+        """The error document of a failed attempt: ``type``, ``message``, ``traceback`` and
+        ``extra`` (small values of the worker's own), its JSON text at most
+        :data:`MAX_ERROR_DOCUMENT_BYTES` (texts full of characters JSON escapes are cut
+        further)."""
+        description = self
+        limit = MAX_ERROR_TEXT_BYTES
+        while True:
+            document = {"type": description.type, "message": description.message,
+                        "traceback": description.traceback, **extra}
+            size = len(json.dumps(document, ensure_ascii=False).encode())
+            if size <= MAX_ERROR_DOCUMENT_BYTES or limit < 1024:
+                return document
+            limit //= 2
+            description = (_describe(self._exc, limit) if self._exc is not None else
+                           ErrorDescription(bounded_text(self.type, limit),
+                                            bounded_text(self.message, limit),
+                                            bounded_text(self.traceback, limit, tail=True)))
+
+
+def _describe(exc: BaseException, limit: int) -> ErrorDescription:
+    return ErrorDescription(_type_name(exc, min(limit, 1024)), _message(exc, limit),
+                            _traceback(exc, limit), exc)
+
+
+def describe(exc: BaseException) -> ErrorDescription:
+    """Describe a handler's exception, never raising: ``str(exc)`` is called once (its result,
+    however long, is sliced before anything else is done with it; one that raises or returns
+    something else is described as such; a huge argument list is abbreviated without building
+    its repr), the traceback keeps the innermost frames of at most a few chained exceptions, and
+    every text is storable in jsonb and at most :data:`MAX_ERROR_TEXT_BYTES`."""
+    return _describe(exc, MAX_ERROR_TEXT_BYTES)
+
+
+def handler_exit(exc: BaseException) -> BaseException:
+    """What the worker records for ``exc`` raised by a handler (either kind, async or sync):
+    ``SystemExit`` (``sys.exit``, argparse or click on bad input) and ``KeyboardInterrupt`` end
+    the run's attempt, never the worker, as a ``RuntimeError`` naming them (the exit code
+    included) whose ``__cause__`` is ``exc``; anything else is returned unchanged."""
+    if isinstance(exc, SystemExit):
+        failure = RuntimeError(f"the handler raised SystemExit (exit code {bounded_repr(exc.code)})"
+                               "; a handler's exit fails its run, not the worker")
+    elif isinstance(exc, KeyboardInterrupt):
+        failure = RuntimeError("the handler raised KeyboardInterrupt; a handler's interrupt "
+                               "fails its run, not the worker")
+    else:
+        return exc
+    failure.__cause__ = exc
+    return failure

@@ -34,6 +34,8 @@ try:
 except ImportError:  # the otel extra is not installed
     trace = None  # type: ignore[assignment]
 
+from zeroth_pg.errors import ErrorDescription, describe
+
 if TYPE_CHECKING:
     from zeroth_pg.types import ClaimedRun, Scope
 
@@ -196,18 +198,38 @@ def step(name: str, deployment_ref: str, run_id: object) -> Iterator[Any]:
                   "messaging.message.id": str(run_id)}
     if name in ("complete", "fail", "sleep"):
         attributes["messaging.operation.type"] = "settle"
-    with tracer.start_as_current_span(f"{name} {deployment_ref}",
-                                      attributes=attributes) as span:
-        yield span
+    # Exceptions are recorded bounded (_record), never by the SDK's record_exception, which
+    # formats the whole message and traceback of whatever passes through.
+    with tracer.start_as_current_span(f"{name} {deployment_ref}", attributes=attributes,
+                                      record_exception=False,
+                                      set_status_on_exception=False) as span:
+        try:
+            yield span
+        except Exception as exc:  # as the SDK: not GeneratorExit, CancelledError, RunSlept
+            described = describe(exc)
+            _record(span, described)
+            span.set_status(Status(StatusCode.ERROR, described.type))
+            raise
 
 
-def failed(span: Any, exc: BaseException | None, outcome: str) -> None:
-    """Mark an attempt's span as failed (``outcome``: retried, failed, lease lost, …)."""
+def _record(span: Any, exc: BaseException | ErrorDescription) -> None:
+    """An ``exception`` event of ``exc``, each text bounded (zeroth_pg.errors.describe): a
+    handler's exception may carry a message of hundreds of MB."""
+    described = exc if isinstance(exc, ErrorDescription) else describe(exc)
+    span.add_event("exception", {"exception.type": described.type,
+                                 "exception.message": described.message,
+                                 "exception.stacktrace": described.traceback,
+                                 "exception.escaped": False})
+
+
+def failed(span: Any, exc: BaseException | ErrorDescription | None, outcome: str) -> None:
+    """Mark an attempt's span as failed (``outcome``: retried, failed, lease lost, …); ``exc``
+    (an exception, or its description) is recorded bounded."""
     if span is None:
         return
     span.set_attribute("zeroth.outcome", outcome)
     if exc is not None:
-        span.record_exception(exc)
+        _record(span, exc)
     span.set_status(Status(StatusCode.ERROR, outcome))
 
 

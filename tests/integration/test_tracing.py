@@ -215,3 +215,47 @@ asyncio.run(main())
     finally:
         await conn.close()
     assert otel == "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+async def test_a_huge_exception_is_recorded_on_the_span_within_the_bound(database_dsn):
+    """Issue 29, finding 4: a handler's exception with a 20 MB message is recorded on the
+    attempt's span as an ``exception`` event whose message and stack trace are within the bound
+    (the SDK's record_exception copied the whole message, and formatted the whole traceback,
+    into the span on the event loop)."""
+    from zeroth_pg.errors import MAX_ERROR_TEXT_BYTES
+
+    code = _SDK + """
+import asyncpg
+from zeroth_pg import LeaseManager, RunWorker
+
+async def handle(run):
+    raise ValueError("bad response: " + "x" * (20 * 2**20))
+
+async def main():
+    dsn = os.environ["ZEROTH_PG_DSN"]
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=6)
+    await LeaseManager(pool).enqueue_run("traced-huge", {}, max_attempts=1)
+    worker = RunWorker(pool, "traced-huge", handle, dsn=dsn, poll_interval=0.05)
+    await worker.start()
+    while await pool.fetchval("SELECT status::text FROM zeroth.runs "
+                              "WHERE deployment_ref = 'traced-huge'") != "failed":
+        await asyncio.sleep(0.05)
+    await worker.graceful_shutdown()
+    await pool.close()
+    events = [{"span": s.name, "name": e.name,
+               "sizes": {k: len(str(v).encode()) for k, v in e.attributes.items()},
+               "message_end": str(e.attributes.get("exception.message", ""))[-40:]}
+              for s in exporter.get_finished_spans() for e in s.events]
+    print(json.dumps({"events": events}))
+
+asyncio.run(main())
+"""
+    events = (await _run(code, database_dsn))["events"]
+    recorded = [e for e in events if e["span"] == "process traced-huge"]
+    assert [e["name"] for e in recorded] == ["exception"]
+    (event,) = recorded
+    assert event["sizes"]["exception.type"] == len("ValueError")
+    assert event["sizes"]["exception.message"] <= MAX_ERROR_TEXT_BYTES
+    assert event["sizes"]["exception.stacktrace"] <= MAX_ERROR_TEXT_BYTES
+    assert event["message_end"].endswith(" characters]")
+    assert all(size <= MAX_ERROR_TEXT_BYTES for e in events for size in e["sizes"].values())

@@ -24,6 +24,8 @@ import asyncio
 import contextlib
 import json
 import logging
+import signal
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -964,3 +966,216 @@ async def test_a_completion_retrying_on_a_held_row_does_not_hold_up_later_ones(
         await tx.rollback()
         await pool.release(holder)
     assert (await _wait_status(pool, held.run_id, "completed", within=30))["attempts"] == 1
+
+
+# -- issue 29, finding 4: a handler's exception is bounded before anything is done with it -------
+
+HUGE = 50 * 2**20  # a 50 MB message (one string shared by the hostile runs)
+
+
+async def test_a_huge_exception_message_is_stored_and_logged_bounded_beside_innocent_runs(
+        pool, spawn_worker, caplog):
+    """Two runs raise ``ValueError(f"bad response: {body}")`` with a 50 MB body beside two runs
+    that return at once, all claimed together. The innocent runs complete (no lease lost); each
+    hostile run fails with an error document within the bound whose message says it was cut;
+    no log record of the worker is longer than the bound (the worker logged, regex-scanned and
+    JSON-encoded the whole message on the event loop, and stored it)."""
+    from zeroth_pg.errors import MAX_ERROR_DOCUMENT_BYTES, MAX_ERROR_TEXT_BYTES
+
+    dep = unique_deployment("harden")
+    body = "x" * HUGE
+
+    async def handler(ctx: RunContext) -> Any:
+        if ctx.payload["hostile"]:
+            raise ValueError(f"bad response: {body}")
+        return {"i": ctx.payload["i"]}
+
+    lm = LeaseManager(pool)
+    runs = await lm.enqueue_runs(dep, [{"payload": {"hostile": i % 2 == 0, "i": i},
+                                        "max_attempts": 1} for i in range(4)])
+    lost = metric("zeroth_lease_lost_total", dep)
+    caplog.set_level(logging.INFO, logger="zeroth_pg")
+    await spawn_worker(dep, handler, max_concurrency=8)
+    for i, run in enumerate(runs):
+        hostile = i % 2 == 0
+        row = await _wait_status(pool, run.run_id, "failed" if hostile else "completed",
+                                 within=60)
+        if not hostile:
+            assert row["output"] == {"i": i}
+            continue
+        size = await pool.fetchval(
+            "SELECT octet_length(r.error::text) FROM zeroth.runs r WHERE r.run_id = $1",
+            run.run_id)
+        assert size <= MAX_ERROR_DOCUMENT_BYTES
+        error = row["error"]
+        assert error["type"] == "ValueError"
+        message = error["message"]
+        assert message.startswith("bad response: xxx")
+        assert len(message.encode()) <= MAX_ERROR_TEXT_BYTES
+        assert message.endswith(" characters]")
+        assert "\u2026[truncated " in message
+        assert len(error["traceback"].encode()) <= MAX_ERROR_TEXT_BYTES
+        assert "ValueError: bad response: xxx" in error["traceback"]
+    assert metric("zeroth_lease_lost_total", dep) == lost
+    worker_records = [r for r in caplog.records if r.name.startswith("zeroth_pg")]
+    failures = [r for r in worker_records if "failed" in r.getMessage()
+                and "ValueError" in r.getMessage()]
+    assert len(failures) == 2
+    assert all("[truncated " in r.getMessage() for r in failures)
+    assert max(len(r.getMessage().encode()) for r in worker_records) <= (
+        MAX_ERROR_TEXT_BYTES + 1024)
+
+
+class HugeNameError(Exception):
+    pass
+
+
+HugeNameError.__name__ = "HugeName" + "E" * 2**20
+
+
+@pytest.mark.parametrize(("make", "field", "chained"), [
+    (lambda: ValueError(list(range(2_000_000))), "message", False),
+    (lambda: KeyError("k" * 5 * 2**20), "message", False),
+    (lambda: ValueError("outer " * 2**20), "message", True),
+    (HugeNameError, "type", False),
+], ids=["huge-list-argument", "huge-key-error", "huge-chained", "huge-type-name"])
+async def test_an_odd_handler_exception_is_stored_within_the_bound(pool, spawn_worker, make,
+                                                                   field, chained):
+    """An exception whose str() would build megabytes (a list argument, a KeyError's repr),
+    one raised while handling another huge one, or one of a class with a megabyte name: its
+    run fails with every text of its error document within the bound, the cut one marked."""
+    from zeroth_pg.errors import MAX_ERROR_DOCUMENT_BYTES, MAX_ERROR_TEXT_BYTES
+
+    dep = unique_deployment("harden")
+
+    async def handler(ctx: RunContext) -> Any:
+        exc = make()
+        if chained:
+            try:
+                raise RuntimeError("inner " * 2**20)
+            except RuntimeError:
+                raise exc  # noqa: B904 - the implicit chain (__context__) is the point
+        raise exc
+
+    worker = await spawn_worker(dep, handler)
+    run = (await LeaseManager(pool).enqueue_run(dep, max_attempts=1)).run_id
+    row = await _wait_status(pool, run, "failed")
+    error = row["error"]
+    assert await pool.fetchval(
+        "SELECT octet_length(r.error::text) FROM zeroth.runs r WHERE r.run_id = $1",
+        run) <= MAX_ERROR_DOCUMENT_BYTES
+    for text in ("type", "message", "traceback"):
+        assert len(error[text].encode()) <= MAX_ERROR_TEXT_BYTES, text
+    assert "truncated " in error[field] or "..." in error[field]
+    if chained:
+        assert "During handling of the above exception" in error["traceback"]
+    assert not worker.stopping
+
+
+async def test_a_refused_error_document_still_fails_its_run_at_once(pool, spawn_worker):
+    """When the error document itself is refused (a value the database cannot hold, or above
+    the database's own bound), the worker writes a minimal one: the run fails now, with what
+    refused it, instead of waiting for its lease to expire (the state had moved to settling,
+    so the last-resort failure wrote nothing)."""
+    dep = unique_deployment("harden")
+
+    async def handler(ctx: RunContext) -> Any:
+        raise ValueError("boom")
+
+    worker = await spawn_worker(dep, handler, start=False)
+    lm = worker.lease_manager
+    real_fail_run = lm.fail_run
+    documents: list[dict[str, Any]] = []
+
+    async def fail_run(*args: Any, **kwargs: Any) -> Any:
+        documents.append(dict(kwargs["error"]))
+        if len(documents) == 1:  # the first document holds a value jsonb cannot store
+            kwargs["error"] = {**kwargs["error"], "poison": "\x00"}
+        return await real_fail_run(*args, **kwargs)
+
+    lm.fail_run = fail_run  # type: ignore[method-assign]
+    await worker.start()
+    run = (await lm.enqueue_run(dep, max_attempts=1)).run_id
+    row = await _wait_status(pool, run, "failed")
+    assert (row["attempts"], row["lease_worker_id"]) == (1, None)
+    error = row["error"]
+    assert (error["type"], error["message"]) == ("ValueError", "boom")
+    assert "InvalidArgumentError" in error["refused"]
+    assert len(documents) == 2
+
+
+# -- issue 29, finding 10: sys.exit() in an async handler ---------------------------------------
+
+
+async def test_sys_exit_in_an_async_handler_fails_its_run_and_the_worker_serves_on(
+        pool, spawn_worker):
+    """``sys.exit(3)`` in an async handler (argparse or click on bad input does it) while
+    another run of the worker is running: that run fails with an error naming SystemExit and
+    its code (as a sync handler's does); the other run completes and the worker claims more.
+    The SystemExit went through the worker's task into the event loop, which stopped the
+    worker with its other runs left running."""
+    dep = unique_deployment("harden")
+    beside = asyncio.Event()
+    release = asyncio.Event()
+
+    async def handler(ctx: RunContext) -> Any:
+        if ctx.payload.get("exit"):
+            await beside.wait()  # the innocent run is running
+            sys.exit(3)
+        beside.set()
+        await release.wait()
+        return {"ok": ctx.payload["n"]}
+
+    lm = LeaseManager(pool)
+    innocent = (await lm.enqueue_run(dep, {"n": 1})).run_id
+    exiting = (await lm.enqueue_run(dep, {"exit": True}, max_attempts=1)).run_id
+    worker = await spawn_worker(dep, handler, max_concurrency=4)
+    row = await _wait_status(pool, exiting, "failed")
+    error = row["error"]
+    assert error["type"] == "RuntimeError"
+    assert "SystemExit (exit code 3)" in error["message"]
+    assert "SystemExit: 3" in error["traceback"]
+    assert not worker.stopping
+
+    release.set()
+    assert (await _wait_status(pool, innocent, "completed"))["output"] == {"ok": 1}
+    later = (await lm.enqueue_run(dep, {"n": 2})).run_id  # still claiming
+    assert (await _wait_status(pool, later, "completed"))["output"] == {"ok": 2}
+    assert not worker.stopping
+
+
+@pytest.mark.parametrize("sigint_raises", [False, True], ids=["sigint-handled", "sigint-raises"])
+async def test_keyboard_interrupt_from_an_async_handler_fails_its_run(pool, spawn_worker,
+                                                                      sigint_raises):
+    """KeyboardInterrupt out of an async handler fails that run (as a sync handler's does),
+    never escaping into the event loop. Where SIGINT is handled (run_until_stopped, asyncio.run:
+    here pytest's runner) it can only be the handler's own, and the worker serves on; where
+    SIGINT raises KeyboardInterrupt in the loop's thread (Python's default handler) it may be
+    the operator's Ctrl-C, so the worker drains as it would on SIGINT."""
+    dep = unique_deployment("harden")
+
+    async def handler(ctx: RunContext) -> Any:
+        if ctx.payload.get("interrupt"):
+            raise KeyboardInterrupt
+        return {"ok": True}
+
+    previous = signal.getsignal(signal.SIGINT)
+    if sigint_raises:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        worker = await spawn_worker(dep, handler)
+        run = (await LeaseManager(pool).enqueue_run(dep, {"interrupt": True},
+                                                    max_attempts=1)).run_id
+        error = (await _wait_status(pool, run, "failed"))["error"]
+        assert error["type"] == "RuntimeError"
+        assert "KeyboardInterrupt" in error["message"]
+        if sigint_raises:
+            await wait_until(lambda: worker.stopping, "the worker to drain by itself",
+                             within=10)
+            await asyncio.wait_for(worker.graceful_shutdown(), timeout=30)  # its end
+        else:
+            later = (await LeaseManager(pool).enqueue_run(dep)).run_id
+            assert (await _wait_status(pool, later, "completed"))["output"] == {"ok": True}
+            assert not worker.stopping
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -33,6 +33,8 @@ from zeroth_pg.testing import run_psql
 REPO = Path(__file__).resolve().parents[2]
 LEASE = 2.0
 DEADLINE = 15.0  # generous bound for any awaited condition; tests finish far sooner
+#: The longest log line read from a worker (a longer one ends the reading of its log).
+LOG_LINE_LIMIT = 2**20
 
 LIVE_LEASES = """
     SELECT count(*) FROM zeroth.runs r
@@ -68,7 +70,8 @@ class WorkerProcess:
             "--app", app, "--worker-id", worker_id, "--lease", str(LEASE),
             "--orphan-sweep-interval", "0.5", "--poll-interval", "0.5", "--log-level", "INFO",
             *extra, cwd=REPO, env=env, stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+            limit=LOG_LINE_LIMIT)
         return cls(proc, worker_id)
 
     async def _read_stderr(self) -> None:
@@ -631,6 +634,52 @@ async def test_a_worker_given_zeroth_pg_dsn_serves_without_migrating_it(database
             assert await worker.wait_exit() == 0, worker.log
         finally:
             await worker.stop()
+
+
+async def test_a_handler_that_exits_interrupts_or_raises_huge_fails_its_run_not_the_process(
+        workers, events):
+    """Issue 29, findings 10 and 4, through a real ``zeroth-pg worker`` process: beside a run
+    that is running, three runs whose async handler calls ``sys.exit(3)``, raises
+    KeyboardInterrupt, or raises a ValueError with a 50 MB message. Each fails with its error
+    (SystemExit and its code named; the huge message cut to the bound), the running run then
+    completes, the process serves on and drains on SIGTERM with exit status 0, and no line of
+    its log is longer than the bound. The SystemExit killed the process within milliseconds,
+    its other runs left running; the huge message was logged whole."""
+    from zeroth_pg.errors import MAX_ERROR_TEXT_BYTES
+
+    pool = events
+    dep = deployment_name("raises")
+    worker = await workers(dep, "worker_apps:raises_on_request", "--concurrency", "4")
+    await worker.started()
+    innocent = await enqueue(pool, dep, {})
+    await wait_event(pool, innocent, "started", worker=worker)
+    lm = LeaseManager(pool)
+    hostile = {how: (await lm.enqueue_run(dep, {"raise": how}, max_attempts=1)).run_id
+               for how in ("exit", "interrupt", "huge")}
+    errors = {}
+    for how, run_id in hostile.items():
+        await wait_status(pool, run_id, "failed")
+        errors[how] = json.loads(await pool.fetchval(
+            "SELECT r.error::text FROM zeroth.runs r WHERE r.run_id = $1", run_id))
+    assert errors["exit"]["type"] == "RuntimeError"
+    assert "SystemExit (exit code 3)" in errors["exit"]["message"]
+    assert "KeyboardInterrupt" in errors["interrupt"]["message"]
+    assert errors["huge"]["type"] == "ValueError"
+    assert len(errors["huge"]["message"].encode()) <= MAX_ERROR_TEXT_BYTES
+    assert "[truncated " in errors["huge"]["message"]
+
+    await release(pool, innocent)
+    await wait_status(pool, innocent, "completed")
+    later = await enqueue(pool, dep, {})  # the process still claims
+    await wait_event(pool, later, "started", worker=worker)
+    await release(pool, later)
+    await wait_status(pool, later, "completed")
+    assert worker.proc.returncode is None
+    worker.send(signal.SIGTERM)
+    assert await worker.wait_exit() == 0, worker.log
+    assert worker._pump.exception() is None  # every line of the log was read
+    assert max(len(line.encode()) for line in worker.lines) <= MAX_ERROR_TEXT_BYTES + 1024
+    assert any("ValueError: bad response: xxx" in line for line in worker.lines)
 
 
 async def test_one_process_serves_a_mapping_of_deployments_in_every_scope(workers, pool):

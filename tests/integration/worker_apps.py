@@ -20,6 +20,10 @@ no cleanup, no outcome written) for a run whose payload has ``poison``; any othe
 ``seconds`` and completes. ``sigterm_on_poison`` instead sends its own process SIGTERM and never
 finishes (a node-pressure eviction that hits the same run every time looks like this): the worker
 drains, stops the handler at its shutdown timeout and hands the run back.
+
+``raises_on_request`` raises what its payload's ``raise`` names (``exit``: ``sys.exit(3)``,
+``interrupt``: KeyboardInterrupt, ``huge``: a ValueError with a 50 MB message); without it the
+run waits for its release and completes.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import asyncio
 import json
 import os
 import signal
+import sys
 from typing import Any
 
 import asyncpg
@@ -43,6 +48,7 @@ __all__ = [
     "exit_on_poison",
     "fleet",
     "periodic_app",
+    "raises_on_request",
     "scripted",
     "sigterm_on_poison",
     "sleeper",
@@ -182,6 +188,23 @@ async def sigterm_on_poison(ctx: RunContext) -> dict[str, Any]:
         os.kill(os.getpid(), signal.SIGTERM)
         await asyncio.sleep(3600)
     await asyncio.sleep(float(ctx.payload.get("seconds", 0.1)))
+    return {"worker_id": ctx.worker_id, "generation": ctx.lease_generation}
+
+
+async def raises_on_request(ctx: RunContext) -> dict[str, Any]:
+    """Raise what ``payload["raise"]`` names, or wait for a release and complete."""
+    how = ctx.payload.get("raise")
+    await record(ctx, "started", {"raise": how})
+    if how == "exit":
+        sys.exit(3)
+    if how == "interrupt":
+        raise KeyboardInterrupt
+    if how == "huge":
+        raise ValueError("bad response: " + "x" * (50 * 2**20))
+    while True:  # polls the database: the release comes from another process
+        if await released(ctx):
+            break
+        await asyncio.sleep(_POLL)
     return {"worker_id": ctx.worker_id, "generation": ctx.lease_generation}
 
 

@@ -13,10 +13,9 @@ import collections
 import contextlib
 import json
 import logging
-import re
 import signal
+import threading
 import time
-import traceback
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
@@ -30,10 +29,15 @@ from zeroth_pg._libpq import asyncpg_dsn
 from zeroth_pg.client import LeaseManager, unstorable
 from zeroth_pg.errors import (
     DatabaseError,
+    ErrorDescription,
     InvalidPayloadError,
     LeaseLostError,
     NonRetryableError,
     RetryableError,
+    ZerothError,
+    bounded_text,
+    describe,
+    handler_exit,
 )
 from zeroth_pg.metrics import WorkerMetrics, default_metrics
 from zeroth_pg.notify import CONTROL_CHANNEL, WAKEUP_CHANNEL, Notifier
@@ -239,6 +243,7 @@ class RunWorker:
         self._tasks: list[asyncio.Task[None]] = []
         self._key_tasks: set[asyncio.Task[None]] = set()
         self._claim_task: asyncio.Task[None] | None = None
+        self._drain_task: asyncio.Task[None] | None = None
 
     # -- public surface ------------------------------------------------------------------------
 
@@ -386,6 +391,13 @@ class RunWorker:
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.remove_signal_handler(sig)
             await self.graceful_shutdown()
+
+    def _drain_soon(self) -> None:
+        """Begin a graceful shutdown in a task of its own (a run's task cannot await it: the
+        shutdown waits for that task)."""
+        if not self._stopping and self._drain_task is None:
+            self._drain_task = asyncio.get_running_loop().create_task(
+                self.graceful_shutdown(), name="zeroth-drain")
 
     # -- supervision ---------------------------------------------------------------------------
 
@@ -787,7 +799,10 @@ class RunWorker:
         except Exception as exc:
             # A bug or a refusal in the worker's own steps: give the run an explicit outcome
             # (a retryable failure, so a bug that always hits ends in a dead letter) and count it.
-            log.exception("run %s: worker error outside the handler", run.run_id)
+            # Not log.exception: the chain may hold the handler's exception, whose message is
+            # unbounded; describe() bounds it.
+            log.error("run %s: worker error outside the handler\n%s", run.run_id,
+                      describe(exc).traceback)
             self._worker_error("settle")
             await self._fail_quietly(entry, exc)
         finally:
@@ -856,22 +871,31 @@ class RunWorker:
             tracing.failed(span, exc, "lease lost")
             self._lease_lost(entry, fenced=True)
             return
-        except (KeyboardInterrupt, SystemExit):
-            raise  # the process is going down: its leases expire and count the attempt
         except BaseException as exc:
             if ctx.slept is not None:  # it swallowed RunSlept and raised something else: the
                 self._after_sleep(entry, span)  # sleep was accepted, nothing more is written
                 return
             # Exception, and whatever else a handler may raise (GeneratorExit, a BaseException
-            # subclass of its own): a failure of this attempt, never a run left to its lease.
+            # subclass of its own, SystemExit from sys.exit or argparse, KeyboardInterrupt): a
+            # failure of this attempt, never a run left to its lease nor the worker's end.
             # NonRetryableError (raised by the handler, or by the application API for a
             # payload that does not fit it) says no retry can succeed: the run fails now.
-            retryable = not isinstance(exc, NonRetryableError)
+            failure = handler_exit(exc)
+            retryable = not isinstance(failure, NonRetryableError)
             self.metrics.worker_crashes.labels(deployment).inc()
+            # Described once, bounded, before anything is done with it: the message may be a
+            # response body of hundreds of MB (docs/python-guide.md).
+            described = describe(failure)
             log.info("run %s attempt %d failed%s: %s: %s", run.run_id, ctx.attempt,
-                     "" if retryable else " for good", type(exc).__name__, _message(exc))
-            tracing.failed(span, exc, "handler failed" if retryable else "failed for good")
-            await self._fail(entry, exc, retryable=retryable)
+                     "" if retryable else " for good", described.type, described.message)
+            tracing.failed(span, described, "handler failed" if retryable else "failed for good")
+            if isinstance(exc, KeyboardInterrupt) and _interrupts_raise_here():
+                # Where SIGINT raises KeyboardInterrupt in this thread (no run_until_stopped
+                # nor asyncio.run handling it), this may be the operator's Ctrl-C: drain.
+                log.warning("run %s: KeyboardInterrupt while SIGINT raises it here; the worker "
+                            "drains", run.run_id)
+                self._drain_soon()
+            await self._fail(entry, described, retryable=retryable)
             return
         finally:
             run_duration.observe(time.monotonic() - started)
@@ -913,12 +937,13 @@ class RunWorker:
             # (a cancelled statement, the completion machinery broke) may pass next time.
             refused = isinstance(exc, DatabaseError) and not isinstance(exc, RetryableError) and (
                 (exc.code or getattr(exc, "sqlstate", None) or "")[:2] in ("22", "54", "ZP"))
+            refusal = describe(exc)
             log.warning("run %s: its completion failed (%s: %s); failing it", run.run_id,
-                        type(exc).__name__, exc)
+                        refusal.type, refusal.message)
             self._worker_error("completion_refused" if refused else "completion_lost",
                                deployment)
-            tracing.failed(span, exc, "completion refused" if refused else "completion lost")
-            await self._fail(entry, exc, retryable=not refused)
+            tracing.failed(span, refusal, "completion refused" if refused else "completion lost")
+            await self._fail(entry, refusal, retryable=not refused)
             return
         if completed:
             runs_completed.inc()
@@ -1039,17 +1064,38 @@ class RunWorker:
         else:  # the lease is gone: nothing may be written
             self._lease_lost(entry, fenced=False)
 
-    async def _fail(self, entry: ActiveRun, exc: BaseException, *, retryable: bool) -> None:
+    async def _fail(self, entry: ActiveRun, exc: BaseException | ErrorDescription, *,
+                    retryable: bool) -> None:
+        """Write the attempt's failure with its error document (``exc`` bounded by
+        :func:`~zeroth_pg.errors.describe`, unless described already)."""
         run = entry.run
         # Described before the state moves: nothing about the exception may raise past here.
-        error = {"type": type(exc).__name__, "message": _message(exc),
-                 "traceback": _traceback(exc),
-                 "worker_id": self.worker_id, "lease_generation": run.lease_generation}
+        described = exc if isinstance(exc, ErrorDescription) else describe(exc)
+        error = described.document(worker_id=self.worker_id,
+                                   lease_generation=run.lease_generation)
         retry = self._retries[entry.scope.deployment_ref]
         entry.advance(RunState.SETTLING)
-        outcome = await self._write(entry, self._fenced(
-            entry, self.lease_manager.fail_run, error=error, retryable=retryable,
-            retry_base_seconds=retry.base_seconds, retry_max_seconds=retry.max_seconds))
+
+        def fail(document: dict[str, Any]) -> Callable[[], Awaitable[Any]]:
+            return self._fenced(
+                entry, self.lease_manager.fail_run, error=document, retryable=retryable,
+                retry_base_seconds=retry.base_seconds, retry_max_seconds=retry.max_seconds)
+
+        try:
+            outcome = await self._write(entry, fail(error))
+        except ZerothError as refused:  # never a RetryableError: _write retries those
+            # The document itself was refused (above the database's bound, a value it cannot
+            # hold): the same call would be refused every time, and a run left to its lease
+            # would be charged an attempt by every recovery. A minimal document instead.
+            why = describe(refused)
+            code = getattr(refused, "code", None) or refused.sqlstate
+            log.warning("run %s: the database refused its error document (%s: %s); writing a "
+                        "shorter one", run.run_id, why.type, why.message)
+            outcome = await self._write(entry, fail({
+                "type": bounded_text(described.type, 200),
+                "message": bounded_text(described.message, 1000),
+                "refused": bounded_text(f"{why.type} ({code}): {why.message}", 1000),
+                "worker_id": self.worker_id, "lease_generation": run.lease_generation}))
         if outcome is not None:
             self._count_scope(self.metrics.scope_runs_failed, entry.scope)
         if outcome is None:
@@ -1065,15 +1111,16 @@ class RunWorker:
         if not entry.may_settle:
             return
         entry.advance(RunState.SETTLING)
+        described = describe(exc)
         try:
             await self._write(entry, self._fenced(
                 entry, self.lease_manager.fail_run, retryable=True,
                 error={"type": "WorkerError",
-                       "message": f"{type(exc).__name__}: {_message(exc)}"[:1000],
+                       "message": bounded_text(f"{described.type}: {described.message}", 1000),
                        "worker_id": self.worker_id}))
-        except Exception:
-            log.exception("run %s: could not record the worker error; its lease will expire",
-                          entry.run.run_id)
+        except Exception as broken:
+            log.error("run %s: could not record the worker error; its lease will expire\n%s",
+                      entry.run.run_id, describe(broken).traceback)
 
     def _lease_lost(self, entry: ActiveRun, *, fenced: bool) -> None:
         deployment = entry.scope.deployment_ref
@@ -1111,26 +1158,9 @@ class RunWorker:
                 delay = min(1.0, delay * 2)
 
 
-_UNSTORABLE_TEXT = re.compile("[\x00\ud800-\udfff]")
-
-
-def _storable_text(text: str) -> str:
-    """``text`` with what jsonb cannot hold (U+0000, lone surrogates) replaced by U+FFFD, so an
-    error document about a poisonous value can always be written."""
-    return _UNSTORABLE_TEXT.sub("\ufffd", text)
-
-
-def _message(exc: BaseException) -> str:
-    """``str(exc)``, storable, even when the exception's own ``__str__`` raises."""
-    try:
-        return _storable_text(str(exc))
-    except Exception as broken:
-        return f"<str() of the exception raised {type(broken).__name__}>"
-
-
-def _traceback(exc: BaseException) -> str:
-    """The last 4000 characters of the formatted traceback, storable, never raising."""
-    try:
-        return _storable_text("".join(traceback.format_exception(exc))[-4000:])
-    except Exception as broken:
-        return f"<the traceback could not be formatted: {type(broken).__name__}>"
+def _interrupts_raise_here() -> bool:
+    """SIGINT raises KeyboardInterrupt in this thread: Python's default handler is installed and
+    this is the main thread (neither :meth:`RunWorker.run_until_stopped` nor ``asyncio.run``
+    took SIGINT over), so a KeyboardInterrupt out of a handler may be the operator's Ctrl-C."""
+    return (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler)
