@@ -270,6 +270,22 @@ def render(functions: list[FunctionDoc], relations: list[dict[str, Any]],
         "Codes outside class ZP are PostgreSQL's own (40001 serialization_failure: retry the "
         "call). Triggers (below) may notify too, on the writes they watch.",
         "",
+        "**Error documents.** Every error document a function stores — `fail_run`'s `error`, "
+        "`commit_fenced`'s `error`, and the stop document of a run ended by someone else "
+        "(`{stop_reason, message, worker_id, lease_generation[, previous_error]}`) — is bounded "
+        f"by `{SCHEMA}._bounded_error` (sql/functions/internal/errors.sql), never refused, so "
+        "the attempt still ends: each top-level string longer than **65,536 characters** is cut "
+        "to that many and the document gets `\"truncated\": true`; a document still larger than "
+        "**1 MiB** (1,048,576 bytes of uncompressed jsonb), or larger than 16 MiB as given, is "
+        "replaced by its summary `{truncated: true, original_bytes, message, type, stop_reason, "
+        "worker_id, lease_generation}` (the scalar keys it had; `message` cut to 65,536 "
+        "characters, the names to 1,000). A stop document keeps the previous error bounded, as "
+        "its summary when the whole would pass 1 MiB, so it never grows past the bound however "
+        "often the run is stopped. A run whose recovery raises (`claim_orphaned`, "
+        "`claim_orphaned_scopes`, `reconcile_thread_runs`, `claim_for_takeover`) is rolled back "
+        "alone and dead-lettered with `stop_reason: recovery_failed`; the others are recovered "
+        "by the same call.",
+        "",
         *_sqlstate_legend(),
         "",
         "## Functions",

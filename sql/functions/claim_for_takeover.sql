@@ -3,8 +3,9 @@
 -- interrupted attempt stays counted) or, out of attempts, dead-lettered; not resumable → failed
 -- with {stop_reason, message}; a cancel was requested → cancelled. Returns the row once, or
 -- nothing (lease live or within grace, renewing right now, not active, unknown). Locks: slot then
--- run, SKIP LOCKED. Raises ZP008. Notifies zeroth_wakeup (and zeroth_run_finished for thread
--- runs). Time: clock_timestamp().
+-- run, SKIP LOCKED. A takeover that raises is rolled back and the run dead-lettered (stop_reason
+-- recovery_failed, outcome dead_lettered). Raises ZP008. Notifies zeroth_wakeup (and
+-- zeroth_run_finished for thread runs). Time: clock_timestamp().
 CREATE OR REPLACE FUNCTION zeroth.claim_for_takeover(
     run_id        uuid,
     tenant_id     text             DEFAULT NULL,
@@ -20,14 +21,14 @@ DECLARE
 BEGIN
     PERFORM zeroth._require(claim_for_takeover.run_id IS NOT NULL, 'run_id must not be NULL');
     PERFORM zeroth._require_identifier(claim_for_takeover.stop_reason, 'stop_reason');
-    RETURN QUERY SELECT * FROM zeroth._take_over(
+    RETURN QUERY SELECT * FROM zeroth._take_over_isolated(
         zeroth._scope_tenant(claim_for_takeover.tenant_id, claim_for_takeover.workspace_id),
         zeroth._workspace_key(claim_for_takeover.workspace_id), claim_for_takeover.run_id, v_grace, v_now,
         claim_for_takeover.stop_reason, claim_for_takeover.message);
 END
 $$;
 COMMENT ON FUNCTION zeroth.claim_for_takeover(uuid, text, text, double precision, text, text) IS
-'claim_for_takeover: take over one run whose owner''s lease expired more than grace ago: resumable → requeued (pending, the interrupted attempt stays counted) or dead_lettered when out of attempts, not resumable → failed with {stop_reason, message}, cancel requested → cancelled. Returns the row once, or nothing (live, within grace, being renewed, not active, unknown). SKIP LOCKED. Raises ZP008. Notifies zeroth_wakeup. Time: clock_timestamp().';
+'claim_for_takeover: take over one run whose owner''s lease expired more than grace ago: resumable → requeued (pending, the interrupted attempt stays counted) or dead_lettered when out of attempts, not resumable → failed with {stop_reason, message}, cancel requested → cancelled. Returns the row once, or nothing (live, within grace, being renewed, not active, unknown). A takeover that raises is rolled back and the run dead-lettered instead (stop_reason recovery_failed). SKIP LOCKED. Raises ZP008. Notifies zeroth_wakeup. Time: clock_timestamp().';
 ALTER FUNCTION zeroth.claim_for_takeover(uuid, text, text, double precision, text, text) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.claim_for_takeover(uuid, text, text, double precision, text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.claim_for_takeover(uuid, text, text, double precision, text, text) TO zeroth_worker;

@@ -1,87 +1,105 @@
--- claim_orphaned: recover running runs whose lease expired (crashed or stalled owners).
---   1. First it ends, at most claim_limit (or 100) of them, the orphans nobody may resume, as
---      claim_for_takeover would: a resumable run out of attempts is dead-lettered (stop_reason
---      attempts_exhausted), a non-resumable run whose lease expired more than grace_seconds ago
---      fails (stop_reason orphan_recovered), a run with a requested cancel is cancelled. Their
---      threads move on. This needs no slot, so it happens under saturation too.
---   2. Then it re-leases resumable orphans with attempts left: a new generation, an attempt
---      counted, recovery_checkpoint_id = the latest checkpoint. claim_limit bounds the batch (NULL
---      = all, or the free slots under max_concurrency). With no free slot it probes for one
---      orphan: saturated = an orphan is waiting; (run_id NULL, not saturated) is a definitive
---      empty scan.
---   The scope's row in zeroth.scope_limits applies: its max_concurrency replaces the argument;
---   paused re-leases nothing (step 1 still runs: it leases nothing); its rate_limit key caps the
---   re-leases (each starts an attempt): held back, the run_id-NULL row carries retry_at.
---   claim_limit 0 does step 1 only (at most 100) and re-leases nothing: a worker with no free
---   slot still ends the orphans that block their threads. Its one run_id-NULL row says whether
---   a resumable orphan is waiting.
--- Locks: rate key row, slot rows, run rows, SKIP LOCKED. Raises ZP006, ZP008. Notifies zeroth_wakeup for
--- runs it ended (slots freed, threads promoted). Time: clock_timestamp().
-CREATE OR REPLACE FUNCTION zeroth.claim_orphaned(
+-- The body of claim_orphaned (isolated: a run whose end or re-lease raises is rolled back alone
+-- and dead-lettered) and of claim_orphaned_scopes' passes (its first pass not isolated, inside
+-- one subtransaction of its own: no subtransaction per scope or run unless something raised, so
+-- a sweep of many scopes does not overflow the 64 subtransaction ids a snapshot caches).
+CREATE OR REPLACE FUNCTION zeroth._claim_orphaned(
     deployment_ref  text,
     worker_id       text,
-    tenant_id       text             DEFAULT NULL,
-    workspace_id    text             DEFAULT NULL,
-    max_concurrency integer          DEFAULT NULL,
-    claim_limit     integer          DEFAULT NULL,
-    lease_seconds   double precision DEFAULT 60,
-    grace_seconds   double precision DEFAULT 10)
+    tenant_id       text,
+    workspace_id    text,
+    max_concurrency integer,
+    claim_limit     integer,
+    lease_seconds   double precision,
+    grace_seconds   double precision,
+    isolated        boolean)
     RETURNS SETOF zeroth.claimed_run
-    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+    LANGUAGE plpgsql VOLATILE
     SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_now    timestamptz := zeroth._now();
-    v_lease  interval := zeroth._lease_interval(claim_orphaned.lease_seconds);
-    v_grace  interval := zeroth._grace_interval(claim_orphaned.grace_seconds);
-    v_tenant text := zeroth._scope_tenant(claim_orphaned.tenant_id, claim_orphaned.workspace_id);
-    v_wskey  text := zeroth._workspace_key(claim_orphaned.workspace_id);
-    v_want   integer := claim_orphaned.claim_limit;
+    v_lease  interval := zeroth._lease_interval(_claim_orphaned.lease_seconds);
+    v_grace  interval := zeroth._grace_interval(_claim_orphaned.grace_seconds);
+    v_tenant text := zeroth._scope_tenant(_claim_orphaned.tenant_id, _claim_orphaned.workspace_id);
+    v_wskey  text := zeroth._workspace_key(_claim_orphaned.workspace_id);
+    v_want   integer := _claim_orphaned.claim_limit;
     v_slots  integer[];
     v_active integer := 0;
     v_ids    uuid[];
-    v_end    record;
+    v_ends      uuid[];
+    v_resumable boolean[];
+    v_i         integer;
+    v_rows      zeroth.claimed_run[];
+    v_state     text;
+    v_msg       text;
     v_limit  integer;
     v_paused boolean;
     v_rate   text;
     v_taken  record;
 BEGIN
-    PERFORM zeroth._require_identifier(claim_orphaned.deployment_ref, 'deployment_ref');
-    PERFORM zeroth._require_identifier(claim_orphaned.worker_id, 'worker_id');
-    PERFORM zeroth._require(claim_orphaned.claim_limit IS NULL OR claim_orphaned.claim_limit BETWEEN 0 AND 1000,
+    PERFORM zeroth._require_identifier(_claim_orphaned.deployment_ref, 'deployment_ref');
+    PERFORM zeroth._require_identifier(_claim_orphaned.worker_id, 'worker_id');
+    PERFORM zeroth._require(_claim_orphaned.claim_limit IS NULL OR _claim_orphaned.claim_limit BETWEEN 0 AND 1000,
                             'claim_limit must be NULL or between 0 and 1000');
-    PERFORM zeroth._require(claim_orphaned.max_concurrency IS NULL OR claim_orphaned.max_concurrency >= 1,
+    PERFORM zeroth._require(_claim_orphaned.max_concurrency IS NULL OR _claim_orphaned.max_concurrency >= 1,
                             'max_concurrency must be NULL or at least 1');
-    IF claim_orphaned.max_concurrency IS NOT NULL AND v_tenant IS NULL THEN
+    IF _claim_orphaned.max_concurrency IS NOT NULL AND v_tenant IS NULL THEN
         RAISE EXCEPTION 'distributed concurrency needs an exact scope: a workspace_id needs a tenant_id'
             USING ERRCODE = 'ZP006';
     END IF;
     SELECT l.max_concurrency, l.paused, l.rate_limit INTO v_limit, v_paused, v_rate
-      FROM zeroth._scope_limit(v_tenant, v_wskey, claim_orphaned.deployment_ref,
-                               claim_orphaned.max_concurrency) AS l;
+      FROM zeroth._scope_limit(v_tenant, v_wskey, _claim_orphaned.deployment_ref,
+                               _claim_orphaned.max_concurrency) AS l;
 
-    -- 1. The orphans nobody may resume end here (each SKIP LOCKED inside _take_over).
-    FOR v_end IN
-        SELECT r.run_id, r.resumable
-          FROM zeroth.runs r
-         WHERE r.tenant_id = v_tenant
-           AND r.workspace_key = v_wskey
-           AND r.deployment_ref = claim_orphaned.deployment_ref
-           AND r.status = 'running'
-           AND ((r.resumable AND r.attempts >= r.max_attempts AND r.lease_expires_at < v_now)
-                OR (NOT r.resumable AND r.lease_expires_at + v_grace < v_now))
-         ORDER BY r.lease_expires_at
-         LIMIT coalesce(nullif(claim_orphaned.claim_limit, 0), 100)
-    LOOP
-        PERFORM zeroth._take_over(v_tenant, v_wskey, v_end.run_id,
-                                  CASE WHEN v_end.resumable THEN interval '0' ELSE v_grace END,
-                                  v_now, 'orphan_recovered', NULL);
-    END LOOP;
+    -- 1. The orphans nobody may resume end here (each SKIP LOCKED inside _take_over). Isolated:
+    --    all in one subtransaction; if one of them raises (issue 29, finding 1), that is rolled
+    --    back and the batch is done again one run per subtransaction, so the run that raises is
+    --    ended alone (zeroth._end_unrecoverable: dead-lettered, stop_reason recovery_failed) and
+    --    the others are recovered. The common case pays one subtransaction, none without such
+    --    orphans. Not isolated (claim_orphaned_scopes' first pass, itself in one subtransaction):
+    --    no subtransaction at all, an error goes up.
+    SELECT coalesce(array_agg(o.run_id ORDER BY o.lease_expires_at), '{}'),
+           coalesce(array_agg(o.resumable ORDER BY o.lease_expires_at), '{}')
+      INTO v_ends, v_resumable
+      FROM (SELECT r.run_id, r.resumable, r.lease_expires_at
+              FROM zeroth.runs r
+             WHERE r.tenant_id = v_tenant
+               AND r.workspace_key = v_wskey
+               AND r.deployment_ref = _claim_orphaned.deployment_ref
+               AND r.status = 'running'
+               AND ((r.resumable AND r.attempts >= r.max_attempts AND r.lease_expires_at < v_now)
+                    OR (NOT r.resumable AND r.lease_expires_at + v_grace < v_now))
+             ORDER BY r.lease_expires_at
+             LIMIT coalesce(nullif(_claim_orphaned.claim_limit, 0), 100)) AS o;
+    IF cardinality(v_ends) > 0 AND NOT _claim_orphaned.isolated THEN
+        FOR v_i IN 1 .. cardinality(v_ends) LOOP
+            PERFORM zeroth._take_over(v_tenant, v_wskey, v_ends[v_i],
+                                      CASE WHEN v_resumable[v_i] THEN interval '0' ELSE v_grace END,
+                                      v_now, 'orphan_recovered', NULL);
+        END LOOP;
+    ELSIF cardinality(v_ends) > 0 THEN
+        BEGIN
+            FOR v_i IN 1 .. cardinality(v_ends) LOOP
+                PERFORM zeroth._take_over(v_tenant, v_wskey, v_ends[v_i],
+                                          CASE WHEN v_resumable[v_i] THEN interval '0' ELSE v_grace END,
+                                          v_now, 'orphan_recovered', NULL);
+            END LOOP;
+        EXCEPTION WHEN OTHERS THEN
+            IF zeroth._transient_sqlstate(SQLSTATE) THEN
+                RAISE;
+            END IF;
+            FOR v_i IN 1 .. cardinality(v_ends) LOOP
+                PERFORM zeroth._take_over_isolated(v_tenant, v_wskey, v_ends[v_i],
+                                                   CASE WHEN v_resumable[v_i] THEN interval '0' ELSE v_grace END,
+                                                   v_now, 'orphan_recovered', NULL);
+            END LOOP;
+        END;
+    END IF;
 
-    IF claim_orphaned.claim_limit = 0 THEN  -- step 1 only: report whether one is waiting
+    IF _claim_orphaned.claim_limit = 0 THEN  -- step 1 only: report whether one is waiting
         RETURN NEXT zeroth._claim_marker(0, EXISTS (
             SELECT 1 FROM zeroth.runs r
              WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey
-               AND r.deployment_ref = claim_orphaned.deployment_ref
+               AND r.deployment_ref = _claim_orphaned.deployment_ref
                AND r.status = 'running' AND r.lease_expires_at < v_now AND r.resumable
                AND r.attempts < r.max_attempts),
             v_limit);
@@ -102,7 +120,7 @@ BEGIN
         IF v_taken.granted = 0 THEN
             IF EXISTS (SELECT 1 FROM zeroth.runs r
                         WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey
-                          AND r.deployment_ref = claim_orphaned.deployment_ref
+                          AND r.deployment_ref = _claim_orphaned.deployment_ref
                           AND r.status = 'running' AND r.lease_expires_at < v_now AND r.resumable
                           AND r.attempts < r.max_attempts) THEN
                 RETURN NEXT zeroth._rate_marker(v_limit, v_taken.retry_at, v_now);
@@ -115,7 +133,7 @@ BEGIN
     END IF;
     IF v_limit IS NOT NULL THEN
         SELECT t.slots, t.active_count INTO v_slots, v_active
-          FROM zeroth._take_slots(v_tenant, v_wskey, claim_orphaned.deployment_ref, v_limit,
+          FROM zeroth._take_slots(v_tenant, v_wskey, _claim_orphaned.deployment_ref, v_limit,
                                   least(coalesce(v_want, v_limit), v_limit),
                                   v_now) AS t;
         IF cardinality(v_slots) = 0 THEN
@@ -123,7 +141,7 @@ BEGIN
             RETURN NEXT zeroth._claim_marker(v_active, EXISTS (
                 SELECT 1 FROM zeroth.runs r
                  WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey
-                   AND r.deployment_ref = claim_orphaned.deployment_ref
+                   AND r.deployment_ref = _claim_orphaned.deployment_ref
                    AND r.status = 'running' AND r.lease_expires_at < v_now AND r.resumable
                    AND r.attempts < r.max_attempts),
                 v_limit);
@@ -138,7 +156,7 @@ BEGIN
           FROM zeroth.runs r
          WHERE r.tenant_id = v_tenant
            AND r.workspace_key = v_wskey
-           AND r.deployment_ref = claim_orphaned.deployment_ref
+           AND r.deployment_ref = _claim_orphaned.deployment_ref
            AND r.status = 'running'
            AND r.lease_expires_at < v_now
            AND r.resumable
@@ -152,13 +170,90 @@ BEGIN
         PERFORM zeroth._log_rate(v_rate, cardinality(v_ids), v_now);  -- orphans: the sweep's
         -- next pass (not a retry_at on the rows) takes what the limit held back
     END IF;
-    RETURN QUERY SELECT * FROM zeroth._lease_locked_runs(
-        v_tenant, v_wskey, v_ids, v_slots, claim_orphaned.worker_id, v_now, v_lease, v_active,
-        v_limit, false);
+    -- The re-lease, one statement for the batch. Isolated: if it raises, again one run at a time,
+    -- each in its own subtransaction: a run that cannot be re-leased is ended alone
+    -- (zeroth._end_unrecoverable) and the others are re-leased.
+    IF cardinality(v_ids) = 0 OR NOT _claim_orphaned.isolated THEN
+        RETURN QUERY SELECT * FROM zeroth._lease_locked_runs(
+            v_tenant, v_wskey, v_ids, v_slots, _claim_orphaned.worker_id, v_now, v_lease, v_active,
+            v_limit, false);
+        RETURN;
+    END IF;
+    BEGIN
+        v_rows := ARRAY(SELECT c FROM zeroth._lease_locked_runs(
+            v_tenant, v_wskey, v_ids, v_slots, _claim_orphaned.worker_id, v_now, v_lease, v_active,
+            v_limit, false) AS c);
+    EXCEPTION WHEN OTHERS THEN
+        IF zeroth._transient_sqlstate(SQLSTATE) THEN
+            RAISE;
+        END IF;
+        v_rows := '{}';
+        FOR v_i IN 1 .. cardinality(v_ids) LOOP
+            BEGIN
+                v_rows := v_rows || ARRAY(SELECT c FROM zeroth._lease_locked_runs(
+                    v_tenant, v_wskey, ARRAY[v_ids[v_i]], v_slots[v_i:v_i], _claim_orphaned.worker_id,
+                    v_now, v_lease, v_active, v_limit, false) AS c WHERE c.run_id IS NOT NULL);
+            EXCEPTION WHEN OTHERS THEN
+                IF zeroth._transient_sqlstate(SQLSTATE) THEN
+                    RAISE;
+                END IF;
+                GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_msg = MESSAGE_TEXT;
+                PERFORM zeroth._end_unrecoverable(v_tenant, v_wskey, v_ids[v_i], v_now, v_state, v_msg);
+            END;
+        END LOOP;
+        IF cardinality(v_rows) = 0 THEN
+            v_rows := ARRAY[zeroth._claim_marker(v_active, false, v_limit)];
+        END IF;
+    END;
+    RETURN QUERY SELECT * FROM unnest(v_rows);
+END
+$$;
+COMMENT ON FUNCTION zeroth._claim_orphaned(text, text, text, text, integer, integer, double precision, double precision, boolean) IS 'Internal: the body of claim_orphaned; isolated: a run whose end or re-lease raises is rolled back alone and dead-lettered (subtransactions only then), else an error goes up (claim_orphaned_scopes'' first pass).';
+ALTER FUNCTION zeroth._claim_orphaned(text, text, text, text, integer, integer, double precision, double precision, boolean) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._claim_orphaned(text, text, text, text, integer, integer, double precision, double precision, boolean) FROM PUBLIC;
+
+-- claim_orphaned: recover running runs whose lease expired (crashed or stalled owners).
+--   1. First it ends, at most claim_limit (or 100) of them, the orphans nobody may resume, as
+--      claim_for_takeover would: a resumable run out of attempts is dead-lettered (stop_reason
+--      attempts_exhausted), a non-resumable run whose lease expired more than grace_seconds ago
+--      fails (stop_reason orphan_recovered), a run with a requested cancel is cancelled. Their
+--      threads move on. This needs no slot, so it happens under saturation too.
+--   2. Then it re-leases resumable orphans with attempts left: a new generation, an attempt
+--      counted, recovery_checkpoint_id = the latest checkpoint. claim_limit bounds the batch (NULL
+--      = all, or the free slots under max_concurrency). With no free slot it probes for one
+--      orphan: saturated = an orphan is waiting; (run_id NULL, not saturated) is a definitive
+--      empty scan.
+--   The scope's row in zeroth.scope_limits applies: its max_concurrency replaces the argument;
+--   paused re-leases nothing (step 1 still runs: it leases nothing); its rate_limit key caps the
+--   re-leases (each starts an attempt): held back, the run_id-NULL row carries retry_at.
+--   claim_limit 0 does step 1 only (at most 100) and re-leases nothing: a worker with no free
+--   slot still ends the orphans that block their threads. Its one run_id-NULL row says whether
+--   a resumable orphan is waiting.
+--   A run whose end or re-lease raises is rolled back alone and dead-lettered (stop_reason
+--   recovery_failed): one bad run never stops the recovery of the others.
+-- Locks: rate key row, slot rows, run rows, SKIP LOCKED. Raises ZP006, ZP008. Notifies zeroth_wakeup for
+-- runs it ended (slots freed, threads promoted). Time: clock_timestamp().
+CREATE OR REPLACE FUNCTION zeroth.claim_orphaned(
+    deployment_ref  text,
+    worker_id       text,
+    tenant_id       text             DEFAULT NULL,
+    workspace_id    text             DEFAULT NULL,
+    max_concurrency integer          DEFAULT NULL,
+    claim_limit     integer          DEFAULT NULL,
+    lease_seconds   double precision DEFAULT 60,
+    grace_seconds   double precision DEFAULT 10)
+    RETURNS SETOF zeroth.claimed_run
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+    SET plan_cache_mode = force_generic_plan AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM zeroth._claim_orphaned(
+        claim_orphaned.deployment_ref, claim_orphaned.worker_id, claim_orphaned.tenant_id,
+        claim_orphaned.workspace_id, claim_orphaned.max_concurrency, claim_orphaned.claim_limit,
+        claim_orphaned.lease_seconds, claim_orphaned.grace_seconds, true);
 END
 $$;
 COMMENT ON FUNCTION zeroth.claim_orphaned(text, text, text, text, integer, integer, double precision, double precision) IS
-'claim_orphaned: recover running runs whose lease expired. First ends the ones nobody may resume (resumable but out of attempts → failed + dead-lettered, stop_reason attempts_exhausted; not resumable and expired more than grace_seconds ago → failed, stop_reason orphan_recovered; cancel requested → cancelled), then re-leases resumable ones with attempts left: new generation, attempt counted, recovery_checkpoint_id = latest checkpoint. claim_limit bounds the batch (0: end only, re-lease nothing). The scope''s zeroth.scope_limits row applies: its max_concurrency replaces the argument; paused re-leases nothing; its rate_limit key caps the re-leases (rolling window). A single run_id-NULL row reports saturation (an orphan is waiting but no slot is free), a rate limit holding it back (retry_at: when a start becomes possible) or a definitive empty scan. SKIP LOCKED throughout. Raises ZP006, ZP008. Notifies zeroth_wakeup for the runs it ended. Time: clock_timestamp().';
+'claim_orphaned: recover running runs whose lease expired. First ends the ones nobody may resume (resumable but out of attempts → failed + dead-lettered, stop_reason attempts_exhausted; not resumable and expired more than grace_seconds ago → failed, stop_reason orphan_recovered; cancel requested → cancelled), then re-leases resumable ones with attempts left: new generation, attempt counted, recovery_checkpoint_id = latest checkpoint. claim_limit bounds the batch (0: end only, re-lease nothing). The scope''s zeroth.scope_limits row applies: its max_concurrency replaces the argument; paused re-leases nothing; its rate_limit key caps the re-leases (rolling window). A run whose end or re-lease raises is rolled back alone and dead-lettered (stop_reason recovery_failed), so one bad run never stops the others'' recovery. A single run_id-NULL row reports saturation (an orphan is waiting but no slot is free), a rate limit holding it back (retry_at: when a start becomes possible) or a definitive empty scan. SKIP LOCKED throughout. Raises ZP006, ZP008. Notifies zeroth_wakeup for the runs it ended. Time: clock_timestamp().';
 ALTER FUNCTION zeroth.claim_orphaned(text, text, text, text, integer, integer, double precision, double precision) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.claim_orphaned(text, text, text, text, integer, integer, double precision, double precision) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.claim_orphaned(text, text, text, text, integer, integer, double precision, double precision) TO zeroth_worker;

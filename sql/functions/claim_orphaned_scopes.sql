@@ -1,3 +1,30 @@
+-- One scope's claim_orphaned (zeroth._claim_orphaned, isolated or not) as the rows
+-- claim_orphaned_scopes returns: the re-leased runs with their scope, and the run_id-NULL row only
+-- when it reports saturation or a rate limit.
+CREATE OR REPLACE FUNCTION zeroth._claim_orphaned_rows(
+    tenant_id text, workspace_key text, deployment_ref text, worker_id text, max_concurrency integer,
+    claim_limit integer, lease_seconds double precision, grace_seconds double precision,
+    isolated boolean)
+    RETURNS zeroth.scope_claimed_run[]
+    LANGUAGE sql VOLATILE
+    BEGIN ATOMIC
+        SELECT coalesce(array_agg(ROW(_claim_orphaned_rows.tenant_id,
+                                      zeroth._workspace_id(_claim_orphaned_rows.workspace_key),
+                                      _claim_orphaned_rows.deployment_ref, o.*)::zeroth.scope_claimed_run),
+                        '{}')
+          FROM zeroth._claim_orphaned(
+                   _claim_orphaned_rows.deployment_ref, _claim_orphaned_rows.worker_id,
+                   _claim_orphaned_rows.tenant_id,
+                   zeroth._workspace_id(_claim_orphaned_rows.workspace_key),
+                   _claim_orphaned_rows.max_concurrency, _claim_orphaned_rows.claim_limit,
+                   _claim_orphaned_rows.lease_seconds, _claim_orphaned_rows.grace_seconds,
+                   _claim_orphaned_rows.isolated) AS o
+         WHERE o.run_id IS NOT NULL OR o.concurrency_saturated OR o.retry_at IS NOT NULL;
+    END;
+COMMENT ON FUNCTION zeroth._claim_orphaned_rows(text, text, text, text, integer, integer, double precision, double precision, boolean) IS 'Internal: one scope''s claim_orphaned as claim_orphaned_scopes rows (re-leased runs with their scope; the run_id-NULL row only for saturation or a rate limit).';
+ALTER FUNCTION zeroth._claim_orphaned_rows(text, text, text, text, integer, integer, double precision, double precision, boolean) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._claim_orphaned_rows(text, text, text, text, integer, integer, double precision, double precision, boolean) FROM PUBLIC;
+
 -- claim_orphaned_scopes: claim_orphaned over many deployments and scopes in one call — the
 -- recovery half of a fleet worker that claims with claim_and_start_scopes. Scopes: the listed
 -- (tenant_ids[i], workspace_ids[i]) × deployment_refs, or with tenant_ids NULL every scope of
@@ -22,11 +49,17 @@ CREATE OR REPLACE FUNCTION zeroth.claim_orphaned_scopes(
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
     SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
-    v_now   timestamptz := zeroth._now();
-    v_left  integer := claim_orphaned_scopes.claim_limit;
-    v_scope record;
-    v_out   zeroth.scope_claimed_run;
-    v_got   integer;
+    v_now      timestamptz := zeroth._now();
+    v_left     integer;
+    v_tenants  text[];
+    v_wskeys   text[];
+    v_deps     text[];
+    v_i        integer;
+    v_rows     zeroth.scope_claimed_run[];
+    v_these    zeroth.scope_claimed_run[];
+    v_isolated boolean := false;
+    v_state    text;
+    v_msg      text;
 BEGIN
     -- claim_orphaned checks the rest (worker_id, max_concurrency, lease and grace) per scope;
     -- checked here too, so a bad argument fails before any scope is touched.
@@ -40,43 +73,65 @@ BEGIN
     PERFORM zeroth._lease_interval(claim_orphaned_scopes.lease_seconds);
     PERFORM zeroth._grace_interval(claim_orphaned_scopes.grace_seconds);
 
-    FOR v_scope IN
-        SELECT c.tenant_id, c.workspace_key, c.deployment_ref
-          FROM zeroth._listed_scopes(claim_orphaned_scopes.deployment_refs,
-                                     claim_orphaned_scopes.tenant_ids,
-                                     claim_orphaned_scopes.workspace_ids, false) AS c
-         WHERE EXISTS (SELECT 1 FROM zeroth.runs r
-                        WHERE r.tenant_id = c.tenant_id AND r.workspace_key = c.workspace_key
-                          AND r.deployment_ref = c.deployment_ref
-                          AND r.status = 'running' AND r.lease_expires_at < v_now)
-         ORDER BY random()
+    SELECT coalesce(array_agg(x.tenant_id ORDER BY x.o), '{}'), coalesce(array_agg(x.workspace_key ORDER BY x.o), '{}'),
+           coalesce(array_agg(x.deployment_ref ORDER BY x.o), '{}')
+      INTO v_tenants, v_wskeys, v_deps
+      FROM (SELECT c.tenant_id, c.workspace_key, c.deployment_ref, random() AS o
+              FROM zeroth._listed_scopes(claim_orphaned_scopes.deployment_refs,
+                                         claim_orphaned_scopes.tenant_ids,
+                                         claim_orphaned_scopes.workspace_ids, false) AS c
+             WHERE EXISTS (SELECT 1 FROM zeroth.runs r
+                            WHERE r.tenant_id = c.tenant_id AND r.workspace_key = c.workspace_key
+                              AND r.deployment_ref = c.deployment_ref
+                              AND r.status = 'running' AND r.lease_expires_at < v_now)) AS x;
+
+    -- Every scope in one subtransaction; if one raises (claim_orphaned already ends alone a run
+    -- that raises: this is for anything else), the pass is done again with one subtransaction per
+    -- scope, so that scope is skipped with a WARNING and the others are recovered (issue 29,
+    -- finding 1). Rows are returned only once the pass that made them stands.
     LOOP
-        EXIT WHEN v_left IS NOT NULL AND v_left = 0 AND claim_orphaned_scopes.claim_limit <> 0;
-        v_got := 0;
-        FOR v_out IN
-            SELECT v_scope.tenant_id, zeroth._workspace_id(v_scope.workspace_key),
-                   v_scope.deployment_ref, o.*
-              FROM zeroth.claim_orphaned(
-                       deployment_ref => v_scope.deployment_ref,
-                       worker_id => claim_orphaned_scopes.worker_id,
-                       tenant_id => v_scope.tenant_id,
-                       workspace_id => zeroth._workspace_id(v_scope.workspace_key),
-                       max_concurrency => claim_orphaned_scopes.max_concurrency,
-                       claim_limit => v_left,
-                       lease_seconds => claim_orphaned_scopes.lease_seconds,
-                       grace_seconds => claim_orphaned_scopes.grace_seconds) AS o
-        LOOP
-            IF v_out.run_id IS NOT NULL THEN
-                v_got := v_got + 1;
-                RETURN NEXT v_out;
-            ELSIF v_out.concurrency_saturated OR v_out.retry_at IS NOT NULL THEN
-                RETURN NEXT v_out;
+        BEGIN
+            v_rows := '{}';
+            v_left := claim_orphaned_scopes.claim_limit;
+            FOR v_i IN 1 .. cardinality(v_tenants) LOOP
+                EXIT WHEN v_left IS NOT NULL AND v_left = 0 AND claim_orphaned_scopes.claim_limit <> 0;
+                IF v_isolated THEN
+                    BEGIN
+                        v_these := zeroth._claim_orphaned_rows(
+                            v_tenants[v_i], v_wskeys[v_i], v_deps[v_i], claim_orphaned_scopes.worker_id,
+                            claim_orphaned_scopes.max_concurrency, v_left,
+                            claim_orphaned_scopes.lease_seconds, claim_orphaned_scopes.grace_seconds,
+                            true);
+                    EXCEPTION WHEN OTHERS THEN
+                        IF zeroth._transient_sqlstate(SQLSTATE) OR left(SQLSTATE, 2) = 'ZP' THEN
+                            RAISE;  -- a passing condition, or a bad argument: the call fails
+                        END IF;
+                        GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_msg = MESSAGE_TEXT;
+                        RAISE WARNING 'zeroth: claim_orphaned of deployment % in tenant % raised % (%); that scope is skipped this pass',
+                            v_deps[v_i], v_tenants[v_i], v_state, left(v_msg, 500);
+                        v_these := '{}';
+                    END;
+                ELSE
+                    v_these := zeroth._claim_orphaned_rows(
+                        v_tenants[v_i], v_wskeys[v_i], v_deps[v_i], claim_orphaned_scopes.worker_id,
+                        claim_orphaned_scopes.max_concurrency, v_left,
+                        claim_orphaned_scopes.lease_seconds, claim_orphaned_scopes.grace_seconds,
+                        false);
+                END IF;
+                v_rows := v_rows || v_these;
+                IF v_left IS NOT NULL AND claim_orphaned_scopes.claim_limit <> 0 THEN
+                    v_left := v_left - (SELECT count(*) FROM unnest(v_these) AS t WHERE t.run_id IS NOT NULL)::integer;
+                END IF;
+            END LOOP;
+            EXIT;
+        EXCEPTION WHEN OTHERS THEN
+            IF v_isolated OR zeroth._transient_sqlstate(SQLSTATE) OR left(SQLSTATE, 2) = 'ZP' THEN
+                RAISE;
             END IF;
-        END LOOP;
-        IF v_left IS NOT NULL AND claim_orphaned_scopes.claim_limit <> 0 THEN
-            v_left := v_left - v_got;
-        END IF;
+            v_isolated := true;
+        END;
     END LOOP;
+    RETURN QUERY SELECT * FROM unnest(v_rows);
 END
 $$;
 COMMENT ON FUNCTION zeroth.claim_orphaned_scopes(text[], text, text[], text[], integer, integer, double precision, double precision) IS

@@ -1,7 +1,8 @@
 -- commit_fenced: write allowlisted run columns (output, error, metadata, progress) while holding
 -- (worker_id, generation) with a live lease. Lease, fence, status and identity columns are never
 -- writable, however spelled (ZP004); any other name is unknown (ZP005). No dynamic SQL: each
--- allowlisted column has its own CASE. Returns false when fenced out. Raises ZP004, ZP005, ZP008.
+-- allowlisted column has its own CASE. An error is stored bounded (zeroth._bounded_error).
+-- Returns false when fenced out. Raises ZP004, ZP005, ZP008.
 -- Locks: the run row. Time: clock_timestamp().
 CREATE OR REPLACE FUNCTION zeroth.commit_fenced(
     run_id       uuid,
@@ -19,6 +20,7 @@ DECLARE
     v_wskey  text := zeroth._workspace_key(commit_fenced.workspace_id);
     v_key    text;
     v_name   text;
+    v_error  jsonb;
 BEGIN
     PERFORM zeroth._require(commit_fenced.run_id IS NOT NULL, 'run_id must not be NULL');
     PERFORM zeroth._require_identifier(commit_fenced.worker_id, 'worker_id');
@@ -44,6 +46,8 @@ BEGIN
     PERFORM zeroth._require(NOT commit_fenced.columns ? 'metadata'
                             OR jsonb_typeof(commit_fenced.columns -> 'metadata') = 'object',
                             'metadata must be a JSON object');
+    -- An error document is stored bounded, as fail_run's (zeroth._bounded_error), before any lock.
+    v_error := zeroth._bounded_error(nullif(commit_fenced.columns -> 'error', 'null'::jsonb));
 
     -- The run row first, then the clock: see zeroth._lock_leased_run.
     v_status := zeroth._lock_leased_run(v_tenant, v_wskey, commit_fenced.run_id, commit_fenced.worker_id, commit_fenced.generation);
@@ -52,7 +56,7 @@ BEGIN
        SET output   = CASE WHEN commit_fenced.columns ? 'output'
                            THEN nullif(commit_fenced.columns -> 'output', 'null'::jsonb) ELSE r.output END,
            error    = CASE WHEN commit_fenced.columns ? 'error'
-                           THEN nullif(commit_fenced.columns -> 'error', 'null'::jsonb) ELSE r.error END,
+                           THEN v_error ELSE r.error END,
            progress = CASE WHEN commit_fenced.columns ? 'progress'
                            THEN nullif(commit_fenced.columns -> 'progress', 'null'::jsonb) ELSE r.progress END,
            metadata = CASE WHEN commit_fenced.columns ? 'metadata'
@@ -68,7 +72,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION zeroth.commit_fenced(uuid, text, bigint, jsonb, text, text) IS
-'commit_fenced: write allowlisted run columns (output, error, metadata, progress) only while (worker_id, generation) holds a live lease; the fence is in the UPDATE predicate. Lease/fence/status/identity columns raise ZP004 however spelled; other names raise ZP005. Returns false when fenced out. Raises ZP008. Time: clock_timestamp().';
+'commit_fenced: write allowlisted run columns (output, error, metadata, progress) only while (worker_id, generation) holds a live lease; the fence is in the UPDATE predicate. Lease/fence/status/identity columns raise ZP004 however spelled; other names raise ZP005. An error document is stored bounded as fail_run''s (docs/sql-api.md, "Error documents"). Returns false when fenced out. Raises ZP008. Time: clock_timestamp().';
 ALTER FUNCTION zeroth.commit_fenced(uuid, text, bigint, jsonb, text, text) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.commit_fenced(uuid, text, bigint, jsonb, text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.commit_fenced(uuid, text, bigint, jsonb, text, text) TO zeroth_worker;

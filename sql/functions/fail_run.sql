@@ -1,8 +1,10 @@
 -- fail_run: running → pending (retryable, attempts < max_attempts: run_after = now + exponential
 -- backoff with jitter) or → failed (non-retryable), or → failed and dead-lettered (retryable but
 -- attempts exhausted). Fenced; clears the lease and frees the slot. Returns 'retry_scheduled',
--- 'failed' or 'dead_lettered', or NULL when fenced out. Raises ZP003, ZP008. Notifies
--- zeroth_wakeup when a slot was freed or the retry is due at once. Time: clock_timestamp().
+-- 'failed' or 'dead_lettered', or NULL when fenced out. The error document is stored bounded
+-- (zeroth._bounded_error: 65,536 characters a top-level string, 1 MiB the document). Raises
+-- ZP003, ZP008. Notifies zeroth_wakeup when a slot was freed or the retry is due at once. Time:
+-- clock_timestamp().
 CREATE OR REPLACE FUNCTION zeroth.fail_run(
     run_id             uuid,
     worker_id          text,
@@ -24,11 +26,15 @@ DECLARE
     v_deploy  text;
     v_ws      text;
     v_due     boolean;
+    v_error   jsonb;
 BEGIN
     PERFORM zeroth._require(fail_run.retryable IS NOT NULL, 'retryable must not be NULL');
     PERFORM zeroth._require(fail_run.retry_base_seconds >= 0 AND fail_run.retry_max_seconds >= fail_run.retry_base_seconds
                             AND fail_run.retry_max_seconds <= 86400 * 30,
                             'need 0 <= retry_base_seconds <= retry_max_seconds <= 30 days');
+    -- The caller's error document, bounded before any lock is taken (zeroth._bounded_error: a
+    -- longer text is cut, a larger document summarised, never refused, so the attempt still ends).
+    v_error := zeroth._bounded_error(fail_run.error);
 
     -- Checks the fence's arguments; the slot, then the run row, then the clock: see
     -- zeroth._lock_lease_end.
@@ -48,7 +54,7 @@ BEGIN
                             ELSE r.run_after END,
            finished_at = CASE WHEN fail_run.retryable AND r.attempts < r.max_attempts THEN NULL ELSE v_now END,
            dead_lettered_at = CASE WHEN fail_run.retryable AND r.attempts >= r.max_attempts THEN v_now END,
-           error = fail_run.error,
+           error = v_error,
            updated_at = v_now,
            lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
            admission_slot = NULL, recovery_checkpoint_id = NULL
@@ -76,7 +82,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION zeroth.fail_run(uuid, text, bigint, jsonb, boolean, double precision, double precision, text, text) IS
-'fail_run: running → pending with exponential backoff + jitter (retryable, attempts < max_attempts), → failed (not retryable), or → failed + dead_lettered_at (retries exhausted). Fenced; clears the lease, frees the slot. Returns retry_scheduled | failed | dead_lettered, or NULL when fenced out. Raises ZP003, ZP008. Notifies zeroth_wakeup when a slot was freed or the retry is due at once. Time: clock_timestamp().';
+'fail_run: running → pending with exponential backoff + jitter (retryable, attempts < max_attempts), → failed (not retryable), or → failed + dead_lettered_at (retries exhausted). Fenced; clears the lease, frees the slot. The error document is stored bounded: each top-level string longer than 65,536 characters cut ("truncated": true), a document still over 1 MiB replaced by its summary (docs/sql-api.md, "Error documents"). Returns retry_scheduled | failed | dead_lettered, or NULL when fenced out. Raises ZP003, ZP008. Notifies zeroth_wakeup when a slot was freed or the retry is due at once. Time: clock_timestamp().';
 ALTER FUNCTION zeroth.fail_run(uuid, text, bigint, jsonb, boolean, double precision, double precision, text, text) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.fail_run(uuid, text, bigint, jsonb, boolean, double precision, double precision, text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.fail_run(uuid, text, bigint, jsonb, boolean, double precision, double precision, text, text) TO zeroth_worker;

@@ -1,7 +1,8 @@
 -- reconcile_thread_runs: the periodic pass over active thread runs of a scope (one deployment or
 -- all) whose owners' leases expired more than grace ago; each is taken over as claim_for_takeover
 -- does (its resumable choice decides). Concurrent reconcilers never block each other and report
--- each run once (SKIP LOCKED). Returns the runs taken over. Raises ZP006, ZP008. Notifies
+-- each run once (SKIP LOCKED). A run whose takeover raises is rolled back alone and dead-lettered
+-- (stop_reason recovery_failed). Returns the runs taken over. Raises ZP006, ZP008. Notifies
 -- zeroth_wakeup. Time: clock_timestamp().
 CREATE OR REPLACE FUNCTION zeroth.reconcile_thread_runs(
     deployment_ref text             DEFAULT NULL,
@@ -19,6 +20,8 @@ DECLARE
     v_tenant text := zeroth._scope_tenant(reconcile_thread_runs.tenant_id, reconcile_thread_runs.workspace_id);
     v_wskey  text := zeroth._workspace_key(reconcile_thread_runs.workspace_id);
     v_id     uuid;
+    v_ids    uuid[];
+    v_rows   zeroth.takeover[];
 BEGIN
     IF v_tenant IS NULL THEN
         RAISE EXCEPTION 'a workspace_id needs a tenant_id' USING ERRCODE = 'ZP006';
@@ -30,6 +33,7 @@ BEGIN
     -- small table runs_thread_idx (every run of every thread, history included) costs the same as
     -- runs_thread_active_idx: a generic plan cached then walked the threads' whole history on
     -- every pass. A periodic pass can afford the planning; _take_over keeps its cached plans.
+    v_ids := ARRAY[]::uuid[];
     FOR v_id IN EXECUTE $sql$
         SELECT r.run_id FROM zeroth.runs r
          WHERE r.tenant_id = $1 AND r.workspace_key = $2
@@ -42,13 +46,37 @@ BEGIN
         USING v_tenant, v_wskey, reconcile_thread_runs.deployment_ref, v_grace, v_now,
               reconcile_thread_runs.claim_limit
     LOOP
-        RETURN QUERY SELECT * FROM zeroth._take_over(v_tenant, v_wskey, v_id, v_grace, v_now,
-                                                     reconcile_thread_runs.stop_reason, reconcile_thread_runs.message);
+        v_ids := v_ids || v_id;
     END LOOP;
+    IF cardinality(v_ids) = 0 THEN
+        RETURN;
+    END IF;
+    -- All in one subtransaction; if one takeover raises (issue 29, finding 1), again one run per
+    -- subtransaction, so that run is ended alone (zeroth._end_unrecoverable: dead-lettered,
+    -- stop_reason recovery_failed) and the others are taken over.
+    BEGIN
+        v_rows := '{}';
+        FOREACH v_id IN ARRAY v_ids LOOP
+            v_rows := v_rows || ARRAY(SELECT t FROM zeroth._take_over(
+                v_tenant, v_wskey, v_id, v_grace, v_now, reconcile_thread_runs.stop_reason,
+                reconcile_thread_runs.message) AS t);
+        END LOOP;
+    EXCEPTION WHEN OTHERS THEN
+        IF zeroth._transient_sqlstate(SQLSTATE) THEN
+            RAISE;
+        END IF;
+        v_rows := '{}';
+        FOREACH v_id IN ARRAY v_ids LOOP
+            v_rows := v_rows || ARRAY(SELECT t FROM zeroth._take_over_isolated(
+                v_tenant, v_wskey, v_id, v_grace, v_now, reconcile_thread_runs.stop_reason,
+                reconcile_thread_runs.message) AS t);
+        END LOOP;
+    END;
+    RETURN QUERY SELECT * FROM unnest(v_rows);
 END
 $$;
 COMMENT ON FUNCTION zeroth.reconcile_thread_runs(text, text, text, double precision, integer, text, text) IS
-'reconcile_thread_runs: take over (as claim_for_takeover) up to claim_limit active thread runs of a scope (one deployment or all) whose owners'' leases expired more than grace ago. Concurrent reconcilers never block each other or report a run twice. Raises ZP006, ZP008. Notifies zeroth_wakeup. Time: clock_timestamp().';
+'reconcile_thread_runs: take over (as claim_for_takeover) up to claim_limit active thread runs of a scope (one deployment or all) whose owners'' leases expired more than grace ago. Concurrent reconcilers never block each other or report a run twice. A run whose takeover raises is rolled back alone and dead-lettered (stop_reason recovery_failed, outcome dead_lettered). Raises ZP006, ZP008. Notifies zeroth_wakeup. Time: clock_timestamp().';
 ALTER FUNCTION zeroth.reconcile_thread_runs(text, text, text, double precision, integer, text, text) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.reconcile_thread_runs(text, text, text, double precision, integer, text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.reconcile_thread_runs(text, text, text, double precision, integer, text, text) TO zeroth_worker;

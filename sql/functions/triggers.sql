@@ -44,7 +44,9 @@ CREATE OR REPLACE TRIGGER runs_child_run_deleted
     EXECUTE FUNCTION zeroth._child_run_deleted();
 
 -- A run was cancelled (any path) → zeroth._cancel_children cancels its unfinished children that
--- were not started detached. Cancels are off the hot path; a run without children pays one probe.
+-- were not started detached, and theirs, one generation at a time from this one call (the calls
+-- for the descendants it cancels return at once: no nesting per generation, any depth). Cancels
+-- are off the hot path; a run without children pays one probe.
 CREATE OR REPLACE TRIGGER runs_cancel_children
     AFTER UPDATE OF status ON zeroth.runs
     FOR EACH ROW

@@ -255,30 +255,55 @@ COMMENT ON FUNCTION zeroth._child_run_reopened() IS 'Internal trigger (runs_chil
 ALTER FUNCTION zeroth._child_run_reopened() OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._child_run_reopened() FROM PUBLIC;
 
--- A run was cancelled (any function, any path) → cancel its unfinished children that were not
+-- A run was cancelled (any function, any path) → cancel its unfinished descendants that were not
 -- started detached, each as request_cancel would with no grace (zeroth._cancel: pending or waiting
 -- → cancelled; running with a live lease → cancel requested, owner notified; running past its
--- lease → cancelled). Each cancelled child cascades to its own children the same way. A run with
--- no children pays one index probe on child_runs.
+-- lease → cancelled). A cancelled child's own children follow the same way; those of a child
+-- that is only asked to cancel wait for its end (its cancel_run fires this trigger again).
+-- Iterative, one generation per pass (issue 29, finding 1): the trigger that fires for the run
+-- cancelled first walks the whole tree, parents before children (so a parent reads as cancelled
+-- before its children end: the lock order above), and the trigger firing for each descendant it
+-- cancels returns at once, recognised by the transaction-local mark zeroth.cancel_cascade that
+-- the walk raises around itself and by its trigger depth (a mark set by a caller at depth 1 is
+-- ignored). The stack stays two triggers deep however deep the tree: a 1,000-generation chain
+-- is cancelled in one call. A run with no children pays one index probe on child_runs.
 CREATE OR REPLACE FUNCTION zeroth._cancel_children() RETURNS trigger
     LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    v_child uuid;
+    v_parents uuid[] := ARRAY[NEW.run_id];
+    v_next    uuid[];
+    v_child   uuid;
+    v_mark    text;
 BEGIN
-    FOR v_child IN
-        SELECT c.child_run_id FROM zeroth.child_runs c
-         WHERE c.tenant_id = NEW.tenant_id
-           AND c.workspace_key = NEW.workspace_key
-           AND c.parent_run_id = NEW.run_id
-           AND c.status IS NULL
-           AND NOT c.detached
-         ORDER BY c.child_run_id
+    IF pg_trigger_depth() > 1
+       AND coalesce(current_setting('zeroth.cancel_cascade', true), '') = 'on' THEN
+        RETURN NULL;  -- a descendant cancelled by the walk below: the walk visits its children
+    END IF;
+    v_mark := coalesce(current_setting('zeroth.cancel_cascade', true), '');
     LOOP
-        PERFORM zeroth._cancel(NEW.tenant_id, NEW.workspace_key, v_child, 'cancel', interval '0', NEW.updated_at);
+        v_next := '{}';
+        FOR v_child IN
+            SELECT c.child_run_id FROM zeroth.child_runs c
+             WHERE c.tenant_id = NEW.tenant_id
+               AND c.workspace_key = NEW.workspace_key
+               AND c.parent_run_id = ANY (v_parents)
+               AND c.status IS NULL
+               AND NOT c.detached
+             ORDER BY c.child_run_id
+        LOOP
+            PERFORM set_config('zeroth.cancel_cascade', 'on', true);
+            IF (zeroth._cancel(NEW.tenant_id, NEW.workspace_key, v_child, 'cancel', interval '0',
+                               NEW.updated_at)).outcome IN ('cancelled', 'taken_over') THEN
+                v_next := v_next || v_child;
+            END IF;
+            PERFORM set_config('zeroth.cancel_cascade', v_mark, true);
+        END LOOP;
+        EXIT WHEN cardinality(v_next) = 0;
+        v_parents := v_next;
     END LOOP;
     RETURN NULL;
 END
 $$;
-COMMENT ON FUNCTION zeroth._cancel_children() IS 'Internal trigger: a run was cancelled → cancel its unfinished, non-detached children as request_cancel does (zeroth._cancel, no grace), in run_id order; cascades to their children.';
+COMMENT ON FUNCTION zeroth._cancel_children() IS 'Internal trigger: a run was cancelled → cancel its unfinished, non-detached descendants as request_cancel does (zeroth._cancel, no grace), one generation at a time, parents first, each generation in run_id order; a child only asked to cancel (live lease) keeps its children until its own end. Iterative: the triggers of the descendants it cancels return at once (mark zeroth.cancel_cascade, trigger depth), so any depth of tree is cancelled in one call.';
 ALTER FUNCTION zeroth._cancel_children() OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._cancel_children() FROM PUBLIC;

@@ -1,4 +1,4 @@
--- sql/functions/internal/takeover.sql: taking over a run whose owner stopped renewing (claim_for_takeover, reconcile_thread_runs, claim_orphaned).
+-- sql/functions/internal/takeover.sql: taking over a run whose owner stopped renewing (claim_for_takeover, reconcile_thread_runs, claim_orphaned), and ending alone one whose takeover raised.
 -- Internal helpers: SECURITY INVOKER, executable by zeroth_owner only (they run inside the
 -- SECURITY DEFINER public functions). Re-applied by every upgrade (sql/README.md).
 
@@ -98,3 +98,119 @@ $$;
 COMMENT ON FUNCTION zeroth._take_over(text, text, uuid, interval, timestamptz, text, text) IS 'Internal: the takeover of one run whose lease expired past grace (SKIP LOCKED throughout): cancelled | failed | dead_lettered | requeued. Shared by claim_for_takeover, reconcile_thread_runs and claim_orphaned.';
 ALTER FUNCTION zeroth._take_over(text, text, uuid, interval, timestamptz, text, text) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._take_over(text, text, uuid, interval, timestamptz, text, text) FROM PUBLIC;
+
+-- Whether an error caught while recovering one run says something about this moment, not about
+-- the run: a connection, transaction-rollback (40001 serialization, 40P01 deadlock), resource
+-- (53: out of memory, disk full), lock-not-available (55P03) or operator-intervention or system
+-- (57, 58) class. Those are raised again (the whole pass fails and the next one retries it, as
+-- before); only an error the run itself causes ends it (zeroth._end_unrecoverable).
+CREATE OR REPLACE FUNCTION zeroth._transient_sqlstate(sqlstate text) RETURNS boolean
+    LANGUAGE sql IMMUTABLE
+    RETURN left(sqlstate, 2) IN ('08', '40', '53', '55', '57', '58');
+COMMENT ON FUNCTION zeroth._transient_sqlstate(text) IS 'Internal: an SQLSTATE of a passing condition (classes 08, 40, 53, 55, 57, 58): a recovery that raised it is retried by the next pass, not ended.';
+ALTER FUNCTION zeroth._transient_sqlstate(text) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._transient_sqlstate(text) FROM PUBLIC;
+
+-- The end of a run whose recovery raised (issue 29, finding 1: one bad run never stops the
+-- recovery of another). Called after the subtransaction that tried it rolled back: the run, still
+-- active with its lease expired (re-checked; SKIP LOCKED, so a run someone holds right now is left
+-- to them), becomes failed and dead-lettered with {stop_reason recovery_failed, message naming the
+-- SQLSTATE and the error, bounded} (zeroth._stop_error; its previous error kept bounded), its lease
+-- cleared and its slot freed. So the next pass does not meet it again, an operator finds it in
+-- zeroth.dead_letters, and redrive_run can start it over once the cause is gone. It raises
+-- nothing: should even this end raise, it is rolled back too and reported as a WARNING naming the
+-- run, the others go on, and the next pass tries the run again. Returns the takeover row
+-- (outcome dead_lettered) or nothing.
+CREATE OR REPLACE FUNCTION zeroth._end_unrecoverable(tenant_id text, workspace_key text, run_id uuid, at timestamptz,
+                                                      sqlstate text, message text)
+    RETURNS SETOF zeroth.takeover
+    LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_run    record;
+    v_result zeroth.takeover;
+    v_state  text;
+    v_msg    text;
+BEGIN
+    BEGIN
+        SELECT r.thread_id, r.lease_worker_id, r.lease_generation, r.deployment_ref, r.workspace_id
+          INTO v_run
+          FROM zeroth.runs r
+         WHERE r.tenant_id = _end_unrecoverable.tenant_id AND r.workspace_key = _end_unrecoverable.workspace_key
+           AND r.run_id = _end_unrecoverable.run_id
+           AND r.status IN ('pending', 'running')
+           AND r.lease_worker_id IS NOT NULL
+           AND r.lease_expires_at < _end_unrecoverable.at
+           FOR UPDATE SKIP LOCKED;
+        IF NOT FOUND THEN
+            RETURN;
+        END IF;
+        UPDATE zeroth.runs r
+           SET status = 'failed',
+               error = zeroth._stop_error('recovery_failed', format(
+                           'the recovery of this run raised %s: %s; it is dead-lettered so that it '
+                           'stops no other run''s recovery (redrive_run starts it again)',
+                           _end_unrecoverable.sqlstate, left(_end_unrecoverable.message, 2000)),
+                       r.lease_worker_id, r.lease_generation, r.error),
+               dead_lettered_at = _end_unrecoverable.at,
+               finished_at = _end_unrecoverable.at,
+               updated_at = _end_unrecoverable.at,
+               lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
+               admission_slot = NULL, recovery_checkpoint_id = NULL
+         WHERE r.tenant_id = _end_unrecoverable.tenant_id AND r.workspace_key = _end_unrecoverable.workspace_key
+           AND r.run_id = _end_unrecoverable.run_id;
+        PERFORM zeroth._free_slot(_end_unrecoverable.tenant_id, _end_unrecoverable.workspace_key,
+                                  _end_unrecoverable.run_id, v_run.lease_generation);
+        PERFORM zeroth._notify_wakeup(v_run.deployment_ref, _end_unrecoverable.tenant_id, v_run.workspace_id);
+    EXCEPTION WHEN OTHERS THEN
+        IF zeroth._transient_sqlstate(SQLSTATE) THEN
+            RAISE;
+        END IF;
+        GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_msg = MESSAGE_TEXT;
+        RAISE WARNING 'zeroth: the recovery of run % raised % (%), and so did its dead-lettering: % (%); it is left as it was and tried again on the next pass',
+            _end_unrecoverable.run_id, _end_unrecoverable.sqlstate, left(_end_unrecoverable.message, 500),
+            v_state, left(v_msg, 500);
+        RETURN;
+    END;
+    v_result := ROW(_end_unrecoverable.run_id, v_run.thread_id, 'dead_lettered', 'failed',
+                    v_run.lease_worker_id, v_run.lease_generation)::zeroth.takeover;
+    RETURN NEXT v_result;
+END
+$$;
+COMMENT ON FUNCTION zeroth._end_unrecoverable(text, text, uuid, timestamptz, text, text) IS 'Internal: a run whose recovery raised (rolled back) → failed + dead-lettered, stop_reason recovery_failed, lease cleared, slot freed (SKIP LOCKED; re-checks it is active with an expired lease). Raises nothing: a failure here is a WARNING and the run is left for the next pass.';
+ALTER FUNCTION zeroth._end_unrecoverable(text, text, uuid, timestamptz, text, text) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._end_unrecoverable(text, text, uuid, timestamptz, text, text) FROM PUBLIC;
+
+-- zeroth._take_over in a subtransaction of its own: a run whose takeover raises is rolled back
+-- alone and ended by zeroth._end_unrecoverable. The loops over many runs (claim_orphaned,
+-- reconcile_thread_runs) first try the whole batch in one subtransaction and use this, one run at
+-- a time, only when that raised; claim_for_takeover (one run) always does.
+CREATE OR REPLACE FUNCTION zeroth._take_over_isolated(tenant_id text, workspace_key text, run_id uuid, grace interval,
+                                                       at timestamptz, stop_reason text, message text)
+    RETURNS SETOF zeroth.takeover
+    LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_rows  zeroth.takeover[];
+    v_state text;
+    v_msg   text;
+BEGIN
+    BEGIN
+        v_rows := ARRAY(SELECT t FROM zeroth._take_over(_take_over_isolated.tenant_id, _take_over_isolated.workspace_key,
+                                                         _take_over_isolated.run_id, _take_over_isolated.grace,
+                                                         _take_over_isolated.at, _take_over_isolated.stop_reason,
+                                                         _take_over_isolated.message) AS t);
+    EXCEPTION WHEN OTHERS THEN
+        IF zeroth._transient_sqlstate(SQLSTATE) THEN
+            RAISE;
+        END IF;
+        GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_msg = MESSAGE_TEXT;
+        RETURN QUERY SELECT * FROM zeroth._end_unrecoverable(
+            _take_over_isolated.tenant_id, _take_over_isolated.workspace_key, _take_over_isolated.run_id,
+            _take_over_isolated.at, v_state, v_msg);
+        RETURN;
+    END;
+    RETURN QUERY SELECT * FROM unnest(v_rows);
+END
+$$;
+COMMENT ON FUNCTION zeroth._take_over_isolated(text, text, uuid, interval, timestamptz, text, text) IS 'Internal: zeroth._take_over in its own subtransaction; when it raises, the run alone is rolled back and ended by zeroth._end_unrecoverable (dead-lettered, stop_reason recovery_failed).';
+ALTER FUNCTION zeroth._take_over_isolated(text, text, uuid, interval, timestamptz, text, text) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._take_over_isolated(text, text, uuid, interval, timestamptz, text, text) FROM PUBLIC;

@@ -1,0 +1,125 @@
+"""A zeroth_worker member cannot poison the orphan sweep for other runs (issue 29, finding 1), on a
+database exactly as shipped (no test clock, the real clock's lease expiry).
+
+With its own grants only (enqueue_run, claim_and_start, start_child_run, wait_for_children,
+request_cancel, renew_lease, fail_run), a worker builds the two runs the review found would make
+every claim_orphaned of their scope raise — and with it the recovery of every innocent orphan
+beside them:
+
+* a root, out of attempts and asked to cancel, over a chain of children deeper than the cancel
+  cascade's stack (each generation started one child and waits for it);
+* a run that failed (retryable) with an error string near jsonb's limit, then died on its last
+  attempt (its dead-lettering wrapped the error past the limit).
+
+The sweep now recovers the innocent orphan in the same call and ends the attacker's run too:
+the chain is cancelled (the cascade is iterative), the error is stored bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import asyncpg
+import pytest
+
+TENANT = "acme"
+ENQUEUE = """SELECT run_id FROM zeroth.enqueue_run(deployment_ref => 'd', tenant_id => $1,
+                 max_attempts => $2)"""
+CLAIM = """SELECT run_id, lease_generation FROM zeroth.claim_and_start(deployment_ref => 'd',
+               worker_id => $1, tenant_id => $2, lease_seconds => $3) WHERE run_id IS NOT NULL"""
+SWEEP = """SELECT run_id FROM zeroth.claim_orphaned(deployment_ref => 'd', worker_id => 'rescuer',
+               tenant_id => $1, grace_seconds => 0) WHERE run_id IS NOT NULL"""
+SHORT = 0.3  # seconds: a lease that runs out on the real clock while the test waits
+
+
+async def innocent_orphan(worker: asyncpg.Connection) -> object:
+    """Another run of the scope, out of attempts, whose worker died: the sweep dead-letters it."""
+    run_id = await worker.fetchval(ENQUEUE, TENANT, 1)
+    (row,) = await worker.fetch(CLAIM, "innocent-worker", TENANT, SHORT)
+    assert row["run_id"] == run_id
+    return run_id
+
+
+async def status(admin: asyncpg.Connection, run_id: object) -> str:
+    return await admin.fetchval(  # type: ignore[no-any-return]
+        "SELECT r.status::text FROM zeroth.runs r WHERE r.run_id = $1", run_id)
+
+
+async def test_a_deep_child_chain_under_a_dead_root_stops_no_recovery(login, admin):
+    attacker = await login("worker")
+    root = await attacker.fetchval(ENQUEUE, TENANT, 1)
+    (claimed,) = await attacker.fetch(CLAIM, "attacker", TENANT, 60)
+    assert claimed["run_id"] == root
+    # 400 generations under the root, each the previous one's child, waiting for its own child;
+    # with its own grants only, in one DO block.
+    await attacker.execute(f"""
+        DO $$
+        DECLARE
+            v_run   uuid := '{root}';
+            v_gen   bigint := {claimed["lease_generation"]};
+            v_child uuid;
+        BEGIN
+            FOR i IN 1 .. 400 LOOP
+                SELECT s.child_run_id INTO v_child FROM zeroth.start_child_run(
+                    run_id => v_run, worker_id => 'attacker', generation => v_gen,
+                    step_key => 'c', deployment_ref => 'chain', tenant_id => '{TENANT}') AS s;
+                IF v_run <> '{root}' THEN
+                    PERFORM zeroth.wait_for_children(
+                        run_id => v_run, worker_id => 'attacker', generation => v_gen,
+                        step_key => 'w', child_run_ids => ARRAY[v_child], tenant_id => '{TENANT}');
+                END IF;
+                SELECT c.run_id, c.lease_generation INTO v_run, v_gen
+                  FROM zeroth.claim_and_start(deployment_ref => 'chain', worker_id => 'attacker',
+                                              tenant_id => '{TENANT}') AS c
+                 WHERE c.run_id IS NOT NULL;
+            END LOOP;
+        END
+        $$""")
+    assert await attacker.fetchval(
+        "SELECT zeroth.request_cancel(run_id => $1, tenant_id => $2)", root, TENANT
+    ) == "cancel_requested"
+    # The root's worker "dies": its lease runs out (a renewal shortens it), out of attempts.
+    assert await attacker.fetchval(
+        """SELECT zeroth.renew_lease(run_id => $1, worker_id => 'attacker', generation => $2,
+               tenant_id => $3, lease_seconds => $4)""",
+        root, claimed["lease_generation"], TENANT, SHORT)
+    innocent = await innocent_orphan(attacker)
+    await asyncio.sleep(2 * SHORT)
+
+    rescuer = await login("worker")
+    assert await rescuer.fetch(SWEEP, TENANT) == []  # raised before: stack depth exceeded
+
+    assert await status(admin, innocent) == "failed"
+    assert await status(admin, root) == "cancelled"
+    assert dict(await admin.fetch(
+        """SELECT r.status::text, count(*) FROM zeroth.runs r WHERE r.deployment_ref = 'chain'
+            GROUP BY r.status""")) == {"cancelled": 399, "running": 1}  # the leaf: lease live
+
+
+@pytest.mark.slow
+async def test_an_error_near_the_jsonb_limit_stops_no_recovery(login, admin):
+    attacker = await login("worker")
+    run_id = await attacker.fetchval(ENQUEUE, TENANT, 2)
+    (first,) = await attacker.fetch(CLAIM, "attacker", TENANT, 60)
+    assert await attacker.fetchval(
+        """SELECT zeroth.fail_run(run_id => $1, worker_id => 'attacker', generation => $2,
+               error => jsonb_build_object('message', repeat('x', 268435400)), retryable => true,
+               retry_base_seconds => 0, retry_max_seconds => 0, tenant_id => $3)""",
+        run_id, first["lease_generation"], TENANT) == "retry_scheduled"
+    (last,) = await attacker.fetch(CLAIM, "attacker", TENANT, SHORT)  # its last attempt
+    assert last["run_id"] == run_id
+    innocent = await innocent_orphan(attacker)
+    await asyncio.sleep(2 * SHORT)
+
+    rescuer = await login("worker")
+    assert await rescuer.fetch(SWEEP, TENANT) == []  # raised before: jsonb too large
+
+    assert await status(admin, innocent) == "failed"
+    size, error = await admin.fetchrow(
+        "SELECT pg_column_size(r.error #> '{}'), r.error FROM zeroth.runs r WHERE r.run_id = $1",
+        run_id)
+    assert size <= 1_048_576
+    error = json.loads(error)
+    assert error["stop_reason"] == "attempts_exhausted"
+    assert error["previous_error"]["truncated"] is True
