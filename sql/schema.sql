@@ -375,6 +375,7 @@ END) STORED NOT NULL,
     accounting jsonb,
     hand_backs integer DEFAULT 0 NOT NULL,
     parent_run_id uuid,
+    schedule_id uuid,
     CONSTRAINT runs_accounting_object CHECK (((accounting IS NULL) OR (jsonb_typeof(accounting) = 'object'::text))),
     CONSTRAINT runs_attempts_valid CHECK (((attempts >= 0) AND (max_attempts >= 1))),
     CONSTRAINT runs_cancel_action_valid CHECK (((cancel_action IS NULL) OR (cancel_action = ANY (ARRAY['cancel'::text, 'interrupt'::text, 'rollback'::text])))),
@@ -444,6 +445,11 @@ COMMENT ON COLUMN zeroth.runs.hand_backs IS 'How many times a live holder handed
 -- Name: COLUMN runs.parent_run_id; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
 COMMENT ON COLUMN zeroth.runs.parent_run_id IS 'The run of the same scope that started this one as a child run (start_child_run); NULL otherwise.';
+
+--
+-- Name: COLUMN runs.schedule_id; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.runs.schedule_id IS 'The schedule whose fire made this run (fire_due_schedules, the only writer); NULL for every other run and for runs fired before 0018. fire_due_schedules takes an existing run under a fire''s idempotency key as that fire only when it carries the schedule''s id.';
 
 --
 -- Name: schedules; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
@@ -785,7 +791,7 @@ ALTER TABLE zeroth.events OWNER TO zeroth_owner;
 --
 -- Name: TABLE events; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
-COMMENT ON TABLE zeroth.events IS 'External events of a scope by name (emit_event): payload and emitted_at are written once (first write wins). A row with emitted_at NULL is a channel a run waits on; its row lock serialises wait_for_event against emit_event.';
+COMMENT ON TABLE zeroth.events IS 'External events of a scope by name (emit_event): payload and emitted_at are written once (first write wins). A row with emitted_at NULL is a channel a run waits on; its row lock serialises wait_for_event against emit_event. prune_runs deletes a row once it is older than its cutoff (emitted_at, or created_at of a channel) and no run waits on the name; an emit after that is a new event.';
 
 --
 -- Name: lock_stripes; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
@@ -1037,6 +1043,11 @@ CREATE INDEX event_waits_name_idx ON zeroth.event_waits USING btree (tenant_id, 
 -- Name: event_waits_timeout_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner
 --
 CREATE INDEX event_waits_timeout_idx ON zeroth.event_waits USING btree (timeout_at) WHERE (timeout_at IS NOT NULL);
+
+--
+-- Name: events_age_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE INDEX events_age_idx ON zeroth.events USING btree (COALESCE(emitted_at, created_at));
 
 --
 -- Name: run_attempts_run_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner
@@ -1419,9 +1430,24 @@ GRANT SELECT ON TABLE zeroth.event_waits TO zeroth_reader;
 GRANT SELECT ON TABLE zeroth.events TO zeroth_reader;
 
 --
--- Name: TABLE rate_limits; Type: ACL; Schema: zeroth; Owner: zeroth_owner
+-- Name: COLUMN rate_limits.name; Type: ACL; Schema: zeroth; Owner: zeroth_owner
 --
-GRANT SELECT ON TABLE zeroth.rate_limits TO zeroth_reader;
+GRANT SELECT(name) ON TABLE zeroth.rate_limits TO zeroth_reader;
+
+--
+-- Name: COLUMN rate_limits.max_starts; Type: ACL; Schema: zeroth; Owner: zeroth_owner
+--
+GRANT SELECT(max_starts) ON TABLE zeroth.rate_limits TO zeroth_reader;
+
+--
+-- Name: COLUMN rate_limits.period_seconds; Type: ACL; Schema: zeroth; Owner: zeroth_owner
+--
+GRANT SELECT(period_seconds) ON TABLE zeroth.rate_limits TO zeroth_reader;
+
+--
+-- Name: COLUMN rate_limits.note; Type: ACL; Schema: zeroth; Owner: zeroth_owner
+--
+GRANT SELECT(note) ON TABLE zeroth.rate_limits TO zeroth_reader;
 
 --
 -- Name: TABLE run_steps; Type: ACL; Schema: zeroth; Owner: zeroth_owner

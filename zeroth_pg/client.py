@@ -226,7 +226,8 @@ class LeaseManager:
         conn: Executor | None = None,
     ) -> EnqueuedRun:
         """Create a pending run (``zeroth.enqueue_run``); a repeated idempotency key returns the
-        existing run with ``created=False``. With OpenTelemetry, a ``send`` span whose trace
+        existing run with ``created=False``; a key starting ``zeroth-schedule:`` (the schedules'
+        own) raises ReservedKeyError. With OpenTelemetry, a ``send`` span whose trace
         context goes into ``metadata`` (:mod:`zeroth_pg.tracing`)."""
         with tracing.send(deployment_ref, tenant_id, workspace_id) as span:
             rows = await self._fetch(
@@ -249,7 +250,8 @@ class LeaseManager:
         """Create many runs in one call (``zeroth.enqueue_runs``), results in input order.
 
         Each item may carry payload, priority, run_after, max_attempts, idempotency_key,
-        metadata, run_id and thread_id.
+        metadata, run_id and thread_id. A key starting ``zeroth-schedule:`` raises
+        ReservedKeyError (nothing is created).
         """
         if not isinstance(runs, Iterable) or isinstance(runs, str | bytes | Mapping):
             raise InvalidArgumentError("runs must be an iterable of mappings")
@@ -895,9 +897,10 @@ class LeaseManager:
         self, older_than: timedelta, *, batch_size: int = 1000, tenant_id: str | None = None,
         workspace_id: str | None = None, conn: Executor | None = None,
     ) -> int:
-        """Delete one batch of finished runs that finished before now - ``older_than``
-        (``zeroth.prune_runs``); returns how many. Call until it returns 0. ``tenant_id=None``:
-        every tenant."""
+        """Delete one batch of finished runs that finished before now - ``older_than``, and of
+        the events older than that which no run waits on (``zeroth.prune_runs``); returns how
+        many rows, runs and events together. Call until it returns 0. ``tenant_id=None``: every
+        tenant."""
         return int(await self._fetchval(_calls.PRUNE_RUNS, older_than, batch_size, tenant_id,
                                         workspace_id, conn=conn))
 

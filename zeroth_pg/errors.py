@@ -34,6 +34,7 @@ __all__ = [
     "InvalidTransitionError",
     "LeaseLostError",
     "NonRetryableError",
+    "ReservedKeyError",
     "RetryableError",
     "RunNotFoundError",
     "ScheduleNotFoundError",
@@ -127,6 +128,15 @@ class ChildRunConflictError(ZerothError, ValueError):
     sqlstate = "ZP010"
 
 
+class ReservedKeyError(InvalidArgumentError):
+    """ZP011: an idempotency key starts with ``zeroth-schedule:``, the prefix reserved for the runs
+    of schedules (``fire_due_schedules`` keys each fire so). Raised by enqueue_run, enqueue_runs
+    and admit_run; nothing was changed. An InvalidArgumentError, so code that catches bad
+    arguments catches it too."""
+
+    sqlstate = "ZP011"
+
+
 class NonRetryableError(ZerothError):
     """Raised by a handler (or for it): fail this run now, without a retry, whatever attempts it
     has left (``zeroth.fail_run`` with ``retryable => false``: status failed)."""
@@ -203,6 +213,7 @@ _BY_SQLSTATE: dict[str, type[ZerothError]] = {
         InvalidArgumentError,
         ScheduleNotFoundError,
         ChildRunConflictError,
+        ReservedKeyError,
     )
     if cls.sqlstate is not None
 }

@@ -70,6 +70,7 @@ __all__ = [
     "head_revision",
     "install_sql",
     "normalise_dump",
+    "public_connect_database",
     "sql_files",
     "to_sqlalchemy_url",
     "upgrade",
@@ -345,6 +346,24 @@ def current_revision(dsn: str) -> str | None:
     if len(rows) > 1:
         raise RuntimeError(f"several alembic heads recorded: {[r[0] for r in rows]}")
     return str(rows[0][0]) if rows else None
+
+
+def public_connect_database(dsn: str) -> str | None:
+    """The database at ``dsn``, as a quoted identifier, when PUBLIC holds CONNECT on it (the
+    PostgreSQL default); None when it does not.
+
+    zeroth_worker, zeroth_reader and zeroth_owner are cluster-wide roles: a LOGIN member made for
+    one database is a member in every database of the cluster it can connect to, so a cluster that
+    holds several zeroth_pg databases confines each login role with CONNECT (docs/security.md,
+    "Three group roles"). ``zeroth-pg verify`` warns with this.
+    """
+    own = conninfo_to_dict(_strip_driver(dsn)).get("options") or ""
+    options = " ".join(filter(None, (str(own), PINNED_OPTIONS)))
+    with psycopg.connect(_strip_driver(dsn), autocommit=True, options=options) as conn:
+        row = conn.execute(
+            "SELECT has_database_privilege('public', current_database(), 'CONNECT'), "
+            "quote_ident(current_database())").fetchone()
+    return None if row is None or not row[0] else str(row[1])
 
 
 def apply_sql_file(filename: str) -> None:

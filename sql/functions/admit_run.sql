@@ -7,8 +7,8 @@
 -- must first stop (cancel requested, NOTIFY), queued behind it. The caller's own active run is
 -- cancelled at once only when it proves ownership with worker_id and owner_generation (its live
 -- lease). A repeated idempotency key or run_id returns reused (the first admission wins, whatever
--- the payload). Locks: the thread's lock, slots, active run, queue. Raises ZP006, ZP008.
--- Notifies zeroth_wakeup, zeroth_control. Time: clock_timestamp().
+-- the payload). Locks: the thread's lock, slots, active run, queue. Raises ZP006, ZP008, ZP011
+-- (an idempotency key starting 'zeroth-schedule:'). Notifies zeroth_wakeup, zeroth_control. Time: clock_timestamp().
 CREATE OR REPLACE FUNCTION zeroth.admit_run(
     deployment_ref   text,
     thread_id        text,
@@ -63,6 +63,7 @@ BEGIN
     PERFORM zeroth._require(zeroth._key_fits(v_tenant, v_wskey, admit_run.deployment_ref,
                                              admit_run.idempotency_key),
                             'tenant_id, workspace_id, deployment_ref and idempotency_key must fit in 2600 bytes together');
+    PERFORM zeroth._require_caller_key(admit_run.idempotency_key, 'idempotency_key');
 
     IF admit_run.strategy IN ('interrupt', 'rollback') THEN
         PERFORM zeroth._lock_thread(v_tenant, v_wskey, admit_run.thread_id);
@@ -85,7 +86,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION zeroth.admit_run(text, text, text, text, jsonb, text, text, double precision, double precision, text, jsonb, uuid, integer, integer, boolean, bigint) IS
-'admit_run: create a run for a thread, at most one active per thread. worker_id = admit-and-own: leased to the caller at generation 1 in the same statement (pending; start it with start_run; takes no admission slot). Strategies when busy: reject → busy (+ active_run_id, retry_after_s); enqueue → queued behind it; interrupt / rollback → queue and active run cancelled with that action, then admitted, or queued behind a live owner asked to stop (NOTIFY). The caller''s own active run is cancelled at once only with worker_id + owner_generation of its live lease. A repeated idempotency key or run_id returns reused (first admission wins). Raises ZP006, ZP008. Notifies zeroth_wakeup, zeroth_control. Time: clock_timestamp().';
+'admit_run: create a run for a thread, at most one active per thread. worker_id = admit-and-own: leased to the caller at generation 1 in the same statement (pending; start it with start_run; takes no admission slot). Strategies when busy: reject → busy (+ active_run_id, retry_after_s); enqueue → queued behind it; interrupt / rollback → queue and active run cancelled with that action, then admitted, or queued behind a live owner asked to stop (NOTIFY). The caller''s own active run is cancelled at once only with worker_id + owner_generation of its live lease. A repeated idempotency key or run_id returns reused (first admission wins). Raises ZP006, ZP008, ZP011 reserved_key (an idempotency key starting zeroth-schedule:, reserved for fire_due_schedules). Notifies zeroth_wakeup, zeroth_control. Time: clock_timestamp().';
 ALTER FUNCTION zeroth.admit_run(text, text, text, text, jsonb, text, text, double precision, double precision, text, jsonb, uuid, integer, integer, boolean, bigint) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.admit_run(text, text, text, text, jsonb, text, text, double precision, double precision, text, jsonb, uuid, integer, integer, boolean, bigint) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.admit_run(text, text, text, text, jsonb, text, text, double precision, double precision, text, jsonb, uuid, integer, integer, boolean, bigint) TO zeroth_worker;

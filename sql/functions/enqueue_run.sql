@@ -1,10 +1,114 @@
+-- zeroth._enqueue_run: enqueue_run without its check of a caller's key, and with schedule_id,
+-- the marker of a schedule's run. Called by enqueue_run (schedule_id NULL) and by
+-- fire_due_schedules, the only caller that may use a 'zeroth-schedule:' idempotency key and set
+-- schedule_id (finding 5 of issue 29: a worker could plant the runs of a DBA's future fire times).
+-- Internal: SECURITY INVOKER, executable by zeroth_owner only.
+CREATE OR REPLACE FUNCTION zeroth._enqueue_run(
+    deployment_ref  text,
+    payload         jsonb       DEFAULT '{}'::jsonb,
+    tenant_id       text        DEFAULT NULL,
+    workspace_id    text        DEFAULT NULL,
+    priority        integer     DEFAULT 0,
+    run_after       timestamptz DEFAULT NULL,
+    max_attempts    integer     DEFAULT 3,
+    idempotency_key text        DEFAULT NULL,
+    metadata        jsonb       DEFAULT '{}'::jsonb,
+    run_id          uuid        DEFAULT NULL,
+    thread_id       text        DEFAULT NULL,
+    schedule_id     uuid        DEFAULT NULL)
+    RETURNS zeroth.enqueued_run
+    LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_now       timestamptz := zeroth._now();
+    v_tenant    text := zeroth._scope_tenant(_enqueue_run.tenant_id, _enqueue_run.workspace_id);
+    v_wskey     text := zeroth._workspace_key(_enqueue_run.workspace_id);
+    v_result    zeroth.enqueued_run;
+    v_admission zeroth.admission;
+BEGIN
+    IF v_tenant IS NULL THEN
+        RAISE EXCEPTION 'a workspace_id needs a tenant_id' USING ERRCODE = 'ZP006';
+    END IF;
+    PERFORM zeroth._require_identifier(_enqueue_run.deployment_ref, 'deployment_ref');
+    PERFORM zeroth._require_identifier(v_tenant, 'tenant_id');
+    IF _enqueue_run.workspace_id IS NOT NULL THEN
+        PERFORM zeroth._require_identifier(_enqueue_run.workspace_id, 'workspace_id');
+    END IF;
+    PERFORM zeroth._require(jsonb_typeof(_enqueue_run.payload) = 'object', 'payload must be a JSON object');
+    PERFORM zeroth._require(jsonb_typeof(_enqueue_run.metadata) = 'object', 'metadata must be a JSON object');
+    PERFORM zeroth._require(_enqueue_run.priority IS NOT NULL, 'priority must not be NULL');
+    PERFORM zeroth._require(_enqueue_run.max_attempts BETWEEN 1 AND 1000, 'max_attempts must be between 1 and 1000');
+    PERFORM zeroth._require(_enqueue_run.idempotency_key IS NULL
+                            OR length(_enqueue_run.idempotency_key) BETWEEN 1 AND 500,
+                            'idempotency_key must be NULL or 1 to 500 characters');
+    PERFORM zeroth._require(zeroth._key_fits(v_tenant, v_wskey, _enqueue_run.deployment_ref,
+                                             _enqueue_run.idempotency_key),
+                            'tenant_id, workspace_id, deployment_ref and idempotency_key must fit in 2600 bytes together');
+    PERFORM zeroth._require(_enqueue_run.run_after IS NULL OR isfinite(_enqueue_run.run_after),
+                            'run_after must be a finite timestamp');
+
+    IF _enqueue_run.thread_id IS NOT NULL THEN
+        -- A schedule's run has no thread (fire_due_schedules passes none): no marker to carry.
+        PERFORM zeroth._require(_enqueue_run.schedule_id IS NULL, 'a scheduled run has no thread_id');
+        PERFORM zeroth._require_identifier(_enqueue_run.thread_id, 'thread_id');
+        v_admission := zeroth._admit(v_tenant, _enqueue_run.workspace_id, _enqueue_run.deployment_ref,
+                                     _enqueue_run.thread_id, true, NULL, _enqueue_run.payload, _enqueue_run.metadata,
+                                     _enqueue_run.priority, _enqueue_run.run_after, _enqueue_run.max_attempts,
+                                     _enqueue_run.idempotency_key, _enqueue_run.run_id, true, NULL, interval '0', v_now,
+                                     false);
+        RETURN ROW(v_admission.run_id, v_admission.outcome <> 'reused', v_admission.status)::zeroth.enqueued_run;
+    END IF;
+
+    INSERT INTO zeroth.runs AS r (
+        run_id, tenant_id, workspace_id, deployment_ref, status, priority, run_after,
+        max_attempts, created_at, updated_at, payload, metadata, idempotency_key, schedule_id)
+    VALUES (
+        coalesce(_enqueue_run.run_id, gen_random_uuid()), v_tenant, _enqueue_run.workspace_id,
+        _enqueue_run.deployment_ref, 'pending', _enqueue_run.priority,
+        coalesce(_enqueue_run.run_after, v_now), _enqueue_run.max_attempts, v_now, v_now,
+        _enqueue_run.payload, _enqueue_run.metadata, _enqueue_run.idempotency_key, _enqueue_run.schedule_id)
+    ON CONFLICT DO NOTHING
+    RETURNING r.run_id, true, r.status INTO v_result.run_id, v_result.created, v_result.status;
+
+    IF FOUND THEN
+        IF coalesce(_enqueue_run.run_after, v_now) <= v_now THEN
+            PERFORM zeroth._notify_wakeup(_enqueue_run.deployment_ref, v_tenant, _enqueue_run.workspace_id);
+        END IF;
+        RETURN v_result;
+    END IF;
+
+    -- A unique index said no: return the run that holds the key (or the caller's run_id). One
+    -- branch per unique index, the run_id match first: an OR of the two is no index condition,
+    -- and a generic plan made on a small table filtered the whole scope (as _admission_reuse).
+    SELECT x.run_id, false, x.status INTO v_result.run_id, v_result.created, v_result.status
+      FROM (SELECT r.run_id, r.status, true AS by_run_id
+              FROM zeroth.runs r
+             WHERE r.tenant_id = v_tenant
+               AND r.workspace_key = v_wskey
+               AND r.run_id = _enqueue_run.run_id
+            UNION ALL
+            SELECT r.run_id, r.status, false
+              FROM zeroth.runs r
+             WHERE r.tenant_id = v_tenant
+               AND r.workspace_key = v_wskey
+               AND r.deployment_ref = _enqueue_run.deployment_ref
+               AND r.idempotency_key = _enqueue_run.idempotency_key) x
+     ORDER BY x.by_run_id DESC
+     LIMIT 1;
+    RETURN v_result;
+END
+$$;
+COMMENT ON FUNCTION zeroth._enqueue_run(text, jsonb, text, text, integer, timestamptz, integer, text, jsonb, uuid, text, uuid) IS 'Internal: enqueue_run''s transition without the caller-key check, with runs.schedule_id (set only by fire_due_schedules).';
+ALTER FUNCTION zeroth._enqueue_run(text, jsonb, text, text, integer, timestamptz, integer, text, jsonb, uuid, text, uuid) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._enqueue_run(text, jsonb, text, text, integer, timestamptz, integer, text, jsonb, uuid, text, uuid) FROM PUBLIC;
+
 -- enqueue_run: new → pending, or, for a thread that already has an active run, new → waiting
 -- behind it (thread queue, as admit_run's enqueue strategy: promoted to pending when that run
 -- ends). A repeated idempotency key (per tenant, workspace and deployment) or caller-chosen
 -- run_id returns the existing run with created = false (the first enqueue wins, whatever the
 -- payload). Locks: the thread's lock and active run (thread runs only), else the
--- unique-index entry. Raises ZP006 invalid_scope, ZP008 invalid_argument. Notifies zeroth_wakeup
--- when it creates a pending run that is due now. Time: clock_timestamp().
+-- unique-index entry. Raises ZP006 invalid_scope, ZP008 invalid_argument, ZP011 reserved_key (an
+-- idempotency key starting 'zeroth-schedule:', the schedules' own). Notifies zeroth_wakeup when it
+-- creates a pending run that is due now. Time: clock_timestamp().
 CREATE OR REPLACE FUNCTION zeroth.enqueue_run(
     deployment_ref  text,
     payload         jsonb       DEFAULT '{}'::jsonb,
@@ -19,85 +123,24 @@ CREATE OR REPLACE FUNCTION zeroth.enqueue_run(
     thread_id       text        DEFAULT NULL)
     RETURNS zeroth.enqueued_run
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    v_now       timestamptz := zeroth._now();
-    v_tenant    text := zeroth._scope_tenant(enqueue_run.tenant_id, enqueue_run.workspace_id);
-    v_wskey     text := zeroth._workspace_key(enqueue_run.workspace_id);
-    v_result    zeroth.enqueued_run;
-    v_admission zeroth.admission;
 BEGIN
-    IF v_tenant IS NULL THEN
-        RAISE EXCEPTION 'a workspace_id needs a tenant_id' USING ERRCODE = 'ZP006';
-    END IF;
-    PERFORM zeroth._require_identifier(enqueue_run.deployment_ref, 'deployment_ref');
-    PERFORM zeroth._require_identifier(v_tenant, 'tenant_id');
-    IF enqueue_run.workspace_id IS NOT NULL THEN
-        PERFORM zeroth._require_identifier(enqueue_run.workspace_id, 'workspace_id');
-    END IF;
-    PERFORM zeroth._require(jsonb_typeof(enqueue_run.payload) = 'object', 'payload must be a JSON object');
-    PERFORM zeroth._require(jsonb_typeof(enqueue_run.metadata) = 'object', 'metadata must be a JSON object');
-    PERFORM zeroth._require(enqueue_run.priority IS NOT NULL, 'priority must not be NULL');
-    PERFORM zeroth._require(enqueue_run.max_attempts BETWEEN 1 AND 1000, 'max_attempts must be between 1 and 1000');
-    PERFORM zeroth._require(enqueue_run.idempotency_key IS NULL
-                            OR length(enqueue_run.idempotency_key) BETWEEN 1 AND 500,
-                            'idempotency_key must be NULL or 1 to 500 characters');
-    PERFORM zeroth._require(zeroth._key_fits(v_tenant, v_wskey, enqueue_run.deployment_ref,
-                                             enqueue_run.idempotency_key),
-                            'tenant_id, workspace_id, deployment_ref and idempotency_key must fit in 2600 bytes together');
-    PERFORM zeroth._require(enqueue_run.run_after IS NULL OR isfinite(enqueue_run.run_after),
-                            'run_after must be a finite timestamp');
-
-    IF enqueue_run.thread_id IS NOT NULL THEN
-        PERFORM zeroth._require_identifier(enqueue_run.thread_id, 'thread_id');
-        v_admission := zeroth._admit(v_tenant, enqueue_run.workspace_id, enqueue_run.deployment_ref,
-                                     enqueue_run.thread_id, true, NULL, enqueue_run.payload, enqueue_run.metadata,
-                                     enqueue_run.priority, enqueue_run.run_after, enqueue_run.max_attempts,
-                                     enqueue_run.idempotency_key, enqueue_run.run_id, true, NULL, interval '0', v_now,
-                                     false);
-        RETURN ROW(v_admission.run_id, v_admission.outcome <> 'reused', v_admission.status)::zeroth.enqueued_run;
-    END IF;
-
-    INSERT INTO zeroth.runs AS r (
-        run_id, tenant_id, workspace_id, deployment_ref, status, priority, run_after,
-        max_attempts, created_at, updated_at, payload, metadata, idempotency_key)
-    VALUES (
-        coalesce(enqueue_run.run_id, gen_random_uuid()), v_tenant, enqueue_run.workspace_id,
-        enqueue_run.deployment_ref, 'pending', enqueue_run.priority,
-        coalesce(enqueue_run.run_after, v_now), enqueue_run.max_attempts, v_now, v_now,
-        enqueue_run.payload, enqueue_run.metadata, enqueue_run.idempotency_key)
-    ON CONFLICT DO NOTHING
-    RETURNING r.run_id, true, r.status INTO v_result.run_id, v_result.created, v_result.status;
-
-    IF FOUND THEN
-        IF coalesce(enqueue_run.run_after, v_now) <= v_now THEN
-            PERFORM zeroth._notify_wakeup(enqueue_run.deployment_ref, v_tenant, enqueue_run.workspace_id);
-        END IF;
-        RETURN v_result;
-    END IF;
-
-    -- A unique index said no: return the run that holds the key (or the caller's run_id). One
-    -- branch per unique index, the run_id match first: an OR of the two is no index condition,
-    -- and a generic plan made on a small table filtered the whole scope (as _admission_reuse).
-    SELECT x.run_id, false, x.status INTO v_result.run_id, v_result.created, v_result.status
-      FROM (SELECT r.run_id, r.status, true AS by_run_id
-              FROM zeroth.runs r
-             WHERE r.tenant_id = v_tenant
-               AND r.workspace_key = v_wskey
-               AND r.run_id = enqueue_run.run_id
-            UNION ALL
-            SELECT r.run_id, r.status, false
-              FROM zeroth.runs r
-             WHERE r.tenant_id = v_tenant
-               AND r.workspace_key = v_wskey
-               AND r.deployment_ref = enqueue_run.deployment_ref
-               AND r.idempotency_key = enqueue_run.idempotency_key) x
-     ORDER BY x.by_run_id DESC
-     LIMIT 1;
-    RETURN v_result;
+    PERFORM zeroth._require_caller_key(enqueue_run.idempotency_key, 'idempotency_key');
+    RETURN zeroth._enqueue_run(
+        deployment_ref  => enqueue_run.deployment_ref,
+        payload         => enqueue_run.payload,
+        tenant_id       => enqueue_run.tenant_id,
+        workspace_id    => enqueue_run.workspace_id,
+        priority        => enqueue_run.priority,
+        run_after       => enqueue_run.run_after,
+        max_attempts    => enqueue_run.max_attempts,
+        idempotency_key => enqueue_run.idempotency_key,
+        metadata        => enqueue_run.metadata,
+        run_id          => enqueue_run.run_id,
+        thread_id       => enqueue_run.thread_id);
 END
 $$;
 COMMENT ON FUNCTION zeroth.enqueue_run(text, jsonb, text, text, integer, timestamptz, integer, text, jsonb, uuid, text) IS
-'enqueue_run: new → pending; with a thread_id whose thread has an active run, new → waiting in the thread queue (promoted to pending when that run ends). A repeated idempotency key (per tenant, workspace, deployment) or caller-chosen run_id returns the existing run with created = false (first enqueue wins, whatever the payload). Raises ZP006 invalid_scope, ZP008 invalid_argument. Notifies zeroth_wakeup when it creates a pending run that is due now. Time: clock_timestamp().';
+'enqueue_run: new → pending; with a thread_id whose thread has an active run, new → waiting in the thread queue (promoted to pending when that run ends). A repeated idempotency key (per tenant, workspace, deployment) or caller-chosen run_id returns the existing run with created = false (first enqueue wins, whatever the payload). Raises ZP006 invalid_scope, ZP008 invalid_argument, ZP011 reserved_key (an idempotency key starting zeroth-schedule:, reserved for fire_due_schedules). Notifies zeroth_wakeup when it creates a pending run that is due now. Time: clock_timestamp().';
 ALTER FUNCTION zeroth.enqueue_run(text, jsonb, text, text, integer, timestamptz, integer, text, jsonb, uuid, text) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.enqueue_run(text, jsonb, text, text, integer, timestamptz, integer, text, jsonb, uuid, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.enqueue_run(text, jsonb, text, text, integer, timestamptz, integer, text, jsonb, uuid, text) TO zeroth_worker;

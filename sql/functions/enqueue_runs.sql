@@ -191,8 +191,8 @@ REVOKE ALL ON FUNCTION zeroth._enqueue_batch(text, text, text, text, zeroth.enqu
 -- database or earlier in the batch — returns that run with created = false. Every thread lock
 -- the batch needs is taken first, in one sorted order, so two batches that share threads cannot
 -- deadlock; the runs are inserted in (idempotency_key, run_id) order, so two batches that share
--- keys wait for each other in one order. Raises ZP006, ZP008 (the whole batch is rejected, nothing
--- written). Notifies zeroth_wakeup once when it created a pending run that is due now.
+-- keys wait for each other in one order. Raises ZP006, ZP008, ZP011 (an idempotency key starting
+-- 'zeroth-schedule:'): the whole batch is rejected, nothing written. Notifies zeroth_wakeup once when it created a pending run that is due now.
 -- Time: clock_timestamp().
 CREATE OR REPLACE FUNCTION zeroth.enqueue_runs(
     deployment_ref text,
@@ -214,6 +214,7 @@ DECLARE
     v_t_created boolean[];
     v_t_status  zeroth.run_status[];
     v_too_long  bigint;
+    v_reserved  bigint;
 BEGIN
     -- The shared arguments are checked up front so an empty batch validates them too.
     IF v_tenant IS NULL THEN
@@ -225,6 +226,14 @@ BEGIN
         PERFORM zeroth._require_identifier(enqueue_runs.workspace_id, 'workspace_id');
     END IF;
     v_items := zeroth._enqueue_items(enqueue_runs.runs);
+    -- The first item whose key is reserved for the schedules (ZP011 names it).
+    SELECT min(i.position) INTO v_reserved
+      FROM unnest(v_items) AS i
+     WHERE starts_with(i.idempotency_key, 'zeroth-schedule:');
+    IF v_reserved IS NOT NULL THEN
+        PERFORM zeroth._require_caller_key(v_items[v_reserved].idempotency_key,
+                                           format('runs[%s].idempotency_key', v_reserved));
+    END IF;
     SELECT min(i.position) INTO v_too_long
       FROM unnest(v_items) AS i
      WHERE NOT zeroth._key_fits(v_tenant, v_wskey, enqueue_runs.deployment_ref, i.idempotency_key);
@@ -317,7 +326,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION zeroth.enqueue_runs(text, jsonb, text, text) IS
-'enqueue_runs: batch enqueue_run for one deployment and scope (one INSERT for the runs without a thread); runs is a JSON array of objects (payload, priority, run_after, max_attempts, idempotency_key, metadata, run_id, thread_id). Results in input order; a repeated key or run_id returns that run with created = false. Thread locks are taken first in one sorted order, inserts run in key order: concurrent batches cannot deadlock on threads or keys. Raises ZP006, ZP008 and rejects the whole batch. Notifies zeroth_wakeup once when a due pending run was created. Time: clock_timestamp().';
+'enqueue_runs: batch enqueue_run for one deployment and scope (one INSERT for the runs without a thread); runs is a JSON array of objects (payload, priority, run_after, max_attempts, idempotency_key, metadata, run_id, thread_id). Results in input order; a repeated key or run_id returns that run with created = false. Thread locks are taken first in one sorted order, inserts run in key order: concurrent batches cannot deadlock on threads or keys. Raises ZP006, ZP008, ZP011 reserved_key (an idempotency key starting zeroth-schedule:, reserved for fire_due_schedules) and rejects the whole batch. Notifies zeroth_wakeup once when a due pending run was created. Time: clock_timestamp().';
 ALTER FUNCTION zeroth.enqueue_runs(text, jsonb, text, text) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.enqueue_runs(text, jsonb, text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.enqueue_runs(text, jsonb, text, text) TO zeroth_worker;

@@ -4,8 +4,10 @@
 -- max_schedules due, unpaused rows FOR UPDATE SKIP LOCKED; per schedule the missed-fire policy
 -- picks the fire times after last_fire_at (the high-water mark), each recorded in schedule_fires
 -- and enqueued (idempotency key from the same pair), at most max_fires in all (the rest next
--- call). A schedule whose fire raises is paused with last_error, the others fire. Raises ZP006,
--- ZP008. Notifies zeroth_wakeup (via enqueue_run). Time: clock_timestamp().
+-- call). A run already under a fire's key counts as that fire only if this schedule made it
+-- (runs.schedule_id); else ZP011 pauses the schedule. A schedule whose fire raises is paused with
+-- last_error, the others fire. Raises ZP006, ZP008. Notifies zeroth_wakeup (via _enqueue_run).
+-- Time: clock_timestamp().
 CREATE OR REPLACE FUNCTION zeroth.fire_due_schedules(
     deployment_refs text[],
     tenant_ids      text[]  DEFAULT NULL,
@@ -119,7 +121,9 @@ BEGIN
                 RETURNING f.run_id INTO v_run;
                 -- Already fired (the clock stepped back): no second run.
                 CONTINUE WHEN v_run IS NULL;
-                v_enq := zeroth.enqueue_run(
+                -- Through the internal path: the only one that may use the reserved key prefix
+                -- and mark the run with its schedule (runs.schedule_id).
+                v_enq := zeroth._enqueue_run(
                     deployment_ref  => v_s.deployment_ref,
                     payload         => v_s.payload,
                     tenant_id       => v_s.tenant_id,
@@ -130,9 +134,22 @@ BEGIN
                                        || to_char(v_fire AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
                     metadata        => v_s.metadata || jsonb_build_object('zeroth_schedule', jsonb_build_object(
                                            'name', v_s.name, 'schedule_id', v_s.schedule_id, 'fire_at', v_fire)),
-                    run_id          => v_run);
+                    run_id          => v_run,
+                    schedule_id     => v_s.schedule_id);
                 IF v_enq.run_id <> v_run THEN
-                    -- The run of this fire time exists (its fire record was pruned): record that one.
+                    -- A run holds this fire time's key (its fire record was pruned). It is this
+                    -- fire only if this schedule's firer made it: a run planted under the key
+                    -- (before 0018 reserved the prefix) must not pass for the fire. Raising here
+                    -- pauses the schedule with the error (below) instead of firing nothing.
+                    IF NOT EXISTS (SELECT 1 FROM zeroth.runs r
+                                    WHERE r.tenant_id = v_s.tenant_id
+                                      AND r.workspace_key = v_s.workspace_key
+                                      AND r.run_id = v_enq.run_id
+                                      AND r.schedule_id = v_s.schedule_id) THEN
+                        RAISE EXCEPTION 'the idempotency key of fire time % is held by run %, which this schedule did not make; delete or re-key that run, then resume_schedule',
+                            v_fire, v_enq.run_id USING ERRCODE = 'ZP011';
+                    END IF;
+                    -- The firer's own run of this fire time: record that one.
                     UPDATE zeroth.schedule_fires f SET run_id = v_enq.run_id
                      WHERE f.schedule_id = v_s.schedule_id AND f.fire_at = v_fire;
                 END IF;
@@ -196,7 +213,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION zeroth.fire_due_schedules(text[], text[], text[], integer, integer) IS
-'fire_due_schedules: the due fire times of the schedules of these deployments (listed scopes, or tenant_ids NULL: every scope) become runs, exactly once: up to max_schedules due unpaused schedules locked FOR UPDATE SKIP LOCKED; the missed-fire policy picks the fire times after last_fire_at, the high-water mark (skip: the most recent if late by at most misfire_grace_seconds; catch_up: the catch_up_limit most recent); each is recorded in schedule_fires (primary key schedule + fire time) and enqueued (idempotency key from the same pair, metadata zeroth_schedule); next_fire_at moves past now. At most max_fires runs per call (the rest stay due for the next call). A schedule whose fire raises (a row a manual UPDATE broke) is paused with last_error and the others fire. Rows: one per fire, or one with schedule_id NULL; next_due_at = the earliest next fire time served. Raises ZP006 invalid_scope, ZP008 invalid_argument. Notifies zeroth_wakeup (enqueue_run). Time: clock_timestamp().';
+'fire_due_schedules: the due fire times of the schedules of these deployments (listed scopes, or tenant_ids NULL: every scope) become runs, exactly once: up to max_schedules due unpaused schedules locked FOR UPDATE SKIP LOCKED; the missed-fire policy picks the fire times after last_fire_at, the high-water mark (skip: the most recent if late by at most misfire_grace_seconds; catch_up: the catch_up_limit most recent); each is recorded in schedule_fires (primary key schedule + fire time) and enqueued (idempotency key zeroth-schedule:<id>:<fire time>, a prefix no caller may use; metadata zeroth_schedule; runs.schedule_id); a run already under that key counts as the fire only if this schedule made it (runs.schedule_id), else the schedule is paused with last_error ZP011; next_fire_at moves past now. At most max_fires runs per call (the rest stay due for the next call). A schedule whose fire raises (a row a manual UPDATE broke) is paused with last_error and the others fire. Rows: one per fire, or one with schedule_id NULL; next_due_at = the earliest next fire time served. Raises ZP006 invalid_scope, ZP008 invalid_argument. Notifies zeroth_wakeup (as enqueue_run). Time: clock_timestamp().';
 ALTER FUNCTION zeroth.fire_due_schedules(text[], text[], text[], integer, integer) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.fire_due_schedules(text[], text[], text[], integer, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.fire_due_schedules(text[], text[], text[], integer, integer) TO zeroth_worker;

@@ -3,10 +3,11 @@
 -- Scope: tenant_id NULL = every tenant (a DBA function); a tenant names exactly (tenant, workspace),
 -- NULL workspace being the null workspace. Dead letters are failed runs and go too. Checkpoints go
 -- by ON DELETE CASCADE, a parent's child_waits rows and the attempt history (zeroth.run_attempts)
--- in the same statement; the thread_locks rows of threads left without a run go too. Locks: the
--- doomed run rows and lock rows FOR UPDATE SKIP LOCKED, so it never waits on a worker or an
--- operator and nobody waits on it for long. Raises ZP006 (workspace without tenant),
--- ZP008. Notifies nothing. Time: clock_timestamp().
+-- in the same statement; the thread_locks rows of threads left without a run go too, and up to
+-- batch_size zeroth.events rows older than the cutoff that no run waits on. Returns runs plus
+-- event rows deleted. Locks: the doomed run, lock and event rows FOR UPDATE SKIP LOCKED, so it
+-- never waits on a worker or an operator and nobody waits on it for long. Raises ZP006 (workspace
+-- without tenant), ZP008. Notifies nothing. Time: clock_timestamp().
 CREATE OR REPLACE FUNCTION zeroth.prune_runs(
     older_than   interval,
     batch_size   integer DEFAULT 1000,
@@ -22,6 +23,10 @@ DECLARE
     v_tenants text[];
     v_wskeys  text[];
     v_threads text[];
+    v_e_tenants text[];
+    v_e_wskeys  text[];
+    v_e_names   text[];
+    v_events_deleted integer := 0;
 BEGIN
     IF prune_runs.tenant_id IS NULL AND prune_runs.workspace_id IS NOT NULL THEN
         RAISE EXCEPTION 'a workspace_id needs a tenant_id' USING ERRCODE = 'ZP006';
@@ -107,10 +112,47 @@ BEGIN
            AND l.workspace_key = gone.workspace_key
            AND l.thread_id = gone.thread_id;
     END IF;
-    RETURN v_deleted;
+
+    -- Events (issue 29, finding 8): an event's row outlives its runs, and per-run names (what
+    -- docs/security.md recommends) made the table grow for ever. The rows older than the same
+    -- cutoff (emitted_at, or created_at of a channel nobody emitted) that no run waits on go, at
+    -- most batch_size per call, oldest first through events_age_idx, in this call's scope. Two
+    -- statements: the first skips the rows still awaited and locks the rest SKIP LOCKED (a
+    -- wait_for_event or emit_event holding one keeps it); the second, with a snapshot taken once
+    -- those locks are held, deletes only those no run waits on even now: a wait that committed
+    -- meanwhile is seen, and one that comes later waits for this row lock and then writes the
+    -- row again (wait_for_event). An emit after the prune is a new event.
+    SELECT coalesce(array_agg(x.tenant_id), '{}'), coalesce(array_agg(x.workspace_key), '{}'),
+           coalesce(array_agg(x.name), '{}')
+      INTO v_e_tenants, v_e_wskeys, v_e_names
+      FROM (SELECT e.tenant_id, e.workspace_key, e.name
+              FROM zeroth.events e
+             WHERE coalesce(e.emitted_at, e.created_at) < v_cutoff
+               AND (prune_runs.tenant_id IS NULL
+                    OR (e.tenant_id = prune_runs.tenant_id AND e.workspace_key = v_wskey))
+               AND NOT EXISTS (SELECT 1 FROM zeroth.event_waits w
+                                WHERE w.tenant_id = e.tenant_id
+                                  AND w.workspace_key = e.workspace_key
+                                  AND w.name = e.name)
+             ORDER BY coalesce(e.emitted_at, e.created_at)
+             LIMIT prune_runs.batch_size
+               FOR UPDATE OF e SKIP LOCKED) x;
+    IF cardinality(v_e_names) > 0 THEN
+        DELETE FROM zeroth.events e
+         USING unnest(v_e_tenants, v_e_wskeys, v_e_names) AS k(tenant_id, workspace_key, name)
+         WHERE e.tenant_id = k.tenant_id
+           AND e.workspace_key = k.workspace_key
+           AND e.name = k.name
+           AND NOT EXISTS (SELECT 1 FROM zeroth.event_waits w
+                            WHERE w.tenant_id = e.tenant_id
+                              AND w.workspace_key = e.workspace_key
+                              AND w.name = e.name);
+        GET DIAGNOSTICS v_events_deleted = ROW_COUNT;
+    END IF;
+    RETURN v_deleted + v_events_deleted;
 END
 $$;
 COMMENT ON FUNCTION zeroth.prune_runs(interval, integer, text, text) IS
-'prune_runs: finished (completed | failed | cancelled, dead letters included) → deleted when finished_at < now - older_than; one batch of at most batch_size per call, returns the number deleted (loop until 0). tenant_id NULL = every tenant; a tenant names exactly (tenant, workspace). Checkpoints go by ON DELETE CASCADE, the attempt history in the same statement. FOR UPDATE SKIP LOCKED: never waits on workers. Raises ZP006 (workspace without tenant), ZP008. Time: clock_timestamp().';
+'prune_runs: finished (completed | failed | cancelled, dead letters included) → deleted when finished_at < now - older_than; one batch of at most batch_size runs per call, and at most batch_size rows of zeroth.events older than the same cutoff (emitted_at, or created_at of a channel never emitted) that no run waits on; returns the number of runs plus event rows deleted (loop until 0). tenant_id NULL = every tenant; a tenant names exactly (tenant, workspace). Checkpoints go by ON DELETE CASCADE, the attempt history in the same statement. FOR UPDATE SKIP LOCKED: never waits on workers. Raises ZP006 (workspace without tenant), ZP008. Time: clock_timestamp().';
 ALTER FUNCTION zeroth.prune_runs(interval, integer, text, text) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.prune_runs(interval, integer, text, text) FROM PUBLIC;

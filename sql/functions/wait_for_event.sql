@@ -79,12 +79,22 @@ BEGIN
     END IF;
 
     -- The event's row, locked: an emit_event of this name waits for this call, or this call for it.
-    INSERT INTO zeroth.events AS e (tenant_id, workspace_key, name, payload, emitted_at, created_at)
-    VALUES (v_tenant, v_wskey, wait_for_event.name, NULL, NULL, v_now)
-    ON CONFLICT ON CONSTRAINT events_pkey DO NOTHING;
-    SELECT e.payload, e.emitted_at INTO v_event FROM zeroth.events e
-     WHERE e.tenant_id = v_tenant AND e.workspace_key = v_wskey AND e.name = wait_for_event.name
-       FOR UPDATE;
+    -- A prune_runs that held the row and deleted it (an old event nobody waited on) leaves nothing
+    -- to lock once it commits: the row is written again, as a channel (an emit after a prune is a
+    -- new event). Bounded: a row pruned again at every try is a 40001 to retry, never a loop.
+    FOR v_try IN 1 .. 5 LOOP
+        INSERT INTO zeroth.events AS e (tenant_id, workspace_key, name, payload, emitted_at, created_at)
+        VALUES (v_tenant, v_wskey, wait_for_event.name, NULL, NULL, v_now)
+        ON CONFLICT ON CONSTRAINT events_pkey DO NOTHING;
+        SELECT e.payload, e.emitted_at INTO v_event FROM zeroth.events e
+         WHERE e.tenant_id = v_tenant AND e.workspace_key = v_wskey AND e.name = wait_for_event.name
+           FOR UPDATE;
+        EXIT WHEN FOUND;
+        IF v_try = 5 THEN
+            RAISE EXCEPTION 'the row of event % was deleted under this wait five times', quote_literal(wait_for_event.name)
+                USING ERRCODE = '40001';
+        END IF;
+    END LOOP;
 
     -- The deadline is set by the first wait of this step and kept by every replay.
     SELECT w.name, w.timeout_at INTO v_wait FROM zeroth.event_waits w

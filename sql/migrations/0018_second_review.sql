@@ -20,3 +20,28 @@ GRANT SELECT ON zeroth.child_runs TO zeroth_reader;
 CREATE POLICY child_runs_reader_tenant ON zeroth.child_runs FOR SELECT TO zeroth_reader
     USING (tenant_id = current_setting('zeroth.tenant_id', true));
 COMMENT ON POLICY child_runs_reader_tenant ON zeroth.child_runs IS 'zeroth_reader sees the child runs of the tenant named in the setting zeroth.tenant_id (none when unset).';
+
+-- Finding 5 (a worker pre-empted a DBA's schedule): zeroth.runs.schedule_id names the schedule
+-- whose fire made the run. Only fire_due_schedules sets it (through zeroth._enqueue_run; no
+-- public function takes it and commit_fenced cannot write it), and fire_due_schedules accepts an
+-- existing run under a fire's idempotency key only when that run carries its schedule_id, so a
+-- run planted under a 'zeroth-schedule:' key before this upgrade (the public functions refuse
+-- that prefix now, ZP011) pauses the schedule instead of passing for its fire. Runs made before
+-- this upgrade keep NULL: which of them a firer made cannot be told now (their metadata was
+-- writable by anyone who could enqueue). A nullable column without a default: no rewrite.
+ALTER TABLE zeroth.runs ADD COLUMN schedule_id uuid;
+COMMENT ON COLUMN zeroth.runs.schedule_id IS 'The schedule whose fire made this run (fire_due_schedules, the only writer); NULL for every other run and for runs fired before 0018. fire_due_schedules takes an existing run under a fire''s idempotency key as that fire only when it carries the schedule''s id.';
+
+-- Finding 8 (zeroth.events was never pruned): prune_runs deletes the event rows older than its
+-- cutoff (emitted_at, or created_at for a channel nobody emitted) that no run waits on. This
+-- index finds them oldest first without reading the table; emit_event changes emitted_at once
+-- per event, and wait_for_event's no-op update of created_at stays a HOT update (same value).
+CREATE INDEX events_age_idx ON zeroth.events ((coalesce(emitted_at, created_at)));
+COMMENT ON TABLE zeroth.events IS 'External events of a scope by name (emit_event): payload and emitted_at are written once (first write wins). A row with emitted_at NULL is a channel a run waits on; its row lock serialises wait_for_event against emit_event. prune_runs deletes a row once it is older than its cutoff (emitted_at, or created_at of a channel) and no run waits on the name; an emit after that is a new event.';
+
+-- Finding 11 (a rate-limit key shared by two tenants showed each tenant's reader the other's
+-- last_start_at): readers keep SELECT on the key's settings (the keys their tenant's scopes name,
+-- by the policy rate_limits_reader_tenant) but not on last_start_at, the time of the last claim
+-- under the key, which may be another tenant's.
+REVOKE SELECT ON zeroth.rate_limits FROM zeroth_reader;
+GRANT SELECT (name, max_starts, period_seconds, note) ON zeroth.rate_limits TO zeroth_reader;

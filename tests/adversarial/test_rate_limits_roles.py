@@ -6,7 +6,7 @@ clock):
   (zeroth.rate_limit_starts) that the window is counted from; the limit holds against every
   claim it can make;
 * a zeroth_reader sees the keys its own tenant's scopes use and nothing else, changes none and
-  never sees the log;
+  never sees the log, nor a key's last_start_at (a shared key's may be another tenant's);
 * a role with no grant can do none of it;
 * a DBA's manual UPDATE of the limit takes effect on the very next claim.
 """
@@ -106,6 +106,30 @@ class TestReader:
         assert [r["name"] for r in await reader.fetch("SELECT name FROM zeroth.rate_limits")] == [
             "llm"]
         assert await sqlstate(reader, "SELECT * FROM zeroth.rate_limit_starts") == "42501"
+
+    async def test_never_sees_when_another_tenant_last_started_under_a_shared_key(self, login,
+                                                                              admin):
+        # One key shared by two tenants' scopes (by design): each tenant's reader sees the key's
+        # settings, and neither sees last_start_at, the time of the last claim under it, which
+        # may be the other tenant's (issue 29, finding 11).
+        await seed(admin)
+        await admin.execute("UPDATE zeroth.scope_limits SET rate_limit = 'llm'")
+        worker = await login("worker")
+        globex_claim = CLAIM_ONE.replace("'acme'", "'globex'")
+        assert [r["run_id"] for r in await worker.fetch(globex_claim) if r["run_id"]]
+        assert await admin.fetchval(
+            "SELECT last_start_at FROM zeroth.rate_limits WHERE name = 'llm'") is not None
+        reader = await login("reader")
+        await reader.execute("SET zeroth.tenant_id = 'acme'")
+        rows = await reader.fetch(
+            "SELECT name, max_starts, period_seconds, note FROM zeroth.rate_limits")
+        assert [tuple(r) for r in rows] == [("llm", 2, 3600.0, None)]
+        for statement in ("SELECT last_start_at FROM zeroth.rate_limits",
+                          "SELECT * FROM zeroth.rate_limits",
+                          "SELECT count(*) FROM zeroth.rate_limits "
+                          "WHERE last_start_at > now() - interval '1 hour'",
+                          "SELECT k FROM zeroth.rate_limits k"):
+            assert await sqlstate(reader, statement) == "42501", statement
 
     @pytest.mark.parametrize("statement", WRITES)
     async def test_changes_nothing(self, login, admin, statement):

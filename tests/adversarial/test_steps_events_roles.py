@@ -184,3 +184,28 @@ class TestManualUpdate:
         assert await admin.fetchval(
             "SELECT count(*) FROM zeroth.event_waits WHERE run_id = $1", run_id) == 1
         assert tuple(await worker.fetchrow(EMIT, json.dumps("ok"), "acme")) == (True, 1)
+
+
+class TestPruning:
+    async def test_per_run_event_names_leave_no_row_once_their_runs_are_pruned(self, login,
+                                                                              admin):
+        """docs/security.md recommends per-run event names; the rows must not outlive the runs
+        (issue 29, finding 8: 50 such runs cancelled and pruned left 50 event rows)."""
+        worker = await login("worker")
+        for _ in range(50):
+            run_id = await worker.fetchval(ENQUEUE, "acme")
+            (row,) = await worker.fetch(CLAIM, "w1", "acme", 60)
+            assert row["run_id"] == run_id
+            assert await worker.fetchval(
+                """SELECT outcome FROM zeroth.wait_for_event(run_id => $1::uuid, worker_id => 'w1',
+                       generation => $2, step_key => 'k', name => 'approval:' || $1::uuid::text,
+                       tenant_id => 'acme')""", run_id, row["lease_generation"]) == "waiting"
+            assert await worker.fetchval(
+                "SELECT zeroth.request_cancel(run_id => $1, tenant_id => 'acme')",
+                run_id) == "cancelled"
+        assert await admin.fetchval("SELECT count(*) FROM zeroth.events") == 50
+        while await admin.fetchval(
+                "SELECT zeroth.prune_runs(older_than => interval '0', batch_size => 7)"):
+            pass
+        assert await admin.fetchval("SELECT count(*) FROM zeroth.runs") == 0
+        assert await admin.fetchval("SELECT count(*) FROM zeroth.events") == 0

@@ -192,6 +192,28 @@ class TestMigrate:
         assert up["current"] == up["head"] == migrate.head_revision()
         assert cli("verify", dsn=dsn).returncode == 0
 
+    async def test_verify_warns_while_public_may_connect_and_still_exits_0(self, database_dsn):
+        # The zeroth roles span the cluster: with PUBLIC's CONNECT a LOGIN member made for
+        # another database of the cluster can use this one too (docs/security.md).
+        warned = cli("verify", "--json", dsn=database_dsn)
+        assert warned.returncode == 0, warned.stderr
+        (warning,) = json.loads(warned.stdout)["warnings"]
+        conn = await asyncpg.connect(database_dsn)
+        try:
+            name = await conn.fetchval("SELECT quote_ident(current_database())")
+            assert f"REVOKE CONNECT ON DATABASE {name} FROM PUBLIC" in warning
+            plain = cli("verify", dsn=database_dsn)
+            assert plain.returncode == 0
+            assert f"warning: PUBLIC may connect to database {name}" in plain.stderr
+            assert f"GRANT CONNECT ON DATABASE {name} TO" in plain.stderr
+            await conn.execute(f"REVOKE CONNECT ON DATABASE {name} FROM PUBLIC")
+            quiet = cli("verify", "--json", dsn=database_dsn)
+            assert quiet.returncode == 0, quiet.stderr
+            assert json.loads(quiet.stdout)["warnings"] == []
+            assert "warning" not in quiet.stderr
+        finally:
+            await conn.close()
+
     async def test_verify_fails_on_a_revision_this_package_does_not_know(self, database_dsn):
         conn = await asyncpg.connect(database_dsn)
         try:

@@ -33,6 +33,7 @@ from zeroth_pg import (
     LeaseManager,
     LeaseRenewal,
     OrphanClaimResult,
+    ReservedKeyError,
     RetryableError,
     RunCompletion,
     RunNotFoundError,
@@ -695,6 +696,17 @@ class TestErrorMapping:
             await lm.enqueue_run(DEPLOY, max_attempts=0)
         assert await _row(pool, enqueued.run_id) == before
         assert await pool.fetchval("SELECT count(*) FROM zeroth.runs") == 1
+
+    async def test_a_schedules_key_raises_reserved_key_and_changes_nothing(self, pool):
+        lm = LeaseManager(pool)
+        key = "zeroth-schedule:00000000-0000-0000-0000-000000000000:2030-01-01T00:00:00.000000Z"
+        with pytest.raises(ReservedKeyError) as caught:
+            await lm.enqueue_run(DEPLOY, idempotency_key=key)
+        assert isinstance(caught.value, InvalidArgumentError)
+        _assert_cause(caught.value, "ZP011")
+        with pytest.raises(ReservedKeyError):
+            await lm.enqueue_runs(DEPLOY, [{"idempotency_key": key}])
+        assert await pool.fetchval("SELECT count(*) FROM zeroth.runs") == 0
 
     @pytest.mark.parametrize("sqlstate", ["53100", "53200", "53300", "40P01"])
     async def test_a_server_state_error_is_retryable_not_a_bad_value(self, pool, sqlstate):

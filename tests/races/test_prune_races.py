@@ -145,3 +145,89 @@ class TestThreadLockRows:
         # and a later prune leaves it: the thread still has its new run
         assert (await pruner.call(PRUNE, *prune_args())).value == 0
         assert await db.fetchval("SELECT count(*) FROM zeroth.thread_locks") == 1
+
+
+WAIT = """SELECT outcome FROM zeroth_test.wait_for_event(run_id => $1, worker_id => $2,
+              generation => $3, step_key => 'k', name => $4, now_override => $5)"""
+EMIT = "SELECT emitted FROM zeroth_test.emit_event(name => $1, payload => '{}', now_override => $2)"
+CANCEL = "SELECT zeroth_test.request_cancel(run_id => $1, now_override => $2)"
+EVENT_NAMES = "SELECT array_agg(e.name ORDER BY e.name) FROM zeroth.events e"
+
+
+async def old_channel(db: Any, name: str) -> None:
+    """An event row nobody waits on any more, old enough to prune: a run waited on ``name`` at
+    T0 and was cancelled then (its wait row goes when the prune deletes it)."""
+    lease = await make_run(db, "running")
+    assert await db.fetchval(WAIT, lease.run_id, lease.worker_id, lease.generation, name,
+                             T0) == "waiting"
+    assert await db.fetchval(CANCEL, lease.run_id, T0) == "cancelled"
+
+
+class TestPruneMeetsEvents:
+    """prune_runs deletes the event rows older than its cutoff that no run waits on (issue 29,
+    finding 8), locking them FOR UPDATE SKIP LOCKED: a wait or an emit holding one keeps it,
+    and a wait or an emit of a name the open prune is deleting waits for it, then writes the
+    row afresh (a new channel, a new event)."""
+
+    async def test_a_wait_on_an_event_being_pruned_waits_then_writes_its_channel_again(
+            self, sessions):
+        pruner, worker, db = sessions
+        assert await db.fetchval(EMIT, "e", T0) is True  # old, and nobody waits on it
+        running = await make_run(db, "running", now=NOW)
+        await pruner.begin()
+        assert (await pruner.call(PRUNE, *prune_args())).value == 1
+
+        waiting = worker.spawn(WAIT, running.run_id, running.worker_id, running.generation, "e",
+                               NOW)
+        await assert_waits_for(db, worker, pruner, waiting)
+        await pruner.commit()
+
+        assert (await finished(waiting)).value == "waiting"  # the pruned emit is forgotten
+        assert await db.fetchval(EVENT_NAMES) == ["e"]
+        assert await db.fetchval(EMIT, "e", NOW) is True
+        assert (await run_row(db, running.run_id))["status"] == "pending"
+
+    async def test_an_emit_of_an_event_being_pruned_waits_then_is_a_new_event(self, sessions):
+        pruner, emitter, db = sessions
+        assert await db.fetchval(EMIT, "e", T0) is True
+        await pruner.begin()
+        assert (await pruner.call(PRUNE, *prune_args())).value == 1
+
+        emitted = emitter.spawn(EMIT, "e", NOW)
+        await assert_waits_for(db, emitter, pruner, emitted)
+        await pruner.commit()
+
+        assert (await finished(emitted)).value is True
+        assert await db.fetchval(EVENT_NAMES) == ["e"]
+
+    async def test_a_wait_in_flight_keeps_its_old_channel_and_the_prune_does_not_wait(
+            self, sessions):
+        pruner, worker, db = sessions
+        await old_channel(db, "e")
+        running = await make_run(db, "running", now=NOW)
+        await worker.begin()
+        assert (await worker.call(WAIT, running.run_id, running.worker_id, running.generation,
+                                  "e", NOW)).value == "waiting"
+
+        pruned = await finishes_without_waiting(db, pruner, pruner.spawn(PRUNE, *prune_args()))
+        await worker.commit()
+
+        assert pruned.value == 1  # the cancelled run; its channel is held, then awaited
+        assert (await pruner.call(PRUNE, *prune_args())).value == 0
+        assert await db.fetchval(EVENT_NAMES) == ["e"]
+        assert await db.fetchval(EMIT, "e", NOW) is True
+        assert (await run_row(db, running.run_id))["status"] == "pending"
+
+    async def test_an_emit_in_flight_on_an_old_channel_keeps_it_and_the_prune_does_not_wait(
+            self, sessions):
+        pruner, emitter, db = sessions
+        await old_channel(db, "e")
+        await emitter.begin()
+        assert (await emitter.call(EMIT, "e", NOW)).value is True
+
+        pruned = await finishes_without_waiting(db, pruner, pruner.spawn(PRUNE, *prune_args()))
+        await emitter.commit()
+
+        assert pruned.value == 1  # the cancelled run only
+        assert (await pruner.call(PRUNE, *prune_args())).value == 0  # emitted now: recent
+        assert await db.fetchval(EVENT_NAMES) == ["e"]

@@ -41,9 +41,18 @@ RELATIONS = """
                     WHERE a.grantee = 0) AS public_any,
            has_table_privilege('zeroth_worker', c.oid,
                                'SELECT, INSERT, UPDATE, DELETE, TRUNCATE, REFERENCES, TRIGGER')
+               OR has_any_column_privilege('zeroth_worker', c.oid,
+                                           'SELECT, INSERT, UPDATE, REFERENCES')
                AS worker_any,
-           has_table_privilege('zeroth_reader', c.oid, 'SELECT') AS reader_select,
+           -- Column grants count: a reader may read some columns of a table only (0018).
+           has_any_column_privilege('zeroth_reader', c.oid, 'SELECT') AS reader_select,
+           ARRAY(SELECT a.attname::text FROM pg_attribute a
+                  WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+                    AND has_any_column_privilege('zeroth_reader', c.oid, 'SELECT')
+                    AND NOT has_column_privilege('zeroth_reader', c.oid, a.attnum, 'SELECT')
+                  ORDER BY a.attnum) AS reader_hidden_columns,
            has_table_privilege('zeroth_reader', c.oid, 'INSERT, UPDATE, DELETE, TRUNCATE')
+               OR has_any_column_privilege('zeroth_reader', c.oid, 'INSERT, UPDATE, REFERENCES')
                AS reader_writes,
            coalesce('security_invoker=true' = ANY (c.reloptions), false) AS invoker,
            c.relrowsecurity AS rls
@@ -131,6 +140,14 @@ class TestGrants:
                                     "zeroth.child_runs"}
         assert readme_grants("zeroth_reader") == readable
         assert [r["name"] for r in relations if r["reader_writes"]] == []
+
+    async def test_reader_never_sees_the_timing_of_a_shared_rate_limit(self, conn):
+        # A rate-limit key may be shared by several tenants' scopes; the time of its last claim
+        # may be another tenant's (0018). Every other readable relation shows all its columns.
+        relations = await conn.fetch(RELATIONS)
+        hidden = {r["name"]: r["reader_hidden_columns"] for r in relations
+                  if r["reader_hidden_columns"]}
+        assert hidden == {"zeroth.rate_limits": ["last_start_at"]}
 
     async def test_every_view_over_the_run_tables_reads_as_the_caller(self, conn):
         # A view with its owner's rights would bypass the readers' row-level security.

@@ -501,6 +501,8 @@ class TestBadArguments:
         ({"max_attempts": 0}, "ZP008"),
         ({"idempotency_key": ""}, "ZP008"),
         ({"workspace_id": "ws"}, "ZP006"),
+        # the prefix of fire_due_schedules' keys (issue 29, finding 5)
+        ({"idempotency_key": "zeroth-schedule:x:2030-01-01T00:00:00.000000Z"}, "ZP011"),
         # over the idempotency index's row limit (54000 before: red-team pass 3, D)
         ({"deployment_ref": "\U0001F602" * 200, "tenant_id": "\U0001F600" * 200,
           "workspace_id": "\U0001F601" * 200, "idempotency_key": "\U0001F603" * 500}, "ZP008"),

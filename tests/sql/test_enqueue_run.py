@@ -250,6 +250,32 @@ class TestRejectedInput:
         assert await snapshot(conn) == before
 
 
+class TestReservedKeyPrefix:
+    """'zeroth-schedule:' keys are fire_due_schedules' own: a caller planting the run of a future
+    fire time would pre-empt the schedule (issue 29, finding 5)."""
+
+    @pytest.mark.parametrize("key", ["zeroth-schedule:", "zeroth-schedule:x:2030-01-01T00:00:00Z"])
+    async def test_a_key_with_the_schedules_prefix_raises_zp011_and_inserts_nothing(self, conn,
+                                                                                  key):
+        await call_enqueue(conn, idempotency_key="existing")
+        before = await snapshot(conn)
+        for thread_id in (None, "t"):
+            with pytest.raises(asyncpg.PostgresError) as caught:
+                async with conn.transaction():
+                    await call_enqueue(conn, idempotency_key=key, thread_id=thread_id)
+            assert caught.value.sqlstate == "ZP011"
+            assert "zeroth-schedule:" in caught.value.message
+        assert await snapshot(conn) == before
+
+    @pytest.mark.parametrize("key", ["Zeroth-schedule:x", "zeroth-schedule",
+                                     "my-zeroth-schedule:x"])
+    async def test_a_key_that_only_resembles_the_prefix_is_taken(self, conn, key):
+        row = await call_enqueue(conn, idempotency_key=key)
+        assert row["created"] is True
+        assert await conn.fetchval("SELECT schedule_id FROM zeroth.runs WHERE run_id = $1",
+                                   row["run_id"]) is None
+
+
 # --- NOTIFY zeroth_wakeup (committed transactions on a fresh database) -------------------------
 
 

@@ -194,6 +194,18 @@ class TestWholeBatchRejected:
         assert caught.value.sqlstate == "ZP008"
         assert await conn.fetchval("SELECT count(*) FROM zeroth.runs") == 0
 
+    async def test_a_key_with_the_schedules_prefix_raises_zp011_naming_the_item(self, conn):
+        # fire_due_schedules' own keys (issue 29, finding 5); the whole batch is refused.
+        before = await snapshot(conn)
+        for items in ([{"idempotency_key": "a"}, {"idempotency_key": "zeroth-schedule:x:y"}],
+                      [{}, {"thread_id": "t", "idempotency_key": "zeroth-schedule:x:y"}]):
+            with pytest.raises(asyncpg.PostgresError) as caught:
+                async with conn.transaction():
+                    await enqueue_batch(conn, items)
+            assert caught.value.sqlstate == "ZP011"
+            assert "runs[2].idempotency_key" in caught.value.message
+        assert await snapshot(conn) == before
+
     async def test_workspace_without_tenant_raises_zp006(self, conn):
         with pytest.raises(asyncpg.PostgresError) as caught:
             async with conn.transaction():

@@ -171,6 +171,35 @@ class TestMissedFires:
         assert await conn.fetchval(
             "SELECT count(*) FROM zeroth.schedule_fires f JOIN zeroth.runs r USING (run_id)") == 10
 
+    async def test_a_run_the_schedule_did_not_make_never_passes_for_its_fire(self, conn):
+        # Planted under the key of a future fire time (a worker, before 0018 reserved the
+        # prefix): the schedule is paused with ZP011 instead of recording it as fired.
+        row = await schedule(conn)
+        key = f"zeroth-schedule:{row['schedule_id']}:{at(2):%Y-%m-%dT%H:%M:%S.%fZ}"
+        planted = await conn.fetchval(
+            "INSERT INTO zeroth.runs (run_id, tenant_id, deployment_ref, status, run_after, "
+            "created_at, updated_at, payload, metadata, idempotency_key) "
+            "VALUES (gen_random_uuid(), 'default', 'd', 'pending', '9999-01-01', $1, $1, '{}', "
+            "jsonb_build_object('zeroth_schedule', jsonb_build_object('schedule_id', $2::uuid)), "
+            "$3) RETURNING run_id", T0, row["schedule_id"], key)
+        assert fired(await fire(conn, at(1))) == [at(1)]
+        assert fired(await fire(conn, at(3))) == []
+        state = await conn.fetchrow("SELECT paused, last_error, fire_count, last_fire_at "
+                                    "FROM zeroth.schedules")
+        assert state["paused"] is True
+        assert state["last_error"].startswith("ZP011: the idempotency key of fire time ")
+        assert str(planted) in state["last_error"]
+        assert (state["fire_count"], state["last_fire_at"]) == (1, at(1))
+        assert await conn.fetchval("SELECT count(*) FROM zeroth.schedule_fires "
+                                   "WHERE run_id = $1", planted) == 0
+        assert await run_count(conn) == 2
+
+    async def test_its_runs_carry_the_schedule_id_which_no_caller_can_set(self, conn):
+        row = await schedule(conn)
+        await fire(conn, at(2))
+        ids = await conn.fetch("SELECT schedule_id FROM zeroth.runs")
+        assert [r["schedule_id"] for r in ids] == [row["schedule_id"]] * 2
+
     async def test_fire_records_older_than_a_week_are_pruned(self, conn):
         await schedule(conn, interval=3600, policy="skip")
         await fire(conn, at(3600))

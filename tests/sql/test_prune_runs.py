@@ -260,3 +260,81 @@ class TestThreadLockRows:
 
         assert kept_old not in await run_ids(conn)
         assert [r["thread_id"] for r in await conn.fetch(self.LOCKS)] == ["kept"]
+
+
+class TestEvents:
+    """zeroth.events is keyed by scope and name, not by run, so its rows outlive the runs that
+    waited on them; prune_runs deletes the rows older than its cutoff that no run waits on, at
+    most batch_size per call (issue 29, finding 8: per-run names grew the table for ever)."""
+
+    WAIT = """SELECT outcome FROM zeroth_test.wait_for_event(run_id => $1, worker_id => $2,
+                  generation => $3, step_key => 'k', name => $4, tenant_id => $5,
+                  now_override => $6)"""
+    EMIT = """SELECT emitted FROM zeroth_test.emit_event(name => $1, payload => '{}',
+                  tenant_id => $2, now_override => $3)"""
+    CANCEL = "SELECT zeroth_test.request_cancel(run_id => $1, tenant_id => $2, now_override => $3)"
+    EVENTS = "SELECT e.tenant_id, e.name FROM zeroth.events e ORDER BY 1, 2"
+
+    async def waiting_run(self, conn: asyncpg.Connection, name: str, *,
+                          tenant_id: str | None = None) -> Any:
+        lease = await make_run(conn, "running", tenant_id=tenant_id)
+        assert await conn.fetchval(self.WAIT, lease.run_id, lease.worker_id, lease.generation,
+                                   name, tenant_id, T0) == "waiting"
+        return lease.run_id
+
+    async def events(self, conn: asyncpg.Connection) -> list[tuple[str, str]]:
+        return [tuple(r) for r in await conn.fetch(self.EVENTS)]
+
+    async def test_runs_waiting_on_their_own_names_leave_no_event_once_cancelled_and_pruned(
+            self, conn):
+        for i in range(50):
+            run_id = await self.waiting_run(conn, f"approval:{i}")
+            assert await conn.fetchval(self.CANCEL, run_id, None, T0) == "cancelled"
+        assert len(await self.events(conn)) == 50
+        assert await prune(conn) == 100  # 50 runs and their 50 event rows
+        assert await run_ids(conn) == set()
+        assert await self.events(conn) == []
+        assert await prune(conn) == 0
+
+    async def test_an_awaited_or_recent_event_stays_and_an_old_unawaited_one_goes(self, conn):
+        await self.waiting_run(conn, "still-awaited")  # waiting since T0, ten days ago
+        assert await conn.fetchval(self.EMIT, "old-emitted", None, T0) is True
+        assert await conn.fetchval(self.EMIT, "recent", None, NOW - DAY / 2) is True
+        # A channel a cancelled run waited on, and whose run is not old enough to prune.
+        young = await self.waiting_run(conn, "young-run")
+        assert await conn.fetchval(self.CANCEL, young, None, NOW - DAY / 2) == "cancelled"
+
+        assert await prune(conn) == 1
+
+        assert await self.events(conn) == [("default", "recent"), ("default", "still-awaited"),
+                                           ("default", "young-run")]
+
+    async def test_an_emit_after_the_prune_is_a_new_event_that_wakes_a_later_wait(self, conn):
+        assert await conn.fetchval(self.EMIT, "e", None, T0) is True
+        assert await prune(conn) == 1
+        run_id = await self.waiting_run(conn, "e")  # the old emit is forgotten: it waits
+        assert await conn.fetchval(self.EMIT, "e", None, NOW) is True
+        assert (await run_row(conn, run_id))["status"] == "pending"
+
+    async def test_at_most_batch_size_events_per_call_and_the_loop_ends_with_none(self, conn):
+        for i in range(5):
+            assert await conn.fetchval(self.EMIT, f"e{i}", None, T0 + i * DAY / 10) is True
+        counts = []
+        while count := await prune(conn, batch_size=2):
+            counts.append(count)
+        assert counts == [2, 2, 1]
+        assert await self.events(conn) == []
+
+    async def test_a_tenants_prune_deletes_only_its_own_events(self, conn):
+        assert await conn.fetchval(self.EMIT, "e", "acme", T0) is True
+        assert await conn.fetchval(self.EMIT, "e", "globex", T0) is True
+        assert await prune(conn, tenant_id="acme") == 1
+        assert await self.events(conn) == [("globex", "e")]
+
+    async def test_one_long_awaited_event_does_not_block_the_others(self, conn):
+        # The awaited rows are skipped, not selected and kept: a batch of 1 still makes progress.
+        await self.waiting_run(conn, "awaited-a")
+        await self.waiting_run(conn, "awaited-b")
+        assert await conn.fetchval(self.EMIT, "gone", None, T0 + DAY) is True
+        assert await prune(conn, batch_size=1) == 1
+        assert await self.events(conn) == [("default", "awaited-a"), ("default", "awaited-b")]

@@ -25,7 +25,8 @@ from zeroth_pg.cli._common import (
 if TYPE_CHECKING:
     pass
 
-__all__ = ["SchemaState", "SchemaStatus", "migrate_app", "schema_status", "verify"]
+__all__ = ["SchemaState", "SchemaStatus", "connect_warnings", "migrate_app", "schema_status",
+           "verify"]
 
 migrate_app = typer.Typer(help="Install and upgrade the schema.", no_args_is_help=True,
                           epilog=EXIT_CODES)
@@ -72,9 +73,9 @@ def schema_status(dsn: str) -> SchemaStatus:
                         pending)
 
 
-def _show_schema(status: SchemaStatus, as_json: bool) -> None:
+def _show_schema(status: SchemaStatus, as_json: bool, warnings: list[str] | None = None) -> None:
     if as_json:
-        print_json(asdict(status))
+        print_json({**asdict(status), **({} if warnings is None else {"warnings": warnings})})
         return
     rows = [{"what": "database", "value": status.current or "(not installed)"},
             {"what": "package head", "value": status.head},
@@ -130,11 +131,32 @@ def migrate_sql(
         raise typer.BadParameter(str(exc), param_hint="--from") from exc
 
 
+def connect_warnings(dsn: str) -> list[str]:
+    """What verify warns about without failing: PUBLIC holding CONNECT on the database, which
+    lets every LOGIN member of the (cluster-wide) zeroth group roles made for another database of
+    the cluster use this one too."""
+    from zeroth_pg import migrate
+
+    database_name = migrate.public_connect_database(dsn)
+    if database_name is None:
+        return []
+    return [f"PUBLIC may connect to database {database_name}: the zeroth_worker, zeroth_reader "
+            f"and zeroth_owner roles span the cluster, so a LOGIN member made for another "
+            f"database of this cluster can use zeroth_pg here too. Confine the login roles: "
+            f"REVOKE CONNECT ON DATABASE {database_name} FROM PUBLIC; GRANT CONNECT ON DATABASE "
+            f"{database_name} TO <each role that uses it>; (docs/security.md, \"Three group "
+            f"roles\")"]
+
+
 def verify(dsn: Dsn = None, as_json: JsonOutput = False) -> None:
-    """Exit 3 unless the schema is exactly at this package's head revision."""
+    """Exit 3 unless the schema is exactly at this package's head revision. Warns (exit 0 all
+    the same) while PUBLIC may connect to the database: the zeroth roles span the cluster."""
     with database(dsn, migrate=False) as url:
         status = schema_status(url)
-    _show_schema(status, as_json)
+        warnings = [] if status.current is None else connect_warnings(url)
+    _show_schema(status, as_json, warnings)
+    for warning in warnings:
+        err.print(f"warning: {warning}", markup=False, highlight=False)
     if status.state is SchemaState.UNKNOWN:
         err.print(f"schema unknown: revision {status.current} is newer than this package "
                    f"(head {status.head}); upgrade zeroth_pg")

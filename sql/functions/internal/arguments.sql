@@ -71,6 +71,22 @@ COMMENT ON FUNCTION zeroth._require_identifier(text, text) IS 'Internal: ZP008 u
 ALTER FUNCTION zeroth._require_identifier(text, text) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._require_identifier(text, text) FROM PUBLIC;
 
+-- A caller's idempotency key may not start with 'zeroth-schedule:': fire_due_schedules keys each
+-- fire so, and a run planted under the key of a future fire time would pass for that fire (issue
+-- 29, finding 5). The prefix is matched exactly, as the unique index compares keys. Raises ZP011.
+CREATE OR REPLACE FUNCTION zeroth._require_caller_key(idempotency_key text, name text) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF starts_with(idempotency_key, 'zeroth-schedule:') THEN
+        RAISE EXCEPTION '% may not start with ''zeroth-schedule:'' (reserved for the runs of schedules)', name
+            USING ERRCODE = 'ZP011';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION zeroth._require_caller_key(text, text) IS 'Internal: ZP011 reserved_key when a caller''s idempotency key starts with zeroth-schedule: (the keys of fire_due_schedules).';
+ALTER FUNCTION zeroth._require_caller_key(text, text) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._require_caller_key(text, text) FROM PUBLIC;
+
 -- Checks the (run_ids, generations) arrays of a batch call: same length, no NULL, no repeated
 -- run, at most 1000 entries (one statement's worth). Raises ZP008.
 -- Whether a run's idempotency key fits its index (runs_idempotency_key_idx): PostgreSQL refuses an
