@@ -70,9 +70,14 @@ class TestNoGrant:
                                 (WAIT, (run_id, "w1", generation, [child], "acme"))):
             with pytest.raises(asyncpg.InsufficientPrivilegeError):
                 await outsider.fetch(statement, *args)
-        for relation in ("child_runs", "child_waits"):
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await outsider.fetch("SELECT * FROM zeroth.child_waits")
+        if kind == "nobody":
             with pytest.raises(asyncpg.InsufficientPrivilegeError):
-                await outsider.fetch(f"SELECT * FROM zeroth.{relation}")
+                await outsider.fetch("SELECT * FROM zeroth.child_runs")
+        else:  # the run page's children: its tenant's only, none while it names no tenant
+            assert await outsider.fetch("SELECT * FROM zeroth.child_runs") == []
+            assert await outsider.fetch("SELECT * FROM zeroth.child_list") == []
         assert await snapshot(admin) == before
 
 
