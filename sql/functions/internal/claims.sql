@@ -195,6 +195,57 @@ COMMENT ON FUNCTION zeroth._claim_in_scope(text, text, text, text, integer, text
 ALTER FUNCTION zeroth._claim_in_scope(text, text, text, text, integer, text, integer, timestamptz, interval, boolean) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._claim_in_scope(text, text, text, text, integer, text, integer, timestamptz, interval, boolean) FROM PUBLIC;
 
+-- The room for one lease that is not a claim (admit_run's admit-and-own): what every claim obeys,
+-- from the same helpers. The scope's zeroth.scope_limits row (there is no caller's
+-- max_concurrency here): paused → no room; its rate_limit key → one start (_take_rate; none left:
+-- retry_at); its max_concurrency → one free slot (_take_slots; none: no room). leasable: the
+-- lease may be written; then the caller writes the run with admission_slot = slot and the slot
+-- row naming (run, generation), and logs the start with zeroth._log_rate(rate_limit, 1,
+-- decided_at). Locks: the rate key row, the slot row, SKIP LOCKED (never waits).
+CREATE OR REPLACE FUNCTION zeroth._take_lease_room(
+    tenant_id text, workspace_key text, deployment_ref text, at timestamptz,
+    OUT leasable boolean, OUT slot integer, OUT rate_limit text, OUT retry_at timestamptz,
+    OUT decided_at timestamptz)
+    LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_limit  integer;
+    v_paused boolean;
+    v_rate   record;
+    v_slots  integer[];
+BEGIN
+    leasable := false;
+    decided_at := _take_lease_room.at;
+    SELECT l.max_concurrency, l.paused, l.rate_limit INTO v_limit, v_paused, rate_limit
+      FROM zeroth._scope_limit(_take_lease_room.tenant_id, _take_lease_room.workspace_key,
+                               _take_lease_room.deployment_ref, NULL) AS l;
+    IF v_paused THEN
+        RETURN;
+    END IF;
+    IF rate_limit IS NOT NULL THEN
+        SELECT t.granted, t.retry_at, t.decided_at INTO v_rate
+          FROM zeroth._take_rate(rate_limit, 1, _take_lease_room.at) AS t;
+        decided_at := v_rate.decided_at;
+        IF v_rate.granted = 0 THEN
+            retry_at := v_rate.retry_at;
+            RETURN;
+        END IF;
+    END IF;
+    IF v_limit IS NOT NULL THEN
+        SELECT t.slots INTO v_slots
+          FROM zeroth._take_slots(_take_lease_room.tenant_id, _take_lease_room.workspace_key,
+                                  _take_lease_room.deployment_ref, v_limit, 1, decided_at) AS t;
+        IF cardinality(v_slots) = 0 THEN
+            RETURN;
+        END IF;
+        slot := v_slots[1];
+    END IF;
+    leasable := true;
+END
+$$;
+COMMENT ON FUNCTION zeroth._take_lease_room(text, text, text, timestamptz) IS 'Internal: the room for one lease that is not a claim (admit-and-own), under the scope''s zeroth.scope_limits row as every claim: paused → none; one start of its rate key (none: retry_at); one free slot of its max_concurrency. SKIP LOCKED.';
+ALTER FUNCTION zeroth._take_lease_room(text, text, text, timestamptz) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._take_lease_room(text, text, text, timestamptz) FROM PUBLIC;
+
 -- The body of claim_pending and claim_and_start: check the arguments, resolve the scope's limits
 -- (zeroth.scope_limits: a paused scope gives nothing; its max_concurrency replaces the caller's;
 -- its rate_limit key caps the starts),
