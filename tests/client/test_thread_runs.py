@@ -73,10 +73,12 @@ class TestAdmit:
         first = await threads.admit(DEPLOYMENT, "t-1", worker_id=OWNER, tenant_id="rated")
         second = await threads.admit(DEPLOYMENT, "t-2", worker_id=OWNER, tenant_id="rated")
 
-        assert first.owned and not second.owned
+        assert first.owned
+        assert not second.owned
         assert (second.outcome, second.status, second.lease_generation) == (
             AdmitOutcome.ADMITTED, RunStatus.PENDING, None)
-        assert second.retry_after_s is not None and second.retry_after_s > 0
+        assert second.retry_after_s is not None
+        assert second.retry_after_s > 0
         assert http_response(second) == (202, {"Retry-After": str(second.retry_after_s)})
 
     async def test_admit_and_own_then_busy_with_retry_after(self, pool: asyncpg.Pool) -> None:

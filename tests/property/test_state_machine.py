@@ -373,9 +373,9 @@ class Model:
         return plan
 
     def lease_run(self, plan: ClaimPlan, run: Run, position: int) -> Ticket:
-        if run.status == "running":  # an orphan: the attempt that died with its worker counts
-            run.attempts += 1
-        elif run.holder is not None:  # a claim that lapsed before start_run: it counts too
+        # An orphan (running): the attempt that died with its worker counts; a claim that
+        # lapsed before start_run (pending, a holder) counts too.
+        if run.status == "running" or run.holder is not None:
             run.attempts += 1
         run.holder, run.acquired, run.expires = plan.worker_id, self.now, self.now + plan.lease
         run.generation += 1

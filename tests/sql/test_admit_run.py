@@ -561,7 +561,8 @@ class TestAdmitAndOwnObeysTheScopeLimits:
         (marker,) = await conn.fetch(
             """SELECT * FROM zeroth_test.claim_pending(deployment_ref => $1, worker_id => $2,
                    now_override => $3)""", DEPLOYMENT, OTHER, at(1))
-        assert marker["run_id"] is None and marker["retry_at"] is not None
+        assert marker["run_id"] is None
+        assert marker["retry_at"] is not None
 
     async def test_an_unleased_admission_keeps_its_run_for_a_retry_with_the_same_key(self, conn):
         await limit_scope(conn, paused=True)
