@@ -545,6 +545,18 @@ class TestAdmitAndOwnObeysTheScopeLimits:
         assert [r["run_id"] for r in await claim(conn, worker_id=OTHER, now=at(5))] == [
             waiting.run_id]
 
+    @pytest.mark.parametrize("strategy", ["interrupt", "rollback"])
+    async def test_interrupting_its_own_run_hands_its_slot_to_the_new_one(self, conn, strategy):
+        await limit_scope(conn, max_concurrency=1)
+        first = await own_running(conn)
+
+        admitted = await admit(conn, strategy=strategy, worker_id=OWNER, owner_generation=1,
+                               now=at(1))
+
+        assert (admitted["outcome"], admitted["lease_generation"]) == ("admitted", 1)
+        assert await status(conn, first) == "cancelled"
+        assert (await run_row(conn, admitted["run_id"]))["admission_slot"] == 1
+
     async def test_a_rate_limited_scope_leases_only_what_the_window_allows(self, conn):
         await limit_scope(conn, rate=(2, 60))
 
