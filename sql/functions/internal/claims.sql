@@ -190,7 +190,8 @@ BEGIN
         v_ids := v_ids || v_more;
         v_ended := v_ended || v_spent;
         EXIT WHEN cardinality(v_spent) = 0;
-        -- Rare (a poison payload): each pass ends at least one run for good, so this stops.
+        -- Rare (a poison payload). Each pass sets at least one run aside for good (ended, or
+        -- left alone when _take_over finds its slot busy: a later claim ends it), so this stops.
         FOR i IN 1 .. cardinality(v_spent) LOOP
             PERFORM zeroth._take_over(_claim_in_scope.tenant_id, _claim_in_scope.workspace_key,
                                       v_spent[i], interval '0', v_at, 'orphan_recovered', NULL);
