@@ -54,7 +54,7 @@ ALTER TYPE zeroth.admission OWNER TO zeroth_owner;
 --
 -- Name: TYPE admission; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
-COMMENT ON TYPE zeroth.admission IS 'Result of admit_run. outcome: admitted | queued | busy | reused. lease_* are set when the caller holds the run (admit-and-own); active_run_id and retry_after_s name the run the thread waits for (busy, queued); displaced lists the runs an interrupt/rollback cancelled or asked to stop: [{run_id, outcome, worker_id, lease_generation}].';
+COMMENT ON TYPE zeroth.admission IS 'Result of admit_run. outcome: admitted | queued | busy | reused. lease_* are set when the caller holds the run (admit-and-own, when the scope''s zeroth.scope_limits row left room for the lease: not paused, a free slot, a start of its rate key; otherwise the run is admitted unleased, pending for the ordinary claims); active_run_id and retry_after_s name the run the thread waits for (busy, queued); an admission admitted unleased because its rate key had no start left carries retry_after_s = the seconds until it has one. displaced lists the runs an interrupt/rollback cancelled or asked to stop: [{run_id, outcome, worker_id, lease_generation}].';
 
 --
 -- Name: cancel_result; Type: TYPE; Schema: zeroth; Owner: zeroth_owner

@@ -98,7 +98,9 @@ class Admission:
     """Result of ``zeroth.admit_run``.
 
     ``lease_generation`` / ``lease_expires_at`` are set when the caller holds the run
-    (admit-and-own); ``active_run_id`` and ``retry_after_s`` name what the thread waits for.
+    (admit-and-own, when the scope's limits left room for the lease); ``active_run_id`` and
+    ``retry_after_s`` name what the thread waits for, or (admitted unleased, held back by the
+    scope's rate key) when the key has a start again.
     """
 
     outcome: AdmitOutcome
@@ -276,7 +278,11 @@ class ThreadRuns(LeaseManager):
         conn: Executor | None = None,
     ) -> Admission:
         """Create a run for a thread (``zeroth.admit_run``); with ``worker_id`` it is leased to
-        the caller at generation 1 in the same statement (admit-and-own). To interrupt its own
+        the caller at generation 1 in the same statement (admit-and-own) when the scope's
+        ``zeroth.scope_limits`` row leaves room, as for a claim (not paused, a free slot, a start
+        of its rate key). Otherwise it is admitted unleased (``Admission.owned`` is false): queue
+        work for the deployment's workers, which the caller must not run; ``retry_after_s`` says
+        when the rate key has a start again. To interrupt its own
         running run at once, the caller proves it holds that run's lease with
         ``owner_generation``; with ``worker_id`` alone a live run is only asked to stop."""
         rows = await self._fetch(

@@ -89,6 +89,10 @@ declare -a ORDER=()
 # claim FUNCTION LIMIT: claim up to LIMIT runs and append one tab-separated line per claimed run
 # to CLAIMED: run_id, generation, attempt (after start_run), steps, fail_attempts, step to resume
 # after. (The claim runs in $(...), not in <(...), so that a failing psql stops the script.)
+# The payload is decoded without raising: a cast that failed here would roll the claim back and
+# stop the script before anything was recorded, and it would claim the same poison run first
+# again on every restart. A value that is not a whole number comes back as -1 and the run is
+# failed for good (process).
 claim() {
     local out
     out=$(claim_sql "$@")
@@ -100,8 +104,10 @@ claim_sql() {
     sql -v limit="$2" <<SQL
 SELECT c.run_id, c.lease_generation,
        c.attempts + CASE WHEN c.status = 'pending' THEN 1 ELSE 0 END,
-       coalesce((c.payload ->> 'steps')::int, 3),
-       coalesce((c.payload ->> 'fail_attempts')::int, 0),
+       CASE WHEN coalesce(c.payload ->> 'steps', '3') ~ '^[0-9]{1,6}$'
+            THEN coalesce(c.payload ->> 'steps', '3')::int ELSE -1 END,
+       CASE WHEN coalesce(c.payload ->> 'fail_attempts', '0') ~ '^[0-9]{1,6}$'
+            THEN coalesce(c.payload ->> 'fail_attempts', '0')::int ELSE -1 END,
        coalesce((c.checkpoint_data ->> 'step')::int, 0)
   FROM zeroth.$1(deployment_ref => :'deployment', worker_id => :'worker',
                  tenant_id => nullif(:'tenant', ''), workspace_id => nullif(:'workspace', ''),
@@ -153,6 +159,21 @@ SQL
 )
     if [[ "$ok" != t ]]; then echo "lease lost on $run_id before it started"; return; fi
     echo "started $run_id generation $gen attempt $attempt (resuming after step $step)"
+
+    if ((steps < 0 || fail_attempts < 0)); then
+        # A payload this handler can never run: fail it for good, not retry it.
+        outcome=$(fenced "$run_id" "$gen" <<'SQL'
+SELECT zeroth.fail_run(
+           run_id => :'run_id', worker_id => :'worker', generation => :'gen'::bigint,
+           error => jsonb_build_object('message',
+                        'payload: steps and fail_attempts must be whole numbers'),
+           retryable => false,
+           tenant_id => nullif(:'tenant', ''), workspace_id => nullif(:'workspace', ''));
+SQL
+)
+        echo "failed $run_id: bad payload: ${outcome:-lease lost}"
+        return
+    fi
 
     if ((attempt <= fail_attempts)); then
         # A transient error: retryable, so fail_run schedules a retry or dead-letters the run.

@@ -1,14 +1,17 @@
 -- admit_run: create a run for a thread; with worker_id (admit-and-own) lease it to the caller at
 -- generation 1 in the same statement (status pending: claim_pending skips it while the lease
--- lives; the caller starts it with start_run). Admit-and-own leases are not claims: they take no
--- admission slot and do not count against any max_concurrency. Strategy when the thread has an
+-- lives; the caller starts it with start_run). That lease obeys the scope's zeroth.scope_limits
+-- row as every claim does (a slot of its max_concurrency, a start of its rate key); paused, full
+-- or out of starts, the run is admitted unleased (pending, for the ordinary claims; lease_* NULL,
+-- retry_after_s = when the rate key has a start again). Strategy when the thread has an
 -- active run: reject → busy; enqueue → queued behind it; interrupt / rollback → queued runs
 -- cancelled and the active run cancelled with that action, then admitted — or, if a live owner
 -- must first stop (cancel requested, NOTIFY), queued behind it. The caller's own active run is
 -- cancelled at once only when it proves ownership with worker_id and owner_generation (its live
 -- lease). A repeated idempotency key or run_id returns reused (the first admission wins, whatever
--- the payload). Locks: the thread's lock, slots, active run, queue. Raises ZP006, ZP008, ZP011
--- (an idempotency key starting 'zeroth-schedule:'). Notifies zeroth_wakeup, zeroth_control. Time: clock_timestamp().
+-- the payload). Locks: the thread's lock, slots, active run, queue; the rate key row and a slot,
+-- SKIP LOCKED. Raises ZP006, ZP008, ZP011 (an idempotency key starting 'zeroth-schedule:').
+-- Notifies zeroth_wakeup, zeroth_control. Time: clock_timestamp().
 CREATE OR REPLACE FUNCTION zeroth.admit_run(
     deployment_ref   text,
     thread_id        text,
@@ -86,7 +89,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION zeroth.admit_run(text, text, text, text, jsonb, text, text, double precision, double precision, text, jsonb, uuid, integer, integer, boolean, bigint) IS
-'admit_run: create a run for a thread, at most one active per thread. worker_id = admit-and-own: leased to the caller at generation 1 in the same statement (pending; start it with start_run; takes no admission slot). Strategies when busy: reject → busy (+ active_run_id, retry_after_s); enqueue → queued behind it; interrupt / rollback → queue and active run cancelled with that action, then admitted, or queued behind a live owner asked to stop (NOTIFY). The caller''s own active run is cancelled at once only with worker_id + owner_generation of its live lease. A repeated idempotency key or run_id returns reused (first admission wins). Raises ZP006, ZP008, ZP011 reserved_key (an idempotency key starting zeroth-schedule:, reserved for fire_due_schedules). Notifies zeroth_wakeup, zeroth_control. Time: clock_timestamp().';
+'admit_run: create a run for a thread, at most one active per thread. worker_id = admit-and-own: leased to the caller at generation 1 in the same statement (pending; start it with start_run) when the scope''s zeroth.scope_limits row leaves room, as for a claim (not paused, a free slot of its max_concurrency, a start of its rate key); otherwise admitted unleased (lease_* NULL; retry_after_s: when the rate key has a start again), pending for the ordinary claims. Strategies when busy: reject → busy (+ active_run_id, retry_after_s); enqueue → queued behind it; interrupt / rollback → queue and active run cancelled with that action, then admitted, or queued behind a live owner asked to stop (NOTIFY). The caller''s own active run is cancelled at once only with worker_id + owner_generation of its live lease. A repeated idempotency key or run_id returns reused (first admission wins). Raises ZP006, ZP008, ZP011 reserved_key (an idempotency key starting zeroth-schedule:, reserved for fire_due_schedules). Notifies zeroth_wakeup, zeroth_control. Time: clock_timestamp().';
 ALTER FUNCTION zeroth.admit_run(text, text, text, text, jsonb, text, text, double precision, double precision, text, jsonb, uuid, integer, integer, boolean, bigint) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.admit_run(text, text, text, text, jsonb, text, text, double precision, double precision, text, jsonb, uuid, integer, integer, boolean, bigint) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.admit_run(text, text, text, text, jsonb, text, text, double precision, double precision, text, jsonb, uuid, integer, integer, boolean, bigint) TO zeroth_worker;

@@ -9,8 +9,10 @@
 -- cannot use goes, in a weighted random order, to the scopes that may have more. A scope's
 -- rate_limit key caps its starts (rolling window). Rows: one per claimed run, plus one
 -- run_id-NULL row per scope that had due work but no free slot, or was held back by its rate
--- limit (retry_at). Locks: per scope, rate key row, slot rows, run rows, all SKIP LOCKED.
--- Raises ZP006, ZP008. Time: clock_timestamp().
+-- limit (retry_at). A lapsed unstarted claim counts as in claim_pending (none left:
+-- dead-lettered). Locks: per scope, rate key row, slot rows, run rows, all SKIP LOCKED.
+-- Raises ZP006, ZP008. Notifies zeroth_wakeup only for a run it dead-lettered.
+-- Time: clock_timestamp().
 CREATE OR REPLACE FUNCTION zeroth.claim_and_start_scopes(
     deployment_refs text[],
     worker_id       text,
@@ -131,7 +133,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION zeroth.claim_and_start_scopes(text[], text, text[], text[], integer, integer, double precision) IS
-'claim_and_start_scopes: claim_and_start over many deployments and scopes in one call, fairly. Scopes: (tenant_ids[i], workspace_ids[i]) × deployment_refs, or with tenant_ids NULL every scope of those deployments holding a pending run (skip scan, one probe per such scope). Per scope: priority DESC, run_after, created_at; zeroth.scope_limits max_concurrency (else the argument) in exact slots; paused scopes skipped; the zeroth.rate_limits key of its rate_limit caps its starts (rolling window). Fairness: each of the batch_size places is drawn for a scope with due work with probability weight / total weight (weight from zeroth.scope_limits, default 1), so a backlogged scope''s expected share is its weight''s at any batch size; what a scope cannot use goes, in a weighted random order, to the scopes that may have more. Rows: one per claimed run with its scope, plus one run_id-NULL row per scope that had due work but no free slot, or was held back by its rate limit (retry_at: when a start becomes possible). SKIP LOCKED throughout. Raises ZP006, ZP008. Time: clock_timestamp().';
+'claim_and_start_scopes: claim_and_start over many deployments and scopes in one call, fairly. Scopes: (tenant_ids[i], workspace_ids[i]) × deployment_refs, or with tenant_ids NULL every scope of those deployments holding a pending run (skip scan, one probe per such scope). Per scope: priority DESC, run_after, created_at; zeroth.scope_limits max_concurrency (else the argument) in exact slots; paused scopes skipped; the zeroth.rate_limits key of its rate_limit caps its starts (rolling window). Fairness: each of the batch_size places is drawn for a scope with due work with probability weight / total weight (weight from zeroth.scope_limits, default 1), so a backlogged scope''s expected share is its weight''s at any batch size; what a scope cannot use goes, in a weighted random order, to the scopes that may have more. Rows: one per claimed run with its scope, plus one run_id-NULL row per scope that had due work but no free slot, or was held back by its rate limit (retry_at: when a start becomes possible). A claim that lapsed before start_run counts its attempt as in claim_pending (none left: dead-lettered, attempts_exhausted). SKIP LOCKED throughout. Raises ZP006, ZP008. Notifies zeroth_wakeup (only for a run it dead-lettered). Time: clock_timestamp().';
 ALTER FUNCTION zeroth.claim_and_start_scopes(text[], text, text[], text[], integer, integer, double precision) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.claim_and_start_scopes(text[], text, text[], text[], integer, integer, double precision) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.claim_and_start_scopes(text[], text, text[], text[], integer, integer, double precision) TO zeroth_worker;

@@ -1,6 +1,8 @@
 -- claim_for_takeover: take over one run whose owner's lease expired more than grace ago, applying
 -- the run's own choice: resumable → requeued (back to pending, claimable, checkpoints kept; the
--- interrupted attempt stays counted) or, out of attempts, dead-lettered; not resumable → failed
+-- interrupted attempt stays counted; a claim that lapsed before start_run counts its attempt
+-- here) or, out of attempts, dead-lettered (a lapsed unstarted claim with none left: whatever
+-- resumable says); not resumable → failed
 -- with {stop_reason, message}; a cancel was requested → cancelled. Returns the row once, or
 -- nothing (lease live or within grace, renewing right now, not active, unknown). Locks: slot then
 -- run, SKIP LOCKED. A takeover that raises is rolled back and the run dead-lettered (stop_reason
@@ -28,7 +30,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION zeroth.claim_for_takeover(uuid, text, text, double precision, text, text) IS
-'claim_for_takeover: take over one run whose owner''s lease expired more than grace ago: resumable → requeued (pending, the interrupted attempt stays counted) or dead_lettered when out of attempts, not resumable → failed with {stop_reason, message}, cancel requested → cancelled. Returns the row once, or nothing (live, within grace, being renewed, not active, unknown). A takeover that raises is rolled back and the run dead-lettered instead (stop_reason recovery_failed). SKIP LOCKED. Raises ZP008. Notifies zeroth_wakeup. Time: clock_timestamp().';
+'claim_for_takeover: take over one run whose owner''s lease expired more than grace ago: resumable → requeued (pending, the interrupted attempt stays counted; a claim that lapsed before start_run counts its attempt) or dead_lettered when out of attempts (a lapsed unstarted claim with none left is dead-lettered whatever resumable says), not resumable → failed with {stop_reason, message}, cancel requested → cancelled. Returns the row once, or nothing (live, within grace, being renewed, not active, unknown). A takeover that raises is rolled back and the run dead-lettered instead (stop_reason recovery_failed). SKIP LOCKED. Raises ZP008. Notifies zeroth_wakeup. Time: clock_timestamp().';
 ALTER FUNCTION zeroth.claim_for_takeover(uuid, text, text, double precision, text, text) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.claim_for_takeover(uuid, text, text, double precision, text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.claim_for_takeover(uuid, text, text, double precision, text, text) TO zeroth_worker;

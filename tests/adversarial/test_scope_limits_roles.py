@@ -3,7 +3,7 @@ database exactly as shipped (no test clock):
 
 * a zeroth_worker cannot read or change zeroth.scope_limits, so it can neither lift a pause, nor
   raise a limit, nor give its own tenant more weight; a pause holds against its claims, single-
-  and multi-scope alike;
+  and multi-scope alike, and pause, slots and rate hold against its admit-and-own admissions;
 * a zeroth_reader sees the limits of the tenant it names and nothing else, and changes none;
 * a role with no grant can do neither, nor claim.
 """
@@ -68,6 +68,42 @@ class TestWorker:
         assert await admin.fetchval(
             "SELECT count(*) FROM zeroth.runs WHERE tenant_id = 'acme' AND status = 'pending' "
             "AND lease_worker_id IS NULL") == 3
+
+
+ADMIT_AND_OWN = """SELECT lease_generation, run_id FROM zeroth.admit_run(deployment_ref => 'd',
+    thread_id => $1, worker_id => 'w', tenant_id => $2)"""
+
+
+class TestAdmitAndOwn:
+    async def test_a_worker_cannot_lease_past_a_pause_slots_or_rate_through_admit_run(
+            self, login, admin):
+        """admit_run with worker_id then start_run, ten times per scope as fast as it can: the
+        paused scope starts nothing, the one-slot scope one run, the scope with 2 starts a
+        minute two; the rest are admitted unleased, pending for ordinary claims."""
+        await admin.execute("SELECT zeroth.set_rate_limit(name => 'adv-rate', max_starts => 2, "
+                            "period_seconds => 60)")
+        await admin.execute(
+            "INSERT INTO zeroth.scope_limits (tenant_id, deployment_ref, paused, "
+            "max_concurrency, rate_limit) VALUES ('paused', 'd', true, NULL, NULL), "
+            "('capped', 'd', false, 1, NULL), ('rated', 'd', false, NULL, 'adv-rate')")
+        worker = await login("worker")
+        started = {}
+        for tenant in ("paused", "capped", "rated"):
+            started[tenant] = 0
+            for i in range(10):
+                row = await worker.fetchrow(ADMIT_AND_OWN, f"t-{i}", tenant)
+                if row["lease_generation"] is not None and await worker.fetchval(
+                        "SELECT zeroth.start_run(run_id => $1, worker_id => 'w', "
+                        "generation => $2, tenant_id => $3)",
+                        row["run_id"], row["lease_generation"], tenant):
+                    started[tenant] += 1
+        assert started == {"paused": 0, "capped": 1, "rated": 2}
+        rows = await admin.fetch(
+            """SELECT tenant_id, count(*) FILTER (WHERE status = 'running') AS running,
+                      count(*) FILTER (WHERE status = 'pending' AND lease_worker_id IS NULL)
+                          AS unleased
+                 FROM zeroth.runs GROUP BY tenant_id ORDER BY tenant_id""")
+        assert [tuple(r) for r in rows] == [("capped", 1, 9), ("paused", 0, 10), ("rated", 2, 8)]
 
 
 class TestReader:

@@ -62,6 +62,25 @@ class TestAdmit:
         claimed = await threads.claim_pending(DEPLOYMENT, "worker")
         assert claimed == admitted.run_id
 
+    async def test_admit_and_own_held_back_by_the_scopes_rate_key_is_not_owned(
+            self, pool: asyncpg.Pool) -> None:
+        threads = ThreadRuns(pool)
+        await pool.execute("SELECT zeroth.set_rate_limit(name => 'client-admit', "
+                           "max_starts => 1, period_seconds => 3600)")
+        await pool.execute("INSERT INTO zeroth.scope_limits (tenant_id, deployment_ref, "
+                           "rate_limit) VALUES ('rated', $1, 'client-admit')", DEPLOYMENT)
+
+        first = await threads.admit(DEPLOYMENT, "t-1", worker_id=OWNER, tenant_id="rated")
+        second = await threads.admit(DEPLOYMENT, "t-2", worker_id=OWNER, tenant_id="rated")
+
+        assert first.owned
+        assert not second.owned
+        assert (second.outcome, second.status, second.lease_generation) == (
+            AdmitOutcome.ADMITTED, RunStatus.PENDING, None)
+        assert second.retry_after_s is not None
+        assert second.retry_after_s > 0
+        assert http_response(second) == (202, {"Retry-After": str(second.retry_after_s)})
+
     async def test_admit_and_own_then_busy_with_retry_after(self, pool: asyncpg.Pool) -> None:
         threads = ThreadRuns(pool, lease_duration_seconds=30, grace_seconds=10)
         first = await owned_running(threads)

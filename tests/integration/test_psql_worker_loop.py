@@ -52,6 +52,21 @@ class TestWorkerLoop:
         assert code == 0, err
         await assert_processed(db, seeded, out, worker=WORKER, deployment=DEPLOYMENT)
 
+    async def test_a_payload_it_cannot_decode_fails_once_and_blocks_nothing(
+            self, database_dsn, connect):
+        db = await connect()
+        poison = await enqueue(db, DEPLOYMENT, {"steps": "x"})  # type: ignore[dict-item]
+        plain = await enqueue(db, DEPLOYMENT, {"steps": 1})
+
+        code, out, err = await finish(await run_script(
+            database_dsn, "--until-empty", "--batch", "1"))
+
+        assert code == 0, err
+        assert f"failed {poison}: bad payload: failed" in out
+        runs = await rows(db)
+        assert (runs[poison]["status"], runs[poison]["attempts"]) == ("failed", 1)
+        assert runs[plain]["status"] == "completed"
+
     async def test_batch_renewal_then_sigterm_hands_back_the_run_in_hand_and_releases_the_rest(
             self, database_dsn, connect):
         db = await connect()

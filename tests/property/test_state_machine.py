@@ -173,6 +173,11 @@ class ClaimPlan:
     want: int | None
     sort_key: Any
     marker: tuple[int, bool, int | None] | None = None  # a run_id-NULL row and nothing else
+    # Pending runs whose last claim lapsed before start_run with no attempt left after counting
+    # it: the claim dead-letters those it meets before its batch is full (ended), and maybe
+    # those tied in claim order with its last claimed run (maybe_ended: the database decides).
+    ended: list[Run] = field(default_factory=list)
+    maybe_ended: list[Run] = field(default_factory=list)
 
 
 SlotKey = tuple[str, str, str]  # tenant_id, workspace_key, deployment_ref
@@ -301,7 +306,32 @@ class Model:
             if not plan.slots:
                 plan.marker = (plan.active, True, limit)
             plan.want = len(plan.slots)
+        if plan.marker is None:
+            def spent(run: Run) -> bool:
+                return run.holder is not None and run.attempts + 1 >= run.max_attempts
+            want = plan.want or 0
+            claimable = [r for r in candidates if not spent(r)]
+            last = _pending_order(claimable[want - 1]) if len(claimable) >= want > 0 else None
+            for run in filter(spent, candidates):
+                if last is None or _pending_order(run) < last:
+                    plan.ended.append(run)
+                elif _pending_order(run) == last:
+                    plan.maybe_ended.append(run)
+            plan.candidates = claimable
         return plan
+
+    def end_lapsed_claim(self, run: Run) -> None:
+        """A claim's _take_over of a run whose last claim lapsed before start_run and that has
+        no attempt left once that one is counted: dead-lettered (cancelled if one was asked)."""
+        cancelled = run.cancel_action is not None
+        previous = {"previous_error": run.error} if run.error is not None else {}
+        run.error = {"stop_reason": "orphan_recovered" if cancelled else "attempts_exhausted",
+                     "worker_id": run.holder, "lease_generation": run.generation, **previous}
+        run.attempts += 1
+        run.status, run.finished = ("cancelled" if cancelled else "failed"), True
+        run.dead_lettered = not cancelled
+        self.free_slot(Ticket(run.scope, run.run_id, run.holder or "", run.generation))
+        run.clear_lease()
 
     def end_exhausted_orphans(self, scope: Scope, deployment_ref: str,
                               claim_limit: int | None) -> None:
@@ -343,7 +373,9 @@ class Model:
         return plan
 
     def lease_run(self, plan: ClaimPlan, run: Run, position: int) -> Ticket:
-        if run.status == "running":  # an orphan: the attempt that died with its worker counts
+        # An orphan (running): the attempt that died with its worker counts; a claim that
+        # lapsed before start_run (pending, a holder) counts too.
+        if run.status == "running" or run.holder is not None:
             run.attempts += 1
         run.holder, run.acquired, run.expires = plan.worker_id, self.now, self.now + plan.lease
         run.generation += 1
@@ -615,6 +647,15 @@ class RunProtocol(RuleBasedStateMachine):
                          lease_seconds=plan.lease.total_seconds(), **kwargs)
         assert not isinstance(rows, Raises), rows
         claimed = [row for row in rows if row["run_id"] is not None]
+        for run in plan.ended:
+            self.model.end_lapsed_claim(run)
+        for run in plan.maybe_ended:  # tied in claim order with the last claimed run
+            if self.db.run(self.db.conn.fetchval(
+                    "SELECT r.status::text FROM zeroth.runs r WHERE r.run_id = $1",
+                    run.run_id)) != "pending":
+                self.model.end_lapsed_claim(run)
+        if plan.ended or plan.maybe_ended:
+            self.figures[f"{function}:dead-lettered a lapsed claim"] += 1
         if plan.marker is not None or not claimed:
             active, saturated, limit = plan.marker or (plan.active, False, plan.limit)
             wanted = plan.candidates[:plan.want] if plan.marker is None else []

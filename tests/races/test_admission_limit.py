@@ -338,3 +338,92 @@ class TestRenewalVersusReallocation:
                 "SELECT s.run_id, s.lease_worker_id FROM zeroth_test.slot_leases s "
                 "WHERE s.deployment_ref = $1 AND s.run_id IS NOT NULL", deployment)
             assert (slot["run_id"], slot["lease_worker_id"]) == (row_b["run_id"], "claimer-b")
+
+
+ADMIT_AND_OWN = """
+    SELECT outcome, run_id, lease_generation FROM zeroth.admit_run(deployment_ref => $1,
+        thread_id => $2, worker_id => $3, lease_seconds => 30)"""
+
+CLAIM_AND_START = """
+    SELECT run_id, lease_generation FROM zeroth.claim_and_start(deployment_ref => $1,
+        worker_id => $2, batch_size => 1, lease_seconds => 30)"""
+
+
+class TestAdmitAndOwnUnderTheScopeLimit:
+    async def test_admissions_and_claims_together_never_exceed_a_one_slot_scope(
+            self, connect: Any) -> None:
+        """Sessions that admit-and-own and sessions that claim, at once, against a scope the
+        DBA limited to 1 (zeroth.scope_limits): a monitor never sees 2 live leases, and each
+        lease holder that starts and completes its run hands the slot on."""
+        deployment, rounds = "admit-own-bound", 40
+        setup = await connect()
+        await setup.execute(
+            "INSERT INTO zeroth.scope_limits (tenant_id, deployment_ref, max_concurrency) "
+            "VALUES ('default', $1, 1)", deployment)
+        await enqueue_many(setup, deployment, rounds)
+        admitters = await open_sessions(connect, 4)
+        claimers = await open_sessions(connect, 4)
+        monitor = await connect()
+        done = asyncio.Event()
+        leased = {"admitted": 0, "unleased": 0, "claimed": 0}
+        completed: set[Any] = set()
+
+        def count(run_id: Any) -> None:
+            completed.add(run_id)
+            if len(completed) == 2 * rounds:  # the enqueued runs and the admitted ones
+                done.set()
+
+        async def finish(session: asyncpg.Connection, fence: tuple[Any, str, int]) -> None:
+            assert await session.fetchval(START, *fence)
+            await asyncio.sleep(0.002)
+            assert await session.fetchval(COMPLETE, *fence, "{}")
+            count(fence[0])
+
+        async def admitter(index: int, session: asyncpg.Connection) -> None:
+            for n in range(rounds // 4):
+                worker = f"admitter-{index}"
+                row = await session.fetchrow(ADMIT_AND_OWN, deployment, f"t-{index}-{n}", worker)
+                assert row["outcome"] == "admitted"
+                if row["lease_generation"] is None:
+                    leased["unleased"] += 1
+                    await asyncio.sleep(0.001)
+                    continue
+                leased["admitted"] += 1
+                await finish(session, (row["run_id"], worker, row["lease_generation"]))
+
+        async def claimer(index: int, session: asyncpg.Connection) -> None:
+            worker = f"claimer-{index}"
+            while not done.is_set():
+                rows = [r for r in await session.fetch(CLAIM_AND_START, deployment, worker)
+                        if r["run_id"] is not None]
+                if not rows:
+                    await asyncio.sleep(0.001)
+                    continue
+                leased["claimed"] += 1
+                fence = (rows[0]["run_id"], worker, rows[0]["lease_generation"])
+                await asyncio.sleep(0.002)
+                assert await session.fetchval(COMPLETE, *fence, "{}")
+                count(fence[0])
+
+        samples: list[int] = []
+
+        async def sample() -> None:
+            while not done.is_set():
+                samples.append(await monitor.fetchval(LIVE_LEASES, deployment))
+                await asyncio.sleep(0)
+
+        # The admissions held back are pending queue work: the claimers finish them too.
+        await asyncio.wait_for(
+            asyncio.gather(sample(), *(admitter(i, s) for i, s in enumerate(admitters)),
+                           *(claimer(i, s) for i, s in enumerate(claimers))),
+            timeout=120)
+
+        assert len(samples) > 50
+        assert max(samples) == 1
+        # Both kinds of lease really competed for the one slot.
+        assert leased["admitted"] > 0
+        assert leased["claimed"] > 0
+        assert leased["unleased"] > 0
+        assert await setup.fetchval(
+            "SELECT count(*) FROM zeroth.runs WHERE deployment_ref = $1 "
+            "AND status = 'completed'", deployment) == 2 * rounds

@@ -473,10 +473,125 @@ class TestIdempotency:
         assert await conn.fetchval("SELECT count(*) FROM zeroth.runs") == rows_before
 
 
+async def limit_scope(conn: asyncpg.Connection, *, paused: bool = False,
+                      max_concurrency: int | None = None, rate: tuple[int, float] | None = None
+                      ) -> None:
+    """The DBA's zeroth.scope_limits row for the default scope (and its rate key)."""
+    if rate is not None:
+        await conn.execute("SELECT zeroth.set_rate_limit(name => 'admit-rate', max_starts => $1, "
+                           "period_seconds => $2)", *rate)
+    await conn.execute(
+        """INSERT INTO zeroth.scope_limits (tenant_id, deployment_ref, paused, max_concurrency,
+                                            rate_limit)
+           VALUES ('default', $1, $2, $3, $4)
+           ON CONFLICT (tenant_id, workspace_key, deployment_ref) DO UPDATE
+              SET paused = EXCLUDED.paused, max_concurrency = EXCLUDED.max_concurrency,
+                  rate_limit = EXCLUDED.rate_limit""",
+        DEPLOYMENT, paused, max_concurrency, None if rate is None else "admit-rate")
+
+
+def unleased(admitted: dict[str, object]) -> bool:
+    return (admitted["outcome"], admitted["status"], admitted["lease_generation"],
+            admitted["lease_expires_at"]) == ("admitted", "pending", None, None)
+
+
+class TestAdmitAndOwnObeysTheScopeLimits:
+    """Every lease obeys the DBA's zeroth.scope_limits row as a claim does; an admit-and-own
+    admission the scope has no room for is admitted unleased (pending queue work)."""
+
+    async def test_a_paused_scope_admits_the_run_unleased(self, conn):
+        await limit_scope(conn, paused=True)
+
+        admitted = await admit(conn, worker_id=OWNER)
+
+        assert unleased(admitted)
+        row = await run_row(conn, admitted["run_id"])
+        assert (row["lease_worker_id"], row["lease_generation"]) == (None, 0)
+        assert await fenced(conn, "start_run", admitted["run_id"], OWNER, 1, now=at(1)) is False
+        assert await claim(conn, worker_id=OTHER, now=at(2)) == []
+        await limit_scope(conn, paused=False)
+        assert [r["run_id"] for r in await claim(conn, worker_id=OTHER, now=at(3))] == [
+            admitted["run_id"]]
+
+    async def test_a_full_scope_admits_the_run_unleased(self, conn):
+        await limit_scope(conn, max_concurrency=1)
+        running = await make_run(conn, "running", worker_id=OTHER)
+
+        admitted = await admit(conn, worker_id=OWNER, now=at(1))
+
+        assert unleased(admitted)
+        assert admitted["retry_after_s"] is None
+        assert await fenced(conn, "complete_run", running.run_id, OTHER, running.generation,
+                            now=at(2), output={})
+        assert [r["run_id"] for r in await claim(conn, worker_id=OTHER, now=at(3))] == [
+            admitted["run_id"]]
+
+    async def test_an_owned_lease_takes_a_slot_that_claims_then_see_taken(self, conn):
+        await limit_scope(conn, max_concurrency=1)
+        owned = await admit(conn, worker_id=OWNER)
+        assert (owned["outcome"], owned["lease_generation"]) == ("admitted", 1)
+        assert (await run_row(conn, owned["run_id"]))["admission_slot"] == 1
+        waiting = await make_run(conn, "pending", now=at(1))
+
+        (marker,) = await conn.fetch(
+            """SELECT * FROM zeroth_test.claim_pending(deployment_ref => $1, worker_id => $2,
+                   now_override => $3)""", DEPLOYMENT, OTHER, at(2))
+        assert (marker["run_id"], marker["concurrency_saturated"], marker["active_count"]) == (
+            None, True, 1)
+
+        # Ending the owned run frees its slot, as any lease's end does.
+        assert await fenced(conn, "start_run", owned["run_id"], OWNER, 1, now=at(3))
+        assert await fenced(conn, "complete_run", owned["run_id"], OWNER, 1, now=at(4), output={})
+        assert [r["run_id"] for r in await claim(conn, worker_id=OTHER, now=at(5))] == [
+            waiting.run_id]
+
+    @pytest.mark.parametrize("strategy", ["interrupt", "rollback"])
+    async def test_interrupting_its_own_run_hands_its_slot_to_the_new_one(self, conn, strategy):
+        await limit_scope(conn, max_concurrency=1)
+        first = await own_running(conn)
+
+        admitted = await admit(conn, strategy=strategy, worker_id=OWNER, owner_generation=1,
+                               now=at(1))
+
+        assert (admitted["outcome"], admitted["lease_generation"]) == ("admitted", 1)
+        assert await status(conn, first) == "cancelled"
+        assert (await run_row(conn, admitted["run_id"]))["admission_slot"] == 1
+
+    async def test_a_rate_limited_scope_leases_only_what_the_window_allows(self, conn):
+        await limit_scope(conn, rate=(2, 60))
+
+        admitted = [await admit(conn, f"thread-{i}", worker_id=OWNER, now=at(i * 0.001))
+                    for i in range(10)]
+
+        assert [a["lease_generation"] for a in admitted] == [1, 1] + [None] * 8
+        assert all(unleased(a) for a in admitted[2:])
+        # retry_after_s: when the window has a start again (the first start leaves at 60 s).
+        assert {a["retry_after_s"] for a in admitted[2:]} == {60}
+        assert await conn.fetchval(
+            "SELECT sum(starts) FROM zeroth.rate_limit_starts WHERE name = 'admit-rate'") == 2
+        # The owned starts count against the claims of the scope too.
+        (marker,) = await conn.fetch(
+            """SELECT * FROM zeroth_test.claim_pending(deployment_ref => $1, worker_id => $2,
+                   now_override => $3)""", DEPLOYMENT, OTHER, at(1))
+        assert marker["run_id"] is None
+        assert marker["retry_at"] is not None
+
+    async def test_an_unleased_admission_keeps_its_run_for_a_retry_with_the_same_key(self, conn):
+        await limit_scope(conn, paused=True)
+        first = await admit(conn, worker_id=OWNER, idempotency_key="k")
+        await limit_scope(conn, paused=False)
+
+        again = await admit(conn, worker_id=OWNER, idempotency_key="k", now=at(1))
+
+        assert (again["outcome"], again["run_id"], again["lease_generation"]) == (
+            "reused", first["run_id"], None)
+
+
 class TestAdmitAndOwnIsNotAClaim:
     async def test_an_owned_lease_takes_no_slot_and_does_not_fill_max_concurrency(self, conn):
-        """Finding 11 (bullet 5), a documented decision (docs/threads.md): an admit-and-own
-        lease is not a claim, so it takes no admission slot and counts against no K."""
+        """Finding 11 (bullet 5), a documented decision (docs/threads.md): without a
+        zeroth.scope_limits max_concurrency (the DBA's limit, which it obeys: see above) an
+        admit-and-own lease takes no admission slot and counts against no claimer's own K."""
         owned = await admit(conn, worker_id=OWNER)
         assert (owned["outcome"], owned["lease_generation"]) == ("admitted", 1)
         assert (await run_row(conn, owned["run_id"]))["admission_slot"] is None

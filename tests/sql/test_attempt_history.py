@@ -195,7 +195,9 @@ class TestFailures:
         lease = await make_run(conn, "claimed", now=at(0), lease_seconds=30)
         await claim(conn, worker_id=OTHER, now=at(100))
         rows = await history(conn, lease.run_id)
-        assert outcomes(rows) == [(1, 1, WORKER, "expired"), (1, 2, OTHER, None)]
+        # The lapsed claim spent attempt 1 (it counts: a worker that dies before start_run
+        # must not loop for ever), so the new claim's open attempt is number 2.
+        assert outcomes(rows) == [(1, 1, WORKER, "expired"), (2, 2, OTHER, None)]
         assert rows[0]["started_at"] is None
 
 

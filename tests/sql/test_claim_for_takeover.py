@@ -139,6 +139,25 @@ class TestRequeue:
         assert [(r["run_id"], r["lease_generation"]) for r in claimed] == [(run_id, 2)]
         assert json.loads(claimed[0]["checkpoint_data"]) == {"step": 1}
 
+    async def test_a_lapsed_unstarted_claim_is_requeued_with_its_attempt_counted(self, conn):
+        lease = await make_run(conn, "claimed", lease_seconds=30, max_attempts=3)
+
+        rows = await take_over(conn, lease.run_id, now=at(41))
+
+        assert [(r["outcome"], r["status"]) for r in rows] == [("requeued", "pending")]
+        row = await run_row(conn, lease.run_id)
+        assert (row["lease_worker_id"], row["attempts"]) == (None, 1)
+
+    async def test_a_lapsed_unstarted_claim_with_no_attempt_left_is_dead_lettered(self, conn):
+        lease = await make_run(conn, "claimed", lease_seconds=30, max_attempts=1)
+
+        rows = await take_over(conn, lease.run_id, now=at(41))
+
+        assert [(r["outcome"], r["status"]) for r in rows] == [("dead_lettered", "failed")]
+        row = await run_row(conn, lease.run_id)
+        assert (row["attempts"], row["dead_lettered_at"]) == (1, at(41))
+        assert json.loads(row["error"])["stop_reason"] == "attempts_exhausted"
+
     async def test_queue_mode_runs_are_resumable(self, conn):
         lease = await make_run(conn, "running", thread_id=THREAD, lease_seconds=30)
 

@@ -195,6 +195,93 @@ class TestGenerations:
         assert [(r["run_id"], r["lease_generation"]) for r in rows] == [(lease.run_id, 2)]
 
 
+CLAIM_AND_START = """SELECT run_id, attempts FROM zeroth_test.claim_and_start(
+    deployment_ref => $1, worker_id => $2, lease_seconds => $3, now_override => $4)
+    WHERE run_id IS NOT NULL"""
+
+
+class TestLapsedClaimsCountAttempts:
+    """A claim that lapses before start_run spent an attempt (its worker died before it could
+    start the run): the next claim counts it, and with none left the run is dead-lettered, so
+    a payload that kills two-step workers (claim_pending, then start_run) cannot loop for
+    ever, nor hold up the runs behind it."""
+
+    async def test_a_reclaim_after_a_lapsed_claim_counts_its_attempt(self, conn):
+        run_id = await enqueue(conn, max_attempts=3)
+        await claim(conn, lease_seconds=10, now=at(0))
+
+        (row,) = await claim(conn, worker_id="worker-b", now=at(11))
+
+        assert (row["run_id"], row["lease_generation"], row["attempts"]) == (run_id, 2, 1)
+        assert await start(conn, run_id, "worker-b", 2, at(12))
+        assert (await run_row(conn, run_id))["attempts"] == 2
+
+    async def test_claim_and_start_counts_the_lapsed_claim_and_its_own_start(self, conn):
+        run_id = await enqueue(conn, max_attempts=3)
+        await claim(conn, lease_seconds=10, now=at(0))
+
+        rows = await conn.fetch(CLAIM_AND_START, DEPLOYMENT, "worker-b", LEASE, at(11))
+
+        assert [(r["run_id"], r["attempts"]) for r in rows] == [(run_id, 2)]
+
+    async def test_a_released_claim_is_not_counted(self, conn):
+        lease = await make_run(conn, "claimed", max_attempts=2)
+        assert await conn.fetchval(
+            """SELECT zeroth_test.release_lease(run_id => $1, worker_id => $2, generation => $3,
+                   now_override => $4)""", lease.run_id, lease.worker_id, lease.generation, at(1))
+
+        (row,) = await claim(conn, worker_id="worker-b", now=at(2))
+
+        assert row["attempts"] == 0
+
+    async def test_a_poison_run_whose_claims_all_lapse_is_dead_lettered_and_blocks_nothing(
+            self, conn):
+        # Twelve short claims in a row, none started (the finding): first in claim order each
+        # time, until its attempts are spent.
+        poison = await enqueue(conn, max_attempts=2, priority=10, payload={"poison": True})
+        other = await enqueue(conn)
+        seen = []
+        for i in range(12):
+            rows = await claim(conn, worker_id=f"w-{i}", lease_seconds=0.2, now=at(i))
+            seen.append(rows[0]["run_id"] if rows else None)
+            if rows and rows[0]["run_id"] == other:
+                break
+
+        assert seen == [poison, poison, other]
+        row = await run_row(conn, poison)
+        assert (row["status"], row["attempts"], row["lease_worker_id"]) == ("failed", 2, None)
+        assert row["dead_lettered_at"] == at(2)
+        assert json.loads(row["error"])["stop_reason"] == "attempts_exhausted"
+        assert row["lease_generation"] == 2  # no claim after the last one
+        history = await conn.fetch(
+            """SELECT attempt, outcome FROM zeroth.attempt_history WHERE run_id = $1
+                ORDER BY lease_generation""", poison)
+        assert [tuple(h) for h in history] == [(1, "expired"), (2, "dead_lettered")]
+
+    async def test_a_batch_claim_fills_its_batch_past_a_spent_run(self, conn):
+        poison = await enqueue(conn, max_attempts=1, priority=10)
+        await claim(conn, lease_seconds=1, now=at(0))
+        others = [await enqueue(conn, now=at(0.5)) for _ in range(2)]
+
+        rows = await claim(conn, worker_id="worker-b", batch_size=2, now=at(2))
+
+        assert sorted(r["run_id"] for r in rows) == sorted(others)
+        assert (await run_row(conn, poison))["status"] == "failed"
+
+    async def test_a_spent_run_is_dead_lettered_under_max_concurrency_and_frees_its_slot(
+            self, conn):
+        poison = await enqueue(conn, max_attempts=1, priority=10)
+        await claim(conn, lease_seconds=1, max_concurrency=1, now=at(0))
+        other = await enqueue(conn, now=at(0.5))
+
+        rows = await claim(conn, worker_id="worker-b", max_concurrency=1, now=at(2))
+
+        assert [(r["run_id"], r["active_count"]) for r in rows] == [(other, 0)]
+        assert (await run_row(conn, poison))["status"] == "failed"
+        assert await conn.fetchval(
+            "SELECT count(*) FROM zeroth.admission_slots WHERE run_id = $1", poison) == 0
+
+
 class TestRunAfter:
     async def test_future_run_is_not_claimed_until_due(self, conn):
         run_id = await enqueue(conn, run_after=at(100))

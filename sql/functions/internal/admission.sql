@@ -101,7 +101,10 @@ ALTER FUNCTION zeroth._displace(text, text, text, text, interval, timestamptz, t
 REVOKE ALL ON FUNCTION zeroth._displace(text, text, text, text, interval, timestamptz, text, bigint) FROM PUBLIC;
 
 -- The admission proper, shared by admit_run (after _displace), enqueue_run and enqueue_runs: an
--- idle thread admits (leased to worker_id when given), a busy one answers busy (reject) or queues
+-- idle thread admits (leased to worker_id when given and the scope has room for one more lease
+-- under its zeroth.scope_limits row, as a claim would: not paused, a start of its rate key, a
+-- free slot of its max_concurrency; otherwise admitted unleased, pending for the ordinary claims,
+-- retry_after_s = when the rate key has a start again), a busy one answers busy (reject) or queues
 -- the run (enqueue). Serialised per thread by the thread's lock (_lock_thread); a retried admission is looked up
 -- again once the lock is held (its first attempt may have committed while we waited), and the
 -- unique index is the backstop (ON CONFLICT DO NOTHING, then look again). displaced is passed
@@ -120,6 +123,12 @@ DECLARE
     v_queue  boolean;
     v_owned  boolean;
     v_new    record;
+    v_took   boolean := false;
+    v_lease  boolean;
+    v_slot   integer;
+    v_rate   text;
+    v_retry  timestamptz;
+    v_rate_at timestamptz;
 BEGIN
     -- A retried admission needs no lock...
     v_result := zeroth._admission_reuse(_admit.tenant_id, v_wskey, _admit.deployment_ref, _admit.thread_id,
@@ -145,10 +154,21 @@ BEGIN
         END IF;
 
         v_owned := _admit.worker_id IS NOT NULL AND NOT v_queue;
+        IF v_owned AND NOT v_took THEN
+            -- Every lease obeys the scope's pause, slots and rate, as a claim does (taken once:
+            -- a second pass of this loop keeps the room the first one took).
+            SELECT t.leasable, t.slot, t.rate_limit, t.retry_at, t.decided_at
+              INTO v_lease, v_slot, v_rate, v_retry, v_rate_at
+              FROM zeroth._take_lease_room(_admit.tenant_id, v_wskey, _admit.deployment_ref,
+                                           _admit.at) AS t;
+            v_took := true;
+        END IF;
+        v_owned := v_owned AND v_lease;
         INSERT INTO zeroth.runs AS r (
             run_id, tenant_id, workspace_id, deployment_ref, thread_id, status, wait_reason, thread_queued_at,
             priority, run_after, max_attempts, created_at, updated_at, payload, metadata, idempotency_key,
-            resumable, lease_worker_id, lease_acquired_at, lease_expires_at, lease_generation)
+            resumable, lease_worker_id, lease_acquired_at, lease_expires_at, lease_generation,
+            admission_slot)
         VALUES (
             coalesce(_admit.run_id, gen_random_uuid()), _admit.tenant_id, _admit.workspace_id, _admit.deployment_ref,
             _admit.thread_id,
@@ -160,19 +180,32 @@ BEGIN
             CASE WHEN v_owned THEN _admit.worker_id END,
             CASE WHEN v_owned THEN _admit.at END,
             CASE WHEN v_owned THEN _admit.at + _admit.lease END,
-            CASE WHEN v_owned THEN 1 ELSE 0 END)
+            CASE WHEN v_owned THEN 1 ELSE 0 END,
+            CASE WHEN v_owned THEN v_slot END)
         ON CONFLICT DO NOTHING
         RETURNING r.run_id, r.status, r.lease_generation, r.lease_expires_at, r.run_after INTO v_new;
         IF FOUND THEN
             IF v_queue THEN
                 PERFORM zeroth._mark_queue_changed(_admit.tenant_id, v_wskey, v_active.run_id);
             END IF;
+            IF v_owned AND v_slot IS NOT NULL THEN  -- the slot names (run, generation 1)
+                UPDATE zeroth.admission_slots s
+                   SET run_id = v_new.run_id, lease_generation = v_new.lease_generation
+                 WHERE s.tenant_id = _admit.tenant_id AND s.workspace_key = v_wskey
+                   AND s.deployment_ref = _admit.deployment_ref AND s.slot_no = v_slot;
+            END IF;
+            IF v_owned AND v_rate IS NOT NULL THEN  -- a start of the rate key
+                PERFORM zeroth._log_rate(v_rate, 1, v_rate_at);
+            END IF;
             IF NOT v_queue AND NOT v_owned AND v_new.run_after <= _admit.at THEN
                 PERFORM zeroth._notify_wakeup(_admit.deployment_ref, _admit.tenant_id, _admit.workspace_id);
             END IF;
             RETURN ROW(CASE WHEN v_queue THEN 'queued' ELSE 'admitted' END, v_new.run_id, v_new.status,
                        CASE WHEN v_owned THEN v_new.lease_generation END, v_new.lease_expires_at,
-                       v_active.run_id, zeroth._retry_after(v_active.lease_expires_at, _admit.grace, _admit.at),
+                       v_active.run_id,
+                       CASE WHEN v_queue THEN zeroth._retry_after(v_active.lease_expires_at, _admit.grace, _admit.at)
+                            WHEN NOT v_owned AND v_retry IS NOT NULL
+                            THEN zeroth._retry_after(v_retry, interval '0', v_rate_at) END,
                        _admit.displaced)::zeroth.admission;
         END IF;
         -- A unique index said no: the same key or run_id arrived concurrently, or an active run

@@ -27,9 +27,11 @@ REVOKE ALL ON FUNCTION zeroth._claim_marker(integer, boolean, integer) FROM PUBL
 -- Leases runs the caller has already locked (FOR UPDATE SKIP LOCKED) and, under max_concurrency,
 -- pairs run_ids[i] with the already locked slot slots[i]: new generation, worker, times, slot, the
 -- latest checkpoint as recovery point. Counts an attempt for every run that starts here (start:
--- pending → running) and for every running run re-leased after its lease expired (an orphan: its
--- last attempt died with its worker). Returns the claimed rows in input order, or the run_id-NULL
--- row that says nothing was claimable.
+-- pending → running), for every running run re-leased after its lease expired (an orphan: its
+-- last attempt died with its worker) and for every pending run re-leased after a claim that
+-- lapsed before start_run (that claim's attempt died with its worker too; the claim found it
+-- had one left, see _claim_in_scope). Returns the claimed rows in input order, or the
+-- run_id-NULL row that says nothing was claimable.
 CREATE OR REPLACE FUNCTION zeroth._lease_locked_runs(
     tenant_id text, workspace_key text, run_ids uuid[], slots integer[], worker_id text,
     at timestamptz, lease interval, active_count integer, concurrency_limit integer, start boolean)
@@ -57,8 +59,11 @@ BEGIN
                recovery_checkpoint_id = CASE WHEN r.checkpoint_seq > 0
                    THEN zeroth._latest_checkpoint_id(r.tenant_id, r.workspace_key, r.run_id) END,
                status = CASE WHEN _lease_locked_runs.start THEN 'running' ELSE r.status END,
-               attempts = CASE WHEN r.status = 'running' OR _lease_locked_runs.start
-                               THEN r.attempts + 1 ELSE r.attempts END,
+               attempts = r.attempts
+                          + CASE WHEN r.status = 'running' OR _lease_locked_runs.start
+                                 THEN 1 ELSE 0 END
+                          + CASE WHEN r.status = 'pending' AND r.lease_worker_id IS NOT NULL
+                                 THEN 1 ELSE 0 END,
                started_at = CASE WHEN _lease_locked_runs.start AND r.status = 'pending'
                                  THEN _lease_locked_runs.at ELSE r.started_at END,
                updated_at = _lease_locked_runs.at
@@ -93,7 +98,7 @@ BEGIN
     END IF;
 END
 $$;
-COMMENT ON FUNCTION zeroth._lease_locked_runs(text, text, uuid[], integer[], text, timestamptz, interval, integer, integer, boolean) IS 'Internal: lease runs (and slots) the caller already locked; with start make pending ones running; count an attempt per start and per re-leased orphan. The shared second half of claim_pending, claim_and_start and claim_orphaned.';
+COMMENT ON FUNCTION zeroth._lease_locked_runs(text, text, uuid[], integer[], text, timestamptz, interval, integer, integer, boolean) IS 'Internal: lease runs (and slots) the caller already locked; with start make pending ones running; count an attempt per start, per re-leased orphan and per lapsed unstarted claim re-leased. The shared second half of claim_pending, claim_and_start and claim_orphaned.';
 ALTER FUNCTION zeroth._lease_locked_runs(text, text, uuid[], integer[], text, timestamptz, interval, integer, integer, boolean) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._lease_locked_runs(text, text, uuid[], integer[], text, timestamptz, interval, integer, integer, boolean) FROM PUBLIC;
 
@@ -101,8 +106,12 @@ REVOKE ALL ON FUNCTION zeroth._lease_locked_runs(text, text, uuid[], integer[], 
 -- scope's effective max_concurrency, NULL for none; rate_limit: its zeroth.rate_limits key, NULL
 -- for none): take starts from the rate limit, then free admission slots, lock up to that many
 -- (at most `want`) pending, due runs with SKIP LOCKED, lease them (with start, make them
--- running) and log them as starts of the rate limit. Locks: the rate key row, slot rows, run
--- rows, all SKIP LOCKED, so no claimer ever waits on another. The shared body of claim_pending,
+-- running) and log them as starts of the rate limit. A locked run whose previous claim lapsed
+-- before start_run with no attempt left after counting that one is not leased but dead-lettered
+-- (zeroth._take_over), and the claim locks more in its place: a payload that kills every
+-- two-step worker before it starts ends after max_attempts claims and never blocks the runs
+-- behind it. Locks: the rate key row, slot rows, run rows, all SKIP LOCKED, so no claimer ever
+-- waits on another. The shared body of claim_pending,
 -- claim_and_start and claim_and_start_scopes. (0012 added rate_limit; the old signature is
 -- dropped first.)
 DROP FUNCTION IF EXISTS zeroth._claim_in_scope(text, text, text, text, integer, integer, timestamptz, interval, boolean);
@@ -117,7 +126,10 @@ DECLARE
     v_want   integer := _claim_in_scope.want;
     v_slots  integer[];
     v_active integer := 0;
-    v_ids    uuid[];
+    v_ids    uuid[] := '{}';
+    v_more   uuid[];
+    v_spent  uuid[];
+    v_ended  uuid[] := '{}';
     v_rate   record;
     v_retry  timestamptz;
     v_row    zeroth.claimed_run;
@@ -153,20 +165,41 @@ BEGIN
     END IF;
 
     -- Lock first (SKIP LOCKED: never wait on another claimer), then lease what was locked.
-    WITH locked AS MATERIALIZED (
-        SELECT r.run_id, r.priority, r.run_after, r.created_at
-          FROM zeroth.runs r
-         WHERE r.tenant_id = _claim_in_scope.tenant_id
-           AND r.workspace_key = _claim_in_scope.workspace_key
-           AND r.deployment_ref = _claim_in_scope.deployment_ref
-           AND r.status = 'pending'
-           AND r.run_after <= v_at
-           AND (r.lease_expires_at IS NULL OR r.lease_expires_at < v_at)
-         ORDER BY r.priority DESC, r.run_after, r.created_at
-         LIMIT v_want
-           FOR UPDATE SKIP LOCKED
-    )
-    SELECT coalesce(array_agg(l.run_id ORDER BY l.priority DESC, l.run_after, l.created_at), '{}') INTO v_ids FROM locked l;
+    LOOP
+        WITH locked AS MATERIALIZED (
+            SELECT r.run_id, r.priority, r.run_after, r.created_at,
+                   -- its last claim lapsed unstarted, and counting that attempt leaves none
+                   r.lease_worker_id IS NOT NULL AND r.attempts + 1 >= r.max_attempts AS spent
+              FROM zeroth.runs r
+             WHERE r.tenant_id = _claim_in_scope.tenant_id
+               AND r.workspace_key = _claim_in_scope.workspace_key
+               AND r.deployment_ref = _claim_in_scope.deployment_ref
+               AND r.status = 'pending'
+               AND r.run_after <= v_at
+               AND (r.lease_expires_at IS NULL OR r.lease_expires_at < v_at)
+               AND r.run_id <> ALL (v_ids || v_ended)  -- an earlier pass's (our own locks)
+             ORDER BY r.priority DESC, r.run_after, r.created_at
+             LIMIT v_want - cardinality(v_ids)
+               FOR UPDATE SKIP LOCKED
+        )
+        SELECT coalesce(array_agg(l.run_id ORDER BY l.priority DESC, l.run_after, l.created_at)
+                            FILTER (WHERE NOT l.spent), '{}'),
+               coalesce(array_agg(l.run_id) FILTER (WHERE l.spent), '{}')
+          INTO v_more, v_spent
+          FROM locked l;
+        v_ids := v_ids || v_more;
+        v_ended := v_ended || v_spent;
+        EXIT WHEN cardinality(v_spent) = 0;
+        -- Rare (a poison payload). Each pass sets at least one run aside for good (ended, or
+        -- left alone when _take_over finds its slot busy: a later claim ends it), so this stops.
+        -- Each in a subtransaction of its own (zeroth._take_over_isolated): a spent run whose
+        -- end raises is dead-lettered alone (recovery_failed) and never fails this claim.
+        FOR i IN 1 .. cardinality(v_spent) LOOP
+            PERFORM zeroth._take_over_isolated(_claim_in_scope.tenant_id, _claim_in_scope.workspace_key,
+                                               v_spent[i], interval '0', v_at, 'orphan_recovered', NULL);
+        END LOOP;
+        EXIT WHEN cardinality(v_ids) >= v_want;
+    END LOOP;
     IF _claim_in_scope.rate_limit IS NOT NULL THEN
         -- Log the starts; a batch the limit cut short says on every row when more may start.
         v_retry := zeroth._log_rate(_claim_in_scope.rate_limit, cardinality(v_ids), v_at);
@@ -194,6 +227,57 @@ $$;
 COMMENT ON FUNCTION zeroth._claim_in_scope(text, text, text, text, integer, text, integer, timestamptz, interval, boolean) IS 'Internal: claim up to `want` pending, due runs of one scope under its rate limit (starts from the key''s rolling window; none left: the marker with retry_at) and its effective concurrency limit (rate key, slots, runs, SKIP LOCKED); with start make them running. The shared body of claim_pending, claim_and_start and claim_and_start_scopes.';
 ALTER FUNCTION zeroth._claim_in_scope(text, text, text, text, integer, text, integer, timestamptz, interval, boolean) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._claim_in_scope(text, text, text, text, integer, text, integer, timestamptz, interval, boolean) FROM PUBLIC;
+
+-- The room for one lease that is not a claim (admit_run's admit-and-own): what every claim obeys,
+-- from the same helpers. The scope's zeroth.scope_limits row (there is no caller's
+-- max_concurrency here): paused → no room; its rate_limit key → one start (_take_rate; none left:
+-- retry_at); its max_concurrency → one free slot (_take_slots; none: no room). leasable: the
+-- lease may be written; then the caller writes the run with admission_slot = slot and the slot
+-- row naming (run, generation), and logs the start with zeroth._log_rate(rate_limit, 1,
+-- decided_at). Locks: the rate key row, the slot row, SKIP LOCKED (never waits).
+CREATE OR REPLACE FUNCTION zeroth._take_lease_room(
+    tenant_id text, workspace_key text, deployment_ref text, at timestamptz,
+    OUT leasable boolean, OUT slot integer, OUT rate_limit text, OUT retry_at timestamptz,
+    OUT decided_at timestamptz)
+    LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_limit  integer;
+    v_paused boolean;
+    v_rate   record;
+    v_slots  integer[];
+BEGIN
+    leasable := false;
+    decided_at := _take_lease_room.at;
+    SELECT l.max_concurrency, l.paused, l.rate_limit INTO v_limit, v_paused, rate_limit
+      FROM zeroth._scope_limit(_take_lease_room.tenant_id, _take_lease_room.workspace_key,
+                               _take_lease_room.deployment_ref, NULL) AS l;
+    IF v_paused THEN
+        RETURN;
+    END IF;
+    IF rate_limit IS NOT NULL THEN
+        SELECT t.granted, t.retry_at, t.decided_at INTO v_rate
+          FROM zeroth._take_rate(rate_limit, 1, _take_lease_room.at) AS t;
+        decided_at := v_rate.decided_at;
+        IF v_rate.granted = 0 THEN
+            retry_at := v_rate.retry_at;
+            RETURN;
+        END IF;
+    END IF;
+    IF v_limit IS NOT NULL THEN
+        SELECT t.slots INTO v_slots
+          FROM zeroth._take_slots(_take_lease_room.tenant_id, _take_lease_room.workspace_key,
+                                  _take_lease_room.deployment_ref, v_limit, 1, decided_at) AS t;
+        IF cardinality(v_slots) = 0 THEN
+            RETURN;
+        END IF;
+        slot := v_slots[1];
+    END IF;
+    leasable := true;
+END
+$$;
+COMMENT ON FUNCTION zeroth._take_lease_room(text, text, text, timestamptz) IS 'Internal: the room for one lease that is not a claim (admit-and-own), under the scope''s zeroth.scope_limits row as every claim: paused → none; one start of its rate key (none: retry_at); one free slot of its max_concurrency. SKIP LOCKED.';
+ALTER FUNCTION zeroth._take_lease_room(text, text, text, timestamptz) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._take_lease_room(text, text, text, timestamptz) FROM PUBLIC;
 
 -- The body of claim_pending and claim_and_start: check the arguments, resolve the scope's limits
 -- (zeroth.scope_limits: a paused scope gives nothing; its max_concurrency replaces the caller's;

@@ -1,4 +1,4 @@
--- sql/functions/internal/takeover.sql: taking over a run whose owner stopped renewing (claim_for_takeover, reconcile_thread_runs, claim_orphaned), and ending alone one whose takeover raised.
+-- sql/functions/internal/takeover.sql: taking over a run whose owner stopped renewing (claim_for_takeover, reconcile_thread_runs, claim_orphaned, and the claims of pending runs for a lapsed claim with no attempt left), and ending alone one whose takeover raised.
 -- Internal helpers: SECURITY INVOKER, executable by zeroth_owner only (they run inside the
 -- SECURITY DEFINER public functions). Re-applied by every upgrade (sql/README.md).
 
@@ -16,10 +16,13 @@ REVOKE ALL ON FUNCTION zeroth._retry_after(timestamptz, interval, timestamptz) F
 -- Ends or hands back one run whose owner's lease expired more than grace ago. Never waits: the
 -- slot row and then the run row are taken with SKIP LOCKED, so an owner renewing right now wins
 -- and the call returns nothing. The expiry is re-checked in the locking predicate. Outcome: a
--- requested cancel → cancelled; not resumable → failed with {stop_reason, message}; resumable
--- and out of attempts (a running run) → failed and dead-lettered, stop_reason attempts_exhausted;
--- else → requeued (pending). The interrupted attempt stays counted: only a hand-back by the live
--- holder gives one back, so a run that kills every worker it lands on ends after max_attempts.
+-- requested cancel → cancelled; a claim that lapsed before start_run (pending) with no attempt
+-- left once its own is counted → failed and dead-lettered, stop_reason attempts_exhausted; not
+-- resumable → failed with {stop_reason, message}; resumable and out of attempts (a running run)
+-- → dead-lettered alike; else → requeued (pending). The interrupted attempt stays counted, and a
+-- lapsed unstarted claim is counted here (start_run never counted it): only a hand-back by the
+-- live holder gives one back, so a run that kills every worker it lands on — before or after
+-- start_run — ends after max_attempts.
 CREATE OR REPLACE FUNCTION zeroth._take_over(tenant_id text, workspace_key text, run_id uuid, grace interval, at timestamptz,
                                   stop_reason text, message text)
     RETURNS SETOF zeroth.takeover
@@ -60,6 +63,8 @@ BEGIN
 
     v_result := ROW(_take_over.run_id, v_run.thread_id,
                     CASE WHEN v_run.cancel_action IS NOT NULL THEN 'cancelled'
+                         WHEN v_run.status = 'pending' AND v_run.attempts + 1 >= v_run.max_attempts
+                         THEN 'dead_lettered'
                          WHEN NOT v_run.resumable THEN 'failed'
                          WHEN v_run.status = 'running' AND v_run.attempts >= v_run.max_attempts THEN 'dead_lettered'
                          ELSE 'requeued' END,
@@ -70,15 +75,21 @@ BEGIN
                                           ELSE 'failed'::zeroth.run_status END,
            error = CASE v_result.outcome
                        WHEN 'requeued' THEN r.error
-                       WHEN 'dead_lettered' THEN zeroth._stop_error('attempts_exhausted', format(
+                       WHEN 'dead_lettered' THEN zeroth._stop_error('attempts_exhausted', CASE
+                            WHEN r.status = 'pending' THEN format(
+                                'worker %s claimed it and never started it (lease expired at %s) on attempt %s of %s; '
+                                'a run whose claims lapse every time is not retried again',
+                                r.lease_worker_id, r.lease_expires_at, r.attempts + 1, r.max_attempts)
+                            ELSE format(
                                 'worker %s stopped renewing its lease (expired at %s) on attempt %s of %s; '
                                 'a run whose worker dies every time is not retried again',
-                                r.lease_worker_id, r.lease_expires_at, r.attempts, r.max_attempts),
+                                r.lease_worker_id, r.lease_expires_at, r.attempts, r.max_attempts) END,
                             r.lease_worker_id, r.lease_generation, r.error)
                        ELSE zeroth._stop_error(_take_over.stop_reason, coalesce(_take_over.message, format(
                                 'run lease expired: worker %s stopped renewing (expired at %s)',
                                 r.lease_worker_id, r.lease_expires_at)),
                             r.lease_worker_id, r.lease_generation, r.error) END,
+           attempts = r.attempts + CASE WHEN r.status = 'pending' THEN 1 ELSE 0 END,
            dead_lettered_at = CASE WHEN v_result.outcome = 'dead_lettered' THEN _take_over.at ELSE r.dead_lettered_at END,
            finished_at = CASE WHEN v_result.outcome = 'requeued' THEN NULL ELSE _take_over.at END,
            updated_at = _take_over.at,
@@ -95,7 +106,7 @@ BEGIN
     RETURN NEXT v_result;
 END
 $$;
-COMMENT ON FUNCTION zeroth._take_over(text, text, uuid, interval, timestamptz, text, text) IS 'Internal: the takeover of one run whose lease expired past grace (SKIP LOCKED throughout): cancelled | failed | dead_lettered | requeued. Shared by claim_for_takeover, reconcile_thread_runs and claim_orphaned.';
+COMMENT ON FUNCTION zeroth._take_over(text, text, uuid, interval, timestamptz, text, text) IS 'Internal: the takeover of one run whose lease expired past grace (SKIP LOCKED throughout): cancelled | failed | dead_lettered | requeued; a lapsed unstarted claim counts its attempt. Shared by claim_for_takeover, reconcile_thread_runs, claim_orphaned and the claims of pending runs (a spent lapsed claim).';
 ALTER FUNCTION zeroth._take_over(text, text, uuid, interval, timestamptz, text, text) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._take_over(text, text, uuid, interval, timestamptz, text, text) FROM PUBLIC;
 
