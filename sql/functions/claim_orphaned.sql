@@ -39,6 +39,7 @@ DECLARE
     v_slots  integer[];
     v_active integer := 0;
     v_ids    uuid[];
+    v_rows   tid[];
     v_end    record;
     v_limit  integer;
     v_paused boolean;
@@ -134,7 +135,7 @@ BEGIN
 
     -- Lock first (SKIP LOCKED: never wait on another claimer), then lease what was locked.
     WITH locked AS MATERIALIZED (
-        SELECT r.run_id, r.lease_expires_at, r.started_at
+        SELECT r.run_id, r.ctid, r.lease_expires_at, r.started_at
           FROM zeroth.runs r
          WHERE r.tenant_id = v_tenant
            AND r.workspace_key = v_wskey
@@ -147,13 +148,15 @@ BEGIN
          LIMIT v_want
            FOR UPDATE SKIP LOCKED
     )
-    SELECT coalesce(array_agg(l.run_id ORDER BY l.lease_expires_at, l.started_at), '{}') INTO v_ids FROM locked l;
+    SELECT coalesce(array_agg(l.run_id ORDER BY l.lease_expires_at, l.started_at), '{}'),
+           coalesce(array_agg(l.ctid ORDER BY l.lease_expires_at, l.started_at), '{}')
+      INTO v_ids, v_rows FROM locked l;
     IF v_rate IS NOT NULL THEN
         PERFORM zeroth._log_rate(v_rate, cardinality(v_ids), v_now);  -- orphans: the sweep's
         -- next pass (not a retry_at on the rows) takes what the limit held back
     END IF;
     RETURN QUERY SELECT * FROM zeroth._lease_locked_runs(
-        v_tenant, v_wskey, v_ids, v_slots, claim_orphaned.worker_id, v_now, v_lease, v_active,
+        v_tenant, v_wskey, v_ids, v_rows, v_slots, claim_orphaned.worker_id, v_now, v_lease, v_active,
         v_limit, false);
 END
 $$;
