@@ -15,7 +15,7 @@
 -- the one plan whatever the table's statistics: by (tenant_id, workspace_key, run_id = ANY) a
 -- generic plan made before the first ANALYZE of zeroth.runs (each equality guessed to keep 0.5% of
 -- the rows, so a scope looks like one row) put only the scope in the index condition and walked
--- every row version of the scope per completion on PostgreSQL 15 and 16 (issue 30). The scope is
+-- every row version of the scope per completion on PostgreSQL 15 (issue 30). The scope is
 -- re-checked by a filter no index can serve, and sequential scans are off so that a plan made on a
 -- small table cannot prefer one (a row this transaction holds locked cannot move).
 DROP FUNCTION IF EXISTS zeroth._complete_locked_runs(text, text, text, uuid[], bigint[], jsonb[], uuid[], timestamptz);

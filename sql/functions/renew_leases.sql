@@ -64,7 +64,7 @@ BEGIN
         -- request is needed. Not by (tenant_id, workspace_key, run_id = ANY): a generic plan
         -- made before the first ANALYZE of zeroth.runs (each equality guessed to keep 0.5% of the
         -- rows, so a scope looks like one row) put only the scope in the index condition and
-        -- walked every row version of the scope per call on PostgreSQL 15 and 16 (issue 30).
+        -- walked every row version of the scope per call on PostgreSQL 15 (issue 30).
         -- IS NOT DISTINCT FROM and array_position test the scope and run as = and = ANY do on
         -- these NOT NULL columns, but are never index conditions.
         UPDATE zeroth.runs r

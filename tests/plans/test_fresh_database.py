@@ -10,11 +10,12 @@ $2`, a whole scope (often the whole table), looks like 0.0025% of it, about one 
 plans the claim, renew and complete functions cache per session (force_generic_plan) were made on
 that guess:
 
-* PostgreSQL 15 and 16: the UPDATEs by `tenant_id, workspace_key, run_id = ANY (array)` (the
-  lease of a claim and of the orphan sweep, the renewal, the completion) put only the scope in the
-  index condition of runs_pkey and filtered the array: every call walked every row version of the
-  scope (9,623 rows removed by filter, 9,700 buffers for a claim of 12 runs at 20 s of load;
-  7,356 buffers for an orphan sweep that found nothing);
+* PostgreSQL 15 (16 plans them alike; 17 reworked nbtree's arrays): the UPDATEs by `tenant_id,
+  workspace_key, run_id = ANY (array)` (the lease of a claim and of the orphan sweep, the renewal,
+  the completion) put only the scope in the index condition of runs_pkey and filtered the
+  array: every call walked every row version of the scope (9,623 rows removed by filter, 9,700
+  buffers for a claim of 12 runs at 20 s of load; 7,356 buffers for an orphan sweep that found
+  nothing);
 * both versions: renew_leases' check of a run it did not renew (another session holds the row,
   or the run has ended) became a hashed sub-select that read every lease in the scope: 11,809
   buffers per call on PostgreSQL 18 (auto_explain; 101 after an ANALYZE).
@@ -24,14 +25,16 @@ the versions it keeps are walked too. After an ANALYZE the plans know the scope 
 probe by key; the fix makes the plans not depend on it (the UPDATEs reach the locked rows by their
 addresses, a TID scan; the check is a key probe per run).
 
-The test: a fresh clone of the migrated template, autovacuum off for zeroth.runs (an analyze
-would replan and hide the bug; it is checked that none ran), a worker session that works a few
-cycles on the small table (its plans cached), then, with another session holding a snapshot the
-whole time, GROWN runs are enqueued, claimed and completed in the worker's scope, and the worker
-works one more cycle, each call in its own transaction, counting the blocks it requested from
-zeroth.runs and its indexes (pg_stat_get_xact_blocks_fetched). Each stays under a bound per run
-it handled (its index probes, row versions and the index entries its non-HOT updates insert),
-far below a walk of the scope. Deterministic: no timing. Runs on the session's server
+The test: a fresh clone of the migrated template, autovacuum off for the zeroth tables (an
+analyze of zeroth.runs would replan and hide the bug, and it is checked that none ran; one of
+another table would pin the horizon where the test does not), a worker session that works a few
+cycles on the small table (its plans cached), then GROWN runs enqueued, claimed and completed in
+the worker's scope by another session, a monitor's snapshot held from the last 1,000 of them
+through the measured cycle, and the worker works one more cycle, each call in its own
+transaction, counting the blocks it requested from zeroth.runs and its indexes
+(pg_stat_get_xact_blocks_fetched). Each stays under a bound per run it handled (its index probes,
+row versions and the index entries its non-HOT updates insert, and the versions the snapshot
+kept), far below a walk of the scope. Deterministic: no timing. Runs on the session's server
 (PostgreSQL 18, embedded); point ZEROTH_PG_TEST_DSN at a PostgreSQL 15 server to run it there
 (both checked for issue 30).
 """

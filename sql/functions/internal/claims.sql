@@ -35,7 +35,7 @@ REVOKE ALL ON FUNCTION zeroth._claim_marker(integer, boolean, integer) FROM PUBL
 -- statistics: by (tenant_id, workspace_key, run_id = ANY) a generic plan made before the first
 -- ANALYZE of zeroth.runs (no statistics: each equality guessed to keep 0.5% of the rows, so a
 -- scope looks like one row) put only the scope in the index condition and filtered the array,
--- walking every row version of the scope per claim on PostgreSQL 15 and 16 (issue 30). The scope
+-- walking every row version of the scope per claim on PostgreSQL 15 (issue 30). The scope
 -- and run are re-checked by filters no index can serve, and sequential scans are off so that a
 -- plan made on a small table cannot prefer one to the TID scan (a row this transaction holds
 -- locked cannot move).
