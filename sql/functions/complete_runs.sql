@@ -141,7 +141,10 @@ BEGIN
             SELECT s.ctid
               FROM zeroth.admission_slots s
              WHERE s.run_id = q.run_id AND s.lease_generation = q.generation
-               AND s.tenant_id = v_tenant AND s.workspace_key = v_wskey
+               -- the scope by IS NOT DISTINCT FROM (= on NOT NULL columns, never an index
+               -- condition): a plan made before the first ANALYZE walked the scope's slots by
+               -- admission_slots_pkey on PostgreSQL 15 (issue 30)
+               AND (s.tenant_id, s.workspace_key) IS NOT DISTINCT FROM (v_tenant, v_wskey)
                FOR UPDATE OF s) l;
 
     -- The run rows, in run_id order, then the clock (as zeroth._lock_leased_run: a batch that

@@ -8,10 +8,14 @@ CREATE OR REPLACE FUNCTION zeroth._lock_slot(tenant_id text, workspace_key text,
     RETURNS void
     LANGUAGE sql VOLATILE
     BEGIN ATOMIC
+        -- By admission_slots_run_idx: the scope is tested by IS NOT DISTINCT FROM (= on these
+        -- NOT NULL columns, never an index condition), or a plan made before the table's first
+        -- ANALYZE (a scope guessed to be one row) walked every slot of the scope by its primary
+        -- key on PostgreSQL 15 (issue 30).
         SELECT 1 FROM zeroth.admission_slots s
          WHERE s.run_id = _lock_slot.run_id
-           AND s.tenant_id = _lock_slot.tenant_id
-           AND s.workspace_key = _lock_slot.workspace_key
+           AND (s.tenant_id, s.workspace_key) IS NOT DISTINCT FROM
+               (_lock_slot.tenant_id, _lock_slot.workspace_key)
            AND s.lease_generation = _lock_slot.generation
            FOR UPDATE;
     END;
@@ -52,8 +56,9 @@ BEGIN
     UPDATE zeroth.admission_slots s
        SET run_id = NULL, lease_generation = NULL
      WHERE s.run_id = _free_slot.run_id
-       AND s.tenant_id = _free_slot.tenant_id
-       AND s.workspace_key = _free_slot.workspace_key
+       -- IS NOT DISTINCT FROM: by admission_slots_run_idx whatever the statistics (_lock_slot).
+       AND (s.tenant_id, s.workspace_key) IS NOT DISTINCT FROM
+           (_free_slot.tenant_id, _free_slot.workspace_key)
        AND s.lease_generation = _free_slot.generation;
     RETURN FOUND;
 END
