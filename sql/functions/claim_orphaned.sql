@@ -31,6 +31,7 @@ DECLARE
     v_rows      zeroth.claimed_run[];
     v_state     text;
     v_msg       text;
+    v_tids      tid[];
     v_limit  integer;
     v_paused boolean;
     v_rate   text;
@@ -152,7 +153,7 @@ BEGIN
 
     -- Lock first (SKIP LOCKED: never wait on another claimer), then lease what was locked.
     WITH locked AS MATERIALIZED (
-        SELECT r.run_id, r.lease_expires_at, r.started_at
+        SELECT r.run_id, r.ctid, r.lease_expires_at, r.started_at
           FROM zeroth.runs r
          WHERE r.tenant_id = v_tenant
            AND r.workspace_key = v_wskey
@@ -165,7 +166,9 @@ BEGIN
          LIMIT v_want
            FOR UPDATE SKIP LOCKED
     )
-    SELECT coalesce(array_agg(l.run_id ORDER BY l.lease_expires_at, l.started_at), '{}') INTO v_ids FROM locked l;
+    SELECT coalesce(array_agg(l.run_id ORDER BY l.lease_expires_at, l.started_at), '{}'),
+           coalesce(array_agg(l.ctid ORDER BY l.lease_expires_at, l.started_at), '{}')
+      INTO v_ids, v_tids FROM locked l;
     IF v_rate IS NOT NULL THEN
         PERFORM zeroth._log_rate(v_rate, cardinality(v_ids), v_now);  -- orphans: the sweep's
         -- next pass (not a retry_at on the rows) takes what the limit held back
@@ -175,13 +178,13 @@ BEGIN
     -- (zeroth._end_unrecoverable) and the others are re-leased.
     IF cardinality(v_ids) = 0 OR NOT _claim_orphaned.isolated THEN
         RETURN QUERY SELECT * FROM zeroth._lease_locked_runs(
-            v_tenant, v_wskey, v_ids, v_slots, _claim_orphaned.worker_id, v_now, v_lease, v_active,
+            v_tenant, v_wskey, v_ids, v_tids, v_slots, _claim_orphaned.worker_id, v_now, v_lease, v_active,
             v_limit, false);
         RETURN;
     END IF;
     BEGIN
         v_rows := ARRAY(SELECT c FROM zeroth._lease_locked_runs(
-            v_tenant, v_wskey, v_ids, v_slots, _claim_orphaned.worker_id, v_now, v_lease, v_active,
+            v_tenant, v_wskey, v_ids, v_tids, v_slots, _claim_orphaned.worker_id, v_now, v_lease, v_active,
             v_limit, false) AS c);
     EXCEPTION WHEN OTHERS THEN
         IF zeroth._transient_sqlstate(SQLSTATE) THEN
@@ -191,7 +194,7 @@ BEGIN
         FOR v_i IN 1 .. cardinality(v_ids) LOOP
             BEGIN
                 v_rows := v_rows || ARRAY(SELECT c FROM zeroth._lease_locked_runs(
-                    v_tenant, v_wskey, ARRAY[v_ids[v_i]], v_slots[v_i:v_i], _claim_orphaned.worker_id,
+                    v_tenant, v_wskey, ARRAY[v_ids[v_i]], v_tids[v_i:v_i], v_slots[v_i:v_i], _claim_orphaned.worker_id,
                     v_now, v_lease, v_active, v_limit, false) AS c WHERE c.run_id IS NOT NULL);
             EXCEPTION WHEN OTHERS THEN
                 IF zeroth._transient_sqlstate(SQLSTATE) THEN

@@ -18,7 +18,10 @@ BEGIN
 
     UPDATE zeroth.admission_slots s
        SET run_id = NULL, lease_generation = NULL
-     WHERE s.run_id = clear_lease.run_id AND s.tenant_id = v_tenant AND s.workspace_key = v_wskey;
+     -- The scope by IS NOT DISTINCT FROM: by admission_slots_run_idx whatever the
+     -- statistics (see zeroth._lock_slot).
+     WHERE s.run_id = clear_lease.run_id
+       AND (s.tenant_id, s.workspace_key) IS NOT DISTINCT FROM (v_tenant, v_wskey);
     UPDATE zeroth.runs r
        SET lease_worker_id   = CASE WHEN r.status = 'running' THEN r.lease_worker_id END,
            lease_acquired_at = CASE WHEN r.status = 'running' THEN r.lease_acquired_at END,

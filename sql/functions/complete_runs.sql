@@ -11,12 +11,22 @@
 -- The rows are still found by primary key (run_id = ANY), so a hash join reads only the batch.
 -- Only this statement is planned so: complete_runs frees the slots (a hash join would walk the
 -- scope's slots).
+-- The runs are reached by their addresses (rows[i]: the locked row of running[i]), a TID scan,
+-- the one plan whatever the table's statistics: by (tenant_id, workspace_key, run_id = ANY) a
+-- generic plan made before the first ANALYZE of zeroth.runs (each equality guessed to keep 0.5% of
+-- the rows, so a scope looks like one row) put only the scope in the index condition and walked
+-- every row version of the scope per completion on PostgreSQL 15 (issue 30). The scope is
+-- re-checked by a filter no index can serve, and sequential scans are off so that a plan made on a
+-- small table cannot prefer one (a row this transaction holds locked cannot move).
 DROP FUNCTION IF EXISTS zeroth._complete_locked_runs(text, text, text, uuid[], bigint[], jsonb[], uuid[], timestamptz);
+DROP FUNCTION IF EXISTS zeroth._complete_locked_runs(text, text, text, uuid[], bigint[], jsonb[], uuid[], timestamptz[], timestamptz);
 CREATE OR REPLACE FUNCTION zeroth._complete_locked_runs(
     tenant_id text, workspace_key text, worker_id text, run_ids uuid[], generations bigint[],
-    outputs jsonb[], running uuid[], acquired timestamptz[], at timestamptz) RETURNS uuid[]
+    outputs jsonb[], running uuid[], rows tid[], acquired timestamptz[], at timestamptz)
+    RETURNS uuid[]
     LANGUAGE plpgsql VOLATILE
     SET enable_nestloop = off
+    SET enable_seqscan = off
     SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_done uuid[];
@@ -41,12 +51,13 @@ BEGIN
                lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
                admission_slot = NULL, recovery_checkpoint_id = NULL
           FROM requested q
-         WHERE r.tenant_id = _complete_locked_runs.tenant_id
-           AND r.workspace_key = _complete_locked_runs.workspace_key
-           -- By primary key with the array, not only by the join: a generic plan made while
-           -- the table was small joined by filter and scanned the whole scope per run (the
-           -- continuous-load collapse of issue 13). The array holds the running runs locked.
-           AND r.run_id = ANY (_complete_locked_runs.running)
+         -- By address, not only by the join: a generic plan made while the table was small
+         -- joined by filter and scanned the whole scope per run (the continuous-load collapse of
+         -- issue 13); one made before the first ANALYZE walked the scope by runs_pkey (issue 30).
+         -- IS NOT DISTINCT FROM is = on these NOT NULL columns, but never an index condition.
+         WHERE r.ctid = ANY (_complete_locked_runs.rows)
+           AND (r.tenant_id, r.workspace_key) IS NOT DISTINCT FROM
+               (_complete_locked_runs.tenant_id, _complete_locked_runs.workspace_key)
            AND r.run_id = q.run_id
            AND r.lease_worker_id = _complete_locked_runs.worker_id
            AND r.lease_generation = q.generation
@@ -70,9 +81,9 @@ BEGIN
     RETURN v_done;
 END
 $$;
-COMMENT ON FUNCTION zeroth._complete_locked_runs(text, text, text, uuid[], bigint[], jsonb[], uuid[], timestamptz[], timestamptz) IS 'Internal: the write of complete_runs on the runs it locked (running: the locked running ones, acquired: their lease_acquired_at): complete those whose lease (worker, generation) is live at `at`, and insert their ended attempts (outcome completed) into run_attempts in the same statement; returns the completed runs. Planned with nested loops off (a hash join of the batch with its request).';
-ALTER FUNCTION zeroth._complete_locked_runs(text, text, text, uuid[], bigint[], jsonb[], uuid[], timestamptz[], timestamptz) OWNER TO zeroth_owner;
-REVOKE ALL ON FUNCTION zeroth._complete_locked_runs(text, text, text, uuid[], bigint[], jsonb[], uuid[], timestamptz[], timestamptz) FROM PUBLIC;
+COMMENT ON FUNCTION zeroth._complete_locked_runs(text, text, text, uuid[], bigint[], jsonb[], uuid[], tid[], timestamptz[], timestamptz) IS 'Internal: the write of complete_runs on the runs it locked (running: the locked running ones, rows: their addresses, reached by a TID scan, acquired: their lease_acquired_at): complete those whose lease (worker, generation) is live at `at`, and insert their ended attempts (outcome completed) into run_attempts in the same statement; returns the completed runs. Planned with nested loops off (a hash join of the batch with its request).';
+ALTER FUNCTION zeroth._complete_locked_runs(text, text, text, uuid[], bigint[], jsonb[], uuid[], tid[], timestamptz[], timestamptz) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._complete_locked_runs(text, text, text, uuid[], bigint[], jsonb[], uuid[], tid[], timestamptz[], timestamptz) FROM PUBLIC;
 
 -- complete_runs: complete_run for a batch of one worker's runs. runs[i] = (run_ids[i],
 -- generations[i]) completes only while that exact lease is live, held by worker_id, and the run is
@@ -102,6 +113,7 @@ DECLARE
     v_wskey      text := zeroth._workspace_key(complete_runs.workspace_id);
     v_running    uuid[];
     v_acquired   timestamptz[];
+    v_rows       tid[];
     v_done       uuid[];
     v_slot_rows  tid[];
     v_freed_deps text[] := '{}';
@@ -129,7 +141,10 @@ BEGIN
             SELECT s.ctid
               FROM zeroth.admission_slots s
              WHERE s.run_id = q.run_id AND s.lease_generation = q.generation
-               AND s.tenant_id = v_tenant AND s.workspace_key = v_wskey
+               -- the scope by IS NOT DISTINCT FROM (= on NOT NULL columns, never an index
+               -- condition): a plan made before the first ANALYZE walked the scope's slots by
+               -- admission_slots_pkey on PostgreSQL 15 (issue 30)
+               AND (s.tenant_id, s.workspace_key) IS NOT DISTINCT FROM (v_tenant, v_wskey)
                FOR UPDATE OF s) l;
 
     -- The run rows, in run_id order, then the clock (as zeroth._lock_leased_run: a batch that
@@ -139,13 +154,14 @@ BEGIN
     -- and no plan reaches the rows through runs_running_idx (no predicate names the status; the
     -- running ones are read from the locked rows).
     SELECT coalesce(array_agg(l.run_id) FILTER (WHERE l.status = 'running'), '{}'),
+           coalesce(array_agg(l.ctid) FILTER (WHERE l.status = 'running'), '{}'),
            coalesce(array_agg(l.lease_acquired_at) FILTER (WHERE l.status = 'running'), '{}')
-      INTO v_running, v_acquired
+      INTO v_running, v_rows, v_acquired
       FROM (SELECT q.run_id, q.generation
               FROM unnest(complete_runs.run_ids, complete_runs.generations) AS q(run_id, generation)
              ORDER BY q.run_id) q
      CROSS JOIN LATERAL (
-            SELECT r.run_id, r.status, r.lease_acquired_at
+            SELECT r.run_id, r.ctid, r.status, r.lease_acquired_at
               FROM zeroth.runs r
              WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey
                AND r.run_id = q.run_id
@@ -156,7 +172,7 @@ BEGIN
 
     v_done := zeroth._complete_locked_runs(v_tenant, v_wskey, complete_runs.worker_id,
                                            complete_runs.run_ids, complete_runs.generations,
-                                           complete_runs.outputs, v_running, v_acquired, v_now);
+                                           complete_runs.outputs, v_running, v_rows, v_acquired, v_now);
 
     -- The slots of the completed runs, among those locked above (each locked for its run's
     -- requested lease, the lease each completion ended).

@@ -135,16 +135,23 @@ BEGIN
          CROSS JOIN LATERAL (
                 SELECT s.slot_no
                   FROM zeroth.admission_slots s
+                 -- The scope by IS NOT DISTINCT FROM: by admission_slots_run_idx whatever the
+                 -- statistics (see zeroth._lock_slot).
                  WHERE s.run_id = a.run_id
-                   AND s.tenant_id = _enqueue_batch.tenant_id
-                   AND s.workspace_key = _enqueue_batch.workspace_key
+                   AND (s.tenant_id, s.workspace_key) IS NOT DISTINCT FROM
+                       (_enqueue_batch.tenant_id, _enqueue_batch.workspace_key)
                    FOR UPDATE OF s) l;
+        -- The runs: one primary-key probe each, in run_id order (a LATERAL sub-select with a
+        -- locking clause is never flattened into a join). By the array, a plan made before the
+        -- first ANALYZE put only the scope in runs_pkey's index condition and walked every run
+        -- of the scope on PostgreSQL 15 (issue 30).
         PERFORM 1
-          FROM (SELECT 1 FROM zeroth.runs r
+          FROM (SELECT a.run_id FROM unnest(v_active) AS a(run_id) ORDER BY a.run_id) a
+         CROSS JOIN LATERAL (
+                SELECT 1 FROM zeroth.runs r
                  WHERE r.tenant_id = _enqueue_batch.tenant_id
                    AND r.workspace_key = _enqueue_batch.workspace_key
-                   AND r.run_id = ANY (v_active)
-                 ORDER BY r.run_id
+                   AND r.run_id = a.run_id
                    FOR UPDATE OF r) l;
     END IF;
 

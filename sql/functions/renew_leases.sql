@@ -20,8 +20,11 @@ CREATE OR REPLACE FUNCTION zeroth.renew_leases(
     -- The answer pairs each requested run with its renewal: with a generic plan's estimate of
     -- 10 rows on each side a nested loop is the cheapest-looking join, and for 1,000 leases it
     -- compares every request with every renewal (1,000,000 comparisons). Hashed, it is linear.
-    -- No statement here joins zeroth.runs (the lock probes it per run, the UPDATE by the array).
+    -- No statement here joins zeroth.runs (the lock probes it per run, the UPDATE by address).
     SET enable_nestloop = off
+    -- The UPDATE reaches the locked rows by their addresses (a TID scan): a plan made on a small
+    -- table must not prefer a sequential scan.
+    SET enable_seqscan = off
     SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_now     timestamptz := zeroth._now();
@@ -29,6 +32,7 @@ DECLARE
     v_tenant  text := zeroth._scope_tenant(renew_leases.tenant_id, renew_leases.workspace_id);
     v_wskey   text := zeroth._workspace_key(renew_leases.workspace_id);
     v_locked  uuid[];
+    v_rows    tid[];
 BEGIN
     PERFORM zeroth._require_identifier(renew_leases.worker_id, 'worker_id');
     PERFORM zeroth._require_lease_batch(renew_leases.run_ids, renew_leases.generations);
@@ -37,12 +41,13 @@ BEGIN
     -- a locking clause is never flattened into a join, so no plan can pair the batch with itself
     -- by a filter (the join it replaced compared every run with every other: 1,000,000
     -- comparisons, 0.2 s, for 1,000 leases).
-    SELECT coalesce(array_agg(l.run_id), '{}') INTO v_locked
+    SELECT coalesce(array_agg(l.run_id), '{}'), coalesce(array_agg(l.ctid), '{}')
+      INTO v_locked, v_rows
       FROM (SELECT q.run_id, q.generation
               FROM unnest(renew_leases.run_ids, renew_leases.generations) AS q(run_id, generation)
              ORDER BY q.run_id) q
      CROSS JOIN LATERAL (
-            SELECT r.run_id
+            SELECT r.run_id, r.ctid
               FROM zeroth.runs r
              WHERE r.tenant_id = v_tenant
                AND r.workspace_key = v_wskey
@@ -54,12 +59,19 @@ BEGIN
 
     RETURN QUERY
     WITH renewed AS (
-        -- The rows locked above, by primary key with the array: their generations were checked
-        -- under the lock this transaction still holds, so no join to the request is needed.
+        -- The rows locked above, by their addresses (a TID scan; a row this transaction holds
+        -- locked cannot move): their generations were checked under the lock, so no join to the
+        -- request is needed. Not by (tenant_id, workspace_key, run_id = ANY): a generic plan
+        -- made before the first ANALYZE of zeroth.runs (each equality guessed to keep 0.5% of the
+        -- rows, so a scope looks like one row) put only the scope in the index condition and
+        -- walked every row version of the scope per call on PostgreSQL 15 (issue 30).
+        -- IS NOT DISTINCT FROM and array_position test the scope and run as = and = ANY do on
+        -- these NOT NULL columns, but are never index conditions.
         UPDATE zeroth.runs r
            SET lease_expires_at = v_expires
-         WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey
-           AND r.run_id = ANY (v_locked)
+         WHERE r.ctid = ANY (v_rows)
+           AND (r.tenant_id, r.workspace_key) IS NOT DISTINCT FROM (v_tenant, v_wskey)
+           AND array_position(v_locked, r.run_id) IS NOT NULL
            AND r.lease_worker_id = renew_leases.worker_id
            AND r.lease_expires_at >= zeroth._now()
         RETURNING r.run_id, r.lease_generation, r.lease_expires_at, r.cancel_requested_at
@@ -68,13 +80,17 @@ BEGIN
            CASE WHEN n.run_id IS NOT NULL THEN true
                 -- Only for a run not renewed (CASE reaches it for those alone, so the common
                 -- path pays nothing): still this worker's lease by the snapshot, but not locked
-                -- above, so another session holds its row: NULL, not lost.
+                -- above, so another session holds its row: NULL, not lost. OFFSET 0 keeps it a
+                -- primary-key probe per run: without it the planner may hash the sub-select
+                -- instead, reading every lease of the worker in the scope, and a generic plan made
+                -- before the first ANALYZE did (the scope looks like one row; issue 30).
                 WHEN NOT q.run_id = ANY (v_locked)
                  AND EXISTS (SELECT 1 FROM zeroth.runs r
                               WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey
                                 AND r.run_id = q.run_id AND r.lease_generation = q.generation
                                 AND r.lease_worker_id = renew_leases.worker_id
-                                AND r.lease_expires_at >= v_now) THEN NULL
+                                AND r.lease_expires_at >= v_now
+                             OFFSET 0) THEN NULL
                 ELSE false END,
            n.lease_expires_at,
            coalesce(n.cancel_requested_at IS NOT NULL, false)

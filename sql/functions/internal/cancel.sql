@@ -21,7 +21,10 @@ DECLARE
     v_at     timestamptz;
 BEGIN
     PERFORM 1 FROM zeroth.admission_slots s
-     WHERE s.run_id = _cancel.run_id AND s.tenant_id = _cancel.tenant_id AND s.workspace_key = _cancel.workspace_key
+     -- The scope by IS NOT DISTINCT FROM: by admission_slots_run_idx whatever the
+     -- statistics (see zeroth._lock_slot).
+     WHERE s.run_id = _cancel.run_id
+       AND (s.tenant_id, s.workspace_key) IS NOT DISTINCT FROM (_cancel.tenant_id, _cancel.workspace_key)
        FOR UPDATE;
     SELECT r.status, r.lease_worker_id, r.lease_generation, r.lease_expires_at, r.deployment_ref,
            r.workspace_id, r.cancel_action
@@ -67,7 +70,10 @@ BEGIN
 
     UPDATE zeroth.admission_slots s
        SET run_id = NULL, lease_generation = NULL
-     WHERE s.run_id = _cancel.run_id AND s.tenant_id = _cancel.tenant_id AND s.workspace_key = _cancel.workspace_key;
+     -- The scope by IS NOT DISTINCT FROM: by admission_slots_run_idx whatever the
+     -- statistics (see zeroth._lock_slot).
+     WHERE s.run_id = _cancel.run_id
+       AND (s.tenant_id, s.workspace_key) IS NOT DISTINCT FROM (_cancel.tenant_id, _cancel.workspace_key);
     v_freed := FOUND;
     v_result.outcome := CASE WHEN v_run.status = 'running' AND v_owner IS NOT TRUE
                              THEN 'taken_over' ELSE 'cancelled' END;

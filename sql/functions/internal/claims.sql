@@ -24,19 +24,31 @@ COMMENT ON FUNCTION zeroth._claim_marker(integer, boolean, integer) IS 'Internal
 ALTER FUNCTION zeroth._claim_marker(integer, boolean, integer) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._claim_marker(integer, boolean, integer) FROM PUBLIC;
 
--- Leases runs the caller has already locked (FOR UPDATE SKIP LOCKED) and, under max_concurrency,
--- pairs run_ids[i] with the already locked slot slots[i]: new generation, worker, times, slot, the
--- latest checkpoint as recovery point. Counts an attempt for every run that starts here (start:
--- pending → running), for every running run re-leased after its lease expired (an orphan: its
--- last attempt died with its worker) and for every pending run re-leased after a claim that
--- lapsed before start_run (that claim's attempt died with its worker too; the claim found it
--- had one left, see _claim_in_scope). Returns the claimed rows in input order, or the
--- run_id-NULL row that says nothing was claimable.
+-- Leases runs the caller has already locked (FOR UPDATE SKIP LOCKED; rows[i] is the address of
+-- the locked row of run_ids[i]) and, under max_concurrency, pairs run_ids[i] with the already
+-- locked slot slots[i]: new generation, worker, times, slot, the latest checkpoint as recovery
+-- point. Counts an attempt for every run that starts here (start: pending → running), for every
+-- running run re-leased after its lease expired (an orphan: its last attempt died with its
+-- worker) and for every pending run re-leased after a claim that lapsed before start_run (that
+-- claim's attempt died with its worker too; the claim found it had one left, see
+-- _claim_in_scope). Returns the claimed rows in input order, or the run_id-NULL row that says
+-- nothing was claimable.
+-- The UPDATE reaches the runs by their addresses (a TID scan), the one plan whatever the table's
+-- statistics: by (tenant_id, workspace_key, run_id = ANY) a generic plan made before the first
+-- ANALYZE of zeroth.runs (no statistics: each equality guessed to keep 0.5% of the rows, so a
+-- scope looks like one row) put only the scope in the index condition and filtered the array,
+-- walking every row version of the scope per claim on PostgreSQL 15 (issue 30). The scope
+-- and run are re-checked by filters no index can serve, and sequential scans are off so that a
+-- plan made on a small table cannot prefer one to the TID scan (a row this transaction holds
+-- locked cannot move: no caller updates a run between locking it and leasing it).
+DROP FUNCTION IF EXISTS zeroth._lease_locked_runs(text, text, uuid[], integer[], text, timestamptz, interval, integer, integer, boolean);
 CREATE OR REPLACE FUNCTION zeroth._lease_locked_runs(
-    tenant_id text, workspace_key text, run_ids uuid[], slots integer[], worker_id text,
-    at timestamptz, lease interval, active_count integer, concurrency_limit integer, start boolean)
+    tenant_id text, workspace_key text, run_ids uuid[], rows tid[], slots integer[],
+    worker_id text, at timestamptz, lease interval, active_count integer,
+    concurrency_limit integer, start boolean)
     RETURNS SETOF zeroth.claimed_run
     LANGUAGE plpgsql VOLATILE
+    SET enable_seqscan = off
     SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_count integer;
@@ -67,11 +79,12 @@ BEGIN
                started_at = CASE WHEN _lease_locked_runs.start AND r.status = 'pending'
                                  THEN _lease_locked_runs.at ELSE r.started_at END,
                updated_at = _lease_locked_runs.at
-         WHERE r.tenant_id = _lease_locked_runs.tenant_id
-           AND r.workspace_key = _lease_locked_runs.workspace_key
-           -- By primary key with the array (a generic plan is made once per session, maybe
-           -- while the table was empty; it must not come to scan the scope per claimed run).
-           AND r.run_id = ANY (_lease_locked_runs.run_ids)
+         -- By address (see the header): IS NOT DISTINCT FROM and array_position are the
+         -- same tests as = and = ANY on these NOT NULL columns, but never index conditions.
+         WHERE r.ctid = ANY (_lease_locked_runs.rows)
+           AND (r.tenant_id, r.workspace_key) IS NOT DISTINCT FROM
+               (_lease_locked_runs.tenant_id, _lease_locked_runs.workspace_key)
+           AND array_position(_lease_locked_runs.run_ids, r.run_id) IS NOT NULL
         RETURNING r.*, array_position(_lease_locked_runs.run_ids, r.run_id) AS position
     ), slotted AS (
         UPDATE zeroth.admission_slots s
@@ -98,9 +111,9 @@ BEGIN
     END IF;
 END
 $$;
-COMMENT ON FUNCTION zeroth._lease_locked_runs(text, text, uuid[], integer[], text, timestamptz, interval, integer, integer, boolean) IS 'Internal: lease runs (and slots) the caller already locked; with start make pending ones running; count an attempt per start, per re-leased orphan and per lapsed unstarted claim re-leased. The shared second half of claim_pending, claim_and_start and claim_orphaned.';
-ALTER FUNCTION zeroth._lease_locked_runs(text, text, uuid[], integer[], text, timestamptz, interval, integer, integer, boolean) OWNER TO zeroth_owner;
-REVOKE ALL ON FUNCTION zeroth._lease_locked_runs(text, text, uuid[], integer[], text, timestamptz, interval, integer, integer, boolean) FROM PUBLIC;
+COMMENT ON FUNCTION zeroth._lease_locked_runs(text, text, uuid[], tid[], integer[], text, timestamptz, interval, integer, integer, boolean) IS 'Internal: lease runs (and slots) the caller already locked (rows: their addresses, reached by a TID scan); with start make pending ones running; count an attempt per start, per re-leased orphan and per lapsed unstarted claim re-leased. The shared second half of claim_pending, claim_and_start and claim_orphaned.';
+ALTER FUNCTION zeroth._lease_locked_runs(text, text, uuid[], tid[], integer[], text, timestamptz, interval, integer, integer, boolean) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._lease_locked_runs(text, text, uuid[], tid[], integer[], text, timestamptz, interval, integer, integer, boolean) FROM PUBLIC;
 
 -- One scope's claim, arguments already checked and limits resolved (concurrency_limit: the
 -- scope's effective max_concurrency, NULL for none; rate_limit: its zeroth.rate_limits key, NULL
@@ -127,7 +140,9 @@ DECLARE
     v_slots  integer[];
     v_active integer := 0;
     v_ids    uuid[] := '{}';
+    v_rows   tid[] := '{}';
     v_more   uuid[];
+    v_more_rows tid[];
     v_spent  uuid[];
     v_ended  uuid[] := '{}';
     v_rate   record;
@@ -167,7 +182,7 @@ BEGIN
     -- Lock first (SKIP LOCKED: never wait on another claimer), then lease what was locked.
     LOOP
         WITH locked AS MATERIALIZED (
-            SELECT r.run_id, r.priority, r.run_after, r.created_at,
+            SELECT r.run_id, r.ctid, r.priority, r.run_after, r.created_at,
                    -- its last claim lapsed unstarted, and counting that attempt leaves none
                    r.lease_worker_id IS NOT NULL AND r.attempts + 1 >= r.max_attempts AS spent
               FROM zeroth.runs r
@@ -184,10 +199,13 @@ BEGIN
         )
         SELECT coalesce(array_agg(l.run_id ORDER BY l.priority DESC, l.run_after, l.created_at)
                             FILTER (WHERE NOT l.spent), '{}'),
+               coalesce(array_agg(l.ctid ORDER BY l.priority DESC, l.run_after, l.created_at)
+                            FILTER (WHERE NOT l.spent), '{}'),
                coalesce(array_agg(l.run_id) FILTER (WHERE l.spent), '{}')
-          INTO v_more, v_spent
+          INTO v_more, v_more_rows, v_spent
           FROM locked l;
         v_ids := v_ids || v_more;
+        v_rows := v_rows || v_more_rows;
         v_ended := v_ended || v_spent;
         EXIT WHEN cardinality(v_spent) = 0;
         -- Rare (a poison payload). Each pass sets at least one run aside for good (ended, or
@@ -207,7 +225,7 @@ BEGIN
            AND v_rate.granted < _claim_in_scope.want THEN
             FOR v_row IN
                 SELECT * FROM zeroth._lease_locked_runs(
-                    _claim_in_scope.tenant_id, _claim_in_scope.workspace_key, v_ids, v_slots,
+                    _claim_in_scope.tenant_id, _claim_in_scope.workspace_key, v_ids, v_rows, v_slots,
                     _claim_in_scope.worker_id, v_at, _claim_in_scope.lease,
                     v_active, _claim_in_scope.concurrency_limit, _claim_in_scope.start)
             LOOP
@@ -219,7 +237,7 @@ BEGIN
         END IF;
     END IF;
     RETURN QUERY SELECT * FROM zeroth._lease_locked_runs(
-        _claim_in_scope.tenant_id, _claim_in_scope.workspace_key, v_ids, v_slots,
+        _claim_in_scope.tenant_id, _claim_in_scope.workspace_key, v_ids, v_rows, v_slots,
         _claim_in_scope.worker_id, v_at, _claim_in_scope.lease, v_active,
         _claim_in_scope.concurrency_limit, _claim_in_scope.start);
 END

@@ -8,10 +8,14 @@ CREATE OR REPLACE FUNCTION zeroth._lock_slot(tenant_id text, workspace_key text,
     RETURNS void
     LANGUAGE sql VOLATILE
     BEGIN ATOMIC
+        -- By admission_slots_run_idx: the scope is tested by IS NOT DISTINCT FROM (= on these
+        -- NOT NULL columns, never an index condition), or a plan made before the table's first
+        -- ANALYZE (a scope guessed to be one row) walked every slot of the scope by its primary
+        -- key on PostgreSQL 15 (issue 30).
         SELECT 1 FROM zeroth.admission_slots s
          WHERE s.run_id = _lock_slot.run_id
-           AND s.tenant_id = _lock_slot.tenant_id
-           AND s.workspace_key = _lock_slot.workspace_key
+           AND (s.tenant_id, s.workspace_key) IS NOT DISTINCT FROM
+               (_lock_slot.tenant_id, _lock_slot.workspace_key)
            AND s.lease_generation = _lock_slot.generation
            FOR UPDATE;
     END;
@@ -52,8 +56,9 @@ BEGIN
     UPDATE zeroth.admission_slots s
        SET run_id = NULL, lease_generation = NULL
      WHERE s.run_id = _free_slot.run_id
-       AND s.tenant_id = _free_slot.tenant_id
-       AND s.workspace_key = _free_slot.workspace_key
+       -- IS NOT DISTINCT FROM: by admission_slots_run_idx whatever the statistics (_lock_slot).
+       AND (s.tenant_id, s.workspace_key) IS NOT DISTINCT FROM
+           (_free_slot.tenant_id, _free_slot.workspace_key)
        AND s.lease_generation = _free_slot.generation;
     RETURN FOUND;
 END
@@ -82,7 +87,6 @@ CREATE OR REPLACE FUNCTION zeroth._take_slots(
 DECLARE
     v_free    integer[];
     v_locked  integer[];
-    v_holders uuid[];
     v_named   integer[];
     v_runs    uuid[];
     v_retired integer[];
@@ -119,7 +123,9 @@ BEGIN
         END;
     END IF;
 
-    -- One pass over the scope's slots: which lease is live (a primary-key probe of its run).
+    -- One pass over the scope's slots: which lease is live (a primary-key probe of its run;
+    -- OFFSET 0 keeps it one: the planner never hashes a sub-select with an OFFSET, and a hashed
+    -- one read every run of the scope in a plan made before zeroth.runs' first ANALYZE).
     SELECT count(*) FILTER (WHERE x.live)::integer,
            coalesce(array_agg(x.slot_no ORDER BY x.slot_no)
                         FILTER (WHERE NOT x.live AND x.slot_no <= _take_slots.max_concurrency), '{}')
@@ -131,7 +137,8 @@ BEGIN
                           AND r.run_id = s.run_id
                           AND r.lease_generation = s.lease_generation
                           AND r.admission_slot = s.slot_no
-                          AND r.lease_expires_at >= _take_slots.at) AS live
+                          AND r.lease_expires_at >= _take_slots.at
+                       OFFSET 0) AS live
               FROM zeroth.admission_slots s
              WHERE s.tenant_id = _take_slots.tenant_id
                AND s.workspace_key = _take_slots.workspace_key
@@ -153,27 +160,28 @@ BEGIN
          LIMIT least(_take_slots.wanted, _take_slots.max_concurrency - active_count)
            FOR UPDATE OF s SKIP LOCKED
     )
-    SELECT coalesce(array_agg(l.slot_no ORDER BY l.slot_no), '{}'),
-           coalesce(array_agg(l.run_id) FILTER (WHERE l.run_id IS NOT NULL), '{}')
-      INTO v_locked, v_holders
-      FROM locked l;
+    SELECT coalesce(array_agg(l.slot_no ORDER BY l.slot_no), '{}') INTO v_locked FROM locked l;
 
-    -- Under the slot locks, in a new snapshot: which of them does their run still name? The runs
-    -- are named by primary key with the array: this function's plans are generic and may have
-    -- been made on an empty table, and a join by filter would then walk the scope (issue 13).
+    -- Under the slot locks, in a new snapshot: which of them does their run still name? One
+    -- primary-key probe per locked slot (OFFSET 0: never a join, never hashed). Not a join by
+    -- primary key with the array: this function's plans are generic and may have been made on
+    -- an empty table (a join by filter walked the scope, issue 13) or before the first ANALYZE
+    -- (runs_pkey with only the scope as index condition walked it on PostgreSQL 15, issue 30).
     SELECT coalesce(array_agg(s.slot_no), '{}'), coalesce(array_agg(s.run_id), '{}')
       INTO v_named, v_runs
       FROM zeroth.admission_slots s
-      JOIN zeroth.runs r ON r.tenant_id = s.tenant_id AND r.workspace_key = s.workspace_key
-                        AND r.run_id = s.run_id
      WHERE s.tenant_id = _take_slots.tenant_id
        AND s.workspace_key = _take_slots.workspace_key
        AND s.deployment_ref = _take_slots.deployment_ref
        AND s.slot_no = ANY (v_locked)
-       AND r.tenant_id = _take_slots.tenant_id AND r.workspace_key = _take_slots.workspace_key
-       AND r.run_id = ANY (v_holders)
-       AND r.lease_generation = s.lease_generation
-       AND r.admission_slot = s.slot_no;
+       AND s.run_id IS NOT NULL
+       AND EXISTS (SELECT 1 FROM zeroth.runs r
+                    WHERE r.tenant_id = _take_slots.tenant_id
+                      AND r.workspace_key = _take_slots.workspace_key
+                      AND r.run_id = s.run_id
+                      AND r.lease_generation = s.lease_generation
+                      AND r.admission_slot = s.slot_no
+                   OFFSET 0);
 
     v_retired := '{}';
     IF cardinality(v_named) > 0 THEN

@@ -123,8 +123,11 @@ BEGIN
             CONTINUE;
         END IF;
         PERFORM 1 FROM zeroth.admission_slots s
-         WHERE s.run_id = v_id AND s.tenant_id = _lock_thread_active.tenant_id
-           AND s.workspace_key = _lock_thread_active.workspace_key
+         -- The scope by IS NOT DISTINCT FROM: by admission_slots_run_idx whatever the
+         -- statistics (see zeroth._lock_slot).
+         WHERE s.run_id = v_id
+           AND (s.tenant_id, s.workspace_key) IS NOT DISTINCT FROM
+               (_lock_thread_active.tenant_id, _lock_thread_active.workspace_key)
            FOR UPDATE;
         SELECT r.* INTO v_run
           FROM zeroth.runs r
