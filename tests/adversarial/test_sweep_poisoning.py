@@ -123,3 +123,44 @@ async def test_an_error_near_the_jsonb_limit_stops_no_recovery(login, admin):
     error = json.loads(error)
     assert error["stop_reason"] == "attempts_exhausted"
     assert error["previous_error"]["truncated"] is True
+
+
+async def test_a_row_no_function_accepts_stops_no_other_scopes_recovery(login, admin):
+    """A DBA's INSERT of a running run under a tenant_id longer than any function accepts (no
+    table constraint refuses it) made every claim_orphaned_scopes with a max_concurrency (the fleet
+    worker's sweep) raise ZP008 from that scope's slot rows, and the ZP error was raised for the
+    whole call, not skipped with its scope: no orphan of any tenant was recovered again. The
+    arguments are checked before any scope now; that scope is skipped with a WARNING."""
+    planted = await admin.fetchval(
+        """INSERT INTO zeroth.runs (run_id, tenant_id, deployment_ref, status, lease_worker_id,
+               lease_acquired_at, lease_expires_at, lease_generation, attempts, max_attempts,
+               created_at, updated_at, started_at, run_after)
+           VALUES (gen_random_uuid(), repeat('t', 201), 'd', 'running', 'gone',
+                   now() - interval '2 hours', now() - interval '1 hour', 1, 1, 3,
+                   now(), now(), now(), now())
+           RETURNING run_id""")
+    worker = await login("worker")
+    run_id = await worker.fetchval(ENQUEUE, TENANT, 3)
+    (row,) = await worker.fetch(CLAIM, "innocent-worker", TENANT, SHORT)
+    assert row["run_id"] == run_id
+    await asyncio.sleep(2 * SHORT)
+
+    rescuer = await login("worker")
+    rows = await rescuer.fetch(
+        """SELECT tenant_id, run_id FROM zeroth.claim_orphaned_scopes(
+               deployment_refs => ARRAY['d'], worker_id => 'rescuer', max_concurrency => 5,
+               grace_seconds => 0) WHERE run_id IS NOT NULL""")
+
+    assert [(r["tenant_id"], r["run_id"]) for r in rows] == [(TENANT, run_id)]
+    assert await admin.fetchval(
+        "SELECT lease_worker_id FROM zeroth.runs WHERE run_id = $1", run_id) == "rescuer"
+    assert await status(admin, planted) == "running"  # its scope skipped, nothing changed
+
+
+async def test_claim_orphaned_scopes_checks_max_concurrency_before_any_scope(login):
+    rescuer = await login("worker")
+    with pytest.raises(asyncpg.PostgresError) as raised:
+        await rescuer.fetch(
+            """SELECT * FROM zeroth.claim_orphaned_scopes(deployment_refs => ARRAY['d'],
+                   worker_id => 'rescuer', max_concurrency => 10001)""")
+    assert raised.value.sqlstate == "ZP008"
