@@ -223,3 +223,27 @@ async def test_a_worker_holding_a_row_open_stalls_no_other_recovery(login, admin
         assert await status(admin, child) == "running"  # left as it was, for the next pass
     finally:
         await hold.rollback()
+
+
+async def test_a_takeover_that_waits_on_a_held_row_returns_nothing_and_changes_nothing(
+        login, admin):
+    """claim_for_takeover of the held child (as above) waited as long as the attacker's
+    transaction stayed open; under lock_timeout 2 s it returns no row, the run left as it was."""
+    attacker = await login("worker")
+    (parent, generation), child = await held_child(attacker, "evil")
+    await asyncio.sleep(2 * SHORT)
+    hold = attacker.transaction()
+    await hold.start()
+    try:
+        await attacker.fetch(
+            """SELECT outcome FROM zeroth.wait_for_children(run_id => $1, worker_id => 'attacker',
+                   generation => $2, step_key => 'w', child_run_ids => ARRAY[$3]::uuid[],
+                   tenant_id => 'evil')""", parent, generation, child)
+        rescuer = await login("worker")
+        await rescuer.execute("SET statement_timeout = '60s'")  # a stall fails, never hangs
+        assert await rescuer.fetch(
+            """SELECT * FROM zeroth.claim_for_takeover(run_id => $1, tenant_id => 'evil',
+                   grace_seconds => 0)""", child) == []
+        assert await status(admin, child) == "running"
+    finally:
+        await hold.rollback()
