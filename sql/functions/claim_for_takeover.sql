@@ -16,7 +16,8 @@ CREATE OR REPLACE FUNCTION zeroth.claim_for_takeover(
     stop_reason   text             DEFAULT 'orphan_recovered',
     message       text             DEFAULT NULL)
     RETURNS SETOF zeroth.takeover
-    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+    SET lock_timeout = '2s' AS $$
 DECLARE
     v_now   timestamptz := zeroth._now();
     v_grace interval := zeroth._grace_interval(claim_for_takeover.grace_seconds);
@@ -30,7 +31,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION zeroth.claim_for_takeover(uuid, text, text, double precision, text, text) IS
-'claim_for_takeover: take over one run whose owner''s lease expired more than grace ago: resumable → requeued (pending, the interrupted attempt stays counted; a claim that lapsed before start_run counts its attempt) or dead_lettered when out of attempts (a lapsed unstarted claim with none left is dead-lettered whatever resumable says), not resumable → failed with {stop_reason, message}, cancel requested → cancelled. Returns the row once, or nothing (live, within grace, being renewed, not active, unknown). A takeover that raises is rolled back and the run dead-lettered instead (stop_reason recovery_failed). SKIP LOCKED. Raises ZP008. Notifies zeroth_wakeup. Time: clock_timestamp().';
+'claim_for_takeover: take over one run whose owner''s lease expired more than grace ago: resumable → requeued (pending, the interrupted attempt stays counted; a claim that lapsed before start_run counts its attempt) or dead_lettered when out of attempts (a lapsed unstarted claim with none left is dead-lettered whatever resumable says), not resumable → failed with {stop_reason, message}, cancel requested → cancelled. Returns the row once, or nothing (live, within grace, being renewed, not active, unknown). A takeover that raises is rolled back and the run dead-lettered instead (stop_reason recovery_failed). SKIP LOCKED; runs under lock_timeout 2 s: a takeover that waits longer for a lock (a row someone holds in an open transaction) returns nothing, with a WARNING. Raises ZP008. Notifies zeroth_wakeup. Time: clock_timestamp().';
 ALTER FUNCTION zeroth.claim_for_takeover(uuid, text, text, double precision, text, text) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.claim_for_takeover(uuid, text, text, double precision, text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.claim_for_takeover(uuid, text, text, double precision, text, text) TO zeroth_worker;

@@ -85,7 +85,7 @@ BEGIN
                                           v_now, 'orphan_recovered', NULL);
             END LOOP;
         EXCEPTION WHEN OTHERS THEN
-            IF zeroth._transient_sqlstate(SQLSTATE) THEN
+            IF zeroth._transient_sqlstate(SQLSTATE) AND NOT zeroth._lock_timed_out(SQLSTATE) THEN
                 RAISE;
             END IF;
             FOR v_i IN 1 .. cardinality(v_ends) LOOP
@@ -187,7 +187,7 @@ BEGIN
             v_tenant, v_wskey, v_ids, v_tids, v_slots, _claim_orphaned.worker_id, v_now, v_lease, v_active,
             v_limit, false) AS c);
     EXCEPTION WHEN OTHERS THEN
-        IF zeroth._transient_sqlstate(SQLSTATE) THEN
+        IF zeroth._transient_sqlstate(SQLSTATE) AND NOT zeroth._lock_timed_out(SQLSTATE) THEN
             RAISE;
         END IF;
         v_rows := '{}';
@@ -197,10 +197,14 @@ BEGIN
                     v_tenant, v_wskey, ARRAY[v_ids[v_i]], v_tids[v_i:v_i], v_slots[v_i:v_i], _claim_orphaned.worker_id,
                     v_now, v_lease, v_active, v_limit, false) AS c WHERE c.run_id IS NOT NULL);
             EXCEPTION WHEN OTHERS THEN
-                IF zeroth._transient_sqlstate(SQLSTATE) THEN
+                GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_msg = MESSAGE_TEXT;
+                IF zeroth._lock_timed_out(v_state) THEN
+                    RAISE WARNING 'zeroth: the re-lease of run % waited too long for a lock (%); it is left as it was and tried again on the next pass',
+                        v_ids[v_i], left(v_msg, 500);
+                    CONTINUE;
+                ELSIF zeroth._transient_sqlstate(v_state) THEN
                     RAISE;
                 END IF;
-                GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_msg = MESSAGE_TEXT;
                 PERFORM zeroth._end_unrecoverable(v_tenant, v_wskey, v_ids[v_i], v_now, v_state, v_msg);
             END;
         END LOOP;
@@ -247,6 +251,7 @@ CREATE OR REPLACE FUNCTION zeroth.claim_orphaned(
     grace_seconds   double precision DEFAULT 10)
     RETURNS SETOF zeroth.claimed_run
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+    SET lock_timeout = '2s'
     SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
     RETURN QUERY SELECT * FROM zeroth._claim_orphaned(
@@ -256,7 +261,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION zeroth.claim_orphaned(text, text, text, text, integer, integer, double precision, double precision) IS
-'claim_orphaned: recover running runs whose lease expired. First ends the ones nobody may resume (resumable but out of attempts → failed + dead-lettered, stop_reason attempts_exhausted; not resumable and expired more than grace_seconds ago → failed, stop_reason orphan_recovered; cancel requested → cancelled), then re-leases resumable ones with attempts left: new generation, attempt counted, recovery_checkpoint_id = latest checkpoint. claim_limit bounds the batch (0: end only, re-lease nothing). The scope''s zeroth.scope_limits row applies: its max_concurrency replaces the argument; paused re-leases nothing; its rate_limit key caps the re-leases (rolling window). A run whose end or re-lease raises is rolled back alone and dead-lettered (stop_reason recovery_failed), so one bad run never stops the others'' recovery. A single run_id-NULL row reports saturation (an orphan is waiting but no slot is free), a rate limit holding it back (retry_at: when a start becomes possible) or a definitive empty scan. SKIP LOCKED throughout. Raises ZP006, ZP008. Notifies zeroth_wakeup for the runs it ended. Time: clock_timestamp().';
+'claim_orphaned: recover running runs whose lease expired. First ends the ones nobody may resume (resumable but out of attempts → failed + dead-lettered, stop_reason attempts_exhausted; not resumable and expired more than grace_seconds ago → failed, stop_reason orphan_recovered; cancel requested → cancelled), then re-leases resumable ones with attempts left: new generation, attempt counted, recovery_checkpoint_id = latest checkpoint. claim_limit bounds the batch (0: end only, re-lease nothing). The scope''s zeroth.scope_limits row applies: its max_concurrency replaces the argument; paused re-leases nothing; its rate_limit key caps the re-leases (rolling window). A run whose end or re-lease raises is rolled back alone and dead-lettered (stop_reason recovery_failed), so one bad run never stops the others'' recovery. Runs under lock_timeout 2 s: a run whose recovery waits longer for a lock (a row someone holds in an open transaction) is left as it was, with a WARNING, for the next pass, and the others are recovered. A single run_id-NULL row reports saturation (an orphan is waiting but no slot is free), a rate limit holding it back (retry_at: when a start becomes possible) or a definitive empty scan. SKIP LOCKED throughout. Raises ZP006, ZP008. Notifies zeroth_wakeup for the runs it ended. Time: clock_timestamp().';
 ALTER FUNCTION zeroth.claim_orphaned(text, text, text, text, integer, integer, double precision, double precision) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.claim_orphaned(text, text, text, text, integer, integer, double precision, double precision) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.claim_orphaned(text, text, text, text, integer, integer, double precision, double precision) TO zeroth_worker;

@@ -34,7 +34,9 @@ REVOKE ALL ON FUNCTION zeroth._claim_orphaned_rows(text, text, text, text, integ
 -- scopes re-lease nothing); claim_limit is shared: NULL all, 0 end only, else at most that many
 -- re-leased in all. Rows: one per re-leased run with its scope, plus one run_id-NULL row per
 -- scope where a resumable orphan waits for a free slot or is held back by the scope's rate limit
--- (retry_at). Locks: as claim_orphaned, per scope.
+-- (retry_at). Every argument is checked before any scope is visited: an error one scope's rows
+-- raise (a ZP error included) skips that scope with a WARNING, never the others. Locks: as
+-- claim_orphaned, per scope.
 -- Raises ZP006, ZP008. Notifies zeroth_wakeup for runs it ended. Time: clock_timestamp().
 CREATE OR REPLACE FUNCTION zeroth.claim_orphaned_scopes(
     deployment_refs text[],
@@ -47,6 +49,7 @@ CREATE OR REPLACE FUNCTION zeroth.claim_orphaned_scopes(
     grace_seconds   double precision DEFAULT 10)
     RETURNS SETOF zeroth.scope_claimed_run
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+    SET lock_timeout = '2s'
     SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_now      timestamptz := zeroth._now();
@@ -68,8 +71,8 @@ BEGIN
                             OR claim_orphaned_scopes.claim_limit BETWEEN 0 AND 1000,
                             'claim_limit must be NULL or between 0 and 1000');
     PERFORM zeroth._require(claim_orphaned_scopes.max_concurrency IS NULL
-                            OR claim_orphaned_scopes.max_concurrency >= 1,
-                            'max_concurrency must be NULL or at least 1');
+                            OR claim_orphaned_scopes.max_concurrency BETWEEN 1 AND 10000,
+                            'max_concurrency must be NULL or between 1 and 10000');
     PERFORM zeroth._lease_interval(claim_orphaned_scopes.lease_seconds);
     PERFORM zeroth._grace_interval(claim_orphaned_scopes.grace_seconds);
 
@@ -103,8 +106,11 @@ BEGIN
                             claim_orphaned_scopes.lease_seconds, claim_orphaned_scopes.grace_seconds,
                             true);
                     EXCEPTION WHEN OTHERS THEN
-                        IF zeroth._transient_sqlstate(SQLSTATE) OR left(SQLSTATE, 2) = 'ZP' THEN
-                            RAISE;  -- a passing condition, or a bad argument: the call fails
+                        -- Every argument was checked above, before any scope: a ZP error here
+                        -- comes from this scope's rows (a DBA's INSERT of a run whose tenant_id
+                        -- no function accepts), so the scope is skipped like any other error.
+                        IF zeroth._transient_sqlstate(SQLSTATE) AND NOT zeroth._lock_timed_out(SQLSTATE) THEN
+                            RAISE;  -- a passing condition: the call fails, the next one retries
                         END IF;
                         GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_msg = MESSAGE_TEXT;
                         RAISE WARNING 'zeroth: claim_orphaned of deployment % in tenant % raised % (%); that scope is skipped this pass',
@@ -125,7 +131,7 @@ BEGIN
             END LOOP;
             EXIT;
         EXCEPTION WHEN OTHERS THEN
-            IF v_isolated OR zeroth._transient_sqlstate(SQLSTATE) OR left(SQLSTATE, 2) = 'ZP' THEN
+            IF v_isolated OR (zeroth._transient_sqlstate(SQLSTATE) AND NOT zeroth._lock_timed_out(SQLSTATE)) THEN
                 RAISE;
             END IF;
             v_isolated := true;
@@ -135,7 +141,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION zeroth.claim_orphaned_scopes(text[], text, text[], text[], integer, integer, double precision, double precision) IS
-'claim_orphaned_scopes: claim_orphaned over many deployments and scopes in one call. Scopes: (tenant_ids[i], workspace_ids[i]) × deployment_refs, or with tenant_ids NULL every scope of those deployments holding a running run (skip scan of runs_running_idx), in random order, those with an expired lease. Each scope is claim_orphaned exactly (ends the orphans nobody may resume, re-leases resumable ones under the scope''s limits; paused scopes re-lease nothing); claim_limit is shared across scopes (NULL all, 0 end only). Rows: one per re-leased run with its scope, plus one run_id-NULL row per scope where a resumable orphan waits for a slot or its rate limit (retry_at). Raises ZP006, ZP008. Notifies zeroth_wakeup for the runs it ended. Time: clock_timestamp().';
+'claim_orphaned_scopes: claim_orphaned over many deployments and scopes in one call. Scopes: (tenant_ids[i], workspace_ids[i]) × deployment_refs, or with tenant_ids NULL every scope of those deployments holding a running run (skip scan of runs_running_idx), in random order, those with an expired lease. Each scope is claim_orphaned exactly (ends the orphans nobody may resume, re-leases resumable ones under the scope''s limits; paused scopes re-lease nothing); claim_limit is shared across scopes (NULL all, 0 end only). Rows: one per re-leased run with its scope, plus one run_id-NULL row per scope where a resumable orphan waits for a slot or its rate limit (retry_at). Arguments are checked before any scope is visited; a scope whose recovery raises anything but a passing condition (a ZP error its rows cause included) is skipped with a WARNING and the others are recovered. Runs under lock_timeout 2 s: a run whose recovery waits longer for a lock (a row someone holds in an open transaction) is left as it was, with a WARNING, for the next pass, and the others are recovered. Raises ZP006, ZP008. Notifies zeroth_wakeup for the runs it ended. Time: clock_timestamp().';
 ALTER FUNCTION zeroth.claim_orphaned_scopes(text[], text, text[], text[], integer, integer, double precision, double precision) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.claim_orphaned_scopes(text[], text, text[], text[], integer, integer, double precision, double precision) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.claim_orphaned_scopes(text[], text, text[], text[], integer, integer, double precision, double precision) TO zeroth_worker;

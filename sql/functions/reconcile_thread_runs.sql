@@ -13,7 +13,8 @@ CREATE OR REPLACE FUNCTION zeroth.reconcile_thread_runs(
     stop_reason    text             DEFAULT 'orphan_recovered',
     message        text             DEFAULT NULL)
     RETURNS SETOF zeroth.takeover
-    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+    SET lock_timeout = '2s' AS $$
 DECLARE
     v_now    timestamptz := zeroth._now();
     v_grace  interval := zeroth._grace_interval(reconcile_thread_runs.grace_seconds);
@@ -62,7 +63,7 @@ BEGIN
                 reconcile_thread_runs.message) AS t);
         END LOOP;
     EXCEPTION WHEN OTHERS THEN
-        IF zeroth._transient_sqlstate(SQLSTATE) THEN
+        IF zeroth._transient_sqlstate(SQLSTATE) AND NOT zeroth._lock_timed_out(SQLSTATE) THEN
             RAISE;
         END IF;
         v_rows := '{}';
@@ -76,7 +77,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION zeroth.reconcile_thread_runs(text, text, text, double precision, integer, text, text) IS
-'reconcile_thread_runs: take over (as claim_for_takeover) up to claim_limit active thread runs of a scope (one deployment or all) whose owners'' leases expired more than grace ago. Concurrent reconcilers never block each other or report a run twice. A run whose takeover raises is rolled back alone and dead-lettered (stop_reason recovery_failed, outcome dead_lettered). Raises ZP006, ZP008. Notifies zeroth_wakeup. Time: clock_timestamp().';
+'reconcile_thread_runs: take over (as claim_for_takeover) up to claim_limit active thread runs of a scope (one deployment or all) whose owners'' leases expired more than grace ago. Concurrent reconcilers never block each other or report a run twice. A run whose takeover raises is rolled back alone and dead-lettered (stop_reason recovery_failed, outcome dead_lettered). Runs under lock_timeout 2 s: a run whose recovery waits longer for a lock (a row someone holds in an open transaction) is left as it was, with a WARNING, for the next pass, and the others are recovered. Raises ZP006, ZP008. Notifies zeroth_wakeup. Time: clock_timestamp().';
 ALTER FUNCTION zeroth.reconcile_thread_runs(text, text, text, double precision, integer, text, text) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.reconcile_thread_runs(text, text, text, double precision, integer, text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.reconcile_thread_runs(text, text, text, double precision, integer, text, text) TO zeroth_worker;

@@ -33,10 +33,10 @@ SWEEP = """SELECT run_id FROM zeroth.claim_orphaned(deployment_ref => 'd', worke
 SHORT = 0.3  # seconds: a lease that runs out on the real clock while the test waits
 
 
-async def innocent_orphan(worker: asyncpg.Connection) -> object:
+async def innocent_orphan(worker: asyncpg.Connection, tenant: str = TENANT) -> object:
     """Another run of the scope, out of attempts, whose worker died: the sweep dead-letters it."""
-    run_id = await worker.fetchval(ENQUEUE, TENANT, 1)
-    (row,) = await worker.fetch(CLAIM, "innocent-worker", TENANT, SHORT)
+    run_id = await worker.fetchval(ENQUEUE, tenant, 1)
+    (row,) = await worker.fetch(CLAIM, "innocent-worker", tenant, SHORT)
     assert row["run_id"] == run_id
     return run_id
 
@@ -123,3 +123,127 @@ async def test_an_error_near_the_jsonb_limit_stops_no_recovery(login, admin):
     error = json.loads(error)
     assert error["stop_reason"] == "attempts_exhausted"
     assert error["previous_error"]["truncated"] is True
+
+
+async def test_a_row_no_function_accepts_stops_no_other_scopes_recovery(login, admin):
+    """A DBA's INSERT of a running run under a tenant_id longer than any function accepts (no
+    table constraint refuses it) made every claim_orphaned_scopes with a max_concurrency (the fleet
+    worker's sweep) raise ZP008 from that scope's slot rows, and the ZP error was raised for the
+    whole call, not skipped with its scope: no orphan of any tenant was recovered again. The
+    arguments are checked before any scope now; that scope is skipped with a WARNING."""
+    planted = await admin.fetchval(
+        """INSERT INTO zeroth.runs (run_id, tenant_id, deployment_ref, status, lease_worker_id,
+               lease_acquired_at, lease_expires_at, lease_generation, attempts, max_attempts,
+               created_at, updated_at, started_at, run_after)
+           VALUES (gen_random_uuid(), repeat('t', 201), 'd', 'running', 'gone',
+                   now() - interval '2 hours', now() - interval '1 hour', 1, 1, 3,
+                   now(), now(), now(), now())
+           RETURNING run_id""")
+    worker = await login("worker")
+    run_id = await worker.fetchval(ENQUEUE, TENANT, 3)
+    (row,) = await worker.fetch(CLAIM, "innocent-worker", TENANT, SHORT)
+    assert row["run_id"] == run_id
+    await asyncio.sleep(2 * SHORT)
+
+    rescuer = await login("worker")
+    rows = await rescuer.fetch(
+        """SELECT tenant_id, run_id FROM zeroth.claim_orphaned_scopes(
+               deployment_refs => ARRAY['d'], worker_id => 'rescuer', max_concurrency => 5,
+               grace_seconds => 0) WHERE run_id IS NOT NULL""")
+
+    assert [(r["tenant_id"], r["run_id"]) for r in rows] == [(TENANT, run_id)]
+    assert await admin.fetchval(
+        "SELECT lease_worker_id FROM zeroth.runs WHERE run_id = $1", run_id) == "rescuer"
+    assert await status(admin, planted) == "running"  # its scope skipped, nothing changed
+
+
+async def test_claim_orphaned_scopes_checks_max_concurrency_before_any_scope(login):
+    rescuer = await login("worker")
+    with pytest.raises(asyncpg.PostgresError) as raised:
+        await rescuer.fetch(
+            """SELECT * FROM zeroth.claim_orphaned_scopes(deployment_refs => ARRAY['d'],
+                   worker_id => 'rescuer', max_concurrency => 10001)""")
+    assert raised.value.sqlstate == "ZP008"
+
+
+async def held_child(attacker: asyncpg.Connection, tenant: str
+                     ) -> tuple[tuple[object, object], object]:
+    """A parent of the attacker's tenant and its one child (one attempt), the child claimed on a
+    lease that runs out: the sweep will end the child, which counts it down in the parent's
+    wait, taking its child_runs row FOR UPDATE. Returns (parent, its generation, child)."""
+    parent = await attacker.fetchval(ENQUEUE, tenant, 1)
+    (claimed,) = await attacker.fetch(CLAIM, "attacker", tenant, 60)
+    assert claimed["run_id"] == parent
+    child = await attacker.fetchval(
+        """SELECT child_run_id FROM zeroth.start_child_run(run_id => $1, worker_id => 'attacker',
+               generation => $2, step_key => 'c', deployment_ref => 'd', max_attempts => 1,
+               tenant_id => $3)""", parent, claimed["lease_generation"], tenant)
+    (leased,) = await attacker.fetch(CLAIM, "attacker-2", tenant, SHORT)
+    assert leased["run_id"] == child
+    return (parent, claimed["lease_generation"]), child
+
+
+@pytest.mark.parametrize("sweep", ["claim_orphaned_scopes", "claim_orphaned"])
+async def test_a_worker_holding_a_row_open_stalls_no_other_recovery(login, admin, sweep):
+    """A zeroth_worker member entered its own parent's wait_for_children in a transaction it left
+    open (its child's child_runs row held FOR SHARE), its child orphaned beside innocent ones. The
+    sweep's end of that child waited for the row as long as the transaction stayed open (no
+    lock_timeout): claim_orphaned_scopes held every other scope's recovery with it, uncommitted.
+    The sweeps run under lock_timeout 2 s now, and a run whose recovery timed out on a lock is
+    left for the next pass (neither dead-lettered nor failing the pass); the others are
+    recovered."""
+    attacker = await login("worker")
+    (parent, generation), child = await held_child(attacker, "evil")
+    same_scope = await innocent_orphan(await login("worker"), "evil")
+    other_scope = await innocent_orphan(await login("worker"), TENANT)
+    await asyncio.sleep(2 * SHORT)
+    hold = attacker.transaction()
+    await hold.start()
+    try:
+        (waited,) = await attacker.fetch(
+            """SELECT outcome FROM zeroth.wait_for_children(run_id => $1, worker_id => 'attacker',
+                   generation => $2, step_key => 'w', child_run_ids => ARRAY[$3]::uuid[],
+                   tenant_id => 'evil')""", parent, generation, child)
+        assert waited["outcome"] == "waiting"
+
+        rescuer = await login("worker")
+        await rescuer.execute("SET statement_timeout = '60s'")  # a stall fails, never hangs
+        if sweep == "claim_orphaned_scopes":
+            await rescuer.fetch(
+                """SELECT * FROM zeroth.claim_orphaned_scopes(deployment_refs => ARRAY['d'],
+                       worker_id => 'rescuer', grace_seconds => 0)""")
+        else:
+            await rescuer.fetch(
+                """SELECT * FROM zeroth.claim_orphaned(deployment_ref => 'd',
+                       worker_id => 'rescuer', tenant_id => 'evil', grace_seconds => 0)""")
+            await rescuer.fetch(SWEEP, TENANT)
+
+        assert await status(admin, same_scope) == "failed"
+        assert await status(admin, other_scope) == "failed"
+        assert await status(admin, child) == "running"  # left as it was, for the next pass
+    finally:
+        await hold.rollback()
+
+
+async def test_a_takeover_that_waits_on_a_held_row_returns_nothing_and_changes_nothing(
+        login, admin):
+    """claim_for_takeover of the held child (as above) waited as long as the attacker's
+    transaction stayed open; under lock_timeout 2 s it returns no row, the run left as it was."""
+    attacker = await login("worker")
+    (parent, generation), child = await held_child(attacker, "evil")
+    await asyncio.sleep(2 * SHORT)
+    hold = attacker.transaction()
+    await hold.start()
+    try:
+        await attacker.fetch(
+            """SELECT outcome FROM zeroth.wait_for_children(run_id => $1, worker_id => 'attacker',
+                   generation => $2, step_key => 'w', child_run_ids => ARRAY[$3]::uuid[],
+                   tenant_id => 'evil')""", parent, generation, child)
+        rescuer = await login("worker")
+        await rescuer.execute("SET statement_timeout = '60s'")  # a stall fails, never hangs
+        assert await rescuer.fetch(
+            """SELECT * FROM zeroth.claim_for_takeover(run_id => $1, tenant_id => 'evil',
+                   grace_seconds => 0)""", child) == []
+        assert await status(admin, child) == "running"
+    finally:
+        await hold.rollback()

@@ -122,6 +122,20 @@ COMMENT ON FUNCTION zeroth._transient_sqlstate(text) IS 'Internal: an SQLSTATE o
 ALTER FUNCTION zeroth._transient_sqlstate(text) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._transient_sqlstate(text) FROM PUBLIC;
 
+-- Whether the recovery of one run gave up waiting for a lock (55P03: claim_orphaned,
+-- claim_orphaned_scopes, reconcile_thread_runs and claim_for_takeover run under SET lock_timeout
+-- = '2s'). That says nothing about the run and must not end
+-- it, nor fail the pass: a zeroth_worker member holding a row of its own scope (a child_runs row
+-- its parent's wait_for_children locked, in a transaction it leaves open) would stall or fail
+-- every sweep of every scope for as long as it liked. The run is left (a WARNING) for the next
+-- pass and the others are recovered.
+CREATE OR REPLACE FUNCTION zeroth._lock_timed_out(sqlstate text) RETURNS boolean
+    LANGUAGE sql IMMUTABLE
+    RETURN sqlstate = '55P03';
+COMMENT ON FUNCTION zeroth._lock_timed_out(text) IS 'Internal: 55P03 lock_not_available: a recovery that waited past the sweep''s lock_timeout leaves that run (or scope) for the next pass, neither ended nor failing the pass.';
+ALTER FUNCTION zeroth._lock_timed_out(text) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._lock_timed_out(text) FROM PUBLIC;
+
 -- The end of a run whose recovery raised (issue 29, finding 1: one bad run never stops the
 -- recovery of another). Called after the subtransaction that tried it rolled back: the run, still
 -- active with its lease expired (re-checked; SKIP LOCKED, so a run someone holds right now is left
@@ -173,7 +187,7 @@ BEGIN
                                   _end_unrecoverable.run_id, v_run.lease_generation);
         PERFORM zeroth._notify_wakeup(v_run.deployment_ref, _end_unrecoverable.tenant_id, v_run.workspace_id);
     EXCEPTION WHEN OTHERS THEN
-        IF zeroth._transient_sqlstate(SQLSTATE) THEN
+        IF zeroth._transient_sqlstate(SQLSTATE) AND NOT zeroth._lock_timed_out(SQLSTATE) THEN
             RAISE;
         END IF;
         GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_msg = MESSAGE_TEXT;
@@ -187,12 +201,13 @@ BEGIN
     RETURN NEXT v_result;
 END
 $$;
-COMMENT ON FUNCTION zeroth._end_unrecoverable(text, text, uuid, timestamptz, text, text) IS 'Internal: a run whose recovery raised (rolled back) → failed + dead-lettered, stop_reason recovery_failed, lease cleared, slot freed (SKIP LOCKED; re-checks it is active with an expired lease). Raises nothing: a failure here is a WARNING and the run is left for the next pass.';
+COMMENT ON FUNCTION zeroth._end_unrecoverable(text, text, uuid, timestamptz, text, text) IS 'Internal: a run whose recovery raised (rolled back) → failed + dead-lettered, stop_reason recovery_failed, lease cleared, slot freed (SKIP LOCKED; re-checks it is active with an expired lease). Raises nothing but a passing condition other than a lock timeout: a failure here (55P03 included) is a WARNING and the run is left for the next pass.';
 ALTER FUNCTION zeroth._end_unrecoverable(text, text, uuid, timestamptz, text, text) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._end_unrecoverable(text, text, uuid, timestamptz, text, text) FROM PUBLIC;
 
 -- zeroth._take_over in a subtransaction of its own: a run whose takeover raises is rolled back
--- alone and ended by zeroth._end_unrecoverable. The loops over many runs (claim_orphaned,
+-- alone and ended by zeroth._end_unrecoverable; one whose takeover gave up waiting for a lock
+-- (zeroth._lock_timed_out) is rolled back and left for the next pass, with a WARNING. The loops over many runs (claim_orphaned,
 -- reconcile_thread_runs) first try the whole batch in one subtransaction and use this, one run at
 -- a time, only when that raised; claim_for_takeover (one run) always does.
 CREATE OR REPLACE FUNCTION zeroth._take_over_isolated(tenant_id text, workspace_key text, run_id uuid, grace interval,
@@ -210,10 +225,14 @@ BEGIN
                                                          _take_over_isolated.at, _take_over_isolated.stop_reason,
                                                          _take_over_isolated.message) AS t);
     EXCEPTION WHEN OTHERS THEN
-        IF zeroth._transient_sqlstate(SQLSTATE) THEN
+        GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_msg = MESSAGE_TEXT;
+        IF zeroth._lock_timed_out(v_state) THEN
+            RAISE WARNING 'zeroth: the recovery of run % waited too long for a lock (%); it is left as it was and tried again on the next pass',
+                _take_over_isolated.run_id, left(v_msg, 500);
+            RETURN;
+        ELSIF zeroth._transient_sqlstate(v_state) THEN
             RAISE;
         END IF;
-        GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_msg = MESSAGE_TEXT;
         RETURN QUERY SELECT * FROM zeroth._end_unrecoverable(
             _take_over_isolated.tenant_id, _take_over_isolated.workspace_key, _take_over_isolated.run_id,
             _take_over_isolated.at, v_state, v_msg);
@@ -222,6 +241,6 @@ BEGIN
     RETURN QUERY SELECT * FROM unnest(v_rows);
 END
 $$;
-COMMENT ON FUNCTION zeroth._take_over_isolated(text, text, uuid, interval, timestamptz, text, text) IS 'Internal: zeroth._take_over in its own subtransaction; when it raises, the run alone is rolled back and ended by zeroth._end_unrecoverable (dead-lettered, stop_reason recovery_failed).';
+COMMENT ON FUNCTION zeroth._take_over_isolated(text, text, uuid, interval, timestamptz, text, text) IS 'Internal: zeroth._take_over in its own subtransaction; when it raises, the run alone is rolled back and ended by zeroth._end_unrecoverable (dead-lettered, stop_reason recovery_failed); when it gave up waiting for a lock (55P03), rolled back and left for the next pass (WARNING).';
 ALTER FUNCTION zeroth._take_over_isolated(text, text, uuid, interval, timestamptz, text, text) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._take_over_isolated(text, text, uuid, interval, timestamptz, text, text) FROM PUBLIC;
