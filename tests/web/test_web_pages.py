@@ -205,6 +205,27 @@ class TestActions:
         finally:
             await conn.close()
 
+    async def test_a_tenant_reader_sees_no_session_of_the_database(self, database_dsn,
+                                                                  pg_server_dsn):
+        # pg_stat_activity shows every session's application_name to any role: another
+        # tenant's worker ('zeroth-worker:<its id>') is not this reader's to see.
+        other = await asyncpg.connect(
+            database_dsn, server_settings={"application_name": "zeroth-worker:initech-payroll"})
+        try:
+            with login_role(pg_server_dsn, "zeroth_reader") as (name, password):
+                await other.execute(f"ALTER ROLE {name} SET zeroth.tenant_id = 'acme'")
+                reader = dsn_as(database_dsn, name, password)
+                with dashboard(create_app(reader)) as client:
+                    as_reader = client.get("/workers")
+            with dashboard(create_app(database_dsn)) as client:
+                as_owner = client.get("/workers")
+        finally:
+            await other.close()
+        assert as_reader.status_code == 200
+        assert "initech-payroll" not in as_reader.text
+        assert "every tenant" in as_reader.text
+        assert "initech-payroll" in as_owner.text
+
 
 FOREIGN_HOST = "rebind.attacker.example:18787"
 FOREIGN_ORIGIN = f"http://{FOREIGN_HOST}"

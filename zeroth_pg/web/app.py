@@ -63,6 +63,14 @@ _WORKERS = """SELECT l.lease_worker_id AS worker_id, count(*) AS runs,
            max(l.lease_expires_at) AS last_expiry
       FROM zeroth.live_leases l GROUP BY l.lease_worker_id ORDER BY l.lease_worker_id"""
 
+# pg_stat_activity shows every session's application_name to any role, so the sessions are
+# listed only to a role that reads every tenant (not one filtered by zeroth_reader's row-level
+# security): a worker's application name carries its worker id.
+_SEES_EVERY_TENANT = """SELECT r.rolsuper OR r.rolbypassrls
+           OR pg_has_role(current_user, 'zeroth_owner', 'USAGE')
+           OR NOT pg_has_role(current_user, 'zeroth_reader', 'USAGE')
+      FROM pg_roles r WHERE r.rolname = current_user"""
+
 _LISTENERS = """SELECT application_name, count(*) AS sessions FROM pg_stat_activity
      WHERE application_name <> '' AND datname = current_database()
      GROUP BY application_name ORDER BY application_name"""
@@ -385,7 +393,8 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
     async def workers(request: Request) -> Response:
         async with pool().acquire() as conn:
             rows = await conn.fetch(_WORKERS)
-            listeners = await conn.fetch(_LISTENERS)
+            every_tenant = bool(await conn.fetchval(_SEES_EVERY_TENANT))
+            listeners = await conn.fetch(_LISTENERS) if every_tenant else None
         return render(request, "workers.html", rows=rows, listeners=listeners)
 
     async def _check_post(request: Request) -> tuple[dict[str, Any], Response | None]:
