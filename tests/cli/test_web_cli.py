@@ -252,6 +252,21 @@ class TestWebCommand:
         assert "actions enabled" in body
 
 
+    def test_an_allowed_host_that_is_not_a_name_stops_it_with_a_usage_error(self, database_dsn,
+                                                                           tmp_path):
+        proc = start(["web", "--port", str(free_port()), "--allowed-host",
+                      "https://dash.example.com"], database_dsn, tmp_path)
+        try:
+            code = proc.wait(timeout=DEADLINE)
+        finally:
+            if proc.returncode is None:
+                stop(proc)
+        err = (tmp_path / "err").read_text()
+        assert code == 2, err
+        assert "https://dash.example.com" in err
+        assert "zeroth-pg web: http://" not in (tmp_path / "out").read_text()
+
+
 class TestDemoWeb:
     def test_the_demo_serves_its_dashboard_while_it_runs(self, database_dsn, tmp_path):
         # The killed worker's runs come back only after their 15 s lease expires, so the demo

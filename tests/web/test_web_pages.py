@@ -8,6 +8,7 @@ import re
 from datetime import datetime
 
 import asyncpg
+import pytest
 from helpers import dashboard, make_run
 from roles import dsn_as, login_role
 
@@ -264,6 +265,15 @@ class TestHostAndOrigin:
             assert client.get("/", headers={"Host": "dash.example.com"}).status_code == 200
             assert client.get("/", headers={"Host": "10.0.0.5:8787"}).status_code == 200
             assert client.get("/", headers={"Host": "evil.example.com"}).status_code == 421
+
+    def test_an_allowed_host_that_is_not_a_host_name_is_refused_clearly(self, database_dsn):
+        # A URL or a user@host never equals a Host header: taken as given, every request of the
+        # name the operator meant would get 421.
+        for entry in ("http://dash.example.com", "dash.example.com/", "admin@dash.example.com",
+                      "dash.example.com:port", "dash example.com"):
+            with pytest.raises(ValueError, match="allowed host") as raised:
+                create_app(database_dsn, allowed_hosts=[entry])
+            assert repr(entry) in str(raised.value)
 
     async def test_a_post_from_another_origin_is_refused_and_changes_nothing(self, database_dsn):
         conn = await asyncpg.connect(database_dsn)

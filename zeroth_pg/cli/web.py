@@ -54,7 +54,12 @@ def serve(url: str, *, host: str, port: int, enable_actions: bool,
     if host not in _WILDCARDS:
         names.append(host)
     logging.basicConfig(level=logging.INFO)
-    app = create_app(url, enable_actions=enable_actions, token=token, allowed_hosts=names)
+    try:
+        app = create_app(url, enable_actions=enable_actions, token=token, allowed_hosts=names)
+    except ValueError as exc:
+        from zeroth_pg.cli._common import UsageError
+
+        raise UsageError(f"--allowed-host: {exc}") from None
     if not is_loopback(host):
         print(f"zeroth-pg web: warning: --host {host} serves the dashboard to the network: every "
               "page needs the token, and it answers only the Host names 127.0.0.1, localhost, "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hmac
+import ipaddress
 import logging
 import secrets
 import urllib.parse
@@ -194,12 +195,17 @@ def _chart(points: list[asyncpg.Record], now: datetime) -> str:
 
 
 def _host_name(entry: str) -> str:
-    """An allow-list entry (``name``, ``name:port``, ``::1``, ``[::1]:port``) as a bare name."""
-    entry = entry.strip().lower()
-    if entry.count(":") > 1 and not entry.startswith("["):
-        return entry  # a bare IPv6 address
-    found = _netloc(entry)
-    return found[0] if found else entry
+    """An allow-list entry (``name``, ``name:port``, ``::1``, ``[::1]:port``) as a bare name;
+    ValueError for anything else (a URL, ``user@name``, a bad port), which no Host could match."""
+    name = entry.strip().lower()
+    if name.count(":") > 1 and not name.startswith("["):
+        with contextlib.suppress(ValueError):
+            return str(ipaddress.ip_address(name))  # a bare IPv6 address
+    elif found := _netloc(name):
+        return found[0]
+    raise ValueError(f"not an allowed host name: {entry[:100]!r} (give a name or address as the "
+                     "browser's Host header carries it, e.g. dash.example.com or 10.0.0.5, "
+                     "without a scheme, path or user)")
 
 
 def _netloc(value: str) -> tuple[str, int | None] | None:
