@@ -258,9 +258,7 @@ class _Origins(BaseHTTPMiddleware):
 
 
 class _Guard(BaseHTTPMiddleware):
-    """The optional token: ?token= sets a cookie; the cookie or a Bearer header is checked.
-    A GET carrying ?token= is answered with a redirect to its URL without it (and the cookie),
-    so the token leaves the address bar, history and the Referer of the page's requests."""
+    """The optional token: ?token= sets a cookie; the cookie or a Bearer header is checked."""
 
     def __init__(self, app: Any, token: str | None) -> None:
         super().__init__(app)
@@ -275,19 +273,10 @@ class _Guard(BaseHTTPMiddleware):
             return Response("zeroth-pg web: a token is required (ZEROTH_PG_WEB_TOKEN): open "
                             "the URL with ?token=…", status_code=401,
                             media_type="text/plain")
+        response = await call_next(request)
         if request.query_params.get("token"):
-            if request.method in ("GET", "HEAD"):
-                rest = urllib.parse.urlencode(
-                    [(k, v) for k, v in request.query_params.multi_items() if k != "token"])
-                # One leading slash: "//evil.example/" would leave the dashboard.
-                path = "/" + urllib.parse.quote(request.url.path.lstrip("/\\"))
-                response: Response = RedirectResponse(path + (f"?{rest}" if rest else ""),
-                                                      status_code=303)
-            else:
-                response = await call_next(request)
             response.set_cookie("zp_token", self.token, httponly=True, samesite="strict")
-            return response
-        return await call_next(request)
+        return response
 
 
 def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = None,
