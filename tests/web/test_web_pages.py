@@ -322,6 +322,19 @@ class TestToken:
             assert client.get("/?token=s3cret").status_code == 200
             assert client.get("/runs").status_code == 200  # the cookie it set
 
+    def test_a_page_opened_with_the_token_sends_no_referer_carrying_it(self, database_dsn):
+        # Its stylesheet, script and links would otherwise carry the whole URL, token included,
+        # as their Referer.
+        app = create_app(database_dsn, token="s3cret")
+        with dashboard(app) as client:
+            first = client.get("/runs?status=failed&token=s3cret")
+            assert first.status_code == 200
+            assert "zp_token=s3cret" in first.headers["set-cookie"]
+            for path in ("/", "/runs", "/dead-letters", "/workers", "/runs/not-a-run"):
+                r = client.get(path)
+                assert r.headers["referrer-policy"] == "strict-origin", path
+            assert first.headers["referrer-policy"] == "strict-origin"
+
 
 class TestRunDetail:
     async def test_the_attempt_history_is_shown_escaped(self, database_dsn):

@@ -310,6 +310,10 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
         response.headers["Content-Security-Policy"] = (
             "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:")
         response.headers["X-Frame-Options"] = "DENY"
+        # A page opened with ?token=… would send it in the Referer of its stylesheet, script
+        # and every link followed (a proxy's access log records them): the origin only.
+        # (Not no-referrer: a browser then sends "Origin: null" on a POST, which is refused.)
+        response.headers["Referrer-Policy"] = "strict-origin"
         return response
 
     def pool() -> asyncpg.Pool:
