@@ -60,18 +60,30 @@ def asyncpg_dsn(dsn: str) -> str:
     target_session_attrs=read-write``. ``fallback_application_name`` becomes ``application_name``
     when that is not set; ``connect_timeout``, ``keepalives*`` and ``tcp_user_timeout`` are
     dropped. A keyword asyncpg cannot honour (``hostaddr``, ``channel_binding``,
-    ``gssencmode``, ``require_auth``, …) raises ValueError rather than being ignored.
+    ``gssencmode``, ``require_auth``, …) raises ValueError rather than being ignored, and so does
+    a string that is neither form; no such message quotes the DSN (it may hold a password).
     """
-    plain = libpq_dsn(dsn.strip())
-    if not plain or re.match(r"^postgres(?:ql)?://", plain):
+    # asyncpg, like urllib, reads the scheme whatever its case.
+    plain = re.sub(r"^(postgres(?:ql)?)\+[a-z0-9_]+://", r"\1://", dsn.strip(), flags=re.I)
+    if not plain or re.match(r"^postgres(?:ql)?://", plain, flags=re.I):
         return plain
+    # Neither message below quotes the DSN: any part of it may be its password.
+    scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", plain)
+    if scheme:
+        raise ValueError(f"not a postgresql:// URI (its scheme is {scheme.group(1)[:20]!r}) "
+                         "nor a libpq key=value connection string")
     from psycopg import ProgrammingError
     from psycopg.conninfo import conninfo_to_dict
 
     try:
         params = {k: str(v) for k, v in conninfo_to_dict(plain).items() if str(v) != ""}
     except ProgrammingError as exc:
-        raise ValueError(f"not a valid libpq connection string: {exc}") from None
+        # libpq quotes the offending word, which may be part of a password: keep only its
+        # own quoted "=".
+        reason = re.sub(r'"([^"]*)"', lambda m: m.group(0) if m.group(1) == "=" else '"…"',
+                        str(exc).strip())
+        raise ValueError(f"not a valid libpq connection string: {reason} (a value holding "
+                         "spaces or quotes goes in single quotes: password='a b\\'c')") from None
     fallback = params.pop("fallback_application_name", None)
     if fallback is not None:
         params.setdefault("application_name", fallback)

@@ -216,6 +216,27 @@ class TestHostileRequests:
         assert (without, with_token) == (401, 200)
         assert (named[0], other[0], foreign[0]) == (200, 200, 421)
 
+    def test_a_name_users_reach_through_a_proxy_needs_the_token_too(self, database_dsn,
+                                                                     tmp_path):
+        # Bound to loopback behind a proxy that passes Host: dash.example.com, the dashboard
+        # serves the network as surely as a network bind does.
+        port = free_port()
+        proc = start(["web", "--port", str(port), "--allowed-host", "dash.example.com"],
+                     database_dsn, tmp_path)
+        try:
+            line = wait_for_line(proc, tmp_path / "out", "zeroth-pg web: http://")
+            found = re.search(r"\?token=([A-Za-z0-9_-]{20,})", line)
+            assert found, line
+            bearer = {"Authorization": f"Bearer {found.group(1)}"}
+            loopback, _ = get(f"http://127.0.0.1:{port}/")  # once it listens
+            via_proxy = raw(port, "GET", "/", {"Host": "dash.example.com"})
+            with_token = raw(port, "GET", "/", {"Host": "dash.example.com", **bearer})
+        finally:
+            stop(proc)
+        assert "read-only" in line
+        assert (loopback, via_proxy[0], with_token[0]) == (401, 401, 200)
+        assert "dash.example.com" in (tmp_path / "err").read_text()
+
 
 class TestWebCommand:
     def test_serves_the_overview_and_stops_on_sigterm(self, database_dsn, tmp_path):
@@ -250,6 +271,21 @@ class TestWebCommand:
         assert "actions enabled" in line
         assert (refused, allowed) == (401, 200)
         assert "actions enabled" in body
+
+
+    def test_an_allowed_host_that_is_not_a_name_stops_it_with_a_usage_error(self, database_dsn,
+                                                                           tmp_path):
+        proc = start(["web", "--port", str(free_port()), "--allowed-host",
+                      "https://dash.example.com"], database_dsn, tmp_path)
+        try:
+            code = proc.wait(timeout=DEADLINE)
+        finally:
+            if proc.returncode is None:
+                stop(proc)
+        err = (tmp_path / "err").read_text()
+        assert code == 2, err
+        assert "https://dash.example.com" in err
+        assert "zeroth-pg web: http://" not in (tmp_path / "out").read_text()
 
 
 class TestDemoWeb:

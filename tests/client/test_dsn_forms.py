@@ -58,6 +58,25 @@ class TestConversion:
         with pytest.raises(ValueError, match=match):
             zeroth_pg.asyncpg_dsn(dsn)
 
+    @pytest.mark.parametrize("dsn", [
+        "host=db1 password=hunter2 s3cr3t dbname=app",  # a password with a space, unquoted
+        "host=db1 password=hunter2 s3cr3t=x dbname=app",
+        "host=db1 password='hunter2 s3cr3t",
+        "postgress://u:hunter2s3cr3t@db1/app",  # a typo in the scheme
+        "pg://u:hunter2s3cr3t@db1/app",
+    ])
+    def test_a_dsn_it_cannot_read_is_refused_without_its_password(self, dsn):
+        with pytest.raises(ValueError, match="connection string") as raised:
+            zeroth_pg.asyncpg_dsn(dsn)
+        message = str(raised.value)
+        assert "hunter2" not in message
+        assert "s3cr3t" not in message
+
+    def test_a_uri_scheme_in_any_case_reaches_asyncpg_as_a_uri(self):
+        # asyncpg reads the scheme case-insensitively: such a URI worked before the conversion.
+        assert zeroth_pg.asyncpg_dsn("PostgreSQL://u:pw@h/db") == "PostgreSQL://u:pw@h/db"
+        assert zeroth_pg.asyncpg_dsn("POSTGRES+asyncpg://u:pw@h/db") == "POSTGRES://u:pw@h/db"
+
 
 class TestKeywordMultiHostDsn:
     async def test_a_lease_manager_pool_reaches_the_server_after_the_dead_host(

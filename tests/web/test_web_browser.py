@@ -32,14 +32,14 @@ def _free_port() -> int:
 
 
 class _Server:
-    def __init__(self, dsn: str) -> None:
+    def __init__(self, dsn: str, token: str | None = None) -> None:
         import uvicorn
 
         from zeroth_pg.web import create_app
 
         self.port = _free_port()
-        config = uvicorn.Config(create_app(dsn, enable_actions=True), host="127.0.0.1",
-                                port=self.port, log_level="warning")
+        config = uvicorn.Config(create_app(dsn, enable_actions=True, token=token),
+                                host="127.0.0.1", port=self.port, log_level="warning")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
@@ -155,3 +155,75 @@ async def test_browse_filter_open_redrive_cancel(database_dsn):
     finally:
         await conn.close()
     await asyncio.sleep(0)
+
+
+def test_the_token_leaves_the_address_bar_and_the_cookie_carries_on(database_dsn):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage"):
+        options.add_argument(arg)
+    with _Server(database_dsn, token="s3cret-t0ken") as base:
+        driver = webdriver.Chrome(service=Service(DRIVER), options=options)
+        try:
+            driver.get(base + "/runs?status=failed&token=s3cret-t0ken#top")
+            WebDriverWait(driver, 30).until(lambda d: "s3cret" not in d.current_url)
+            address = driver.current_url
+            driver.get(base + "/workers")
+            workers = driver.title
+        finally:
+            driver.quit()
+    assert address == base + "/runs?status=failed#top"
+    assert "zeroth-pg" in workers  # the cookie, not the URL, carries the token now
+
+
+async def test_a_page_on_another_local_port_cannot_post_an_action(database_dsn):
+    # Another local web app in the operator's browser: same site as the dashboard (a cookie
+    # ignores the port), so its form carries the session cookie; its Origin gives it away.
+    import http.server
+
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    conn = await asyncpg.connect(database_dsn)
+    try:
+        pending = await make_run(conn, "pending", deployment_ref="mail", now=await _now(conn))
+        with _Server(database_dsn) as base:
+            attack = (f'<form method="post" action="{base}/actions/cancel">'
+                      f'<input name="run_id" value="{pending.run_id}">'
+                      '<input name="csrf" value="guess"></form>'
+                      "<script>document.forms[0].submit()</script>").encode()
+
+            class Page(http.server.BaseHTTPRequestHandler):
+                def do_GET(self) -> None:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/html")
+                    self.end_headers()
+                    self.wfile.write(attack)
+
+                def log_message(self, *args: object) -> None:
+                    pass
+
+            other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+            threading.Thread(target=other.serve_forever, daemon=True).start()
+            options = webdriver.ChromeOptions()
+            options.binary_location = CHROMIUM
+            for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage"):
+                options.add_argument(arg)
+            driver = webdriver.Chrome(service=Service(DRIVER), options=options)
+            try:
+                driver.get(base + "/")  # the operator's session cookie
+                driver.get(f"http://127.0.0.1:{other.server_address[1]}/")
+                WebDriverWait(driver, 30).until(lambda d: d.current_url.startswith(base))
+                answer = driver.find_element("tag name", "body").text
+            finally:
+                driver.quit()
+                other.shutdown()
+        assert "Origin" in answer
+        assert await _status(conn, pending.run_id) == "pending"
+    finally:
+        await conn.close()

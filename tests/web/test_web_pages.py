@@ -8,6 +8,7 @@ import re
 from datetime import datetime, timedelta
 
 import asyncpg
+import pytest
 from child_calls import start_child
 from helpers import dashboard, make_run
 from roles import dsn_as, login_role
@@ -206,6 +207,27 @@ class TestActions:
         finally:
             await conn.close()
 
+    async def test_a_tenant_reader_sees_no_session_of_the_database(self, database_dsn,
+                                                                  pg_server_dsn):
+        # pg_stat_activity shows every session's application_name to any role: another
+        # tenant's worker ('zeroth-worker:<its id>') is not this reader's to see.
+        other = await asyncpg.connect(
+            database_dsn, server_settings={"application_name": "zeroth-worker:initech-payroll"})
+        try:
+            with login_role(pg_server_dsn, "zeroth_reader") as (name, password):
+                await other.execute(f"ALTER ROLE {name} SET zeroth.tenant_id = 'acme'")
+                reader = dsn_as(database_dsn, name, password)
+                with dashboard(create_app(reader)) as client:
+                    as_reader = client.get("/workers")
+            with dashboard(create_app(database_dsn)) as client:
+                as_owner = client.get("/workers")
+        finally:
+            await other.close()
+        assert as_reader.status_code == 200
+        assert "initech-payroll" not in as_reader.text
+        assert "every tenant" in as_reader.text
+        assert "initech-payroll" in as_owner.text
+
 
 FOREIGN_HOST = "rebind.attacker.example:18787"
 FOREIGN_ORIGIN = f"http://{FOREIGN_HOST}"
@@ -244,6 +266,15 @@ class TestHostAndOrigin:
             assert client.get("/", headers={"Host": "dash.example.com"}).status_code == 200
             assert client.get("/", headers={"Host": "10.0.0.5:8787"}).status_code == 200
             assert client.get("/", headers={"Host": "evil.example.com"}).status_code == 421
+
+    def test_an_allowed_host_that_is_not_a_host_name_is_refused_clearly(self, database_dsn):
+        # A URL or a user@host never equals a Host header: taken as given, every request of the
+        # name the operator meant would get 421.
+        for entry in ("http://dash.example.com", "dash.example.com/", "admin@dash.example.com",
+                      "dash.example.com:port", "dash example.com"):
+            with pytest.raises(ValueError, match="allowed host") as raised:
+                create_app(database_dsn, allowed_hosts=[entry])
+            assert repr(entry) in str(raised.value)
 
     async def test_a_post_from_another_origin_is_refused_and_changes_nothing(self, database_dsn):
         conn = await asyncpg.connect(database_dsn)
@@ -291,6 +322,19 @@ class TestToken:
             assert client.get("/", headers={"Authorization": "Bearer s3cret"}).status_code == 200
             assert client.get("/?token=s3cret").status_code == 200
             assert client.get("/runs").status_code == 200  # the cookie it set
+
+    def test_a_page_opened_with_the_token_sends_no_referer_carrying_it(self, database_dsn):
+        # Its stylesheet, script and links would otherwise carry the whole URL, token included,
+        # as their Referer.
+        app = create_app(database_dsn, token="s3cret")
+        with dashboard(app) as client:
+            first = client.get("/runs?status=failed&token=s3cret")
+            assert first.status_code == 200
+            assert "zp_token=s3cret" in first.headers["set-cookie"]
+            for path in ("/", "/runs", "/dead-letters", "/workers", "/runs/not-a-run"):
+                r = client.get(path)
+                assert r.headers["referrer-policy"] == "strict-origin", path
+            assert first.headers["referrer-policy"] == "strict-origin"
 
 
 class TestRunDetail:

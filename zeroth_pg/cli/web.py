@@ -33,34 +33,47 @@ def serve(url: str, *, host: str, port: int, enable_actions: bool,
           allowed_hosts: Sequence[str] = ()) -> None:
     """Run the dashboard on ``host:port`` until interrupted (uvicorn).
 
-    It needs a token (``ZEROTH_PG_WEB_TOKEN``) when actions are enabled or ``host`` is not a
-    loopback address; without one it generates one for this run and prints the URL carrying it.
+    It needs a token (``ZEROTH_PG_WEB_TOKEN``) when actions are enabled, ``host`` is not a
+    loopback address or an allowed host is not a loopback name (the name a proxy serves it to
+    the network by); without one it generates one for this run and prints the URL carrying it.
     It answers the loopback names, ``host`` (unless a wildcard) and ``allowed_hosts``.
     """
+    from zeroth_pg.cli._common import UsageError
+
     try:
         import uvicorn
 
         from zeroth_pg.web import create_app
+        from zeroth_pg.web.app import _host_name
     except ImportError as exc:  # pragma: no cover - the web extra is missing
-        from zeroth_pg.cli._common import UsageError
-
         raise UsageError(f"zeroth-pg web needs the web extra: pip install 'zeroth-pg[web]' "
                          f"({exc})") from exc
-    token = os.environ.get("ZEROTH_PG_WEB_TOKEN") or None
-    generated = None
-    if token is None and (enable_actions or not is_loopback(host)):
-        token = generated = secrets.token_urlsafe(24)
     names = [name for entry in allowed_hosts for name in entry.replace(",", " ").split()]
+    try:
+        remote = [name for name in names if not is_loopback(_host_name(name))]
+    except ValueError as exc:
+        raise UsageError(f"--allowed-host: {exc}") from None
     if host not in _WILDCARDS:
         names.append(host)
+    token = os.environ.get("ZEROTH_PG_WEB_TOKEN") or None
+    generated = None
+    if token is None and (enable_actions or not is_loopback(host) or remote):
+        token = generated = secrets.token_urlsafe(24)
     logging.basicConfig(level=logging.INFO)
-    app = create_app(url, enable_actions=enable_actions, token=token, allowed_hosts=names)
+    try:
+        app = create_app(url, enable_actions=enable_actions, token=token, allowed_hosts=names)
+    except ValueError as exc:
+        raise UsageError(f"--host: {exc}") from None
     if not is_loopback(host):
         print(f"zeroth-pg web: warning: --host {host} serves the dashboard to the network: every "
               "page needs the token, and it answers only the Host names 127.0.0.1, localhost, "
               "::1, the bound address and those given with --allowed-host "
               f"({', '.join(names) or 'none'}); put TLS in front of it", file=sys.stderr,
               flush=True)
+    elif remote:
+        print(f"zeroth-pg web: warning: --allowed-host {', '.join(remote)}: the dashboard is "
+              "served to whoever reaches it by that name (a proxy), so every page needs the "
+              "token", file=sys.stderr, flush=True)
     shown = "127.0.0.1" if host in _WILDCARDS else host
     shown = f"[{shown}]" if ":" in shown else shown
     mode = "actions enabled" if enable_actions else "read-only"
@@ -90,7 +103,8 @@ def web(
     allowed_host: Annotated[list[str] | None, typer.Option(
         "--allowed-host", envvar="ZEROTH_PG_WEB_ALLOWED_HOSTS", show_default=False,
         help="A Host name the dashboard also answers (repeat it; the variable takes a list "
-             "separated by spaces or commas): the name a proxy or the users reach it by. "
+             "separated by spaces or commas): the name a proxy or the users reach it by; "
+             "one that is not a loopback name needs a token, as a network --host does. "
              "Always answered: 127.0.0.1, localhost, ::1 and --host.")]
     = None,
 ) -> None:

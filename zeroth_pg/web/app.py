@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hmac
+import ipaddress
 import json
 import logging
 import secrets
@@ -63,6 +64,14 @@ _WORKERS = """SELECT l.lease_worker_id AS worker_id, count(*) AS runs,
            max(l.lease_acquired_at) AS last_acquired, min(l.lease_expires_at) AS next_expiry,
            max(l.lease_expires_at) AS last_expiry
       FROM zeroth.live_leases l GROUP BY l.lease_worker_id ORDER BY l.lease_worker_id"""
+
+# pg_stat_activity shows every session's application_name to any role, so the sessions are
+# listed only to a role that reads every tenant (not one filtered by zeroth_reader's row-level
+# security): a worker's application name carries its worker id.
+_SEES_EVERY_TENANT = """SELECT r.rolsuper OR r.rolbypassrls
+           OR pg_has_role(current_user, 'zeroth_owner', 'USAGE')
+           OR NOT pg_has_role(current_user, 'zeroth_reader', 'USAGE')
+      FROM pg_roles r WHERE r.rolname = current_user"""
 
 _LISTENERS = """SELECT application_name, count(*) AS sessions FROM pg_stat_activity
      WHERE application_name <> '' AND datname = current_database()
@@ -220,12 +229,17 @@ def _chart(points: list[asyncpg.Record], now: datetime) -> str:
 
 
 def _host_name(entry: str) -> str:
-    """An allow-list entry (``name``, ``name:port``, ``::1``, ``[::1]:port``) as a bare name."""
-    entry = entry.strip().lower()
-    if entry.count(":") > 1 and not entry.startswith("["):
-        return entry  # a bare IPv6 address
-    found = _netloc(entry)
-    return found[0] if found else entry
+    """An allow-list entry (``name``, ``name:port``, ``::1``, ``[::1]:port``) as a bare name;
+    ValueError for anything else (a URL, ``user@name``, a bad port), which no Host could match."""
+    name = entry.strip().lower()
+    if name.count(":") > 1 and not name.startswith("["):
+        with contextlib.suppress(ValueError):
+            return str(ipaddress.ip_address(name))  # a bare IPv6 address
+    elif found := _netloc(name):
+        return found[0]
+    raise ValueError(f"not an allowed host name: {entry[:100]!r} (give a name or address as the "
+                     "browser's Host header carries it, e.g. dash.example.com or 10.0.0.5, "
+                     "without a scheme, path or user)")
 
 
 def _netloc(value: str) -> tuple[str, int | None] | None:
@@ -331,6 +345,10 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
         response.headers["Content-Security-Policy"] = (
             "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:")
         response.headers["X-Frame-Options"] = "DENY"
+        # A page opened with ?token=… would send it in the Referer of its stylesheet, script
+        # and every link followed (a proxy's access log records them): the origin only.
+        # (Not no-referrer: a browser then sends "Origin: null" on a POST, which is refused.)
+        response.headers["Referrer-Policy"] = "strict-origin"
         return response
 
     def pool() -> asyncpg.Pool:
@@ -423,7 +441,8 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
     async def workers(request: Request) -> Response:
         async with pool().acquire() as conn:
             rows = await conn.fetch(_WORKERS)
-            listeners = await conn.fetch(_LISTENERS)
+            every_tenant = bool(await conn.fetchval(_SEES_EVERY_TENANT))
+            listeners = await conn.fetch(_LISTENERS) if every_tenant else None
         return render(request, "workers.html", rows=rows, listeners=listeners)
 
     async def _check_post(request: Request) -> tuple[dict[str, Any], Response | None]:
