@@ -996,6 +996,12 @@ ALTER TABLE ONLY zeroth.runs
     ADD CONSTRAINT runs_pkey PRIMARY KEY (tenant_id, workspace_key, run_id);
 
 --
+-- Name: runs runs_scope_names_bounded; Type: CHECK CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE zeroth.runs
+    ADD CONSTRAINT runs_scope_names_bounded CHECK (((length(tenant_id) <= 200) AND (length(deployment_ref) <= 200) AND ((workspace_id IS NULL) OR (length(workspace_id) <= 200)))) NOT VALID;
+
+--
 -- Name: schedule_fires schedule_fires_pkey; Type: CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
 --
 ALTER TABLE ONLY zeroth.schedule_fires

@@ -50,3 +50,12 @@ GRANT SELECT (name, max_starts, period_seconds, note) ON zeroth.rate_limits TO z
 -- admit_run's lease now obeys the scope's zeroth.scope_limits row, and an admission without room
 -- is admitted unleased; retry_after_s also says when the rate key has a start again.
 COMMENT ON TYPE zeroth.admission IS 'Result of admit_run. outcome: admitted | queued | busy | reused. lease_* are set when the caller holds the run (admit-and-own, when the scope''s zeroth.scope_limits row left room for the lease: not paused, a free slot, a start of its rate key; otherwise the run is admitted unleased, pending for the ordinary claims); active_run_id and retry_after_s name the run the thread waits for (busy, queued); an admission admitted unleased because its rate key had no start left carries retry_after_s = the seconds until it has one. displaced lists the runs an interrupt/rollback cancelled or asked to stop: [{run_id, outcome, worker_id, lease_generation}].';
+
+-- A scope's names as long as the functions accept them (red-team pass on issue 29): a DBA's INSERT
+-- of a run whose tenant_id, workspace_id or deployment_ref is longer than 200 characters, which
+-- no function accepts, made every fleet claim and sweep with a max_concurrency raise ZP008 on that
+-- scope's slot rows. NOT VALID: rows already there are not read (no scan, no failed upgrade);
+-- every new or updated row is checked.
+ALTER TABLE zeroth.runs ADD CONSTRAINT runs_scope_names_bounded
+    CHECK (length(tenant_id) <= 200 AND length(deployment_ref) <= 200
+           AND (workspace_id IS NULL OR length(workspace_id) <= 200)) NOT VALID;

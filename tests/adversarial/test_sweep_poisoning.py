@@ -130,7 +130,10 @@ async def test_a_row_no_function_accepts_stops_no_other_scopes_recovery(login, a
     table constraint refuses it) made every claim_orphaned_scopes with a max_concurrency (the fleet
     worker's sweep) raise ZP008 from that scope's slot rows, and the ZP error was raised for the
     whole call, not skipped with its scope: no orphan of any tenant was recovered again. The
-    arguments are checked before any scope now; that scope is skipped with a WARNING."""
+    arguments are checked before any scope now; that scope is skipped with a WARNING. Such a row
+    is refused since 0018 (runs_scope_names_bounded, NOT VALID): one made before is played here by
+    planting it with the constraint dropped, then putting it back as the upgrade does."""
+    await admin.execute("ALTER TABLE zeroth.runs DROP CONSTRAINT runs_scope_names_bounded")
     planted = await admin.fetchval(
         """INSERT INTO zeroth.runs (run_id, tenant_id, deployment_ref, status, lease_worker_id,
                lease_acquired_at, lease_expires_at, lease_generation, attempts, max_attempts,
@@ -139,6 +142,10 @@ async def test_a_row_no_function_accepts_stops_no_other_scopes_recovery(login, a
                    now() - interval '2 hours', now() - interval '1 hour', 1, 1, 3,
                    now(), now(), now(), now())
            RETURNING run_id""")
+    await admin.execute(
+        """ALTER TABLE zeroth.runs ADD CONSTRAINT runs_scope_names_bounded
+               CHECK (length(tenant_id) <= 200 AND length(deployment_ref) <= 200
+                      AND (workspace_id IS NULL OR length(workspace_id) <= 200)) NOT VALID""")
     worker = await login("worker")
     run_id = await worker.fetchval(ENQUEUE, TENANT, 3)
     (row,) = await worker.fetch(CLAIM, "innocent-worker", TENANT, SHORT)
@@ -247,3 +254,16 @@ async def test_a_takeover_that_waits_on_a_held_row_returns_nothing_and_changes_n
         assert await status(admin, child) == "running"
     finally:
         await hold.rollback()
+
+
+@pytest.mark.parametrize("column", ["tenant_id", "deployment_ref", "workspace_id"])
+async def test_a_dba_cannot_insert_a_run_whose_scope_names_no_function_accepts(admin, column):
+    names = {"tenant_id": "'acme'", "deployment_ref": "'d'", "workspace_id": "NULL"}
+    names[column] = "repeat('x', 201)"
+    with pytest.raises(asyncpg.CheckViolationError):
+        await admin.execute(
+            f"""INSERT INTO zeroth.runs (run_id, tenant_id, workspace_id, deployment_ref, status,
+                    created_at, updated_at, run_after)
+                VALUES (gen_random_uuid(), {names['tenant_id']}, {names['workspace_id']},
+                        {names['deployment_ref']}, 'pending', now(), now(), now())""")
+    assert await admin.fetchval("SELECT count(*) FROM zeroth.runs") == 0
