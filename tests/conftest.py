@@ -20,7 +20,8 @@ pytest_plugins = ["zeroth_pg.testing", "pytester"]
 # Parallel by default (pytest-xdist): `python -m pytest` runs the suite in WORKERS_PER_CPU
 # processes per core, each with its own PostgreSQL server, templates and clones
 # (zeroth_pg.testing). Serial: `-n 0` (or `-p no:xdist`); a run that names only test ids
-# (path::name) is serial unless it says -n. PYTEST_XDIST_AUTO_NUM_WORKERS=<n> sets the count.
+# (path::name), or asks for -s, --pdb or --collect-only, is serial unless it says -n.
+# PYTEST_XDIST_AUTO_NUM_WORKERS=<n> sets the count.
 
 #: Processes per core for `-n auto`: a test spends much of its time waiting on PostgreSQL, on
 #: worker processes it started and on the clock, so more processes than cores keep them busy.
@@ -41,8 +42,9 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
         return
     if getattr(option, "numprocesses", None) is not None or getattr(option, "dist", "no") != "no":
         return  # the command line said how
-    if option.usepdb or getattr(option, "trace", False) or option.collectonly:
-        return
+    if (option.usepdb or getattr(option, "trace", False) or option.collectonly
+            or getattr(option, "capture", None) == "no"):
+        return  # a debugger, a listing, or output to watch (-s): one process
     named = [arg for arg in config.args if not arg.startswith("-")]
     if named and all("::" in arg for arg in named):
         return  # chosen tests: one process, one server
