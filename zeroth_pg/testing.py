@@ -349,6 +349,16 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         _session(config).get_server()
 
 
+@pytest.hookimpl(trylast=True)  # after the session's fixtures are torn down
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if hasattr(session.config, "workerinput"):
+        # An xdist worker: drop the databases and stop the server now, before the worker reports
+        # that it finished. Once it has, the controller tears the worker down and interrupts it
+        # (SIGINT, then os._exit) when it is still busy after 5 s, which would leave a running
+        # server and its data directory behind.
+        _session(session.config).close()
+
+
 def pytest_report_header(config: pytest.Config) -> str | None:
     server = _session(config).server
     if server is None:
