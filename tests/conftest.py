@@ -63,7 +63,10 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
 @pytest.hookimpl(tryfirst=True)  # before -m selects
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        relative = Path(str(item.path)).resolve().relative_to(_TESTS)
+        try:
+            relative = Path(str(item.path)).resolve().relative_to(_TESTS)
+        except ValueError:  # not under tests/
+            continue
         if (len(relative.parts) > 1 and relative.parts[0] in FAST_TIERS
                 and item.get_closest_marker("slow") is None):
             item.add_marker(pytest.mark.fast)
