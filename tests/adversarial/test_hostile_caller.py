@@ -376,9 +376,14 @@ def hostile(pg_server_dsn: str, database_dsn: str) -> Iterator[Hostile]:
 
 
 EXAMPLES_PER_FUNCTION = 15
+#: The target functions are split into this many tests (each target in one, with all its
+#: examples; the calls before it are drawn from every function), which a parallel run spreads.
+SHARDS = 4
 
 
-def test_a_hostile_worker_member_cannot_break_the_promises(hostile: Hostile) -> None:
+@pytest.mark.slow
+@pytest.mark.parametrize("shard", range(SHARDS), ids=lambda s: f"targets-{s + 1}-of-{SHARDS}")
+def test_a_hostile_worker_member_cannot_break_the_promises(hostile: Hostile, shard: int) -> None:
     """Per function, sequences of a few calls of anything that end with a call of it, so
     every function is attacked after the state was stirred (and on the seed as it is)."""
     functions = sorted(hostile.functions.values(), key=lambda f: f.name)
@@ -386,7 +391,9 @@ def test_a_hostile_worker_member_cannot_break_the_promises(hostile: Hostile) -> 
     anything = st.sampled_from(functions).flatmap(
         lambda f: arguments(f, hostile.seed).map(lambda a: (f, a)))
     failures = []
-    for target in functions:
+    targets = functions[shard::SHARDS]
+    assert targets, f"no target functions in shard {shard + 1} of {SHARDS}"
+    for target in targets:
         steps = st.tuples(st.lists(anything, max_size=3),
                           arguments(target, hostile.seed).map(lambda a, f=target: (f, a)))
 
@@ -417,5 +424,6 @@ def test_a_hostile_worker_member_cannot_break_the_promises(hostile: Hostile) -> 
             search()
         except AssertionError as exc:  # report every function that broke, not just the first
             failures.append(f"{target.name}: {exc}")
-    save_report("adversarial_hostile_caller", dict(sorted(hostile.figures.items())))
+    save_report(f"adversarial_hostile_caller.{shard + 1}-of-{SHARDS}",
+                dict(sorted(hostile.figures.items())))
     assert not failures, "\n".join(failures)

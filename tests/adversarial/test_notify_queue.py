@@ -32,6 +32,9 @@ from roles import dsn_as, login_role
 from zeroth_pg import migrate
 from zeroth_pg.testing import create_database
 
+# Its server is module-scoped: under xdist the module runs in one worker (tests/conftest.py).
+pytestmark = [pytest.mark.dedicated_server(scope="module"), pytest.mark.slow]
+
 PAYLOAD = "x" * 7900  # under the 8000-byte payload limit
 
 

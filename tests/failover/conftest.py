@@ -14,6 +14,13 @@ from replication import ReplicatedPair
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "chaos"))
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "sync_pair" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.dedicated_server)  # a replicated pair of its own
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture
 def sync_pair() -> Iterator[tuple[ReplicatedPair, str]]:
     with zeroth_pair("sync") as found:

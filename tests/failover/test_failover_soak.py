@@ -56,7 +56,7 @@ from replication import ReplicatedPair
 
 from zeroth_pg.client import LeaseManager
 
-pytestmark = [pytest.mark.failover, pytest.mark.slow]
+pytestmark = [pytest.mark.failover, pytest.mark.slow, pytest.mark.dedicated_server]
 
 RUNS_ENV = "ZEROTH_PG_FAILOVER_RUNS"
 CI_RUNS = 600

@@ -44,6 +44,7 @@ from typing import Any, TypeVar
 from uuid import UUID
 
 import asyncpg
+import pytest
 from catalog import CATALOG_SQL, Function, Parameter, checksum_sql, checksums, function_from_row
 from helpers import T0, BlockingConnection, make_run, property_settings, save_report
 from hypothesis import given
@@ -435,12 +436,19 @@ def fuzz_each(items: Iterable[T], strategy: Callable[[T], st.SearchStrategy[Any]
 
 
 EXAMPLES_PER_FUNCTION = 40
+#: The functions are split into this many tests (each function in one, with all its examples),
+#: which a parallel run spreads over its workers.
+SHARDS = 4
 
 
-def test_every_public_function_survives_bad_input(database_dsn: str) -> None:
+@pytest.mark.slow
+@pytest.mark.parametrize("shard", range(SHARDS), ids=lambda s: f"functions-{s + 1}-of-{SHARDS}")
+def test_every_public_function_survives_bad_input(database_dsn: str, shard: int) -> None:
     fuzzer = Fuzzer(database_dsn)
     try:
         assert fuzzer.functions, "no public functions found in schema zeroth"
+        functions = sorted(fuzzer.functions, key=lambda f: f.signature)[shard::SHARDS]
+        assert functions, f"no public functions in shard {shard + 1} of {SHARDS}"
 
         def check(function: Function, args: dict[str, Any]) -> None:
             held_back = [bug for bug, known in KNOWN_BUGS.items() if known(function.name, args)]
@@ -450,13 +458,13 @@ def test_every_public_function_survives_bad_input(database_dsn: str) -> None:
                 fuzzer.check_call(function, args)
 
         try:
-            fuzz_each(fuzzer.functions, lambda f: arguments(f, fuzzer.seed), check,
+            fuzz_each(functions, lambda f: arguments(f, fuzzer.seed), check,
                       lambda f: f.signature)
         finally:
-            save_report("fuzz_sql_inputs", {
-                "functions": [f.signature for f in fuzzer.functions],
+            save_report(f"fuzz_sql_inputs.{shard + 1}-of-{SHARDS}", {
+                "functions": [f.signature for f in functions],
                 "parameters_fuzzed_with_null_only": sorted(
-                    f"{f.name}.{p.name} ({p.type})" for f in fuzzer.functions
+                    f"{f.name}.{p.name} ({p.type})" for f in functions
                     for p in f.parameters if typed_strategy(p, fuzzer.seed) is None),
                 "outcomes": dict(sorted(fuzzer.figures.items()))})
     finally:
@@ -523,6 +531,7 @@ def client_arguments(method: Method, seed: Seed) -> st.SearchStrategy[dict[str, 
     return build()
 
 
+@pytest.mark.slow
 def test_client_raises_only_its_own_errors_on_bad_arguments(database_dsn: str) -> None:
     """Each LeaseManager method either works or raises a ZerothError that is not retryable:
     never a bare TypeError, ValueError or driver exception, and never "retry me" for a bad

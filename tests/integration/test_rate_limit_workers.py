@@ -61,6 +61,7 @@ async def handler(ctx: RunContext) -> dict[str, Any]:
     return {}
 
 
+@pytest.mark.slow
 async def test_three_workers_hold_50_per_second_over_2000_runs(pool, database_dsn):
     deployment = unique_deployment("rate")
     await limit_scope(pool, deployment, f"{deployment}-key", LIMIT, PERIOD)

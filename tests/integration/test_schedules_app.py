@@ -101,6 +101,7 @@ class TestPeriodic:
 
 
 class TestThreeWorkers:
+    @pytest.mark.slow  # twenty seconds of the real clock
     async def test_every_second_for_twenty_seconds_fires_each_second_once(self, app: App, serve,
                                                                        pool):
         ran: Counter[str] = Counter()

@@ -81,6 +81,7 @@ async def started_events(pool: asyncpg.Pool, run_id: UUID) -> list[dict[str, Any
              **json.loads(r["data_text"])} for r in rows]
 
 
+@pytest.mark.slow
 class TestCrashLoop:
     async def test_a_run_that_kills_every_worker_is_dead_lettered_after_max_attempts(
             self, workers: Any, events: asyncpg.Pool) -> None:  # noqa: F811 - fixtures
@@ -163,6 +164,7 @@ class TestCrashLoop:
               f"{elapsed:.2f} s")
 
 
+@pytest.mark.slow
 class TestShutdownLoop:
     async def test_a_run_that_stops_its_worker_every_time_is_dead_lettered(
             self, workers: Any, events: asyncpg.Pool) -> None:  # noqa: F811 - fixtures

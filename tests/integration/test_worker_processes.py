@@ -458,6 +458,15 @@ class TestZombie:
 
 
 class TestGracefulShutdown:
+    async def test_sigterm_as_soon_as_the_worker_says_it_started_drains_it(
+            self, workers: Any) -> None:
+        # The process signals itself from the log record "worker … started": the signal
+        # handlers must already be installed then, or SIGTERM kills the process undrained.
+        worker = await workers(deployment_name("early"), "sigterm_at_start_app:handler")
+        code = await worker.wait_exit()
+        assert code == 0, worker.log
+        await worker.wait_for_line(f"worker {worker.worker_id} stopped")
+
     async def test_sigterm_completes_the_quick_run_and_hands_back_the_slow_one(
             self, workers: Any, events: asyncpg.Pool) -> None:
         pool = events

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import pytest
 
 from zeroth_pg.web.app import PAGE_SIZE, run_page_query
 
@@ -88,6 +89,7 @@ async def shapes(connection: asyncpg.Connection) -> dict[str, tuple[str, list[An
     }
 
 
+@pytest.mark.slow
 class TestRunsPageAtAMillionRuns:
     async def test_every_page_shape_walks_an_index_and_never_sorts(self, connect: Any) -> None:
         owner = await connect()

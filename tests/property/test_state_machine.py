@@ -39,6 +39,7 @@ from typing import Any, ClassVar
 from uuid import UUID
 
 import asyncpg
+import pytest
 from helpers import T0, BlockingConnection, clock_schema, property_settings, save_report
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -1143,6 +1144,7 @@ class RunProtocol(RuleBasedStateMachine):
                     f"rows of {scope} changed by a step that had no business there")
 
 
+@pytest.mark.slow
 def test_run_protocol_matches_model(database_dsn: str) -> None:
     db = RunProtocol.db = Database(database_dsn)
     RunProtocol.figures = Counter()

@@ -381,6 +381,7 @@ async def test_wait_frees_the_admission_slot(clock_conn):
     assert [r["run_id"] for r in rows] == [second.run_id]
 
 
+@pytest.mark.slow
 async def test_thousand_runs_on_thousand_events_each_resume_once(clock_conn):
     items = json.dumps([{"payload": {"i": i}} for i in range(1000)])
     ids = [r["run_id"] for r in await clock_conn.fetch(

@@ -374,14 +374,20 @@ class RunWorker:
         log.info("worker %s stopped", self.worker_id)
 
     async def run_until_stopped(self, *, install_signal_handlers: bool = True) -> None:
-        """Start, then run until SIGTERM/SIGINT (or :meth:`graceful_shutdown`), and drain."""
-        await self.start()
+        """Start, then run until SIGTERM/SIGINT (or :meth:`graceful_shutdown`), and drain.
+
+        The handlers are installed before the start: a SIGTERM that arrives once the worker has
+        said it started (its claim loop already running), or while it starts, drains it like
+        any other, where it used to kill the process with runs in hand."""
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         if install_signal_handlers:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, stop.set)
+        started = False
         try:
+            await self.start()
+            started = True
             waiter = asyncio.create_task(stop.wait())
             await asyncio.wait([waiter, asyncio.create_task(self._stopped.wait())],
                                return_when=asyncio.FIRST_COMPLETED)
@@ -390,7 +396,8 @@ class RunWorker:
             if install_signal_handlers:
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.remove_signal_handler(sig)
-            await self.graceful_shutdown()
+            if started:
+                await self.graceful_shutdown()
 
     def _drain_soon(self) -> None:
         """Begin a graceful shutdown in a task of its own (a run's task cannot await it: the
