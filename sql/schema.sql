@@ -1083,7 +1083,7 @@ CREATE INDEX runs_dead_letter_idx ON zeroth.runs USING btree (tenant_id, workspa
 --
 -- Name: runs_failed_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner
 --
-CREATE INDEX runs_failed_idx ON zeroth.runs USING btree (tenant_id, workspace_key, deployment_ref) WHERE ((status = 'failed'::zeroth.run_status) AND (dead_lettered_at IS NULL));
+CREATE INDEX runs_failed_idx ON zeroth.runs USING btree (deployment_ref, tenant_id, workspace_id) WHERE ((status = 'failed'::zeroth.run_status) AND (dead_lettered_at IS NULL));
 
 --
 -- Name: runs_finished_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner
@@ -1133,7 +1133,7 @@ CREATE INDEX runs_thread_queue_idx ON zeroth.runs USING btree (tenant_id, worksp
 --
 -- Name: runs_waiting_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner
 --
-CREATE INDEX runs_waiting_idx ON zeroth.runs USING btree (tenant_id, workspace_key, deployment_ref) WHERE (status = 'waiting'::zeroth.run_status);
+CREATE INDEX runs_waiting_idx ON zeroth.runs USING btree (deployment_ref, tenant_id, workspace_id) WHERE (status = 'waiting'::zeroth.run_status);
 
 --
 -- Name: schedules_due_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner

@@ -15,9 +15,17 @@ DECLARE
     v_tenant text := zeroth._scope_tenant(resume_run.tenant_id, resume_run.workspace_id);
     v_wskey  text := zeroth._workspace_key(resume_run.workspace_id);
     v_run    record;
+    v_row    tid;
 BEGIN
     PERFORM zeroth._require(resume_run.run_id IS NOT NULL, 'run_id must not be NULL');
 
+    -- The run by its primary key alone, then the UPDATE by its address: a lookup that named
+    -- status 'waiting' could be planned as a walk of runs_waiting_idx (every waiting run: the
+    -- thread queues' too), as a plan made before zeroth.runs' first ANALYZE did.
+    SELECT r.ctid INTO v_row
+      FROM zeroth.runs r
+     WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey AND r.run_id = resume_run.run_id
+       FOR UPDATE;
     UPDATE zeroth.runs r
        SET status = 'pending',
            wait_reason = NULL,
@@ -25,7 +33,8 @@ BEGIN
            metadata = CASE WHEN resume_run.input IS NULL THEN r.metadata
                            ELSE r.metadata || jsonb_build_object('resume_input', resume_run.input) END,
            updated_at = v_now
-     WHERE r.tenant_id = v_tenant
+     WHERE r.ctid = v_row
+       AND r.tenant_id = v_tenant
        AND r.workspace_key = v_wskey
        AND r.run_id = resume_run.run_id
        AND r.status = 'waiting'

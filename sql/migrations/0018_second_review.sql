@@ -7,10 +7,14 @@ SELECT 1;
 -- Waiting runs and failed runs that are not dead letters, counted by zeroth.scope_overview (and
 -- so by the dashboard and `zeroth-pg status`) through their own partial indexes (issue 31, item
 -- 3: an operator missed every stuck approval and 3 of 5 failed runs). A run enters each index
--- only while it is waiting or failed, so the claim and completion path writes neither.
-CREATE INDEX runs_waiting_idx ON zeroth.runs (tenant_id, workspace_key, deployment_ref)
+-- only while it is waiting or failed, so the claim and completion path writes neither. The
+-- deployment leads, so that no statement that finds one run of a scope (resume_run's UPDATE by
+-- tenant, workspace key, run_id and status 'waiting') can take either index for a range of the
+-- scope: with (tenant_id, workspace_key) first a generic plan walked every waiting run of the
+-- scope instead of probing the primary key (tests/plans/test_generic_plans_all.py).
+CREATE INDEX runs_waiting_idx ON zeroth.runs (deployment_ref, tenant_id, workspace_id)
     WHERE status = 'waiting';
-CREATE INDEX runs_failed_idx ON zeroth.runs (tenant_id, workspace_key, deployment_ref)
+CREATE INDEX runs_failed_idx ON zeroth.runs (deployment_ref, tenant_id, workspace_id)
     WHERE status = 'failed' AND dead_lettered_at IS NULL;
 
 -- The dashboard's run page links a parent run to its children (issue 31, item 4): zeroth_reader
