@@ -19,15 +19,18 @@ FIRE = "SELECT * FROM zeroth.fire_due_schedules(deployment_refs => '{d}')"
 
 async def seed(admin: asyncpg.Connection) -> None:
     """Two due schedules of deployment d in two tenants: 'bad' (older, fired first), 'good'."""
+    # 'good' is due at its anchor (a fire time on its own grid, whatever time passes between
+    # these statements on a loaded machine; "now - 1 s" fell between two fire times when the
+    # create and the UPDATE were more than a second apart).
     await admin.execute(
         "SELECT zeroth.create_schedule(name => 'good', deployment_ref => 'd', "
-        "interval_seconds => 3600, tenant_id => 'acme')")
+        "interval_seconds => 3600, tenant_id => 'acme', misfire_grace_seconds => 3600, "
+        "start_at => clock_timestamp() - interval '30 seconds')")
     await admin.execute(
         "SELECT zeroth.create_schedule(name => 'bad', deployment_ref => 'd', "
         "cron => '* * * * *', tenant_id => 'globex')")
     await admin.execute(
-        "UPDATE zeroth.schedules SET next_fire_at = clock_timestamp() - interval '1 second' "
-        "WHERE name = 'good'")
+        "UPDATE zeroth.schedules SET next_fire_at = anchor_at WHERE name = 'good'")
     await admin.execute(
         "UPDATE zeroth.schedules SET next_fire_at = date_trunc('minute', clock_timestamp()) "
         "- interval '1 minute', misfire_grace_seconds = 3600 WHERE name = 'bad'")
