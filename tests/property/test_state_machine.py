@@ -190,7 +190,10 @@ class Model:
     runs: dict[tuple[Scope, UUID], Run] = field(default_factory=dict)
     slots: dict[SlotKey, dict[int, SlotName | None]] = field(default_factory=dict)
     max_limit: dict[SlotKey, int] = field(default_factory=dict)
-    checkpoints: dict[UUID, Checkpoint] = field(default_factory=dict)
+    # Keyed by scope and id, as the table is (its primary key): a checkpoint id is unique within
+    # a scope, and another scope's use of the same id is neither seen nor refused (a refusal would
+    # tell a caller that the id exists elsewhere).
+    checkpoints: dict[tuple[Scope, UUID], Checkpoint] = field(default_factory=dict)
     next_id: int = 0
 
     def new_id(self) -> UUID:
@@ -219,7 +222,7 @@ class Model:
                                    for k, r in self.runs.items() if k[0] == scope)]
         parts.append(sorted((str(k), sorted(v.items(), key=str))
                             for k, v in self.slots.items() if k[:2] == scope.key))
-        parts.append(sorted((str(i), repr(c)) for i, c in self.checkpoints.items()
+        parts.append(sorted((str(k[1]), repr(c)) for k, c in self.checkpoints.items()
                             if c.scope == scope))
         return repr(parts)
 
@@ -388,7 +391,7 @@ class Model:
         return Ticket(run.scope, run.run_id, plan.worker_id, run.generation)
 
     def latest_checkpoint(self, run: Run) -> UUID | None:
-        mine = [(c.order, i) for i, c in self.checkpoints.items()
+        mine = [(c.order, k[1]) for k, c in self.checkpoints.items()
                 if c.scope == run.scope and c.run_id == run.run_id]
         return max(mine)[1] if mine else None
 
@@ -455,7 +458,7 @@ class Snapshot:
 
     runs: dict[tuple[str, str, UUID], dict[str, Any]]
     slots: dict[tuple[str, str, str, int], SlotName | None]
-    checkpoints: dict[UUID, tuple[Any, ...]]
+    checkpoints: dict[tuple[str, str, UUID], tuple[Any, ...]]
     checksums: dict[tuple[str, str], str]
 
 
@@ -505,7 +508,8 @@ class Database(BlockingConnection):
             slots={(s["tenant_id"], s["workspace_key"], s["deployment_ref"], s["slot_no"]):
                    None if s["run_id"] is None else SlotName(s["run_id"], s["lease_generation"])
                    for s in slots},
-            checkpoints={k["checkpoint_id"]: (k["tenant_id"], k["workspace_key"], k["run_id"],
+            checkpoints={(k["tenant_id"], k["workspace_key"], k["checkpoint_id"]):
+                         (k["tenant_id"], k["workspace_key"], k["run_id"],
                                               k["checkpoint_order"], k["lease_generation"],
                                               k["data"]) for k in checkpoints},
             checksums={scope: hashlib.sha256("\n".join(sorted(rows)).encode()).hexdigest()
@@ -678,7 +682,8 @@ class RunProtocol(RuleBasedStateMachine):
         for position, (row, run) in enumerate(zip(claimed, chosen, strict=True)):
             assert run is not None
             tickets.append(self.model.lease_run(plan, run, position))
-            recovery = self.model.checkpoints.get(run.recovery) if run.recovery else None
+            recovery = (self.model.checkpoints.get((run.scope, run.recovery)) if run.recovery
+                        else None)
             assert dict(row) == {
                 "run_id": run.run_id, "lease_generation": run.generation,
                 "lease_expires_at": run.expires, "status": run.status,
@@ -803,7 +808,8 @@ class RunProtocol(RuleBasedStateMachine):
         # A caller-chosen id (new, or one already used), or none: the database picks one.
         checkpoint_id = reuse if reuse is not None else (self.model.new_id() if fresh else None)
         data = json.dumps({"seq": run.checkpoint_seq + 1 if run else 0})
-        existing = self.model.checkpoints.get(checkpoint_id) if checkpoint_id else None
+        existing = (self.model.checkpoints.get((run.scope, checkpoint_id))
+                    if checkpoint_id and run else None)
         outcome = self.fenced("save_checkpoint", ticket, data=data, checkpoint_id=checkpoint_id)
         if run is None:
             assert outcome is None, (ticket, outcome)
@@ -813,7 +819,7 @@ class RunProtocol(RuleBasedStateMachine):
             assert outcome == Raises("ZP007"), (ticket, run, outcome)
         elif checkpoint_id is None:
             assert isinstance(outcome, UUID), outcome
-            assert outcome not in self.model.checkpoints, outcome
+            assert (run.scope, outcome) not in self.model.checkpoints, outcome
         else:
             assert outcome == checkpoint_id, (ticket, run, outcome)
         self.succeeded(ticket.scope, "saved" if isinstance(outcome, UUID) else outcome,
@@ -821,8 +827,8 @@ class RunProtocol(RuleBasedStateMachine):
         if run is None or isinstance(outcome, Raises):
             return multiple()
         run.checkpoint_seq += 1
-        self.model.checkpoints[outcome] = Checkpoint(run.scope, run.run_id, run.checkpoint_seq,
-                                                     ticket.generation, data)
+        self.model.checkpoints[(run.scope, outcome)] = Checkpoint(
+            run.scope, run.run_id, run.checkpoint_seq, ticket.generation, data)
         return outcome
 
     def _holder_ends(self, function: str, ticket: Ticket, done: Any, refused: Any,
@@ -1069,8 +1075,8 @@ class RunProtocol(RuleBasedStateMachine):
         model_slots = {(*k, n): h for k, rows in self.model.slots.items() for n, h in rows.items()}
         assert current.slots == model_slots, "admission slots differ from the model"
         assert current.checkpoints == {
-            i: (*c.scope.key, c.run_id, c.order, c.generation, c.data)
-            for i, c in self.model.checkpoints.items()}, "checkpoints differ from the model"
+            (*c.scope.key, k[1]): (*c.scope.key, c.run_id, c.order, c.generation, c.data)
+            for k, c in self.model.checkpoints.items()}, "checkpoints differ from the model"
         self._check_history()
         self._check_database(self.previous, current, effect)
         self.previous = current
