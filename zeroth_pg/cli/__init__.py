@@ -37,6 +37,7 @@ from zeroth_pg.cli import (
     db,
     demo,
     enqueue,
+    metrics,
     prune,
     runs,
     schedules,
@@ -74,6 +75,7 @@ app.command("enqueue")(enqueue.enqueue)
 app.command("status")(status.status)
 app.command("prune")(prune.prune)
 app.command("web")(web.web)
+app.command("metrics")(metrics.metrics)
 
 
 def main(prog_name: str = "zeroth-pg") -> None:
