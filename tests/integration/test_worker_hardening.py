@@ -398,6 +398,7 @@ async def test_a_crashed_renewal_loop_is_restarted_and_keeps_renewing(pool, spaw
 
     worker._renew_loop = crash_once  # type: ignore[method-assign]
     crashed = _errors(dep, "renew_loop")
+    loop_crashes = metric("zeroth_worker_crashes_total", dep, kind="loop")
     lost = metric("zeroth_lease_lost_total", dep)
     await worker.start()
     run = (await LeaseManager(pool).enqueue_run(dep)).run_id
@@ -414,6 +415,8 @@ async def test_a_crashed_renewal_loop_is_restarted_and_keeps_renewing(pool, spaw
     assert (row["lease_generation"], row["attempts"], row["error"]) == (1, 1, None)
     assert calls == 2  # crashed once, restarted once
     assert _errors(dep, "renew_loop") == crashed + 1
+    # A crash of the worker's machinery, counted where an on-call alerts on crashes.
+    assert metric("zeroth_worker_crashes_total", dep, kind="loop") == loop_crashes + 1
     assert metric("zeroth_lease_lost_total", dep) == lost
 
 
