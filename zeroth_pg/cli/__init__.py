@@ -18,7 +18,8 @@ Exit codes:
   ZP008).
 * 3 — ``verify``: the schema is not installed, behind this package, or at a revision this package
   does not know (newer).
-* 4 — not found: no run with that id in the scope; ``db url`` with no embedded server running.
+* 4 — not found: no run with that id in the scope; ``db url`` with no embedded server running
+  (``db stop`` exits 0 then: stopping is idempotent).
 
 Ctrl-C ends ``status --watch`` with 0; elsewhere it aborts with 1.
 
