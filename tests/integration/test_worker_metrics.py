@@ -10,28 +10,37 @@ counters are read per test."""
 from __future__ import annotations
 
 import asyncio
+import socket
+import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
 import pytest
+from fleet_states import samples, value
 from helpers import metric, unique_deployment, wait_until
 from prometheus_client import REGISTRY
+from test_worker_processes import (  # noqa: F401 - workers and events are fixtures used here
+    deployment_name,
+    events,
+    workers,
+)
+from worker_apps import POISON_EXIT_CODE
 
 from zeroth_pg.client import LeaseManager
 from zeroth_pg.errors import NonRetryableError
 from zeroth_pg.worker import RunContext, RunWorker
 
 #: The label values a worker may use besides the deployment (metrics.py): fixed sets.
-BOUNDED = {"outcome": {"retried", "failed", "dead_lettered"}, "kind": None,
+BOUNDED = {"outcome": {"retried", "failed", "dead_lettered"},
            "reason": {"rate_limit", "concurrency"}, "resource": {"concurrency"}}
 
 
 @pytest.fixture
 async def spawn_worker(pool: asyncpg.Pool,
                        database_dsn: str) -> AsyncIterator[Callable[..., Awaitable[RunWorker]]]:
-    workers: list[RunWorker] = []
+    started: list[RunWorker] = []
 
     async def spawn(deployment: str, handler: Callable[[RunContext], Awaitable[Any]],
                     **kwargs: Any) -> RunWorker:
@@ -41,14 +50,14 @@ async def spawn_worker(pool: asyncpg.Pool,
         kwargs.setdefault("retry_base_seconds", 0.01)
         kwargs.setdefault("retry_max_seconds", 0.02)
         worker = RunWorker(pool, deployment, handler, **kwargs)
-        workers.append(worker)
+        started.append(worker)
         await worker.start()
         return worker
 
     try:
         yield spawn
     finally:
-        for worker in workers:
+        for worker in started:
             await asyncio.wait_for(worker.graceful_shutdown(), timeout=30)
 
 
@@ -56,6 +65,17 @@ def _series(dep: str) -> list[tuple[str, dict[str, str]]]:
     """Every sample of the default registry labelled with ``dep``."""
     return [(sample.name, dict(sample.labels)) for family in REGISTRY.collect()
             for sample in family.samples if sample.labels.get("deployment") == dep]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as page:
+        return page.read().decode()  # type: ignore[no-any-return]
 
 
 def _crashes(dep: str) -> float:
@@ -101,10 +121,10 @@ async def test_handler_errors_failures_crashes_and_lost_leases_are_counted_apart
     series = _series(dep)
     assert series
     for name, labels in series:
-        for key, value in labels.items():
-            assert len(value) <= 64, (name, key)
+        for key, label in labels.items():
+            assert len(label) <= 64, (name, key)
             if key in ("outcome", "reason", "resource"):
-                assert value in BOUNDED[key], (name, key, value)
+                assert label in BOUNDED[key], (name, key, label)
         assert set(labels) <= {"deployment", "outcome", "kind", "reason", "resource", "le"}, name
 
 
@@ -166,3 +186,27 @@ async def test_workers_do_not_report_the_fleet_queue_depth_unless_asked(pool, sp
                                                        {"deployment": asked}) == 1.0,
                      "the opted-in worker's sample", within=20)
     assert REGISTRY.get_sample_value("zeroth_queue_depth", {"deployment": dep}) is None
+
+
+async def test_a_handler_that_kills_its_process_is_a_crash_on_the_worker_that_recovers_it(
+        workers: Any, events: asyncpg.Pool) -> None:  # noqa: F811 - the fixtures
+    # Worker A's handler calls os._exit: A counts nothing (it is gone). Worker B, started
+    # after, recovers the run once A's lease expires, and its /metrics shows one orphan crash
+    # of the deployment, and no handler error.
+    pool = events
+    dep = deployment_name("crash")
+    run = (await LeaseManager(pool).enqueue_run(dep, {"poison": True}, max_attempts=3)).run_id
+    a = await workers(dep, "worker_apps:exit_on_poison", "--concurrency", "1")
+    assert await a.wait_exit() == POISON_EXIT_CODE
+    port = _free_port()
+    await workers(dep, "worker_apps:tagged", "--metrics-port", str(port))
+
+    async def completed() -> bool:
+        return await pool.fetchval(
+            "SELECT status::text = 'completed' FROM zeroth.runs WHERE run_id = $1", run)
+
+    await wait_until(completed, "worker B to recover and complete the run", within=60)
+    found = samples(await asyncio.to_thread(_scrape, port))
+    assert value(found, "zeroth_worker_crashes_total", deployment=dep, kind="orphan") == 1.0
+    assert value(found, "zeroth_handler_errors_total", deployment=dep) in (None, 0.0)
+    assert value(found, "zeroth_runs_completed_total", deployment=dep) == 1.0
