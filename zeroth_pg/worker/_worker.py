@@ -377,7 +377,11 @@ class RunWorker:
         # (its lease expires and claim_orphaned recovers it, counting the attempt).
         pending = [entry.task for entry in leftovers if entry.task is not None]
         if pending:
-            _, stuck = await asyncio.wait(pending, timeout=self.shutdown_timeout)
+            # Hurried, a handler that ignores its cancellation holds the exit no longer than a
+            # lease (the hand-back writes of the others give up by their lease deadline too).
+            bound = (min(self.shutdown_timeout, self.lease_duration) if self._hurry.is_set()
+                     else self.shutdown_timeout)
+            _, stuck = await asyncio.wait(pending, timeout=bound)
             for task in stuck:
                 log.error("a handler ignored its cancellation at shutdown; abandoning it (%s)",
                           task.get_name())
