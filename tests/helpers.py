@@ -205,11 +205,12 @@ def unique_deployment(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
 
-def metric(name: str, deployment: str) -> float:
-    """A worker metric's current value for one deployment (0 before its first increment)."""
+def metric(name: str, deployment: str, **labels: str) -> float:
+    """A worker metric's current value for one deployment (and ``labels``; 0 before its first
+    increment)."""
     from prometheus_client import REGISTRY
 
-    return REGISTRY.get_sample_value(name, {"deployment": deployment}) or 0.0
+    return REGISTRY.get_sample_value(name, {"deployment": deployment, **labels}) or 0.0
 
 
 async def wait_until(predicate: Callable[[], Any], what: str, *, within: float,

@@ -1,5 +1,19 @@
 """Prometheus metrics of the worker (the upstream names), labelled by deployment.
 
+What went wrong is counted apart, so each can be alerted on by itself (docs/python-guide.md,
+"Metrics"): ``zeroth_handler_errors`` (a handler raised: the application's failure),
+``zeroth_runs_failed`` (the failures the database recorded, by outcome: retried, failed,
+dead-lettered), ``zeroth_lease_lost`` (this worker lost a run's lease), and
+``zeroth_worker_crashes`` (the worker's own machinery: one of its loops crashed and was
+restarted, or its orphan sweep recovered a run whose worker stopped renewing it: a process that
+died, was killed, or stalled past its lease). Before issue 31, ``zeroth_worker_crashes`` counted
+handler exceptions, now ``zeroth_handler_errors``.
+
+Every label is a bounded set: a deployment served by this process, and a fixed vocabulary
+(``outcome``, ``kind``, ``reason``, ``resource``); nothing a handler raises becomes a label.
+The database-side gauges (depth by state, oldest due age, dead letters, expired leases) are not
+here: one exporter per fleet serves them (:mod:`zeroth_pg.fleet_metrics`).
+
 The metrics live in one registry per process (prometheus-client's default unless a registry is
 passed), so several workers in one process share them and are told apart by the label.
 
@@ -25,6 +39,8 @@ class WorkerMetrics:
     run_duration: Histogram
     lease_lost: Counter
     fencing_rejected: Counter
+    handler_errors: Counter
+    runs_failed: Counter
     worker_crashes: Counter
     runs_dead_lettered: Counter
     runs_slept: Counter
@@ -51,8 +67,20 @@ class WorkerMetrics:
                                "rejected, or local lease deadline passed.", d, registry=registry),
             fencing_rejected=Counter("zeroth_lease_fencing_rejected", "Fenced writes refused.", d,
                                      registry=registry),
-            worker_crashes=Counter("zeroth_worker_crashes", "Handler exceptions.", d,
-                                   registry=registry),
+            handler_errors=Counter(
+                "zeroth_handler_errors", "Attempts whose handler raised (any exception, "
+                "NonRetryableError included), or returned an output that cannot be stored.", d,
+                registry=registry),
+            runs_failed=Counter(
+                "zeroth_runs_failed", "Attempt failures the database recorded, by outcome: "
+                "retried (a retry is scheduled), failed (for good, no dead letter) or "
+                "dead_lettered (after max_attempts).", (*d, "outcome"), registry=registry),
+            worker_crashes=Counter(
+                "zeroth_worker_crashes", "Crashes of the worker machinery, by kind: loop (a "
+                "background loop of this worker crashed and was restarted), orphan (this "
+                "worker's sweep recovered a run whose lease expired while it ran: its worker "
+                "process died, was killed or stalled past its lease). Handler exceptions are "
+                "zeroth_handler_errors.", (*d, "kind"), registry=registry),
             runs_dead_lettered=Counter("zeroth_runs_dead_lettered",
                                        "Runs dead-lettered after max_attempts.", d,
                                        registry=registry),
@@ -66,7 +94,9 @@ class WorkerMetrics:
                               "Live leases / max_concurrency seen by the last claim.",
                               (*d, "resource"), registry=registry),
             queue_depth=Gauge("zeroth_queue_depth",
-                              "Pending runs of the deployment in the scopes the worker serves.",
+                              "Pending runs of the deployment in the scopes the worker serves "
+                              "(only sampled with queue_depth_interval set: every worker of a "
+                              "fleet would report the same number; see zeroth_fleet_runs).",
                               d, registry=registry),
             worker_errors=Counter(
                 "zeroth_worker_errors", "Failures of the worker's own machinery, by kind: a "

@@ -18,6 +18,8 @@ trace into a run by writing ``metadata.otel.traceparent`` itself.
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -39,7 +41,8 @@ from zeroth_pg.errors import ErrorDescription, describe
 if TYPE_CHECKING:
     from zeroth_pg.types import ClaimedRun, Scope
 
-__all__ = ["METADATA_KEY", "enabled", "failed", "inject", "process", "received", "send", "step"]
+__all__ = ["METADATA_KEY", "TracingSetupError", "configure_from_environment", "enabled",
+           "failed", "inject", "process", "received", "send", "step", "wanted"]
 
 #: The key of the run's metadata that carries the trace context of its enqueue.
 METADATA_KEY = "otel"
@@ -236,3 +239,114 @@ def failed(span: Any, exc: BaseException | ErrorDescription | None, outcome: str
 def outcome(span: Any, value: str) -> None:
     if span is not None:
         span.set_attribute("zeroth.outcome", value)
+
+
+# -- an SDK for a worker process, from the standard OTEL_* variables --------------------------
+
+log = logging.getLogger(__name__)
+
+#: The service.name of a worker's spans when neither OTEL_SERVICE_NAME nor
+#: OTEL_RESOURCE_ATTRIBUTES names one.
+DEFAULT_SERVICE_NAME = "zeroth-pg-worker"
+_INSTALL = "pip install 'zeroth-pg[otel-export]'"
+
+
+class TracingSetupError(RuntimeError):
+    """Traces were asked for (``--otel`` or an ``OTEL_*`` variable) and cannot be sent: the
+    SDK or the exporter is not installed, or an exporter name is unknown."""
+
+
+def wanted(requested: bool = False, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether a worker process sets up an SDK: ``--otel`` (``requested``), or a variable that
+    asks for traces (``OTEL_TRACES_EXPORTER`` other than ``none``, or an OTLP endpoint); never
+    with ``OTEL_SDK_DISABLED=true``."""
+    env = os.environ if environ is None else environ
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    exporters = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if exporters == "none":
+        return False
+    return requested or bool(exporters) or any(
+        env.get(name, "").strip() for name in ("OTEL_EXPORTER_OTLP_ENDPOINT",
+                                               "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+
+
+def configure_from_environment(requested: bool = False,
+                               environ: Mapping[str, str] | None = None) -> Any:
+    """Set up the OpenTelemetry SDK of this process as the standard variables say, when
+    :func:`wanted`; returns the tracer provider (call its ``shutdown()`` at exit: it flushes),
+    or None when nothing was set up (not wanted, or a provider was configured already, e.g. by
+    ``opentelemetry-instrument``).
+
+    ``OTEL_TRACES_EXPORTER``: ``otlp`` (default), ``console``, or several separated by commas;
+    ``otlp`` speaks ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`` / ``OTEL_EXPORTER_OTLP_PROTOCOL``
+    (``http/protobuf``, the default, or ``grpc``) to ``OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT``
+    (default: the local collector's); the exporters read their own variables (headers,
+    timeout, compression, certificates), the batch processor ``OTEL_BSP_*``, the resource
+    ``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES`` (service.name defaults to
+    ``zeroth-pg-worker``), the sampler ``OTEL_TRACES_SAMPLER[_ARG]``.
+
+    Raises :class:`TracingSetupError` when the SDK or an exporter is not installed, or an
+    exporter name is unknown."""
+    env = os.environ if environ is None else environ
+    if not wanted(requested, env):
+        return None
+    if trace is None:
+        raise TracingSetupError(f"traces were asked for, but opentelemetry-api is not "
+                                f"installed: {_INSTALL}")
+    current = trace.get_tracer_provider()
+    if not isinstance(current, trace.ProxyTracerProvider | trace.NoOpTracerProvider):
+        log.info("OpenTelemetry: a tracer provider is configured already (%s); using it",
+                 type(current).__name__)
+        return None
+    try:
+        from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    except ImportError as exc:
+        raise TracingSetupError(f"traces were asked for, but the OpenTelemetry SDK is not "
+                                f"installed ({exc}): {_INSTALL}") from None
+    names = [n.strip().lower() for n in
+             (env.get("OTEL_TRACES_EXPORTER") or "otlp").split(",") if n.strip()]
+    exporters = [_exporter(name, env) for name in dict.fromkeys(names) if name != "none"]
+    resource = Resource.create()
+    if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
+        resource = resource.merge(Resource({SERVICE_NAME: DEFAULT_SERVICE_NAME}))
+    provider = TracerProvider(resource=resource)  # the sampler: OTEL_TRACES_SAMPLER
+    for exporter in exporters:
+        provider.add_span_processor(BatchSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    log.info("OpenTelemetry: sending the spans of service %s to %s",
+             resource.attributes.get(SERVICE_NAME), ", ".join(names))
+    return provider
+
+
+def _exporter(name: str, env: Mapping[str, str]) -> Any:
+    if name == "console":
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+        return ConsoleSpanExporter()
+    if name != "otlp":
+        raise TracingSetupError(f"OTEL_TRACES_EXPORTER: unknown exporter {name!r} (this worker "
+                                "knows otlp, console and none)")
+    protocol = (env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+                or env.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf").strip().lower()
+    if protocol == "http/protobuf":
+        module, package = ("opentelemetry.exporter.otlp.proto.http.trace_exporter",
+                           "opentelemetry-exporter-otlp-proto-http")
+    elif protocol == "grpc":
+        module, package = ("opentelemetry.exporter.otlp.proto.grpc.trace_exporter",
+                           "opentelemetry-exporter-otlp-proto-grpc")
+    else:
+        raise TracingSetupError(f"OTEL_EXPORTER_OTLP_PROTOCOL: unknown protocol {protocol!r} "
+                                "(http/protobuf or grpc)")
+    try:
+        import importlib
+
+        exporter_class = importlib.import_module(module).OTLPSpanExporter
+    except ImportError as exc:
+        raise TracingSetupError(f"traces over OTLP {protocol} need {package}, which is not "
+                                f"installed ({exc}): pip install {package}"
+                                + (f", or {_INSTALL} (http/protobuf)" if protocol == "grpc"
+                                   else f" or {_INSTALL}")) from None
+    return exporter_class()

@@ -8,11 +8,14 @@ the queries see rows.
 
 from __future__ import annotations
 
+import json
 import re
+from datetime import timedelta
 from pathlib import Path
+from uuid import UUID
 
 import pytest
-from helpers import make_run
+from helpers import T0, make_run
 
 from zeroth_pg.testing import run_psql
 
@@ -84,3 +87,24 @@ async def test_the_blocks_run_in_order_in_one_rolled_back_transaction(populated)
 @pytest.mark.parametrize("block", [block for block in BLOCKS if COMMITS.search(block)])
 async def test_a_block_that_commits_by_itself_runs_alone(populated, block):
     run_checked(populated, block)
+
+
+async def test_the_schedule_metadata_keys_are_those_a_fired_run_carries(conn):
+    # The guide names the keys of metadata.zeroth_schedule (what the dashboard shows under a
+    # run's Metadata, what a handler reads): exactly those fire_due_schedules writes.
+    documented = re.search(r"`metadata\.zeroth_schedule = \{([^}]*)\}`", GUIDE.read_text())
+    assert documented, "docs/dba-guide.md no longer spells out metadata.zeroth_schedule"
+    keys = set(re.findall(r'"(\w+)":', documented.group(1)))
+    await conn.execute(
+        """SELECT * FROM zeroth_test.create_schedule(name => 'doc', deployment_ref => 'doc-d',
+               interval_seconds => 1, now_override => $1)""", T0)
+    fired = await conn.fetch(
+        """SELECT * FROM zeroth_test.fire_due_schedules(deployment_refs => '{doc-d}',
+               now_override => $1)""", T0 + timedelta(seconds=1))
+    run_ids = [row["run_id"] for row in fired if row["run_id"] is not None]
+    assert run_ids
+    metadata = json.loads(await conn.fetchval(
+        "SELECT metadata::text FROM zeroth.runs WHERE run_id = $1", run_ids[0]))
+    assert keys == set(metadata["zeroth_schedule"]) == {"name", "schedule_id", "fire_at"}
+    assert (await conn.fetchval("SELECT schedule_id FROM zeroth.runs WHERE run_id = $1",
+                                run_ids[0])) == UUID(metadata["zeroth_schedule"]["schedule_id"])

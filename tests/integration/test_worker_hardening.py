@@ -207,7 +207,7 @@ async def test_an_exception_message_jsonb_cannot_hold_still_fails_the_run_saniti
         calls.append(ctx.attempt)
         raise RuntimeError("nul \x00 and lone \ud800 in the message")
 
-    crashes = metric("zeroth_worker_crashes_total", dep)
+    handler_errors = metric("zeroth_handler_errors_total", dep)
     errors = _all_errors(dep)
     # The retry, if any, is an hour away: the run stays as the first failure left it.
     worker = await spawn_worker(dep, handler, retry_base_seconds=FOREVER,
@@ -231,7 +231,7 @@ async def test_an_exception_message_jsonb_cannot_hold_still_fails_the_run_saniti
     assert error["message"] == "nul \ufffd and lone \ufffd in the message"
     assert "nul \ufffd and lone \ufffd in the message" in error["traceback"]
     assert error["lease_generation"] == 1
-    assert metric("zeroth_worker_crashes_total", dep) == crashes + 1
+    assert metric("zeroth_handler_errors_total", dep) == handler_errors + 1
     assert _all_errors(dep) == errors
 
 
@@ -247,7 +247,7 @@ async def test_a_handler_that_raises_cancelled_error_itself_gets_a_retryable_fai
         await inner  # the inner task's CancelledError escapes: the worker cancelled nothing
         return {"unreachable": True}
 
-    crashes = metric("zeroth_worker_crashes_total", dep)
+    handler_errors = metric("zeroth_handler_errors_total", dep)
     dead = metric("zeroth_runs_dead_lettered_total", dep)
     lost = metric("zeroth_lease_lost_total", dep)
     errors = _all_errors(dep)
@@ -263,7 +263,7 @@ async def test_a_handler_that_raises_cancelled_error_itself_gets_a_retryable_fai
     assert row["error"]["type"] == "CancelledError"
     assert await pool.fetchval(
         "SELECT count(*) FROM zeroth.dead_letters d WHERE d.run_id = $1", run) == 1
-    assert metric("zeroth_worker_crashes_total", dep) == crashes + 1
+    assert metric("zeroth_handler_errors_total", dep) == handler_errors + 1
     await wait_until(lambda: metric("zeroth_runs_dead_lettered_total", dep) == dead + 1,
                      "the dead-letter counter", within=5)
     assert metric("zeroth_lease_lost_total", dep) == lost
@@ -398,6 +398,7 @@ async def test_a_crashed_renewal_loop_is_restarted_and_keeps_renewing(pool, spaw
 
     worker._renew_loop = crash_once  # type: ignore[method-assign]
     crashed = _errors(dep, "renew_loop")
+    loop_crashes = metric("zeroth_worker_crashes_total", dep, kind="loop")
     lost = metric("zeroth_lease_lost_total", dep)
     await worker.start()
     run = (await LeaseManager(pool).enqueue_run(dep)).run_id
@@ -414,6 +415,8 @@ async def test_a_crashed_renewal_loop_is_restarted_and_keeps_renewing(pool, spaw
     assert (row["lease_generation"], row["attempts"], row["error"]) == (1, 1, None)
     assert calls == 2  # crashed once, restarted once
     assert _errors(dep, "renew_loop") == crashed + 1
+    # A crash of the worker's machinery, counted where an on-call alerts on crashes.
+    assert metric("zeroth_worker_crashes_total", dep, kind="loop") == loop_crashes + 1
     assert metric("zeroth_lease_lost_total", dep) == lost
 
 

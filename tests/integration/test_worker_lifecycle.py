@@ -137,7 +137,7 @@ async def test_failures_retry_with_backoff_then_dead_letter_and_redrive_runs_aga
             raise RuntimeError(f"boom on attempt {ctx.attempt}")
         return {"fixed": True, "attempt": ctx.attempt}
 
-    crashes = metric("zeroth_worker_crashes_total", dep)
+    handler_errors = metric("zeroth_handler_errors_total", dep)
     dead = metric("zeroth_runs_dead_lettered_total", dep)
     await spawn_worker(dep, handler, poll_interval=0.05, retry_base_seconds=base,
                        retry_max_seconds=5.0)
@@ -162,7 +162,7 @@ async def test_failures_retry_with_backoff_then_dead_letter_and_redrive_runs_aga
     assert tuple(letter) == (3, 3, "boom on attempt 3")
     await wait_until(lambda: metric("zeroth_runs_dead_lettered_total", dep) == dead + 1,
                       "the dead-letter counter", within=5)
-    assert metric("zeroth_worker_crashes_total", dep) == crashes + 3
+    assert metric("zeroth_handler_errors_total", dep) == handler_errors + 3
     generation = row["lease_generation"]
 
     succeed = True

@@ -518,6 +518,36 @@ class TestGracefulShutdown:
         await b.wait_for_line(f"worker {b.worker_id} draining 0 run(s)")
 
 
+    async def test_a_second_sigterm_hands_the_running_run_back_at_once_and_exits_0(
+            self, workers: Any, events: asyncpg.Pool) -> None:
+        # The first SIGTERM drains (the handler would get an hour); the second hurries the
+        # drain: the run is handed back now, its checkpoints kept, and the process exits 0. It
+        # used to find the default action again and kill the process with the run in hand.
+        pool = events
+        dep = deployment_name("hurry")
+        slow = await enqueue(pool, dep, {"ticks": 2, "step_seconds": 0.1, "gate": True})
+        a = await workers(dep, "worker_apps:scripted", "--shutdown-timeout", "3600")
+        await wait_event(pool, slow, "gated", generation=1, worker=a)
+
+        a.send(signal.SIGTERM)
+        await a.wait_for_line(f"worker {a.worker_id} draining 1 run(s)")
+        a.send(signal.SIGTERM)
+        code = await a.wait_exit()
+        assert code == 0, a.log
+        await a.wait_for_line("SIGTERM again while draining; handing every run back now")
+        await a.wait_for_line(f"run {slow} handed back to pending: True")
+        await a.wait_for_line(f"worker {a.worker_id} stopped")
+
+        back = await run_row(pool, slow)
+        assert back["status"] == "pending"
+        assert (back["lease_worker_id"], back["lease_expires_at"]) == (None, None)
+        assert back["attempts"] == 0  # the interrupted attempt was given back
+        assert [json.loads(k["data_text"])["step"] for k in await checkpoints(pool, slow)] == [
+            1, 2]
+        stopped = await wait_event(pool, slow, "stopped", generation=1)
+        assert event_data(stopped)["why"] == "cancelled"
+
+
 class TestCancelFromAnotherProcess:
     async def test_psql_request_cancel_reaches_the_worker_handler(
             self, workers: Any, events: asyncpg.Pool, database_dsn: str) -> None:

@@ -18,7 +18,8 @@ Exit codes:
   ZP008).
 * 3 — ``verify``: the schema is not installed, behind this package, or at a revision this package
   does not know (newer).
-* 4 — not found: no run with that id in the scope; ``db url`` with no embedded server running.
+* 4 — not found: no run with that id in the scope; ``db url`` with no embedded server running
+  (``db stop`` exits 0 then: stopping is idempotent).
 
 Ctrl-C ends ``status --watch`` with 0; elsewhere it aborts with 1.
 
@@ -37,6 +38,7 @@ from zeroth_pg.cli import (
     db,
     demo,
     enqueue,
+    metrics,
     prune,
     runs,
     schedules,
@@ -74,6 +76,7 @@ app.command("enqueue")(enqueue.enqueue)
 app.command("status")(status.status)
 app.command("prune")(prune.prune)
 app.command("web")(web.web)
+app.command("metrics")(metrics.metrics)
 
 
 def main(prog_name: str = "zeroth-pg") -> None:

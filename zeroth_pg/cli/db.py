@@ -62,7 +62,10 @@ def db_start(data_dir: DataDir = None, as_json: JsonOutput = False) -> None:
 
 @db_app.command("stop")
 def db_stop(data_dir: DataDir = None, as_json: JsonOutput = False) -> None:
-    """Stop the embedded server (fast shutdown); its data stays."""
+    """Stop the embedded server (fast shutdown); its data stays.
+
+    Exit 0 whether it was running or not: stopping is idempotent (it says "was not running";
+    --json has "stopped": false). Unlike `db url`, which exits 4 with no server."""
     from zeroth_pg import embedded
 
     _use_data_dir(data_dir)
@@ -76,7 +79,11 @@ def db_stop(data_dir: DataDir = None, as_json: JsonOutput = False) -> None:
 
 @db_app.command("url")
 def db_url(data_dir: DataDir = None, as_json: JsonOutput = False) -> None:
-    """Print the running embedded server's DSN; exit 4 when it is not running."""
+    """Print the running embedded server's DSN (nothing else on stdout).
+
+    Exit 0 with the DSN; 4 when no embedded server is running (stdout empty, the reason on
+    stderr), so `export ZEROTH_PG_DSN=$(zeroth-pg db url)` fails in a `set -e` script instead of
+    exporting an empty DSN. Unlike `db stop`, which exits 0 either way."""
     from zeroth_pg import embedded
 
     _use_data_dir(data_dir)

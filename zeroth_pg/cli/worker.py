@@ -66,6 +66,17 @@ def worker(
         help="Also fire the due schedules (zeroth.schedules) of the deployments served, those a "
              "DBA made in SQL included; an App's worker fires its @app.periodic ones anyway. "
              "Any number of workers may: each fire time becomes one run.")] = False,
+    queue_depth_interval: Annotated[float, typer.Option(
+        envvar="ZEROTH_PG_QUEUE_DEPTH_INTERVAL",
+        help="Seconds between samples of the zeroth_queue_depth gauge (0: off, the default: "
+             "every worker of a fleet would report the same number; serve the database's "
+             "gauges once with `zeroth-pg metrics` or `zeroth-pg web`).")] = 0.0,
+    otel: Annotated[bool, typer.Option(
+        "--otel", envvar="ZEROTH_PG_OTEL",
+        help="Send OpenTelemetry traces as the standard OTEL_* variables say (OTLP over "
+             "http/protobuf to OTEL_EXPORTER_OTLP_ENDPOINT by default); they alone turn it on "
+             "too (OTEL_TRACES_EXPORTER, an OTLP endpoint). Needs the otel-export extra: "
+             "without it --otel exits 2, a variable alone only warns.")] = False,
     log_format: Annotated[LogFormat, typer.Option(
         envvar="ZEROTH_PG_LOG_FORMAT", help="Log lines on stderr.")] = LogFormat.TEXT,
     log_level: Annotated[str, typer.Option(envvar="ZEROTH_PG_LOG_LEVEL")] = "INFO",
@@ -74,7 +85,10 @@ def worker(
     worker of its deployments, or --app module:handler --deployment NAME; SIGTERM drains.
 
     Running handlers then get --shutdown-timeout seconds; the rest are cancelled and handed back
-    to pending with their checkpoints.
+    to pending with their checkpoints. A second SIGTERM (or SIGINT) while draining hands every
+    run back at once and exits 0; a third ends the process at once (its leases expire and an
+    orphan sweep recovers the runs). Exit codes: 0 after a drain; 2 a bad option, or --otel
+    without the OpenTelemetry SDK.
     """
     from zeroth_pg.worker import run_process
 
@@ -85,7 +99,8 @@ def worker(
         orphan_sweep_interval=orphan_sweep_interval, lease=lease,
         shutdown_timeout=shutdown_timeout, retry_base=retry_base, worker_id=worker_id,
         metrics_port=metrics_port, scope_metrics=scope_metrics,
-        fire_schedules=fire_schedules or None))
+        fire_schedules=fire_schedules or None,
+        queue_depth_interval=queue_depth_interval or None, otel=otel))
 
 
 #: The command alone, for ``python -m zeroth_pg.worker``.

@@ -25,7 +25,7 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from zeroth_pg import _calls
+from zeroth_pg import _calls, fleet_metrics
 from zeroth_pg._libpq import asyncpg_dsn
 
 __all__ = ["LOOPBACK_HOSTS", "create_app"]
@@ -550,8 +550,14 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
         finally:
             await state["pool"].close()
 
+    async def metrics(request: Request) -> Response:
+        # The fleet's database gauges (zeroth_pg/fleet_metrics.py), behind the same Host check
+        # and token as every page (Prometheus sends the token as a Bearer header).
+        return Response(await fleet_metrics.scrape(pool()), media_type=fleet_metrics.CONTENT_TYPE)
+
     routes = [
         Route("/", overview),
+        Route("/metrics", metrics),
         Route("/overview.json", overview_fragment),
         Route("/runs", runs),
         Route("/runs/{run_id}", run_detail),

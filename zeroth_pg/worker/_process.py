@@ -18,12 +18,16 @@ from typing import Any, Protocol, runtime_checkable
 
 import asyncpg
 
+from zeroth_pg import tracing
 from zeroth_pg._libpq import asyncpg_dsn
 from zeroth_pg.worker._run import Handler, orchestrator_handler
 from zeroth_pg.worker._worker import RunWorker
 
 __all__ = ["JsonFormatter", "WorkerApp", "load_app", "load_handler", "run_process", "serve",
            "skip_reset"]
+
+
+log = logging.getLogger(__name__)
 
 
 def _import(spec: str) -> Any:
@@ -126,6 +130,8 @@ async def serve(
     metrics_port: int = 0,
     scope_metrics: bool = False,
     fire_schedules: bool | None = None,
+    queue_depth_interval: float | None = None,
+    otel: bool = False,
 ) -> None:
     """Serve ``deployment`` with the handler ``app`` (``module:attr``) until SIGTERM/SIGINT,
     then drain. An ``app`` that is a :class:`zeroth_pg.App`, or a mapping of deployment names to
@@ -133,7 +139,8 @@ async def serve(
     or several; None: every one) in every scope, or in the one scope ``tenant``/``workspace``
     name, with each App deployment's retry policy and local limit. No ``dsn``: the App's, else
     ``ZEROTH_PG_DSN`` as it is (never migrated by a worker), else the embedded server
-    (migrated)."""
+    (migrated). Traces leave the process when ``otel`` or the standard ``OTEL_*`` variables
+    ask for them (:func:`zeroth_pg.tracing.configure_from_environment`; flushed at exit)."""
     from zeroth_pg.embedded import resolve_dsn
     from zeroth_pg.metrics import start_http_server
 
@@ -166,6 +173,13 @@ async def serve(
         if len(names) != 1:
             raise ValueError(f"{app} is one handler: name exactly one --deployment for it")
         target, handler = names[0], loaded
+    try:
+        provider = tracing.configure_from_environment(otel)
+    except tracing.TracingSetupError as exc:
+        if otel:
+            raise  # asked for on the command line: the worker does not start without it
+        log.warning("%s; this worker sends no traces", exc)  # a variable of the environment
+        provider = None
     if metrics_port:
         start_http_server(metrics_port)
     worker_id = worker_id or uuid.uuid4().hex
@@ -181,19 +195,27 @@ async def serve(
             worker_id=worker_id, shutdown_timeout=shutdown_timeout,
             lease_duration=lease or getattr(loaded, "lease_duration", None) or 60.0,
             retry_base_seconds=retry_base, scope_metrics=scope_metrics,
+            queue_depth_interval=queue_depth_interval,
             fire_schedules=fire_schedules, **per_deployment)
         await worker.run_until_stopped()
     finally:
         await pool.close()
+        if provider is not None:
+            provider.shutdown()  # sends the spans still batched
 
 
 def run_process(*, log_format: str = "text", log_level: str = "INFO", **options: Any) -> int:
-    """Log to stderr (``text`` or ``json`` lines), then :func:`serve` ``options``; returns 0."""
+    """Log to stderr (``text`` or ``json`` lines), then :func:`serve` ``options``; returns 0,
+    or 2 when ``otel`` asked for traces that cannot be sent (the reason on stderr)."""
     handler = logging.StreamHandler(sys.stderr)
     if log_format == "json":
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
     logging.basicConfig(level=log_level.upper(), handlers=[handler])
-    asyncio.run(serve(**options))
+    try:
+        asyncio.run(serve(**options))
+    except tracing.TracingSetupError as exc:  # --otel, and traces cannot be sent
+        print(f"zeroth-pg worker: --otel: {exc}", file=sys.stderr, flush=True)
+        return 2
     return 0

@@ -90,6 +90,10 @@ class RunWorker:
     ``_completed`` / ``_failed`` counters labelled by deployment, tenant and workspace. Off by
     default: a fleet worker of every scope makes a series per tenant it ever saw (unbounded
     cardinality for the metrics backend); turn it on for a bounded set of tenants.
+    ``queue_depth_interval`` (seconds; default None, off) samples the ``zeroth_queue_depth``
+    gauge of the deployments served: off by default, since every worker of a fleet would report
+    the same number; ``zeroth-pg metrics`` (:mod:`zeroth_pg.fleet_metrics`) serves the
+    database's gauges once per fleet.
     """
 
     def __init__(
@@ -115,7 +119,7 @@ class RunWorker:
         retry_max_seconds: float = 300.0,
         retries: Mapping[str, RetryPolicy] | None = None,
         deployment_concurrency: Mapping[str, int] | None = None,
-        queue_depth_interval: float = 10.0,
+        queue_depth_interval: float | None = None,
         metrics: WorkerMetrics | None = None,
         scope_metrics: bool = False,
         schedules: Sequence[PeriodicSchedule] = (),
@@ -240,6 +244,7 @@ class RunWorker:
         self._next_end_only = 0.0  # the end-only sweep of a worker with no free slot
         self._stopping = False
         self._stopped = asyncio.Event()
+        self._hurry = asyncio.Event()  # hurry(): a drain hands everything back at once
         self._tasks: list[asyncio.Task[None]] = []
         self._key_tasks: set[asyncio.Task[None]] = set()
         self._claim_task: asyncio.Task[None] | None = None
@@ -269,8 +274,13 @@ class RunWorker:
                 self.dsn, on_notification=self._on_notification, on_connect=self._on_listen,
                 connect=lambda dsn: asyncpg.connect(asyncpg_dsn(dsn), server_settings=settings))
             self.notifier.start()
-        for name, loop in (("renew", self._renew_loop), ("complete", self._completion_loop),
-                           ("depth", self._queue_depth_loop)):
+        loops: list[tuple[str, Callable[[], Awaitable[None]]]] = [
+            ("renew", self._renew_loop), ("complete", self._completion_loop)]
+        if self.queue_depth_interval:
+            # Opt-in: every worker of a fleet would report the same depth (a fleet of N, N
+            # copies); one exporter per fleet serves the database's gauges (fleet_metrics).
+            loops.append(("depth", self._queue_depth_loop))
+        for name, loop in loops:
             self._tasks.append(asyncio.create_task(self._supervised(name, loop),
                                                    name=f"zeroth-{name}"))
         if self._firer is not None:
@@ -348,8 +358,17 @@ class RunWorker:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._claim_task
         running = [entry.task for entry in self._active.values() if entry.task is not None]
-        if running:
-            await asyncio.wait(running, timeout=self.shutdown_timeout)
+        if running and not self._hurry.is_set():
+            # Until they finish, shutdown_timeout passes, or hurry() (a second SIGTERM).
+            finished = asyncio.create_task(asyncio.wait(running))
+            hurried = asyncio.create_task(self._hurry.wait())
+            await asyncio.wait([finished, hurried], timeout=self.shutdown_timeout,
+                               return_when=asyncio.FIRST_COMPLETED)
+            for waiter in (finished, hurried):  # cancelling a wait leaves its tasks running
+                waiter.cancel()
+            if self._hurry.is_set():
+                log.info("worker %s: drain hurried; handing %d run(s) back", self.worker_id,
+                         sum(1 for task in running if not task.done()))
         leftovers = [entry for entry in self._active.values() if entry.task is not None]
         for entry in leftovers:
             self._stop(entry, StopReason.SHUTDOWN)
@@ -358,7 +377,11 @@ class RunWorker:
         # (its lease expires and claim_orphaned recovers it, counting the attempt).
         pending = [entry.task for entry in leftovers if entry.task is not None]
         if pending:
-            _, stuck = await asyncio.wait(pending, timeout=self.shutdown_timeout)
+            # Hurried, a handler that ignores its cancellation holds the exit no longer than a
+            # lease (the hand-back writes of the others give up by their lease deadline too).
+            bound = (min(self.shutdown_timeout, self.lease_duration) if self._hurry.is_set()
+                     else self.shutdown_timeout)
+            _, stuck = await asyncio.wait(pending, timeout=bound)
             for task in stuck:
                 log.error("a handler ignored its cancellation at shutdown; abandoning it (%s)",
                           task.get_name())
@@ -381,23 +404,55 @@ class RunWorker:
         any other, where it used to kill the process with runs in hand."""
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
+        signals = (signal.SIGTERM, signal.SIGINT)
+        installed = False
+
+        def on_signal(sig: signal.Signals) -> None:
+            nonlocal installed
+            if not stop.is_set() and not self._stopping:
+                stop.set()  # the first: a graceful drain
+                return
+            # The second, while draining: drain faster (hand everything back now). A third one
+            # finds the default action again and ends the process at once (the leases then
+            # expire and an orphan sweep recovers the runs, counting their attempts).
+            log.warning("worker %s: %s again while draining; handing every run back now",
+                        self.worker_id, sig.name)
+            self.hurry()
+            for each in signals:
+                loop.remove_signal_handler(each)
+                signal.signal(each, signal.SIG_DFL)
+            installed = False
+
         if install_signal_handlers:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, stop.set)
+            for sig in signals:
+                loop.add_signal_handler(sig, on_signal, sig)
+            installed = True
         started = False
         try:
-            await self.start()
-            started = True
-            waiter = asyncio.create_task(stop.wait())
-            await asyncio.wait([waiter, asyncio.create_task(self._stopped.wait())],
-                               return_when=asyncio.FIRST_COMPLETED)
-            waiter.cancel()
+            try:
+                await self.start()
+                started = True
+                waiter = asyncio.create_task(stop.wait())
+                await asyncio.wait([waiter, asyncio.create_task(self._stopped.wait())],
+                                   return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+            finally:
+                # With the handlers still installed: a second signal during the drain hurries
+                # it, where it used to kill the process with runs in hand.
+                if started:
+                    await self.graceful_shutdown()
         finally:
-            if install_signal_handlers:
-                for sig in (signal.SIGTERM, signal.SIGINT):
+            if installed:
+                for sig in signals:
                     loop.remove_signal_handler(sig)
-            if started:
-                await self.graceful_shutdown()
+
+    def hurry(self) -> None:
+        """Drain faster: a drain (:meth:`graceful_shutdown`, begun or to come) stops waiting
+        for running handlers and cancels them at once; each run is handed back to pending with
+        its exact generation and its checkpoints (its attempt given back), as after
+        ``shutdown_timeout``. What a second SIGTERM or SIGINT does under
+        :meth:`run_until_stopped`."""
+        self._hurry.set()
 
     def _drain_soon(self) -> None:
         """Begin a graceful shutdown in a task of its own (a run's task cannot await it: the
@@ -422,6 +477,7 @@ class RunWorker:
                 log.exception("worker %s: the %s loop crashed; restarting it in %.1fs",
                               self.worker_id, name, delay)
                 self._worker_error(f"{name}_loop")
+                self.metrics.worker_crashes.labels(self.deployment_ref, "loop").inc()
                 await asyncio.sleep(delay)
                 delay = min(5.0, delay * 2)
 
@@ -651,6 +707,8 @@ class RunWorker:
                 log.info("recovered orphan %s at generation %d, attempt %d (checkpoint %s)",
                          run.run_id, run.lease_generation, run.attempts,
                          run.recovery_checkpoint_id)
+                # Its worker stopped renewing while it ran: a crash as the fleet sees it.
+                self.metrics.worker_crashes.labels(scope.deployment_ref, "orphan").inc()
                 self._spawn(scope, run, deadline=sent + self.lease_duration, recovered=True)
             claimed += len(result.runs)
             # Saturated, or the limit was reached: there may be more orphans; look again soon.
@@ -748,7 +806,7 @@ class RunWorker:
                 raise
             except Exception as exc:
                 log.debug("queue depth sample failed: %s", exc)
-            await asyncio.sleep(self.queue_depth_interval)
+            await asyncio.sleep(self.queue_depth_interval or 10.0)
 
     # -- executing a run -----------------------------------------------------------------------
 
@@ -846,7 +904,7 @@ class RunWorker:
                 return
             # Raised without a sleep of this attempt (made by the handler, or another run's):
             # its lease is still live, so it ends as a failure, never left to expire.
-            self.metrics.worker_crashes.labels(deployment).inc()
+            self.metrics.handler_errors.labels(deployment).inc()
             log.warning("run %s attempt %d: the handler raised RunSlept without sleeping",
                         run.run_id, ctx.attempt)
             tracing.failed(span, exc, "handler failed")
@@ -868,7 +926,7 @@ class RunWorker:
                 raise  # the loop is cancelling this task: not the handler's doing
             # The handler raised CancelledError itself (a cancelled inner task it let escape):
             # a failure like any other, never a run dropped without an outcome.
-            self.metrics.worker_crashes.labels(deployment).inc()
+            self.metrics.handler_errors.labels(deployment).inc()
             log.warning("run %s attempt %d: the handler raised CancelledError itself",
                         run.run_id, ctx.attempt)
             tracing.failed(span, exc, "handler failed")
@@ -889,7 +947,7 @@ class RunWorker:
             # payload that does not fit it) says no retry can succeed: the run fails now.
             failure = handler_exit(exc)
             retryable = not isinstance(failure, NonRetryableError)
-            self.metrics.worker_crashes.labels(deployment).inc()
+            self.metrics.handler_errors.labels(deployment).inc()
             # Described once, bounded, before anything is done with it: the message may be a
             # response body of hundreds of MB (docs/python-guide.md).
             described = describe(failure)
@@ -918,6 +976,7 @@ class RunWorker:
             text = json.dumps(output, allow_nan=False)  # what the client will send
         except (TypeError, ValueError, RecursionError) as exc:  # RecursionError: too deep
             tracing.failed(span, exc, "output is not JSON")
+            self.metrics.handler_errors.labels(deployment).inc()
             await self._fail(entry, exc, retryable=False)
             return
         if len(text) > MAX_OUTPUT_CHARACTERS:
@@ -927,11 +986,13 @@ class RunWorker:
                 f"PostgreSQL cannot store the output: {len(text)} characters of JSON, more "
                 f"than jsonb holds ({MAX_OUTPUT_CHARACTERS})"), retryable=False)
             tracing.failed(span, None, "output too large")
+            self.metrics.handler_errors.labels(deployment).inc()
             return
         if (why := unstorable(output)) is not None:
             log.warning("run %s: PostgreSQL cannot store its output (%s); failing it",
                         run.run_id, why)
             tracing.failed(span, None, "output not storable")
+            self.metrics.handler_errors.labels(deployment).inc()
             await self._fail(entry, ValueError(f"PostgreSQL cannot store the output: {why}"),
                              retryable=False)
             return
@@ -1105,6 +1166,8 @@ class RunWorker:
                 "worker_id": self.worker_id, "lease_generation": run.lease_generation}))
         if outcome is not None:
             self._count_scope(self.metrics.scope_runs_failed, entry.scope)
+            self.metrics.runs_failed.labels(entry.scope.deployment_ref,
+                                            _FAILED_LABELS.get(outcome, "failed")).inc()
         if outcome is None:
             self._lease_lost(entry, fenced=True)
         elif outcome == FailOutcome.DEAD_LETTERED:
@@ -1163,6 +1226,11 @@ class RunWorker:
                     return None
                 await asyncio.sleep(delay)
                 delay = min(1.0, delay * 2)
+
+
+#: zeroth_runs_failed's outcome label of each fail_run outcome (a fixed set of three).
+_FAILED_LABELS = {FailOutcome.RETRY_SCHEDULED: "retried", FailOutcome.FAILED: "failed",
+                  FailOutcome.DEAD_LETTERED: "dead_lettered"}
 
 
 def _interrupts_raise_here() -> bool:
