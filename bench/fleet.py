@@ -217,7 +217,7 @@ async def claim_cost(server: Any, known: int, calls: int) -> float:
 
 
 async def fleet(cfg: Config, s: Any) -> ScenarioReport:
-    backlog, seconds = (3_000, 5.0) if cfg.quick else (50_000, 20.0)
+    backlog, seconds = (1_000, 2.0) if cfg.quick else (50_000, 20.0)
     rep = ScenarioReport("fleet", f"One worker for many tenants: a small tenant's pickup behind "
                          f"a {backlog:,}-run backlog of another, weights, and the cost of known "
                          "but idle scopes")
@@ -249,7 +249,7 @@ async def fleet(cfg: Config, s: Any) -> ScenarioReport:
                 and found["started"] == found["sent"]))
     rep.tables.append("\n".join(lines))
 
-    served = await weights(s.zeroth.server, 3.0 if cfg.quick else 10.0)
+    served = await weights(s.zeroth.server, 1.5 if cfg.quick else 10.0)
     share = served["heavy"] / max(1, served["heavy"] + served["light"])
     rep.results.append(Result(rep.name, "zeroth-worker", "heavy_share", "fraction", (share,),
                               {"weights": "3:1"}, extra=served))
@@ -259,8 +259,8 @@ async def fleet(cfg: Config, s: Any) -> ScenarioReport:
     rep.targets.append(Target("weights: a weight-3 scope gets 0.75 ± 0.05 of a shared backlog",
                               f"{share:.3f}", abs(share - 0.75) <= 0.05))
 
-    calls = 100 if cfg.quick else 500
-    known = 2_000 if cfg.quick else 10_000
+    calls = 30 if cfg.quick else 500
+    known = 500 if cfg.quick else 10_000
     few, many = await claim_cost(s.zeroth.server, 0, calls), await claim_cost(
         s.zeroth.server, known, calls)
     for label, value in (("10 known", few), (f"{known:,} more known", many)):
