@@ -216,7 +216,14 @@ async def cold_start(cfg: Config, s: Any) -> ScenarioReport:
 async def _one_version(cfg: Config, rep: ScenarioReport, version: str, server: Server,
                        pgboss_missing: str | None,
                        reconnect: Callable[[], Awaitable[None]] | None) -> None:
-    lines = [f"**PostgreSQL {version}** ({server.kind})", "",
+    found = await server.settings()
+    shown = ", ".join(f"{k} {found[k]}" for k in (
+        "server_version", "fsync", "synchronous_commit", "full_page_writes", "autovacuum",
+        "autovacuum_naptime", "autovacuum_vacuum_scale_factor",
+        "autovacuum_analyze_scale_factor", "shared_buffers") if k in found)
+    rep.results.append(Result(rep.name, "server", "settings", "", (0.0,), {"version": version},
+                              extra=found))
+    lines = [f"**PostgreSQL {version}** ({server.kind}: {shown})", "",
              "| cell | system | started of sent | runs/s per 5 s window | pickup p99 ms per "
              "window | autovacuum / autoanalyze |", "|---|---|---|---|---|---|"]
     depth_rates: dict[tuple[int, str], float] = {}

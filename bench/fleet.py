@@ -167,9 +167,10 @@ async def weights(server: Any, seconds: float) -> dict[str, int]:
     return served
 
 
-async def claim_cost(server: Any, known: int, calls: int) -> float:
+async def claim_cost(server: Any, known: int, calls: int, pending: int = 5000) -> float:
     """Median ms of one claim_and_start_scopes (every scope, batch 8) with 10 scopes holding
-    pending runs and ``known`` more scopes that have only finished runs and a limits row."""
+    ``pending`` runs each and ``known`` more scopes that have only finished runs and a limits
+    row."""
     dsn = await asyncio.to_thread(server.zeroth_database, f"fleet_cost{known}")
     conn = await asyncpg.connect(dsn)
     try:
@@ -200,7 +201,7 @@ async def claim_cost(server: Any, known: int, calls: int) -> float:
                              worker_id => 'setup', run_ids => x.ids, generations => x.gens,
                              tenant_id => x.tenant_id) c""")
         for i in range(10):
-            await _fill(dsn, f"active-{i}", 5000)
+            await _fill(dsn, f"active-{i}", pending)
         await conn.execute("VACUUM ANALYZE zeroth.runs")
         samples = []
         for _ in range(calls):
@@ -261,8 +262,9 @@ async def fleet(cfg: Config, s: Any) -> ScenarioReport:
 
     calls = 30 if cfg.quick else 500
     known = 500 if cfg.quick else 10_000
-    few, many = await claim_cost(s.zeroth.server, 0, calls), await claim_cost(
-        s.zeroth.server, known, calls)
+    pending = 500 if cfg.quick else 5_000
+    few, many = (await claim_cost(s.zeroth.server, 0, calls, pending),
+                 await claim_cost(s.zeroth.server, known, calls, pending))
     for label, value in (("10 known", few), (f"{known:,} more known", many)):
         rep.results.append(Result(rep.name, "zeroth", "claim_ms", "ms", (value,),
                                   {"known": label}, higher_is_better=False))
@@ -276,6 +278,7 @@ async def fleet(cfg: Config, s: Any) -> ScenarioReport:
         "deployment: the scopes with due work are visited in a weighted random order and each "
         "first gets its share of the free slots. pgqueuer has one queue per entrypoint and no "
         "tenants: the small runs join the end of the backlog. The scope-cost databases have "
-        "10 scopes with 5,000 pending runs each; the idle scopes had one run each, claimed and "
-        "completed, and have a zeroth.scope_limits row. Every timed claim is rolled back.")
+        f"10 scopes with {pending:,} pending runs each; the idle scopes had one run each, "
+        "claimed and completed, and have a zeroth.scope_limits row. Every timed claim is "
+        "rolled back.")
     return rep

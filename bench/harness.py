@@ -47,6 +47,8 @@ MAX_CONNECTIONS = "250"
 SETTINGS = (
     "server_version", "fsync", "synchronous_commit", "full_page_writes", "wal_level",
     "shared_buffers", "work_mem", "max_connections", "autovacuum", "autovacuum_naptime",
+    "autovacuum_vacuum_scale_factor", "autovacuum_analyze_scale_factor",
+    "autovacuum_vacuum_insert_scale_factor",
     "checkpoint_timeout", "max_wal_size", "jit", "huge_pages", "shared_preload_libraries",
 )
 
