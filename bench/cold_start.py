@@ -62,6 +62,7 @@ TABLES = {"zeroth-worker": ("zeroth.runs", "zeroth.runs_claim_pending_idx"),
           "pgqueuer": ("pgqueuer", None), "procrastinate": ("procrastinate_jobs", None),
           "pg-boss": ("pgboss.job", None)}
 DEPTH = 4000
+QUICK_DEPTH = 500
 QUICK_DRAIN_LIMIT = 5.0
 FIRST_MINUTE = 60.0
 
@@ -73,26 +74,27 @@ class Cell:
     seconds: float
     rate: float = 0.0
     systems: tuple[str, ...] = SYSTEMS
+    depth: int = DEPTH
 
     @property
     def label(self) -> str:
         if self.kind == "depth":
-            return f"depth {DEPTH}, W={self.concurrency}"
+            return f"depth {self.depth}, W={self.concurrency}"
         restart = ", restart" if self.kind == "chaos" else ""
         return f"{self.rate:.0f}/s, W={self.concurrency}{restart}"
 
 
 def plan(cfg: Config, version: str) -> list[Cell]:
     """The cells on one server version. Quick (CI's smoke): each code path once, one 5 s
-    window per cell — on PostgreSQL 15 a continuous cell of zeroth_pg and pg-boss; on the
-    bench's own server a depth cell of zeroth_pg, pgqueuer and pg-boss, a continuous one of
-    procrastinate and zeroth_pg's restart cell."""
+    window per cell — on PostgreSQL 15 a continuous cell of zeroth_pg; on the bench's own
+    server a depth cell (500 deep) of zeroth_pg and pgqueuer, a continuous one of
+    procrastinate and pg-boss, and zeroth_pg's restart cell (10 s, restart at 2 s)."""
     if cfg.quick:
         if version == "15":
-            return [Cell("continuous", 4, 5.0, 50.0, ("zeroth-worker", "pg-boss"))]
-        return [Cell("depth", 4, 5.0, systems=("zeroth-worker", "pgqueuer", "pg-boss")),
-                Cell("continuous", 4, 5.0, 50.0, ("procrastinate",)),
-                Cell("chaos", 4, 15.0, 50.0, ("zeroth-worker",))]
+            return [Cell("continuous", 4, 5.0, 50.0, ("zeroth-worker",))]
+        return [Cell("depth", 4, 5.0, depth=QUICK_DEPTH, systems=("zeroth-worker", "pgqueuer")),
+                Cell("continuous", 4, 5.0, 50.0, ("procrastinate", "pg-boss")),
+                Cell("chaos", 4, 10.0, 50.0, ("zeroth-worker",))]
     return [Cell("continuous", 32, 60.0, 600.0), Cell("continuous", 4, 60.0, 200.0),
             Cell("chaos", 32, restart_cell_seconds(60.0), 600.0),
             *(Cell("depth", w, 120.0) for w in (4, 16, 64))]
@@ -100,7 +102,7 @@ def plan(cfg: Config, version: str) -> list[Cell]:
 
 def restart_after(cell: Cell) -> float:
     """When a chaos cell restarts the server: half-way (a quick one: after 3 s)."""
-    return 3.0 if cell.seconds < 2 * WARMUP else max(WARMUP, cell.seconds / 2)
+    return 2.0 if cell.seconds < 2 * WARMUP else max(WARMUP, cell.seconds / 2)
 
 
 def recovery_grace(cell: Cell) -> float:
@@ -129,7 +131,8 @@ class Outcome:
 
 async def _run_cell(server: Server, name: str, cell: Cell, restart: Any) -> Outcome:
     trace = Trace()
-    load = Load(cell.seconds, rate=cell.rate, depth=DEPTH if cell.kind == "depth" else None,
+    load = Load(cell.seconds, rate=cell.rate,
+                depth=cell.depth if cell.kind == "depth" else None,
                 restart=restart if cell.kind == "chaos" else None,
                 restart_after=restart_after(cell),
                 drain_limit=QUICK_DRAIN_LIMIT if cell.seconds < 2 * WARMUP else DRAIN_LIMIT)
@@ -268,7 +271,7 @@ async def _one_version(cfg: Config, rep: ScenarioReport, version: str, server: S
         if name != "zeroth-worker":
             continue
         theirs = depth_rates.get((w, "pg-boss"))
-        goal = (f"PG {version} cold start, depth {DEPTH}, W={w}: ≥ 2× pg-boss's rate "
+        goal = (f"PG {version} cold start, queue held deep, W={w}: ≥ 2× pg-boss's rate "
                 "(median 5 s window)")
         if theirs is None:
             rep.targets.append(Target(goal, "not measured (pg-boss not run)", None))
@@ -286,7 +289,7 @@ def _target(version: str, cell: Cell, out: Outcome) -> Target:
     windows = out.windows()
     first = out.monitor.first_maintenance
     if cell.kind == "depth":
-        goal = (f"PG {version} cold start, depth {DEPTH}, W={cell.concurrency}: no 5 s window "
+        goal = (f"PG {version} cold start, depth {cell.depth}, W={cell.concurrency}: no 5 s window "
                 "of the first minute below 80% of the rate after the first autovacuum")
         starts = window_starts(out.seconds)
         early = [w for start, w in zip(starts, windows, strict=True) if start < FIRST_MINUTE]
@@ -414,10 +417,8 @@ async def dirty_table(cfg: Config, s: Any) -> ScenarioReport:
                          f"({n:,} runs, {DIRTY_LOOPS} claim loops)")
     lines = ["| server | table | runs/s | claim p50 / p99 ms | dead tuples (pgstattuple) | "
              "autovacuums / autoanalyzes of zeroth.runs |", "|---|---|---|---|---|---|"]
-    versions = await s.versions()
-    if cfg.quick:  # the smoke: the bench's own server only (the code path is the same)
-        versions = versions[-1:]
-    for version, server, why in versions:
+    # The smoke (--quick): the bench's own server only (the code path is the same).
+    for version, server, why in await s.versions(stock=not cfg.quick):
         if server is None:
             rep.notes.append(f"PostgreSQL {version} not measured: {why}")
             continue

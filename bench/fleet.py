@@ -140,10 +140,10 @@ async def pgqueuer_fairness(system: Any, backlog: int, seconds: float) -> dict[s
             "sent": len(acked), "started": len(started), "backlog_rate": rate}
 
 
-async def weights(server: Any, seconds: float) -> dict[str, int]:
+async def weights(server: Any, seconds: float, backlog: int = 20_000) -> dict[str, int]:
     dsn = await asyncio.to_thread(server.zeroth_database, "fleet_weights")
     for tenant in ("heavy", "light"):
-        await _fill(dsn, tenant, 20_000)
+        await _fill(dsn, tenant, backlog)
     setup = await asyncpg.connect(dsn)
     try:
         await setup.execute("INSERT INTO zeroth.scope_limits (tenant_id, deployment_ref, weight) "
@@ -250,7 +250,8 @@ async def fleet(cfg: Config, s: Any) -> ScenarioReport:
                 and found["started"] == found["sent"]))
     rep.tables.append("\n".join(lines))
 
-    served = await weights(s.zeroth.server, 1.5 if cfg.quick else 10.0)
+    served = await (weights(s.zeroth.server, 1.5, 3_000) if cfg.quick
+                    else weights(s.zeroth.server, 10.0))
     share = served["heavy"] / max(1, served["heavy"] + served["light"])
     rep.results.append(Result(rep.name, "zeroth-worker", "heavy_share", "fraction", (share,),
                               {"weights": "3:1"}, extra=served))

@@ -105,19 +105,22 @@ class Systems:
             await system.close()
         await asyncio.to_thread(self._servers.close)
 
-    async def versions(self) -> list[tuple[str, Server | None, str | None]]:
+    async def versions(self, stock: bool = True) -> list[tuple[str, Server | None, str | None]]:
         """The servers of the cold-start scenarios, as (major version, server or None, why
-        not): Debian's stock PostgreSQL 15 (started here the first time, kept for the run)
-        and the suite's own server (the embedded 18, or ZEROTH_PG_BENCH_DSN)."""
+        not): Debian's stock PostgreSQL 15 (started here the first time, kept for the run;
+        left out with ``stock`` False) and the suite's own server (the embedded 18, or
+        ZEROTH_PG_BENCH_DSN)."""
+        own = self.zeroth.server
+        major = await self.zeroth.conn.fetchval(
+            "SELECT current_setting('server_version_num')::int / 10000")
+        if not stock:
+            return [(str(major), own, None)]
         if self._stock is None:
             try:
                 stock = await asyncio.to_thread(self._servers.enter_context, debian_server())
                 self._stock = (stock, None)
             except ServerUnavailable as exc:
                 self._stock = (None, str(exc))
-        own = self.zeroth.server
-        major = await self.zeroth.conn.fetchval(
-            "SELECT current_setting('server_version_num')::int / 10000")
         return [("15", *self._stock), (str(major), own, None)]
 
     async def reconnect(self) -> None:
