@@ -218,7 +218,7 @@ async def claim_cost(server: Any, known: int, calls: int, pending: int = 5000) -
 
 
 async def fleet(cfg: Config, s: Any) -> ScenarioReport:
-    backlog, seconds = (1_000, 2.0) if cfg.quick else (50_000, 20.0)
+    backlog, seconds = (500, 2.0) if cfg.quick else (50_000, 20.0)
     rep = ScenarioReport("fleet", f"One worker for many tenants: a small tenant's pickup behind "
                          f"a {backlog:,}-run backlog of another, weights, and the cost of known "
                          "but idle scopes")
@@ -261,9 +261,9 @@ async def fleet(cfg: Config, s: Any) -> ScenarioReport:
     rep.targets.append(Target("weights: a weight-3 scope gets 0.75 ± 0.05 of a shared backlog",
                               f"{share:.3f}", abs(share - 0.75) <= 0.05))
 
-    calls = 30 if cfg.quick else 500
-    known = 500 if cfg.quick else 10_000
-    pending = 500 if cfg.quick else 5_000
+    calls = 20 if cfg.quick else 500
+    known = 200 if cfg.quick else 10_000
+    pending = 200 if cfg.quick else 5_000
     few, many = (await claim_cost(s.zeroth.server, 0, calls, pending),
                  await claim_cost(s.zeroth.server, known, calls, pending))
     for label, value in (("10 known", few), (f"{known:,} more known", many)):

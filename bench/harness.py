@@ -137,7 +137,7 @@ class Config:
         # CI runs this after the tests (.ci/run): every scenario's code path at tiny sizes,
         # about 2 minutes in all. It measures nothing worth reading.
         return cls(quick=True, repeat=1, runs=150, concurrencies=(4,), batch_sizes=(1, 10),
-                   latency_runs=8, latency_gap=0.02, finished_rows=(0, 10_000),
+                   latency_runs=8, latency_gap=0.02, finished_rows=(0, 5_000),
                    claim_runs=150, live_leases=100, sustained_seconds=5.0, sample_every=1.0,
                    recovery_lease=1.0, recovery_repeat=1)
 

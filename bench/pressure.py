@@ -53,7 +53,7 @@ def sizes(cfg: Config) -> dict[str, Any]:
     if cfg.quick:
         # probe_all False: only zeroth-worker's wakeup probe runs (each probe starts a producer
         # process; the peers' probes are smoked by the latency scenario).
-        return {"runs": 100, "concurrency": 4, "probe": 5, "gap": 0.02, "reader_tx": 0.5,
+        return {"runs": 60, "concurrency": 4, "probe": 5, "gap": 0.02, "reader_tx": 0.5,
                 "repeat": 1, "probe_all": False}
     return {"runs": 3_000, "concurrency": 8, "probe": 100, "gap": 0.02, "reader_tx": 3.0,
             "repeat": min(cfg.repeat, 2), "probe_all": True}
