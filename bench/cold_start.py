@@ -28,6 +28,7 @@ deleted while it is held. Both phases on each server version, each on a fresh da
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import statistics
 import time
 from collections.abc import Awaitable, Callable
@@ -101,7 +102,7 @@ def plan(cfg: Config, version: str) -> list[Cell]:
 
 
 def restart_after(cell: Cell) -> float:
-    """When a chaos cell restarts the server: half-way (a quick one: after 3 s)."""
+    """When a chaos cell restarts the server: half-way (a quick one: after 2 s)."""
     return 2.0 if cell.seconds < 2 * WARMUP else max(WARMUP, cell.seconds / 2)
 
 
@@ -137,13 +138,15 @@ async def _run_cell(server: Server, name: str, cell: Cell, restart: Any) -> Outc
                 restart_after=restart_after(cell),
                 drain_limit=QUICK_DRAIN_LIMIT if cell.seconds < 2 * WARMUP else DRAIN_LIMIT)
     system: Any = None
-    label = f"cold{cell.kind[0]}{int(cell.rate)}w{cell.concurrency}"
+    # Names of the cell's own: the suite's systems keep their databases on the same server.
+    label = "cold_" + name.replace("-", "_")
     if name == "zeroth-worker":
         dsn = await asyncio.to_thread(server.zeroth_database, label)
     elif name == "pg-boss":
-        dsn = await asyncio.to_thread(server.database, "pgboss")
+        dsn = await asyncio.to_thread(server.database, label)
     else:
         system = PgQueuer(server) if name == "pgqueuer" else Procrastinate(server)
+        system.label = label
         await system.setup()
         dsn = system.dsn
     table, index = TABLES[name]
@@ -172,7 +175,11 @@ async def _run_cell(server: Server, name: str, cell: Cell, restart: Any) -> Outc
         else:  # the cell failed before its load began
             watching.cancel()
         if system is not None:
-            await system.close()
+            with contextlib.suppress(Exception):  # its connection may have died in a restart
+                await system.close()
+        # Gone before the next cell: a database left behind would keep autovacuum's workers
+        # busy (and its launcher's round longer) while the next cell waits for its first one.
+        await asyncio.to_thread(server.drop, label)
     return Outcome(trace, sent, monitor, cell.seconds)
 
 
@@ -399,6 +406,7 @@ async def _dirty_phase(server: Server, dirty: bool, dead: int, n: int) -> dict[s
         if holder is not None:
             await holder.close()
         await z.close()
+        await asyncio.to_thread(server.drop, z.label)
 
 
 async def _has_pgstattuple(conn: asyncpg.Connection) -> bool:

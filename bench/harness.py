@@ -162,6 +162,13 @@ class Server:
         self._databases.append(name)
         return create_database(self.admin_dsn, name)
 
+    def drop(self, label: str) -> None:
+        """Drop the database :meth:`database` made for ``label`` (disconnecting its sessions)."""
+        name = f"bench_{label}_{self.tag}"
+        drop_database(self.admin_dsn, name)
+        if name in self._databases:
+            self._databases.remove(name)
+
     def zeroth_database(self, label: str) -> str:
         """A fresh database with every zeroth_pg migration applied."""
         dsn = self.database(label)
