@@ -247,7 +247,19 @@ async def _one_version(cfg: Config, rep: ScenarioReport, version: str, server: S
                 lines.append(f"| {cell.label} | pg-boss | pg-boss unavailable: "
                              f"{pgboss_missing} | | | |")
                 continue
-            out = await _run_cell(server, name, cell, server.restart)
+            try:
+                out = await _run_cell(server, name, cell, server.restart)
+            except Exception as exc:
+                if cell.kind == "chaos" and reconnect is not None:
+                    await reconnect()
+                if name == "zeroth-worker":
+                    raise  # the system under test: the scenario crashed
+                # A peer that fails (its driver, its library) costs its row, not the scenario.
+                why = f"{type(exc).__name__}: {str(exc)[:300]}"
+                lines.append(f"| {cell.label} | {name} | failed: {why} | | | |")
+                rep.notes.append(f"PostgreSQL {version}, {cell.label}, {name} failed: {why}")
+                print(lines[-1], flush=True)
+                continue
             if cell.kind == "chaos" and reconnect is not None:
                 await reconnect()  # the suite's setup connections died with the server
             windows, p99s = out.windows(), out.trace.window_p99(cell.seconds)
