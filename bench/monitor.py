@@ -88,9 +88,10 @@ class Monitor:
 
     async def _sample(self, conn: asyncpg.Connection) -> dict[str, Any]:
         sample: dict[str, Any] = {"t": self._now()}
+        # pg_partition_tree returns no row for a table that is not partitioned.
         leaves = [row[0] for row in await conn.fetch(
             "SELECT relid::regclass::text FROM pg_partition_tree($1::regclass) "
-            "WHERE isleaf ORDER BY 1", self.table)]
+            "WHERE isleaf ORDER BY 1", self.table)] or [self.table]
         if self.problem is None:
             tuples = dead = 0
             for leaf in leaves:
