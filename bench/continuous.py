@@ -122,7 +122,7 @@ def restart_cell_seconds(seconds: float) -> float:
 
 
 async def produce(trace: Trace, rate: float, seconds: float,
-                  enqueue: Callable[[list[int]], Awaitable[None]],
+                  enqueue: Callable[[list[int]], Awaitable[object]],
                   restart: Restart | None = None, restart_after: float | None = None) -> int:
     """Enqueue ``rate`` runs per second for ``seconds``, every TICK the ones due by then; with
     ``restart``, call it (in a thread) ``restart_after`` seconds in (default
@@ -162,7 +162,7 @@ async def produce(trace: Trace, rate: float, seconds: float,
 
 
 async def hold_depth(trace: Trace, depth: int, seconds: float,
-                     enqueue: Callable[[list[int]], Awaitable[None]],
+                     enqueue: Callable[[list[int]], Awaitable[object]],
                      queued: Callable[[], Awaitable[int]]) -> int:
     """Keep ``depth`` runs queued for ``seconds``: read the queue's length, top it up with at
     most DEPTH_CHUNK per enqueue (the outside harness's producer), else wait DEPTH_PAUSE."""
@@ -196,7 +196,7 @@ class Load:
     #: How long the consumer gets for the backlog after a continuous producer stops.
     drain_limit: float = DRAIN_LIMIT
 
-    async def drive(self, trace: Trace, enqueue: Callable[[list[int]], Awaitable[None]],
+    async def drive(self, trace: Trace, enqueue: Callable[[list[int]], Awaitable[object]],
                     queued: Callable[[], Awaitable[int]]) -> int:
         if self.depth is not None:
             return await hold_depth(trace, self.depth, self.seconds, enqueue, queued)
