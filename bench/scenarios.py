@@ -117,11 +117,13 @@ class Systems:
             return [(str(major), own, None)]
         if self._stock is None:
             try:
-                stock = await asyncio.to_thread(self._servers.enter_context, debian_server())
-                self._stock = (stock, None)
+                started: Server = await asyncio.to_thread(self._servers.enter_context,
+                                                          debian_server())
+                self._stock = (started, None)
             except ServerUnavailable as exc:
                 self._stock = (None, str(exc))
-        return [("15", *self._stock), (str(major), own, None)]
+        found, why = self._stock
+        return [("15", found, why), (str(major), own, None)]
 
     async def reconnect(self) -> None:
         """New setup connections for every system (after a server restart killed them)."""
