@@ -96,8 +96,9 @@ async function main () {
     const limit = performance.now() + 1000 * cfg.drain
     while (seen.size < sent && performance.now() < limit) await sleep(50)
   }
-  process.stdout.write(JSON.stringify({ sent, acked, started }) + '\n')
   await boss.stop({ graceful: false, wait: false, close: true })
+  // process.exit() drops what a pipe has not taken yet (the line is megabytes): wait for it.
+  await new Promise((resolve) => process.stdout.write(JSON.stringify({ sent, acked, started }) + '\n', resolve))
   process.exit(0)
 }
 
