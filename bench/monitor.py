@@ -53,6 +53,8 @@ class Monitor:
         """Create the extension before the load starts (a monitoring setup step)."""
         conn = await asyncpg.connect(self.dsn)
         try:
+            if self.index and await conn.fetchval("SELECT to_regclass($1)", self.index) is None:
+                self.index = None  # renamed or dropped (a schema change): the table's first
             await conn.execute("CREATE EXTENSION IF NOT EXISTS pgstattuple")
         except asyncpg.PostgresError as exc:
             self.problem = f"pgstattuple unavailable: {exc}"
