@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import json
 import logging
 import os
 import platform
@@ -52,6 +53,9 @@ def _versions() -> dict[str, str]:
                  "chancy", "asyncpg", "psycopg"):
         with contextlib.suppress(metadata.PackageNotFoundError):
             found[name] = metadata.version(name)
+    with contextlib.suppress(OSError, ValueError):  # bench/pgboss, installed with npm
+        package = Path(__file__).resolve().parent / "pgboss/node_modules/pg-boss/package.json"
+        found["pg-boss"] = json.loads(package.read_text())["version"]
     return found
 
 
@@ -93,7 +97,8 @@ def main(
     scenarios: Annotated[list[str] | None, typer.Argument(
         help=f"scenarios to run (default: all): {', '.join(SCENARIOS)}")] = None,
     quick: Annotated[bool, typer.Option(
-        "--quick", help="small sizes: a smoke run of every scenario in about 2.5 minutes")] = False,
+        "--quick", help="tiny sizes: a smoke run of every scenario's code path in about 2 "
+                        "minutes (CI runs it); its numbers mean nothing")] = False,
     repeat: Annotated[int | None, typer.Option(
         help="measurements per system and configuration (default 3)")] = None,
     runs: Annotated[int | None, typer.Option(

@@ -140,10 +140,10 @@ async def pgqueuer_fairness(system: Any, backlog: int, seconds: float) -> dict[s
             "sent": len(acked), "started": len(started), "backlog_rate": rate}
 
 
-async def weights(server: Any, seconds: float) -> dict[str, int]:
+async def weights(server: Any, seconds: float, backlog: int = 20_000) -> dict[str, int]:
     dsn = await asyncio.to_thread(server.zeroth_database, "fleet_weights")
     for tenant in ("heavy", "light"):
-        await _fill(dsn, tenant, 20_000)
+        await _fill(dsn, tenant, backlog)
     setup = await asyncpg.connect(dsn)
     try:
         await setup.execute("INSERT INTO zeroth.scope_limits (tenant_id, deployment_ref, weight) "
@@ -167,9 +167,10 @@ async def weights(server: Any, seconds: float) -> dict[str, int]:
     return served
 
 
-async def claim_cost(server: Any, known: int, calls: int) -> float:
+async def claim_cost(server: Any, known: int, calls: int, pending: int = 5000) -> float:
     """Median ms of one claim_and_start_scopes (every scope, batch 8) with 10 scopes holding
-    pending runs and ``known`` more scopes that have only finished runs and a limits row."""
+    ``pending`` runs each and ``known`` more scopes that have only finished runs and a limits
+    row."""
     dsn = await asyncio.to_thread(server.zeroth_database, f"fleet_cost{known}")
     conn = await asyncpg.connect(dsn)
     try:
@@ -200,7 +201,7 @@ async def claim_cost(server: Any, known: int, calls: int) -> float:
                              worker_id => 'setup', run_ids => x.ids, generations => x.gens,
                              tenant_id => x.tenant_id) c""")
         for i in range(10):
-            await _fill(dsn, f"active-{i}", 5000)
+            await _fill(dsn, f"active-{i}", pending)
         await conn.execute("VACUUM ANALYZE zeroth.runs")
         samples = []
         for _ in range(calls):
@@ -217,7 +218,7 @@ async def claim_cost(server: Any, known: int, calls: int) -> float:
 
 
 async def fleet(cfg: Config, s: Any) -> ScenarioReport:
-    backlog, seconds = (3_000, 5.0) if cfg.quick else (50_000, 20.0)
+    backlog, seconds = (500, 2.0) if cfg.quick else (50_000, 20.0)
     rep = ScenarioReport("fleet", f"One worker for many tenants: a small tenant's pickup behind "
                          f"a {backlog:,}-run backlog of another, weights, and the cost of known "
                          "but idle scopes")
@@ -249,7 +250,8 @@ async def fleet(cfg: Config, s: Any) -> ScenarioReport:
                 and found["started"] == found["sent"]))
     rep.tables.append("\n".join(lines))
 
-    served = await weights(s.zeroth.server, 3.0 if cfg.quick else 10.0)
+    served = await (weights(s.zeroth.server, 1.5, 3_000) if cfg.quick
+                    else weights(s.zeroth.server, 10.0))
     share = served["heavy"] / max(1, served["heavy"] + served["light"])
     rep.results.append(Result(rep.name, "zeroth-worker", "heavy_share", "fraction", (share,),
                               {"weights": "3:1"}, extra=served))
@@ -259,10 +261,11 @@ async def fleet(cfg: Config, s: Any) -> ScenarioReport:
     rep.targets.append(Target("weights: a weight-3 scope gets 0.75 ± 0.05 of a shared backlog",
                               f"{share:.3f}", abs(share - 0.75) <= 0.05))
 
-    calls = 100 if cfg.quick else 500
-    known = 2_000 if cfg.quick else 10_000
-    few, many = await claim_cost(s.zeroth.server, 0, calls), await claim_cost(
-        s.zeroth.server, known, calls)
+    calls = 20 if cfg.quick else 500
+    known = 200 if cfg.quick else 10_000
+    pending = 200 if cfg.quick else 5_000
+    few, many = (await claim_cost(s.zeroth.server, 0, calls, pending),
+                 await claim_cost(s.zeroth.server, known, calls, pending))
     for label, value in (("10 known", few), (f"{known:,} more known", many)):
         rep.results.append(Result(rep.name, "zeroth", "claim_ms", "ms", (value,),
                                   {"known": label}, higher_is_better=False))
@@ -276,6 +279,7 @@ async def fleet(cfg: Config, s: Any) -> ScenarioReport:
         "deployment: the scopes with due work are visited in a weighted random order and each "
         "first gets its share of the free slots. pgqueuer has one queue per entrypoint and no "
         "tenants: the small runs join the end of the backlog. The scope-cost databases have "
-        "10 scopes with 5,000 pending runs each; the idle scopes had one run each, claimed and "
-        "completed, and have a zeroth.scope_limits row. Every timed claim is rolled back.")
+        f"10 scopes with {pending:,} pending runs each; the idle scopes had one run each, "
+        "claimed and completed, and have a zeroth.scope_limits row. Every timed claim is "
+        "rolled back.")
     return rep

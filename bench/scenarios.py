@@ -14,22 +14,24 @@ import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
 from prometheus_client import CollectorRegistry
 
 from bench import peers, report
+from bench.cold_start import cold_start, dirty_table
 from bench.commits import commits
-from bench.continuous import continuous
 from bench.fleet import fleet
 from bench.harness import (
     Config,
     Result,
     ScenarioReport,
     Server,
+    ServerUnavailable,
     Target,
+    debian_server,
     interleave,
     percentile,
     pool,
@@ -70,6 +72,9 @@ class Systems:
     procrastinate: Procrastinate
     #: The durable-execution peers whose library is installed, by label.
     peers: dict[str, Any]
+    #: Servers started on demand (the stock PostgreSQL 15 of the cold-start scenarios).
+    _servers: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+    _stock: tuple[Server | None, str | None] | None = None
 
     @classmethod
     async def create(cls, server: Server) -> Systems:
@@ -98,6 +103,27 @@ class Systems:
     async def close(self) -> None:
         for system in self.all():
             await system.close()
+        await asyncio.to_thread(self._servers.close)
+
+    async def versions(self, stock: bool = True) -> list[tuple[str, Server | None, str | None]]:
+        """The servers of the cold-start scenarios, as (major version, server or None, why
+        not): Debian's stock PostgreSQL 15 (started here the first time, kept for the run;
+        left out with ``stock`` False) and the suite's own server (the embedded 18, or
+        ZEROTH_PG_BENCH_DSN)."""
+        own = self.zeroth.server
+        major = await self.zeroth.conn.fetchval(
+            "SELECT current_setting('server_version_num')::int / 10000")
+        if not stock:
+            return [(str(major), own, None)]
+        if self._stock is None:
+            try:
+                started: Server = await asyncio.to_thread(self._servers.enter_context,
+                                                          debian_server())
+                self._stock = (started, None)
+            except ServerUnavailable as exc:
+                self._stock = (None, str(exc))
+        found, why = self._stock
+        return [("15", found, why), (str(major), own, None)]
 
     async def reconnect(self) -> None:
         """New setup connections for every system (after a server restart killed them)."""
@@ -626,7 +652,8 @@ SCENARIOS: dict[str, Callable[[Config, Systems], Awaitable[ScenarioReport]]] = {
     "renewal": renewal,
     "sustained": sustained,
     "recovery": recovery,
-    "continuous": continuous,
+    "cold_start": cold_start,
+    "dirty_table": dirty_table,
     "writers": writers,
     "commits": commits,
     "pressure": pressure_scenario,

@@ -169,8 +169,8 @@ async def reset_zeroth(dsn: str) -> None:
 
 
 async def writers(cfg: Config, s: Any) -> ScenarioReport:
-    seconds = 1.5 if cfg.quick else 6.0
-    sessions_list = (16,) if cfg.quick else (1, 16, 64)
+    seconds = 1.0 if cfg.quick else 6.0
+    sessions_list = (4,) if cfg.quick else (1, 16, 64)
     rep = ScenarioReport("writers", f"Many writers: P sessions each enqueueing single runs in "
                          f"their own transaction, {seconds:g} s per cell, consumer running")
     gated = s.zeroth.dsn
