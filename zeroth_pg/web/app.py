@@ -229,8 +229,16 @@ def run_filters(params: Any) -> dict[str, str | None]:
     return {k: _opt(params.get(k)) for k in _RUN_FILTERS}
 
 
+def no_nul(values: Iterable[str | None]) -> None:
+    """ValueError when a filter holds a NUL character (PostgreSQL text cannot)."""
+    if any(v is not None and "\x00" in v for v in values):
+        raise ValueError("a filter holds a NUL character")
+
+
 def parse_run_filters(filters: dict[str, str | None]) -> dict[str, Any]:
-    """The filters as run_page_query takes them; ValueError for a bad time or status."""
+    """The filters as run_page_query takes them; ValueError for a bad time or status, or a
+    NUL character (which no text column can hold)."""
+    no_nul(filters.values())
     if filters["status"] and filters["status"] not in _STATUSES:
         raise ValueError(f"unknown status {filters['status'][:50]!r}")
     return {**filters, "since": _time(filters["since"]), "until": _time(filters["until"])}
@@ -463,9 +471,10 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
         q = request.query_params
         deployment, tenant = _opt(q.get("deployment")), _opt(q.get("tenant"))
         try:
+            no_nul((deployment, tenant))
             after, before = parse_cursors(q)
         except ValueError as exc:
-            return render(request, "error.html", status_code=400, message=f"bad cursor: {exc}")
+            return render(request, "error.html", status_code=400, message=f"bad filter: {exc}")
         async with pool().acquire() as conn:
             page = await keyset_page(
                 conn, lambda a, b, n, c: dead_page_query(deployment, tenant, a, b, n, c),

@@ -90,6 +90,10 @@ def routes(actions: Actions) -> list[Route]:
             if op != "redrive":
                 return bad(request, "dead letters can be redriven, not cancelled")
             kept = {k: v for k in ("deployment", "tenant") if (v := _app._opt(q.get(k)))}
+            try:
+                _app.no_nul(kept.values())
+            except ValueError as exc:
+                return bad(request, f"bad filter: {exc}")
             async with actions.pool().acquire() as conn:
                 rows = list(await conn.fetch(*_flat(dead_page_query(
                     kept.get("deployment"), kept.get("tenant"), None, None, BULK_MAX + 1))))
