@@ -27,6 +27,7 @@ from starlette.staticfiles import StaticFiles
 
 from zeroth_pg import _calls
 from zeroth_pg._libpq import asyncpg_dsn
+from zeroth_pg.web import paging
 from zeroth_pg.web.paging import Page, dead_page_query, keyset_page, parse_cursors
 
 __all__ = ["LOOPBACK_HOSTS", "create_app"]
@@ -437,7 +438,7 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
         return render(request, "runs.html", status_code=400 if error else 200, rows=page.rows,
                       filters=filters, statuses=_STATUSES, next_params=page.older,
                       prev_params=page.newer, total=page.total, error=error,
-                      bulk_max=bulk.BULK_MAX)
+                      bulk_max=bulk.BULK_MAX, count_cap=paging.COUNT_CAP)
 
     async def run_detail(request: Request) -> Response:
         try:
@@ -482,7 +483,8 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
                 {k: v for k, v in (("deployment", deployment), ("tenant", tenant)) if v})
         return render(request, "dead.html", rows=page.rows, deployment=deployment, tenant=tenant,
                       done=q.get("done"), next_params=page.older, prev_params=page.newer,
-                      total=page.total, bulk_max=bulk.BULK_MAX)
+                      total=page.total, bulk_max=bulk.BULK_MAX,
+                      count_cap=paging.COUNT_CAP)
 
     async def workers(request: Request) -> Response:
         async with pool().acquire() as conn:

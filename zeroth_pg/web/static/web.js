@@ -26,9 +26,15 @@
   try { paused = sessionStorage.getItem(KEY) === "1"; } catch (e) {}
   var busy = false;
 
+  var still = !!document.querySelector("[data-static]");
   function show() {
-    body.dataset.live = paused ? "paused" : "on";
-    if (toggle) {
+    body.dataset.liveState = still ? "static" : paused ? "paused" : "on";
+    if (toggle && still) {
+      toggle.textContent = "not live";
+      toggle.disabled = true;
+      toggle.className = "live paused";
+      toggle.title = "this page is a confirmation or a result: it does not refresh";
+    } else if (toggle) {
       toggle.textContent = paused ? "paused" : "live";
       toggle.className = paused ? "live paused" : "live";
       toggle.setAttribute("aria-pressed", paused ? "true" : "false");
