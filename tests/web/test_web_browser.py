@@ -33,10 +33,13 @@ from test_web_pages import _dead_letter, _now, _status
 
 CHROMIUM = shutil.which("chromium")
 DRIVER = shutil.which("chromedriver")
+#: CI (.ci/run as root) sets it: without a browser the module fails instead of skipping.
+REQUIRED = os.environ.get("ZEROTH_PG_REQUIRE_BROWSER") == "1"
 pytestmark = [
     pytest.mark.browser,
+    pytest.mark.xdist_group("browser"),  # one worker, one Chromium
     pytest.mark.skipif(
-        not (CHROMIUM and DRIVER),
+        not (CHROMIUM and DRIVER) and not REQUIRED,
         reason="needs Debian's chromium and chromium-driver (apt-get install chromium "
                "chromium-driver; .ci/run installs them)"),
 ]
@@ -80,6 +83,9 @@ def browser() -> Iterator[Any]:
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
+    if not (CHROMIUM and DRIVER):
+        pytest.fail("ZEROTH_PG_REQUIRE_BROWSER=1 but chromium or chromedriver is missing "
+                    "(apt-get install chromium chromium-driver)")
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
