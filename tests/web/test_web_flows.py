@@ -14,7 +14,6 @@ from roles import dsn_as, login_role
 from test_web_pages import FOREIGN_HOST, FOREIGN_ORIGIN, _csrf, _dead_letter, _now, _status
 
 from zeroth_pg.web import create_app
-from zeroth_pg.web.paging import bounded_count
 
 _IDS = re.compile(r'name="ids" value="([0-9a-f -]*)"')
 
@@ -288,6 +287,8 @@ class TestPaging:
 
     async def test_a_total_is_capped_and_a_slow_count_is_not_counted(self, database_dsn,
                                                                      monkeypatch):
+        from zeroth_pg.web.paging import bounded_count
+
         monkeypatch.setattr("zeroth_pg.web.paging.COUNT_CAP", 4)
         conn = await asyncpg.connect(database_dsn)
         try:
