@@ -122,23 +122,36 @@ def _shoot(driver: Any, path: Path) -> None:
     driver.set_window_size(1280, 900)
 
 
-def _click_and_wait(driver: Any, element: Any) -> None:
-    """Click a link or a submit button and wait until its page has replaced this one (a POST
-    answered: the old page is gone and the new one has its heading)."""
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.expected_conditions import staleness_of
+def _click_and_wait(driver: Any, by: str, value: str) -> None:
+    """Click the element found by (by, value) and wait until the page it leads to has replaced
+    this one (a POST answered, a GET loaded): the old document carries a mark the new one has
+    not. Found again if a live refresh swapped it just before the click."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    element.click()
-    WebDriverWait(driver, WAIT).until(staleness_of(element))
-    WebDriverWait(driver, WAIT).until(lambda d: d.find_elements(By.TAG_NAME, "h1"))
+    driver.execute_script("window.zpOld = true")
+    WebDriverWait(driver, WAIT, ignored_exceptions=(StaleElementReferenceException,)).until(
+        lambda d: d.find_element(by, value).click() or True)
+    WebDriverWait(driver, WAIT).until(lambda d: d.execute_script(
+        "return !window.zpOld && document.readyState === 'complete'"))
 
 
 def _ids(driver: Any, table: str) -> list[str]:
-    from selenium.webdriver.common.by import By
+    """The run ids a table lists, read in one script (a live refresh may swap the table between
+    two WebDriver calls)."""
+    hrefs = driver.execute_script(
+        "return Array.from(document.querySelectorAll(arguments[0]))"
+        ".map(function (a) { return a.getAttribute('href'); })",
+        f"#{table} tbody td:first-child a")
+    return [h.rsplit("/", 1)[1] for h in hrefs]
 
-    return [a.get_attribute("href").rsplit("/", 1)[1] for a in
-            driver.find_elements(By.CSS_SELECTOR, f"#{table} tbody td:first-child a")]
+
+def _text(driver: Any, element_id: str) -> str | None:
+    """An element's text, read in one script (see _ids)."""
+    text: str | None = driver.execute_script(
+        "var e = document.getElementById(arguments[0]); return e ? e.textContent : null",
+        element_id)
+    return text
 
 
 async def _seed(conn: asyncpg.Connection) -> dict[str, Any]:
@@ -265,29 +278,29 @@ async def test_operator_flows_filter_open_cancel_bulk_cancel_redrive_and_page(
             # Overview → Runs (the nav) → filter → the run → Cancel.
             driver.get(base + "/")
             assert "reports" in driver.find_element(By.ID, "overview").text
-            _click_and_wait(driver, driver.find_element(By.LINK_TEXT, "Runs"))
+            _click_and_wait(driver, By.LINK_TEXT, "Runs")
             box = driver.find_element(By.NAME, "deployment")
             box.send_keys("reports")
-            _click_and_wait(driver, driver.find_element(By.CSS_SELECTOR, ".filters button"))
+            _click_and_wait(driver, By.CSS_SELECTOR, ".filters button")
             assert "deployment=reports" in driver.current_url
             assert _ids(driver, "runs") == [str(samples["run"])]
-            _click_and_wait(driver, driver.find_element(By.CSS_SELECTOR, "#runs tbody a"))
+            _click_and_wait(driver, By.CSS_SELECTOR, "#runs tbody a")
             assert "render-pdf" in driver.find_element(By.TAG_NAME, "main").text
-            _click_and_wait(driver, driver.find_element(By.ID, "cancel"))
+            _click_and_wait(driver, By.ID, "cancel")
             assert str(samples["run"]) in driver.current_url
 
             # Paging: older, older, then newer, newer: back on the first page.
             driver.get(base + "/runs?deployment=batch")
             seen = [_ids(driver, "runs")]
-            assert driver.find_element(By.ID, "total").text == "7"
+            assert _text(driver, "total") == "7"
             assert not driver.find_elements(By.ID, "prev")
             for _ in range(2):
-                _click_and_wait(driver, driver.find_element(By.ID, "next"))
+                _click_and_wait(driver, By.ID, "next")
                 seen.append(_ids(driver, "runs"))
             assert not driver.find_elements(By.ID, "next")
             back = []
             for _ in range(2):
-                _click_and_wait(driver, driver.find_element(By.ID, "prev"))
+                _click_and_wait(driver, By.ID, "prev")
                 back.append(_ids(driver, "runs"))
             assert [len(p) for p in seen] == [3, 3, 1]
             assert sorted(i for p in seen for i in p) == sorted(str(i) for i in batch)
@@ -295,18 +308,18 @@ async def test_operator_flows_filter_open_cancel_bulk_cancel_redrive_and_page(
             assert not driver.find_elements(By.ID, "prev")
 
             # Bulk cancel: the filter, the confirmation that names them, the result.
-            _click_and_wait(driver, driver.find_element(By.ID, "bulk-cancel"))
+            _click_and_wait(driver, By.ID, "bulk-cancel")
             heading = driver.find_element(By.TAG_NAME, "h1").text
             assert heading == "Cancel 7 runs?"
             listed = _ids(driver, "bulk-runs")
             assert sorted(listed) == sorted(str(i) for i in batch)
-            _click_and_wait(driver, driver.find_element(By.ID, "bulk-confirm"))
+            _click_and_wait(driver, By.ID, "bulk-confirm")
             assert "7 of 7 confirmed" in driver.find_element(By.TAG_NAME, "h1").text
             _shoot(driver, out / "dashboard-bulk-done.png")
 
             # A dead letter, redriven from its list.
             driver.get(base + "/dead-letters")
-            _click_and_wait(driver, driver.find_element(By.CSS_SELECTOR, "button.redrive-one"))
+            _click_and_wait(driver, By.CSS_SELECTOR, "button.redrive-one")
             WebDriverWait(driver, WAIT).until(lambda d: str(samples["dead"]) in d.current_url)
         assert await _status(conn, samples["dead"]) == "pending"
         assert [await _status(conn, i) for i in batch] == ["cancelled"] * 7
@@ -336,7 +349,7 @@ async def test_live_updates_keep_the_page_and_its_form_and_pause(database_dsn, d
             # In place: the same document (no reload), the operator's input kept.
             assert driver.execute_script("return window.zpMark") == "same page"
             assert driver.find_element(By.NAME, "thread").get_attribute("value") == "half-typed"
-            assert driver.find_element(By.ID, "total").text == "2"
+            assert _text(driver, "total") == "2"
 
             # Paused (the header's button, kept for the tab): no request at all for three
             # intervals, by the browser's own timer; then resumed, the next run shows.
@@ -354,7 +367,7 @@ async def test_live_updates_keep_the_page_and_its_form_and_pause(database_dsn, d
             assert driver.find_element(By.ID, "live-toggle").text == "paused"
             driver.find_element(By.ID, "live-toggle").click()
             WebDriverWait(driver, WAIT).until(lambda d: str(later.run_id) in _ids(d, "runs"))
-            assert driver.find_element(By.ID, "total").text == "3"
+            assert _text(driver, "total") == "3"
     finally:
         await conn.close()
 

@@ -259,7 +259,7 @@ class TestPaging:
         assert "before_id" in top
         assert 'id="prev"' not in first.text
         assert 'id="next"' in first.text
-        assert re.search(r'id="total">8<', first.text)
+        assert re.search(r'id="total"[^>]*>8<', first.text)
         assert all(r.status_code == 400 for r in bad), [r.text for r in bad]
 
     async def test_dead_letters_page_both_ways_with_a_total(self, database_dsn, monkeypatch):
@@ -282,7 +282,7 @@ class TestPaging:
         assert [len(p) for p in older] == [2, 2, 1]
         assert len({i for p in older for i in p}) == 5
         assert newer == list(reversed(older))
-        assert re.search(r'id="total">5<', page.text)
+        assert re.search(r'id="total"[^>]*>5<', page.text)
         assert [r.status_code for r in bad] == [400] * 3
 
     async def test_a_total_is_capped_and_a_slow_count_is_not_counted(self, database_dsn,
@@ -297,7 +297,7 @@ class TestPaging:
                 await make_run(conn, "pending", deployment_ref="a", now=now)
             with dashboard(create_app(database_dsn)) as client:
                 page = client.get("/runs")
-            assert re.search(r'id="total">4\+<', page.text)
+            assert re.search(r'id="total"[^>]*>4\+<', page.text)
             # A count that runs past its budget is cancelled by the server, and said so.
             slow = await bounded_count(
                 conn, "SELECT count(*) FROM (SELECT pg_sleep(30) LIMIT $1) s", [1])
