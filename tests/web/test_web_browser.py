@@ -3,7 +3,7 @@ Selenium), clicking through the flows an operator uses: overview → runs → fi
 bulk cancel through its confirmation; redrive a dead letter; page older and back newer; live
 updates that keep the page (no reload) and pause; a read-only dashboard with no action and a
 refused forged POST; a page of another origin that cannot post; the token leaving the address
-bar; and every page of the route table rendered with no browser error.
+bar; and every page of the route table rendered, refreshing itself, with no browser error.
 
 Marked ``browser`` (``python -m pytest -m browser``). Every wait is a WebDriverWait on a
 condition (30 s is a failure bound only); nothing sleeps a fixed time or asserts on elapsed time.
@@ -231,14 +231,15 @@ def pages_of(app: Any, samples: dict[str, Any]) -> tuple[dict[str, str], list[st
     return pages, missing
 
 
-async def test_every_page_of_the_route_table_renders_with_no_browser_error(database_dsn,
-                                                                          driver):
+async def test_every_page_of_the_route_table_renders_live_with_no_browser_error(database_dsn,
+                                                                               driver):
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
 
     conn = await asyncpg.connect(database_dsn)
     try:
         samples = await _seed(conn)
-        server = _Server(database_dsn)
+        server = _Server(database_dsn, live_seconds=0.2)
         pages, missing = pages_of(server.app, samples)
         assert {"overview", "runs", "runs-detail", "dead-letters", "workers", "bulk"} <= set(
             pages), pages
@@ -251,6 +252,11 @@ async def test_every_page_of_the_route_table_renders_with_no_browser_error(datab
                 assert "zeroth-pg" in driver.title, (path, driver.page_source[:500])
                 assert driver.find_elements(By.TAG_NAME, "h1"), path
                 assert driver.find_elements(By.ID, "live-toggle"), path
+                # Live: the page has refreshed itself in place at least once (a confirmation
+                # says it never does).
+                WebDriverWait(driver, WAIT).until(lambda d: d.execute_script(
+                    "return !!document.querySelector('[data-static]')"
+                    " || Number(document.body.dataset.refreshed || 0) > 0"))
                 _shoot(driver, out / f"dashboard-{name}.png")
                 errors = [e for e in driver.get_log("browser")
                           if "favicon.ico" not in e.get("message", "")]
