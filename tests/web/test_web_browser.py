@@ -345,7 +345,17 @@ async def test_live_updates_keep_the_page_and_its_form_and_pause(database_dsn, d
     try:
         now = await _now(conn)
         await make_run(conn, "pending", deployment_ref="live", now=now)
+        dead = await _dead_letter(conn, "live-dead", now)
         with _Server(database_dsn, live_seconds=0.2) as base:
+            # A run page: the failure the operator folded stays folded across refreshes.
+            driver.get(f"{base}/runs/{dead}")
+            driver.find_element(By.CSS_SELECTOR, "details.failure summary").click()
+            seen = int(driver.execute_script("return Number(document.body.dataset.refreshed"
+                                             " || 0)"))
+            WebDriverWait(driver, WAIT).until(lambda d: d.execute_script(
+                "return Number(document.body.dataset.refreshed || 0)") >= seen + 2)
+            assert driver.execute_script(
+                "return document.querySelector('details.failure').open") is False
             driver.get(base + "/runs?deployment=live")
             driver.execute_script("window.zpMark = 'same page'")
             typed = driver.find_element(By.NAME, "thread")
