@@ -349,7 +349,10 @@ async def test_live_updates_keep_the_page_and_its_form_and_pause(database_dsn, d
         with _Server(database_dsn, live_seconds=0.2) as base:
             # A run page: the failure the operator folded stays folded across refreshes.
             driver.get(f"{base}/runs/{dead}")
-            driver.find_element(By.CSS_SELECTOR, "details.failure summary").click()
+            # (Clicked in one script: a refresh may swap the element between two calls.)
+            driver.execute_script("document.querySelector('details.failure summary').click()")
+            assert driver.execute_script(
+                "return document.querySelector('details.failure').open") is False
             seen = int(driver.execute_script("return Number(document.body.dataset.refreshed"
                                              " || 0)"))
             WebDriverWait(driver, WAIT).until(lambda d: d.execute_script(
