@@ -1,9 +1,9 @@
 """zeroth-pg web as the roles it must keep in their place, on the database as shipped (no test
 clock): a LOGIN role with no grant gets an error page and no data on every page; a zeroth_reader
-DSN with actions enabled is refused by the database and nothing changes; a reader with
-zeroth.tenant_id set sees only its tenant on every page; HTML/JS in every value is escaped on
-every page (run detail with its steps and event waits included); a missing or wrong CSRF token
-is refused on every action; the token guards every route."""
+DSN with actions enabled is refused by the database and nothing changes (bulk actions too); a
+reader with zeroth.tenant_id set sees only its tenant on every page; HTML/JS in every value is
+escaped on every page (run detail with its steps and event waits included); a missing or wrong
+CSRF token is refused on every action; the token guards every route."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from zeroth_pg.testing import libpq_dsn
 from zeroth_pg.web import create_app
 
 XSS = '<script>alert("x")</script><img src=x onerror=alert(1)>'
-ACTIONS = ("/actions/redrive", "/actions/redrive-matching", "/actions/cancel")
+ACTIONS = ("/actions/redrive", "/actions/redrive-matching", "/actions/cancel", "/actions/bulk")
 
 
 async def seed(admin: asyncpg.Connection, tenant: str, *, worker_id: str = "w1"
@@ -71,7 +71,8 @@ async def seed(admin: asyncpg.Connection, tenant: str, *, worker_id: str = "w1"
 
 def pages(runs: dict[str, Any]) -> list[str]:
     return ["/", "/overview.json", "/runs", "/runs?status=failed", "/dead-letters", "/workers",
-            "/runs?search=" + XSS, *(f"/runs/{run_id}" for run_id in runs.values())]
+            "/runs?search=" + XSS, "/bulk?op=cancel", "/bulk?op=redrive&source=dead",
+            "/bulk?op=redrive", *(f"/runs/{run_id}" for run_id in runs.values())]
 
 
 async def snapshot(admin: asyncpg.Connection) -> list[tuple[Any, ...]]:
@@ -132,6 +133,10 @@ class TestReader:
                                                      "csrf": token}),
                 client.post("/actions/cancel", data={"run_id": str(runs["stepped"]),
                                                      "csrf": token}),
+                client.post("/actions/bulk", data={"op": "cancel", "csrf": token, "ids": " ".join(
+                    str(runs[k]) for k in ("pending", "stepped", "waiting"))}),
+                client.post("/actions/bulk", data={"op": "redrive", "csrf": token,
+                                                   "ids": str(runs["dead"])}),
             ]
         for response in answers:
             assert response.status_code == 403, response.text
@@ -142,7 +147,9 @@ class TestReader:
     async def test_a_tenant_reader_sees_only_its_tenant_on_every_page(self, admin, as_role):
         mine = await seed(admin, "acme", worker_id="acme-worker")
         theirs = await seed(admin, "initech", worker_id="initech-worker")
-        with as_role("zeroth_reader", tenant="acme") as dsn, dashboard(create_app(dsn)) as client:
+        # Actions enabled, so the bulk confirmations (reads) are served too.
+        with as_role("zeroth_reader", tenant="acme") as dsn, \
+                dashboard(create_app(dsn, enable_actions=True)) as client:
             answers = {path: client.get(path) for path in pages(mine)}
             other = {path: client.get(path) for path in pages(theirs)
                      if path.startswith("/runs/")}
@@ -183,7 +190,8 @@ class TestCsrf:
         runs = await seed(admin, "acme")
         before = await snapshot(admin)
         form = {"run_id": str(runs["dead"] if "redrive" in path else runs["pending"]),
-                "deployment": "dead", "tenant": "acme"}
+                "deployment": "dead", "tenant": "acme", "op": "cancel",
+                "ids": str(runs["pending"])}
         if token is not None:
             form["csrf"] = token
         with dashboard(create_app(database_dsn, enable_actions=True)) as client:

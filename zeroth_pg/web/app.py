@@ -27,6 +27,8 @@ from starlette.staticfiles import StaticFiles
 
 from zeroth_pg import _calls, fleet_metrics
 from zeroth_pg._libpq import asyncpg_dsn
+from zeroth_pg.web import paging
+from zeroth_pg.web.paging import Page, dead_page_query, keyset_page, parse_cursors
 
 __all__ = ["LOOPBACK_HOSTS", "create_app"]
 
@@ -34,6 +36,8 @@ log = logging.getLogger("zeroth_pg.web")
 _HERE = Path(__file__).parent
 _STATUSES = ["pending", "running", "waiting", "completed", "failed", "cancelled"]
 PAGE_SIZE = 50
+#: How often a page refreshes its live parts (``data-live``; paused while hidden or by the user).
+LIVE_SECONDS = 5.0
 #: The Host names the dashboard always answers; create_app's ``allowed_hosts`` adds to them.
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -162,11 +166,17 @@ def failure_view(error: str | None) -> dict[str, str] | None:
 
 
 def run_page_query(filters: dict[str, Any], after: tuple[datetime, uuid.UUID] | None,
-                   limit: int) -> tuple[str, list[Any]]:
+                   limit: int, *, before: tuple[datetime, uuid.UUID] | None = None,
+                   count: bool = False) -> tuple[str, list[Any]]:
     """The runs page's keyset query on zeroth.run_list, newest first, with a predicate only for
     each filter given (so each shape gets its own plan: runs_created_idx walked backwards, or
     runs_run_id_idx for a run id; never a sort of the table). tests/plans/test_run_list_plan.py
-    checks every shape's EXPLAIN at a million runs."""
+    checks every shape's EXPLAIN at a million runs.
+
+    ``before``: the page just newer than that cursor, OLDEST first (runs_created_idx walked
+    forwards; the caller reverses it). ``count``: ``count(*)`` of at most ``limit`` matching runs
+    (a bounded count, never a scan past ``limit`` rows). ``filters["statuses"]``: a list of
+    statuses, any of them."""
     where: list[str] = []
     args: list[Any] = []
 
@@ -190,16 +200,49 @@ def run_page_query(filters: dict[str, Any], after: tuple[datetime, uuid.UUID] | 
             add("r.run_id = {}", uuid.UUID(search))
         except ValueError:
             add("r.idempotency_key = {}", search)
+    if filters.get("statuses") is not None:
+        add("r.status::text = ANY({})", list(filters["statuses"]))
     if after is not None:
         add("(r.created_at, r.run_id) < ({}, {})", *after)
+    if before is not None:
+        add("(r.created_at, r.run_id) > ({}, {})", *before)
     args.append(limit)
-    return (f"SELECT {_PAGE_COLUMNS}\n      FROM zeroth.run_list r"
-            + (f"\n     WHERE {' AND '.join(where)}" if where else "")
-            + f"\n     ORDER BY r.created_at DESC, r.run_id DESC\n     LIMIT ${len(args)}", args)
+    predicate = f"\n     WHERE {' AND '.join(where)}" if where else ""
+    if count:
+        return (f"SELECT count(*) FROM (SELECT 1 FROM zeroth.run_list r{predicate}"
+                f"\n     LIMIT ${len(args)}) AS matching", args)
+    order = "ASC" if before is not None else "DESC"
+    return (f"SELECT {_PAGE_COLUMNS}\n      FROM zeroth.run_list r{predicate}"
+            f"\n     ORDER BY r.created_at {order}, r.run_id {order}\n     LIMIT ${len(args)}",
+            args)
 
 
 def _opt(value: str | None) -> str | None:
     return value.strip() or None if value is not None else None
+
+
+_RUN_FILTERS = ("status", "deployment", "tenant", "workspace", "thread", "search", "since",
+                "until")
+
+
+def run_filters(params: Any) -> dict[str, str | None]:
+    """The runs list's filters as given (a query string or a form), blanks as None."""
+    return {k: _opt(params.get(k)) for k in _RUN_FILTERS}
+
+
+def no_nul(values: Iterable[str | None]) -> None:
+    """ValueError when a filter holds a NUL character (PostgreSQL text cannot)."""
+    if any(v is not None and "\x00" in v for v in values):
+        raise ValueError("a filter holds a NUL character")
+
+
+def parse_run_filters(filters: dict[str, str | None]) -> dict[str, Any]:
+    """The filters as run_page_query takes them; ValueError for a bad time or status, or a
+    NUL character (which no text column can hold)."""
+    no_nul(filters.values())
+    if filters["status"] and filters["status"] not in _STATUSES:
+        raise ValueError(f"unknown status {filters['status'][:50]!r}")
+    return {**filters, "since": _time(filters["since"]), "until": _time(filters["until"])}
 
 
 def _time(value: str | None) -> datetime | None:
@@ -314,12 +357,16 @@ class _Guard(BaseHTTPMiddleware):
 
 
 def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = None,
-               allowed_hosts: Iterable[str] = ()) -> Starlette:
+               allowed_hosts: Iterable[str] = (), live_seconds: float = LIVE_SECONDS
+               ) -> Starlette:
     """The dashboard for the database at ``dsn``, read as that DSN's role.
 
     It answers only requests whose Host is a loopback name (:data:`LOOPBACK_HOSTS`) or one of
     ``allowed_hosts`` (names, any port), and accepts a POST only from its own origin (see
-    :class:`_Origins`); ``token``, when given, is required on every request."""
+    :class:`_Origins`); ``token``, when given, is required on every request. Its pages refresh
+    their live parts every ``live_seconds`` (static/web.js)."""
+    from zeroth_pg.web import bulk
+
     allowed = frozenset(_host_name(h) for h in (*LOOPBACK_HOSTS, *allowed_hosts) if h.strip())
     env = Environment(loader=FileSystemLoader(_HERE / "templates"),
                       autoescape=select_autoescape(default=True, default_for_string=True))
@@ -338,7 +385,8 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
             new_session = secrets.token_hex(16)
             request.cookies["zp_session"] = new_session
         html = env.get_template(name).render(
-            request=request, actions=enable_actions, csrf=csrf_for(request), page=name, **ctx)
+            request=request, actions=enable_actions, csrf=csrf_for(request), page=name,
+            live_ms=int(live_seconds * 1000), **ctx)
         response = HTMLResponse(html, status_code=status_code)
         if new_session:
             response.set_cookie("zp_session", new_session, httponly=True, samesite="strict")
@@ -372,35 +420,25 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
 
     async def runs(request: Request) -> Response:
         q = request.query_params
-        filters = {k: _opt(q.get(k)) for k in
-                   ("status", "deployment", "tenant", "workspace", "thread", "search",
-                    "since", "until")}
+        filters = run_filters(q)
         error = None
-        rows: list[asyncpg.Record] = []
+        page = Page()
         try:
-            since, until = _time(filters["since"]), _time(filters["until"])
-            after_at = _time(q.get("after_at"))
-            after_id = uuid.UUID(q["after_id"]) if q.get("after_id") else None
-            if filters["status"] and filters["status"] not in _STATUSES:
-                raise ValueError(f"unknown status {filters['status']!r}")
+            query_filters = parse_run_filters(filters)
+            after, before = parse_cursors(q)
         except ValueError as exc:
             error = f"bad filter: {exc}"
         else:
-            sql, args = run_page_query(
-                {**filters, "since": since, "until": until},
-                (after_at, after_id) if after_at and after_id else None, PAGE_SIZE + 1)
             async with pool().acquire() as conn:
-                rows = await conn.fetch(sql, *args)
-        more = len(rows) > PAGE_SIZE
-        rows = rows[:PAGE_SIZE]
-        next_params = None
-        if more:
-            last = rows[-1]
-            next_params = {**{k: v for k, v in filters.items() if v},
-                           "after_at": last["created_at"].isoformat(),
-                           "after_id": str(last["run_id"])}
-        return render(request, "runs.html", status_code=400 if error else 200, rows=rows,
-                      filters=filters, statuses=_STATUSES, next_params=next_params, error=error)
+                page = await keyset_page(
+                    conn, lambda a, b, n, c: run_page_query(query_filters, a, n, before=b,
+                                                            count=c),
+                    after, before, PAGE_SIZE, lambda r: (r["created_at"], r["run_id"]),
+                    {k: v for k, v in filters.items() if v})
+        return render(request, "runs.html", status_code=400 if error else 200, rows=page.rows,
+                      filters=filters, statuses=_STATUSES, next_params=page.older,
+                      prev_params=page.newer, total=page.total, error=error,
+                      bulk_max=bulk.BULK_MAX, count_cap=paging.COUNT_CAP)
 
     async def run_detail(request: Request) -> Response:
         try:
@@ -433,10 +471,20 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
     async def dead_letters(request: Request) -> Response:
         q = request.query_params
         deployment, tenant = _opt(q.get("deployment")), _opt(q.get("tenant"))
+        try:
+            no_nul((deployment, tenant))
+            after, before = parse_cursors(q)
+        except ValueError as exc:
+            return render(request, "error.html", status_code=400, message=f"bad filter: {exc}")
         async with pool().acquire() as conn:
-            rows = await conn.fetch(_DEAD, deployment, tenant, 200)
-        return render(request, "dead.html", rows=rows, deployment=deployment, tenant=tenant,
-                      done=q.get("done"))
+            page = await keyset_page(
+                conn, lambda a, b, n, c: dead_page_query(deployment, tenant, a, b, n, c),
+                after, before, PAGE_SIZE, lambda r: (r["dead_lettered_at"], r["run_id"]),
+                {k: v for k, v in (("deployment", deployment), ("tenant", tenant)) if v})
+        return render(request, "dead.html", rows=page.rows, deployment=deployment, tenant=tenant,
+                      done=q.get("done"), next_params=page.older, prev_params=page.newer,
+                      total=page.total, bulk_max=bulk.BULK_MAX,
+                      count_cap=paging.COUNT_CAP)
 
     async def workers(request: Request) -> Response:
         async with pool().acquire() as conn:
@@ -567,6 +615,8 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
         Route("/actions/redrive-matching", redrive_matching, methods=["POST"]),
         Route("/actions/cancel", cancel, methods=["POST"]),
         Mount("/static", StaticFiles(directory=_HERE / "static"), name="static"),
+        *bulk.routes(bulk.Actions(render=render, pool=pool, check_post=_check_post, act=_act,
+                                  refused=_refused, enabled=enable_actions)),
     ]
     return Starlette(routes=routes, lifespan=lifespan,
                      exception_handlers={asyncpg.PostgresError: database_error},
