@@ -48,7 +48,8 @@ class TestFireScheduleNow:
                 run["schedule_id"]) == ("d", "pending", 3, 5, created["schedule_id"])
         assert json.loads(run["payload"]) == {"job": "report"}
         assert json.loads(run["metadata"])["zeroth_schedule"]["manual"] is True
-        assert run["idempotency_key"].startswith(f"zeroth-schedule:{created['schedule_id']}:manual:")
+        key = f"zeroth-schedule:{created['schedule_id']}:manual:"
+        assert run["idempotency_key"].startswith(key)
         assert await schedule_row(conn) == before
         # The regular fire at 60 s still happens, once.
         regular = [r for r in await conn.fetch(FIRE, at(61)) if r["run_id"]]
