@@ -24,8 +24,9 @@ log = logging.getLogger("zeroth_pg.web")
 #: The longest name (deployment, tenant, workspace, schedule, event) a form may carry: the
 #: database's own bound for identifiers (zeroth._require_identifier).
 NAME_MAX = 200
-#: The largest JSON payload a form may send (an event's payload).
-JSON_MAX = 65_536
+#: The largest JSON payload a form may send (an event's payload; a form body is read up to
+#: 64 KiB).
+JSON_MAX = 32_768
 
 
 class BadInput(ValueError):

@@ -62,7 +62,10 @@ def timeline(run: Mapping[str, Any], attempts: Sequence[Mapping[str, Any]],
         if a["outcome"] is not None:
             add(a["ended_at"], "ended", f"{who}: {_ENDED.get(a['outcome'], a['outcome'])}",
                 status=a["outcome"], failure=failure_view(a["error"]))
+    child_steps = {c["step_key"] for c in children}  # a child's start is its step: said below
     for s in steps:
+        if s["step_key"] in child_steps:
+            continue
         add(s["recorded_at"], "step", f"step {s['step_key']} recorded: {_preview(s['result'])}")
     for w in waits:
         timeout = f", times out {w['timeout_at']:%Y-%m-%d %H:%M:%SZ}" if w["timeout_at"] else ""
