@@ -411,8 +411,8 @@ class TestWorkers:
         finally:
             await other.close()
             await conn.close()
-        assert "acme-w" in page
-        assert "initech" not in page
+        assert '<tr class="worker-live"><td class="mono">acme-w</td>' in page
+        assert "initech" not in page  # neither its finished attempts nor its session
 
 
 class TestRunTimeline:
