@@ -410,8 +410,7 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
             attempts = await conn.fetch(_ATTEMPTS, run["tenant_id"], run["workspace_id"], run_id)
             children = await conn.fetch(_CHILDREN, *scope)
             now = await conn.fetchval(_calls.DATABASE_NOW)
-        sections = [("Timeline", "_timeline.html"),
-                    ("Attempt history", "_attempts.html"), ("Children", "_children.html"),
+        sections = [("Attempt history", "_attempts.html"), ("Children", "_children.html"),
                     ("Steps", "_steps.html"),
                     ("Event waits", "_waits.html"), ("Checkpoints", "_checkpoints.html"),
                     ("Thread queue", "_thread.html")]

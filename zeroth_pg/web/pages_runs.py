@@ -24,6 +24,10 @@ _ENDED = {"completed": "completed", "failed": "failed (will retry)",
           "functions", "handed_back": "handed back to pending", "released": "released",
           "slept": "slept (sleep_run)", "paused": "paused", "waited": "waits (event or children)"}
 
+#: The order of entries recorded at the same instant (others: 3).
+_RANK = {"created": 0, "claimed": 1, "started": 2, "event": 4, "child-ended": 4, "cancel": 4,
+         "ended": 5, "finished": 6, "dead": 7, "due": 8, "now": 8}
+
 
 def _preview(value: str | None) -> str:
     if value is None:
@@ -44,11 +48,13 @@ def timeline(run: Mapping[str, Any], attempts: Sequence[Mapping[str, Any]],
     :func:`zeroth_pg.web.app.failure_view`)."""
     from zeroth_pg.web.app import failure_view  # app imports this module
 
-    entries: list[tuple[datetime, int, dict[str, Any]]] = []
+    entries: list[tuple[datetime, int, int, dict[str, Any]]] = []
 
     def add(at: datetime | None, kind: str, text: str, **extra: Any) -> None:
+        # At one instant: a start before what happened in it, an end after it.
         if at is not None:
-            entries.append((at, len(entries), {"at": at, "kind": kind, "text": text, **extra}))
+            entries.append((at, _RANK.get(kind, 3), len(entries),
+                            {"at": at, "kind": kind, "text": text, **extra}))
 
     if run["parent_run_id"]:
         add(run["created_at"], "created", "started as a child of", run_id=run["parent_run_id"])
@@ -91,5 +97,5 @@ def timeline(run: Mapping[str, Any], attempts: Sequence[Mapping[str, Any]],
     if run["status"] == "waiting":
         add(now, "now", "waiting: " + (run["wait_reason"] or "its thread's turn"),
             status="waiting")
-    entries.sort(key=lambda e: (e[0], e[1]))
-    return [e[2] for e in entries]
+    entries.sort(key=lambda e: (e[0], e[1], e[2]))
+    return [e[3] for e in entries]
