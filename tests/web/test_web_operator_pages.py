@@ -96,6 +96,7 @@ class TestDeployments:
             await conn.close()
         with dashboard(create_app(database_dsn)) as client:
             page = client.get("/deployments")
+            overview = client.get("/").text
             scope = client.get("/deployments/scope?deployment=mail&tenant=default")
             xss_scope = client.get("/deployments/scope", params={"deployment": XSS,
                                                                  "tenant": "acme"})
@@ -108,6 +109,7 @@ class TestDeployments:
         assert "smtp:10/60s" in mail
         assert re.search(r'<td class="n">4</td>', mail)
         assert 'href="/deployments/scope?deployment=mail&amp;tenant=default"' in page.text
+        assert 'href="/deployments/scope?deployment=mail&amp;tenant=default"' in overview
         assert "smtp" in page.text.split('id="rate-limits"', 1)[1]
         counts = scope.text.split('id="scope-counts"', 1)[1].split("</table>", 1)[0]
         cells = re.findall(r'<td class="n">(\d+)</td>', counts)
