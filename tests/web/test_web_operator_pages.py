@@ -571,3 +571,19 @@ class TestEveryActionIsGuarded:
             assert await _state(conn) == before
         finally:
             await conn.close()
+
+
+class TestBadQueries:
+    @pytest.mark.parametrize("path", [
+        "/deployments/scope?deployment=mail",
+        "/deployments/scope?deployment=" + "x" * 201 + "&tenant=t",
+        "/deployments/scope?deployment=mail&tenant=t&workspace=%07",
+        "/schedules?deployment=" + "x" * 201,
+        "/schedules?tenant=%00",
+        "/events?deployment=" + "x" * 201,
+    ])
+    def test_a_bad_filter_is_a_clear_400(self, database_dsn, path):
+        with dashboard(create_app(database_dsn)) as client:
+            r = client.get(path)
+        assert r.status_code == 400
+        assert "bad input" in r.text
