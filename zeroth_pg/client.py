@@ -49,6 +49,7 @@ from zeroth_pg.types import (
     ScheduleRegistration,
     Scope,
     ScopedRun,
+    ScopeLimits,
     ScopesClaimResult,
     SleepOutcome,
     SleepResult,
@@ -898,14 +899,16 @@ class LeaseManager:
         workspace_id: str | None = None, paused: bool | None = None,
         max_concurrency: int | None = None, weight: int | None = None,
         rate_limit: str | None = None, note: str | None = None, conn: Executor | None = None,
-    ) -> None:
+    ) -> ScopeLimits:
         """Create or change the ``zeroth.scope_limits`` row of one scope
         (``zeroth.set_scope_limits``; admin: granted to nobody, run as a member of zeroth_owner).
         None keeps a value (a new row: the defaults); ``max_concurrency=0`` removes the limit,
         ``rate_limit=""`` the key. The next claim of every worker applies it. Bad values or an
-        unknown key: InvalidArgumentError."""
-        await self._fetch(_calls.SET_SCOPE_LIMITS, deployment_ref, tenant_id, workspace_id,
-                          paused, max_concurrency, weight, rate_limit, note, conn=conn)
+        unknown key: InvalidArgumentError. Returns the row."""
+        row = (await self._fetch(_calls.SET_SCOPE_LIMITS, deployment_ref, tenant_id,
+                                 workspace_id, paused, max_concurrency, weight, rate_limit, note,
+                                 conn=conn))[0]
+        return ScopeLimits(**dict(row))
 
     async def prune_runs(
         self, older_than: timedelta, *, batch_size: int = 1000, tenant_id: str | None = None,

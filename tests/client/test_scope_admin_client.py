@@ -7,13 +7,16 @@ from __future__ import annotations
 import pytest
 
 from zeroth_pg import InvalidArgumentError, LeaseManager, ScheduleNotFoundError
+from zeroth_pg.types import ScopeLimits
 
 
 async def test_set_scope_limits_writes_keeps_and_removes(pool):
     lm = LeaseManager(pool)
     await lm.set_rate_limit("k", 5, 1.0)
     await lm.set_scope_limits("mail", tenant_id="acme", max_concurrency=3, rate_limit="k")
-    await lm.set_scope_limits("mail", tenant_id="acme", paused=True)
+    row = await lm.set_scope_limits("mail", tenant_id="acme", paused=True)
+    assert row == ScopeLimits(tenant_id="acme", workspace_id=None, deployment_ref="mail",
+                              paused=True, max_concurrency=3, weight=1, rate_limit="k", note=None)
     row = await pool.fetchrow("SELECT paused, max_concurrency, weight, rate_limit "
                               "FROM zeroth.scope_limits WHERE deployment_ref = 'mail'")
     assert tuple(row) == (True, 3, 1, "k")
