@@ -49,6 +49,11 @@ CLAIM_ORPHANED = f"""SELECT {_CLAIM_COLUMNS} FROM zeroth.claim_orphaned(
 SET_RATE_LIMIT = """SELECT zeroth.set_rate_limit(name => $1, max_starts => $2,
     period_seconds => $3, note => $4)"""
 
+SET_SCOPE_LIMITS = """SELECT tenant_id, workspace_id, deployment_ref, max_concurrency, weight,
+    paused, note, rate_limit FROM zeroth.set_scope_limits(deployment_ref => $1, tenant_id => $2,
+    workspace_id => $3, paused => $4, max_concurrency => $5, weight => $6, rate_limit => $7,
+    note => $8)"""
+
 RENEW_LEASE = """SELECT zeroth.renew_lease(run_id => $1, worker_id => $2, generation => $3,
     tenant_id => $4, workspace_id => $5, lease_seconds => $6)"""
 
@@ -334,6 +339,10 @@ REGISTER_SCHEDULE = """SELECT schedule_id, outcome, next_fire_at, paused
     interval_seconds => $4, tenant_id => $5, workspace_id => $6, time_zone => $7,
     payload => $8::text::jsonb, metadata => $9::text::jsonb, priority => $10, max_attempts => $11,
     missed_fire_policy => $12, catch_up_limit => $13, misfire_grace_seconds => $14)"""
+
+FIRE_SCHEDULE_NOW = """SELECT schedule_id, tenant_id, workspace_id, name, deployment_ref,
+    fire_at, run_id, created, skipped, next_due_at
+    FROM zeroth.fire_schedule_now(name => $1, tenant_id => $2, workspace_id => $3)"""
 
 FIRE_DUE_SCHEDULES = """SELECT schedule_id, tenant_id, workspace_id, name, deployment_ref,
     fire_at, run_id, created, skipped, next_due_at

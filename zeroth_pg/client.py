@@ -49,6 +49,7 @@ from zeroth_pg.types import (
     ScheduleRegistration,
     Scope,
     ScopedRun,
+    ScopeLimits,
     ScopesClaimResult,
     SleepOutcome,
     SleepResult,
@@ -893,6 +894,22 @@ class LeaseManager:
         return bool(await self._fetchval(_calls.SET_RATE_LIMIT, name, max_starts,
                                          period_seconds, note, conn=conn))
 
+    async def set_scope_limits(
+        self, deployment_ref: str, *, tenant_id: str | None = None,
+        workspace_id: str | None = None, paused: bool | None = None,
+        max_concurrency: int | None = None, weight: int | None = None,
+        rate_limit: str | None = None, note: str | None = None, conn: Executor | None = None,
+    ) -> ScopeLimits:
+        """Create or change the ``zeroth.scope_limits`` row of one scope
+        (``zeroth.set_scope_limits``; admin: granted to nobody, run as a member of zeroth_owner).
+        None keeps a value (a new row: the defaults); ``max_concurrency=0`` removes the limit,
+        ``rate_limit=""`` the key. The next claim of every worker applies it. Bad values or an
+        unknown key: InvalidArgumentError. Returns the row."""
+        row = (await self._fetch(_calls.SET_SCOPE_LIMITS, deployment_ref, tenant_id,
+                                 workspace_id, paused, max_concurrency, weight, rate_limit, note,
+                                 conn=conn))[0]
+        return ScopeLimits(**dict(row))
+
     async def prune_runs(
         self, older_than: timedelta, *, batch_size: int = 1000, tenant_id: str | None = None,
         workspace_id: str | None = None, conn: Executor | None = None,
@@ -1000,6 +1017,21 @@ class LeaseManager:
         row = rows[0]
         return ScheduleRegistration(schedule_id=row["schedule_id"], outcome=row["outcome"],
                                     next_fire_at=row["next_fire_at"], paused=row["paused"])
+
+    async def fire_schedule_now(
+        self, name: str, *, tenant_id: str | None = None, workspace_id: str | None = None,
+        conn: Executor | None = None,
+    ) -> ScheduleFire:
+        """One run of the schedule now, beside its fire times (``zeroth.fire_schedule_now``,
+        admin): its cadence (next and last fire time, fire count, paused) is left as it was.
+        Raises :class:`~zeroth_pg.errors.ScheduleNotFoundError` (ZP009)."""
+        row = (await self._fetch(_calls.FIRE_SCHEDULE_NOW, name, tenant_id, workspace_id,
+                                 conn=conn))[0]
+        return ScheduleFire(schedule_id=row["schedule_id"], tenant_id=row["tenant_id"],
+                            workspace_id=row["workspace_id"], name=row["name"],
+                            deployment_ref=row["deployment_ref"], fire_at=row["fire_at"],
+                            run_id=row["run_id"], created=row["created"],
+                            skipped=int(row["skipped"]))
 
     async def fire_due_schedules(
         self, deployment_refs: Sequence[str], *,

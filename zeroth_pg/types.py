@@ -31,6 +31,7 @@ __all__ = [
     "ScheduleFiring",
     "ScheduleRegistration",
     "Scope",
+    "ScopeLimits",
     "ScopedRun",
     "ScopesClaimResult",
     "SleepOutcome",
@@ -385,6 +386,22 @@ class ScheduleRegistration:
     outcome: str
     next_fire_at: datetime | None
     paused: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ScopeLimits:
+    """A scope's ``zeroth.scope_limits`` row as ``set_scope_limits`` left it: ``paused`` (nothing
+    in the scope is leased), ``max_concurrency`` (None: the claimer's own), ``weight``,
+    ``rate_limit`` (the key its starts count against; None: none) and ``note``."""
+
+    tenant_id: str
+    workspace_id: str | None
+    deployment_ref: str
+    paused: bool
+    max_concurrency: int | None
+    weight: int
+    rate_limit: str | None
+    note: str | None
 
 
 @dataclass(frozen=True, slots=True)

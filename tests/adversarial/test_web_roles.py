@@ -24,7 +24,8 @@ from zeroth_pg.testing import libpq_dsn
 from zeroth_pg.web import create_app
 
 XSS = '<script>alert("x")</script><img src=x onerror=alert(1)>'
-ACTIONS = ("/actions/redrive", "/actions/redrive-matching", "/actions/cancel", "/actions/bulk")
+ACTIONS = ("/actions/redrive", "/actions/redrive-matching", "/actions/cancel", "/actions/bulk",
+           "/actions/scope", "/actions/rate-limit", "/actions/schedule", "/actions/emit-event")
 
 
 async def seed(admin: asyncpg.Connection, tenant: str, *, worker_id: str = "w1"
@@ -66,19 +67,40 @@ async def seed(admin: asyncpg.Connection, tenant: str, *, worker_id: str = "w1"
                error => $4::text::jsonb, retryable => true, tenant_id => $5)""",
         dead, worker_id, generation, json.dumps({"message": XSS}), tenant) == "dead_lettered"
     pending = await enqueue()
+    # A schedule named XSS of deployment XSS, with a last error, and the scope's limits row.
+    await admin.execute(
+        """SELECT zeroth.create_schedule(name => $1, deployment_ref => $1, tenant_id => $2,
+               interval_seconds => 3600)""", XSS, tenant)
+    await admin.execute("UPDATE zeroth.schedules SET last_error = $1 WHERE tenant_id = $2",
+                        XSS, tenant)
+    await admin.execute(
+        """SELECT zeroth.set_scope_limits(deployment_ref => $1, tenant_id => $2,
+               max_concurrency => 5)""", XSS, tenant)
     return {"pending": pending, "stepped": stepped, "waiting": waiting, "dead": dead}
 
 
 def pages(runs: dict[str, Any]) -> list[str]:
     return ["/", "/overview.json", "/runs", "/runs?status=failed", "/dead-letters", "/workers",
-            "/runs?search=" + XSS, "/bulk?op=cancel", "/bulk?op=redrive&source=dead",
+            "/deployments", "/deployments/scope?deployment=waits&tenant=acme", "/schedules",
+            "/events", "/runs?search=" + XSS, "/bulk?op=cancel", "/bulk?op=redrive&source=dead",
             "/bulk?op=redrive", *(f"/runs/{run_id}" for run_id in runs.values())]
 
 
 async def snapshot(admin: asyncpg.Connection) -> list[tuple[Any, ...]]:
+    """What any action could change: the runs, the scopes' limits, the rate limits, the
+    schedules and the events."""
     return [tuple(r) for r in await admin.fetch(
         "SELECT r.run_id, r.status, r.cancel_requested_at, r.dead_lettered_at, r.attempts "
-        "FROM zeroth.runs r ORDER BY r.run_id")]
+        "FROM zeroth.runs r ORDER BY r.run_id")] + [tuple(r) for r in await admin.fetch(
+            """SELECT 'limits', tenant_id, deployment_ref, paused, max_concurrency, weight,
+                      rate_limit FROM zeroth.scope_limits
+               UNION ALL SELECT 'key', name, NULL, NULL, max_starts, NULL, NULL
+                 FROM zeroth.rate_limits
+               UNION ALL SELECT 'schedule', tenant_id, name, paused, fire_count::int, NULL,
+                                next_fire_at::text FROM zeroth.schedules
+               UNION ALL SELECT 'event', tenant_id, name, NULL, NULL, NULL, NULL
+                 FROM zeroth.events
+               ORDER BY 1, 2, 3""")]
 
 
 def csrf(html: str) -> str:
@@ -137,6 +159,15 @@ class TestReader:
                     str(runs[k]) for k in ("pending", "stepped", "waiting"))}),
                 client.post("/actions/bulk", data={"op": "redrive", "csrf": token,
                                                    "ids": str(runs["dead"])}),
+                client.post("/actions/scope", data={"deployment": "waits", "tenant": "acme",
+                                                    "op": "pause", "csrf": token}),
+                client.post("/actions/rate-limit", data={"name": "k", "max_starts": "5",
+                                                         "period_seconds": "1", "csrf": token}),
+                *(client.post("/actions/schedule", data={"name": XSS, "tenant": "acme",
+                                                         "op": op, "csrf": token})
+                  for op in ("pause", "resume", "fire")),
+                client.post("/actions/emit-event", data={"name": "ev" + XSS[:40],
+                                                         "tenant": "acme", "csrf": token}),
             ]
         for response in answers:
             assert response.status_code == 403, response.text
@@ -181,6 +212,8 @@ class TestEscaping:
         assert "&lt;script&gt;" in answers[f"/runs/{runs['waiting']}"].text  # the wait's step
         assert "&lt;script&gt;" in answers["/workers"].text
         assert "&lt;script&gt;" in answers["/"].text  # the deployment
+        for path in ("/deployments", "/schedules", "/events"):
+            assert "&lt;script&gt;" in answers[path].text, path
 
 
 class TestCsrf:

@@ -1,5 +1,5 @@
-"""``zeroth-pg schedules list | add | pause | resume | delete`` as a subprocess against a fresh
-test database: exit codes, --json output and what changed in the database."""
+"""``zeroth-pg schedules list | add | pause | resume | fire | delete`` as a subprocess against a
+fresh test database: exit codes, --json output and what changed in the database."""
 
 from __future__ import annotations
 
@@ -53,3 +53,17 @@ class TestSchedulesCommand:
         table = cli("schedules", "list", dsn=database_dsn)
         assert table.returncode == 0, table.stderr
         assert "every 60s" in table.stdout
+
+    async def test_fire_makes_one_run_now_and_leaves_the_schedule(self, database_dsn, connect):
+        ok_json(cli("schedules", "add", "tick", "--deployment", "d", "--every", "3600",
+                    "--tenant", "acme", "--json", dsn=database_dsn))
+        fired = ok_json(cli("schedules", "fire", "tick", "--tenant", "acme", "--json",
+                            dsn=database_dsn))
+        conn = await connect()
+        run = await conn.fetchrow("SELECT tenant_id, deployment_ref, status::text AS status "
+                                  "FROM zeroth.runs WHERE run_id = $1::uuid", fired["run_id"])
+        assert tuple(run) == ("acme", "d", "pending")
+        assert await conn.fetchval("SELECT fire_count FROM zeroth.schedules") == 0
+        missing = cli("schedules", "fire", "tick", dsn=database_dsn)  # the default tenant's
+        assert missing.returncode == 4
+        assert 'no schedule named "tick"' in missing.stderr

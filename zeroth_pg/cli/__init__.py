@@ -24,11 +24,12 @@ Exit codes:
 Ctrl-C ends ``status --watch`` with 0; elsewhere it aborts with 1.
 
 One module per command group, each holding only options and output: :mod:`.schema`
-(``migrate``, ``verify``), :mod:`.runs`, :mod:`.enqueue`, :mod:`.status`, :mod:`.prune`,
-:mod:`.db`, :mod:`.worker` and :mod:`.demo`; what they share is in :mod:`._common`, the SQL they
-send in :mod:`zeroth_pg._calls`. ``python -m zeroth_pg.worker`` and ``python -m zeroth_pg.demo``
-are the same commands as ``zeroth-pg worker`` and ``zeroth-pg demo``. The command line needs the
-``cli`` extra (typer, rich); nothing outside this package imports them.
+(``migrate``, ``verify``), :mod:`.runs`, :mod:`.enqueue`, :mod:`.status`, :mod:`.limits`,
+:mod:`.prune`, :mod:`.db`, :mod:`.worker` and :mod:`.demo`; what they share is in
+:mod:`._common`, the SQL they send in :mod:`zeroth_pg._calls`. ``python -m zeroth_pg.worker``
+and ``python -m zeroth_pg.demo`` are the same commands as ``zeroth-pg worker`` and ``zeroth-pg
+demo``. The command line needs the ``cli`` extra (typer, rich); nothing outside this package
+imports them.
 """
 
 
@@ -38,6 +39,7 @@ from zeroth_pg.cli import (
     db,
     demo,
     enqueue,
+    limits,
     metrics,
     prune,
     runs,
@@ -69,6 +71,7 @@ app.add_typer(schema.migrate_app, name="migrate")
 app.add_typer(runs.runs_app, name="runs")
 app.add_typer(db.db_app, name="db")
 app.add_typer(schedules.schedules_app, name="schedules")
+app.add_typer(limits.limits_app, name="limits")
 app.command("verify")(schema.verify)
 app.command("worker")(worker.worker)
 app.command("demo")(demo.demo)

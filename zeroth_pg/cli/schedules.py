@@ -1,4 +1,4 @@
-"""``zeroth-pg schedules list | add | pause | resume | delete``: a DBA's schedules
+"""``zeroth-pg schedules list | add | pause | resume | fire | delete``: a DBA's schedules
 (zeroth.create_schedule and friends: admin functions, so connect as a member of zeroth_owner)."""
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 
 __all__ = ["schedules_app"]
 
-schedules_app = typer.Typer(help="List, add, pause, resume and delete schedules (periodic runs).",
+schedules_app = typer.Typer(help="List, add, pause, resume, fire and delete schedules (periodic "
+                                 "runs).",
                             no_args_is_help=True, epilog=EXIT_CODES)
 
 NameArg = Annotated[str, typer.Argument(help="The schedule's name (unique in its scope).",
@@ -147,6 +148,27 @@ def _one(action: str) -> Any:
                   "(zeroth.delete_schedule).",
     }[action]
     return command
+
+
+@schedules_app.command("fire")
+def schedules_fire(name: NameArg, tenant: Tenant = None, workspace: Workspace = None,
+                   dsn: Dsn = None, as_json: JsonOutput = False) -> None:
+    """Fire a schedule now: one run at once, its fire times, count and pause left as they are
+    (zeroth.fire_schedule_now, admin)."""
+    from zeroth_pg.client import LeaseManager
+
+    async def work(conn: asyncpg.Connection) -> dict[str, Any]:
+        fire = await LeaseManager(conn).fire_schedule_now(name, tenant_id=tenant,
+                                                          workspace_id=workspace)
+        return {"name": fire.name, "deployment_ref": fire.deployment_ref,
+                "run_id": str(fire.run_id), "fire_at": fire.fire_at.isoformat()}
+
+    result = run_async(dsn, work)
+    if as_json:
+        print_json(result)
+    else:
+        out.print(f"fired schedule {name}: run {result['run_id']} "
+                  f"(deployment {result['deployment_ref']})")
 
 
 schedules_app.command("pause")(_one("pause"))

@@ -96,9 +96,10 @@ def web(
     port: Annotated[int, typer.Option("--port", envvar="ZEROTH_PG_WEB_PORT")] = 8787,
     enable_actions: Annotated[bool, typer.Option(
         "--enable-actions", envvar="ZEROTH_PG_WEB_ENABLE_ACTIONS",
-        help="Allow redrive and cancel (POST from the dashboard's own origin + CSRF, as the DSN's "
-             "role; needs a token, generated when ZEROTH_PG_WEB_TOKEN is unset). Default: "
-             "read-only.")]
+        help="Allow the actions: redrive, cancel, a scope's pause/resume/limits, a rate limit, a "
+             "schedule's pause/resume/fire now, emitting an event (POST from the dashboard's own "
+             "origin + CSRF, as the DSN's role; needs a token, generated when "
+             "ZEROTH_PG_WEB_TOKEN is unset). Default: read-only.")]
     = False,
     allowed_host: Annotated[list[str] | None, typer.Option(
         "--allowed-host", envvar="ZEROTH_PG_WEB_ALLOWED_HOSTS", show_default=False,

@@ -27,7 +27,9 @@ from starlette.staticfiles import StaticFiles
 
 from zeroth_pg import _calls, fleet_metrics
 from zeroth_pg._libpq import asyncpg_dsn
-from zeroth_pg.web import paging
+from zeroth_pg.web import pages_deployments, pages_events, pages_schedules, pages_workers, paging
+from zeroth_pg.web._shared import Context, short_time
+from zeroth_pg.web.pages_runs import timeline
 from zeroth_pg.web.paging import Page, dead_page_query, keyset_page, parse_cursors
 
 __all__ = ["LOOPBACK_HOSTS", "create_app"]
@@ -63,23 +65,6 @@ _OVERVIEW = """SELECT o.tenant_id, o.workspace_id, o.deployment_ref, o.pending, 
 _PER_MINUTE = """SELECT a.minute, sum(a.completed)::bigint AS completed,
            sum(a.failed)::bigint AS failed
       FROM zeroth.run_activity a GROUP BY a.minute ORDER BY a.minute"""
-
-_WORKERS = """SELECT l.lease_worker_id AS worker_id, count(*) AS runs,
-           max(l.lease_acquired_at) AS last_acquired, min(l.lease_expires_at) AS next_expiry,
-           max(l.lease_expires_at) AS last_expiry
-      FROM zeroth.live_leases l GROUP BY l.lease_worker_id ORDER BY l.lease_worker_id"""
-
-# pg_stat_activity shows every session's application_name to any role, so the sessions are
-# listed only to a role that reads every tenant (not one filtered by zeroth_reader's row-level
-# security): a worker's application name carries its worker id.
-_SEES_EVERY_TENANT = """SELECT r.rolsuper OR r.rolbypassrls
-           OR pg_has_role(current_user, 'zeroth_owner', 'USAGE')
-           OR NOT pg_has_role(current_user, 'zeroth_reader', 'USAGE')
-      FROM pg_roles r WHERE r.rolname = current_user"""
-
-_LISTENERS = """SELECT application_name, count(*) AS sessions FROM pg_stat_activity
-     WHERE application_name <> '' AND datname = current_database()
-     GROUP BY application_name ORDER BY application_name"""
 
 _DEAD = """SELECT d.run_id, d.tenant_id, d.workspace_id, d.deployment_ref, d.attempts,
            d.max_attempts, d.error::text AS error, d.dead_lettered_at, d.created_at
@@ -371,6 +356,7 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
     env = Environment(loader=FileSystemLoader(_HERE / "templates"),
                       autoescape=select_autoescape(default=True, default_for_string=True))
     env.filters["failure"] = failure_view
+    env.filters["when"] = short_time  # every page's timestamps: one format
     csrf_secret = secrets.token_bytes(32)
     state: dict[str, Any] = {}
 
@@ -460,13 +446,15 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
                                           run["thread_id"])
             attempts = await conn.fetch(_ATTEMPTS, run["tenant_id"], run["workspace_id"], run_id)
             children = await conn.fetch(_CHILDREN, *scope)
+            now = await conn.fetchval(_calls.DATABASE_NOW)
         sections = [("Attempt history", "_attempts.html"), ("Children", "_children.html"),
                     ("Steps", "_steps.html"),
                     ("Event waits", "_waits.html"), ("Checkpoints", "_checkpoints.html"),
                     ("Thread queue", "_thread.html")]
         return render(request, "run.html", run=run, checkpoints=checkpoints, thread=thread,
                       steps=steps, waits=waits, attempts=attempts, children=children,
-                      failure=failure_view(run["error"]), sections=sections)
+                      failure=failure_view(run["error"]), sections=sections,
+                      timeline=timeline(run, attempts, steps, waits, checkpoints, children, now))
 
     async def dead_letters(request: Request) -> Response:
         q = request.query_params
@@ -485,13 +473,6 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
                       done=q.get("done"), next_params=page.older, prev_params=page.newer,
                       total=page.total, bulk_max=bulk.BULK_MAX,
                       count_cap=paging.COUNT_CAP)
-
-    async def workers(request: Request) -> Response:
-        async with pool().acquire() as conn:
-            rows = await conn.fetch(_WORKERS)
-            every_tenant = bool(await conn.fetchval(_SEES_EVERY_TENANT))
-            listeners = await conn.fetch(_LISTENERS) if every_tenant else None
-        return render(request, "workers.html", rows=rows, listeners=listeners)
 
     async def _check_post(request: Request) -> tuple[dict[str, Any], Response | None]:
         # application/x-www-form-urlencoded, parsed here (no python-multipart dependency).
@@ -576,6 +557,9 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
             return _refused(request, exc)
         return RedirectResponse(f"/runs/{run_id}", status_code=303)
 
+    pages = Context(render=render, pool=pool, check_post=_check_post, refused=_refused,
+                    actions=enable_actions)
+
     async def database_error(request: Request, exc: Exception) -> Response:
         # A role without the grants (42501) or any other database error: a page that says so,
         # never a stack trace, and no data.
@@ -610,7 +594,10 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
         Route("/runs", runs),
         Route("/runs/{run_id}", run_detail),
         Route("/dead-letters", dead_letters),
-        Route("/workers", workers),
+        *pages_workers.routes(pages),
+        *pages_deployments.routes(pages),
+        *pages_schedules.routes(pages),
+        *pages_events.routes(pages),
         Route("/actions/redrive", redrive, methods=["POST"]),
         Route("/actions/redrive-matching", redrive_matching, methods=["POST"]),
         Route("/actions/cancel", cancel, methods=["POST"]),
