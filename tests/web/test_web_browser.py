@@ -199,7 +199,8 @@ PATH_SAMPLES = {
     "tenant": "acme", "event": "approved", "event_name": "approved",
 }
 #: The query a page needs to show something (a page not listed gets none).
-PAGE_QUERIES = {"/bulk": "?op=cancel&source=runs&deployment=mail"}
+PAGE_QUERIES = {"/bulk": "?op=cancel&source=runs&deployment=mail",
+                "/deployments/scope": "?deployment=reports&tenant=default"}
 
 
 def pages_of(app: Any, samples: dict[str, Any]) -> tuple[dict[str, str], list[str]]:
@@ -347,18 +348,21 @@ async def test_live_updates_keep_the_page_and_its_form_and_pause(database_dsn, d
         await make_run(conn, "pending", deployment_ref="live", now=now)
         dead = await _dead_letter(conn, "live-dead", now)
         with _Server(database_dsn, live_seconds=0.2) as base:
-            # A run page: the failure the operator folded stays folded across refreshes.
+            # A run page: the failure the operator unfolded (they start folded) stays unfolded
+            # across refreshes.
             driver.get(f"{base}/runs/{dead}")
+            assert driver.execute_script(
+                "return document.querySelector('details.failure').open") is False
             # (Clicked in one script: a refresh may swap the element between two calls.)
             driver.execute_script("document.querySelector('details.failure summary').click()")
             assert driver.execute_script(
-                "return document.querySelector('details.failure').open") is False
+                "return document.querySelector('details.failure').open") is True
             seen = int(driver.execute_script("return Number(document.body.dataset.refreshed"
                                              " || 0)"))
             WebDriverWait(driver, WAIT).until(lambda d: d.execute_script(
                 "return Number(document.body.dataset.refreshed || 0)") >= seen + 2)
             assert driver.execute_script(
-                "return document.querySelector('details.failure').open") is False
+                "return document.querySelector('details.failure').open") is True
             driver.get(base + "/runs?deployment=live")
             driver.execute_script("window.zpMark = 'same page'")
             typed = driver.find_element(By.NAME, "thread")
