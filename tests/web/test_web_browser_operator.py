@@ -2,7 +2,7 @@
 Selenium), clicked through as an operator does: a scope paused and resumed and its concurrency
 set on its deployment page, a schedule paused and fired now, the event a run waits for emitted
 from the events page, the workers page and a run's timeline read; the database changed each
-time. Screenshots of every page go to ZEROTH_PG_TEST_REPORTS/web/ (docs/img keeps copies)."""
+time. Screenshots of every page go to ZEROTH_PG_TEST_REPORTS/web/."""
 
 from __future__ import annotations
 
