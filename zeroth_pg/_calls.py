@@ -228,20 +228,40 @@ _RUN_COLUMNS = """r.run_id, r.tenant_id, r.workspace_id, r.deployment_ref, r.thr
     r.metadata::text AS metadata, r.progress::text AS progress"""
 
 # The scopes that hold runs, found by a skip scan of runs_pkey (tenant_id, workspace_key, run_id):
-# one index probe per scope. zeroth.runs has no index on run_id alone (issue 30: an index without
-# a predicate takes an entry from every claim and completion), so a run known by its id alone is
-# one runs_pkey probe per scope (RUN_BY_ID_PROBE, a LATERAL sub-select with a LIMIT: never
-# flattened into a join, whatever the statistics). Read through zeroth.run_list, as the caller.
-RUN_SCOPES = """WITH RECURSIVE scopes AS (
-        (SELECT r.tenant_id, r.workspace_key FROM zeroth.run_list r
-          ORDER BY r.tenant_id, r.workspace_key LIMIT 1)
+# the tenants one descent each, then each tenant's workspaces one descent each. Each step orders
+# by the whole key with LIMIT 1, which only runs_pkey provides without a sort of what the step
+# matches: ordered by its first column alone, a step was planned as a sequential scan for a
+# zeroth_reader once the table had statistics (its row-level security makes the tenant a
+# constant, so any row came first; the step after the reader's tenant then read every run); and
+# never a row comparison (PostgreSQL 15 starts that scan at the tenant's first entry).
+# zeroth.runs has no index on run_id alone (issue 30: an index without a predicate takes an entry
+# from every claim and completion), so a run known by its id alone is one runs_pkey probe per
+# scope (run_by_id: a LATERAL sub-select with a LIMIT, never flattened into a join, whatever the
+# statistics). Read through zeroth.run_list, as the caller.
+RUN_SCOPES = """WITH RECURSIVE tenants AS (
+        (SELECT r.tenant_id FROM zeroth.run_list r
+          ORDER BY r.tenant_id, r.workspace_key, r.run_id LIMIT 1)
         UNION ALL
-        SELECT n.tenant_id, n.workspace_key
+        SELECT n.tenant_id
+          FROM tenants t
+         CROSS JOIN LATERAL (
+                SELECT r.tenant_id FROM zeroth.run_list r
+                 WHERE r.tenant_id > t.tenant_id
+                 ORDER BY r.tenant_id, r.workspace_key, r.run_id LIMIT 1) n),
+    scopes AS (
+        SELECT t.tenant_id, w.workspace_key
+          FROM tenants t
+         CROSS JOIN LATERAL (
+                SELECT r.workspace_key FROM zeroth.run_list r
+                 WHERE r.tenant_id = t.tenant_id
+                 ORDER BY r.tenant_id, r.workspace_key, r.run_id LIMIT 1) w
+        UNION ALL
+        SELECT s.tenant_id, n.workspace_key
           FROM scopes s
          CROSS JOIN LATERAL (
-                SELECT r.tenant_id, r.workspace_key FROM zeroth.run_list r
-                 WHERE (r.tenant_id, r.workspace_key) > (s.tenant_id, s.workspace_key)
-                 ORDER BY r.tenant_id, r.workspace_key LIMIT 1) n)"""
+                SELECT r.workspace_key FROM zeroth.run_list r
+                 WHERE r.tenant_id = s.tenant_id AND r.workspace_key > s.workspace_key
+                 ORDER BY r.tenant_id, r.workspace_key, r.run_id LIMIT 1) n)"""
 
 
 def run_by_id(columns: str, run_id: str, where: str = "") -> str:
