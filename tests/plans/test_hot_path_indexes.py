@@ -22,7 +22,8 @@ run known by its id alone is a runs_pkey probe per scope.
   checked), then again after ANALYZE: every page shape of the dashboard and of `zeroth-pg runs
   list` without a filter that needs statistics, and every lookup of a run by its id alone, reads
   through an index, with no sequential scan, and requests a number of buffers bounded by the page
-  and the running runs (EXPLAIN (ANALYZE, BUFFERS), no timing). Plans saved with
+  and the running runs (EXPLAIN (ANALYZE, BUFFERS), no timing); the lookups by id also as a
+  zeroth_reader (row-level security: its tenant is a constant of the plan). Plans saved with
   helpers.save_report (hot_path_indexes).
 """
 
@@ -201,9 +202,21 @@ async def test_pages_and_run_lookups_read_through_indexes_before_and_after_analy
             assert await owner.fetchval(
                 """SELECT last_analyze IS NULL AND last_autoanalyze IS NULL
                      FROM pg_stat_user_tables WHERE relid = 'zeroth.runs'::regclass""")
-        for name, (sql, args) in shapes.items():
+        # A zeroth_reader's row-level security makes its tenant a constant of every plan: the
+        # lookups by id alone as one (its own tenant's run and another's).
+        readers = {f"{name}, as a zeroth_reader of t1": shape for name, shape in shapes.items()
+                   if "run id" in name or name.startswith(("run page", "zeroth-pg runs show"))}
+        for name, (sql, args) in {**shapes, **readers}.items():
             key = f"{name} ({'analyzed' if analyzed else 'never analyzed'})"
-            plan, text = await explain(owner, sql, args)
+            transaction = owner.transaction()
+            await transaction.start()
+            try:
+                if "zeroth_reader" in name:
+                    await owner.execute("SET LOCAL ROLE zeroth_reader")
+                    await owner.execute("SET LOCAL zeroth.tenant_id = 't1'")
+                plan, text = await explain(owner, sql, args)
+            finally:
+                await transaction.rollback()
             report.append(f"-- {key}\n{sql}\n{text}\n")
             found = nodes(plan)
             kinds = {n["Node Type"] for n in found}
