@@ -8,7 +8,7 @@
 -- running (`status <> 'running'`: a backward walk of runs_created_not_running_idx) and the
 -- running ones (runs_running_idx, as many as there are live leases, sorted); a run by run_id
 -- alone is one runs_pkey probe per scope, the scopes found by a skip scan of runs_pkey
--- (zeroth_pg._calls.RUN_BY_ID, zeroth_pg.web.app.run_page_query). workspace_key is kept so that
+-- (zeroth_pg._calls.run_by_id, zeroth_pg.web.app.run_page_query). workspace_key is kept so that
 -- a caller can use the scope indexes (runs_pkey; runs_thread_idx: tenant_id, workspace_key,
 -- thread_id, created_at).
 -- security_invoker: the view reads as its caller, so zeroth_reader's row-level security
