@@ -1066,14 +1066,14 @@ CREATE INDEX run_attempts_run_idx ON zeroth.run_attempts USING btree (tenant_id,
 CREATE INDEX runs_claim_pending_idx ON zeroth.runs USING btree (tenant_id, workspace_key, deployment_ref, priority DESC, run_after, created_at) WHERE (status = 'pending'::zeroth.run_status);
 
 --
--- Name: runs_created_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner
+-- Name: runs_created_not_running_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner
 --
-CREATE INDEX runs_created_idx ON zeroth.runs USING btree (created_at, run_id);
+CREATE INDEX runs_created_not_running_idx ON zeroth.runs USING btree (created_at, run_id) WHERE (status <> 'running'::zeroth.run_status);
 
 --
--- Name: INDEX runs_created_idx; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+-- Name: INDEX runs_created_not_running_idx; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
-COMMENT ON INDEX zeroth.runs_created_idx IS 'Keyset pages of runs by (created_at, run_id), newest first (zeroth.run_list, the dashboard''s runs page).';
+COMMENT ON INDEX zeroth.runs_created_not_running_idx IS 'Keyset pages of the runs that are not running by (created_at, run_id), newest first (zeroth.run_list, the dashboard''s runs page; the running runs come from runs_running_idx). Not written by a claim or a renewal.';
 
 --
 -- Name: runs_dead_letter_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner
@@ -1094,16 +1094,6 @@ CREATE INDEX runs_finished_idx ON zeroth.runs USING btree (finished_at, tenant_i
 -- Name: runs_idempotency_key_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner
 --
 CREATE UNIQUE INDEX runs_idempotency_key_idx ON zeroth.runs USING btree (tenant_id, workspace_key, deployment_ref, idempotency_key) WHERE (idempotency_key IS NOT NULL);
-
---
--- Name: runs_run_id_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner
---
-CREATE INDEX runs_run_id_idx ON zeroth.runs USING btree (run_id);
-
---
--- Name: INDEX runs_run_id_idx; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
---
-COMMENT ON INDEX zeroth.runs_run_id_idx IS 'A run by its id alone, whatever its scope (zeroth.run_list, the dashboard''s run page and search).';
 
 --
 -- Name: runs_running_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner

@@ -232,20 +232,81 @@ _RUN_COLUMNS = """r.run_id, r.tenant_id, r.workspace_id, r.deployment_ref, r.thr
     r.payload::text AS payload, r.output::text AS output, r.error::text AS error,
     r.metadata::text AS metadata, r.progress::text AS progress"""
 
-LIST_RUNS = f"""SELECT {_RUN_COLUMNS}
-      FROM zeroth.runs r
-     WHERE ($1::text IS NULL OR r.deployment_ref = $1)
+# The scopes that hold runs, found by a skip scan of runs_pkey (tenant_id, workspace_key, run_id):
+# the tenants one descent each, then each tenant's workspaces one descent each. Each step orders
+# by the whole key with LIMIT 1, which only runs_pkey provides without a sort of what the step
+# matches: ordered by its first column alone, a step was planned as a sequential scan for a
+# zeroth_reader once the table had statistics (its row-level security makes the tenant a
+# constant, so any row came first; the step after the reader's tenant then read every run); and
+# never a row comparison (PostgreSQL 15 starts that scan at the tenant's first entry).
+# zeroth.runs has no index on run_id alone (issue 30: an index without a predicate takes an entry
+# from every claim and completion), so a run known by its id alone is one runs_pkey probe per
+# scope (run_by_id: a LATERAL sub-select with a LIMIT, never flattened into a join, whatever the
+# statistics). Read through zeroth.run_list, as the caller.
+RUN_SCOPES = """WITH RECURSIVE tenants AS (
+        (SELECT r.tenant_id FROM zeroth.run_list r
+          ORDER BY r.tenant_id, r.workspace_key, r.run_id LIMIT 1)
+        UNION ALL
+        SELECT n.tenant_id
+          FROM tenants t
+         CROSS JOIN LATERAL (
+                SELECT r.tenant_id FROM zeroth.run_list r
+                 WHERE r.tenant_id > t.tenant_id
+                 ORDER BY r.tenant_id, r.workspace_key, r.run_id LIMIT 1) n),
+    scopes AS (
+        SELECT t.tenant_id, w.workspace_key
+          FROM tenants t
+         CROSS JOIN LATERAL (
+                SELECT r.workspace_key FROM zeroth.run_list r
+                 WHERE r.tenant_id = t.tenant_id
+                 ORDER BY r.tenant_id, r.workspace_key, r.run_id LIMIT 1) w
+        UNION ALL
+        SELECT s.tenant_id, n.workspace_key
+          FROM scopes s
+         CROSS JOIN LATERAL (
+                SELECT r.workspace_key FROM zeroth.run_list r
+                 WHERE r.tenant_id = s.tenant_id AND r.workspace_key > s.workspace_key
+                 ORDER BY r.tenant_id, r.workspace_key, r.run_id LIMIT 1) n)"""
+
+
+def run_by_id(columns: str, run_id: str, where: str = "") -> str:
+    """A query of ``columns`` (of zeroth.run_list, alias ``r``) for the run ``run_id`` (a
+    parameter such as ``$1``) in every scope that holds runs, with ``where`` (more predicates on
+    ``r``, joined by AND) applied to each: one runs_pkey probe per scope."""
+    return (f"""{RUN_SCOPES}
+    SELECT r.* FROM scopes s
+     CROSS JOIN LATERAL (
+            SELECT {columns}
+              FROM zeroth.run_list r
+             WHERE r.tenant_id = s.tenant_id AND r.workspace_key = s.workspace_key
+               AND r.run_id = {run_id}{f" AND {where}" if where else ""}
+             LIMIT 1) r""")
+
+
+_LIST_WHERE = """($1::text IS NULL OR r.deployment_ref = $1)
        AND ($2::text[] IS NULL OR r.status::text = ANY ($2::text[]))
        AND ($3::text IS NULL OR r.tenant_id = $3)
-       AND ($4::text IS NULL OR r.workspace_id = $4)
-     ORDER BY r.created_at DESC, r.run_id
+       AND ($4::text IS NULL OR r.workspace_id = $4)"""
+
+# Newest first: the runs that are not running (a backward walk of runs_created_not_running_idx)
+# merged with the running ones (runs_running_idx: as many as there are live leases), each part
+# with the LIMIT (sql/functions/views/run_list.sql).
+LIST_RUNS = f"""SELECT r.* FROM (
+        (SELECT {_RUN_COLUMNS}
+           FROM zeroth.run_list r
+          WHERE r.status <> 'running' AND {_LIST_WHERE}
+          ORDER BY r.created_at DESC, r.run_id DESC LIMIT $5)
+        UNION ALL
+        (SELECT {_RUN_COLUMNS}
+           FROM zeroth.run_list r
+          WHERE r.status = 'running' AND {_LIST_WHERE}
+          ORDER BY r.created_at DESC, r.run_id DESC LIMIT $5)) r
+     ORDER BY r.created_at DESC, r.run_id DESC
      LIMIT $5"""
 
-FIND_RUN = f"""SELECT {_RUN_COLUMNS}, r.workspace_key
-      FROM zeroth.runs r
-     WHERE r.run_id = $1
-       AND ($2::text IS NULL OR r.tenant_id = $2)
-       AND ($3::text IS NULL OR r.workspace_id = $3)"""
+FIND_RUN = run_by_id(f"{_RUN_COLUMNS}, r.workspace_key", "$1",
+                     "($2::text IS NULL OR r.tenant_id = $2) "
+                     "AND ($3::text IS NULL OR r.workspace_id = $3)")
 
 RUN_CHECKPOINTS = """SELECT c.checkpoint_order, c.checkpoint_id, c.lease_generation, c.created_at,
            c.data::text AS data
@@ -255,12 +316,12 @@ RUN_CHECKPOINTS = """SELECT c.checkpoint_order, c.checkpoint_id, c.lease_generat
 
 # The attempt history of one run, oldest first, through the view zeroth.attempt_history (the
 # ended attempts of zeroth.run_attempts, written by the trigger runs_attempt_history, and the open
-# one from zeroth.runs). The view names the workspace, not its key ($2): the run's key is rebuilt
-# from it, and the tenant and the run id bound each part's index scan.
+# one from zeroth.runs). Filtered on (tenant_id, workspace_key, run_id), each part is a range of
+# its table's index (run_attempts_run_idx, runs_pkey).
 RUN_ATTEMPTS = """SELECT a.attempt, a.lease_generation, a.worker_id, a.claimed_at, a.started_at,
            a.ended_at, a.outcome, a.error::text AS error
       FROM zeroth.attempt_history a
-     WHERE a.tenant_id = $1 AND coalesce('w:' || a.workspace_id, '') = $2 AND a.run_id = $3
+     WHERE a.tenant_id = $1 AND a.workspace_key = $2 AND a.run_id = $3
      ORDER BY a.lease_generation, a.claimed_at NULLS FIRST, a.ended_at NULLS LAST"""
 
 # One row per (tenant, workspace, deployment) of zeroth.scope_overview (the dashboard's overview:

@@ -17,13 +17,15 @@ CREATE OR REPLACE FUNCTION zeroth.prune_runs(
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
     -- Sequential scans off: a generic plan of the batch's DELETE (the batch estimated at a third
     -- of the finished runs, its LIMIT a parameter) hash-joined it with a scan of every run once
-    -- zeroth.runs had statistics; with them off it probes the primary key per run of the batch.
+    -- zeroth.runs had statistics; with them off the joins of the batch with child_waits and
+    -- run_attempts probe those keys per run (the runs themselves are deleted by address).
     SET enable_seqscan = off AS $$
 DECLARE
     v_now     timestamptz := zeroth._now();
     v_wskey   text := zeroth._workspace_key(prune_runs.workspace_id);
     v_cutoff  timestamptz;
     v_deleted integer;
+    v_rows    tid[];
     v_tenants text[];
     v_wskeys  text[];
     v_threads text[];
@@ -55,24 +57,24 @@ BEGIN
     -- Lock first, skipping rows another session holds (a redrive, a cancel), then delete what
     -- was locked. A row changed under us is re-checked against the WHERE when it is locked, so a
     -- run redriven to pending in the meantime is not deleted. Oldest first, through
-    -- runs_finished_idx (the ORDER BY is what keeps the planner on it).
-    WITH doomed AS MATERIALIZED (
-        SELECT r.tenant_id, r.workspace_key, r.run_id
-          FROM zeroth.runs r
-         WHERE r.status IN ('completed', 'failed', 'cancelled')
-           AND r.finished_at < v_cutoff
-           AND (prune_runs.tenant_id IS NULL
-                OR (r.tenant_id = prune_runs.tenant_id AND r.workspace_key = v_wskey))
-         ORDER BY r.finished_at
-         LIMIT prune_runs.batch_size
-           FOR UPDATE SKIP LOCKED
-    )
-    , deleted AS (
+    -- runs_finished_idx (the ORDER BY is what keeps the planner on it). The locked rows are
+    -- deleted by their addresses in the next statement (which sees the versions locked here), a
+    -- TID scan whatever the statistics: joined by key, a generic plan made before the first
+    -- ANALYZE on PostgreSQL 15 walked runs_pkey whole once runs_run_id_idx was gone (issue 30).
+    SELECT coalesce(array_agg(d.ctid), '{}') INTO v_rows
+      FROM (SELECT r.ctid
+              FROM zeroth.runs r
+             WHERE r.status IN ('completed', 'failed', 'cancelled')
+               AND r.finished_at < v_cutoff
+               AND (prune_runs.tenant_id IS NULL
+                    OR (r.tenant_id = prune_runs.tenant_id AND r.workspace_key = v_wskey))
+             ORDER BY r.finished_at
+             LIMIT prune_runs.batch_size
+               FOR UPDATE SKIP LOCKED) d;
+
+    WITH deleted AS (
         DELETE FROM zeroth.runs r
-         USING doomed d
-         WHERE r.tenant_id = d.tenant_id
-           AND r.workspace_key = d.workspace_key
-           AND r.run_id = d.run_id
+         WHERE r.ctid = ANY (v_rows)
         RETURNING r.tenant_id, r.workspace_key, r.thread_id, r.run_id
     )
     -- A parent's child waits have no foreign key (0014_child_runs.sql says why): they go here.

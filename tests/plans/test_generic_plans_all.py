@@ -49,6 +49,17 @@ What the audit found with cached generic plans (per call, before → after the f
   same as runs_thread_active_idx, and the cached plan walked the threads' history: 10,050 tuples
   → 10; with 1,001 active thread runs to look at, 21,052 → 1,006.
 
+* enqueue_runs with a thread item, on PostgreSQL 15 only: the lookup of the threads' active runs
+  by `thread_id = ANY (array)` put only the scope in runs_thread_active_idx's index condition and
+  filtered every active thread run of the scope (live_work: 1,004 tuples, 687 blocks → 14 tuples
+  for the 14 items); now one probe per thread (issue 30).
+
+Runs on the session's server (PostgreSQL 18, embedded). To run it on PostgreSQL 15, point
+ZEROTH_PG_TEST_DSN at a superuser DSN of a 15 server; as root, start one as the postgres OS user
+(/usr/lib/postgresql/15/bin: `runuser -u postgres -- initdb -D DIR -U postgres --auth=trust`, then
+`runuser -u postgres -- pg_ctl -D DIR -o "-p PORT -k DIR" -w start`). Every module of tests/plans
+passes on both.
+
 The counts move a little from run to run (an index probe also returns the versions of its row
 that no scan has marked dead yet), so the bounds leave room; every walk is far above them.
 """

@@ -73,7 +73,9 @@ _DEAD = """SELECT d.run_id, d.tenant_id, d.workspace_id, d.deployment_ref, d.att
        AND ($2::text IS NULL OR d.tenant_id = $2)
      ORDER BY d.dead_lettered_at DESC, d.run_id LIMIT $3"""
 
-_RUN = """SELECT r.run_id, r.tenant_id, r.workspace_id, r.workspace_key, r.deployment_ref,
+# A run by its id alone: one runs_pkey probe per scope that holds runs (zeroth.runs has no index
+# on run_id alone, issue 30; zeroth_pg._calls.run_by_id).
+_RUN = _calls.run_by_id("""r.run_id, r.tenant_id, r.workspace_id, r.workspace_key, r.deployment_ref,
            r.thread_id, r.status::text AS status, r.wait_reason, r.priority, r.run_after,
            r.attempts, r.max_attempts, r.created_at, r.updated_at, r.started_at, r.finished_at,
            r.dead_lettered_at, r.idempotency_key, r.lease_worker_id, r.lease_generation,
@@ -81,8 +83,8 @@ _RUN = """SELECT r.run_id, r.tenant_id, r.workspace_id, r.workspace_key, r.deplo
            r.cancel_requested_at, r.checkpoint_seq, r.payload::text AS payload,
            r.output::text AS output, r.error::text AS error, r.metadata::text AS metadata,
            r.progress::text AS progress, r.parent_run_id,
-           r.status = 'running' AND r.lease_expires_at < clock_timestamp() AS lease_expired
-      FROM zeroth.run_list r WHERE r.run_id = $1"""
+           r.status = 'running' AND r.lease_expires_at < clock_timestamp() AS lease_expired""",
+                        "$1")
 
 # The run's children, each with its current status (zeroth.child_list: a range of
 # child_runs_pkey), in the order they were started.
@@ -122,12 +124,16 @@ _THREAD = """SELECT r.run_id, r.status::text AS status, r.thread_queued_at AS qu
 _ATTEMPTS = """SELECT h.attempt, h.lease_generation, h.worker_id, h.claimed_at, h.started_at,
            h.ended_at, h.outcome, h.error::text AS error
       FROM zeroth.attempt_history h
-     WHERE h.tenant_id = $1 AND h.workspace_id IS NOT DISTINCT FROM $2 AND h.run_id = $3
+     WHERE h.tenant_id = $1 AND h.workspace_key = $2 AND h.run_id = $3
      ORDER BY h.lease_generation, h.ended_at NULLS LAST"""
 
 
 #: How much of a stored error document the run page shows (the database bounds what it stores).
 _FAILURE_SHOWN = 20_000
+
+
+# The scope of a run known by its id alone (an action's target), as _RUN finds it.
+_SCOPE_OF_RUN = _calls.run_by_id("r.tenant_id, r.workspace_id", "$1")
 
 
 def failure_view(error: str | None) -> dict[str, str] | None:
@@ -154,14 +160,18 @@ def run_page_query(filters: dict[str, Any], after: tuple[datetime, uuid.UUID] | 
                    limit: int, *, before: tuple[datetime, uuid.UUID] | None = None,
                    count: bool = False) -> tuple[str, list[Any]]:
     """The runs page's keyset query on zeroth.run_list, newest first, with a predicate only for
-    each filter given (so each shape gets its own plan: runs_created_idx walked backwards, or
-    runs_run_id_idx for a run id; never a sort of the table). tests/plans/test_run_list_plan.py
+    each filter given (so each shape gets its own plan). zeroth.runs has no index on
+    (created_at, run_id) for every run (issue 30), so a page is two parts, each with the page's
+    LIMIT, merged: the runs that are not running (runs_created_not_running_idx walked) and the
+    running ones (runs_running_idx: as many as there are live leases, sorted); a status filter
+    keeps only its part. A run id searched for is one runs_pkey probe per scope
+    (zeroth_pg._calls.run_by_id). Never a sort of the table: tests/plans/test_run_list_plan.py
     checks every shape's EXPLAIN at a million runs.
 
-    ``before``: the page just newer than that cursor, OLDEST first (runs_created_idx walked
+    ``before``: the page just newer than that cursor, OLDEST first (the same parts walked
     forwards; the caller reverses it). ``count``: ``count(*)`` of at most ``limit`` matching runs
-    (a bounded count, never a scan past ``limit`` rows). ``filters["statuses"]``: a list of
-    statuses, any of them."""
+    (a bounded count, never a scan past ``limit`` rows of a part). ``filters["statuses"]``: a
+    list of statuses, any of them."""
     where: list[str] = []
     args: list[Any] = []
 
@@ -179,10 +189,11 @@ def run_page_query(filters: dict[str, Any], after: tuple[datetime, uuid.UUID] | 
                           ("until", "r.created_at < {}")):
         if filters.get(key) is not None:
             add(fragment, filters[key])
+    run_id: uuid.UUID | None = None
     search = filters.get("search")
     if search is not None:
         try:
-            add("r.run_id = {}", uuid.UUID(search))
+            run_id = uuid.UUID(search)
         except ValueError:
             add("r.idempotency_key = {}", search)
     if filters.get("statuses") is not None:
@@ -191,15 +202,35 @@ def run_page_query(filters: dict[str, Any], after: tuple[datetime, uuid.UUID] | 
         add("(r.created_at, r.run_id) < ({}, {})", *after)
     if before is not None:
         add("(r.created_at, r.run_id) > ({}, {})", *before)
+    direction = "ASC" if before is not None else "DESC"
+    order = f"\n     ORDER BY r.created_at {direction}, r.run_id {direction}"
+    if run_id is not None:
+        args.extend([run_id, limit])
+        found = _calls.run_by_id(_PAGE_COLUMNS, f"${len(args) - 1}", " AND ".join(where))
+        if count:
+            return (f"SELECT count(*) FROM ({found}\n     LIMIT ${len(args)}) AS matching",
+                    args)
+        return found + f"{order}\n     LIMIT ${len(args)}", args
     args.append(limit)
-    predicate = f"\n     WHERE {' AND '.join(where)}" if where else ""
+    page = f"LIMIT ${len(args)}"
+    # Which parts the status filters leave: running, not running, or both.
+    wanted = set(filters["statuses"]) if filters.get("statuses") is not None else None
+    if filters.get("status") is not None:
+        wanted = {filters["status"]} if wanted is None else wanted & {filters["status"]}
+    parts = [status for status, keep in (
+        ("r.status <> 'running'", wanted is None or bool(wanted - {"running"})),
+        ("r.status = 'running'", wanted is None or "running" in wanted)) if keep]
     if count:
-        return (f"SELECT count(*) FROM (SELECT 1 FROM zeroth.run_list r{predicate}"
-                f"\n     LIMIT ${len(args)}) AS matching", args)
-    order = "ASC" if before is not None else "DESC"
-    return (f"SELECT {_PAGE_COLUMNS}\n      FROM zeroth.run_list r{predicate}"
-            f"\n     ORDER BY r.created_at {order}, r.run_id {order}\n     LIMIT ${len(args)}",
-            args)
+        counted = "\n     UNION ALL\n".join(
+            f"(SELECT 1 FROM zeroth.run_list r\n     WHERE {' AND '.join([status, *where])}"
+            f"\n     {page})" for status in parts or ["false"])
+        return (f"SELECT count(*) FROM (SELECT 1 FROM (\n{counted}) c\n     {page}) AS matching",
+                args)
+    pages = "\n     UNION ALL\n".join(
+        f"(SELECT {_PAGE_COLUMNS}\n      FROM zeroth.run_list r"
+        f"\n     WHERE {' AND '.join([status, *where])}{order}\n     {page})"
+        for status in parts or ["false"])
+    return f"SELECT r.* FROM (\n{pages}) r{order}\n     {page}", args
 
 
 def _opt(value: str | None) -> str | None:
@@ -444,7 +475,7 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
             if run["thread_id"]:
                 thread = await conn.fetch(_THREAD, run["tenant_id"], run["workspace_key"],
                                           run["thread_id"])
-            attempts = await conn.fetch(_ATTEMPTS, run["tenant_id"], run["workspace_id"], run_id)
+            attempts = await conn.fetch(_ATTEMPTS, *scope)
             children = await conn.fetch(_CHILDREN, *scope)
             now = await conn.fetchval(_calls.DATABASE_NOW)
         sections = [("Attempt history", "_attempts.html"), ("Children", "_children.html"),
@@ -497,9 +528,7 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
             role = await conn.fetchval("SELECT current_user")
             log.warning("web action %s %s as %s from %s", what, run_id,
                         role, request.client.host if request.client else "?")
-            scope = await conn.fetchrow(
-                "SELECT r.tenant_id, r.workspace_id FROM zeroth.run_list r WHERE r.run_id = $1",
-                run_id)
+            scope = await conn.fetchrow(_SCOPE_OF_RUN, run_id)
             tenant, workspace = (scope["tenant_id"], scope["workspace_id"]) if scope else (
                 None, None)
             return await conn.fetchval(sql, run_id, tenant, workspace, *extra)

@@ -7,8 +7,9 @@
 -- started_at are computed as the trigger will record them when it ends.
 -- security_invoker: the view reads as its caller, so zeroth_reader's row-level security policies
 -- on zeroth.run_attempts and zeroth.runs (both: the tenant named in zeroth.tenant_id) filter it.
--- A pruned run's history is gone with it (prune_runs); a reader listing one run's attempts reads
--- the history's index and the run's primary key.
+-- A pruned run's history is gone with it (prune_runs); a reader listing one run's attempts filters
+-- on (tenant_id, workspace_key, run_id) and reads the history's index and the run's primary key
+-- (zeroth.runs has no index on run_id alone: issue 30).
 CREATE OR REPLACE VIEW zeroth.attempt_history WITH (security_invoker = true) AS
 SELECT a.tenant_id,
        CASE WHEN a.workspace_key = '' THEN NULL ELSE substr(a.workspace_key, 3) END AS workspace_id,
@@ -20,7 +21,8 @@ SELECT a.tenant_id,
        a.started_at,
        a.ended_at,
        a.outcome,
-       a.error
+       a.error,
+       a.workspace_key
   FROM zeroth.run_attempts a
 UNION ALL
 SELECT r.tenant_id,
@@ -33,10 +35,11 @@ SELECT r.tenant_id,
        CASE WHEN r.status = 'running' THEN greatest(r.started_at, r.lease_acquired_at) END,
        NULL::timestamptz,
        NULL::text,
-       NULL::jsonb
+       NULL::jsonb,
+       r.workspace_key
   FROM zeroth.runs r
  WHERE r.lease_worker_id IS NOT NULL;
-COMMENT ON VIEW zeroth.attempt_history IS 'One row per attempt of a run (a lease generation): holder, attempt number, claimed/started/ended at, and how it ended (outcome NULL while open: completed | failed | dead_lettered | cancelled | recovered | expired | lease_lost | handed_back | released | slept | paused | waited; error when failed). Ended attempts come from zeroth.run_attempts (trigger runs_attempt_history), the open one from the run''s own row in zeroth.runs; pruned with the run. Order by lease_generation.';
+COMMENT ON VIEW zeroth.attempt_history IS 'One row per attempt of a run (a lease generation): holder, attempt number, claimed/started/ended at, and how it ended (outcome NULL while open: completed | failed | dead_lettered | cancelled | recovered | expired | lease_lost | handed_back | released | slept | paused | waited; error when failed). Ended attempts come from zeroth.run_attempts (trigger runs_attempt_history), the open one from the run''s own row in zeroth.runs; pruned with the run. Order by lease_generation; filter on (tenant_id, workspace_key, run_id) to read one run''s by index.';
 ALTER VIEW zeroth.attempt_history OWNER TO zeroth_owner;
 REVOKE ALL ON zeroth.attempt_history FROM PUBLIC;
 GRANT SELECT ON zeroth.attempt_history TO zeroth_reader;

@@ -2,10 +2,15 @@
 -- upgrade (sql/README.md).
 -- One row per run with the columns an operator reads (the dashboard's runs page and run page,
 -- issue 17): everything but the internal bookkeeping (resumable, hand_backs, the admission
--- and notification fields). Pages of it ordered by (created_at DESC, run_id DESC) walk
--- runs_created_idx backwards and a run_id lookup uses runs_run_id_idx (0015), so a page costs
--- O(page) at millions of runs; workspace_key is kept so that a caller can use the scope
--- indexes (runs_thread_idx: tenant_id, workspace_key, thread_id, created_at).
+-- and notification fields). No index on zeroth.runs without a predicate serves it (issue 30:
+-- every claim and completion would write into one), so a page ordered by (created_at DESC,
+-- run_id DESC) is two queries of it merged, each with the page's LIMIT: the runs that are not
+-- running (`status <> 'running'`: a backward walk of runs_created_not_running_idx) and the
+-- running ones (runs_running_idx, as many as there are live leases, sorted); a run by run_id
+-- alone is one runs_pkey probe per scope, the scopes found by a skip scan of runs_pkey
+-- (zeroth_pg._calls.run_by_id, zeroth_pg.web.app.run_page_query). workspace_key is kept so that
+-- a caller can use the scope indexes (runs_pkey; runs_thread_idx: tenant_id, workspace_key,
+-- thread_id, created_at).
 -- security_invoker: the view reads as its caller, so zeroth_reader's row-level security
 -- policy on zeroth.runs filters it to one tenant.
 CREATE OR REPLACE VIEW zeroth.run_list WITH (security_invoker = true) AS
@@ -43,7 +48,7 @@ SELECT r.run_id,
        r.progress,
        r.parent_run_id
   FROM zeroth.runs r;
-COMMENT ON VIEW zeroth.run_list IS 'Every run with the columns an operator reads (scope, status, timing, lease, cancel, payload, output, error, metadata, progress, the parent run of a child run). Keyset pages on (created_at, run_id) use runs_created_idx; a run by run_id uses runs_run_id_idx. A zeroth_reader sees its tenant''s runs.';
+COMMENT ON VIEW zeroth.run_list IS 'Every run with the columns an operator reads (scope, status, timing, lease, cancel, payload, output, error, metadata, progress, the parent run of a child run). Keyset pages on (created_at, run_id): the runs that are not running walk runs_created_not_running_idx, the running ones come from runs_running_idx; a run by run_id: filter on (tenant_id, workspace_key, run_id) to use runs_pkey. A zeroth_reader sees its tenant''s runs.';
 ALTER VIEW zeroth.run_list OWNER TO zeroth_owner;
 REVOKE ALL ON zeroth.run_list FROM PUBLIC;
 GRANT SELECT ON zeroth.run_list TO zeroth_reader;

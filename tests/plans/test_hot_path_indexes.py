@@ -1,0 +1,250 @@
+"""The hot path writes only the index entries a queue needs, and the dashboard's pages and
+lookups by run id stay index-driven without an index on zeroth.runs that every run writes
+(issue 30, item 3).
+
+Every claim and completion changes `status`, which the partial indexes name, so each is a non-HOT
+update and inserts an entry into every index of zeroth.runs whose predicate its new row version
+meets. Until issue 30 two indexes for the dashboard had no predicate (runs_created_idx
+(created_at, run_id), runs_run_id_idx (run_id)): six of the thirteen index entries a run cost
+from its enqueue to its completion. They are gone; the runs page merges the runs that are not
+running (runs_created_not_running_idx, which a claim does not write) with the running ones, and a
+run known by its id alone is a runs_pkey probe per scope.
+
+* the catalog: no index of zeroth.runs without a predicate but its primary key;
+* the WAL: the btree leaf inserts into each index between two WAL positions (pg_walinspect),
+  for runs enqueued by enqueue_runs, claimed and started by claim_and_start, completed by
+  complete_runs: per run at most the entries each transition needs (enqueue: runs_pkey,
+  runs_claim_pending_idx, runs_created_not_running_idx; claim: runs_pkey, runs_running_idx;
+  completion: runs_pkey, runs_finished_idx, runs_created_not_running_idx and the attempt's
+  history row in run_attempts_run_idx: 9; 13 before);
+* the plans: 200,000 runs in mixed statuses (500 of them running) written by one set-based INSERT
+  (the only direct write to zeroth.runs here), never analyzed (autovacuum off for the table, and
+  checked), then again after ANALYZE: every page shape of the dashboard and of `zeroth-pg runs
+  list` without a filter that needs statistics, and every lookup of a run by its id alone, reads
+  through an index, with no sequential scan, and requests a number of buffers bounded by the page
+  and the running runs (EXPLAIN (ANALYZE, BUFFERS), no timing); the lookups by id also as a
+  zeroth_reader (row-level security: its tenant is a constant of the plan). Plans saved with
+  helpers.save_report (hot_path_indexes).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections import Counter
+from typing import Any
+
+import asyncpg
+import pytest
+from helpers import save_report
+
+from zeroth_pg import _calls
+from zeroth_pg.web.app import PAGE_SIZE, run_page_query
+
+RUNS = 200_000
+RUNNING = 500
+BLOCK = re.compile(r"rel \d+/(\d+)/(\d+)")
+
+
+async def test_zeroth_runs_has_no_index_without_a_predicate_but_its_primary_key(
+        conn: asyncpg.Connection) -> None:
+    unconditional = await conn.fetch(
+        """SELECT i.indexrelid::regclass::text AS name
+             FROM pg_index i
+            WHERE i.indrelid = 'zeroth.runs'::regclass AND i.indpred IS NULL
+              AND NOT i.indisprimary
+            ORDER BY 1""")
+    assert [r["name"] for r in unconditional] == []
+
+
+async def _index_entries(admin: asyncpg.Connection, start: str, end: str) -> Counter[str]:
+    """Btree leaf inserts (an entry each, a posting-list insert included) into the indexes of
+    schema zeroth of this database between two WAL positions."""
+    names = {str(r["relfilenode"]): r["relname"] for r in await admin.fetch(
+        """SELECT c.relfilenode, c.relname FROM pg_class c
+            WHERE c.relnamespace = 'zeroth'::regnamespace AND c.relkind = 'i'""")}
+    database = str(await admin.fetchval(
+        "SELECT oid FROM pg_database WHERE datname = current_database()"))
+    entries: Counter[str] = Counter()
+    for r in await admin.fetch(
+            """SELECT record_type, block_ref
+                 FROM pg_get_wal_records_info($1::text::pg_lsn, $2::text::pg_lsn)
+                WHERE resource_manager = 'Btree'
+                  AND record_type IN ('INSERT_LEAF', 'INSERT_POST')""", start, end):
+        found = BLOCK.search(r["block_ref"] or "")
+        if found and found.group(1) == database and found.group(2) in names:
+            entries[names[found.group(2)]] += 1
+    return entries
+
+
+async def test_a_run_writes_only_the_index_entries_its_transitions_need(connect: Any) -> None:
+    admin = await connect()
+    await admin.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+    n = 50
+    lsn = "SELECT pg_current_wal_insert_lsn()::text"
+
+    start = await admin.fetchval(lsn)
+    await admin.execute("SELECT * FROM zeroth.enqueue_runs(deployment_ref => 'd', runs => $1)",
+                        json.dumps([{"payload": {"i": i}} for i in range(n)]))
+    enqueued = await admin.fetchval(lsn)
+    claimed = await admin.fetch("""SELECT * FROM zeroth.claim_and_start(deployment_ref => 'd',
+                                       worker_id => 'w', batch_size => $1)""", n)
+    assert len(claimed) == n
+    started = await admin.fetchval(lsn)
+    done = await admin.fetch(
+        """SELECT * FROM zeroth.complete_runs(worker_id => 'w', run_ids => $1,
+                                              generations => $2)""",
+        [c["run_id"] for c in claimed], [c["lease_generation"] for c in claimed])
+    assert len(done) == n
+    assert all(d["completed"] for d in done)
+    end = await admin.fetchval(lsn)
+    # pg_walinspect reads flushed WAL only: one commit that waits for its flush.
+    await admin.execute("SET synchronous_commit = on")
+    await admin.execute("SELECT pg_logical_emit_message(true, 'zeroth-test', 'flush')")
+
+    enqueue = await _index_entries(admin, start, enqueued)
+    claim = await _index_entries(admin, enqueued, started)
+    complete = await _index_entries(admin, started, end)
+    report = {"enqueue": dict(enqueue), "claim": dict(claim), "complete": dict(complete)}
+    save_report("hot_path_index_entries", report)
+    assert dict(enqueue) == {"runs_pkey": n, "runs_claim_pending_idx": n,
+                             "runs_created_not_running_idx": n}, report
+    # The claim makes the runs running: their pending entries stay for VACUUM, the new row
+    # versions need the key and the running index only.
+    assert dict(claim) == {"runs_pkey": n, "runs_running_idx": n}, report
+    assert dict(complete) == {"runs_pkey": n, "runs_finished_idx": n,
+                              "runs_created_not_running_idx": n,
+                              "run_attempts_run_idx": n}, report
+    assert sum((enqueue + claim + complete).values()) == 9 * n
+
+
+async def add_runs(connection: asyncpg.Connection) -> None:
+    """RUNS runs over 30 days: 3 tenants, each with a default workspace and one named one, 7
+    deployments, 65% completed, 10% failed, 5% cancelled, 15% pending, 5% waiting (a few of
+    them, RUNNING, running instead); one in ten finished ones on a thread."""
+    await connection.execute(
+        """INSERT INTO zeroth.runs (run_id, tenant_id, workspace_id, deployment_ref, thread_id,
+                                    status, run_after, attempts, created_at, updated_at,
+                                    started_at, finished_at, idempotency_key, lease_generation,
+                                    lease_worker_id, lease_acquired_at, lease_expires_at)
+           SELECT gen_random_uuid(), 't' || (g % 3), CASE WHEN g % 5 = 0 THEN 'ws' END,
+                  'd' || (g % 7),
+                  CASE WHEN g % 10 = 1 AND s.st NOT IN ('pending', 'running', 'waiting')
+                       THEN 'th-' || (g % 1000) END,
+                  s.st::zeroth.run_status, t, 1, t, t, t,
+                  CASE WHEN s.st NOT IN ('pending', 'running', 'waiting') THEN t END,
+                  'k' || g, 1,
+                  CASE WHEN s.st = 'running' THEN 'w' END,
+                  CASE WHEN s.st = 'running' THEN t END,
+                  CASE WHEN s.st = 'running' THEN t + interval '1 hour' END
+             FROM generate_series(1, $1) AS g,
+                  LATERAL (SELECT clock_timestamp() - interval '30 days'
+                                  + g * (interval '30 days' / $1) AS t,
+                                  CASE WHEN g % 20 < 13 THEN 'completed'
+                                       WHEN g % 20 < 15 THEN 'failed'
+                                       WHEN g % 20 = 15 THEN 'cancelled'
+                                       WHEN g % 20 = 16 AND g % ($1 / $2) = 16 THEN 'running'
+                                       WHEN g % 20 = 16 THEN 'waiting'
+                                       ELSE 'pending' END AS st) AS s""", RUNS, RUNNING)
+
+
+def nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    return [plan, *(n for child in plan.get("Plans", []) for n in nodes(child))]
+
+
+async def explain(connection: asyncpg.Connection, sql: str, args: list[Any]
+                  ) -> tuple[dict[str, Any], str]:
+    raw = await connection.fetchval(
+        f"EXPLAIN (ANALYZE, BUFFERS, TIMING OFF, FORMAT JSON) {sql}", *args)
+    text = "\n".join(r[0] for r in await connection.fetch(
+        f"EXPLAIN (ANALYZE, BUFFERS, TIMING OFF, COSTS OFF) {sql}", *args))
+    return json.loads(raw)[0]["Plan"], text
+
+
+@pytest.mark.slow
+async def test_pages_and_run_lookups_read_through_indexes_before_and_after_analyze(
+        connect: Any) -> None:
+    owner = await connect()
+    await owner.execute("ALTER TABLE zeroth.runs SET (autovacuum_enabled = off)")
+    await add_runs(owner)
+    rows = await owner.fetch(
+        """SELECT r.run_id, r.created_at, r.tenant_id FROM zeroth.runs r
+            WHERE r.status IN ('completed', 'running') ORDER BY r.created_at
+           OFFSET $1 LIMIT 1""", RUNS // 3)
+    one, middle = rows[0]["run_id"], rows[0]["created_at"]
+    running = await owner.fetchval(
+        "SELECT run_id FROM zeroth.runs WHERE status = 'running' ORDER BY created_at LIMIT 1")
+    assert await owner.fetchval(
+        "SELECT count(*) FROM zeroth.runs WHERE status = 'running'") == RUNNING
+    cursor = (middle, one)
+    limit = PAGE_SIZE + 1
+    later = await owner.fetchval("SELECT $1::timestamptz + interval '1 day'", middle)
+    shapes: dict[str, tuple[str, list[Any]]] = {
+        "runs page: first": run_page_query({}, None, limit),
+        "runs page: after a cursor": run_page_query({}, cursor, limit),
+        "runs page: status failed": run_page_query({"status": "failed"}, None, limit),
+        "runs page: status running": run_page_query({"status": "running"}, None, limit),
+        "runs page: deployment d3": run_page_query({"deployment": "d3"}, None, limit),
+        "runs page: time range": run_page_query({"since": middle, "until": later}, None, limit),
+        "runs page: run id": run_page_query({"search": str(one)}, None, limit),
+        "runs page: run id, running": run_page_query({"search": str(running)}, None, limit),
+        "runs page: unknown run id": run_page_query({"search": str(uuid.uuid4())}, None, limit),
+        "run page (web _RUN)": (_run_query(), [one]),
+        "zeroth-pg runs list": (_calls.LIST_RUNS, [None, None, None, None, 50]),
+        "zeroth-pg runs show": (_calls.FIND_RUN, [one, None, None]),
+    }
+    report: list[str] = []
+    for analyzed in (False, True):
+        if analyzed:
+            await owner.execute("ANALYZE zeroth.runs")
+        else:
+            assert await owner.fetchval(
+                """SELECT last_analyze IS NULL AND last_autoanalyze IS NULL
+                     FROM pg_stat_user_tables WHERE relid = 'zeroth.runs'::regclass""")
+        # A zeroth_reader's row-level security makes its tenant a constant of every plan: the
+        # lookups by id alone as one (its own tenant's run and another's).
+        readers = {f"{name}, as a zeroth_reader of t1": shape for name, shape in shapes.items()
+                   if "run id" in name or name.startswith(("run page", "zeroth-pg runs show"))}
+        for name, (sql, args) in {**shapes, **readers}.items():
+            key = f"{name} ({'analyzed' if analyzed else 'never analyzed'})"
+            transaction = owner.transaction()
+            await transaction.start()
+            try:
+                if "zeroth_reader" in name:
+                    await owner.execute("SET LOCAL ROLE zeroth_reader")
+                    await owner.execute("SET LOCAL zeroth.tenant_id = 't1'")
+                plan, text = await explain(owner, sql, args)
+            finally:
+                await transaction.rollback()
+            report.append(f"-- {key}\n{sql}\n{text}\n")
+            found = nodes(plan)
+            kinds = {n["Node Type"] for n in found}
+            indexes = {n.get("Index Name") for n in found} - {None}
+            buffers = int(plan["Shared Hit Blocks"] + plan["Shared Read Blocks"])
+            assert "Seq Scan" not in kinds, (key, text)
+            sorted_rows = max((int(c["Actual Rows"]) for n in found
+                               if n["Node Type"] in ("Sort", "Incremental Sort")
+                               for c in n["Plans"]), default=0)
+            if "run id" in name or name.startswith(("run page", "zeroth-pg runs show")):
+                # One probe of runs_pkey per scope (3 tenants, 6 scopes) and the skip scan that
+                # finds them: a descent per tenant and per scope (zeroth_pg._calls.RUN_SCOPES).
+                assert indexes == {"runs_pkey"}, (key, text)
+                assert buffers < 12 * 6 + 8 * 3 + 8, (key, buffers, text)
+            elif name.endswith("status running"):
+                assert indexes == {"runs_running_idx"}, (key, text)
+                assert sorted_rows <= RUNNING, (key, text)
+                assert buffers < 2 * RUNNING, (key, buffers, text)
+            else:
+                # A page of the runs that are not running (a walk of the index, never sorted)
+                # and at most the running runs, sorted.
+                assert "runs_created_not_running_idx" in indexes, (key, text)
+                assert sorted_rows <= RUNNING, (key, text)
+                assert buffers < 2 * RUNNING + 20 * PAGE_SIZE, (key, buffers, text)
+    save_report("hot_path_indexes", {"plans": report})
+
+
+def _run_query() -> str:
+    from zeroth_pg.web import app
+
+    return app._RUN
