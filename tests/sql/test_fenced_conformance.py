@@ -143,8 +143,11 @@ async def call(conn: asyncpg.Connection, function: Fenced, run_id: UUID | None,
 async def held(conn: asyncpg.Connection, function: Fenced, status: str | None = None,
                **kwargs: Any) -> UUID:
     """A run of WORKER's lease (generation 1, live until 60 s) in ``status`` (the function's
-    first), prepared for ``function``."""
+    first), prepared for ``function``. It holds an admission slot (max_concurrency 1, a
+    deployment per status), so a refused call is also seen to leave the slot alone."""
     status = status or function.statuses[0]
+    kwargs.setdefault("deployment_ref", f"deploy-{status}")
+    kwargs.setdefault("max_concurrency", 1)
     lease = await make_run(conn, status, **kwargs)
     if function.prepare and status == "running":
         await conn.execute(function.prepare, lease.run_id, WORKER, 1, kwargs.get("tenant_id"),
@@ -218,18 +221,18 @@ class TestAStaleOrForeignHolderIsRefused:
             run_id = await held(conn, function, status)
             await assert_refused(conn, function, run_id, worker_id, generation)
 
-    async def test_an_expired_lease_is_refused(self, conn, function):
+    @pytest.mark.parametrize("now", [at(60.000001), at(600)], ids=["just_expired", "long_expired"])
+    async def test_an_expired_lease_is_refused(self, conn, function, now):
         for status in function.statuses:
             run_id = await held(conn, function, status)
-            await assert_refused(conn, function, run_id, now=EXPIRED)
+            await assert_refused(conn, function, run_id, now=now)
 
     @pytest.mark.parametrize("taker", [WORKER, OTHER], ids=["same_worker_id", "another_worker"])
     async def test_a_lease_taken_over_is_refused_and_the_new_holder_keeps_it(
             self, conn, function, taker):
         for status in function.statuses:
             deployment = f"deploy-{status}"
-            run_id = await held(conn, function, status, deployment_ref=deployment,
-                                max_concurrency=1)
+            run_id = await held(conn, function, status, deployment_ref=deployment)
             if status == "claimed":
                 taken = await claim(conn, deployment_ref=deployment, worker_id=taker,
                                     max_concurrency=1, now=EXPIRED)
