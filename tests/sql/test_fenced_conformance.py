@@ -163,9 +163,15 @@ EVERYTHING = """SELECT string_agg(format(
                    AND NOT c.relispartition"""
 
 
+#: EVERYTHING's answer, built once (the tables do not change under the tests).
+_SNAPSHOT: dict[str, str] = {}
+
+
 async def everything(conn: asyncpg.Connection) -> dict[str, list[str]]:
     """Every row of every table of schema zeroth: what a refused call must leave as it was."""
-    return dict(await conn.fetch(await conn.fetchval(EVERYTHING)))
+    if "query" not in _SNAPSHOT:
+        _SNAPSHOT["query"] = await conn.fetchval(EVERYTHING)
+    return dict(await conn.fetch(_SNAPSHOT["query"]))
 
 
 async def assert_refused(conn: asyncpg.Connection, function: Fenced, run_id: UUID,
@@ -268,10 +274,12 @@ class TestAStaleOrForeignHolderIsRefused:
                   ("globex", None), ("globex", "ws-1")]
         for tenant_id, workspace_id in [("acme", None), ("acme", "ws-1")]:
             run_id = await held(conn, function, tenant_id=tenant_id, workspace_id=workspace_id)
+            before = await everything(conn)
             for other in scopes:
                 if other != (tenant_id, workspace_id):
-                    await assert_refused(conn, function, run_id, tenant_id=other[0],
-                                         workspace_id=other[1])
+                    assert await call(conn, function, run_id, tenant_id=other[0],
+                                      workspace_id=other[1]) == function.refused, other
+            assert await everything(conn) == before
 
 
 BAD = {
