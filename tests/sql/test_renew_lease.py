@@ -187,25 +187,17 @@ class TestSlotReallocation:
 
 class TestBadArguments:
     @pytest.mark.parametrize(
-        ("run_id_given", "worker_id", "lease_seconds"),
-        [
-            pytest.param(True, WORKER, 0.0, id="lease-zero"),
-            pytest.param(True, WORKER, -1.0, id="lease-negative"),
-            pytest.param(True, WORKER, float("nan"), id="lease-nan"),
-            pytest.param(True, WORKER, 86400.5, id="lease-over-a-day"),
-            pytest.param(True, WORKER, float("inf"), id="lease-infinite"),
-        ],
-    )
+        "lease_seconds", [0.0, -1.0, float("nan"), 86400.5, float("inf")],
+        ids=["lease-zero", "lease-negative", "lease-nan", "lease-over-a-day", "lease-infinite"])
     async def test_bad_argument_raises_invalid_argument_and_changes_nothing(
-            self, conn, run_id_given, worker_id, lease_seconds):
+            self, conn, lease_seconds):
         # The fence arguments: tests/sql/test_fenced_conformance.py.
         lease = await make_run(conn, "running")
         before = await run_row(conn, lease.run_id)
 
         with pytest.raises(asyncpg.PostgresError) as raised:
             async with conn.transaction():
-                await renew(conn, lease.run_id if run_id_given else None, worker_id,
-                            lease_seconds=lease_seconds, now=at(30))
+                await renew(conn, lease.run_id, WORKER, lease_seconds=lease_seconds, now=at(30))
 
         assert raised.value.sqlstate == "ZP008"
         assert await run_row(conn, lease.run_id) == before
