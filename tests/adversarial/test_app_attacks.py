@@ -1,11 +1,9 @@
-"""Adversarial review of the application API (zeroth_pg.App), per-deployment worker limits and
+"""Attacks on the application API (zeroth_pg.App), per-deployment worker limits and
 the OpenTelemetry hooks, on real sessions.
 
-Each test pins down an attack: the ones whose docstring starts with FIXED failed against the
-first version of this code (the docstring says which promise and how it broke); the others held
-from the start. No mocks; waits have deadlines (helpers.wait_until). Where a bug
-would freeze the event loop a test runs the worker in a subprocess of its own, so the freeze
-cannot hang the session.
+Each test pins down an attack and the promise it tries to break. No mocks; waits have deadlines
+(helpers.wait_until). Where a bug would freeze the event loop a test runs the worker in a
+subprocess of its own, so the freeze cannot hang the session.
 """
 
 from __future__ import annotations

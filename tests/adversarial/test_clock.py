@@ -1,9 +1,9 @@
-"""No session can move the clock of any decision (finding 1; DESIGN rule 1).
+"""No session can move the clock of any decision (DESIGN rule 1).
 
-On main before the fix, ``zeroth._now()`` trusted the placeholder setting
-``zeroth.allow_now_override``, which every role can SET, so a LOGIN member of zeroth_worker
-could take a live lease away (claim_orphaned "an hour later"), exceed max_concurrency, revive
-an expired lease or strand runs for ever. Now no function takes a time argument, the clock is
+A clock a session could move (a ``zeroth._now()`` trusting a placeholder setting such as
+``zeroth.allow_now_override``, which every role can SET) would let a LOGIN member of
+zeroth_worker take a live lease away (claim_orphaned "an hour later"), exceed max_concurrency,
+revive an expired lease or strand runs for ever. No function takes a time argument, the clock is
 ``clock_timestamp()`` bound when the migration created it, and only the database owner or a
 superuser could replace it (the test harness does, in its own databases only).
 """
@@ -60,7 +60,7 @@ class TestNoCallerClock:
         assert "clock_timestamp()" in body
         assert "current_setting" not in body
 
-    async def test_the_exact_attack_of_finding_1_fails_and_the_owner_keeps_its_run(
+    async def test_settings_and_a_now_override_move_no_clock_and_the_owner_keeps_its_run(
             self, login, admin):
         attacker = await login("worker")
         run_id = await attacker.fetchval(

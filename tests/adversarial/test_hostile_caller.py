@@ -378,7 +378,7 @@ def hostile(pg_server_dsn: str, database_dsn: str) -> Iterator[Hostile]:
 EXAMPLES_PER_FUNCTION = 15
 #: The target functions are split into this many tests (each target in one, with all its
 #: examples; the calls before it are drawn from every function), which a parallel run spreads.
-SHARDS = 4
+SHARDS = 8
 
 
 @pytest.mark.slow

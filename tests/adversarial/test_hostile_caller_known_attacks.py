@@ -1,13 +1,12 @@
 """The hostile caller's known attacks, replayed deterministically.
 
 At its CI size (15 derandomized examples per function) the hypothesis search of
-test_hostile_caller.py did not reach the attacks of finding 11 on 1b3d493: with 150 random
+test_hostile_caller.py did not reach these attacks: with 150 random
 examples per function it found them, but those draws are rare. This module replays them through
 the same harness and the same invariant checker, every run: each fenced give-back
 (release_lease, hand_back_to_pending, expire_recovery_lease) by the holder of an orphan lease
 that an operator cleared (or that expired), and an interrupt / rollback admission naming the
-owner of a live owned thread run by its worker id without its generation. On 1b3d493 it reports
-12 writes by holders of cleared leases and 6 live leases moved by admit_run.
+owner of a live owned thread run by its worker id without its generation.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """Nobody outside the package can hold a lock the package waits on.
 
-Red-team finding (after issue 11): admissions of a thread were serialised by a transaction
-advisory lock, and a scope's slot rows were created under a non-blocking advisory lock. Advisory
-locks need no privilege and their keys were computable (hashtext of tenant, workspace and thread),
-so a LOGIN role with no grant at all held ``pg_advisory_lock(1516464242, hashtext(...))`` and
-every admission of that thread blocked for as long as it liked; holding a scope's key made that
-scope's first claims report saturation with no slot rows created. Both are now row locks on
-zeroth.lock_stripes, which only zeroth_owner can read or lock.
+Advisory locks need no privilege and, when admissions of a thread were serialised by a transaction
+advisory lock and a scope's slot rows created under a non-blocking one, their keys were computable
+(hashtext of tenant, workspace and thread), so a LOGIN role with no grant at all held
+``pg_advisory_lock(1516464242, hashtext(...))`` and every admission of that thread blocked for as
+long as it liked; holding a scope's key made that scope's first claims report saturation with no
+slot rows created. Both are now row locks on zeroth.lock_stripes, which only zeroth_owner can read
+or lock.
 
 Played on a shipped database as ``nobody`` (no grant) and ``worker`` (zeroth_worker): the
 stranger holds the keys the old code used (and every advisory key it likes), and the package's

@@ -1,6 +1,6 @@
 """A stranger fills the NOTIFY queue: zeroth keeps working, and notifications resume after.
 
-Red-team finding F2 (after 0008): NOTIFY and LISTEN need no privilege. A LOGIN role with no grant
+NOTIFY and LISTEN need no privilege. A LOGIN role with no grant
 LISTENs on one connection and stays idle in a transaction, so the queue's tail cannot advance,
 and fills the rest of the queue with its own notifications. A transaction that notifies into a
 full queue fails at COMMIT (54000), where no function can catch it: every enqueue, completion

@@ -1,8 +1,8 @@
-"""A zeroth_worker member cannot poison the orphan sweep for other runs (issue 29, finding 1), on a
+"""A zeroth_worker member cannot poison the orphan sweep for other runs , on a
 database exactly as shipped (no test clock, the real clock's lease expiry).
 
 With its own grants only (enqueue_run, claim_and_start, start_child_run, wait_for_children,
-request_cancel, renew_lease, fail_run), a worker builds the two runs the review found would make
+request_cancel, renew_lease, fail_run), a worker builds the two runs that would make
 every claim_orphaned of their scope raise — and with it the recovery of every innocent orphan
 beside them:
 

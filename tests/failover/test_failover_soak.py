@@ -10,7 +10,9 @@ killed in turn and the old one promoted back. Nothing else is touched: the same 
 carry on against whichever server is the primary. The chaos history checker then replays what
 the last primary holds, and the harness compares it with what was acknowledged outside the
 database: every enqueue the harness was answered, and every completion a worker was answered
-(the worker logs it at DEBUG; chaos_fleet.WorkerProcess.completed).
+(the worker logs it at DEBUG; chaos_fleet.WorkerProcess.completed). The runs after the last
+failover's share are enqueued once the old primary is back as a standby, so that the last kill
+always finds runs left to claim.
 
 * ``sync`` (synchronous_standby_names names the standby, synchronous_commit = on): asserted —
   0 runs lost, 0 stuck, 0 accepted stale writes, exactly one accepted outcome per run, every run
@@ -75,13 +77,16 @@ DRAIN_TIMEOUT = 600.0  # far above what the plan needs; runs still open then fai
 TERMINAL = ("completed", "failed", "cancelled")
 
 
-async def enqueue_all(harness: asyncpg.Pool, total: int) -> set[UUID]:
-    """``total`` runs spread over the tenants; the ids the database acknowledged."""
+async def enqueue_all(harness: asyncpg.Pool, first: int, stop: int) -> set[UUID]:
+    """Runs number ``first`` to ``stop`` - 1, spread over the tenants; the ids the database
+    acknowledged."""
     client = LeaseManager(harness)
     acknowledged: set[UUID] = set()
-    for start in range(0, total, ENQUEUE_BATCH):
+    tenants = len(FLEET.tenants)
+    for start in range(first, stop, ENQUEUE_BATCH):
         for index, tenant in enumerate(FLEET.tenants):
-            numbers = range(start + index, min(start + ENQUEUE_BATCH, total), len(FLEET.tenants))
+            numbers = [n for n in range(start, min(start + ENQUEUE_BATCH, stop))
+                       if n % tenants == index]
             items = [{"payload": {"steps_ms": [25 + (n * 37) % 100 for _ in range(2 + n % 3)],
                                   "fail_first_attempt": n % 50 == 0},
                       "idempotency_key": f"failover-{n}", "max_attempts": 10} for n in numbers]
@@ -219,19 +224,27 @@ async def test_failover_soak(mode: str) -> None:
         slot_samples: list[dict[str, Any]] = []
         sampling: asyncio.Task[None] | None = None
         try:
-            enqueued = await enqueue_all(harness, total)
+            # The runs after the last failover's share are enqueued only once the pair is
+            # ready for it (after the reclone), so that the last kill finds runs still to
+            # claim: enqueued at once, a loaded machine's fleet finished them during a 20-35 s
+            # reclone, and that kill had nothing left to test.
+            held_back = total - int(total * FAILOVER_AT[-1])
+            enqueued = await enqueue_all(harness, 0, total - held_back)
             await fleet.start()
             sampling = asyncio.create_task(sample_slots(harness, slot_samples))
-            for share in FAILOVER_AT:
+            for index, share in enumerate(FAILOVER_AT):
+                if index == len(FAILOVER_AT) - 1:
+                    enqueued |= await enqueue_all(harness, total - held_back, total)
                 reached = await until(lambda share=share: _completed(harness, int(total * share)),
                                       DRAIN_TIMEOUT)
                 assert reached, f"{share:.0%} of the runs did not complete: {await counts(harness)}"
-                if failovers:
-                    # And back: the killed primary returns as the new primary's standby.
+                failovers.append(await fail_over(pair, harness))
+                if index + 1 < len(FAILOVER_AT):
+                    # And back: the killed primary returns as the new primary's standby at once,
+                    # while the fleet works on, so that the next kill comes at its share.
                     recloned = time.monotonic()
                     pair = await asyncio.to_thread(pair.reclone_old_primary)
                     failovers[-1]["reclone_old_primary_s"] = round(time.monotonic() - recloned, 1)
-                failovers.append(await fail_over(pair, harness))
             drained = await until(lambda: _all_terminal(harness), DRAIN_TIMEOUT)
         finally:
             if sampling is not None:

@@ -1,18 +1,18 @@
-"""RunWorker hardening, in process: regression tests for the fixes of the security/reliability
-review, against a real database (the worker runs in the test's event loop).
+"""RunWorker under odd values, stalls, crashed loops and forged notifications, in process,
+against a real database (the worker runs in the test's event loop).
 
 * an output jsonb cannot hold (U+0000, a lone surrogate) fails that run only, never the runs
   completed with it in the same batch; an exception message holding such characters still fails
   its run, with a sanitised error document; a handler that raises CancelledError itself gets a
-  retryable failure (finding 5);
+  retryable failure;
 * a worker whose event loop stalled past the lease re-claims its own orphan, and the old
-  generation's cleanup leaves the new generation's lease alone (finding 7);
+  generation's cleanup leaves the new generation's lease alone;
 * the background loops are supervised: a crashed renewal loop is restarted, a failing orphan
-  sweep does not stop claiming (finding 11g);
+  sweep does not stop claiming;
 * a renewal refused because it raced the run's own completion is neither logged nor counted as a
-  lost lease (finding 11h);
+  lost lease;
 * a forged zeroth_control notification only makes the worker ask the database, which does not
-  cancel; a real cancel request arrives through the early renewal it triggers (finding 2).
+  cancel; a real cancel request arrives through the early renewal it triggers.
 
 Each test uses its own deployment name, so the process-wide prometheus counters can be read per
 test. Instrumentation wraps LeaseManager methods and always calls the real ones.

@@ -201,7 +201,7 @@ class TestOneFilePerFunction:
 
 
 class TestAHostileSessionAroundAnUpgrade:
-    """Red-team pass 3: what a session with no zeroth privilege could do to an upgrade."""
+    """What a session with no zeroth privilege could do to an upgrade."""
 
     HIJACK = """
         CREATE FUNCTION public.hijacked_lt(double precision, numeric) RETURNS boolean
@@ -308,7 +308,7 @@ class TestAnUpgradeIsOneStepForCallers:
 
 
 class TestTheUpgradeSession:
-    """Red-team pass 4: the upgrade's own session, before and around the function files."""
+    """The upgrade's own session, before and around the function files."""
 
     def test_alembics_own_queries_bind_no_operator_a_stranger_planted(
             self, empty_database_dsn: str) -> None:
@@ -401,8 +401,10 @@ class TestTheUpgradeSession:
         assert recorded == (migrate.functions_digest(),)
 
 
-class TestUpgradePathsARedTeamMissed:
-    """Red-team pass 5."""
+class TestUpgradeTargetsAndTheUpgradeLock:
+    """An upgrade to "heads" is an upgrade to head; a stranger holding the upgrade lock is named
+    while the upgrade waits; the psql script at head takes no lock idle sessions hold and gives
+    up on a held lock instead of parking."""
 
     def test_heads_is_head(self, empty_database_dsn: str, database_dsn: str) -> None:
         # "heads" came to env.py as a tuple and took the partial path: stamped head, no

@@ -1,6 +1,6 @@
 """A fenced write that waited for its run's row judges the lease by the time it got the row.
 
-Red-team finding (after issue 11): every fenced write read the clock once, at the start of the
+The failure guarded against: a fenced write that read the clock once, at the start of the
 call, and its UPDATE checked ``lease_expires_at >= <that time>``. A call that waited for the row
 lock (behind a cancel request, an operator, another call of the same worker) re-checked its
 WHERE on the new row version against the old time, so a lease an operator cleared (or that

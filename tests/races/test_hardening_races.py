@@ -1,16 +1,16 @@
-"""Interleavings the outside review broke on main (issue 11), each replayed with real sessions.
+"""Interleavings of real sessions around slots, batch thread locks and admission retries.
 
-* Finding 6: a renewal refused because another session re-leased the run into another slot in
-  between used to renew and commit its slot row anyway; that zombie slot counted against K for a
-  whole lease. A slot now holds no copy of the lease: it names (run, generation), so a slot whose
-  run moved on is free however the renewal ended.
-* Finding 8: two enqueue_runs batches [T1, T2] and [T2, T1] took the per-thread locks in input
-  order and deadlocked. Every thread lock of a batch is now taken in one sorted order first.
+* A renewal refused because another session re-leased the run into another slot in between
+  leaves no zombie slot counting against K for a whole lease: a slot holds no copy of the
+  lease, it names (run, generation), so a slot whose run moved on is free however the renewal
+  ended.
+* Two enqueue_runs batches [T1, T2] and [T2, T1] do not deadlock: every thread lock of a batch
+  is taken in one sorted order first.
   Batches that name the same keys in contradicting ways (the same run_id with two idempotency
   keys) can still meet in a deadlock inside their INSERTs; the batch PostgreSQL picks as the
   victim now runs again by itself, so both callers get their runs.
-* Finding 10: concurrent retries of one admission (same idempotency key or run_id, different
-  payloads) got ``busy`` for their own run; now every one of them is ``reused``.
+* Concurrent retries of one admission (same idempotency key or run_id, different payloads) are
+  each ``reused``, never ``busy`` for their own run.
 """
 
 from __future__ import annotations

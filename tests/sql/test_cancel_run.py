@@ -6,7 +6,6 @@ cancel_action an earlier request_cancel recorded.
 
 from __future__ import annotations
 
-import asyncpg
 import pytest
 from helpers import (
     DEPLOYMENT,
@@ -103,62 +102,6 @@ class TestCancelFreesTheSlot:
         assert [r["run_id"] for r in rows] == [other_run]
 
 
-class TestCancelIsFenced:
-    @pytest.mark.parametrize(("worker_id", "generation"), [(OTHER, 1), (WORKER, 0), (WORKER, 2)])
-    async def test_cancel_by_anyone_but_the_holder_is_refused(self, conn, worker_id, generation):
-        lease = await make_run(conn, "running")
-        before = await run_row(conn, lease.run_id)
-
-        assert await cancel(conn, lease.run_id, worker_id, generation) is False
-
-        assert dict(await run_row(conn, lease.run_id)) == dict(before)
-
-    async def test_cancel_with_an_expired_lease_is_refused(self, conn):
-        lease = await make_run(conn, "running")
-        before = await run_row(conn, lease.run_id)
-
-        assert await cancel(conn, lease.run_id, now=at(61)) is False
-
-        assert dict(await run_row(conn, lease.run_id)) == dict(before)
-
-    async def test_stale_generation_cannot_cancel_new_same_worker_lease(self, conn):
-        lease = await make_run(conn, "running")
-        assert await conn.fetch(CLAIM_ORPHANED, DEPLOYMENT, WORKER, at(61))
-        before = await run_row(conn, lease.run_id)
-
-        assert await cancel(conn, lease.run_id, WORKER, 1, now=at(62)) is False
-
-        assert dict(await run_row(conn, lease.run_id)) == dict(before)
-
-    async def test_displaced_holder_cannot_cancel_and_its_slot_stays_with_the_new_holder(
-            self, conn):
-        lease = await make_run(conn, "claimed", max_concurrency=1)
-        rows = await claim(conn, worker_id=OTHER, max_concurrency=1, now=at(61))
-        assert [r["lease_generation"] for r in rows] == [2]
-
-        assert await cancel(conn, lease.run_id, WORKER, 1, now=at(62)) is False
-
-        assert tuple(await conn.fetchrow(SLOT, DEPLOYMENT)) == (lease.run_id, OTHER, 2)
-
-    @pytest.mark.parametrize("status", ["pending", "waiting", "completed", "failed", "cancelled"])
-    async def test_cancel_of_a_run_without_a_live_lease_is_refused(self, conn, status):
-        lease = await make_run(conn, status)
-        before = await run_row(conn, lease.run_id)
-
-        assert await cancel(conn, lease.run_id, WORKER, lease.generation) is False
-
-        assert dict(await run_row(conn, lease.run_id)) == dict(before)
-
-    async def test_cancel_in_another_scope_is_refused(self, conn):
-        lease = await make_run(conn, "running", tenant_id="acme")
-        before = await run_row(conn, lease.run_id, tenant_id="acme")
-
-        assert await cancel(conn, lease.run_id) is False
-        assert await cancel(conn, lease.run_id, tenant_id="acme", workspace_id="ws") is False
-
-        assert dict(await run_row(conn, lease.run_id, tenant_id="acme")) == dict(before)
-
-
 class TestCancelNotifiesWhenASlotIsFreed:
     async def test_cancel_that_frees_a_slot_notifies_wakeup(self, connect):
         actor, listener = await connect(), await connect()
@@ -181,20 +124,3 @@ class TestCancelNotifiesWhenASlotIsFreed:
         assert await next_payload(queue) == "sentinel"
 
 
-class TestCancelRejectsBadArguments:
-    @pytest.mark.parametrize(
-        ("drop_run_id", "worker_id", "generation"),
-        [(True, WORKER, 1), (False, None, 1), (False, "", 1), (False, "w" * 201, 1),
-         (False, WORKER, None)],
-        ids=["run_id_null", "worker_null", "worker_empty", "worker_too_long", "generation_null"])
-    async def test_bad_argument_raises_zp008_and_changes_nothing(
-            self, conn, drop_run_id, worker_id, generation):
-        lease = await make_run(conn, "running")
-        before = await run_row(conn, lease.run_id)
-
-        with pytest.raises(asyncpg.PostgresError) as info:
-            async with conn.transaction():
-                await cancel(conn, None if drop_run_id else lease.run_id, worker_id, generation)
-
-        assert info.value.sqlstate == "ZP008"
-        assert dict(await run_row(conn, lease.run_id)) == dict(before)

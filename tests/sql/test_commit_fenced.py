@@ -146,67 +146,6 @@ class TestLiveHolderWrites:
         assert loads((await run_row(conn, lease.run_id))["output"]) == {"v": 2}
 
 
-class TestFencedOut:
-    async def test_stale_generation_is_refused_after_reclaim(self, conn):
-        lease = await make_run(conn, "claimed")
-        assert [r["lease_generation"] for r in await claim(conn, now=at(61))] == [2]
-        before = await run_row(conn, lease.run_id)
-
-        assert await commit(conn, lease.run_id, {"output": {"stale": True}}, generation=1,
-                            now=at(62)) is False
-
-        assert await run_row(conn, lease.run_id) == before
-
-    async def test_wrong_worker_is_refused(self, conn):
-        lease = await make_run(conn, "running")
-        before = await run_row(conn, lease.run_id)
-
-        assert await commit(conn, lease.run_id, {"output": {"x": 1}}, worker_id=OTHER) is False
-
-        assert await run_row(conn, lease.run_id) == before
-
-    async def test_expired_lease_is_refused_even_if_nobody_took_the_run(self, conn):
-        lease = await make_run(conn, "running")
-        before = await run_row(conn, lease.run_id)
-
-        assert await commit(conn, lease.run_id, {"output": {"x": 1}},
-                            now=at(60.000001)) is False
-
-        assert await run_row(conn, lease.run_id) == before
-
-    async def test_previous_owner_is_refused_after_takeover(self, conn):
-        lease = await make_run(conn, "running")
-        taken = await conn.fetch(
-            """SELECT run_id FROM zeroth_test.claim_orphaned(deployment_ref => 'deploy-a',
-                   worker_id => $1, now_override => $2)""", OTHER, at(61))
-        assert [r["run_id"] for r in taken] == [lease.run_id]
-        before = await run_row(conn, lease.run_id)
-
-        assert await commit(conn, lease.run_id, {"progress": {"old": True}},
-                            now=at(62)) is False
-
-        assert await run_row(conn, lease.run_id) == before
-        assert await commit(conn, lease.run_id, {"progress": {"new": True}}, worker_id=OTHER,
-                            generation=2, now=at(62)) is True
-
-    @pytest.mark.parametrize("status", ["completed", "failed", "cancelled", "waiting"])
-    async def test_former_holder_of_a_finished_or_paused_run_is_refused(self, conn, status):
-        lease = await make_run(conn, status)
-        before = await run_row(conn, lease.run_id)
-
-        assert await commit(conn, lease.run_id, {"output": {"late": True}}) is False
-
-        assert await run_row(conn, lease.run_id) == before
-
-    async def test_other_tenant_cannot_write(self, conn):
-        lease = await make_run(conn, "running", tenant_id="tenant-x")
-        before = await run_row(conn, lease.run_id, tenant_id="tenant-x")
-
-        assert await commit(conn, lease.run_id, {"output": {"x": 1}}) is False
-
-        assert await run_row(conn, lease.run_id, tenant_id="tenant-x") == before
-
-
 class TestProtectedColumns:
     @pytest.mark.parametrize("name", PROTECTED_SPELLINGS)
     async def test_protected_column_raises_protected_column_and_changes_nothing(
@@ -304,22 +243,6 @@ class TestBadArguments:
 
         assert await run_row(conn, lease.run_id) == before
         assert await commit(conn, lease.run_id, {"progress": {"ok": 1}}) is True
-
-    @pytest.mark.parametrize(
-        ("field", "value"),
-        [("run_id", None), ("worker_id", None), ("worker_id", ""),
-         ("worker_id", "w" * 201), ("generation", None)],
-    )
-    async def test_bad_fence_arguments_raise_invalid_argument(self, conn, field, value):
-        lease = await make_run(conn, "running")
-        before = await run_row(conn, lease.run_id)
-        run_id = None if field == "run_id" else lease.run_id
-        kwargs: dict[str, Any] = {field: value} if field != "run_id" else {}
-
-        await rejected_with(conn, "ZP008", run_id, {"output": {"x": 1}}, **kwargs)
-
-        assert await run_row(conn, lease.run_id) == before
-
 
 class TestSlotReuse:
     async def test_expired_worker_cannot_write_after_different_run_reused_its_slot(self, conn):

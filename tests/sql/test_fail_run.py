@@ -12,7 +12,6 @@ import asyncpg
 import pytest
 from helpers import DEPLOYMENT, WORKER, at, claim, enqueue, make_run, run_row
 
-OTHER = "worker-b"
 SOON = at(1)
 MICROSECOND = timedelta(microseconds=1)
 
@@ -223,74 +222,6 @@ class TestDeadLetter:
         assert (await run_row(conn, lease.run_id))["dead_lettered_at"] is None
 
 
-class TestFencedOut:
-    async def test_stale_generation_cannot_fail_the_run(self, conn):
-        lease = await make_run(conn, "running")
-        taken = await conn.fetch(
-            """SELECT run_id FROM zeroth_test.claim_orphaned(deployment_ref => $1,
-                   worker_id => $2, now_override => $3)""", DEPLOYMENT, WORKER, at(61))
-        assert [r["run_id"] for r in taken] == [lease.run_id]
-        before = await run_row(conn, lease.run_id)
-
-        assert await fail(conn, lease.run_id, generation=1, now=at(62)) is None
-
-        assert await run_row(conn, lease.run_id) == before
-
-    async def test_expired_lease_cannot_fail_the_run(self, conn):
-        lease = await make_run(conn, "running")
-        before = await run_row(conn, lease.run_id)
-
-        assert await fail(conn, lease.run_id, retryable=False, now=at(60.000001)) is None
-
-        assert await run_row(conn, lease.run_id) == before
-
-    async def test_wrong_worker_cannot_fail_the_run(self, conn):
-        lease = await make_run(conn, "running", max_concurrency=1)
-        before = await run_row(conn, lease.run_id)
-        slots_before = await slots(conn)
-
-        assert await fail(conn, lease.run_id, worker_id=OTHER) is None
-
-        assert await run_row(conn, lease.run_id) == before
-        assert await slots(conn) == slots_before
-
-    async def test_refused_failure_by_an_expired_holder_leaves_its_slot_untouched(self, conn):
-        # A refused write is a return value, never a partial write: the slot still mirrors the
-        # (expired) lease the run row carries until someone takes it over.
-        lease = await make_run(conn, "running", max_concurrency=1)
-        before = await run_row(conn, lease.run_id)
-        slots_before = await slots(conn)
-
-        assert await fail(conn, lease.run_id, now=at(61)) is None
-
-        assert await run_row(conn, lease.run_id) == before
-        assert await slots(conn) == slots_before
-
-    @pytest.mark.parametrize("status", ["completed", "failed", "cancelled", "waiting"])
-    async def test_former_holder_cannot_fail_a_run_it_no_longer_holds(self, conn, status):
-        lease = await make_run(conn, status)
-        before = await run_row(conn, lease.run_id)
-
-        assert await fail(conn, lease.run_id) is None
-
-        assert await run_row(conn, lease.run_id) == before
-
-
-class TestInvalidTransition:
-    async def test_holder_of_a_claimed_but_not_started_run_gets_invalid_transition(self, conn):
-        lease = await make_run(conn, "claimed", max_concurrency=1)
-        before = await run_row(conn, lease.run_id)
-        slots_before = await slots(conn)
-
-        with pytest.raises(asyncpg.PostgresError) as raised:
-            async with conn.transaction():
-                await fail(conn, lease.run_id)
-
-        assert raised.value.sqlstate == "ZP003"
-        assert await run_row(conn, lease.run_id) == before
-        assert await slots(conn) == slots_before
-
-
 class TestBadArguments:
     @pytest.mark.parametrize(
         "kwargs",
@@ -304,22 +235,16 @@ class TestBadArguments:
             pytest.param({"base": None}, id="null-base"),
             pytest.param({"cap": None}, id="null-cap"),
             pytest.param({"retryable": None}, id="null-retryable"),
-            pytest.param({"worker_id": ""}, id="empty-worker"),
-            pytest.param({"worker_id": None}, id="null-worker"),
-            pytest.param({"generation": None}, id="null-generation"),
-            pytest.param({"run_id": None}, id="null-run-id"),
         ],
     )
     async def test_bad_argument_raises_invalid_argument_and_changes_nothing(self, conn, kwargs):
+        # The fence arguments: tests/sql/test_fenced_conformance.py.
         lease = await make_run(conn, "running", max_concurrency=1)
         before = await run_row(conn, lease.run_id)
         slots_before = await slots(conn)
-        kwargs = dict(kwargs)
-        run_id = kwargs.pop("run_id", lease.run_id)
-
         with pytest.raises(asyncpg.PostgresError) as raised:
             async with conn.transaction():
-                await fail(conn, run_id, **kwargs)
+                await fail(conn, lease.run_id, **kwargs)
 
         assert raised.value.sqlstate == "ZP008"
         assert await run_row(conn, lease.run_id) == before

@@ -1,5 +1,5 @@
-"""One bad run never stops the recovery of another (issue 29, finding 1), and every stored error
-document is bounded (finding 4, the SQL half).
+"""One bad run never stops the recovery of another, and every stored error document is bounded
+(the SQL half).
 
 * The sweeps — claim_orphaned (both steps), claim_orphaned_scopes, reconcile_thread_runs,
   claim_for_takeover — end alone a run whose recovery raises: it is rolled back, dead-lettered
@@ -7,7 +7,7 @@ document is bounded (finding 4, the SQL half).
   innocent orphans beside it are recovered by the same call. A run whose dead-lettering raises
   too is left with a WARNING and the others still go on. The failure is simulated by a trigger
   the test installs (a takeover that raises for a reason nobody foresaw); the two real triggers
-  the review found are tested as themselves: a cancel cascade deeper than the stack, and an error
+  known are tested as themselves: a cancel cascade deeper than the stack, and an error
   document near jsonb's limit.
 * The cancel cascade is iterative: a 1,000-generation chain is cancelled by one request_cancel,
   and the attempt history still gets the row of each cancelled running attempt.

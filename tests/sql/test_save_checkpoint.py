@@ -148,34 +148,6 @@ class TestCheckpointOfAnotherRun:
 
 
 class TestFencedOut:
-    async def test_stale_generation_saves_nothing(self, conn):
-        lease = await make_run(conn, "running")
-        assert [r["lease_generation"] for r in await recover(conn, at(61))] == [2]
-        before = await run_row(conn, lease.run_id)
-
-        assert await save(conn, lease.run_id, {"stale": True}, generation=1, now=at(62)) is None
-
-        assert await run_row(conn, lease.run_id) == before
-        assert await checkpoints(conn, lease.run_id) == []
-
-    async def test_expired_lease_saves_nothing(self, conn):
-        lease = await make_run(conn, "running")
-        before = await run_row(conn, lease.run_id)
-
-        assert await save(conn, lease.run_id, {"late": True}, now=at(60.000001)) is None
-
-        assert await run_row(conn, lease.run_id) == before
-        assert await checkpoints(conn, lease.run_id) == []
-
-    async def test_wrong_worker_saves_nothing(self, conn):
-        lease = await make_run(conn, "running")
-        before = await run_row(conn, lease.run_id)
-
-        assert await save(conn, lease.run_id, {"x": 1}, worker_id=OTHER) is None
-
-        assert await run_row(conn, lease.run_id) == before
-        assert await checkpoints(conn, lease.run_id) == []
-
     async def test_fenced_out_caller_cannot_replace_an_existing_checkpoint(self, conn):
         lease = await make_run(conn, "running")
         chosen = await save(conn, lease.run_id, {"v": "kept"})
@@ -186,28 +158,6 @@ class TestFencedOut:
 
         assert await checkpoints(conn, lease.run_id) == kept
 
-    @pytest.mark.parametrize("status", ["completed", "failed", "cancelled", "waiting"])
-    async def test_former_holder_of_a_finished_or_paused_run_saves_nothing(self, conn, status):
-        lease = await make_run(conn, status)
-        before = await run_row(conn, lease.run_id)
-
-        assert await save(conn, lease.run_id, {"late": True}) is None
-
-        assert await run_row(conn, lease.run_id) == before
-        assert await checkpoints(conn, lease.run_id) == []
-
-
-class TestNotRunning:
-    async def test_holder_of_a_claimed_but_not_started_run_gets_invalid_transition(self, conn):
-        lease = await make_run(conn, "claimed")
-        before = await run_row(conn, lease.run_id)
-
-        await rejected_with(conn, "ZP003", lease.run_id, {"early": True})
-
-        assert await run_row(conn, lease.run_id) == before
-        assert await checkpoints(conn, lease.run_id) == []
-
-
 class TestBadArguments:
     async def test_null_data_raises_invalid_argument(self, conn):
         lease = await make_run(conn, "running")
@@ -217,23 +167,6 @@ class TestBadArguments:
 
         assert await run_row(conn, lease.run_id) == before
         assert await checkpoints(conn, lease.run_id) == []
-
-    @pytest.mark.parametrize(
-        ("field", "value"),
-        [("run_id", None), ("worker_id", None), ("worker_id", ""),
-         ("worker_id", "w" * 201), ("generation", None)],
-    )
-    async def test_bad_fence_argument_raises_invalid_argument(self, conn, field, value):
-        lease = await make_run(conn, "running")
-        before = await run_row(conn, lease.run_id)
-        run_id = None if field == "run_id" else lease.run_id
-        kwargs: dict[str, Any] = {} if field == "run_id" else {field: value}
-
-        await rejected_with(conn, "ZP008", run_id, {"x": 1}, **kwargs)
-
-        assert await run_row(conn, lease.run_id) == before
-        assert await checkpoints(conn, lease.run_id) == []
-
 
 class TestRecovery:
     async def test_orphan_claim_hands_the_latest_checkpoint_to_the_next_owner(self, conn):

@@ -303,72 +303,6 @@ class TestSleepingThreadRun:
         assert (await run_row(conn, queued))["status"] == "pending"
 
 
-class TestSleepIsFenced:
-    @pytest.mark.parametrize(("worker_id", "generation"), [(OTHER, 1), (WORKER, 0), (WORKER, 2)])
-    async def test_sleep_by_anyone_but_the_holder_is_refused(self, conn, worker_id, generation):
-        lease = await make_run(conn, "running")
-        before = await run_row(conn, lease.run_id)
-
-        result = await sleep(conn, lease.run_id, worker_id, generation, delay_seconds=5,
-                             checkpoint={"x": 1})
-
-        assert tuple(result) == (None, None, None)
-        assert dict(await run_row(conn, lease.run_id)) == dict(before)
-        assert await checkpoints(conn, lease.run_id) == []
-
-    async def test_sleep_with_an_expired_lease_is_refused(self, conn):
-        lease = await make_run(conn, "running")
-        before = await run_row(conn, lease.run_id)
-
-        result = await sleep(conn, lease.run_id, delay_seconds=5, checkpoint={"x": 1},
-                             now=at(61))
-
-        assert result["outcome"] is None
-        assert dict(await run_row(conn, lease.run_id)) == dict(before)
-        assert await checkpoints(conn, lease.run_id) == []
-
-    async def test_stale_generation_cannot_put_the_new_same_worker_lease_to_sleep(self, conn):
-        lease = await make_run(conn, "running")
-        assert await conn.fetch(CLAIM_ORPHANED, DEPLOYMENT, WORKER, at(61))
-        before = await run_row(conn, lease.run_id)
-
-        result = await sleep(conn, lease.run_id, WORKER, 1, delay_seconds=5, now=at(62))
-
-        assert result["outcome"] is None
-        assert dict(await run_row(conn, lease.run_id)) == dict(before)
-
-    async def test_another_scope_sees_nothing_and_changes_nothing(self, conn):
-        lease = await make_run(conn, "running", tenant_id="acme", workspace_id="ws-1")
-        before = await run_row(conn, lease.run_id, tenant_id="acme", workspace_id="ws-1")
-
-        for tenant_id, workspace_id in [(None, None), ("acme", None), ("acme", "ws-2"),
-                                        ("other", "ws-1")]:
-            result = await sleep(conn, lease.run_id, delay_seconds=5, tenant_id=tenant_id,
-                                 workspace_id=workspace_id)
-            assert result["outcome"] is None
-
-        assert dict(await run_row(conn, lease.run_id, tenant_id="acme",
-                                  workspace_id="ws-1")) == dict(before)
-
-    async def test_holder_of_a_claimed_pending_run_gets_zp003(self, conn):
-        lease = await make_run(conn, "claimed")
-        before = await run_row(conn, lease.run_id)
-
-        await assert_raises(conn, "ZP003", sleep, lease.run_id, delay_seconds=5)
-
-        assert dict(await run_row(conn, lease.run_id)) == dict(before)
-
-    @pytest.mark.parametrize("status", ["pending", "waiting", "completed", "failed", "cancelled"])
-    async def test_sleep_of_a_run_without_a_lease_is_refused(self, conn, status):
-        lease = await make_run(conn, status)
-        before = await run_row(conn, lease.run_id)
-
-        result = await sleep(conn, lease.run_id, WORKER, lease.generation, delay_seconds=5)
-
-        assert result["outcome"] is None
-        assert dict(await run_row(conn, lease.run_id)) == dict(before)
-
-
 class TestSleepRejectsBadArguments:
     @pytest.mark.parametrize(
         ("kwargs", "message"),
@@ -403,22 +337,6 @@ class TestSleepRejectsBadArguments:
         result = await sleep(conn, lease.run_id, delay_seconds=366 * 86400)
 
         assert result["run_after"] == NOW + timedelta(days=366)
-
-    @pytest.mark.parametrize(
-        ("drop_run_id", "worker_id", "generation"),
-        [(True, WORKER, 1), (False, None, 1), (False, "", 1), (False, "w" * 201, 1),
-         (False, WORKER, None)],
-        ids=["run_id_null", "worker_null", "worker_empty", "worker_too_long", "generation_null"])
-    async def test_bad_fence_argument_raises_zp008_and_changes_nothing(
-            self, conn, drop_run_id, worker_id, generation):
-        lease = await make_run(conn, "running")
-        before = await run_row(conn, lease.run_id)
-
-        await assert_raises(conn, "ZP008", sleep, None if drop_run_id else lease.run_id,
-                            worker_id, generation, delay_seconds=1)
-
-        assert dict(await run_row(conn, lease.run_id)) == dict(before)
-
 
 class TestSleepNotifiesOnlyWhatIsDue:
     async def test_a_sleep_for_later_wakes_nobody(self, connect):

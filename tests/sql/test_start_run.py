@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 from uuid import UUID
 
 import asyncpg
-import pytest
 from helpers import WORKER, at, claim, make_run, run_row
 
 OTHER = "worker-b"
@@ -91,49 +89,6 @@ class TestStart:
         assert (row["attempts"], row["started_at"]) == (2, at(3))
 
 
-class TestFencedOut:
-    async def test_stale_generation_cannot_start_after_reclaim(self, conn):
-        lease = await make_run(conn, "claimed")
-        assert [r["lease_generation"] for r in await claim(conn, now=at(61))] == [2]
-        before = await run_row(conn, lease.run_id)
-
-        assert await start(conn, lease.run_id, generation=1, now=at(62)) is False
-
-        assert await run_row(conn, lease.run_id) == before
-
-    async def test_expired_lease_cannot_start(self, conn):
-        lease = await make_run(conn, "claimed")
-        before = await run_row(conn, lease.run_id)
-
-        assert await start(conn, lease.run_id, now=at(60.000001)) is False
-
-        assert await run_row(conn, lease.run_id) == before
-
-    async def test_wrong_worker_cannot_start(self, conn):
-        lease = await make_run(conn, "claimed")
-        before = await run_row(conn, lease.run_id)
-
-        assert await start(conn, lease.run_id, worker_id=OTHER) is False
-
-        assert await run_row(conn, lease.run_id) == before
-
-    async def test_unclaimed_run_cannot_start(self, conn):
-        lease = await make_run(conn, "pending")
-        before = await run_row(conn, lease.run_id)
-
-        assert await start(conn, lease.run_id, generation=0) is False
-
-        assert await run_row(conn, lease.run_id) == before
-
-    async def test_other_tenant_cannot_start(self, conn):
-        lease = await make_run(conn, "claimed", tenant_id="tenant-x")
-        before = await run_row(conn, lease.run_id, tenant_id="tenant-x")
-
-        assert await start(conn, lease.run_id) is False
-
-        assert await run_row(conn, lease.run_id, tenant_id="tenant-x") == before
-
-
 class TestFinishedRunsCannotStart:
     async def test_claimed_run_cancelled_by_an_admin_cannot_start(self, conn):
         lease = await make_run(conn, "claimed")
@@ -149,32 +104,3 @@ class TestFinishedRunsCannotStart:
         assert after == before
         assert after["status"] == "cancelled"
 
-    @pytest.mark.parametrize("status", ["waiting", "completed", "failed", "cancelled"])
-    async def test_run_that_left_the_active_states_cannot_start(self, conn, status):
-        lease = await make_run(conn, status)
-        before = await run_row(conn, lease.run_id)
-
-        assert await start(conn, lease.run_id, generation=lease.generation) is False
-
-        assert await run_row(conn, lease.run_id) == before
-
-
-class TestBadArguments:
-    @pytest.mark.parametrize(
-        ("field", "value"),
-        [("run_id", None), ("worker_id", None), ("worker_id", ""),
-         ("worker_id", "w" * 201), ("generation", None)],
-    )
-    async def test_bad_argument_raises_invalid_argument_and_changes_nothing(
-            self, conn, field, value):
-        lease = await make_run(conn, "claimed")
-        before = await run_row(conn, lease.run_id)
-        run_id = None if field == "run_id" else lease.run_id
-        kwargs: dict[str, Any] = {} if field == "run_id" else {field: value}
-
-        with pytest.raises(asyncpg.PostgresError) as raised:
-            async with conn.transaction():
-                await start(conn, run_id, **kwargs)
-
-        assert raised.value.sqlstate == "ZP008"
-        assert await run_row(conn, lease.run_id) == before

@@ -1,21 +1,14 @@
-"""Red team 3: scripted interleavings of two or three real sessions against issue 16 (commit
-832d743) — the completions that write their own attempt history rows, and the triggers for
-redriven and deleted child runs.
+"""Scripted interleavings of real sessions on the children a parent waits for: the wait's count
+stays the truth and the parent is woken once, after the last awaited end.
 
-* one lease completed from two sessions at once (complete_run, complete_runs,
-  complete_and_claim, in either order): one completion, one history row;
-* a completion and a fail_run / hand-back of the same lease from two sessions, either first:
-  one end, one history row (the completion's own or the trigger's);
-* a completion that waited for a takeover: refused, and the taken-over attempt has one row;
 * two siblings ending at once while a third is redriven (and a redrive holding the wait while a
-  sibling ends): the wait's count is the truth after every interleaving, and the parent is woken
-  only once every awaited child has ended;
+  sibling ends);
 * a DBA's DELETE of an awaited child against that child's completion, in either order: the
   child is counted once;
 * a child's redrive and a DBA's DELETE of it, in either order: counted once;
 * a child's redrive against prune_runs deleting its ended (cancelled) parent, lined up by a
-  third session: was a deadlock (40P01), fixed in f941024 — the reopen trigger takes wait rows
-  only while the parent waits for children.
+  third session, does not deadlock (the reopen trigger takes wait rows only while the parent
+  waits for children).
 """
 
 from __future__ import annotations
@@ -24,11 +17,10 @@ import asyncio
 import json
 
 import pytest
-from helpers import DEPLOYMENT, WORKER, at, make_run, run_row
+from helpers import DEPLOYMENT, WORKER, at, run_row
 from interleave import DEADLINE, Outcome, Session, assert_waits_for, blockers, finished, only
 from test_child_run_races import (
     CLAIM,
-    CLAIM_ORPHANED,
     COMPLETE,
     FAIL,
     REDRIVE,
@@ -37,15 +29,6 @@ from test_child_run_races import (
     parent_and_children,
 )
 
-COMPLETE_RUNS = """SELECT completed FROM zeroth_test.complete_runs(worker_id => $2,
-                       run_ids => ARRAY[$1]::uuid[], generations => ARRAY[$3]::bigint[],
-                       now_override => $5) WHERE $4::text IS NULL OR $4::text IS NOT NULL"""
-COMPLETE_AND_CLAIM = """SELECT completed[1] FROM zeroth_test.complete_and_claim(
-                            deployment_ref => 'elsewhere', worker_id => $2,
-                            run_ids => ARRAY[$1]::uuid[], generations => ARRAY[$3]::bigint[],
-                            now_override => $5) WHERE $4::text IS NULL OR $4::text IS NOT NULL"""
-COMPLETIONS = {"complete_run": COMPLETE, "complete_runs": COMPLETE_RUNS,
-               "complete_and_claim": COMPLETE_AND_CLAIM}
 ENDED = """SELECT lease_generation, worker_id, outcome FROM zeroth.run_attempts
             WHERE run_id = $1 ORDER BY lease_generation, ended_at"""
 
@@ -62,44 +45,6 @@ async def blocked(db, waiter, task):
 
 async def ended(db, run_id):
     return [tuple(r) for r in await db.fetch(ENDED, run_id)]
-
-
-@pytest.mark.parametrize(("first", "second"), [
-    ("complete_run", "complete_runs"), ("complete_runs", "complete_run"),
-    ("complete_and_claim", "complete_run"), ("complete_runs", "complete_and_claim")])
-async def test_one_lease_completed_from_two_sessions_lands_once_with_one_row(
-        sessions, first, second):
-    """Two processes with the same worker id and lease (a duplicated deployment)."""
-    a, b, db = sessions
-    lease = await make_run(db, "running")
-    await a.begin()
-    assert (await a.call(COMPLETIONS[first], lease.run_id, WORKER, lease.generation,
-                         json.dumps(1), at(1))).value is True
-    late = b.spawn(COMPLETIONS[second], lease.run_id, WORKER, lease.generation, json.dumps(2),
-                   at(1))
-    await assert_waits_for(db, b, a, late)
-    await a.commit()
-    assert (await finished(late)).value is False
-    # The first call's output (the batches here send none: the run keeps its own, NULL); never
-    # the refused second call's.
-    assert (await run_row(db, lease.run_id))["output"] == ("1" if first == "complete_run" else None)
-    assert await ended(db, lease.run_id) == [(lease.generation, WORKER, "completed")]
-
-
-@pytest.mark.parametrize("completion", sorted(COMPLETIONS))
-async def test_a_completion_that_waited_for_a_takeover_lands_nothing(sessions, completion):
-    holder, sweeper, db = sessions
-    lease = await make_run(db, "running")
-    await sweeper.begin()
-    taken = only(await sweeper.rows(CLAIM_ORPHANED, DEPLOYMENT, "worker-b", at(61)))
-    assert taken["lease_generation"] == lease.generation + 1
-    stale = holder.spawn(COMPLETIONS[completion], lease.run_id, WORKER, lease.generation,
-                         json.dumps(1), at(59))
-    await assert_waits_for(db, holder, sweeper, stale)
-    await sweeper.commit()
-    assert (await finished(stale)).value is False
-    assert await ended(db, lease.run_id) == [(lease.generation, WORKER, "recovered")]
-    assert (await run_row(db, lease.run_id))["lease_worker_id"] == "worker-b"
 
 
 @pytest.mark.parametrize("queued_first", ["end", "redrive"])
@@ -207,6 +152,7 @@ async def test_a_dba_deleting_a_child_as_it_completes_counts_it_once(sessions, f
 
 PRUNE = """SELECT zeroth_test.prune_runs(older_than => interval '100 seconds',
                now_override => $1)"""
+
 CANCEL_PARENT = """SELECT outcome FROM zeroth_test.request_cancel_v2(run_id => $1,
                        action => 'cancel', now_override => $2)"""
 
@@ -273,40 +219,3 @@ async def test_a_redrive_and_a_dba_delete_of_one_child_count_it_once(sessions, f
     assert (await run_row(db, lease.run_id))["status"] == "waiting"
     assert await db.fetchval(COMPLETE, k2, "cw", g2, json.dumps(2), at(6)) is True
     assert (await run_row(db, lease.run_id))["status"] == "pending"
-
-
-OTHER_ENDS = {
-    "fail_run": ("""SELECT zeroth_test.fail_run(run_id => $1, worker_id => $2, generation => $3,
-                        error => $4::text::jsonb, retryable => false, now_override => $5)""",
-                 "failed", "failed"),
-    "hand_back": ("""SELECT zeroth_test.hand_back_to_pending(run_id => $1, worker_id => $2,
-                         generation => $3, now_override => $5)
-                      WHERE $4::text IS NULL OR $4::text IS NOT NULL""",
-                  True, "handed_back"),
-}
-
-
-@pytest.mark.parametrize("other", sorted(OTHER_ENDS))
-@pytest.mark.parametrize("completion", ["complete_run", "complete_runs"])
-@pytest.mark.parametrize("completion_first", [True, False])
-async def test_a_completion_and_another_end_of_one_lease_write_one_row(
-        sessions, other, completion, completion_first):
-    """Two processes of one lease end it two ways at once: the first to lock wins, the other is
-    refused, and the attempt has exactly one row (written by the completion's statement or by
-    the trigger)."""
-    a, b, db = sessions
-    lease = await make_run(db, "running")
-    query, accepted, outcome = OTHER_ENDS[other]
-    calls = [(COMPLETIONS[completion], True, "completed"), (query, accepted, outcome)]
-    if not completion_first:
-        calls.reverse()
-    (first, first_ok, first_outcome), (second, _ok, _outcome) = calls
-    await a.begin()
-    assert (await a.call(first, lease.run_id, WORKER, lease.generation, json.dumps(1),
-                         at(1))).value == first_ok
-    late = b.spawn(second, lease.run_id, WORKER, lease.generation, json.dumps(2), at(1))
-    await assert_waits_for(db, b, a, late)
-    await a.commit()
-    refused = await finished(late)
-    assert refused.value in (False, None) or (refused.sqlstate or "").startswith("ZP"), refused
-    assert await ended(db, lease.run_id) == [(lease.generation, WORKER, first_outcome)]

@@ -1,11 +1,12 @@
-"""Red-team pass on complete_and_claim with real worker processes (``python -m zeroth_pg.worker``)
-under continuous load: a worker whose completions carry the claims of the next runs is stopped
-with SIGTERM, or killed with SIGKILL, while runs flow. Nothing is lost and nothing stays leased:
-after a SIGTERM no run holds a live lease of the stopped worker (each claimed run was completed or
-handed back, also those a completion claimed while the drain began), after a SIGKILL a second
-worker recovers every run once the dead leases lapse, and every run ends completed exactly once.
-A second process with the same worker id takes over a frozen process's run of steps; the frozen
-one, continued, reads and records no step and writes nothing.
+"""complete_and_claim with real worker processes (``python -m zeroth_pg.worker``) under
+continuous load loses nothing and leaves nothing leased.
+
+A worker whose completions carry the claims of the next runs is stopped with SIGTERM, or killed
+with SIGKILL, while runs flow: after a SIGTERM no run holds a live lease of the stopped worker
+(each claimed run was completed or handed back, also those a completion claimed while the drain
+began), after a SIGKILL a second worker recovers every run once the dead leases lapse, and every
+run ends completed exactly once. A second process with the same worker id takes over a frozen
+process's run of steps; the frozen one, continued, reads and records no step and writes nothing.
 """
 
 # The fixtures workers and events come from test_worker_processes (imported by name).
