@@ -293,8 +293,12 @@ async def test_operator_flows_filter_open_cancel_bulk_cancel_redrive_and_page(
             assert _ids(driver, "runs") == [str(samples["run"])]
             _click_and_wait(driver, By.CSS_SELECTOR, "#runs tbody a")
             assert "render-pdf" in driver.find_element(By.TAG_NAME, "main").text
+            # Cancel asks first: the confirmation names this one run, then acts on it.
             _click_and_wait(driver, By.ID, "cancel")
-            assert str(samples["run"]) in driver.current_url
+            assert driver.find_element(By.TAG_NAME, "h1").text == "Cancel 1 run?"
+            assert _ids(driver, "bulk-runs") == [str(samples["run"])]
+            _click_and_wait(driver, By.ID, "bulk-confirm")
+            assert "1 of 1 confirmed" in driver.find_element(By.TAG_NAME, "h1").text
 
             # Paging: older, older, then newer, newer: back on the first page.
             driver.get(base + "/runs?deployment=batch")

@@ -110,6 +110,37 @@ class TestPages:
         assert bad.status_code == 400
         assert "bad filter" in bad.text
 
+    async def test_one_busy_minute_does_not_flatten_the_chart_of_the_others(self, database_dsn):
+        """1,000 runs finished in one minute and a single one in another: on a linear scale the
+        single run's bar would be a tenth of a pixel; the chart's logarithmic scale keeps it
+        visible, labels its axes, and gives each bar's exact count in its tooltip."""
+        conn = await asyncpg.connect(database_dsn)
+        try:
+            await conn.execute(
+                "SELECT count(*) FROM zeroth.enqueue_runs(deployment_ref => 'chart', runs => "
+                "(SELECT jsonb_agg(jsonb_build_object('payload', '{}'::jsonb)) "
+                "FROM generate_series(1, 1001)))")
+            # A DBA's UPDATE plays the finished runs: 1,000 ten minutes ago, one five minutes ago.
+            await conn.execute(
+                "UPDATE zeroth.runs SET status = 'completed', finished_at = CASE "
+                "WHEN run_id = (SELECT min(run_id::text)::uuid FROM zeroth.runs) "
+                "THEN clock_timestamp() - interval '5 minutes' "
+                "ELSE clock_timestamp() - interval '10 minutes' END")
+        finally:
+            await conn.close()
+        with dashboard(create_app(database_dsn)) as client:
+            page = client.get("/")
+        assert page.status_code == 200
+        chart = page.text[page.text.index('<svg class="chart"'):page.text.index("</svg>")]
+        bars = {int(count): float(height) for height, count in re.findall(
+            r'<rect class="ok"[^>]* height="([0-9.]+)"><title>[0-9:]+ completed (\d+)</title>',
+            chart)}
+        assert set(bars) == {1000, 1}
+        assert bars[1] >= 0.08 * bars[1000] >= 7  # log(2)/log(1001) of the spike's height
+        ticks = re.findall(r'<text class="tick"[^>]*>([^<]+)</text>', chart)
+        assert {"0", "1", "10", "100", "1000", "60 min ago", "now"} <= set(ticks)
+        assert "logarithmic" in chart
+
     def test_unknown_and_malformed_run_ids(self, database_dsn):
         with dashboard(create_app(database_dsn)) as client:
             assert client.get("/runs/00000000-0000-0000-0000-000000000000").status_code == 404
@@ -282,7 +313,8 @@ class TestHostAndOrigin:
             pending = await make_run(conn, "pending", deployment_ref="mail", now=await _now(conn))
             form = {"run_id": str(pending.run_id)}
             with dashboard(create_app(database_dsn, enable_actions=True)) as client:
-                form["csrf"] = _csrf(client.get(f"/runs/{pending.run_id}").text)
+                form["csrf"] = _csrf(client.get(
+                    f"/bulk?op=cancel&source=runs&search={pending.run_id}").text)
                 # The rebinding page itself: its Host and its Origin are its own name.
                 r = client.post("/actions/cancel", data=form,
                                 headers={"Host": FOREIGN_HOST, "Origin": FOREIGN_ORIGIN})

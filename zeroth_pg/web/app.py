@@ -7,6 +7,7 @@ import hmac
 import ipaddress
 import json
 import logging
+import math
 import secrets
 import urllib.parse
 import uuid
@@ -268,23 +269,44 @@ def _time(value: str | None) -> datetime | None:
 
 def _chart(points: list[asyncpg.Record], now: datetime) -> str:
     """An inline SVG bar chart over the last 60 minutes: completions (green) and failures (red)
-    per minute, one slot a minute, the newest on the right."""
-    width, height, slot = 600, 80, 10.0
+    per minute, one slot a minute, the newest on the right. The bars' height is on a logarithmic
+    scale (log(1 + n)), so one busy minute does not flatten every other (a minute of 1 run stays
+    visible next to one of 10,000); the y axis is labelled with that scale's ticks (0, 1, 10, …,
+    the top), the x axis in minutes ago, and each bar's tooltip gives its exact count."""
+    left, width, plot, slot = 44, 644, 100, 10.0
+    height = plot + 16
     top = max([max(int(p["completed"]), int(p["failed"])) for p in points] or [1]) or 1
     current = now.replace(second=0, microsecond=0)
-    parts = [f'<line class="axis" x1="0" y1="{height - 0.5}" x2="{width}" y2="{height - 0.5}"/>']
+
+    def y(value: float) -> float:
+        return plot - math.log1p(value) / math.log1p(top) * (plot - 6)
+
+    parts = [f'<line class="axis" x1="{left}" y1="{plot + 0.5}" x2="{width}" y2="{plot + 0.5}"/>',
+             f'<line class="axis" x1="{left - 0.5}" y1="0" x2="{left - 0.5}" y2="{plot}"/>']
+    ticks = {0, top, *(10 ** k for k in range(len(str(top))) if 10 ** k < top / 2)}
+    for tick in sorted(ticks):
+        parts.append(f'<text class="tick" x="{left - 4}" y="{y(tick) + 4:.1f}" '
+                     f'text-anchor="end">{tick}</text>')
+    for ago, label in ((59, "60 min ago"), (30, "30 min"), (0, "now")):
+        anchor = "start" if ago == 59 else "end" if ago == 0 else "middle"
+        x = left + (59 - ago) * slot + (slot if ago == 0 else 0)
+        parts.append(f'<text class="tick" x="{x:.1f}" y="{height - 2}" '
+                     f'text-anchor="{anchor}">{label}</text>')
     for p in points:
         ago = int((current - p["minute"]).total_seconds() // 60)
         if not 0 <= ago < 60:
             continue
-        x = (59 - ago) * slot
+        x = left + (59 - ago) * slot
         for j, (key, cls) in enumerate((("completed", "ok"), ("failed", "bad"))):
-            h = int(p[key]) / top * (height - 10)
-            parts.append(f'<rect class="{cls}" x="{x + j * slot / 2:.1f}" y="{height - h:.1f}" '
-                         f'width="{slot / 2 - 0.5:.1f}" height="{h:.1f}">'
-                         f"<title>{p['minute']:%H:%M} {key} {int(p[key])}</title></rect>")
-    return (f'<svg class="chart" viewBox="0 0 {width} {height}" preserveAspectRatio="none" '
-            f'role="img" aria-label="finished runs per minute, last hour">{"".join(parts)}</svg>')
+            value = int(p[key])
+            if not value:
+                continue
+            parts.append(f'<rect class="{cls}" x="{x + j * slot / 2:.1f}" y="{y(value):.1f}" '
+                         f'width="{slot / 2 - 0.5:.1f}" height="{plot - y(value):.1f}">'
+                         f"<title>{p['minute']:%H:%M} {key} {value}</title></rect>")
+    return (f'<svg class="chart" viewBox="0 0 {width} {height}" role="img" '
+            f'aria-label="finished runs per minute, last hour (logarithmic scale)">'
+            f'{"".join(parts)}</svg>')
 
 
 def _host_name(entry: str) -> str:
