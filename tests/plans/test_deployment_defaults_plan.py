@@ -49,7 +49,8 @@ async def read(conn: asyncpg.Connection) -> dict[str, tuple[int, int]]:
     return {r["relname"]: (r["tuples"], r["blocks"]) for r in await conn.fetch(COUNTERS)}
 
 
-async def measured(conn: asyncpg.Connection, query: str, *args: object) -> dict[str, tuple[int, int]]:
+async def measured(conn: asyncpg.Connection, query: str,
+                   *args: object) -> dict[str, tuple[int, int]]:
     async with conn.transaction():
         before = await read(conn)
         await conn.fetch(query, *args)

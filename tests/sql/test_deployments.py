@@ -162,11 +162,14 @@ class TestListDeployments:
     async def test_lists_every_deployment_by_name_or_the_one_named(self, conn):
         await register(conn, 5, 7, deployment="b")
         await register(conn, 2, 0, deployment="a")
-        listed = await conn.fetch("SELECT deployment_ref, max_attempts FROM zeroth.list_deployments()")
+        listed = await conn.fetch(
+            "SELECT deployment_ref, max_attempts FROM zeroth.list_deployments()")
         assert [tuple(r) for r in listed] == [("a", 2), ("b", 5)]
-        one = await conn.fetch("SELECT deployment_ref FROM zeroth.list_deployments(deployment_ref => 'b')")
+        one = await conn.fetch(
+            "SELECT deployment_ref FROM zeroth.list_deployments(deployment_ref => 'b')")
         assert [r[0] for r in one] == ["b"]
-        assert await conn.fetch("SELECT * FROM zeroth.list_deployments(deployment_ref => 'c')") == []
+        assert await conn.fetch(
+            "SELECT * FROM zeroth.list_deployments(deployment_ref => 'c')") == []
 
     async def test_a_bad_name_raises_zp008(self, conn):
         with pytest.raises(asyncpg.PostgresError) as caught:
