@@ -20,8 +20,9 @@ SELECT 1;
 --   * zeroth.deployment_changes: the audit log, one row per change of a deployment's defaults
 --     (who: session_user and the SET ROLE in force; when; old → new; through which function).
 --     Registrations that change nothing write nothing, so restarts do not grow it.
--- Neither holds run data or a tenant's name: zeroth_reader reads both whole (no row-level
--- security), as it reads table_health; zeroth_worker reads through zeroth.list_deployments.
+-- Neither holds run data or a tenant's name: zeroth_reader reads every row of both (a policy
+-- USING true: row-level security is on for every table, as for every other one of the schema);
+-- zeroth_worker reads through zeroth.list_deployments.
 CREATE TABLE zeroth.deployments (
     deployment_ref text        NOT NULL,
     max_attempts   integer     NOT NULL,
@@ -44,8 +45,11 @@ COMMENT ON COLUMN zeroth.deployments.managed_by IS 'app: the last application re
 COMMENT ON COLUMN zeroth.deployments.version IS '1 when created, + 1 with every change (the version of zeroth.deployment_changes that made the row as it is).';
 COMMENT ON COLUMN zeroth.deployments.updated_by IS 'session_user of the last change (the SET ROLE in force, if any, is in zeroth.deployment_changes).';
 ALTER TABLE zeroth.deployments OWNER TO zeroth_owner;
+ALTER TABLE zeroth.deployments ENABLE ROW LEVEL SECURITY;
 REVOKE ALL ON zeroth.deployments FROM PUBLIC;
 GRANT SELECT ON zeroth.deployments TO zeroth_reader;
+CREATE POLICY deployments_reader_all ON zeroth.deployments FOR SELECT TO zeroth_reader USING (true);
+COMMENT ON POLICY deployments_reader_all ON zeroth.deployments IS 'zeroth_reader sees every deployment: the registry is global and names no tenant.';
 
 CREATE TABLE zeroth.deployment_changes (
     change_id      bigint      GENERATED ALWAYS AS IDENTITY,
@@ -65,8 +69,12 @@ COMMENT ON TABLE zeroth.deployment_changes IS 'The audit log of zeroth.deploymen
 COMMENT ON COLUMN zeroth.deployment_changes.old_values IS 'The defaults before the change (max_attempts, priority, managed_by); NULL when the change created the row.';
 COMMENT ON COLUMN zeroth.deployment_changes.new_values IS 'The defaults after the change (max_attempts, priority, managed_by).';
 ALTER TABLE zeroth.deployment_changes OWNER TO zeroth_owner;
+ALTER TABLE zeroth.deployment_changes ENABLE ROW LEVEL SECURITY;
 REVOKE ALL ON zeroth.deployment_changes FROM PUBLIC;
 GRANT SELECT ON zeroth.deployment_changes TO zeroth_reader;
+CREATE POLICY deployment_changes_reader_all ON zeroth.deployment_changes FOR SELECT TO zeroth_reader
+    USING (true);
+COMMENT ON POLICY deployment_changes_reader_all ON zeroth.deployment_changes IS 'zeroth_reader sees every change: the registry is global and names no tenant.';
 CREATE TYPE zeroth.deployment_registration AS (
     outcome        text,
     deployment_ref text,
