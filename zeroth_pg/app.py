@@ -789,7 +789,7 @@ class App:
                     d.name, max_attempts=d.max_attempts, priority=d.priority, conn=conn)
                     for d in deployments]
         except DatabaseError as exc:
-            if not quiet or exc.sqlstate not in _UNREGISTRABLE:
+            if not quiet or exc.code not in _UNREGISTRABLE:
                 raise
             _log.warning("zeroth_pg: could not register the deployments' defaults (%s); "
                          "enqueues from this App send them, other clients get the database's",

@@ -11,8 +11,13 @@ import json
 import logging
 import subprocess
 
+from roles import dsn_as, login_role
+
 from zeroth_pg import App, LeaseManager
 from zeroth_pg.testing import libpq_dsn, psql_executable
+
+ENQUEUE_RUN = "zeroth.enqueue_run(text, jsonb, text, text, integer, timestamptz, integer, text, "\
+              "jsonb, uuid, text)"
 
 
 async def registry(pool) -> dict[str, tuple[int, int, str]]:
@@ -102,3 +107,21 @@ class TestAppRegistersItsDeployments:
             run = await app.deployments["send-email"].enqueue(conn=conn)
         assert await run_values(pool, run.run_id) == (4, 2)
         assert await registry(pool) == {}
+
+    async def test_an_app_whose_role_may_not_register_sends_its_declared_values(
+            self, pool, database_dsn, caplog):
+        with login_role(database_dsn, None) as (name, password):
+            await pool.execute(f'GRANT USAGE ON SCHEMA zeroth TO "{name}"')
+            await pool.execute(f'GRANT EXECUTE ON FUNCTION {ENQUEUE_RUN} TO "{name}"')
+            limited = App(dsn_as(database_dsn, name, password), pool_size=2)
+            declare(limited, "send-email", 4, 2)
+            try:
+                with caplog.at_level(logging.WARNING, logger="zeroth_pg.app"):
+                    first = await limited.deployments["send-email"].enqueue()
+                    second = await limited.deployments["send-email"].enqueue()
+            finally:
+                await limited.close()
+        assert [await run_values(pool, r.run_id) for r in (first, second)] == [(4, 2), (4, 2)]
+        assert await registry(pool) == {}
+        warned = [r for r in caplog.records if "could not register" in r.getMessage()]
+        assert len(warned) == 1  # once, not on every enqueue
