@@ -82,3 +82,20 @@ class TestDeploymentsCommand:
             assert refused.returncode == 1
             assert "permission denied" in refused.stderr
         assert await conn.fetchval("SELECT max_attempts FROM zeroth.deployments") == 4
+
+    async def test_zeroth_pg_enqueue_without_values_gets_the_registered_ones(self, database_dsn,
+                                                                              connect):
+        ok_json(cli("deployments", "set", "mail", "--max-attempts", "6", "--priority", "2",
+                    "--json", dsn=database_dsn))
+        one = ok_json(cli("enqueue", "--deployment", "mail", "--json", dsn=database_dsn))
+        explicit = ok_json(cli("enqueue", "--deployment", "mail", "--max-attempts", "1",
+                               "--json", dsn=database_dsn))
+        batch = cli("enqueue", "--deployment", "mail", "--batch", "--json", dsn=database_dsn,
+                    stdin='{"payload": {}}\n{"priority": 9}\n')
+        assert batch.returncode == 0, batch.stderr
+        ids = [one["run_id"], explicit["run_id"],
+               *(json.loads(line)["run_id"] for line in batch.stdout.splitlines())]
+        conn = await connect()
+        values = {str(r["run_id"]): (r["max_attempts"], r["priority"]) for r in await conn.fetch(
+            "SELECT run_id, max_attempts, priority FROM zeroth.runs")}
+        assert [values[i] for i in ids] == [(6, 2), (1, 2), (6, 2), (6, 9)]
