@@ -322,8 +322,9 @@ class SyncRunContext:
 
 
     def start_child(self, deployment: str, payload: Mapping[str, Any] | None = None, *,
-                    key: str | None = None, priority: int = 0, max_attempts: int = 3,
-                    metadata: Mapping[str, Any] | None = None, detached: bool = False) -> UUID:
+                    key: str | None = None, priority: int | None = None,
+                    max_attempts: int | None = None, metadata: Mapping[str, Any] | None = None,
+                    detached: bool = False) -> UUID:
         """:meth:`RunContext.start_child`, blocking: returns the child's run id."""
         return cast(UUID, self._call(self._run.start_child(
             deployment, payload, key=key, priority=priority, max_attempts=max_attempts,

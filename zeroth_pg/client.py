@@ -778,13 +778,16 @@ class LeaseManager:
 
     async def start_child_run(
         self, run_id: RunId, worker_id: str, step_key: str, deployment_ref: str,
-        payload: Mapping[str, Any] | None = None, *, generation: int, priority: int = 0,
-        max_attempts: int = 3, metadata: Mapping[str, Any] | None = None,
+        payload: Mapping[str, Any] | None = None, *, generation: int,
+        priority: int | None = None, max_attempts: int | None = None,
+        metadata: Mapping[str, Any] | None = None,
         detached: bool = False, tenant_id: str | None = None, workspace_id: str | None = None,
         conn: Executor | None = None,
     ) -> ChildStart | None:
         """Start a child run of the holder's running run as step ``step_key``, fenced
-        (``zeroth.start_child_run``): pending in the parent's scope; a replay of the step gets
+        (``zeroth.start_child_run``): pending in the parent's scope (``priority`` /
+        ``max_attempts`` None: the child deployment's registered defaults, else 0 / 3); a replay
+        of the step gets
         the same child (``created`` False), another deployment / payload / detached under the
         key raises ChildRunConflictError. ``detached``: not cancelled with the parent. None when
         fenced out."""

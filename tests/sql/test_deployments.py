@@ -10,7 +10,7 @@ from typing import Any
 
 import asyncpg
 import pytest
-from helpers import DEPLOYMENT, T0, enqueue, run_row
+from helpers import DEPLOYMENT, T0, enqueue, make_run, run_row
 
 REGISTER = """SELECT * FROM zeroth.register_deployment(deployment_ref => $1, max_attempts => $2,
     priority => $3)"""
@@ -240,3 +240,20 @@ class TestEnqueueTakesTheRegisteredDefaults:
                          "now_override => $2)", [DEPLOYMENT], T0.replace(minute=5))
         rows = await conn.fetch("SELECT max_attempts, priority FROM zeroth.runs")
         assert [tuple(r) for r in rows] == [(2, 0)]
+
+
+class TestChildRunsTakeTheRegisteredDefaults:
+    async def test_a_child_started_without_values_gets_its_deployments_defaults(self, conn):
+        await register(conn, 5, 7, deployment="child")
+        parent = await make_run(conn, "running")
+        start = ("SELECT child_run_id FROM zeroth_test.start_child_run(run_id => $1, "
+                 "worker_id => $2, generation => $3, step_key => $4, deployment_ref => 'child', "
+                 "now_override => $5{})")
+        default = await conn.fetchval(start.format(""), parent.run_id, parent.worker_id,
+                                      parent.generation, "a", T0)
+        explicit = await conn.fetchval(start.format(", max_attempts => 2"), parent.run_id,
+                                       parent.worker_id, parent.generation, "b", T0)
+        assert (await run_row(conn, default))["max_attempts"] == 5
+        assert (await run_row(conn, default))["priority"] == 7
+        assert ((await run_row(conn, explicit))["max_attempts"],
+                (await run_row(conn, explicit))["priority"]) == (2, 7)
