@@ -40,7 +40,8 @@ DEADLINE = 60.0  # generous bound for any awaited condition; tests finish far so
 # (an idempotency key or a payload taken from the environment would apply to every call).
 PER_CALL_OPTIONS = {"payload", "priority", "run_after", "max_attempts", "idempotency_key",
                     "metadata", "batch", "status", "watch", "action", "help", "from_revision",
-                    "from_database", "cron", "every", "tz", "catch_up", "grace", "paused"}
+                    "from_database", "cron", "every", "tz", "catch_up", "grace", "paused",
+                    "changes", "managed_by"}
 
 
 def cli(*args: str, dsn: str | None = None, stdin: str | None = None,
