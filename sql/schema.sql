@@ -109,6 +109,26 @@ ALTER TYPE zeroth.claimed_run OWNER TO zeroth_owner;
 COMMENT ON TYPE zeroth.claimed_run IS 'A row of a claim: a leased run, or with run_id NULL what the claim saw instead (active_count, concurrency_saturated, concurrency_limit). retry_at / retry_after (seconds from the claim''s database time): the scope''s rate limit held the claim back (run_id NULL) or cut its batch short (claimed rows); no start is possible before then.';
 
 --
+-- Name: deployment_registration; Type: TYPE; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE TYPE zeroth.deployment_registration AS (
+	outcome text,
+	deployment_ref text,
+	max_attempts integer,
+	priority integer,
+	managed_by text,
+	version bigint,
+	previous jsonb
+);
+
+ALTER TYPE zeroth.deployment_registration OWNER TO zeroth_owner;
+
+--
+-- Name: TYPE deployment_registration; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON TYPE zeroth.deployment_registration IS 'The result of register_deployment / set_deployment_defaults: outcome (created, updated, unchanged, kept) and the deployment''s defaults as they now are; previous: the values an update replaced (max_attempts, priority, managed_by), else NULL.';
+
+--
 -- Name: enqueue_item; Type: TYPE; Schema: zeroth; Owner: zeroth_owner
 --
 CREATE TYPE zeroth.enqueue_item AS (
@@ -673,6 +693,56 @@ COMMENT ON COLUMN zeroth.scope_limits.note IS 'Free text for the DBA (why the li
 COMMENT ON COLUMN zeroth.scope_limits.rate_limit IS 'The zeroth.rate_limits key the scope''s starts count against (NULL: no rate limit). Several scopes may name one key and share its budget. A key still named here cannot be deleted.';
 
 --
+-- Name: deployments; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE TABLE zeroth.deployments (
+    deployment_ref text NOT NULL,
+    max_attempts integer NOT NULL,
+    priority integer NOT NULL,
+    managed_by text NOT NULL,
+    version bigint DEFAULT 1 NOT NULL,
+    created_at timestamp with time zone NOT NULL,
+    updated_at timestamp with time zone NOT NULL,
+    updated_by text NOT NULL,
+    CONSTRAINT deployments_managed_by_valid CHECK ((managed_by = ANY (ARRAY['app'::text, 'sql'::text]))),
+    CONSTRAINT deployments_max_attempts_valid CHECK (((max_attempts >= 1) AND (max_attempts <= 1000))),
+    CONSTRAINT deployments_ref_valid CHECK (((deployment_ref <> ''::text) AND (length(deployment_ref) <= 200))),
+    CONSTRAINT deployments_version_positive CHECK ((version >= 1))
+);
+
+ALTER TABLE zeroth.deployments OWNER TO zeroth_owner;
+
+--
+-- Name: TABLE deployments; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON TABLE zeroth.deployments IS 'The registry of deployments: the defaults every client''s enqueue_run / enqueue_runs (and the runs of schedules and child runs that pass none) give a run of the deployment when the caller passes NULL; an explicit value wins, and a run keeps the values it was enqueued with. Global (a deployment is code, the same in every scope); per-scope limits live in zeroth.scope_limits. Written only through zeroth.register_deployment (an application, managed_by app) and zeroth.set_deployment_defaults (a DBA, managed_by sql); every change is in zeroth.deployment_changes. zeroth_reader reads every row.';
+
+--
+-- Name: COLUMN deployments.max_attempts; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.deployments.max_attempts IS 'Attempts of a run enqueued without max_attempts (1-1000).';
+
+--
+-- Name: COLUMN deployments.priority; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.deployments.priority IS 'Priority of a run enqueued without priority (higher is claimed first).';
+
+--
+-- Name: COLUMN deployments.managed_by; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.deployments.managed_by IS 'app: the last application registration (zeroth.register_deployment) decides; sql: a DBA set it (zeroth.set_deployment_defaults) and registrations keep it.';
+
+--
+-- Name: COLUMN deployments.version; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.deployments.version IS '1 when created, + 1 with every change (the version of zeroth.deployment_changes that made the row as it is).';
+
+--
+-- Name: COLUMN deployments.updated_by; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.deployments.updated_by IS 'session_user of the last change (the SET ROLE in force, if any, is in zeroth.deployment_changes).';
+
+--
 -- Name: run_attempts; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
 --
 CREATE TABLE zeroth.run_attempts (
@@ -751,6 +821,51 @@ ALTER TABLE zeroth.code_version OWNER TO zeroth_owner;
 -- Name: TABLE code_version; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
 COMMENT ON TABLE zeroth.code_version IS 'One row: the sha256 of the sql/functions files the last upgrade applied, the md5 of the catalog''s definitions of the schema''s functions, views and triggers right after, and the zeroth-pg version that applied them (an older package refuses to put older code back). Written by zeroth_pg.migrate; readable by zeroth_owner only.';
+
+--
+-- Name: deployment_changes; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE TABLE zeroth.deployment_changes (
+    change_id bigint NOT NULL,
+    deployment_ref text NOT NULL,
+    version bigint NOT NULL,
+    changed_at timestamp with time zone NOT NULL,
+    changed_by text NOT NULL,
+    acting_role text,
+    via text NOT NULL,
+    old_values jsonb,
+    new_values jsonb NOT NULL,
+    CONSTRAINT deployment_changes_via_valid CHECK ((via = ANY (ARRAY['register_deployment'::text, 'set_deployment_defaults'::text])))
+);
+
+ALTER TABLE zeroth.deployment_changes OWNER TO zeroth_owner;
+
+--
+-- Name: TABLE deployment_changes; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON TABLE zeroth.deployment_changes IS 'The audit log of zeroth.deployments: one row per change (a creation has old_values NULL), with the deployment''s new version, the database time, who (changed_by: session_user; acting_role: the SET ROLE in force, NULL without one) and the function that made it. Registrations that change nothing write no row. Nothing deletes rows but a DBA; zeroth_reader reads every row.';
+
+--
+-- Name: COLUMN deployment_changes.old_values; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.deployment_changes.old_values IS 'The defaults before the change (max_attempts, priority, managed_by); NULL when the change created the row.';
+
+--
+-- Name: COLUMN deployment_changes.new_values; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.deployment_changes.new_values IS 'The defaults after the change (max_attempts, priority, managed_by).';
+
+--
+-- Name: deployment_changes_change_id_seq; Type: SEQUENCE; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE zeroth.deployment_changes ALTER COLUMN change_id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME zeroth.deployment_changes_change_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
 
 --
 -- Name: event_waits; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
@@ -946,6 +1061,24 @@ ALTER TABLE ONLY zeroth.child_waits
 --
 ALTER TABLE ONLY zeroth.code_version
     ADD CONSTRAINT code_version_pkey PRIMARY KEY (id);
+
+--
+-- Name: deployment_changes deployment_changes_pkey; Type: CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE ONLY zeroth.deployment_changes
+    ADD CONSTRAINT deployment_changes_pkey PRIMARY KEY (change_id);
+
+--
+-- Name: deployment_changes deployment_changes_version_key; Type: CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE ONLY zeroth.deployment_changes
+    ADD CONSTRAINT deployment_changes_version_key UNIQUE (deployment_ref, version);
+
+--
+-- Name: deployments deployments_pkey; Type: CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE ONLY zeroth.deployments
+    ADD CONSTRAINT deployments_pkey PRIMARY KEY (deployment_ref);
 
 --
 -- Name: event_waits event_waits_pkey; Type: CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
@@ -1223,6 +1356,36 @@ ALTER TABLE zeroth.child_waits ENABLE ROW LEVEL SECURITY;
 ALTER TABLE zeroth.code_version ENABLE ROW LEVEL SECURITY;
 
 --
+-- Name: deployment_changes; Type: ROW SECURITY; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE zeroth.deployment_changes ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: deployment_changes deployment_changes_reader_all; Type: POLICY; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE POLICY deployment_changes_reader_all ON zeroth.deployment_changes FOR SELECT TO zeroth_reader USING (true);
+
+--
+-- Name: POLICY deployment_changes_reader_all ON deployment_changes; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON POLICY deployment_changes_reader_all ON zeroth.deployment_changes IS 'zeroth_reader sees every change: the registry is global and names no tenant.';
+
+--
+-- Name: deployments; Type: ROW SECURITY; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE zeroth.deployments ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: deployments deployments_reader_all; Type: POLICY; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE POLICY deployments_reader_all ON zeroth.deployments FOR SELECT TO zeroth_reader USING (true);
+
+--
+-- Name: POLICY deployments_reader_all ON deployments; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON POLICY deployments_reader_all ON zeroth.deployments IS 'zeroth_reader sees every deployment: the registry is global and names no tenant.';
+
+--
 -- Name: event_waits; Type: ROW SECURITY; Schema: zeroth; Owner: zeroth_owner
 --
 ALTER TABLE zeroth.event_waits ENABLE ROW LEVEL SECURITY;
@@ -1411,9 +1574,19 @@ GRANT SELECT ON TABLE zeroth.schedules TO zeroth_reader;
 GRANT SELECT ON TABLE zeroth.scope_limits TO zeroth_reader;
 
 --
+-- Name: TABLE deployments; Type: ACL; Schema: zeroth; Owner: zeroth_owner
+--
+GRANT SELECT ON TABLE zeroth.deployments TO zeroth_reader;
+
+--
 -- Name: TABLE run_attempts; Type: ACL; Schema: zeroth; Owner: zeroth_owner
 --
 GRANT SELECT ON TABLE zeroth.run_attempts TO zeroth_reader;
+
+--
+-- Name: TABLE deployment_changes; Type: ACL; Schema: zeroth; Owner: zeroth_owner
+--
+GRANT SELECT ON TABLE zeroth.deployment_changes TO zeroth_reader;
 
 --
 -- Name: TABLE event_waits; Type: ACL; Schema: zeroth; Owner: zeroth_owner

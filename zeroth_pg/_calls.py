@@ -221,6 +221,20 @@ LIST_THREAD_RUNS = f"""SELECT {_THREAD_RUN_COLUMNS} FROM zeroth.list_thread_runs
 GET_THREAD_RUN = f"""SELECT {_THREAD_RUN_COLUMNS} FROM zeroth.get_thread_run(run_id => $1,
     tenant_id => $2, workspace_id => $3)"""
 
+# -- the registry of deployments (0019_day_one.sql) ----------------------------------------------
+
+_REGISTRATION = """outcome, deployment_ref, max_attempts, priority, managed_by, version,
+    previous::text AS previous"""
+
+REGISTER_DEPLOYMENT = f"""SELECT {_REGISTRATION} FROM zeroth.register_deployment(
+    deployment_ref => $1, max_attempts => $2, priority => $3)"""
+
+SET_DEPLOYMENT_DEFAULTS = f"""SELECT {_REGISTRATION} FROM zeroth.set_deployment_defaults(
+    deployment_ref => $1, max_attempts => $2, priority => $3, managed_by => $4)"""
+
+LIST_DEPLOYMENTS = """SELECT deployment_ref, max_attempts, priority, managed_by, version,
+    created_at, updated_at, updated_by FROM zeroth.list_deployments(deployment_ref => $1)"""
+
 # -- operator reads of the zeroth-pg command (zeroth_pg/cli): views and tables; its writes go
 #    through LeaseManager
 
@@ -409,3 +423,18 @@ FIRE_DUE_SCHEDULES = """SELECT schedule_id, tenant_id, workspace_id, name, deplo
     fire_at, run_id, created, skipped, next_due_at
     FROM zeroth.fire_due_schedules(deployment_refs => $1::text[], tenant_ids => $2::text[],
     workspace_ids => $3::text[], max_schedules => $4, max_fires => $5)"""
+
+# -- operator reads of `zeroth-pg deployments show` ----------------------------------------------
+
+# The change log of one deployment's defaults, newest first (zeroth.deployment_changes: readable
+# by zeroth_reader and the owner).
+DEPLOYMENT_CHANGES = """SELECT version, changed_at, changed_by, acting_role, via,
+    old_values::text AS old_values, new_values::text AS new_values
+    FROM zeroth.deployment_changes WHERE deployment_ref = $1 ORDER BY version DESC LIMIT $2"""
+
+# The per-scope limits of one deployment (zeroth.scope_limits, their one home: concurrency, pause,
+# weight, rate limit). Read as the caller: a zeroth_reader sees its own tenant's scopes.
+DEPLOYMENT_SCOPE_LIMITS = """SELECT l.tenant_id, l.workspace_id, l.max_concurrency, l.weight,
+    l.paused, l.rate_limit, l.note
+    FROM zeroth.scope_limits l WHERE l.deployment_ref = $1
+    ORDER BY l.tenant_id, l.workspace_key"""

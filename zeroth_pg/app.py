@@ -15,7 +15,11 @@ all of it with one worker.
     @app.deployment("report")
     async def report(run, kind: str) -> dict: ...  # a run every weekday at 07:00 Berlin time
 
-A :class:`Deployment` is the function plus its defaults. Its payload is the function's arguments
+A :class:`Deployment` is the function plus its defaults. The App registers the defaults in the
+database when it first opens its pool (``zeroth.register_deployment``: the registry
+``zeroth.deployments``), so a run enqueued from psql, another language or the CLI without
+``max_attempts`` / ``priority`` gets them too; :meth:`App.register_deployments` does it on demand.
+Its payload is the function's arguments
 after the first (the :class:`~zeroth_pg.worker.RunContext`), by name, checked against the
 signature and its annotations when the run is enqueued (:class:`InvalidPayloadError`, nothing
 sent) and again when it runs, since another client may have written it (the run then fails
@@ -31,6 +35,7 @@ import contextvars
 import functools
 import inspect
 import json
+import logging
 import os
 import threading
 import types
@@ -45,12 +50,19 @@ import asyncpg
 
 from zeroth_pg._libpq import asyncpg_dsn
 from zeroth_pg.client import LeaseManager, unstorable
-from zeroth_pg.errors import InvalidPayloadError, LeaseLostError, handler_exit
-from zeroth_pg.types import ChildOutcome, EnqueuedRun, RetryPolicy
+from zeroth_pg.errors import DatabaseError, InvalidPayloadError, LeaseLostError, handler_exit
+from zeroth_pg.types import ChildOutcome, DeploymentRegistration, EnqueuedRun, RetryPolicy
 from zeroth_pg.worker import PeriodicSchedule, RunContext, RunSlept, RunWorker
 from zeroth_pg.worker._run import _CURRENT_STEP
 
 __all__ = ["App", "Deployment", "SyncRunContext"]
+
+_log = logging.getLogger("zeroth_pg.app")
+
+#: What a registration may meet on a database it cannot write the registry of: a role without
+#: EXECUTE on register_deployment (42501), a schema older than the registry (42883). The App then
+#: sends its declared defaults with every enqueue, as before the registry existed.
+_UNREGISTRABLE = frozenset({"42501", "42883"})
 
 #: Keyword arguments of ``Deployment.enqueue`` that are options of the run, not its payload; a
 #: handler parameter may not share a name with one.
@@ -310,8 +322,9 @@ class SyncRunContext:
 
 
     def start_child(self, deployment: str, payload: Mapping[str, Any] | None = None, *,
-                    key: str | None = None, priority: int = 0, max_attempts: int = 3,
-                    metadata: Mapping[str, Any] | None = None, detached: bool = False) -> UUID:
+                    key: str | None = None, priority: int | None = None,
+                    max_attempts: int | None = None, metadata: Mapping[str, Any] | None = None,
+                    detached: bool = False) -> UUID:
         """:meth:`RunContext.start_child`, blocking: returns the child's run id."""
         return cast(UUID, self._call(self._run.start_child(
             deployment, payload, key=key, priority=priority, max_attempts=max_attempts,
@@ -518,12 +531,14 @@ class _Configured:
         options, payload = self._split(kwargs)
         checked = d.payload(*args, **payload)
         lm = await d.app.lease_manager(options.get("conn"))
+        # Registered: what the caller leaves out is the registry's (a DBA's change included).
+        registered = d.app._registered
         return await lm.enqueue_run(
             d.name, checked, tenant_id=options.get("tenant_id"),
             workspace_id=options.get("workspace_id"),
-            priority=options.get("priority", d.priority),
+            priority=options.get("priority", None if registered else d.priority),
             run_after=options.get("run_after"),
-            max_attempts=options.get("max_attempts", d.max_attempts),
+            max_attempts=options.get("max_attempts", None if registered else d.max_attempts),
             idempotency_key=options.get("idempotency_key"), metadata=options.get("metadata"),
             run_id=options.get("run_id"), thread_id=options.get("thread_id"),
             conn=options.get("conn"))
@@ -539,6 +554,8 @@ class _Configured:
                             "one run: use enqueue)")
         if isinstance(payloads, Mapping | str | bytes):
             raise InvalidPayloadError(f"{d.name}: enqueue_many needs an iterable of mappings")
+        lm = await d.app.lease_manager(bound.get("conn"))
+        registered = d.app._registered
         items: list[dict[str, Any]] = []
         bad: list[str] = []  # every bad payload is named, not only the first
         for i, arguments in enumerate(payloads):
@@ -553,9 +570,12 @@ class _Configured:
             except TypeError as exc:  # a non-string key
                 bad.append(f"payload [{i}]: {exc}")
                 continue
-            item: dict[str, Any] = {"payload": checked,
-                                    "priority": bound.get("priority", d.priority),
-                                    "max_attempts": bound.get("max_attempts", d.max_attempts)}
+            item: dict[str, Any] = {"payload": checked}
+            for option, declared in (("priority", d.priority), ("max_attempts", d.max_attempts)):
+                if bound.get(option) is not None:
+                    item[option] = bound[option]
+                elif not registered:
+                    item[option] = declared
             if bound.get("metadata") is not None:
                 item["metadata"] = bound["metadata"]
             if bound.get("run_after") is not None:
@@ -567,7 +587,6 @@ class _Configured:
             raise InvalidPayloadError(
                 f"{d.name}: {len(bad)} bad payload(s), nothing enqueued: " + "; ".join(shown)
                 + (f"; and {more} more" if more else ""))
-        lm = await d.app.lease_manager(bound.get("conn"))
         return await lm.enqueue_runs(d.name, items, tenant_id=bound.get("tenant_id"),
                                      workspace_id=bound.get("workspace_id"),
                                      conn=bound.get("conn"))
@@ -597,6 +616,9 @@ class App:
         self._schedules: dict[tuple[str | None, str | None, str], PeriodicSchedule] = {}
         self._lease_manager: LeaseManager | None = None
         self._opening: asyncio.Lock | None = None  # created in the loop that opens the pool
+        #: The registry holds this App's deployments (committed): enqueues leave it the defaults.
+        self._registered = False
+        self._unregistrable = False  # the role or schema cannot register: not tried again
 
     # -- declaring work ----------------------------------------------------------------------
 
@@ -605,8 +627,9 @@ class App:
                    concurrency: int | None = None) -> Callable[[Callable[..., Any]], Deployment]:
         """Register the decorated function as the handler of deployment ``name`` (default: the
         function's name). ``max_attempts`` and ``priority`` are the defaults of its runs,
-        ``retry`` the backoff of its failed attempts, ``concurrency`` a local limit of its
-        handlers in one worker."""
+        registered in the database (``zeroth.deployments``) when the App opens its pool, so
+        that every client's enqueue gets them; ``retry`` the backoff of its failed attempts,
+        ``concurrency`` a local limit of its handlers in one worker."""
 
         def register(fn: Callable[..., Any]) -> Deployment:
             chosen = name or fn.__name__
@@ -616,6 +639,8 @@ class App:
             deployment = Deployment(self, chosen, fn, max_attempts=max_attempts,
                                     priority=priority, retry=retry, concurrency=concurrency)
             self._deployments[chosen] = deployment
+            # A deployment declared after the registration: registered on the next open.
+            self._registered = self._unregistrable = False
             return deployment
 
         return register
@@ -695,7 +720,16 @@ class App:
     # -- the connection ----------------------------------------------------------------------
 
     async def open(self) -> asyncpg.Pool:
-        """The pool, created on first use."""
+        """The pool, created on first use; the deployments are registered then
+        (:meth:`register_deployments`)."""
+        pool = await self._open_pool()
+        if not (self._registered or self._unregistrable) and self._deployments:
+            async with self._opening_lock():
+                if not (self._registered or self._unregistrable):
+                    await self._register(pool, quiet=True)
+        return pool
+
+    async def _open_pool(self) -> asyncpg.Pool:
         if self._pool is None:
             if self._opening is None:
                 self._opening = asyncio.Lock()
@@ -714,6 +748,72 @@ class App:
                         asyncpg_dsn(self.dsn), min_size=1, max_size=self.pool_size,
                         reset=skip_reset)
         return self._pool
+
+    def _opening_lock(self) -> asyncio.Lock:
+        if self._opening is None:
+            self._opening = asyncio.Lock()
+        return self._opening
+
+    async def register_deployments(
+            self, conn: asyncpg.Connection | None = None) -> list[DeploymentRegistration]:
+        """Register every deployment's defaults in the database (``zeroth.register_deployment``,
+        in one transaction; the App does it when it opens its pool): created, updated (the last
+        registration wins: a warning names the values it replaced, and
+        ``zeroth.deployment_changes`` keeps who changed what when), unchanged, or kept (a DBA
+        set them with ``zeroth.set_deployment_defaults``: logged when they differ from the
+        App's). Over ``conn``: in the caller's transaction, if one is open.
+
+        Until the registration is committed, the App's enqueues send its declared defaults
+        (an App used only with ``conn=`` never opens its pool: call this at its start so that
+        its enqueues leave the defaults to the registry, a DBA's setting included)."""
+        if conn is not None:
+            return await self._register(conn, quiet=False)
+        pool = await self._open_pool()
+        async with self._opening_lock():
+            return await self._register(pool, quiet=False)
+
+    async def _register(self, executor: asyncpg.Pool | asyncpg.Connection, *,
+                        quiet: bool) -> list[DeploymentRegistration]:
+        """register_deployments over ``executor``; ``quiet``: a role or schema that cannot
+        register (:data:`_UNREGISTRABLE`) is logged, and the App keeps sending its defaults."""
+        deployments = list(self._deployments.values())
+        lm = LeaseManager(executor, lease_duration_seconds=self.lease_duration)
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                if isinstance(executor, asyncpg.Pool):
+                    conn = await stack.enter_async_context(executor.acquire())
+                else:
+                    conn = executor
+                committed = not conn.is_in_transaction()
+                await stack.enter_async_context(conn.transaction())
+                results = [await lm.register_deployment(
+                    d.name, max_attempts=d.max_attempts, priority=d.priority, conn=conn)
+                    for d in deployments]
+        except DatabaseError as exc:
+            if not quiet or exc.code not in _UNREGISTRABLE:
+                raise
+            _log.warning("zeroth_pg: could not register the deployments' defaults (%s); "
+                         "enqueues from this App send them, other clients get the database's",
+                         exc)
+            self._unregistrable = True
+            return []
+        for d, result in zip(deployments, results, strict=True):
+            if result.outcome == "updated":
+                _log.warning("zeroth_pg: deployment %r: defaults changed from %s to "
+                             "max_attempts=%d, priority=%d (another registration had set them; "
+                             "see zeroth.deployment_changes)", d.name, result.previous,
+                             result.max_attempts, result.priority)
+            elif result.outcome == "kept" and (result.max_attempts, result.priority) != (
+                    d.max_attempts, d.priority):
+                _log.info("zeroth_pg: deployment %r: a DBA set max_attempts=%d, priority=%d "
+                          "(zeroth.set_deployment_defaults); the App's %d / %d are not used",
+                          d.name, result.max_attempts, result.priority, d.max_attempts,
+                          d.priority)
+        # Registered for good once committed: a registration in the caller's transaction may
+        # still be rolled back, so it counts only for that transaction's own enqueues.
+        if committed:
+            self._registered = True
+        return results
 
     async def lease_manager(self, conn: asyncpg.Connection | None = None) -> LeaseManager:
         """The App's LeaseManager; with ``conn``, one over that connection alone (an enqueue in

@@ -32,6 +32,8 @@ from zeroth_pg.types import (
     ChildWaitOutcome,
     ClaimedRun,
     CompleteAndClaimResult,
+    DeploymentDefaults,
+    DeploymentRegistration,
     EmitResult,
     EnqueuedRun,
     EventWait,
@@ -217,19 +219,21 @@ class LeaseManager:
         *,
         tenant_id: str | None = None,
         workspace_id: str | None = None,
-        priority: int = 0,
+        priority: int | None = None,
         run_after: datetime | None = None,
-        max_attempts: int = 3,
+        max_attempts: int | None = None,
         idempotency_key: str | None = None,
         metadata: Mapping[str, Any] | None = None,
         run_id: RunId | None = None,
         thread_id: str | None = None,
         conn: Executor | None = None,
     ) -> EnqueuedRun:
-        """Create a pending run (``zeroth.enqueue_run``); a repeated idempotency key returns the
-        existing run with ``created=False``; a key starting ``zeroth-schedule:`` (the schedules'
-        own) raises ReservedKeyError. With OpenTelemetry, a ``send`` span whose trace
-        context goes into ``metadata`` (:mod:`zeroth_pg.tracing`)."""
+        """Create a pending run (``zeroth.enqueue_run``); ``priority`` / ``max_attempts`` None:
+        the deployment's registered defaults (:meth:`register_deployment`), else 0 / 3; a
+        repeated idempotency key returns the existing run with ``created=False``; a key
+        starting ``zeroth-schedule:`` (the schedules' own) raises ReservedKeyError. With
+        OpenTelemetry, a ``send`` span whose trace context goes into ``metadata``
+        (:mod:`zeroth_pg.tracing`)."""
         with tracing.send(deployment_ref, tenant_id, workspace_id) as span:
             rows = await self._fetch(
                 _calls.ENQUEUE_RUN, deployment_ref, _object(payload, "payload"), tenant_id,
@@ -251,8 +255,9 @@ class LeaseManager:
         """Create many runs in one call (``zeroth.enqueue_runs``), results in input order.
 
         Each item may carry payload, priority, run_after, max_attempts, idempotency_key,
-        metadata, run_id and thread_id. A key starting ``zeroth-schedule:`` raises
-        ReservedKeyError (nothing is created).
+        metadata, run_id and thread_id; an item without priority / max_attempts gets the
+        deployment's registered defaults (:meth:`register_deployment`), else 0 / 3. A key
+        starting ``zeroth-schedule:`` raises ReservedKeyError (nothing is created).
         """
         if not isinstance(runs, Iterable) or isinstance(runs, str | bytes | Mapping):
             raise InvalidArgumentError("runs must be an iterable of mappings")
@@ -774,13 +779,16 @@ class LeaseManager:
 
     async def start_child_run(
         self, run_id: RunId, worker_id: str, step_key: str, deployment_ref: str,
-        payload: Mapping[str, Any] | None = None, *, generation: int, priority: int = 0,
-        max_attempts: int = 3, metadata: Mapping[str, Any] | None = None,
+        payload: Mapping[str, Any] | None = None, *, generation: int,
+        priority: int | None = None, max_attempts: int | None = None,
+        metadata: Mapping[str, Any] | None = None,
         detached: bool = False, tenant_id: str | None = None, workspace_id: str | None = None,
         conn: Executor | None = None,
     ) -> ChildStart | None:
         """Start a child run of the holder's running run as step ``step_key``, fenced
-        (``zeroth.start_child_run``): pending in the parent's scope; a replay of the step gets
+        (``zeroth.start_child_run``): pending in the parent's scope (``priority`` /
+        ``max_attempts`` None: the child deployment's registered defaults, else 0 / 3); a replay
+        of the step gets
         the same child (``created`` False), another deployment / payload / detached under the
         key raises ChildRunConflictError. ``detached``: not cancelled with the parent. None when
         fenced out."""
@@ -921,6 +929,45 @@ class LeaseManager:
         return int(await self._fetchval(_calls.PRUNE_RUNS, older_than, batch_size, tenant_id,
                                         workspace_id, conn=conn))
 
+    # -- the registry of deployments -------------------------------------------------------
+    # An application's declaration (register_deployment, at start: zeroth_worker) and a DBA's
+    # (set_deployment_defaults: admin, run as zeroth_owner); every change is audited.
+
+    async def register_deployment(
+        self, deployment_ref: str, *, max_attempts: int = 3, priority: int = 0,
+        conn: Executor | None = None,
+    ) -> DeploymentRegistration:
+        """Declare a deployment's defaults, what enqueue_run gives a run that names none
+        (``zeroth.register_deployment``): created, updated (the last registration wins; the
+        change is in ``zeroth.deployment_changes``), unchanged, or kept as a DBA set them."""
+        rows = await self._fetch(_calls.REGISTER_DEPLOYMENT, deployment_ref, max_attempts,
+                                 priority, conn=conn)
+        return _registration(rows[0])
+
+    async def set_deployment_defaults(
+        self, deployment_ref: str, *, max_attempts: int | None = None,
+        priority: int | None = None, managed_by: str = "sql", conn: Executor | None = None,
+    ) -> DeploymentRegistration:
+        """Set a deployment's defaults as a DBA (``zeroth.set_deployment_defaults``, admin:
+        granted to nobody, run as a member of zeroth_owner); None keeps a value.
+        ``managed_by="sql"`` keeps them against applications' registrations, ``"app"`` hands
+        them back. Runs enqueued before keep their values."""
+        rows = await self._fetch(_calls.SET_DEPLOYMENT_DEFAULTS, deployment_ref, max_attempts,
+                                 priority, managed_by, conn=conn)
+        return _registration(rows[0])
+
+    async def list_deployments(
+        self, deployment_ref: str | None = None, *, conn: Executor | None = None,
+    ) -> list[DeploymentDefaults]:
+        """The registered deployments and their defaults by name, or the one named
+        (``zeroth.list_deployments``)."""
+        rows = await self._fetch(_calls.LIST_DEPLOYMENTS, deployment_ref, conn=conn)
+        return [DeploymentDefaults(
+            deployment_ref=row["deployment_ref"], max_attempts=row["max_attempts"],
+            priority=row["priority"], managed_by=row["managed_by"], version=int(row["version"]),
+            created_at=row["created_at"], updated_at=row["updated_at"],
+            updated_by=row["updated_by"]) for row in rows]
+
     # -- schedules -------------------------------------------------------------------------
     # A DBA's (create/alter/pause/resume/delete: admin functions, run as zeroth_owner) and an
     # application's (register_schedule at worker start, fire_due_schedules in the worker).
@@ -1051,6 +1098,15 @@ class LeaseManager:
                          run_id=row["run_id"], created=row["created"], skipped=int(row["skipped"]))
             for row in rows if row["schedule_id"] is not None)
         return ScheduleFiring(fires=fires, next_due_at=rows[0]["next_due_at"] if rows else None)
+
+
+def _registration(row: asyncpg.Record) -> DeploymentRegistration:
+    previous = row["previous"]
+    return DeploymentRegistration(
+        outcome=row["outcome"], deployment_ref=row["deployment_ref"],
+        max_attempts=row["max_attempts"], priority=row["priority"],
+        managed_by=row["managed_by"], version=int(row["version"]),
+        previous=None if previous is None else _loads(previous))
 
 
 def _schedule(row: asyncpg.Record) -> Schedule:

@@ -15,6 +15,8 @@ __all__ = [
     "ChildWait",
     "ChildWaitOutcome",
     "ClaimedRun",
+    "DeploymentDefaults",
+    "DeploymentRegistration",
     "EmitResult",
     "EnqueuedRun",
     "EventWait",
@@ -375,6 +377,40 @@ class Schedule:
     updated_at: datetime
     last_error: str | None
     last_error_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class DeploymentDefaults:
+    """A row of the registry of deployments ``zeroth.deployments`` (list_deployments): what
+    ``enqueue_run`` / ``enqueue_runs`` give a run of the deployment that names no
+    ``max_attempts`` / ``priority``. ``managed_by``: ``app`` (the last application registration
+    decides) or ``sql`` (a DBA set it; registrations keep it); ``version`` counts its changes
+    (``zeroth.deployment_changes``); ``updated_by``: the session user of the last change."""
+
+    deployment_ref: str
+    max_attempts: int
+    priority: int
+    managed_by: str
+    version: int
+    created_at: datetime
+    updated_at: datetime
+    updated_by: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeploymentRegistration:
+    """Result of register_deployment / set_deployment_defaults: ``outcome`` is created,
+    updated, unchanged or kept (a DBA set the deployment's defaults: left as they are), with the
+    defaults as they now are; ``previous``: the values an update replaced (``max_attempts``,
+    ``priority``, ``managed_by``), else None."""
+
+    outcome: str
+    deployment_ref: str
+    max_attempts: int
+    priority: int
+    managed_by: str
+    version: int
+    previous: dict[str, Any] | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,15 +2,18 @@
 -- the marker of a schedule's run. Called by enqueue_run (schedule_id NULL) and by
 -- fire_due_schedules, the only caller that may use a 'zeroth-schedule:' idempotency key and set
 -- schedule_id (finding 5 of issue 29: a worker could plant the runs of a DBA's future fire times).
+-- priority / max_attempts NULL: the deployment's registered defaults (zeroth.deployments, one
+-- primary-key lookup, made only then), else 0 / 3; an explicit value wins. The run stores what it
+-- got, so a later change of the registry never changes it.
 -- Internal: SECURITY INVOKER, executable by zeroth_owner only.
 CREATE OR REPLACE FUNCTION zeroth._enqueue_run(
     deployment_ref  text,
     payload         jsonb       DEFAULT '{}'::jsonb,
     tenant_id       text        DEFAULT NULL,
     workspace_id    text        DEFAULT NULL,
-    priority        integer     DEFAULT 0,
+    priority        integer     DEFAULT NULL,
     run_after       timestamptz DEFAULT NULL,
-    max_attempts    integer     DEFAULT 3,
+    max_attempts    integer     DEFAULT NULL,
     idempotency_key text        DEFAULT NULL,
     metadata        jsonb       DEFAULT '{}'::jsonb,
     run_id          uuid        DEFAULT NULL,
@@ -24,6 +27,10 @@ DECLARE
     v_wskey     text := zeroth._workspace_key(_enqueue_run.workspace_id);
     v_result    zeroth.enqueued_run;
     v_admission zeroth.admission;
+    v_priority  integer := _enqueue_run.priority;
+    v_attempts  integer := _enqueue_run.max_attempts;
+    v_def_priority integer;
+    v_def_attempts integer;
 BEGIN
     IF v_tenant IS NULL THEN
         RAISE EXCEPTION 'a workspace_id needs a tenant_id' USING ERRCODE = 'ZP006';
@@ -35,8 +42,8 @@ BEGIN
     END IF;
     PERFORM zeroth._require(jsonb_typeof(_enqueue_run.payload) = 'object', 'payload must be a JSON object');
     PERFORM zeroth._require(jsonb_typeof(_enqueue_run.metadata) = 'object', 'metadata must be a JSON object');
-    PERFORM zeroth._require(_enqueue_run.priority IS NOT NULL, 'priority must not be NULL');
-    PERFORM zeroth._require(_enqueue_run.max_attempts BETWEEN 1 AND 1000, 'max_attempts must be between 1 and 1000');
+    PERFORM zeroth._require(_enqueue_run.max_attempts IS NULL OR _enqueue_run.max_attempts BETWEEN 1 AND 1000,
+                            'max_attempts must be NULL or between 1 and 1000');
     PERFORM zeroth._require(_enqueue_run.idempotency_key IS NULL
                             OR length(_enqueue_run.idempotency_key) BETWEEN 1 AND 500,
                             'idempotency_key must be NULL or 1 to 500 characters');
@@ -45,6 +52,14 @@ BEGIN
                             'tenant_id, workspace_id, deployment_ref and idempotency_key must fit in 2600 bytes together');
     PERFORM zeroth._require(_enqueue_run.run_after IS NULL OR isfinite(_enqueue_run.run_after),
                             'run_after must be a finite timestamp');
+    IF v_priority IS NULL OR v_attempts IS NULL THEN
+        -- No row: both NULL (SELECT INTO sets its targets even when it finds nothing).
+        SELECT d.priority, d.max_attempts INTO v_def_priority, v_def_attempts
+          FROM zeroth.deployments d
+         WHERE d.deployment_ref = _enqueue_run.deployment_ref;
+        v_priority := coalesce(v_priority, v_def_priority, 0);
+        v_attempts := coalesce(v_attempts, v_def_attempts, 3);
+    END IF;
 
     IF _enqueue_run.thread_id IS NOT NULL THEN
         -- A schedule's run has no thread (fire_due_schedules passes none): no marker to carry.
@@ -52,7 +67,7 @@ BEGIN
         PERFORM zeroth._require_identifier(_enqueue_run.thread_id, 'thread_id');
         v_admission := zeroth._admit(v_tenant, _enqueue_run.workspace_id, _enqueue_run.deployment_ref,
                                      _enqueue_run.thread_id, true, NULL, _enqueue_run.payload, _enqueue_run.metadata,
-                                     _enqueue_run.priority, _enqueue_run.run_after, _enqueue_run.max_attempts,
+                                     v_priority, _enqueue_run.run_after, v_attempts,
                                      _enqueue_run.idempotency_key, _enqueue_run.run_id, true, NULL, interval '0', v_now,
                                      false);
         RETURN ROW(v_admission.run_id, v_admission.outcome <> 'reused', v_admission.status)::zeroth.enqueued_run;
@@ -63,8 +78,8 @@ BEGIN
         max_attempts, created_at, updated_at, payload, metadata, idempotency_key, schedule_id)
     VALUES (
         coalesce(_enqueue_run.run_id, gen_random_uuid()), v_tenant, _enqueue_run.workspace_id,
-        _enqueue_run.deployment_ref, 'pending', _enqueue_run.priority,
-        coalesce(_enqueue_run.run_after, v_now), _enqueue_run.max_attempts, v_now, v_now,
+        _enqueue_run.deployment_ref, 'pending', v_priority,
+        coalesce(_enqueue_run.run_after, v_now), v_attempts, v_now, v_now,
         _enqueue_run.payload, _enqueue_run.metadata, _enqueue_run.idempotency_key, _enqueue_run.schedule_id)
     ON CONFLICT DO NOTHING
     RETURNING r.run_id, true, r.status INTO v_result.run_id, v_result.created, v_result.status;
@@ -105,7 +120,9 @@ REVOKE ALL ON FUNCTION zeroth._enqueue_run(text, jsonb, text, text, integer, tim
 -- behind it (thread queue, as admit_run's enqueue strategy: promoted to pending when that run
 -- ends). A repeated idempotency key (per tenant, workspace and deployment) or caller-chosen
 -- run_id returns the existing run with created = false (the first enqueue wins, whatever the
--- payload). Locks: the thread's lock and active run (thread runs only), else the
+-- payload). priority / max_attempts NULL (the defaults): the deployment's registered defaults
+-- (zeroth.deployments: register_deployment, set_deployment_defaults), else 0 / 3; an explicit
+-- value wins, and the run keeps what it got. Locks: the thread's lock and active run (thread runs only), else the
 -- unique-index entry. Raises ZP006 invalid_scope, ZP008 invalid_argument, ZP011 reserved_key (an
 -- idempotency key starting 'zeroth-schedule:', the schedules' own). Notifies zeroth_wakeup when it
 -- creates a pending run that is due now. Time: clock_timestamp().
@@ -114,9 +131,9 @@ CREATE OR REPLACE FUNCTION zeroth.enqueue_run(
     payload         jsonb       DEFAULT '{}'::jsonb,
     tenant_id       text        DEFAULT NULL,
     workspace_id    text        DEFAULT NULL,
-    priority        integer     DEFAULT 0,
+    priority        integer     DEFAULT NULL,
     run_after       timestamptz DEFAULT NULL,
-    max_attempts    integer     DEFAULT 3,
+    max_attempts    integer     DEFAULT NULL,
     idempotency_key text        DEFAULT NULL,
     metadata        jsonb       DEFAULT '{}'::jsonb,
     run_id          uuid        DEFAULT NULL,
@@ -140,7 +157,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION zeroth.enqueue_run(text, jsonb, text, text, integer, timestamptz, integer, text, jsonb, uuid, text) IS
-'enqueue_run: new → pending; with a thread_id whose thread has an active run, new → waiting in the thread queue (promoted to pending when that run ends). A repeated idempotency key (per tenant, workspace, deployment) or caller-chosen run_id returns the existing run with created = false (first enqueue wins, whatever the payload). Raises ZP006 invalid_scope, ZP008 invalid_argument, ZP011 reserved_key (an idempotency key starting zeroth-schedule:, reserved for fire_due_schedules). Notifies zeroth_wakeup when it creates a pending run that is due now. Time: clock_timestamp().';
+'enqueue_run: new → pending; with a thread_id whose thread has an active run, new → waiting in the thread queue (promoted to pending when that run ends). A repeated idempotency key (per tenant, workspace, deployment) or caller-chosen run_id returns the existing run with created = false (first enqueue wins, whatever the payload). priority / max_attempts NULL (default): the deployment''s registered defaults (zeroth.deployments), else 0 / 3; an explicit value wins and the run keeps what it got. Raises ZP006 invalid_scope, ZP008 invalid_argument, ZP011 reserved_key (an idempotency key starting zeroth-schedule:, reserved for fire_due_schedules). Notifies zeroth_wakeup when it creates a pending run that is due now. Time: clock_timestamp().';
 ALTER FUNCTION zeroth.enqueue_run(text, jsonb, text, text, integer, timestamptz, integer, text, jsonb, uuid, text) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.enqueue_run(text, jsonb, text, text, integer, timestamptz, integer, text, jsonb, uuid, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.enqueue_run(text, jsonb, text, text, integer, timestamptz, integer, text, jsonb, uuid, text) TO zeroth_worker;

@@ -2,8 +2,11 @@
 -- each with the run_id it will get (the caller's or a fresh one). Raises ZP008 naming the first
 -- bad item, so nothing is written. The casts run for the whole batch at once; only when one fails
 -- are the items cast one by one, to say which. Nothing is written inside the EXCEPTION block, so
--- its subtransaction never takes a transaction id.
-CREATE OR REPLACE FUNCTION zeroth._enqueue_items(runs jsonb) RETURNS zeroth.enqueue_item[]
+-- its subtransaction never takes a transaction id. An item without priority / max_attempts gets
+-- default_priority / default_max_attempts (the deployment's registered defaults, else 0 / 3).
+DROP FUNCTION IF EXISTS zeroth._enqueue_items(jsonb);
+CREATE OR REPLACE FUNCTION zeroth._enqueue_items(runs jsonb, default_priority integer, default_max_attempts integer)
+    RETURNS zeroth.enqueue_item[]
     LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     v_items zeroth.enqueue_item[];
@@ -34,9 +37,9 @@ BEGIN
         v_items := ARRAY(
             SELECT ROW(e.position,
                        coalesce(e.item -> 'payload', '{}'::jsonb),
-                       coalesce((e.item ->> 'priority')::integer, 0),
+                       coalesce((e.item ->> 'priority')::integer, _enqueue_items.default_priority),
                        (e.item ->> 'run_after')::timestamptz,
-                       coalesce((e.item ->> 'max_attempts')::integer, 3),
+                       coalesce((e.item ->> 'max_attempts')::integer, _enqueue_items.default_max_attempts),
                        e.item ->> 'idempotency_key',
                        coalesce(e.item -> 'metadata', '{}'::jsonb),
                        (e.item ->> 'run_id')::uuid,
@@ -86,9 +89,9 @@ BEGIN
     RETURN v_items;
 END
 $$;
-COMMENT ON FUNCTION zeroth._enqueue_items(jsonb) IS 'Internal: the items of an enqueue_runs batch, parsed and checked (ZP008 naming the first bad one), each with the run_id it will get.';
-ALTER FUNCTION zeroth._enqueue_items(jsonb) OWNER TO zeroth_owner;
-REVOKE ALL ON FUNCTION zeroth._enqueue_items(jsonb) FROM PUBLIC;
+COMMENT ON FUNCTION zeroth._enqueue_items(jsonb, integer, integer) IS 'Internal: the items of an enqueue_runs batch, parsed and checked (ZP008 naming the first bad one), each with the run_id it will get and the given defaults where it names no priority / max_attempts.';
+ALTER FUNCTION zeroth._enqueue_items(jsonb, integer, integer) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._enqueue_items(jsonb, integer, integer) FROM PUBLIC;
 
 -- The writes of one enqueue_runs batch: every thread lock (in thread_id order) and the threads'
 -- active runs (in run_id order), then the runs without a thread in one INSERT, then each thread item admitted. Returns what was created, for the
@@ -203,6 +206,8 @@ REVOKE ALL ON FUNCTION zeroth._enqueue_batch(text, text, text, text, zeroth.enqu
 -- enqueue_runs: enqueue_run for a batch of one deployment and scope, in one transaction and, for
 -- the runs without a thread, one INSERT. runs is a JSON array of objects with optional keys
 -- payload, priority, run_after, max_attempts, idempotency_key, metadata, run_id, thread_id.
+-- An item without priority / max_attempts gets the deployment's registered defaults
+-- (zeroth.deployments, one primary-key lookup per batch), else 0 / 3.
 -- Results come back in input order (ordinality); a repeated idempotency key or run_id — in the
 -- database or earlier in the batch — returns that run with created = false. Every thread lock
 -- the batch needs is taken first, in one sorted order, so two batches that share threads cannot
@@ -231,6 +236,8 @@ DECLARE
     v_t_status  zeroth.run_status[];
     v_too_long  bigint;
     v_reserved  bigint;
+    v_def_priority integer;
+    v_def_attempts integer;
 BEGIN
     -- The shared arguments are checked up front so an empty batch validates them too.
     IF v_tenant IS NULL THEN
@@ -241,7 +248,12 @@ BEGIN
     IF enqueue_runs.workspace_id IS NOT NULL THEN
         PERFORM zeroth._require_identifier(enqueue_runs.workspace_id, 'workspace_id');
     END IF;
-    v_items := zeroth._enqueue_items(enqueue_runs.runs);
+    -- The deployment's registered defaults for the items that name none: one primary-key lookup
+    -- per batch (no row: 0 / 3). An explicit value wins; each run keeps what it got.
+    SELECT d.priority, d.max_attempts INTO v_def_priority, v_def_attempts
+      FROM zeroth.deployments d
+     WHERE d.deployment_ref = enqueue_runs.deployment_ref;
+    v_items := zeroth._enqueue_items(enqueue_runs.runs, coalesce(v_def_priority, 0), coalesce(v_def_attempts, 3));
     -- The first item whose key is reserved for the schedules (ZP011 names it).
     SELECT min(i.position) INTO v_reserved
       FROM unnest(v_items) AS i
@@ -342,7 +354,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION zeroth.enqueue_runs(text, jsonb, text, text) IS
-'enqueue_runs: batch enqueue_run for one deployment and scope (one INSERT for the runs without a thread); runs is a JSON array of objects (payload, priority, run_after, max_attempts, idempotency_key, metadata, run_id, thread_id). Results in input order; a repeated key or run_id returns that run with created = false. Thread locks are taken first in one sorted order, inserts run in key order: concurrent batches cannot deadlock on threads or keys. Raises ZP006, ZP008, ZP011 reserved_key (an idempotency key starting zeroth-schedule:, reserved for fire_due_schedules) and rejects the whole batch. Notifies zeroth_wakeup once when a due pending run was created. Time: clock_timestamp().';
+'enqueue_runs: batch enqueue_run for one deployment and scope (one INSERT for the runs without a thread); runs is a JSON array of objects (payload, priority, run_after, max_attempts, idempotency_key, metadata, run_id, thread_id); an item without priority / max_attempts gets the deployment''s registered defaults (zeroth.deployments), else 0 / 3. Results in input order; a repeated key or run_id returns that run with created = false. Thread locks are taken first in one sorted order, inserts run in key order: concurrent batches cannot deadlock on threads or keys. Raises ZP006, ZP008, ZP011 reserved_key (an idempotency key starting zeroth-schedule:, reserved for fire_due_schedules) and rejects the whole batch. Notifies zeroth_wakeup once when a due pending run was created. Time: clock_timestamp().';
 ALTER FUNCTION zeroth.enqueue_runs(text, jsonb, text, text) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.enqueue_runs(text, jsonb, text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.enqueue_runs(text, jsonb, text, text) TO zeroth_worker;

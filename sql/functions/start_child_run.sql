@@ -3,7 +3,9 @@
 -- (zeroth._lock_leased_run), then reads the clock; the fence, a stale holder starts nothing. Once
 -- per (parent, step_key): a replay returns the same child (created false); the same key with
 -- another deployment_ref, payload or detached raises ZP010. detached: the child is not cancelled
--- with its parent. Returns one row (child_run_id, created); child_run_id NULL when fenced out.
+-- with its parent. priority / max_attempts NULL (the defaults): the child deployment's registered
+-- defaults (zeroth.deployments, one primary-key lookup), else 0 / 3; an explicit value wins.
+-- Returns one row (child_run_id, created); child_run_id NULL when fenced out.
 -- Raises ZP003 (holder but not running), ZP006, ZP008, ZP010. Notifies zeroth_wakeup for the
 -- child. Time: clock_timestamp().
 CREATE OR REPLACE FUNCTION zeroth.start_child_run(
@@ -13,8 +15,8 @@ CREATE OR REPLACE FUNCTION zeroth.start_child_run(
     step_key       text,
     deployment_ref text,
     payload        jsonb   DEFAULT '{}'::jsonb,
-    priority       integer DEFAULT 0,
-    max_attempts   integer DEFAULT 3,
+    priority       integer DEFAULT NULL,
+    max_attempts   integer DEFAULT NULL,
     metadata       jsonb   DEFAULT '{}'::jsonb,
     detached       boolean DEFAULT false,
     tenant_id      text    DEFAULT NULL,
@@ -28,6 +30,10 @@ DECLARE
     v_attempt integer;
     v_link    record;
     v_child   uuid;
+    v_priority integer := start_child_run.priority;
+    v_attempts integer := start_child_run.max_attempts;
+    v_def_priority integer;
+    v_def_attempts integer;
 BEGIN
     IF v_tenant IS NULL THEN
         RAISE EXCEPTION 'a workspace_id needs a tenant_id' USING ERRCODE = 'ZP006';
@@ -39,8 +45,8 @@ BEGIN
     PERFORM zeroth._require_identifier(start_child_run.deployment_ref, 'deployment_ref');
     PERFORM zeroth._require(jsonb_typeof(start_child_run.payload) = 'object', 'payload must be a JSON object');
     PERFORM zeroth._require(jsonb_typeof(start_child_run.metadata) = 'object', 'metadata must be a JSON object');
-    PERFORM zeroth._require(start_child_run.priority IS NOT NULL, 'priority must not be NULL');
-    PERFORM zeroth._require(start_child_run.max_attempts BETWEEN 1 AND 1000, 'max_attempts must be between 1 and 1000');
+    PERFORM zeroth._require(start_child_run.max_attempts IS NULL OR start_child_run.max_attempts BETWEEN 1 AND 1000,
+                            'max_attempts must be NULL or between 1 and 1000');
     PERFORM zeroth._require(start_child_run.detached IS NOT NULL, 'detached must not be NULL');
 
     -- The parent's row first, then the clock: see zeroth._lock_leased_run.
@@ -80,11 +86,18 @@ BEGIN
             start_child_run.run_id USING ERRCODE = 'ZP010';
     END IF;
 
+    IF v_priority IS NULL OR v_attempts IS NULL THEN
+        SELECT d.priority, d.max_attempts INTO v_def_priority, v_def_attempts
+          FROM zeroth.deployments d
+         WHERE d.deployment_ref = start_child_run.deployment_ref;
+        v_priority := coalesce(v_priority, v_def_priority, 0);
+        v_attempts := coalesce(v_attempts, v_def_attempts, 3);
+    END IF;
     v_child := gen_random_uuid();
     INSERT INTO zeroth.runs (run_id, tenant_id, workspace_id, deployment_ref, status, priority, run_after,
                              max_attempts, created_at, updated_at, payload, metadata, parent_run_id)
     VALUES (v_child, v_tenant, start_child_run.workspace_id, start_child_run.deployment_ref, 'pending',
-            start_child_run.priority, v_now, start_child_run.max_attempts, v_now, v_now,
+            v_priority, v_now, v_attempts, v_now, v_now,
             start_child_run.payload, start_child_run.metadata, start_child_run.run_id);
     INSERT INTO zeroth.child_runs (tenant_id, workspace_key, parent_run_id, step_key, child_run_id,
                                    deployment_ref, payload, detached, created_at)
@@ -103,7 +116,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION zeroth.start_child_run(uuid, text, bigint, text, text, jsonb, integer, integer, jsonb, boolean, text, text) IS
-'start_child_run: for the live lease (worker_id, generation) of a running parent, start a child run of deployment_ref as step step_key: new → pending in the parent''s scope (parent_run_id set), due now, also recorded as the step. Once per (parent, step_key): a replay returns the same child with created = false; another deployment_ref, payload or detached under the key raises ZP010. A child is cancelled with its parent unless detached. Returns one row (child_run_id, created); child_run_id NULL when fenced out. Raises ZP003 (holder but not running), ZP006, ZP008, ZP010. Notifies zeroth_wakeup for the child. Time: clock_timestamp().';
+'start_child_run: for the live lease (worker_id, generation) of a running parent, start a child run of deployment_ref as step step_key: new → pending in the parent''s scope (parent_run_id set), due now, also recorded as the step. priority / max_attempts NULL (default): the child deployment''s registered defaults (zeroth.deployments), else 0 / 3. Once per (parent, step_key): a replay returns the same child with created = false; another deployment_ref, payload or detached under the key raises ZP010. A child is cancelled with its parent unless detached. Returns one row (child_run_id, created); child_run_id NULL when fenced out. Raises ZP003 (holder but not running), ZP006, ZP008, ZP010. Notifies zeroth_wakeup for the child. Time: clock_timestamp().';
 ALTER FUNCTION zeroth.start_child_run(uuid, text, bigint, text, text, jsonb, integer, integer, jsonb, boolean, text, text) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.start_child_run(uuid, text, bigint, text, text, jsonb, integer, integer, jsonb, boolean, text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.start_child_run(uuid, text, bigint, text, text, jsonb, integer, integer, jsonb, boolean, text, text) TO zeroth_worker;

@@ -41,7 +41,8 @@ DEADLINE = 60.0  # generous bound for any awaited condition; tests finish far so
 PER_CALL_OPTIONS = {"payload", "priority", "run_after", "max_attempts", "idempotency_key",
                     "metadata", "batch", "status", "watch", "action", "help", "from_revision",
                     "from_database", "cron", "every", "tz", "catch_up", "grace", "paused",
-                    "max_concurrency", "weight", "rate_limit", "note", "max_starts", "per"}
+                    "max_concurrency", "weight", "rate_limit", "note", "max_starts", "per",
+                    "changes", "managed_by"}
 
 
 def cli(*args: str, dsn: str | None = None, stdin: str | None = None,

@@ -139,7 +139,8 @@ class TestGrants:
                                     "zeroth.schedules", "zeroth.schedule_fires",
                                     "zeroth.rate_limits", "zeroth.run_steps",
                                     "zeroth.event_waits", "zeroth.events", "zeroth.run_attempts",
-                                    "zeroth.child_runs"}
+                                    "zeroth.child_runs", "zeroth.deployments",
+                                    "zeroth.deployment_changes"}
         assert readme_grants("zeroth_reader") == readable
         assert [r["name"] for r in relations if r["reader_writes"]] == []
 

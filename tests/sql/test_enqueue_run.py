@@ -216,8 +216,6 @@ class TestRejectedInput:
             pytest.param({"metadata": None}, id="metadata-sql-null"),
             pytest.param({"max_attempts": 0}, id="max-attempts-0"),
             pytest.param({"max_attempts": 1001}, id="max-attempts-1001"),
-            pytest.param({"max_attempts": None}, id="max-attempts-null"),
-            pytest.param({"priority": None}, id="priority-null"),
             pytest.param({"idempotency_key": ""}, id="empty-idempotency-key"),
             pytest.param({"run_after": INFINITY}, id="run-after-infinity"),
             pytest.param({"run_after": MINUS_INFINITY}, id="run-after-minus-infinity"),

@@ -18,18 +18,19 @@ Exit codes:
   ZP008).
 * 3 — ``verify``: the schema is not installed, behind this package, or at a revision this package
   does not know (newer).
-* 4 — not found: no run with that id in the scope; ``db url`` with no embedded server running
-  (``db stop`` exits 0 then: stopping is idempotent).
+* 4 — not found: no run with that id in the scope, no registered deployment of that name;
+  ``db url`` with no embedded server running (``db stop`` exits 0 then: stopping is
+  idempotent).
 
 Ctrl-C ends ``status --watch`` with 0; elsewhere it aborts with 1.
 
 One module per command group, each holding only options and output: :mod:`.schema`
 (``migrate``, ``verify``), :mod:`.runs`, :mod:`.enqueue`, :mod:`.status`, :mod:`.limits`,
-:mod:`.prune`, :mod:`.db`, :mod:`.worker` and :mod:`.demo`; what they share is in
-:mod:`._common`, the SQL they send in :mod:`zeroth_pg._calls`. ``python -m zeroth_pg.worker``
-and ``python -m zeroth_pg.demo`` are the same commands as ``zeroth-pg worker`` and ``zeroth-pg
-demo``. The command line needs the ``cli`` extra (typer, rich); nothing outside this package
-imports them.
+:mod:`.schedules`, :mod:`.deployments`, :mod:`.prune`, :mod:`.db`, :mod:`.worker`,
+:mod:`.metrics` and :mod:`.demo`; what they share is in :mod:`._common`, the SQL they send in
+:mod:`zeroth_pg._calls`. ``python -m zeroth_pg.worker`` and ``python -m zeroth_pg.demo`` are the
+same commands as ``zeroth-pg worker`` and ``zeroth-pg demo``. The command line needs the ``cli``
+extra (typer, rich); nothing outside this package imports them.
 """
 
 
@@ -38,6 +39,7 @@ from __future__ import annotations
 from zeroth_pg.cli import (
     db,
     demo,
+    deployments,
     enqueue,
     limits,
     metrics,
@@ -72,6 +74,7 @@ app.add_typer(runs.runs_app, name="runs")
 app.add_typer(db.db_app, name="db")
 app.add_typer(schedules.schedules_app, name="schedules")
 app.add_typer(limits.limits_app, name="limits")
+app.add_typer(deployments.deployments_app, name="deployments")
 app.command("verify")(schema.verify)
 app.command("worker")(worker.worker)
 app.command("demo")(demo.demo)

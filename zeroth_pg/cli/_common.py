@@ -68,7 +68,7 @@ EXIT_CODES = (
     "Exit codes: 0 ok · 1 failure (database or connection error, run not cancellable, demo "
     "incomplete) · 2 usage (bad option, malformed JSON, argument refused by the database) · "
     "3 schema not installed, behind, or newer than this package (verify) · 4 not found (run id, "
-    "schedule name, embedded server)."
+    "schedule name, deployment, embedded server)."
 )
 
 #: Piped or redirected, a table is printed whole, one complete line per row, whatever COLUMNS

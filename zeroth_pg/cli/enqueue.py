@@ -67,13 +67,15 @@ def enqueue(
     payload: Annotated[str | None, typer.Option(
         help="The run's payload, a JSON object (single run).", show_default=False)] = None,
     priority: Annotated[int | None, typer.Option(
-        help="Higher runs first (default 0; with --batch: for lines without one).",
+        help="Higher runs first (default: the deployment's registered priority, else 0; with "
+             "--batch: for lines without one).",
         show_default=False)] = None,
     run_after: Annotated[str | None, typer.Option(
         help="Not before: ISO timestamp, or a duration from now on the database clock (30s, "
              "5m).", show_default=False)] = None,
     max_attempts: Annotated[int | None, typer.Option(
-        help="Attempts before a failing run is dead-lettered (default 3).",
+        help="Attempts before a failing run is dead-lettered (default: the deployment's "
+             "registered max_attempts, else 3; see `zeroth-pg deployments list`).",
         show_default=False)] = None,
     idempotency_key: Annotated[str | None, typer.Option(
         help="A repeated key returns the existing run (created: false).",
@@ -108,8 +110,7 @@ def enqueue(
         if not batch:
             return [await lm.enqueue_run(
                 deployment, payload_obj, tenant_id=tenant, workspace_id=workspace,
-                priority=priority or 0, run_after=when,
-                max_attempts=3 if max_attempts is None else max_attempts,
+                priority=priority, run_after=when, max_attempts=max_attempts,
                 idempotency_key=idempotency_key, metadata=metadata_obj)]
         defaults = {key: value for key, value in (
             ("priority", priority), ("run_after", when), ("max_attempts", max_attempts),

@@ -346,10 +346,12 @@ class RunContext:
     # -- child runs ------------------------------------------------------------------------------
 
     async def start_child(self, deployment: str, payload: Mapping[str, Any] | None = None, *,
-                          key: str | None = None, priority: int = 0, max_attempts: int = 3,
+                          key: str | None = None, priority: int | None = None,
+                          max_attempts: int | None = None,
                           metadata: Mapping[str, Any] | None = None,
                           detached: bool = False) -> UUID:
-        """Start a child run of ``deployment`` in this run's scope and return its run id.
+        """Start a child run of ``deployment`` in this run's scope and return its run id
+        (``priority`` / ``max_attempts`` None: the deployment's registered defaults, else 0 / 3).
 
         A step (``zeroth.start_child_run``, fenced): ``key`` names it (a step name, numbered
         like :meth:`step` when reused); without one it is ``#child:<deployment>``, numbered, so
