@@ -75,6 +75,10 @@ async def _state(conn: asyncpg.Connection) -> dict[str, Any]:
         "runs": [tuple(r) for r in await conn.fetch(
             "SELECT run_id, status::text FROM zeroth.runs ORDER BY run_id")],
         "events": await conn.fetchval("SELECT count(*) FROM zeroth.events"),
+        "defaults": [tuple(r) for r in await conn.fetch(
+            "SELECT deployment_ref, max_attempts, priority, managed_by, version "
+            "FROM zeroth.deployments ORDER BY deployment_ref")],
+        "changes": await conn.fetchval("SELECT count(*) FROM zeroth.deployment_changes"),
     }
 
 
@@ -189,6 +193,14 @@ class TestDeployments:
         ("/actions/rate-limit", {"name": "k", "max_starts": "5", "period_seconds": "1e9"}, 400),
         ("/actions/rate-limit", {"name": "", "max_starts": "5", "period_seconds": "1"}, 400),
         ("/actions/rate-limit", {"name": "k", "period_seconds": "1"}, 400),
+        ("/actions/deployment-defaults", {"deployment": "mail", "tenant": "t",
+                                          "max_attempts": "0"}, 400),
+        ("/actions/deployment-defaults", {"deployment": "mail", "tenant": "t",
+                                          "max_attempts": "1001"}, 400),
+        ("/actions/deployment-defaults", {"deployment": "mail", "tenant": "t",
+                                          "priority": "high"}, 400),
+        ("/actions/deployment-defaults", {"deployment": "", "tenant": "t",
+                                          "max_attempts": "3"}, 400),
     ])
     async def test_bad_input_is_refused_clearly_and_changes_nothing(self, database_dsn, path,
                                                                     form, status):
@@ -204,6 +216,45 @@ class TestDeployments:
             assert r.status_code == status, r.text
             assert ("bad input" in r.text) if status == 400 else ("ZP008" in r.text)
             assert await _state(conn) == before
+        finally:
+            await conn.close()
+
+    async def test_a_deployments_defaults_are_shown_and_a_dba_sets_them_audited(
+            self, database_dsn):
+        """The defaults an application registered (zeroth.deployments) are on each scope page
+        of the deployment; the form sets them as a DBA's (managed_by sql), audited, and the next
+        run enqueued without values gets them; blank keeps a value."""
+        conn = await asyncpg.connect(database_dsn)
+        try:
+            await conn.execute("SELECT zeroth.register_deployment(deployment_ref => 'mail', "
+                               "max_attempts => 4, priority => 2)")
+            url = "/deployments/scope?deployment=mail&tenant=acme"
+            scope = {"deployment": "mail", "tenant": "acme", "workspace": ""}
+            with dashboard(create_app(database_dsn, enable_actions=True)) as client:
+                page = client.get(url).text
+                shown = page[page.index('id="deployment-defaults"'):]
+                assert "<dd>4</dd>" in shown
+                assert "<dd>2</dd>" in shown
+                assert "the application" in shown
+                r = client.post("/actions/deployment-defaults", data={
+                    **scope, "max_attempts": "9", "priority": "", "csrf": _csrf(page)},
+                    follow_redirects=False)
+                assert r.status_code == 303
+                assert r.headers["location"].endswith("&done=defaults")
+                after = client.get(url).text
+            assert "a DBA" in after[after.index('id="deployment-defaults"'):]
+            assert tuple(await conn.fetchrow(
+                "SELECT max_attempts, priority, managed_by FROM zeroth.deployments "
+                "WHERE deployment_ref = 'mail'")) == (9, 2, "sql")
+            assert await conn.fetchval(
+                "SELECT via FROM zeroth.deployment_changes WHERE deployment_ref = 'mail' "
+                "ORDER BY version DESC LIMIT 1") == "set_deployment_defaults"
+            run_id = await conn.fetchval(
+                "SELECT (zeroth.enqueue_run(deployment_ref => 'mail', payload => '{}', "
+                "tenant_id => 'acme')).run_id")
+            run = await conn.fetchrow(
+                "SELECT max_attempts, priority FROM zeroth.runs WHERE run_id = $1", run_id)
+            assert tuple(run) == (9, 2)
         finally:
             await conn.close()
 
@@ -480,6 +531,8 @@ ACTIONS = [
     ("/actions/rate-limit", {"name": "k", "max_starts": "9", "period_seconds": "1"}),
     ("/actions/schedule", {"name": "hourly", "tenant": "acme", "op": "fire"}),
     ("/actions/emit-event", {"name": "go", "tenant": "acme"}),
+    ("/actions/deployment-defaults", {"deployment": "mail", "tenant": "acme",
+                                      "max_attempts": "7"}),
 ]
 
 

@@ -2,7 +2,8 @@
 (zeroth.scope_overview, through the ``zeroth-pg status`` query) and its limits
 (zeroth.scope_limits, zeroth.rate_limits), a page per scope, and — with actions enabled — pause,
 resume, max_concurrency, weight and rate limit, each through zeroth.set_scope_limits or
-zeroth.set_rate_limit."""
+zeroth.set_rate_limit; a deployment's defaults (zeroth.deployments: max_attempts, priority, for
+every scope) shown on each of its scope pages and set through zeroth.set_deployment_defaults."""
 
 from __future__ import annotations
 
@@ -41,6 +42,11 @@ _SCOPE_SCHEDULES = """SELECT s.name, s.cron, s.interval_seconds, s.next_fire_at,
       FROM zeroth.schedules s
      WHERE s.tenant_id = $1 AND s.workspace_key = $2 AND s.deployment_ref = $3
      ORDER BY s.name LIMIT 200"""
+
+# A deployment's defaults (global: every scope's runs of it), a table zeroth_reader may read.
+_DEFAULTS = """SELECT d.max_attempts, d.priority, d.managed_by, d.version, d.updated_at,
+           d.updated_by
+      FROM zeroth.deployments d WHERE d.deployment_ref = $1"""
 
 _OPS = ("pause", "resume", "limits")
 
@@ -82,6 +88,7 @@ def routes(ctx: Context) -> list[Route]:
             keys = await conn.fetch(_RATE_LIMITS)
             schedules = await conn.fetch(_SCOPE_SCHEDULES, tenant, _workspace_key(workspace),
                                          deployment)
+            defaults = await conn.fetchrow(_DEFAULTS, deployment)
         # STATUS with a NULL workspace matches every workspace: this page is one scope.
         counts = next((r for r in rows if r["workspace_id"] == workspace), None)
         runs_query = urllib.parse.urlencode(
@@ -89,7 +96,7 @@ def routes(ctx: Context) -> list[Route]:
              **({"workspace": workspace} if workspace is not None else {})})
         return ctx.render(request, "scope.html", deployment=deployment, tenant=tenant,
                           workspace=workspace, counts=counts, limits=limits, keys=keys,
-                          schedules=schedules, runs_query=runs_query,
+                          schedules=schedules, runs_query=runs_query, defaults=defaults,
                           done=request.query_params.get("done"))
 
     async def scope_action(request: Request) -> Response:
@@ -122,6 +129,27 @@ def routes(ctx: Context) -> list[Route]:
         return RedirectResponse(scope_url(deployment, tenant, workspace) + "&done=" + op,
                                 status_code=303)
 
+    async def defaults_action(request: Request) -> Response:
+        """A DBA's defaults of a deployment (zeroth.set_deployment_defaults, managed_by sql: the
+        applications' registrations keep them from then on); blank keeps a value."""
+        form, refused = await ctx.check_post(request)
+        if refused:
+            return refused
+        try:
+            deployment, tenant, workspace = _scope(form)
+            max_attempts = form_int(form, "max_attempts", 1, 1000)
+            priority = form_int(form, "priority", -1_000_000, 1_000_000)
+        except BadInput as exc:
+            return ctx.bad_input(request, exc)
+        try:
+            await ctx.act(request, "deployment defaults", deployment,
+                          _calls.SET_DEPLOYMENT_DEFAULTS, deployment, max_attempts, priority,
+                          "sql")
+        except asyncpg.PostgresError as exc:
+            return ctx.refused(request, exc)
+        return RedirectResponse(scope_url(deployment, tenant, workspace) + "&done=defaults",
+                                status_code=303)
+
     async def rate_limit_action(request: Request) -> Response:
         form, refused = await ctx.check_post(request)
         if refused:
@@ -145,4 +173,5 @@ def routes(ctx: Context) -> list[Route]:
     return [Route("/deployments", deployments),
             Route("/deployments/scope", scope_page),
             Route("/actions/scope", scope_action, methods=["POST"]),
-            Route("/actions/rate-limit", rate_limit_action, methods=["POST"])]
+            Route("/actions/rate-limit", rate_limit_action, methods=["POST"]),
+            Route("/actions/deployment-defaults", defaults_action, methods=["POST"])]
