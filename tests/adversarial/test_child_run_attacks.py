@@ -184,7 +184,7 @@ class TestChildRuns:
         ("step_key", "''"), ("step_key", "repeat('k', 401)"), ("step_key", "NULL"),
         ("deployment_ref", "''"), ("deployment_ref", "NULL"), ("payload", "'[1]'"),
         ("payload", "NULL"), ("metadata", "'1'"), ("max_attempts", "0"),
-        ("max_attempts", "1001"), ("priority", "NULL"), ("detached", "NULL"),
+        ("max_attempts", "1001"), ("detached", "NULL"),
         ("workspace_id", "'ws'::text, tenant_id => NULL"),
     ])
     async def test_bad_start_child_run_input_raises_zp_and_changes_nothing(
