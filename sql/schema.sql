@@ -704,6 +704,7 @@ CREATE TABLE zeroth.deployments (
     created_at timestamp with time zone NOT NULL,
     updated_at timestamp with time zone NOT NULL,
     updated_by text NOT NULL,
+    registered_by text,
     CONSTRAINT deployments_managed_by_valid CHECK ((managed_by = ANY (ARRAY['app'::text, 'sql'::text]))),
     CONSTRAINT deployments_max_attempts_valid CHECK (((max_attempts >= 1) AND (max_attempts <= 1000))),
     CONSTRAINT deployments_ref_valid CHECK (((deployment_ref <> ''::text) AND (length(deployment_ref) <= 200))),
@@ -715,7 +716,7 @@ ALTER TABLE zeroth.deployments OWNER TO zeroth_owner;
 --
 -- Name: TABLE deployments; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
-COMMENT ON TABLE zeroth.deployments IS 'The registry of deployments: the defaults every client''s enqueue_run / enqueue_runs (and the runs of schedules and child runs that pass none) give a run of the deployment when the caller passes NULL; an explicit value wins, and a run keeps the values it was enqueued with. Global (a deployment is code, the same in every scope); per-scope limits live in zeroth.scope_limits. Written only through zeroth.register_deployment (an application, managed_by app) and zeroth.set_deployment_defaults (a DBA, managed_by sql); every change is in zeroth.deployment_changes. zeroth_reader reads every row.';
+COMMENT ON TABLE zeroth.deployments IS 'The registry of deployments: the defaults every client''s enqueue_run / enqueue_runs (and child runs that pass none; a schedule stores its own values) give a run of the deployment when the caller passes NULL; an explicit value wins, and a run keeps the values it was enqueued with. Global (a deployment is code, the same in every scope); per-scope limits live in zeroth.scope_limits. Written only through zeroth.register_deployment (an application, managed_by app) and zeroth.set_deployment_defaults (a DBA, managed_by sql); every change is in zeroth.deployment_changes. zeroth_reader reads every row.';
 
 --
 -- Name: COLUMN deployments.max_attempts; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
@@ -741,6 +742,11 @@ COMMENT ON COLUMN zeroth.deployments.version IS '1 when created, + 1 with every 
 -- Name: COLUMN deployments.updated_by; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
 COMMENT ON COLUMN zeroth.deployments.updated_by IS 'session_user of the last change (the SET ROLE in force, if any, is in zeroth.deployment_changes).';
+
+--
+-- Name: COLUMN deployments.registered_by; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.deployments.registered_by IS 'The login (session_user) whose application registered the row (managed_by app): only that login''s registrations change it, another''s are kept (one trust domain''s worker role cannot set the defaults of another''s runs). NULL: a DBA set the row or handed it back (set_deployment_defaults), and the next registration takes it.';
 
 --
 -- Name: run_attempts; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
@@ -1227,6 +1233,16 @@ CREATE INDEX runs_finished_idx ON zeroth.runs USING btree (finished_at, tenant_i
 -- Name: runs_idempotency_key_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner
 --
 CREATE UNIQUE INDEX runs_idempotency_key_idx ON zeroth.runs USING btree (tenant_id, workspace_key, deployment_ref, idempotency_key) WHERE (idempotency_key IS NOT NULL);
+
+--
+-- Name: runs_run_id_not_running_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE INDEX runs_run_id_not_running_idx ON zeroth.runs USING btree (run_id) WHERE (status <> 'running'::zeroth.run_status);
+
+--
+-- Name: INDEX runs_run_id_not_running_idx; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON INDEX zeroth.runs_run_id_not_running_idx IS 'A run by its id alone when it is not running (zeroth_pg._calls.run_by_id: the dashboard''s run page, search and bulk actions; the running ones come from runs_running_idx). Not written by a claim or a renewal.';
 
 --
 -- Name: runs_running_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner

@@ -246,55 +246,23 @@ _RUN_COLUMNS = """r.run_id, r.tenant_id, r.workspace_id, r.deployment_ref, r.thr
     r.payload::text AS payload, r.output::text AS output, r.error::text AS error,
     r.metadata::text AS metadata, r.progress::text AS progress"""
 
-# The scopes that hold runs, found by a skip scan of runs_pkey (tenant_id, workspace_key, run_id):
-# the tenants one descent each, then each tenant's workspaces one descent each. Each step orders
-# by the whole key with LIMIT 1, which only runs_pkey provides without a sort of what the step
-# matches: ordered by its first column alone, a step was planned as a sequential scan for a
-# zeroth_reader once the table had statistics (its row-level security makes the tenant a
-# constant, so any row came first; the step after the reader's tenant then read every run); and
-# never a row comparison (PostgreSQL 15 starts that scan at the tenant's first entry).
-# zeroth.runs has no index on run_id alone (issue 30: an index without a predicate takes an entry
-# from every claim and completion), so a run known by its id alone is one runs_pkey probe per
-# scope (run_by_id: a LATERAL sub-select with a LIMIT, never flattened into a join, whatever the
-# statistics). Read through zeroth.run_list, as the caller.
-RUN_SCOPES = """WITH RECURSIVE tenants AS (
-        (SELECT r.tenant_id FROM zeroth.run_list r
-          ORDER BY r.tenant_id, r.workspace_key, r.run_id LIMIT 1)
-        UNION ALL
-        SELECT n.tenant_id
-          FROM tenants t
-         CROSS JOIN LATERAL (
-                SELECT r.tenant_id FROM zeroth.run_list r
-                 WHERE r.tenant_id > t.tenant_id
-                 ORDER BY r.tenant_id, r.workspace_key, r.run_id LIMIT 1) n),
-    scopes AS (
-        SELECT t.tenant_id, w.workspace_key
-          FROM tenants t
-         CROSS JOIN LATERAL (
-                SELECT r.workspace_key FROM zeroth.run_list r
-                 WHERE r.tenant_id = t.tenant_id
-                 ORDER BY r.tenant_id, r.workspace_key, r.run_id LIMIT 1) w
-        UNION ALL
-        SELECT s.tenant_id, n.workspace_key
-          FROM scopes s
-         CROSS JOIN LATERAL (
-                SELECT r.workspace_key FROM zeroth.run_list r
-                 WHERE r.tenant_id = s.tenant_id AND r.workspace_key > s.workspace_key
-                 ORDER BY r.tenant_id, r.workspace_key, r.run_id LIMIT 1) n)"""
-
-
+# A run known by its id alone (the run page, a search, `zeroth-pg runs show` without its scope):
+# the runs that are not running through runs_run_id_not_running_idx (run_id) WHERE status <>
+# 'running', which a claim and a renewal never write (a run enters it when enqueued and when it
+# ends), and the running ones through runs_running_idx, filtered by id (as many as there are
+# running runs). Every scope's run of that id (a caller may reuse another scope's id): the caller
+# picks. Read through zeroth.run_list, as the caller (a reader's row-level security applies).
 def run_by_id(columns: str, run_id: str, where: str = "") -> str:
     """A query of ``columns`` (of zeroth.run_list, alias ``r``) for the run ``run_id`` (a
-    parameter such as ``$1``) in every scope that holds runs, with ``where`` (more predicates on
-    ``r``, joined by AND) applied to each: one runs_pkey probe per scope."""
-    return (f"""{RUN_SCOPES}
-    SELECT r.* FROM scopes s
-     CROSS JOIN LATERAL (
-            SELECT {columns}
-              FROM zeroth.run_list r
-             WHERE r.tenant_id = s.tenant_id AND r.workspace_key = s.workspace_key
-               AND r.run_id = {run_id}{f" AND {where}" if where else ""}
-             LIMIT 1) r""")
+    parameter such as ``$1``) in every scope, with ``where`` (more predicates on ``r``, joined by
+    AND): one probe of runs_run_id_not_running_idx and a scan of the running runs."""
+    more = f" AND {where}" if where else ""
+    return f"""SELECT r.* FROM (
+        SELECT {columns} FROM zeroth.run_list r
+         WHERE r.run_id = {run_id} AND r.status <> 'running'{more}
+        UNION ALL
+        SELECT {columns} FROM zeroth.run_list r
+         WHERE r.run_id = {run_id} AND r.status = 'running'{more}) r"""
 
 
 _LIST_WHERE = """($1::text IS NULL OR r.deployment_ref = $1)

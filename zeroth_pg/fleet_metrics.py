@@ -31,6 +31,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from zeroth_pg._hosts import LOOPBACK_HOSTS, host_allowed, host_name
 from zeroth_pg._libpq import asyncpg_dsn
 
 __all__ = ["CONTENT_TYPE", "QUERY", "STATES", "render", "serve"]
@@ -116,8 +117,17 @@ _MAX_REQUEST_BYTES = 8192  # the request line and headers of a scrape; anything 
 _READ_TIMEOUT = 10.0
 
 
+def _host_header(head: bytes) -> str:
+    """The Host header of a request head ('' without one)."""
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"host":
+            return value.strip().decode("latin-1")
+    return ""
+
+
 async def _answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                  pool: asyncpg.Pool) -> None:
+                  pool: asyncpg.Pool, allowed: frozenset[str]) -> None:
     status, body, ctype = "500 Internal Server Error", b"", "text/plain; charset=utf-8"
     try:
         with contextlib.suppress(asyncio.TimeoutError, asyncio.IncompleteReadError,
@@ -126,7 +136,12 @@ async def _answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
             parts = head.split(b"\r\n", 1)[0].split()
             method, target = (parts[0], parts[1]) if len(parts) == 3 else (b"", b"")
             path = target.split(b"?", 1)[0]
-            if method not in (b"GET", b"HEAD"):
+            if not host_allowed(_host_header(head), allowed):
+                # DNS rebinding: a page whose name points at this address reads it as its own
+                # origin unless the Host it sends is refused (as the dashboard does).
+                status, body = "421 Misdirected Request", b"this exporter does not answer to " \
+                    b"that Host; start it with --allowed-host NAME\n"
+            elif method not in (b"GET", b"HEAD"):
                 status, body = "405 Method Not Allowed", b"GET /metrics\n"
             elif path == b"/metrics":
                 try:
@@ -150,14 +165,18 @@ async def _answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
 
 
 async def serve(dsn: str, *, host: str = "127.0.0.1", port: int = 9641,
+                allowed_hosts: Sequence[str] = (),
                 on_ready: Callable[[int], Awaitable[None] | None] | None = None) -> None:
     """Serve ``GET /metrics`` (the fleet's gauges, read at each scrape) on ``host:port`` until
-    cancelled; ``on_ready`` gets the bound port (``port`` 0: any free one)."""
+    cancelled; ``on_ready`` gets the bound port (``port`` 0: any free one). Answers only a Host
+    that is a loopback name, the bound address or one of ``allowed_hosts`` (421 otherwise)."""
+    allowed = frozenset(host_name(h) for h in (*LOOPBACK_HOSTS, *allowed_hosts, host)
+                        if h.strip() and h not in ("0.0.0.0", "::"))
     pool = await asyncpg.create_pool(asyncpg_dsn(dsn), min_size=1, max_size=2,
                                      server_settings={"application_name": "zeroth-pg metrics"})
     try:
         server = await asyncio.start_server(
-            lambda r, w: _answer(r, w, pool), host, port, limit=_MAX_REQUEST_BYTES)
+            lambda r, w: _answer(r, w, pool, allowed), host, port, limit=_MAX_REQUEST_BYTES)
         async with server:
             bound = server.sockets[0].getsockname()[1]
             if on_ready is not None:

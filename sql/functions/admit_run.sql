@@ -9,7 +9,8 @@
 -- must first stop (cancel requested, NOTIFY), queued behind it. The caller's own active run is
 -- cancelled at once only when it proves ownership with worker_id and owner_generation (its live
 -- lease). A repeated idempotency key or run_id returns reused (the first admission wins, whatever
--- the payload). Locks: the thread's lock, slots, active run, queue; the rate key row and a slot,
+-- the payload). priority / max_attempts NULL (the defaults): the deployment's registered
+-- defaults (zeroth.deployments), else 0 / 3, as enqueue_run. Locks: the thread's lock, slots, active run, queue; the rate key row and a slot,
 -- SKIP LOCKED. Raises ZP006, ZP008, ZP011 (an idempotency key starting 'zeroth-schedule:').
 -- Notifies zeroth_wakeup, zeroth_control. Time: clock_timestamp().
 CREATE OR REPLACE FUNCTION zeroth.admit_run(
@@ -25,8 +26,8 @@ CREATE OR REPLACE FUNCTION zeroth.admit_run(
     idempotency_key  text             DEFAULT NULL,
     metadata         jsonb            DEFAULT '{}'::jsonb,
     run_id           uuid             DEFAULT NULL,
-    priority         integer          DEFAULT 0,
-    max_attempts     integer          DEFAULT 3,
+    priority         integer          DEFAULT NULL,
+    max_attempts     integer          DEFAULT NULL,
     resumable        boolean          DEFAULT NULL,
     owner_generation bigint           DEFAULT NULL)
     RETURNS zeroth.admission
@@ -39,6 +40,10 @@ DECLARE
     v_wskey     text := zeroth._workspace_key(admit_run.workspace_id);
     v_result    zeroth.admission;
     v_displaced jsonb := '[]'::jsonb;
+    v_priority  integer;
+    v_attempts  integer;
+    v_def_priority integer;
+    v_def_attempts integer;
 BEGIN
     IF v_tenant IS NULL THEN
         RAISE EXCEPTION 'a workspace_id needs a tenant_id' USING ERRCODE = 'ZP006';
@@ -58,8 +63,8 @@ BEGIN
                             'strategy must be reject, interrupt, rollback or enqueue');
     PERFORM zeroth._require(jsonb_typeof(admit_run.payload) = 'object', 'payload must be a JSON object');
     PERFORM zeroth._require(jsonb_typeof(admit_run.metadata) = 'object', 'metadata must be a JSON object');
-    PERFORM zeroth._require(admit_run.priority IS NOT NULL, 'priority must not be NULL');
-    PERFORM zeroth._require(admit_run.max_attempts BETWEEN 1 AND 1000, 'max_attempts must be between 1 and 1000');
+    PERFORM zeroth._require(admit_run.max_attempts IS NULL OR admit_run.max_attempts BETWEEN 1 AND 1000,
+                            'max_attempts must be NULL or between 1 and 1000');
     PERFORM zeroth._require(admit_run.idempotency_key IS NULL
                             OR length(admit_run.idempotency_key) BETWEEN 1 AND 500,
                             'idempotency_key must be NULL or 1 to 500 characters');
@@ -79,17 +84,28 @@ BEGIN
         v_displaced := zeroth._displace(v_tenant, v_wskey, admit_run.thread_id, admit_run.strategy, v_grace, v_now,
                                         admit_run.worker_id, admit_run.owner_generation);
     END IF;
+    -- priority / max_attempts NULL: the deployment's registered defaults (zeroth.deployments, one
+    -- primary-key probe), else 0 / 3, as enqueue_run.
+    v_priority := admit_run.priority;
+    v_attempts := admit_run.max_attempts;
+    IF v_priority IS NULL OR v_attempts IS NULL THEN
+        SELECT d.priority, d.max_attempts INTO v_def_priority, v_def_attempts
+          FROM zeroth.deployments d
+         WHERE d.deployment_ref = admit_run.deployment_ref;
+        v_priority := coalesce(v_priority, v_def_priority, 0);
+        v_attempts := coalesce(v_attempts, v_def_attempts, 3);
+    END IF;
     -- After a displacement the thread is idle, or its active run is stopping for a live owner:
     -- then the new run queues right behind it (the queue was cancelled).
     RETURN zeroth._admit(v_tenant, admit_run.workspace_id, admit_run.deployment_ref, admit_run.thread_id,
                          admit_run.strategy <> 'reject', admit_run.worker_id, admit_run.payload, admit_run.metadata,
-                         admit_run.priority, NULL, admit_run.max_attempts, admit_run.idempotency_key,
+                         v_priority, NULL, v_attempts, admit_run.idempotency_key,
                          admit_run.run_id, coalesce(admit_run.resumable, admit_run.worker_id IS NULL),
                          v_lease, v_grace, v_now, true, v_displaced);
 END
 $$;
 COMMENT ON FUNCTION zeroth.admit_run(text, text, text, text, jsonb, text, text, double precision, double precision, text, jsonb, uuid, integer, integer, boolean, bigint) IS
-'admit_run: create a run for a thread, at most one active per thread. worker_id = admit-and-own: leased to the caller at generation 1 in the same statement (pending; start it with start_run) when the scope''s zeroth.scope_limits row leaves room, as for a claim (not paused, a free slot of its max_concurrency, a start of its rate key); otherwise admitted unleased (lease_* NULL; retry_after_s: when the rate key has a start again), pending for the ordinary claims. Strategies when busy: reject → busy (+ active_run_id, retry_after_s); enqueue → queued behind it; interrupt / rollback → queue and active run cancelled with that action, then admitted, or queued behind a live owner asked to stop (NOTIFY). The caller''s own active run is cancelled at once only with worker_id + owner_generation of its live lease. A repeated idempotency key or run_id returns reused (first admission wins). Raises ZP006, ZP008, ZP011 reserved_key (an idempotency key starting zeroth-schedule:, reserved for fire_due_schedules). Notifies zeroth_wakeup, zeroth_control. Time: clock_timestamp().';
+'admit_run: create a run for a thread, at most one active per thread. priority / max_attempts NULL: the deployment''s registered defaults (zeroth.deployments), else 0 / 3. worker_id = admit-and-own: leased to the caller at generation 1 in the same statement (pending; start it with start_run) when the scope''s zeroth.scope_limits row leaves room, as for a claim (not paused, a free slot of its max_concurrency, a start of its rate key); otherwise admitted unleased (lease_* NULL; retry_after_s: when the rate key has a start again), pending for the ordinary claims. Strategies when busy: reject → busy (+ active_run_id, retry_after_s); enqueue → queued behind it; interrupt / rollback → queue and active run cancelled with that action, then admitted, or queued behind a live owner asked to stop (NOTIFY). The caller''s own active run is cancelled at once only with worker_id + owner_generation of its live lease. A repeated idempotency key or run_id returns reused (first admission wins). Raises ZP006, ZP008, ZP011 reserved_key (an idempotency key starting zeroth-schedule:, reserved for fire_due_schedules). Notifies zeroth_wakeup, zeroth_control. Time: clock_timestamp().';
 ALTER FUNCTION zeroth.admit_run(text, text, text, text, jsonb, text, text, double precision, double precision, text, jsonb, uuid, integer, integer, boolean, bigint) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.admit_run(text, text, text, text, jsonb, text, text, double precision, double precision, text, jsonb, uuid, integer, integer, boolean, bigint) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.admit_run(text, text, text, text, jsonb, text, text, double precision, double precision, text, jsonb, uuid, integer, integer, boolean, bigint) TO zeroth_worker;

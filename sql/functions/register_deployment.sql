@@ -3,14 +3,17 @@
 -- application before: changed to these values when they differ — the last registration wins, and
 -- the change (old → new, who, when) is in zeroth.deployment_changes, so two versions of an
 -- application that disagree during a rolling deploy are visible, never silent. Set by a DBA
--- (managed_by 'sql'): kept as it is. Locks the deployment's row. Raises ZP008. Time:
--- clock_timestamp().
+-- (managed_by 'sql'), or registered by another login's application: kept as it is (one trust
+-- domain's worker role does not set the defaults of another's runs; a DBA hands a row over with
+-- set_deployment_defaults). Locks the deployment's row only to change it, waiting at most 2 s.
+-- Raises ZP008, 55P03. Time: clock_timestamp().
 CREATE OR REPLACE FUNCTION zeroth.register_deployment(
     deployment_ref text,
     max_attempts   integer DEFAULT 3,
     priority       integer DEFAULT 0)
     RETURNS zeroth.deployment_registration
-    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+    SET lock_timeout = '2s' AS $$
 BEGIN
     PERFORM zeroth._require_identifier(register_deployment.deployment_ref, 'deployment_ref');
     PERFORM zeroth._require(register_deployment.max_attempts BETWEEN 1 AND 1000,
@@ -21,7 +24,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION zeroth.register_deployment(text, integer, integer) IS
-'register_deployment: an application declares a deployment''s defaults (max_attempts, priority: what enqueue_run / enqueue_runs give a run that names none) at start: created when missing (managed_by app); an application''s earlier registration is changed to these values (last registration wins; previous holds the values it replaced, and zeroth.deployment_changes the change, who and when); a row a DBA set (managed_by sql) is kept. Outcome created, updated, unchanged or kept. Raises ZP008 invalid_argument. Time: clock_timestamp().';
+'register_deployment: an application declares a deployment''s defaults (max_attempts, priority: what enqueue_run / enqueue_runs give a run that names none) at start: created when missing (managed_by app); an application''s earlier registration is changed to these values (last registration wins; previous holds the values it replaced, and zeroth.deployment_changes the change, who and when); a row a DBA set (managed_by sql), or that another login''s application registered (registered_by), is kept; a call that changes nothing takes no lock. Outcome created, updated, unchanged or kept. Waits at most 2 s (lock_timeout) for a change of the row another session holds: 55P03. Raises ZP008 invalid_argument, 55P03 lock_not_available. Time: clock_timestamp().';
 ALTER FUNCTION zeroth.register_deployment(text, integer, integer) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.register_deployment(text, integer, integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.register_deployment(text, integer, integer) TO zeroth_worker;

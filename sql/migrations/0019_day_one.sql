@@ -18,15 +18,19 @@ SELECT 1;
 --     not running (a backward walk of this index) and the running ones (runs_running_idx, as
 --     many as there are live leases, sorted): O(page + running runs) at millions of runs
 --     (tests/plans/test_run_list_plan.py, tests/plans/test_hot_path_indexes.py).
---   * a run by its id alone (the dashboard's run page and search, `zeroth-pg runs show`): one
---     runs_pkey (tenant_id, workspace_key, run_id) probe per scope, the scopes found by a skip
---     scan of the same index (zeroth_pg._calls.run_by_id): the cost grows with the scopes, not
---     the runs. zeroth.attempt_history gains workspace_key so that one run's attempts are read
---     by (tenant_id, workspace_key, run_id), by index.
--- Per run from enqueue to completion: 9 index entries instead of 13 (bench/per_run_cost.py).
+--   * runs_run_id_not_running_idx: run_id of the runs that are not running, for a run known by
+--     its id alone (the dashboard's run page, search and bulk actions, `zeroth-pg runs show`),
+--     written as the index above (at enqueue and at the end, never by a claim or a renewal); a
+--     running run by its id is found among the running ones (runs_running_idx). A probe per
+--     scope of runs_pkey instead (no index at all) cost about 14 blocks a scope: at 100 tenants a
+--     lookup read as many blocks as a table of 50,000 runs. zeroth.attempt_history gains
+--     workspace_key so that one run's attempts are read by (tenant_id, workspace_key, run_id).
+-- Per run from enqueue to completion: 11 index entries instead of 13 (bench/per_run_cost.py).
 CREATE INDEX runs_created_not_running_idx ON zeroth.runs (created_at, run_id)
     WHERE status <> 'running';
 COMMENT ON INDEX zeroth.runs_created_not_running_idx IS 'Keyset pages of the runs that are not running by (created_at, run_id), newest first (zeroth.run_list, the dashboard''s runs page; the running runs come from runs_running_idx). Not written by a claim or a renewal.';
+CREATE INDEX runs_run_id_not_running_idx ON zeroth.runs (run_id) WHERE status <> 'running';
+COMMENT ON INDEX zeroth.runs_run_id_not_running_idx IS 'A run by its id alone when it is not running (zeroth_pg._calls.run_by_id: the dashboard''s run page, search and bulk actions; the running ones come from runs_running_idx). Not written by a claim or a renewal.';
 DROP INDEX zeroth.runs_created_idx;
 DROP INDEX zeroth.runs_run_id_idx;
 
@@ -57,17 +61,19 @@ CREATE TABLE zeroth.deployments (
     created_at     timestamptz NOT NULL,
     updated_at     timestamptz NOT NULL,
     updated_by     text        NOT NULL,
+    registered_by  text,
     CONSTRAINT deployments_pkey PRIMARY KEY (deployment_ref),
     CONSTRAINT deployments_ref_valid CHECK (deployment_ref <> '' AND length(deployment_ref) <= 200),
     CONSTRAINT deployments_max_attempts_valid CHECK (max_attempts BETWEEN 1 AND 1000),
     CONSTRAINT deployments_managed_by_valid CHECK (managed_by IN ('app', 'sql')),
     CONSTRAINT deployments_version_positive CHECK (version >= 1)
 );
-COMMENT ON TABLE zeroth.deployments IS 'The registry of deployments: the defaults every client''s enqueue_run / enqueue_runs (and the runs of schedules and child runs that pass none) give a run of the deployment when the caller passes NULL; an explicit value wins, and a run keeps the values it was enqueued with. Global (a deployment is code, the same in every scope); per-scope limits live in zeroth.scope_limits. Written only through zeroth.register_deployment (an application, managed_by app) and zeroth.set_deployment_defaults (a DBA, managed_by sql); every change is in zeroth.deployment_changes. zeroth_reader reads every row.';
+COMMENT ON TABLE zeroth.deployments IS 'The registry of deployments: the defaults every client''s enqueue_run / enqueue_runs (and child runs that pass none; a schedule stores its own values) give a run of the deployment when the caller passes NULL; an explicit value wins, and a run keeps the values it was enqueued with. Global (a deployment is code, the same in every scope); per-scope limits live in zeroth.scope_limits. Written only through zeroth.register_deployment (an application, managed_by app) and zeroth.set_deployment_defaults (a DBA, managed_by sql); every change is in zeroth.deployment_changes. zeroth_reader reads every row.';
 COMMENT ON COLUMN zeroth.deployments.max_attempts IS 'Attempts of a run enqueued without max_attempts (1-1000).';
 COMMENT ON COLUMN zeroth.deployments.priority IS 'Priority of a run enqueued without priority (higher is claimed first).';
 COMMENT ON COLUMN zeroth.deployments.managed_by IS 'app: the last application registration (zeroth.register_deployment) decides; sql: a DBA set it (zeroth.set_deployment_defaults) and registrations keep it.';
 COMMENT ON COLUMN zeroth.deployments.version IS '1 when created, + 1 with every change (the version of zeroth.deployment_changes that made the row as it is).';
+COMMENT ON COLUMN zeroth.deployments.registered_by IS 'The login (session_user) whose application registered the row (managed_by app): only that login''s registrations change it, another''s are kept (one trust domain''s worker role cannot set the defaults of another''s runs). NULL: a DBA set the row or handed it back (set_deployment_defaults), and the next registration takes it.';
 COMMENT ON COLUMN zeroth.deployments.updated_by IS 'session_user of the last change (the SET ROLE in force, if any, is in zeroth.deployment_changes).';
 ALTER TABLE zeroth.deployments OWNER TO zeroth_owner;
 ALTER TABLE zeroth.deployments ENABLE ROW LEVEL SECURITY;

@@ -24,6 +24,11 @@ def metrics(
     port: Annotated[int, typer.Option(
         "--port", envvar="ZEROTH_PG_METRICS_EXPORTER_PORT",
         help="Port of GET /metrics (0: any free port, printed).")] = 9641,
+    allowed_host: Annotated[list[str] | None, typer.Option(
+        "--allowed-host", envvar="ZEROTH_PG_METRICS_ALLOWED_HOSTS",
+        help="A Host name Prometheus reaches the exporter by, besides loopback names and the "
+             "bound address (repeat for several): any other Host is refused with 421, so a "
+             "web page whose name points at this address (DNS rebinding) reads nothing.")] = None,
 ) -> None:
     """Serve the database's gauges once for the whole fleet at GET /metrics: runs per
     deployment and state (pending, due, scheduled, running, waiting, failed, dead_lettered),
@@ -39,7 +44,8 @@ def metrics(
         print(f"zeroth-pg metrics: http://{shown}:{bound}/metrics", flush=True)
 
     async def main(url: str) -> None:
-        task = asyncio.create_task(serve(url, host=host, port=port, on_ready=ready))
+        task = asyncio.create_task(serve(url, host=host, port=port,
+                                         allowed_hosts=allowed_host or (), on_ready=ready))
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):  # stop: exit 0
             loop.add_signal_handler(sig, task.cancel)

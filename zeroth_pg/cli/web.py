@@ -43,14 +43,14 @@ def serve(url: str, *, host: str, port: int, enable_actions: bool,
     try:
         import uvicorn
 
+        from zeroth_pg._hosts import host_name
         from zeroth_pg.web import create_app
-        from zeroth_pg.web.app import _host_name
     except ImportError as exc:  # pragma: no cover - the web extra is missing
         raise UsageError(f"zeroth-pg web needs the web extra: pip install 'zeroth-pg[web]' "
                          f"({exc})") from exc
     names = [name for entry in allowed_hosts for name in entry.replace(",", " ").split()]
     try:
-        remote = [name for name in names if not is_loopback(_host_name(name))]
+        remote = [name for name in names if not is_loopback(host_name(name))]
     except ValueError as exc:
         raise UsageError(f"--allowed-host: {exc}") from None
     if host not in _WILDCARDS:

@@ -140,3 +140,5 @@ def form_json(form: Mapping[str, Any], key: str) -> str:
         return json.dumps(json.loads(text, parse_constant=_no_constant))
     except ValueError as exc:
         raise BadInput(f"{key} is not JSON: {exc}") from None
+    except RecursionError:
+        raise BadInput(f"{key} is nested too deeply") from None

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import hmac
-import ipaddress
 import json
 import logging
 import math
 import secrets
 import urllib.parse
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -27,9 +26,10 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from zeroth_pg import _calls, fleet_metrics
+from zeroth_pg._hosts import LOOPBACK_HOSTS, host_name, netloc
 from zeroth_pg._libpq import asyncpg_dsn
 from zeroth_pg.web import pages_deployments, pages_events, pages_schedules, pages_workers, paging
-from zeroth_pg.web._shared import Context, short_time
+from zeroth_pg.web._shared import NAME_MAX, Context, short_time
 from zeroth_pg.web.pages_runs import timeline
 from zeroth_pg.web.paging import Page, dead_page_query, keyset_page, parse_cursors
 
@@ -39,10 +39,11 @@ log = logging.getLogger("zeroth_pg.web")
 _HERE = Path(__file__).parent
 _STATUSES = ["pending", "running", "waiting", "completed", "failed", "cancelled"]
 PAGE_SIZE = 50
+#: The largest form an action takes (bulk ids: 500 ids of 37 bytes; an event payload: 32 KiB).
+_POST_MAX = 65536
 #: How often a page refreshes its live parts (``data-live``; paused while hidden or by the user).
 LIVE_SECONDS = 5.0
 #: The Host names the dashboard always answers; create_app's ``allowed_hosts`` adds to them.
-LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
@@ -145,7 +146,7 @@ def failure_view(error: str | None) -> dict[str, str] | None:
         return None
     try:
         document = json.loads(error)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested deeper than Python parses: shown as stored
         document = None
     if isinstance(document, dict) and isinstance(document.get("message", ""), str):
         kind = str(document.get("type") or "error")
@@ -257,14 +258,26 @@ def parse_run_filters(filters: dict[str, str | None]) -> dict[str, Any]:
     """The filters as run_page_query takes them; ValueError for a bad time or status, or a
     NUL character (which no text column can hold)."""
     no_nul(filters.values())
+    bounded(filters)
     if filters["status"] and filters["status"] not in _STATUSES:
         raise ValueError(f"unknown status {filters['status'][:50]!r}")
-    return {**filters, "since": _time(filters["since"]), "until": _time(filters["until"])}
+    return {**filters, "since": _time(filters["since"], "since"),
+            "until": _time(filters["until"], "until")}
 
 
-def _time(value: str | None) -> datetime | None:
+def bounded(filters: Mapping[str, str | None]) -> None:
+    """ValueError when a filter is longer than a name may be (200 characters, the bound of every
+    identifier the functions take; a search 500, an idempotency key's): the value goes back into
+    every pager and bulk link."""
+    for key, value in filters.items():
+        limit = 500 if key == "search" else NAME_MAX  # search: an idempotency key, up to 500
+        if value is not None and len(value) > limit:
+            raise ValueError(f"{key} is longer than {limit} characters")
+
+
+def _time(value: str | None, name: str) -> datetime | None:
     text = _opt(value)
-    return datetime.fromisoformat(text) if text else None
+    return paging.in_range(datetime.fromisoformat(text), name) if text else None
 
 
 def _chart(points: list[asyncpg.Record], now: datetime) -> str:
@@ -309,33 +322,6 @@ def _chart(points: list[asyncpg.Record], now: datetime) -> str:
             f'{"".join(parts)}</svg>')
 
 
-def _host_name(entry: str) -> str:
-    """An allow-list entry (``name``, ``name:port``, ``::1``, ``[::1]:port``) as a bare name;
-    ValueError for anything else (a URL, ``user@name``, a bad port), which no Host could match."""
-    name = entry.strip().lower()
-    if name.count(":") > 1 and not name.startswith("["):
-        with contextlib.suppress(ValueError):
-            return str(ipaddress.ip_address(name))  # a bare IPv6 address
-    elif found := _netloc(name):
-        return found[0]
-    raise ValueError(f"not an allowed host name: {entry[:100]!r} (give a name or address as the "
-                     "browser's Host header carries it, e.g. dash.example.com or 10.0.0.5, "
-                     "without a scheme, path or user)")
-
-
-def _netloc(value: str) -> tuple[str, int | None] | None:
-    """A Host header (or the host[:port] of a URL) as (lower-case name, port or None); None
-    when it is not one (empty, a user part, a path, a bad port)."""
-    if not value or any(c in value for c in "/@?#\\ \t"):
-        return None
-    try:
-        parts = urllib.parse.urlsplit("//" + value)
-        name, port = (parts.hostname or "").rstrip("."), parts.port
-    except ValueError:
-        return None
-    return (name, port) if name else None
-
-
 class _Origins(BaseHTTPMiddleware):
     """DNS rebinding and cross-site requests: a request whose Host is not an allowed name is
     refused (421) before anything is read or a cookie set; a POST (any method but GET, HEAD,
@@ -348,7 +334,7 @@ class _Origins(BaseHTTPMiddleware):
         self.allowed = allowed
 
     async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
-        host = _netloc(request.headers.get("host", ""))
+        host = netloc(request.headers.get("host", ""))
         if host is None or host[0] not in self.allowed:
             shown = request.headers.get("host", "")[:100]
             log.warning("web request refused: Host %r is not allowed", shown)
@@ -361,7 +347,7 @@ class _Origins(BaseHTTPMiddleware):
             source = origin if origin is not None else request.headers.get("referer", "")
             parts = urllib.parse.urlsplit(source)
             default = _DEFAULT_PORTS.get(parts.scheme)
-            found = _netloc(parts.netloc) if default is not None else None
+            found = netloc(parts.netloc) if default is not None else None
             if found is None or (found[0], found[1] or default) != (host[0], host[1] or default):
                 log.warning("web %s refused: %s %r is not this dashboard (%s)", request.method,
                             "Origin" if origin is not None else "Referer", source[:200],
@@ -405,7 +391,7 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
     their live parts every ``live_seconds`` (static/web.js)."""
     from zeroth_pg.web import bulk
 
-    allowed = frozenset(_host_name(h) for h in (*LOOPBACK_HOSTS, *allowed_hosts) if h.strip())
+    allowed = frozenset(host_name(h) for h in (*LOOPBACK_HOSTS, *allowed_hosts) if h.strip())
     env = Environment(loader=FileSystemLoader(_HERE / "templates"),
                       autoescape=select_autoescape(default=True, default_for_string=True))
     env.filters["failure"] = failure_view
@@ -514,6 +500,7 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
         deployment, tenant = _opt(q.get("deployment")), _opt(q.get("tenant"))
         try:
             no_nul((deployment, tenant))
+            bounded({"deployment": deployment, "tenant": tenant})
             after, before = parse_cursors(q)
         except ValueError as exc:
             return render(request, "error.html", status_code=400, message=f"bad filter: {exc}")
@@ -528,12 +515,29 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
                       count_cap=paging.COUNT_CAP)
 
     async def _check_post(request: Request) -> tuple[dict[str, Any], Response | None]:
-        # application/x-www-form-urlencoded, parsed here (no python-multipart dependency).
-        body = (await request.body())[:65536].decode("utf-8", "replace")
-        form: dict[str, Any] = {k: v[0] for k, v in urllib.parse.parse_qs(body).items()}
+        # application/x-www-form-urlencoded, parsed here (no python-multipart dependency). Nothing
+        # is read when actions are disabled, and never more than _POST_MAX bytes: a larger body
+        # is refused (413) as its Content-Length says, or as soon as it has sent that much.
         if not enable_actions:
-            return form, render(request, "error.html", status_code=403,
-                                message="actions are disabled: start with --enable-actions")
+            return {}, render(request, "error.html", status_code=403,
+                              message="actions are disabled: start with --enable-actions")
+        too_large = render(request, "error.html", status_code=413,
+                           message=f"the form is larger than {_POST_MAX} bytes")
+        try:
+            if int(request.headers.get("content-length") or 0) > _POST_MAX:
+                return {}, too_large
+        except ValueError:
+            return {}, render(request, "error.html", status_code=400,
+                              message="bad Content-Length")
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > _POST_MAX:
+                return {}, too_large
+            chunks.append(chunk)
+        body = b"".join(chunks).decode("utf-8", "replace")
+        form: dict[str, Any] = {k: v[0] for k, v in urllib.parse.parse_qs(body).items()}
         given = str(form.get("csrf", ""))
         if not request.cookies.get("zp_session") or not hmac.compare_digest(
                 given.encode(), csrf_for(request).encode()):

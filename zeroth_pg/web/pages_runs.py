@@ -34,7 +34,7 @@ def _preview(value: str | None) -> str:
         return ""
     try:
         text = json.dumps(json.loads(value), separators=(",", ":"))
-    except ValueError:
+    except (ValueError, RecursionError):  # nested deeper than Python parses: shown as stored
         text = value
     return text if len(text) <= _PREVIEW else text[:_PREVIEW] + "…"
 

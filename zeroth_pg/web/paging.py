@@ -17,7 +17,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
@@ -46,6 +46,16 @@ class Page:
     total: str = ""
 
 
+def in_range(moment: datetime, name: str) -> datetime:
+    """``moment`` in UTC (a naive one taken as UTC); ValueError when it lies outside the years 1
+    to 9999 once in UTC (a forged cursor or filter the database would refuse with a 500)."""
+    try:
+        return (moment.replace(tzinfo=UTC) if moment.tzinfo is None
+                else moment.astimezone(UTC))
+    except (OverflowError, ValueError):
+        raise ValueError(f"{name} is out of range") from None
+
+
 def _cursor(params: Mapping[str, str], prefix: str) -> Cursor | None:
     at, ident = params.get(f"{prefix}_at"), params.get(f"{prefix}_id")
     if not at and not ident:
@@ -55,7 +65,7 @@ def _cursor(params: Mapping[str, str], prefix: str) -> Cursor | None:
     moment = datetime.fromisoformat(at.strip())
     if moment.tzinfo is None:
         raise ValueError(f"{prefix}_at needs a time zone (the links carry one)")
-    return moment, uuid.UUID(ident.strip())
+    return in_range(moment, f"{prefix}_at"), uuid.UUID(ident.strip())
 
 
 def parse_cursors(params: Mapping[str, str]) -> tuple[Cursor | None, Cursor | None]:

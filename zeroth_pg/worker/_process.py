@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
@@ -213,9 +214,35 @@ def run_process(*, log_format: str = "text", log_level: str = "INFO", **options:
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
     logging.basicConfig(level=log_level.upper(), handlers=[handler])
+    loop = asyncio.new_event_loop()
     try:
-        asyncio.run(serve(**options))
+        loop.run_until_complete(serve(**options))
     except tracing.TracingSetupError as exc:  # --otel, and traces cannot be sent
         print(f"zeroth-pg worker: --otel: {exc}", file=sys.stderr, flush=True)
         return 2
+    # What still runs after the drain: tasks given one second to end once cancelled, and handlers
+    # the drain abandoned because they ignored their cancellation. asyncio.run would cancel and
+    # wait for every one of those for ever (a second SIGTERM's promise is an exit within a
+    # lease); their leases lapse and claim_orphaned recovers the runs, so the process ends.
+    left = [task for task in asyncio.all_tasks(loop) if not task.done()]
+    for task in left:
+        task.cancel()
+    if left:
+        loop.run_until_complete(asyncio.wait(left, timeout=1.0))
+    stuck = sum(not task.done() for task in left)
+    if not stuck:
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
+    # A synchronous handler still running in its thread would be joined at exit, for ever.
+    threads = [t for t in threading.enumerate()
+               if t is not threading.main_thread() and t.is_alive() and not t.daemon]
+    if stuck or threads:
+        if stuck:
+            logging.getLogger("zeroth_pg.worker").error(
+                "exiting with %d task(s) that ignored their cancellation (their runs' leases "
+                "lapse and the orphan sweep recovers them)", stuck)
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0

@@ -1,0 +1,212 @@
+"""The registry of deployments and the lookups by run id under attack, on a database exactly as
+shipped (no test hook): a DBA who deletes a registry row, another trust domain's worker login, an
+open transaction holding a deployment's row, admit_run and schedules beside the registry, and the
+dashboard's bulk page looking runs up by id without an index on run_id alone (0019).
+"""
+
+from __future__ import annotations
+
+import asyncpg
+
+REGISTER = ("SELECT outcome FROM zeroth.register_deployment(deployment_ref => $1, "
+            "max_attempts => $2, priority => $3)")
+
+
+async def sqlstate(conn: asyncpg.Connection, statement: str, *args: object) -> str:
+    try:
+        await conn.execute(statement, *args)
+    except asyncpg.PostgresError as exc:
+        return exc.sqlstate or "?"
+    return "ok"
+
+
+class TestRegistryRowDeletedByADba:
+    """dba-guide: a manual change of zeroth.deployments 'works too'. A DBA who deletes a
+    deployment's row (to reset it, to hand it back to the applications, to drop a retired
+    deployment) leaves its audit rows behind; the next registration creates the row again at
+    version 1, whose audit row (deployment_ref, 1) already exists: unique violation 23505, for
+    ever. The App registers all its deployments in one transaction when it opens its pool, so
+    that one row stops every deployment of the App from opening."""
+
+    async def test_an_application_can_register_a_deployment_whose_row_a_dba_deleted(
+            self, login, admin):
+        worker = await login("worker")
+        assert await worker.fetchval(REGISTER, "mail", 3, 0) == "created"
+        await admin.execute("DELETE FROM zeroth.deployments WHERE deployment_ref = 'mail'")
+        assert await sqlstate(worker, REGISTER, "mail", 5, 0) == "ok"
+        assert await admin.fetchval("SELECT max_attempts FROM zeroth.deployments "
+                                    "WHERE deployment_ref = 'mail'") == 5
+
+    async def test_a_dba_can_set_the_defaults_of_a_deployment_whose_row_was_deleted(
+            self, login, admin):
+        worker = await login("worker")
+        assert await worker.fetchval(REGISTER, "mail", 3, 0) == "created"
+        await admin.execute("DELETE FROM zeroth.deployments WHERE deployment_ref = 'mail'")
+        assert await sqlstate(admin, "SELECT zeroth.set_deployment_defaults("
+                                     "deployment_ref => 'mail', max_attempts => 8)") == "ok"
+
+    async def test_one_deleted_row_does_not_stop_the_registration_of_the_others(
+            self, login, admin):
+        """What App._register does: every deployment in one transaction."""
+        worker = await login("worker")
+        for ref in ("mail", "report"):
+            assert await worker.fetchval(REGISTER, ref, 3, 0) == "created"
+        await admin.execute("DELETE FROM zeroth.deployments WHERE deployment_ref = 'mail'")
+        try:
+            async with worker.transaction():
+                await worker.fetchval(REGISTER, "report", 6, 1)
+                await worker.fetchval(REGISTER, "mail", 3, 0)
+        except asyncpg.PostgresError:
+            pass
+        assert await admin.fetchval("SELECT max_attempts FROM zeroth.deployments "
+                                    "WHERE deployment_ref = 'report'") == 6
+
+    async def test_an_app_whose_deployment_row_a_dba_deleted_still_enqueues(
+            self, admin, database_dsn):
+        """The same through the Python App: it registers when it opens its pool, and a 23505 is
+        not one of the codes it tolerates, so every enqueue of every deployment fails."""
+        from zeroth_pg import App
+
+        await admin.execute("SELECT zeroth.register_deployment(deployment_ref => 'mail')")
+        await admin.execute("DELETE FROM zeroth.deployments WHERE deployment_ref = 'mail'")
+        app = App(database_dsn)
+
+        @app.deployment("mail", max_attempts=5)
+        async def mail(run, n: int) -> int: ...
+
+        @app.deployment("report", max_attempts=6)
+        async def report(run, n: int) -> int: ...
+
+        try:
+            enqueued = await report.enqueue(n=1)
+        finally:
+            await app.close()
+        assert await admin.fetchval("SELECT max_attempts FROM zeroth.runs WHERE run_id = $1",
+                                    enqueued.run_id) == 6
+
+
+class TestRegistryAcrossTrustDomains:
+    """security.md: 'Run one worker role per trust domain when tenants must not be able to touch
+    each other's runs.' The registry is global and the last registration wins, so the worker
+    login of one trust domain sets the attempts and priority of the runs another trust domain's
+    producers enqueue without values: max_attempts 1 (a transient error dead-letters them) and
+    the lowest priority (starved behind everything), on runs of a tenant it never named."""
+
+    async def test_another_logins_registration_does_not_change_the_defaults_of_my_runs(
+            self, login, admin):
+        beta = await login("worker")      # tenant beta's App and producers
+        alpha = await login("worker")     # another trust domain: tenant alpha's worker role
+        assert await beta.fetchval(REGISTER, "mail", 5, 10) == "created"
+        await alpha.fetchval(REGISTER, "mail", 1, -2147483648)
+        run_id = await beta.fetchval("SELECT run_id FROM zeroth.enqueue_run("
+                                     "deployment_ref => 'mail', tenant_id => 'beta')")
+        row = await admin.fetchrow("SELECT max_attempts, priority FROM zeroth.runs "
+                                   "WHERE run_id = $1", run_id)
+        assert tuple(row) == (5, 10)
+
+
+class TestScheduleRunsAndTheRegistry:
+    """A schedule stores its own max_attempts and priority (create_schedule's defaults 3 / 0, or
+    what its creator named): its runs carry them, whatever the registry says later, as the
+    comment of zeroth.deployments and the dba-guide say (a schedule is a standing enqueue with
+    its values fixed when it was made)."""
+
+    async def test_a_schedules_runs_carry_the_schedules_own_values(self, admin):
+        await admin.execute("SELECT zeroth.set_deployment_defaults(deployment_ref => 'mail', "
+                            "max_attempts => 8, priority => 4)")
+        await admin.execute("SELECT zeroth.create_schedule(name => 's', deployment_ref => 'mail',"
+                            " interval_seconds => 3600, tenant_id => 't', max_attempts => 5, "
+                            "priority => 1)")
+        fired = await admin.fetchrow("SELECT * FROM zeroth.fire_schedule_now(name => 's', "
+                                     "tenant_id => 't')")
+        row = await admin.fetchrow("SELECT max_attempts, priority FROM zeroth.runs "
+                                   "WHERE run_id = $1", fired["run_id"])
+        assert tuple(row) == (5, 1)
+
+
+class TestAdmitRunAndTheRegistry:
+    """dba-guide: 'the max_attempts and priority a run gets when its enqueue passes none — from
+    psql, Node, the CLI or Python alike'. admit_run (the thread admission path, granted to
+    zeroth_worker) still defaults to priority 0 / max_attempts 3: a run admitted without values
+    ignores the registry, a DBA's pinned setting included."""
+
+    async def test_a_run_admitted_without_values_gets_the_registry_defaults(self, login, admin):
+        await admin.execute("SELECT zeroth.set_deployment_defaults(deployment_ref => 'mail', "
+                            "max_attempts => 8, priority => 4)")
+        worker = await login("worker")
+        run_id = await worker.fetchval("SELECT run_id FROM zeroth.admit_run("
+                                       "deployment_ref => 'mail', thread_id => 'th')")
+        row = await admin.fetchrow("SELECT max_attempts, priority FROM zeroth.runs "
+                                   "WHERE run_id = $1", run_id)
+        assert tuple(row) == (8, 4)
+
+
+class TestRegistryLocks:
+    """_change_deployment locks the deployment's row (INSERT … ON CONFLICT, then SELECT … FOR
+    UPDATE) on every registration, even one that changes nothing ('unchanged') or that a DBA's
+    pin refuses ('kept'), and register_deployment sets no lock_timeout. One worker login that
+    registers inside a transaction it keeps open holds up every other App that starts with that
+    deployment (App.open registers before its first enqueue, so it waits, for ever) — another
+    trust domain's included — and the DBA's set_deployment_defaults. security.md: 'A session
+    can only ever hold up its own threads and scopes.'"""
+
+    async def test_a_registration_is_not_held_up_by_another_logins_open_transaction(
+            self, login, admin):
+        import asyncio
+
+        await admin.execute("SELECT zeroth.set_deployment_defaults(deployment_ref => 'mail', "
+                            "max_attempts => 4)")
+        hostile = await login("worker")
+        other = await login("worker")
+        other_pid = await other.fetchval("SELECT pg_backend_pid()")
+        holding = hostile.transaction()
+        await holding.start()
+        try:
+            assert await hostile.fetchval(REGISTER, "mail", 3, 0) == "kept"
+            task = asyncio.ensure_future(other.fetchval(REGISTER, "mail", 3, 0))
+            blocked = False
+            while not task.done():
+                blocked = await admin.fetchval(
+                    "SELECT cardinality(pg_blocking_pids($1)) > 0", other_pid)
+                if blocked:
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            await holding.rollback()
+        await task
+        assert not blocked, "another login's registration waited on the hostile transaction"
+
+
+class TestRunByIdAfterTheIndexChange:
+    """0019 dropped runs_run_id_idx. The dashboard's bulk page reads the status of the runs an
+    action skipped by id alone: `run_list WHERE run_id = ANY($1)` read the whole table (a
+    sequential scan on PostgreSQL 15). It now finds each as the run page does, a runs_pkey probe
+    per scope (zeroth_pg._calls.run_by_id): index reads, never a scan of the table. Its cost grows
+    with the number of scopes (about 14 blocks a scope: at 100 tenants as many blocks as this
+    table has): a known limit, in docs/dba-guide.md, until every link carries its run's scope."""
+
+    async def test_the_bulk_pages_status_lookup_reads_runs_by_index(self, admin):
+        import json
+
+        from zeroth_pg.web.bulk import _STATUS_BY_ID
+
+        await admin.execute(
+            """INSERT INTO zeroth.runs (run_id, tenant_id, deployment_ref, status, run_after,
+                                        attempts, created_at, updated_at, started_at,
+                                        finished_at, lease_generation)
+               SELECT gen_random_uuid(), 't' || (g % 100), 'd', 'completed', t, 1, t, t, t, t, 1
+                 FROM generate_series(1, 50000) AS g,
+                      LATERAL (SELECT clock_timestamp() - g * interval '1 s' AS t) AS s""")
+        await admin.execute("VACUUM ANALYZE zeroth.runs")
+        run_id = await admin.fetchval("SELECT run_id FROM zeroth.runs LIMIT 1")
+        raw = await admin.fetchval(
+            "EXPLAIN (ANALYZE, BUFFERS, TIMING OFF, FORMAT JSON) " + _STATUS_BY_ID, run_id)
+        plan = json.loads(raw)[0]["Plan"]
+
+        def nodes(p):
+            return [p, *(n for c in p.get("Plans", []) for n in nodes(c))]
+
+        scans = [n["Node Type"] for n in nodes(plan) if n.get("Relation Name") == "runs"]
+        blocks = plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
+        assert "Seq Scan" not in scans, (scans, blocks)
+        assert set(scans) <= {"Index Scan", "Index Only Scan"}, scans

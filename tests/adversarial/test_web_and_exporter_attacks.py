@@ -1,0 +1,244 @@
+"""The dashboard, the standalone exporter and a hurried worker against a page in the operator's
+browser and a hostile local client: a foreign Host at the exporter (DNS rebinding), a POST body
+larger than any form, forged cursors and time filters out of range, JSON nested deeper than
+Python parses (an event payload, a step result on the run page), filters longer than any name,
+and a handler that swallows its cancellation after a second SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import uuid
+from pathlib import Path
+
+from helpers import dashboard
+
+from zeroth_pg import fleet_metrics
+from zeroth_pg.web import create_app
+
+
+async def _raw_get(port: int, host_header: str) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET /metrics HTTP/1.1\r\nHost: {host_header}\r\n\r\n".encode())
+    await writer.drain()
+    answer = await reader.read()
+    writer.close()
+    return answer
+
+
+async def test_the_metrics_exporter_refuses_a_foreign_host_as_the_dashboard_does(admin,
+                                                                                 database_dsn):
+    # A page on attacker.example whose DNS name is rebound to 127.0.0.1 fetches
+    # http://attacker.example:9641/metrics same-origin: its browser sends Host
+    # attacker.example. The dashboard's /metrics answers that 421 (test_web_metrics); the
+    # standalone exporter, bound to loopback for the same reason, must too, or any web page the
+    # operator opens reads every deployment's name and queue depths.
+    dep = f"secret-deployment-{uuid.uuid4().hex[:8]}"
+    await admin.execute("SELECT zeroth.enqueue_run(deployment_ref => $1, tenant_id => 'acme')",
+                        dep)
+    bound: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    server = asyncio.create_task(fleet_metrics.serve(database_dsn, port=0,
+                                                     on_ready=bound.set_result))
+    try:
+        port = await bound
+        own = await _raw_get(port, f"127.0.0.1:{port}")
+        foreign = await _raw_get(port, f"attacker.example:{port}")
+    finally:
+        server.cancel()
+        await asyncio.gather(server, return_exceptions=True)
+    assert own.startswith(b"HTTP/1.1 200")
+    assert dep.encode() in own
+    assert dep.encode() not in foreign, "a DNS-rebinding page read the fleet's gauges"
+    assert foreign.startswith(b"HTTP/1.1 421")
+
+
+async def test_a_post_body_is_not_read_past_its_bound_before_it_is_refused(database_dsn):
+    # The dashboard as shipped by default: read-only, loopback, no token. Every POST is answered
+    # "actions are disabled" (403), but only after the whole body was read into memory
+    # (app._check_post: `(await request.body())[:65536]`): any local process (or anyone who
+    # reaches an --allowed-host without a token) makes the dashboard buffer a body of any size.
+    # A body past the form's 64 KiB bound must be refused (413) without being read to its end.
+    # Driven as the ASGI server drives it (TestClient buffers a body itself before the app
+    # sees it), counting the chunks the app pulls.
+    chunk = b"a" * 65536
+    offered = 2048  # 128 MiB
+    pulled = 0
+    answered: list[dict[str, object]] = []
+
+    async def receive() -> dict[str, object]:
+        nonlocal pulled
+        pulled += 1
+        return {"type": "http.request", "body": chunk, "more_body": pulled < offered}
+
+    async def send(message: dict[str, object]) -> None:
+        answered.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "path": "/actions/redrive", "raw_path":
+             b"/actions/redrive", "query_string": b"", "root_path": "",
+             "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8080),
+             "headers": [(b"host", b"127.0.0.1:8080"), (b"origin", b"http://127.0.0.1:8080"),
+                         (b"content-type", b"application/x-www-form-urlencoded"),
+                         (b"content-length", str(offered * len(chunk)).encode())]}
+    await create_app(database_dsn)(scope, receive, send)
+    status = next(m["status"] for m in answered if m["type"] == "http.response.start")
+    assert status in (403, 413)
+    assert pulled < offered, (
+        f"the dashboard read all {pulled * len(chunk) >> 20} MiB of a POST body before "
+        f"answering {status}")
+
+
+async def test_bulk_confirmation_never_acts_on_a_get(admin, database_dsn):
+    # Held (kept as a guard): the GET confirmation selects and shows, and changes nothing.
+    run_id = await admin.fetchval(
+        "SELECT run_id FROM zeroth.enqueue_run(deployment_ref => 'bulk-get', tenant_id => 'a')")
+    with dashboard(create_app(database_dsn, enable_actions=True)) as client:
+        page = client.get("/bulk?op=cancel&source=runs&deployment=bulk-get")
+    assert page.status_code == 200
+    assert str(run_id) in page.text
+    status = await admin.fetchval(
+        "SELECT status::text FROM zeroth.runs WHERE run_id = $1", run_id)
+    assert status == "pending"
+
+
+def test_a_forged_cursor_or_time_filter_out_of_range_is_a_clear_400(database_dsn):
+    # parse_cursors / parse_run_filters accept any time datetime.fromisoformat parses; one that
+    # PostgreSQL's timestamptz cannot hold (year 1 east of UTC, year 9999 west of it) reaches the
+    # query and comes back as a database error: a 500 page "the database answered an error
+    # (22000)". A forged cursor is bad input: a 400 naming it, before any query.
+    zero = "00000000-0000-0000-0000-000000000000"
+    forged = [f"/runs?after_at=0001-01-01T00:00:00%2B05:00&after_id={zero}",
+              f"/runs?before_at=9999-12-31T23:59:59-05:00&before_id={zero}",
+              "/runs?since=0001-01-01T00:00:00%2B05:00",
+              f"/dead-letters?after_at=0001-01-01T00:00:00%2B05:00&after_id={zero}",
+              "/bulk?op=cancel&source=runs&until=0001-01-01T00:00:00%2B05:00"]
+    with dashboard(create_app(database_dsn, enable_actions=True),
+                   raise_server_exceptions=False) as client:
+        answers = {path: client.get(path).status_code for path in forged}
+    assert all(code == 400 for code in answers.values()), answers
+
+
+async def test_a_deeply_nested_event_payload_is_a_clear_400_and_emits_nothing(admin,
+                                                                            database_dsn):
+    # form_json bounds the payload's length (32 KiB) and catches ValueError, but 20,000
+    # characters of nested arrays make json.loads raise RecursionError: an unhandled exception,
+    # a bare 500, where bad input must get a 400 naming the field.
+    name = f"deep-{uuid.uuid4().hex[:8]}"
+    payload = "[" * 10_000 + "]" * 10_000
+    with dashboard(create_app(database_dsn, enable_actions=True),
+                   raise_server_exceptions=False) as client:
+        page = client.get("/events")
+        csrf = page.text.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+        answer = client.post("/actions/emit-event", data={
+            "csrf": csrf, "name": name, "tenant": "acme", "payload": payload})
+    assert answer.status_code == 400, (answer.status_code, answer.text[:200])
+    assert "payload" in answer.text
+    assert await admin.fetchval("SELECT count(*) FROM zeroth.events WHERE name = $1", name) == 0
+
+
+async def test_a_deeply_nested_step_result_does_not_break_its_run_page(admin, database_dsn):
+    # A zeroth_worker member may record any jsonb as a step's result (or an attempt's error);
+    # the run page's new timeline previews each through json.loads (pages_runs._preview, which
+    # catches ValueError only), and a result nested a few thousand deep raises RecursionError:
+    # the run's page is a bare 500 and the operator can no longer look at that run at all.
+    deep = "[" * 5_000 + "]" * 5_000
+    dep = f"deep-{uuid.uuid4().hex[:8]}"
+    run_id = await admin.fetchval(
+        "SELECT run_id FROM zeroth.enqueue_run(deployment_ref => $1, tenant_id => 'acme')", dep)
+    generation = await admin.fetchval(
+        """SELECT lease_generation FROM zeroth.claim_and_start(deployment_ref => $1,
+               worker_id => 'w1', tenant_id => 'acme', lease_seconds => 600)
+            WHERE run_id IS NOT NULL""", dep)
+    assert await admin.fetchval(
+        """SELECT recorded FROM zeroth.record_step(run_id => $1, worker_id => 'w1',
+               generation => $2, step_key => 'deep', result => $3::text::jsonb,
+               tenant_id => 'acme')""", run_id, generation, deep)
+    with dashboard(create_app(database_dsn), raise_server_exceptions=False) as client:
+        page = client.get(f"/runs/{run_id}")
+    assert page.status_code == 200, page.text[:200]
+    assert str(run_id) in page.text
+
+
+_REPO = Path(__file__).resolve().parents[2]
+_STUBBORN = """
+import asyncio, sys
+
+async def stubborn(ctx):
+    sys.stderr.write(f"stubborn handler started {ctx.run_id}\\n")
+    sys.stderr.flush()
+    while True:  # a bad handler: every cancellation is swallowed
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            sys.stderr.write("stubborn handler swallowed a cancellation\\n")
+            sys.stderr.flush()
+"""
+
+
+async def test_a_hurried_worker_exits_even_when_a_handler_swallows_its_cancellation(
+        admin, database_dsn, tmp_path):
+    # hurry() (a second SIGTERM) promises: "a handler that ignores its cancellation holds the
+    # exit no longer than a lease" (RunWorker.graceful_shutdown, lease 2 s here). The worker
+    # logs "abandoning it" and "stopped", but the process never ends: asyncio.run, after serve()
+    # returns, cancels every task left and waits for each (the abandoned handler's task too),
+    # so the process hangs until a third signal kills it. Waits for the exit with a generous
+    # cap (a liveness check, not a timing one).
+    (tmp_path / "stubborn_app.py").write_text(_STUBBORN)
+    dep = f"stubborn-{uuid.uuid4().hex[:8]}"
+    run_id = await admin.fetchval(
+        "SELECT run_id FROM zeroth.enqueue_run(deployment_ref => $1, tenant_id => 'acme')", dep)
+    repo = _REPO
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(repo)])}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "zeroth_pg.worker", "--dsn", database_dsn, "--deployment", dep,
+        "--tenant", "acme", "--app", "stubborn_app:stubborn", "--worker-id", "w-stubborn",
+        "--lease", "2", "--shutdown-timeout", "3600", "--poll-interval", "0.5",
+        "--log-level", "INFO", cwd=repo, env=env, stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    lines: list[str] = []
+
+    async def until(needle: str) -> None:
+        assert proc.stderr is not None
+        while not any(needle in line for line in lines):
+            raw = await asyncio.wait_for(proc.stderr.readline(), 60)
+            assert raw, "\n".join(lines)
+            lines.append(raw.decode(errors="replace"))
+
+    try:
+        await until(f"stubborn handler started {run_id}")
+        proc.send_signal(signal.SIGTERM)
+        await until("draining 1 run(s)")
+        proc.send_signal(signal.SIGTERM)
+        await until("abandoning it")
+        await until("worker w-stubborn stopped")
+        drain = asyncio.create_task(until("never printed"))
+        try:
+            code = await asyncio.wait_for(proc.wait(), 30)
+        except TimeoutError:
+            code = None
+        drain.cancel()
+        with contextlib.suppress(BaseException):
+            await drain
+        assert code is not None, ("the hurried worker logged 'stopped' but its process did "
+                                  "not exit:\n" + "".join(lines[-8:]))
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+def test_the_runs_and_dead_letter_filters_are_bounded_like_every_other_page(database_dsn):
+    # /events, /schedules and /deployments/scope refuse a name past NAME_MAX (200) with a 400
+    # (_shared.form_optional_name); the runs list, the dead letters and the bulk confirmation
+    # take a filter of any length (parse_run_filters checks NUL only) and encode it back into
+    # every page, cursor and bulk link, and into the confirmation's hidden fields.
+    long = "x" * 5_000
+    paths = [f"/runs?deployment={long}", f"/runs?thread={long}", f"/runs?search={long}",
+             f"/dead-letters?tenant={long}", f"/bulk?op=cancel&source=runs&tenant={long}",
+             f"/events?deployment={long}"]
+    with dashboard(create_app(database_dsn, enable_actions=True)) as client:
+        answers = {path.split("=", 1)[0] + "=…": client.get(path).status_code for path in paths}
+    assert all(code == 400 for code in answers.values()), answers
