@@ -25,7 +25,8 @@ checked on the database itself, independently of the model:
   named by its slot, so no run holds two live slots and no lease outlives (or survives) its slot;
 * lease_generation never decreases and moves by exactly one on a claim, and never otherwise;
 * terminal states absorb: nothing leaves completed, only redrive_run leaves failed/cancelled;
-* a running run has a lease;
+* a running run has a lease, a waiting or terminal one none, and attempts never exceed
+  max_attempts;
 * the live slots of a (tenant, workspace, deployment) never outnumber the largest
   max_concurrency used there;
 * scope isolation: a step leaves every row of every scope it had no business in byte-identical
@@ -1093,9 +1094,17 @@ class RunProtocol(RuleBasedStateMachine):
         return self._check_claim("complete_and_claim", plan, rows)
 
     @precondition(lambda self: self.model.any_lapsed())
-    @rule(ref=runs, elsewhere=ELSEWHERE, grace=st.sampled_from([0, 10]))
-    def claim_for_takeover(self, ref: RunRef, elsewhere: Scope | None, grace: int) -> None:
-        """The takeover of one run whose owner's lease expired more than grace ago."""
+    @rule(ref=st.one_of(runs, st.integers(0, 7)), elsewhere=ELSEWHERE,
+          grace=st.sampled_from([0, 10]))
+    def claim_for_takeover(self, ref: RunRef | int, elsewhere: Scope | None, grace: int) -> None:
+        """The takeover of one run whose owner's lease expired more than grace ago (``ref``: a
+        run, or the n-th run whose lease lapsed)."""
+        if isinstance(ref, int):
+            lapsed = sorted((r for r in self.model.runs.values()
+                             if r.expires is not None and r.expires < self.model.now),
+                            key=lambda r: (r.scope.key, r.run_id))
+            chosen = lapsed[ref % len(lapsed)]  # the precondition: there is one
+            ref = RunRef(chosen.scope, chosen.run_id)
         scope = elsewhere or ref.scope
         run = self.model.run(scope, ref.run_id)
         taken = (run is not None and run.status in ("pending", "running") and run.holder is not None
@@ -1787,6 +1796,10 @@ class RunProtocol(RuleBasedStateMachine):
             if row["status"] == "running":
                 assert row["holder"] is not None, key
                 assert row["expires"] is not None, key
+            else:  # terminal runs hold no lease, nor do waiting ones (they left their worker)
+                assert row["status"] == "pending" or row["holder"] is None, key
+            # "Through the functions, attempts never exceeds max_attempts."
+            assert row["attempts"] <= row["max_attempts"], key
             bump = 1 if key in effect.claimed else 0
             assert row["generation"] == (old["generation"] if old else 0) + bump, key
             if old is not None and old["status"] in TERMINAL:
@@ -2012,6 +2025,20 @@ def test_scripted_walks_match_model(database_dsn: str) -> None:
         walk.sleep_run(walk_claim(walk, sleeper, "wc"), None, 20, False)
         walk.cancel_run(again, None)
         assert walk.run(sleeper).status == "cancelled"
+        walk.state.teardown()
+
+        # Admit-and-own runs are not resumable: an orphan past the grace fails (claim_orphaned),
+        # a takeover fails it too; a thread is busy while its run is active.
+        walk = Walk(db)
+        owned = walk.admit_run(SCOPES[0], "d1", "th1", "wa", 10, 2)
+        assert walk.admit_run(SCOPES[0], "d1", "th1", None, 10, 2) == ()  # busy
+        walk.start_run(owned, None)
+        other = walk.admit_run(SCOPES[1], "d1", "th1", "wb", 10, 2)
+        walk.advance_clock(31)
+        walk.claim_orphaned(owned, SCOPES[0], "d1", "wc", None, None, 30)
+        assert walk.run(RunRef(owned.scope, owned.run_id)).status == "failed"
+        walk.claim_for_takeover(RunRef(other.scope, other.run_id), None, 10)
+        assert walk.run(RunRef(other.scope, other.run_id)).status == "failed"
         walk.state.teardown()
     finally:
         db.close()
