@@ -1866,12 +1866,19 @@ NOT_MODELLED = {
     "update_run_progress": "a fenced progress write (commit_fenced models the fence)",
     # Not in the model's world: no scope_limits rows, no schedules, nothing pruned.
     "set_rate_limit": "scope limits (pause, max_concurrency, rate) are not modelled",
+    "set_scope_limits": "scope limits (pause, max_concurrency, rate) are not modelled",
+    # The registry of deployments: the defaults an enqueue without values gets (the model's
+    # enqueues name theirs); tests/sql/test_deployments.py and its races and attacks cover it.
+    "register_deployment": "deployment defaults (the model's enqueues name their values)",
+    "set_deployment_defaults": "deployment defaults (the model's enqueues name their values)",
+    "list_deployments": "deployment defaults (a read)",
     "prune_runs": "deletes ended runs; the model keeps every run",
     "create_schedule": "schedules", "alter_schedule": "schedules",
     "delete_schedule": "schedules", "pause_schedule": "schedules",
     "resume_schedule": "schedules", "register_schedule": "schedules",
     "list_schedules": "schedules (a read)",
     "fire_due_schedules": "schedules (enqueues through enqueue_run)",
+    "fire_schedule_now": "schedules (enqueues through enqueue_run)",
     # Reads, notifications and channel keys: no state of a run.
     "count_pending": "a read", "count_pending_scopes": "a read",
     "get_thread_run": "a read", "list_thread_runs": "a read",
