@@ -157,8 +157,9 @@ class TestHostileRequests:
             assert found, line
             token = found.group(1)
             without, _ = await asyncio.to_thread(get, f"http://127.0.0.1:{port}/")
+            # The run's Cancel asks first: its confirmation page carries the CSRF token.
             status, headers, page = await asyncio.to_thread(
-                raw, port, "GET", f"/runs/{run_id}",
+                raw, port, "GET", f"/bulk?op=cancel&source=runs&search={run_id}",
                 {**own, "Authorization": f"Bearer {token}"})
             assert status == 200
             cookie = next(c.split(";")[0] for c in headers.get_all("Set-Cookie") or []

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import hmac
-import json
 import logging
 import math
 import secrets
 import urllib.parse
 import uuid
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -29,15 +28,23 @@ from zeroth_pg import _calls, fleet_metrics
 from zeroth_pg._hosts import LOOPBACK_HOSTS, host_name, netloc
 from zeroth_pg._libpq import asyncpg_dsn
 from zeroth_pg.web import pages_deployments, pages_events, pages_schedules, pages_workers, paging
-from zeroth_pg.web._shared import NAME_MAX, Context, short_time
-from zeroth_pg.web.pages_runs import timeline
+from zeroth_pg.web._shared import Context, short_time
+from zeroth_pg.web.pages_runs import failure_view, timeline
 from zeroth_pg.web.paging import Page, dead_page_query, keyset_page, parse_cursors
+from zeroth_pg.web.run_filters import (
+    _STATUSES,
+    _opt,
+    bounded,
+    no_nul,
+    parse_run_filters,
+    run_filters,
+    run_page_query,
+)
 
 __all__ = ["LOOPBACK_HOSTS", "create_app"]
 
 log = logging.getLogger("zeroth_pg.web")
 _HERE = Path(__file__).parent
-_STATUSES = ["pending", "running", "waiting", "completed", "failed", "cancelled"]
 PAGE_SIZE = 50
 #: The largest form an action takes (bulk ids: 500 ids of 37 bytes; an event payload: 32 KiB).
 _POST_MAX = 65536
@@ -50,9 +57,6 @@ _DEFAULT_PORTS = {"http": 80, "https": 443}
 # Every read goes through the documented views (sql/functions/views/), read as the DSN's role, so
 # a zeroth_reader sees only its tenant (row-level security); the actions call the SQL functions.
 
-_PAGE_COLUMNS = """r.run_id, r.status::text AS status, r.deployment_ref, r.tenant_id,
-           r.workspace_id, r.thread_id, r.attempts, r.max_attempts, r.created_at,
-           r.lease_worker_id"""
 
 _OVERVIEW = """SELECT o.tenant_id, o.workspace_id, o.deployment_ref, o.pending, o.due, o.scheduled,
            o.running, o.live_leases, o.expired_leases, o.waiting, o.failed, o.dead_letters,
@@ -130,154 +134,8 @@ _ATTEMPTS = """SELECT h.attempt, h.lease_generation, h.worker_id, h.claimed_at, 
      ORDER BY h.lease_generation, h.ended_at NULLS LAST"""
 
 
-#: How much of a stored error document the run page shows (the database bounds what it stores).
-_FAILURE_SHOWN = 20_000
-
-
 # The scope of a run known by its id alone (an action's target), as _RUN finds it.
 _SCOPE_OF_RUN = _calls.run_by_id("r.tenant_id, r.workspace_id", "$1")
-
-
-def failure_view(error: str | None) -> dict[str, str] | None:
-    """A stored error document (``zeroth.runs.error``, ``run_attempts.error``: JSON text) as the
-    run page shows it: a one-line summary (``type: message``) and the traceback with its real
-    line breaks; a document some other client wrote in another shape is shown as its JSON."""
-    if error is None:
-        return None
-    try:
-        document = json.loads(error)
-    except (ValueError, RecursionError):  # nested deeper than Python parses: shown as stored
-        document = None
-    if isinstance(document, dict) and isinstance(document.get("message", ""), str):
-        kind = str(document.get("type") or "error")
-        message = str(document.get("message") or "")
-        trace = document.get("traceback")
-        return {"summary": f"{kind}: {message}"[:500],
-                "detail": (trace if isinstance(trace, str) else json.dumps(document,
-                                                                          indent=2))[:_FAILURE_SHOWN]}
-    return {"summary": error[:500], "detail": error[:_FAILURE_SHOWN]}
-
-
-def run_page_query(filters: dict[str, Any], after: tuple[datetime, uuid.UUID] | None,
-                   limit: int, *, before: tuple[datetime, uuid.UUID] | None = None,
-                   count: bool = False) -> tuple[str, list[Any]]:
-    """The runs page's keyset query on zeroth.run_list, newest first, with a predicate only for
-    each filter given (so each shape gets its own plan). zeroth.runs has no index on
-    (created_at, run_id) for every run (issue 30), so a page is two parts, each with the page's
-    LIMIT, merged: the runs that are not running (runs_created_not_running_idx walked) and the
-    running ones (runs_running_idx: as many as there are live leases, sorted); a status filter
-    keeps only its part. A run id searched for is one runs_pkey probe per scope
-    (zeroth_pg._calls.run_by_id). Never a sort of the table: tests/plans/test_run_list_plan.py
-    checks every shape's EXPLAIN at a million runs.
-
-    ``before``: the page just newer than that cursor, OLDEST first (the same parts walked
-    forwards; the caller reverses it). ``count``: ``count(*)`` of at most ``limit`` matching runs
-    (a bounded count, never a scan past ``limit`` rows of a part). ``filters["statuses"]``: a
-    list of statuses, any of them."""
-    where: list[str] = []
-    args: list[Any] = []
-
-    def add(fragment: str, *values: Any) -> None:
-        marks = [f"${len(args) + i + 1}" for i in range(len(values))]
-        args.extend(values)
-        where.append(fragment.format(*marks))
-
-    for key, fragment in (("status", "r.status::text = {}"),
-                          ("deployment", "r.deployment_ref = {}"),
-                          ("tenant", "r.tenant_id = {}"),
-                          ("workspace", "r.workspace_id = {}"),
-                          ("thread", "r.thread_id = {}"),
-                          ("since", "r.created_at >= {}"),
-                          ("until", "r.created_at < {}")):
-        if filters.get(key) is not None:
-            add(fragment, filters[key])
-    run_id: uuid.UUID | None = None
-    search = filters.get("search")
-    if search is not None:
-        try:
-            run_id = uuid.UUID(search)
-        except ValueError:
-            add("r.idempotency_key = {}", search)
-    if filters.get("statuses") is not None:
-        add("r.status::text = ANY({})", list(filters["statuses"]))
-    if after is not None:
-        add("(r.created_at, r.run_id) < ({}, {})", *after)
-    if before is not None:
-        add("(r.created_at, r.run_id) > ({}, {})", *before)
-    direction = "ASC" if before is not None else "DESC"
-    order = f"\n     ORDER BY r.created_at {direction}, r.run_id {direction}"
-    if run_id is not None:
-        args.extend([run_id, limit])
-        found = _calls.run_by_id(_PAGE_COLUMNS, f"${len(args) - 1}", " AND ".join(where))
-        if count:
-            return (f"SELECT count(*) FROM ({found}\n     LIMIT ${len(args)}) AS matching",
-                    args)
-        return found + f"{order}\n     LIMIT ${len(args)}", args
-    args.append(limit)
-    page = f"LIMIT ${len(args)}"
-    # Which parts the status filters leave: running, not running, or both.
-    wanted = set(filters["statuses"]) if filters.get("statuses") is not None else None
-    if filters.get("status") is not None:
-        wanted = {filters["status"]} if wanted is None else wanted & {filters["status"]}
-    parts = [status for status, keep in (
-        ("r.status <> 'running'", wanted is None or bool(wanted - {"running"})),
-        ("r.status = 'running'", wanted is None or "running" in wanted)) if keep]
-    if count:
-        counted = "\n     UNION ALL\n".join(
-            f"(SELECT 1 FROM zeroth.run_list r\n     WHERE {' AND '.join([status, *where])}"
-            f"\n     {page})" for status in parts or ["false"])
-        return (f"SELECT count(*) FROM (SELECT 1 FROM (\n{counted}) c\n     {page}) AS matching",
-                args)
-    pages = "\n     UNION ALL\n".join(
-        f"(SELECT {_PAGE_COLUMNS}\n      FROM zeroth.run_list r"
-        f"\n     WHERE {' AND '.join([status, *where])}{order}\n     {page})"
-        for status in parts or ["false"])
-    return f"SELECT r.* FROM (\n{pages}) r{order}\n     {page}", args
-
-
-def _opt(value: str | None) -> str | None:
-    return value.strip() or None if value is not None else None
-
-
-_RUN_FILTERS = ("status", "deployment", "tenant", "workspace", "thread", "search", "since",
-                "until")
-
-
-def run_filters(params: Any) -> dict[str, str | None]:
-    """The runs list's filters as given (a query string or a form), blanks as None."""
-    return {k: _opt(params.get(k)) for k in _RUN_FILTERS}
-
-
-def no_nul(values: Iterable[str | None]) -> None:
-    """ValueError when a filter holds a NUL character (PostgreSQL text cannot)."""
-    if any(v is not None and "\x00" in v for v in values):
-        raise ValueError("a filter holds a NUL character")
-
-
-def parse_run_filters(filters: dict[str, str | None]) -> dict[str, Any]:
-    """The filters as run_page_query takes them; ValueError for a bad time or status, or a
-    NUL character (which no text column can hold)."""
-    no_nul(filters.values())
-    bounded(filters)
-    if filters["status"] and filters["status"] not in _STATUSES:
-        raise ValueError(f"unknown status {filters['status'][:50]!r}")
-    return {**filters, "since": _time(filters["since"], "since"),
-            "until": _time(filters["until"], "until")}
-
-
-def bounded(filters: Mapping[str, str | None]) -> None:
-    """ValueError when a filter is longer than a name may be (200 characters, the bound of every
-    identifier the functions take; a search 500, an idempotency key's): the value goes back into
-    every pager and bulk link."""
-    for key, value in filters.items():
-        limit = 500 if key == "search" else NAME_MAX  # search: an idempotency key, up to 500
-        if value is not None and len(value) > limit:
-            raise ValueError(f"{key} is longer than {limit} characters")
-
-
-def _time(value: str | None, name: str) -> datetime | None:
-    text = _opt(value)
-    return paging.in_range(datetime.fromisoformat(text), name) if text else None
 
 
 def _chart(points: list[asyncpg.Record], now: datetime) -> str:

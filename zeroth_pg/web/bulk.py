@@ -28,7 +28,7 @@ from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
 from zeroth_pg import _calls
-from zeroth_pg.web import app as _app
+from zeroth_pg.web import run_filters as _app
 from zeroth_pg.web.paging import COUNT_CAP, bounded_count, dead_page_query
 
 __all__ = ["BULK_MAX", "SHOWN_IDS", "Actions", "routes"]

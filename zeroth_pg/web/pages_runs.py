@@ -39,6 +39,30 @@ def _preview(value: str | None) -> str:
     return text if len(text) <= _PREVIEW else text[:_PREVIEW] + "…"
 
 
+#: How much of a stored error document the run page shows (the database bounds what it stores).
+_FAILURE_SHOWN = 20_000
+
+
+def failure_view(error: str | None) -> dict[str, str] | None:
+    """A stored error document (``zeroth.runs.error``, ``run_attempts.error``: JSON text) as the
+    run page shows it: a one-line summary (``type: message``) and the traceback with its real
+    line breaks; a document some other client wrote in another shape is shown as its JSON."""
+    if error is None:
+        return None
+    try:
+        document = json.loads(error)
+    except (ValueError, RecursionError):  # nested deeper than Python parses: shown as stored
+        document = None
+    if isinstance(document, dict) and isinstance(document.get("message", ""), str):
+        kind = str(document.get("type") or "error")
+        message = str(document.get("message") or "")
+        trace = document.get("traceback")
+        return {"summary": f"{kind}: {message}"[:500],
+                "detail": (trace if isinstance(trace, str) else json.dumps(document,
+                                                                          indent=2))[:_FAILURE_SHOWN]}
+    return {"summary": error[:500], "detail": error[:_FAILURE_SHOWN]}
+
+
 def timeline(run: Mapping[str, Any], attempts: Sequence[Mapping[str, Any]],
              steps: Sequence[Mapping[str, Any]], waits: Sequence[Mapping[str, Any]],
              checkpoints: Sequence[Mapping[str, Any]], children: Sequence[Mapping[str, Any]],
@@ -46,7 +70,6 @@ def timeline(run: Mapping[str, Any], attempts: Sequence[Mapping[str, Any]],
     """The entries of the run page's timeline, oldest first: dicts with ``at`` (a datetime),
     ``kind``, ``text`` and optionally ``run_id`` (a linked run), ``status``, ``failure`` (a
     :func:`zeroth_pg.web.app.failure_view`)."""
-    from zeroth_pg.web.app import failure_view  # app imports this module
 
     entries: list[tuple[datetime, int, int, dict[str, Any]]] = []
 
