@@ -34,7 +34,6 @@ import contextlib
 import contextvars
 import functools
 import inspect
-import json
 import logging
 import os
 import threading
@@ -48,12 +47,12 @@ from uuid import UUID
 
 import asyncpg
 
+from zeroth_pg._jsonb import json_problem
 from zeroth_pg._libpq import asyncpg_dsn
-from zeroth_pg.client import LeaseManager, unstorable
+from zeroth_pg.client import LeaseManager
 from zeroth_pg.errors import DatabaseError, InvalidPayloadError, LeaseLostError, handler_exit
 from zeroth_pg.types import ChildOutcome, DeploymentRegistration, EnqueuedRun, RetryPolicy
 from zeroth_pg.worker import PeriodicSchedule, RunContext, RunSlept, RunWorker
-from zeroth_pg.worker._run import _CURRENT_STEP
 
 __all__ = ["App", "Deployment", "SyncRunContext"]
 
@@ -196,7 +195,7 @@ def _signature(fn: Callable[..., Any],
             raise TypeError(f"{where}: the name is an option of enqueue "
                             f"({', '.join(sorted(ENQUEUE_OPTIONS))}); rename the parameter")
         if p.default is not inspect.Parameter.empty and (
-                problem := _json_problem({p.name: p.default})) is not None:
+                problem := json_problem({p.name: p.default})) is not None:
             raise TypeError(f"{where}: its default is not JSON ({problem})")
         arguments.append(_Argument(p.name, p.default is inspect.Parameter.empty,
                                    p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD, check))
@@ -209,15 +208,6 @@ def _label(fn: Callable[..., Any]) -> str:
 
 #: How many bad payloads an enqueue_many error names one by one (the rest are counted).
 _MAX_NAMED_PAYLOADS = 20
-
-
-def _json_problem(value: Any) -> str | None:
-    try:
-        json.dumps(value, allow_nan=False)
-    # A set, a datetime, NaN, a circular reference; RecursionError: nested too deep to encode.
-    except (TypeError, ValueError, RecursionError) as exc:
-        return str(exc)
-    return unstorable(value)
 
 
 # -- what a synchronous handler sees ------------------------------------------------------------
@@ -302,16 +292,13 @@ class SyncRunContext:
         read and the record run on the worker's event loop, fenced."""
         if self._run.slept is not None:  # left its worker already (it swallowed RunSlept)
             raise RunSlept(self._run.slept)
-        key = self._run._next_step_key(name)
-        recorded, result = self._call(self._run._read_step(key))
+        call = self._run.begin_step(name)
+        recorded, result = self._call(call.read())
         if recorded:
             return result
-        token = _CURRENT_STEP.set(key)
-        try:
+        with call.running():
             value = fn(*args, **kwargs)
-        finally:
-            _CURRENT_STEP.reset(token)
-        return self._call(self._run._record_step(key, value))
+        return self._call(call.record(value))
 
     def wait_for_event(self, name: str, *, timeout: float | None = None) -> Any:
         """:meth:`RunContext.wait_for_event`, blocking: returns the payload, raises
@@ -390,7 +377,7 @@ async def _in_thread(fn: Callable[..., Any], run: RunContext, arguments: dict[st
         # The run's outcome is settled now, but the thread runs until it returns: it keeps its
         # deployment's local slot until then (red-team: a second run of a deployment limited
         # to one started beside a thread still running).
-        run._linger(done)
+        run.linger(done)
         raise
 
 
@@ -468,7 +455,7 @@ class Deployment:
                 continue
             if (problem := check(value)) is not None:
                 problems.append(f"{key}: {problem}")
-            elif (problem := _json_problem(value)) is not None:  # every problem, each named
+            elif (problem := json_problem(value)) is not None:  # every problem, each named
                 problems.append(f"{key}: not storable as JSON: {problem:.200}")
         if problems:
             raise InvalidPayloadError(f"{self.name}{context}: {'; '.join(problems)}")

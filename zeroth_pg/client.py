@@ -13,7 +13,6 @@ workspace; a ``workspace_id`` without a ``tenant_id`` matches nothing (seed-spec
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -23,6 +22,8 @@ from uuid import UUID
 import asyncpg
 
 from zeroth_pg import _calls, tracing
+from zeroth_pg._jsonb import encode as _json
+from zeroth_pg._jsonb import unstorable as unstorable  # where it used to live
 from zeroth_pg.errors import InvalidArgumentError, StepResultError, translate
 from zeroth_pg.types import (
     CancelOutcome,
@@ -77,41 +78,6 @@ def _uuid(value: RunId | None) -> UUID | None:
         return UUID(value)
     except (TypeError, ValueError, AttributeError) as exc:
         raise InvalidArgumentError(f"not a UUID: {value!r:.100}") from exc
-
-
-def _json(value: Any) -> str:
-    try:
-        text = json.dumps(value, allow_nan=False)
-    # A set, an object, NaN, a circular reference; RecursionError: nested deeper than the
-    # encoder goes (a RuntimeError, so it escaped as one and failed a run as retryable).
-    except (TypeError, ValueError, RecursionError) as exc:
-        raise InvalidArgumentError(f"not JSON: {exc}") from exc
-    # jsonb cannot hold U+0000 or a lone UTF-16 surrogate (json.dumps writes both as \u escapes);
-    # the server would refuse the whole statement, so say so here, for this one value.
-    if ("\\u0000" in text or "\\ud" in text) and (why := unstorable(value)) is not None:
-        raise InvalidArgumentError(f"PostgreSQL cannot store this JSON value: {why}")
-    return text
-
-
-_UNSTORABLE_CHARACTER = re.compile("[\x00\ud800-\udfff]")
-
-
-def unstorable(value: Any) -> str | None:
-    """Why PostgreSQL's jsonb cannot store ``value`` (a string, or a key, holding U+0000 or a
-    lone surrogate), or None when it can."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            if (found := _UNSTORABLE_CHARACTER.search(item)) is not None:
-                what = "U+0000" if found.group() == "\x00" else "a lone UTF-16 surrogate"
-                return f"a string contains {what}"
-        elif isinstance(item, Mapping):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list | tuple):
-            stack.extend(item)
-    return None
 
 
 def _dumps(value: Any) -> str | None:

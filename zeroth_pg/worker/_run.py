@@ -16,14 +16,15 @@ import asyncio
 import contextvars
 import enum
 import inspect
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 from uuid import UUID
 
 from zeroth_pg import tracing
-from zeroth_pg.client import _json
+from zeroth_pg._jsonb import encode
 from zeroth_pg.errors import (
     EventTimeoutError,
     InvalidArgumentError,
@@ -42,15 +43,17 @@ from zeroth_pg.types import (
 )
 
 if TYPE_CHECKING:
-    from zeroth_pg.worker._worker import RunWorker
+    from zeroth_pg.client import LeaseManager
 
 __all__ = [
     "ActiveRun",
     "Handler",
     "Orchestrator",
     "RunContext",
+    "RunHost",
     "RunSlept",
     "RunState",
+    "StepCall",
     "StopReason",
     "orchestrator_handler",
 ]
@@ -128,6 +131,21 @@ _TRANSITIONS: dict[RunState, frozenset[RunState]] = {
 }
 
 
+class RunHost(Protocol):
+    """What a :class:`RunContext` needs of the worker that runs it (a RunWorker is one): the
+    client its fenced writes go through, and two notices."""
+
+    @property
+    def lease_manager(self) -> LeaseManager: ...
+
+    def run_slept(self, ctx: RunContext) -> None:
+        """The database accepted ``ctx``'s sleep or wait: its lease is gone."""
+
+    def linger(self, deployment_ref: str, done: asyncio.Future[Any]) -> None:
+        """A handler of ``deployment_ref`` goes on running until ``done`` after its run left
+        the worker."""
+
+
 @dataclass(eq=False)
 class RunContext:
     """What a handler sees of its run. Every write is fenced by the lease generation.
@@ -147,7 +165,7 @@ class RunContext:
     checkpoint_data: Any
     cancelled: asyncio.Event
     scope: Scope
-    _worker: RunWorker = field(repr=False)
+    _worker: RunHost = field(repr=False)
     #: What the database did with this attempt's accepted sleep; None while it has not slept.
     slept: SleepResult | None = field(default=None, init=False)
     #: How many times each step name was used in this attempt (deterministic numbering).
@@ -246,26 +264,11 @@ class RunContext:
         return LeaseLostError(f"{what} refused: lease lost", run_id=self.run_id,
                               worker_id=self.worker_id, generation=self.lease_generation)
 
-    async def _read_step(self, key: str) -> tuple[bool, Any]:
-        read = await self._worker.lease_manager.get_step(
-            self.run_id, self.worker_id, key, generation=self.lease_generation,
-            tenant_id=self.scope.tenant_id, workspace_id=self.scope.workspace_id)
-        if read is None:
-            raise self._lease_lost("step read")
-        return read.recorded, read.result
-
-    async def _record_step(self, key: str, value: Any) -> Any:
-        try:
-            _json(value)
-        except InvalidArgumentError as exc:
-            raise StepResultError(f"step {key!r} returned a value that cannot be recorded: "
-                                  f"{exc}") from None
-        recorded = await self._worker.lease_manager.record_step(
-            self.run_id, self.worker_id, key, value, generation=self.lease_generation,
-            tenant_id=self.scope.tenant_id, workspace_id=self.scope.workspace_id)
-        if recorded is None:
-            raise self._lease_lost("step record")
-        return recorded.result
+    def begin_step(self, name: str) -> StepCall:
+        """The durable step ``name`` of this attempt (numbered like :meth:`step`), in parts: for
+        an adapter that runs the step's function somewhere else (the App's synchronous
+        handlers run it in their own thread). :meth:`step` is these parts in order."""
+        return StepCall(self, self._next_step_key(name))
 
     async def step(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run ``fn(*args, **kwargs)`` as the durable step ``name``, once per run.
@@ -283,20 +286,17 @@ class RunContext:
         """
         if self.slept is not None:  # left its worker already (a handler that swallowed it)
             raise RunSlept(self.slept)
-        key = self._next_step_key(name)
+        call = self.begin_step(name)
         with tracing.step("step", self.scope.deployment_ref, self.run_id):
-            recorded, result = await self._read_step(key)
+            recorded, result = await call.read()
         if recorded:
             return result
-        token = _CURRENT_STEP.set(key)
-        try:
+        with call.running():
             value = fn(*args, **kwargs)
             if inspect.isawaitable(value):
                 value = await value
-        finally:
-            _CURRENT_STEP.reset(token)
         with tracing.step("record_step", self.scope.deployment_ref, self.run_id):
-            return await self._record_step(key, value)
+            return await call.record(value)
 
     # A durable deadline on the database clock, not a local timeout: asyncio.timeout cannot do it.
     async def wait_for_event(self, name: str, *, timeout: float | None = None) -> Any:  # noqa: ASYNC109
@@ -412,10 +412,55 @@ class RunContext:
         self._step_counts[base] = count
         return base if count == 1 else f"{base}#{count}"
 
-    def _linger(self, done: asyncio.Future[Any]) -> None:
+    def linger(self, done: asyncio.Future[Any]) -> None:
         """The handler goes on after the worker stopped waiting for it (a thread cannot be
         stopped): its deployment's local limit counts it until ``done``."""
         self._worker.linger(self.scope.deployment_ref, done)
+
+
+@dataclass(frozen=True, slots=True)
+class StepCall:
+    """One durable step of an attempt (:meth:`RunContext.begin_step`): read its recorded
+    result, run its function under its key, record the function's result."""
+
+    ctx: RunContext
+    #: The step's key (``name``, ``name#2``, …).
+    key: str
+
+    async def read(self) -> tuple[bool, Any]:
+        """(recorded, result): the result an earlier attempt recorded, if any (fenced)."""
+        ctx = self.ctx
+        read = await ctx._worker.lease_manager.get_step(
+            ctx.run_id, ctx.worker_id, self.key, generation=ctx.lease_generation,
+            tenant_id=ctx.scope.tenant_id, workspace_id=ctx.scope.workspace_id)
+        if read is None:
+            raise ctx._lease_lost("step read")
+        return read.recorded, read.result
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        """While the step's function runs: :attr:`RunContext.step_key` names the step."""
+        token = _CURRENT_STEP.set(self.key)
+        try:
+            yield
+        finally:
+            _CURRENT_STEP.reset(token)
+
+    async def record(self, value: Any) -> Any:
+        """Record ``value`` (fenced; the first recorded result wins) and return the recorded
+        value, decoded from JSON. Raises StepResultError for a value that is not JSON."""
+        ctx = self.ctx
+        try:
+            encode(value)
+        except InvalidArgumentError as exc:
+            raise StepResultError(f"step {self.key!r} returned a value that cannot be "
+                                  f"recorded: {exc}") from None
+        recorded = await ctx._worker.lease_manager.record_step(
+            ctx.run_id, ctx.worker_id, self.key, value, generation=ctx.lease_generation,
+            tenant_id=ctx.scope.tenant_id, workspace_id=ctx.scope.workspace_id)
+        if recorded is None:
+            raise ctx._lease_lost("step record")
+        return recorded.result
 
 
 class Orchestrator(Protocol):
@@ -484,6 +529,11 @@ class ActiveRun:
         if reason is StopReason.CANCEL:
             self.ctx.cancelled.set()
         return self.state is RunState.EXECUTING
+
+    def stop(self, reason: StopReason) -> None:
+        """:meth:`request_stop`, and cancel the handler's task when it must be cancelled."""
+        if self.request_stop(reason) and self.task is not None and not self.task.done():
+            self.task.cancel()
 
     @property
     def renewable(self) -> bool:
