@@ -709,9 +709,9 @@ async def test_an_output_larger_than_jsonb_holds_fails_its_run_and_the_next_run_
     renewals kept its lease alive, and every completion after it queued behind. The worker now
     fails it non-retryably before sending (the limit is lowered here so the test stays small; the
     server side of 54000 is covered by the client's error mapping)."""
-    from zeroth_pg.worker import _worker
+    from zeroth_pg import _jsonb
 
-    monkeypatch.setattr(_worker, "MAX_OUTPUT_CHARACTERS", 1000)
+    monkeypatch.setattr(_jsonb, "MAX_JSONB_CHARACTERS", 1000)
     dep = unique_deployment("harden")
 
     async def handler(ctx: RunContext) -> Any:

@@ -1,4 +1,4 @@
-"""Completion batching (zeroth_pg.worker._completions.CompletionBatcher) on real leases: runs
+"""Completion batching (zeroth_pg.worker._settle.CompletionBatcher) on real leases: runs
 that finish together take one complete_runs call, the fence answers each run on its own, an
 output PostgreSQL cannot store fails only its run, and an unreachable database answers None by a
 run's lease deadline."""
@@ -18,7 +18,7 @@ from leased import WORKER, active, claim, lease_row
 
 from zeroth_pg.client import LeaseManager
 from zeroth_pg.errors import InvalidArgumentError
-from zeroth_pg.worker._completions import CompletionBatcher
+from zeroth_pg.worker._settle import CompletionBatcher
 
 
 class CountingCalls:

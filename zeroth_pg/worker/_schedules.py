@@ -21,6 +21,7 @@ from typing import Any
 
 from zeroth_pg.client import LeaseManager
 from zeroth_pg.types import ScheduleFiring
+from zeroth_pg.worker._sources import ClaimSource, ManyScopes
 
 __all__ = ["PeriodicSchedule", "ScheduleFirer"]
 
@@ -97,3 +98,17 @@ class ScheduleFirer:
         while not stopping():
             result = await self.fire_once()
             await asyncio.sleep(self.delay(result.next_due_at))
+
+
+def firer_for(lm: LeaseManager, source: ClaimSource, scope: tuple[str | None, str | None],
+              schedules: Sequence[PeriodicSchedule], fire: bool | None,
+              max_sleep: float) -> ScheduleFirer | None:
+    """A RunWorker's schedule firer: none unless the worker has schedules of its own or is
+    asked to fire (``fire=True``: a DBA's schedules of its deployments). ``scope``: the
+    (tenant, workspace) of a worker of one scope, as its caller spelled them."""
+    if fire or (fire is None and schedules):
+        scopes = source.scopes if isinstance(source, ManyScopes) else [scope]
+        return ScheduleFirer(lm, source.deployments, scopes, schedules, max_sleep=max_sleep)
+    if schedules:
+        raise ValueError("schedules given with fire_schedules=False")
+    return None

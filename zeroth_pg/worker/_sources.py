@@ -21,7 +21,7 @@ from zeroth_pg.worker._gate import GateTarget
 if TYPE_CHECKING:
     from zeroth_pg.client import LeaseManager
 
-__all__ = ["ClaimSource", "Claimed", "ManyScopes", "OneScope"]
+__all__ = ["ClaimSource", "Claimed", "ManyScopes", "OneScope", "per_deployment", "source_for"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,3 +183,32 @@ class ManyScopes:
         # Summed per deployment (a fleet may serve thousands of scopes; per scope, an operator
         # reads zeroth.queue_depth or `zeroth-pg status`).
         return await self._lm.count_pending_scopes(self.deployments, scopes=self.scopes)
+
+
+def source_for(lm: LeaseManager, deployment_ref: str | Mapping[str, Any], handler: Any,
+               scopes: Sequence[tuple[str | None, str | None]] | None, tenant_id: str | None,
+               workspace_id: str | None) -> tuple[dict[str, Any], ClaimSource]:
+    """A RunWorker's handlers by deployment and its source, from its arguments: one deployment
+    and its handler in one scope, or (a mapping) a fleet worker's handlers and scopes."""
+    if isinstance(deployment_ref, str):
+        if handler is None:
+            raise ValueError("a worker of one deployment needs its handler")
+        if scopes is not None:
+            raise ValueError("scopes needs a mapping of deployments to handlers")
+        return {deployment_ref: handler}, OneScope(lm, deployment_ref, tenant_id, workspace_id)
+    if handler is not None or tenant_id is not None or workspace_id is not None:
+        raise ValueError("a fleet worker takes its handlers in the mapping and its "
+                         "scopes in scopes=, not handler, tenant_id or workspace_id")
+    handlers = dict(deployment_ref)
+    return handlers, ManyScopes(lm, list(handlers), scopes)
+
+
+def per_deployment(values: Mapping[str, Any] | None, deployments: Sequence[str],
+                   what: str) -> dict[str, Any]:
+    """A per-deployment setting, checked against the deployments a worker serves."""
+    chosen = dict(values or {})
+    unknown = sorted(set(chosen) - set(deployments))
+    if unknown:
+        raise ValueError(f"{what} names deployment(s) this worker does not serve: "
+                         f"{', '.join(unknown)}")
+    return chosen

@@ -1,0 +1,306 @@
+"""The claim loop: orphan sweeps, claims into the free slots, and the sleep between passes.
+
+It is the only task that claims, so the slot accounting (:mod:`._slots`) needs no lock; what it
+remembers between passes and every decision about when to claim is the :class:`~._pacing.
+ClaimPacer`'s. The runs it claims are handed to ``spawn``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from zeroth_pg import tracing
+from zeroth_pg.metrics import WorkerMetrics
+from zeroth_pg.types import ClaimedRun, Scope
+from zeroth_pg.worker._gate import WakeupGate
+from zeroth_pg.worker._pacing import ClaimPacer, GateMode
+from zeroth_pg.worker._run import ActiveRun, StopReason
+from zeroth_pg.worker._settle import Leased
+from zeroth_pg.worker._slots import HeldRuns
+from zeroth_pg.worker._sources import Claimed, ClaimSource, OneScope
+
+if TYPE_CHECKING:
+    from zeroth_pg.client import LeaseManager
+
+__all__ = ["ClaimLoop", "ClaimSettings"]
+
+log = logging.getLogger("zeroth_pg.worker")
+
+#: Hands a claimed run over: (scope, run, lease deadline, recovered from an orphan).
+Spawn = Callable[[Scope, ClaimedRun, float, bool], ActiveRun]
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimSettings:
+    worker_id: str
+    fleet_max_concurrency: int | None
+    lease_duration: float
+    poll_interval: float
+    orphan_sweep_interval: float
+    orphan_grace: float
+    #: The deployment whose series count worker-wide events (the first served).
+    deployment_ref: str
+
+
+class ClaimLoop:
+    """Claims until ``stopping()``; wakes on :attr:`wake`."""
+
+    def __init__(self, settings: ClaimSettings, lm: LeaseManager, source: ClaimSource,
+                 runs: HeldRuns, pacer: ClaimPacer, gate: WakeupGate, metrics: WorkerMetrics, *,
+                 spawn: Spawn, stopping: Callable[[], bool],
+                 worker_error: Callable[[str], None]) -> None:
+        self.settings = settings
+        self._lm = lm
+        self.source = source
+        self.runs = runs
+        self.pacer = pacer
+        self.gate = gate
+        self.metrics = metrics
+        self._spawn = spawn
+        self._stopping = stopping
+        self._worker_error = worker_error
+        #: Set to claim now: a NOTIFY, a freed slot the pacer wants filled, a drain.
+        self.wake = asyncio.Event()
+
+    async def run(self) -> None:
+        """Claim until stopping: orphans when a sweep is due, then pending runs in batches."""
+        while not self._stopping():
+            # Cleared before the pass, not before the sleep: a wakeup that arrives while the pass
+            # is talking to the database must still cut the next sleep short.
+            self.wake.clear()
+            claimed: int | None = None
+            try:
+                claimed = await self._claim_pass()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("claim pass failed; retrying after the poll interval")
+                self._worker_error("claim")
+                self.pacer.pass_failed()
+            if self._stopping():
+                break
+            mode = self.pacer.gate_mode(claimed, time.monotonic())
+            if mode is GateMode.BUSY:
+                # Writers need not notify this worker until it waits again.
+                await self.gate.busy()
+            elif mode is GateMode.FLOWING:
+                # Writers need not notify while work flows; the worker looks again every few
+                # milliseconds instead.
+                await self.gate.flowing()
+            elif await self.gate.idle():
+                # Nothing (for a few looks in a row): this worker waits for work and holds the
+                # wakeup gate; it gained a stripe, so a writer that did not notify has committed
+                # since: look once more before sleeping.
+                continue
+            await self._sleep_until_work()
+
+    async def _claim_pass(self) -> int | None:
+        """Sweep if due, then claim into the free slots: how many runs were claimed, or None
+        when no claim was made (no free slot, or stopping)."""
+        pacer, settings = self.pacer, self.settings
+        if pacer.sweep_wanted(time.monotonic()):
+            try:
+                await self._sweep_orphans()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("orphan sweep failed; claiming goes on")
+                self._worker_error("sweep")
+                pacer.sweep_failed(time.monotonic(), settings.orphan_sweep_interval)
+        free = self.runs.free()
+        if free <= 0 or self._stopping():
+            return None
+        groups = self._groups(free)
+        if not groups:
+            pacer.nothing_to_claim_for()
+            return None
+        claimed = asked = 0
+        pacer.pass_begins()
+        for deployments, limit in groups:
+            limit = min(limit, free - claimed)
+            if limit <= 0:
+                break
+            asked += limit
+            sent, sent_ns = time.monotonic(), tracing.now_ns()
+            result = await self.source.claim(settings.worker_id, limit,
+                                             settings.fleet_max_concurrency, deployments)
+            tracing.received(result.runs, sent_ns)
+            self.observe_saturation(result)
+            for scope, run in result.runs:
+                self._spawn(scope, run, sent + settings.lease_duration, False)
+            claimed += len(result.runs)
+            if result.retry_after is not None:
+                self.metrics.guardrail_rejections.labels(settings.deployment_ref,
+                                                         "rate_limit").inc()
+            pacer.claimed(time.monotonic(), deployments, limit, len(result.runs),
+                          fleet_full=result.fleet_full, retry_after=result.retry_after,
+                          all_held_back=result.all_held_back)
+        pacer.pass_ends(claimed, asked)
+        return claimed
+
+    def _groups(self, free: int) -> list[tuple[tuple[str, ...] | None, int]]:
+        executing = (self.runs.executing_by_deployment() if self.pacer.deployment_limits
+                     else {})
+        return self.pacer.groups(free, self.source.deployments, executing)
+
+    async def _wake_due_waits(self) -> None:
+        """Event waits past their deadline → pending (``zeroth.wake_due_waits``), in every scope
+        of this worker's deployments, before each orphan sweep: the replayed wait_for_event then
+        records the timeout. A failure is logged; the next sweep tries again."""
+        try:
+            for _ in range(10):  # at most 1,000 a sweep; the next sweep takes the rest
+                if await self._lm.wake_due_waits(self.source.deployments, batch_size=100) < 100:
+                    break
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("waking timed-out event waits failed; the next sweep tries again")
+            self._worker_error("wake_due_waits")
+
+    async def _sweep_orphans(self) -> None:
+        settings, pacer = self.settings, self.pacer
+        await self._wake_due_waits()
+        free = self.runs.free()
+        groups = self._groups(free) if free > 0 else []
+        if not groups:
+            # No slot to re-lease into (none free, or every deployment at its local limit), but
+            # the orphans nobody may resume (out of attempts, not resumable past grace) need
+            # none: end them, so their threads move on while every worker is busy (claim_limit
+            # 0: end only), once per sweep interval. Re-leasing waits for a free slot.
+            if pacer.sweep_without_room(time.monotonic(), settings.orphan_sweep_interval):
+                await self.source.sweep(settings.worker_id, 0, settings.fleet_max_concurrency,
+                                        settings.orphan_grace)
+            return
+        more = False
+        claimed = 0
+        held_until: float | None = None
+        # A deployment at its local limit is left out; its orphans wait for its next sweep.
+        for deployments, limit in groups:
+            limit = min(limit, free - claimed)
+            if limit <= 0:
+                break
+            sent, sent_ns = time.monotonic(), tracing.now_ns()
+            result = await self.source.sweep(settings.worker_id, limit,
+                                             settings.fleet_max_concurrency,
+                                             settings.orphan_grace, deployments)
+            tracing.received(result.runs, sent_ns)
+            self.observe_saturation(result)
+            for scope, run in result.runs:
+                log.info("recovered orphan %s at generation %d, attempt %d (checkpoint %s)",
+                         run.run_id, run.lease_generation, run.attempts,
+                         run.recovery_checkpoint_id)
+                # Its worker stopped renewing while it ran: a crash as the fleet sees it.
+                self.metrics.worker_crashes.labels(scope.deployment_ref, "orphan").inc()
+                self._spawn(scope, run, sent + settings.lease_duration, True)
+            claimed += len(result.runs)
+            # Saturated, or the limit was reached: there may be more orphans; look again soon.
+            more = more or result.saturated or len(result.runs) == limit
+            if result.retry_after is not None:
+                # Orphans held back by a rate limit: sweep again when a start is possible (a
+                # claim pass sweeps before it claims, so the orphan takes that start before this
+                # worker's pending runs do), not a whole sweep interval later, by when claimers
+                # sleeping until the same instant have taken every start.
+                held = time.monotonic() + result.retry_after
+                held_until = held if held_until is None else min(held_until, held)
+        pacer.swept(time.monotonic(), settings.orphan_sweep_interval, more=more,
+                    held_until=held_until)
+
+    def observe_saturation(self, result: Claimed) -> None:
+        deployment = self.settings.deployment_ref
+        if result.limit is not None:  # one scope: its utilisation
+            self.metrics.utilization.labels(deployment, "concurrency").set(
+                min(1.0, result.active_count / result.limit))
+        if result.saturated:
+            self.metrics.guardrail_rejections.labels(deployment, "concurrency").inc()
+
+    async def _sleep_until_work(self) -> None:
+        now = time.monotonic()
+        if self.pacer.claim_at_once(self.runs.free(), self.runs.executing_by_deployment):
+            return  # the last batch was full and a slot is already free: claim again now
+        timeout = self.pacer.sleep_for(now, self.gate.poll_in(self.settings.poll_interval))
+        # One event: a NOTIFY sets it, and so does a freed slot while a full batch or an orphan
+        # sweep is waiting for one (slot_freed). No helper tasks: a wakeup resumes this loop in
+        # the next turn of the event loop.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await self.wake.wait()
+
+    def slot_freed(self, *, fleet: bool = False) -> None:
+        """A local slot was freed; with ``fleet``, the run's admission slot too (the run left
+        the worker: its completion, failure or hand-back was answered)."""
+        if self.pacer.slot_freed_wakes(fleet=fleet):
+            self.wake.set()
+
+    def rate_held(self) -> bool:
+        """All the work this worker can see is held back by a rate limit: a NOTIFY now cannot
+        announce anything claimable before then."""
+        return self.pacer.rate_held(time.monotonic())
+
+    async def sample_queue_depth(self, interval: float) -> None:
+        """The ``zeroth_queue_depth`` gauge of each deployment served, every ``interval``."""
+        while True:
+            try:
+                # Per deployment served, summed over the scopes served (one statement).
+                for deployment, depth in (await self.source.queue_depth()).items():
+                    self.metrics.queue_depth.labels(deployment).set(depth)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.debug("queue depth sample failed: %s", exc)
+            await asyncio.sleep(interval)
+
+    # -- completions that carry the next claim ---------------------------------------------------
+
+    def may_claim_along(self, entry: ActiveRun) -> bool:
+        """The completion of ``entry`` may carry the claim of the next run into its slot: one
+        commit for both (complete_and_claim). Only where a claim pass would do nothing else:
+        one scope, no local deployment limits, no orphan sweep due (a claim pass sweeps first),
+        no rate limit holding claims back, not stopping."""
+        source = self.source
+        return (isinstance(source, OneScope) and entry.scope == source.scope
+                and not self._stopping() and not self.pacer.deployment_limits
+                and self.pacer.may_claim_along(time.monotonic()))
+
+    async def complete_and_claim(self, batch: list[tuple[Leased, Any]]) -> list[bool] | None:
+        """The claim_along of the completion batcher: complete ``batch`` and claim one run per
+        entry that carries a claim, in one call; the claimed runs start here. The flags are
+        cleared whatever happens, so a failed call gives the slots back to the claim loop."""
+        along = [entry for entry, _ in batch if entry.claims_next]
+        source, settings = self.source, self.settings
+        full = False
+        try:
+            if not along or self._stopping() or not isinstance(source, OneScope):
+                return None
+            sent, sent_ns = time.monotonic(), tracing.now_ns()
+            completions, result = await source.complete_and_claim(
+                settings.worker_id,
+                [(entry.run.run_id, entry.run.lease_generation, output)
+                 for entry, output in batch],
+                len(along), settings.fleet_max_concurrency)
+            tracing.received(result.runs, sent_ns)
+            self.observe_saturation(result)
+            for scope, run in result.runs:
+                spawned = self._spawn(scope, run, sent + settings.lease_duration, False)
+                if self._stopping():
+                    # The drain began while this call was out: never start these; each is
+                    # handed back with its exact generation.
+                    spawned.stop(StopReason.SHUTDOWN)
+            for entry in along[:len(result.runs)]:
+                if isinstance(entry, ActiveRun):
+                    entry.slot_passed_on = True
+            full = len(result.runs) == len(along) and result.retry_after is None
+            return [row.completed for row in completions]
+        finally:
+            for entry in along:
+                entry.claims_next = False
+            if along and not full:
+                # The claim came back short (no more work, a limit, a rate limit) or was not
+                # made: the claim loop takes over, so the wakeup gate, the rate-limit sleep and
+                # the saturation flags follow a claim pass of its own, as without this call.
+                self.wake.set()

@@ -1,0 +1,281 @@
+"""Executing a run: one task per claimed run calls its handler, has its outcome decided
+(:mod:`._outcome`), reports it (metrics, trace, log) and hands it to the :class:`~._settle.
+Settler`. :class:`RunExecutor` is the :class:`~._run.RunHost` of every RunContext it makes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import Counter
+
+from zeroth_pg import tracing
+from zeroth_pg.errors import DatabaseError, InvalidPayloadError, RetryableError, describe
+from zeroth_pg.metrics import WorkerMetrics
+from zeroth_pg.types import ClaimedRun, Scope, SleepOutcome
+from zeroth_pg.worker._outcome import Outcome, OutcomeKind, decide
+from zeroth_pg.worker._run import (
+    ActiveRun,
+    Handler,
+    RunContext,
+    RunSlept,
+    RunState,
+    StopReason,
+)
+from zeroth_pg.worker._settle import Settler
+from zeroth_pg.worker._slots import HeldRuns
+
+if TYPE_CHECKING:
+    from zeroth_pg.client import LeaseManager
+
+__all__ = ["RunExecutor"]
+
+log = logging.getLogger("zeroth_pg.worker")
+
+
+class RunExecutor:
+    """Spawns a task per claimed run and sees each through to its settled outcome."""
+
+    def __init__(self, lm: LeaseManager, worker_id: str, handlers: Mapping[str, Handler],
+                 runs: HeldRuns, settler: Settler, metrics: WorkerMetrics, *,
+                 count_scope: Callable[[Counter, Scope], None],
+                 worker_error: Callable[[str, str | None], None],
+                 drain_soon: Callable[[], None]) -> None:
+        self.lease_manager = lm
+        self.worker_id = worker_id
+        self._handlers = handlers
+        self.runs = runs
+        self.settler = settler
+        self.metrics = metrics
+        self._count_scope = count_scope
+        self._worker_error = worker_error
+        self._drain_soon = drain_soon
+        # Set by the claim loop once it exists: whether a completion may carry the next claim,
+        # and the notice of a freed slot.
+        self.may_claim_along: Callable[[ActiveRun], bool] = lambda entry: False
+        self.slot_freed: Callable[..., None] = lambda **_: None
+        # The per-run series, looked up once per deployment (labels() takes a lock and builds a
+        # key each time).
+        self._series = {d: (metrics.runs_started.labels(d), metrics.runs_completed.labels(d),
+                            metrics.run_duration.labels(d)) for d in handlers}
+
+    # -- RunHost ---------------------------------------------------------------------------------
+
+    def run_slept(self, ctx: RunContext) -> None:
+        """The database accepted ``ctx``'s sleep (RunContext.sleep_until): its lease is gone.
+        Settled now, so neither a renewal nor a stop touches it while the handler unwinds."""
+        entry = self.runs.active.get((ctx.run_id, ctx.lease_generation))
+        if entry is not None and entry.ctx is ctx and entry.state is RunState.EXECUTING:
+            entry.advance(RunState.SETTLING)
+
+    def linger(self, deployment_ref: str, done: asyncio.Future[Any]) -> None:
+        self.runs.linger(deployment_ref, done)
+
+    # -- a run's task ----------------------------------------------------------------------------
+
+    def spawn(self, scope: Scope, run: ClaimedRun, deadline: float,
+              recovered: bool) -> ActiveRun:
+        # This process may have recovered its own orphan (its event loop stalled past the
+        # lease): the older generation's lease is gone, so stop that task; it writes nothing.
+        for older in self.runs.older(run.run_id):
+            log.warning("run %s: re-claimed at generation %d while generation %d still ran here;"
+                        " stopping the older one", run.run_id, run.lease_generation,
+                        older.run.lease_generation)
+            older.stop(StopReason.SUPERSEDED)
+        ctx = RunContext(
+            run_id=run.run_id, payload=run.payload,
+            # claim_and_start counted this attempt; so did claim_orphaned for a recovered run.
+            attempt=run.attempts,
+            max_attempts=run.max_attempts,
+            metadata=run.metadata, thread_id=run.thread_id, idempotency_key=run.idempotency_key,
+            lease_generation=run.lease_generation, worker_id=self.worker_id, recovered=recovered,
+            recovery_checkpoint_id=run.recovery_checkpoint_id, checkpoint_data=run.checkpoint_data,
+            cancelled=asyncio.Event(), scope=scope, _worker=self)
+        entry = ActiveRun(run=run, ctx=ctx, deadline=deadline)
+        self.runs.add(entry)
+        entry.task = asyncio.create_task(self._execute(entry), name=f"run-{run.run_id}")
+        if run.cancel_requested:  # the claim itself reported the cancel: the database said so
+            entry.stop(StopReason.CANCEL)
+        return entry
+
+    async def _execute(self, entry: ActiveRun) -> None:
+        run = entry.run
+        try:
+            if entry.stop_reason is not None:  # stopped before this task ran (a claimed orphan
+                await self.settler.stopped(entry)  # with a pending cancel): never start it
+                return
+            if run.undecodable is not None:
+                # JSON the database holds but Python cannot decode: no handler could run it, and
+                # no retry can change that.
+                log.warning("run %s: cannot decode its JSON (%s); failing it", run.run_id,
+                            run.undecodable)
+                await self.settler.fail(entry, InvalidPayloadError(
+                    f"this worker cannot decode the run's JSON: {run.undecodable}"),
+                    retryable=False)
+                return
+            entry.advance(RunState.EXECUTING)
+            # Both claim paths (claim_and_start, claim_orphaned) hand over runs already running.
+            with tracing.process(entry.scope, entry.run, attempt=entry.ctx.attempt,
+                                 worker_id=self.worker_id, recovered=entry.ctx.recovered) as span:
+                await self._attempt(entry, span)
+        except asyncio.CancelledError:
+            if entry.stop_reason is None or entry.state is not RunState.EXECUTING:
+                raise  # not ours (the loop is shutting down): propagate
+            # Stopped while outside the handler (between steps): settle it the same way.
+            await self.settler.stopped(entry)
+        except Exception as exc:
+            # A bug or a refusal in the worker's own steps: give the run an explicit outcome
+            # (a retryable failure, so a bug that always hits ends in a dead letter) and count it.
+            # Not log.exception: the chain may hold the handler's exception, whose message is
+            # unbounded; describe() bounds it.
+            log.error("run %s: worker error outside the handler\n%s", run.run_id,
+                      describe(exc).traceback)
+            self._worker_error("settle", None)
+            await self.settler.fail_quietly(entry, exc)
+        finally:
+            entry.finish()
+            self.runs.remove(entry)
+            if not entry.slot_passed_on:
+                self.slot_freed(fleet=True)
+
+    async def _attempt(self, entry: ActiveRun, span: Any) -> None:
+        """Run the handler, decide the outcome, report it, settle it (``span``: its trace)."""
+        ctx = entry.ctx
+        deployment = entry.scope.deployment_ref
+        runs_started, _, run_duration = self._series[deployment]
+        runs_started.inc()
+        self._count_scope(self.metrics.scope_runs_started, entry.scope)
+        started = time.monotonic()
+        output: Any = None
+        raised: BaseException | None = None
+        try:
+            output = await self._handlers[deployment](ctx)
+        except BaseException as exc:
+            raised = exc
+        finally:
+            run_duration.observe(time.monotonic() - started)
+        task = asyncio.current_task()
+        outcome = decide(output=output, raised=raised, slept=ctx.slept is not None,
+                         stop_reason=entry.stop_reason, lease_gone=entry.lease_gone,
+                         cancelling=task is not None and task.cancelling() > 0)
+        if outcome.kind is OutcomeKind.PROPAGATE:
+            assert raised is not None
+            raise raised  # the loop is cancelling this task: not the handler's doing
+        await self._settle(entry, outcome, span, raised)
+
+    async def _settle(self, entry: ActiveRun, outcome: Outcome, span: Any,
+                      raised: BaseException | None) -> None:
+        kind, settler = outcome.kind, self.settler
+        if kind is OutcomeKind.SLEPT:
+            self._after_sleep(entry, span)
+        elif kind is OutcomeKind.STOPPED:
+            tracing.failed(span, None, outcome.why)
+            await settler.stopped(entry)
+        elif kind is OutcomeKind.LEASE_LOST:
+            tracing.failed(span, outcome.traced, outcome.why)
+            settler.lease_lost(entry, fenced=outcome.fenced)
+        elif kind is OutcomeKind.FAILED:
+            assert outcome.error is not None
+            self._report_failure(entry, outcome, span, raised)
+            if outcome.interrupt and _interrupts_raise_here():
+                # Where SIGINT raises KeyboardInterrupt in this thread (no run_until_stopped nor
+                # asyncio.run handling it), this may be the operator's Ctrl-C: drain.
+                log.warning("run %s: KeyboardInterrupt while SIGINT raises it here; the worker "
+                            "drains", entry.run.run_id)
+                self._drain_soon()
+            await settler.fail(entry, outcome.error, retryable=outcome.retryable)
+        else:
+            await self._complete(entry, outcome.output, span)
+
+    def _report_failure(self, entry: ActiveRun, outcome: Outcome, span: Any,
+                        raised: BaseException | None) -> None:
+        run_id, attempt = entry.run.run_id, entry.ctx.attempt
+        self.metrics.handler_errors.labels(entry.scope.deployment_ref).inc()
+        tracing.failed(span, outcome.traced, outcome.why)
+        if raised is None:  # the output cannot be stored
+            if outcome.traced is None:
+                log.warning("run %s: PostgreSQL cannot store its output (%s); failing it",
+                            run_id, outcome.error)
+        elif isinstance(raised, RunSlept | asyncio.CancelledError):
+            log.warning("run %s attempt %d: the handler raised %s %s", run_id, attempt,
+                        type(raised).__name__,
+                        "without sleeping" if isinstance(raised, RunSlept) else "itself")
+        else:
+            described = outcome.error
+            log.info("run %s attempt %d failed%s: %s: %s", run_id, attempt,
+                     "" if outcome.retryable else " for good",
+                     getattr(described, "type", ""), getattr(described, "message", ""))
+
+    async def _complete(self, entry: ActiveRun, output: Any, span: Any) -> None:
+        """Queue the completion (with the next claim when it may carry one) and wait for its
+        row: True completed, False refused by the fence, None no answer before the deadline."""
+        run, deployment = entry.run, entry.scope.deployment_ref
+        answer = self.settler.complete(entry, output)
+        entry.claims_next = self.may_claim_along(entry)
+        if not entry.claims_next:
+            self.slot_freed()
+        try:
+            with tracing.step("complete", deployment, run.run_id):
+                completed = await answer
+        except Exception as exc:
+            # The database refused this one run's completion for its value (a data exception,
+            # a program limit, a zeroth argument error): retrying cannot help. Anything else
+            # (a cancelled statement, the completion machinery broke) may pass next time.
+            refused = _refused(exc)
+            refusal = describe(exc)
+            log.warning("run %s: its completion failed (%s: %s); failing it", run.run_id,
+                        refusal.type, refusal.message)
+            self._worker_error("completion_refused" if refused else "completion_lost",
+                               deployment)
+            tracing.failed(span, refusal, "completion refused" if refused else "completion lost")
+            await self.settler.fail(entry, refusal, retryable=not refused)
+            return
+        if completed:
+            self._series[deployment][1].inc()
+            # The acknowledgement, in the log: what a failover soak compares with what the new
+            # primary holds (tests/failover).
+            log.debug("run %s completed at generation %d", run.run_id, run.lease_generation)
+            self._count_scope(self.metrics.scope_runs_completed, entry.scope)
+            tracing.outcome(span, "completed")
+        elif completed is False:
+            tracing.failed(span, None, "lease lost")
+            self.settler.lease_lost(entry, fenced=True)
+        else:
+            tracing.failed(span, None, "no answer before the lease deadline")
+
+    def _after_sleep(self, entry: ActiveRun, span: Any) -> None:
+        """The attempt ended in a durable sleep: nothing is written; its slot frees when its
+        task ends."""
+        slept = entry.ctx.slept
+        if slept is not None and slept.outcome is SleepOutcome.CANCELLED:
+            log.info("run %s cancelled on request instead of sleeping", entry.run.run_id)
+            tracing.outcome(span, "cancelled")
+            return
+        self.metrics.runs_slept.labels(entry.scope.deployment_ref).inc()  # event waits too
+        if slept is not None and slept.outcome is SleepOutcome.WAITING:
+            log.info("run %s attempt %d waits for an event (deadline %s)", entry.run.run_id,
+                     entry.ctx.attempt, slept.run_after)
+        else:
+            log.info("run %s attempt %d sleeps until %s", entry.run.run_id, entry.ctx.attempt,
+                     None if slept is None else slept.run_after)
+        tracing.outcome(span, "slept")
+
+
+def _refused(exc: Exception) -> bool:
+    """The database refused the value itself (class 22, 54 or ZP, not retryable)."""
+    return isinstance(exc, DatabaseError) and not isinstance(exc, RetryableError) and (
+        (exc.code or getattr(exc, "sqlstate", None) or "")[:2] in ("22", "54", "ZP"))
+
+
+def _interrupts_raise_here() -> bool:
+    """SIGINT raises KeyboardInterrupt in this thread: Python's default handler is installed and
+    this is the main thread (neither :meth:`RunWorker.run_until_stopped` nor ``asyncio.run``
+    took SIGINT over), so a KeyboardInterrupt out of a handler may be the operator's Ctrl-C."""
+    return (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler)

@@ -1,0 +1,112 @@
+"""Deciding the outcome of an attempt: what the handler returned or raised, and the state of its
+run, become one :class:`Outcome`. Pure: no metrics, no tracing, no write (the worker reports an
+outcome, then the :class:`~._settle.Settler` writes it), so every case is a unit test
+(tests/worker/test_outcome.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from zeroth_pg._jsonb import storage_problem
+from zeroth_pg.errors import (
+    ErrorDescription,
+    LeaseLostError,
+    NonRetryableError,
+    describe,
+    handler_exit,
+)
+from zeroth_pg.worker._run import RunSlept, StopReason
+
+__all__ = ["Outcome", "OutcomeKind", "decide"]
+
+
+class OutcomeKind(enum.Enum):
+    COMPLETED = "completed"  # write the output (the completion batch)
+    FAILED = "failed"  # write the failure: retried with backoff, or for good
+    SLEPT = "slept"  # the database took the run already (a sleep, a wait): nothing to write
+    STOPPED = "stopped"  # the worker stopped the handler: settle by the stop's reason
+    LEASE_LOST = "lease_lost"  # the lease is gone: nothing may be written
+    PROPAGATE = "propagate"  # the event loop is cancelling this task: not the handler's doing
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    kind: OutcomeKind
+    #: COMPLETED: the handler's output.
+    output: Any = None
+    #: FAILED: what failed it (an exception, or one described already); LEASE_LOST: what the
+    #: handler raised, if anything.
+    error: BaseException | ErrorDescription | None = None
+    retryable: bool = True
+    #: The trace's word for a failure or a stop ("handler failed", "output too large", …).
+    why: str = ""
+    #: LEASE_LOST: a write was refused by the fence (else the lease was known gone).
+    fenced: bool = False
+    #: FAILED: the handler's own doing (counted as a handler error).
+    handler_error: bool = True
+    #: FAILED: the handler raised KeyboardInterrupt (maybe the operator's Ctrl-C).
+    interrupt: bool = False
+    #: What the trace records as the failure's exception (None: only ``why``).
+    traced: BaseException | ErrorDescription | None = None
+
+
+def decide(*, output: Any = None, raised: BaseException | None = None, slept: bool,
+           stop_reason: StopReason | None, lease_gone: bool, cancelling: bool) -> Outcome:
+    """The outcome of an attempt whose handler returned ``output``, or raised ``raised``.
+
+    ``slept``: the database accepted a sleep or wait of this attempt (its lease is gone, so
+    nothing more is written whatever the handler did next); ``stop_reason``: why the worker
+    stopped the run, if it did; ``lease_gone``: the stop was for a lost lease; ``cancelling``:
+    the task is being cancelled from outside (the event loop shutting down).
+    """
+    if raised is None:
+        return _returned(output, slept=slept, lease_gone=lease_gone)
+    if isinstance(raised, RunSlept) and not slept:
+        # Raised without a sleep of this attempt (made by the handler, or another run's): its
+        # lease is still live, so it ends as a failure, never left to expire.
+        return Outcome(OutcomeKind.FAILED, error=raised, why="handler failed", traced=raised)
+    if isinstance(raised, asyncio.CancelledError):
+        if slept:  # asleep, so settled: no stop cancels it
+            return Outcome(OutcomeKind.PROPAGATE if cancelling else OutcomeKind.SLEPT)
+        if stop_reason is not None:
+            return Outcome(OutcomeKind.STOPPED, why=f"stopped: {stop_reason.value}")
+        if cancelling:
+            return Outcome(OutcomeKind.PROPAGATE)
+        # The handler raised CancelledError itself (a cancelled inner task it let escape): a
+        # failure like any other, never a run dropped without an outcome.
+        return Outcome(OutcomeKind.FAILED, error=raised, why="handler failed", traced=raised)
+    if isinstance(raised, LeaseLostError):
+        return Outcome(OutcomeKind.LEASE_LOST, error=raised, why="lease lost", fenced=True,
+                       traced=raised)
+    if slept:  # it swallowed RunSlept and raised something else: the sleep was accepted
+        return Outcome(OutcomeKind.SLEPT)
+    # Exception, and whatever else a handler may raise (GeneratorExit, a BaseException subclass
+    # of its own, SystemExit from sys.exit or argparse, KeyboardInterrupt): a failure of this
+    # attempt, never a run left to its lease nor the worker's end. NonRetryableError (raised by
+    # the handler, or by the application API for a payload that does not fit it) says no retry
+    # can succeed: the run fails now. Described once, bounded, before anything is done with it:
+    # the message may be a response body of hundreds of MB.
+    failure = handler_exit(raised)
+    retryable = not isinstance(failure, NonRetryableError)
+    described = describe(failure)
+    return Outcome(OutcomeKind.FAILED, error=described, retryable=retryable,
+                   why="handler failed" if retryable else "failed for good",
+                   interrupt=isinstance(raised, KeyboardInterrupt), traced=described)
+
+
+def _returned(output: Any, *, slept: bool, lease_gone: bool) -> Outcome:
+    if slept:  # it swallowed RunSlept and returned: the run sleeps anyway
+        return Outcome(OutcomeKind.SLEPT)
+    if lease_gone:
+        return Outcome(OutcomeKind.LEASE_LOST, why="lease lost")
+    # Retrying cannot make an output JSON, nor storable: fail that run, never its batch.
+    if (problem := storage_problem(output, "output")) is not None:
+        why, error = problem
+        # Only an output that is not JSON has an exception of its own to trace.
+        return Outcome(OutcomeKind.FAILED, error=error, retryable=False, why=why,
+                       traced=error if why.endswith("not JSON") else None)
+    return Outcome(OutcomeKind.COMPLETED, output=output)

@@ -1,0 +1,404 @@
+"""Settling: every outcome of an attempt written with one retry policy.
+
+:class:`Settler` writes what the worker decided (:mod:`._outcome`): a completion, a failure (with
+its error document, or a minimal one when the database refuses it), a cancel, a hand-back to
+pending, a release. Completions are queued to the :class:`CompletionBatcher`, which sends the
+completions of runs that finished together as one ``complete_runs`` call (each row fenced on its
+own), never waiting to fill a batch; the other outcomes are one fenced call each. Every write
+retries transient failures on the same :class:`Backoff` until the lease deadline known when it
+began, and then gives up (the lease expires and an orphan sweep recovers the run). An output
+PostgreSQL cannot store fails that run and never its batch.
+
+The SQL a settle makes is chosen in two places only, :meth:`CompletionBatcher._send` and
+:meth:`Settler._write`'s callers below: a batched ``settle_runs`` replaces them here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from prometheus_client import Counter
+
+from zeroth_pg.errors import (
+    ErrorDescription,
+    RetryableError,
+    ZerothError,
+    bounded_text,
+    describe,
+)
+from zeroth_pg.metrics import WorkerMetrics
+from zeroth_pg.types import ClaimedRun, FailOutcome, RetryPolicy, Scope
+from zeroth_pg.worker._run import ActiveRun, RunState, StopReason
+
+if TYPE_CHECKING:
+    from zeroth_pg.client import LeaseManager
+
+__all__ = ["Backoff", "ClaimAlong", "CompletionBatcher", "Leased", "Settler"]
+
+log = logging.getLogger("zeroth_pg.worker")
+
+#: Runs per complete_runs call at most.
+MAX_BATCH = 1000
+
+
+class Leased(Protocol):
+    """A run under a lease: :class:`zeroth_pg.worker._run.ActiveRun` is one."""
+
+    @property
+    def run(self) -> ClaimedRun: ...
+
+    @property
+    def deadline(self) -> float:
+        """Monotonic instant before which the lease is known to be live."""
+        ...
+
+    @property
+    def scope(self) -> Scope:
+        """Where the run lives (complete_runs is called per tenant and workspace)."""
+        ...
+
+    #: Its completion carries a claim into the slot it frees (see :data:`ClaimAlong`).
+    claims_next: bool
+
+
+#: Sends a batch's completions together with a claim into the slots of those entries whose
+#: ``claims_next`` is set (``complete_and_claim``), hands the claimed runs over, and clears
+#: those flags whatever happens: one completed-or-not per entry, in order, or None when no
+#: claim can go out now (then, as on an error, the batch is completed the plain way).
+ClaimAlong = Callable[[list[tuple[Leased, Any]]], Awaitable[list[bool] | None]]
+
+
+@dataclass
+class Backoff:
+    """The one retry policy of every settling write: a transient failure is retried after
+    50 ms, doubling up to 1 s, while the lease is known to be live."""
+
+    delay: float = 0.05
+
+    def gives_up(self, give_up_at: float) -> bool:
+        """The next retry would come at or after ``give_up_at``."""
+        return time.monotonic() + self.delay >= give_up_at
+
+    async def wait(self) -> None:
+        await asyncio.sleep(self.delay)
+        self.delay = min(1.0, self.delay * 2)
+
+
+@dataclass
+class _Completion:
+    entry: Leased
+    output: Any
+    # True completed, False refused by the fence, None no answer before the lease deadline; an
+    # exception when the database refused this run's completion itself (a value it cannot store).
+    result: asyncio.Future[bool | None]
+    # Retries stop here: the lease deadline known when the completion was submitted. Not the
+    # entry's own deadline, which its renewals keep moving: a completion that can never land
+    # was retried for ever while the lease stayed alive (red-team pass 7).
+    give_up_at: float
+
+
+class CompletionBatcher:
+    """Queues completions and sends them in batches from :meth:`run`."""
+
+    def __init__(
+        self,
+        lease_manager: LeaseManager,
+        worker_id: str,
+        *,
+        others_may_join: Callable[[], bool] = lambda: False,
+        on_batch_refused: Callable[[], None] = lambda: None,
+        claim_along: ClaimAlong | None = None,
+    ) -> None:
+        """``others_may_join``: True when a handler could finish in this same turn of the event
+        loop (one more turn is worth waiting); ``on_batch_refused``: counts a batch the database
+        refused as a whole (then completed run by run); ``claim_along``: sends a batch that
+        carries claims (one commit for both), tried once before the plain path."""
+        self._claim_along = claim_along
+        self.lease_manager = lease_manager
+        self.worker_id = worker_id
+        self._others_may_join = others_may_join
+        self._on_batch_refused = on_batch_refused
+        self._queue: list[_Completion] = []
+        self._queued = asyncio.Event()
+        # Single completions split off a batch that met a held row: they retry on their own,
+        # so the loop goes on with the next batch instead of waiting behind one busy row.
+        self._retrying: dict[asyncio.Task[None], _Completion] = {}
+
+    def submit(self, entry: Leased, output: Any) -> asyncio.Future[bool | None]:
+        """Queue ``entry``'s completion; the future answers True completed, False refused by
+        the fence, None no answer before the lease deadline (or raises what refused it)."""
+        completion = _Completion(entry, output, asyncio.get_running_loop().create_future(),
+                                 entry.deadline)
+        self._queue.append(completion)
+        self._queued.set()
+        return completion.result
+
+    async def complete(self, entry: Leased, output: Any) -> bool | None:
+        """:meth:`submit`, and wait for the answer."""
+        return await self.submit(entry, output)
+
+    async def run(self) -> None:
+        """Send the queued completions until cancelled."""
+        try:
+            while True:
+                await self._queued.wait()
+                if self._others_may_join():
+                    # Handlers that finish in this same turn of the event loop join the batch.
+                    await asyncio.sleep(0)
+                self._queued.clear()
+                batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
+                if self._queue:
+                    self._queued.set()
+                try:
+                    # complete_runs is scoped: one call per (tenant, workspace) of the batch.
+                    for group in _by_scope(batch):
+                        await self._send(group)
+                finally:
+                    # Whatever happened, no run task is left waiting for an answer that never
+                    # comes (the ones retrying on their own are answered there, or at exit).
+                    retrying = {id(c) for c in self._retrying.values()}
+                    for completion in batch:
+                        if not completion.result.done() and id(completion) not in retrying:
+                            completion.result.set_exception(
+                                RuntimeError("the completion loop stopped before answering"))
+        finally:
+            self._stop_retrying()
+
+    def _stop_retrying(self) -> None:
+        for task, completion in list(self._retrying.items()):
+            task.cancel()
+            _settle(completion.result, None)  # no answer: the lease expires, the run is re-run
+        self._retrying.clear()
+
+    async def _send(self, batch: list[_Completion], *, on_its_own: bool = False) -> None:
+        """One complete_runs call for the batch, retried on transient failures while some
+        run's lease is still known to be live; a run past its deadline gets None. When the
+        database refuses the batch itself, each run is completed on its own, so one bad value
+        fails its run and never the others."""
+        if (self._claim_along is not None and not on_its_own
+                and any(c.entry.claims_next for c in batch)
+                and await self._send_with_claims(batch)):
+            return
+        backoff = Backoff()
+        scope = batch[0].entry.scope if batch else None
+        while batch:
+            assert scope is not None
+            try:
+                rows = await self.lease_manager.complete_runs(
+                    self.worker_id,
+                    [(c.entry.run.run_id, c.entry.run.lease_generation, c.output) for c in batch],
+                    tenant_id=scope.tenant_id, workspace_id=scope.workspace_id)
+            except RetryableError as exc:
+                if not on_its_own and getattr(exc, "code", None) == "55P03":
+                    # A run's row is held by another session (complete_runs waits 2 s for a
+                    # row): each run of the batch retries on its own, so only that run waits,
+                    # and the loop goes on with later completions (red-team passes 9 and 10).
+                    log.warning("complete_runs waited for a row another session holds; "
+                                "the batch of %d retries run by run", len(batch))
+                    for completion in batch:
+                        task = asyncio.create_task(self._send([completion], on_its_own=True))
+                        self._retrying[task] = completion
+                        task.add_done_callback(lambda done: self._retrying.pop(done, None))
+                    return
+                for completion in [c for c in batch if backoff.gives_up(c.give_up_at)]:
+                    log.error("run %s: giving up its completion after %s; the lease will expire",
+                              completion.entry.run.run_id, exc)
+                    _settle(completion.result, None)
+                batch = [c for c in batch if not c.result.done()]
+                await backoff.wait()
+                continue
+            except Exception as exc:
+                if len(batch) == 1:
+                    if not batch[0].result.done():  # its waiter may have been cancelled
+                        batch[0].result.set_exception(exc)
+                    return
+                log.warning("complete_runs refused a batch of %d (%s: %s); completing them one "
+                            "by one", len(batch), type(exc).__name__, exc)
+                self._on_batch_refused()
+                for completion in batch:
+                    await self._send([completion])
+                return
+            for completion, row in zip(batch, rows, strict=True):
+                _settle(completion.result, row.completed)
+            return
+
+    async def _send_with_claims(self, batch: list[_Completion]) -> bool:
+        """One try of the batch with its claims: True when it was answered. Any failure leaves
+        it to the plain path (complete_runs, with its retries and its run-by-run fallback),
+        and the claim to the claim loop: the call was one transaction, so nothing of it stands.
+        """
+        assert self._claim_along is not None
+        try:
+            completed = await self._claim_along([(c.entry, c.output) for c in batch])
+        except Exception as exc:
+            log.info("complete_and_claim failed (%s: %s); completing the batch of %d without "
+                     "a claim", type(exc).__name__, exc, len(batch))
+            return False
+        if completed is None:
+            return False
+        for completion, done in zip(batch, completed, strict=True):
+            _settle(completion.result, done)
+        return True
+
+
+def _by_scope(batch: list[_Completion]) -> list[list[_Completion]]:
+    """The batch split by (tenant, workspace), in order of first appearance."""
+    groups: dict[tuple[str, str | None], list[_Completion]] = {}
+    for completion in batch:
+        scope = completion.entry.scope
+        groups.setdefault((scope.tenant_id, scope.workspace_id), []).append(completion)
+    return list(groups.values())
+
+
+def _settle(result: asyncio.Future[bool | None], value: bool | None) -> None:
+    """Answer a waiting run task, unless it is gone (its task was cancelled with the loop)."""
+    if not result.done():
+        result.set_result(value)
+
+
+#: zeroth_runs_failed's outcome label of each fail_run outcome (a fixed set of three).
+_FAILED_LABELS = {FailOutcome.RETRY_SCHEDULED: "retried", FailOutcome.FAILED: "failed",
+                  FailOutcome.DEAD_LETTERED: "dead_lettered"}
+
+
+class Settler:
+    """Writes the outcome of each attempt, fenced by its exact lease, and counts what the
+    database answered (failed, dead-lettered, lease lost)."""
+
+    def __init__(self, lm: LeaseManager, worker_id: str, metrics: WorkerMetrics,
+                 retries: Mapping[str, RetryPolicy], *,
+                 count_scope: Callable[[Counter, Scope], None],
+                 completions: CompletionBatcher) -> None:
+        self.lease_manager = lm
+        self.worker_id = worker_id
+        self.metrics = metrics
+        self._retries = retries
+        self._count_scope = count_scope
+        self.completions = completions
+
+    def complete(self, entry: ActiveRun, output: Any) -> asyncio.Future[bool | None]:
+        """Queue the run's completion for the next complete_runs call; the future answers True
+        completed, False refused by the fence, None no answer before the lease deadline (or
+        raises what refused this one run's completion)."""
+        entry.advance(RunState.COMPLETING)
+        return self.completions.submit(entry, output)
+
+    async def stopped(self, entry: ActiveRun) -> None:
+        """The outcome of a run stopped before its handler finished, by the stop's reason."""
+        run, lm = entry.run, self.lease_manager
+        reason = entry.stop_reason
+        entry.advance(RunState.SETTLING)
+        if reason is StopReason.CANCEL:
+            if await self._write(entry, self._fenced(entry, lm.cancel_run)):
+                log.info("run %s cancelled on request", run.run_id)
+            else:
+                self.lease_lost(entry, fenced=True)
+        elif reason is StopReason.SHUTDOWN:
+            # Every claimed run is running (claim_and_start), started handler or not.
+            handed = await self._write(entry, self._fenced(entry, lm.hand_back_to_pending))
+            log.info("run %s handed back to pending: %s", run.run_id, handed)
+        elif reason is StopReason.INTERRUPT:
+            await self._write(entry, self._fenced(entry, lm.release_lease))
+        else:  # the lease is gone: nothing may be written
+            self.lease_lost(entry, fenced=False)
+
+    async def fail(self, entry: ActiveRun, exc: BaseException | ErrorDescription, *,
+                   retryable: bool) -> None:
+        """Write the attempt's failure with its error document (``exc`` bounded by
+        :func:`~zeroth_pg.errors.describe`, unless described already)."""
+        run = entry.run
+        # Described before the state moves: nothing about the exception may raise past here.
+        described = exc if isinstance(exc, ErrorDescription) else describe(exc)
+        error = described.document(worker_id=self.worker_id,
+                                   lease_generation=run.lease_generation)
+        retry = self._retries[entry.scope.deployment_ref]
+        entry.advance(RunState.SETTLING)
+
+        def fail(document: dict[str, Any]) -> Callable[[], Awaitable[Any]]:
+            return self._fenced(
+                entry, self.lease_manager.fail_run, error=document, retryable=retryable,
+                retry_base_seconds=retry.base_seconds, retry_max_seconds=retry.max_seconds)
+
+        try:
+            outcome = await self._write(entry, fail(error))
+        except ZerothError as refused:  # never a RetryableError: _write retries those
+            # The document itself was refused (above the database's bound, a value it cannot
+            # hold): the same call would be refused every time, and a run left to its lease
+            # would be charged an attempt by every recovery. A minimal document instead.
+            why = describe(refused)
+            code = getattr(refused, "code", None) or refused.sqlstate
+            log.warning("run %s: the database refused its error document (%s: %s); writing a "
+                        "shorter one", run.run_id, why.type, why.message)
+            outcome = await self._write(entry, fail({
+                "type": bounded_text(described.type, 200),
+                "message": bounded_text(described.message, 1000),
+                "refused": bounded_text(f"{why.type} ({code}): {why.message}", 1000),
+                "worker_id": self.worker_id, "lease_generation": run.lease_generation}))
+        if outcome is None:
+            self.lease_lost(entry, fenced=True)
+            return
+        self._count_scope(self.metrics.scope_runs_failed, entry.scope)
+        self.metrics.runs_failed.labels(entry.scope.deployment_ref,
+                                        _FAILED_LABELS.get(outcome, "failed")).inc()
+        if outcome == FailOutcome.DEAD_LETTERED:
+            self.metrics.runs_dead_lettered.labels(entry.scope.deployment_ref).inc()
+            log.warning("run %s dead-lettered after %d attempts", run.run_id, entry.ctx.attempt)
+
+    async def fail_quietly(self, entry: ActiveRun, exc: BaseException) -> None:
+        """Last resort after a worker error: a retryable failure with a minimal error document.
+        If even that cannot be written, the lease expires and claim_orphaned recovers the run,
+        counting the attempt, so a worker bug that always hits ends in a dead letter."""
+        if not entry.may_settle:
+            return
+        entry.advance(RunState.SETTLING)
+        described = describe(exc)
+        try:
+            await self._write(entry, self._fenced(
+                entry, self.lease_manager.fail_run, retryable=True,
+                error={"type": "WorkerError",
+                       "message": bounded_text(f"{described.type}: {described.message}", 1000),
+                       "worker_id": self.worker_id}))
+        except Exception as broken:
+            log.error("run %s: could not record the worker error; its lease will expire\n%s",
+                      entry.run.run_id, describe(broken).traceback)
+
+    def lease_lost(self, entry: ActiveRun, *, fenced: bool) -> None:
+        """Nothing more is written for ``entry``: count it and say why."""
+        deployment = entry.scope.deployment_ref
+        self.metrics.lease_lost.labels(deployment).inc()
+        if fenced:
+            self.metrics.fencing_rejected.labels(deployment).inc()
+        log.warning("run %s: lease generation %d lost (%s); nothing more is written",
+                    entry.run.run_id, entry.run.lease_generation,
+                    "write refused" if fenced or entry.stop_reason is None
+                    else entry.stop_reason.value)
+
+    def _fenced(self, entry: ActiveRun, method: Callable[..., Awaitable[Any]],
+                **extra: Any) -> Callable[[], Awaitable[Any]]:
+        """A repeatable call of a LeaseManager write carrying this run's exact lease."""
+        run, scope = entry.run, entry.scope
+        return lambda: method(run.run_id, self.worker_id, generation=run.lease_generation,
+                              tenant_id=scope.tenant_id, workspace_id=scope.workspace_id, **extra)
+
+    async def _write(self, entry: ActiveRun, call: Callable[[], Awaitable[Any]]) -> Any:
+        """Make one fenced write, retried on the :class:`Backoff` until the lease deadline known
+        when it began (a settling run's lease is no longer renewed).
+
+        Returns the call's result, or None when the deadline passed without an answer (the lease
+        then expires by itself and the run is recovered elsewhere).
+        """
+        backoff, give_up_at = Backoff(), entry.deadline
+        while True:
+            try:
+                return await call()
+            except RetryableError as exc:
+                if backoff.gives_up(give_up_at):
+                    log.error("run %s: giving up a write after %s; the lease will expire",
+                              entry.run.run_id, exc)
+                    return None
+                await backoff.wait()
