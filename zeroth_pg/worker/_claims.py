@@ -28,7 +28,7 @@ from zeroth_pg.worker._sources import Claimed, ClaimSource, OneScope
 if TYPE_CHECKING:
     from zeroth_pg.client import LeaseManager
 
-__all__ = ["ClaimLoop", "ClaimSettings"]
+__all__ = ["ClaimLoop", "ClaimSettings", "check_options"]
 
 log = logging.getLogger("zeroth_pg.worker")
 
@@ -304,3 +304,14 @@ class ClaimLoop:
                 # made: the claim loop takes over, so the wakeup gate, the rate-limit sleep and
                 # the saturation flags follow a claim pass of its own, as without this call.
                 self.wake.set()
+
+
+def check_options(max_concurrency: int, poll_interval: float, orphan_sweep_interval: float,
+                  lease_duration: float, renew_fraction: float) -> None:
+    """A RunWorker's slots and timing, checked before anything is built."""
+    if max_concurrency < 1:
+        raise ValueError("max_concurrency must be at least 1")
+    if poll_interval <= 0 or orphan_sweep_interval <= 0:
+        raise ValueError("poll_interval and orphan_sweep_interval must be > 0")
+    if lease_duration <= 0 or not 0 < renew_fraction < 1:
+        raise ValueError("lease_duration must be > 0 and renew_fraction in (0, 1)")

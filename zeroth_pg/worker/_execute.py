@@ -34,7 +34,7 @@ from zeroth_pg.worker._slots import HeldRuns
 if TYPE_CHECKING:
     from zeroth_pg.client import LeaseManager
 
-__all__ = ["RunExecutor"]
+__all__ = ["RunExecutor", "scope_counter"]
 
 log = logging.getLogger("zeroth_pg.worker")
 
@@ -265,6 +265,18 @@ class RunExecutor:
             log.info("run %s attempt %d sleeps until %s", entry.run.run_id, entry.ctx.attempt,
                      None if slept is None else slept.run_after)
         tracing.outcome(span, "slept")
+
+
+def scope_counter(enabled: Callable[[], bool]) -> Callable[[Counter, Scope], None]:
+    """One more in a per-scope counter, while ``enabled()`` (``scope_metrics``; None labels:
+    "")."""
+
+    def count(counter: Counter, scope: Scope) -> None:
+        if enabled():
+            counter.labels(scope.deployment_ref, scope.tenant_id or "",
+                           scope.workspace_id or "").inc()
+
+    return count
 
 
 def _refused(exc: Exception) -> bool:

@@ -19,14 +19,13 @@ from typing import Any
 from uuid import UUID
 
 import asyncpg
-from prometheus_client import Counter
 
 from zeroth_pg.client import LeaseManager
 from zeroth_pg.metrics import WorkerMetrics, default_metrics
 from zeroth_pg.notify import Notifier
-from zeroth_pg.types import RetryPolicy, Scope
-from zeroth_pg.worker._claims import ClaimLoop, ClaimSettings
-from zeroth_pg.worker._execute import RunExecutor
+from zeroth_pg.types import RetryPolicy
+from zeroth_pg.worker._claims import ClaimLoop, ClaimSettings, check_options
+from zeroth_pg.worker._execute import RunExecutor, scope_counter
 from zeroth_pg.worker._gate import WakeupGate
 from zeroth_pg.worker._leases import LeaseUpkeep
 from zeroth_pg.worker._listen import Listener
@@ -34,6 +33,7 @@ from zeroth_pg.worker._pacing import ClaimPacer
 from zeroth_pg.worker._run import ActiveRun, Handler, RunContext, RunState, StopReason
 from zeroth_pg.worker._schedules import PeriodicSchedule, ScheduleFirer, firer_for
 from zeroth_pg.worker._settle import CompletionBatcher, Settler
+from zeroth_pg.worker._signals import drain_signals
 from zeroth_pg.worker._slots import HeldRuns
 from zeroth_pg.worker._sources import OneScope, per_deployment, source_for
 
@@ -104,12 +104,8 @@ class RunWorker:
         fire_schedules: bool | None = None,
         schedule_max_sleep: float = 1.0,
     ) -> None:
-        if max_concurrency < 1:
-            raise ValueError("max_concurrency must be at least 1")
-        if poll_interval <= 0 or orphan_sweep_interval <= 0:
-            raise ValueError("poll_interval and orphan_sweep_interval must be > 0")
-        if lease_duration <= 0 or not 0 < renew_fraction < 1:
-            raise ValueError("lease_duration must be > 0 and renew_fraction in (0, 1)")
+        check_options(max_concurrency, poll_interval, orphan_sweep_interval, lease_duration,
+               renew_fraction)
         self.pool = pool
         self.lease_manager = LeaseManager(pool, lease_duration_seconds=lease_duration)
         self._handlers, self._source = source_for(self.lease_manager, deployment_ref, handler,
@@ -140,6 +136,7 @@ class RunWorker:
         self.queue_depth_interval = queue_depth_interval
         self.metrics = metrics or default_metrics()
         self.scope_metrics = scope_metrics
+        self._count_scope = scope_counter(lambda: self.scope_metrics)
         self.notifier: Notifier | None = None
         # Registered on start, then fired for the deployments and scopes served (_schedules).
         self._firer: ScheduleFirer | None = firer_for(
@@ -173,9 +170,7 @@ class RunWorker:
             self.lease_manager, self.worker_id, self._handlers, self._runs, self._settler,
             self.metrics, count_scope=self._count_scope, worker_error=self._worker_error,
             drain_soon=self._drain_soon)
-        # Writers notify only while this worker holds their stripe of a wakeup gate it waits on
-        # (its scope's, or each deployment's for a fleet worker), which it does only while it
-        # waits for work (worker/_gate.py).
+        # Writers notify only while this worker waits for work and holds their stripe (_gate).
         self._gate = WakeupGate(self._source.gate_targets())
         self._claims = ClaimLoop(
             ClaimSettings(self.worker_id, self.fleet_max_concurrency, self.lease_duration,
@@ -208,8 +203,7 @@ class RunWorker:
 
     @property
     def _claim_round(self) -> int:
-        """Claim passes (and sweeps) made with deployment limits: the order of their claims
-        rotates with it."""
+        """Claim passes (and sweeps) made with deployment limits (their order rotates)."""
         return self._claims.pacer.claim_round
 
     async def start(self) -> None:
@@ -222,10 +216,10 @@ class RunWorker:
         if self.dsn is not None:
             self.notifier = self._listener.start(self.dsn)
         loops: list[tuple[str, Callable[[], Awaitable[None]]]] = [
-            ("renew", self._renew_loop), ("complete", self._completion_loop)]
+            ("renew", self._renew_loop), ("complete", self._settler.completions.run)]
         if self.queue_depth_interval:
-            # Opt-in: every worker of a fleet would report the same depth (a fleet of N, N
-            # copies); one exporter per fleet serves the database's gauges (fleet_metrics).
+            # Opt-in: every worker of a fleet would report the same depth; one exporter per fleet
+            # serves the database's gauges (fleet_metrics).
             loops.append(("depth", lambda: self._claims.sample_queue_depth(
                 self.queue_depth_interval or 10.0)))
         for name, loop in loops:
@@ -332,33 +326,21 @@ class RunWorker:
         The handlers are installed before the start: a SIGTERM that arrives once the worker has
         said it started (its claim loop already running), or while it starts, drains it like
         any other, where it used to kill the process with runs in hand."""
-        loop = asyncio.get_running_loop()
         stop = asyncio.Event()
-        signals = (signal.SIGTERM, signal.SIGINT)
-        installed = False
 
-        def on_signal(sig: signal.Signals) -> None:
-            nonlocal installed
-            if not stop.is_set() and not self._stopping:
-                stop.set()  # the first: a graceful drain
-                return
-            # The second, while draining: drain faster (hand everything back now). A third one
-            # finds the default action again and ends the process at once (the leases then
-            # expire and an orphan sweep recovers the runs, counting their attempts).
+        def first() -> bool:  # a graceful drain
+            if stop.is_set() or self._stopping:
+                return False
+            stop.set()
+            return True
+
+        def again(sig: signal.Signals) -> None:  # while draining: hand everything back now
             log.warning("worker %s: %s again while draining; handing every run back now",
                         self.worker_id, sig.name)
             self.hurry()
-            for each in signals:
-                loop.remove_signal_handler(each)
-                signal.signal(each, signal.SIG_DFL)
-            installed = False
 
-        if install_signal_handlers:
-            for sig in signals:
-                loop.add_signal_handler(sig, on_signal, sig)
-            installed = True
-        started = False
-        try:
+        with drain_signals(install_signal_handlers, first=first, again=again):
+            started = False
             try:
                 await self.start()
                 started = True
@@ -371,10 +353,6 @@ class RunWorker:
                 # it, where it used to kill the process with runs in hand.
                 if started:
                     await self.graceful_shutdown()
-        finally:
-            if installed:
-                for sig in signals:
-                    loop.remove_signal_handler(sig)
 
     def hurry(self) -> None:
         """Drain faster: a drain (:meth:`graceful_shutdown`, begun or to come) stops waiting
@@ -414,16 +392,7 @@ class RunWorker:
     def _worker_error(self, kind: str, deployment_ref: str | None = None) -> None:
         self.metrics.worker_errors.labels(deployment_ref or self.deployment_ref, kind).inc()
 
-    def _count_scope(self, counter: Counter, scope: Scope) -> None:
-        """One more in a per-scope counter, with ``scope_metrics`` only (None labels: "")."""
-        if self.scope_metrics:
-            counter.labels(scope.deployment_ref, scope.tenant_id or "",
-                           scope.workspace_id or "").inc()
-
     # -- background loops ----------------------------------------------------------------------
 
     async def _renew_loop(self) -> None:
         await self._leases.run()
-
-    async def _completion_loop(self) -> None:
-        await self._settler.completions.run()

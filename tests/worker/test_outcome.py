@@ -1,0 +1,135 @@
+"""Deciding the outcome of an attempt (zeroth_pg.worker._outcome.decide): what a handler returned
+or raised, and the state of its run, become completed / failed (retryable or not) / slept /
+stopped / lease lost. Pure; the worker writes each outcome against the database in
+tests/integration (test_worker_hardening, test_durable_sleep, ...)."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from zeroth_pg import _jsonb
+from zeroth_pg.errors import ErrorDescription, LeaseLostError, NonRetryableError
+from zeroth_pg.types import SleepOutcome, SleepResult
+from zeroth_pg.worker import RunSlept, StopReason
+from zeroth_pg.worker._outcome import Outcome, OutcomeKind, decide
+
+
+def outcome(*, output: Any = None, raised: BaseException | None = None, slept: bool = False,
+            stop_reason: StopReason | None = None, cancelling: bool = False) -> Outcome:
+    return decide(output=output, raised=raised, slept=slept, stop_reason=stop_reason,
+                  lease_gone=stop_reason is not None and stop_reason.lease_gone,
+                  cancelling=cancelling)
+
+
+def slept_exc() -> RunSlept:
+    return RunSlept(SleepResult(outcome=SleepOutcome.SLEEPING, run_after=datetime.now(UTC),
+                                checkpoint_id=None))
+
+
+class TestReturned:
+    def test_a_json_output_completes_the_run(self):
+        decided = outcome(output={"ok": [1, 2]})
+        assert decided.kind is OutcomeKind.COMPLETED
+        assert decided.output == {"ok": [1, 2]}
+
+    def test_an_output_after_an_accepted_sleep_writes_nothing(self):
+        assert outcome(output={"ok": 1}, slept=True).kind is OutcomeKind.SLEPT
+
+    def test_an_output_after_the_lease_was_lost_writes_nothing(self):
+        decided = outcome(output={"ok": 1}, stop_reason=StopReason.LEASE_LOST)
+        assert decided.kind is OutcomeKind.LEASE_LOST
+        assert not decided.fenced
+
+    @pytest.mark.parametrize("output", [{1, 2}, float("nan"), object()])
+    def test_an_output_that_is_not_json_fails_for_good(self, output):
+        decided = outcome(output=output)
+        assert (decided.kind, decided.retryable, decided.why) == (
+            OutcomeKind.FAILED, False, "output is not JSON")
+        assert isinstance(decided.error, TypeError | ValueError)
+        assert decided.traced is decided.error
+
+    def test_an_output_nested_deeper_than_the_encoder_goes_fails_for_good(self):
+        deep: list[Any] = []
+        for _ in range(100_000):
+            deep = [deep]
+        decided = outcome(output=deep)
+        assert decided.kind is OutcomeKind.FAILED
+        assert not decided.retryable
+        assert isinstance(decided.error, RecursionError)
+
+    @pytest.mark.parametrize("text", ["a\x00b", "\ud800"])
+    def test_an_output_jsonb_cannot_hold_fails_for_good(self, text):
+        decided = outcome(output={"text": text})
+        assert (decided.kind, decided.retryable, decided.why) == (
+            OutcomeKind.FAILED, False, "output not storable")
+        assert "PostgreSQL cannot store the output" in str(decided.error)
+
+    def test_an_output_longer_than_jsonb_holds_fails_for_good(self, monkeypatch):
+        monkeypatch.setattr(_jsonb, "MAX_JSONB_CHARACTERS", 100)
+        decided = outcome(output={"text": "x" * 200})
+        assert (decided.kind, decided.retryable, decided.why) == (
+            OutcomeKind.FAILED, False, "output too large")
+        assert decided.traced is None
+
+
+class TestRaised:
+    def test_an_exception_fails_the_run_retryably_and_is_described_bounded(self):
+        decided = outcome(raised=RuntimeError("x" * 10_000_000))
+        assert decided.kind is OutcomeKind.FAILED
+        assert decided.retryable
+        assert isinstance(decided.error, ErrorDescription)
+        assert decided.error.type == "RuntimeError"
+        assert len(decided.error.message) < 10_000_000
+
+    def test_a_non_retryable_error_fails_for_good(self):
+        decided = outcome(raised=NonRetryableError("no"))
+        assert decided.kind is OutcomeKind.FAILED
+        assert not decided.retryable
+        assert decided.why == "failed for good"
+
+    @pytest.mark.parametrize("exc", [SystemExit(3), GeneratorExit(), KeyboardInterrupt()])
+    def test_a_base_exception_is_a_failure_not_the_worker_s_end(self, exc):
+        decided = outcome(raised=exc)
+        assert decided.kind is OutcomeKind.FAILED
+        assert decided.interrupt is isinstance(exc, KeyboardInterrupt)
+
+    def test_lease_lost_writes_nothing_more(self):
+        decided = outcome(raised=LeaseLostError("gone"))
+        assert decided.kind is OutcomeKind.LEASE_LOST
+        assert decided.fenced
+
+    def test_run_slept_after_a_sleep_of_this_attempt_is_a_sleep(self):
+        assert outcome(raised=slept_exc(), slept=True).kind is OutcomeKind.SLEPT
+
+    def test_run_slept_without_a_sleep_fails_the_run_retryably(self):
+        decided = outcome(raised=slept_exc())
+        assert decided.kind is OutcomeKind.FAILED
+        assert decided.retryable
+
+    def test_another_exception_after_an_accepted_sleep_writes_nothing(self):
+        assert outcome(raised=ValueError("late"), slept=True).kind is OutcomeKind.SLEPT
+
+
+class TestCancelled:
+    def test_a_stopped_handler_is_settled_by_its_stop(self):
+        decided = outcome(raised=asyncio.CancelledError(), stop_reason=StopReason.CANCEL)
+        assert decided.kind is OutcomeKind.STOPPED
+        assert decided.why == "stopped: cancel"
+
+    def test_a_cancel_of_the_task_from_outside_propagates(self):
+        assert outcome(raised=asyncio.CancelledError(),
+                       cancelling=True).kind is OutcomeKind.PROPAGATE
+        assert outcome(raised=asyncio.CancelledError(), slept=True,
+                       cancelling=True).kind is OutcomeKind.PROPAGATE
+
+    def test_a_cancel_after_an_accepted_sleep_is_a_sleep(self):
+        assert outcome(raised=asyncio.CancelledError(), slept=True).kind is OutcomeKind.SLEPT
+
+    def test_cancelled_error_raised_by_the_handler_itself_fails_the_run(self):
+        decided = outcome(raised=asyncio.CancelledError())
+        assert decided.kind is OutcomeKind.FAILED
+        assert decided.retryable
