@@ -41,11 +41,19 @@ cancelled, handed back) or leaves a lease that expires by itself; none drops a r
 Every write for a run carries its lease generation and is fenced in SQL; the worker keeps no
 state that safety depends on.
 
-Modules: ``_worker`` (:class:`RunWorker`: claims, run tasks, supervision, shutdown), ``_gate``
-(the wakeup gate), ``_run``
-(what a handler sees, and a run's lifecycle), ``_leases``, ``_completions``, and ``_process`` (a
-worker process, for the command line in :mod:`zeroth_pg.cli.worker`). This package imports no
-command-line framework.
+Modules, each one concern (none imports another in a circle, not even for the type checker):
+
+* ``_worker``: :class:`RunWorker` itself: construction, start, drain, supervision;
+* ``_claims``: the claim loop (sweeps, claims, the sleep between passes, claims carried by
+  completions); ``_pacing``: its memory between passes and every decision about when to claim
+  (pure); ``_slots``: the runs held and the free slots; ``_sources``: one scope or many;
+  ``_gate``: the wakeup gate; ``_listen``: the notifications;
+* ``_execute``: a task per run: the handler, then its outcome decided by ``_outcome`` (pure),
+  reported, and written by ``_settle`` (every outcome, one retry policy; completions batched);
+* ``_leases``: the renewals; ``_run``: what a handler sees (:class:`RunContext`, which depends on
+  the :class:`~._run.RunHost` protocol only) and a run's lifecycle; ``_schedules``;
+  ``_signals``; ``_process``: a worker process, for the command line in
+  :mod:`zeroth_pg.cli.worker`. This package imports no command-line framework.
 """
 
 from zeroth_pg.worker._process import JsonFormatter, load_handler, run_process, serve, skip_reset
