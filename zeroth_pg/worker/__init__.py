@@ -29,7 +29,7 @@ One worker is a handful of asyncio tasks around the SQL functions:
   (:mod:`._schedules`) registers the application's schedules on start and turns due fire times
   of the deployments served into runs (``fire_due_schedules``, safe with any number of workers),
   sleeping until the next fire time, at most ``schedule_max_sleep``;
-* one **completion task** (:mod:`._completions`) sends the completions of runs that finished
+* one **completion task** (:mod:`._settle`) sends the completions of runs that finished
   together as one ``complete_runs`` call (each row fenced on its own). It never waits to fill a
   batch: it sends what has queued up by the time the previous call came back, so a lone run is
   acknowledged as fast as with ``complete_run`` and a burst takes one round trip instead of one
