@@ -21,7 +21,7 @@ import pytest
 from roles import dsn_as, login_role
 from schema_catalog import differences, install_released, released_revisions, snapshot
 
-from zeroth_pg import migrate
+from zeroth_pg import _migrate_functions, migrate
 from zeroth_pg._paths import sql_functions_dir
 from zeroth_pg.testing import libpq_dsn, psql_executable, run_psql
 
@@ -117,7 +117,7 @@ class TestReapplication:
         (copy / "internal" / "clock.sql").write_text(
             "CREATE OR REPLACE FUNCTION zeroth._now() RETURNS timestamptz "
             "LANGUAGE sql VOLATILE RETURN now();\n", encoding="utf-8")
-        monkeypatch.setattr(migrate, "sql_functions_dir", lambda: copy)
+        monkeypatch.setattr(_migrate_functions, "sql_functions_dir", lambda: copy)
         before = snapshot(database_dsn)
         with pytest.raises(Exception, match="division by zero"):
             migrate.upgrade(database_dsn)
@@ -130,7 +130,7 @@ class TestOneFilePerFunction:
         assert migrate.function_files()
         copy = tmp_path / "functions"
         shutil.copytree(sql_functions_dir(), copy)
-        monkeypatch.setattr(migrate, "sql_functions_dir", lambda: copy)
+        monkeypatch.setattr(_migrate_functions, "sql_functions_dir", lambda: copy)
         (copy / "stray.sql").write_text("SELECT 1;\n", encoding="utf-8")
         with pytest.raises(ValueError, match=r"present but not listed \['stray.sql'\]"):
             migrate.function_files()

@@ -1,0 +1,205 @@
+"""The alembic glue: every revision in ``migrations/versions`` is a stub that runs one
+``sql/migrations`` file (:func:`apply_sql_file`), forward only, with its version table
+``zeroth.alembic_version``; :func:`upgrade` runs alembic (``migrations/env.py`` holds the advisory
+lock :data:`ADVISORY_LOCK_KEY` and re-applies the function files at head), and the revision
+a database or this package is at.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from pathlib import Path
+
+import psycopg
+from psycopg import sql as pgsql
+from psycopg.conninfo import conninfo_to_dict
+from sqlalchemy.engine import URL
+
+from zeroth_pg._libpq import libpq_dsn as _strip_driver
+from zeroth_pg._migrate_functions import PIN_SESSION, PINNED_OPTIONS
+from zeroth_pg._paths import migrations_dir, sql_migrations_dir
+
+__all__ = [
+    "ADVISORY_LOCK_KEY",
+    "SQL_FILE_RE",
+    "VERSION_SCHEMA",
+    "VERSION_TABLE",
+    "alembic_config",
+    "apply_sql_file",
+    "current_revision",
+    "forward_only",
+    "head_revision",
+    "public_connect_database",
+    "sql_files",
+    "to_sqlalchemy_url",
+    "upgrade",
+]
+
+#: Key of the advisory lock that serialises upgrades of one database: b"zeroth" as an integer.
+#: Advisory locks are per database, so upgrades of different databases never wait on each other.
+ADVISORY_LOCK_KEY = int.from_bytes(b"zeroth", "big")
+VERSION_SCHEMA = "zeroth"
+VERSION_TABLE = "alembic_version"
+
+_UPGRADE_LOCK = threading.Lock()
+SQL_FILE_RE = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
+
+
+def sql_files() -> list[Path]:
+    """The migration files ``sql/migrations/NNNN_slug.sql``, in the order they apply."""
+    files = sorted(sql_migrations_dir().glob("*.sql"))
+    bad = [f.name for f in files if not SQL_FILE_RE.match(f.name)]
+    if bad:
+        raise ValueError(f"migration files must be named NNNN_slug.sql: {bad}")
+    return files
+
+
+def to_sqlalchemy_url(dsn: str) -> URL:
+    """Convert a libpq/asyncpg DSN (URI or ``key=value`` form) to a ``postgresql+psycopg`` URL.
+
+    A unix-socket directory cannot be the URL's host, so it goes in the query as ``?host=/dir``,
+    which psycopg hands to libpq unchanged.
+    """
+    params = conninfo_to_dict(_strip_driver(dsn))
+    host = params.pop("host", None)
+    port = params.pop("port", None)
+    query: dict[str, str] = {k: str(v) for k, v in params.items() if v is not None}
+    for key in ("user", "password", "dbname"):
+        query.pop(key, None)
+    tcp_host: str | None = None
+    if host is not None:
+        host = str(host)
+        if host.startswith("/") or "," in host:
+            query["host"] = host
+        else:
+            tcp_host = host
+    return URL.create(
+        "postgresql+psycopg",
+        username=_opt(params.get("user")),
+        password=_opt(params.get("password")),
+        host=tcp_host,
+        port=int(str(port)) if port and tcp_host else None,
+        database=_opt(params.get("dbname")),
+        query={**query, **({"port": str(port)} if port and not tcp_host else {})},
+    )
+
+
+def _opt(value: object) -> str | None:
+    return None if value is None or value == "" else str(value)
+
+
+def alembic_config(dsn: str | None = None) -> object:
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(migrations_dir()))
+    if dsn is not None:
+        # Through attributes, not set_main_option: configparser would interpolate '%' in the URL.
+        url = to_sqlalchemy_url(dsn)
+        options = " ".join(filter(None, (str(url.query.get("options") or ""), PINNED_OPTIONS)))
+        cfg.attributes["zeroth_url"] = url.update_query_dict({"options": options})
+    return cfg
+
+
+def upgrade(dsn: str, revision: str = "head") -> None:
+    """Apply every pending migration to the database at ``dsn`` (alembic ``upgrade head``).
+
+    To head (the default): the pending migrations and the function files in one transaction
+    (migrations/env.py). ``revision`` may name an older revision for tests of the migrations
+    themselves: that upgrade stops short of head and applies no function file, so the database
+    is left without working functions (the files are written for the head schema) until the
+    next upgrade to head. Never stop a database that serves callers short of head. Relative
+    targets (``+1``) are refused.
+
+    Safe to run concurrently from several processes: they serialise on an advisory lock and the
+    later ones find the database current. Synchronous; call it from a thread in async code.
+    """
+    from alembic import command
+
+    if revision == "heads":  # one head: the same, and env.py recognises "head" (red-team pass 5)
+        revision = "head"
+    if revision != "head" and revision not in {path.name[:4] for path in sql_files()}:
+        raise ValueError(f"upgrade to 'head' or to a revision id, not {revision!r}")
+
+    # alembic's `context` and `op` are process-global proxies: one upgrade per process at a time.
+    with _UPGRADE_LOCK:
+        command.upgrade(alembic_config(dsn), revision)  # type: ignore[arg-type]
+
+
+def head_revision() -> str:
+    """The newest revision id shipped with this package (e.g. ``"0002"``)."""
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()  # type: ignore[arg-type]
+    if head is None:
+        raise RuntimeError("no alembic revisions found")
+    return head
+
+
+def current_revision(dsn: str) -> str | None:
+    """The revision the database at ``dsn`` is at, or None when zeroth_pg is not installed."""
+    own = conninfo_to_dict(_strip_driver(dsn)).get("options") or ""
+    options = " ".join(filter(None, (str(own), PINNED_OPTIONS)))
+    with psycopg.connect(_strip_driver(dsn), autocommit=True, options=options) as conn:
+        row = conn.execute(
+            "SELECT to_regclass(%s) IS NOT NULL", (f"{VERSION_SCHEMA}.{VERSION_TABLE}",)
+        ).fetchone()
+        if row is None or not row[0]:
+            return None
+        rows = conn.execute(
+            pgsql.SQL("SELECT version_num FROM {}.{}").format(
+                pgsql.Identifier(VERSION_SCHEMA), pgsql.Identifier(VERSION_TABLE)
+            )
+        ).fetchall()
+    if len(rows) > 1:
+        raise RuntimeError(f"several alembic heads recorded: {[r[0] for r in rows]}")
+    return str(rows[0][0]) if rows else None
+
+
+def public_connect_database(dsn: str) -> str | None:
+    """The database at ``dsn``, as a quoted identifier, when PUBLIC holds CONNECT on it (the
+    PostgreSQL default); None when it does not.
+
+    zeroth_worker, zeroth_reader and zeroth_owner are cluster-wide roles: a LOGIN member made for
+    one database is a member in every database of the cluster it can connect to, so a cluster that
+    holds several zeroth_pg databases confines each login role with CONNECT (docs/security.md,
+    "Three group roles"). ``zeroth-pg verify`` warns with this.
+    """
+    own = conninfo_to_dict(_strip_driver(dsn)).get("options") or ""
+    options = " ".join(filter(None, (str(own), PINNED_OPTIONS)))
+    with psycopg.connect(_strip_driver(dsn), autocommit=True, options=options) as conn:
+        row = conn.execute(
+            "SELECT has_database_privilege('public', current_database(), 'CONNECT'), "
+            "quote_ident(current_database())").fetchone()
+    return None if row is None or not row[0] else str(row[1])
+
+
+def apply_sql_file(filename: str) -> None:
+    """Run one ``sql/migrations`` file inside the current alembic migration's transaction.
+
+    Called by the revision stubs. The text goes to psycopg's cursor with no parameters, so it is
+    sent as-is: ``%`` in RAISE formats and ``:name`` in PL/pgSQL bodies are not placeholders
+    (SQLAlchemy's ``text()``, and so ``op.execute``, would treat ``:name`` as a bind parameter).
+    """
+    from alembic import op
+
+    path = sql_migrations_dir() / filename
+    text = path.read_text(encoding="utf-8")
+    dbapi_conn = op.get_bind().connection.dbapi_connection
+    if dbapi_conn is None:
+        raise RuntimeError("alembic connection has no DBAPI connection")
+    cur = dbapi_conn.cursor()
+    try:
+        cur.execute(PIN_SESSION)
+        cur.execute(text)
+    finally:
+        cur.close()
+
+
+def forward_only(revision: str) -> None:
+    """The ``downgrade()`` of every revision: zeroth_pg migrations only go forward."""
+    raise NotImplementedError(
+        f"zeroth_pg migrations are forward-only; cannot downgrade revision {revision}. "
+        "Restore from a backup, or write a new forward migration that undoes the change."
+    )
