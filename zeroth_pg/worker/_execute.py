@@ -16,7 +16,13 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import Counter
 
 from zeroth_pg import tracing
-from zeroth_pg.errors import DatabaseError, InvalidPayloadError, RetryableError, describe
+from zeroth_pg.errors import (
+    DatabaseError,
+    ErrorDescription,
+    InvalidPayloadError,
+    RetryableError,
+    describe,
+)
 from zeroth_pg.metrics import WorkerMetrics
 from zeroth_pg.types import ClaimedRun, Scope, SleepOutcome
 from zeroth_pg.worker._outcome import Outcome, OutcomeKind, decide
@@ -167,7 +173,10 @@ class RunExecutor:
         if outcome.kind is OutcomeKind.PROPAGATE:
             assert raised is not None
             raise raised  # the loop is cancelling this task: not the handler's doing
-        await self._settle(entry, outcome, span, raised)
+        try:
+            await self._settle(entry, outcome, span, raised)
+        finally:
+            raised = None  # its traceback holds this frame: no cycle left for the collector
 
     async def _settle(self, entry: ActiveRun, outcome: Outcome, span: Any,
                       raised: BaseException | None) -> None:
@@ -206,11 +215,9 @@ class RunExecutor:
             log.warning("run %s attempt %d: the handler raised %s %s", run_id, attempt,
                         type(raised).__name__,
                         "without sleeping" if isinstance(raised, RunSlept) else "itself")
-        else:
-            described = outcome.error
+        elif isinstance(described := outcome.error, ErrorDescription):
             log.info("run %s attempt %d failed%s: %s: %s", run_id, attempt,
-                     "" if outcome.retryable else " for good",
-                     getattr(described, "type", ""), getattr(described, "message", ""))
+                     "" if outcome.retryable else " for good", described.type, described.message)
 
     async def _complete(self, entry: ActiveRun, output: Any, span: Any) -> None:
         """Queue the completion (with the next claim when it may carry one) and wait for its

@@ -46,8 +46,6 @@ class Outcome:
     why: str = ""
     #: LEASE_LOST: a write was refused by the fence (else the lease was known gone).
     fenced: bool = False
-    #: FAILED: the handler's own doing (counted as a handler error).
-    handler_error: bool = True
     #: FAILED: the handler raised KeyboardInterrupt (maybe the operator's Ctrl-C).
     interrupt: bool = False
     #: What the trace records as the failure's exception (None: only ``why``).
