@@ -1,3 +1,6 @@
+-- The signature before migration 0020 (without the retry policy and lease).
+DROP FUNCTION IF EXISTS zeroth.register_deployment(text, integer, integer);
+
 -- register_deployment: an application declares a deployment's defaults when it starts
 -- (zeroth_worker: the App runs as one). Missing: created (managed_by 'app'). Registered by an
 -- application before: changed to these values when they differ — the last registration wins, and
@@ -8,7 +11,6 @@
 -- set_deployment_defaults). retry_base_seconds / retry_max_seconds / lease_seconds NULL: the
 -- application sets none (the registered value becomes NULL, not set). Locks the deployment's row
 -- only to change it, waiting at most 2 s. Raises ZP008, 55P03. Time: clock_timestamp().
-DROP FUNCTION IF EXISTS zeroth.register_deployment(text, integer, integer);
 CREATE OR REPLACE FUNCTION zeroth.register_deployment(
     deployment_ref     text,
     max_attempts       integer          DEFAULT 3,

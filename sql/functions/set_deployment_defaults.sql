@@ -1,3 +1,6 @@
+-- The signature before migration 0020 (without the retry policy and lease).
+DROP FUNCTION IF EXISTS zeroth.set_deployment_defaults(text, integer, integer, text);
+
 -- set_deployment_defaults: admin. A DBA sets a deployment's defaults (max_attempts, priority,
 -- retry_base_seconds, retry_max_seconds, lease_seconds; NULL: keep the current value, or 3 / 0 /
 -- not set for a new row; unset names the policy columns to set back to not set). managed_by 'sql'
@@ -8,7 +11,6 @@
 -- the next failure, a lease to the next claim. Locks the deployment's row to change it, waiting at
 -- most 2 s. Granted to nobody: run it as a member of zeroth_owner. Raises ZP008, 55P03. Time:
 -- clock_timestamp().
-DROP FUNCTION IF EXISTS zeroth.set_deployment_defaults(text, integer, integer, text);
 CREATE OR REPLACE FUNCTION zeroth.set_deployment_defaults(
     deployment_ref     text,
     max_attempts       integer          DEFAULT NULL,

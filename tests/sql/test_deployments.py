@@ -507,6 +507,11 @@ CLAIMS = {
 }
 
 
+def claim_query(function: str, lease: float | None = None) -> str:
+    given = "" if lease is None else f", lease_seconds => {lease}"
+    return CLAIMS[function].replace(" LEASE", given)
+
+
 def lease_length(rows: list[asyncpg.Record]) -> float:
     claimed = [r for r in rows if r["run_id"] is not None]
     assert len(claimed) == 1, rows
@@ -518,26 +523,26 @@ class TestClaimsTakeTheRegisteredLease:
     async def test_a_claim_without_a_lease_gets_the_registered_one(self, conn, function):
         await register_policy(conn, lease=900)
         await enqueue(conn)
-        assert lease_length(await conn.fetch(CLAIMS[function].replace(" LEASE", ""), DEPLOYMENT, T0)) == 900
+        assert lease_length(await conn.fetch(claim_query(function), DEPLOYMENT, T0)) == 900
 
     @pytest.mark.parametrize("function", list(CLAIMS))
     async def test_an_explicit_lease_wins(self, conn, function):
         await register_policy(conn, lease=900)
         await enqueue(conn)
-        query = CLAIMS[function].replace(" LEASE", ", lease_seconds => 45")
+        query = claim_query(function, 45)
         assert lease_length(await conn.fetch(query, DEPLOYMENT, T0)) == 45
 
     @pytest.mark.parametrize("function", list(CLAIMS))
     async def test_without_a_registered_lease_a_claim_gets_60_seconds(self, conn, function):
         await register_policy(conn, 5, 60)
         await enqueue(conn)
-        assert lease_length(await conn.fetch(CLAIMS[function].replace(" LEASE", ""), DEPLOYMENT, T0)) == 60
+        assert lease_length(await conn.fetch(claim_query(function), DEPLOYMENT, T0)) == 60
 
     @pytest.mark.parametrize("function", list(CLAIMS))
     async def test_a_bad_explicit_lease_still_raises_zp008(self, conn, function):
         await enqueue(conn)
         with pytest.raises(asyncpg.PostgresError) as caught:
-            await conn.fetch(CLAIMS[function].replace(" LEASE", ", lease_seconds => 0"), DEPLOYMENT, T0)
+            await conn.fetch(claim_query(function, 0), DEPLOYMENT, T0)
         assert caught.value.sqlstate == "ZP008"
 
     async def test_a_fleet_claim_gives_each_deployment_its_own_lease(self, conn):

@@ -78,7 +78,8 @@ class RunWorker:
     ``max_concurrency`` is the local cap (runs executing in this process), and
     ``deployment_concurrency`` (``{deployment: n}``) caps single deployments under it;
     ``retries`` (``{deployment: RetryPolicy}``) replaces ``retry_base_seconds`` /
-    ``retry_max_seconds`` for some deployments;
+    ``retry_max_seconds`` for some deployments; a deployment with neither (both None, the
+    default) gets the retry policy registered in ``zeroth.deployments``, else 1 / 300 s;
     ``fleet_max_concurrency``, when set, is passed to every claim and bounds live leases of each
     scope across all workers, atomically in SQL (a scope's ``zeroth.scope_limits`` row, when it
     has one, replaces it). ``dsn`` enables LISTEN/NOTIFY wakeups on a
@@ -115,8 +116,8 @@ class RunWorker:
         shutdown_timeout: float = 30.0,
         lease_duration: float = 60.0,
         renew_fraction: float = 1 / 3,
-        retry_base_seconds: float = 1.0,
-        retry_max_seconds: float = 300.0,
+        retry_base_seconds: float | None = None,
+        retry_max_seconds: float | None = None,
         retries: Mapping[str, RetryPolicy] | None = None,
         deployment_concurrency: Mapping[str, int] | None = None,
         queue_depth_interval: float | None = None,
@@ -164,8 +165,13 @@ class RunWorker:
         self.renew_interval = lease_duration * renew_fraction
         self.retry_base_seconds = retry_base_seconds
         self.retry_max_seconds = retry_max_seconds
-        default_retry = RetryPolicy(retry_base_seconds, retry_max_seconds)
-        self._retries = {d: default_retry for d in self._source.deployments}
+        # None: fail_run takes the deployment's registered policy (zeroth.deployments).
+        default_retry = (None if retry_base_seconds is None and retry_max_seconds is None
+                         else RetryPolicy(1.0 if retry_base_seconds is None else retry_base_seconds,
+                                          300.0 if retry_max_seconds is None
+                                          else retry_max_seconds))
+        self._retries: dict[str, RetryPolicy | None] = {
+            d: default_retry for d in self._source.deployments}
         self._retries.update(self._per_deployment(retries, "retries"))
         #: Local limits of single deployments (handlers running at once in this process), under
         #: the total ``max_concurrency``.
@@ -1147,7 +1153,8 @@ class RunWorker:
         def fail(document: dict[str, Any]) -> Callable[[], Awaitable[Any]]:
             return self._fenced(
                 entry, self.lease_manager.fail_run, error=document, retryable=retryable,
-                retry_base_seconds=retry.base_seconds, retry_max_seconds=retry.max_seconds)
+                retry_base_seconds=None if retry is None else retry.base_seconds,
+                retry_max_seconds=None if retry is None else retry.max_seconds)
 
         try:
             outcome = await self._write(entry, fail(error))
