@@ -147,14 +147,14 @@ def deployments_set(
     priority: Annotated[int | None, typer.Option(
         "--priority", help="Priority of a run enqueued without priority.",
         show_default=False)] = None,
-    retry_base: Annotated[float | None, typer.Option(
+    retry_base_seconds: Annotated[float | None, typer.Option(
         "--retry-base", help="Seconds: backoff base of a retry whose fail_run names none "
                              "(0 to 30 days, at most the retry max).",
         show_default=False)] = None,
-    retry_max: Annotated[float | None, typer.Option(
+    retry_max_seconds: Annotated[float | None, typer.Option(
         "--retry-max", help="Seconds: backoff cap of a retry whose fail_run names none "
                             "(at most 30 days).", show_default=False)] = None,
-    lease: Annotated[float | None, typer.Option(
+    lease_seconds: Annotated[float | None, typer.Option(
         "--lease", help="Seconds: lease of a claim that names none (0 < s <= 86400).",
         show_default=False)] = None,
     unset: Annotated[list[PolicyField] | None, typer.Option(
@@ -172,16 +172,17 @@ def deployments_set(
     from zeroth_pg.client import LeaseManager
 
     cleared = [field.value for field in unset or ()]
-    if (max_attempts is None and priority is None and retry_base is None and retry_max is None
-            and lease is None and not cleared and managed_by == "sql"):
+    if (max_attempts is None and priority is None and retry_base_seconds is None
+            and retry_max_seconds is None and lease_seconds is None and not cleared
+            and managed_by == "sql"):
         raise UsageError("nothing to set: give --max-attempts, --priority, --retry-base, "
                          "--retry-max, --lease, --unset or --managed-by app")
 
     async def work(conn: asyncpg.Connection) -> dict[str, Any]:
         result = await LeaseManager(conn).set_deployment_defaults(
             name, max_attempts=max_attempts, priority=priority, managed_by=managed_by,
-            retry_base_seconds=retry_base, retry_max_seconds=retry_max, lease_seconds=lease,
-            unset=cleared)
+            retry_base_seconds=retry_base_seconds, retry_max_seconds=retry_max_seconds,
+            lease_seconds=lease_seconds, unset=cleared)
         return asdict(result)
 
     row = run_async(dsn, work)
