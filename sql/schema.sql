@@ -118,7 +118,10 @@ CREATE TYPE zeroth.deployment_registration AS (
 	priority integer,
 	managed_by text,
 	version bigint,
-	previous jsonb
+	previous jsonb,
+	retry_base_seconds double precision,
+	retry_max_seconds double precision,
+	lease_seconds double precision
 );
 
 ALTER TYPE zeroth.deployment_registration OWNER TO zeroth_owner;
@@ -126,7 +129,7 @@ ALTER TYPE zeroth.deployment_registration OWNER TO zeroth_owner;
 --
 -- Name: TYPE deployment_registration; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
-COMMENT ON TYPE zeroth.deployment_registration IS 'The result of register_deployment / set_deployment_defaults: outcome (created, updated, unchanged, kept) and the deployment''s defaults as they now are; previous: the values an update replaced (max_attempts, priority, managed_by), else NULL.';
+COMMENT ON TYPE zeroth.deployment_registration IS 'The result of register_deployment / set_deployment_defaults: outcome (created, updated, unchanged, kept) and the deployment''s defaults as they now are (retry_base_seconds, retry_max_seconds, lease_seconds NULL: not set); previous: the values an update replaced, else NULL.';
 
 --
 -- Name: enqueue_item; Type: TYPE; Schema: zeroth; Owner: zeroth_owner
@@ -328,6 +331,82 @@ ALTER TABLE zeroth.child_runs OWNER TO zeroth_owner;
 -- Name: TABLE child_runs; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
 COMMENT ON TABLE zeroth.child_runs IS 'Child runs per parent and step key (start_child_run): written once by the parent''s live lease holder; the child''s terminal outcome (status, output, error, dead_lettered, finished_at) is copied in when it ends (trigger runs_child_run_finished). Deleted with the parent.';
+
+--
+-- Name: deployments; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE TABLE zeroth.deployments (
+    deployment_ref text NOT NULL,
+    max_attempts integer NOT NULL,
+    priority integer NOT NULL,
+    managed_by text NOT NULL,
+    version bigint DEFAULT 1 NOT NULL,
+    created_at timestamp with time zone NOT NULL,
+    updated_at timestamp with time zone NOT NULL,
+    updated_by text NOT NULL,
+    registered_by text,
+    retry_base_seconds double precision,
+    retry_max_seconds double precision,
+    lease_seconds double precision,
+    CONSTRAINT deployments_lease_valid CHECK (((lease_seconds IS NULL) OR ((lease_seconds > (0)::double precision) AND (lease_seconds <= (86400)::double precision)))),
+    CONSTRAINT deployments_managed_by_valid CHECK ((managed_by = ANY (ARRAY['app'::text, 'sql'::text]))),
+    CONSTRAINT deployments_max_attempts_valid CHECK (((max_attempts >= 1) AND (max_attempts <= 1000))),
+    CONSTRAINT deployments_ref_valid CHECK (((deployment_ref <> ''::text) AND (length(deployment_ref) <= 200))),
+    CONSTRAINT deployments_retry_valid CHECK ((((retry_base_seconds IS NULL) OR (retry_base_seconds >= (0)::double precision)) AND ((retry_max_seconds IS NULL) OR (retry_max_seconds <= ((86400 * 30))::double precision)) AND (COALESCE(retry_base_seconds, (1)::double precision) <= COALESCE(retry_max_seconds, (300)::double precision)) AND (COALESCE(retry_base_seconds, (1)::double precision) <= ((86400 * 30))::double precision))),
+    CONSTRAINT deployments_version_positive CHECK ((version >= 1))
+);
+
+ALTER TABLE zeroth.deployments OWNER TO zeroth_owner;
+
+--
+-- Name: TABLE deployments; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON TABLE zeroth.deployments IS 'The registry of deployments: the defaults every client''s enqueue_run / enqueue_runs (and child runs that pass none; a schedule stores its own values) give a run of the deployment when the caller passes NULL; an explicit value wins, and a run keeps the values it was enqueued with. Global (a deployment is code, the same in every scope); per-scope limits live in zeroth.scope_limits. Written only through zeroth.register_deployment (an application, managed_by app) and zeroth.set_deployment_defaults (a DBA, managed_by sql); every change is in zeroth.deployment_changes. zeroth_reader reads every row.';
+
+--
+-- Name: COLUMN deployments.max_attempts; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.deployments.max_attempts IS 'Attempts of a run enqueued without max_attempts (1-1000).';
+
+--
+-- Name: COLUMN deployments.priority; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.deployments.priority IS 'Priority of a run enqueued without priority (higher is claimed first).';
+
+--
+-- Name: COLUMN deployments.managed_by; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.deployments.managed_by IS 'app: the last application registration (zeroth.register_deployment) decides; sql: a DBA set it (zeroth.set_deployment_defaults) and registrations keep it.';
+
+--
+-- Name: COLUMN deployments.version; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.deployments.version IS '1 when created, + 1 with every change (the version of zeroth.deployment_changes that made the row as it is).';
+
+--
+-- Name: COLUMN deployments.updated_by; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.deployments.updated_by IS 'session_user of the last change (the SET ROLE in force, if any, is in zeroth.deployment_changes).';
+
+--
+-- Name: COLUMN deployments.registered_by; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.deployments.registered_by IS 'The login (session_user) whose application registered the row (managed_by app): only that login''s registrations change it, another''s are kept (one trust domain''s worker role cannot set the defaults of another''s runs). NULL: a DBA set the row or handed it back (set_deployment_defaults), and the next registration takes it.';
+
+--
+-- Name: COLUMN deployments.retry_base_seconds; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.deployments.retry_base_seconds IS 'Backoff base of a retry (zeroth.fail_run with retry_base_seconds NULL): about base * 2^(attempt - 1) with jitter. NULL: not set (1). Read at each failure: a change applies to the next failure.';
+
+--
+-- Name: COLUMN deployments.retry_max_seconds; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.deployments.retry_max_seconds IS 'Backoff cap of a retry (zeroth.fail_run with retry_max_seconds NULL). NULL: not set (300). Read at each failure: a change applies to the next failure.';
+
+--
+-- Name: COLUMN deployments.lease_seconds; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.deployments.lease_seconds IS 'Lease of a claim that names none (claim_pending, claim_and_start, complete_and_claim, claim_and_start_scopes, claim_orphaned, claim_orphaned_scopes, admit_run with lease_seconds NULL), 0 < s <= 86400. NULL: not set (60). Read at each claim.';
 
 --
 -- Name: checkpoints; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
@@ -693,62 +772,6 @@ COMMENT ON COLUMN zeroth.scope_limits.note IS 'Free text for the DBA (why the li
 COMMENT ON COLUMN zeroth.scope_limits.rate_limit IS 'The zeroth.rate_limits key the scope''s starts count against (NULL: no rate limit). Several scopes may name one key and share its budget. A key still named here cannot be deleted.';
 
 --
--- Name: deployments; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
---
-CREATE TABLE zeroth.deployments (
-    deployment_ref text NOT NULL,
-    max_attempts integer NOT NULL,
-    priority integer NOT NULL,
-    managed_by text NOT NULL,
-    version bigint DEFAULT 1 NOT NULL,
-    created_at timestamp with time zone NOT NULL,
-    updated_at timestamp with time zone NOT NULL,
-    updated_by text NOT NULL,
-    registered_by text,
-    CONSTRAINT deployments_managed_by_valid CHECK ((managed_by = ANY (ARRAY['app'::text, 'sql'::text]))),
-    CONSTRAINT deployments_max_attempts_valid CHECK (((max_attempts >= 1) AND (max_attempts <= 1000))),
-    CONSTRAINT deployments_ref_valid CHECK (((deployment_ref <> ''::text) AND (length(deployment_ref) <= 200))),
-    CONSTRAINT deployments_version_positive CHECK ((version >= 1))
-);
-
-ALTER TABLE zeroth.deployments OWNER TO zeroth_owner;
-
---
--- Name: TABLE deployments; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
---
-COMMENT ON TABLE zeroth.deployments IS 'The registry of deployments: the defaults every client''s enqueue_run / enqueue_runs (and child runs that pass none; a schedule stores its own values) give a run of the deployment when the caller passes NULL; an explicit value wins, and a run keeps the values it was enqueued with. Global (a deployment is code, the same in every scope); per-scope limits live in zeroth.scope_limits. Written only through zeroth.register_deployment (an application, managed_by app) and zeroth.set_deployment_defaults (a DBA, managed_by sql); every change is in zeroth.deployment_changes. zeroth_reader reads every row.';
-
---
--- Name: COLUMN deployments.max_attempts; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
---
-COMMENT ON COLUMN zeroth.deployments.max_attempts IS 'Attempts of a run enqueued without max_attempts (1-1000).';
-
---
--- Name: COLUMN deployments.priority; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
---
-COMMENT ON COLUMN zeroth.deployments.priority IS 'Priority of a run enqueued without priority (higher is claimed first).';
-
---
--- Name: COLUMN deployments.managed_by; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
---
-COMMENT ON COLUMN zeroth.deployments.managed_by IS 'app: the last application registration (zeroth.register_deployment) decides; sql: a DBA set it (zeroth.set_deployment_defaults) and registrations keep it.';
-
---
--- Name: COLUMN deployments.version; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
---
-COMMENT ON COLUMN zeroth.deployments.version IS '1 when created, + 1 with every change (the version of zeroth.deployment_changes that made the row as it is).';
-
---
--- Name: COLUMN deployments.updated_by; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
---
-COMMENT ON COLUMN zeroth.deployments.updated_by IS 'session_user of the last change (the SET ROLE in force, if any, is in zeroth.deployment_changes).';
-
---
--- Name: COLUMN deployments.registered_by; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
---
-COMMENT ON COLUMN zeroth.deployments.registered_by IS 'The login (session_user) whose application registered the row (managed_by app): only that login''s registrations change it, another''s are kept (one trust domain''s worker role cannot set the defaults of another''s runs). NULL: a DBA set the row or handed it back (set_deployment_defaults), and the next registration takes it.';
-
---
 -- Name: run_attempts; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
 --
 CREATE TABLE zeroth.run_attempts (
@@ -854,12 +877,12 @@ COMMENT ON TABLE zeroth.deployment_changes IS 'The audit log of zeroth.deploymen
 --
 -- Name: COLUMN deployment_changes.old_values; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
-COMMENT ON COLUMN zeroth.deployment_changes.old_values IS 'The defaults before the change (max_attempts, priority, managed_by); NULL when the change created the row.';
+COMMENT ON COLUMN zeroth.deployment_changes.old_values IS 'The defaults before the change (max_attempts, priority, managed_by, retry_base_seconds, retry_max_seconds, lease_seconds: since migration 0020, each only when set); NULL when the change created the row.';
 
 --
 -- Name: COLUMN deployment_changes.new_values; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
-COMMENT ON COLUMN zeroth.deployment_changes.new_values IS 'The defaults after the change (max_attempts, priority, managed_by).';
+COMMENT ON COLUMN zeroth.deployment_changes.new_values IS 'The defaults after the change (max_attempts, priority, managed_by, retry_base_seconds, retry_max_seconds, lease_seconds: since migration 0020, each only when set).';
 
 --
 -- Name: deployment_changes_change_id_seq; Type: SEQUENCE; Schema: zeroth; Owner: zeroth_owner
@@ -1570,6 +1593,11 @@ GRANT USAGE ON SCHEMA zeroth TO zeroth_reader;
 GRANT SELECT ON TABLE zeroth.child_runs TO zeroth_reader;
 
 --
+-- Name: TABLE deployments; Type: ACL; Schema: zeroth; Owner: zeroth_owner
+--
+GRANT SELECT ON TABLE zeroth.deployments TO zeroth_reader;
+
+--
 -- Name: TABLE checkpoints; Type: ACL; Schema: zeroth; Owner: zeroth_owner
 --
 GRANT SELECT ON TABLE zeroth.checkpoints TO zeroth_reader;
@@ -1588,11 +1616,6 @@ GRANT SELECT ON TABLE zeroth.schedules TO zeroth_reader;
 -- Name: TABLE scope_limits; Type: ACL; Schema: zeroth; Owner: zeroth_owner
 --
 GRANT SELECT ON TABLE zeroth.scope_limits TO zeroth_reader;
-
---
--- Name: TABLE deployments; Type: ACL; Schema: zeroth; Owner: zeroth_owner
---
-GRANT SELECT ON TABLE zeroth.deployments TO zeroth_reader;
 
 --
 -- Name: TABLE run_attempts; Type: ACL; Schema: zeroth; Owner: zeroth_owner

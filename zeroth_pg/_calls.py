@@ -224,16 +224,19 @@ GET_THREAD_RUN = f"""SELECT {_THREAD_RUN_COLUMNS} FROM zeroth.get_thread_run(run
 # -- the registry of deployments (0019_day_one.sql) ----------------------------------------------
 
 _REGISTRATION = """outcome, deployment_ref, max_attempts, priority, managed_by, version,
-    previous::text AS previous"""
+    previous::text AS previous, retry_base_seconds, retry_max_seconds, lease_seconds"""
 
 REGISTER_DEPLOYMENT = f"""SELECT {_REGISTRATION} FROM zeroth.register_deployment(
-    deployment_ref => $1, max_attempts => $2, priority => $3)"""
+    deployment_ref => $1, max_attempts => $2, priority => $3, retry_base_seconds => $4,
+    retry_max_seconds => $5, lease_seconds => $6)"""
 
 SET_DEPLOYMENT_DEFAULTS = f"""SELECT {_REGISTRATION} FROM zeroth.set_deployment_defaults(
-    deployment_ref => $1, max_attempts => $2, priority => $3, managed_by => $4)"""
+    deployment_ref => $1, max_attempts => $2, priority => $3, managed_by => $4,
+    retry_base_seconds => $5, retry_max_seconds => $6, lease_seconds => $7, unset => $8)"""
 
 LIST_DEPLOYMENTS = """SELECT deployment_ref, max_attempts, priority, managed_by, version,
-    created_at, updated_at, updated_by FROM zeroth.list_deployments(deployment_ref => $1)"""
+    created_at, updated_at, updated_by, retry_base_seconds, retry_max_seconds, lease_seconds
+    FROM zeroth.list_deployments(deployment_ref => $1)"""
 
 # -- operator reads of the zeroth-pg command (zeroth_pg/cli): views and tables; its writes go
 #    through LeaseManager

@@ -387,17 +387,25 @@ class Deployment:
     """One kind of work: a handler and its defaults. Calling it calls the function itself."""
 
     def __init__(self, app: App, name: str, fn: Callable[..., Any], *, max_attempts: int,
-                 priority: int, retry: RetryPolicy | None, concurrency: int | None) -> None:
+                 priority: int, retry: RetryPolicy | None, concurrency: int | None,
+                 lease_seconds: float | None = None) -> None:
         if not isinstance(name, str) or not name:
             raise TypeError("a deployment needs a non-empty name")
         if concurrency is not None and (not isinstance(concurrency, int) or concurrency < 1):
             raise ValueError(f"deployment {name!r}: concurrency must be an int of at least 1")
+        if lease_seconds is not None and (
+                isinstance(lease_seconds, bool) or not isinstance(lease_seconds, int | float)
+                or not 0 < lease_seconds <= 86400):
+            raise ValueError(f"deployment {name!r}: lease_seconds must be a number in "
+                             "(0, 86400]")
         self.app = app
         self.name = name
         self.fn = fn
         self.max_attempts = max_attempts
         self.priority = priority
         self.retry = retry
+        #: The lease of a claim of its runs that names none (None: not set), registered.
+        self.lease_seconds = None if lease_seconds is None else float(lease_seconds)
         #: Handlers of this deployment running at once in one worker (None: the worker's).
         self.concurrency = concurrency
         # A callable object with an async __call__ is a coroutine function too.
@@ -611,12 +619,19 @@ class App:
 
     def deployment(self, name: str | None = None, *, max_attempts: int = 3, priority: int = 0,
                    retry: RetryPolicy | None = None,
-                   concurrency: int | None = None) -> Callable[[Callable[..., Any]], Deployment]:
+                   concurrency: int | None = None,
+                   lease_seconds: float | None = None,
+                   ) -> Callable[[Callable[..., Any]], Deployment]:
         """Register the decorated function as the handler of deployment ``name`` (default: the
         function's name). ``max_attempts`` and ``priority`` are the defaults of its runs,
         registered in the database (``zeroth.deployments``) when the App opens its pool, so
-        that every client's enqueue gets them; ``retry`` the backoff of its failed attempts,
-        ``concurrency`` a local limit of its handlers in one worker."""
+        that every client's enqueue gets them; ``retry`` the backoff of its failed attempts and
+        ``lease_seconds`` the lease of its claims, registered too (a worker in any language
+        that passes none gets them; None: not set, 1 / 300 s and 60 s), ``concurrency`` a
+        local limit of its handlers in one worker (the fleet-wide limits of a scope are
+        ``zeroth.scope_limits``: ``zeroth-pg deployments``). The App's worker holds every lease
+        for the longest ``lease_seconds`` of the deployments it serves (else the App's
+        ``lease_duration``)."""
 
         def register(fn: Callable[..., Any]) -> Deployment:
             chosen = name or fn.__name__
@@ -624,7 +639,8 @@ class App:
                 raise ValueError(f"deployment {chosen!r} is registered already "
                                  f"(by {_label(self._deployments[chosen].fn)})")
             deployment = Deployment(self, chosen, fn, max_attempts=max_attempts,
-                                    priority=priority, retry=retry, concurrency=concurrency)
+                                    priority=priority, retry=retry, concurrency=concurrency,
+                                    lease_seconds=lease_seconds)
             self._deployments[chosen] = deployment
             # A deployment declared after the registration: registered on the next open.
             self._registered = self._unregistrable = False
@@ -693,10 +709,13 @@ class App:
 
     def worker_options(self, names: Sequence[str] | None = None) -> dict[str, Any]:
         """The RunWorker arguments the deployments define: their handlers (a fleet worker's
-        mapping), retry policies, local limits and the schedules declared for them."""
+        mapping), retry policies, local limits, the schedules declared for them and, when one
+        of them sets ``lease_seconds``, the longest as ``lease_duration``."""
         chosen = self.select(names)
         served = {d.name for d in chosen}
+        leases = [d.lease_seconds for d in chosen if d.lease_seconds is not None]
         return {
+            **({"lease_duration": max(leases)} if leases else {}),
             "deployment_ref": {d.name: d.handle for d in chosen},
             "retries": {d.name: d.retry for d in chosen if d.retry is not None},
             "deployment_concurrency": {d.name: d.concurrency for d in chosen
@@ -774,7 +793,10 @@ class App:
                 committed = not conn.is_in_transaction()
                 await stack.enter_async_context(conn.transaction())
                 results = [await lm.register_deployment(
-                    d.name, max_attempts=d.max_attempts, priority=d.priority, conn=conn)
+                    d.name, max_attempts=d.max_attempts, priority=d.priority,
+                    retry_base_seconds=None if d.retry is None else d.retry.base_seconds,
+                    retry_max_seconds=None if d.retry is None else d.retry.max_seconds,
+                    lease_seconds=d.lease_seconds, conn=conn)
                     for d in deployments]
         except DatabaseError as exc:
             if not quiet or exc.code not in _UNREGISTRABLE:
@@ -841,7 +863,9 @@ class App:
         arguments["deployment_concurrency"] = {**arguments["deployment_concurrency"],
                                                **options.pop("deployment_concurrency", {})}
         options.setdefault("dsn", self.dsn)
-        options.setdefault("lease_duration", self.lease_duration)
+        options.setdefault("lease_duration",
+                           arguments.pop("lease_duration", None) or self.lease_duration)
+        arguments.pop("lease_duration", None)
         if "schedules" in options:
             arguments.pop("schedules")
         return RunWorker(pool, arguments.pop("deployment_ref"), scopes=scopes, **arguments,

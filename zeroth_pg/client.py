@@ -623,12 +623,14 @@ class LeaseManager:
 
     async def fail_run(
         self, run_id: RunId, worker_id: str, *, generation: int, error: Any = None,
-        retryable: bool = True, retry_base_seconds: float = 1.0, retry_max_seconds: float = 300.0,
+        retryable: bool = True, retry_base_seconds: float | None = None,
+        retry_max_seconds: float | None = None,
         tenant_id: str | None = None, workspace_id: str | None = None,
         conn: Executor | None = None,
     ) -> FailOutcome | None:
         """Fail an attempt, fenced (``zeroth.fail_run``): retry with backoff, fail, or
-        dead-letter; None when fenced out."""
+        dead-letter; None when fenced out. A retry policy left None is the deployment's
+        registered one (read at this failure), else 1 / 300 s."""
         value = await self._fetchval(
             _calls.FAIL_RUN, _uuid(run_id), worker_id, generation, _dumps(error), retryable,
             retry_base_seconds, retry_max_seconds, tenant_id, workspace_id, conn=conn)
@@ -901,25 +903,36 @@ class LeaseManager:
 
     async def register_deployment(
         self, deployment_ref: str, *, max_attempts: int = 3, priority: int = 0,
-        conn: Executor | None = None,
+        retry_base_seconds: float | None = None, retry_max_seconds: float | None = None,
+        lease_seconds: float | None = None, conn: Executor | None = None,
     ) -> DeploymentRegistration:
-        """Declare a deployment's defaults, what enqueue_run gives a run that names none
-        (``zeroth.register_deployment``): created, updated (the last registration wins; the
-        change is in ``zeroth.deployment_changes``), unchanged, or kept as a DBA set them."""
+        """Declare a deployment's defaults, what enqueue_run gives a run that names none, the
+        retry policy fail_run applies and the lease a claim gives when their callers pass none
+        (None: not set) (``zeroth.register_deployment``): created, updated (the last
+        registration wins; the change is in ``zeroth.deployment_changes``), unchanged, or kept
+        as a DBA set them."""
         rows = await self._fetch(_calls.REGISTER_DEPLOYMENT, deployment_ref, max_attempts,
-                                 priority, conn=conn)
+                                 priority, retry_base_seconds, retry_max_seconds, lease_seconds,
+                                 conn=conn)
         return _registration(rows[0])
 
     async def set_deployment_defaults(
         self, deployment_ref: str, *, max_attempts: int | None = None,
-        priority: int | None = None, managed_by: str = "sql", conn: Executor | None = None,
+        priority: int | None = None, managed_by: str = "sql",
+        retry_base_seconds: float | None = None, retry_max_seconds: float | None = None,
+        lease_seconds: float | None = None, unset: Sequence[str] = (),
+        conn: Executor | None = None,
     ) -> DeploymentRegistration:
         """Set a deployment's defaults as a DBA (``zeroth.set_deployment_defaults``, admin:
-        granted to nobody, run as a member of zeroth_owner); None keeps a value.
-        ``managed_by="sql"`` keeps them against applications' registrations, ``"app"`` hands
-        them back. Runs enqueued before keep their values."""
+        granted to nobody, run as a member of zeroth_owner); None keeps a value, ``unset``
+        names the policy values (``retry_base_seconds``, ``retry_max_seconds``,
+        ``lease_seconds``) to set back to not set. ``managed_by="sql"`` keeps them against
+        applications' registrations, ``"app"`` hands them back. Runs enqueued before keep
+        their attempts and priority; a retry policy applies from the next failure, a lease
+        from the next claim."""
         rows = await self._fetch(_calls.SET_DEPLOYMENT_DEFAULTS, deployment_ref, max_attempts,
-                                 priority, managed_by, conn=conn)
+                                 priority, managed_by, retry_base_seconds, retry_max_seconds,
+                                 lease_seconds, list(unset), conn=conn)
         return _registration(rows[0])
 
     async def list_deployments(
@@ -932,7 +945,9 @@ class LeaseManager:
             deployment_ref=row["deployment_ref"], max_attempts=row["max_attempts"],
             priority=row["priority"], managed_by=row["managed_by"], version=int(row["version"]),
             created_at=row["created_at"], updated_at=row["updated_at"],
-            updated_by=row["updated_by"]) for row in rows]
+            updated_by=row["updated_by"], retry_base_seconds=row["retry_base_seconds"],
+            retry_max_seconds=row["retry_max_seconds"],
+            lease_seconds=row["lease_seconds"]) for row in rows]
 
     # -- schedules -------------------------------------------------------------------------
     # A DBA's (create/alter/pause/resume/delete: admin functions, run as zeroth_owner) and an
@@ -1072,7 +1087,9 @@ def _registration(row: asyncpg.Record) -> DeploymentRegistration:
         outcome=row["outcome"], deployment_ref=row["deployment_ref"],
         max_attempts=row["max_attempts"], priority=row["priority"],
         managed_by=row["managed_by"], version=int(row["version"]),
-        previous=None if previous is None else _loads(previous))
+        previous=None if previous is None else _loads(previous),
+        retry_base_seconds=row["retry_base_seconds"], retry_max_seconds=row["retry_max_seconds"],
+        lease_seconds=row["lease_seconds"])
 
 
 def _schedule(row: asyncpg.Record) -> Schedule:

@@ -385,7 +385,10 @@ class DeploymentDefaults:
     ``enqueue_run`` / ``enqueue_runs`` give a run of the deployment that names no
     ``max_attempts`` / ``priority``. ``managed_by``: ``app`` (the last application registration
     decides) or ``sql`` (a DBA set it; registrations keep it); ``version`` counts its changes
-    (``zeroth.deployment_changes``); ``updated_by``: the session user of the last change."""
+    (``zeroth.deployment_changes``); ``updated_by``: the session user of the last change.
+    ``retry_base_seconds`` / ``retry_max_seconds``: the backoff ``fail_run`` applies when its
+    caller passes none (read at each failure); ``lease_seconds``: the lease of a claim that
+    names none; None: not set (1 / 300 s, 60 s)."""
 
     deployment_ref: str
     max_attempts: int
@@ -395,14 +398,18 @@ class DeploymentDefaults:
     created_at: datetime
     updated_at: datetime
     updated_by: str
+    retry_base_seconds: float | None = None
+    retry_max_seconds: float | None = None
+    lease_seconds: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class DeploymentRegistration:
     """Result of register_deployment / set_deployment_defaults: ``outcome`` is created,
     updated, unchanged or kept (a DBA set the deployment's defaults: left as they are), with the
-    defaults as they now are; ``previous``: the values an update replaced (``max_attempts``,
-    ``priority``, ``managed_by``), else None."""
+    defaults as they now are (``retry_base_seconds``, ``retry_max_seconds``, ``lease_seconds``:
+    None when not set); ``previous``: the values an update replaced (``max_attempts``,
+    ``priority``, ``managed_by``, and each policy value that was set), else None."""
 
     outcome: str
     deployment_ref: str
@@ -411,6 +418,9 @@ class DeploymentRegistration:
     managed_by: str
     version: int
     previous: dict[str, Any] | None
+    retry_base_seconds: float | None = None
+    retry_max_seconds: float | None = None
+    lease_seconds: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@
 -- defaults (zeroth.deployments), else 0 / 3, as enqueue_run. Locks: the thread's lock, slots, active run, queue; the rate key row and a slot,
 -- SKIP LOCKED. Raises ZP006, ZP008, ZP011 (an idempotency key starting 'zeroth-schedule:').
 -- Notifies zeroth_wakeup, zeroth_control. Time: clock_timestamp().
+-- lease_seconds NULL (default): the deployment's registered lease (zeroth.deployments), else 60 s.
 CREATE OR REPLACE FUNCTION zeroth.admit_run(
     deployment_ref   text,
     thread_id        text,
@@ -21,7 +22,7 @@ CREATE OR REPLACE FUNCTION zeroth.admit_run(
     payload          jsonb            DEFAULT '{}'::jsonb,
     tenant_id        text             DEFAULT NULL,
     workspace_id     text             DEFAULT NULL,
-    lease_seconds    double precision DEFAULT 60,
+    lease_seconds    double precision DEFAULT NULL,
     grace_seconds    double precision DEFAULT 10,
     idempotency_key  text             DEFAULT NULL,
     metadata         jsonb            DEFAULT '{}'::jsonb,
@@ -34,7 +35,7 @@ CREATE OR REPLACE FUNCTION zeroth.admit_run(
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_now       timestamptz := zeroth._now();
-    v_lease     interval := zeroth._lease_interval(admit_run.lease_seconds);
+    v_lease     interval := zeroth._deployment_lease(admit_run.deployment_ref, admit_run.lease_seconds);
     v_grace     interval := zeroth._grace_interval(admit_run.grace_seconds);
     v_tenant    text := zeroth._scope_tenant(admit_run.tenant_id, admit_run.workspace_id);
     v_wskey     text := zeroth._workspace_key(admit_run.workspace_id);
@@ -105,7 +106,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION zeroth.admit_run(text, text, text, text, jsonb, text, text, double precision, double precision, text, jsonb, uuid, integer, integer, boolean, bigint) IS
-'admit_run: create a run for a thread, at most one active per thread. priority / max_attempts NULL: the deployment''s registered defaults (zeroth.deployments), else 0 / 3. worker_id = admit-and-own: leased to the caller at generation 1 in the same statement (pending; start it with start_run) when the scope''s zeroth.scope_limits row leaves room, as for a claim (not paused, a free slot of its max_concurrency, a start of its rate key); otherwise admitted unleased (lease_* NULL; retry_after_s: when the rate key has a start again), pending for the ordinary claims. Strategies when busy: reject → busy (+ active_run_id, retry_after_s); enqueue → queued behind it; interrupt / rollback → queue and active run cancelled with that action, then admitted, or queued behind a live owner asked to stop (NOTIFY). The caller''s own active run is cancelled at once only with worker_id + owner_generation of its live lease. A repeated idempotency key or run_id returns reused (first admission wins). Raises ZP006, ZP008, ZP011 reserved_key (an idempotency key starting zeroth-schedule:, reserved for fire_due_schedules). Notifies zeroth_wakeup, zeroth_control. Time: clock_timestamp().';
+'admit_run: create a run for a thread, at most one active per thread. priority / max_attempts NULL: the deployment''s registered defaults (zeroth.deployments), else 0 / 3. worker_id = admit-and-own: leased to the caller at generation 1 in the same statement (pending; start it with start_run) when the scope''s zeroth.scope_limits row leaves room, as for a claim (not paused, a free slot of its max_concurrency, a start of its rate key); otherwise admitted unleased (lease_* NULL; retry_after_s: when the rate key has a start again), pending for the ordinary claims. Strategies when busy: reject → busy (+ active_run_id, retry_after_s); enqueue → queued behind it; interrupt / rollback → queue and active run cancelled with that action, then admitted, or queued behind a live owner asked to stop (NOTIFY). The caller''s own active run is cancelled at once only with worker_id + owner_generation of its live lease. A repeated idempotency key or run_id returns reused (first admission wins). lease_seconds NULL (the default): the deployment''s registered lease (zeroth.deployments.lease_seconds), else 60 s. Raises ZP006, ZP008, ZP011 reserved_key (an idempotency key starting zeroth-schedule:, reserved for fire_due_schedules). Notifies zeroth_wakeup, zeroth_control. Time: clock_timestamp().';
 ALTER FUNCTION zeroth.admit_run(text, text, text, text, jsonb, text, text, double precision, double precision, text, jsonb, uuid, integer, integer, boolean, bigint) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.admit_run(text, text, text, text, jsonb, text, text, double precision, double precision, text, jsonb, uuid, integer, integer, boolean, bigint) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.admit_run(text, text, text, text, jsonb, text, text, double precision, double precision, text, jsonb, uuid, integer, integer, boolean, bigint) TO zeroth_worker;

@@ -17,7 +17,7 @@ CREATE OR REPLACE FUNCTION zeroth._claim_orphaned(
     SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_now    timestamptz := zeroth._now();
-    v_lease  interval := zeroth._lease_interval(_claim_orphaned.lease_seconds);
+    v_lease  interval := zeroth._deployment_lease(_claim_orphaned.deployment_ref, _claim_orphaned.lease_seconds);
     v_grace  interval := zeroth._grace_interval(_claim_orphaned.grace_seconds);
     v_tenant text := zeroth._scope_tenant(_claim_orphaned.tenant_id, _claim_orphaned.workspace_id);
     v_wskey  text := zeroth._workspace_key(_claim_orphaned.workspace_id);
@@ -240,6 +240,7 @@ REVOKE ALL ON FUNCTION zeroth._claim_orphaned(text, text, text, text, integer, i
 --   recovery_failed): one bad run never stops the recovery of the others.
 -- Locks: rate key row, slot rows, run rows, SKIP LOCKED. Raises ZP006, ZP008. Notifies zeroth_wakeup for
 -- runs it ended (slots freed, threads promoted). Time: clock_timestamp().
+-- lease_seconds NULL (default): the deployment's registered lease (zeroth.deployments), else 60 s.
 CREATE OR REPLACE FUNCTION zeroth.claim_orphaned(
     deployment_ref  text,
     worker_id       text,
@@ -247,7 +248,7 @@ CREATE OR REPLACE FUNCTION zeroth.claim_orphaned(
     workspace_id    text             DEFAULT NULL,
     max_concurrency integer          DEFAULT NULL,
     claim_limit     integer          DEFAULT NULL,
-    lease_seconds   double precision DEFAULT 60,
+    lease_seconds   double precision DEFAULT NULL,
     grace_seconds   double precision DEFAULT 10)
     RETURNS SETOF zeroth.claimed_run
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
@@ -261,7 +262,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION zeroth.claim_orphaned(text, text, text, text, integer, integer, double precision, double precision) IS
-'claim_orphaned: recover running runs whose lease expired. First ends the ones nobody may resume (resumable but out of attempts → failed + dead-lettered, stop_reason attempts_exhausted; not resumable and expired more than grace_seconds ago → failed, stop_reason orphan_recovered; cancel requested → cancelled), then re-leases resumable ones with attempts left: new generation, attempt counted, recovery_checkpoint_id = latest checkpoint. claim_limit bounds the batch (0: end only, re-lease nothing). The scope''s zeroth.scope_limits row applies: its max_concurrency replaces the argument; paused re-leases nothing; its rate_limit key caps the re-leases (rolling window). A run whose end or re-lease raises is rolled back alone and dead-lettered (stop_reason recovery_failed), so one bad run never stops the others'' recovery. Runs under lock_timeout 2 s: a run whose recovery waits longer for a lock (a row someone holds in an open transaction) is left as it was, with a WARNING, for the next pass, and the others are recovered. A single run_id-NULL row reports saturation (an orphan is waiting but no slot is free), a rate limit holding it back (retry_at: when a start becomes possible) or a definitive empty scan. SKIP LOCKED throughout. Raises ZP006, ZP008. Notifies zeroth_wakeup for the runs it ended. Time: clock_timestamp().';
+'claim_orphaned: recover running runs whose lease expired. First ends the ones nobody may resume (resumable but out of attempts → failed + dead-lettered, stop_reason attempts_exhausted; not resumable and expired more than grace_seconds ago → failed, stop_reason orphan_recovered; cancel requested → cancelled), then re-leases resumable ones with attempts left: new generation, attempt counted, recovery_checkpoint_id = latest checkpoint. claim_limit bounds the batch (0: end only, re-lease nothing). The scope''s zeroth.scope_limits row applies: its max_concurrency replaces the argument; paused re-leases nothing; its rate_limit key caps the re-leases (rolling window). A run whose end or re-lease raises is rolled back alone and dead-lettered (stop_reason recovery_failed), so one bad run never stops the others'' recovery. Runs under lock_timeout 2 s: a run whose recovery waits longer for a lock (a row someone holds in an open transaction) is left as it was, with a WARNING, for the next pass, and the others are recovered. A single run_id-NULL row reports saturation (an orphan is waiting but no slot is free), a rate limit holding it back (retry_at: when a start becomes possible) or a definitive empty scan. SKIP LOCKED throughout. lease_seconds NULL (the default): the deployment''s registered lease (zeroth.deployments.lease_seconds), else 60 s. Raises ZP006, ZP008. Notifies zeroth_wakeup for the runs it ended. Time: clock_timestamp().';
 ALTER FUNCTION zeroth.claim_orphaned(text, text, text, text, integer, integer, double precision, double precision) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.claim_orphaned(text, text, text, text, integer, integer, double precision, double precision) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.claim_orphaned(text, text, text, text, integer, integer, double precision, double precision) TO zeroth_worker;

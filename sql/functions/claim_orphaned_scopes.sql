@@ -38,6 +38,7 @@ REVOKE ALL ON FUNCTION zeroth._claim_orphaned_rows(text, text, text, text, integ
 -- raise (a ZP error included) skips that scope with a WARNING, never the others. Locks: as
 -- claim_orphaned, per scope.
 -- Raises ZP006, ZP008. Notifies zeroth_wakeup for runs it ended. Time: clock_timestamp().
+-- lease_seconds NULL (default): the deployment's registered lease (zeroth.deployments), else 60 s.
 CREATE OR REPLACE FUNCTION zeroth.claim_orphaned_scopes(
     deployment_refs text[],
     worker_id       text,
@@ -45,7 +46,7 @@ CREATE OR REPLACE FUNCTION zeroth.claim_orphaned_scopes(
     workspace_ids   text[]           DEFAULT NULL,
     max_concurrency integer          DEFAULT NULL,
     claim_limit     integer          DEFAULT NULL,
-    lease_seconds   double precision DEFAULT 60,
+    lease_seconds   double precision DEFAULT NULL,
     grace_seconds   double precision DEFAULT 10)
     RETURNS SETOF zeroth.scope_claimed_run
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
@@ -73,7 +74,9 @@ BEGIN
     PERFORM zeroth._require(claim_orphaned_scopes.max_concurrency IS NULL
                             OR claim_orphaned_scopes.max_concurrency BETWEEN 1 AND 10000,
                             'max_concurrency must be NULL or between 1 and 10000');
-    PERFORM zeroth._lease_interval(claim_orphaned_scopes.lease_seconds);
+    IF claim_orphaned_scopes.lease_seconds IS NOT NULL THEN  -- NULL: each deployment's registered lease
+        PERFORM zeroth._lease_interval(claim_orphaned_scopes.lease_seconds);
+    END IF;
     PERFORM zeroth._grace_interval(claim_orphaned_scopes.grace_seconds);
 
     SELECT coalesce(array_agg(x.tenant_id ORDER BY x.o), '{}'), coalesce(array_agg(x.workspace_key ORDER BY x.o), '{}'),
@@ -141,7 +144,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION zeroth.claim_orphaned_scopes(text[], text, text[], text[], integer, integer, double precision, double precision) IS
-'claim_orphaned_scopes: claim_orphaned over many deployments and scopes in one call. Scopes: (tenant_ids[i], workspace_ids[i]) × deployment_refs, or with tenant_ids NULL every scope of those deployments holding a running run (skip scan of runs_running_idx), in random order, those with an expired lease. Each scope is claim_orphaned exactly (ends the orphans nobody may resume, re-leases resumable ones under the scope''s limits; paused scopes re-lease nothing); claim_limit is shared across scopes (NULL all, 0 end only). Rows: one per re-leased run with its scope, plus one run_id-NULL row per scope where a resumable orphan waits for a slot or its rate limit (retry_at). Arguments are checked before any scope is visited; a scope whose recovery raises anything but a passing condition (a ZP error its rows cause included) is skipped with a WARNING and the others are recovered. Runs under lock_timeout 2 s: a run whose recovery waits longer for a lock (a row someone holds in an open transaction) is left as it was, with a WARNING, for the next pass, and the others are recovered. Raises ZP006, ZP008. Notifies zeroth_wakeup for the runs it ended. Time: clock_timestamp().';
+'claim_orphaned_scopes: claim_orphaned over many deployments and scopes in one call. Scopes: (tenant_ids[i], workspace_ids[i]) × deployment_refs, or with tenant_ids NULL every scope of those deployments holding a running run (skip scan of runs_running_idx), in random order, those with an expired lease. Each scope is claim_orphaned exactly (ends the orphans nobody may resume, re-leases resumable ones under the scope''s limits; paused scopes re-lease nothing); claim_limit is shared across scopes (NULL all, 0 end only). Rows: one per re-leased run with its scope, plus one run_id-NULL row per scope where a resumable orphan waits for a slot or its rate limit (retry_at). Arguments are checked before any scope is visited; a scope whose recovery raises anything but a passing condition (a ZP error its rows cause included) is skipped with a WARNING and the others are recovered. Runs under lock_timeout 2 s: a run whose recovery waits longer for a lock (a row someone holds in an open transaction) is left as it was, with a WARNING, for the next pass, and the others are recovered. lease_seconds NULL (the default): the deployment''s registered lease (zeroth.deployments.lease_seconds), else 60 s. Raises ZP006, ZP008. Notifies zeroth_wakeup for the runs it ended. Time: clock_timestamp().';
 ALTER FUNCTION zeroth.claim_orphaned_scopes(text[], text, text[], text[], integer, integer, double precision, double precision) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.claim_orphaned_scopes(text[], text, text[], text[], integer, integer, double precision, double precision) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.claim_orphaned_scopes(text[], text, text[], text[], integer, integer, double precision, double precision) TO zeroth_worker;

@@ -9,6 +9,7 @@
 -- Locks: slot rows, then run rows, all FOR UPDATE SKIP LOCKED. Bumps lease_generation per claim.
 -- Raises ZP006 (max_concurrency in an impossible scope), ZP008. Notifies zeroth_wakeup only for
 -- a run it dead-lettered. Time: clock_timestamp().
+-- lease_seconds NULL (default): the deployment's registered lease (zeroth.deployments), else 60 s.
 CREATE OR REPLACE FUNCTION zeroth.claim_pending(
     deployment_ref  text,
     worker_id       text,
@@ -16,7 +17,7 @@ CREATE OR REPLACE FUNCTION zeroth.claim_pending(
     workspace_id    text             DEFAULT NULL,
     max_concurrency integer          DEFAULT NULL,
     batch_size      integer          DEFAULT 1,
-    lease_seconds   double precision DEFAULT 60)
+    lease_seconds   double precision DEFAULT NULL)
     RETURNS SETOF zeroth.claimed_run
     LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
     BEGIN ATOMIC
@@ -24,7 +25,7 @@ CREATE OR REPLACE FUNCTION zeroth.claim_pending(
                                             max_concurrency, batch_size, lease_seconds, false);
     END;
 COMMENT ON FUNCTION zeroth.claim_pending(text, text, text, text, integer, integer, double precision) IS
-'claim_pending: lease up to batch_size pending runs (status stays pending; start_run makes it running). Order: priority DESC, run_after, created_at. With max_concurrency, takes free admission slots with SKIP LOCKED (claimers never queue on one row); a single run_id-NULL row reports saturation or an empty queue. The scope''s zeroth.scope_limits row applies: its max_concurrency replaces the argument, paused leases nothing. A claim that lapsed before start_run counts its attempt when the run is claimed again; with no attempt left the run is dead-lettered instead (stop_reason attempts_exhausted) and the claim takes the next one. Bumps lease_generation. Raises ZP006, ZP008. Notifies zeroth_wakeup (only for a run it dead-lettered). Time: clock_timestamp().';
+'claim_pending: lease up to batch_size pending runs (status stays pending; start_run makes it running). Order: priority DESC, run_after, created_at. With max_concurrency, takes free admission slots with SKIP LOCKED (claimers never queue on one row); a single run_id-NULL row reports saturation or an empty queue. The scope''s zeroth.scope_limits row applies: its max_concurrency replaces the argument, paused leases nothing. A claim that lapsed before start_run counts its attempt when the run is claimed again; with no attempt left the run is dead-lettered instead (stop_reason attempts_exhausted) and the claim takes the next one. Bumps lease_generation. lease_seconds NULL (the default): the deployment''s registered lease (zeroth.deployments.lease_seconds), else 60 s. Raises ZP006, ZP008. Notifies zeroth_wakeup (only for a run it dead-lettered). Time: clock_timestamp().';
 ALTER FUNCTION zeroth.claim_pending(text, text, text, text, integer, integer, double precision) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.claim_pending(text, text, text, text, integer, integer, double precision) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.claim_pending(text, text, text, text, integer, integer, double precision) TO zeroth_worker;

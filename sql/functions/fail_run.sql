@@ -4,15 +4,17 @@
 -- 'failed' or 'dead_lettered', or NULL when fenced out. The error document is stored bounded
 -- (zeroth._bounded_error: 65,536 characters a top-level string, 1 MiB the document). Raises
 -- ZP003, ZP008. Notifies zeroth_wakeup when a slot was freed or the retry is due at once. Time:
--- clock_timestamp().
+-- clock_timestamp(). retry_base_seconds / retry_max_seconds NULL: the deployment's registered
+-- policy (zeroth.deployments, read now: a change of policy applies to the next failure of every
+-- run of the deployment), else 1 / 300.
 CREATE OR REPLACE FUNCTION zeroth.fail_run(
     run_id             uuid,
     worker_id          text,
     generation         bigint,
     error              jsonb            DEFAULT NULL,
     retryable          boolean          DEFAULT true,
-    retry_base_seconds double precision DEFAULT 1,
-    retry_max_seconds  double precision DEFAULT 300,
+    retry_base_seconds double precision DEFAULT NULL,
+    retry_max_seconds  double precision DEFAULT NULL,
     tenant_id          text             DEFAULT NULL,
     workspace_id       text             DEFAULT NULL)
     RETURNS text
@@ -27,8 +29,19 @@ DECLARE
     v_ws      text;
     v_due     boolean;
     v_error   jsonb;
+    v_base    double precision;
+    v_max     double precision;
 BEGIN
     PERFORM zeroth._require(fail_run.retryable IS NOT NULL, 'retryable must not be NULL');
+    -- The retry policy the caller left NULL: the deployment's registered one (one lookup by the
+    -- run's key and the registry's primary key, no lock), else 1 / 300.
+    IF fail_run.retry_base_seconds IS NULL OR fail_run.retry_max_seconds IS NULL THEN
+        SELECT d.retry_base_seconds, d.retry_max_seconds INTO v_base, v_max
+          FROM zeroth.runs r JOIN zeroth.deployments d ON d.deployment_ref = r.deployment_ref
+         WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey AND r.run_id = fail_run.run_id;
+        fail_run.retry_base_seconds := coalesce(fail_run.retry_base_seconds, v_base, 1);
+        fail_run.retry_max_seconds := coalesce(fail_run.retry_max_seconds, v_max, 300);
+    END IF;
     PERFORM zeroth._require(fail_run.retry_base_seconds >= 0 AND fail_run.retry_max_seconds >= fail_run.retry_base_seconds
                             AND fail_run.retry_max_seconds <= 86400 * 30,
                             'need 0 <= retry_base_seconds <= retry_max_seconds <= 30 days');
@@ -82,7 +95,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION zeroth.fail_run(uuid, text, bigint, jsonb, boolean, double precision, double precision, text, text) IS
-'fail_run: running → pending with exponential backoff + jitter (retryable, attempts < max_attempts), → failed (not retryable), or → failed + dead_lettered_at (retries exhausted). Fenced; clears the lease, frees the slot. The error document is stored bounded: each top-level string longer than 65,536 characters cut ("truncated": true), a document still over 1 MiB replaced by its summary (docs/sql-api.md, "Error documents"). Returns retry_scheduled | failed | dead_lettered, or NULL when fenced out. Raises ZP003, ZP008. Notifies zeroth_wakeup when a slot was freed or the retry is due at once. Time: clock_timestamp().';
+'fail_run: running → pending with exponential backoff + jitter (retryable, attempts < max_attempts), → failed (not retryable), or → failed + dead_lettered_at (retries exhausted). Fenced; clears the lease, frees the slot. The error document is stored bounded: each top-level string longer than 65,536 characters cut ("truncated": true), a document still over 1 MiB replaced by its summary (docs/sql-api.md, "Error documents"). retry_base_seconds / retry_max_seconds NULL (the defaults): the deployment''s registered policy (zeroth.deployments, read at this failure: a change applies to the next failure), else 1 / 300; 0 <= base <= max <= 30 days. Returns retry_scheduled | failed | dead_lettered, or NULL when fenced out. Raises ZP003, ZP008. Notifies zeroth_wakeup when a slot was freed or the retry is due at once. Time: clock_timestamp().';
 ALTER FUNCTION zeroth.fail_run(uuid, text, bigint, jsonb, boolean, double precision, double precision, text, text) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.fail_run(uuid, text, bigint, jsonb, boolean, double precision, double precision, text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.fail_run(uuid, text, bigint, jsonb, boolean, double precision, double precision, text, text) TO zeroth_worker;

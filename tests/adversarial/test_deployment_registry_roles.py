@@ -28,7 +28,12 @@ WRITES = (
     "TRUNCATE zeroth.deployment_changes",
     "SELECT zeroth.set_deployment_defaults(deployment_ref => 'mail', max_attempts => 1000)",
     "SELECT zeroth.set_deployment_defaults(deployment_ref => 'mail', managed_by => 'app')",
-    "SELECT zeroth._change_deployment('mail', 1000, 0, 'sql', 'set_deployment_defaults')",
+    "SELECT zeroth._change_deployment('mail', 1000, 0, NULL, NULL, NULL, NULL, 'sql', "
+    "'set_deployment_defaults')",
+    "SELECT zeroth.set_deployment_defaults(deployment_ref => 'mail', lease_seconds => 1)",
+    "SELECT zeroth.set_deployment_defaults(deployment_ref => 'mail', "
+    "unset => ARRAY['lease_seconds'])",
+    "UPDATE zeroth.deployments SET lease_seconds = 1, retry_base_seconds = 0",
 )
 REGISTER = """SELECT outcome FROM zeroth.register_deployment(deployment_ref => 'mail',
     max_attempts => 1000, priority => 5)"""
@@ -44,7 +49,8 @@ async def sqlstate(conn: asyncpg.Connection, statement: str) -> str:
 
 async def state(admin: asyncpg.Connection) -> tuple[object, ...]:
     registry = await admin.fetch("SELECT deployment_ref, max_attempts, priority, managed_by, "
-                                 "version FROM zeroth.deployments ORDER BY 1")
+                                 "version, retry_base_seconds, retry_max_seconds, lease_seconds "
+                                 "FROM zeroth.deployments ORDER BY 1")
     changes = await admin.fetch("SELECT change_id, changed_by, new_values::text "
                                 "FROM zeroth.deployment_changes ORDER BY 1")
     return [tuple(r) for r in registry], [tuple(r) for r in changes]

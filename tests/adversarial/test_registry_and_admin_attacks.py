@@ -210,3 +210,87 @@ class TestRunByIdAfterTheIndexChange:
         blocks = plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
         assert "Seq Scan" not in scans, (scans, blocks)
         assert set(scans) <= {"Index Scan", "Index Only Scan"}, scans
+
+
+REGISTER_POLICY = """SELECT outcome FROM zeroth.register_deployment(deployment_ref => $1,
+    retry_base_seconds => $2, retry_max_seconds => $3, lease_seconds => $4)"""
+POLICY = """SELECT retry_base_seconds, retry_max_seconds, lease_seconds, version
+    FROM zeroth.deployments WHERE deployment_ref = $1"""
+
+
+class TestRetryPolicyAndLeaseAcrossRoles:
+    """The registry's retry policy and lease (migration 0020) decide how soon a failed run is
+    retried and how long a crashed worker's run stays stuck: a lease of a day strands a
+    tenant's runs for a day after a crash, a zero backoff hammers its downstream. Only the login
+    whose application registered a deployment (registered_by) or a DBA may change them."""
+
+    async def test_another_logins_registration_does_not_change_the_policy_of_my_runs(
+            self, login, admin):
+        beta = await login("worker")
+        alpha = await login("worker")  # another trust domain's worker role
+        assert await beta.fetchval(REGISTER_POLICY, "mail", 5.0, 60.0, 120.0) == "created"
+        assert await alpha.fetchval(REGISTER_POLICY, "mail", 0.0, 0.0, 86400.0) == "kept"
+        assert await alpha.fetchval(REGISTER_POLICY, "mail", None, None, None) == "kept"
+        assert tuple(await admin.fetchrow(POLICY, "mail")) == (5, 60, 120, 1)
+        await beta.execute("SELECT zeroth.enqueue_run(deployment_ref => 'mail', "
+                           "tenant_id => 'beta')")
+        await beta.fetch("SELECT * FROM zeroth.claim_pending(deployment_ref => 'mail', "
+                         "worker_id => 'w', tenant_id => 'beta')")
+        leased = await admin.fetchval("SELECT lease_expires_at - lease_acquired_at "
+                                      "FROM zeroth.runs WHERE deployment_ref = 'mail'")
+        assert leased.total_seconds() == 120
+
+    async def test_a_worker_cannot_set_nor_unset_a_policy_as_a_dba(self, login, admin):
+        worker = await login("worker")
+        assert await worker.fetchval(REGISTER_POLICY, "mail", 5.0, 60.0, 120.0) == "created"
+        for statement in (
+                "SELECT zeroth.set_deployment_defaults(deployment_ref => 'mail', "
+                "lease_seconds => 86400)",
+                "SELECT zeroth.set_deployment_defaults(deployment_ref => 'mail', "
+                "unset => ARRAY['retry_base_seconds', 'retry_max_seconds'])",
+                "UPDATE zeroth.deployments SET retry_base_seconds = 0, retry_max_seconds = 0",
+                "SELECT zeroth._deployment_lease('mail', NULL)",
+                "SELECT zeroth._check_deployment_policy(1, 2, 3)"):
+            assert await sqlstate(worker, statement) == "42501", statement
+        assert tuple(await admin.fetchrow(POLICY, "mail")) == (5, 60, 120, 1)
+
+    async def test_a_registration_keeps_the_policy_a_dba_pinned(self, login, admin):
+        await admin.execute("SELECT zeroth.set_deployment_defaults(deployment_ref => 'mail', "
+                            "lease_seconds => 30)")
+        worker = await login("worker")
+        assert await worker.fetchval(REGISTER_POLICY, "mail", 0.0, 0.0, 86400.0) == "kept"
+        assert tuple(await admin.fetchrow(POLICY, "mail")) == (None, None, 30, 1)
+
+    async def test_a_reader_and_a_login_without_a_grant_change_no_policy(self, login, admin):
+        await admin.execute("SELECT zeroth.register_deployment(deployment_ref => 'mail', "
+                            "retry_base_seconds => 5, retry_max_seconds => 60, "
+                            "lease_seconds => 120)")
+        before = tuple(await admin.fetchrow(POLICY, "mail"))
+        audit = await admin.fetchval("SELECT count(*) FROM zeroth.deployment_changes")
+        for who in ("reader", "nobody"):
+            conn = await login(who)
+            for statement, args in (
+                    (REGISTER_POLICY, ("mail", 0.0, 0.0, 86400.0)),
+                    ("SELECT zeroth.set_deployment_defaults(deployment_ref => $1, "
+                     "lease_seconds => 1)", ("mail",)),
+                    ("UPDATE zeroth.deployments SET lease_seconds = 1", ())):
+                assert await sqlstate(conn, statement, *args) == "42501", (who, statement)
+        assert tuple(await admin.fetchrow(POLICY, "mail")) == before
+        assert await admin.fetchval("SELECT count(*) FROM zeroth.deployment_changes") == audit
+
+    async def test_a_dbas_manual_update_applies_to_the_next_claim_and_bad_values_are_refused(
+            self, login, admin):
+        await admin.execute("SELECT zeroth.register_deployment(deployment_ref => 'mail', "
+                            "lease_seconds => 120)")
+        await admin.execute("UPDATE zeroth.deployments SET lease_seconds = 45 "
+                            "WHERE deployment_ref = 'mail'")
+        for bad in ("lease_seconds = 'Infinity'", "lease_seconds = -1",
+                    "retry_base_seconds = 'NaN'", "retry_max_seconds = 1e12"):
+            assert await sqlstate(admin, f"UPDATE zeroth.deployments SET {bad}") == "23514", bad
+        worker = await login("worker")
+        await worker.execute("SELECT zeroth.enqueue_run(deployment_ref => 'mail')")
+        await worker.fetch("SELECT * FROM zeroth.claim_and_start(deployment_ref => 'mail', "
+                           "worker_id => 'w')")
+        leased = await admin.fetchval("SELECT lease_expires_at - lease_acquired_at "
+                                      "FROM zeroth.runs WHERE deployment_ref = 'mail'")
+        assert leased.total_seconds() == 45

@@ -42,7 +42,8 @@ PER_CALL_OPTIONS = {"payload", "priority", "run_after", "max_attempts", "idempot
                     "metadata", "batch", "status", "watch", "action", "help", "from_revision",
                     "from_database", "cron", "every", "tz", "catch_up", "grace", "paused",
                     "max_concurrency", "weight", "rate_limit", "note", "max_starts", "per",
-                    "changes", "managed_by"}
+                    "changes", "managed_by", "retry_base_seconds", "retry_max_seconds",
+                    "lease_seconds", "unset"}
 
 
 def cli(*args: str, dsn: str | None = None, stdin: str | None = None,

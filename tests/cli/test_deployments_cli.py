@@ -99,3 +99,50 @@ class TestDeploymentsCommand:
         values = {str(r["run_id"]): (r["max_attempts"], r["priority"]) for r in await conn.fetch(
             "SELECT run_id, max_attempts, priority FROM zeroth.runs")}
         assert [values[i] for i in ids] == [(6, 2), (1, 2), (6, 2), (6, 9)]
+
+
+class TestRetryPolicyAndLease:
+    async def test_set_shows_and_unsets_the_retry_policy_and_lease(self, database_dsn, connect):
+        changed = ok_json(cli("deployments", "set", "mail", "--retry-base", "5", "--retry-max",
+                              "120", "--lease", "900", "--json", dsn=database_dsn))
+        assert (changed["outcome"], changed["retry_base_seconds"], changed["retry_max_seconds"],
+                changed["lease_seconds"]) == ("created", 5, 120, 900)
+        listed = ok_json(cli("deployments", "list", "--json", dsn=database_dsn))
+        assert [(r["retry_base_seconds"], r["retry_max_seconds"], r["lease_seconds"])
+                for r in listed] == [(5, 120, 900)]
+        table = cli("deployments", "list", dsn=database_dsn, env={"COLUMNS": "200"})
+        assert table.returncode == 0, table.stderr
+        assert "lease (s)" in table.stdout
+        assert "retry base (s)" in table.stdout
+        line = next(line for line in table.stdout.splitlines() if "mail" in line)
+        assert "900" in line
+        assert "120" in line
+        cleared = ok_json(cli("deployments", "set", "mail", "--unset", "lease_seconds",
+                              "--json", dsn=database_dsn))
+        assert (cleared["outcome"], cleared["lease_seconds"], cleared["retry_base_seconds"]) == (
+            "updated", None, 5)
+        shown = ok_json(cli("deployments", "show", "mail", "--json", dsn=database_dsn))
+        old = shown["changes"][0]["old_values"]
+        assert (json.loads(old) if isinstance(old, str) else old)["lease_seconds"] == 900
+        conn = await connect()
+        await conn.execute("SELECT zeroth.enqueue_run(deployment_ref => 'mail')")
+        await conn.execute("SELECT * FROM zeroth.claim_pending(deployment_ref => 'mail', "
+                           "worker_id => 'w')")
+        leased = await conn.fetchval("SELECT lease_expires_at - lease_acquired_at "
+                                     "FROM zeroth.runs WHERE deployment_ref = 'mail'")
+        assert leased.total_seconds() == 60  # unset: a claim's own 60 s
+
+
+    async def test_a_bad_policy_is_a_usage_error_and_changes_nothing(self, database_dsn,
+                                                                     connect):
+        for args in (("--lease", "0"), ("--lease", "86401"), ("--retry-base", "10",
+                                                              "--retry-max", "5"),
+                     ("--retry-base", "-1"), ("--retry-max", "nan")):
+            result = cli("deployments", "set", "mail", *args, dsn=database_dsn)
+            assert result.returncode == 2, (args, result.stdout, result.stderr)
+            assert "seconds" in result.stderr, args
+        unknown = cli("deployments", "set", "mail", "--unset", "priority", dsn=database_dsn)
+        assert unknown.returncode == 2
+        conn = await connect()
+        assert await conn.fetchval("SELECT count(*) FROM zeroth.deployments") == 0
+        assert await conn.fetchval("SELECT count(*) FROM zeroth.deployment_changes") == 0

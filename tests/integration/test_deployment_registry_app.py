@@ -11,9 +11,12 @@ import json
 import logging
 import subprocess
 
+import asyncpg
+import pytest
+from helpers import wait_until
 from roles import dsn_as, login_role
 
-from zeroth_pg import App, LeaseManager
+from zeroth_pg import App, LeaseManager, RetryPolicy
 from zeroth_pg.testing import libpq_dsn, psql_executable
 
 ENQUEUE_RUN = "zeroth.enqueue_run(text, jsonb, text, text, integer, timestamptz, integer, text, "\
@@ -125,3 +128,58 @@ class TestAppRegistersItsDeployments:
         assert await registry(pool) == {}
         warned = [r for r in caplog.records if "could not register" in r.getMessage()]
         assert len(warned) == 1  # once, not on every enqueue
+
+
+class TestRetryPolicyAndLease:
+    """``@app.deployment(retry=..., lease_seconds=...)`` registers them (zeroth.deployments), so a
+    worker in any language that passes none gets them; the App's worker, configured with no
+    retry policy of its own, leaves the backoff to the registry (a DBA's change included)."""
+
+    async def test_the_app_registers_its_deployments_retry_policy_and_lease(self, app, pool):
+        @app.deployment("send-email", retry=RetryPolicy(5, 60), lease_seconds=120)
+        async def send(run) -> None:
+            return None
+
+        @app.deployment("resize")
+        async def resize(run) -> None:
+            return None
+
+        await app.open()
+        rows = await pool.fetch("SELECT deployment_ref, retry_base_seconds, retry_max_seconds, "
+                                "lease_seconds FROM zeroth.deployments ORDER BY 1")
+        assert [tuple(r) for r in rows] == [("resize", None, None, None),
+                                            ("send-email", 5, 60, 120)]
+        listed = await LeaseManager(pool).list_deployments("send-email")
+        assert (listed[0].retry_base_seconds, listed[0].retry_max_seconds,
+                listed[0].lease_seconds) == (5, 60, 120)
+        worker = await app.worker()
+        assert worker.lease_duration == 120  # the longest lease_seconds of those it serves
+        assert (await app.worker(["resize"])).lease_duration == app.lease_duration
+
+    def test_a_bad_lease_is_refused_when_declared(self, app):
+        for bad in (0, -1, 86401, float("nan"), True, "60"):
+            with pytest.raises(ValueError, match="lease_seconds"):
+                app.deployment(f"d{bad!s}", lease_seconds=bad)(lambda run: None)
+
+    async def test_a_worker_without_a_policy_retries_with_the_registered_one(
+            self, app, pool, serve):
+        @app.deployment("flaky", max_attempts=3)
+        async def flaky(run) -> None:
+            raise RuntimeError("downstream is down")
+
+        await app.open()
+        # A DBA backs the deployment off to a 1000 s base: the worker names no policy, so its
+        # next failure is retried 500-1000 s later (1 / 300 s before the change).
+        await LeaseManager(pool).set_deployment_defaults("flaky", retry_base_seconds=1000,
+                                                         retry_max_seconds=5000)
+        run = await app.deployments["flaky"].enqueue()
+        await serve("flaky")
+
+        async def retried() -> asyncpg.Record | None:
+            row = await pool.fetchrow("SELECT status::text, run_after, updated_at, error FROM "
+                                      "zeroth.runs WHERE run_id = $1", run.run_id)
+            return row if row["status"] == "pending" and row["error"] is not None else None
+
+        row = await wait_until(retried, "the failed attempt's retry", within=30)
+        delay = (row["run_after"] - row["updated_at"]).total_seconds()
+        assert 500 <= delay <= 1000

@@ -96,3 +96,41 @@ async def test_the_lookup_statement_is_a_primary_key_index_scan_in_a_generic_pla
     plan = "\n".join(r[0] for r in await session.fetch("EXPLAIN EXECUTE registry_lookup('x')"))
     assert "Index Scan using deployments_pkey on deployments" in plan, plan
     assert "Seq Scan" not in plan, plan
+
+
+CLAIM = """SELECT * FROM zeroth.claim_and_start(deployment_ref => $1, worker_id => 'w',
+    tenant_id => 't')"""
+CLAIM_SCOPES = """SELECT * FROM zeroth.claim_and_start_scopes(deployment_refs => ARRAY[$1],
+    worker_id => 'w', batch_size => 2)"""
+
+
+async def test_the_claims_lease_lookup_stays_one_primary_key_probe_after_the_registry_grew(
+        session: asyncpg.Connection, database_dsn: str) -> None:
+    """A claim that names no lease reads the deployment's registered lease_seconds (migration
+    0020): one primary-key probe per deployment claimed, also from a generic plan cached while
+    the registry was small."""
+    await session.execute("SELECT zeroth.register_deployment(deployment_ref => 'plan-d', "
+                          "lease_seconds => 321)")
+    for _ in range(3):  # planned on the one-row registry, the generic plans cached
+        await session.fetch(CLAIM, "plan-d")
+        await session.fetch(CLAIM_SCOPES, "plan-d")
+    other = await asyncpg.connect(database_dsn)
+    try:
+        await other.execute(
+            """INSERT INTO zeroth.deployments (deployment_ref, max_attempts, priority, managed_by,
+                                               created_at, updated_at, updated_by,
+                                               lease_seconds)
+               SELECT 'grown-' || g, 3, 0, 'sql', now(), now(), 'test', 30
+                 FROM generate_series(1, $1) AS g""", GROWN)
+    finally:
+        await other.close()
+    for query in (CLAIM, CLAIM_SCOPES):
+        await session.execute("SELECT zeroth.enqueue_run(deployment_ref => 'plan-d', "
+                              "tenant_id => 't')")
+        reading = await measured(session, query, "plan-d")
+        assert reading["deployments"][0] == 0, reading  # no tuple from a sequential scan
+        assert reading["deployments_pkey"][0] <= 2, reading
+        assert max(blocks for _, blocks in reading.values()) <= 4, reading
+    leases = await session.fetch("SELECT lease_expires_at - lease_acquired_at AS lease "
+                                 "FROM zeroth.runs WHERE deployment_ref = 'plan-d'")
+    assert [r["lease"].total_seconds() for r in leases] == [321, 321]

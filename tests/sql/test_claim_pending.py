@@ -490,7 +490,8 @@ class TestRejectedArguments:
             pytest.param({"lease_seconds": float("nan")}, id="lease-nan"),
             pytest.param({"lease_seconds": float("inf")}, id="lease-infinite"),
             pytest.param({"lease_seconds": 86401}, id="lease-over-a-day"),
-            pytest.param({"lease_seconds": None}, id="lease-null"),
+            # lease_seconds NULL is no bad argument since migration 0020: the deployment's
+            # registered lease, else 60 s (tests/sql/test_deployments.py).
             pytest.param({"worker_id": ""}, id="empty-worker"),
             pytest.param({"worker_id": None}, id="null-worker"),
             pytest.param({"worker_id": "w" * 201}, id="201-char-worker"),

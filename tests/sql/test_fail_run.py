@@ -232,8 +232,10 @@ class TestBadArguments:
             pytest.param({"base": float("nan")}, id="nan-base"),
             pytest.param({"base": float("nan"), "cap": float("nan")}, id="nan-both"),
             pytest.param({"cap": float("inf")}, id="infinite-cap"),
-            pytest.param({"base": None}, id="null-base"),
-            pytest.param({"cap": None}, id="null-cap"),
+            # NULL is the deployment's registered side, else 1 / 300 (migration 0020): a pair
+            # that is bad against the fallback is still refused.
+            pytest.param({"base": None, "cap": 0.5}, id="null-base-above-the-cap"),
+            pytest.param({"base": 400.0, "cap": None}, id="base-above-the-null-cap"),
             pytest.param({"retryable": None}, id="null-retryable"),
         ],
     )

@@ -94,6 +94,18 @@ async def test_deployments_schedules_events_workers_and_the_timeline(database_ds
                 assert tuple(await conn.fetchrow(
                     """SELECT paused, max_concurrency, rate_limit FROM zeroth.scope_limits
                         WHERE deployment_ref = 'mail'""")) == (False, 2, "smtp")
+                # The deployment's retry policy and lease, set through the same page's form.
+                for field, value in (("retry_base_seconds", "30"), ("lease_seconds", "300")):
+                    box = driver.find_element(By.CSS_SELECTOR,
+                                              f"#deployment-defaults-form input[name={field}]")
+                    box.clear()
+                    box.send_keys(value)
+                click("#deployment-defaults-form button")
+                assert "300 s" in driver.find_element(By.ID, "deployment-defaults").text
+                assert tuple(await conn.fetchrow(
+                    """SELECT retry_base_seconds, retry_max_seconds, lease_seconds
+                         FROM zeroth.deployments WHERE deployment_ref = 'mail'""")) == (
+                    30, None, 300)
                 # Schedules: pause, then fire now (opens the new run).
                 driver.get(base + "/schedules")
                 click("button.schedule-pause")

@@ -76,7 +76,8 @@ async def _state(conn: asyncpg.Connection) -> dict[str, Any]:
             "SELECT run_id, status::text FROM zeroth.runs ORDER BY run_id")],
         "events": await conn.fetchval("SELECT count(*) FROM zeroth.events"),
         "defaults": [tuple(r) for r in await conn.fetch(
-            "SELECT deployment_ref, max_attempts, priority, managed_by, version "
+            "SELECT deployment_ref, max_attempts, priority, managed_by, version, "
+            "retry_base_seconds, retry_max_seconds, lease_seconds "
             "FROM zeroth.deployments ORDER BY deployment_ref")],
         "changes": await conn.fetchval("SELECT count(*) FROM zeroth.deployment_changes"),
     }
@@ -201,6 +202,15 @@ class TestDeployments:
                                           "priority": "high"}, 400),
         ("/actions/deployment-defaults", {"deployment": "", "tenant": "t",
                                           "max_attempts": "3"}, 400),
+        *[("/actions/deployment-defaults", {"deployment": "mail", "tenant": "t", **fields}, 400)
+          for fields in ({"retry_base_seconds": "-1"}, {"retry_base_seconds": "nan"},
+                         {"retry_max_seconds": "2592001"}, {"retry_max_seconds": "inf"},
+                         {"lease_seconds": "0"}, {"lease_seconds": "86401"},
+                         {"lease_seconds": "soon"},
+                         # merged with the row's (base 5, max 60): refused by the database
+                         {"retry_base_seconds": "61"}, {"retry_max_seconds": "4"},
+                         {"unset_lease_seconds": "yes please"},
+                         {"lease_seconds": "30", "unset_lease_seconds": "on"})],
     ])
     async def test_bad_input_is_refused_clearly_and_changes_nothing(self, database_dsn, path,
                                                                     form, status):
@@ -209,6 +219,9 @@ class TestDeployments:
             await conn.execute(
                 "SELECT zeroth.set_scope_limits(deployment_ref => 'mail', tenant_id => 't', "
                 "max_concurrency => 2)")
+            await conn.execute(
+                "SELECT zeroth.register_deployment(deployment_ref => 'mail', "
+                "retry_base_seconds => 5, retry_max_seconds => 60, lease_seconds => 120)")
             before = await _state(conn)
             with dashboard(create_app(database_dsn, enable_actions=True)) as client:
                 csrf = _csrf(client.get("/deployments").text)
@@ -541,6 +554,52 @@ async def _seed(conn: asyncpg.Connection) -> None:
     await _wait_for_event(conn, "go", tenant="acme")
     await conn.execute("SELECT zeroth.set_rate_limit(name => 'k', max_starts => 5, "
                        "period_seconds => 1)")
+
+
+class TestDeploymentPolicy:
+    async def test_the_retry_policy_and_lease_are_shown_set_and_unset_audited(
+            self, database_dsn):
+        """The scope page shows a deployment's registered retry policy and lease (or that they
+        are not set); the form sets them through zeroth.set_deployment_defaults (audited), and
+        its checkboxes set them back to not set."""
+        conn = await asyncpg.connect(database_dsn)
+        try:
+            await conn.execute("SELECT zeroth.register_deployment(deployment_ref => 'mail', "
+                               "retry_base_seconds => 5, retry_max_seconds => 60)")
+            url = "/deployments/scope?deployment=mail&tenant=acme"
+            scope = {"deployment": "mail", "tenant": "acme", "workspace": ""}
+            with dashboard(create_app(database_dsn, enable_actions=True)) as client:
+                page = client.get(url).text
+                shown = page[page.index('id="deployment-defaults"'):]
+                assert "5 s, doubled per attempt, at most 60 s" in shown
+                assert "<dt>lease</dt><dd><span class=\"muted\">not set</span>" in shown
+                assert 'name="retry_base_seconds" inputmode="decimal" value="5"' in shown
+                r = client.post("/actions/deployment-defaults", data={
+                    **scope, "lease_seconds": "900", "retry_max_seconds": "120",
+                    "csrf": _csrf(page)}, follow_redirects=False)
+                assert r.status_code == 303, r.text
+                page = client.get(url).text
+                assert "<dt>lease</dt><dd>900 s</dd>" in page
+                r = client.post("/actions/deployment-defaults", data={
+                    **scope, "unset_retry_base_seconds": "on",
+                    "unset_retry_max_seconds": "on", "csrf": _csrf(page)},
+                    follow_redirects=False)
+                assert r.status_code == 303, r.text
+                page = client.get(url).text
+                assert "<dt>retry backoff</dt><dd><span class=\"muted\">not set</span>" in page
+            assert tuple(await conn.fetchrow(
+                "SELECT retry_base_seconds, retry_max_seconds, lease_seconds, managed_by "
+                "FROM zeroth.deployments WHERE deployment_ref = 'mail'")) == (
+                    None, None, 900, "sql")
+            audit = await conn.fetch(
+                "SELECT version, via, new_values::text AS new FROM zeroth.deployment_changes "
+                "WHERE deployment_ref = 'mail' ORDER BY version")
+            assert [(r["version"], r["via"]) for r in audit] == [
+                (1, "register_deployment"), (2, "set_deployment_defaults"),
+                (3, "set_deployment_defaults")]
+            assert json.loads(audit[1]["new"])["retry_max_seconds"] == 120
+        finally:
+            await conn.close()
 
 
 class TestEveryActionIsGuarded:

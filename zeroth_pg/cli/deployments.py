@@ -1,5 +1,8 @@
 """``zeroth-pg deployments list | show | set``: the registry of deployments (zeroth.deployments):
-the max_attempts and priority a run gets when its enqueue names none, from every client.
+the max_attempts and priority a run gets when its enqueue names none, from every client, the
+retry policy fail_run applies and the lease a claim gives when their callers name none. Per-scope
+concurrency, pause, weight and rate limit are zeroth.scope_limits (``zeroth-pg limits``), shown
+by ``show``.
 
 ``list`` and ``show`` read through zeroth.list_deployments (a zeroth_worker may); ``show`` adds the
 deployment's per-scope limits (zeroth.scope_limits) and its change log
@@ -8,6 +11,7 @@ zeroth.set_deployment_defaults, an admin function: connect as a member of zeroth
 
 from __future__ import annotations
 
+import enum
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -33,9 +37,17 @@ if TYPE_CHECKING:
 __all__ = ["deployments_app"]
 
 deployments_app = typer.Typer(
-    help="List, show and set the deployments' defaults (max_attempts, priority) that every "
-         "client's enqueue gets when it names none.",
+    help="List, show and set the deployments' defaults (max_attempts, priority, retry policy, "
+         "lease) that every client's enqueue, failure and claim gets when it names none.",
     no_args_is_help=True, epilog=EXIT_CODES)
+
+class PolicyField(enum.StrEnum):
+    """A policy value ``set --unset`` sets back to not set."""
+
+    RETRY_BASE = "retry_base_seconds"
+    RETRY_MAX = "retry_max_seconds"
+    LEASE = "lease_seconds"
+
 
 NameArg = Annotated[str, typer.Argument(help="The deployment (deployment_ref).",
                                         show_default=False)]
@@ -43,7 +55,9 @@ NameArg = Annotated[str, typer.Argument(help="The deployment (deployment_ref).",
 #: Columns of list / show / set. managed_by: app (the last application registration decides) or
 #: sql (a DBA set it; registrations keep it); version: how many changes made the row.
 _COLUMNS = [("deployment_ref", "deployment"), ("max_attempts", "max attempts"),
-            ("priority", "priority"), ("managed_by", "set by"), ("version", "version"),
+            ("priority", "priority"), ("retry_base_seconds", "retry base (s)"),
+            ("retry_max_seconds", "retry max (s)"), ("lease_seconds", "lease (s)"),
+            ("managed_by", "set by"), ("version", "version"),
             ("updated_at", "changed (UTC)"), ("updated_by", "changed by"),
             ("outcome", "outcome"), ("previous", "previous")]
 _LIMIT_COLUMNS = [("tenant_id", "tenant"), ("workspace_id", "workspace"),
@@ -55,9 +69,12 @@ _CHANGE_COLUMNS = [("version", "version"), ("changed_at", "at (UTC)"), ("changed
 
 _HELP_COLUMNS = (
     "Columns: deployment · max attempts and priority (what a run gets when its enqueue names "
-    "none) · set by: app (the last application registration decides) or sql (a DBA set it; "
-    "registrations keep it) · version (changes so far) · changed (UTC) and changed by (the "
-    "session user of the last change).")
+    "none) · retry base and retry max (s): the backoff of a retry whose fail_run names none, "
+    "read at each failure (empty: not set, 1 and 300) · lease (s): the lease of a claim that "
+    "names none (empty: not set, 60) · set by: app (the last application registration "
+    "decides) or sql (a DBA set it; registrations keep it) · version (changes so far) · "
+    "changed (UTC) and changed by (the session user of the last change). Concurrency, pause, "
+    "weight and rate limit are per scope: `zeroth-pg limits`, shown by `show`.")
 
 
 @deployments_app.command("list", epilog=_HELP_COLUMNS)
@@ -130,6 +147,19 @@ def deployments_set(
     priority: Annotated[int | None, typer.Option(
         "--priority", help="Priority of a run enqueued without priority.",
         show_default=False)] = None,
+    retry_base_seconds: Annotated[float | None, typer.Option(
+        "--retry-base", help="Seconds: backoff base of a retry whose fail_run names none "
+                             "(0 to 30 days, at most the retry max).",
+        show_default=False)] = None,
+    retry_max_seconds: Annotated[float | None, typer.Option(
+        "--retry-max", help="Seconds: backoff cap of a retry whose fail_run names none "
+                            "(at most 30 days).", show_default=False)] = None,
+    lease_seconds: Annotated[float | None, typer.Option(
+        "--lease", help="Seconds: lease of a claim that names none (0 < s <= 86400).",
+        show_default=False)] = None,
+    unset: Annotated[list[PolicyField] | None, typer.Option(
+        "--unset", help="Set this policy value back to not set (repeatable).",
+        show_default=False)] = None,
     managed_by: Annotated[str, typer.Option(
         "--managed-by", help="sql: keep these values against applications' registrations; "
                              "app: hand the deployment back to them.")] = "sql",
@@ -137,15 +167,22 @@ def deployments_set(
     as_json: JsonOutput = False,
 ) -> None:
     """Set a deployment's defaults as a DBA (zeroth.set_deployment_defaults, admin); an option
-    left out keeps its value. Audited; runs enqueued before keep theirs."""
+    left out keeps its value. Audited; runs enqueued before keep their attempts and priority, a
+    retry policy applies from the next failure, a lease from the next claim."""
     from zeroth_pg.client import LeaseManager
 
-    if max_attempts is None and priority is None and managed_by == "sql":
-        raise UsageError("nothing to set: give --max-attempts, --priority or --managed-by app")
+    cleared = [field.value for field in unset or ()]
+    if (max_attempts is None and priority is None and retry_base_seconds is None
+            and retry_max_seconds is None and lease_seconds is None and not cleared
+            and managed_by == "sql"):
+        raise UsageError("nothing to set: give --max-attempts, --priority, --retry-base, "
+                         "--retry-max, --lease, --unset or --managed-by app")
 
     async def work(conn: asyncpg.Connection) -> dict[str, Any]:
         result = await LeaseManager(conn).set_deployment_defaults(
-            name, max_attempts=max_attempts, priority=priority, managed_by=managed_by)
+            name, max_attempts=max_attempts, priority=priority, managed_by=managed_by,
+            retry_base_seconds=retry_base_seconds, retry_max_seconds=retry_max_seconds,
+            lease_seconds=lease_seconds, unset=cleared)
         return asdict(result)
 
     row = run_async(dsn, work)

@@ -50,9 +50,11 @@ def worker(
     shutdown_timeout: Annotated[float, typer.Option(
         envvar="ZEROTH_PG_SHUTDOWN_TIMEOUT",
         help="On SIGTERM, seconds running handlers get before they are handed back.")] = 30.0,
-    retry_base: Annotated[float, typer.Option(
+    retry_base: Annotated[float | None, typer.Option(
         envvar="ZEROTH_PG_RETRY_BASE_SECONDS",
-        help="First retry delay in seconds, doubled per attempt.")] = 1.0,
+        help="First retry delay in seconds, doubled per attempt (default: each deployment's "
+             "registered retry policy, zeroth-pg deployments; else 1).",
+        show_default=False)] = None,
     worker_id: Annotated[str | None, typer.Option(
         envvar="ZEROTH_PG_WORKER_ID", help="Default: random.", show_default=False)] = None,
     metrics_port: Annotated[int, typer.Option(

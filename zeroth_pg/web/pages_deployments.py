@@ -2,8 +2,9 @@
 (zeroth.scope_overview, through the ``zeroth-pg status`` query) and its limits
 (zeroth.scope_limits, zeroth.rate_limits), a page per scope, and — with actions enabled — pause,
 resume, max_concurrency, weight and rate limit, each through zeroth.set_scope_limits or
-zeroth.set_rate_limit; a deployment's defaults (zeroth.deployments: max_attempts, priority, for
-every scope) shown on each of its scope pages and set through zeroth.set_deployment_defaults."""
+zeroth.set_rate_limit; a deployment's defaults (zeroth.deployments: max_attempts, priority, retry
+policy and lease, for every scope) shown on each of its scope pages and set through
+zeroth.set_deployment_defaults."""
 
 from __future__ import annotations
 
@@ -45,10 +46,38 @@ _SCOPE_SCHEDULES = """SELECT s.name, s.cron, s.interval_seconds, s.next_fire_at,
 
 # A deployment's defaults (global: every scope's runs of it), a table zeroth_reader may read.
 _DEFAULTS = """SELECT d.max_attempts, d.priority, d.managed_by, d.version, d.updated_at,
-           d.updated_by
+           d.updated_by, d.retry_base_seconds, d.retry_max_seconds, d.lease_seconds
       FROM zeroth.deployments d WHERE d.deployment_ref = $1"""
 
 _OPS = ("pause", "resume", "limits")
+
+#: The policy values of a deployment a form may set back to not set (zeroth.set_deployment_defaults
+#: unset).
+_POLICY_FIELDS = ("retry_base_seconds", "retry_max_seconds", "lease_seconds")
+_MAX_RETRY_SECONDS = 30 * 86400.0
+
+
+def _optional_seconds(form: Any, key: str, high: float, *, positive: bool = False) -> float | None:
+    """A number of seconds in [0, high] ((0, high] when ``positive``); blank: None (keep)."""
+    if not str(form.get(key) or "").strip():
+        return None
+    value = form_float(form, key, 0.0, high)
+    if positive and value <= 0:
+        raise BadInput(f"{key} must be more than 0")
+    return value
+
+
+def _unset(form: Any) -> list[str]:
+    """The policy values the form sets back to not set (checkboxes ``unset_<field>``, ``on``)."""
+    unset = []
+    for field in _POLICY_FIELDS:
+        value = form.get(f"unset_{field}")
+        if value is None:
+            continue
+        if value != "on":
+            raise BadInput(f"unset_{field} must be on or absent")
+        unset.append(field)
+    return unset
 
 
 def scope_url(deployment: str, tenant: str, workspace: str | None) -> str:
@@ -139,13 +168,24 @@ def routes(ctx: Context) -> list[Route]:
             deployment, tenant, workspace = _scope(form)
             max_attempts = form_int(form, "max_attempts", 1, 1000)
             priority = form_int(form, "priority", -1_000_000, 1_000_000)
+            retry_base = _optional_seconds(form, "retry_base_seconds", _MAX_RETRY_SECONDS)
+            retry_max = _optional_seconds(form, "retry_max_seconds", _MAX_RETRY_SECONDS)
+            lease = _optional_seconds(form, "lease_seconds", 86400.0, positive=True)
+            unset = _unset(form)
+            both = [k for k, v in (("retry_base_seconds", retry_base),
+                                   ("retry_max_seconds", retry_max),
+                                   ("lease_seconds", lease)) if v is not None and k in unset]
+            if both:
+                raise BadInput(f"{', '.join(both)}: a value and unset at once")
         except BadInput as exc:
             return ctx.bad_input(request, exc)
         try:
             await ctx.act(request, "deployment defaults", deployment,
                           _calls.SET_DEPLOYMENT_DEFAULTS, deployment, max_attempts, priority,
-                          "sql")
+                          "sql", retry_base, retry_max, lease, unset)
         except asyncpg.PostgresError as exc:
+            if exc.sqlstate == "ZP008":  # the merged policy out of bounds (base above max)
+                return ctx.bad_input(request, BadInput(str(exc)[:300]))
             return ctx.refused(request, exc)
         return RedirectResponse(scope_url(deployment, tenant, workspace) + "&done=defaults",
                                 status_code=303)

@@ -126,7 +126,7 @@ async def serve(
     orphan_sweep_interval: float = 5.0,
     lease: float | None = None,
     shutdown_timeout: float = 30.0,
-    retry_base: float = 1.0,
+    retry_base: float | None = None,
     worker_id: str | None = None,
     metrics_port: int = 0,
     scope_metrics: bool = False,
@@ -155,8 +155,10 @@ async def serve(
     handler: Handler | None = None
     scopes: list[tuple[str | None, str | None]] | None = None
     per_deployment: dict[str, Any] = {}
+    app_lease: float | None = None  # the longest lease_seconds of the App's deployments served
     if isinstance(loaded, WorkerApp):
         per_deployment = loaded.worker_options(names)  # ValueError names unknown deployments
+        app_lease = per_deployment.pop("lease_duration", None)
         target = per_deployment.pop("deployment_ref")
         if tenant is not None or workspace is not None:
             scopes = [(tenant, workspace)]
@@ -194,7 +196,8 @@ async def serve(
             max_concurrency=concurrency, fleet_max_concurrency=fleet_concurrency,
             poll_interval=poll_interval, orphan_sweep_interval=orphan_sweep_interval,
             worker_id=worker_id, shutdown_timeout=shutdown_timeout,
-            lease_duration=lease or getattr(loaded, "lease_duration", None) or 60.0,
+            lease_duration=(lease or app_lease or getattr(loaded, "lease_duration", None)
+                            or 60.0),
             retry_base_seconds=retry_base, scope_metrics=scope_metrics,
             queue_depth_interval=queue_depth_interval,
             fire_schedules=fire_schedules, **per_deployment)

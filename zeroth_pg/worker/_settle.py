@@ -271,7 +271,7 @@ class Settler:
     database answered (failed, dead-lettered, lease lost)."""
 
     def __init__(self, lm: LeaseManager, worker_id: str, metrics: WorkerMetrics,
-                 retries: Mapping[str, RetryPolicy], *,
+                 retries: Mapping[str, RetryPolicy | None], *,
                  count_scope: Callable[[Counter, Scope], None],
                  completions: CompletionBatcher) -> None:
         self.lease_manager = lm
@@ -322,7 +322,8 @@ class Settler:
         def fail(document: dict[str, Any]) -> Callable[[], Awaitable[Any]]:
             return self._fenced(
                 entry, self.lease_manager.fail_run, error=document, retryable=retryable,
-                retry_base_seconds=retry.base_seconds, retry_max_seconds=retry.max_seconds)
+                retry_base_seconds=None if retry is None else retry.base_seconds,
+                retry_max_seconds=None if retry is None else retry.max_seconds)
 
         try:
             outcome = await self._write(entry, fail(error))

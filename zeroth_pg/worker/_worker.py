@@ -93,8 +93,8 @@ class RunWorker:
         shutdown_timeout: float = 30.0,
         lease_duration: float = 60.0,
         renew_fraction: float = 1 / 3,
-        retry_base_seconds: float = 1.0,
-        retry_max_seconds: float = 300.0,
+        retry_base_seconds: float | None = None,
+        retry_max_seconds: float | None = None,
         retries: Mapping[str, RetryPolicy] | None = None,
         deployment_concurrency: Mapping[str, int] | None = None,
         queue_depth_interval: float | None = None,
@@ -124,8 +124,13 @@ class RunWorker:
         self.renew_interval = lease_duration * renew_fraction
         self.retry_base_seconds = retry_base_seconds
         self.retry_max_seconds = retry_max_seconds
-        default_retry = RetryPolicy(retry_base_seconds, retry_max_seconds)
-        retry_policies = {d: default_retry for d in self._source.deployments}
+        # None: fail_run takes the deployment's registered policy (zeroth.deployments).
+        default_retry = (None if retry_base_seconds is None and retry_max_seconds is None
+                         else RetryPolicy(1.0 if retry_base_seconds is None else retry_base_seconds,
+                                          300.0 if retry_max_seconds is None
+                                          else retry_max_seconds))
+        retry_policies: dict[str, RetryPolicy | None] = {
+            d: default_retry for d in self._source.deployments}
         retry_policies.update(per_deployment(retries, self._source.deployments, "retries"))
         #: Local limits of single deployments (handlers running at once in this process), under
         #: the total ``max_concurrency``.
@@ -150,7 +155,7 @@ class RunWorker:
         self._claim_task: asyncio.Task[None] | None = None
         self._drain_task: asyncio.Task[None] | None = None
 
-    def _assemble(self, retries: Mapping[str, RetryPolicy]) -> None:
+    def _assemble(self, retries: Mapping[str, RetryPolicy | None]) -> None:
         """The parts: the held runs, the settler, the run executor, the claim loop, renewals."""
         self._runs = HeldRuns(self.max_concurrency, self.fleet_max_concurrency,
                               on_linger_end=lambda: self._claims.wake.set())

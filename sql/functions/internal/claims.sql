@@ -309,7 +309,7 @@ CREATE OR REPLACE FUNCTION zeroth._claim_pending(
     SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_now    timestamptz := zeroth._now();
-    v_lease  interval := zeroth._lease_interval(_claim_pending.lease_seconds);
+    v_lease  interval := zeroth._deployment_lease(_claim_pending.deployment_ref, _claim_pending.lease_seconds);
     v_tenant text := zeroth._scope_tenant(_claim_pending.tenant_id, _claim_pending.workspace_id);
     v_wskey  text := zeroth._workspace_key(_claim_pending.workspace_id);
     v_limit  integer;

@@ -1,3 +1,74 @@
+-- Helpers of the registry (migrations 0019, 0020). _check_deployment_policy: ZP008 unless the
+-- retry policy and lease of a deployment are within the bounds fail_run and the claims apply
+-- (0 <= base <= max <= 30 days, a NULL side counting as 1 / 300; 0 < lease <= 86400; no NaN).
+CREATE OR REPLACE FUNCTION zeroth._check_deployment_policy(
+    retry_base_seconds double precision, retry_max_seconds double precision,
+    lease_seconds double precision) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF NOT (coalesce(retry_base_seconds, 1) >= 0
+            AND coalesce(retry_base_seconds, 1) <= coalesce(retry_max_seconds, 300)
+            AND coalesce(retry_max_seconds, 300) <= 86400 * 30) THEN
+        RAISE EXCEPTION 'need 0 <= retry_base_seconds <= retry_max_seconds <= 30 days (not set: 1 and 300), got % and %',
+            coalesce(retry_base_seconds::text, 'NULL'), coalesce(retry_max_seconds::text, 'NULL')
+            USING ERRCODE = 'ZP008';
+    END IF;
+    IF lease_seconds IS NOT NULL THEN
+        PERFORM zeroth._lease_interval(lease_seconds);
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION zeroth._check_deployment_policy(double precision, double precision, double precision) IS 'Internal: ZP008 unless a deployment''s retry policy (0 <= base <= max <= 30 days, NULL counting as 1 / 300) and lease (NULL or 0 < s <= 86400) are within the bounds fail_run and the claims apply.';
+ALTER FUNCTION zeroth._check_deployment_policy(double precision, double precision, double precision) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._check_deployment_policy(double precision, double precision, double precision) FROM PUBLIC;
+
+-- _deployment_values: a registry row's defaults as the audit records them (old_values,
+-- new_values of zeroth.deployment_changes); a policy column that is not set (NULL) is absent.
+CREATE OR REPLACE FUNCTION zeroth._deployment_values(d zeroth.deployments) RETURNS jsonb
+    LANGUAGE sql IMMUTABLE AS $$
+    SELECT jsonb_build_object('max_attempts', d.max_attempts, 'priority', d.priority,
+                              'managed_by', d.managed_by)
+           || jsonb_strip_nulls(jsonb_build_object('retry_base_seconds', d.retry_base_seconds,
+                                                   'retry_max_seconds', d.retry_max_seconds,
+                                                   'lease_seconds', d.lease_seconds))
+$$;
+COMMENT ON FUNCTION zeroth._deployment_values(zeroth.deployments) IS 'Internal: a zeroth.deployments row''s defaults as a document (the old_values / new_values of zeroth.deployment_changes); retry_base_seconds, retry_max_seconds, lease_seconds only when set.';
+ALTER FUNCTION zeroth._deployment_values(zeroth.deployments) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._deployment_values(zeroth.deployments) FROM PUBLIC;
+
+-- _deployment_result: the deployment_registration of an outcome and a registry row.
+CREATE OR REPLACE FUNCTION zeroth._deployment_result(outcome text, d zeroth.deployments,
+                                                     previous jsonb)
+    RETURNS zeroth.deployment_registration
+    LANGUAGE sql IMMUTABLE AS $$
+    SELECT ROW(outcome, d.deployment_ref, d.max_attempts, d.priority, d.managed_by, d.version,
+               previous, d.retry_base_seconds, d.retry_max_seconds,
+               d.lease_seconds)::zeroth.deployment_registration
+$$;
+COMMENT ON FUNCTION zeroth._deployment_result(text, zeroth.deployments, jsonb) IS 'Internal: the deployment_registration (register_deployment, set_deployment_defaults) of an outcome, a zeroth.deployments row and the values an update replaced.';
+ALTER FUNCTION zeroth._deployment_result(text, zeroth.deployments, jsonb) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._deployment_result(text, zeroth.deployments, jsonb) FROM PUBLIC;
+
+-- _deployment_lease: the lease of a claim of deployment_ref: lease_seconds when given (checked:
+-- ZP008 unless 0 < s <= 86400), else the deployment's registered lease (zeroth.deployments: one
+-- primary-key lookup), else 60 s. Takes no lock.
+CREATE OR REPLACE FUNCTION zeroth._deployment_lease(deployment_ref text,
+                                                    lease_seconds double precision)
+    RETURNS interval
+    LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF lease_seconds IS NOT NULL THEN
+        RETURN zeroth._lease_interval(lease_seconds);
+    END IF;
+    RETURN make_interval(secs => coalesce(
+        (SELECT d.lease_seconds FROM zeroth.deployments d
+          WHERE d.deployment_ref = _deployment_lease.deployment_ref), 60));
+END
+$$;
+COMMENT ON FUNCTION zeroth._deployment_lease(text, double precision) IS 'Internal: the lease of a claim: lease_seconds when given (ZP008 unless 0 < s <= 86400), else zeroth.deployments.lease_seconds of the deployment (a primary-key lookup), else 60 s.';
+ALTER FUNCTION zeroth._deployment_lease(text, double precision) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._deployment_lease(text, double precision) FROM PUBLIC;
+
 -- The registry of deployments (zeroth.deployments, migration 0019): the one writer behind
 -- register_deployment and set_deployment_defaults. Creates the row, or changes it when the values
 -- differ, bumping its version and appending the change to zeroth.deployment_changes (who:
@@ -11,13 +82,21 @@
 -- no open transaction of another session holds it up; a change locks the row and checks again.
 -- Versions continue after the highest audited one, so a row a DBA deleted (or whose version a DBA
 -- edited) is created or changed again without colliding with its audit rows.
+-- Retry policy and lease (migration 0020): a value given replaces the row's; NULL keeps it, unless
+-- the column is named in unset (then it becomes NULL, "not set"; register_deployment names all). The merged policy is checked
+-- (ZP008: 0 <= base <= max <= 30 days, a NULL side counting as 1 / 300) before anything is written.
 -- Internal: SECURITY INVOKER, executable by zeroth_owner only. Time: clock_timestamp().
+DROP FUNCTION IF EXISTS zeroth._change_deployment(text, integer, integer, double precision, double precision, double precision, text[], text, text);
 CREATE OR REPLACE FUNCTION zeroth._change_deployment(
-    deployment_ref text,
-    max_attempts   integer,
-    priority       integer,
-    managed_by     text,
-    via            text)
+    deployment_ref     text,
+    max_attempts       integer,
+    priority           integer,
+    retry_base_seconds double precision,
+    retry_max_seconds  double precision,
+    lease_seconds      double precision,
+    unset              text[],
+    managed_by         text,
+    via                text)
     RETURNS zeroth.deployment_registration
     LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
@@ -31,6 +110,9 @@ DECLARE
     v_was    jsonb;
     v_top    bigint;
     v_locked boolean := false;
+    v_base   double precision;
+    v_max    double precision;
+    v_lease  double precision;
 BEGIN
     -- At most three rounds: unlocked look, locked look (and again if a DBA deletes the row in
     -- between, or another caller creates it first).
@@ -45,39 +127,50 @@ BEGIN
         IF NOT FOUND THEN
             v_top := (SELECT max(c.version) FROM zeroth.deployment_changes c
                        WHERE c.deployment_ref = _change_deployment.deployment_ref);
+            v_base := _change_deployment.retry_base_seconds;
+            v_max := _change_deployment.retry_max_seconds;
+            v_lease := _change_deployment.lease_seconds;
+            PERFORM zeroth._check_deployment_policy(v_base, v_max, v_lease);
             INSERT INTO zeroth.deployments AS d (deployment_ref, max_attempts, priority, managed_by,
                                                  version, created_at, updated_at, updated_by,
-                                                 registered_by)
+                                                 registered_by, retry_base_seconds,
+                                                 retry_max_seconds, lease_seconds)
             VALUES (_change_deployment.deployment_ref, coalesce(_change_deployment.max_attempts, 3),
                     coalesce(_change_deployment.priority, 0), _change_deployment.managed_by,
-                    coalesce(v_top, 0) + 1, v_now, v_now, v_who, v_owner)
+                    coalesce(v_top, 0) + 1, v_now, v_now, v_who, v_owner, v_base, v_max, v_lease)
             ON CONFLICT ON CONSTRAINT deployments_pkey DO NOTHING
             RETURNING d.* INTO v_new;
             IF FOUND THEN
                 INSERT INTO zeroth.deployment_changes (deployment_ref, version, changed_at, changed_by,
                                                        acting_role, via, old_values, new_values)
                 VALUES (v_new.deployment_ref, v_new.version, v_now, v_who, v_role, _change_deployment.via,
-                        NULL, jsonb_build_object('max_attempts', v_new.max_attempts,
-                                                 'priority', v_new.priority,
-                                                 'managed_by', v_new.managed_by));
-                RETURN ROW('created', v_new.deployment_ref, v_new.max_attempts, v_new.priority,
-                           v_new.managed_by, v_new.version, NULL::jsonb)::zeroth.deployment_registration;
+                        NULL, zeroth._deployment_values(v_new));
+                RETURN zeroth._deployment_result('created', v_new, NULL);
             END IF;
             v_locked := true;  -- created by another caller meanwhile: look again, locked
             CONTINUE;
         END IF;
         IF v_app AND (v_old.managed_by = 'sql'
                       OR (v_old.registered_by IS NOT NULL AND v_old.registered_by <> v_who)) THEN
-            RETURN ROW('kept', v_old.deployment_ref, v_old.max_attempts, v_old.priority,
-                       v_old.managed_by, v_old.version, NULL::jsonb)::zeroth.deployment_registration;
+            RETURN zeroth._deployment_result('kept', v_old, NULL);
         END IF;
-        IF (v_old.max_attempts, v_old.priority, v_old.managed_by, v_old.registered_by)
+        v_base := CASE WHEN _change_deployment.retry_base_seconds IS NULL
+                            AND 'retry_base_seconds' = ANY (_change_deployment.unset) THEN NULL
+                       ELSE coalesce(_change_deployment.retry_base_seconds, v_old.retry_base_seconds) END;
+        v_max := CASE WHEN _change_deployment.retry_max_seconds IS NULL
+                            AND 'retry_max_seconds' = ANY (_change_deployment.unset) THEN NULL
+                      ELSE coalesce(_change_deployment.retry_max_seconds, v_old.retry_max_seconds) END;
+        v_lease := CASE WHEN _change_deployment.lease_seconds IS NULL
+                            AND 'lease_seconds' = ANY (_change_deployment.unset) THEN NULL
+                        ELSE coalesce(_change_deployment.lease_seconds, v_old.lease_seconds) END;
+        PERFORM zeroth._check_deployment_policy(v_base, v_max, v_lease);
+        IF (v_old.max_attempts, v_old.priority, v_old.managed_by, v_old.registered_by,
+            v_old.retry_base_seconds, v_old.retry_max_seconds, v_old.lease_seconds)
            IS NOT DISTINCT FROM
            (coalesce(_change_deployment.max_attempts, v_old.max_attempts),
             coalesce(_change_deployment.priority, v_old.priority), _change_deployment.managed_by,
-            v_owner) THEN
-            RETURN ROW('unchanged', v_old.deployment_ref, v_old.max_attempts, v_old.priority,
-                       v_old.managed_by, v_old.version, NULL::jsonb)::zeroth.deployment_registration;
+            v_owner, v_base, v_max, v_lease) THEN
+            RETURN zeroth._deployment_result('unchanged', v_old, NULL);
         END IF;
         EXIT WHEN v_locked;
         v_locked := true;
@@ -87,8 +180,7 @@ BEGIN
             _change_deployment.deployment_ref USING ERRCODE = '40001';
     END IF;
 
-    v_was := jsonb_build_object('max_attempts', v_old.max_attempts, 'priority', v_old.priority,
-                                'managed_by', v_old.managed_by);
+    v_was := zeroth._deployment_values(v_old);
     v_top := (SELECT max(c.version) FROM zeroth.deployment_changes c
                WHERE c.deployment_ref = v_old.deployment_ref);
     UPDATE zeroth.deployments AS d
@@ -98,18 +190,19 @@ BEGIN
            version = greatest(d.version, coalesce(v_top, 0)) + 1,
            updated_at = v_now,
            updated_by = v_who,
-           registered_by = v_owner
+           registered_by = v_owner,
+           retry_base_seconds = v_base,
+           retry_max_seconds = v_max,
+           lease_seconds = v_lease
      WHERE d.deployment_ref = v_old.deployment_ref
     RETURNING d.* INTO v_new;
     INSERT INTO zeroth.deployment_changes (deployment_ref, version, changed_at, changed_by, acting_role,
                                            via, old_values, new_values)
     VALUES (v_new.deployment_ref, v_new.version, v_now, v_who, v_role, _change_deployment.via, v_was,
-            jsonb_build_object('max_attempts', v_new.max_attempts, 'priority', v_new.priority,
-                               'managed_by', v_new.managed_by));
-    RETURN ROW('updated', v_new.deployment_ref, v_new.max_attempts, v_new.priority, v_new.managed_by,
-               v_new.version, v_was)::zeroth.deployment_registration;
+            zeroth._deployment_values(v_new));
+    RETURN zeroth._deployment_result('updated', v_new, v_was);
 END
 $$;
-COMMENT ON FUNCTION zeroth._change_deployment(text, integer, integer, text, text) IS 'Internal: creates or changes a zeroth.deployments row and audits the change in zeroth.deployment_changes (register_deployment keeps a row a DBA set or another login registered). A call that changes nothing takes no lock; versions continue after the highest audited one. Outcome created, updated, unchanged or kept.';
-ALTER FUNCTION zeroth._change_deployment(text, integer, integer, text, text) OWNER TO zeroth_owner;
-REVOKE ALL ON FUNCTION zeroth._change_deployment(text, integer, integer, text, text) FROM PUBLIC;
+COMMENT ON FUNCTION zeroth._change_deployment(text, integer, integer, double precision, double precision, double precision, text[], text, text) IS 'Internal: creates or changes a zeroth.deployments row and audits the change in zeroth.deployment_changes (register_deployment keeps a row a DBA set or another login registered). A call that changes nothing takes no lock; versions continue after the highest audited one. Retry policy and lease: a value replaces, NULL keeps, unset names the columns set back to NULL; the merged policy is checked (ZP008). Outcome created, updated, unchanged or kept.';
+ALTER FUNCTION zeroth._change_deployment(text, integer, integer, double precision, double precision, double precision, text[], text, text) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._change_deployment(text, integer, integer, double precision, double precision, double precision, text[], text, text) FROM PUBLIC;
