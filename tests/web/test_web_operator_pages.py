@@ -335,6 +335,33 @@ class TestSchedules:
         finally:
             await conn.close()
 
+    async def test_a_fire_now_form_submitted_twice_makes_one_run(self, database_dsn):
+        # A double click, or the browser resending the POST: the form's own key (rendered into
+        # it) reaches zeroth.fire_schedule_now, which returns the first run the second time.
+        conn = await asyncpg.connect(database_dsn)
+        try:
+            await _schedule(conn, "hourly")
+            with dashboard(create_app(database_dsn, enable_actions=True)) as client:
+                page = client.get("/schedules").text
+                keys = re.findall(r'name="key" value="([^"]+)"', page)
+                assert len(keys) == 1 and len(keys[0]) >= 32
+                assert keys != re.findall(r'name="key" value="([^"]+)"',
+                                          client.get("/schedules").text)  # one per form
+                form = {"name": "hourly", "tenant": "default", "workspace": "", "op": "fire",
+                        "key": keys[0], "csrf": _csrf(page)}
+                first = client.post("/actions/schedule", data=form, follow_redirects=False)
+                second = client.post("/actions/schedule", data=form, follow_redirects=False)
+                other = client.post("/actions/schedule", data={**form, "key": "another-form"},
+                                    follow_redirects=False)
+                bad = client.post("/actions/schedule", data={**form, "key": "k" * 201})
+            assert first.status_code == second.status_code == 303
+            assert first.headers["location"] == second.headers["location"]
+            assert other.headers["location"] != first.headers["location"]
+            assert bad.status_code == 400 and "key is longer than" in bad.text
+            assert await conn.fetchval("SELECT count(*) FROM zeroth.runs") == 2
+        finally:
+            await conn.close()
+
     @pytest.mark.parametrize(("form", "status", "says"), [
         ({"name": "hourly", "tenant": "default", "op": "delete"}, 400, "op must be"),
         ({"name": "", "tenant": "default", "op": "pause"}, 400, "name is required"),

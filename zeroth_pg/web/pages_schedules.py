@@ -1,10 +1,12 @@
 """The schedules page: every schedule this role sees (zeroth.schedules, row-level security for a
 zeroth_reader) with its next and last fire times, last error and paused flag; with actions
 enabled, pause / resume / fire now through zeroth.pause_schedule, zeroth.resume_schedule and
-zeroth.fire_schedule_now (the same calls as ``zeroth-pg schedules``)."""
+zeroth.fire_schedule_now (the same calls as ``zeroth-pg schedules``); each "Fire now" form carries
+a random idempotency key of its own, so the same form submitted twice makes one run."""
 
 from __future__ import annotations
 
+import secrets
 import urllib.parse
 
 import asyncpg
@@ -47,7 +49,8 @@ def routes(ctx: Context) -> list[Route]:
             now = await conn.fetchval(_calls.DATABASE_NOW)
         return ctx.render(request, "schedules.html", rows=rows[:SCHEDULES_SHOWN],
                           more=len(rows) > SCHEDULES_SHOWN, deployment=deployment,
-                          tenant=tenant, now=now, done=q.get("done"))
+                          tenant=tenant, now=now, done=q.get("done"),
+                          fire_key=lambda: f"web-{secrets.token_hex(16)}")
 
     async def schedule_action(request: Request) -> Response:
         form, refused = await ctx.check_post(request)
@@ -60,11 +63,14 @@ def routes(ctx: Context) -> list[Route]:
             op = str(form.get("op", ""))
             if op not in _CALLS:
                 raise BadInput(f"op must be one of {', '.join(_CALLS)}")
+            # The fire form's own key (rendered into it): a double click or a resent POST of
+            # that form returns the run the first one made (zeroth.fire_schedule_now).
+            extra = (form_optional_name(form, "key"),) if op == "fire" else ()
         except BadInput as exc:
             return ctx.bad_input(request, exc)
         try:
             row = await ctx.act(request, f"schedule {op}", f"{tenant}/{workspace or ''}/{name}",
-                                _CALLS[op], name, tenant, workspace)
+                                _CALLS[op], name, tenant, workspace, *extra)
         except asyncpg.PostgresError as exc:
             return ctx.refused(request, exc)
         if op == "fire" and row is not None and row["run_id"] is not None:
