@@ -107,14 +107,17 @@ class TestIdempotencyKey:
         assert key == f"zeroth-schedule:{created['schedule_id']}:manual:key:form-1"
         # Another key (another form, another command) is another run.
         other = await conn.fetchrow(KEYED, "s", None, "form-2", at(13))
-        assert other["created"] is True and other["run_id"] != first["run_id"]
+        assert other["created"] is True
+        assert other["run_id"] != first["run_id"]
 
     async def test_one_key_on_two_schedules_is_two_runs(self, conn):
         await create(conn, "a")
         await create(conn, "b")
         a = await conn.fetchrow(KEYED, "a", None, "same", at(10))
         b = await conn.fetchrow(KEYED, "b", None, "same", at(10))
-        assert a["run_id"] != b["run_id"] and a["created"] and b["created"]
+        assert a["run_id"] != b["run_id"]
+        assert a["created"]
+        assert b["created"]
 
     async def test_the_three_argument_call_still_works_and_has_one_signature(self, conn):
         await create(conn)

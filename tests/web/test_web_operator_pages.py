@@ -344,7 +344,8 @@ class TestSchedules:
             with dashboard(create_app(database_dsn, enable_actions=True)) as client:
                 page = client.get("/schedules").text
                 keys = re.findall(r'name="key" value="([^"]+)"', page)
-                assert len(keys) == 1 and len(keys[0]) >= 32
+                assert len(keys) == 1
+                assert len(keys[0]) >= 32
                 assert keys != re.findall(r'name="key" value="([^"]+)"',
                                           client.get("/schedules").text)  # one per form
                 form = {"name": "hourly", "tenant": "default", "workspace": "", "op": "fire",
@@ -357,7 +358,8 @@ class TestSchedules:
             assert first.status_code == second.status_code == 303
             assert first.headers["location"] == second.headers["location"]
             assert other.headers["location"] != first.headers["location"]
-            assert bad.status_code == 400 and "key is longer than" in bad.text
+            assert bad.status_code == 400
+            assert "key is longer than" in bad.text
             assert await conn.fetchval("SELECT count(*) FROM zeroth.runs") == 2
         finally:
             await conn.close()
