@@ -922,10 +922,10 @@ class LeaseManager:
         self, older_than: timedelta, *, batch_size: int = 1000, tenant_id: str | None = None,
         workspace_id: str | None = None, conn: Executor | None = None,
     ) -> int:
-        """Delete one batch of finished runs that finished before now - ``older_than``, and of
-        the events older than that which no run waits on (``zeroth.prune_runs``); returns how
-        many rows, runs and events together. Call until it returns 0. ``tenant_id=None``: every
-        tenant."""
+        """Delete one batch of finished runs that finished before now - ``older_than``, of the
+        events older than that which no run waits on and, with ``tenant_id=None`` (every tenant),
+        of the registry's deployment changes older than that, each deployment's latest kept
+        (``zeroth.prune_runs``); returns how many rows, all together. Call until it returns 0."""
         return int(await self._fetchval(_calls.PRUNE_RUNS, older_than, batch_size, tenant_id,
                                         workspace_id, conn=conn))
 
