@@ -35,9 +35,9 @@ schedules_app = typer.Typer(help="List, add, pause, resume, fire and delete sche
 NameArg = Annotated[str, typer.Argument(help="The schedule's name (unique in its scope).",
                                         show_default=False)]
 FireKey = Annotated[str | None, typer.Option(
-    "--key", help="This fire's idempotency key (at most 200 characters): the same key again "
-                  "returns the run it made instead of firing twice. Default: a new random key "
-                  "per command (a retry inside the command cannot fire twice).",
+    "--idempotency-key",
+    help="This fire's idempotency key (at most 200 characters): the same key again returns the "
+         "run it made instead of firing twice. Default: a new random key per command.",
     show_default=False)]
 
 _COLUMNS = [("name", "name"), ("deployment_ref", "deployment"), ("timing", "timing"),
@@ -158,13 +158,14 @@ def _one(action: str) -> Any:
 
 @schedules_app.command("fire")
 def schedules_fire(name: NameArg, tenant: Tenant = None, workspace: Workspace = None,
-                   key: FireKey = None, dsn: Dsn = None, as_json: JsonOutput = False) -> None:
+                   idempotency_key: FireKey = None, dsn: Dsn = None,
+                   as_json: JsonOutput = False) -> None:
     """Fire a schedule now: one run at once, its fire times, count and pause left as they are
-    (zeroth.fire_schedule_now, admin). The command's idempotency key (--key, or a new random
-    one) makes a retry of this command return its run instead of firing again."""
+    (zeroth.fire_schedule_now, admin). The command's idempotency key (--idempotency-key, or a
+    new random one) makes a repeat of this fire return its run instead of firing again."""
     from zeroth_pg.client import LeaseManager
 
-    fire_key = key or f"cli-{uuid.uuid4()}"
+    fire_key = idempotency_key or f"cli-{uuid.uuid4()}"
 
     async def work(conn: asyncpg.Connection) -> dict[str, Any]:
         fire = await LeaseManager(conn).fire_schedule_now(name, tenant_id=tenant,
