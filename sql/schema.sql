@@ -409,6 +409,116 @@ COMMENT ON COLUMN zeroth.deployments.retry_max_seconds IS 'Backoff cap of a retr
 COMMENT ON COLUMN zeroth.deployments.lease_seconds IS 'Lease of a claim that names none (claim_pending, claim_and_start, complete_and_claim, claim_and_start_scopes, claim_orphaned, claim_orphaned_scopes, admit_run with lease_seconds NULL), 0 < s <= 86400. NULL: not set (60). Read at each claim.';
 
 --
+-- Name: schedules; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE TABLE zeroth.schedules (
+    schedule_id uuid DEFAULT gen_random_uuid() NOT NULL,
+    tenant_id text NOT NULL,
+    workspace_id text,
+    workspace_key text GENERATED ALWAYS AS (
+CASE
+    WHEN (workspace_id IS NULL) THEN ''::text
+    ELSE ('w:'::text || workspace_id)
+END) STORED NOT NULL,
+    name text NOT NULL,
+    deployment_ref text NOT NULL,
+    cron text,
+    interval_seconds integer,
+    time_zone text DEFAULT 'UTC'::text NOT NULL,
+    anchor_at timestamp with time zone NOT NULL,
+    payload jsonb DEFAULT '{}'::jsonb NOT NULL,
+    metadata jsonb DEFAULT '{}'::jsonb NOT NULL,
+    priority integer DEFAULT 0 NOT NULL,
+    max_attempts integer DEFAULT 3 NOT NULL,
+    missed_fire_policy text DEFAULT 'skip'::text NOT NULL,
+    catch_up_limit integer,
+    misfire_grace_seconds integer DEFAULT 60 NOT NULL,
+    paused boolean DEFAULT false NOT NULL,
+    managed_by text DEFAULT 'sql'::text NOT NULL,
+    next_fire_at timestamp with time zone,
+    last_fire_at timestamp with time zone,
+    fire_count bigint DEFAULT 0 NOT NULL,
+    skipped_count bigint DEFAULT 0 NOT NULL,
+    created_at timestamp with time zone NOT NULL,
+    updated_at timestamp with time zone NOT NULL,
+    last_error text,
+    last_error_at timestamp with time zone,
+    CONSTRAINT schedules_cron_valid CHECK (((cron IS NULL) OR ((btrim(cron) <> ''::text) AND (length(cron) <= 500)))),
+    CONSTRAINT schedules_deployment_valid CHECK (((deployment_ref <> ''::text) AND (length(deployment_ref) <= 200))),
+    CONSTRAINT schedules_grace_valid CHECK (((misfire_grace_seconds >= 1) AND (misfire_grace_seconds <= 86400))),
+    CONSTRAINT schedules_interval_valid CHECK (((interval_seconds >= 1) AND (interval_seconds <= 31622400))),
+    CONSTRAINT schedules_managed_by_valid CHECK ((managed_by = ANY (ARRAY['sql'::text, 'app'::text]))),
+    CONSTRAINT schedules_max_attempts_valid CHECK (((max_attempts >= 1) AND (max_attempts <= 1000))),
+    CONSTRAINT schedules_metadata_object CHECK ((jsonb_typeof(metadata) = 'object'::text)),
+    CONSTRAINT schedules_name_valid CHECK (((name <> ''::text) AND (length(name) <= 200))),
+    CONSTRAINT schedules_one_timing CHECK (((cron IS NULL) <> (interval_seconds IS NULL))),
+    CONSTRAINT schedules_payload_object CHECK ((jsonb_typeof(payload) = 'object'::text)),
+    CONSTRAINT schedules_policy_valid CHECK ((((missed_fire_policy = 'skip'::text) AND (catch_up_limit IS NULL)) OR ((missed_fire_policy = 'catch_up'::text) AND ((catch_up_limit >= 1) AND (catch_up_limit <= 1000))))),
+    CONSTRAINT schedules_tenant_nonempty CHECK ((tenant_id <> ''::text)),
+    CONSTRAINT schedules_tenant_valid CHECK ((length(tenant_id) <= 200)),
+    CONSTRAINT schedules_time_zone_valid CHECK (((time_zone <> ''::text) AND (length(time_zone) <= 100))),
+    CONSTRAINT schedules_times_finite CHECK ((isfinite(anchor_at) AND isfinite(created_at) AND isfinite(updated_at) AND ((next_fire_at IS NULL) OR isfinite(next_fire_at)) AND ((last_fire_at IS NULL) OR isfinite(last_fire_at)) AND ((last_error_at IS NULL) OR isfinite(last_error_at)))),
+    CONSTRAINT schedules_workspace_valid CHECK (((workspace_id IS NULL) OR ((workspace_id <> ''::text) AND (length(workspace_id) <= 200))))
+);
+
+ALTER TABLE zeroth.schedules OWNER TO zeroth_owner;
+
+--
+-- Name: TABLE schedules; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON TABLE zeroth.schedules IS 'Periodic runs: one row per schedule of a scope (unique name per tenant and workspace). Each fire time becomes one run of deployment_ref (payload, metadata, priority, max_attempts), enqueued by zeroth.fire_due_schedules exactly once (zeroth.schedule_fires). Written by the schedule functions only; zeroth_reader sees the rows of the tenant named in zeroth.tenant_id.';
+
+--
+-- Name: COLUMN schedules.cron; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.schedules.cron IS 'A standard 5-field cron expression (minute hour day-of-month month day-of-week) evaluated on the wall clock of time_zone; NULL for an interval schedule.';
+
+--
+-- Name: COLUMN schedules.interval_seconds; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.schedules.interval_seconds IS 'Fire every interval_seconds seconds from anchor_at (time_zone plays no part); NULL for a cron schedule.';
+
+--
+-- Name: COLUMN schedules.time_zone; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.schedules.time_zone IS 'The IANA time zone the cron expression is read in (canonical name from pg_timezone_names).';
+
+--
+-- Name: COLUMN schedules.anchor_at; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.schedules.anchor_at IS 'Interval schedules fire at anchor_at + k * interval_seconds; the creation time unless given.';
+
+--
+-- Name: COLUMN schedules.missed_fire_policy; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.schedules.missed_fire_policy IS 'What fires when several fire times are due at once (no firer was running, a pause of the worker fleet, a clock step forward): skip = only the most recent one, and only when it is late by at most misfire_grace_seconds; catch_up = the catch_up_limit most recent ones, oldest first. The others are counted in skipped_count.';
+
+--
+-- Name: COLUMN schedules.managed_by; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.schedules.managed_by IS 'sql: created or last changed by a DBA (create_schedule, alter_schedule): register_schedule (a worker''s start) never changes it. app: registered by an application; its next registration may update the definition (never paused).';
+
+--
+-- Name: COLUMN schedules.next_fire_at; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.schedules.next_fire_at IS 'The next fire time not yet fired (NULL: never fires again). A fire time is due when next_fire_at <= the database clock.';
+
+--
+-- Name: COLUMN schedules.last_fire_at; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.schedules.last_fire_at IS 'The newest fire time that became a run: the high-water mark, never moved back and never pruned. fire_due_schedules never fires a time at or before it, whatever next_fire_at says (exactly once even after schedule_fires and the runs were pruned).';
+
+--
+-- Name: COLUMN schedules.last_error; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.schedules.last_error IS 'Why the last fire of this schedule failed (SQLSTATE: message), NULL if none since the last resume or change. A schedule whose fire raised is paused by fire_due_schedules, so one bad row never stops the others; fix it and resume_schedule.';
+
+--
+-- Name: COLUMN schedules.last_error_at; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.schedules.last_error_at IS 'When last_error happened (database time).';
+
+--
 -- Name: checkpoints; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
 --
 CREATE TABLE zeroth.checkpoints (
@@ -549,116 +659,6 @@ COMMENT ON COLUMN zeroth.runs.parent_run_id IS 'The run of the same scope that s
 -- Name: COLUMN runs.schedule_id; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
 COMMENT ON COLUMN zeroth.runs.schedule_id IS 'The schedule whose fire made this run (fire_due_schedules, the only writer); NULL for every other run and for runs fired before 0018. fire_due_schedules takes an existing run under a fire''s idempotency key as that fire only when it carries the schedule''s id.';
-
---
--- Name: schedules; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
---
-CREATE TABLE zeroth.schedules (
-    schedule_id uuid DEFAULT gen_random_uuid() NOT NULL,
-    tenant_id text NOT NULL,
-    workspace_id text,
-    workspace_key text GENERATED ALWAYS AS (
-CASE
-    WHEN (workspace_id IS NULL) THEN ''::text
-    ELSE ('w:'::text || workspace_id)
-END) STORED NOT NULL,
-    name text NOT NULL,
-    deployment_ref text NOT NULL,
-    cron text,
-    interval_seconds integer,
-    time_zone text DEFAULT 'UTC'::text NOT NULL,
-    anchor_at timestamp with time zone NOT NULL,
-    payload jsonb DEFAULT '{}'::jsonb NOT NULL,
-    metadata jsonb DEFAULT '{}'::jsonb NOT NULL,
-    priority integer DEFAULT 0 NOT NULL,
-    max_attempts integer DEFAULT 3 NOT NULL,
-    missed_fire_policy text DEFAULT 'skip'::text NOT NULL,
-    catch_up_limit integer,
-    misfire_grace_seconds integer DEFAULT 60 NOT NULL,
-    paused boolean DEFAULT false NOT NULL,
-    managed_by text DEFAULT 'sql'::text NOT NULL,
-    next_fire_at timestamp with time zone,
-    last_fire_at timestamp with time zone,
-    fire_count bigint DEFAULT 0 NOT NULL,
-    skipped_count bigint DEFAULT 0 NOT NULL,
-    created_at timestamp with time zone NOT NULL,
-    updated_at timestamp with time zone NOT NULL,
-    last_error text,
-    last_error_at timestamp with time zone,
-    CONSTRAINT schedules_cron_valid CHECK (((cron IS NULL) OR ((btrim(cron) <> ''::text) AND (length(cron) <= 500)))),
-    CONSTRAINT schedules_deployment_valid CHECK (((deployment_ref <> ''::text) AND (length(deployment_ref) <= 200))),
-    CONSTRAINT schedules_grace_valid CHECK (((misfire_grace_seconds >= 1) AND (misfire_grace_seconds <= 86400))),
-    CONSTRAINT schedules_interval_valid CHECK (((interval_seconds >= 1) AND (interval_seconds <= 31622400))),
-    CONSTRAINT schedules_managed_by_valid CHECK ((managed_by = ANY (ARRAY['sql'::text, 'app'::text]))),
-    CONSTRAINT schedules_max_attempts_valid CHECK (((max_attempts >= 1) AND (max_attempts <= 1000))),
-    CONSTRAINT schedules_metadata_object CHECK ((jsonb_typeof(metadata) = 'object'::text)),
-    CONSTRAINT schedules_name_valid CHECK (((name <> ''::text) AND (length(name) <= 200))),
-    CONSTRAINT schedules_one_timing CHECK (((cron IS NULL) <> (interval_seconds IS NULL))),
-    CONSTRAINT schedules_payload_object CHECK ((jsonb_typeof(payload) = 'object'::text)),
-    CONSTRAINT schedules_policy_valid CHECK ((((missed_fire_policy = 'skip'::text) AND (catch_up_limit IS NULL)) OR ((missed_fire_policy = 'catch_up'::text) AND ((catch_up_limit >= 1) AND (catch_up_limit <= 1000))))),
-    CONSTRAINT schedules_tenant_nonempty CHECK ((tenant_id <> ''::text)),
-    CONSTRAINT schedules_tenant_valid CHECK ((length(tenant_id) <= 200)),
-    CONSTRAINT schedules_time_zone_valid CHECK (((time_zone <> ''::text) AND (length(time_zone) <= 100))),
-    CONSTRAINT schedules_times_finite CHECK ((isfinite(anchor_at) AND isfinite(created_at) AND isfinite(updated_at) AND ((next_fire_at IS NULL) OR isfinite(next_fire_at)) AND ((last_fire_at IS NULL) OR isfinite(last_fire_at)) AND ((last_error_at IS NULL) OR isfinite(last_error_at)))),
-    CONSTRAINT schedules_workspace_valid CHECK (((workspace_id IS NULL) OR ((workspace_id <> ''::text) AND (length(workspace_id) <= 200))))
-);
-
-ALTER TABLE zeroth.schedules OWNER TO zeroth_owner;
-
---
--- Name: TABLE schedules; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
---
-COMMENT ON TABLE zeroth.schedules IS 'Periodic runs: one row per schedule of a scope (unique name per tenant and workspace). Each fire time becomes one run of deployment_ref (payload, metadata, priority, max_attempts), enqueued by zeroth.fire_due_schedules exactly once (zeroth.schedule_fires). Written by the schedule functions only; zeroth_reader sees the rows of the tenant named in zeroth.tenant_id.';
-
---
--- Name: COLUMN schedules.cron; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
---
-COMMENT ON COLUMN zeroth.schedules.cron IS 'A standard 5-field cron expression (minute hour day-of-month month day-of-week) evaluated on the wall clock of time_zone; NULL for an interval schedule.';
-
---
--- Name: COLUMN schedules.interval_seconds; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
---
-COMMENT ON COLUMN zeroth.schedules.interval_seconds IS 'Fire every interval_seconds seconds from anchor_at (time_zone plays no part); NULL for a cron schedule.';
-
---
--- Name: COLUMN schedules.time_zone; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
---
-COMMENT ON COLUMN zeroth.schedules.time_zone IS 'The IANA time zone the cron expression is read in (canonical name from pg_timezone_names).';
-
---
--- Name: COLUMN schedules.anchor_at; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
---
-COMMENT ON COLUMN zeroth.schedules.anchor_at IS 'Interval schedules fire at anchor_at + k * interval_seconds; the creation time unless given.';
-
---
--- Name: COLUMN schedules.missed_fire_policy; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
---
-COMMENT ON COLUMN zeroth.schedules.missed_fire_policy IS 'What fires when several fire times are due at once (no firer was running, a pause of the worker fleet, a clock step forward): skip = only the most recent one, and only when it is late by at most misfire_grace_seconds; catch_up = the catch_up_limit most recent ones, oldest first. The others are counted in skipped_count.';
-
---
--- Name: COLUMN schedules.managed_by; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
---
-COMMENT ON COLUMN zeroth.schedules.managed_by IS 'sql: created or last changed by a DBA (create_schedule, alter_schedule): register_schedule (a worker''s start) never changes it. app: registered by an application; its next registration may update the definition (never paused).';
-
---
--- Name: COLUMN schedules.next_fire_at; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
---
-COMMENT ON COLUMN zeroth.schedules.next_fire_at IS 'The next fire time not yet fired (NULL: never fires again). A fire time is due when next_fire_at <= the database clock.';
-
---
--- Name: COLUMN schedules.last_fire_at; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
---
-COMMENT ON COLUMN zeroth.schedules.last_fire_at IS 'The newest fire time that became a run: the high-water mark, never moved back and never pruned. fire_due_schedules never fires a time at or before it, whatever next_fire_at says (exactly once even after schedule_fires and the runs were pruned).';
-
---
--- Name: COLUMN schedules.last_error; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
---
-COMMENT ON COLUMN zeroth.schedules.last_error IS 'Why the last fire of this schedule failed (SQLSTATE: message), NULL if none since the last resume or change. A schedule whose fire raised is paused by fire_due_schedules, so one bad row never stops the others; fix it and resume_schedule.';
-
---
--- Name: COLUMN schedules.last_error_at; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
---
-COMMENT ON COLUMN zeroth.schedules.last_error_at IS 'When last_error happened (database time).';
 
 --
 -- Name: admission_slots; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
@@ -872,7 +872,7 @@ ALTER TABLE zeroth.deployment_changes OWNER TO zeroth_owner;
 --
 -- Name: TABLE deployment_changes; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
-COMMENT ON TABLE zeroth.deployment_changes IS 'The audit log of zeroth.deployments: one row per change (a creation has old_values NULL), with the deployment''s new version, the database time, who (changed_by: session_user; acting_role: the SET ROLE in force, NULL without one) and the function that made it. Registrations that change nothing write no row. Nothing deletes rows but a DBA; zeroth_reader reads every row.';
+COMMENT ON TABLE zeroth.deployment_changes IS 'The audit log of zeroth.deployments: one row per change (a creation has old_values NULL), with the deployment''s new version, the database time, who (changed_by: session_user; acting_role: the SET ROLE in force, NULL without one) and the function that made it. Registrations that change nothing write no row. zeroth.prune_runs (called for every tenant) deletes the changes older than its cutoff, keeping each deployment''s latest change; nothing else deletes rows but a DBA. zeroth_reader reads every row.';
 
 --
 -- Name: COLUMN deployment_changes.old_values; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
@@ -1201,6 +1201,11 @@ CREATE INDEX checkpoints_run_order_idx ON zeroth.checkpoints USING btree (tenant
 -- Name: child_waits_met; Type: INDEX; Schema: zeroth; Owner: zeroth_owner
 --
 CREATE INDEX child_waits_met ON zeroth.child_waits USING btree (met_at) WHERE (met_at IS NOT NULL);
+
+--
+-- Name: deployment_changes_age_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE INDEX deployment_changes_age_idx ON zeroth.deployment_changes USING btree (changed_at);
 
 --
 -- Name: event_waits_name_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner
@@ -1598,6 +1603,11 @@ GRANT SELECT ON TABLE zeroth.child_runs TO zeroth_reader;
 GRANT SELECT ON TABLE zeroth.deployments TO zeroth_reader;
 
 --
+-- Name: TABLE schedules; Type: ACL; Schema: zeroth; Owner: zeroth_owner
+--
+GRANT SELECT ON TABLE zeroth.schedules TO zeroth_reader;
+
+--
 -- Name: TABLE checkpoints; Type: ACL; Schema: zeroth; Owner: zeroth_owner
 --
 GRANT SELECT ON TABLE zeroth.checkpoints TO zeroth_reader;
@@ -1606,11 +1616,6 @@ GRANT SELECT ON TABLE zeroth.checkpoints TO zeroth_reader;
 -- Name: TABLE runs; Type: ACL; Schema: zeroth; Owner: zeroth_owner
 --
 GRANT SELECT ON TABLE zeroth.runs TO zeroth_reader;
-
---
--- Name: TABLE schedules; Type: ACL; Schema: zeroth; Owner: zeroth_owner
---
-GRANT SELECT ON TABLE zeroth.schedules TO zeroth_reader;
 
 --
 -- Name: TABLE scope_limits; Type: ACL; Schema: zeroth; Owner: zeroth_owner

@@ -388,7 +388,8 @@ REGISTER_SCHEDULE = """SELECT schedule_id, outcome, next_fire_at, paused
 
 FIRE_SCHEDULE_NOW = """SELECT schedule_id, tenant_id, workspace_id, name, deployment_ref,
     fire_at, run_id, created, skipped, next_due_at
-    FROM zeroth.fire_schedule_now(name => $1, tenant_id => $2, workspace_id => $3)"""
+    FROM zeroth.fire_schedule_now(name => $1, tenant_id => $2, workspace_id => $3,
+                                  idempotency_key => $4)"""
 
 FIRE_DUE_SCHEDULES = """SELECT schedule_id, tenant_id, workspace_id, name, deployment_ref,
     fire_at, run_id, created, skipped, next_due_at

@@ -890,10 +890,10 @@ class LeaseManager:
         self, older_than: timedelta, *, batch_size: int = 1000, tenant_id: str | None = None,
         workspace_id: str | None = None, conn: Executor | None = None,
     ) -> int:
-        """Delete one batch of finished runs that finished before now - ``older_than``, and of
-        the events older than that which no run waits on (``zeroth.prune_runs``); returns how
-        many rows, runs and events together. Call until it returns 0. ``tenant_id=None``: every
-        tenant."""
+        """Delete one batch of finished runs that finished before now - ``older_than``, of the
+        events older than that which no run waits on and, with ``tenant_id=None`` (every tenant),
+        of the registry's deployment changes older than that, each deployment's latest kept
+        (``zeroth.prune_runs``); returns how many rows, all together. Call until it returns 0."""
         return int(await self._fetchval(_calls.PRUNE_RUNS, older_than, batch_size, tenant_id,
                                         workspace_id, conn=conn))
 
@@ -1048,13 +1048,16 @@ class LeaseManager:
 
     async def fire_schedule_now(
         self, name: str, *, tenant_id: str | None = None, workspace_id: str | None = None,
-        conn: Executor | None = None,
+        idempotency_key: str | None = None, conn: Executor | None = None,
     ) -> ScheduleFire:
         """One run of the schedule now, beside its fire times (``zeroth.fire_schedule_now``,
         admin): its cadence (next and last fire time, fire count, paused) is left as it was.
-        Raises :class:`~zeroth_pg.errors.ScheduleNotFoundError` (ZP009)."""
+        ``idempotency_key``: this request's key (at most 200 characters); a repeat with the same
+        key returns the first call's run (``created`` False) instead of firing again. Raises
+        :class:`~zeroth_pg.errors.ScheduleNotFoundError` (ZP009),
+        :class:`~zeroth_pg.errors.InvalidArgumentError` (ZP008: a bad key)."""
         row = (await self._fetch(_calls.FIRE_SCHEDULE_NOW, name, tenant_id, workspace_id,
-                                 conn=conn))[0]
+                                 idempotency_key, conn=conn))[0]
         return ScheduleFire(schedule_id=row["schedule_id"], tenant_id=row["tenant_id"],
                             workspace_id=row["workspace_id"], name=row["name"],
                             deployment_ref=row["deployment_ref"], fire_at=row["fire_at"],

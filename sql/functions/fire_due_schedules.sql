@@ -123,19 +123,9 @@ BEGIN
                 CONTINUE WHEN v_run IS NULL;
                 -- Through the internal path: the only one that may use the reserved key prefix
                 -- and mark the run with its schedule (runs.schedule_id).
-                v_enq := zeroth._enqueue_run(
-                    deployment_ref  => v_s.deployment_ref,
-                    payload         => v_s.payload,
-                    tenant_id       => v_s.tenant_id,
-                    workspace_id    => v_s.workspace_id,
-                    priority        => v_s.priority,
-                    max_attempts    => v_s.max_attempts,
-                    idempotency_key => 'zeroth-schedule:' || v_s.schedule_id::text || ':'
-                                       || to_char(v_fire AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-                    metadata        => v_s.metadata || jsonb_build_object('zeroth_schedule', jsonb_build_object(
-                                           'name', v_s.name, 'schedule_id', v_s.schedule_id, 'fire_at', v_fire)),
-                    run_id          => v_run,
-                    schedule_id     => v_s.schedule_id);
+                v_enq := zeroth._enqueue_schedule_run(
+                    v_s, to_char(v_fire AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+                    v_fire, false, v_run);
                 IF v_enq.run_id <> v_run THEN
                     -- A run holds this fire time's key (its fire record was pruned). It is this
                     -- fire only if this schedule's firer made it: a run planted under the key

@@ -4,9 +4,11 @@
 -- NULL workspace being the null workspace. Dead letters are failed runs and go too. Checkpoints go
 -- by ON DELETE CASCADE, a parent's child_waits rows and the attempt history (zeroth.run_attempts)
 -- in the same statement; the thread_locks rows of threads left without a run go too, and up to
--- batch_size zeroth.events rows older than the cutoff that no run waits on. Returns runs plus
--- event rows deleted. Locks: the doomed run, lock and event rows FOR UPDATE SKIP LOCKED, so it
--- never waits on a worker or an operator and nobody waits on it for long. Raises ZP006 (workspace
+-- batch_size zeroth.events rows older than the cutoff that no run waits on, and, called for every
+-- tenant, up to batch_size zeroth.deployment_changes rows older than the cutoff, each deployment's
+-- latest change kept (issue 31). Returns runs plus event and change rows deleted. Locks: the
+-- doomed run, lock, event and change rows FOR UPDATE SKIP LOCKED, so it never waits on a worker
+-- or an operator and nobody waits on it for long. Raises ZP006 (workspace
 -- without tenant), ZP008. Notifies nothing. Time: clock_timestamp().
 CREATE OR REPLACE FUNCTION zeroth.prune_runs(
     older_than   interval,
@@ -33,6 +35,7 @@ DECLARE
     v_e_wskeys  text[];
     v_e_names   text[];
     v_events_deleted integer := 0;
+    v_changes_deleted integer := 0;
 BEGIN
     IF prune_runs.tenant_id IS NULL AND prune_runs.workspace_id IS NOT NULL THEN
         RAISE EXCEPTION 'a workspace_id needs a tenant_id' USING ERRCODE = 'ZP006';
@@ -155,10 +158,32 @@ BEGIN
                               AND w.name = e.name);
         GET DIAGNOSTICS v_events_deleted = ROW_COUNT;
     END IF;
-    RETURN v_deleted + v_events_deleted;
+
+    -- The registry's audit (issue 31): zeroth.deployment_changes grew by a row per change for
+    -- ever. A call for every tenant (the table is global and names no tenant, so a call for one
+    -- scope leaves it alone) deletes at most batch_size changes older than the same cutoff,
+    -- oldest first (deployment_changes_age_idx), never a deployment's latest change: it says who
+    -- set the values in force, and _change_deployment numbers the next version after the highest
+    -- audited one (a DBA's DELETE of the deployment row must not restart its versions). Rows a
+    -- DBA holds are skipped (SKIP LOCKED), left for the next call.
+    IF prune_runs.tenant_id IS NULL THEN
+        DELETE FROM zeroth.deployment_changes c
+         WHERE c.change_id IN (
+                SELECT o.change_id
+                  FROM zeroth.deployment_changes o
+                 WHERE o.changed_at < v_cutoff
+                   AND EXISTS (SELECT 1 FROM zeroth.deployment_changes n
+                                WHERE n.deployment_ref = o.deployment_ref
+                                  AND n.version > o.version)
+                 ORDER BY o.changed_at
+                 LIMIT prune_runs.batch_size
+                   FOR UPDATE OF o SKIP LOCKED);
+        GET DIAGNOSTICS v_changes_deleted = ROW_COUNT;
+    END IF;
+    RETURN v_deleted + v_events_deleted + v_changes_deleted;
 END
 $$;
 COMMENT ON FUNCTION zeroth.prune_runs(interval, integer, text, text) IS
-'prune_runs: finished (completed | failed | cancelled, dead letters included) → deleted when finished_at < now - older_than; one batch of at most batch_size runs per call, and at most batch_size rows of zeroth.events older than the same cutoff (emitted_at, or created_at of a channel never emitted) that no run waits on; returns the number of runs plus event rows deleted (loop until 0). tenant_id NULL = every tenant; a tenant names exactly (tenant, workspace). Checkpoints go by ON DELETE CASCADE, the attempt history in the same statement. FOR UPDATE SKIP LOCKED: never waits on workers. Raises ZP006 (workspace without tenant), ZP008. Time: clock_timestamp().';
+'prune_runs: finished (completed | failed | cancelled, dead letters included) → deleted when finished_at < now - older_than; one batch of at most batch_size runs per call, and at most batch_size rows of zeroth.events older than the same cutoff (emitted_at, or created_at of a channel never emitted) that no run waits on, and, when tenant_id is NULL, at most batch_size rows of the registry''s audit zeroth.deployment_changes older than the cutoff, each deployment''s latest change kept; returns the number of runs plus event and change rows deleted (loop until 0). tenant_id NULL = every tenant; a tenant names exactly (tenant, workspace). Checkpoints go by ON DELETE CASCADE, the attempt history in the same statement. FOR UPDATE SKIP LOCKED: never waits on workers. Raises ZP006 (workspace without tenant), ZP008. Time: clock_timestamp().';
 ALTER FUNCTION zeroth.prune_runs(interval, integer, text, text) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.prune_runs(interval, integer, text, text) FROM PUBLIC;

@@ -7,6 +7,7 @@ and a handler that swallows its cancellation after a second SIGTERM."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import os
 import signal
@@ -14,6 +15,7 @@ import sys
 import uuid
 from pathlib import Path
 
+import pytest
 from helpers import dashboard
 
 from zeroth_pg import fleet_metrics
@@ -242,3 +244,69 @@ def test_the_runs_and_dead_letter_filters_are_bounded_like_every_other_page(data
     with dashboard(create_app(database_dsn, enable_actions=True)) as client:
         answers = {path.split("=", 1)[0] + "=…": client.get(path).status_code for path in paths}
     assert all(code == 400 for code in answers.values()), answers
+
+
+# A link the attacker chose, opened in the operator's browser (a web page, a phishing mail): the
+# message parameters an action's redirect used to carry in clear.
+_FORGED_MESSAGES = [
+    "/schedules?done=delete+every+schedule+ATTACKER-TEXT",
+    "/events?emitted=ATTACKER-TEXT&woken=9999&repeat=",
+    "/deployments?done=ATTACKER-TEXT",
+    "/dead-letters?done=ATTACKER-TEXT",
+    "/deployments/scope?deployment=mail&tenant=default&done=ATTACKER-TEXT",
+]
+
+
+def _says_done(html: str) -> bool:
+    return ('<p class="ok-t"' in html or "ATTACKER-TEXT" in html
+            or "runs woken" in html or "redriven:" in html)
+
+
+@pytest.mark.parametrize("path", _FORGED_MESSAGES)
+def test_a_crafted_link_cannot_make_the_dashboard_show_a_message(database_dsn, path):
+    # Before: every page printed its ?done= / ?emitted= parameter as the green "done" line, so
+    # a link could make the dashboard confirm an action nobody took, in the attacker's words.
+    with dashboard(create_app(database_dsn, enable_actions=True)) as client:
+        client.get("/")  # the operator's browser has a session
+        page = client.get(path)
+    assert page.status_code == 200, page.text[:300]
+    assert not _says_done(page.text), "a crafted link put its message on the page"
+
+
+async def test_a_forged_tampered_or_borrowed_flash_value_shows_nothing(admin, database_dsn):
+    # The real message rides on a signed flash value: one that verifies only for the browser
+    # (session) it was made for, unchanged, in this dashboard process.
+    await admin.execute("SELECT zeroth.create_schedule(name => 'hourly', "
+                        "deployment_ref => 'reports', interval_seconds => 3600)")
+    app = create_app(database_dsn, enable_actions=True)
+    with dashboard(app) as client:
+        page = client.get("/schedules").text
+        csrf = page.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+        answer = client.post("/actions/schedule", data={"name": "hourly", "tenant": "default",
+                                                        "workspace": "", "op": "pause",
+                                                        "csrf": csrf},
+                             follow_redirects=False)
+        assert answer.status_code == 303
+        location = answer.headers["location"]
+        assert "done=" not in location
+        assert "flash=" in location
+        assert "done: pause hourly" in client.get(location).text  # the operator sees it
+        token = location.split("flash=", 1)[1]
+        body, mac = token.rsplit(".", 1)
+        expires, packed = body.split(".", 1)
+        evil = base64.urlsafe_b64encode(b"done=ATTACKER-TEXT").decode()
+        forged = [f"{expires}.{evil}.{mac}",                       # other text, same MAC
+                  f"{int(expires) + 10**6}.{packed}.{mac}",         # a longer life
+                  f"{body}.{'0' * len(mac)}",                       # a made-up MAC
+                  f"{expires}.{evil}.",                             # no MAC
+                  "x" * 5000]
+        for value in forged:
+            assert not _says_done(client.get(f"/schedules?flash={value}").text), value
+    # Another browser (another session) given the operator's own link: nothing.
+    with dashboard(app) as other:
+        other.get("/")
+        assert not _says_done(other.get(location).text)
+    # The same link in a dashboard process restarted (a new secret): nothing.
+    with dashboard(create_app(database_dsn, enable_actions=True)) as restarted:
+        restarted.cookies.set("zp_session", client.cookies.get("zp_session") or "")
+        assert not _says_done(restarted.get(location).text)

@@ -578,6 +578,33 @@ class TestPrune:
         finally:
             await conn.close()
 
+    async def test_prunes_the_registrys_old_changes_keeping_each_deployments_latest(
+            self, database_dsn):
+        # issue 31: zeroth.deployment_changes (the registry's audit) is pruned with the runs.
+        conn = await asyncpg.connect(database_dsn)
+        try:
+            now = await db_now(conn)
+            for attempts, when in ((2, now - timedelta(days=10)), (3, now - timedelta(days=9)),
+                                   (4, now - timedelta(days=8))):
+                await conn.execute(
+                    "SELECT zeroth_test.set_deployment_defaults(deployment_ref => 'mail', "
+                    "max_attempts => $1, now_override => $2)", attempts, when)
+            await conn.execute(
+                "SELECT zeroth_test.set_deployment_defaults(deployment_ref => 'sms', "
+                "max_attempts => 2, now_override => $1)", now - timedelta(days=10))
+            scoped = ok_json(cli("prune", "--older-than", "7d", "--tenant", "default", "--json",
+                                 dsn=database_dsn))
+            assert scoped["deleted"] == 0  # the audit is global: a scope's prune leaves it
+            everyone = cli("prune", "--older-than", "7d", dsn=database_dsn)
+            assert everyone.returncode == 0, everyone.stderr
+            assert "deleted 2 finished run(s), event(s) and deployment change(s)" in (
+                everyone.stdout)
+            left = await conn.fetch("SELECT deployment_ref, version FROM "
+                                    "zeroth.deployment_changes ORDER BY deployment_ref")
+            assert [tuple(r) for r in left] == [("mail", 3), ("sms", 1)]
+        finally:
+            await conn.close()
+
 
 class TestWorker:
     async def test_worker_command_completes_runs_and_drains_on_sigterm(self, database_dsn):

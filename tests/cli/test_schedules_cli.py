@@ -67,3 +67,26 @@ class TestSchedulesCommand:
         missing = cli("schedules", "fire", "tick", dsn=database_dsn)  # the default tenant's
         assert missing.returncode == 4
         assert 'no schedule named "tick"' in missing.stderr
+
+    async def test_fire_with_one_key_twice_makes_one_run(self, database_dsn, connect):
+        # A retried `schedules fire --idempotency-key K` (a timeout, a second terminal) returns
+        # the run the first made; without the option every command is its own fire (a key of
+        # its own).
+        ok_json(cli("schedules", "add", "tick", "--deployment", "d", "--every", "3600",
+                    "--json", dsn=database_dsn))
+        first = ok_json(cli("schedules", "fire", "tick", "--idempotency-key", "deploy-42", "--json",
+                            dsn=database_dsn))
+        again = cli("schedules", "fire", "tick", "--idempotency-key", "deploy-42", dsn=database_dsn)
+        assert again.returncode == 0, again.stderr
+        assert f"already fired with key deploy-42: run {first['run_id']}" in again.stdout
+        assert first["created"] is True
+        conn = await connect()
+        assert await conn.fetchval("SELECT count(*) FROM zeroth.runs") == 1
+        other = ok_json(cli("schedules", "fire", "tick", "--json", dsn=database_dsn))
+        assert other["created"] is True
+        assert other["idempotency_key"].startswith("cli-")
+        assert await conn.fetchval("SELECT count(*) FROM zeroth.runs") == 2
+        bad = cli("schedules", "fire", "tick", "--idempotency-key", "k" * 201, dsn=database_dsn)
+        assert bad.returncode != 0
+        assert "idempotency_key" in bad.stderr
+        assert await conn.fetchval("SELECT count(*) FROM zeroth.runs") == 2

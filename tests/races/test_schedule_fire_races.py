@@ -130,3 +130,29 @@ async def test_many_firers_on_the_real_clock_never_double_fire(connect):
     keys = await db.fetch("SELECT idempotency_key FROM zeroth.runs")
     assert sum(counts) == len(keys) == len({k["idempotency_key"] for k in keys})
     assert await db.fetchval("SELECT count(*) FROM zeroth.schedule_fires") == len(keys)
+
+
+KEYED_NOW = """SELECT run_id, created FROM zeroth.fire_schedule_now(name => 's',
+    idempotency_key => 'double-click')"""
+
+
+@pytest.mark.parametrize("first_ends", ["COMMIT", "ROLLBACK"])
+async def test_two_fire_now_calls_with_one_key_make_one_run(connect, first_ends):
+    """An operator's double click (or a retried POST) on "Fire now": two sessions call
+    fire_schedule_now with the same key at once. The second waits for the schedule row the first
+    holds; after a commit it returns the first's run (created false), after a rollback it makes
+    the run itself. Never two runs."""
+    db, a, b = await connect(), await connect(), await connect()
+    await create(db, interval=3600)
+    await a.execute("BEGIN")
+    first = await a.fetchrow(KEYED_NOW)
+    second = asyncio.create_task(b.fetchrow(KEYED_NOW))
+    await asyncio.sleep(0.2)
+    assert not second.done()  # it waits for the row the first holds
+    await a.execute(first_ends)
+    row = await second
+    if first_ends == "COMMIT":
+        assert (row["run_id"], row["created"]) == (first["run_id"], False)
+    else:
+        assert row["created"] is True
+    assert await db.fetchval("SELECT count(*) FROM zeroth.runs") == 1

@@ -12,6 +12,8 @@ from helpers import T0, at
 
 NOW = """SELECT * FROM zeroth_test.fire_schedule_now(name => $1, tenant_id => $2,
     now_override => $3)"""
+KEYED = """SELECT * FROM zeroth_test.fire_schedule_now(name => $1, tenant_id => $2,
+    idempotency_key => $3, now_override => $4)"""
 FIRE = """SELECT * FROM zeroth_test.fire_due_schedules(deployment_refs => '{d}',
     now_override => $1)"""
 
@@ -86,5 +88,58 @@ class TestFireScheduleNow:
     async def test_no_role_but_the_owner_may_call_it(self, conn):
         for role in ("zeroth_worker", "zeroth_reader"):
             assert await conn.fetchval(
-                "SELECT has_function_privilege($1, 'zeroth.fire_schedule_now(text, text, text)', "
-                "'EXECUTE')", role) is False
+                "SELECT has_function_privilege($1, "
+                "'zeroth.fire_schedule_now(text, text, text, text)', 'EXECUTE')", role) is False
+
+
+class TestIdempotencyKey:
+    """issue 31: an operator's double click on "Fire now", or a retried POST or command, carries
+    the same key and must not fire twice."""
+
+    async def test_a_repeat_with_the_same_key_returns_the_first_run(self, conn):
+        created = await create(conn)
+        first = await conn.fetchrow(KEYED, "s", None, "form-1", at(10))
+        again = await conn.fetchrow(KEYED, "s", None, "form-1", at(12))
+        assert first["created"] is True
+        assert (again["run_id"], again["created"]) == (first["run_id"], False)
+        assert await conn.fetchval("SELECT count(*) FROM zeroth.runs") == 1
+        key = await conn.fetchval("SELECT idempotency_key FROM zeroth.runs")
+        assert key == f"zeroth-schedule:{created['schedule_id']}:manual:key:form-1"
+        # Another key (another form, another command) is another run.
+        other = await conn.fetchrow(KEYED, "s", None, "form-2", at(13))
+        assert other["created"] is True
+        assert other["run_id"] != first["run_id"]
+
+    async def test_one_key_on_two_schedules_is_two_runs(self, conn):
+        await create(conn, "a")
+        await create(conn, "b")
+        a = await conn.fetchrow(KEYED, "a", None, "same", at(10))
+        b = await conn.fetchrow(KEYED, "b", None, "same", at(10))
+        assert a["run_id"] != b["run_id"]
+        assert a["created"]
+        assert b["created"]
+
+    async def test_the_three_argument_call_still_works_and_has_one_signature(self, conn):
+        await create(conn)
+        fired = await conn.fetchrow("SELECT * FROM zeroth.fire_schedule_now('s')")
+        assert fired["created"] is True
+        assert await conn.fetchval(
+            "SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+            "WHERE n.nspname = 'zeroth' AND p.proname = 'fire_schedule_now'") == 1
+
+    @pytest.mark.parametrize("key", ["", "k" * 201, "a\nb", "tab\there", "nul\x7f"])
+    async def test_a_bad_key_is_zp008_and_makes_no_run(self, conn, key):
+        await create(conn)
+        before = await schedule_row(conn)
+        with pytest.raises(asyncpg.PostgresError) as caught:
+            async with conn.transaction():
+                await conn.fetchrow(KEYED, "s", None, key, at(10))
+        assert caught.value.sqlstate == "ZP008"
+        assert "idempotency_key" in str(caught.value)
+        assert await conn.fetchval("SELECT count(*) FROM zeroth.runs") == 0
+        assert await schedule_row(conn) == before
+
+    async def test_the_longest_key_is_accepted(self, conn):
+        await create(conn)
+        fired = await conn.fetchrow(KEYED, "s", None, "k" * 200, at(10))
+        assert fired["created"] is True

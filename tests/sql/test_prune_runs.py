@@ -338,3 +338,54 @@ class TestEvents:
         assert await conn.fetchval(self.EMIT, "gone", None, T0 + DAY) is True
         assert await prune(conn, batch_size=1) == 1
         assert await self.events(conn) == [("default", "awaited-a"), ("default", "awaited-b")]
+
+
+SET_DEFAULTS = """SELECT version FROM zeroth_test.set_deployment_defaults(deployment_ref => $1,
+    max_attempts => $2, now_override => $3)"""
+
+
+async def changes(conn: asyncpg.Connection) -> list[tuple[str, int]]:
+    rows = await conn.fetch("SELECT deployment_ref, version FROM zeroth.deployment_changes "
+                            "ORDER BY deployment_ref, version")
+    return [(r["deployment_ref"], r["version"]) for r in rows]
+
+
+class TestDeploymentChanges:
+    """issue 31: the registry's audit (zeroth.deployment_changes, one row per change of a
+    deployment's defaults) is pruned with the runs: the changes older than the cutoff go, each
+    deployment's latest change stays, and the versions continue after it."""
+
+    async def test_old_changes_go_and_each_deployments_latest_stays(self, conn):
+        for ref, attempts, when in (("a", 2, T0), ("a", 3, at(3600)), ("a", 4, at(7200)),
+                                    ("b", 2, T0),
+                                    ("c", 2, T0), ("c", 3, NOW - timedelta(hours=1))):
+            await conn.fetchval(SET_DEFAULTS, ref, attempts, when)
+        assert await prune(conn) == 3  # a 1, a 2, c 1
+        assert await changes(conn) == [("a", 3), ("b", 1), ("c", 2)]
+        assert await prune(conn) == 0
+        # The version numbering continues after the latest change, even once a DBA deleted the
+        # deployment's row.
+        await conn.execute("DELETE FROM zeroth.deployments WHERE deployment_ref = 'a'")
+        assert await conn.fetchval(SET_DEFAULTS, "a", 9, NOW) == 4
+
+    async def test_a_recent_change_stays_whatever_it_follows(self, conn):
+        await conn.fetchval(SET_DEFAULTS, "a", 2, NOW - timedelta(hours=2))
+        await conn.fetchval(SET_DEFAULTS, "a", 3, NOW - timedelta(hours=1))
+        assert await prune(conn) == 0
+        assert await changes(conn) == [("a", 1), ("a", 2)]
+
+    async def test_a_prune_of_one_scope_leaves_the_global_audit_alone(self, conn):
+        await conn.fetchval(SET_DEFAULTS, "a", 2, T0)
+        await conn.fetchval(SET_DEFAULTS, "a", 3, at(60))
+        assert await prune(conn, tenant_id="default") == 0
+        assert await changes(conn) == [("a", 1), ("a", 2)]
+
+    async def test_at_most_batch_size_changes_a_call_oldest_first(self, conn):
+        for i in range(6):
+            await conn.fetchval(SET_DEFAULTS, "a", 2 + i, at(60 * i))
+        assert await prune(conn, batch_size=2) == 2
+        assert await changes(conn) == [("a", 3), ("a", 4), ("a", 5), ("a", 6)]
+        assert await prune(conn, batch_size=2) == 2
+        assert await prune(conn, batch_size=2) == 1
+        assert await prune(conn, batch_size=2) == 0
+        assert await changes(conn) == [("a", 6)]

@@ -13,7 +13,15 @@ from typing import Any
 
 import asyncpg
 from helpers import make_run
-from test_web_browser import CHROMIUM, DRIVER, _Server, pytestmark  # noqa: F401 (the skip)
+from test_web_browser import (  # noqa: F401 (the skip; the browser fixtures)
+    CHROMIUM,
+    DRIVER,
+    _click_and_wait,
+    _Server,
+    browser,
+    driver,
+    pytestmark,
+)
 from test_web_pages import _now
 
 
@@ -143,3 +151,65 @@ async def test_deployments_schedules_events_workers_and_the_timeline(database_ds
                 driver.quit()
     finally:
         await conn.close()
+
+
+async def test_the_schedules_and_events_pages_page_by_clicking_older_and_newer(
+        database_dsn, driver, monkeypatch):  # noqa: F811 (the fixture imported above)
+    """issue 31: an operator pages the schedules and the waiting runs as the runs: "older →"
+    and "← newer" (on the events page "more recent →" and "← longer waiting"), the total shown,
+    and back on the first page after walking back."""
+    from selenium.webdriver.common.by import By
+
+    monkeypatch.setattr("zeroth_pg.web.pages_schedules.PAGE_SIZE", 3)
+    monkeypatch.setattr("zeroth_pg.web.pages_events.PAGE_SIZE", 3)
+    conn = await asyncpg.connect(database_dsn)
+    try:
+        for i in range(7):
+            await conn.execute("SELECT zeroth.create_schedule(name => $1, deployment_ref => "
+                               "'reports', interval_seconds => 3600)", f"sched-{i}")
+        now = await _now(conn)
+        for i in range(4):
+            lease = await make_run(conn, "running", deployment_ref="approvals",
+                                   now=now + timedelta(seconds=i), lease_seconds=600)
+            assert await conn.fetchval(
+                """SELECT outcome FROM zeroth_test.wait_for_event(run_id => $1, worker_id => $2,
+                       generation => $3, step_key => 'approve', name => $4,
+                       timeout_seconds => NULL, now_override => $5)""",
+                lease.run_id, lease.worker_id, lease.generation, f"ev-{i}",
+                now + timedelta(seconds=i)) == "waiting"
+    finally:
+        await conn.close()
+
+    def names(table: str, column: str) -> list[str]:
+        found: list[str] = driver.execute_script(
+            "return Array.from(document.querySelectorAll(arguments[0]))"
+            ".map(function (e) { return e.textContent; })", f"#{table} tbody {column}")
+        return found
+
+    def schedule_names() -> list[str]:
+        return [n.split(" ")[0] for n in names("schedules", "td:first-child")]
+
+    with _Server(database_dsn) as base:
+        driver.get(base + "/schedules")
+        assert driver.find_element(By.ID, "total").text == "7"
+        assert not driver.find_elements(By.ID, "prev")
+        pages = [schedule_names()]
+        for _ in range(2):
+            _click_and_wait(driver, By.ID, "next")
+            pages.append(schedule_names())
+        assert not driver.find_elements(By.ID, "next")
+        assert pages == [["sched-6", "sched-5", "sched-4"], ["sched-3", "sched-2", "sched-1"],
+                         ["sched-0"]]
+        for expected in (pages[1], pages[0]):
+            _click_and_wait(driver, By.ID, "prev")
+            assert schedule_names() == expected
+        assert not driver.find_elements(By.ID, "prev")
+
+        driver.get(base + "/events")
+        assert driver.find_element(By.ID, "total").text == "4"
+        assert names("waiting", "td:nth-child(5) .mono") == ["ev-0", "ev-1", "ev-2"]
+        _click_and_wait(driver, By.ID, "next")
+        assert names("waiting", "td:nth-child(5) .mono") == ["ev-3"]
+        _click_and_wait(driver, By.ID, "prev")
+        assert names("waiting", "td:nth-child(5) .mono") == ["ev-0", "ev-1", "ev-2"]
+        assert not driver.find_elements(By.ID, "prev")

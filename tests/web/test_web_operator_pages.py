@@ -253,7 +253,9 @@ class TestDeployments:
                     **scope, "max_attempts": "9", "priority": "", "csrf": _csrf(page)},
                     follow_redirects=False)
                 assert r.status_code == 303
-                assert r.headers["location"].endswith("&done=defaults")
+                # The message rides signed (zeroth_pg/web/flash.py), not as ?done=.
+                assert "flash=" in r.headers["location"]
+                assert "done: defaults" in client.get(r.headers["location"]).text
                 after = client.get(url).text
             assert "a DBA" in after[after.index('id="deployment-defaults"'):]
             assert tuple(await conn.fetchrow(
@@ -343,6 +345,35 @@ class TestSchedules:
             assert tuple(run) == ("acme", "reports", "pending", created["schedule_id"])
             assert await conn.fetchval(
                 "SELECT fire_count FROM zeroth.schedules WHERE name = 'hourly'") == 0
+        finally:
+            await conn.close()
+
+    async def test_a_fire_now_form_submitted_twice_makes_one_run(self, database_dsn):
+        # A double click, or the browser resending the POST: the form's own key (rendered into
+        # it) reaches zeroth.fire_schedule_now, which returns the first run the second time.
+        conn = await asyncpg.connect(database_dsn)
+        try:
+            await _schedule(conn, "hourly")
+            with dashboard(create_app(database_dsn, enable_actions=True)) as client:
+                page = client.get("/schedules").text
+                keys = re.findall(r'name="key" value="([^"]+)"', page)
+                assert len(keys) == 1
+                assert len(keys[0]) >= 32
+                assert keys != re.findall(r'name="key" value="([^"]+)"',
+                                          client.get("/schedules").text)  # one per form
+                form = {"name": "hourly", "tenant": "default", "workspace": "", "op": "fire",
+                        "key": keys[0], "csrf": _csrf(page)}
+                first = client.post("/actions/schedule", data=form, follow_redirects=False)
+                second = client.post("/actions/schedule", data=form, follow_redirects=False)
+                other = client.post("/actions/schedule", data={**form, "key": "another-form"},
+                                    follow_redirects=False)
+                bad = client.post("/actions/schedule", data={**form, "key": "k" * 201})
+            assert first.status_code == second.status_code == 303
+            assert first.headers["location"] == second.headers["location"]
+            assert other.headers["location"] != first.headers["location"]
+            assert bad.status_code == 400
+            assert "key is longer than" in bad.text
+            assert await conn.fetchval("SELECT count(*) FROM zeroth.runs") == 2
         finally:
             await conn.close()
 
@@ -699,3 +730,112 @@ class TestBadQueries:
             r = client.get(path)
         assert r.status_code == 400
         assert "bad input" in r.text
+
+
+def _walk(client: Any, url: str, link: str, row: str) -> list[list[str]]:
+    """The pages met following the ``link`` (next / prev) links from ``url``: each page's
+    ``row`` matches, in order."""
+    pages: list[list[str]] = []
+    next_url: str | None = url
+    while next_url:
+        page = client.get(next_url)
+        assert page.status_code == 200, page.text[:300]
+        pages.append(re.findall(row, page.text))
+        found = re.search(rf'id="{link}" href="([^"]+)"', page.text)
+        next_url = found.group(1).replace("&amp;", "&") if found else None
+        assert len(pages) < 20, "the links loop"
+    return pages
+
+
+def _last_older(client: Any, url: str) -> str:
+    while True:
+        found = re.search(r'id="next" href="([^"]+)"', client.get(url).text)
+        if not found:
+            return url
+        url = found.group(1).replace("&amp;", "&")
+
+
+_ZERO = "00000000-0000-0000-0000-000000000000"
+_BAD_CURSORS = [
+    "after_at=yesterday&after_id=" + _ZERO,
+    "after_at=2026-01-01T00:00:00%2B00:00",  # half a cursor
+    "after_at=2026-01-01T00:00:00&after_id=" + _ZERO,  # no time zone
+    "after_at=2026-01-01T00:00:00%2B00:00&after_id=not-a-uuid",
+    f"after_at=2026-01-01T00:00:00%2B00:00&after_id={_ZERO}"
+    f"&before_at=2026-01-01T00:00:00%2B00:00&before_id={_ZERO}",  # both ways at once
+    f"after_at=0001-01-01T00:00:00%2B05:00&after_id={_ZERO}",  # out of range
+]
+
+
+class TestPagingSchedulesAndEvents:
+    """issue 31: the schedules and events pages page by cursor both ways, as the runs page does,
+    with a bounded total; a bad cursor is a clear 400 that changes nothing."""
+
+    async def test_the_schedules_page_pages_both_ways(self, database_dsn, monkeypatch):
+        monkeypatch.setattr("zeroth_pg.web.pages_schedules.PAGE_SIZE", 3)
+        conn = await asyncpg.connect(database_dsn)
+        try:
+            for i in range(8):
+                await _schedule(conn, f"sched-{i}", tenant="acme" if i < 7 else None)
+        finally:
+            await conn.close()
+        row = r"<tr><td>(sched-\d+) <span"
+        with dashboard(create_app(database_dsn)) as client:
+            first = client.get("/schedules?tenant=acme").text
+            forward = _walk(client, "/schedules?tenant=acme", "next", row)
+            back = _walk(client, _last_older(client, "/schedules?tenant=acme"), "prev", row)
+        assert '<span id="total"' in first
+        assert re.search(r'id="total"[^>]*>7<', first)
+        assert 'id="prev"' not in first
+        # Newest first, 3 a page, every schedule of the tenant once (not the other tenant's).
+        assert forward == [["sched-6", "sched-5", "sched-4"], ["sched-3", "sched-2", "sched-1"],
+                           ["sched-0"]]
+        assert back == list(reversed(forward))
+
+    async def test_the_events_page_pages_both_ways(self, database_dsn, monkeypatch):
+        monkeypatch.setattr("zeroth_pg.web.pages_events.PAGE_SIZE", 3)
+        conn = await asyncpg.connect(database_dsn)
+        try:
+            now = await _now(conn)
+            waiting = []
+            for i in range(7):
+                lease = await make_run(conn, "running", deployment_ref="approvals",
+                                       now=now + timedelta(seconds=i), lease_seconds=600)
+                assert await conn.fetchval(
+                    """SELECT outcome FROM zeroth_test.wait_for_event(run_id => $1,
+                           worker_id => $2, generation => $3, step_key => 'approve',
+                           name => $4, timeout_seconds => NULL, now_override => $5)""",
+                    lease.run_id, lease.worker_id, lease.generation, f"ev-{i}",
+                    now + timedelta(seconds=i)) == "waiting"
+                waiting.append(f"ev-{i}")
+            await make_run(conn, "waiting", deployment_ref="other", now=now)
+        finally:
+            await conn.close()
+        row = r'event <span class="mono">(ev-\d+)</span>'
+        with dashboard(create_app(database_dsn)) as client:
+            first = client.get("/events?deployment=approvals").text
+            forward = _walk(client, "/events?deployment=approvals", "next", row)
+            back = _walk(client, _last_older(client, "/events?deployment=approvals"), "prev",
+                         row)
+        assert re.search(r'id="total"[^>]*>7<', first)
+        # Longest waiting first, 3 a page, each waiting run once.
+        assert forward == [waiting[0:3], waiting[3:6], waiting[6:7]]
+        assert back == list(reversed(forward))
+
+    @pytest.mark.parametrize("path", ["/schedules", "/events"])
+    @pytest.mark.parametrize("cursor", _BAD_CURSORS)
+    async def test_a_bad_cursor_is_a_clear_400_and_changes_nothing(self, database_dsn, path,
+                                                                   cursor):
+        conn = await asyncpg.connect(database_dsn)
+        try:
+            await _schedule(conn, "hourly")
+            await _wait_for_event(conn, "approve-1")
+            before = await _state(conn)
+            with dashboard(create_app(database_dsn, enable_actions=True),
+                           raise_server_exceptions=False) as client:
+                answer = client.get(f"{path}?{cursor}")
+            assert answer.status_code == 400, answer.text[:300]
+            assert "bad input" in answer.text
+            assert await _state(conn) == before
+        finally:
+            await conn.close()

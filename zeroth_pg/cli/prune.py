@@ -1,4 +1,5 @@
-"""``zeroth-pg prune``: delete finished runs (and the events no run waits on) in batches."""
+"""``zeroth-pg prune``: delete finished runs (and the events no run waits on, and the registry's
+old deployment changes) in batches."""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ def prune(
              "this: 7d, 12h, 1d12h.", show_default=False)],
     batch_size: Annotated[int, typer.Option(
         envvar="ZEROTH_PG_PRUNE_BATCH", min=1, max=10000,
-        help="Runs (and, besides, events) deleted per transaction.")] = 1000,
+        help="Runs (and, besides, events and deployment changes) deleted per "
+             "transaction.")] = 1000,
     tenant: TenantFilter = None,
     workspace: Annotated[str | None, setting(
         "--workspace", "Only this workspace of --tenant (none: the null workspace).")] = None,
@@ -43,7 +45,9 @@ def prune(
 
     Completed, failed (dead letters too) and cancelled runs whose finished_at lies before
     now - older_than on the database clock go, with their checkpoints, one short transaction per
-    batch, until none is left; so do the events older than that which no run waits on.
+    batch, until none is left; so do the events older than that which no run waits on and,
+    without --tenant, the registry's deployment changes older than that (each deployment's
+    latest change is kept).
     """
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -74,4 +78,5 @@ def prune(
                      "older_than_seconds": older_than.total_seconds(),
                      "seconds": round(time.monotonic() - started, 3)})
     else:
-        out.print(f"deleted {deleted:,} finished run(s) and event(s) in {batches} batch(es)")
+        out.print(f"deleted {deleted:,} finished run(s), event(s) and deployment change(s) in "
+                  f"{batches} batch(es)")

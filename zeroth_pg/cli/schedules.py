@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -33,6 +34,11 @@ schedules_app = typer.Typer(help="List, add, pause, resume, fire and delete sche
 
 NameArg = Annotated[str, typer.Argument(help="The schedule's name (unique in its scope).",
                                         show_default=False)]
+FireKey = Annotated[str | None, typer.Option(
+    "--idempotency-key",
+    help="This fire's idempotency key (at most 200 characters): the same key again returns the "
+         "run it made instead of firing twice. Default: a new random key per command.",
+    show_default=False)]
 
 _COLUMNS = [("name", "name"), ("deployment_ref", "deployment"), ("timing", "timing"),
             ("time_zone", "zone"), ("missed", "missed fires"), ("paused", "paused"),
@@ -152,23 +158,32 @@ def _one(action: str) -> Any:
 
 @schedules_app.command("fire")
 def schedules_fire(name: NameArg, tenant: Tenant = None, workspace: Workspace = None,
-                   dsn: Dsn = None, as_json: JsonOutput = False) -> None:
+                   idempotency_key: FireKey = None, dsn: Dsn = None,
+                   as_json: JsonOutput = False) -> None:
     """Fire a schedule now: one run at once, its fire times, count and pause left as they are
-    (zeroth.fire_schedule_now, admin)."""
+    (zeroth.fire_schedule_now, admin). The command's idempotency key (--idempotency-key, or a
+    new random one) makes a repeat of this fire return its run instead of firing again."""
     from zeroth_pg.client import LeaseManager
+
+    fire_key = idempotency_key or f"cli-{uuid.uuid4()}"
 
     async def work(conn: asyncpg.Connection) -> dict[str, Any]:
         fire = await LeaseManager(conn).fire_schedule_now(name, tenant_id=tenant,
-                                                          workspace_id=workspace)
+                                                          workspace_id=workspace,
+                                                          idempotency_key=fire_key)
         return {"name": fire.name, "deployment_ref": fire.deployment_ref,
-                "run_id": str(fire.run_id), "fire_at": fire.fire_at.isoformat()}
+                "run_id": str(fire.run_id), "fire_at": fire.fire_at.isoformat(),
+                "created": fire.created, "idempotency_key": fire_key}
 
     result = run_async(dsn, work)
     if as_json:
         print_json(result)
-    else:
+    elif result["created"]:
         out.print(f"fired schedule {name}: run {result['run_id']} "
                   f"(deployment {result['deployment_ref']})")
+    else:
+        out.print(f"schedule {name} was already fired with key {fire_key}: run "
+                  f"{result['run_id']} (deployment {result['deployment_ref']}); nothing new")
 
 
 schedules_app.command("pause")(_one("pause"))

@@ -29,6 +29,7 @@ from zeroth_pg._hosts import LOOPBACK_HOSTS, host_name, netloc
 from zeroth_pg._libpq import asyncpg_dsn
 from zeroth_pg.web import pages_deployments, pages_events, pages_schedules, pages_workers, paging
 from zeroth_pg.web._shared import Context, short_time
+from zeroth_pg.web.flash import FlashMiddleware
 from zeroth_pg.web.pages_runs import failure_view, timeline
 from zeroth_pg.web.paging import Page, dead_page_query, keyset_page, parse_cursors
 from zeroth_pg.web.run_filters import (
@@ -521,4 +522,6 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
     return Starlette(routes=routes, lifespan=lifespan,
                      exception_handlers={asyncpg.PostgresError: database_error},
                      middleware=[Middleware(_Origins, allowed=allowed),
-                                 Middleware(_Guard, token=token)])
+                                 Middleware(_Guard, token=token),
+                                 # Innermost: a page's message after an action is signed (flash.py).
+                                 Middleware(FlashMiddleware, secret=csrf_secret)])

@@ -1,11 +1,13 @@
 """The events page: the waiting runs (zeroth.run_list) with what each waits for — an event
 (zeroth.wait_list: its name, since when, its timeout), its children (zeroth.child_list: how many
 are still open) or its thread's turn — and, with actions enabled, a form that emits an event
-through zeroth.emit_event (the call of ``LeaseManager.emit_event``)."""
+through zeroth.emit_event (the call of ``LeaseManager.emit_event``). The list pages by cursor both
+ways (zeroth_pg.web.paging), longest waiting first, with its bounded total."""
 
 from __future__ import annotations
 
 import urllib.parse
+from typing import Any
 
 import asyncpg
 from starlette.requests import Request
@@ -14,14 +16,16 @@ from starlette.routing import Route
 
 from zeroth_pg import _calls
 from zeroth_pg.web._shared import BadInput, Context, form_json, form_name, form_optional_name
+from zeroth_pg.web.paging import COUNT_CAP, Cursor, keyset_page, parse_cursors
 
-__all__ = ["routes"]
+__all__ = ["PAGE_SIZE", "routes", "waiting_page_query"]
 
-#: The most waiting runs the page lists, longest waiting first.
-WAITING_SHOWN = 200
+#: The waiting runs one page lists, longest waiting first (cursor paging: zeroth_pg.web.paging).
+PAGE_SIZE = 50
 
-# Waiting runs (runs_waiting_idx), each with its open event wait if any and its children's count.
-_WAITING = """SELECT r.run_id, r.tenant_id, r.workspace_id, r.deployment_ref, r.wait_reason,
+# Waiting runs (runs_waiting_idx), longest waiting first, keyed (updated_at, run_id), each with
+# its event wait if any (one: the open one first, else the newest) and its children's count.
+_WAITING_COLUMNS = """r.run_id, r.tenant_id, r.workspace_id, r.deployment_ref, r.wait_reason,
            r.run_after, r.updated_at, w.name AS event, w.step_key, w.created_at AS waiting_since,
            w.timeout_at, w.emitted_at,
            (SELECT count(*) FROM zeroth.child_list c
@@ -29,15 +33,38 @@ _WAITING = """SELECT r.run_id, r.tenant_id, r.workspace_id, r.deployment_ref, r.
                AND c.parent_run_id = r.run_id AND c.finished_at IS NULL) AS open_children,
            (SELECT count(*) FROM zeroth.child_list c
              WHERE c.tenant_id = r.tenant_id AND c.workspace_key = r.workspace_key
-               AND c.parent_run_id = r.run_id) AS children
-      FROM zeroth.run_list r
-      LEFT JOIN zeroth.wait_list w
-             ON w.tenant_id = r.tenant_id AND w.workspace_key = r.workspace_key
-            AND w.run_id = r.run_id
-     WHERE r.status = 'waiting'
-       AND ($1::text IS NULL OR r.deployment_ref = $1)
-     ORDER BY r.updated_at, r.run_id
-     LIMIT $2"""
+               AND c.parent_run_id = r.run_id) AS children"""
+_WAIT_OF_RUN = """LEFT JOIN LATERAL (
+           SELECT x.name, x.step_key, x.created_at, x.timeout_at, x.emitted_at
+             FROM zeroth.wait_list x
+            WHERE x.tenant_id = r.tenant_id AND x.workspace_key = r.workspace_key
+              AND x.run_id = r.run_id
+            ORDER BY x.emitted_at IS NULL DESC, x.created_at DESC, x.step_key
+            LIMIT 1) w ON true"""
+
+
+def waiting_page_query(deployment: str | None, after: Cursor | None, before: Cursor | None,
+                       limit: int, count: bool = False) -> tuple[str, list[Any]]:
+    """The events page's keyset query (see :func:`zeroth_pg.web.paging.keyset_page`): waiting
+    runs by (updated_at, run_id) ascending, the page after ``after``; ``before``: the rows
+    before it, nearest first (the caller reverses); ``count``: a count of at most ``limit``."""
+    where = ["r.status = 'waiting'", "($1::text IS NULL OR r.deployment_ref = $1)"]
+    args: list[Any] = [deployment]
+    if after is not None:
+        where.append("(r.updated_at, r.run_id) > ($2, $3)")
+        args += list(after)
+    elif before is not None:
+        where.append("(r.updated_at, r.run_id) < ($2, $3)")
+        args += list(before)
+    args.append(limit)
+    predicate = " AND ".join(where)
+    if count:
+        return (f"SELECT count(*) FROM (SELECT 1 FROM zeroth.run_list r WHERE {predicate}"
+                f" LIMIT ${len(args)}) AS matching", args)
+    order = "DESC" if before is not None else "ASC"
+    return (f"SELECT {_WAITING_COLUMNS}\n      FROM zeroth.run_list r\n      {_WAIT_OF_RUN}"
+            f"\n     WHERE {predicate}\n     ORDER BY r.updated_at {order}, r.run_id {order}"
+            f"\n     LIMIT ${len(args)}", args)
 
 
 def routes(ctx: Context) -> list[Route]:
@@ -45,13 +72,17 @@ def routes(ctx: Context) -> list[Route]:
         q = request.query_params
         try:
             deployment = form_optional_name(q, "deployment")
-        except BadInput as exc:
-            return ctx.bad_input(request, exc)
+            after, before = parse_cursors(q)
+        except ValueError as exc:  # BadInput included: a bad filter or cursor, nothing read
+            return ctx.bad_input(request, BadInput(str(exc)))
         async with ctx.pool().acquire() as conn:
-            rows = await conn.fetch(_WAITING, deployment, WAITING_SHOWN + 1)
-        return ctx.render(request, "events.html", rows=rows[:WAITING_SHOWN],
-                          more=len(rows) > WAITING_SHOWN, deployment=deployment,
-                          emitted=q.get("emitted"), woken=q.get("woken"),
+            page = await keyset_page(
+                conn, lambda a, b, n, c: waiting_page_query(deployment, a, b, n, c),
+                after, before, PAGE_SIZE, lambda r: (r["updated_at"], r["run_id"]),
+                {"deployment": deployment} if deployment else {})
+        return ctx.render(request, "events.html", rows=page.rows, deployment=deployment,
+                          next_params=page.older, prev_params=page.newer, total=page.total,
+                          count_cap=COUNT_CAP, emitted=q.get("emitted"), woken=q.get("woken"),
                           repeat=q.get("repeat"))
 
     async def emit(request: Request) -> Response:

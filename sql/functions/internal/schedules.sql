@@ -214,3 +214,41 @@ $$;
 COMMENT ON FUNCTION zeroth._lock_schedule(text, text, text) IS 'Internal: lock and return the schedule of this name in this scope (ZP009 schedule_not_found, ZP006 invalid_scope).';
 ALTER FUNCTION zeroth._lock_schedule(text, text, text) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._lock_schedule(text, text, text) FROM PUBLIC;
+
+-- One run of a schedule (issue 31: the enqueue fire_due_schedules and fire_schedule_now share):
+-- the schedule's deployment, payload, priority and max_attempts in its scope, runs.schedule_id
+-- set, metadata zeroth_schedule {name, schedule_id, fire_at[, manual]} over the schedule's own,
+-- keyed zeroth-schedule:<id>:<key_suffix> (a prefix only this internal path may use: callers get
+-- ZP011). run_id: the id a new run gets (NULL: a new one). A run already under the key is
+-- returned (created false). Notifies zeroth_wakeup (via _enqueue_run).
+CREATE OR REPLACE FUNCTION zeroth._enqueue_schedule_run(schedule zeroth.schedules, key_suffix text,
+                                                        fire_at timestamptz, manual boolean,
+                                                        run_id uuid DEFAULT NULL)
+    RETURNS zeroth.enqueued_run
+    LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_mark jsonb := jsonb_build_object('name', (_enqueue_schedule_run.schedule).name,
+                                       'schedule_id', (_enqueue_schedule_run.schedule).schedule_id,
+                                       'fire_at', _enqueue_schedule_run.fire_at);
+BEGIN
+    IF _enqueue_schedule_run.manual THEN
+        v_mark := v_mark || jsonb_build_object('manual', true);
+    END IF;
+    RETURN zeroth._enqueue_run(
+        deployment_ref  => (_enqueue_schedule_run.schedule).deployment_ref,
+        payload         => (_enqueue_schedule_run.schedule).payload,
+        tenant_id       => (_enqueue_schedule_run.schedule).tenant_id,
+        workspace_id    => (_enqueue_schedule_run.schedule).workspace_id,
+        priority        => (_enqueue_schedule_run.schedule).priority,
+        max_attempts    => (_enqueue_schedule_run.schedule).max_attempts,
+        idempotency_key => 'zeroth-schedule:' || (_enqueue_schedule_run.schedule).schedule_id::text
+                           || ':' || _enqueue_schedule_run.key_suffix,
+        metadata        => (_enqueue_schedule_run.schedule).metadata
+                           || jsonb_build_object('zeroth_schedule', v_mark),
+        run_id          => _enqueue_schedule_run.run_id,
+        schedule_id     => (_enqueue_schedule_run.schedule).schedule_id);
+END
+$$;
+COMMENT ON FUNCTION zeroth._enqueue_schedule_run(zeroth.schedules, text, timestamptz, boolean, uuid) IS 'Internal: one run of a schedule (its deployment, payload, priority, max_attempts, scope; runs.schedule_id; metadata zeroth_schedule), keyed zeroth-schedule:<id>:<key_suffix>; a run already under the key comes back with created false. Used by fire_due_schedules and fire_schedule_now.';
+ALTER FUNCTION zeroth._enqueue_schedule_run(zeroth.schedules, text, timestamptz, boolean, uuid) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._enqueue_schedule_run(zeroth.schedules, text, timestamptz, boolean, uuid) FROM PUBLIC;
