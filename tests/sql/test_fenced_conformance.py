@@ -102,7 +102,8 @@ START_CHILD = """SELECT set_config('zp_conformance.child', (zeroth_test.start_ch
 RECORD_STEP = """SELECT zeroth_test.record_step(run_id => $1, worker_id => $2, generation => $3,
                      step_key => 'step', result => '1', tenant_id => $4, workspace_id => $5,
                      now_override => $6)"""
-#: complete_and_claim's claim: a deployment with no run (see test_a_malformed_batch_...).
+#: complete_and_claim's claim: a deployment with no run (a refused or bad call with a run there
+#: to claim: test_a_malformed_batch_... and test_a_bad_fence_argument_...).
 CLAIM_ALONG = "deploy-claim-along"
 
 FENCED = [
@@ -128,9 +129,12 @@ FENCED = [
     fenced("release_lease", statuses=("claimed", "running")),
     fenced("renew_lease", statuses=("claimed", "running"), null_generation=True,
            bad=("run_id_null", "worker_null", "worker_empty", "worker_too_long")),
-    batch("renew_leases", f"""SELECT l.run_id, l.renewed AS ok
+    # A refused row: not renewed, no expiry, no cancel reported.
+    batch("renew_leases", f"""SELECT l.run_id,
+                                     row(l.renewed, l.lease_expires_at, l.cancel_requested)::text
+                                     AS ok
                                 FROM zeroth_test.renew_leases({{runs}}, {SCOPE}) l""",
-          statuses=("claimed", "running")),
+          statuses=("claimed", "running"), refused="(f,,f)"),
     fenced("save_checkpoint", """data => '{"x": 1}'""", refused=None),
     fenced("sleep_run", """delay_seconds => 5, checkpoint => '{"x": 1}'""", column="outcome",
            refused=None),
@@ -390,13 +394,13 @@ async def test_in_a_batch_each_refused_run_is_reported_and_left_as_it_was(conn, 
     refused.append((await run("scope", tenant_id="acme"), 1))
     refused.append((UUID(int=7), 1))
     live = await run("live")
-    batch = refused[:4] + [(live, 1)] + refused[4:]
+    runs = [*refused[:4], (live, 1), *refused[4:]]
     before = await everything(conn)
 
-    result = await call_batch(conn, function, [r for r, _ in batch], [g for _, g in batch],
+    result = await call_batch(conn, function, [r for r, _ in runs], [g for _, g in runs],
                               now=now)
 
-    assert [run_id for run_id, _ in result] == [run_id for run_id, _ in batch]
+    assert [run_id for run_id, _ in result] == [run_id for run_id, _ in runs]
     assert [ok for run_id, ok in result if run_id != live] == [function.refused] * len(refused)
     assert dict(result)[live] not in (function.refused, None)
     after = await everything(conn)
@@ -445,6 +449,7 @@ BAD = {
                          [pytest.param(f, b, id=f"{f}-{b}") for f in FENCED for b in f.bad])
 async def test_a_bad_fence_argument_raises_zp008_and_changes_nothing(conn, function, bad):
     run_id = await held(conn, function)
+    await enqueue(conn, deployment_ref=CLAIM_ALONG)  # complete_and_claim's claim takes nothing
     arguments: dict[str, Any] = {"run_id": run_id, "worker_id": WORKER, "generation": 1}
     arguments.update(BAD[bad])
     await assert_raises(conn, "ZP008", function, arguments.pop("run_id"), **arguments)
