@@ -86,9 +86,8 @@ class TestCancelRequested:
 
 class TestCancelsAreReportedInTheirOwnScope:
     async def test_a_cancel_of_the_same_run_id_elsewhere_is_not_reported_here(self, conn):
-        # Finding 11: run ids are unique per scope only, and on main the zeroth_control payload
-        # and the worker matched a cancel by run id alone. The renewal that confirms a cancel
-        # reads the caller's own scope.
+        # Run ids are unique per scope only, so a cancel is not matched by run id alone: the
+        # renewal that confirms a cancel reads the caller's own scope.
         mine = await make_run(conn, "running", tenant_id="t-1")
         theirs = await make_run(conn, "running", tenant_id="t-2", run_id=mine.run_id)
         assert (theirs.run_id, theirs.generation) == (mine.run_id, mine.generation)
