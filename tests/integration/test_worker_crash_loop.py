@@ -170,8 +170,8 @@ class TestShutdownLoop:
             self, workers: Any, events: asyncpg.Pool) -> None:  # noqa: F811 - fixtures
         """A handler that sends its own worker SIGTERM and outlives the shutdown timeout is not
         handed back with its attempt refunded, by every worker process in turn, for ever. The
-        first max_attempts hand-backs refund; after them the attempts count, and the hand-back that finds none left dead-letters the run: 2 x
-        max_attempts executions at most."""
+        first max_attempts hand-backs refund; after them the attempts count, and the hand-back
+        that finds none left dead-letters the run: 2 x max_attempts executions at most."""
         pool = events
         dep = deployment_name("shutdownloop")
         client = LeaseManager(pool)

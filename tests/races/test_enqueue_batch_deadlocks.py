@@ -121,9 +121,10 @@ class TestBatchesThatContradictEachOtherStillBothLand:
     async def test_two_batches_naming_two_run_ids_with_crossed_keys(self, sessions, connect):
         """b1 = [(Y, 'a'), (X, 'c')], b2 = [(X, 'a2'), (Y, 'c2')] insert Y then X and X then Y:
         each waits for the other's uncommitted primary key, PostgreSQL kills one with 40P01, and
-        that batch runs again by itself: both land. A third session makes the interleaving certain: it
-        holds an uncommitted run Z that b1 also names, so b1 has inserted Y and waits on Z when
-        b2 inserts X and waits on b1's Y; then Z commits, b1 reaches X, and the cycle closes."""
+        that batch runs again by itself: both land. A third session makes the interleaving
+        certain: it holds an uncommitted run Z that b1 also names, so b1 has inserted Y and waits
+        on Z when b2 inserts X and waits on b1's Y; then Z commits, b1 reaches X, and the cycle
+        closes."""
         first, second, db = sessions
         holder = Session(await connect())
         x, y, z = (uuid.UUID(int=n) for n in (0xA, 0xB, 0xC))
