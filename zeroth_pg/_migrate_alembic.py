@@ -117,7 +117,7 @@ def upgrade(dsn: str, revision: str = "head") -> None:
     """
     from alembic import command
 
-    if revision == "heads":  # one head: the same, and env.py recognises "head" (red-team pass 5)
+    if revision == "heads":  # one head: the same, and env.py recognises "head"
         revision = "head"
     if revision != "head" and revision not in {path.name[:4] for path in sql_files()}:
         raise ValueError(f"upgrade to 'head' or to a revision id, not {revision!r}")

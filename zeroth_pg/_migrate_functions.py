@@ -57,9 +57,9 @@ def function_files() -> list[Path]:
 #: operators in them are bound when they are created, with the creating session's search_path
 #: (a function's own ``SET search_path`` only applies when it runs): with a schema on the path
 #: that others can write to (``public`` before PostgreSQL 15), a stranger's operator such as
-#: ``public.<(float8, numeric)`` would be bound into a SECURITY DEFINER body (red-team pass 3).
+#: ``public.<(float8, numeric)`` would be bound into a SECURITY DEFINER body.
 #: The other settings fix how the catalog digest deparses definitions, so it does not depend on
-#: the session that runs the upgrade (red-team pass 4).
+#: the session that runs the upgrade.
 PIN_SESSION = (
     "SET LOCAL search_path = pg_catalog, pg_temp; SET LOCAL IntervalStyle = postgres; "
     "SET LOCAL quote_all_identifiers = off; SET LOCAL DateStyle = 'ISO, MDY'; "

@@ -375,8 +375,8 @@ async def _in_thread(fn: Callable[..., Any], run: RunContext, arguments: dict[st
     except asyncio.CancelledError:
         sync_run._stopped.set()
         # The run's outcome is settled now, but the thread runs until it returns: it keeps its
-        # deployment's local slot until then (red-team: a second run of a deployment limited
-        # to one started beside a thread still running).
+        # deployment's local slot until then (a second run of a deployment limited to one must
+        # not start beside a thread still running).
         run.linger(done)
         raise
 

@@ -220,18 +220,18 @@ _BY_SQLSTATE: dict[str, type[ZerothError]] = {
 
 # serialization_failure, deadlock_detected, lock_not_available, the server shutting down. Not
 # 54000 (program_limit_exceeded): a value too large for jsonb or an index row is refused every
-# time (red-team pass 7: a 256 MB output was retried for ever); zeroth itself never fills the
+# time (a 256 MB output must not be retried for ever); zeroth itself never fills the
 # NOTIFY queue (zeroth._notify stops at half full).
 # query_canceled (57014: statement_timeout or pg_cancel_backend) too: it says nothing about the
-# values, and a completion failed for it threw away a successful run's output (red-team pass 8).
+# values, and a completion failed for it would throw away a successful run's output.
 # read_only_sql_transaction (25006): a write that reached a server that is (no longer, or not
 # yet) the primary, around a failover; the same call succeeds once the connection reaches the
 # promoted one (docs/dba-guide.md, "High availability").
 _RETRYABLE_SQLSTATES = frozenset({"25006", "40001", "40P01", "55P03", "57014", "57P01", "57P02",
                                   "57P03"})
 #: insufficient_resources (disk full, out of memory, too many connections): the server's state,
-#: never the call's values, so a worker must not fail a run for it (red-team F2: a completion
-#: refused by a full NOTIFY queue was failed as "a value PostgreSQL cannot store").
+#: never the call's values, so a worker must not fail a run for it (a completion refused by a
+#: full NOTIFY queue is not "a value PostgreSQL cannot store").
 _RETRYABLE_CLASSES = ("53",)
 
 

@@ -147,8 +147,7 @@ class Notifier:
         as advisory locks belongs to it. Raises ConnectionError while disconnected or once the
         connection is another one. Bounded by ``ping_timeout``, the wait for the connection
         included: a call that does not come back in time (a dead peer raises nothing by itself)
-        drops the connection, so the listener reconnects and the caller never hangs
-        (red-team pass 12)."""
+        drops the connection, so the listener reconnects and the caller never hangs."""
         try:
             async with asyncio.timeout(self.ping_timeout), self._statement:
                 conn = self._conn

@@ -52,7 +52,7 @@ BEGIN
                                _claim_orphaned.max_concurrency) AS l;
 
     -- 1. The orphans nobody may resume end here (each SKIP LOCKED inside _take_over). Isolated:
-    --    all in one subtransaction; if one of them raises (issue 29, finding 1), that is rolled
+    --    all in one subtransaction; if one of them raises, that is rolled
     --    back and the batch is done again one run per subtransaction, so the run that raises is
     --    ended alone (zeroth._end_unrecoverable: dead-lettered, stop_reason recovery_failed) and
     --    the others are recovered. The common case pays one subtransaction, none without such

@@ -93,8 +93,9 @@ BEGIN
 
     -- Every scope in one subtransaction; if one raises (claim_orphaned already ends alone a run
     -- that raises: this is for anything else), the pass is done again with one subtransaction per
-    -- scope, so that scope is skipped with a WARNING and the others are recovered (issue 29,
-    -- finding 1). Rows are returned only once the pass that made them stands.
+    -- scope, so that scope is skipped with a WARNING and the others are recovered (one bad
+    -- scope never stops the others). Rows are returned only once the pass that made them
+    -- stands.
     LOOP
         BEGIN
             v_rows := '{}';

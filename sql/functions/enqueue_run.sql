@@ -1,7 +1,7 @@
 -- zeroth._enqueue_run: enqueue_run without its check of a caller's key, and with schedule_id,
 -- the marker of a schedule's run. Called by enqueue_run (schedule_id NULL) and by
 -- fire_due_schedules, the only caller that may use a 'zeroth-schedule:' idempotency key and set
--- schedule_id (finding 5 of issue 29: a worker could plant the runs of a DBA's future fire times).
+-- schedule_id (so that a worker cannot plant the runs of a DBA's future fire times).
 -- priority / max_attempts NULL: the deployment's registered defaults (zeroth.deployments, one
 -- primary-key lookup, made only then), else 0 / 3; an explicit value wins. The run stores what it
 -- got, so a later change of the registry never changes it.

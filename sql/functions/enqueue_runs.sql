@@ -49,7 +49,7 @@ BEGIN
              ORDER BY e.position);
     EXCEPTION
         -- Any data exception (class 22: a bad number, uuid or timestamp, an unknown time zone)
-        -- is the caller's bad item, ZP008, never another class (red-team finding F4).
+        -- is the caller's bad item, ZP008, never another class.
         WHEN data_exception THEN
             FOR v_item, v_index IN
                 SELECT e.item, e.position
@@ -121,8 +121,8 @@ BEGIN
     -- Then the active runs of those threads, the way complete_runs and renew_leases lock a
     -- worker's runs: their slot rows, then the run rows, each in run_id order. Each admission
     -- below locks its thread's active run again (already held). Locked item by item instead, a
-    -- batch naming two busy threads against the order of their runs' ids deadlocked with the
-    -- worker renewing or completing both (red-team finding F3).
+    -- batch naming two busy threads against the order of their runs' ids would deadlock with the
+    -- worker renewing or completing both.
     IF cardinality(v_threads) > 0 THEN
         -- One probe of runs_thread_active_idx per thread (at most one active run each: the
         -- index is unique). A LATERAL sub-select with a LIMIT is never flattened, so the thread

@@ -122,8 +122,8 @@ BEGIN
            AND l.thread_id = gone.thread_id;
     END IF;
 
-    -- Events (issue 29, finding 8): an event's row outlives its runs, and per-run names (what
-    -- docs/security.md recommends) made the table grow for ever. The rows older than the same
+    -- Events: an event's row outlives its runs, and per-run names (what docs/security.md
+    -- recommends) would make the table grow for ever. The rows older than the same
     -- cutoff (emitted_at, or created_at of a channel nobody emitted) that no run waits on go, at
     -- most batch_size per call, oldest first through events_age_idx, in this call's scope. Two
     -- statements: the first skips the rows still awaited and locks the rest SKIP LOCKED (a

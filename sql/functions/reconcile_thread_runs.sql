@@ -52,7 +52,7 @@ BEGIN
     IF cardinality(v_ids) = 0 THEN
         RETURN;
     END IF;
-    -- All in one subtransaction; if one takeover raises (issue 29, finding 1), again one run per
+    -- All in one subtransaction; if one takeover raises, again one run per
     -- subtransaction, so that run is ended alone (zeroth._end_unrecoverable: dead-lettered,
     -- stop_reason recovery_failed) and the others are taken over.
     BEGIN

@@ -4,9 +4,8 @@
 -- was requested, so a worker learns of losses and cancels together — this is also how a worker
 -- confirms a zeroth_control notification. Locks: the runs, in run_id order, FOR UPDATE SKIP
 -- LOCKED: a row another session holds (an application's request_cancel in an open transaction,
--- an operator) is not waited for, so one busy row cannot make every lease of the worker lapse
--- (red-team pass 8); its row says renewed NULL (not renewed this time, the lease not lost: try
--- again). Raises ZP008 (arrays of different lengths, NULLs, a repeated run, more than 1000).
+-- an operator) is not waited for, so one busy row cannot make every lease of the worker lapse;
+-- its row says renewed NULL (not renewed this time, the lease not lost: try again). Raises ZP008 (arrays of different lengths, NULLs, a repeated run, more than 1000).
 -- Time: clock_timestamp().
 CREATE OR REPLACE FUNCTION zeroth.renew_leases(
     worker_id     text,

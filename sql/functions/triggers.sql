@@ -66,7 +66,7 @@ CREATE OR REPLACE TRIGGER runs_cancel_children
 -- can become, and inside the completing statement of one of the two writers, which turn the
 -- setting zeroth.completion_records_attempt on for that statement only (set_config, lowered
 -- right after it; an error rolls it back). A DBA's completion by hand — as any
--- role, zeroth_owner included (SET ROLE: red-team pass 3) — still goes through the trigger.
+-- role, zeroth_owner included (SET ROLE) — still goes through the trigger.
 CREATE OR REPLACE TRIGGER runs_attempt_history
     AFTER UPDATE OF status, lease_generation, lease_worker_id ON zeroth.runs
     FOR EACH ROW

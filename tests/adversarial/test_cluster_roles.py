@@ -6,7 +6,7 @@ one database is a member in every other database of the cluster too. With Postgr
 reader made for db1 reads them (the hazard, documented in docs/security.md, "Three group roles");
 after the documented recipe — ``REVOKE CONNECT ON DATABASE … FROM PUBLIC`` on each database and
 ``GRANT CONNECT`` to the roles that use it — neither can open a session on db2, and both still
-work on db1 (issue 29, finding 6).
+work on db1.
 """
 
 from __future__ import annotations

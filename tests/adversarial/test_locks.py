@@ -134,11 +134,11 @@ async def colliding_workspace(admin: asyncpg.Connection, tenant: str, deployment
 
 async def test_a_worker_holding_its_own_threads_and_scopes_stalls_no_other_tenant(
         login, bounded, admin):
-    """Red-team finding F1 (after 0008): the 0008 stripes were shared by every tenant and
-    computable, so a worker acting only in its own tenant held the stripes of another tenant's
-    thread and scope (here: the very ones the victim uses) in an open transaction, and the victim's
-    admissions waited and its first claims reported saturation. The locks are exact now
-    (zeroth.thread_locks; slot creation shares no lock): only the attacker's own threads wait."""
+    """The locks are exact (zeroth.thread_locks; slot creation shares no lock), not stripes
+    shared by every tenant and computable: a worker acting only in its own tenant, holding in an
+    open transaction what would be the stripes of another tenant's thread and scope (here: the
+    very ones the victim uses), makes only its own threads wait; the victim's admissions do not
+    wait and its first claims do not report saturation."""
     evil_thread = await colliding_thread(admin, TENANT, THREAD)
     evil_workspace = await colliding_workspace(admin, TENANT, DEPLOYMENT)
 

@@ -5,8 +5,8 @@ stranger heard every tenant's deployment, tenant and workspace names on zeroth_w
 thread ids and statuses on zeroth_run_finished, and worker ids and generations on zeroth_control,
 and a forged zeroth_control payload made a worker cancel its own live run. Now every payload is
 an opaque key (32 hex digits of sha256 over a per-database secret), and a worker treats a
-notification as a question to the database (tests/integration/test_worker_hardening.py runs the
-forged cancel against a real worker).
+notification as a question to the database (tests/integration/test_worker_cancel_notifications.py
+runs the forged cancel against a real worker).
 """
 
 from __future__ import annotations
@@ -100,9 +100,9 @@ class TestAStrangerListening:
         assert key not in guesses
 
     async def test_no_separator_inside_a_name_makes_two_subjects_share_a_key(self, admin):
-        """Red-team observation (after issue 11): keys hashed the subject joined with chr(31)
-        and NULL as chr(30), so the workspace NULL and a workspace named chr(30) (or names
-        that moved a separator between them) shared a key."""
+        """A key is not the hash of the subject joined with chr(31) and NULL as chr(30): the
+        workspace NULL and a workspace named chr(30) (or names that move a separator between
+        them) would share a key."""
         pairs = [
             (("d", "acme", None), ("d", "acme", chr(30))),
             (("d", "a" + chr(31) + "b", None), ("d", "a", "b")),

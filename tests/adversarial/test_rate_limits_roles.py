@@ -111,7 +111,7 @@ class TestReader:
                                                                               admin):
         # One key shared by two tenants' scopes (by design): each tenant's reader sees the key's
         # settings, and neither sees last_start_at, the time of the last claim under it, which
-        # may be the other tenant's (issue 29, finding 11).
+        # may be the other tenant's.
         await seed(admin)
         await admin.execute("UPDATE zeroth.scope_limits SET rate_limit = 'llm'")
         worker = await login("worker")

@@ -3,7 +3,7 @@
 fire_due_schedules keys the run of each fire time ``zeroth-schedule:<id>:<fire time>``. A
 zeroth_worker reads a schedule's id and next fire time from list_schedules; if it could enqueue
 runs under the next keys (any payload, run_after far away), the schedule would "fire" them and look
-healthy while doing nothing (issue 29, finding 5). So:
+healthy while doing nothing. So:
 
 * every public path that takes an idempotency key (enqueue_run, enqueue_runs, admit_run) refuses
   the prefix with ZP011 and creates nothing;

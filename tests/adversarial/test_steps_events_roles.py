@@ -190,7 +190,7 @@ class TestPruning:
     async def test_per_run_event_names_leave_no_row_once_their_runs_are_pruned(self, login,
                                                                               admin):
         """docs/security.md recommends per-run event names; the rows must not outlive the runs
-        (issue 29, finding 8: 50 such runs cancelled and pruned left 50 event rows)."""
+        (50 such runs cancelled and pruned leave no event row)."""
         worker = await login("worker")
         for _ in range(50):
             run_id = await worker.fetchval(ENQUEUE, "acme")

@@ -232,9 +232,9 @@ async def count_claims(worker: RunWorker, seconds: float) -> int:
 
 @pytest.mark.parametrize("holder", ["stranger", "second worker"])
 async def test_a_worker_short_of_stripes_backs_off(started_worker, admin, login, holder):
-    """Red-team pass 11 (F2): a worker that could not take every stripe (a stranger holds one,
-    or another waiting worker holds them all) reset its backoff on every pass and polled every
-    5 ms for ever. It doubles up to poll_interval now: a few polls a second at most."""
+    """A worker that cannot take every stripe (a stranger holds one, or another waiting worker
+    holds them all) doubles its backoff up to poll_interval: a few polls a second at most, not a
+    backoff reset on every pass and a poll every 5 ms for ever."""
     async def handler(_run: Any) -> None:
         return None
 
@@ -252,10 +252,10 @@ async def test_a_worker_short_of_stripes_backs_off(started_worker, admin, login,
 
 async def test_a_listener_that_stops_answering_stops_neither_claims_nor_shutdown(
         started_worker, admin):
-    """Red-team pass 12 (F1): announce_busy on a listener whose backend stopped answering (a
-    dead peer raises nothing; here the backend is SIGSTOPped) had no bound, so the claim loop
-    waited on it for ever and graceful_shutdown with it. Calls on the LISTEN connection are
-    bounded by the ping timeout now, and a call that runs out drops the connection."""
+    """Calls on the LISTEN connection are bounded by the ping timeout, and a call that runs out
+    drops the connection: announce_busy on a listener whose backend stopped answering (a dead
+    peer raises nothing; here the backend is SIGSTOPped) holds up neither the claim loop nor
+    graceful_shutdown for ever."""
     done: asyncio.Queue[Any] = asyncio.Queue()
 
     async def handler(run: Any) -> None:

@@ -711,7 +711,7 @@ class TestErrorMapping:
     @pytest.mark.parametrize("sqlstate", ["53100", "53200", "53300", "40P01"])
     async def test_a_server_state_error_is_retryable_not_a_bad_value(self, pool, sqlstate):
         # An exhausted server resource (class 53) says nothing about the call's values: a
-        # worker must retry, never fail the run (red-team F2).
+        # worker must retry, never fail the run.
         with pytest.raises(asyncpg.PostgresError) as raised:
             await pool.execute(
                 f"DO $$BEGIN RAISE EXCEPTION 'server state' USING ERRCODE = '{sqlstate}'; END$$")
@@ -721,7 +721,7 @@ class TestErrorMapping:
 
     async def test_a_value_too_large_is_not_retried(self, pool):
         # 54000 program_limit_exceeded (a string too long for jsonb): refused every time, so
-        # retrying it only loops (red-team pass 7).
+        # retrying it only loops.
         with pytest.raises(asyncpg.PostgresError) as raised:
             await pool.execute(
                 "DO $$BEGIN RAISE EXCEPTION 'too long' USING ERRCODE = '54000'; END$$")

@@ -181,8 +181,8 @@ async def test_an_orphan_held_back_by_a_full_window_is_recovered_when_a_start_fr
     """Orphans and pending runs draw starts from the same key. A worker whose sweep was held
     back sweeps again at the reported retry time (and a claim pass sweeps before it claims), so
     the orphan takes the next start instead of waiting a whole sweep interval — 60 s here, by
-    when the worker's own claims would have taken every start (red-team finding: with a
-    saturated key an orphan was never re-leased while the backlog lasted)."""
+    when the worker's own claims would have taken every start (with a saturated key an orphan
+    must not wait unleased for as long as the backlog lasts)."""
     deployment = unique_deployment("rate-orphan")
     await limit_scope(pool, deployment, f"{deployment}-key", 3, 2.0)
     orphan = await pool.fetchval(

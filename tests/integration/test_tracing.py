@@ -218,10 +218,10 @@ asyncio.run(main())
 
 
 async def test_a_huge_exception_is_recorded_on_the_span_within_the_bound(database_dsn):
-    """Issue 29, finding 4: a handler's exception with a 20 MB message is recorded on the
-    attempt's span as an ``exception`` event whose message and stack trace are within the bound
-    (the SDK's record_exception copied the whole message, and formatted the whole traceback,
-    into the span on the event loop)."""
+    """A handler's exception with a 20 MB message is recorded on the attempt's span as an
+    ``exception`` event whose message and stack trace are within the bound (the SDK's
+    record_exception would copy the whole message, and format the whole traceback, into the span
+    on the event loop)."""
     from zeroth_pg.errors import MAX_ERROR_TEXT_BYTES
 
     code = _SDK + """

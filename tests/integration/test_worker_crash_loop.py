@@ -168,11 +168,10 @@ class TestCrashLoop:
 class TestShutdownLoop:
     async def test_a_run_that_stops_its_worker_every_time_is_dead_lettered(
             self, workers: Any, events: asyncpg.Pool) -> None:  # noqa: F811 - fixtures
-        """Red-team finding (after issue 11): a handler that sends its own worker SIGTERM and
-        outlives the shutdown timeout was handed back with its attempt refunded, by every worker
-        process in turn, for ever. The first max_attempts hand-backs still refund; after them the
-        attempts count, and the hand-back that finds none left dead-letters the run: 2 x
-        max_attempts executions at most."""
+        """A handler that sends its own worker SIGTERM and outlives the shutdown timeout is not
+        handed back with its attempt refunded, by every worker process in turn, for ever. The
+        first max_attempts hand-backs refund; after them the attempts count, and the hand-back
+        that finds none left dead-letters the run: 2 x max_attempts executions at most."""
         pool = events
         dep = deployment_name("shutdownloop")
         client = LeaseManager(pool)

@@ -636,9 +636,9 @@ class TestFleetConcurrency:
 
 
 async def test_a_worker_given_zeroth_pg_dsn_serves_without_migrating_it(database_dsn):
-    """Red-team pass 5: ``serve()`` with no dsn took ZEROTH_PG_DSN and migrated it first, which
-    needs the migrating role's privileges: a least-privileged worker (a zeroth_worker login, no
-    CREATE on the database) crashed at every start. It now serves the database as it is."""
+    """``serve()`` with no dsn serves ZEROTH_PG_DSN as it is, without migrating it (which needs
+    the migrating role's privileges): a least-privileged worker (a zeroth_worker login, no
+    CREATE on the database) starts and serves."""
     from roles import dsn_as, login_role
 
     with login_role(database_dsn, "zeroth_worker") as (name, password):
@@ -677,13 +677,13 @@ async def test_a_worker_given_zeroth_pg_dsn_serves_without_migrating_it(database
 
 async def test_a_handler_that_exits_interrupts_or_raises_huge_fails_its_run_not_the_process(
         workers, events):
-    """Issue 29, findings 10 and 4, through a real ``zeroth-pg worker`` process: beside a run
+    """Through a real ``zeroth-pg worker`` process: beside a run
     that is running, three runs whose async handler calls ``sys.exit(3)``, raises
     KeyboardInterrupt, or raises a ValueError with a 50 MB message. Each fails with its error
     (SystemExit and its code named; the huge message cut to the bound), the running run then
     completes, the process serves on and drains on SIGTERM with exit status 0, and no line of
-    its log is longer than the bound. The SystemExit killed the process within milliseconds,
-    its other runs left running; the huge message was logged whole."""
+    its log is longer than the bound (a SystemExit must not end the process with its other runs
+    left running, nor a huge message be logged whole)."""
     from zeroth_pg.errors import MAX_ERROR_TEXT_BYTES
 
     pool = events

@@ -252,9 +252,9 @@ class TestAHostileSessionAroundAnUpgrade:
 
 class TestAnUpgradeWithNothingToDo:
     def test_takes_no_lock_that_idle_sessions_hold(self, database_dsn: str) -> None:
-        # Red-team pass 3, finding C: re-creating the trigger and the views on every upgrade
-        # waited for any session idle in a transaction that had touched them (a worker after
-        # one call, a reader after one look), and every other call queued behind the upgrade.
+        # An upgrade with nothing to do re-creates neither the trigger nor the views: that would
+        # wait for any session idle in a transaction that had touched them (a worker after one
+        # call, a reader after one look), and every other call would queue behind the upgrade.
         with psycopg.connect(database_dsn) as worker, psycopg.connect(database_dsn) as reader:
             worker.execute("SELECT zeroth.enqueue_run(deployment_ref => 'd')")  # left open
             reader.execute("SELECT count(*) FROM zeroth.queue_depth")  # left open
@@ -276,8 +276,8 @@ class TestAnUpgradeWithNothingToDo:
 class TestAnUpgradeIsOneStepForCallers:
     def test_callers_never_see_the_schema_between_migrations_and_functions(
             self, empty_database_dsn: str) -> None:
-        # Red-team pass 3, finding B: 0008 drops every function of 0002-0007 and the files put
-        # them back; committed apart, every call in between failed (42883: no such function).
+        # 0008 drops every function of 0002-0007 and the files put them back: one commit, or
+        # every call in between would fail (42883: no such function).
         install_released(empty_database_dsn, "0007")
         errors: list[str] = []
         calls = 0
@@ -463,10 +463,10 @@ class TestUpgradeTargetsAndTheUpgradeLock:
 class TestThePsqlScriptWhateverPsqlIsToldElsewhere:
     def test_on_error_rollback_and_no_on_error_stop_cannot_commit_a_refused_script(
             self, empty_database_dsn: str) -> None:
-        # Red-team pass 6: with ON_ERROR_ROLLBACK on (a common psqlrc) and no ON_ERROR_STOP,
-        # psql rolled back each failing statement alone and committed the rest: the revision
-        # guard, the older-package refusal and a lock-timed-out trigger were skipped and a broken
-        # catalog was recorded as applied. The script now sets both itself.
+        # With ON_ERROR_ROLLBACK on (a common psqlrc) and no ON_ERROR_STOP, psql would roll back
+        # each failing statement alone and commit the rest: the revision guard, the
+        # older-package refusal and a lock-timed-out trigger skipped and a broken catalog
+        # recorded as applied. The script sets both itself.
         install_released(empty_database_dsn, "0007")
         before = snapshot(empty_database_dsn)
         result = subprocess.run(

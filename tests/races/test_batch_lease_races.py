@@ -177,10 +177,10 @@ class TestCompleteRacingTakeover:
 
 class TestRenewLeasesSkipsABusyRow:
     async def test_a_row_another_session_holds_is_reported_not_waited_for(self, sessions):
-        """Red-team pass 8: renew_leases waited for every row; one run's row held by another
-        session (an application's cancel in an open transaction) made the whole renewal time
-        out and every lease of the worker lapse. It skips the busy row (renewed NULL: not
-        renewed this time, not lost) and renews the rest."""
+        """One run's row held by another session (an application's cancel in an open
+        transaction) must not make the whole renewal time out and every lease of the worker
+        lapse: renew_leases skips the busy row (renewed NULL: not renewed this time, not lost)
+        and renews the rest."""
         holder, renewer, db = sessions
         a = await make_run(db, "running")
         b = await make_run(db, "running")

@@ -321,7 +321,7 @@ class TestBatchRenewalVersusCancel:
 
     async def test_batch_renewal_skips_the_run_an_open_cancel_holds_then_sees_it_cancelled(
             self, sessions):
-        # renew_leases does not wait for a row another session holds (red-team pass 8): the
+        # renew_leases does not wait for a row another session holds: the
         # held run comes back renewed NULL (not renewed, not lost), the others are renewed; the
         # next renewal, once the cancel committed, reports it gone.
         worker, admin, db = sessions

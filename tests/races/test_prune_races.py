@@ -164,8 +164,8 @@ async def old_channel(db: Any, name: str) -> None:
 
 
 class TestPruneMeetsEvents:
-    """prune_runs deletes the event rows older than its cutoff that no run waits on (issue 29,
-    finding 8), locking them FOR UPDATE SKIP LOCKED: a wait or an emit holding one keeps it,
+    """prune_runs deletes the event rows older than its cutoff that no run waits on, locking
+    them FOR UPDATE SKIP LOCKED: a wait or an emit holding one keeps it,
     and a wait or an emit of a name the open prune is deleting waits for it, then writes the
     row afresh (a new channel, a new event)."""
 

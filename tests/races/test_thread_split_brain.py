@@ -140,11 +140,11 @@ class TestAdmissionAgainstTheActiveRunsEnd:
     @pytest.mark.parametrize("isolation", ["repeatable_read", "serializable"])
     async def test_a_finisher_whose_snapshot_predates_the_queued_run_must_retry(
             self, sessions, isolation):
-        """Red-team finding (after issue 11): a REPEATABLE READ transaction that finished the
-        active run from a snapshot older than a queued run promoted nothing (the trigger reads
-        the queue in that snapshot), and the queued run waited with no active run. The admission
-        now writes the active run's row, so that finisher fails with 40001 and its retry, with a
-        new snapshot, promotes the queued run."""
+        """A REPEATABLE READ transaction that finishes the active run from a snapshot older than
+        a queued run would promote nothing (the trigger reads the queue in that snapshot),
+        leaving the queued run waiting with no active run. The admission writes the active run's
+        row, so that finisher fails with 40001 and its retry, with a new snapshot, promotes the
+        queued run."""
         a, b, db = sessions
         run_id = await own_running(db, worker_id=OTHER, lease_seconds=30)
         snapshot = a.conn.transaction(isolation=isolation)

@@ -17,7 +17,7 @@ from zeroth_pg import LeaseManager
 from zeroth_pg.errors import DatabaseError
 
 # Besides the pinned search_path: plan caching (0007), complete_runs' bounded wait for a row
-# another session holds (red-team pass 8), and renew_leases' hashed pairing of a batch with its
+# another session holds, and renew_leases' hashed pairing of a batch with its
 # request (tests/plans/test_batch_joins.py), and the hot-path UPDATEs' TID scans of the rows they
 # locked, whatever the table's statistics (tests/plans/test_fresh_database.py).
 PLANNING = {"plan_cache_mode=force_generic_plan", "lock_timeout=2s", "enable_nestloop=off",

@@ -589,7 +589,7 @@ class TestAdmitAndOwnObeysTheScopeLimits:
 
 class TestAdmitAndOwnIsNotAClaim:
     async def test_an_owned_lease_takes_no_slot_and_does_not_fill_max_concurrency(self, conn):
-        """Finding 11 (bullet 5), a documented decision (docs/threads.md): without a
+        """A documented decision (docs/threads.md): without a
         zeroth.scope_limits max_concurrency (the DBA's limit, which it obeys: see above) an
         admit-and-own lease takes no admission slot and counts against no claimer's own K."""
         owned = await admit(conn, worker_id=OWNER)
@@ -616,9 +616,9 @@ class TestBadArguments:
         ({"max_attempts": 0}, "ZP008"),
         ({"idempotency_key": ""}, "ZP008"),
         ({"workspace_id": "ws"}, "ZP006"),
-        # the prefix of fire_due_schedules' keys (issue 29, finding 5)
+        # the prefix of fire_due_schedules' keys
         ({"idempotency_key": "zeroth-schedule:x:2030-01-01T00:00:00.000000Z"}, "ZP011"),
-        # over the idempotency index's row limit (54000 before: red-team pass 3, D)
+        # over the idempotency index's row limit (ZP008, not 54000)
         ({"deployment_ref": "\U0001F602" * 200, "tenant_id": "\U0001F600" * 200,
           "workspace_id": "\U0001F601" * 200, "idempotency_key": "\U0001F603" * 500}, "ZP008"),
     ], ids=lambda value: json.dumps(value)[:60] if isinstance(value, dict) else value)

@@ -71,9 +71,9 @@ class TestAnnounce:
         assert await conn.fetchval("SELECT zeroth._wakeup_stripes()") == WAKEUP_STRIPES
 
     async def test_a_second_call_takes_nothing_twice_and_busy_lets_everything_go(self, connect):
-        # Red-team pass 11 (F3): announce_idle trusted the caller's list of held stripes; session
-        # locks are re-entrant, so a second call with an empty list took every stripe again and
-        # one announce_busy left them all held. What is held is read from pg_locks now.
+        # What is held is read from pg_locks, not from the caller's list of held stripes: session
+        # locks are re-entrant, so a second call with an empty list must not take every stripe
+        # again, leaving them all held after one announce_busy.
         worker, other = await connect(), await connect()
         await announce_idle(worker)
         assert await announce_idle(worker) == ALL
@@ -192,9 +192,9 @@ class TestBadInput:
 
 class TestLockTable:
     async def test_a_transaction_into_many_scopes_keeps_at_most_64_gate_locks(self, connect):
-        """Red-team pass 12 (F2): every scope a transaction enqueued into kept one advisory lock
-        (never a fast-path lock) until commit, and 15,000 scopes ran the server's lock table out
-        of shared memory. After 64 the transaction notifies instead."""
+        """Every scope a transaction enqueues into would keep one advisory lock (never a
+        fast-path lock) until commit, and 15,000 scopes would run the server's lock table out of
+        shared memory: after 64 the transaction notifies instead."""
         writer, other = await connect(), await connect()
         transaction = writer.transaction()
         await transaction.start()
@@ -230,7 +230,7 @@ class TestLockTable:
 
 class TestKeys:
     async def test_the_gate_key_is_not_the_payload(self, connect):
-        # Red-team pass 12 (F3): a payload a stranger hears must not name a lock in pg_locks.
+        # A payload a stranger hears must not name a lock in pg_locks.
         conn = await connect()
         payload = await wakeup_key(conn)
         gate = await gate_key(conn)

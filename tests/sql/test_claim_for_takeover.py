@@ -91,8 +91,8 @@ class TestTerminalTakeover:
         assert dict(await run_row(conn, run_id)) == dict(taken)
 
     async def test_not_resumable_run_is_ended_never_resumed_by_claim_orphaned(self, conn):
-        # Finding 9: the owner died; nothing in the package called reconcile_thread_runs, so the
-        # run (and every run queued behind it on its thread) stayed stuck for ever.
+        # The owner died: claim_orphaned ends the run, so neither it nor any run queued behind it
+        # on its thread stays stuck for ever (no caller of reconcile_thread_runs is needed).
         run_id = await own_running(conn, worker_id=OTHER, lease_seconds=30)
         queued = await admit(conn, strategy="enqueue", now=at(1))
 
@@ -130,8 +130,8 @@ class TestRequeue:
 
         assert [(r["outcome"], r["status"]) for r in rows] == [("requeued", "pending")]
         row = await run_row(conn, run_id)
-        # The interrupted attempt stays counted (finding 4): only a hand-back by the live
-        # holder gives one back.
+        # The interrupted attempt stays counted (a run that kills its worker is not recovered
+        # for ever): only a hand-back by the live holder gives one back.
         assert (row["lease_worker_id"], row["attempts"], row["finished_at"], row["error"]) == (
             None, 1, None, None)
         assert await active(conn) == [run_id]  # it keeps its thread

@@ -101,7 +101,7 @@ class TestTakeover:
         assert claimed["lease_generation"] == lease.generation + 1
         assert claimed["lease_expires_at"] == at(150)
         assert claimed["status"] == "running"
-        # The attempt that died with its worker counts: this is attempt 2 (finding 4).
+        # The attempt that died with its worker counts: this is attempt 2.
         assert claimed["attempts"] == 2
         assert claimed["cancel_requested"] is False
         row = await run_row(conn, lease.run_id)
@@ -212,9 +212,9 @@ class TestClaimLimit:
 
 
 class TestRunsThatKillTheirWorker:
-    """Finding 4: a run whose handler takes its process down was recovered for ever (each
-    recovery gave the attempt back). Every re-lease of an orphan counts an attempt now, and one
-    out of attempts is dead-lettered instead of re-leased."""
+    """A run whose handler takes its process down is not recovered for ever: every re-lease of
+    an orphan counts an attempt, and one out of attempts is dead-lettered instead of
+    re-leased."""
 
     async def test_each_recovery_counts_an_attempt_until_the_run_is_dead_lettered(self, conn):
         lease = await make_run(conn, "running", max_attempts=3)  # attempt 1, lease to 60
@@ -247,7 +247,7 @@ class TestRunsThatKillTheirWorker:
         assert [r["run_id"] for r in rows] == [waiting]
 
     async def test_claim_limit_zero_ends_what_nobody_may_resume_and_re_leases_nothing(self, conn):
-        # A worker with no free slot (red-team pass 7): it still ends the orphans that block
+        # A worker with no free slot: it still ends the orphans that block
         # their threads; the resumable one with attempts left waits for a slot, and the marker
         # row says one is waiting.
         exhausted = await make_run(conn, "running", max_attempts=1)

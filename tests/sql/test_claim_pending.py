@@ -236,8 +236,8 @@ class TestLapsedClaimsCountAttempts:
 
     async def test_a_poison_run_whose_claims_all_lapse_is_dead_lettered_and_blocks_nothing(
             self, conn):
-        # Twelve short claims in a row, none started (the finding): first in claim order each
-        # time, until its attempts are spent.
+        # Twelve short claims in a row, none started: first in claim order each time, until its
+        # attempts are spent.
         poison = await enqueue(conn, max_attempts=2, priority=10, payload={"poison": True})
         other = await enqueue(conn)
         seen = []
@@ -352,9 +352,8 @@ class TestMaxConcurrency:
         assert (row["lease_worker_id"], row["lease_expires_at"]) == (WORKER, at(60))
 
     async def test_a_dba_who_expires_a_lease_by_hand_frees_its_slot_at_once(self, conn):
-        # Finding 6: the slot kept its own copy of the lease, so a manual UPDATE of the run (a
-        # DBA unsticking it) left the slot "live" for the rest of the old lease. The slot only
-        # names the lease now; the run row is the truth.
+        # The slot only names the lease; the run row is the truth: a manual UPDATE of the run (a
+        # DBA unsticking it) frees the slot at once, not at the end of the old lease.
         held = await make_run(conn, "running", max_concurrency=1)
         waiting = await enqueue(conn, now=at(1))
         await conn.execute(
@@ -366,7 +365,7 @@ class TestMaxConcurrency:
         assert rows[0]["active_count"] == 0
 
     async def test_a_limit_without_a_tenant_binds_the_default_scope_only(self, conn):
-        # Decision (finding 11): upstream refuses max_concurrency without an explicit scope
+        # A decision: upstream refuses max_concurrency without an explicit scope
         # because its API could not tell "not passed" from None. Here tenant NULL always means
         # the 'default' tenant and workspace NULL the null workspace, so a limit without them
         # is exactly that scope's limit, and nobody else's (sql/README.md).

@@ -20,10 +20,6 @@ CLAIM_ORPHANED = """SELECT run_id, lease_generation FROM zeroth_test.claim_orpha
                         deployment_ref => $1, worker_id => $2, max_concurrency => $3,
                         now_override => $4)
                      WHERE run_id IS NOT NULL"""
-COMMIT = """SELECT zeroth_test.commit_fenced(run_id => $1, worker_id => $2, generation => $3,
-                columns => '{"progress": {"step": 9}}', now_override => $4)"""
-START = """SELECT zeroth_test.start_run(run_id => $1, worker_id => $2, generation => $3,
-               now_override => $4)"""
 SLOT = """SELECT s.run_id, s.lease_worker_id, s.lease_generation FROM zeroth_test.slot_leases s
            WHERE s.deployment_ref = $1 AND s.slot_no = 1"""
 OTHER = "worker-b"
@@ -66,16 +62,6 @@ class TestClearLeaseOfPendingRun:
 
         assert [(r["run_id"], r["lease_generation"]) for r in rows] == [(lease.run_id, 2)]
 
-    async def test_old_holder_of_a_cleared_pending_run_cannot_start_it(self, conn):
-        lease = await make_run(conn, "claimed")
-        await clear(conn, lease.run_id)
-        before = await run_row(conn, lease.run_id)
-
-        assert await conn.fetchval(START, lease.run_id, WORKER, 1, at(11)) is False
-
-        assert dict(await run_row(conn, lease.run_id)) == dict(before)
-
-
 class TestClearLeaseOfRunningRun:
     async def test_clear_keeps_the_holder_and_expires_the_lease_in_place(self, conn):
         lease = await make_run(conn, "running")
@@ -101,15 +87,6 @@ class TestClearLeaseOfRunningRun:
         assert stranded == 0
         rows = await conn.fetch(CLAIM_ORPHANED, DEPLOYMENT, OTHER, None, NOW)
         assert [(r["run_id"], r["lease_generation"]) for r in rows] == [(lease.run_id, 2)]
-
-    async def test_old_holder_is_fenced_out_after_clear(self, conn):
-        lease = await make_run(conn, "running")
-        await clear(conn, lease.run_id)
-        before = await run_row(conn, lease.run_id)
-
-        assert await conn.fetchval(COMMIT, lease.run_id, WORKER, 1, NOW) is False
-
-        assert dict(await run_row(conn, lease.run_id)) == dict(before)
 
     async def test_clear_of_an_expired_running_lease_keeps_the_earlier_expiry(self, conn):
         lease = await make_run(conn, "running")

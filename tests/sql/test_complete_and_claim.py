@@ -115,19 +115,6 @@ class TestErrorsLeaveBothUndone:
         assert raised.value.sqlstate == "ZP008"
         assert await table_state(conn) == before
 
-    async def test_mismatched_arrays_claim_nothing(self, conn):
-        done = await make_run(conn, "running")
-        await enqueue(conn)
-        before = await table_state(conn)
-
-        with pytest.raises(asyncpg.PostgresError) as raised:
-            async with conn.transaction():
-                await conn.fetch(COMPLETE_AND_CLAIM, DEPLOYMENT, WORKER, [done.run_id], [1, 2],
-                                 None, None, None, 1, LEASE, at(1))
-
-        assert raised.value.sqlstate == "ZP008"
-        assert await table_state(conn) == before
-
     async def test_a_scope_that_names_no_run_is_refused(self, conn):
         with pytest.raises(asyncpg.PostgresError) as raised:
             await conn.fetch(

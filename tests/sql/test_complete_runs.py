@@ -97,40 +97,6 @@ class TestBatch:
         assert await complete_runs(conn, []) == []
 
 
-class TestFence:
-    async def test_each_refused_row_is_reported_and_left_unchanged(self, conn):
-        good = await make_run(conn, "running")
-        stale = await make_run(conn, "running")
-        foreign = await make_run(conn, "running", worker_id="worker-b")
-        claimed = await make_run(conn, "claimed")      # lease held, never started
-        expired = await make_run(conn, "running", lease_seconds=1)
-        unknown = uuid.uuid4()
-        before = {le.run_id: dict(await run_row(conn, le.run_id))
-                  for le in (stale, foreign, claimed, expired)}
-
-        result = await complete_runs(conn, [
-            (good.run_id, 1), (stale.run_id, 7), (foreign.run_id, 1), (claimed.run_id, 1),
-            (expired.run_id, 1), (unknown, 1)], now=at(2))
-
-        assert result == [(good.run_id, True), (stale.run_id, False), (foreign.run_id, False),
-                          (claimed.run_id, False), (expired.run_id, False), (unknown, False)]
-        assert (await run_row(conn, good.run_id))["status"] == "completed"
-        for run_id, row in before.items():
-            assert dict(await run_row(conn, run_id)) == row
-
-    async def test_runs_of_another_scope_are_refused(self, conn):
-        lease = await make_run(conn, "running", tenant_id="t1")
-
-        assert await complete_runs(conn, [(lease.run_id, 1)]) == [(lease.run_id, False)]
-        assert await complete_runs(conn, [(lease.run_id, 1)], tenant_id="t1") == [
-            (lease.run_id, True)]
-
-    async def test_expiry_exactly_now_still_completes(self, conn):
-        lease = await make_run(conn, "running", lease_seconds=10)
-
-        assert await complete_runs(conn, [(lease.run_id, 1)], now=at(10)) == [(lease.run_id, True)]
-
-
 class TestSlots:
     async def test_only_completed_runs_free_their_slots(self, conn):
         done = await make_run(conn, "running", tenant_id="t1", max_concurrency=2)
@@ -175,44 +141,25 @@ class TestSlots:
 
 
 class TestRejectedArguments:
-    @pytest.mark.parametrize("case", [
-        "null-worker", "null-run-ids", "length-mismatch", "null-element", "repeated-run",
-        "outputs-length", "too-many", "two-dimensional", "outputs-from-zero"])
-    async def test_bad_argument_raises_zp008_and_changes_nothing(self, conn, case):
+    # The fence and the batch's shape (NULL, unequal, two-dimensional, repeated, over 1000):
+    # tests/sql/test_fenced_conformance.py. Here: outputs that cannot pair with the runs.
+    @pytest.mark.parametrize("case", ["outputs-length", "outputs-from-zero"])
+    async def test_bad_outputs_raise_zp008_and_change_nothing(self, conn, case):
         lease = await make_run(conn, "running")
-        pairs: list[tuple[Any, Any]] = [(lease.run_id, 1)]
-        worker: str | None = WORKER
-        outputs: list[Any] | None = None
-        sql_args: tuple[Any, ...] | None = None
-        sql = COMPLETE_RUNS
-        if case == "null-worker":
-            worker = None
-        elif case == "null-run-ids":
-            sql_args = (WORKER, None, [1], None, None, at(1))
-        elif case == "length-mismatch":
-            sql_args = (WORKER, [lease.run_id], [1, 2], None, None, at(1))
-        elif case == "null-element":
-            pairs.append((None, 1))
-        elif case == "repeated-run":
-            pairs.append((lease.run_id, 1))
-        elif case == "outputs-length":
-            outputs = [{"a": 1}, {"b": 2}]
-        elif case == "too-many":
-            pairs += [(uuid.uuid4(), 1) for _ in range(1000)]
-        elif case == "two-dimensional":  # 0A000 before (red-team F4)
-            sql_args = (WORKER, [[lease.run_id]], [[1]], None, None, at(1))
-        elif case == "outputs-from-zero":
-            # '[0:0]={...}': outputs[i] would pair with the wrong run (red-team F4).
+        if case == "outputs-length":
+            sql = COMPLETE_RUNS
+            sql_args: tuple[Any, ...] = (WORKER, [lease.run_id], [1],
+                                         [json.dumps({"a": 1}), json.dumps({"b": 2})], None,
+                                         at(1))
+        else:
+            # '[0:0]={...}': outputs[i] would pair with the wrong run (an array not from 1).
             sql_args = (WORKER, [lease.run_id], [1], '[0:0]={"{\\"a\\": 1}"}', None, at(1))
             sql = COMPLETE_RUNS.replace("$4::text[]::jsonb[]", "$4::text::jsonb[]")
         before = await table_state(conn)
 
         async def call() -> None:
             async with conn.transaction():
-                if sql_args is not None:
-                    await conn.fetch(sql, *sql_args)
-                else:
-                    await complete_runs(conn, pairs, worker_id=worker, outputs=outputs)
+                await conn.fetch(sql, *sql_args)
 
         with pytest.raises(asyncpg.PostgresError) as error:
             await call()

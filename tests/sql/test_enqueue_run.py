@@ -224,7 +224,7 @@ class TestRejectedInput:
             pytest.param({"tenant_id": "t1", "workspace_id": ""}, id="empty-workspace"),
             pytest.param({"tenant_id": "t1", "workspace_id": "w" * 201}, id="201-char-workspace"),
             # 200 four-byte characters each and a 500-character key overflow the idempotency
-            # index's 2704-byte row (54000, which a producer would retry for ever): red-team D.
+            # index's 2704-byte row (54000, which a producer would retry for ever).
             pytest.param({"tenant_id": "\U0001F600" * 200, "workspace_id": "\U0001F601" * 200,
                           "deployment_ref": "\U0001F602" * 200,
                           "idempotency_key": "\U0001F603" * 500}, id="key-over-2600-bytes"),
@@ -250,7 +250,7 @@ class TestRejectedInput:
 
 class TestReservedKeyPrefix:
     """'zeroth-schedule:' keys are fire_due_schedules' own: a caller planting the run of a future
-    fire time would pre-empt the schedule (issue 29, finding 5)."""
+    fire time would pre-empt the schedule."""
 
     @pytest.mark.parametrize("key", ["zeroth-schedule:", "zeroth-schedule:x:2030-01-01T00:00:00Z"])
     async def test_a_key_with_the_schedules_prefix_raises_zp011_and_inserts_nothing(self, conn,

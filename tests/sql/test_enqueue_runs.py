@@ -157,7 +157,7 @@ class TestWholeBatchRejected:
             pytest.param({"payload": [1]}, id="payload-not-object"),
             pytest.param({"metadata": "m"}, id="metadata-not-object"),
             pytest.param({"unknown_key": 1}, id="unknown-key"),
-            # 22023 before (red-team F4): every data exception of an item is the item's ZP008.
+            # Not 22023: every data exception of an item is the item's ZP008.
             pytest.param({"run_after": "2024-01-01 00:00 Mars/Olympus"}, id="unknown-time-zone"),
         ])
     async def test_one_bad_item_rejects_the_batch_with_zp008(self, conn, bad_item):
@@ -195,7 +195,7 @@ class TestWholeBatchRejected:
         assert await conn.fetchval("SELECT count(*) FROM zeroth.runs") == 0
 
     async def test_a_key_with_the_schedules_prefix_raises_zp011_naming_the_item(self, conn):
-        # fire_due_schedules' own keys (issue 29, finding 5); the whole batch is refused.
+        # fire_due_schedules' own keys; the whole batch is refused.
         before = await snapshot(conn)
         for items in ([{"idempotency_key": "a"}, {"idempotency_key": "zeroth-schedule:x:y"}],
                       [{}, {"thread_id": "t", "idempotency_key": "zeroth-schedule:x:y"}]):
@@ -320,7 +320,7 @@ class TestWakeupNotify:
 
 
 async def test_an_item_whose_key_overflows_the_index_rejects_the_batch_with_zp008(conn):
-    # Red-team pass 3, finding D: the idempotency index refuses rows over 2704 bytes with 54000,
+    # The idempotency index refuses rows over 2704 bytes with 54000,
     # which a producer would retry for ever; the batch is refused up front, naming the item.
     wide = {"deployment_ref": "\U0001F602" * 200, "tenant_id": "\U0001F600" * 200,
             "workspace_id": "\U0001F601" * 200}

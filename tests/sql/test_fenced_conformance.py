@@ -16,7 +16,11 @@ fails here whatever its own module checks:
 * only zeroth_worker may call it: a role with no grant and a zeroth_reader get 42501.
 
 The batch functions (complete_runs, renew_leases, complete_and_claim) are called with a batch of
-one run, so the same cases apply to their per-run fence.
+one run, so the same cases apply to their per-run fence; besides, in one batch every refused run
+is reported refused in input order and left as it was while the live run lands, and a malformed
+batch (arrays NULL, of unequal lengths, two-dimensional, a run repeated, over 1000 runs) raises
+ZP008 and changes nothing. renew_lease also takes generation NULL (the holder's lease, whatever
+its generation): that key is refused wherever the worker id alone does not name a live lease.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from uuid import UUID
 
 import asyncpg
 import pytest
-from helpers import WORKER, at, claim, make_run
+from helpers import WORKER, at, claim, enqueue, make_run
 
 OTHER = "worker-b"
 NOW = at(10)
@@ -37,7 +41,11 @@ EXPIRED = at(61)  # make_run's leases last 60 s from T0
 #: $1 run_id, $2 worker_id, $3 generation, $4 tenant_id, $5 workspace_id, $6 now_override.
 ONE = "run_id => $1, worker_id => $2, generation => $3"
 SCOPE = "tenant_id => $4, workspace_id => $5, now_override => $6"
-BATCH = "worker_id => $2, run_ids => ARRAY[$1::uuid], generations => ARRAY[$3::bigint]"
+#: A batch function's runs: one run (as ONE), or ($1 uuid[], $3 bigint[]) many.
+ONE_RUN = {"ids": "ARRAY[$1::uuid]",
+           "runs": "worker_id => $2, run_ids => ARRAY[$1::uuid], generations => ARRAY[$3::bigint]"}
+MANY_RUNS = {"ids": "$1::uuid[]",
+             "runs": "worker_id => $2, run_ids => $1::uuid[], generations => $3::bigint[]"}
 
 
 @dataclass(frozen=True)
@@ -56,6 +64,10 @@ class Fenced:
     #: the fence arguments it refuses with ZP008 (renew_lease takes generation NULL: owner only)
     bad: tuple[str, ...] = ("run_id_null", "worker_null", "worker_empty", "worker_too_long",
                             "generation_null")
+    #: a batch function: a query of rows (run_id, ok) for the runs $1 uuid[], generations $3
+    batch: str | None = None
+    #: generation NULL is a key: the holder's lease whatever its generation (renew_lease)
+    null_generation: bool = False
 
     def __str__(self) -> str:
         return self.name
@@ -70,6 +82,13 @@ def fenced(name: str, arguments: str = "", *, column: str | None = None, **kwarg
     return Fenced(name, query, **kwargs)
 
 
+def batch(name: str, query: str, **kwargs: Any) -> Fenced:
+    """A batch function: ``query`` gives rows (run_id, ok) for {ids} (its runs, in input
+    order) called with {runs}; called for one run, its ok is the value the cases check."""
+    return Fenced(name, f"SELECT b.ok FROM ({query.format(**ONE_RUN)}) b",
+                  batch=query.format(**MANY_RUNS), wrong_state=None, **kwargs)
+
+
 #: The child held() started (kept in a transaction-local setting: a worker may not read
 #: zeroth.child_runs), or a run that is nobody's child (a fenced-out call never looks).
 CHILDREN = """ARRAY[coalesce(nullif(current_setting('zp_conformance.child', true), '')::uuid,
@@ -79,31 +98,43 @@ START_CHILD = """SELECT set_config('zp_conformance.child', (zeroth_test.start_ch
                      deployment_ref => 'deploy-child', tenant_id => $4, workspace_id => $5,
                      now_override => $6)).child_run_id::text, true)"""
 
+#: get_step reads a step that exists (a refused reader sees not even its own earlier step).
+RECORD_STEP = """SELECT zeroth_test.record_step(run_id => $1, worker_id => $2, generation => $3,
+                     step_key => 'step', result => '1', tenant_id => $4, workspace_id => $5,
+                     now_override => $6)"""
+#: complete_and_claim's claim: a deployment with no run (a refused or bad call with a run there
+#: to claim: test_a_malformed_batch_... and test_a_bad_fence_argument_...).
+CLAIM_ALONG = "deploy-claim-along"
+
 FENCED = [
     fenced("cancel_run", statuses=("claimed", "running")),
     fenced("commit_fenced", """columns => '{"output": {"x": 1}}'""",
            statuses=("claimed", "running")),
-    Fenced("complete_and_claim",
-           f"""SELECT c.completed[1] FROM zeroth_test.complete_and_claim(
-                   deployment_ref => 'deploy-nothing-to-claim', {BATCH}, {SCOPE}) c""",
-           wrong_state=None),
+    batch("complete_and_claim",
+          f"""SELECT u.run_id, u.ok
+                FROM (SELECT c.completed FROM zeroth_test.complete_and_claim(
+                          deployment_ref => '{CLAIM_ALONG}', {{runs}}, {SCOPE}) c LIMIT 1) c,
+                     unnest({{ids}}, c.completed) AS u(run_id, ok)"""),
     fenced("complete_run", """output => '{"x": 1}'"""),
-    Fenced("complete_runs",
-           f"SELECT c.completed FROM zeroth_test.complete_runs({BATCH}, {SCOPE}) c",
-           wrong_state=None),
+    batch("complete_runs", f"""SELECT c.run_id, c.completed AS ok
+                                   FROM zeroth_test.complete_runs({{runs}}, {SCOPE}) c"""),
     fenced("expire_recovery_lease", wrong_state=None),
     fenced("fail_run", """error => '{"x": 1}'""", refused=None),
-    fenced("get_step", "step_key => 'step'", column="step_found", refused=None),
+    fenced("get_step", "step_key => 'step'", column="step_found", refused=None,
+           prepare=RECORD_STEP),
     fenced("hand_back_to_pending", wrong_state=None),
     fenced("pause_run", "reason => 'approval'"),
     fenced("record_step", "step_key => 'step', result => '1'", column="recorded",
            refused=None),
     fenced("release_lease", statuses=("claimed", "running")),
-    fenced("renew_lease", statuses=("claimed", "running"),
+    fenced("renew_lease", statuses=("claimed", "running"), null_generation=True,
            bad=("run_id_null", "worker_null", "worker_empty", "worker_too_long")),
-    Fenced("renew_leases",
-           f"SELECT l.renewed FROM zeroth_test.renew_leases({BATCH}, {SCOPE}) l",
-           statuses=("claimed", "running")),
+    # A refused row: not renewed, no expiry, no cancel reported.
+    batch("renew_leases", f"""SELECT l.run_id,
+                                     row(l.renewed, l.lease_expires_at, l.cancel_requested)::text
+                                     AS ok
+                                FROM zeroth_test.renew_leases({{runs}}, {SCOPE}) l""",
+          statuses=("claimed", "running"), refused="(f,,f)"),
     fenced("save_checkpoint", """data => '{"x": 1}'""", refused=None),
     fenced("sleep_run", """delay_seconds => 5, checkpoint => '{"x": 1}'""", column="outcome",
            refused=None),
@@ -175,9 +206,16 @@ async def everything(conn: asyncpg.Connection) -> dict[str, list[str]]:
 
 
 async def assert_refused(conn: asyncpg.Connection, function: Fenced, run_id: UUID,
-                         *args: Any, **kwargs: Any) -> None:
+                         worker_id: str | None = WORKER, generation: int | None = 1, *,
+                         any_generation: bool = False, **kwargs: Any) -> None:
+    """The call is refused and changes no row; with ``any_generation`` (the worker id alone
+    names no live lease) so is the call with generation NULL where that is a key."""
+    generations = [generation]
+    if any_generation and function.null_generation:
+        generations.append(None)
     before = await everything(conn)
-    assert await call(conn, function, run_id, *args, **kwargs) == function.refused
+    for key in generations:
+        assert await call(conn, function, run_id, worker_id, key, **kwargs) == function.refused
     assert await everything(conn) == before
 
 
@@ -203,6 +241,10 @@ class TestTheHolder:
         result = await call(conn, function, run_id, tenant_id="acme", workspace_id="ws")
         assert result not in (function.refused, None)
 
+    async def test_the_holders_call_at_the_instant_its_lease_ends_lands(self, conn, function):
+        for status in function.statuses:
+            run_id = await held(conn, function, status)
+            assert await call(conn, function, run_id, now=at(60)) not in (function.refused, None)
 
 
 @pytest.mark.parametrize(("function", "status"), [
@@ -225,13 +267,25 @@ class TestAStaleOrForeignHolderIsRefused:
                                                           generation):
         for status in function.statuses:
             run_id = await held(conn, function, status)
-            await assert_refused(conn, function, run_id, worker_id, generation)
+            await assert_refused(conn, function, run_id, worker_id, generation,
+                                 any_generation=worker_id != WORKER)
 
     @pytest.mark.parametrize("now", [at(60.000001), at(600)], ids=["just_expired", "long_expired"])
     async def test_an_expired_lease_is_refused(self, conn, function, now):
         for status in function.statuses:
             run_id = await held(conn, function, status)
-            await assert_refused(conn, function, run_id, now=now)
+            await assert_refused(conn, function, run_id, now=now, any_generation=True)
+
+    async def test_an_expired_lease_whose_slot_went_to_another_run_is_refused(self, conn,
+                                                                             function):
+        """The run is still running, but its admission slot (max_concurrency 1) is another
+        run's now: the expired holder neither acts on its run nor touches that slot."""
+        run_id = await held(conn, function, "running")
+        other = await enqueue(conn, deployment_ref="deploy-running")
+        taken = await claim(conn, deployment_ref="deploy-running", worker_id=OTHER,
+                            max_concurrency=1, now=EXPIRED)
+        assert [r["run_id"] for r in taken] == [other]
+        await assert_refused(conn, function, run_id, now=EXPIRED, any_generation=True)
 
     @pytest.mark.parametrize("taker", [WORKER, OTHER], ids=["same_worker_id", "another_worker"])
     async def test_a_lease_taken_over_is_refused_and_the_new_holder_keeps_it(
@@ -249,7 +303,8 @@ class TestAStaleOrForeignHolderIsRefused:
                         WHERE run_id IS NOT NULL""", deployment, taker, EXPIRED)
             assert [(r["run_id"], r["lease_generation"]) for r in taken] == [(run_id, 2)]
             # Refused at the time of the takeover, before the new lease expires ...
-            await assert_refused(conn, function, run_id, now=at(62))
+            await assert_refused(conn, function, run_id, now=at(62),
+                                 any_generation=taker != WORKER)
             # ... which is still the new holder's to use.
             result = await call(conn, function, run_id, taker, 2, now=at(62))
             assert result not in (function.refused, None)
@@ -257,17 +312,18 @@ class TestAStaleOrForeignHolderIsRefused:
     @pytest.mark.parametrize("status", ["pending", "waiting", "completed", "failed", "cancelled"])
     async def test_a_run_without_a_live_lease_is_refused(self, conn, function, status):
         lease = await make_run(conn, status)
-        await assert_refused(conn, function, lease.run_id, WORKER, lease.generation)
+        await assert_refused(conn, function, lease.run_id, WORKER, lease.generation,
+                             any_generation=True)
 
     async def test_an_unknown_run_is_refused(self, conn, function):
-        await assert_refused(conn, function, UUID(int=7))
+        await assert_refused(conn, function, UUID(int=7), any_generation=True)
 
     async def test_a_lease_an_admin_cleared_is_refused(self, conn, function):
         for status in function.statuses:
             run_id = await held(conn, function, status)
             assert await conn.fetchval(
                 "SELECT zeroth_test.clear_lease(run_id => $1, now_override => $2)", run_id, at(5))
-            await assert_refused(conn, function, run_id)
+            await assert_refused(conn, function, run_id, any_generation=True)
 
     async def test_the_holder_naming_another_scope_is_refused(self, conn, function):
         scopes = [(None, None), ("acme", None), ("acme", "ws-1"), ("acme", "ws-2"),
@@ -276,10 +332,108 @@ class TestAStaleOrForeignHolderIsRefused:
             run_id = await held(conn, function, tenant_id=tenant_id, workspace_id=workspace_id)
             before = await everything(conn)
             for other in scopes:
-                if other != (tenant_id, workspace_id):
-                    assert await call(conn, function, run_id, tenant_id=other[0],
-                                      workspace_id=other[1]) == function.refused, other
+                for generation in (1, None) if function.null_generation else (1,):
+                    if other != (tenant_id, workspace_id):
+                        assert await call(conn, function, run_id, WORKER, generation,
+                                          tenant_id=other[0],
+                                          workspace_id=other[1]) == function.refused, other
             assert await everything(conn) == before
+
+
+BATCHES = [f for f in FENCED if f.batch]
+
+
+async def call_batch(conn: asyncpg.Connection, function: Fenced, run_ids: Any,
+                     generations: Any, *, tenant_id: str | None = None,
+                     now: datetime = NOW) -> list[tuple[UUID, Any]]:
+    assert function.batch
+    rows = await conn.fetch(function.batch, run_ids, WORKER, generations, tenant_id, None, now)
+    return [(row["run_id"], row["ok"]) for row in rows]
+
+
+def rows_of(snapshot: dict[str, list[str]], run_id: UUID) -> dict[str, list[str]]:
+    """The rows of every table that name the run (its run row, its slot, its steps ...)."""
+    return {table: [row for row in rows if str(run_id) in row]
+            for table, rows in snapshot.items()}
+
+
+@pytest.mark.parametrize("function", BATCHES, ids=str)
+async def test_in_a_batch_each_refused_run_is_reported_and_left_as_it_was(conn, function):
+    """One batch of WORKER's: one live run among runs refused for each reason of the cases
+    above. The live run lands; every other row is refused, in input order, and every row that
+    names a refused run (its run, its slot) is as it was: one bad row stops nothing."""
+    now = at(100)  # the 60 s leases have expired; the 600 s ones live
+    refused: list[tuple[UUID, int]] = []
+
+    async def run(name: str, status: str = "running", lease_seconds: float = 600,
+                  **kwargs: Any) -> UUID:
+        lease = await make_run(conn, status, deployment_ref=f"deploy-{name}",
+                               lease_seconds=lease_seconds, max_concurrency=1, **kwargs)
+        return lease.run_id
+
+    refused.append((await run("other", worker_id=OTHER), 1))
+    refused.append((await run("older"), 0))
+    refused.append((await run("newer"), 2))
+    refused.append((await run("expired", lease_seconds=60), 1))
+    for taker in (WORKER, OTHER):
+        run_id = await run(f"taken-{taker}", lease_seconds=60)
+        taken = await conn.fetch(
+            """SELECT run_id FROM zeroth_test.claim_orphaned(deployment_ref => $1,
+                   worker_id => $2, lease_seconds => 600, now_override => $3)
+                WHERE run_id IS NOT NULL""", f"deploy-taken-{taker}", taker, EXPIRED)
+        assert [r["run_id"] for r in taken] == [run_id]
+        refused.append((run_id, 1))
+    cleared = await run("cleared")
+    assert await conn.fetchval(
+        "SELECT zeroth_test.clear_lease(run_id => $1, now_override => $2)", cleared, at(5))
+    refused.append((cleared, 1))
+    for status in ("pending", "completed"):
+        refused.append((await run(status, status), 1))
+    if "claimed" not in function.statuses:
+        refused.append((await run("claimed", "claimed"), 1))
+    refused.append((await run("scope", tenant_id="acme"), 1))
+    refused.append((UUID(int=7), 1))
+    live = await run("live")
+    runs = [*refused[:4], (live, 1), *refused[4:]]
+    before = await everything(conn)
+
+    result = await call_batch(conn, function, [r for r, _ in runs], [g for _, g in runs],
+                              now=now)
+
+    assert [run_id for run_id, _ in result] == [run_id for run_id, _ in runs]
+    assert [ok for run_id, ok in result if run_id != live] == [function.refused] * len(refused)
+    assert dict(result)[live] not in (function.refused, None)
+    after = await everything(conn)
+    for run_id, _ in refused:
+        assert rows_of(after, run_id) == rows_of(before, run_id), run_id
+    assert rows_of(after, live) != rows_of(before, live)
+
+
+BAD_BATCHES = {
+    "run_ids_null": lambda a, b: (None, [1]),
+    "generations_null": lambda a, b: ([a], None),
+    "run_ids_longer": lambda a, b: ([a, b], [1]),
+    "generations_longer": lambda a, b: ([a], [1, 1]),
+    "a_run_repeated": lambda a, b: ([a, a], [1, 1]),
+    "over_1000_runs": lambda a, b: ([a, *(UUID(int=n) for n in range(1, 1001))], [1] * 1001),
+    "two_dimensional": lambda a, b: ([[a, b]], [[1, 1]]),
+}
+
+
+@pytest.mark.parametrize(("function", "shape"), [
+    pytest.param(f, s, id=f"{f}-{s}") for f in BATCHES for s in BAD_BATCHES])
+async def test_a_malformed_batch_raises_zp008_and_changes_nothing(conn, function, shape):
+    """Two live runs of WORKER's, and a run complete_and_claim's claim would start: a malformed
+    batch lands none of it (a claim along is undone with the completions)."""
+    a, b = await held(conn, function), await held(conn, function, deployment_ref="deploy-b")
+    await enqueue(conn, deployment_ref=CLAIM_ALONG)
+    run_ids, generations = BAD_BATCHES[shape](a, b)
+    before = await everything(conn)
+    with pytest.raises(asyncpg.PostgresError) as info:
+        async with conn.transaction():
+            await call_batch(conn, function, run_ids, generations)
+    assert info.value.sqlstate == "ZP008", info.value
+    assert await everything(conn) == before
 
 
 BAD = {
@@ -295,6 +449,7 @@ BAD = {
                          [pytest.param(f, b, id=f"{f}-{b}") for f in FENCED for b in f.bad])
 async def test_a_bad_fence_argument_raises_zp008_and_changes_nothing(conn, function, bad):
     run_id = await held(conn, function)
+    await enqueue(conn, deployment_ref=CLAIM_ALONG)  # complete_and_claim's claim takes nothing
     arguments: dict[str, Any] = {"run_id": run_id, "worker_id": WORKER, "generation": 1}
     arguments.update(BAD[bad])
     await assert_raises(conn, "ZP008", function, arguments.pop("run_id"), **arguments)

@@ -130,8 +130,8 @@ REDRIVE = "SELECT zeroth_test.redrive_run(run_id => $1, now_override => $2)"
 
 
 class TestHandBacksAreBounded:
-    """Red-team finding (after issue 11): a handler that always outlives the worker's shutdown
-    (or sends its own worker SIGTERM) was handed back, attempt refunded, for ever."""
+    """A handler that always outlives the worker's shutdown (or sends its own worker SIGTERM)
+    is not handed back, attempt refunded, for ever."""
 
     @pytest.mark.parametrize("max_attempts", [1, 2, 3])
     async def test_after_max_attempts_free_hand_backs_the_attempts_count_then_dead_letter(

@@ -86,8 +86,8 @@ class TestPauseRunningRun:
         assert row["updated_at"] == NOW
 
     async def test_approval_loops_never_push_attempts_past_max_attempts(self, conn):
-        """Red-team finding (after issue 11): with max_attempts 1, three rounds of claim,
-        pause and resume left attempts at 4."""
+        """With max_attempts 1, three rounds of claim, pause and resume leave attempts within
+        max_attempts (not at 4)."""
         run_id = (await make_run(conn, "pending", max_attempts=1)).run_id
         for n in range(1, 4):
             (row,) = await claim(conn, now=at(1000 * n))

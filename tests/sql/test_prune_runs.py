@@ -265,7 +265,7 @@ class TestThreadLockRows:
 class TestEvents:
     """zeroth.events is keyed by scope and name, not by run, so its rows outlive the runs that
     waited on them; prune_runs deletes the rows older than its cutoff that no run waits on, at
-    most batch_size per call (issue 29, finding 8: per-run names grew the table for ever)."""
+    most batch_size per call (per-run names must not grow the table for ever)."""
 
     WAIT = """SELECT outcome FROM zeroth_test.wait_for_event(run_id => $1, worker_id => $2,
                   generation => $3, step_key => 'k', name => $4, tenant_id => $5,

@@ -120,9 +120,9 @@ class TestCheckpointOfAnotherRun:
 
     async def test_a_checkpoint_id_is_the_scopes_own_another_tenant_neither_sees_nor_blocks_it(
             self, conn):
-        """Red-team finding (after issue 11): checkpoint ids were unique across scopes, so a
-        tenant saving a guessed id learned (ZP007) whether another tenant used it, and saving a
-        predictable id first made the other tenant's save fail. Ids are per scope now."""
+        """Checkpoint ids are per scope: a tenant saving a guessed id neither learns (ZP007)
+        whether another tenant uses it nor, saving a predictable id first, makes the other
+        tenant's save fail."""
         owner = await make_run(conn, "running", tenant_id="tenant-x")
         other = await make_run(conn, "running")
         chosen = uuid4()

@@ -2,9 +2,10 @@
 wake_due_waits (external events), on the test clock.
 
 A step's result is recorded once per (run, step key) by the live lease holder, first write wins;
-a stale holder neither records nor reads. A wait either finds its event (recorded as the step
-result), times out (recorded), or takes the run to waiting; the first emit_event of the name in
-the run's scope makes it pending again, and a replay finds the payload.
+a stale holder neither records nor reads (that fence, for get_step, record_step and
+wait_for_event alike: tests/sql/test_fenced_conformance.py). A wait either finds its event
+(recorded as the step result), times out (recorded), or takes the run to waiting; the first
+emit_event of the name in the run's scope makes it pending again, and a replay finds the payload.
 """
 
 from __future__ import annotations
@@ -32,12 +33,8 @@ WAKE = """SELECT zeroth_test.wake_due_waits(deployment_refs => $1::text[], batch
 CLAIM_START = """SELECT run_id, lease_generation, attempts FROM zeroth_test.claim_and_start(
                      deployment_ref => $1, worker_id => $2, tenant_id => $3, workspace_id => $4,
                      batch_size => $5, now_override => $6) WHERE run_id IS NOT NULL"""
-ORPHANED = """SELECT run_id, lease_generation FROM zeroth_test.claim_orphaned(
-                  deployment_ref => $1, worker_id => $2, now_override => $3)
-               WHERE run_id IS NOT NULL"""
 STEPS = """SELECT s.step_key, s.result, s.lease_generation, s.attempt FROM zeroth.run_steps s
             WHERE s.run_id = $1 ORDER BY s.step_key"""
-OTHER = "worker-b"
 
 
 async def get(conn, lease, key, *, generation=None, worker=None, tenant=None, workspace=None,
@@ -111,51 +108,6 @@ async def test_json_null_is_a_result(clock_conn):
     read = await get(clock_conn, lease, "nothing")
     assert read["step_found"] is True
     assert read["result"] == "null"
-
-
-async def test_stale_holder_can_neither_record_nor_read(clock_conn):
-    lease = await make_run(clock_conn, "running", lease_seconds=60)
-    await record(clock_conn, lease, "one", 1)
-    # The lease expires; another worker recovers the run at generation 2 and records a step.
-    taken = await clock_conn.fetch(ORPHANED, DEPLOYMENT, OTHER, at(200))
-    assert [r["run_id"] for r in taken] == [lease.run_id]
-    new_gen = taken[0]["lease_generation"]
-    assert new_gen == lease.generation + 1
-    won = await record(clock_conn, lease, "two", "new", generation=new_gen, worker=OTHER,
-                       now=at(201))
-    assert won["recorded"] is True
-    # The stale holder: nothing recorded, nothing read (not even its own earlier step).
-    assert (await record(clock_conn, lease, "three", "stale", now=at(202)))["recorded"] is None
-    assert (await record(clock_conn, lease, "two", "stale", now=at(202)))["recorded"] is None
-    assert (await get(clock_conn, lease, "two", now=at(202)))["step_found"] is None
-    assert (await get(clock_conn, lease, "one", now=at(202)))["step_found"] is None
-    # The new holder sees both steps; the stale write left nothing.
-    keys = [r["step_key"] for r in await clock_conn.fetch(STEPS, lease.run_id)]
-    assert keys == ["one", "two"]
-    read = await get(clock_conn, lease, "one", generation=new_gen, worker=OTHER, now=at(203))
-    assert read["step_found"] is True
-
-
-async def test_expired_lease_records_nothing_even_before_a_takeover(clock_conn):
-    lease = await make_run(clock_conn, "running", lease_seconds=60)
-    assert (await record(clock_conn, lease, "late", 1, now=at(61)))["recorded"] is None
-    assert await clock_conn.fetch(STEPS, lease.run_id) == []
-
-
-async def test_other_scope_cannot_read_or_record(clock_conn):
-    lease = await make_run(clock_conn, "running", tenant_id="acme")
-    assert (await record(clock_conn, lease, "s", 1, tenant="acme"))["recorded"] is True
-    assert (await get(clock_conn, lease, "s", tenant="evil"))["step_found"] is None
-    assert (await get(clock_conn, lease, "s"))["step_found"] is None  # tenant 'default'
-    assert (await record(clock_conn, lease, "t", 1, tenant="evil"))["recorded"] is None
-
-
-async def test_holder_of_a_run_not_running_gets_zp003(clock_conn):
-    lease = await make_run(clock_conn, "claimed")
-    assert await sqlstate(clock_conn, lambda: record(clock_conn, lease, "s", 1)) == "ZP003"
-    assert await sqlstate(clock_conn, lambda: get(clock_conn, lease, "s")) == "ZP003"
-    assert await sqlstate(clock_conn, lambda: wait(clock_conn, lease.run_id, lease.generation,
-                                                   "e")) == "ZP003"
 
 
 @pytest.mark.parametrize("key", [None, "", "x" * 401])
@@ -316,14 +268,6 @@ async def test_bad_timeout_is_zp008(clock_conn, bad):
     assert await sqlstate(clock_conn, lambda: wait(clock_conn, lease.run_id, lease.generation,
                                                    "e", seconds=bad)) == "ZP008"
     assert (await run_row(clock_conn, lease.run_id))["status"] == "running"
-
-
-async def test_stale_holder_cannot_wait(clock_conn):
-    lease = await make_run(clock_conn, "running", lease_seconds=60)
-    waited = await wait(clock_conn, lease.run_id, lease.generation, "e", now=at(61))
-    assert waited["outcome"] is None
-    assert (await run_row(clock_conn, lease.run_id))["status"] == "running"
-    assert await clock_conn.fetchval("SELECT count(*) FROM zeroth.event_waits") == 0
 
 
 async def test_cancel_of_a_waiting_run(clock_conn):

@@ -11,7 +11,7 @@ import json
 import asyncpg
 import pytest
 from helpers import at, run_row
-from thread_calls import OWNER, admit, fenced, own_running
+from thread_calls import OWNER, fenced, own_running
 
 
 async def progress(conn, run_id, worker=OWNER, generation=1, *, now=None, **kwargs):
@@ -59,17 +59,6 @@ class TestMerge:
         assert await fenced(conn, "complete_run", run_id, OWNER, 1, now=at(7))
 
         assert json.loads((await run_row(conn, run_id))["accounting"]) == {"llm_call_count": 4}
-
-
-class TestFence:
-    async def test_holder_of_an_unstarted_run_gets_zp003(self, conn):
-        admitted = await admit(conn, worker_id=OWNER)
-
-        with pytest.raises(asyncpg.PostgresError) as info:
-            async with conn.transaction():
-                await progress(conn, admitted["run_id"], progress={"step": 1})
-
-        assert info.value.sqlstate == "ZP003"
 
 
 class TestBadArguments:

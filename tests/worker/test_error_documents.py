@@ -1,7 +1,7 @@
 """What a handler's exception becomes (zeroth_pg.errors.describe): every text within
 MAX_ERROR_TEXT_BYTES, the document within MAX_ERROR_DOCUMENT_BYTES, never raising, and always
 storable: each document is written with zeroth.fail_run on a really claimed run and read back
-unchanged (issue 29, finding 4)."""
+unchanged."""
 
 from __future__ import annotations
 

@@ -108,7 +108,7 @@ class LeaseUpkeep:
             if renewal.renewed is None:
                 # Another session holds the run's row: not renewed this time, not lost. The
                 # deadline stays; the next renewal comes no later than it, and the handler is
-                # stopped at it if the row stays busy (red-team pass 9).
+                # stopped at it if the row stays busy.
                 busy.append(entry.deadline)
                 continue
             if renewal.renewed:

@@ -98,7 +98,7 @@ class _Completion:
     result: asyncio.Future[bool | None]
     # Retries stop here: the lease deadline known when the completion was submitted. Not the
     # entry's own deadline, which its renewals keep moving: a completion that can never land
-    # was retried for ever while the lease stayed alive (red-team pass 7).
+    # was retried for ever while the lease stayed alive.
     give_up_at: float
 
 
@@ -197,7 +197,7 @@ class CompletionBatcher:
                 if not on_its_own and getattr(exc, "code", None) == "55P03":
                     # A run's row is held by another session (complete_runs waits 2 s for a
                     # row): each run of the batch retries on its own, so only that run waits,
-                    # and the loop goes on with later completions (red-team passes 9 and 10).
+                    # and the loop goes on with later completions.
                     log.warning("complete_runs waited for a row another session holds; "
                                 "the batch of %d retries run by run", len(batch))
                     for completion in batch:

@@ -266,7 +266,7 @@ class RunWorker:
         for entry in entries:
             entry.stop(StopReason.INTERRUPT)
         # Bounded: a handler that ignores its cancellation is left to itself after
-        # shutdown_timeout (its lease is released or lapses; red-team pass 8).
+        # shutdown_timeout (its lease is released or lapses).
         tasks = [entry.task for entry in entries if entry.task is not None]
         if tasks:
             _, stuck = await asyncio.wait(tasks, timeout=self.shutdown_timeout)

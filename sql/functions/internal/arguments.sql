@@ -72,8 +72,8 @@ ALTER FUNCTION zeroth._require_identifier(text, text) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._require_identifier(text, text) FROM PUBLIC;
 
 -- A caller's idempotency key may not start with 'zeroth-schedule:': fire_due_schedules keys each
--- fire so, and a run planted under the key of a future fire time would pass for that fire (issue
--- 29, finding 5). The prefix is matched exactly, as the unique index compares keys. Raises ZP011.
+-- fire so, and a run planted under the key of a future fire time would pass for that fire. The
+-- prefix is matched exactly, as the unique index compares keys. Raises ZP011.
 CREATE OR REPLACE FUNCTION zeroth._require_caller_key(idempotency_key text, name text) RETURNS void
     LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
@@ -92,7 +92,7 @@ REVOKE ALL ON FUNCTION zeroth._require_caller_key(text, text) FROM PUBLIC;
 -- Whether a run's idempotency key fits its index (runs_idempotency_key_idx): PostgreSQL refuses an
 -- index row over 2704 bytes (54000), a refusal the caller could only retry for ever. Identifiers
 -- are bounded in characters, and 200 four-byte characters are 800 bytes, so the key's bytes are
--- bounded together with the scope's (red-team pass 3, finding D).
+-- bounded together with the scope's.
 CREATE OR REPLACE FUNCTION zeroth._key_fits(tenant_id text, workspace_key text, deployment_ref text,
                                             idempotency_key text) RETURNS boolean
     LANGUAGE sql IMMUTABLE PARALLEL SAFE

@@ -218,7 +218,7 @@ BEGIN
     -- child_runs row FOR SHARE: the update waited for it, and this read sees it waiting). Taking
     -- no child_waits row otherwise keeps a redrive of an ended parent's child from deadlocking
     -- with prune_runs, which deletes that parent's wait rows and then, ON DELETE CASCADE, this
-    -- child's child_runs row (red-team pass 3).
+    -- child's child_runs row.
     PERFORM 1 FROM zeroth.runs p
      WHERE p.tenant_id = NEW.tenant_id
        AND p.workspace_key = NEW.workspace_key
@@ -260,9 +260,9 @@ REVOKE ALL ON FUNCTION zeroth._child_run_reopened() FROM PUBLIC;
 -- → cancelled; running with a live lease → cancel requested, owner notified; running past its
 -- lease → cancelled). A cancelled child's own children follow the same way; those of a child
 -- that is only asked to cancel wait for its end (its cancel_run fires this trigger again).
--- Iterative, one generation per pass (issue 29, finding 1): the trigger that fires for the run
--- cancelled first walks the whole tree, parents before children (so a parent reads as cancelled
--- before its children end: the lock order above), and the trigger firing for each descendant it
+-- Iterative, one generation per pass: the trigger that fires for the run cancelled first walks
+-- the whole tree, parents before children (so a parent reads as cancelled before its children
+-- end: the lock order above), and the trigger firing for each descendant it
 -- cancels returns at once, recognised by the transaction-local mark zeroth.cancel_cascade that
 -- the walk raises around itself and by its trigger depth (a mark set by a caller at depth 1 is
 -- ignored). The stack stays two triggers deep however deep the tree: a 1,000-generation chain

@@ -26,7 +26,7 @@ COMMENT ON FUNCTION zeroth._explain_admin_miss(text, text, uuid, text, zeroth.ru
 ALTER FUNCTION zeroth._explain_admin_miss(text, text, uuid, text, zeroth.run_status[]) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._explain_admin_miss(text, text, uuid, text, zeroth.run_status[]) FROM PUBLIC;
 
--- The bound on an error document (finding 4 of issue 29): whatever a caller or a handler supplies,
+-- The bound on an error document: whatever a caller or a handler supplies,
 -- what is stored in runs.error (and copied to run_attempts, child_runs) is at most
 -- zeroth._error_document_bytes() = 1 MiB (1,048,576 bytes of stored jsonb: pg_column_size of the
 -- uncompressed document) and each top-level string of it at most zeroth._error_text_chars() =

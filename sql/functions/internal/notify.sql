@@ -22,7 +22,7 @@ REVOKE ALL ON FUNCTION zeroth._notify_key(text, text[]) FROM PUBLIC;
 -- transaction (so the queue's tail cannot advance) and fill the rest of the queue with its own
 -- notifications. A transaction that notifies into a full queue fails at COMMIT, where no function
 -- can catch it, so a full queue would have failed every enqueue, completion and cancel that
--- notifies (red-team finding F2: successful runs ended dead-lettered). A notification is only a
+-- notifies (successful runs would end dead-lettered). A notification is only a
 -- hint (workers poll), so dropping it while the queue is under pressure loses nothing; at half
 -- full there is room left for every notification this transaction can still add before it
 -- commits. Monitor pg_notification_queue_usage() and set idle_in_transaction_session_timeout
@@ -64,9 +64,9 @@ CREATE OR REPLACE FUNCTION zeroth._wakeup_lock(tenant_id text, workspace_id text
     RETURNS bigint
     LANGUAGE sql STABLE
     -- 61 bits of a key of its own ('wakeup_gate', not the NOTIFY payload's 'wakeup': a stranger
-    -- who hears a payload cannot match it to a lock in pg_locks; red-team pass 12, F3) and the
+    -- who hears a payload cannot match it to a lock in pg_locks) and the
     -- stripe in the low 3: two scopes share a gate only if 61 bits of sha256 agree (32 bits
-    -- collided at ~77,000 scopes; red-team pass 11, F5).
+    -- collide at ~77,000 scopes).
     RETURN ('x' || left(zeroth._notify_key('wakeup_gate', ARRAY[tenant_id, workspace_id, deployment_ref]), 16))
                ::bit(64)::bigint & ~7::bigint;
 COMMENT ON FUNCTION zeroth._wakeup_lock(text, text, text) IS 'Internal: the advisory lock key of stripe 0 of a scope''s wakeup gate (61 bits of its own opaque key, low 3 bits zero); stripe s is key + s.';
@@ -83,7 +83,7 @@ REVOKE ALL ON FUNCTION zeroth._wakeup_stripes() FROM PUBLIC;
 -- The stripes of the gate at `lock` that this session holds (session level, exclusive), from
 -- pg_locks: announce_idle and announce_busy read them instead of trusting the caller, so a
 -- client that lost count can neither take a stripe twice (session locks are re-entrant: it stayed
--- held after announce_busy) nor believe it holds one it does not (red-team pass 11, F3). A bigint
+-- held after announce_busy) nor believe it holds one it does not. A bigint
 -- advisory key k shows as classid = high 32 bits, objid = low 32 bits, objsubid = 1.
 CREATE OR REPLACE FUNCTION zeroth._wakeup_stripes_held(lock bigint) RETURNS integer[]
     LANGUAGE sql STABLE
@@ -157,8 +157,8 @@ REVOKE ALL ON FUNCTION zeroth._release_wakeup_stripes(bigint) FROM PUBLIC;
 -- of it, else hold that stripe (shared) until commit. PostgreSQL folds identical payloads within
 -- one transaction, so a batch notifies once per key. Advisory locks are never fast-path locks:
 -- each one a transaction keeps takes an entry of the server's shared lock table until it ends,
--- so a transaction that enqueues into thousands of scopes ran the table out of memory (red-team
--- pass 12, F2). After 64 of them (counted in the transaction-local setting
+-- so a transaction that enqueues into thousands of scopes would run the table out of memory.
+-- After 64 of them (counted in the transaction-local setting
 -- zeroth.wakeup_gate_locks) it simply notifies: one serialised commit for a transaction that
 -- large costs little. Anyone can set that setting in their own session; it only decides whether
 -- their own transaction notifies.

@@ -85,7 +85,7 @@ REVOKE ALL ON FUNCTION zeroth._leave_for_wait(text, text, uuid, text, bigint, te
 -- ZP008 unless (tenant, workspace key, run, step key) fits the primary keys of run_steps and
 -- event_waits: PostgreSQL refuses an index row over 2704 bytes (54000). Each part is bounded in
 -- characters, not bytes: a tenant, a workspace and a step key of four-byte characters at those
--- limits make 3,200 bytes, which no call could ever record (red-team: 54000 from record_step). Checked before
+-- limits make 3,200 bytes, which no call could ever record (54000 from record_step). Checked before
 -- anything runs, so run.step fails before its function's side effect, never after. Same bound as
 -- zeroth._key_fits (2600 bytes leave room for the uuid and the tuple and varlena headers).
 CREATE OR REPLACE FUNCTION zeroth._require_step_key_fits(tenant_id text, workspace_key text,

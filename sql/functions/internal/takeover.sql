@@ -136,8 +136,8 @@ COMMENT ON FUNCTION zeroth._lock_timed_out(text) IS 'Internal: 55P03 lock_not_av
 ALTER FUNCTION zeroth._lock_timed_out(text) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._lock_timed_out(text) FROM PUBLIC;
 
--- The end of a run whose recovery raised (issue 29, finding 1: one bad run never stops the
--- recovery of another). Called after the subtransaction that tried it rolled back: the run, still
+-- The end of a run whose recovery raised (one bad run never stops the recovery of
+-- another). Called after the subtransaction that tried it rolled back: the run, still
 -- active with its lease expired (re-checked; SKIP LOCKED, so a run someone holds right now is left
 -- to them), becomes failed and dead-lettered with {stop_reason recovery_failed, message naming the
 -- SQLSTATE and the error, bounded} (zeroth._stop_error; its previous error kept bounded), its lease

@@ -173,7 +173,7 @@ REVOKE ALL ON FUNCTION zeroth._mark_queue_changed(text, text, uuid) FROM PUBLIC;
 -- (updated_at) is used.
 CREATE OR REPLACE FUNCTION zeroth._thread_run_finished() RETURNS trigger
     -- Pinned: a trigger runs with the search_path of whoever updates the row, a DBA's manual
-    -- UPDATE included, and its body's operators would resolve there (red-team pass 3).
+    -- UPDATE included, and its body's operators would resolve there.
     LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     PERFORM zeroth._notify('zeroth_run_finished', zeroth._notify_key(

@@ -1,16 +1,13 @@
-"""Interleavings of real sessions around slots, batch thread locks and admission retries.
+"""enqueue_runs batches never deadlock with each other or with a worker, and both callers get
+their runs, interleaved by real sessions.
 
-* A renewal refused because another session re-leased the run into another slot in between
-  leaves no zombie slot counting against K for a whole lease: a slot holds no copy of the
-  lease, it names (run, generation), so a slot whose run moved on is free however the renewal
-  ended.
-* Two enqueue_runs batches [T1, T2] and [T2, T1] do not deadlock: every thread lock of a batch
-  is taken in one sorted order first.
-  Batches that name the same keys in contradicting ways (the same run_id with two idempotency
+* Two batches [T1, T2] and [T2, T1] do not deadlock: every thread lock of a batch is taken in
+  one sorted order first.
+* A batch naming two busy threads and the worker renewing or completing their active runs lock
+  those runs in one order (slots then runs, each in run_id order).
+* Batches that name the same keys in contradicting ways (the same run_id with two idempotency
   keys) can still meet in a deadlock inside their INSERTs; the batch PostgreSQL picks as the
-  victim now runs again by itself, so both callers get their runs.
-* Concurrent retries of one admission (same idempotency key or run_id, different payloads) are
-  each ``reused``, never ``busy`` for their own run.
+  victim runs again by itself, so both callers get their runs.
 """
 
 from __future__ import annotations
@@ -21,45 +18,8 @@ import uuid
 from typing import Any
 
 import pytest
-from helpers import DEPLOYMENT, at, enqueue, make_run, run_row
+from helpers import DEPLOYMENT
 from interleave import Session, assert_waits_for, finished
-
-K = 2
-RENEW = """SELECT zeroth_test.renew_lease(run_id => $1, worker_id => 'worker-a', generation => 1,
-               now_override => $2)"""
-CLAIM_ORPHANED = """SELECT run_id, lease_generation FROM zeroth_test.claim_orphaned(
-                        deployment_ref => $1, worker_id => 'worker-c', max_concurrency => $2,
-                        now_override => $3) WHERE run_id IS NOT NULL"""
-CLAIM = """SELECT run_id, concurrency_saturated, active_count FROM zeroth_test.claim_pending(
-               deployment_ref => $1, worker_id => 'worker-d', max_concurrency => $2,
-               now_override => $3)"""
-LIVE_SLOTS = """SELECT count(*) FROM zeroth_test.slot_leases s
-                 WHERE s.deployment_ref = $1 AND s.lease_expires_at >= $2"""
-
-
-class TestRefusedRenewalLeavesNoZombieSlot:
-    async def test_renewal_refused_after_a_re_lease_into_another_slot(self, sessions):
-        renewer, rescuer, db = sessions
-        lease = await make_run(db, "running", max_concurrency=K)  # slot 1, generation 1, to 60
-        # The rescuer holds the run row, so the renewal (which sampled 59, inside its lease)
-        # cannot finish before the re-lease: on main it had already renewed its slot row.
-        await rescuer.begin()
-        await rescuer.call("SELECT 1 FROM zeroth.runs WHERE run_id = $1 FOR UPDATE", lease.run_id)
-        renewal = renewer.spawn(RENEW, lease.run_id, at(59))
-        await assert_waits_for(db, renewer, rescuer, renewal)
-        taken = (await rescuer.rows(CLAIM_ORPHANED, DEPLOYMENT, K, at(61))).value
-        assert [(r["run_id"], r["lease_generation"]) for r in taken] == [(lease.run_id, 2)]
-        await rescuer.commit()
-
-        assert (await finished(renewal)).value is False
-        # One live lease in the scope: a second run is admitted under K = 2.
-        assert await db.fetchval(LIVE_SLOTS, DEPLOYMENT, at(62)) == 1
-        waiting = await enqueue(db, now=at(62))
-        rows = await db.fetch(CLAIM, DEPLOYMENT, K, at(62))
-        assert [(r["run_id"], r["concurrency_saturated"], r["active_count"]) for r in rows] == [
-            (waiting, False, 1)]
-        row = await run_row(db, lease.run_id)
-        assert (row["lease_worker_id"], row["lease_generation"]) == ("worker-c", 2)
 
 
 class TestBatchesOfThreadsCannotDeadlock:
@@ -87,12 +47,12 @@ class TestBatchesOfThreadsCannotDeadlock:
 
 
 class TestABatchAndTheWorkerLockActiveRunsInOneOrder:
-    """Red-team finding F3 (after 0008): a batch admitted its thread items in item order, each
-    locking its thread's active run (and slot) as it went, while renew_leases and complete_runs
-    lock a worker's runs in run_id order. A batch naming two busy threads against the order of
-    their active runs' ids deadlocked with the worker holding both. The batch now locks every
-    active run of its threads first, slots then runs, each in run_id order. A third session only
-    fixes the interleaving: it holds one row for a moment, as a call in flight would."""
+    """renew_leases and complete_runs lock a worker's runs in run_id order; a batch naming two
+    busy threads against the order of their active runs' ids must not deadlock with the worker
+    holding both (as it would admitting its thread items in item order, each locking its
+    thread's active run and slot as it went). The batch locks every active run of its threads
+    first, slots then runs, each in run_id order. A third session only fixes the interleaving:
+    it holds one row for a moment, as a call in flight would."""
 
     A1, A2 = uuid.UUID(int=1), uuid.UUID(int=2)
     BATCH = """SELECT count(*) FROM zeroth.enqueue_runs(deployment_ref => $1,
@@ -159,11 +119,12 @@ class TestABatchAndTheWorkerLockActiveRunsInOneOrder:
 
 class TestBatchesThatContradictEachOtherStillBothLand:
     async def test_two_batches_naming_two_run_ids_with_crossed_keys(self, sessions, connect):
-        """Red-team finding (after issue 11): b1 = [(Y, 'a'), (X, 'c')], b2 = [(X, 'a2'),
-        (Y, 'c2')] insert Y then X and X then Y: each waits for the other's uncommitted primary
-        key, PostgreSQL kills one with 40P01. A third session makes the interleaving certain: it
-        holds an uncommitted run Z that b1 also names, so b1 has inserted Y and waits on Z when
-        b2 inserts X and waits on b1's Y; then Z commits, b1 reaches X, and the cycle closes."""
+        """b1 = [(Y, 'a'), (X, 'c')], b2 = [(X, 'a2'), (Y, 'c2')] insert Y then X and X then Y:
+        each waits for the other's uncommitted primary key, PostgreSQL kills one with 40P01, and
+        that batch runs again by itself: both land. A third session makes the interleaving
+        certain: it holds an uncommitted run Z that b1 also names, so b1 has inserted Y and waits
+        on Z when b2 inserts X and waits on b1's Y; then Z commits, b1 reaches X, and the cycle
+        closes."""
         first, second, db = sessions
         holder = Session(await connect())
         x, y, z = (uuid.UUID(int=n) for n in (0xA, 0xB, 0xC))
@@ -219,36 +180,3 @@ async def wait_blocked(db: Any, session: Session) -> None:
             return
         await asyncio.sleep(0.005)
     raise AssertionError("the second batch never waited")
-
-
-class TestConcurrentRetriesOfOneAdmission:
-    async def test_twelve_retries_with_one_key_all_get_the_one_run(self, connect):
-        sessions = [await connect() for _ in range(12)]
-
-        async def admit(conn: Any, n: int) -> Any:
-            return await conn.fetchrow(
-                """SELECT outcome, run_id FROM zeroth.admit_run(deployment_ref => $1,
-                       thread_id => 'retried', strategy => 'reject', idempotency_key => 'req-1',
-                       payload => $2::text::jsonb)""", DEPLOYMENT, json.dumps({"body": n}))
-
-        results = await asyncio.gather(*(admit(c, n) for n, c in enumerate(sessions)))
-
-        assert sorted(r["outcome"] for r in results) == ["admitted"] + ["reused"] * 11
-        assert len({r["run_id"] for r in results}) == 1
-        db = sessions[0]
-        assert await db.fetchval("SELECT count(*) FROM zeroth.runs") == 1
-
-    async def test_twelve_retries_with_one_run_id_all_get_the_one_run(self, connect):
-        sessions = [await connect() for _ in range(12)]
-        run_id = "6f1c1b0e-7d2a-4f7e-9c57-1e0cfb2b2a10"
-
-        async def admit(conn: Any) -> Any:
-            return await conn.fetchrow(
-                """SELECT outcome, run_id FROM zeroth.admit_run(deployment_ref => $1,
-                       thread_id => 'retried', strategy => 'reject', run_id => $2::uuid)""",
-                DEPLOYMENT, run_id)
-
-        results = await asyncio.gather(*(admit(c) for c in sessions))
-
-        assert sorted(r["outcome"] for r in results) == ["admitted"] + ["reused"] * 11
-        assert {str(r["run_id"]) for r in results} == {run_id}
