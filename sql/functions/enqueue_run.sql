@@ -73,16 +73,32 @@ BEGIN
         RETURN ROW(v_admission.run_id, v_admission.outcome <> 'reused', v_admission.status)::zeroth.enqueued_run;
     END IF;
 
-    INSERT INTO zeroth.runs AS r (
-        run_id, tenant_id, workspace_id, deployment_ref, status, priority, run_after,
-        max_attempts, created_at, updated_at, payload, metadata, idempotency_key, schedule_id)
-    VALUES (
-        coalesce(_enqueue_run.run_id, gen_random_uuid()), v_tenant, _enqueue_run.workspace_id,
-        _enqueue_run.deployment_ref, 'pending', v_priority,
-        coalesce(_enqueue_run.run_after, v_now), v_attempts, v_now, v_now,
-        _enqueue_run.payload, _enqueue_run.metadata, _enqueue_run.idempotency_key, _enqueue_run.schedule_id)
-    ON CONFLICT DO NOTHING
-    RETURNING r.run_id, true, r.status INTO v_result.run_id, v_result.created, v_result.status;
+    IF _enqueue_run.idempotency_key IS NULL AND _enqueue_run.run_id IS NULL THEN
+        -- No key and a fresh run_id: nothing to conflict with, so a plain INSERT. ON CONFLICT
+        -- inserts speculatively and confirms the row with a WAL record of its own (HEAP_CONFIRM,
+        -- 48 bytes a run: issue 30, item 3); a collision of fresh ids would raise
+        -- unique_violation instead of passing unseen.
+        INSERT INTO zeroth.runs AS r (
+            run_id, tenant_id, workspace_id, deployment_ref, status, priority, run_after,
+            max_attempts, created_at, updated_at, payload, metadata, schedule_id)
+        VALUES (
+            gen_random_uuid(), v_tenant, _enqueue_run.workspace_id,
+            _enqueue_run.deployment_ref, 'pending', v_priority,
+            coalesce(_enqueue_run.run_after, v_now), v_attempts, v_now, v_now,
+            _enqueue_run.payload, _enqueue_run.metadata, _enqueue_run.schedule_id)
+        RETURNING r.run_id, true, r.status INTO v_result.run_id, v_result.created, v_result.status;
+    ELSE
+        INSERT INTO zeroth.runs AS r (
+            run_id, tenant_id, workspace_id, deployment_ref, status, priority, run_after,
+            max_attempts, created_at, updated_at, payload, metadata, idempotency_key, schedule_id)
+        VALUES (
+            coalesce(_enqueue_run.run_id, gen_random_uuid()), v_tenant, _enqueue_run.workspace_id,
+            _enqueue_run.deployment_ref, 'pending', v_priority,
+            coalesce(_enqueue_run.run_after, v_now), v_attempts, v_now, v_now,
+            _enqueue_run.payload, _enqueue_run.metadata, _enqueue_run.idempotency_key, _enqueue_run.schedule_id)
+        ON CONFLICT DO NOTHING
+        RETURNING r.run_id, true, r.status INTO v_result.run_id, v_result.created, v_result.status;
+    END IF;
 
     IF FOUND THEN
         IF coalesce(_enqueue_run.run_after, v_now) <= v_now THEN

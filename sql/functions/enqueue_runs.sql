@@ -94,8 +94,10 @@ ALTER FUNCTION zeroth._enqueue_items(jsonb, integer, integer) OWNER TO zeroth_ow
 REVOKE ALL ON FUNCTION zeroth._enqueue_items(jsonb, integer, integer) FROM PUBLIC;
 
 -- The writes of one enqueue_runs batch: every thread lock (in thread_id order) and the threads'
--- active runs (in run_id order), then the runs without a thread in one INSERT, then each thread item admitted. Returns what was created, for the
--- caller to report; enqueue_runs may run it again after a deadlock (see there).
+-- active runs (in run_id order), then the runs without a thread (one statement: INSERT ... ON
+-- CONFLICT for those with a key or a run_id, a plain INSERT for the rest), then each thread item
+-- admitted. Returns what was created, for the caller to report; enqueue_runs may run it again
+-- after a deadlock (see there).
 CREATE OR REPLACE FUNCTION zeroth._enqueue_batch(
     tenant_id text, workspace_key text, workspace_id text, deployment_ref text,
     items zeroth.enqueue_item[], at timestamptz,
@@ -167,8 +169,13 @@ BEGIN
                    FOR UPDATE OF r) l;
     END IF;
 
-    -- The runs without a thread: one INSERT, in key order.
-    WITH inserted AS (
+    -- The runs without a thread, in one statement: those that name a key (an idempotency key or
+    -- their own run_id) by INSERT ... ON CONFLICT DO NOTHING, in key order; the others (a fresh
+    -- gen_random_uuid() and no key: nothing to conflict with) by a plain INSERT. ON CONFLICT
+    -- inserts speculatively and confirms each row with a WAL record of its own (HEAP_CONFIRM, 48
+    -- bytes a run: issue 30, item 3); a collision of fresh ids would raise unique_violation
+    -- instead of passing unseen.
+    WITH keyed AS (
         INSERT INTO zeroth.runs AS r (
             run_id, tenant_id, workspace_id, deployment_ref, status, priority, run_after,
             max_attempts, created_at, updated_at, payload, metadata, idempotency_key)
@@ -178,13 +185,28 @@ BEGIN
                _enqueue_batch.at, i.payload, i.metadata, i.idempotency_key
           FROM unnest(_enqueue_batch.items) AS i
          WHERE i.thread_id IS NULL
+           AND (i.idempotency_key IS NOT NULL OR i.run_id IS NOT NULL)
          ORDER BY i.idempotency_key, i.run_id, i.position
         ON CONFLICT DO NOTHING
+        RETURNING r.run_id, r.idempotency_key
+    ), plain AS (
+        INSERT INTO zeroth.runs AS r (
+            run_id, tenant_id, workspace_id, deployment_ref, status, priority, run_after,
+            max_attempts, created_at, updated_at, payload, metadata)
+        SELECT i.new_run_id, _enqueue_batch.tenant_id, _enqueue_batch.workspace_id,
+               _enqueue_batch.deployment_ref, 'pending', i.priority,
+               coalesce(i.run_after, _enqueue_batch.at), i.max_attempts, _enqueue_batch.at,
+               _enqueue_batch.at, i.payload, i.metadata
+          FROM unnest(_enqueue_batch.items) AS i
+         WHERE i.thread_id IS NULL AND i.idempotency_key IS NULL AND i.run_id IS NULL
+         ORDER BY i.position
         RETURNING r.run_id, r.idempotency_key
     )
     SELECT coalesce(array_agg(x.run_id), '{}'), coalesce(array_agg(x.idempotency_key), '{}')
       INTO created, keys
-      FROM inserted x;
+      FROM (SELECT k.run_id, k.idempotency_key FROM keyed k
+            UNION ALL
+            SELECT p.run_id, p.idempotency_key FROM plain p) x;
 
     -- The runs with a thread: each admitted (or queued) under the locks already held.
     FOR v_item IN SELECT i.* FROM unnest(_enqueue_batch.items) AS i WHERE i.thread_id IS NOT NULL ORDER BY i.position LOOP
@@ -199,7 +221,7 @@ BEGIN
     END LOOP;
 END
 $$;
-COMMENT ON FUNCTION zeroth._enqueue_batch(text, text, text, text, zeroth.enqueue_item[], timestamptz) IS 'Internal: the writes of one enqueue_runs batch (thread locks in thread_id order, then the threads'' active runs in run_id order, one INSERT for the runs without a thread, one admission per thread item); returns what was created.';
+COMMENT ON FUNCTION zeroth._enqueue_batch(text, text, text, text, zeroth.enqueue_item[], timestamptz) IS 'Internal: the writes of one enqueue_runs batch (thread locks in thread_id order, then the threads'' active runs in run_id order, one statement for the runs without a thread (INSERT ... ON CONFLICT for those with a key or a run_id, a plain INSERT for the rest), one admission per thread item); returns what was created.';
 ALTER FUNCTION zeroth._enqueue_batch(text, text, text, text, zeroth.enqueue_item[], timestamptz) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._enqueue_batch(text, text, text, text, zeroth.enqueue_item[], timestamptz) FROM PUBLIC;
 

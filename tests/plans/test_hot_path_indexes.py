@@ -19,6 +19,9 @@ claim) and a scan of the running runs, whatever the number of scopes.
   runs_pkey, runs_running_idx; completion: runs_pkey, runs_finished_idx,
   runs_created_not_running_idx, runs_run_id_not_running_idx and the attempt's history row in
   run_attempts_run_idx: 11; 13 before);
+* the enqueue's heap records: a run with no idempotency key and no run_id of its own is inserted
+  plainly (no speculative insertion, no HEAP_CONFIRM record: 48 bytes of WAL a run), by
+  enqueue_run and enqueue_runs alike; a run with a key still goes through ON CONFLICT;
 * the plans: 200,000 runs in mixed statuses (500 of them running) written by one set-based INSERT
   (the only direct write to zeroth.runs here), never analyzed (autovacuum off for the table, and
   checked), then again after ANALYZE: every page shape of the dashboard and of `zeroth-pg runs
@@ -121,6 +124,68 @@ async def test_a_run_writes_only_the_index_entries_its_transitions_need(connect:
                               "runs_run_id_not_running_idx": n,
                               "run_attempts_run_idx": n}, report
     assert sum((enqueue + claim + complete).values()) == 11 * n
+
+
+async def _heap_records(admin: asyncpg.Connection, start: str, end: str) -> Counter[str]:
+    """Heap WAL records of zeroth.runs of this database between two WAL positions, by type."""
+    node = await admin.fetchval(
+        "SELECT relfilenode FROM pg_class WHERE oid = 'zeroth.runs'::regclass")
+    database = str(await admin.fetchval(
+        "SELECT oid FROM pg_database WHERE datname = current_database()"))
+    found: Counter[str] = Counter()
+    for r in await admin.fetch(
+            """SELECT record_type, block_ref
+                 FROM pg_get_wal_records_info($1::text::pg_lsn, $2::text::pg_lsn)
+                WHERE resource_manager = 'Heap'""", start, end):
+        block = BLOCK.search(r["block_ref"] or "")
+        if block and block.groups() == (database, str(node)):
+            found[r["record_type"].split("+")[0]] += 1
+    return found
+
+
+async def test_an_enqueue_without_a_key_inserts_without_speculation(connect: Any) -> None:
+    """A run with no idempotency key and no run_id of its own cannot conflict: enqueue_run and
+    enqueue_runs insert it plainly, without the speculative insertion of ON CONFLICT and its
+    HEAP_CONFIRM record per run (issue 30, item 3); a run with a key still goes through ON
+    CONFLICT and a repeated key still returns the first run."""
+    admin = await connect()
+    await admin.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+    lsn = "SELECT pg_current_wal_insert_lsn()::text"
+    n = 20
+    start = await admin.fetchval(lsn)
+    for _ in range(n):
+        await admin.execute("SELECT * FROM zeroth.enqueue_run(deployment_ref => 'd')")
+    await admin.execute("SELECT * FROM zeroth.enqueue_runs(deployment_ref => 'd', runs => $1)",
+                        json.dumps([{"payload": {"i": i}} for i in range(n)]))
+    plain = await admin.fetchval(lsn)
+    first = await admin.fetchrow(
+        "SELECT * FROM zeroth.enqueue_run(deployment_ref => 'd', idempotency_key => 'k1')")
+    again = await admin.fetchrow(
+        "SELECT * FROM zeroth.enqueue_run(deployment_ref => 'd', idempotency_key => 'k1')")
+    batch = await admin.fetch(
+        "SELECT * FROM zeroth.enqueue_runs(deployment_ref => 'd', runs => $1)",
+        json.dumps([{"idempotency_key": "k2"}, {"idempotency_key": "k1"}, {},
+                    {"idempotency_key": "k2"}]))
+    end = await admin.fetchval(lsn)
+    await admin.execute("SET synchronous_commit = on")
+    await admin.execute("SELECT pg_logical_emit_message(true, 'zeroth-test', 'flush')")
+
+    assert first["created"]
+    assert not again["created"]
+    assert again["run_id"] == first["run_id"]
+    assert [r["created"] for r in batch] == [True, False, True, False]
+    assert batch[1]["run_id"] == first["run_id"]
+    assert batch[3]["run_id"] == batch[0]["run_id"]
+    without_key = await _heap_records(admin, start, plain)
+    with_key = await _heap_records(admin, plain, end)
+    save_report("enqueue_heap_records", {"without_key": dict(without_key),
+                                         "with_key": dict(with_key)})
+    assert without_key["INSERT"] == 2 * n, without_key
+    assert without_key["HEAP_CONFIRM"] == 0, without_key
+    # k1, k2 and the batch's keyless item are new; every keyed insert confirms its row.
+    assert with_key["INSERT"] == 3, with_key
+    assert with_key["HEAP_CONFIRM"] == 2, with_key
+    assert await admin.fetchval("SELECT count(*) FROM zeroth.runs") == 2 * n + 3
 
 
 async def add_runs(connection: asyncpg.Connection) -> None:
