@@ -167,9 +167,21 @@ class RunExecutor:
         finally:
             run_duration.observe(time.monotonic() - started)
         task = asyncio.current_task()
-        outcome = decide(output=output, raised=raised, slept=ctx.slept is not None,
-                         stop_reason=entry.stop_reason, lease_gone=entry.lease_gone,
-                         cancelling=task is not None and task.cancelling() > 0)
+        cancelling = task is not None and task.cancelling() > 0
+        try:
+            outcome = decide(output=output, raised=raised, slept=ctx.slept is not None,
+                             stop_reason=entry.stop_reason, lease_gone=entry.lease_gone,
+                             cancelling=cancelling)
+        except Exception:
+            raise  # a worker error: _execute writes a retryable failure (fail_quietly)
+        except BaseException as exc:
+            # The output's own code raised it while it was encoded (a mapping's items(), called
+            # by json.dumps): the handler's doing, so the attempt's failure, as if the handler
+            # had raised it. It escaped the run's task, where SystemExit ended the event loop.
+            raised = exc
+            outcome = decide(raised=exc, slept=ctx.slept is not None,
+                             stop_reason=entry.stop_reason, lease_gone=entry.lease_gone,
+                             cancelling=cancelling)
         if outcome.kind is OutcomeKind.PROPAGATE:
             assert raised is not None
             raise raised  # the loop is cancelling this task: not the handler's doing
