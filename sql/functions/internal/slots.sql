@@ -23,29 +23,8 @@ COMMENT ON FUNCTION zeroth._lock_slot(text, text, uuid, bigint) IS 'Internal: lo
 ALTER FUNCTION zeroth._lock_slot(text, text, uuid, bigint) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._lock_slot(text, text, uuid, bigint) FROM PUBLIC;
 
--- The start of every function that ends or gives back a lease (complete, fail, cancel, pause,
--- release, hand back, expire): check the fence's arguments (ZP008), lock the slot naming exactly
--- (run, generation), then the run row when its lease is the caller's (zeroth._lock_leased_run),
--- and return the run's status (NULL: not the caller's lease). Slot rows are locked before run
--- rows everywhere, and the caller reads the clock after this returns.
-CREATE OR REPLACE FUNCTION zeroth._lock_lease_end(tenant_id text, workspace_key text, run_id uuid,
-                                                  worker_id text, generation bigint)
-    RETURNS zeroth.run_status
-    LANGUAGE plpgsql VOLATILE AS $$
-BEGIN
-    PERFORM zeroth._require(_lock_lease_end.run_id IS NOT NULL, 'run_id must not be NULL');
-    PERFORM zeroth._require_identifier(_lock_lease_end.worker_id, 'worker_id');
-    PERFORM zeroth._require(_lock_lease_end.generation IS NOT NULL, 'generation must not be NULL');
-    PERFORM zeroth._lock_slot(_lock_lease_end.tenant_id, _lock_lease_end.workspace_key,
-                              _lock_lease_end.run_id, _lock_lease_end.generation);
-    RETURN zeroth._lock_leased_run(_lock_lease_end.tenant_id, _lock_lease_end.workspace_key,
-                                   _lock_lease_end.run_id, _lock_lease_end.worker_id,
-                                   _lock_lease_end.generation);
-END
-$$;
-COMMENT ON FUNCTION zeroth._lock_lease_end(text, text, uuid, text, bigint) IS 'Internal: check run_id, worker_id, generation (ZP008); lock the slot of (run, generation), then the run row when its lease is the caller''s; return its status (NULL: not that lease).';
-ALTER FUNCTION zeroth._lock_lease_end(text, text, uuid, text, bigint) OWNER TO zeroth_owner;
-REVOKE ALL ON FUNCTION zeroth._lock_lease_end(text, text, uuid, text, bigint) FROM PUBLIC;
+-- Replaced by the settle path's one lock prologue (zeroth._lock_settle, internal/settle.sql).
+DROP FUNCTION IF EXISTS zeroth._lock_lease_end(text, text, uuid, text, bigint);
 
 -- Frees the slot naming exactly (run, generation). Called once the run's own UPDATE matched, so a
 -- refused write leaves the slot as it was. Returns whether a slot was freed.
