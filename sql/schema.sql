@@ -396,6 +396,7 @@ END) STORED NOT NULL,
     hand_backs integer DEFAULT 0 NOT NULL,
     parent_run_id uuid,
     schedule_id uuid,
+    attempt_recorded_generation bigint,
     CONSTRAINT runs_accounting_object CHECK (((accounting IS NULL) OR (jsonb_typeof(accounting) = 'object'::text))),
     CONSTRAINT runs_attempts_valid CHECK (((attempts >= 0) AND (max_attempts >= 1))),
     CONSTRAINT runs_cancel_action_valid CHECK (((cancel_action IS NULL) OR (cancel_action = ANY (ARRAY['cancel'::text, 'interrupt'::text, 'rollback'::text])))),
@@ -470,6 +471,11 @@ COMMENT ON COLUMN zeroth.runs.parent_run_id IS 'The run of the same scope that s
 -- Name: COLUMN runs.schedule_id; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
 COMMENT ON COLUMN zeroth.runs.schedule_id IS 'The schedule whose fire made this run (fire_due_schedules, the only writer); NULL for every other run and for runs fired before 0018. fire_due_schedules takes an existing run under a fire''s idempotency key as that fire only when it carries the schedule''s id.';
+
+--
+-- Name: COLUMN runs.attempt_recorded_generation; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.runs.attempt_recorded_generation IS 'The lease generation whose ended attempt zeroth._settle recorded in zeroth.run_attempts itself (the trigger runs_attempt_history skips that end); NULL or an older generation otherwise.';
 
 --
 -- Name: schedules; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
@@ -992,6 +998,25 @@ ALTER TABLE zeroth.run_steps OWNER TO zeroth_owner;
 COMMENT ON TABLE zeroth.run_steps IS 'Recorded step results per run (run.step, wait_for_event): written once per (run, step_key) by the live lease holder (record_step, wait_for_event); first recorded result wins. lease_generation and attempt say which attempt recorded it. Deleted with the run.';
 
 --
+-- Name: run_transitions; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE TABLE zeroth.run_transitions (
+    edge_no integer NOT NULL,
+    from_status zeroth.run_status,
+    outcome text NOT NULL,
+    to_status zeroth.run_status,
+    label text NOT NULL,
+    CONSTRAINT run_transitions_outcome_check CHECK ((outcome ~ '^[a-z_]+$'::text))
+);
+
+ALTER TABLE zeroth.run_transitions OWNER TO zeroth_owner;
+
+--
+-- Name: TABLE run_transitions; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON TABLE zeroth.run_transitions IS 'The run state machine as data: one row per legal edge (from_status, outcome kind, to_status; NULL = not yet created / deleted) with its diagram label. zeroth._settle settles only listed edges (an unlisted one changes nothing: ZP012); docs/state-machine.md''s diagram is generated from it.';
+
+--
 -- Name: schedule_fires; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
 --
 CREATE TABLE zeroth.schedule_fires (
@@ -1127,6 +1152,18 @@ ALTER TABLE ONLY zeroth.rate_limits
 --
 ALTER TABLE ONLY zeroth.run_steps
     ADD CONSTRAINT run_steps_pkey PRIMARY KEY (tenant_id, workspace_key, run_id, step_key);
+
+--
+-- Name: run_transitions run_transitions_edge_key; Type: CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE ONLY zeroth.run_transitions
+    ADD CONSTRAINT run_transitions_edge_key UNIQUE NULLS NOT DISTINCT (from_status, outcome);
+
+--
+-- Name: run_transitions run_transitions_pkey; Type: CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE ONLY zeroth.run_transitions
+    ADD CONSTRAINT run_transitions_pkey PRIMARY KEY (edge_no);
 
 --
 -- Name: runs runs_pkey; Type: CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
@@ -1638,6 +1675,11 @@ GRANT SELECT(note) ON TABLE zeroth.rate_limits TO zeroth_reader;
 -- Name: TABLE run_steps; Type: ACL; Schema: zeroth; Owner: zeroth_owner
 --
 GRANT SELECT ON TABLE zeroth.run_steps TO zeroth_reader;
+
+--
+-- Name: TABLE run_transitions; Type: ACL; Schema: zeroth; Owner: zeroth_owner
+--
+GRANT SELECT ON TABLE zeroth.run_transitions TO zeroth_reader;
 
 --
 -- Name: TABLE schedule_fires; Type: ACL; Schema: zeroth; Owner: zeroth_owner

@@ -15,8 +15,8 @@ fails here whatever its own module checks:
 * a NULL, empty or over-long fence argument raises ZP008 and changes nothing;
 * only zeroth_worker may call it: a role with no grant and a zeroth_reader get 42501.
 
-The batch functions (complete_runs, renew_leases, complete_and_claim) are called with a batch of
-one run, so the same cases apply to their per-run fence.
+The batch functions (complete_runs, renew_leases, complete_and_claim, settle_runs) are called
+with a batch of one run, so the same cases apply to their per-run fence.
 """
 
 from __future__ import annotations
@@ -105,6 +105,10 @@ FENCED = [
            f"SELECT l.renewed FROM zeroth_test.renew_leases({BATCH}, {SCOPE}) l",
            statuses=("claimed", "running")),
     fenced("save_checkpoint", """data => '{"x": 1}'""", refused=None),
+    Fenced("settle_runs",
+           f"""SELECT s.outcome FROM zeroth_test.settle_runs({BATCH}, outcomes => '{{complete}}',
+                   {SCOPE}) s""",
+           refused=None, wrong_state=None),
     fenced("sleep_run", """delay_seconds => 5, checkpoint => '{"x": 1}'""", column="outcome",
            refused=None),
     fenced("start_child_run", "step_key => 'child', deployment_ref => 'deploy-child'",
