@@ -588,28 +588,6 @@ COMMENT ON COLUMN zeroth.schedules.last_error IS 'Why the last fire of this sche
 COMMENT ON COLUMN zeroth.schedules.last_error_at IS 'When last_error happened (database time).';
 
 --
--- Name: admission_slots; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
---
-CREATE TABLE zeroth.admission_slots (
-    tenant_id text NOT NULL,
-    workspace_key text NOT NULL,
-    deployment_ref text NOT NULL,
-    slot_no integer NOT NULL,
-    run_id uuid,
-    lease_generation bigint,
-    CONSTRAINT admission_slots_holder_complete CHECK (((run_id IS NULL) = (lease_generation IS NULL))),
-    CONSTRAINT admission_slots_slot_positive CHECK ((slot_no >= 1))
-)
-WITH (fillfactor='50');
-
-ALTER TABLE zeroth.admission_slots OWNER TO zeroth_owner;
-
---
--- Name: TABLE admission_slots; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
---
-COMMENT ON TABLE zeroth.admission_slots IS 'Concurrency slots per (tenant, workspace, deployment). A slot names (run_id, lease_generation); it is held while that run holds that generation''s lease in this slot (runs.admission_slot) and the lease is live. The run row is the only copy of the lease.';
-
---
 -- Name: notification_secret; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
 --
 CREATE TABLE zeroth.notification_secret (
@@ -753,6 +731,28 @@ COMMENT ON COLUMN zeroth.deployments.updated_by IS 'session_user of the last cha
 -- Name: COLUMN deployments.registered_by; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
 COMMENT ON COLUMN zeroth.deployments.registered_by IS 'The login (session_user) whose application registered the row (managed_by app): only that login''s registrations change it, another''s are kept (one trust domain''s worker role cannot set the defaults of another''s runs). NULL: a DBA set the row or handed it back (set_deployment_defaults), and the next registration takes it.';
+
+--
+-- Name: admission_slots; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE TABLE zeroth.admission_slots (
+    tenant_id text NOT NULL,
+    workspace_key text NOT NULL,
+    deployment_ref text NOT NULL,
+    slot_no integer NOT NULL,
+    run_id uuid,
+    lease_generation bigint,
+    CONSTRAINT admission_slots_holder_complete CHECK (((run_id IS NULL) = (lease_generation IS NULL))),
+    CONSTRAINT admission_slots_slot_positive CHECK ((slot_no >= 1))
+)
+WITH (fillfactor='50');
+
+ALTER TABLE zeroth.admission_slots OWNER TO zeroth_owner;
+
+--
+-- Name: TABLE admission_slots; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON TABLE zeroth.admission_slots IS 'Concurrency slots per (tenant, workspace, deployment). A slot names (run_id, lease_generation); it is held while that run holds that generation''s lease in this slot (runs.admission_slot) and the lease is live. The run row is the only copy of the lease.';
 
 --
 -- Name: run_attempts; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
@@ -1531,6 +1531,11 @@ CREATE POLICY run_steps_reader_tenant ON zeroth.run_steps FOR SELECT TO zeroth_r
 COMMENT ON POLICY run_steps_reader_tenant ON zeroth.run_steps IS 'zeroth_reader sees the step results of the tenant named in the setting zeroth.tenant_id (none when unset).';
 
 --
+-- Name: run_transitions; Type: ROW SECURITY; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE zeroth.run_transitions ENABLE ROW LEVEL SECURITY;
+
+--
 -- Name: runs; Type: ROW SECURITY; Schema: zeroth; Owner: zeroth_owner
 --
 ALTER TABLE zeroth.runs ENABLE ROW LEVEL SECURITY;
@@ -1675,11 +1680,6 @@ GRANT SELECT(note) ON TABLE zeroth.rate_limits TO zeroth_reader;
 -- Name: TABLE run_steps; Type: ACL; Schema: zeroth; Owner: zeroth_owner
 --
 GRANT SELECT ON TABLE zeroth.run_steps TO zeroth_reader;
-
---
--- Name: TABLE run_transitions; Type: ACL; Schema: zeroth; Owner: zeroth_owner
---
-GRANT SELECT ON TABLE zeroth.run_transitions TO zeroth_reader;
 
 --
 -- Name: TABLE schedule_fires; Type: ACL; Schema: zeroth; Owner: zeroth_owner

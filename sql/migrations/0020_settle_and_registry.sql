@@ -29,8 +29,9 @@ CREATE TABLE zeroth.run_transitions (
     CONSTRAINT run_transitions_edge_key UNIQUE NULLS NOT DISTINCT (from_status, outcome)
 );
 ALTER TABLE zeroth.run_transitions OWNER TO zeroth_owner;
+ALTER TABLE zeroth.run_transitions ENABLE ROW LEVEL SECURITY;
+-- Read by the functions (as its owner) only; the diagram in docs/state-machine.md shows it.
 REVOKE ALL ON zeroth.run_transitions FROM PUBLIC;
-GRANT SELECT ON zeroth.run_transitions TO zeroth_reader;
 COMMENT ON TABLE zeroth.run_transitions IS 'The run state machine as data: one row per legal edge (from_status, outcome kind, to_status; NULL = not yet created / deleted) with its diagram label. zeroth._settle settles only listed edges (an unlisted one changes nothing: ZP012); docs/state-machine.md''s diagram is generated from it.';
 INSERT INTO zeroth.run_transitions (edge_no, from_status, outcome, to_status, label) VALUES
     (1, NULL, 'enqueued', 'pending', 'enqueue_run / enqueue_runs / admit_run / fire_due_schedules (a fire time, through enqueue_run)'),
