@@ -50,13 +50,11 @@ from zeroth_pg import LeaseManager, RunWorker
 from zeroth_pg.migrate import sql_functions_dir
 
 VARIANTS = ("shipped", "trigger", "none")
-#: The completion functions' files: each writes its ended attempts in a CTE named ``recorded``.
-COMPLETIONS = ("complete_runs.sql", "complete_run.sql")
-#: The trigger's exception for the completions the functions record themselves.
-EXCEPTION = re.compile(r"\n\s*AND NOT \(OLD\.status = 'running' AND NEW\.status = 'completed'"
-                       r"\s*AND CURRENT_USER = 'zeroth_owner'"
-                       r"\s*AND coalesce\(current_setting\('zeroth\.completion_records_attempt', "
-                       r"true\), ''\)\s*= 'on'\)")
+#: The settle path's file: zeroth._settle writes its ended attempts in a CTE named ``recorded``.
+COMPLETIONS = ("internal/settle.sql",)
+#: The trigger's exception for the ends the settle path records itself.
+EXCEPTION = re.compile(r"\n\s*AND NEW\.attempt_recorded_generation IS DISTINCT FROM "
+                       r"OLD\.lease_generation")
 TRIGGER = re.compile(r"CREATE OR REPLACE TRIGGER runs_attempt_history.*?;", re.S)
 
 
@@ -64,7 +62,7 @@ def _variant_sql() -> dict[str, list[str]]:
     """The statements that install each variant (``shipped`` restores the files as they are)."""
     functions = sql_functions_dir()
     shipped = [(functions / name).read_text() for name in COMPLETIONS]
-    without_insert = [re.sub(r"    \), recorded AS \(.*?\n    \)\n", "    )\n", text,
+    without_insert = [re.sub(r"    \), recorded AS \(.*?\n(    \), freed AS \()", r"\1", text,
                              count=1, flags=re.S) for text in shipped]
     assert all("recorded AS" not in text for text in without_insert), "recorded CTE not found"
     match = TRIGGER.search((functions / "triggers.sql").read_text())

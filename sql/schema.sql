@@ -585,6 +585,7 @@ END) STORED NOT NULL,
     hand_backs integer DEFAULT 0 NOT NULL,
     parent_run_id uuid,
     schedule_id uuid,
+    attempt_recorded_generation bigint,
     CONSTRAINT runs_accounting_object CHECK (((accounting IS NULL) OR (jsonb_typeof(accounting) = 'object'::text))),
     CONSTRAINT runs_attempts_valid CHECK (((attempts >= 0) AND (max_attempts >= 1))),
     CONSTRAINT runs_cancel_action_valid CHECK (((cancel_action IS NULL) OR (cancel_action = ANY (ARRAY['cancel'::text, 'interrupt'::text, 'rollback'::text])))),
@@ -661,26 +662,9 @@ COMMENT ON COLUMN zeroth.runs.parent_run_id IS 'The run of the same scope that s
 COMMENT ON COLUMN zeroth.runs.schedule_id IS 'The schedule whose fire made this run (fire_due_schedules, the only writer); NULL for every other run and for runs fired before 0018. fire_due_schedules takes an existing run under a fire''s idempotency key as that fire only when it carries the schedule''s id.';
 
 --
--- Name: admission_slots; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
+-- Name: COLUMN runs.attempt_recorded_generation; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
-CREATE TABLE zeroth.admission_slots (
-    tenant_id text NOT NULL,
-    workspace_key text NOT NULL,
-    deployment_ref text NOT NULL,
-    slot_no integer NOT NULL,
-    run_id uuid,
-    lease_generation bigint,
-    CONSTRAINT admission_slots_holder_complete CHECK (((run_id IS NULL) = (lease_generation IS NULL))),
-    CONSTRAINT admission_slots_slot_positive CHECK ((slot_no >= 1))
-)
-WITH (fillfactor='50');
-
-ALTER TABLE zeroth.admission_slots OWNER TO zeroth_owner;
-
---
--- Name: TABLE admission_slots; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
---
-COMMENT ON TABLE zeroth.admission_slots IS 'Concurrency slots per (tenant, workspace, deployment). A slot names (run_id, lease_generation); it is held while that run holds that generation''s lease in this slot (runs.admission_slot) and the lease is live. The run row is the only copy of the lease.';
+COMMENT ON COLUMN zeroth.runs.attempt_recorded_generation IS 'The lease generation whose ended attempt zeroth._settle recorded in zeroth.run_attempts itself (the trigger runs_attempt_history skips that end); NULL or an older generation otherwise.';
 
 --
 -- Name: notification_secret; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
@@ -770,6 +754,28 @@ COMMENT ON COLUMN zeroth.scope_limits.note IS 'Free text for the DBA (why the li
 -- Name: COLUMN scope_limits.rate_limit; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
 COMMENT ON COLUMN zeroth.scope_limits.rate_limit IS 'The zeroth.rate_limits key the scope''s starts count against (NULL: no rate limit). Several scopes may name one key and share its budget. A key still named here cannot be deleted.';
+
+--
+-- Name: admission_slots; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE TABLE zeroth.admission_slots (
+    tenant_id text NOT NULL,
+    workspace_key text NOT NULL,
+    deployment_ref text NOT NULL,
+    slot_no integer NOT NULL,
+    run_id uuid,
+    lease_generation bigint,
+    CONSTRAINT admission_slots_holder_complete CHECK (((run_id IS NULL) = (lease_generation IS NULL))),
+    CONSTRAINT admission_slots_slot_positive CHECK ((slot_no >= 1))
+)
+WITH (fillfactor='50');
+
+ALTER TABLE zeroth.admission_slots OWNER TO zeroth_owner;
+
+--
+-- Name: TABLE admission_slots; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON TABLE zeroth.admission_slots IS 'Concurrency slots per (tenant, workspace, deployment). A slot names (run_id, lease_generation); it is held while that run holds that generation''s lease in this slot (runs.admission_slot) and the lease is live. The run row is the only copy of the lease.';
 
 --
 -- Name: run_attempts; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
@@ -1015,6 +1021,25 @@ ALTER TABLE zeroth.run_steps OWNER TO zeroth_owner;
 COMMENT ON TABLE zeroth.run_steps IS 'Recorded step results per run (run.step, wait_for_event): written once per (run, step_key) by the live lease holder (record_step, wait_for_event); first recorded result wins. lease_generation and attempt say which attempt recorded it. Deleted with the run.';
 
 --
+-- Name: run_transitions; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE TABLE zeroth.run_transitions (
+    edge_no integer NOT NULL,
+    from_status zeroth.run_status,
+    outcome text NOT NULL,
+    to_status zeroth.run_status,
+    label text NOT NULL,
+    CONSTRAINT run_transitions_outcome_check CHECK ((outcome ~ '^[a-z_]+$'::text))
+);
+
+ALTER TABLE zeroth.run_transitions OWNER TO zeroth_owner;
+
+--
+-- Name: TABLE run_transitions; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON TABLE zeroth.run_transitions IS 'The run state machine as data: one row per legal edge (from_status, outcome kind, to_status; NULL = not yet created / deleted) with its diagram label. zeroth._settle settles only listed edges (an unlisted one changes nothing: ZP012); docs/state-machine.md''s diagram is generated from it.';
+
+--
 -- Name: schedule_fires; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
 --
 CREATE TABLE zeroth.schedule_fires (
@@ -1150,6 +1175,18 @@ ALTER TABLE ONLY zeroth.rate_limits
 --
 ALTER TABLE ONLY zeroth.run_steps
     ADD CONSTRAINT run_steps_pkey PRIMARY KEY (tenant_id, workspace_key, run_id, step_key);
+
+--
+-- Name: run_transitions run_transitions_edge_key; Type: CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE ONLY zeroth.run_transitions
+    ADD CONSTRAINT run_transitions_edge_key UNIQUE NULLS NOT DISTINCT (from_status, outcome);
+
+--
+-- Name: run_transitions run_transitions_pkey; Type: CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE ONLY zeroth.run_transitions
+    ADD CONSTRAINT run_transitions_pkey PRIMARY KEY (edge_no);
 
 --
 -- Name: runs runs_pkey; Type: CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
@@ -1520,6 +1557,11 @@ CREATE POLICY run_steps_reader_tenant ON zeroth.run_steps FOR SELECT TO zeroth_r
 -- Name: POLICY run_steps_reader_tenant ON run_steps; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
 COMMENT ON POLICY run_steps_reader_tenant ON zeroth.run_steps IS 'zeroth_reader sees the step results of the tenant named in the setting zeroth.tenant_id (none when unset).';
+
+--
+-- Name: run_transitions; Type: ROW SECURITY; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE zeroth.run_transitions ENABLE ROW LEVEL SECURITY;
 
 --
 -- Name: runs; Type: ROW SECURITY; Schema: zeroth; Owner: zeroth_owner

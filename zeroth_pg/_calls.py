@@ -93,6 +93,11 @@ COMPLETE_AND_CLAIM = f"""SELECT x.completed, {_CLAIM_COLUMNS}
     max_concurrency => $8, batch_size => $9, lease_seconds => $10) AS x
     CROSS JOIN LATERAL (SELECT (x.claimed).*) AS c"""
 
+SETTLE_RUNS = """SELECT run_id, outcome, sqlstate FROM zeroth.settle_runs(worker_id => $1,
+    run_ids => $2, generations => $3, outcomes => $4, outputs => $5::text[]::jsonb[],
+    errors => $6::text[]::jsonb[], retry_base_seconds => $7, retry_max_seconds => $8,
+    tenant_id => $9, workspace_id => $10)"""
+
 FAIL_RUN = """SELECT zeroth.fail_run(run_id => $1, worker_id => $2, generation => $3,
     error => $4::text::jsonb, retryable => $5, retry_base_seconds => $6,
     retry_max_seconds => $7, tenant_id => $8, workspace_id => $9)"""

@@ -45,6 +45,7 @@ from zeroth_pg.types import (
     OrphanClaimResult,
     RateLimited,
     RunCompletion,
+    RunSettled,
     RunStatus,
     Schedule,
     ScheduleFire,
@@ -54,6 +55,9 @@ from zeroth_pg.types import (
     ScopedRun,
     ScopeLimits,
     ScopesClaimResult,
+    SettleKind,
+    Settlement,
+    SettleOutcome,
     SleepOutcome,
     SleepResult,
     StepResult,
@@ -620,6 +624,38 @@ class LeaseManager:
                               for run_id, completed in zip(run_ids, rows[0]["completed"],
                                                            strict=True)),
             claim=_claim_result(rows))
+
+    async def settle_runs(
+        self, worker_id: str, settlements: Sequence[Settlement], *,
+        retry_base_seconds: float | None = None, retry_max_seconds: float | None = None,
+        tenant_id: str | None = None, workspace_id: str | None = None,
+        conn: Executor | None = None,
+    ) -> list[RunSettled]:
+        """End a mixed batch of one worker's runs in one call (``zeroth.settle_runs``):
+        completions, failures (retry with backoff, or fail), cancels and hand-backs, each fenced
+        on its own. One result per run, in order; a run refused (fenced out, or no such edge
+        from its status) has outcome None and the SQLSTATE that says why. A retry's backoff:
+        ``retry_base_seconds`` / ``retry_max_seconds`` when both are given, else each run's
+        deployment's registered policy (``zeroth.deployments``), else 1 / 300 s."""
+        items = list(settlements)
+        if not all(isinstance(item, Settlement) for item in items):
+            raise InvalidArgumentError("settlements must be Settlement values")
+        try:
+            kinds = [SettleKind(item.kind).value for item in items]
+        except ValueError as exc:
+            raise InvalidArgumentError(str(exc)) from exc
+        outputs = [_dumps(item.output) for item in items]
+        errors = [_dumps(item.error) for item in items]
+        rows = await self._fetch(
+            _calls.SETTLE_RUNS, worker_id, [_uuid(item.run_id) for item in items],
+            [item.generation for item in items], kinds,
+            outputs if any(o is not None for o in outputs) else None,
+            errors if any(e is not None for e in errors) else None,
+            retry_base_seconds, retry_max_seconds, tenant_id, workspace_id, conn=conn)
+        return [RunSettled(
+            run_id=row["run_id"],
+            outcome=None if row["outcome"] is None else SettleOutcome(row["outcome"]),
+            sqlstate=row["sqlstate"]) for row in rows]
 
     async def fail_run(
         self, run_id: RunId, worker_id: str, *, generation: int, error: Any = None,

@@ -8,11 +8,15 @@ notifies ``zeroth_wakeup``, …). Views and result types come with their columns
 
 Command line (without ``--dsn`` a throwaway server is started, as ``migrate dump-schema`` does)::
 
-    python -m zeroth_pg.docs                 # rewrite docs/sql-api.md
-    python -m zeroth_pg.docs --check         # exit 1 (and show the diff) when it is stale
+    python -m zeroth_pg.docs                 # rewrite docs/sql-api.md and the status diagram
+    python -m zeroth_pg.docs --check         # exit 1 (and show the diff) when either is stale
     python -m zeroth_pg.docs --dsn ADMIN_DSN # migrate a scratch database on that server
 
 tests/docs/test_docs_fresh.py fails when the committed file is stale.
+
+The status diagram of ``docs/state-machine.md`` (its first ``mermaid`` block) is generated too,
+from the table of legal transitions ``zeroth.run_transitions`` (issue 33: the state machine as
+data), one edge per row in ``edge_no`` order.
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ from zeroth_pg import errors, migrate
 from zeroth_pg._libpq import libpq_dsn
 from zeroth_pg._paths import repo_root, sql_functions_dir
 
-__all__ = ["DOCS_COMMAND", "FunctionDoc", "read_functions", "render", "sql_api_markdown"]
+__all__ = ["DOCS_COMMAND", "FunctionDoc", "read_functions", "render", "sql_api_markdown",
+           "state_machine_diagram", "state_machine_markdown", "with_status_diagram"]
 
 DOCS_COMMAND = "python -m zeroth_pg.docs"
 SCHEMA = "zeroth"
@@ -354,6 +359,33 @@ def sql_api_markdown(dsn: str) -> str:
     return render(functions, relations, triggers, enums, migrate.current_revision(dsn))
 
 
+_TRANSITIONS = f"""SELECT t.from_status::text AS from_status, t.to_status::text AS to_status,
+                          t.label FROM {SCHEMA}.run_transitions t ORDER BY t.edge_no"""
+_MERMAID_RE = re.compile(r"```mermaid\n.*?```", re.S)
+
+
+def state_machine_diagram(rows: Iterable[dict[str, Any]]) -> str:
+    """The mermaid status diagram of ``zeroth.run_transitions`` rows (NULL status: ``[*]``)."""
+    edges = [f"    {row['from_status'] or '[*]'} --> {row['to_status'] or '[*]'}: {row['label']}"
+             for row in rows]
+    return "\n".join(["```mermaid", "stateDiagram-v2", *edges, "```"])
+
+
+def with_status_diagram(markdown: str, diagram: str) -> str:
+    """``markdown`` (docs/state-machine.md) with its first mermaid block replaced by
+    ``diagram``."""
+    if not _MERMAID_RE.search(markdown):
+        raise ValueError("docs/state-machine.md has no mermaid block")
+    return _MERMAID_RE.sub(lambda _: diagram, markdown, count=1)
+
+
+def state_machine_markdown(dsn: str, markdown: str) -> str:
+    """``markdown`` with the status diagram of the migrated database at ``dsn``."""
+    with psycopg.connect(libpq_dsn(dsn), autocommit=True) as conn:
+        rows = conn.cursor(row_factory=dict_row).execute(_TRANSITIONS).fetchall()
+    return with_status_diagram(markdown, state_machine_diagram(rows))
+
+
 def sql_api_path() -> Path:
     root = repo_root()
     if root is None:
@@ -371,18 +403,29 @@ def _main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     target: Path = args.output or sql_api_path()
+    diagram_target = target.parent / "state-machine.md"
     with migrate.migrated_scratch_database(args.dsn) as dsn:
         fresh = sql_api_markdown(dsn)
+        old_diagram = (diagram_target.read_text(encoding="utf-8")
+                       if diagram_target.exists() else None)
+        fresh_diagram = (None if old_diagram is None
+                         else state_machine_markdown(dsn, old_diagram))
     old = target.read_text(encoding="utf-8") if target.exists() else ""
     if args.check:
-        if old != fresh:
-            sys.stdout.writelines(difflib.unified_diff(
-                old.splitlines(True), fresh.splitlines(True), str(target), "catalog"))
-            return 1
-        return 0
+        stale = 0
+        for path, before, after in ((target, old, fresh),
+                                    (diagram_target, old_diagram, fresh_diagram)):
+            if before is not None and after is not None and before != after:
+                sys.stdout.writelines(difflib.unified_diff(
+                    before.splitlines(True), after.splitlines(True), str(path), "catalog"))
+                stale = 1
+        return stale
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(fresh, encoding="utf-8")
     print(f"wrote {target}")
+    if fresh_diagram is not None and fresh_diagram != old_diagram:
+        diagram_target.write_text(fresh_diagram, encoding="utf-8")
+        print(f"wrote {diagram_target}")
     return 0
 
 

@@ -39,6 +39,7 @@ __all__ = [
     "RunNotFoundError",
     "ScheduleNotFoundError",
     "StepResultError",
+    "TransitionNotListedError",
     "UnknownColumnError",
     "ZerothError",
     "bounded_text",
@@ -137,6 +138,15 @@ class ReservedKeyError(InvalidArgumentError):
     sqlstate = "ZP011"
 
 
+class TransitionNotListedError(InvalidTransitionError):
+    """ZP012: the run's status has no edge for this outcome in ``zeroth.run_transitions`` (the
+    state machine as data); nothing was changed for that run. Reported per run by settle_runs
+    (its ``sqlstate`` column), never raised by a function: the single-run ends raise ZP003 for
+    the same refusal."""
+
+    sqlstate = "ZP012"
+
+
 class NonRetryableError(ZerothError):
     """Raised by a handler (or for it): fail this run now, without a retry, whatever attempts it
     has left (``zeroth.fail_run`` with ``retryable => false``: status failed)."""
@@ -214,6 +224,7 @@ _BY_SQLSTATE: dict[str, type[ZerothError]] = {
         ScheduleNotFoundError,
         ChildRunConflictError,
         ReservedKeyError,
+        TransitionNotListedError,
     )
     if cls.sqlstate is not None
 }

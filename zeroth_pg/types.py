@@ -27,6 +27,7 @@ __all__ = [
     "OrphanClaimResult",
     "RateLimited",
     "RetryPolicy",
+    "RunSettled",
     "RunStatus",
     "Schedule",
     "ScheduleFire",
@@ -36,6 +37,9 @@ __all__ = [
     "ScopeLimits",
     "ScopedRun",
     "ScopesClaimResult",
+    "SettleKind",
+    "SettleOutcome",
+    "Settlement",
     "SleepOutcome",
     "SleepResult",
     "StepResult",
@@ -59,6 +63,55 @@ class FailOutcome(StrEnum):
     RETRY_SCHEDULED = "retry_scheduled"
     FAILED = "failed"
     DEAD_LETTERED = "dead_lettered"
+
+
+class SettleKind(StrEnum):
+    """How ``zeroth.settle_runs`` is asked to end one run (its ``outcomes[i]``)."""
+
+    COMPLETE = "complete"  # complete_run
+    RETRY = "retry"  # fail_run retryable: backoff, or dead-lettered when attempts are used up
+    FAIL = "fail"  # fail_run not retryable
+    CANCEL = "cancel"  # cancel_run
+    HAND_BACK = "hand_back"  # hand_back_to_pending
+
+
+class SettleOutcome(StrEnum):
+    """What ``zeroth.settle_runs`` did with one run it settled."""
+
+    COMPLETED = "completed"
+    RETRY_SCHEDULED = "retry_scheduled"
+    FAILED = "failed"
+    DEAD_LETTERED = "dead_lettered"
+    CANCELLED = "cancelled"
+    HANDED_BACK = "handed_back"
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """One run to end with ``zeroth.settle_runs``: its lease (run_id, generation), how to end
+    it, the output of a completion (None keeps the committed output) and the error document of
+    a failure (``retry`` or ``fail``)."""
+
+    run_id: UUID | str
+    generation: int
+    kind: SettleKind
+    output: Any = None
+    error: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunSettled:
+    """One row of ``zeroth.settle_runs``: the outcome settled, or None with the SQLSTATE that
+    says why not (``ZP002``: fenced out; ``ZP012``: the run's status has no such edge)."""
+
+    run_id: UUID
+    outcome: SettleOutcome | None
+    sqlstate: str | None
+
+    @property
+    def settled(self) -> bool:
+        """Whether this run was settled."""
+        return self.outcome is not None
 
 
 class CancelOutcome(StrEnum):

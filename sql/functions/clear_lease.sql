@@ -19,7 +19,7 @@ BEGIN
     UPDATE zeroth.admission_slots s
        SET run_id = NULL, lease_generation = NULL
      -- The scope by IS NOT DISTINCT FROM: by admission_slots_run_idx whatever the
-     -- statistics (see zeroth._lock_slot).
+     -- statistics (see zeroth._lock_settle).
      WHERE s.run_id = clear_lease.run_id
        AND (s.tenant_id, s.workspace_key) IS NOT DISTINCT FROM (v_tenant, v_wskey);
     UPDATE zeroth.runs r

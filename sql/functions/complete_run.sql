@@ -12,63 +12,16 @@ CREATE OR REPLACE FUNCTION zeroth.complete_run(
     RETURNS boolean
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    v_status zeroth.run_status;
-    v_now    timestamptz := zeroth._now();
     v_tenant text := zeroth._scope_tenant(complete_run.tenant_id, complete_run.workspace_id);
     v_wskey  text := zeroth._workspace_key(complete_run.workspace_id);
-    v_run    record;
-    v_acquired timestamptz;
-    v_completed boolean;
+    v_end    record;
 BEGIN
-    -- Checks the fence's arguments; the slot, then the run row, then the clock: see
-    -- zeroth._lock_lease_end.
-    v_status := zeroth._lock_lease_end(v_tenant, v_wskey, complete_run.run_id, complete_run.worker_id, complete_run.generation);
-    v_now := zeroth._now();
-    -- The claim's time for the attempt history, which the UPDATE clears (the row is locked).
-    SELECT r.lease_acquired_at INTO v_acquired FROM zeroth.runs r
-     WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey AND r.run_id = complete_run.run_id;
-    -- The ended attempt is recorded here, in the completing statement (as complete_runs does;
-    -- the trigger runs_attempt_history leaves completions by the functions to them). The mark
-    -- the trigger's WHEN reads is raised for this statement only, as in
-    -- zeroth._complete_locked_runs (which says why it is not a SET clause).
-    PERFORM set_config('zeroth.completion_records_attempt', 'on', true);
-    WITH completed AS (
-        UPDATE zeroth.runs r
-           SET status = 'completed',
-               output = CASE WHEN complete_run.output IS NULL THEN r.output
-                             ELSE nullif(complete_run.output, 'null'::jsonb) END,
-               finished_at = v_now,
-               updated_at = v_now,
-               lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
-               admission_slot = NULL, recovery_checkpoint_id = NULL
-         WHERE r.tenant_id = v_tenant
-           AND r.workspace_key = v_wskey
-           AND r.run_id = complete_run.run_id
-           AND v_status = 'running'
-           AND r.lease_worker_id = complete_run.worker_id
-           AND r.lease_generation = complete_run.generation
-           AND r.lease_expires_at >= v_now
-        RETURNING r.deployment_ref, r.workspace_id, r.attempts, r.started_at
-    ), recorded AS (
-        INSERT INTO zeroth.run_attempts (tenant_id, workspace_key, run_id, attempt, lease_generation,
-                                         worker_id, claimed_at, started_at, ended_at, outcome)
-        SELECT v_tenant, v_wskey, complete_run.run_id, c.attempts, complete_run.generation,
-               complete_run.worker_id, v_acquired, greatest(c.started_at, v_acquired), v_now,
-               'completed'
-          FROM completed c
-    )
-    SELECT c.deployment_ref, c.workspace_id INTO v_run FROM completed c;
-    v_completed := FOUND;
-    PERFORM set_config('zeroth.completion_records_attempt', 'off', true);
-    IF NOT v_completed THEN
-        PERFORM zeroth._explain_fenced_miss(v_tenant, v_wskey, complete_run.run_id, complete_run.worker_id,
-                                            complete_run.generation, v_now, 'complete_run', '{running}');
-        RETURN false;
-    END IF;
-    IF zeroth._free_slot(v_tenant, v_wskey, complete_run.run_id, complete_run.generation) THEN
-        PERFORM zeroth._notify_wakeup(v_run.deployment_ref, v_tenant, v_run.workspace_id);
-    END IF;
-    RETURN true;
+    -- The settle path (sql/functions/internal/settle.sql): checks, lock, clock, settle; the
+    -- ended attempt is recorded in the settling statement.
+    v_end := zeroth._settle_one(v_tenant, v_wskey, complete_run.run_id, complete_run.worker_id,
+                                complete_run.generation, 'complete', payload => complete_run.output);
+    PERFORM zeroth._raise_unlisted_edge('complete_run', complete_run.run_id, v_end.from_status, v_end.sqlstate);
+    RETURN v_end.sqlstate IS NULL;
 END
 $$;
 COMMENT ON FUNCTION zeroth.complete_run(uuid, text, bigint, jsonb, text, text) IS

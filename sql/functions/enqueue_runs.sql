@@ -150,7 +150,7 @@ BEGIN
                 SELECT s.slot_no
                   FROM zeroth.admission_slots s
                  -- The scope by IS NOT DISTINCT FROM: by admission_slots_run_idx whatever the
-                 -- statistics (see zeroth._lock_slot).
+                 -- statistics (see zeroth._lock_settle).
                  WHERE s.run_id = a.run_id
                    AND (s.tenant_id, s.workspace_key) IS NOT DISTINCT FROM
                        (_enqueue_batch.tenant_id, _enqueue_batch.workspace_key)

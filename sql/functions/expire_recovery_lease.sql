@@ -13,34 +13,14 @@ CREATE OR REPLACE FUNCTION zeroth.expire_recovery_lease(
     RETURNS boolean
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    v_status zeroth.run_status;
-    v_now    timestamptz := zeroth._now();
     v_tenant text := zeroth._scope_tenant(expire_recovery_lease.tenant_id, expire_recovery_lease.workspace_id);
     v_wskey  text := zeroth._workspace_key(expire_recovery_lease.workspace_id);
-    v_run    record;
+    v_end    record;
 BEGIN
-    -- Checks the fence's arguments; the slot, then the run row, then the clock: see
-    -- zeroth._lock_lease_end.
-    v_status := zeroth._lock_lease_end(v_tenant, v_wskey, expire_recovery_lease.run_id, expire_recovery_lease.worker_id, expire_recovery_lease.generation);
-    v_now := zeroth._now();
-    UPDATE zeroth.runs r
-       SET lease_expires_at = least(r.lease_expires_at, v_now - interval '1 microsecond'),
-           admission_slot = NULL,
-           updated_at = v_now
-     WHERE r.tenant_id = v_tenant
-       AND r.workspace_key = v_wskey
-       AND r.run_id = expire_recovery_lease.run_id
-       AND v_status = 'running'
-       AND r.lease_worker_id = expire_recovery_lease.worker_id
-       AND r.lease_generation = expire_recovery_lease.generation
-       AND r.lease_expires_at >= v_now
-    RETURNING r.deployment_ref, r.workspace_id INTO v_run;
-    IF NOT FOUND THEN
-        RETURN false;
-    END IF;
-    PERFORM zeroth._free_slot(v_tenant, v_wskey, expire_recovery_lease.run_id, expire_recovery_lease.generation);
-    PERFORM zeroth._notify_wakeup(v_run.deployment_ref, v_tenant, v_run.workspace_id);
-    RETURN true;
+    -- The settle path (sql/functions/internal/settle.sql): checks, lock, clock, settle.
+    v_end := zeroth._settle_one(v_tenant, v_wskey, expire_recovery_lease.run_id, expire_recovery_lease.worker_id,
+                                expire_recovery_lease.generation, 'expire');
+    RETURN v_end.sqlstate IS NULL;
 END
 $$;
 COMMENT ON FUNCTION zeroth.expire_recovery_lease(uuid, text, bigint, text, text) IS

@@ -20,17 +20,12 @@ CREATE OR REPLACE FUNCTION zeroth.fail_run(
     RETURNS text
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    v_status  zeroth.run_status;
-    v_now     timestamptz := zeroth._now();
     v_tenant  text := zeroth._scope_tenant(fail_run.tenant_id, fail_run.workspace_id);
     v_wskey   text := zeroth._workspace_key(fail_run.workspace_id);
-    v_outcome text;
-    v_deploy  text;
-    v_ws      text;
-    v_due     boolean;
     v_error   jsonb;
     v_base    double precision;
     v_max     double precision;
+    v_end     record;
 BEGIN
     PERFORM zeroth._require(fail_run.retryable IS NOT NULL, 'retryable must not be NULL');
     -- The retry policy the caller left NULL: the deployment's registered one (one lookup by the
@@ -49,49 +44,16 @@ BEGIN
     -- longer text is cut, a larger document summarised, never refused, so the attempt still ends).
     v_error := zeroth._bounded_error(fail_run.error);
 
-    -- Checks the fence's arguments; the slot, then the run row, then the clock: see
-    -- zeroth._lock_lease_end.
-    v_status := zeroth._lock_lease_end(v_tenant, v_wskey, fail_run.run_id, fail_run.worker_id, fail_run.generation);
-    v_now := zeroth._now();
-    -- SET expressions read the row as it was; RETURNING reads it as written, so the outcome is
-    -- derived from what this UPDATE decided.
-    UPDATE zeroth.runs r
-       SET status = CASE WHEN fail_run.retryable AND r.attempts < r.max_attempts
-                         THEN 'pending'::zeroth.run_status ELSE 'failed'::zeroth.run_status END,
-           run_after = CASE WHEN fail_run.retryable AND r.attempts < r.max_attempts
-                            -- Exponential backoff with equal jitter: half fixed, half random.
-                            THEN v_now + make_interval(secs => least(
-                                     fail_run.retry_max_seconds,
-                                     fail_run.retry_base_seconds * power(2, greatest(r.attempts - 1, 0)::double precision))
-                                 * (0.5 + random() / 2))
-                            ELSE r.run_after END,
-           finished_at = CASE WHEN fail_run.retryable AND r.attempts < r.max_attempts THEN NULL ELSE v_now END,
-           dead_lettered_at = CASE WHEN fail_run.retryable AND r.attempts >= r.max_attempts THEN v_now END,
-           error = v_error,
-           updated_at = v_now,
-           lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
-           admission_slot = NULL, recovery_checkpoint_id = NULL
-     WHERE r.tenant_id = v_tenant
-       AND r.workspace_key = v_wskey
-       AND r.run_id = fail_run.run_id
-       AND v_status = 'running'
-       AND r.lease_worker_id = fail_run.worker_id
-       AND r.lease_generation = fail_run.generation
-       AND r.lease_expires_at >= v_now
-    RETURNING CASE WHEN r.status = 'pending' THEN 'retry_scheduled'
-                   WHEN r.dead_lettered_at IS NOT NULL THEN 'dead_lettered'
-                   ELSE 'failed' END,
-              r.deployment_ref, r.workspace_id, r.status = 'pending' AND r.run_after <= v_now
-         INTO v_outcome, v_deploy, v_ws, v_due;
-    IF v_outcome IS NULL THEN
-        PERFORM zeroth._explain_fenced_miss(v_tenant, v_wskey, fail_run.run_id, fail_run.worker_id,
-                                            fail_run.generation, v_now, 'fail_run', '{running}');
-        RETURN NULL;
-    END IF;
-    IF zeroth._free_slot(v_tenant, v_wskey, fail_run.run_id, fail_run.generation) OR v_due THEN
-        PERFORM zeroth._notify_wakeup(v_deploy, v_tenant, v_ws);
-    END IF;
-    RETURN v_outcome;
+    -- The settle path (sql/functions/internal/settle.sql): checks, lock, clock, settle. A
+    -- retryable failure is retried with backoff while attempts < max_attempts, else
+    -- dead-lettered; a non-retryable one fails.
+    v_end := zeroth._settle_one(v_tenant, v_wskey, fail_run.run_id, fail_run.worker_id, fail_run.generation,
+                                CASE WHEN fail_run.retryable THEN 'retry' ELSE 'fail' END,
+                                payload => v_error,
+                                retry_base_seconds => fail_run.retry_base_seconds,
+                                retry_max_seconds => fail_run.retry_max_seconds);
+    PERFORM zeroth._raise_unlisted_edge('fail_run', fail_run.run_id, v_end.from_status, v_end.sqlstate);
+    RETURN CASE v_end.outcome WHEN 'retried' THEN 'retry_scheduled' ELSE v_end.outcome END;
 END
 $$;
 COMMENT ON FUNCTION zeroth.fail_run(uuid, text, bigint, jsonb, boolean, double precision, double precision, text, text) IS

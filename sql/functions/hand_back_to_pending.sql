@@ -17,52 +17,16 @@ CREATE OR REPLACE FUNCTION zeroth.hand_back_to_pending(
     RETURNS boolean
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    v_status zeroth.run_status;
-    v_now    timestamptz := zeroth._now();
     v_tenant text := zeroth._scope_tenant(hand_back_to_pending.tenant_id, hand_back_to_pending.workspace_id);
     v_wskey  text := zeroth._workspace_key(hand_back_to_pending.workspace_id);
-    v_run    record;
+    v_end    record;
 BEGIN
-    -- Checks the fence's arguments; the slot, then the run row, then the clock: see
-    -- zeroth._lock_lease_end.
-    v_status := zeroth._lock_lease_end(v_tenant, v_wskey, hand_back_to_pending.run_id, hand_back_to_pending.worker_id, hand_back_to_pending.generation);
-    v_now := zeroth._now();
-    -- The first max_attempts hand-backs give the attempt back; after that the attempt stays
-    -- counted, and a hand-back that finds no attempt left dead-letters the run.
-    UPDATE zeroth.runs r
-       SET status = CASE WHEN r.hand_backs >= r.max_attempts AND r.attempts >= r.max_attempts
-                         THEN 'failed'::zeroth.run_status ELSE 'pending'::zeroth.run_status END,
-           attempts = CASE WHEN r.hand_backs < r.max_attempts THEN greatest(r.attempts - 1, 0)
-                           ELSE r.attempts END,
-           hand_backs = r.hand_backs + 1,
-           error = CASE WHEN r.hand_backs >= r.max_attempts AND r.attempts >= r.max_attempts
-                        THEN zeroth._stop_error('attempts_exhausted', format(
-                                 'handed back %s times without finishing (attempt %s of %s); a run '
-                                 'that never finishes before its worker stops is not retried again',
-                                 r.hand_backs + 1, r.attempts, r.max_attempts),
-                             r.lease_worker_id, r.lease_generation, r.error)
-                        ELSE r.error END,
-           dead_lettered_at = CASE WHEN r.hand_backs >= r.max_attempts AND r.attempts >= r.max_attempts
-                                   THEN v_now ELSE r.dead_lettered_at END,
-           finished_at = CASE WHEN r.hand_backs >= r.max_attempts AND r.attempts >= r.max_attempts
-                              THEN v_now END,
-           lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
-           admission_slot = NULL, recovery_checkpoint_id = NULL,
-           updated_at = v_now
-     WHERE r.tenant_id = v_tenant
-       AND r.workspace_key = v_wskey
-       AND r.run_id = hand_back_to_pending.run_id
-       AND v_status = 'running'
-       AND r.lease_worker_id = hand_back_to_pending.worker_id
-       AND r.lease_generation = hand_back_to_pending.generation
-       AND r.lease_expires_at >= v_now
-    RETURNING r.deployment_ref, r.workspace_id INTO v_run;
-    IF NOT FOUND THEN
-        RETURN false;
-    END IF;
-    PERFORM zeroth._free_slot(v_tenant, v_wskey, hand_back_to_pending.run_id, hand_back_to_pending.generation);
-    PERFORM zeroth._notify_wakeup(v_run.deployment_ref, v_tenant, v_run.workspace_id);
-    RETURN true;
+    -- The settle path (sql/functions/internal/settle.sql): checks, lock, clock, settle. The
+    -- first max_attempts hand-backs give the attempt back; after that the attempt stays counted,
+    -- and a hand-back that finds no attempt left dead-letters the run.
+    v_end := zeroth._settle_one(v_tenant, v_wskey, hand_back_to_pending.run_id, hand_back_to_pending.worker_id,
+                                hand_back_to_pending.generation, 'hand_back');
+    RETURN v_end.sqlstate IS NULL;
 END
 $$;
 COMMENT ON FUNCTION zeroth.hand_back_to_pending(uuid, text, bigint, text, text) IS

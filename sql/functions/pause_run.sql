@@ -13,44 +13,19 @@ CREATE OR REPLACE FUNCTION zeroth.pause_run(
     RETURNS boolean
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    v_status zeroth.run_status;
-    v_now    timestamptz := zeroth._now();
     v_tenant text := zeroth._scope_tenant(pause_run.tenant_id, pause_run.workspace_id);
     v_wskey  text := zeroth._workspace_key(pause_run.workspace_id);
-    v_run    record;
+    v_end    record;
 BEGIN
     PERFORM zeroth._require_identifier(pause_run.reason, 'reason');
 
-    -- Checks the fence's arguments; the slot, then the run row, then the clock: see
-    -- zeroth._lock_lease_end.
-    v_status := zeroth._lock_lease_end(v_tenant, v_wskey, pause_run.run_id, pause_run.worker_id, pause_run.generation);
-    v_now := zeroth._now();
-    UPDATE zeroth.runs r
-       SET status = 'waiting',
-           wait_reason = pause_run.reason,
-           -- Waiting is not a failure: the attempt is given back, so approval loops never use up
-           -- the retry budget (nor push attempts past max_attempts).
-           attempts = greatest(r.attempts - 1, 0),
-           updated_at = v_now,
-           lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
-           admission_slot = NULL, recovery_checkpoint_id = NULL
-     WHERE r.tenant_id = v_tenant
-       AND r.workspace_key = v_wskey
-       AND r.run_id = pause_run.run_id
-       AND v_status = 'running'
-       AND r.lease_worker_id = pause_run.worker_id
-       AND r.lease_generation = pause_run.generation
-       AND r.lease_expires_at >= v_now
-    RETURNING r.deployment_ref, r.workspace_id INTO v_run;
-    IF NOT FOUND THEN
-        PERFORM zeroth._explain_fenced_miss(v_tenant, v_wskey, pause_run.run_id, pause_run.worker_id,
-                                            pause_run.generation, v_now, 'pause_run', '{running}');
-        RETURN false;
-    END IF;
-    IF zeroth._free_slot(v_tenant, v_wskey, pause_run.run_id, pause_run.generation) THEN
-        PERFORM zeroth._notify_wakeup(v_run.deployment_ref, v_tenant, v_run.workspace_id);
-    END IF;
-    RETURN true;
+    -- The settle path (sql/functions/internal/settle.sql): checks, lock, clock, settle. Waiting
+    -- is not a failure: the attempt is given back, so approval loops never use up the retry
+    -- budget (nor push attempts past max_attempts).
+    v_end := zeroth._settle_one(v_tenant, v_wskey, pause_run.run_id, pause_run.worker_id,
+                                pause_run.generation, 'pause', reason => pause_run.reason);
+    PERFORM zeroth._raise_unlisted_edge('pause_run', pause_run.run_id, v_end.from_status, v_end.sqlstate);
+    RETURN v_end.sqlstate IS NULL;
 END
 $$;
 COMMENT ON FUNCTION zeroth.pause_run(uuid, text, bigint, text, text, text) IS

@@ -15,37 +15,15 @@ CREATE OR REPLACE FUNCTION zeroth.release_lease(
     RETURNS boolean
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    v_status zeroth.run_status;
-    v_now    timestamptz := zeroth._now();
     v_tenant text := zeroth._scope_tenant(release_lease.tenant_id, release_lease.workspace_id);
     v_wskey  text := zeroth._workspace_key(release_lease.workspace_id);
-    v_run    record;
+    v_end    record;
 BEGIN
-    -- Checks the fence's arguments; the slot, then the run row, then the clock: see
-    -- zeroth._lock_lease_end.
-    v_status := zeroth._lock_lease_end(v_tenant, v_wskey, release_lease.run_id, release_lease.worker_id, release_lease.generation);
-    v_now := zeroth._now();
-    UPDATE zeroth.runs r
-       SET lease_worker_id   = CASE WHEN r.status = 'running' THEN r.lease_worker_id END,
-           lease_acquired_at = CASE WHEN r.status = 'running' THEN r.lease_acquired_at END,
-           lease_expires_at  = CASE WHEN r.status = 'running'
-                                    THEN least(r.lease_expires_at, v_now - interval '1 microsecond') END,
-           admission_slot = NULL,
-           recovery_checkpoint_id = NULL,
-           updated_at = v_now
-     WHERE r.tenant_id = v_tenant
-       AND r.workspace_key = v_wskey
-       AND r.run_id = release_lease.run_id
-       AND r.lease_worker_id = release_lease.worker_id
-       AND r.lease_generation = release_lease.generation
-       AND r.lease_expires_at >= v_now
-    RETURNING r.deployment_ref, r.workspace_id INTO v_run;
-    IF NOT FOUND THEN
-        RETURN false;
-    END IF;
-    PERFORM zeroth._free_slot(v_tenant, v_wskey, release_lease.run_id, release_lease.generation);
-    PERFORM zeroth._notify_wakeup(v_run.deployment_ref, v_tenant, v_run.workspace_id);
-    RETURN true;
+    -- The settle path (sql/functions/internal/settle.sql): checks, lock, clock, settle (a
+    -- pending run: released; a running one: expired in place).
+    v_end := zeroth._settle_one(v_tenant, v_wskey, release_lease.run_id, release_lease.worker_id,
+                                release_lease.generation, 'release');
+    RETURN v_end.sqlstate IS NULL;
 END
 $$;
 COMMENT ON FUNCTION zeroth.release_lease(uuid, text, bigint, text, text) IS

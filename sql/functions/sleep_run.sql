@@ -18,13 +18,13 @@ CREATE OR REPLACE FUNCTION zeroth.sleep_run(
     RETURNS TABLE (outcome text, run_after timestamptz, checkpoint_id uuid)
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    v_status zeroth.run_status;
     v_now    timestamptz := zeroth._now();
     v_tenant text := zeroth._scope_tenant(sleep_run.tenant_id, sleep_run.workspace_id);
     v_wskey  text := zeroth._workspace_key(sleep_run.workspace_id);
     v_max    constant interval := interval '366 days';
     v_at     timestamptz;
-    v_run    record;
+    v_lock   record;
+    v_end    record;
 BEGIN
     PERFORM zeroth._require((sleep_run.resume_at IS NULL) <> (sleep_run.delay_seconds IS NULL),
                             'give exactly one of resume_at and delay_seconds');
@@ -37,9 +37,11 @@ BEGIN
                             format('delay_seconds must be in [0, %s], got %s',
                                    extract(epoch FROM v_max), sleep_run.delay_seconds));
 
-    -- Checks the fence's arguments; the slot, then the run row, then the clock: see
-    -- zeroth._lock_lease_end. T is computed on this clock reading.
-    v_status := zeroth._lock_lease_end(v_tenant, v_wskey, sleep_run.run_id, sleep_run.worker_id, sleep_run.generation);
+    -- The settle path's lock (sql/functions/internal/settle.sql), then the clock: T is computed
+    -- on this clock reading.
+    PERFORM zeroth._require_fence(sleep_run.run_id, sleep_run.worker_id, sleep_run.generation);
+    v_lock := zeroth._lock_settle(v_tenant, v_wskey, sleep_run.worker_id, ARRAY[sleep_run.run_id],
+                                  ARRAY[sleep_run.generation]);
     v_now := zeroth._now();
     v_at := CASE WHEN sleep_run.delay_seconds IS NOT NULL
                  THEN v_now + make_interval(secs => sleep_run.delay_seconds)
@@ -48,55 +50,32 @@ BEGIN
                             format('resume_at must be at most %s ahead of the database clock (%s), got %s',
                                    v_max, v_now, sleep_run.resume_at));
 
-    -- One UPDATE decides: sleeping, or cancelled when a cancel request is pending (the handler
-    -- would be stopped for it anyway; going to sleep would hide the request until T).
-    UPDATE zeroth.runs r
-       SET status = CASE WHEN r.cancel_requested_at IS NULL THEN 'pending'::zeroth.run_status
-                         ELSE 'cancelled'::zeroth.run_status END,
-           run_after = CASE WHEN r.cancel_requested_at IS NULL THEN v_at ELSE r.run_after END,
-           finished_at = CASE WHEN r.cancel_requested_at IS NULL THEN NULL ELSE v_now END,
-           -- A sleep is not a failure: the attempt claim_and_start counted is given back, so a
-           -- run may sleep any number of times; a crash after a resume still counts.
-           attempts = CASE WHEN r.cancel_requested_at IS NULL THEN greatest(r.attempts - 1, 0)
-                           ELSE r.attempts END,
-           checkpoint_seq = CASE WHEN r.cancel_requested_at IS NULL AND sleep_run.checkpoint IS NOT NULL
-                                 THEN r.checkpoint_seq + 1 ELSE r.checkpoint_seq END,
-           updated_at = v_now,
-           lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
-           admission_slot = NULL, recovery_checkpoint_id = NULL
-     WHERE r.tenant_id = v_tenant
-       AND r.workspace_key = v_wskey
-       AND r.run_id = sleep_run.run_id
-       AND v_status = 'running'
-       AND r.lease_worker_id = sleep_run.worker_id
-       AND r.lease_generation = sleep_run.generation
-       AND r.lease_expires_at >= v_now
-    RETURNING r.status, r.run_after, r.checkpoint_seq, r.deployment_ref, r.workspace_id INTO v_run;
-    IF NOT FOUND THEN
-        PERFORM zeroth._explain_fenced_miss(v_tenant, v_wskey, sleep_run.run_id, sleep_run.worker_id,
-                                            sleep_run.generation, v_now, 'sleep_run', '{running}');
+    -- One settle decides: sleeping, or cancelled when a cancel request is pending (the handler
+    -- would be stopped for it anyway; going to sleep would hide the request until T). A sleep is
+    -- not a failure: the attempt claim_and_start counted is given back, so a run may sleep any
+    -- number of times; a crash after a resume still counts. The checkpoint is numbered by it.
+    SELECT s.outcome, s.from_status, s.run_after, s.checkpoint_seq, s.sqlstate INTO v_end
+      FROM zeroth._settle(v_tenant, v_wskey, sleep_run.worker_id, ARRAY[sleep_run.run_id],
+                          ARRAY[sleep_run.generation], '{sleep}', ARRAY[sleep_run.checkpoint], ARRAY[v_at],
+                          NULL, NULL, NULL, v_lock.run_rows, v_lock.slot_rows, v_now) s;
+    PERFORM zeroth._raise_unlisted_edge('sleep_run', sleep_run.run_id, v_end.from_status, v_end.sqlstate);
+    IF v_end.sqlstate IS NOT NULL THEN
         RETURN NEXT;  -- one row, outcome NULL: fenced out
         RETURN;
     END IF;
 
-    IF v_run.status = 'pending' THEN
+    IF v_end.outcome = 'slept' THEN
         outcome := 'sleeping';
-        run_after := v_run.run_after;
+        run_after := v_end.run_after;
         IF sleep_run.checkpoint IS NOT NULL THEN
             INSERT INTO zeroth.checkpoints AS k (checkpoint_id, tenant_id, workspace_key, run_id,
                                                  checkpoint_order, lease_generation, data, created_at)
-            VALUES (gen_random_uuid(), v_tenant, v_wskey, sleep_run.run_id, v_run.checkpoint_seq,
+            VALUES (gen_random_uuid(), v_tenant, v_wskey, sleep_run.run_id, v_end.checkpoint_seq,
                     sleep_run.generation, sleep_run.checkpoint, v_now)
             RETURNING k.checkpoint_id INTO checkpoint_id;
         END IF;
     ELSE
         outcome := 'cancelled';
-    END IF;
-    -- Work that is not due wakes nobody (the poll and the next claim find it at T); a freed slot
-    -- may let other due work of the scope be claimed, as in fail_run.
-    IF zeroth._free_slot(v_tenant, v_wskey, sleep_run.run_id, sleep_run.generation)
-       OR (v_run.status = 'pending' AND v_run.run_after <= v_now) THEN
-        PERFORM zeroth._notify_wakeup(v_run.deployment_ref, v_tenant, v_run.workspace_id);
     END IF;
     RETURN NEXT;
 END

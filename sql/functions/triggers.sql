@@ -59,14 +59,12 @@ CREATE OR REPLACE TRIGGER runs_cancel_children
 -- (pending → running). Claims from no holder (claim_pending, claim_and_start, admit_run with a
 -- worker), start_run, renewals, progress, checkpoints and commit_fenced pay nothing (the WHEN is
 -- evaluated before any call); the open attempt is read from zeroth.runs (zeroth.attempt_history).
--- Completions by the functions (running → completed as zeroth_owner: complete_run, complete_runs
--- and complete_and_claim) write their rows themselves, set-based in the completing statement
--- (zeroth._complete_locked_runs), so the hot path's most frequent end calls no trigger either.
--- Such an update is recognised by two marks together: it is made as zeroth_owner, which no worker
--- can become, and inside the completing statement of one of the two writers, which turn the
--- setting zeroth.completion_records_attempt on for that statement only (set_config, lowered
--- right after it; an error rolls it back). A DBA's completion by hand — as any
--- role, zeroth_owner included (SET ROLE) — still goes through the trigger.
+-- The settle path (zeroth._settle: every lease-ending function of a worker) writes its ended
+-- attempts itself, set-based in the settling statement, and marks the row with the generation it
+-- recorded (attempt_recorded_generation = the ended lease_generation), so the most frequent ends
+-- call no trigger either. Only that statement sets the mark to the generation that ends; an end
+-- made by hand (a DBA's UPDATE, as any role, or an admin function) leaves it older and is
+-- recorded here.
 CREATE OR REPLACE TRIGGER runs_attempt_history
     AFTER UPDATE OF status, lease_generation, lease_worker_id ON zeroth.runs
     FOR EACH ROW
@@ -75,9 +73,6 @@ CREATE OR REPLACE TRIGGER runs_attempt_history
                OR NEW.lease_generation IS DISTINCT FROM OLD.lease_generation
                OR (NEW.status IS DISTINCT FROM OLD.status
                    AND NOT (OLD.status = 'pending' AND NEW.status = 'running')))
-          AND NOT (OLD.status = 'running' AND NEW.status = 'completed'
-                   AND CURRENT_USER = 'zeroth_owner'
-                   AND coalesce(current_setting('zeroth.completion_records_attempt', true), '')
-                       = 'on'))
+          AND NEW.attempt_recorded_generation IS DISTINCT FROM OLD.lease_generation)
     EXECUTE FUNCTION zeroth._record_attempt();
 DROP TRIGGER IF EXISTS runs_attempt_history_insert ON zeroth.runs;

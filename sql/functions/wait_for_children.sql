@@ -1,6 +1,6 @@
 -- wait_for_children: the live holder of a running parent waits for some of its children, as step
 -- `step_key`: all of them (mode 'all') or the first to end ('any'). Locks the parent's slot and row
--- (zeroth._lock_lease_end), then the children's child_runs rows FOR SHARE, so a child that ends
+-- (zeroth._lock_settle), then the children's child_runs rows FOR SHARE, so a child that ends
 -- right now is either seen here or sees this wait (no lost wake-up). Recorded step → its outcomes;
 -- wait met → outcomes recorded as the step result (outcome ready); else running → waiting
 -- (wait_reason 'children:' || step_key; lease, slot and attempt given back as wait_for_event; a
@@ -20,7 +20,7 @@ CREATE OR REPLACE FUNCTION zeroth.wait_for_children(
     RETURNS TABLE (outcome text, children jsonb)
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    v_status  zeroth.run_status;
+    v_lock    record;
     v_now     timestamptz := zeroth._now();
     v_tenant  text := zeroth._scope_tenant(wait_for_children.tenant_id, wait_for_children.workspace_id);
     v_wskey   text := zeroth._workspace_key(wait_for_children.workspace_id);
@@ -44,14 +44,15 @@ BEGIN
     PERFORM zeroth._require(wait_for_children.mode IN ('all', 'any'),
                             format('mode must be all or any, got %s', coalesce(wait_for_children.mode, 'NULL')));
 
-    -- Checks the fence's arguments; the slot, then the run row, then the clock: see
-    -- zeroth._lock_lease_end.
-    v_status := zeroth._lock_lease_end(v_tenant, v_wskey, wait_for_children.run_id, wait_for_children.worker_id,
-                                       wait_for_children.generation);
+    -- The settle path's checks and lock (sql/functions/internal/settle.sql): the slot, then the
+    -- run row, then the clock.
+    PERFORM zeroth._require_fence(wait_for_children.run_id, wait_for_children.worker_id, wait_for_children.generation);
+    v_lock := zeroth._lock_settle(v_tenant, v_wskey, wait_for_children.worker_id, ARRAY[wait_for_children.run_id],
+                                  ARRAY[wait_for_children.generation]);
     v_now := zeroth._now();
     v_attempt := zeroth._step_holder_attempt(v_tenant, v_wskey, wait_for_children.run_id,
                                              wait_for_children.worker_id, wait_for_children.generation, v_now);
-    IF v_status IS NULL OR v_attempt IS NULL THEN
+    IF cardinality(v_lock.run_rows) = 0 OR v_attempt IS NULL THEN
         PERFORM zeroth._explain_fenced_miss(v_tenant, v_wskey, wait_for_children.run_id,
                                             wait_for_children.worker_id, wait_for_children.generation, v_now,
                                             'wait_for_children', '{running}');

@@ -19,7 +19,7 @@ CREATE OR REPLACE FUNCTION zeroth.wait_for_event(
     RETURNS TABLE (outcome text, payload jsonb, timeout_at timestamptz)
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    v_status  zeroth.run_status;
+    v_lock    record;
     v_now     timestamptz := zeroth._now();
     v_tenant  text := zeroth._scope_tenant(wait_for_event.tenant_id, wait_for_event.workspace_id);
     v_wskey   text := zeroth._workspace_key(wait_for_event.workspace_id);
@@ -44,14 +44,15 @@ BEGIN
                             format('timeout_seconds must be NULL (no timeout) or in [0, %s], got %s',
                                    extract(epoch FROM v_max), wait_for_event.timeout_seconds));
 
-    -- Checks the fence's arguments; the slot, then the run row, then the clock: see
-    -- zeroth._lock_lease_end.
-    v_status := zeroth._lock_lease_end(v_tenant, v_wskey, wait_for_event.run_id, wait_for_event.worker_id,
-                                       wait_for_event.generation);
+    -- The settle path's checks and lock (sql/functions/internal/settle.sql): the slot, then the
+    -- run row, then the clock.
+    PERFORM zeroth._require_fence(wait_for_event.run_id, wait_for_event.worker_id, wait_for_event.generation);
+    v_lock := zeroth._lock_settle(v_tenant, v_wskey, wait_for_event.worker_id, ARRAY[wait_for_event.run_id],
+                                  ARRAY[wait_for_event.generation]);
     v_now := zeroth._now();
     v_attempt := zeroth._step_holder_attempt(v_tenant, v_wskey, wait_for_event.run_id, wait_for_event.worker_id,
                                              wait_for_event.generation, v_now);
-    IF v_status IS NULL OR v_attempt IS NULL THEN
+    IF cardinality(v_lock.run_rows) = 0 OR v_attempt IS NULL THEN
         PERFORM zeroth._explain_fenced_miss(v_tenant, v_wskey, wait_for_event.run_id, wait_for_event.worker_id,
                                             wait_for_event.generation, v_now, 'wait_for_event', '{running}');
         RETURN NEXT;  -- one row, outcome NULL: fenced out

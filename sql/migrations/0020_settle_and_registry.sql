@@ -57,3 +57,69 @@ DROP FUNCTION IF EXISTS zeroth.fire_schedule_now(text, text, text);
 -- rows it passes again.
 CREATE INDEX deployment_changes_age_idx ON zeroth.deployment_changes (changed_at);
 COMMENT ON TABLE zeroth.deployment_changes IS 'The audit log of zeroth.deployments: one row per change (a creation has old_values NULL), with the deployment''s new version, the database time, who (changed_by: session_user; acting_role: the SET ROLE in force, NULL without one) and the function that made it. Registrations that change nothing write no row. zeroth.prune_runs (called for every tenant) deletes the changes older than its cutoff, keeping each deployment''s latest change; nothing else deletes rows but a DBA. zeroth_reader reads every row.';
+
+-- Issue 33 item 1 (one settle path): the attempt history of an end made by zeroth._settle is
+-- written by the settling statement itself; runs_attempt_history (sql/functions/triggers.sql)
+-- skips an update that marks the generation it ends as recorded. A column of the row, not a
+-- session setting or the current role: only the statement that wrote the history row sets it
+-- (to the generation it ended, which claims then bump past), so an end made by hand — a DBA's
+-- UPDATE, as any role — still goes through the trigger.
+ALTER TABLE zeroth.runs ADD COLUMN attempt_recorded_generation bigint;
+COMMENT ON COLUMN zeroth.runs.attempt_recorded_generation IS 'The lease generation whose ended attempt zeroth._settle recorded in zeroth.run_attempts itself (the trigger runs_attempt_history skips that end); NULL or an older generation otherwise.';
+
+-- Issue 33 item 2 (the state machine as data): every legal edge of a run's status, one row per
+-- (from status, outcome kind); NULL is a run not yet created (from) or deleted (to). The settle
+-- path (zeroth._settle) looks its outcome up here: an outcome whose edge is not listed changes
+-- nothing (ZP012). docs/state-machine.md's status diagram is generated from it
+-- (python -m zeroth_pg.docs), in edge_no order.
+CREATE TABLE zeroth.run_transitions (
+    edge_no     integer           NOT NULL PRIMARY KEY,
+    from_status zeroth.run_status,
+    outcome     text              NOT NULL CHECK (outcome ~ '^[a-z_]+$'),
+    to_status   zeroth.run_status,
+    label       text              NOT NULL,
+    CONSTRAINT run_transitions_edge_key UNIQUE NULLS NOT DISTINCT (from_status, outcome)
+);
+ALTER TABLE zeroth.run_transitions OWNER TO zeroth_owner;
+ALTER TABLE zeroth.run_transitions ENABLE ROW LEVEL SECURITY;
+-- Read by the functions (as its owner) only; the diagram in docs/state-machine.md shows it.
+REVOKE ALL ON zeroth.run_transitions FROM PUBLIC;
+COMMENT ON TABLE zeroth.run_transitions IS 'The run state machine as data: one row per legal edge (from_status, outcome kind, to_status; NULL = not yet created / deleted) with its diagram label. zeroth._settle settles only listed edges (an unlisted one changes nothing: ZP012); docs/state-machine.md''s diagram is generated from it.';
+INSERT INTO zeroth.run_transitions (edge_no, from_status, outcome, to_status, label) VALUES
+    (1, NULL, 'enqueued', 'pending', 'enqueue_run / enqueue_runs / admit_run / fire_due_schedules (a fire time, through enqueue_run)'),
+    (2, 'pending', 'started', 'running', 'start_run (fenced, counts an attempt) / claim_and_start (lease + start in one UPDATE)'),
+    (3, 'pending', 'claim_lapsed', 'failed', 'a claim or claim_for_takeover finds a claim that lapsed before start_run with no attempt left (dead-lettered, attempts_exhausted)'),
+    (4, 'pending', 'released', 'pending', 'release_lease of a claim not started (settled: lease cleared, claimable at once)'),
+    (5, 'running', 'restarted', 'running', 'start_run again (recovered run, fenced, idempotent)'),
+    (6, 'running', 'completed', 'completed', 'complete_run / complete_runs / complete_and_claim / settle_runs (settled, fenced, per run)'),
+    (7, 'running', 'retried', 'pending', 'fail_run / settle_runs retryable, attempts < max_attempts (settled, run_after = backoff)'),
+    (8, 'running', 'failed', 'failed', 'fail_run / settle_runs not retryable (settled)'),
+    (9, 'running', 'dead_lettered', 'failed', 'fail_run / settle_runs retryable with retries exhausted, or hand_back_to_pending with no attempt left after the free ones (settled, dead_lettered_at)'),
+    (10, 'running', 'handed_back', 'pending', 'hand_back_to_pending / settle_runs (settled, exact live lease; gives the attempt back the first max_attempts times)'),
+    (11, 'running', 'expired', 'running', 'release_lease / expire_recovery_lease (settled: lease expired in place, holder kept; claim_orphaned recovers it)'),
+    (12, 'running', 'paused', 'waiting', 'pause_run (settled, gives the attempt back)'),
+    (13, 'running', 'waited', 'waiting', 'wait_for_event, event not emitted yet / wait_for_children, children not ended yet (settled, gives the attempt back)'),
+    (14, 'running', 'slept', 'pending', 'sleep_run (settled, run_after = T, gives the attempt back, checkpoint in the same call)'),
+    (15, 'running', 'cancelled', 'cancelled', 'cancel_run / settle_runs (holder) / sleep_run, wait_for_event, wait_for_children with a cancel request pending (settled)'),
+    (16, 'pending', 'cancelled', 'cancelled', 'cancel_run / settle_runs (holder of a claim not started; settled)'),
+    (17, 'waiting', 'event_emitted', 'pending', 'emit_event (first emit of the awaited name in the run''s scope)'),
+    (18, 'waiting', 'wait_due', 'pending', 'wake_due_waits (the wait''s deadline passed; the worker''s orphan sweep)'),
+    (19, NULL, 'child_started', 'pending', 'start_child_run (the parent''s live holder, fenced; parent_run_id set)'),
+    (20, 'waiting', 'children_ended', 'pending', 'a child''s end met the wait (trigger runs_child_run_finished) / wake_due_waits (a skipped wake-up)'),
+    (21, 'pending', 'parent_cancelled', 'cancelled', 'the parent was cancelled (trigger runs_cancel_children; not detached children)'),
+    (22, 'waiting', 'parent_cancelled', 'cancelled', 'the parent was cancelled (trigger runs_cancel_children)'),
+    (23, 'waiting', 'resumed', 'pending', 'resume_run'),
+    (24, 'pending', 'cancel_requested', 'cancelled', 'request_cancel'),
+    (25, 'waiting', 'cancel_requested', 'cancelled', 'request_cancel'),
+    (26, 'running', 'cancel_requested', 'cancelled', 'request_cancel when the lease expired'),
+    (27, 'running', 'recovered', 'running', 'claim_orphaned (lease expired: new owner, counts an attempt)'),
+    (28, 'running', 'recovery_exhausted', 'failed', 'claim_orphaned, resumable but out of attempts (dead-lettered, attempts_exhausted)'),
+    (29, 'running', 'orphan_recovered', 'failed', 'claim_orphaned, not resumable, lease + grace ran out (orphan_recovered)'),
+    (30, 'running', 'takeover_requeued', 'pending', 'claim_for_takeover, resumable run (requeued, lease + grace ran out)'),
+    (31, 'running', 'takeover_failed', 'failed', 'claim_for_takeover, run not resumable (stop reason in error)'),
+    (32, 'running', 'takeover_cancelled', 'cancelled', 'claim_for_takeover after a cancel request / request_cancel_v2 taken_over'),
+    (33, 'failed', 'redriven', 'pending', 'redrive_run'),
+    (34, 'cancelled', 'redriven', 'pending', 'redrive_run'),
+    (35, 'completed', 'pruned', NULL, 'prune_runs (finished_at older than the cut-off)'),
+    (36, 'failed', 'pruned', NULL, 'prune_runs'),
+    (37, 'cancelled', 'pruned', NULL, 'prune_runs');

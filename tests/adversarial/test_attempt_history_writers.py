@@ -2,11 +2,12 @@
 
 * a DBA completing a run by hand leaves one row as a superuser, as a LOGIN member of
   zeroth_owner and as zeroth_owner itself (SET ROLE / SET SESSION AUTHORIZATION): the history
-  trigger leaves a completion to the writer only when the mark the two completion writers set
-  for their own call is there, and the mark set by anyone else never skips a row;
+  trigger leaves an end to the settle path only when the row carries the generation it recorded
+  (runs.attempt_recorded_generation), which only the settling statement writes, and the old
+  session mark set by anyone never skips a row;
 * no product role is, or can make itself, a member of zeroth_owner;
-* only complete_run and zeroth._complete_locked_runs complete runs and carry the mark;
-  commit_fenced cannot complete a run;
+* only the settle path (zeroth._settle) completes runs, recording them in the same statement,
+  and no function carries a session mark; commit_fenced cannot complete a run;
 * mixed, cross-scope and malformed batches (complete_runs, complete_and_claim) record exactly
   the live completions, and bad input raises ZP and writes no history;
 * a reader sees only its own tenant's rows written by a batch.
@@ -40,9 +41,9 @@ DBA_COMPLETE = """UPDATE zeroth.runs SET status = 'completed', finished_at = now
 
 
 class TestDbaCompletionAsTheOwner:
-    """The trigger runs_attempt_history skips running → completed updates made as zeroth_owner
-    (the completion functions write those rows themselves). A DBA acting as zeroth_owner is not
-    one of those functions: its completion must still leave exactly one row."""
+    """The trigger runs_attempt_history skips the ends the settle path recorded itself (it used
+    to skip running → completed updates made as zeroth_owner under a session mark). A DBA acting
+    as zeroth_owner is not the settle path: its completion must still leave exactly one row."""
 
     @pytest.mark.parametrize("become", ["SET ROLE zeroth_owner",
                                         "SET SESSION AUTHORIZATION zeroth_owner"])
@@ -163,35 +164,35 @@ class TestDbaCompletionAsTheOwner:
 
 
 class TestCompletionWriters:
-    """The trigger leaves exactly two writers' completions to them; no other function may move a
-    run to completed, and only those two may carry the mark."""
+    """The trigger leaves to the settle path exactly the ends it records itself; no other
+    function may move a run to completed, and no function uses a session mark any more."""
 
-    async def test_only_complete_run_and_complete_locked_runs_complete_runs_and_carry_the_mark(
-            self, admin):
+    async def test_only_the_settle_path_completes_runs_and_records_them_itself(self, admin):
         rows = await admin.fetch(
             """SELECT p.proname::text AS name, p.prosrc AS source,
                       coalesce(array_to_string(p.proconfig, ' '), '') AS config
                  FROM pg_proc p WHERE p.pronamespace = 'zeroth'::regnamespace""")
-        completing = {r["name"] for r in rows
-                      if re.search(r"SET\s+status\s*=\s*'completed'", r["source"], re.I)}
-        assert completing == {"complete_run", "_complete_locked_runs"}
-        raise_mark = "set_config('zeroth.completion_records_attempt', 'on', true)"
-        lower_mark = "set_config('zeroth.completion_records_attempt', 'off', true)"
-        assert {r["name"] for r in rows if "completion_records_attempt" in r["source"]} \
-            == completing
+        # No function hard-codes a completion: _settle writes the status of the edge it found in
+        # zeroth.run_transitions.
+        assert {r["name"] for r in rows
+                if re.search(r"SET\s+status\s*=\s*'completed'", r["source"], re.I)} == set()
+        # Only the settle path marks an end as recorded, and it writes that record itself in the
+        # same statement (any other end, completions included, goes through the trigger).
+        marking = {r["name"] for r in rows
+                   if re.search(r"attempt_recorded_generation\s*=", r["source"])}
+        assert marking == {"_settle"}
+        (settle,) = [r["source"] for r in rows if r["name"] == "_settle"]
+        assert "INSERT INTO zeroth.run_attempts" in settle
+        assert re.search(r"SET\s+status\s*=\s*e\.to_status", settle)
         for r in rows:
-            # No SET clause carries the mark (it needs a superuser's grant at install).
+            # The old session mark (zeroth.completion_records_attempt) is gone everywhere.
+            assert "completion_records_attempt" not in r["source"], r["name"]
             assert "completion_records_attempt" not in r["config"], r["name"]
-            if r["name"] in completing:
-                assert "INSERT INTO zeroth.run_attempts" in r["source"], r["name"]
-                # Raised once just before the completing statement and lowered once after it,
-                # so it never outlives the call.
-                source = r["source"]
-                assert source.count(raise_mark) == 1, r["name"]
-                assert source.count(lower_mark) == 1, r["name"]
-                raised, lowered = source.index(raise_mark), source.index(lower_mark)
-                completing_at = re.search(r"SET\s+status\s*=\s*'completed'", source).start()
-                assert raised < completing_at < lowered, r["name"]
+        trigger = await admin.fetchval(
+            "SELECT pg_get_triggerdef(t.oid) FROM pg_trigger t "
+            "WHERE t.tgname = 'runs_attempt_history'")
+        assert "current_user" not in trigger.lower()
+        assert "attempt_recorded_generation" in trigger
 
 
     @pytest.mark.parametrize("columns", [

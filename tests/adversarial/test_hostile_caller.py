@@ -232,6 +232,12 @@ def arguments(function: Function, world: Seed) -> st.SearchStrategy[dict[str, An
         # Child runs (any run id of the world as a "child", a mode that is none).
         "child_run_ids": st.lists(uuids, max_size=3), "mode": st.sampled_from(["all", "any", "x"]),
         "detached": st.booleans(),
+        # settle_runs: one outcome per run (mostly as many as the one run a lease names), an
+        # internal kind among them now and then.
+        "outcomes": st.one_of(
+            st.lists(st.sampled_from(["complete", "retry", "fail", "cancel", "hand_back"]),
+                     min_size=1, max_size=1),
+            st.lists(st.sampled_from(["complete", "cancel", "release", "sleep"]), max_size=3)),
     }
 
     @st.composite

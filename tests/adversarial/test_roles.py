@@ -46,7 +46,7 @@ RELATIONS = ("runs", "checkpoints", "admission_slots", "notification_secret", "l
              "dead_letters",
              "live_leases", "expired_leases", "table_health", "scope_overview", "run_list",
              "run_activity", "checkpoint_list", "step_list", "wait_list", "attempt_history",
-             "child_list", "deployments", "deployment_changes")
+             "child_list", "deployments", "deployment_changes", "run_transitions")
 
 
 async def test_the_relations_tried_here_are_every_relation_of_the_schema(admin):

@@ -14,10 +14,16 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from zeroth_pg.docs import DOCS_COMMAND, read_functions, sql_api_markdown
+from zeroth_pg.docs import (
+    DOCS_COMMAND,
+    read_functions,
+    sql_api_markdown,
+    state_machine_markdown,
+)
 from zeroth_pg.testing import libpq_dsn
 
 SQL_API = Path(__file__).resolve().parents[2] / "docs" / "sql-api.md"
+STATE_MACHINE = SQL_API.parent / "state-machine.md"
 
 
 @pytest.fixture
@@ -42,6 +48,27 @@ class TestSqlApiDoc:
         public = sorted(name for name in functions if not name.startswith("_"))
         assert public
         assert [name for name in public if f"\n### {name}\n" not in text] == []
+
+
+class TestStateMachineDoc:
+    def test_the_status_diagram_is_generated_from_the_transition_table(self, database_dsn):
+        """docs/state-machine.md's status diagram is zeroth.run_transitions, edge for edge."""
+        committed = STATE_MACHINE.read_text(encoding="utf-8")
+        fresh = state_machine_markdown(database_dsn, committed)
+        diff = "".join(list(difflib.unified_diff(
+            committed.splitlines(True), fresh.splitlines(True), "docs/state-machine.md",
+            "zeroth.run_transitions"))[:60])
+        assert committed == fresh, (
+            f"docs/state-machine.md's diagram is stale: regenerate it with `{DOCS_COMMAND}`\n"
+            f"{diff}")
+
+    def test_every_edge_of_the_table_is_a_line_of_the_diagram(self, database_dsn):
+        with psycopg.connect(libpq_dsn(database_dsn), autocommit=True) as conn:
+            edges = conn.execute("SELECT count(*) FROM zeroth.run_transitions").fetchone()[0]
+        block = STATE_MACHINE.read_text(encoding="utf-8").split("```mermaid\n", 1)[1]
+        block = block.split("```", 1)[0]
+        assert edges > 30
+        assert block.count(" --> ") == edges
 
 
 class TestBodiesAndComments:

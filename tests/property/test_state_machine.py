@@ -1859,6 +1859,9 @@ NOT_MODELLED = {
     "claim_and_start_scopes": "claim_and_start over several scopes (_claim_in_scope)",
     "claim_orphaned_scopes": "claim_orphaned over several scopes (_claim_orphaned)",
     "enqueue_runs": "enqueue_run for a batch",
+    "settle_runs": "complete_run / fail_run / cancel_run / hand_back_to_pending for a mixed "
+                   "batch (zeroth._settle, the body of those modelled calls; "
+                   "tests/sql/test_settle_runs.py)",
     "reconcile_thread_runs": "claim_for_takeover's _take_over over a scope's thread runs",
     # Writes that change no status nor lease (tests/sql cover their fences).
     "get_step": "a step read (no status or lease change)",

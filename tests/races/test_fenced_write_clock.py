@@ -30,6 +30,10 @@ WRITES: dict[str, tuple[str, Any]] = {
         f"""SELECT c.completed FROM zeroth.complete_runs(worker_id => '{HOLDER}',
                 run_ids => ARRAY[$1]::uuid[], generations => '{{1}}') c""", False),
     "fail_run": (f"SELECT zeroth.fail_run({FENCE}, error => '{{\"late\": 1}}')", None),
+    "settle_runs": (
+        f"""SELECT s.outcome FROM zeroth.settle_runs(worker_id => '{HOLDER}',
+                run_ids => ARRAY[$1]::uuid[], generations => '{{1}}',
+                outcomes => '{{complete}}') s""", None),
     "hand_back_to_pending": (f"SELECT zeroth.hand_back_to_pending({FENCE})", False),
     "commit_fenced": (
         f"SELECT zeroth.commit_fenced({FENCE}, columns => '{{\"output\": {{\"late\": 1}}}}')",

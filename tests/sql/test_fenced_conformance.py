@@ -15,12 +15,13 @@ fails here whatever its own module checks:
 * a NULL, empty or over-long fence argument raises ZP008 and changes nothing;
 * only zeroth_worker may call it: a role with no grant and a zeroth_reader get 42501.
 
-The batch functions (complete_runs, renew_leases, complete_and_claim) are called with a batch of
-one run, so the same cases apply to their per-run fence; besides, in one batch every refused run
-is reported refused in input order and left as it was while the live run lands, and a malformed
-batch (arrays NULL, of unequal lengths, two-dimensional, a run repeated, over 1000 runs) raises
-ZP008 and changes nothing. renew_lease also takes generation NULL (the holder's lease, whatever
-its generation): that key is refused wherever the worker id alone does not name a live lease.
+The batch functions (complete_runs, renew_leases, complete_and_claim, settle_runs) are called
+with a batch of one run, so the same cases apply to their per-run fence; besides, in one batch
+every refused run is reported refused in input order and left as it was while the live run lands,
+and a malformed batch (arrays NULL, of unequal lengths, two-dimensional, a run repeated, over
+1000 runs) raises ZP008 and changes nothing. renew_lease also takes generation NULL (the
+holder's lease, whatever its generation): that key is refused wherever the worker id alone
+does not name a live lease.
 """
 
 from __future__ import annotations
@@ -136,6 +137,12 @@ FENCED = [
                                 FROM zeroth_test.renew_leases({{runs}}, {SCOPE}) l""",
           statuses=("claimed", "running"), refused="(f,,f)"),
     fenced("save_checkpoint", """data => '{"x": 1}'""", refused=None),
+    # Every run of the batch completed; a refused row's outcome is NULL.
+    batch("settle_runs", f"""SELECT s.run_id, s.outcome AS ok
+                               FROM zeroth_test.settle_runs({{runs}}, outcomes => array_fill(
+                                        'complete'::text, ARRAY[coalesce(cardinality({{ids}}), 0)]),
+                                        {SCOPE}) s""",
+          refused=None),
     fenced("sleep_run", """delay_seconds => 5, checkpoint => '{"x": 1}'""", column="outcome",
            refused=None),
     fenced("start_child_run", "step_key => 'child', deployment_ref => 'deploy-child'",

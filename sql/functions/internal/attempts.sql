@@ -1,5 +1,8 @@
--- sql/functions/internal/attempts.sql: the attempt history (zeroth.run_attempts), written by the
--- trigger runs_attempt_history on zeroth.runs (sql/functions/triggers.sql), never by a caller.
+-- sql/functions/internal/attempts.sql: the attempt history (zeroth.run_attempts) of the ends made
+-- outside the settle path (admin functions, claims that end an old holder's attempt, a DBA's
+-- UPDATE), written by the trigger runs_attempt_history on zeroth.runs (sql/functions/triggers.sql),
+-- never by a caller. The settle path (zeroth._settle, internal/settle.sql) writes its own ends
+-- by the same rules, in its settling statement.
 -- Internal: SECURITY INVOKER, executable by zeroth_owner only. Re-applied by every upgrade
 -- (sql/README.md).
 

@@ -22,7 +22,7 @@ DECLARE
 BEGIN
     PERFORM 1 FROM zeroth.admission_slots s
      -- The scope by IS NOT DISTINCT FROM: by admission_slots_run_idx whatever the
-     -- statistics (see zeroth._lock_slot).
+     -- statistics (see zeroth._lock_settle).
      WHERE s.run_id = _cancel.run_id
        AND (s.tenant_id, s.workspace_key) IS NOT DISTINCT FROM (_cancel.tenant_id, _cancel.workspace_key)
        FOR UPDATE;
@@ -71,7 +71,7 @@ BEGIN
     UPDATE zeroth.admission_slots s
        SET run_id = NULL, lease_generation = NULL
      -- The scope by IS NOT DISTINCT FROM: by admission_slots_run_idx whatever the
-     -- statistics (see zeroth._lock_slot).
+     -- statistics (see zeroth._lock_settle).
      WHERE s.run_id = _cancel.run_id
        AND (s.tenant_id, s.workspace_key) IS NOT DISTINCT FROM (_cancel.tenant_id, _cancel.workspace_key);
     v_freed := FOUND;

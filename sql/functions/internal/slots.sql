@@ -1,51 +1,11 @@
--- sql/functions/internal/slots.sql: admission slots (max_concurrency): lock, free, take.
+-- sql/functions/internal/slots.sql: admission slots (max_concurrency): free, take (the settle path
+-- locks and frees its own: internal/settle.sql).
 -- Internal helpers: SECURITY INVOKER, executable by zeroth_owner only (they run inside the
 -- SECURITY DEFINER public functions). Re-applied by every upgrade (sql/README.md).
 
--- Locks the slot row naming exactly (run, generation), changing nothing: the first step of every
--- function that ends or gives back a lease, so slot rows are locked before run rows everywhere.
-CREATE OR REPLACE FUNCTION zeroth._lock_slot(tenant_id text, workspace_key text, run_id uuid, generation bigint)
-    RETURNS void
-    LANGUAGE sql VOLATILE
-    BEGIN ATOMIC
-        -- By admission_slots_run_idx: the scope is tested by IS NOT DISTINCT FROM (= on these
-        -- NOT NULL columns, never an index condition), or a plan made before the table's first
-        -- ANALYZE (a scope guessed to be one row) walked every slot of the scope by its primary
-        -- key on PostgreSQL 15 (issue 30).
-        SELECT 1 FROM zeroth.admission_slots s
-         WHERE s.run_id = _lock_slot.run_id
-           AND (s.tenant_id, s.workspace_key) IS NOT DISTINCT FROM
-               (_lock_slot.tenant_id, _lock_slot.workspace_key)
-           AND s.lease_generation = _lock_slot.generation
-           FOR UPDATE;
-    END;
-COMMENT ON FUNCTION zeroth._lock_slot(text, text, uuid, bigint) IS 'Internal: lock the admission slot naming exactly this (run, generation), changing nothing.';
-ALTER FUNCTION zeroth._lock_slot(text, text, uuid, bigint) OWNER TO zeroth_owner;
-REVOKE ALL ON FUNCTION zeroth._lock_slot(text, text, uuid, bigint) FROM PUBLIC;
-
--- The start of every function that ends or gives back a lease (complete, fail, cancel, pause,
--- release, hand back, expire): check the fence's arguments (ZP008), lock the slot naming exactly
--- (run, generation), then the run row when its lease is the caller's (zeroth._lock_leased_run),
--- and return the run's status (NULL: not the caller's lease). Slot rows are locked before run
--- rows everywhere, and the caller reads the clock after this returns.
-CREATE OR REPLACE FUNCTION zeroth._lock_lease_end(tenant_id text, workspace_key text, run_id uuid,
-                                                  worker_id text, generation bigint)
-    RETURNS zeroth.run_status
-    LANGUAGE plpgsql VOLATILE AS $$
-BEGIN
-    PERFORM zeroth._require(_lock_lease_end.run_id IS NOT NULL, 'run_id must not be NULL');
-    PERFORM zeroth._require_identifier(_lock_lease_end.worker_id, 'worker_id');
-    PERFORM zeroth._require(_lock_lease_end.generation IS NOT NULL, 'generation must not be NULL');
-    PERFORM zeroth._lock_slot(_lock_lease_end.tenant_id, _lock_lease_end.workspace_key,
-                              _lock_lease_end.run_id, _lock_lease_end.generation);
-    RETURN zeroth._lock_leased_run(_lock_lease_end.tenant_id, _lock_lease_end.workspace_key,
-                                   _lock_lease_end.run_id, _lock_lease_end.worker_id,
-                                   _lock_lease_end.generation);
-END
-$$;
-COMMENT ON FUNCTION zeroth._lock_lease_end(text, text, uuid, text, bigint) IS 'Internal: check run_id, worker_id, generation (ZP008); lock the slot of (run, generation), then the run row when its lease is the caller''s; return its status (NULL: not that lease).';
-ALTER FUNCTION zeroth._lock_lease_end(text, text, uuid, text, bigint) OWNER TO zeroth_owner;
-REVOKE ALL ON FUNCTION zeroth._lock_lease_end(text, text, uuid, text, bigint) FROM PUBLIC;
+-- Replaced by the settle path's one lock prologue (zeroth._lock_settle, internal/settle.sql).
+DROP FUNCTION IF EXISTS zeroth._lock_lease_end(text, text, uuid, text, bigint);
+DROP FUNCTION IF EXISTS zeroth._lock_slot(text, text, uuid, bigint);
 
 -- Frees the slot naming exactly (run, generation). Called once the run's own UPDATE matched, so a
 -- refused write leaves the slot as it was. Returns whether a slot was freed.
@@ -56,7 +16,7 @@ BEGIN
     UPDATE zeroth.admission_slots s
        SET run_id = NULL, lease_generation = NULL
      WHERE s.run_id = _free_slot.run_id
-       -- IS NOT DISTINCT FROM: by admission_slots_run_idx whatever the statistics (_lock_slot).
+       -- IS NOT DISTINCT FROM: by admission_slots_run_idx whatever the statistics (_lock_settle).
        AND (s.tenant_id, s.workspace_key) IS NOT DISTINCT FROM
            (_free_slot.tenant_id, _free_slot.workspace_key)
        AND s.lease_generation = _free_slot.generation;

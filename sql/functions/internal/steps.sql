@@ -40,46 +40,23 @@ REVOKE ALL ON FUNCTION zeroth._step_holder_attempt(text, text, uuid, text, bigin
 
 -- The holder's running run leaves its worker to wait (wait_for_event, wait_for_children): running
 -- → waiting with wait_reason, or → cancelled when a cancel request is pending (as in sleep_run);
--- the lease, slot and attempt are given back (waiting is not a failure, as pause_run). Fenced in
--- the UPDATE (the caller holds the row lock: zeroth._lock_lease_end). Notifies zeroth_wakeup when a
+-- the lease, slot and attempt are given back (waiting is not a failure, as pause_run). The settle
+-- path (zeroth._settle_one, kind wait) at `at`, the time the caller read after its lock of the
+-- same rows (zeroth._lock_settle, taken again here without waiting). Notifies zeroth_wakeup when a
 -- slot was freed. Returns the new status (waiting | cancelled), NULL when fenced out.
 CREATE OR REPLACE FUNCTION zeroth._leave_for_wait(tenant_id text, workspace_key text, run_id uuid,
                                                   worker_id text, generation bigint, wait_reason text,
                                                   at timestamptz)
     RETURNS zeroth.run_status
-    LANGUAGE plpgsql VOLATILE AS $$
-DECLARE
-    v_run record;
-BEGIN
-    UPDATE zeroth.runs r
-       SET status = CASE WHEN r.cancel_requested_at IS NULL THEN 'waiting'::zeroth.run_status
-                         ELSE 'cancelled'::zeroth.run_status END,
-           wait_reason = CASE WHEN r.cancel_requested_at IS NULL THEN _leave_for_wait.wait_reason END,
-           finished_at = CASE WHEN r.cancel_requested_at IS NULL THEN NULL ELSE _leave_for_wait.at END,
-           attempts = CASE WHEN r.cancel_requested_at IS NULL THEN greatest(r.attempts - 1, 0)
-                           ELSE r.attempts END,
-           updated_at = _leave_for_wait.at,
-           lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
-           admission_slot = NULL, recovery_checkpoint_id = NULL
-     WHERE r.tenant_id = _leave_for_wait.tenant_id
-       AND r.workspace_key = _leave_for_wait.workspace_key
-       AND r.run_id = _leave_for_wait.run_id
-       AND r.status = 'running'
-       AND r.lease_worker_id = _leave_for_wait.worker_id
-       AND r.lease_generation = _leave_for_wait.generation
-       AND r.lease_expires_at >= _leave_for_wait.at
-    RETURNING r.status, r.deployment_ref, r.workspace_id INTO v_run;
-    IF NOT FOUND THEN
-        RETURN NULL;
-    END IF;
-    IF zeroth._free_slot(_leave_for_wait.tenant_id, _leave_for_wait.workspace_key, _leave_for_wait.run_id,
-                         _leave_for_wait.generation) THEN
-        PERFORM zeroth._notify_wakeup(v_run.deployment_ref, _leave_for_wait.tenant_id, v_run.workspace_id);
-    END IF;
-    RETURN v_run.status;
-END
-$$;
-COMMENT ON FUNCTION zeroth._leave_for_wait(text, text, uuid, text, bigint, text, timestamptz) IS 'Internal: the holder''s running run → waiting (wait_reason) or, with a pending cancel request, cancelled; lease, slot and attempt given back, fenced; NOTIFY zeroth_wakeup when a slot was freed. Returns the new status, NULL when fenced out.';
+    LANGUAGE sql VOLATILE
+    BEGIN ATOMIC
+        SELECT s.to_status
+          FROM zeroth._settle_one(_leave_for_wait.tenant_id, _leave_for_wait.workspace_key,
+                                  _leave_for_wait.run_id, _leave_for_wait.worker_id,
+                                  _leave_for_wait.generation, 'wait', reason => _leave_for_wait.wait_reason,
+                                  at => _leave_for_wait.at) s;
+    END;
+COMMENT ON FUNCTION zeroth._leave_for_wait(text, text, uuid, text, bigint, text, timestamptz) IS 'Internal: the holder''s running run → waiting (wait_reason) or, with a pending cancel request, cancelled, by the settle path (zeroth._settle_one, kind wait); lease, slot and attempt given back, fenced; NOTIFY zeroth_wakeup when a slot was freed. Returns the new status, NULL when fenced out.';
 ALTER FUNCTION zeroth._leave_for_wait(text, text, uuid, text, bigint, text, timestamptz) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._leave_for_wait(text, text, uuid, text, bigint, text, timestamptz) FROM PUBLIC;
 -- ZP008 unless (tenant, workspace key, run, step key) fits the primary keys of run_steps and

@@ -124,7 +124,7 @@ BEGIN
         END IF;
         PERFORM 1 FROM zeroth.admission_slots s
          -- The scope by IS NOT DISTINCT FROM: by admission_slots_run_idx whatever the
-         -- statistics (see zeroth._lock_slot).
+         -- statistics (see zeroth._lock_settle).
          WHERE s.run_id = v_id
            AND (s.tenant_id, s.workspace_key) IS NOT DISTINCT FROM
                (_lock_thread_active.tenant_id, _lock_thread_active.workspace_key)

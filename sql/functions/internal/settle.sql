@@ -1,0 +1,353 @@
+-- sql/functions/internal/settle.sql: the one way an attempt ends (issue 33). Every lease-ending
+-- function — complete_run(s), fail_run, cancel_run, pause_run, sleep_run, release_lease,
+-- hand_back_to_pending, expire_recovery_lease, wait_for_event, wait_for_children, settle_runs —
+-- checks its arguments, locks with zeroth._lock_settle, reads the clock, and settles with
+-- zeroth._settle. Internal helpers: SECURITY INVOKER, executable by zeroth_owner only (they run
+-- inside the SECURITY DEFINER public functions). Re-applied by every upgrade (sql/README.md).
+
+-- ZP008 unless a single fenced call names a run, a worker and a generation.
+CREATE OR REPLACE FUNCTION zeroth._require_fence(run_id uuid, worker_id text, generation bigint)
+    RETURNS void
+    LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    PERFORM zeroth._require(_require_fence.run_id IS NOT NULL, 'run_id must not be NULL');
+    PERFORM zeroth._require_identifier(_require_fence.worker_id, 'worker_id');
+    PERFORM zeroth._require(_require_fence.generation IS NOT NULL, 'generation must not be NULL');
+END
+$$;
+COMMENT ON FUNCTION zeroth._require_fence(uuid, text, bigint) IS 'Internal: ZP008 unless run_id and generation are given and worker_id is an identifier.';
+ALTER FUNCTION zeroth._require_fence(uuid, text, bigint) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._require_fence(uuid, text, bigint) FROM PUBLIC;
+
+-- The one lock prologue of every lease-ending call, for one run or a batch: the admission slots
+-- naming exactly (run_ids[i], generations[i]), then the run rows whose lease is that one held by
+-- worker_id and not yet expired, each kind in run_id order (sql/README.md, "Lock order"). Returns
+-- the addresses of what it locked (a row this transaction holds locked cannot move): the settle
+-- reaches them by a TID scan, the one plan whatever the table's statistics. The caller reads the
+-- clock after this returns, so a call that waited for a row judges the lease by the time it got
+-- it (zeroth._lock_leased_run says why).
+-- One probe per requested run: a LATERAL sub-select with a locking clause is never flattened into
+-- a join, so no plan pairs the batch with itself by a filter (1,000 runs made 1,000,000
+-- comparisons), and no plan reaches the rows through runs_running_idx (no predicate names the
+-- status). The slots' scope by IS NOT DISTINCT FROM (= on NOT NULL columns, never an index
+-- condition): a plan made before the first ANALYZE walked the scope's slots by
+-- admission_slots_pkey on PostgreSQL 15 (issue 30).
+CREATE OR REPLACE FUNCTION zeroth._lock_settle(
+    tenant_id text, workspace_key text, worker_id text, run_ids uuid[], generations bigint[],
+    OUT slot_rows tid[], OUT run_rows tid[])
+    LANGUAGE plpgsql VOLATILE
+    SET plan_cache_mode = force_generic_plan AS $$
+BEGIN
+    SELECT coalesce(array_agg(l.ctid), '{}') INTO slot_rows
+      FROM (SELECT q.run_id, q.generation
+              FROM unnest(_lock_settle.run_ids, _lock_settle.generations) AS q(run_id, generation)
+             ORDER BY q.run_id) q
+     CROSS JOIN LATERAL (
+            SELECT s.ctid
+              FROM zeroth.admission_slots s
+             WHERE s.run_id = q.run_id AND s.lease_generation = q.generation
+               AND (s.tenant_id, s.workspace_key) IS NOT DISTINCT FROM
+                   (_lock_settle.tenant_id, _lock_settle.workspace_key)
+               FOR UPDATE OF s) l;
+    SELECT coalesce(array_agg(l.ctid), '{}') INTO run_rows
+      FROM (SELECT q.run_id, q.generation
+              FROM unnest(_lock_settle.run_ids, _lock_settle.generations) AS q(run_id, generation)
+             ORDER BY q.run_id) q
+     CROSS JOIN LATERAL (
+            SELECT r.ctid
+              FROM zeroth.runs r
+             WHERE r.tenant_id = _lock_settle.tenant_id AND r.workspace_key = _lock_settle.workspace_key
+               AND r.run_id = q.run_id
+               AND r.lease_generation = q.generation
+               AND r.lease_worker_id = _lock_settle.worker_id
+               -- Already expired: refused without waiting for whoever holds the row.
+               AND r.lease_expires_at >= zeroth._now()
+               FOR UPDATE OF r) l;
+END
+$$;
+COMMENT ON FUNCTION zeroth._lock_settle(text, text, text, uuid[], bigint[]) IS 'Internal: the lock prologue of every lease-ending call: lock the admission slots naming (run_ids[i], generations[i]), then the runs whose lease that is, held by worker_id and unexpired, each in run_id order; return their row addresses. Callers read the clock after it.';
+ALTER FUNCTION zeroth._lock_settle(text, text, text, uuid[], bigint[]) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._lock_settle(text, text, text, uuid[], bigint[]) FROM PUBLIC;
+
+-- Settles runs the caller locked (zeroth._lock_settle: run_rows, slot_rows) to their outcomes, in
+-- one statement: run_ids[i] under generations[i] with kinds[i], one of
+--   complete (payloads[i]: the output; SQL NULL keeps it, JSON null clears it), fail (not
+--   retryable; payloads[i]: the bounded error), retry (retryable: backoff from retry_base_seconds,
+--   retry_max_seconds while attempts < max_attempts, else dead-lettered), cancel, hand_back,
+--   release, expire (expire_recovery_lease), sleep (run_afters[i]: T; payloads[i]: a checkpoint
+--   to number), pause and wait (reasons[i]: the wait_reason; a wait yields to a cancel request).
+-- The kind and the locked row decide the outcome (completed, retried, failed, dead_lettered,
+-- cancelled, handed_back, released, expired, slept, paused, waited), and zeroth.run_transitions
+-- the edge: an outcome whose (status, outcome) is not listed changes nothing. The fence is in the
+-- UPDATE's predicate (worker, generation, lease live at `at`, the status it was decided on), so a
+-- row changed between the lock and the settle (a DBA's UPDATE in the same transaction) is
+-- refused, never half-written. In the same statement: the lease cleared (expired in place for
+-- `expired`), the slots freed, and the ended attempt of every outcome but `expired` (which ends
+-- none) written to zeroth.run_attempts, with the row marked (attempt_recorded_generation) so the
+-- trigger runs_attempt_history leaves it alone. Then zeroth_wakeup once per deployment that had a
+-- slot freed, a run due now, or a lease given back (release, expire, hand_back).
+-- One row per requested run, in input order: the outcome settled (NULL when refused), the status
+-- it was decided on, the new status, run_after and checkpoint_seq, and sqlstate: NULL settled,
+-- ZP002 not the caller's live lease (fenced out), ZP012 held but the edge is not listed.
+-- Planned with nested loops and sequential scans off: the runs and slots are reached by their
+-- addresses (a TID scan) and paired with the request by a hash join; a nested loop over the two
+-- (a generic plan's guess of 10 rows picks one) compared every run with every request
+-- (1,000,000 comparisons for 1,000 runs), and a plan made before the first ANALYZE walked the
+-- scope by runs_pkey on PostgreSQL 15 (issue 30).
+CREATE OR REPLACE FUNCTION zeroth._settle(
+    tenant_id text, workspace_key text, worker_id text,
+    run_ids uuid[], generations bigint[], kinds text[],
+    payloads jsonb[], run_afters timestamptz[], reasons text[],
+    retry_base_seconds double precision, retry_max_seconds double precision,
+    run_rows tid[], slot_rows tid[], at timestamptz)
+    RETURNS TABLE (ord integer, run_id uuid, outcome text, from_status zeroth.run_status,
+                   to_status zeroth.run_status, run_after timestamptz, checkpoint_seq bigint,
+                   sqlstate text)
+    LANGUAGE plpgsql VOLATILE
+    SET enable_nestloop = off
+    SET enable_seqscan = off
+    SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    v_ord      integer[];
+    v_outcome  text[];
+    v_from     zeroth.run_status[];
+    v_to       zeroth.run_status[];
+    v_after    timestamptz[];
+    v_seq      bigint[];
+    v_state    text[];
+    v_deps     text[];
+    v_ws       text;
+BEGIN
+    WITH requested AS (
+        SELECT q.ord::integer AS ord, q.run_id, q.generation, q.kind,
+               _settle.payloads[q.ord] AS payload, _settle.run_afters[q.ord] AS run_after,
+               _settle.reasons[q.ord] AS reason
+          FROM unnest(_settle.run_ids, _settle.generations, _settle.kinds)
+               WITH ORDINALITY AS q(run_id, generation, kind, ord)
+    ), held AS MATERIALIZED (
+        -- The locked rows whose live lease is the caller's, as they are before the settle.
+        SELECT r.run_id, r.lease_generation, r.status, r.attempts, r.max_attempts, r.hand_backs,
+               r.cancel_requested_at, r.lease_acquired_at, r.started_at
+          FROM zeroth.runs r
+         WHERE r.ctid = ANY (_settle.run_rows)
+           AND (r.tenant_id, r.workspace_key) IS NOT DISTINCT FROM
+               (_settle.tenant_id, _settle.workspace_key)
+           AND r.lease_worker_id = _settle.worker_id
+           AND r.lease_expires_at >= _settle.at
+    ), decided AS MATERIALIZED (
+        SELECT q.ord, q.run_id, q.generation, q.kind, q.payload, q.run_after, q.reason,
+               h.status AS from_status, h.attempts, h.lease_acquired_at, h.started_at,
+               CASE q.kind
+                   WHEN 'complete' THEN 'completed'
+                   WHEN 'fail' THEN 'failed'
+                   WHEN 'retry' THEN CASE WHEN h.attempts < h.max_attempts THEN 'retried'
+                                          ELSE 'dead_lettered' END
+                   WHEN 'cancel' THEN 'cancelled'
+                   -- The first max_attempts hand-backs give the attempt back; one that finds no
+                   -- attempt left after them dead-letters the run (no shutdown loop for ever).
+                   WHEN 'hand_back' THEN CASE WHEN h.hand_backs >= h.max_attempts
+                                                   AND h.attempts >= h.max_attempts
+                                              THEN 'dead_lettered' ELSE 'handed_back' END
+                   -- A running run keeps its holder with an expired lease (a running run without
+                   -- a lease would be stranded); claim_orphaned recovers it.
+                   WHEN 'release' THEN CASE WHEN h.status = 'running' THEN 'expired'
+                                            ELSE 'released' END
+                   WHEN 'expire' THEN 'expired'
+                   -- A running run's pending cancel request wins over going to sleep or waiting.
+                   WHEN 'sleep' THEN CASE WHEN h.status = 'running' AND h.cancel_requested_at IS NOT NULL
+                                          THEN 'cancelled' ELSE 'slept' END
+                   WHEN 'pause' THEN 'paused'
+                   WHEN 'wait' THEN CASE WHEN h.status = 'running' AND h.cancel_requested_at IS NOT NULL
+                                         THEN 'cancelled' ELSE 'waited' END
+               END AS outcome
+          FROM requested q
+          JOIN held h ON h.run_id = q.run_id AND h.lease_generation = q.generation
+    ), edges AS MATERIALIZED (
+        SELECT d.*, t.to_status
+          FROM decided d
+          LEFT JOIN zeroth.run_transitions t
+                 ON t.from_status = d.from_status AND t.outcome = d.outcome
+    ), settled AS (
+        UPDATE zeroth.runs r
+           SET status = e.to_status,
+               output = CASE WHEN e.outcome = 'completed' AND e.payload IS NOT NULL
+                             THEN nullif(e.payload, 'null'::jsonb) ELSE r.output END,
+               error = CASE WHEN e.kind IN ('fail', 'retry') THEN e.payload
+                            WHEN e.kind = 'hand_back' AND e.outcome = 'dead_lettered'
+                            THEN zeroth._stop_error('attempts_exhausted', format(
+                                     'handed back %s times without finishing (attempt %s of %s); a run '
+                                     'that never finishes before its worker stops is not retried again',
+                                     r.hand_backs + 1, r.attempts, r.max_attempts),
+                                 r.lease_worker_id, r.lease_generation, r.error)
+                            ELSE r.error END,
+               run_after = CASE e.outcome
+                               -- Exponential backoff with equal jitter: half fixed, half random.
+                               -- A policy left NULL is the deployment's registered one
+                               -- (zeroth.deployments, read only for a retry), else 1 / 300.
+                               WHEN 'retried' THEN _settle.at + make_interval(secs => least(
+                                        coalesce(_settle.retry_max_seconds,
+                                                 (SELECT d.retry_max_seconds FROM zeroth.deployments d
+                                                   WHERE d.deployment_ref = r.deployment_ref), 300),
+                                        coalesce(_settle.retry_base_seconds,
+                                                 (SELECT d.retry_base_seconds FROM zeroth.deployments d
+                                                   WHERE d.deployment_ref = r.deployment_ref), 1)
+                                        * power(2, greatest(r.attempts - 1, 0)::double precision))
+                                    * (0.5 + random() / 2))
+                               WHEN 'slept' THEN e.run_after
+                               ELSE r.run_after END,
+               finished_at = CASE WHEN e.to_status IN ('completed', 'failed', 'cancelled') THEN _settle.at
+                                  WHEN e.outcome IN ('retried', 'handed_back', 'slept', 'waited') THEN NULL
+                                  ELSE r.finished_at END,
+               dead_lettered_at = CASE WHEN e.outcome = 'dead_lettered' THEN _settle.at
+                                       WHEN e.kind IN ('fail', 'retry') THEN NULL
+                                       ELSE r.dead_lettered_at END,
+               -- Waiting and sleeping are not failures: the attempt is given back.
+               attempts = CASE WHEN e.outcome IN ('slept', 'paused', 'waited')
+                                    OR (e.outcome = 'handed_back' AND r.hand_backs < r.max_attempts)
+                               THEN greatest(r.attempts - 1, 0) ELSE r.attempts END,
+               hand_backs = CASE WHEN e.kind = 'hand_back' THEN r.hand_backs + 1 ELSE r.hand_backs END,
+               wait_reason = CASE WHEN e.to_status = 'waiting' THEN e.reason
+                                  WHEN e.kind = 'wait' THEN NULL
+                                  ELSE r.wait_reason END,
+               checkpoint_seq = CASE WHEN e.outcome = 'slept' AND e.payload IS NOT NULL
+                                     THEN r.checkpoint_seq + 1 ELSE r.checkpoint_seq END,
+               cancel_requested_at = CASE WHEN e.kind = 'cancel' THEN coalesce(r.cancel_requested_at, _settle.at)
+                                          ELSE r.cancel_requested_at END,
+               cancel_action = CASE WHEN e.kind = 'cancel' THEN coalesce(r.cancel_action, 'cancel')
+                                    ELSE r.cancel_action END,
+               updated_at = _settle.at,
+               -- The lease, cleared once for every kind; `expired` keeps the holder with a lapsed
+               -- lease (and expire_recovery_lease the recovery checkpoint).
+               lease_worker_id = CASE WHEN e.outcome = 'expired' THEN r.lease_worker_id END,
+               lease_acquired_at = CASE WHEN e.outcome = 'expired' THEN r.lease_acquired_at END,
+               lease_expires_at = CASE WHEN e.outcome = 'expired'
+                                       THEN least(r.lease_expires_at, _settle.at - interval '1 microsecond') END,
+               admission_slot = NULL,
+               recovery_checkpoint_id = CASE WHEN e.kind = 'expire' THEN r.recovery_checkpoint_id END,
+               attempt_recorded_generation = CASE WHEN e.outcome = 'expired'
+                                                  THEN r.attempt_recorded_generation
+                                                  ELSE r.lease_generation END
+          FROM edges e
+         WHERE r.ctid = ANY (_settle.run_rows)
+           AND (r.tenant_id, r.workspace_key) IS NOT DISTINCT FROM
+               (_settle.tenant_id, _settle.workspace_key)
+           AND r.run_id = e.run_id
+           AND e.to_status IS NOT NULL
+           AND r.status = e.from_status
+           AND r.lease_worker_id = _settle.worker_id
+           AND r.lease_generation = e.generation
+           AND r.lease_expires_at >= _settle.at
+        RETURNING e.ord, e.run_id, e.generation, e.kind, e.outcome, e.from_status, e.attempts AS old_attempts,
+                  e.lease_acquired_at AS old_acquired, e.started_at AS old_started,
+                  r.tenant_id, r.workspace_key, r.status AS new_status, r.run_after, r.checkpoint_seq,
+                  r.error, r.wait_reason, r.deployment_ref, r.workspace_id
+    ), recorded AS (
+        -- The ended attempts (zeroth._record_attempt's rules for the same ends): its number is
+        -- runs.attempts when running (else the one a start would have counted), it started at the
+        -- later of its start and its claim.
+        INSERT INTO zeroth.run_attempts (tenant_id, workspace_key, run_id, attempt, lease_generation,
+                                         worker_id, claimed_at, started_at, ended_at, outcome, error)
+        SELECT s.tenant_id, s.workspace_key, s.run_id,
+               CASE WHEN s.from_status = 'running' THEN s.old_attempts ELSE s.old_attempts + 1 END,
+               s.generation, _settle.worker_id, s.old_acquired,
+               CASE WHEN s.from_status = 'running' THEN greatest(s.old_started, s.old_acquired) END,
+               _settle.at, l.label,
+               CASE WHEN l.label IN ('failed', 'dead_lettered') OR s.new_status = 'failed' THEN s.error END
+          FROM settled s
+         CROSS JOIN LATERAL (
+                SELECT CASE WHEN s.outcome = 'retried' THEN 'failed'
+                            WHEN s.outcome IN ('paused', 'waited')
+                            THEN CASE WHEN s.wait_reason LIKE 'event:%' OR s.wait_reason LIKE 'children:%'
+                                      THEN 'waited' ELSE 'paused' END
+                            ELSE s.outcome END AS label) l
+         WHERE s.outcome <> 'expired'
+    ), freed AS (
+        UPDATE zeroth.admission_slots sl
+           SET run_id = NULL, lease_generation = NULL
+          FROM settled s
+         WHERE sl.ctid = ANY (_settle.slot_rows)
+           AND sl.run_id = s.run_id
+           AND sl.lease_generation = s.generation
+        RETURNING s.run_id  -- the settled run (sl.run_id is NULL now)
+    )
+    SELECT array_agg(q.ord ORDER BY q.ord),
+           array_agg(s.outcome ORDER BY q.ord),
+           array_agg(e.from_status ORDER BY q.ord),
+           array_agg(s.new_status ORDER BY q.ord),
+           array_agg(s.run_after ORDER BY q.ord),
+           array_agg(s.checkpoint_seq ORDER BY q.ord),
+           array_agg(CASE WHEN s.ord IS NOT NULL THEN NULL
+                          WHEN e.ord IS NOT NULL AND e.to_status IS NULL THEN 'ZP012'
+                          ELSE 'ZP002' END ORDER BY q.ord),
+           coalesce(array_agg(DISTINCT s.deployment_ref)
+                        FILTER (WHERE s.run_id IN (SELECT f.run_id FROM freed f)
+                                   OR (s.new_status = 'pending' AND s.run_after <= _settle.at)
+                                   OR s.kind IN ('release', 'expire', 'hand_back')), '{}'),
+           min(s.workspace_id)
+      INTO v_ord, v_outcome, v_from, v_to, v_after, v_seq, v_state, v_deps, v_ws
+      FROM requested q
+      LEFT JOIN edges e ON e.ord = q.ord
+      LEFT JOIN settled s ON s.ord = q.ord;
+
+    PERFORM zeroth._notify_wakeup(d.deployment_ref, _settle.tenant_id, v_ws)
+       FROM unnest(v_deps) AS d(deployment_ref);
+
+    RETURN QUERY
+    SELECT u.ord, _settle.run_ids[u.ord], u.outcome, u.from_status, u.to_status, u.run_after,
+           u.checkpoint_seq, u.sqlstate
+      FROM unnest(v_ord, v_outcome, v_from, v_to, v_after, v_seq, v_state)
+           AS u(ord, outcome, from_status, to_status, run_after, checkpoint_seq, sqlstate)
+     ORDER BY u.ord;
+END
+$$;
+COMMENT ON FUNCTION zeroth._settle(text, text, text, uuid[], bigint[], text[], jsonb[], timestamptz[], text[], double precision, double precision, tid[], tid[], timestamptz) IS 'Internal: the one settle path. Settles the runs the caller locked (zeroth._lock_settle) to their outcomes in one statement — the edge looked up in zeroth.run_transitions, the fence in the UPDATE''s predicate, the lease cleared, the slots freed and the ended attempts written to run_attempts — then notifies zeroth_wakeup once per deployment. One row per requested run: outcome (NULL refused), from/to status, run_after, checkpoint_seq, sqlstate (NULL settled, ZP002 fenced out, ZP012 edge not listed).';
+ALTER FUNCTION zeroth._settle(text, text, text, uuid[], bigint[], text[], jsonb[], timestamptz[], text[], double precision, double precision, tid[], tid[], timestamptz) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._settle(text, text, text, uuid[], bigint[], text[], jsonb[], timestamptz[], text[], double precision, double precision, tid[], tid[], timestamptz) FROM PUBLIC;
+
+-- Raises ZP003 for a single-run wrapper whose settle found the caller's live lease on a run whose
+-- status has no such edge (settle reported ZP012); quiet otherwise (fenced out: a return value).
+CREATE OR REPLACE FUNCTION zeroth._raise_unlisted_edge(transition text, run_id uuid,
+                                                       status zeroth.run_status, sqlstate text)
+    RETURNS void
+    LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    IF _raise_unlisted_edge.sqlstate = 'ZP012' THEN
+        RAISE EXCEPTION '% needs a run in status running, run % is %', transition, run_id, status
+            USING ERRCODE = 'ZP003';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION zeroth._raise_unlisted_edge(text, uuid, zeroth.run_status, text) IS 'Internal: ZP003 when a single-run settle reported ZP012 (the caller holds the live lease, but the run''s status has no such edge); quiet otherwise.';
+ALTER FUNCTION zeroth._raise_unlisted_edge(text, uuid, zeroth.run_status, text) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._raise_unlisted_edge(text, uuid, zeroth.run_status, text) FROM PUBLIC;
+
+-- The single-run form of the settle path: check the fence's arguments (ZP008), lock
+-- (zeroth._lock_settle), read the clock (or use `at`, a time the caller read after its own lock
+-- of the same rows) and settle run_id under generation with `kind` (zeroth._settle). Returns the
+-- settle's row.
+CREATE OR REPLACE FUNCTION zeroth._settle_one(
+    tenant_id text, workspace_key text, run_id uuid, worker_id text, generation bigint, kind text,
+    payload jsonb DEFAULT NULL, run_after timestamptz DEFAULT NULL, reason text DEFAULT NULL,
+    retry_base_seconds double precision DEFAULT NULL, retry_max_seconds double precision DEFAULT NULL,
+    at timestamptz DEFAULT NULL,
+    OUT outcome text, OUT from_status zeroth.run_status, OUT to_status zeroth.run_status,
+    OUT settled_run_after timestamptz, OUT checkpoint_seq bigint, OUT sqlstate text)
+    LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_lock record;
+BEGIN
+    PERFORM zeroth._require_fence(_settle_one.run_id, _settle_one.worker_id, _settle_one.generation);
+    v_lock := zeroth._lock_settle(_settle_one.tenant_id, _settle_one.workspace_key, _settle_one.worker_id,
+                                  ARRAY[_settle_one.run_id], ARRAY[_settle_one.generation]);
+    SELECT s.outcome, s.from_status, s.to_status, s.run_after, s.checkpoint_seq, s.sqlstate
+      INTO outcome, from_status, to_status, settled_run_after, checkpoint_seq, sqlstate
+      FROM zeroth._settle(_settle_one.tenant_id, _settle_one.workspace_key, _settle_one.worker_id,
+                          ARRAY[_settle_one.run_id], ARRAY[_settle_one.generation], ARRAY[_settle_one.kind],
+                          ARRAY[_settle_one.payload], ARRAY[_settle_one.run_after], ARRAY[_settle_one.reason],
+                          _settle_one.retry_base_seconds, _settle_one.retry_max_seconds,
+                          v_lock.run_rows, v_lock.slot_rows, coalesce(_settle_one.at, zeroth._now())) s;
+END
+$$;
+COMMENT ON FUNCTION zeroth._settle_one(text, text, uuid, text, bigint, text, jsonb, timestamptz, text, double precision, double precision, timestamptz) IS 'Internal: the settle path for one run: check run_id, worker_id, generation (ZP008), lock (zeroth._lock_settle), settle with kind (zeroth._settle) at the clock read after the lock (or `at`); returns the settle''s row.';
+ALTER FUNCTION zeroth._settle_one(text, text, uuid, text, bigint, text, jsonb, timestamptz, text, double precision, double precision, timestamptz) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._settle_one(text, text, uuid, text, bigint, text, jsonb, timestamptz, text, double precision, double precision, timestamptz) FROM PUBLIC;

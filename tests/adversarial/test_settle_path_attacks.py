@@ -1,0 +1,192 @@
+"""The settle path (zeroth._lock_settle + zeroth._settle, public as settle_runs) against the
+people it must keep out, on a database as shipped (no test clock):
+
+* a stale holder (its lease expired and was taken over) settles nothing, whatever outcome it
+  asks for, and the new holder's settle still lands;
+* a mixed batch naming another worker's runs (and another tenant's) settles exactly the
+  caller's own, reports the others (ZP002) and changes nothing of theirs;
+* a DBA's UPDATE of the run between the lock and the settle (same transaction) is never
+  overwritten: the settle finds no row version it locked and changes nothing, and the DBA's end
+  is recorded once, by the trigger;
+* an outcome that is not a legal edge of zeroth.run_transitions (a completion of a claim not
+  started) changes nothing and is reported (ZP012); no product role can add an edge;
+* a zeroth_reader and a LOGIN role with no grant cannot call settle_runs (42501) nor the
+  internal settle helpers, and change nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+import pytest
+from test_attempt_history_roles import ORPHANED, held_run
+from test_child_run_attacks import ENQUEUE, held, snapshot
+from test_child_wait_counts import ended
+
+SETTLE = """SELECT run_id, outcome, sqlstate FROM zeroth.settle_runs(worker_id => $1,
+                run_ids => $2::uuid[], generations => $3::bigint[], outcomes => $4::text[],
+                tenant_id => $5)"""
+
+OUTCOMES = ["complete", "retry", "fail", "cancel", "hand_back"]
+
+
+async def settle(conn: asyncpg.Connection, worker_id: str, items: list[tuple[Any, int, str]],
+                 tenant: str | None = "acme") -> list[tuple[Any, Any, Any]]:
+    rows = await conn.fetch(SETTLE, worker_id, [i[0] for i in items], [i[1] for i in items],
+                            [i[2] for i in items], tenant)
+    return [tuple(r) for r in rows]
+
+
+class TestStaleHolder:
+    @pytest.mark.parametrize("outcome", OUTCOMES)
+    async def test_a_holder_whose_lease_was_taken_over_settles_nothing(
+            self, login, admin, outcome):
+        worker = await login("worker")
+        run_id, generation = await held_run(admin, worker, lease_seconds=0.001)
+        await admin.execute("SELECT pg_sleep(0.01)")
+        (taken,) = await worker.fetch(ORPHANED, "w3", "acme")
+        assert (taken["run_id"], taken["lease_generation"]) == (run_id, generation + 1)
+        before = await snapshot(admin)
+
+        # The old generation, and the new one under the old worker's id: both fenced out.
+        assert await settle(worker, "w1", [(run_id, generation, outcome)]) == [
+            (run_id, None, "ZP002")]
+        assert await settle(worker, "w1", [(run_id, generation + 1, outcome)]) == [
+            (run_id, None, "ZP002")]
+        assert await snapshot(admin) == before
+
+        # The new holder's settle lands, and its attempt is recorded once.
+        assert (await settle(worker, "w3", [(run_id, generation + 1, "complete")]))[0][1:] == (
+            "completed", None)
+        assert [row[1:] for row in await ended(admin, run_id)] == [
+            ("w1", "recovered"), ("w3", "completed")]
+
+
+class TestMixedBatch:
+    async def test_another_workers_and_another_tenants_runs_are_reported_not_settled(
+            self, login, admin):
+        worker = await login("worker")
+        mine, g_mine = await held(admin, worker)
+        theirs, g_theirs = await held(admin, worker, worker_id="w2")
+        elsewhere, g_elsewhere = await held(admin, worker, tenant="globex")
+        also_mine, g_also = await held(admin, worker)
+        untouched = {run: await admin.fetchrow("SELECT r.* FROM zeroth.runs r WHERE run_id = $1",
+                                               run) for run in (theirs, elsewhere)}
+
+        result = await settle(worker, "w1", [(theirs, g_theirs, "cancel"),
+                                              (mine, g_mine, "fail"),
+                                              (elsewhere, g_elsewhere, "complete"),
+                                              (also_mine, g_also, "hand_back")])
+
+        assert result == [(theirs, None, "ZP002"), (mine, "failed", None),
+                          (elsewhere, None, "ZP002"), (also_mine, "handed_back", None)]
+        for run, row in untouched.items():
+            assert await admin.fetchrow(
+                "SELECT r.* FROM zeroth.runs r WHERE run_id = $1", run) == row
+            assert await ended(admin, run) == []
+        assert await ended(admin, mine) == [(g_mine, "w1", "failed")]
+        assert await ended(admin, also_mine) == [(g_also, "w1", "handed_back")]
+
+    @pytest.mark.parametrize("outcome", ["release", "expire", "sleep", "pause", "wait",
+                                         "COMPLETE", "complete "])
+    async def test_an_internal_or_unknown_outcome_is_refused_whole(self, login, admin, outcome):
+        worker = await login("worker")
+        run_id, generation = await held(admin, worker)
+        other, g_other = await held(admin, worker)
+        before = await snapshot(admin)
+        with pytest.raises(asyncpg.PostgresError) as info:
+            await settle(worker, "w1", [(other, g_other, "complete"),
+                                        (run_id, generation, outcome)])
+        assert info.value.sqlstate == "ZP008"
+        assert await snapshot(admin) == before
+
+
+class TestDbaBetweenLockAndSettle:
+    @pytest.mark.parametrize("update", [
+        # The DBA ends the run by hand.
+        """UPDATE zeroth.runs SET status = 'cancelled', finished_at = now(), updated_at = now(),
+               lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
+               admission_slot = NULL WHERE run_id = $1""",
+        # The DBA expires the lease.
+        "UPDATE zeroth.runs SET lease_expires_at = now() - interval '1 s' WHERE run_id = $1",
+        # The DBA hands the lease to another worker.
+        "UPDATE zeroth.runs SET lease_worker_id = 'dba' WHERE run_id = $1",
+    ])
+    async def test_a_row_changed_after_the_lock_is_not_settled(self, login, admin, update):
+        worker = await login("worker")
+        run_id, generation = await held(admin, worker)
+        async with admin.transaction():
+            lock = await admin.fetchrow(
+                "SELECT slot_rows, run_rows FROM zeroth._lock_settle('acme', '', 'w1', "
+                "ARRAY[$1]::uuid[], ARRAY[$2]::bigint[])", run_id, generation)
+            assert len(lock["run_rows"]) == 1
+            await admin.execute(update, run_id)
+            changed = await admin.fetchrow("SELECT r.* FROM zeroth.runs r WHERE run_id = $1",
+                                           run_id)
+            history = await ended(admin, run_id)
+            rows = await admin.fetch(
+                "SELECT outcome, sqlstate FROM zeroth._settle('acme', '', 'w1', "
+                "ARRAY[$1]::uuid[], ARRAY[$2]::bigint[], '{complete}', NULL, NULL, NULL, "
+                "NULL, NULL, $3::tid[], $4::tid[], clock_timestamp())",
+                run_id, generation, lock["run_rows"], lock["slot_rows"])
+            assert [tuple(r) for r in rows] == [(None, "ZP002")]
+            assert await admin.fetchrow(
+                "SELECT r.* FROM zeroth.runs r WHERE run_id = $1", run_id) == changed
+            assert await ended(admin, run_id) == history
+        # What the DBA ended by hand is recorded once, by the trigger; nothing completed it.
+        assert all(row[2] != "completed" for row in await ended(admin, run_id))
+        assert len(await ended(admin, run_id)) == len(history)
+
+
+class TestUnlistedEdge:
+    @pytest.mark.parametrize("outcome", ["complete", "retry", "fail", "hand_back"])
+    async def test_settling_a_claim_not_started_changes_nothing(self, login, admin, outcome):
+        worker = await login("worker")
+        await admin.fetchval(ENQUEUE, "acme")
+        (claimed,) = await worker.fetch(
+            "SELECT run_id, lease_generation FROM zeroth.claim_pending(deployment_ref => 'd', "
+            "worker_id => 'w1', tenant_id => 'acme') WHERE run_id IS NOT NULL")
+        before = await snapshot(admin)
+        assert await settle(worker, "w1", [(claimed["run_id"], claimed["lease_generation"],
+                                            outcome)]) == [(claimed["run_id"], None, "ZP012")]
+        assert await snapshot(admin) == before
+
+    @pytest.mark.parametrize("kind", ["nobody", "reader", "worker"])
+    async def test_no_product_role_can_add_an_edge(self, login, admin, kind):
+        hostile = await login(kind)
+        before = await admin.fetch("SELECT t.* FROM zeroth.run_transitions t ORDER BY edge_no")
+        for statement in (
+                "INSERT INTO zeroth.run_transitions VALUES (99, 'pending', 'completed', "
+                "'completed', 'x')",
+                "UPDATE zeroth.run_transitions SET to_status = 'completed'",
+                "DELETE FROM zeroth.run_transitions"):
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await hostile.execute(statement)
+        assert await admin.fetch(
+            "SELECT t.* FROM zeroth.run_transitions t ORDER BY edge_no") == before
+
+
+class TestRoles:
+    @pytest.mark.parametrize("kind", ["nobody", "reader"])
+    async def test_only_a_worker_may_settle(self, login, admin, kind):
+        worker = await login("worker")
+        run_id, generation = await held(admin, worker)
+        hostile = await login(kind)
+        before = await snapshot(admin)
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await settle(hostile, "w1", [(run_id, generation, "complete")])
+        for call in (
+                "SELECT zeroth._lock_settle('acme', '', 'w1', ARRAY[$1]::uuid[], "
+                "ARRAY[$2]::bigint[])",
+                "SELECT zeroth._settle_one('acme', '', $1, 'w1', $2, 'complete')",
+                "SELECT * FROM zeroth._settle('acme', '', 'w1', ARRAY[$1]::uuid[], "
+                "ARRAY[$2]::bigint[], '{complete}', NULL, NULL, NULL, NULL, NULL, '{}', '{}', "
+                "now())"):
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await hostile.fetch(call, run_id, generation)
+        assert await snapshot(admin) == before
+        # The worker role itself cannot reach the internal helpers either.
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await worker.fetch("SELECT zeroth._settle_one('acme', '', $1, 'w1', $2, 'complete')",
+                               run_id, generation)

@@ -1,0 +1,96 @@
+"""Two sessions settling the same run (the same worker id in two processes, or a retried call
+racing its first try): exactly one outcome lands, and its attempt is recorded once.
+
+Session A settles inside an open transaction (it holds the run's slot and row locks); session B's
+settle of the same lease waits for them (zeroth._lock_settle), then reads the clock and judges
+the lease on the row A left: after A's commit the lease is gone and B is fenced out (ZP002,
+nothing written); after A's rollback B's own outcome lands. Real clock: zeroth.* directly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+import pytest
+from helpers import make_run, run_row
+from interleave import Session, assert_waits_for, finished
+
+HOLDER = "worker-a"
+
+SETTLE = f"""SELECT s.outcome, s.sqlstate FROM zeroth.settle_runs(worker_id => '{HOLDER}',
+                 run_ids => ARRAY[$1]::uuid[], generations => '{{1}}', outcomes => ARRAY[$2])
+                 s"""
+
+#: What each outcome leaves: (status, history outcome).
+ENDS = {"complete": ("completed", "completed"), "fail": ("failed", "failed"),
+        "retry": ("pending", "failed"), "cancel": ("cancelled", "cancelled"),
+        "hand_back": ("pending", "handed_back")}
+SETTLED = {"complete": "completed", "fail": "failed", "retry": "retry_scheduled",
+           "cancel": "cancelled", "hand_back": "handed_back"}
+
+
+async def running_run(db: Any) -> UUID:
+    now = await db.fetchval("SELECT clock_timestamp()")
+    return (await make_run(db, "running", worker_id=HOLDER, now=now, max_concurrency=1)).run_id
+
+
+async def history(db: Any, run_id: UUID) -> list[tuple[Any, ...]]:
+    return [tuple(r) for r in await db.fetch(
+        "SELECT lease_generation, worker_id, outcome FROM zeroth.run_attempts WHERE run_id = $1",
+        run_id)]
+
+
+@pytest.mark.parametrize(("first", "second"), [
+    ("complete", "fail"), ("fail", "complete"), ("cancel", "complete"),
+    ("hand_back", "retry"), ("retry", "cancel"), ("complete", "complete")])
+async def test_the_second_settle_of_a_run_waits_and_is_fenced_out(
+        sessions: tuple[Session, Session, Any], first: str, second: str) -> None:
+    a, b, db = sessions
+    run_id = await running_run(db)
+    await a.begin()
+    assert (await a.rows(SETTLE, run_id, first)).value == [
+        {"outcome": SETTLED[first], "sqlstate": None}]
+    late = b.spawn(SETTLE, run_id, second, rows=True)
+    await assert_waits_for(db, b, a, late)
+    await a.commit()
+
+    outcome = await finished(late)
+    assert outcome.value == [{"outcome": None, "sqlstate": "ZP002"}], outcome
+    row = await run_row(db, run_id)
+    assert (row["status"], row["lease_worker_id"]) == (ENDS[first][0], None)
+    assert await history(db, run_id) == [(1, HOLDER, ENDS[first][1])]
+    assert await db.fetchval(
+        "SELECT count(*) FROM zeroth.admission_slots WHERE run_id IS NOT NULL") == 0
+
+
+async def test_a_settle_that_waited_on_a_rolled_back_one_lands(
+        sessions: tuple[Session, Session, Any]) -> None:
+    a, b, db = sessions
+    run_id = await running_run(db)
+    await a.begin()
+    assert (await a.rows(SETTLE, run_id, "fail")).value[0]["outcome"] == "failed"
+    late = b.spawn(SETTLE, run_id, "complete", rows=True)
+    await assert_waits_for(db, b, a, late)
+    await a.rollback()
+
+    assert (await finished(late)).value == [{"outcome": "completed", "sqlstate": None}]
+    assert (await run_row(db, run_id))["status"] == "completed"
+    assert await history(db, run_id) == [(1, HOLDER, "completed")]
+
+
+async def test_a_single_run_end_racing_a_batch_settle_lands_once(
+        sessions: tuple[Session, Session, Any]) -> None:
+    """complete_run and settle_runs take the same lock prologue: one waits for the other."""
+    a, b, db = sessions
+    run_id = await running_run(db)
+    await a.begin()
+    assert (await a.call(f"SELECT zeroth.complete_run(run_id => $1, worker_id => '{HOLDER}', "
+                         "generation => 1)", run_id)).value is True
+    late = b.spawn(SETTLE, run_id, "hand_back", rows=True)
+    await assert_waits_for(db, b, a, late)
+    await a.commit()
+
+    assert (await finished(late)).value == [{"outcome": None, "sqlstate": "ZP002"}]
+    assert (await run_row(db, run_id))["status"] == "completed"
+    assert await history(db, run_id) == [(1, HOLDER, "completed")]
