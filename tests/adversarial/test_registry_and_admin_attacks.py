@@ -294,3 +294,37 @@ class TestRetryPolicyAndLeaseAcrossRoles:
         leased = await admin.fetchval("SELECT lease_expires_at - lease_acquired_at "
                                       "FROM zeroth.runs WHERE deployment_ref = 'mail'")
         assert leased.total_seconds() == 45
+
+
+class TestARegisteredLeaseTooShortToHoldARun:
+    """A registered lease applies to every claim of the deployment that names none, by every
+    worker. 0 < lease let 1e-9 s through: the claim's interval rounds to no time at all
+    (lease_expires_at = now), so no run of the deployment can be started before its lease has
+    lapsed, and each lapsed claim counts an attempt until the run is dead-lettered. The registry
+    takes 1 <= lease <= 86400 (an explicit lease of a claim keeps its own bound)."""
+
+    async def test_a_worker_cannot_register_a_lease_under_a_second(self, login, admin):
+        worker = await login("worker")
+        for lease in (1e-9, 0.5):
+            assert await sqlstate(worker, REGISTER_POLICY, "mail", None, None, lease) == "ZP008"
+        assert await admin.fetchval("SELECT count(*) FROM zeroth.deployments") == 0
+        assert await admin.fetchval("SELECT count(*) FROM zeroth.deployment_changes") == 0
+
+    async def test_a_dba_cannot_set_a_lease_under_a_second(self, admin):
+        await admin.execute("SELECT zeroth.register_deployment(deployment_ref => 'mail', "
+                            "lease_seconds => 120)")
+        assert await sqlstate(admin, "SELECT zeroth.set_deployment_defaults("
+                                     "deployment_ref => 'mail', lease_seconds => 1e-9)") == "ZP008"
+        assert await sqlstate(admin, "UPDATE zeroth.deployments SET lease_seconds = 1e-9") \
+            == "23514"
+        assert tuple(await admin.fetchrow(POLICY, "mail")) == (None, None, 120, 1)
+
+    async def test_a_one_second_registered_lease_is_a_lease_of_one_second(self, login, admin):
+        worker = await login("worker")
+        assert await worker.fetchval(REGISTER_POLICY, "mail", None, None, 1.0) == "created"
+        await worker.execute("SELECT zeroth.enqueue_run(deployment_ref => 'mail')")
+        await worker.fetch("SELECT * FROM zeroth.claim_pending(deployment_ref => 'mail', "
+                           "worker_id => 'w')")
+        leased = await admin.fetchval("SELECT lease_expires_at - lease_acquired_at "
+                                      "FROM zeroth.runs WHERE deployment_ref = 'mail'")
+        assert leased.total_seconds() == 1

@@ -1,6 +1,9 @@
 -- Helpers of the registry (migrations 0019, 0020). _check_deployment_policy: ZP008 unless the
 -- retry policy and lease of a deployment are within the bounds fail_run and the claims apply
--- (0 <= base <= max <= 30 days, a NULL side counting as 1 / 300; 0 < lease <= 86400; no NaN).
+-- (0 <= base <= max <= 30 days, a NULL side counting as 1 / 300; 1 <= lease <= 86400; no NaN).
+-- A registered lease is at least a second: it is the lease of every claim of the deployment that
+-- names none, by every worker, and a shorter one (1e-9 s rounds to no time at all) lapses before
+-- the run can be started, each lapsed claim counting an attempt until the run is dead-lettered.
 CREATE OR REPLACE FUNCTION zeroth._check_deployment_policy(
     retry_base_seconds double precision, retry_max_seconds double precision,
     lease_seconds double precision) RETURNS void
@@ -13,12 +16,13 @@ BEGIN
             coalesce(retry_base_seconds::text, 'NULL'), coalesce(retry_max_seconds::text, 'NULL')
             USING ERRCODE = 'ZP008';
     END IF;
-    IF lease_seconds IS NOT NULL THEN
-        PERFORM zeroth._lease_interval(lease_seconds);
+    IF lease_seconds IS NOT NULL AND NOT (lease_seconds >= 1 AND lease_seconds <= 86400) THEN
+        RAISE EXCEPTION 'a deployment''s lease_seconds must be in [1, 86400] (a shorter lease lapses before its run can start), got %',
+            lease_seconds::text USING ERRCODE = 'ZP008';
     END IF;
 END
 $$;
-COMMENT ON FUNCTION zeroth._check_deployment_policy(double precision, double precision, double precision) IS 'Internal: ZP008 unless a deployment''s retry policy (0 <= base <= max <= 30 days, NULL counting as 1 / 300) and lease (NULL or 0 < s <= 86400) are within the bounds fail_run and the claims apply.';
+COMMENT ON FUNCTION zeroth._check_deployment_policy(double precision, double precision, double precision) IS 'Internal: ZP008 unless a deployment''s retry policy (0 <= base <= max <= 30 days, NULL counting as 1 / 300) and lease (NULL or 1 <= s <= 86400: a shorter registered lease lapses before its run can start) are within the bounds fail_run and the claims apply.';
 ALTER FUNCTION zeroth._check_deployment_policy(double precision, double precision, double precision) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._check_deployment_policy(double precision, double precision, double precision) FROM PUBLIC;
 
