@@ -348,7 +348,7 @@ CREATE TABLE zeroth.deployments (
     retry_base_seconds double precision,
     retry_max_seconds double precision,
     lease_seconds double precision,
-    CONSTRAINT deployments_lease_valid CHECK (((lease_seconds IS NULL) OR ((lease_seconds > (0)::double precision) AND (lease_seconds <= (86400)::double precision)))),
+    CONSTRAINT deployments_lease_valid CHECK (((lease_seconds IS NULL) OR ((lease_seconds >= (1)::double precision) AND (lease_seconds <= (86400)::double precision)))),
     CONSTRAINT deployments_managed_by_valid CHECK ((managed_by = ANY (ARRAY['app'::text, 'sql'::text]))),
     CONSTRAINT deployments_max_attempts_valid CHECK (((max_attempts >= 1) AND (max_attempts <= 1000))),
     CONSTRAINT deployments_ref_valid CHECK (((deployment_ref <> ''::text) AND (length(deployment_ref) <= 200))),
@@ -406,7 +406,7 @@ COMMENT ON COLUMN zeroth.deployments.retry_max_seconds IS 'Backoff cap of a retr
 --
 -- Name: COLUMN deployments.lease_seconds; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
-COMMENT ON COLUMN zeroth.deployments.lease_seconds IS 'Lease of a claim that names none (claim_pending, claim_and_start, complete_and_claim, claim_and_start_scopes, claim_orphaned, claim_orphaned_scopes, admit_run with lease_seconds NULL), 0 < s <= 86400. NULL: not set (60). Read at each claim.';
+COMMENT ON COLUMN zeroth.deployments.lease_seconds IS 'Lease of a claim that names none (claim_pending, claim_and_start, complete_and_claim, claim_and_start_scopes, claim_orphaned, claim_orphaned_scopes, admit_run with lease_seconds NULL), 1 <= s <= 86400 (a shorter one would lapse before its run could start). NULL: not set (60). Read at each claim.';
 
 --
 -- Name: schedules; Type: TABLE; Schema: zeroth; Owner: zeroth_owner

@@ -395,9 +395,11 @@ class Deployment:
             raise ValueError(f"deployment {name!r}: concurrency must be an int of at least 1")
         if lease_seconds is not None and (
                 isinstance(lease_seconds, bool) or not isinstance(lease_seconds, int | float)
-                or not 0 < lease_seconds <= 86400):
+                or not 1 <= lease_seconds <= 86400):
+            # Registered (zeroth.deployments: 1 <= s <= 86400): the lease of every claim of the
+            # deployment that names none; a shorter one lapses before its run can start.
             raise ValueError(f"deployment {name!r}: lease_seconds must be a number in "
-                             "(0, 86400]")
+                             "[1, 86400]")
         self.app = app
         self.name = name
         self.fn = fn

@@ -4,7 +4,8 @@
 -- like it counts a lapsed unstarted claim (none left: dead-lettered, the next run claimed).
 -- Raises ZP006, ZP008. Notifies zeroth_wakeup only for a run it dead-lettered.
 -- Time: clock_timestamp().
--- lease_seconds NULL (default): the deployment's registered lease (zeroth.deployments), else 60 s.
+-- lease_seconds NULL (default): the deployment's registered lease (zeroth.deployments; a DBA's, or
+-- this login's own registration: zeroth._policy_binds_caller), else 60 s.
 CREATE OR REPLACE FUNCTION zeroth.claim_and_start(
     deployment_ref  text,
     worker_id       text,
@@ -20,7 +21,7 @@ CREATE OR REPLACE FUNCTION zeroth.claim_and_start(
                                             max_concurrency, batch_size, lease_seconds, true);
     END;
 COMMENT ON FUNCTION zeroth.claim_and_start(text, text, text, text, integer, integer, double precision) IS
-'claim_and_start: claim_pending and start_run in one call — up to batch_size pending runs are leased (new generation) and made running (attempt counted, started_at set) by one UPDATE. Same order, max_concurrency slots, zeroth.scope_limits rules (its max_concurrency replaces the argument; paused leases nothing), saturation row and SKIP LOCKED locking as claim_pending; like it, counts the attempt of a claim that lapsed before start_run, and dead-letters a run with none left (attempts_exhausted) instead of claiming it. lease_seconds NULL (the default): the deployment''s registered lease (zeroth.deployments.lease_seconds), else 60 s. Raises ZP006, ZP008. Notifies zeroth_wakeup (only for a run it dead-lettered). Time: clock_timestamp().';
+'claim_and_start: claim_pending and start_run in one call — up to batch_size pending runs are leased (new generation) and made running (attempt counted, started_at set) by one UPDATE. Same order, max_concurrency slots, zeroth.scope_limits rules (its max_concurrency replaces the argument; paused leases nothing), saturation row and SKIP LOCKED locking as claim_pending; like it, counts the attempt of a claim that lapsed before start_run, and dead-letters a run with none left (attempts_exhausted) instead of claiming it. lease_seconds NULL (the default): the deployment''s registered lease (zeroth.deployments.lease_seconds: a DBA''s, or this login''s own registration), else 60 s. Raises ZP006, ZP008. Notifies zeroth_wakeup (only for a run it dead-lettered). Time: clock_timestamp().';
 ALTER FUNCTION zeroth.claim_and_start(text, text, text, text, integer, integer, double precision) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.claim_and_start(text, text, text, text, integer, integer, double precision) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.claim_and_start(text, text, text, text, integer, integer, double precision) TO zeroth_worker;

@@ -13,7 +13,8 @@
 -- dead-lettered). Locks: per scope, rate key row, slot rows, run rows, all SKIP LOCKED.
 -- Raises ZP006, ZP008. Notifies zeroth_wakeup only for a run it dead-lettered.
 -- Time: clock_timestamp().
--- lease_seconds NULL (default): the deployment's registered lease (zeroth.deployments), else 60 s.
+-- lease_seconds NULL (default): the deployment's registered lease (zeroth.deployments; a DBA's, or
+-- this login's own registration: zeroth._policy_binds_caller), else 60 s.
 CREATE OR REPLACE FUNCTION zeroth.claim_and_start_scopes(
     deployment_refs text[],
     worker_id       text,
@@ -58,7 +59,8 @@ BEGIN
         v_leases := (SELECT jsonb_object_agg(d.deployment_ref, d.lease_seconds)
                        FROM zeroth.deployments d
                       WHERE d.deployment_ref = ANY (claim_and_start_scopes.deployment_refs)
-                        AND d.lease_seconds IS NOT NULL);
+                        AND d.lease_seconds IS NOT NULL
+                        AND zeroth._policy_binds_caller(d.managed_by, d.registered_by));
     END IF;
     -- The scopes with due work and their limits, in a weighted random order: sorting by
     -- -ln(U) / weight (U uniform in (0, 1]) puts a scope first with probability weight / total.
@@ -146,7 +148,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION zeroth.claim_and_start_scopes(text[], text, text[], text[], integer, integer, double precision) IS
-'claim_and_start_scopes: claim_and_start over many deployments and scopes in one call, fairly. Scopes: (tenant_ids[i], workspace_ids[i]) × deployment_refs, or with tenant_ids NULL every scope of those deployments holding a pending run (skip scan, one probe per such scope). Per scope: priority DESC, run_after, created_at; zeroth.scope_limits max_concurrency (else the argument) in exact slots; paused scopes skipped; the zeroth.rate_limits key of its rate_limit caps its starts (rolling window). Fairness: each of the batch_size places is drawn for a scope with due work with probability weight / total weight (weight from zeroth.scope_limits, default 1), so a backlogged scope''s expected share is its weight''s at any batch size; what a scope cannot use goes, in a weighted random order, to the scopes that may have more. Rows: one per claimed run with its scope, plus one run_id-NULL row per scope that had due work but no free slot, or was held back by its rate limit (retry_at: when a start becomes possible). A claim that lapsed before start_run counts its attempt as in claim_pending (none left: dead-lettered, attempts_exhausted). SKIP LOCKED throughout. lease_seconds NULL (the default): the deployment''s registered lease (zeroth.deployments.lease_seconds), else 60 s. Raises ZP006, ZP008. Notifies zeroth_wakeup (only for a run it dead-lettered). Time: clock_timestamp().';
+'claim_and_start_scopes: claim_and_start over many deployments and scopes in one call, fairly. Scopes: (tenant_ids[i], workspace_ids[i]) × deployment_refs, or with tenant_ids NULL every scope of those deployments holding a pending run (skip scan, one probe per such scope). Per scope: priority DESC, run_after, created_at; zeroth.scope_limits max_concurrency (else the argument) in exact slots; paused scopes skipped; the zeroth.rate_limits key of its rate_limit caps its starts (rolling window). Fairness: each of the batch_size places is drawn for a scope with due work with probability weight / total weight (weight from zeroth.scope_limits, default 1), so a backlogged scope''s expected share is its weight''s at any batch size; what a scope cannot use goes, in a weighted random order, to the scopes that may have more. Rows: one per claimed run with its scope, plus one run_id-NULL row per scope that had due work but no free slot, or was held back by its rate limit (retry_at: when a start becomes possible). A claim that lapsed before start_run counts its attempt as in claim_pending (none left: dead-lettered, attempts_exhausted). SKIP LOCKED throughout. lease_seconds NULL (the default): the deployment''s registered lease (zeroth.deployments.lease_seconds: a DBA''s, or this login''s own registration), else 60 s. Raises ZP006, ZP008. Notifies zeroth_wakeup (only for a run it dead-lettered). Time: clock_timestamp().';
 ALTER FUNCTION zeroth.claim_and_start_scopes(text[], text, text[], text[], integer, integer, double precision) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.claim_and_start_scopes(text[], text, text[], text[], integer, integer, double precision) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.claim_and_start_scopes(text[], text, text[], text[], integer, integer, double precision) TO zeroth_worker;

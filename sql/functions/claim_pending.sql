@@ -9,7 +9,8 @@
 -- Locks: slot rows, then run rows, all FOR UPDATE SKIP LOCKED. Bumps lease_generation per claim.
 -- Raises ZP006 (max_concurrency in an impossible scope), ZP008. Notifies zeroth_wakeup only for
 -- a run it dead-lettered. Time: clock_timestamp().
--- lease_seconds NULL (default): the deployment's registered lease (zeroth.deployments), else 60 s.
+-- lease_seconds NULL (default): the deployment's registered lease (zeroth.deployments; a DBA's, or
+-- this login's own registration: zeroth._policy_binds_caller), else 60 s.
 CREATE OR REPLACE FUNCTION zeroth.claim_pending(
     deployment_ref  text,
     worker_id       text,
@@ -25,7 +26,7 @@ CREATE OR REPLACE FUNCTION zeroth.claim_pending(
                                             max_concurrency, batch_size, lease_seconds, false);
     END;
 COMMENT ON FUNCTION zeroth.claim_pending(text, text, text, text, integer, integer, double precision) IS
-'claim_pending: lease up to batch_size pending runs (status stays pending; start_run makes it running). Order: priority DESC, run_after, created_at. With max_concurrency, takes free admission slots with SKIP LOCKED (claimers never queue on one row); a single run_id-NULL row reports saturation or an empty queue. The scope''s zeroth.scope_limits row applies: its max_concurrency replaces the argument, paused leases nothing. A claim that lapsed before start_run counts its attempt when the run is claimed again; with no attempt left the run is dead-lettered instead (stop_reason attempts_exhausted) and the claim takes the next one. Bumps lease_generation. lease_seconds NULL (the default): the deployment''s registered lease (zeroth.deployments.lease_seconds), else 60 s. Raises ZP006, ZP008. Notifies zeroth_wakeup (only for a run it dead-lettered). Time: clock_timestamp().';
+'claim_pending: lease up to batch_size pending runs (status stays pending; start_run makes it running). Order: priority DESC, run_after, created_at. With max_concurrency, takes free admission slots with SKIP LOCKED (claimers never queue on one row); a single run_id-NULL row reports saturation or an empty queue. The scope''s zeroth.scope_limits row applies: its max_concurrency replaces the argument, paused leases nothing. A claim that lapsed before start_run counts its attempt when the run is claimed again; with no attempt left the run is dead-lettered instead (stop_reason attempts_exhausted) and the claim takes the next one. Bumps lease_generation. lease_seconds NULL (the default): the deployment''s registered lease (zeroth.deployments.lease_seconds: a DBA''s, or this login''s own registration), else 60 s. Raises ZP006, ZP008. Notifies zeroth_wakeup (only for a run it dead-lettered). Time: clock_timestamp().';
 ALTER FUNCTION zeroth.claim_pending(text, text, text, text, integer, integer, double precision) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.claim_pending(text, text, text, text, integer, integer, double precision) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.claim_pending(text, text, text, text, integer, integer, double precision) TO zeroth_worker;

@@ -9,7 +9,8 @@
 -- order. Raises ZP006, ZP008, 55P03 (then nothing is written). Notifies zeroth_wakeup as
 -- complete_runs.
 -- Time: clock_timestamp().
--- lease_seconds NULL (default): the deployment's registered lease (zeroth.deployments), else 60 s.
+-- lease_seconds NULL (default): the deployment's registered lease (zeroth.deployments; a DBA's, or
+-- this login's own registration: zeroth._policy_binds_caller), else 60 s.
 CREATE OR REPLACE FUNCTION zeroth.complete_and_claim(
     deployment_ref  text,
     worker_id       text,
@@ -45,7 +46,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION zeroth.complete_and_claim(text, text, uuid[], bigint[], jsonb[], text, text, integer, integer, double precision) IS
-'complete_and_claim: complete_runs, then claim_and_start for deployment_ref in the same scope, in one transaction (one commit per finished run instead of two). Completions exactly as complete_runs (each fenced on its own); the claim exactly as claim_and_start (batch_size >= 1; the slots the completions freed are claimable by it). Rows: one per claim row (claimed, the claimed_run; the saturation row when nothing was claimed), each with completed: one boolean per requested run, in input order. Locks as complete_runs, then SKIP LOCKED. lease_seconds NULL (the default): the deployment''s registered lease (zeroth.deployments.lease_seconds), else 60 s. Raises ZP006, ZP008, 55P03 (nothing written). Notifies zeroth_wakeup as complete_runs does (slots freed). Time: clock_timestamp().';
+'complete_and_claim: complete_runs, then claim_and_start for deployment_ref in the same scope, in one transaction (one commit per finished run instead of two). Completions exactly as complete_runs (each fenced on its own); the claim exactly as claim_and_start (batch_size >= 1; the slots the completions freed are claimable by it). Rows: one per claim row (claimed, the claimed_run; the saturation row when nothing was claimed), each with completed: one boolean per requested run, in input order. Locks as complete_runs, then SKIP LOCKED. lease_seconds NULL (the default): the deployment''s registered lease (zeroth.deployments.lease_seconds: a DBA''s, or this login''s own registration), else 60 s. Raises ZP006, ZP008, 55P03 (nothing written). Notifies zeroth_wakeup as complete_runs does (slots freed). Time: clock_timestamp().';
 ALTER FUNCTION zeroth.complete_and_claim(text, text, uuid[], bigint[], jsonb[], text, text, integer, integer, double precision) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.complete_and_claim(text, text, uuid[], bigint[], jsonb[], text, text, integer, integer, double precision) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.complete_and_claim(text, text, uuid[], bigint[], jsonb[], text, text, integer, integer, double precision) TO zeroth_worker;

@@ -123,3 +123,17 @@ INSERT INTO zeroth.run_transitions (edge_no, from_status, outcome, to_status, la
     (35, 'completed', 'pruned', NULL, 'prune_runs (finished_at older than the cut-off)'),
     (36, 'failed', 'pruned', NULL, 'prune_runs'),
     (37, 'cancelled', 'pruned', NULL, 'prune_runs');
+
+-- Issue 31, Build, last bullet ("Deployment defaults in SQL"), the default lease (review of the
+-- registry): deployments_lease_valid above took any lease over 0, so 1e-9 s passed, and a claim's
+-- interval of it rounds to no time at all: every claim of the deployment that names no lease, by
+-- every worker, lapsed before its run could start, each lapsed claim counting an attempt until
+-- the run was dead-lettered. A registered lease is at least a second, as the functions that write
+-- it now check (zeroth._check_deployment_policy: ZP008); this is the same bound for a DBA's
+-- manual UPDATE. A row already under a second fails this ALTER: set it with
+-- zeroth.set_deployment_defaults (or unset it) first.
+ALTER TABLE zeroth.deployments
+    DROP CONSTRAINT deployments_lease_valid,
+    ADD CONSTRAINT deployments_lease_valid CHECK (
+        lease_seconds IS NULL OR (lease_seconds >= 1 AND lease_seconds <= 86400));
+COMMENT ON COLUMN zeroth.deployments.lease_seconds IS 'Lease of a claim that names none (claim_pending, claim_and_start, complete_and_claim, claim_and_start_scopes, claim_orphaned, claim_orphaned_scopes, admit_run with lease_seconds NULL), 1 <= s <= 86400 (a shorter one would lapse before its run could start). NULL: not set (60). Read at each claim.';

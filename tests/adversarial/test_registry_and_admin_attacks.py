@@ -280,17 +280,120 @@ class TestRetryPolicyAndLeaseAcrossRoles:
 
     async def test_a_dbas_manual_update_applies_to_the_next_claim_and_bad_values_are_refused(
             self, login, admin):
-        await admin.execute("SELECT zeroth.register_deployment(deployment_ref => 'mail', "
-                            "lease_seconds => 120)")
+        worker = await login("worker")
+        await worker.execute("SELECT zeroth.register_deployment(deployment_ref => 'mail', "
+                             "lease_seconds => 120)")
         await admin.execute("UPDATE zeroth.deployments SET lease_seconds = 45 "
                             "WHERE deployment_ref = 'mail'")
         for bad in ("lease_seconds = 'Infinity'", "lease_seconds = -1",
                     "retry_base_seconds = 'NaN'", "retry_max_seconds = 1e12"):
             assert await sqlstate(admin, f"UPDATE zeroth.deployments SET {bad}") == "23514", bad
-        worker = await login("worker")
         await worker.execute("SELECT zeroth.enqueue_run(deployment_ref => 'mail')")
         await worker.fetch("SELECT * FROM zeroth.claim_and_start(deployment_ref => 'mail', "
                            "worker_id => 'w')")
         leased = await admin.fetchval("SELECT lease_expires_at - lease_acquired_at "
                                       "FROM zeroth.runs WHERE deployment_ref = 'mail'")
         assert leased.total_seconds() == 45
+
+
+class TestARegisteredLeaseTooShortToHoldARun:
+    """A registered lease applies to every claim of the deployment that names none, by every
+    worker. 0 < lease let 1e-9 s through: the claim's interval rounds to no time at all
+    (lease_expires_at = now), so no run of the deployment can be started before its lease has
+    lapsed, and each lapsed claim counts an attempt until the run is dead-lettered. The registry
+    takes 1 <= lease <= 86400 (an explicit lease of a claim keeps its own bound)."""
+
+    async def test_a_worker_cannot_register_a_lease_under_a_second(self, login, admin):
+        worker = await login("worker")
+        for lease in (1e-9, 0.5):
+            assert await sqlstate(worker, REGISTER_POLICY, "mail", None, None, lease) == "ZP008"
+        assert await admin.fetchval("SELECT count(*) FROM zeroth.deployments") == 0
+        assert await admin.fetchval("SELECT count(*) FROM zeroth.deployment_changes") == 0
+
+    async def test_a_dba_cannot_set_a_lease_under_a_second(self, admin):
+        await admin.execute("SELECT zeroth.register_deployment(deployment_ref => 'mail', "
+                            "lease_seconds => 120)")
+        assert await sqlstate(admin, "SELECT zeroth.set_deployment_defaults("
+                                     "deployment_ref => 'mail', lease_seconds => 1e-9)") == "ZP008"
+        assert await sqlstate(admin, "UPDATE zeroth.deployments SET lease_seconds = 1e-9") \
+            == "23514"
+        assert tuple(await admin.fetchrow(POLICY, "mail")) == (None, None, 120, 1)
+
+    async def test_a_one_second_registered_lease_is_a_lease_of_one_second(self, login, admin):
+        worker = await login("worker")
+        assert await worker.fetchval(REGISTER_POLICY, "mail", None, None, 1.0) == "created"
+        await worker.execute("SELECT zeroth.enqueue_run(deployment_ref => 'mail')")
+        await worker.fetch("SELECT * FROM zeroth.claim_pending(deployment_ref => 'mail', "
+                           "worker_id => 'w')")
+        leased = await admin.fetchval("SELECT lease_expires_at - lease_acquired_at "
+                                      "FROM zeroth.runs WHERE deployment_ref = 'mail'")
+        assert leased.total_seconds() == 1
+
+
+class TestAnotherLoginsRegistrationDoesNotSetMyRunsPolicy:
+    """A worker login that registers a deployment name first (another team's, before that team's
+    application starts) owns the row: the team's registration is then 'kept'. Its retry policy
+    and lease used to apply to every caller passing none, the team's own workers included (the
+    Python worker passes none for a deployment declared without retry=): a 30-day backoff parked
+    the team's failed runs for weeks. A registration binds its own login's sessions only; a DBA's
+    row (managed_by sql, or handed back) binds every session."""
+
+    SQUAT = """SELECT outcome FROM zeroth.register_deployment(deployment_ref => 'billing',
+        retry_base_seconds => 2592000, retry_max_seconds => 2592000, lease_seconds => 86400)"""
+
+    @staticmethod
+    async def failed_run(team: asyncpg.Connection, admin: asyncpg.Connection,
+                         lease: float | None = 60) -> tuple[float, float]:
+        """(the lease the team's claim got, the delay of its retry), in seconds."""
+        await team.execute("SELECT zeroth.enqueue_run(deployment_ref => 'billing', "
+                           "max_attempts => 3)")
+        run = await team.fetchrow("SELECT * FROM zeroth.claim_and_start("
+                                  "deployment_ref => 'billing', worker_id => 'w', "
+                                  "lease_seconds => $1)", lease)
+        leased = await admin.fetchval("SELECT lease_expires_at - lease_acquired_at "
+                                      "FROM zeroth.runs WHERE run_id = $1", run["run_id"])
+        assert await team.fetchval(
+            "SELECT zeroth.fail_run(run_id => $1, worker_id => 'w', generation => $2, "
+            "error => '{}')", run["run_id"], run["lease_generation"]) == "retry_scheduled"
+        delay = await admin.fetchval("SELECT extract(epoch FROM run_after - updated_at) "
+                                     "FROM zeroth.runs WHERE run_id = $1", run["run_id"])
+        return leased.total_seconds(), float(delay)
+
+    async def test_a_squatted_registration_sets_neither_backoff_nor_lease_of_my_runs(
+            self, login, admin):
+        rogue, team = await login("worker"), await login("worker")
+        assert await rogue.fetchval(self.SQUAT) == "created"
+        assert await team.fetchval("SELECT outcome FROM zeroth.register_deployment("
+                                   "deployment_ref => 'billing')") == "kept"
+        leased, delay = await self.failed_run(team, admin, lease=None)
+        assert leased == 60  # not the squatter's day
+        assert delay <= 1  # 1 s doubling: not the squatter's 30 days
+
+    async def test_a_squatted_registration_sets_no_backoff_of_my_settle_runs_retries(
+            self, login, admin):
+        rogue, team = await login("worker"), await login("worker")
+        assert await rogue.fetchval(self.SQUAT) == "created"
+        await team.execute("SELECT zeroth.enqueue_run(deployment_ref => 'billing', "
+                           "max_attempts => 3)")
+        run = await team.fetchrow("SELECT * FROM zeroth.claim_and_start("
+                                  "deployment_ref => 'billing', worker_id => 'w', "
+                                  "lease_seconds => 60)")
+        assert await team.fetchval(
+            "SELECT outcome FROM zeroth.settle_runs(worker_id => 'w', run_ids => $1::uuid[], "
+            "generations => $2::bigint[], outcomes => '{retry}')",
+            [run["run_id"]], [run["lease_generation"]]) == "retry_scheduled"
+        delay = await admin.fetchval("SELECT extract(epoch FROM run_after - updated_at) "
+                                     "FROM zeroth.runs WHERE run_id = $1", run["run_id"])
+        assert float(delay) <= 1  # 1 s doubling: not the squatter's 30 days
+
+    async def test_my_own_registration_and_a_dbas_pin_still_apply(self, login, admin):
+        team = await login("worker")
+        assert await team.fetchval(self.SQUAT) == "created"
+        leased, delay = await self.failed_run(team, admin, lease=None)
+        assert (leased, delay > 86400) == (86400, True)
+        other = await login("worker")
+        await admin.execute("SELECT zeroth.set_deployment_defaults(deployment_ref => 'billing', "
+                            "retry_base_seconds => 600, retry_max_seconds => 600, "
+                            "lease_seconds => 90)")
+        leased, delay = await self.failed_run(other, admin, lease=None)
+        assert (leased, 300 <= delay <= 600) == (90, True)

@@ -157,7 +157,7 @@ class TestRetryPolicyAndLease:
         assert (await app.worker(["resize"])).lease_duration == app.lease_duration
 
     def test_a_bad_lease_is_refused_when_declared(self, app):
-        for bad in (0, -1, 86401, float("nan"), True, "60"):
+        for bad in (0, 1e-9, 0.5, -1, 86401, float("nan"), True, "60"):
             with pytest.raises(ValueError, match="lease_seconds"):
                 app.deployment(f"d{bad!s}", lease_seconds=bad)(lambda run: None)
 

@@ -206,6 +206,8 @@ class TestDeployments:
           for fields in ({"retry_base_seconds": "-1"}, {"retry_base_seconds": "nan"},
                          {"retry_max_seconds": "2592001"}, {"retry_max_seconds": "inf"},
                          {"lease_seconds": "0"}, {"lease_seconds": "86401"},
+                         # a registered lease under a second lapses before its run can start
+                         {"lease_seconds": "1e-9"}, {"lease_seconds": "0.5"},
                          {"lease_seconds": "soon"},
                          # merged with the row's (base 5, max 60): refused by the database
                          {"retry_base_seconds": "61"}, {"retry_max_seconds": "4"},

@@ -155,7 +155,7 @@ def deployments_set(
         "--retry-max", help="Seconds: backoff cap of a retry whose fail_run names none "
                             "(at most 30 days).", show_default=False)] = None,
     lease_seconds: Annotated[float | None, typer.Option(
-        "--lease", help="Seconds: lease of a claim that names none (0 < s <= 86400).",
+        "--lease", help="Seconds: lease of a claim that names none (1 <= s <= 86400).",
         show_default=False)] = None,
     unset: Annotated[list[PolicyField] | None, typer.Option(
         "--unset", help="Set this policy value back to not set (repeatable).",

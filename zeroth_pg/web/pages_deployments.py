@@ -57,14 +57,11 @@ _POLICY_FIELDS = ("retry_base_seconds", "retry_max_seconds", "lease_seconds")
 _MAX_RETRY_SECONDS = 30 * 86400.0
 
 
-def _optional_seconds(form: Any, key: str, high: float, *, positive: bool = False) -> float | None:
-    """A number of seconds in [0, high] ((0, high] when ``positive``); blank: None (keep)."""
+def _optional_seconds(form: Any, key: str, low: float, high: float) -> float | None:
+    """A number of seconds in [low, high]; blank: None (keep)."""
     if not str(form.get(key) or "").strip():
         return None
-    value = form_float(form, key, 0.0, high)
-    if positive and value <= 0:
-        raise BadInput(f"{key} must be more than 0")
-    return value
+    return form_float(form, key, low, high)
 
 
 def _unset(form: Any) -> list[str]:
@@ -168,9 +165,11 @@ def routes(ctx: Context) -> list[Route]:
             deployment, tenant, workspace = _scope(form)
             max_attempts = form_int(form, "max_attempts", 1, 1000)
             priority = form_int(form, "priority", -1_000_000, 1_000_000)
-            retry_base = _optional_seconds(form, "retry_base_seconds", _MAX_RETRY_SECONDS)
-            retry_max = _optional_seconds(form, "retry_max_seconds", _MAX_RETRY_SECONDS)
-            lease = _optional_seconds(form, "lease_seconds", 86400.0, positive=True)
+            retry_base = _optional_seconds(form, "retry_base_seconds", 0.0, _MAX_RETRY_SECONDS)
+            retry_max = _optional_seconds(form, "retry_max_seconds", 0.0, _MAX_RETRY_SECONDS)
+            # A registered lease is at least a second (zeroth.deployments: a shorter one lapses
+            # before its run can start).
+            lease = _optional_seconds(form, "lease_seconds", 1.0, 86400.0)
             unset = _unset(form)
             both = [k for k, v in (("retry_base_seconds", retry_base),
                                    ("retry_max_seconds", retry_max),

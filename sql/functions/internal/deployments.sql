@@ -1,6 +1,9 @@
 -- Helpers of the registry (migrations 0019, 0020). _check_deployment_policy: ZP008 unless the
 -- retry policy and lease of a deployment are within the bounds fail_run and the claims apply
--- (0 <= base <= max <= 30 days, a NULL side counting as 1 / 300; 0 < lease <= 86400; no NaN).
+-- (0 <= base <= max <= 30 days, a NULL side counting as 1 / 300; 1 <= lease <= 86400; no NaN).
+-- A registered lease is at least a second: it is the lease of every claim of the deployment that
+-- names none, by every worker, and a shorter one (1e-9 s rounds to no time at all) lapses before
+-- the run can be started, each lapsed claim counting an attempt until the run is dead-lettered.
 CREATE OR REPLACE FUNCTION zeroth._check_deployment_policy(
     retry_base_seconds double precision, retry_max_seconds double precision,
     lease_seconds double precision) RETURNS void
@@ -13,12 +16,13 @@ BEGIN
             coalesce(retry_base_seconds::text, 'NULL'), coalesce(retry_max_seconds::text, 'NULL')
             USING ERRCODE = 'ZP008';
     END IF;
-    IF lease_seconds IS NOT NULL THEN
-        PERFORM zeroth._lease_interval(lease_seconds);
+    IF lease_seconds IS NOT NULL AND NOT (lease_seconds >= 1 AND lease_seconds <= 86400) THEN
+        RAISE EXCEPTION 'a deployment''s lease_seconds must be in [1, 86400] (a shorter lease lapses before its run can start), got %',
+            lease_seconds::text USING ERRCODE = 'ZP008';
     END IF;
 END
 $$;
-COMMENT ON FUNCTION zeroth._check_deployment_policy(double precision, double precision, double precision) IS 'Internal: ZP008 unless a deployment''s retry policy (0 <= base <= max <= 30 days, NULL counting as 1 / 300) and lease (NULL or 0 < s <= 86400) are within the bounds fail_run and the claims apply.';
+COMMENT ON FUNCTION zeroth._check_deployment_policy(double precision, double precision, double precision) IS 'Internal: ZP008 unless a deployment''s retry policy (0 <= base <= max <= 30 days, NULL counting as 1 / 300) and lease (NULL or 1 <= s <= 86400: a shorter registered lease lapses before its run can start) are within the bounds fail_run and the claims apply.';
 ALTER FUNCTION zeroth._check_deployment_policy(double precision, double precision, double precision) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._check_deployment_policy(double precision, double precision, double precision) FROM PUBLIC;
 
@@ -49,9 +53,26 @@ COMMENT ON FUNCTION zeroth._deployment_result(text, zeroth.deployments, jsonb) I
 ALTER FUNCTION zeroth._deployment_result(text, zeroth.deployments, jsonb) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._deployment_result(text, zeroth.deployments, jsonb) FROM PUBLIC;
 
+-- _policy_binds_caller: whether a registry row's retry policy and lease apply to the calling
+-- session (fail_run, the claims, with the caller's value NULL). A DBA's row (managed_by 'sql', or
+-- registered_by NULL: set or handed back by a DBA) binds every caller; an application's
+-- registration binds only its own login's sessions (registered_by = session_user). Otherwise one
+-- trust domain's worker login that registered a deployment name first (another team's, before that
+-- team's application starts: theirs is then 'kept') would set the backoff and lease of the other
+-- domain's runs, 30 days of it. session_user: inside a SECURITY DEFINER function current_user is
+-- always zeroth_owner.
+CREATE OR REPLACE FUNCTION zeroth._policy_binds_caller(managed_by text, registered_by text)
+    RETURNS boolean
+    LANGUAGE sql STABLE AS $$
+    SELECT managed_by = 'sql' OR registered_by IS NULL OR registered_by = session_user
+$$;
+COMMENT ON FUNCTION zeroth._policy_binds_caller(text, text) IS 'Internal: whether a zeroth.deployments row''s retry policy and lease apply to this session when it passes none: a DBA''s row (managed_by sql, or registered_by NULL) for every session, an application''s registration only for its own login (registered_by = session_user).';
+ALTER FUNCTION zeroth._policy_binds_caller(text, text) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._policy_binds_caller(text, text) FROM PUBLIC;
+
 -- _deployment_lease: the lease of a claim of deployment_ref: lease_seconds when given (checked:
 -- ZP008 unless 0 < s <= 86400), else the deployment's registered lease (zeroth.deployments: one
--- primary-key lookup), else 60 s. Takes no lock.
+-- primary-key lookup) when it binds this session (_policy_binds_caller), else 60 s. Takes no lock.
 CREATE OR REPLACE FUNCTION zeroth._deployment_lease(deployment_ref text,
                                                     lease_seconds double precision)
     RETURNS interval
@@ -62,10 +83,11 @@ BEGIN
     END IF;
     RETURN make_interval(secs => coalesce(
         (SELECT d.lease_seconds FROM zeroth.deployments d
-          WHERE d.deployment_ref = _deployment_lease.deployment_ref), 60));
+          WHERE d.deployment_ref = _deployment_lease.deployment_ref
+            AND zeroth._policy_binds_caller(d.managed_by, d.registered_by)), 60));
 END
 $$;
-COMMENT ON FUNCTION zeroth._deployment_lease(text, double precision) IS 'Internal: the lease of a claim: lease_seconds when given (ZP008 unless 0 < s <= 86400), else zeroth.deployments.lease_seconds of the deployment (a primary-key lookup), else 60 s.';
+COMMENT ON FUNCTION zeroth._deployment_lease(text, double precision) IS 'Internal: the lease of a claim: lease_seconds when given (ZP008 unless 0 < s <= 86400), else zeroth.deployments.lease_seconds of the deployment (a primary-key lookup) when the row binds this session (_policy_binds_caller: a DBA''s row, or this login''s registration), else 60 s.';
 ALTER FUNCTION zeroth._deployment_lease(text, double precision) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._deployment_lease(text, double precision) FROM PUBLIC;
 

@@ -182,15 +182,20 @@ BEGIN
                             ELSE r.error END,
                run_after = CASE e.outcome
                                -- Exponential backoff with equal jitter: half fixed, half random.
-                               -- A policy left NULL is the deployment's registered one
-                               -- (zeroth.deployments, read only for a retry), else 1 / 300.
+                               -- A policy left NULL is the deployment's registered one when it
+                               -- binds this session (zeroth._policy_binds_caller; read only for a
+                               -- retry), else 1 / 300.
                                WHEN 'retried' THEN _settle.at + make_interval(secs => least(
                                         coalesce(_settle.retry_max_seconds,
                                                  (SELECT d.retry_max_seconds FROM zeroth.deployments d
-                                                   WHERE d.deployment_ref = r.deployment_ref), 300),
+                                                   WHERE d.deployment_ref = r.deployment_ref
+                                                     AND zeroth._policy_binds_caller(d.managed_by,
+                                                                                     d.registered_by)), 300),
                                         coalesce(_settle.retry_base_seconds,
                                                  (SELECT d.retry_base_seconds FROM zeroth.deployments d
-                                                   WHERE d.deployment_ref = r.deployment_ref), 1)
+                                                   WHERE d.deployment_ref = r.deployment_ref
+                                                     AND zeroth._policy_binds_caller(d.managed_by,
+                                                                                     d.registered_by)), 1)
                                         * power(2, greatest(r.attempts - 1, 0)::double precision))
                                     * (0.5 + random() / 2))
                                WHEN 'slept' THEN e.run_after
