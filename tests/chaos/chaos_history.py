@@ -591,8 +591,10 @@ def _figures(report: Report, history: Sequence[Row], events: Sequence[Row], runs
     figures["claims_per_run"] = _histogram(
         sum(row["kind"] == "claim" for row in by_run.get(run["run_id"], [])) for run in runs)
     figures["accepted_writes"] = dict(sorted(Counter(row["kind"] for row in history).items()))
+    # A handler's error document names its type; a run ended by someone else (a hand-back that
+    # used up its attempts: zeroth._stop_error) names its stop_reason instead.
     figures["failed_attempts_by_error"] = dict(sorted(Counter(
-        row["data"]["type"] for row in history
+        row["data"].get("type") or f"stop:{row['data'].get('stop_reason')}" for row in history
         if row["kind"] in ("retry", "fail") and row["data"]).items()))
     figures["faults"] = dict(sorted(Counter(
         event["kind"] for event in events if event["source"] == "harness").items()))
