@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 from uuid import UUID
 
-from zeroth_pg.types import ClaimedRun, LeaseClaimResult, RunCompletion, Scope
+from zeroth_pg.types import ClaimedRun, LeaseClaimResult, RetryPolicy, RunCompletion, Scope
 from zeroth_pg.worker._gate import GateTarget
 
 if TYPE_CHECKING:
@@ -212,3 +212,17 @@ def per_deployment(values: Mapping[str, Any] | None, deployments: Sequence[str],
         raise ValueError(f"{what} names deployment(s) this worker does not serve: "
                          f"{', '.join(unknown)}")
     return chosen
+
+
+def retry_policies(base_seconds: float | None, max_seconds: float | None,
+                   retries: Mapping[str, RetryPolicy] | None,
+                   deployments: Sequence[str]) -> dict[str, RetryPolicy | None]:
+    """The retry policy of each deployment served: ``retries``' own, else the worker's
+    (``base_seconds`` / ``max_seconds``, a missing side 1 / 300 s), else None when the worker
+    set neither: fail_run then takes the deployment's registered policy (zeroth.deployments)."""
+    default = (None if base_seconds is None and max_seconds is None
+               else RetryPolicy(1.0 if base_seconds is None else base_seconds,
+                                300.0 if max_seconds is None else max_seconds))
+    policies: dict[str, RetryPolicy | None] = {d: default for d in deployments}
+    policies.update(per_deployment(retries, deployments, "retries"))
+    return policies

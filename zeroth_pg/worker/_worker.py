@@ -36,6 +36,7 @@ from zeroth_pg.worker._settle import CompletionBatcher, Settler
 from zeroth_pg.worker._signals import drain_signals
 from zeroth_pg.worker._slots import HeldRuns
 from zeroth_pg.worker._sources import OneScope, per_deployment, source_for
+from zeroth_pg.worker._sources import retry_policies as retry_policies_of
 
 __all__ = ["RunWorker"]
 
@@ -56,11 +57,12 @@ class RunWorker:
     ``max_concurrency`` is the local cap (runs executing in this process), and
     ``deployment_concurrency`` (``{deployment: n}``) caps single deployments under it;
     ``retries`` (``{deployment: RetryPolicy}``) replaces ``retry_base_seconds`` /
-    ``retry_max_seconds`` for some deployments;
+    ``retry_max_seconds`` for some deployments; with neither (both None, the default) a
+    deployment's failures take its policy registered in ``zeroth.deployments``, else 1 / 300 s.
     ``fleet_max_concurrency``, when set, is passed to every claim and bounds live leases of each
     scope across all workers, atomically in SQL (a scope's ``zeroth.scope_limits`` row, when it
-    has one, replaces it). ``dsn`` enables LISTEN/NOTIFY wakeups on a
-    dedicated connection; without it the worker polls. The orphan sweep also ends the runs no
+    has one, replaces it). ``dsn`` enables LISTEN/NOTIFY wakeups on a dedicated connection;
+    without it the worker polls. The orphan sweep also ends the runs no
     worker may resume (out of attempts; not resumable and expired more than ``orphan_grace``
     seconds ago), so their threads move on.
 
@@ -124,14 +126,8 @@ class RunWorker:
         self.renew_interval = lease_duration * renew_fraction
         self.retry_base_seconds = retry_base_seconds
         self.retry_max_seconds = retry_max_seconds
-        # None: fail_run takes the deployment's registered policy (zeroth.deployments).
-        default_retry = (None if retry_base_seconds is None and retry_max_seconds is None
-                         else RetryPolicy(1.0 if retry_base_seconds is None else retry_base_seconds,
-                                          300.0 if retry_max_seconds is None
-                                          else retry_max_seconds))
-        retry_policies: dict[str, RetryPolicy | None] = {
-            d: default_retry for d in self._source.deployments}
-        retry_policies.update(per_deployment(retries, self._source.deployments, "retries"))
+        retry_policies = retry_policies_of(retry_base_seconds, retry_max_seconds, retries,
+                                           self._source.deployments)
         #: Local limits of single deployments (handlers running at once in this process), under
         #: the total ``max_concurrency``.
         self.deployment_concurrency = per_deployment(
