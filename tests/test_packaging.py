@@ -141,3 +141,10 @@ class TestModuleGraph:
                 if any(n.partition(".")[0] in ("typer", "rich", "click") for n in names):
                     offenders.append(name)
         assert offenders == []
+
+
+def test_run_worker_stays_a_module_one_can_hold_in_ones_head():
+    """RunWorker (construction, start, drain, supervision) is under 400 lines: claim pacing,
+    the outcome decision, execution and settling live in modules of their own (issue 33)."""
+    lines = len((PACKAGE / "worker" / "_worker.py").read_text().splitlines())
+    assert lines < 400, f"zeroth_pg/worker/_worker.py has {lines} lines"
