@@ -305,14 +305,17 @@ ALTER FUNCTION zeroth._settle(text, text, text, uuid[], bigint[], text[], jsonb[
 REVOKE ALL ON FUNCTION zeroth._settle(text, text, text, uuid[], bigint[], text[], jsonb[], timestamptz[], text[], double precision, double precision, tid[], tid[], timestamptz) FROM PUBLIC;
 
 -- Raises ZP003 for a single-run wrapper whose settle found the caller's live lease on a run whose
--- status has no such edge (settle reported ZP012); quiet otherwise (fenced out: a return value).
+-- status has no such edge (settle reported ZP012): a status the call does not end (a claim not
+-- started), or an edge a DBA removed from zeroth.run_transitions — never reported as a lost lease
+-- nor as an outcome that did not happen. Quiet otherwise (fenced out: a return value).
 CREATE OR REPLACE FUNCTION zeroth._raise_unlisted_edge(transition text, run_id uuid,
                                                        status zeroth.run_status, sqlstate text)
     RETURNS void
     LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
     IF _raise_unlisted_edge.sqlstate = 'ZP012' THEN
-        RAISE EXCEPTION '% needs a run in status running, run % is %', transition, run_id, status
+        RAISE EXCEPTION '% cannot end run % from status %: no such edge in zeroth.run_transitions',
+            transition, run_id, status
             USING ERRCODE = 'ZP003';
     END IF;
 END
