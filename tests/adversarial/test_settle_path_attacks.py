@@ -244,3 +244,39 @@ class TestEdgeRemovedByDba:
         await worker.fetch(statement, *args)
         assert await status(admin, run_id) != "running" or call in (
             "release_lease", "expire_recovery_lease")
+
+
+#: A DBA hands a settled run's lease to a worker by hand, without a claim: running again under
+#: the generation the settle path already recorded (no new generation).
+DBA_REOPEN = """UPDATE zeroth.runs SET status = 'running', lease_worker_id = 'w1',
+                    lease_acquired_at = now(), lease_expires_at = now() + interval '1 hour',
+                    started_at = now(), attempts = attempts + 1, run_after = now()
+                 WHERE run_id = $1"""
+
+DBA_FAIL = """UPDATE zeroth.runs SET status = 'failed', finished_at = now(), updated_at = now(),
+                  lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL
+               WHERE run_id = $1"""
+
+
+class TestDbaReopensASettledGeneration:
+    @pytest.mark.parametrize("end", ["dba", "settle"])
+    async def test_an_attempt_reopened_by_hand_under_a_recorded_generation_is_recorded_once(
+            self, login, admin, end):
+        # The settle path marks the generation it recorded (attempt_recorded_generation). A DBA
+        # who reopens the run under that same generation starts another attempt: its end —
+        # by hand or by the settle path — is recorded exactly once, never skipped for the mark.
+        worker = await login("worker")
+        run_id, generation = await held(admin, worker)
+        assert (await settle(worker, "w1", [(run_id, generation, "retry")]))[0][1:] == (
+            "retry_scheduled", None)
+        assert [row[1:] for row in await ended(admin, run_id)] == [("w1", "failed")]
+        await admin.execute(DBA_REOPEN, run_id)
+        if end == "dba":
+            await admin.execute(DBA_FAIL, run_id)
+            label = "failed"
+        else:
+            assert (await settle(worker, "w1", [(run_id, generation, "complete")]))[0][1:] == (
+                "completed", None)
+            label = "completed"
+        assert [row[1:] for row in await ended(admin, run_id)] == [
+            ("w1", "failed"), ("w1", label)]
