@@ -123,3 +123,8 @@ INSERT INTO zeroth.run_transitions (edge_no, from_status, outcome, to_status, la
     (35, 'completed', 'pruned', NULL, 'prune_runs (finished_at older than the cut-off)'),
     (36, 'failed', 'pruned', NULL, 'prune_runs'),
     (37, 'cancelled', 'pruned', NULL, 'prune_runs');
+
+-- Issue 33 item 1 (one settle path), review: the attempt history's description named the old
+-- writers (complete_run, zeroth._complete_locked_runs); every lease end of a worker now goes
+-- through zeroth._settle.
+COMMENT ON TABLE zeroth.run_attempts IS 'Attempt history, ended attempts: one row per lease generation of a run (a claim) once it ended, with its holder, attempt number, when it was claimed, started and ended, and how it ended (outcome; error when it failed). Written when the attempt ends (the open attempt is the runs row): by the settle path (zeroth._settle: every lease-ending function of a worker) in the settling statement, and by the trigger runs_attempt_history on zeroth.runs for every other end (admin functions, claims that end an old holder''s attempt, a DBA''s UPDATE by hand); deleted with the run by prune_runs. zeroth_reader reads it through zeroth.attempt_history, the rows of the tenant named in zeroth.tenant_id.';
