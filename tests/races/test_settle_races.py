@@ -96,8 +96,9 @@ async def test_a_single_run_end_racing_a_batch_settle_lands_once(
     assert await history(db, run_id) == [(1, HOLDER, "completed")]
 
 
-WAIT_FOR_EVENT = f"""SELECT outcome FROM zeroth.wait_for_event(run_id => $1, worker_id => '{HOLDER}',
-                         generation => 1, step_key => '#event:e', name => 'e')"""
+WAIT_FOR_EVENT = f"""SELECT outcome FROM zeroth.wait_for_event(run_id => $1,
+                         worker_id => '{HOLDER}', generation => 1, step_key => '#event:e',
+                         name => 'e')"""
 
 
 async def test_a_wait_whose_lease_ran_out_while_it_waited_for_the_event_row_is_not_cancelled(

@@ -282,7 +282,8 @@ class TestErrorDocumentsBounded:
                 "WHERE run_id = $1", lease.run_id)
             assert size <= limit
         stored = json.loads((await run_row(conn, huge.run_id))["error"])
-        assert stored["truncated"] is True and len(stored["message"]) < 3_000_000
+        assert stored["truncated"] is True
+        assert len(stored["message"]) < 3_000_000
         assert json.loads((await run_row(conn, small.run_id))["error"]) == {"message": "small"}
         # The attempt history carries the same bounded document.
         assert await conn.fetchval(
