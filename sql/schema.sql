@@ -801,7 +801,7 @@ ALTER TABLE zeroth.run_attempts OWNER TO zeroth_owner;
 --
 -- Name: TABLE run_attempts; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
-COMMENT ON TABLE zeroth.run_attempts IS 'Attempt history, ended attempts: one row per lease generation of a run (a claim) once it ended, with its holder, attempt number, when it was claimed, started and ended, and how it ended (outcome; error when it failed). Written when the attempt ends (the open attempt is the runs row): by complete_run and zeroth._complete_locked_runs (complete_runs, complete_and_claim) in the completing statement, and by the trigger runs_attempt_history on zeroth.runs for every other end (a DBA''s completion by hand included); deleted with the run by prune_runs. zeroth_reader reads it through zeroth.attempt_history, the rows of the tenant named in zeroth.tenant_id.';
+COMMENT ON TABLE zeroth.run_attempts IS 'Attempt history, ended attempts: one row per lease generation of a run (a claim) once it ended, with its holder, attempt number, when it was claimed, started and ended, and how it ended (outcome; error when it failed). Written when the attempt ends (the open attempt is the runs row): by the settle path (zeroth._settle: every lease-ending function of a worker) in the settling statement, and by the trigger runs_attempt_history on zeroth.runs for every other end (admin functions, claims that end an old holder''s attempt, a DBA''s UPDATE by hand); deleted with the run by prune_runs. zeroth_reader reads it through zeroth.attempt_history, the rows of the tenant named in zeroth.tenant_id.';
 
 --
 -- Name: COLUMN run_attempts.attempt; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner

@@ -7,7 +7,7 @@
 -- returns true then (the lease was given back). An admin cancel that got there first wins: the run is no
 -- longer running, so nothing matches; an expired or cleared lease matches nothing either. Clears
 -- the lease and recovery id, frees the slot. Locks: slot, then run. Returns false on no match.
--- Raises ZP008. Notifies zeroth_wakeup. Time: clock_timestamp().
+-- Raises ZP003 (the caller's live lease but the edge is not listed in zeroth.run_transitions), ZP008. Notifies zeroth_wakeup. Time: clock_timestamp().
 CREATE OR REPLACE FUNCTION zeroth.hand_back_to_pending(
     run_id       uuid,
     worker_id    text,
@@ -26,11 +26,16 @@ BEGIN
     -- and a hand-back that finds no attempt left dead-letters the run.
     v_end := zeroth._settle_one(v_tenant, v_wskey, hand_back_to_pending.run_id, hand_back_to_pending.worker_id,
                                 hand_back_to_pending.generation, 'hand_back');
+    -- The caller's live lease on a running run whose edge is not listed (a DBA removed it):
+    -- refused out loud, never reported as a lost lease. A claim not started: false, as ever.
+    IF v_end.from_status = 'running' THEN
+        PERFORM zeroth._raise_unlisted_edge('hand_back_to_pending', hand_back_to_pending.run_id, v_end.from_status, v_end.sqlstate);
+    END IF;
     RETURN v_end.sqlstate IS NULL;
 END
 $$;
 COMMENT ON FUNCTION zeroth.hand_back_to_pending(uuid, text, bigint, text, text) IS
-'hand_back_to_pending: running → pending for exactly the live lease (worker_id, generation); gives the attempt back for the first max_attempts hand-backs (runs.hand_backs), after that keeps it counted and, when no attempt is left, dead-letters the run instead (failed, stop_reason attempts_exhausted; still returns true); clears the lease, frees the slot. An admin cancel that came first wins (no match); an expired or cleared lease matches nothing. Returns false on no match. Raises ZP008. Notifies zeroth_wakeup. Time: clock_timestamp().';
+'hand_back_to_pending: running → pending for exactly the live lease (worker_id, generation); gives the attempt back for the first max_attempts hand-backs (runs.hand_backs), after that keeps it counted and, when no attempt is left, dead-letters the run instead (failed, stop_reason attempts_exhausted; still returns true); clears the lease, frees the slot. An admin cancel that came first wins (no match); an expired or cleared lease matches nothing. Returns false on no match. Raises ZP003 (the caller''s live lease but the edge is not listed in zeroth.run_transitions), ZP008. Notifies zeroth_wakeup. Time: clock_timestamp().';
 ALTER FUNCTION zeroth.hand_back_to_pending(uuid, text, bigint, text, text) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.hand_back_to_pending(uuid, text, bigint, text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.hand_back_to_pending(uuid, text, bigint, text, text) TO zeroth_worker;

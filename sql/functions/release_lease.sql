@@ -5,7 +5,7 @@
 -- gets an expired lease instead (a running run without a lease would be stranded, F-02), so
 -- claim_orphaned recovers it (the recovery counts the next attempt: an interrupted attempt is
 -- spent, only hand_back_to_pending gives one back). Frees the slot. Locks: slot, then run. Returns false on no match.
--- Raises ZP008. Notifies zeroth_wakeup. Time: clock_timestamp().
+-- Raises ZP003 (the caller's live lease but the edge is not listed in zeroth.run_transitions), ZP008. Notifies zeroth_wakeup. Time: clock_timestamp().
 CREATE OR REPLACE FUNCTION zeroth.release_lease(
     run_id       uuid,
     worker_id    text,
@@ -23,11 +23,14 @@ BEGIN
     -- pending run: released; a running one: expired in place).
     v_end := zeroth._settle_one(v_tenant, v_wskey, release_lease.run_id, release_lease.worker_id,
                                 release_lease.generation, 'release');
+    -- The caller's live lease but no listed edge (a DBA removed it): refused out loud (ZP003),
+    -- never reported as a lost lease.
+    PERFORM zeroth._raise_unlisted_edge('release_lease', release_lease.run_id, v_end.from_status, v_end.sqlstate);
     RETURN v_end.sqlstate IS NULL;
 END
 $$;
 COMMENT ON FUNCTION zeroth.release_lease(uuid, text, bigint, text, text) IS
-'release_lease: give up exactly (worker_id, generation) while that lease is live, any status, never bumps the generation. Pending: lease cleared, claimable at once. Running: holder kept, lease expired in place so claim_orphaned recovers it (never a running run without a lease; the recovery counts an attempt). Frees the slot. Returns false on no match (an expired or cleared lease included). Raises ZP008. Notifies zeroth_wakeup. Time: clock_timestamp().';
+'release_lease: give up exactly (worker_id, generation) while that lease is live, any status, never bumps the generation. Pending: lease cleared, claimable at once. Running: holder kept, lease expired in place so claim_orphaned recovers it (never a running run without a lease; the recovery counts an attempt). Frees the slot. Returns false on no match (an expired or cleared lease included). Raises ZP003 (the caller''s live lease but the edge is not listed in zeroth.run_transitions), ZP008. Notifies zeroth_wakeup. Time: clock_timestamp().';
 ALTER FUNCTION zeroth.release_lease(uuid, text, bigint, text, text) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.release_lease(uuid, text, bigint, text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.release_lease(uuid, text, bigint, text, text) TO zeroth_worker;

@@ -64,7 +64,9 @@ CREATE OR REPLACE TRIGGER runs_cancel_children
 -- recorded (attempt_recorded_generation = the ended lease_generation), so the most frequent ends
 -- call no trigger either. Only that statement sets the mark to the generation that ends; an end
 -- made by hand (a DBA's UPDATE, as any role, or an admin function) leaves it older and is
--- recorded here.
+-- recorded here. A row that already carried the mark of the generation it ends (a DBA reopened a
+-- recorded generation by hand, no claim in between) is recorded here too, and the settle path
+-- leaves that end to the trigger.
 CREATE OR REPLACE TRIGGER runs_attempt_history
     AFTER UPDATE OF status, lease_generation, lease_worker_id ON zeroth.runs
     FOR EACH ROW
@@ -73,6 +75,9 @@ CREATE OR REPLACE TRIGGER runs_attempt_history
                OR NEW.lease_generation IS DISTINCT FROM OLD.lease_generation
                OR (NEW.status IS DISTINCT FROM OLD.status
                    AND NOT (OLD.status = 'pending' AND NEW.status = 'running')))
-          AND NEW.attempt_recorded_generation IS DISTINCT FROM OLD.lease_generation)
+          -- Skipped only when this very update set the mark to the generation it ends: a row
+          -- that already carried it (a DBA reopened a recorded generation by hand) is recorded.
+          AND (NEW.attempt_recorded_generation IS DISTINCT FROM OLD.lease_generation
+               OR OLD.attempt_recorded_generation IS NOT DISTINCT FROM OLD.lease_generation))
     EXECUTE FUNCTION zeroth._record_attempt();
 DROP TRIGGER IF EXISTS runs_attempt_history_insert ON zeroth.runs;

@@ -123,7 +123,7 @@ BEGIN
            SET mode = excluded.mode, child_run_ids = excluded.child_run_ids, remaining = excluded.remaining,
                created_at = excluded.created_at, met_at = NULL;
         outcome := 'waiting';
-    ELSE
+    ELSIF v_left = 'cancelled' THEN  -- NULL: fenced out (outcome NULL), never 'cancelled'
         outcome := 'cancelled';
     END IF;
     RETURN NEXT;

@@ -146,7 +146,7 @@ BEGIN
         ON CONFLICT ON CONSTRAINT event_waits_pkey DO UPDATE
            SET name = excluded.name, timeout_at = excluded.timeout_at, created_at = excluded.created_at;
         outcome := 'waiting';
-    ELSE
+    ELSIF v_left = 'cancelled' THEN  -- NULL: fenced out (outcome NULL), never 'cancelled'
         outcome := 'cancelled';
     END IF;
     RETURN NEXT;

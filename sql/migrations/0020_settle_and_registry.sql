@@ -137,3 +137,8 @@ ALTER TABLE zeroth.deployments
     ADD CONSTRAINT deployments_lease_valid CHECK (
         lease_seconds IS NULL OR (lease_seconds >= 1 AND lease_seconds <= 86400));
 COMMENT ON COLUMN zeroth.deployments.lease_seconds IS 'Lease of a claim that names none (claim_pending, claim_and_start, complete_and_claim, claim_and_start_scopes, claim_orphaned, claim_orphaned_scopes, admit_run with lease_seconds NULL), 1 <= s <= 86400 (a shorter one would lapse before its run could start). NULL: not set (60). Read at each claim.';
+
+-- Issue 33 item 1 (one settle path), review: the attempt history's description named the old
+-- writers (complete_run, zeroth._complete_locked_runs); every lease end of a worker now goes
+-- through zeroth._settle.
+COMMENT ON TABLE zeroth.run_attempts IS 'Attempt history, ended attempts: one row per lease generation of a run (a claim) once it ended, with its holder, attempt number, when it was claimed, started and ended, and how it ended (outcome; error when it failed). Written when the attempt ends (the open attempt is the runs row): by the settle path (zeroth._settle: every lease-ending function of a worker) in the settling statement, and by the trigger runs_attempt_history on zeroth.runs for every other end (admin functions, claims that end an old holder''s attempt, a DBA''s UPDATE by hand); deleted with the run by prune_runs. zeroth_reader reads it through zeroth.attempt_history, the rows of the tenant named in zeroth.tenant_id.';

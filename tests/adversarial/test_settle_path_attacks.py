@@ -21,7 +21,7 @@ from typing import Any
 import asyncpg
 import pytest
 from test_attempt_history_roles import ORPHANED, held_run
-from test_child_run_attacks import ENQUEUE, held, snapshot
+from test_child_run_attacks import ENQUEUE, family, held, snapshot, status
 from test_child_wait_counts import ended
 
 SETTLE = """SELECT run_id, outcome, sqlstate FROM zeroth.settle_runs(worker_id => $1,
@@ -190,3 +190,93 @@ class TestRoles:
         with pytest.raises(asyncpg.InsufficientPrivilegeError):
             await worker.fetch("SELECT zeroth._settle_one('acme', '', $1, 'w1', $2, 'complete')",
                                run_id, generation)
+
+
+# Every single-run end, the edge it settles along, and the call (run, worker, generation, tenant).
+SINGLE_RUN_ENDS = {
+    "complete_run": ("completed", "SELECT zeroth.complete_run($1, $2, $3, tenant_id => $4)"),
+    "fail_run": ("failed", "SELECT zeroth.fail_run($1, $2, $3, retryable => false, "
+                           "tenant_id => $4)"),
+    "pause_run": ("paused", "SELECT zeroth.pause_run($1, $2, $3, 'r', tenant_id => $4)"),
+    "sleep_run": ("slept", "SELECT * FROM zeroth.sleep_run($1, $2, $3, delay_seconds => 60, "
+                           "tenant_id => $4)"),
+    "hand_back_to_pending": ("handed_back",
+                             "SELECT zeroth.hand_back_to_pending($1, $2, $3, tenant_id => $4)"),
+    "cancel_run": ("cancelled", "SELECT zeroth.cancel_run($1, $2, $3, tenant_id => $4)"),
+    "release_lease": ("expired", "SELECT zeroth.release_lease($1, $2, $3, tenant_id => $4)"),
+    "expire_recovery_lease": ("expired", "SELECT zeroth.expire_recovery_lease($1, $2, $3, "
+                                         "tenant_id => $4)"),
+    "wait_for_event": ("waited", "SELECT * FROM zeroth.wait_for_event($1, $2, $3, 'e', 'ev', "
+                                 "tenant_id => $4)"),
+    "wait_for_children": ("waited", "SELECT * FROM zeroth.wait_for_children($1, $2, $3, 'c', "
+                                    "$5::uuid[], tenant_id => $4)"),
+}
+
+
+class TestEdgeRemovedByDba:
+    @pytest.mark.parametrize("call", sorted(SINGLE_RUN_ENDS))
+    async def test_a_single_run_end_along_a_removed_edge_raises_and_changes_nothing(
+            self, login, admin, call):
+        # The live holder's end along an edge a DBA deleted from zeroth.run_transitions is refused
+        # out loud (ZP003, as for a status without the edge), never reported as a lost lease
+        # (false / outcome NULL) nor as an outcome that did not happen (wait_*: 'cancelled').
+        worker = await login("worker")
+        edge, statement = SINGLE_RUN_ENDS[call]
+        run_id, generation, children = await family(admin, worker)
+        removed = await admin.fetch(
+            "DELETE FROM zeroth.run_transitions WHERE from_status = 'running' AND outcome = $1 "
+            "RETURNING *", edge)
+        assert len(removed) == 1
+        try:
+            before = await snapshot(admin)
+            args = [run_id, "w1", generation, "acme"]
+            if "$5" in statement:
+                args.append(children)
+            with pytest.raises(asyncpg.PostgresError) as info:
+                await worker.fetch(statement, *args)
+            assert info.value.sqlstate == "ZP003"
+            assert await snapshot(admin) == before
+        finally:
+            await admin.executemany(
+                "INSERT INTO zeroth.run_transitions VALUES ($1, $2, $3, $4, $5)",
+                [tuple(r) for r in removed])
+        # The edge back, the same end lands.
+        await worker.fetch(statement, *args)
+        assert await status(admin, run_id) != "running" or call in (
+            "release_lease", "expire_recovery_lease")
+
+
+#: A DBA hands a settled run's lease to a worker by hand, without a claim: running again under
+#: the generation the settle path already recorded (no new generation).
+DBA_REOPEN = """UPDATE zeroth.runs SET status = 'running', lease_worker_id = 'w1',
+                    lease_acquired_at = now(), lease_expires_at = now() + interval '1 hour',
+                    started_at = now(), attempts = attempts + 1, run_after = now()
+                 WHERE run_id = $1"""
+
+DBA_FAIL = """UPDATE zeroth.runs SET status = 'failed', finished_at = now(), updated_at = now(),
+                  lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL
+               WHERE run_id = $1"""
+
+
+class TestDbaReopensASettledGeneration:
+    @pytest.mark.parametrize("end", ["dba", "settle"])
+    async def test_an_attempt_reopened_by_hand_under_a_recorded_generation_is_recorded_once(
+            self, login, admin, end):
+        # The settle path marks the generation it recorded (attempt_recorded_generation). A DBA
+        # who reopens the run under that same generation starts another attempt: its end —
+        # by hand or by the settle path — is recorded exactly once, never skipped for the mark.
+        worker = await login("worker")
+        run_id, generation = await held(admin, worker)
+        assert (await settle(worker, "w1", [(run_id, generation, "retry")]))[0][1:] == (
+            "retry_scheduled", None)
+        assert [row[1:] for row in await ended(admin, run_id)] == [("w1", "failed")]
+        await admin.execute(DBA_REOPEN, run_id)
+        if end == "dba":
+            await admin.execute(DBA_FAIL, run_id)
+            label = "failed"
+        else:
+            assert (await settle(worker, "w1", [(run_id, generation, "complete")]))[0][1:] == (
+                "completed", None)
+            label = "completed"
+        assert [row[1:] for row in await ended(admin, run_id)] == [
+            ("w1", "failed"), ("w1", label)]

@@ -94,3 +94,38 @@ async def test_a_single_run_end_racing_a_batch_settle_lands_once(
     assert (await finished(late)).value == [{"outcome": None, "sqlstate": "ZP002"}]
     assert (await run_row(db, run_id))["status"] == "completed"
     assert await history(db, run_id) == [(1, HOLDER, "completed")]
+
+
+WAIT_FOR_EVENT = f"""SELECT outcome FROM zeroth.wait_for_event(run_id => $1,
+                         worker_id => '{HOLDER}', generation => 1, step_key => '#event:e',
+                         name => 'e')"""
+
+
+async def test_a_wait_whose_lease_ran_out_while_it_waited_for_the_event_row_is_not_cancelled(
+        sessions: tuple[Session, Session, Any]) -> None:
+    """wait_for_event locks the run, then waits for the event's row (an operator holds it), and
+    its lease runs out meanwhile: the settle that takes the run to waiting is fenced out, and the
+    call says so (outcome NULL) — never 'cancelled' for a run nobody cancelled, which stays
+    running for claim_orphaned to recover."""
+    waiter, operator, db = sessions
+    now = await db.fetchval("SELECT clock_timestamp()")
+    run_id = (await make_run(db, "running", worker_id=HOLDER, now=now, lease_seconds=3)).run_id
+    await db.execute("""INSERT INTO zeroth.events (tenant_id, workspace_key, name, created_at)
+                        VALUES ('default', '', 'e', now())""")
+    await operator.begin()
+    await operator.call("SELECT 1 FROM zeroth.events WHERE name = 'e' FOR UPDATE")
+    wait = waiter.spawn(WAIT_FOR_EVENT, run_id, rows=True)
+    # Blocked on the event's row: past the run's lock and the fence check, with a live lease.
+    await assert_waits_for(db, waiter, operator, wait)
+    for _ in range(600):  # until the lease has run out (by the database's clock)
+        if await db.fetchval("""SELECT lease_expires_at < clock_timestamp() FROM zeroth.runs
+                                 WHERE run_id = $1""", run_id):
+            break
+        await db.execute("SELECT pg_sleep(0.05)")
+    await operator.commit()
+
+    outcome = await finished(wait)
+    assert outcome.value == [{"outcome": None}], outcome
+    row = await run_row(db, run_id)
+    assert (row["status"], row["cancel_requested_at"]) == ("running", None)
+    assert await history(db, run_id) == []

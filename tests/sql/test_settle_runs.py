@@ -261,3 +261,31 @@ class TestRetryPolicy:
                            "retry_max_seconds => 200)")
         slow = await make_run(conn, "running", deployment_ref="slow", lease_seconds=3600)
         assert 5 <= await self.first_delay(conn, slow.run_id, 10, 20) <= 10
+
+
+class TestErrorDocumentsBounded:
+    async def test_a_huge_or_deep_error_is_stored_bounded_and_the_batch_settles(self, conn):
+        huge, deep, small = [await make_run(conn, "running") for _ in range(3)]
+        nested: Any = "x"
+        for _ in range(300):
+            nested = {"n": nested}
+        result = await settle(conn, [
+            (huge.run_id, 1, "fail", None, {"message": "m" * 3_000_000, "type": "Boom"}),
+            (deep.run_id, 1, "retry", None, {"message": "deep", "detail": nested}),
+            (small.run_id, 1, "fail", None, {"message": "small"}),
+        ])
+        assert [r[1:] for r in result] == [("failed", None), ("retry_scheduled", None),
+                                           ("failed", None)]
+        for lease in (huge, deep):
+            size, limit = await conn.fetchrow(
+                "SELECT pg_column_size(error), zeroth._error_document_bytes() FROM zeroth.runs "
+                "WHERE run_id = $1", lease.run_id)
+            assert size <= limit
+        stored = json.loads((await run_row(conn, huge.run_id))["error"])
+        assert stored["truncated"] is True
+        assert len(stored["message"]) < 3_000_000
+        assert json.loads((await run_row(conn, small.run_id))["error"]) == {"message": "small"}
+        # The attempt history carries the same bounded document.
+        assert await conn.fetchval(
+            "SELECT a.error = r.error FROM zeroth.run_attempts a JOIN zeroth.runs r USING (run_id) "
+            "WHERE a.run_id = $1", huge.run_id)

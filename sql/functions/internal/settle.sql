@@ -84,7 +84,8 @@ REVOKE ALL ON FUNCTION zeroth._lock_settle(text, text, text, uuid[], bigint[]) F
 -- refused, never half-written. In the same statement: the lease cleared (expired in place for
 -- `expired`), the slots freed, and the ended attempt of every outcome but `expired` (which ends
 -- none) written to zeroth.run_attempts, with the row marked (attempt_recorded_generation) so the
--- trigger runs_attempt_history leaves it alone. Then zeroth_wakeup once per deployment that had a
+-- trigger runs_attempt_history leaves it alone (a row that already carried that mark — a DBA
+-- reopened a recorded generation by hand — is left to the trigger instead: one row either way). Then zeroth_wakeup once per deployment that had a
 -- slot freed, a run due now, or a lease given back (release, expire, hand_back).
 -- One row per requested run, in input order: the outcome settled (NULL when refused), the status
 -- it was decided on, the new status, run_after and checkpoint_seq, and sqlstate: NULL settled,
@@ -127,7 +128,8 @@ BEGIN
     ), held AS MATERIALIZED (
         -- The locked rows whose live lease is the caller's, as they are before the settle.
         SELECT r.run_id, r.lease_generation, r.status, r.attempts, r.max_attempts, r.hand_backs,
-               r.cancel_requested_at, r.lease_acquired_at, r.started_at
+               r.cancel_requested_at, r.lease_acquired_at, r.started_at,
+               r.attempt_recorded_generation AS old_mark
           FROM zeroth.runs r
          WHERE r.ctid = ANY (_settle.run_rows)
            AND (r.tenant_id, r.workspace_key) IS NOT DISTINCT FROM
@@ -136,7 +138,7 @@ BEGIN
            AND r.lease_expires_at >= _settle.at
     ), decided AS MATERIALIZED (
         SELECT q.ord, q.run_id, q.generation, q.kind, q.payload, q.run_after, q.reason,
-               h.status AS from_status, h.attempts, h.lease_acquired_at, h.started_at,
+               h.status AS from_status, h.attempts, h.lease_acquired_at, h.started_at, h.old_mark,
                CASE q.kind
                    WHEN 'complete' THEN 'completed'
                    WHEN 'fail' THEN 'failed'
@@ -243,7 +245,7 @@ BEGIN
            AND r.lease_generation = e.generation
            AND r.lease_expires_at >= _settle.at
         RETURNING e.ord, e.run_id, e.generation, e.kind, e.outcome, e.from_status, e.attempts AS old_attempts,
-                  e.lease_acquired_at AS old_acquired, e.started_at AS old_started,
+                  e.lease_acquired_at AS old_acquired, e.started_at AS old_started, e.old_mark,
                   r.tenant_id, r.workspace_key, r.status AS new_status, r.run_after, r.checkpoint_seq,
                   r.error, r.wait_reason, r.deployment_ref, r.workspace_id
     ), recorded AS (
@@ -266,6 +268,9 @@ BEGIN
                                       THEN 'waited' ELSE 'paused' END
                             ELSE s.outcome END AS label) l
          WHERE s.outcome <> 'expired'
+           -- A generation already marked recorded (a DBA reopened it by hand): the trigger
+           -- records this end (its WHEN sees the mark was not set by this update).
+           AND s.old_mark IS DISTINCT FROM s.generation
     ), freed AS (
         UPDATE zeroth.admission_slots sl
            SET run_id = NULL, lease_generation = NULL
@@ -310,14 +315,17 @@ ALTER FUNCTION zeroth._settle(text, text, text, uuid[], bigint[], text[], jsonb[
 REVOKE ALL ON FUNCTION zeroth._settle(text, text, text, uuid[], bigint[], text[], jsonb[], timestamptz[], text[], double precision, double precision, tid[], tid[], timestamptz) FROM PUBLIC;
 
 -- Raises ZP003 for a single-run wrapper whose settle found the caller's live lease on a run whose
--- status has no such edge (settle reported ZP012); quiet otherwise (fenced out: a return value).
+-- status has no such edge (settle reported ZP012): a status the call does not end (a claim not
+-- started), or an edge a DBA removed from zeroth.run_transitions — never reported as a lost lease
+-- nor as an outcome that did not happen. Quiet otherwise (fenced out: a return value).
 CREATE OR REPLACE FUNCTION zeroth._raise_unlisted_edge(transition text, run_id uuid,
                                                        status zeroth.run_status, sqlstate text)
     RETURNS void
     LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
     IF _raise_unlisted_edge.sqlstate = 'ZP012' THEN
-        RAISE EXCEPTION '% needs a run in status running, run % is %', transition, run_id, status
+        RAISE EXCEPTION '% cannot end run % from status %: no such edge in zeroth.run_transitions',
+            transition, run_id, status
             USING ERRCODE = 'ZP003';
     END IF;
 END

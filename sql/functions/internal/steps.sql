@@ -43,19 +43,29 @@ REVOKE ALL ON FUNCTION zeroth._step_holder_attempt(text, text, uuid, text, bigin
 -- the lease, slot and attempt are given back (waiting is not a failure, as pause_run). The settle
 -- path (zeroth._settle_one, kind wait) at `at`, the time the caller read after its lock of the
 -- same rows (zeroth._lock_settle, taken again here without waiting). Notifies zeroth_wakeup when a
--- slot was freed. Returns the new status (waiting | cancelled), NULL when fenced out.
+-- slot was freed. Returns the new status (waiting | cancelled), NULL when fenced out; raises ZP003
+-- when the caller holds the live lease but the edge is not listed (zeroth._raise_unlisted_edge).
 CREATE OR REPLACE FUNCTION zeroth._leave_for_wait(tenant_id text, workspace_key text, run_id uuid,
                                                   worker_id text, generation bigint, wait_reason text,
                                                   at timestamptz)
     RETURNS zeroth.run_status
-    LANGUAGE sql VOLATILE
-    BEGIN ATOMIC
-        SELECT s.to_status
-          FROM zeroth._settle_one(_leave_for_wait.tenant_id, _leave_for_wait.workspace_key,
-                                  _leave_for_wait.run_id, _leave_for_wait.worker_id,
-                                  _leave_for_wait.generation, 'wait', reason => _leave_for_wait.wait_reason,
-                                  at => _leave_for_wait.at) s;
-    END;
+    LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_end record;
+BEGIN
+    v_end := zeroth._settle_one(_leave_for_wait.tenant_id, _leave_for_wait.workspace_key,
+                                _leave_for_wait.run_id, _leave_for_wait.worker_id,
+                                _leave_for_wait.generation, 'wait', reason => _leave_for_wait.wait_reason,
+                                at => _leave_for_wait.at);
+    -- The caller's live lease but no listed edge (a DBA removed running → waiting, or running →
+    -- cancelled with a cancel request pending): ZP003, never a NULL the caller would report as
+    -- an outcome that did not happen.
+    PERFORM zeroth._raise_unlisted_edge(
+        CASE WHEN _leave_for_wait.wait_reason LIKE 'event:%' THEN 'wait_for_event' ELSE 'wait_for_children' END,
+        _leave_for_wait.run_id, v_end.from_status, v_end.sqlstate);
+    RETURN v_end.to_status;
+END
+$$;
 COMMENT ON FUNCTION zeroth._leave_for_wait(text, text, uuid, text, bigint, text, timestamptz) IS 'Internal: the holder''s running run → waiting (wait_reason) or, with a pending cancel request, cancelled, by the settle path (zeroth._settle_one, kind wait); lease, slot and attempt given back, fenced; NOTIFY zeroth_wakeup when a slot was freed. Returns the new status, NULL when fenced out.';
 ALTER FUNCTION zeroth._leave_for_wait(text, text, uuid, text, bigint, text, timestamptz) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._leave_for_wait(text, text, uuid, text, bigint, text, timestamptz) FROM PUBLIC;
