@@ -316,6 +316,17 @@ async def cycle(w: Worker, i: int, grown: bool) -> None:
                      worker_id => $1, run_ids => $2, generations => $3)""",
                  WORKER, ids, [lease[x] for x in ids], work=len(ids))
 
+    # -- one mixed batch ended by settle_runs (completion, retry, hand-back)
+    for _ in range(3):
+        await w.run("SELECT * FROM zeroth.enqueue_run(deployment_ref => $1)", d)
+    mixed = {row["run_id"]: row["lease_generation"]
+             for row in await w.run(claim_all, d, WORKER) if row["run_id"]}
+    ids = list(mixed)
+    await w.call("settle_runs", """SELECT * FROM zeroth.settle_runs(worker_id => $1,
+                     run_ids => $2, generations => $3, outcomes => $4)""",
+                 WORKER, ids, [mixed[x] for x in ids],
+                 ["complete", "retry", "hand_back"][:len(ids)], work=len(ids))
+
     # -- under max_concurrency
     for _ in range(4):
         await w.run("SELECT * FROM zeroth.enqueue_run(deployment_ref => $1)", d)
