@@ -10,9 +10,11 @@ phases, each measured between two points of the WAL (``pg_current_wal_insert_lsn
 CHECKPOINT before each so that full-page images do not depend on what ran before:
 
 * enqueue — N ``enqueue_run`` calls, one run each (a producer at concurrency 1);
-* worker — a ``RunWorker`` with ``max_concurrency = 1`` and a no-op handler drains those N runs
-  (claim, start, completion: whatever statements the worker sends for them, its LISTEN
-  connection's included);
+* worker — a ``RunWorker`` with ``max_concurrency = 1`` (``--concurrency C``) and a no-op
+  handler drains those N runs (claim, start, completion: whatever statements the worker sends
+  for them, its LISTEN connection's included); with ``--fail-fraction F`` the handler fails a
+  share F of them for good (``NonRetryableError``, spread evenly), so their failures are
+  written too;
 * batch enqueue, batch claim, batch completion (``--batch B``, default 100) — N more runs
   enqueued by ``enqueue_runs`` B at a time, claimed and started by ``claim_and_start`` B at a
   time, completed by ``complete_runs`` B at a time: each transition its own phase, so that
