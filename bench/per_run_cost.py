@@ -10,9 +10,11 @@ phases, each measured between two points of the WAL (``pg_current_wal_insert_lsn
 CHECKPOINT before each so that full-page images do not depend on what ran before:
 
 * enqueue — N ``enqueue_run`` calls, one run each (a producer at concurrency 1);
-* worker — a ``RunWorker`` with ``max_concurrency = 1`` and a no-op handler drains those N runs
-  (claim, start, completion: whatever statements the worker sends for them, its LISTEN
-  connection's included);
+* worker — a ``RunWorker`` with ``max_concurrency = 1`` (``--concurrency C``) and a no-op
+  handler drains those N runs (claim, start, completion: whatever statements the worker sends
+  for them, its LISTEN connection's included); with ``--fail-fraction F`` the handler fails a
+  share F of them for good (``NonRetryableError``, spread evenly), so their failures are
+  written too;
 * batch enqueue, batch claim, batch completion (``--batch B``, default 100) — N more runs
   enqueued by ``enqueue_runs`` B at a time, claimed and started by ``claim_and_start`` B at a
   time, completed by ``complete_runs`` B at a time: each transition its own phase, so that
@@ -47,6 +49,7 @@ import asyncpg
 from bench.harness import pool as worker_pool
 from bench.harness import wait_until
 from zeroth_pg import LeaseManager, RunWorker, migrate
+from zeroth_pg.errors import NonRetryableError
 
 BLOCK = re.compile(r"rel \d+/\d+/(\d+)")
 
@@ -194,7 +197,8 @@ async def batches(admin: asyncpg.Connection, db: asyncpg.Connection, dbname: str
 
 
 async def main_async(admin_dsn: str, n: int, batch: int = 100,
-                     without: tuple[str, ...] = ()) -> None:
+                     without: tuple[str, ...] = (), fail_fraction: float = 0.0,
+                     concurrency: int = 1) -> None:
     dbname = f"per_run_cost_{uuid.uuid4().hex[:8]}"
     admin = await asyncpg.connect(admin_dsn)
     await admin.execute(f"CREATE DATABASE {dbname}")
@@ -235,10 +239,13 @@ async def main_async(admin_dsn: str, n: int, batch: int = 100,
             async def handler(_run: object) -> None:
                 nonlocal handled
                 handled += 1
+                # Spread evenly: the i-th handled run fails when i * F crosses an integer.
+                if int(handled * fail_fraction) != int((handled - 1) * fail_fraction):
+                    raise NonRetryableError("per-run-cost: a failure for good")
 
             async with worker_pool(dsn, 4) as workers, Phase(admin, db, dbname) as drain:
                 run_worker = RunWorker(workers, deployment, handler, dsn=dsn,
-                                       max_concurrency=1)
+                                       max_concurrency=concurrency)
                 await run_worker.start()
                 try:
                     await wait_until(lambda: handled >= n and not run_worker.active_run_ids,
@@ -249,12 +256,14 @@ async def main_async(admin_dsn: str, n: int, batch: int = 100,
                     await asyncio.sleep(0.5)
                 finally:
                     await run_worker.graceful_shutdown()
-            report("worker (RunWorker, max_concurrency 1: claim, start, complete)", n,
-                   drain.result)
+            failing = f", {fail_fraction:.0%} failing for good" if fail_fraction else ""
+            report(f"worker (RunWorker, max_concurrency {concurrency}: claim, start, "
+                   f"complete{failing})", n, drain.result)
             await batches(admin, db, dbname, n, batch, deployment)
             left = await db.fetchval(
-                "SELECT count(*) FROM zeroth.runs WHERE status <> 'completed'")
-            print(f"\nruns not completed at the end: {left}")
+                "SELECT count(*) FROM zeroth.runs WHERE status NOT IN ('completed', 'failed')")
+            failed = await db.fetchval("SELECT count(*) FROM zeroth.runs WHERE status = 'failed'")
+            print(f"\nruns neither completed nor failed at the end: {left}; failed: {failed}")
         await db.close()
     finally:
         await admin.execute("ALTER SYSTEM RESET autovacuum")
@@ -272,8 +281,16 @@ def main() -> None:
     parser.add_argument("--without-index", action="append", default=[], metavar="NAME",
                         help="drop this index of schema zeroth after migrating (repeatable): "
                              "what it costs a run")
+    parser.add_argument("--fail-fraction", type=float, default=0.0, metavar="F",
+                        help="the worker phase's handler fails this share of its runs for good "
+                             "(NonRetryableError, spread evenly)")
+    parser.add_argument("--concurrency", type=int, default=1,
+                        help="the worker phase's max_concurrency (default 1)")
     args = parser.parse_args()
-    asyncio.run(main_async(args.dsn, args.runs, args.batch, tuple(args.without_index)))
+    if not 0 <= args.fail_fraction <= 1 or args.concurrency < 1:
+        parser.error("need 0 <= --fail-fraction <= 1 and --concurrency >= 1")
+    asyncio.run(main_async(args.dsn, args.runs, args.batch, tuple(args.without_index),
+                           args.fail_fraction, args.concurrency))
     if args.json:
         with open(args.json, "w") as out:
             json.dump(RESULTS, out, indent=1, default=str)

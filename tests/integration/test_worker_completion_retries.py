@@ -48,7 +48,7 @@ async def test_a_completion_cancelled_by_the_server_is_retried_not_a_failure(poo
         async def blocked_completion() -> int | None:
             return await pool.fetchval(  # type: ignore[no-any-return]
                 "SELECT pid FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid)) "
-                "AND query LIKE '%complete_run%'", holder.get_server_pid())
+                "AND query LIKE '%settle_runs%'", holder.get_server_pid())
 
         pid = await wait_until(blocked_completion, "the completion to wait for the row", within=10)
         assert await pool.fetchval("SELECT pg_cancel_backend($1)", pid)
@@ -60,7 +60,7 @@ async def test_a_completion_cancelled_by_the_server_is_retried_not_a_failure(poo
 
 
 async def test_a_held_row_delays_only_its_own_completion_not_its_batch(pool, spawn_worker):
-    """complete_runs waits at most 2 s for a row; the batch was retried whole until every run
+    """settle_runs waits at most 2 s for a row; the batch was retried whole until every run
     in it gave up, so runs nobody held were re-run too. The batch is completed run by run."""
     dep = unique_deployment("harden")
     lm = LeaseManager(pool)
@@ -70,7 +70,7 @@ async def test_a_held_row_delays_only_its_own_completion_not_its_batch(pool, spa
 
     async def handler(ctx: RunContext) -> Any:
         arrived.add(ctx.run_id)
-        await finish.wait()  # both return in the same turn: one complete_runs batch
+        await finish.wait()  # both return in the same turn: one settle_runs batch
         return {"ok": 1}
 
     await spawn_worker(dep, handler, lease_duration=30.0)
@@ -116,7 +116,7 @@ async def test_a_completion_retrying_on_a_held_row_does_not_hold_up_later_ones(
     try:
         await holder.execute("SELECT 1 FROM zeroth.runs WHERE run_id = $1 FOR UPDATE", held.run_id)
         finish_held.set()  # its completion meets the held row and retries
-        await asyncio.sleep(2.5)  # past complete_runs' 2 s lock_timeout: it is retrying now
+        await asyncio.sleep(2.5)  # past settle_runs' 2 s lock_timeout: it is retrying now
         finish_later.set()
         await wait_for_status(pool, later.run_id, "completed", within=20)  # row still held
     finally:

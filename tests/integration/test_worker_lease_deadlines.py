@@ -90,7 +90,7 @@ async def test_a_worker_that_stalled_past_its_lease_keeps_the_lease_of_its_own_r
 
 
 class RaceSpy:
-    """Makes every completion race a renewal: complete_runs is answered to the worker only once
+    """Makes every completion race a renewal: settle_runs is answered to the worker only once
     a renewal sent after that completion committed was refused for each completed run and the
     worker has handled that refusal (the renewal loop has sent its next renewal). The renewal
     loop still holds the runs as completing when it reads the refusal."""
@@ -101,10 +101,10 @@ class RaceSpy:
         self.raced: set[UUID] = set()
         self.renewed = asyncio.Event()  # set whenever a renewal begins
         self.real_renew = worker.lease_manager.renew_leases
-        self.real_complete = worker.lease_manager.complete_runs
+        self.real_complete = worker.lease_manager.settle_runs
         self.real_along = worker.lease_manager.complete_and_claim
         worker.lease_manager.renew_leases = self._renew  # type: ignore[method-assign]
-        worker.lease_manager.complete_runs = self._complete  # type: ignore[method-assign]
+        worker.lease_manager.settle_runs = self._complete  # type: ignore[method-assign]
         worker.lease_manager.complete_and_claim = (  # type: ignore[method-assign]
             self._complete_and_claim)
 
@@ -126,7 +126,7 @@ class RaceSpy:
 
     async def _complete(self, worker_id: str, completions: Any, **kwargs: Any) -> Any:
         rows = await self.real_complete(worker_id, completions, **kwargs)
-        await self._race({row.run_id for row in rows if row.completed})
+        await self._race({row.run_id for row in rows if row.outcome == "completed"})
         return rows
 
     async def _race(self, done: set[UUID]) -> None:

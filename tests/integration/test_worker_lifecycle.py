@@ -24,8 +24,8 @@ import pytest
 from helpers import metric, unique_deployment, wait_until
 
 from zeroth_pg.client import LeaseManager
-from zeroth_pg.errors import ConnectionLostError, LeaseLostError
-from zeroth_pg.types import CancelOutcome
+from zeroth_pg.errors import ConnectionLostError, LeaseLostError, NonRetryableError
+from zeroth_pg.types import CancelOutcome, RetryPolicy
 from zeroth_pg.worker import RunContext, RunWorker
 
 FOREVER = 3600.0
@@ -546,7 +546,7 @@ async def test_orphan_recovered_with_a_pending_cancel_request_ends_cancelled(poo
 
 
 class CompletionSpy:
-    """Records the batch size of every completion call the worker makes (complete_runs, or
+    """Records the batch size of every completion call the worker makes (settle_runs, or
     complete_and_claim when the completions carry the next claim); can fail the first
     ``failures`` calls with a transient error before they reach the database."""
 
@@ -554,8 +554,8 @@ class CompletionSpy:
         self.sizes: list[int] = []
         self.failures = failures
         lm = worker.lease_manager
-        self.real, self.real_along = lm.complete_runs, lm.complete_and_claim
-        lm.complete_runs = self._complete  # type: ignore[method-assign]
+        self.real, self.real_along = lm.settle_runs, lm.complete_and_claim
+        lm.settle_runs = self._complete  # type: ignore[method-assign]
         lm.complete_and_claim = self._complete_and_claim  # type: ignore[method-assign]
 
     def _count(self, completions: Any) -> None:
@@ -606,6 +606,58 @@ async def test_runs_finishing_together_are_completed_by_one_call(pool, spawn_wor
     outputs = [(await _row(pool, run.run_id))["output"] for run in runs]
     assert outputs == [{"n": n} for n in range(16)]
     assert metric("zeroth_runs_completed_total", dep) == 16
+
+
+class SettleSpy:
+    """Records the outcome kinds of every settle_runs call the worker makes."""
+
+    def __init__(self, worker: RunWorker) -> None:
+        self.calls: list[list[str]] = []
+        lm = worker.lease_manager
+        self.real = lm.settle_runs
+        lm.settle_runs = self._settle  # type: ignore[method-assign]
+
+    async def _settle(self, worker_id: str, settlements: Any, **kwargs: Any) -> Any:
+        self.calls.append(sorted(str(item.kind) for item in settlements))
+        return await self.real(worker_id, settlements, **kwargs)
+
+
+async def test_runs_ending_together_in_mixed_outcomes_are_settled_by_one_call(
+        pool, spawn_worker):
+    """Completions, retried and final failures of runs that end in the same turn: one
+    settle_runs call, each outcome as its own call would have written it."""
+    dep = unique_deployment("life")
+    release = asyncio.Event()
+    arrived = 0
+
+    async def handler(ctx: RunContext) -> dict[str, Any]:
+        nonlocal arrived
+        arrived += 1
+        await release.wait()
+        if ctx.payload["do"] == "retry":
+            raise ValueError("again")
+        if ctx.payload["do"] == "fail":
+            raise NonRetryableError("never")
+        return {"n": ctx.payload["n"]}
+
+    plan = ["ok", "retry", "ok", "fail", "ok", "retry"]
+    runs = await LeaseManager(pool).enqueue_runs(
+        dep, [{"payload": {"n": n, "do": do}, "max_attempts": 3} for n, do in enumerate(plan)])
+    # A local deployment limit keeps completions off complete_and_claim: settle_runs only.
+    worker = await spawn_worker(dep, handler, max_concurrency=len(plan), start=False,
+                                deployment_concurrency={dep: len(plan)},
+                                retries={dep: RetryPolicy(base_seconds=60, max_seconds=60)})
+    spy = SettleSpy(worker)
+    await worker.start()
+    await wait_until(lambda: arrived == len(plan), "every handler to start", within=10)
+    release.set()
+    await wait_until(lambda: worker.active_run_ids == [], "every run to settle", within=10)
+    assert spy.calls == [sorted(["complete"] * 3 + ["retry"] * 2 + ["fail"])]
+    statuses = [(await _row(pool, run.run_id))["status"] for run in runs]
+    assert statuses == ["completed", "pending", "completed", "failed", "completed", "pending"]
+    assert metric("zeroth_runs_completed_total", dep) == 3
+    assert metric("zeroth_runs_failed_total", dep, outcome="retried") == 2
+    assert metric("zeroth_runs_failed_total", dep, outcome="failed") == 1
 
 
 async def test_a_completion_that_cannot_be_sent_is_retried(pool, spawn_worker):

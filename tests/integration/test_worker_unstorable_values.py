@@ -16,6 +16,7 @@ go on (RunWorker in the test's event loop, against a real database).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from typing import Any
 
@@ -71,7 +72,7 @@ async def test_an_unstorable_output_fails_its_run_and_not_the_runs_completed_wit
     for kind in good:
         row = await stored_run(pool, by_kind[kind])
         assert (row["status"], row["output"], row["error"]) == ("completed", {"kind": kind}, None)
-    # The storable outputs finished together and went out as one complete_runs call.
+    # The storable outputs finished together and went out as one settle_runs call.
     assert [sorted(batch) for batch in spy.batches] == [sorted(by_kind[kind] for kind in good)]
     why = {"nul": "U+0000", "surrogate": "a lone UTF-16 surrogate", "nul_key": "U+0000"}
     for kind, character in why.items():
@@ -267,16 +268,20 @@ async def test_a_refused_error_document_still_fails_its_run_at_once(pool, spawn_
 
     worker = await spawn_worker(dep, handler, start=False)
     lm = worker.lease_manager
-    real_fail_run = lm.fail_run
+    real_settle_runs = lm.settle_runs
     documents: list[dict[str, Any]] = []
 
-    async def fail_run(*args: Any, **kwargs: Any) -> Any:
-        documents.append(dict(kwargs["error"]))
-        if len(documents) == 1:  # the first document holds a value jsonb cannot store
-            kwargs["error"] = {**kwargs["error"], "poison": "\x00"}
-        return await real_fail_run(*args, **kwargs)
+    async def settle_runs(worker_id: str, settlements: Any, **kwargs: Any) -> Any:
+        sent = []
+        for item in settlements:
+            if item.error is not None:
+                documents.append(dict(item.error))
+                if len(documents) == 1:  # the first document holds a value jsonb cannot store
+                    item = dataclasses.replace(item, error={**item.error, "poison": "\x00"})
+            sent.append(item)
+        return await real_settle_runs(worker_id, sent, **kwargs)
 
-    lm.fail_run = fail_run  # type: ignore[method-assign]
+    lm.settle_runs = settle_runs  # type: ignore[method-assign]
     await worker.start()
     run = (await lm.enqueue_run(dep, max_attempts=1)).run_id
     row = await wait_for_status(pool, run, "failed")

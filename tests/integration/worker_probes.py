@@ -99,19 +99,22 @@ async def spawn_worker(pool: asyncpg.Pool,
 
 
 class CompletionSpy:
-    """Records the run ids of every completion call the worker makes (complete_runs, or
-    complete_and_claim when the completions carry the next claim), then makes the real call."""
+    """Records the run ids of every completion call the worker makes (the completions of a
+    settle_runs call, or complete_and_claim when the completions carry the next claim), then
+    makes the real call."""
 
     def __init__(self, worker: RunWorker) -> None:
         self.batches: list[list[UUID]] = []
         lm = worker.lease_manager
-        self.real, self.real_along = lm.complete_runs, lm.complete_and_claim
-        lm.complete_runs = self._complete  # type: ignore[method-assign]
+        self.real, self.real_along = lm.settle_runs, lm.complete_and_claim
+        lm.settle_runs = self._complete  # type: ignore[method-assign]
         lm.complete_and_claim = self._complete_and_claim  # type: ignore[method-assign]
 
-    async def _complete(self, worker_id: str, completions: Any, **kwargs: Any) -> Any:
-        self.batches.append([item[0] for item in completions])
-        return await self.real(worker_id, completions, **kwargs)
+    async def _complete(self, worker_id: str, settlements: Any, **kwargs: Any) -> Any:
+        completions = [item.run_id for item in settlements if item.kind == "complete"]
+        if completions:
+            self.batches.append(completions)
+        return await self.real(worker_id, settlements, **kwargs)
 
     async def _complete_and_claim(self, deployment_ref: str, worker_id: str, completions: Any,
                                   **kwargs: Any) -> Any:

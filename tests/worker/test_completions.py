@@ -1,5 +1,5 @@
 """Completion batching (zeroth_pg.worker._settle.CompletionBatcher) on real leases: runs
-that finish together take one complete_runs call, the fence answers each run on its own, an
+that finish together take one settle_runs call, the fence answers each run on its own, an
 output PostgreSQL cannot store fails only its run, and an unreachable database answers None by a
 run's lease deadline."""
 
@@ -18,20 +18,23 @@ from leased import WORKER, active, claim, lease_row
 
 from zeroth_pg.client import LeaseManager
 from zeroth_pg.errors import InvalidArgumentError
+from zeroth_pg.types import RetryPolicy, SettleKind, SettleOutcome
 from zeroth_pg.worker._settle import CompletionBatcher
 
 
 class CountingCalls:
-    """Counts the complete_runs calls of a LeaseManager (and the runs in each)."""
+    """Counts the settle_runs calls of a LeaseManager (and the runs in each)."""
 
     def __init__(self, lm: LeaseManager) -> None:
         self.sizes: list[int] = []
-        self._real = lm.complete_runs
-        lm.complete_runs = self._complete  # type: ignore[method-assign]
+        self.kinds: list[list[str]] = []
+        self._real = lm.settle_runs
+        lm.settle_runs = self._settle  # type: ignore[method-assign]
 
-    async def _complete(self, worker_id: str, completions: Any, **kwargs: Any) -> Any:
-        self.sizes.append(len(completions))
-        return await self._real(worker_id, completions, **kwargs)
+    async def _settle(self, worker_id: str, settlements: Any, **kwargs: Any) -> Any:
+        self.sizes.append(len(settlements))
+        self.kinds.append([str(item.kind) for item in settlements])
+        return await self._real(worker_id, settlements, **kwargs)
 
 
 @pytest.fixture
@@ -119,3 +122,61 @@ class TestAnswers:
             await asyncio.sleep(0.2)
         with pytest.raises(RuntimeError, match="stopped before answering"):
             await answer
+
+
+class TestMixedOutcomes:
+    async def test_a_mixed_batch_of_outcomes_takes_one_settle_runs_call(self, pool, lm):
+        done, retried, failed, cancelled, handed = await claim(lm, 5)
+        calls = CountingCalls(lm)
+        batcher = CompletionBatcher(lm, WORKER)
+        policy = RetryPolicy(base_seconds=60, max_seconds=60)
+        answers = [
+            batcher.submit(active(done), {"ok": 1}),
+            batcher.submit_outcome(active(retried), SettleKind.RETRY, policy=policy,
+                                   error={"type": "ValueError", "message": "again"}),
+            batcher.submit_outcome(active(failed), SettleKind.FAIL,
+                                   error={"type": "ValueError", "message": "never"}),
+            batcher.submit_outcome(active(cancelled), SettleKind.CANCEL),
+            batcher.submit_outcome(active(handed), SettleKind.HAND_BACK)]
+        async with running(batcher):
+            results = await asyncio.gather(*answers)
+        assert results == [True, SettleOutcome.RETRY_SCHEDULED, SettleOutcome.FAILED,
+                           SettleOutcome.CANCELLED, SettleOutcome.HANDED_BACK]
+        assert calls.kinds == [["complete", "retry", "fail", "cancel", "hand_back"]]
+        statuses = [(await lease_row(pool, run))["status"]
+                    for run in (done, retried, failed, cancelled, handed)]
+        assert statuses == ["completed", "pending", "failed", "cancelled", "pending"]
+        # The retry took the policy given: due about a minute later (by the database's clock).
+        due = await pool.fetchval(
+            "SELECT extract(epoch FROM r.run_after - clock_timestamp()) FROM zeroth.runs r "
+            "WHERE r.run_id = $1", retried.run_id)
+        assert due > 25  # equal jitter: at least half the 60 s
+
+    async def test_retries_of_differing_policies_go_out_in_separate_calls(self, lm):
+        done, slow, fast, registered = await claim(lm, 4)
+        calls = CountingCalls(lm)
+        batcher = CompletionBatcher(lm, WORKER)
+        error = {"type": "ValueError", "message": "again"}
+        answers = [
+            batcher.submit(active(done), {}),
+            batcher.submit_outcome(active(slow), SettleKind.RETRY, error=error,
+                                   policy=RetryPolicy(base_seconds=60, max_seconds=60)),
+            batcher.submit_outcome(active(fast), SettleKind.RETRY, error=error,
+                                   policy=RetryPolicy(base_seconds=0, max_seconds=0)),
+            batcher.submit_outcome(active(registered), SettleKind.RETRY, error=error)]
+        async with running(batcher):
+            results = await asyncio.gather(*answers)
+        assert results == [True] + [SettleOutcome.RETRY_SCHEDULED] * 3
+        # One call per policy; the completion rides with the first of them.
+        assert calls.kinds == [["complete", "retry"], ["retry"], ["retry"]]
+
+    async def test_a_fenced_out_outcome_answers_none_and_the_others_settle(self, lm):
+        kept, cleared = await claim(lm, 2)
+        assert await lm.clear_lease(cleared.run_id)
+        calls = CountingCalls(lm)
+        batcher = CompletionBatcher(lm, WORKER)
+        answers = [batcher.submit_outcome(active(kept), SettleKind.CANCEL),
+                   batcher.submit_outcome(active(cleared), SettleKind.FAIL, error={})]
+        async with running(batcher):
+            assert await asyncio.gather(*answers) == [SettleOutcome.CANCELLED, None]
+        assert calls.sizes == [2]

@@ -29,11 +29,14 @@ One worker is a handful of asyncio tasks around the SQL functions:
   (:mod:`._schedules`) registers the application's schedules on start and turns due fire times
   of the deployments served into runs (``fire_due_schedules``, safe with any number of workers),
   sleeping until the next fire time, at most ``schedule_max_sleep``;
-* one **completion task** (:mod:`._settle`) sends the completions of runs that finished
-  together as one ``complete_runs`` call (each row fenced on its own). It never waits to fill a
-  batch: it sends what has queued up by the time the previous call came back, so a lone run is
-  acknowledged as fast as with ``complete_run`` and a burst takes one round trip instead of one
-  per run. An output PostgreSQL cannot store fails that run (not retryable) and never its batch.
+* one **settle task** (:mod:`._settle`) sends the outcomes of runs that ended together
+  (completions, failures, cancels, hand-backs) as one ``settle_runs`` call per scope (each row
+  fenced on its own; retries of differing retry policies in separate calls, as settle_runs takes
+  one). It never waits to fill a batch: it sends what has queued up by the time the previous
+  call came back, so a lone run is settled as fast as with one call of its own and a burst takes
+  one round trip instead of one per run. An output or error document PostgreSQL cannot store
+  fails that run's write (an output: the run fails; an error document: a minimal one is written)
+  and never its batch. A release (an interrupted run) is one ``release_lease`` call.
 
 Every background task is supervised: a crash is logged, counted (``zeroth_worker_errors``) and
 the task restarted. Every path that stops a run ends in a fenced outcome (completed, failed,

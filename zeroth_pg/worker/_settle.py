@@ -2,15 +2,15 @@
 
 :class:`Settler` writes what the worker decided (:mod:`._outcome`): a completion, a failure (with
 its error document, or a minimal one when the database refuses it), a cancel, a hand-back to
-pending, a release. Completions are queued to the :class:`CompletionBatcher`, which sends the
-completions of runs that finished together as one ``complete_runs`` call (each row fenced on its
-own), never waiting to fill a batch; the other outcomes are one fenced call each. Every write
-retries transient failures on the same :class:`Backoff` until the lease deadline known when it
-began, and then gives up (the lease expires and an orphan sweep recovers the run). An output
-PostgreSQL cannot store fails that run and never its batch.
-
-The SQL a settle makes is chosen in two places only, :meth:`CompletionBatcher._send` and
-:meth:`Settler._write`'s callers below: a batched ``settle_runs`` replaces them here.
+pending, a release. Every outcome but a release is queued to the :class:`CompletionBatcher`,
+which sends the outcomes of runs that ended together as one ``settle_runs`` call (each row fenced
+on its own; one call per scope and, for retries, per retry policy, as settle_runs takes one
+policy), never waiting to fill a batch. A batch of completions that carries the next claim goes
+out as ``complete_and_claim`` (one commit for both). A release is one ``release_lease`` call
+(settle_runs has no release). Every write retries transient failures on the same
+:class:`Backoff` until the lease deadline known when it began, and then gives up (the lease
+expires and an orphan sweep recovers the run). A value PostgreSQL cannot store (an output, an
+error document) fails that run's write and never its batch.
 """
 
 from __future__ import annotations
@@ -32,7 +32,15 @@ from zeroth_pg.errors import (
     describe,
 )
 from zeroth_pg.metrics import WorkerMetrics
-from zeroth_pg.types import ClaimedRun, FailOutcome, RetryPolicy, Scope
+from zeroth_pg.types import (
+    ClaimedRun,
+    RetryPolicy,
+    RunSettled,
+    Scope,
+    SettleKind,
+    Settlement,
+    SettleOutcome,
+)
 from zeroth_pg.worker._run import ActiveRun, RunState, StopReason
 
 if TYPE_CHECKING:
@@ -42,7 +50,7 @@ __all__ = ["Backoff", "ClaimAlong", "CompletionBatcher", "Leased", "Settler"]
 
 log = logging.getLogger("zeroth_pg.worker")
 
-#: Runs per complete_runs call at most.
+#: Runs per settle_runs call at most.
 MAX_BATCH = 1000
 
 
@@ -59,7 +67,7 @@ class Leased(Protocol):
 
     @property
     def scope(self) -> Scope:
-        """Where the run lives (complete_runs is called per tenant and workspace)."""
+        """Where the run lives (settle_runs is called per tenant and workspace)."""
         ...
 
     #: Its completion carries a claim into the slot it frees (see :data:`ClaimAlong`).
@@ -91,19 +99,37 @@ class Backoff:
 
 @dataclass
 class _Completion:
+    """One run's outcome waiting in the batcher (a completion, or any other settle_runs kind)."""
+
     entry: Leased
     output: Any
-    # True completed, False refused by the fence, None no answer before the lease deadline; an
-    # exception when the database refused this run's completion itself (a value it cannot store).
-    result: asyncio.Future[bool | None]
+    # A completion: True completed, False refused by the fence, None no answer before the lease
+    # deadline. Another kind: the SettleOutcome, or None (refused, or no answer). An exception
+    # when the database refused this run's write itself (a value it cannot store).
+    result: asyncio.Future[Any]
     # Retries stop here: the lease deadline known when the completion was submitted. Not the
     # entry's own deadline, which its renewals keep moving: a completion that can never land
     # was retried for ever while the lease stayed alive.
     give_up_at: float
+    kind: SettleKind = SettleKind.COMPLETE
+    # A retry's policy (None: the deployment's registered one); one per settle_runs call.
+    policy: RetryPolicy | None = None
+
+    def settlement(self) -> Settlement:
+        run = self.entry.run
+        if self.kind is SettleKind.COMPLETE:
+            return Settlement(run.run_id, run.lease_generation, self.kind, output=self.output)
+        if self.kind in (SettleKind.RETRY, SettleKind.FAIL):
+            return Settlement(run.run_id, run.lease_generation, self.kind, error=self.output)
+        return Settlement(run.run_id, run.lease_generation, self.kind)
+
+    def answer(self, row: RunSettled) -> None:
+        _settle(self.result, row.settled if self.kind is SettleKind.COMPLETE else row.outcome)
 
 
 class CompletionBatcher:
-    """Queues completions and sends them in batches from :meth:`run`."""
+    """Queues the outcomes of runs and sends them in batches (``settle_runs``) from
+    :meth:`run`."""
 
     def __init__(
         self,
@@ -142,6 +168,20 @@ class CompletionBatcher:
         """:meth:`submit`, and wait for the answer."""
         return await self.submit(entry, output)
 
+    def submit_outcome(self, entry: Leased, kind: SettleKind, *, error: Any = None,
+                       policy: RetryPolicy | None = None) -> asyncio.Future[SettleOutcome | None]:
+        """Queue another outcome than a completion (``error``: the document of a retry or a
+        fail; ``policy``: a retry's backoff, None the registered one); the future answers the
+        outcome settled, None when refused or unanswered before the lease deadline (or raises
+        what refused this one run's write, such as an error document the database cannot
+        hold)."""
+        completion = _Completion(entry, error, asyncio.get_running_loop().create_future(),
+                                 entry.deadline, kind,
+                                 policy if kind is SettleKind.RETRY else None)
+        self._queue.append(completion)
+        self._queued.set()
+        return completion.result
+
     async def run(self) -> None:
         """Send the queued completions until cancelled."""
         try:
@@ -155,7 +195,8 @@ class CompletionBatcher:
                 if self._queue:
                     self._queued.set()
                 try:
-                    # complete_runs is scoped: one call per (tenant, workspace) of the batch.
+                    # settle_runs is scoped and takes one retry policy: one call per (tenant,
+                    # workspace, policy of its retries) of the batch.
                     for group in _by_scope(batch):
                         await self._send(group)
                 finally:
@@ -176,29 +217,32 @@ class CompletionBatcher:
         self._retrying.clear()
 
     async def _send(self, batch: list[_Completion], *, on_its_own: bool = False) -> None:
-        """One complete_runs call for the batch, retried on transient failures while some
+        """One settle_runs call for the batch, retried on transient failures while some
         run's lease is still known to be live; a run past its deadline gets None. When the
-        database refuses the batch itself, each run is completed on its own, so one bad value
-        fails its run and never the others."""
-        if (self._claim_along is not None and not on_its_own
-                and any(c.entry.claims_next for c in batch)
-                and await self._send_with_claims(batch)):
-            return
+        database refuses the batch itself, each run is settled on its own, so one bad value
+        fails its run's write and never the others."""
+        if self._claim_along is not None and not on_its_own:
+            completions = [c for c in batch if c.kind is SettleKind.COMPLETE]
+            if (any(c.entry.claims_next for c in completions)
+                    and await self._send_with_claims(completions)):
+                batch = [c for c in batch if c.kind is not SettleKind.COMPLETE]
         backoff = Backoff()
         scope = batch[0].entry.scope if batch else None
+        policy = next((c.policy for c in batch if c.kind is SettleKind.RETRY), None)
         while batch:
             assert scope is not None
             try:
-                rows = await self.lease_manager.complete_runs(
-                    self.worker_id,
-                    [(c.entry.run.run_id, c.entry.run.lease_generation, c.output) for c in batch],
+                rows = await self.lease_manager.settle_runs(
+                    self.worker_id, [c.settlement() for c in batch],
+                    retry_base_seconds=None if policy is None else policy.base_seconds,
+                    retry_max_seconds=None if policy is None else policy.max_seconds,
                     tenant_id=scope.tenant_id, workspace_id=scope.workspace_id)
             except RetryableError as exc:
                 if not on_its_own and getattr(exc, "code", None) == "55P03":
-                    # A run's row is held by another session (complete_runs waits 2 s for a
+                    # A run's row is held by another session (settle_runs waits 2 s for a
                     # row): each run of the batch retries on its own, so only that run waits,
                     # and the loop goes on with later completions.
-                    log.warning("complete_runs waited for a row another session holds; "
+                    log.warning("settle_runs waited for a row another session holds; "
                                 "the batch of %d retries run by run", len(batch))
                     for completion in batch:
                         task = asyncio.create_task(self._send([completion], on_its_own=True))
@@ -206,8 +250,8 @@ class CompletionBatcher:
                         task.add_done_callback(lambda done: self._retrying.pop(done, None))
                     return
                 for completion in [c for c in batch if backoff.gives_up(c.give_up_at)]:
-                    log.error("run %s: giving up its completion after %s; the lease will expire",
-                              completion.entry.run.run_id, exc)
+                    log.error("run %s: giving up its %s after %s; the lease will expire",
+                              completion.entry.run.run_id, completion.kind.value, exc)
                     _settle(completion.result, None)
                 batch = [c for c in batch if not c.result.done()]
                 await backoff.wait()
@@ -217,21 +261,21 @@ class CompletionBatcher:
                     if not batch[0].result.done():  # its waiter may have been cancelled
                         batch[0].result.set_exception(exc)
                     return
-                log.warning("complete_runs refused a batch of %d (%s: %s); completing them one "
+                log.warning("settle_runs refused a batch of %d (%s: %s); settling them one "
                             "by one", len(batch), type(exc).__name__, exc)
                 self._on_batch_refused()
                 for completion in batch:
                     await self._send([completion])
                 return
             for completion, row in zip(batch, rows, strict=True):
-                _settle(completion.result, row.completed)
+                completion.answer(row)
             return
 
     async def _send_with_claims(self, batch: list[_Completion]) -> bool:
-        """One try of the batch with its claims: True when it was answered. Any failure leaves
-        it to the plain path (complete_runs, with its retries and its run-by-run fallback),
-        and the claim to the claim loop: the call was one transaction, so nothing of it stands.
-        """
+        """One try of the batch's completions with its claims: True when it was answered. Any
+        failure leaves them to the plain path (settle_runs, with its retries and its run-by-run
+        fallback), and the claim to the claim loop: the call was one transaction, so nothing of
+        it stands."""
         assert self._claim_along is not None
         try:
             completed = await self._claim_along([(c.entry, c.output) for c in batch])
@@ -247,23 +291,33 @@ class CompletionBatcher:
 
 
 def _by_scope(batch: list[_Completion]) -> list[list[_Completion]]:
-    """The batch split by (tenant, workspace), in order of first appearance."""
-    groups: dict[tuple[str, str | None], list[_Completion]] = {}
+    """The batch split by (tenant, workspace) and, for its retries, by retry policy (settle_runs
+    takes one), each group in the batch's order, the groups in order of first appearance. The
+    other outcomes join the group of their scope's first retry policy: a batch whose retries
+    share one policy is one call per scope."""
+    home: dict[tuple[str, str | None], RetryPolicy | None] = {}
     for completion in batch:
         scope = completion.entry.scope
-        groups.setdefault((scope.tenant_id, scope.workspace_id), []).append(completion)
+        if completion.kind is SettleKind.RETRY:
+            home.setdefault((scope.tenant_id, scope.workspace_id), completion.policy)
+    groups: dict[tuple[str, str | None, RetryPolicy | None], list[_Completion]] = {}
+    for completion in batch:
+        where = (completion.entry.scope.tenant_id, completion.entry.scope.workspace_id)
+        policy = (completion.policy if completion.kind is SettleKind.RETRY
+                  else home.get(where))
+        groups.setdefault((*where, policy), []).append(completion)
     return list(groups.values())
 
 
-def _settle(result: asyncio.Future[bool | None], value: bool | None) -> None:
+def _settle(result: asyncio.Future[Any], value: Any) -> None:
     """Answer a waiting run task, unless it is gone (its task was cancelled with the loop)."""
     if not result.done():
         result.set_result(value)
 
 
-#: zeroth_runs_failed's outcome label of each fail_run outcome (a fixed set of three).
-_FAILED_LABELS = {FailOutcome.RETRY_SCHEDULED: "retried", FailOutcome.FAILED: "failed",
-                  FailOutcome.DEAD_LETTERED: "dead_lettered"}
+#: zeroth_runs_failed's outcome label of each failure outcome (a fixed set of three).
+_FAILED_LABELS = {SettleOutcome.RETRY_SCHEDULED: "retried", SettleOutcome.FAILED: "failed",
+                  SettleOutcome.DEAD_LETTERED: "dead_lettered"}
 
 
 class Settler:
@@ -282,7 +336,7 @@ class Settler:
         self.completions = completions
 
     def complete(self, entry: ActiveRun, output: Any) -> asyncio.Future[bool | None]:
-        """Queue the run's completion for the next complete_runs call; the future answers True
+        """Queue the run's completion for the next settle_runs call; the future answers True
         completed, False refused by the fence, None no answer before the lease deadline (or
         raises what refused this one run's completion)."""
         entry.advance(RunState.COMPLETING)
@@ -294,15 +348,16 @@ class Settler:
         reason = entry.stop_reason
         entry.advance(RunState.SETTLING)
         if reason is StopReason.CANCEL:
-            if await self._write(entry, self._fenced(entry, lm.cancel_run)):
+            if await self.completions.submit_outcome(entry, SettleKind.CANCEL) is not None:
                 log.info("run %s cancelled on request", run.run_id)
             else:
                 self.lease_lost(entry, fenced=True)
         elif reason is StopReason.SHUTDOWN:
             # Every claimed run is running (claim_and_start), started handler or not.
-            handed = await self._write(entry, self._fenced(entry, lm.hand_back_to_pending))
-            log.info("run %s handed back to pending: %s", run.run_id, handed)
+            handed = await self.completions.submit_outcome(entry, SettleKind.HAND_BACK)
+            log.info("run %s handed back to pending: %s", run.run_id, handed is not None)
         elif reason is StopReason.INTERRUPT:
+            # settle_runs has no release: one release_lease call.
             await self._write(entry, self._fenced(entry, lm.release_lease))
         else:  # the lease is gone: nothing may be written
             self.lease_lost(entry, fenced=False)
@@ -317,17 +372,12 @@ class Settler:
         error = described.document(worker_id=self.worker_id,
                                    lease_generation=run.lease_generation)
         retry = self._retries[entry.scope.deployment_ref]
+        kind = SettleKind.RETRY if retryable else SettleKind.FAIL
         entry.advance(RunState.SETTLING)
-
-        def fail(document: dict[str, Any]) -> Callable[[], Awaitable[Any]]:
-            return self._fenced(
-                entry, self.lease_manager.fail_run, error=document, retryable=retryable,
-                retry_base_seconds=None if retry is None else retry.base_seconds,
-                retry_max_seconds=None if retry is None else retry.max_seconds)
-
         try:
-            outcome = await self._write(entry, fail(error))
-        except ZerothError as refused:  # never a RetryableError: _write retries those
+            outcome = await self.completions.submit_outcome(entry, kind, error=error,
+                                                            policy=retry)
+        except ZerothError as refused:  # never a RetryableError: the batcher retries those
             # The document itself was refused (above the database's bound, a value it cannot
             # hold): the same call would be refused every time, and a run left to its lease
             # would be charged an attempt by every recovery. A minimal document instead.
@@ -335,35 +385,35 @@ class Settler:
             code = getattr(refused, "code", None) or refused.sqlstate
             log.warning("run %s: the database refused its error document (%s: %s); writing a "
                         "shorter one", run.run_id, why.type, why.message)
-            outcome = await self._write(entry, fail({
+            outcome = await self.completions.submit_outcome(entry, kind, policy=retry, error={
                 "type": bounded_text(described.type, 200),
                 "message": bounded_text(described.message, 1000),
                 "refused": bounded_text(f"{why.type} ({code}): {why.message}", 1000),
-                "worker_id": self.worker_id, "lease_generation": run.lease_generation}))
+                "worker_id": self.worker_id, "lease_generation": run.lease_generation})
         if outcome is None:
             self.lease_lost(entry, fenced=True)
             return
         self._count_scope(self.metrics.scope_runs_failed, entry.scope)
         self.metrics.runs_failed.labels(entry.scope.deployment_ref,
                                         _FAILED_LABELS.get(outcome, "failed")).inc()
-        if outcome == FailOutcome.DEAD_LETTERED:
+        if outcome == SettleOutcome.DEAD_LETTERED:
             self.metrics.runs_dead_lettered.labels(entry.scope.deployment_ref).inc()
             log.warning("run %s dead-lettered after %d attempts", run.run_id, entry.ctx.attempt)
 
     async def fail_quietly(self, entry: ActiveRun, exc: BaseException) -> None:
-        """Last resort after a worker error: a retryable failure with a minimal error document.
-        If even that cannot be written, the lease expires and claim_orphaned recovers the run,
-        counting the attempt, so a worker bug that always hits ends in a dead letter."""
+        """Last resort after a worker error: a retryable failure with a minimal error document
+        (the deployment's registered retry policy). If even that cannot be written, the lease
+        expires and claim_orphaned recovers the run, counting the attempt, so a worker bug that
+        always hits ends in a dead letter."""
         if not entry.may_settle:
             return
         entry.advance(RunState.SETTLING)
         described = describe(exc)
         try:
-            await self._write(entry, self._fenced(
-                entry, self.lease_manager.fail_run, retryable=True,
-                error={"type": "WorkerError",
-                       "message": bounded_text(f"{described.type}: {described.message}", 1000),
-                       "worker_id": self.worker_id}))
+            await self.completions.submit_outcome(entry, SettleKind.RETRY, error={
+                "type": "WorkerError",
+                "message": bounded_text(f"{described.type}: {described.message}", 1000),
+                "worker_id": self.worker_id})
         except Exception as broken:
             log.error("run %s: could not record the worker error; its lease will expire\n%s",
                       entry.run.run_id, describe(broken).traceback)

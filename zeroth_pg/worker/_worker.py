@@ -51,7 +51,7 @@ class RunWorker:
     ``RunWorker(pool, {"send-email": h1, "resize": h2})`` serves every scope of those
     deployments, and with ``scopes=[(tenant_id, workspace_id), …]`` the listed ones; one claim
     loop (``zeroth.claim_and_start_scopes``: fair shares per scope, by the weights of
-    ``zeroth.scope_limits``), one listener, one renewal task and one completion task for all of
+    ``zeroth.scope_limits``), one listener, one renewal task and one settle task for all of
     them, each run's handler chosen by its deployment.
 
     ``max_concurrency`` is the local cap (runs executing in this process), and
