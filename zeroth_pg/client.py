@@ -637,6 +637,8 @@ class LeaseManager:
         from its status) has outcome None and the SQLSTATE that says why. A retry's backoff:
         ``retry_base_seconds`` / ``retry_max_seconds`` when both are given, else each run's
         deployment's registered policy (``zeroth.deployments``), else 1 / 300 s."""
+        if isinstance(settlements, str) or not isinstance(settlements, Sequence):
+            raise InvalidArgumentError("settlements must be a list of Settlement values")
         items = list(settlements)
         if not all(isinstance(item, Settlement) for item in items):
             raise InvalidArgumentError("settlements must be Settlement values")
@@ -956,7 +958,7 @@ class LeaseManager:
         self, deployment_ref: str, *, max_attempts: int | None = None,
         priority: int | None = None, managed_by: str = "sql",
         retry_base_seconds: float | None = None, retry_max_seconds: float | None = None,
-        lease_seconds: float | None = None, unset: Sequence[str] = (),
+        lease_seconds: float | None = None, unset: Sequence[str] | None = (),
         conn: Executor | None = None,
     ) -> DeploymentRegistration:
         """Set a deployment's defaults as a DBA (``zeroth.set_deployment_defaults``, admin:
@@ -966,9 +968,11 @@ class LeaseManager:
         applications' registrations, ``"app"`` hands them back. Runs enqueued before keep
         their attempts and priority; a retry policy applies from the next failure, a lease
         from the next claim."""
+        if unset is not None and (isinstance(unset, str) or not isinstance(unset, Sequence)):
+            raise InvalidArgumentError("unset must be a list of value names")
         rows = await self._fetch(_calls.SET_DEPLOYMENT_DEFAULTS, deployment_ref, max_attempts,
                                  priority, managed_by, retry_base_seconds, retry_max_seconds,
-                                 lease_seconds, list(unset), conn=conn)
+                                 lease_seconds, list(unset or ()), conn=conn)
         return _registration(rows[0])
 
     async def list_deployments(
