@@ -11,7 +11,8 @@ lease expires exactly when the model says it does. The rules are the public tran
 the public functions of schema zeroth minus NOT_MODELLED, each excluded with its reason): the
 claims (claim_pending, claim_and_start, claim_orphaned, complete_and_claim, admit_run's
 admit-and-own, claim_for_takeover), the holder's ends (complete_run, complete_runs — batches of
-live and stale tickets —, fail_run, pause_run, cancel_run, sleep_run, hand_back, release, the
+live and stale tickets —, settle_runs — mixed batches of completes, retries, fails, cancels and
+hand-backs —, fail_run, pause_run, cancel_run, sleep_run, hand_back, release, the
 waits), events (wait_for_event with a deadline, emit_event, wake_due_waits), child runs
 (start_child_run, wait_for_children; a child's end wakes its waiting parent and a cancel
 cascades to the children, as the triggers do: Model.settle), the admin calls and the clock.
@@ -409,6 +410,11 @@ class Model:
 
     def any_running(self) -> bool:
         return any(r.status == "running" and r.expires is not None and r.expires >= self.now
+                   for r in self.runs.values())
+
+    def any_leased(self) -> bool:
+        """A live lease, of a running run or a claim not started."""
+        return any(r.holder is not None and r.expires is not None and r.expires >= self.now
                    for r in self.runs.values())
 
     def any_lapsed(self) -> bool:
@@ -1653,6 +1659,156 @@ class RunProtocol(RuleBasedStateMachine):
             run.status, run.finished, run.dead_lettered = "failed", True, True
         run.clear_lease()
 
+    # -- settle_runs: a mixed batch of a worker's ends -------------------------------------
+
+    SETTLE_KINDS = st.sampled_from(["complete", "retry", "fail", "cancel", "hand_back"])
+    SETTLE_PAYLOADS = (st.sampled_from([None, '{"done": 1}', "null"]),
+                       st.sampled_from([None, '{"e": 1}']))
+    SETTLE_BATCH = st.lists(st.tuples(HELD, TAMPER, SETTLE_KINDS, *SETTLE_PAYLOADS),
+                            min_size=1, max_size=4)
+    # Kinds for more of the worker's own live leases in the batch's scope (see settle_runs).
+    SETTLE_MINE = st.lists(st.tuples(SETTLE_KINDS, *SETTLE_PAYLOADS), max_size=3)
+
+    def _settle_one(self, ticket: Ticket, kind: str, output: str | None, error: str | None,
+                    policy: tuple[float, float]) -> tuple[str | None, str | None]:
+        """One row of settle_runs in the model: the outcome (or None) and the sqlstate, applied
+        as the single-run call of that kind applies it (complete_run, fail_run, cancel_run,
+        hand_back_to_pending), from the edges of zeroth.run_transitions: a claim not started
+        (pending) may only be cancelled (ZP012 otherwise); a lease that is not the worker's live
+        one of that generation in the call's scope is fenced out (ZP002)."""
+        run = self.model.live(ticket)
+        if run is None:
+            return None, "ZP002"
+        if run.status != "running" and not (run.status == "pending" and kind == "cancel"):
+            return None, "ZP012"
+        if kind == "complete":
+            outcome, ended = "completed", "completed"
+        elif kind == "fail":
+            outcome, ended = "failed", "failed"
+        elif kind == "retry":
+            outcome = "retry_scheduled" if run.attempts < run.max_attempts else "dead_lettered"
+            ended = "failed" if outcome == "retry_scheduled" else "dead_lettered"
+        elif kind == "cancel":
+            outcome = ended = "cancelled"
+        else:  # hand_back: hand_back_to_pending's rule (see that rule)
+            spent = run.hand_backs >= run.max_attempts and run.attempts >= run.max_attempts
+            outcome = ended = "dead_lettered" if spent else "handed_back"
+        self.model.end_attempt(run, ended)
+        self.model.free_slot(ticket)
+        if kind in ("fail", "retry"):
+            run.error = json.loads(error) if error else None
+            run.dead_lettered = outcome == "dead_lettered"
+        if outcome == "completed":
+            run.status, run.finished = "completed", True
+            if output is not None:  # SQL NULL keeps the committed output, JSON null clears it
+                run.output = None if output == "null" else output
+        elif outcome in ("failed", "dead_lettered") and kind != "hand_back":
+            run.status, run.finished = "failed", True
+        elif outcome == "retry_scheduled":
+            run.status, run.finished = "pending", False
+            base, most = policy
+            backoff = timedelta(seconds=min(most, base * 2 ** max(run.attempts - 1, 0)))
+            run_after = self.db.run(self.db.conn.fetchval(
+                """SELECT r.run_after FROM zeroth.runs r WHERE r.tenant_id = $1
+                       AND r.workspace_key = $2 AND r.run_id = $3""", *run.scope.key, run.run_id))
+            now = self.model.now
+            assert now + backoff / 2 - MICROSECOND <= run_after <= now + backoff + MICROSECOND
+            run.run_after = run_after
+        elif outcome == "cancelled":
+            run.status, run.finished, run.cancel_requested = "cancelled", True, True
+            run.cancel_action = run.cancel_action or "cancel"
+        else:  # a hand-back
+            run.hand_backs += 1
+            if outcome == "dead_lettered":
+                previous = {"previous_error": run.error} if run.error is not None else {}
+                run.error = {"stop_reason": "attempts_exhausted", "worker_id": run.holder,
+                             "lease_generation": run.generation, **previous}
+                run.status, run.finished, run.dead_lettered = "failed", True, True
+            else:  # the first max_attempts hand-backs give the attempt back
+                run.status, run.finished = "pending", False
+                if run.hand_backs <= run.max_attempts:  # counted before this one: < max
+                    run.attempts = max(run.attempts - 1, 0)
+        run.clear_lease()
+        return outcome, None
+
+    @precondition(lambda self: self.model.any_leased())
+    @rule(held=SETTLE_BATCH, mine=SETTLE_MINE, repeat=st.sampled_from([False] * 7 + [True]),
+          policy=st.sampled_from([None, None, (0.5, 2.0), (0.0, 0.0)]),
+          misplaced=st.sampled_from([False] * 11 + [True]),
+          lead=st.one_of(st.none(), st.integers(0, 7), st.integers(0, 7)))
+    def settle_runs(self, held: list[tuple[Ticket | int, str | None, str, str | None, str | None]],
+                    mine: list[tuple[str, str | None, str | None]], repeat: bool,
+                    policy: tuple[float, float] | None, misplaced: bool,
+                    lead: int | None) -> None:
+        """settle_runs: a batch named by the worker and scope of the ``lead``-th live lease of the
+        model (a claim or a running run), else of the first ticket (the tickets may be live,
+        stale, another worker's or another scope's), then ``mine``: kinds for up to three
+        more of the runs that worker holds a live lease on in that scope (claims not started
+        among them), as a worker settles what it holds, each with its own kind; an output is
+        given only to a completion and an error only to a retry or fail, unless ``misplaced``
+        (ZP008, nothing changed), and a run named twice is refused whole (ZP008). Each row's
+        outcome and sqlstate, and the runs, slots and attempt history afterwards, as the
+        single-run calls of the same kinds leave them."""
+        batch = [(self.present(ticket, how), kind, output if kind == "complete" else None,
+                  error if kind in ("retry", "fail") else None)
+                 for ticket, how, kind, output, error in held]
+        if not repeat:  # mostly distinct runs; now and then one named twice
+            firsts: dict[UUID, Any] = {}
+            for entry in batch:
+                firsts.setdefault(entry[0].run_id, entry)
+            batch = list(firsts.values())
+        worker_id, scope = batch[0][0].worker_id, batch[0][0].scope
+        # The lead: a running run's holder when lead is even and there is one, else any lease's.
+        leases = sorted((r for r in self.model.runs.values()
+                         if r.holder is not None and r.expires is not None
+                         and r.expires >= self.model.now), key=lambda r: (r.scope.key, r.run_id))
+        running = [r for r in leases if r.status == "running"]
+        pool = running if running and lead is not None and lead % 2 == 0 else leases
+        if lead is not None and pool:
+            first = pool[lead // 2 % len(pool)]
+            worker_id, scope = first.holder or "", first.scope
+        named = {t.run_id for t, _, _, _ in batch}
+        held_live = sorted((r for r in self.model.runs.values()
+                            if r.scope == scope and r.run_id not in named
+                            and self.model.live(Ticket(scope, r.run_id, worker_id, r.generation))),
+                           key=lambda r: r.run_id)
+        batch += [(Ticket(scope, run.run_id, worker_id, run.generation), kind,
+                   output if kind == "complete" else None,
+                   error if kind in ("retry", "fail") else None)
+                  for run, (kind, output, error) in zip(held_live, mine, strict=False)]
+        outputs = [output for _, _, output, _ in batch]
+        errors = [error for _, _, _, error in batch]
+        if misplaced:  # an output for a kind other than complete, or an error for one that
+            _, kind, _, _ = batch[-1]  # is neither retry nor fail
+            if kind == "complete":
+                errors[-1] = '{"e": 1}'
+            else:
+                outputs[-1] = '{"done": 1}'
+        rows = self.call("settle_runs", select="run_id, outcome, sqlstate", scope=scope,
+                         worker_id=worker_id, run_ids=[t.run_id for t, _, _, _ in batch],
+                         generations=[t.generation for t, _, _, _ in batch],
+                         outcomes=[kind for _, kind, _, _ in batch],
+                         outputs=outputs if any(o is not None for o in outputs) else None,
+                         errors=errors if any(e is not None for e in errors) else None,
+                         retry_base_seconds=policy[0] if policy else None,
+                         retry_max_seconds=policy[1] if policy else None)
+        refused = misplaced or len({t.run_id for t, _, _, _ in batch}) < len(batch)
+        if refused:
+            assert rows == Raises("ZP008"), rows
+            self.succeeded(scope, rows, "settle_runs")
+            return
+        assert not isinstance(rows, Raises), rows
+        expected = []
+        for ticket, kind, output, error in batch:
+            outcome, sqlstate = self._settle_one(
+                Ticket(scope, ticket.run_id, worker_id, ticket.generation), kind, output, error,
+                policy or (RETRY_BASE, RETRY_MAX))
+            expected.append((ticket.run_id, outcome, sqlstate))
+            self.figures[f"settle_runs:{kind}:{outcome or sqlstate}"] += 1
+        assert [(r["run_id"], r["outcome"], r["sqlstate"]) for r in rows] == expected, (
+            rows, batch)
+        self.succeeded(scope, any(o is not None for _, o, _ in expected), "settle_runs")
+
     @rule(ticket=tickets, tamper=TAMPER)
     def expire_recovery_lease(self, ticket: Ticket, tamper: str | None) -> None:
         run = self._give_back("expire_recovery_lease", self.present(ticket, tamper), ("running",))
@@ -1847,7 +2003,8 @@ class RunProtocol(RuleBasedStateMachine):
 MODELLED = frozenset({
     "enqueue_run", "claim_pending", "claim_and_start", "claim_orphaned", "complete_and_claim",
     "start_run", "renew_lease", "renew_leases", "commit_fenced", "save_checkpoint",
-    "complete_run", "complete_runs", "fail_run", "pause_run", "cancel_run", "sleep_run",
+    "complete_run", "complete_runs", "settle_runs", "fail_run", "pause_run", "cancel_run",
+    "sleep_run",
     "release_lease", "hand_back_to_pending", "expire_recovery_lease", "clear_lease",
     "request_cancel", "request_cancel_v2", "resume_run", "redrive_run", "claim_for_takeover",
     "wait_for_event", "emit_event", "wake_due_waits", "start_child_run", "wait_for_children",
@@ -1859,9 +2016,6 @@ NOT_MODELLED = {
     "claim_and_start_scopes": "claim_and_start over several scopes (_claim_in_scope)",
     "claim_orphaned_scopes": "claim_orphaned over several scopes (_claim_orphaned)",
     "enqueue_runs": "enqueue_run for a batch",
-    "settle_runs": "complete_run / fail_run / cancel_run / hand_back_to_pending for a mixed "
-                   "batch (zeroth._settle, the body of those modelled calls; "
-                   "tests/sql/test_settle_runs.py)",
     "reconcile_thread_runs": "claim_for_takeover's _take_over over a scope's thread runs",
     # Writes that change no status nor lease (tests/sql cover their fences).
     "get_step": "a step read (no status or lease change)",
@@ -2049,6 +2203,34 @@ def test_scripted_walks_match_model(database_dsn: str) -> None:
         assert walk.run(RunRef(owned.scope, owned.run_id)).status == "failed"
         walk.claim_for_takeover(RunRef(other.scope, other.run_id), None, 10)
         assert walk.run(RunRef(other.scope, other.run_id)).status == "failed"
+        walk.state.teardown()
+
+        # settle_runs' rarer rows: a retry with no attempt left dead-letters; a hand-back gives
+        # the attempt back, the next one with none left dead-letters; a claim not started only
+        # cancels (ZP012 for the rest); a lease already settled is fenced out (ZP002).
+        walk = Walk(db)
+        spent = walk.enqueue(SCOPES[0], "d1", 0, 0, 1, None, None)
+        handed = walk.enqueue(SCOPES[0], "d2", 0, 0, 1, None, None)
+        retried = walk_claim(walk, spent)
+        held = walk_claim(walk, handed)
+        claimed = walk.enqueue(SCOPES[0], "d1", 0, 0, 2, None, None)
+        (unstarted,) = walk.claim_pending(claimed, SCOPES[0], "d1", "wa", None, 1, 30, False)
+        walk.settle_runs([(retried, None, "retry", None, '{"e": 1}'),
+                          (held, None, "hand_back", None, None),
+                          (unstarted, None, "complete", '{"done": 1}', None)],
+                         [], False, None, False, None)
+        assert (walk.run(spent).status, walk.run(spent).dead_lettered) == ("failed", True)
+        assert walk.run(handed).status == walk.run(claimed).status == "pending"
+        walk.settle_runs([(walk_claim(walk, handed), None, "hand_back", None, None),
+                          (unstarted, None, "cancel", None, None),
+                          (retried, None, "complete", None, None)],
+                         [], False, (0.5, 2.0), False, None)
+        assert (walk.run(handed).status, walk.run(handed).dead_lettered) == ("failed", True)
+        assert walk.run(claimed).status == "cancelled"
+        assert {k for k in RunProtocol.figures if k.startswith("settle_runs:")} >= {
+            "settle_runs:retry:dead_lettered", "settle_runs:hand_back:handed_back",
+            "settle_runs:complete:ZP012", "settle_runs:hand_back:dead_lettered",
+            "settle_runs:cancel:cancelled", "settle_runs:complete:ZP002"}
         walk.state.teardown()
     finally:
         db.close()
