@@ -14,19 +14,21 @@ import asyncio
 import itertools
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
 import asyncpg
 import pytest
+import worker_probes
 from helpers import metric, unique_deployment, wait_until
 
 from zeroth_pg.client import LeaseManager
 from zeroth_pg.errors import ConnectionLostError, LeaseLostError, NonRetryableError
 from zeroth_pg.types import CancelOutcome, RetryPolicy
 from zeroth_pg.worker import RunContext, RunWorker
+
+spawn_worker = worker_probes.spawn_worker  # the fixture: workers drained at teardown
 
 FOREVER = 3600.0
 
@@ -64,31 +66,6 @@ async def _checkpoints(pool: asyncpg.Pool, run_id: UUID) -> list[asyncpg.Record]
         """SELECT k.checkpoint_id, k.lease_generation, k.data::text AS data
              FROM zeroth.checkpoints k WHERE k.run_id = $1 ORDER BY k.checkpoint_order""",
         run_id)
-
-
-@pytest.fixture
-async def spawn_worker(pool: asyncpg.Pool,
-                       database_dsn: str) -> AsyncIterator[Callable[..., Awaitable[RunWorker]]]:
-    """Start a RunWorker in this loop; every worker is drained at teardown."""
-    workers: list[RunWorker] = []
-
-    async def spawn(deployment: str, handler: Callable[[RunContext], Awaitable[Any]],
-                    *, start: bool = True, **kwargs: Any) -> RunWorker:
-        kwargs.setdefault("dsn", database_dsn)
-        kwargs.setdefault("lease_duration", 30.0)
-        kwargs.setdefault("shutdown_timeout", 2.0)
-        kwargs.setdefault("orphan_sweep_interval", 60.0)
-        worker = RunWorker(pool, deployment, handler, **kwargs)
-        workers.append(worker)
-        if start:
-            await worker.start()
-        return worker
-
-    try:
-        yield spawn
-    finally:
-        for worker in workers:
-            await asyncio.wait_for(worker.graceful_shutdown(), timeout=30)
 
 
 async def test_returned_value_completes_the_run_with_its_output(pool, spawn_worker):
