@@ -72,8 +72,9 @@ class Monitor:
                     if conn is None or conn.is_closed():
                         conn = await asyncpg.connect(self.dsn, timeout=5)
                     self.samples.append(await self._sample(conn))
-                except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError,
-                        TimeoutError) as exc:
+                except Exception as exc:
+                    # Any failure of a sample is data, not the end of the cell: a restart can
+                    # leave asyncpg mid-operation (InternalClientError, no InterfaceError).
                     self.samples.append({"t": self._now(), "error": str(exc)[:200]})
                     if conn is not None:
                         conn.terminate()
