@@ -52,6 +52,8 @@ CREATE OR REPLACE FUNCTION zeroth._lease_locked_runs(
     SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_count integer;
+    -- Above every generation an earlier WAL timeline handed out (internal/generations.sql).
+    v_floor bigint := zeroth._generation_floor();
 BEGIN
     RETURN QUERY
     -- Each row finds its place in run_ids (its slot, its position in the answer) by
@@ -65,7 +67,7 @@ BEGIN
            SET lease_worker_id = _lease_locked_runs.worker_id,
                lease_acquired_at = _lease_locked_runs.at,
                lease_expires_at = _lease_locked_runs.at + _lease_locked_runs.lease,
-               lease_generation = r.lease_generation + 1,
+               lease_generation = greatest(r.lease_generation + 1, v_floor + 1),
                admission_slot = _lease_locked_runs.slots[
                                     array_position(_lease_locked_runs.run_ids, r.run_id)],
                recovery_checkpoint_id = CASE WHEN r.checkpoint_seq > 0
