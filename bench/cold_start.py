@@ -421,6 +421,48 @@ async def _dirty_phase(server: Server, dirty: bool, dead: int, n: int) -> dict[s
         await asyncio.to_thread(server.drop, z.label)
 
 
+#: The peers of the dirty-table scenario: each drains the same n jobs at concurrency
+#: DIRTY_LOOPS, clean and with its own queue table made dirty the same way (its throughput
+#: against its own clean run is what compares; their claim latency is not observable).
+DIRTY_PEERS = ("zeroth-worker", "pgqueuer", "procrastinate")
+
+
+async def _dirty_peer_phase(server: Server, name: str, dirty: bool, dead: int, n: int
+                            ) -> dict[str, Any]:
+    """One system's drain of n jobs at DIRTY_LOOPS, on a fresh database; dirty: a session
+    pins the xmin horizon, then ``dead`` jobs are enqueued through the system's own path and
+    deleted (dead row versions and index entries in its queue table) before the n jobs."""
+    system: Any = (Zeroth(server) if name == "zeroth-worker"
+                   else PgQueuer(server) if name == "pgqueuer" else Procrastinate(server))
+    system.label = f"dirty_{name.replace('-', '_')}{int(dirty)}"
+    await system.setup()
+    holder: asyncpg.Connection | None = None
+    table = TABLES[name][0]
+    try:
+        if dirty:
+            holder = await asyncpg.connect(system.dsn)
+            await holder.execute("BEGIN")
+            await holder.fetchval("SELECT txid_current()")  # pins the xmin horizon
+            await system.enqueue(dead)
+            await system.conn.execute(f"DELETE FROM {table}")
+        await system.enqueue(n)
+        found = (await system.conn.fetchval(
+            "SELECT dead_tuple_count FROM pgstattuple($1::regclass)", table)
+            if await _has_pgstattuple(system.conn) else None)
+        if name == "zeroth-worker":
+            elapsed = await system.drain_worker(n, concurrency=DIRTY_LOOPS)
+        elif name == "pgqueuer":  # its best batch at c = 8 in the throughput scenario
+            elapsed = await system.drain(n, concurrency=DIRTY_LOOPS, batch=4)
+        else:
+            elapsed = await system.drain(n, concurrency=DIRTY_LOOPS)
+        return {"rate": n / elapsed, "dead": found}
+    finally:
+        if holder is not None:
+            await holder.close()
+        await system.close()
+        await asyncio.to_thread(server.drop, system.label)
+
+
 async def _has_pgstattuple(conn: asyncpg.Connection) -> bool:
     try:
         await conn.execute("CREATE EXTENSION IF NOT EXISTS pgstattuple")
@@ -437,6 +479,8 @@ async def dirty_table(cfg: Config, s: Any) -> ScenarioReport:
                          f"({n:,} runs, {DIRTY_LOOPS} claim loops)")
     lines = ["| server | table | runs/s | claim p50 / p99 ms | dead tuples (pgstattuple) | "
              "autovacuums / autoanalyzes of zeroth.runs |", "|---|---|---|---|---|---|"]
+    peer_lines = ["| server | system | table | runs/s | dead tuples in its queue table |",
+                  "|---|---|---|---|---|"]
     # The smoke (--quick): the bench's own server only (the code path is the same).
     for version, server, why in await s.versions(stock=not cfg.quick):
         if server is None:
@@ -453,6 +497,29 @@ async def dirty_table(cfg: Config, s: Any) -> ScenarioReport:
             rep.results.append(Result(rep.name, "zeroth-lease", "throughput", "runs/s",
                                       (phase["rate"],), {"version": version, "dirty": dirty},
                                       extra=phase))
+        # The smoke (--quick) runs the peer phase's code path once, with one peer.
+        for name in (DIRTY_PEERS[1:2] if cfg.quick else DIRTY_PEERS):
+            rates = {}
+            for dirty in (False, True):
+                try:
+                    phase = await _dirty_peer_phase(server, name, dirty, dead, n)
+                except Exception as exc:  # a peer's failure costs its row, not the scenario
+                    if name == "zeroth-worker":
+                        raise
+                    why = f"{type(exc).__name__}: {str(exc)[:200]}"
+                    rep.notes.append(f"PostgreSQL {version}, dirty table, {name} failed: {why}")
+                    break
+                rates[dirty] = phase["rate"]
+                peer_lines.append(f"| {version} | {name} | {'dirty' if dirty else 'clean'} | "
+                                  f"{phase['rate']:.0f} | {phase['dead']} |")
+                print(peer_lines[-1], flush=True)
+                rep.results.append(Result(rep.name, name, "throughput", "runs/s",
+                                          (phase["rate"],), {"version": version, "dirty": dirty},
+                                          extra=phase))
+            if len(rates) == 2 and rates[False]:
+                peer_lines.append(f"| {version} | {name} | dirty ÷ clean | "
+                                  f"{rates[True] / rates[False]:.2f} | |")
+                print(peer_lines[-1], flush=True)
         clean, dirty_ = phases[False], phases[True]
         p99_ratio = dirty_["p99"] / clean["p99"] if clean["p99"] else float("inf")
         rate_ratio = dirty_["rate"] / clean["rate"] if clean["rate"] else 0.0
@@ -463,6 +530,12 @@ async def dirty_table(cfg: Config, s: Any) -> ScenarioReport:
                                   f"{rate_ratio:.2f} ({dirty_['rate']:.0f} vs "
                                   f"{clean['rate']:.0f} runs/s)", rate_ratio >= 0.7))
     rep.tables.append("\n".join(lines))
+    rep.tables.append("\n".join(peer_lines))
+    rep.notes.append(
+        f"The second table: each system drains the same {n:,} jobs at concurrency "
+        f"{DIRTY_LOOPS} (the zeroth_pg worker; pgqueuer with batch 4; procrastinate), clean and "
+        f"with its own queue table made dirty the same way ({dead:,} jobs enqueued through its "
+        "own path and deleted while a session pins the horizon): each against its own clean run.")
     rep.notes.append(
         f"Each phase on a fresh migrated database (no VACUUM or ANALYZE by the bench). Dirty: a "
         "second session runs BEGIN; SELECT txid_current() and stays idle in its transaction for "
