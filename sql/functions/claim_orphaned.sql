@@ -17,7 +17,9 @@ CREATE OR REPLACE FUNCTION zeroth._claim_orphaned(
     SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_now    timestamptz := zeroth._now();
-    v_lease  interval := zeroth._deployment_lease(_claim_orphaned.deployment_ref, _claim_orphaned.lease_seconds);
+    -- The lease and the deployment's timeouts, one registry probe (issue 34 item 2).
+    v_policy record := zeroth._deployment_claim_policy(_claim_orphaned.deployment_ref, _claim_orphaned.lease_seconds);
+    v_lease  interval := v_policy.lease;
     v_grace  interval := zeroth._grace_interval(_claim_orphaned.grace_seconds);
     v_tenant text := zeroth._scope_tenant(_claim_orphaned.tenant_id, _claim_orphaned.workspace_id);
     v_wskey  text := zeroth._workspace_key(_claim_orphaned.workspace_id);
@@ -36,6 +38,7 @@ DECLARE
     v_paused boolean;
     v_rate   text;
     v_taken  record;
+    v_late   uuid[];
 BEGIN
     PERFORM zeroth._require_identifier(_claim_orphaned.deployment_ref, 'deployment_ref');
     PERFORM zeroth._require_identifier(_claim_orphaned.worker_id, 'worker_id');
@@ -50,6 +53,25 @@ BEGIN
     SELECT l.max_concurrency, l.paused, l.rate_limit INTO v_limit, v_paused, v_rate
       FROM zeroth._scope_limit(v_tenant, v_wskey, _claim_orphaned.deployment_ref,
                                _claim_orphaned.max_concurrency) AS l;
+
+    -- 0. The runs past a deadline (issue 34 item 2) end first, whatever else is true of them: a
+    --    lease that lapsed at its attempt deadline (timed out: retried or dead-lettered by the
+    --    retry policy), or a run past its run deadline (failed for good). Each SKIP LOCKED and
+    --    re-checked inside zeroth._end_timed_out, settled through zeroth._settle. A run of a
+    --    deployment with no timeout never matches (its deadlines are NULL).
+    v_late := ARRAY(SELECT r.run_id
+                      FROM zeroth.runs r
+                     WHERE r.tenant_id = v_tenant
+                       AND r.workspace_key = v_wskey
+                       AND r.deployment_ref = _claim_orphaned.deployment_ref
+                       AND r.status = 'running'
+                       AND r.lease_expires_at < v_now
+                       AND (r.lease_expires_at >= r.attempt_deadline_at OR r.run_deadline_at <= v_now)
+                     ORDER BY r.lease_expires_at
+                     LIMIT coalesce(nullif(_claim_orphaned.claim_limit, 0), 100));
+    FOR v_i IN 1 .. cardinality(v_late) LOOP
+        PERFORM zeroth._end_timed_out(v_tenant, v_wskey, v_late[v_i], v_now);
+    END LOOP;
 
     -- 1. The orphans nobody may resume end here (each SKIP LOCKED inside _take_over). Isolated:
     --    all in one subtransaction; if one of them raises, that is rolled
@@ -69,6 +91,8 @@ BEGIN
                AND r.status = 'running'
                AND ((r.resumable AND r.attempts >= r.max_attempts AND r.lease_expires_at < v_now)
                     OR (NOT r.resumable AND r.lease_expires_at + v_grace < v_now))
+               -- past a deadline: step 0's (a row it skipped as locked: the next pass)
+               AND NOT coalesce(r.lease_expires_at >= r.attempt_deadline_at OR r.run_deadline_at <= v_now, false)
              ORDER BY r.lease_expires_at
              LIMIT coalesce(nullif(_claim_orphaned.claim_limit, 0), 100)) AS o;
     IF cardinality(v_ends) > 0 AND NOT _claim_orphaned.isolated THEN
@@ -162,6 +186,8 @@ BEGIN
            AND r.lease_expires_at < v_now
            AND r.resumable
            AND r.attempts < r.max_attempts
+           -- never re-lease a run past a deadline (step 0 ends it; issue 34 item 2)
+           AND NOT coalesce(r.lease_expires_at >= r.attempt_deadline_at OR r.run_deadline_at <= v_now, false)
          ORDER BY r.lease_expires_at, r.started_at
          LIMIT v_want
            FOR UPDATE SKIP LOCKED
@@ -179,13 +205,13 @@ BEGIN
     IF cardinality(v_ids) = 0 OR NOT _claim_orphaned.isolated THEN
         RETURN QUERY SELECT * FROM zeroth._lease_locked_runs(
             v_tenant, v_wskey, v_ids, v_tids, v_slots, _claim_orphaned.worker_id, v_now, v_lease, v_active,
-            v_limit, false);
+            v_limit, false, v_policy.attempt_timeout_seconds, v_policy.run_timeout_seconds);
         RETURN;
     END IF;
     BEGIN
         v_rows := ARRAY(SELECT c FROM zeroth._lease_locked_runs(
             v_tenant, v_wskey, v_ids, v_tids, v_slots, _claim_orphaned.worker_id, v_now, v_lease, v_active,
-            v_limit, false) AS c);
+            v_limit, false, v_policy.attempt_timeout_seconds, v_policy.run_timeout_seconds) AS c);
     EXCEPTION WHEN OTHERS THEN
         IF zeroth._transient_sqlstate(SQLSTATE) AND NOT zeroth._lock_timed_out(SQLSTATE) THEN
             RAISE;
@@ -195,7 +221,8 @@ BEGIN
             BEGIN
                 v_rows := v_rows || ARRAY(SELECT c FROM zeroth._lease_locked_runs(
                     v_tenant, v_wskey, ARRAY[v_ids[v_i]], v_tids[v_i:v_i], v_slots[v_i:v_i], _claim_orphaned.worker_id,
-                    v_now, v_lease, v_active, v_limit, false) AS c WHERE c.run_id IS NOT NULL);
+                    v_now, v_lease, v_active, v_limit, false, v_policy.attempt_timeout_seconds,
+                    v_policy.run_timeout_seconds) AS c WHERE c.run_id IS NOT NULL);
             EXCEPTION WHEN OTHERS THEN
                 GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_msg = MESSAGE_TEXT;
                 IF zeroth._lock_timed_out(v_state) THEN
@@ -220,6 +247,10 @@ ALTER FUNCTION zeroth._claim_orphaned(text, text, text, text, integer, integer, 
 REVOKE ALL ON FUNCTION zeroth._claim_orphaned(text, text, text, text, integer, integer, double precision, double precision, boolean) FROM PUBLIC;
 
 -- claim_orphaned: recover running runs whose lease expired (crashed or stalled owners).
+--   0. First it ends the runs past a deadline (issue 34 item 2): a lease that lapsed at its
+--      attempt deadline → timed out (pending with backoff, or dead-lettered with no attempt left;
+--      stop_reason attempt_timeout), a run past its run deadline → failed (stop_reason
+--      run_timeout), through zeroth._settle as of the lapse (zeroth._end_timed_out).
 --   1. First it ends, at most claim_limit (or 100) of them, the orphans nobody may resume, as
 --      claim_for_takeover would: a resumable run out of attempts is dead-lettered (stop_reason
 --      attempts_exhausted), a non-resumable run whose lease expired more than grace_seconds ago
@@ -263,7 +294,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION zeroth.claim_orphaned(text, text, text, text, integer, integer, double precision, double precision) IS
-'claim_orphaned: recover running runs whose lease expired. First ends the ones nobody may resume (resumable but out of attempts → failed + dead-lettered, stop_reason attempts_exhausted; not resumable and expired more than grace_seconds ago → failed, stop_reason orphan_recovered; cancel requested → cancelled), then re-leases resumable ones with attempts left: new generation, attempt counted, recovery_checkpoint_id = latest checkpoint. claim_limit bounds the batch (0: end only, re-lease nothing). The scope''s zeroth.scope_limits row applies: its max_concurrency replaces the argument; paused re-leases nothing; its rate_limit key caps the re-leases (rolling window). A run whose end or re-lease raises is rolled back alone and dead-lettered (stop_reason recovery_failed), so one bad run never stops the others'' recovery. Runs under lock_timeout 2 s: a run whose recovery waits longer for a lock (a row someone holds in an open transaction) is left as it was, with a WARNING, for the next pass, and the others are recovered. A single run_id-NULL row reports saturation (an orphan is waiting but no slot is free), a rate limit holding it back (retry_at: when a start becomes possible) or a definitive empty scan. SKIP LOCKED throughout. lease_seconds NULL (the default): the deployment''s registered lease (zeroth.deployments.lease_seconds: a DBA''s, or this login''s own registration), else 60 s. Raises ZP006, ZP008. Notifies zeroth_wakeup for the runs it ended. Time: clock_timestamp().';
+'claim_orphaned: recover running runs whose lease expired. First ends the runs past a deadline (a lease that lapsed at its attempt deadline: timed out, retried with backoff or dead-lettered by the retry policy, stop_reason attempt_timeout; past the run deadline: failed, stop_reason run_timeout; both as of the lapse, through the settle path), then the ones nobody may resume (resumable but out of attempts → failed + dead-lettered, stop_reason attempts_exhausted; not resumable and expired more than grace_seconds ago → failed, stop_reason orphan_recovered; cancel requested → cancelled), then re-leases resumable ones with attempts left: new generation, attempt counted, recovery_checkpoint_id = latest checkpoint. claim_limit bounds the batch (0: end only, re-lease nothing). The scope''s zeroth.scope_limits row applies: its max_concurrency replaces the argument; paused re-leases nothing; its rate_limit key caps the re-leases (rolling window). A run whose end or re-lease raises is rolled back alone and dead-lettered (stop_reason recovery_failed), so one bad run never stops the others'' recovery. Runs under lock_timeout 2 s: a run whose recovery waits longer for a lock (a row someone holds in an open transaction) is left as it was, with a WARNING, for the next pass, and the others are recovered. A single run_id-NULL row reports saturation (an orphan is waiting but no slot is free), a rate limit holding it back (retry_at: when a start becomes possible) or a definitive empty scan. SKIP LOCKED throughout. lease_seconds NULL (the default): the deployment''s registered lease (zeroth.deployments.lease_seconds: a DBA''s, or this login''s own registration), else 60 s. Raises ZP006, ZP008. Notifies zeroth_wakeup for the runs it ended. Time: clock_timestamp().';
 ALTER FUNCTION zeroth.claim_orphaned(text, text, text, text, integer, integer, double precision, double precision) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.claim_orphaned(text, text, text, text, integer, integer, double precision, double precision) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.claim_orphaned(text, text, text, text, integer, integer, double precision, double precision) TO zeroth_worker;
