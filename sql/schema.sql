@@ -99,7 +99,8 @@ CREATE TYPE zeroth.claimed_run AS (
 	concurrency_limit integer,
 	retry_at timestamp with time zone,
 	retry_after double precision,
-	deadline_at timestamp with time zone
+	deadline_at timestamp with time zone,
+	deadline_in double precision
 );
 
 ALTER TYPE zeroth.claimed_run OWNER TO zeroth_owner;
@@ -147,7 +148,9 @@ CREATE TYPE zeroth.enqueue_item AS (
 	metadata jsonb,
 	run_id uuid,
 	thread_id text,
-	new_run_id uuid
+	new_run_id uuid,
+	attempt_timeout_seconds double precision,
+	run_timeout_seconds double precision
 );
 
 ALTER TYPE zeroth.enqueue_item OWNER TO zeroth_owner;
@@ -240,7 +243,8 @@ CREATE TYPE zeroth.scope_claimed_run AS (
 	concurrency_limit integer,
 	retry_at timestamp with time zone,
 	retry_after double precision,
-	deadline_at timestamp with time zone
+	deadline_at timestamp with time zone,
+	deadline_in double precision
 );
 
 ALTER TYPE zeroth.scope_claimed_run OWNER TO zeroth_owner;

@@ -60,10 +60,20 @@ COMMENT ON COLUMN zeroth.runs.attempt_deadline_at IS 'The current (or last) atte
 COMMENT ON COLUMN zeroth.runs.run_deadline_at IS 'The run''s deadline on the database clock, fixed by its first claim (claim time + the run timeout) and kept by every later one; past it the run is failed for good (stop_reason run_timeout). NULL: no bound. redrive_run clears it.';
 
 -- The claim's answer carries the deadline the worker stops its handler at (the earlier of the
--- attempt's and the run's; NULL: none); the renewal's answer says why a renewal was refused.
-ALTER TYPE zeroth.claimed_run ADD ATTRIBUTE deadline_at timestamptz;
-ALTER TYPE zeroth.scope_claimed_run ADD ATTRIBUTE deadline_at timestamptz;
+-- attempt's and the run's; NULL: none) and the seconds from the claim's database time to it
+-- (deadline_in: a worker measures it on its own monotonic clock, whatever its wall clock says);
+-- the renewal's answer says why a renewal was refused.
+ALTER TYPE zeroth.claimed_run
+    ADD ATTRIBUTE deadline_at timestamptz,
+    ADD ATTRIBUTE deadline_in double precision;
+ALTER TYPE zeroth.scope_claimed_run
+    ADD ATTRIBUTE deadline_at timestamptz,
+    ADD ATTRIBUTE deadline_in double precision;
 ALTER TYPE zeroth.lease_renewal ADD ATTRIBUTE sqlstate text;
+-- An enqueue_runs item may carry the run's own timeouts.
+ALTER TYPE zeroth.enqueue_item
+    ADD ATTRIBUTE attempt_timeout_seconds double precision,
+    ADD ATTRIBUTE run_timeout_seconds     double precision;
 COMMENT ON TYPE zeroth.lease_renewal IS 'Result row of renew_leases: one per requested (run_id, generation); sqlstate ZP013 when the lease was not renewed because the attempt''s or the run''s deadline passed (since 0021), else NULL.';
 
 -- An attempt ended by its deadline is recorded as such in the attempt history.

@@ -19,7 +19,7 @@ CREATE OR REPLACE FUNCTION zeroth._claim_marker(active_count integer, saturated 
     RETURNS zeroth.claimed_run
     LANGUAGE sql IMMUTABLE
     RETURN ROW(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-               active_count, saturated, concurrency_limit, NULL, NULL, NULL)::zeroth.claimed_run;
+               active_count, saturated, concurrency_limit, NULL, NULL, NULL, NULL)::zeroth.claimed_run;
 COMMENT ON FUNCTION zeroth._claim_marker(integer, boolean, integer) IS 'Internal: the run_id-NULL row a claim returns when it claimed nothing, carrying the saturation it saw.';
 ALTER FUNCTION zeroth._claim_marker(integer, boolean, integer) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._claim_marker(integer, boolean, integer) FROM PUBLIC;
@@ -114,7 +114,9 @@ BEGIN
            c.priority, c.thread_id, c.idempotency_key, c.payload, c.metadata, c.recovery_checkpoint_id,
            k.data, c.cancel_requested_at IS NOT NULL, _lease_locked_runs.active_count,
            false, _lease_locked_runs.concurrency_limit, NULL::timestamptz,
-           NULL::double precision, least(c.attempt_deadline_at, c.run_deadline_at)
+           NULL::double precision, least(c.attempt_deadline_at, c.run_deadline_at),
+           extract(epoch FROM least(c.attempt_deadline_at, c.run_deadline_at)
+                              - _lease_locked_runs.at)::double precision
       FROM claimed c
       LEFT JOIN zeroth.checkpoints k ON k.tenant_id = c.tenant_id AND k.workspace_key = c.workspace_key
                                      AND k.checkpoint_id = c.recovery_checkpoint_id
