@@ -254,6 +254,20 @@ class TestTheHolderSettlesItsTimeout:
         assert settled["outcome"] == "run_timed_out"
         assert (await run_row(conn, lease.run_id))["status"] == "failed"
 
+    async def test_a_timeout_stopped_at_the_run_deadline_ends_the_run_before_it_passes(self,
+                                                                                     conn):
+        await set_timeouts(conn, 30, 20)  # the run's deadline (20) comes first
+        lease = await make_run(conn, "running")
+        settled = await self.settle(conn, lease, 19.5)
+        assert settled["outcome"] == "run_timed_out"
+        assert error_of(await run_row(conn, lease.run_id))["stop_reason"] == "run_timeout"
+
+    async def test_an_attempt_deadline_before_the_run_deadline_is_retried(self, conn):
+        await set_timeouts(conn, 10, 20)
+        lease = await make_run(conn, "running")
+        settled = await self.settle(conn, lease, 9.5)
+        assert settled["outcome"] == "timed_out"
+
     async def test_a_timeout_after_the_lease_lapsed_is_fenced_out(self, conn):
         await set_timeouts(conn, 30)
         lease = await make_run(conn, "running")

@@ -46,7 +46,8 @@ _SCOPE_SCHEDULES = """SELECT s.name, s.cron, s.interval_seconds, s.next_fire_at,
 
 # A deployment's defaults (global: every scope's runs of it), a table zeroth_reader may read.
 _DEFAULTS = """SELECT d.max_attempts, d.priority, d.managed_by, d.version, d.updated_at,
-           d.updated_by, d.retry_base_seconds, d.retry_max_seconds, d.lease_seconds
+           d.updated_by, d.retry_base_seconds, d.retry_max_seconds, d.lease_seconds,
+           d.attempt_timeout_seconds, d.run_timeout_seconds
       FROM zeroth.deployments d WHERE d.deployment_ref = $1"""
 
 _OPS = ("pause", "resume", "limits")

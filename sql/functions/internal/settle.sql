@@ -77,8 +77,9 @@ REVOKE ALL ON FUNCTION zeroth._lock_settle(text, text, text, uuid[], bigint[]) F
 --   release, expire (expire_recovery_lease), sleep (run_afters[i]: T; payloads[i]: a checkpoint
 --   to number), pause and wait (reasons[i]: the wait_reason; a wait yields to a cancel request),
 --   timeout (issue 34 item 2: the attempt's deadline passed — retried with backoff as retry, or
---   dead-lettered with no attempt left; past the run's deadline (at >= run_deadline_at) the run
---   fails for good: run_timed_out) and run_timeout (run_timed_out whatever the clock: the orphan
+--   dead-lettered with no attempt left; past the run's deadline (at >= run_deadline_at), or when
+--   that is the deadline the holder stopped at (no later than the attempt's), the run fails for
+--   good: run_timed_out) and run_timeout (run_timed_out whatever the clock: the orphan
 --   sweep's end of a run past its run deadline), both with error {stop_reason attempt_timeout |
 --   run_timeout} (payloads[i], the holder's error, kept as its previous error).
 -- The kind and the locked row decide the outcome (completed, retried, failed, dead_lettered,
@@ -135,7 +136,8 @@ BEGIN
         SELECT r.run_id, r.lease_generation, r.status, r.attempts, r.max_attempts, r.hand_backs,
                r.cancel_requested_at, r.lease_acquired_at, r.started_at,
                r.attempt_recorded_generation AS old_mark,
-               r.run_deadline_at  -- issue 34 item 2: a timeout past it ends the run
+               -- issue 34 item 2: a timeout at the run's deadline ends the run
+               r.run_deadline_at, r.attempt_deadline_at
           FROM zeroth.runs r
          WHERE r.ctid = ANY (_settle.run_rows)
            AND (r.tenant_id, r.workspace_key) IS NOT DISTINCT FROM
@@ -147,8 +149,12 @@ BEGIN
                h.status AS from_status, h.attempts, h.lease_acquired_at, h.started_at, h.old_mark,
                CASE q.kind
                    -- issue 34 item 2: an attempt timeout retries as retry does, unless the run's
-                   -- own deadline has passed too.
-                   WHEN 'timeout' THEN CASE WHEN h.run_deadline_at <= _settle.at THEN 'run_timed_out'
+                   -- own deadline has passed too, or is the one the holder stopped at (it comes
+                   -- no later than the attempt's).
+                   WHEN 'timeout' THEN CASE WHEN h.run_deadline_at <= _settle.at
+                                              OR h.run_deadline_at <= coalesce(h.attempt_deadline_at,
+                                                                               'infinity')
+                                            THEN 'run_timed_out'
                                             WHEN h.attempts < h.max_attempts THEN 'timed_out'
                                             ELSE 'dead_lettered' END
                    WHEN 'run_timeout' THEN 'run_timed_out'
