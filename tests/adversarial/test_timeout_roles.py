@@ -45,7 +45,8 @@ async def claimed(worker: asyncpg.Connection, worker_id: str = "w1") -> asyncpg.
         """SELECT run_id, lease_generation, lease_expires_at, deadline_at, deadline_in
              FROM zeroth.claim_and_start(deployment_ref => $1, worker_id => $2,
                                          lease_seconds => 60)""", DEPLOYMENT, worker_id)
-    assert row is not None and row["run_id"] is not None
+    assert row is not None
+    assert row["run_id"] is not None
     return row
 
 
@@ -62,7 +63,8 @@ class TestWorker:
                             "attempt_timeout_seconds => 30)", DEPLOYMENT)
         worker = await login("worker")
         run = await claimed(worker)
-        assert run["deadline_at"] is not None and run["lease_expires_at"] == run["deadline_at"]
+        assert run["deadline_at"] is not None
+        assert run["lease_expires_at"] == run["deadline_at"]
         assert 29 < run["deadline_in"] <= 30
         assert await worker.fetchval(
             """SELECT zeroth.renew_lease(run_id => $1, worker_id => 'w1', generation => $2,
@@ -116,7 +118,8 @@ class TestWorker:
         theirs = await claimed(other, "w2")
         assert (theirs["deadline_at"], theirs["deadline_in"]) == (None, None)
         mine = await claimed(first, "w1")
-        assert mine["deadline_at"] is not None and 4 < mine["deadline_in"] <= 5
+        assert mine["deadline_at"] is not None
+        assert 4 < mine["deadline_in"] <= 5
 
 
 class TestReaderAndNobody:
