@@ -149,8 +149,8 @@ CREATE TYPE zeroth.enqueue_item AS (
 	run_id uuid,
 	thread_id text,
 	new_run_id uuid,
-	attempt_timeout_seconds double precision,
-	run_timeout_seconds double precision
+	attempt_timeout_seconds integer,
+	run_timeout_seconds integer
 );
 
 ALTER TYPE zeroth.enqueue_item OWNER TO zeroth_owner;
@@ -608,8 +608,8 @@ END) STORED NOT NULL,
     parent_run_id uuid,
     schedule_id uuid,
     attempt_recorded_generation bigint,
-    attempt_timeout_seconds double precision,
-    run_timeout_seconds double precision,
+    attempt_timeout_seconds integer,
+    run_timeout_seconds integer,
     attempt_deadline_at timestamp with time zone,
     run_deadline_at timestamp with time zone,
     CONSTRAINT runs_accounting_object CHECK (((accounting IS NULL) OR (jsonb_typeof(accounting) = 'object'::text))),
@@ -626,7 +626,7 @@ END) STORED NOT NULL,
     CONSTRAINT runs_slot_needs_lease CHECK (((admission_slot IS NULL) OR (lease_worker_id IS NOT NULL))),
     CONSTRAINT runs_tenant_nonempty CHECK ((tenant_id <> ''::text)),
     CONSTRAINT runs_thread_queue_waits CHECK (((thread_queued_at IS NULL) OR ((status = 'waiting'::zeroth.run_status) AND (thread_id IS NOT NULL)))),
-    CONSTRAINT runs_timeouts_valid CHECK ((((attempt_timeout_seconds IS NULL) OR ((attempt_timeout_seconds >= (1)::double precision) AND (attempt_timeout_seconds <= ((86400 * 30))::double precision))) AND ((run_timeout_seconds IS NULL) OR ((run_timeout_seconds >= (1)::double precision) AND (run_timeout_seconds <= ((86400 * 365))::double precision))))),
+    CONSTRAINT runs_timeouts_valid CHECK ((((attempt_timeout_seconds IS NULL) OR ((attempt_timeout_seconds >= 1) AND (attempt_timeout_seconds <= (86400 * 30)))) AND ((run_timeout_seconds IS NULL) OR ((run_timeout_seconds >= 1) AND (run_timeout_seconds <= (86400 * 365)))))),
     CONSTRAINT runs_wait_reason_only_waiting CHECK (((wait_reason IS NULL) OR (status = 'waiting'::zeroth.run_status)))
 )
 WITH (fillfactor='80', autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_threshold='1000', autovacuum_vacuum_insert_scale_factor='0.05', autovacuum_analyze_scale_factor='0.02', autovacuum_analyze_threshold='1000');
@@ -696,12 +696,12 @@ COMMENT ON COLUMN zeroth.runs.attempt_recorded_generation IS 'The lease generati
 --
 -- Name: COLUMN runs.attempt_timeout_seconds; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
-COMMENT ON COLUMN zeroth.runs.attempt_timeout_seconds IS 'This run''s own bound on an attempt''s wall time (enqueue_run / enqueue_runs), over the deployment''s; NULL: the deployment''s (zeroth.deployments.attempt_timeout_seconds), if any.';
+COMMENT ON COLUMN zeroth.runs.attempt_timeout_seconds IS 'This run''s own bound (whole seconds, 1 to 30 days) on an attempt''s wall time (enqueue_run / enqueue_runs), over the deployment''s; NULL: the deployment''s (zeroth.deployments.attempt_timeout_seconds), if any.';
 
 --
 -- Name: COLUMN runs.run_timeout_seconds; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
-COMMENT ON COLUMN zeroth.runs.run_timeout_seconds IS 'This run''s own bound on its total time from its first claim (enqueue_run / enqueue_runs), over the deployment''s; NULL: the deployment''s, if any.';
+COMMENT ON COLUMN zeroth.runs.run_timeout_seconds IS 'This run''s own bound (whole seconds, 1 to 365 days) on its total time from its first claim (enqueue_run / enqueue_runs), over the deployment''s; NULL: the deployment''s, if any.';
 
 --
 -- Name: COLUMN runs.attempt_deadline_at; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner

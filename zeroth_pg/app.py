@@ -35,6 +35,7 @@ import contextvars
 import functools
 import inspect
 import logging
+import math
 import os
 import threading
 import types
@@ -524,6 +525,12 @@ class Deployment:
         return await _in_thread(self.fn, run, payload)
 
 
+def _whole_seconds(seconds: float | None) -> int | None:
+    """A declared timeout as a run's own (whole seconds: zeroth.runs keeps them as integers),
+    rounded up: sent with each enqueue only while the registry does not hold the declared one."""
+    return None if seconds is None else math.ceil(seconds)
+
+
 class _Configured:
     """A deployment with bound enqueue options (:meth:`Deployment.configure`)."""
 
@@ -554,9 +561,11 @@ class _Configured:
             idempotency_key=options.get("idempotency_key"), metadata=options.get("metadata"),
             run_id=options.get("run_id"), thread_id=options.get("thread_id"),
             attempt_timeout_seconds=options.get(
-                "attempt_timeout_seconds", None if registered else d.attempt_timeout_seconds),
+                "attempt_timeout_seconds",
+                None if registered else _whole_seconds(d.attempt_timeout_seconds)),
             run_timeout_seconds=options.get(
-                "run_timeout_seconds", None if registered else d.run_timeout_seconds),
+                "run_timeout_seconds",
+                None if registered else _whole_seconds(d.run_timeout_seconds)),
             conn=options.get("conn"))
 
     async def enqueue_many(self, payloads: Iterable[Mapping[str, Any]],
@@ -589,8 +598,10 @@ class _Configured:
                 continue
             item: dict[str, Any] = {"payload": checked}
             for option, declared in (("priority", d.priority), ("max_attempts", d.max_attempts),
-                                     ("attempt_timeout_seconds", d.attempt_timeout_seconds),
-                                     ("run_timeout_seconds", d.run_timeout_seconds)):
+                                     ("attempt_timeout_seconds",
+                                      _whole_seconds(d.attempt_timeout_seconds)),
+                                     ("run_timeout_seconds",
+                                      _whole_seconds(d.run_timeout_seconds))):
                 if bound.get(option) is not None:
                     item[option] = bound[option]
                 elif not registered:

@@ -198,18 +198,23 @@ class LeaseManager:
         metadata: Mapping[str, Any] | None = None,
         run_id: RunId | None = None,
         thread_id: str | None = None,
-        attempt_timeout_seconds: float | None = None,
-        run_timeout_seconds: float | None = None,
+        attempt_timeout_seconds: int | None = None,
+        run_timeout_seconds: int | None = None,
         conn: Executor | None = None,
     ) -> EnqueuedRun:
         """Create a pending run (``zeroth.enqueue_run``); ``priority`` / ``max_attempts`` None:
         the deployment's registered defaults (:meth:`register_deployment`), else 0 / 3;
         ``attempt_timeout_seconds`` / ``run_timeout_seconds``: this run's bound on an attempt's
-        wall time and on its total time from its first claim (None: the deployment's); a
+        wall time and on its total time from its first claim, whole seconds (None: the
+        deployment's); a
         repeated idempotency key returns the existing run with ``created=False``; a key
         starting ``zeroth-schedule:`` (the schedules' own) raises ReservedKeyError. With
         OpenTelemetry, a ``send`` span whose trace context goes into ``metadata``
         (:mod:`zeroth_pg.tracing`)."""
+        for name, value in (("attempt_timeout_seconds", attempt_timeout_seconds),
+                            ("run_timeout_seconds", run_timeout_seconds)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise InvalidArgumentError(f"{name} must be whole seconds (an int) or None")
         with tracing.send(deployment_ref, tenant_id, workspace_id) as span:
             rows = await self._fetch(
                 _calls.ENQUEUE_RUN, deployment_ref, _object(payload, "payload"), tenant_id,

@@ -5,7 +5,8 @@
 -- priority / max_attempts NULL: the deployment's registered defaults (zeroth.deployments, one
 -- primary-key lookup, made only then), else 0 / 3; an explicit value wins. The run stores what it
 -- got, so a later change of the registry never changes it.
--- attempt_timeout_seconds / run_timeout_seconds (migration 0021): the run's own timeouts, stored
+-- attempt_timeout_seconds / run_timeout_seconds (migration 0021): the run's own timeouts, whole
+-- seconds, stored
 -- on the run (NULL: the deployment's, read by the claims); checked by zeroth._check_timeouts.
 -- Internal: SECURITY INVOKER, executable by zeroth_owner only.
 -- The signature before migration 0021 (without the timeouts).
@@ -23,8 +24,8 @@ CREATE OR REPLACE FUNCTION zeroth._enqueue_run(
     run_id          uuid        DEFAULT NULL,
     thread_id       text        DEFAULT NULL,
     schedule_id     uuid        DEFAULT NULL,
-    attempt_timeout_seconds double precision DEFAULT NULL,
-    run_timeout_seconds     double precision DEFAULT NULL)
+    attempt_timeout_seconds integer     DEFAULT NULL,
+    run_timeout_seconds     integer     DEFAULT NULL)
     RETURNS zeroth.enqueued_run
     LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
@@ -150,9 +151,9 @@ BEGIN
     RETURN v_result;
 END
 $$;
-COMMENT ON FUNCTION zeroth._enqueue_run(text, jsonb, text, text, integer, timestamptz, integer, text, jsonb, uuid, text, uuid, double precision, double precision) IS 'Internal: enqueue_run''s transition without the caller-key check, with runs.schedule_id (set only by fire_due_schedules).';
-ALTER FUNCTION zeroth._enqueue_run(text, jsonb, text, text, integer, timestamptz, integer, text, jsonb, uuid, text, uuid, double precision, double precision) OWNER TO zeroth_owner;
-REVOKE ALL ON FUNCTION zeroth._enqueue_run(text, jsonb, text, text, integer, timestamptz, integer, text, jsonb, uuid, text, uuid, double precision, double precision) FROM PUBLIC;
+COMMENT ON FUNCTION zeroth._enqueue_run(text, jsonb, text, text, integer, timestamptz, integer, text, jsonb, uuid, text, uuid, integer, integer) IS 'Internal: enqueue_run''s transition without the caller-key check, with runs.schedule_id (set only by fire_due_schedules).';
+ALTER FUNCTION zeroth._enqueue_run(text, jsonb, text, text, integer, timestamptz, integer, text, jsonb, uuid, text, uuid, integer, integer) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._enqueue_run(text, jsonb, text, text, integer, timestamptz, integer, text, jsonb, uuid, text, uuid, integer, integer) FROM PUBLIC;
 
 -- enqueue_run: new → pending, or, for a thread that already has an active run, new → waiting
 -- behind it (thread queue, as admit_run's enqueue strategy: promoted to pending when that run
@@ -178,8 +179,8 @@ CREATE OR REPLACE FUNCTION zeroth.enqueue_run(
     metadata        jsonb       DEFAULT '{}'::jsonb,
     run_id          uuid        DEFAULT NULL,
     thread_id       text        DEFAULT NULL,
-    attempt_timeout_seconds double precision DEFAULT NULL,
-    run_timeout_seconds     double precision DEFAULT NULL)
+    attempt_timeout_seconds integer     DEFAULT NULL,
+    run_timeout_seconds     integer     DEFAULT NULL)
     RETURNS zeroth.enqueued_run
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
@@ -200,8 +201,8 @@ BEGIN
         run_timeout_seconds     => enqueue_run.run_timeout_seconds);
 END
 $$;
-COMMENT ON FUNCTION zeroth.enqueue_run(text, jsonb, text, text, integer, timestamptz, integer, text, jsonb, uuid, text, double precision, double precision) IS
-'enqueue_run: new → pending; with a thread_id whose thread has an active run, new → waiting in the thread queue (promoted to pending when that run ends). A repeated idempotency key (per tenant, workspace, deployment) or caller-chosen run_id returns the existing run with created = false (first enqueue wins, whatever the payload). priority / max_attempts NULL (default): the deployment''s registered defaults (zeroth.deployments), else 0 / 3; an explicit value wins and the run keeps what it got. attempt_timeout_seconds (1 s to 30 days) / run_timeout_seconds (1 s to 365 days): this run''s bound on an attempt''s wall time and on its total time from its first claim, over the deployment''s (NULL: the deployment''s). Raises ZP006 invalid_scope, ZP008 invalid_argument, ZP011 reserved_key (an idempotency key starting zeroth-schedule:, reserved for fire_due_schedules). Notifies zeroth_wakeup when it creates a pending run that is due now. Time: clock_timestamp().';
-ALTER FUNCTION zeroth.enqueue_run(text, jsonb, text, text, integer, timestamptz, integer, text, jsonb, uuid, text, double precision, double precision) OWNER TO zeroth_owner;
-REVOKE ALL ON FUNCTION zeroth.enqueue_run(text, jsonb, text, text, integer, timestamptz, integer, text, jsonb, uuid, text, double precision, double precision) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION zeroth.enqueue_run(text, jsonb, text, text, integer, timestamptz, integer, text, jsonb, uuid, text, double precision, double precision) TO zeroth_worker;
+COMMENT ON FUNCTION zeroth.enqueue_run(text, jsonb, text, text, integer, timestamptz, integer, text, jsonb, uuid, text, integer, integer) IS
+'enqueue_run: new → pending; with a thread_id whose thread has an active run, new → waiting in the thread queue (promoted to pending when that run ends). A repeated idempotency key (per tenant, workspace, deployment) or caller-chosen run_id returns the existing run with created = false (first enqueue wins, whatever the payload). priority / max_attempts NULL (default): the deployment''s registered defaults (zeroth.deployments), else 0 / 3; an explicit value wins and the run keeps what it got. attempt_timeout_seconds (whole seconds, 1 to 30 days) / run_timeout_seconds (1 to 365 days): this run''s bound on an attempt''s wall time and on its total time from its first claim, over the deployment''s (NULL: the deployment''s). Raises ZP006 invalid_scope, ZP008 invalid_argument, ZP011 reserved_key (an idempotency key starting zeroth-schedule:, reserved for fire_due_schedules). Notifies zeroth_wakeup when it creates a pending run that is due now. Time: clock_timestamp().';
+ALTER FUNCTION zeroth.enqueue_run(text, jsonb, text, text, integer, timestamptz, integer, text, jsonb, uuid, text, integer, integer) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth.enqueue_run(text, jsonb, text, text, integer, timestamptz, integer, text, jsonb, uuid, text, integer, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION zeroth.enqueue_run(text, jsonb, text, text, integer, timestamptz, integer, text, jsonb, uuid, text, integer, integer) TO zeroth_worker;

@@ -47,8 +47,8 @@ BEGIN
                        (e.item ->> 'run_id')::uuid,
                        e.item ->> 'thread_id',
                        coalesce((e.item ->> 'run_id')::uuid, gen_random_uuid()),
-                       (e.item ->> 'attempt_timeout_seconds')::double precision,
-                       (e.item ->> 'run_timeout_seconds')::double precision)::zeroth.enqueue_item
+                       (e.item ->> 'attempt_timeout_seconds')::integer,
+                       (e.item ->> 'run_timeout_seconds')::integer)::zeroth.enqueue_item
               FROM jsonb_array_elements(_enqueue_items.runs) WITH ORDINALITY AS e(item, position)
              ORDER BY e.position);
     EXCEPTION
@@ -63,8 +63,8 @@ BEGIN
                 BEGIN
                     PERFORM (v_item ->> 'priority')::integer, (v_item ->> 'run_after')::timestamptz,
                             (v_item ->> 'max_attempts')::integer, (v_item ->> 'run_id')::uuid,
-                            (v_item ->> 'attempt_timeout_seconds')::double precision,
-                            (v_item ->> 'run_timeout_seconds')::double precision;
+                            (v_item ->> 'attempt_timeout_seconds')::integer,
+                            (v_item ->> 'run_timeout_seconds')::integer;
                 EXCEPTION
                     WHEN data_exception THEN
                         RAISE EXCEPTION 'runs[%]: %', v_index, SQLERRM USING ERRCODE = 'ZP008';
@@ -404,7 +404,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION zeroth.enqueue_runs(text, jsonb, text, text) IS
-'enqueue_runs: batch enqueue_run for one deployment and scope (one INSERT for the runs without a thread); runs is a JSON array of objects (payload, priority, run_after, max_attempts, idempotency_key, metadata, run_id, thread_id, attempt_timeout_seconds, run_timeout_seconds: the run''s own timeouts, 1 s to 30 / 365 days); an item without priority / max_attempts gets the deployment''s registered defaults (zeroth.deployments), else 0 / 3. Results in input order; a repeated key or run_id returns that run with created = false. Thread locks are taken first in one sorted order, inserts run in key order: concurrent batches cannot deadlock on threads or keys. Raises ZP006, ZP008, ZP011 reserved_key (an idempotency key starting zeroth-schedule:, reserved for fire_due_schedules) and rejects the whole batch. Notifies zeroth_wakeup once when a due pending run was created. Time: clock_timestamp().';
+'enqueue_runs: batch enqueue_run for one deployment and scope (one INSERT for the runs without a thread); runs is a JSON array of objects (payload, priority, run_after, max_attempts, idempotency_key, metadata, run_id, thread_id, attempt_timeout_seconds, run_timeout_seconds: the run''s own timeouts, whole seconds, 1 to 30 / 365 days); an item without priority / max_attempts gets the deployment''s registered defaults (zeroth.deployments), else 0 / 3. Results in input order; a repeated key or run_id returns that run with created = false. Thread locks are taken first in one sorted order, inserts run in key order: concurrent batches cannot deadlock on threads or keys. Raises ZP006, ZP008, ZP011 reserved_key (an idempotency key starting zeroth-schedule:, reserved for fire_due_schedules) and rejects the whole batch. Notifies zeroth_wakeup once when a due pending run was created. Time: clock_timestamp().';
 ALTER FUNCTION zeroth.enqueue_runs(text, jsonb, text, text) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.enqueue_runs(text, jsonb, text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.enqueue_runs(text, jsonb, text, text) TO zeroth_worker;

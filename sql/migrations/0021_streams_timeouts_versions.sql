@@ -46,16 +46,20 @@ COMMENT ON TYPE zeroth.deployment_registration IS 'The result of register_deploy
 COMMENT ON COLUMN zeroth.deployment_changes.old_values IS 'The defaults before the change (max_attempts, priority, managed_by, retry_base_seconds, retry_max_seconds, lease_seconds: since migration 0020; attempt_timeout_seconds, run_timeout_seconds: since 0021; each only when set); NULL when the change created the row.';
 COMMENT ON COLUMN zeroth.deployment_changes.new_values IS 'The defaults after the change (max_attempts, priority, managed_by, retry_base_seconds, retry_max_seconds, lease_seconds: since migration 0020; attempt_timeout_seconds, run_timeout_seconds: since 0021; each only when set).';
 
+-- A run's own timeouts are whole seconds (integer): the row of zeroth.runs stays as narrow as it
+-- can. Its estimated width is what a plan made before the first ANALYZE counts rows by, and a
+-- fourth 8-byte column tipped the runs page's plan to a sequential scan
+-- (tests/plans/test_hot_path_indexes.py).
 ALTER TABLE zeroth.runs
-    ADD COLUMN attempt_timeout_seconds double precision,
-    ADD COLUMN run_timeout_seconds     double precision,
+    ADD COLUMN attempt_timeout_seconds integer,
+    ADD COLUMN run_timeout_seconds     integer,
     ADD COLUMN attempt_deadline_at     timestamptz,
     ADD COLUMN run_deadline_at         timestamptz,
     ADD CONSTRAINT runs_timeouts_valid CHECK (
         (attempt_timeout_seconds IS NULL OR (attempt_timeout_seconds >= 1 AND attempt_timeout_seconds <= 86400 * 30))
         AND (run_timeout_seconds IS NULL OR (run_timeout_seconds >= 1 AND run_timeout_seconds <= 86400 * 365)));
-COMMENT ON COLUMN zeroth.runs.attempt_timeout_seconds IS 'This run''s own bound on an attempt''s wall time (enqueue_run / enqueue_runs), over the deployment''s; NULL: the deployment''s (zeroth.deployments.attempt_timeout_seconds), if any.';
-COMMENT ON COLUMN zeroth.runs.run_timeout_seconds IS 'This run''s own bound on its total time from its first claim (enqueue_run / enqueue_runs), over the deployment''s; NULL: the deployment''s, if any.';
+COMMENT ON COLUMN zeroth.runs.attempt_timeout_seconds IS 'This run''s own bound (whole seconds, 1 to 30 days) on an attempt''s wall time (enqueue_run / enqueue_runs), over the deployment''s; NULL: the deployment''s (zeroth.deployments.attempt_timeout_seconds), if any.';
+COMMENT ON COLUMN zeroth.runs.run_timeout_seconds IS 'This run''s own bound (whole seconds, 1 to 365 days) on its total time from its first claim (enqueue_run / enqueue_runs), over the deployment''s; NULL: the deployment''s, if any.';
 COMMENT ON COLUMN zeroth.runs.attempt_deadline_at IS 'The current (or last) attempt''s deadline on the database clock, fixed by the claim that leased it (claim time + the attempt timeout); the lease never runs past it. NULL: no bound.';
 COMMENT ON COLUMN zeroth.runs.run_deadline_at IS 'The run''s deadline on the database clock, fixed by its first claim (claim time + the run timeout) and kept by every later one; past it the run is failed for good (stop_reason run_timeout). NULL: no bound. redrive_run clears it.';
 
@@ -72,8 +76,8 @@ ALTER TYPE zeroth.scope_claimed_run
 ALTER TYPE zeroth.lease_renewal ADD ATTRIBUTE sqlstate text;
 -- An enqueue_runs item may carry the run's own timeouts.
 ALTER TYPE zeroth.enqueue_item
-    ADD ATTRIBUTE attempt_timeout_seconds double precision,
-    ADD ATTRIBUTE run_timeout_seconds     double precision;
+    ADD ATTRIBUTE attempt_timeout_seconds integer,
+    ADD ATTRIBUTE run_timeout_seconds     integer;
 COMMENT ON TYPE zeroth.lease_renewal IS 'Result row of renew_leases: one per requested (run_id, generation); sqlstate ZP013 when the lease was not renewed because the attempt''s or the run''s deadline passed (since 0021), else NULL.';
 
 -- An attempt ended by its deadline is recorded as such in the attempt history.

@@ -106,12 +106,40 @@ class TestRegistry:
             async with conn.transaction():
                 await set_timeouts(conn, attempt, run)
         assert raised.value.sqlstate == "ZP008"
+        assert await conn.fetchval("SELECT count(*) FROM zeroth.deployments") == 0
+
+    @pytest.mark.parametrize(("attempt", "run"), [
+        (0, None), (86400 * 31, None), (None, 0), (None, 86400 * 366), (-5, 10)])
+    async def test_a_runs_own_timeouts_out_of_bounds_are_refused(self, conn, attempt, run):
         with pytest.raises(asyncpg.PostgresError) as raised:
             async with conn.transaction():
                 await enqueue(conn, attempt_timeout_seconds=attempt, run_timeout_seconds=run)
         assert raised.value.sqlstate == "ZP008"
-        assert await conn.fetchval("SELECT count(*) FROM zeroth.deployments") == 0
+        items = json.dumps([{"attempt_timeout_seconds": attempt, "run_timeout_seconds": run}])
+        with pytest.raises(asyncpg.PostgresError) as raised:
+            async with conn.transaction():
+                await conn.fetch("SELECT * FROM zeroth.enqueue_runs(deployment_ref => $1, "
+                                 "runs => $2::jsonb)", DEPLOYMENT, items)
+        assert raised.value.sqlstate == "ZP008"
         assert await conn.fetchval("SELECT count(*) FROM zeroth.runs") == 0
+
+    async def test_an_enqueue_runs_item_carries_its_own_timeouts(self, conn):
+        items = json.dumps([{"attempt_timeout_seconds": 5, "run_timeout_seconds": 50}, {},
+                            {"thread_id": "t", "attempt_timeout_seconds": 7}])
+        ids = [r["run_id"] for r in await conn.fetch(
+            "SELECT run_id FROM zeroth.enqueue_runs(deployment_ref => $1, runs => $2::jsonb) "
+            "ORDER BY ordinality", DEPLOYMENT, items)]
+        got = [tuple(await conn.fetchrow(
+            "SELECT attempt_timeout_seconds, run_timeout_seconds FROM zeroth.runs "
+            "WHERE run_id = $1", run_id)) for run_id in ids]
+        assert got == [(5, 50), (None, None), (7, None)]
+
+    async def test_a_runs_own_timeouts_are_whole_seconds(self, conn):
+        with pytest.raises(asyncpg.PostgresError) as raised:
+            async with conn.transaction():
+                await conn.fetch("SELECT * FROM zeroth.enqueue_runs(deployment_ref => $1, "
+                                 "runs => '[{\"attempt_timeout_seconds\": 1.5}]')", DEPLOYMENT)
+        assert raised.value.sqlstate == "ZP008"
 
 
 class TestClaimFixesTheDeadlines:
