@@ -17,7 +17,8 @@ CREATE OR REPLACE FUNCTION zeroth._claim_orphaned(
     SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_now    timestamptz := zeroth._now();
-    -- The lease and the deployment's timeouts, one registry probe (issue 34 item 2).
+    -- The lease and, with the lease NULL, the deployment's timeouts in the probe that reads it
+    -- (issue 34 item 2; a given lease reads nothing here: step 2's locking statement reads them).
     v_policy record := zeroth._deployment_claim_policy(_claim_orphaned.deployment_ref, _claim_orphaned.lease_seconds);
     v_lease  interval := v_policy.lease;
     v_grace  interval := zeroth._grace_interval(_claim_orphaned.grace_seconds);
@@ -38,7 +39,8 @@ DECLARE
     v_paused boolean;
     v_rate   text;
     v_taken  record;
-    v_late   uuid[];
+    v_late   boolean[];
+    v_timeouts double precision[];
 BEGIN
     PERFORM zeroth._require_identifier(_claim_orphaned.deployment_ref, 'deployment_ref');
     PERFORM zeroth._require_identifier(_claim_orphaned.worker_id, 'worker_id');
@@ -54,25 +56,6 @@ BEGIN
       FROM zeroth._scope_limit(v_tenant, v_wskey, _claim_orphaned.deployment_ref,
                                _claim_orphaned.max_concurrency) AS l;
 
-    -- 0. The runs past a deadline (issue 34 item 2) end first, whatever else is true of them: a
-    --    lease that lapsed at its attempt deadline (timed out: retried or dead-lettered by the
-    --    retry policy), or a run past its run deadline (failed for good). Each SKIP LOCKED and
-    --    re-checked inside zeroth._end_timed_out, settled through zeroth._settle. A run of a
-    --    deployment with no timeout never matches (its deadlines are NULL).
-    v_late := ARRAY(SELECT r.run_id
-                      FROM zeroth.runs r
-                     WHERE r.tenant_id = v_tenant
-                       AND r.workspace_key = v_wskey
-                       AND r.deployment_ref = _claim_orphaned.deployment_ref
-                       AND r.status = 'running'
-                       AND r.lease_expires_at < v_now
-                       AND (r.lease_expires_at >= r.attempt_deadline_at OR r.run_deadline_at <= v_now)
-                     ORDER BY r.lease_expires_at
-                     LIMIT coalesce(nullif(_claim_orphaned.claim_limit, 0), 100));
-    FOR v_i IN 1 .. cardinality(v_late) LOOP
-        PERFORM zeroth._end_timed_out(v_tenant, v_wskey, v_late[v_i], v_now);
-    END LOOP;
-
     -- 1. The orphans nobody may resume end here (each SKIP LOCKED inside _take_over). Isolated:
     --    all in one subtransaction; if one of them raises, that is rolled
     --    back and the batch is done again one run per subtransaction, so the run that raises is
@@ -80,21 +63,38 @@ BEGIN
     --    the others are recovered. The common case pays one subtransaction, none without such
     --    orphans. Not isolated (claim_orphaned_scopes' first pass, itself in one subtransaction):
     --    no subtransaction at all, an error goes up.
-    SELECT coalesce(array_agg(o.run_id ORDER BY o.lease_expires_at), '{}'),
-           coalesce(array_agg(o.resumable ORDER BY o.lease_expires_at), '{}')
-      INTO v_ends, v_resumable
-      FROM (SELECT r.run_id, r.resumable, r.lease_expires_at
+    --    First among them (issue 34 item 2), in the same statement: the runs past a deadline,
+    --    whatever else is true of them (late): a lease that lapsed at its attempt deadline (timed
+    --    out: retried or dead-lettered by the retry policy) or a run past its run deadline
+    --    (failed for good), each ended by zeroth._end_timed_out (SKIP LOCKED, re-checked, settled
+    --    through zeroth._settle). A run with no deadline is never late (NULL is not true).
+    SELECT coalesce(array_agg(o.run_id ORDER BY o.late DESC, o.lease_expires_at), '{}'),
+           coalesce(array_agg(o.resumable ORDER BY o.late DESC, o.lease_expires_at), '{}'),
+           coalesce(array_agg(o.late ORDER BY o.late DESC, o.lease_expires_at), '{}')
+      INTO v_ends, v_resumable, v_late
+      FROM (SELECT r.run_id, r.resumable, r.lease_expires_at,
+                   coalesce(r.lease_expires_at >= r.attempt_deadline_at
+                            OR r.run_deadline_at <= v_now, false) AS late
               FROM zeroth.runs r
              WHERE r.tenant_id = v_tenant
                AND r.workspace_key = v_wskey
                AND r.deployment_ref = _claim_orphaned.deployment_ref
                AND r.status = 'running'
                AND ((r.resumable AND r.attempts >= r.max_attempts AND r.lease_expires_at < v_now)
-                    OR (NOT r.resumable AND r.lease_expires_at + v_grace < v_now))
-               -- past a deadline: step 0's (a row it skipped as locked: the next pass)
-               AND NOT coalesce(r.lease_expires_at >= r.attempt_deadline_at OR r.run_deadline_at <= v_now, false)
-             ORDER BY r.lease_expires_at
+                    OR (NOT r.resumable AND r.lease_expires_at + v_grace < v_now)
+                    OR (r.lease_expires_at < v_now
+                        AND (r.lease_expires_at >= r.attempt_deadline_at
+                             OR r.run_deadline_at <= v_now)))
+             ORDER BY 4 DESC, r.lease_expires_at
              LIMIT coalesce(nullif(_claim_orphaned.claim_limit, 0), 100)) AS o;
+    -- The late ones first (they lead the arrays), each in its own call (never isolated: it raises
+    -- nothing of its own, and a run it skips is the next pass's); the others after them.
+    FOR v_i IN 1 .. cardinality(v_late) LOOP
+        EXIT WHEN NOT v_late[v_i];
+        PERFORM zeroth._end_timed_out(v_tenant, v_wskey, v_ends[v_i], v_now);
+    END LOOP;
+    v_ends := ARRAY(SELECT e.id FROM unnest(v_ends, v_late) AS e(id, late) WHERE NOT e.late);
+    v_resumable := v_resumable[cardinality(v_late) - cardinality(v_ends) + 1 :];
     IF cardinality(v_ends) > 0 AND NOT _claim_orphaned.isolated THEN
         FOR v_i IN 1 .. cardinality(v_ends) LOOP
             PERFORM zeroth._take_over(v_tenant, v_wskey, v_ends[v_i],
@@ -186,15 +186,23 @@ BEGIN
            AND r.lease_expires_at < v_now
            AND r.resumable
            AND r.attempts < r.max_attempts
-           -- never re-lease a run past a deadline (step 0 ends it; issue 34 item 2)
+           -- never re-lease a run past a deadline (step 1 ends it; issue 34 item 2)
            AND NOT coalesce(r.lease_expires_at >= r.attempt_deadline_at OR r.run_deadline_at <= v_now, false)
          ORDER BY r.lease_expires_at, r.started_at
          LIMIT v_want
            FOR UPDATE SKIP LOCKED
     )
     SELECT coalesce(array_agg(l.run_id ORDER BY l.lease_expires_at, l.started_at), '{}'),
-           coalesce(array_agg(l.ctid ORDER BY l.lease_expires_at, l.started_at), '{}')
-      INTO v_ids, v_tids FROM locked l;
+           coalesce(array_agg(l.ctid ORDER BY l.lease_expires_at, l.started_at), '{}'),
+           -- The deployment's timeouts when not read with the lease: an InitPlan of this
+           -- statement (one primary-key probe), not a statement of its own.
+           CASE WHEN NOT v_policy.timeouts_known
+                THEN (SELECT ARRAY[d.attempt_timeout_seconds, d.run_timeout_seconds]
+                        FROM zeroth.deployments d
+                       WHERE d.deployment_ref = _claim_orphaned.deployment_ref
+                         AND zeroth._policy_binds_caller(d.managed_by, d.registered_by))
+                ELSE ARRAY[v_policy.attempt_timeout_seconds, v_policy.run_timeout_seconds] END
+      INTO v_ids, v_tids, v_timeouts FROM locked l;
     IF v_rate IS NOT NULL THEN
         PERFORM zeroth._log_rate(v_rate, cardinality(v_ids), v_now);  -- orphans: the sweep's
         -- next pass (not a retry_at on the rows) takes what the limit held back
@@ -205,13 +213,13 @@ BEGIN
     IF cardinality(v_ids) = 0 OR NOT _claim_orphaned.isolated THEN
         RETURN QUERY SELECT * FROM zeroth._lease_locked_runs(
             v_tenant, v_wskey, v_ids, v_tids, v_slots, _claim_orphaned.worker_id, v_now, v_lease, v_active,
-            v_limit, false, v_policy.attempt_timeout_seconds, v_policy.run_timeout_seconds);
+            v_limit, false, v_timeouts[1], v_timeouts[2]);
         RETURN;
     END IF;
     BEGIN
         v_rows := ARRAY(SELECT c FROM zeroth._lease_locked_runs(
             v_tenant, v_wskey, v_ids, v_tids, v_slots, _claim_orphaned.worker_id, v_now, v_lease, v_active,
-            v_limit, false, v_policy.attempt_timeout_seconds, v_policy.run_timeout_seconds) AS c);
+            v_limit, false, v_timeouts[1], v_timeouts[2]) AS c);
     EXCEPTION WHEN OTHERS THEN
         IF zeroth._transient_sqlstate(SQLSTATE) AND NOT zeroth._lock_timed_out(SQLSTATE) THEN
             RAISE;
@@ -221,8 +229,8 @@ BEGIN
             BEGIN
                 v_rows := v_rows || ARRAY(SELECT c FROM zeroth._lease_locked_runs(
                     v_tenant, v_wskey, ARRAY[v_ids[v_i]], v_tids[v_i:v_i], v_slots[v_i:v_i], _claim_orphaned.worker_id,
-                    v_now, v_lease, v_active, v_limit, false, v_policy.attempt_timeout_seconds,
-                    v_policy.run_timeout_seconds) AS c WHERE c.run_id IS NOT NULL);
+                    v_now, v_lease, v_active, v_limit, false, v_timeouts[1],
+                    v_timeouts[2]) AS c WHERE c.run_id IS NOT NULL);
             EXCEPTION WHEN OTHERS THEN
                 GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_msg = MESSAGE_TEXT;
                 IF zeroth._lock_timed_out(v_state) THEN
@@ -247,7 +255,7 @@ ALTER FUNCTION zeroth._claim_orphaned(text, text, text, text, integer, integer, 
 REVOKE ALL ON FUNCTION zeroth._claim_orphaned(text, text, text, text, integer, integer, double precision, double precision, boolean) FROM PUBLIC;
 
 -- claim_orphaned: recover running runs whose lease expired (crashed or stalled owners).
---   0. First it ends the runs past a deadline (issue 34 item 2): a lease that lapsed at its
+--   0. First (in step 1's statement) it ends the runs past a deadline (issue 34 item 2): a lease that lapsed at its
 --      attempt deadline → timed out (pending with backoff, or dead-lettered with no attempt left;
 --      stop_reason attempt_timeout), a run past its run deadline → failed (stop_reason
 --      run_timeout), through zeroth._settle as of the lapse (zeroth._end_timed_out).

@@ -144,7 +144,8 @@ REVOKE ALL ON FUNCTION zeroth._lease_locked_runs(text, text, uuid[], tid[], inte
 -- behind it. A locked run past its run deadline (runs.run_deadline_at, fixed by its first claim)
 -- is not leased either but failed for good (zeroth._end_past_run_deadline, stop_reason
 -- run_timeout; issue 34 item 2); attempt_timeout / run_timeout: the deployment's timeouts for
--- _lease_locked_runs. Locks: the rate key row, slot rows, run rows, all SKIP LOCKED, so no claimer ever
+-- _lease_locked_runs, already read when timeouts_known (else read by the locking statement).
+-- Locks: the rate key row, slot rows, run rows, all SKIP LOCKED, so no claimer ever
 -- waits on another. The shared body of claim_pending,
 -- claim_and_start and claim_and_start_scopes. (0012 added rate_limit; the old signature is
 -- dropped first.)
@@ -153,11 +154,13 @@ CREATE OR REPLACE FUNCTION zeroth._claim_in_scope(
     tenant_id text, workspace_key text, deployment_ref text, worker_id text,
     concurrency_limit integer, rate_limit text, want integer, at timestamptz, lease interval,
     start boolean,
-    attempt_timeout double precision DEFAULT NULL, run_timeout double precision DEFAULT NULL)
+    attempt_timeout double precision DEFAULT NULL, run_timeout double precision DEFAULT NULL,
+    timeouts_known boolean DEFAULT false)
     RETURNS SETOF zeroth.claimed_run
     LANGUAGE plpgsql VOLATILE
     SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
+    v_timeouts double precision[];
     v_want   integer := _claim_in_scope.want;
     v_slots  integer[];
     v_active integer := 0;
@@ -210,7 +213,16 @@ BEGIN
                    (r.lease_worker_id IS NOT NULL AND r.attempts + 1 >= r.max_attempts)
                    -- or its run deadline passed: never started again (issue 34 item 2)
                    OR coalesce(r.run_deadline_at <= v_at, false) AS spent,
-                   coalesce(r.run_deadline_at <= v_at, false) AS overdue
+                   coalesce(r.run_deadline_at <= v_at, false) AS overdue,
+                   -- The deployment's timeouts, when the caller did not read them: an InitPlan of
+                   -- this statement (one primary-key probe, evaluated only when reached), not a
+                   -- statement of its own (issue 34 item 2).
+                   CASE WHEN NOT _claim_in_scope.timeouts_known
+                        THEN (SELECT ARRAY[d.attempt_timeout_seconds, d.run_timeout_seconds]
+                                FROM zeroth.deployments d
+                               WHERE d.deployment_ref = _claim_in_scope.deployment_ref
+                                 AND zeroth._policy_binds_caller(d.managed_by, d.registered_by))
+                   END AS timeouts
               FROM zeroth.runs r
              WHERE r.tenant_id = _claim_in_scope.tenant_id
                AND r.workspace_key = _claim_in_scope.workspace_key
@@ -228,9 +240,15 @@ BEGIN
                coalesce(array_agg(l.ctid ORDER BY l.priority DESC, l.run_after, l.created_at)
                             FILTER (WHERE NOT l.spent), '{}'),
                coalesce(array_agg(l.run_id) FILTER (WHERE l.spent), '{}'),
-               coalesce(array_agg(l.run_id) FILTER (WHERE l.overdue), '{}')
-          INTO v_more, v_more_rows, v_spent, v_overdue
+               coalesce(array_agg(l.run_id) FILTER (WHERE l.overdue), '{}'),
+               max(l.timeouts)  -- the same value on every row (NULL: none, or read before)
+          INTO v_more, v_more_rows, v_spent, v_overdue, v_timeouts
           FROM locked l;
+        IF NOT _claim_in_scope.timeouts_known AND cardinality(v_more) > 0 THEN
+            attempt_timeout := v_timeouts[1];
+            run_timeout := v_timeouts[2];
+            timeouts_known := true;
+        END IF;
         v_ids := v_ids || v_more;
         v_rows := v_rows || v_more_rows;
         v_ended := v_ended || v_spent;
@@ -277,9 +295,9 @@ BEGIN
         _claim_in_scope.attempt_timeout, _claim_in_scope.run_timeout);
 END
 $$;
-COMMENT ON FUNCTION zeroth._claim_in_scope(text, text, text, text, integer, text, integer, timestamptz, interval, boolean, double precision, double precision) IS 'Internal: claim up to `want` pending, due runs of one scope under its rate limit (starts from the key''s rolling window; none left: the marker with retry_at) and its effective concurrency limit (rate key, slots, runs, SKIP LOCKED); with start make them running. The shared body of claim_pending, claim_and_start and claim_and_start_scopes.';
-ALTER FUNCTION zeroth._claim_in_scope(text, text, text, text, integer, text, integer, timestamptz, interval, boolean, double precision, double precision) OWNER TO zeroth_owner;
-REVOKE ALL ON FUNCTION zeroth._claim_in_scope(text, text, text, text, integer, text, integer, timestamptz, interval, boolean, double precision, double precision) FROM PUBLIC;
+COMMENT ON FUNCTION zeroth._claim_in_scope(text, text, text, text, integer, text, integer, timestamptz, interval, boolean, double precision, double precision, boolean) IS 'Internal: claim up to `want` pending, due runs of one scope under its rate limit (starts from the key''s rolling window; none left: the marker with retry_at) and its effective concurrency limit (rate key, slots, runs, SKIP LOCKED); with start make them running. The shared body of claim_pending, claim_and_start and claim_and_start_scopes.';
+ALTER FUNCTION zeroth._claim_in_scope(text, text, text, text, integer, text, integer, timestamptz, interval, boolean, double precision, double precision, boolean) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._claim_in_scope(text, text, text, text, integer, text, integer, timestamptz, interval, boolean, double precision, double precision, boolean) FROM PUBLIC;
 
 -- Ends a pending run a claim locked (FOR UPDATE SKIP LOCKED) whose run deadline passed (issue 34
 -- item 2): pending → failed along edge run_timed_out (zeroth.run_transitions), never started
@@ -405,7 +423,8 @@ CREATE OR REPLACE FUNCTION zeroth._claim_pending(
     SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_now    timestamptz := zeroth._now();
-    -- The lease and the deployment's timeouts, one registry probe (issue 34 item 2).
+    -- The lease and, with the lease NULL, the deployment's timeouts in the probe that reads it
+    -- (issue 34 item 2; a given lease reads nothing here: _claim_in_scope reads them).
     v_policy record := zeroth._deployment_claim_policy(_claim_pending.deployment_ref, _claim_pending.lease_seconds);
     v_tenant text := zeroth._scope_tenant(_claim_pending.tenant_id, _claim_pending.workspace_id);
     v_wskey  text := zeroth._workspace_key(_claim_pending.workspace_id);
@@ -433,7 +452,7 @@ BEGIN
     RETURN QUERY SELECT * FROM zeroth._claim_in_scope(
         v_tenant, v_wskey, _claim_pending.deployment_ref, _claim_pending.worker_id, v_limit,
         v_rate, _claim_pending.batch_size, v_now, v_policy.lease, _claim_pending.start,
-        v_policy.attempt_timeout_seconds, v_policy.run_timeout_seconds);
+        v_policy.attempt_timeout_seconds, v_policy.run_timeout_seconds, v_policy.timeouts_known);
 END
 $$;
 COMMENT ON FUNCTION zeroth._claim_pending(text, text, text, text, integer, integer, double precision, boolean) IS 'Internal: the body of claim_pending (start false) and claim_and_start (start true): arguments, the scope''s limits (zeroth.scope_limits), then _claim_in_scope.';

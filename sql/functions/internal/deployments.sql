@@ -117,32 +117,37 @@ COMMENT ON FUNCTION zeroth._deployment_lease(text, double precision) IS 'Interna
 ALTER FUNCTION zeroth._deployment_lease(text, double precision) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._deployment_lease(text, double precision) FROM PUBLIC;
 
--- _deployment_claim_policy (issue 34 item 2): what a claim of deployment_ref reads from the
--- registry, in one primary-key probe: the lease as _deployment_lease gives it, and the
--- deployment's attempt and run timeouts (NULL: none), each only when the row binds this session
--- (_policy_binds_caller, as the lease). The probe is made whether or not lease_seconds is given:
--- the timeouts apply to every claim. Takes no lock.
+-- _deployment_claim_policy (issue 34 item 2): the lease of a claim of deployment_ref as
+-- _deployment_lease gives it, and, when the lease is NULL, the deployment's attempt and run
+-- timeouts (NULL: none) read in the same primary-key probe that reads the registered lease (each
+-- only when the row binds this session: _policy_binds_caller), with timeouts_known true. A given
+-- lease reads nothing here (as before): timeouts_known false, and the claim reads the timeouts
+-- inside a statement it makes anyway (zeroth._claim_in_scope, zeroth._claim_orphaned), so a claim
+-- costs no statement more than it did. Takes no lock.
+DROP FUNCTION IF EXISTS zeroth._deployment_claim_policy(text, double precision);
 CREATE OR REPLACE FUNCTION zeroth._deployment_claim_policy(
     deployment_ref text, lease_seconds double precision,
     OUT lease interval, OUT attempt_timeout_seconds double precision,
-    OUT run_timeout_seconds double precision)
+    OUT run_timeout_seconds double precision, OUT timeouts_known boolean)
     LANGUAGE plpgsql STABLE AS $$
 DECLARE
     v_lease double precision;
 BEGIN
+    IF _deployment_claim_policy.lease_seconds IS NOT NULL THEN
+        lease := zeroth._lease_interval(_deployment_claim_policy.lease_seconds);
+        timeouts_known := false;
+        RETURN;
+    END IF;
     SELECT d.lease_seconds, d.attempt_timeout_seconds, d.run_timeout_seconds
       INTO v_lease, attempt_timeout_seconds, run_timeout_seconds
       FROM zeroth.deployments d
      WHERE d.deployment_ref = _deployment_claim_policy.deployment_ref
        AND zeroth._policy_binds_caller(d.managed_by, d.registered_by);
-    IF _deployment_claim_policy.lease_seconds IS NOT NULL THEN
-        lease := zeroth._lease_interval(_deployment_claim_policy.lease_seconds);
-    ELSE
-        lease := make_interval(secs => coalesce(v_lease, 60));
-    END IF;
+    lease := make_interval(secs => coalesce(v_lease, 60));
+    timeouts_known := true;
 END
 $$;
-COMMENT ON FUNCTION zeroth._deployment_claim_policy(text, double precision) IS 'Internal: a claim''s reading of the registry in one primary-key probe: its lease (lease_seconds when given, ZP008 unless 0 < s <= 86400; else the registered lease, else 60 s) and the deployment''s attempt / run timeouts (NULL: none), each from a row that binds this session (_policy_binds_caller).';
+COMMENT ON FUNCTION zeroth._deployment_claim_policy(text, double precision) IS 'Internal: a claim''s lease (lease_seconds when given, ZP008 unless 0 < s <= 86400: nothing read, timeouts_known false; else the registered lease, else 60 s) and, read in that same primary-key probe, the deployment''s attempt / run timeouts (NULL: none; timeouts_known true), from a row that binds this session (_policy_binds_caller).';
 ALTER FUNCTION zeroth._deployment_claim_policy(text, double precision) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._deployment_claim_policy(text, double precision) FROM PUBLIC;
 
