@@ -59,7 +59,11 @@ BEGIN
                             'tenant_id, workspace_id, deployment_ref and idempotency_key must fit in 2600 bytes together');
     PERFORM zeroth._require(_enqueue_run.run_after IS NULL OR isfinite(_enqueue_run.run_after),
                             'run_after must be a finite timestamp');
-    PERFORM zeroth._check_timeouts(_enqueue_run.attempt_timeout_seconds, _enqueue_run.run_timeout_seconds);
+    IF _enqueue_run.attempt_timeout_seconds IS NOT NULL OR _enqueue_run.run_timeout_seconds IS NOT NULL THEN
+        -- Only when one is given: an enqueue without runs no statement more (issue 34 item 2).
+        PERFORM zeroth._check_timeouts(_enqueue_run.attempt_timeout_seconds,
+                                       _enqueue_run.run_timeout_seconds);
+    END IF;
     IF v_priority IS NULL OR v_attempts IS NULL THEN
         -- No row: both NULL (SELECT INTO sets its targets even when it finds nothing).
         SELECT d.priority, d.max_attempts INTO v_def_priority, v_def_attempts
