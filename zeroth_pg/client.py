@@ -409,7 +409,9 @@ class LeaseManager:
         workspace_id: str | None = None,
         conn: Executor | None = None,
     ) -> bool:
-        """Extend a live lease (``zeroth.renew_lease``); False when taken over or expired."""
+        """Extend a live lease (``zeroth.renew_lease``), never past the attempt's or run's
+        deadline; False when taken over or expired, :class:`DeadlinePassedError` (ZP013) when
+        refused because the holder's deadline passed."""
         return bool(await self._fetchval(
             _calls.RENEW_LEASE, _uuid(run_id), worker_id, generation, tenant_id, workspace_id,
             self.lease_duration_seconds, conn=conn))

@@ -135,6 +135,8 @@ class TestRegistry:
         assert got == [(5, 50), (None, None), (7, None)]
 
     async def test_a_runs_own_timeouts_are_whole_seconds(self, conn):
+        await conn.fetch("SELECT * FROM zeroth.enqueue_runs(deployment_ref => $1, "
+                         "runs => '[{\"attempt_timeout_seconds\": 2}]')", DEPLOYMENT)
         with pytest.raises(asyncpg.PostgresError) as raised:
             async with conn.transaction():
                 await conn.fetch("SELECT * FROM zeroth.enqueue_runs(deployment_ref => $1, "
