@@ -182,7 +182,8 @@ def routes(ctx: Context) -> list[Route]:
         try:
             await ctx.act(request, "deployment defaults", deployment,
                           _calls.SET_DEPLOYMENT_DEFAULTS, deployment, max_attempts, priority,
-                          "sql", retry_base, retry_max, lease, unset)
+                          "sql", retry_base, retry_max, lease, unset,
+                          None, None)  # the timeouts: kept (shown, not set, on this page)
         except asyncpg.PostgresError as exc:
             if exc.sqlstate == "ZP008":  # the merged policy out of bounds (base above max)
                 return ctx.bad_input(request, BadInput(str(exc)[:300]))
