@@ -87,11 +87,28 @@ BEGIN
                              OR r.run_deadline_at <= v_now)))
              ORDER BY 4 DESC, r.lease_expires_at
              LIMIT coalesce(nullif(_claim_orphaned.claim_limit, 0), 100)) AS o;
-    -- The late ones first (they lead the arrays), each in its own call (never isolated: it raises
-    -- nothing of its own, and a run it skips is the next pass's); the others after them.
+    -- The late ones first (they lead the arrays), each in its own call (a run it skips is the
+    -- next pass's); the others after them. Isolated, a late run whose end raises is rolled back
+    -- alone and dead-lettered (zeroth._end_unrecoverable), as every other end of this sweep.
     FOR v_i IN 1 .. cardinality(v_late) LOOP
         EXIT WHEN NOT v_late[v_i];
-        PERFORM zeroth._end_timed_out(v_tenant, v_wskey, v_ends[v_i], v_now);
+        IF NOT _claim_orphaned.isolated THEN
+            PERFORM zeroth._end_timed_out(v_tenant, v_wskey, v_ends[v_i], v_now);
+            CONTINUE;
+        END IF;
+        BEGIN
+            PERFORM zeroth._end_timed_out(v_tenant, v_wskey, v_ends[v_i], v_now);
+        EXCEPTION WHEN OTHERS THEN
+            GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_msg = MESSAGE_TEXT;
+            IF zeroth._lock_timed_out(v_state) THEN
+                RAISE WARNING 'zeroth: the timeout of run % waited too long for a lock (%); it is left as it was and tried again on the next pass',
+                    v_ends[v_i], left(v_msg, 500);
+                CONTINUE;
+            ELSIF zeroth._transient_sqlstate(v_state) THEN
+                RAISE;
+            END IF;
+            PERFORM zeroth._end_unrecoverable(v_tenant, v_wskey, v_ends[v_i], v_now, v_state, v_msg);
+        END;
     END LOOP;
     v_ends := ARRAY(SELECT e.id FROM unnest(v_ends, v_late) AS e(id, late) WHERE NOT e.late);
     v_resumable := v_resumable[cardinality(v_late) - cardinality(v_ends) + 1 :];

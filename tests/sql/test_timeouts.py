@@ -339,3 +339,19 @@ class TestTheTransitionsAreListed:
         assert [tuple(e) for e in edges] == [
             ("running", "timed_out", "pending"), ("running", "run_timed_out", "failed"),
             ("pending", "run_timed_out", "failed")]
+
+
+class TestOneBadLateRunNeverStopsTheSweep:
+    async def test_a_late_run_whose_end_raises_is_dead_lettered_alone(self, conn):
+        from test_orphan_recovery_isolation import POISON  # the test's own raising trigger
+
+        await set_timeouts(conn, 30)
+        bad = await make_run(conn, "running", payload={"poison": "soft"})
+        good = await make_run(conn, "running")
+        await conn.execute(POISON)
+        assert await sweep(conn, 31) == []
+        bad_row, good_row = await run_row(conn, bad.run_id), await run_row(conn, good.run_id)
+        assert (bad_row["status"], error_of(bad_row)["stop_reason"]) == (
+            "failed", "recovery_failed")
+        assert (good_row["status"], error_of(good_row)["stop_reason"]) == (
+            "pending", "attempt_timeout")
