@@ -98,7 +98,9 @@ CREATE TYPE zeroth.claimed_run AS (
 	concurrency_saturated boolean,
 	concurrency_limit integer,
 	retry_at timestamp with time zone,
-	retry_after double precision
+	retry_after double precision,
+	deadline_at timestamp with time zone,
+	deadline_in double precision
 );
 
 ALTER TYPE zeroth.claimed_run OWNER TO zeroth_owner;
@@ -121,7 +123,9 @@ CREATE TYPE zeroth.deployment_registration AS (
 	previous jsonb,
 	retry_base_seconds double precision,
 	retry_max_seconds double precision,
-	lease_seconds double precision
+	lease_seconds double precision,
+	attempt_timeout_seconds double precision,
+	run_timeout_seconds double precision
 );
 
 ALTER TYPE zeroth.deployment_registration OWNER TO zeroth_owner;
@@ -129,7 +133,7 @@ ALTER TYPE zeroth.deployment_registration OWNER TO zeroth_owner;
 --
 -- Name: TYPE deployment_registration; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
-COMMENT ON TYPE zeroth.deployment_registration IS 'The result of register_deployment / set_deployment_defaults: outcome (created, updated, unchanged, kept) and the deployment''s defaults as they now are (retry_base_seconds, retry_max_seconds, lease_seconds NULL: not set); previous: the values an update replaced, else NULL.';
+COMMENT ON TYPE zeroth.deployment_registration IS 'The result of register_deployment / set_deployment_defaults: outcome (created, updated, unchanged, kept) and the deployment''s defaults as they now are (retry_base_seconds, retry_max_seconds, lease_seconds, attempt_timeout_seconds, run_timeout_seconds NULL: not set); previous: the values an update replaced, else NULL.';
 
 --
 -- Name: enqueue_item; Type: TYPE; Schema: zeroth; Owner: zeroth_owner
@@ -144,7 +148,9 @@ CREATE TYPE zeroth.enqueue_item AS (
 	metadata jsonb,
 	run_id uuid,
 	thread_id text,
-	new_run_id uuid
+	new_run_id uuid,
+	attempt_timeout_seconds integer,
+	run_timeout_seconds integer
 );
 
 ALTER TYPE zeroth.enqueue_item OWNER TO zeroth_owner;
@@ -177,7 +183,8 @@ CREATE TYPE zeroth.lease_renewal AS (
 	run_id uuid,
 	renewed boolean,
 	lease_expires_at timestamp with time zone,
-	cancel_requested boolean
+	cancel_requested boolean,
+	sqlstate text
 );
 
 ALTER TYPE zeroth.lease_renewal OWNER TO zeroth_owner;
@@ -185,7 +192,7 @@ ALTER TYPE zeroth.lease_renewal OWNER TO zeroth_owner;
 --
 -- Name: TYPE lease_renewal; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
-COMMENT ON TYPE zeroth.lease_renewal IS 'Result row of renew_leases: one per requested (run_id, generation).';
+COMMENT ON TYPE zeroth.lease_renewal IS 'Result row of renew_leases: one per requested (run_id, generation); sqlstate ZP013 when the lease was not renewed because the attempt''s or the run''s deadline passed (since 0021), else NULL.';
 
 --
 -- Name: schedule_fire; Type: TYPE; Schema: zeroth; Owner: zeroth_owner
@@ -235,7 +242,9 @@ CREATE TYPE zeroth.scope_claimed_run AS (
 	concurrency_saturated boolean,
 	concurrency_limit integer,
 	retry_at timestamp with time zone,
-	retry_after double precision
+	retry_after double precision,
+	deadline_at timestamp with time zone,
+	deadline_in double precision
 );
 
 ALTER TYPE zeroth.scope_claimed_run OWNER TO zeroth_owner;
@@ -348,11 +357,14 @@ CREATE TABLE zeroth.deployments (
     retry_base_seconds double precision,
     retry_max_seconds double precision,
     lease_seconds double precision,
+    attempt_timeout_seconds double precision,
+    run_timeout_seconds double precision,
     CONSTRAINT deployments_lease_valid CHECK (((lease_seconds IS NULL) OR ((lease_seconds >= (1)::double precision) AND (lease_seconds <= (86400)::double precision)))),
     CONSTRAINT deployments_managed_by_valid CHECK ((managed_by = ANY (ARRAY['app'::text, 'sql'::text]))),
     CONSTRAINT deployments_max_attempts_valid CHECK (((max_attempts >= 1) AND (max_attempts <= 1000))),
     CONSTRAINT deployments_ref_valid CHECK (((deployment_ref <> ''::text) AND (length(deployment_ref) <= 200))),
     CONSTRAINT deployments_retry_valid CHECK ((((retry_base_seconds IS NULL) OR (retry_base_seconds >= (0)::double precision)) AND ((retry_max_seconds IS NULL) OR (retry_max_seconds <= ((86400 * 30))::double precision)) AND (COALESCE(retry_base_seconds, (1)::double precision) <= COALESCE(retry_max_seconds, (300)::double precision)) AND (COALESCE(retry_base_seconds, (1)::double precision) <= ((86400 * 30))::double precision))),
+    CONSTRAINT deployments_timeouts_valid CHECK ((((attempt_timeout_seconds IS NULL) OR ((attempt_timeout_seconds >= (1)::double precision) AND (attempt_timeout_seconds <= ((86400 * 30))::double precision))) AND ((run_timeout_seconds IS NULL) OR ((run_timeout_seconds >= (1)::double precision) AND (run_timeout_seconds <= ((86400 * 365))::double precision))))),
     CONSTRAINT deployments_version_positive CHECK ((version >= 1))
 );
 
@@ -407,6 +419,16 @@ COMMENT ON COLUMN zeroth.deployments.retry_max_seconds IS 'Backoff cap of a retr
 -- Name: COLUMN deployments.lease_seconds; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
 COMMENT ON COLUMN zeroth.deployments.lease_seconds IS 'Lease of a claim that names none (claim_pending, claim_and_start, complete_and_claim, claim_and_start_scopes, claim_orphaned, claim_orphaned_scopes, admit_run with lease_seconds NULL), 1 <= s <= 86400 (a shorter one would lapse before its run could start). NULL: not set (60). Read at each claim.';
+
+--
+-- Name: COLUMN deployments.attempt_timeout_seconds; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.deployments.attempt_timeout_seconds IS 'Bound on an attempt''s wall time (1 <= s <= 30 days) for the runs of the deployment that carry none: the claim sets runs.attempt_deadline_at = claim time + s and caps the lease there; past it the attempt is ended as timed out (retried or dead-lettered by the retry policy). NULL: not set (no bound). Read at each claim, in the probe that reads lease_seconds; binds as the lease does (zeroth._policy_binds_caller).';
+
+--
+-- Name: COLUMN deployments.run_timeout_seconds; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.deployments.run_timeout_seconds IS 'Bound on a run''s total time (1 <= s <= 365 days) from its first claim, for the runs of the deployment that carry none: the first claim sets runs.run_deadline_at; past it the run is failed for good (stop_reason run_timeout) and a pending one is never started. NULL: not set (no bound). Read at each claim; binds as the lease does.';
 
 --
 -- Name: schedules; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
@@ -586,6 +608,10 @@ END) STORED NOT NULL,
     parent_run_id uuid,
     schedule_id uuid,
     attempt_recorded_generation bigint,
+    attempt_timeout_seconds integer,
+    run_timeout_seconds integer,
+    attempt_deadline_at timestamp with time zone,
+    run_deadline_at timestamp with time zone,
     CONSTRAINT runs_accounting_object CHECK (((accounting IS NULL) OR (jsonb_typeof(accounting) = 'object'::text))),
     CONSTRAINT runs_attempts_valid CHECK (((attempts >= 0) AND (max_attempts >= 1))),
     CONSTRAINT runs_cancel_action_valid CHECK (((cancel_action IS NULL) OR (cancel_action = ANY (ARRAY['cancel'::text, 'interrupt'::text, 'rollback'::text])))),
@@ -600,6 +626,7 @@ END) STORED NOT NULL,
     CONSTRAINT runs_slot_needs_lease CHECK (((admission_slot IS NULL) OR (lease_worker_id IS NOT NULL))),
     CONSTRAINT runs_tenant_nonempty CHECK ((tenant_id <> ''::text)),
     CONSTRAINT runs_thread_queue_waits CHECK (((thread_queued_at IS NULL) OR ((status = 'waiting'::zeroth.run_status) AND (thread_id IS NOT NULL)))),
+    CONSTRAINT runs_timeouts_valid CHECK ((((attempt_timeout_seconds IS NULL) OR ((attempt_timeout_seconds >= 1) AND (attempt_timeout_seconds <= (86400 * 30)))) AND ((run_timeout_seconds IS NULL) OR ((run_timeout_seconds >= 1) AND (run_timeout_seconds <= (86400 * 365)))))),
     CONSTRAINT runs_wait_reason_only_waiting CHECK (((wait_reason IS NULL) OR (status = 'waiting'::zeroth.run_status)))
 )
 WITH (fillfactor='80', autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_threshold='1000', autovacuum_vacuum_insert_scale_factor='0.05', autovacuum_analyze_scale_factor='0.02', autovacuum_analyze_threshold='1000');
@@ -665,6 +692,26 @@ COMMENT ON COLUMN zeroth.runs.schedule_id IS 'The schedule whose fire made this 
 -- Name: COLUMN runs.attempt_recorded_generation; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
 COMMENT ON COLUMN zeroth.runs.attempt_recorded_generation IS 'The lease generation whose ended attempt zeroth._settle recorded in zeroth.run_attempts itself (the trigger runs_attempt_history skips that end); NULL or an older generation otherwise.';
+
+--
+-- Name: COLUMN runs.attempt_timeout_seconds; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.runs.attempt_timeout_seconds IS 'This run''s own bound (whole seconds, 1 to 30 days) on an attempt''s wall time (enqueue_run / enqueue_runs), over the deployment''s; NULL: the deployment''s (zeroth.deployments.attempt_timeout_seconds), if any.';
+
+--
+-- Name: COLUMN runs.run_timeout_seconds; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.runs.run_timeout_seconds IS 'This run''s own bound (whole seconds, 1 to 365 days) on its total time from its first claim (enqueue_run / enqueue_runs), over the deployment''s; NULL: the deployment''s, if any.';
+
+--
+-- Name: COLUMN runs.attempt_deadline_at; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.runs.attempt_deadline_at IS 'The current (or last) attempt''s deadline on the database clock, fixed by the claim that leased it (claim time + the attempt timeout); the lease never runs past it. NULL: no bound.';
+
+--
+-- Name: COLUMN runs.run_deadline_at; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.runs.run_deadline_at IS 'The run''s deadline on the database clock, fixed by its first claim (claim time + the run timeout) and kept by every later one; past it the run is failed for good (stop_reason run_timeout). NULL: no bound. redrive_run clears it.';
 
 --
 -- Name: notification_secret; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
@@ -793,7 +840,7 @@ CREATE TABLE zeroth.run_attempts (
     outcome text,
     error jsonb,
     CONSTRAINT run_attempts_ended CHECK (((outcome IS NULL) = (ended_at IS NULL))),
-    CONSTRAINT run_attempts_outcome_valid CHECK ((outcome = ANY (ARRAY['completed'::text, 'failed'::text, 'dead_lettered'::text, 'cancelled'::text, 'recovered'::text, 'expired'::text, 'lease_lost'::text, 'handed_back'::text, 'released'::text, 'slept'::text, 'paused'::text, 'waited'::text])))
+    CONSTRAINT run_attempts_outcome_valid CHECK ((outcome = ANY (ARRAY['completed'::text, 'failed'::text, 'dead_lettered'::text, 'cancelled'::text, 'recovered'::text, 'expired'::text, 'lease_lost'::text, 'handed_back'::text, 'released'::text, 'slept'::text, 'paused'::text, 'waited'::text, 'timed_out'::text])))
 );
 
 ALTER TABLE zeroth.run_attempts OWNER TO zeroth_owner;
@@ -811,7 +858,7 @@ COMMENT ON COLUMN zeroth.run_attempts.attempt IS 'runs.attempts while the attemp
 --
 -- Name: COLUMN run_attempts.outcome; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
-COMMENT ON COLUMN zeroth.run_attempts.outcome IS 'How the attempt ended (rows here are ended attempts; NULL only in zeroth.attempt_history''s open rows). completed | failed (error) | dead_lettered (error) | cancelled | recovered (its lease expired and another worker or a takeover took the run) | expired (claimed, never started, the lease lapsed) | lease_lost (lease taken or cleared outside the functions'' rules: clear_lease, a DBA) | handed_back | released | slept | paused | waited.';
+COMMENT ON COLUMN zeroth.run_attempts.outcome IS 'How the attempt ended (rows here are ended attempts; NULL only in zeroth.attempt_history''s open rows). completed | failed (error) | dead_lettered (error) | cancelled | recovered (its lease expired and another worker or a takeover took the run) | expired (claimed, never started, the lease lapsed) | lease_lost (lease taken or cleared outside the functions'' rules: clear_lease, a DBA) | handed_back | released | slept | paused | waited | timed_out (its attempt or run deadline passed; error: stop_reason attempt_timeout or run_timeout).';
 
 --
 -- Name: child_waits; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
@@ -883,12 +930,12 @@ COMMENT ON TABLE zeroth.deployment_changes IS 'The audit log of zeroth.deploymen
 --
 -- Name: COLUMN deployment_changes.old_values; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
-COMMENT ON COLUMN zeroth.deployment_changes.old_values IS 'The defaults before the change (max_attempts, priority, managed_by, retry_base_seconds, retry_max_seconds, lease_seconds: since migration 0020, each only when set); NULL when the change created the row.';
+COMMENT ON COLUMN zeroth.deployment_changes.old_values IS 'The defaults before the change (max_attempts, priority, managed_by, retry_base_seconds, retry_max_seconds, lease_seconds: since migration 0020; attempt_timeout_seconds, run_timeout_seconds: since 0021; each only when set); NULL when the change created the row.';
 
 --
 -- Name: COLUMN deployment_changes.new_values; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
-COMMENT ON COLUMN zeroth.deployment_changes.new_values IS 'The defaults after the change (max_attempts, priority, managed_by, retry_base_seconds, retry_max_seconds, lease_seconds: since migration 0020, each only when set).';
+COMMENT ON COLUMN zeroth.deployment_changes.new_values IS 'The defaults after the change (max_attempts, priority, managed_by, retry_base_seconds, retry_max_seconds, lease_seconds: since migration 0020; attempt_timeout_seconds, run_timeout_seconds: since 0021; each only when set).';
 
 --
 -- Name: deployment_changes_change_id_seq; Type: SEQUENCE; Schema: zeroth; Owner: zeroth_owner

@@ -13,12 +13,13 @@ _CLAIM_COLUMNS = """run_id, lease_generation, lease_expires_at, status::text AS 
     max_attempts, priority, thread_id, idempotency_key, payload::text AS payload,
     metadata::text AS metadata, recovery_checkpoint_id, checkpoint_data::text AS checkpoint_data,
     cancel_requested, active_count, concurrency_saturated, concurrency_limit, retry_at,
-    retry_after"""
+    retry_after, deadline_at, deadline_in"""
 
 ENQUEUE_RUN = """SELECT run_id, created, status::text AS status FROM zeroth.enqueue_run(
     deployment_ref => $1, payload => $2::text::jsonb, tenant_id => $3, workspace_id => $4,
     priority => $5, run_after => $6, max_attempts => $7, idempotency_key => $8,
-    metadata => $9::text::jsonb, run_id => $10, thread_id => $11)"""
+    metadata => $9::text::jsonb, run_id => $10, thread_id => $11,
+    attempt_timeout_seconds => $12, run_timeout_seconds => $13)"""
 
 ENQUEUE_RUNS = """SELECT run_id, created, status::text AS status FROM zeroth.enqueue_runs(
     deployment_ref => $1, runs => $2::text::jsonb, tenant_id => $3, workspace_id => $4)
@@ -57,7 +58,7 @@ SET_SCOPE_LIMITS = """SELECT tenant_id, workspace_id, deployment_ref, max_concur
 RENEW_LEASE = """SELECT zeroth.renew_lease(run_id => $1, worker_id => $2, generation => $3,
     tenant_id => $4, workspace_id => $5, lease_seconds => $6)"""
 
-RENEW_LEASES = """SELECT run_id, renewed, lease_expires_at, cancel_requested
+RENEW_LEASES = """SELECT run_id, renewed, lease_expires_at, cancel_requested, sqlstate
     FROM zeroth.renew_leases(worker_id => $1, run_ids => $2, generations => $3,
     tenant_id => $4, workspace_id => $5, lease_seconds => $6)"""
 
@@ -229,18 +230,22 @@ GET_THREAD_RUN = f"""SELECT {_THREAD_RUN_COLUMNS} FROM zeroth.get_thread_run(run
 # -- the registry of deployments (0019_day_one.sql) ----------------------------------------------
 
 _REGISTRATION = """outcome, deployment_ref, max_attempts, priority, managed_by, version,
-    previous::text AS previous, retry_base_seconds, retry_max_seconds, lease_seconds"""
+    previous::text AS previous, retry_base_seconds, retry_max_seconds, lease_seconds,
+    attempt_timeout_seconds, run_timeout_seconds"""
 
 REGISTER_DEPLOYMENT = f"""SELECT {_REGISTRATION} FROM zeroth.register_deployment(
     deployment_ref => $1, max_attempts => $2, priority => $3, retry_base_seconds => $4,
-    retry_max_seconds => $5, lease_seconds => $6)"""
+    retry_max_seconds => $5, lease_seconds => $6, attempt_timeout_seconds => $7,
+    run_timeout_seconds => $8)"""
 
 SET_DEPLOYMENT_DEFAULTS = f"""SELECT {_REGISTRATION} FROM zeroth.set_deployment_defaults(
     deployment_ref => $1, max_attempts => $2, priority => $3, managed_by => $4,
-    retry_base_seconds => $5, retry_max_seconds => $6, lease_seconds => $7, unset => $8)"""
+    retry_base_seconds => $5, retry_max_seconds => $6, lease_seconds => $7, unset => $8,
+    attempt_timeout_seconds => $9, run_timeout_seconds => $10)"""
 
 LIST_DEPLOYMENTS = """SELECT deployment_ref, max_attempts, priority, managed_by, version,
-    created_at, updated_at, updated_by, retry_base_seconds, retry_max_seconds, lease_seconds
+    created_at, updated_at, updated_by, retry_base_seconds, retry_max_seconds, lease_seconds,
+    attempt_timeout_seconds, run_timeout_seconds
     FROM zeroth.list_deployments(deployment_ref => $1)"""
 
 # -- operator reads of the zeroth-pg command (zeroth_pg/cli): views and tables; its writes go

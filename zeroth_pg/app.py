@@ -35,6 +35,7 @@ import contextvars
 import functools
 import inspect
 import logging
+import math
 import os
 import threading
 import types
@@ -67,7 +68,8 @@ _UNREGISTRABLE = frozenset({"42501", "42883"})
 #: handler parameter may not share a name with one.
 ENQUEUE_OPTIONS = frozenset({"tenant_id", "workspace_id", "priority", "run_after",
                              "max_attempts", "idempotency_key", "metadata", "run_id",
-                             "thread_id", "conn"})
+                             "thread_id", "attempt_timeout_seconds", "run_timeout_seconds",
+                             "conn"})
 
 _NoneType = type(None)
 
@@ -388,7 +390,9 @@ class Deployment:
 
     def __init__(self, app: App, name: str, fn: Callable[..., Any], *, max_attempts: int,
                  priority: int, retry: RetryPolicy | None, concurrency: int | None,
-                 lease_seconds: float | None = None) -> None:
+                 lease_seconds: float | None = None,
+                 attempt_timeout_seconds: float | None = None,
+                 run_timeout_seconds: float | None = None) -> None:
         if not isinstance(name, str) or not name:
             raise TypeError("a deployment needs a non-empty name")
         if concurrency is not None and (not isinstance(concurrency, int) or concurrency < 1):
@@ -400,6 +404,12 @@ class Deployment:
             # deployment that names none; a shorter one lapses before its run can start.
             raise ValueError(f"deployment {name!r}: lease_seconds must be a number in "
                              "[1, 86400]")
+        # Registered (zeroth.deployments: zeroth._check_timeouts' bounds): checked here first.
+        for what, value, top in (("attempt_timeout_seconds", attempt_timeout_seconds, 86400 * 30),
+                                 ("run_timeout_seconds", run_timeout_seconds, 86400 * 365)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
+                                      or not 1 <= value <= top):
+                raise ValueError(f"deployment {name!r}: {what} must be a number in [1, {top}]")
         self.app = app
         self.name = name
         self.fn = fn
@@ -408,6 +418,12 @@ class Deployment:
         self.retry = retry
         #: The lease of a claim of its runs that names none (None: not set), registered.
         self.lease_seconds = None if lease_seconds is None else float(lease_seconds)
+        #: The bound on an attempt's wall time and on a run's total time (None: not set),
+        #: registered; the claims fix them as deadlines on the database clock.
+        self.attempt_timeout_seconds = (None if attempt_timeout_seconds is None
+                                        else float(attempt_timeout_seconds))
+        self.run_timeout_seconds = (None if run_timeout_seconds is None
+                                    else float(run_timeout_seconds))
         #: Handlers of this deployment running at once in one worker (None: the worker's).
         self.concurrency = concurrency
         # A callable object with an async __call__ is a coroutine function too.
@@ -509,6 +525,12 @@ class Deployment:
         return await _in_thread(self.fn, run, payload)
 
 
+def _whole_seconds(seconds: float | None) -> int | None:
+    """A declared timeout as a run's own (whole seconds: zeroth.runs keeps them as integers),
+    rounded up: sent with each enqueue only while the registry does not hold the declared one."""
+    return None if seconds is None else math.ceil(seconds)
+
+
 class _Configured:
     """A deployment with bound enqueue options (:meth:`Deployment.configure`)."""
 
@@ -538,13 +560,20 @@ class _Configured:
             max_attempts=options.get("max_attempts", None if registered else d.max_attempts),
             idempotency_key=options.get("idempotency_key"), metadata=options.get("metadata"),
             run_id=options.get("run_id"), thread_id=options.get("thread_id"),
+            attempt_timeout_seconds=options.get(
+                "attempt_timeout_seconds",
+                None if registered else _whole_seconds(d.attempt_timeout_seconds)),
+            run_timeout_seconds=options.get(
+                "run_timeout_seconds",
+                None if registered else _whole_seconds(d.run_timeout_seconds)),
             conn=options.get("conn"))
 
     async def enqueue_many(self, payloads: Iterable[Mapping[str, Any]],
                            **options: Any) -> list[EnqueuedRun]:
         d = self._deployment
         bound = {**self._options, **options}
-        per_run = {"priority", "max_attempts", "run_after", "metadata"}
+        per_run = {"priority", "max_attempts", "run_after", "metadata",
+                   "attempt_timeout_seconds", "run_timeout_seconds"}
         unknown = sorted(set(bound) - per_run - {"tenant_id", "workspace_id", "conn"})
         if unknown:
             raise TypeError(f"enqueue_many takes no option(s) {', '.join(unknown)} (they name "
@@ -568,7 +597,11 @@ class _Configured:
                 bad.append(f"payload [{i}]: {exc}")
                 continue
             item: dict[str, Any] = {"payload": checked}
-            for option, declared in (("priority", d.priority), ("max_attempts", d.max_attempts)):
+            for option, declared in (("priority", d.priority), ("max_attempts", d.max_attempts),
+                                     ("attempt_timeout_seconds",
+                                      _whole_seconds(d.attempt_timeout_seconds)),
+                                     ("run_timeout_seconds",
+                                      _whole_seconds(d.run_timeout_seconds))):
                 if bound.get(option) is not None:
                     item[option] = bound[option]
                 elif not registered:
@@ -623,6 +656,8 @@ class App:
                    retry: RetryPolicy | None = None,
                    concurrency: int | None = None,
                    lease_seconds: float | None = None,
+                   attempt_timeout_seconds: float | None = None,
+                   run_timeout_seconds: float | None = None,
                    ) -> Callable[[Callable[..., Any]], Deployment]:
         """Register the decorated function as the handler of deployment ``name`` (default: the
         function's name). ``max_attempts`` and ``priority`` are the defaults of its runs,
@@ -633,7 +668,12 @@ class App:
         local limit of its handlers in one worker (the fleet-wide limits of a scope are
         ``zeroth.scope_limits``: ``zeroth-pg deployments``). The App's worker holds every lease
         for the longest ``lease_seconds`` of the deployments it serves (else the App's
-        ``lease_duration``)."""
+        ``lease_duration``). ``attempt_timeout_seconds`` / ``run_timeout_seconds``: the bound on
+        an attempt's wall time and on a run's total time from its first claim, registered too:
+        the claims fix them as deadlines on the database clock, renewals never pass them, the
+        worker stops the handler at the deadline and the run is retried (an attempt timeout,
+        by ``max_attempts`` and ``retry``) or failed for good (a run timeout); an enqueue may
+        give a run its own (``enqueue(..., attempt_timeout_seconds=…)``)."""
 
         def register(fn: Callable[..., Any]) -> Deployment:
             chosen = name or fn.__name__
@@ -642,7 +682,9 @@ class App:
                                  f"(by {_label(self._deployments[chosen].fn)})")
             deployment = Deployment(self, chosen, fn, max_attempts=max_attempts,
                                     priority=priority, retry=retry, concurrency=concurrency,
-                                    lease_seconds=lease_seconds)
+                                    lease_seconds=lease_seconds,
+                                    attempt_timeout_seconds=attempt_timeout_seconds,
+                                    run_timeout_seconds=run_timeout_seconds)
             self._deployments[chosen] = deployment
             # A deployment declared after the registration: registered on the next open.
             self._registered = self._unregistrable = False
@@ -798,7 +840,9 @@ class App:
                     d.name, max_attempts=d.max_attempts, priority=d.priority,
                     retry_base_seconds=None if d.retry is None else d.retry.base_seconds,
                     retry_max_seconds=None if d.retry is None else d.retry.max_seconds,
-                    lease_seconds=d.lease_seconds, conn=conn)
+                    lease_seconds=d.lease_seconds,
+                    attempt_timeout_seconds=d.attempt_timeout_seconds,
+                    run_timeout_seconds=d.run_timeout_seconds, conn=conn)
                     for d in deployments]
         except DatabaseError as exc:
             if not quiet or exc.code not in _UNREGISTRABLE:

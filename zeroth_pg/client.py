@@ -142,6 +142,8 @@ def _claimed(row: asyncpg.Record) -> ClaimedRun:
         checkpoint_data=checkpoint,
         cancel_requested=row["cancel_requested"],
         undecodable="; ".join(problems) or None,
+        deadline_at=row["deadline_at"],
+        deadline_in=row["deadline_in"],
     )
 
 
@@ -196,20 +198,29 @@ class LeaseManager:
         metadata: Mapping[str, Any] | None = None,
         run_id: RunId | None = None,
         thread_id: str | None = None,
+        attempt_timeout_seconds: int | None = None,
+        run_timeout_seconds: int | None = None,
         conn: Executor | None = None,
     ) -> EnqueuedRun:
         """Create a pending run (``zeroth.enqueue_run``); ``priority`` / ``max_attempts`` None:
-        the deployment's registered defaults (:meth:`register_deployment`), else 0 / 3; a
+        the deployment's registered defaults (:meth:`register_deployment`), else 0 / 3;
+        ``attempt_timeout_seconds`` / ``run_timeout_seconds``: this run's bound on an attempt's
+        wall time and on its total time from its first claim, whole seconds (None: the
+        deployment's); a
         repeated idempotency key returns the existing run with ``created=False``; a key
         starting ``zeroth-schedule:`` (the schedules' own) raises ReservedKeyError. With
         OpenTelemetry, a ``send`` span whose trace context goes into ``metadata``
         (:mod:`zeroth_pg.tracing`)."""
+        for name, value in (("attempt_timeout_seconds", attempt_timeout_seconds),
+                            ("run_timeout_seconds", run_timeout_seconds)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise InvalidArgumentError(f"{name} must be whole seconds (an int) or None")
         with tracing.send(deployment_ref, tenant_id, workspace_id) as span:
             rows = await self._fetch(
                 _calls.ENQUEUE_RUN, deployment_ref, _object(payload, "payload"), tenant_id,
                 workspace_id, priority, run_after, max_attempts, idempotency_key,
                 _object(tracing.inject(metadata), "metadata"), _uuid(run_id), thread_id,
-                conn=conn)
+                attempt_timeout_seconds, run_timeout_seconds, conn=conn)
             tracing.sent(span, rows[0]["run_id"])
         return _enqueued(rows[0])
 
@@ -398,7 +409,9 @@ class LeaseManager:
         workspace_id: str | None = None,
         conn: Executor | None = None,
     ) -> bool:
-        """Extend a live lease (``zeroth.renew_lease``); False when taken over or expired."""
+        """Extend a live lease (``zeroth.renew_lease``), never past the attempt's or run's
+        deadline; False when taken over or expired, :class:`DeadlinePassedError` (ZP013) when
+        refused because the holder's deadline passed."""
         return bool(await self._fetchval(
             _calls.RENEW_LEASE, _uuid(run_id), worker_id, generation, tenant_id, workspace_id,
             self.lease_duration_seconds, conn=conn))
@@ -425,7 +438,8 @@ class LeaseManager:
             self.lease_duration_seconds, conn=conn)
         return [LeaseRenewal(run_id=row["run_id"], renewed=row["renewed"],
                              lease_expires_at=row["lease_expires_at"],
-                             cancel_requested=row["cancel_requested"]) for row in rows]
+                             cancel_requested=row["cancel_requested"],
+                             sqlstate=row["sqlstate"]) for row in rows]
 
     async def current_generation(
         self, run_id: RunId, *, tenant_id: str | None = None, workspace_id: str | None = None,
@@ -942,16 +956,18 @@ class LeaseManager:
     async def register_deployment(
         self, deployment_ref: str, *, max_attempts: int = 3, priority: int = 0,
         retry_base_seconds: float | None = None, retry_max_seconds: float | None = None,
-        lease_seconds: float | None = None, conn: Executor | None = None,
+        lease_seconds: float | None = None, attempt_timeout_seconds: float | None = None,
+        run_timeout_seconds: float | None = None, conn: Executor | None = None,
     ) -> DeploymentRegistration:
         """Declare a deployment's defaults, what enqueue_run gives a run that names none, the
-        retry policy fail_run applies and the lease a claim gives when their callers pass none
-        (None: not set) (``zeroth.register_deployment``): created, updated (the last
+        retry policy fail_run applies and the lease a claim gives when their callers pass none,
+        and the bound on an attempt's wall time and on a run's total time the claims fix as
+        deadlines (None: not set) (``zeroth.register_deployment``): created, updated (the last
         registration wins; the change is in ``zeroth.deployment_changes``), unchanged, or kept
         as a DBA set them."""
         rows = await self._fetch(_calls.REGISTER_DEPLOYMENT, deployment_ref, max_attempts,
                                  priority, retry_base_seconds, retry_max_seconds, lease_seconds,
-                                 conn=conn)
+                                 attempt_timeout_seconds, run_timeout_seconds, conn=conn)
         return _registration(rows[0])
 
     async def set_deployment_defaults(
@@ -959,12 +975,14 @@ class LeaseManager:
         priority: int | None = None, managed_by: str = "sql",
         retry_base_seconds: float | None = None, retry_max_seconds: float | None = None,
         lease_seconds: float | None = None, unset: Sequence[str] | None = (),
+        attempt_timeout_seconds: float | None = None, run_timeout_seconds: float | None = None,
         conn: Executor | None = None,
     ) -> DeploymentRegistration:
         """Set a deployment's defaults as a DBA (``zeroth.set_deployment_defaults``, admin:
         granted to nobody, run as a member of zeroth_owner); None keeps a value, ``unset``
         names the policy values (``retry_base_seconds``, ``retry_max_seconds``,
-        ``lease_seconds``) to set back to not set. ``managed_by="sql"`` keeps them against
+        ``lease_seconds``, ``attempt_timeout_seconds``, ``run_timeout_seconds``) to set back
+        to not set. ``managed_by="sql"`` keeps them against
         applications' registrations, ``"app"`` hands them back. Runs enqueued before keep
         their attempts and priority; a retry policy applies from the next failure, a lease
         from the next claim."""
@@ -972,7 +990,8 @@ class LeaseManager:
             raise InvalidArgumentError("unset must be a list of value names")
         rows = await self._fetch(_calls.SET_DEPLOYMENT_DEFAULTS, deployment_ref, max_attempts,
                                  priority, managed_by, retry_base_seconds, retry_max_seconds,
-                                 lease_seconds, list(unset or ()), conn=conn)
+                                 lease_seconds, list(unset or ()), attempt_timeout_seconds,
+                                 run_timeout_seconds, conn=conn)
         return _registration(rows[0])
 
     async def list_deployments(
@@ -987,7 +1006,9 @@ class LeaseManager:
             created_at=row["created_at"], updated_at=row["updated_at"],
             updated_by=row["updated_by"], retry_base_seconds=row["retry_base_seconds"],
             retry_max_seconds=row["retry_max_seconds"],
-            lease_seconds=row["lease_seconds"]) for row in rows]
+            lease_seconds=row["lease_seconds"],
+            attempt_timeout_seconds=row["attempt_timeout_seconds"],
+            run_timeout_seconds=row["run_timeout_seconds"]) for row in rows]
 
     # -- schedules -------------------------------------------------------------------------
     # A DBA's (create/alter/pause/resume/delete: admin functions, run as zeroth_owner) and an
@@ -1132,7 +1153,8 @@ def _registration(row: asyncpg.Record) -> DeploymentRegistration:
         managed_by=row["managed_by"], version=int(row["version"]),
         previous=None if previous is None else _loads(previous),
         retry_base_seconds=row["retry_base_seconds"], retry_max_seconds=row["retry_max_seconds"],
-        lease_seconds=row["lease_seconds"])
+        lease_seconds=row["lease_seconds"], attempt_timeout_seconds=row["attempt_timeout_seconds"],
+        run_timeout_seconds=row["run_timeout_seconds"])
 
 
 def _schedule(row: asyncpg.Record) -> Schedule:

@@ -25,6 +25,7 @@ __all__ = [
     "ChildRunConflictError",
     "ConnectionLostError",
     "DatabaseError",
+    "DeadlinePassedError",
     "ErrorDescription",
     "EventTimeoutError",
     "FenceColumnWriteError",
@@ -147,6 +148,17 @@ class TransitionNotListedError(InvalidTransitionError):
     sqlstate = "ZP012"
 
 
+class DeadlinePassedError(LeaseLostError):
+    """ZP013: the holder's attempt deadline or run deadline (``attempt_timeout_seconds`` /
+    ``run_timeout_seconds``, fixed by the claim on the database clock) has passed, so its lease
+    cannot be renewed: raised by renew_lease, reported per run by renew_leases (its ``sqlstate``
+    column). The attempt is over: its holder settles it as a timeout while its lease still lives,
+    else the orphan sweep ends it (retried or dead-lettered by the retry policy, or failed for
+    good past the run deadline). A LeaseLostError, so code that stops on a lost lease stops."""
+
+    sqlstate = "ZP013"
+
+
 class NonRetryableError(ZerothError):
     """Raised by a handler (or for it): fail this run now, without a retry, whatever attempts it
     has left (``zeroth.fail_run`` with ``retryable => false``: status failed)."""
@@ -225,6 +237,7 @@ _BY_SQLSTATE: dict[str, type[ZerothError]] = {
         ChildRunConflictError,
         ReservedKeyError,
         TransitionNotListedError,
+        DeadlinePassedError,
     )
     if cls.sqlstate is not None
 }

@@ -73,6 +73,9 @@ class SettleKind(StrEnum):
     FAIL = "fail"  # fail_run not retryable
     CANCEL = "cancel"  # cancel_run
     HAND_BACK = "hand_back"  # hand_back_to_pending
+    #: The attempt's deadline came (its handler was stopped): retried as RETRY, stop_reason
+    #: attempt_timeout; past the run's deadline the run fails for good (run_timed_out).
+    TIMEOUT = "timeout"
 
 
 class SettleOutcome(StrEnum):
@@ -84,6 +87,8 @@ class SettleOutcome(StrEnum):
     DEAD_LETTERED = "dead_lettered"
     CANCELLED = "cancelled"
     HANDED_BACK = "handed_back"
+    TIMED_OUT = "timed_out"  # the attempt's deadline: retried with backoff
+    RUN_TIMED_OUT = "run_timed_out"  # the run's deadline: failed for good
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,6 +259,13 @@ class ClaimedRun:
     #: an integer of more than 4,300 digits); those fields are then empty. None: all decoded.
     #: The worker fails such a run without a retry instead of losing its whole claim batch.
     undecodable: str | None = None
+    #: The earlier of the attempt's and the run's deadline on the database clock (the
+    #: deployment's or the run's attempt_timeout_seconds / run_timeout_seconds, fixed by the
+    #: claim; the lease never runs past it), None without one. The worker stops the handler then.
+    deadline_at: datetime | None = None
+    #: Seconds from the claim's database time to ``deadline_at`` (None without one): what a
+    #: worker measures on its own monotonic clock.
+    deadline_in: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -369,6 +381,9 @@ class LeaseRenewal:
     renewed: bool | None
     lease_expires_at: datetime | None
     cancel_requested: bool
+    #: ``ZP013`` (DeadlinePassedError.sqlstate) when not renewed because the attempt's or the
+    #: run's deadline passed; None otherwise.
+    sqlstate: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -441,7 +456,9 @@ class DeploymentDefaults:
     (``zeroth.deployment_changes``); ``updated_by``: the session user of the last change.
     ``retry_base_seconds`` / ``retry_max_seconds``: the backoff ``fail_run`` applies when its
     caller passes none (read at each failure); ``lease_seconds``: the lease of a claim that
-    names none; None: not set (1 / 300 s, 60 s)."""
+    names none; ``attempt_timeout_seconds`` / ``run_timeout_seconds``: the bound on an attempt's
+    wall time and on a run's total time from its first claim, for runs that carry none (the
+    claims fix them as deadlines); None: not set (1 / 300 s, 60 s, no bound)."""
 
     deployment_ref: str
     max_attempts: int
@@ -454,15 +471,18 @@ class DeploymentDefaults:
     retry_base_seconds: float | None = None
     retry_max_seconds: float | None = None
     lease_seconds: float | None = None
+    attempt_timeout_seconds: float | None = None
+    run_timeout_seconds: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class DeploymentRegistration:
     """Result of register_deployment / set_deployment_defaults: ``outcome`` is created,
     updated, unchanged or kept (a DBA set the deployment's defaults: left as they are), with the
-    defaults as they now are (``retry_base_seconds``, ``retry_max_seconds``, ``lease_seconds``:
-    None when not set); ``previous``: the values an update replaced (``max_attempts``,
-    ``priority``, ``managed_by``, and each policy value that was set), else None."""
+    defaults as they now are (``retry_base_seconds``, ``retry_max_seconds``, ``lease_seconds``,
+    ``attempt_timeout_seconds``, ``run_timeout_seconds``: None when not set); ``previous``:
+    the values an update replaced (``max_attempts``, ``priority``, ``managed_by``, and each
+    policy value that was set), else None."""
 
     outcome: str
     deployment_ref: str
@@ -474,6 +494,8 @@ class DeploymentRegistration:
     retry_base_seconds: float | None = None
     retry_max_seconds: float | None = None
     lease_seconds: float | None = None
+    attempt_timeout_seconds: float | None = None
+    run_timeout_seconds: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,11 @@ CREATE OR REPLACE FUNCTION zeroth.claim_and_start_scopes(
 DECLARE
     v_now     timestamptz := zeroth._now();
     v_lease   interval;
-    v_leases  jsonb;  -- lease_seconds NULL: the registered lease of each deployment that has one
+    -- lease_seconds NULL: [lease_seconds, attempt_timeout_seconds, run_timeout_seconds] of each
+    -- deployment that has one set, from a row that binds this session (issue 34 item 2: the
+    -- timeouts in the lookup that reads the lease; with a lease given, _claim_in_scope reads them
+    -- in its locking statement)
+    v_policy  jsonb;
     v_tenants text[];
     v_wskeys  text[];
     v_depref  text[];
@@ -55,11 +59,14 @@ BEGIN
                             'max_concurrency must be NULL or at least 1');
     IF claim_and_start_scopes.lease_seconds IS NOT NULL THEN
         v_lease := zeroth._lease_interval(claim_and_start_scopes.lease_seconds);
-    ELSE  -- one primary-key lookup per deployment named; else 60 s
-        v_leases := (SELECT jsonb_object_agg(d.deployment_ref, d.lease_seconds)
+    ELSE  -- one primary-key lookup per deployment named: its lease (else 60 s) and timeouts
+        v_policy := (SELECT coalesce(jsonb_object_agg(d.deployment_ref, jsonb_build_array(
+                                d.lease_seconds, d.attempt_timeout_seconds, d.run_timeout_seconds)),
+                                     '{}')
                        FROM zeroth.deployments d
                       WHERE d.deployment_ref = ANY (claim_and_start_scopes.deployment_refs)
-                        AND d.lease_seconds IS NOT NULL
+                        AND (d.lease_seconds IS NOT NULL OR d.attempt_timeout_seconds IS NOT NULL
+                             OR d.run_timeout_seconds IS NOT NULL)
                         AND zeroth._policy_binds_caller(d.managed_by, d.registered_by));
     END IF;
     -- The scopes with due work and their limits, in a weighted random order: sorting by
@@ -129,8 +136,11 @@ BEGIN
                                               v_rates[i], v_ask,
                                               v_now,
                                               coalesce(v_lease, make_interval(secs => coalesce(
-                                                  (v_leases ->> v_depref[i])::double precision, 60))),
-                                              true) AS c
+                                                  (v_policy -> v_depref[i] ->> 0)::double precision, 60))),
+                                              true,
+                                              (v_policy -> v_depref[i] ->> 1)::double precision,
+                                              (v_policy -> v_depref[i] ->> 2)::double precision,
+                                              v_policy IS NOT NULL) AS c
             LOOP
                 IF v_out.run_id IS NOT NULL THEN
                     v_got := v_got + 1;

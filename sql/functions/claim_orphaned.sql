@@ -17,7 +17,10 @@ CREATE OR REPLACE FUNCTION zeroth._claim_orphaned(
     SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_now    timestamptz := zeroth._now();
-    v_lease  interval := zeroth._deployment_lease(_claim_orphaned.deployment_ref, _claim_orphaned.lease_seconds);
+    -- The lease and, with the lease NULL, the deployment's timeouts in the probe that reads it
+    -- (issue 34 item 2; a given lease reads nothing here: step 2's locking statement reads them).
+    v_policy record := zeroth._deployment_claim_policy(_claim_orphaned.deployment_ref, _claim_orphaned.lease_seconds);
+    v_lease  interval := v_policy.lease;
     v_grace  interval := zeroth._grace_interval(_claim_orphaned.grace_seconds);
     v_tenant text := zeroth._scope_tenant(_claim_orphaned.tenant_id, _claim_orphaned.workspace_id);
     v_wskey  text := zeroth._workspace_key(_claim_orphaned.workspace_id);
@@ -36,6 +39,8 @@ DECLARE
     v_paused boolean;
     v_rate   text;
     v_taken  record;
+    v_late   boolean[];
+    v_timeouts double precision[];
 BEGIN
     PERFORM zeroth._require_identifier(_claim_orphaned.deployment_ref, 'deployment_ref');
     PERFORM zeroth._require_identifier(_claim_orphaned.worker_id, 'worker_id');
@@ -58,19 +63,55 @@ BEGIN
     --    the others are recovered. The common case pays one subtransaction, none without such
     --    orphans. Not isolated (claim_orphaned_scopes' first pass, itself in one subtransaction):
     --    no subtransaction at all, an error goes up.
-    SELECT coalesce(array_agg(o.run_id ORDER BY o.lease_expires_at), '{}'),
-           coalesce(array_agg(o.resumable ORDER BY o.lease_expires_at), '{}')
-      INTO v_ends, v_resumable
-      FROM (SELECT r.run_id, r.resumable, r.lease_expires_at
+    --    First among them (issue 34 item 2), in the same statement: the runs past a deadline,
+    --    whatever else is true of them (late): a lease that lapsed at its attempt deadline (timed
+    --    out: retried or dead-lettered by the retry policy) or a run past its run deadline
+    --    (failed for good), each ended by zeroth._end_timed_out (SKIP LOCKED, re-checked, settled
+    --    through zeroth._settle). A run with no deadline is never late (NULL is not true).
+    SELECT coalesce(array_agg(o.run_id ORDER BY o.late DESC, o.lease_expires_at), '{}'),
+           coalesce(array_agg(o.resumable ORDER BY o.late DESC, o.lease_expires_at), '{}'),
+           coalesce(array_agg(o.late ORDER BY o.late DESC, o.lease_expires_at), '{}')
+      INTO v_ends, v_resumable, v_late
+      FROM (SELECT r.run_id, r.resumable, r.lease_expires_at,
+                   coalesce(r.lease_expires_at >= r.attempt_deadline_at
+                            OR r.run_deadline_at <= v_now, false) AS late
               FROM zeroth.runs r
              WHERE r.tenant_id = v_tenant
                AND r.workspace_key = v_wskey
                AND r.deployment_ref = _claim_orphaned.deployment_ref
                AND r.status = 'running'
                AND ((r.resumable AND r.attempts >= r.max_attempts AND r.lease_expires_at < v_now)
-                    OR (NOT r.resumable AND r.lease_expires_at + v_grace < v_now))
-             ORDER BY r.lease_expires_at
+                    OR (NOT r.resumable AND r.lease_expires_at + v_grace < v_now)
+                    OR (r.lease_expires_at < v_now
+                        AND (r.lease_expires_at >= r.attempt_deadline_at
+                             OR r.run_deadline_at <= v_now)))
+             ORDER BY 4 DESC, r.lease_expires_at
              LIMIT coalesce(nullif(_claim_orphaned.claim_limit, 0), 100)) AS o;
+    -- The late ones first (they lead the arrays), each in its own call (a run it skips is the
+    -- next pass's); the others after them. Isolated, a late run whose end raises is rolled back
+    -- alone and dead-lettered (zeroth._end_unrecoverable), as every other end of this sweep.
+    FOR v_i IN 1 .. cardinality(v_late) LOOP
+        EXIT WHEN NOT v_late[v_i];
+        IF NOT _claim_orphaned.isolated THEN
+            PERFORM zeroth._end_timed_out(v_tenant, v_wskey, v_ends[v_i], v_now);
+            CONTINUE;
+        END IF;
+        BEGIN
+            PERFORM zeroth._end_timed_out(v_tenant, v_wskey, v_ends[v_i], v_now);
+        EXCEPTION WHEN OTHERS THEN
+            GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_msg = MESSAGE_TEXT;
+            IF zeroth._lock_timed_out(v_state) THEN
+                RAISE WARNING 'zeroth: the timeout of run % waited too long for a lock (%); it is left as it was and tried again on the next pass',
+                    v_ends[v_i], left(v_msg, 500);
+                CONTINUE;
+            ELSIF zeroth._transient_sqlstate(v_state) THEN
+                RAISE;
+            END IF;
+            PERFORM zeroth._end_unrecoverable(v_tenant, v_wskey, v_ends[v_i], v_now, v_state, v_msg);
+        END;
+    END LOOP;
+    v_ends := ARRAY(SELECT e.id FROM unnest(v_ends, v_late) AS e(id, late) WHERE NOT e.late);
+    v_resumable := v_resumable[cardinality(v_late) - cardinality(v_ends) + 1 :];
     IF cardinality(v_ends) > 0 AND NOT _claim_orphaned.isolated THEN
         FOR v_i IN 1 .. cardinality(v_ends) LOOP
             PERFORM zeroth._take_over(v_tenant, v_wskey, v_ends[v_i],
@@ -162,13 +203,23 @@ BEGIN
            AND r.lease_expires_at < v_now
            AND r.resumable
            AND r.attempts < r.max_attempts
+           -- never re-lease a run past a deadline (step 1 ends it; issue 34 item 2)
+           AND NOT coalesce(r.lease_expires_at >= r.attempt_deadline_at OR r.run_deadline_at <= v_now, false)
          ORDER BY r.lease_expires_at, r.started_at
          LIMIT v_want
            FOR UPDATE SKIP LOCKED
     )
     SELECT coalesce(array_agg(l.run_id ORDER BY l.lease_expires_at, l.started_at), '{}'),
-           coalesce(array_agg(l.ctid ORDER BY l.lease_expires_at, l.started_at), '{}')
-      INTO v_ids, v_tids FROM locked l;
+           coalesce(array_agg(l.ctid ORDER BY l.lease_expires_at, l.started_at), '{}'),
+           -- The deployment's timeouts when not read with the lease: an InitPlan of this
+           -- statement (one primary-key probe), not a statement of its own.
+           CASE WHEN NOT v_policy.timeouts_known
+                THEN (SELECT ARRAY[d.attempt_timeout_seconds, d.run_timeout_seconds]
+                        FROM zeroth.deployments d
+                       WHERE d.deployment_ref = _claim_orphaned.deployment_ref
+                         AND zeroth._policy_binds_caller(d.managed_by, d.registered_by))
+                ELSE ARRAY[v_policy.attempt_timeout_seconds, v_policy.run_timeout_seconds] END
+      INTO v_ids, v_tids, v_timeouts FROM locked l;
     IF v_rate IS NOT NULL THEN
         PERFORM zeroth._log_rate(v_rate, cardinality(v_ids), v_now);  -- orphans: the sweep's
         -- next pass (not a retry_at on the rows) takes what the limit held back
@@ -179,13 +230,13 @@ BEGIN
     IF cardinality(v_ids) = 0 OR NOT _claim_orphaned.isolated THEN
         RETURN QUERY SELECT * FROM zeroth._lease_locked_runs(
             v_tenant, v_wskey, v_ids, v_tids, v_slots, _claim_orphaned.worker_id, v_now, v_lease, v_active,
-            v_limit, false);
+            v_limit, false, v_timeouts[1], v_timeouts[2]);
         RETURN;
     END IF;
     BEGIN
         v_rows := ARRAY(SELECT c FROM zeroth._lease_locked_runs(
             v_tenant, v_wskey, v_ids, v_tids, v_slots, _claim_orphaned.worker_id, v_now, v_lease, v_active,
-            v_limit, false) AS c);
+            v_limit, false, v_timeouts[1], v_timeouts[2]) AS c);
     EXCEPTION WHEN OTHERS THEN
         IF zeroth._transient_sqlstate(SQLSTATE) AND NOT zeroth._lock_timed_out(SQLSTATE) THEN
             RAISE;
@@ -195,7 +246,8 @@ BEGIN
             BEGIN
                 v_rows := v_rows || ARRAY(SELECT c FROM zeroth._lease_locked_runs(
                     v_tenant, v_wskey, ARRAY[v_ids[v_i]], v_tids[v_i:v_i], v_slots[v_i:v_i], _claim_orphaned.worker_id,
-                    v_now, v_lease, v_active, v_limit, false) AS c WHERE c.run_id IS NOT NULL);
+                    v_now, v_lease, v_active, v_limit, false, v_timeouts[1],
+                    v_timeouts[2]) AS c WHERE c.run_id IS NOT NULL);
             EXCEPTION WHEN OTHERS THEN
                 GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_msg = MESSAGE_TEXT;
                 IF zeroth._lock_timed_out(v_state) THEN
@@ -220,6 +272,10 @@ ALTER FUNCTION zeroth._claim_orphaned(text, text, text, text, integer, integer, 
 REVOKE ALL ON FUNCTION zeroth._claim_orphaned(text, text, text, text, integer, integer, double precision, double precision, boolean) FROM PUBLIC;
 
 -- claim_orphaned: recover running runs whose lease expired (crashed or stalled owners).
+--   0. First (in step 1's statement) it ends the runs past a deadline (issue 34 item 2): a lease that lapsed at its
+--      attempt deadline → timed out (pending with backoff, or dead-lettered with no attempt left;
+--      stop_reason attempt_timeout), a run past its run deadline → failed (stop_reason
+--      run_timeout), through zeroth._settle as of the lapse (zeroth._end_timed_out).
 --   1. First it ends, at most claim_limit (or 100) of them, the orphans nobody may resume, as
 --      claim_for_takeover would: a resumable run out of attempts is dead-lettered (stop_reason
 --      attempts_exhausted), a non-resumable run whose lease expired more than grace_seconds ago
@@ -263,7 +319,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION zeroth.claim_orphaned(text, text, text, text, integer, integer, double precision, double precision) IS
-'claim_orphaned: recover running runs whose lease expired. First ends the ones nobody may resume (resumable but out of attempts → failed + dead-lettered, stop_reason attempts_exhausted; not resumable and expired more than grace_seconds ago → failed, stop_reason orphan_recovered; cancel requested → cancelled), then re-leases resumable ones with attempts left: new generation, attempt counted, recovery_checkpoint_id = latest checkpoint. claim_limit bounds the batch (0: end only, re-lease nothing). The scope''s zeroth.scope_limits row applies: its max_concurrency replaces the argument; paused re-leases nothing; its rate_limit key caps the re-leases (rolling window). A run whose end or re-lease raises is rolled back alone and dead-lettered (stop_reason recovery_failed), so one bad run never stops the others'' recovery. Runs under lock_timeout 2 s: a run whose recovery waits longer for a lock (a row someone holds in an open transaction) is left as it was, with a WARNING, for the next pass, and the others are recovered. A single run_id-NULL row reports saturation (an orphan is waiting but no slot is free), a rate limit holding it back (retry_at: when a start becomes possible) or a definitive empty scan. SKIP LOCKED throughout. lease_seconds NULL (the default): the deployment''s registered lease (zeroth.deployments.lease_seconds: a DBA''s, or this login''s own registration), else 60 s. Raises ZP006, ZP008. Notifies zeroth_wakeup for the runs it ended. Time: clock_timestamp().';
+'claim_orphaned: recover running runs whose lease expired. First ends the runs past a deadline (a lease that lapsed at its attempt deadline: timed out, retried with backoff or dead-lettered by the retry policy, stop_reason attempt_timeout; past the run deadline: failed, stop_reason run_timeout; both as of the lapse, through the settle path), then the ones nobody may resume (resumable but out of attempts → failed + dead-lettered, stop_reason attempts_exhausted; not resumable and expired more than grace_seconds ago → failed, stop_reason orphan_recovered; cancel requested → cancelled), then re-leases resumable ones with attempts left: new generation, attempt counted, recovery_checkpoint_id = latest checkpoint. claim_limit bounds the batch (0: end only, re-lease nothing). The scope''s zeroth.scope_limits row applies: its max_concurrency replaces the argument; paused re-leases nothing; its rate_limit key caps the re-leases (rolling window). A run whose end or re-lease raises is rolled back alone and dead-lettered (stop_reason recovery_failed), so one bad run never stops the others'' recovery. Runs under lock_timeout 2 s: a run whose recovery waits longer for a lock (a row someone holds in an open transaction) is left as it was, with a WARNING, for the next pass, and the others are recovered. A single run_id-NULL row reports saturation (an orphan is waiting but no slot is free), a rate limit holding it back (retry_at: when a start becomes possible) or a definitive empty scan. SKIP LOCKED throughout. lease_seconds NULL (the default): the deployment''s registered lease (zeroth.deployments.lease_seconds: a DBA''s, or this login''s own registration), else 60 s. Raises ZP006, ZP008. Notifies zeroth_wakeup for the runs it ended. Time: clock_timestamp().';
 ALTER FUNCTION zeroth.claim_orphaned(text, text, text, text, integer, integer, double precision, double precision) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.claim_orphaned(text, text, text, text, integer, integer, double precision, double precision) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.claim_orphaned(text, text, text, text, integer, integer, double precision, double precision) TO zeroth_worker;

@@ -21,14 +21,16 @@ BEGIN
                        ELSE format('has an unknown key %L',
                                    (SELECT k FROM jsonb_object_keys(e.item) AS k
                                      WHERE k NOT IN ('payload', 'priority', 'run_after', 'max_attempts',
-                                                     'idempotency_key', 'metadata', 'run_id', 'thread_id')
+                                                     'idempotency_key', 'metadata', 'run_id', 'thread_id',
+                                                     'attempt_timeout_seconds', 'run_timeout_seconds')
                                      ORDER BY k LIMIT 1)) END)
       INTO v_error
       FROM jsonb_array_elements(_enqueue_items.runs) WITH ORDINALITY AS e(item, position)
      WHERE jsonb_typeof(e.item) <> 'object'
         OR EXISTS (SELECT 1 FROM jsonb_object_keys(e.item) AS k
                     WHERE k NOT IN ('payload', 'priority', 'run_after', 'max_attempts', 'idempotency_key',
-                                    'metadata', 'run_id', 'thread_id'))
+                                    'metadata', 'run_id', 'thread_id', 'attempt_timeout_seconds',
+                                    'run_timeout_seconds'))
      ORDER BY e.position
      LIMIT 1;
     PERFORM zeroth._require(v_error IS NULL, v_error);
@@ -44,7 +46,9 @@ BEGIN
                        coalesce(e.item -> 'metadata', '{}'::jsonb),
                        (e.item ->> 'run_id')::uuid,
                        e.item ->> 'thread_id',
-                       coalesce((e.item ->> 'run_id')::uuid, gen_random_uuid()))::zeroth.enqueue_item
+                       coalesce((e.item ->> 'run_id')::uuid, gen_random_uuid()),
+                       (e.item ->> 'attempt_timeout_seconds')::integer,
+                       (e.item ->> 'run_timeout_seconds')::integer)::zeroth.enqueue_item
               FROM jsonb_array_elements(_enqueue_items.runs) WITH ORDINALITY AS e(item, position)
              ORDER BY e.position);
     EXCEPTION
@@ -58,7 +62,9 @@ BEGIN
             LOOP
                 BEGIN
                     PERFORM (v_item ->> 'priority')::integer, (v_item ->> 'run_after')::timestamptz,
-                            (v_item ->> 'max_attempts')::integer, (v_item ->> 'run_id')::uuid;
+                            (v_item ->> 'max_attempts')::integer, (v_item ->> 'run_id')::uuid,
+                            (v_item ->> 'attempt_timeout_seconds')::integer,
+                            (v_item ->> 'run_timeout_seconds')::integer;
                 EXCEPTION
                     WHEN data_exception THEN
                         RAISE EXCEPTION 'runs[%]: %', v_index, SQLERRM USING ERRCODE = 'ZP008';
@@ -74,6 +80,10 @@ BEGIN
                        WHEN NOT isfinite(i.run_after) THEN 'run_after must be a finite timestamp'
                        WHEN length(i.idempotency_key) NOT BETWEEN 1 AND 500
                            THEN 'idempotency_key must be NULL or 1 to 500 characters'
+                       WHEN i.attempt_timeout_seconds NOT BETWEEN 1 AND 86400 * 30
+                           THEN 'attempt_timeout_seconds must be NULL or in [1, 2592000] (30 days)'
+                       WHEN i.run_timeout_seconds NOT BETWEEN 1 AND 86400 * 365
+                           THEN 'run_timeout_seconds must be NULL or in [1, 31536000] (365 days)'
                        ELSE 'thread_id must be a non-empty string of at most 200 characters' END)
       INTO v_error
       FROM unnest(v_items) AS i
@@ -82,6 +92,8 @@ BEGIN
         OR i.max_attempts NOT BETWEEN 1 AND 1000
         OR NOT isfinite(i.run_after)
         OR length(i.idempotency_key) NOT BETWEEN 1 AND 500
+        OR i.attempt_timeout_seconds NOT BETWEEN 1 AND 86400 * 30
+        OR i.run_timeout_seconds NOT BETWEEN 1 AND 86400 * 365
         OR i.thread_id = '' OR length(i.thread_id) > 200
      ORDER BY i.position
      LIMIT 1;
@@ -178,11 +190,13 @@ BEGIN
     WITH keyed AS (
         INSERT INTO zeroth.runs AS r (
             run_id, tenant_id, workspace_id, deployment_ref, status, priority, run_after,
-            max_attempts, created_at, updated_at, payload, metadata, idempotency_key)
+            max_attempts, created_at, updated_at, payload, metadata, idempotency_key,
+            attempt_timeout_seconds, run_timeout_seconds)
         SELECT i.new_run_id, _enqueue_batch.tenant_id, _enqueue_batch.workspace_id,
                _enqueue_batch.deployment_ref, 'pending', i.priority,
                coalesce(i.run_after, _enqueue_batch.at), i.max_attempts, _enqueue_batch.at,
-               _enqueue_batch.at, i.payload, i.metadata, i.idempotency_key
+               _enqueue_batch.at, i.payload, i.metadata, i.idempotency_key,
+               i.attempt_timeout_seconds, i.run_timeout_seconds
           FROM unnest(_enqueue_batch.items) AS i
          WHERE i.thread_id IS NULL
            AND (i.idempotency_key IS NOT NULL OR i.run_id IS NOT NULL)
@@ -192,11 +206,13 @@ BEGIN
     ), plain AS (
         INSERT INTO zeroth.runs AS r (
             run_id, tenant_id, workspace_id, deployment_ref, status, priority, run_after,
-            max_attempts, created_at, updated_at, payload, metadata)
+            max_attempts, created_at, updated_at, payload, metadata, attempt_timeout_seconds,
+            run_timeout_seconds)
         SELECT i.new_run_id, _enqueue_batch.tenant_id, _enqueue_batch.workspace_id,
                _enqueue_batch.deployment_ref, 'pending', i.priority,
                coalesce(i.run_after, _enqueue_batch.at), i.max_attempts, _enqueue_batch.at,
-               _enqueue_batch.at, i.payload, i.metadata
+               _enqueue_batch.at, i.payload, i.metadata, i.attempt_timeout_seconds,
+               i.run_timeout_seconds
           FROM unnest(_enqueue_batch.items) AS i
          WHERE i.thread_id IS NULL AND i.idempotency_key IS NULL AND i.run_id IS NULL
          ORDER BY i.position
@@ -214,6 +230,16 @@ BEGIN
                                     v_item.thread_id, true, NULL, v_item.payload, v_item.metadata, v_item.priority,
                                     v_item.run_after, v_item.max_attempts, v_item.idempotency_key, v_item.run_id,
                                     true, NULL, interval '0', _enqueue_batch.at, false);
+        IF v_admitted.outcome <> 'reused'
+           AND (v_item.attempt_timeout_seconds IS NOT NULL OR v_item.run_timeout_seconds IS NOT NULL) THEN
+            -- A thread run's own timeouts (issue 34 item 2), as enqueue_run writes them.
+            UPDATE zeroth.runs r
+               SET attempt_timeout_seconds = v_item.attempt_timeout_seconds,
+                   run_timeout_seconds = v_item.run_timeout_seconds
+             WHERE r.tenant_id = _enqueue_batch.tenant_id
+               AND r.workspace_key = _enqueue_batch.workspace_key
+               AND r.run_id = v_admitted.run_id;
+        END IF;
         t_pos := t_pos || v_item.position;
         t_run := t_run || v_admitted.run_id;
         t_created := t_created || (v_admitted.outcome <> 'reused');
@@ -227,7 +253,9 @@ REVOKE ALL ON FUNCTION zeroth._enqueue_batch(text, text, text, text, zeroth.enqu
 
 -- enqueue_runs: enqueue_run for a batch of one deployment and scope, in one transaction and, for
 -- the runs without a thread, one INSERT. runs is a JSON array of objects with optional keys
--- payload, priority, run_after, max_attempts, idempotency_key, metadata, run_id, thread_id.
+-- payload, priority, run_after, max_attempts, idempotency_key, metadata, run_id, thread_id,
+-- attempt_timeout_seconds, run_timeout_seconds (since 0021: the run's own timeouts, as
+-- enqueue_run's).
 -- An item without priority / max_attempts gets the deployment's registered defaults
 -- (zeroth.deployments, one primary-key lookup per batch), else 0 / 3.
 -- Results come back in input order (ordinality); a repeated idempotency key or run_id — in the
@@ -376,7 +404,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION zeroth.enqueue_runs(text, jsonb, text, text) IS
-'enqueue_runs: batch enqueue_run for one deployment and scope (one INSERT for the runs without a thread); runs is a JSON array of objects (payload, priority, run_after, max_attempts, idempotency_key, metadata, run_id, thread_id); an item without priority / max_attempts gets the deployment''s registered defaults (zeroth.deployments), else 0 / 3. Results in input order; a repeated key or run_id returns that run with created = false. Thread locks are taken first in one sorted order, inserts run in key order: concurrent batches cannot deadlock on threads or keys. Raises ZP006, ZP008, ZP011 reserved_key (an idempotency key starting zeroth-schedule:, reserved for fire_due_schedules) and rejects the whole batch. Notifies zeroth_wakeup once when a due pending run was created. Time: clock_timestamp().';
+'enqueue_runs: batch enqueue_run for one deployment and scope (one INSERT for the runs without a thread); runs is a JSON array of objects (payload, priority, run_after, max_attempts, idempotency_key, metadata, run_id, thread_id, attempt_timeout_seconds, run_timeout_seconds: the run''s own timeouts, whole seconds, 1 to 30 / 365 days); an item without priority / max_attempts gets the deployment''s registered defaults (zeroth.deployments), else 0 / 3. Results in input order; a repeated key or run_id returns that run with created = false. Thread locks are taken first in one sorted order, inserts run in key order: concurrent batches cannot deadlock on threads or keys. Raises ZP006, ZP008, ZP011 reserved_key (an idempotency key starting zeroth-schedule:, reserved for fire_due_schedules) and rejects the whole batch. Notifies zeroth_wakeup once when a due pending run was created. Time: clock_timestamp().';
 ALTER FUNCTION zeroth.enqueue_runs(text, jsonb, text, text) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.enqueue_runs(text, jsonb, text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.enqueue_runs(text, jsonb, text, text) TO zeroth_worker;

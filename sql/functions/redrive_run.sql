@@ -1,6 +1,7 @@
 -- redrive_run: failed or cancelled → pending (dead-letter redrive, operator replay), or → waiting
 -- in the thread queue when its thread has an active run now. Resets attempts, hand_backs, error, output,
--- cancel and dead-letter marks; never the lease generation, so fencing stays monotonic across
+-- cancel and dead-letter marks and the attempt / run deadlines (the next claim fixes new ones);
+-- never the lease generation, so fencing stays monotonic across
 -- replays. Checkpoints are kept: the next claim hands the latest one to the handler, which
 -- decides whether to resume from it. A child run's parent sees it as not ended again (trigger
 -- runs_child_run_reopened: its outcome copy cleared, its parent's open waits recounted; a wait
@@ -41,6 +42,8 @@ BEGIN
            run_after = v_now,
            error = NULL, output = NULL, finished_at = NULL, dead_lettered_at = NULL,
            cancel_action = NULL, cancel_requested_at = NULL,
+           -- A replay starts the clock over: its next claim fixes new deadlines (issue 34 item 2).
+           attempt_deadline_at = NULL, run_deadline_at = NULL,
            updated_at = v_now
      WHERE r.tenant_id = v_tenant
        AND r.workspace_key = v_wskey
@@ -59,6 +62,6 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION zeroth.redrive_run(uuid, text, text) IS
-'redrive_run: failed or cancelled → pending, or → waiting in the thread queue when its thread has an active run; resets attempts, hand_backs, error, output, cancel and dead-letter marks, never lease_generation. A redriven child run is not ended for its parent again (its open waits wait for its next end; recorded waits keep their outcomes). Raises ZP001 (unknown run), ZP003 (not failed/cancelled), ZP008. Notifies zeroth_wakeup when the run became pending. Time: clock_timestamp().';
+'redrive_run: failed or cancelled → pending, or → waiting in the thread queue when its thread has an active run; resets attempts, hand_backs, error, output, cancel and dead-letter marks and the attempt / run deadlines (the next claim fixes new ones), never lease_generation. A redriven child run is not ended for its parent again (its open waits wait for its next end; recorded waits keep their outcomes). Raises ZP001 (unknown run), ZP003 (not failed/cancelled), ZP008. Notifies zeroth_wakeup when the run became pending. Time: clock_timestamp().';
 ALTER FUNCTION zeroth.redrive_run(uuid, text, text) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.redrive_run(uuid, text, text) FROM PUBLIC;

@@ -3,7 +3,10 @@
 -- the clock again once the lock is held, so a renewal that waited for the row (a claim retiring
 -- the lease's slot, an orphan claim) decides on the time it really writes. generation NULL =
 -- owner only (seed compatibility). Slots are not touched: a slot is held through the run's lease.
--- Locks: the run row. Returns false when refused. Raises ZP008. Notifies nothing.
+-- Deadlines (issue 34 item 2): the new expiry is capped at the attempt's and the run's deadline
+-- (runs.attempt_deadline_at, run_deadline_at, fixed by the claim; renewing never moves them); a
+-- holder whose lease was refused because a deadline passed gets ZP013 deadline_passed.
+-- Locks: the run row. Returns false when refused. Raises ZP008, ZP013. Notifies nothing.
 -- Time: clock_timestamp().
 CREATE OR REPLACE FUNCTION zeroth.renew_lease(
     run_id        uuid,
@@ -35,16 +38,36 @@ BEGIN
            FOR UPDATE OF r
     )
     UPDATE zeroth.runs r
-       SET lease_expires_at = v_expires
+       -- Never past the attempt's or the run's deadline (issue 34 item 2; NULL: none).
+       SET lease_expires_at = least(v_expires, r.attempt_deadline_at, r.run_deadline_at)
       FROM locked l
      WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey
        AND r.run_id = renew_lease.run_id AND r.run_id = l.run_id
        AND r.lease_expires_at >= zeroth._now();
-    RETURN FOUND;
+    IF FOUND THEN
+        RETURN true;
+    END IF;
+    -- Refused. Because the holder's attempt or run ran out of time (its lease was capped at the
+    -- deadline, which has passed): ZP013, so the worker stops the handler and reports a timeout
+    -- rather than a lost lease. Read only on this path.
+    IF EXISTS (SELECT 1 FROM zeroth.runs r
+                WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey
+                  AND r.run_id = renew_lease.run_id
+                  AND r.status = 'running'
+                  AND r.lease_worker_id = renew_lease.worker_id
+                  AND (renew_lease.generation IS NULL OR r.lease_generation = renew_lease.generation)
+                  AND least(r.attempt_deadline_at, r.run_deadline_at) <= zeroth._now()) THEN
+        RAISE EXCEPTION 'run %: its % deadline has passed; the lease cannot be renewed', renew_lease.run_id,
+            (SELECT CASE WHEN r.run_deadline_at <= zeroth._now() THEN 'run' ELSE 'attempt' END
+               FROM zeroth.runs r
+              WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey AND r.run_id = renew_lease.run_id)
+            USING ERRCODE = 'ZP013';
+    END IF;
+    RETURN false;
 END
 $$;
 COMMENT ON FUNCTION zeroth.renew_lease(uuid, text, bigint, text, text, double precision) IS
-'renew_lease: extend a live lease held by (worker_id, generation); an expired lease is never renewed, even if untaken (the expiry is re-checked once the row lock is held). generation NULL = owner only. Returns false when refused. Raises ZP008. Time: clock_timestamp().';
+'renew_lease: extend a live lease held by (worker_id, generation); an expired lease is never renewed, even if untaken (the expiry is re-checked once the row lock is held). generation NULL = owner only. Never extends the lease past the attempt''s or the run''s deadline (capped there; the deadlines are fixed by the claim and no renewal moves them). Returns false when refused; raises ZP013 deadline_passed when refused because the holder''s attempt or run deadline has passed. Raises ZP008, ZP013. Time: clock_timestamp().';
 ALTER FUNCTION zeroth.renew_lease(uuid, text, bigint, text, text, double precision) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.renew_lease(uuid, text, bigint, text, text, double precision) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.renew_lease(uuid, text, bigint, text, text, double precision) TO zeroth_worker;

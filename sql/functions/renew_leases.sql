@@ -2,7 +2,9 @@
 -- generations[i] is live and held by worker_id (checked again once the row lock is held, as
 -- renew_lease does). Returns one row per requested run with the new expiry and whether a cancel
 -- was requested, so a worker learns of losses and cancels together — this is also how a worker
--- confirms a zeroth_control notification. Locks: the runs, in run_id order, FOR UPDATE SKIP
+-- confirms a zeroth_control notification. A lease is never extended past its attempt's or run's
+-- deadline (capped there, issue 34 item 2); a row refused because one passed says sqlstate ZP013
+-- (reported, never raised: the other leases renew). Locks: the runs, in run_id order, FOR UPDATE SKIP
 -- LOCKED: a row another session holds (an application's request_cancel in an open transaction,
 -- an operator) is not waited for, so one busy row cannot make every lease of the worker lapse;
 -- its row says renewed NULL (not renewed this time, the lease not lost: try again). Raises ZP008 (arrays of different lengths, NULLs, a repeated run, more than 1000).
@@ -67,7 +69,8 @@ BEGIN
         -- IS NOT DISTINCT FROM and array_position test the scope and run as = and = ANY do on
         -- these NOT NULL columns, but are never index conditions.
         UPDATE zeroth.runs r
-           SET lease_expires_at = v_expires
+           -- Never past the attempt's or the run's deadline (issue 34 item 2; NULL: none).
+           SET lease_expires_at = least(v_expires, r.attempt_deadline_at, r.run_deadline_at)
          WHERE r.ctid = ANY (v_rows)
            AND (r.tenant_id, r.workspace_key) IS NOT DISTINCT FROM (v_tenant, v_wskey)
            AND array_position(v_locked, r.run_id) IS NOT NULL
@@ -92,7 +95,17 @@ BEGIN
                              OFFSET 0) THEN NULL
                 ELSE false END,
            n.lease_expires_at,
-           coalesce(n.cancel_requested_at IS NOT NULL, false)
+           coalesce(n.cancel_requested_at IS NOT NULL, false),
+           -- Not renewed because the holder's attempt or run deadline passed: ZP013 (a probe
+           -- made only for a row not renewed; OFFSET 0 as above).
+           CASE WHEN n.run_id IS NULL
+                 AND EXISTS (SELECT 1 FROM zeroth.runs r
+                              WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey
+                                AND r.run_id = q.run_id AND r.lease_generation = q.generation
+                                AND r.lease_worker_id = renew_leases.worker_id
+                                AND r.status = 'running'
+                                AND least(r.attempt_deadline_at, r.run_deadline_at) <= v_now
+                             OFFSET 0) THEN 'ZP013' END
       FROM unnest(renew_leases.run_ids, renew_leases.generations)
            WITH ORDINALITY AS q(run_id, generation, position)
       LEFT JOIN renewed n ON n.run_id = q.run_id AND n.lease_generation = q.generation
@@ -100,7 +113,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION zeroth.renew_leases(text, uuid[], bigint[], text, text, double precision) IS
-'renew_leases: batch renew_lease for one worker; run_ids[i] is renewed only while generations[i] is live and held by worker_id (re-checked under the row lock). One row per requested run (renewed, new expiry, cancel_requested), in input order: how a worker confirms a cancel notification. Locks runs in run_id order, SKIP LOCKED: a run whose row another session holds gets renewed NULL (not renewed this time, not lost). Raises ZP008 (unequal arrays, NULLs, a repeated run, more than 1000). Time: clock_timestamp().';
+'renew_leases: batch renew_lease for one worker; run_ids[i] is renewed only while generations[i] is live and held by worker_id (re-checked under the row lock). Never extends a lease past its attempt''s or run''s deadline (capped there). One row per requested run (renewed, new expiry, cancel_requested, sqlstate: deadline_passed — the code renew_lease raises — when not renewed because the holder''s attempt or run deadline passed, else NULL), in input order: how a worker confirms a cancel notification. Locks runs in run_id order, SKIP LOCKED: a run whose row another session holds gets renewed NULL (not renewed this time, not lost). Raises ZP008 (unequal arrays, NULLs, a repeated run, more than 1000). Time: clock_timestamp().';
 ALTER FUNCTION zeroth.renew_leases(text, uuid[], bigint[], text, text, double precision) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.renew_leases(text, uuid[], bigint[], text, text, double precision) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.renew_leases(text, uuid[], bigint[], text, text, double precision) TO zeroth_worker;

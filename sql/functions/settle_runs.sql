@@ -3,10 +3,14 @@
 -- retry (fail_run retryable: backoff from retry_base_seconds/retry_max_seconds — both NULL, the
 -- default: each run's deployment's registered policy, else 1 / 300 — while attempts <
 -- max_attempts, else dead-lettered), fail (fail_run not retryable), both with errors[i] stored
--- bounded as fail_run's error, cancel (cancel_run), hand_back (hand_back_to_pending). Each run is
+-- bounded as fail_run's error, cancel (cancel_run), hand_back (hand_back_to_pending), timeout (issue
+-- 34 item 2: the holder stopped its handler at the attempt's deadline: retried as retry, stop_reason
+-- attempt_timeout with errors[i] kept as its previous error; past the run's deadline failed for
+-- good: run_timed_out, stop_reason run_timeout). Each run is
 -- fenced on its own (worker_id, its generation, a live lease) and settled through
 -- zeroth.run_transitions: one row per requested run, in input order, with the outcome settled
--- (completed | retry_scheduled | failed | dead_lettered | cancelled | handed_back) or NULL and a
+-- (completed | retry_scheduled | failed | dead_lettered | cancelled | handed_back | timed_out |
+-- run_timed_out) or NULL and a
 -- sqlstate: ZP002 fenced out, ZP012 the run's status has no such edge (nothing changed for it;
 -- the others settle). Locks: the admission slots, then the runs, each in run_id order. Raises
 -- ZP008 (nothing changed). Notifies zeroth_wakeup once per deployment when slots were freed, a
@@ -42,8 +46,9 @@ BEGIN
                             'outcomes must be a one-dimensional array indexed from 1, as long as run_ids');
     PERFORM zeroth._require(NOT EXISTS (SELECT 1 FROM unnest(settle_runs.outcomes) AS o(kind)
                                          WHERE o.kind IS NULL
-                                            OR o.kind NOT IN ('complete', 'retry', 'fail', 'cancel', 'hand_back')),
-                            'each outcome must be complete, retry, fail, cancel or hand_back');
+                                            OR o.kind NOT IN ('complete', 'retry', 'fail', 'cancel', 'hand_back',
+                                                              'timeout')),
+                            'each outcome must be complete, retry, fail, cancel, hand_back or timeout');
     PERFORM zeroth._require(settle_runs.outputs IS NULL
                             OR (cardinality(settle_runs.outputs) = v_n
                                 AND coalesce(array_ndims(settle_runs.outputs), 1) = 1
@@ -60,8 +65,8 @@ BEGIN
                                 SELECT 1 FROM generate_subscripts(settle_runs.outcomes, 1) AS g(i)
                                  WHERE (settle_runs.outputs[g.i] IS NOT NULL AND settle_runs.outcomes[g.i] <> 'complete')
                                     OR (settle_runs.errors[g.i] IS NOT NULL
-                                        AND settle_runs.outcomes[g.i] NOT IN ('retry', 'fail'))),
-                            'outputs[i] is for complete only, errors[i] for retry and fail only');
+                                        AND settle_runs.outcomes[g.i] NOT IN ('retry', 'fail', 'timeout'))),
+                            'outputs[i] is for complete only, errors[i] for retry, fail and timeout only');
     -- Both NULL: each retried run takes its deployment's registered policy (else 1 / 300), as
     -- fail_run does; or both given, for every run of the batch.
     PERFORM zeroth._require((settle_runs.retry_base_seconds IS NULL AND settle_runs.retry_max_seconds IS NULL)
@@ -87,7 +92,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION zeroth.settle_runs(text, uuid[], bigint[], text[], jsonb[], jsonb[], double precision, double precision, text, text) IS
-'settle_runs: end a mixed batch of one worker''s runs in one statement: outcomes[i] complete (outputs[i]), retry (retryable failure with backoff from retry_base_seconds/retry_max_seconds — both NULL, the defaults: the run''s deployment''s registered policy, else 1 / 300 — dead-lettered when attempts are used up), fail (not retryable), both with errors[i] stored bounded, cancel, hand_back; each fenced on (worker_id, generations[i], live lease) and settled only along an edge of zeroth.run_transitions. One row per requested run in input order: outcome completed | retry_scheduled | failed | dead_lettered | cancelled | handed_back, NULL when refused, and sqlstate NULL when settled, else the SQLSTATE of the refusal, reported not raised (lease_lost: fenced out; transition_not_listed: no such edge from the run''s status); a refused row never stops the others. Locks slots then runs, each in run_id order. Raises ZP008 (nothing changed). Notifies zeroth_wakeup once per deployment when slots were freed, a retry is due now or a run was handed back. Time: clock_timestamp().';
+'settle_runs: end a mixed batch of one worker''s runs in one statement: outcomes[i] complete (outputs[i]), retry (retryable failure with backoff from retry_base_seconds/retry_max_seconds — both NULL, the defaults: the run''s deployment''s registered policy, else 1 / 300 — dead-lettered when attempts are used up), fail (not retryable), both with errors[i] stored bounded, cancel, hand_back, timeout (the holder stopped its handler at the attempt''s deadline: retried with backoff as retry, or dead-lettered, with error {stop_reason attempt_timeout}; past the run''s deadline failed for good, {stop_reason run_timeout}; errors[i] kept as the previous error); each fenced on (worker_id, generations[i], live lease) and settled only along an edge of zeroth.run_transitions. One row per requested run in input order: outcome completed | retry_scheduled | failed | dead_lettered | cancelled | handed_back | timed_out | run_timed_out, NULL when refused, and sqlstate NULL when settled, else the SQLSTATE of the refusal, reported not raised (lease_lost: fenced out; transition_not_listed: no such edge from the run''s status); a refused row never stops the others. Locks slots then runs, each in run_id order. Raises ZP008 (nothing changed). Notifies zeroth_wakeup once per deployment when slots were freed, a retry is due now or a run was handed back. Time: clock_timestamp().';
 ALTER FUNCTION zeroth.settle_runs(text, uuid[], bigint[], text[], jsonb[], jsonb[], double precision, double precision, text, text) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.settle_runs(text, uuid[], bigint[], text[], jsonb[], jsonb[], double precision, double precision, text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.settle_runs(text, uuid[], bigint[], text[], jsonb[], jsonb[], double precision, double precision, text, text) TO zeroth_worker;

@@ -18,9 +18,92 @@ SELECT 1;
 --
 
 -- ===== section: attempt and run timeouts (issue 34, item 2) =====
---
---
---
+-- Issue 34 item 2: a run that runs too long is stopped by the database (River JobTimeout, Oban
+-- timeout/1, Temporal start-to-close / schedule-to-close). Two bounds, each nullable (NULL: no
+-- bound, and a run without one costs what it cost before: a NULL column is its null bit):
+--   * attempt_timeout_seconds: an attempt's wall time, from its claim to its end.
+--   * run_timeout_seconds: a run's total time, from its first claim to its end, across retries,
+--     sleeps and waits.
+-- A deployment's defaults live in the registry beside its retry policy and lease (0020), read by
+-- the claims in the same primary-key probe that reads the lease and bound by the same rule
+-- (zeroth._policy_binds_caller). A run may carry its own (enqueue_run / enqueue_runs), which wins.
+-- The claim fixes the deadlines on the run (attempt_deadline_at: each claim; run_deadline_at: the
+-- first) and caps the lease at them; renew_lease / renew_leases never extend a lease past them
+-- (ZP013 once passed). Only the functions write these columns: zeroth_worker has no UPDATE on
+-- zeroth.runs, so no session moves a deadline but the owner's (a DBA's UPDATE, redrive_run).
+ALTER TABLE zeroth.deployments
+    ADD COLUMN attempt_timeout_seconds double precision,
+    ADD COLUMN run_timeout_seconds     double precision,
+    ADD CONSTRAINT deployments_timeouts_valid CHECK (
+        (attempt_timeout_seconds IS NULL OR (attempt_timeout_seconds >= 1 AND attempt_timeout_seconds <= 86400 * 30))
+        AND (run_timeout_seconds IS NULL OR (run_timeout_seconds >= 1 AND run_timeout_seconds <= 86400 * 365)));
+COMMENT ON COLUMN zeroth.deployments.attempt_timeout_seconds IS 'Bound on an attempt''s wall time (1 <= s <= 30 days) for the runs of the deployment that carry none: the claim sets runs.attempt_deadline_at = claim time + s and caps the lease there; past it the attempt is ended as timed out (retried or dead-lettered by the retry policy). NULL: not set (no bound). Read at each claim, in the probe that reads lease_seconds; binds as the lease does (zeroth._policy_binds_caller).';
+COMMENT ON COLUMN zeroth.deployments.run_timeout_seconds IS 'Bound on a run''s total time (1 <= s <= 365 days) from its first claim, for the runs of the deployment that carry none: the first claim sets runs.run_deadline_at; past it the run is failed for good (stop_reason run_timeout) and a pending one is never started. NULL: not set (no bound). Read at each claim; binds as the lease does.';
+ALTER TYPE zeroth.deployment_registration
+    ADD ATTRIBUTE attempt_timeout_seconds double precision,
+    ADD ATTRIBUTE run_timeout_seconds     double precision;
+COMMENT ON TYPE zeroth.deployment_registration IS 'The result of register_deployment / set_deployment_defaults: outcome (created, updated, unchanged, kept) and the deployment''s defaults as they now are (retry_base_seconds, retry_max_seconds, lease_seconds, attempt_timeout_seconds, run_timeout_seconds NULL: not set); previous: the values an update replaced, else NULL.';
+COMMENT ON COLUMN zeroth.deployment_changes.old_values IS 'The defaults before the change (max_attempts, priority, managed_by, retry_base_seconds, retry_max_seconds, lease_seconds: since migration 0020; attempt_timeout_seconds, run_timeout_seconds: since 0021; each only when set); NULL when the change created the row.';
+COMMENT ON COLUMN zeroth.deployment_changes.new_values IS 'The defaults after the change (max_attempts, priority, managed_by, retry_base_seconds, retry_max_seconds, lease_seconds: since migration 0020; attempt_timeout_seconds, run_timeout_seconds: since 0021; each only when set).';
+
+-- A run's own timeouts are whole seconds (integer): the row of zeroth.runs stays as narrow as it
+-- can. Its estimated width is what a plan made before the first ANALYZE counts rows by, and a
+-- fourth 8-byte column tipped the runs page's plan to a sequential scan
+-- (tests/plans/test_hot_path_indexes.py).
+ALTER TABLE zeroth.runs
+    ADD COLUMN attempt_timeout_seconds integer,
+    ADD COLUMN run_timeout_seconds     integer,
+    ADD COLUMN attempt_deadline_at     timestamptz,
+    ADD COLUMN run_deadline_at         timestamptz,
+    ADD CONSTRAINT runs_timeouts_valid CHECK (
+        (attempt_timeout_seconds IS NULL OR (attempt_timeout_seconds >= 1 AND attempt_timeout_seconds <= 86400 * 30))
+        AND (run_timeout_seconds IS NULL OR (run_timeout_seconds >= 1 AND run_timeout_seconds <= 86400 * 365)));
+COMMENT ON COLUMN zeroth.runs.attempt_timeout_seconds IS 'This run''s own bound (whole seconds, 1 to 30 days) on an attempt''s wall time (enqueue_run / enqueue_runs), over the deployment''s; NULL: the deployment''s (zeroth.deployments.attempt_timeout_seconds), if any.';
+COMMENT ON COLUMN zeroth.runs.run_timeout_seconds IS 'This run''s own bound (whole seconds, 1 to 365 days) on its total time from its first claim (enqueue_run / enqueue_runs), over the deployment''s; NULL: the deployment''s, if any.';
+COMMENT ON COLUMN zeroth.runs.attempt_deadline_at IS 'The current (or last) attempt''s deadline on the database clock, fixed by the claim that leased it (claim time + the attempt timeout); the lease never runs past it. NULL: no bound.';
+COMMENT ON COLUMN zeroth.runs.run_deadline_at IS 'The run''s deadline on the database clock, fixed by its first claim (claim time + the run timeout) and kept by every later one; past it the run is failed for good (stop_reason run_timeout). NULL: no bound. redrive_run clears it.';
+
+-- The claim's answer carries the deadline the worker stops its handler at (the earlier of the
+-- attempt's and the run's; NULL: none) and the seconds from the claim's database time to it
+-- (deadline_in: a worker measures it on its own monotonic clock, whatever its wall clock says);
+-- the renewal's answer says why a renewal was refused.
+ALTER TYPE zeroth.claimed_run
+    ADD ATTRIBUTE deadline_at timestamptz,
+    ADD ATTRIBUTE deadline_in double precision;
+ALTER TYPE zeroth.scope_claimed_run
+    ADD ATTRIBUTE deadline_at timestamptz,
+    ADD ATTRIBUTE deadline_in double precision;
+ALTER TYPE zeroth.lease_renewal ADD ATTRIBUTE sqlstate text;
+-- An enqueue_runs item may carry the run's own timeouts.
+ALTER TYPE zeroth.enqueue_item
+    ADD ATTRIBUTE attempt_timeout_seconds integer,
+    ADD ATTRIBUTE run_timeout_seconds     integer;
+COMMENT ON TYPE zeroth.lease_renewal IS 'Result row of renew_leases: one per requested (run_id, generation); sqlstate ZP013 when the lease was not renewed because the attempt''s or the run''s deadline passed (since 0021), else NULL.';
+
+-- An attempt ended by its deadline is recorded as such in the attempt history.
+ALTER TABLE zeroth.run_attempts
+    DROP CONSTRAINT run_attempts_outcome_valid,
+    ADD CONSTRAINT run_attempts_outcome_valid CHECK (outcome = ANY (ARRAY['completed', 'failed', 'dead_lettered', 'cancelled', 'recovered', 'expired', 'lease_lost', 'handed_back', 'released', 'slept', 'paused', 'waited', 'timed_out']));
+COMMENT ON COLUMN zeroth.run_attempts.outcome IS 'How the attempt ended (rows here are ended attempts; NULL only in zeroth.attempt_history''s open rows). completed | failed (error) | dead_lettered (error) | cancelled | recovered (its lease expired and another worker or a takeover took the run) | expired (claimed, never started, the lease lapsed) | lease_lost (lease taken or cleared outside the functions'' rules: clear_lease, a DBA) | handed_back | released | slept | paused | waited | timed_out (its attempt or run deadline passed; error: stop_reason attempt_timeout or run_timeout).';
+
+-- The timeout ends as edges of the state machine (zeroth._settle kinds timeout, run_timeout).
+INSERT INTO zeroth.run_transitions (edge_no, from_status, outcome, to_status, label) VALUES
+    (38, 'running', 'timed_out', 'pending', 'the attempt''s deadline passed, attempts < max_attempts: settle_runs / fail_run kind timeout by the holder, or claim_orphaned after the lease lapsed at the deadline (settled, run_after = backoff, stop_reason attempt_timeout); with no attempt left: dead_lettered'),
+    (39, 'running', 'run_timed_out', 'failed', 'the run''s deadline passed: the holder''s settle of kind timeout, or claim_orphaned (settled, stop_reason run_timeout, not retried)'),
+    (40, 'pending', 'run_timed_out', 'failed', 'a claim finds a pending run past its run deadline: never started (stop_reason run_timeout)');
+
+-- register_deployment and set_deployment_defaults take the two timeouts (trailing, DEFAULT NULL:
+-- every call that worked before works the same); their files create the new signatures, and the
+-- old ones would stay beside them and make calls ambiguous, so they go here (IF EXISTS: a fresh
+-- install creates the functions after the migrations). enqueue_run likewise takes the per-run
+-- override.
+DROP FUNCTION IF EXISTS zeroth.register_deployment(text, integer, integer, double precision, double precision, double precision);
+DROP FUNCTION IF EXISTS zeroth.set_deployment_defaults(text, integer, integer, text, double precision, double precision, double precision, text[]);
+DROP FUNCTION IF EXISTS zeroth.enqueue_run(text, jsonb, text, text, integer, timestamptz, integer, text, jsonb, uuid, text);
+-- The claims' internal helpers take the deployment's timeouts (trailing, DEFAULT NULL).
+DROP FUNCTION IF EXISTS zeroth._lease_locked_runs(text, text, uuid[], tid[], integer[], text, timestamptz, interval, integer, integer, boolean);
+DROP FUNCTION IF EXISTS zeroth._claim_in_scope(text, text, text, text, integer, text, integer, timestamptz, interval, boolean);
+
 
 -- ===== section: code versions (issue 34, item 3) =====
 --

@@ -28,8 +28,9 @@ WRITES = (
     "TRUNCATE zeroth.deployment_changes",
     "SELECT zeroth.set_deployment_defaults(deployment_ref => 'mail', max_attempts => 1000)",
     "SELECT zeroth.set_deployment_defaults(deployment_ref => 'mail', managed_by => 'app')",
-    "SELECT zeroth._change_deployment('mail', 1000, 0, NULL, NULL, NULL, NULL, 'sql', "
-    "'set_deployment_defaults')",
+    # The internal writer's signature since 0021 (with the two timeouts).
+    "SELECT zeroth._change_deployment('mail', 1000, 0, NULL, NULL, NULL, NULL, NULL, NULL, "
+    "'sql', 'set_deployment_defaults')",
     "SELECT zeroth.set_deployment_defaults(deployment_ref => 'mail', lease_seconds => 1)",
     "SELECT zeroth.set_deployment_defaults(deployment_ref => 'mail', "
     "unset => ARRAY['lease_seconds'])",

@@ -133,6 +133,22 @@ class TestRetryPolicyAndLease:
         assert leased.total_seconds() == 60  # unset: a claim's own 60 s
 
 
+    async def test_set_shows_and_unsets_the_timeouts(self, database_dsn):
+        changed = ok_json(cli("deployments", "set", "mail", "--attempt-timeout", "900",
+                              "--run-timeout", "21600", "--json", dsn=database_dsn))
+        assert (changed["attempt_timeout_seconds"], changed["run_timeout_seconds"]) == (
+            900, 21600)
+        table = cli("deployments", "list", dsn=database_dsn, env={"COLUMNS": "250"})
+        assert table.returncode == 0, table.stderr
+        assert "attempt timeout (s)" in table.stdout
+        assert "21600" in next(line for line in table.stdout.splitlines() if "mail" in line)
+        cleared = ok_json(cli("deployments", "set", "mail", "--unset", "attempt_timeout_seconds",
+                              "--json", dsn=database_dsn))
+        assert (cleared["attempt_timeout_seconds"], cleared["run_timeout_seconds"]) == (
+            None, 21600)
+        bad = cli("deployments", "set", "mail", "--attempt-timeout", "0.5", dsn=database_dsn)
+        assert bad.returncode == 2, (bad.stdout, bad.stderr)
+
     async def test_a_bad_policy_is_a_usage_error_and_changes_nothing(self, database_dsn,
                                                                      connect):
         for args in (("--lease", "0"), ("--lease", "86401"), ("--retry-base", "10",

@@ -20,7 +20,7 @@ from zeroth_pg import App, LeaseManager, RetryPolicy
 from zeroth_pg.testing import libpq_dsn, psql_executable
 
 ENQUEUE_RUN = "zeroth.enqueue_run(text, jsonb, text, text, integer, timestamptz, integer, text, "\
-              "jsonb, uuid, text)"
+              "jsonb, uuid, text, integer, integer)"  # since 0021: a run's own timeouts
 
 
 async def registry(pool) -> dict[str, tuple[int, int, str]]:

@@ -635,6 +635,21 @@ class TestDeploymentPolicy:
             await conn.close()
 
 
+    async def test_the_timeouts_are_shown_or_said_not_set(self, database_dsn):
+        """The scope page shows a deployment's attempt and run timeouts (issue 34 item 2)."""
+        conn = await asyncpg.connect(database_dsn)
+        try:
+            await conn.execute("SELECT zeroth.register_deployment(deployment_ref => 'mail', "
+                               "attempt_timeout_seconds => 900)")
+            with dashboard(create_app(database_dsn)) as client:
+                page = client.get("/deployments/scope?deployment=mail&tenant=acme").text
+            shown = page[page.index('id="deployment-defaults"'):]
+            assert "<dt>attempt timeout</dt><dd>900 s from each claim" in shown
+            assert "<dt>run timeout</dt><dd><span class=\"muted\">not set</span>" in shown
+        finally:
+            await conn.close()
+
+
 class TestEveryActionIsGuarded:
     @pytest.mark.parametrize(("path", "form"), ACTIONS)
     async def test_each_action_works_with_actions_enabled(self, database_dsn, path, form):

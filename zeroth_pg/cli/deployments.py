@@ -38,7 +38,8 @@ __all__ = ["deployments_app"]
 
 deployments_app = typer.Typer(
     help="List, show and set the deployments' defaults (max_attempts, priority, retry policy, "
-         "lease) that every client's enqueue, failure and claim gets when it names none.",
+         "lease, attempt and run timeouts) that every client's enqueue, failure and claim gets "
+         "when it names none.",
     no_args_is_help=True, epilog=EXIT_CODES)
 
 class PolicyField(enum.StrEnum):
@@ -47,6 +48,8 @@ class PolicyField(enum.StrEnum):
     RETRY_BASE = "retry_base_seconds"
     RETRY_MAX = "retry_max_seconds"
     LEASE = "lease_seconds"
+    ATTEMPT_TIMEOUT = "attempt_timeout_seconds"
+    RUN_TIMEOUT = "run_timeout_seconds"
 
 
 NameArg = Annotated[str, typer.Argument(help="The deployment (deployment_ref).",
@@ -57,7 +60,9 @@ NameArg = Annotated[str, typer.Argument(help="The deployment (deployment_ref).",
 _COLUMNS = [("deployment_ref", "deployment"), ("max_attempts", "max attempts"),
             ("priority", "priority"), ("retry_base_seconds", "retry base (s)"),
             ("retry_max_seconds", "retry max (s)"), ("lease_seconds", "lease (s)"),
-            ("managed_by", "set by"), ("version", "version"),
+            ("attempt_timeout_seconds", "attempt timeout (s)"),
+            ("run_timeout_seconds", "run timeout (s)"), ("managed_by", "set by"),
+            ("version", "version"),
             ("updated_at", "changed (UTC)"), ("updated_by", "changed by"),
             ("outcome", "outcome"), ("previous", "previous")]
 _LIMIT_COLUMNS = [("tenant_id", "tenant"), ("workspace_id", "workspace"),
@@ -71,7 +76,9 @@ _HELP_COLUMNS = (
     "Columns: deployment · max attempts and priority (what a run gets when its enqueue names "
     "none) · retry base and retry max (s): the backoff of a retry whose fail_run names none, "
     "read at each failure (empty: not set, 1 and 300) · lease (s): the lease of a claim that "
-    "names none (empty: not set, 60) · set by: app (the last application registration "
+    "names none (empty: not set, 60) · attempt timeout and run timeout (s): the bound on an "
+    "attempt's wall time and on a run's total time from its first claim, fixed as deadlines "
+    "by the claims (empty: not set, no bound) · set by: app (the last application registration "
     "decides) or sql (a DBA set it; registrations keep it) · version (changes so far) · "
     "changed (UTC) and changed by (the session user of the last change). Concurrency, pause, "
     "weight and rate limit are per scope: `zeroth-pg limits`, shown by `show`.")
@@ -157,6 +164,14 @@ def deployments_set(
     lease_seconds: Annotated[float | None, typer.Option(
         "--lease", help="Seconds: lease of a claim that names none (1 <= s <= 86400).",
         show_default=False)] = None,
+    attempt_timeout_seconds: Annotated[float | None, typer.Option(
+        "--attempt-timeout", help="Seconds: bound on an attempt's wall time, from its claim "
+                                  "(1 s to 30 days): past it the attempt is retried or "
+                                  "dead-lettered.", show_default=False)] = None,
+    run_timeout_seconds: Annotated[float | None, typer.Option(
+        "--run-timeout", help="Seconds: bound on a run's total time, from its first claim "
+                              "(1 s to 365 days): past it the run fails for good.",
+        show_default=False)] = None,
     unset: Annotated[list[PolicyField] | None, typer.Option(
         "--unset", help="Set this policy value back to not set (repeatable).",
         show_default=False)] = None,
@@ -168,21 +183,25 @@ def deployments_set(
 ) -> None:
     """Set a deployment's defaults as a DBA (zeroth.set_deployment_defaults, admin); an option
     left out keeps its value. Audited; runs enqueued before keep their attempts and priority, a
-    retry policy applies from the next failure, a lease from the next claim."""
+    retry policy applies from the next failure, a lease and timeouts from the next claim."""
     from zeroth_pg.client import LeaseManager
 
     cleared = [field.value for field in unset or ()]
     if (max_attempts is None and priority is None and retry_base_seconds is None
             and retry_max_seconds is None and lease_seconds is None and not cleared
+            and attempt_timeout_seconds is None and run_timeout_seconds is None
             and managed_by == "sql"):
         raise UsageError("nothing to set: give --max-attempts, --priority, --retry-base, "
-                         "--retry-max, --lease, --unset or --managed-by app")
+                         "--retry-max, --lease, --attempt-timeout, --run-timeout, --unset or "
+                         "--managed-by app")
 
     async def work(conn: asyncpg.Connection) -> dict[str, Any]:
         result = await LeaseManager(conn).set_deployment_defaults(
             name, max_attempts=max_attempts, priority=priority, managed_by=managed_by,
             retry_base_seconds=retry_base_seconds, retry_max_seconds=retry_max_seconds,
-            lease_seconds=lease_seconds, unset=cleared)
+            lease_seconds=lease_seconds, unset=cleared,
+            attempt_timeout_seconds=attempt_timeout_seconds,
+            run_timeout_seconds=run_timeout_seconds)
         return asdict(result)
 
     row = run_async(dsn, work)

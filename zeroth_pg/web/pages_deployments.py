@@ -46,7 +46,8 @@ _SCOPE_SCHEDULES = """SELECT s.name, s.cron, s.interval_seconds, s.next_fire_at,
 
 # A deployment's defaults (global: every scope's runs of it), a table zeroth_reader may read.
 _DEFAULTS = """SELECT d.max_attempts, d.priority, d.managed_by, d.version, d.updated_at,
-           d.updated_by, d.retry_base_seconds, d.retry_max_seconds, d.lease_seconds
+           d.updated_by, d.retry_base_seconds, d.retry_max_seconds, d.lease_seconds,
+           d.attempt_timeout_seconds, d.run_timeout_seconds
       FROM zeroth.deployments d WHERE d.deployment_ref = $1"""
 
 _OPS = ("pause", "resume", "limits")
@@ -181,7 +182,8 @@ def routes(ctx: Context) -> list[Route]:
         try:
             await ctx.act(request, "deployment defaults", deployment,
                           _calls.SET_DEPLOYMENT_DEFAULTS, deployment, max_attempts, priority,
-                          "sql", retry_base, retry_max, lease, unset)
+                          "sql", retry_base, retry_max, lease, unset,
+                          None, None)  # the timeouts: kept (shown, not set, on this page)
         except asyncpg.PostgresError as exc:
             if exc.sqlstate == "ZP008":  # the merged policy out of bounds (base above max)
                 return ctx.bad_input(request, BadInput(str(exc)[:300]))

@@ -44,6 +44,10 @@ __all__ = ["RunExecutor", "scope_counter"]
 
 log = logging.getLogger("zeroth_pg.worker")
 
+#: The share of an attempt's time limit (at most a second) before its deadline at which the
+#: worker stops the handler, so that the timeout's settle lands while the lease lives.
+DEADLINE_MARGIN = 0.05
+
 
 class RunExecutor:
     """Spawns a task per claimed run and sees each through to its settled outcome."""
@@ -104,11 +108,28 @@ class RunExecutor:
             recovery_checkpoint_id=run.recovery_checkpoint_id, checkpoint_data=run.checkpoint_data,
             cancelled=asyncio.Event(), scope=scope, _worker=self)
         entry = ActiveRun(run=run, ctx=ctx, deadline=deadline)
+        if run.deadline_in is not None:
+            self._arm_deadline(entry, deadline - self.lease_manager.lease_duration_seconds)
         self.runs.add(entry)
         entry.task = asyncio.create_task(self._execute(entry), name=f"run-{run.run_id}")
         if run.cancel_requested:  # the claim itself reported the cancel: the database said so
             entry.stop(StopReason.CANCEL)
         return entry
+
+    def _arm_deadline(self, entry: ActiveRun, sent: float) -> None:
+        """The attempt's deadline on this process's monotonic clock: ``deadline_in`` seconds
+        after the claim was sent (the database fixed it after that, so this is never late). The
+        lease ends there, whatever the renewals; the handler is stopped a little before it
+        (:data:`DEADLINE_MARGIN` of it, at most a second) so the timeout's settle reaches the
+        database while the lease still lives. If it does not, the orphan sweep ends the attempt
+        the same way."""
+        assert entry.run.deadline_in is not None
+        entry.attempt_deadline = sent + entry.run.deadline_in
+        entry.deadline = min(entry.deadline, entry.attempt_deadline)
+        stop_at = entry.attempt_deadline - min(1.0, DEADLINE_MARGIN * entry.run.deadline_in)
+        entry.deadline_timer = asyncio.get_running_loop().call_at(
+            asyncio.get_running_loop().time() + max(0.0, stop_at - time.monotonic()),
+            entry.stop, StopReason.TIMEOUT)
 
     async def _execute(self, entry: ActiveRun) -> None:
         run = entry.run
@@ -145,6 +166,8 @@ class RunExecutor:
             self._worker_error("settle", None)
             await self.settler.fail_quietly(entry, exc)
         finally:
+            if entry.deadline_timer is not None:
+                entry.deadline_timer.cancel()
             entry.finish()
             self.runs.remove(entry)
             if not entry.slot_passed_on:

@@ -113,6 +113,8 @@ class LeaseUpkeep:
                 continue
             if renewal.renewed:
                 entry.deadline = sent + self.lease_duration
+                if entry.attempt_deadline is not None:  # the database caps the lease there
+                    entry.deadline = min(entry.deadline, entry.attempt_deadline)
                 if renewal.cancel_requested:
                     self._stop(entry, StopReason.CANCEL)
             elif entry.state is RunState.COMPLETING:

@@ -102,6 +102,10 @@ class StopReason(enum.Enum):
     CANCEL = "cancel"  # the database reported a cancel request (renewal or claim)
     SHUTDOWN = "shutdown"  # graceful shutdown ran out of time: hand back to pending
     INTERRUPT = "interrupt"  # operator interrupt: stop without changing the status
+    #: The attempt's (or run's) deadline, fixed by the claim on the database clock, came: the
+    #: handler is stopped and the attempt settled as a timeout (retried or failed by the
+    #: database, not a crash). The lease is still live: the database caps it at the deadline.
+    TIMEOUT = "timeout"
 
     @property
     def lease_gone(self) -> bool:
@@ -490,6 +494,11 @@ class ActiveRun:
     # Monotonic instant before which the lease is known to be live: the send time of the last
     # call that confirmed it plus the lease duration (the server added it to a later instant).
     deadline: float
+    # Monotonic instant of the attempt's deadline (ClaimedRun.deadline_in from the claim's send
+    # time), None without one: no renewal moves the lease past it.
+    attempt_deadline: float | None = None
+    # The timer that stops the handler just before attempt_deadline.
+    deadline_timer: asyncio.TimerHandle | None = None
     task: asyncio.Task[None] | None = None
     state: RunState = RunState.QUEUED
     stop_reason: StopReason | None = None

@@ -356,6 +356,15 @@ class Settler:
             # Every claimed run is running (claim_and_start), started handler or not.
             handed = await self.completions.submit_outcome(entry, SettleKind.HAND_BACK)
             log.info("run %s handed back to pending: %s", run.run_id, handed is not None)
+        elif reason is StopReason.TIMEOUT:
+            # The attempt's deadline: the database retries it (backoff, max_attempts) or, past
+            # the run's deadline, fails it for good. Refused (the lease lapsed first): the
+            # orphan sweep ends it the same way.
+            settled = await self.completions.submit_outcome(entry, SettleKind.TIMEOUT)
+            if settled is not None:
+                log.info("run %s stopped at its deadline: %s", run.run_id, settled.value)
+            else:
+                self.lease_lost(entry, fenced=True)
         elif reason is StopReason.INTERRUPT:
             # settle_runs has no release: one release_lease call.
             await self._write(entry, self._fenced(entry, lm.release_lease))

@@ -19,7 +19,7 @@ CREATE OR REPLACE FUNCTION zeroth._claim_marker(active_count integer, saturated 
     RETURNS zeroth.claimed_run
     LANGUAGE sql IMMUTABLE
     RETURN ROW(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-               active_count, saturated, concurrency_limit, NULL, NULL)::zeroth.claimed_run;
+               active_count, saturated, concurrency_limit, NULL, NULL, NULL, NULL)::zeroth.claimed_run;
 COMMENT ON FUNCTION zeroth._claim_marker(integer, boolean, integer) IS 'Internal: the run_id-NULL row a claim returns when it claimed nothing, carrying the saturation it saw.';
 ALTER FUNCTION zeroth._claim_marker(integer, boolean, integer) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._claim_marker(integer, boolean, integer) FROM PUBLIC;
@@ -41,11 +41,18 @@ REVOKE ALL ON FUNCTION zeroth._claim_marker(integer, boolean, integer) FROM PUBL
 -- and run are re-checked by filters no index can serve, and sequential scans are off so that a
 -- plan made on a small table cannot prefer one to the TID scan (a row this transaction holds
 -- locked cannot move: no caller updates a run between locking it and leasing it).
+-- Deadlines (issue 34 item 2): attempt_timeout / run_timeout are the deployment's (seconds, NULL:
+-- none), a run's own (runs.attempt_timeout_seconds, run_timeout_seconds) wins. Each claim fixes
+-- attempt_deadline_at = at + the attempt timeout; the first fixes run_deadline_at = at + the run
+-- timeout and later ones keep it; the lease is capped at the earlier of the two (least() skips a
+-- NULL: a run with no timeout gets at + lease, as before). The caller leases no run past its run
+-- deadline (it ends those: zeroth._end_past_run_deadline, claim_orphaned's timeout step).
 DROP FUNCTION IF EXISTS zeroth._lease_locked_runs(text, text, uuid[], integer[], text, timestamptz, interval, integer, integer, boolean);
 CREATE OR REPLACE FUNCTION zeroth._lease_locked_runs(
     tenant_id text, workspace_key text, run_ids uuid[], rows tid[], slots integer[],
     worker_id text, at timestamptz, lease interval, active_count integer,
-    concurrency_limit integer, start boolean)
+    concurrency_limit integer, start boolean,
+    attempt_timeout double precision DEFAULT NULL, run_timeout double precision DEFAULT NULL)
     RETURNS SETOF zeroth.claimed_run
     LANGUAGE plpgsql VOLATILE
     SET enable_seqscan = off
@@ -66,7 +73,16 @@ BEGIN
         UPDATE zeroth.runs r
            SET lease_worker_id = _lease_locked_runs.worker_id,
                lease_acquired_at = _lease_locked_runs.at,
-               lease_expires_at = _lease_locked_runs.at + _lease_locked_runs.lease,
+               lease_expires_at = least(
+                   _lease_locked_runs.at + _lease_locked_runs.lease,
+                   _lease_locked_runs.at + make_interval(secs => coalesce(
+                       r.attempt_timeout_seconds, _lease_locked_runs.attempt_timeout)),
+                   coalesce(r.run_deadline_at, _lease_locked_runs.at + make_interval(secs => coalesce(
+                       r.run_timeout_seconds, _lease_locked_runs.run_timeout)))),
+               attempt_deadline_at = _lease_locked_runs.at + make_interval(secs => coalesce(
+                   r.attempt_timeout_seconds, _lease_locked_runs.attempt_timeout)),
+               run_deadline_at = coalesce(r.run_deadline_at, _lease_locked_runs.at + make_interval(
+                   secs => coalesce(r.run_timeout_seconds, _lease_locked_runs.run_timeout))),
                lease_generation = greatest(r.lease_generation + 1, v_floor + 1),
                admission_slot = _lease_locked_runs.slots[
                                     array_position(_lease_locked_runs.run_ids, r.run_id)],
@@ -100,7 +116,9 @@ BEGIN
            c.priority, c.thread_id, c.idempotency_key, c.payload, c.metadata, c.recovery_checkpoint_id,
            k.data, c.cancel_requested_at IS NOT NULL, _lease_locked_runs.active_count,
            false, _lease_locked_runs.concurrency_limit, NULL::timestamptz,
-           NULL::double precision
+           NULL::double precision, least(c.attempt_deadline_at, c.run_deadline_at),
+           extract(epoch FROM least(c.attempt_deadline_at, c.run_deadline_at)
+                              - _lease_locked_runs.at)::double precision
       FROM claimed c
       LEFT JOIN zeroth.checkpoints k ON k.tenant_id = c.tenant_id AND k.workspace_key = c.workspace_key
                                      AND k.checkpoint_id = c.recovery_checkpoint_id
@@ -113,9 +131,9 @@ BEGIN
     END IF;
 END
 $$;
-COMMENT ON FUNCTION zeroth._lease_locked_runs(text, text, uuid[], tid[], integer[], text, timestamptz, interval, integer, integer, boolean) IS 'Internal: lease runs (and slots) the caller already locked (rows: their addresses, reached by a TID scan); with start make pending ones running; count an attempt per start, per re-leased orphan and per lapsed unstarted claim re-leased. The shared second half of claim_pending, claim_and_start and claim_orphaned.';
-ALTER FUNCTION zeroth._lease_locked_runs(text, text, uuid[], tid[], integer[], text, timestamptz, interval, integer, integer, boolean) OWNER TO zeroth_owner;
-REVOKE ALL ON FUNCTION zeroth._lease_locked_runs(text, text, uuid[], tid[], integer[], text, timestamptz, interval, integer, integer, boolean) FROM PUBLIC;
+COMMENT ON FUNCTION zeroth._lease_locked_runs(text, text, uuid[], tid[], integer[], text, timestamptz, interval, integer, integer, boolean, double precision, double precision) IS 'Internal: lease runs (and slots) the caller already locked (rows: their addresses, reached by a TID scan); with start make pending ones running; count an attempt per start, per re-leased orphan and per lapsed unstarted claim re-leased. The shared second half of claim_pending, claim_and_start and claim_orphaned.';
+ALTER FUNCTION zeroth._lease_locked_runs(text, text, uuid[], tid[], integer[], text, timestamptz, interval, integer, integer, boolean, double precision, double precision) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._lease_locked_runs(text, text, uuid[], tid[], integer[], text, timestamptz, interval, integer, integer, boolean, double precision, double precision) FROM PUBLIC;
 
 -- One scope's claim, arguments already checked and limits resolved (concurrency_limit: the
 -- scope's effective max_concurrency, NULL for none; rate_limit: its zeroth.rate_limits key, NULL
@@ -125,7 +143,11 @@ REVOKE ALL ON FUNCTION zeroth._lease_locked_runs(text, text, uuid[], tid[], inte
 -- before start_run with no attempt left after counting that one is not leased but dead-lettered
 -- (zeroth._take_over), and the claim locks more in its place: a payload that kills every
 -- two-step worker before it starts ends after max_attempts claims and never blocks the runs
--- behind it. Locks: the rate key row, slot rows, run rows, all SKIP LOCKED, so no claimer ever
+-- behind it. A locked run past its run deadline (runs.run_deadline_at, fixed by its first claim)
+-- is not leased either but failed for good (zeroth._end_past_run_deadline, stop_reason
+-- run_timeout; issue 34 item 2); attempt_timeout / run_timeout: the deployment's timeouts for
+-- _lease_locked_runs, already read when timeouts_known (else read by the locking statement).
+-- Locks: the rate key row, slot rows, run rows, all SKIP LOCKED, so no claimer ever
 -- waits on another. The shared body of claim_pending,
 -- claim_and_start and claim_and_start_scopes. (0012 added rate_limit; the old signature is
 -- dropped first.)
@@ -133,11 +155,14 @@ DROP FUNCTION IF EXISTS zeroth._claim_in_scope(text, text, text, text, integer, 
 CREATE OR REPLACE FUNCTION zeroth._claim_in_scope(
     tenant_id text, workspace_key text, deployment_ref text, worker_id text,
     concurrency_limit integer, rate_limit text, want integer, at timestamptz, lease interval,
-    start boolean)
+    start boolean,
+    attempt_timeout double precision DEFAULT NULL, run_timeout double precision DEFAULT NULL,
+    timeouts_known boolean DEFAULT false)
     RETURNS SETOF zeroth.claimed_run
     LANGUAGE plpgsql VOLATILE
     SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
+    v_timeouts double precision[];
     v_want   integer := _claim_in_scope.want;
     v_slots  integer[];
     v_active integer := 0;
@@ -146,6 +171,7 @@ DECLARE
     v_more   uuid[];
     v_more_rows tid[];
     v_spent  uuid[];
+    v_overdue uuid[];
     v_ended  uuid[] := '{}';
     v_rate   record;
     v_retry  timestamptz;
@@ -186,7 +212,19 @@ BEGIN
         WITH locked AS MATERIALIZED (
             SELECT r.run_id, r.ctid, r.priority, r.run_after, r.created_at,
                    -- its last claim lapsed unstarted, and counting that attempt leaves none
-                   r.lease_worker_id IS NOT NULL AND r.attempts + 1 >= r.max_attempts AS spent
+                   (r.lease_worker_id IS NOT NULL AND r.attempts + 1 >= r.max_attempts)
+                   -- or its run deadline passed: never started again (issue 34 item 2)
+                   OR coalesce(r.run_deadline_at <= v_at, false) AS spent,
+                   coalesce(r.run_deadline_at <= v_at, false) AS overdue,
+                   -- The deployment's timeouts, when the caller did not read them: an InitPlan of
+                   -- this statement (one primary-key probe, evaluated only when reached), not a
+                   -- statement of its own (issue 34 item 2).
+                   CASE WHEN NOT _claim_in_scope.timeouts_known
+                        THEN (SELECT ARRAY[d.attempt_timeout_seconds, d.run_timeout_seconds]
+                                FROM zeroth.deployments d
+                               WHERE d.deployment_ref = _claim_in_scope.deployment_ref
+                                 AND zeroth._policy_binds_caller(d.managed_by, d.registered_by))
+                   END AS timeouts
               FROM zeroth.runs r
              WHERE r.tenant_id = _claim_in_scope.tenant_id
                AND r.workspace_key = _claim_in_scope.workspace_key
@@ -203,9 +241,16 @@ BEGIN
                             FILTER (WHERE NOT l.spent), '{}'),
                coalesce(array_agg(l.ctid ORDER BY l.priority DESC, l.run_after, l.created_at)
                             FILTER (WHERE NOT l.spent), '{}'),
-               coalesce(array_agg(l.run_id) FILTER (WHERE l.spent), '{}')
-          INTO v_more, v_more_rows, v_spent
+               coalesce(array_agg(l.run_id) FILTER (WHERE l.spent), '{}'),
+               coalesce(array_agg(l.run_id) FILTER (WHERE l.overdue), '{}'),
+               max(l.timeouts)  -- the same value on every row (NULL: none, or read before)
+          INTO v_more, v_more_rows, v_spent, v_overdue, v_timeouts
           FROM locked l;
+        IF NOT _claim_in_scope.timeouts_known AND cardinality(v_more) > 0 THEN
+            attempt_timeout := v_timeouts[1];
+            run_timeout := v_timeouts[2];
+            timeouts_known := true;
+        END IF;
         v_ids := v_ids || v_more;
         v_rows := v_rows || v_more_rows;
         v_ended := v_ended || v_spent;
@@ -215,8 +260,14 @@ BEGIN
         -- Each in a subtransaction of its own (zeroth._take_over_isolated): a spent run whose
         -- end raises is dead-lettered alone (recovery_failed) and never fails this claim.
         FOR i IN 1 .. cardinality(v_spent) LOOP
-            PERFORM zeroth._take_over_isolated(_claim_in_scope.tenant_id, _claim_in_scope.workspace_key,
-                                               v_spent[i], interval '0', v_at, 'orphan_recovered', NULL);
+            IF v_spent[i] = ANY (v_overdue) THEN
+                -- Past its run deadline (a run retried, slept or waiting since): ended for good.
+                PERFORM zeroth._end_past_run_deadline(_claim_in_scope.tenant_id,
+                                                      _claim_in_scope.workspace_key, v_spent[i], v_at);
+            ELSE
+                PERFORM zeroth._take_over_isolated(_claim_in_scope.tenant_id, _claim_in_scope.workspace_key,
+                                                   v_spent[i], interval '0', v_at, 'orphan_recovered', NULL);
+            END IF;
         END LOOP;
         EXIT WHEN cardinality(v_ids) >= v_want;
     END LOOP;
@@ -229,7 +280,8 @@ BEGIN
                 SELECT * FROM zeroth._lease_locked_runs(
                     _claim_in_scope.tenant_id, _claim_in_scope.workspace_key, v_ids, v_rows, v_slots,
                     _claim_in_scope.worker_id, v_at, _claim_in_scope.lease,
-                    v_active, _claim_in_scope.concurrency_limit, _claim_in_scope.start)
+                    v_active, _claim_in_scope.concurrency_limit, _claim_in_scope.start,
+                    _claim_in_scope.attempt_timeout, _claim_in_scope.run_timeout)
             LOOP
                 v_row.retry_at := v_retry;
                 v_row.retry_after := extract(epoch FROM v_retry - v_at);
@@ -241,12 +293,74 @@ BEGIN
     RETURN QUERY SELECT * FROM zeroth._lease_locked_runs(
         _claim_in_scope.tenant_id, _claim_in_scope.workspace_key, v_ids, v_rows, v_slots,
         _claim_in_scope.worker_id, v_at, _claim_in_scope.lease, v_active,
-        _claim_in_scope.concurrency_limit, _claim_in_scope.start);
+        _claim_in_scope.concurrency_limit, _claim_in_scope.start,
+        _claim_in_scope.attempt_timeout, _claim_in_scope.run_timeout);
 END
 $$;
-COMMENT ON FUNCTION zeroth._claim_in_scope(text, text, text, text, integer, text, integer, timestamptz, interval, boolean) IS 'Internal: claim up to `want` pending, due runs of one scope under its rate limit (starts from the key''s rolling window; none left: the marker with retry_at) and its effective concurrency limit (rate key, slots, runs, SKIP LOCKED); with start make them running. The shared body of claim_pending, claim_and_start and claim_and_start_scopes.';
-ALTER FUNCTION zeroth._claim_in_scope(text, text, text, text, integer, text, integer, timestamptz, interval, boolean) OWNER TO zeroth_owner;
-REVOKE ALL ON FUNCTION zeroth._claim_in_scope(text, text, text, text, integer, text, integer, timestamptz, interval, boolean) FROM PUBLIC;
+COMMENT ON FUNCTION zeroth._claim_in_scope(text, text, text, text, integer, text, integer, timestamptz, interval, boolean, double precision, double precision, boolean) IS 'Internal: claim up to `want` pending, due runs of one scope under its rate limit (starts from the key''s rolling window; none left: the marker with retry_at) and its effective concurrency limit (rate key, slots, runs, SKIP LOCKED); with start make them running. The shared body of claim_pending, claim_and_start and claim_and_start_scopes.';
+ALTER FUNCTION zeroth._claim_in_scope(text, text, text, text, integer, text, integer, timestamptz, interval, boolean, double precision, double precision, boolean) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._claim_in_scope(text, text, text, text, integer, text, integer, timestamptz, interval, boolean, double precision, double precision, boolean) FROM PUBLIC;
+
+-- Ends a pending run a claim locked (FOR UPDATE SKIP LOCKED) whose run deadline passed (issue 34
+-- item 2): pending → failed along edge run_timed_out (zeroth.run_transitions), never started
+-- again, error {stop_reason run_timeout} (the previous error kept, bounded: zeroth._stop_error), not
+-- dead-lettered (no retry can help it). A lapsed unstarted claim's attempt is counted, its lease
+-- cleared and its slot freed (the trigger runs_attempt_history records that attempt). Not through
+-- zeroth._settle: the run has no live holder to fence on. Notifies zeroth_wakeup (a slot freed, a
+-- thread promoted). Raises nothing of its own.
+CREATE OR REPLACE FUNCTION zeroth._end_past_run_deadline(tenant_id text, workspace_key text,
+                                                         run_id uuid, at timestamptz)
+    RETURNS void
+    LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_run record;
+BEGIN
+    -- A lapsed claim's slot first, SKIP LOCKED (the lock order: slots before runs; someone
+    -- holding it now — the lapsed holder's own settle, refused anyway — leaves the run to a later
+    -- claim, as zeroth._take_over does).
+    SELECT r.admission_slot, r.deployment_ref INTO v_run
+      FROM zeroth.runs r
+     WHERE r.tenant_id = _end_past_run_deadline.tenant_id
+       AND r.workspace_key = _end_past_run_deadline.workspace_key
+       AND r.run_id = _end_past_run_deadline.run_id;
+    IF v_run.admission_slot IS NOT NULL THEN
+        PERFORM FROM zeroth.admission_slots s
+         WHERE s.tenant_id = _end_past_run_deadline.tenant_id
+           AND s.workspace_key = _end_past_run_deadline.workspace_key
+           AND s.deployment_ref = v_run.deployment_ref AND s.slot_no = v_run.admission_slot
+           FOR UPDATE SKIP LOCKED;
+        IF NOT FOUND THEN
+            RETURN;
+        END IF;
+    END IF;
+    UPDATE zeroth.runs r
+       SET status = t.to_status,
+           error = zeroth._stop_error('run_timeout', format(
+                       'the run''s deadline (%s) passed before it could start again', r.run_deadline_at),
+                       r.lease_worker_id, r.lease_generation, r.error),
+           attempts = r.attempts + CASE WHEN r.lease_worker_id IS NOT NULL THEN 1 ELSE 0 END,
+           finished_at = _end_past_run_deadline.at,
+           updated_at = _end_past_run_deadline.at,
+           lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
+           admission_slot = NULL, recovery_checkpoint_id = NULL
+      FROM zeroth.run_transitions t
+     WHERE r.tenant_id = _end_past_run_deadline.tenant_id
+       AND r.workspace_key = _end_past_run_deadline.workspace_key
+       AND r.run_id = _end_past_run_deadline.run_id
+       AND r.status = 'pending' AND r.run_deadline_at <= _end_past_run_deadline.at
+       AND t.from_status = 'pending' AND t.outcome = 'run_timed_out'
+    RETURNING r.deployment_ref, r.workspace_id, r.lease_generation INTO v_run;
+    IF FOUND THEN
+        PERFORM zeroth._free_slot(_end_past_run_deadline.tenant_id, _end_past_run_deadline.workspace_key,
+                                  _end_past_run_deadline.run_id, v_run.lease_generation);
+        PERFORM zeroth._notify_wakeup(v_run.deployment_ref, _end_past_run_deadline.tenant_id,
+                                      v_run.workspace_id);
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION zeroth._end_past_run_deadline(text, text, uuid, timestamptz) IS 'Internal: a pending run (locked by a claim) past its run deadline → failed (edge run_timed_out, stop_reason run_timeout), never started again; a lapsed claim''s attempt counted, lease cleared, slot freed, zeroth_wakeup notified.';
+ALTER FUNCTION zeroth._end_past_run_deadline(text, text, uuid, timestamptz) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._end_past_run_deadline(text, text, uuid, timestamptz) FROM PUBLIC;
 
 -- The room for one lease that is not a claim (admit_run's admit-and-own): what every claim obeys,
 -- from the same helpers. The scope's zeroth.scope_limits row (there is no caller's
@@ -311,7 +425,9 @@ CREATE OR REPLACE FUNCTION zeroth._claim_pending(
     SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_now    timestamptz := zeroth._now();
-    v_lease  interval := zeroth._deployment_lease(_claim_pending.deployment_ref, _claim_pending.lease_seconds);
+    -- The lease and, with the lease NULL, the deployment's timeouts in the probe that reads it
+    -- (issue 34 item 2; a given lease reads nothing here: _claim_in_scope reads them).
+    v_policy record := zeroth._deployment_claim_policy(_claim_pending.deployment_ref, _claim_pending.lease_seconds);
     v_tenant text := zeroth._scope_tenant(_claim_pending.tenant_id, _claim_pending.workspace_id);
     v_wskey  text := zeroth._workspace_key(_claim_pending.workspace_id);
     v_limit  integer;
@@ -337,7 +453,8 @@ BEGIN
     END IF;
     RETURN QUERY SELECT * FROM zeroth._claim_in_scope(
         v_tenant, v_wskey, _claim_pending.deployment_ref, _claim_pending.worker_id, v_limit,
-        v_rate, _claim_pending.batch_size, v_now, v_lease, _claim_pending.start);
+        v_rate, _claim_pending.batch_size, v_now, v_policy.lease, _claim_pending.start,
+        v_policy.attempt_timeout_seconds, v_policy.run_timeout_seconds, v_policy.timeouts_known);
 END
 $$;
 COMMENT ON FUNCTION zeroth._claim_pending(text, text, text, text, integer, integer, double precision, boolean) IS 'Internal: the body of claim_pending (start false) and claim_and_start (start true): arguments, the scope''s limits (zeroth.scope_limits), then _claim_in_scope.';

@@ -116,7 +116,8 @@ CREATE OR REPLACE FUNCTION zeroth._rate_marker(concurrency_limit integer, retry_
     LANGUAGE sql IMMUTABLE
     RETURN ROW(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
                0, false, concurrency_limit, retry_at,
-               greatest(extract(epoch FROM retry_at - at)::double precision, 0))::zeroth.claimed_run;
+               greatest(extract(epoch FROM retry_at - at)::double precision, 0),
+               NULL, NULL)::zeroth.claimed_run;  -- deadline_at, deadline_in: none (0021)
 COMMENT ON FUNCTION zeroth._rate_marker(integer, timestamptz, timestamptz) IS 'Internal: the run_id-NULL row a claim at `at` returns when its rate limit held it back; retry_at: when a start becomes possible, retry_after: the seconds until then.';
 ALTER FUNCTION zeroth._rate_marker(integer, timestamptz, timestamptz) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._rate_marker(integer, timestamptz, timestamptz) FROM PUBLIC;

@@ -75,9 +75,15 @@ REVOKE ALL ON FUNCTION zeroth._lock_settle(text, text, text, uuid[], bigint[]) F
 --   retryable; payloads[i]: the bounded error), retry (retryable: backoff from retry_base_seconds,
 --   retry_max_seconds while attempts < max_attempts, else dead-lettered), cancel, hand_back,
 --   release, expire (expire_recovery_lease), sleep (run_afters[i]: T; payloads[i]: a checkpoint
---   to number), pause and wait (reasons[i]: the wait_reason; a wait yields to a cancel request).
+--   to number), pause and wait (reasons[i]: the wait_reason; a wait yields to a cancel request),
+--   timeout (issue 34 item 2: the attempt's deadline passed — retried with backoff as retry, or
+--   dead-lettered with no attempt left; past the run's deadline (at >= run_deadline_at), or when
+--   that is the deadline the holder stopped at (no later than the attempt's), the run fails for
+--   good: run_timed_out) and run_timeout (run_timed_out whatever the clock: the orphan
+--   sweep's end of a run past its run deadline), both with error {stop_reason attempt_timeout |
+--   run_timeout} (payloads[i], the holder's error, kept as its previous error).
 -- The kind and the locked row decide the outcome (completed, retried, failed, dead_lettered,
--- cancelled, handed_back, released, expired, slept, paused, waited), and zeroth.run_transitions
+-- cancelled, handed_back, released, expired, slept, paused, waited, timed_out, run_timed_out), and zeroth.run_transitions
 -- the edge: an outcome whose (status, outcome) is not listed changes nothing. The fence is in the
 -- UPDATE's predicate (worker, generation, lease live at `at`, the status it was decided on), so a
 -- row changed between the lock and the settle (a DBA's UPDATE in the same transaction) is
@@ -129,7 +135,9 @@ BEGIN
         -- The locked rows whose live lease is the caller's, as they are before the settle.
         SELECT r.run_id, r.lease_generation, r.status, r.attempts, r.max_attempts, r.hand_backs,
                r.cancel_requested_at, r.lease_acquired_at, r.started_at,
-               r.attempt_recorded_generation AS old_mark
+               r.attempt_recorded_generation AS old_mark,
+               -- issue 34 item 2: a timeout at the run's deadline ends the run
+               r.run_deadline_at, r.attempt_deadline_at
           FROM zeroth.runs r
          WHERE r.ctid = ANY (_settle.run_rows)
            AND (r.tenant_id, r.workspace_key) IS NOT DISTINCT FROM
@@ -140,6 +148,16 @@ BEGIN
         SELECT q.ord, q.run_id, q.generation, q.kind, q.payload, q.run_after, q.reason,
                h.status AS from_status, h.attempts, h.lease_acquired_at, h.started_at, h.old_mark,
                CASE q.kind
+                   -- issue 34 item 2: an attempt timeout retries as retry does, unless the run's
+                   -- own deadline has passed too, or is the one the holder stopped at (it comes
+                   -- no later than the attempt's).
+                   WHEN 'timeout' THEN CASE WHEN h.run_deadline_at <= _settle.at
+                                              OR h.run_deadline_at <= coalesce(h.attempt_deadline_at,
+                                                                               'infinity')
+                                            THEN 'run_timed_out'
+                                            WHEN h.attempts < h.max_attempts THEN 'timed_out'
+                                            ELSE 'dead_lettered' END
+                   WHEN 'run_timeout' THEN 'run_timed_out'
                    WHEN 'complete' THEN 'completed'
                    WHEN 'fail' THEN 'failed'
                    WHEN 'retry' THEN CASE WHEN h.attempts < h.max_attempts THEN 'retried'
@@ -175,6 +193,16 @@ BEGIN
                output = CASE WHEN e.outcome = 'completed' AND e.payload IS NOT NULL
                              THEN nullif(e.payload, 'null'::jsonb) ELSE r.output END,
                error = CASE WHEN e.kind IN ('fail', 'retry') THEN e.payload
+                            WHEN e.kind IN ('timeout', 'run_timeout')
+                            THEN zeroth._stop_error(
+                                     CASE WHEN e.outcome = 'run_timed_out' THEN 'run_timeout'
+                                          ELSE 'attempt_timeout' END,
+                                     CASE WHEN e.outcome = 'run_timed_out'
+                                          THEN format('the run''s deadline (%s) passed on attempt %s of %s',
+                                                      r.run_deadline_at, r.attempts, r.max_attempts)
+                                          ELSE format('the attempt''s deadline (%s) passed on attempt %s of %s',
+                                                      r.attempt_deadline_at, r.attempts, r.max_attempts) END,
+                                     r.lease_worker_id, r.lease_generation, coalesce(e.payload, r.error))
                             WHEN e.kind = 'hand_back' AND e.outcome = 'dead_lettered'
                             THEN zeroth._stop_error('attempts_exhausted', format(
                                      'handed back %s times without finishing (attempt %s of %s); a run '
@@ -182,12 +210,12 @@ BEGIN
                                      r.hand_backs + 1, r.attempts, r.max_attempts),
                                  r.lease_worker_id, r.lease_generation, r.error)
                             ELSE r.error END,
-               run_after = CASE e.outcome
+               run_after = CASE WHEN e.outcome IN ('retried', 'timed_out')
                                -- Exponential backoff with equal jitter: half fixed, half random.
                                -- A policy left NULL is the deployment's registered one when it
                                -- binds this session (zeroth._policy_binds_caller; read only for a
                                -- retry), else 1 / 300.
-                               WHEN 'retried' THEN _settle.at + make_interval(secs => least(
+                               THEN _settle.at + make_interval(secs => least(
                                         coalesce(_settle.retry_max_seconds,
                                                  (SELECT d.retry_max_seconds FROM zeroth.deployments d
                                                    WHERE d.deployment_ref = r.deployment_ref
@@ -200,13 +228,13 @@ BEGIN
                                                                                      d.registered_by)), 1)
                                         * power(2, greatest(r.attempts - 1, 0)::double precision))
                                     * (0.5 + random() / 2))
-                               WHEN 'slept' THEN e.run_after
+                               WHEN e.outcome = 'slept' THEN e.run_after
                                ELSE r.run_after END,
                finished_at = CASE WHEN e.to_status IN ('completed', 'failed', 'cancelled') THEN _settle.at
-                                  WHEN e.outcome IN ('retried', 'handed_back', 'slept', 'waited') THEN NULL
+                                  WHEN e.outcome IN ('retried', 'handed_back', 'slept', 'waited', 'timed_out') THEN NULL
                                   ELSE r.finished_at END,
                dead_lettered_at = CASE WHEN e.outcome = 'dead_lettered' THEN _settle.at
-                                       WHEN e.kind IN ('fail', 'retry') THEN NULL
+                                       WHEN e.kind IN ('fail', 'retry', 'timeout', 'run_timeout') THEN NULL
                                        ELSE r.dead_lettered_at END,
                -- Waiting and sleeping are not failures: the attempt is given back.
                attempts = CASE WHEN e.outcome IN ('slept', 'paused', 'waited')
@@ -259,10 +287,12 @@ BEGIN
                s.generation, _settle.worker_id, s.old_acquired,
                CASE WHEN s.from_status = 'running' THEN greatest(s.old_started, s.old_acquired) END,
                _settle.at, l.label,
-               CASE WHEN l.label IN ('failed', 'dead_lettered') OR s.new_status = 'failed' THEN s.error END
+               CASE WHEN l.label IN ('failed', 'dead_lettered', 'timed_out') OR s.new_status = 'failed'
+                    THEN s.error END
           FROM settled s
          CROSS JOIN LATERAL (
-                SELECT CASE WHEN s.outcome = 'retried' THEN 'failed'
+                SELECT CASE WHEN s.kind IN ('timeout', 'run_timeout') THEN 'timed_out'
+                            WHEN s.outcome = 'retried' THEN 'failed'
                             WHEN s.outcome IN ('paused', 'waited')
                             THEN CASE WHEN s.wait_reason LIKE 'event:%' OR s.wait_reason LIKE 'children:%'
                                       THEN 'waited' ELSE 'paused' END
