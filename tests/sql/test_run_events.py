@@ -177,7 +177,8 @@ class TestEnd:
 
     async def ended(self, conn, run_id, after=0):
         events = await read(conn, run_id, after)
-        assert events and events[-1]["kind"] == "end", events
+        assert events, events
+        assert events[-1]["kind"] == "end", events
         assert [e for e in events if e["kind"] == "end"] == events[-1:]
         return events
 
