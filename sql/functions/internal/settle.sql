@@ -87,6 +87,9 @@ REVOKE ALL ON FUNCTION zeroth._lock_settle(text, text, text, uuid[], bigint[]) F
 -- trigger runs_attempt_history leaves it alone (a row that already carried that mark — a DBA
 -- reopened a recorded generation by hand — is left to the trigger instead: one row either way). Then zeroth_wakeup once per deployment that had a
 -- slot freed, a run due now, or a lease given back (release, expire, hand_back).
+-- The run event stream (issue 34): a run that ended (completed, failed, cancelled) and has
+-- events gets its END row (stream_ended) and a zeroth_run_events hint; one that emitted nothing
+-- gets neither (read_run_events makes its END from its status).
 -- One row per requested run, in input order: the outcome settled (NULL when refused), the status
 -- it was decided on, the new status, run_after and checkpoint_seq, and sqlstate: NULL settled,
 -- ZP002 not the caller's live lease (fenced out), ZP012 held but the edge is not listed.
