@@ -37,6 +37,7 @@ from bench.harness import (
     pool,
 )
 from bench.pressure import pressure_scenario
+from bench.streams import streams
 from bench.systems import (
     DEPLOYMENT,
     REPO_ROOT,
@@ -658,5 +659,6 @@ SCENARIOS: dict[str, Callable[[Config, Systems], Awaitable[ScenarioReport]]] = {
     "commits": commits,
     "pressure": pressure_scenario,
     "fleet": fleet,
+    "streams": streams,
 }
 

@@ -1046,6 +1046,36 @@ COMMENT ON COLUMN zeroth.rate_limits.last_start_at IS 'Kept by the claims: the d
 COMMENT ON COLUMN zeroth.rate_limits.note IS 'Free text for the DBA (whose quota this is).';
 
 --
+-- Name: run_events; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE TABLE zeroth.run_events (
+    tenant_id text NOT NULL,
+    workspace_key text NOT NULL,
+    run_id uuid NOT NULL,
+    event_id bigint NOT NULL,
+    kind text NOT NULL,
+    name text NOT NULL,
+    data jsonb NOT NULL,
+    lease_generation bigint NOT NULL,
+    created_at timestamp with time zone NOT NULL,
+    CONSTRAINT run_events_event_id_valid CHECK ((event_id >= 1)),
+    CONSTRAINT run_events_kind_valid CHECK ((kind = ANY (ARRAY['event'::text, 'end'::text]))),
+    CONSTRAINT run_events_name_valid CHECK (((name <> ''::text) AND (length(name) <= 200)))
+);
+
+ALTER TABLE zeroth.run_events OWNER TO zeroth_owner;
+
+--
+-- Name: TABLE run_events; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON TABLE zeroth.run_events IS 'A run''s event stream: events numbered 1, 2, 3… per run in commit order (append_run_event, by the live lease holder of a running run, under the run''s row lock), each with its name, a bounded JSON payload, the lease generation that wrote it and the database time; kind ''end'' is the END written by the settle path (zeroth._settle) when a run that has events ends. read_run_events reads it (and says END for a run ended with no END row). Deleted with the run. zeroth_reader reads the rows of the tenant named in zeroth.tenant_id.';
+
+--
+-- Name: COLUMN run_events.kind; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.run_events.kind IS 'event (append_run_event) | end (the run ended: data holds its status and outcome).';
+
+--
 -- Name: run_steps; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
 --
 CREATE TABLE zeroth.run_steps (
@@ -1216,6 +1246,12 @@ ALTER TABLE ONLY zeroth.rate_limit_starts
 --
 ALTER TABLE ONLY zeroth.rate_limits
     ADD CONSTRAINT rate_limits_pkey PRIMARY KEY (name);
+
+--
+-- Name: run_events run_events_pkey; Type: CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE ONLY zeroth.run_events
+    ADD CONSTRAINT run_events_pkey PRIMARY KEY (tenant_id, workspace_key, run_id, event_id);
 
 --
 -- Name: run_steps run_steps_pkey; Type: CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
@@ -1421,6 +1457,12 @@ ALTER TABLE ONLY zeroth.rate_limit_starts
     ADD CONSTRAINT rate_limit_starts_name_fkey FOREIGN KEY (name) REFERENCES zeroth.rate_limits(name) ON UPDATE CASCADE ON DELETE CASCADE;
 
 --
+-- Name: run_events run_events_run_fkey; Type: FK CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE ONLY zeroth.run_events
+    ADD CONSTRAINT run_events_run_fkey FOREIGN KEY (tenant_id, workspace_key, run_id) REFERENCES zeroth.runs(tenant_id, workspace_key, run_id) ON DELETE CASCADE;
+
+--
 -- Name: run_steps run_steps_run_fkey; Type: FK CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
 --
 ALTER TABLE ONLY zeroth.run_steps
@@ -1591,6 +1633,21 @@ CREATE POLICY run_attempts_reader_tenant ON zeroth.run_attempts FOR SELECT TO ze
 COMMENT ON POLICY run_attempts_reader_tenant ON zeroth.run_attempts IS 'zeroth_reader sees the attempts of the tenant named in the setting zeroth.tenant_id (none when unset).';
 
 --
+-- Name: run_events; Type: ROW SECURITY; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE zeroth.run_events ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: run_events run_events_reader_tenant; Type: POLICY; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE POLICY run_events_reader_tenant ON zeroth.run_events FOR SELECT TO zeroth_reader USING ((tenant_id = current_setting('zeroth.tenant_id'::text, true)));
+
+--
+-- Name: POLICY run_events_reader_tenant ON run_events; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON POLICY run_events_reader_tenant ON zeroth.run_events IS 'zeroth_reader sees the run events of the tenant named in the setting zeroth.tenant_id (none when unset).';
+
+--
 -- Name: run_steps; Type: ROW SECURITY; Schema: zeroth; Owner: zeroth_owner
 --
 ALTER TABLE zeroth.run_steps ENABLE ROW LEVEL SECURITY;
@@ -1750,6 +1807,11 @@ GRANT SELECT(period_seconds) ON TABLE zeroth.rate_limits TO zeroth_reader;
 -- Name: COLUMN rate_limits.note; Type: ACL; Schema: zeroth; Owner: zeroth_owner
 --
 GRANT SELECT(note) ON TABLE zeroth.rate_limits TO zeroth_reader;
+
+--
+-- Name: TABLE run_events; Type: ACL; Schema: zeroth; Owner: zeroth_owner
+--
+GRANT SELECT ON TABLE zeroth.run_events TO zeroth_reader;
 
 --
 -- Name: TABLE run_steps; Type: ACL; Schema: zeroth; Owner: zeroth_owner

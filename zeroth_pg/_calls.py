@@ -217,6 +217,40 @@ RECONCILE_THREAD_RUNS = f"""SELECT {_TAKEOVER_COLUMNS} FROM zeroth.reconcile_thr
     deployment_ref => $1, tenant_id => $2, workspace_id => $3, grace_seconds => $4,
     claim_limit => $5, stop_reason => $6, message => $7)"""
 
+# -- run event stream (issue 34, item 1) ---------------------------------------------------------
+
+APPEND_RUN_EVENT = """SELECT zeroth.append_run_event(run_id => $1, worker_id => $2,
+    generation => $3, name => $4, data => $5::text::jsonb, tenant_id => $6, workspace_id => $7,
+    notify => $8)"""
+
+READ_RUN_EVENTS = """SELECT event_id, kind, name, data::text AS data, lease_generation, created_at
+    FROM zeroth.read_run_events(run_id => $1, after => $2, max_events => $3, tenant_id => $4,
+                                workspace_id => $5)"""
+
+RUN_EVENTS_KEY = """SELECT zeroth.run_events_key(run_id => $1, tenant_id => $2,
+    workspace_id => $3)"""
+
+# A zeroth_reader's read of a run's stream (it may execute no function): the run and its last
+# event, then the events after $4 up to that one, in one snapshot (the caller's REPEATABLE READ
+# transaction), under the reader's row-level security. zeroth_pg.streams.reader_events makes
+# END from them as zeroth.read_run_events does.
+READER_RUN_TAIL = """SELECT r.status::text AS status, r.dead_lettered_at IS NOT NULL AS dead,
+           r.finished_at, r.lease_generation, l.event_id AS last_id, l.kind AS last_kind
+      FROM zeroth.runs r
+      LEFT JOIN LATERAL (
+            SELECT e.event_id, e.kind FROM zeroth.run_events e
+             WHERE e.tenant_id = r.tenant_id AND e.workspace_key = r.workspace_key
+               AND e.run_id = r.run_id
+             ORDER BY e.event_id DESC LIMIT 1) l ON true
+     WHERE r.tenant_id = $1 AND r.workspace_key = $2 AND r.run_id = $3"""
+
+READER_RUN_EVENTS = """SELECT e.event_id, e.kind, e.name, e.data::text AS data, e.lease_generation,
+           e.created_at
+      FROM zeroth.run_events e
+     WHERE e.tenant_id = $1 AND e.workspace_key = $2 AND e.run_id = $3
+       AND e.event_id > $4 AND e.event_id <= $5
+     ORDER BY e.event_id LIMIT $6"""
+
 UPDATE_RUN_PROGRESS = """SELECT zeroth.update_run_progress(run_id => $1, worker_id => $2,
     generation => $3, progress => $4::text::jsonb, accounting => $5::text::jsonb,
     tenant_id => $6, workspace_id => $7)"""

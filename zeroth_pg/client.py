@@ -13,7 +13,8 @@ workspace; a ``workspace_id`` without a ``tenant_id`` matches nothing (seed-spec
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeAlias, cast
@@ -21,8 +22,9 @@ from uuid import UUID
 
 import asyncpg
 
-from zeroth_pg import _calls, tracing
+from zeroth_pg import _calls, streams, tracing
 from zeroth_pg._jsonb import encode as _json
+from zeroth_pg._jsonb import encode_bounded
 from zeroth_pg._jsonb import unstorable as unstorable  # where it used to live
 from zeroth_pg.errors import InvalidArgumentError, StepResultError, translate
 from zeroth_pg.types import (
@@ -45,6 +47,7 @@ from zeroth_pg.types import (
     OrphanClaimResult,
     RateLimited,
     RunCompletion,
+    RunEvent,
     RunSettled,
     RunStatus,
     Schedule,
@@ -69,6 +72,9 @@ __all__ = ["Executor", "LeaseManager"]
 Executor: TypeAlias = "asyncpg.Pool | asyncpg.Connection"
 
 RunId: TypeAlias = UUID | str
+
+#: The largest event data append_run_event takes (its JSON text; zeroth.append_run_event).
+MAX_RUN_EVENT_DATA = 65536
 
 
 # Arguments the client must convert before SQL sees them raise InvalidArgumentError (ZP008's
@@ -728,6 +734,76 @@ class LeaseManager:
         return SleepResult(outcome=SleepOutcome(row["outcome"]), run_after=row["run_after"],
                            checkpoint_id=row["checkpoint_id"])
 
+    # -- run event stream (issue 34, item 1) ------------------------------------------------
+
+    async def append_run_event(
+        self, run_id: RunId, worker_id: str, name: str, data: Any = None, *, generation: int,
+        tenant_id: str | None = None, workspace_id: str | None = None, notify: bool = True,
+        conn: Executor | None = None,
+    ) -> int | None:
+        """Append an event to the run's stream as its live holder (``zeroth.append_run_event``):
+        its id (1, 2, 3… per run); None when fenced out. ``data`` is JSON (None: JSON null) of at
+        most 64 KiB, refused before it is encoded whole (InvalidArgumentError)."""
+        text = encode_bounded(data, MAX_RUN_EVENT_DATA, "event data")
+        value = await self._fetchval(_calls.APPEND_RUN_EVENT, _uuid(run_id), worker_id,
+                                     generation, name, text, tenant_id, workspace_id, notify,
+                                     conn=conn)
+        return None if value is None else int(value)
+
+    async def read_run_events(
+        self, run_id: RunId, *, after: int = 0, max_events: int = 100,
+        tenant_id: str | None = None, workspace_id: str | None = None,
+        conn: Executor | None = None,
+    ) -> list[RunEvent]:
+        """The run's events after ``after``, in order, then END once it ended
+        (``zeroth.read_run_events``); END ``not_found`` for a run this scope cannot see."""
+        rows = await self._fetch(_calls.READ_RUN_EVENTS, _uuid(run_id), after, max_events,
+                                 tenant_id, workspace_id, conn=conn)
+        return [streams.run_event(r) for r in rows]
+
+    async def run_events_key(
+        self, run_id: RunId, *, tenant_id: str | None = None, workspace_id: str | None = None,
+        conn: Executor | None = None,
+    ) -> str:
+        """The payload of ``zeroth_run_events`` when this run's stream moves
+        (``zeroth.run_events_key``)."""
+        return str(await self._fetchval(_calls.RUN_EVENTS_KEY, _uuid(run_id), tenant_id,
+                                        workspace_id, conn=conn))
+
+    def stream(
+        self, run_id: RunId, *, after: int = 0, tenant_id: str | None = None,
+        workspace_id: str | None = None, poll_interval: float = 1.0, batch: int = 100,
+        max_reconnects: int | None = None,
+    ) -> AsyncIterator[RunEvent]:
+        """``async for event in client.stream(run_id, after=last_id)``: the run's events after
+        ``after``, each once and in order, ending after END (``zeroth.read_run_events``). One
+        connection of the pool LISTENs on ``zeroth_run_events`` and reads again on the run's
+        key (``zeroth.run_events_key``) and every ``poll_interval`` seconds; a connection lost
+        is replaced and the read resumes from the last id yielded (``max_reconnects`` in a row
+        at most; None: for ever; over a single connection: never)."""
+        run = _uuid(run_id)
+        if run is None:
+            raise InvalidArgumentError("run_id must not be None")
+        executor = self.pool
+
+        def acquire() -> AbstractAsyncContextManager[asyncpg.Connection]:
+            if isinstance(executor, asyncpg.Pool):
+                return cast("AbstractAsyncContextManager[asyncpg.Connection]", executor.acquire())
+            return _borrowed(executor)
+
+        async def read(conn: asyncpg.Connection, last: int) -> list[RunEvent]:
+            return await self.read_run_events(run, after=last, max_events=batch,
+                                              tenant_id=tenant_id, workspace_id=workspace_id,
+                                              conn=conn)
+
+        async def key(conn: asyncpg.Connection) -> str | None:
+            return await self.run_events_key(run, tenant_id=tenant_id,
+                                             workspace_id=workspace_id, conn=conn)
+
+        return streams.follow(
+            acquire, read, key, after=after, poll_interval=poll_interval, batch=batch,
+            max_reconnects=max_reconnects if isinstance(executor, asyncpg.Pool) else 0)
+
     # -- steps and events ------------------------------------------------------------------
 
     async def get_step(
@@ -1143,6 +1219,12 @@ class LeaseManager:
                          run_id=row["run_id"], created=row["created"], skipped=int(row["skipped"]))
             for row in rows if row["schedule_id"] is not None)
         return ScheduleFiring(fires=fires, next_due_at=rows[0]["next_due_at"] if rows else None)
+
+
+@asynccontextmanager
+async def _borrowed(conn: asyncpg.Connection) -> AsyncIterator[asyncpg.Connection]:
+    """A connection the caller owns, lent to a stream (not closed after)."""
+    yield conn
 
 
 def _registration(row: asyncpg.Record) -> DeploymentRegistration:

@@ -5,10 +5,11 @@ every one. The payloads are therefore opaque keys (32 hex digits derived from a 
 secret only zeroth_owner can read): the SQL functions that make work claimable notify
 ``zeroth_wakeup`` with the key of the (deployment, tenant, workspace); a cancel request notifies
 ``zeroth_control`` with the key of the run's worker id; the end of a thread run notifies
-``zeroth_run_finished`` with the run's key. A listener asks the database for the keys it cares
-about (``LeaseManager.wakeup_key`` / ``control_key`` / ``run_finished_key``) and compares. A
-notification is only ever a hint: a worker claims by query, and confirms a cancel with
-``renew_leases`` before it stops anything.
+``zeroth_run_finished`` with the run's key; an append to a run's event stream (and the END of a
+stream that has events) notifies ``zeroth_run_events`` with the run's key. A listener asks the
+database for the keys it cares about (``LeaseManager.wakeup_key`` / ``control_key`` /
+``run_finished_key`` / ``run_events_key``) and compares. A notification is only ever a hint: a
+worker claims by query, and confirms a cancel with ``renew_leases`` before it stops anything.
 
 A :class:`Notifier` holds ONE dedicated connection outside any pool (a pooled connection runs
 ``UNLISTEN *`` on release, and a transaction-mode pooler cannot LISTEN at all),
@@ -42,6 +43,7 @@ from zeroth_pg._libpq import asyncpg_dsn
 __all__ = [
     "CHANNELS",
     "CONTROL_CHANNEL",
+    "RUN_EVENTS_CHANNEL",
     "RUN_FINISHED_CHANNEL",
     "WAKEUP_CHANNEL",
     "ListenMultiplexedError",
@@ -52,7 +54,9 @@ __all__ = [
 WAKEUP_CHANNEL = "zeroth_wakeup"
 CONTROL_CHANNEL = "zeroth_control"
 RUN_FINISHED_CHANNEL = "zeroth_run_finished"
-CHANNELS = frozenset({WAKEUP_CHANNEL, CONTROL_CHANNEL, RUN_FINISHED_CHANNEL})
+#: A run's event stream moved (an event appended, its END written): payload run_events_key.
+RUN_EVENTS_CHANNEL = "zeroth_run_events"
+CHANNELS = frozenset({WAKEUP_CHANNEL, CONTROL_CHANNEL, RUN_FINISHED_CHANNEL, RUN_EVENTS_CHANNEL})
 """Every channel the SQL functions notify (a test keeps it equal to the migrations); a Notifier
 refuses any other name, so a typo or a caller-supplied string can never become a LISTEN."""
 

@@ -27,6 +27,8 @@ __all__ = [
     "OrphanClaimResult",
     "RateLimited",
     "RetryPolicy",
+    "RunEvent",
+    "RunEventKind",
     "RunSettled",
     "RunStatus",
     "Schedule",
@@ -549,3 +551,30 @@ class ScheduleFiring:
 
     fires: tuple[ScheduleFire, ...]
     next_due_at: datetime | None
+
+
+class RunEventKind(StrEnum):
+    """The kind of a run's stream event (``zeroth.run_events.kind``)."""
+
+    EVENT = "event"  # appended by the run's handler (append_run_event)
+    END = "end"  # the run ended: data holds its status and outcome; nothing follows
+
+
+@dataclass(frozen=True, slots=True)
+class RunEvent:
+    """One event of a run's stream (``zeroth.read_run_events``): numbered 1, 2, 3… per run.
+
+    END (:attr:`is_end`) carries ``{"status": …, "outcome": …}`` in ``data``: the run's terminal
+    status and how it ended (``dead_lettered`` for a dead letter), or status None and outcome
+    ``not_found`` for a run this scope cannot see (never created, another scope's, pruned)."""
+
+    event_id: int
+    kind: RunEventKind
+    name: str
+    data: Any
+    lease_generation: int | None
+    created_at: datetime | None
+
+    @property
+    def is_end(self) -> bool:
+        return self.kind is RunEventKind.END

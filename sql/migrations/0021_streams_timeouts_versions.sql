@@ -14,8 +14,36 @@ SELECT 1;
 
 -- ===== section: run event stream (issue 34, item 1) =====
 --
---
---
+-- zeroth.run_events: a run's event stream (append_run_event, read_run_events). Numbered per run
+-- 1, 2, 3… under the run's row lock (no gap a reader could skip); kind 'end' is the END that
+-- zeroth._settle writes when a run that has events ends. Deleted with the run (ON DELETE CASCADE,
+-- as run_steps: prune_runs and a DBA's DELETE). zeroth_reader reads its tenant's rows.
+CREATE TABLE zeroth.run_events (
+    tenant_id        text        NOT NULL,
+    workspace_key    text        NOT NULL,
+    run_id           uuid        NOT NULL,
+    event_id         bigint      NOT NULL,
+    kind             text        NOT NULL,
+    name             text        NOT NULL,
+    data             jsonb       NOT NULL,
+    lease_generation bigint      NOT NULL,
+    created_at       timestamptz NOT NULL,
+    CONSTRAINT run_events_pkey PRIMARY KEY (tenant_id, workspace_key, run_id, event_id),
+    CONSTRAINT run_events_run_fkey FOREIGN KEY (tenant_id, workspace_key, run_id)
+        REFERENCES zeroth.runs (tenant_id, workspace_key, run_id) ON DELETE CASCADE,
+    CONSTRAINT run_events_event_id_valid CHECK (event_id >= 1),
+    CONSTRAINT run_events_kind_valid CHECK (kind IN ('event', 'end')),
+    CONSTRAINT run_events_name_valid CHECK (name <> '' AND length(name) <= 200)
+);
+COMMENT ON TABLE zeroth.run_events IS 'A run''s event stream: events numbered 1, 2, 3… per run in commit order (append_run_event, by the live lease holder of a running run, under the run''s row lock), each with its name, a bounded JSON payload, the lease generation that wrote it and the database time; kind ''end'' is the END written by the settle path (zeroth._settle) when a run that has events ends. read_run_events reads it (and says END for a run ended with no END row). Deleted with the run. zeroth_reader reads the rows of the tenant named in zeroth.tenant_id.';
+COMMENT ON COLUMN zeroth.run_events.kind IS 'event (append_run_event) | end (the run ended: data holds its status and outcome).';
+ALTER TABLE zeroth.run_events OWNER TO zeroth_owner;
+ALTER TABLE zeroth.run_events ENABLE ROW LEVEL SECURITY;
+REVOKE ALL ON zeroth.run_events FROM PUBLIC;
+CREATE POLICY run_events_reader_tenant ON zeroth.run_events FOR SELECT TO zeroth_reader
+    USING (tenant_id = current_setting('zeroth.tenant_id', true));
+COMMENT ON POLICY run_events_reader_tenant ON zeroth.run_events IS 'zeroth_reader sees the run events of the tenant named in the setting zeroth.tenant_id (none when unset).';
+GRANT SELECT ON zeroth.run_events TO zeroth_reader;
 
 -- ===== section: attempt and run timeouts (issue 34, item 2) =====
 -- Issue 34 item 2: a run that runs too long is stopped by the database (River JobTimeout, Oban

@@ -284,7 +284,7 @@ def presented(function: Function, args: dict[str, Any], lease: Lease) -> bool:
         return False
     if args.get("worker_id") != lease.worker_id:
         return False
-    if function.name in ("renew_leases", "complete_runs", "complete_and_claim"):
+    if function.name in ("renew_leases", "complete_runs", "complete_and_claim", "settle_runs"):
         pairs = zip(args.get("run_ids") or [], args.get("generations") or [], strict=False)
         return (lease.run_id, lease.generation) in set(pairs)
     if function.name == "admit_run":  # the owner interrupting its own thread run

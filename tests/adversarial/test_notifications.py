@@ -20,8 +20,8 @@ from helpers import announce_idle
 
 from zeroth_pg import migrate
 
-CHANNELS = ("zeroth_wakeup", "zeroth_control", "zeroth_run_finished")
-SECRETS = ("acme", "ws-9", "secret-deploy", "thread-secret", "worker-secret")
+CHANNELS = ("zeroth_wakeup", "zeroth_control", "zeroth_run_finished", "zeroth_run_events")
+SECRETS = ("acme", "ws-9", "secret-deploy", "thread-secret", "worker-secret", "secret-event")
 
 
 async def listen_all(conn: asyncpg.Connection) -> asyncio.Queue[tuple[str, str]]:
@@ -62,6 +62,11 @@ class TestAStrangerListening:
         assert await worker.fetchval(
             f"""SELECT zeroth.start_run(run_id => $1, worker_id => 'worker-secret',
                     generation => $2, {scope})""", *fence)
+        # An event of the run's stream (run events; its END notifies the same key).
+        assert await worker.fetchval(
+            f"""SELECT zeroth.append_run_event(run_id => $1, worker_id => 'worker-secret',
+                    generation => $2, name => 'secret-event', data => '"secret"', {scope})""",
+            *fence) == 1
         assert await worker.fetchval(
             f"SELECT zeroth.request_cancel(run_id => $1, {scope})", fence[0]) == "cancel_requested"
         assert await worker.fetchval(
@@ -81,6 +86,8 @@ class TestAStrangerListening:
             ("zeroth_control", await worker.fetchval("SELECT zeroth.control_key('worker-secret')")),
             ("zeroth_run_finished", await worker.fetchval(
                 "SELECT zeroth.run_finished_key($1, 'acme', 'ws-9')", fence[0])),
+            ("zeroth_run_events", await worker.fetchval(
+                "SELECT zeroth.run_events_key($1, 'acme', 'ws-9')", fence[0])),
         }
 
     async def test_cannot_compute_a_key_for_a_scope_it_guesses(self, login, admin):

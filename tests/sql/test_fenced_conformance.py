@@ -108,6 +108,8 @@ RECORD_STEP = """SELECT zeroth_test.record_step(run_id => $1, worker_id => $2, g
 CLAIM_ALONG = "deploy-claim-along"
 
 FENCED = [
+    # A refused append returns NULL (no event id).
+    fenced("append_run_event", """name => 'token', data => '{"x": 1}'""", refused=None),
     fenced("cancel_run", statuses=("claimed", "running")),
     fenced("commit_fenced", """columns => '{"output": {"x": 1}}'""",
            statuses=("claimed", "running")),

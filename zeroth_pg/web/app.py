@@ -27,7 +27,14 @@ from starlette.staticfiles import StaticFiles
 from zeroth_pg import _calls, fleet_metrics
 from zeroth_pg._hosts import LOOPBACK_HOSTS, host_name, netloc
 from zeroth_pg._libpq import asyncpg_dsn
-from zeroth_pg.web import pages_deployments, pages_events, pages_schedules, pages_workers, paging
+from zeroth_pg.web import (
+    pages_deployments,
+    pages_events,
+    pages_run_events,
+    pages_schedules,
+    pages_workers,
+    paging,
+)
 from zeroth_pg.web._shared import Context, short_time
 from zeroth_pg.web.flash import FlashMiddleware
 from zeroth_pg.web.pages_runs import failure_view, timeline
@@ -507,6 +514,9 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
         Route("/overview.json", overview_fragment),
         Route("/runs", runs),
         Route("/runs/{run_id}", run_detail),
+        # A run's event stream as server-sent events (issue 34): a connection of its own each.
+        *pages_run_events.routes(pages, lambda: asyncpg.connect(
+            asyncpg_dsn(dsn), server_settings={"application_name": "zeroth-pg web events"})),
         Route("/dead-letters", dead_letters),
         *pages_workers.routes(pages),
         *pages_deployments.routes(pages),

@@ -205,6 +205,19 @@ class RunContext:
         """Record progress (any JSON value), fenced."""
         await self.commit(progress=value)
 
+    async def emit(self, name: str, data: Any = None) -> int:
+        """Append an event (``name``, JSON ``data`` of at most 64 KiB) to this run's stream,
+        fenced by this attempt's lease generation (``zeroth.append_run_event``); subscribers
+        (``LeaseManager.stream``, the dashboard's SSE) receive it. Returns its id; raises
+        LeaseLostError if refused, InvalidArgumentError for a bad name or data (bounded before
+        it is encoded)."""
+        event_id = await self._worker.lease_manager.append_run_event(
+            self.run_id, self.worker_id, name, data, generation=self.lease_generation,
+            tenant_id=self.scope.tenant_id, workspace_id=self.scope.workspace_id)
+        if event_id is None:
+            raise self._lease_lost("emit")
+        return event_id
+
     async def sleep(self, seconds: float, *, checkpoint: Any = None) -> NoReturn:
         """Durable sleep for ``seconds`` (counted on the database clock): see
         :meth:`sleep_until`."""

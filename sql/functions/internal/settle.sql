@@ -93,6 +93,9 @@ REVOKE ALL ON FUNCTION zeroth._lock_settle(text, text, text, uuid[], bigint[]) F
 -- trigger runs_attempt_history leaves it alone (a row that already carried that mark — a DBA
 -- reopened a recorded generation by hand — is left to the trigger instead: one row either way). Then zeroth_wakeup once per deployment that had a
 -- slot freed, a run due now, or a lease given back (release, expire, hand_back).
+-- The run event stream (issue 34): a run that ended (completed, failed, cancelled) and has
+-- events gets its END row (stream_ended) and a zeroth_run_events hint; one that emitted nothing
+-- gets neither (read_run_events makes its END from its status).
 -- One row per requested run, in input order: the outcome settled (NULL when refused), the status
 -- it was decided on, the new status, run_after and checkpoint_seq, and sqlstate: NULL settled,
 -- ZP002 not the caller's live lease (fenced out), ZP012 held but the edge is not listed.
@@ -124,6 +127,7 @@ DECLARE
     v_state    text[];
     v_deps     text[];
     v_ws       text;
+    v_streams  uuid[];  -- runs whose event stream got its END (issue 34)
 BEGIN
     WITH requested AS (
         SELECT q.ord::integer AS ord, q.run_id, q.generation, q.kind,
@@ -309,6 +313,24 @@ BEGIN
            AND sl.run_id = s.run_id
            AND sl.lease_generation = s.generation
         RETURNING s.run_id  -- the settled run (sl.run_id is NULL now)
+    ), stream_ended AS (
+        -- The run event stream's END (issue 34), for runs that ended and have events only: a run
+        -- that emitted nothing pays one probe of run_events_pkey and writes nothing (its END is
+        -- made by read_run_events from its status). Numbered after the last event under the run
+        -- row lock this call holds, as append_run_event numbers.
+        INSERT INTO zeroth.run_events AS en (tenant_id, workspace_key, run_id, event_id, kind, name,
+                                             data, lease_generation, created_at)
+        SELECT m.tenant_id, m.workspace_key, m.run_id, m.last_id + 1, 'end', 'end',
+               jsonb_build_object('status', m.new_status, 'outcome', m.outcome), m.generation,
+               _settle.at
+          FROM (SELECT s.tenant_id, s.workspace_key, s.run_id, s.new_status, s.outcome, s.generation,
+                       (SELECT max(ev.event_id) FROM zeroth.run_events ev
+                         WHERE ev.tenant_id = s.tenant_id AND ev.workspace_key = s.workspace_key
+                           AND ev.run_id = s.run_id) AS last_id
+                  FROM settled s
+                 WHERE s.new_status IN ('completed', 'failed', 'cancelled')) m
+         WHERE m.last_id IS NOT NULL
+        RETURNING en.run_id
     )
     SELECT array_agg(q.ord ORDER BY q.ord),
            array_agg(s.outcome ORDER BY q.ord),
@@ -323,14 +345,21 @@ BEGIN
                         FILTER (WHERE s.run_id IN (SELECT f.run_id FROM freed f)
                                    OR (s.new_status = 'pending' AND s.run_after <= _settle.at)
                                    OR s.kind IN ('release', 'expire', 'hand_back')), '{}'),
-           min(s.workspace_id)
-      INTO v_ord, v_outcome, v_from, v_to, v_after, v_seq, v_state, v_deps, v_ws
+           min(s.workspace_id),
+           array_agg(s.run_id) FILTER (WHERE s.run_id IN (SELECT x.run_id FROM stream_ended x))
+      INTO v_ord, v_outcome, v_from, v_to, v_after, v_seq, v_state, v_deps, v_ws, v_streams
       FROM requested q
       LEFT JOIN edges e ON e.ord = q.ord
       LEFT JOIN settled s ON s.ord = q.ord;
 
     PERFORM zeroth._notify_wakeup(d.deployment_ref, _settle.tenant_id, v_ws)
        FROM unnest(v_deps) AS d(deployment_ref);
+    -- Subscribers of the streams that got their END (none for runs that emitted nothing: no
+    -- statement then, the IF is a plain expression).
+    IF v_streams IS NOT NULL THEN
+        PERFORM zeroth._notify_run_events(_settle.tenant_id, _settle.workspace_key, x.run_id)
+           FROM unnest(v_streams) AS x(run_id);
+    END IF;
 
     RETURN QUERY
     SELECT u.ord, _settle.run_ids[u.ord], u.outcome, u.from_status, u.to_status, u.run_after,

@@ -1,0 +1,73 @@
+-- append_run_event: the live lease holder of a running run appends an event to the run's stream
+-- (name, JSON data), numbered after the run's last event. Locks the run row
+-- (zeroth._lock_leased_run), reads the clock, then inserts with the fence in the INSERT's
+-- predicate: a stale holder, an expired or taken-over lease appends nothing and gets NULL. The
+-- number is taken under the row lock, so events commit in number order (no gap a reader could
+-- skip). Returns the event id. Notifies zeroth_run_events with the run's key (notify => false:
+-- no hint). Raises ZP003 (holder but not running), ZP008. Time: clock_timestamp().
+CREATE OR REPLACE FUNCTION zeroth.append_run_event(
+    run_id       uuid,
+    worker_id    text,
+    generation   bigint,
+    name         text,
+    data         jsonb   DEFAULT 'null'::jsonb,
+    tenant_id    text    DEFAULT NULL,
+    workspace_id text    DEFAULT NULL,
+    notify       boolean DEFAULT true)
+    RETURNS bigint
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_now    timestamptz;
+    v_tenant text := zeroth._scope_tenant(append_run_event.tenant_id, append_run_event.workspace_id);
+    v_wskey  text := zeroth._workspace_key(append_run_event.workspace_id);
+    v_status zeroth.run_status;
+    v_id     bigint;
+BEGIN
+    PERFORM zeroth._require_fence(append_run_event.run_id, append_run_event.worker_id,
+                                  append_run_event.generation);
+    PERFORM zeroth._require_identifier(append_run_event.name, 'name');
+    -- The name is an SSE `event:` field and a log line: no line breaks or other control characters.
+    PERFORM zeroth._require(append_run_event.name !~ '[[:cntrl:]]', 'name must not hold control characters');
+    PERFORM zeroth._require(append_run_event.data IS NOT NULL, 'data must not be NULL (JSON null is ''null''::jsonb)');
+    PERFORM zeroth._require(octet_length(append_run_event.data::text) <= 65536,
+                            'data may hold at most 64 kB (as JSON text)');
+    PERFORM zeroth._require(append_run_event.notify IS NOT NULL, 'notify must not be NULL');
+
+    -- The run row first, then the clock: see zeroth._lock_leased_run. The row lock is held until
+    -- commit, so the next append (or the END of zeroth._settle) numbers after this one.
+    v_status := zeroth._lock_leased_run(v_tenant, v_wskey, append_run_event.run_id,
+                                        append_run_event.worker_id, append_run_event.generation);
+    v_now := zeroth._now();
+    INSERT INTO zeroth.run_events AS e (tenant_id, workspace_key, run_id, event_id, kind, name, data,
+                                        lease_generation, created_at)
+    SELECT r.tenant_id, r.workspace_key, r.run_id,
+           coalesce((SELECT max(l.event_id) FROM zeroth.run_events l
+                      WHERE l.tenant_id = r.tenant_id AND l.workspace_key = r.workspace_key
+                        AND l.run_id = r.run_id), 0) + 1,
+           'event', append_run_event.name, append_run_event.data, r.lease_generation, v_now
+      FROM zeroth.runs r
+     WHERE r.tenant_id = v_tenant
+       AND r.workspace_key = v_wskey
+       AND r.run_id = append_run_event.run_id
+       AND v_status = 'running'
+       AND r.lease_worker_id = append_run_event.worker_id
+       AND r.lease_generation = append_run_event.generation
+       AND r.lease_expires_at >= v_now
+    RETURNING e.event_id INTO v_id;
+    IF v_id IS NULL THEN
+        PERFORM zeroth._explain_fenced_miss(v_tenant, v_wskey, append_run_event.run_id,
+                                            append_run_event.worker_id, append_run_event.generation,
+                                            v_now, 'append_run_event', '{running}');
+        RETURN NULL;
+    END IF;
+    IF append_run_event.notify THEN
+        PERFORM zeroth._notify_run_events(v_tenant, v_wskey, append_run_event.run_id);
+    END IF;
+    RETURN v_id;
+END
+$$;
+COMMENT ON FUNCTION zeroth.append_run_event(uuid, text, bigint, text, jsonb, text, text, boolean) IS
+'append_run_event: the live lease holder (worker_id, generation) of a running run appends an event (name: at most 200 characters, no control characters; data: JSON, at most 64 kB) to the run''s stream, numbered after its last event under the run''s row lock, so events commit in number order. Returns the event id; NULL when fenced out (stale, expired or taken-over lease). Notifies zeroth_run_events with run_events_key (notify => false: no hint). Raises ZP003 (holder but not running), ZP008. Time: clock_timestamp().';
+ALTER FUNCTION zeroth.append_run_event(uuid, text, bigint, text, jsonb, text, text, boolean) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth.append_run_event(uuid, text, bigint, text, jsonb, text, text, boolean) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION zeroth.append_run_event(uuid, text, bigint, text, jsonb, text, text, boolean) TO zeroth_worker;
