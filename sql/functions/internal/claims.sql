@@ -42,10 +42,12 @@ REVOKE ALL ON FUNCTION zeroth._claim_marker(integer, boolean, integer) FROM PUBL
 -- plan made on a small table cannot prefer one to the TID scan (a row this transaction holds
 -- locked cannot move: no caller updates a run between locking it and leasing it).
 DROP FUNCTION IF EXISTS zeroth._lease_locked_runs(text, text, uuid[], integer[], text, timestamptz, interval, integer, integer, boolean);
+-- code versions (issue 34, item 3): code_version added last (the signature before it dropped).
+DROP FUNCTION IF EXISTS zeroth._lease_locked_runs(text, text, uuid[], tid[], integer[], text, timestamptz, interval, integer, integer, boolean);
 CREATE OR REPLACE FUNCTION zeroth._lease_locked_runs(
     tenant_id text, workspace_key text, run_ids uuid[], rows tid[], slots integer[],
     worker_id text, at timestamptz, lease interval, active_count integer,
-    concurrency_limit integer, start boolean)
+    concurrency_limit integer, start boolean, code_version text DEFAULT NULL)
     RETURNS SETOF zeroth.claimed_run
     LANGUAGE plpgsql VOLATILE
     SET enable_seqscan = off
@@ -78,6 +80,10 @@ BEGIN
                                  THEN 1 ELSE 0 END,
                started_at = CASE WHEN _lease_locked_runs.start AND r.status = 'pending'
                                  THEN _lease_locked_runs.at ELSE r.started_at END,
+               -- code versions (issue 34, item 3): a run not yet started takes the claimer's
+               -- version (a lapsed unstarted claim's is replaced); a started one keeps its own.
+               code_version = CASE WHEN r.started_at IS NULL THEN _lease_locked_runs.code_version
+                                   ELSE r.code_version END,
                updated_at = _lease_locked_runs.at
          -- By address (see the header): IS NOT DISTINCT FROM and array_position are the
          -- same tests as = and = ANY on these NOT NULL columns, but never index conditions.
@@ -111,9 +117,9 @@ BEGIN
     END IF;
 END
 $$;
-COMMENT ON FUNCTION zeroth._lease_locked_runs(text, text, uuid[], tid[], integer[], text, timestamptz, interval, integer, integer, boolean) IS 'Internal: lease runs (and slots) the caller already locked (rows: their addresses, reached by a TID scan); with start make pending ones running; count an attempt per start, per re-leased orphan and per lapsed unstarted claim re-leased. The shared second half of claim_pending, claim_and_start and claim_orphaned.';
-ALTER FUNCTION zeroth._lease_locked_runs(text, text, uuid[], tid[], integer[], text, timestamptz, interval, integer, integer, boolean) OWNER TO zeroth_owner;
-REVOKE ALL ON FUNCTION zeroth._lease_locked_runs(text, text, uuid[], tid[], integer[], text, timestamptz, interval, integer, integer, boolean) FROM PUBLIC;
+COMMENT ON FUNCTION zeroth._lease_locked_runs(text, text, uuid[], tid[], integer[], text, timestamptz, interval, integer, integer, boolean, text) IS 'Internal: lease runs (and slots) the caller already locked (rows: their addresses, reached by a TID scan); with start make pending ones running; count an attempt per start, per re-leased orphan and per lapsed unstarted claim re-leased; a run not yet started records the claimer''s code_version. The shared second half of claim_pending, claim_and_start and claim_orphaned.';
+ALTER FUNCTION zeroth._lease_locked_runs(text, text, uuid[], tid[], integer[], text, timestamptz, interval, integer, integer, boolean, text) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._lease_locked_runs(text, text, uuid[], tid[], integer[], text, timestamptz, interval, integer, integer, boolean, text) FROM PUBLIC;
 
 -- One scope's claim, arguments already checked and limits resolved (concurrency_limit: the
 -- scope's effective max_concurrency, NULL for none; rate_limit: its zeroth.rate_limits key, NULL
@@ -128,10 +134,13 @@ REVOKE ALL ON FUNCTION zeroth._lease_locked_runs(text, text, uuid[], tid[], inte
 -- claim_and_start and claim_and_start_scopes. (0012 added rate_limit; the old signature is
 -- dropped first.)
 DROP FUNCTION IF EXISTS zeroth._claim_in_scope(text, text, text, text, integer, integer, timestamptz, interval, boolean);
+-- code versions (issue 34, item 3): code_version and serves added last (the signature before
+-- them dropped). serves: zeroth._version_serves of the claimer, NULL = every run.
+DROP FUNCTION IF EXISTS zeroth._claim_in_scope(text, text, text, text, integer, text, integer, timestamptz, interval, boolean);
 CREATE OR REPLACE FUNCTION zeroth._claim_in_scope(
     tenant_id text, workspace_key text, deployment_ref text, worker_id text,
     concurrency_limit integer, rate_limit text, want integer, at timestamptz, lease interval,
-    start boolean)
+    start boolean, code_version text DEFAULT NULL, serves text[] DEFAULT NULL)
     RETURNS SETOF zeroth.claimed_run
     LANGUAGE plpgsql VOLATILE
     SET plan_cache_mode = force_generic_plan AS $$
@@ -193,6 +202,13 @@ BEGIN
                AND r.run_after <= v_at
                AND (r.lease_expires_at IS NULL OR r.lease_expires_at < v_at)
                AND r.run_id <> ALL (v_ids || v_ended)  -- an earlier pass's (our own locks)
+               -- code versions (issue 34, item 3): a started run only for a version its
+               -- deployment lets resume it. serves NULL (policy any, the default): always true,
+               -- the same index scan as before; else a filter on the rows the scan reads, which
+               -- passes over the due runs pinned to versions this worker may not serve
+               -- (zeroth.pinned_runs counts them; retire_code_version clears them).
+               AND (_claim_in_scope.serves IS NULL OR r.started_at IS NULL
+                    OR r.code_version IS NULL OR r.code_version = ANY (_claim_in_scope.serves))
              ORDER BY r.priority DESC, r.run_after, r.created_at
              LIMIT v_want - cardinality(v_ids)
                FOR UPDATE SKIP LOCKED
@@ -227,7 +243,8 @@ BEGIN
                 SELECT * FROM zeroth._lease_locked_runs(
                     _claim_in_scope.tenant_id, _claim_in_scope.workspace_key, v_ids, v_rows, v_slots,
                     _claim_in_scope.worker_id, v_at, _claim_in_scope.lease,
-                    v_active, _claim_in_scope.concurrency_limit, _claim_in_scope.start)
+                    v_active, _claim_in_scope.concurrency_limit, _claim_in_scope.start,
+                    _claim_in_scope.code_version)
             LOOP
                 v_row.retry_at := v_retry;
                 v_row.retry_after := extract(epoch FROM v_retry - v_at);
@@ -239,12 +256,12 @@ BEGIN
     RETURN QUERY SELECT * FROM zeroth._lease_locked_runs(
         _claim_in_scope.tenant_id, _claim_in_scope.workspace_key, v_ids, v_rows, v_slots,
         _claim_in_scope.worker_id, v_at, _claim_in_scope.lease, v_active,
-        _claim_in_scope.concurrency_limit, _claim_in_scope.start);
+        _claim_in_scope.concurrency_limit, _claim_in_scope.start, _claim_in_scope.code_version);
 END
 $$;
-COMMENT ON FUNCTION zeroth._claim_in_scope(text, text, text, text, integer, text, integer, timestamptz, interval, boolean) IS 'Internal: claim up to `want` pending, due runs of one scope under its rate limit (starts from the key''s rolling window; none left: the marker with retry_at) and its effective concurrency limit (rate key, slots, runs, SKIP LOCKED); with start make them running. The shared body of claim_pending, claim_and_start and claim_and_start_scopes.';
-ALTER FUNCTION zeroth._claim_in_scope(text, text, text, text, integer, text, integer, timestamptz, interval, boolean) OWNER TO zeroth_owner;
-REVOKE ALL ON FUNCTION zeroth._claim_in_scope(text, text, text, text, integer, text, integer, timestamptz, interval, boolean) FROM PUBLIC;
+COMMENT ON FUNCTION zeroth._claim_in_scope(text, text, text, text, integer, text, integer, timestamptz, interval, boolean, text, text[]) IS 'Internal: claim up to `want` pending, due runs of one scope under its rate limit (starts from the key''s rolling window; none left: the marker with retry_at) and its effective concurrency limit (rate key, slots, runs, SKIP LOCKED); with start make them running; a started run only when serves (the claimer''s zeroth._version_serves) lets its code_version resume, a run not yet started records code_version. The shared body of claim_pending, claim_and_start and claim_and_start_scopes.';
+ALTER FUNCTION zeroth._claim_in_scope(text, text, text, text, integer, text, integer, timestamptz, interval, boolean, text, text[]) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._claim_in_scope(text, text, text, text, integer, text, integer, timestamptz, interval, boolean, text, text[]) FROM PUBLIC;
 
 -- The room for one lease that is not a claim (admit_run's admit-and-own): what every claim obeys,
 -- from the same helpers. The scope's zeroth.scope_limits row (there is no caller's
@@ -301,9 +318,11 @@ REVOKE ALL ON FUNCTION zeroth._take_lease_room(text, text, text, timestamptz) FR
 -- (zeroth.scope_limits: a paused scope gives nothing; its max_concurrency replaces the caller's;
 -- its rate_limit key caps the starts),
 -- then claim in that one scope. Raises ZP006, ZP008.
+-- code versions (issue 34, item 3): code_version added last (the signature before it dropped).
+DROP FUNCTION IF EXISTS zeroth._claim_pending(text, text, text, text, integer, integer, double precision, boolean);
 CREATE OR REPLACE FUNCTION zeroth._claim_pending(
     deployment_ref text, worker_id text, tenant_id text, workspace_id text, max_concurrency integer,
-    batch_size integer, lease_seconds double precision, start boolean)
+    batch_size integer, lease_seconds double precision, start boolean, code_version text DEFAULT NULL)
     RETURNS SETOF zeroth.claimed_run
     LANGUAGE plpgsql VOLATILE
     SET plan_cache_mode = force_generic_plan AS $$
@@ -318,6 +337,7 @@ DECLARE
 BEGIN
     PERFORM zeroth._require_identifier(_claim_pending.deployment_ref, 'deployment_ref');
     PERFORM zeroth._require_identifier(_claim_pending.worker_id, 'worker_id');
+    PERFORM zeroth._check_code_version(_claim_pending.code_version);  -- code versions (issue 34)
     PERFORM zeroth._require(_claim_pending.batch_size BETWEEN 1 AND 1000, 'batch_size must be between 1 and 1000');
     PERFORM zeroth._require(_claim_pending.max_concurrency IS NULL OR _claim_pending.max_concurrency >= 1,
                             'max_concurrency must be NULL or at least 1');
@@ -335,9 +355,11 @@ BEGIN
     END IF;
     RETURN QUERY SELECT * FROM zeroth._claim_in_scope(
         v_tenant, v_wskey, _claim_pending.deployment_ref, _claim_pending.worker_id, v_limit,
-        v_rate, _claim_pending.batch_size, v_now, v_lease, _claim_pending.start);
+        v_rate, _claim_pending.batch_size, v_now, v_lease, _claim_pending.start,
+        _claim_pending.code_version,
+        zeroth._version_serves(_claim_pending.deployment_ref, _claim_pending.code_version));
 END
 $$;
-COMMENT ON FUNCTION zeroth._claim_pending(text, text, text, text, integer, integer, double precision, boolean) IS 'Internal: the body of claim_pending (start false) and claim_and_start (start true): arguments, the scope''s limits (zeroth.scope_limits), then _claim_in_scope.';
-ALTER FUNCTION zeroth._claim_pending(text, text, text, text, integer, integer, double precision, boolean) OWNER TO zeroth_owner;
-REVOKE ALL ON FUNCTION zeroth._claim_pending(text, text, text, text, integer, integer, double precision, boolean) FROM PUBLIC;
+COMMENT ON FUNCTION zeroth._claim_pending(text, text, text, text, integer, integer, double precision, boolean, text) IS 'Internal: the body of claim_pending (start false) and claim_and_start (start true): arguments, the scope''s limits (zeroth.scope_limits), the runs code_version may resume (zeroth._version_serves), then _claim_in_scope.';
+ALTER FUNCTION zeroth._claim_pending(text, text, text, text, integer, integer, double precision, boolean, text) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._claim_pending(text, text, text, text, integer, integer, double precision, boolean, text) FROM PUBLIC;
