@@ -15,6 +15,7 @@ import pytest
 from helpers import DEPLOYMENT, LEASE, T0, at, enqueue, run_row
 
 V1, V2, V3 = "2026.12.05-abc123", "2026.12.06-def456", "v3+build.7"
+LATER = at(1000)  # well past the factories' leases (60 s)
 
 
 async def claim_start(conn: asyncpg.Connection, version: str | None, *, worker: str = "w",
@@ -36,7 +37,7 @@ async def claim_only(conn: asyncpg.Connection, version: str | None, *, worker: s
 
 
 async def orphans(conn: asyncpg.Connection, version: str | None, *, worker: str = "rescuer",
-                  now: Any = at(1000)) -> list[UUID]:
+                  now: Any = LATER) -> list[UUID]:
     rows = await conn.fetch(
         """SELECT run_id FROM zeroth_test.claim_orphaned(deployment_ref => $1, worker_id => $2,
                lease_seconds => $3, code_version => $4, now_override => $5)""",
@@ -64,7 +65,7 @@ async def set_policy(conn: asyncpg.Connection, policy: str, versions: list[str] 
 
 
 async def retire(conn: asyncpg.Connection, version: str, action: str, to_version: str | None = None,
-                 message: str | None = None, now: Any = at(1000)) -> asyncpg.Record:
+                 message: str | None = None, now: Any = LATER) -> asyncpg.Record:
     return await conn.fetchrow(  # type: ignore[no-any-return]
         """SELECT * FROM zeroth_test.retire_code_version(deployment_ref => $1, code_version => $2,
                action => $3, to_version => $4, message => $5, now_override => $6)""",
@@ -273,7 +274,8 @@ class TestSetVersionPolicy:
         await register(conn)
         await set_policy(conn, "same")
         await conn.execute(
-            "SELECT zeroth.register_deployment(deployment_ref => $1, max_attempts => 9)", DEPLOYMENT)
+            "SELECT zeroth.register_deployment(deployment_ref => $1, max_attempts => 9)",
+            DEPLOYMENT)
         assert await conn.fetchval(
             "SELECT version_policy FROM zeroth.deployments WHERE deployment_ref = $1",
             DEPLOYMENT) == "same"
@@ -285,14 +287,14 @@ class TestBadCodeVersion:
     async def test_every_claim_refuses_it_and_changes_nothing(self, conn, version):
         await enqueue(conn)
         before = await state(conn)
-        calls = [
-            "SELECT * FROM zeroth_test.claim_and_start(deployment_ref => $1, worker_id => 'w', code_version => $2, now_override => $3)",
-            "SELECT * FROM zeroth_test.claim_pending(deployment_ref => $1, worker_id => 'w', code_version => $2, now_override => $3)",
-            "SELECT * FROM zeroth_test.claim_orphaned(deployment_ref => $1, worker_id => 'w', code_version => $2, now_override => $3)",
-            "SELECT * FROM zeroth_test.claim_and_start_scopes(deployment_refs => ARRAY[$1], worker_id => 'w', code_version => $2, now_override => $3)",
-            "SELECT * FROM zeroth_test.claim_orphaned_scopes(deployment_refs => ARRAY[$1], worker_id => 'w', code_version => $2, now_override => $3)",
-            "SELECT * FROM zeroth_test.complete_and_claim(deployment_ref => $1, worker_id => 'w', run_ids => '{}', generations => '{}', code_version => $2, now_override => $3)",
-        ]
+        tail = "worker_id => 'w', code_version => $2, now_override => $3)"
+        calls = [f"SELECT * FROM zeroth_test.{call}, {tail}" for call in (
+            "claim_and_start(deployment_ref => $1", "claim_pending(deployment_ref => $1",
+            "claim_orphaned(deployment_ref => $1",
+            "claim_and_start_scopes(deployment_refs => ARRAY[$1]",
+            "claim_orphaned_scopes(deployment_refs => ARRAY[$1]",
+            "complete_and_claim(deployment_ref => $1, run_ids => '{}', generations => '{}'",
+        )]
         for call in calls:
             with pytest.raises(asyncpg.PostgresError) as raised:
                 async with conn.transaction():
