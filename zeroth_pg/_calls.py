@@ -255,7 +255,8 @@ RETIRE_CODE_VERSION = """SELECT runs_changed, runs_left FROM zeroth.retire_code_
 PINNED_RUNS = """SELECT p.tenant_id, p.workspace_id, p.deployment_ref, p.code_version,
     p.version_policy, p.pending, p.running, p.waiting, p.waiting_for_version, p.oldest_pending_at
     FROM zeroth.pinned_runs p
-    WHERE $1::text IS NULL OR p.deployment_ref = $1
+    WHERE ($1::text IS NULL OR p.deployment_ref = $1) AND ($2::text IS NULL OR p.tenant_id = $2)
+      AND ($3::text IS NULL OR p.workspace_id = $3)
     ORDER BY p.deployment_ref, p.code_version, p.tenant_id, p.workspace_id NULLS FIRST"""
 
 # -- operator reads of the zeroth-pg command (zeroth_pg/cli): views and tables; its writes go

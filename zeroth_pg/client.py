@@ -1037,11 +1037,14 @@ class LeaseManager:
                               runs_left=rows[0]["runs_left"])
 
     async def pinned_runs(
-        self, deployment_ref: str | None = None, *, conn: Executor | None = None,
+        self, deployment_ref: str | None = None, *, tenant_id: str | None = None,
+        workspace_id: str | None = None, conn: Executor | None = None,
     ) -> list[PinnedRuns]:
         """The active started runs pinned to a code version (``zeroth.pinned_runs``), per scope,
-        deployment and version; only deployments whose version policy is not ``any``."""
-        rows = await self._fetch(_calls.PINNED_RUNS, deployment_ref, conn=conn)
+        deployment and version; only deployments whose version policy is not ``any``. None
+        filters nothing."""
+        rows = await self._fetch(_calls.PINNED_RUNS, deployment_ref, tenant_id, workspace_id,
+                                 conn=conn)
         return [PinnedRuns(**dict(row)) for row in rows]
 
     # -- schedules -------------------------------------------------------------------------
