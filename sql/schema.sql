@@ -414,7 +414,7 @@ COMMENT ON COLUMN zeroth.deployments.lease_seconds IS 'Lease of a claim that nam
 --
 -- Name: COLUMN deployments.version_policy; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
-COMMENT ON COLUMN zeroth.deployments.version_policy IS 'Which code versions may resume a started run of the deployment (a run never started is claimable by every version): any (the default: every version), same (only the version that started it: runs.code_version), compatible (the same version, or any two versions both in compatible_versions). A run with no recorded version is resumed by every version. Set only by zeroth.set_version_policy (a DBA), so it binds every session.';
+COMMENT ON COLUMN zeroth.deployments.version_policy IS 'Which code versions may resume a started run of the deployment (a run never started is claimable by every version): any (the default: every version), same (only the version that started it: runs.code_version_id), compatible (the same version, or any two versions both in compatible_versions). A run with no recorded version is resumed by every version. Set only by zeroth.set_version_policy (a DBA), so it binds every session.';
 
 --
 -- Name: COLUMN deployments.compatible_versions; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
@@ -599,7 +599,7 @@ END) STORED NOT NULL,
     parent_run_id uuid,
     schedule_id uuid,
     attempt_recorded_generation bigint,
-    code_version text,
+    code_version_id integer,
     CONSTRAINT runs_accounting_object CHECK (((accounting IS NULL) OR (jsonb_typeof(accounting) = 'object'::text))),
     CONSTRAINT runs_attempts_valid CHECK (((attempts >= 0) AND (max_attempts >= 1))),
     CONSTRAINT runs_cancel_action_valid CHECK (((cancel_action IS NULL) OR (cancel_action = ANY (ARRAY['cancel'::text, 'interrupt'::text, 'rollback'::text])))),
@@ -681,9 +681,9 @@ COMMENT ON COLUMN zeroth.runs.schedule_id IS 'The schedule whose fire made this 
 COMMENT ON COLUMN zeroth.runs.attempt_recorded_generation IS 'The lease generation whose ended attempt zeroth._settle recorded in zeroth.run_attempts itself (the trigger runs_attempt_history skips that end); NULL or an older generation otherwise.';
 
 --
--- Name: COLUMN runs.code_version; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+-- Name: COLUMN runs.code_version_id; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
-COMMENT ON COLUMN zeroth.runs.code_version IS 'The code version of the worker that started the run (the claim''s code_version; written by every lease of a run not yet started, kept once it started); NULL: started by an unversioned worker, or not started. Under its deployment''s version_policy (zeroth.deployments) only a worker of a version allowed to serve it resumes a started run; zeroth.retire_code_version moves it.';
+COMMENT ON COLUMN zeroth.runs.code_version_id IS 'The code version (zeroth.code_versions) of the worker that started the run (the claim''s code_version; written by every lease of a run not yet started, kept once it started); NULL: started by an unversioned worker, or not started. Under its deployment''s version_policy (zeroth.deployments) only a worker of a version allowed to serve it resumes a started run; zeroth.retire_code_version moves it.';
 
 --
 -- Name: notification_secret; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
@@ -773,6 +773,23 @@ COMMENT ON COLUMN zeroth.scope_limits.note IS 'Free text for the DBA (why the li
 -- Name: COLUMN scope_limits.rate_limit; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
 COMMENT ON COLUMN zeroth.scope_limits.rate_limit IS 'The zeroth.rate_limits key the scope''s starts count against (NULL: no rate limit). Several scopes may name one key and share its budget. A key still named here cannot be deleted.';
+
+--
+-- Name: code_versions; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE TABLE zeroth.code_versions (
+    version_id integer NOT NULL,
+    code_version text NOT NULL,
+    first_seen_at timestamp with time zone NOT NULL,
+    CONSTRAINT code_versions_valid CHECK (((length(code_version) <= 128) AND (code_version ~ '^[A-Za-z0-9][A-Za-z0-9._+:/-]*$'::text)))
+);
+
+ALTER TABLE zeroth.code_versions OWNER TO zeroth_owner;
+
+--
+-- Name: TABLE code_versions; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON TABLE zeroth.code_versions IS 'Every code version a worker declared in a claim (or an operator named in retire_code_version), once: runs.code_version_id refers to it. Written only by the functions; names no tenant: zeroth_reader reads every row.';
 
 --
 -- Name: admission_slots; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
@@ -907,6 +924,18 @@ COMMENT ON TABLE zeroth.code_version_changes IS 'The audit log of code versions:
 --
 ALTER TABLE zeroth.code_version_changes ALTER COLUMN change_id ADD GENERATED ALWAYS AS IDENTITY (
     SEQUENCE NAME zeroth.code_version_changes_change_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+--
+-- Name: code_versions_version_id_seq; Type: SEQUENCE; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE zeroth.code_versions ALTER COLUMN version_id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME zeroth.code_versions_version_id_seq
     START WITH 1
     INCREMENT BY 1
     NO MINVALUE
@@ -1180,6 +1209,18 @@ ALTER TABLE ONLY zeroth.code_version
     ADD CONSTRAINT code_version_pkey PRIMARY KEY (id);
 
 --
+-- Name: code_versions code_versions_code_version_key; Type: CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE ONLY zeroth.code_versions
+    ADD CONSTRAINT code_versions_code_version_key UNIQUE (code_version);
+
+--
+-- Name: code_versions code_versions_pkey; Type: CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE ONLY zeroth.code_versions
+    ADD CONSTRAINT code_versions_pkey PRIMARY KEY (version_id);
+
+--
 -- Name: deployment_changes deployment_changes_pkey; Type: CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
 --
 ALTER TABLE ONLY zeroth.deployment_changes
@@ -1335,7 +1376,7 @@ CREATE INDEX runs_claim_pending_idx ON zeroth.runs USING btree (tenant_id, works
 --
 -- Name: runs_code_version_active_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner
 --
-CREATE INDEX runs_code_version_active_idx ON zeroth.runs USING btree (deployment_ref, code_version) WHERE ((code_version IS NOT NULL) AND (status = ANY (ARRAY['pending'::zeroth.run_status, 'running'::zeroth.run_status, 'waiting'::zeroth.run_status])));
+CREATE INDEX runs_code_version_active_idx ON zeroth.runs USING btree (deployment_ref, code_version_id) WHERE ((code_version_id IS NOT NULL) AND (status = ANY (ARRAY['pending'::zeroth.run_status, 'running'::zeroth.run_status, 'waiting'::zeroth.run_status])));
 
 --
 -- Name: INDEX runs_code_version_active_idx; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
@@ -1523,6 +1564,21 @@ CREATE POLICY code_version_changes_reader_all ON zeroth.code_version_changes FOR
 -- Name: POLICY code_version_changes_reader_all ON code_version_changes; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
 COMMENT ON POLICY code_version_changes_reader_all ON zeroth.code_version_changes IS 'zeroth_reader sees every change: a deployment is global and the log names no tenant.';
+
+--
+-- Name: code_versions; Type: ROW SECURITY; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE zeroth.code_versions ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: code_versions code_versions_reader_all; Type: POLICY; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE POLICY code_versions_reader_all ON zeroth.code_versions FOR SELECT TO zeroth_reader USING (true);
+
+--
+-- Name: POLICY code_versions_reader_all ON code_versions; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON POLICY code_versions_reader_all ON zeroth.code_versions IS 'zeroth_reader sees every version: a label of code, it names no tenant.';
 
 --
 -- Name: deployment_changes; Type: ROW SECURITY; Schema: zeroth; Owner: zeroth_owner
@@ -1751,6 +1807,11 @@ GRANT SELECT ON TABLE zeroth.runs TO zeroth_reader;
 -- Name: TABLE scope_limits; Type: ACL; Schema: zeroth; Owner: zeroth_owner
 --
 GRANT SELECT ON TABLE zeroth.scope_limits TO zeroth_reader;
+
+--
+-- Name: TABLE code_versions; Type: ACL; Schema: zeroth; Owner: zeroth_owner
+--
+GRANT SELECT ON TABLE zeroth.code_versions TO zeroth_reader;
 
 --
 -- Name: TABLE run_attempts; Type: ACL; Schema: zeroth; Owner: zeroth_owner

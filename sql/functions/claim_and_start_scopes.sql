@@ -49,9 +49,10 @@ DECLARE
     v_pass    integer;
     i         integer;
     v_serves  jsonb;  -- code versions (issue 34): per deployment, the run versions this one may resume
+    v_version integer;  -- and its own version's id (zeroth.code_versions)
 BEGIN
     PERFORM zeroth._require_identifier(claim_and_start_scopes.worker_id, 'worker_id');
-    PERFORM zeroth._check_code_version(claim_and_start_scopes.code_version);
+    v_version := zeroth._code_version_id(claim_and_start_scopes.code_version);  -- ZP008 if bad
     PERFORM zeroth._require(claim_and_start_scopes.batch_size BETWEEN 1 AND 1000,
                             'batch_size must be between 1 and 1000');
     PERFORM zeroth._require(claim_and_start_scopes.max_concurrency IS NULL
@@ -142,9 +143,10 @@ BEGIN
                                               v_now,
                                               coalesce(v_lease, make_interval(secs => coalesce(
                                                   (v_leases ->> v_depref[i])::double precision, 60))),
-                                              true, claim_and_start_scopes.code_version,
+                                              true, v_version,
                                               CASE WHEN v_serves ? v_depref[i] THEN ARRAY(
-                                                  SELECT jsonb_array_elements_text(v_serves -> v_depref[i]))
+                                                  SELECT jsonb_array_elements_text(
+                                                      v_serves -> v_depref[i])::integer)
                                               END) AS c
             LOOP
                 IF v_out.run_id IS NOT NULL THEN

@@ -39,7 +39,7 @@ DECLARE
     v_paused boolean;
     v_rate   text;
     v_taken  record;
-    v_serves text[];  -- code versions (issue 34): the run versions this worker may resume
+    v_serves integer[];  -- code versions (issue 34): the run versions this worker may resume
 BEGIN
     PERFORM zeroth._require_identifier(_claim_orphaned.deployment_ref, 'deployment_ref');
     PERFORM zeroth._require_identifier(_claim_orphaned.worker_id, 'worker_id');
@@ -171,7 +171,7 @@ BEGIN
            -- code versions (issue 34, item 3): only orphans this worker's version may resume
            -- (step 1 above ends the others' hopeless orphans whatever their version: an end
            -- replays no code).
-           AND (v_serves IS NULL OR r.code_version IS NULL OR r.code_version = ANY (v_serves))
+           AND (v_serves IS NULL OR r.code_version_id IS NULL OR r.code_version_id = ANY (v_serves))
          ORDER BY r.lease_expires_at, r.started_at
          LIMIT v_want
            FOR UPDATE SKIP LOCKED

@@ -29,6 +29,8 @@ DECLARE
     v_run     record;
     v_message text;
     v_scopes  jsonb;
+    v_from    integer;  -- zeroth.code_versions ids
+    v_to      integer;
 BEGIN
     PERFORM zeroth._require_identifier(retire_code_version.deployment_ref, 'deployment_ref');
     PERFORM zeroth._require(retire_code_version.code_version IS NOT NULL, 'code_version is required');
@@ -41,6 +43,9 @@ BEGIN
                             'to_version must differ from code_version');
     PERFORM zeroth._require(retire_code_version.message IS NULL OR length(retire_code_version.message) <= 1000,
                             'message must be at most 1000 characters');
+    v_from := (SELECT v.version_id FROM zeroth.code_versions v
+                WHERE v.code_version = retire_code_version.code_version);  -- NULL: no run has it
+    v_to := zeroth._code_version_id(retire_code_version.to_version);
     v_message := coalesce(retire_code_version.message, format(
         'code version %s was retired: no worker serves it any more', retire_code_version.code_version));
 
@@ -48,12 +53,12 @@ BEGIN
         WITH locked AS (
             SELECT r.ctid FROM zeroth.runs r
              WHERE r.deployment_ref = retire_code_version.deployment_ref
-               AND r.code_version = retire_code_version.code_version
+               AND r.code_version_id = v_from
                AND r.status IN ('pending', 'running', 'waiting')
                FOR UPDATE SKIP LOCKED
         ), moved AS (
             UPDATE zeroth.runs r
-               SET code_version = retire_code_version.to_version, updated_at = v_now
+               SET code_version_id = v_to, updated_at = v_now
               FROM locked l
              WHERE r.ctid = l.ctid
             RETURNING r.tenant_id, r.workspace_id, r.status
@@ -74,7 +79,7 @@ BEGIN
         FOR v_run IN
             SELECT r.tenant_id, r.workspace_key, r.run_id FROM zeroth.runs r
              WHERE r.deployment_ref = retire_code_version.deployment_ref
-               AND r.code_version = retire_code_version.code_version
+               AND r.code_version_id = v_from
                AND r.status IN ('pending', 'running')
                AND r.lease_expires_at < v_now
         LOOP
@@ -87,7 +92,7 @@ BEGIN
         WITH locked AS (
             SELECT r.ctid FROM zeroth.runs r
              WHERE r.deployment_ref = retire_code_version.deployment_ref
-               AND r.code_version = retire_code_version.code_version
+               AND r.code_version_id = v_from
                AND r.status = 'pending'
                AND r.lease_worker_id IS NULL
                FOR UPDATE SKIP LOCKED
@@ -106,7 +111,7 @@ BEGIN
 
     v_left := (SELECT count(*) FROM zeroth.runs r
                 WHERE r.deployment_ref = retire_code_version.deployment_ref
-                  AND r.code_version = retire_code_version.code_version
+                  AND r.code_version_id = v_from
                   AND r.status IN ('pending', 'running', 'waiting'));
     INSERT INTO zeroth.code_version_changes (deployment_ref, changed_at, changed_by, acting_role, action,
                                              code_version, to_version, run_count, message)

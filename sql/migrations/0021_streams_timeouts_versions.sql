@@ -24,23 +24,44 @@ SELECT 1;
 
 -- ===== section: code versions (issue 34, item 3) =====
 --
--- A run records the version of the code that started it (runs.code_version: the string the
--- claiming worker declares; NULL: unversioned, as every run before this migration). A deployment
--- chooses which versions may resume a started run (deployments.version_policy: any, the default
--- and the behaviour before; same; compatible, with compatible_versions), set only by a DBA's
--- zeroth.set_version_policy; zeroth.retire_code_version moves the runs pinned to a version no
--- worker serves any more to another version, or fails them. Both are audited in
--- zeroth.code_version_changes. A NULL column costs a run nothing: the runs table's null bitmap
--- keeps its size (up to 72 columns) and no index names it.
-ALTER TABLE zeroth.runs ADD COLUMN code_version text;
-COMMENT ON COLUMN zeroth.runs.code_version IS 'The code version of the worker that started the run (the claim''s code_version; written by every lease of a run not yet started, kept once it started); NULL: started by an unversioned worker, or not started. Under its deployment''s version_policy (zeroth.deployments) only a worker of a version allowed to serve it resumes a started run; zeroth.retire_code_version moves it.';
+-- A run records the version of the code that started it (runs.code_version_id: the string the
+-- claiming worker declares, kept once in zeroth.code_versions; NULL: unversioned, as every run
+-- before this migration). A deployment chooses which versions may resume a started run
+-- (deployments.version_policy: any, the default and the behaviour before; same; compatible, with
+-- compatible_versions), set only by a DBA's zeroth.set_version_policy;
+-- zeroth.retire_code_version moves the runs pinned to a version no worker serves any more to
+-- another version, or fails them. Both are audited in zeroth.code_version_changes.
+-- An integer on the run, not the text: a NULL column costs a run nothing (the null bitmap keeps
+-- its size up to 72 columns), but the planner sizes a never-analyzed table's rows by the average
+-- width of every column's type, and a text column (32 bytes) made the dashboard's runs page with
+-- a status filter plan a sequential scan of zeroth.runs before its first ANALYZE
+-- (tests/plans/test_hot_path_indexes.py); an integer (4) does not.
+CREATE TABLE zeroth.code_versions (
+    version_id    integer GENERATED ALWAYS AS IDENTITY,
+    code_version  text NOT NULL,
+    first_seen_at timestamptz NOT NULL,
+    CONSTRAINT code_versions_pkey PRIMARY KEY (version_id),
+    CONSTRAINT code_versions_code_version_key UNIQUE (code_version),
+    CONSTRAINT code_versions_valid CHECK (
+        length(code_version) <= 128 AND code_version ~ '^[A-Za-z0-9][A-Za-z0-9._+:/-]*$')
+);
+COMMENT ON TABLE zeroth.code_versions IS 'Every code version a worker declared in a claim (or an operator named in retire_code_version), once: runs.code_version_id refers to it. Written only by the functions; names no tenant: zeroth_reader reads every row.';
+ALTER TABLE zeroth.code_versions OWNER TO zeroth_owner;
+ALTER TABLE zeroth.code_versions ENABLE ROW LEVEL SECURITY;
+REVOKE ALL ON zeroth.code_versions FROM PUBLIC;
+GRANT SELECT ON zeroth.code_versions TO zeroth_reader;
+CREATE POLICY code_versions_reader_all ON zeroth.code_versions FOR SELECT TO zeroth_reader
+    USING (true);
+COMMENT ON POLICY code_versions_reader_all ON zeroth.code_versions IS 'zeroth_reader sees every version: a label of code, it names no tenant.';
+ALTER TABLE zeroth.runs ADD COLUMN code_version_id integer;
+COMMENT ON COLUMN zeroth.runs.code_version_id IS 'The code version (zeroth.code_versions) of the worker that started the run (the claim''s code_version; written by every lease of a run not yet started, kept once it started); NULL: started by an unversioned worker, or not started. Under its deployment''s version_policy (zeroth.deployments) only a worker of a version allowed to serve it resumes a started run; zeroth.retire_code_version moves it.';
 ALTER TABLE zeroth.deployments
     ADD COLUMN version_policy text NOT NULL DEFAULT 'any',
     ADD COLUMN compatible_versions text[],
     ADD CONSTRAINT deployments_version_policy_valid CHECK (
         version_policy IN ('any', 'same', 'compatible')
         AND (compatible_versions IS NULL) = (version_policy <> 'compatible'));
-COMMENT ON COLUMN zeroth.deployments.version_policy IS 'Which code versions may resume a started run of the deployment (a run never started is claimable by every version): any (the default: every version), same (only the version that started it: runs.code_version), compatible (the same version, or any two versions both in compatible_versions). A run with no recorded version is resumed by every version. Set only by zeroth.set_version_policy (a DBA), so it binds every session.';
+COMMENT ON COLUMN zeroth.deployments.version_policy IS 'Which code versions may resume a started run of the deployment (a run never started is claimable by every version): any (the default: every version), same (only the version that started it: runs.code_version_id), compatible (the same version, or any two versions both in compatible_versions). A run with no recorded version is resumed by every version. Set only by zeroth.set_version_policy (a DBA), so it binds every session.';
 COMMENT ON COLUMN zeroth.deployments.compatible_versions IS 'version_policy compatible: the set of code versions that may resume each other''s runs; NULL under any other policy.';
 
 CREATE TABLE zeroth.code_version_changes (
@@ -70,9 +91,9 @@ COMMENT ON POLICY code_version_changes_reader_all ON zeroth.code_version_changes
 
 -- The active runs that carry a version: what zeroth.pinned_runs counts and
 -- zeroth.retire_code_version moves, without reading the whole table. Partial: a run of an
--- unversioned worker (code_version NULL) never enters it, so it costs the default path nothing.
-CREATE INDEX runs_code_version_active_idx ON zeroth.runs (deployment_ref, code_version)
-    WHERE code_version IS NOT NULL AND status IN ('pending', 'running', 'waiting');
+-- unversioned worker (code_version_id NULL) never enters it, so it costs the default path nothing.
+CREATE INDEX runs_code_version_active_idx ON zeroth.runs (deployment_ref, code_version_id)
+    WHERE code_version_id IS NOT NULL AND status IN ('pending', 'running', 'waiting');
 COMMENT ON INDEX zeroth.runs_code_version_active_idx IS 'The active runs of a deployment by code version (zeroth.pinned_runs, zeroth.retire_code_version). Runs without a version are not in it.';
 
 -- The claims take an optional code_version (their last argument). The function files create the

@@ -3,7 +3,8 @@ as shipped (no test hook):
 
 * only a DBA sets a deployment's version policy (set_version_policy) or retires a version
   (retire_code_version): a zeroth_worker, a zeroth_reader and a LOGIN role with no grant can do
-  neither, nor write the policy columns, runs.code_version or the audit log by hand;
+  neither, nor write the policy columns, runs.code_version_id, zeroth.code_versions or the
+  audit log by hand;
 * a zeroth_worker declares its code version through the claims only, bounded (ZP008 for a bad
   one, nothing changed), and cannot make a run of another version claimable to itself by
   declaring a version the policy lets resume nothing of it;
@@ -25,7 +26,9 @@ ADMIN_ONLY = (
     "action => 'fail')",
     "SELECT zeroth._version_serves('mail', 'v2')",
     "UPDATE zeroth.deployments SET version_policy = 'any', compatible_versions = NULL",
-    "UPDATE zeroth.runs SET code_version = 'v2'",
+    "UPDATE zeroth.runs SET code_version_id = NULL",
+    "INSERT INTO zeroth.code_versions (code_version, first_seen_at) VALUES ('v9', now())",
+    "DELETE FROM zeroth.code_versions",
     "INSERT INTO zeroth.code_version_changes (deployment_ref, changed_at, changed_by, action) "
     "VALUES ('mail', now(), 'x', 'move')",
     "DELETE FROM zeroth.code_version_changes",
@@ -44,11 +47,14 @@ async def sqlstate(conn: asyncpg.Connection, statement: str) -> str:
 async def state(admin: asyncpg.Connection) -> tuple[object, ...]:
     deployments = await admin.fetch("SELECT deployment_ref, version_policy, compatible_versions "
                                     "FROM zeroth.deployments ORDER BY 1")
-    runs = await admin.fetch("SELECT run_id, status, code_version, lease_generation "
+    runs = await admin.fetch("SELECT run_id, status, code_version_id, lease_generation "
                              "FROM zeroth.runs ORDER BY 1")
+    versions = await admin.fetch("SELECT version_id, code_version FROM zeroth.code_versions "
+                                 "ORDER BY 1")
     audit = await admin.fetch("SELECT change_id, action FROM zeroth.code_version_changes "
                               "ORDER BY 1")
-    return [tuple(r) for r in deployments], [tuple(r) for r in runs], [tuple(r) for r in audit]
+    return ([tuple(r) for r in deployments], [tuple(r) for r in runs],
+            [tuple(r) for r in audit], [tuple(r) for r in versions])
 
 
 async def pinned_run(admin: asyncpg.Connection) -> None:
@@ -130,5 +136,6 @@ class TestAReaderLooks:
         await pinned_run(admin)
         conn = await login(kind)
         for statement in ("SELECT * FROM zeroth.pinned_runs",
-                          "SELECT * FROM zeroth.code_version_changes"):
+                          "SELECT * FROM zeroth.code_version_changes",
+                          "SELECT * FROM zeroth.code_versions"):
             assert await sqlstate(conn, statement) == "42501"

@@ -72,8 +72,9 @@ def handler_of(version: str, entered: list[tuple[str, UUID, bool]], event: str
 
 async def runs(pool: asyncpg.Pool, dep: str) -> dict[UUID, asyncpg.Record]:
     return {r["run_id"]: r for r in await pool.fetch(
-        """SELECT run_id, status::text AS status, code_version, output::text AS output
-             FROM zeroth.runs WHERE deployment_ref = $1""", dep)}
+        """SELECT r.run_id, r.status::text AS status, v.code_version, r.output::text AS output
+             FROM zeroth.runs r LEFT JOIN zeroth.code_versions v ON v.version_id = r.code_version_id
+            WHERE r.deployment_ref = $1""", dep)}
 
 
 class TestAFleetMidDeploy:

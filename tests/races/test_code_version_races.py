@@ -74,8 +74,10 @@ class TestTwoVersionsClaimTogether:
         assert max(counted.values()) == 1  # one holder, one completion per run
         by_run = dict((run_id, version) for version, run_id in claims)
         assert {by_run[r] for r in pinned} == {V1}
-        rows = await db.fetch("SELECT run_id, status::text AS status, code_version "
-                              "FROM zeroth.runs WHERE run_id = ANY ($1)", fresh)
+        rows = await db.fetch("SELECT r.run_id, r.status::text AS status, v.code_version "
+                              "FROM zeroth.runs r JOIN zeroth.code_versions v "
+                              "ON v.version_id = r.code_version_id WHERE r.run_id = ANY ($1)",
+                              fresh)
         assert all(row["status"] == "completed" for row in rows)
         assert all(row["code_version"] == by_run[row["run_id"]] for row in rows)
 

@@ -82,10 +82,19 @@ async def started_by(conn: asyncpg.Connection, version: str | None, now: Any = T
     return run_id
 
 
+async def version_of(conn: asyncpg.Connection, run_id: UUID) -> str | None:
+    """The code version a run recorded (runs.code_version_id → zeroth.code_versions)."""
+    return await conn.fetchval(  # type: ignore[no-any-return]
+        """SELECT v.code_version FROM zeroth.runs r
+             JOIN zeroth.code_versions v ON v.version_id = r.code_version_id
+            WHERE r.run_id = $1""", run_id)
+
+
 async def state(conn: asyncpg.Connection) -> list[tuple[Any, ...]]:
     return [tuple(r) for r in await conn.fetch(
-        """SELECT run_id, status, lease_generation, code_version, attempts FROM zeroth.runs
-            ORDER BY run_id""")] + [tuple(r) for r in await conn.fetch(
+        """SELECT r.run_id, r.status, r.lease_generation, v.code_version, r.attempts
+             FROM zeroth.runs r LEFT JOIN zeroth.code_versions v ON v.version_id = r.code_version_id
+            ORDER BY r.run_id""")] + [tuple(r) for r in await conn.fetch(
         """SELECT deployment_ref, version_policy, compatible_versions FROM zeroth.deployments
             ORDER BY 1""")] + [(await conn.fetchval(
                 "SELECT count(*) FROM zeroth.code_version_changes"),)]
@@ -95,30 +104,30 @@ class TestTheStartingVersionIsRecorded:
     async def test_claim_and_start_records_the_workers_version(self, conn):
         run_id = await enqueue(conn)
         assert await claim_start(conn, V1) == [run_id]
-        assert (await run_row(conn, run_id))["code_version"] == V1
+        assert await version_of(conn, run_id) == V1
 
     async def test_an_unversioned_worker_records_nothing(self, conn):
         run_id = await enqueue(conn)
         assert await claim_start(conn, None) == [run_id]
-        assert (await run_row(conn, run_id))["code_version"] is None
+        assert await version_of(conn, run_id) is None
 
     async def test_a_started_run_keeps_the_version_that_started_it(self, conn):
         run_id = await started_by(conn, V1)
         assert await claim_start(conn, V2, now=at(1)) == [run_id]  # policy any: v2 resumes it
-        assert (await run_row(conn, run_id))["code_version"] == V1
+        assert await version_of(conn, run_id) == V1
 
     async def test_a_lapsed_unstarted_claim_takes_the_next_claimers_version(self, conn):
         run_id = await enqueue(conn)
         assert [r["run_id"] for r in await claim_only(conn, V1)] == [run_id]
-        assert (await run_row(conn, run_id))["code_version"] == V1
+        assert await version_of(conn, run_id) == V1
         assert await claim_start(conn, V2, worker="other", now=at(LEASE + 1)) == [run_id]
-        assert (await run_row(conn, run_id))["code_version"] == V2
+        assert await version_of(conn, run_id) == V2
 
     async def test_orphan_recovery_keeps_the_recorded_version(self, conn):
         run_id = await enqueue(conn)
         await claim_start(conn, V1)
         assert await orphans(conn, V2) == [run_id]
-        assert (await run_row(conn, run_id))["code_version"] == V1
+        assert await version_of(conn, run_id) == V1
 
 
 class TestPolicyAny:
@@ -143,7 +152,7 @@ class TestPolicySame:
         pinned = await started_by(conn, V1)
         fresh = await enqueue(conn, now=at(1))
         assert await claim_start(conn, V2, now=at(2)) == [fresh]
-        assert (await run_row(conn, fresh))["code_version"] == V2
+        assert await version_of(conn, fresh) == V2
         assert (await run_row(conn, pinned))["status"] == "pending"
 
     async def test_a_run_started_unversioned_is_resumed_by_every_version(self, conn):
@@ -307,7 +316,7 @@ class TestBadCodeVersion:
         version = "v" + "1.a_b-c+d:e/" * 10 + "x" * 7
         assert len(version) == 128
         assert await claim_start(conn, version) == [run_id]
-        assert (await run_row(conn, run_id))["code_version"] == version
+        assert await version_of(conn, run_id) == version
 
 
 class TestPinnedRuns:
@@ -329,7 +338,7 @@ class TestPinnedRuns:
             {"code_version": V2, "version_policy": "same", "pending": 0, "running": 1,
              "waiting_for_version": 0},
         ]
-        assert (await run_row(conn, running))["code_version"] == V2
+        assert await version_of(conn, running) == V2
 
     async def test_under_policy_any_nothing_is_pinned(self, conn):
         await register(conn)
@@ -344,7 +353,7 @@ class TestRetireCodeVersion:
         run_id = await started_by(conn, V1)
         result = await retire(conn, V1, "move", V2)
         assert (result["runs_changed"], result["runs_left"]) == (1, 0)
-        assert (await run_row(conn, run_id))["code_version"] == V2
+        assert await version_of(conn, run_id) == V2
         assert await claim_start(conn, V2, now=at(1001)) == [run_id]
         audit = await conn.fetchrow(
             """SELECT action, code_version, to_version, run_count FROM zeroth.code_version_changes

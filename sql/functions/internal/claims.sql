@@ -47,7 +47,7 @@ DROP FUNCTION IF EXISTS zeroth._lease_locked_runs(text, text, uuid[], tid[], int
 CREATE OR REPLACE FUNCTION zeroth._lease_locked_runs(
     tenant_id text, workspace_key text, run_ids uuid[], rows tid[], slots integer[],
     worker_id text, at timestamptz, lease interval, active_count integer,
-    concurrency_limit integer, start boolean, code_version text DEFAULT NULL)
+    concurrency_limit integer, start boolean, code_version_id integer DEFAULT NULL)
     RETURNS SETOF zeroth.claimed_run
     LANGUAGE plpgsql VOLATILE
     SET enable_seqscan = off
@@ -82,8 +82,9 @@ BEGIN
                                  THEN _lease_locked_runs.at ELSE r.started_at END,
                -- code versions (issue 34, item 3): a run not yet started takes the claimer's
                -- version (a lapsed unstarted claim's is replaced); a started one keeps its own.
-               code_version = CASE WHEN r.started_at IS NULL THEN _lease_locked_runs.code_version
-                                   ELSE r.code_version END,
+               code_version_id = CASE WHEN r.started_at IS NULL
+                                      THEN _lease_locked_runs.code_version_id
+                                      ELSE r.code_version_id END,
                updated_at = _lease_locked_runs.at
          -- By address (see the header): IS NOT DISTINCT FROM and array_position are the
          -- same tests as = and = ANY on these NOT NULL columns, but never index conditions.
@@ -117,9 +118,9 @@ BEGIN
     END IF;
 END
 $$;
-COMMENT ON FUNCTION zeroth._lease_locked_runs(text, text, uuid[], tid[], integer[], text, timestamptz, interval, integer, integer, boolean, text) IS 'Internal: lease runs (and slots) the caller already locked (rows: their addresses, reached by a TID scan); with start make pending ones running; count an attempt per start, per re-leased orphan and per lapsed unstarted claim re-leased; a run not yet started records the claimer''s code_version. The shared second half of claim_pending, claim_and_start and claim_orphaned.';
-ALTER FUNCTION zeroth._lease_locked_runs(text, text, uuid[], tid[], integer[], text, timestamptz, interval, integer, integer, boolean, text) OWNER TO zeroth_owner;
-REVOKE ALL ON FUNCTION zeroth._lease_locked_runs(text, text, uuid[], tid[], integer[], text, timestamptz, interval, integer, integer, boolean, text) FROM PUBLIC;
+COMMENT ON FUNCTION zeroth._lease_locked_runs(text, text, uuid[], tid[], integer[], text, timestamptz, interval, integer, integer, boolean, integer) IS 'Internal: lease runs (and slots) the caller already locked (rows: their addresses, reached by a TID scan); with start make pending ones running; count an attempt per start, per re-leased orphan and per lapsed unstarted claim re-leased; a run not yet started records the claimer''s code_version_id. The shared second half of claim_pending, claim_and_start and claim_orphaned.';
+ALTER FUNCTION zeroth._lease_locked_runs(text, text, uuid[], tid[], integer[], text, timestamptz, interval, integer, integer, boolean, integer) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._lease_locked_runs(text, text, uuid[], tid[], integer[], text, timestamptz, interval, integer, integer, boolean, integer) FROM PUBLIC;
 
 -- One scope's claim, arguments already checked and limits resolved (concurrency_limit: the
 -- scope's effective max_concurrency, NULL for none; rate_limit: its zeroth.rate_limits key, NULL
@@ -134,13 +135,13 @@ REVOKE ALL ON FUNCTION zeroth._lease_locked_runs(text, text, uuid[], tid[], inte
 -- claim_and_start and claim_and_start_scopes. (0012 added rate_limit; the old signature is
 -- dropped first.)
 DROP FUNCTION IF EXISTS zeroth._claim_in_scope(text, text, text, text, integer, integer, timestamptz, interval, boolean);
--- code versions (issue 34, item 3): code_version and serves added last (the signature before
+-- code versions (issue 34, item 3): code_version_id and serves added last (the signature before
 -- them dropped). serves: zeroth._version_serves of the claimer, NULL = every run.
 DROP FUNCTION IF EXISTS zeroth._claim_in_scope(text, text, text, text, integer, text, integer, timestamptz, interval, boolean);
 CREATE OR REPLACE FUNCTION zeroth._claim_in_scope(
     tenant_id text, workspace_key text, deployment_ref text, worker_id text,
     concurrency_limit integer, rate_limit text, want integer, at timestamptz, lease interval,
-    start boolean, code_version text DEFAULT NULL, serves text[] DEFAULT NULL)
+    start boolean, code_version_id integer DEFAULT NULL, serves integer[] DEFAULT NULL)
     RETURNS SETOF zeroth.claimed_run
     LANGUAGE plpgsql VOLATILE
     SET plan_cache_mode = force_generic_plan AS $$
@@ -208,7 +209,8 @@ BEGIN
                -- passes over the due runs pinned to versions this worker may not serve
                -- (zeroth.pinned_runs counts them; retire_code_version clears them).
                AND (_claim_in_scope.serves IS NULL OR r.started_at IS NULL
-                    OR r.code_version IS NULL OR r.code_version = ANY (_claim_in_scope.serves))
+                    OR r.code_version_id IS NULL
+                    OR r.code_version_id = ANY (_claim_in_scope.serves))
              ORDER BY r.priority DESC, r.run_after, r.created_at
              LIMIT v_want - cardinality(v_ids)
                FOR UPDATE SKIP LOCKED
@@ -244,7 +246,7 @@ BEGIN
                     _claim_in_scope.tenant_id, _claim_in_scope.workspace_key, v_ids, v_rows, v_slots,
                     _claim_in_scope.worker_id, v_at, _claim_in_scope.lease,
                     v_active, _claim_in_scope.concurrency_limit, _claim_in_scope.start,
-                    _claim_in_scope.code_version)
+                    _claim_in_scope.code_version_id)
             LOOP
                 v_row.retry_at := v_retry;
                 v_row.retry_after := extract(epoch FROM v_retry - v_at);
@@ -256,12 +258,12 @@ BEGIN
     RETURN QUERY SELECT * FROM zeroth._lease_locked_runs(
         _claim_in_scope.tenant_id, _claim_in_scope.workspace_key, v_ids, v_rows, v_slots,
         _claim_in_scope.worker_id, v_at, _claim_in_scope.lease, v_active,
-        _claim_in_scope.concurrency_limit, _claim_in_scope.start, _claim_in_scope.code_version);
+        _claim_in_scope.concurrency_limit, _claim_in_scope.start, _claim_in_scope.code_version_id);
 END
 $$;
-COMMENT ON FUNCTION zeroth._claim_in_scope(text, text, text, text, integer, text, integer, timestamptz, interval, boolean, text, text[]) IS 'Internal: claim up to `want` pending, due runs of one scope under its rate limit (starts from the key''s rolling window; none left: the marker with retry_at) and its effective concurrency limit (rate key, slots, runs, SKIP LOCKED); with start make them running; a started run only when serves (the claimer''s zeroth._version_serves) lets its code_version resume, a run not yet started records code_version. The shared body of claim_pending, claim_and_start and claim_and_start_scopes.';
-ALTER FUNCTION zeroth._claim_in_scope(text, text, text, text, integer, text, integer, timestamptz, interval, boolean, text, text[]) OWNER TO zeroth_owner;
-REVOKE ALL ON FUNCTION zeroth._claim_in_scope(text, text, text, text, integer, text, integer, timestamptz, interval, boolean, text, text[]) FROM PUBLIC;
+COMMENT ON FUNCTION zeroth._claim_in_scope(text, text, text, text, integer, text, integer, timestamptz, interval, boolean, integer, integer[]) IS 'Internal: claim up to `want` pending, due runs of one scope under its rate limit (starts from the key''s rolling window; none left: the marker with retry_at) and its effective concurrency limit (rate key, slots, runs, SKIP LOCKED); with start make them running; a started run only when serves (the claimer''s zeroth._version_serves) lets its code_version_id resume, a run not yet started records code_version_id. The shared body of claim_pending, claim_and_start and claim_and_start_scopes.';
+ALTER FUNCTION zeroth._claim_in_scope(text, text, text, text, integer, text, integer, timestamptz, interval, boolean, integer, integer[]) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._claim_in_scope(text, text, text, text, integer, text, integer, timestamptz, interval, boolean, integer, integer[]) FROM PUBLIC;
 
 -- The room for one lease that is not a claim (admit_run's admit-and-own): what every claim obeys,
 -- from the same helpers. The scope's zeroth.scope_limits row (there is no caller's
@@ -337,7 +339,6 @@ DECLARE
 BEGIN
     PERFORM zeroth._require_identifier(_claim_pending.deployment_ref, 'deployment_ref');
     PERFORM zeroth._require_identifier(_claim_pending.worker_id, 'worker_id');
-    PERFORM zeroth._check_code_version(_claim_pending.code_version);  -- code versions (issue 34)
     PERFORM zeroth._require(_claim_pending.batch_size BETWEEN 1 AND 1000, 'batch_size must be between 1 and 1000');
     PERFORM zeroth._require(_claim_pending.max_concurrency IS NULL OR _claim_pending.max_concurrency >= 1,
                             'max_concurrency must be NULL or at least 1');
@@ -356,7 +357,9 @@ BEGIN
     RETURN QUERY SELECT * FROM zeroth._claim_in_scope(
         v_tenant, v_wskey, _claim_pending.deployment_ref, _claim_pending.worker_id, v_limit,
         v_rate, _claim_pending.batch_size, v_now, v_lease, _claim_pending.start,
-        _claim_pending.code_version,
+        -- code versions (issue 34): the claimer's version (checked, ZP008; created on first use)
+        -- and the run versions it may resume.
+        zeroth._code_version_id(_claim_pending.code_version),
         zeroth._version_serves(_claim_pending.deployment_ref, _claim_pending.code_version));
 END
 $$;

@@ -11,7 +11,7 @@ CREATE OR REPLACE VIEW zeroth.pinned_runs WITH (security_invoker = true) AS
 SELECT r.tenant_id,
        r.workspace_id,
        r.deployment_ref,
-       r.code_version,
+       v.code_version,
        d.version_policy,
        count(*) FILTER (WHERE r.status = 'pending') AS pending,
        count(*) FILTER (WHERE r.status = 'running') AS running,
@@ -24,11 +24,12 @@ SELECT r.tenant_id,
            AS oldest_pending_at
   FROM zeroth.runs r
   JOIN zeroth.deployments d ON d.deployment_ref = r.deployment_ref
- WHERE r.code_version IS NOT NULL
+  JOIN zeroth.code_versions v ON v.version_id = r.code_version_id
+ WHERE r.code_version_id IS NOT NULL
    AND r.status IN ('pending', 'running', 'waiting')
    AND r.started_at IS NOT NULL
    AND d.version_policy <> 'any'
- GROUP BY r.tenant_id, r.workspace_id, r.deployment_ref, r.code_version, d.version_policy;
+ GROUP BY r.tenant_id, r.workspace_id, r.deployment_ref, v.code_version, d.version_policy;
 COMMENT ON VIEW zeroth.pinned_runs IS 'Code versions (issue 34): the active started runs that recorded a code version, per (tenant, workspace, deployment, version), in deployments whose version_policy is not any (only a worker of an allowed version resumes them): pending, running, waiting, waiting_for_version (due pending runs nobody holds, running runs whose lease expired: work for a worker of that version) and oldest_pending_at. Runs pinned to a version no worker serves any more leave through zeroth.retire_code_version (move or fail). Uses runs_code_version_active_idx.';
 ALTER VIEW zeroth.pinned_runs OWNER TO zeroth_owner;
 REVOKE ALL ON zeroth.pinned_runs FROM PUBLIC;
