@@ -599,7 +599,7 @@ END) STORED NOT NULL,
     parent_run_id uuid,
     schedule_id uuid,
     attempt_recorded_generation bigint,
-    code_version_id integer,
+    code_version_id bigint,
     CONSTRAINT runs_accounting_object CHECK (((accounting IS NULL) OR (jsonb_typeof(accounting) = 'object'::text))),
     CONSTRAINT runs_attempts_valid CHECK (((attempts >= 0) AND (max_attempts >= 1))),
     CONSTRAINT runs_cancel_action_valid CHECK (((cancel_action IS NULL) OR (cancel_action = ANY (ARRAY['cancel'::text, 'interrupt'::text, 'rollback'::text])))),
@@ -683,7 +683,7 @@ COMMENT ON COLUMN zeroth.runs.attempt_recorded_generation IS 'The lease generati
 --
 -- Name: COLUMN runs.code_version_id; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
-COMMENT ON COLUMN zeroth.runs.code_version_id IS 'The code version (zeroth.code_versions) of the worker that started the run (the claim''s code_version; written by every lease of a run not yet started, kept once it started); NULL: started by an unversioned worker, or not started. Under its deployment''s version_policy (zeroth.deployments) only a worker of a version allowed to serve it resumes a started run; zeroth.retire_code_version moves it.';
+COMMENT ON COLUMN zeroth.runs.code_version_id IS 'The code version of the worker that started the run, as its key (zeroth._code_version_hash; the text in zeroth.code_versions): the claim''s code_version, written by every lease of a run not yet started and kept once it started; NULL: started by an unversioned worker, or not started. Under its deployment''s version_policy (zeroth.deployments) only a worker of a version allowed to serve it resumes a started run; zeroth.retire_code_version moves it.';
 
 --
 -- Name: notification_secret; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
@@ -773,23 +773,6 @@ COMMENT ON COLUMN zeroth.scope_limits.note IS 'Free text for the DBA (why the li
 -- Name: COLUMN scope_limits.rate_limit; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
 COMMENT ON COLUMN zeroth.scope_limits.rate_limit IS 'The zeroth.rate_limits key the scope''s starts count against (NULL: no rate limit). Several scopes may name one key and share its budget. A key still named here cannot be deleted.';
-
---
--- Name: code_versions; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
---
-CREATE TABLE zeroth.code_versions (
-    version_id integer NOT NULL,
-    code_version text NOT NULL,
-    first_seen_at timestamp with time zone NOT NULL,
-    CONSTRAINT code_versions_valid CHECK (((length(code_version) <= 128) AND (code_version ~ '^[A-Za-z0-9][A-Za-z0-9._+:/-]*$'::text)))
-);
-
-ALTER TABLE zeroth.code_versions OWNER TO zeroth_owner;
-
---
--- Name: TABLE code_versions; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
---
-COMMENT ON TABLE zeroth.code_versions IS 'Every code version a worker declared in a claim (or an operator named in retire_code_version), once: runs.code_version_id refers to it. Written only by the functions; names no tenant: zeroth_reader reads every row.';
 
 --
 -- Name: admission_slots; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
@@ -932,16 +915,21 @@ ALTER TABLE zeroth.code_version_changes ALTER COLUMN change_id ADD GENERATED ALW
 );
 
 --
--- Name: code_versions_version_id_seq; Type: SEQUENCE; Schema: zeroth; Owner: zeroth_owner
+-- Name: code_versions; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
 --
-ALTER TABLE zeroth.code_versions ALTER COLUMN version_id ADD GENERATED ALWAYS AS IDENTITY (
-    SEQUENCE NAME zeroth.code_versions_version_id_seq
-    START WITH 1
-    INCREMENT BY 1
-    NO MINVALUE
-    NO MAXVALUE
-    CACHE 1
+CREATE TABLE zeroth.code_versions (
+    version_id bigint NOT NULL,
+    code_version text NOT NULL,
+    first_seen_at timestamp with time zone NOT NULL,
+    CONSTRAINT code_versions_valid CHECK (((length(code_version) <= 128) AND (code_version ~ '^[A-Za-z0-9][A-Za-z0-9._+:/-]*$'::text)))
 );
+
+ALTER TABLE zeroth.code_versions OWNER TO zeroth_owner;
+
+--
+-- Name: TABLE code_versions; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON TABLE zeroth.code_versions IS 'The text of every code version a worker declared in a claim (or an operator named in retire_code_version): version_id is the first 8 bytes of sha256(code_version) (zeroth._code_version_hash), the key runs.code_version_id holds. No unique constraint, so that no claim waits on another''s insert: a version first seen by two claims at once may have two identical rows. Written only by the functions; names no tenant: zeroth_reader reads every row.';
 
 --
 -- Name: deployment_changes; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
@@ -1209,18 +1197,6 @@ ALTER TABLE ONLY zeroth.code_version
     ADD CONSTRAINT code_version_pkey PRIMARY KEY (id);
 
 --
--- Name: code_versions code_versions_code_version_key; Type: CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
---
-ALTER TABLE ONLY zeroth.code_versions
-    ADD CONSTRAINT code_versions_code_version_key UNIQUE (code_version);
-
---
--- Name: code_versions code_versions_pkey; Type: CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
---
-ALTER TABLE ONLY zeroth.code_versions
-    ADD CONSTRAINT code_versions_pkey PRIMARY KEY (version_id);
-
---
 -- Name: deployment_changes deployment_changes_pkey; Type: CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
 --
 ALTER TABLE ONLY zeroth.deployment_changes
@@ -1342,6 +1318,11 @@ CREATE INDEX checkpoints_run_order_idx ON zeroth.checkpoints USING btree (tenant
 -- Name: child_waits_met; Type: INDEX; Schema: zeroth; Owner: zeroth_owner
 --
 CREATE INDEX child_waits_met ON zeroth.child_waits USING btree (met_at) WHERE (met_at IS NOT NULL);
+
+--
+-- Name: code_versions_version_id_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE INDEX code_versions_version_id_idx ON zeroth.code_versions USING btree (version_id);
 
 --
 -- Name: deployment_changes_age_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner
@@ -1809,11 +1790,6 @@ GRANT SELECT ON TABLE zeroth.runs TO zeroth_reader;
 GRANT SELECT ON TABLE zeroth.scope_limits TO zeroth_reader;
 
 --
--- Name: TABLE code_versions; Type: ACL; Schema: zeroth; Owner: zeroth_owner
---
-GRANT SELECT ON TABLE zeroth.code_versions TO zeroth_reader;
-
---
 -- Name: TABLE run_attempts; Type: ACL; Schema: zeroth; Owner: zeroth_owner
 --
 GRANT SELECT ON TABLE zeroth.run_attempts TO zeroth_reader;
@@ -1822,6 +1798,11 @@ GRANT SELECT ON TABLE zeroth.run_attempts TO zeroth_reader;
 -- Name: TABLE code_version_changes; Type: ACL; Schema: zeroth; Owner: zeroth_owner
 --
 GRANT SELECT ON TABLE zeroth.code_version_changes TO zeroth_reader;
+
+--
+-- Name: TABLE code_versions; Type: ACL; Schema: zeroth; Owner: zeroth_owner
+--
+GRANT SELECT ON TABLE zeroth.code_versions TO zeroth_reader;
 
 --
 -- Name: TABLE deployment_changes; Type: ACL; Schema: zeroth; Owner: zeroth_owner

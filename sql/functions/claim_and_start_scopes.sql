@@ -49,7 +49,7 @@ DECLARE
     v_pass    integer;
     i         integer;
     v_serves  jsonb;  -- code versions (issue 34): per deployment, the run versions this one may resume
-    v_version integer;  -- and its own version's id (zeroth.code_versions)
+    v_version bigint;  -- and its own version's key (zeroth._code_version_id)
 BEGIN
     PERFORM zeroth._require_identifier(claim_and_start_scopes.worker_id, 'worker_id');
     v_version := zeroth._code_version_id(claim_and_start_scopes.code_version);  -- ZP008 if bad
@@ -146,7 +146,7 @@ BEGIN
                                               true, v_version,
                                               CASE WHEN v_serves ? v_depref[i] THEN ARRAY(
                                                   SELECT jsonb_array_elements_text(
-                                                      v_serves -> v_depref[i])::integer)
+                                                      v_serves -> v_depref[i])::bigint)
                                               END) AS c
             LOOP
                 IF v_out.run_id IS NOT NULL THEN

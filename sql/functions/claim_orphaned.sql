@@ -39,7 +39,7 @@ DECLARE
     v_paused boolean;
     v_rate   text;
     v_taken  record;
-    v_serves integer[];  -- code versions (issue 34): the run versions this worker may resume
+    v_serves bigint[];  -- code versions (issue 34): the run versions this worker may resume
 BEGIN
     PERFORM zeroth._require_identifier(_claim_orphaned.deployment_ref, 'deployment_ref');
     PERFORM zeroth._require_identifier(_claim_orphaned.worker_id, 'worker_id');

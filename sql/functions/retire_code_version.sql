@@ -29,8 +29,8 @@ DECLARE
     v_run     record;
     v_message text;
     v_scopes  jsonb;
-    v_from    integer;  -- zeroth.code_versions ids
-    v_to      integer;
+    v_from    bigint;  -- version keys (zeroth._code_version_hash)
+    v_to      bigint;
 BEGIN
     PERFORM zeroth._require_identifier(retire_code_version.deployment_ref, 'deployment_ref');
     PERFORM zeroth._require(retire_code_version.code_version IS NOT NULL, 'code_version is required');
@@ -43,8 +43,7 @@ BEGIN
                             'to_version must differ from code_version');
     PERFORM zeroth._require(retire_code_version.message IS NULL OR length(retire_code_version.message) <= 1000,
                             'message must be at most 1000 characters');
-    v_from := (SELECT v.version_id FROM zeroth.code_versions v
-                WHERE v.code_version = retire_code_version.code_version);  -- NULL: no run has it
+    v_from := zeroth._code_version_hash(retire_code_version.code_version);
     v_to := zeroth._code_version_id(retire_code_version.to_version);
     v_message := coalesce(retire_code_version.message, format(
         'code version %s was retired: no worker serves it any more', retire_code_version.code_version));

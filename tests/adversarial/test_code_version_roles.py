@@ -27,7 +27,8 @@ ADMIN_ONLY = (
     "SELECT zeroth._version_serves('mail', 'v2')",
     "UPDATE zeroth.deployments SET version_policy = 'any', compatible_versions = NULL",
     "UPDATE zeroth.runs SET code_version_id = NULL",
-    "INSERT INTO zeroth.code_versions (code_version, first_seen_at) VALUES ('v9', now())",
+    "INSERT INTO zeroth.code_versions (version_id, code_version, first_seen_at) "
+    "VALUES (9, 'v9', now())",
     "DELETE FROM zeroth.code_versions",
     "INSERT INTO zeroth.code_version_changes (deployment_ref, changed_at, changed_by, action) "
     "VALUES ('mail', now(), 'x', 'move')",

@@ -15,7 +15,7 @@ from collections import Counter
 from typing import Any
 
 import asyncpg
-from interleave import assert_waits_for
+from interleave import assert_waits_for, finishes_without_waiting
 
 DEPLOYMENT = "version-race"
 V1, V2 = "v1", "v2"
@@ -80,6 +80,26 @@ class TestTwoVersionsClaimTogether:
                               fresh)
         assert all(row["status"] == "completed" for row in rows)
         assert all(row["code_version"] == by_run[row["run_id"]] for row in rows)
+
+
+class TestANewVersionNeverMakesAClaimWait:
+    async def test_two_first_claims_of_a_version_do_not_wait_for_each_other(self, sessions):
+        a, b, db = sessions
+        await setup(db, pinned=0, fresh=2)
+        # A's claim sees version v9 first and records its text, in a transaction it keeps open.
+        await a.begin()
+        first = await a.rows(CLAIM, DEPLOYMENT, "a-v9", 1, "v9")
+        assert len([r for r in first.value if r["run_id"]]) == 1
+        # B's first claim of v9 neither waits for A (no unique constraint to wait on) nor fails.
+        task = b.spawn(CLAIM, DEPLOYMENT, "b-v9", 1, "v9", rows=True)
+        second = await finishes_without_waiting(db, b, task)
+        assert len([r for r in second.value if r["run_id"]]) == 1
+        await a.commit()
+        keys = await db.fetch("SELECT DISTINCT r.code_version_id FROM zeroth.runs r "
+                              "WHERE r.code_version_id IS NOT NULL")
+        assert len(keys) == 1  # one version, whichever claim recorded its text
+        assert await db.fetchval("SELECT DISTINCT v.code_version FROM zeroth.code_versions v "
+                                 "WHERE v.version_id = $1", keys[0]["code_version_id"]) == "v9"
 
 
 class TestAMoveMeetsClaimers:

@@ -85,16 +85,15 @@ async def started_by(conn: asyncpg.Connection, version: str | None, now: Any = T
 async def version_of(conn: asyncpg.Connection, run_id: UUID) -> str | None:
     """The code version a run recorded (runs.code_version_id → zeroth.code_versions)."""
     return await conn.fetchval(  # type: ignore[no-any-return]
-        """SELECT v.code_version FROM zeroth.runs r
-             JOIN zeroth.code_versions v ON v.version_id = r.code_version_id
-            WHERE r.run_id = $1""", run_id)
+        """SELECT (SELECT v.code_version FROM zeroth.code_versions v
+                    WHERE v.version_id = r.code_version_id LIMIT 1)
+             FROM zeroth.runs r WHERE r.run_id = $1""", run_id)
 
 
 async def state(conn: asyncpg.Connection) -> list[tuple[Any, ...]]:
     return [tuple(r) for r in await conn.fetch(
-        """SELECT r.run_id, r.status, r.lease_generation, v.code_version, r.attempts
-             FROM zeroth.runs r LEFT JOIN zeroth.code_versions v ON v.version_id = r.code_version_id
-            ORDER BY r.run_id""")] + [tuple(r) for r in await conn.fetch(
+        """SELECT r.run_id, r.status, r.lease_generation, r.code_version_id, r.attempts
+             FROM zeroth.runs r ORDER BY r.run_id""")] + [tuple(r) for r in await conn.fetch(
         """SELECT deployment_ref, version_policy, compatible_versions FROM zeroth.deployments
             ORDER BY 1""")] + [(await conn.fetchval(
                 "SELECT count(*) FROM zeroth.code_version_changes"),)]

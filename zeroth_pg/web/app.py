@@ -93,8 +93,10 @@ _RUN = _calls.run_by_id("""r.run_id, r.tenant_id, r.workspace_id, r.workspace_ke
            r.status = 'running' AND r.lease_expires_at < clock_timestamp() AS lease_expired""",
                         "$1")
 
-# The code version that started a run (issue 34), by its id (zeroth.code_versions_pkey).
-_CODE_VERSION = "SELECT v.code_version FROM zeroth.code_versions v WHERE v.version_id = $1"
+# The text of the code version that started a run (issue 34), by its key
+# (zeroth.code_versions_version_id_idx; two identical rows at most).
+_CODE_VERSION = """SELECT v.code_version FROM zeroth.code_versions v WHERE v.version_id = $1
+    LIMIT 1"""
 
 # The run's children, each with its current status (zeroth.child_list: a range of
 # child_runs_pkey), in the order they were started.

@@ -47,7 +47,7 @@ DROP FUNCTION IF EXISTS zeroth._lease_locked_runs(text, text, uuid[], tid[], int
 CREATE OR REPLACE FUNCTION zeroth._lease_locked_runs(
     tenant_id text, workspace_key text, run_ids uuid[], rows tid[], slots integer[],
     worker_id text, at timestamptz, lease interval, active_count integer,
-    concurrency_limit integer, start boolean, code_version_id integer DEFAULT NULL)
+    concurrency_limit integer, start boolean, code_version_id bigint DEFAULT NULL)
     RETURNS SETOF zeroth.claimed_run
     LANGUAGE plpgsql VOLATILE
     SET enable_seqscan = off
@@ -118,9 +118,9 @@ BEGIN
     END IF;
 END
 $$;
-COMMENT ON FUNCTION zeroth._lease_locked_runs(text, text, uuid[], tid[], integer[], text, timestamptz, interval, integer, integer, boolean, integer) IS 'Internal: lease runs (and slots) the caller already locked (rows: their addresses, reached by a TID scan); with start make pending ones running; count an attempt per start, per re-leased orphan and per lapsed unstarted claim re-leased; a run not yet started records the claimer''s code_version_id. The shared second half of claim_pending, claim_and_start and claim_orphaned.';
-ALTER FUNCTION zeroth._lease_locked_runs(text, text, uuid[], tid[], integer[], text, timestamptz, interval, integer, integer, boolean, integer) OWNER TO zeroth_owner;
-REVOKE ALL ON FUNCTION zeroth._lease_locked_runs(text, text, uuid[], tid[], integer[], text, timestamptz, interval, integer, integer, boolean, integer) FROM PUBLIC;
+COMMENT ON FUNCTION zeroth._lease_locked_runs(text, text, uuid[], tid[], integer[], text, timestamptz, interval, integer, integer, boolean, bigint) IS 'Internal: lease runs (and slots) the caller already locked (rows: their addresses, reached by a TID scan); with start make pending ones running; count an attempt per start, per re-leased orphan and per lapsed unstarted claim re-leased; a run not yet started records the claimer''s code_version_id. The shared second half of claim_pending, claim_and_start and claim_orphaned.';
+ALTER FUNCTION zeroth._lease_locked_runs(text, text, uuid[], tid[], integer[], text, timestamptz, interval, integer, integer, boolean, bigint) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._lease_locked_runs(text, text, uuid[], tid[], integer[], text, timestamptz, interval, integer, integer, boolean, bigint) FROM PUBLIC;
 
 -- One scope's claim, arguments already checked and limits resolved (concurrency_limit: the
 -- scope's effective max_concurrency, NULL for none; rate_limit: its zeroth.rate_limits key, NULL
@@ -141,7 +141,7 @@ DROP FUNCTION IF EXISTS zeroth._claim_in_scope(text, text, text, text, integer, 
 CREATE OR REPLACE FUNCTION zeroth._claim_in_scope(
     tenant_id text, workspace_key text, deployment_ref text, worker_id text,
     concurrency_limit integer, rate_limit text, want integer, at timestamptz, lease interval,
-    start boolean, code_version_id integer DEFAULT NULL, serves integer[] DEFAULT NULL)
+    start boolean, code_version_id bigint DEFAULT NULL, serves bigint[] DEFAULT NULL)
     RETURNS SETOF zeroth.claimed_run
     LANGUAGE plpgsql VOLATILE
     SET plan_cache_mode = force_generic_plan AS $$
@@ -261,9 +261,9 @@ BEGIN
         _claim_in_scope.concurrency_limit, _claim_in_scope.start, _claim_in_scope.code_version_id);
 END
 $$;
-COMMENT ON FUNCTION zeroth._claim_in_scope(text, text, text, text, integer, text, integer, timestamptz, interval, boolean, integer, integer[]) IS 'Internal: claim up to `want` pending, due runs of one scope under its rate limit (starts from the key''s rolling window; none left: the marker with retry_at) and its effective concurrency limit (rate key, slots, runs, SKIP LOCKED); with start make them running; a started run only when serves (the claimer''s zeroth._version_serves) lets its code_version_id resume, a run not yet started records code_version_id. The shared body of claim_pending, claim_and_start and claim_and_start_scopes.';
-ALTER FUNCTION zeroth._claim_in_scope(text, text, text, text, integer, text, integer, timestamptz, interval, boolean, integer, integer[]) OWNER TO zeroth_owner;
-REVOKE ALL ON FUNCTION zeroth._claim_in_scope(text, text, text, text, integer, text, integer, timestamptz, interval, boolean, integer, integer[]) FROM PUBLIC;
+COMMENT ON FUNCTION zeroth._claim_in_scope(text, text, text, text, integer, text, integer, timestamptz, interval, boolean, bigint, bigint[]) IS 'Internal: claim up to `want` pending, due runs of one scope under its rate limit (starts from the key''s rolling window; none left: the marker with retry_at) and its effective concurrency limit (rate key, slots, runs, SKIP LOCKED); with start make them running; a started run only when serves (the claimer''s zeroth._version_serves) lets its code_version_id resume, a run not yet started records code_version_id. The shared body of claim_pending, claim_and_start and claim_and_start_scopes.';
+ALTER FUNCTION zeroth._claim_in_scope(text, text, text, text, integer, text, integer, timestamptz, interval, boolean, bigint, bigint[]) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._claim_in_scope(text, text, text, text, integer, text, integer, timestamptz, interval, boolean, bigint, bigint[]) FROM PUBLIC;
 
 -- The room for one lease that is not a claim (admit_run's admit-and-own): what every claim obeys,
 -- from the same helpers. The scope's zeroth.scope_limits row (there is no caller's
@@ -357,7 +357,7 @@ BEGIN
     RETURN QUERY SELECT * FROM zeroth._claim_in_scope(
         v_tenant, v_wskey, _claim_pending.deployment_ref, _claim_pending.worker_id, v_limit,
         v_rate, _claim_pending.batch_size, v_now, v_lease, _claim_pending.start,
-        -- code versions (issue 34): the claimer's version (checked, ZP008; created on first use)
+        -- code versions (issue 34): the claimer's version (checked, ZP008; its text recorded once)
         -- and the run versions it may resume.
         zeroth._code_version_id(_claim_pending.code_version),
         zeroth._version_serves(_claim_pending.deployment_ref, _claim_pending.code_version));

@@ -24,60 +24,61 @@ COMMENT ON FUNCTION zeroth._check_code_version(text, text) IS 'Internal: ZP008 u
 ALTER FUNCTION zeroth._check_code_version(text, text) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._check_code_version(text, text) FROM PUBLIC;
 
--- The id of a code version in zeroth.code_versions, created on first use (a claim's, or an
--- operator's to_version); NULL for NULL. Checked first (ZP008). Locks: the one row it may insert
--- (ON CONFLICT DO NOTHING: two first claims of a new version both get its id).
-CREATE OR REPLACE FUNCTION zeroth._code_version_id(code_version text) RETURNS integer
+-- The key of a code version (runs.code_version_id): the first 8 bytes of its sha256, as a
+-- bigint; NULL for NULL. The same in every database and on every platform, forever (a
+-- collision of two versions' keys has a chance of about n^2 / 2^65 for n versions).
+CREATE OR REPLACE FUNCTION zeroth._code_version_hash(code_version text) RETURNS bigint
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    RETURN ('x' || left(encode(sha256(convert_to(code_version, 'UTF8')), 'hex'), 16))::bit(64)::bigint;
+COMMENT ON FUNCTION zeroth._code_version_hash(text) IS 'Internal: the key of a code version (runs.code_version_id): the first 8 bytes of its sha256 as a bigint; NULL for NULL.';
+ALTER FUNCTION zeroth._code_version_hash(text) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._code_version_hash(text) FROM PUBLIC;
+
+-- The key of a declared code version (checked first: ZP008), its text recorded in
+-- zeroth.code_versions the first time (one index probe a call; the insert never waits on another
+-- session: no unique constraint); NULL for NULL, with no statement at all.
+CREATE OR REPLACE FUNCTION zeroth._code_version_id(code_version text) RETURNS bigint
     LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-    v_id integer;
+    v_id bigint;
 BEGIN
     IF code_version IS NULL THEN
         RETURN NULL;
     END IF;
     PERFORM zeroth._check_code_version(code_version);
-    SELECT v.version_id INTO v_id FROM zeroth.code_versions v
-     WHERE v.code_version = _code_version_id.code_version;
-    IF v_id IS NULL THEN
-        INSERT INTO zeroth.code_versions AS v (code_version, first_seen_at)
-        VALUES (_code_version_id.code_version, zeroth._now())
-        ON CONFLICT ON CONSTRAINT code_versions_code_version_key DO NOTHING
-        RETURNING v.version_id INTO v_id;
-        IF v_id IS NULL THEN  -- another session created it meanwhile
-            SELECT v.version_id INTO v_id FROM zeroth.code_versions v
-             WHERE v.code_version = _code_version_id.code_version;
-        END IF;
-    END IF;
+    v_id := zeroth._code_version_hash(code_version);
+    INSERT INTO zeroth.code_versions (version_id, code_version, first_seen_at)
+    SELECT v_id, _code_version_id.code_version, zeroth._now()
+     WHERE NOT EXISTS (SELECT 1 FROM zeroth.code_versions v WHERE v.version_id = v_id);
     RETURN v_id;
 END
 $$;
-COMMENT ON FUNCTION zeroth._code_version_id(text) IS 'Internal: the zeroth.code_versions id of a code version, created on first use; NULL for NULL; ZP008 for a malformed one.';
+COMMENT ON FUNCTION zeroth._code_version_id(text) IS 'Internal: the key (zeroth._code_version_hash) of a declared code version, its text recorded in zeroth.code_versions when first seen (never waiting on another session); NULL for NULL; ZP008 for a malformed one.';
 ALTER FUNCTION zeroth._code_version_id(text) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._code_version_id(text) FROM PUBLIC;
 
--- The run versions (zeroth.code_versions ids) a worker of code_version may resume in
--- deployment_ref (a primary-key lookup of zeroth.deployments and of the versions named; no lock):
--- NULL when it may resume every run (policy any, the default, or no registered row: the claim
--- then filters nothing); under same, its own version (none for an unversioned worker); under
--- compatible, the whole compatible set when its version is in it, else its own. Whatever the
--- policy, a run never started (started_at NULL) or started by an unversioned worker
--- (code_version_id NULL) is claimable by every worker: the claims test `serves IS NULL OR
--- r.started_at IS NULL OR r.code_version_id IS NULL OR r.code_version_id = ANY (serves)`. The
--- policy is a DBA's (set_version_policy only), so it binds every session
--- (zeroth._policy_binds_caller's rule for a DBA's row).
+-- The run versions (keys) a worker of code_version may resume in deployment_ref (one
+-- primary-key lookup of zeroth.deployments; no lock): NULL when it may resume every run (policy
+-- any, the default, or no registered row: the claim then filters nothing); under same, its own
+-- version (none for an unversioned worker); under compatible, the whole compatible set when its
+-- version is in it, else its own. Whatever the policy, a run never started (started_at NULL) or
+-- started by an unversioned worker (code_version_id NULL) is claimable by every worker: the
+-- claims test `serves IS NULL OR r.started_at IS NULL OR r.code_version_id IS NULL OR
+-- r.code_version_id = ANY (serves)`. The policy is a DBA's (set_version_policy only), so it binds
+-- every session (zeroth._policy_binds_caller's rule for a DBA's row).
 CREATE OR REPLACE FUNCTION zeroth._version_serves(deployment_ref text, code_version text)
-    RETURNS integer[]
+    RETURNS bigint[]
     LANGUAGE sql STABLE
     RETURN (SELECT CASE WHEN d.version_policy <> 'any' THEN ARRAY(
-                       SELECT v.version_id FROM zeroth.code_versions v
-                        WHERE v.code_version = ANY (CASE
-                            WHEN d.version_policy = 'compatible'
-                                 AND code_version = ANY (d.compatible_versions)
-                            THEN d.compatible_versions
-                            ELSE ARRAY[code_version] END))
+                       SELECT zeroth._code_version_hash(v.code_version)
+                         FROM unnest(CASE WHEN d.version_policy = 'compatible'
+                                               AND code_version = ANY (d.compatible_versions)
+                                          THEN d.compatible_versions
+                                          ELSE ARRAY[code_version] END) AS v(code_version)
+                        WHERE v.code_version IS NOT NULL)
                    END
               FROM zeroth.deployments d
              WHERE d.deployment_ref = _version_serves.deployment_ref);
-COMMENT ON FUNCTION zeroth._version_serves(text, text) IS 'Internal: the zeroth.code_versions ids a worker of code_version may resume under the deployment''s version_policy: NULL = every run (any, or no registry row), same = its own (none when unversioned), compatible = the set when its version is in it, else its own. Runs never started or started unversioned are claimable by every worker.';
+COMMENT ON FUNCTION zeroth._version_serves(text, text) IS 'Internal: the keys (zeroth._code_version_hash) of the run versions a worker of code_version may resume under the deployment''s version_policy: NULL = every run (any, or no registry row), same = its own (none when unversioned), compatible = the set when its version is in it, else its own. Runs never started or started unversioned are claimable by every worker.';
 ALTER FUNCTION zeroth._version_serves(text, text) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._version_serves(text, text) FROM PUBLIC;
