@@ -1,6 +1,6 @@
 -- set_version_policy: admin (issue 34, item 3). A DBA sets which code versions may resume a
 -- started run of a registered deployment (zeroth.deployments.version_policy): 'any' (the
--- default: every version), 'same' (only the version that started it, runs.code_version) or
+-- default: every version), 'same' (only the version that started it, runs.code_version_id) or
 -- 'compatible' (the same version, or two versions both in compatible_versions: 1 to 100 code
 -- versions). A run never started, or started unversioned, stays claimable by every version. The
 -- next claim of every worker applies it; runs keep the version they recorded. A change is audited
@@ -59,6 +59,6 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION zeroth.set_version_policy(text, text, text[]) IS
-'set_version_policy: admin. Which code versions may resume a started run of a registered deployment (zeroth.deployments.version_policy): any (the default: every version), same (only the version that started it: runs.code_version), compatible (the same version, or two versions both in compatible_versions, 1 to 100 code versions). A run never started, or started by an unversioned worker, stays claimable by every version. Applies from the next claim of every worker. A change is audited in zeroth.code_version_changes (set_policy). Outcome updated or unchanged. Granted to nobody (a DBA''s setting: it binds every session). Locks the deployment row (lock_timeout 2 s). Raises ZP008 (also: the deployment is not registered), 55P03. Time: clock_timestamp().';
+'set_version_policy: admin. Which code versions may resume a started run of a registered deployment (zeroth.deployments.version_policy): any (the default: every version), same (only the version that started it: runs.code_version_id), compatible (the same version, or two versions both in compatible_versions, 1 to 100 code versions). A run never started, or started by an unversioned worker, stays claimable by every version. Applies from the next claim of every worker. A change is audited in zeroth.code_version_changes (set_policy). Outcome updated or unchanged. Granted to nobody (a DBA''s setting: it binds every session). Locks the deployment row (lock_timeout 2 s). Raises ZP008 (also: the deployment is not registered), 55P03. Time: clock_timestamp().';
 ALTER FUNCTION zeroth.set_version_policy(text, text, text[]) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.set_version_policy(text, text, text[]) FROM PUBLIC;

@@ -37,6 +37,8 @@ async def setup(db: asyncpg.Connection, pinned: int, fresh: int) -> tuple[list[A
         await db.fetchval("SELECT run_id FROM zeroth.enqueue_run(deployment_ref => $1)",
                           DEPLOYMENT)
     for row in await db.fetch(CLAIM, DEPLOYMENT, "setup", 1000, V1):
+        if row["run_id"] is None:  # nothing to claim: the empty answer's marker row
+            continue
         assert await db.fetchval(
             "SELECT zeroth.hand_back_to_pending(run_id => $1, worker_id => 'setup', "
             "generation => $2)", row["run_id"], row["lease_generation"])

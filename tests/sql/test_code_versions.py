@@ -1,4 +1,4 @@
-"""Code versions (issue 34, item 3): runs.code_version recorded by the claim that starts a run,
+"""Code versions (issue 34, item 3): runs.code_version_id recorded by the claim that starts a run,
 the deployment's version_policy (set_version_policy: any, same, compatible) deciding which
 versions every claim may resume a started run with, zeroth.pinned_runs, and retire_code_version
 (move, fail), the way out for the runs of a version no worker serves any more. Bad input is a
