@@ -149,7 +149,7 @@ class TestAFleetMidDeploy:
         assert all(outputs[r] == {"started_by": V1, "finished_by": V2} for r in long)
         assert outputs[probe] == {"started_by": V2, "finished_by": V2}
         assert await lm.pinned_runs(dep) == []
-        assert v2.code_version == V2
+        assert v2.lease_manager.code_version == V2
         audit = await pool.fetch("SELECT action, code_version, to_version, run_count "
                                  "FROM zeroth.code_version_changes WHERE deployment_ref = $1 "
                                  "ORDER BY change_id", dep)

@@ -66,12 +66,6 @@ class RunWorker:
     worker may resume (out of attempts; not resumable and expired more than ``orphan_grace``
     seconds ago), so their threads move on.
 
-    ``code_version`` (issue 34; default None: unversioned) is the version of the code this
-    worker runs, e.g. ``"2026.12.05-abc123"``: every claim declares it, a run this worker starts
-    records it, and under its deployment's version policy (``zeroth.set_version_policy``: any,
-    the default; same; compatible) the worker claims and recovers only the started runs its
-    version may resume. Runs never started are claimable by every version.
-
     ``scope_metrics=True`` also counts each run in the ``zeroth_scope_runs_started`` /
     ``_completed`` / ``_failed`` counters labelled by deployment, tenant and workspace. Off by
     default: a fleet worker of every scope makes a series per tenant it ever saw (unbounded
@@ -110,16 +104,12 @@ class RunWorker:
         scope_metrics: bool = False,
         schedules: Sequence[PeriodicSchedule] = (),
         fire_schedules: bool | None = None,
-        schedule_max_sleep: float = 1.0,
-        code_version: str | None = None,
+        schedule_max_sleep: float = 1.0, code_version: str | None = None,  # see docs: Code versions
     ) -> None:
         check_options(max_concurrency, poll_interval, orphan_sweep_interval, lease_duration,
                renew_fraction)
-        #: The version of the code this worker runs (None: unversioned), declared by every claim.
-        self.code_version = check_code_version(code_version)
-        self.pool = pool
-        self.lease_manager = LeaseManager(pool, lease_duration_seconds=lease_duration,
-                                          code_version=self.code_version)
+        self.pool = pool  # every claim of its LeaseManager declares code_version (issue 34)
+        self.lease_manager = LeaseManager(pool, lease_duration, check_code_version(code_version))
         self._handlers, self._source = source_for(self.lease_manager, deployment_ref, handler,
                                                   scopes, tenant_id, workspace_id)
         #: The first (for a worker of one deployment, the only) deployment served.
