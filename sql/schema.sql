@@ -359,12 +359,15 @@ CREATE TABLE zeroth.deployments (
     lease_seconds double precision,
     attempt_timeout_seconds double precision,
     run_timeout_seconds double precision,
+    version_policy text DEFAULT 'any'::text NOT NULL,
+    compatible_versions text[],
     CONSTRAINT deployments_lease_valid CHECK (((lease_seconds IS NULL) OR ((lease_seconds >= (1)::double precision) AND (lease_seconds <= (86400)::double precision)))),
     CONSTRAINT deployments_managed_by_valid CHECK ((managed_by = ANY (ARRAY['app'::text, 'sql'::text]))),
     CONSTRAINT deployments_max_attempts_valid CHECK (((max_attempts >= 1) AND (max_attempts <= 1000))),
     CONSTRAINT deployments_ref_valid CHECK (((deployment_ref <> ''::text) AND (length(deployment_ref) <= 200))),
     CONSTRAINT deployments_retry_valid CHECK ((((retry_base_seconds IS NULL) OR (retry_base_seconds >= (0)::double precision)) AND ((retry_max_seconds IS NULL) OR (retry_max_seconds <= ((86400 * 30))::double precision)) AND (COALESCE(retry_base_seconds, (1)::double precision) <= COALESCE(retry_max_seconds, (300)::double precision)) AND (COALESCE(retry_base_seconds, (1)::double precision) <= ((86400 * 30))::double precision))),
     CONSTRAINT deployments_timeouts_valid CHECK ((((attempt_timeout_seconds IS NULL) OR ((attempt_timeout_seconds >= (1)::double precision) AND (attempt_timeout_seconds <= ((86400 * 30))::double precision))) AND ((run_timeout_seconds IS NULL) OR ((run_timeout_seconds >= (1)::double precision) AND (run_timeout_seconds <= ((86400 * 365))::double precision))))),
+    CONSTRAINT deployments_version_policy_valid CHECK (((version_policy = ANY (ARRAY['any'::text, 'same'::text, 'compatible'::text])) AND ((compatible_versions IS NULL) = (version_policy <> 'compatible'::text)))),
     CONSTRAINT deployments_version_positive CHECK ((version >= 1))
 );
 
@@ -429,6 +432,16 @@ COMMENT ON COLUMN zeroth.deployments.attempt_timeout_seconds IS 'Bound on an att
 -- Name: COLUMN deployments.run_timeout_seconds; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
 COMMENT ON COLUMN zeroth.deployments.run_timeout_seconds IS 'Bound on a run''s total time (1 <= s <= 365 days) from its first claim, for the runs of the deployment that carry none: the first claim sets runs.run_deadline_at; past it the run is failed for good (stop_reason run_timeout) and a pending one is never started. NULL: not set (no bound). Read at each claim; binds as the lease does.';
+
+--
+-- Name: COLUMN deployments.version_policy; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.deployments.version_policy IS 'Which code versions may resume a started run of the deployment (a run never started is claimable by every version): any (the default: every version), same (only the version that started it: runs.code_version_id), compatible (the same version, or any two versions both in compatible_versions). A run with no recorded version is resumed by every version. Set only by zeroth.set_version_policy (a DBA), so it binds every session.';
+
+--
+-- Name: COLUMN deployments.compatible_versions; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.deployments.compatible_versions IS 'version_policy compatible: the set of code versions that may resume each other''s runs; NULL under any other policy.';
 
 --
 -- Name: schedules; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
@@ -612,6 +625,7 @@ END) STORED NOT NULL,
     run_timeout_seconds integer,
     attempt_deadline_at timestamp with time zone,
     run_deadline_at timestamp with time zone,
+    code_version_id bigint,
     CONSTRAINT runs_accounting_object CHECK (((accounting IS NULL) OR (jsonb_typeof(accounting) = 'object'::text))),
     CONSTRAINT runs_attempts_valid CHECK (((attempts >= 0) AND (max_attempts >= 1))),
     CONSTRAINT runs_cancel_action_valid CHECK (((cancel_action IS NULL) OR (cancel_action = ANY (ARRAY['cancel'::text, 'interrupt'::text, 'rollback'::text])))),
@@ -712,6 +726,11 @@ COMMENT ON COLUMN zeroth.runs.attempt_deadline_at IS 'The current (or last) atte
 -- Name: COLUMN runs.run_deadline_at; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
 COMMENT ON COLUMN zeroth.runs.run_deadline_at IS 'The run''s deadline on the database clock, fixed by its first claim (claim time + the run timeout) and kept by every later one; past it the run is failed for good (stop_reason run_timeout). NULL: no bound. redrive_run clears it.';
+
+--
+-- Name: COLUMN runs.code_version_id; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.runs.code_version_id IS 'The code version of the worker that started the run, as its key (zeroth._code_version_hash; the text in zeroth.code_versions): the claim''s code_version, written by every lease of a run not yet started and kept once it started; NULL: started by an unversioned worker, or not started. Under its deployment''s version_policy (zeroth.deployments) only a worker of a version allowed to serve it resumes a started run; zeroth.retire_code_version moves it.';
 
 --
 -- Name: notification_secret; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
@@ -903,6 +922,61 @@ ALTER TABLE zeroth.code_version OWNER TO zeroth_owner;
 -- Name: TABLE code_version; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
 COMMENT ON TABLE zeroth.code_version IS 'One row: the sha256 of the sql/functions files the last upgrade applied, the md5 of the catalog''s definitions of the schema''s functions, views and triggers right after, and the zeroth-pg version that applied them (an older package refuses to put older code back). Written by zeroth_pg.migrate; readable by zeroth_owner only.';
+
+--
+-- Name: code_version_changes; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE TABLE zeroth.code_version_changes (
+    change_id bigint NOT NULL,
+    deployment_ref text NOT NULL,
+    changed_at timestamp with time zone NOT NULL,
+    changed_by text NOT NULL,
+    acting_role text,
+    action text NOT NULL,
+    version_policy text,
+    compatible_versions text[],
+    code_version text,
+    to_version text,
+    run_count integer,
+    message text,
+    CONSTRAINT code_version_changes_action_valid CHECK ((action = ANY (ARRAY['set_policy'::text, 'move'::text, 'fail'::text])))
+);
+
+ALTER TABLE zeroth.code_version_changes OWNER TO zeroth_owner;
+
+--
+-- Name: TABLE code_version_changes; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON TABLE zeroth.code_version_changes IS 'The audit log of code versions: each zeroth.set_version_policy that changed a deployment''s version_policy (action set_policy: the new policy and set) and each zeroth.retire_code_version (action move: the runs pinned to code_version moved to to_version; fail: ended with stop_reason code_version_retired; run_count: how many), with the database time and who (changed_by: session_user; acting_role: the SET ROLE in force). Names no tenant: zeroth_reader reads every row. Nothing deletes rows but a DBA.';
+
+--
+-- Name: code_version_changes_change_id_seq; Type: SEQUENCE; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE zeroth.code_version_changes ALTER COLUMN change_id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME zeroth.code_version_changes_change_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+--
+-- Name: code_versions; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE TABLE zeroth.code_versions (
+    version_id bigint NOT NULL,
+    code_version text NOT NULL,
+    first_seen_at timestamp with time zone NOT NULL,
+    CONSTRAINT code_versions_valid CHECK (((length(code_version) <= 128) AND (code_version ~ '^[A-Za-z0-9][A-Za-z0-9._+:/-]*$'::text)))
+);
+
+ALTER TABLE zeroth.code_versions OWNER TO zeroth_owner;
+
+--
+-- Name: TABLE code_versions; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON TABLE zeroth.code_versions IS 'The text of every code version a worker declared in a claim (or an operator named in retire_code_version): version_id is the first 8 bytes of sha256(code_version) (zeroth._code_version_hash), the key runs.code_version_id holds. No unique constraint, so that no claim waits on another''s insert: a version first seen by two claims at once may have two identical rows. Written only by the functions; names no tenant: zeroth_reader reads every row.';
 
 --
 -- Name: deployment_changes; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
@@ -1188,6 +1262,12 @@ ALTER TABLE ONLY zeroth.child_waits
     ADD CONSTRAINT child_waits_pkey PRIMARY KEY (tenant_id, workspace_key, parent_run_id, step_key);
 
 --
+-- Name: code_version_changes code_version_changes_pkey; Type: CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE ONLY zeroth.code_version_changes
+    ADD CONSTRAINT code_version_changes_pkey PRIMARY KEY (change_id);
+
+--
 -- Name: code_version code_version_pkey; Type: CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
 --
 ALTER TABLE ONLY zeroth.code_version
@@ -1323,6 +1403,11 @@ CREATE INDEX checkpoints_run_order_idx ON zeroth.checkpoints USING btree (tenant
 CREATE INDEX child_waits_met ON zeroth.child_waits USING btree (met_at) WHERE (met_at IS NOT NULL);
 
 --
+-- Name: code_versions_version_id_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE INDEX code_versions_version_id_idx ON zeroth.code_versions USING btree (version_id);
+
+--
 -- Name: deployment_changes_age_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner
 --
 CREATE INDEX deployment_changes_age_idx ON zeroth.deployment_changes USING btree (changed_at);
@@ -1351,6 +1436,16 @@ CREATE INDEX run_attempts_run_idx ON zeroth.run_attempts USING btree (tenant_id,
 -- Name: runs_claim_pending_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner
 --
 CREATE INDEX runs_claim_pending_idx ON zeroth.runs USING btree (tenant_id, workspace_key, deployment_ref, priority DESC, run_after, created_at) WHERE (status = 'pending'::zeroth.run_status);
+
+--
+-- Name: runs_code_version_active_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE INDEX runs_code_version_active_idx ON zeroth.runs USING btree (deployment_ref, code_version_id) WHERE ((code_version_id IS NOT NULL) AND (status = ANY (ARRAY['pending'::zeroth.run_status, 'running'::zeroth.run_status, 'waiting'::zeroth.run_status])));
+
+--
+-- Name: INDEX runs_code_version_active_idx; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON INDEX zeroth.runs_code_version_active_idx IS 'The active runs of a deployment by code version (zeroth.pinned_runs, zeroth.retire_code_version). Runs without a version are not in it.';
 
 --
 -- Name: runs_created_not_running_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner
@@ -1524,6 +1619,36 @@ ALTER TABLE zeroth.child_waits ENABLE ROW LEVEL SECURITY;
 -- Name: code_version; Type: ROW SECURITY; Schema: zeroth; Owner: zeroth_owner
 --
 ALTER TABLE zeroth.code_version ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: code_version_changes; Type: ROW SECURITY; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE zeroth.code_version_changes ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: code_version_changes code_version_changes_reader_all; Type: POLICY; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE POLICY code_version_changes_reader_all ON zeroth.code_version_changes FOR SELECT TO zeroth_reader USING (true);
+
+--
+-- Name: POLICY code_version_changes_reader_all ON code_version_changes; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON POLICY code_version_changes_reader_all ON zeroth.code_version_changes IS 'zeroth_reader sees every change: a deployment is global and the log names no tenant.';
+
+--
+-- Name: code_versions; Type: ROW SECURITY; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE zeroth.code_versions ENABLE ROW LEVEL SECURITY;
+
+--
+-- Name: code_versions code_versions_reader_all; Type: POLICY; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE POLICY code_versions_reader_all ON zeroth.code_versions FOR SELECT TO zeroth_reader USING (true);
+
+--
+-- Name: POLICY code_versions_reader_all ON code_versions; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON POLICY code_versions_reader_all ON zeroth.code_versions IS 'zeroth_reader sees every version: a label of code, it names no tenant.';
 
 --
 -- Name: deployment_changes; Type: ROW SECURITY; Schema: zeroth; Owner: zeroth_owner
@@ -1772,6 +1897,16 @@ GRANT SELECT ON TABLE zeroth.scope_limits TO zeroth_reader;
 -- Name: TABLE run_attempts; Type: ACL; Schema: zeroth; Owner: zeroth_owner
 --
 GRANT SELECT ON TABLE zeroth.run_attempts TO zeroth_reader;
+
+--
+-- Name: TABLE code_version_changes; Type: ACL; Schema: zeroth; Owner: zeroth_owner
+--
+GRANT SELECT ON TABLE zeroth.code_version_changes TO zeroth_reader;
+
+--
+-- Name: TABLE code_versions; Type: ACL; Schema: zeroth; Owner: zeroth_owner
+--
+GRANT SELECT ON TABLE zeroth.code_versions TO zeroth_reader;
 
 --
 -- Name: TABLE deployment_changes; Type: ACL; Schema: zeroth; Owner: zeroth_owner

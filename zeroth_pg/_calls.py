@@ -27,25 +27,26 @@ ENQUEUE_RUNS = """SELECT run_id, created, status::text AS status FROM zeroth.enq
 
 CLAIM_PENDING = f"""SELECT {_CLAIM_COLUMNS} FROM zeroth.claim_pending(
     deployment_ref => $1, worker_id => $2, tenant_id => $3, workspace_id => $4,
-    max_concurrency => $5, batch_size => $6, lease_seconds => $7)"""
+    max_concurrency => $5, batch_size => $6, lease_seconds => $7, code_version => $8)"""
 
 CLAIM_AND_START = f"""SELECT {_CLAIM_COLUMNS} FROM zeroth.claim_and_start(
     deployment_ref => $1, worker_id => $2, tenant_id => $3, workspace_id => $4,
-    max_concurrency => $5, batch_size => $6, lease_seconds => $7)"""
+    max_concurrency => $5, batch_size => $6, lease_seconds => $7, code_version => $8)"""
 
 CLAIM_AND_START_SCOPES = f"""SELECT tenant_id, workspace_id, deployment_ref, {_CLAIM_COLUMNS}
     FROM zeroth.claim_and_start_scopes(deployment_refs => $1::text[], worker_id => $2,
     tenant_ids => $3::text[], workspace_ids => $4::text[], max_concurrency => $5,
-    batch_size => $6, lease_seconds => $7)"""
+    batch_size => $6, lease_seconds => $7, code_version => $8)"""
 
 CLAIM_ORPHANED_SCOPES = f"""SELECT tenant_id, workspace_id, deployment_ref, {_CLAIM_COLUMNS}
     FROM zeroth.claim_orphaned_scopes(deployment_refs => $1::text[], worker_id => $2,
     tenant_ids => $3::text[], workspace_ids => $4::text[], max_concurrency => $5,
-    claim_limit => $6, lease_seconds => $7, grace_seconds => $8)"""
+    claim_limit => $6, lease_seconds => $7, grace_seconds => $8, code_version => $9)"""
 
 CLAIM_ORPHANED = f"""SELECT {_CLAIM_COLUMNS} FROM zeroth.claim_orphaned(
     deployment_ref => $1, worker_id => $2, tenant_id => $3, workspace_id => $4,
-    max_concurrency => $5, claim_limit => $6, lease_seconds => $7, grace_seconds => $8)"""
+    max_concurrency => $5, claim_limit => $6, lease_seconds => $7, grace_seconds => $8,
+    code_version => $9)"""
 
 SET_RATE_LIMIT = """SELECT zeroth.set_rate_limit(name => $1, max_starts => $2,
     period_seconds => $3, note => $4)"""
@@ -91,7 +92,7 @@ COMPLETE_RUNS = """SELECT run_id, completed FROM zeroth.complete_runs(worker_id 
 COMPLETE_AND_CLAIM = f"""SELECT x.completed, {_CLAIM_COLUMNS}
     FROM zeroth.complete_and_claim(deployment_ref => $1, worker_id => $2, run_ids => $3,
     generations => $4, outputs => $5::text[]::jsonb[], tenant_id => $6, workspace_id => $7,
-    max_concurrency => $8, batch_size => $9, lease_seconds => $10) AS x
+    max_concurrency => $8, batch_size => $9, lease_seconds => $10, code_version => $11) AS x
     CROSS JOIN LATERAL (SELECT (x.claimed).*) AS c"""
 
 SETTLE_RUNS = """SELECT run_id, outcome, sqlstate FROM zeroth.settle_runs(worker_id => $1,
@@ -281,6 +282,21 @@ LIST_DEPLOYMENTS = """SELECT deployment_ref, max_attempts, priority, managed_by,
     created_at, updated_at, updated_by, retry_base_seconds, retry_max_seconds, lease_seconds,
     attempt_timeout_seconds, run_timeout_seconds
     FROM zeroth.list_deployments(deployment_ref => $1)"""
+
+# -- code versions (issue 34, item 3)
+
+SET_VERSION_POLICY = """SELECT outcome, policy, versions FROM zeroth.set_version_policy(
+    deployment_ref => $1, version_policy => $2, compatible_versions => $3)"""
+
+RETIRE_CODE_VERSION = """SELECT runs_changed, runs_left FROM zeroth.retire_code_version(
+    deployment_ref => $1, code_version => $2, action => $3, to_version => $4, message => $5)"""
+
+PINNED_RUNS = """SELECT p.tenant_id, p.workspace_id, p.deployment_ref, p.code_version,
+    p.version_policy, p.pending, p.running, p.waiting, p.waiting_for_version, p.oldest_pending_at
+    FROM zeroth.pinned_runs p
+    WHERE ($1::text IS NULL OR p.deployment_ref = $1) AND ($2::text IS NULL OR p.tenant_id = $2)
+      AND ($3::text IS NULL OR p.workspace_id = $3)
+    ORDER BY p.deployment_ref, p.code_version, p.tenant_id, p.workspace_id NULLS FIRST"""
 
 # -- operator reads of the zeroth-pg command (zeroth_pg/cli): views and tables; its writes go
 #    through LeaseManager

@@ -54,6 +54,7 @@ from zeroth_pg.client import LeaseManager
 from zeroth_pg.errors import DatabaseError, InvalidPayloadError, LeaseLostError, handler_exit
 from zeroth_pg.types import ChildOutcome, DeploymentRegistration, EnqueuedRun, RetryPolicy
 from zeroth_pg.worker import PeriodicSchedule, RunContext, RunSlept, RunWorker
+from zeroth_pg.worker._claims import check_code_version
 
 __all__ = ["App", "Deployment", "SyncRunContext"]
 
@@ -633,11 +634,17 @@ class App:
     wakeups of :meth:`worker`). A pool the App creates runs zeroth calls only and skips asyncpg's
     per-release reset (see :func:`zeroth_pg.worker.skip_reset`); pass your own if you share it.
     The pool opens on first use; close it with :meth:`close` or ``async with app:``.
+    ``code_version``: the version of this application's code (e.g. a build id), declared by
+    every worker of the App (RunWorker ``code_version``; None: unversioned).
     """
 
     def __init__(self, dsn: str | None = None, *, pool: asyncpg.Pool | None = None,
-                 pool_size: int = 16, lease_duration: float = 60.0) -> None:
+                 pool_size: int = 16, lease_duration: float = 60.0,
+                 code_version: str | None = None) -> None:
         self.dsn = dsn
+        #: The version of this application's code (issue 34): every worker of the App declares
+        #: it (RunWorker ``code_version``); None: unversioned.
+        self.code_version = check_code_version(code_version)
         self._pool = pool
         self._own_pool = pool is None
         self.pool_size = pool_size
@@ -909,6 +916,7 @@ class App:
         arguments["deployment_concurrency"] = {**arguments["deployment_concurrency"],
                                                **options.pop("deployment_concurrency", {})}
         options.setdefault("dsn", self.dsn)
+        options.setdefault("code_version", self.code_version)
         options.setdefault("lease_duration",
                            arguments.pop("lease_duration", None) or self.lease_duration)
         arguments.pop("lease_duration", None)

@@ -45,7 +45,9 @@ from zeroth_pg.types import (
     LeaseClaimResult,
     LeaseRenewal,
     OrphanClaimResult,
+    PinnedRuns,
     RateLimited,
+    RetiredVersion,
     RunCompletion,
     RunEvent,
     RunSettled,
@@ -64,6 +66,7 @@ from zeroth_pg.types import (
     SleepOutcome,
     SleepResult,
     StepResult,
+    VersionPolicy,
 )
 
 __all__ = ["Executor", "LeaseManager"]
@@ -163,10 +166,14 @@ class LeaseManager:
     """Async client of the zeroth SQL API over an asyncpg pool.
 
     ``lease_duration_seconds`` is the lease every claim and renewal asks for (seed default 60).
+    ``code_version`` is the version of the calling code every claim declares (issue 34; None:
+    unversioned): a run it starts records it, and under the deployment's version policy
+    (:meth:`set_version_policy`) a claim resumes only the started runs this version may serve.
     """
 
     pool: Executor
     lease_duration_seconds: float = 60.0
+    code_version: str | None = None
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -293,7 +300,8 @@ class LeaseManager:
         (``zeroth.claim_pending``)."""
         return _claim_result(await self._fetch(
             _calls.CLAIM_PENDING, deployment_ref, worker_id, tenant_id, workspace_id,
-            max_concurrency, batch_size, self.lease_duration_seconds, conn=conn))
+            max_concurrency, batch_size, self.lease_duration_seconds, self.code_version,
+            conn=conn))
 
     async def claim_and_start(
         self,
@@ -310,7 +318,8 @@ class LeaseManager:
         (``zeroth.claim_and_start``): every returned run is running, its attempt counted."""
         return _claim_result(await self._fetch(
             _calls.CLAIM_AND_START, deployment_ref, worker_id, tenant_id, workspace_id,
-            max_concurrency, batch_size, self.lease_duration_seconds, conn=conn))
+            max_concurrency, batch_size, self.lease_duration_seconds, self.code_version,
+            conn=conn))
 
     async def claim_and_start_scopes(
         self,
@@ -329,7 +338,8 @@ class LeaseManager:
         deployments, tenants, workspaces = _scope_arguments(deployment_refs, scopes)
         return _scopes_result(await self._fetch(
             _calls.CLAIM_AND_START_SCOPES, deployments, worker_id, tenants, workspaces,
-            max_concurrency, batch_size, self.lease_duration_seconds, conn=conn))
+            max_concurrency, batch_size, self.lease_duration_seconds, self.code_version,
+            conn=conn))
 
     async def claim_orphaned_scopes(
         self,
@@ -350,7 +360,7 @@ class LeaseManager:
         return _scopes_result(await self._fetch(
             _calls.CLAIM_ORPHANED_SCOPES, deployments, worker_id, tenants, workspaces,
             max_concurrency, claim_limit, self.lease_duration_seconds, grace_seconds,
-            conn=conn))
+            self.code_version, conn=conn))
 
     async def claim_orphaned(
         self,
@@ -389,7 +399,8 @@ class LeaseManager:
         ``grace_seconds`` ago (failed); those are not returned."""
         rows = await self._fetch(
             _calls.CLAIM_ORPHANED, deployment_ref, worker_id, tenant_id, workspace_id,
-            max_concurrency, claim_limit, self.lease_duration_seconds, grace_seconds, conn=conn)
+            max_concurrency, claim_limit, self.lease_duration_seconds, grace_seconds,
+            self.code_version, conn=conn)
         runs = tuple(_claimed(row) for row in rows if row["run_id"] is not None)
         first = rows[0]
         return OrphanClaimResult(
@@ -637,7 +648,7 @@ class LeaseManager:
         rows = await self._fetch(
             _calls.COMPLETE_AND_CLAIM, deployment_ref, worker_id, run_ids, generations, outputs,
             tenant_id, workspace_id, max_concurrency, batch_size, self.lease_duration_seconds,
-            conn=conn)
+            self.code_version, conn=conn)
         return CompleteAndClaimResult(
             # The database refused a NULL run id, so every one is a UUID here.
             completions=tuple(RunCompletion(run_id=cast(UUID, run_id), completed=completed)
@@ -1085,6 +1096,53 @@ class LeaseManager:
             lease_seconds=row["lease_seconds"],
             attempt_timeout_seconds=row["attempt_timeout_seconds"],
             run_timeout_seconds=row["run_timeout_seconds"]) for row in rows]
+
+    # -- code versions (issue 34, item 3) --------------------------------------------------
+
+    async def set_version_policy(
+        self, deployment_ref: str, version_policy: str, *,
+        compatible_versions: Sequence[str] | None = None, conn: Executor | None = None,
+    ) -> VersionPolicy:
+        """Which code versions may resume a started run of a registered deployment
+        (``zeroth.set_version_policy``, admin: granted to nobody, run as a member of
+        zeroth_owner): ``any`` (the default: every version), ``same`` (only the version that
+        started it) or ``compatible`` (two versions both in ``compatible_versions``, or the
+        same). Audited in ``zeroth.code_version_changes``."""
+        if compatible_versions is not None and (isinstance(compatible_versions, str)
+                                                or not isinstance(compatible_versions, Sequence)):
+            raise InvalidArgumentError("compatible_versions must be a list of code versions")
+        rows = await self._fetch(
+            _calls.SET_VERSION_POLICY, deployment_ref, version_policy,
+            None if compatible_versions is None else list(compatible_versions), conn=conn)
+        versions = rows[0]["versions"]
+        return VersionPolicy(outcome=rows[0]["outcome"], version_policy=rows[0]["policy"],
+                             compatible_versions=None if versions is None else tuple(versions))
+
+    async def retire_code_version(
+        self, deployment_ref: str, code_version: str, action: str, *,
+        to_version: str | None = None, message: str | None = None,
+        conn: Executor | None = None,
+    ) -> RetiredVersion:
+        """The way out for the active runs pinned to a code version no worker serves any more
+        (``zeroth.retire_code_version``, admin): ``action="move"`` makes them record
+        ``to_version`` (None: unversioned, resumable by every version); ``"fail"`` ends the
+        ones nobody holds (failed and dead-lettered, stop_reason ``code_version_retired``).
+        Audited in ``zeroth.code_version_changes``."""
+        rows = await self._fetch(_calls.RETIRE_CODE_VERSION, deployment_ref, code_version,
+                                 action, to_version, message, conn=conn)
+        return RetiredVersion(runs_changed=rows[0]["runs_changed"],
+                              runs_left=rows[0]["runs_left"])
+
+    async def pinned_runs(
+        self, deployment_ref: str | None = None, *, tenant_id: str | None = None,
+        workspace_id: str | None = None, conn: Executor | None = None,
+    ) -> list[PinnedRuns]:
+        """The active started runs pinned to a code version (``zeroth.pinned_runs``), per scope,
+        deployment and version; only deployments whose version policy is not ``any``. None
+        filters nothing."""
+        rows = await self._fetch(_calls.PINNED_RUNS, deployment_ref, tenant_id, workspace_id,
+                                 conn=conn)
+        return [PinnedRuns(**dict(row)) for row in rows]
 
     # -- schedules -------------------------------------------------------------------------
     # A DBA's (create/alter/pause/resume/delete: admin functions, run as zeroth_owner) and an

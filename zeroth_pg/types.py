@@ -25,7 +25,9 @@ __all__ = [
     "LeaseClaimResult",
     "LeaseRenewal",
     "OrphanClaimResult",
+    "PinnedRuns",
     "RateLimited",
+    "RetiredVersion",
     "RetryPolicy",
     "RunEvent",
     "RunEventKind",
@@ -45,6 +47,7 @@ __all__ = [
     "SleepOutcome",
     "SleepResult",
     "StepResult",
+    "VersionPolicy",
 ]
 
 
@@ -578,3 +581,45 @@ class RunEvent:
     @property
     def is_end(self) -> bool:
         return self.kind is RunEventKind.END
+
+
+# -- code versions (issue 34, item 3) -----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class VersionPolicy:
+    """Result of set_version_policy: ``outcome`` updated or unchanged; ``version_policy`` any,
+    same or compatible; ``compatible_versions`` the set (sorted) under compatible, else None."""
+
+    outcome: str
+    version_policy: str
+    compatible_versions: tuple[str, ...] | None
+
+
+@dataclass(frozen=True, slots=True)
+class RetiredVersion:
+    """Result of retire_code_version: ``runs_changed`` moved or ended; ``runs_left`` the active
+    runs that still record the retired version (a live lease, waiting runs under fail, rows
+    another session held)."""
+
+    runs_changed: int
+    runs_left: int
+
+
+@dataclass(frozen=True, slots=True)
+class PinnedRuns:
+    """A row of ``zeroth.pinned_runs``: the active started runs of one scope and deployment that
+    recorded ``code_version``, under a ``version_policy`` other than any (only a worker of an
+    allowed version resumes them). ``waiting_for_version``: due pending runs nobody holds and
+    running runs whose lease expired."""
+
+    tenant_id: str
+    workspace_id: str | None
+    deployment_ref: str
+    code_version: str
+    version_policy: str
+    pending: int
+    running: int
+    waiting: int
+    waiting_for_version: int
+    oldest_pending_at: datetime | None

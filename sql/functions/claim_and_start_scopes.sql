@@ -15,6 +15,7 @@
 -- Time: clock_timestamp().
 -- lease_seconds NULL (default): the deployment's registered lease (zeroth.deployments; a DBA's, or
 -- this login's own registration: zeroth._policy_binds_caller), else 60 s.
+-- code_version (issue 34, item 3): as claim_and_start's, per deployment's version_policy.
 CREATE OR REPLACE FUNCTION zeroth.claim_and_start_scopes(
     deployment_refs text[],
     worker_id       text,
@@ -22,7 +23,8 @@ CREATE OR REPLACE FUNCTION zeroth.claim_and_start_scopes(
     workspace_ids   text[]           DEFAULT NULL,
     max_concurrency integer          DEFAULT NULL,
     batch_size      integer          DEFAULT 1,
-    lease_seconds   double precision DEFAULT NULL)
+    lease_seconds   double precision DEFAULT NULL,
+    code_version    text             DEFAULT NULL)
     RETURNS SETOF zeroth.scope_claimed_run
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
     SET plan_cache_mode = force_generic_plan AS $$
@@ -50,8 +52,11 @@ DECLARE
     v_out     zeroth.scope_claimed_run;
     v_pass    integer;
     i         integer;
+    v_serves  jsonb;  -- code versions (issue 34): per deployment, the run versions this one may resume
+    v_version bigint;  -- and its own version's key (zeroth._code_version_id)
 BEGIN
     PERFORM zeroth._require_identifier(claim_and_start_scopes.worker_id, 'worker_id');
+    v_version := zeroth._code_version_id(claim_and_start_scopes.code_version);  -- ZP008 if bad
     PERFORM zeroth._require(claim_and_start_scopes.batch_size BETWEEN 1 AND 1000,
                             'batch_size must be between 1 and 1000');
     PERFORM zeroth._require(claim_and_start_scopes.max_concurrency IS NULL
@@ -69,6 +74,14 @@ BEGIN
                              OR d.run_timeout_seconds IS NOT NULL)
                         AND zeroth._policy_binds_caller(d.managed_by, d.registered_by));
     END IF;
+    -- code versions (issue 34, item 3): the deployments whose version_policy is not any (one
+    -- primary-key lookup per deployment named); the others filter nothing (a NULL serves).
+    v_serves := (SELECT jsonb_object_agg(d.deployment_ref,
+                                         zeroth._version_serves(d.deployment_ref,
+                                                                claim_and_start_scopes.code_version))
+                   FROM zeroth.deployments d
+                  WHERE d.deployment_ref = ANY (claim_and_start_scopes.deployment_refs)
+                    AND d.version_policy <> 'any');
     -- The scopes with due work and their limits, in a weighted random order: sorting by
     -- -ln(U) / weight (U uniform in (0, 1]) puts a scope first with probability weight / total.
     WITH candidates AS (
@@ -140,7 +153,11 @@ BEGIN
                                               true,
                                               (v_policy -> v_depref[i] ->> 1)::double precision,
                                               (v_policy -> v_depref[i] ->> 2)::double precision,
-                                              v_policy IS NOT NULL) AS c
+                                              v_policy IS NOT NULL, v_version,
+                                              CASE WHEN v_serves ? v_depref[i] THEN ARRAY(
+                                                  SELECT jsonb_array_elements_text(
+                                                      v_serves -> v_depref[i])::bigint)
+                                              END) AS c
             LOOP
                 IF v_out.run_id IS NOT NULL THEN
                     v_got := v_got + 1;
@@ -157,8 +174,8 @@ BEGIN
     END LOOP;
 END
 $$;
-COMMENT ON FUNCTION zeroth.claim_and_start_scopes(text[], text, text[], text[], integer, integer, double precision) IS
-'claim_and_start_scopes: claim_and_start over many deployments and scopes in one call, fairly. Scopes: (tenant_ids[i], workspace_ids[i]) × deployment_refs, or with tenant_ids NULL every scope of those deployments holding a pending run (skip scan, one probe per such scope). Per scope: priority DESC, run_after, created_at; zeroth.scope_limits max_concurrency (else the argument) in exact slots; paused scopes skipped; the zeroth.rate_limits key of its rate_limit caps its starts (rolling window). Fairness: each of the batch_size places is drawn for a scope with due work with probability weight / total weight (weight from zeroth.scope_limits, default 1), so a backlogged scope''s expected share is its weight''s at any batch size; what a scope cannot use goes, in a weighted random order, to the scopes that may have more. Rows: one per claimed run with its scope, plus one run_id-NULL row per scope that had due work but no free slot, or was held back by its rate limit (retry_at: when a start becomes possible). A claim that lapsed before start_run counts its attempt as in claim_pending (none left: dead-lettered, attempts_exhausted). SKIP LOCKED throughout. lease_seconds NULL (the default): the deployment''s registered lease (zeroth.deployments.lease_seconds: a DBA''s, or this login''s own registration), else 60 s. Raises ZP006, ZP008. Notifies zeroth_wakeup (only for a run it dead-lettered). Time: clock_timestamp().';
-ALTER FUNCTION zeroth.claim_and_start_scopes(text[], text, text[], text[], integer, integer, double precision) OWNER TO zeroth_owner;
-REVOKE ALL ON FUNCTION zeroth.claim_and_start_scopes(text[], text, text[], text[], integer, integer, double precision) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION zeroth.claim_and_start_scopes(text[], text, text[], text[], integer, integer, double precision) TO zeroth_worker;
+COMMENT ON FUNCTION zeroth.claim_and_start_scopes(text[], text, text[], text[], integer, integer, double precision, text) IS
+'claim_and_start_scopes: claim_and_start over many deployments and scopes in one call, fairly. Scopes: (tenant_ids[i], workspace_ids[i]) × deployment_refs, or with tenant_ids NULL every scope of those deployments holding a pending run (skip scan, one probe per such scope). Per scope: priority DESC, run_after, created_at; zeroth.scope_limits max_concurrency (else the argument) in exact slots; paused scopes skipped; the zeroth.rate_limits key of its rate_limit caps its starts (rolling window). Fairness: each of the batch_size places is drawn for a scope with due work with probability weight / total weight (weight from zeroth.scope_limits, default 1), so a backlogged scope''s expected share is its weight''s at any batch size; what a scope cannot use goes, in a weighted random order, to the scopes that may have more. Rows: one per claimed run with its scope, plus one run_id-NULL row per scope that had due work but no free slot, or was held back by its rate limit (retry_at: when a start becomes possible). A claim that lapsed before start_run counts its attempt as in claim_pending (none left: dead-lettered, attempts_exhausted). SKIP LOCKED throughout. lease_seconds NULL (the default): the deployment''s registered lease (zeroth.deployments.lease_seconds: a DBA''s, or this login''s own registration), else 60 s. code_version (issue 34): as claim_and_start''s, under each deployment''s version_policy. Raises ZP006, ZP008. Notifies zeroth_wakeup (only for a run it dead-lettered). Time: clock_timestamp().';
+ALTER FUNCTION zeroth.claim_and_start_scopes(text[], text, text[], text[], integer, integer, double precision, text) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth.claim_and_start_scopes(text[], text, text[], text[], integer, integer, double precision, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION zeroth.claim_and_start_scopes(text[], text, text[], text[], integer, integer, double precision, text) TO zeroth_worker;

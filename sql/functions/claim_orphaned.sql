@@ -2,6 +2,8 @@
 -- and dead-lettered) and of claim_orphaned_scopes' passes (its first pass not isolated, inside
 -- one subtransaction of its own: no subtransaction per scope or run unless something raised, so
 -- a sweep of many scopes does not overflow the 64 subtransaction ids a snapshot caches).
+-- code versions (issue 34, item 3): code_version added last (the signature before it dropped).
+DROP FUNCTION IF EXISTS zeroth._claim_orphaned(text, text, text, text, integer, integer, double precision, double precision, boolean);
 CREATE OR REPLACE FUNCTION zeroth._claim_orphaned(
     deployment_ref  text,
     worker_id       text,
@@ -11,7 +13,8 @@ CREATE OR REPLACE FUNCTION zeroth._claim_orphaned(
     claim_limit     integer,
     lease_seconds   double precision,
     grace_seconds   double precision,
-    isolated        boolean)
+    isolated        boolean,
+    code_version    text DEFAULT NULL)
     RETURNS SETOF zeroth.claimed_run
     LANGUAGE plpgsql VOLATILE
     SET plan_cache_mode = force_generic_plan AS $$
@@ -41,9 +44,12 @@ DECLARE
     v_taken  record;
     v_late   boolean[];
     v_timeouts double precision[];
+    v_serves bigint[];  -- code versions (issue 34): the run versions this worker may resume
 BEGIN
     PERFORM zeroth._require_identifier(_claim_orphaned.deployment_ref, 'deployment_ref');
     PERFORM zeroth._require_identifier(_claim_orphaned.worker_id, 'worker_id');
+    PERFORM zeroth._check_code_version(_claim_orphaned.code_version);
+    v_serves := zeroth._version_serves(_claim_orphaned.deployment_ref, _claim_orphaned.code_version);
     PERFORM zeroth._require(_claim_orphaned.claim_limit IS NULL OR _claim_orphaned.claim_limit BETWEEN 0 AND 1000,
                             'claim_limit must be NULL or between 0 and 1000');
     PERFORM zeroth._require(_claim_orphaned.max_concurrency IS NULL OR _claim_orphaned.max_concurrency >= 1,
@@ -205,6 +211,10 @@ BEGIN
            AND r.attempts < r.max_attempts
            -- never re-lease a run past a deadline (step 1 ends it; issue 34 item 2)
            AND NOT coalesce(r.lease_expires_at >= r.attempt_deadline_at OR r.run_deadline_at <= v_now, false)
+           -- code versions (issue 34, item 3): only orphans this worker's version may resume
+           -- (step 1 above ends the others' hopeless orphans whatever their version: an end
+           -- replays no code).
+           AND (v_serves IS NULL OR r.code_version_id IS NULL OR r.code_version_id = ANY (v_serves))
          ORDER BY r.lease_expires_at, r.started_at
          LIMIT v_want
            FOR UPDATE SKIP LOCKED
@@ -267,9 +277,9 @@ BEGIN
     RETURN QUERY SELECT * FROM unnest(v_rows);
 END
 $$;
-COMMENT ON FUNCTION zeroth._claim_orphaned(text, text, text, text, integer, integer, double precision, double precision, boolean) IS 'Internal: the body of claim_orphaned; isolated: a run whose end or re-lease raises is rolled back alone and dead-lettered (subtransactions only then), else an error goes up (claim_orphaned_scopes'' first pass).';
-ALTER FUNCTION zeroth._claim_orphaned(text, text, text, text, integer, integer, double precision, double precision, boolean) OWNER TO zeroth_owner;
-REVOKE ALL ON FUNCTION zeroth._claim_orphaned(text, text, text, text, integer, integer, double precision, double precision, boolean) FROM PUBLIC;
+COMMENT ON FUNCTION zeroth._claim_orphaned(text, text, text, text, integer, integer, double precision, double precision, boolean, text) IS 'Internal: the body of claim_orphaned; isolated: a run whose end or re-lease raises is rolled back alone and dead-lettered (subtransactions only then), else an error goes up (claim_orphaned_scopes'' first pass).';
+ALTER FUNCTION zeroth._claim_orphaned(text, text, text, text, integer, integer, double precision, double precision, boolean, text) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._claim_orphaned(text, text, text, text, integer, integer, double precision, double precision, boolean, text) FROM PUBLIC;
 
 -- claim_orphaned: recover running runs whose lease expired (crashed or stalled owners).
 --   0. First (in step 1's statement) it ends the runs past a deadline (issue 34 item 2): a lease that lapsed at its
@@ -298,6 +308,9 @@ REVOKE ALL ON FUNCTION zeroth._claim_orphaned(text, text, text, text, integer, i
 -- runs it ended (slots freed, threads promoted). Time: clock_timestamp().
 -- lease_seconds NULL (default): the deployment's registered lease (zeroth.deployments; a DBA's, or
 -- this login's own registration: zeroth._policy_binds_caller), else 60 s.
+-- code_version (issue 34, item 3): the calling worker's code version (NULL: unversioned): step 2
+-- re-leases only the orphans the deployment's version_policy lets this version resume
+-- (zeroth._version_serves; any, the default, every one); step 1 ends hopeless ones of any version.
 CREATE OR REPLACE FUNCTION zeroth.claim_orphaned(
     deployment_ref  text,
     worker_id       text,
@@ -306,7 +319,8 @@ CREATE OR REPLACE FUNCTION zeroth.claim_orphaned(
     max_concurrency integer          DEFAULT NULL,
     claim_limit     integer          DEFAULT NULL,
     lease_seconds   double precision DEFAULT NULL,
-    grace_seconds   double precision DEFAULT 10)
+    grace_seconds   double precision DEFAULT 10,
+    code_version    text             DEFAULT NULL)
     RETURNS SETOF zeroth.claimed_run
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
     SET lock_timeout = '2s'
@@ -315,11 +329,12 @@ BEGIN
     RETURN QUERY SELECT * FROM zeroth._claim_orphaned(
         claim_orphaned.deployment_ref, claim_orphaned.worker_id, claim_orphaned.tenant_id,
         claim_orphaned.workspace_id, claim_orphaned.max_concurrency, claim_orphaned.claim_limit,
-        claim_orphaned.lease_seconds, claim_orphaned.grace_seconds, true);
+        claim_orphaned.lease_seconds, claim_orphaned.grace_seconds, true,
+        claim_orphaned.code_version);
 END
 $$;
-COMMENT ON FUNCTION zeroth.claim_orphaned(text, text, text, text, integer, integer, double precision, double precision) IS
-'claim_orphaned: recover running runs whose lease expired. First ends the runs past a deadline (a lease that lapsed at its attempt deadline: timed out, retried with backoff or dead-lettered by the retry policy, stop_reason attempt_timeout; past the run deadline: failed, stop_reason run_timeout; both as of the lapse, through the settle path), then the ones nobody may resume (resumable but out of attempts → failed + dead-lettered, stop_reason attempts_exhausted; not resumable and expired more than grace_seconds ago → failed, stop_reason orphan_recovered; cancel requested → cancelled), then re-leases resumable ones with attempts left: new generation, attempt counted, recovery_checkpoint_id = latest checkpoint. claim_limit bounds the batch (0: end only, re-lease nothing). The scope''s zeroth.scope_limits row applies: its max_concurrency replaces the argument; paused re-leases nothing; its rate_limit key caps the re-leases (rolling window). A run whose end or re-lease raises is rolled back alone and dead-lettered (stop_reason recovery_failed), so one bad run never stops the others'' recovery. Runs under lock_timeout 2 s: a run whose recovery waits longer for a lock (a row someone holds in an open transaction) is left as it was, with a WARNING, for the next pass, and the others are recovered. A single run_id-NULL row reports saturation (an orphan is waiting but no slot is free), a rate limit holding it back (retry_at: when a start becomes possible) or a definitive empty scan. SKIP LOCKED throughout. lease_seconds NULL (the default): the deployment''s registered lease (zeroth.deployments.lease_seconds: a DBA''s, or this login''s own registration), else 60 s. Raises ZP006, ZP008. Notifies zeroth_wakeup for the runs it ended. Time: clock_timestamp().';
-ALTER FUNCTION zeroth.claim_orphaned(text, text, text, text, integer, integer, double precision, double precision) OWNER TO zeroth_owner;
-REVOKE ALL ON FUNCTION zeroth.claim_orphaned(text, text, text, text, integer, integer, double precision, double precision) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION zeroth.claim_orphaned(text, text, text, text, integer, integer, double precision, double precision) TO zeroth_worker;
+COMMENT ON FUNCTION zeroth.claim_orphaned(text, text, text, text, integer, integer, double precision, double precision, text) IS
+'claim_orphaned: recover running runs whose lease expired. First ends the runs past a deadline (a lease that lapsed at its attempt deadline: timed out, retried with backoff or dead-lettered by the retry policy, stop_reason attempt_timeout; past the run deadline: failed, stop_reason run_timeout; both as of the lapse, through the settle path), then the ones nobody may resume (resumable but out of attempts → failed + dead-lettered, stop_reason attempts_exhausted; not resumable and expired more than grace_seconds ago → failed, stop_reason orphan_recovered; cancel requested → cancelled), then re-leases resumable ones with attempts left: new generation, attempt counted, recovery_checkpoint_id = latest checkpoint. claim_limit bounds the batch (0: end only, re-lease nothing). The scope''s zeroth.scope_limits row applies: its max_concurrency replaces the argument; paused re-leases nothing; its rate_limit key caps the re-leases (rolling window). A run whose end or re-lease raises is rolled back alone and dead-lettered (stop_reason recovery_failed), so one bad run never stops the others'' recovery. Runs under lock_timeout 2 s: a run whose recovery waits longer for a lock (a row someone holds in an open transaction) is left as it was, with a WARNING, for the next pass, and the others are recovered. A single run_id-NULL row reports saturation (an orphan is waiting but no slot is free), a rate limit holding it back (retry_at: when a start becomes possible) or a definitive empty scan. SKIP LOCKED throughout. lease_seconds NULL (the default): the deployment''s registered lease (zeroth.deployments.lease_seconds: a DBA''s, or this login''s own registration), else 60 s. code_version (issue 34): the calling worker''s code version (NULL: unversioned; ZP008 unless 1 to 128 characters, a letter or digit then letters, digits and . _ - + : /): the re-lease takes only the orphans the deployment''s version_policy lets this version resume (any, the default: every one); the ends of step 1 apply to every version. Raises ZP006, ZP008. Notifies zeroth_wakeup for the runs it ended. Time: clock_timestamp().';
+ALTER FUNCTION zeroth.claim_orphaned(text, text, text, text, integer, integer, double precision, double precision, text) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth.claim_orphaned(text, text, text, text, integer, integer, double precision, double precision, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION zeroth.claim_orphaned(text, text, text, text, integer, integer, double precision, double precision, text) TO zeroth_worker;

@@ -4,7 +4,7 @@
 CREATE OR REPLACE FUNCTION zeroth._claim_orphaned_rows(
     tenant_id text, workspace_key text, deployment_ref text, worker_id text, max_concurrency integer,
     claim_limit integer, lease_seconds double precision, grace_seconds double precision,
-    isolated boolean)
+    isolated boolean, code_version text DEFAULT NULL)
     RETURNS zeroth.scope_claimed_run[]
     LANGUAGE sql VOLATILE
     BEGIN ATOMIC
@@ -18,12 +18,12 @@ CREATE OR REPLACE FUNCTION zeroth._claim_orphaned_rows(
                    zeroth._workspace_id(_claim_orphaned_rows.workspace_key),
                    _claim_orphaned_rows.max_concurrency, _claim_orphaned_rows.claim_limit,
                    _claim_orphaned_rows.lease_seconds, _claim_orphaned_rows.grace_seconds,
-                   _claim_orphaned_rows.isolated) AS o
+                   _claim_orphaned_rows.isolated, _claim_orphaned_rows.code_version) AS o
          WHERE o.run_id IS NOT NULL OR o.concurrency_saturated OR o.retry_at IS NOT NULL;
     END;
-COMMENT ON FUNCTION zeroth._claim_orphaned_rows(text, text, text, text, integer, integer, double precision, double precision, boolean) IS 'Internal: one scope''s claim_orphaned as claim_orphaned_scopes rows (re-leased runs with their scope; the run_id-NULL row only for saturation or a rate limit).';
-ALTER FUNCTION zeroth._claim_orphaned_rows(text, text, text, text, integer, integer, double precision, double precision, boolean) OWNER TO zeroth_owner;
-REVOKE ALL ON FUNCTION zeroth._claim_orphaned_rows(text, text, text, text, integer, integer, double precision, double precision, boolean) FROM PUBLIC;
+COMMENT ON FUNCTION zeroth._claim_orphaned_rows(text, text, text, text, integer, integer, double precision, double precision, boolean, text) IS 'Internal: one scope''s claim_orphaned as claim_orphaned_scopes rows (re-leased runs with their scope; the run_id-NULL row only for saturation or a rate limit).';
+ALTER FUNCTION zeroth._claim_orphaned_rows(text, text, text, text, integer, integer, double precision, double precision, boolean, text) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._claim_orphaned_rows(text, text, text, text, integer, integer, double precision, double precision, boolean, text) FROM PUBLIC;
 
 -- claim_orphaned_scopes: claim_orphaned over many deployments and scopes in one call — the
 -- recovery half of a fleet worker that claims with claim_and_start_scopes. Scopes: the listed
@@ -40,6 +40,7 @@ REVOKE ALL ON FUNCTION zeroth._claim_orphaned_rows(text, text, text, text, integ
 -- Raises ZP006, ZP008. Notifies zeroth_wakeup for runs it ended. Time: clock_timestamp().
 -- lease_seconds NULL (default): the deployment's registered lease (zeroth.deployments; a DBA's, or
 -- this login's own registration: zeroth._policy_binds_caller), else 60 s.
+-- code_version (issue 34, item 3): as claim_orphaned's, in every scope.
 CREATE OR REPLACE FUNCTION zeroth.claim_orphaned_scopes(
     deployment_refs text[],
     worker_id       text,
@@ -48,7 +49,8 @@ CREATE OR REPLACE FUNCTION zeroth.claim_orphaned_scopes(
     max_concurrency integer          DEFAULT NULL,
     claim_limit     integer          DEFAULT NULL,
     lease_seconds   double precision DEFAULT NULL,
-    grace_seconds   double precision DEFAULT 10)
+    grace_seconds   double precision DEFAULT 10,
+    code_version    text             DEFAULT NULL)
     RETURNS SETOF zeroth.scope_claimed_run
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
     SET lock_timeout = '2s'
@@ -79,6 +81,7 @@ BEGIN
         PERFORM zeroth._lease_interval(claim_orphaned_scopes.lease_seconds);
     END IF;
     PERFORM zeroth._grace_interval(claim_orphaned_scopes.grace_seconds);
+    PERFORM zeroth._check_code_version(claim_orphaned_scopes.code_version);
 
     SELECT coalesce(array_agg(x.tenant_id ORDER BY x.o), '{}'), coalesce(array_agg(x.workspace_key ORDER BY x.o), '{}'),
            coalesce(array_agg(x.deployment_ref ORDER BY x.o), '{}')
@@ -109,7 +112,7 @@ BEGIN
                             v_tenants[v_i], v_wskeys[v_i], v_deps[v_i], claim_orphaned_scopes.worker_id,
                             claim_orphaned_scopes.max_concurrency, v_left,
                             claim_orphaned_scopes.lease_seconds, claim_orphaned_scopes.grace_seconds,
-                            true);
+                            true, claim_orphaned_scopes.code_version);
                     EXCEPTION WHEN OTHERS THEN
                         -- Every argument was checked above, before any scope: a ZP error here
                         -- comes from this scope's rows (a DBA's INSERT of a run whose tenant_id
@@ -127,7 +130,7 @@ BEGIN
                         v_tenants[v_i], v_wskeys[v_i], v_deps[v_i], claim_orphaned_scopes.worker_id,
                         claim_orphaned_scopes.max_concurrency, v_left,
                         claim_orphaned_scopes.lease_seconds, claim_orphaned_scopes.grace_seconds,
-                        false);
+                        false, claim_orphaned_scopes.code_version);
                 END IF;
                 v_rows := v_rows || v_these;
                 IF v_left IS NOT NULL AND claim_orphaned_scopes.claim_limit <> 0 THEN
@@ -145,8 +148,8 @@ BEGIN
     RETURN QUERY SELECT * FROM unnest(v_rows);
 END
 $$;
-COMMENT ON FUNCTION zeroth.claim_orphaned_scopes(text[], text, text[], text[], integer, integer, double precision, double precision) IS
-'claim_orphaned_scopes: claim_orphaned over many deployments and scopes in one call. Scopes: (tenant_ids[i], workspace_ids[i]) × deployment_refs, or with tenant_ids NULL every scope of those deployments holding a running run (skip scan of runs_running_idx), in random order, those with an expired lease. Each scope is claim_orphaned exactly (ends the orphans nobody may resume, re-leases resumable ones under the scope''s limits; paused scopes re-lease nothing); claim_limit is shared across scopes (NULL all, 0 end only). Rows: one per re-leased run with its scope, plus one run_id-NULL row per scope where a resumable orphan waits for a slot or its rate limit (retry_at). Arguments are checked before any scope is visited; a scope whose recovery raises anything but a passing condition (a ZP error its rows cause included) is skipped with a WARNING and the others are recovered. Runs under lock_timeout 2 s: a run whose recovery waits longer for a lock (a row someone holds in an open transaction) is left as it was, with a WARNING, for the next pass, and the others are recovered. lease_seconds NULL (the default): the deployment''s registered lease (zeroth.deployments.lease_seconds: a DBA''s, or this login''s own registration), else 60 s. Raises ZP006, ZP008. Notifies zeroth_wakeup for the runs it ended. Time: clock_timestamp().';
-ALTER FUNCTION zeroth.claim_orphaned_scopes(text[], text, text[], text[], integer, integer, double precision, double precision) OWNER TO zeroth_owner;
-REVOKE ALL ON FUNCTION zeroth.claim_orphaned_scopes(text[], text, text[], text[], integer, integer, double precision, double precision) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION zeroth.claim_orphaned_scopes(text[], text, text[], text[], integer, integer, double precision, double precision) TO zeroth_worker;
+COMMENT ON FUNCTION zeroth.claim_orphaned_scopes(text[], text, text[], text[], integer, integer, double precision, double precision, text) IS
+'claim_orphaned_scopes: claim_orphaned over many deployments and scopes in one call. Scopes: (tenant_ids[i], workspace_ids[i]) × deployment_refs, or with tenant_ids NULL every scope of those deployments holding a running run (skip scan of runs_running_idx), in random order, those with an expired lease. Each scope is claim_orphaned exactly (ends the orphans nobody may resume, re-leases resumable ones under the scope''s limits; paused scopes re-lease nothing); claim_limit is shared across scopes (NULL all, 0 end only). Rows: one per re-leased run with its scope, plus one run_id-NULL row per scope where a resumable orphan waits for a slot or its rate limit (retry_at). Arguments are checked before any scope is visited; a scope whose recovery raises anything but a passing condition (a ZP error its rows cause included) is skipped with a WARNING and the others are recovered. Runs under lock_timeout 2 s: a run whose recovery waits longer for a lock (a row someone holds in an open transaction) is left as it was, with a WARNING, for the next pass, and the others are recovered. lease_seconds NULL (the default): the deployment''s registered lease (zeroth.deployments.lease_seconds: a DBA''s, or this login''s own registration), else 60 s. code_version (issue 34): as claim_orphaned''s, in every scope. Raises ZP006, ZP008. Notifies zeroth_wakeup for the runs it ended. Time: clock_timestamp().';
+ALTER FUNCTION zeroth.claim_orphaned_scopes(text[], text, text[], text[], integer, integer, double precision, double precision, text) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth.claim_orphaned_scopes(text[], text, text[], text[], integer, integer, double precision, double precision, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION zeroth.claim_orphaned_scopes(text[], text, text[], text[], integer, integer, double precision, double precision, text) TO zeroth_worker;

@@ -451,7 +451,7 @@ class TestStatus:
         finally:
             await conn.close()
         status = ok_json(cli("status", "--json", dsn=database_dsn))
-        assert set(status) == {"at", "scopes"}
+        assert set(status) == {"at", "scopes", "pinned"}
         scopes = {(s["tenant_id"], s["workspace_id"], s["deployment_ref"]): s
                   for s in status["scopes"]}
         assert set(scopes) == {("acme", None, "mail"), ("acme", "eu", "mail"),
@@ -492,7 +492,7 @@ class TestStatus:
         finally:
             await conn.close()
         status = ok_json(cli("status", "--by", "deployment", "--json", dsn=database_dsn))
-        assert set(status) == {"at", "deployments"}
+        assert set(status) == {"at", "deployments", "pinned"}
         assert status["deployments"] == [
             {"deployment_ref": "mail", "scopes": 4, "pending": 4, "due": 4,
              "scheduled": 0, "running": 1, "live_leases": 1, "expired_leases": 0, "waiting": 0,

@@ -141,7 +141,8 @@ class TestGrants:
                                     "zeroth.event_waits", "zeroth.events", "zeroth.run_attempts",
                                     "zeroth.run_events",
                                     "zeroth.child_runs", "zeroth.deployments",
-                                    "zeroth.deployment_changes"}
+                                    "zeroth.deployment_changes", "zeroth.code_versions",
+                                    "zeroth.code_version_changes"}
         assert readme_grants("zeroth_reader") == readable
         assert [r["name"] for r in relations if r["reader_writes"]] == []
 

@@ -440,7 +440,7 @@ class TestDatabaseClock:
             """SELECT p.proargnames FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
                 WHERE n.nspname = 'zeroth' AND p.proname = 'claim_pending'""")
         assert names == ["deployment_ref", "worker_id", "tenant_id", "workspace_id",
-                         "max_concurrency", "batch_size", "lease_seconds"]
+                         "max_concurrency", "batch_size", "lease_seconds", "code_version"]
 
     async def test_admission_counts_live_leases_by_database_time(self, conn):
         await enqueue(conn, now=None)

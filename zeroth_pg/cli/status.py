@@ -1,5 +1,6 @@
 """``zeroth-pg status [--watch] [--by deployment]``: queue depth, leases and dead letters per
-scope, with the scope's limits (zeroth.scope_limits), or summed per deployment."""
+scope, with the scope's limits (zeroth.scope_limits), or summed per deployment; below, the runs
+pinned to a code version (zeroth.pinned_runs: waiting for a worker of their version)."""
 
 from __future__ import annotations
 
@@ -59,6 +60,34 @@ _DEPLOYMENT_CAPTION = ("every scope of a deployment summed; " + _CAPTION
                        + "; paused: scopes paused in zeroth.scope_limits")
 
 
+#: The runs pinned to a code version (issue 34): started runs of deployments whose version policy
+#: is not any, which only a worker of an allowed version resumes.
+_PINNED_COLUMNS = [("tenant_id", "tenant"), ("workspace_id", "workspace"),
+                   ("deployment_ref", "deployment"), ("code_version", "code version"),
+                   ("version_policy", "policy"), ("pending", "pending"), ("running", "running"),
+                   ("waiting", "waiting"), ("waiting_for_version", "waiting for version"),
+                   ("oldest_pending_at", "oldest pending")]
+_PINNED_CAPTION = ("started runs that only a worker of their code version (or of a compatible "
+                   "one) resumes; waiting for version: due and nobody holds them. When no worker "
+                   "serves that version any more: zeroth.retire_code_version (move or fail)")
+
+
+def _pinned_table(rows: list[dict[str, Any]]) -> Table:
+    table = rows_table(rows, _PINNED_COLUMNS, keep=[key for key, _ in _PINNED_COLUMNS],
+                       title="runs pinned to a code version")
+    table.caption = _PINNED_CAPTION
+    return table
+
+
+def _status_view(rows: list[dict[str, Any]], pinned: list[dict[str, Any]], at: datetime,
+                 footer: str = "", by: By = By.SCOPE) -> Any:
+    """The status table, and under it the pinned runs' table when there are any."""
+    from rich.console import Group
+
+    table = _status_table(rows, at, footer, by)
+    return Group(table, _pinned_table(pinned)) if pinned else table
+
+
 def _status_table(rows: list[dict[str, Any]], at: datetime, footer: str = "",
                   by: By = By.SCOPE) -> Table:
     columns = _SCOPE_COLUMNS if by is By.SCOPE else _DEPLOYMENT_COLUMNS
@@ -99,43 +128,47 @@ def status(
     failed runs and dead letters per deployment and tenant, with
     each scope's limits (zeroth.scope_limits: max_concurrency, weight, paused, and the rate
     limit it draws from as key:max_starts/periods); scopes with a limits row but no runs are
-    shown too. A zeroth_reader sees the tenant it names in
-    zeroth.tenant_id."""
+    shown too. Below, the runs pinned to a code version (zeroth.pinned_runs: started runs only a
+    worker of their version may resume, and how many of them wait for one). A zeroth_reader
+    sees the tenant it names in zeroth.tenant_id."""
     from rich.live import Live
 
     query = _calls.STATUS if by is By.SCOPE else _calls.STATUS_BY_DEPLOYMENT
     key = "scopes" if by is By.SCOPE else "deployments"
 
-    async def sample(conn: asyncpg.Connection) -> tuple[list[dict[str, Any]], datetime]:
+    async def sample(conn: asyncpg.Connection
+                     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], datetime]:
         rows = await conn.fetch(query, deployment, tenant, workspace)
-        return [dict(row) for row in rows], await conn.fetchval(_calls.DATABASE_NOW)
+        pinned = await conn.fetch(_calls.PINNED_RUNS, deployment, tenant, workspace)
+        return ([dict(row) for row in rows], [dict(row) for row in pinned],
+                await conn.fetchval(_calls.DATABASE_NOW))
 
-    def emit_json(rows: list[dict[str, Any]], at: datetime) -> None:
-        print_json({"at": at, key: rows})
+    def emit_json(rows: list[dict[str, Any]], pinned: list[dict[str, Any]], at: datetime) -> None:
+        print_json({"at": at, key: rows, "pinned": pinned})
 
     async def work(conn: asyncpg.Connection) -> None:
-        rows, at = await sample(conn)
+        rows, pinned, at = await sample(conn)
         if not watch:
             if as_json:
-                emit_json(rows, at)
+                emit_json(rows, pinned, at)
             else:
-                out.print(_status_table(rows, at, by=by))
+                out.print(_status_view(rows, pinned, at, by=by))
             return
         footer = f" · every {interval:g}s · Ctrl-C quits"
         shown = 0
-        live = None if as_json else Live(_status_table(rows, at, footer, by), console=out,
+        live = None if as_json else Live(_status_view(rows, pinned, at, footer, by), console=out,
                                          auto_refresh=False)
         with live or contextlib.nullcontext():
             while True:
                 if live is None:
-                    emit_json(rows, at)
+                    emit_json(rows, pinned, at)
                 else:
-                    live.update(_status_table(rows, at, footer, by), refresh=True)
+                    live.update(_status_view(rows, pinned, at, footer, by), refresh=True)
                 shown += 1
                 if count and shown >= count:
                     return
                 await asyncio.sleep(interval)
-                rows, at = await sample(conn)
+                rows, pinned, at = await sample(conn)
 
     try:
         run_async(dsn, work)

@@ -57,6 +57,12 @@ def worker(
         show_default=False)] = None,
     worker_id: Annotated[str | None, typer.Option(
         envvar="ZEROTH_PG_WORKER_ID", help="Default: random.", show_default=False)] = None,
+    code_version: Annotated[str | None, typer.Option(
+        envvar="ZEROTH_PG_CODE_VERSION",
+        help="The version of the code this worker runs (a build id, e.g. 2026.12.05-abc123): "
+             "runs it starts record it, and under a deployment's version policy it resumes only "
+             "the runs its version may serve (default: the App's code_version, else none).",
+        show_default=False)] = None,
     metrics_port: Annotated[int, typer.Option(
         envvar="ZEROTH_PG_METRICS_PORT", help="Serve /metrics on this port (0: off).")] = 0,
     scope_metrics: Annotated[bool, typer.Option(
@@ -100,6 +106,7 @@ def worker(
         fleet_concurrency=fleet_concurrency or None, poll_interval=poll_interval,
         orphan_sweep_interval=orphan_sweep_interval, lease=lease,
         shutdown_timeout=shutdown_timeout, retry_base=retry_base, worker_id=worker_id,
+        code_version=code_version,
         metrics_port=metrics_port, scope_metrics=scope_metrics,
         fire_schedules=fire_schedules or None,
         queue_depth_interval=queue_depth_interval or None, otel=otel))

@@ -96,9 +96,14 @@ _RUN = _calls.run_by_id("""r.run_id, r.tenant_id, r.workspace_id, r.workspace_ke
            r.lease_acquired_at, r.lease_expires_at, r.recovery_checkpoint_id, r.cancel_action,
            r.cancel_requested_at, r.checkpoint_seq, r.payload::text AS payload,
            r.output::text AS output, r.error::text AS error, r.metadata::text AS metadata,
-           r.progress::text AS progress, r.parent_run_id,
+           r.progress::text AS progress, r.parent_run_id, r.code_version_id,
            r.status = 'running' AND r.lease_expires_at < clock_timestamp() AS lease_expired""",
                         "$1")
+
+# The text of the code version that started a run (issue 34), by its key
+# (zeroth.code_versions_version_id_idx; two identical rows at most).
+_CODE_VERSION = """SELECT v.code_version FROM zeroth.code_versions v WHERE v.version_id = $1
+    LIMIT 1"""
 
 # The run's children, each with its current status (zeroth.child_list: a range of
 # child_runs_pkey), in the order they were started.
@@ -351,6 +356,8 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
                                           run["thread_id"])
             attempts = await conn.fetch(_ATTEMPTS, *scope)
             children = await conn.fetch(_CHILDREN, *scope)
+            code_version = (None if run["code_version_id"] is None
+                            else await conn.fetchval(_CODE_VERSION, run["code_version_id"]))
             now = await conn.fetchval(_calls.DATABASE_NOW)
         sections = [("Attempt history", "_attempts.html"), ("Children", "_children.html"),
                     ("Steps", "_steps.html"),
@@ -358,6 +365,7 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
                     ("Thread queue", "_thread.html")]
         return render(request, "run.html", run=run, checkpoints=checkpoints, thread=thread,
                       steps=steps, waits=waits, attempts=attempts, children=children,
+                      code_version=code_version,
                       failure=failure_view(run["error"]), sections=sections,
                       timeline=timeline(run, attempts, steps, waits, checkpoints, children, now))
 

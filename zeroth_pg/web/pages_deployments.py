@@ -50,6 +50,12 @@ _DEFAULTS = """SELECT d.max_attempts, d.priority, d.managed_by, d.version, d.upd
            d.attempt_timeout_seconds, d.run_timeout_seconds
       FROM zeroth.deployments d WHERE d.deployment_ref = $1"""
 
+# Code versions (issue 34): the deployment's version policy (set by a DBA only:
+# zeroth.set_version_policy), shown on the scope page with the runs of the scope pinned to a
+# version (zeroth.pinned_runs).
+_VERSION_POLICY = """SELECT d.version_policy, d.compatible_versions
+      FROM zeroth.deployments d WHERE d.deployment_ref = $1"""
+
 _OPS = ("pause", "resume", "limits")
 
 #: The policy values of a deployment a form may set back to not set (zeroth.set_deployment_defaults
@@ -116,6 +122,10 @@ def routes(ctx: Context) -> list[Route]:
             schedules = await conn.fetch(_SCOPE_SCHEDULES, tenant, _workspace_key(workspace),
                                          deployment)
             defaults = await conn.fetchrow(_DEFAULTS, deployment)
+            versions = await conn.fetchrow(_VERSION_POLICY, deployment)
+            pinned = [p for p in await conn.fetch(_calls.PINNED_RUNS, deployment, tenant,
+                                                  workspace)
+                      if p["workspace_id"] == workspace]
         # STATUS with a NULL workspace matches every workspace: this page is one scope.
         counts = next((r for r in rows if r["workspace_id"] == workspace), None)
         runs_query = urllib.parse.urlencode(
@@ -124,6 +134,7 @@ def routes(ctx: Context) -> list[Route]:
         return ctx.render(request, "scope.html", deployment=deployment, tenant=tenant,
                           workspace=workspace, counts=counts, limits=limits, keys=keys,
                           schedules=schedules, runs_query=runs_query, defaults=defaults,
+                          versions=versions, pinned=pinned,
                           done=request.query_params.get("done"))
 
     async def scope_action(request: Request) -> Response:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -304,6 +305,21 @@ class ClaimLoop:
                 # made: the claim loop takes over, so the wakeup gate, the rate-limit sleep and
                 # the saturation flags follow a claim pass of its own, as without this call.
                 self.wake.set()
+
+
+#: What a code version may be (zeroth._check_code_version): 1 to 128 characters, a letter or digit
+#: first, then letters, digits and . _ - + : /.
+CODE_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+:/-]{0,127}")
+
+
+def check_code_version(code_version: str | None) -> str | None:
+    """A RunWorker's ``code_version`` (issue 34), checked before anything is built: None
+    (unversioned) or what :data:`CODE_VERSION` matches, else ValueError."""
+    if code_version is not None and (not isinstance(code_version, str)
+                                     or CODE_VERSION.fullmatch(code_version) is None):
+        raise ValueError("code_version must be None or 1 to 128 characters: a letter or digit, "
+                         "then letters, digits and . _ - + : /")
+    return code_version
 
 
 def check_options(max_concurrency: int, poll_interval: float, orphan_sweep_interval: float,

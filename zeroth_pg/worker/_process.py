@@ -128,6 +128,7 @@ async def serve(
     shutdown_timeout: float = 30.0,
     retry_base: float | None = None,
     worker_id: str | None = None,
+    code_version: str | None = None,
     metrics_port: int = 0,
     scope_metrics: bool = False,
     fire_schedules: bool | None = None,
@@ -200,7 +201,9 @@ async def serve(
                             or 60.0),
             retry_base_seconds=retry_base, scope_metrics=scope_metrics,
             queue_depth_interval=queue_depth_interval,
-            fire_schedules=fire_schedules, **per_deployment)
+            fire_schedules=fire_schedules,
+            code_version=code_version or getattr(loaded, "code_version", None),
+            **per_deployment)
         await worker.run_until_stopped()
     finally:
         await pool.close()

@@ -24,7 +24,7 @@ from zeroth_pg.client import LeaseManager
 from zeroth_pg.metrics import WorkerMetrics, default_metrics
 from zeroth_pg.notify import Notifier
 from zeroth_pg.types import RetryPolicy
-from zeroth_pg.worker._claims import ClaimLoop, ClaimSettings, check_options
+from zeroth_pg.worker._claims import ClaimLoop, ClaimSettings, check_code_version, check_options
 from zeroth_pg.worker._execute import RunExecutor, scope_counter
 from zeroth_pg.worker._gate import WakeupGate
 from zeroth_pg.worker._leases import LeaseUpkeep
@@ -104,12 +104,12 @@ class RunWorker:
         scope_metrics: bool = False,
         schedules: Sequence[PeriodicSchedule] = (),
         fire_schedules: bool | None = None,
-        schedule_max_sleep: float = 1.0,
+        schedule_max_sleep: float = 1.0, code_version: str | None = None,  # see docs: Code versions
     ) -> None:
         check_options(max_concurrency, poll_interval, orphan_sweep_interval, lease_duration,
                renew_fraction)
-        self.pool = pool
-        self.lease_manager = LeaseManager(pool, lease_duration_seconds=lease_duration)
+        self.pool = pool  # every claim of its LeaseManager declares code_version (issue 34)
+        self.lease_manager = LeaseManager(pool, lease_duration, check_code_version(code_version))
         self._handlers, self._source = source_for(self.lease_manager, deployment_ref, handler,
                                                   scopes, tenant_id, workspace_id)
         #: The first (for a worker of one deployment, the only) deployment served.

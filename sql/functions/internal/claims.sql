@@ -52,7 +52,8 @@ CREATE OR REPLACE FUNCTION zeroth._lease_locked_runs(
     tenant_id text, workspace_key text, run_ids uuid[], rows tid[], slots integer[],
     worker_id text, at timestamptz, lease interval, active_count integer,
     concurrency_limit integer, start boolean,
-    attempt_timeout double precision DEFAULT NULL, run_timeout double precision DEFAULT NULL)
+    attempt_timeout double precision DEFAULT NULL, run_timeout double precision DEFAULT NULL,
+    code_version_id bigint DEFAULT NULL)
     RETURNS SETOF zeroth.claimed_run
     LANGUAGE plpgsql VOLATILE
     SET enable_seqscan = off
@@ -84,6 +85,11 @@ BEGIN
                run_deadline_at = coalesce(r.run_deadline_at, _lease_locked_runs.at + make_interval(
                    secs => coalesce(r.run_timeout_seconds, _lease_locked_runs.run_timeout))),
                lease_generation = greatest(r.lease_generation + 1, v_floor + 1),
+               -- code versions (issue 34, item 3): a run not yet started takes the claimer's
+               -- version (a lapsed unstarted claim's is replaced); a started one keeps its own.
+               code_version_id = CASE WHEN r.started_at IS NULL
+                                      THEN _lease_locked_runs.code_version_id
+                                      ELSE r.code_version_id END,
                admission_slot = _lease_locked_runs.slots[
                                     array_position(_lease_locked_runs.run_ids, r.run_id)],
                recovery_checkpoint_id = CASE WHEN r.checkpoint_seq > 0
@@ -131,9 +137,9 @@ BEGIN
     END IF;
 END
 $$;
-COMMENT ON FUNCTION zeroth._lease_locked_runs(text, text, uuid[], tid[], integer[], text, timestamptz, interval, integer, integer, boolean, double precision, double precision) IS 'Internal: lease runs (and slots) the caller already locked (rows: their addresses, reached by a TID scan); with start make pending ones running; count an attempt per start, per re-leased orphan and per lapsed unstarted claim re-leased. The shared second half of claim_pending, claim_and_start and claim_orphaned.';
-ALTER FUNCTION zeroth._lease_locked_runs(text, text, uuid[], tid[], integer[], text, timestamptz, interval, integer, integer, boolean, double precision, double precision) OWNER TO zeroth_owner;
-REVOKE ALL ON FUNCTION zeroth._lease_locked_runs(text, text, uuid[], tid[], integer[], text, timestamptz, interval, integer, integer, boolean, double precision, double precision) FROM PUBLIC;
+COMMENT ON FUNCTION zeroth._lease_locked_runs(text, text, uuid[], tid[], integer[], text, timestamptz, interval, integer, integer, boolean, double precision, double precision, bigint) IS 'Internal: lease runs (and slots) the caller already locked (rows: their addresses, reached by a TID scan); with start make pending ones running; count an attempt per start, per re-leased orphan and per lapsed unstarted claim re-leased; a run not yet started records the claimer''s code_version_id. The shared second half of claim_pending, claim_and_start and claim_orphaned.';
+ALTER FUNCTION zeroth._lease_locked_runs(text, text, uuid[], tid[], integer[], text, timestamptz, interval, integer, integer, boolean, double precision, double precision, bigint) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._lease_locked_runs(text, text, uuid[], tid[], integer[], text, timestamptz, interval, integer, integer, boolean, double precision, double precision, bigint) FROM PUBLIC;
 
 -- One scope's claim, arguments already checked and limits resolved (concurrency_limit: the
 -- scope's effective max_concurrency, NULL for none; rate_limit: its zeroth.rate_limits key, NULL
@@ -157,7 +163,8 @@ CREATE OR REPLACE FUNCTION zeroth._claim_in_scope(
     concurrency_limit integer, rate_limit text, want integer, at timestamptz, lease interval,
     start boolean,
     attempt_timeout double precision DEFAULT NULL, run_timeout double precision DEFAULT NULL,
-    timeouts_known boolean DEFAULT false)
+    timeouts_known boolean DEFAULT false,
+    code_version_id bigint DEFAULT NULL, serves bigint[] DEFAULT NULL)
     RETURNS SETOF zeroth.claimed_run
     LANGUAGE plpgsql VOLATILE
     SET plan_cache_mode = force_generic_plan AS $$
@@ -233,6 +240,14 @@ BEGIN
                AND r.run_after <= v_at
                AND (r.lease_expires_at IS NULL OR r.lease_expires_at < v_at)
                AND r.run_id <> ALL (v_ids || v_ended)  -- an earlier pass's (our own locks)
+               -- code versions (issue 34, item 3): a started run only for a version its
+               -- deployment lets resume it. serves NULL (policy any, the default): always true,
+               -- the same index scan as before; else a filter on the rows the scan reads, which
+               -- passes over the due runs pinned to versions this worker may not serve
+               -- (zeroth.pinned_runs counts them; retire_code_version clears them).
+               AND (_claim_in_scope.serves IS NULL OR r.started_at IS NULL
+                    OR r.code_version_id IS NULL
+                    OR r.code_version_id = ANY (_claim_in_scope.serves))
              ORDER BY r.priority DESC, r.run_after, r.created_at
              LIMIT v_want - cardinality(v_ids)
                FOR UPDATE SKIP LOCKED
@@ -281,7 +296,8 @@ BEGIN
                     _claim_in_scope.tenant_id, _claim_in_scope.workspace_key, v_ids, v_rows, v_slots,
                     _claim_in_scope.worker_id, v_at, _claim_in_scope.lease,
                     v_active, _claim_in_scope.concurrency_limit, _claim_in_scope.start,
-                    _claim_in_scope.attempt_timeout, _claim_in_scope.run_timeout)
+                    _claim_in_scope.attempt_timeout, _claim_in_scope.run_timeout,
+                    _claim_in_scope.code_version_id)
             LOOP
                 v_row.retry_at := v_retry;
                 v_row.retry_after := extract(epoch FROM v_retry - v_at);
@@ -294,12 +310,13 @@ BEGIN
         _claim_in_scope.tenant_id, _claim_in_scope.workspace_key, v_ids, v_rows, v_slots,
         _claim_in_scope.worker_id, v_at, _claim_in_scope.lease, v_active,
         _claim_in_scope.concurrency_limit, _claim_in_scope.start,
-        _claim_in_scope.attempt_timeout, _claim_in_scope.run_timeout);
+        _claim_in_scope.attempt_timeout, _claim_in_scope.run_timeout,
+        _claim_in_scope.code_version_id);
 END
 $$;
-COMMENT ON FUNCTION zeroth._claim_in_scope(text, text, text, text, integer, text, integer, timestamptz, interval, boolean, double precision, double precision, boolean) IS 'Internal: claim up to `want` pending, due runs of one scope under its rate limit (starts from the key''s rolling window; none left: the marker with retry_at) and its effective concurrency limit (rate key, slots, runs, SKIP LOCKED); with start make them running. The shared body of claim_pending, claim_and_start and claim_and_start_scopes.';
-ALTER FUNCTION zeroth._claim_in_scope(text, text, text, text, integer, text, integer, timestamptz, interval, boolean, double precision, double precision, boolean) OWNER TO zeroth_owner;
-REVOKE ALL ON FUNCTION zeroth._claim_in_scope(text, text, text, text, integer, text, integer, timestamptz, interval, boolean, double precision, double precision, boolean) FROM PUBLIC;
+COMMENT ON FUNCTION zeroth._claim_in_scope(text, text, text, text, integer, text, integer, timestamptz, interval, boolean, double precision, double precision, boolean, bigint, bigint[]) IS 'Internal: claim up to `want` pending, due runs of one scope under its rate limit (starts from the key''s rolling window; none left: the marker with retry_at) and its effective concurrency limit (rate key, slots, runs, SKIP LOCKED); with start make them running; a started run only when serves (the claimer''s zeroth._version_serves) lets its code_version_id resume, a run not yet started records code_version_id. The shared body of claim_pending, claim_and_start and claim_and_start_scopes.';
+ALTER FUNCTION zeroth._claim_in_scope(text, text, text, text, integer, text, integer, timestamptz, interval, boolean, double precision, double precision, boolean, bigint, bigint[]) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._claim_in_scope(text, text, text, text, integer, text, integer, timestamptz, interval, boolean, double precision, double precision, boolean, bigint, bigint[]) FROM PUBLIC;
 
 -- Ends a pending run a claim locked (FOR UPDATE SKIP LOCKED) whose run deadline passed (issue 34
 -- item 2): pending → failed along edge run_timed_out (zeroth.run_transitions), never started
@@ -417,9 +434,11 @@ REVOKE ALL ON FUNCTION zeroth._take_lease_room(text, text, text, timestamptz) FR
 -- (zeroth.scope_limits: a paused scope gives nothing; its max_concurrency replaces the caller's;
 -- its rate_limit key caps the starts),
 -- then claim in that one scope. Raises ZP006, ZP008.
+-- code versions (issue 34, item 3): code_version added last (the signature before it dropped).
+DROP FUNCTION IF EXISTS zeroth._claim_pending(text, text, text, text, integer, integer, double precision, boolean);
 CREATE OR REPLACE FUNCTION zeroth._claim_pending(
     deployment_ref text, worker_id text, tenant_id text, workspace_id text, max_concurrency integer,
-    batch_size integer, lease_seconds double precision, start boolean)
+    batch_size integer, lease_seconds double precision, start boolean, code_version text DEFAULT NULL)
     RETURNS SETOF zeroth.claimed_run
     LANGUAGE plpgsql VOLATILE
     SET plan_cache_mode = force_generic_plan AS $$
@@ -454,9 +473,13 @@ BEGIN
     RETURN QUERY SELECT * FROM zeroth._claim_in_scope(
         v_tenant, v_wskey, _claim_pending.deployment_ref, _claim_pending.worker_id, v_limit,
         v_rate, _claim_pending.batch_size, v_now, v_policy.lease, _claim_pending.start,
-        v_policy.attempt_timeout_seconds, v_policy.run_timeout_seconds, v_policy.timeouts_known);
+        v_policy.attempt_timeout_seconds, v_policy.run_timeout_seconds, v_policy.timeouts_known,
+        -- code versions (issue 34): the claimer's version (checked, ZP008; its text recorded once)
+        -- and the run versions it may resume.
+        zeroth._code_version_id(_claim_pending.code_version),
+        zeroth._version_serves(_claim_pending.deployment_ref, _claim_pending.code_version));
 END
 $$;
-COMMENT ON FUNCTION zeroth._claim_pending(text, text, text, text, integer, integer, double precision, boolean) IS 'Internal: the body of claim_pending (start false) and claim_and_start (start true): arguments, the scope''s limits (zeroth.scope_limits), then _claim_in_scope.';
-ALTER FUNCTION zeroth._claim_pending(text, text, text, text, integer, integer, double precision, boolean) OWNER TO zeroth_owner;
-REVOKE ALL ON FUNCTION zeroth._claim_pending(text, text, text, text, integer, integer, double precision, boolean) FROM PUBLIC;
+COMMENT ON FUNCTION zeroth._claim_pending(text, text, text, text, integer, integer, double precision, boolean, text) IS 'Internal: the body of claim_pending (start false) and claim_and_start (start true): arguments, the scope''s limits (zeroth.scope_limits), the runs code_version may resume (zeroth._version_serves), then _claim_in_scope.';
+ALTER FUNCTION zeroth._claim_pending(text, text, text, text, integer, integer, double precision, boolean, text) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._claim_pending(text, text, text, text, integer, integer, double precision, boolean, text) FROM PUBLIC;

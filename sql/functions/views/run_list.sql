@@ -46,9 +46,10 @@ SELECT r.run_id,
        r.error,
        r.metadata,
        r.progress,
-       r.parent_run_id
+       r.parent_run_id,
+       r.code_version_id  -- code versions (issue 34; zeroth.code_versions): appended last
   FROM zeroth.runs r;
-COMMENT ON VIEW zeroth.run_list IS 'Every run with the columns an operator reads (scope, status, timing, lease, cancel, payload, output, error, metadata, progress, the parent run of a child run). Keyset pages on (created_at, run_id): the runs that are not running walk runs_created_not_running_idx, the running ones come from runs_running_idx; a run by run_id: filter on (tenant_id, workspace_key, run_id) to use runs_pkey. A zeroth_reader sees its tenant''s runs.';
+COMMENT ON VIEW zeroth.run_list IS 'Every run with the columns an operator reads (scope, status, timing, lease, cancel, payload, output, error, metadata, progress, the parent run of a child run, the code version that started it). Keyset pages on (created_at, run_id): the runs that are not running walk runs_created_not_running_idx, the running ones come from runs_running_idx; a run by run_id: filter on (tenant_id, workspace_key, run_id) to use runs_pkey. A zeroth_reader sees its tenant''s runs.';
 ALTER VIEW zeroth.run_list OWNER TO zeroth_owner;
 REVOKE ALL ON zeroth.run_list FROM PUBLIC;
 GRANT SELECT ON zeroth.run_list TO zeroth_reader;
