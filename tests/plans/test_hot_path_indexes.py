@@ -46,6 +46,7 @@ from helpers import save_report
 
 from zeroth_pg import _calls
 from zeroth_pg.web.app import PAGE_SIZE, run_page_query
+from zeroth_pg.web.run_filters import PAGE_SETTINGS
 
 RUNS = 200_000
 RUNNING = 500
@@ -280,6 +281,8 @@ async def test_pages_and_run_lookups_read_through_indexes_before_and_after_analy
             transaction = owner.transaction()
             await transaction.start()
             try:
+                if name.startswith("runs page"):
+                    await owner.execute(PAGE_SETTINGS)  # as the dashboard runs them
                 if "zeroth_reader" in name:
                     await owner.execute("SET LOCAL ROLE zeroth_reader")
                     await owner.execute("SET LOCAL zeroth.tenant_id = 't1'")

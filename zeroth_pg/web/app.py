@@ -41,6 +41,7 @@ from zeroth_pg.web.pages_runs import failure_view, timeline
 from zeroth_pg.web.paging import Page, dead_page_query, keyset_page, parse_cursors
 from zeroth_pg.web.run_filters import (
     _STATUSES,
+    PAGE_SETTINGS,
     _opt,
     bounded,
     no_nul,
@@ -325,7 +326,8 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
         except ValueError as exc:
             error = f"bad filter: {exc}"
         else:
-            async with pool().acquire() as conn:
+            async with pool().acquire() as conn, conn.transaction():
+                await conn.execute(PAGE_SETTINGS)
                 page = await keyset_page(
                     conn, lambda a, b, n, c: run_page_query(query_filters, a, n, before=b,
                                                             count=c),

@@ -115,7 +115,8 @@ def routes(actions: Actions) -> list[Route]:
                         f"{query['status']} runs only")
             else:
                 query["statuses"] = None if query["status"] else list(statuses)
-                async with actions.pool().acquire() as conn:
+                async with actions.pool().acquire() as conn, conn.transaction():
+                    await conn.execute(_app.PAGE_SETTINGS)
                     rows = list(await conn.fetch(*_flat(_app.run_page_query(
                         query, None, BULK_MAX + 1))))
                     total = await bounded_count(conn, *_app.run_page_query(

@@ -12,7 +12,16 @@ from zeroth_pg import _calls
 from zeroth_pg.web import paging
 from zeroth_pg.web._shared import NAME_MAX
 
-__all__ = ["bounded", "no_nul", "parse_run_filters", "run_filters", "run_page_query"]
+__all__ = ["PAGE_SETTINGS", "bounded", "no_nul", "parse_run_filters", "run_filters",
+           "run_page_query"]
+
+#: Run first, in the transaction of every run_page_query: the page's parts walk their indexes
+#: whatever the statistics. On a never-analyzed zeroth.runs the planner sizes a row by its column
+#: types, and a filter it cannot estimate (a rare status, say `failed`) made a Seq Scan and a
+#: sort of the whole table look cheaper than walking runs_created_not_running_idx; the margin
+#: was one column's width (tests/plans/test_hot_path_indexes.py). The claim functions pin their
+#: plans the same way (SET enable_seqscan = off).
+PAGE_SETTINGS = "SET LOCAL enable_seqscan = off"
 
 _STATUSES = ["pending", "running", "waiting", "completed", "failed", "cancelled"]
 
