@@ -374,8 +374,12 @@ BEGIN
       LEFT JOIN edges e ON e.ord = q.ord
       LEFT JOIN settled s ON s.ord = q.ord;
 
-    PERFORM zeroth._notify_wakeup(d.deployment_ref, _settle.tenant_id, v_ws)
-       FROM unnest(v_deps) AS d(deployment_ref);
+    -- Most ends free nothing a waiting worker could take (a failure, a cancel without a slot):
+    -- no statement then.
+    IF cardinality(v_deps) > 0 THEN
+        PERFORM zeroth._notify_wakeup(d.deployment_ref, _settle.tenant_id, v_ws)
+           FROM unnest(v_deps) AS d(deployment_ref);
+    END IF;
 
     RETURN QUERY
     SELECT u.ord, _settle.run_ids[u.ord], u.outcome, u.from_status, u.to_status, u.run_after,
