@@ -80,15 +80,17 @@ REVOKE ALL ON FUNCTION zeroth._lock_settle(text, text, text, uuid[], bigint[]) F
 --   it (worker_id is then the run's holder as they locked it, NULL for none): take_over
 --   (zeroth._take_over: the lease + grace ran out; reasons[i]: the stop reason of a run not
 --   resumable, payloads[i]: its message as a JSON string, NULL: the default), unrecoverable
---   (zeroth._end_unrecoverable; payloads[i]: the message as a JSON string) and revoke (zeroth._cancel:
---   an operator's cancel; reasons[i]: the cancel action).
+--   (zeroth._end_unrecoverable; payloads[i]: the message as a JSON string), revoke (zeroth._cancel:
+--   an operator's cancel; reasons[i]: the cancel action) and clear (clear_lease).
 -- The kind and the locked row decide the outcome (completed, retried, failed, dead_lettered,
 -- cancelled, handed_back, released, expired, slept, paused, waited; for take_over
 -- takeover_cancelled, claim_lapsed, takeover_failed or orphan_recovered, recovery_exhausted,
--- takeover_requeued; recovery_failed; for revoke cancel_requested or takeover_cancelled), and
+-- takeover_requeued; recovery_failed; for revoke cancel_requested or takeover_cancelled; for
+-- clear expired (running) or released), and
 -- zeroth.run_transitions the edge: an outcome whose (status, outcome) is not listed changes
 -- nothing. The fence is in the UPDATE's predicate (worker, generation, the status it was decided
--- on, and the lease live at `at` — expired for take_over and unrecoverable, either for revoke), so
+-- on, and the lease live at `at` — expired for take_over and unrecoverable, either for revoke
+-- and clear), so
 -- a row changed between the lock and the settle (a DBA's UPDATE in the same transaction) is
 -- refused, never half-written. In the same statement: the lease cleared (expired in place for
 -- `expired`), the slots freed, and the ended attempt of every outcome but `expired` (which ends
@@ -96,7 +98,7 @@ REVOKE ALL ON FUNCTION zeroth._lock_settle(text, text, text, uuid[], bigint[]) F
 -- trigger runs_attempt_history leaves it alone (a row that already carried that mark — a DBA
 -- reopened a recorded generation by hand — is left to the trigger instead: one row either way). Then zeroth_wakeup once per deployment that had a
 -- slot freed, a run due now, or a lease given back (release, expire, hand_back, take_over,
--- unrecoverable).
+-- unrecoverable, clear).
 -- One row per requested run, in input order: the outcome settled (NULL when refused), the status
 -- it was decided on, the new status, run_after and checkpoint_seq, and sqlstate: NULL settled,
 -- ZP002 not the caller's live lease (fenced out), ZP012 held but the edge is not listed.
@@ -148,6 +150,7 @@ BEGIN
     ), decided AS MATERIALIZED (
         SELECT q.ord, q.run_id, q.generation, q.kind, q.payload, q.run_after, q.reason,
                h.status AS from_status, h.attempts, h.lease_acquired_at, h.started_at, h.old_mark,
+               h.lease_expires_at AS old_expires,
                CASE q.kind
                    WHEN 'complete' THEN 'completed'
                    WHEN 'fail' THEN 'failed'
@@ -183,6 +186,8 @@ BEGIN
                    -- (cancelled) or past lease + grace (taken over): zeroth._cancel decides which.
                    WHEN 'revoke' THEN CASE WHEN h.status = 'running' AND h.lease_expires_at < _settle.at
                                            THEN 'takeover_cancelled' ELSE 'cancel_requested' END
+                   -- An operator's clear_lease: as a release, whoever holds the lease.
+                   WHEN 'clear' THEN CASE WHEN h.status = 'running' THEN 'expired' ELSE 'released' END
                END AS outcome
           FROM requested q
           JOIN held h ON h.run_id = q.run_id AND h.lease_generation = q.generation
@@ -190,7 +195,7 @@ BEGIN
                      -- holder the caller locked, lapsed (take_over, unrecoverable) or as it was.
                      AND CASE WHEN q.kind IN ('take_over', 'unrecoverable')
                               THEN h.lease_worker_id = _settle.worker_id AND h.lease_expires_at < _settle.at
-                              WHEN q.kind = 'revoke'
+                              WHEN q.kind IN ('revoke', 'clear')
                               THEN h.lease_worker_id IS NOT DISTINCT FROM _settle.worker_id
                               ELSE h.lease_worker_id = _settle.worker_id AND h.lease_expires_at >= _settle.at END
     ), edges AS MATERIALIZED (
@@ -306,11 +311,11 @@ BEGIN
            AND r.lease_generation = e.generation
            AND CASE WHEN e.kind IN ('take_over', 'unrecoverable')
                     THEN r.lease_worker_id = _settle.worker_id AND r.lease_expires_at < _settle.at
-                    WHEN e.kind = 'revoke'
+                    WHEN e.kind IN ('revoke', 'clear')
                     THEN r.lease_worker_id IS NOT DISTINCT FROM _settle.worker_id
                     ELSE r.lease_worker_id = _settle.worker_id AND r.lease_expires_at >= _settle.at END
         RETURNING e.ord, e.run_id, e.generation, e.kind, e.outcome, e.from_status, e.attempts AS old_attempts,
-                  e.lease_acquired_at AS old_acquired, e.started_at AS old_started, e.old_mark,
+                  e.lease_acquired_at AS old_acquired, e.started_at AS old_started, e.old_mark, e.old_expires,
                   r.tenant_id, r.workspace_key, r.status AS new_status, r.run_after, r.checkpoint_seq,
                   r.error, r.wait_reason, r.deployment_ref, r.workspace_id
     ), recorded AS (
@@ -337,6 +342,8 @@ BEGIN
                             THEN 'dead_lettered'
                             WHEN s.outcome IN ('takeover_requeued', 'takeover_failed', 'orphan_recovered')
                             THEN CASE WHEN s.from_status = 'running' THEN 'recovered' ELSE 'expired' END
+                            -- clear_lease of a claim whose lease had already lapsed
+                            WHEN s.outcome = 'released' AND s.old_expires < _settle.at THEN 'expired'
                             ELSE s.outcome END AS label) l
          WHERE s.outcome <> 'expired'
            -- A revoked run that had no holder ended no attempt.
@@ -350,8 +357,8 @@ BEGIN
           FROM settled s
          WHERE sl.ctid = ANY (_settle.slot_rows)
            AND sl.run_id = s.run_id
-           -- (revoke frees every slot naming the run, as an operator's cancel always did)
-           AND (sl.lease_generation = s.generation OR s.kind = 'revoke')
+           -- (revoke and clear free every slot naming the run, as the operator's calls always did)
+           AND (sl.lease_generation = s.generation OR s.kind IN ('revoke', 'clear'))
         RETURNING s.run_id  -- the settled run (sl.run_id is NULL now)
     )
     SELECT array_agg(q.ord ORDER BY q.ord),
@@ -367,7 +374,7 @@ BEGIN
                         FILTER (WHERE s.run_id IN (SELECT f.run_id FROM freed f)
                                    OR (s.new_status = 'pending' AND s.run_after <= _settle.at)
                                    OR s.kind IN ('release', 'expire', 'hand_back', 'take_over',
-                                                 'unrecoverable')), '{}'),
+                                                 'unrecoverable', 'clear')), '{}'),
            min(s.workspace_id)
       INTO v_ord, v_outcome, v_from, v_to, v_after, v_seq, v_state, v_deps, v_ws
       FROM requested q

@@ -22,7 +22,9 @@ REVOKE ALL ON FUNCTION zeroth._retry_after(timestamptz, interval, timestamptz) F
 -- → dead-lettered alike; else → requeued (pending). The interrupted attempt stays counted, and a
 -- lapsed unstarted claim is counted here (start_run never counted it): only a hand-back by the
 -- live holder gives one back, so a run that kills every worker it lands on — before or after
--- start_run — ends after max_attempts.
+-- start_run — ends after max_attempts. The decision, the end, the slot, the attempt history and
+-- the wakeup are the settle path's (zeroth._settle, kind take_over, only along an edge of
+-- zeroth.run_transitions: a removed edge takes nothing); this function locks and maps the outcome.
 CREATE OR REPLACE FUNCTION zeroth._take_over(tenant_id text, workspace_key text, run_id uuid, grace interval, at timestamptz,
                                   stop_reason text, message text)
     RETURNS SETOF zeroth.takeover
@@ -114,7 +116,7 @@ REVOKE ALL ON FUNCTION zeroth._lock_timed_out(text) FROM PUBLIC;
 -- active with its lease expired (re-checked; SKIP LOCKED, so a run someone holds right now is left
 -- to them), becomes failed and dead-lettered with {stop_reason recovery_failed, message naming the
 -- SQLSTATE and the error, bounded} (zeroth._stop_error; its previous error kept bounded), its lease
--- cleared and its slot freed. So the next pass does not meet it again, an operator finds it in
+-- cleared and its slot freed (zeroth._settle, kind unrecoverable). So the next pass does not meet it again, an operator finds it in
 -- zeroth.dead_letters, and redrive_run can start it over once the cause is gone. It raises
 -- nothing: should even this end raise, it is rolled back too and reported as a WARNING naming the
 -- run, the others go on, and the next pass tries the run again. Returns the takeover row
