@@ -1,7 +1,7 @@
 -- request_cancel: the 0002 contract, on the shared decision with no grace: a running run whose
 -- lease expired is cancelled at once (reported as cancelled; the row also records the stop reason
 -- taken_over). Returns cancelled | cancel_requested | not_cancellable | unknown. Locks: slots,
--- then run. Raises ZP008. Notifies zeroth_control, zeroth_wakeup. Time: clock_timestamp().
+-- then run. Raises ZP003 (an edge a DBA removed from zeroth.run_transitions), ZP008. Notifies zeroth_control, zeroth_wakeup. Time: clock_timestamp().
 CREATE OR REPLACE FUNCTION zeroth.request_cancel(
     run_id       uuid,
     tenant_id    text DEFAULT NULL,
@@ -20,7 +20,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION zeroth.request_cancel(uuid, text, text, text) IS
-'request_cancel: returns cancelled (pending, waiting, or running with an expired lease: terminal at once, lease cleared so the old holder''s fenced writes are refused) | cancel_requested (running with a live lease: durable flag, first action wins, NOTIFY zeroth_control to the owner''s key) | not_cancellable (terminal) | unknown (no such run in scope). request_cancel_v2 adds taken_over, a grace and retry_after_s. Raises ZP008. Notifies zeroth_wakeup when an immediate cancel freed a slot. Time: clock_timestamp().';
+'request_cancel: returns cancelled (pending, waiting, or running with an expired lease: terminal at once, lease cleared so the old holder''s fenced writes are refused) | cancel_requested (running with a live lease: durable flag, first action wins, NOTIFY zeroth_control to the owner''s key) | not_cancellable (terminal) | unknown (no such run in scope). request_cancel_v2 adds taken_over, a grace and retry_after_s. Raises ZP003 (an edge a DBA removed from zeroth.run_transitions), ZP008. Notifies zeroth_wakeup when an immediate cancel freed a slot. Time: clock_timestamp().';
 ALTER FUNCTION zeroth.request_cancel(uuid, text, text, text) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.request_cancel(uuid, text, text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.request_cancel(uuid, text, text, text) TO zeroth_worker;

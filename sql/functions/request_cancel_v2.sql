@@ -3,7 +3,7 @@
 -- out: durable flag, first action wins, NOTIFY zeroth_control to the owner's key; retry_after_s
 -- says when a retry could take over) | taken_over (running past lease + grace: cancelled here, stop
 -- reason recorded, the owner fenced out) | not_cancellable (terminal) | unknown. Locks: slots,
--- then run. Raises ZP008. Notifies zeroth_control, zeroth_wakeup. Time: clock_timestamp().
+-- then run. Raises ZP003 (an edge a DBA removed from zeroth.run_transitions), ZP008. Notifies zeroth_control, zeroth_wakeup. Time: clock_timestamp().
 CREATE OR REPLACE FUNCTION zeroth.request_cancel_v2(
     run_id        uuid,
     tenant_id     text             DEFAULT NULL,
@@ -25,7 +25,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION zeroth.request_cancel_v2(uuid, text, text, text, double precision) IS
-'request_cancel_v2: cancelled (pending/waiting/queued, at once) | cancel_requested (running, owner''s lease + grace not run out: durable flag, first action wins, NOTIFY zeroth_control with the owner''s key, retry_after_s) | taken_over (running past lease + grace: cancelled with a stop reason, owner fenced out) | not_cancellable | unknown. Raises ZP008. Notifies zeroth_control, zeroth_wakeup. Time: clock_timestamp().';
+'request_cancel_v2: cancelled (pending/waiting/queued, at once) | cancel_requested (running, owner''s lease + grace not run out: durable flag, first action wins, NOTIFY zeroth_control with the owner''s key, retry_after_s) | taken_over (running past lease + grace: cancelled with a stop reason, owner fenced out) | not_cancellable | unknown. Raises ZP003 (an edge a DBA removed from zeroth.run_transitions), ZP008. Notifies zeroth_control, zeroth_wakeup. Time: clock_timestamp().';
 ALTER FUNCTION zeroth.request_cancel_v2(uuid, text, text, text, double precision) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.request_cancel_v2(uuid, text, text, text, double precision) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.request_cancel_v2(uuid, text, text, text, double precision) TO zeroth_worker;

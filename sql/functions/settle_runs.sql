@@ -39,37 +39,39 @@ DECLARE
 BEGIN
     PERFORM zeroth._require_identifier(settle_runs.worker_id, 'worker_id');
     PERFORM zeroth._require_lease_batch(settle_runs.run_ids, settle_runs.generations);
+    -- One statement, the checks in order (the first false one raises): a lone failure settled
+    -- here ran one statement per check (docs/performance.md, "Settling in batches").
     -- Every array pairs with run_ids by subscript: one dimension, indexed from 1.
     PERFORM zeroth._require(settle_runs.outcomes IS NOT NULL AND cardinality(settle_runs.outcomes) = v_n
                             AND coalesce(array_ndims(settle_runs.outcomes), 1) = 1
                             AND coalesce(array_lower(settle_runs.outcomes, 1), 1) = 1,
-                            'outcomes must be a one-dimensional array indexed from 1, as long as run_ids');
-    PERFORM zeroth._require(NOT EXISTS (SELECT 1 FROM unnest(settle_runs.outcomes) AS o(kind)
+                            'outcomes must be a one-dimensional array indexed from 1, as long as run_ids'),
+            zeroth._require(NOT EXISTS (SELECT 1 FROM unnest(settle_runs.outcomes) AS o(kind)
                                          WHERE o.kind IS NULL
                                             OR o.kind NOT IN ('complete', 'retry', 'fail', 'cancel', 'hand_back',
                                                               'timeout')),
-                            'each outcome must be complete, retry, fail, cancel, hand_back or timeout');
-    PERFORM zeroth._require(settle_runs.outputs IS NULL
+                            'each outcome must be complete, retry, fail, cancel, hand_back or timeout'),
+            zeroth._require(settle_runs.outputs IS NULL
                             OR (cardinality(settle_runs.outputs) = v_n
                                 AND coalesce(array_ndims(settle_runs.outputs), 1) = 1
                                 AND coalesce(array_lower(settle_runs.outputs, 1), 1) = 1),
-                            'outputs must be NULL or a one-dimensional array indexed from 1, as long as run_ids');
-    PERFORM zeroth._require(settle_runs.errors IS NULL
+                            'outputs must be NULL or a one-dimensional array indexed from 1, as long as run_ids'),
+            zeroth._require(settle_runs.errors IS NULL
                             OR (cardinality(settle_runs.errors) = v_n
                                 AND coalesce(array_ndims(settle_runs.errors), 1) = 1
                                 AND coalesce(array_lower(settle_runs.errors, 1), 1) = 1),
-                            'errors must be NULL or a one-dimensional array indexed from 1, as long as run_ids');
-    -- An output belongs to a completion, an error to a failure: one given to another outcome
-    -- would be dropped silently.
-    PERFORM zeroth._require(NOT EXISTS (
+                            'errors must be NULL or a one-dimensional array indexed from 1, as long as run_ids'),
+            -- An output belongs to a completion, an error to a failure: one given to another
+            -- outcome would be dropped silently.
+            zeroth._require(NOT EXISTS (
                                 SELECT 1 FROM generate_subscripts(settle_runs.outcomes, 1) AS g(i)
                                  WHERE (settle_runs.outputs[g.i] IS NOT NULL AND settle_runs.outcomes[g.i] <> 'complete')
                                     OR (settle_runs.errors[g.i] IS NOT NULL
                                         AND settle_runs.outcomes[g.i] NOT IN ('retry', 'fail', 'timeout'))),
-                            'outputs[i] is for complete only, errors[i] for retry, fail and timeout only');
-    -- Both NULL: each retried run takes its deployment's registered policy (else 1 / 300), as
-    -- fail_run does; or both given, for every run of the batch.
-    PERFORM zeroth._require((settle_runs.retry_base_seconds IS NULL AND settle_runs.retry_max_seconds IS NULL)
+                            'outputs[i] is for complete only, errors[i] for retry, fail and timeout only'),
+            -- Both NULL: each retried run takes its deployment's registered policy (else 1 / 300),
+            -- as fail_run does; or both given, for every run of the batch.
+            zeroth._require((settle_runs.retry_base_seconds IS NULL AND settle_runs.retry_max_seconds IS NULL)
                             OR (settle_runs.retry_base_seconds >= 0
                                 AND settle_runs.retry_max_seconds >= settle_runs.retry_base_seconds
                                 AND settle_runs.retry_max_seconds <= 86400 * 30),

@@ -8,9 +8,18 @@
 SELECT 1;
 
 -- ===== section: settle path and per-run cost (issues 33, 30) =====
---
---
---
+-- Issue 33, the last lease resets outside the settle path: a takeover (claim_for_takeover,
+-- reconcile_thread_runs, claim_orphaned and the claims that end a spent lapsed claim), the end of
+-- a run whose recovery raised, and an operator's cancel now end through zeroth._settle, which
+-- settles only listed edges. The edges they took from pending (a lapsed claim never started) and
+-- the dead-lettering of an unrecoverable run were not listed yet.
+INSERT INTO zeroth.run_transitions (edge_no, from_status, outcome, to_status, label) VALUES
+    (38, 'pending', 'takeover_requeued', 'pending', 'claim_for_takeover / reconcile_thread_runs, a resumable claim that lapsed before start_run (requeued, its attempt counted)'),
+    (39, 'pending', 'takeover_failed', 'failed', 'claim_for_takeover / reconcile_thread_runs with a stop reason other than orphan_recovered, a claim not resumable that lapsed before start_run (stop reason in error)'),
+    (40, 'pending', 'orphan_recovered', 'failed', 'claim_orphaned / claim_for_takeover with stop reason orphan_recovered (its default), a claim not resumable that lapsed before start_run'),
+    (41, 'pending', 'takeover_cancelled', 'cancelled', 'claim_for_takeover of a lapsed claim with a cancel action set'),
+    (42, 'pending', 'recovery_failed', 'failed', 'the takeover of a lapsed claim raised (dead-lettered, recovery_failed)'),
+    (43, 'running', 'recovery_failed', 'failed', 'the takeover of an orphan raised (dead-lettered, recovery_failed)');
 
 -- ===== section: run event stream (issue 34, item 1) =====
 --
@@ -116,9 +125,9 @@ COMMENT ON COLUMN zeroth.run_attempts.outcome IS 'How the attempt ended (rows he
 
 -- The timeout ends as edges of the state machine (zeroth._settle kinds timeout, run_timeout).
 INSERT INTO zeroth.run_transitions (edge_no, from_status, outcome, to_status, label) VALUES
-    (38, 'running', 'timed_out', 'pending', 'the attempt''s deadline passed, attempts < max_attempts: settle_runs / fail_run kind timeout by the holder, or claim_orphaned after the lease lapsed at the deadline (settled, run_after = backoff, stop_reason attempt_timeout); with no attempt left: dead_lettered'),
-    (39, 'running', 'run_timed_out', 'failed', 'the run''s deadline passed: the holder''s settle of kind timeout, or claim_orphaned (settled, stop_reason run_timeout, not retried)'),
-    (40, 'pending', 'run_timed_out', 'failed', 'a claim finds a pending run past its run deadline: never started (stop_reason run_timeout)');
+    (44, 'running', 'timed_out', 'pending', 'the attempt''s deadline passed, attempts < max_attempts: settle_runs / fail_run kind timeout by the holder, or claim_orphaned after the lease lapsed at the deadline (settled, run_after = backoff, stop_reason attempt_timeout); with no attempt left: dead_lettered'),
+    (45, 'running', 'run_timed_out', 'failed', 'the run''s deadline passed: the holder''s settle of kind timeout, or claim_orphaned (settled, stop_reason run_timeout, not retried)'),
+    (46, 'pending', 'run_timed_out', 'failed', 'a claim finds a pending run past its run deadline: never started (stop_reason run_timeout)');
 
 -- register_deployment and set_deployment_defaults take the two timeouts (trailing, DEFAULT NULL:
 -- every call that worked before works the same); their files create the new signatures, and the

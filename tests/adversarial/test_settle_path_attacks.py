@@ -12,6 +12,9 @@ people it must keep out, on a database as shipped (no test clock):
   started) changes nothing and is reported (ZP012); no product role can add an edge;
 * a zeroth_reader and a LOGIN role with no grant cannot call settle_runs (42501) nor the
   internal settle helpers, and change nothing.
+* the ends of another worker's lease — claim_for_takeover, reconcile_thread_runs,
+  claim_orphaned, request_cancel(_v2), clear_lease — go through the same settle: along an edge a
+  DBA removed they change nothing (a takeover takes nothing, the others raise ZP003).
 """
 
 from __future__ import annotations
@@ -89,6 +92,7 @@ class TestMixedBatch:
         assert await ended(admin, also_mine) == [(g_also, "w1", "handed_back")]
 
     @pytest.mark.parametrize("outcome", ["release", "expire", "sleep", "pause", "wait",
+                                         "take_over", "unrecoverable", "revoke", "clear",
                                          "COMPLETE", "complete "])
     async def test_an_internal_or_unknown_outcome_is_refused_whole(self, login, admin, outcome):
         worker = await login("worker")
@@ -280,3 +284,78 @@ class TestDbaReopensASettledGeneration:
             label = "completed"
         assert [row[1:] for row in await ended(admin, run_id)] == [
             ("w1", "failed"), ("w1", label)]
+
+
+#: The ends of another worker's lease, each with the edge it takes (from a running run past
+#: lease + grace, or a pending one for an operator's cancel), the call and the status after it.
+#: They end through the settle path too (issue 33): the lease is cleared in one place and only
+#: along a listed edge.
+ADMIN_ENDS = {
+    "claim_for_takeover": (
+        "running", "takeover_requeued",
+        "SELECT count(*) FROM zeroth.claim_for_takeover(run_id => $1, tenant_id => $2, "
+        "grace_seconds => 0)", "pending"),
+    "reconcile_thread_runs": (
+        "running", "takeover_requeued",
+        "SELECT count(*) FROM zeroth.reconcile_thread_runs(deployment_ref => 'd', tenant_id => $2, "
+        "grace_seconds => 0) WHERE run_id = $1", "pending"),
+    "claim_orphaned": (
+        "running", "orphan_recovered",
+        "SELECT count(*) FROM zeroth.claim_orphaned(deployment_ref => 'd', worker_id => 'w2', "
+        "tenant_id => $2, grace_seconds => 0, claim_limit => 0) "
+        "WHERE run_id IS NOT NULL AND $1::uuid IS NOT NULL", "failed"),
+    "request_cancel_v2": (
+        "running", "takeover_cancelled",
+        "SELECT outcome FROM zeroth.request_cancel_v2(run_id => $1, tenant_id => $2, "
+        "grace_seconds => 0)", "cancelled"),
+    "request_cancel": (
+        "pending", "cancel_requested",
+        "SELECT zeroth.request_cancel(run_id => $1, tenant_id => $2)", "cancelled"),
+    # An operator's clear_lease of a running run: the lease expired in place, no attempt ended.
+    "clear_lease": (
+        "running", "expired",
+        "SELECT zeroth.clear_lease(run_id => $1, tenant_id => $2)", "running"),
+}
+
+LAPSE = """UPDATE zeroth.runs SET lease_expires_at = now() - interval '1 hour',
+               lease_acquired_at = now() - interval '2 hours', thread_id = 't1',
+               resumable = $2 WHERE run_id = $1"""  # a thread's run, for reconcile_thread_runs
+
+
+class TestAdminEndsFollowTheTransitionTable:
+    @pytest.mark.parametrize("call", sorted(ADMIN_ENDS))
+    async def test_an_end_of_another_workers_lease_along_a_removed_edge_changes_nothing(
+            self, login, admin, call):
+        # Takeovers and an operator's cancel clear a lease through zeroth._settle, so an edge a
+        # DBA deleted from zeroth.run_transitions stops them as it stops a worker's own ends: the
+        # run, its slot and its history stay as they were (a takeover takes nothing; a cancel
+        # or a clear raises ZP003).
+        worker = await login("worker")
+        from_status, edge, statement, after = ADMIN_ENDS[call]
+        if from_status == "running":
+            run_id, _generation = await held(admin, worker)
+            await admin.execute(LAPSE, run_id, call != "claim_orphaned")
+        else:
+            run_id = await admin.fetchval(ENQUEUE, "acme")
+        removed = await admin.fetch(
+            "DELETE FROM zeroth.run_transitions WHERE from_status = $1 AND outcome = $2 "
+            "RETURNING *", from_status, edge)
+        assert len(removed) == 1
+        try:
+            before = await snapshot(admin)
+            if call.startswith("request_cancel") or call == "clear_lease":
+                with pytest.raises(asyncpg.PostgresError) as info:
+                    await admin.fetch(statement, run_id, "acme")
+                assert info.value.sqlstate == "ZP003"
+            else:
+                assert await admin.fetchval(statement, run_id, "acme") == 0
+            assert await snapshot(admin) == before
+        finally:
+            await admin.executemany(
+                "INSERT INTO zeroth.run_transitions VALUES ($1, $2, $3, $4, $5)",
+                [tuple(r) for r in removed])
+        # The edge back, the same end lands, and its attempt (if it ended one) is recorded once.
+        await admin.fetch(statement, run_id, "acme")
+        assert await status(admin, run_id) == after
+        if from_status == "running":
+            assert len(await ended(admin, run_id)) == (call != "clear_lease")

@@ -106,20 +106,22 @@ REVOKE ALL ON FUNCTION zeroth._key_fits(text, text, text, text) FROM PUBLIC;
 CREATE OR REPLACE FUNCTION zeroth._require_lease_batch(run_ids uuid[], generations bigint[]) RETURNS void
     LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
+    -- One statement, the checks in order (the first false one raises): a batch call runs this on
+    -- every completion, and each PERFORM is a statement of its own.
     PERFORM zeroth._require(run_ids IS NOT NULL AND generations IS NOT NULL
                             AND cardinality(run_ids) = cardinality(generations),
-                            'run_ids and generations must be arrays of the same length');
-    -- One dimension, subscripts from 1 (or empty): the callers pair the arrays by position.
-    PERFORM zeroth._require(coalesce(array_ndims(run_ids), 1) = 1
+                            'run_ids and generations must be arrays of the same length'),
+            -- One dimension, subscripts from 1 (or empty): the callers pair the arrays by position.
+            zeroth._require(coalesce(array_ndims(run_ids), 1) = 1
                             AND coalesce(array_ndims(generations), 1) = 1
                             AND coalesce(array_lower(run_ids, 1), 1) = 1
                             AND coalesce(array_lower(generations, 1), 1) = 1,
-                            'run_ids and generations must be one-dimensional arrays indexed from 1');
-    PERFORM zeroth._require(array_position(run_ids, NULL) IS NULL
+                            'run_ids and generations must be one-dimensional arrays indexed from 1'),
+            zeroth._require(array_position(run_ids, NULL) IS NULL
                             AND array_position(generations, NULL) IS NULL,
-                            'run_ids and generations must not contain NULL');
-    PERFORM zeroth._require(cardinality(run_ids) <= 1000, 'at most 1000 runs per call');
-    PERFORM zeroth._require(cardinality(run_ids) = (SELECT count(DISTINCT u) FROM unnest(run_ids) AS u),
+                            'run_ids and generations must not contain NULL'),
+            zeroth._require(cardinality(run_ids) <= 1000, 'at most 1000 runs per call'),
+            zeroth._require(cardinality(run_ids) = (SELECT count(DISTINCT u) FROM unnest(run_ids) AS u),
                             'run_ids must not repeat a run');
 END
 $$;

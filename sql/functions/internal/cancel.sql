@@ -8,7 +8,9 @@
 -- lease + grace has not run out → cancel_requested (durable flag, first action wins, NOTIFY to the
 -- owner's key), unless the caller proves it is that owner: its worker id and live generation.
 -- running past lease + grace → taken_over: cancelled here with a stop reason, slot freed. The
--- owner's later writes are refused by the fence.
+-- owner's later writes are refused by the fence. The ends go through the settle path
+-- (zeroth._settle, kind revoke: lease cleared, slots freed, attempt recorded, wakeup); an edge a
+-- DBA removed from zeroth.run_transitions raises ZP003 and changes nothing.
 CREATE OR REPLACE FUNCTION zeroth._cancel(tenant_id text, workspace_key text, run_id uuid, action text, grace interval,
                                at timestamptz, caller_worker_id text DEFAULT NULL, caller_generation bigint DEFAULT NULL)
     RETURNS zeroth.cancel_result
@@ -16,17 +18,18 @@ CREATE OR REPLACE FUNCTION zeroth._cancel(tenant_id text, workspace_key text, ru
 DECLARE
     v_run    record;
     v_owner  boolean;
-    v_freed  boolean;
+    v_slots  tid[];
+    v_settle record;
     v_result zeroth.cancel_result;
     v_at     timestamptz;
 BEGIN
-    PERFORM 1 FROM zeroth.admission_slots s
-     -- The scope by IS NOT DISTINCT FROM: by admission_slots_run_idx whatever the
-     -- statistics (see zeroth._lock_settle).
-     WHERE s.run_id = _cancel.run_id
-       AND (s.tenant_id, s.workspace_key) IS NOT DISTINCT FROM (_cancel.tenant_id, _cancel.workspace_key)
-       FOR UPDATE;
-    SELECT r.status, r.lease_worker_id, r.lease_generation, r.lease_expires_at, r.deployment_ref,
+    v_slots := ARRAY(SELECT s.ctid FROM zeroth.admission_slots s
+                      -- The scope by IS NOT DISTINCT FROM: by admission_slots_run_idx whatever the
+                      -- statistics (see zeroth._lock_settle).
+                      WHERE s.run_id = _cancel.run_id
+                        AND (s.tenant_id, s.workspace_key) IS NOT DISTINCT FROM (_cancel.tenant_id, _cancel.workspace_key)
+                        FOR UPDATE);
+    SELECT r.ctid, r.status, r.lease_worker_id, r.lease_generation, r.lease_expires_at, r.deployment_ref,
            r.workspace_id, r.cancel_action
       INTO v_run
       FROM zeroth.runs r
@@ -68,35 +71,15 @@ BEGIN
         RETURN v_result;
     END IF;
 
-    UPDATE zeroth.admission_slots s
-       SET run_id = NULL, lease_generation = NULL
-     -- The scope by IS NOT DISTINCT FROM: by admission_slots_run_idx whatever the
-     -- statistics (see zeroth._lock_settle).
-     WHERE s.run_id = _cancel.run_id
-       AND (s.tenant_id, s.workspace_key) IS NOT DISTINCT FROM (_cancel.tenant_id, _cancel.workspace_key);
-    v_freed := FOUND;
-    v_result.outcome := CASE WHEN v_run.status = 'running' AND v_owner IS NOT TRUE
-                             THEN 'taken_over' ELSE 'cancelled' END;
-    UPDATE zeroth.runs r
-       SET status = 'cancelled',
-           cancel_requested_at = coalesce(r.cancel_requested_at, v_at),
-           cancel_action = coalesce(r.cancel_action, _cancel.action),
-           error = CASE WHEN v_result.outcome = 'taken_over'
-                        THEN zeroth._stop_error('taken_over', format(
-                                 'cancelled after worker %s stopped renewing its lease (expired at %s)',
-                                 r.lease_worker_id, r.lease_expires_at), r.lease_worker_id, r.lease_generation, r.error)
-                        ELSE r.error END,
-           wait_reason = NULL,
-           thread_queued_at = NULL,
-           finished_at = v_at,
-           updated_at = v_at,
-           lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
-           admission_slot = NULL, recovery_checkpoint_id = NULL
-     WHERE r.tenant_id = _cancel.tenant_id AND r.workspace_key = _cancel.workspace_key AND r.run_id = _cancel.run_id
-    RETURNING r.status, r.cancel_action INTO v_result.status, v_result.cancel_action;
-    IF v_freed THEN
-        PERFORM zeroth._notify_wakeup(v_run.deployment_ref, _cancel.tenant_id, v_run.workspace_id);
-    END IF;
+    SELECT st.outcome, st.to_status, st.sqlstate INTO v_settle
+      FROM zeroth._settle(_cancel.tenant_id, _cancel.workspace_key, v_run.lease_worker_id,
+                          ARRAY[_cancel.run_id], ARRAY[v_run.lease_generation], ARRAY['revoke'],
+                          NULL, NULL, ARRAY[_cancel.action], NULL, NULL,
+                          ARRAY[v_run.ctid], v_slots, v_at) st;
+    PERFORM zeroth._raise_unlisted_edge('request_cancel', _cancel.run_id, v_run.status, v_settle.sqlstate);
+    v_result.outcome := CASE WHEN v_settle.outcome = 'takeover_cancelled' THEN 'taken_over' ELSE 'cancelled' END;
+    v_result.status := v_settle.to_status;
+    v_result.cancel_action := coalesce(v_run.cancel_action, _cancel.action);
     RETURN v_result;
 END
 $$;

@@ -81,18 +81,30 @@ REVOKE ALL ON FUNCTION zeroth._lock_settle(text, text, text, uuid[], bigint[]) F
 --   that is the deadline the holder stopped at (no later than the attempt's), the run fails for
 --   good: run_timed_out) and run_timeout (run_timed_out whatever the clock: the orphan
 --   sweep's end of a run past its run deadline), both with error {stop_reason attempt_timeout |
---   run_timeout} (payloads[i], the holder's error, kept as its previous error).
+--   run_timeout} (payloads[i], the holder's error, kept as its previous error);
+--   and three ends of another worker's lease, for the callers that locked the run without holding
+--   it (worker_id is then the run's holder as they locked it, NULL for none): take_over
+--   (zeroth._take_over: the lease + grace ran out; reasons[i]: the stop reason of a run not
+--   resumable, payloads[i]: its message as a JSON string, NULL: the default), unrecoverable
+--   (zeroth._end_unrecoverable; payloads[i]: the message as a JSON string), revoke (zeroth._cancel:
+--   an operator's cancel; reasons[i]: the cancel action) and clear (clear_lease).
 -- The kind and the locked row decide the outcome (completed, retried, failed, dead_lettered,
--- cancelled, handed_back, released, expired, slept, paused, waited, timed_out, run_timed_out), and zeroth.run_transitions
--- the edge: an outcome whose (status, outcome) is not listed changes nothing. The fence is in the
--- UPDATE's predicate (worker, generation, lease live at `at`, the status it was decided on), so a
--- row changed between the lock and the settle (a DBA's UPDATE in the same transaction) is
+-- cancelled, handed_back, released, expired, slept, paused, waited, timed_out, run_timed_out; for
+-- take_over takeover_cancelled, claim_lapsed, takeover_failed or orphan_recovered,
+-- recovery_exhausted, takeover_requeued; recovery_failed; for revoke cancel_requested or
+-- takeover_cancelled; for clear expired (running) or released), and
+-- zeroth.run_transitions the edge: an outcome whose (status, outcome) is not listed changes
+-- nothing. The fence is in the UPDATE's predicate (worker, generation, the status it was decided
+-- on, and the lease live at `at` — expired for take_over and unrecoverable, either for revoke
+-- and clear), so
+-- a row changed between the lock and the settle (a DBA's UPDATE in the same transaction) is
 -- refused, never half-written. In the same statement: the lease cleared (expired in place for
 -- `expired`), the slots freed, and the ended attempt of every outcome but `expired` (which ends
--- none) written to zeroth.run_attempts, with the row marked (attempt_recorded_generation) so the
+-- none, and of a run that had no holder) written to zeroth.run_attempts, with the row marked (attempt_recorded_generation) so the
 -- trigger runs_attempt_history leaves it alone (a row that already carried that mark — a DBA
 -- reopened a recorded generation by hand — is left to the trigger instead: one row either way). Then zeroth_wakeup once per deployment that had a
--- slot freed, a run due now, or a lease given back (release, expire, hand_back).
+-- slot freed, a run due now, or a lease given back (release, expire, hand_back, take_over,
+-- unrecoverable, clear).
 -- The run event stream (issue 34): a run that ended (completed, failed, cancelled) and has
 -- events gets its END row (stream_ended) and a zeroth_run_events hint; one that emitted nothing
 -- gets neither (read_run_events makes its END from its status).
@@ -136,21 +148,21 @@ BEGIN
           FROM unnest(_settle.run_ids, _settle.generations, _settle.kinds)
                WITH ORDINALITY AS q(run_id, generation, kind, ord)
     ), held AS MATERIALIZED (
-        -- The locked rows whose live lease is the caller's, as they are before the settle.
+        -- The locked rows, as they are before the settle (the fence: `decided`).
         SELECT r.run_id, r.lease_generation, r.status, r.attempts, r.max_attempts, r.hand_backs,
                r.cancel_requested_at, r.lease_acquired_at, r.started_at,
                r.attempt_recorded_generation AS old_mark,
+               r.lease_worker_id, r.lease_expires_at, r.resumable, r.cancel_action,
                -- issue 34 item 2: a timeout at the run's deadline ends the run
                r.run_deadline_at, r.attempt_deadline_at
           FROM zeroth.runs r
          WHERE r.ctid = ANY (_settle.run_rows)
            AND (r.tenant_id, r.workspace_key) IS NOT DISTINCT FROM
                (_settle.tenant_id, _settle.workspace_key)
-           AND r.lease_worker_id = _settle.worker_id
-           AND r.lease_expires_at >= _settle.at
     ), decided AS MATERIALIZED (
         SELECT q.ord, q.run_id, q.generation, q.kind, q.payload, q.run_after, q.reason,
                h.status AS from_status, h.attempts, h.lease_acquired_at, h.started_at, h.old_mark,
+               h.lease_expires_at AS old_expires,
                CASE q.kind
                    -- issue 34 item 2: an attempt timeout retries as retry does, unless the run's
                    -- own deadline has passed too, or is the one the holder stopped at (it comes
@@ -183,9 +195,31 @@ BEGIN
                    WHEN 'pause' THEN 'paused'
                    WHEN 'wait' THEN CASE WHEN h.status = 'running' AND h.cancel_requested_at IS NOT NULL
                                          THEN 'cancelled' ELSE 'waited' END
+                   -- The takeover decision (zeroth._take_over's header), first match wins.
+                   WHEN 'take_over' THEN CASE
+                       WHEN h.cancel_action IS NOT NULL THEN 'takeover_cancelled'
+                       WHEN h.status = 'pending' AND h.attempts + 1 >= h.max_attempts THEN 'claim_lapsed'
+                       WHEN NOT h.resumable THEN CASE WHEN q.reason = 'orphan_recovered'
+                                                      THEN 'orphan_recovered' ELSE 'takeover_failed' END
+                       WHEN h.status = 'running' AND h.attempts >= h.max_attempts THEN 'recovery_exhausted'
+                       ELSE 'takeover_requeued' END
+                   WHEN 'unrecoverable' THEN 'recovery_failed'
+                   -- An operator's cancel of a running run ends it only for its live holder
+                   -- (cancelled) or past lease + grace (taken over): zeroth._cancel decides which.
+                   WHEN 'revoke' THEN CASE WHEN h.status = 'running' AND h.lease_expires_at < _settle.at
+                                           THEN 'takeover_cancelled' ELSE 'cancel_requested' END
+                   -- An operator's clear_lease: as a release, whoever holds the lease.
+                   WHEN 'clear' THEN CASE WHEN h.status = 'running' THEN 'expired' ELSE 'released' END
                END AS outcome
           FROM requested q
           JOIN held h ON h.run_id = q.run_id AND h.lease_generation = q.generation
+                     -- The fence: the caller's live lease; for the ends of another's lease, the
+                     -- holder the caller locked, lapsed (take_over, unrecoverable) or as it was.
+                     AND CASE WHEN q.kind IN ('take_over', 'unrecoverable')
+                              THEN h.lease_worker_id = _settle.worker_id AND h.lease_expires_at < _settle.at
+                              WHEN q.kind IN ('revoke', 'clear')
+                              THEN h.lease_worker_id IS NOT DISTINCT FROM _settle.worker_id
+                              ELSE h.lease_worker_id = _settle.worker_id AND h.lease_expires_at >= _settle.at END
     ), edges AS MATERIALIZED (
         SELECT d.*, t.to_status
           FROM decided d
@@ -213,6 +247,30 @@ BEGIN
                                      'that never finishes before its worker stops is not retried again',
                                      r.hand_backs + 1, r.attempts, r.max_attempts),
                                  r.lease_worker_id, r.lease_generation, r.error)
+                            WHEN e.kind = 'take_over' THEN CASE
+                                WHEN e.outcome = 'takeover_requeued' THEN r.error
+                                WHEN e.outcome IN ('claim_lapsed', 'recovery_exhausted')
+                                THEN zeroth._stop_error('attempts_exhausted', CASE
+                                     WHEN r.status = 'pending' THEN format(
+                                         'worker %s claimed it and never started it (lease expired at %s) on attempt %s of %s; '
+                                         'a run whose claims lapse every time is not retried again',
+                                         r.lease_worker_id, r.lease_expires_at, r.attempts + 1, r.max_attempts)
+                                     ELSE format(
+                                         'worker %s stopped renewing its lease (expired at %s) on attempt %s of %s; '
+                                         'a run whose worker dies every time is not retried again',
+                                         r.lease_worker_id, r.lease_expires_at, r.attempts, r.max_attempts) END,
+                                     r.lease_worker_id, r.lease_generation, r.error)
+                                ELSE zeroth._stop_error(e.reason, coalesce(e.payload #>> '{}', format(
+                                         'run lease expired: worker %s stopped renewing (expired at %s)',
+                                         r.lease_worker_id, r.lease_expires_at)),
+                                     r.lease_worker_id, r.lease_generation, r.error) END
+                            WHEN e.kind = 'unrecoverable'
+                            THEN zeroth._stop_error('recovery_failed', e.payload #>> '{}',
+                                                    r.lease_worker_id, r.lease_generation, r.error)
+                            WHEN e.kind = 'revoke' AND e.outcome = 'takeover_cancelled'
+                            THEN zeroth._stop_error('taken_over', format(
+                                     'cancelled after worker %s stopped renewing its lease (expired at %s)',
+                                     r.lease_worker_id, r.lease_expires_at), r.lease_worker_id, r.lease_generation, r.error)
                             ELSE r.error END,
                run_after = CASE WHEN e.outcome IN ('retried', 'timed_out')
                                -- Exponential backoff with equal jitter: half fixed, half random.
@@ -235,24 +293,33 @@ BEGIN
                                WHEN e.outcome = 'slept' THEN e.run_after
                                ELSE r.run_after END,
                finished_at = CASE WHEN e.to_status IN ('completed', 'failed', 'cancelled') THEN _settle.at
-                                  WHEN e.outcome IN ('retried', 'handed_back', 'slept', 'waited', 'timed_out') THEN NULL
+                                  WHEN e.outcome IN ('retried', 'handed_back', 'slept', 'waited', 'timed_out',
+                                                     'takeover_requeued')
+                                  THEN NULL
                                   ELSE r.finished_at END,
-               dead_lettered_at = CASE WHEN e.outcome = 'dead_lettered' THEN _settle.at
+               dead_lettered_at = CASE WHEN e.outcome IN ('dead_lettered', 'claim_lapsed', 'recovery_exhausted',
+                                                          'recovery_failed') THEN _settle.at
                                        WHEN e.kind IN ('fail', 'retry', 'timeout', 'run_timeout') THEN NULL
                                        ELSE r.dead_lettered_at END,
                -- Waiting and sleeping are not failures: the attempt is given back.
                attempts = CASE WHEN e.outcome IN ('slept', 'paused', 'waited')
                                     OR (e.outcome = 'handed_back' AND r.hand_backs < r.max_attempts)
-                               THEN greatest(r.attempts - 1, 0) ELSE r.attempts END,
+                               THEN greatest(r.attempts - 1, 0)
+                               -- A lapsed claim never started counts its attempt when taken over.
+                               WHEN e.kind = 'take_over' AND r.status = 'pending' THEN r.attempts + 1
+                               ELSE r.attempts END,
                hand_backs = CASE WHEN e.kind = 'hand_back' THEN r.hand_backs + 1 ELSE r.hand_backs END,
                wait_reason = CASE WHEN e.to_status = 'waiting' THEN e.reason
-                                  WHEN e.kind = 'wait' THEN NULL
+                                  WHEN e.kind IN ('wait', 'revoke') THEN NULL
                                   ELSE r.wait_reason END,
+               thread_queued_at = CASE WHEN e.kind = 'revoke' THEN NULL ELSE r.thread_queued_at END,
                checkpoint_seq = CASE WHEN e.outcome = 'slept' AND e.payload IS NOT NULL
                                      THEN r.checkpoint_seq + 1 ELSE r.checkpoint_seq END,
-               cancel_requested_at = CASE WHEN e.kind = 'cancel' THEN coalesce(r.cancel_requested_at, _settle.at)
+               cancel_requested_at = CASE WHEN e.kind IN ('cancel', 'revoke')
+                                          THEN coalesce(r.cancel_requested_at, _settle.at)
                                           ELSE r.cancel_requested_at END,
                cancel_action = CASE WHEN e.kind = 'cancel' THEN coalesce(r.cancel_action, 'cancel')
+                                    WHEN e.kind = 'revoke' THEN coalesce(r.cancel_action, e.reason)
                                     ELSE r.cancel_action END,
                updated_at = _settle.at,
                -- The lease, cleared once for every kind; `expired` keeps the holder with a lapsed
@@ -263,7 +330,8 @@ BEGIN
                                        THEN least(r.lease_expires_at, _settle.at - interval '1 microsecond') END,
                admission_slot = NULL,
                recovery_checkpoint_id = CASE WHEN e.kind = 'expire' THEN r.recovery_checkpoint_id END,
-               attempt_recorded_generation = CASE WHEN e.outcome = 'expired'
+               -- (no attempt ended: a lease expired in place, or a run with no holder revoked)
+               attempt_recorded_generation = CASE WHEN e.outcome = 'expired' OR r.lease_worker_id IS NULL
                                                   THEN r.attempt_recorded_generation
                                                   ELSE r.lease_generation END
           FROM edges e
@@ -273,11 +341,14 @@ BEGIN
            AND r.run_id = e.run_id
            AND e.to_status IS NOT NULL
            AND r.status = e.from_status
-           AND r.lease_worker_id = _settle.worker_id
            AND r.lease_generation = e.generation
-           AND r.lease_expires_at >= _settle.at
+           AND CASE WHEN e.kind IN ('take_over', 'unrecoverable')
+                    THEN r.lease_worker_id = _settle.worker_id AND r.lease_expires_at < _settle.at
+                    WHEN e.kind IN ('revoke', 'clear')
+                    THEN r.lease_worker_id IS NOT DISTINCT FROM _settle.worker_id
+                    ELSE r.lease_worker_id = _settle.worker_id AND r.lease_expires_at >= _settle.at END
         RETURNING e.ord, e.run_id, e.generation, e.kind, e.outcome, e.from_status, e.attempts AS old_attempts,
-                  e.lease_acquired_at AS old_acquired, e.started_at AS old_started, e.old_mark,
+                  e.lease_acquired_at AS old_acquired, e.started_at AS old_started, e.old_mark, e.old_expires,
                   r.tenant_id, r.workspace_key, r.status AS new_status, r.run_after, r.checkpoint_seq,
                   r.error, r.wait_reason, r.deployment_ref, r.workspace_id
     ), recorded AS (
@@ -300,8 +371,18 @@ BEGIN
                             WHEN s.outcome IN ('paused', 'waited')
                             THEN CASE WHEN s.wait_reason LIKE 'event:%' OR s.wait_reason LIKE 'children:%'
                                       THEN 'waited' ELSE 'paused' END
+                            -- The ends of another's lease, labelled as the trigger labels them.
+                            WHEN s.outcome IN ('takeover_cancelled', 'cancel_requested') THEN 'cancelled'
+                            WHEN s.outcome IN ('claim_lapsed', 'recovery_exhausted', 'recovery_failed')
+                            THEN 'dead_lettered'
+                            WHEN s.outcome IN ('takeover_requeued', 'takeover_failed', 'orphan_recovered')
+                            THEN CASE WHEN s.from_status = 'running' THEN 'recovered' ELSE 'expired' END
+                            -- clear_lease of a claim whose lease had already lapsed
+                            WHEN s.outcome = 'released' AND s.old_expires < _settle.at THEN 'expired'
                             ELSE s.outcome END AS label) l
          WHERE s.outcome <> 'expired'
+           -- A revoked run that had no holder ended no attempt.
+           AND _settle.worker_id IS NOT NULL
            -- A generation already marked recorded (a DBA reopened it by hand): the trigger
            -- records this end (its WHEN sees the mark was not set by this update).
            AND s.old_mark IS DISTINCT FROM s.generation
@@ -311,7 +392,8 @@ BEGIN
           FROM settled s
          WHERE sl.ctid = ANY (_settle.slot_rows)
            AND sl.run_id = s.run_id
-           AND sl.lease_generation = s.generation
+           -- (revoke and clear free every slot naming the run, as the operator's calls always did)
+           AND (sl.lease_generation = s.generation OR s.kind IN ('revoke', 'clear'))
         RETURNING s.run_id  -- the settled run (sl.run_id is NULL now)
     ), stream_ended AS (
         -- The run event stream's END (issue 34), for runs that ended and have events only: a run
@@ -344,7 +426,8 @@ BEGIN
            coalesce(array_agg(DISTINCT s.deployment_ref)
                         FILTER (WHERE s.run_id IN (SELECT f.run_id FROM freed f)
                                    OR (s.new_status = 'pending' AND s.run_after <= _settle.at)
-                                   OR s.kind IN ('release', 'expire', 'hand_back')), '{}'),
+                                   OR s.kind IN ('release', 'expire', 'hand_back', 'take_over',
+                                                 'unrecoverable', 'clear')), '{}'),
            min(s.workspace_id),
            array_agg(s.run_id) FILTER (WHERE s.run_id IN (SELECT x.run_id FROM stream_ended x))
       INTO v_ord, v_outcome, v_from, v_to, v_after, v_seq, v_state, v_deps, v_ws, v_streams
@@ -352,8 +435,12 @@ BEGIN
       LEFT JOIN edges e ON e.ord = q.ord
       LEFT JOIN settled s ON s.ord = q.ord;
 
-    PERFORM zeroth._notify_wakeup(d.deployment_ref, _settle.tenant_id, v_ws)
-       FROM unnest(v_deps) AS d(deployment_ref);
+    -- Most ends free nothing a waiting worker could take (a failure, a cancel without a slot):
+    -- no statement then.
+    IF cardinality(v_deps) > 0 THEN
+        PERFORM zeroth._notify_wakeup(d.deployment_ref, _settle.tenant_id, v_ws)
+           FROM unnest(v_deps) AS d(deployment_ref);
+    END IF;
     -- Subscribers of the streams that got their END (none for runs that emitted nothing: no
     -- statement then, the IF is a plain expression).
     IF v_streams IS NOT NULL THEN

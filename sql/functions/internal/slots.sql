@@ -1,5 +1,5 @@
--- sql/functions/internal/slots.sql: admission slots (max_concurrency): free, take (the settle path
--- locks and frees its own: internal/settle.sql).
+-- sql/functions/internal/slots.sql: admission slots (max_concurrency): take (the settle path
+-- locks and frees them: internal/settle.sql).
 -- Internal helpers: SECURITY INVOKER, executable by zeroth_owner only (they run inside the
 -- SECURITY DEFINER public functions). Re-applied by every upgrade (sql/README.md).
 
@@ -7,25 +7,8 @@
 DROP FUNCTION IF EXISTS zeroth._lock_lease_end(text, text, uuid, text, bigint);
 DROP FUNCTION IF EXISTS zeroth._lock_slot(text, text, uuid, bigint);
 
--- Frees the slot naming exactly (run, generation). Called once the run's own UPDATE matched, so a
--- refused write leaves the slot as it was. Returns whether a slot was freed.
-CREATE OR REPLACE FUNCTION zeroth._free_slot(tenant_id text, workspace_key text, run_id uuid, generation bigint)
-    RETURNS boolean
-    LANGUAGE plpgsql VOLATILE AS $$
-BEGIN
-    UPDATE zeroth.admission_slots s
-       SET run_id = NULL, lease_generation = NULL
-     WHERE s.run_id = _free_slot.run_id
-       -- IS NOT DISTINCT FROM: by admission_slots_run_idx whatever the statistics (_lock_settle).
-       AND (s.tenant_id, s.workspace_key) IS NOT DISTINCT FROM
-           (_free_slot.tenant_id, _free_slot.workspace_key)
-       AND s.lease_generation = _free_slot.generation;
-    RETURN FOUND;
-END
-$$;
-COMMENT ON FUNCTION zeroth._free_slot(text, text, uuid, bigint) IS 'Internal: free the admission slot naming exactly this (run, generation); true when one was freed.';
-ALTER FUNCTION zeroth._free_slot(text, text, uuid, bigint) OWNER TO zeroth_owner;
-REVOKE ALL ON FUNCTION zeroth._free_slot(text, text, uuid, bigint) FROM PUBLIC;
+-- Freed by the settle path now, for the takeovers too (zeroth._settle).
+DROP FUNCTION IF EXISTS zeroth._free_slot(text, text, uuid, bigint);
 
 -- Takes up to `wanted` free admission slots of a scope, creating the scope's K slot rows on first
 -- use. active_count is the number of slots whose lease is live (slots numbered above K, left by a

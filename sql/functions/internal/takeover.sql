@@ -22,14 +22,16 @@ REVOKE ALL ON FUNCTION zeroth._retry_after(timestamptz, interval, timestamptz) F
 -- → dead-lettered alike; else → requeued (pending). The interrupted attempt stays counted, and a
 -- lapsed unstarted claim is counted here (start_run never counted it): only a hand-back by the
 -- live holder gives one back, so a run that kills every worker it lands on — before or after
--- start_run — ends after max_attempts.
+-- start_run — ends after max_attempts. The decision, the end, the slot, the attempt history and
+-- the wakeup are the settle path's (zeroth._settle, kind take_over, only along an edge of
+-- zeroth.run_transitions: a removed edge takes nothing); this function locks and maps the outcome.
 CREATE OR REPLACE FUNCTION zeroth._take_over(tenant_id text, workspace_key text, run_id uuid, grace interval, at timestamptz,
                                   stop_reason text, message text)
     RETURNS SETOF zeroth.takeover
     LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     v_run    record;
-    v_slot   integer;
+    v_slot   tid[] := '{}';
     v_result zeroth.takeover;
 BEGIN
     SELECT r.admission_slot, r.deployment_ref INTO v_run
@@ -37,18 +39,17 @@ BEGIN
      WHERE r.tenant_id = _take_over.tenant_id AND r.workspace_key = _take_over.workspace_key
        AND r.run_id = _take_over.run_id;
     IF v_run.admission_slot IS NOT NULL THEN
-        SELECT s.slot_no INTO v_slot
-          FROM zeroth.admission_slots s
-         WHERE s.tenant_id = _take_over.tenant_id AND s.workspace_key = _take_over.workspace_key
-           AND s.deployment_ref = v_run.deployment_ref AND s.slot_no = v_run.admission_slot
-           FOR UPDATE SKIP LOCKED;
-        IF NOT FOUND THEN
+        v_slot := ARRAY(SELECT s.ctid
+                          FROM zeroth.admission_slots s
+                         WHERE s.tenant_id = _take_over.tenant_id AND s.workspace_key = _take_over.workspace_key
+                           AND s.deployment_ref = v_run.deployment_ref AND s.slot_no = v_run.admission_slot
+                           FOR UPDATE SKIP LOCKED);
+        IF cardinality(v_slot) = 0 THEN
             RETURN;
         END IF;
     END IF;
 
-    SELECT r.status, r.thread_id, r.lease_worker_id, r.lease_generation, r.lease_expires_at, r.resumable,
-           r.cancel_action, r.deployment_ref, r.workspace_id, r.error, r.attempts, r.max_attempts
+    SELECT r.ctid, r.thread_id, r.lease_worker_id, r.lease_generation
       INTO v_run
       FROM zeroth.runs r
      WHERE r.tenant_id = _take_over.tenant_id AND r.workspace_key = _take_over.workspace_key
@@ -61,49 +62,23 @@ BEGIN
         RETURN;
     END IF;
 
-    v_result := ROW(_take_over.run_id, v_run.thread_id,
-                    CASE WHEN v_run.cancel_action IS NOT NULL THEN 'cancelled'
-                         WHEN v_run.status = 'pending' AND v_run.attempts + 1 >= v_run.max_attempts
-                         THEN 'dead_lettered'
-                         WHEN NOT v_run.resumable THEN 'failed'
-                         WHEN v_run.status = 'running' AND v_run.attempts >= v_run.max_attempts THEN 'dead_lettered'
-                         ELSE 'requeued' END,
-                    NULL, v_run.lease_worker_id, v_run.lease_generation)::zeroth.takeover;
-    UPDATE zeroth.runs r
-       SET status = CASE v_result.outcome WHEN 'cancelled' THEN 'cancelled'::zeroth.run_status
-                                          WHEN 'requeued' THEN 'pending'::zeroth.run_status
-                                          ELSE 'failed'::zeroth.run_status END,
-           error = CASE v_result.outcome
-                       WHEN 'requeued' THEN r.error
-                       WHEN 'dead_lettered' THEN zeroth._stop_error('attempts_exhausted', CASE
-                            WHEN r.status = 'pending' THEN format(
-                                'worker %s claimed it and never started it (lease expired at %s) on attempt %s of %s; '
-                                'a run whose claims lapse every time is not retried again',
-                                r.lease_worker_id, r.lease_expires_at, r.attempts + 1, r.max_attempts)
-                            ELSE format(
-                                'worker %s stopped renewing its lease (expired at %s) on attempt %s of %s; '
-                                'a run whose worker dies every time is not retried again',
-                                r.lease_worker_id, r.lease_expires_at, r.attempts, r.max_attempts) END,
-                            r.lease_worker_id, r.lease_generation, r.error)
-                       ELSE zeroth._stop_error(_take_over.stop_reason, coalesce(_take_over.message, format(
-                                'run lease expired: worker %s stopped renewing (expired at %s)',
-                                r.lease_worker_id, r.lease_expires_at)),
-                            r.lease_worker_id, r.lease_generation, r.error) END,
-           attempts = r.attempts + CASE WHEN r.status = 'pending' THEN 1 ELSE 0 END,
-           dead_lettered_at = CASE WHEN v_result.outcome = 'dead_lettered' THEN _take_over.at ELSE r.dead_lettered_at END,
-           finished_at = CASE WHEN v_result.outcome = 'requeued' THEN NULL ELSE _take_over.at END,
-           updated_at = _take_over.at,
-           lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
-           admission_slot = NULL, recovery_checkpoint_id = NULL
-     WHERE r.tenant_id = _take_over.tenant_id AND r.workspace_key = _take_over.workspace_key
-       AND r.run_id = _take_over.run_id
-    RETURNING r.status INTO v_result.status;
-    PERFORM zeroth._free_slot(_take_over.tenant_id, _take_over.workspace_key, _take_over.run_id,
-                              v_run.lease_generation);
-    -- A requeued run is claimable now; an ended one may have freed a slot or promoted its thread
-    -- (the trigger notifies for the promoted run itself).
-    PERFORM zeroth._notify_wakeup(v_run.deployment_ref, _take_over.tenant_id, v_run.workspace_id);
-    RETURN NEXT v_result;
+    -- The decision, the end, the slot and the wakeup: the settle path (kind take_over).
+    SELECT _take_over.run_id, v_run.thread_id,
+           CASE s.outcome WHEN 'takeover_requeued' THEN 'requeued'
+                          WHEN 'takeover_cancelled' THEN 'cancelled'
+                          WHEN 'takeover_failed' THEN 'failed'
+                          WHEN 'orphan_recovered' THEN 'failed'
+                          ELSE 'dead_lettered' END,
+           s.to_status, v_run.lease_worker_id, v_run.lease_generation
+      INTO v_result
+      FROM zeroth._settle(_take_over.tenant_id, _take_over.workspace_key, v_run.lease_worker_id,
+                          ARRAY[_take_over.run_id], ARRAY[v_run.lease_generation], ARRAY['take_over'],
+                          ARRAY[to_jsonb(_take_over.message)], NULL, ARRAY[_take_over.stop_reason],
+                          NULL, NULL, ARRAY[v_run.ctid], v_slot, _take_over.at) s
+     WHERE s.sqlstate IS NULL;
+    IF FOUND THEN
+        RETURN NEXT v_result;
+    END IF;
 END
 $$;
 COMMENT ON FUNCTION zeroth._take_over(text, text, uuid, interval, timestamptz, text, text) IS 'Internal: the takeover of one run whose lease expired past grace (SKIP LOCKED throughout): cancelled | failed | dead_lettered | requeued; a lapsed unstarted claim counts its attempt. Shared by claim_for_takeover, reconcile_thread_runs, claim_orphaned and the claims of pending runs (a spent lapsed claim).';
@@ -141,7 +116,7 @@ REVOKE ALL ON FUNCTION zeroth._lock_timed_out(text) FROM PUBLIC;
 -- active with its lease expired (re-checked; SKIP LOCKED, so a run someone holds right now is left
 -- to them), becomes failed and dead-lettered with {stop_reason recovery_failed, message naming the
 -- SQLSTATE and the error, bounded} (zeroth._stop_error; its previous error kept bounded), its lease
--- cleared and its slot freed. So the next pass does not meet it again, an operator finds it in
+-- cleared and its slot freed (zeroth._settle, kind unrecoverable). So the next pass does not meet it again, an operator finds it in
 -- zeroth.dead_letters, and redrive_run can start it over once the cause is gone. It raises
 -- nothing: should even this end raise, it is rolled back too and reported as a WARNING naming the
 -- run, the others go on, and the next pass tries the run again. Returns the takeover row
@@ -157,7 +132,7 @@ DECLARE
     v_msg    text;
 BEGIN
     BEGIN
-        SELECT r.thread_id, r.lease_worker_id, r.lease_generation, r.deployment_ref, r.workspace_id
+        SELECT r.ctid, r.thread_id, r.lease_worker_id, r.lease_generation
           INTO v_run
           FROM zeroth.runs r
          WHERE r.tenant_id = _end_unrecoverable.tenant_id AND r.workspace_key = _end_unrecoverable.workspace_key
@@ -169,23 +144,28 @@ BEGIN
         IF NOT FOUND THEN
             RETURN;
         END IF;
-        UPDATE zeroth.runs r
-           SET status = 'failed',
-               error = zeroth._stop_error('recovery_failed', format(
-                           'the recovery of this run raised %s: %s; it is dead-lettered so that it '
-                           'stops no other run''s recovery (redrive_run starts it again)',
-                           _end_unrecoverable.sqlstate, left(_end_unrecoverable.message, 2000)),
-                       r.lease_worker_id, r.lease_generation, r.error),
-               dead_lettered_at = _end_unrecoverable.at,
-               finished_at = _end_unrecoverable.at,
-               updated_at = _end_unrecoverable.at,
-               lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
-               admission_slot = NULL, recovery_checkpoint_id = NULL
-         WHERE r.tenant_id = _end_unrecoverable.tenant_id AND r.workspace_key = _end_unrecoverable.workspace_key
-           AND r.run_id = _end_unrecoverable.run_id;
-        PERFORM zeroth._free_slot(_end_unrecoverable.tenant_id, _end_unrecoverable.workspace_key,
-                                  _end_unrecoverable.run_id, v_run.lease_generation);
-        PERFORM zeroth._notify_wakeup(v_run.deployment_ref, _end_unrecoverable.tenant_id, v_run.workspace_id);
+        -- The end, the slot naming this lease and the wakeup: the settle path (kind unrecoverable).
+        PERFORM 1
+           FROM zeroth._settle(_end_unrecoverable.tenant_id, _end_unrecoverable.workspace_key, v_run.lease_worker_id,
+                               ARRAY[_end_unrecoverable.run_id], ARRAY[v_run.lease_generation],
+                               ARRAY['unrecoverable'],
+                               ARRAY[to_jsonb(format(
+                                   'the recovery of this run raised %s: %s; it is dead-lettered so that it '
+                                   'stops no other run''s recovery (redrive_run starts it again)',
+                                   _end_unrecoverable.sqlstate, left(_end_unrecoverable.message, 2000)))],
+                               NULL, NULL, NULL, NULL, ARRAY[v_run.ctid],
+                               ARRAY(SELECT s.ctid FROM zeroth.admission_slots s
+                                      -- IS NOT DISTINCT FROM: by admission_slots_run_idx (_lock_settle).
+                                      WHERE s.run_id = _end_unrecoverable.run_id
+                                        AND (s.tenant_id, s.workspace_key) IS NOT DISTINCT FROM
+                                            (_end_unrecoverable.tenant_id, _end_unrecoverable.workspace_key)
+                                        AND s.lease_generation = v_run.lease_generation
+                                        FOR UPDATE),
+                               _end_unrecoverable.at) s
+          WHERE s.sqlstate IS NULL;
+        IF NOT FOUND THEN
+            RETURN;
+        END IF;
     EXCEPTION WHEN OTHERS THEN
         IF zeroth._transient_sqlstate(SQLSTATE) AND NOT zeroth._lock_timed_out(SQLSTATE) THEN
             RAISE;
