@@ -239,7 +239,7 @@ class _Session:
             if self.error is not None:
                 raise pytest.UsageError(str(self.error))
             try:
-                self.server = self._stack.enter_context(start_server())
+                self.server = self._stack.enter_context(start_server(data_in_memory=True))
             except ServerUnavailableError as exc:
                 self.error = exc
                 raise pytest.UsageError(str(exc)) from exc
