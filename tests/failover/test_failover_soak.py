@@ -35,11 +35,9 @@ import contextlib
 import json
 import os
 import time
-from collections import defaultdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from uuid import UUID
 
 import asyncpg
 import psycopg
@@ -51,6 +49,7 @@ from replication import ReplicatedPair
 from soak_support import (
     FLEET,
     compare_acknowledged,
+    counts,
     enqueue_all,
     first_claim_after,
     read_audit,

@@ -37,7 +37,15 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from ha_processes import PG15_BIN, Daemons, free_port, os_user, postmaster_pid, until
+from ha_processes import (
+    PG15_BIN,
+    Daemons,
+    first_writable,
+    free_port,
+    os_user,
+    postmaster_pid,
+    until,
+)
 
 __all__ = ["PROGRAMS", "Formation", "auto_failover_formation"]
 
@@ -86,14 +94,8 @@ class Formation:
                 for r in rows]
 
     def primary(self) -> AutoNode:
-        def writable() -> AutoNode | None:
-            for node in self.nodes:
-                with contextlib.suppress(psycopg.Error):
-                    with psycopg.connect(node.dsn(), connect_timeout=3) as conn:
-                        if not conn.execute("SELECT pg_is_in_recovery()").fetchone()[0]:  # type: ignore[index]
-                            return node
-            return None
-        return until(writable, 180, "a pg_auto_failover node accepts writes")  # type: ignore[return-value]
+        return until(lambda: first_writable(self.nodes), 180,  # type: ignore[return-value]
+                     "a pg_auto_failover node accepts writes")
 
     def synchronous_standby_names(self) -> str:
         with psycopg.connect(self.primary().dsn(), connect_timeout=5) as conn:

@@ -23,15 +23,36 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
+import psycopg
 from replication import _free_port, _os_user
 
-__all__ = ["PG15_BIN", "Daemons", "free_port", "missing", "os_user", "postmaster_pid", "until"]
+__all__ = ["PG15_BIN", "Daemons", "first_writable", "free_port", "missing", "os_user",
+           "postmaster_pid", "require", "until"]
 
 PG15_BIN = Path("/usr/lib/postgresql/15/bin")
+N = TypeVar("N")
 
 free_port = _free_port
 os_user = _os_user
+
+
+#: Set by .ci/run as root: a missing manager package fails the HA tests instead of skipping them.
+REQUIRE_ENV = "ZEROTH_PG_REQUIRE_HA"
+
+
+def require(programs: Sequence[str], packages: str) -> None:
+    """Skip (saying which programs and packages are missing), or fail under
+    ZEROTH_PG_REQUIRE_HA=1, when this machine lacks one of ``programs``."""
+    import pytest
+
+    if lacking := missing(*programs):
+        reason = (f"needs {', '.join(lacking)}: apt-get install {packages} (Debian 12; .ci/run "
+                  "installs them)")
+        if os.environ.get(REQUIRE_ENV) == "1":
+            pytest.fail(f"{REQUIRE_ENV}=1 but the HA test {reason}")
+        pytest.skip(reason)
 
 
 def missing(*programs: str) -> list[str]:
@@ -50,12 +71,25 @@ def until(condition: Callable[[], object], timeout: float, what: str,
         try:
             if found := condition():
                 return found
-        except Exception as exc:  # noqa: BLE001 — any failure is "not yet" until the deadline
+        except Exception as exc:
             last = exc
         if time.monotonic() > deadline:
             raise TimeoutError(f"gave up waiting until {what} ({timeout:g}s); last error: "
                                f"{last!r}")
         time.sleep(interval)
+
+
+def first_writable(nodes: Sequence[N]) -> N | None:
+    """The first of ``nodes`` (each with a ``dsn()``) whose server accepts writes, if any."""
+    for node in nodes:
+        try:
+            with psycopg.connect(node.dsn(), connect_timeout=3) as conn:  # type: ignore[attr-defined]
+                row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
+        except psycopg.Error:
+            continue
+        if row is not None and not row[0]:
+            return node
+    return None
 
 
 def postmaster_pid(pgdata: Path) -> int | None:
@@ -97,7 +131,8 @@ class Daemons:
     def env(self) -> dict[str, str]:
         """A clean environment for Debian's system tools (not the test venv's python path)."""
         return {"PATH": f"{PG15_BIN}:/usr/bin:/bin:/usr/sbin:/sbin", "HOME": str(self.tmp),
-                "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "XDG_CONFIG_HOME": str(self.tmp / ".config"),
+                "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
+                "XDG_CONFIG_HOME": str(self.tmp / ".config"),
                 "XDG_DATA_HOME": str(self.tmp / ".local"), "XDG_RUNTIME_DIR": str(self.tmp),
                 "PG_REGRESS_SOCK_DIR": str(self.tmp)}
 

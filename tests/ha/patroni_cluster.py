@@ -38,8 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psycopg
-from ha_processes import PG15_BIN, Daemons, free_port, missing, postmaster_pid, until
+from ha_processes import PG15_BIN, Daemons, first_writable, free_port, postmaster_pid, until
 
 __all__ = ["PROGRAMS", "PatroniCluster", "patroni_cluster"]
 
@@ -83,14 +82,8 @@ class PatroniCluster:
 
     def primary(self) -> PatroniNode:
         """The node whose PostgreSQL accepts writes (polls through a failover)."""
-        def writable() -> PatroniNode | None:
-            for node in self.nodes:
-                with contextlib.suppress(psycopg.Error):
-                    with psycopg.connect(node.dsn(), connect_timeout=3) as conn:
-                        if not conn.execute("SELECT pg_is_in_recovery()").fetchone()[0]:  # type: ignore[index]
-                            return node
-            return None
-        return until(writable, 180, "a Patroni node accepts writes")  # type: ignore[return-value]
+        return until(lambda: first_writable(self.nodes), 180,  # type: ignore[return-value]
+                     "a Patroni node accepts writes")
 
     def patronictl(self, *args: str) -> str:
         return self.daemons.run(["/usr/bin/patronictl", "-c", str(self.nodes[0].config), *args])

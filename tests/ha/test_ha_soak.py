@@ -42,7 +42,7 @@ from auto_failover import PROGRAMS as AUTO_FAILOVER_PROGRAMS
 from auto_failover import auto_failover_formation
 from chaos_fleet import Fleet, harness_pool, retrying
 from chaos_history import AUDIT_DDL, check_history
-from conftest import require
+from ha_processes import require
 from patroni_cluster import PROGRAMS as PATRONI_PROGRAMS
 from patroni_cluster import patroni_cluster
 from soak_support import (
