@@ -121,8 +121,18 @@ def inject(cluster: Cluster, event: str) -> dict[str, Any]:
             assert time.monotonic() < deadline, "no node was promoted after the kill"
             time.sleep(0.2)
             new = cluster.primary()
+    writable = round(time.monotonic() - began, 3)
+    with psycopg.connect(new.dsn(DATABASE), autocommit=True, connect_timeout=10) as conn:
+        standbys = conn.execute("SHOW synchronous_standby_names").fetchone()
+        # The first commit there: a promoted server may accept connections as read-write and
+        # still hold every commit until the manager has a synchronous standby for it again, or
+        # has switched synchronous replication off.
+        conn.execute("INSERT INTO public.chaos_events (event_id, source, kind, data)"
+                     " VALUES (gen_random_uuid(), 'harness', 'failover', '{}')")
     return {"event": event, "old_primary": old.name, "new_primary": new.name,
-            "event_to_new_primary_writable_s": round(time.monotonic() - began, 3),
+            "event_to_new_primary_writable_s": writable,
+            "synchronous_standby_names_when_writable": standbys[0] if standbys else None,
+            "event_to_first_commit_on_new_primary_s": round(time.monotonic() - began, 3),
             "began_at": began_at}
 
 
