@@ -21,7 +21,8 @@ are shortened (``pgautofailover.health_check_period`` 2 s, ``node_considered_unh
 Failures: :meth:`Formation.switchover` (``pg_autoctl perform switchover``),
 :meth:`Formation.kill_node` (SIGKILL of the primary's keeper *and* postmaster: a SIGKILL of the
 postmaster alone is repaired by its keeper, which restarts PostgreSQL on the same node), and
-:meth:`Formation.stop_node` (SIGSTOP of both, until :meth:`Formation.resume_node`).
+:meth:`Formation.stop_node` (SIGSTOP of the keeper, the postmaster and its backends, until
+:meth:`Formation.resume_node`).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from ha_processes import (
     free_port,
     os_user,
     postmaster_pid,
+    signal_tree,
     until,
 )
 
@@ -126,12 +128,18 @@ class Formation:
         self.daemons.signal(node.name, signal.SIGKILL)
         self._signal_postmaster(node, signal.SIGKILL)
 
-    def stop_node(self, node: AutoNode) -> None:
+    def stop_node(self, node: Any) -> None:
+        """SIGSTOP the node's manager, postmaster and backends: a node that hangs, as one cut
+        off by a network partition does for its clients, until :meth:`resume_node`."""
         self.daemons.signal(node.name, signal.SIGSTOP)
-        self._signal_postmaster(node, signal.SIGSTOP)
+        pid = postmaster_pid(node.pgdata)
+        assert pid is not None, f"{node.name} has no postmaster"
+        signal_tree(pid, signal.SIGSTOP)
 
-    def resume_node(self, node: AutoNode) -> None:
-        self._signal_postmaster(node, signal.SIGCONT)
+    def resume_node(self, node: Any) -> None:
+        pid = postmaster_pid(node.pgdata)
+        if pid is not None:
+            signal_tree(pid, signal.SIGCONT)
         self.daemons.signal(node.name, signal.SIGCONT)
 
     def restart_node(self, node: AutoNode) -> None:

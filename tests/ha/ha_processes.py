@@ -29,7 +29,7 @@ import psycopg
 from replication import _free_port, _os_user
 
 __all__ = ["PG15_BIN", "Daemons", "first_writable", "free_port", "missing", "os_user",
-           "postmaster_pid", "require", "until"]
+           "postmaster_pid", "require", "signal_tree", "until"]
 
 PG15_BIN = Path("/usr/lib/postgresql/15/bin")
 N = TypeVar("N")
@@ -90,6 +90,19 @@ def first_writable(nodes: Sequence[N]) -> N | None:
         if row is not None and not row[0]:
             return node
     return None
+
+
+def signal_tree(pid: int, sig: signal.Signals) -> None:
+    """``sig`` to ``pid`` and its children (a postmaster's backends each lead a session of their
+    own, so a process group signal misses them)."""
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                children.append(int(stat.parent.name))
+    for target in (pid, *children):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(target, sig)
 
 
 def postmaster_pid(pgdata: Path) -> int | None:
@@ -180,8 +193,7 @@ class Daemons:
         pid = postmaster_pid(pgdata)
         if pid is None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGCONT)
+        signal_tree(pid, signal.SIGCONT)  # a node a test froze
         with contextlib.suppress(Exception):
             self.run([str(PG15_BIN / "pg_ctl"), "-D", str(pgdata), "-w", "-t", "20", "-m",
                       "immediate", "stop"], timeout=40)

@@ -24,7 +24,8 @@ Failures it injects: :meth:`switchover` (``patronictl switchover --force``),
 :meth:`kill_node` (SIGKILL of the primary's Patroni *and* postmaster: the node dies; a SIGKILL of
 the postmaster alone is not a failover under Patroni, whose loop restarts PostgreSQL in place on
 the same node within ``loop_wait`` — :meth:`kill_postmaster`), and :meth:`stop_node` (SIGSTOP of
-both: a node that hangs, as a network partition leaves it, until :meth:`resume_node`).
+Patroni, the postmaster and its backends: a node that hangs, as a network partition leaves it,
+until :meth:`resume_node`).
 """
 
 from __future__ import annotations
@@ -38,7 +39,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ha_processes import PG15_BIN, Daemons, first_writable, free_port, postmaster_pid, until
+from ha_processes import (
+    PG15_BIN,
+    Daemons,
+    first_writable,
+    free_port,
+    postmaster_pid,
+    signal_tree,
+    until,
+)
 
 __all__ = ["PROGRAMS", "PatroniCluster", "patroni_cluster"]
 
@@ -128,13 +137,18 @@ class PatroniCluster:
     def kill_postmaster(self, node: PatroniNode) -> None:
         self._signal_postmaster(node, signal.SIGKILL)
 
-    def stop_node(self, node: PatroniNode) -> None:
-        """SIGSTOP the node's Patroni and postmaster (a hung or cut-off node)."""
+    def stop_node(self, node: Any) -> None:
+        """SIGSTOP the node's manager, postmaster and backends: a node that hangs, as one cut
+        off by a network partition does for its clients, until :meth:`resume_node`."""
         self.daemons.signal(node.name, signal.SIGSTOP)
-        self._signal_postmaster(node, signal.SIGSTOP)
+        pid = postmaster_pid(node.pgdata)
+        assert pid is not None, f"{node.name} has no postmaster"
+        signal_tree(pid, signal.SIGSTOP)
 
-    def resume_node(self, node: PatroniNode) -> None:
-        self._signal_postmaster(node, signal.SIGCONT)
+    def resume_node(self, node: Any) -> None:
+        pid = postmaster_pid(node.pgdata)
+        if pid is not None:
+            signal_tree(pid, signal.SIGCONT)
         self.daemons.signal(node.name, signal.SIGCONT)
 
     def restart_node(self, node: PatroniNode) -> None:

@@ -8,8 +8,10 @@ processes over three tenants, 3 s leases, runs of 2-4 checkpointed steps, t3 und
 the manager for a switchover (``patronictl switchover`` / ``pg_autoctl perform switchover``) or
 kills the primary node — SIGKILL of the manager on it *and* of its postmaster, as a dead machine
 (the postmaster alone is restarted in place by either manager: that is a restart, not a
-failover). Nothing else is touched: the same worker processes carry on against whichever node is
-the primary. Then the chaos history checker replays what the new primary holds, and the
+failover), or stops it — SIGSTOP of the manager, the postmaster and every backend, as a node
+cut off by a partition looks to its clients: connections hang rather than fail — and resumes it
+once another node has committed (its manager must then demote it). Nothing else is touched:
+the same worker processes carry on against whichever node is the primary. Then the chaos history checker replays what the new primary holds, and the
 acknowledgements seen outside the database are compared with it (tests/failover/soak_support.py).
 
 Asserted, for each manager and each event: 0 acknowledged enqueues or completions lost, 0 stale
@@ -80,6 +82,8 @@ class Cluster(Protocol):
     def primary(self) -> Any: ...
     def switchover(self) -> tuple[Any, Any]: ...
     def kill_node(self, node: Any) -> None: ...
+    def stop_node(self, node: Any) -> None: ...
+    def resume_node(self, node: Any) -> None: ...
 
 
 MANAGERS: dict[str, tuple[Callable[[], contextlib.AbstractContextManager[Any]], tuple[str, ...],
@@ -107,14 +111,18 @@ def zeroth_cluster(manager: str) -> Iterator[tuple[Any, str]]:
 
 
 def inject(cluster: Cluster, event: str) -> dict[str, Any]:
-    """Switch over, or kill the primary node; returns when another node accepts writes."""
+    """Switch over, kill the primary node, or stop it (SIGSTOP, resumed once another node
+    commits); returns when another node has committed a write."""
     began_at = datetime.now(UTC)
     began = time.monotonic()
     if event == "switchover":
         old, new = cluster.switchover()
     else:
         old = cluster.primary()
-        cluster.kill_node(old)
+        if event == "kill":
+            cluster.kill_node(old)
+        else:
+            cluster.stop_node(old)
         new = cluster.primary()
         deadline = time.monotonic() + 300
         while new is old:  # primary() polls; the killed node refuses at once
@@ -129,6 +137,10 @@ def inject(cluster: Cluster, event: str) -> dict[str, Any]:
         # has switched synchronous replication off.
         conn.execute("INSERT INTO public.chaos_events (event_id, source, kind, data)"
                      " VALUES (gen_random_uuid(), 'harness', 'failover', '{}')")
+    if event == "stop":
+        # The hung node comes back once the new primary commits: its manager must demote it
+        # (its clients' writes since the stop were never acknowledged; they must not land).
+        cluster.resume_node(old)
     return {"event": event, "old_primary": old.name, "new_primary": new.name,
             "event_to_new_primary_writable_s": writable,
             "synchronous_standby_names_when_writable": standbys[0] if standbys else None,
@@ -136,7 +148,7 @@ def inject(cluster: Cluster, event: str) -> dict[str, Any]:
             "began_at": began_at}
 
 
-@pytest.mark.parametrize("event", ["switchover", "kill"])
+@pytest.mark.parametrize("event", ["switchover", "kill", "stop"])
 @pytest.mark.parametrize("manager", ["patroni", "pg_auto_failover"])
 async def test_ha_soak(manager: str, event: str) -> None:
     total = int(os.environ.get(RUNS_ENV) or CI_RUNS)
