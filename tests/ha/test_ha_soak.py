@@ -11,8 +11,9 @@ kills the primary node — SIGKILL of the manager on it *and* of its postmaster,
 failover), or stops it — SIGSTOP of the manager, the postmaster and every backend, as a node
 cut off by a partition looks to its clients: connections hang rather than fail — and resumes it
 once another node has committed (its manager must then demote it). Nothing else is touched:
-the same worker processes carry on against whichever node is the primary. Then the chaos history checker replays what the new primary holds, and the
-acknowledgements seen outside the database are compared with it (tests/failover/soak_support.py).
+the same worker processes carry on against whichever node is the primary. Then the chaos
+history checker replays what the new primary holds, and the acknowledgements seen outside the
+database are compared with it (tests/failover/soak_support.py).
 
 Asserted, for each manager and each event: 0 acknowledged enqueues or completions lost, 0 stale
 writes accepted, exactly one accepted outcome per run, every run terminal (none stuck), no
