@@ -80,11 +80,15 @@ def until(condition: Callable[[], object], timeout: float, what: str,
 
 
 def first_writable(nodes: Sequence[N]) -> N | None:
-    """The first of ``nodes`` (each with a ``dsn()``) whose server accepts writes, if any."""
+    """The first of ``nodes`` (each with a ``dsn()``) whose server accepts writes, if any: as
+    ``target_session_attrs=read-write`` decides it, not in recovery and not read-only
+    (pg_auto_failover keeps a promoted standby ``default_transaction_read_only`` until the
+    monitor has made it the primary)."""
     for node in nodes:
         try:
             with psycopg.connect(node.dsn(), connect_timeout=3) as conn:  # type: ignore[attr-defined]
-                row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
+                row = conn.execute("SELECT pg_is_in_recovery()"
+                                   " OR current_setting('transaction_read_only')::bool").fetchone()
         except psycopg.Error:
             continue
         if row is not None and not row[0]:

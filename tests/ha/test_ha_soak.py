@@ -33,6 +33,7 @@ import contextlib
 import json
 import os
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -46,6 +47,7 @@ from auto_failover import auto_failover_formation
 from chaos_fleet import Fleet, harness_pool, retrying
 from chaos_history import AUDIT_DDL, check_history
 from ha_processes import require
+from ha_processes import until as ha_until
 from patroni_cluster import PROGRAMS as PATRONI_PROGRAMS
 from patroni_cluster import patroni_cluster
 from soak_support import (
@@ -131,20 +133,26 @@ def inject(cluster: Cluster, event: str) -> dict[str, Any]:
             time.sleep(0.2)
             new = cluster.primary()
     writable = round(time.monotonic() - began, 3)
-    with psycopg.connect(new.dsn(DATABASE), autocommit=True, connect_timeout=10) as conn:
-        standbys = conn.execute("SHOW synchronous_standby_names").fetchone()
+
+    def first_commit() -> object:
         # The first commit there: a promoted server may accept connections as read-write and
         # still hold every commit until the manager has a synchronous standby for it again, or
-        # has switched synchronous replication off.
-        conn.execute("INSERT INTO public.chaos_events (event_id, source, kind, data)"
-                     " VALUES (gen_random_uuid(), 'harness', 'failover', '{}')")
+        # has switched synchronous replication off. One event id for every try.
+        with psycopg.connect(new.dsn(DATABASE), autocommit=True, connect_timeout=10) as conn:
+            conn.execute("INSERT INTO public.chaos_events (event_id, source, kind, data)"
+                         " VALUES (%s, 'harness', 'failover', '{}')"
+                         " ON CONFLICT (event_id) DO NOTHING", (event_id,))
+            return conn.execute("SHOW synchronous_standby_names").fetchone()
+
+    event_id = uuid.uuid4()
+    standbys: Any = ha_until(first_commit, 300, "the new primary commits a write")
     if event == "stop":
         # The hung node comes back once the new primary commits: its manager must demote it
         # (its clients' writes since the stop were never acknowledged; they must not land).
         cluster.resume_node(old)
     return {"event": event, "old_primary": old.name, "new_primary": new.name,
             "event_to_new_primary_writable_s": writable,
-            "synchronous_standby_names_when_writable": standbys[0] if standbys else None,
+            "synchronous_standby_names_at_first_commit": standbys[0],
             "event_to_first_commit_on_new_primary_s": round(time.monotonic() - began, 3),
             "began_at": began_at}
 
