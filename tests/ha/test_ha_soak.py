@@ -44,7 +44,7 @@ import psycopg
 import pytest
 from auto_failover import PROGRAMS as AUTO_FAILOVER_PROGRAMS
 from auto_failover import auto_failover_formation
-from chaos_fleet import Fleet, harness_pool, retrying
+from chaos_fleet import Fleet, harness_pool
 from chaos_history import AUDIT_DDL, check_history
 from ha_processes import require
 from ha_processes import until as ha_until
@@ -142,17 +142,20 @@ def inject(cluster: Cluster, event: str) -> dict[str, Any]:
             conn.execute("INSERT INTO public.chaos_events (event_id, source, kind, data)"
                          " VALUES (%s, 'harness', 'failover', '{}')"
                          " ON CONFLICT (event_id) DO NOTHING", (event_id,))
-            return conn.execute("SHOW synchronous_standby_names").fetchone()
+            return conn.execute("SELECT current_setting('synchronous_standby_names'),"
+                                " zeroth._generation_floor()").fetchone()
 
     event_id = uuid.uuid4()
-    standbys: Any = ha_until(first_commit, 300, "the new primary commits a write")
+    # Read on the new node itself: a resumed old primary answers reads until it is demoted.
+    standbys, floor = ha_until(first_commit, 300, "the new primary commits a write")  # type: ignore[misc]
     if event == "stop":
         # The hung node comes back once the new primary commits: its manager must demote it
         # (its clients' writes since the stop were never acknowledged; they must not land).
         cluster.resume_node(old)
     return {"event": event, "old_primary": old.name, "new_primary": new.name,
             "event_to_new_primary_writable_s": writable,
-            "synchronous_standby_names_at_first_commit": standbys[0],
+            "synchronous_standby_names_at_first_commit": standbys,
+            "new_generation_floor": floor,
             "event_to_first_commit_on_new_primary_s": round(time.monotonic() - began, 3),
             "began_at": began_at}
 
@@ -176,8 +179,6 @@ async def test_ha_soak(manager: str, event: str) -> None:
                                   DRAIN_TIMEOUT)
             assert reached, f"half the runs did not complete: {await counts(harness)}"
             figures = await asyncio.to_thread(inject, cluster, event)
-            figures["new_generation_floor"] = await retrying(
-                lambda: harness.fetchval("SELECT zeroth._generation_floor()"))
             drained = await until(lambda: all_terminal(harness), DRAIN_TIMEOUT)
         finally:
             if sampling is not None:
@@ -225,6 +226,8 @@ async def test_ha_soak(manager: str, event: str) -> None:
     problems = [f"worker died: {exit_}" for exit_ in fleet.unexpected_exits]
     if not drained:
         problems.append(f"runs still open after {DRAIN_TIMEOUT:g}s")
+    if not figures["new_generation_floor"]:
+        problems.append(f"the new primary is still on timeline 1 (no promotion?): {figures}")
     if first_claim is None:
         problems.append(f"no claim on the new primary after the {event}: {figures}")
     problems += [f"{check}: {found['count']} violation(s), e.g. {found['first'][:5]}"
