@@ -1,0 +1,215 @@
+"""A pg_auto_failover formation on 127.0.0.1 from Debian's packages: a monitor and two nodes.
+
+``pg_autoctl`` (``pg-auto-failover-cli``, 2.0) runs the monitor and a keeper per node over
+Debian's PostgreSQL 15 (``postgresql-15-auto-failover`` provides the monitor's extension).
+Each data directory is initialised here first (``initdb --auth=trust``) and its settings put in
+``postgresql.auto.conf``, read after pg_autoctl's own include file, so that every server listens
+on 127.0.0.1 only, keeps its socket in its own directory and has room for a worker fleet; then
+``pg_autoctl create monitor|postgres --run`` registers the directory as it is (the second node
+is cloned from the first by its keeper). Clients use :meth:`Formation.dsn`, both nodes with
+``target_session_attrs=read-write``.
+
+Settings the guarantees need (docs/dba-guide.md "High availability"): every node with
+``replication-quorum true`` (the default): the primary's ``synchronous_standby_names`` is
+``ANY 1 (<the standbys>)`` while a standby is healthy, and the monitor promotes only a standby
+that reported the primary's last LSN. With two nodes ``number_sync_standbys`` is 0: when the
+standby itself fails the monitor sets the primary ``wait_primary`` and synchronous replication
+is switched off until it is back (availability over a second copy). The monitor's health checks
+are shortened (``pgautofailover.health_check_period`` 2 s, ``node_considered_unhealthy_timeout``
+10 s) so that a test waits less for a failover; the defaults are 5 s and 20 s.
+
+Failures: :meth:`Formation.switchover` (``pg_autoctl perform switchover``),
+:meth:`Formation.kill_node` (SIGKILL of the primary's keeper *and* postmaster: a SIGKILL of the
+postmaster alone is repaired by its keeper, which restarts PostgreSQL on the same node), and
+:meth:`Formation.stop_node` (SIGSTOP of the keeper, the postmaster and its backends, until
+:meth:`Formation.resume_node`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import json
+import os
+import signal
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from ha_processes import (
+    PG15_BIN,
+    Daemons,
+    first_writable,
+    free_port,
+    os_user,
+    postmaster_pid,
+    signal_tree,
+    until,
+)
+
+__all__ = ["PROGRAMS", "Formation", "auto_failover_formation"]
+
+PROGRAMS = ("/usr/bin/pg_autoctl", str(PG15_BIN / "initdb"),
+            "/usr/lib/postgresql/15/lib/pgautofailover.so")
+PG_CTL = str(PG15_BIN / "pg_ctl")
+_SETTINGS = {
+    "listen_addresses": "'127.0.0.1'", "max_connections": "300", "fsync": "off",
+    "full_page_writes": "on", "wal_log_hints": "on", "synchronous_commit": "on",
+    "wal_receiver_status_interval": "1s", "log_min_messages": "warning",
+}
+_MONITOR_SETTINGS = {"pgautofailover.health_check_period": "2000",
+                     "pgautofailover.node_considered_unhealthy_timeout": "10000"}
+
+
+@dataclass(slots=True)
+class AutoNode:
+    name: str
+    port: int
+    pgdata: Path
+
+    superuser: str = "postgres"
+
+    def dsn(self, dbname: str = "postgres") -> str:
+        return f"postgresql://{self.superuser}@127.0.0.1:{self.port}/{dbname}"
+
+
+class Formation:
+    def __init__(self, daemons: Daemons, monitor: AutoNode, nodes: list[AutoNode]) -> None:
+        self.daemons = daemons
+        self.monitor = monitor
+        self.nodes = nodes
+
+    def dsn(self, dbname: str) -> str:
+        hosts = ",".join(f"127.0.0.1:{node.port}" for node in self.nodes)
+        return (f"postgresql://{self.nodes[0].superuser}@{hosts}/{dbname}"
+                "?target_session_attrs=read-write")
+
+    def states(self) -> list[dict[str, Any]]:
+        """The monitor's view: one row per node (name, reported and goal state, LSN)."""
+        with psycopg.connect(self.monitor.dsn("pg_auto_failover"), connect_timeout=5) as conn:
+            rows = conn.execute(
+                "SELECT nodename, reportedstate::text, goalstate::text, reportedlsn::text,"
+                " replicationquorum FROM pgautofailover.node ORDER BY nodeid").fetchall()
+        return [{"name": r[0], "reported": r[1], "goal": r[2], "lsn": r[3], "quorum": r[4]}
+                for r in rows]
+
+    def primary(self) -> AutoNode:
+        return until(lambda: first_writable(self.nodes), 180,  # type: ignore[return-value]
+                     "a pg_auto_failover node accepts writes")
+
+    def synchronous_standby_names(self) -> str:
+        with psycopg.connect(self.primary().dsn(), connect_timeout=5) as conn:
+            return str(conn.execute("SHOW synchronous_standby_names").fetchone()[0])  # type: ignore[index]
+
+    def wait_healthy(self, timeout: float = 300) -> None:
+        """Until the monitor has one ``primary`` and one ``secondary``, both at their goal, and
+        the primary's commits wait for the standby (a non-empty synchronous_standby_names)."""
+        def healthy() -> bool:
+            states = self.states()
+            settled = sorted(s["reported"] for s in states if s["reported"] == s["goal"])
+            return settled == ["primary", "secondary"] and bool(self.synchronous_standby_names())
+        until(healthy, timeout, "the formation has a primary and a synchronous secondary",
+              interval=0.5)
+
+    def autoctl(self, *args: str, timeout: float = 180) -> str:
+        return self.daemons.run(["/usr/bin/pg_autoctl", *args], timeout=timeout)
+
+    def switchover(self) -> tuple[AutoNode, AutoNode]:
+        old = self.primary()
+        self.autoctl("perform", "switchover", "--pgdata", str(self.monitor.pgdata), "--wait",
+                     "150", timeout=200)
+        new = until(lambda: (p := self.primary()) is not old and p, 180,
+                    "the switchover's standby accepts writes")
+        return old, new  # type: ignore[return-value]
+
+    def kill_node(self, node: AutoNode) -> None:
+        self.daemons.signal(node.name, signal.SIGKILL)
+        self._signal_postmaster(node, signal.SIGKILL)
+
+    def stop_node(self, node: Any) -> None:
+        """SIGSTOP the node's manager, postmaster and backends: a node that hangs, as one cut
+        off by a network partition does for its clients, until :meth:`resume_node`."""
+        self.daemons.signal(node.name, signal.SIGSTOP)
+        pid = postmaster_pid(node.pgdata)
+        assert pid is not None, f"{node.name} has no postmaster"
+        signal_tree(pid, signal.SIGSTOP)
+
+    def resume_node(self, node: Any) -> None:
+        pid = postmaster_pid(node.pgdata)
+        if pid is not None:
+            signal_tree(pid, signal.SIGCONT)
+        self.daemons.signal(node.name, signal.SIGCONT)
+
+    def restart_node(self, node: AutoNode) -> None:
+        """Run a killed node's keeper again: it rejoins as a standby (pg_rewind)."""
+        self.daemons.stop_postgres(node.pgdata)
+        self.daemons.start(node.name, ["/usr/bin/pg_autoctl", "run", "--pgdata",
+                                       str(node.pgdata)])
+
+    def _signal_postmaster(self, node: AutoNode, sig: signal.Signals) -> None:
+        pid = postmaster_pid(node.pgdata)
+        assert pid is not None, f"{node.name} has no postmaster"
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+def _initdb(daemons: Daemons, node: AutoNode, settings: dict[str, str]) -> None:
+    daemons.run([str(PG15_BIN / "initdb"), "-D", str(node.pgdata), "--auth=trust",
+                 "--encoding=utf8", "-U", node.superuser])
+    with (node.pgdata / "postgresql.auto.conf").open("a") as auto:
+        for name, value in settings.items():
+            auto.write(f"{name} = {value}\n")
+
+
+@contextlib.contextmanager
+def auto_failover_formation() -> Iterator[Formation]:
+    """Monitor + two nodes, healthy; every process stopped and the directory deleted on exit."""
+    daemons = Daemons("zeroth-pg-autofailover-")
+    try:
+        # pg_autoctl connects to its local server as the OS user it runs as, over a socket in
+        # $PG_REGRESS_SOCK_DIR (the temp directory): that user is every server's superuser.
+        superuser = os_user() or getpass.getuser()
+        monitor = AutoNode("monitor", free_port(), daemons.tmp / "monitor", superuser)
+        nodes = [AutoNode(f"node{i}", free_port(), daemons.tmp / f"node{i}", superuser)
+                 for i in (1, 2)]
+        daemons.pgdatas += [monitor.pgdata, *(node.pgdata for node in nodes)]
+        formation = Formation(daemons, monitor, nodes)
+        _initdb(daemons, monitor, {**_SETTINGS, **_MONITOR_SETTINGS})
+        # Created, then set to listen on loopback only (pg_autoctl starts the monitor with
+        # ``-h <listen_addresses>`` from its own config, which outranks every config file), run.
+        formation.autoctl("create", "monitor", "--pgdata", str(monitor.pgdata), "--pgport",
+                          str(monitor.port), "--pgctl", PG_CTL, "--hostname", "127.0.0.1",
+                          "--auth", "trust", "--no-ssl")
+        formation.autoctl("config", "set", "--pgdata", str(monitor.pgdata),
+                          "postgresql.listen_addresses", "127.0.0.1")
+        daemons.start("monitor", ["/usr/bin/pg_autoctl", "run", "--pgdata",
+                                  str(monitor.pgdata)])
+        until(lambda: formation.states() is not None, 180, "the monitor answers")
+        uri = (f"postgres://autoctl_node@127.0.0.1:{monitor.port}/pg_auto_failover"
+               "?sslmode=prefer")
+        _initdb(daemons, nodes[0], _SETTINGS)
+        for index, node in enumerate(nodes):
+            daemons.start(node.name, [
+                "/usr/bin/pg_autoctl", "create", "postgres", "--pgdata", str(node.pgdata),
+                "--pgport", str(node.port), "--pgctl", PG_CTL, "--hostname", "127.0.0.1",
+                "--listen", "127.0.0.1", "--pghost", str(daemons.tmp), "--name", node.name,
+                "--dbname", "postgres", "--monitor", uri, "--auth", "trust", "--no-ssl",
+                "--run"])
+            if index == 0:
+                until(lambda: any(s["reported"] == "single" for s in formation.states()), 180,
+                      "the first node runs as a single primary")
+        try:
+            formation.wait_healthy()
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}\n" + "\n".join(
+                f"--- {name}\n{daemons.tail(name)}" for name in ("monitor", "node1", "node2"))
+            ) from None
+        yield formation
+    finally:
+        daemons.close()
+
+
+def describe(formation: Formation) -> str:
+    return json.dumps(formation.states())

@@ -1,0 +1,247 @@
+"""A three-node Patroni cluster on one etcd member, all on 127.0.0.1, from Debian's packages.
+
+``patroni`` (3.0.x, /usr/bin/patroni and patronictl) manages Debian's PostgreSQL 15
+(/usr/lib/postgresql/15/bin); ``etcd-server`` (3.4, /usr/bin/etcd) is the DCS, reached through
+Patroni's ``etcd3`` client. Each node has its own PostgreSQL port and REST API port; clients use
+the multi-host DSN :meth:`PatroniCluster.dsn` with ``target_session_attrs=read-write``.
+
+Settings (the ones the guarantees need, docs/dba-guide.md "High availability"):
+
+* ``synchronous_mode: true`` and ``synchronous_mode_strict: true`` — a commit waits for the
+  synchronous standby Patroni names, and Patroni promotes only a node that was synchronous, so
+  an acknowledged commit survives a failover; strict: with no standby left, commits wait rather
+  than go asynchronous;
+* ``maximum_lag_on_failover: 0`` — belt and braces for the same (in synchronous mode Patroni
+  already picks only the synchronous standby);
+* ``ttl: 20`` (Patroni's minimum), ``loop_wait: 2``, ``retry_timeout: 5`` — the leader key
+  expires 20 s after the primary's Patroni last renewed it; that is the failover time after a
+  whole node dies, well above the soak's 3 s worker lease (leases are decided on the database
+  clock: a lease that ran out during the failover is taken over on the new primary);
+* ``use_pg_rewind`` (so ``full_page_writes`` and ``wal_log_hints`` are on): a killed primary
+  rejoins as a standby. fsync is off (only processes die here, never the machine).
+
+Failures it injects: :meth:`switchover` (``patronictl switchover --force``),
+:meth:`kill_node` (SIGKILL of the primary's Patroni *and* postmaster: the node dies; a SIGKILL of
+the postmaster alone is not a failover under Patroni, whose loop restarts PostgreSQL in place on
+the same node within ``loop_wait`` — :meth:`kill_postmaster`), and :meth:`stop_node` (SIGSTOP of
+Patroni, the postmaster and its backends: a node that hangs, as a network partition leaves it,
+until :meth:`resume_node`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ha_processes import (
+    PG15_BIN,
+    Daemons,
+    first_writable,
+    free_port,
+    postmaster_pid,
+    signal_tree,
+    until,
+)
+
+__all__ = ["PROGRAMS", "PatroniCluster", "patroni_cluster"]
+
+PROGRAMS = ("/usr/bin/patroni", "/usr/bin/patronictl", "/usr/bin/etcd", str(PG15_BIN / "initdb"))
+SCOPE = "zeroth"
+TTL = 20
+LOOP_WAIT = 2
+
+
+@dataclass(slots=True)
+class PatroniNode:
+    name: str
+    port: int
+    api_port: int
+    pgdata: Path
+    config: Path
+
+    def dsn(self, dbname: str = "postgres") -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{dbname}"
+
+    def role(self) -> str | None:
+        """What the node's REST API says it is (``master``/``primary``, ``replica``, …)."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.api_port}/patroni",
+                                        timeout=3) as answer:
+                found: dict[str, Any] = json.load(answer)
+        except (OSError, ValueError):
+            return None
+        return str(found.get("role")) if found.get("state") == "running" else None
+
+
+class PatroniCluster:
+    def __init__(self, daemons: Daemons, nodes: list[PatroniNode], etcd_port: int) -> None:
+        self.daemons = daemons
+        self.nodes = nodes
+        self.etcd_port = etcd_port
+
+    def dsn(self, dbname: str) -> str:
+        hosts = ",".join(f"127.0.0.1:{node.port}" for node in self.nodes)
+        return f"postgresql://postgres@{hosts}/{dbname}?target_session_attrs=read-write"
+
+    def primary(self) -> PatroniNode:
+        """The node whose PostgreSQL accepts writes (polls through a failover)."""
+        return until(lambda: first_writable(self.nodes), 180,  # type: ignore[return-value]
+                     "a Patroni node accepts writes")
+
+    def patronictl(self, *args: str) -> str:
+        return self.daemons.run(["/usr/bin/patronictl", "-c", str(self.nodes[0].config), *args])
+
+    def members(self) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = json.loads(self.patronictl("list", "-f", "json"))
+        return found
+
+    def sync_standby(self) -> str | None:
+        """The member Patroni holds synchronous (``Sync Standby``), if any."""
+        for member in self.members():
+            if member.get("Role") == "Sync Standby" and member.get("State") in (
+                    "running", "streaming"):
+                return str(member["Member"])
+        return None
+
+    def wait_healthy(self, timeout: float = 240) -> None:
+        """Until one leader and two replicas run, one of them the synchronous standby."""
+        def healthy() -> bool:
+            members = self.members()
+            running = [m for m in members if m.get("State") in ("running", "streaming")]
+            return len(running) == len(self.nodes) and self.sync_standby() is not None
+        until(healthy, timeout, "the Patroni cluster has a leader, two replicas and a sync "
+              "standby", interval=0.5)
+
+    def switchover(self) -> tuple[PatroniNode, PatroniNode]:
+        """``patronictl switchover --force`` to the synchronous standby; (old, new) primary."""
+        old = self.primary()
+        candidate = self.sync_standby()
+        assert candidate is not None, self.members()
+        self.patronictl("switchover", SCOPE, "--leader", old.name, "--candidate", candidate,
+                        "--force")
+        new = until(lambda: (p := self.primary()) is not old and p, 180,
+                    "the switchover's candidate accepts writes")
+        return old, new  # type: ignore[return-value]
+
+    def kill_node(self, node: PatroniNode) -> None:
+        """SIGKILL the node's Patroni and its postmaster: the whole node dies at once."""
+        self.daemons.signal(node.name, signal.SIGKILL)
+        self._signal_postmaster(node, signal.SIGKILL)
+
+    def kill_postmaster(self, node: PatroniNode) -> None:
+        self._signal_postmaster(node, signal.SIGKILL)
+
+    def stop_node(self, node: Any) -> None:
+        """SIGSTOP the node's manager, postmaster and backends: a node that hangs, as one cut
+        off by a network partition does for its clients, until :meth:`resume_node`."""
+        self.daemons.signal(node.name, signal.SIGSTOP)
+        pid = postmaster_pid(node.pgdata)
+        assert pid is not None, f"{node.name} has no postmaster"
+        signal_tree(pid, signal.SIGSTOP)
+
+    def resume_node(self, node: Any) -> None:
+        pid = postmaster_pid(node.pgdata)
+        if pid is not None:
+            signal_tree(pid, signal.SIGCONT)
+        self.daemons.signal(node.name, signal.SIGCONT)
+
+    def restart_node(self, node: PatroniNode) -> None:
+        """Start a killed node's Patroni again: it rejoins (pg_rewind) as a replica."""
+        self.daemons.stop_postgres(node.pgdata)  # orphaned backends of a killed postmaster
+        self.daemons.start(node.name, ["/usr/bin/patroni", str(node.config)])
+
+    def _signal_postmaster(self, node: PatroniNode, sig: signal.Signals) -> None:
+        import os
+
+        pid = postmaster_pid(node.pgdata)
+        assert pid is not None, f"{node.name} has no postmaster"
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+def _config(daemons: Daemons, node: PatroniNode, etcd_port: int) -> str:
+    socket_dir = daemons.mkdir(f"{node.name}-sock")
+    parameters = {
+        "max_connections": 300, "fsync": "off", "full_page_writes": "on", "wal_log_hints": "on",
+        "synchronous_commit": "on", "wal_receiver_status_interval": "1s",
+        "unix_socket_directories": str(socket_dir), "log_min_messages": "warning",
+        "max_wal_senders": 10, "max_replication_slots": 10, "wal_keep_size": "256MB",
+    }
+    config = {
+        "scope": SCOPE, "name": node.name,
+        "log": {"level": "INFO"},
+        "restapi": {"listen": f"127.0.0.1:{node.api_port}",
+                    "connect_address": f"127.0.0.1:{node.api_port}"},
+        "etcd3": {"hosts": [f"127.0.0.1:{etcd_port}"]},
+        "bootstrap": {
+            "dcs": {"ttl": TTL, "loop_wait": LOOP_WAIT, "retry_timeout": 5,
+                    "maximum_lag_on_failover": 0, "synchronous_mode": True,
+                    "synchronous_mode_strict": True,
+                    "postgresql": {"use_pg_rewind": True, "use_slots": True,
+                                   "parameters": parameters}},
+            "initdb": [{"encoding": "UTF8"}, {"auth": "trust"}],
+        },
+        "postgresql": {
+            "listen": f"127.0.0.1:{node.port}", "connect_address": f"127.0.0.1:{node.port}",
+            "data_dir": str(node.pgdata), "bin_dir": str(PG15_BIN),
+            "pgpass": str(daemons.tmp / f"{node.name}.pgpass"),
+            "authentication": {"superuser": {"username": "postgres", "password": "postgres"},
+                               "replication": {"username": "replicator", "password": "rep"},
+                               "rewind": {"username": "postgres", "password": "postgres"}},
+            "parameters": {"unix_socket_directories": str(socket_dir)},
+            "pg_hba": ["local all all trust", "host all all 127.0.0.1/32 trust",
+                       "host replication all 127.0.0.1/32 trust"],
+        },
+        "tags": {"nofailover": False, "noloadbalance": False, "clonefrom": False,
+                 "nosync": False},
+    }
+    return json.dumps(config, indent=1)  # JSON is YAML
+
+
+@contextlib.contextmanager
+def patroni_cluster(nodes: int = 3) -> Iterator[PatroniCluster]:
+    """etcd and ``nodes`` Patroni nodes, healthy; every process stopped and the directory
+    deleted on exit, also when the body fails."""
+    daemons = Daemons("zeroth-pg-patroni-")
+    try:
+        etcd_port, peer_port = free_port(), free_port()
+        etcd_dir = daemons.mkdir("etcd")
+        daemons.start("etcd", [
+            "/usr/bin/etcd", "--name", "e0", "--data-dir", str(etcd_dir),
+            "--listen-client-urls", f"http://127.0.0.1:{etcd_port}",
+            "--advertise-client-urls", f"http://127.0.0.1:{etcd_port}",
+            "--listen-peer-urls", f"http://127.0.0.1:{peer_port}",
+            "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
+            "--initial-cluster", f"e0=http://127.0.0.1:{peer_port}",
+            "--initial-cluster-state", "new", "--log-level", "warn"])
+        until(lambda: urllib.request.urlopen(f"http://127.0.0.1:{etcd_port}/health",
+                                             timeout=3).status == 200, 60, "etcd answers")
+        members = []
+        for index in range(nodes):
+            node = PatroniNode(f"pg{index + 1}", free_port(), free_port(),
+                               daemons.tmp / f"pg{index + 1}", daemons.tmp / f"pg{index + 1}.yml")
+            node.config.write_text(_config(daemons, node, etcd_port))
+            daemons.chown(node.config)
+            daemons.pgdatas.append(node.pgdata)
+            members.append(node)
+        cluster = PatroniCluster(daemons, members, etcd_port)
+        # The first bootstraps (initdb) alone; the others then clone from it.
+        daemons.start(members[0].name, ["/usr/bin/patroni", str(members[0].config)])
+        until(lambda: members[0].role() in ("master", "primary"), 180,
+              "the first Patroni node bootstraps")
+        for node in members[1:]:
+            daemons.start(node.name, ["/usr/bin/patroni", str(node.config)])
+        try:
+            cluster.wait_healthy()
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}\n" + "\n".join(
+                f"--- {n.name}\n{daemons.tail(n.name)}" for n in members)) from None
+        yield cluster
+    finally:
+        daemons.close()
