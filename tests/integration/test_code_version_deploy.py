@@ -10,14 +10,14 @@ resumed by a version its policy allowed.
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 from uuid import UUID
 
 import asyncpg
 import pytest
+import worker_probes
 from helpers import unique_deployment, wait_until
 
 from zeroth_pg.client import LeaseManager
@@ -27,28 +27,9 @@ WITHIN = 60.0
 V1, V2 = "2026.12.05-v1", "2026.12.06-v2"
 
 
-@pytest.fixture
-async def spawn_worker(pool: asyncpg.Pool,
-                       database_dsn: str) -> AsyncIterator[Callable[..., Awaitable[RunWorker]]]:
-    """Start a RunWorker in this loop (quick polls); every worker is drained at teardown."""
-    workers: list[RunWorker] = []
-
-    async def spawn(deployment: str, handler: Callable[[RunContext], Awaitable[Any]],
-                    **kwargs: Any) -> RunWorker:
-        kwargs.setdefault("dsn", database_dsn)
-        kwargs.setdefault("lease_duration", 30.0)
-        kwargs.setdefault("shutdown_timeout", 5.0)
-        kwargs.setdefault("poll_interval", 0.05)
-        worker = RunWorker(pool, deployment, handler, **kwargs)
-        workers.append(worker)
-        await worker.start()
-        return worker
-
-    try:
-        yield spawn
-    finally:
-        for worker in workers:
-            await asyncio.wait_for(worker.graceful_shutdown(), timeout=30)
+spawn_worker = worker_probes.spawn_worker  # the fixture: workers drained at teardown
+#: What this module's workers use besides worker_probes' defaults: quick polls, the default sweep.
+QUICK = {"poll_interval": 0.05, "shutdown_timeout": 5.0, "orphan_sweep_interval": 5.0}
 
 
 def handler_of(version: str, entered: list[tuple[str, UUID, bool]], event: str
@@ -90,7 +71,7 @@ class TestAFleetMidDeploy:
         # 1. Only v1 runs: it starts every run; "short" ones sleep 0.2 s, "long" ones wait for
         #    an event.
         v1 = await spawn_worker(dep, handler_of(V1, entered, event), code_version=V1,
-                                worker_id="worker-v1")
+                                worker_id="worker-v1", **QUICK)
         short = [(await lm.enqueue_run(dep, {"kind": "short"})).run_id for _ in range(4)]
         long = [(await lm.enqueue_run(dep, {"kind": "long"})).run_id for _ in range(4)]
 
@@ -103,7 +84,7 @@ class TestAFleetMidDeploy:
 
         # 2. v2 joins while v1 still serves: new runs go to either, each recording its starter.
         v2 = await spawn_worker(dep, handler_of(V2, entered, event), code_version=V2,
-                                worker_id="worker-v2")
+                                worker_id="worker-v2", **QUICK)
         fresh = [(await lm.enqueue_run(dep, {"kind": "short"})).run_id for _ in range(4)]
 
         async def short_and_fresh_done() -> bool:
