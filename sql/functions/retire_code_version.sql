@@ -86,8 +86,11 @@ BEGIN
                AND r.lease_expires_at < v_now
         LOOP
             SELECT count(*) FILTER (WHERE t.outcome <> 'requeued')::integer INTO v_n
-              FROM zeroth._take_over(v_run.tenant_id, v_run.workspace_key, v_run.run_id, interval '0',
-                                     v_now, 'code_version_retired', v_message) AS t;
+              -- Isolated: a run whose takeover raises is rolled back and dead-lettered alone
+              -- (recovery_failed), one that waits too long for a lock is left; the others go on.
+              FROM zeroth._take_over_isolated(v_run.tenant_id, v_run.workspace_key, v_run.run_id,
+                                              interval '0', v_now, 'code_version_retired',
+                                              v_message) AS t;
             v_changed := v_changed + v_n;
         END LOOP;
         -- 2. Every pending one nobody holds: failed and dead-lettered.

@@ -60,3 +60,28 @@ async def test_retire_fail_follows_the_listed_edge(conn):
     row = await run_row(conn, run_id)
     assert (row["status"], row["dead_lettered_at"]) == ("pending", None)
     assert (result["runs_changed"], result["runs_left"]) == (0, 1)
+
+
+async def test_retire_fail_is_not_stopped_by_one_run_whose_takeover_raises(conn):
+    """One bad row never stops the others: an expired run whose takeover raises (a trigger the
+    test installs, as tests/sql/test_orphan_recovery_isolation.py does) is ended alone
+    (recovery_failed) and the others are retired by the same call."""
+    from test_orphan_recovery_isolation import POISON
+
+    from test_code_versions import claim_start
+
+    await register(conn)
+    await set_policy(conn, "same")
+    bad = await enqueue(conn, payload={"poison": "soft"})
+    good = await enqueue(conn)
+    assert set(await claim_start(conn, V1)) == {bad, good}  # both leases lapse by LATER
+    await conn.execute(POISON)
+
+    await retire(conn, V1, "fail", now=LATER)
+
+    good_row = await run_row(conn, good)
+    assert good_row["status"] == "failed"
+    assert '"stop_reason": "code_version_retired"' in good_row["error"]
+    bad_row = await run_row(conn, bad)
+    assert bad_row["status"] == "failed"
+    assert '"stop_reason": "recovery_failed"' in bad_row["error"]
