@@ -346,7 +346,12 @@ BEGIN
            AND s.workspace_key = _end_past_run_deadline.workspace_key
            AND s.deployment_ref = v_run.deployment_ref AND s.slot_no = v_run.admission_slot
            FOR UPDATE SKIP LOCKED;
-        IF NOT FOUND THEN
+        -- (no such row at all, a DBA deleted it: nothing to free, go on)
+        IF NOT FOUND AND EXISTS (SELECT 1 FROM zeroth.admission_slots s
+                                  WHERE s.tenant_id = _end_past_run_deadline.tenant_id
+                                    AND s.workspace_key = _end_past_run_deadline.workspace_key
+                                    AND s.deployment_ref = v_run.deployment_ref
+                                    AND s.slot_no = v_run.admission_slot) THEN
             RETURN;
         END IF;
     END IF;
@@ -368,8 +373,15 @@ BEGIN
        AND t.from_status = 'pending' AND t.outcome = 'run_timed_out'
     RETURNING r.deployment_ref, r.workspace_id, r.lease_generation INTO v_run;
     IF FOUND THEN
-        PERFORM zeroth._free_slot(_end_past_run_deadline.tenant_id, _end_past_run_deadline.workspace_key,
-                                  _end_past_run_deadline.run_id, v_run.lease_generation);
+        -- The slot naming this lease (zeroth._free_slot's body: that helper went with the
+        -- settle path, issue 33, and calling it raised 42883 in every claim that met such a run).
+        UPDATE zeroth.admission_slots s
+           SET run_id = NULL, lease_generation = NULL
+         WHERE s.run_id = _end_past_run_deadline.run_id
+           -- IS NOT DISTINCT FROM: by admission_slots_run_idx whatever the statistics.
+           AND (s.tenant_id, s.workspace_key) IS NOT DISTINCT FROM
+               (_end_past_run_deadline.tenant_id, _end_past_run_deadline.workspace_key)
+           AND s.lease_generation = v_run.lease_generation;
         PERFORM zeroth._notify_wakeup(v_run.deployment_ref, _end_past_run_deadline.tenant_id,
                                       v_run.workspace_id);
     END IF;
