@@ -12,8 +12,8 @@ CLAIMS = (
     "tenant_id => 'acme', code_version => $1)",
     "SELECT * FROM zeroth.claim_and_start(deployment_ref => 'idle', worker_id => 'w', "
     "tenant_id => 'acme', code_version => $1)",
-    "SELECT * FROM zeroth.claim_and_start_scopes(deployment_refs => ARRAY['idle'], worker_id => 'w', "
-    "code_version => $1)",
+    "SELECT * FROM zeroth.claim_and_start_scopes(deployment_refs => ARRAY['idle'], "
+    "worker_id => 'w', code_version => $1)",
 )
 
 

@@ -5,12 +5,12 @@ of the batch ("a refused row never stops the others")."""
 
 from __future__ import annotations
 
-from child_calls import start_child
+from child_calls import claim_start, start_child
 from helpers import DEPLOYMENT, T0, WORKER, enqueue
-from child_calls import claim_start
 
 NO_PENDING_CANCEL = (
-    "DELETE FROM zeroth.run_transitions WHERE from_status = 'pending' AND outcome = 'cancel_requested'")
+    "DELETE FROM zeroth.run_transitions "
+    "WHERE from_status = 'pending' AND outcome = 'cancel_requested'")
 
 
 async def test_a_refused_child_cancel_stops_neither_the_parent_nor_the_batch(conn):

@@ -18,7 +18,8 @@ async def test_an_orphan_of_another_version_is_not_saturation(conn):
     busy = await enqueue(conn, now=at(LEASE + 10))
     rows = await conn.fetch(
         """SELECT run_id FROM zeroth_test.claim_and_start(deployment_ref => $1, worker_id => 'w2',
-               max_concurrency => 1, lease_seconds => $2, code_version => $3, now_override => $4)""",
+               max_concurrency => 1, lease_seconds => $2, code_version => $3,
+               now_override => $4)""",
         DEPLOYMENT, LEASE, V2, at(LEASE + 10))
     assert [r["run_id"] for r in rows] == [busy]  # the one slot is busy's
 
@@ -40,7 +41,8 @@ async def test_an_orphan_of_its_own_version_is_saturation(conn):
     busy = await enqueue(conn, now=at(LEASE + 10))
     rows = await conn.fetch(
         """SELECT run_id FROM zeroth_test.claim_and_start(deployment_ref => $1, worker_id => 'w2',
-               max_concurrency => 1, lease_seconds => $2, code_version => $3, now_override => $4)""",
+               max_concurrency => 1, lease_seconds => $2, code_version => $3,
+               now_override => $4)""",
         DEPLOYMENT, LEASE, V2, at(LEASE + 10))
     assert [r["run_id"] for r in rows] == [busy]
 

@@ -15,11 +15,13 @@ from test_code_versions import (
     LATER,
     V1,
     claim_only,
+    claim_start,
     register,
     retire,
     set_policy,
     started_by,
 )
+from test_orphan_recovery_isolation import POISON
 
 
 async def test_retire_fail_leaves_a_lapsed_claim_never_started(conn):
@@ -53,7 +55,8 @@ async def test_retire_fail_follows_the_listed_edge(conn):
     await set_policy(conn, "same")
     run_id = await started_by(conn, V1, now=T0)
     await conn.execute(
-        "DELETE FROM zeroth.run_transitions WHERE from_status = 'pending' AND outcome = 'version_retired'")
+        "DELETE FROM zeroth.run_transitions "
+        "WHERE from_status = 'pending' AND outcome = 'version_retired'")
 
     result = await retire(conn, V1, "fail", now=LATER)
 
@@ -66,10 +69,6 @@ async def test_retire_fail_is_not_stopped_by_one_run_whose_takeover_raises(conn)
     """One bad row never stops the others: an expired run whose takeover raises (a trigger the
     test installs, as tests/sql/test_orphan_recovery_isolation.py does) is ended alone
     (recovery_failed) and the others are retired by the same call."""
-    from test_orphan_recovery_isolation import POISON
-
-    from test_code_versions import claim_start
-
     await register(conn)
     await set_policy(conn, "same")
     bad = await enqueue(conn, payload={"poison": "soft"})
