@@ -53,10 +53,11 @@ DECLARE
     v_pass    integer;
     i         integer;
     v_serves  jsonb;  -- code versions (issue 34): per deployment, the run versions this one may resume
-    v_version bigint;  -- and its own version's key (zeroth._code_version_id)
+    v_version bigint;  -- and its own version's key (zeroth._declared_code_version)
+    v_leased  boolean := false;  -- a run leased (then its version's text is recorded)
 BEGIN
     PERFORM zeroth._require_identifier(claim_and_start_scopes.worker_id, 'worker_id');
-    v_version := zeroth._code_version_id(claim_and_start_scopes.code_version);  -- ZP008 if bad
+    v_version := zeroth._declared_code_version(claim_and_start_scopes.code_version);  -- ZP008 if bad
     PERFORM zeroth._require(claim_and_start_scopes.batch_size BETWEEN 1 AND 1000,
                             'batch_size must be between 1 and 1000');
     PERFORM zeroth._require(claim_and_start_scopes.max_concurrency IS NULL
@@ -161,6 +162,7 @@ BEGIN
             LOOP
                 IF v_out.run_id IS NOT NULL THEN
                     v_got := v_got + 1;
+                    v_leased := true;
                     RETURN NEXT v_out;
                 ELSIF (v_out.concurrency_saturated AND NOT v_tried[i])
                       OR v_out.retry_at IS NOT NULL THEN
@@ -172,6 +174,11 @@ BEGIN
             v_tried[i] := true;
         END LOOP;
     END LOOP;
+    -- The version's text recorded once a run may have recorded it (a claim that leased nothing
+    -- writes nothing to zeroth.code_versions).
+    IF v_leased AND claim_and_start_scopes.code_version IS NOT NULL THEN
+        PERFORM zeroth._code_version_id(claim_and_start_scopes.code_version);
+    END IF;
 END
 $$;
 COMMENT ON FUNCTION zeroth.claim_and_start_scopes(text[], text, text[], text[], integer, integer, double precision, text) IS

@@ -149,7 +149,9 @@ BEGIN
              WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey
                AND r.deployment_ref = _claim_orphaned.deployment_ref
                AND r.status = 'running' AND r.lease_expires_at < v_now AND r.resumable
-               AND r.attempts < r.max_attempts),
+               AND r.attempts < r.max_attempts
+               -- only an orphan this worker's version may resume is work held back
+               AND (v_serves IS NULL OR r.code_version_id IS NULL OR r.code_version_id = ANY (v_serves))),
             v_limit);
         RETURN;
     END IF;
@@ -170,7 +172,9 @@ BEGIN
                         WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey
                           AND r.deployment_ref = _claim_orphaned.deployment_ref
                           AND r.status = 'running' AND r.lease_expires_at < v_now AND r.resumable
-                          AND r.attempts < r.max_attempts) THEN
+                          AND r.attempts < r.max_attempts
+                          AND (v_serves IS NULL OR r.code_version_id IS NULL
+                               OR r.code_version_id = ANY (v_serves))) THEN
                 RETURN NEXT zeroth._rate_marker(v_limit, v_taken.retry_at, v_now);
             ELSE
                 RETURN NEXT zeroth._claim_marker(0, false, v_limit);
@@ -191,7 +195,9 @@ BEGIN
                  WHERE r.tenant_id = v_tenant AND r.workspace_key = v_wskey
                    AND r.deployment_ref = _claim_orphaned.deployment_ref
                    AND r.status = 'running' AND r.lease_expires_at < v_now AND r.resumable
-                   AND r.attempts < r.max_attempts),
+                   AND r.attempts < r.max_attempts
+                   AND (v_serves IS NULL OR r.code_version_id IS NULL
+                        OR r.code_version_id = ANY (v_serves))),
                 v_limit);
             RETURN;
         END IF;

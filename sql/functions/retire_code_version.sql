@@ -1,6 +1,7 @@
 -- retire_code_version: admin (issue 34, item 3), the way out for the runs of a code version no
 -- worker serves any more (a fleet's old version drained). The active runs of deployment_ref that
--- recorded code_version (every scope): action 'move' → they record to_version instead (NULL:
+-- recorded code_version and started (every scope; a run never started is pinned to no version:
+-- every claim may take it, so it is neither moved nor failed): action 'move' → they record to_version instead (NULL:
 -- unversioned, resumable by every version), whatever their status (pending, running, waiting: a
 -- live holder keeps its lease; its runs' next recovery follows the new version); action 'fail' →
 -- each one nobody holds ends: an expired lease is taken over first (zeroth._take_over, the
@@ -53,6 +54,7 @@ BEGIN
             SELECT r.ctid FROM zeroth.runs r
              WHERE r.deployment_ref = retire_code_version.deployment_ref
                AND r.code_version_id = v_from
+               AND r.started_at IS NOT NULL  -- never started: claimable by every version
                AND r.status IN ('pending', 'running', 'waiting')
                FOR UPDATE SKIP LOCKED
         ), moved AS (
@@ -79,12 +81,16 @@ BEGIN
             SELECT r.tenant_id, r.workspace_key, r.run_id FROM zeroth.runs r
              WHERE r.deployment_ref = retire_code_version.deployment_ref
                AND r.code_version_id = v_from
+               AND r.started_at IS NOT NULL  -- never started: claimable by every version
                AND r.status IN ('pending', 'running')
                AND r.lease_expires_at < v_now
         LOOP
             SELECT count(*) FILTER (WHERE t.outcome <> 'requeued')::integer INTO v_n
-              FROM zeroth._take_over(v_run.tenant_id, v_run.workspace_key, v_run.run_id, interval '0',
-                                     v_now, 'code_version_retired', v_message) AS t;
+              -- Isolated: a run whose takeover raises is rolled back and dead-lettered alone
+              -- (recovery_failed), one that waits too long for a lock is left; the others go on.
+              FROM zeroth._take_over_isolated(v_run.tenant_id, v_run.workspace_key, v_run.run_id,
+                                              interval '0', v_now, 'code_version_retired',
+                                              v_message) AS t;
             v_changed := v_changed + v_n;
         END LOOP;
         -- 2. Every pending one nobody holds: failed and dead-lettered.
@@ -92,18 +98,21 @@ BEGIN
             SELECT r.ctid FROM zeroth.runs r
              WHERE r.deployment_ref = retire_code_version.deployment_ref
                AND r.code_version_id = v_from
+               AND r.started_at IS NOT NULL  -- never started: claimable by every version
                AND r.status = 'pending'
                AND r.lease_worker_id IS NULL
                FOR UPDATE SKIP LOCKED
         )
         UPDATE zeroth.runs r
-           SET status = 'failed',
+           SET status = t.to_status,
                error = zeroth._stop_error('code_version_retired', v_message, NULL, NULL, r.error),
                dead_lettered_at = v_now,
                finished_at = v_now,
                updated_at = v_now
-          FROM locked l
-         WHERE r.ctid = l.ctid;
+          FROM locked l, zeroth.run_transitions t
+         WHERE r.ctid = l.ctid
+           -- only along the listed edge (edge 60): a DBA who removed it forbade this end
+           AND t.from_status = 'pending' AND t.outcome = 'version_retired';
         GET DIAGNOSTICS v_n = ROW_COUNT;
         v_changed := v_changed + v_n;
     END IF;
@@ -111,6 +120,7 @@ BEGIN
     v_left := (SELECT count(*) FROM zeroth.runs r
                 WHERE r.deployment_ref = retire_code_version.deployment_ref
                   AND r.code_version_id = v_from
+                  AND r.started_at IS NOT NULL
                   AND r.status IN ('pending', 'running', 'waiting'));
     INSERT INTO zeroth.code_version_changes (deployment_ref, changed_at, changed_by, acting_role, action,
                                              code_version, to_version, run_count, message)

@@ -78,7 +78,10 @@ class TestBodiesAndComments:
         complete = functions["complete_run"]
         assert (complete.raises, complete.notifies) == (
             ("ZP003", "ZP008"), ("zeroth_run_events", "zeroth_wakeup"))
-        assert functions["request_cancel"].notifies == ("zeroth_control", "zeroth_wakeup")
+        # request_cancel ends through the settle path (kind revoke): the END of a run that has
+        # events reaches zeroth_run_events through zeroth._settle, as every lease-ending call.
+        assert functions["request_cancel"].notifies == (
+            "zeroth_control", "zeroth_run_events", "zeroth_wakeup")
         assert functions["prune_runs"].notifies == ()
 
     def test_each_comment_names_exactly_what_the_body_raises_and_notifies(self, functions):

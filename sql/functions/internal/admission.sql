@@ -180,7 +180,10 @@ BEGIN
             CASE WHEN v_owned THEN _admit.worker_id END,
             CASE WHEN v_owned THEN _admit.at END,
             CASE WHEN v_owned THEN _admit.at + _admit.lease END,
-            CASE WHEN v_owned THEN 1 ELSE 0 END,
+            -- Above every generation an earlier WAL timeline handed out (internal/generations.sql):
+            -- a caller's run_id admitted and owned before a lossy failover is not owned at the
+            -- same generation again.
+            CASE WHEN v_owned THEN zeroth._generation_floor() + 1 ELSE 0 END,
             CASE WHEN v_owned THEN v_slot END)
         ON CONFLICT DO NOTHING
         RETURNING r.run_id, r.status, r.lease_generation, r.lease_expires_at, r.run_after INTO v_new;
@@ -188,7 +191,7 @@ BEGIN
             IF v_queue THEN
                 PERFORM zeroth._mark_queue_changed(_admit.tenant_id, v_wskey, v_active.run_id);
             END IF;
-            IF v_owned AND v_slot IS NOT NULL THEN  -- the slot names (run, generation 1)
+            IF v_owned AND v_slot IS NOT NULL THEN  -- the slot names (run, its first generation)
                 UPDATE zeroth.admission_slots s
                    SET run_id = v_new.run_id, lease_generation = v_new.lease_generation
                  WHERE s.tenant_id = _admit.tenant_id AND s.workspace_key = v_wskey

@@ -346,7 +346,12 @@ BEGIN
            AND s.workspace_key = _end_past_run_deadline.workspace_key
            AND s.deployment_ref = v_run.deployment_ref AND s.slot_no = v_run.admission_slot
            FOR UPDATE SKIP LOCKED;
-        IF NOT FOUND THEN
+        -- (no such row at all, a DBA deleted it: nothing to free, go on)
+        IF NOT FOUND AND EXISTS (SELECT 1 FROM zeroth.admission_slots s
+                                  WHERE s.tenant_id = _end_past_run_deadline.tenant_id
+                                    AND s.workspace_key = _end_past_run_deadline.workspace_key
+                                    AND s.deployment_ref = v_run.deployment_ref
+                                    AND s.slot_no = v_run.admission_slot) THEN
             RETURN;
         END IF;
     END IF;
@@ -368,8 +373,15 @@ BEGIN
        AND t.from_status = 'pending' AND t.outcome = 'run_timed_out'
     RETURNING r.deployment_ref, r.workspace_id, r.lease_generation INTO v_run;
     IF FOUND THEN
-        PERFORM zeroth._free_slot(_end_past_run_deadline.tenant_id, _end_past_run_deadline.workspace_key,
-                                  _end_past_run_deadline.run_id, v_run.lease_generation);
+        -- The slot naming this lease (zeroth._free_slot's body: that helper went with the
+        -- settle path, issue 33, and calling it raised 42883 in every claim that met such a run).
+        UPDATE zeroth.admission_slots s
+           SET run_id = NULL, lease_generation = NULL
+         WHERE s.run_id = _end_past_run_deadline.run_id
+           -- IS NOT DISTINCT FROM: by admission_slots_run_idx whatever the statistics.
+           AND (s.tenant_id, s.workspace_key) IS NOT DISTINCT FROM
+               (_end_past_run_deadline.tenant_id, _end_past_run_deadline.workspace_key)
+           AND s.lease_generation = v_run.lease_generation;
         PERFORM zeroth._notify_wakeup(v_run.deployment_ref, _end_past_run_deadline.tenant_id,
                                       v_run.workspace_id);
     END IF;
@@ -450,6 +462,9 @@ DECLARE
     v_tenant text := zeroth._scope_tenant(_claim_pending.tenant_id, _claim_pending.workspace_id);
     v_wskey  text := zeroth._workspace_key(_claim_pending.workspace_id);
     v_limit  integer;
+    v_version bigint := zeroth._declared_code_version(_claim_pending.code_version);  -- ZP008 if bad
+    v_row    zeroth.claimed_run;
+    v_leased boolean := false;
     v_paused boolean;
     v_rate   text;
 BEGIN
@@ -470,14 +485,22 @@ BEGIN
         RETURN NEXT zeroth._claim_marker(0, false, v_limit);
         RETURN;
     END IF;
-    RETURN QUERY SELECT * FROM zeroth._claim_in_scope(
+    FOR v_row IN SELECT * FROM zeroth._claim_in_scope(
         v_tenant, v_wskey, _claim_pending.deployment_ref, _claim_pending.worker_id, v_limit,
         v_rate, _claim_pending.batch_size, v_now, v_policy.lease, _claim_pending.start,
         v_policy.attempt_timeout_seconds, v_policy.run_timeout_seconds, v_policy.timeouts_known,
-        -- code versions (issue 34): the claimer's version (checked, ZP008; its text recorded once)
-        -- and the run versions it may resume.
-        zeroth._code_version_id(_claim_pending.code_version),
-        zeroth._version_serves(_claim_pending.deployment_ref, _claim_pending.code_version));
+        -- code versions (issue 34): the claimer's version (checked, ZP008) and the run versions
+        -- it may resume.
+        v_version,
+        zeroth._version_serves(_claim_pending.deployment_ref, _claim_pending.code_version)) LOOP
+        v_leased := v_leased OR v_row.run_id IS NOT NULL;
+        RETURN NEXT v_row;
+    END LOOP;
+    -- Its text recorded once a run may have recorded it: a claim that leased nothing writes
+    -- nothing to zeroth.code_versions.
+    IF v_leased AND _claim_pending.code_version IS NOT NULL THEN
+        PERFORM zeroth._code_version_id(_claim_pending.code_version);
+    END IF;
 END
 $$;
 COMMENT ON FUNCTION zeroth._claim_pending(text, text, text, text, integer, integer, double precision, boolean, text) IS 'Internal: the body of claim_pending (start false) and claim_and_start (start true): arguments, the scope''s limits (zeroth.scope_limits), the runs code_version may resume (zeroth._version_serves), then _claim_in_scope.';

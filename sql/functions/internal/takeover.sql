@@ -44,7 +44,13 @@ BEGIN
                          WHERE s.tenant_id = _take_over.tenant_id AND s.workspace_key = _take_over.workspace_key
                            AND s.deployment_ref = v_run.deployment_ref AND s.slot_no = v_run.admission_slot
                            FOR UPDATE SKIP LOCKED);
-        IF cardinality(v_slot) = 0 THEN
+        -- Held by someone right now: theirs (an owner renewing wins). No such row at all (a
+        -- DBA deleted it): nothing to free, and no reason to leave the run stranded for ever.
+        IF cardinality(v_slot) = 0
+           AND EXISTS (SELECT 1 FROM zeroth.admission_slots s
+                        WHERE s.tenant_id = _take_over.tenant_id AND s.workspace_key = _take_over.workspace_key
+                          AND s.deployment_ref = v_run.deployment_ref
+                          AND s.slot_no = v_run.admission_slot) THEN
             RETURN;
         END IF;
     END IF;

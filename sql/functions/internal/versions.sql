@@ -57,6 +57,21 @@ COMMENT ON FUNCTION zeroth._code_version_id(text) IS 'Internal: the key (zeroth.
 ALTER FUNCTION zeroth._code_version_id(text) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._code_version_id(text) FROM PUBLIC;
 
+-- The key of a code version a claim declares (checked first: ZP008), recording nothing: the
+-- claims record its text (zeroth._code_version_id) only once they leased a run, so a
+-- zeroth_worker that leases nothing cannot grow zeroth.code_versions (read by every tenant's
+-- reader, never pruned) one row a call. NULL for NULL.
+CREATE OR REPLACE FUNCTION zeroth._declared_code_version(code_version text) RETURNS bigint
+    LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    PERFORM zeroth._check_code_version(code_version);
+    RETURN zeroth._code_version_hash(code_version);
+END
+$$;
+COMMENT ON FUNCTION zeroth._declared_code_version(text) IS 'Internal: the key (zeroth._code_version_hash) of a code version a claim declares, checked (ZP008), its text not recorded (the claims record it with zeroth._code_version_id once they leased a run); NULL for NULL.';
+ALTER FUNCTION zeroth._declared_code_version(text) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._declared_code_version(text) FROM PUBLIC;
+
 -- The run versions (keys) a worker of code_version may resume in deployment_ref (one
 -- primary-key lookup of zeroth.deployments; no lock): NULL when it may resume every run (policy
 -- any, the default, or no registered row: the claim then filters nothing); under same, its own

@@ -1,0 +1,47 @@
+"""Every lease a server hands out is above the generation floor of its WAL timeline
+(internal/generations.sql, issue 35), admit_run's admit-and-own included.
+
+The timeline is played by replacing zeroth._generation_floor() with the floor of timeline 2
+(what a promoted standby computes): a lease handed out there must be above 2^32, or the lease an
+old primary handed out for the same run_id in the lag before a lossy failover (admit_run takes a
+caller's run_id) is handed out again — same run, same worker id, same generation — and the old
+incarnation's fenced writes land on the new one."""
+
+from __future__ import annotations
+
+import uuid
+
+from helpers import DEPLOYMENT, T0
+from thread_calls import OWNER, admit
+
+BAND = 2**32
+
+TIMELINE_2 = """CREATE OR REPLACE FUNCTION zeroth._generation_floor() RETURNS bigint
+                    LANGUAGE sql VOLATILE AS $$ SELECT (2::bigint - 1) << 32 $$"""
+
+
+async def test_admit_and_own_on_a_later_timeline_is_above_the_floor(conn):
+    await conn.execute(TIMELINE_2)
+    run_id = uuid.uuid4()
+
+    admitted = await admit(conn, worker_id=OWNER, run_id=run_id)
+
+    assert admitted["outcome"] == "admitted"
+    assert admitted["lease_generation"] == BAND + 1
+    row = await conn.fetchrow(
+        "SELECT lease_generation FROM zeroth.runs WHERE run_id = $1", run_id)
+    assert row["lease_generation"] == BAND + 1
+    slot = await conn.fetchval(
+        "SELECT lease_generation FROM zeroth.admission_slots WHERE run_id = $1", run_id)
+    assert slot in (None, BAND + 1)
+
+
+async def test_a_claim_on_a_later_timeline_is_above_the_floor(conn):
+    """The control: the claims already obey the floor."""
+    await conn.execute(TIMELINE_2)
+    await admit(conn)  # admitted unleased: generation 0
+    rows = await conn.fetch(
+        """SELECT run_id, lease_generation FROM zeroth_test.claim_pending(deployment_ref => $1,
+               worker_id => $2, batch_size => 1, lease_seconds => 60, now_override => $3)""",
+        DEPLOYMENT, OWNER, T0)
+    assert [r["lease_generation"] for r in rows if r["run_id"] is not None] == [BAND + 1]
