@@ -28,6 +28,8 @@ BEGIN
     PERFORM zeroth._require_identifier(append_run_event.name, 'name');
     -- The name is an SSE `event:` field and a log line: no line breaks or other control characters.
     PERFORM zeroth._require(append_run_event.name !~ '[[:cntrl:]]', 'name must not hold control characters');
+    -- `end` is END's name (the SSE `event: end` that closes a browser's stream): reserved.
+    PERFORM zeroth._require(append_run_event.name <> 'end', 'name must not be ''end'' (reserved for END)');
     PERFORM zeroth._require(append_run_event.data IS NOT NULL, 'data must not be NULL (JSON null is ''null''::jsonb)');
     PERFORM zeroth._require(octet_length(append_run_event.data::text) <= 65536,
                             'data may hold at most 64 kB (as JSON text)');
@@ -67,7 +69,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION zeroth.append_run_event(uuid, text, bigint, text, jsonb, text, text, boolean) IS
-'append_run_event: the live lease holder (worker_id, generation) of a running run appends an event (name: at most 200 characters, no control characters; data: JSON, at most 64 kB) to the run''s stream, numbered after its last event under the run''s row lock, so events commit in number order. Returns the event id; NULL when fenced out (stale, expired or taken-over lease). Notifies zeroth_run_events with run_events_key (notify => false: no hint). Raises ZP003 (holder but not running), ZP008. Time: clock_timestamp().';
+'append_run_event: the live lease holder (worker_id, generation) of a running run appends an event (name: at most 200 characters, no control characters, not ''end'' (END''s name); data: JSON, at most 64 kB) to the run''s stream, numbered after its last event under the run''s row lock, so events commit in number order. Returns the event id; NULL when fenced out (stale, expired or taken-over lease). Notifies zeroth_run_events with run_events_key (notify => false: no hint). Raises ZP003 (holder but not running), ZP008. Time: clock_timestamp().';
 ALTER FUNCTION zeroth.append_run_event(uuid, text, bigint, text, jsonb, text, text, boolean) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.append_run_event(uuid, text, bigint, text, jsonb, text, text, boolean) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.append_run_event(uuid, text, bigint, text, jsonb, text, text, boolean) TO zeroth_worker;

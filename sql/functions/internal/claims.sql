@@ -368,8 +368,14 @@ BEGIN
        AND t.from_status = 'pending' AND t.outcome = 'run_timed_out'
     RETURNING r.deployment_ref, r.workspace_id, r.lease_generation INTO v_run;
     IF FOUND THEN
-        PERFORM zeroth._free_slot(_end_past_run_deadline.tenant_id, _end_past_run_deadline.workspace_key,
-                                  _end_past_run_deadline.run_id, v_run.lease_generation);
+        -- The slot naming exactly (run, generation), locked above (zeroth._free_slot was dropped
+        -- when the settle path took over freeing slots: internal/slots.sql).
+        UPDATE zeroth.admission_slots s
+           SET run_id = NULL, lease_generation = NULL
+         WHERE s.run_id = _end_past_run_deadline.run_id
+           AND (s.tenant_id, s.workspace_key) IS NOT DISTINCT FROM
+               (_end_past_run_deadline.tenant_id, _end_past_run_deadline.workspace_key)
+           AND s.lease_generation = v_run.lease_generation;
         PERFORM zeroth._notify_wakeup(v_run.deployment_ref, _end_past_run_deadline.tenant_id,
                                       v_run.workspace_id);
     END IF;

@@ -1,0 +1,44 @@
+"""Adversarial review (red1) of the timeouts: a claim that meets a pending run past its run
+deadline, and calls of internal helpers that no longer exist (a merge of two branches: one dropped
+zeroth._free_slot, the other called it)."""
+
+from __future__ import annotations
+
+import glob
+import re
+from pathlib import Path
+
+from helpers import enqueue, run_row
+from test_timeouts import claim_start, set_timeouts, sweep
+
+SQL = Path(__file__).resolve().parents[2] / "sql" / "functions"
+
+
+class TestAClaimMeetingALateRunGoesOn:
+    async def test_a_pending_run_past_its_deadline_neither_blocks_nor_fails_the_claim(self, conn):
+        await set_timeouts(conn, 10, 100)
+        late = await enqueue(conn)
+        await claim_start(conn, 0)
+        await sweep(conn, 11)  # attempt timed out: pending again, its run deadline 100
+        fresh = await enqueue(conn)
+
+        claimed = await claim_start(conn, 101)
+
+        assert [r["run_id"] for r in claimed] == [fresh]
+        assert (await run_row(conn, late))["status"] == "failed"
+
+
+def test_every_internal_helper_a_function_calls_is_defined():
+    # PL/pgSQL resolves calls when they run: a call of a dropped helper passes every install
+    # and upgrade check and raises 42883 only on the path that reaches it.
+    files = {f: Path(f).read_text() for f in glob.glob(str(SQL / "**" / "*.sql"), recursive=True)}
+    defined = set()
+    for text in files.values():
+        defined |= set(re.findall(r"CREATE (?:OR REPLACE )?FUNCTION zeroth\.(\w+)", text))
+    missing = set()
+    for name, text in files.items():
+        code = "\n".join(line for line in text.splitlines()
+                         if not line.lstrip().startswith(("--", "DROP FUNCTION")))
+        missing |= {(name, m) for m in re.findall(r"zeroth\.(_\w+)\s*\(", code)
+                    if m not in defined}
+    assert missing == set()
