@@ -66,3 +66,18 @@ class TestAWaitingRunPastItsRunDeadline:
         await claim_start(conn, 10_001)
 
         assert (await run_row(conn, run_id))["status"] == "failed"
+
+
+class TestAdmitAndOwnObeysTheTimeouts:
+    async def test_an_owned_admission_is_capped_at_the_deployments_deadlines(self, conn):
+        from thread_calls import OWNER, admit, fenced
+
+        await set_timeouts(conn, 10, 100)
+        admitted = await admit(conn, worker_id=OWNER, lease_seconds=30)
+        run_id = admitted["run_id"]
+        assert await fenced(conn, "start_run", run_id, OWNER, 1, now=at(1))
+
+        row = await run_row(conn, run_id)
+        # a lease is a claim: the attempt deadline (10 s) and the run deadline (100 s) are fixed
+        assert (row["attempt_deadline_at"], row["run_deadline_at"]) == (at(10), at(100))
+        assert row["lease_expires_at"] <= at(10)
