@@ -73,3 +73,16 @@ class TestOneEndVocabulary:
         assert [e["kind"] for e in ends] == ["end", "end"]
         assert ends[0]["data"] == ends[1]["data"] == {"status": "failed",
                                                        "outcome": "dead_lettered"}
+
+
+class TestAfterBounds:
+    async def test_the_largest_after_for_an_unknown_run_is_zp008_not_an_overflow(self, conn):
+        from uuid import uuid4
+
+        with pytest.raises(asyncpg.PostgresError) as info:
+            async with conn.transaction():
+                await read(conn, uuid4(), after=2**63 - 1)  # END would be numbered after + 1
+
+        assert info.value.sqlstate == "ZP008"
+        assert [(e["event_id"], e["data"]["outcome"])
+                for e in await read(conn, uuid4(), after=2**63 - 2)] == [(2**63 - 1, "not_found")]
