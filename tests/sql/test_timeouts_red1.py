@@ -81,3 +81,32 @@ class TestAdmitAndOwnObeysTheTimeouts:
         # a lease is a claim: the attempt deadline (10 s) and the run deadline (100 s) are fixed
         assert (row["attempt_deadline_at"], row["run_deadline_at"]) == (at(10), at(100))
         assert row["lease_expires_at"] <= at(10)
+
+
+POISON_PENDING_END = """
+CREATE FUNCTION pg_temp.poison_pending_end() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF OLD.payload ? 'poison' AND OLD.status = 'pending' AND NEW.status = 'failed' THEN
+        RAISE EXCEPTION 'poisoned end of run %', OLD.run_id USING ERRCODE = 'XX001';
+    END IF;
+    RETURN NEW;
+END
+$$;
+CREATE TRIGGER zz_test_poison_pending_end BEFORE UPDATE ON zeroth.runs
+    FOR EACH ROW EXECUTE FUNCTION pg_temp.poison_pending_end();
+"""
+
+
+class TestOneBadLatePendingRunNeverStopsTheClaims:
+    async def test_a_late_pending_run_whose_end_raises_never_fails_the_claim(self, conn):
+        await set_timeouts(conn, 10, 100)
+        bad = await enqueue(conn, payload={"poison": 1})
+        await claim_start(conn, 0)
+        await sweep(conn, 11)  # pending again, run deadline 100
+        fresh = await enqueue(conn)
+        await conn.execute(POISON_PENDING_END)
+
+        claimed = await claim_start(conn, 101)
+
+        assert [r["run_id"] for r in claimed] == [fresh]
+        assert (await run_row(conn, bad))["status"] == "pending"  # left as it was, with a WARNING

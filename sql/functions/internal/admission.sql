@@ -129,7 +129,9 @@ DECLARE
     v_rate   text;
     v_retry  timestamptz;
     v_rate_at timestamptz;
-    v_tmo    record;  -- the deployment's timeouts, for an owned admission's lease (issue 34 item 2)
+    -- the deployment's timeouts, for an owned admission's lease (issue 34 item 2)
+    v_attempt_tmo double precision;
+    v_run_tmo     double precision;
 BEGIN
     -- A retried admission needs no lock...
     v_result := zeroth._admission_reuse(_admit.tenant_id, v_wskey, _admit.deployment_ref, _admit.thread_id,
@@ -169,7 +171,7 @@ BEGIN
             -- An owned admission is a claim: it fixes the attempt and run deadlines of the
             -- deployment's timeouts and caps the lease there, as zeroth._lease_locked_runs does
             -- (bound by the rule of the claims: zeroth._policy_binds_caller).
-            SELECT d.attempt_timeout_seconds, d.run_timeout_seconds INTO v_tmo
+            SELECT d.attempt_timeout_seconds, d.run_timeout_seconds INTO v_attempt_tmo, v_run_tmo
               FROM zeroth.deployments d
              WHERE d.deployment_ref = _admit.deployment_ref
                AND zeroth._policy_binds_caller(d.managed_by, d.registered_by);
@@ -190,12 +192,12 @@ BEGIN
             CASE WHEN v_owned THEN _admit.worker_id END,
             CASE WHEN v_owned THEN _admit.at END,
             CASE WHEN v_owned THEN least(_admit.at + _admit.lease,
-                                         _admit.at + make_interval(secs => v_tmo.attempt_timeout_seconds),
-                                         _admit.at + make_interval(secs => v_tmo.run_timeout_seconds)) END,
+                                         _admit.at + make_interval(secs => v_attempt_tmo),
+                                         _admit.at + make_interval(secs => v_run_tmo)) END,
             CASE WHEN v_owned THEN 1 ELSE 0 END,
             CASE WHEN v_owned THEN v_slot END,
-            CASE WHEN v_owned THEN _admit.at + make_interval(secs => v_tmo.attempt_timeout_seconds) END,
-            CASE WHEN v_owned THEN _admit.at + make_interval(secs => v_tmo.run_timeout_seconds) END)
+            CASE WHEN v_owned THEN _admit.at + make_interval(secs => v_attempt_tmo) END,
+            CASE WHEN v_owned THEN _admit.at + make_interval(secs => v_run_tmo) END)
         ON CONFLICT DO NOTHING
         RETURNING r.run_id, r.status, r.lease_generation, r.lease_expires_at, r.run_after INTO v_new;
         IF FOUND THEN
