@@ -28,9 +28,22 @@ BEGIN
     PERFORM zeroth._require_identifier(append_run_event.name, 'name');
     -- The name is an SSE `event:` field and a log line: no line breaks or other control characters.
     PERFORM zeroth._require(append_run_event.name !~ '[[:cntrl:]]', 'name must not hold control characters');
+    -- `end` is END's name (the SSE `event: end` that closes a browser's stream): reserved.
+    PERFORM zeroth._require(append_run_event.name <> 'end', 'name must not be ''end'' (reserved for END)');
     PERFORM zeroth._require(append_run_event.data IS NOT NULL, 'data must not be NULL (JSON null is ''null''::jsonb)');
     PERFORM zeroth._require(octet_length(append_run_event.data::text) <= 65536,
                             'data may hold at most 64 kB (as JSON text)');
+    -- Nested at most 256 levels (an item at level 256, the root being 0, is one too deep): every
+    -- reader decodes each event (Python's json.loads stops near 1,000 levels, less the caller's
+    -- stack), and an event none can decode would stop every subscriber at it, for ever. Walked
+    -- only once the size is known to be bounded.
+    PERFORM zeroth._require(NOT jsonb_path_exists(append_run_event.data, 'strict $.**{256}'),
+                            'data may nest at most 256 levels deep');
+    -- Numbers within a double's range: PostgreSQL prints 1e5000 as its 5001 digits, which
+    -- Python's json.loads refuses (more than 4,300 digits) and a browser reads as Infinity.
+    PERFORM zeroth._require(NOT jsonb_path_exists(append_run_event.data,
+                                'strict $.** ? (@.type() == "number" && (@ >= 1e308 || @ <= -1e308))'),
+                            'data numbers must lie strictly between -1e308 and 1e308');
     PERFORM zeroth._require(append_run_event.notify IS NOT NULL, 'notify must not be NULL');
 
     -- The run row first, then the clock: see zeroth._lock_leased_run. The row lock is held until
@@ -67,7 +80,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION zeroth.append_run_event(uuid, text, bigint, text, jsonb, text, text, boolean) IS
-'append_run_event: the live lease holder (worker_id, generation) of a running run appends an event (name: at most 200 characters, no control characters; data: JSON, at most 64 kB) to the run''s stream, numbered after its last event under the run''s row lock, so events commit in number order. Returns the event id; NULL when fenced out (stale, expired or taken-over lease). Notifies zeroth_run_events with run_events_key (notify => false: no hint). Raises ZP003 (holder but not running), ZP008. Time: clock_timestamp().';
+'append_run_event: the live lease holder (worker_id, generation) of a running run appends an event (name: at most 200 characters, no control characters, not ''end'' (END''s name); data: JSON, at most 64 kB, nested at most 256 levels deep, numbers strictly between -1e308 and 1e308) to the run''s stream, numbered after its last event under the run''s row lock, so events commit in number order. Returns the event id; NULL when fenced out (stale, expired or taken-over lease). Notifies zeroth_run_events with run_events_key (notify => false: no hint). Raises ZP003 (holder but not running), ZP008. Time: clock_timestamp().';
 ALTER FUNCTION zeroth.append_run_event(uuid, text, bigint, text, jsonb, text, text, boolean) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.append_run_event(uuid, text, bigint, text, jsonb, text, text, boolean) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.append_run_event(uuid, text, bigint, text, jsonb, text, text, boolean) TO zeroth_worker;

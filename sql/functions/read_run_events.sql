@@ -25,8 +25,10 @@ BEGIN
         RAISE EXCEPTION 'a workspace_id needs a tenant_id' USING ERRCODE = 'ZP006';
     END IF;
     PERFORM zeroth._require(read_run_events.run_id IS NOT NULL, 'run_id must not be NULL');
-    PERFORM zeroth._require(read_run_events.after IS NOT NULL AND read_run_events.after >= 0,
-                            'after must be an event id >= 0');
+    -- (below the largest bigint: an END is numbered after + 1 for a run not found)
+    PERFORM zeroth._require(read_run_events.after IS NOT NULL AND read_run_events.after >= 0
+                            AND read_run_events.after < 9223372036854775807,
+                            'after must be an event id >= 0 and below 9223372036854775807');
     PERFORM zeroth._require(read_run_events.max_events BETWEEN 1 AND 1000,
                             'max_events must be between 1 and 1000');
 

@@ -92,7 +92,8 @@ class TestAppend:
 
         assert await append(conn, run_id, worker=OWNER, now=at(401)) is None
 
-        assert await stored(conn, run_id) == [(1, "event")]
+        # (the takeover ended the run through zeroth._settle, which stores its END)
+        assert await stored(conn, run_id) == [(1, "event"), (2, "end")]
 
     @pytest.mark.parametrize(("name", "data"), [
         (None, 1), ("", 1), ("x" * 201, 1), ("line\nbreak", 1), ("tab\tbed", 1),

@@ -51,7 +51,9 @@ def sse_message(event: RunEvent) -> str:
 
 def _after(request: Request) -> int | None:
     text = request.headers.get("last-event-id") or request.query_params.get("after") or "0"
-    return int(text) if text.isdigit() and len(text) <= 18 else None
+    # ASCII digits only: str.isdigit() is true of '²' (int() raises: a 500) and of other
+    # scripts' digits.
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else None
 
 
 def routes(ctx: Context, connect: Callable[[], Awaitable[asyncpg.Connection]]) -> list[Route]:

@@ -129,6 +129,9 @@ DECLARE
     v_rate   text;
     v_retry  timestamptz;
     v_rate_at timestamptz;
+    -- the deployment's timeouts, for an owned admission's lease (issue 34 item 2)
+    v_attempt_tmo double precision;
+    v_run_tmo     double precision;
 BEGIN
     -- A retried admission needs no lock...
     v_result := zeroth._admission_reuse(_admit.tenant_id, v_wskey, _admit.deployment_ref, _admit.thread_id,
@@ -164,11 +167,20 @@ BEGIN
             v_took := true;
         END IF;
         v_owned := v_owned AND v_lease;
+        IF v_owned THEN
+            -- An owned admission is a claim: it fixes the attempt and run deadlines of the
+            -- deployment's timeouts and caps the lease there, as zeroth._lease_locked_runs does
+            -- (bound by the rule of the claims: zeroth._policy_binds_caller).
+            SELECT d.attempt_timeout_seconds, d.run_timeout_seconds INTO v_attempt_tmo, v_run_tmo
+              FROM zeroth.deployments d
+             WHERE d.deployment_ref = _admit.deployment_ref
+               AND zeroth._policy_binds_caller(d.managed_by, d.registered_by);
+        END IF;
         INSERT INTO zeroth.runs AS r (
             run_id, tenant_id, workspace_id, deployment_ref, thread_id, status, wait_reason, thread_queued_at,
             priority, run_after, max_attempts, created_at, updated_at, payload, metadata, idempotency_key,
             resumable, lease_worker_id, lease_acquired_at, lease_expires_at, lease_generation,
-            admission_slot)
+            admission_slot, attempt_deadline_at, run_deadline_at)
         VALUES (
             coalesce(_admit.run_id, gen_random_uuid()), _admit.tenant_id, _admit.workspace_id, _admit.deployment_ref,
             _admit.thread_id,
@@ -179,12 +191,16 @@ BEGIN
             _admit.payload, _admit.metadata, _admit.idempotency_key, _admit.resumable,
             CASE WHEN v_owned THEN _admit.worker_id END,
             CASE WHEN v_owned THEN _admit.at END,
-            CASE WHEN v_owned THEN _admit.at + _admit.lease END,
+            CASE WHEN v_owned THEN least(_admit.at + _admit.lease,
+                                         _admit.at + make_interval(secs => v_attempt_tmo),
+                                         _admit.at + make_interval(secs => v_run_tmo)) END,
             -- Above every generation an earlier WAL timeline handed out (internal/generations.sql):
             -- a caller's run_id admitted and owned before a lossy failover is not owned at the
             -- same generation again.
             CASE WHEN v_owned THEN zeroth._generation_floor() + 1 ELSE 0 END,
-            CASE WHEN v_owned THEN v_slot END)
+            CASE WHEN v_owned THEN v_slot END,
+            CASE WHEN v_owned THEN _admit.at + make_interval(secs => v_attempt_tmo) END,
+            CASE WHEN v_owned THEN _admit.at + make_interval(secs => v_run_tmo) END)
         ON CONFLICT DO NOTHING
         RETURNING r.run_id, r.status, r.lease_generation, r.lease_expires_at, r.run_after INTO v_new;
         IF FOUND THEN

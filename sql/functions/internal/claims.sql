@@ -184,6 +184,8 @@ DECLARE
     v_retry  timestamptz;
     v_row    zeroth.claimed_run;
     v_at     timestamptz := _claim_in_scope.at;
+    v_err_state text;
+    v_err_msg   text;
 BEGIN
     IF _claim_in_scope.rate_limit IS NOT NULL THEN
         SELECT t.granted, t.retry_at, t.decided_at INTO v_rate
@@ -277,8 +279,20 @@ BEGIN
         FOR i IN 1 .. cardinality(v_spent) LOOP
             IF v_spent[i] = ANY (v_overdue) THEN
                 -- Past its run deadline (a run retried, slept or waiting since): ended for good.
-                PERFORM zeroth._end_past_run_deadline(_claim_in_scope.tenant_id,
-                                                      _claim_in_scope.workspace_key, v_spent[i], v_at);
+                -- In a subtransaction of its own, as the takeovers below: an end that raises is
+                -- rolled back alone and the run left pending (set aside by this claim, met again
+                -- by the next, with a WARNING each time), never failing this claim.
+                BEGIN
+                    PERFORM zeroth._end_past_run_deadline(_claim_in_scope.tenant_id,
+                                                          _claim_in_scope.workspace_key, v_spent[i], v_at);
+                EXCEPTION WHEN OTHERS THEN
+                    GET STACKED DIAGNOSTICS v_err_state = RETURNED_SQLSTATE, v_err_msg = MESSAGE_TEXT;
+                    IF zeroth._transient_sqlstate(v_err_state) THEN
+                        RAISE;
+                    END IF;
+                    RAISE WARNING 'zeroth: the end of run % past its run deadline raised % (%); it is left pending and tried again by the next claim',
+                        v_spent[i], v_err_state, left(v_err_msg, 500);
+                END;
             ELSE
                 PERFORM zeroth._take_over_isolated(_claim_in_scope.tenant_id, _claim_in_scope.workspace_key,
                                                    v_spent[i], interval '0', v_at, 'orphan_recovered', NULL);

@@ -350,7 +350,7 @@ BEGIN
         RETURNING e.ord, e.run_id, e.generation, e.kind, e.outcome, e.from_status, e.attempts AS old_attempts,
                   e.lease_acquired_at AS old_acquired, e.started_at AS old_started, e.old_mark, e.old_expires,
                   r.tenant_id, r.workspace_key, r.status AS new_status, r.run_after, r.checkpoint_seq,
-                  r.error, r.wait_reason, r.deployment_ref, r.workspace_id
+                  r.error, r.wait_reason, r.deployment_ref, r.workspace_id, r.dead_lettered_at
     ), recorded AS (
         -- The ended attempts (zeroth._record_attempt's rules for the same ends): its number is
         -- runs.attempts when running (else the one a start would have counted), it started at the
@@ -403,9 +403,15 @@ BEGIN
         INSERT INTO zeroth.run_events AS en (tenant_id, workspace_key, run_id, event_id, kind, name,
                                              data, lease_generation, created_at)
         SELECT m.tenant_id, m.workspace_key, m.run_id, m.last_id + 1, 'end', 'end',
-               jsonb_build_object('status', m.new_status, 'outcome', m.outcome), m.generation,
+               -- The outcome as read_run_events states it for an END it makes (status, or
+               -- dead_lettered): one vocabulary whether the run emitted events or not, never the
+               -- settle path's internal outcome names (recovery_exhausted, claim_lapsed…).
+               jsonb_build_object('status', m.new_status,
+                                  'outcome', CASE WHEN m.dead_lettered_at IS NOT NULL THEN 'dead_lettered'
+                                                  ELSE m.new_status::text END),
+               m.generation,
                _settle.at
-          FROM (SELECT s.tenant_id, s.workspace_key, s.run_id, s.new_status, s.outcome, s.generation,
+          FROM (SELECT s.tenant_id, s.workspace_key, s.run_id, s.new_status, s.dead_lettered_at, s.generation,
                        (SELECT max(ev.event_id) FROM zeroth.run_events ev
                          WHERE ev.tenant_id = s.tenant_id AND ev.workspace_key = s.workspace_key
                            AND ev.run_id = s.run_id) AS last_id
