@@ -60,7 +60,9 @@ GRANT SELECT ON zeroth.run_events TO zeroth_reader;
 -- bound, and a run without one costs what it cost before: a NULL column is its null bit):
 --   * attempt_timeout_seconds: an attempt's wall time, from its claim to its end.
 --   * run_timeout_seconds: a run's total time, from its first claim to its end, across retries,
---     sleeps and waits.
+--     sleeps and waits: ended by the claim that meets it pending or the sweep that meets it
+--     running past it; a run that is waiting (paused, or for an event or its children) is ended
+--     only once it is pending again.
 -- A deployment's defaults live in the registry beside its retry policy and lease (0020), read by
 -- the claims in the same primary-key probe that reads the lease and bound by the same rule
 -- (zeroth._policy_binds_caller). A run may carry its own (enqueue_run / enqueue_runs), which wins.

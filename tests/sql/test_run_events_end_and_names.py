@@ -1,4 +1,4 @@
-"""Adversarial review (red1) of the run event stream: a worker event named like END, and the
+"""The run event stream under attack: a worker event named like END, and the
 stream of a run redriven after it ended (the old END, the END number a reader was given)."""
 
 from __future__ import annotations
