@@ -51,7 +51,15 @@ class TestNoCallerClock:
                         ("alter_schedule", "start_at", "timestamp with time zone"),
                         ("create_schedule", "time_zone", "text"),
                         ("alter_schedule", "time_zone", "text"),
-                        ("register_schedule", "time_zone", "text")}
+                        ("register_schedule", "time_zone", "text"),
+                        # Timeouts are durations; the claim turns them into deadlines on the
+                        # database clock (issue 34).
+                        ("enqueue_run", "attempt_timeout_seconds", "integer"),
+                        ("enqueue_run", "run_timeout_seconds", "integer"),
+                        ("register_deployment", "attempt_timeout_seconds", "double precision"),
+                        ("register_deployment", "run_timeout_seconds", "double precision"),
+                        ("set_deployment_defaults", "attempt_timeout_seconds", "double precision"),
+                        ("set_deployment_defaults", "run_timeout_seconds", "double precision")}
 
     async def test_a_shipped_database_has_no_test_clock(self, admin):
         assert await admin.fetchval("SELECT to_regnamespace('zeroth_test')") is None

@@ -46,7 +46,8 @@ RELATIONS = ("runs", "checkpoints", "admission_slots", "notification_secret", "l
              "queue_depth", "dead_letters",
              "live_leases", "expired_leases", "table_health", "scope_overview", "run_list",
              "run_activity", "checkpoint_list", "step_list", "wait_list", "attempt_history",
-             "child_list", "deployments", "deployment_changes", "run_transitions")
+             "child_list", "deployments", "deployment_changes", "run_transitions",
+             "code_versions", "code_version_changes", "pinned_runs")
 
 
 async def test_the_relations_tried_here_are_every_relation_of_the_schema(admin):

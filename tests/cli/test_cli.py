@@ -43,7 +43,7 @@ PER_CALL_OPTIONS = {"payload", "priority", "run_after", "max_attempts", "idempot
                     "from_database", "cron", "every", "tz", "catch_up", "grace", "paused",
                     "max_concurrency", "weight", "rate_limit", "note", "max_starts", "per",
                     "changes", "managed_by", "retry_base_seconds", "retry_max_seconds",
-                    "lease_seconds", "unset"}
+                    "lease_seconds", "unset", "attempt_timeout_seconds", "run_timeout_seconds"}
 
 
 def cli(*args: str, dsn: str | None = None, stdin: str | None = None,

@@ -377,10 +377,11 @@ class Fuzzer(BlockingConnection):
                       if v in ids and (scope[0], scope[1]) not in ids[v]}
             assert not leaked, f"{where} returned ids of another scope: {leaked}"
             run_id = args.get("run_id")
-            # run_finished_key is a pure function of (scope, run id): it reads no run, so its
-            # answer says nothing about whether the run exists (tests/adversarial).
+            # run_finished_key and run_events_key are pure functions of (scope, run id): they
+            # read no run, so their answer says nothing about whether the run exists
+            # (tests/adversarial).
             if (function.returns_scalar and isinstance(run_id, UUID)
-                    and function.name != "run_finished_key"
+                    and function.name not in ("run_finished_key", "run_events_key")
                     and (scope[0], scope[1]) != self.seed.runs.get(run_id)):
                 value = rows[0][0]
                 assert value in (None, False, "unknown"), (

@@ -2043,6 +2043,15 @@ NOT_MODELLED = {
     "announce_idle": "NOTIFY only", "announce_idle_deployment": "NOTIFY only",
     "control_key": "a channel key", "deployment_wakeup_key": "a channel key",
     "wakeup_key": "a channel key", "run_finished_key": "a channel key",
+    "run_events_key": "a channel key",
+    # The run event stream (issue 34): a run's events, not its state (tests/sql/test_run_events.py
+    # and the fenced conformance module cover append_run_event's fence).
+    "read_run_events": "a read",
+    "append_run_event": "a fenced write of a run's events, no state change (the fenced conformance module)",
+    # Code versions (issue 34): admin functions over the deployment's policy; retire's ends go
+    # through the takeover and the edge table (tests/sql/test_code_versions.py).
+    "set_version_policy": "a deployment's policy, no run's state",
+    "retire_code_version": "admin: moves or ends a version's runs (tests/sql/test_code_versions.py)",
 }
 PUBLIC_FUNCTIONS_SQL = """
 SELECT DISTINCT p.proname::text
