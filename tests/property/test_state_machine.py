@@ -2047,11 +2047,13 @@ NOT_MODELLED = {
     # The run event stream (issue 34): a run's events, not its state (tests/sql/test_run_events.py
     # and the fenced conformance module cover append_run_event's fence).
     "read_run_events": "a read",
-    "append_run_event": "a fenced write of a run's events, no state change (the fenced conformance module)",
+    "append_run_event": "a fenced write of a run's events, no state change "
+                        "(the fenced conformance module)",
     # Code versions (issue 34): admin functions over the deployment's policy; retire's ends go
     # through the takeover and the edge table (tests/sql/test_code_versions.py).
     "set_version_policy": "a deployment's policy, no run's state",
-    "retire_code_version": "admin: moves or ends a version's runs (tests/sql/test_code_versions.py)",
+    "retire_code_version": "admin: moves or ends a version's runs "
+                           "(tests/sql/test_code_versions.py)",
 }
 PUBLIC_FUNCTIONS_SQL = """
 SELECT DISTINCT p.proname::text
