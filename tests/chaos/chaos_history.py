@@ -63,6 +63,7 @@ CREATE TABLE public.chaos_history (
     writer_generation bigint,
     writer_worker     text,
     writer_event      uuid,
+    writer_calls      text[],
     data              jsonb,
     at                timestamptz NOT NULL DEFAULT clock_timestamp()
 );
@@ -93,7 +94,23 @@ CREATE TRIGGER chaos_events_append_only BEFORE UPDATE OR DELETE OR TRUNCATE ON p
 
 -- The zeroth functions run as zeroth_owner (SECURITY DEFINER); the recorders run as their
 -- creator so they may append whatever role wrote. The writer fields are read only from values the
--- soak's own handler and the worker put there.
+-- soak's own handler and the worker put there; writer_calls is the call stack of zeroth functions
+-- that made the write (innermost first, the public function called last), from PG_CONTEXT: it
+-- tells a holder's own write (fail_run, settle_runs, …) from an end of a lapsed lease made by
+-- someone else (zeroth._take_over, zeroth._end_unrecoverable, inside claim_orphaned).
+CREATE FUNCTION public.chaos_writer_calls() RETURNS text[]
+    LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_context text;
+BEGIN
+    GET DIAGNOSTICS v_context = PG_CONTEXT;
+    RETURN ARRAY(SELECT coalesce(m[1], m[2])
+                   FROM regexp_matches(v_context,
+                                       'function zeroth\.(\w+)\(|SQL function "(\w+)"', 'g')
+                        WITH ORDINALITY AS f(m, n)
+                  ORDER BY n);
+END
+$$;
 CREATE FUNCTION public.chaos_record_run() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -124,13 +141,13 @@ BEGIN
     INSERT INTO public.chaos_history (
         kind, run_id, tenant_id, old_status, new_status, old_generation, new_generation,
         old_worker, new_worker, old_expires, new_expires, acquired_at, slot, fn_now,
-        writer_generation, writer_worker, writer_event, data)
+        writer_generation, writer_worker, writer_event, writer_calls, data)
     VALUES (v_kind, NEW.run_id, NEW.tenant_id, OLD.status::text, NEW.status::text,
             OLD.lease_generation, NEW.lease_generation, OLD.lease_worker_id, NEW.lease_worker_id,
             OLD.lease_expires_at, NEW.lease_expires_at, NEW.lease_acquired_at, NEW.admission_slot,
             NEW.updated_at,
             coalesce(v_writer ->> 'generation', v_writer ->> 'lease_generation')::bigint,
-            v_writer ->> 'worker_id', (v_writer ->> 'eid')::uuid,
+            v_writer ->> 'worker_id', (v_writer ->> 'eid')::uuid, public.chaos_writer_calls(),
             CASE WHEN v_kind = 'commit' THEN NEW.progress
                  WHEN v_kind IN ('fail', 'retry') THEN NEW.error - 'traceback' END);
     RETURN NULL;
@@ -147,12 +164,12 @@ BEGIN
     INSERT INTO public.chaos_history (
         kind, run_id, tenant_id, old_status, new_status, old_generation, new_generation,
         old_worker, new_worker, old_expires, new_expires, acquired_at, slot, fn_now,
-        writer_generation, writer_worker, writer_event, data)
+        writer_generation, writer_worker, writer_event, writer_calls, data)
     SELECT 'checkpoint', r.run_id, r.tenant_id, r.status::text, r.status::text,
            r.lease_generation, r.lease_generation, r.lease_worker_id, r.lease_worker_id,
            r.lease_expires_at, r.lease_expires_at, r.lease_acquired_at, r.admission_slot,
            NEW.created_at, NEW.lease_generation, NEW.data ->> 'worker_id',
-           (NEW.data ->> 'eid')::uuid, NEW.data
+           (NEW.data ->> 'eid')::uuid, public.chaos_writer_calls(), NEW.data
       FROM zeroth.runs r
      WHERE r.tenant_id = NEW.tenant_id AND r.workspace_key = NEW.workspace_key
        AND r.run_id = NEW.run_id;
@@ -196,6 +213,13 @@ OUTCOME_KINDS = TERMINAL_KINDS | {"retry", "hand_back"}
 LIVE_FENCED_KINDS = TERMINAL_KINDS | {"start", "touch", "checkpoint", "commit", "renew", "retry"}
 # Fenced by the exact (worker, generation) only: giving a lease back needs no live lease.
 EXACT_FENCED_KINDS = frozenset({"hand_back", "release", "expire"})
+# The ends of a lapsed lease made by someone other than its holder (the orphan sweep's
+# claim_orphaned: a run out of attempts dead-lettered, one nobody may resume failed, one whose
+# recovery raised ended): settle kinds take_over and unrecoverable, fenced on the lease having
+# EXPIRED at the writing function's time. Told apart by the call stack the trigger recorded
+# (writer_calls), not by the kind, which is the run's new status: a sweep's `fail` is not the
+# holder's write, and the holder's own `fail` stays fenced on its live lease.
+LAPSED_LEASE_ENDS = frozenset({"_take_over", "_end_unrecoverable"})
 MAX_LISTED = 25  # violations listed per check; the count is always complete
 
 Row = Mapping[str, Any]
@@ -314,15 +338,32 @@ def _check_outcomes(report: Report, runs: Sequence[Row], by_run: Mapping[UUID, l
                             f"run {run['run_id']} generation {generation}: {count} outcomes")
 
 
+def ends_lapsed_lease(row: Row) -> bool:
+    """Whether the write is an end of a lapsed lease by someone other than its holder (as the
+    trigger saw the call stack: :data:`LAPSED_LEASE_ENDS`)."""
+    return not LAPSED_LEASE_ENDS.isdisjoint(row.get("writer_calls") or ())
+
+
 def _check_fence(report: Report, history: Sequence[Row], lease_seconds: float) -> None:
     """Every accepted write came from the generation (and worker) holding the lease, and the
-    lease was live at the writing function's database time unless the write only gives it back."""
+    lease was live at the writing function's database time unless the write only gives it back;
+    an end of the lease by someone else (the orphan sweep) was made on a lease expired at its
+    database time. A write's database time is when the function decided, under the row lock it
+    holds until commit: the commit may come later, past the expiry, and no other generation can
+    have claimed meanwhile (a claim needs that lock, and finds the run ended)."""
     lease = timedelta(seconds=lease_seconds)
     for row in history:
         kind = row["kind"]
         if kind == "claim":
             continue
         where = f"{kind} #{row['id']} of run {row['run_id']}"
+        if ends_lapsed_lease(row):
+            if row["old_worker"] is None or not row["old_expires"] < row["fn_now"]:
+                report.fail("no_stale_accepted_write",
+                            f"{where}: ended by {row['writer_calls'][-1]} at {row['fn_now']} "
+                            f"while worker {row['old_worker']} held a lease live until "
+                            f"{row['old_expires']}")
+            continue
         if kind not in LIVE_FENCED_KINDS | EXACT_FENCED_KINDS:
             report.fail("no_stale_accepted_write", f"{where}: a write no worker should make")
             continue
@@ -344,7 +385,8 @@ def _check_fence(report: Report, history: Sequence[Row], lease_seconds: float) -
             if row["old_expires"] < written_at:
                 report.fail("no_stale_accepted_write",
                             f"{where}: accepted at {written_at} on a lease that expired at "
-                            f"{row['old_expires']}")
+                            f"{row['old_expires']} (writer {writer_worker} generation "
+                            f"{writer_generation}, data {row['data']})")
 
 
 def _check_generations_and_windows(report: Report, by_run: Mapping[UUID, list[Row]]

@@ -152,6 +152,28 @@ def renewal_of_expired_lease(s: Scenario) -> None:
                                        old_expires=3.0, new_expires=6.2) | {"id": 99})
 
 
+SWEEP_CALLS = ["_settle", "_take_over", "_claim_orphaned", "claim_orphaned"]
+HOLDER_CALLS = ["_settle", "_settle_one", "fail_run"]
+
+
+def holder_failed_after_its_expiry(s: Scenario) -> None:
+    # The holder's own fail (fail_run on the call stack) is fenced on its live lease, whatever
+    # the run's new status says.
+    s["history"].append(history_row("fail", RUN_A, 7.0, old_gen=2, old_worker="w2",
+                                    old_expires=6.5, cleared=True, new_status="failed",
+                                    writer=(2, "w2", UUID(int=5))) | {"id": 103,
+                                                                      "writer_calls": HOLDER_CALLS})
+
+
+def sweep_ended_a_live_lease(s: Scenario) -> None:
+    # The orphan sweep may end only a lapsed lease: its stop error names the holder, so the
+    # writer fields agree, and only the time gives it away.
+    s["history"].append(history_row("fail", RUN_A, 5.0, old_gen=2, old_worker="w2",
+                                    old_expires=6.5, cleared=True, new_status="failed",
+                                    writer=(2, "w2", UUID(int=5))) | {"id": 104,
+                                                                      "writer_calls": SWEEP_CALLS})
+
+
 def refused_write_landed(s: Scenario) -> None:
     row_of(s, "checkpoint", nth=1)["writer_event"] = STALE
 
@@ -243,6 +265,8 @@ BROKEN: list[tuple[Callable[[Scenario], None], str]] = [
     (write_on_expired_lease, "no_stale_accepted_write"),
     (renewal_of_expired_lease, "no_stale_accepted_write"),
     (refused_write_landed, "no_stale_accepted_write"),
+    (holder_failed_after_its_expiry, "no_stale_accepted_write"),
+    (sweep_ended_a_live_lease, "no_stale_accepted_write"),
     (two_terminal_outcomes, "one_terminal_outcome_per_run"),
     (claim_over_live_lease, "lease_windows_disjoint"),
     (generation_skipped, "generations_increase"),
@@ -264,6 +288,22 @@ BROKEN: list[tuple[Callable[[Scenario], None], str]] = [
 
 def test_a_clean_takeover_passes() -> None:
     assert check(clean()) == {}
+
+
+def test_the_sweeps_end_of_a_lapsed_lease_passes() -> None:
+    """claim_orphaned dead-letters a run out of attempts after its holder's lease lapsed: a
+    `fail` by its new status, 94 ms past the expiry, and no stale write (the holder made none)."""
+    scenario = clean()
+    scenario["history"].append(history_row(
+        "fail", RUN_C, 3.094, old_gen=1, old_worker="w4", old_expires=3.0, cleared=True,
+        new_status="failed", writer=(1, "w4", UUID(int=6)),
+        data={"stop_reason": "attempts_exhausted"}) | {"id": 105, "writer_calls": SWEEP_CALLS})
+    scenario["history"].insert(0, history_row(
+        "claim", RUN_C, 0.0, old_gen=0, old_worker=None, old_expires=None,
+        claim=(1, "w4", 3.0)) | {"id": 106})
+    scenario["runs"].append({**scenario["runs"][0], "run_id": RUN_C, "status": "failed",
+                             "lease_generation": 1})
+    assert check(scenario) == {}
 
 
 @pytest.mark.parametrize(("breakage", "violated"), BROKEN, ids=[b.__name__ for b, _ in BROKEN])

@@ -236,7 +236,8 @@ async def test_ha_soak(manager: str, event: str) -> None:
         "wall_s": round(wall, 1), "drained": drained, "failover": figures,
         "acknowledged_vs_new_primary": losses,
         **{key: report.figures[key] for key in (
-            "runs", "final_status", "executions_per_run", "claims_per_run", "stale_writes")},
+            "runs", "final_status", "executions_per_run", "claims_per_run", "stale_writes",
+            "accepted_writes", "failed_attempts_by_error")},
         "worker_log": fleet.log_markers(),
         "unexpected_worker_exits": len(fleet.unexpected_exits),
         "violations": report.summary(),
