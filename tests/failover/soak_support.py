@@ -14,12 +14,13 @@ from typing import Any
 from uuid import UUID
 
 import asyncpg
-from chaos_fleet import DEPLOYMENT, FleetConfig, retrying
-from chaos_history import EVENTS_QUERY, HISTORY_QUERY, RUNS_QUERY, SLOTS_QUERY
+from chaos_fleet import DEPLOYMENT, Fleet, FleetConfig, retrying
+from chaos_history import EVENTS_QUERY, HISTORY_QUERY, RUNS_QUERY, SLOTS_QUERY, Report
 
 from zeroth_pg.client import LeaseManager
 
-__all__ = ["ENQUEUE_BATCH", "FLEET", "TERMINAL", "all_terminal", "compare_acknowledged",
+__all__ = ["ENQUEUE_BATCH", "FLEET", "TERMINAL", "acknowledged_losses", "all_terminal",
+           "compare_acknowledged",
            "completed", "counts", "enqueue_all", "first_claim_after", "read_audit",
            "sample_slots", "until"]
 
@@ -122,6 +123,21 @@ def compare_acknowledged(enqueued: set[UUID], completions: list[tuple[str, int, 
         "runs_completed_twice_under_one_generation_number": generation_reused,
         "runs_not_acknowledged_complete": len(final.keys() - acknowledged.keys()),
     }
+
+
+def acknowledged_losses(enqueued: set[UUID], fleet: Fleet, runs: list[dict[str, Any]],
+                        history: list[dict[str, Any]], report: Report) -> dict[str, Any]:
+    """:func:`compare_acknowledged` for the completions the fleet's workers were answered, and
+    the handler writes answered "accepted" whose history row the new primary lacks (their audit
+    event was retried onto the new primary after the failover: a lower bound, an event lost with
+    its write is not seen)."""
+    completions = [(run_id, generation, worker.worker_id) for worker in fleet.every
+                   for run_id, generation in worker.completed]
+    losses = compare_acknowledged(enqueued, completions, runs, history)
+    losses["acknowledged_handler_writes_lost"] = sum(
+        "answered accepted but is not in the history" in message
+        for message in report.violations.get("handler_log_agrees", []))
+    return losses
 
 
 def first_claim_after(history: list[dict[str, Any]], at: datetime) -> datetime | None:

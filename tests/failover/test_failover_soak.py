@@ -48,7 +48,7 @@ from failover_support import zeroth_pair
 from replication import ReplicatedPair
 from soak_support import (
     FLEET,
-    compare_acknowledged,
+    acknowledged_losses,
     counts,
     enqueue_all,
     first_claim_after,
@@ -170,15 +170,7 @@ async def test_failover_soak(mode: str) -> None:
     report = check_history(history, events, runs, lease_seconds=FLEET.lease,
                            fleet_limits=FLEET.fleet_limits, slot_samples=slot_samples,
                            min_stale_refused=0)
-    completions = [(run_id, generation, worker.worker_id) for worker in fleet.every
-                   for run_id, generation in worker.completed]
-    losses = compare_acknowledged(enqueued, completions, runs, history)
-    # A handler write answered "accepted" whose history row the new primary lacks: its audit
-    # event was retried onto the new primary after the failover (a lower bound: an event lost
-    # with its write is not seen).
-    losses["acknowledged_handler_writes_lost"] = sum(
-        "answered accepted but is not in the history" in message
-        for message in report.violations.get("handler_log_agrees", []))
+    losses = acknowledged_losses(enqueued, fleet, runs, history, report)
     first_claims = [first_claim_after(history, failover["refused_at"]) for failover in failovers]
     for failover, first_claim in zip(failovers, first_claims, strict=True):
         failover["kill_to_first_claim_on_new_primary_s"] = None if first_claim is None else round(

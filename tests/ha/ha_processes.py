@@ -28,8 +28,8 @@ from typing import TypeVar
 import psycopg
 from replication import _free_port, _os_user
 
-__all__ = ["PG15_BIN", "Daemons", "first_writable", "free_port", "missing", "os_user",
-           "postmaster_pid", "require", "signal_tree", "until"]
+__all__ = ["PG15_BIN", "PGBOUNCER", "Daemons", "first_writable", "free_port", "missing",
+           "os_user", "postmaster_pid", "require", "signal_tree", "start_pgbouncer", "until"]
 
 PG15_BIN = Path("/usr/lib/postgresql/15/bin")
 N = TypeVar("N")
@@ -226,3 +226,45 @@ class Daemons:
                 log.close()  # type: ignore[attr-defined]
         if not os.environ.get("ZEROTH_PG_HA_KEEP"):  # keep the logs to read
             shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+#: Debian's PgBouncer (``pgbouncer``; .ci/run installs it).
+PGBOUNCER = "/usr/sbin/pgbouncer"
+
+
+def start_pgbouncer(daemons: Daemons, name: str, server_port: int, user: str) -> int:
+    """A PgBouncer in front of the server on 127.0.0.1:``server_port``, in **session** pooling
+    (the worker process keeps asyncpg's named prepared statements and LISTENs on the same DSN;
+    PgBouncer 1.18 supports neither in transaction pooling: docs/dba-guide.md "Connection
+    poolers"), as daemon ``name``, as the servers' OS user (PgBouncer refuses root); returns
+    its port once it answers."""
+    port = free_port()
+    directory = daemons.mkdir(name)
+    (directory / "users.txt").write_text(f'"{user}" ""\n')
+    (directory / "pgbouncer.ini").write_text(f"""[databases]
+* = host=127.0.0.1 port={server_port}
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = {port}
+unix_socket_dir =
+auth_type = trust
+auth_file = {directory}/users.txt
+pool_mode = session
+default_pool_size = 250
+max_client_conn = 1000
+server_login_retry = 1
+ignore_startup_parameters = extra_float_digits
+""")
+    for path in directory.iterdir():
+        daemons.chown(path)
+    daemons.start(name, [PGBOUNCER, str(directory / "pgbouncer.ini")])
+
+    def answers() -> bool:
+        with psycopg.connect(f"postgresql://{user}@127.0.0.1:{port}/postgres",
+                             connect_timeout=2) as conn:
+            conn.execute("SELECT 1")
+        return True
+
+    until(answers, 30, f"{name} answers")
+    return port
