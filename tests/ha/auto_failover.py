@@ -30,8 +30,6 @@ from __future__ import annotations
 import contextlib
 import getpass
 import json
-import os
-import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,12 +39,11 @@ import psycopg
 from ha_processes import (
     PG15_BIN,
     Daemons,
-    first_writable,
+    ManagedCluster,
     free_port,
     os_user,
-    postmaster_pid,
-    signal_tree,
     until,
+    wait_or_tail,
 )
 
 __all__ = ["PROGRAMS", "Formation", "auto_failover_formation"]
@@ -75,11 +72,12 @@ class AutoNode:
         return f"postgresql://{self.superuser}@127.0.0.1:{self.port}/{dbname}"
 
 
-class Formation:
+class Formation(ManagedCluster):
+    manager = "a pg_auto_failover"
+
     def __init__(self, daemons: Daemons, monitor: AutoNode, nodes: list[AutoNode]) -> None:
-        self.daemons = daemons
+        super().__init__(daemons, nodes)
         self.monitor = monitor
-        self.nodes = nodes
 
     def dsn(self, dbname: str) -> str:
         hosts = ",".join(f"127.0.0.1:{node.port}" for node in self.nodes)
@@ -94,10 +92,6 @@ class Formation:
                 " replicationquorum FROM pgautofailover.node ORDER BY nodeid").fetchall()
         return [{"name": r[0], "reported": r[1], "goal": r[2], "lsn": r[3], "quorum": r[4]}
                 for r in rows]
-
-    def primary(self) -> AutoNode:
-        return until(lambda: first_writable(self.nodes), 180,  # type: ignore[return-value]
-                     "a pg_auto_failover node accepts writes")
 
     def synchronous_standby_names(self) -> str:
         with psycopg.connect(self.primary().dsn(), connect_timeout=5) as conn:
@@ -124,35 +118,11 @@ class Formation:
                     "the switchover's standby accepts writes")
         return old, new  # type: ignore[return-value]
 
-    def kill_node(self, node: AutoNode) -> None:
-        self.daemons.signal(node.name, signal.SIGKILL)
-        self._signal_postmaster(node, signal.SIGKILL)
-
-    def stop_node(self, node: Any) -> None:
-        """SIGSTOP the node's manager, postmaster and backends: a node that hangs, as one cut
-        off by a network partition does for its clients, until :meth:`resume_node`."""
-        self.daemons.signal(node.name, signal.SIGSTOP)
-        pid = postmaster_pid(node.pgdata)
-        assert pid is not None, f"{node.name} has no postmaster"
-        signal_tree(pid, signal.SIGSTOP)
-
-    def resume_node(self, node: Any) -> None:
-        pid = postmaster_pid(node.pgdata)
-        if pid is not None:
-            signal_tree(pid, signal.SIGCONT)
-        self.daemons.signal(node.name, signal.SIGCONT)
-
     def restart_node(self, node: AutoNode) -> None:
         """Run a killed node's keeper again: it rejoins as a standby (pg_rewind)."""
         self.daemons.stop_postgres(node.pgdata)
         self.daemons.start(node.name, ["/usr/bin/pg_autoctl", "run", "--pgdata",
                                        str(node.pgdata)])
-
-    def _signal_postmaster(self, node: AutoNode, sig: signal.Signals) -> None:
-        pid = postmaster_pid(node.pgdata)
-        assert pid is not None, f"{node.name} has no postmaster"
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
 
 
 def _initdb(daemons: Daemons, node: AutoNode, settings: dict[str, str]) -> None:
@@ -200,12 +170,7 @@ def auto_failover_formation() -> Iterator[Formation]:
             if index == 0:
                 until(lambda: any(s["reported"] == "single" for s in formation.states()), 180,
                       "the first node runs as a single primary")
-        try:
-            formation.wait_healthy()
-        except TimeoutError as exc:
-            raise TimeoutError(f"{exc}\n" + "\n".join(
-                f"--- {name}\n{daemons.tail(name)}" for name in ("monitor", "node1", "node2"))
-            ) from None
+        wait_or_tail(formation.wait_healthy, daemons, ("monitor", "node1", "node2"))
         yield formation
     finally:
         daemons.close()

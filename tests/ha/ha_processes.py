@@ -23,13 +23,15 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import psycopg
 from replication import _free_port, _os_user
 
-__all__ = ["PG15_BIN", "PGBOUNCER", "Daemons", "first_writable", "free_port", "missing",
-           "os_user", "postmaster_pid", "require", "signal_tree", "start_pgbouncer", "until"]
+__all__ = ["PG15_BIN", "PGBOUNCER", "Daemons", "ManagedCluster", "first_writable", "free_port",
+           "missing", "os_user", "postmaster_pid", "require", "restart_pgbouncer", "signal_tree",
+           "start_pgbouncer",
+           "until", "wait_or_tail"]
 
 PG15_BIN = Path("/usr/lib/postgresql/15/bin")
 N = TypeVar("N")
@@ -258,7 +260,27 @@ ignore_startup_parameters = extra_float_digits
 """)
     for path in directory.iterdir():
         daemons.chown(path)
-    daemons.start(name, [PGBOUNCER, str(directory / "pgbouncer.ini")])
+    _run_pgbouncer(daemons, name, user, port)
+    return port
+
+
+def restart_pgbouncer(daemons: Daemons, name: str, user: str) -> None:
+    """Stop daemon ``name``'s PgBouncer and start it again on the same port, as a failover
+    manager's role-change hook must (Patroni ``callbacks.on_role_change``, a pg_auto_failover
+    ``pg_autoctl`` notification script): PgBouncer 1.18 hands every client the startup
+    parameters of the first server connection of its pool, ``in_hot_standby`` among them, stale
+    once that server changed role — a demoted primary's PgBouncer still says ``off``, so
+    ``target_session_attrs=read-write`` keeps clients on a standby (docs/dba-guide.md
+    "PgBouncer in front")."""
+    daemons.stop(name)
+    ini = daemons.tmp / name / "pgbouncer.ini"
+    port = int(next(line.split("=")[1] for line in ini.read_text().splitlines()
+                    if line.startswith("listen_port")))
+    _run_pgbouncer(daemons, name, user, port)
+
+
+def _run_pgbouncer(daemons: Daemons, name: str, user: str, port: int) -> None:
+    daemons.start(name, [PGBOUNCER, str(daemons.tmp / name / "pgbouncer.ini")])
 
     def answers() -> bool:
         with psycopg.connect(f"postgresql://{user}@127.0.0.1:{port}/postgres",
@@ -267,4 +289,56 @@ ignore_startup_parameters = extra_float_digits
         return True
 
     until(answers, 30, f"{name} answers")
-    return port
+
+
+def wait_or_tail(wait: Callable[[], None], daemons: Daemons, names: Sequence[str]) -> None:
+    """``wait()`` for a cluster to come up healthy; its TimeoutError then carries the tail of
+    each named daemon's log."""
+    try:
+        wait()
+    except TimeoutError as exc:
+        raise TimeoutError(f"{exc}\n" + "\n".join(
+            f"--- {name}\n{daemons.tail(name)}" for name in names)) from None
+
+
+class ManagedCluster:
+    """What the two managers' clusters share: nodes (each with ``name``, ``pgdata`` and
+    ``dsn()``), each managed by daemon ``<name>`` of :attr:`daemons`, and the faults injected
+    into a node. Subclasses add ``dsn``, ``switchover``, ``restart_node`` and ``wait_healthy``."""
+
+    manager = "a"
+
+    def __init__(self, daemons: Daemons, nodes: Sequence[Any]) -> None:
+        self.daemons = daemons
+        self.nodes = list(nodes)
+
+    def primary(self) -> Any:
+        """The node whose PostgreSQL accepts writes (polls through a failover)."""
+        return until(lambda: first_writable(self.nodes), 180,
+                     f"{self.manager} node accepts writes")
+
+    def kill_node(self, node: Any) -> None:
+        """SIGKILL the node's manager and its postmaster: the whole node dies at once (a
+        SIGKILL of the postmaster alone is repaired in place by its manager)."""
+        self.daemons.signal(node.name, signal.SIGKILL)
+        self._signal_postmaster(node, signal.SIGKILL)
+
+    def stop_node(self, node: Any) -> None:
+        """SIGSTOP the node's manager, postmaster and backends: a node that hangs, as one cut
+        off by a network partition does for its clients, until :meth:`resume_node`."""
+        self.daemons.signal(node.name, signal.SIGSTOP)
+        pid = postmaster_pid(node.pgdata)
+        assert pid is not None, f"{node.name} has no postmaster"
+        signal_tree(pid, signal.SIGSTOP)
+
+    def resume_node(self, node: Any) -> None:
+        pid = postmaster_pid(node.pgdata)
+        if pid is not None:
+            signal_tree(pid, signal.SIGCONT)
+        self.daemons.signal(node.name, signal.SIGCONT)
+
+    def _signal_postmaster(self, node: Any, sig: signal.Signals) -> None:
+        pid = postmaster_pid(node.pgdata)
+        assert pid is not None, f"{node.name} has no postmaster"
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)

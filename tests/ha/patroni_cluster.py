@@ -42,11 +42,10 @@ from typing import Any
 from ha_processes import (
     PG15_BIN,
     Daemons,
-    first_writable,
+    ManagedCluster,
     free_port,
-    postmaster_pid,
-    signal_tree,
     until,
+    wait_or_tail,
 )
 
 __all__ = ["PROGRAMS", "PatroniCluster", "patroni_cluster"]
@@ -79,20 +78,16 @@ class PatroniNode:
         return str(found.get("role")) if found.get("state") == "running" else None
 
 
-class PatroniCluster:
+class PatroniCluster(ManagedCluster):
+    manager = "a Patroni"
+
     def __init__(self, daemons: Daemons, nodes: list[PatroniNode], etcd_port: int) -> None:
-        self.daemons = daemons
-        self.nodes = nodes
+        super().__init__(daemons, nodes)
         self.etcd_port = etcd_port
 
     def dsn(self, dbname: str) -> str:
         hosts = ",".join(f"127.0.0.1:{node.port}" for node in self.nodes)
         return f"postgresql://postgres@{hosts}/{dbname}?target_session_attrs=read-write"
-
-    def primary(self) -> PatroniNode:
-        """The node whose PostgreSQL accepts writes (polls through a failover)."""
-        return until(lambda: first_writable(self.nodes), 180,  # type: ignore[return-value]
-                     "a Patroni node accepts writes")
 
     def patronictl(self, *args: str) -> str:
         return self.daemons.run(["/usr/bin/patronictl", "-c", str(self.nodes[0].config), *args])
@@ -129,40 +124,13 @@ class PatroniCluster:
                     "the switchover's candidate accepts writes")
         return old, new  # type: ignore[return-value]
 
-    def kill_node(self, node: PatroniNode) -> None:
-        """SIGKILL the node's Patroni and its postmaster: the whole node dies at once."""
-        self.daemons.signal(node.name, signal.SIGKILL)
-        self._signal_postmaster(node, signal.SIGKILL)
-
     def kill_postmaster(self, node: PatroniNode) -> None:
         self._signal_postmaster(node, signal.SIGKILL)
-
-    def stop_node(self, node: Any) -> None:
-        """SIGSTOP the node's manager, postmaster and backends: a node that hangs, as one cut
-        off by a network partition does for its clients, until :meth:`resume_node`."""
-        self.daemons.signal(node.name, signal.SIGSTOP)
-        pid = postmaster_pid(node.pgdata)
-        assert pid is not None, f"{node.name} has no postmaster"
-        signal_tree(pid, signal.SIGSTOP)
-
-    def resume_node(self, node: Any) -> None:
-        pid = postmaster_pid(node.pgdata)
-        if pid is not None:
-            signal_tree(pid, signal.SIGCONT)
-        self.daemons.signal(node.name, signal.SIGCONT)
 
     def restart_node(self, node: PatroniNode) -> None:
         """Start a killed node's Patroni again: it rejoins (pg_rewind) as a replica."""
         self.daemons.stop_postgres(node.pgdata)  # orphaned backends of a killed postmaster
         self.daemons.start(node.name, ["/usr/bin/patroni", str(node.config)])
-
-    def _signal_postmaster(self, node: PatroniNode, sig: signal.Signals) -> None:
-        import os
-
-        pid = postmaster_pid(node.pgdata)
-        assert pid is not None, f"{node.name} has no postmaster"
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
 
 
 def _config(daemons: Daemons, node: PatroniNode, etcd_port: int) -> str:
@@ -237,11 +205,7 @@ def patroni_cluster(nodes: int = 3) -> Iterator[PatroniCluster]:
               "the first Patroni node bootstraps")
         for node in members[1:]:
             daemons.start(node.name, ["/usr/bin/patroni", str(node.config)])
-        try:
-            cluster.wait_healthy()
-        except TimeoutError as exc:
-            raise TimeoutError(f"{exc}\n" + "\n".join(
-                f"--- {n.name}\n{daemons.tail(n.name)}" for n in members)) from None
+        wait_or_tail(cluster.wait_healthy, daemons, [node.name for node in members])
         yield cluster
     finally:
         daemons.close()

@@ -61,7 +61,14 @@ from auto_failover import PROGRAMS as AUTO_FAILOVER_PROGRAMS
 from auto_failover import auto_failover_formation
 from chaos_fleet import Fleet, harness_pool
 from chaos_history import AUDIT_DDL, GENERATION_BAND, check_history
-from ha_processes import PGBOUNCER, Daemons, first_writable, require, start_pgbouncer
+from ha_processes import (
+    PGBOUNCER,
+    Daemons,
+    first_writable,
+    require,
+    restart_pgbouncer,
+    start_pgbouncer,
+)
 from ha_processes import until as ha_until
 from patroni_cluster import PROGRAMS as PATRONI_PROGRAMS
 from patroni_cluster import patroni_cluster
@@ -215,6 +222,12 @@ def inject(cluster: Cluster, event: str, bouncers: bool) -> dict[str, Any]:
         if switching is not None:
             switched_from, switched_to = switching.result()
             assert (switched_from, switched_to) == (old, new), (switched_from, switched_to)
+    if bouncers:
+        # The role-change hook a DBA must give the manager: the PgBouncers of the nodes whose
+        # role changed start afresh, so they report the server's new in_hot_standby (a killed
+        # node's comes back with it, in recover()). Without it the workers stayed on the demoted
+        # primary behind its PgBouncer, every write refused read-only, until it was restarted.
+        restart_pgbouncer(cluster.daemons, f"pgbouncer-{new.name}", _superuser(new))
 
     def first_commit() -> object:
         # The first commit there: a promoted server may accept connections as read-write and
@@ -234,14 +247,21 @@ def inject(cluster: Cluster, event: str, bouncers: bool) -> dict[str, Any]:
         # The hung node comes back once the new primary commits: its manager must demote it
         # (its clients' writes since the stop were never acknowledged; they must not land).
         cluster.resume_node(old)
-        if bouncers:
-            cluster.daemons.signal(f"pgbouncer-{old.name}", signal.SIGCONT)
+    if bouncers and event != "kill":
+        # The old primary's, once its manager has made it a standby.
+        ha_until(lambda: _in_recovery(old), 300, f"{old.name} runs as a standby")
+        restart_pgbouncer(cluster.daemons, f"pgbouncer-{old.name}", _superuser(old))
     return {"event": event, "old_primary": old.name, "new_primary": new.name,
             "event_to_new_primary_writable_s": writable,
             "synchronous_standby_names_at_first_commit": standbys,
             "new_generation_floor": floor,
             "event_to_first_commit_on_new_primary_s": round(time.monotonic() - began, 3),
             "began_at": began_at}
+
+
+def _in_recovery(node: Any) -> bool:
+    with psycopg.connect(node.dsn(), connect_timeout=3) as conn:
+        return bool(conn.execute("SELECT pg_is_in_recovery()").fetchone()[0])  # type: ignore[index]
 
 
 def recover(cluster: Cluster, event: str, figures: dict[str, Any], bouncers: bool) -> None:
@@ -251,11 +271,10 @@ def recover(cluster: Cluster, event: str, figures: dict[str, Any], bouncers: boo
     old = next(node for node in cluster.nodes if node.name == figures["old_primary"])
     if event == "kill":
         cluster.restart_node(old)
-        if bouncers:
-            # On the same port: the workers' DSN names it.
-            cluster.daemons.start(f"pgbouncer-{old.name}", [
-                PGBOUNCER, str(cluster.daemons.tmp / f"pgbouncer-{old.name}" / "pgbouncer.ini")])
     cluster.wait_healthy()
+    if bouncers and event == "kill":
+        # On the same port (the workers' DSN names it), once its server is a standby.
+        restart_pgbouncer(cluster.daemons, f"pgbouncer-{old.name}", _superuser(old))
     figures["healthy_again_s"] = round(time.monotonic() - began, 1)
 
 
