@@ -20,7 +20,9 @@ failover when half its share is complete, and between two the old primary rejoin
 (a killed node's manager started again: pg_rewind) and the cluster is healthy again before the
 next share is enqueued. ``ZEROTH_PG_HA_PGBOUNCER=1`` puts one PgBouncer (session pooling) in
 front of each node and gives the workers a multi-host DSN of the PgBouncers; a killed or stopped
-node's PgBouncer dies or hangs with it.
+node's PgBouncer dies or hangs with it, and the PgBouncer of each node whose role changed is
+restarted, as a manager's role-change hook must do it (PgBouncer hands clients a stale
+``in_hot_standby``: docs/dba-guide.md "PgBouncer in front").
 
 Asserted, for each manager and each event: 0 acknowledged enqueues or completions lost, 0 stale
 writes accepted, exactly one accepted outcome per run, every run terminal (none stuck), no
@@ -167,8 +169,8 @@ def zeroth_cluster(manager: str, bouncers: bool = False) -> Iterator[tuple[Any, 
     """The manager's cluster with database ``zeroth`` migrated through the multi-host DSN;
     yields the cluster, that DSN, and the workers' DSN: the same, or with ``bouncers`` one
     PgBouncer per node (session pooling, daemon ``pgbouncer-<node>``) listed in a multi-host DSN
-    with ``target_session_attrs=read-write`` (the drivers ask the server behind each PgBouncer
-    whether it is in recovery, so the one in front of a standby is skipped)."""
+    with ``target_session_attrs=read-write`` (each restarted when its node's role changes:
+    :func:`inject`)."""
     start, programs, packages = MANAGERS[manager]
     require((*programs, *((PGBOUNCER,) if bouncers else ())),
             packages + (" pgbouncer" if bouncers else ""))
