@@ -10,8 +10,8 @@
 -- Across every scope of the deployments (NULL: every deployment), like claim_orphaned_scopes.
 -- Locks: the run rows FOR UPDATE SKIP LOCKED (never waits), at most batch_size ended and woken a
 -- call. Returns the number ended and woken (loop until below batch_size). Raises ZP008. Notifies
--- zeroth_wakeup per woken scope (and for a slot an end freed), zeroth_run_events for an ended run's
--- END. Time: clock_timestamp().
+-- zeroth_wakeup per woken scope (and for a slot an end freed); an ended run's END reaches its
+-- stream's subscribers through the settle path. Time: clock_timestamp().
 CREATE OR REPLACE FUNCTION zeroth.wake_due_waits(
     deployment_refs text[]  DEFAULT NULL,
     batch_size      integer DEFAULT 100)
@@ -110,7 +110,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION zeroth.wake_due_waits(text[], integer) IS
-'wake_due_waits: the sweep of runs nobody holds. First the pending (due or not: sleeping, in backoff) and waiting (paused, or waiting for an event or its children) runs with no live lease past their run deadline → failed, stop_reason run_timeout (issue 34; through the settle path, each alone: one whose end raises is left as it was with a WARNING); then runs waiting on an event past their wait''s deadline → pending, due now (the replayed wait_for_event records timed_out), then parents waiting for children whose wait was met while their row was locked (wait_for_children; the wake-up a child''s end skipped, marked in child_waits.met_at), in every scope of the deployments (NULL: all); run rows FOR UPDATE SKIP LOCKED, at most batch_size (1-1000) ended and woken. Returns the number ended and woken. Raises ZP008. Notifies zeroth_wakeup per woken scope (and for a slot an end freed), zeroth_run_events for an ended run''s END. Time: clock_timestamp().';
+'wake_due_waits: the sweep of runs nobody holds. First the pending (due or not: sleeping, in backoff) and waiting (paused, or waiting for an event or its children) runs with no live lease past their run deadline → failed, stop_reason run_timeout (issue 34; through the settle path, each alone: one whose end raises is left as it was with a WARNING); then runs waiting on an event past their wait''s deadline → pending, due now (the replayed wait_for_event records timed_out), then parents waiting for children whose wait was met while their row was locked (wait_for_children; the wake-up a child''s end skipped, marked in child_waits.met_at), in every scope of the deployments (NULL: all); run rows FOR UPDATE SKIP LOCKED, at most batch_size (1-1000) ended and woken. Returns the number ended and woken. Raises ZP008. Notifies zeroth_wakeup per woken scope (and for a slot an end freed). Time: clock_timestamp().';
 ALTER FUNCTION zeroth.wake_due_waits(text[], integer) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.wake_due_waits(text[], integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.wake_due_waits(text[], integer) TO zeroth_worker;
