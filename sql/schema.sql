@@ -1478,6 +1478,16 @@ CREATE INDEX runs_finished_idx ON zeroth.runs USING btree (finished_at, tenant_i
 CREATE UNIQUE INDEX runs_idempotency_key_idx ON zeroth.runs USING btree (tenant_id, workspace_key, deployment_ref, idempotency_key) WHERE (idempotency_key IS NOT NULL);
 
 --
+-- Name: runs_run_deadline_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE INDEX runs_run_deadline_idx ON zeroth.runs USING btree (run_deadline_at) WHERE ((run_deadline_at IS NOT NULL) AND (status = ANY (ARRAY['pending'::zeroth.run_status, 'waiting'::zeroth.run_status])));
+
+--
+-- Name: INDEX runs_run_deadline_idx; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON INDEX zeroth.runs_run_deadline_idx IS 'The pending and waiting runs that have a run deadline, by deadline: what zeroth.wake_due_waits reads to end those past it (issue 34 item 2).';
+
+--
 -- Name: runs_run_id_not_running_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner
 --
 CREATE INDEX runs_run_id_not_running_idx ON zeroth.runs USING btree (run_id) WHERE (status <> 'running'::zeroth.run_status);

@@ -877,8 +877,10 @@ class LeaseManager:
         self, deployment_refs: Sequence[str] | None = None, *, batch_size: int = 100,
         conn: Executor | None = None,
     ) -> int:
-        """Runs waiting on an event past their deadline → pending (``zeroth.wake_due_waits``);
-        returns how many (call again while it returns ``batch_size``)."""
+        """The sweep of runs nobody holds (``zeroth.wake_due_waits``): pending and waiting runs
+        past their run deadline → failed (stop_reason run_timeout), then runs waiting on an event
+        past their wait's deadline → pending; returns how many it ended and woke (call again
+        while it returns ``batch_size``)."""
         refs, _, _ = _scope_arguments(deployment_refs, None)
         return int(await self._fetchval(_calls.WAKE_DUE_WAITS, refs, batch_size, conn=conn))
 

@@ -1,11 +1,17 @@
--- wake_due_waits: the event waits whose deadline passed → their runs pending, due now (the
--- replayed wait_for_event then records the timeout); then parents still waiting for children whose
--- wait was met while their row was locked (the wake-up a child's end had to skip, marked in
--- child_waits.met_at: internal/children.sql). Across every scope of the deployments (NULL:
--- every deployment), like claim_orphaned_scopes; run by the worker's orphan sweep. Locks: the run
--- rows FOR UPDATE SKIP LOCKED (never waits), at most batch_size a call. Returns the number woken
--- (loop until below batch_size). Raises ZP008. Notifies zeroth_wakeup per woken scope. Time:
--- clock_timestamp().
+-- wake_due_waits: the sweep of runs nobody holds, run by every RunWorker's orphan sweep. First the
+-- runs past their run deadline (issue 34 item 2) that are waiting (paused, or waiting for an event
+-- or its children) or pending (sleeping, in backoff, or due) with no live lease → failed
+-- (stop_reason run_timeout), each through the settle path (zeroth._end_past_run_deadline: edge
+-- run_timed_out, an END for a run with events) in a subtransaction of its own (one whose end
+-- raises is left as it was with a WARNING; the others are ended); then the event waits whose
+-- deadline passed → their runs pending, due now (the replayed wait_for_event then records the
+-- timeout); then parents still waiting for children whose wait was met while their row was locked
+-- (the wake-up a child's end had to skip, marked in child_waits.met_at: internal/children.sql).
+-- Across every scope of the deployments (NULL: every deployment), like claim_orphaned_scopes.
+-- Locks: the run rows FOR UPDATE SKIP LOCKED (never waits), at most batch_size ended and woken a
+-- call. Returns the number ended and woken (loop until below batch_size). Raises ZP008. Notifies
+-- zeroth_wakeup per woken scope (and for a slot an end freed); an ended run's END reaches its
+-- stream's subscribers through the settle path. Time: clock_timestamp().
 CREATE OR REPLACE FUNCTION zeroth.wake_due_waits(
     deployment_refs text[]  DEFAULT NULL,
     batch_size      integer DEFAULT 100)
@@ -23,6 +29,29 @@ BEGIN
                                 AND array_position(wake_due_waits.deployment_refs, NULL) IS NULL),
                             'deployment_refs must be NULL or 1-1000 names without NULL');
 
+    -- The runs past their run deadline (runs_run_deadline_idx: only pending and waiting runs
+    -- that have one), read without a lock, then each locked SKIP LOCKED, re-checked and ended
+    -- alone. A run whose end raised stays in the scan (left as it was) and is passed over: the
+    -- scan goes on to the next until batch_size were ended, so no number of bad runs stops the
+    -- others' ends.
+    FOR v_run IN
+        SELECT r.tenant_id, r.workspace_key, r.run_id
+          FROM zeroth.runs r
+         WHERE r.run_deadline_at <= v_now
+           AND r.run_deadline_at IS NOT NULL
+           AND r.status IN ('pending', 'waiting')
+           AND (wake_due_waits.deployment_refs IS NULL OR r.deployment_ref = ANY (wake_due_waits.deployment_refs))
+         ORDER BY r.run_deadline_at
+    LOOP
+        IF zeroth._end_past_run_deadline_isolated(v_run.tenant_id, v_run.workspace_key, v_run.run_id, v_now) THEN
+            v_woken := v_woken + 1;
+            EXIT WHEN v_woken >= wake_due_waits.batch_size;
+        END IF;
+    END LOOP;
+    IF v_woken >= wake_due_waits.batch_size THEN
+        RETURN v_woken;
+    END IF;
+
     FOR v_run IN
         WITH due AS (
             SELECT r.tenant_id, r.workspace_key, r.run_id
@@ -35,7 +64,7 @@ BEGIN
                AND r.thread_queued_at IS NULL
                AND (wake_due_waits.deployment_refs IS NULL OR r.deployment_ref = ANY (wake_due_waits.deployment_refs))
              ORDER BY w.timeout_at
-             LIMIT wake_due_waits.batch_size
+             LIMIT wake_due_waits.batch_size - v_woken
                FOR UPDATE OF r SKIP LOCKED)
         UPDATE zeroth.runs r
            SET status = 'pending', wait_reason = NULL, run_after = v_now, updated_at = v_now
@@ -81,7 +110,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION zeroth.wake_due_waits(text[], integer) IS
-'wake_due_waits: runs waiting on an event past their wait''s deadline → pending, due now (the replayed wait_for_event records timed_out), then parents waiting for children whose wait was met while their row was locked (wait_for_children; the wake-up a child''s end skipped, marked in child_waits.met_at), in every scope of the deployments (NULL: all); run rows FOR UPDATE SKIP LOCKED, at most batch_size (1-1000). Returns the number woken. Raises ZP008. Notifies zeroth_wakeup per woken scope. Time: clock_timestamp().';
+'wake_due_waits: the sweep of runs nobody holds. First the pending (due or not: sleeping, in backoff) and waiting (paused, or waiting for an event or its children) runs with no live lease past their run deadline → failed, stop_reason run_timeout (issue 34; through the settle path, each alone: one whose end raises is left as it was with a WARNING); then runs waiting on an event past their wait''s deadline → pending, due now (the replayed wait_for_event records timed_out), then parents waiting for children whose wait was met while their row was locked (wait_for_children; the wake-up a child''s end skipped, marked in child_waits.met_at), in every scope of the deployments (NULL: all); run rows FOR UPDATE SKIP LOCKED, at most batch_size (1-1000) ended and woken. Returns the number ended and woken. Raises ZP008. Notifies zeroth_wakeup per woken scope (and for a slot an end freed). Time: clock_timestamp().';
 ALTER FUNCTION zeroth.wake_due_waits(text[], integer) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.wake_due_waits(text[], integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.wake_due_waits(text[], integer) TO zeroth_worker;

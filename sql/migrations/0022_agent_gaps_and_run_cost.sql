@@ -8,6 +8,33 @@
 SELECT 1;
 
 -- ===== section: run deadlines of waiting runs, one settle path (issue 34) =====
+-- Issue 34 item 2, the gap 0021 left: a run that is waiting (paused, or waiting for an event or
+-- its children) or sleeping (pending, not due) past its run deadline was ended only once a claim
+-- met it pending and due. The sweep (zeroth.wake_due_waits, run by every RunWorker's orphan
+-- sweep) now ends every pending or waiting run nobody holds a live lease on past its run
+-- deadline, and the claims' end of a pending one goes through the settle path too
+-- (zeroth._settle kind deadline, zeroth._end_past_run_deadline).
+--
+-- The edge of the state machine a waiting run takes (0021 listed the pending one, 46).
+INSERT INTO zeroth.run_transitions (edge_no, from_status, outcome, to_status, label) VALUES
+    (47, 'waiting', 'run_timed_out', 'failed', 'the sweep (wake_due_waits) finds a waiting run (paused, or waiting for an event or its children) past its run deadline (settled, stop_reason run_timeout; no attempt ends: the wait gave it back)');
+UPDATE zeroth.run_transitions
+   SET label = 'a claim or the sweep (wake_due_waits) finds a pending run past its run deadline, due or not (sleeping, in backoff): never started again (settled, stop_reason run_timeout; a lapsed claim''s attempt counted)'
+ WHERE edge_no = 46;
+
+-- The runs the sweep looks for: pending or waiting with a run deadline. Partial, so a run without
+-- a run timeout (run_deadline_at NULL: every run of a deployment without one, and every run
+-- before its first claim) never enters it, nor does a running run: what the hot path pays is the
+-- predicate, never an entry. (A status change already makes every update that could enter it a
+-- non-HOT one: status is in runs_running_idx.)
+CREATE INDEX runs_run_deadline_idx ON zeroth.runs (run_deadline_at)
+    WHERE run_deadline_at IS NOT NULL AND status IN ('pending', 'waiting');
+COMMENT ON INDEX zeroth.runs_run_deadline_idx IS 'The pending and waiting runs that have a run deadline, by deadline: what zeroth.wake_due_waits reads to end those past it (issue 34 item 2).';
+
+-- zeroth._end_past_run_deadline now says whether it ended the run (boolean, not void): its file
+-- creates it again (IF EXISTS: a fresh install creates the functions after the migrations).
+DROP FUNCTION IF EXISTS zeroth._end_past_run_deadline(text, text, uuid, timestamptz);
+
 
 -- ===== section: stream limits and code versions (issue 34) =====
 

@@ -6,7 +6,10 @@ database exactly as shipped (no test hook):
   open to it; past the deadline its renewal is refused with ZP013;
 * a timeout a worker login registers binds its own sessions only (zeroth._policy_binds_caller),
   never another login's claims; a DBA's binds every worker;
-* a zeroth_reader and a LOGIN role with no grant change nothing.
+* a zeroth_reader and a LOGIN role with no grant change nothing;
+* a waiting run is ended at its run deadline by any worker's sweep (wake_due_waits), on the
+  database clock: no worker ends it before, nor keeps it waiting after, and another tenant's
+  worker cannot resume it.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ MOVES = (
     "unset => ARRAY['attempt_timeout_seconds', 'run_timeout_seconds'])",
     "UPDATE zeroth.deployments SET attempt_timeout_seconds = NULL",
     "SELECT zeroth._end_timed_out('default', '', gen_random_uuid(), now())",
+    "SELECT zeroth._end_past_run_deadline('default', '', gen_random_uuid(), now())",
+    "SELECT zeroth._end_past_run_deadline_isolated('default', '', gen_random_uuid(), now())",
     "SELECT zeroth._deployment_claim_policy('mail', NULL)",
     "SELECT zeroth.redrive_run(run_id => gen_random_uuid())",
 )
@@ -132,3 +137,43 @@ class TestReaderAndNobody:
             someone, "SELECT zeroth.register_deployment(deployment_ref => 'mail', "
                      "attempt_timeout_seconds => 5)") == "42501"
         assert await admin.fetchval("SELECT count(*) FROM zeroth.deployments") == 0
+
+
+class TestAWaitingRunsDeadline:
+    async def paused(self, worker: asyncpg.Connection) -> UUID:
+        run = await claimed(worker)
+        assert await worker.fetchval(
+            """SELECT zeroth.pause_run(run_id => $1, worker_id => 'w1', generation => $2,
+                   reason => 'approval')""", run["run_id"], run["lease_generation"])
+        return run["run_id"]  # type: ignore[no-any-return]
+
+    async def test_a_workers_sweep_ends_it_only_once_the_database_clock_passed_it(
+            self, login, admin):
+        await admin.execute("SELECT zeroth.set_deployment_defaults(deployment_ref => $1, "
+                            "run_timeout_seconds => 600)", DEPLOYMENT)
+        worker = await login("worker")
+        run_id = await self.paused(worker)
+        assert await worker.fetchval("SELECT zeroth.wake_due_waits()") == 0
+        assert (await deadlines(admin, run_id))[3] == "waiting"
+        # Another tenant's worker keeps nothing alive: the run is not in its scope.
+        assert await sqlstate(worker, "SELECT zeroth.resume_run(run_id => $1, tenant_id => 't2')",
+                              run_id) == "ZP001"
+        # A DBA's manual UPDATE (the owner may move a deadline): due a moment ago.
+        await admin.execute("UPDATE zeroth.runs SET run_deadline_at = clock_timestamp() "
+                            "- interval '1 ms' WHERE run_id = $1", run_id)
+        assert await worker.fetchval("SELECT zeroth.wake_due_waits()") == 1
+        row = await admin.fetchrow(
+            "SELECT status::text, error ->> 'stop_reason' AS stop FROM zeroth.runs "
+            "WHERE run_id = $1", run_id)
+        assert tuple(row) == ("failed", "run_timeout")
+
+    @pytest.mark.parametrize("kind", ["reader", "nobody"])
+    async def test_a_reader_or_nobody_cannot_sweep(self, login, admin, kind):
+        await admin.execute("SELECT zeroth.set_deployment_defaults(deployment_ref => $1, "
+                            "run_timeout_seconds => 600)", DEPLOYMENT)
+        run_id = await self.paused(await login("worker"))
+        await admin.execute("UPDATE zeroth.runs SET run_deadline_at = clock_timestamp() "
+                            "- interval '1 ms' WHERE run_id = $1", run_id)
+        someone = await login(kind)
+        assert await sqlstate(someone, "SELECT zeroth.wake_due_waits()") == "42501"
+        assert (await deadlines(admin, run_id))[3] == "waiting"

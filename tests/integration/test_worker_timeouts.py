@@ -76,3 +76,37 @@ async def test_a_run_past_its_run_deadline_is_failed_for_good(pool, spawn_worker
     # The worker stopped it at its run deadline and settled that: one attempt, ended for good.
     outcomes = await pool.fetch("SELECT outcome FROM zeroth.run_attempts WHERE run_id = $1", run)
     assert [o["outcome"] for o in outcomes] == ["timed_out"]
+
+
+async def test_a_run_waiting_for_an_event_past_its_run_deadline_is_failed_by_the_sweep(
+        pool, spawn_worker):
+    # The run leaves its worker (waiting for an event that never comes, no wait deadline): only
+    # the worker's sweep (wake_due_waits, before each orphan sweep) can end it at its run
+    # deadline; before, it stayed waiting for ever.
+    dep = unique_deployment("waitdeadline")
+
+    async def handler(ctx: RunContext) -> Any:
+        return await ctx.wait_for_event("never-emitted")
+
+    await spawn_worker(dep, handler, lease_duration=60.0, poll_interval=0.05,
+                       orphan_sweep_interval=0.2)
+    run = (await LeaseManager(pool).enqueue_run(dep, run_timeout_seconds=3600)).run_id
+
+    async def waiting() -> dict[str, Any] | None:
+        row = await stored_run(pool, run)
+        return row if row["status"] == "waiting" else None
+
+    await wait_until(waiting, "the run to wait for its event", within=60)
+    # Its run deadline passes while it waits (a DBA's UPDATE: no wall-clock wait in the test).
+    await pool.execute("UPDATE zeroth.runs SET run_deadline_at = clock_timestamp() "
+                       "WHERE run_id = $1", run)
+
+    async def ended() -> dict[str, Any] | None:
+        row = await stored_run(pool, run)
+        return row if row["status"] == "failed" else None
+
+    row = await wait_until(ended, "the sweep to fail the waiting run at its run deadline",
+                           within=60)
+    assert (row["error"]["stop_reason"], row["wait_reason"]) == ("run_timeout", None)
+    outcomes = await pool.fetch("SELECT outcome FROM zeroth.run_attempts WHERE run_id = $1", run)
+    assert [o["outcome"] for o in outcomes] == ["waited"]  # no attempt ended at the deadline

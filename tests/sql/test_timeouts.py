@@ -338,7 +338,7 @@ class TestTheTransitionsAreListed:
                 WHERE outcome IN ('timed_out', 'run_timed_out') ORDER BY edge_no""")
         assert [tuple(e) for e in edges] == [
             ("running", "timed_out", "pending"), ("running", "run_timed_out", "failed"),
-            ("pending", "run_timed_out", "failed")]
+            ("pending", "run_timed_out", "failed"), ("waiting", "run_timed_out", "failed")]
 
 
 class TestOneBadLateRunNeverStopsTheSweep:

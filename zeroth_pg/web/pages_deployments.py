@@ -3,11 +3,13 @@
 (zeroth.scope_limits, zeroth.rate_limits), a page per scope, and — with actions enabled — pause,
 resume, max_concurrency, weight and rate limit, each through zeroth.set_scope_limits or
 zeroth.set_rate_limit; a deployment's defaults (zeroth.deployments: max_attempts, priority, retry
-policy and lease, for every scope) shown on each of its scope pages and set through
-zeroth.set_deployment_defaults."""
+policy, lease and the attempt and run timeouts, for every scope) shown on each of its scope pages
+and set through zeroth.set_deployment_defaults, and its code version policy through
+zeroth.set_version_policy (issue 34)."""
 
 from __future__ import annotations
 
+import re
 import urllib.parse
 from typing import Any
 
@@ -60,8 +62,19 @@ _OPS = ("pause", "resume", "limits")
 
 #: The policy values of a deployment a form may set back to not set (zeroth.set_deployment_defaults
 #: unset).
-_POLICY_FIELDS = ("retry_base_seconds", "retry_max_seconds", "lease_seconds")
+_POLICY_FIELDS = ("retry_base_seconds", "retry_max_seconds", "lease_seconds",
+                  "attempt_timeout_seconds", "run_timeout_seconds")
 _MAX_RETRY_SECONDS = 30 * 86400.0
+#: The timeouts' bounds (zeroth.deployments_timeouts_valid): an attempt at most 30 days, a run
+#: at most 365, each at least a second.
+_MAX_ATTEMPT_TIMEOUT = 30 * 86400.0
+_MAX_RUN_TIMEOUT = 365 * 86400.0
+
+#: The version policies (zeroth.set_version_policy) and a code version's form
+#: (zeroth._check_code_version): the database checks both again.
+_VERSION_POLICIES = ("any", "same", "compatible")
+_CODE_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+:/-]{0,127}")
+_MAX_COMPATIBLE = 100
 
 
 def _optional_seconds(form: Any, key: str, low: float, high: float) -> float | None:
@@ -82,6 +95,27 @@ def _unset(form: Any) -> list[str]:
             raise BadInput(f"unset_{field} must be on or absent")
         unset.append(field)
     return unset
+
+
+def _compatible_versions(form: Any, policy: str) -> list[str] | None:
+    """The set of code versions of policy compatible (one per line, or separated by commas or
+    spaces; 1 to 100, each a code version); None for any other policy, whose field is blank."""
+    text = str(form.get("compatible_versions") or "")
+    if len(text) > _MAX_COMPATIBLE * 130:
+        raise BadInput("compatible_versions is too long")
+    versions = [v for v in re.split(r"[\s,]+", text) if v]
+    if policy != "compatible":
+        if versions:
+            raise BadInput("compatible_versions is only for the policy compatible")
+        return None
+    if not 1 <= len(versions) <= _MAX_COMPATIBLE:
+        raise BadInput(f"the policy compatible needs 1 to {_MAX_COMPATIBLE} code versions")
+    for version in versions:
+        if not _CODE_VERSION.fullmatch(version):
+            raise BadInput(
+                f"{version[:40]!r} is not a code version (1 to 128 characters: a letter or "
+                "digit, then letters, digits and . _ - + : /)")
+    return versions
 
 
 def scope_url(deployment: str, tenant: str, workspace: str | None) -> str:
@@ -182,10 +216,16 @@ def routes(ctx: Context) -> list[Route]:
             # A registered lease is at least a second (zeroth.deployments: a shorter one lapses
             # before its run can start).
             lease = _optional_seconds(form, "lease_seconds", 1.0, 86400.0)
+            attempt_timeout = _optional_seconds(form, "attempt_timeout_seconds", 1.0,
+                                                _MAX_ATTEMPT_TIMEOUT)
+            run_timeout = _optional_seconds(form, "run_timeout_seconds", 1.0, _MAX_RUN_TIMEOUT)
             unset = _unset(form)
             both = [k for k, v in (("retry_base_seconds", retry_base),
                                    ("retry_max_seconds", retry_max),
-                                   ("lease_seconds", lease)) if v is not None and k in unset]
+                                   ("lease_seconds", lease),
+                                   ("attempt_timeout_seconds", attempt_timeout),
+                                   ("run_timeout_seconds", run_timeout))
+                    if v is not None and k in unset]
             if both:
                 raise BadInput(f"{', '.join(both)}: a value and unset at once")
         except BadInput as exc:
@@ -194,12 +234,36 @@ def routes(ctx: Context) -> list[Route]:
             await ctx.act(request, "deployment defaults", deployment,
                           _calls.SET_DEPLOYMENT_DEFAULTS, deployment, max_attempts, priority,
                           "sql", retry_base, retry_max, lease, unset,
-                          None, None)  # the timeouts: kept (shown, not set, on this page)
+                          attempt_timeout, run_timeout)
         except asyncpg.PostgresError as exc:
             if exc.sqlstate == "ZP008":  # the merged policy out of bounds (base above max)
                 return ctx.bad_input(request, BadInput(str(exc)[:300]))
             return ctx.refused(request, exc)
         return RedirectResponse(scope_url(deployment, tenant, workspace) + "&done=defaults",
+                                status_code=303)
+
+    async def version_policy_action(request: Request) -> Response:
+        """A DBA's code version policy of a deployment (zeroth.set_version_policy, audited in
+        zeroth.code_version_changes): which versions may resume a started run."""
+        form, refused = await ctx.check_post(request)
+        if refused:
+            return refused
+        try:
+            deployment, tenant, workspace = _scope(form)
+            policy = str(form.get("version_policy") or "")
+            if policy not in _VERSION_POLICIES:
+                raise BadInput(f"version_policy must be one of {', '.join(_VERSION_POLICIES)}")
+            versions = _compatible_versions(form, policy)
+        except BadInput as exc:
+            return ctx.bad_input(request, exc)
+        try:
+            await ctx.act(request, "version policy", deployment, _calls.SET_VERSION_POLICY,
+                          deployment, policy, versions)
+        except asyncpg.PostgresError as exc:
+            if exc.sqlstate == "ZP008":  # an unregistered deployment, a bad version
+                return ctx.bad_input(request, BadInput(str(exc)[:300]))
+            return ctx.refused(request, exc)
+        return RedirectResponse(scope_url(deployment, tenant, workspace) + "&done=version-policy",
                                 status_code=303)
 
     async def rate_limit_action(request: Request) -> Response:
@@ -226,4 +290,5 @@ def routes(ctx: Context) -> list[Route]:
             Route("/deployments/scope", scope_page),
             Route("/actions/scope", scope_action, methods=["POST"]),
             Route("/actions/rate-limit", rate_limit_action, methods=["POST"]),
-            Route("/actions/deployment-defaults", defaults_action, methods=["POST"])]
+            Route("/actions/deployment-defaults", defaults_action, methods=["POST"]),
+            Route("/actions/version-policy", version_policy_action, methods=["POST"])]

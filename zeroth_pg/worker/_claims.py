@@ -151,9 +151,11 @@ class ClaimLoop:
         return self.pacer.groups(free, self.source.deployments, executing)
 
     async def _wake_due_waits(self) -> None:
-        """Event waits past their deadline → pending (``zeroth.wake_due_waits``), in every scope
-        of this worker's deployments, before each orphan sweep: the replayed wait_for_event then
-        records the timeout. A failure is logged; the next sweep tries again."""
+        """Runs past their run deadline that nobody holds (waiting, sleeping) → failed, then event
+        waits past their deadline → pending (``zeroth.wake_due_waits``), in every scope of this
+        worker's deployments, before each orphan sweep: no waiting run outlives its run deadline
+        by much more than a sweep interval, and the replayed wait_for_event records the timeout.
+        A failure is logged; the next sweep tries again."""
         try:
             for _ in range(10):  # at most 1,000 a sweep; the next sweep takes the rest
                 if await self._lm.wake_due_waits(self.source.deployments, batch_size=100) < 100:

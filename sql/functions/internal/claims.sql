@@ -184,8 +184,6 @@ DECLARE
     v_retry  timestamptz;
     v_row    zeroth.claimed_run;
     v_at     timestamptz := _claim_in_scope.at;
-    v_err_state text;
-    v_err_msg   text;
 BEGIN
     IF _claim_in_scope.rate_limit IS NOT NULL THEN
         SELECT t.granted, t.retry_at, t.decided_at INTO v_rate
@@ -278,21 +276,14 @@ BEGIN
         -- end raises is dead-lettered alone (recovery_failed) and never fails this claim.
         FOR i IN 1 .. cardinality(v_spent) LOOP
             IF v_spent[i] = ANY (v_overdue) THEN
-                -- Past its run deadline (a run retried, slept or waiting since): ended for good.
-                -- In a subtransaction of its own, as the takeovers below: an end that raises is
-                -- rolled back alone and the run left pending (set aside by this claim, met again
-                -- by the next, with a WARNING each time), never failing this claim.
-                BEGIN
-                    PERFORM zeroth._end_past_run_deadline(_claim_in_scope.tenant_id,
-                                                          _claim_in_scope.workspace_key, v_spent[i], v_at);
-                EXCEPTION WHEN OTHERS THEN
-                    GET STACKED DIAGNOSTICS v_err_state = RETURNED_SQLSTATE, v_err_msg = MESSAGE_TEXT;
-                    IF zeroth._transient_sqlstate(v_err_state) THEN
-                        RAISE;
-                    END IF;
-                    RAISE WARNING 'zeroth: the end of run % past its run deadline raised % (%); it is left pending and tried again by the next claim',
-                        v_spent[i], v_err_state, left(v_err_msg, 500);
-                END;
+                -- Past its run deadline (a run retried, slept or waiting since): ended for good,
+                -- through the settle path. In a subtransaction of its own, as the takeovers below:
+                -- an end that raises is rolled back alone and the run left pending (set aside by
+                -- this claim, met again by the next, with a WARNING each time), never failing
+                -- this claim.
+                PERFORM zeroth._end_past_run_deadline_isolated(_claim_in_scope.tenant_id,
+                                                               _claim_in_scope.workspace_key,
+                                                               v_spent[i], v_at);
             ELSE
                 PERFORM zeroth._take_over_isolated(_claim_in_scope.tenant_id, _claim_in_scope.workspace_key,
                                                    v_spent[i], interval '0', v_at, 'orphan_recovered', NULL);
@@ -332,78 +323,119 @@ COMMENT ON FUNCTION zeroth._claim_in_scope(text, text, text, text, integer, text
 ALTER FUNCTION zeroth._claim_in_scope(text, text, text, text, integer, text, integer, timestamptz, interval, boolean, double precision, double precision, boolean, bigint, bigint[]) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._claim_in_scope(text, text, text, text, integer, text, integer, timestamptz, interval, boolean, double precision, double precision, boolean, bigint, bigint[]) FROM PUBLIC;
 
--- Ends a pending run a claim locked (FOR UPDATE SKIP LOCKED) whose run deadline passed (issue 34
--- item 2): pending → failed along edge run_timed_out (zeroth.run_transitions), never started
--- again, error {stop_reason run_timeout} (the previous error kept, bounded: zeroth._stop_error), not
--- dead-lettered (no retry can help it). A lapsed unstarted claim's attempt is counted, its lease
--- cleared and its slot freed (the trigger runs_attempt_history records that attempt). Not through
--- zeroth._settle: the run has no live holder to fence on. Notifies zeroth_wakeup (a slot freed, a
--- thread promoted). Raises nothing of its own.
+-- Ends a run that nobody holds a live lease on whose run deadline passed (issue 34 item 2): a
+-- pending run (due, sleeping or in backoff; never started again) or a waiting one (paused, or
+-- waiting for an event or its children), met by a claim (which holds its row already) or by the
+-- sweep (zeroth.wake_due_waits). pending / waiting → failed along edge run_timed_out
+-- (zeroth.run_transitions), error {stop_reason run_timeout} (the previous error kept, bounded), not
+-- dead-lettered (no retry can help it). Through the one settle path (zeroth._settle, kind
+-- deadline), on behalf of the run's holder as locked (a lapsed claim's, or none): the lapsed
+-- claim's attempt is counted and recorded (expired), its lease cleared and its slot freed; a
+-- waiting or sleeping run ends no attempt (its wait gave it back); a run with events gets its
+-- END. Never waits: the lapsed claim's slot, then the run row, FOR UPDATE SKIP LOCKED, and the
+-- run re-checked under its lock (pending or waiting, not queued behind its thread, no live lease,
+-- past its run deadline), so a resume_run, emit_event or child's end that holds the row now goes
+-- first and this call returns false (the run, pending again, is met by the next claim or sweep).
+-- Returns whether it ended the run. Raises what the settle raises (the callers isolate it:
+-- zeroth._end_past_run_deadline_isolated).
 CREATE OR REPLACE FUNCTION zeroth._end_past_run_deadline(tenant_id text, workspace_key text,
                                                          run_id uuid, at timestamptz)
-    RETURNS void
+    RETURNS boolean
     LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-    v_run record;
+    v_run   record;
+    v_slots tid[] := '{}';
 BEGIN
     -- A lapsed claim's slot first, SKIP LOCKED (the lock order: slots before runs; someone
     -- holding it now — the lapsed holder's own settle, refused anyway — leaves the run to a later
-    -- claim, as zeroth._take_over does).
+    -- pass, as zeroth._take_over does).
     SELECT r.admission_slot, r.deployment_ref INTO v_run
       FROM zeroth.runs r
      WHERE r.tenant_id = _end_past_run_deadline.tenant_id
        AND r.workspace_key = _end_past_run_deadline.workspace_key
        AND r.run_id = _end_past_run_deadline.run_id;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
     IF v_run.admission_slot IS NOT NULL THEN
-        PERFORM FROM zeroth.admission_slots s
-         WHERE s.tenant_id = _end_past_run_deadline.tenant_id
-           AND s.workspace_key = _end_past_run_deadline.workspace_key
-           AND s.deployment_ref = v_run.deployment_ref AND s.slot_no = v_run.admission_slot
-           FOR UPDATE SKIP LOCKED;
+        v_slots := ARRAY(SELECT s.ctid FROM zeroth.admission_slots s
+                          WHERE s.tenant_id = _end_past_run_deadline.tenant_id
+                            AND s.workspace_key = _end_past_run_deadline.workspace_key
+                            AND s.deployment_ref = v_run.deployment_ref
+                            AND s.slot_no = v_run.admission_slot
+                            FOR UPDATE SKIP LOCKED);
         -- (no such row at all, a DBA deleted it: nothing to free, go on)
-        IF NOT FOUND AND EXISTS (SELECT 1 FROM zeroth.admission_slots s
-                                  WHERE s.tenant_id = _end_past_run_deadline.tenant_id
-                                    AND s.workspace_key = _end_past_run_deadline.workspace_key
-                                    AND s.deployment_ref = v_run.deployment_ref
-                                    AND s.slot_no = v_run.admission_slot) THEN
-            RETURN;
+        IF cardinality(v_slots) = 0
+           AND EXISTS (SELECT 1 FROM zeroth.admission_slots s
+                        WHERE s.tenant_id = _end_past_run_deadline.tenant_id
+                          AND s.workspace_key = _end_past_run_deadline.workspace_key
+                          AND s.deployment_ref = v_run.deployment_ref
+                          AND s.slot_no = v_run.admission_slot) THEN
+            RETURN false;
         END IF;
     END IF;
-    UPDATE zeroth.runs r
-       SET status = t.to_status,
-           error = zeroth._stop_error('run_timeout', format(
-                       'the run''s deadline (%s) passed before it could start again', r.run_deadline_at),
-                       r.lease_worker_id, r.lease_generation, r.error),
-           attempts = r.attempts + CASE WHEN r.lease_worker_id IS NOT NULL THEN 1 ELSE 0 END,
-           finished_at = _end_past_run_deadline.at,
-           updated_at = _end_past_run_deadline.at,
-           lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL,
-           admission_slot = NULL, recovery_checkpoint_id = NULL
-      FROM zeroth.run_transitions t
+    SELECT r.ctid, r.lease_worker_id, r.lease_generation INTO v_run
+      FROM zeroth.runs r
      WHERE r.tenant_id = _end_past_run_deadline.tenant_id
        AND r.workspace_key = _end_past_run_deadline.workspace_key
        AND r.run_id = _end_past_run_deadline.run_id
-       AND r.status = 'pending' AND r.run_deadline_at <= _end_past_run_deadline.at
-       AND t.from_status = 'pending' AND t.outcome = 'run_timed_out'
-    RETURNING r.deployment_ref, r.workspace_id, r.lease_generation INTO v_run;
-    IF FOUND THEN
-        -- The slot naming this lease (zeroth._free_slot's body: that helper went with the
-        -- settle path, issue 33, and calling it raised 42883 in every claim that met such a run).
-        UPDATE zeroth.admission_slots s
-           SET run_id = NULL, lease_generation = NULL
-         WHERE s.run_id = _end_past_run_deadline.run_id
-           -- IS NOT DISTINCT FROM: by admission_slots_run_idx whatever the statistics.
-           AND (s.tenant_id, s.workspace_key) IS NOT DISTINCT FROM
-               (_end_past_run_deadline.tenant_id, _end_past_run_deadline.workspace_key)
-           AND s.lease_generation = v_run.lease_generation;
-        PERFORM zeroth._notify_wakeup(v_run.deployment_ref, _end_past_run_deadline.tenant_id,
-                                      v_run.workspace_id);
+       AND r.status IN ('pending', 'waiting')
+       AND r.thread_queued_at IS NULL
+       AND r.run_deadline_at <= _end_past_run_deadline.at
+       AND coalesce(r.lease_expires_at < _end_past_run_deadline.at, true)
+       FOR UPDATE OF r SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN false;
     END IF;
+    -- The slot naming this lease only (a slot reused by another lease since stays theirs).
+    v_slots := ARRAY(SELECT s.ctid FROM zeroth.admission_slots s
+                      WHERE s.ctid = ANY (v_slots)
+                        AND s.run_id = _end_past_run_deadline.run_id
+                        AND s.lease_generation = v_run.lease_generation);
+    PERFORM 1
+       FROM zeroth._settle(_end_past_run_deadline.tenant_id, _end_past_run_deadline.workspace_key,
+                           v_run.lease_worker_id, ARRAY[_end_past_run_deadline.run_id],
+                           ARRAY[v_run.lease_generation], ARRAY['deadline'], NULL, NULL, NULL,
+                           NULL, NULL, ARRAY[v_run.ctid], v_slots, _end_past_run_deadline.at) s
+      WHERE s.sqlstate IS NULL;
+    RETURN FOUND;
 END
 $$;
-COMMENT ON FUNCTION zeroth._end_past_run_deadline(text, text, uuid, timestamptz) IS 'Internal: a pending run (locked by a claim) past its run deadline → failed (edge run_timed_out, stop_reason run_timeout), never started again; a lapsed claim''s attempt counted, lease cleared, slot freed, zeroth_wakeup notified.';
+COMMENT ON FUNCTION zeroth._end_past_run_deadline(text, text, uuid, timestamptz) IS 'Internal: a pending or waiting run nobody holds a live lease on, past its run deadline → failed (edge run_timed_out, stop_reason run_timeout) through zeroth._settle (kind deadline): a lapsed claim''s attempt counted and recorded, lease cleared, slot freed; a waiting or sleeping run ends no attempt. Slot and run SKIP LOCKED and re-checked. True when it ended the run.';
 ALTER FUNCTION zeroth._end_past_run_deadline(text, text, uuid, timestamptz) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._end_past_run_deadline(text, text, uuid, timestamptz) FROM PUBLIC;
+
+-- zeroth._end_past_run_deadline in a subtransaction of its own, for the claims and the sweep: an
+-- end that raises is rolled back alone and the run left as it was (pending or waiting), with a
+-- WARNING naming it, never failing the caller nor stopping the others; the next claim or sweep
+-- meets it again. A passing condition (zeroth._transient_sqlstate: a serialization failure, a
+-- deadlock, a lock timeout…) is raised again: it says something about this moment, and the
+-- caller's next pass retries. Returns whether it ended the run.
+CREATE OR REPLACE FUNCTION zeroth._end_past_run_deadline_isolated(tenant_id text, workspace_key text,
+                                                                  run_id uuid, at timestamptz)
+    RETURNS boolean
+    LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_state text;
+    v_msg   text;
+BEGIN
+    RETURN zeroth._end_past_run_deadline(_end_past_run_deadline_isolated.tenant_id,
+                                         _end_past_run_deadline_isolated.workspace_key,
+                                         _end_past_run_deadline_isolated.run_id,
+                                         _end_past_run_deadline_isolated.at);
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_msg = MESSAGE_TEXT;
+    IF zeroth._transient_sqlstate(v_state) THEN
+        RAISE;
+    END IF;
+    RAISE WARNING 'zeroth: the end of run % past its run deadline raised % (%); it is left as it was and tried again by the next claim or sweep',
+        _end_past_run_deadline_isolated.run_id, v_state, left(v_msg, 500);
+    RETURN false;
+END
+$$;
+COMMENT ON FUNCTION zeroth._end_past_run_deadline_isolated(text, text, uuid, timestamptz) IS 'Internal: zeroth._end_past_run_deadline in a subtransaction of its own: an end that raises is rolled back alone, the run left as it was with a WARNING (a passing condition is raised again). True when it ended the run.';
+ALTER FUNCTION zeroth._end_past_run_deadline_isolated(text, text, uuid, timestamptz) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._end_past_run_deadline_isolated(text, text, uuid, timestamptz) FROM PUBLIC;
 
 -- The room for one lease that is not a claim (admit_run's admit-and-own): what every claim obeys,
 -- from the same helpers. The scope's zeroth.scope_limits row (there is no caller's

@@ -81,7 +81,11 @@ REVOKE ALL ON FUNCTION zeroth._lock_settle(text, text, text, uuid[], bigint[]) F
 --   that is the deadline the holder stopped at (no later than the attempt's), the run fails for
 --   good: run_timed_out) and run_timeout (run_timed_out whatever the clock: the orphan
 --   sweep's end of a run past its run deadline), both with error {stop_reason attempt_timeout |
---   run_timeout} (payloads[i], the holder's error, kept as its previous error);
+--   run_timeout} (payloads[i], the holder's error, kept as its previous error); and deadline
+--   (zeroth._end_past_run_deadline: a pending or waiting run that nobody holds a live lease on,
+--   past its run deadline — a claim or the sweep meets it — run_timed_out, error {stop_reason
+--   run_timeout}; worker_id is the holder of a lapsed claim, NULL for none, whose attempt is
+--   counted and recorded as expired);
 --   and three ends of another worker's lease, for the callers that locked the run without holding
 --   it (worker_id is then the run's holder as they locked it, NULL for none): take_over
 --   (zeroth._take_over: the lease + grace ran out; reasons[i]: the stop reason of a run not
@@ -174,6 +178,8 @@ BEGIN
                                             WHEN h.attempts < h.max_attempts THEN 'timed_out'
                                             ELSE 'dead_lettered' END
                    WHEN 'run_timeout' THEN 'run_timed_out'
+                   -- A run nobody holds, past its run deadline: pending (due or not) or waiting.
+                   WHEN 'deadline' THEN CASE WHEN h.status IN ('pending', 'waiting') THEN 'run_timed_out' END
                    WHEN 'complete' THEN 'completed'
                    WHEN 'fail' THEN 'failed'
                    WHEN 'retry' THEN CASE WHEN h.attempts < h.max_attempts THEN 'retried'
@@ -219,6 +225,11 @@ BEGIN
                               THEN h.lease_worker_id = _settle.worker_id AND h.lease_expires_at < _settle.at
                               WHEN q.kind IN ('revoke', 'clear')
                               THEN h.lease_worker_id IS NOT DISTINCT FROM _settle.worker_id
+                              -- no live lease (none, or a lapsed claim's), the run deadline passed
+                              WHEN q.kind = 'deadline'
+                              THEN h.lease_worker_id IS NOT DISTINCT FROM _settle.worker_id
+                                   AND coalesce(h.lease_expires_at < _settle.at, true)
+                                   AND h.run_deadline_at <= _settle.at
                               ELSE h.lease_worker_id = _settle.worker_id AND h.lease_expires_at >= _settle.at END
     ), edges AS MATERIALIZED (
         SELECT d.*, t.to_status
@@ -264,6 +275,14 @@ BEGIN
                                          'run lease expired: worker %s stopped renewing (expired at %s)',
                                          r.lease_worker_id, r.lease_expires_at)),
                                      r.lease_worker_id, r.lease_generation, r.error) END
+                            WHEN e.kind = 'deadline'
+                            THEN zeroth._stop_error('run_timeout', CASE
+                                     WHEN r.status = 'waiting' THEN format(
+                                         'the run''s deadline (%s) passed while it was waiting (%s)',
+                                         r.run_deadline_at, r.wait_reason)
+                                     ELSE format('the run''s deadline (%s) passed before it could start again',
+                                                 r.run_deadline_at) END,
+                                 r.lease_worker_id, r.lease_generation, r.error)
                             WHEN e.kind = 'unrecoverable'
                             THEN zeroth._stop_error('recovery_failed', e.payload #>> '{}',
                                                     r.lease_worker_id, r.lease_generation, r.error)
@@ -299,7 +318,8 @@ BEGIN
                                   ELSE r.finished_at END,
                dead_lettered_at = CASE WHEN e.outcome IN ('dead_lettered', 'claim_lapsed', 'recovery_exhausted',
                                                           'recovery_failed') THEN _settle.at
-                                       WHEN e.kind IN ('fail', 'retry', 'timeout', 'run_timeout') THEN NULL
+                                       WHEN e.kind IN ('fail', 'retry', 'timeout', 'run_timeout', 'deadline')
+                                       THEN NULL
                                        ELSE r.dead_lettered_at END,
                -- Waiting and sleeping are not failures: the attempt is given back.
                attempts = CASE WHEN e.outcome IN ('slept', 'paused', 'waited')
@@ -307,10 +327,12 @@ BEGIN
                                THEN greatest(r.attempts - 1, 0)
                                -- A lapsed claim never started counts its attempt when taken over.
                                WHEN e.kind = 'take_over' AND r.status = 'pending' THEN r.attempts + 1
+                               WHEN e.kind = 'deadline' AND r.lease_worker_id IS NOT NULL
+                               THEN r.attempts + 1
                                ELSE r.attempts END,
                hand_backs = CASE WHEN e.kind = 'hand_back' THEN r.hand_backs + 1 ELSE r.hand_backs END,
                wait_reason = CASE WHEN e.to_status = 'waiting' THEN e.reason
-                                  WHEN e.kind IN ('wait', 'revoke') THEN NULL
+                                  WHEN e.kind IN ('wait', 'revoke', 'deadline') THEN NULL
                                   ELSE r.wait_reason END,
                thread_queued_at = CASE WHEN e.kind = 'revoke' THEN NULL ELSE r.thread_queued_at END,
                checkpoint_seq = CASE WHEN e.outcome = 'slept' AND e.payload IS NOT NULL
@@ -346,6 +368,10 @@ BEGIN
                     THEN r.lease_worker_id = _settle.worker_id AND r.lease_expires_at < _settle.at
                     WHEN e.kind IN ('revoke', 'clear')
                     THEN r.lease_worker_id IS NOT DISTINCT FROM _settle.worker_id
+                    WHEN e.kind = 'deadline'
+                    THEN r.lease_worker_id IS NOT DISTINCT FROM _settle.worker_id
+                         AND coalesce(r.lease_expires_at < _settle.at, true)
+                         AND r.run_deadline_at <= _settle.at
                     ELSE r.lease_worker_id = _settle.worker_id AND r.lease_expires_at >= _settle.at END
         RETURNING e.ord, e.run_id, e.generation, e.kind, e.outcome, e.from_status, e.attempts AS old_attempts,
                   e.lease_acquired_at AS old_acquired, e.started_at AS old_started, e.old_mark, e.old_expires,
@@ -367,6 +393,8 @@ BEGIN
           FROM settled s
          CROSS JOIN LATERAL (
                 SELECT CASE WHEN s.kind IN ('timeout', 'run_timeout') THEN 'timed_out'
+                            -- the lapsed claim (never started) a deadline end closes
+                            WHEN s.kind = 'deadline' THEN 'expired'
                             WHEN s.outcome = 'retried' THEN 'failed'
                             WHEN s.outcome IN ('paused', 'waited')
                             THEN CASE WHEN s.wait_reason LIKE 'event:%' OR s.wait_reason LIKE 'children:%'
