@@ -754,7 +754,9 @@ class LeaseManager:
     ) -> int | None:
         """Append an event to the run's stream as its live holder (``zeroth.append_run_event``):
         its id (1, 2, 3… per run); None when fenced out. ``data`` is JSON (None: JSON null) of at
-        most 64 KiB, refused before it is encoded whole (InvalidArgumentError)."""
+        most 64 KiB, refused before it is encoded whole (InvalidArgumentError). A run holds at
+        most its deployment's ``max_run_events`` events (10,000 unless a DBA set it): past it
+        :class:`~zeroth_pg.errors.RunEventLimitError` (ZP014), nothing stored."""
         text = encode_bounded(data, MAX_RUN_EVENT_DATA, "event data")
         value = await self._fetchval(_calls.APPEND_RUN_EVENT, _uuid(run_id), worker_id,
                                      generation, name, text, tenant_id, workspace_id, notify,
