@@ -596,9 +596,10 @@ class LeaseManager:
         self, run_id: RunId, worker_id: str, *, generation: int, tenant_id: str | None = None,
         workspace_id: str | None = None, conn: Executor | None = None,
     ) -> bool:
-        """pending → running for the lease holder (``zeroth.start_run``)."""
+        """pending → running for the lease holder (``zeroth.start_run``); a run's first start
+        records this client's ``code_version`` (as a claim does)."""
         return bool(await self._fetchval(_calls.START_RUN, _uuid(run_id), worker_id, generation,
-                                         tenant_id, workspace_id, conn=conn))
+                                         tenant_id, workspace_id, self.code_version, conn=conn))
 
     async def save_checkpoint(
         self, run_id: RunId, worker_id: str, data: Any, *, generation: int,

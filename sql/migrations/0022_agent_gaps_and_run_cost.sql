@@ -28,6 +28,14 @@ CREATE INDEX runs_code_version_idx ON zeroth.runs (code_version_id)
     WHERE code_version_id IS NOT NULL;
 COMMENT ON INDEX zeroth.runs_code_version_idx IS 'Every run that records a code version, by version (prune_runs: whether any run still references a zeroth.code_versions row). Runs without a version are not in it.';
 
+-- admit_run and start_run take the caller's code_version (trailing, DEFAULT NULL: every call that
+-- worked before works the same): an owned admission and a first start record it as a claim does.
+-- Their files create the new signatures; the old ones would stay beside them and make calls
+-- ambiguous, so they go here (IF EXISTS: a fresh install creates the functions after the
+-- migrations).
+DROP FUNCTION IF EXISTS zeroth.admit_run(text, text, text, text, jsonb, text, text, double precision, double precision, text, jsonb, uuid, integer, integer, boolean, bigint);
+DROP FUNCTION IF EXISTS zeroth.start_run(uuid, text, bigint, text, text);
+
 -- ===== section: per-run cost of the hot path (issue 30) =====
 
 -- ===== section: high availability (issue 35) =====
