@@ -361,9 +361,11 @@ CREATE TABLE zeroth.deployments (
     run_timeout_seconds double precision,
     version_policy text DEFAULT 'any'::text NOT NULL,
     compatible_versions text[],
+    max_run_events integer,
     CONSTRAINT deployments_lease_valid CHECK (((lease_seconds IS NULL) OR ((lease_seconds >= (1)::double precision) AND (lease_seconds <= (86400)::double precision)))),
     CONSTRAINT deployments_managed_by_valid CHECK ((managed_by = ANY (ARRAY['app'::text, 'sql'::text]))),
     CONSTRAINT deployments_max_attempts_valid CHECK (((max_attempts >= 1) AND (max_attempts <= 1000))),
+    CONSTRAINT deployments_max_run_events_valid CHECK (((max_run_events IS NULL) OR ((max_run_events >= 100) AND (max_run_events <= 10000000)))),
     CONSTRAINT deployments_ref_valid CHECK (((deployment_ref <> ''::text) AND (length(deployment_ref) <= 200))),
     CONSTRAINT deployments_retry_valid CHECK ((((retry_base_seconds IS NULL) OR (retry_base_seconds >= (0)::double precision)) AND ((retry_max_seconds IS NULL) OR (retry_max_seconds <= ((86400 * 30))::double precision)) AND (COALESCE(retry_base_seconds, (1)::double precision) <= COALESCE(retry_max_seconds, (300)::double precision)) AND (COALESCE(retry_base_seconds, (1)::double precision) <= ((86400 * 30))::double precision))),
     CONSTRAINT deployments_timeouts_valid CHECK ((((attempt_timeout_seconds IS NULL) OR ((attempt_timeout_seconds >= (1)::double precision) AND (attempt_timeout_seconds <= ((86400 * 30))::double precision))) AND ((run_timeout_seconds IS NULL) OR ((run_timeout_seconds >= (1)::double precision) AND (run_timeout_seconds <= ((86400 * 365))::double precision))))),
@@ -442,6 +444,11 @@ COMMENT ON COLUMN zeroth.deployments.version_policy IS 'Which code versions may 
 -- Name: COLUMN deployments.compatible_versions; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
 COMMENT ON COLUMN zeroth.deployments.compatible_versions IS 'version_policy compatible: the set of code versions that may resume each other''s runs; NULL under any other policy.';
+
+--
+-- Name: COLUMN deployments.max_run_events; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.deployments.max_run_events IS 'Bound on the events one run of the deployment may append to its stream (append_run_event; END is not counted): 100 to 10,000,000; NULL: the default, 10,000. Past it append_run_event raises ZP014 and stores nothing. Set by a DBA (UPDATE zeroth.deployments): no function or worker writes it; read at each append past the 100th event of a run.';
 
 --
 -- Name: schedules; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
@@ -1446,6 +1453,16 @@ CREATE INDEX runs_code_version_active_idx ON zeroth.runs USING btree (deployment
 -- Name: INDEX runs_code_version_active_idx; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
 COMMENT ON INDEX zeroth.runs_code_version_active_idx IS 'The active runs of a deployment by code version (zeroth.pinned_runs, zeroth.retire_code_version). Runs without a version are not in it.';
+
+--
+-- Name: runs_code_version_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE INDEX runs_code_version_idx ON zeroth.runs USING btree (code_version_id) WHERE (code_version_id IS NOT NULL);
+
+--
+-- Name: INDEX runs_code_version_idx; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON INDEX zeroth.runs_code_version_idx IS 'Every run that records a code version, by version (prune_runs: whether any run still references a zeroth.code_versions row). Runs without a version are not in it.';
 
 --
 -- Name: runs_created_not_running_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner

@@ -76,7 +76,7 @@ COMMIT_FENCED = """SELECT zeroth.commit_fenced(run_id => $1, worker_id => $2, ge
     columns => $4::text::jsonb, tenant_id => $5, workspace_id => $6)"""
 
 START_RUN = """SELECT zeroth.start_run(run_id => $1, worker_id => $2, generation => $3,
-    tenant_id => $4, workspace_id => $5)"""
+    tenant_id => $4, workspace_id => $5, code_version => $6)"""
 
 SAVE_CHECKPOINT = """SELECT zeroth.save_checkpoint(run_id => $1, worker_id => $2, generation => $3,
     data => $4::text::jsonb, checkpoint_id => $5, tenant_id => $6, workspace_id => $7)"""
@@ -204,7 +204,8 @@ ADMIT_RUN = """SELECT outcome, run_id, status::text AS status, lease_generation,
     deployment_ref => $1, thread_id => $2, strategy => $3, worker_id => $4,
     payload => $5::text::jsonb, tenant_id => $6, workspace_id => $7, lease_seconds => $8,
     grace_seconds => $9, idempotency_key => $10, metadata => $11::text::jsonb, run_id => $12,
-    priority => $13, max_attempts => $14, resumable => $15, owner_generation => $16)"""
+    priority => $13, max_attempts => $14, resumable => $15, owner_generation => $16,
+    code_version => $17)"""
 
 REQUEST_CANCEL_V2 = """SELECT outcome, run_id, status::text AS status, cancel_action,
     lease_worker_id, lease_generation, retry_after_s FROM zeroth.request_cancel_v2(

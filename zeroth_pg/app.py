@@ -881,10 +881,12 @@ class App:
         """The App's LeaseManager; with ``conn``, one over that connection alone (an enqueue in
         the caller's transaction never opens the App's pool, nor an embedded server)."""
         if conn is not None:
-            return LeaseManager(conn, lease_duration_seconds=self.lease_duration)
+            return LeaseManager(conn, lease_duration_seconds=self.lease_duration,
+                                code_version=self.code_version)
         if self._lease_manager is None:
             self._lease_manager = LeaseManager(await self.open(),
-                                               lease_duration_seconds=self.lease_duration)
+                                               lease_duration_seconds=self.lease_duration,
+                                               code_version=self.code_version)
         return self._lease_manager
 
     async def close(self) -> None:

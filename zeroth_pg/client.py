@@ -596,9 +596,10 @@ class LeaseManager:
         self, run_id: RunId, worker_id: str, *, generation: int, tenant_id: str | None = None,
         workspace_id: str | None = None, conn: Executor | None = None,
     ) -> bool:
-        """pending → running for the lease holder (``zeroth.start_run``)."""
+        """pending → running for the lease holder (``zeroth.start_run``); a run's first start
+        records this client's ``code_version`` (as a claim does)."""
         return bool(await self._fetchval(_calls.START_RUN, _uuid(run_id), worker_id, generation,
-                                         tenant_id, workspace_id, conn=conn))
+                                         tenant_id, workspace_id, self.code_version, conn=conn))
 
     async def save_checkpoint(
         self, run_id: RunId, worker_id: str, data: Any, *, generation: int,
@@ -754,7 +755,9 @@ class LeaseManager:
     ) -> int | None:
         """Append an event to the run's stream as its live holder (``zeroth.append_run_event``):
         its id (1, 2, 3… per run); None when fenced out. ``data`` is JSON (None: JSON null) of at
-        most 64 KiB, refused before it is encoded whole (InvalidArgumentError)."""
+        most 64 KiB, refused before it is encoded whole (InvalidArgumentError). A run holds at
+        most its deployment's ``max_run_events`` events (10,000 unless a DBA set it): past it
+        :class:`~zeroth_pg.errors.RunEventLimitError` (ZP014), nothing stored."""
         text = encode_bounded(data, MAX_RUN_EVENT_DATA, "event data")
         value = await self._fetchval(_calls.APPEND_RUN_EVENT, _uuid(run_id), worker_id,
                                      generation, name, text, tenant_id, workspace_id, notify,

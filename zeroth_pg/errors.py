@@ -37,6 +37,7 @@ __all__ = [
     "NonRetryableError",
     "ReservedKeyError",
     "RetryableError",
+    "RunEventLimitError",
     "RunNotFoundError",
     "ScheduleNotFoundError",
     "StepResultError",
@@ -159,6 +160,16 @@ class DeadlinePassedError(LeaseLostError):
     sqlstate = "ZP013"
 
 
+class RunEventLimitError(ZerothError):
+    """ZP014: the run's event stream already holds the most events its deployment allows
+    (``zeroth.deployments.max_run_events``, set by a DBA; 10,000 when not set; END is not
+    counted). Raised by append_run_event (``run.emit``) to the live lease holder; nothing was
+    stored, and the run goes on: a handler may catch it and stop emitting, or let the attempt
+    fail like any exception."""
+
+    sqlstate = "ZP014"
+
+
 class NonRetryableError(ZerothError):
     """Raised by a handler (or for it): fail this run now, without a retry, whatever attempts it
     has left (``zeroth.fail_run`` with ``retryable => false``: status failed)."""
@@ -238,6 +249,7 @@ _BY_SQLSTATE: dict[str, type[ZerothError]] = {
         ReservedKeyError,
         TransitionNotListedError,
         DeadlinePassedError,
+        RunEventLimitError,
     )
     if cls.sqlstate is not None
 }

@@ -284,12 +284,13 @@ class ThreadRuns(LeaseManager):
         work for the deployment's workers, which the caller must not run; ``retry_after_s`` says
         when the rate key has a start again. To interrupt its own
         running run at once, the caller proves it holds that run's lease with
-        ``owner_generation``; with ``worker_id`` alone a live run is only asked to stop."""
+        ``owner_generation``; with ``worker_id`` alone a live run is only asked to stop. An owned
+        admission records this client's ``code_version`` on the run, as a claim does."""
         rows = await self._fetch(
             _calls.ADMIT_RUN, deployment_ref, thread_id, str(strategy), worker_id,
             _dumps(dict(payload or {})), tenant_id, workspace_id, self.lease_duration_seconds,
             self.grace_seconds, idempotency_key, _dumps(dict(metadata or {})), _uuid(run_id),
-            priority, max_attempts, resumable, owner_generation, conn=conn)
+            priority, max_attempts, resumable, owner_generation, self.code_version, conn=conn)
         row = rows[0]
         return Admission(
             outcome=AdmitOutcome(row["outcome"]), run_id=row["run_id"],

@@ -16,6 +16,9 @@
 -- Notifies zeroth_wakeup, zeroth_control. Time: clock_timestamp().
 -- lease_seconds NULL (default): the deployment's registered lease (zeroth.deployments; a DBA's, or
 -- this login's own registration: zeroth._policy_binds_caller), else 60 s.
+-- code_version (issue 34): the caller's code version (as a claim's: 1 to 128 characters, ZP008
+-- otherwise); an owned admission records it on the run as a claim does (runs.code_version_id),
+-- an unowned one records none (the worker that claims it will). NULL: unversioned.
 CREATE OR REPLACE FUNCTION zeroth.admit_run(
     deployment_ref   text,
     thread_id        text,
@@ -32,7 +35,8 @@ CREATE OR REPLACE FUNCTION zeroth.admit_run(
     priority         integer          DEFAULT NULL,
     max_attempts     integer          DEFAULT NULL,
     resumable        boolean          DEFAULT NULL,
-    owner_generation bigint           DEFAULT NULL)
+    owner_generation bigint           DEFAULT NULL,
+    code_version     text             DEFAULT NULL)
     RETURNS zeroth.admission
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -75,6 +79,7 @@ BEGIN
                                              admit_run.idempotency_key),
                             'tenant_id, workspace_id, deployment_ref and idempotency_key must fit in 2600 bytes together');
     PERFORM zeroth._require_caller_key(admit_run.idempotency_key, 'idempotency_key');
+    PERFORM zeroth._check_code_version(admit_run.code_version);
 
     IF admit_run.strategy IN ('interrupt', 'rollback') THEN
         PERFORM zeroth._lock_thread(v_tenant, v_wskey, admit_run.thread_id);
@@ -104,11 +109,11 @@ BEGIN
                          admit_run.strategy <> 'reject', admit_run.worker_id, admit_run.payload, admit_run.metadata,
                          v_priority, NULL, v_attempts, admit_run.idempotency_key,
                          admit_run.run_id, coalesce(admit_run.resumable, admit_run.worker_id IS NULL),
-                         v_lease, v_grace, v_now, true, v_displaced);
+                         v_lease, v_grace, v_now, true, v_displaced, admit_run.code_version);
 END
 $$;
-COMMENT ON FUNCTION zeroth.admit_run(text, text, text, text, jsonb, text, text, double precision, double precision, text, jsonb, uuid, integer, integer, boolean, bigint) IS
-'admit_run: create a run for a thread, at most one active per thread. priority / max_attempts NULL: the deployment''s registered defaults (zeroth.deployments), else 0 / 3. worker_id = admit-and-own: leased to the caller at generation 1 in the same statement (pending; start it with start_run) when the scope''s zeroth.scope_limits row leaves room, as for a claim (not paused, a free slot of its max_concurrency, a start of its rate key); otherwise admitted unleased (lease_* NULL; retry_after_s: when the rate key has a start again), pending for the ordinary claims. Strategies when busy: reject → busy (+ active_run_id, retry_after_s); enqueue → queued behind it; interrupt / rollback → queue and active run cancelled with that action, then admitted, or queued behind a live owner asked to stop (NOTIFY). The caller''s own active run is cancelled at once only with worker_id + owner_generation of its live lease. A repeated idempotency key or run_id returns reused (first admission wins). lease_seconds NULL (the default): the deployment''s registered lease (zeroth.deployments.lease_seconds: a DBA''s, or this login''s own registration), else 60 s. Raises ZP003 (interrupt / rollback: the cancel''s edge a DBA removed from zeroth.run_transitions), ZP006, ZP008, ZP011 reserved_key (an idempotency key starting zeroth-schedule:, reserved for fire_due_schedules). Notifies zeroth_wakeup, zeroth_control. Time: clock_timestamp().';
-ALTER FUNCTION zeroth.admit_run(text, text, text, text, jsonb, text, text, double precision, double precision, text, jsonb, uuid, integer, integer, boolean, bigint) OWNER TO zeroth_owner;
-REVOKE ALL ON FUNCTION zeroth.admit_run(text, text, text, text, jsonb, text, text, double precision, double precision, text, jsonb, uuid, integer, integer, boolean, bigint) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION zeroth.admit_run(text, text, text, text, jsonb, text, text, double precision, double precision, text, jsonb, uuid, integer, integer, boolean, bigint) TO zeroth_worker;
+COMMENT ON FUNCTION zeroth.admit_run(text, text, text, text, jsonb, text, text, double precision, double precision, text, jsonb, uuid, integer, integer, boolean, bigint, text) IS
+'admit_run: create a run for a thread, at most one active per thread. priority / max_attempts NULL: the deployment''s registered defaults (zeroth.deployments), else 0 / 3. worker_id = admit-and-own: leased to the caller at generation 1 in the same statement (pending; start it with start_run) when the scope''s zeroth.scope_limits row leaves room, as for a claim (not paused, a free slot of its max_concurrency, a start of its rate key); otherwise admitted unleased (lease_* NULL; retry_after_s: when the rate key has a start again), pending for the ordinary claims. Strategies when busy: reject → busy (+ active_run_id, retry_after_s); enqueue → queued behind it; interrupt / rollback → queue and active run cancelled with that action, then admitted, or queued behind a live owner asked to stop (NOTIFY). The caller''s own active run is cancelled at once only with worker_id + owner_generation of its live lease. A repeated idempotency key or run_id returns reused (first admission wins). lease_seconds NULL (the default): the deployment''s registered lease (zeroth.deployments.lease_seconds: a DBA''s, or this login''s own registration), else 60 s. code_version: the caller''s code version, recorded on an owned admission''s run as a claim records it (runs.code_version_id; NULL: unversioned). Raises ZP003 (interrupt / rollback: the cancel''s edge a DBA removed from zeroth.run_transitions), ZP006, ZP008, ZP011 reserved_key (an idempotency key starting zeroth-schedule:, reserved for fire_due_schedules). Notifies zeroth_wakeup, zeroth_control. Time: clock_timestamp().';
+ALTER FUNCTION zeroth.admit_run(text, text, text, text, jsonb, text, text, double precision, double precision, text, jsonb, uuid, integer, integer, boolean, bigint, text) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth.admit_run(text, text, text, text, jsonb, text, text, double precision, double precision, text, jsonb, uuid, integer, integer, boolean, bigint, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION zeroth.admit_run(text, text, text, text, jsonb, text, text, double precision, double precision, text, jsonb, uuid, integer, integer, boolean, bigint, text) TO zeroth_worker;

@@ -4,7 +4,9 @@
 -- predicate: a stale holder, an expired or taken-over lease appends nothing and gets NULL. The
 -- number is taken under the row lock, so events commit in number order (no gap a reader could
 -- skip). Returns the event id. Notifies zeroth_run_events with the run's key (notify => false:
--- no hint). Raises ZP003 (holder but not running), ZP008. Time: clock_timestamp().
+-- no hint). A run holds at most its deployment's max_run_events events (NULL or no deployment
+-- row: 10,000; END not counted): past it the live holder gets ZP014 and nothing is stored.
+-- Raises ZP003 (holder but not running), ZP008, ZP014. Time: clock_timestamp().
 CREATE OR REPLACE FUNCTION zeroth.append_run_event(
     run_id       uuid,
     worker_id    text,
@@ -22,6 +24,8 @@ DECLARE
     v_wskey  text := zeroth._workspace_key(append_run_event.workspace_id);
     v_status zeroth.run_status;
     v_id     bigint;
+    v_last   bigint;
+    v_max    integer;
 BEGIN
     PERFORM zeroth._require_fence(append_run_event.run_id, append_run_event.worker_id,
                                   append_run_event.generation);
@@ -51,14 +55,19 @@ BEGIN
     v_status := zeroth._lock_leased_run(v_tenant, v_wskey, append_run_event.run_id,
                                         append_run_event.worker_id, append_run_event.generation);
     v_now := zeroth._now();
+    -- The bound on the run's events (issue 34): the next number is the count of the run's events
+    -- plus one (numbered 1, 2, 3… with no gap, END not among them until the run ended), so the
+    -- run's deployment's max_run_events (NULL or no row: 10,000) is read only once a run passed
+    -- 100 events, the least bound a deployment may set (the OR's first arm spares the probe).
     INSERT INTO zeroth.run_events AS e (tenant_id, workspace_key, run_id, event_id, kind, name, data,
                                         lease_generation, created_at)
-    SELECT r.tenant_id, r.workspace_key, r.run_id,
-           coalesce((SELECT max(l.event_id) FROM zeroth.run_events l
-                      WHERE l.tenant_id = r.tenant_id AND l.workspace_key = r.workspace_key
-                        AND l.run_id = r.run_id), 0) + 1,
+    SELECT r.tenant_id, r.workspace_key, r.run_id, n.next_id,
            'event', append_run_event.name, append_run_event.data, r.lease_generation, v_now
       FROM zeroth.runs r
+     CROSS JOIN LATERAL (
+            SELECT coalesce(max(l.event_id), 0) + 1 AS next_id FROM zeroth.run_events l
+             WHERE l.tenant_id = r.tenant_id AND l.workspace_key = r.workspace_key
+               AND l.run_id = r.run_id) n
      WHERE r.tenant_id = v_tenant
        AND r.workspace_key = v_wskey
        AND r.run_id = append_run_event.run_id
@@ -66,8 +75,33 @@ BEGIN
        AND r.lease_worker_id = append_run_event.worker_id
        AND r.lease_generation = append_run_event.generation
        AND r.lease_expires_at >= v_now
+       AND (n.next_id <= 100
+            OR n.next_id <= coalesce((SELECT d.max_run_events FROM zeroth.deployments d
+                                       WHERE d.deployment_ref = r.deployment_ref), 10000))
     RETURNING e.event_id INTO v_id;
     IF v_id IS NULL THEN
+        -- The live holder at its run's bound: ZP014, nothing stored. Anyone else (a stale or
+        -- foreign holder) learns nothing of the stream: NULL or ZP003, as before.
+        SELECT n.last_id, coalesce(d.max_run_events, 10000)
+          INTO v_last, v_max
+          FROM zeroth.runs r
+          LEFT JOIN zeroth.deployments d ON d.deployment_ref = r.deployment_ref
+         CROSS JOIN LATERAL (
+                SELECT coalesce(max(l.event_id), 0) AS last_id FROM zeroth.run_events l
+                 WHERE l.tenant_id = r.tenant_id AND l.workspace_key = r.workspace_key
+                   AND l.run_id = r.run_id) n
+         WHERE r.tenant_id = v_tenant
+           AND r.workspace_key = v_wskey
+           AND r.run_id = append_run_event.run_id
+           AND v_status = 'running'
+           AND r.lease_worker_id = append_run_event.worker_id
+           AND r.lease_generation = append_run_event.generation
+           AND r.lease_expires_at >= v_now;
+        IF v_last IS NOT NULL AND v_last >= v_max THEN
+            RAISE EXCEPTION 'run % holds % events, the most its deployment allows (max_run_events)', append_run_event.run_id, v_max
+                USING ERRCODE = 'ZP014',
+                      HINT = 'a DBA raises the bound with UPDATE zeroth.deployments SET max_run_events = ...';
+        END IF;
         PERFORM zeroth._explain_fenced_miss(v_tenant, v_wskey, append_run_event.run_id,
                                             append_run_event.worker_id, append_run_event.generation,
                                             v_now, 'append_run_event', '{running}');
@@ -80,7 +114,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION zeroth.append_run_event(uuid, text, bigint, text, jsonb, text, text, boolean) IS
-'append_run_event: the live lease holder (worker_id, generation) of a running run appends an event (name: at most 200 characters, no control characters, not ''end'' (END''s name); data: JSON, at most 64 kB, nested at most 256 levels deep, numbers strictly between -1e308 and 1e308) to the run''s stream, numbered after its last event under the run''s row lock, so events commit in number order. Returns the event id; NULL when fenced out (stale, expired or taken-over lease). Notifies zeroth_run_events with run_events_key (notify => false: no hint). Raises ZP003 (holder but not running), ZP008. Time: clock_timestamp().';
+'append_run_event: the live lease holder (worker_id, generation) of a running run appends an event (name: at most 200 characters, no control characters, not ''end'' (END''s name); data: JSON, at most 64 kB, nested at most 256 levels deep, numbers strictly between -1e308 and 1e308) to the run''s stream, numbered after its last event under the run''s row lock, so events commit in number order. Returns the event id; NULL when fenced out (stale, expired or taken-over lease). Notifies zeroth_run_events with run_events_key (notify => false: no hint). A run holds at most its deployment''s max_run_events events (zeroth.deployments, a DBA''s; NULL or no row: 10,000; END not counted): past it the live holder gets ZP014 and nothing is stored. Raises ZP003 (holder but not running), ZP008, ZP014 run_events_limit. Time: clock_timestamp().';
 ALTER FUNCTION zeroth.append_run_event(uuid, text, bigint, text, jsonb, text, text, boolean) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.append_run_event(uuid, text, bigint, text, jsonb, text, text, boolean) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.append_run_event(uuid, text, bigint, text, jsonb, text, text, boolean) TO zeroth_worker;

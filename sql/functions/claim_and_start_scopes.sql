@@ -83,7 +83,9 @@ BEGIN
                    FROM zeroth.deployments d
                   WHERE d.deployment_ref = ANY (claim_and_start_scopes.deployment_refs)
                     AND d.version_policy <> 'any');
-    -- The scopes with due work and their limits, in a weighted random order: sorting by
+    -- The scopes with due work (due runs this worker's version may serve: the claims' filter, so
+    -- no place is drawn for a scope whose due runs are all pinned to another version) and their
+    -- limits, in a weighted random order: sorting by
     -- -ln(U) / weight (U uniform in (0, 1]) puts a scope first with probability weight / total.
     WITH candidates AS (
         SELECT * FROM zeroth._listed_scopes(claim_and_start_scopes.deployment_refs,
@@ -97,7 +99,11 @@ BEGIN
          CROSS JOIN LATERAL zeroth._scope_limit(c.tenant_id, c.workspace_key, c.deployment_ref,
                                                 claim_and_start_scopes.max_concurrency) AS l
          WHERE NOT l.paused
-           AND zeroth._scope_has_due_run(c.tenant_id, c.workspace_key, c.deployment_ref, v_now)
+           AND zeroth._scope_has_due_run(c.tenant_id, c.workspace_key, c.deployment_ref, v_now,
+                                         CASE WHEN v_serves ? c.deployment_ref THEN ARRAY(
+                                             SELECT jsonb_array_elements_text(
+                                                 v_serves -> c.deployment_ref)::bigint)
+                                         END)
     )
     SELECT coalesce(array_agg(d.tenant_id ORDER BY d.turn), '{}'),
            coalesce(array_agg(d.workspace_key ORDER BY d.turn), '{}'),

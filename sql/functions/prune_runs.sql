@@ -6,7 +6,9 @@
 -- in the same statement; the thread_locks rows of threads left without a run go too, and up to
 -- batch_size zeroth.events rows older than the cutoff that no run waits on, and, called for every
 -- tenant, up to batch_size zeroth.deployment_changes rows older than the cutoff, each deployment's
--- latest change kept (issue 31). Returns runs plus event and change rows deleted. Locks: the
+-- latest change kept (issue 31), and up to min(batch_size, 100) zeroth.code_versions first seen
+-- before the cutoff that no run references (issue 34; each under its advisory lock, try only).
+-- Returns runs plus event, change and version rows deleted. Locks: the
 -- doomed run, lock, event and change rows FOR UPDATE SKIP LOCKED, so it never waits on a worker
 -- or an operator and nobody waits on it for long. Raises ZP006 (workspace
 -- without tenant), ZP008. Notifies nothing. Time: clock_timestamp().
@@ -37,6 +39,9 @@ DECLARE
     v_events_deleted integer := 0;
     v_changes_deleted integer := 0;
     v_change_ids bigint[];
+    v_version bigint;
+    v_count integer;
+    v_versions_deleted integer := 0;
 BEGIN
     IF prune_runs.tenant_id IS NULL AND prune_runs.workspace_id IS NOT NULL THEN
         RAISE EXCEPTION 'a workspace_id needs a tenant_id' USING ERRCODE = 'ZP006';
@@ -184,10 +189,36 @@ BEGIN
         DELETE FROM zeroth.deployment_changes c WHERE c.change_id = ANY (v_change_ids);
         GET DIAGNOSTICS v_changes_deleted = ROW_COUNT;
     END IF;
-    RETURN v_deleted + v_events_deleted + v_changes_deleted;
+    -- Code versions (issue 34): zeroth.code_versions grew by a row per version for ever. A call
+    -- for every tenant (the table is global) deletes up to min(batch_size, 100) versions first
+    -- seen before the cutoff that no run references (runs_code_version_idx, one probe each),
+    -- each only once its advisory lock is taken exclusive (try only: a claim, admission, start or
+    -- retire_code_version that is recording a reference holds it shared until its commit, so
+    -- that version is skipped, left for the next call) and the reference checked again after it
+    -- (a fresh snapshot: a reference committed before the lock is seen). At most 100: each lock
+    -- takes an entry of the server's shared lock table until commit.
+    IF prune_runs.tenant_id IS NULL THEN
+        FOR v_version IN
+            SELECT DISTINCT v.version_id
+              FROM zeroth.code_versions v
+             WHERE v.first_seen_at < v_cutoff
+               AND NOT EXISTS (SELECT 1 FROM zeroth.runs r WHERE r.code_version_id = v.version_id)
+             LIMIT least(prune_runs.batch_size, 100)
+        LOOP
+            CONTINUE WHEN NOT (SELECT pg_try_advisory_xact_lock(l.class_id, l.object_id)
+                                 FROM zeroth._code_version_lock(v_version) AS l);
+            DELETE FROM zeroth.code_versions v
+             WHERE v.version_id = v_version
+               AND v.first_seen_at < v_cutoff
+               AND NOT EXISTS (SELECT 1 FROM zeroth.runs r WHERE r.code_version_id = v_version);
+            GET DIAGNOSTICS v_count = ROW_COUNT;
+            v_versions_deleted := v_versions_deleted + v_count;
+        END LOOP;
+    END IF;
+    RETURN v_deleted + v_events_deleted + v_changes_deleted + v_versions_deleted;
 END
 $$;
 COMMENT ON FUNCTION zeroth.prune_runs(interval, integer, text, text) IS
-'prune_runs: finished (completed | failed | cancelled, dead letters included) → deleted when finished_at < now - older_than; one batch of at most batch_size runs per call, and at most batch_size rows of zeroth.events older than the same cutoff (emitted_at, or created_at of a channel never emitted) that no run waits on, and, when tenant_id is NULL, at most batch_size rows of the registry''s audit zeroth.deployment_changes older than the cutoff, each deployment''s latest change kept; returns the number of runs plus event and change rows deleted (loop until 0). tenant_id NULL = every tenant; a tenant names exactly (tenant, workspace). Checkpoints go by ON DELETE CASCADE, the attempt history in the same statement. FOR UPDATE SKIP LOCKED: never waits on workers. Raises ZP006 (workspace without tenant), ZP008. Time: clock_timestamp().';
+'prune_runs: finished (completed | failed | cancelled, dead letters included) → deleted when finished_at < now - older_than; one batch of at most batch_size runs per call, and at most batch_size rows of zeroth.events older than the same cutoff (emitted_at, or created_at of a channel never emitted) that no run waits on, and, when tenant_id is NULL, at most batch_size rows of the registry''s audit zeroth.deployment_changes older than the cutoff, each deployment''s latest change kept, and at most min(batch_size, 100) code versions (zeroth.code_versions) first seen before the cutoff that no run references (each under its advisory lock, taken try only: a version a claim is recording is skipped); returns the number of runs plus event, change and version rows deleted (loop until 0). tenant_id NULL = every tenant; a tenant names exactly (tenant, workspace). Checkpoints go by ON DELETE CASCADE, the attempt history in the same statement. FOR UPDATE SKIP LOCKED: never waits on workers. Raises ZP006 (workspace without tenant), ZP008. Time: clock_timestamp().';
 ALTER FUNCTION zeroth.prune_runs(interval, integer, text, text) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.prune_runs(interval, integer, text, text) FROM PUBLIC;

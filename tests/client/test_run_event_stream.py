@@ -14,7 +14,7 @@ from uuid import UUID
 
 import pytest
 
-from zeroth_pg import InvalidArgumentError, LeaseManager
+from zeroth_pg import InvalidArgumentError, LeaseManager, RunEventLimitError
 from zeroth_pg.errors import ConnectionLostError
 from zeroth_pg.types import RunEvent, RunEventKind
 
@@ -73,6 +73,22 @@ async def test_bad_data_is_refused_before_it_is_encoded_whole(pool):
         await lm.append_run_event(run_id, W1, "bad\nname", 1, generation=generation)
 
     assert await lm.read_run_events(run_id) == []
+
+
+async def test_an_append_past_the_runs_bound_raises_run_event_limit_error(pool):
+    lm = LeaseManager(pool)
+    await pool.execute("SELECT zeroth.register_deployment(deployment_ref => $1)", DEPLOYMENT)
+    await pool.execute("UPDATE zeroth.deployments SET max_run_events = 100 "
+                       "WHERE deployment_ref = $1", DEPLOYMENT)
+    run_id, generation = await running(lm)
+    for n in range(1, 101):
+        assert await lm.append_run_event(run_id, W1, "token", n, generation=generation) == n
+
+    with pytest.raises(RunEventLimitError) as info:
+        await lm.append_run_event(run_id, W1, "token", 101, generation=generation)
+
+    assert info.value.sqlstate == "ZP014"
+    assert len(await lm.read_run_events(run_id, after=99)) == 1
 
 
 async def test_a_stream_yields_every_event_then_end_once(pool):

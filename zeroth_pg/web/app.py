@@ -253,14 +253,20 @@ class _Guard(BaseHTTPMiddleware):
 
 
 def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = None,
-               allowed_hosts: Iterable[str] = (), live_seconds: float = LIVE_SECONDS
+               allowed_hosts: Iterable[str] = (), live_seconds: float = LIVE_SECONDS,
+               stream_idle_seconds: float = pages_run_events.IDLE_SECONDS,
+               max_streams: int = pages_run_events.MAX_STREAMS,
+               max_streams_per_client: int = pages_run_events.MAX_STREAMS_PER_CLIENT
                ) -> Starlette:
     """The dashboard for the database at ``dsn``, read as that DSN's role.
 
     It answers only requests whose Host is a loopback name (:data:`LOOPBACK_HOSTS`) or one of
     ``allowed_hosts`` (names, any port), and accepts a POST only from its own origin (see
     :class:`_Origins`); ``token``, when given, is required on every request. Its pages refresh
-    their live parts every ``live_seconds`` (static/web.js)."""
+    their live parts every ``live_seconds`` (static/web.js). A run's event stream
+    (``/runs/{id}/events``) that has sent nothing for ``stream_idle_seconds`` ends and the
+    browser reconnects; at most ``max_streams`` streams at once, ``max_streams_per_client`` from
+    one client address (zeroth_pg/web/pages_run_events.py)."""
     from zeroth_pg.web import bulk
 
     allowed = frozenset(host_name(h) for h in (*LOOPBACK_HOSTS, *allowed_hosts) if h.strip())
@@ -503,6 +509,12 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
         return render(request, "error.html", status_code=500,
                       message=f"the database answered an error ({code}): {exc}")
 
+    event_streams = pages_run_events.EventStreams(
+        pages, lambda: asyncpg.connect(asyncpg_dsn(dsn), server_settings={
+            "application_name": "zeroth-pg web events"}),
+        idle_seconds=stream_idle_seconds, max_streams=max_streams,
+        max_streams_per_client=max_streams_per_client)
+
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
         state["pool"] = await asyncpg.create_pool(asyncpg_dsn(dsn), min_size=1, max_size=4,
@@ -511,6 +523,7 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
         try:
             yield
         finally:
+            await event_streams.close()
             await state["pool"].close()
 
     async def metrics(request: Request) -> Response:
@@ -524,9 +537,9 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
         Route("/overview.json", overview_fragment),
         Route("/runs", runs),
         Route("/runs/{run_id}", run_detail),
-        # A run's event stream as server-sent events (issue 34): a connection of its own each.
-        *pages_run_events.routes(pages, lambda: asyncpg.connect(
-            asyncpg_dsn(dsn), server_settings={"application_name": "zeroth-pg web events"})),
+        # A run's event stream as server-sent events (issue 34): one listening connection for
+        # every stream, reads from the page pool.
+        *event_streams.routes(),
         Route("/dead-letters", dead_letters),
         *pages_workers.routes(pages),
         *pages_deployments.routes(pages),
@@ -539,9 +552,11 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
         *bulk.routes(bulk.Actions(render=render, pool=pool, check_post=_check_post, act=_act,
                                   refused=_refused, enabled=enable_actions)),
     ]
-    return Starlette(routes=routes, lifespan=lifespan,
-                     exception_handlers={asyncpg.PostgresError: database_error},
-                     middleware=[Middleware(_Origins, allowed=allowed),
-                                 Middleware(_Guard, token=token),
-                                 # Innermost: a page's message after an action is signed (flash.py).
-                                 Middleware(FlashMiddleware, secret=csrf_secret)])
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={asyncpg.PostgresError: database_error},
+                    middleware=[Middleware(_Origins, allowed=allowed),
+                                Middleware(_Guard, token=token),
+                                # Innermost: a page's message after an action is signed (flash.py).
+                                Middleware(FlashMiddleware, secret=csrf_secret)])
+    app.state.event_streams = event_streams  # its open_streams, for an operator's probe and tests
+    return app

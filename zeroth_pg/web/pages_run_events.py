@@ -7,9 +7,17 @@ delivered END, a request from at or past it gets 204, which tells ``EventSource`
 reconnect.
 
 Read as the DSN's role like every page (a zeroth_reader sees its tenant's runs only, by row-level
-security), with the same Host check and token; GET only, nothing changes. Each stream has a
-connection of its own outside the page pool (it LISTENs on ``zeroth_run_events`` for as long as
-the browser keeps it open), at most :data:`MAX_STREAMS` at once (503 beyond).
+security), with the same Host check and token; GET only, nothing changes.
+
+What a stream holds: no database connection while it waits. One connection of the dashboard
+LISTENs on ``zeroth_run_events`` for every stream (:class:`_Listener`, opened with the first
+stream, opened again after it is lost) and wakes the streams a notification concerns; a stream
+reads with a page-pool connection for one short transaction, after a hint or a slow poll (NOTIFY
+is only a hint). A stream that has sent nothing for ``idle_seconds`` ends (its first message
+set the browser's ``retry:``), and the browser's EventSource reconnects with Last-Event-ID: a
+tab left open on a waiting run costs a request every ``idle_seconds``, never a held slot. At most
+``max_streams`` streams at once (503 beyond) and ``max_streams_per_client`` from one client
+address (429 beyond), each a task and a little memory.
 """
 
 from __future__ import annotations
@@ -17,25 +25,41 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import asyncpg
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from zeroth_pg import _calls, streams
+from zeroth_pg.notify import RUN_EVENTS_CHANNEL
 from zeroth_pg.types import RunEvent
 from zeroth_pg.web._shared import Context
 
-__all__ = ["MAX_STREAMS", "routes", "sse_message"]
+__all__ = ["IDLE_SECONDS", "MAX_STREAMS", "MAX_STREAMS_PER_CLIENT", "EventStreams",
+           "sse_message"]
 
-#: Streams the dashboard serves at once (each holds a database connection).
-MAX_STREAMS = 16
-#: Events one read takes; the slow poll between hints (NOTIFY is only a hint).
+log = logging.getLogger("zeroth_pg.web")
+
+#: Streams the dashboard serves at once (each a task; none holds a database connection).
+MAX_STREAMS = 256
+#: Streams one client address may hold at once (a browser allows about 6 per host over HTTP/1.1).
+MAX_STREAMS_PER_CLIENT = 32
+#: A stream that has sent nothing for this long ends; the browser reconnects with Last-Event-ID.
+IDLE_SECONDS = 30.0
+#: The browser's reconnection delay (the SSE ``retry:`` field), in milliseconds.
+RETRY_MS = 2000
+#: Events one read takes; the slow poll between hints (NOTIFY is only a hint): while the
+#: listening connection is up a hint is lost only with it (a new one wakes every stream), so the
+#: poll is slower then.
 _BATCH = 100
 _POLL_SECONDS = 1.0
+_POLL_LISTENING_SECONDS = 5.0
 
 # The run's scope by its id alone, as the run page finds it (zeroth_pg._calls.run_by_id).
 _SCOPE = _calls.run_by_id("r.tenant_id, r.workspace_id, r.workspace_key", "$1")
@@ -56,19 +80,141 @@ def _after(request: Request) -> int | None:
     return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else None
 
 
-def routes(ctx: Context, connect: Callable[[], Awaitable[asyncpg.Connection]]) -> list[Route]:
-    """The SSE route; ``connect`` opens a connection of the dashboard's DSN for one stream."""
-    open_streams = asyncio.Semaphore(MAX_STREAMS)
+class _Listener:
+    """The one connection that LISTENs on ``zeroth_run_events`` for every stream: a notification
+    sets the events of the streams waiting on its payload (the run's key) and of those that wait
+    on any (a role that may not compute keys). Opened on first use and again after it is lost
+    (``ensure``); while it is down, the streams poll."""
 
-    @contextlib.asynccontextmanager
-    async def dedicated() -> AsyncIterator[asyncpg.Connection]:
-        conn = await connect()
+    def __init__(self, connect: Callable[[], Awaitable[asyncpg.Connection]]) -> None:
+        self._connect = connect
+        self._conn: asyncpg.Connection | None = None
+        self._opening = asyncio.Lock()
+        self._waiters: dict[str | None, set[asyncio.Event]] = {}
+
+    def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        for key in (payload, None):
+            for woken in self._waiters.get(key, ()):
+                woken.set()
+
+    @property
+    def connected(self) -> bool:
+        return self._conn is not None and not self._conn.is_closed()
+
+    async def ensure(self) -> None:
+        """Listening, or an exception (the caller polls meanwhile)."""
+        if self.connected:
+            return
+        async with self._opening:
+            if self.connected:
+                return
+            if self._conn is not None:
+                self._conn.terminate()
+                self._conn = None
+            conn = await self._connect()
+            try:
+                await conn.add_listener(RUN_EVENTS_CHANNEL, self._on_notify)
+            except BaseException:
+                conn.terminate()
+                raise
+            self._conn = conn
+            # A hint sent while no connection listened is lost: every waiting stream reads.
+            for waiting in self._waiters.values():
+                for woken in waiting:
+                    woken.set()
+
+    @contextlib.contextmanager
+    def subscribe(self, key: str | None, woken: asyncio.Event) -> Iterator[None]:
+        self._waiters.setdefault(key, set()).add(woken)
         try:
-            yield conn
+            yield
         finally:
-            await conn.close()
+            waiting = self._waiters.get(key)
+            if waiting is not None:
+                waiting.discard(woken)
+                if not waiting:
+                    del self._waiters[key]
 
-    async def run_events(request: Request) -> Response:
+    async def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(conn.close(), 5)
+            conn.terminate()
+
+
+class _Stream(StreamingResponse):
+    """A StreamingResponse that gives its slot back however it ends (END, idle, an error, the
+    client gone: Starlette cancels the body)."""
+
+    def __init__(self, body: AsyncIterator[str], release: Callable[[], None]) -> None:
+        super().__init__(body, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+        self._release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._release()
+
+
+class EventStreams:
+    """The SSE route and what its streams share: the listening connection and the slots."""
+
+    def __init__(self, ctx: Context, connect: Callable[[], Awaitable[asyncpg.Connection]], *,
+                 idle_seconds: float = IDLE_SECONDS, max_streams: int = MAX_STREAMS,
+                 max_streams_per_client: int = MAX_STREAMS_PER_CLIENT,
+                 poll_seconds: float = _POLL_SECONDS) -> None:
+        if idle_seconds < 0 or max_streams < 1 or max_streams_per_client < 1:
+            raise ValueError("idle_seconds must be >= 0 and the stream bounds >= 1")
+        self._ctx = ctx
+        self._listener = _Listener(connect)
+        self._idle = idle_seconds
+        self._poll = poll_seconds
+        self._max = max_streams
+        self._max_per_client = max_streams_per_client
+        self._open: Counter[str] = Counter()
+        self._total = 0
+
+    @property
+    def open_streams(self) -> int:
+        """Streams open now (all clients)."""
+        return self._total
+
+    def routes(self) -> list[Route]:
+        return [Route("/runs/{run_id}/events", self._run_events)]
+
+    async def close(self) -> None:
+        await self._listener.close()
+
+    def _take_slot(self, client: str) -> Response | None:
+        """A slot for the client's new stream, or the answer that refuses it (no await between
+        the check and the count: one event loop)."""
+        if self._total >= self._max:
+            return PlainTextResponse("too many event streams open", status_code=503,
+                                     headers={"Retry-After": "5"})
+        if self._open[client] >= self._max_per_client:
+            return PlainTextResponse("too many event streams open from this client",
+                                     status_code=429, headers={"Retry-After": "5"})
+        self._open[client] += 1
+        self._total += 1
+        return None
+
+    def _release(self, client: str) -> Callable[[], None]:
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self._total -= 1
+                self._open[client] -= 1
+                if self._open[client] <= 0:
+                    del self._open[client]
+        return release
+
+    async def _run_events(self, request: Request) -> Response:
         try:
             run_id = uuid.UUID(request.path_params["run_id"])
         except ValueError:
@@ -77,7 +223,7 @@ def routes(ctx: Context, connect: Callable[[], Awaitable[asyncpg.Connection]]) -
         if after is None:
             return PlainTextResponse("Last-Event-ID (or after) must be an event number",
                                      status_code=400)
-        async with ctx.pool().acquire() as conn:
+        async with self._ctx.pool().acquire() as conn:
             scope = await conn.fetchrow(_SCOPE, run_id)
             if scope is None:
                 return PlainTextResponse(f"no run {run_id} visible to this role",
@@ -85,31 +231,65 @@ def routes(ctx: Context, connect: Callable[[], Awaitable[asyncpg.Connection]]) -
             tenant, workspace, wskey = (scope["tenant_id"], scope["workspace_id"],
                                         scope["workspace_key"])
             first = await streams.reader_events(conn, tenant, wskey, run_id, after, _BATCH)
-        if len(first) == 1 and first[0].is_end and first[0].event_id <= after:
-            return Response(status_code=204)  # already delivered: EventSource stops here
-        if open_streams.locked():
-            return PlainTextResponse("too many event streams open", status_code=503)
-
-        async def read(conn: asyncpg.Connection, last: int) -> list[RunEvent]:
-            return await streams.reader_events(conn, tenant, wskey, run_id, last, _BATCH)
-
-        async def key(conn: asyncpg.Connection) -> str | None:
+            if len(first) == 1 and first[0].is_end and first[0].event_id <= after:
+                return Response(status_code=204)  # already delivered: EventSource stops here
             # A role that may compute the run's key (a worker's or the owner's DSN) wakes on
             # its notifications only; a zeroth_reader on any of the channel's (a hint).
             try:
-                return str(await conn.fetchval(_calls.RUN_EVENTS_KEY, run_id, tenant, workspace))
+                key: str | None = str(await conn.fetchval(_calls.RUN_EVENTS_KEY, run_id,
+                                                          tenant, workspace))
             except asyncpg.InsufficientPrivilegeError:
-                return None
+                key = None
+        client = request.client.host if request.client else "?"
+        refused = self._take_slot(client)
+        if refused is not None:
+            return refused
+        return _Stream(self._follow(run_id, tenant, wskey, key, after, first),
+                       self._release(client))
 
-        async def body() -> AsyncIterator[str]:
-            async with open_streams:
-                yield "retry: 2000\n\n"
-                async for event in streams.follow(dedicated, read, key, after=after,
-                                                  poll_interval=_POLL_SECONDS, batch=_BATCH,
-                                                  max_reconnects=5):
+    async def _follow(self, run_id: uuid.UUID, tenant: str, wskey: str, key: str | None,
+                      after: int, first: list[RunEvent]) -> AsyncIterator[str]:
+        loop = asyncio.get_running_loop()
+        yield f"retry: {RETRY_MS}\n\n"
+        last = after
+        sent_at = loop.time()
+        woken = asyncio.Event()
+        events = first
+        with self._listener.subscribe(key, woken):
+            while True:
+                for event in events:
+                    if event.is_end:
+                        yield sse_message(event)
+                        return
+                    if event.event_id <= last:
+                        continue
                     yield sse_message(event)
-
-        return StreamingResponse(body(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
-
-    return [Route("/runs/{run_id}/events", run_events)]
+                    last = event.event_id
+                    sent_at = loop.time()
+                if len(events) < _BATCH:
+                    if loop.time() - sent_at >= self._idle:
+                        # Nothing to send for idle_seconds: end; the browser reconnects after
+                        # retry: with Last-Event-ID (no slot held while the run waits).
+                        return
+                    try:
+                        await self._listener.ensure()
+                    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError,
+                            TimeoutError) as exc:
+                        log.warning("run event streams: cannot listen (%s); polling", exc)
+                    poll = (max(self._poll, _POLL_LISTENING_SECONDS) if self._listener.connected
+                            else self._poll)
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(
+                                min(poll, max(self._idle - (loop.time() - sent_at), 0))):
+                            await woken.wait()
+                woken.clear()
+                try:
+                    async with self._ctx.pool().acquire() as conn:
+                        events = await streams.reader_events(conn, tenant, wskey, run_id, last,
+                                                             _BATCH)
+                except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError,
+                        TimeoutError) as exc:
+                    # The browser reconnects from the last id it received.
+                    log.warning("run event stream of %s: read failed (%s); ending it", run_id,
+                                exc)
+                    return

@@ -210,7 +210,8 @@ class RunContext:
         fenced by this attempt's lease generation (``zeroth.append_run_event``); subscribers
         (``LeaseManager.stream``, the dashboard's SSE) receive it. Returns its id; raises
         LeaseLostError if refused, InvalidArgumentError for a bad name or data (bounded before
-        it is encoded)."""
+        it is encoded), RunEventLimitError (ZP014) once the run holds the most events its
+        deployment allows (``max_run_events``: 10,000 unless a DBA set it; nothing stored)."""
         event_id = await self._worker.lease_manager.append_run_event(
             self.run_id, self.worker_id, name, data, generation=self.lease_generation,
             tenant_id=self.scope.tenant_id, workspace_id=self.scope.workspace_id)

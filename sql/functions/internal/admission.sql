@@ -108,12 +108,16 @@ REVOKE ALL ON FUNCTION zeroth._displace(text, text, text, text, interval, timest
 -- the run (enqueue). Serialised per thread by the thread's lock (_lock_thread); a retried admission is looked up
 -- again once the lock is held (its first attempt may have committed while we waited), and the
 -- unique index is the backstop (ON CONFLICT DO NOTHING, then look again). displaced is passed
--- through to the result.
+-- through to the result. code_version (issue 34): an owned admission is a claim of a run not yet
+-- started, and records the owner's version as the claims do (runs.code_version_id; its text in
+-- zeroth.code_versions); an unowned one records none (its claimer will). (The signature before
+-- 0022, without code_version, is dropped first.)
+DROP FUNCTION IF EXISTS zeroth._admit(text, text, text, text, boolean, text, jsonb, jsonb, integer, timestamptz, integer, text, uuid, boolean, interval, interval, timestamptz, boolean, jsonb);
 CREATE OR REPLACE FUNCTION zeroth._admit(
     tenant_id text, workspace_id text, deployment_ref text, thread_id text, queue_when_busy boolean,
     worker_id text, payload jsonb, metadata jsonb, priority integer, run_after timestamptz, max_attempts integer,
     idempotency_key text, run_id uuid, resumable boolean, lease interval, grace interval, at timestamptz,
-    strict boolean, displaced jsonb DEFAULT '[]'::jsonb)
+    strict boolean, displaced jsonb DEFAULT '[]'::jsonb, code_version text DEFAULT NULL)
     RETURNS zeroth.admission
     LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
@@ -180,7 +184,7 @@ BEGIN
             run_id, tenant_id, workspace_id, deployment_ref, thread_id, status, wait_reason, thread_queued_at,
             priority, run_after, max_attempts, created_at, updated_at, payload, metadata, idempotency_key,
             resumable, lease_worker_id, lease_acquired_at, lease_expires_at, lease_generation,
-            admission_slot, attempt_deadline_at, run_deadline_at)
+            admission_slot, attempt_deadline_at, run_deadline_at, code_version_id)
         VALUES (
             coalesce(_admit.run_id, gen_random_uuid()), _admit.tenant_id, _admit.workspace_id, _admit.deployment_ref,
             _admit.thread_id,
@@ -200,7 +204,8 @@ BEGIN
             CASE WHEN v_owned THEN zeroth._generation_floor() + 1 ELSE 0 END,
             CASE WHEN v_owned THEN v_slot END,
             CASE WHEN v_owned THEN _admit.at + make_interval(secs => v_attempt_tmo) END,
-            CASE WHEN v_owned THEN _admit.at + make_interval(secs => v_run_tmo) END)
+            CASE WHEN v_owned THEN _admit.at + make_interval(secs => v_run_tmo) END,
+            CASE WHEN v_owned THEN zeroth._code_version_hash(_admit.code_version) END)
         ON CONFLICT DO NOTHING
         RETURNING r.run_id, r.status, r.lease_generation, r.lease_expires_at, r.run_after INTO v_new;
         IF FOUND THEN
@@ -215,6 +220,9 @@ BEGIN
             END IF;
             IF v_owned AND v_rate IS NOT NULL THEN  -- a start of the rate key
                 PERFORM zeroth._log_rate(v_rate, 1, v_rate_at);
+            END IF;
+            IF v_owned AND _admit.code_version IS NOT NULL THEN  -- the version's text, as a claim
+                PERFORM zeroth._code_version_id(_admit.code_version);
             END IF;
             IF NOT v_queue AND NOT v_owned AND v_new.run_after <= _admit.at THEN
                 PERFORM zeroth._notify_wakeup(_admit.deployment_ref, _admit.tenant_id, _admit.workspace_id);
@@ -238,6 +246,6 @@ BEGIN
     RAISE EXCEPTION 'the active run of thread % kept changing', thread_id USING ERRCODE = '40001';
 END
 $$;
-COMMENT ON FUNCTION zeroth._admit(text, text, text, text, boolean, text, jsonb, jsonb, integer, timestamptz, integer, text, uuid, boolean, interval, interval, timestamptz, boolean, jsonb) IS 'Internal: the admission of admit_run and of enqueue_run(s) with a thread_id: admitted, queued, busy or reused.';
-ALTER FUNCTION zeroth._admit(text, text, text, text, boolean, text, jsonb, jsonb, integer, timestamptz, integer, text, uuid, boolean, interval, interval, timestamptz, boolean, jsonb) OWNER TO zeroth_owner;
-REVOKE ALL ON FUNCTION zeroth._admit(text, text, text, text, boolean, text, jsonb, jsonb, integer, timestamptz, integer, text, uuid, boolean, interval, interval, timestamptz, boolean, jsonb) FROM PUBLIC;
+COMMENT ON FUNCTION zeroth._admit(text, text, text, text, boolean, text, jsonb, jsonb, integer, timestamptz, integer, text, uuid, boolean, interval, interval, timestamptz, boolean, jsonb, text) IS 'Internal: the admission of admit_run and of enqueue_run(s) with a thread_id: admitted, queued, busy or reused; an owned admission records code_version (runs.code_version_id, zeroth.code_versions).';
+ALTER FUNCTION zeroth._admit(text, text, text, text, boolean, text, jsonb, jsonb, integer, timestamptz, integer, text, uuid, boolean, interval, interval, timestamptz, boolean, jsonb, text) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._admit(text, text, text, text, boolean, text, jsonb, jsonb, integer, timestamptz, integer, text, uuid, boolean, interval, interval, timestamptz, boolean, jsonb, text) FROM PUBLIC;

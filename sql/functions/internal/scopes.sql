@@ -63,10 +63,16 @@ COMMENT ON FUNCTION zeroth._pending_scopes(text[]) IS 'Internal: the (tenant, wo
 ALTER FUNCTION zeroth._pending_scopes(text[]) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._pending_scopes(text[]) FROM PUBLIC;
 
--- Whether a scope has a run a claim would take now: pending, due, no live lease. One probe of
--- runs_claim_pending_idx that stops at the first such run.
+-- Whether a scope has a run a claim would take now: pending, due, no live lease, and (code
+-- versions, issue 34) one the claimer's version may serve: serves is the claimer's
+-- zeroth._version_serves (NULL: every run), the filter of the claims (_claim_in_scope), so a
+-- scope whose only due runs are pinned to another version is no candidate (no place of the batch
+-- is drawn for it). One probe of runs_claim_pending_idx that stops at the first such run.
+-- (The signature before 0022, without serves, is dropped first.)
+DROP FUNCTION IF EXISTS zeroth._scope_has_due_run(text, text, text, timestamptz);
 CREATE OR REPLACE FUNCTION zeroth._scope_has_due_run(tenant_id text, workspace_key text,
-                                                     deployment_ref text, at timestamptz)
+                                                     deployment_ref text, at timestamptz,
+                                                     serves bigint[] DEFAULT NULL)
     RETURNS boolean
     LANGUAGE sql STABLE
     RETURN EXISTS (
@@ -76,10 +82,13 @@ CREATE OR REPLACE FUNCTION zeroth._scope_has_due_run(tenant_id text, workspace_k
            AND r.deployment_ref = _scope_has_due_run.deployment_ref
            AND r.status = 'pending'
            AND r.run_after <= _scope_has_due_run.at
-           AND (r.lease_expires_at IS NULL OR r.lease_expires_at < _scope_has_due_run.at));
-COMMENT ON FUNCTION zeroth._scope_has_due_run(text, text, text, timestamptz) IS 'Internal: true when the scope has a pending, due run that holds no live lease (what a claim would take).';
-ALTER FUNCTION zeroth._scope_has_due_run(text, text, text, timestamptz) OWNER TO zeroth_owner;
-REVOKE ALL ON FUNCTION zeroth._scope_has_due_run(text, text, text, timestamptz) FROM PUBLIC;
+           AND (r.lease_expires_at IS NULL OR r.lease_expires_at < _scope_has_due_run.at)
+           AND (_scope_has_due_run.serves IS NULL OR r.started_at IS NULL
+                OR r.code_version_id IS NULL
+                OR r.code_version_id = ANY (_scope_has_due_run.serves)));
+COMMENT ON FUNCTION zeroth._scope_has_due_run(text, text, text, timestamptz, bigint[]) IS 'Internal: true when the scope has a pending, due run that holds no live lease and that a claimer whose zeroth._version_serves is serves (NULL: every run) may take (what a claim would take).';
+ALTER FUNCTION zeroth._scope_has_due_run(text, text, text, timestamptz, bigint[]) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._scope_has_due_run(text, text, text, timestamptz, bigint[]) FROM PUBLIC;
 
 -- The scopes of these deployments that hold a running run: a skip scan of runs_running_idx
 -- (_pending_scopes's twin: each must name its status as a constant, or a generic plan could not
