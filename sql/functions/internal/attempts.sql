@@ -1,4 +1,5 @@
--- sql/functions/internal/attempts.sql: the attempt history (zeroth.run_attempts) of the ends made
+-- sql/functions/internal/attempts.sql: the attempt history (zeroth.run_attempt_log, read through
+-- the view zeroth.run_attempts) of the ends made
 -- outside the settle path (admin functions, claims that end an old holder's attempt, a DBA's
 -- UPDATE), written by the trigger runs_attempt_history on zeroth.runs (sql/functions/triggers.sql),
 -- never by a caller. The settle path (zeroth._settle, internal/settle.sql) writes its own ends
@@ -74,7 +75,7 @@ BEGIN
         WHEN OLD.status = 'pending' AND NEW.status = 'pending' THEN 'released'
         ELSE 'lease_lost'
     END;
-    INSERT INTO zeroth.run_attempts (tenant_id, workspace_key, run_id, attempt, lease_generation,
+    INSERT INTO zeroth.run_attempt_log (tenant_id, workspace_key, run_id, attempt, lease_generation,
                                      worker_id, claimed_at, started_at, ended_at, outcome, error)
     VALUES (OLD.tenant_id, OLD.workspace_key, OLD.run_id,
             CASE WHEN OLD.status = 'running' THEN OLD.attempts ELSE OLD.attempts + 1 END,
@@ -87,6 +88,6 @@ BEGIN
     RETURN NULL;
 END
 $$;
-COMMENT ON FUNCTION zeroth._record_attempt() IS 'Internal trigger (runs_attempt_history): inserts the attempt of a run (a lease generation) that the update ends — clears its holder, bumps its generation or ends the run — into zeroth.run_attempts, one INSERT from the old runs row, outcome by the rules of its header. Claims and start_run write nothing: the open attempt is the runs row (zeroth.attempt_history). Never raises on a row it does not expect.';
+COMMENT ON FUNCTION zeroth._record_attempt() IS 'Internal trigger (runs_attempt_history): inserts the attempt of a run (a lease generation) that the update ends — clears its holder, bumps its generation or ends the run — into zeroth.run_attempt_log, one INSERT from the old runs row, outcome by the rules of its header. Claims and start_run write nothing: the open attempt is the runs row (zeroth.attempt_history). Never raises on a row it does not expect.';
 ALTER FUNCTION zeroth._record_attempt() OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._record_attempt() FROM PUBLIC;
