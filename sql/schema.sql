@@ -633,6 +633,8 @@ END) STORED NOT NULL,
     attempt_deadline_at timestamp with time zone,
     run_deadline_at timestamp with time zone,
     code_version_id bigint,
+    completed_worker_id text,
+    completed_claimed_at timestamp with time zone,
     CONSTRAINT runs_accounting_object CHECK (((accounting IS NULL) OR (jsonb_typeof(accounting) = 'object'::text))),
     CONSTRAINT runs_attempts_valid CHECK (((attempts >= 0) AND (max_attempts >= 1))),
     CONSTRAINT runs_cancel_action_valid CHECK (((cancel_action IS NULL) OR (cancel_action = ANY (ARRAY['cancel'::text, 'interrupt'::text, 'rollback'::text])))),
@@ -738,6 +740,16 @@ COMMENT ON COLUMN zeroth.runs.run_deadline_at IS 'The run''s deadline on the dat
 -- Name: COLUMN runs.code_version_id; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
 COMMENT ON COLUMN zeroth.runs.code_version_id IS 'The code version of the worker that started the run, as its key (zeroth._code_version_hash; the text in zeroth.code_versions): the claim''s code_version, written by every lease of a run not yet started and kept once it started; NULL: started by an unversioned worker, or not started. Under its deployment''s version_policy (zeroth.deployments) only a worker of a version allowed to serve it resumes a started run; zeroth.retire_code_version moves it.';
+
+--
+-- Name: COLUMN runs.completed_worker_id; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.runs.completed_worker_id IS 'The holder of the attempt that completed this run at its first claim (lease generation 1), written by zeroth._settle instead of a zeroth.run_attempt_log row; NULL otherwise (every other ended attempt is a row of the log). The view zeroth.run_attempts shows that attempt from this row: attempt runs.attempts, lease generation 1, claimed at completed_claimed_at, started at the later of started_at and that, ended at finished_at, outcome completed.';
+
+--
+-- Name: COLUMN runs.completed_claimed_at; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.runs.completed_claimed_at IS 'When the attempt of completed_worker_id was claimed (its lease_acquired_at); NULL when completed_worker_id is.';
 
 --
 -- Name: notification_secret; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
@@ -851,15 +863,15 @@ ALTER TABLE zeroth.admission_slots OWNER TO zeroth_owner;
 COMMENT ON TABLE zeroth.admission_slots IS 'Concurrency slots per (tenant, workspace, deployment). A slot names (run_id, lease_generation); it is held while that run holds that generation''s lease in this slot (runs.admission_slot) and the lease is live. The run row is the only copy of the lease.';
 
 --
--- Name: run_attempts; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
+-- Name: run_attempt_log; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
 --
-CREATE TABLE zeroth.run_attempts (
-    tenant_id text NOT NULL,
-    workspace_key text NOT NULL,
-    run_id uuid NOT NULL,
-    attempt integer NOT NULL,
-    lease_generation bigint NOT NULL,
-    worker_id text NOT NULL,
+CREATE TABLE zeroth.run_attempt_log (
+    tenant_id text CONSTRAINT run_attempts_tenant_id_not_null NOT NULL,
+    workspace_key text CONSTRAINT run_attempts_workspace_key_not_null NOT NULL,
+    run_id uuid CONSTRAINT run_attempts_run_id_not_null NOT NULL,
+    attempt integer CONSTRAINT run_attempts_attempt_not_null NOT NULL,
+    lease_generation bigint CONSTRAINT run_attempts_lease_generation_not_null NOT NULL,
+    worker_id text CONSTRAINT run_attempts_worker_id_not_null NOT NULL,
     claimed_at timestamp with time zone,
     started_at timestamp with time zone,
     ended_at timestamp with time zone,
@@ -869,22 +881,22 @@ CREATE TABLE zeroth.run_attempts (
     CONSTRAINT run_attempts_outcome_valid CHECK ((outcome = ANY (ARRAY['completed'::text, 'failed'::text, 'dead_lettered'::text, 'cancelled'::text, 'recovered'::text, 'expired'::text, 'lease_lost'::text, 'handed_back'::text, 'released'::text, 'slept'::text, 'paused'::text, 'waited'::text, 'timed_out'::text])))
 );
 
-ALTER TABLE zeroth.run_attempts OWNER TO zeroth_owner;
+ALTER TABLE zeroth.run_attempt_log OWNER TO zeroth_owner;
 
 --
--- Name: TABLE run_attempts; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+-- Name: TABLE run_attempt_log; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
-COMMENT ON TABLE zeroth.run_attempts IS 'Attempt history, ended attempts: one row per lease generation of a run (a claim) once it ended, with its holder, attempt number, when it was claimed, started and ended, and how it ended (outcome; error when it failed). Written when the attempt ends (the open attempt is the runs row): by the settle path (zeroth._settle: every lease-ending function of a worker) in the settling statement, and by the trigger runs_attempt_history on zeroth.runs for every other end (admin functions, claims that end an old holder''s attempt, a DBA''s UPDATE by hand); deleted with the run by prune_runs. zeroth_reader reads it through zeroth.attempt_history, the rows of the tenant named in zeroth.tenant_id.';
+COMMENT ON TABLE zeroth.run_attempt_log IS 'Attempt history, ended attempts, as stored: one row per lease generation of a run (a claim) once it ended, with its holder, attempt number, when it was claimed, started and ended, and how it ended (outcome; error when it failed) — but for the attempt that completed a run at its first claim, kept in the run''s row (zeroth.runs.completed_worker_id). Written when the attempt ends: by the settle path (zeroth._settle) in the settling statement, and by the trigger runs_attempt_history on zeroth.runs for every other end; deleted with the run by prune_runs. Readers read zeroth.run_attempts (every ended attempt) or zeroth.attempt_history (and the open ones), the rows of the tenant named in zeroth.tenant_id.';
 
 --
--- Name: COLUMN run_attempts.attempt; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+-- Name: COLUMN run_attempt_log.attempt; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
-COMMENT ON COLUMN zeroth.run_attempts.attempt IS 'runs.attempts while the attempt ran (counted when it started); a claim that never started records the number it would have counted (runs.attempts + 1). A sleep, a pause or a wait gives its attempt back, so the next attempt may carry the same number.';
+COMMENT ON COLUMN zeroth.run_attempt_log.attempt IS 'runs.attempts while the attempt ran (counted when it started); a claim that never started records the number it would have counted (runs.attempts + 1). A sleep, a pause or a wait gives its attempt back, so the next attempt may carry the same number.';
 
 --
--- Name: COLUMN run_attempts.outcome; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+-- Name: COLUMN run_attempt_log.outcome; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
-COMMENT ON COLUMN zeroth.run_attempts.outcome IS 'How the attempt ended (rows here are ended attempts; NULL only in zeroth.attempt_history''s open rows). completed | failed (error) | dead_lettered (error) | cancelled | recovered (its lease expired and another worker or a takeover took the run) | expired (claimed, never started, the lease lapsed) | lease_lost (lease taken or cleared outside the functions'' rules: clear_lease, a DBA) | handed_back | released | slept | paused | waited | timed_out (its attempt or run deadline passed; error: stop_reason attempt_timeout or run_timeout).';
+COMMENT ON COLUMN zeroth.run_attempt_log.outcome IS 'How the attempt ended (rows here are ended attempts; NULL only in zeroth.attempt_history''s open rows). completed | failed (error) | dead_lettered (error) | cancelled | recovered (its lease expired and another worker or a takeover took the run) | expired (claimed, never started, the lease lapsed) | lease_lost (lease taken or cleared outside the functions'' rules: clear_lease, a DBA) | handed_back | released | slept | paused | waited | timed_out (its attempt or run deadline passed; error: stop_reason attempt_timeout or run_timeout).';
 
 --
 -- Name: child_waits; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
@@ -1437,7 +1449,7 @@ CREATE INDEX events_age_idx ON zeroth.events USING btree (COALESCE(emitted_at, c
 --
 -- Name: run_attempts_run_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner
 --
-CREATE INDEX run_attempts_run_idx ON zeroth.run_attempts USING btree (tenant_id, workspace_key, run_id, lease_generation);
+CREATE INDEX run_attempts_run_idx ON zeroth.run_attempt_log USING btree (tenant_id, workspace_key, run_id, lease_generation);
 
 --
 -- Name: runs_claim_pending_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner
@@ -1770,19 +1782,19 @@ CREATE POLICY rate_limits_reader_tenant ON zeroth.rate_limits FOR SELECT TO zero
 COMMENT ON POLICY rate_limits_reader_tenant ON zeroth.rate_limits IS 'zeroth_reader sees the keys named by a scope of the tenant in the setting zeroth.tenant_id (none when unset).';
 
 --
--- Name: run_attempts; Type: ROW SECURITY; Schema: zeroth; Owner: zeroth_owner
+-- Name: run_attempt_log; Type: ROW SECURITY; Schema: zeroth; Owner: zeroth_owner
 --
-ALTER TABLE zeroth.run_attempts ENABLE ROW LEVEL SECURITY;
+ALTER TABLE zeroth.run_attempt_log ENABLE ROW LEVEL SECURITY;
 
 --
--- Name: run_attempts run_attempts_reader_tenant; Type: POLICY; Schema: zeroth; Owner: zeroth_owner
+-- Name: run_attempt_log run_attempts_reader_tenant; Type: POLICY; Schema: zeroth; Owner: zeroth_owner
 --
-CREATE POLICY run_attempts_reader_tenant ON zeroth.run_attempts FOR SELECT TO zeroth_reader USING ((tenant_id = current_setting('zeroth.tenant_id'::text, true)));
+CREATE POLICY run_attempts_reader_tenant ON zeroth.run_attempt_log FOR SELECT TO zeroth_reader USING ((tenant_id = current_setting('zeroth.tenant_id'::text, true)));
 
 --
--- Name: POLICY run_attempts_reader_tenant ON run_attempts; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+-- Name: POLICY run_attempts_reader_tenant ON run_attempt_log; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
-COMMENT ON POLICY run_attempts_reader_tenant ON zeroth.run_attempts IS 'zeroth_reader sees the attempts of the tenant named in the setting zeroth.tenant_id (none when unset).';
+COMMENT ON POLICY run_attempts_reader_tenant ON zeroth.run_attempt_log IS 'zeroth_reader sees the attempts of the tenant named in the setting zeroth.tenant_id (none when unset).';
 
 --
 -- Name: run_events; Type: ROW SECURITY; Schema: zeroth; Owner: zeroth_owner
@@ -1921,9 +1933,9 @@ GRANT SELECT ON TABLE zeroth.runs TO zeroth_reader;
 GRANT SELECT ON TABLE zeroth.scope_limits TO zeroth_reader;
 
 --
--- Name: TABLE run_attempts; Type: ACL; Schema: zeroth; Owner: zeroth_owner
+-- Name: TABLE run_attempt_log; Type: ACL; Schema: zeroth; Owner: zeroth_owner
 --
-GRANT SELECT ON TABLE zeroth.run_attempts TO zeroth_reader;
+GRANT SELECT ON TABLE zeroth.run_attempt_log TO zeroth_reader;
 
 --
 -- Name: TABLE code_version_changes; Type: ACL; Schema: zeroth; Owner: zeroth_owner

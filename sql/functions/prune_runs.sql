@@ -2,8 +2,9 @@
 -- One batch of at most batch_size runs per call (one short transaction); the caller loops until 0.
 -- Scope: tenant_id NULL = every tenant (a DBA function); a tenant names exactly (tenant, workspace),
 -- NULL workspace being the null workspace. Dead letters are failed runs and go too. Checkpoints go
--- by ON DELETE CASCADE, a parent's child_waits rows and the attempt history (zeroth.run_attempts)
--- in the same statement; the thread_locks rows of threads left without a run go too, and up to
+-- by ON DELETE CASCADE, a parent's child_waits rows and the attempt history
+-- (zeroth.run_attempt_log; an attempt kept in the runs row goes with the row) in the same
+-- statement; the thread_locks rows of threads left without a run go too, and up to
 -- batch_size zeroth.events rows older than the cutoff that no run waits on, and, called for every
 -- tenant, up to batch_size zeroth.deployment_changes rows older than the cutoff, each deployment's
 -- latest change kept (issue 31), and up to min(batch_size, 100) zeroth.code_versions first seen
@@ -97,7 +98,7 @@ BEGIN
     -- The attempt history has no foreign key (a key would tax every claim): it goes in this
     -- statement, so a run and its history are deleted together.
     , history AS (
-        DELETE FROM zeroth.run_attempts a
+        DELETE FROM zeroth.run_attempt_log a
          USING deleted x
          WHERE a.tenant_id = x.tenant_id
            AND a.workspace_key = x.workspace_key

@@ -81,3 +81,21 @@ CREATE OR REPLACE TRIGGER runs_attempt_history
                OR OLD.attempt_recorded_generation IS NOT DISTINCT FROM OLD.lease_generation))
     EXECUTE FUNCTION zeroth._record_attempt();
 DROP TRIGGER IF EXISTS runs_attempt_history_insert ON zeroth.runs;
+
+-- The attempt kept in a completed run's row (zeroth._log_kept_attempt,
+-- sql/functions/internal/attempts.sql): before an UPDATE that changes a value zeroth.run_attempts
+-- derives it from (status, attempts, started_at, finished_at, lease_generation), it is moved into
+-- zeroth.run_attempt_log (an UPDATE of completed_worker_id itself is a DBA editing the kept
+-- attempt: left alone). The hot path never updates a completed run, and the
+-- WHEN is false for every row that keeps nothing, so no claim, renewal or completion calls it.
+CREATE OR REPLACE TRIGGER runs_kept_attempt_to_log
+    BEFORE UPDATE ON zeroth.runs
+    FOR EACH ROW
+    WHEN (OLD.completed_worker_id IS NOT NULL
+          AND NEW.completed_worker_id IS NOT DISTINCT FROM OLD.completed_worker_id
+          AND (NEW.status IS DISTINCT FROM OLD.status
+               OR NEW.attempts IS DISTINCT FROM OLD.attempts
+               OR NEW.started_at IS DISTINCT FROM OLD.started_at
+               OR NEW.finished_at IS DISTINCT FROM OLD.finished_at
+               OR NEW.lease_generation IS DISTINCT FROM OLD.lease_generation))
+    EXECUTE FUNCTION zeroth._log_kept_attempt();

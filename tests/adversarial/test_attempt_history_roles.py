@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import asyncpg
@@ -36,7 +37,22 @@ WRITES = (
     "'completed')",
     "UPDATE zeroth.run_attempts SET outcome = 'completed', ended_at = now() WHERE run_id = $1",
     "DELETE FROM zeroth.run_attempts WHERE run_id = $1",
+    # The stored log under the view (migration 0022) and the attempt kept in the runs row.
+    "INSERT INTO zeroth.run_attempt_log (tenant_id, workspace_key, run_id, attempt, "
+    "lease_generation, worker_id, ended_at, outcome) VALUES ('acme', '', $1, 9, 9, 'evil', "
+    "now(), 'completed')",
+    "UPDATE zeroth.run_attempt_log SET outcome = 'completed', ended_at = now() WHERE run_id = $1",
+    "DELETE FROM zeroth.run_attempt_log WHERE run_id = $1",
+    "UPDATE zeroth.runs SET completed_worker_id = 'evil' WHERE run_id = $1",
 )
+
+
+def refusal(statement: str) -> type[Exception]:
+    """How a write is refused: zeroth.run_attempts is a view of a UNION (migration 0022), which
+    no role can write (55000, before any privilege is checked); the tables by privilege."""
+    if re.search(r"zeroth\.run_attempts\b", statement):
+        return asyncpg.ObjectNotInPrerequisiteStateError
+    return asyncpg.InsufficientPrivilegeError
 
 
 async def held_run(admin: asyncpg.Connection, worker: asyncpg.Connection, *,
@@ -53,7 +69,7 @@ async def rows(admin: asyncpg.Connection, run_id: Any) -> list[tuple[Any, ...]]:
 
 
 class TestNoGrant:
-    @pytest.mark.parametrize("relation", ["run_attempts", "attempt_history"])
+    @pytest.mark.parametrize("relation", ["run_attempts", "run_attempt_log", "attempt_history"])
     async def test_reads_nothing(self, login, admin, relation):
         worker = await login("worker")
         await held_run(admin, worker)
@@ -68,11 +84,11 @@ class TestWorker:
         worker = await login("worker")
         run_id, _ = await held_run(admin, worker)
         before = await rows(admin, run_id)
-        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+        with pytest.raises(refusal(statement)):
             await worker.execute(statement, run_id)
         assert await rows(admin, run_id) == before
 
-    @pytest.mark.parametrize("relation", ["run_attempts", "attempt_history"])
+    @pytest.mark.parametrize("relation", ["run_attempts", "run_attempt_log", "attempt_history"])
     async def test_cannot_read_history(self, login, admin, relation):
         worker = await login("worker")
         await held_run(admin, worker)
@@ -143,6 +159,37 @@ class TestReader:
         seen = await reader.fetch("SELECT tenant_id, run_id FROM zeroth.attempt_history")
         assert [(r["tenant_id"], r["run_id"]) for r in seen] == [("acme", mine)]
 
+    @pytest.mark.parametrize("relation", ["run_attempts", "attempt_history"])
+    async def test_sees_a_first_claim_completion_of_its_tenant_only(self, login, admin,
+                                                                    relation):
+        # The attempt that completed a run at its first claim is kept in the runs row, not in
+        # zeroth.run_attempt_log (issue 30): readers still see it, through the runs row's
+        # policy, with the holder, the claim and the outcome; another tenant's reader does not.
+        worker = await login("worker")
+        mine, g1 = await held_run(admin, worker, tenant="acme")
+        theirs, g2 = await held_run(admin, worker, tenant="globex")
+        assert await worker.fetchval(COMPLETE, mine, "w1", g1, "acme") is True
+        assert await worker.fetchval(COMPLETE, theirs, "w1", g2, "globex") is True
+        assert await admin.fetchval(
+            "SELECT count(*) FROM zeroth.run_attempt_log WHERE run_id = ANY ($1::uuid[])",
+            [mine, theirs]) == 0
+        claimed = await admin.fetchval(
+            "SELECT completed_claimed_at FROM zeroth.runs WHERE run_id = $1", mine)
+        query = f"""SELECT tenant_id, run_id, attempt, lease_generation, worker_id, claimed_at,
+                           started_at IS NOT NULL AS started, ended_at, outcome, error
+                      FROM zeroth.{relation} ORDER BY tenant_id"""
+        reader = await login("reader")
+        assert await reader.fetch(query) == []
+        await reader.execute("SET zeroth.tenant_id = 'acme'")
+        finished = await admin.fetchval("SELECT finished_at FROM zeroth.runs WHERE run_id = $1",
+                                        mine)
+        assert [dict(r) for r in await reader.fetch(query)] == [
+            {"tenant_id": "acme", "run_id": mine, "attempt": 1, "lease_generation": 1,
+             "worker_id": "w1", "claimed_at": claimed, "started": True, "ended_at": finished,
+             "outcome": "completed", "error": None}]
+        await reader.execute("SET zeroth.tenant_id = 'globex'")
+        assert [r["run_id"] for r in await reader.fetch(query)] == [theirs]
+
     @pytest.mark.parametrize("statement", WRITES)
     async def test_cannot_write(self, login, admin, statement):
         worker = await login("worker")
@@ -150,6 +197,6 @@ class TestReader:
         before = await rows(admin, run_id)
         reader = await login("reader")
         await reader.execute("SET zeroth.tenant_id = 'acme'")
-        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+        with pytest.raises(refusal(statement)):
             await reader.execute(statement, run_id)
         assert await rows(admin, run_id) == before

@@ -182,7 +182,7 @@ class TestCompletionWriters:
                    if re.search(r"attempt_recorded_generation\s*=", r["source"])}
         assert marking == {"_settle"}
         (settle,) = [r["source"] for r in rows if r["name"] == "_settle"]
-        assert "INSERT INTO zeroth.run_attempts" in settle
+        assert "INSERT INTO zeroth.run_attempt_log" in settle
         assert re.search(r"SET\s+status\s*=\s*e\.to_status", settle)
         for r in rows:
             # The old session mark (zeroth.completion_records_attempt) is gone everywhere.

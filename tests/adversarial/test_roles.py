@@ -42,7 +42,8 @@ async def call_every_function(admin: asyncpg.Connection, session: asyncpg.Connec
 RELATIONS = ("runs", "checkpoints", "admission_slots", "notification_secret", "lock_stripes",
              "thread_locks", "code_version", "scope_limits", "schedules", "schedule_fires",
              "rate_limits", "rate_limit_starts", "run_steps", "events", "event_waits",
-             "child_runs", "child_waits", "run_attempts", "run_events", "alembic_version",
+             "child_runs", "child_waits", "run_attempts", "run_attempt_log", "run_events",
+             "alembic_version",
              "queue_depth", "dead_letters",
              "live_leases", "expired_leases", "table_health", "scope_overview", "run_list",
              "run_activity", "checkpoint_list", "step_list", "wait_list", "attempt_history",
@@ -109,7 +110,8 @@ class TestReader:
         assert await reader.fetchval("SELECT count(*) FROM zeroth.runs") == 1
         # Steps, event waits and events (0015: the dashboard's run page): its tenant's only.
         for relation in ("run_steps", "event_waits", "events", "step_list", "wait_list",
-                         "child_runs", "child_list", "run_events"):
+                         "child_runs", "child_list", "run_events", "run_attempts",
+                         "run_attempt_log", "attempt_history"):
             assert await reader.fetchval(
                 f"SELECT count(*) FROM zeroth.{relation} WHERE tenant_id <> 'acme'") == 0
 

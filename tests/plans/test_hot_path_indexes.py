@@ -17,8 +17,10 @@ claim) and a scan of the running runs, whatever the number of scopes.
   complete_runs: per run at most the entries each transition needs (enqueue: runs_pkey,
   runs_claim_pending_idx, runs_created_not_running_idx, runs_run_id_not_running_idx; claim:
   runs_pkey, runs_running_idx; completion: runs_pkey, runs_finished_idx,
-  runs_created_not_running_idx, runs_run_id_not_running_idx and the attempt's history row in
-  run_attempts_run_idx: 11; 13 before);
+  runs_created_not_running_idx, runs_run_id_not_running_idx: 10; 13 before issue 30, 11 before
+  migration 0022, when a completion at the run's first claim also inserted its attempt into
+  zeroth.run_attempts and its index run_attempts_run_idx — it is kept in the runs row now, and
+  the view zeroth.run_attempts still shows it);
 * the enqueue's heap records: a run with no idempotency key and no run_id of its own is inserted
   plainly (no speculative insertion, no HEAP_CONFIRM record: 48 bytes of WAL a run), by
   enqueue_run and enqueue_runs alike; a run with a key still goes through ON CONFLICT;
@@ -120,11 +122,16 @@ async def test_a_run_writes_only_the_index_entries_its_transitions_need(connect:
     # The claim makes the runs running: their pending entries stay for VACUUM, the new row
     # versions need the key and the running index only.
     assert dict(claim) == {"runs_pkey": n, "runs_running_idx": n}, report
+    # A completion at the first claim keeps its attempt in the runs row (migration 0022): no row
+    # of zeroth.run_attempt_log, no entry of its index; readers still see the attempt.
     assert dict(complete) == {"runs_pkey": n, "runs_finished_idx": n,
                               "runs_created_not_running_idx": n,
-                              "runs_run_id_not_running_idx": n,
-                              "run_attempts_run_idx": n}, report
-    assert sum((enqueue + claim + complete).values()) == 11 * n
+                              "runs_run_id_not_running_idx": n}, report
+    assert sum((enqueue + claim + complete).values()) == 10 * n
+    assert await admin.fetchval(
+        """SELECT count(*) FROM zeroth.run_attempts
+            WHERE run_id = ANY ($1::uuid[]) AND worker_id = 'w' AND outcome = 'completed'
+              AND lease_generation = 1 AND attempt = 1""", [c["run_id"] for c in claimed]) == n
 
 
 async def _heap_records(admin: asyncpg.Connection, start: str, end: str) -> Counter[str]:

@@ -139,6 +139,7 @@ class TestGrants:
                                     "zeroth.schedules", "zeroth.schedule_fires",
                                     "zeroth.rate_limits", "zeroth.run_steps",
                                     "zeroth.event_waits", "zeroth.events", "zeroth.run_attempts",
+                                    "zeroth.run_attempt_log",
                                     "zeroth.run_events",
                                     "zeroth.child_runs", "zeroth.deployments",
                                     "zeroth.deployment_changes", "zeroth.code_versions",

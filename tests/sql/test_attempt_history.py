@@ -316,10 +316,37 @@ class TestManualUpdates:
                 WHERE run_id = $1""", lease.run_id)
         assert outcomes(await history(conn, lease.run_id)) == [(1, 1, WORKER, "completed")]
 
+    async def test_dba_reopening_a_first_claim_completion_keeps_its_attempt(self, conn):
+        # A completion at the first claim keeps its attempt in the runs row (migration 0022),
+        # which the view derives from the row: a DBA reopening the run by hand must not rewrite
+        # that attempt. It moves to the log first (trigger runs_kept_attempt_to_log), unchanged,
+        # and a later attempt is recorded after it.
+        lease = await make_run(conn, "completed", now=at(0))
+        before = await history(conn, lease.run_id)
+        assert outcomes(before) == [(1, 1, WORKER, "completed")]
+        log = "SELECT count(*) FROM zeroth.run_attempt_log WHERE run_id = $1"
+        assert await conn.fetchval(log, lease.run_id) == 0
+        await conn.execute(
+            """UPDATE zeroth.runs SET status = 'pending', finished_at = NULL, started_at = NULL,
+                   attempts = 0, output = NULL WHERE run_id = $1""", lease.run_id)
+        assert await history(conn, lease.run_id) == before
+        assert await conn.fetchval(log, lease.run_id) == 1
+        assert await conn.fetchval(
+            """SELECT completed_worker_id IS NULL AND completed_claimed_at IS NULL
+                 FROM zeroth.runs WHERE run_id = $1""", lease.run_id)
+        [claimed] = await claim(conn, now=at(10), worker_id="w2")
+        second = Lease(lease.run_id, "w2", claimed["lease_generation"])
+        assert second.generation == 2
+        assert await fenced(conn, "start_run", second, at(11))
+        assert await fenced(conn, "complete_run", second, at(12), output={"ok": 2})
+        after = await history(conn, lease.run_id)
+        assert after[0] == before[0]
+        assert outcomes(after) == [(1, 1, WORKER, "completed"), (1, 2, "w2", "completed")]
+
     async def test_dba_update_after_the_history_was_deleted_records_the_end(self, conn):
-        # The ended row comes from the runs row alone: nothing in zeroth.run_attempts is needed.
+        # The ended row comes from the runs row alone: nothing in zeroth.run_attempt_log is needed.
         lease = await make_run(conn, "running", now=at(0))
-        await conn.execute("DELETE FROM zeroth.run_attempts WHERE run_id = $1", lease.run_id)
+        await conn.execute("DELETE FROM zeroth.run_attempt_log WHERE run_id = $1", lease.run_id)
         await conn.execute(
             """UPDATE zeroth.runs SET status = 'cancelled', finished_at = now(),
                    lease_worker_id = NULL, lease_acquired_at = NULL, lease_expires_at = NULL
@@ -346,10 +373,11 @@ class TestView:
 
     @pytest.mark.parametrize("outcome", ["bogus", ""])
     async def test_outcome_is_checked(self, conn, outcome):
-        lease = await make_run(conn, "completed", now=at(0))
+        # (a failure: a completion at the first claim is kept in the runs row, not in the log)
+        lease = await make_run(conn, "failed", now=at(0))
         with pytest.raises(asyncpg.CheckViolationError):
             async with conn.transaction():
                 await conn.execute(
-                    """UPDATE zeroth.run_attempts SET outcome = $2, ended_at = now()
+                    """UPDATE zeroth.run_attempt_log SET outcome = $2, ended_at = now()
                         WHERE run_id = $1""", lease.run_id, outcome)
-        assert outcomes(await history(conn, lease.run_id)) == [(1, 1, WORKER, "completed")]
+        assert outcomes(await history(conn, lease.run_id)) == [(1, 1, WORKER, "failed")]

@@ -43,7 +43,8 @@ _LEASES = f"""SELECT r.lease_worker_id AS worker_id, r.run_id, r.tenant_id, r.wo
      LIMIT {LEASES_SHOWN + 1}"""
 
 # The attempts of the runs finished in the last hour, per worker: when each was last seen ending
-# one, and how (runs_finished_idx, then run_attempts_run_idx per run).
+# one, and how (runs_finished_idx, then per run the view zeroth.run_attempts: run_attempts_run_idx
+# of its log and, for a completion at the first claim, the run's own row by runs_pkey).
 _RECENT = f"""SELECT a.worker_id, count(*) AS attempts, max(a.ended_at) AS last_seen,
            count(*) FILTER (WHERE a.outcome IN ('failed', 'dead_lettered')) AS failed,
            count(*) FILTER (WHERE a.outcome IN ('recovered', 'expired', 'lease_lost'))

@@ -1,4 +1,5 @@
--- sql/functions/internal/attempts.sql: the attempt history (zeroth.run_attempts) of the ends made
+-- sql/functions/internal/attempts.sql: the attempt history (zeroth.run_attempt_log, read through
+-- the view zeroth.run_attempts) of the ends made
 -- outside the settle path (admin functions, claims that end an old holder's attempt, a DBA's
 -- UPDATE), written by the trigger runs_attempt_history on zeroth.runs (sql/functions/triggers.sql),
 -- never by a caller. The settle path (zeroth._settle, internal/settle.sql) writes its own ends
@@ -74,7 +75,7 @@ BEGIN
         WHEN OLD.status = 'pending' AND NEW.status = 'pending' THEN 'released'
         ELSE 'lease_lost'
     END;
-    INSERT INTO zeroth.run_attempts (tenant_id, workspace_key, run_id, attempt, lease_generation,
+    INSERT INTO zeroth.run_attempt_log (tenant_id, workspace_key, run_id, attempt, lease_generation,
                                      worker_id, claimed_at, started_at, ended_at, outcome, error)
     VALUES (OLD.tenant_id, OLD.workspace_key, OLD.run_id,
             CASE WHEN OLD.status = 'running' THEN OLD.attempts ELSE OLD.attempts + 1 END,
@@ -87,6 +88,33 @@ BEGIN
     RETURN NULL;
 END
 $$;
-COMMENT ON FUNCTION zeroth._record_attempt() IS 'Internal trigger (runs_attempt_history): inserts the attempt of a run (a lease generation) that the update ends — clears its holder, bumps its generation or ends the run — into zeroth.run_attempts, one INSERT from the old runs row, outcome by the rules of its header. Claims and start_run write nothing: the open attempt is the runs row (zeroth.attempt_history). Never raises on a row it does not expect.';
+COMMENT ON FUNCTION zeroth._record_attempt() IS 'Internal trigger (runs_attempt_history): inserts the attempt of a run (a lease generation) that the update ends — clears its holder, bumps its generation or ends the run — into zeroth.run_attempt_log, one INSERT from the old runs row, outcome by the rules of its header. Claims and start_run write nothing: the open attempt is the runs row (zeroth.attempt_history). Never raises on a row it does not expect.';
 ALTER FUNCTION zeroth._record_attempt() OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._record_attempt() FROM PUBLIC;
+
+-- The attempt a completion at the first claim keeps in the runs row (zeroth._settle:
+-- completed_worker_id, completed_claimed_at; issue 30) is read by the view zeroth.run_attempts
+-- from that row's status, attempts, started_at and finished_at. No function changes a completed
+-- run (prune_runs deletes it), but a DBA's UPDATE may (reopening it by hand, fixing its times):
+-- before such an update changes what the view derives, this trigger function moves the attempt,
+-- as the view showed it, into zeroth.run_attempt_log and clears the two columns in the new row,
+-- so the history of generation 1 stays what it was whatever happens to the run after. Fires only
+-- through the trigger's WHEN (sql/functions/triggers.sql): never on the hot path, which does
+-- not update a completed run.
+CREATE OR REPLACE FUNCTION zeroth._log_kept_attempt() RETURNS trigger
+    -- Pinned: a trigger runs with the search_path of whoever updates the row (a DBA included).
+    LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    INSERT INTO zeroth.run_attempt_log (tenant_id, workspace_key, run_id, attempt, lease_generation,
+                                        worker_id, claimed_at, started_at, ended_at, outcome, error)
+    VALUES (OLD.tenant_id, OLD.workspace_key, OLD.run_id, OLD.attempts, 1,
+            OLD.completed_worker_id, OLD.completed_claimed_at,
+            greatest(OLD.started_at, OLD.completed_claimed_at), OLD.finished_at, 'completed', NULL);
+    NEW.completed_worker_id := NULL;
+    NEW.completed_claimed_at := NULL;
+    RETURN NEW;
+END
+$$;
+COMMENT ON FUNCTION zeroth._log_kept_attempt() IS 'Internal trigger (runs_kept_attempt_to_log): before an UPDATE changes what zeroth.run_attempts derives from a runs row that keeps the attempt of a completion at the first claim (a DBA reopening the run by hand), inserts that attempt as the view showed it into zeroth.run_attempt_log and clears completed_worker_id and completed_claimed_at in the new row.';
+ALTER FUNCTION zeroth._log_kept_attempt() OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._log_kept_attempt() FROM PUBLIC;

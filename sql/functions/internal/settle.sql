@@ -104,7 +104,11 @@ REVOKE ALL ON FUNCTION zeroth._lock_settle(text, text, text, uuid[], bigint[]) F
 -- a row changed between the lock and the settle (a DBA's UPDATE in the same transaction) is
 -- refused, never half-written. In the same statement: the lease cleared (expired in place for
 -- `expired`), the slots freed, and the ended attempt of every outcome but `expired` (which ends
--- none, and of a run that had no holder) written to zeroth.run_attempts, with the row marked (attempt_recorded_generation) so the
+-- none, and of a run that had no holder) written to zeroth.run_attempt_log — but for a completion
+-- at the run's first claim (lease generation 1), whose holder and claim time stay in the runs row
+-- instead (completed_worker_id, completed_claimed_at; the view zeroth.run_attempts shows that
+-- attempt from there: issue 30, one heap row and one index entry fewer a run) — with the row
+-- marked (attempt_recorded_generation) so the
 -- trigger runs_attempt_history leaves it alone (a row that already carried that mark — a DBA
 -- reopened a recorded generation by hand — is left to the trigger instead: one row either way). Then zeroth_wakeup once per deployment that had a
 -- slot freed, a run due now, or a lease given back (release, expire, hand_back, take_over,
@@ -158,7 +162,7 @@ BEGIN
                r.attempt_recorded_generation AS old_mark,
                r.lease_worker_id, r.lease_expires_at, r.resumable, r.cancel_action,
                -- issue 34 item 2: a timeout at the run's deadline ends the run
-               r.run_deadline_at, r.attempt_deadline_at
+               r.run_deadline_at, r.attempt_deadline_at, r.completed_worker_id
           FROM zeroth.runs r
          WHERE r.ctid = ANY (_settle.run_rows)
            AND (r.tenant_id, r.workspace_key) IS NOT DISTINCT FROM
@@ -167,6 +171,13 @@ BEGIN
         SELECT q.ord, q.run_id, q.generation, q.kind, q.payload, q.run_after, q.reason,
                h.status AS from_status, h.attempts, h.lease_acquired_at, h.started_at, h.old_mark,
                h.lease_expires_at AS old_expires,
+               -- The attempt kept in the runs row, not in run_attempt_log (issue 30): a
+               -- completion at the first claim, unless a DBA reopened that generation by hand
+               -- (the trigger records it then) or the row already keeps one (a DBA reopened the
+               -- run by hand: this end goes to the log).
+               (q.kind = 'complete' AND h.status = 'running' AND q.generation = 1
+                AND h.old_mark IS DISTINCT FROM q.generation
+                AND h.completed_worker_id IS NULL) AS in_row,
                CASE q.kind
                    -- issue 34 item 2: an attempt timeout retries as retry does, unless the run's
                    -- own deadline has passed too, or is the one the holder stopped at (it comes
@@ -351,6 +362,8 @@ BEGIN
                lease_expires_at = CASE WHEN e.outcome = 'expired'
                                        THEN least(r.lease_expires_at, _settle.at - interval '1 microsecond') END,
                admission_slot = NULL,
+               completed_worker_id = CASE WHEN e.in_row THEN r.lease_worker_id ELSE r.completed_worker_id END,
+               completed_claimed_at = CASE WHEN e.in_row THEN r.lease_acquired_at ELSE r.completed_claimed_at END,
                recovery_checkpoint_id = CASE WHEN e.kind = 'expire' THEN r.recovery_checkpoint_id END,
                -- (no attempt ended: a lease expired in place, or a run with no holder revoked)
                attempt_recorded_generation = CASE WHEN e.outcome = 'expired' OR r.lease_worker_id IS NULL
@@ -374,14 +387,14 @@ BEGIN
                          AND r.run_deadline_at <= _settle.at
                     ELSE r.lease_worker_id = _settle.worker_id AND r.lease_expires_at >= _settle.at END
         RETURNING e.ord, e.run_id, e.generation, e.kind, e.outcome, e.from_status, e.attempts AS old_attempts,
-                  e.lease_acquired_at AS old_acquired, e.started_at AS old_started, e.old_mark, e.old_expires,
+                  e.lease_acquired_at AS old_acquired, e.started_at AS old_started, e.old_mark, e.old_expires, e.in_row,
                   r.tenant_id, r.workspace_key, r.status AS new_status, r.run_after, r.checkpoint_seq,
                   r.error, r.wait_reason, r.deployment_ref, r.workspace_id, r.dead_lettered_at
     ), recorded AS (
         -- The ended attempts (zeroth._record_attempt's rules for the same ends): its number is
         -- runs.attempts when running (else the one a start would have counted), it started at the
         -- later of its start and its claim.
-        INSERT INTO zeroth.run_attempts (tenant_id, workspace_key, run_id, attempt, lease_generation,
+        INSERT INTO zeroth.run_attempt_log (tenant_id, workspace_key, run_id, attempt, lease_generation,
                                          worker_id, claimed_at, started_at, ended_at, outcome, error)
         SELECT s.tenant_id, s.workspace_key, s.run_id,
                CASE WHEN s.from_status = 'running' THEN s.old_attempts ELSE s.old_attempts + 1 END,
@@ -414,6 +427,8 @@ BEGIN
            -- A generation already marked recorded (a DBA reopened it by hand): the trigger
            -- records this end (its WHEN sees the mark was not set by this update).
            AND s.old_mark IS DISTINCT FROM s.generation
+           -- (kept in the runs row)
+           AND NOT s.in_row
     ), freed AS (
         UPDATE zeroth.admission_slots sl
            SET run_id = NULL, lease_generation = NULL
