@@ -296,7 +296,7 @@ def migrated_or_throwaway(dsn: str | None) -> Iterator[str]:
     from zeroth_pg._server import _start_embedded
 
     with contextlib.ExitStack() as stack:
-        started, _ = _start_embedded(stack)
+        started, _ = _start_embedded(stack, in_memory=False)  # on disk: the durable profile
         migrate.upgrade(started)
         yield started
 
