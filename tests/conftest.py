@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import sys
+import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -34,6 +38,60 @@ _TESTS = Path(__file__).resolve().parent
 FAST_TIERS = ("sql", "client", "worker")
 
 
+# ---------------------------------------------------------------------------------------------
+# Bytecode is cached even where PYTHONDONTWRITEBYTECODE is set (as in CI): pytest rewrites the
+# asserts of every test module in every xdist worker (about 6 s of CPU per process for this
+# suite), and every subprocess a test starts (the CLI, worker processes) compiled the package
+# again. The files go where Python puts them (__pycache__, ignored by git; or the user's
+# PYTHONPYCACHEPREFIX), for this process and the ones it starts, and the xdist controller rewrites
+# the test modules once while its workers boot. ZEROTH_PG_TEST_BYTECODE=0 keeps the variable.
+if sys.dont_write_bytecode and os.environ.get("ZEROTH_PG_TEST_BYTECODE", "1") != "0":
+    sys.dont_write_bytecode = False
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
+
+def _rewrite_test_modules(config: pytest.Config) -> None:
+    """Write pytest's rewritten bytecode of every test module (what a worker's collection would
+    otherwise redo, in each worker). Best effort: pytest's own cache layout, private helpers."""
+    try:
+        from _pytest.assertion.rewrite import (
+            PYC_TAIL,
+            _read_pyc,
+            _rewrite_test,
+            _write_pyc,
+            assertstate_key,
+            get_cache_dir,
+        )
+
+        state = config.stash[assertstate_key]
+        roots = [Path(str(arg).split("::")[0]).resolve() for arg in config.args] or [_TESTS]
+        fast_only = _selects_only_fast(config)
+        for path in sorted(_TESTS.rglob("*.py")):
+            if not (path.name.startswith("test_") or path.name == "conftest.py"):
+                continue
+            if path.name != "conftest.py" and (
+                    not any(root == path or root in path.parents for root in roots)
+                    or (fast_only and path.relative_to(_TESTS).parts[0] not in FAST_TIERS)):
+                continue  # not collected by this run
+            cache = get_cache_dir(path)
+            pyc = cache / (path.name[:-3] + PYC_TAIL)
+            if _read_pyc(path, pyc, state.trace) is not None:
+                continue
+            cache.mkdir(parents=True, exist_ok=True)
+            source_hash, code = _rewrite_test(path, config)
+            _write_pyc(state, code, source_hash, pyc)  # atomic: a temporary file, renamed
+    except Exception:  # the workers rewrite for themselves, as without this
+        return
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if (not hasattr(config, "workerinput") and getattr(config.option, "dist", "no") != "no"
+            and getattr(config.option, "assertmode", "rewrite") == "rewrite"
+            and not sys.dont_write_bytecode):
+        threading.Thread(target=_rewrite_test_modules, args=(config,), daemon=True,
+                         name="zeroth-pg-rewrite").start()
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config: pytest.Config) -> None:
     option = config.option
@@ -60,6 +118,29 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
                               else os.cpu_count() or 1)
 
 
+def _selects_only_fast(config: pytest.Config) -> bool:
+    """True when ``-m`` can select nothing outside the fast tier: ``-m fast`` or
+    ``-m "fast and ..."``."""
+    expression = " ".join(str(getattr(config.option, "markexpr", "") or "").split())
+    return expression == "fast" or expression.startswith("fast and ")
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Under ``-m fast`` the modules outside the fast tier are not even imported: every xdist
+    worker would collect all of them (seconds of CPU each) only for ``-m`` to deselect them."""
+    if not _selects_only_fast(config):
+        return None
+    try:
+        relative = collection_path.resolve().relative_to(_TESTS)
+    except ValueError:  # not under tests/
+        return None
+    if not relative.parts:
+        return None
+    if len(relative.parts) == 1 and collection_path.is_file():
+        return True if collection_path.name.startswith("test_") else None  # tests/test_*.py
+    return True if relative.parts[0] not in FAST_TIERS else None
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m selects
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
@@ -78,6 +159,61 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if hasattr(config, "workerinput"):
         # Under xdist the slow tests go first, so that none starts last and runs alone.
         items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+# ---------------------------------------------------------------------------------------------
+# Where a parallel run's time goes: ZEROTH_PG_TEST_TIMELINE=<file> appends one JSON line per test
+# (xdist worker, node id, start and end on the wall clock, the worker process's CPU seconds), and
+# the run ends with each worker's busy time and finish and the longest tests, so the long pole of
+# a whole run (one worker still busy when the others are done) is seen, not guessed. .ci/run
+# sets it.
+TIMELINE_ENV = "ZEROTH_PG_TEST_TIMELINE"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    path = os.environ.get(TIMELINE_ENV)
+    if not path:
+        yield
+        return
+    start, cpu = time.time(), time.process_time()
+    yield
+    line = json.dumps({"worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+                       "test": item.nodeid, "start": round(start, 3),
+                       "end": round(time.time(), 3),
+                       "cpu": round(time.process_time() - cpu, 3)})
+    with open(path, "a", encoding="utf-8") as timeline:  # one short line: an atomic append
+        timeline.write(line + "\n")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    path = os.environ.get(TIMELINE_ENV)
+    if path and not hasattr(session.config, "workerinput"):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text("", encoding="utf-8")  # this run's lines only
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    path = os.environ.get(TIMELINE_ENV)
+    if not path or hasattr(config, "workerinput") or not Path(path).is_file():
+        return
+    rows = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines()
+            if line.strip()]
+    if not rows:
+        return
+    origin = min(row["start"] for row in rows)
+    write = terminalreporter.write_line
+    terminalreporter.section(f"timeline ({path})")
+    for worker in sorted({row["worker"] for row in rows}):
+        mine = [row for row in rows if row["worker"] == worker]
+        busy = sum(row["end"] - row["start"] for row in mine)
+        cpu = sum(row["cpu"] for row in mine)
+        last = max(row["end"] for row in mine) - origin
+        write(f"{worker}: {len(mine)} tests, busy {busy:.0f} s (its own CPU {cpu:.0f} s), "
+              f"last test ended at {last:.0f} s")
+    for row in sorted(rows, key=lambda r: r["start"] - r["end"])[:15]:
+        write(f"{row['end'] - row['start']:7.1f} s  {row['worker']}  "
+              f"[{row['start'] - origin:.0f}-{row['end'] - origin:.0f} s]  {row['test']}")
 
 
 @pytest.fixture
