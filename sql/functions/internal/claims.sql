@@ -408,9 +408,11 @@ REVOKE ALL ON FUNCTION zeroth._end_past_run_deadline(text, text, uuid, timestamp
 -- zeroth._end_past_run_deadline in a subtransaction of its own, for the claims and the sweep: an
 -- end that raises is rolled back alone and the run left as it was (pending or waiting), with a
 -- WARNING naming it, never failing the caller nor stopping the others; the next claim or sweep
--- meets it again. A passing condition (zeroth._transient_sqlstate: a serialization failure, a
--- deadlock, a lock timeout…) is raised again: it says something about this moment, and the
--- caller's next pass retries. Returns whether it ended the run.
+-- meets it again; so is one that gave up waiting for a lock (55P03, zeroth._lock_timed_out: a row
+-- someone holds in an open transaction must not fail every sweep). Any other passing condition
+-- (zeroth._transient_sqlstate: a serialization failure, a deadlock…) is raised again: it says
+-- something about this moment, and the caller's next pass retries. Returns whether it ended the
+-- run.
 CREATE OR REPLACE FUNCTION zeroth._end_past_run_deadline_isolated(tenant_id text, workspace_key text,
                                                                   run_id uuid, at timestamptz)
     RETURNS boolean
@@ -425,7 +427,13 @@ BEGIN
                                          _end_past_run_deadline_isolated.at);
 EXCEPTION WHEN OTHERS THEN
     GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_msg = MESSAGE_TEXT;
-    IF zeroth._transient_sqlstate(v_state) THEN
+    -- Gave up waiting for a lock (the caller's lock_timeout: a row someone holds in a transaction
+    -- left open): says nothing about this run nor the others, so neither fails the caller.
+    IF zeroth._lock_timed_out(v_state) THEN
+        RAISE WARNING 'zeroth: the end of run % past its run deadline waited too long for a lock (%); it is left as it was and tried again by the next claim or sweep',
+            _end_past_run_deadline_isolated.run_id, left(v_msg, 500);
+        RETURN false;
+    ELSIF zeroth._transient_sqlstate(v_state) THEN
         RAISE;
     END IF;
     RAISE WARNING 'zeroth: the end of run % past its run deadline raised % (%); it is left as it was and tried again by the next claim or sweep',
@@ -433,7 +441,7 @@ EXCEPTION WHEN OTHERS THEN
     RETURN false;
 END
 $$;
-COMMENT ON FUNCTION zeroth._end_past_run_deadline_isolated(text, text, uuid, timestamptz) IS 'Internal: zeroth._end_past_run_deadline in a subtransaction of its own: an end that raises is rolled back alone, the run left as it was with a WARNING (a passing condition is raised again). True when it ended the run.';
+COMMENT ON FUNCTION zeroth._end_past_run_deadline_isolated(text, text, uuid, timestamptz) IS 'Internal: zeroth._end_past_run_deadline in a subtransaction of its own: an end that raises is rolled back alone, the run left as it was with a WARNING, as when it gave up waiting for a lock (55P03); any other passing condition is raised again. True when it ended the run.';
 ALTER FUNCTION zeroth._end_past_run_deadline_isolated(text, text, uuid, timestamptz) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._end_past_run_deadline_isolated(text, text, uuid, timestamptz) FROM PUBLIC;
 
