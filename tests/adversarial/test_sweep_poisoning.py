@@ -320,3 +320,44 @@ async def test_a_worker_holding_a_row_open_stalls_no_run_deadline_sweep(login, a
     assert await (await login("worker")).fetchval(
         "SELECT zeroth.wake_due_waits(deployment_refs => ARRAY['d'])") == 1
     assert await status(admin, child) == "failed"
+
+
+async def test_a_worker_holding_a_row_open_stalls_no_claim_meeting_a_run_past_its_deadline(
+        login, admin):
+    """A claim ends the pending runs past their run deadline it meets (through the settle path,
+    whose child-run trigger takes the child's child_runs row FOR UPDATE). The attacker's child, as
+    above, held by its parent's wait_for_children in a transaction left open: a claim of its scope
+    (claim_and_start runs under no lock_timeout of its own, nor does a RunWorker's session set one)
+    waited for the row as long as the transaction stayed open, and claimed nothing. The end now
+    waits at most 2 s for a lock; then the run is left for the next claim (WARNING) and the claim
+    goes on."""
+    attacker = await login("worker")
+    parent = await attacker.fetchval(ENQUEUE, "evil", 1)
+    (claimed,) = await attacker.fetch(CLAIM, "attacker", "evil", 60)
+    assert claimed["run_id"] == parent
+    child = await attacker.fetchval(
+        """SELECT child_run_id FROM zeroth.start_child_run(run_id => $1, worker_id => 'attacker',
+               generation => $2, step_key => 'c', deployment_ref => 'd', max_attempts => 1,
+               tenant_id => 'evil')""", parent, claimed["lease_generation"])
+    innocent = await (await login("worker")).fetchval(ENQUEUE, "evil", 1)
+    await admin.execute("UPDATE zeroth.runs SET run_deadline_at = now() - interval '1 minute' "
+                        "WHERE run_id = $1", child)
+    hold = attacker.transaction()
+    await hold.start()
+    try:
+        (waited,) = await attacker.fetch(
+            """SELECT outcome FROM zeroth.wait_for_children(run_id => $1, worker_id => 'attacker',
+                   generation => $2, step_key => 'w', child_run_ids => ARRAY[$3]::uuid[],
+                   tenant_id => 'evil')""", parent, claimed["lease_generation"], child)
+        assert waited["outcome"] == "waiting"
+
+        rescuer = await login("worker")
+        await rescuer.execute("SET statement_timeout = '30s'")  # a stall fails, never hangs
+        rows = await rescuer.fetch(CLAIM, "rescuer", "evil", 60)
+
+        assert [r["run_id"] for r in rows] == [innocent]
+        assert await status(admin, child) == "pending"  # left as it was, for the next claim
+        # the bound was the end's only: the caller's session is as it was
+        assert await rescuer.fetchval("SHOW lock_timeout") == "0"
+    finally:
+        await hold.rollback()
