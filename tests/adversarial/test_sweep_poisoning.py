@@ -353,11 +353,12 @@ async def test_a_worker_holding_a_row_open_stalls_no_claim_meeting_a_run_past_it
 
         rescuer = await login("worker")
         await rescuer.execute("SET statement_timeout = '30s'")  # a stall fails, never hangs
-        rows = await rescuer.fetch(CLAIM, "rescuer", "evil", 60)
+        async with rescuer.transaction():
+            rows = await rescuer.fetch(CLAIM, "rescuer", "evil", 60)
+            # the bound was the end's only: the caller's transaction is as it was
+            assert await rescuer.fetchval("SHOW lock_timeout") == "0"
 
         assert [r["run_id"] for r in rows] == [innocent]
         assert await status(admin, child) == "pending"  # left as it was, for the next claim
-        # the bound was the end's only: the caller's session is as it was
-        assert await rescuer.fetchval("SHOW lock_timeout") == "0"
     finally:
         await hold.rollback()
