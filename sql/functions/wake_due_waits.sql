@@ -8,15 +8,21 @@
 -- timeout); then parents still waiting for children whose wait was met while their row was locked
 -- (the wake-up a child's end had to skip, marked in child_waits.met_at: internal/children.sql).
 -- Across every scope of the deployments (NULL: every deployment), like claim_orphaned_scopes.
--- Locks: the run rows FOR UPDATE SKIP LOCKED (never waits), at most batch_size ended and woken a
--- call. Returns the number ended and woken (loop until below batch_size). Raises ZP008. Notifies
+-- Locks: the run rows FOR UPDATE SKIP LOCKED, at most batch_size ended and woken a call; runs
+-- under lock_timeout 2 s: a run whose end waits longer for a lock (a row someone holds in an open
+-- transaction) is left as it was, with a WARNING, for the next pass, and the others are ended. Returns the number ended and woken (loop until below batch_size). Raises ZP008. Notifies
 -- zeroth_wakeup per woken scope (and for a slot an end freed); an ended run's END reaches its
 -- stream's subscribers through the settle path. Time: clock_timestamp().
 CREATE OR REPLACE FUNCTION zeroth.wake_due_waits(
     deployment_refs text[]  DEFAULT NULL,
     batch_size      integer DEFAULT 100)
     RETURNS integer
-    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+    -- A run deadline's end goes through the settle path and its triggers, which may wait for a row
+    -- (a child's child_runs row its parent's wait_for_children holds in a transaction left open):
+    -- at most 2 s, then that run is left for the next pass (zeroth._end_past_run_deadline_isolated)
+    -- and the others are ended, as the orphan sweeps do.
+    SET lock_timeout = '2s' AS $$
 DECLARE
     v_now   timestamptz := zeroth._now();
     v_run   record;
@@ -110,7 +116,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION zeroth.wake_due_waits(text[], integer) IS
-'wake_due_waits: the sweep of runs nobody holds. First the pending (due or not: sleeping, in backoff) and waiting (paused, or waiting for an event or its children) runs with no live lease past their run deadline → failed, stop_reason run_timeout (issue 34; through the settle path, each alone: one whose end raises is left as it was with a WARNING); then runs waiting on an event past their wait''s deadline → pending, due now (the replayed wait_for_event records timed_out), then parents waiting for children whose wait was met while their row was locked (wait_for_children; the wake-up a child''s end skipped, marked in child_waits.met_at), in every scope of the deployments (NULL: all); run rows FOR UPDATE SKIP LOCKED, at most batch_size (1-1000) ended and woken. Returns the number ended and woken. Raises ZP008. Notifies zeroth_wakeup per woken scope (and for a slot an end freed). Time: clock_timestamp().';
+'wake_due_waits: the sweep of runs nobody holds. First the pending (due or not: sleeping, in backoff) and waiting (paused, or waiting for an event or its children) runs with no live lease past their run deadline → failed, stop_reason run_timeout (issue 34; through the settle path, each alone: one whose end raises is left as it was with a WARNING); then runs waiting on an event past their wait''s deadline → pending, due now (the replayed wait_for_event records timed_out), then parents waiting for children whose wait was met while their row was locked (wait_for_children; the wake-up a child''s end skipped, marked in child_waits.met_at), in every scope of the deployments (NULL: all); run rows FOR UPDATE SKIP LOCKED, at most batch_size (1-1000) ended and woken. Runs under lock_timeout 2 s: a run whose end waits longer for a lock (a row someone holds in an open transaction) is left as it was, with a WARNING, for the next pass, and the others are ended. Returns the number ended and woken. Raises ZP008. Notifies zeroth_wakeup per woken scope (and for a slot an end freed). Time: clock_timestamp().';
 ALTER FUNCTION zeroth.wake_due_waits(text[], integer) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.wake_due_waits(text[], integer) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.wake_due_waits(text[], integer) TO zeroth_worker;

@@ -267,3 +267,98 @@ async def test_a_dba_cannot_insert_a_run_whose_scope_names_no_function_accepts(a
                 VALUES (gen_random_uuid(), {names['tenant_id']}, {names['workspace_id']},
                         {names['deployment_ref']}, 'pending', now(), now(), now())""")
     assert await admin.fetchval("SELECT count(*) FROM zeroth.runs") == 0
+
+
+async def test_a_worker_holding_a_row_open_stalls_no_run_deadline_sweep(login, admin):
+    """wake_due_waits (every RunWorker's sweep, every scope) ends the runs nobody holds past their
+    run deadline, each through the settle path. A zeroth_worker member entered its own parent's
+    wait_for_children in a transaction it left open (its pending child's child_runs row held FOR
+    SHARE) and the child passed its run deadline: the sweep's end of that child waited for the row
+    as long as the transaction stayed open (the function ran under no lock_timeout), or raised
+    55P03 under the caller's, failing the whole sweep — every other scope's deadline ends and event
+    wake-ups with it. Under lock_timeout 2 s, a run whose end timed out on a lock is left for the
+    next pass (WARNING) and the others are ended."""
+    attacker = await login("worker")
+    parent = await attacker.fetchval(ENQUEUE, "evil", 1)
+    (claimed,) = await attacker.fetch(CLAIM, "attacker", "evil", 60)
+    assert claimed["run_id"] == parent
+    child = await attacker.fetchval(
+        """SELECT child_run_id FROM zeroth.start_child_run(run_id => $1, worker_id => 'attacker',
+               generation => $2, step_key => 'c', deployment_ref => 'd', max_attempts => 1,
+               tenant_id => 'evil')""", parent, claimed["lease_generation"])
+    innocent = await (await login("worker")).fetchval(ENQUEUE, TENANT, 1)
+    # Both past their run deadline (a DBA's UPDATE: no wall-clock wait), the child's the older,
+    # so the sweep meets it first.
+    await admin.execute("UPDATE zeroth.runs SET run_deadline_at = now() - interval '2 minutes' "
+                        "WHERE run_id = $1", child)
+    await admin.execute("UPDATE zeroth.runs SET run_deadline_at = now() - interval '1 minute' "
+                        "WHERE run_id = $1", innocent)
+    hold = attacker.transaction()
+    await hold.start()
+    try:
+        (waited,) = await attacker.fetch(
+            """SELECT outcome FROM zeroth.wait_for_children(run_id => $1, worker_id => 'attacker',
+                   generation => $2, step_key => 'w', child_run_ids => ARRAY[$3]::uuid[],
+                   tenant_id => 'evil')""", parent, claimed["lease_generation"], child)
+        assert waited["outcome"] == "waiting"
+
+        rescuer = await login("worker")
+        # a stall fails, never hangs; a caller's own lock_timeout is no excuse to fail the pass
+        await rescuer.execute("SET statement_timeout = '60s'; SET lock_timeout = '3s'")
+        warnings: list[str] = []
+        rescuer.add_log_listener(lambda _c, message: warnings.append(message.message))
+
+        assert await rescuer.fetchval(
+            "SELECT zeroth.wake_due_waits(deployment_refs => ARRAY['d'])") == 1
+
+        assert await status(admin, innocent) == "failed"
+        assert await status(admin, child) == "pending"  # left as it was, for the next pass
+        assert any(str(child) in w for w in warnings)
+    finally:
+        await hold.rollback()
+    # The row let go, the next pass ends it.
+    assert await (await login("worker")).fetchval(
+        "SELECT zeroth.wake_due_waits(deployment_refs => ARRAY['d'])") == 1
+    assert await status(admin, child) == "failed"
+
+
+async def test_a_worker_holding_a_row_open_stalls_no_claim_meeting_a_run_past_its_deadline(
+        login, admin):
+    """A claim ends the pending runs past their run deadline it meets (through the settle path,
+    whose child-run trigger takes the child's child_runs row FOR UPDATE). The attacker's child, as
+    above, held by its parent's wait_for_children in a transaction left open: a claim of its scope
+    (claim_and_start runs under no lock_timeout of its own, nor does a RunWorker's session set one)
+    waited for the row as long as the transaction stayed open, and claimed nothing. The end now
+    waits at most 2 s for a lock; then the run is left for the next claim (WARNING) and the claim
+    goes on."""
+    attacker = await login("worker")
+    parent = await attacker.fetchval(ENQUEUE, "evil", 1)
+    (claimed,) = await attacker.fetch(CLAIM, "attacker", "evil", 60)
+    assert claimed["run_id"] == parent
+    child = await attacker.fetchval(
+        """SELECT child_run_id FROM zeroth.start_child_run(run_id => $1, worker_id => 'attacker',
+               generation => $2, step_key => 'c', deployment_ref => 'd', max_attempts => 1,
+               tenant_id => 'evil')""", parent, claimed["lease_generation"])
+    innocent = await (await login("worker")).fetchval(ENQUEUE, "evil", 1)
+    await admin.execute("UPDATE zeroth.runs SET run_deadline_at = now() - interval '1 minute' "
+                        "WHERE run_id = $1", child)
+    hold = attacker.transaction()
+    await hold.start()
+    try:
+        (waited,) = await attacker.fetch(
+            """SELECT outcome FROM zeroth.wait_for_children(run_id => $1, worker_id => 'attacker',
+                   generation => $2, step_key => 'w', child_run_ids => ARRAY[$3]::uuid[],
+                   tenant_id => 'evil')""", parent, claimed["lease_generation"], child)
+        assert waited["outcome"] == "waiting"
+
+        rescuer = await login("worker")
+        await rescuer.execute("SET statement_timeout = '30s'")  # a stall fails, never hangs
+        async with rescuer.transaction():
+            rows = await rescuer.fetch(CLAIM, "rescuer", "evil", 60)
+            # the bound was the end's only: the caller's transaction is as it was
+            assert await rescuer.fetchval("SHOW lock_timeout") == "0"
+
+        assert [r["run_id"] for r in rows] == [innocent]
+        assert await status(admin, child) == "pending"  # left as it was, for the next claim
+    finally:
+        await hold.rollback()

@@ -278,3 +278,18 @@ class TestGenericPlans:
                     "AND status = 'pending'", parents) == 2 * done
         finally:
             await conn.execute("RESET plan_cache_mode")
+
+
+class TestTheEndsLockBound:
+    async def test_a_claims_end_of_a_run_past_its_deadline_leaves_the_callers_lock_timeout(
+            self, conn):
+        # The end waits at most 2 s for a lock, set for that call only: a claim that ended a run
+        # past its run deadline leaves its caller's transaction with the lock_timeout it had.
+        await set_timeouts(conn, 10, 100)
+        late = await make_run(conn, "running")
+        await sweep(conn, 11)  # its attempt timed out: pending again, run deadline 100
+        async with conn.transaction():
+            await conn.execute("SET LOCAL lock_timeout = '7s'")
+            await claim_start(conn, 101)
+            assert await conn.fetchval("SHOW lock_timeout") == "7s"
+        assert (await run_row(conn, late.run_id))["status"] == "failed"

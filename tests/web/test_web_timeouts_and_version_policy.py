@@ -231,3 +231,43 @@ class TestEachFormIsGuarded:
             assert await _state(conn) == before
         finally:
             await conn.close()
+
+
+class TestTheDefaultsFormKeepsWhatItShows:
+    async def test_resubmitting_the_form_as_shown_changes_no_timeout_nor_retry_policy(
+            self, database_dsn):
+        # The form is pre-filled with the current values, so a DBA changing one field submits
+        # every other as shown. Shown with '%g' (6 significant digits), a run timeout of
+        # 2,000,001 s came back as 2e+06, an attempt timeout of 1.2345678 s as 1.23457: set anew,
+        # and audited, though nobody touched them.
+        conn = await asyncpg.connect(database_dsn)
+        try:
+            await conn.execute(
+                "SELECT zeroth.register_deployment(deployment_ref => 'mail', "
+                "attempt_timeout_seconds => 1.2345678, run_timeout_seconds => 2000001, "
+                "retry_base_seconds => 1.0000001, retry_max_seconds => 2592000, "
+                "lease_seconds => 30.1234567)")
+            before = tuple(await conn.fetchrow(
+                "SELECT attempt_timeout_seconds, run_timeout_seconds, retry_base_seconds, "
+                "retry_max_seconds, lease_seconds FROM zeroth.deployments "
+                "WHERE deployment_ref = 'mail'"))
+            with dashboard(create_app(database_dsn, enable_actions=True)) as client:
+                page = client.get(URL).text
+                form = page[page.index('id="deployment-defaults-form"'):]
+                form = form[:form.index("</form>")]
+                shown = dict(re.findall(r'<input name="([a-z_]+)"[^>]*? value="([^"]*)"', form))
+                assert {"run_timeout_seconds", "attempt_timeout_seconds", "retry_base_seconds",
+                        "retry_max_seconds", "lease_seconds"} <= set(shown)
+                shown["priority"] = "5"  # the one field the DBA changes
+                r = client.post("/actions/deployment-defaults",
+                                data={**SCOPE, **shown, "csrf": _csrf(page)},
+                                follow_redirects=False)
+                assert r.status_code == 303, r.text
+            assert await conn.fetchval(
+                "SELECT priority FROM zeroth.deployments WHERE deployment_ref = 'mail'") == 5
+            assert tuple(await conn.fetchrow(
+                "SELECT attempt_timeout_seconds, run_timeout_seconds, retry_base_seconds, "
+                "retry_max_seconds, lease_seconds FROM zeroth.deployments "
+                "WHERE deployment_ref = 'mail'")) == before
+        finally:
+            await conn.close()

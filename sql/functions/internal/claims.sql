@@ -408,24 +408,43 @@ REVOKE ALL ON FUNCTION zeroth._end_past_run_deadline(text, text, uuid, timestamp
 -- zeroth._end_past_run_deadline in a subtransaction of its own, for the claims and the sweep: an
 -- end that raises is rolled back alone and the run left as it was (pending or waiting), with a
 -- WARNING naming it, never failing the caller nor stopping the others; the next claim or sweep
--- meets it again. A passing condition (zeroth._transient_sqlstate: a serialization failure, a
--- deadlock, a lock timeout…) is raised again: it says something about this moment, and the
--- caller's next pass retries. Returns whether it ended the run.
+-- meets it again; so is one that gave up waiting for a lock (55P03, zeroth._lock_timed_out: a row
+-- someone holds in an open transaction — a child's child_runs row its parent's wait_for_children
+-- holds — must neither stall nor fail every claim and sweep; the end waits at most 2 s for one). Any other passing condition
+-- (zeroth._transient_sqlstate: a serialization failure, a deadlock…) is raised again: it says
+-- something about this moment, and the caller's next pass retries. Returns whether it ended the
+-- run.
 CREATE OR REPLACE FUNCTION zeroth._end_past_run_deadline_isolated(tenant_id text, workspace_key text,
                                                                   run_id uuid, at timestamptz)
     RETURNS boolean
     LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-    v_state text;
-    v_msg   text;
+    v_state   text;
+    v_msg     text;
+    v_timeout text := current_setting('lock_timeout');
+    v_ended   boolean;
 BEGIN
-    RETURN zeroth._end_past_run_deadline(_end_past_run_deadline_isolated.tenant_id,
-                                         _end_past_run_deadline_isolated.workspace_key,
-                                         _end_past_run_deadline_isolated.run_id,
-                                         _end_past_run_deadline_isolated.at);
+    -- The end waits at most 2 s for a lock (the claims run under no lock_timeout of their own):
+    -- set for the call only, the caller's own kept when shorter; the rollback of this block's
+    -- subtransaction puts it back when the end raises.
+    IF v_timeout = '0' OR v_timeout::interval > interval '2 seconds' THEN
+        PERFORM set_config('lock_timeout', '2s', true);
+    END IF;
+    v_ended := zeroth._end_past_run_deadline(_end_past_run_deadline_isolated.tenant_id,
+                                             _end_past_run_deadline_isolated.workspace_key,
+                                             _end_past_run_deadline_isolated.run_id,
+                                             _end_past_run_deadline_isolated.at);
+    PERFORM set_config('lock_timeout', v_timeout, true);
+    RETURN v_ended;
 EXCEPTION WHEN OTHERS THEN
     GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_msg = MESSAGE_TEXT;
-    IF zeroth._transient_sqlstate(v_state) THEN
+    -- Gave up waiting for a lock (the caller's lock_timeout: a row someone holds in a transaction
+    -- left open): says nothing about this run nor the others, so neither fails the caller.
+    IF zeroth._lock_timed_out(v_state) THEN
+        RAISE WARNING 'zeroth: the end of run % past its run deadline waited too long for a lock (%); it is left as it was and tried again by the next claim or sweep',
+            _end_past_run_deadline_isolated.run_id, left(v_msg, 500);
+        RETURN false;
+    ELSIF zeroth._transient_sqlstate(v_state) THEN
         RAISE;
     END IF;
     RAISE WARNING 'zeroth: the end of run % past its run deadline raised % (%); it is left as it was and tried again by the next claim or sweep',
@@ -433,7 +452,7 @@ EXCEPTION WHEN OTHERS THEN
     RETURN false;
 END
 $$;
-COMMENT ON FUNCTION zeroth._end_past_run_deadline_isolated(text, text, uuid, timestamptz) IS 'Internal: zeroth._end_past_run_deadline in a subtransaction of its own: an end that raises is rolled back alone, the run left as it was with a WARNING (a passing condition is raised again). True when it ended the run.';
+COMMENT ON FUNCTION zeroth._end_past_run_deadline_isolated(text, text, uuid, timestamptz) IS 'Internal: zeroth._end_past_run_deadline in a subtransaction of its own: an end that raises is rolled back alone, the run left as it was with a WARNING, as when it gave up waiting for a lock (55P03; it waits at most 2 s, or the caller''s shorter lock_timeout); any other passing condition is raised again. True when it ended the run.';
 ALTER FUNCTION zeroth._end_past_run_deadline_isolated(text, text, uuid, timestamptz) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._end_past_run_deadline_isolated(text, text, uuid, timestamptz) FROM PUBLIC;
 
