@@ -111,7 +111,33 @@ async def test_no_zeroth_function_waits_on_an_advisory_lock(admin):
             WHERE p.pronamespace = 'zeroth'::regnamespace
               AND pg_get_functiondef(p.oid) ~* 'pg_try_advisory'
             ORDER BY 1""")
-    assert [row["function"] for row in trying] == ["_notify_wakeup", "_take_wakeup_stripes"]
+    # The wakeup gate, and the code versions' prune lock: a code version's record and its prune
+    # only try (a stranger holding a version's key must not stall every claim of that version).
+    assert [row["function"] for row in trying] == [
+        "_code_version_id", "_notify_wakeup", "_take_wakeup_stripes", "prune_runs"]
+
+
+@pytest.mark.parametrize("kind", ["nobody", "worker"])
+async def test_a_stranger_holding_a_code_versions_lock_stalls_no_claim_of_that_version(
+        login, admin, bounded, kind):
+    """The key of a code version's advisory lock follows from the version's text: a LOGIN role
+    (no grant needed) holding it exclusive must not make the claims of that version wait."""
+    stranger = await login(kind)
+    await stranger.execute(
+        """SELECT pg_advisory_lock(1936029554, (('x' || left(encode(sha256(
+               convert_to('v-held', 'UTF8')), 'hex'), 16))::bit(64)::bigint
+               & 2147483647)::integer)""")
+    run_id = await bounded.fetchval(
+        "SELECT run_id FROM zeroth.enqueue_run(deployment_ref => $1, tenant_id => $2)",
+        DEPLOYMENT, TENANT)
+    rows = await bounded.fetch(
+        """SELECT run_id FROM zeroth.claim_and_start(deployment_ref => $1, worker_id => 'w',
+               tenant_id => $2, code_version => 'v-held')""", DEPLOYMENT, TENANT)
+    assert [row["run_id"] for row in rows] == [run_id]
+    assert await admin.fetchval(
+        """SELECT v.code_version FROM zeroth.runs r
+             JOIN zeroth.code_versions v ON v.version_id = r.code_version_id
+            WHERE r.run_id = $1""", run_id) == "v-held"
 
 
 async def colliding_thread(admin: asyncpg.Connection, tenant: str, thread: str) -> str:

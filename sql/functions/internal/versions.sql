@@ -37,29 +37,31 @@ REVOKE ALL ON FUNCTION zeroth._code_version_hash(text) FROM PUBLIC;
 -- The advisory lock of a code version's row in zeroth.code_versions (issue 34: prune_runs prunes
 -- the versions no run references): the two-key form, so it shares no key with the one-key locks
 -- of the wakeup gates. Every writer of a reference (the claims, an owned admission, start_run,
--- retire_code_version) holds it shared until its commit, from zeroth._code_version_id on;
--- prune_runs takes it exclusive, try only, before it deletes the version. Two versions may share
--- a lock (the low 31 bits of the key): a prune then skips one, or a writer waits for a prune's
--- commit, never more.
+-- retire_code_version) tries it shared and holds it until its commit, from
+-- zeroth._code_version_id on; prune_runs tries it exclusive before it deletes the version. Both
+-- only try: neither ever waits on it. Two versions may share a lock (the low 31 bits of the key):
+-- a prune then skips one.
 CREATE OR REPLACE FUNCTION zeroth._code_version_lock(version_id bigint, OUT class_id integer,
                                                      OUT object_id integer)
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     BEGIN ATOMIC
         SELECT 1936029554, (version_id & 2147483647)::integer;
     END;
-COMMENT ON FUNCTION zeroth._code_version_lock(bigint) IS 'Internal: the advisory lock (two-key form) of a code version''s zeroth.code_versions row: held shared by every writer of a reference to it (zeroth._code_version_id) until commit, taken exclusive (try only) by prune_runs before it deletes the version.';
+COMMENT ON FUNCTION zeroth._code_version_lock(bigint) IS 'Internal: the advisory lock (two-key form) of a code version''s zeroth.code_versions row: tried shared by every writer of a reference to it (zeroth._code_version_id) and held until commit, tried exclusive by prune_runs before it deletes the version; never waited on.';
 ALTER FUNCTION zeroth._code_version_lock(bigint) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._code_version_lock(bigint) FROM PUBLIC;
 
 -- The key of a declared code version (checked first: ZP008), its text recorded in
 -- zeroth.code_versions the first time (one index probe a call; the insert never waits on another
--- writer: no unique constraint); NULL for NULL, with no statement at all. Holds the version's
--- advisory lock shared until commit (zeroth._code_version_lock), then looks: a prune_runs that
--- deleted the row in between has committed (the lock waited for it), so this statement's fresh
--- snapshot sees the row gone and writes it again; one that comes later sees this transaction's
--- lock and skips the version. Race-safe under READ COMMITTED (every call of the functions is a
--- statement of its own there). Called by the claims once they leased a run, so the run's
--- reference (uncommitted, invisible to a prune) is covered by the lock until commit.
+-- writer: no unique constraint); NULL for NULL, with no statement at all. Tries the version's
+-- advisory lock shared, held until commit (zeroth._code_version_lock): a prune_runs that comes
+-- later sees it and skips the version, so the run's reference (uncommitted, invisible to a
+-- prune) keeps its text. It only *tries*: any LOGIN role can take any advisory key, and the key
+-- of a version is computable from its text, so a wait here would let a stranger stall every
+-- claim of that version (tests/adversarial/test_locks.py). When the try fails (a prune deleting
+-- the version this moment, or a stranger holding the key) the claim goes on without it and writes
+-- a second row of the text unless two are visible (readers take one: LIMIT 1), which a prune in
+-- flight cannot see and so does not delete.
 CREATE OR REPLACE FUNCTION zeroth._code_version_id(code_version text) RETURNS bigint
     LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
@@ -70,15 +72,24 @@ BEGIN
     END IF;
     PERFORM zeroth._check_code_version(code_version);
     v_id := zeroth._code_version_hash(code_version);
-    PERFORM pg_advisory_xact_lock_shared(l.class_id, l.object_id)
-       FROM zeroth._code_version_lock(v_id) AS l;
-    INSERT INTO zeroth.code_versions (version_id, code_version, first_seen_at)
-    SELECT v_id, _code_version_id.code_version, zeroth._now()
-     WHERE NOT EXISTS (SELECT 1 FROM zeroth.code_versions v WHERE v.version_id = v_id);
+    IF (SELECT pg_try_advisory_xact_lock_shared(l.class_id, l.object_id)
+          FROM zeroth._code_version_lock(v_id) AS l) THEN
+        INSERT INTO zeroth.code_versions (version_id, code_version, first_seen_at)
+        SELECT v_id, _code_version_id.code_version, zeroth._now()
+         WHERE NOT EXISTS (SELECT 1 FROM zeroth.code_versions v WHERE v.version_id = v_id);
+    ELSE
+        -- A prune may be deleting the row this moment (uncommitted, still visible here): write a
+        -- second one, which that prune cannot see, unless two are visible already (a stranger
+        -- holding the key then adds no row after the first such claim).
+        INSERT INTO zeroth.code_versions (version_id, code_version, first_seen_at)
+        SELECT v_id, _code_version_id.code_version, zeroth._now()
+         WHERE (SELECT count(*) FROM (SELECT FROM zeroth.code_versions v
+                                       WHERE v.version_id = v_id LIMIT 2) AS seen) < 2;
+    END IF;
     RETURN v_id;
 END
 $$;
-COMMENT ON FUNCTION zeroth._code_version_id(text) IS 'Internal: the key (zeroth._code_version_hash) of a declared code version, its text recorded in zeroth.code_versions when first seen or pruned (never waiting on another writer; holds the version''s advisory lock shared until commit, so prune_runs leaves a version being referenced alone); NULL for NULL; ZP008 for a malformed one.';
+COMMENT ON FUNCTION zeroth._code_version_id(text) IS 'Internal: the key (zeroth._code_version_hash) of a declared code version, its text recorded in zeroth.code_versions when first seen or pruned (never waiting on another writer nor on an advisory lock: it tries the version''s advisory lock shared, held until commit, so prune_runs leaves a version being referenced alone; when the try fails it goes on and writes a second row of the text unless two are visible, which a prune in flight cannot delete); NULL for NULL; ZP008 for a malformed one.';
 ALTER FUNCTION zeroth._code_version_id(text) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._code_version_id(text) FROM PUBLIC;
 
