@@ -20,6 +20,7 @@ DECLARE
     v_tenant text := zeroth._scope_tenant(start_run.tenant_id, start_run.workspace_id);
     v_wskey  text := zeroth._workspace_key(start_run.workspace_id);
     v_version bigint;
+    v_recorded bigint;
 BEGIN
     PERFORM zeroth._require(start_run.run_id IS NOT NULL, 'run_id must not be NULL');
     PERFORM zeroth._require_identifier(start_run.worker_id, 'worker_id');
@@ -43,11 +44,14 @@ BEGIN
        AND r.lease_worker_id = start_run.worker_id
        AND r.lease_generation = start_run.generation
        AND r.lease_expires_at >= v_now
-       AND v_status IN ('pending', 'running');
+       AND v_status IN ('pending', 'running')
+    RETURNING r.code_version_id INTO v_recorded;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    IF v_version IS NOT NULL AND v_status = 'pending' THEN  -- the version's text, as a claim
+    -- The version's text, as a claim, only when the run records this version (a run started
+    -- before keeps its own: the starter's text would be a row no run references).
+    IF v_version IS NOT NULL AND v_status = 'pending' AND v_recorded = v_version THEN
         PERFORM zeroth._code_version_id(start_run.code_version);
     END IF;
     RETURN true;

@@ -220,6 +220,10 @@ EXACT_FENCED_KINDS = frozenset({"hand_back", "release", "expire"})
 # (writer_calls), not by the kind, which is the run's new status: a sweep's `fail` is not the
 # holder's write, and the holder's own `fail` stays fenced on its live lease.
 LAPSED_LEASE_ENDS = frozenset({"_take_over", "_end_unrecoverable"})
+# What such an end writes: the run failed, cancelled or requeued (its lease dropped). Anything
+# else under that call stack (a completion, progress, a start, a renewal) is no end of a lapsed
+# lease and stays fenced on its holder's live lease.
+LAPSED_LEASE_END_KINDS = frozenset({"fail", "cancel", "retry", "hand_back", "release", "expire"})
 MAX_LISTED = 25  # violations listed per check; the count is always complete
 
 Row = Mapping[str, Any]
@@ -341,7 +345,8 @@ def _check_outcomes(report: Report, runs: Sequence[Row], by_run: Mapping[UUID, l
 def ends_lapsed_lease(row: Row) -> bool:
     """Whether the write is an end of a lapsed lease by someone other than its holder (as the
     trigger saw the call stack: :data:`LAPSED_LEASE_ENDS`)."""
-    return not LAPSED_LEASE_ENDS.isdisjoint(row.get("writer_calls") or ())
+    return (row["kind"] in LAPSED_LEASE_END_KINDS
+            and not LAPSED_LEASE_ENDS.isdisjoint(row.get("writer_calls") or ()))
 
 
 def _check_fence(report: Report, history: Sequence[Row], lease_seconds: float) -> None:

@@ -174,6 +174,23 @@ def sweep_ended_a_live_lease(s: Scenario) -> None:
                                                                       "writer_calls": SWEEP_CALLS})
 
 
+def stale_holders_completion_under_a_sweeps_call_stack(s: Scenario) -> None:
+    # The sweep ends a lapsed lease (fail, cancel, requeue), never completes a run nor writes
+    # the holder's progress: a completion of the stale holder is flagged whatever call stack it
+    # was recorded under.
+    s["history"].append(history_row("complete", RUN_A, 7.0, old_gen=2, old_worker="w2",
+                                    old_expires=6.5, cleared=True, new_status="completed",
+                                    writer=(2, "w2", UUID(int=5))) | {"id": 107,
+                                                                      "writer_calls": SWEEP_CALLS})
+
+
+def stale_holders_commit_under_a_sweeps_call_stack(s: Scenario) -> None:
+    s["history"].append(history_row("commit", RUN_A, 7.0, old_gen=2, old_worker="w2",
+                                    old_expires=6.5, writer=(2, "w2", UUID(int=5)),
+                                    data={"step": 9}) | {"id": 108,
+                                                         "writer_calls": SWEEP_CALLS})
+
+
 def refused_write_landed(s: Scenario) -> None:
     row_of(s, "checkpoint", nth=1)["writer_event"] = STALE
 
@@ -267,6 +284,8 @@ BROKEN: list[tuple[Callable[[Scenario], None], str]] = [
     (refused_write_landed, "no_stale_accepted_write"),
     (holder_failed_after_its_expiry, "no_stale_accepted_write"),
     (sweep_ended_a_live_lease, "no_stale_accepted_write"),
+    (stale_holders_completion_under_a_sweeps_call_stack, "no_stale_accepted_write"),
+    (stale_holders_commit_under_a_sweeps_call_stack, "no_stale_accepted_write"),
     (two_terminal_outcomes, "one_terminal_outcome_per_run"),
     (claim_over_live_lease, "lease_windows_disjoint"),
     (generation_skipped, "generations_increase"),

@@ -212,3 +212,28 @@ class TestPruneCodeVersions:
 
         assert await conn.fetchval(PRUNE, "1 hour", 1000, None, at(86400)) == 2
         assert await versions(conn) == []
+
+
+class TestARestartRecordsNoStrayVersion:
+    async def test_start_run_of_a_run_started_before_writes_no_version_it_does_not_record(
+            self, conn):
+        """A retried run keeps the version that started it; its next start_run with another
+        version must not write that version's text either (a row no run references: a worker
+        could add one per claim)."""
+        kept = await admit(conn, worker_id=OWNER, code_version=V1)
+        run_id = kept["run_id"]
+        assert await fenced(conn, "start_run", run_id, OWNER, 1)
+        assert await fenced(conn, "fail_run", run_id, OWNER, 1, error='{"e": 1}',
+                            retryable=True, retry_base_seconds=0,
+                            retry_max_seconds=0) == "retry_scheduled"
+        later = at(5)
+        (claimed,) = [r for r in await conn.fetch(
+            """SELECT run_id, lease_generation FROM zeroth_test.claim_pending(
+                   deployment_ref => $1, worker_id => 'w2', batch_size => 10,
+                   lease_seconds => $2, now_override => $3)""", DEPLOYMENT, LEASE, later)
+            if r["run_id"] == run_id]
+
+        assert await fenced(conn, "start_run", run_id, "w2", claimed["lease_generation"],
+                            now=later, code_version=V2)
+        assert await version_of(conn, run_id) == V1
+        assert await versions(conn) == [V1]

@@ -278,3 +278,40 @@ async def test_a_readers_stream_hears_other_tenants_hints_but_sends_its_own_even
         (1, "ours"), (2, {"status": "completed", "outcome": "completed"})]
 
 
+
+
+class TestStalledReader:
+    async def test_a_client_that_stops_reading_gives_its_stream_slot_back(self, database_dsn):
+        """A hostile client asks for a long stream and never reads it (a tiny receive window,
+        kept open): the server's sends block once the socket buffers are full. Its slot must come
+        back anyway (a send pending for stream_idle_seconds ends the stream), or 32 such
+        sockets from each of 8 addresses hold all 256 slots for as long as they stay open."""
+        conn = await asyncpg.connect(database_dsn)
+        sock = socket.socket()
+        try:
+            (lease,) = await _running(conn, 1)
+            pad = json.dumps({"pad": "x" * 60000})
+            for _ in range(200):  # 12 MB: more than every buffer between us and the socket
+                assert await conn.fetchval(APPEND, lease.run_id, WORKER, lease.generation,
+                                           pad) is not None
+            app = create_app(database_dsn, stream_idle_seconds=2)
+            streams = app.state.event_streams
+            with served(app) as base:
+                host = base.removeprefix("http://")
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                sock.setblocking(False)
+                loop = asyncio.get_running_loop()
+                await loop.sock_connect(sock, ("127.0.0.1", int(host.split(":")[1])))
+                await loop.sock_sendall(sock, (f"GET /runs/{lease.run_id}/events HTTP/1.1\r\n"
+                                               f"Host: {host}\r\n\r\n").encode())
+                try:
+                    head = await asyncio.wait_for(loop.sock_recv(sock, 1024), WAIT)
+                    assert head.startswith(b"HTTP/1.1 200")
+                    # never read again, never close: only the server can give the slot back
+                    await wait_until(lambda: streams.open_streams == 0,
+                                     "the stalled stream's slot to come back", within=WAIT)
+                finally:
+                    sock.close()  # before the server stops: it waits for its connections
+        finally:
+            sock.close()
+            await conn.close()

@@ -34,7 +34,7 @@ import asyncpg
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from zeroth_pg import _calls, streams
 from zeroth_pg.notify import RUN_EVENTS_CHANNEL
@@ -60,6 +60,9 @@ RETRY_MS = 2000
 _BATCH = 100
 _POLL_SECONDS = 1.0
 _POLL_LISTENING_SECONDS = 5.0
+#: The least time one send may wait on a client that does not read before its stream ends (the
+#: bound is idle_seconds, at least this).
+_MIN_SEND_SECONDS = 1.0
 
 # The run's scope by its id alone, as the run page finds it (zeroth_pg._calls.run_by_id).
 _SCOPE = _calls.run_by_id("r.tenant_id, r.workspace_id, r.workspace_key", "$1")
@@ -147,16 +150,35 @@ class _Stream(StreamingResponse):
     """A StreamingResponse that gives its slot back however it ends (END, idle, an error, the
     client gone: Starlette cancels the body)."""
 
-    def __init__(self, body: AsyncIterator[str], release: Callable[[], None]) -> None:
+    def __init__(self, body: AsyncIterator[str], release: Callable[[], None],
+                 send_seconds: float) -> None:
         super().__init__(body, media_type="text/event-stream",
                          headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
         self._release = release
+        self._send_seconds = send_seconds
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def bounded_send(message: Message) -> None:
+            # A client that stops reading (its window closed, the socket kept open) blocks a
+            # send for as long as it likes: a send pending for send_seconds ends the stream, so
+            # no client holds a slot by not reading.
+            try:
+                async with asyncio.timeout(self._send_seconds):
+                    await send(message)
+            except TimeoutError:
+                raise _Stalled from None
+
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, bounded_send)
+        except _Stalled:
+            log.warning("run event stream: the client read nothing for %g s; ending it",
+                        self._send_seconds)
         finally:
             self._release()
+
+
+class _Stalled(Exception):
+    """A send of a stream's message waited past its bound: the client stopped reading."""
 
 
 class EventStreams:
@@ -245,7 +267,7 @@ class EventStreams:
         if refused is not None:
             return refused
         return _Stream(self._follow(run_id, tenant, wskey, key, after, first),
-                       self._release(client))
+                       self._release(client), max(self._idle, _MIN_SEND_SECONDS))
 
     async def _follow(self, run_id: uuid.UUID, tenant: str, wskey: str, key: str | None,
                       after: int, first: list[RunEvent]) -> AsyncIterator[str]:
