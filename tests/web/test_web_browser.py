@@ -125,13 +125,24 @@ def _shoot(driver: Any, path: Path) -> None:
 def _click_and_wait(driver: Any, by: str, value: str) -> None:
     """Click the element found by (by, value) and wait until the page it leads to has replaced
     this one (a POST answered, a GET loaded): the old document carries a mark the new one has
-    not. Found again if a live refresh swapped it just before the click."""
-    from selenium.common.exceptions import StaleElementReferenceException
+    not. Found again if a live refresh swapped it just before the click (chromedriver says so
+    either as a stale element or as a node that "does not belong to the document")."""
+    from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
     from selenium.webdriver.support.ui import WebDriverWait
 
+    def clicked(d: Any) -> bool:
+        try:
+            d.find_element(by, value).click()
+        except StaleElementReferenceException:
+            return False
+        except WebDriverException as exc:
+            if "does not belong to the document" not in str(exc.msg):
+                raise
+            return False
+        return True
+
     driver.execute_script("window.zpOld = true")
-    WebDriverWait(driver, WAIT, ignored_exceptions=(StaleElementReferenceException,)).until(
-        lambda d: d.find_element(by, value).click() or True)
+    WebDriverWait(driver, WAIT).until(clicked)
     WebDriverWait(driver, WAIT).until(lambda d: d.execute_script(
         "return !window.zpOld && document.readyState === 'complete'"))
 

@@ -29,7 +29,6 @@ async def test_deployments_schedules_events_workers_and_the_timeline(database_ds
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.expected_conditions import staleness_of
     from selenium.webdriver.support.ui import WebDriverWait
 
     shots = Path(os.environ.get("ZEROTH_PG_TEST_REPORTS", "build/test-reports")) / "web"
@@ -72,10 +71,9 @@ async def test_deployments_schedules_events_workers_and_the_timeline(database_ds
                     driver.set_window_size(1280, 900)
 
                 def click(selector: str) -> None:
-                    button = driver.find_element(By.CSS_SELECTOR, selector)
-                    button.click()
-                    # Answered once the page it came from is gone.
-                    WebDriverWait(driver, 30).until(staleness_of(button))
+                    # Answered once the page it came from is gone (found again if the page's
+                    # live refresh swapped the button just before the click).
+                    _click_and_wait(driver, By.CSS_SELECTOR, selector)
                     WebDriverWait(driver, 30).until(lambda d: d.find_elements(By.TAG_NAME, "h1"))
 
                 async def paused() -> Any:
