@@ -618,8 +618,13 @@ class TestConcurrentPolicyChanges:
 
 
 async def wait_until_waiting(conn: asyncpg.Connection, deployment: str) -> None:
-    """Until another session waits for a lock (the registry row): pg_stat_activity says so."""
+    """Until another session waits for a lock (the registry row): pg_stat_activity says so.
+
+    conn may be inside a transaction (the lock's holder), where pg_stat_activity is a snapshot
+    taken at its first read and kept to the transaction's end: each poll clears it first, or a
+    first poll made before the other session began to wait would be read again for ever."""
     for _ in range(2000):
+        await conn.execute("SELECT pg_stat_clear_snapshot()")
         if await conn.fetchval(
                 "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
                 "AND query LIKE '%set_deployment_defaults%' AND pid <> pg_backend_pid()"):
