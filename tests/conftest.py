@@ -13,9 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import psycopg
 import pytest
 
 from zeroth_pg import App
+from zeroth_pg.testing import _session
 from zeroth_pg.worker import RunWorker
 
 pytest_plugins = ["zeroth_pg.testing", "pytester"]
@@ -163,11 +165,43 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 # ---------------------------------------------------------------------------------------------
 # Where a parallel run's time goes: ZEROTH_PG_TEST_TIMELINE=<file> appends one JSON line per test
-# (xdist worker, node id, start and end on the wall clock, the worker process's CPU seconds), and
+# (xdist worker, node id, start and end on the wall clock, the CPU seconds of the worker process,
+# of its ended subprocesses and of its own test server), and
 # the run ends with each worker's busy time and finish and the longest tests, so the long pole of
 # a whole run (one worker still busy when the others are done) is seen, not guessed. .ci/run
 # sets it.
 TIMELINE_ENV = "ZEROTH_PG_TEST_TIMELINE"
+
+
+def _children_cpu() -> float:
+    """CPU seconds of the worker's child processes that have ended (the CLI and worker
+    subprocesses a test starts)."""
+    times = os.times()
+    return times.children_user + times.children_system
+
+
+_postmasters: dict[str, int] = {}
+
+
+def _server_cpu(config: pytest.Config) -> float:
+    """CPU seconds of this worker's test server so far: the postmaster's own and its ended
+    backends' (a backend still connected counts when it ends). 0 before the server is up."""
+    server = _session(config).server
+    if server is None or not server.owned:
+        return 0.0
+    pid = _postmasters.get(server.dsn)
+    if pid is None:
+        with psycopg.connect(server.dsn, autocommit=True) as connection:
+            row = connection.execute("SELECT current_setting('data_directory')").fetchone()
+        assert row is not None
+        pid = _postmasters[server.dsn] = int(
+            (Path(row[0]) / "postmaster.pid").read_text(encoding="ascii").split()[0])
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text(encoding="ascii").rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    # utime, stime, cutime, cstime: fields 14-17 of proc(5), here 11-14 after the name
+    return sum(int(value) for value in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -177,11 +211,14 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         yield
         return
     start, cpu = time.time(), time.process_time()
+    children, server = _children_cpu(), _server_cpu(item.config)
     yield
     line = json.dumps({"worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
                        "test": item.nodeid, "start": round(start, 3),
                        "end": round(time.time(), 3),
-                       "cpu": round(time.process_time() - cpu, 3)})
+                       "cpu": round(time.process_time() - cpu, 3),
+                       "children_cpu": round(_children_cpu() - children, 3),
+                       "server_cpu": round(_server_cpu(item.config) - server, 3)})
     with open(path, "a", encoding="utf-8") as timeline:  # one short line: an atomic append
         timeline.write(line + "\n")
 
@@ -208,8 +245,11 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         mine = [row for row in rows if row["worker"] == worker]
         busy = sum(row["end"] - row["start"] for row in mine)
         cpu = sum(row["cpu"] for row in mine)
+        children = sum(row.get("children_cpu", 0) for row in mine)
+        server = sum(row.get("server_cpu", 0) for row in mine)
         last = max(row["end"] for row in mine) - origin
-        write(f"{worker}: {len(mine)} tests, busy {busy:.0f} s (its own CPU {cpu:.0f} s), "
+        write(f"{worker}: {len(mine)} tests, busy {busy:.0f} s (CPU: its own {cpu:.0f} s, "
+              f"its subprocesses' {children:.0f} s, its server's {server:.0f} s), "
               f"last test ended at {last:.0f} s")
     for row in sorted(rows, key=lambda r: r["start"] - r["end"])[:15]:
         write(f"{row['end'] - row['start']:7.1f} s  {row['worker']}  "
