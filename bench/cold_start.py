@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import os
 import statistics
 import time
 from collections.abc import Awaitable, Callable
@@ -96,9 +98,31 @@ def plan(cfg: Config, version: str) -> list[Cell]:
         return [Cell("depth", 4, 5.0, depth=QUICK_DEPTH, systems=("zeroth-worker", "pgqueuer")),
                 Cell("continuous", 4, 5.0, 50.0, ("procrastinate", "pg-boss")),
                 Cell("chaos", 4, 10.0, 50.0, ("zeroth-worker",))]
-    return [Cell("continuous", 32, 60.0, 600.0), Cell("continuous", 4, 60.0, 200.0),
-            Cell("chaos", 32, restart_cell_seconds(60.0), 600.0),
-            *(Cell("depth", w, 120.0) for w in (4, 16, 64))]
+    cells = [Cell("continuous", 32, 60.0, 600.0), Cell("continuous", 4, 60.0, 200.0),
+             Cell("chaos", 32, restart_cell_seconds(60.0), 600.0),
+             *(Cell("depth", w, 120.0) for w in (4, 16, 64))]
+    return _chosen(cells)
+
+
+def _chosen(cells: list[Cell]) -> list[Cell]:
+    """The cells and systems ZEROTH_PG_BENCH_COLD_CELLS (kinds: continuous, chaos, depth) and
+    ZEROTH_PG_BENCH_COLD_SYSTEMS (names of SYSTEMS) keep, comma-separated; unset: all."""
+    kinds = _listed("ZEROTH_PG_BENCH_COLD_CELLS", {"continuous", "chaos", "depth"})
+    systems = _listed("ZEROTH_PG_BENCH_COLD_SYSTEMS", set(SYSTEMS))
+    return [dataclasses.replace(cell, systems=tuple(n for n in cell.systems
+                                                    if systems is None or n in systems))
+            for cell in cells if kinds is None or cell.kind in kinds]
+
+
+def _listed(variable: str, allowed: set[str]) -> set[str] | None:
+    value = os.environ.get(variable, "").strip()
+    if not value:
+        return None
+    names = {name.strip() for name in value.split(",") if name.strip()}
+    if not names or not names <= allowed:
+        raise SystemExit(f"{variable}={value!r}: expected a comma-separated list of "
+                         f"{', '.join(sorted(allowed))}")
+    return names
 
 
 def restart_after(cell: Cell) -> float:
@@ -211,8 +235,9 @@ async def cold_start(cfg: Config, s: Any) -> ScenarioReport:
         "pgqueuer `install` + its `optimize_autovacuum` table settings; procrastinate "
         "apply_schema; pg-boss 10.4.2's own start()), new connections, load at once, the "
         "consumer in the producer's process (pg-boss: a Node process, bench/pgboss/driver.js, "
-        "W work() loops of batchSize 1, pollingIntervalSeconds 0.5, woken with notifyWorker "
-        "after each insert and after each job it found). Windows: runs whose handler started "
+        "one work() loop of batchSize W whose handlers run at once — pg-boss's fastest shape "
+        "of batch 1, 4, 16 and W —, pollingIntervalSeconds 0.5, woken with notifyWorker "
+        "after each insert and after each batch it found). Windows: runs whose handler started "
         "in each 5 s window, per second; p99: pickup (enqueue committed → handler start) of the "
         "runs enqueued in that window. 'autovacuum / autoanalyze': when autovacuum first "
         "vacuumed / analyzed the jobs table, from pg_stat_user_tables, seconds after the load "

@@ -337,7 +337,8 @@ async def pgboss_cell(dsn: str, trace: Trace, load: Load, concurrency: int) -> i
     try:
         found = await pgboss.run(dsn, mode="depth" if load.depth is not None else "continuous",
                                  seconds=load.seconds, concurrency=concurrency, rate=load.rate,
-                                 depth=load.depth or 0, drain=load.drain_limit, ready=ready)
+                                 depth=load.depth or 0, drain=load.drain_limit,
+                                 batch=concurrency, ready=ready)
     finally:
         marking.cancel()
         if restarting is not None:

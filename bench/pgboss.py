@@ -57,13 +57,13 @@ def unavailable() -> str | None:
 
 
 async def run(dsn: str, *, mode: str, seconds: float, concurrency: int, rate: float = 0.0,
-              depth: int = 0, drain: float = 30.0,
+              depth: int = 0, drain: float = 30.0, batch: int = 1,
               ready: asyncio.Event | None = None) -> dict[str, Any]:
     """One cell: the driver's result (``sent``, ``acked`` and ``started`` as [n, seconds since
     the producer's start]); ``ready`` is set when the producer starts."""
     config = json.dumps({"dsn": dsn, "mode": mode, "seconds": seconds,
                          "concurrency": concurrency, "rate": rate, "depth": depth,
-                         "drain": drain})
+                         "drain": drain, "batch": batch})
     proc = await asyncio.create_subprocess_exec(
         "node", str(DIRECTORY / "driver.js"), config, cwd=DIRECTORY,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, limit=2**26)

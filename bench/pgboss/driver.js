@@ -1,12 +1,13 @@
 // pg-boss as a peer of the zeroth_pg bench (bench/pgboss.py starts it; one process per cell).
 //
 //   node driver.js '{"dsn": "...", "mode": "continuous"|"depth", "seconds": 60,
-//                    "concurrency": 32, "rate": 600, "depth": 4000, "drain": 30}'
+//                    "concurrency": 32, "rate": 600, "depth": 4000, "drain": 30, "batch": 32}'
 //
 // The same shape as the bench's other peers: one process runs the producer and a consumer with
-// W = concurrency handler slots (W `work()` loops of batchSize 1, as pg-boss 10 runs concurrent
-// handlers; a 1 ms handler), on a fresh database (boss.start() installs its schema, the load
-// begins at once). pg-boss 10 polls (pollingIntervalSeconds, 0.5 s at its minimum): a loop that
+// W = concurrency handler slots (a 1 ms handler), on a fresh database (boss.start() installs its
+// schema, the load begins at once). The slots are ceil(W / batch) `work()` loops of batchSize
+// `batch`, whose handlers run at once; the bench passes batch = W, pg-boss's fastest shape of
+// those measured (batch 1, 4, 16 and W: docs/performance.md). pg-boss 10 polls (pollingIntervalSeconds, 0.5 s at its minimum): a loop that
 // found a job, and every loop after an enqueue, is woken with boss.notifyWorker(id), the
 // documented way to skip the polling interval, so that its rate is not its poll interval.
 //
@@ -46,16 +47,19 @@ async function main () {
   const now = () => (performance.now() - t0) / 1000
   const workers = []
 
-  for (let i = 0; i < cfg.concurrency; i++) {
+  // W handler slots as ceil(W / batch) work() loops that each fetch up to `batch` jobs in one
+  // query, run their handlers at once and complete them in one query (batch 1: W loops of one).
+  const batch = Math.max(1, Math.min(cfg.batch || 1, cfg.concurrency))
+  for (let i = 0; i < Math.ceil(cfg.concurrency / batch); i++) {
     let id = null
-    id = await boss.work(QUEUE, { batchSize: 1 }, async (jobs) => {
+    id = await boss.work(QUEUE, { batchSize: batch }, async (jobs) => {
       for (const job of jobs) {
         if (!seen.has(job.data.n)) {
           seen.add(job.data.n)
           started.push([job.data.n, now()])
         }
       }
-      await sleep(HANDLER_MS)
+      await Promise.all(jobs.map(() => sleep(HANDLER_MS)))
       if (jobs.length && id) boss.notifyWorker(id) // a job found: fetch again at once
     })
     workers.push(id)
