@@ -101,6 +101,12 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
             or os.environ.get("PYTEST_XDIST_WORKER")):
         return
     if getattr(option, "numprocesses", None) is not None or getattr(option, "dist", "no") != "no":
+        if getattr(option, "numprocesses", None) and getattr(option, "dist", "no") == "no":
+            # -n N alone: xdist's default distribution ("load") ignores the xdist_group marks,
+            # so a module's own server (dedicated_server(scope="module")), the browser module's
+            # Chromium and test_claim_plan's volume were started once per worker that ran one
+            # of their tests (seen in 4- and 6-worker runs); keep them grouped.
+            option.dist = "loadgroup"
         return  # the command line said how
     if (option.usepdb or getattr(option, "trace", False) or option.collectonly
             or getattr(option, "capture", None) == "no"):

@@ -19,12 +19,8 @@ from typing import Any
 
 import asyncpg
 import pytest
+from held_runs import ORPHANED, held_run
 
-ENQUEUE = "SELECT run_id FROM zeroth.enqueue_run(deployment_ref => 'd', tenant_id => $1)"
-CLAIM = """SELECT run_id, lease_generation FROM zeroth.claim_and_start(deployment_ref => 'd',
-               worker_id => $1, tenant_id => $2, lease_seconds => $3) WHERE run_id IS NOT NULL"""
-ORPHANED = """SELECT run_id, lease_generation FROM zeroth.claim_orphaned(deployment_ref => 'd',
-                  worker_id => $1, tenant_id => $2, grace_seconds => 0) WHERE run_id IS NOT NULL"""
 COMPLETE = """SELECT zeroth.complete_run(run_id => $1, worker_id => $2, generation => $3,
                   tenant_id => $4)"""
 FAIL = """SELECT zeroth.fail_run(run_id => $1, worker_id => $2, generation => $3,
@@ -53,15 +49,6 @@ def refusal(statement: str) -> type[Exception]:
     if re.search(r"zeroth\.run_attempts\b", statement):
         return asyncpg.ObjectNotInPrerequisiteStateError
     return asyncpg.InsufficientPrivilegeError
-
-
-async def held_run(admin: asyncpg.Connection, worker: asyncpg.Connection, *,
-                   tenant: str = "acme", worker_id: str = "w1",
-                   lease_seconds: float = 60) -> tuple[Any, int]:
-    run_id = await admin.fetchval(ENQUEUE, tenant)
-    (row,) = await worker.fetch(CLAIM, worker_id, tenant, lease_seconds)
-    assert row["run_id"] == run_id
-    return run_id, row["lease_generation"]
 
 
 async def rows(admin: asyncpg.Connection, run_id: Any) -> list[tuple[Any, ...]]:

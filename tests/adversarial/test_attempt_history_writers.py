@@ -21,8 +21,8 @@ import uuid
 
 import asyncpg
 import pytest
+from held_runs import held_run
 from roles import dsn_as, login_role
-from test_attempt_history_roles import held_run
 from test_child_run_attacks import COMPLETE, ENQUEUE, held
 from test_child_wait_counts import (
     CLAIM_ON,

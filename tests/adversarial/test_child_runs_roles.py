@@ -19,12 +19,8 @@ from typing import Any
 
 import asyncpg
 import pytest
+from held_runs import ENQUEUE, ORPHANED, held_run, lapse
 
-ENQUEUE = "SELECT run_id FROM zeroth.enqueue_run(deployment_ref => 'd', tenant_id => $1)"
-CLAIM = """SELECT run_id, lease_generation FROM zeroth.claim_and_start(deployment_ref => 'd',
-               worker_id => $1, tenant_id => $2, lease_seconds => $3) WHERE run_id IS NOT NULL"""
-ORPHANED = """SELECT run_id, lease_generation FROM zeroth.claim_orphaned(deployment_ref => 'd',
-                  worker_id => $1, tenant_id => $2, grace_seconds => 0) WHERE run_id IS NOT NULL"""
 START = """SELECT child_run_id, created FROM zeroth.start_child_run(run_id => $1, worker_id => $2,
                generation => $3, step_key => $4, deployment_ref => 'child-d',
                payload => '{"x": 1}', tenant_id => $5)"""
@@ -39,15 +35,6 @@ async def snapshot(admin: asyncpg.Connection) -> tuple[Any, ...]:
     waits = await admin.fetch("SELECT w.* FROM zeroth.child_waits w ORDER BY w.parent_run_id")
     steps = await admin.fetch("SELECT s.* FROM zeroth.run_steps s ORDER BY s.run_id, s.step_key")
     return tuple([tuple(r) for r in rows] for rows in (runs, links, waits, steps))
-
-
-async def held_run(admin: asyncpg.Connection, worker: asyncpg.Connection, *,
-                   tenant: str = "acme", worker_id: str = "w1",
-                   lease_seconds: float = 60) -> tuple[Any, int]:
-    run_id = await admin.fetchval(ENQUEUE, tenant)
-    (row,) = await worker.fetch(CLAIM, worker_id, tenant, lease_seconds)
-    assert row["run_id"] == run_id
-    return run_id, row["lease_generation"]
 
 
 async def parent_with_child(admin, worker, **kwargs) -> tuple[Any, int, Any]:
@@ -105,8 +92,8 @@ class TestWorkerWithoutTheLease:
     @pytest.mark.parametrize("taker", ["w2", "w1"])  # w1: the same worker id re-took the run
     async def test_an_older_generation_after_a_takeover_starts_nothing(self, login, admin, taker):
         worker = await login("worker")
-        run_id, generation, child = await parent_with_child(admin, worker, lease_seconds=0.2)
-        await asyncio.sleep(0.3)  # the lease expires on the real clock
+        run_id, generation, child = await parent_with_child(admin, worker)
+        await lapse(admin, worker, run_id, generation)  # the lease expires on the real clock
         (taken,) = await worker.fetch(ORPHANED, taker, "acme")
         assert taken["lease_generation"] == generation + 1
         before = await snapshot(admin)

@@ -23,7 +23,7 @@ from typing import Any
 
 import asyncpg
 import pytest
-from test_attempt_history_roles import ORPHANED, held_run
+from held_runs import ORPHANED, held_run
 from test_child_run_attacks import ENQUEUE, family, held, snapshot, status
 from test_child_wait_counts import ended
 

@@ -17,10 +17,8 @@ from typing import Any
 
 import asyncpg
 import pytest
+from held_runs import CLAIM, ENQUEUE, held_run
 
-ENQUEUE = "SELECT run_id FROM zeroth.enqueue_run(deployment_ref => 'd', tenant_id => $1)"
-CLAIM = """SELECT run_id, lease_generation FROM zeroth.claim_and_start(deployment_ref => 'd',
-               worker_id => $1, tenant_id => $2, lease_seconds => $3) WHERE run_id IS NOT NULL"""
 SLEEP = """SELECT outcome, run_after FROM zeroth.sleep_run(run_id => $1, worker_id => $2,
                generation => $3, delay_seconds => $4, resume_at => $5,
                checkpoint => '{"evil": true}', tenant_id => $6)"""
@@ -31,15 +29,6 @@ async def snapshot(admin: asyncpg.Connection, run_id: Any) -> tuple[Any, ...]:
     checkpoints = await admin.fetchval(
         "SELECT count(*) FROM zeroth.checkpoints WHERE run_id = $1", run_id)
     return (tuple(row), checkpoints)
-
-
-async def held_run(admin: asyncpg.Connection, worker: asyncpg.Connection, *,
-                   tenant: str = "acme", worker_id: str = "w1",
-                   lease_seconds: float = 60) -> tuple[Any, int]:
-    run_id = await admin.fetchval(ENQUEUE, tenant)
-    (row,) = await worker.fetch(CLAIM, worker_id, tenant, lease_seconds)
-    assert row["run_id"] == run_id
-    return run_id, row["lease_generation"]
 
 
 class TestNoGrant:

@@ -15,18 +15,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
 import asyncpg
 import pytest
+from held_runs import CLAIM, ENQUEUE, ORPHANED, held_run, lapse
 
-ENQUEUE = "SELECT run_id FROM zeroth.enqueue_run(deployment_ref => 'd', tenant_id => $1)"
-CLAIM = """SELECT run_id, lease_generation FROM zeroth.claim_and_start(deployment_ref => 'd',
-               worker_id => $1, tenant_id => $2, lease_seconds => $3) WHERE run_id IS NOT NULL"""
-ORPHANED = """SELECT run_id, lease_generation FROM zeroth.claim_orphaned(deployment_ref => 'd',
-                  worker_id => $1, tenant_id => $2, grace_seconds => 0) WHERE run_id IS NOT NULL"""
 GET = """SELECT step_found, result::text AS result FROM zeroth.get_step(run_id => $1,
              worker_id => $2, generation => $3, step_key => $4, tenant_id => $5)"""
 RECORD = """SELECT recorded FROM zeroth.record_step(run_id => $1, worker_id => $2,
@@ -46,15 +41,6 @@ async def snapshot(admin: asyncpg.Connection, run_id: Any) -> tuple[Any, ...]:
     events = await admin.fetch("SELECT e.* FROM zeroth.events e ORDER BY e.tenant_id, e.name")
     return (tuple(row), [tuple(s) for s in steps], [tuple(w) for w in waits],
             [tuple(e) for e in events])
-
-
-async def held_run(admin: asyncpg.Connection, worker: asyncpg.Connection, *,
-                   tenant: str = "acme", worker_id: str = "w1",
-                   lease_seconds: float = 60) -> tuple[Any, int]:
-    run_id = await admin.fetchval(ENQUEUE, tenant)
-    (row,) = await worker.fetch(CLAIM, worker_id, tenant, lease_seconds)
-    assert row["run_id"] == run_id
-    return run_id, row["lease_generation"]
 
 
 class TestNoGrant:
@@ -107,10 +93,10 @@ class TestWorkerWithoutTheLease:
 
     async def test_stale_holder_after_a_takeover_neither_records_nor_reads(self, login, admin):
         worker = await login("worker")
-        run_id, generation = await held_run(admin, worker, lease_seconds=0.2)
+        run_id, generation = await held_run(admin, worker)
         assert (await worker.fetchrow(RECORD, run_id, "w1", generation, "one", "acme"))[
             "recorded"] is True
-        await asyncio.sleep(0.3)  # the lease expires on the real clock
+        await lapse(admin, worker, run_id, generation)  # the lease expires on the real clock
         (taken,) = await worker.fetch(ORPHANED, "w2", "acme")
         assert taken["lease_generation"] == generation + 1
         assert (await worker.fetchrow(RECORD, run_id, "w2", generation + 1, "two", "acme"))[

@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 
 from zeroth_pg.metrics import WorkerMetrics
 from zeroth_pg.worker import RunWorker
-from zeroth_pg.worker._gate import LINGER_LOOKS
+from zeroth_pg.worker._gate import LINGER_LOOKS, GateState
 
 DEPLOYMENT = "gate"
 TIMEOUT_MS = 3000  # a call that waits on the stranger fails here instead of hanging
@@ -203,16 +203,22 @@ async def test_a_waiting_worker_does_not_spin(started_worker, admin):
     assert claims == 0
     await admin.execute("SELECT zeroth.enqueue_run(deployment_ref => $1)", DEPLOYMENT)
     await wait_until(lambda: claims >= 1, what="the woken claim", within=30)
-    await asyncio.sleep(1.0)
     # The woken claim found the run with room for more: work flows, so it looks again a few
     # times (LINGER_LOOKS empty looks), asks for the gate, looks once more after taking it, and
     # then waits: 1 + 3 + 1 claims. Under a load of 5-10 on two cores one more look was seen
     # (6 claims; not traced to its wakeup); what must never happen is a loop, so the count must
-    # stop: the same a second later, with the poll interval a minute away.
-    settled = claims
-    assert 1 + LINGER_LOOKS + 1 <= settled <= 1 + LINGER_LOOKS + 2
+    # stop: no claim for a whole second, with the poll interval a minute away. Waited for as
+    # such (not a fixed second after the wakeup, which on a loaded machine ended before the
+    # looks did); a worker that spins never stops, and the wait fails.
+    async def settled() -> int | None:
+        before = claims
+        await asyncio.sleep(1.0)
+        return claims if claims == before else None
+
+    looked = await wait_until(settled, what="the claims to stop", within=60, interval=0)
+    assert 1 + LINGER_LOOKS + 1 <= looked <= 1 + LINGER_LOOKS + 2
     await asyncio.sleep(1.0)
-    assert claims == settled
+    assert claims == looked
 
 
 async def count_claims(worker: RunWorker, seconds: float) -> int:
@@ -246,7 +252,12 @@ async def test_a_worker_short_of_stripes_backs_off(started_worker, admin, login,
         await wait_until(lambda: listener_locks(admin, first), what="the first worker's stripes",
                          within=30)
     worker = await started_worker(handler, poll_interval=0.5)
-    await asyncio.sleep(1.0)  # its backoff has grown by now
+    # Its backoff has grown to poll_interval: waited for as such, on the gate the claim loop
+    # asks (not a fixed second after the start: on a loaded machine the first passes came late,
+    # and the 5 ms, 10 ms, ... polls of the start fell into the count).
+    gate = worker._gate
+    await wait_until(lambda: gate.state is GateState.PARTLY_IDLE and gate._retry >= 0.5,
+                     what="the backoff to reach poll_interval", within=30)
     assert await count_claims(worker, 2.0) <= 6  # 2 s at poll_interval 0.5, and a margin
 
 

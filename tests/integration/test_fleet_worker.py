@@ -206,11 +206,18 @@ async def test_renewals_keep_runs_of_several_scopes_alive(fleet, pool):
                *await enqueue(lm, a, "t3", "w")]
 
     async def outlives_its_lease(ctx: RunContext) -> dict[str, int]:
-        await asyncio.sleep(3.0)  # the lease is 1 s: only renewals keep it
+        # Until the database's clock is past the lease the handler started with: only renewals
+        # keep the run (a 3 s lease renewed every 1 s: a renewal held up on a loaded machine
+        # does not lose it, as one of a 1 s lease did).
+        first = await pool.fetchval(
+            "SELECT lease_expires_at FROM zeroth.runs WHERE run_id = $1", ctx.run_id)
+        await wait_until(lambda: pool.fetchval("SELECT clock_timestamp() > $1::timestamptz",
+                                               first), "the first lease to run out",
+                         within=60, interval=0.1)
         await ctx.progress({"still": "mine"})  # fenced: refused if a renewal had failed
         return {"ok": 1}
 
-    await fleet({a: outlives_its_lease}, lease_duration=1.0)
+    await fleet({a: outlives_its_lease}, lease_duration=3.0)
 
     async def all_completed() -> bool:
         return await statuses(pool, run_ids) == {"completed": 3}
@@ -258,8 +265,11 @@ async def test_graceful_shutdown_hands_back_the_runs_of_every_scope(pool, databa
         started.add(ctx.run_id)
         await asyncio.sleep(3600)
 
+    # The drain waits shutdown_timeout for the handlers, cancels them, and waits as long again
+    # for their hand-backs: 2 s, so that on a loaded machine the hand-backs still land (with
+    # 0.2 s they were now and then abandoned, "the completion loop stopped before answering").
     worker = RunWorker(pool, {a: forever}, dsn=database_dsn, poll_interval=0.05,
-                       shutdown_timeout=0.2)
+                       shutdown_timeout=2.0)
     await worker.start()
     await wait_until(lambda: started == set(run_ids), "both runs started", within=10)
     await asyncio.wait_for(worker.graceful_shutdown(), timeout=30)

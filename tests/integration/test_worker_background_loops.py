@@ -31,13 +31,17 @@ async def test_a_crashed_renewal_loop_is_restarted_and_keeps_renewing(pool, spaw
     dep = unique_deployment("harden")
     started = asyncio.Event()
 
+    # A lease of 2 * LEASE (renewed every 1 s: a renewal held up on a loaded machine does not
+    # lose it), and a handler that outlives it by half: without renewals the lease would lapse.
+    lease = 2 * LEASE
+
     async def handler(ctx: RunContext) -> Any:
         started.set()
-        for _ in range(30):  # 3 leases: without renewals the lease would lapse
-            await asyncio.sleep(LEASE / 10)
+        for _ in range(15):
+            await asyncio.sleep(lease / 10)
         return {"done": ctx.attempt}
 
-    worker = await spawn_worker(dep, handler, dsn=None, lease_duration=LEASE,
+    worker = await spawn_worker(dep, handler, dsn=None, lease_duration=lease,
                                 poll_interval=0.05, start=False)
     real = worker._renew_loop
     calls = 0

@@ -97,7 +97,7 @@ async def test_returned_value_completes_the_run_with_its_output(pool, spawn_work
     assert ctx.recovery_checkpoint_id is None
     assert not ctx.cancel_requested
     await wait_until(lambda: metric("zeroth_runs_completed_total", dep) == completed + 1,
-                      "the completed counter", within=5)
+                      "the completed counter", within=30)
     assert metric("zeroth_runs_started_total", dep) == started + 1
 
 
@@ -138,7 +138,7 @@ async def test_failures_retry_with_backoff_then_dead_letter_and_redrive_runs_aga
     assert letter is not None
     assert tuple(letter) == (3, 3, "boom on attempt 3")
     await wait_until(lambda: metric("zeroth_runs_dead_lettered_total", dep) == dead + 1,
-                      "the dead-letter counter", within=5)
+                      "the dead-letter counter", within=30)
     assert metric("zeroth_handler_errors_total", dep) == handler_errors + 3
     generation = row["lease_generation"]
 
@@ -242,7 +242,7 @@ async def test_context_writes_are_fenced_by_the_lease_generation(pool, spawn_wor
     assert taken.run_ids == (run.run_id,)
     new_generation = taken.generations[run.run_id]
     go_on.set()
-    await wait_until(lambda: not worker.active_run_ids, "the handler to end", within=5)
+    await wait_until(lambda: not worker.active_run_ids, "the handler to end", within=30)
 
     assert refused == [f"progress:{state['generation']}"]
     row = await _row(pool, run.run_id)
@@ -306,13 +306,16 @@ async def test_graceful_shutdown_completes_quick_runs_and_hands_back_slow_ones(
     lm = LeaseManager(pool)
     quick = (await lm.enqueue_run(dep, {"kind": "quick"})).run_id
     slow = (await lm.enqueue_run(dep, {"kind": "slow"})).run_id
-    worker_a = await spawn_worker(dep, handler, worker_id="drain-a", shutdown_timeout=1.5)
+    # The quick run, released once the drain began, must complete inside shutdown_timeout: 3 s,
+    # so that on a loaded machine it still does (with 1.5 s it was now and then handed back).
+    drain = 3.0
+    worker_a = await spawn_worker(dep, handler, worker_id="drain-a", shutdown_timeout=drain)
     await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started.values())), timeout=10)
     assert (await _row(pool, slow))["attempts"] == 1
 
     shutdown_at = time.monotonic()
     shutdown = asyncio.create_task(worker_a.graceful_shutdown())
-    await wait_until(lambda: worker_a.stopping, "the drain to begin", within=5)
+    await wait_until(lambda: worker_a.stopping, "the drain to begin", within=30)
     late = (await lm.enqueue_run(dep, {"kind": "late"})).run_id  # must not be claimed by A
     release_quick.set()  # the quick run finishes inside shutdown_timeout
     await asyncio.wait_for(shutdown, timeout=15)
@@ -327,8 +330,8 @@ async def test_graceful_shutdown_completes_quick_runs_and_hands_back_slow_ones(
     assert json.loads(checkpoint["data"]) == {"step": 1}
     assert len(cancelled_at) == 1
     print(f"\nshutdown: slow handler cancelled {cancelled_at[0] - shutdown_at:.2f} s after the "
-          "drain began (shutdown_timeout 1.5 s)")
-    assert cancelled_at[0] - shutdown_at >= 1.4  # it had its shutdown_timeout to finish
+          f"drain began (shutdown_timeout {drain:g} s)")
+    assert cancelled_at[0] - shutdown_at >= drain - 0.1  # it had its shutdown_timeout to finish
     row = await _row(pool, late)
     assert (row["status"], row["lease_generation"]) == ("pending", 0)
 
@@ -399,11 +402,13 @@ async def test_cancel_request_from_another_connection_reaches_the_handler(
         return {}
 
     if path == "notify":
-        # Renewals every 10 s: only the zeroth_control NOTIFY can deliver the cancel quickly.
-        worker = await spawn_worker(dep, handler, lease_duration=30.0)
+        # Renewals every 200 s: a cancel seen before that (the wait below fails after 30 s) is
+        # the zeroth_control NOTIFY's.
+        worker = await spawn_worker(dep, handler, lease_duration=600.0)
     else:
-        # No LISTEN connection: the renewal (every 0.5 s) reports cancel_requested.
-        worker = await spawn_worker(dep, handler, dsn=None, lease_duration=1.5,
+        # No LISTEN connection: the renewal (every 2 s) reports cancel_requested. A lease of a
+        # few seconds, so that a renewal held up on a loaded machine does not lose it.
+        worker = await spawn_worker(dep, handler, dsn=None, lease_duration=6.0,
                                     poll_interval=0.05)
     run = await LeaseManager(pool).enqueue_run(dep)
     await asyncio.wait_for(running.wait(), timeout=10)
@@ -412,16 +417,14 @@ async def test_cancel_request_from_another_connection_reaches_the_handler(
     requested_at = time.monotonic()
     outcome = await LeaseManager(operator).request_cancel(run.run_id)
     assert outcome == CancelOutcome.CANCEL_REQUESTED
-    row = await _wait_status(pool, run.run_id, "cancelled", within=5)
+    row = await _wait_status(pool, run.run_id, "cancelled", within=30)
     latency = time.monotonic() - requested_at
     print(f"\ncancel via {path}: run cancelled {latency * 1000:.0f} ms after the request")
-    if path == "notify":
-        assert latency < 5.0  # well before the first renewal (10 s)
     assert seen == [("cancelled", True)]
     assert (row["lease_worker_id"], row["error"], row["output"]) == (None, None, None)
     assert row["finished_at"] is not None
     # The test may see the commit before the worker has read cancel_run's answer.
-    await wait_until(lambda: worker.active_run_ids == [], "the slot to be freed", within=5)
+    await wait_until(lambda: worker.active_run_ids == [], "the slot to be freed", within=30)
 
 
 async def test_one_claim_pass_takes_a_full_batch(pool, spawn_worker):
@@ -509,17 +512,17 @@ async def test_orphan_recovered_with_a_pending_cancel_request_ends_cancelled(poo
         return {}
 
     worker = await spawn_worker(dep, handler, max_concurrency=1)  # sweeps for orphans on start
-    row = await _wait_status(pool, run, "cancelled", within=5)
+    row = await _wait_status(pool, run, "cancelled", within=30)
     assert row["lease_worker_id"] is None
     assert row["lease_generation"] == generation + 1  # cancelled by the recovering worker
     assert calls in ([], [True])  # the handler, if it ran at all, saw the cancel
-    await wait_until(lambda: worker.active_run_ids == [], "the slot to be freed", within=5)
+    await wait_until(lambda: worker.active_run_ids == [], "the slot to be freed", within=30)
 
     # The slot is really free: the only slot takes the next run.
     nxt = (await LeaseManager(pool).enqueue_run(dep)).run_id
     await wait_until(lambda: pool.fetchval(
         "SELECT r.status = 'running' FROM zeroth.runs r WHERE r.run_id = $1", nxt),
-        "the next run to start", within=5)
+        "the next run to start", within=30)
 
 
 class CompletionSpy:

@@ -554,7 +554,9 @@ class TestCancelFromAnotherProcess:
         pool = events
         dep = deployment_name("cancel")
         run_id = await enqueue(pool, dep, {"ticks": 1, "step_seconds": 0.05, "gate": True})
-        a = await workers(dep, "worker_apps:scripted", "--lease", "30")
+        # A 600 s lease renews every 200 s: a handler stopped before that (wait_event fails
+        # after DEADLINE) heard the cancel by NOTIFY, not by a renewal.
+        a = await workers(dep, "worker_apps:scripted", "--lease", "600")
         await wait_event(pool, run_id, "gated", generation=1, worker=a)
 
         sent = time.monotonic()
@@ -571,8 +573,6 @@ class TestCancelFromAnotherProcess:
         assert (1, "completing") not in {(r["generation"], r["kind"]) for r in await pool.fetch(
             "SELECT e.generation, e.kind FROM public.events e WHERE e.run_id = $1", run_id)}
         await a.wait_for_line(f"run {run_id} cancelled on request")
-        # The 30 s lease renews every 10 s: the cancel came by NOTIFY, not by a renewal.
-        assert reached < 30 / 3
         print(f"\n[cancel] psql request_cancel -> handler stopped: {reached:.3f} s")
 
 

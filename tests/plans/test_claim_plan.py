@@ -27,6 +27,11 @@ import pytest
 from zeroth_pg import migrate
 from zeroth_pg.migrate import with_database
 
+#: Under xdist the module's tests all run in one worker, which builds the volume (a module-scoped
+#: fixture, about 10 s of the server's CPU) once: spread over the workers, each built its own (five
+#: times in a 6-worker run).
+pytestmark = pytest.mark.xdist_group("claim-plan-volume")
+
 FINISHED = 100_000
 PENDING = 1_000
 RUNNING = 40

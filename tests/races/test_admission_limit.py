@@ -267,11 +267,14 @@ class TestRenewalVersusReallocation:
         for round_no in range(rounds):
             deployment = f"renew-race-{round_no}"
             run_a, _run_b = await enqueue_many(setup, deployment, 2)
-            rows = await holder.fetch(CLAIM_PENDING, deployment, "holder-a", 1, 1, lease)
+            # Claimed and started under a long lease (a short one could lapse between the two on
+            # a loaded machine), then renewed to the short lease the race is run with.
+            rows = await holder.fetch(CLAIM_PENDING, deployment, "holder-a", 1, 1, 30.0)
             (row_a,) = [row for row in rows if row["run_id"] is not None]
             assert row_a["run_id"] == run_a
             gen_a = row_a["lease_generation"]
             assert await holder.fetchval(START, run_a, "holder-a", gen_a)
+            assert await holder.fetchval(RENEW, run_a, "holder-a", gen_a, lease)
 
             b_claim: dict[str, Any] = {}
             renewals: list[tuple[float, bool, Any]] = []  # (client start, ok, new expiry)

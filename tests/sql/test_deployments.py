@@ -11,7 +11,7 @@ from typing import Any
 
 import asyncpg
 import pytest
-from helpers import DEPLOYMENT, T0, WORKER, at, claim, enqueue, make_run, run_row
+from helpers import DEPLOYMENT, T0, WORKER, at, claim, enqueue, make_run, run_row, wait_until
 
 REGISTER = """SELECT * FROM zeroth.register_deployment(deployment_ref => $1, max_attempts => $2,
     priority => $3)"""
@@ -586,7 +586,7 @@ class TestClaimsTakeTheRegisteredLease:
 class TestConcurrentPolicyChanges:
     async def test_two_sessions_changing_one_deployments_policy_are_both_audited_in_turn(
             self, connect):
-        first, second = await connect(), await connect()
+        first, second, watcher = await connect(), await connect(), await connect()
         await first.execute("SELECT zeroth.set_deployment_defaults(deployment_ref => 'raced', "
                             "lease_seconds => 10)")
         # The first session holds the row (its change is not committed) while the second asks
@@ -598,7 +598,7 @@ class TestConcurrentPolicyChanges:
         waiting = asyncio.ensure_future(second.execute(
             "SELECT zeroth.set_deployment_defaults(deployment_ref => 'raced', "
             "retry_base_seconds => 7)"))
-        await wait_until_waiting(first, "raced")
+        await wait_until_waiting(watcher, "raced")
         assert not waiting.done()
         await transaction.commit()
         await waiting
@@ -617,17 +617,15 @@ class TestConcurrentPolicyChanges:
         assert tuple(row) == (3, 20, 7)
 
 
-async def wait_until_waiting(conn: asyncpg.Connection, deployment: str) -> None:
+async def wait_until_waiting(watcher: asyncpg.Connection, deployment: str) -> None:
     """Until another session waits for a lock (the registry row): pg_stat_activity says so.
 
-    conn may be inside a transaction (the lock's holder), where pg_stat_activity is a snapshot
-    taken at its first read and kept to the transaction's end: each poll clears it first, or a
-    first poll made before the other session began to wait would be read again for ever."""
-    for _ in range(2000):
-        await conn.execute("SELECT pg_stat_clear_snapshot()")
-        if await conn.fetchval(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                "AND query LIKE '%set_deployment_defaults%' AND pid <> pg_backend_pid()"):
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"no session waited for the row of {deployment}")
+    ``watcher`` is in no transaction: a session reads pg_stat_activity once per transaction, so
+    one polling inside its open transaction sees its first answer for ever (on a loaded machine,
+    taken before the other session had started to wait)."""
+    async def waiting() -> bool:
+        return bool(await watcher.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND query LIKE '%set_deployment_defaults%' AND pid <> pg_backend_pid()"))
+
+    await wait_until(waiting, f"a session to wait for the row of {deployment}", within=60)

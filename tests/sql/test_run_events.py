@@ -72,15 +72,8 @@ class TestAppend:
         assert [e["lease_generation"] for e in events] == [1, 1, 1]
         assert [e["created_at"] for e in events] == [at(5), at(6), at(5)]
 
-    async def test_the_holder_of_a_claim_not_started_gets_zp003(self, conn):
-        lease = await make_run(conn, "claimed")
-
-        with pytest.raises(asyncpg.PostgresError) as info:
-            async with conn.transaction():
-                await append(conn, lease.run_id)
-
-        assert info.value.sqlstate == "ZP003"
-        assert await stored(conn, lease.run_id) == []
+    # The holder of a claim not started gets ZP003 and appends nothing:
+    # test_fenced_conformance.py (the holder in a state the function does not take).
 
     async def test_an_old_holders_append_after_a_takeover_lands_nothing(self, conn):
         run_id = await own_running(conn, worker_id=OWNER)

@@ -180,31 +180,8 @@ class TestActions:
         finally:
             await conn.close()
 
-    async def test_csrf_and_read_only_mode_refuse_and_change_nothing(self, database_dsn):
-        conn = await asyncpg.connect(database_dsn)
-        try:
-            dead = await _dead_letter(conn, "mail", await _now(conn))
-            with dashboard(create_app(database_dsn, enable_actions=True)) as client:
-                client.get("/")
-                for data in ({"run_id": str(dead)}, {"run_id": str(dead), "csrf": "0" * 64}):
-                    r = client.post("/actions/redrive", data=data)
-                    assert r.status_code == 403
-                    assert "CSRF" in r.text
-            # A token from another session (another browser's cookie) is refused too.
-            with dashboard(create_app(database_dsn, enable_actions=True)) as a:
-                stolen = _csrf(a.get(f"/runs/{dead}").text)
-            with dashboard(create_app(database_dsn, enable_actions=True)) as b:
-                b.get("/")
-                assert b.post("/actions/redrive",
-                              data={"run_id": str(dead), "csrf": stolen}).status_code == 403
-            with dashboard(create_app(database_dsn)) as client:
-                client.get("/")
-                r = client.post("/actions/cancel", data={"run_id": str(dead), "csrf": "x"})
-                assert r.status_code == 403
-                assert "disabled" in r.text
-            assert await _status(conn, dead) == "failed"
-        finally:
-            await conn.close()
+    # Read-only, without or with a forged or another session's CSRF token: refused and nothing
+    # changes, for every action (test_web_action_guards.py).
 
     async def test_a_reader_dsn_can_never_act_and_sees_its_tenant(self, database_dsn,
                                                                   pg_server_dsn):
