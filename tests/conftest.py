@@ -16,6 +16,11 @@ import asyncpg
 import psycopg
 import pytest
 
+try:  # pytest 9: a node's id (see _GroupedTestIds)
+    from _pytest.nodeid import NodeId as _NodeId
+except ImportError:  # pytest 8: xdist's own tagging works
+    _NodeId = None  # type: ignore[assignment,misc]
+
 from zeroth_pg import App
 from zeroth_pg.testing import _session
 from zeroth_pg.worker import RunWorker
@@ -87,6 +92,8 @@ def _rewrite_test_modules(config: pytest.Config) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config, "workerinput"):
+        config.pluginmanager.register(_GroupedTestIds(), "zeroth-pg-grouped-test-ids")
     if (not hasattr(config, "workerinput") and getattr(config.option, "dist", "no") != "no"
             and getattr(config.option, "assertmode", "rewrite") == "rewrite"
             and not sys.dont_write_bytecode):
@@ -97,8 +104,16 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config: pytest.Config) -> None:
     option = config.option
-    if (not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput")
-            or os.environ.get("PYTEST_XDIST_WORKER")):
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:
+        # A worker parses the command line again, which does not say loadgroup when this
+        # hook chose it on the controller: then the worker would not tag its tests with their
+        # xdist_group and the controller could not keep a group on one worker (seen: the
+        # browser module's tests on four workers, the two HA soaks at once).
+        if workerinput.get(_LOADGROUP_KEY):
+            option.loadgroup = True
+        return
+    if not config.pluginmanager.hasplugin("xdist") or os.environ.get("PYTEST_XDIST_WORKER"):
         return
     if getattr(option, "numprocesses", None) is not None or getattr(option, "dist", "no") != "no":
         if getattr(option, "numprocesses", None) and getattr(option, "dist", "no") == "no":
@@ -116,6 +131,35 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
         return  # chosen tests: one process, one server
     option.numprocesses = "auto"
     option.dist = "loadgroup"
+
+
+_LOADGROUP_KEY = "zeroth_pg_loadgroup"
+
+
+class _GroupedTestIds:
+    """Keeps an xdist_group's tests on one worker under pytest 9: pytest-xdist (3.8) tags a
+    grouped test by setting ``item._nodeid`` to ``<id>@<group>``, which pytest 9 no longer
+    reads (a node's id is ``item._id``), so every group was silently spread over the workers —
+    a module's dedicated server started once per worker, the browser module's Chromium too, the
+    two HA soaks at the same time. Runs after xdist's own tagging and does it where it did not
+    take."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config: pytest.Config,
+                                      items: list[pytest.Item]) -> None:
+        if not config.getvalue("loadgroup"):
+            return
+        for item in items:
+            names = sorted({str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+                            for mark in item.iter_markers("xdist_group")})
+            if names and "@" not in item.nodeid and _NodeId is not None and hasattr(item, "_id"):
+                item._id = _NodeId.parse(f"{item.nodeid}@{'_'.join(names)}")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist controller, for each worker it starts: whether the run distributes by group."""
+    node.workerinput[_LOADGROUP_KEY] = node.config.option.dist == "loadgroup"
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
