@@ -1374,7 +1374,7 @@ ALTER TABLE ONLY zeroth.run_transitions
 -- Name: runs runs_pkey; Type: CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
 --
 ALTER TABLE ONLY zeroth.runs
-    ADD CONSTRAINT runs_pkey PRIMARY KEY (tenant_id, workspace_key, run_id);
+    ADD CONSTRAINT runs_pkey PRIMARY KEY (run_id, tenant_id, workspace_key);
 
 --
 -- Name: runs runs_scope_names_bounded; Type: CHECK CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
@@ -1515,16 +1515,6 @@ CREATE INDEX runs_run_deadline_idx ON zeroth.runs USING btree (run_deadline_at) 
 -- Name: INDEX runs_run_deadline_idx; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
 COMMENT ON INDEX zeroth.runs_run_deadline_idx IS 'The pending and waiting runs that have a run deadline, by deadline: what zeroth.wake_due_waits reads to end those past it (issue 34 item 2).';
-
---
--- Name: runs_run_id_not_running_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner
---
-CREATE INDEX runs_run_id_not_running_idx ON zeroth.runs USING btree (run_id) WHERE (status <> 'running'::zeroth.run_status);
-
---
--- Name: INDEX runs_run_id_not_running_idx; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
---
-COMMENT ON INDEX zeroth.runs_run_id_not_running_idx IS 'A run by its id alone when it is not running (zeroth_pg._calls.run_by_id: the dashboard''s run page, search and bulk actions; the running ones come from runs_running_idx). Not written by a claim or a renewal.';
 
 --
 -- Name: runs_running_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner

@@ -311,26 +311,19 @@ _RUN_COLUMNS = """r.run_id, r.tenant_id, r.workspace_id, r.deployment_ref, r.thr
     r.metadata::text AS metadata, r.progress::text AS progress"""
 
 # A run known by its id alone (the run page, a search, `zeroth-pg runs show` without its scope):
-# the runs that are not running through runs_run_id_not_running_idx (run_id) WHERE status <>
-# 'running', which a claim and a renewal never write (a run enters it when enqueued and when it
-# ends), and the running ones through runs_running_idx, filtered by id (as many as there are
-# running runs). Every scope's run of that id (a caller may reuse another scope's id): the caller
-# picks. Read through zeroth.run_list, as the caller (a reader's row-level security applies).
-# The running part compares the id as text, which no index takes as a condition: as `run_id =`,
-# a zeroth_reader's tenant (a constant of its plan) and the id made an index condition of
-# runs_pkey (tenant_id, workspace_key, run_id), and PostgreSQL 15, which cannot skip
-# workspace_key, walked the tenant's whole key range (2,149 buffers at a million runs).
+# one probe of runs_pkey, which leads with run_id (run_id, tenant_id, workspace_key; migration
+# 0023), whatever the run's status and the number of scopes, on PostgreSQL 15 as on 18. No index
+# of its own: one on run_id would take an entry at every enqueue and every completion (issue 30).
+# Every scope's run of that id (a caller may reuse another scope's id): the caller picks. Read
+# through zeroth.run_list, as the caller (a reader's row-level security adds its tenant, the
+# key's second column, to the same probe).
 def run_by_id(columns: str, run_id: str, where: str = "") -> str:
     """A query of ``columns`` (of zeroth.run_list, alias ``r``) for the run ``run_id`` (a
     parameter such as ``$1``) in every scope, with ``where`` (more predicates on ``r``, joined by
-    AND): one probe of runs_run_id_not_running_idx and a scan of the running runs."""
+    AND): one probe of runs_pkey."""
     more = f" AND {where}" if where else ""
-    return f"""SELECT r.* FROM (
-        SELECT {columns} FROM zeroth.run_list r
-         WHERE r.run_id = {run_id} AND r.status <> 'running'{more}
-        UNION ALL
-        SELECT {columns} FROM zeroth.run_list r
-         WHERE r.run_id::text = {run_id}::text AND r.status = 'running'{more}) r"""
+    return f"""SELECT {columns} FROM zeroth.run_list r
+         WHERE r.run_id = {run_id}{more}"""
 
 
 _LIST_WHERE = """($1::text IS NULL OR r.deployment_ref = $1)

@@ -180,10 +180,9 @@ class TestRegistryLocks:
 class TestRunByIdAfterTheIndexChange:
     """0019 dropped runs_run_id_idx. The dashboard's bulk page reads the status of the runs an
     action skipped by id alone: `run_list WHERE run_id = ANY($1)` read the whole table (a
-    sequential scan on PostgreSQL 15). It now finds each as the run page does, a runs_pkey probe
-    per scope (zeroth_pg._calls.run_by_id): index reads, never a scan of the table. Its cost grows
-    with the number of scopes (about 14 blocks a scope: at 100 tenants as many blocks as this
-    table has): a known limit, in docs/dba-guide.md, until every link carries its run's scope."""
+    sequential scan on PostgreSQL 15). It now finds each as the run page does
+    (zeroth_pg._calls.run_by_id): since 0023 one probe of runs_pkey, which leads with run_id,
+    whatever the number of scopes (100 tenants here): index reads, never a scan of the table."""
 
     async def test_the_bulk_pages_status_lookup_reads_runs_by_index(self, admin):
         import json
@@ -210,6 +209,7 @@ class TestRunByIdAfterTheIndexChange:
         blocks = plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
         assert "Seq Scan" not in scans, (scans, blocks)
         assert set(scans) <= {"Index Scan", "Index Only Scan"}, scans
+        assert blocks < 20, (scans, blocks)
 
 
 REGISTER_POLICY = """SELECT outcome FROM zeroth.register_deployment(deployment_ref => $1,

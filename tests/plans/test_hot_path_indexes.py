@@ -8,19 +8,20 @@ meets. Until issue 30 two indexes for the dashboard had no predicate (runs_creat
 (created_at, run_id), runs_run_id_idx (run_id)): six of the thirteen index entries a run cost
 from its enqueue to its completion. They are gone; the runs page merges the runs that are not
 running (runs_created_not_running_idx, which a claim does not write) with the running ones, and a
-run known by its id alone is a probe of runs_run_id_not_running_idx (also never written by a
-claim) and a scan of the running runs, whatever the number of scopes.
+run known by its id alone is one probe of the primary key, which leads with run_id (run_id,
+tenant_id, workspace_key: migration 0023), whatever its status and the number of scopes; no index
+on run_id (runs_run_id_not_running_idx until 0023) takes an entry at every enqueue and completion.
 
 * the catalog: no index of zeroth.runs without a predicate but its primary key;
 * the WAL: the btree leaf inserts into each index between two WAL positions (pg_walinspect),
   for runs enqueued by enqueue_runs, claimed and started by claim_and_start, completed by
   complete_runs: per run at most the entries each transition needs (enqueue: runs_pkey,
-  runs_claim_pending_idx, runs_created_not_running_idx, runs_run_id_not_running_idx; claim:
-  runs_pkey, runs_running_idx; completion: runs_pkey, runs_finished_idx,
-  runs_created_not_running_idx, runs_run_id_not_running_idx: 10; 13 before issue 30, 11 before
-  migration 0022, when a completion at the run's first claim also inserted its attempt into
-  zeroth.run_attempts and its index run_attempts_run_idx — it is kept in the runs row now, and
-  the view zeroth.run_attempts still shows it);
+  runs_claim_pending_idx, runs_created_not_running_idx; claim: runs_pkey, runs_running_idx;
+  completion: runs_pkey, runs_finished_idx, runs_created_not_running_idx: 8; 13 before issue 30,
+  11 before migration 0022, when a completion at the run's first claim also inserted its attempt
+  into zeroth.run_attempts and its index run_attempts_run_idx — it is kept in the runs row now,
+  and the view zeroth.run_attempts still shows it —, 10 before 0023, when
+  runs_run_id_not_running_idx took one at the enqueue and one at the completion);
 * the enqueue's heap records: a run with no idempotency key and no run_id of its own is inserted
   plainly (no speculative insertion, no HEAP_CONFIRM record: 48 bytes of WAL a run), by
   enqueue_run and enqueue_runs alike; a run with a key still goes through ON CONFLICT;
@@ -29,7 +30,8 @@ claim) and a scan of the running runs, whatever the number of scopes.
   checked), then again after ANALYZE: every page shape of the dashboard and of `zeroth-pg runs
   list` without a filter that needs statistics, and every lookup of a run by its id alone, reads
   through an index, with no sequential scan, and requests a number of buffers bounded by the page
-  and the running runs (EXPLAIN (ANALYZE, BUFFERS), no timing); the lookups by id also as a
+  and the running runs (EXPLAIN (ANALYZE, BUFFERS), no timing); every lookup by id alone (of a
+  finished, a running and an unknown run) is runs_pkey alone and a few buffers, also as a
   zeroth_reader (row-level security: its tenant is a constant of the plan). Plans saved with
   helpers.save_report (hot_path_indexes).
 """
@@ -117,17 +119,16 @@ async def test_a_run_writes_only_the_index_entries_its_transitions_need(connect:
     report = {"enqueue": dict(enqueue), "claim": dict(claim), "complete": dict(complete)}
     save_report("hot_path_index_entries", report)
     assert dict(enqueue) == {"runs_pkey": n, "runs_claim_pending_idx": n,
-                             "runs_created_not_running_idx": n,
-                             "runs_run_id_not_running_idx": n}, report
+                             "runs_created_not_running_idx": n}, report
     # The claim makes the runs running: their pending entries stay for VACUUM, the new row
     # versions need the key and the running index only.
     assert dict(claim) == {"runs_pkey": n, "runs_running_idx": n}, report
     # A completion at the first claim keeps its attempt in the runs row (migration 0022): no row
-    # of zeroth.run_attempt_log, no entry of its index; readers still see the attempt.
+    # of zeroth.run_attempt_log, no entry of its index; readers still see the attempt. No index
+    # on run_id alone: runs_pkey leads with it (migration 0023).
     assert dict(complete) == {"runs_pkey": n, "runs_finished_idx": n,
-                              "runs_created_not_running_idx": n,
-                              "runs_run_id_not_running_idx": n}, report
-    assert sum((enqueue + claim + complete).values()) == 10 * n
+                              "runs_created_not_running_idx": n}, report
+    assert sum((enqueue + claim + complete).values()) == 8 * n
     assert await admin.fetchval(
         """SELECT count(*) FROM zeroth.run_attempts
             WHERE run_id = ANY ($1::uuid[]) AND worker_id = 'w' AND outcome = 'completed'
@@ -306,13 +307,11 @@ async def test_pages_and_run_lookups_read_through_indexes_before_and_after_analy
                                if n["Node Type"] in ("Sort", "Incremental Sort")
                                for c in n["Plans"]), default=0)
             if "run id" in name or name.startswith(("run page", "zeroth-pg runs show")):
-                # One probe of runs_run_id_not_running_idx and the running runs, whatever the
-                # number of scopes (zeroth_pg._calls.run_by_id). A zeroth_reader's tenant (its
-                # row-level security makes it a constant) may turn the probe into a runs_pkey
-                # range of that tenant before the table has statistics: bounded by the tenant.
-                assert indexes <= {"runs_run_id_not_running_idx", "runs_running_idx",
-                                   "runs_pkey"}, (key, text)
-                assert buffers < 2 * RUNNING + 400, (key, buffers, text)
+                # One probe of runs_pkey (run_id, tenant_id, workspace_key), whatever the run's
+                # status, the number of scopes and the statistics (zeroth_pg._calls.run_by_id);
+                # a zeroth_reader's tenant (a constant of its plan) is the key's second column.
+                assert indexes == {"runs_pkey"}, (key, text)
+                assert buffers < 20, (key, buffers, text)
             elif name.endswith("status running"):
                 assert indexes == {"runs_running_idx"}, (key, text)
                 assert sorted_rows <= RUNNING, (key, text)

@@ -2,8 +2,8 @@
 run_page_query: no filter, each filter, a keyset cursor, a run id, as the owner and as a
 zeroth_reader with its tenant set) walks an index in (created_at, run_id) order (the runs that are
 not running: runs_created_not_running_idx; the running ones, none here, are sorted) or looks the
-run up by id (a runs_pkey probe per scope), and never sorts the table (a thread filter may sort
-that thread's runs, found through runs_thread_idx).
+run up by id (one probe of runs_pkey, which leads with run_id), and never sorts the table (a
+thread filter may sort that thread's runs, found through runs_thread_idx).
 
 A behavioural bound, not a timing: the plan has no Sort node and names the index, and
 EXPLAIN (ANALYZE, BUFFERS) counts the shared buffers one page touches. The million rows are one
@@ -144,12 +144,10 @@ class TestRunsPageAtAMillionRuns:
                     assert ("runs_thread_idx" in indexes
                             or "runs_created_not_running_idx" in indexes), text
                 elif name == "run id":
-                    # One probe of runs_run_id_not_running_idx and the running runs
-                    # (zeroth_pg._calls.run_by_id); a reader's tenant may make it a runs_pkey
-                    # range of that tenant. One row, maybe "sorted".
-                    assert indexes <= {"runs_run_id_not_running_idx", "runs_running_idx",
-                                       "runs_pkey"}, (key, text)
-                    assert "runs_run_id_not_running_idx" in indexes or role != "owner", text
+                    # One probe of runs_pkey (run_id, tenant_id, workspace_key), as the owner and
+                    # as a reader (its tenant: the key's second column), whatever the number of
+                    # scopes (zeroth_pg._calls.run_by_id). One row, maybe "sorted".
+                    assert indexes == {"runs_pkey"}, (key, text)
                 else:
                     # The runs that are not running by a walk of the index; the running ones
                     # (none here) sorted.
@@ -175,8 +173,9 @@ class TestRunsPageAtAMillionRuns:
         # filter that matches almost nothing walks far down the index (docs/dba-guide.md).
         assert costs["first page (owner)"] < 100, costs
         assert costs["page after a cursor (owner)"] < 100, costs
-        # A run id: one probe of runs_run_id_not_running_idx and the running runs (a few
-        # buffers: none run here), whatever the number of scopes (zeroth_pg._calls.run_by_id).
+        # A run id: one probe of runs_pkey (a few buffers), whatever the number of scopes
+        # (zeroth_pg._calls.run_by_id).
         assert costs["run id (owner)"] < 20, costs
+        assert costs["run id (zeroth_reader, tenant t1)"] < 20, costs
         assert {k: c for k, c in costs.items() if c >= 2000 and not k.startswith("count")
                 } == {}, costs

@@ -88,8 +88,8 @@ _DEAD = """SELECT d.run_id, d.tenant_id, d.workspace_id, d.deployment_ref, d.att
        AND ($2::text IS NULL OR d.tenant_id = $2)
      ORDER BY d.dead_lettered_at DESC, d.run_id LIMIT $3"""
 
-# A run by its id alone: one runs_pkey probe per scope that holds runs (zeroth.runs has no index
-# on run_id alone, issue 30; zeroth_pg._calls.run_by_id).
+# A run by its id alone: one probe of runs_pkey (run_id, tenant_id, workspace_key), whatever its
+# status and the number of scopes (zeroth_pg._calls.run_by_id).
 _RUN = _calls.run_by_id("""r.run_id, r.tenant_id, r.workspace_id, r.workspace_key, r.deployment_ref,
            r.thread_id, r.status::text AS status, r.wait_reason, r.priority, r.run_after,
            r.attempts, r.max_attempts, r.created_at, r.updated_at, r.started_at, r.finished_at,

@@ -168,9 +168,8 @@ def routes(actions: Actions) -> list[Route]:
                 done.append((run_id, "redriven" if outcome is True else str(outcome)))
             else:
                 skipped.append((run_id, _REASONS.get(str(outcome), str(outcome))))
-        # Each skipped run's status now, by its id as the run page finds one (a runs_pkey probe
-        # per scope: zeroth.runs has no index on run_id alone since 0019, and `run_id = ANY`
-        # read the whole table on PostgreSQL 15).
+        # Each skipped run's status now, by its id as the run page finds one (one probe of
+        # runs_pkey, which leads with run_id since 0023: zeroth_pg._calls.run_by_id).
         now: dict[uuid.UUID, str] = {}
         async with actions.pool().acquire() as conn:
             for run_id, _ in skipped:

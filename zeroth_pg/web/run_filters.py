@@ -38,9 +38,9 @@ def run_page_query(filters: dict[str, Any], after: tuple[datetime, uuid.UUID] | 
     (created_at, run_id) for every run (issue 30), so a page is two parts, each with the page's
     LIMIT, merged: the runs that are not running (runs_created_not_running_idx walked) and the
     running ones (runs_running_idx: as many as there are live leases, sorted); a status filter
-    keeps only its part. A run id searched for is one runs_pkey probe per scope
-    (zeroth_pg._calls.run_by_id). Never a sort of the table: tests/plans/test_run_list_plan.py
-    checks every shape's EXPLAIN at a million runs.
+    keeps only its part. A run id searched for is one probe of runs_pkey, which leads with
+    run_id (zeroth_pg._calls.run_by_id). Never a sort of the table:
+    tests/plans/test_run_list_plan.py checks every shape's EXPLAIN at a million runs.
 
     ``before``: the page just newer than that cursor, OLDEST first (the same parts walked
     forwards; the caller reverses it). ``count``: ``count(*)`` of at most ``limit`` matching runs
