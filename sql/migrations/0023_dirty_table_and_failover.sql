@@ -7,19 +7,6 @@
 SELECT 1;
 
 -- ===== section: claims on a dirty table (issue 30) =====
--- The claim order gets a last, unique key: run_id. A claim's scan may now start at an exact
--- position of runs_claim_pending_idx (the session's claim floor, sql/functions/internal/claims.sql
--- zeroth._claim_floor) instead of the head of the scope, where the entries of every run claimed or
--- deleted since the last VACUUM sit and cost a heap fetch each while some transaction pins the
--- xmin horizon. Without it the runs of one enqueue_runs batch share (priority, run_after,
--- created_at) and a position inside the batch could not be named. The order of runs with equal
--- (priority, run_after, created_at) was unspecified and is now by run_id.
-DROP INDEX zeroth.runs_claim_pending_idx;
-CREATE INDEX runs_claim_pending_idx ON zeroth.runs
-    (tenant_id, workspace_key, deployment_ref, priority DESC, run_after, created_at, run_id)
-    WHERE status = 'pending';
-COMMENT ON INDEX zeroth.runs_claim_pending_idx IS 'The pending runs of each scope in claim order (priority DESC, run_after, created_at, run_id): the claims read it from the session''s claim floor (zeroth._claim_floor), or from the head of the scope at least once per bound.';
-
 
 -- ===== section: per-run cost of the hot path (issue 30) =====
 

@@ -4,18 +4,21 @@
 -- SECURITY DEFINER public functions). Re-applied by every upgrade (sql/README.md).
 --
 -- Why: the claims read the pending runs of a scope in claim order (priority DESC, run_after,
--- created_at, run_id) from runs_claim_pending_idx. Every run claimed since the last VACUUM (pending
+-- created_at) from runs_claim_pending_idx. Every run claimed since the last VACUUM (pending
 -- → running is not a HOT update) and every pending run deleted leaves its entry there, at the head
 -- of its scope, and while some transaction pins the xmin horizon (an idle session in a
 -- transaction, a long report, a monitor) no scan may mark such an entry dead: each claim fetched
 -- the heap row of every one of them before it reached the first live run (200,000 dead runs: a
 -- claim went from 14 ms to 276 ms p99 on PostgreSQL 15).
 --
--- What: a claim whose scan from the head of the scope passed over at least 100 entries it could
--- not take (a dirty head; counted with the backend's statistics counter) remembers, in a setting
+-- What: a claim whose scan from the head of the scope passed over more than 100 + 2 × its batch
+-- entries it could not take (a dirty head; counted with the backend's statistics counter,
+-- zeroth._claim_floor_after_full_scan) remembers, in a setting
 -- of its session keyed by the scope (zeroth.claim_floor_<md5 of the scope>), the position of the
--- first run it locked (its claim-order key); on a clean head it keeps none and every claim reads
--- from the head in exact claim order, as before. The next claim of that session in that scope reads the floor's priority level from that
+-- first run it locked (its claim-order key: priority, run_after, created_at; the run_id is kept
+-- beside them, but the index has no such column, so runs with an equal key — one enqueue_runs
+-- batch — are all read from the first of them, the claimed ones of the batch included); on a
+-- clean head it keeps none and every claim reads from the head in exact claim order, as before. The next claim of that session in that scope reads the floor's priority level from that
 -- position on — an exact start of the index scan, so the dead entries before it are never read —
 -- and the levels above and below it from their heads (priority order between levels stays exact).
 -- The floor is a hint, never the truth: what it hides is found by a full scan from the head, which
@@ -174,21 +177,23 @@ REVOKE ALL ON FUNCTION zeroth._claim_floor_bound(interval) FROM PUBLIC;
 -- After a claim's (or a look's) full scan from the head of the scope: wasted is how many entries
 -- of runs_claim_pending_idx it read and could not take (dead, locked by another claimer, leased,
 -- pinned to another version: pg_stat_get_xact_tuples_returned around the scan, less the runs it
--- locked), took how long it ran. At least 100 wasted: the head is dirty, and the session keeps a
--- floor — the first run the scan locked (priority, run_after, created_at, run_id), or with none
--- (at, at, nil) at the level of the floor it had (0 if none) — for the bound that `took` gives
--- (zeroth._claim_floor_bound). Fewer: the head is clean (VACUUM, or scans, removed what was
--- there), a full scan costs what a floored one would, and the session keeps no floor: its claims
--- take runs in exact claim order, as every claim did before issue 30. (With track_counts off the
--- count is 0: never a floor.)
+-- locked), want how many runs it asked for, took how long it ran. More than 100 + 2 × want: the
+-- head is dirty — more than the runs a few claims like this one leave behind, which the scans
+-- of an unpinned table mark dead as they pass — and the session keeps a floor: the first run the
+-- scan locked (priority, run_after, created_at, run_id), or with none (at, at, nil) at the level
+-- of the floor it had (0 if none), for the bound that `took` gives (zeroth._claim_floor_bound).
+-- Else the head is clean enough, and the session keeps no floor: its claims take runs in exact
+-- claim order from the head, as every claim did before issue 30 (and mark the dead entries they
+-- pass). (With track_counts off the count is 0: never a floor.)
+DROP FUNCTION IF EXISTS zeroth._claim_floor_after_full_scan(text, text, text, bigint[], integer, integer, timestamptz, timestamptz, uuid, timestamptz, bigint, interval);
 CREATE OR REPLACE FUNCTION zeroth._claim_floor_after_full_scan(
     tenant_id text, workspace_key text, deployment_ref text, serves bigint[],
     kept_priority integer, priority integer, run_after timestamptz, created_at timestamptz,
-    run_id uuid, at timestamptz, wasted bigint, took interval)
+    run_id uuid, at timestamptz, wasted bigint, want integer, took interval)
     RETURNS void
     LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
-    IF _claim_floor_after_full_scan.wasted >= 100 THEN
+    IF coalesce(_claim_floor_after_full_scan.wasted, 0) > 100 + 2 * _claim_floor_after_full_scan.want THEN
         PERFORM zeroth._keep_claim_floor(
             _claim_floor_after_full_scan.tenant_id, _claim_floor_after_full_scan.workspace_key,
             _claim_floor_after_full_scan.deployment_ref, _claim_floor_after_full_scan.serves,
@@ -207,9 +212,9 @@ BEGIN
     END IF;
 END
 $$;
-COMMENT ON FUNCTION zeroth._claim_floor_after_full_scan(text, text, text, bigint[], integer, integer, timestamptz, timestamptz, uuid, timestamptz, bigint, interval) IS 'Internal: after a full scan of a scope''s pending runs, keep a claim floor for this session when the scan wasted at least 100 entries of runs_claim_pending_idx (a dirty head), else drop it (exact claim order).';
-ALTER FUNCTION zeroth._claim_floor_after_full_scan(text, text, text, bigint[], integer, integer, timestamptz, timestamptz, uuid, timestamptz, bigint, interval) OWNER TO zeroth_owner;
-REVOKE ALL ON FUNCTION zeroth._claim_floor_after_full_scan(text, text, text, bigint[], integer, integer, timestamptz, timestamptz, uuid, timestamptz, bigint, interval) FROM PUBLIC;
+COMMENT ON FUNCTION zeroth._claim_floor_after_full_scan(text, text, text, bigint[], integer, integer, timestamptz, timestamptz, uuid, timestamptz, bigint, integer, interval) IS 'Internal: after a full scan of a scope''s pending runs, keep a claim floor for this session when the head is dirty (the scan wasted more than 100 + 2 × want entries of runs_claim_pending_idx), else drop it (exact claim order).';
+ALTER FUNCTION zeroth._claim_floor_after_full_scan(text, text, text, bigint[], integer, integer, timestamptz, timestamptz, uuid, timestamptz, bigint, integer, interval) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._claim_floor_after_full_scan(text, text, text, bigint[], integer, integer, timestamptz, timestamptz, uuid, timestamptz, bigint, integer, interval) FROM PUBLIC;
 
 -- Entries of runs_claim_pending_idx this backend's scans have returned so far (its statistics
 -- counter, not yet flushed ones included): read around a full scan to count what it wasted.

@@ -146,7 +146,7 @@ REVOKE ALL ON FUNCTION zeroth._lease_locked_runs(text, text, uuid[], tid[], inte
 -- for none): take starts from the rate limit, then free admission slots, lock up to that many
 -- (at most `want`) pending, due runs with SKIP LOCKED, lease them (with start, make them
 -- running) and log them as starts of the rate limit. The runs are read in claim order (priority
--- DESC, run_after, created_at, run_id) from the session's claim floor (zeroth._claim_floor,
+-- DESC, run_after, created_at) from the session's claim floor (zeroth._claim_floor,
 -- internal/claim_floor.sql: the floor's level from the floor, the others from their heads, every
 -- level from its head once per bound), and the first run locked is the next floor
 -- (zeroth._keep_claim_floor; issue 30). A locked run whose previous claim lapsed
@@ -283,7 +283,7 @@ BEGIN
                        AND (_claim_in_scope.serves IS NULL OR r.started_at IS NULL
                             OR r.code_version_id IS NULL
                             OR r.code_version_id = ANY (_claim_in_scope.serves))
-                     ORDER BY r.priority DESC, r.run_after, r.created_at, r.run_id
+                     ORDER BY r.priority DESC, r.run_after, r.created_at
                      LIMIT v_want - cardinality(v_ids)
                        FOR UPDATE SKIP LOCKED) above
                 UNION ALL
@@ -298,15 +298,14 @@ BEGIN
                        AND r.deployment_ref = _claim_in_scope.deployment_ref
                        AND r.status = 'pending'
                        AND r.priority = v_floor.priority
-                       AND (r.run_after, r.created_at, r.run_id)
-                           >= (v_floor.run_after, v_floor.created_at, v_floor.run_id)
+                       AND (r.run_after, r.created_at) >= (v_floor.run_after, v_floor.created_at)
                        AND r.run_after <= v_at
                        AND (r.lease_expires_at IS NULL OR r.lease_expires_at < v_at)
                        AND r.run_id <> ALL (v_ids || v_ended)
                        AND (_claim_in_scope.serves IS NULL OR r.started_at IS NULL
                             OR r.code_version_id IS NULL
                             OR r.code_version_id = ANY (_claim_in_scope.serves))
-                     ORDER BY r.priority DESC, r.run_after, r.created_at, r.run_id
+                     ORDER BY r.priority DESC, r.run_after, r.created_at
                      LIMIT v_want - cardinality(v_ids)
                        FOR UPDATE SKIP LOCKED) at_floor
                 UNION ALL
@@ -327,24 +326,24 @@ BEGIN
                        AND (_claim_in_scope.serves IS NULL OR r.started_at IS NULL
                             OR r.code_version_id IS NULL
                             OR r.code_version_id = ANY (_claim_in_scope.serves))
-                     ORDER BY r.priority DESC, r.run_after, r.created_at, r.run_id
+                     ORDER BY r.priority DESC, r.run_after, r.created_at
                      LIMIT v_want - cardinality(v_ids)
                        FOR UPDATE SKIP LOCKED) below
               ) u
              LIMIT v_want - cardinality(v_ids)
         )
-        SELECT coalesce(array_agg(l.run_id ORDER BY l.priority DESC, l.run_after, l.created_at, l.run_id)
+        SELECT coalesce(array_agg(l.run_id ORDER BY l.priority DESC, l.run_after, l.created_at)
                             FILTER (WHERE NOT l.spent), '{}'),
-               coalesce(array_agg(l.ctid ORDER BY l.priority DESC, l.run_after, l.created_at, l.run_id)
+               coalesce(array_agg(l.ctid ORDER BY l.priority DESC, l.run_after, l.created_at)
                             FILTER (WHERE NOT l.spent), '{}'),
                coalesce(array_agg(l.run_id) FILTER (WHERE l.spent), '{}'),
                coalesce(array_agg(l.run_id) FILTER (WHERE l.overdue), '{}'),
                max(l.timeouts),  -- the same value on every row (NULL: none, or read before)
                -- the first run locked, in claim order: the next floor
-               (array_agg(l.priority ORDER BY l.priority DESC, l.run_after, l.created_at, l.run_id))[1],
-               (array_agg(l.run_after ORDER BY l.priority DESC, l.run_after, l.created_at, l.run_id))[1],
-               (array_agg(l.created_at ORDER BY l.priority DESC, l.run_after, l.created_at, l.run_id))[1],
-               (array_agg(l.run_id ORDER BY l.priority DESC, l.run_after, l.created_at, l.run_id))[1]
+               (array_agg(l.priority ORDER BY l.priority DESC, l.run_after, l.created_at))[1],
+               (array_agg(l.run_after ORDER BY l.priority DESC, l.run_after, l.created_at))[1],
+               (array_agg(l.created_at ORDER BY l.priority DESC, l.run_after, l.created_at))[1],
+               (array_agg(l.run_id ORDER BY l.priority DESC, l.run_after, l.created_at))[1]
           INTO v_more, v_more_rows, v_spent, v_overdue, v_timeouts,
                v_first_priority, v_first_run_after, v_first_created_at, v_first_run_id
           FROM locked l;
@@ -357,8 +356,8 @@ BEGIN
         IF v_first_priority IS NOT NULL
            AND (v_next_priority IS NULL OR v_first_priority > v_next_priority
                 OR (v_first_priority = v_next_priority
-                    AND (v_first_run_after, v_first_created_at, v_first_run_id)
-                        < (v_next_run_after, v_next_created_at, v_next_run_id))) THEN
+                    AND (v_first_run_after, v_first_created_at)
+                        < (v_next_run_after, v_next_created_at))) THEN
             v_next_priority := v_first_priority;
             v_next_run_after := v_first_run_after;
             v_next_created_at := v_first_created_at;
@@ -399,7 +398,7 @@ BEGIN
             _claim_in_scope.serves, v_floor.kept_priority, v_next_priority, v_next_run_after,
             v_next_created_at, v_next_run_id, v_at,
             zeroth._claim_index_entries_read() - v_read - cardinality(v_ids) - cardinality(v_ended),
-            clock_timestamp() - v_began);
+            v_want, clock_timestamp() - v_began);
     ELSIF v_next_priority IS NOT NULL THEN
         PERFORM zeroth._keep_claim_floor(
             _claim_in_scope.tenant_id, _claim_in_scope.workspace_key, _claim_in_scope.deployment_ref,

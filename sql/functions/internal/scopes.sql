@@ -113,8 +113,7 @@ BEGIN
                AND r.deployment_ref = _scope_has_due_run.deployment_ref
                AND r.status = 'pending'
                AND r.priority = v_floor.priority
-               AND (r.run_after, r.created_at, r.run_id)
-                   >= (v_floor.run_after, v_floor.created_at, v_floor.run_id)
+               AND (r.run_after, r.created_at) >= (v_floor.run_after, v_floor.created_at)
                AND r.run_after <= _scope_has_due_run.at
                AND (r.lease_expires_at IS NULL OR r.lease_expires_at < _scope_has_due_run.at)
                AND (_scope_has_due_run.serves IS NULL OR r.started_at IS NULL
@@ -137,7 +136,7 @@ BEGIN
             _scope_has_due_run.tenant_id, _scope_has_due_run.workspace_key,
             _scope_has_due_run.deployment_ref, _scope_has_due_run.serves, v_floor.kept_priority,
             NULL, NULL, NULL, NULL, _scope_has_due_run.at,
-            zeroth._claim_index_entries_read() - v_read, clock_timestamp() - v_began);
+            zeroth._claim_index_entries_read() - v_read, 1, clock_timestamp() - v_began);
     END IF;
     RETURN v_found;
 END
