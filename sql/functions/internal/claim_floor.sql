@@ -59,11 +59,13 @@ REVOKE ALL ON FUNCTION zeroth._claim_floor_serves(bigint[]) FROM PUBLIC;
 
 -- The floor of this session for a scope, and whether the claim must scan from the head instead
 -- (full_scan: no valid floor, one for other claimers, one written at a time after `at`, or bound
--- passed since the last full scan). full_scan or not, (priority, run_after, created_at, run_id) is
+-- passed since the last full scan). full_scan or not, (priority, run_after, created_at) is
 -- where the claim reads from: the floor, never more recent than one second before at; for a full
 -- scan the lowest position there is (the lowest priority, then -infinity: the claims read the
 -- levels above the floor's from their heads, so that is every run). kept_priority: the floor's
--- priority when a valid one was stored (NULL: none).
+-- priority when a valid one was stored (NULL: none). run_id: the first locked run's id, kept in the
+-- value for the record; the claims compare (priority, run_after, created_at) only (the index has no
+-- run_id).
 CREATE OR REPLACE FUNCTION zeroth._claim_floor(
     tenant_id text, workspace_key text, deployment_ref text, serves bigint[], at timestamptz,
     OUT priority integer, OUT run_after timestamptz, OUT created_at timestamptz, OUT run_id uuid,
