@@ -145,7 +145,11 @@ REVOKE ALL ON FUNCTION zeroth._lease_locked_runs(text, text, uuid[], tid[], inte
 -- scope's effective max_concurrency, NULL for none; rate_limit: its zeroth.rate_limits key, NULL
 -- for none): take starts from the rate limit, then free admission slots, lock up to that many
 -- (at most `want`) pending, due runs with SKIP LOCKED, lease them (with start, make them
--- running) and log them as starts of the rate limit. A locked run whose previous claim lapsed
+-- running) and log them as starts of the rate limit. The runs are read in claim order (priority
+-- DESC, run_after, created_at) from the session's claim floor (zeroth._claim_floor,
+-- internal/claim_floor.sql: the floor's level from the floor, the others from their heads, every
+-- level from its head once per bound), and the first run locked is the next floor
+-- (zeroth._keep_claim_floor; issue 30). A locked run whose previous claim lapsed
 -- before start_run with no attempt left after counting that one is not leased but dead-lettered
 -- (zeroth._take_over), and the claim locks more in its place: a payload that kills every
 -- two-step worker before it starts ends after max_attempts claims and never blocks the runs
@@ -184,6 +188,19 @@ DECLARE
     v_retry  timestamptz;
     v_row    zeroth.claimed_run;
     v_at     timestamptz := _claim_in_scope.at;
+    -- the claim floor (issue 30): where this claim reads from, the first run each pass locked,
+    -- the first of all of them
+    v_floor  record;
+    v_began  timestamptz;
+    v_read   bigint;
+    v_first_priority   integer;
+    v_first_run_after  timestamptz;
+    v_first_created_at timestamptz;
+    v_first_run_id     uuid;
+    v_next_priority    integer;
+    v_next_run_after   timestamptz;
+    v_next_created_at  timestamptz;
+    v_next_run_id      uuid;
 BEGIN
     IF _claim_in_scope.rate_limit IS NOT NULL THEN
         SELECT t.granted, t.retry_at, t.decided_at INTO v_rate
@@ -215,14 +232,20 @@ BEGIN
     END IF;
 
     -- Lock first (SKIP LOCKED: never wait on another claimer), then lease what was locked.
+    -- From the session's claim floor (zeroth._claim_floor, issue 30): the levels above the
+    -- floor's priority from their heads, the floor's level from the floor on (an exact start of
+    -- the index scan: the dead entries before it are not read), the levels below from their
+    -- heads; or, for a full scan, every level from its head.
+    SELECT * INTO v_floor
+      FROM zeroth._claim_floor(_claim_in_scope.tenant_id, _claim_in_scope.workspace_key,
+                               _claim_in_scope.deployment_ref, _claim_in_scope.serves, v_at);
+    IF v_floor.full_scan THEN
+        v_began := clock_timestamp();
+        v_read := zeroth._claim_index_entries_read();
+    END IF;
     LOOP
         WITH locked AS MATERIALIZED (
-            SELECT r.run_id, r.ctid, r.priority, r.run_after, r.created_at,
-                   -- its last claim lapsed unstarted, and counting that attempt leaves none
-                   (r.lease_worker_id IS NOT NULL AND r.attempts + 1 >= r.max_attempts)
-                   -- or its run deadline passed: never started again (issue 34 item 2)
-                   OR coalesce(r.run_deadline_at <= v_at, false) AS spent,
-                   coalesce(r.run_deadline_at <= v_at, false) AS overdue,
+            SELECT u.run_id, u.ctid, u.priority, u.run_after, u.created_at, u.spent, u.overdue,
                    -- The deployment's timeouts, when the caller did not read them: an InitPlan of
                    -- this statement (one primary-key probe, evaluated only when reached), not a
                    -- statement of its own (issue 34 item 2).
@@ -232,25 +255,82 @@ BEGIN
                                WHERE d.deployment_ref = _claim_in_scope.deployment_ref
                                  AND zeroth._policy_binds_caller(d.managed_by, d.registered_by))
                    END AS timeouts
-              FROM zeroth.runs r
-             WHERE r.tenant_id = _claim_in_scope.tenant_id
-               AND r.workspace_key = _claim_in_scope.workspace_key
-               AND r.deployment_ref = _claim_in_scope.deployment_ref
-               AND r.status = 'pending'
-               AND r.run_after <= v_at
-               AND (r.lease_expires_at IS NULL OR r.lease_expires_at < v_at)
-               AND r.run_id <> ALL (v_ids || v_ended)  -- an earlier pass's (our own locks)
-               -- code versions (issue 34, item 3): a started run only for a version its
-               -- deployment lets resume it. serves NULL (policy any, the default): always true,
-               -- the same index scan as before; else a filter on the rows the scan reads, which
-               -- passes over the due runs pinned to versions this worker may not serve
-               -- (zeroth.pinned_runs counts them; retire_code_version clears them).
-               AND (_claim_in_scope.serves IS NULL OR r.started_at IS NULL
-                    OR r.code_version_id IS NULL
-                    OR r.code_version_id = ANY (_claim_in_scope.serves))
-             ORDER BY r.priority DESC, r.run_after, r.created_at
+              FROM (
+                -- The three ranges in claim order; each locks at most what is still wanted and
+                -- the next is read only when the ones before it gave too few (Append is lazy).
+                SELECT * FROM (
+                    SELECT r.run_id, r.ctid, r.priority, r.run_after, r.created_at,
+                           -- its last claim lapsed unstarted, and counting that attempt leaves none
+                           (r.lease_worker_id IS NOT NULL AND r.attempts + 1 >= r.max_attempts)
+                           -- or its run deadline passed: never started again (issue 34 item 2)
+                           OR coalesce(r.run_deadline_at <= v_at, false) AS spent,
+                           coalesce(r.run_deadline_at <= v_at, false) AS overdue
+                      FROM zeroth.runs r
+                     WHERE r.tenant_id = _claim_in_scope.tenant_id
+                       AND r.workspace_key = _claim_in_scope.workspace_key
+                       AND r.deployment_ref = _claim_in_scope.deployment_ref
+                       AND r.status = 'pending'
+                       AND r.priority > v_floor.priority
+                       AND r.run_after <= v_at
+                       AND (r.lease_expires_at IS NULL OR r.lease_expires_at < v_at)
+                       AND r.run_id <> ALL (v_ids || v_ended)  -- an earlier pass's (our own locks)
+                       -- code versions (issue 34, item 3): a started run only for a version its
+                       -- deployment lets resume it. serves NULL (policy any, the default): always
+                       -- true, the same index scan as before; else a filter on the rows the scan
+                       -- reads, which passes over the due runs pinned to versions this worker may
+                       -- not serve (zeroth.pinned_runs counts them; retire_code_version clears
+                       -- them).
+                       AND (_claim_in_scope.serves IS NULL OR r.started_at IS NULL
+                            OR r.code_version_id IS NULL
+                            OR r.code_version_id = ANY (_claim_in_scope.serves))
+                     ORDER BY r.priority DESC, r.run_after, r.created_at
+                     LIMIT v_want - cardinality(v_ids)
+                       FOR UPDATE SKIP LOCKED) above
+                UNION ALL
+                SELECT * FROM (
+                    SELECT r.run_id, r.ctid, r.priority, r.run_after, r.created_at,
+                           (r.lease_worker_id IS NOT NULL AND r.attempts + 1 >= r.max_attempts)
+                           OR coalesce(r.run_deadline_at <= v_at, false) AS spent,
+                           coalesce(r.run_deadline_at <= v_at, false) AS overdue
+                      FROM zeroth.runs r
+                     WHERE r.tenant_id = _claim_in_scope.tenant_id
+                       AND r.workspace_key = _claim_in_scope.workspace_key
+                       AND r.deployment_ref = _claim_in_scope.deployment_ref
+                       AND r.status = 'pending'
+                       AND r.priority = v_floor.priority
+                       AND (r.run_after, r.created_at) >= (v_floor.run_after, v_floor.created_at)
+                       AND r.run_after <= v_at
+                       AND (r.lease_expires_at IS NULL OR r.lease_expires_at < v_at)
+                       AND r.run_id <> ALL (v_ids || v_ended)
+                       AND (_claim_in_scope.serves IS NULL OR r.started_at IS NULL
+                            OR r.code_version_id IS NULL
+                            OR r.code_version_id = ANY (_claim_in_scope.serves))
+                     ORDER BY r.priority DESC, r.run_after, r.created_at
+                     LIMIT v_want - cardinality(v_ids)
+                       FOR UPDATE SKIP LOCKED) at_floor
+                UNION ALL
+                SELECT * FROM (
+                    SELECT r.run_id, r.ctid, r.priority, r.run_after, r.created_at,
+                           (r.lease_worker_id IS NOT NULL AND r.attempts + 1 >= r.max_attempts)
+                           OR coalesce(r.run_deadline_at <= v_at, false) AS spent,
+                           coalesce(r.run_deadline_at <= v_at, false) AS overdue
+                      FROM zeroth.runs r
+                     WHERE r.tenant_id = _claim_in_scope.tenant_id
+                       AND r.workspace_key = _claim_in_scope.workspace_key
+                       AND r.deployment_ref = _claim_in_scope.deployment_ref
+                       AND r.status = 'pending'
+                       AND r.priority < v_floor.priority
+                       AND r.run_after <= v_at
+                       AND (r.lease_expires_at IS NULL OR r.lease_expires_at < v_at)
+                       AND r.run_id <> ALL (v_ids || v_ended)
+                       AND (_claim_in_scope.serves IS NULL OR r.started_at IS NULL
+                            OR r.code_version_id IS NULL
+                            OR r.code_version_id = ANY (_claim_in_scope.serves))
+                     ORDER BY r.priority DESC, r.run_after, r.created_at
+                     LIMIT v_want - cardinality(v_ids)
+                       FOR UPDATE SKIP LOCKED) below
+              ) u
              LIMIT v_want - cardinality(v_ids)
-               FOR UPDATE SKIP LOCKED
         )
         SELECT coalesce(array_agg(l.run_id ORDER BY l.priority DESC, l.run_after, l.created_at)
                             FILTER (WHERE NOT l.spent), '{}'),
@@ -258,13 +338,30 @@ BEGIN
                             FILTER (WHERE NOT l.spent), '{}'),
                coalesce(array_agg(l.run_id) FILTER (WHERE l.spent), '{}'),
                coalesce(array_agg(l.run_id) FILTER (WHERE l.overdue), '{}'),
-               max(l.timeouts)  -- the same value on every row (NULL: none, or read before)
-          INTO v_more, v_more_rows, v_spent, v_overdue, v_timeouts
+               max(l.timeouts),  -- the same value on every row (NULL: none, or read before)
+               -- the first run locked, in claim order: the next floor
+               (array_agg(l.priority ORDER BY l.priority DESC, l.run_after, l.created_at))[1],
+               (array_agg(l.run_after ORDER BY l.priority DESC, l.run_after, l.created_at))[1],
+               (array_agg(l.created_at ORDER BY l.priority DESC, l.run_after, l.created_at))[1],
+               (array_agg(l.run_id ORDER BY l.priority DESC, l.run_after, l.created_at))[1]
+          INTO v_more, v_more_rows, v_spent, v_overdue, v_timeouts,
+               v_first_priority, v_first_run_after, v_first_created_at, v_first_run_id
           FROM locked l;
         IF NOT _claim_in_scope.timeouts_known AND cardinality(v_more) > 0 THEN
             attempt_timeout := v_timeouts[1];
             run_timeout := v_timeouts[2];
             timeouts_known := true;
+        END IF;
+        -- The earliest run locked by any pass (a later pass may lock one an earlier skipped).
+        IF v_first_priority IS NOT NULL
+           AND (v_next_priority IS NULL OR v_first_priority > v_next_priority
+                OR (v_first_priority = v_next_priority
+                    AND (v_first_run_after, v_first_created_at)
+                        < (v_next_run_after, v_next_created_at))) THEN
+            v_next_priority := v_first_priority;
+            v_next_run_after := v_first_run_after;
+            v_next_created_at := v_first_created_at;
+            v_next_run_id := v_first_run_id;
         END IF;
         v_ids := v_ids || v_more;
         v_rows := v_rows || v_more_rows;
@@ -291,6 +388,23 @@ BEGIN
         END LOOP;
         EXIT WHEN cardinality(v_ids) >= v_want;
     END LOOP;
+    -- The next floor: the first run this claim locked (everything before it in the ranges read
+    -- was dead, locked by another claimer, leased, pinned to another version or not there). After
+    -- a full scan only when the head was dirty (zeroth._claim_floor_after_full_scan); a floored
+    -- scan that locked nothing keeps the floor it had.
+    IF v_floor.full_scan THEN
+        PERFORM zeroth._claim_floor_after_full_scan(
+            _claim_in_scope.tenant_id, _claim_in_scope.workspace_key, _claim_in_scope.deployment_ref,
+            _claim_in_scope.serves, v_floor.kept_priority, v_next_priority, v_next_run_after,
+            v_next_created_at, v_next_run_id, v_at,
+            zeroth._claim_index_entries_read() - v_read - cardinality(v_ids) - cardinality(v_ended),
+            v_want, clock_timestamp() - v_began);
+    ELSIF v_next_priority IS NOT NULL THEN
+        PERFORM zeroth._keep_claim_floor(
+            _claim_in_scope.tenant_id, _claim_in_scope.workspace_key, _claim_in_scope.deployment_ref,
+            _claim_in_scope.serves, v_next_priority, v_next_run_after, v_next_created_at,
+            v_next_run_id, v_floor.full_at, v_floor.bound_ms);
+    END IF;
     IF _claim_in_scope.rate_limit IS NOT NULL THEN
         -- Log the starts; a batch the limit cut short says on every row when more may start.
         v_retry := zeroth._log_rate(_claim_in_scope.rate_limit, cardinality(v_ids), v_at);

@@ -67,26 +67,81 @@ REVOKE ALL ON FUNCTION zeroth._pending_scopes(text[]) FROM PUBLIC;
 -- versions, issue 34) one the claimer's version may serve: serves is the claimer's
 -- zeroth._version_serves (NULL: every run), the filter of the claims (_claim_in_scope), so a
 -- scope whose only due runs are pinned to another version is no candidate (no place of the batch
--- is drawn for it). One probe of runs_claim_pending_idx that stops at the first such run.
--- (The signature before 0022, without serves, is dropped first.)
+-- is drawn for it). Reads runs_claim_pending_idx as a claim of this session would (issue 30): from
+-- the session's claim floor (zeroth._claim_floor; the levels above and below the floor's priority
+-- from their heads), or from the head of the scope when the floor's bound has passed, and each
+-- probe stops at the first such run. A full look that finds none keeps a floor at `at` when it
+-- passed over a dirty head (as a claim's full scan does: zeroth._claim_floor_after_full_scan), so
+-- an empty scope full of dead entries is not walked on every call.
+-- (The signature before 0022, without serves, is dropped first; issue 30 made it PL/pgSQL.)
 DROP FUNCTION IF EXISTS zeroth._scope_has_due_run(text, text, text, timestamptz);
 CREATE OR REPLACE FUNCTION zeroth._scope_has_due_run(tenant_id text, workspace_key text,
                                                      deployment_ref text, at timestamptz,
                                                      serves bigint[] DEFAULT NULL)
     RETURNS boolean
-    LANGUAGE sql STABLE
-    RETURN EXISTS (
-        SELECT 1 FROM zeroth.runs r
-         WHERE r.tenant_id = _scope_has_due_run.tenant_id
-           AND r.workspace_key = _scope_has_due_run.workspace_key
-           AND r.deployment_ref = _scope_has_due_run.deployment_ref
-           AND r.status = 'pending'
-           AND r.run_after <= _scope_has_due_run.at
-           AND (r.lease_expires_at IS NULL OR r.lease_expires_at < _scope_has_due_run.at)
-           AND (_scope_has_due_run.serves IS NULL OR r.started_at IS NULL
-                OR r.code_version_id IS NULL
-                OR r.code_version_id = ANY (_scope_has_due_run.serves)));
-COMMENT ON FUNCTION zeroth._scope_has_due_run(text, text, text, timestamptz, bigint[]) IS 'Internal: true when the scope has a pending, due run that holds no live lease and that a claimer whose zeroth._version_serves is serves (NULL: every run) may take (what a claim would take).';
+    LANGUAGE plpgsql VOLATILE
+    SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    v_floor record;
+    v_began timestamptz := clock_timestamp();
+    v_read  bigint;
+    v_found boolean;
+BEGIN
+    SELECT * INTO v_floor
+      FROM zeroth._claim_floor(_scope_has_due_run.tenant_id, _scope_has_due_run.workspace_key,
+                               _scope_has_due_run.deployment_ref, _scope_has_due_run.serves,
+                               _scope_has_due_run.at);
+    IF v_floor.full_scan THEN
+        v_read := zeroth._claim_index_entries_read();
+    END IF;
+    v_found := EXISTS (
+            SELECT 1 FROM zeroth.runs r
+             WHERE r.tenant_id = _scope_has_due_run.tenant_id
+               AND r.workspace_key = _scope_has_due_run.workspace_key
+               AND r.deployment_ref = _scope_has_due_run.deployment_ref
+               AND r.status = 'pending'
+               AND r.priority > v_floor.priority
+               AND r.run_after <= _scope_has_due_run.at
+               AND (r.lease_expires_at IS NULL OR r.lease_expires_at < _scope_has_due_run.at)
+               AND (_scope_has_due_run.serves IS NULL OR r.started_at IS NULL
+                    OR r.code_version_id IS NULL
+                    OR r.code_version_id = ANY (_scope_has_due_run.serves)))
+        OR EXISTS (
+            SELECT 1 FROM zeroth.runs r
+             WHERE r.tenant_id = _scope_has_due_run.tenant_id
+               AND r.workspace_key = _scope_has_due_run.workspace_key
+               AND r.deployment_ref = _scope_has_due_run.deployment_ref
+               AND r.status = 'pending'
+               AND r.priority = v_floor.priority
+               AND (r.run_after, r.created_at) >= (v_floor.run_after, v_floor.created_at)
+               AND r.run_after <= _scope_has_due_run.at
+               AND (r.lease_expires_at IS NULL OR r.lease_expires_at < _scope_has_due_run.at)
+               AND (_scope_has_due_run.serves IS NULL OR r.started_at IS NULL
+                    OR r.code_version_id IS NULL
+                    OR r.code_version_id = ANY (_scope_has_due_run.serves)))
+        OR EXISTS (
+            SELECT 1 FROM zeroth.runs r
+             WHERE r.tenant_id = _scope_has_due_run.tenant_id
+               AND r.workspace_key = _scope_has_due_run.workspace_key
+               AND r.deployment_ref = _scope_has_due_run.deployment_ref
+               AND r.status = 'pending'
+               AND r.priority < v_floor.priority
+               AND r.run_after <= _scope_has_due_run.at
+               AND (r.lease_expires_at IS NULL OR r.lease_expires_at < _scope_has_due_run.at)
+               AND (_scope_has_due_run.serves IS NULL OR r.started_at IS NULL
+                    OR r.code_version_id IS NULL
+                    OR r.code_version_id = ANY (_scope_has_due_run.serves)));
+    IF v_floor.full_scan AND NOT v_found THEN
+        PERFORM zeroth._claim_floor_after_full_scan(
+            _scope_has_due_run.tenant_id, _scope_has_due_run.workspace_key,
+            _scope_has_due_run.deployment_ref, _scope_has_due_run.serves, v_floor.kept_priority,
+            NULL, NULL, NULL, NULL, _scope_has_due_run.at,
+            zeroth._claim_index_entries_read() - v_read, 1, clock_timestamp() - v_began);
+    END IF;
+    RETURN v_found;
+END
+$$;
+COMMENT ON FUNCTION zeroth._scope_has_due_run(text, text, text, timestamptz, bigint[]) IS 'Internal: true when the scope has a pending, due run that holds no live lease and that a claimer whose zeroth._version_serves is serves (NULL: every run) may take (what a claim of this session would take: from its claim floor, or from the head once the floor''s bound passed).';
 ALTER FUNCTION zeroth._scope_has_due_run(text, text, text, timestamptz, bigint[]) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._scope_has_due_run(text, text, text, timestamptz, bigint[]) FROM PUBLIC;
 

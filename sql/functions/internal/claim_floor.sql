@@ -1,0 +1,230 @@
+-- sql/functions/internal/claim_floor.sql: the claim floor, where a session's claims of a scope
+-- start reading runs_claim_pending_idx (issue 30, the dirty table).
+-- Internal helpers: SECURITY INVOKER, executable by zeroth_owner only (they run inside the
+-- SECURITY DEFINER public functions). Re-applied by every upgrade (sql/README.md).
+--
+-- Why: the claims read the pending runs of a scope in claim order (priority DESC, run_after,
+-- created_at) from runs_claim_pending_idx. Every run claimed since the last VACUUM (pending
+-- → running is not a HOT update) and every pending run deleted leaves its entry there, at the head
+-- of its scope, and while some transaction pins the xmin horizon (an idle session in a
+-- transaction, a long report, a monitor) no scan may mark such an entry dead: each claim fetched
+-- the heap row of every one of them before it reached the first live run (200,000 dead runs: a
+-- claim went from 14 ms to 276 ms p99 on PostgreSQL 15).
+--
+-- What: a claim whose scan from the head of the scope passed over more than 100 + 2 × its batch
+-- entries it could not take (a dirty head; counted with the backend's statistics counter,
+-- zeroth._claim_floor_after_full_scan) remembers, in a setting
+-- of its session keyed by the scope (zeroth.claim_floor_<md5 of the scope>), the position of the
+-- first run it locked (its claim-order key: priority, run_after, created_at; the run_id is kept
+-- beside them, but the index has no such column, so runs with an equal key — one enqueue_runs
+-- batch — are all read from the first of them, the claimed ones of the batch included); on a
+-- clean head it keeps none and every claim reads from the head in exact claim order, as before. The next claim of that session in that scope reads the floor's priority level from that
+-- position on — an exact start of the index scan, so the dead entries before it are never read —
+-- and the levels above and below it from their heads (priority order between levels stays exact).
+-- The floor is a hint, never the truth: what it hides is found by a full scan from the head, which
+-- a session makes at its first claim of a scope and again once `bound` has passed since its last
+-- one (bound: 50 times what the last full scan took, at least 1 s, at most 60 s, by the test clock
+-- zeroth._now()). A run that sorts below the floor a session holds — returned to pending with its
+-- old run_after (hand_back_to_pending, release_lease of a claim not yet started, a lapsed claim, a
+-- takeover that requeues, a thread's next run), enqueued with a run_after in the past or by a
+-- transaction that stayed open for more than a second (its run_after is its start), or left
+-- pending by a claim that rolled back — is claimed by that session at its next full scan at the
+-- latest, so it waits at most `bound` longer than it would have (sessions whose floor is lower see
+-- it at once). To keep the common case of that last one out, a floor is never more recent than
+-- one second before the claim's time: a run enqueued by a transaction open for less than a second
+-- is never hidden. The setting is the session's own (set_config(..., false)); a rolled-back claim
+-- rolls it back too; behind a transaction pooler it moves with the server connection, which is
+-- harmless for a hint: any value, even one a client wrote, only delays runs by at most the bound.
+
+-- The name of the session setting that holds a scope's claim floor.
+CREATE OR REPLACE FUNCTION zeroth._claim_floor_setting(tenant_id text, workspace_key text,
+                                                      deployment_ref text)
+    RETURNS text
+    LANGUAGE sql IMMUTABLE
+    RETURN 'zeroth.claim_floor_' || md5(ARRAY[tenant_id, workspace_key, deployment_ref]::text);
+COMMENT ON FUNCTION zeroth._claim_floor_setting(text, text, text) IS 'Internal: the name of the session setting (zeroth.claim_floor_<md5>) that holds the claim floor of one scope.';
+ALTER FUNCTION zeroth._claim_floor_setting(text, text, text) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._claim_floor_setting(text, text, text) FROM PUBLIC;
+
+-- The claimers a floor was set for: its claims filter by serves (the code versions a claimer may
+-- resume, zeroth._version_serves; NULL: every run), so a floor set past runs one claimer may not
+-- take is no floor for a claimer that may.
+CREATE OR REPLACE FUNCTION zeroth._claim_floor_serves(serves bigint[])
+    RETURNS text
+    LANGUAGE sql IMMUTABLE
+    RETURN CASE WHEN serves IS NULL THEN 'any' ELSE md5(serves::text) END;
+COMMENT ON FUNCTION zeroth._claim_floor_serves(bigint[]) IS 'Internal: the claimers (by their serves array) a claim floor holds for: ''any'' or the md5 of the array.';
+ALTER FUNCTION zeroth._claim_floor_serves(bigint[]) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._claim_floor_serves(bigint[]) FROM PUBLIC;
+
+-- The floor of this session for a scope, and whether the claim must scan from the head instead
+-- (full_scan: no valid floor, one for other claimers, one written at a time after `at`, or bound
+-- passed since the last full scan). full_scan or not, (priority, run_after, created_at) is
+-- where the claim reads from: the floor, never more recent than one second before at; for a full
+-- scan the lowest position there is (the lowest priority, then -infinity: the claims read the
+-- levels above the floor's from their heads, so that is every run). kept_priority: the floor's
+-- priority when a valid one was stored (NULL: none). run_id: the first locked run's id, kept in the
+-- value for the record; the claims compare (priority, run_after, created_at) only (the index has no
+-- run_id).
+CREATE OR REPLACE FUNCTION zeroth._claim_floor(
+    tenant_id text, workspace_key text, deployment_ref text, serves bigint[], at timestamptz,
+    OUT priority integer, OUT run_after timestamptz, OUT created_at timestamptz, OUT run_id uuid,
+    OUT full_scan boolean, OUT full_at timestamptz, OUT bound_ms integer,
+    OUT kept_priority integer)
+    LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_value text := current_setting(zeroth._claim_floor_setting(_claim_floor.tenant_id,
+                                                                _claim_floor.workspace_key,
+                                                                _claim_floor.deployment_ref), true);
+    v_parts text[];
+BEGIN
+    full_scan := true;
+    priority := -2147483648;
+    run_after := '-infinity';
+    created_at := '-infinity';
+    run_id := '00000000-0000-0000-0000-000000000000';
+    -- serves priority run_after created_at run_id full_at bound_ms (times in microseconds since
+    -- the epoch). Anything else, a client's own value too, is no floor.
+    v_parts := regexp_match(v_value,
+        '^(any|[0-9a-f]{32}) (-?[0-9]{1,10}) (-?[0-9]{1,18}) (-?[0-9]{1,18}) '
+        '([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}) (-?[0-9]{1,18}) '
+        '([0-9]{1,9})$');
+    IF v_parts IS NULL OR v_parts[1] <> zeroth._claim_floor_serves(_claim_floor.serves)
+       OR v_parts[2]::bigint NOT BETWEEN -2147483648 AND 2147483647 THEN
+        RETURN;
+    END IF;
+    kept_priority := v_parts[2]::integer;
+    full_at := zeroth._claim_floor_time(v_parts[6]::bigint);
+    bound_ms := v_parts[7]::integer;
+    IF full_at > _claim_floor.at
+       OR _claim_floor.at - full_at >= make_interval(secs => bound_ms / 1000.0) THEN
+        RETURN;
+    END IF;
+    full_scan := false;
+    priority := kept_priority;
+    run_after := zeroth._claim_floor_time(v_parts[3]::bigint);
+    created_at := zeroth._claim_floor_time(v_parts[4]::bigint);
+    run_id := v_parts[5]::uuid;
+    -- Never more recent than a second before the claim: a run enqueued by a transaction that
+    -- began before the floor's run and committed after it was set stays in view.
+    IF run_after >= _claim_floor.at - interval '1 second' THEN
+        run_after := _claim_floor.at - interval '1 second';
+        created_at := '-infinity';
+        run_id := '00000000-0000-0000-0000-000000000000';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION zeroth._claim_floor(text, text, text, bigint[], timestamptz) IS 'Internal: where this session''s claim of a scope reads runs_claim_pending_idx from (its claim floor, a hint kept in a session setting, never more recent than at - 1 s), or full_scan: from the head (no valid floor, or its bound passed since the session''s last full scan).';
+ALTER FUNCTION zeroth._claim_floor(text, text, text, bigint[], timestamptz) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._claim_floor(text, text, text, bigint[], timestamptz) FROM PUBLIC;
+
+-- A time as the floor stores it (microseconds since the epoch; numeric extract: exact) and back.
+CREATE OR REPLACE FUNCTION zeroth._claim_floor_us(at timestamptz)
+    RETURNS bigint
+    LANGUAGE sql STABLE
+    RETURN (extract(epoch FROM at) * 1000000)::bigint;
+COMMENT ON FUNCTION zeroth._claim_floor_us(timestamptz) IS 'Internal: a time as a claim floor stores it, microseconds since the epoch.';
+ALTER FUNCTION zeroth._claim_floor_us(timestamptz) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._claim_floor_us(timestamptz) FROM PUBLIC;
+
+-- The time a floor stored (to_timestamp of the whole seconds is exact, the microseconds added as
+-- an interval).
+CREATE OR REPLACE FUNCTION zeroth._claim_floor_time(us bigint)
+    RETURNS timestamptz
+    LANGUAGE sql STABLE
+    RETURN to_timestamp((us / 1000000)::double precision) + (us % 1000000) * interval '1 microsecond';
+COMMENT ON FUNCTION zeroth._claim_floor_time(bigint) IS 'Internal: the time a claim floor stored as microseconds since the epoch.';
+ALTER FUNCTION zeroth._claim_floor_time(bigint) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._claim_floor_time(bigint) FROM PUBLIC;
+
+-- Keeps a claim floor for this session (until the end of the session, or the rollback of the
+-- transaction): the position (priority, run_after, created_at, run_id) of the first run a claim
+-- locked, or after a full scan that found nothing (priority, at, at, nil); full_at: when the
+-- session last scanned the scope from its head; bound_ms: how long until it must again.
+CREATE OR REPLACE FUNCTION zeroth._keep_claim_floor(
+    tenant_id text, workspace_key text, deployment_ref text, serves bigint[], priority integer,
+    run_after timestamptz, created_at timestamptz, run_id uuid, full_at timestamptz,
+    bound_ms integer)
+    RETURNS void
+    LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    PERFORM set_config(
+        zeroth._claim_floor_setting(_keep_claim_floor.tenant_id, _keep_claim_floor.workspace_key,
+                                    _keep_claim_floor.deployment_ref),
+        concat_ws(' ', zeroth._claim_floor_serves(_keep_claim_floor.serves),
+                  _keep_claim_floor.priority,
+                  zeroth._claim_floor_us(_keep_claim_floor.run_after),
+                  zeroth._claim_floor_us(_keep_claim_floor.created_at),
+                  _keep_claim_floor.run_id,
+                  zeroth._claim_floor_us(_keep_claim_floor.full_at),
+                  _keep_claim_floor.bound_ms),
+        false);
+END
+$$;
+COMMENT ON FUNCTION zeroth._keep_claim_floor(text, text, text, bigint[], integer, timestamptz, timestamptz, uuid, timestamptz, integer) IS 'Internal: keep this session''s claim floor of a scope (a session setting, rolled back with the transaction): the claim-order position a claim''s scan starts at, when the session last scanned from the head and for how long that holds.';
+ALTER FUNCTION zeroth._keep_claim_floor(text, text, text, bigint[], integer, timestamptz, timestamptz, uuid, timestamptz, integer) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._keep_claim_floor(text, text, text, bigint[], integer, timestamptz, timestamptz, uuid, timestamptz, integer) FROM PUBLIC;
+
+-- How long a full scan that took `took` lets the session use its floor: 50 times as long (so the
+-- full scans cost at most 2% of a session's time), at least 1 s, at most 60 s (the bound a hidden
+-- run waits at most).
+CREATE OR REPLACE FUNCTION zeroth._claim_floor_bound(took interval)
+    RETURNS integer
+    LANGUAGE sql IMMUTABLE
+    RETURN least(60000, greatest(1000, ceil(50 * 1000 * extract(epoch FROM took))))::integer;
+COMMENT ON FUNCTION zeroth._claim_floor_bound(interval) IS 'Internal: how long (ms) a claim floor holds after a full scan that took `took`: 50 times that, at least 1 s, at most 60 s.';
+ALTER FUNCTION zeroth._claim_floor_bound(interval) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._claim_floor_bound(interval) FROM PUBLIC;
+
+-- After a claim's (or a look's) full scan from the head of the scope: wasted is how many entries
+-- of runs_claim_pending_idx it read and could not take (dead, locked by another claimer, leased,
+-- pinned to another version: pg_stat_get_xact_tuples_returned around the scan, less the runs it
+-- locked), want how many runs it asked for, took how long it ran. More than 100 + 2 × want: the
+-- head is dirty — more than the runs a few claims like this one leave behind, which the scans
+-- of an unpinned table mark dead as they pass — and the session keeps a floor: the first run the
+-- scan locked (priority, run_after, created_at, run_id), or with none (at, at, nil) at the level
+-- of the floor it had (0 if none), for the bound that `took` gives (zeroth._claim_floor_bound).
+-- Else the head is clean enough, and the session keeps no floor: its claims take runs in exact
+-- claim order from the head, as every claim did before issue 30 (and mark the dead entries they
+-- pass). (With track_counts off the count is 0: never a floor.)
+DROP FUNCTION IF EXISTS zeroth._claim_floor_after_full_scan(text, text, text, bigint[], integer, integer, timestamptz, timestamptz, uuid, timestamptz, bigint, interval);
+CREATE OR REPLACE FUNCTION zeroth._claim_floor_after_full_scan(
+    tenant_id text, workspace_key text, deployment_ref text, serves bigint[],
+    kept_priority integer, priority integer, run_after timestamptz, created_at timestamptz,
+    run_id uuid, at timestamptz, wasted bigint, want integer, took interval)
+    RETURNS void
+    LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    IF coalesce(_claim_floor_after_full_scan.wasted, 0) > 100 + 2 * _claim_floor_after_full_scan.want THEN
+        PERFORM zeroth._keep_claim_floor(
+            _claim_floor_after_full_scan.tenant_id, _claim_floor_after_full_scan.workspace_key,
+            _claim_floor_after_full_scan.deployment_ref, _claim_floor_after_full_scan.serves,
+            coalesce(_claim_floor_after_full_scan.priority,
+                     _claim_floor_after_full_scan.kept_priority, 0),
+            coalesce(_claim_floor_after_full_scan.run_after, _claim_floor_after_full_scan.at),
+            coalesce(_claim_floor_after_full_scan.created_at, _claim_floor_after_full_scan.at),
+            coalesce(_claim_floor_after_full_scan.run_id, '00000000-0000-0000-0000-000000000000'),
+            _claim_floor_after_full_scan.at,
+            zeroth._claim_floor_bound(_claim_floor_after_full_scan.took));
+    ELSIF _claim_floor_after_full_scan.kept_priority IS NOT NULL THEN
+        PERFORM set_config(zeroth._claim_floor_setting(_claim_floor_after_full_scan.tenant_id,
+                                                       _claim_floor_after_full_scan.workspace_key,
+                                                       _claim_floor_after_full_scan.deployment_ref),
+                           '', false);
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION zeroth._claim_floor_after_full_scan(text, text, text, bigint[], integer, integer, timestamptz, timestamptz, uuid, timestamptz, bigint, integer, interval) IS 'Internal: after a full scan of a scope''s pending runs, keep a claim floor for this session when the head is dirty (the scan wasted more than 100 + 2 × want entries of runs_claim_pending_idx), else drop it (exact claim order).';
+ALTER FUNCTION zeroth._claim_floor_after_full_scan(text, text, text, bigint[], integer, integer, timestamptz, timestamptz, uuid, timestamptz, bigint, integer, interval) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._claim_floor_after_full_scan(text, text, text, bigint[], integer, integer, timestamptz, timestamptz, uuid, timestamptz, bigint, integer, interval) FROM PUBLIC;
+
+-- Entries of runs_claim_pending_idx this backend's scans have returned so far (its statistics
+-- counter, not yet flushed ones included): read around a full scan to count what it wasted.
+CREATE OR REPLACE FUNCTION zeroth._claim_index_entries_read()
+    RETURNS bigint
+    LANGUAGE sql STABLE
+    -- (to_regclass: a name looked up at each call, so this body holds no dependency on the index)
+    RETURN pg_stat_get_xact_tuples_returned(to_regclass('zeroth.runs_claim_pending_idx'));
+COMMENT ON FUNCTION zeroth._claim_index_entries_read() IS 'Internal: the entries of runs_claim_pending_idx this backend''s index scans returned so far (pg_stat_get_xact_tuples_returned), read around a claim''s full scan.';
+ALTER FUNCTION zeroth._claim_index_entries_read() OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._claim_index_entries_read() FROM PUBLIC;
