@@ -13,6 +13,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from zeroth_pg._connect import NoWritableServerError, connect, create_pool
     from zeroth_pg._libpq import asyncpg_dsn
     from zeroth_pg.app import App, Deployment, SyncRunContext
     from zeroth_pg.client import LeaseManager
@@ -87,6 +88,7 @@ _HOMES = {
     **dict.fromkeys(("App", "Deployment", "SyncRunContext"), "zeroth_pg.app"),
     "LeaseManager": "zeroth_pg.client",
     "asyncpg_dsn": "zeroth_pg._libpq",
+    **dict.fromkeys(("NoWritableServerError", "connect", "create_pool"), "zeroth_pg._connect"),
     **dict.fromkeys(
         ("CheckpointConflictError", "ChildRunConflictError", "ConnectionLostError",
          "DatabaseError", "DeadlinePassedError", "EventTimeoutError",
@@ -148,6 +150,7 @@ __all__ = [
     "LeaseLostError",
     "LeaseManager",
     "LeaseRenewal",
+    "NoWritableServerError",
     "NonRetryableError",
     "OrphanClaimResult",
     "PeriodicSchedule",
@@ -185,6 +188,8 @@ __all__ = [
     "UnknownColumnError",
     "ZerothError",
     "asyncpg_dsn",
+    "connect",
+    "create_pool",
 ]
 
 __version__ = "0.1.0"

@@ -48,8 +48,8 @@ from uuid import UUID
 
 import asyncpg
 
+from zeroth_pg._connect import create_pool
 from zeroth_pg._jsonb import json_problem
-from zeroth_pg._libpq import asyncpg_dsn
 from zeroth_pg.client import LeaseManager
 from zeroth_pg.errors import DatabaseError, InvalidPayloadError, LeaseLostError, handler_exit
 from zeroth_pg.types import ChildOutcome, DeploymentRegistration, EnqueuedRun, RetryPolicy
@@ -801,8 +801,8 @@ class App:
                         # installed by its DBA, never migrated from here; the embedded one is.
                         given = bool(os.environ.get("ZEROTH_PG_DSN"))
                         self.dsn = await asyncio.to_thread(resolve_dsn, migrate=not given)
-                    self._pool = await asyncpg.create_pool(
-                        asyncpg_dsn(self.dsn), min_size=1, max_size=self.pool_size,
+                    self._pool = await create_pool(
+                        self.dsn, min_size=1, max_size=self.pool_size,
                         reset=skip_reset)
         return self._pool
 

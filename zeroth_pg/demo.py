@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from zeroth_pg._libpq import asyncpg_dsn
+from zeroth_pg._connect import create_pool
 from zeroth_pg.client import LeaseManager
 from zeroth_pg.embedded import running_server
 from zeroth_pg.worker import RunContext
@@ -134,7 +134,7 @@ async def _counts(pool: asyncpg.Pool, deployment: str) -> asyncpg.Record:
 async def _demo(dsn: str, args: DemoOptions, console: Console) -> DemoSummary | None:
     deployment = f"demo-{uuid.uuid4().hex[:8]}"
     rng = random.Random(args.seed)
-    pool = await asyncpg.create_pool(asyncpg_dsn(dsn), min_size=1, max_size=4)
+    pool = await create_pool(dsn, min_size=1, max_size=4)
     workers: list[subprocess.Popen[bytes]] = []
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), console=console)

@@ -31,8 +31,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from zeroth_pg._connect import create_pool
 from zeroth_pg._hosts import LOOPBACK_HOSTS, host_allowed, host_name
-from zeroth_pg._libpq import asyncpg_dsn
 
 __all__ = ["CONTENT_TYPE", "QUERY", "STATES", "render", "serve"]
 
@@ -172,7 +172,7 @@ async def serve(dsn: str, *, host: str = "127.0.0.1", port: int = 9641,
     that is a loopback name, the bound address or one of ``allowed_hosts`` (421 otherwise)."""
     allowed = frozenset(host_name(h) for h in (*LOOPBACK_HOSTS, *allowed_hosts, host)
                         if h.strip() and h not in ("0.0.0.0", "::"))
-    pool = await asyncpg.create_pool(asyncpg_dsn(dsn), min_size=1, max_size=2,
+    pool = await create_pool(dsn, min_size=1, max_size=2,
                                      server_settings={"application_name": "zeroth-pg metrics"})
     try:
         server = await asyncio.start_server(

@@ -38,7 +38,7 @@ from typing import TypeVar
 
 import asyncpg
 
-from zeroth_pg._libpq import asyncpg_dsn
+from zeroth_pg._connect import connect as writable_connect
 
 __all__ = [
     "CHANNELS",
@@ -123,7 +123,7 @@ class Notifier:
         self.ping_timeout = ping_timeout
         self.reconnect_min = reconnect_min
         self.reconnect_max = reconnect_max
-        self._connect = connect or (lambda dsn: asyncpg.connect(asyncpg_dsn(dsn)))
+        self._connect = connect or writable_connect
         self._task: asyncio.Task[None] | None = None
         self._conn: asyncpg.Connection | None = None
         self._backend_pid: int | None = None

@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 
 import asyncpg
 
+import zeroth_pg
 from zeroth_pg.errors import LeaseLostError, RetryableError, translate
 from zeroth_pg.worker import RunContext
 
@@ -54,7 +55,10 @@ async def _audit_pool(worker_id: str) -> asyncpg.Pool:
     global _pool
     async with _pool_lock:
         if _pool is None:
-            _pool = await asyncpg.create_pool(
+            # zeroth_pg's pool, as a handler's own pool should be: behind PgBouncers that
+            # report a stale role after a failover, asyncpg's own stayed on a standby and every
+            # audit insert was refused read-only (docs/dba-guide.md "PgBouncer in front").
+            _pool = await zeroth_pg.create_pool(
                 os.environ["CHAOS_AUDIT_DSN"], min_size=1, max_size=3,
                 server_settings={"application_name": f"chaos-audit:{worker_id}"})
     return _pool

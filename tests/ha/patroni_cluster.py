@@ -20,6 +20,10 @@ Settings (the ones the guarantees need, docs/dba-guide.md "High availability"):
 * ``use_pg_rewind`` (so ``full_page_writes`` and ``wal_log_hints`` are on): a killed primary
   rejoins as a standby. fsync is off (only processes die here, never the machine).
 
+``patroni_cluster(synchronous=False)`` (test_ha_soak.py, ``ZEROTH_PG_HA_REPLICATION=async``):
+``synchronous_mode`` off and ``maximum_lag_on_failover`` 1 GB, so that Patroni promotes the most
+advanced replica even when it lags (a lossy failover, bounded by that lag).
+
 Failures it injects: :meth:`switchover` (``patronictl switchover --force``),
 :meth:`kill_node` (SIGKILL of the primary's Patroni *and* postmaster: the node dies; a SIGKILL of
 the postmaster alone is not a failover under Patroni, whose loop restarts PostgreSQL in place on
@@ -81,9 +85,11 @@ class PatroniNode:
 class PatroniCluster(ManagedCluster):
     manager = "a Patroni"
 
-    def __init__(self, daemons: Daemons, nodes: list[PatroniNode], etcd_port: int) -> None:
+    def __init__(self, daemons: Daemons, nodes: list[PatroniNode], etcd_port: int,
+                 synchronous: bool = True) -> None:
         super().__init__(daemons, nodes)
         self.etcd_port = etcd_port
+        self.synchronous = synchronous
 
     def dsn(self, dbname: str) -> str:
         hosts = ",".join(f"127.0.0.1:{node.port}" for node in self.nodes)
@@ -105,18 +111,22 @@ class PatroniCluster(ManagedCluster):
         return None
 
     def wait_healthy(self, timeout: float = 240) -> None:
-        """Until one leader and two replicas run, one of them the synchronous standby."""
+        """Until one leader and two replicas run, one of them the synchronous standby (when
+        synchronous)."""
         def healthy() -> bool:
             members = self.members()
             running = [m for m in members if m.get("State") in ("running", "streaming")]
-            return len(running) == len(self.nodes) and self.sync_standby() is not None
+            return len(running) == len(self.nodes) and (
+                not self.synchronous or self.sync_standby() is not None)
         until(healthy, timeout, "the Patroni cluster has a leader, two replicas and a sync "
               "standby", interval=0.5)
 
     def switchover(self) -> tuple[PatroniNode, PatroniNode]:
         """``patronictl switchover --force`` to the synchronous standby; (old, new) primary."""
         old = self.primary()
-        candidate = self.sync_standby()
+        candidate = self.sync_standby() if self.synchronous else next(
+            str(m["Member"]) for m in self.members() if m.get("Role") == "Replica"
+            and m.get("State") in ("running", "streaming"))
         assert candidate is not None, self.members()
         self.patronictl("switchover", SCOPE, "--leader", old.name, "--candidate", candidate,
                         "--force")
@@ -133,7 +143,7 @@ class PatroniCluster(ManagedCluster):
         self.daemons.start(node.name, ["/usr/bin/patroni", str(node.config)])
 
 
-def _config(daemons: Daemons, node: PatroniNode, etcd_port: int) -> str:
+def _config(daemons: Daemons, node: PatroniNode, etcd_port: int, synchronous: bool) -> str:
     socket_dir = daemons.mkdir(f"{node.name}-sock")
     parameters = {
         "max_connections": 300, "fsync": "off", "full_page_writes": "on", "wal_log_hints": "on",
@@ -149,8 +159,8 @@ def _config(daemons: Daemons, node: PatroniNode, etcd_port: int) -> str:
         "etcd3": {"hosts": [f"127.0.0.1:{etcd_port}"]},
         "bootstrap": {
             "dcs": {"ttl": TTL, "loop_wait": LOOP_WAIT, "retry_timeout": 5,
-                    "maximum_lag_on_failover": 0, "synchronous_mode": True,
-                    "synchronous_mode_strict": True,
+                    "maximum_lag_on_failover": 0 if synchronous else 1 << 30,
+                    "synchronous_mode": synchronous, "synchronous_mode_strict": synchronous,
                     "postgresql": {"use_pg_rewind": True, "use_slots": True,
                                    "parameters": parameters}},
             "initdb": [{"encoding": "UTF8"}, {"auth": "trust"}],
@@ -173,7 +183,7 @@ def _config(daemons: Daemons, node: PatroniNode, etcd_port: int) -> str:
 
 
 @contextlib.contextmanager
-def patroni_cluster(nodes: int = 3) -> Iterator[PatroniCluster]:
+def patroni_cluster(nodes: int = 3, synchronous: bool = True) -> Iterator[PatroniCluster]:
     """etcd and ``nodes`` Patroni nodes, healthy; every process stopped and the directory
     deleted on exit, also when the body fails."""
     daemons = Daemons("zeroth-pg-patroni-")
@@ -194,11 +204,11 @@ def patroni_cluster(nodes: int = 3) -> Iterator[PatroniCluster]:
         for index in range(nodes):
             node = PatroniNode(f"pg{index + 1}", free_port(), free_port(),
                                daemons.tmp / f"pg{index + 1}", daemons.tmp / f"pg{index + 1}.yml")
-            node.config.write_text(_config(daemons, node, etcd_port))
+            node.config.write_text(_config(daemons, node, etcd_port, synchronous))
             daemons.chown(node.config)
             daemons.pgdatas.append(node.pgdata)
             members.append(node)
-        cluster = PatroniCluster(daemons, members, etcd_port)
+        cluster = PatroniCluster(daemons, members, etcd_port, synchronous)
         # The first bootstraps (initdb) alone; the others then clone from it.
         daemons.start(members[0].name, ["/usr/bin/patroni", str(members[0].config)])
         until(lambda: members[0].role() in ("master", "primary"), 180,

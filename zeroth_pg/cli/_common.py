@@ -155,12 +155,10 @@ def database(dsn: str | None, *, migrate: bool = True) -> Iterator[str]:
 def run_async(dsn: str | None, work: Callable[[asyncpg.Connection], Any]) -> Any:
     """Run ``await work(conn)`` on one connection to the configured (or embedded) database."""
 
-    import asyncpg
-
-    from zeroth_pg._libpq import asyncpg_dsn
+    from zeroth_pg._connect import connect
 
     async def main(url: str) -> Any:
-        conn = await asyncpg.connect(asyncpg_dsn(url))
+        conn = await connect(url)
         try:
             return await work(conn)
         finally:

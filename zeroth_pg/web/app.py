@@ -25,8 +25,8 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from zeroth_pg import _calls, fleet_metrics
+from zeroth_pg._connect import connect, create_pool
 from zeroth_pg._hosts import LOOPBACK_HOSTS, host_name, netloc
-from zeroth_pg._libpq import asyncpg_dsn
 from zeroth_pg.web import (
     pages_deployments,
     pages_events,
@@ -510,14 +510,14 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
                       message=f"the database answered an error ({code}): {exc}")
 
     event_streams = pages_run_events.EventStreams(
-        pages, lambda: asyncpg.connect(asyncpg_dsn(dsn), server_settings={
+        pages, lambda: connect(dsn, server_settings={
             "application_name": "zeroth-pg web events"}),
         idle_seconds=stream_idle_seconds, max_streams=max_streams,
         max_streams_per_client=max_streams_per_client)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
-        state["pool"] = await asyncpg.create_pool(asyncpg_dsn(dsn), min_size=1, max_size=4,
+        state["pool"] = await create_pool(dsn, min_size=1, max_size=4,
                                                   server_settings={"application_name":
                                                                    "zeroth-pg web"})
         try:

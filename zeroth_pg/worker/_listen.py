@@ -16,9 +16,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-import asyncpg
-
-from zeroth_pg._libpq import asyncpg_dsn
+from zeroth_pg._connect import connect
 from zeroth_pg.notify import CONTROL_CHANNEL, WAKEUP_CHANNEL, Notifier
 from zeroth_pg.worker._gate import WakeupGate
 from zeroth_pg.worker._sources import ClaimSource
@@ -52,7 +50,7 @@ class Listener:
         settings = {"application_name": f"zeroth-listener:{self.worker_id}"}
         self.notifier = Notifier(
             dsn, on_notification=self.on_notification, on_connect=self.on_listen,
-            connect=lambda dsn: asyncpg.connect(asyncpg_dsn(dsn), server_settings=settings))
+            connect=lambda dsn: connect(dsn, server_settings=settings))
         self.notifier.start()
         return self.notifier
 

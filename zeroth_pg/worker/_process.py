@@ -20,7 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 import asyncpg
 
 from zeroth_pg import tracing
-from zeroth_pg._libpq import asyncpg_dsn
+from zeroth_pg._connect import create_pool
 from zeroth_pg.worker._run import Handler, orchestrator_handler
 from zeroth_pg.worker._worker import RunWorker
 
@@ -187,8 +187,8 @@ async def serve(
     if metrics_port:
         start_http_server(metrics_port)
     worker_id = worker_id or uuid.uuid4().hex
-    pool = await asyncpg.create_pool(
-        asyncpg_dsn(dsn), min_size=1, max_size=max(4, concurrency + 2), reset=skip_reset,
+    pool = await create_pool(
+        dsn, min_size=1, max_size=max(4, concurrency + 2), reset=skip_reset,
         server_settings={"application_name": f"zeroth-worker:{worker_id}"})
     try:
         worker = RunWorker(

@@ -1,0 +1,187 @@
+"""A client that asks for a writable server gets one by the server's own answer, not by what a
+pooler in front of it reports (zeroth_pg/_connect.py; docs/dba-guide.md, "PgBouncer in front").
+
+PgBouncer (1.18) hands every client the startup parameters of the first server connection of
+its pool, cached: ``default_transaction_read_only`` and ``in_hot_standby`` among them. Here the
+first of two PgBouncers maps the test's database to a second copy of it that becomes read-only
+after the PgBouncer cached "read-write" (``ALTER DATABASE … SET default_transaction_read_only``:
+what a demoted primary's PgBouncer reports after a switchover, in miniature); the second PgBouncer
+reaches the database itself. A multi-host DSN with ``target_session_attrs=read-write`` names the
+stale one first. asyncpg trusts the reported values and stays on the read-only copy, every write
+refused with 25006; zeroth_pg's pools and connections ask the server and go on to the writable
+one. Then a pooled connection that a write finds read-only is not kept. Skipped, with the reason
+printed, only when no pgbouncer binary is installed (.ci/run installs it).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+import psycopg
+import pytest
+from pgbouncer_support import bouncer
+from psycopg.conninfo import conninfo_to_dict
+
+import zeroth_pg
+from zeroth_pg import App
+from zeroth_pg.client import LeaseManager
+from zeroth_pg.errors import RetryableError
+from zeroth_pg.testing import libpq_dsn
+
+DEPLOYMENT = "writable-server"
+
+
+@dataclass(frozen=True, slots=True)
+class Server:
+    host: str
+    port: str
+    user: str
+
+
+def _server(dsn: str) -> Server:
+    params = conninfo_to_dict(libpq_dsn(dsn))
+    return Server(str(params.get("host") or "/var/run/postgresql"),
+                  str(params.get("port") or 5432), str(params.get("user") or "postgres"))
+
+
+@dataclass(frozen=True, slots=True)
+class StaleBouncer:
+    """The test database ``dbname`` behind two PgBouncers: ``stale_port`` reaches a read-only
+    copy while reporting read-write, ``good_port`` the database itself; :attr:`dsn` names both,
+    the stale one first, with ``target_session_attrs=read-write``."""
+
+    dbname: str
+    copy: str
+    user: str
+    stale_port: int
+    good_port: int
+
+    @property
+    def dsn(self) -> str:
+        return (f"postgresql://{self.user}@127.0.0.1:{self.stale_port},127.0.0.1:"
+                f"{self.good_port}/{self.dbname}?target_session_attrs=read-write")
+
+
+@pytest.fixture
+def stale_bouncer(database_dsn: str, pg_server_dsn: str) -> Iterator[StaleBouncer]:
+    server = _server(pg_server_dsn)
+    dbname = str(conninfo_to_dict(libpq_dsn(database_dsn))["dbname"])
+    copy = f"{dbname}_stale"
+    with psycopg.connect(libpq_dsn(pg_server_dsn), autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{copy}" TEMPLATE "{dbname}"')
+    target = f"host={server.host} port={server.port}"
+    socket_dir = server.host if server.host.startswith("/") else None
+    try:
+        with bouncer(f"{dbname} = {target} dbname={copy}", user=server.user,
+                     socket_dir=socket_dir) as stale, \
+                bouncer(f"* = {target}", user=server.user, socket_dir=socket_dir) as good:
+            # The stale PgBouncer's pool opens while its server takes writes: it caches
+            # default_transaction_read_only = off (and in_hot_standby = off) for every client.
+            with psycopg.connect(f"postgresql://{server.user}@127.0.0.1:{stale}/{dbname}",
+                                 autocommit=True) as first:
+                assert first.info.parameter_status("default_transaction_read_only") == "off"
+            with psycopg.connect(libpq_dsn(pg_server_dsn), autocommit=True) as admin:
+                # Then its server stops taking writes (a demoted primary, in miniature), and
+                # the server connection PgBouncer keeps from before goes away.
+                admin.execute(f'ALTER DATABASE "{copy}" SET default_transaction_read_only = on')
+                admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                              " WHERE datname = %s", (copy,))
+            yield StaleBouncer(dbname, copy, server.user, stale, good)
+    finally:
+        with psycopg.connect(libpq_dsn(pg_server_dsn), autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{copy}" WITH (FORCE)')
+
+
+async def _landed_in(conn_or_pool: Any) -> tuple[str, str]:
+    """Where a write through ``conn_or_pool`` lands: (database, run status)."""
+    queued = await LeaseManager(conn_or_pool).enqueue_run(DEPLOYMENT, {})
+    found = await conn_or_pool.fetchrow(
+        "SELECT current_database() AS db, (SELECT status::text FROM zeroth.runs WHERE run_id"
+        " = $1) AS status", queued.run_id)
+    return found["db"], found["status"]
+
+
+class TestAPoolerReportingAStaleRole:
+    async def test_the_premise_asyncpg_trusts_the_pooler_and_stays_on_the_read_only_copy(
+            self, stale_bouncer: StaleBouncer) -> None:
+        conn = await asyncpg.connect(stale_bouncer.dsn)
+        try:
+            assert await conn.fetchval("SELECT current_database()") == stale_bouncer.copy
+            assert conn.get_settings().default_transaction_read_only == "off"  # reported
+            assert await conn.fetchval("SHOW transaction_read_only") == "on"  # true
+            with pytest.raises(RetryableError) as raised:
+                await LeaseManager(conn).enqueue_run(DEPLOYMENT, {})  # type: ignore[arg-type]
+            assert raised.value.code == "25006"
+        finally:
+            await conn.close()
+
+    async def test_an_app_pool_writes_on_the_server_that_takes_writes(
+            self, stale_bouncer: StaleBouncer, caplog: pytest.LogCaptureFixture) -> None:
+        caplog.set_level(logging.WARNING, logger="zeroth_pg.connect")
+        async with App(stale_bouncer.dsn) as app:
+            pool = await app.open()
+            assert await _landed_in(pool) == (stale_bouncer.dbname, "pending")
+        assert any(f"127.0.0.1:{stale_bouncer.stale_port}" in r.getMessage()
+                   and "transaction_read_only is on" in r.getMessage()
+                   for r in caplog.records), [r.getMessage() for r in caplog.records]
+
+    async def test_a_lease_manager_pool_of_zeroth_pg_writes_there_too(
+            self, stale_bouncer: StaleBouncer) -> None:
+        async with zeroth_pg.create_pool(stale_bouncer.dsn, min_size=2, max_size=2) as pool:
+            for _ in range(3):  # every connection of the pool, not only the first
+                assert await _landed_in(pool) == (stale_bouncer.dbname, "pending")
+
+    async def test_a_single_connection_of_zeroth_pg_writes_there_too(
+            self, stale_bouncer: StaleBouncer) -> None:
+        conn = await zeroth_pg.connect(stale_bouncer.dsn)
+        try:
+            assert await _landed_in(conn) == (stale_bouncer.dbname, "pending")
+        finally:
+            await conn.close()
+
+    async def test_with_no_writable_host_it_gives_up_with_a_retryable_error(
+            self, stale_bouncer: StaleBouncer) -> None:
+        only_stale = (f"postgresql://{stale_bouncer.user}@127.0.0.1:{stale_bouncer.stale_port}"
+                      f"/{stale_bouncer.dbname}?target_session_attrs=read-write")
+        with pytest.raises(zeroth_pg.NoWritableServerError, match="transaction_read_only"):
+            await zeroth_pg.connect(only_stale)
+        from zeroth_pg.errors import ConnectionLostError, translate
+        assert isinstance(translate(zeroth_pg.NoWritableServerError("x")), ConnectionLostError)
+
+
+class TestAConnectionRefusedAWrite:
+    """A pooled connection whose server stops taking writes while the pool holds it (here its
+    session is made read-only) is closed after the refused write, not handed out again."""
+
+    async def test_an_app_pool_replaces_it(self, database_dsn: str) -> None:
+        dsn = database_dsn + ("&" if "?" in database_dsn else "?") + \
+            "target_session_attrs=read-write"
+        app = App(dsn, pool_size=1)
+        async with app:
+            pool = await app.open()
+            async with pool.acquire() as conn:
+                # The App's pool keeps session state on release (skip_reset).
+                await conn.execute("SET default_transaction_read_only = on")
+                first = await conn.fetchval("SELECT pg_backend_pid()")
+            with pytest.raises(RetryableError) as raised:
+                await LeaseManager(pool).enqueue_run(DEPLOYMENT, {})
+            assert raised.value.code == "25006"
+            queued = await LeaseManager(pool).enqueue_run(DEPLOYMENT, {})
+            assert queued.created
+            assert await pool.fetchval("SELECT pg_backend_pid()") != first
+
+    async def test_a_connection_that_wrote_fine_is_kept(self, database_dsn: str) -> None:
+        dsn = database_dsn + ("&" if "?" in database_dsn else "?") + \
+            "target_session_attrs=read-write"
+        async with zeroth_pg.create_pool(dsn, min_size=1, max_size=1) as pool:
+            first = await pool.fetchval("SELECT pg_backend_pid()")
+            await LeaseManager(pool).enqueue_run(DEPLOYMENT, {"n": uuid.uuid4().hex})
+            with pytest.raises(asyncpg.UniqueViolationError):
+                await pool.execute("CREATE TEMP TABLE t (k int PRIMARY KEY);"
+                                   " INSERT INTO t VALUES (1), (1)")
+            assert await pool.fetchval("SELECT pg_backend_pid()") == first

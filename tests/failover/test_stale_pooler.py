@@ -1,0 +1,66 @@
+"""After a failover, clients behind one PgBouncer per server find the new primary by themselves
+(zeroth_pg/_connect.py; docs/dba-guide.md, "PgBouncer in front").
+
+A primary and its streaming standby, each behind a session-pooling PgBouncer that has served a
+client (so each cached its server's role at that time: the standby's says
+``in_hot_standby = on``). The primary is killed and the standby promoted; no PgBouncer is
+restarted. The clients' DSN names both PgBouncers, the old primary's first, with
+``target_session_attrs=read-write``. asyncpg trusts the cached values: the dead primary's
+PgBouncer still says "read-write" (it answers the startup itself) and the promoted standby's
+still says "standby", so no write ever lands. zeroth_pg's pools and connections ask each server
+and write on the promoted one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import psycopg
+import pytest
+from failover_support import DATABASE, eventually
+from pgbouncer_support import bouncer, pgbouncer_executable
+from replication import ReplicatedPair
+
+from zeroth_pg import App
+from zeroth_pg.client import LeaseManager
+
+pytestmark = [pytest.mark.failover, pytest.mark.slow, pytest.mark.dedicated_server]
+
+DEPLOYMENT = "stale-pooler"
+
+
+def test_after_a_failover_the_clients_leave_the_poolers_that_report_stale_roles(
+        sync_pair: tuple[ReplicatedPair, str]) -> None:
+    pgbouncer_executable()
+    pair, _dsn = sync_pair
+    with bouncer(f"* = host=127.0.0.1 port={pair.primary.port}", user="postgres") as old, \
+            bouncer(f"* = host=127.0.0.1 port={pair.standby.port}", user="postgres") as new:
+        for port, hot_standby in ((old, "off"), (new, "on")):
+            with psycopg.connect(f"postgresql://postgres@127.0.0.1:{port}/{DATABASE}") as conn:
+                assert conn.info.parameter_status("in_hot_standby") == hot_standby
+        pair.failover()
+        with psycopg.connect(f"postgresql://postgres@127.0.0.1:{new}/{DATABASE}",
+                             autocommit=True) as conn:
+            # The premise: the promoted server's PgBouncer still reports a standby.
+            assert conn.info.parameter_status("in_hot_standby") == "on"
+            assert conn.execute("SELECT pg_is_in_recovery()").fetchone() == (False,)
+        dsn = (f"postgresql://postgres@127.0.0.1:{old},127.0.0.1:{new}/{DATABASE}"
+               "?target_session_attrs=read-write")
+
+        async def scenario() -> dict[str, Any]:
+            async with App(dsn, pool_size=2) as app:
+                pool = await app.open()
+
+                async def enqueued() -> Any:
+                    return await LeaseManager(pool).enqueue_run(DEPLOYMENT, {})
+
+                # Far above what a loaded machine needs: without the check no write lands ever.
+                queued = await eventually(enqueued, within=60, what="a write through the App")
+                return dict(await pool.fetchrow(
+                    "SELECT pg_is_in_recovery() AS in_recovery, inet_server_port() AS port,"
+                    " (SELECT status::text FROM zeroth.runs WHERE run_id = $1) AS status",
+                    queued.run_id))
+
+        found = asyncio.run(scenario())
+    assert found == {"in_recovery": False, "port": pair.standby.port, "status": "pending"}

@@ -1,0 +1,344 @@
+"""Connections that land on a writable server, whatever a pooler in front of it reports
+(issue 35): the one home of every asyncpg connection and pool zeroth_pg opens.
+
+asyncpg (like libpq) picks a host of a multi-host DSN with ``target_session_attrs=read-write``
+from the ``in_hot_standby`` and ``default_transaction_read_only`` values the server reports at
+connection start. PgBouncer (1.18, Debian 12) reports those of the *first* server connection of
+its pool, cached: after a switchover the PgBouncer of the demoted primary still says
+"read-write", and the PgBouncer of the promoted standby still says "standby". Trusting them
+kept a whole worker fleet on a standby, every write refused with SQLSTATE 25006, until the
+PgBouncer was restarted (docs/dba-guide.md, "PgBouncer in front").
+
+So when a DSN asks for a writable server (``target_session_attrs`` ``read-write`` or
+``primary``, from the DSN, the keyword or ``PGTARGETSESSIONATTRS``; or several hosts and no
+``target_session_attrs`` at all), :func:`connect` and the pools of :func:`create_pool` do not
+trust the reported values: they connect to each host in turn (the last one found writable
+first), ask the server itself (``pg_is_in_recovery()``, ``transaction_read_only``: a query,
+which PgBouncer passes to the real server) and keep the first that can write; a host that cannot
+is closed at once and logged. When no host can, they wait and try again a few times with a
+growing pause shared by every caller of the pool (no busy loop while every host is a standby),
+then raise :class:`NoWritableServerError`, an asyncpg ``TargetServerAttributeNotMatched`` (what
+asyncpg raises when no host matches), which zeroth_pg takes as a lost connection: retryable.
+
+A pooled connection that was writable when it opened may stop being so (a promoted standby
+that a manager keeps read-only, a server demoted behind a transaction-pooling PgBouncer that
+keeps the client's connection). A connection on which a statement fails with 25006
+(``read_only_sql_transaction``) is therefore closed when it goes back to the pool instead of
+being kept, so the next acquire opens a new one, through the check above.
+
+Any other DSN (one host without ``target_session_attrs``, or ``any``, ``standby``,
+``read-only``, ``prefer-standby``) passes to asyncpg unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import time
+import urllib.parse
+import weakref
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+import asyncpg.exceptions
+
+from zeroth_pg._libpq import asyncpg_dsn
+
+__all__ = ["NoWritableServerError", "connect", "create_pool", "wanted_role"]
+
+log = logging.getLogger("zeroth_pg.connect")
+
+#: ``target_session_attrs`` values that need a server that takes writes, and what each checks:
+#: ``read-write`` also refuses a primary kept ``default_transaction_read_only`` (pg_auto_failover
+#: does so until its monitor has made the promoted node a primary).
+_WRITABLE = {"read-write": "read-write", "primary": "primary"}
+#: Passes over every host one call makes before it gives up, and the pauses between them.
+_PASSES = 3
+_FIRST_PAUSE_S = 0.25
+_MAX_PAUSE_S = 5.0
+#: The connection errors after which the next host is tried (as asyncpg and libpq do); any other
+#: error (authentication, a database that does not exist, bad options) is raised at once.
+_NEXT_HOST_ERRORS: tuple[type[BaseException], ...] = (
+    OSError, TimeoutError, asyncpg.exceptions.PostgresConnectionError,
+    asyncpg.exceptions.CannotConnectNowError, asyncpg.exceptions.TooManyConnectionsError,
+    asyncpg.exceptions.ConnectionDoesNotExistError, asyncpg.exceptions.AdminShutdownError,
+)
+#: SQLSTATE read_only_sql_transaction: a write on a server that is not (or no longer) writable.
+_READ_ONLY = "25006"
+
+_CHECK = ("SELECT pg_catalog.pg_is_in_recovery() AS in_recovery,"
+          " pg_catalog.current_setting('transaction_read_only') AS read_only")
+
+#: Connections on which a statement was refused with 25006: closed when released to their pool.
+_REFUSED_WRITES: weakref.WeakSet[asyncpg.Connection] = weakref.WeakSet()
+
+
+class NoWritableServerError(asyncpg.exceptions.TargetServerAttributeNotMatched):  # type: ignore[misc]
+    """No host of the DSN could take writes after every try (each was unreachable, in
+    recovery or read-only). The message names each host and why, never the DSN's password."""
+
+
+def wanted_role(dsn: str, **kwargs: Any) -> str | None:
+    """``read-write`` or ``primary`` when connections to ``dsn`` (an asyncpg URI) must be able
+    to write, as asyncpg reads ``target_session_attrs`` (the keyword, then the DSN's, then
+    ``PGTARGETSESSIONATTRS``); ``read-write`` too for several hosts with none set (zeroth_pg
+    writes: the first host that answers is not enough); None otherwise."""
+    query = _query(dsn)
+    attrs = kwargs.get("target_session_attrs") or query.get("target_session_attrs") or \
+        os.environ.get("PGTARGETSESSIONATTRS")
+    if attrs:
+        return _WRITABLE.get(str(attrs).strip().lower())
+    return "read-write" if len(_hosts(dsn, kwargs)) > 1 else None
+
+
+def _query(dsn: str) -> dict[str, str]:
+    parts = urllib.parse.urlsplit(dsn)
+    return {k: v[-1] for k, v in urllib.parse.parse_qs(parts.query).items()}
+
+
+def _hosts(dsn: str, kwargs: dict[str, Any]) -> list[tuple[str, int]]:
+    """The (host, port) list asyncpg would try for ``dsn`` and ``kwargs``, in order (the
+    keywords, else the URI's host list, else its ``host=`` query, else ``PGHOST``); empty when
+    nothing names a host (asyncpg's defaults then apply)."""
+    port_arg = kwargs.get("port")
+    ports: list[int] = ([int(p) for p in port_arg] if isinstance(port_arg, list | tuple)
+                        else [int(port_arg)] if port_arg else [])
+    host_arg = kwargs.get("host")
+    if host_arg:
+        return _pair(list(host_arg) if isinstance(host_arg, list | tuple)
+                     else str(host_arg).split(","), ports)
+    spec = urllib.parse.urlsplit(dsn).netloc.rpartition("@")[2]
+    if spec:
+        return _pair([urllib.parse.unquote(e) for e in spec.split(",")], ports)
+    query = _query(dsn)
+    if not ports and query.get("port"):
+        ports = [int(p) for p in query["port"].split(",") if p]
+    if query.get("host"):
+        return _pair(query["host"].split(","), ports)
+    if os.environ.get("PGHOST"):
+        return _pair(os.environ["PGHOST"].split(","), ports)
+    return []
+
+
+def _entry(spec: str) -> tuple[str, int | None]:
+    """One host of a list as asyncpg reads it: ``/socket/dir``, ``[v6]:port``, ``name:port``,
+    each port optional."""
+    spec = spec.strip()
+    if spec.startswith("/"):
+        return spec, None
+    if spec.startswith("["):
+        name, _, rest = spec[1:].partition("]")
+        return name, int(rest[1:]) if rest.startswith(":") and rest[1:] else None
+    name, _, port = spec.partition(":")
+    return name, int(port) if port else None
+
+
+def _default_ports(count: int) -> list[int]:
+    spec = os.environ.get("PGPORT")
+    if not spec:
+        return [5432] * count
+    found = [int(p) for p in spec.split(",")]
+    return found * count if len(found) == 1 else found
+
+
+def _pair(specs: list[str], ports: list[int]) -> list[tuple[str, int]]:
+    """Each host with its port: the explicit ports (one for all, or one each), else the host's
+    own, else ``PGPORT`` or 5432."""
+    entries = [_entry(s) for s in specs if s.strip()]
+    if len(ports) == 1:
+        ports = ports * len(entries)
+    if ports and len(ports) != len(entries):
+        raise asyncpg.exceptions.ClientConfigurationError(
+            f"the connection string names {len(entries)} hosts and {len(ports)} ports")
+    default = ports or _default_ports(len(entries))
+    if len(default) != len(entries):
+        raise asyncpg.exceptions.ClientConfigurationError(
+            f"PGPORT names {len(default)} ports for {len(entries)} hosts")
+    return [(name, port if port is not None and not ports else default[i])
+            for i, (name, port) in enumerate(entries)]
+
+
+def _where(host: tuple[str, int] | None) -> str:
+    if host is None:
+        return "the default host"
+    name, port = host
+    if name.startswith("/"):
+        return f"{name.rstrip('/')}/.s.PGSQL.{port}"
+    return f"[{name}]:{port}" if ":" in name else f"{name}:{port}"
+
+
+@dataclass(slots=True)
+class _Hosts:
+    """What one pool (or one :func:`connect` call) has learnt about its hosts: the one found
+    writable last (tried first), and until when every host was found unable to write (no caller
+    tries again before then)."""
+
+    role: str
+    last_good: tuple[str, int] | None = None
+    quiet_until: float = 0.0
+    pause: float = _FIRST_PAUSE_S
+    reported: dict[str, str] = field(default_factory=dict)
+
+    def order(self, hosts: list[tuple[str, int]]) -> list[tuple[str, int]]:
+        """``hosts`` with the one found writable last first."""
+        return sorted(hosts, key=lambda host: host != self.last_good)
+
+    def report(self, where: str, why: str) -> None:
+        """Log a host that cannot write once per change of its state, not at every try."""
+        if self.reported.get(where) != why:
+            self.reported[where] = why
+            log.warning("%s accepted the connection but cannot take writes (%s): trying the "
+                        "other hosts. A pooler in front of it may report a stale role "
+                        "(docs/dba-guide.md, \"PgBouncer in front\")", where, why)
+
+    def found(self, host: tuple[str, int] | None, where: str) -> None:
+        if self.reported.pop(where, None) is not None or self.quiet_until:
+            log.info("%s takes writes: connections go there", where)
+        self.last_good, self.quiet_until, self.pause = host, 0.0, _FIRST_PAUSE_S
+
+    def none_found(self, why: list[str]) -> float:
+        """No host could write: the pause before the next pass (shared by every caller)."""
+        now = time.monotonic()
+        if self.quiet_until <= now:
+            wait = self.pause * random.uniform(0.8, 1.2)
+            self.quiet_until = now + wait
+            self.pause = min(self.pause * 2, _MAX_PAUSE_S)
+            log.warning("no writable server among %d host(s) (%s); trying again in %.1f s",
+                        len(why), "; ".join(why), wait)
+        return max(0.0, self.quiet_until - now)
+
+
+async def _writable(conn: asyncpg.Connection, role: str) -> str | None:
+    """None when ``conn``'s server takes writes as ``role`` asks, else why not."""
+    row = await conn.fetchrow(_CHECK)
+    assert row is not None
+    if row["in_recovery"]:
+        return "in recovery: a standby"
+    if role == "read-write" and row["read_only"] != "off":
+        return "transaction_read_only is on"
+    return None
+
+
+def _watch_refused_writes(conn: asyncpg.Connection) -> None:
+    """Mark ``conn`` once a statement on it is refused with 25006 (asyncpg calls its query
+    loggers soon after each statement, before a release of the connection can run)."""
+    ref = weakref.ref(conn)
+
+    def logged(record: Any) -> None:
+        exc = getattr(record, "exception", None)
+        if getattr(exc, "sqlstate", None) == _READ_ONLY and (found := ref()) is not None:
+            _REFUSED_WRITES.add(found)
+
+    conn.add_query_logger(logged)
+
+
+async def _open(state: _Hosts, dsn: str, kwargs: dict[str, Any]) -> asyncpg.Connection:
+    hosts = _hosts(dsn, kwargs)
+    candidates: list[tuple[str, int] | None] = list(state.order(hosts)) or [None]
+    last_error: BaseException | None = None
+    for number in range(_PASSES):
+        if state.quiet_until > time.monotonic():
+            await asyncio.sleep(state.quiet_until - time.monotonic())
+        why: list[str] = []
+        reached = 0
+        for host in candidates:
+            where = _where(host)
+            overrides: dict[str, Any] = {"target_session_attrs": "any"}
+            if host is not None:
+                overrides.update(host=host[0], port=host[1])
+            try:
+                conn = await asyncpg.connect(dsn, **{**kwargs, **overrides})
+            except _NEXT_HOST_ERRORS as exc:
+                last_error = exc
+                why.append(f"{where}: unreachable ({type(exc).__name__})")
+                continue
+            try:
+                refusal = await _writable(conn, state.role)
+            except (*_NEXT_HOST_ERRORS, asyncpg.exceptions.PostgresError,
+                    asyncpg.exceptions.InterfaceError) as exc:
+                conn.terminate()
+                last_error = exc
+                why.append(f"{where}: unreachable ({type(exc).__name__})")
+                continue
+            except BaseException:
+                conn.terminate()
+                raise
+            reached += 1
+            if refusal is None:
+                state.found(host, where)
+                _watch_refused_writes(conn)
+                return conn
+            conn.terminate()  # a standby (maybe hung soon): no goodbye to wait for
+            state.report(where, refusal)
+            why.append(f"{where}: {refusal}")
+        if reached == 0 and last_error is not None:
+            raise last_error  # every host down: asyncpg's own answer, at once
+        pause = state.none_found(why)
+        if number < _PASSES - 1:
+            await asyncio.sleep(pause)
+    raise NoWritableServerError(
+        f"no server that takes writes among the {len(candidates)} host(s) of the connection "
+        f"string after {_PASSES} tries ({'; '.join(why)})")
+
+
+async def connect(dsn: str, **kwargs: Any) -> asyncpg.Connection:
+    """``asyncpg.connect(dsn, **kwargs)`` for zeroth_pg: ``dsn`` in any form (a URI or libpq
+    ``key=value``: :func:`~zeroth_pg.asyncpg_dsn`); when it asks for a writable server, the
+    connection is to a server that takes writes by its own answer, whatever a pooler in front
+    reports (module docstring)."""
+    url = asyncpg_dsn(dsn)
+    role = wanted_role(url, **kwargs)
+    if role is None:
+        return await asyncpg.connect(url, **kwargs)
+    return await _open(_Hosts(role), url, kwargs)
+
+
+class _Connector:
+    """The ``connect=`` of a pool: :func:`_open` with what this pool has learnt of its hosts."""
+
+    def __init__(self, role: str) -> None:
+        self.state = _Hosts(role)
+
+    async def __call__(self, dsn: str, **kwargs: Any) -> asyncpg.Connection:
+        return await _open(self.state, dsn, kwargs)
+
+
+def _discarding_reset(
+    reset: Callable[[asyncpg.Connection], Awaitable[None]] | None,
+) -> Callable[[asyncpg.Connection], Awaitable[None]]:
+    """The pool's ``reset=``: a connection that was refused a write as read-only is closed
+    instead of kept (the pool opens a new one, checked, at the next acquire); any other goes
+    through ``reset`` (asyncpg's default reset query when None)."""
+
+    async def release(conn: asyncpg.Connection) -> None:
+        if conn in _REFUSED_WRITES:
+            _REFUSED_WRITES.discard(conn)
+            log.info("a connection was refused a write as read-only (SQLSTATE 25006): closed, "
+                     "the next one will look for a server that takes writes")
+            conn.terminate()
+            return
+        if reset is not None:
+            await reset(conn)
+        elif query := conn.get_reset_query():
+            await conn.execute(query)
+
+    return release
+
+
+def create_pool(dsn: str, **kwargs: Any) -> asyncpg.Pool:
+    """``asyncpg.create_pool(dsn, **kwargs)`` for zeroth_pg (await it, or ``async with`` it, as
+    asyncpg's): ``dsn`` in any form; when it asks for a writable server, every connection the
+    pool opens is to a server that takes writes by its own answer, and a connection refused a
+    write as read-only (25006) is closed on release instead of kept (module docstring). A
+    ``connect=`` of the caller's replaces that check."""
+    url = asyncpg_dsn(dsn)
+    role = wanted_role(url, **kwargs)
+    if role is None or kwargs.get("connect") is not None:
+        return asyncpg.create_pool(url, **kwargs)
+    kwargs["connect"] = _Connector(role)
+    kwargs["reset"] = _discarding_reset(kwargs.get("reset"))
+    return asyncpg.create_pool(url, **kwargs)
