@@ -42,6 +42,7 @@ from zeroth_pg.web.paging import Page, dead_page_query, keyset_page, parse_curso
 from zeroth_pg.web.run_filters import (
     _STATUSES,
     PAGE_SETTINGS,
+    RunInSeveralScopes,
     _opt,
     bounded,
     no_nul,
@@ -428,18 +429,29 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
         return form, None
 
     async def _act(request: Request, what: str, sql: str, run_id: uuid.UUID,
-                   *extra: Any) -> Any:
-        """Call ``sql`` (run_id, tenant_id, workspace_id, *extra) as the DSN's role, in the
+                   *extra: Any, scope: tuple[str, str | None] | None = None) -> Any:
+        """Call ``sql`` (run_id, tenant_id, workspace_id, *extra) as the DSN's role, in
+        ``scope`` (tenant, workspace) when the caller knows it (a row of a list), else in the
         run's scope as this role sees it in run_list (a run it cannot see: the default scope,
-        so the function answers ZP001 or the role's 42501)."""
+        so the function answers ZP001 or the role's 42501). An id that several scopes hold
+        (run_id is unique per scope only) raises RunInSeveralScopes: acted on in none."""
         async with pool().acquire() as conn:
             role = await conn.fetchval("SELECT current_user")
             log.warning("web action %s %s as %s from %s", what, run_id,
                         role, request.client.host if request.client else "?")
-            scope = await conn.fetchrow(_SCOPE_OF_RUN, run_id)
-            tenant, workspace = (scope["tenant_id"], scope["workspace_id"]) if scope else (
-                None, None)
+            tenant, workspace = scope if scope is not None else (None, None)
+            if scope is None:
+                found = [(r["tenant_id"], r["workspace_id"])
+                         for r in await conn.fetch(_SCOPE_OF_RUN, run_id)]
+                if len(found) > 1:
+                    raise RunInSeveralScopes(run_id, found)
+                if found:
+                    tenant, workspace = found[0]
             return await conn.fetchval(sql, run_id, tenant, workspace, *extra)
+
+    def _ambiguous(request: Request, exc: RunInSeveralScopes) -> Response:
+        log.warning("web action refused: %s", exc)
+        return render(request, "error.html", status_code=409, message=str(exc))
 
     def _refused(request: Request, exc: asyncpg.PostgresError) -> Response:
         code = exc.sqlstate
@@ -461,6 +473,8 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
             await _act(request, "redrive", _calls.REDRIVE_RUN, run_id)
         except asyncpg.PostgresError as exc:
             return _refused(request, exc)
+        except RunInSeveralScopes as exc:
+            return _ambiguous(request, exc)
         return RedirectResponse(f"/runs/{run_id}", status_code=303)
 
     async def redrive_matching(request: Request) -> Response:
@@ -472,9 +486,12 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
         done = 0
         try:
             async with pool().acquire() as conn:
-                ids = [r["run_id"] for r in await conn.fetch(_DEAD, deployment, tenant, 1000)]
-            for run_id in ids:
-                await _act(request, "redrive", _calls.REDRIVE_RUN, run_id)
+                # Each in the scope the dead letters list holds it in: a run of another scope
+                # may have the same id.
+                rows = await conn.fetch(_DEAD, deployment, tenant, 1000)
+            for row in rows:
+                await _act(request, "redrive", _calls.REDRIVE_RUN, row["run_id"],
+                           scope=(row["tenant_id"], row["workspace_id"]))
                 done += 1
         except asyncpg.PostgresError as exc:
             return _refused(request, exc)
@@ -492,6 +509,8 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
             await _act(request, "cancel", _calls.REQUEST_CANCEL, run_id, "cancel")
         except asyncpg.PostgresError as exc:
             return _refused(request, exc)
+        except RunInSeveralScopes as exc:
+            return _ambiguous(request, exc)
         return RedirectResponse(f"/runs/{run_id}", status_code=303)
 
     pages = Context(render=render, pool=pool, check_post=_check_post, refused=_refused,

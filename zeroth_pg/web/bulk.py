@@ -164,6 +164,9 @@ def routes(actions: Actions) -> list[Route]:
                 reason = _REASONS.get(exc.sqlstate or "", f"refused ({exc.sqlstate}): {exc}")
                 skipped.append((run_id, reason[:300]))
                 continue
+            except _app.RunInSeveralScopes as exc:
+                skipped.append((run_id, f"in several scopes ({', '.join(exc.scopes)})"[:300]))
+                continue
             if outcome in ("cancelled", "cancel_requested", True):
                 done.append((run_id, "redriven" if outcome is True else str(outcome)))
             else:
