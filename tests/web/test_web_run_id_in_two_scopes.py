@@ -72,3 +72,24 @@ async def test_an_action_on_a_run_id_two_scopes_hold_is_refused_and_changes_noth
         assert [tuple(row) for row in await conn.fetch(STATE, run_id)] == before
     finally:
         await conn.close()
+
+
+async def test_the_run_page_names_the_other_scope_and_shows_the_one_asked_for(database_dsn):
+    conn = await asyncpg.connect(database_dsn)
+    try:
+        run_id, _ = await _two_scopes(conn)
+        await conn.execute("UPDATE zeroth.runs SET payload = jsonb_build_object('of', tenant_id) "
+                           "WHERE run_id = $1", run_id)
+        with dashboard(create_app(database_dsn)) as client:
+            plain = client.get(f"/runs/{run_id}")
+            zeta = client.get(f"/runs/{run_id}?tenant=zeta&workspace=")
+            none = client.get(f"/runs/{run_id}?tenant=nobody")
+        assert plain.status_code == 200
+        assert 'id="other-scopes"' in plain.text
+        assert f'href="/runs/{run_id}?tenant=zeta&amp;workspace="' in plain.text
+        assert zeta.status_code == 200
+        assert "&#34;of&#34;: &#34;zeta&#34;" in zeta.text or '"of": "zeta"' in zeta.text
+        assert f'href="/runs/{run_id}?tenant=acme&amp;workspace="' in zeta.text
+        assert none.status_code == 404
+    finally:
+        await conn.close()

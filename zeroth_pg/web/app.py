@@ -351,10 +351,18 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
         except ValueError:
             return render(request, "error.html", status_code=400, message="not a run id")
         async with pool().acquire() as conn:
-            run = await conn.fetchrow(_RUN, run_id)
-            if run is None:
+            # run_id is unique per scope only: every scope's run of this id that the role sees,
+            # the one of ?tenant= (and ?workspace=) shown, the others named on the page.
+            found = await conn.fetch(_RUN, run_id)
+            q = request.query_params
+            picked = [r for r in found
+                      if ("tenant" not in q or r["tenant_id"] == q["tenant"])
+                      and ("workspace" not in q or (r["workspace_id"] or "") == q["workspace"])]
+            if not picked:
                 return render(request, "error.html", status_code=404,
                               message=f"no run {run_id} visible to this role")
+            run = picked[0]
+            others = [(r["tenant_id"], r["workspace_id"] or "") for r in found if r is not run]
             scope = (run["tenant_id"], run["workspace_key"], run_id)
             checkpoints = await conn.fetch(_CHECKPOINTS, *scope)
             steps = await conn.fetch(_STEPS, *scope)
@@ -372,7 +380,8 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
                     ("Steps", "_steps.html"),
                     ("Event waits", "_waits.html"), ("Checkpoints", "_checkpoints.html"),
                     ("Thread queue", "_thread.html")]
-        return render(request, "run.html", run=run, checkpoints=checkpoints, thread=thread,
+        return render(request, "run.html", run=run, others=others, checkpoints=checkpoints,
+                      thread=thread,
                       steps=steps, waits=waits, attempts=attempts, children=children,
                       code_version=code_version,
                       failure=failure_view(run["error"]), sections=sections,
