@@ -69,6 +69,9 @@ async def test_an_action_on_a_run_id_two_scopes_hold_is_refused_and_changes_noth
         assert cancel.status_code == 409, cancel.text
         assert bulk.status_code == 200, bulk.text
         assert "several scopes" in bulk.text
+        # Its status now: none, of two runs (not one scope's status for the id).
+        skipped = bulk.text.split(f'href="/runs/{run_id}"', 1)[1].split("</tr>", 1)[0]
+        assert "<td>—</td>" in skipped, skipped
         assert [tuple(row) for row in await conn.fetch(STATE, run_id)] == before
     finally:
         await conn.close()
