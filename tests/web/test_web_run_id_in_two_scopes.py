@@ -96,3 +96,17 @@ async def test_the_run_page_names_the_other_scope_and_shows_the_one_asked_for(da
         assert none.status_code == 404
     finally:
         await conn.close()
+
+
+async def test_the_event_stream_of_a_run_id_two_scopes_hold_names_its_scope(database_dsn):
+    conn = await asyncpg.connect(database_dsn)
+    try:
+        run_id, _ = await _two_scopes(conn)
+        with dashboard(create_app(database_dsn)) as client:
+            both = client.get(f"/runs/{run_id}/events")
+            nobody = client.get(f"/runs/{run_id}/events?tenant=nobody")
+        assert both.status_code == 409, both.text
+        assert "several scopes" in both.text
+        assert nobody.status_code == 404
+    finally:
+        await conn.close()
