@@ -144,11 +144,18 @@ async def test_refused_read_only_forged_or_foreign_and_done_with_the_sessions_to
             assert 'action="/actions/' not in page
             assert 'id="version-policy-form"' not in page
             assert 'id="deployment-defaults-form"' not in page
-        # A token from another session (another browser's cookie).
-        with dashboard(create_app(database_dsn, enable_actions=True)) as other:
-            stolen = _csrf(other.get(SCOPE_URL).text)
         with dashboard(create_app(database_dsn, enable_actions=True)) as client:
             csrf = _csrf(client.get(SCOPE_URL).text)
+            # A token from another session of this very dashboard (another browser's cookie,
+            # the same server: a token of another dashboard process differs by its secret
+            # alone, whether or not the token is bound to the session).
+            mine = list(client.cookies.jar)
+            client.cookies.clear()
+            stolen = _csrf(client.get(SCOPE_URL).text)
+            client.cookies.clear()
+            for cookie in mine:
+                client.cookies.jar.set_cookie(cookie)
+            assert stolen != csrf
             for data in (form, {**form, "csrf": "0" * 64}, {**form, "csrf": stolen}):
                 r = client.post(action.path, data=data)
                 assert r.status_code == 403

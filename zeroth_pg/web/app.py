@@ -42,6 +42,7 @@ from zeroth_pg.web.paging import Page, dead_page_query, keyset_page, parse_curso
 from zeroth_pg.web.run_filters import (
     _STATUSES,
     PAGE_SETTINGS,
+    RunInSeveralScopes,
     _opt,
     bounded,
     no_nul,
@@ -350,10 +351,18 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
         except ValueError:
             return render(request, "error.html", status_code=400, message="not a run id")
         async with pool().acquire() as conn:
-            run = await conn.fetchrow(_RUN, run_id)
-            if run is None:
+            # run_id is unique per scope only: every scope's run of this id that the role sees,
+            # the one of ?tenant= (and ?workspace=) shown, the others named on the page.
+            found = await conn.fetch(_RUN, run_id)
+            q = request.query_params
+            picked = [r for r in found
+                      if ("tenant" not in q or r["tenant_id"] == q["tenant"])
+                      and ("workspace" not in q or (r["workspace_id"] or "") == q["workspace"])]
+            if not picked:
                 return render(request, "error.html", status_code=404,
                               message=f"no run {run_id} visible to this role")
+            run = picked[0]
+            others = [(r["tenant_id"], r["workspace_id"] or "") for r in found if r is not run]
             scope = (run["tenant_id"], run["workspace_key"], run_id)
             checkpoints = await conn.fetch(_CHECKPOINTS, *scope)
             steps = await conn.fetch(_STEPS, *scope)
@@ -371,7 +380,8 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
                     ("Steps", "_steps.html"),
                     ("Event waits", "_waits.html"), ("Checkpoints", "_checkpoints.html"),
                     ("Thread queue", "_thread.html")]
-        return render(request, "run.html", run=run, checkpoints=checkpoints, thread=thread,
+        return render(request, "run.html", run=run, others=others, checkpoints=checkpoints,
+                      thread=thread,
                       steps=steps, waits=waits, attempts=attempts, children=children,
                       code_version=code_version,
                       failure=failure_view(run["error"]), sections=sections,
@@ -428,18 +438,29 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
         return form, None
 
     async def _act(request: Request, what: str, sql: str, run_id: uuid.UUID,
-                   *extra: Any) -> Any:
-        """Call ``sql`` (run_id, tenant_id, workspace_id, *extra) as the DSN's role, in the
+                   *extra: Any, scope: tuple[str, str | None] | None = None) -> Any:
+        """Call ``sql`` (run_id, tenant_id, workspace_id, *extra) as the DSN's role, in
+        ``scope`` (tenant, workspace) when the caller knows it (a row of a list), else in the
         run's scope as this role sees it in run_list (a run it cannot see: the default scope,
-        so the function answers ZP001 or the role's 42501)."""
+        so the function answers ZP001 or the role's 42501). An id that several scopes hold
+        (run_id is unique per scope only) raises RunInSeveralScopes: acted on in none."""
         async with pool().acquire() as conn:
             role = await conn.fetchval("SELECT current_user")
             log.warning("web action %s %s as %s from %s", what, run_id,
                         role, request.client.host if request.client else "?")
-            scope = await conn.fetchrow(_SCOPE_OF_RUN, run_id)
-            tenant, workspace = (scope["tenant_id"], scope["workspace_id"]) if scope else (
-                None, None)
+            tenant, workspace = scope if scope is not None else (None, None)
+            if scope is None:
+                found = [(r["tenant_id"], r["workspace_id"])
+                         for r in await conn.fetch(_SCOPE_OF_RUN, run_id)]
+                if len(found) > 1:
+                    raise RunInSeveralScopes(run_id, found)
+                if found:
+                    tenant, workspace = found[0]
             return await conn.fetchval(sql, run_id, tenant, workspace, *extra)
+
+    def _ambiguous(request: Request, exc: RunInSeveralScopes) -> Response:
+        log.warning("web action refused: %s", exc)
+        return render(request, "error.html", status_code=409, message=str(exc))
 
     def _refused(request: Request, exc: asyncpg.PostgresError) -> Response:
         code = exc.sqlstate
@@ -461,6 +482,8 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
             await _act(request, "redrive", _calls.REDRIVE_RUN, run_id)
         except asyncpg.PostgresError as exc:
             return _refused(request, exc)
+        except RunInSeveralScopes as exc:
+            return _ambiguous(request, exc)
         return RedirectResponse(f"/runs/{run_id}", status_code=303)
 
     async def redrive_matching(request: Request) -> Response:
@@ -472,9 +495,12 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
         done = 0
         try:
             async with pool().acquire() as conn:
-                ids = [r["run_id"] for r in await conn.fetch(_DEAD, deployment, tenant, 1000)]
-            for run_id in ids:
-                await _act(request, "redrive", _calls.REDRIVE_RUN, run_id)
+                # Each in the scope the dead letters list holds it in: a run of another scope
+                # may have the same id.
+                rows = await conn.fetch(_DEAD, deployment, tenant, 1000)
+            for row in rows:
+                await _act(request, "redrive", _calls.REDRIVE_RUN, row["run_id"],
+                           scope=(row["tenant_id"], row["workspace_id"]))
                 done += 1
         except asyncpg.PostgresError as exc:
             return _refused(request, exc)
@@ -492,6 +518,8 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
             await _act(request, "cancel", _calls.REQUEST_CANCEL, run_id, "cancel")
         except asyncpg.PostgresError as exc:
             return _refused(request, exc)
+        except RunInSeveralScopes as exc:
+            return _ambiguous(request, exc)
         return RedirectResponse(f"/runs/{run_id}", status_code=303)
 
     pages = Context(render=render, pool=pool, check_post=_check_post, refused=_refused,

@@ -164,6 +164,9 @@ def routes(actions: Actions) -> list[Route]:
                 reason = _REASONS.get(exc.sqlstate or "", f"refused ({exc.sqlstate}): {exc}")
                 skipped.append((run_id, reason[:300]))
                 continue
+            except _app.RunInSeveralScopes as exc:
+                skipped.append((run_id, f"in several scopes ({', '.join(exc.scopes)})"[:300]))
+                continue
             if outcome in ("cancelled", "cancel_requested", True):
                 done.append((run_id, "redriven" if outcome is True else str(outcome)))
             else:
@@ -173,9 +176,9 @@ def routes(actions: Actions) -> list[Route]:
         now: dict[uuid.UUID, str] = {}
         async with actions.pool().acquire() as conn:
             for run_id, _ in skipped:
-                row = await conn.fetchrow(_STATUS_BY_ID, run_id)
-                if row is not None:
-                    now[run_id] = row["status"]
+                rows = await conn.fetch(_STATUS_BY_ID, run_id)
+                if len(rows) == 1:  # an id several scopes hold has no one status
+                    now[run_id] = rows[0]["status"]
         log.warning("web bulk %s: %d done, %d skipped of %d confirmed", op, len(done),
                     len(skipped), len(ids))
         return render(request, "bulk_done.html", verb=verb, op=op, done=done,

@@ -246,10 +246,20 @@ class EventStreams:
             return PlainTextResponse("Last-Event-ID (or after) must be an event number",
                                      status_code=400)
         async with self._ctx.pool().acquire() as conn:
-            scope = await conn.fetchrow(_SCOPE, run_id)
-            if scope is None:
+            # run_id is unique per scope only: the run of ?tenant= (and ?workspace=), as on the
+            # run page; an id several scopes hold, without them, streams none of the runs.
+            q = request.query_params
+            found = [r for r in await conn.fetch(_SCOPE, run_id)
+                     if ("tenant" not in q or r["tenant_id"] == q["tenant"])
+                     and ("workspace" not in q or (r["workspace_id"] or "") == q["workspace"])]
+            if not found:
                 return PlainTextResponse(f"no run {run_id} visible to this role",
                                          status_code=404)
+            if len(found) > 1:
+                return PlainTextResponse(
+                    f"run {run_id} exists in several scopes: add ?tenant= and ?workspace=",
+                    status_code=409)
+            scope = found[0]
             tenant, workspace, wskey = (scope["tenant_id"], scope["workspace_id"],
                                         scope["workspace_key"])
             first = await streams.reader_events(conn, tenant, wskey, run_id, after, _BATCH)

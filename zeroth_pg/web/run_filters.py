@@ -12,8 +12,8 @@ from zeroth_pg import _calls
 from zeroth_pg.web import paging
 from zeroth_pg.web._shared import NAME_MAX
 
-__all__ = ["PAGE_SETTINGS", "bounded", "no_nul", "parse_run_filters", "run_filters",
-           "run_page_query"]
+__all__ = ["PAGE_SETTINGS", "RunInSeveralScopes", "bounded", "no_nul", "parse_run_filters",
+           "run_filters", "run_page_query"]
 
 #: Run first, in the transaction of every run_page_query: the page's parts walk their indexes
 #: whatever the statistics. On a never-analyzed zeroth.runs the planner sizes a row by its column
@@ -22,6 +22,20 @@ __all__ = ["PAGE_SETTINGS", "bounded", "no_nul", "parse_run_filters", "run_filte
 #: was one column's width (tests/plans/test_hot_path_indexes.py). The claim functions pin their
 #: plans the same way (SET enable_seqscan = off).
 PAGE_SETTINGS = "SET LOCAL enable_seqscan = off"
+
+
+class RunInSeveralScopes(Exception):
+    """An action named a run by its id alone, and several scopes the role can see hold a run of
+    that id (run_id is unique per scope only: a worker role may enqueue a run with an id it
+    learned from another scope). The dashboard acts on none of them: the CLI with --tenant and
+    --workspace does."""
+
+    def __init__(self, run_id: uuid.UUID, scopes: Iterable[tuple[str, str | None]]) -> None:
+        self.run_id = run_id
+        self.scopes = [f"{tenant}/{workspace or '-'}" for tenant, workspace in scopes]
+        super().__init__(f"run {run_id} exists in several scopes ({', '.join(self.scopes)}): "
+                         "act on it with zeroth-pg and its --tenant and --workspace")
+
 
 _STATUSES = ["pending", "running", "waiting", "completed", "failed", "cancelled"]
 
