@@ -398,7 +398,7 @@ async def test_a_floor_value_with_a_longer_bound_hides_no_run_past_60_seconds(
     name, fields = await floor_value(worker)
     fields[6] = "999999999"  # 11.6 days
     await write_floor(worker, name, fields)
-    await claimed_within_bound(worker, a, when)
+    await claimed_within_bound(worker, a, when, hidden=False)
 
 
 @pytest.mark.parametrize("field", [2, 3, 5])
