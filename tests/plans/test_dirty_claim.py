@@ -436,3 +436,27 @@ async def test_a_run_with_an_infinite_run_after_stops_no_claim_of_its_scope(
     (later,) = await enqueue(admin, [{"priority": -1}])
     await at(worker, T0 + timedelta(seconds=31))
     assert list(await claim(worker, "w")) == [later]
+
+
+@pytest.mark.parametrize("value", [
+    "", "garbage", "any 0 0 0 00000000-0000-0000-0000-000000000000 0 60000'; DROP TABLE x; --",
+    "any 99999999999 0 0 00000000-0000-0000-0000-000000000000 0 60000",
+    "x" * 100_000])
+async def test_a_malformed_floor_value_is_no_floor(
+        admin: asyncpg.Connection, worker: asyncpg.Connection, value: str) -> None:
+    when = T0 + timedelta(seconds=30)
+    a = await hidden_run(admin, worker, when)
+    name, _ = await floor_value(worker)
+    await worker.execute("SELECT set_config($1, $2, false)", name, value)
+    await at(worker, when + timedelta(milliseconds=500))
+    assert a in await claim(worker, "w", 10)  # read from the head
+
+
+async def test_a_floor_kept_at_a_later_time_is_no_floor_once_the_clock_goes_back(
+        admin: asyncpg.Connection, worker: asyncpg.Connection) -> None:
+    # zeroth._now() going backwards (a failover to a server whose clock is behind, a step of the
+    # system clock): the claims read from the head, not from a floor kept in the future.
+    when = T0 + timedelta(seconds=30)
+    a = await hidden_run(admin, worker, when)
+    await at(worker, when - timedelta(seconds=10))
+    assert a in await claim(worker, "w", 10)
