@@ -372,7 +372,7 @@ async def hidden_run(admin: asyncpg.Connection, worker: asyncpg.Connection, when
     return a
 
 
-@pytest.mark.parametrize("path", ["claim_and_start", "claim_and_start_scopes"])
+@pytest.mark.parametrize("path", ["claim_and_start", "claim_and_start_scopes", "claim_pending"])
 async def test_a_hidden_run_is_claimed_exactly_when_the_floors_bound_has_passed(
         admin: asyncpg.Connection, worker: asyncpg.Connection, path: str) -> None:
     when = T0 + timedelta(seconds=30)
@@ -381,11 +381,13 @@ async def test_a_hidden_run_is_claimed_exactly_when_the_floors_bound_has_passed(
     full_at = datetime.fromtimestamp(0, UTC) + timedelta(microseconds=int(fields[5]))
     bound = timedelta(milliseconds=int(fields[6]))
     assert timedelta(seconds=1) <= bound <= BOUND
-    query = CLAIM_AND_START if path == "claim_and_start" else CLAIM_SCOPES
+    query = {"claim_and_start": CLAIM_AND_START, "claim_and_start_scopes": CLAIM_SCOPES,
+             "claim_pending": CLAIM_PENDING}[path]
+    args = (600.0,) if path == "claim_pending" else ()
     await at(worker, full_at + bound - timedelta(microseconds=1))
-    assert a not in leases(list(await worker.fetch(query, DEPLOYMENT, "w", 10)))
+    assert a not in leases(list(await worker.fetch(query, DEPLOYMENT, "w", 10, *args)))
     await at(worker, full_at + bound)
-    assert a in leases(list(await worker.fetch(query, DEPLOYMENT, "w", 10))), (
+    assert a in leases(list(await worker.fetch(query, DEPLOYMENT, "w", 10, *args))), (
         f"{a} not claimed when the floor's bound {bound} had passed")
 
 
