@@ -340,3 +340,125 @@ async def test_a_run_of_a_higher_priority_is_claimed_at_once(
     await at(worker, when + timedelta(milliseconds=10))
     assert list(await claim(worker, "w")) == [urgent]
     assert await drain(worker, "w") == set(rest)
+
+
+# -- the floor's own value: the session's setting, which any client of the session may write ---
+
+# (a placeholder setting: not in pg_settings)
+FLOOR_NAME = """SELECT zeroth._claim_floor_setting('default', zeroth._workspace_key(NULL), $1)"""
+
+
+async def floor_value(conn: asyncpg.Connection) -> tuple[str, list[str]]:
+    """The session's kept claim floor of the scope: its setting's name and its fields (serves,
+    priority, run_after, created_at, run_id, full_at in microseconds since the epoch, bound_ms)."""
+    name = await conn.fetchval(FLOOR_NAME, DEPLOYMENT)
+    value = await conn.fetchval("SELECT current_setting($1, true)", name)
+    assert value, f"no floor kept in {name}"
+    return name, value.split(" ")
+
+
+async def write_floor(conn: asyncpg.Connection, name: str, fields: list[str]) -> None:
+    await conn.execute("SELECT set_config($1, $2, false)", name, " ".join(fields))
+
+
+async def hidden_run(admin: asyncpg.Connection, worker: asyncpg.Connection, when: datetime
+                     ) -> UUID:
+    """A run handed back below the worker session's floor, kept at `when`."""
+    held_a, _ = await floor_past(worker, admin, when)
+    ((a, generation),) = held_a.items()
+    assert await worker.fetchval(
+        """SELECT zeroth.hand_back_to_pending(run_id => $1, worker_id => 'w',
+               generation => $2)""", a, generation)
+    return a
+
+
+@pytest.mark.parametrize("path", ["claim_and_start", "claim_and_start_scopes", "claim_pending"])
+async def test_a_hidden_run_is_claimed_exactly_when_the_floors_bound_has_passed(
+        admin: asyncpg.Connection, worker: asyncpg.Connection, path: str) -> None:
+    when = T0 + timedelta(seconds=30)
+    a = await hidden_run(admin, worker, when)
+    _, fields = await floor_value(worker)
+    full_at = datetime.fromtimestamp(0, UTC) + timedelta(microseconds=int(fields[5]))
+    bound = timedelta(milliseconds=int(fields[6]))
+    assert timedelta(seconds=1) <= bound <= BOUND
+    query = {"claim_and_start": CLAIM_AND_START, "claim_and_start_scopes": CLAIM_SCOPES,
+             "claim_pending": CLAIM_PENDING}[path]
+    args = (600.0,) if path == "claim_pending" else ()
+    await at(worker, full_at + bound - timedelta(microseconds=1))
+    assert a not in leases(list(await worker.fetch(query, DEPLOYMENT, "w", 10, *args)))
+    await at(worker, full_at + bound)
+    assert a in leases(list(await worker.fetch(query, DEPLOYMENT, "w", 10, *args))), (
+        f"{a} not claimed when the floor's bound {bound} had passed")
+
+
+async def test_a_floor_value_with_a_longer_bound_hides_no_run_past_60_seconds(
+        admin: asyncpg.Connection, worker: asyncpg.Connection) -> None:
+    # A client of the session (behind a transaction pooler: any client of the login) writes the
+    # floor's bound_ms itself: the claims must still read from the head within 60 s.
+    when = T0 + timedelta(seconds=30)
+    a = await hidden_run(admin, worker, when)
+    name, fields = await floor_value(worker)
+    fields[6] = "999999999"  # 11.6 days
+    await write_floor(worker, name, fields)
+    await claimed_within_bound(worker, a, when, hidden=False)
+
+
+@pytest.mark.parametrize("field", [2, 3, 5])
+@pytest.mark.parametrize("value", ["-999999999999999999", "999999999999999999"])
+async def test_a_floor_value_out_of_the_timestamp_range_fails_no_claim(
+        admin: asyncpg.Connection, worker: asyncpg.Connection, field: int, value: str) -> None:
+    # Well-formed digits, but a time far outside what a claim could have kept (before 4713 BC,
+    # the limit of timestamptz, or tens of thousands of years ahead): never an error in the
+    # claims of the session, and the hidden run is still claimed within the bound.
+    when = T0 + timedelta(seconds=30)
+    a = await hidden_run(admin, worker, when)
+    name, fields = await floor_value(worker)
+    fields[field] = value
+    await write_floor(worker, name, fields)
+    await at(worker, when + timedelta(milliseconds=500))
+    held = set(await claim(worker, "w", 10))
+    await at(worker, when + PAST_BOUND)
+    held |= set(await claim(worker, "w", 10))
+    assert a in held
+
+
+async def test_a_run_with_an_infinite_run_after_stops_no_claim_of_its_scope(
+        admin: asyncpg.Connection, worker: asyncpg.Connection) -> None:
+    # A DBA's manual UPDATE (enqueue refuses an infinite run_after). The run sorts first in its
+    # level; a lower level than the dirty head's, so a claim locks it after passing the dead
+    # entries (or from a floor) and would keep its position as the next floor.
+    await at(admin, T0)
+    (other,) = await enqueue(admin, [{}])
+    (odd,) = await enqueue(admin, [{"priority": -1}])
+    assert await admin.execute(
+        "UPDATE zeroth.runs SET run_after = '-infinity' WHERE run_id = $1", odd) == "UPDATE 1"
+    await at(worker, T0 + timedelta(seconds=30))
+    assert list(await claim(worker, "w")) == [other]  # past the dead head: a floor
+    assert list(await claim(worker, "w")) == [odd]
+    (later,) = await enqueue(admin, [{"priority": -1}])
+    await at(worker, T0 + timedelta(seconds=31))
+    assert list(await claim(worker, "w")) == [later]
+
+
+@pytest.mark.parametrize("value", [
+    "", "garbage", "any 0 0 0 00000000-0000-0000-0000-000000000000 0 60000'; DROP TABLE x; --",
+    "any 99999999999 0 0 00000000-0000-0000-0000-000000000000 0 60000",
+    "x" * 100_000])
+async def test_a_malformed_floor_value_is_no_floor(
+        admin: asyncpg.Connection, worker: asyncpg.Connection, value: str) -> None:
+    when = T0 + timedelta(seconds=30)
+    a = await hidden_run(admin, worker, when)
+    name, _ = await floor_value(worker)
+    await worker.execute("SELECT set_config($1, $2, false)", name, value)
+    await at(worker, when + timedelta(milliseconds=500))
+    assert a in await claim(worker, "w", 10)  # read from the head
+
+
+async def test_a_floor_kept_at_a_later_time_is_no_floor_once_the_clock_goes_back(
+        admin: asyncpg.Connection, worker: asyncpg.Connection) -> None:
+    # zeroth._now() going backwards (a failover to a server whose clock is behind, a step of the
+    # system clock): the claims read from the head, not from a floor kept in the future.
+    when = T0 + timedelta(seconds=30)
+    a = await hidden_run(admin, worker, when)
+    await at(worker, when - timedelta(seconds=10))
+    assert a in await claim(worker, "w", 10)

@@ -107,9 +107,11 @@ async def skip_reset(_conn: asyncpg.Connection) -> None:
     asyncpg's default reset sends ``SELECT pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *;
     RESET ALL`` on every release, one more round trip per SQL call; bench/ measured a worker 25-60%
     faster without it. A pool that only runs zeroth.* calls needs no reset: each call is its own
-    transaction and leaves no session state (no SET, no LISTEN, no session advisory lock), and
-    asyncpg still rolls back a transaction left open. Do not use it for a pool shared with code
-    that changes session state.
+    transaction and leaves no session state (no SET, no LISTEN, no session advisory lock) but the
+    claims' claim floors (a hint in a ``zeroth.claim_floor_*`` setting, sql/README.md), which
+    ``RESET ALL`` would drop, so every claim would read its scope from the head; asyncpg still
+    rolls back a transaction left open. Do not use it for a pool shared with code that changes
+    session state.
     """
 
 

@@ -84,13 +84,18 @@ BEGIN
     created_at := '-infinity';
     run_id := '00000000-0000-0000-0000-000000000000';
     -- serves priority run_after created_at run_id full_at bound_ms (times in microseconds since
-    -- the epoch). Anything else, a client's own value too, is no floor.
+    -- the epoch). Anything else, a client's own value too, is no floor: a time of more than 17
+    -- digits (beyond about 3,100 years from 1970, where a time before 4713 BC would fail every
+    -- claim of the session with 'timestamp out of range'; _keep_claim_floor writes none there),
+    -- a bound outside what zeroth._claim_floor_bound gives (1 to 60 s: a longer one would hide
+    -- runs longer than the documented 60 s).
     v_parts := regexp_match(v_value,
-        '^(any|[0-9a-f]{32}) (-?[0-9]{1,10}) (-?[0-9]{1,18}) (-?[0-9]{1,18}) '
-        '([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}) (-?[0-9]{1,18}) '
+        '^(any|[0-9a-f]{32}) (-?[0-9]{1,10}) (-?[0-9]{1,17}) (-?[0-9]{1,17}) '
+        '([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}) (-?[0-9]{1,17}) '
         '([0-9]{1,9})$');
     IF v_parts IS NULL OR v_parts[1] <> zeroth._claim_floor_serves(_claim_floor.serves)
-       OR v_parts[2]::bigint NOT BETWEEN -2147483648 AND 2147483647 THEN
+       OR v_parts[2]::bigint NOT BETWEEN -2147483648 AND 2147483647
+       OR v_parts[7]::integer NOT BETWEEN 1000 AND 60000 THEN
         RETURN;
     END IF;
     kept_priority := v_parts[2]::integer;
@@ -119,10 +124,14 @@ ALTER FUNCTION zeroth._claim_floor(text, text, text, bigint[], timestamptz) OWNE
 REVOKE ALL ON FUNCTION zeroth._claim_floor(text, text, text, bigint[], timestamptz) FROM PUBLIC;
 
 -- A time as the floor stores it (microseconds since the epoch; numeric extract: exact) and back.
+-- NULL for a time no floor can hold: infinite (a run_after a DBA set to -infinity: the cast would
+-- fail every claim that locks that run first) or beyond 17 digits (which _claim_floor refuses).
 CREATE OR REPLACE FUNCTION zeroth._claim_floor_us(at timestamptz)
     RETURNS bigint
     LANGUAGE sql STABLE
-    RETURN (extract(epoch FROM at) * 1000000)::bigint;
+    RETURN CASE WHEN isfinite(at)
+                     AND abs(extract(epoch FROM at) * 1000000) < 100000000000000000
+                THEN (extract(epoch FROM at) * 1000000)::bigint END;
 COMMENT ON FUNCTION zeroth._claim_floor_us(timestamptz) IS 'Internal: a time as a claim floor stores it, microseconds since the epoch.';
 ALTER FUNCTION zeroth._claim_floor_us(timestamptz) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._claim_floor_us(timestamptz) FROM PUBLIC;
@@ -148,6 +157,18 @@ CREATE OR REPLACE FUNCTION zeroth._keep_claim_floor(
     RETURNS void
     LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
+    -- A position no floor can hold (an infinite or far-off time: zeroth._claim_floor_us NULL):
+    -- keep none, the next claim reads from the head.
+    IF zeroth._claim_floor_us(_keep_claim_floor.run_after) IS NULL
+       OR zeroth._claim_floor_us(_keep_claim_floor.created_at) IS NULL
+       OR zeroth._claim_floor_us(_keep_claim_floor.full_at) IS NULL THEN
+        PERFORM set_config(
+            zeroth._claim_floor_setting(_keep_claim_floor.tenant_id,
+                                        _keep_claim_floor.workspace_key,
+                                        _keep_claim_floor.deployment_ref),
+            '', false);
+        RETURN;
+    END IF;
     PERFORM set_config(
         zeroth._claim_floor_setting(_keep_claim_floor.tenant_id, _keep_claim_floor.workspace_key,
                                     _keep_claim_floor.deployment_ref),
