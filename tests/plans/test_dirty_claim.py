@@ -350,7 +350,8 @@ FLOOR_NAME = """SELECT zeroth._claim_floor_setting('default', zeroth._workspace_
 
 async def floor_value(conn: asyncpg.Connection) -> tuple[str, list[str]]:
     """The session's kept claim floor of the scope: its setting's name and its fields (serves,
-    priority, run_after, created_at, run_id, full_at in microseconds since the epoch, bound_ms)."""
+    priority, run_after, created_at, run_id, full_at in microseconds since the epoch, bound_ms,
+    the md5 of the scope)."""
     name = await conn.fetchval(FLOOR_NAME, DEPLOYMENT)
     value = await conn.fetchval("SELECT current_setting($1, true)", name)
     assert value, f"no floor kept in {name}"
@@ -401,6 +402,30 @@ async def test_a_floor_value_with_a_longer_bound_hides_no_run_past_60_seconds(
     fields[6] = "999999999"  # 11.6 days
     await write_floor(worker, name, fields)
     await claimed_within_bound(worker, a, when, hidden=False)
+
+
+async def test_a_floor_kept_for_another_scope_of_its_setting_is_no_floor(
+        admin: asyncpg.Connection, worker: asyncpg.Connection) -> None:
+    # 64 settings hold the floors of every scope (zeroth._claim_floor_setting): two scopes of one
+    # setting overwrite each other's, and a claim takes a value only when it names its own scope.
+    when = T0 + timedelta(seconds=30)
+    a = await hidden_run(admin, worker, when)
+    name, fields = await floor_value(worker)
+    assert fields[7] == await worker.fetchval(
+        "SELECT zeroth._claim_floor_scope('default', zeroth._workspace_key(NULL), $1)", DEPLOYMENT)
+    fields[7] = await worker.fetchval(
+        "SELECT zeroth._claim_floor_scope('default', zeroth._workspace_key(NULL), 'other')")
+    await write_floor(worker, name, fields)
+    await at(worker, when + timedelta(milliseconds=500))
+    assert a in await claim(worker, "w", 10), "another scope's floor hid a run of this one"
+
+
+async def test_a_session_claiming_many_scopes_keeps_at_most_64_floor_settings(
+        worker: asyncpg.Connection) -> None:
+    names = await worker.fetchval(
+        """SELECT count(DISTINCT zeroth._claim_floor_setting('t' || g, 'w', 'd'))
+             FROM generate_series(1, 5000) AS g""")
+    assert names == 64
 
 
 @pytest.mark.parametrize("field", [2, 3, 5])

@@ -56,7 +56,7 @@ EDGES = [1, 2, 3, 2**30, 2**30 + 1, 2**30 + 2, 2**30 + 3, 2**31, 2**31 + 1, 2**3
 
 
 async def test_every_timeline_has_a_band_of_its_own_inside_a_bigint(conn):
-    floors = {t: await conn.fetchval("SELECT zeroth._generation_floor($1::bigint)", t)
+    floors = {t: await conn.fetchval("SELECT zeroth._timeline_generation_floor($1::bigint)", t)
               for t in EDGES}
     # The bands as first released, for every timeline a real server reaches.
     assert [floors[t] for t in (1, 2, 3)] == [0, BAND, 2 * BAND]
@@ -74,9 +74,9 @@ async def test_every_timeline_has_a_band_of_its_own_inside_a_bigint(conn):
 async def test_a_claim_on_a_timeline_above_2_to_the_31_is_above_every_earlier_band(conn):
     await conn.execute("""CREATE OR REPLACE FUNCTION zeroth._generation_floor() RETURNS bigint
                               LANGUAGE sql VOLATILE AS
-                              $$ SELECT zeroth._generation_floor(2147483649::bigint) $$""")
-    floor = await conn.fetchval("SELECT zeroth._generation_floor(2147483649::bigint)")
-    below = await conn.fetchval("SELECT zeroth._generation_floor(2147483648::bigint)")
+                              $$ SELECT zeroth._timeline_generation_floor(2147483649::bigint) $$""")
+    floor = await conn.fetchval("SELECT zeroth._timeline_generation_floor(2147483649::bigint)")
+    below = await conn.fetchval("SELECT zeroth._timeline_generation_floor(2147483648::bigint)")
     await admit(conn)  # admitted unleased: generation 0
     rows = await conn.fetch(
         """SELECT run_id, lease_generation FROM zeroth_test.claim_pending(deployment_ref => $1,
@@ -89,5 +89,5 @@ async def test_a_claim_on_a_timeline_above_2_to_the_31_is_above_every_earlier_ba
 @pytest.mark.parametrize("timeline", [0, -1, 2**32])
 async def test_a_number_that_is_no_wal_timeline_is_refused(conn, timeline):
     with pytest.raises(asyncpg.PostgresError) as raised:
-        await conn.fetchval("SELECT zeroth._generation_floor($1::bigint)", timeline)
+        await conn.fetchval("SELECT zeroth._timeline_generation_floor($1::bigint)", timeline)
     assert raised.value.sqlstate == "ZP008"

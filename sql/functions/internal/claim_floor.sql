@@ -14,7 +14,7 @@
 -- What: a claim whose scan from the head of the scope passed over more than 100 + 2 × its batch
 -- entries it could not take (a dirty head; counted with the backend's statistics counter,
 -- zeroth._claim_floor_after_full_scan) remembers, in a setting
--- of its session keyed by the scope (zeroth.claim_floor_<md5 of the scope>), the position of the
+-- of its session named by the scope (zeroth.claim_floor_<0-63 by the md5 of the scope>), the position of the
 -- first run it locked (its claim-order key: priority, run_after, created_at; the run_id is kept
 -- beside them, but the index has no such column, so runs with an equal key — one enqueue_runs
 -- batch — are all read from the first of them, the claimed ones of the batch included); on a
@@ -36,13 +36,30 @@
 -- rolls it back too; behind a transaction pooler it moves with the server connection, which is
 -- harmless for a hint: any value, even one a client wrote, only delays runs by at most the bound.
 
--- The name of the session setting that holds a scope's claim floor.
+-- A scope as its claim floor names it: the md5 of (tenant_id, workspace_key, deployment_ref).
+CREATE OR REPLACE FUNCTION zeroth._claim_floor_scope(tenant_id text, workspace_key text,
+                                                    deployment_ref text)
+    RETURNS text
+    LANGUAGE sql IMMUTABLE
+    RETURN md5(ARRAY[tenant_id, workspace_key, deployment_ref]::text);
+COMMENT ON FUNCTION zeroth._claim_floor_scope(text, text, text) IS 'Internal: the md5 of a scope (tenant_id, workspace_key, deployment_ref) that its claim floor''s value ends with.';
+ALTER FUNCTION zeroth._claim_floor_scope(text, text, text) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._claim_floor_scope(text, text, text) FROM PUBLIC;
+
+-- The name of the session setting that holds a scope's claim floor: one of 64
+-- (zeroth.claim_floor_0 … _63, by the scope's md5), not one per scope. A session that claims
+-- across thousands of scopes would otherwise add a setting per scope, and PostgreSQL 15 re-sorts
+-- its list of settings at each new one and walks it at the end of every call with a SET clause
+-- (every SECURITY DEFINER function): 4,000 of them made such a call about 4 times slower. Two
+-- scopes of one bucket overwrite each other's floor (the value names its scope: the other's is
+-- no floor), which costs only a full scan.
 CREATE OR REPLACE FUNCTION zeroth._claim_floor_setting(tenant_id text, workspace_key text,
                                                       deployment_ref text)
     RETURNS text
     LANGUAGE sql IMMUTABLE
-    RETURN 'zeroth.claim_floor_' || md5(ARRAY[tenant_id, workspace_key, deployment_ref]::text);
-COMMENT ON FUNCTION zeroth._claim_floor_setting(text, text, text) IS 'Internal: the name of the session setting (zeroth.claim_floor_<md5>) that holds the claim floor of one scope.';
+    RETURN 'zeroth.claim_floor_' || get_byte(decode(zeroth._claim_floor_scope(tenant_id, workspace_key,
+                                                                              deployment_ref), 'hex'), 0) % 64;
+COMMENT ON FUNCTION zeroth._claim_floor_setting(text, text, text) IS 'Internal: the name of the session setting (zeroth.claim_floor_0 to _63, by the md5 of the scope) that holds the claim floor of one scope; the value names its scope.';
 ALTER FUNCTION zeroth._claim_floor_setting(text, text, text) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._claim_floor_setting(text, text, text) FROM PUBLIC;
 
@@ -83,8 +100,9 @@ BEGIN
     run_after := '-infinity';
     created_at := '-infinity';
     run_id := '00000000-0000-0000-0000-000000000000';
-    -- serves priority run_after created_at run_id full_at bound_ms (times in microseconds since
-    -- the epoch). Anything else, a client's own value too, is no floor: a time of more than 17
+    -- serves priority run_after created_at run_id full_at bound_ms scope (times in microseconds
+    -- since the epoch; scope: zeroth._claim_floor_scope, as 64 scopes share a setting). Anything
+    -- else, another scope's floor or a client's own value too, is no floor: a time of more than 17
     -- digits (beyond about 3,100 years from 1970, where a time before 4713 BC would fail every
     -- claim of the session with 'timestamp out of range'; _keep_claim_floor writes none there),
     -- a bound outside what zeroth._claim_floor_bound gives (1 to 60 s: a longer one would hide
@@ -92,8 +110,10 @@ BEGIN
     v_parts := regexp_match(v_value,
         '^(any|[0-9a-f]{32}) (-?[0-9]{1,10}) (-?[0-9]{1,17}) (-?[0-9]{1,17}) '
         '([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}) (-?[0-9]{1,17}) '
-        '([0-9]{1,9})$');
+        '([0-9]{1,9}) ([0-9a-f]{32})$');
     IF v_parts IS NULL OR v_parts[1] <> zeroth._claim_floor_serves(_claim_floor.serves)
+       OR v_parts[8] <> zeroth._claim_floor_scope(_claim_floor.tenant_id, _claim_floor.workspace_key,
+                                                  _claim_floor.deployment_ref)
        OR v_parts[2]::bigint NOT BETWEEN -2147483648 AND 2147483647
        OR v_parts[7]::integer NOT BETWEEN 1000 AND 60000 THEN
         RETURN;
@@ -178,7 +198,10 @@ BEGIN
                   zeroth._claim_floor_us(_keep_claim_floor.created_at),
                   _keep_claim_floor.run_id,
                   zeroth._claim_floor_us(_keep_claim_floor.full_at),
-                  _keep_claim_floor.bound_ms),
+                  _keep_claim_floor.bound_ms,
+                  zeroth._claim_floor_scope(_keep_claim_floor.tenant_id,
+                                            _keep_claim_floor.workspace_key,
+                                            _keep_claim_floor.deployment_ref)),
         false);
 END
 $$;

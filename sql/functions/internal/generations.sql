@@ -21,7 +21,7 @@
 -- timeline 2^31 + 1 on, and a negative floor protects nothing. The last band ends below 2^63 - 2^59,
 -- so generation + 1 never overflows either. Timelines come only from pg_walfile_name, so anything
 -- outside 1 .. 2^32 - 1 is a bug: ZP008, never a wrong floor.
-CREATE OR REPLACE FUNCTION zeroth._generation_floor(timeline bigint)
+CREATE OR REPLACE FUNCTION zeroth._timeline_generation_floor(timeline bigint)
     RETURNS bigint
     LANGUAGE plpgsql IMMUTABLE STRICT AS $$
 BEGIN
@@ -36,9 +36,9 @@ BEGIN
     RETURN (1::bigint << 62) + (1::bigint << 32) + ((timeline - 1073741826) << 30);
 END
 $$;
-COMMENT ON FUNCTION zeroth._generation_floor(bigint) IS 'Internal: the floor under every lease generation a claim hands out on WAL timeline timeline: (timeline - 1) * 2^32 up to timeline 2^30 + 1, then bands of 2^30, so that every timeline PostgreSQL can have (1 to 2^32 - 1) has a band of its own inside a bigint; ZP008 for anything else.';
-ALTER FUNCTION zeroth._generation_floor(bigint) OWNER TO zeroth_owner;
-REVOKE ALL ON FUNCTION zeroth._generation_floor(bigint) FROM PUBLIC;
+COMMENT ON FUNCTION zeroth._timeline_generation_floor(bigint) IS 'Internal: the floor under every lease generation a claim hands out on WAL timeline timeline: (timeline - 1) * 2^32 up to timeline 2^30 + 1, then bands of 2^30, so that every timeline PostgreSQL can have (1 to 2^32 - 1) has a band of its own inside a bigint; ZP008 for anything else.';
+ALTER FUNCTION zeroth._timeline_generation_floor(bigint) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._timeline_generation_floor(bigint) FROM PUBLIC;
 
 -- The timeline is the one the server is inserting WAL on now (pg_walfile_name names the segment
 -- of the current insert position on it); pg_control_checkpoint() would lag a promotion until
@@ -46,9 +46,9 @@ REVOKE ALL ON FUNCTION zeroth._generation_floor(bigint) FROM PUBLIC;
 CREATE OR REPLACE FUNCTION zeroth._generation_floor()
     RETURNS bigint
     LANGUAGE sql VOLATILE AS $$
-    SELECT zeroth._generation_floor(
+    SELECT zeroth._timeline_generation_floor(
         ('x' || lpad(substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8), 16, '0'))::bit(64)::bigint)
 $$;
-COMMENT ON FUNCTION zeroth._generation_floor() IS 'Internal: the floor under every lease generation a claim hands out on this server''s current WAL timeline (zeroth._generation_floor(timeline)), so that no generation is handed out twice across a lossy failover.';
+COMMENT ON FUNCTION zeroth._generation_floor() IS 'Internal: the floor under every lease generation a claim hands out on this server''s current WAL timeline (zeroth._timeline_generation_floor(timeline)), so that no generation is handed out twice across a lossy failover.';
 ALTER FUNCTION zeroth._generation_floor() OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._generation_floor() FROM PUBLIC;
