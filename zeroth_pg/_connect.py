@@ -82,17 +82,19 @@ class NoWritableServerError(asyncpg.exceptions.TargetServerAttributeNotMatched):
     recovery or read-only). The message names each host and why, never the DSN's password."""
 
 
-def wanted_role(dsn: str, **kwargs: Any) -> str | None:
+def wanted_role(dsn: str, *, reads_only: bool = False, **kwargs: Any) -> str | None:
     """``read-write`` or ``primary`` when connections to ``dsn`` (an asyncpg URI) must be able
     to write, as asyncpg reads ``target_session_attrs`` (the keyword, then the DSN's, then
     ``PGTARGETSESSIONATTRS``); ``read-write`` too for several hosts with none set (zeroth_pg
-    writes: the first host that answers is not enough); None otherwise."""
+    writes: the first host that answers is not enough) unless the caller ``reads_only`` (a
+    dashboard without actions, the fleet metrics: a hot standby serves them, docs/scaling.md,
+    and libpq's ``any``, the first host that answers, applies); None otherwise."""
     query = _query(dsn)
     attrs = kwargs.get("target_session_attrs") or query.get("target_session_attrs") or \
         os.environ.get("PGTARGETSESSIONATTRS")
     if attrs:
         return _WRITABLE.get(str(attrs).strip().lower())
-    return "read-write" if len(_hosts(dsn, kwargs)) > 1 else None
+    return "read-write" if not reads_only and len(_hosts(dsn, kwargs)) > 1 else None
 
 
 def _query(dsn: str) -> dict[str, str]:
@@ -285,13 +287,15 @@ async def _open(state: _Hosts, dsn: str, kwargs: dict[str, Any]) -> asyncpg.Conn
         f"string after {_PASSES} tries ({'; '.join(why)})")
 
 
-async def connect(dsn: str, **kwargs: Any) -> asyncpg.Connection:
+async def connect(dsn: str, *, reads_only: bool = False, **kwargs: Any) -> asyncpg.Connection:
     """``asyncpg.connect(dsn, **kwargs)`` for zeroth_pg: ``dsn`` in any form (a URI or libpq
     ``key=value``: :func:`~zeroth_pg.asyncpg_dsn`); when it asks for a writable server, the
     connection is to a server that takes writes by its own answer, whatever a pooler in front
-    reports (module docstring)."""
+    reports (module docstring). ``reads_only``: the caller never writes, so several hosts
+    without ``target_session_attrs`` mean the first that answers, as in libpq
+    (:func:`wanted_role`)."""
     url = asyncpg_dsn(dsn)
-    role = wanted_role(url, **kwargs)
+    role = wanted_role(url, reads_only=reads_only, **kwargs)
     if role is None:
         return await asyncpg.connect(url, **kwargs)
     return await _open(_Hosts(role), url, kwargs)
@@ -329,14 +333,14 @@ def _discarding_reset(
     return release
 
 
-def create_pool(dsn: str, **kwargs: Any) -> asyncpg.Pool:
+def create_pool(dsn: str, *, reads_only: bool = False, **kwargs: Any) -> asyncpg.Pool:
     """``asyncpg.create_pool(dsn, **kwargs)`` for zeroth_pg (await it, or ``async with`` it, as
     asyncpg's): ``dsn`` in any form; when it asks for a writable server, every connection the
     pool opens is to a server that takes writes by its own answer, and a connection refused a
     write as read-only (25006) is closed on release instead of kept (module docstring). A
-    ``connect=`` of the caller's replaces that check."""
+    ``connect=`` of the caller's replaces that check. ``reads_only``: as for :func:`connect`."""
     url = asyncpg_dsn(dsn)
-    role = wanted_role(url, **kwargs)
+    role = wanted_role(url, reads_only=reads_only, **kwargs)
     if role is None or kwargs.get("connect") is not None:
         return asyncpg.create_pool(url, **kwargs)
     kwargs["connect"] = _Connector(role)
