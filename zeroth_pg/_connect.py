@@ -10,9 +10,10 @@ kept a whole worker fleet on a standby, every write refused with SQLSTATE 25006,
 PgBouncer was restarted (docs/dba-guide.md, "PgBouncer in front").
 
 So when a DSN asks for a writable server (``target_session_attrs`` ``read-write`` or
-``primary``, from the DSN, the keyword or ``PGTARGETSESSIONATTRS``; or several hosts and no
-``target_session_attrs`` at all), :func:`connect` and the pools of :func:`create_pool` do not
-trust the reported values: they connect to each host in turn (the last one found writable
+``primary``, from the DSN, the keyword, the DSN's connection service (``?service=``, a
+``pg_service.conf`` section: its hosts count too) or ``PGTARGETSESSIONATTRS``; or several hosts
+and no ``target_session_attrs`` at all), :func:`connect` and the pools of :func:`create_pool` do
+not trust the reported values: they connect to each host in turn (the last one found writable
 first), ask the server itself (``pg_is_in_recovery()``, ``transaction_read_only``: a query,
 which PgBouncer passes to the real server) and keep the first that can write; a host that cannot
 is closed at once and logged. When no host can, they wait and try again a few times with a
@@ -33,6 +34,7 @@ Any other DSN (one host without ``target_session_attrs``, or ``any``, ``standby`
 from __future__ import annotations
 
 import asyncio
+import configparser
 import logging
 import os
 import random
@@ -91,6 +93,7 @@ def wanted_role(dsn: str, *, reads_only: bool = False, **kwargs: Any) -> str | N
     and libpq's ``any``, the first host that answers, applies); None otherwise."""
     query = _query(dsn)
     attrs = kwargs.get("target_session_attrs") or query.get("target_session_attrs") or \
+        _service(dsn, kwargs).get("target_session_attrs") or \
         os.environ.get("PGTARGETSESSIONATTRS")
     if attrs:
         return _WRITABLE.get(str(attrs).strip().lower())
@@ -102,10 +105,24 @@ def _query(dsn: str) -> dict[str, str]:
     return {k: v[-1] for k, v in urllib.parse.parse_qs(parts.query).items()}
 
 
+def _service(dsn: str, kwargs: dict[str, Any]) -> dict[str, str]:
+    """The parameters of the connection service ``dsn`` or ``kwargs`` name (``service``), read
+    from the file asyncpg reads (``servicefile``, ``PGSERVICEFILE``, ``~/.pg_service.conf``);
+    empty when none is named or found."""
+    name = kwargs.get("service") or _query(dsn).get("service")
+    if not name:
+        return {}
+    path = kwargs.get("servicefile") or os.environ.get("PGSERVICEFILE") or \
+        os.path.join(os.path.expanduser("~"), ".pg_service.conf")
+    parser = configparser.ConfigParser()
+    parser.read(str(path))
+    return dict(parser[name]) if parser.has_section(name) else {}
+
+
 def _hosts(dsn: str, kwargs: dict[str, Any]) -> list[tuple[str, int]]:
     """The (host, port) list asyncpg would try for ``dsn`` and ``kwargs``, in order (the
-    keywords, else the URI's host list, else its ``host=`` query, else ``PGHOST``); empty when
-    nothing names a host (asyncpg's defaults then apply)."""
+    keywords, else the URI's host list, else its ``host=`` query, else the service file's,
+    else ``PGHOST``); empty when nothing names a host (asyncpg's defaults then apply)."""
     port_arg = kwargs.get("port")
     ports: list[int] = ([int(p) for p in port_arg] if isinstance(port_arg, list | tuple)
                         else [int(port_arg)] if port_arg else [])
@@ -121,6 +138,11 @@ def _hosts(dsn: str, kwargs: dict[str, Any]) -> list[tuple[str, int]]:
         ports = [int(p) for p in query["port"].split(",") if p]
     if query.get("host"):
         return _pair(query["host"].split(","), ports)
+    service = _service(dsn, kwargs)
+    if not ports and service.get("port"):
+        ports = [int(p) for p in service["port"].split(",") if p]
+    if service.get("host"):
+        return _pair(service["host"].split(","), ports)
     if os.environ.get("PGHOST"):
         return _pair(os.environ["PGHOST"].split(","), ports)
     return []

@@ -185,3 +185,27 @@ class TestAConnectionRefusedAWrite:
                 await pool.execute("CREATE TEMP TABLE t (k int PRIMARY KEY);"
                                    " INSERT INTO t VALUES (1), (1)")
             assert await pool.fetchval("SELECT pg_backend_pid()") == first
+
+
+class TestAServiceFile:
+    """A DSN that names a connection service (``?service=``, read from ``PGSERVICEFILE`` as asyncpg
+    and libpq do): its hosts and ``target_session_attrs`` count like the DSN's own."""
+
+    async def test_a_service_asking_for_read_write_writes_on_the_server_that_takes_writes(
+            self, stale_bouncer: StaleBouncer, tmp_path: Any,
+            monkeypatch: pytest.MonkeyPatch) -> None:
+        services = tmp_path / "pg_service.conf"
+        services.write_text(
+            "[zeroth_ha]\n"
+            f"host=127.0.0.1,127.0.0.1\nport={stale_bouncer.stale_port},{stale_bouncer.good_port}\n"
+            f"user={stale_bouncer.user}\ndbname={stale_bouncer.dbname}\n"
+            "target_session_attrs=read-write\n")
+        monkeypatch.setenv("PGSERVICEFILE", str(services))
+        async with zeroth_pg.create_pool("postgresql://?service=zeroth_ha",
+                                         min_size=1, max_size=1) as pool:
+            assert await _landed_in(pool) == (stale_bouncer.dbname, "pending")
+        conn = await zeroth_pg.connect("service=zeroth_ha")
+        try:
+            assert await _landed_in(conn) == (stale_bouncer.dbname, "pending")
+        finally:
+            await conn.close()
