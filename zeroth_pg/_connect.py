@@ -60,6 +60,8 @@ log = logging.getLogger("zeroth_pg.connect")
 _WRITABLE = {"read-write": "read-write", "primary": "primary"}
 #: Passes over every host one call makes before it gives up, and the pauses between them.
 _PASSES = 3
+#: asyncpg.connect's default ``timeout``: also the longest wait for a server's answer to the check.
+_CONNECT_TIMEOUT_S = 60.0
 _FIRST_PAUSE_S = 0.25
 _MAX_PAUSE_S = 5.0
 #: The connection errors after which the next host is tried (as asyncpg and libpq do); any other
@@ -236,9 +238,11 @@ class _Hosts:
         return max(0.0, self.quiet_until - now)
 
 
-async def _writable(conn: asyncpg.Connection, role: str) -> str | None:
-    """None when ``conn``'s server takes writes as ``role`` asks, else why not."""
-    row = await conn.fetchrow(_CHECK)
+async def _writable(conn: asyncpg.Connection, role: str, wait_s: float) -> str | None:
+    """None when ``conn``'s server takes writes as ``role`` asks, else why not. A server that
+    let the client in but does not answer within ``wait_s`` (the connection's timeout: a host hung
+    after the login, a PgBouncer PAUSEd) raises TimeoutError, so the next host is tried."""
+    row = await conn.fetchrow(_CHECK, timeout=wait_s)
     assert row is not None
     if row["in_recovery"]:
         return "in recovery: a standby"
@@ -281,7 +285,8 @@ async def _open(state: _Hosts, dsn: str, kwargs: dict[str, Any]) -> asyncpg.Conn
                 why.append(f"{where}: unreachable ({type(exc).__name__})")
                 continue
             try:
-                refusal = await _writable(conn, state.role)
+                refusal = await _writable(conn, state.role,
+                                          float(kwargs.get("timeout") or _CONNECT_TIMEOUT_S))
             except (*_NEXT_HOST_ERRORS, asyncpg.exceptions.PostgresError,
                     asyncpg.exceptions.InterfaceError) as exc:
                 conn.terminate()

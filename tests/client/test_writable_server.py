@@ -15,6 +15,7 @@ printed, only when no pgbouncer binary is installed (.ci/run installs it).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import Iterator
@@ -209,3 +210,35 @@ class TestAServiceFile:
             assert await _landed_in(conn) == (stale_bouncer.dbname, "pending")
         finally:
             await conn.close()
+
+
+class TestAHostThatHangsAfterLogin:
+    """A host that lets the client in and then never answers (here a PgBouncer PAUSEd, as its
+    operator does around a switchover: logins succeed, queries wait for RESUME) must not hold a
+    connection's open for ever when another host of the DSN takes writes: the server's answer
+    to the check is waited for no longer than the connection's own ``timeout``."""
+
+    async def test_a_paused_pooler_first_in_the_dsn_does_not_stop_the_connection(
+            self, database_dsn: str, pg_server_dsn: str) -> None:
+        server = _server(pg_server_dsn)
+        dbname = str(conninfo_to_dict(libpq_dsn(database_dsn))["dbname"])
+        target = f"host={server.host} port={server.port}"
+        socket_dir = server.host if server.host.startswith("/") else None
+        with bouncer(f"* = {target}", user=server.user, socket_dir=socket_dir) as paused, \
+                bouncer(f"* = {target}", user=server.user, socket_dir=socket_dir) as good:
+            # A client first, so that PgBouncer answers later logins from its cache.
+            with psycopg.connect(f"postgresql://{server.user}@127.0.0.1:{paused}/{dbname}",
+                                 autocommit=True) as first:
+                first.execute("SELECT 1")
+            with psycopg.connect(f"postgresql://{server.user}@127.0.0.1:{paused}/pgbouncer",
+                                 autocommit=True) as console:
+                console.execute("PAUSE")
+                dsn = (f"postgresql://{server.user}@127.0.0.1:{paused},127.0.0.1:{good}"
+                       f"/{dbname}?target_session_attrs=read-write")
+                # A guard against a hang, far above the 2 s asked for: not a speed assertion.
+                conn = await asyncio.wait_for(zeroth_pg.connect(dsn, timeout=2), 120)
+                try:
+                    assert await _landed_in(conn) == (dbname, "pending")
+                finally:
+                    await conn.close()
+                console.execute("RESUME")
