@@ -77,6 +77,9 @@ _READ_ONLY = "25006"
 _CHECK = ("SELECT pg_catalog.pg_is_in_recovery() AS in_recovery,"
           " pg_catalog.current_setting('transaction_read_only') AS read_only")
 
+#: What :func:`connect` calls learnt of each DSN's hosts (:class:`_Hosts`), by DSN and role.
+_CONNECT_STATES: dict[tuple[str, str, str, str], _Hosts] = {}
+
 #: Connections on which a statement was refused with 25006: closed when released to their pool.
 _REFUSED_WRITES: weakref.WeakSet[asyncpg.Connection] = weakref.WeakSet()
 
@@ -208,6 +211,8 @@ class _Hosts:
     quiet_until: float = 0.0
     pause: float = _FIRST_PAUSE_S
     reported: dict[str, str] = field(default_factory=dict)
+    #: The outage logged last (every host and why): logged again only when it changes.
+    outage: str = ""
 
     def order(self, hosts: list[tuple[str, int]]) -> list[tuple[str, int]]:
         """``hosts`` with the one found writable last first."""
@@ -225,16 +230,22 @@ class _Hosts:
         if self.reported.pop(where, None) is not None or self.quiet_until:
             log.info("%s takes writes: connections go there", where)
         self.last_good, self.quiet_until, self.pause = host, 0.0, _FIRST_PAUSE_S
+        self.outage = ""
 
     def none_found(self, why: list[str]) -> float:
-        """No host could write: the pause before the next pass (shared by every caller)."""
+        """No host could write: the pause before the next pass (shared by every caller, and
+        by the next call when this one gives up). Logged as a warning once per change of the
+        hosts' states, at DEBUG at every other pass."""
         now = time.monotonic()
         if self.quiet_until <= now:
             wait = self.pause * random.uniform(0.8, 1.2)
             self.quiet_until = now + wait
             self.pause = min(self.pause * 2, _MAX_PAUSE_S)
-            log.warning("no writable server among %d host(s) (%s); trying again in %.1f s",
-                        len(why), "; ".join(why), wait)
+            outage = "; ".join(why)
+            level = logging.WARNING if outage != self.outage else logging.DEBUG
+            self.outage = outage
+            log.log(level, "no writable server among %d host(s) (%s); next try in %.1f s",
+                    len(why), outage, wait)
         return max(0.0, self.quiet_until - now)
 
 
@@ -325,7 +336,15 @@ async def connect(dsn: str, *, reads_only: bool = False, **kwargs: Any) -> async
     role = wanted_role(url, reads_only=reads_only, **kwargs)
     if role is None:
         return await asyncpg.connect(url, **kwargs)
-    return await _open(_Hosts(role), url, kwargs)
+    # What earlier calls learnt of these hosts (the writable one, the pause, what was logged):
+    # a caller that reconnects again and again (a listener) shares it as a pool's connects do.
+    key = (url, role, repr(kwargs.get("host")), repr(kwargs.get("port")))
+    state = _CONNECT_STATES.get(key)
+    if state is None:
+        if len(_CONNECT_STATES) >= 64:  # bounded: a process connects to a few DSNs
+            _CONNECT_STATES.clear()
+        state = _CONNECT_STATES[key] = _Hosts(role)
+    return await _open(state, url, kwargs)
 
 
 class _Connector:

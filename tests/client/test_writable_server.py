@@ -242,3 +242,22 @@ class TestAHostThatHangsAfterLogin:
                 finally:
                     await conn.close()
                 console.execute("RESUME")
+
+
+class TestEveryHostUnableToWrite:
+    """While no host takes writes (every one a standby, for minutes), a caller that connects
+    again and again (the worker's listener, the dashboard's event streams) neither floods the
+    log nor skips the pause: each host's state is logged once, and the outage once, until it
+    changes."""
+
+    async def test_repeated_connects_log_the_read_only_host_and_the_outage_once(
+            self, stale_bouncer: StaleBouncer, caplog: pytest.LogCaptureFixture) -> None:
+        caplog.set_level(logging.DEBUG, logger="zeroth_pg.connect")
+        only_stale = (f"postgresql://{stale_bouncer.user}@127.0.0.1:{stale_bouncer.stale_port}"
+                      f"/{stale_bouncer.dbname}?target_session_attrs=read-write")
+        for _ in range(2):  # the second waits for the pause the first left (shared)
+            with pytest.raises(zeroth_pg.NoWritableServerError):
+                await zeroth_pg.connect(only_stale)
+        warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len([m for m in warnings if "cannot take writes" in m]) == 1, warnings
+        assert len([m for m in warnings if "no writable server" in m]) == 1, warnings
