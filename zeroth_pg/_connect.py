@@ -24,8 +24,9 @@ asyncpg raises when no host matches), which zeroth_pg takes as a lost connection
 A pooled connection that was writable when it opened may stop being so (a promoted standby
 that a manager keeps read-only, a server demoted behind a transaction-pooling PgBouncer that
 keeps the client's connection). A connection on which a statement fails with 25006
-(``read_only_sql_transaction``) is therefore closed when it goes back to the pool instead of
-being kept, so the next acquire opens a new one, through the check above.
+(``read_only_sql_transaction``) is therefore checked again when it goes back to the pool and
+closed when its server (or session) cannot write, so the next acquire opens a new one, through
+the check above; a refusal by a read-only transaction of the caller's own keeps it.
 
 Any other DSN (one host without ``target_session_attrs``, or ``any``, ``standby``,
 ``read-only``, ``prefer-standby``) passes to asyncpg unchanged.
@@ -358,19 +359,23 @@ class _Connector:
 
 
 def _discarding_reset(
-    reset: Callable[[asyncpg.Connection], Awaitable[None]] | None,
+    reset: Callable[[asyncpg.Connection], Awaitable[None]] | None, role: str,
 ) -> Callable[[asyncpg.Connection], Awaitable[None]]:
-    """The pool's ``reset=``: a connection that was refused a write as read-only is closed
-    instead of kept (the pool opens a new one, checked, at the next acquire); any other goes
-    through ``reset`` (asyncpg's default reset query when None)."""
+    """The pool's ``reset=``: a connection that was refused a write as read-only and whose
+    server (or session) no longer takes writes as ``role`` asks is closed instead of kept (the
+    pool opens a new one, checked, at the next acquire); any other goes through ``reset``
+    (asyncpg's default reset query when None). The check keeps a connection refused by a
+    read-only transaction of its caller's own (``SET TRANSACTION READ ONLY``) on a server that
+    takes writes."""
 
     async def release(conn: asyncpg.Connection) -> None:
         if conn in _REFUSED_WRITES:
             _REFUSED_WRITES.discard(conn)
-            log.info("a connection was refused a write as read-only (SQLSTATE 25006): closed, "
-                     "the next one will look for a server that takes writes")
-            conn.terminate()
-            return
+            if (why := await _writable(conn, role, _CONNECT_TIMEOUT_S)) is not None:
+                log.info("a connection was refused a write as read-only (SQLSTATE 25006; %s): "
+                         "closed, the next one will look for a server that takes writes", why)
+                conn.terminate()
+                return
         if reset is not None:
             await reset(conn)
         elif query := conn.get_reset_query():
@@ -390,5 +395,5 @@ def create_pool(dsn: str, *, reads_only: bool = False, **kwargs: Any) -> asyncpg
     if role is None or kwargs.get("connect") is not None:
         return asyncpg.create_pool(url, **kwargs)
     kwargs["connect"] = _Connector(role)
-    kwargs["reset"] = _discarding_reset(kwargs.get("reset"))
+    kwargs["reset"] = _discarding_reset(kwargs.get("reset"), role)
     return asyncpg.create_pool(url, **kwargs)

@@ -261,3 +261,21 @@ class TestEveryHostUnableToWrite:
         warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
         assert len([m for m in warnings if "cannot take writes" in m]) == 1, warnings
         assert len([m for m in warnings if "no writable server" in m]) == 1, warnings
+
+
+class TestAConnectionsOwnReadOnlyTransaction:
+    async def test_a_write_refused_by_a_read_only_transaction_of_its_own_keeps_the_connection(
+            self, database_dsn: str) -> None:
+        # SET TRANSACTION READ ONLY (asyncpg's readonly=True) on a primary: 25006 says nothing
+        # about the server, which takes writes; closing the connection would make every such
+        # refusal cost a new connection and its check.
+        dsn = database_dsn + ("&" if "?" in database_dsn else "?") + \
+            "target_session_attrs=read-write"
+        async with zeroth_pg.create_pool(dsn, min_size=1, max_size=1) as pool:
+            first = await pool.fetchval("SELECT pg_backend_pid()")
+            async with pool.acquire() as conn:
+                with pytest.raises(asyncpg.ReadOnlySQLTransactionError):
+                    async with conn.transaction(readonly=True):
+                        await conn.execute("CREATE TEMP TABLE refused (k int)")
+            assert await pool.fetchval("SELECT pg_backend_pid()") == first
+            await LeaseManager(pool).enqueue_run(DEPLOYMENT, {"n": uuid.uuid4().hex})
