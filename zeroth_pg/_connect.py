@@ -214,6 +214,10 @@ class _Hosts:
     reported: dict[str, str] = field(default_factory=dict)
     #: The outage logged last (every host and why): logged again only when it changes.
     outage: str = ""
+    #: The pass over the hosts under way (its result: a writable host found), that concurrent
+    #: callers wait for instead of going over the hosts themselves; and why the last one failed.
+    probe: asyncio.Future[bool] | None = None
+    last_why: list[str] = field(default_factory=list)
 
     def order(self, hosts: list[tuple[str, int]]) -> list[tuple[str, int]]:
         """``hosts`` with the one found writable last first."""
@@ -276,54 +280,95 @@ def _watch_refused_writes(conn: asyncpg.Connection) -> None:
     conn.add_query_logger(logged)
 
 
-async def _open(state: _Hosts, dsn: str, kwargs: dict[str, Any]) -> asyncpg.Connection:
-    hosts = _hosts(dsn, kwargs)
-    candidates: list[tuple[str, int] | None] = list(state.order(hosts)) or [None]
+@dataclass(slots=True)
+class _Pass:
+    """One pass over every host: the writable connection found, else why each host failed."""
+
+    conn: asyncpg.Connection | None = None
+    why: list[str] = field(default_factory=list)
+    reached: int = 0
     last_error: BaseException | None = None
+
+
+async def _one_pass(state: _Hosts, dsn: str, kwargs: dict[str, Any]) -> _Pass:
+    found = _Pass()
+    candidates: list[tuple[str, int] | None] = \
+        list(state.order(_hosts(dsn, kwargs))) or [None]
+    for host in candidates:
+        where = _where(host)
+        overrides: dict[str, Any] = {"target_session_attrs": "any"}
+        if host is not None:
+            overrides.update(host=host[0], port=host[1])
+        try:
+            conn = await asyncpg.connect(dsn, **{**kwargs, **overrides})
+        except _NEXT_HOST_ERRORS as exc:
+            found.last_error = exc
+            found.why.append(f"{where}: unreachable ({type(exc).__name__})")
+            continue
+        try:
+            refusal = await _writable(conn, state.role,
+                                      float(kwargs.get("timeout") or _CONNECT_TIMEOUT_S))
+        except (*_NEXT_HOST_ERRORS, asyncpg.exceptions.PostgresError,
+                asyncpg.exceptions.InterfaceError) as exc:
+            conn.terminate()
+            found.last_error = exc
+            found.why.append(f"{where}: unreachable ({type(exc).__name__})")
+            continue
+        except BaseException:
+            conn.terminate()
+            raise
+        found.reached += 1
+        if refusal is None:
+            state.found(host, where)
+            _watch_refused_writes(conn)
+            found.conn = conn
+            return found
+        conn.terminate()  # a standby (maybe hung soon): no goodbye to wait for
+        state.report(where, refusal)
+        found.why.append(f"{where}: {refusal}")
+    return found
+
+
+async def _open(state: _Hosts, dsn: str, kwargs: dict[str, Any]) -> asyncpg.Connection:
+    why: list[str] = []
     for number in range(_PASSES):
         if state.quiet_until > time.monotonic():
             await asyncio.sleep(state.quiet_until - time.monotonic())
-        why: list[str] = []
-        reached = 0
-        for host in candidates:
-            where = _where(host)
-            overrides: dict[str, Any] = {"target_session_attrs": "any"}
-            if host is not None:
-                overrides.update(host=host[0], port=host[1])
-            try:
-                conn = await asyncpg.connect(dsn, **{**kwargs, **overrides})
-            except _NEXT_HOST_ERRORS as exc:
-                last_error = exc
-                why.append(f"{where}: unreachable ({type(exc).__name__})")
-                continue
-            try:
-                refusal = await _writable(conn, state.role,
-                                          float(kwargs.get("timeout") or _CONNECT_TIMEOUT_S))
-            except (*_NEXT_HOST_ERRORS, asyncpg.exceptions.PostgresError,
-                    asyncpg.exceptions.InterfaceError) as exc:
-                conn.terminate()
-                last_error = exc
-                why.append(f"{where}: unreachable ({type(exc).__name__})")
-                continue
-            except BaseException:
-                conn.terminate()
-                raise
-            reached += 1
-            if refusal is None:
-                state.found(host, where)
-                _watch_refused_writes(conn)
-                return conn
-            conn.terminate()  # a standby (maybe hung soon): no goodbye to wait for
-            state.report(where, refusal)
-            why.append(f"{where}: {refusal}")
-        if reached == 0 and last_error is not None:
-            raise last_error  # every host down: asyncpg's own answer, at once
+        loop = asyncio.get_running_loop()
+        probe = state.probe
+        # Another caller going over the hosts: its pass counts as this caller's too (concurrent
+        # acquires during an outage probe each host once per pass, not once per caller). When
+        # it found a writable host, this caller connects there (it is tried first).
+        if probe is not None and not probe.done() and probe.get_loop() is loop \
+                and not await asyncio.shield(probe):
+            why = state.last_why
+            pause = state.none_found(why)
+            if number < _PASSES - 1:
+                await asyncio.sleep(pause)
+            continue
+        state.probe = probe = loop.create_future()
+        writable = False
+        try:
+            found = await _one_pass(state, dsn, kwargs)
+            writable = found.conn is not None
+            if not writable:
+                state.last_why = found.why
+        finally:
+            if state.probe is probe:
+                state.probe = None
+            # Those waiting go on: to the host found (tried first), or to the pause.
+            probe.set_result(writable)
+        if found.conn is not None:
+            return found.conn
+        why = found.why
+        if found.reached == 0 and found.last_error is not None:
+            raise found.last_error  # every host down: asyncpg's own answer, at once
         pause = state.none_found(why)
         if number < _PASSES - 1:
             await asyncio.sleep(pause)
     raise NoWritableServerError(
-        f"no server that takes writes among the {len(candidates)} host(s) of the connection "
-        f"string after {_PASSES} tries ({'; '.join(why)})")
+        f"no server that takes writes among the {len(why)} host(s) of the connection string "
+        f"after {_PASSES} tries ({'; '.join(why)})")
 
 
 async def connect(dsn: str, *, reads_only: bool = False, **kwargs: Any) -> asyncpg.Connection:

@@ -279,3 +279,33 @@ class TestAConnectionsOwnReadOnlyTransaction:
                         await conn.execute("CREATE TEMP TABLE refused (k int)")
             assert await pool.fetchval("SELECT pg_backend_pid()") == first
             await LeaseManager(pool).enqueue_run(DEPLOYMENT, {"n": uuid.uuid4().hex})
+
+    async def test_concurrent_acquires_probe_each_host_once_per_pass_not_once_per_caller(
+            self, database_dsn: str) -> None:
+        # A server whose sessions cannot write (default_transaction_read_only from the DSN's
+        # options): 8 callers of one pool at once during the outage. The pause is shared; the
+        # pass over the hosts is shared too, or every caller opens a connection to every host
+        # at every pass (N callers x hosts x passes against standbys, fleet-wide).
+        opened: list[int] = []
+
+        class Counted(asyncpg.Connection):  # type: ignore[misc]
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, **kwargs)
+                opened.append(1)
+
+        dsn = database_dsn + ("&" if "?" in database_dsn else "?") + \
+            "target_session_attrs=read-write&options=-c%20default_transaction_read_only%3Don"
+        async with zeroth_pg.create_pool(dsn, min_size=0, max_size=8,
+                                         connection_class=Counted) as pool:
+            async def one() -> BaseException | None:
+                try:
+                    await pool.fetchval("SELECT 1")
+                except BaseException as exc:
+                    return exc
+                return None
+
+            got = await asyncio.gather(*(one() for _ in range(8)))
+        assert all(isinstance(e, zeroth_pg.NoWritableServerError) for e in got), got
+        # One host, three passes: one connection per pass (a caller that finds the pause over
+        # while a pass is under way may start one of its own: at most twice that).
+        assert 3 <= len(opened) <= 6, len(opened)
