@@ -216,7 +216,7 @@ class _Hosts:
     outage: str = ""
     #: The pass over the hosts under way (its result: a writable host found), that concurrent
     #: callers wait for instead of going over the hosts themselves; and why the last one failed.
-    probe: asyncio.Future[bool] | None = None
+    probe: asyncio.Future[bool | None] | None = None
     last_why: list[str] = field(default_factory=list)
 
     def order(self, hosts: list[tuple[str, int]]) -> list[tuple[str, int]]:
@@ -340,14 +340,14 @@ async def _open(state: _Hosts, dsn: str, kwargs: dict[str, Any]) -> asyncpg.Conn
         # acquires during an outage probe each host once per pass, not once per caller). When
         # it found a writable host, this caller connects there (it is tried first).
         if probe is not None and not probe.done() and probe.get_loop() is loop \
-                and not await asyncio.shield(probe):
+                and await asyncio.shield(probe) is False:
             why = state.last_why
             pause = state.none_found(why)
             if number < _PASSES - 1:
                 await asyncio.sleep(pause)
             continue
         state.probe = probe = loop.create_future()
-        writable = False
+        writable: bool | None = None  # None: the pass did not end (cancelled, an error)
         try:
             found = await _one_pass(state, dsn, kwargs)
             writable = found.conn is not None
@@ -356,7 +356,8 @@ async def _open(state: _Hosts, dsn: str, kwargs: dict[str, Any]) -> asyncpg.Conn
         finally:
             if state.probe is probe:
                 state.probe = None
-            # Those waiting go on: to the host found (tried first), or to the pause.
+            # Those waiting go on: to the host found (tried first), to the pause, or (the pass
+            # did not end) to a pass of their own.
             probe.set_result(writable)
         if found.conn is not None:
             return found.conn
