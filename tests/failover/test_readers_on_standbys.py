@@ -4,7 +4,8 @@ standbys named by a DSN of several hosts.
 
 libpq and asyncpg take a DSN of several hosts without ``target_session_attrs`` as ``any``: the
 first host that answers. zeroth_pg takes it as ``read-write`` for what writes (a worker, an App:
-zeroth_pg/_connect.py), but a dashboard without actions and the fleet metrics exporter only read:
+zeroth_pg/_connect.py), but a dashboard without actions, the fleet metrics exporter and the
+read-only commands (``runs list``, ``runs show``, ``status``) only read:
 demanding a writable server there turns a working read-replica setup into an error page.
 """
 
@@ -12,6 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from failover_support import DATABASE
@@ -68,3 +73,14 @@ def test_the_fleet_metrics_exporter_reads_from_standbys_named_by_several_hosts(
     answer = asyncio.run(scraped())
     assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
     assert b"zeroth_" in answer
+
+
+def test_the_read_only_cli_commands_read_from_standbys_named_by_several_hosts(
+        sync_pair: tuple[ReplicatedPair, str]) -> None:
+    pair, _dsn = sync_pair
+    env = {**os.environ, "ZEROTH_PG_DSN": _replicas_dsn(pair)}
+    for args in (["runs", "list", "--json"], ["status", "--json"]):
+        done = subprocess.run([sys.executable, "-m", "zeroth_pg.cli", *args], env=env,
+                              capture_output=True, text=True, timeout=300,
+                              cwd=Path(__file__).resolve().parents[2])
+        assert done.returncode == 0, (args, done.stdout[-2000:], done.stderr[-2000:])
