@@ -10,9 +10,10 @@ kept a whole worker fleet on a standby, every write refused with SQLSTATE 25006,
 PgBouncer was restarted (docs/dba-guide.md, "PgBouncer in front").
 
 So when a DSN asks for a writable server (``target_session_attrs`` ``read-write`` or
-``primary``, from the DSN, the keyword or ``PGTARGETSESSIONATTRS``; or several hosts and no
-``target_session_attrs`` at all), :func:`connect` and the pools of :func:`create_pool` do not
-trust the reported values: they connect to each host in turn (the last one found writable
+``primary``, from the DSN, the keyword, the DSN's connection service (``?service=``, a
+``pg_service.conf`` section: its hosts count too) or ``PGTARGETSESSIONATTRS``; or several hosts
+and no ``target_session_attrs`` at all), :func:`connect` and the pools of :func:`create_pool` do
+not trust the reported values: they connect to each host in turn (the last one found writable
 first), ask the server itself (``pg_is_in_recovery()``, ``transaction_read_only``: a query,
 which PgBouncer passes to the real server) and keep the first that can write; a host that cannot
 is closed at once and logged. When no host can, they wait and try again a few times with a
@@ -23,8 +24,9 @@ asyncpg raises when no host matches), which zeroth_pg takes as a lost connection
 A pooled connection that was writable when it opened may stop being so (a promoted standby
 that a manager keeps read-only, a server demoted behind a transaction-pooling PgBouncer that
 keeps the client's connection). A connection on which a statement fails with 25006
-(``read_only_sql_transaction``) is therefore closed when it goes back to the pool instead of
-being kept, so the next acquire opens a new one, through the check above.
+(``read_only_sql_transaction``) is therefore checked again when it goes back to the pool and
+closed when its server (or session) cannot write, so the next acquire opens a new one, through
+the check above; a refusal by a read-only transaction of the caller's own keeps it.
 
 Any other DSN (one host without ``target_session_attrs``, or ``any``, ``standby``,
 ``read-only``, ``prefer-standby``) passes to asyncpg unchanged.
@@ -33,6 +35,7 @@ Any other DSN (one host without ``target_session_attrs``, or ``any``, ``standby`
 from __future__ import annotations
 
 import asyncio
+import configparser
 import logging
 import os
 import random
@@ -58,6 +61,8 @@ log = logging.getLogger("zeroth_pg.connect")
 _WRITABLE = {"read-write": "read-write", "primary": "primary"}
 #: Passes over every host one call makes before it gives up, and the pauses between them.
 _PASSES = 3
+#: asyncpg.connect's default ``timeout``: also the longest wait for a server's answer to the check.
+_CONNECT_TIMEOUT_S = 60.0
 _FIRST_PAUSE_S = 0.25
 _MAX_PAUSE_S = 5.0
 #: The connection errors after which the next host is tried (as asyncpg and libpq do); any other
@@ -73,6 +78,9 @@ _READ_ONLY = "25006"
 _CHECK = ("SELECT pg_catalog.pg_is_in_recovery() AS in_recovery,"
           " pg_catalog.current_setting('transaction_read_only') AS read_only")
 
+#: What :func:`connect` calls learnt of each DSN's hosts (:class:`_Hosts`), by DSN and role.
+_CONNECT_STATES: dict[tuple[str, str, str, str], _Hosts] = {}
+
 #: Connections on which a statement was refused with 25006: closed when released to their pool.
 _REFUSED_WRITES: weakref.WeakSet[asyncpg.Connection] = weakref.WeakSet()
 
@@ -82,17 +90,20 @@ class NoWritableServerError(asyncpg.exceptions.TargetServerAttributeNotMatched):
     recovery or read-only). The message names each host and why, never the DSN's password."""
 
 
-def wanted_role(dsn: str, **kwargs: Any) -> str | None:
+def wanted_role(dsn: str, *, reads_only: bool = False, **kwargs: Any) -> str | None:
     """``read-write`` or ``primary`` when connections to ``dsn`` (an asyncpg URI) must be able
     to write, as asyncpg reads ``target_session_attrs`` (the keyword, then the DSN's, then
     ``PGTARGETSESSIONATTRS``); ``read-write`` too for several hosts with none set (zeroth_pg
-    writes: the first host that answers is not enough); None otherwise."""
+    writes: the first host that answers is not enough) unless the caller ``reads_only`` (a
+    dashboard without actions, the fleet metrics: a hot standby serves them, docs/scaling.md,
+    and libpq's ``any``, the first host that answers, applies); None otherwise."""
     query = _query(dsn)
     attrs = kwargs.get("target_session_attrs") or query.get("target_session_attrs") or \
+        _service(dsn, kwargs).get("target_session_attrs") or \
         os.environ.get("PGTARGETSESSIONATTRS")
     if attrs:
         return _WRITABLE.get(str(attrs).strip().lower())
-    return "read-write" if len(_hosts(dsn, kwargs)) > 1 else None
+    return "read-write" if not reads_only and len(_hosts(dsn, kwargs)) > 1 else None
 
 
 def _query(dsn: str) -> dict[str, str]:
@@ -100,10 +111,24 @@ def _query(dsn: str) -> dict[str, str]:
     return {k: v[-1] for k, v in urllib.parse.parse_qs(parts.query).items()}
 
 
+def _service(dsn: str, kwargs: dict[str, Any]) -> dict[str, str]:
+    """The parameters of the connection service ``dsn`` or ``kwargs`` name (``service``), read
+    from the file asyncpg reads (``servicefile``, ``PGSERVICEFILE``, ``~/.pg_service.conf``);
+    empty when none is named or found."""
+    name = kwargs.get("service") or _query(dsn).get("service")
+    if not name:
+        return {}
+    path = kwargs.get("servicefile") or os.environ.get("PGSERVICEFILE") or \
+        os.path.join(os.path.expanduser("~"), ".pg_service.conf")
+    parser = configparser.ConfigParser()
+    parser.read(str(path))
+    return dict(parser[name]) if parser.has_section(name) else {}
+
+
 def _hosts(dsn: str, kwargs: dict[str, Any]) -> list[tuple[str, int]]:
     """The (host, port) list asyncpg would try for ``dsn`` and ``kwargs``, in order (the
-    keywords, else the URI's host list, else its ``host=`` query, else ``PGHOST``); empty when
-    nothing names a host (asyncpg's defaults then apply)."""
+    keywords, else the URI's host list, else its ``host=`` query, else the service file's,
+    else ``PGHOST``); empty when nothing names a host (asyncpg's defaults then apply)."""
     port_arg = kwargs.get("port")
     ports: list[int] = ([int(p) for p in port_arg] if isinstance(port_arg, list | tuple)
                         else [int(port_arg)] if port_arg else [])
@@ -119,6 +144,11 @@ def _hosts(dsn: str, kwargs: dict[str, Any]) -> list[tuple[str, int]]:
         ports = [int(p) for p in query["port"].split(",") if p]
     if query.get("host"):
         return _pair(query["host"].split(","), ports)
+    service = _service(dsn, kwargs)
+    if not ports and service.get("port"):
+        ports = [int(p) for p in service["port"].split(",") if p]
+    if service.get("host"):
+        return _pair(service["host"].split(","), ports)
     if os.environ.get("PGHOST"):
         return _pair(os.environ["PGHOST"].split(","), ports)
     return []
@@ -182,6 +212,12 @@ class _Hosts:
     quiet_until: float = 0.0
     pause: float = _FIRST_PAUSE_S
     reported: dict[str, str] = field(default_factory=dict)
+    #: The outage logged last (every host and why): logged again only when it changes.
+    outage: str = ""
+    #: The pass over the hosts under way (its result: a writable host found), that concurrent
+    #: callers wait for instead of going over the hosts themselves; and why the last one failed.
+    probe: asyncio.Future[bool | None] | None = None
+    last_why: list[str] = field(default_factory=list)
 
     def order(self, hosts: list[tuple[str, int]]) -> list[tuple[str, int]]:
         """``hosts`` with the one found writable last first."""
@@ -199,22 +235,30 @@ class _Hosts:
         if self.reported.pop(where, None) is not None or self.quiet_until:
             log.info("%s takes writes: connections go there", where)
         self.last_good, self.quiet_until, self.pause = host, 0.0, _FIRST_PAUSE_S
+        self.outage = ""
 
     def none_found(self, why: list[str]) -> float:
-        """No host could write: the pause before the next pass (shared by every caller)."""
+        """No host could write: the pause before the next pass (shared by every caller, and
+        by the next call when this one gives up). Logged as a warning once per change of the
+        hosts' states, at DEBUG at every other pass."""
         now = time.monotonic()
         if self.quiet_until <= now:
             wait = self.pause * random.uniform(0.8, 1.2)
             self.quiet_until = now + wait
             self.pause = min(self.pause * 2, _MAX_PAUSE_S)
-            log.warning("no writable server among %d host(s) (%s); trying again in %.1f s",
-                        len(why), "; ".join(why), wait)
+            outage = "; ".join(why)
+            level = logging.WARNING if outage != self.outage else logging.DEBUG
+            self.outage = outage
+            log.log(level, "no writable server among %d host(s) (%s); next try in %.1f s",
+                    len(why), outage, wait)
         return max(0.0, self.quiet_until - now)
 
 
-async def _writable(conn: asyncpg.Connection, role: str) -> str | None:
-    """None when ``conn``'s server takes writes as ``role`` asks, else why not."""
-    row = await conn.fetchrow(_CHECK)
+async def _writable(conn: asyncpg.Connection, role: str, wait_s: float) -> str | None:
+    """None when ``conn``'s server takes writes as ``role`` asks, else why not. A server that
+    let the client in but does not answer within ``wait_s`` (the connection's timeout: a host hung
+    after the login, a PgBouncer PAUSEd) raises TimeoutError, so the next host is tried."""
+    row = await conn.fetchrow(_CHECK, timeout=wait_s)
     assert row is not None
     if row["in_recovery"]:
         return "in recovery: a standby"
@@ -236,65 +280,118 @@ def _watch_refused_writes(conn: asyncpg.Connection) -> None:
     conn.add_query_logger(logged)
 
 
-async def _open(state: _Hosts, dsn: str, kwargs: dict[str, Any]) -> asyncpg.Connection:
-    hosts = _hosts(dsn, kwargs)
-    candidates: list[tuple[str, int] | None] = list(state.order(hosts)) or [None]
+@dataclass(slots=True)
+class _Pass:
+    """One pass over every host: the writable connection found, else why each host failed."""
+
+    conn: asyncpg.Connection | None = None
+    why: list[str] = field(default_factory=list)
+    reached: int = 0
     last_error: BaseException | None = None
+
+
+async def _one_pass(state: _Hosts, dsn: str, kwargs: dict[str, Any]) -> _Pass:
+    found = _Pass()
+    candidates: list[tuple[str, int] | None] = \
+        list(state.order(_hosts(dsn, kwargs))) or [None]
+    for host in candidates:
+        where = _where(host)
+        overrides: dict[str, Any] = {"target_session_attrs": "any"}
+        if host is not None:
+            overrides.update(host=host[0], port=host[1])
+        try:
+            conn = await asyncpg.connect(dsn, **{**kwargs, **overrides})
+        except _NEXT_HOST_ERRORS as exc:
+            found.last_error = exc
+            found.why.append(f"{where}: unreachable ({type(exc).__name__})")
+            continue
+        try:
+            refusal = await _writable(conn, state.role,
+                                      float(kwargs.get("timeout") or _CONNECT_TIMEOUT_S))
+        except (*_NEXT_HOST_ERRORS, asyncpg.exceptions.PostgresError,
+                asyncpg.exceptions.InterfaceError) as exc:
+            conn.terminate()
+            found.last_error = exc
+            found.why.append(f"{where}: unreachable ({type(exc).__name__})")
+            continue
+        except BaseException:
+            conn.terminate()
+            raise
+        found.reached += 1
+        if refusal is None:
+            state.found(host, where)
+            _watch_refused_writes(conn)
+            found.conn = conn
+            return found
+        conn.terminate()  # a standby (maybe hung soon): no goodbye to wait for
+        state.report(where, refusal)
+        found.why.append(f"{where}: {refusal}")
+    return found
+
+
+async def _open(state: _Hosts, dsn: str, kwargs: dict[str, Any]) -> asyncpg.Connection:
+    why: list[str] = []
     for number in range(_PASSES):
         if state.quiet_until > time.monotonic():
             await asyncio.sleep(state.quiet_until - time.monotonic())
-        why: list[str] = []
-        reached = 0
-        for host in candidates:
-            where = _where(host)
-            overrides: dict[str, Any] = {"target_session_attrs": "any"}
-            if host is not None:
-                overrides.update(host=host[0], port=host[1])
-            try:
-                conn = await asyncpg.connect(dsn, **{**kwargs, **overrides})
-            except _NEXT_HOST_ERRORS as exc:
-                last_error = exc
-                why.append(f"{where}: unreachable ({type(exc).__name__})")
-                continue
-            try:
-                refusal = await _writable(conn, state.role)
-            except (*_NEXT_HOST_ERRORS, asyncpg.exceptions.PostgresError,
-                    asyncpg.exceptions.InterfaceError) as exc:
-                conn.terminate()
-                last_error = exc
-                why.append(f"{where}: unreachable ({type(exc).__name__})")
-                continue
-            except BaseException:
-                conn.terminate()
-                raise
-            reached += 1
-            if refusal is None:
-                state.found(host, where)
-                _watch_refused_writes(conn)
-                return conn
-            conn.terminate()  # a standby (maybe hung soon): no goodbye to wait for
-            state.report(where, refusal)
-            why.append(f"{where}: {refusal}")
-        if reached == 0 and last_error is not None:
-            raise last_error  # every host down: asyncpg's own answer, at once
+        loop = asyncio.get_running_loop()
+        probe = state.probe
+        # Another caller going over the hosts: its pass counts as this caller's too (concurrent
+        # acquires during an outage probe each host once per pass, not once per caller). When
+        # it found a writable host, this caller connects there (it is tried first).
+        if probe is not None and not probe.done() and probe.get_loop() is loop \
+                and await asyncio.shield(probe) is False:
+            why = state.last_why
+            pause = state.none_found(why)
+            if number < _PASSES - 1:
+                await asyncio.sleep(pause)
+            continue
+        state.probe = probe = loop.create_future()
+        writable: bool | None = None  # None: the pass did not end (cancelled, an error)
+        try:
+            found = await _one_pass(state, dsn, kwargs)
+            writable = found.conn is not None
+            if not writable:
+                state.last_why = found.why
+        finally:
+            if state.probe is probe:
+                state.probe = None
+            # Those waiting go on: to the host found (tried first), to the pause, or (the pass
+            # did not end) to a pass of their own.
+            probe.set_result(writable)
+        if found.conn is not None:
+            return found.conn
+        why = found.why
+        if found.reached == 0 and found.last_error is not None:
+            raise found.last_error  # every host down: asyncpg's own answer, at once
         pause = state.none_found(why)
         if number < _PASSES - 1:
             await asyncio.sleep(pause)
     raise NoWritableServerError(
-        f"no server that takes writes among the {len(candidates)} host(s) of the connection "
-        f"string after {_PASSES} tries ({'; '.join(why)})")
+        f"no server that takes writes among the {len(why)} host(s) of the connection string "
+        f"after {_PASSES} tries ({'; '.join(why)})")
 
 
-async def connect(dsn: str, **kwargs: Any) -> asyncpg.Connection:
+async def connect(dsn: str, *, reads_only: bool = False, **kwargs: Any) -> asyncpg.Connection:
     """``asyncpg.connect(dsn, **kwargs)`` for zeroth_pg: ``dsn`` in any form (a URI or libpq
     ``key=value``: :func:`~zeroth_pg.asyncpg_dsn`); when it asks for a writable server, the
     connection is to a server that takes writes by its own answer, whatever a pooler in front
-    reports (module docstring)."""
+    reports (module docstring). ``reads_only``: the caller never writes, so several hosts
+    without ``target_session_attrs`` mean the first that answers, as in libpq
+    (:func:`wanted_role`)."""
     url = asyncpg_dsn(dsn)
-    role = wanted_role(url, **kwargs)
+    role = wanted_role(url, reads_only=reads_only, **kwargs)
     if role is None:
         return await asyncpg.connect(url, **kwargs)
-    return await _open(_Hosts(role), url, kwargs)
+    # What earlier calls learnt of these hosts (the writable one, the pause, what was logged):
+    # a caller that reconnects again and again (a listener) shares it as a pool's connects do.
+    key = (url, role, repr(kwargs.get("host")), repr(kwargs.get("port")))
+    state = _CONNECT_STATES.get(key)
+    if state is None:
+        if len(_CONNECT_STATES) >= 64:  # bounded: a process connects to a few DSNs
+            _CONNECT_STATES.clear()
+        state = _CONNECT_STATES[key] = _Hosts(role)
+    return await _open(state, url, kwargs)
 
 
 class _Connector:
@@ -308,19 +405,23 @@ class _Connector:
 
 
 def _discarding_reset(
-    reset: Callable[[asyncpg.Connection], Awaitable[None]] | None,
+    reset: Callable[[asyncpg.Connection], Awaitable[None]] | None, role: str,
 ) -> Callable[[asyncpg.Connection], Awaitable[None]]:
-    """The pool's ``reset=``: a connection that was refused a write as read-only is closed
-    instead of kept (the pool opens a new one, checked, at the next acquire); any other goes
-    through ``reset`` (asyncpg's default reset query when None)."""
+    """The pool's ``reset=``: a connection that was refused a write as read-only and whose
+    server (or session) no longer takes writes as ``role`` asks is closed instead of kept (the
+    pool opens a new one, checked, at the next acquire); any other goes through ``reset``
+    (asyncpg's default reset query when None). The check keeps a connection refused by a
+    read-only transaction of its caller's own (``SET TRANSACTION READ ONLY``) on a server that
+    takes writes."""
 
     async def release(conn: asyncpg.Connection) -> None:
         if conn in _REFUSED_WRITES:
             _REFUSED_WRITES.discard(conn)
-            log.info("a connection was refused a write as read-only (SQLSTATE 25006): closed, "
-                     "the next one will look for a server that takes writes")
-            conn.terminate()
-            return
+            if (why := await _writable(conn, role, _CONNECT_TIMEOUT_S)) is not None:
+                log.info("a connection was refused a write as read-only (SQLSTATE 25006; %s): "
+                         "closed, the next one will look for a server that takes writes", why)
+                conn.terminate()
+                return
         if reset is not None:
             await reset(conn)
         elif query := conn.get_reset_query():
@@ -329,16 +430,16 @@ def _discarding_reset(
     return release
 
 
-def create_pool(dsn: str, **kwargs: Any) -> asyncpg.Pool:
+def create_pool(dsn: str, *, reads_only: bool = False, **kwargs: Any) -> asyncpg.Pool:
     """``asyncpg.create_pool(dsn, **kwargs)`` for zeroth_pg (await it, or ``async with`` it, as
     asyncpg's): ``dsn`` in any form; when it asks for a writable server, every connection the
     pool opens is to a server that takes writes by its own answer, and a connection refused a
     write as read-only (25006) is closed on release instead of kept (module docstring). A
-    ``connect=`` of the caller's replaces that check."""
+    ``connect=`` of the caller's replaces that check. ``reads_only``: as for :func:`connect`."""
     url = asyncpg_dsn(dsn)
-    role = wanted_role(url, **kwargs)
+    role = wanted_role(url, reads_only=reads_only, **kwargs)
     if role is None or kwargs.get("connect") is not None:
         return asyncpg.create_pool(url, **kwargs)
     kwargs["connect"] = _Connector(role)
-    kwargs["reset"] = _discarding_reset(kwargs.get("reset"))
+    kwargs["reset"] = _discarding_reset(kwargs.get("reset"), role)
     return asyncpg.create_pool(url, **kwargs)

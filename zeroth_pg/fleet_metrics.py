@@ -172,8 +172,9 @@ async def serve(dsn: str, *, host: str = "127.0.0.1", port: int = 9641,
     that is a loopback name, the bound address or one of ``allowed_hosts`` (421 otherwise)."""
     allowed = frozenset(host_name(h) for h in (*LOOPBACK_HOSTS, *allowed_hosts, host)
                         if h.strip() and h not in ("0.0.0.0", "::"))
-    pool = await create_pool(dsn, min_size=1, max_size=2,
-                                     server_settings={"application_name": "zeroth-pg metrics"})
+    # It only reads: a hot standby serves it (docs/scaling.md).
+    pool = await create_pool(dsn, min_size=1, max_size=2, reads_only=True,
+                             server_settings={"application_name": "zeroth-pg metrics"})
     try:
         server = await asyncio.start_server(
             lambda r, w: _answer(r, w, pool, allowed), host, port, limit=_MAX_REQUEST_BYTES)

@@ -15,6 +15,7 @@ printed, only when no pgbouncer binary is installed (.ci/run installs it).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import Iterator
@@ -185,3 +186,126 @@ class TestAConnectionRefusedAWrite:
                 await pool.execute("CREATE TEMP TABLE t (k int PRIMARY KEY);"
                                    " INSERT INTO t VALUES (1), (1)")
             assert await pool.fetchval("SELECT pg_backend_pid()") == first
+
+
+class TestAServiceFile:
+    """A DSN that names a connection service (``?service=``, read from ``PGSERVICEFILE`` as asyncpg
+    and libpq do): its hosts and ``target_session_attrs`` count like the DSN's own."""
+
+    async def test_a_service_asking_for_read_write_writes_on_the_server_that_takes_writes(
+            self, stale_bouncer: StaleBouncer, tmp_path: Any,
+            monkeypatch: pytest.MonkeyPatch) -> None:
+        services = tmp_path / "pg_service.conf"
+        services.write_text(
+            "[zeroth_ha]\n"
+            f"host=127.0.0.1,127.0.0.1\nport={stale_bouncer.stale_port},{stale_bouncer.good_port}\n"
+            f"user={stale_bouncer.user}\ndbname={stale_bouncer.dbname}\n"
+            "target_session_attrs=read-write\n")
+        monkeypatch.setenv("PGSERVICEFILE", str(services))
+        async with zeroth_pg.create_pool("postgresql://?service=zeroth_ha",
+                                         min_size=1, max_size=1) as pool:
+            assert await _landed_in(pool) == (stale_bouncer.dbname, "pending")
+        conn = await zeroth_pg.connect("service=zeroth_ha")
+        try:
+            assert await _landed_in(conn) == (stale_bouncer.dbname, "pending")
+        finally:
+            await conn.close()
+
+
+class TestAHostThatHangsAfterLogin:
+    """A host that lets the client in and then never answers (here a PgBouncer PAUSEd, as its
+    operator does around a switchover: logins succeed, queries wait for RESUME) must not hold a
+    connection's open for ever when another host of the DSN takes writes: the server's answer
+    to the check is waited for no longer than the connection's own ``timeout``."""
+
+    async def test_a_paused_pooler_first_in_the_dsn_does_not_stop_the_connection(
+            self, database_dsn: str, pg_server_dsn: str) -> None:
+        server = _server(pg_server_dsn)
+        dbname = str(conninfo_to_dict(libpq_dsn(database_dsn))["dbname"])
+        target = f"host={server.host} port={server.port}"
+        socket_dir = server.host if server.host.startswith("/") else None
+        with bouncer(f"* = {target}", user=server.user, socket_dir=socket_dir) as paused, \
+                bouncer(f"* = {target}", user=server.user, socket_dir=socket_dir) as good:
+            # A client first, so that PgBouncer answers later logins from its cache.
+            with psycopg.connect(f"postgresql://{server.user}@127.0.0.1:{paused}/{dbname}",
+                                 autocommit=True) as first:
+                first.execute("SELECT 1")
+            with psycopg.connect(f"postgresql://{server.user}@127.0.0.1:{paused}/pgbouncer",
+                                 autocommit=True) as console:
+                console.execute("PAUSE")
+                dsn = (f"postgresql://{server.user}@127.0.0.1:{paused},127.0.0.1:{good}"
+                       f"/{dbname}?target_session_attrs=read-write")
+                # A guard against a hang, far above the 2 s asked for: not a speed assertion.
+                conn = await asyncio.wait_for(zeroth_pg.connect(dsn, timeout=2), 120)
+                try:
+                    assert await _landed_in(conn) == (dbname, "pending")
+                finally:
+                    await conn.close()
+                console.execute("RESUME")
+
+
+class TestEveryHostUnableToWrite:
+    """While no host takes writes (every one a standby, for minutes), a caller that connects
+    again and again (the worker's listener, the dashboard's event streams) neither floods the
+    log nor skips the pause: each host's state is logged once, and the outage once, until it
+    changes."""
+
+    async def test_repeated_connects_log_the_read_only_host_and_the_outage_once(
+            self, stale_bouncer: StaleBouncer, caplog: pytest.LogCaptureFixture) -> None:
+        caplog.set_level(logging.DEBUG, logger="zeroth_pg.connect")
+        only_stale = (f"postgresql://{stale_bouncer.user}@127.0.0.1:{stale_bouncer.stale_port}"
+                      f"/{stale_bouncer.dbname}?target_session_attrs=read-write")
+        for _ in range(2):  # the second waits for the pause the first left (shared)
+            with pytest.raises(zeroth_pg.NoWritableServerError):
+                await zeroth_pg.connect(only_stale)
+        warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len([m for m in warnings if "cannot take writes" in m]) == 1, warnings
+        assert len([m for m in warnings if "no writable server" in m]) == 1, warnings
+
+
+class TestAConnectionsOwnReadOnlyTransaction:
+    async def test_a_write_refused_by_a_read_only_transaction_of_its_own_keeps_the_connection(
+            self, database_dsn: str) -> None:
+        # SET TRANSACTION READ ONLY (asyncpg's readonly=True) on a primary: 25006 says nothing
+        # about the server, which takes writes; closing the connection would make every such
+        # refusal cost a new connection and its check.
+        dsn = database_dsn + ("&" if "?" in database_dsn else "?") + \
+            "target_session_attrs=read-write"
+        async with zeroth_pg.create_pool(dsn, min_size=1, max_size=1) as pool:
+            first = await pool.fetchval("SELECT pg_backend_pid()")
+            async with pool.acquire() as conn:
+                with pytest.raises(asyncpg.ReadOnlySQLTransactionError):
+                    async with conn.transaction(readonly=True):
+                        await conn.execute("CREATE TEMP TABLE refused (k int)")
+            assert await pool.fetchval("SELECT pg_backend_pid()") == first
+            await LeaseManager(pool).enqueue_run(DEPLOYMENT, {"n": uuid.uuid4().hex})
+
+    async def test_concurrent_acquires_probe_each_host_once_per_pass_not_once_per_caller(
+            self, database_dsn: str) -> None:
+        # A server whose sessions cannot write (default_transaction_read_only from the DSN's
+        # options): 8 callers of one pool at once during the outage. The pause is shared; the
+        # pass over the hosts is shared too, or every caller opens a connection to every host
+        # at every pass (N callers x hosts x passes against standbys, fleet-wide).
+        opened: list[int] = []
+
+        class Counted(asyncpg.Connection):  # type: ignore[misc]
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, **kwargs)
+                opened.append(1)
+
+        dsn = database_dsn + ("&" if "?" in database_dsn else "?") + \
+            "target_session_attrs=read-write&options=-c%20default_transaction_read_only%3Don"
+        async with zeroth_pg.create_pool(dsn, min_size=0, max_size=8,
+                                         connection_class=Counted) as pool:
+            async def one() -> BaseException | None:
+                try:
+                    await pool.fetchval("SELECT 1")
+                except BaseException as exc:
+                    return exc
+                return None
+
+            got = await asyncio.gather(*(one() for _ in range(8)))
+        assert all(isinstance(e, zeroth_pg.NoWritableServerError) for e in got), got
+        # One host, three passes: one connection per pass (a caller that finds the pause over
+        # while a pass is under way may start one of its own: at most twice that).
+        assert 3 <= len(opened) <= 6, len(opened)

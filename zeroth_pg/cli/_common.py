@@ -152,13 +152,16 @@ def database(dsn: str | None, *, migrate: bool = True) -> Iterator[str]:
         yield url
 
 
-def run_async(dsn: str | None, work: Callable[[asyncpg.Connection], Any]) -> Any:
-    """Run ``await work(conn)`` on one connection to the configured (or embedded) database."""
+def run_async(dsn: str | None, work: Callable[[asyncpg.Connection], Any], *,
+              reads_only: bool = False) -> Any:
+    """Run ``await work(conn)`` on one connection to the configured (or embedded) database.
+    ``reads_only``: ``work`` never writes, so a hot standby serves it and several hosts without
+    ``target_session_attrs`` mean the first that answers (zeroth_pg.connect)."""
 
     from zeroth_pg._connect import connect
 
     async def main(url: str) -> Any:
-        conn = await connect(url)
+        conn = await connect(url, reads_only=reads_only)
         try:
             return await work(conn)
         finally:

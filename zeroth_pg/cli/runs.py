@@ -65,7 +65,7 @@ def runs_list(
         rows = await conn.fetch(_calls.LIST_RUNS, deployment, statuses, tenant, workspace, limit)
         return [record(row) for row in rows]
 
-    rows = run_async(dsn, work)
+    rows = run_async(dsn, work, reads_only=True)
     if as_json:
         print_json(rows)
         return
@@ -104,7 +104,7 @@ def runs_show(run_id: RunIdArg, tenant: TenantFilter = None, workspace: Workspac
         run["attempt_history"] = [record(a) for a in await conn.fetch(_calls.RUN_ATTEMPTS, *scope)]
         return run
 
-    run = run_async(dsn, work)
+    run = run_async(dsn, work, reads_only=True)
     if as_json:
         print_json(run)
         return

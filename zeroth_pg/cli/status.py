@@ -171,7 +171,7 @@ def status(
                 rows, pinned, at = await sample(conn)
 
     try:
-        run_async(dsn, work)
+        run_async(dsn, work, reads_only=True)
     except KeyboardInterrupt:
         if not watch:
             raise

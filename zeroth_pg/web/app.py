@@ -538,16 +538,17 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
                       message=f"the database answered an error ({code}): {exc}")
 
     event_streams = pages_run_events.EventStreams(
-        pages, lambda: connect(dsn, server_settings={
+        pages, lambda: connect(dsn, reads_only=not enable_actions, server_settings={
             "application_name": "zeroth-pg web events"}),
         idle_seconds=stream_idle_seconds, max_streams=max_streams,
         max_streams_per_client=max_streams_per_client)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        # Without actions the dashboard only reads: a hot standby serves it (docs/scaling.md).
         state["pool"] = await create_pool(dsn, min_size=1, max_size=4,
-                                                  server_settings={"application_name":
-                                                                   "zeroth-pg web"})
+                                          reads_only=not enable_actions,
+                                          server_settings={"application_name": "zeroth-pg web"})
         try:
             yield
         finally:
