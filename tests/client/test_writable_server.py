@@ -88,9 +88,12 @@ def stale_bouncer(database_dsn: str, pg_server_dsn: str) -> Iterator[StaleBounce
                 assert first.info.parameter_status("default_transaction_read_only") == "off"
             with psycopg.connect(libpq_dsn(pg_server_dsn), autocommit=True) as admin:
                 # Then its server stops taking writes (a demoted primary, in miniature), and
-                # the server connection PgBouncer keeps from before goes away.
+                # the server connection PgBouncer keeps from before goes away. The terminate
+                # waits until the backend has exited (its timeout argument): without it a test
+                # could reach the dying server connection through PgBouncer, whose check then
+                # failed as "unreachable" instead of "read-only" (seen once in four runs).
                 admin.execute(f'ALTER DATABASE "{copy}" SET default_transaction_read_only = on')
-                admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                admin.execute("SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity"
                               " WHERE datname = %s", (copy,))
             yield StaleBouncer(dbname, copy, server.user, stale, good)
     finally:
