@@ -1,7 +1,7 @@
-"""A PgBouncer (Debian ``pgbouncer``) on a loopback port, for the tests of clients behind one
-that reports a stale role (tests/client/test_writable_server.py,
-tests/failover/test_stale_pooler.py). Skips, printing why, only when pgbouncer is not installed
-(.ci/run installs it)."""
+"""A PgBouncer (Debian ``pgbouncer``) on a loopback port, for the tests of clients behind one:
+transaction pooling (tests/security/test_pgbouncer.py) and one that reports a stale role
+(tests/client/test_writable_server.py, tests/failover/test_stale_pooler.py). Skips, printing
+why, only when pgbouncer is not installed (.ci/run installs it)."""
 
 from __future__ import annotations
 
@@ -39,11 +39,13 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def bouncer(databases: str, *, user: str, socket_dir: str | None = None) -> Iterator[int]:
-    """A session-pooling PgBouncer on a loopback port, ``databases`` its [databases] section,
-    ``user`` let in without a password; yields its port once it answers. As root it runs as the
-    owner of ``socket_dir`` (the server's socket directory, which it must reach) or as nobody
-    (PgBouncer refuses root)."""
+def bouncer(databases: str, *, user: str, socket_dir: str | None = None,
+            pool_mode: str = "session", pool_size: int = 8,
+            max_client_conn: int = 100) -> Iterator[int]:
+    """A PgBouncer on a loopback port (session pooling unless ``pool_mode`` says otherwise),
+    ``databases`` its [databases] section, ``user`` let in without a password; yields its port
+    once it answers. As root it runs as the owner of ``socket_dir`` (the server's socket
+    directory, which it must reach) or as nobody (PgBouncer refuses root)."""
     executable = pgbouncer_executable()
     port = _free_port()
     workdir = Path(tempfile.mkdtemp(prefix="zeroth-pgbouncer-", dir="/dev/shm"
@@ -60,9 +62,9 @@ unix_socket_dir =
 auth_type = trust
 auth_file = {workdir}/users.txt
 admin_users = {user}
-pool_mode = session
-default_pool_size = 8
-max_client_conn = 100
+pool_mode = {pool_mode}
+default_pool_size = {pool_size}
+max_client_conn = {max_client_conn}
 server_login_retry = 1
 ignore_startup_parameters = extra_float_digits
 """)

@@ -13,21 +13,14 @@ import asyncio
 import contextlib
 import getpass
 import logging
-import os
-import pwd
-import shutil
-import socket
-import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from urllib.parse import quote
 
 import asyncpg
-import psycopg
 import pytest
+from pgbouncer_support import bouncer
 from psycopg.conninfo import conninfo_to_dict
 
 from zeroth_pg import LeaseManager, RunWorker
@@ -51,94 +44,26 @@ class Bouncer:
         return f"postgresql://{auth}@127.0.0.1:{self.port}/{quote(dbname, safe='')}"
 
 
-def find_pgbouncer() -> str | None:
-    found = shutil.which("pgbouncer")
-    if found is None and os.access("/usr/sbin/pgbouncer", os.X_OK):
-        found = "/usr/sbin/pgbouncer"
-    return found
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def run_as(host: str) -> list[str]:
-    """PgBouncer refuses to run as root: as root, take the identity of the server's socket
-    directory owner (it must reach the socket), or nobody for a TCP server."""
-    if os.geteuid() != 0:
-        return []
-    uid = os.stat(host).st_uid if host.startswith("/") else pwd.getpwnam("nobody").pw_uid
-    return ["-u", pwd.getpwuid(uid).pw_name]
-
-
 @contextlib.contextmanager
-def start_pgbouncer(executable: str, admin_dsn: str) -> Iterator[Bouncer]:
+def start_pgbouncer(admin_dsn: str) -> Iterator[Bouncer]:
+    """A transaction-pooling PgBouncer in front of the test server (tests/pgbouncer_support.py)."""
     server = conninfo_to_dict(libpq_dsn(admin_dsn))
     host = str(server.get("host") or "/var/run/postgresql")
     user = str(server.get("user") or getpass.getuser())
     password = server.get("password")
-    port = free_port()
-    workdir = Path(tempfile.mkdtemp(prefix="zeroth-pgbouncer-"))
-    workdir.chmod(0o755)  # readable by the user pgbouncer switches to
     target = f"host={host} port={server.get('port') or 5432}"
     if password:
         target += f" user={user} password={password}"
-    (workdir / "users.txt").write_text(f'"{user}" ""\n')
-    (workdir / "pgbouncer.ini").write_text(f"""[databases]
-* = {target}
-
-[pgbouncer]
-listen_addr = 127.0.0.1
-listen_port = {port}
-unix_socket_dir =
-auth_type = trust
-auth_file = {workdir}/users.txt
-pool_mode = transaction
-default_pool_size = {SERVER_CONNECTIONS}
-max_client_conn = 200
-ignore_startup_parameters = extra_float_digits
-""")
-    for path in workdir.iterdir():
-        path.chmod(0o644)
-    log_path = workdir / "pgbouncer.log"
-    with log_path.open("w") as log:
-        proc = subprocess.Popen([executable, *run_as(host), str(workdir / "pgbouncer.ini")],
-                                stdout=log, stderr=subprocess.STDOUT)
-    try:
-        bouncer = Bouncer(port, user, str(password) if password else None)
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                with psycopg.connect(bouncer.dsn(admin_dsn), connect_timeout=2) as conn:
-                    conn.execute("SELECT 1")
-                break
-            except psycopg.OperationalError as exc:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"pgbouncer did not start:\n{log_path.read_text()}") from exc
-                time.sleep(0.05)
-        yield bouncer
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        shutil.rmtree(workdir, ignore_errors=True)
+    with bouncer(f"* = {target}", user=user, socket_dir=host if host.startswith("/") else None,
+                 pool_mode="transaction", pool_size=SERVER_CONNECTIONS,
+                 max_client_conn=200) as port:
+        yield Bouncer(port, user, str(password) if password else None)
 
 
 @pytest.fixture(scope="module")
 def pgbouncer(pg_server_dsn: str) -> Iterator[Bouncer]:
-    executable = find_pgbouncer()
-    if executable is None:
-        reason = "pgbouncer is not installed (apt-get install pgbouncer; .ci/run installs it)"
-        print(f"\ntests/security/test_pgbouncer.py skipped: {reason}")
-        pytest.skip(reason)
-    with start_pgbouncer(executable, pg_server_dsn) as bouncer:
-        yield bouncer
+    with start_pgbouncer(pg_server_dsn) as running:
+        yield running
 
 
 @pytest.fixture
