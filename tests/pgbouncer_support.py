@@ -1,7 +1,8 @@
 """A PgBouncer (Debian ``pgbouncer``) on a loopback port, for the tests of clients behind one:
 transaction pooling (tests/security/test_pgbouncer.py) and one that reports a stale role
 (tests/client/test_writable_server.py, tests/failover/test_stale_pooler.py). Skips, printing
-why, only when pgbouncer is not installed (.ci/run installs it)."""
+why, only when pgbouncer is not installed (.ci/run installs it; with ZEROTH_PG_REQUIRE_HA=1, as
+CI sets it, that fails instead)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,9 @@ def pgbouncer_executable() -> str:
         "/usr/sbin/pgbouncer" if os.access("/usr/sbin/pgbouncer", os.X_OK) else None)
     if found is None:
         reason = "pgbouncer is not installed (apt-get install pgbouncer; .ci/run installs it)"
+        if os.environ.get("ZEROTH_PG_REQUIRE_HA") == "1":
+            # CI (as root) installs it: the stale-role failover tests must run there
+            pytest.fail(f"ZEROTH_PG_REQUIRE_HA=1 but {reason}")
         print(f"\nskipped: {reason}")
         pytest.skip(reason)
     return found
