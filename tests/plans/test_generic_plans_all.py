@@ -325,7 +325,9 @@ async def cycle(w: Worker, i: int, grown: bool) -> None:
     await w.call("settle_runs", """SELECT * FROM zeroth.settle_runs(worker_id => $1,
                      run_ids => $2, generations => $3, outcomes => $4)""",
                  WORKER, ids, [mixed[x] for x in ids],
-                 ["complete", "retry", "hand_back"][:len(ids)], work=len(ids))
+                 # as many outcomes as runs claimed: a run an earlier claim of this session
+                 # passed over (the claim floor: sql/README.md) may be claimed here too
+                 (["complete", "retry", "hand_back"] * len(ids))[:len(ids)], work=len(ids))
 
     # -- under max_concurrency
     for _ in range(4):
