@@ -154,7 +154,7 @@ def _ids(driver: Any, table: str) -> list[str]:
         "return Array.from(document.querySelectorAll(arguments[0]))"
         ".map(function (a) { return a.getAttribute('href'); })",
         f"#{table} tbody td:first-child a")
-    return [h.rsplit("/", 1)[1] for h in hrefs]
+    return [h.rsplit("/", 1)[1].split("?", 1)[0] for h in hrefs]  # the id, not its scope
 
 
 def _text(driver: Any, element_id: str) -> str | None:

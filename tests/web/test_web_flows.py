@@ -25,7 +25,7 @@ def _confirmed(html: str) -> list[str]:
 
 
 def _listed(html: str) -> list[str]:
-    return re.findall(r'href="/runs/([0-9a-f-]{36})"', html)
+    return re.findall(r'href="/runs/([0-9a-f-]{36})[?"]', html)
 
 
 class TestBulkActions:

@@ -97,7 +97,7 @@ class TestPages:
             while url:
                 page = client.get(url)
                 assert page.status_code == 200
-                seen += re.findall(r'href="/runs/([0-9a-f-]{36})"', page.text)
+                seen += re.findall(r'href="/runs/([0-9a-f-]{36})[?"]', page.text)
                 nxt = re.search(r'id="next" href="([^"]+)"', page.text)
                 url = nxt.group(1).replace("&amp;", "&") if nxt else None
             by_thread = client.get("/runs?thread=t-1").text
@@ -410,10 +410,10 @@ class TestRunDetail:
         finally:
             await conn.close()
         child_id = str(child["child_run_id"])
-        assert f'href="/runs/{child_id}"' in page["parent"]
+        assert f'href="/runs/{child_id}?' in page["parent"]
         assert "research" in page["parent"]
         assert '<span class="st cancelled">cancelled</span>' in page["parent"]
-        assert f'href="/runs/{parent.run_id}"' in page["child"]  # and back to the parent
+        assert f'href="/runs/{parent.run_id}?' in page["child"]  # and back to the parent
         assert 'id="due-at"' in page["later"]
         assert 'id="wait-reason"' in page["waiting"]
         assert wait_reason in page["waiting"]

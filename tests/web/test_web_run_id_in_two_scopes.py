@@ -110,3 +110,25 @@ async def test_the_event_stream_of_a_run_id_two_scopes_hold_names_its_scope(data
         assert nobody.status_code == 404
     finally:
         await conn.close()
+
+
+async def test_every_list_links_a_run_id_two_scopes_hold_to_the_scope_of_its_row(database_dsn):
+    """The runs list and the dead letters of one tenant link to that tenant's run, not to the
+    first scope that holds the id; following the link shows that tenant's run."""
+    conn = await asyncpg.connect(database_dsn)
+    try:
+        run_id, _ = await _two_scopes(conn)
+        await conn.execute("UPDATE zeroth.runs SET payload = jsonb_build_object('of', tenant_id) "
+                           "WHERE run_id = $1", run_id)
+        zeta_link = f'href="/runs/{run_id}?tenant=zeta&amp;workspace="'
+        with dashboard(create_app(database_dsn)) as client:
+            pages = {path: client.get(path).text
+                     for path in ("/runs?tenant=zeta", "/dead-letters?tenant=zeta")}
+            followed = client.get(f"/runs/{run_id}?tenant=zeta&workspace=")
+        for path, html in pages.items():
+            assert zeta_link in html, path
+            assert f'href="/runs/{run_id}"' not in html, path
+            assert "tenant=acme" not in html, path
+        assert "&#34;of&#34;: &#34;zeta&#34;" in followed.text or '"of": "zeta"' in followed.text
+    finally:
+        await conn.close()

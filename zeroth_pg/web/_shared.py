@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -17,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
 __all__ = ["BadInput", "Context", "form_bool", "form_int", "form_json", "form_name",
-           "form_optional_name", "short_time"]
+           "form_optional_name", "run_url", "short_time"]
 
 log = logging.getLogger("zeroth_pg.web")
 
@@ -27,6 +28,16 @@ NAME_MAX = 200
 #: The largest JSON payload a form may send (an event's payload; a form body is read up to
 #: 64 KiB).
 JSON_MAX = 32_768
+
+
+def run_url(run_id: Any, tenant_id: str | None, workspace_id: str | None) -> str:
+    """The run page of ``run_id`` in one scope. Run ids are unique per scope only (a caller may
+    choose one), so every link to a run names its scope: ``/runs/{id}`` alone opens the first
+    scope that holds the id, which need not be the one the link came from."""
+    if tenant_id is None:
+        return f"/runs/{run_id}"
+    return f"/runs/{run_id}?" + urllib.parse.urlencode(
+        {"tenant": tenant_id, "workspace": workspace_id or ""})
 
 
 class BadInput(ValueError):

@@ -35,7 +35,7 @@ from zeroth_pg.web import (
     pages_workers,
     paging,
 )
-from zeroth_pg.web._shared import Context, short_time
+from zeroth_pg.web._shared import Context, run_url, short_time
 from zeroth_pg.web.flash import FlashMiddleware
 from zeroth_pg.web.pages_runs import failure_view, timeline
 from zeroth_pg.web.paging import Page, dead_page_query, keyset_page, parse_cursors
@@ -275,6 +275,7 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
                       autoescape=select_autoescape(default=True, default_for_string=True))
     env.filters["failure"] = failure_view
     env.filters["when"] = short_time  # every page's timestamps: one format
+    env.globals["run_url"] = run_url  # every link to a run names its scope
     csrf_secret = secrets.token_bytes(32)
     state: dict[str, Any] = {}
 

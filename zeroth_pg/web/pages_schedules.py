@@ -17,7 +17,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from zeroth_pg import _calls
-from zeroth_pg.web._shared import BadInput, Context, form_name, form_optional_name
+from zeroth_pg.web._shared import BadInput, Context, form_name, form_optional_name, run_url
 from zeroth_pg.web.paging import COUNT_CAP, Cursor, keyset_page, parse_cursors
 
 __all__ = ["PAGE_SIZE", "routes", "schedule_page_query"]
@@ -103,7 +103,7 @@ def routes(ctx: Context) -> list[Route]:
         except asyncpg.PostgresError as exc:
             return ctx.refused(request, exc)
         if op == "fire" and row is not None and row["run_id"] is not None:
-            return RedirectResponse(f"/runs/{row['run_id']}", status_code=303)
+            return RedirectResponse(run_url(row["run_id"], tenant, workspace), status_code=303)
         return RedirectResponse("/schedules?" + urllib.parse.urlencode({"done": f"{op} {name}"}),
                                 status_code=303)
 
