@@ -294,6 +294,10 @@ async def _one_version(cfg: Config, rep: ScenarioReport, version: str, server: S
                 f"{_fmt_series(windows)} | {_fmt_series(p99s, 1)} | "
                 f"{_when(mon.first_autovacuum)} / {_when(mon.first_autoanalyze)} |")
             print(lines[-1], flush=True)
+            if out.trace.peer_errors:
+                rep.notes.append(f"PostgreSQL {version}, {cell.label}, {name}: "
+                                 f"{out.trace.peer_errors} unhandled rejection(s) logged and "
+                                 "survived (Node would end the process)")
             params = {"version": version, "cell": cell.label, "kind": cell.kind,
                       "concurrency": cell.concurrency, "offered": cell.rate}
             rep.results.append(Result(

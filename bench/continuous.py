@@ -64,6 +64,8 @@ class Trace:
     started: dict[int, float] = field(default_factory=dict)
     #: (began, back) of the server restart, seconds after t0; None without one.
     restart: tuple[float, float] | None = None
+    #: Errors a peer's own process logged and survived (pg-boss: unhandled rejections).
+    peer_errors: int = 0
     #: Set once the producer started (t0 is then the load's start).
     loading: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -344,6 +346,7 @@ async def pgboss_cell(dsn: str, trace: Trace, load: Load, concurrency: int) -> i
         if restarting is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await restarting
+    trace.peer_errors = int(found.get("unhandled", 0))
     for n, t in found["acked"]:
         trace.acked[int(n)] = trace.t0 + float(t)
     for n, t in found["started"]:
