@@ -164,6 +164,58 @@ async def test_a_claim_reads_past_the_dead_head_of_its_scope(
         for name, (entries, blocks, relation) in walked.items())
 
 
+BATCH = 2_000
+TAKEN = 1_000
+
+
+async def test_a_claim_reads_past_the_claimed_runs_of_its_own_enqueue_batch(
+        admin: asyncpg.Connection, connect: Connect) -> None:
+    # One enqueue_runs batch, half of it claimed while the horizon is pinned: every claimed run
+    # leaves a dead entry in runs_claim_pending_idx, before the batch's first unclaimed run. A
+    # session's floor is the claim-order position of the first run it locked; the runs of one
+    # batch used to share it (priority, run_after, created_at), so a claim from the floor read
+    # the batch from its first run, every claimed one of it again (the bench's dirty table:
+    # ~2,800 entries a claim). Each run of a batch has its own position now, in input order.
+    pin = await connect()
+    await pin.execute("BEGIN")
+    await pin.fetchval("SELECT txid_current()")
+    await at(admin, T0)
+    batch = await enqueue(admin, [{} for _ in range(BATCH)])
+    other = await connect()
+    await at(other, T0 + timedelta(seconds=20))
+    taken: list[UUID] = []
+    for _ in range(TAKEN // 500):
+        taken += list(leases(list(await other.fetch(CLAIM_AND_START, DEPLOYMENT, "o", 500))))
+    assert taken == batch[:TAKEN], "a batch is claimed in its input order"
+
+    worker = await connect()
+    await at(worker, T0 + timedelta(seconds=20))
+    # The session's first claim reads from the head, past the claimed half: a floor.
+    assert list(await claim(worker, "w")) == [batch[TAKEN]]
+    readings = []
+    for n in range(1, 4):
+        await at(worker, T0 + timedelta(seconds=20, milliseconds=100 * n))
+        async with worker.transaction():
+            before = {r["relname"]: (r["entries"], r["blocks"])
+                      for r in await worker.fetch(COUNTERS)}
+            held = await claim(worker, "w")
+            after = {r["relname"]: (r["entries"], r["blocks"])
+                     for r in await worker.fetch(COUNTERS)}
+        assert list(held) == [batch[TAKEN + n]]
+        readings.append((
+            after["runs_claim_pending_idx"][0] - before.get("runs_claim_pending_idx", (0, 0))[0],
+            *max((after[r][1] - before.get(r, (0, 0))[1], r) for r in after)))
+    await pin.execute("ROLLBACK")
+    version = await admin.fetchval("SHOW server_version")
+    save_report(f"dirty_claim_batch_pg{version.split('.')[0]}", {
+        f"claim {n}": {"index_entries": e, "most_blocks": b, "of": rel}
+        for n, (e, b, rel) in enumerate(readings, 1)})
+    assert all(e <= ENTRIES_BOUND and b <= BLOCKS_BOUND for e, b, _ in readings), (
+        f"claims from the floor with {TAKEN} claimed runs of their batch before it: "
+        + "; ".join(f"{e} entries of runs_claim_pending_idx, {b} blocks of {rel}"
+                    for e, b, rel in readings))
+
+
 # -- what the floor hides is claimed within its bound ---------------------------------------
 
 # Dead runs at the head of the scope, more than the 100 wasted entries that make a session keep a
