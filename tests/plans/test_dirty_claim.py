@@ -539,3 +539,55 @@ async def test_a_floor_kept_at_a_later_time_is_no_floor_once_the_clock_goes_back
     a = await hidden_run(admin, worker, when)
     await at(worker, when - timedelta(seconds=10))
     assert a in await claim(worker, "w", 10)
+
+
+# -- the rate limit's "is work waiting" reads the claimer's floor --------------------------
+
+CLAIM_VERSIONED = """SELECT run_id, lease_generation, retry_at FROM zeroth.claim_and_start(
+    deployment_ref => $1, worker_id => $2, batch_size => $3, lease_seconds => 600,
+    code_version => 'v1')"""
+CLAIM_INDEX_ENTRIES = """SELECT pg_stat_get_xact_tuples_returned(
+    'zeroth.runs_claim_pending_idx'::regclass)"""
+
+
+async def test_a_rate_limited_claim_reads_from_the_claimers_own_floor(
+        admin: asyncpg.Connection, worker: asyncpg.Connection) -> None:
+    # A claimer of a versioned deployment (serves: the versions it may resume) whose rate limit
+    # has no start left asks zeroth._scope_has_due_run whether work is waiting, to answer "retry
+    # at" rather than "nothing". That look used to name no versions: the claimer's floor (kept
+    # for its versions) was no floor for it, so each such claim walked the dirty head from the
+    # start, and a look that found nothing replaced the claimer's floor with its own.
+    await admin.execute("SELECT zeroth.register_deployment(deployment_ref => $1)", DEPLOYMENT)
+    await admin.execute("SELECT * FROM zeroth.set_version_policy(deployment_ref => $1, "
+                        "version_policy => 'same')", DEPLOYMENT)
+    await admin.execute("SELECT zeroth.set_rate_limit(name => 'k', max_starts => 1, "
+                        "period_seconds => 3600)")
+    await admin.execute("SELECT * FROM zeroth.set_scope_limits(deployment_ref => $1, "
+                        "tenant_id => 'default', rate_limit => 'k')", DEPLOYMENT)
+    await at(admin, T0)
+    (a,) = await enqueue(admin, [{}])
+    await at(admin, T0 + timedelta(seconds=5))
+    (b,) = await enqueue(admin, [{}])
+    await at(worker, T0 + timedelta(seconds=30))
+    rows = await worker.fetch(CLAIM_VERSIONED, DEPLOYMENT, "w", 1)
+    assert [r["run_id"] for r in rows] == [a]  # past the dirty head: a floor, for v1's claims
+    _, kept = await floor_value(worker)
+    entries = []
+    for n in range(1, 4):
+        await at(worker, T0 + timedelta(seconds=30, milliseconds=100 * n))
+        async with worker.transaction():
+            before = await worker.fetchval(CLAIM_INDEX_ENTRIES)
+            rows = await worker.fetch(CLAIM_VERSIONED, DEPLOYMENT, "w", 1)
+            entries.append(await worker.fetchval(CLAIM_INDEX_ENTRIES) - before)
+        # b is waiting: held back by the rate limit, with the time it may start
+        assert [(r["run_id"], r["retry_at"] is not None) for r in rows] == [(None, True)]
+    # Nothing waiting any more: a definitive empty answer, and the claimer keeps its floor.
+    assert await admin.execute("DELETE FROM zeroth.runs WHERE run_id = $1", b) == "DELETE 1"
+    await at(worker, T0 + timedelta(seconds=31))
+    rows = await worker.fetch(CLAIM_VERSIONED, DEPLOYMENT, "w", 1)
+    assert [(r["run_id"], r["retry_at"]) for r in rows] == [(None, None)]
+    _, fields = await floor_value(worker)
+    assert fields[0] == kept[0], "the rate limit's look replaced the claimer's floor"
+    assert max(entries) <= ENTRIES_BOUND, (
+        f"a rate-limited claim read {entries} entries of runs_claim_pending_idx "
+        f"with {DIRTY} dead runs at the head of the scope")
