@@ -66,6 +66,10 @@ COUNTERS = """SELECT c.relname, pg_stat_get_xact_tuples_returned(c.oid) AS entri
                                 WHERE i.indrelid = 'zeroth.runs'::regclass)"""
 
 
+CLAIM_INDEX_ENTRIES = """SELECT pg_stat_get_xact_tuples_returned(
+    'zeroth.runs_claim_pending_idx'::regclass)"""
+
+
 @pytest.fixture
 def database_dsn(clock_database_dsn: str) -> str:
     return clock_database_dsn
@@ -162,6 +166,41 @@ async def test_a_claim_reads_past_the_dead_head_of_its_scope(
         f"{name}: {entries} entries of runs_claim_pending_idx, {blocks} blocks of {relation} "
         f"with {DEAD} dead runs at the head of the scope"
         for name, (entries, blocks, relation) in walked.items())
+
+
+CLAIM_EVERY_SCOPE = """SELECT run_id, lease_generation FROM zeroth.claim_and_start_scopes(
+    deployment_refs => ARRAY[$1], worker_id => $2, batch_size => $3, lease_seconds => 600)"""
+
+
+async def test_the_scopes_with_pending_runs_are_found_past_their_dead_heads(
+        admin: asyncpg.Connection, connect: Connect) -> None:
+    # claim_and_start_scopes with tenant_ids NULL finds the scopes that hold pending runs by a
+    # skip scan of runs_claim_pending_idx (zeroth._pending_scopes): one probe per scope, which
+    # used to read its scope from the head, every dead entry before the first live run.
+    pin = await connect()
+    await pin.execute("BEGIN")
+    await pin.fetchval("SELECT txid_current()")
+    await at(admin, T0)
+    await enqueue(admin, [{} for _ in range(DEAD)])
+    assert await admin.execute("DELETE FROM zeroth.runs") == f"DELETE {DEAD}"
+    await at(admin, T0 + timedelta(seconds=10))
+    live = await enqueue(admin, [{} for _ in range(LIVE)])
+    worker = await connect()
+    await at(worker, T0 + timedelta(seconds=20))
+    assert set(await claim(worker, "w")) <= set(live)  # the first claim: a floor
+    entries = []
+    for n in range(1, 3):
+        await at(worker, T0 + timedelta(seconds=20, milliseconds=100 * n))
+        async with worker.transaction():
+            before = await worker.fetchval(CLAIM_INDEX_ENTRIES)
+            held = leases(list(await worker.fetch(CLAIM_EVERY_SCOPE, DEPLOYMENT, "w", 1)))
+            entries.append(await worker.fetchval(CLAIM_INDEX_ENTRIES) - before)
+        assert len(held) == 1
+        assert set(held) <= set(live)
+    await pin.execute("ROLLBACK")
+    assert max(entries) <= ENTRIES_BOUND, (
+        f"claim_and_start_scopes over every scope read {entries} entries of "
+        f"runs_claim_pending_idx with {DEAD} dead runs at the head of the scope")
 
 
 BATCH = 2_000
@@ -546,8 +585,6 @@ async def test_a_floor_kept_at_a_later_time_is_no_floor_once_the_clock_goes_back
 CLAIM_VERSIONED = """SELECT run_id, lease_generation, retry_at FROM zeroth.claim_and_start(
     deployment_ref => $1, worker_id => $2, batch_size => $3, lease_seconds => 600,
     code_version => 'v1')"""
-CLAIM_INDEX_ENTRIES = """SELECT pg_stat_get_xact_tuples_returned(
-    'zeroth.runs_claim_pending_idx'::regclass)"""
 
 
 async def test_a_rate_limited_claim_reads_from_the_claimers_own_floor(
