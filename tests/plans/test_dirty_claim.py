@@ -198,6 +198,8 @@ async def test_the_scopes_with_pending_runs_are_found_past_their_dead_heads(
         assert len(held) == 1
         assert set(held) <= set(live)
     await pin.execute("ROLLBACK")
+    version = await admin.fetchval("SHOW server_version")
+    save_report(f"dirty_claim_every_scope_pg{version.split('.')[0]}", {"index_entries": entries})
     assert max(entries) <= ENTRIES_BOUND, (
         f"claim_and_start_scopes over every scope read {entries} entries of "
         f"runs_claim_pending_idx with {DEAD} dead runs at the head of the scope")
@@ -624,6 +626,8 @@ async def test_a_rate_limited_claim_reads_from_the_claimers_own_floor(
     rows = await worker.fetch(CLAIM_VERSIONED, DEPLOYMENT, "w", 1)
     assert [(r["run_id"], r["retry_at"]) for r in rows] == [(None, None)]
     _, fields = await floor_value(worker)
+    version = await admin.fetchval("SHOW server_version")
+    save_report(f"dirty_claim_rate_limited_pg{version.split('.')[0]}", {"index_entries": entries})
     assert fields[0] == kept[0], "the rate limit's look replaced the claimer's floor"
     assert max(entries) <= ENTRIES_BOUND, (
         f"a rate-limited claim read {entries} entries of runs_claim_pending_idx "
