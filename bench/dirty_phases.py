@@ -66,7 +66,8 @@ def _line(version: str, variant: str, dirty: bool, p: dict[str, Any]) -> str:
             f"{p['claim_index_entries_per_claim']:.1f} claim-index entries, "
             f"{p['heap_blocks_per_claim']:.1f} runs blocks, "
             f"{p['claim_index_blocks_per_claim']:.1f} claim-index blocks; "
-            f"load {os.getloadavg()[0]:.1f}")
+            f"autovacuums / autoanalyzes of zeroth.runs {p['autovacuums']} / "
+            f"{p['autoanalyzes']}; load {os.getloadavg()[0]:.1f}")
 
 
 async def main(args: argparse.Namespace,
