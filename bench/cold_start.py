@@ -432,10 +432,33 @@ async def _drain_timed(dsn: str, n: int) -> tuple[float, list[float]]:
     return n / elapsed, claims
 
 
-async def _dirty_phase(server: Server, dirty: bool, dead: int, n: int) -> dict[str, Any]:
+async def _claim_counters(conn: asyncpg.Connection) -> dict[str, int]:
+    """The server's cumulative counters the drain moves: entries returned by index scans of
+    runs_claim_pending_idx (only the claims read it), blocks requested from zeroth.runs (claims
+    and completions) and from that index."""
+    await conn.execute("SELECT pg_stat_clear_snapshot()")
+    row = await conn.fetchrow(
+        """SELECT (SELECT idx_tup_read FROM pg_stat_user_indexes
+                     WHERE indexrelid = 'zeroth.runs_claim_pending_idx'::regclass)
+                      AS claim_index_entries,
+                  (SELECT heap_blks_read + heap_blks_hit FROM pg_statio_user_tables
+                     WHERE relid = 'zeroth.runs'::regclass) AS heap_blocks,
+                  (SELECT idx_blks_read + idx_blks_hit FROM pg_statio_user_indexes
+                     WHERE indexrelid = 'zeroth.runs_claim_pending_idx'::regclass)
+                      AS claim_index_blocks""")
+    return {name: int(value or 0) for name, value in row.items()}
+
+
+async def _dirty_phase(server: Server, dirty: bool, dead: int, n: int,
+                       prepare: Callable[[asyncpg.Connection], Awaitable[None]] | None = None
+                       ) -> dict[str, Any]:
+    """zeroth_pg's phase: n runs drained on a fresh database, clean or dirty. prepare: run on
+    the migrated database first (bench/dirty_phases.py: an earlier commit's functions)."""
     z = Zeroth(server)
     z.label = f"dirty{int(dirty)}"
     await z.setup()
+    if prepare is not None:
+        await prepare(z.conn)
     holder: asyncpg.Connection | None = None
     try:
         if dirty:
@@ -450,12 +473,19 @@ async def _dirty_phase(server: Server, dirty: bool, dead: int, n: int) -> dict[s
         found = (await z.conn.fetchval(
             "SELECT dead_tuple_count FROM pgstattuple('zeroth.runs')")
             if await _has_pgstattuple(z.conn) else None)
+        before = await _claim_counters(z.conn)
         rate, claims = await _drain_timed(z.dsn, n)
+        await asyncio.sleep(1.5)  # the drain's backends have exited and flushed their counters
+        after = await _claim_counters(z.conn)
         stats = await z.conn.fetchrow(
             "SELECT autovacuum_count, autoanalyze_count FROM pg_stat_user_tables "
             "WHERE relid = 'zeroth.runs'::regclass")
         return {"rate": rate, "p50": percentile(claims, 50), "p99": percentile(claims, 99),
                 "dead": found,
+                # per claim_and_start call (the empty ones at the end included), from the
+                # server's counters around the drain: machine-independent, unlike the times
+                **{f"{name}_per_claim": (after[name] - before[name]) / len(claims)
+                   for name in before},
                 "autovacuums": stats["autovacuum_count"],
                 "autoanalyzes": stats["autoanalyze_count"]}
     finally:
@@ -522,7 +552,8 @@ async def dirty_table(cfg: Config, s: Any) -> ScenarioReport:
                          "the xmin horizon pinned for the whole phase, against clean "
                          f"({n:,} runs, {DIRTY_LOOPS} claim loops)")
     lines = ["| server | table | runs/s | claim p50 / p99 ms | dead tuples (pgstattuple) | "
-             "autovacuums / autoanalyzes of zeroth.runs |", "|---|---|---|---|---|---|"]
+             "autovacuums / autoanalyzes of zeroth.runs | per claim: claim-index entries / "
+             "runs blocks / claim-index blocks |", "|---|---|---|---|---|---|---|"]
     peer_lines = ["| server | system | table | runs/s | dead tuples in its queue table |",
                   "|---|---|---|---|---|"]
     # The smoke (--quick): the bench's own server only (the code path is the same).
@@ -536,7 +567,10 @@ async def dirty_table(cfg: Config, s: Any) -> ScenarioReport:
             phases[dirty] = phase
             lines.append(f"| {version} | {'dirty' if dirty else 'clean'} | {phase['rate']:.0f} "
                          f"| {phase['p50']:.2f} / {phase['p99']:.2f} | {phase['dead']} | "
-                         f"{phase['autovacuums']} / {phase['autoanalyzes']} |")
+                         f"{phase['autovacuums']} / {phase['autoanalyzes']} | "
+                         f"{phase['claim_index_entries_per_claim']:.1f} / "
+                         f"{phase['heap_blocks_per_claim']:.1f} / "
+                         f"{phase['claim_index_blocks_per_claim']:.1f} |")
             print(lines[-1], flush=True)
             rep.results.append(Result(rep.name, "zeroth-lease", "throughput", "runs/s",
                                       (phase["rate"],), {"version": version, "dirty": dirty},

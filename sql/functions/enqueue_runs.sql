@@ -187,6 +187,13 @@ BEGIN
     -- inserts speculatively and confirms each row with a WAL record of its own (HEAP_CONFIRM, 48
     -- bytes a run: issue 30, item 3); a collision of fresh ids would raise unique_violation
     -- instead of passing unseen.
+    -- Each run of the batch is created (created_at, updated_at) a microsecond after the one before
+    -- it in the batch (item k: at + (k - 1) µs; never later than its row was really written,
+    -- which takes longer than that): the runs of one batch have distinct claim-order positions
+    -- (priority DESC, run_after, created_at), in input order, so a claim floor can name the
+    -- exact run a claim stopped at inside a batch (issue 30, the dirty table: with one position
+    -- for the whole batch every claim from a floor read the batch's claimed runs again). The
+    -- runs with a thread keep the batch's time (admitted one by one below).
     WITH keyed AS (
         INSERT INTO zeroth.runs AS r (
             run_id, tenant_id, workspace_id, deployment_ref, status, priority, run_after,
@@ -194,8 +201,10 @@ BEGIN
             attempt_timeout_seconds, run_timeout_seconds)
         SELECT i.new_run_id, _enqueue_batch.tenant_id, _enqueue_batch.workspace_id,
                _enqueue_batch.deployment_ref, 'pending', i.priority,
-               coalesce(i.run_after, _enqueue_batch.at), i.max_attempts, _enqueue_batch.at,
-               _enqueue_batch.at, i.payload, i.metadata, i.idempotency_key,
+               coalesce(i.run_after, _enqueue_batch.at), i.max_attempts,
+               _enqueue_batch.at + (i.position - 1) * interval '1 microsecond',
+               _enqueue_batch.at + (i.position - 1) * interval '1 microsecond',
+               i.payload, i.metadata, i.idempotency_key,
                i.attempt_timeout_seconds, i.run_timeout_seconds
           FROM unnest(_enqueue_batch.items) AS i
          WHERE i.thread_id IS NULL
@@ -210,9 +219,10 @@ BEGIN
             run_timeout_seconds)
         SELECT i.new_run_id, _enqueue_batch.tenant_id, _enqueue_batch.workspace_id,
                _enqueue_batch.deployment_ref, 'pending', i.priority,
-               coalesce(i.run_after, _enqueue_batch.at), i.max_attempts, _enqueue_batch.at,
-               _enqueue_batch.at, i.payload, i.metadata, i.attempt_timeout_seconds,
-               i.run_timeout_seconds
+               coalesce(i.run_after, _enqueue_batch.at), i.max_attempts,
+               _enqueue_batch.at + (i.position - 1) * interval '1 microsecond',
+               _enqueue_batch.at + (i.position - 1) * interval '1 microsecond',
+               i.payload, i.metadata, i.attempt_timeout_seconds, i.run_timeout_seconds
           FROM unnest(_enqueue_batch.items) AS i
          WHERE i.thread_id IS NULL AND i.idempotency_key IS NULL AND i.run_id IS NULL
          ORDER BY i.position
@@ -264,7 +274,8 @@ REVOKE ALL ON FUNCTION zeroth._enqueue_batch(text, text, text, text, zeroth.enqu
 -- deadlock; the runs are inserted in (idempotency_key, run_id) order, so two batches that share
 -- keys wait for each other in one order. Raises ZP006, ZP008, ZP011 (an idempotency key starting
 -- 'zeroth-schedule:'): the whole batch is rejected, nothing written. Notifies zeroth_wakeup once when it created a pending run that is due now.
--- Time: clock_timestamp().
+-- Time: clock_timestamp(); the k-th item without a thread is created (created_at) k - 1 µs after
+-- it, so at equal priority and run_after the runs of a batch are claimed in input order.
 CREATE OR REPLACE FUNCTION zeroth.enqueue_runs(
     deployment_ref text,
     runs           jsonb,
@@ -404,7 +415,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION zeroth.enqueue_runs(text, jsonb, text, text) IS
-'enqueue_runs: batch enqueue_run for one deployment and scope (one INSERT for the runs without a thread); runs is a JSON array of objects (payload, priority, run_after, max_attempts, idempotency_key, metadata, run_id, thread_id, attempt_timeout_seconds, run_timeout_seconds: the run''s own timeouts, whole seconds, 1 to 30 / 365 days); an item without priority / max_attempts gets the deployment''s registered defaults (zeroth.deployments), else 0 / 3. Results in input order; a repeated key or run_id returns that run with created = false. Thread locks are taken first in one sorted order, inserts run in key order: concurrent batches cannot deadlock on threads or keys. Raises ZP006, ZP008, ZP011 reserved_key (an idempotency key starting zeroth-schedule:, reserved for fire_due_schedules) and rejects the whole batch. Notifies zeroth_wakeup once when a due pending run was created. Time: clock_timestamp().';
+'enqueue_runs: batch enqueue_run for one deployment and scope (one INSERT for the runs without a thread); runs is a JSON array of objects (payload, priority, run_after, max_attempts, idempotency_key, metadata, run_id, thread_id, attempt_timeout_seconds, run_timeout_seconds: the run''s own timeouts, whole seconds, 1 to 30 / 365 days); an item without priority / max_attempts gets the deployment''s registered defaults (zeroth.deployments), else 0 / 3. Results in input order; a repeated key or run_id returns that run with created = false. Thread locks are taken first in one sorted order, inserts run in key order: concurrent batches cannot deadlock on threads or keys. Raises ZP006, ZP008, ZP011 reserved_key (an idempotency key starting zeroth-schedule:, reserved for fire_due_schedules) and rejects the whole batch. Notifies zeroth_wakeup once when a due pending run was created. Time: clock_timestamp(); the k-th item without a thread is created (created_at) k - 1 microseconds after it, so at equal priority and run_after a batch is claimed in input order.';
 ALTER FUNCTION zeroth.enqueue_runs(text, jsonb, text, text) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth.enqueue_runs(text, jsonb, text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION zeroth.enqueue_runs(text, jsonb, text, text) TO zeroth_worker;

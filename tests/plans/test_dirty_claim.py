@@ -66,6 +66,10 @@ COUNTERS = """SELECT c.relname, pg_stat_get_xact_tuples_returned(c.oid) AS entri
                                 WHERE i.indrelid = 'zeroth.runs'::regclass)"""
 
 
+CLAIM_INDEX_ENTRIES = """SELECT pg_stat_get_xact_tuples_returned(
+    'zeroth.runs_claim_pending_idx'::regclass)"""
+
+
 @pytest.fixture
 def database_dsn(clock_database_dsn: str) -> str:
     return clock_database_dsn
@@ -162,6 +166,95 @@ async def test_a_claim_reads_past_the_dead_head_of_its_scope(
         f"{name}: {entries} entries of runs_claim_pending_idx, {blocks} blocks of {relation} "
         f"with {DEAD} dead runs at the head of the scope"
         for name, (entries, blocks, relation) in walked.items())
+
+
+CLAIM_EVERY_SCOPE = """SELECT run_id, lease_generation FROM zeroth.claim_and_start_scopes(
+    deployment_refs => ARRAY[$1], worker_id => $2, batch_size => $3, lease_seconds => 600)"""
+
+
+async def test_the_scopes_with_pending_runs_are_found_past_their_dead_heads(
+        admin: asyncpg.Connection, connect: Connect) -> None:
+    # claim_and_start_scopes with tenant_ids NULL finds the scopes that hold pending runs by a
+    # skip scan of runs_claim_pending_idx (zeroth._pending_scopes): one probe per scope, which
+    # used to read its scope from the head, every dead entry before the first live run.
+    pin = await connect()
+    await pin.execute("BEGIN")
+    await pin.fetchval("SELECT txid_current()")
+    await at(admin, T0)
+    await enqueue(admin, [{} for _ in range(DEAD)])
+    assert await admin.execute("DELETE FROM zeroth.runs") == f"DELETE {DEAD}"
+    await at(admin, T0 + timedelta(seconds=10))
+    live = await enqueue(admin, [{} for _ in range(LIVE)])
+    worker = await connect()
+    await at(worker, T0 + timedelta(seconds=20))
+    assert set(await claim(worker, "w")) <= set(live)  # the first claim: a floor
+    entries = []
+    for n in range(1, 3):
+        await at(worker, T0 + timedelta(seconds=20, milliseconds=100 * n))
+        async with worker.transaction():
+            before = await worker.fetchval(CLAIM_INDEX_ENTRIES)
+            held = leases(list(await worker.fetch(CLAIM_EVERY_SCOPE, DEPLOYMENT, "w", 1)))
+            entries.append(await worker.fetchval(CLAIM_INDEX_ENTRIES) - before)
+        assert len(held) == 1
+        assert set(held) <= set(live)
+    await pin.execute("ROLLBACK")
+    version = await admin.fetchval("SHOW server_version")
+    save_report(f"dirty_claim_every_scope_pg{version.split('.')[0]}", {"index_entries": entries})
+    assert max(entries) <= ENTRIES_BOUND, (
+        f"claim_and_start_scopes over every scope read {entries} entries of "
+        f"runs_claim_pending_idx with {DEAD} dead runs at the head of the scope")
+
+
+BATCH = 2_000
+TAKEN = 1_000
+
+
+async def test_a_claim_reads_past_the_claimed_runs_of_its_own_enqueue_batch(
+        admin: asyncpg.Connection, connect: Connect) -> None:
+    # One enqueue_runs batch, half of it claimed while the horizon is pinned: every claimed run
+    # leaves a dead entry in runs_claim_pending_idx, before the batch's first unclaimed run. A
+    # session's floor is the claim-order position of the first run it locked; the runs of one
+    # batch used to share it (priority, run_after, created_at), so a claim from the floor read
+    # the batch from its first run, every claimed one of it again (the bench's dirty table:
+    # ~2,800 entries a claim). Each run of a batch has its own position now, in input order.
+    pin = await connect()
+    await pin.execute("BEGIN")
+    await pin.fetchval("SELECT txid_current()")
+    await at(admin, T0)
+    batch = await enqueue(admin, [{} for _ in range(BATCH)])
+    other = await connect()
+    await at(other, T0 + timedelta(seconds=20))
+    taken: list[UUID] = []
+    for _ in range(TAKEN // 500):
+        taken += list(leases(list(await other.fetch(CLAIM_AND_START, DEPLOYMENT, "o", 500))))
+    assert taken == batch[:TAKEN], "a batch is claimed in its input order"
+
+    worker = await connect()
+    await at(worker, T0 + timedelta(seconds=20))
+    # The session's first claim reads from the head, past the claimed half: a floor.
+    assert list(await claim(worker, "w")) == [batch[TAKEN]]
+    readings = []
+    for n in range(1, 4):
+        await at(worker, T0 + timedelta(seconds=20, milliseconds=100 * n))
+        async with worker.transaction():
+            before = {r["relname"]: (r["entries"], r["blocks"])
+                      for r in await worker.fetch(COUNTERS)}
+            held = await claim(worker, "w")
+            after = {r["relname"]: (r["entries"], r["blocks"])
+                     for r in await worker.fetch(COUNTERS)}
+        assert list(held) == [batch[TAKEN + n]]
+        readings.append((
+            after["runs_claim_pending_idx"][0] - before.get("runs_claim_pending_idx", (0, 0))[0],
+            *max((after[r][1] - before.get(r, (0, 0))[1], r) for r in after)))
+    await pin.execute("ROLLBACK")
+    version = await admin.fetchval("SHOW server_version")
+    save_report(f"dirty_claim_batch_pg{version.split('.')[0]}", {
+        f"claim {n}": {"index_entries": e, "most_blocks": b, "of": rel}
+        for n, (e, b, rel) in enumerate(readings, 1)})
+    assert all(e <= ENTRIES_BOUND and b <= BLOCKS_BOUND for e, b, _ in readings), (
+        f"claims from the floor with {TAKEN} claimed runs of their batch before it: "
+        + "; ".join(f"{e} entries of runs_claim_pending_idx, {b} blocks of {rel}"
+                    for e, b, rel in readings))
 
 
 # -- what the floor hides is claimed within its bound ---------------------------------------
@@ -487,3 +580,55 @@ async def test_a_floor_kept_at_a_later_time_is_no_floor_once_the_clock_goes_back
     a = await hidden_run(admin, worker, when)
     await at(worker, when - timedelta(seconds=10))
     assert a in await claim(worker, "w", 10)
+
+
+# -- the rate limit's "is work waiting" reads the claimer's floor --------------------------
+
+CLAIM_VERSIONED = """SELECT run_id, lease_generation, retry_at FROM zeroth.claim_and_start(
+    deployment_ref => $1, worker_id => $2, batch_size => $3, lease_seconds => 600,
+    code_version => 'v1')"""
+
+
+async def test_a_rate_limited_claim_reads_from_the_claimers_own_floor(
+        admin: asyncpg.Connection, worker: asyncpg.Connection) -> None:
+    # A claimer of a versioned deployment (serves: the versions it may resume) whose rate limit
+    # has no start left asks zeroth._scope_has_due_run whether work is waiting, to answer "retry
+    # at" rather than "nothing". That look used to name no versions: the claimer's floor (kept
+    # for its versions) was no floor for it, so each such claim walked the dirty head from the
+    # start, and a look that found nothing replaced the claimer's floor with its own.
+    await admin.execute("SELECT zeroth.register_deployment(deployment_ref => $1)", DEPLOYMENT)
+    await admin.execute("SELECT * FROM zeroth.set_version_policy(deployment_ref => $1, "
+                        "version_policy => 'same')", DEPLOYMENT)
+    await admin.execute("SELECT zeroth.set_rate_limit(name => 'k', max_starts => 1, "
+                        "period_seconds => 3600)")
+    await admin.execute("SELECT * FROM zeroth.set_scope_limits(deployment_ref => $1, "
+                        "tenant_id => 'default', rate_limit => 'k')", DEPLOYMENT)
+    await at(admin, T0)
+    (a,) = await enqueue(admin, [{}])
+    await at(admin, T0 + timedelta(seconds=5))
+    (b,) = await enqueue(admin, [{}])
+    await at(worker, T0 + timedelta(seconds=30))
+    rows = await worker.fetch(CLAIM_VERSIONED, DEPLOYMENT, "w", 1)
+    assert [r["run_id"] for r in rows] == [a]  # past the dirty head: a floor, for v1's claims
+    _, kept = await floor_value(worker)
+    entries = []
+    for n in range(1, 4):
+        await at(worker, T0 + timedelta(seconds=30, milliseconds=100 * n))
+        async with worker.transaction():
+            before = await worker.fetchval(CLAIM_INDEX_ENTRIES)
+            rows = await worker.fetch(CLAIM_VERSIONED, DEPLOYMENT, "w", 1)
+            entries.append(await worker.fetchval(CLAIM_INDEX_ENTRIES) - before)
+        # b is waiting: held back by the rate limit, with the time it may start
+        assert [(r["run_id"], r["retry_at"] is not None) for r in rows] == [(None, True)]
+    # Nothing waiting any more: a definitive empty answer, and the claimer keeps its floor.
+    assert await admin.execute("DELETE FROM zeroth.runs WHERE run_id = $1", b) == "DELETE 1"
+    await at(worker, T0 + timedelta(seconds=31))
+    rows = await worker.fetch(CLAIM_VERSIONED, DEPLOYMENT, "w", 1)
+    assert [(r["run_id"], r["retry_at"]) for r in rows] == [(None, None)]
+    _, fields = await floor_value(worker)
+    version = await admin.fetchval("SHOW server_version")
+    save_report(f"dirty_claim_rate_limited_pg{version.split('.')[0]}", {"index_entries": entries})
+    assert fields[0] == kept[0], "the rate limit's look replaced the claimer's floor"
+    assert max(entries) <= ENTRIES_BOUND, (
+        f"a rate-limited claim read {entries} entries of runs_claim_pending_idx "
+        f"with {DIRTY} dead runs at the head of the scope")

@@ -16,6 +16,7 @@ from helpers import (
     T0,
     Scope,
     at,
+    claim,
     enqueue,
     run_row,
     wakeup_key,
@@ -52,6 +53,20 @@ class TestInputOrder:
         assert [row["ordinality"] for row in rows] == [1, 2, 3, 4, 5]
         assert [row["run_id"] for row in rows] == run_ids
         assert all(row["created"] and row["status"] == "pending" for row in rows)
+
+    async def test_a_batch_is_claimed_in_input_order(self, conn):
+        # Runs with a key are inserted in key order (so concurrent batches lock keys in one
+        # order), the others in input order; at equal priority and run_after the claims take a
+        # batch in input order either way: the k-th run is created k - 1 µs after the batch's
+        # time, its own claim-order position (issue 30: a claim floor can name any run of it).
+        items = [{"idempotency_key": key} for key in ("k5", "k3", "k9", "k1")]
+        items += [{}, {"run_id": str(uuid4())}, {}]
+        rows = await enqueue_batch(conn, items)
+        created = [(await run_row(conn, row["run_id"]))["created_at"] for row in rows]
+        assert created == [T0 + timedelta(microseconds=k) for k in range(len(items))]
+        claimed = [row["run_id"] for row in await claim(conn, batch_size=len(items),
+                                                         now=T0 + timedelta(seconds=1))]
+        assert claimed == [row["run_id"] for row in rows]
 
     async def test_generated_run_ids_map_to_their_items(self, conn):
         rows = await enqueue_batch(conn, [{"payload": {"i": i}} for i in range(4)])

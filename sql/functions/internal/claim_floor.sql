@@ -16,9 +16,11 @@
 -- zeroth._claim_floor_after_full_scan) remembers, in a setting
 -- of its session named by the scope (zeroth.claim_floor_<0-63 by the md5 of the scope>), the position of the
 -- first run it locked (its claim-order key: priority, run_after, created_at; the run_id is kept
--- beside them, but the index has no such column, so runs with an equal key — one enqueue_runs
--- batch — are all read from the first of them, the claimed ones of the batch included); on a
--- clean head it keeps none and every claim reads from the head in exact claim order, as before. The next claim of that session in that scope reads the floor's priority level from that
+-- beside them, but the index has no such column, so runs with an equal key are all read from
+-- the first of them, the claimed ones included; the runs of one enqueue_runs batch have distinct
+-- keys, created_at a microsecond apart in input order, so a floor lands exactly inside a batch);
+-- on a clean head it keeps none and every claim reads from the head in exact claim order, as
+-- before. The next claim of that session in that scope reads the floor's priority level from that
 -- position on — an exact start of the index scan, so the dead entries before it are never read —
 -- and the levels above and below it from their heads (priority order between levels stays exact).
 -- The floor is a hint, never the truth: what it hides is found by a full scan from the head, which

@@ -208,8 +208,11 @@ BEGIN
         v_at := v_rate.decided_at;  -- the starts happen when the key was held (ascending)
         IF v_rate.granted = 0 THEN
             -- Held back only if work is really waiting; otherwise a definitive empty answer.
+            -- Work this claimer may take (its serves), read from its own claim floor (a look
+            -- for every claimer would read the head, and keep a floor over this one's).
             IF zeroth._scope_has_due_run(_claim_in_scope.tenant_id, _claim_in_scope.workspace_key,
-                                         _claim_in_scope.deployment_ref, v_at) THEN
+                                         _claim_in_scope.deployment_ref, v_at,
+                                         _claim_in_scope.serves) THEN
                 RETURN NEXT zeroth._rate_marker(_claim_in_scope.concurrency_limit, v_rate.retry_at,
                                                 v_at);
             ELSE

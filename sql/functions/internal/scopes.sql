@@ -33,6 +33,13 @@ REVOKE ALL ON FUNCTION zeroth._scope_limit(text, text, text, integer) FROM PUBLI
 -- one index probe per distinct scope with pending runs (of any deployment: the deployment is the
 -- index's third column), never a walk over the pending runs themselves nor over scopes that have
 -- none. Reads only; takes no lock.
+-- The probes go backwards, from the last scope to the first, and each reads its scope from its
+-- tail (the lowest priority, the latest run_after): the dead entries of a dirty table are at the
+-- head of their scope (the runs claimed or deleted since the last VACUUM, which while the xmin
+-- horizon is pinned no scan may mark dead, so each costs a heap fetch), the newest runs at its
+-- tail; a forward probe read every dead entry of the scope before its first live run (200,000 of
+-- them: 202,511 entries and 4,603 heap blocks on PostgreSQL 15), a backward one reads from the
+-- newest (issue 30). A scope whose runs were all claimed or deleted is still read whole.
 CREATE OR REPLACE FUNCTION zeroth._pending_scopes(deployment_refs text[])
     RETURNS TABLE (tenant_id text, workspace_key text, deployment_ref text)
     LANGUAGE sql STABLE
@@ -41,7 +48,7 @@ CREATE OR REPLACE FUNCTION zeroth._pending_scopes(deployment_refs text[])
             (SELECT r.tenant_id, r.workspace_key, r.deployment_ref
                FROM zeroth.runs r
               WHERE r.status = 'pending'
-              ORDER BY r.tenant_id, r.workspace_key, r.deployment_ref
+              ORDER BY r.tenant_id DESC, r.workspace_key DESC, r.deployment_ref DESC
               LIMIT 1)
             UNION ALL
             SELECT n.tenant_id, n.workspace_key, n.deployment_ref
@@ -51,8 +58,8 @@ CREATE OR REPLACE FUNCTION zeroth._pending_scopes(deployment_refs text[])
                   FROM zeroth.runs r
                  WHERE r.status = 'pending'
                    AND (r.tenant_id, r.workspace_key, r.deployment_ref)
-                       > (f.tenant_id, f.workspace_key, f.deployment_ref)
-                 ORDER BY r.tenant_id, r.workspace_key, r.deployment_ref
+                       < (f.tenant_id, f.workspace_key, f.deployment_ref)
+                 ORDER BY r.tenant_id DESC, r.workspace_key DESC, r.deployment_ref DESC
                  LIMIT 1) n
         )
         SELECT f.tenant_id, f.workspace_key, f.deployment_ref
