@@ -222,10 +222,11 @@ class CompletionBatcher:
         database refuses the batch itself, each run is settled on its own, so one bad value
         fails its run's write and never the others."""
         if self._claim_along is not None and not on_its_own:
-            completions = [c for c in batch if c.kind is SettleKind.COMPLETE]
+            complete = SettleKind.COMPLETE  # once, not per completion (not free on 3.11)
+            completions = [c for c in batch if c.kind is complete]
             if (any(c.entry.claims_next for c in completions)
                     and await self._send_with_claims(completions)):
-                batch = [c for c in batch if c.kind is not SettleKind.COMPLETE]
+                batch = [c for c in batch if c.kind is not complete]
         backoff = Backoff()
         scope = batch[0].entry.scope if batch else None
         policy = next((c.policy for c in batch if c.kind is SettleKind.RETRY), None)
