@@ -29,6 +29,10 @@ NOT_JSON = (TypeError, ValueError, RecursionError)
 
 _UNSTORABLE_CHARACTER = re.compile("[\x00\ud800-\udfff]")
 
+#: json.dumps(value, allow_nan=False) without building an encoder per call (json.dumps reuses
+#: its own only for the default options): the worker checks every handler's output with it.
+_STRICT = json.JSONEncoder(allow_nan=False)
+
 
 def unstorable(value: Any) -> str | None:
     """Why PostgreSQL's jsonb cannot store ``value`` (a string, or a key, holding U+0000 or a
@@ -94,13 +98,15 @@ def storage_problem(value: Any, what: str) -> tuple[str, Exception] | None:
     exception), longer than jsonb holds, or holding a character jsonb refuses. Retrying cannot
     change any of these."""
     try:
-        text = json.dumps(value, allow_nan=False)
+        text = _STRICT.encode(value)
     except NOT_JSON as exc:
         return f"{what} is not JSON", exc
     if len(text) > MAX_JSONB_CHARACTERS:
         return f"{what} too large", ValueError(
             f"PostgreSQL cannot store the {what}: {len(text)} characters of JSON, more than "
             f"jsonb holds ({MAX_JSONB_CHARACTERS})")
-    if (why := unstorable(value)) is not None:
+    # The encoder writes both unstorable characters as \u escapes (as in encode): only a text
+    # holding one needs the walk over the value.
+    if ("\\u0000" in text or "\\ud" in text) and (why := unstorable(value)) is not None:
         return f"{what} not storable", ValueError(f"PostgreSQL cannot store the {what}: {why}")
     return None

@@ -121,6 +121,17 @@ def _step_value(value: str | None, what: str) -> Any:
                               f"{str(exc)[:200]}") from None
 
 
+#: RunStatus by value: the enum's own lookup (``RunStatus(value)``) costs 1-3 µs on Python 3.11,
+#: and every claimed and every enqueued run takes one.
+_RUN_STATUSES = {status.value: status for status in RunStatus}
+
+
+def _run_status(value: str) -> RunStatus:
+    """``RunStatus(value)`` (ValueError for a value that is none), without the enum's lookup."""
+    found = _RUN_STATUSES.get(value)
+    return RunStatus(value) if found is None else found
+
+
 def _claimed(row: asyncpg.Record) -> ClaimedRun:
     # The claim has committed: a value this process cannot decode must fail its own run, never
     # make the whole batch raise here and strand every run of it until its lease expires.
@@ -139,7 +150,7 @@ def _claimed(row: asyncpg.Record) -> ClaimedRun:
         run_id=row["run_id"],
         lease_generation=row["lease_generation"],
         lease_expires_at=row["lease_expires_at"],
-        status=RunStatus(row["status"]),
+        status=_run_status(row["status"]),
         attempts=row["attempts"],
         max_attempts=row["max_attempts"],
         priority=row["priority"],
@@ -158,7 +169,7 @@ def _claimed(row: asyncpg.Record) -> ClaimedRun:
 
 def _enqueued(row: asyncpg.Record) -> EnqueuedRun:
     return EnqueuedRun(
-        run_id=row["run_id"], created=row["created"], status=RunStatus(row["status"]))
+        run_id=row["run_id"], created=row["created"], status=_run_status(row["status"]))
 
 
 @dataclass

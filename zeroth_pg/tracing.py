@@ -168,15 +168,27 @@ def now_ns() -> int:
     return time.time_ns()
 
 
-@contextlib.contextmanager
+#: What :func:`process` and :func:`step` return while no tracer is configured: one shared
+#: context manager that yields None (reusable, stateless), instead of a generator-based one
+#: made per call (two per run were about 5% of a 64-slot worker's CPU with tracing off).
+_NO_SPAN: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+
+
 def process(scope: Scope, run: ClaimedRun, *, attempt: int, worker_id: str,
-            recovered: bool) -> Iterator[Any]:
-    """The span of one attempt's execution, a child of the run's enqueue; yields it, or None.
-    The worker marks failures itself (:func:`failed`): a handler's exception is an outcome."""
+            recovered: bool) -> contextlib.AbstractContextManager[Any]:
+    """The span of one attempt's execution, a child of the run's enqueue, as a context manager
+    that yields it, or None. The worker marks failures itself (:func:`failed`): a handler's
+    exception is an outcome."""
     tracer = _tracer() if trace is not None else None
     if tracer is None:
-        yield None
-        return
+        return _NO_SPAN
+    return _process(tracer, scope, run, attempt=attempt, worker_id=worker_id,
+                    recovered=recovered)
+
+
+@contextlib.contextmanager
+def _process(tracer: Any, scope: Scope, run: ClaimedRun, *, attempt: int, worker_id: str,
+             recovered: bool) -> Iterator[Any]:
     attributes = _scope_attributes(scope.deployment_ref, scope.tenant_id, scope.workspace_id)
     attributes.update({"messaging.operation.type": "process",
                        "messaging.message.id": str(run.run_id),
@@ -190,13 +202,18 @@ def process(scope: Scope, run: ClaimedRun, *, attempt: int, worker_id: str,
         yield span
 
 
-@contextlib.contextmanager
-def step(name: str, deployment_ref: str, run_id: object) -> Iterator[Any]:
-    """A child span of the current one (``checkpoint``, ``complete``, ``fail``, ``sleep``)."""
+def step(name: str, deployment_ref: str,
+         run_id: object) -> contextlib.AbstractContextManager[Any]:
+    """A child span of the current one (``checkpoint``, ``complete``, ``fail``, ``sleep``), as a
+    context manager that yields it, or None."""
     tracer = _tracer() if trace is not None else None
     if tracer is None:
-        yield None
-        return
+        return _NO_SPAN
+    return _step(tracer, name, deployment_ref, run_id)
+
+
+@contextlib.contextmanager
+def _step(tracer: Any, name: str, deployment_ref: str, run_id: object) -> Iterator[Any]:
     attributes = {"messaging.system": SYSTEM, "messaging.destination.name": deployment_ref,
                   "messaging.message.id": str(run_id)}
     if name in ("complete", "fail", "sleep"):

@@ -68,6 +68,24 @@ class TestReturned:
             OutcomeKind.FAILED, False, "output not storable")
         assert "PostgreSQL cannot store the output" in str(decided.error)
 
+    @pytest.mark.parametrize("output", [
+        {"k\x00": 1}, ["ok", {"deep": ["x", "\udfff"]}], ("a", "b\x00"), {"\ud83d": "key"}])
+    def test_a_character_jsonb_refuses_is_found_in_keys_and_nested_values(self, output):
+        # The encoder's text tells whether the walk over the value is needed at all: every
+        # unstorable character, wherever it sits, shows in it as an escape.
+        decided = outcome(output=output)
+        assert (decided.kind, decided.why) == (OutcomeKind.FAILED, "output not storable")
+
+    @pytest.mark.parametrize("output", [
+        None, "\ud55c\uad6d\uc5b4", {"emoji": "\U0001f600", "cjk": ["\u4e2d", "\ud7a3"]},
+        "backslash u0000 spelled out: \\u0000 and \\ud800"])
+    def test_non_ascii_text_and_escape_lookalikes_complete(self, output):
+        # Hangul (U+D55C …) is written \ud55c by the encoder, like a surrogate's escape, and
+        # a literal backslash-u is written \\u…: both are storable and complete the run.
+        decided = outcome(output=output)
+        assert decided.kind is OutcomeKind.COMPLETED
+        assert decided.output == output
+
     def test_an_output_longer_than_jsonb_holds_fails_for_good(self, monkeypatch):
         monkeypatch.setattr(_jsonb, "MAX_JSONB_CHARACTERS", 100)
         decided = outcome(output={"text": "x" * 200})

@@ -222,10 +222,11 @@ class CompletionBatcher:
         database refuses the batch itself, each run is settled on its own, so one bad value
         fails its run's write and never the others."""
         if self._claim_along is not None and not on_its_own:
-            completions = [c for c in batch if c.kind is SettleKind.COMPLETE]
+            complete = SettleKind.COMPLETE  # once, not per completion (not free on 3.11)
+            completions = [c for c in batch if c.kind is complete]
             if (any(c.entry.claims_next for c in completions)
                     and await self._send_with_claims(completions)):
-                batch = [c for c in batch if c.kind is not SettleKind.COMPLETE]
+                batch = [c for c in batch if c.kind is not complete]
         backoff = Backoff()
         scope = batch[0].entry.scope if batch else None
         policy = next((c.policy for c in batch if c.kind is SettleKind.RETRY), None)
@@ -295,16 +296,22 @@ def _by_scope(batch: list[_Completion]) -> list[list[_Completion]]:
     takes one), each group in the batch's order, the groups in order of first appearance. The
     other outcomes join the group of their scope's first retry policy: a batch whose retries
     share one policy is one call per scope."""
+    retry = SettleKind.RETRY  # an enum member's lookup costs a few hundred ns on Python 3.11
+    if batch:
+        # The common batch (a worker of one scope: every entry shares its Scope object) with no
+        # retry in it is one group, found in one pass.
+        first = batch[0].entry.scope
+        if all(c.kind is not retry and c.entry.scope is first for c in batch):
+            return [batch]
     home: dict[tuple[str, str | None], RetryPolicy | None] = {}
     for completion in batch:
         scope = completion.entry.scope
-        if completion.kind is SettleKind.RETRY:
+        if completion.kind is retry:
             home.setdefault((scope.tenant_id, scope.workspace_id), completion.policy)
     groups: dict[tuple[str, str | None, RetryPolicy | None], list[_Completion]] = {}
     for completion in batch:
         where = (completion.entry.scope.tenant_id, completion.entry.scope.workspace_id)
-        policy = (completion.policy if completion.kind is SettleKind.RETRY
-                  else home.get(where))
+        policy = completion.policy if completion.kind is retry else home.get(where)
         groups.setdefault((*where, policy), []).append(completion)
     return list(groups.values())
 

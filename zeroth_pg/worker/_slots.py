@@ -41,7 +41,10 @@ class HeldRuns:
 
     def older(self, run_id: UUID) -> list[ActiveRun]:
         """The entries of ``run_id`` this worker holds already (older generations)."""
-        return [self.active[(run_id, g)] for g in self._generations.get(run_id, ())]
+        generations = self._generations.get(run_id)
+        if not generations:  # the common case: a run this worker does not hold yet
+            return []
+        return [self.active[(run_id, g)] for g in generations]
 
     def add(self, entry: ActiveRun) -> None:
         self.active[entry.key] = entry

@@ -1,0 +1,186 @@
+"""CPU per run of the deep-queue cell (issue 30): the worker's process and the server, each in a
+cpuacct cgroup of its own, so that the count is far less sensitive than runs/s to whatever else
+the machine runs.
+
+    python -m bench.cpu_per_run [--version 18|15] [--concurrency W] [--seconds S] [--every S]
+
+The cell is cold_start's depth cell (bench/continuous.py: a fresh database, a RunWorker with W
+slots and a 1 ms handler, the queue held 4,000 deep by a producer in the same process, as in
+cold_start) on the embedded PostgreSQL 18 or Debian's 15 (bench/harness.py). Every ``--every``
+seconds from ``--warmup`` on, one line per segment: runs/s; the CPU-µs per run of the worker's
+process (producer included) and of the server (every backend, autovacuum and the checkpointer
+included: the cgroup holds the postmaster and everything it forks); transactions per run;
+calls per run of the functions the worker and its producer call (pg_stat_user_functions);
+the claim index's size and the index tuples each of its scans read; the table's live and dead
+tuples, autovacuums and heap size. Needs root and the cgroup v1 cpuacct hierarchy
+(/sys/fs/cgroup/cpuacct); the cgroups are removed at the end. Nothing asserts a speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from bench import harness
+from bench.continuous import Load, Trace, zeroth_cell
+
+CPUACCT = Path("/sys/fs/cgroup/cpuacct")
+#: The functions a deep-queue worker and its producer call (complete_and_claim calls
+#: complete_runs inside: not listed, track_functions = all would count it too).
+CALLS = ("complete_and_claim", "claim_and_start", "settle_runs", "renew_leases",
+         "claim_orphaned", "enqueue_runs", "count_pending")
+
+
+@contextlib.contextmanager
+def cgroups(*names: str) -> Iterator[list[Path]]:
+    """cpuacct cgroups of these names (under CPUACCT), removed on exit (this process is moved
+    back to the root group first; the server's processes have exited by then)."""
+    made = []
+    try:
+        for name in names:
+            path = CPUACCT / f"zeroth-bench-{os.getpid()}-{name}"
+            path.mkdir(exist_ok=True)
+            made.append(path)
+        yield made
+    finally:
+        with contextlib.suppress(OSError):
+            (CPUACCT / "cgroup.procs").write_text(str(os.getpid()))
+        for path in made:
+            with contextlib.suppress(OSError):
+                path.rmdir()
+
+
+def usage(group: Path) -> int:
+    """Nanoseconds of CPU used by the group's processes so far."""
+    return int((group / "cpuacct.usage").read_text())
+
+
+def move_tree(root_pid: int, group: Path) -> None:
+    """The postmaster and its children (every backend forked later inherits the group)."""
+    children = subprocess.run(["pgrep", "-P", str(root_pid)], capture_output=True, text=True,
+                              check=False).stdout.split()
+    for pid in [root_pid, *map(int, children)]:
+        with contextlib.suppress(OSError):
+            (group / "cgroup.procs").write_text(str(pid))
+
+
+async def postmaster(admin_dsn: str) -> int:
+    conn = await asyncpg.connect(admin_dsn)
+    try:
+        pid = await conn.fetchval(
+            "SELECT pid FROM pg_stat_activity WHERE backend_type = 'checkpointer'")
+    finally:
+        await conn.close()
+    return parent_of(int(pid))
+
+
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().split()[3])
+
+
+def join(group: Path) -> None:
+    """This process joins ``group``."""
+    (group / "cgroup.procs").write_text(str(os.getpid()))
+
+
+SNAPSHOT = """
+SELECT (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()) AS xacts,
+       (SELECT coalesce(jsonb_object_agg(funcname, calls), '{}') FROM pg_stat_user_functions
+         WHERE schemaname = 'zeroth' AND funcname = ANY($1::text[]))::text AS calls,
+       t.n_live_tup AS live, t.n_dead_tup AS dead, t.autovacuum_count AS autovacuums,
+       pg_relation_size('zeroth.runs') AS heap,
+       i.idx_scan AS claim_scans, i.idx_tup_read AS claim_read,
+       pg_relation_size(i.indexrelid) AS claim_index
+  FROM pg_stat_user_tables t
+  JOIN pg_stat_user_indexes i ON i.relid = t.relid AND i.indexrelname = 'runs_claim_pending_idx'
+ WHERE t.relid = 'zeroth.runs'::regclass"""
+
+
+async def measure(args: argparse.Namespace) -> None:
+    with cgroups("worker", "server") as (worker, server_group):
+        join(worker)
+        started = (harness.debian_server() if args.version == "15"
+                   else harness.server("durable"))
+        with started as server:
+            root = await postmaster(server.admin_dsn)
+            dsn = await asyncio.to_thread(server.zeroth_database, "cpu_per_run")
+            conn = await asyncpg.connect(dsn)
+            try:
+                database = await conn.fetchval("SELECT current_database()")
+                await conn.execute(f"ALTER DATABASE \"{database}\" SET track_functions = 'all'")
+            finally:
+                await conn.close()
+            move_tree(root, server_group)
+            trace = Trace()
+            samples: list[dict[str, Any]] = []
+
+            async def sample() -> None:
+                await trace.loading.wait()
+                move_tree(root, server_group)
+                at = args.warmup
+                while at < args.seconds:
+                    await asyncio.sleep(max(0.0, trace.t0 + at - time.perf_counter()))
+                    conn = await asyncpg.connect(dsn)
+                    try:
+                        row = dict(await conn.fetchrow(SNAPSHOT, list(CALLS)))
+                    finally:
+                        await conn.close()
+                    row.update(at=at, t=time.perf_counter() - trace.t0,
+                               started=len(trace.started), worker=usage(worker),
+                               server=usage(server_group), calls=json.loads(row["calls"]),
+                               load=os.getloadavg()[0])
+                    samples.append(row)
+                    at += args.every
+
+            sampling = asyncio.create_task(sample())
+            await zeroth_cell(dsn, trace, Load(args.seconds, depth=args.depth), args.concurrency)
+            sampling.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sampling
+    print(f"PostgreSQL {args.version}, depth {args.depth}, W={args.concurrency}: runs/s per "
+          "5 s window", " ".join(f"{w:.0f}" for w in trace.windows(args.seconds)))
+    for a, b in itertools.pairwise(samples):
+        runs = b["started"] - a["started"]
+        if runs <= 0:
+            continue
+        calls = {name: (b["calls"].get(name, 0) - a["calls"].get(name, 0)) / runs
+                 for name in CALLS if b["calls"].get(name, 0) > a["calls"].get(name, 0)}
+        scans = b["claim_scans"] - a["claim_scans"]
+        print(f"{a['at']:.0f}-{b['at']:.0f} s: {runs / (b['t'] - a['t']):.0f} runs/s, "
+              f"worker {(b['worker'] - a['worker']) / 1000 / runs:.0f} µs/run, "
+              f"server {(b['server'] - a['server']) / 1000 / runs:.0f} µs/run, "
+              f"xact/run {(b['xacts'] - a['xacts']) / runs:.3f}, calls/run "
+              + ", ".join(f"{k} {v:.3f}" for k, v in calls.items())
+              + f"; claim index {b['claim_index'] // 8192} pages, "
+              f"{(b['claim_read'] - a['claim_read']) / max(1, scans):.0f} tuples/scan; "
+              f"live {b['live']} dead {b['dead']} autovacuums {b['autovacuums']} "
+              f"heap {b['heap'] / 2**20:.0f} MB; load {b['load']:.1f}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", choices=("18", "15"), default="18")
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--depth", type=int, default=4000)
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--warmup", type=float, default=10.0)
+    parser.add_argument("--every", type=float, default=10.0)
+    args = parser.parse_args()
+    if not (CPUACCT / "cpuacct.usage").exists():
+        raise SystemExit(f"no cpuacct cgroup hierarchy at {CPUACCT}")
+    asyncio.run(measure(args))
+
+
+if __name__ == "__main__":
+    main()
