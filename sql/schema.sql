@@ -597,21 +597,12 @@ END) STORED NOT NULL,
     thread_id text,
     status zeroth.run_status DEFAULT 'pending'::zeroth.run_status NOT NULL,
     wait_reason text,
-    priority integer DEFAULT 0 NOT NULL,
-    run_after timestamp with time zone NOT NULL,
     attempts integer DEFAULT 0 NOT NULL,
-    max_attempts integer DEFAULT 3 NOT NULL,
-    created_at timestamp with time zone NOT NULL,
     updated_at timestamp with time zone NOT NULL,
     started_at timestamp with time zone,
     finished_at timestamp with time zone,
-    payload jsonb DEFAULT '{}'::jsonb NOT NULL,
     output jsonb,
     error jsonb,
-    metadata jsonb DEFAULT '{}'::jsonb NOT NULL,
-    progress jsonb,
-    idempotency_key text,
-    checkpoint_seq bigint DEFAULT 0 NOT NULL,
     lease_worker_id text,
     lease_acquired_at timestamp with time zone,
     lease_expires_at timestamp with time zone,
@@ -622,9 +613,6 @@ END) STORED NOT NULL,
     cancel_requested_at timestamp with time zone,
     dead_lettered_at timestamp with time zone,
     thread_queued_at timestamp with time zone,
-    resumable boolean DEFAULT true NOT NULL,
-    accounting jsonb,
-    hand_backs integer DEFAULT 0 NOT NULL,
     parent_run_id uuid,
     schedule_id uuid,
     attempt_recorded_generation bigint,
@@ -635,6 +623,18 @@ END) STORED NOT NULL,
     code_version_id bigint,
     completed_worker_id text,
     completed_claimed_at timestamp with time zone,
+    max_attempts integer DEFAULT 3 NOT NULL,
+    checkpoint_seq bigint DEFAULT 0 NOT NULL,
+    hand_backs integer DEFAULT 0 NOT NULL,
+    resumable boolean DEFAULT true NOT NULL,
+    progress jsonb,
+    accounting jsonb,
+    metadata jsonb DEFAULT '{}'::jsonb NOT NULL,
+    payload jsonb DEFAULT '{}'::jsonb NOT NULL,
+    created_at timestamp with time zone NOT NULL,
+    run_after timestamp with time zone NOT NULL,
+    priority integer DEFAULT 0 NOT NULL,
+    idempotency_key text,
     CONSTRAINT runs_accounting_object CHECK (((accounting IS NULL) OR (jsonb_typeof(accounting) = 'object'::text))),
     CONSTRAINT runs_attempts_valid CHECK (((attempts >= 0) AND (max_attempts >= 1))),
     CONSTRAINT runs_cancel_action_valid CHECK (((cancel_action IS NULL) OR (cancel_action = ANY (ARRAY['cancel'::text, 'interrupt'::text, 'rollback'::text])))),
@@ -652,7 +652,7 @@ END) STORED NOT NULL,
     CONSTRAINT runs_timeouts_valid CHECK ((((attempt_timeout_seconds IS NULL) OR ((attempt_timeout_seconds >= 1) AND (attempt_timeout_seconds <= (86400 * 30)))) AND ((run_timeout_seconds IS NULL) OR ((run_timeout_seconds >= 1) AND (run_timeout_seconds <= (86400 * 365)))))),
     CONSTRAINT runs_wait_reason_only_waiting CHECK (((wait_reason IS NULL) OR (status = 'waiting'::zeroth.run_status)))
 )
-WITH (fillfactor='80', autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_threshold='1000', autovacuum_vacuum_insert_scale_factor='0.05', autovacuum_analyze_scale_factor='0.02', autovacuum_analyze_threshold='1000');
+WITH (autovacuum_vacuum_scale_factor='0.01', autovacuum_vacuum_threshold='1000', autovacuum_vacuum_insert_scale_factor='0.05', autovacuum_analyze_scale_factor='0.02', autovacuum_analyze_threshold='1000', fillfactor='70');
 
 ALTER TABLE zeroth.runs OWNER TO zeroth_owner;
 
@@ -665,11 +665,6 @@ COMMENT ON TABLE zeroth.runs IS 'One row per run. Write it only through the zero
 -- Name: COLUMN runs.attempts; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
 COMMENT ON COLUMN zeroth.runs.attempts IS 'Number of attempts: counted when a run starts (start_run, claim_and_start) and when an orphan is re-leased after its lease expired (claim_orphaned). Given back only by the live holder stopping gracefully: pause_run (waiting is not a failure) and the first max_attempts hand-backs (hand_back_to_pending). So attempts never exceed max_attempts through the functions.';
-
---
--- Name: COLUMN runs.checkpoint_seq; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
---
-COMMENT ON COLUMN zeroth.runs.checkpoint_seq IS 'Number of checkpoints saved; the next checkpoint_order.';
 
 --
 -- Name: COLUMN runs.lease_generation; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
@@ -685,21 +680,6 @@ COMMENT ON COLUMN zeroth.runs.admission_slot IS 'The admission_slots.slot_no thi
 -- Name: COLUMN runs.thread_queued_at; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
 COMMENT ON COLUMN zeroth.runs.thread_queued_at IS 'Set while the run waits behind the active run of its thread (status waiting); the queue is ordered by it. Cleared when the run is promoted to pending or cancelled.';
-
---
--- Name: COLUMN runs.resumable; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
---
-COMMENT ON COLUMN zeroth.runs.resumable IS 'When its owner dies: true = another worker re-executes it (claim_orphaned, claim_for_takeover hands it back); false = claim_for_takeover / reconcile_thread_runs end it as failed with a stop reason (deer-flow). admit_run defaults to false for admit-and-own runs.';
-
---
--- Name: COLUMN runs.accounting; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
---
-COMMENT ON COLUMN zeroth.runs.accounting IS 'Caller-defined JSON object (token and message counts, …) merged by update_run_progress.';
-
---
--- Name: COLUMN runs.hand_backs; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
---
-COMMENT ON COLUMN zeroth.runs.hand_backs IS 'How many times a live holder handed the run back (hand_back_to_pending). The first max_attempts hand-backs give their attempt back; later ones keep it counted, and one that finds the attempts used up dead-letters the run (stop_reason attempts_exhausted). redrive_run resets it.';
 
 --
 -- Name: COLUMN runs.parent_run_id; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
@@ -750,6 +730,26 @@ COMMENT ON COLUMN zeroth.runs.completed_worker_id IS 'The holder of the attempt 
 -- Name: COLUMN runs.completed_claimed_at; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
 COMMENT ON COLUMN zeroth.runs.completed_claimed_at IS 'When the attempt of completed_worker_id was claimed (its lease_acquired_at); NULL when completed_worker_id is.';
+
+--
+-- Name: COLUMN runs.checkpoint_seq; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.runs.checkpoint_seq IS 'Number of checkpoints saved; the next checkpoint_order.';
+
+--
+-- Name: COLUMN runs.hand_backs; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.runs.hand_backs IS 'How many times a live holder handed the run back (hand_back_to_pending). The first max_attempts hand-backs give their attempt back; later ones keep it counted, and one that finds the attempts used up dead-letters the run (stop_reason attempts_exhausted). redrive_run resets it.';
+
+--
+-- Name: COLUMN runs.resumable; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.runs.resumable IS 'When its owner dies: true = another worker re-executes it (claim_orphaned, claim_for_takeover hands it back); false = claim_for_takeover / reconcile_thread_runs end it as failed with a stop reason (deer-flow). admit_run defaults to false for admit-and-own runs.';
+
+--
+-- Name: COLUMN runs.accounting; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.runs.accounting IS 'Caller-defined JSON object (token and message counts, …) merged by update_run_progress.';
 
 --
 -- Name: notification_secret; Type: TABLE; Schema: zeroth; Owner: zeroth_owner

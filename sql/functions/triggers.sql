@@ -83,13 +83,16 @@ CREATE OR REPLACE TRIGGER runs_attempt_history
 DROP TRIGGER IF EXISTS runs_attempt_history_insert ON zeroth.runs;
 
 -- The attempt kept in a completed run's row (zeroth._log_kept_attempt,
--- sql/functions/internal/attempts.sql): before an UPDATE that changes a value zeroth.run_attempts
+-- sql/functions/internal/attempts.sql): once an UPDATE changed a value zeroth.run_attempts
 -- derives it from (status, attempts, started_at, finished_at, lease_generation), it is moved into
 -- zeroth.run_attempt_log (an UPDATE of completed_worker_id itself is a DBA editing the kept
 -- attempt: left alone). The hot path never updates a completed run, and the
 -- WHEN is false for every row that keeps nothing, so no claim, renewal or completion calls it.
+-- AFTER, not BEFORE (issue 30): any BEFORE ROW UPDATE trigger makes every UPDATE of zeroth.runs
+-- lock the row first (a heap LOCK record per claim or completion that had not locked it), WHEN
+-- or not; the table has none (CREATE OR REPLACE turns the BEFORE trigger of 0022 into this).
 CREATE OR REPLACE TRIGGER runs_kept_attempt_to_log
-    BEFORE UPDATE ON zeroth.runs
+    AFTER UPDATE ON zeroth.runs
     FOR EACH ROW
     WHEN (OLD.completed_worker_id IS NOT NULL
           AND NEW.completed_worker_id IS NOT DISTINCT FROM OLD.completed_worker_id

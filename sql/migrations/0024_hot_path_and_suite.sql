@@ -9,6 +9,134 @@ SELECT 1;
 -- ===== section: claims on a dirty table (issue 30) =====
 
 -- ===== section: WAL and index writes per run (issue 30) =====
+-- fillfactor 80 → 70: a run's row grows from its enqueue to its completion (the lease, the start
+-- and finish times, the completing worker kept in the row), and with 20% of a page free the
+-- claims and completions of the runs inserted on it outgrow it: the new version goes to another
+-- page, written whole (no prefix/suffix compression) after a heap LOCK record of the old one, and
+-- the next access of the index entries of the old page cleans them up (btree DELETE). With 30%
+-- free those updates stay on their page (bench/per_run_cost.py, worker at concurrency 1: about
+-- 25 bytes of WAL a run fewer, and no larger a table: the finished rows fill the room). Only
+-- rows inserted from now on are placed by it: no rewrite, a SHARE UPDATE EXCLUSIVE lock.
+ALTER TABLE zeroth.runs SET (fillfactor = 70);
+-- The row's layout: the columns no claim nor completion writes go to the end of the row. A claim
+-- and a completion are non-HOT updates that log their new row version; PostgreSQL leaves out of
+-- the WAL record only the bytes the new version shares with the old at its start and at its end
+-- (prefix/suffix compression, when the new version stays on the page), so everything between the
+-- first column an update changes (status, the 7th) and its last (lease_generation for a claim,
+-- completed_claimed_at — the last column — for a completion) was logged at every claim and every
+-- completion: among them the payload, the metadata and the idempotency key (a 1 kB payload: 2 kB
+-- of WAL a run), and priority, run_after, created_at, max_attempts, checkpoint_seq, progress,
+-- accounting, resumable and hand_backs. Moved behind completed_claimed_at they are in the common
+-- suffix of both updates (bench/per_run_cost.py, worker at concurrency 1 with the empty payload
+-- and metadata and no key: about 100 bytes of WAL a run fewer). Each is added again at the end,
+-- filled from the old column, which is then dropped (a dropped column costs a new row version
+-- nothing but a null-bitmap bit) and the new one renamed; defaults, NOT NULL, CHECK constraints
+-- and column comments as they were. The indexes on priority, run_after, created_at and
+-- idempotency_key (runs_claim_pending_idx, runs_created_not_running_idx, runs_thread_idx,
+-- runs_idempotency_key_idx: dropped with the columns) are made again from their own definitions
+-- as they are when this runs, with their comments. The views and the functions that read the
+-- moved columns are dropped first and made again by the function files applied after the
+-- migrations (sql/README.md).
+-- Cost of the upgrade: one UPDATE of every row of zeroth.runs (a new version of each: the table
+-- and its indexes write once what they hold, and the old versions wait for VACUUM) and four index
+-- builds, under the ACCESS EXCLUSIVE lock of the ALTER TABLE (docs/dba-guide.md, "Upgrades").
+DROP VIEW IF EXISTS zeroth.scope_overview;
+DROP VIEW IF EXISTS zeroth.run_list;
+DROP VIEW IF EXISTS zeroth.dead_letters;
+DROP VIEW IF EXISTS zeroth.expired_leases;
+DROP VIEW IF EXISTS zeroth.pinned_runs;
+DROP VIEW IF EXISTS zeroth.queue_depth;
+DROP FUNCTION IF EXISTS zeroth.list_thread_runs(text, text, text, integer);
+DROP FUNCTION IF EXISTS zeroth.get_thread_run(uuid, text, text);
+DROP FUNCTION IF EXISTS zeroth._thread_run(zeroth.runs);
+CREATE TEMPORARY TABLE zeroth_0024_run_column_comments AS
+SELECT a.attname::text AS column_name, col_description(a.attrelid, a.attnum) AS comment
+  FROM pg_attribute a
+ WHERE a.attrelid = 'zeroth.runs'::regclass AND NOT a.attisdropped
+   AND a.attname IN ('max_attempts', 'checkpoint_seq', 'progress', 'accounting', 'resumable',
+                     'hand_backs', 'metadata', 'payload', 'created_at', 'run_after', 'priority',
+                     'idempotency_key')
+   AND col_description(a.attrelid, a.attnum) IS NOT NULL;
+-- The indexes on the moved columns (dropped with them), as they are when this runs: made again
+-- from their own definitions, with their comments.
+CREATE TEMPORARY TABLE zeroth_0024_run_indexes AS
+SELECT i.indexrelid::regclass::text AS index_name, pg_get_indexdef(i.indexrelid) AS definition,
+       obj_description(i.indexrelid, 'pg_class') AS comment
+  FROM pg_index i
+ WHERE i.indrelid = 'zeroth.runs'::regclass
+   AND EXISTS (SELECT 1 FROM pg_depend d
+                 JOIN pg_attribute a ON a.attrelid = d.refobjid AND a.attnum = d.refobjsubid
+                WHERE d.classid = 'pg_class'::regclass AND d.objid = i.indexrelid
+                  AND d.refobjid = 'zeroth.runs'::regclass
+                  AND a.attname IN ('created_at', 'run_after', 'priority', 'idempotency_key'));
+ALTER TABLE zeroth.runs
+    ADD COLUMN moved_max_attempts integer,
+    ADD COLUMN moved_checkpoint_seq bigint,
+    ADD COLUMN moved_hand_backs integer,
+    ADD COLUMN moved_resumable boolean,
+    ADD COLUMN moved_progress jsonb,
+    ADD COLUMN moved_accounting jsonb,
+    ADD COLUMN moved_metadata jsonb,
+    ADD COLUMN moved_payload jsonb,
+    ADD COLUMN moved_created_at timestamptz,
+    ADD COLUMN moved_run_after timestamptz,
+    ADD COLUMN moved_priority integer,
+    ADD COLUMN moved_idempotency_key text;
+UPDATE zeroth.runs
+   SET moved_max_attempts = max_attempts, moved_checkpoint_seq = checkpoint_seq,
+       moved_hand_backs = hand_backs, moved_resumable = resumable, moved_progress = progress,
+       moved_accounting = accounting, moved_metadata = metadata, moved_payload = payload,
+       moved_created_at = created_at, moved_run_after = run_after, moved_priority = priority,
+       moved_idempotency_key = idempotency_key;
+ALTER TABLE zeroth.runs
+    DROP COLUMN max_attempts, DROP COLUMN checkpoint_seq, DROP COLUMN hand_backs,
+    DROP COLUMN resumable, DROP COLUMN progress, DROP COLUMN accounting, DROP COLUMN metadata,
+    DROP COLUMN payload, DROP COLUMN created_at, DROP COLUMN run_after, DROP COLUMN priority,
+    DROP COLUMN idempotency_key;
+ALTER TABLE zeroth.runs RENAME COLUMN moved_max_attempts TO max_attempts;
+ALTER TABLE zeroth.runs RENAME COLUMN moved_checkpoint_seq TO checkpoint_seq;
+ALTER TABLE zeroth.runs RENAME COLUMN moved_hand_backs TO hand_backs;
+ALTER TABLE zeroth.runs RENAME COLUMN moved_resumable TO resumable;
+ALTER TABLE zeroth.runs RENAME COLUMN moved_progress TO progress;
+ALTER TABLE zeroth.runs RENAME COLUMN moved_accounting TO accounting;
+ALTER TABLE zeroth.runs RENAME COLUMN moved_metadata TO metadata;
+ALTER TABLE zeroth.runs RENAME COLUMN moved_payload TO payload;
+ALTER TABLE zeroth.runs RENAME COLUMN moved_created_at TO created_at;
+ALTER TABLE zeroth.runs RENAME COLUMN moved_run_after TO run_after;
+ALTER TABLE zeroth.runs RENAME COLUMN moved_priority TO priority;
+ALTER TABLE zeroth.runs RENAME COLUMN moved_idempotency_key TO idempotency_key;
+ALTER TABLE zeroth.runs
+    ALTER COLUMN max_attempts SET DEFAULT 3, ALTER COLUMN max_attempts SET NOT NULL,
+    ALTER COLUMN checkpoint_seq SET DEFAULT 0, ALTER COLUMN checkpoint_seq SET NOT NULL,
+    ALTER COLUMN hand_backs SET DEFAULT 0, ALTER COLUMN hand_backs SET NOT NULL,
+    ALTER COLUMN resumable SET DEFAULT true, ALTER COLUMN resumable SET NOT NULL,
+    ALTER COLUMN metadata SET DEFAULT '{}'::jsonb, ALTER COLUMN metadata SET NOT NULL,
+    ALTER COLUMN payload SET DEFAULT '{}'::jsonb, ALTER COLUMN payload SET NOT NULL,
+    ALTER COLUMN created_at SET NOT NULL, ALTER COLUMN run_after SET NOT NULL,
+    ALTER COLUMN priority SET DEFAULT 0, ALTER COLUMN priority SET NOT NULL,
+    ADD CONSTRAINT runs_attempts_valid CHECK (attempts >= 0 AND max_attempts >= 1),
+    ADD CONSTRAINT runs_hand_backs_nonnegative CHECK (hand_backs >= 0),
+    ADD CONSTRAINT runs_accounting_object
+        CHECK (accounting IS NULL OR jsonb_typeof(accounting) = 'object'),
+    ADD CONSTRAINT runs_metadata_object CHECK (jsonb_typeof(metadata) = 'object'),
+    ADD CONSTRAINT runs_payload_object CHECK (jsonb_typeof(payload) = 'object');
+DO $$
+DECLARE
+    c record;
+BEGIN
+    FOR c IN SELECT column_name, comment FROM zeroth_0024_run_column_comments LOOP
+        EXECUTE format('COMMENT ON COLUMN zeroth.runs.%I IS %L', c.column_name, c.comment);
+    END LOOP;
+    FOR c IN SELECT index_name, definition, comment FROM zeroth_0024_run_indexes ORDER BY 1 LOOP
+        EXECUTE c.definition;
+        IF c.comment IS NOT NULL THEN
+            EXECUTE format('COMMENT ON INDEX %s IS %L', c.index_name, c.comment);
+        END IF;
+    END LOOP;
+END
+$$;
+DROP TABLE zeroth_0024_run_column_comments;
+DROP TABLE zeroth_0024_run_indexes;
 
 -- ===== section: worker throughput (issue 30) =====
 

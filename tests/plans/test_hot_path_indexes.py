@@ -329,3 +329,159 @@ def _run_query() -> str:
     from zeroth_pg.web import app
 
     return app._RUN
+
+
+async def test_zeroth_runs_has_no_before_row_update_trigger(conn: asyncpg.Connection) -> None:
+    """A BEFORE ROW UPDATE trigger, whatever its WHEN, makes every UPDATE of a run lock the row
+    first to hand the trigger its latest version: a heap LOCK record (54 bytes of WAL) on every
+    claim and completion that had not locked the row itself (issue 30). runs_kept_attempt_to_log
+    is an AFTER trigger."""
+    before = await conn.fetch(
+        """SELECT tgname FROM pg_trigger
+            WHERE tgrelid = 'zeroth.runs'::regclass AND NOT tgisinternal
+              AND tgtype & 2 <> 0 AND tgtype & 16 <> 0 AND tgtype & 1 <> 0""")
+    assert [r["tgname"] for r in before] == []
+
+
+async def _runs_heap_locks(admin: asyncpg.Connection, start: str, end: str) -> tuple[int, int, int]:
+    """Heap LOCK records of zeroth.runs of this database between two WAL positions, its UPDATE
+    records, and those of them whose new version went to another page (two block references:
+    heap_update logs a lock of the old version before it lets go of its page)."""
+    node = str(await admin.fetchval(
+        "SELECT relfilenode FROM pg_class WHERE oid = 'zeroth.runs'::regclass"))
+    database = str(await admin.fetchval(
+        "SELECT oid FROM pg_database WHERE datname = current_database()"))
+    locks = updates = crossed = 0
+    for r in await admin.fetch(
+            """SELECT record_type, block_ref
+                 FROM pg_get_wal_records_info($1::text::pg_lsn, $2::text::pg_lsn)
+                WHERE resource_manager = 'Heap'""", start, end):
+        blocks = BLOCK.findall(r["block_ref"] or "")
+        if not blocks or blocks[0] != (database, node):
+            continue
+        kind = r["record_type"].split("+")[0]
+        if kind == "LOCK":
+            locks += 1
+        elif kind in ("UPDATE", "HOT_UPDATE"):
+            updates += 1
+            crossed += len(blocks) > 1
+    return locks, updates, crossed
+
+
+async def test_a_single_completion_writes_no_heap_lock_record(connect: Any) -> None:
+    """The worker at concurrency 1 completes one run a call (complete_and_claim, complete_runs,
+    settle_runs): its UPDATE is the row's lock (zeroth._settle unlocked), with no explicit FOR
+    UPDATE before it and no BEFORE trigger making it lock the row first, so a completion writes
+    one heap UPDATE and no heap LOCK record (one 54-byte record a run fewer, issue 30) — but for
+    an update whose new version goes to another page, which heap_update itself logs as a lock.
+    The claim's FOR UPDATE SKIP LOCKED is its one lock record a run. Every completion lands and
+    its attempt is recorded."""
+    admin = await connect()
+    await admin.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+    lsn = "SELECT pg_current_wal_insert_lsn()::text"
+    n = 30
+    await admin.execute("SELECT * FROM zeroth.enqueue_runs(deployment_ref => 'd', runs => $1)",
+                        json.dumps([{"payload": {"i": i}} for i in range(2 * n + 1)]))
+    claimed = await admin.fetch("""SELECT * FROM zeroth.claim_and_start(deployment_ref => 'd',
+                                       worker_id => 'w', batch_size => $1)""", 2 * n)
+    start = await admin.fetchval(lsn)
+    for c in claimed[:n]:
+        done = await admin.fetch(
+            """SELECT * FROM zeroth.complete_runs(worker_id => 'w', run_ids => $1,
+                                                  generations => $2)""",
+            [c["run_id"]], [c["lease_generation"]])
+        assert [d["completed"] for d in done] == [True]
+    for c in claimed[n:]:
+        done = await admin.fetch(
+            """SELECT * FROM zeroth.settle_runs(worker_id => 'w', run_ids => $1,
+                                                generations => $2, outcomes => '{complete}')""",
+            [c["run_id"]], [c["lease_generation"]])
+        assert [d["outcome"] for d in done] == ["completed"]
+    completed = await admin.fetchval(lsn)
+    # As the worker: each completion carries the next claim.
+    first = await admin.fetchrow("""SELECT * FROM zeroth.claim_and_start(deployment_ref => 'd',
+                                        worker_id => 'w2')""")
+    await admin.execute("SELECT * FROM zeroth.enqueue_runs(deployment_ref => 'd', runs => $1)",
+                        json.dumps([{} for _ in range(n)]))
+    paired = await admin.fetchval(lsn)
+    current = (first["run_id"], first["lease_generation"])
+    for _ in range(n):
+        rows = await admin.fetch(
+            """SELECT x.completed, (x.claimed).run_id, (x.claimed).lease_generation
+                 FROM zeroth.complete_and_claim(deployment_ref => 'd', worker_id => 'w2',
+                                                run_ids => $1, generations => $2) x""",
+            [current[0]], [current[1]])
+        assert rows[0]["completed"] == [True]
+        current = (rows[0]["run_id"], rows[0]["lease_generation"])
+    end = await admin.fetchval(lsn)
+    await admin.execute("SET synchronous_commit = on")
+    await admin.execute("SELECT pg_logical_emit_message(true, 'zeroth-test', 'flush')")
+
+    alone = await _runs_heap_locks(admin, start, completed)
+    with_claims = await _runs_heap_locks(admin, paired, end)
+    save_report("single_completion_heap_locks", {"completions alone": alone,
+                                                  "complete_and_claim": with_claims})
+    locks, updates, crossed = alone
+    assert updates == 2 * n, alone
+    assert locks == crossed, alone
+    locks, updates, crossed = with_claims
+    assert updates == 2 * n, with_claims  # n completions, n claims
+    assert locks == n + crossed, with_claims  # the claims' SKIP LOCKED, one a run
+    assert await admin.fetchval(
+        """SELECT count(*) FROM zeroth.run_attempts
+            WHERE run_id = ANY ($1::uuid[]) AND outcome = 'completed'""",
+        [c["run_id"] for c in claimed]) == 2 * n
+
+
+def _incompressible(length: int) -> str:
+    return "".join(uuid.uuid4().hex for _ in range(length // 32 + 1))[:length]
+
+
+async def test_a_claim_and_a_completion_do_not_log_the_payload(connect: Any) -> None:
+    """The columns no claim nor completion writes (the payload, the metadata…) are the last of the
+    runs row (migration 0024), so both non-HOT updates leave them out of their WAL record: a new
+    version on the same page logs only the bytes between the first and the last byte that differ
+    from the old one (prefix/suffix compression). With a 1,200-byte payload and 300 bytes of
+    metadata (random text, under the TOAST threshold: stored in the row, uncompressed), each such
+    UPDATE record of zeroth.runs stays a few hundred bytes; before, both carried the payload and
+    the metadata (about 1.7 kB each: 3.4 kB of WAL a run)."""
+    admin = await connect()
+    await admin.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+    lsn = "SELECT pg_current_wal_insert_lsn()::text"
+    n = 10
+    await admin.execute(
+        "SELECT * FROM zeroth.enqueue_runs(deployment_ref => 'd', runs => $1)",
+        json.dumps([{"payload": {"i": i, "text": _incompressible(1200)},
+                     "metadata": {"m": _incompressible(300)}} for i in range(n)]))
+    start = await admin.fetchval(lsn)
+    claimed = await admin.fetch("""SELECT * FROM zeroth.claim_and_start(deployment_ref => 'd',
+                                       worker_id => 'w', batch_size => $1)""", n)
+    for c in claimed:
+        done = await admin.fetch(
+            """SELECT * FROM zeroth.complete_runs(worker_id => 'w', run_ids => $1,
+                                                  generations => $2)""",
+            [c["run_id"]], [c["lease_generation"]])
+        assert [d["completed"] for d in done] == [True]
+    end = await admin.fetchval(lsn)
+    await admin.execute("SET synchronous_commit = on")
+    await admin.execute("SELECT pg_logical_emit_message(true, 'zeroth-test', 'flush')")
+
+    node = str(await admin.fetchval(
+        "SELECT relfilenode FROM pg_class WHERE oid = 'zeroth.runs'::regclass"))
+    database = str(await admin.fetchval(
+        "SELECT oid FROM pg_database WHERE datname = current_database()"))
+    sizes = []
+    for r in await admin.fetch(
+            """SELECT record_type, record_length, fpi_length, block_ref
+                 FROM pg_get_wal_records_info($1::text::pg_lsn, $2::text::pg_lsn)
+                WHERE resource_manager = 'Heap' AND record_type LIKE 'UPDATE%'""", start, end):
+        blocks = BLOCK.findall(r["block_ref"] or "")
+        # Same page and no full-page image: where the compression applies.
+        if blocks == [(database, node)] and not r["fpi_length"]:
+            sizes.append(int(r["record_length"]))
+    save_report("update_record_sizes_with_a_payload", {"sizes": sizes})
+    assert len(sizes) >= n, sizes  # most of the 2n updates stay on their page
+    assert max(sizes) < 400, sizes
+    assert await admin.fetchval(
+        """SELECT count(*) FROM zeroth.runs WHERE status = 'completed'
+              AND length(payload ->> 'text') = 1200 AND length(metadata ->> 'm') = 300""") == n

@@ -129,3 +129,68 @@ async def test_a_wait_whose_lease_ran_out_while_it_waited_for_the_event_row_is_n
     row = await run_row(db, run_id)
     assert (row["status"], row["cancel_requested_at"]) == ("running", None)
     assert await history(db, run_id) == []
+
+
+# A single completion is settled unlocked (issue 30): its UPDATE is the row's lock, and a version
+# another session committed while it waited is re-checked by the UPDATE's predicate. Runs without
+# an admission slot, so the completion waits on the run row itself.
+COMPLETE_ONE = f"""SELECT run_id, completed FROM zeroth.complete_runs(worker_id => '{HOLDER}',
+                       run_ids => ARRAY[$1]::uuid[], generations => '{{1}}')"""
+
+
+async def slotless_running_run(db: Any) -> UUID:
+    now = await db.fetchval("SELECT clock_timestamp()")
+    return (await make_run(db, "running", worker_id=HOLDER, now=now)).run_id
+
+
+@pytest.mark.parametrize("call", [COMPLETE_ONE, SETTLE])
+async def test_a_lone_completion_that_waited_for_its_own_renewal_lands(
+        sessions: tuple[Session, Session, Any], call: str) -> None:
+    """The worker's renew loop holds the row (an open transaction) when the completion comes:
+    the completion waits, and after the renewal commits (a new row version, the same lease) it
+    lands — never refused as a lost lease."""
+    a, b, db = sessions
+    run_id = await slotless_running_run(db)
+    await a.begin()
+    assert (await a.call(f"SELECT zeroth.renew_lease(run_id => $1, worker_id => '{HOLDER}', "
+                         "generation => 1)", run_id)).value is True
+    args = (run_id,) if call is COMPLETE_ONE else (run_id, "complete")
+    late = b.spawn(call, *args, rows=True)
+    await assert_waits_for(db, b, a, late)
+    await a.commit()
+
+    value = (await finished(late)).value
+    assert value in ([{"run_id": run_id, "completed": True}],
+                     [{"outcome": "completed", "sqlstate": None}]), value
+    row = await run_row(db, run_id)
+    assert (row["status"], row["lease_worker_id"]) == ("completed", None)
+    assert await history(db, run_id) == [(1, HOLDER, "completed")]
+
+
+@pytest.mark.parametrize("update", [
+    # The DBA hands the lease to another worker.
+    "UPDATE zeroth.runs SET lease_worker_id = 'dba' WHERE run_id = $1",
+    # The DBA expires the lease.
+    "UPDATE zeroth.runs SET lease_expires_at = clock_timestamp() - interval '1 s' "
+    "WHERE run_id = $1",
+    # The DBA changes what the settle decided from (the attempt count, its start).
+    "UPDATE zeroth.runs SET attempts = attempts + 1 WHERE run_id = $1",
+    "UPDATE zeroth.runs SET started_at = started_at - interval '1 s' WHERE run_id = $1",
+])
+async def test_a_lone_completion_that_waited_for_a_dbas_update_is_fenced_out(
+        sessions: tuple[Session, Session, Any], update: str) -> None:
+    """A DBA's UPDATE of the run, committed while the completion waited for the row, is never
+    overwritten: the completion re-checks the new version (worker, lease, and everything its
+    decision read) and is refused (false), changing nothing."""
+    a, b, db = sessions
+    run_id = await slotless_running_run(db)
+    await a.begin()
+    await a.call(update, run_id)
+    late = b.spawn(COMPLETE_ONE, run_id, rows=True)
+    await assert_waits_for(db, b, a, late)
+    await a.commit()
+    changed = await run_row(db, run_id)
+
+    assert (await finished(late)).value == [{"run_id": run_id, "completed": False}]
+    assert await run_row(db, run_id) == changed
+    assert changed["status"] == "running"

@@ -96,11 +96,15 @@ REVOKE ALL ON FUNCTION zeroth._record_attempt() FROM PUBLIC;
 -- completed_worker_id, completed_claimed_at; issue 30) is read by the view zeroth.run_attempts
 -- from that row's status, attempts, started_at and finished_at. No function changes a completed
 -- run (prune_runs deletes it), but a DBA's UPDATE may (reopening it by hand, fixing its times):
--- before such an update changes what the view derives, this trigger function moves the attempt,
--- as the view showed it, into zeroth.run_attempt_log and clears the two columns in the new row,
--- so the history of generation 1 stays what it was whatever happens to the run after. Fires only
--- through the trigger's WHEN (sql/functions/triggers.sql): never on the hot path, which does
--- not update a completed run.
+-- once such an update changed what the view derives, this trigger function writes the attempt,
+-- as the view showed it (from OLD), into zeroth.run_attempt_log and clears the two columns of the
+-- row, in the same statement, so the history of generation 1 stays what it was whatever happens
+-- to the run after. An AFTER trigger (issue 30, WAL per run): a BEFORE ROW UPDATE trigger on
+-- zeroth.runs, whatever its WHEN, makes every UPDATE of a run lock the row first to hand the
+-- trigger its latest version (a heap LOCK record, 54 bytes of WAL, on every claim and completion
+-- that had not locked the row itself). Its own UPDATE (completed_worker_id cleared) fires no
+-- trigger again (their WHEN or their column list exclude it). Fires only through the trigger's
+-- WHEN (sql/functions/triggers.sql): never on the hot path, which does not update a completed run.
 CREATE OR REPLACE FUNCTION zeroth._log_kept_attempt() RETURNS trigger
     -- Pinned: a trigger runs with the search_path of whoever updates the row (a DBA included).
     LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
@@ -110,11 +114,13 @@ BEGIN
     VALUES (OLD.tenant_id, OLD.workspace_key, OLD.run_id, OLD.attempts, 1,
             OLD.completed_worker_id, OLD.completed_claimed_at,
             greatest(OLD.started_at, OLD.completed_claimed_at), OLD.finished_at, 'completed', NULL);
-    NEW.completed_worker_id := NULL;
-    NEW.completed_claimed_at := NULL;
-    RETURN NEW;
+    UPDATE zeroth.runs r
+       SET completed_worker_id = NULL, completed_claimed_at = NULL
+     WHERE r.run_id = NEW.run_id AND r.tenant_id = NEW.tenant_id
+       AND r.workspace_key = NEW.workspace_key;
+    RETURN NULL;
 END
 $$;
-COMMENT ON FUNCTION zeroth._log_kept_attempt() IS 'Internal trigger (runs_kept_attempt_to_log): before an UPDATE changes what zeroth.run_attempts derives from a runs row that keeps the attempt of a completion at the first claim (a DBA reopening the run by hand), inserts that attempt as the view showed it into zeroth.run_attempt_log and clears completed_worker_id and completed_claimed_at in the new row.';
+COMMENT ON FUNCTION zeroth._log_kept_attempt() IS 'Internal trigger (runs_kept_attempt_to_log, AFTER UPDATE): once an UPDATE changed what zeroth.run_attempts derives from a runs row that keeps the attempt of a completion at the first claim (a DBA reopening the run by hand), inserts that attempt as the view showed it (the old row) into zeroth.run_attempt_log and clears completed_worker_id and completed_claimed_at in the row, in the same statement.';
 ALTER FUNCTION zeroth._log_kept_attempt() OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._log_kept_attempt() FROM PUBLIC;
