@@ -39,11 +39,8 @@ BEGIN
                             AND coalesce(array_lower(complete_runs.outputs, 1), 1) = 1,
                             'outputs must be a one-dimensional array indexed from 1');
 
-    -- One run: settled unlocked, its UPDATE is the row lock (zeroth._settle; no heap LOCK record,
-    -- one statement fewer: issue 30). A batch keeps the run_id lock order of the explicit lock.
     v_lock := zeroth._lock_settle(v_tenant, v_wskey, complete_runs.worker_id,
-                                  complete_runs.run_ids, complete_runs.generations,
-                                  lock_runs => cardinality(complete_runs.run_ids) <> 1);
+                                  complete_runs.run_ids, complete_runs.generations);
     RETURN QUERY
     SELECT s.run_id, s.sqlstate IS NULL
       FROM zeroth._settle(v_tenant, v_wskey, complete_runs.worker_id,

@@ -82,10 +82,8 @@ BEGIN
                                     ELSE zeroth._bounded_error(settle_runs.errors[g.i]) END
                           FROM generate_subscripts(settle_runs.run_ids, 1) AS g(i) ORDER BY g.i);
 
-    -- A lone completion: settled unlocked, its UPDATE is the row lock (zeroth._settle; issue 30).
     v_lock := zeroth._lock_settle(v_tenant, v_wskey, settle_runs.worker_id,
-                                  settle_runs.run_ids, settle_runs.generations,
-                                  lock_runs => NOT (v_n = 1 AND settle_runs.outcomes[1] = 'complete'));
+                                  settle_runs.run_ids, settle_runs.generations);
     RETURN QUERY
     SELECT s.run_id, CASE s.outcome WHEN 'retried' THEN 'retry_scheduled' ELSE s.outcome END, s.sqlstate
       FROM zeroth._settle(v_tenant, v_wskey, settle_runs.worker_id, settle_runs.run_ids,

@@ -368,14 +368,13 @@ async def _runs_heap_locks(admin: asyncpg.Connection, start: str, end: str) -> t
     return locks, updates, crossed
 
 
-async def test_a_single_completion_writes_no_heap_lock_record(connect: Any) -> None:
+async def test_a_completion_and_a_claim_write_one_heap_lock_record_each(connect: Any) -> None:
     """The worker at concurrency 1 completes one run a call (complete_and_claim, complete_runs,
-    settle_runs): its UPDATE is the row's lock (zeroth._settle unlocked), with no explicit FOR
-    UPDATE before it and no BEFORE trigger making it lock the row first, so a completion writes
-    one heap UPDATE and no heap LOCK record (one 54-byte record a run fewer, issue 30) — but for
-    an update whose new version goes to another page, which heap_update itself logs as a lock.
-    The claim's FOR UPDATE SKIP LOCKED is its one lock record a run. Every completion lands and
-    its attempt is recorded."""
+    settle_runs). A completion locks its run first (zeroth._lock_settle: the fence judges the
+    lease by the clock read once it holds the row) and the claim locks its runs FOR UPDATE SKIP
+    LOCKED: one heap LOCK record each, and no more (no BEFORE trigger on zeroth.runs making an
+    UPDATE lock the row again), but for an update whose new version goes to another page, which
+    heap_update itself logs as a lock. Every completion lands and its attempt is recorded."""
     admin = await connect()
     await admin.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
     lsn = "SELECT pg_current_wal_insert_lsn()::text"
@@ -423,10 +422,10 @@ async def test_a_single_completion_writes_no_heap_lock_record(connect: Any) -> N
                                                   "complete_and_claim": with_claims})
     locks, updates, crossed = alone
     assert updates == 2 * n, alone
-    assert locks == crossed, alone
+    assert locks == 2 * n + crossed, alone  # each completion's own lock of its run
     locks, updates, crossed = with_claims
     assert updates == 2 * n, with_claims  # n completions, n claims
-    assert locks == n + crossed, with_claims  # the claims' SKIP LOCKED, one a run
+    assert locks == 2 * n + crossed, with_claims  # a completion's lock and a claim's
     assert await admin.fetchval(
         """SELECT count(*) FROM zeroth.run_attempts
             WHERE run_id = ANY ($1::uuid[]) AND outcome = 'completed'""",

@@ -23,7 +23,7 @@ REVOKE ALL ON FUNCTION zeroth._require_fence(uuid, text, bigint) FROM PUBLIC;
 -- naming exactly (run_ids[i], generations[i]), then the run rows whose lease is that one held by
 -- worker_id and not yet expired, each kind in run_id order (sql/README.md, "Lock order"). Returns
 -- the addresses of what it locked (a row this transaction holds locked cannot move): the settle
--- reaches the runs by key (runs_pkey leads with run_id) and settles only those addresses. The caller reads the
+-- reaches them by a TID scan, the one plan whatever the table's statistics. The caller reads the
 -- clock after this returns, so a call that waited for a row judges the lease by the time it got
 -- it (zeroth._lock_leased_run says why).
 -- One probe per requested run: a LATERAL sub-select with a locking clause is never flattened into
@@ -32,15 +32,8 @@ REVOKE ALL ON FUNCTION zeroth._require_fence(uuid, text, bigint) FROM PUBLIC;
 -- status). The slots' scope by IS NOT DISTINCT FROM (= on NOT NULL columns, never an index
 -- condition): a plan made before the first ANALYZE walked the scope's slots by
 -- admission_slots_pkey on PostgreSQL 15 (issue 30).
--- lock_runs false (issue 30, WAL per run): the slots only, run_rows NULL — for the settle of one
--- run by a completion, whose UPDATE is its own row lock (zeroth._settle, "unlocked"): an explicit
--- FOR UPDATE of a row the same transaction then updates writes a heap LOCK record (54 bytes of
--- WAL) and runs a statement, for nothing a single completion needs (no lock order among runs:
--- one row; the slot, when there is one, is still locked first).
-DROP FUNCTION IF EXISTS zeroth._lock_settle(text, text, text, uuid[], bigint[]);
 CREATE OR REPLACE FUNCTION zeroth._lock_settle(
     tenant_id text, workspace_key text, worker_id text, run_ids uuid[], generations bigint[],
-    lock_runs boolean DEFAULT true,
     OUT slot_rows tid[], OUT run_rows tid[])
     LANGUAGE plpgsql VOLATILE
     SET plan_cache_mode = force_generic_plan AS $$
@@ -56,9 +49,6 @@ BEGIN
                AND (s.tenant_id, s.workspace_key) IS NOT DISTINCT FROM
                    (_lock_settle.tenant_id, _lock_settle.workspace_key)
                FOR UPDATE OF s) l;
-    IF NOT _lock_settle.lock_runs THEN
-        RETURN;  -- run_rows NULL: the settle's UPDATE locks the run (zeroth._settle, unlocked)
-    END IF;
     SELECT coalesce(array_agg(l.ctid), '{}') INTO run_rows
       FROM (SELECT q.run_id, q.generation
               FROM unnest(_lock_settle.run_ids, _lock_settle.generations) AS q(run_id, generation)
@@ -75,9 +65,9 @@ BEGIN
                FOR UPDATE OF r) l;
 END
 $$;
-COMMENT ON FUNCTION zeroth._lock_settle(text, text, text, uuid[], bigint[], boolean) IS 'Internal: the lock prologue of every lease-ending call: lock the admission slots naming (run_ids[i], generations[i]), then (lock_runs, the default) the runs whose lease that is, held by worker_id and unexpired, each in run_id order; return their row addresses (run_rows NULL when lock_runs is false: a single completion, whose settle UPDATE locks the run itself). Callers read the clock after it.';
-ALTER FUNCTION zeroth._lock_settle(text, text, text, uuid[], bigint[], boolean) OWNER TO zeroth_owner;
-REVOKE ALL ON FUNCTION zeroth._lock_settle(text, text, text, uuid[], bigint[], boolean) FROM PUBLIC;
+COMMENT ON FUNCTION zeroth._lock_settle(text, text, text, uuid[], bigint[]) IS 'Internal: the lock prologue of every lease-ending call: lock the admission slots naming (run_ids[i], generations[i]), then the runs whose lease that is, held by worker_id and unexpired, each in run_id order; return their row addresses. Callers read the clock after it.';
+ALTER FUNCTION zeroth._lock_settle(text, text, text, uuid[], bigint[]) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._lock_settle(text, text, text, uuid[], bigint[]) FROM PUBLIC;
 
 -- Settles runs the caller locked (zeroth._lock_settle: run_rows, slot_rows) to their outcomes, in
 -- one statement: run_ids[i] under generations[i] with kinds[i], one of
@@ -129,21 +119,11 @@ REVOKE ALL ON FUNCTION zeroth._lock_settle(text, text, text, uuid[], bigint[], b
 -- One row per requested run, in input order: the outcome settled (NULL when refused), the status
 -- it was decided on, the new status, run_after and checkpoint_seq, and sqlstate: NULL settled,
 -- ZP002 not the caller's live lease (fenced out), ZP012 held but the edge is not listed.
--- run_rows NULL (issue 30, WAL per run): one completion the caller did not lock
--- (zeroth._lock_settle with lock_runs false): the UPDATE is the row's lock; a version another
--- session committed after this statement's snapshot (the worker's own renewal, an operator's
--- cancel request) is re-checked by the UPDATE's predicate, which then also requires the columns
--- the decision read (attempts, claim and start times, the attempt marks) unchanged and judges the
--- lease by the clock read at the row (zeroth._now(), re-read when the UPDATE waited for it): the
--- fence and the clock-after-lock rule of the locked form, without its heap LOCK record.
--- Planned with nested loops and sequential scans off: the runs are reached by key (run_id =
--- ANY: runs_pkey, which leads with it; the scope a filter), only the locked addresses kept when
--- run_rows is given, the slots by their addresses (a TID scan), and paired with the request by a
--- hash join; a nested loop over the two
+-- Planned with nested loops and sequential scans off: the runs and slots are reached by their
+-- addresses (a TID scan) and paired with the request by a hash join; a nested loop over the two
 -- (a generic plan's guess of 10 rows picks one) compared every run with every request
 -- (1,000,000 comparisons for 1,000 runs), and a plan made before the first ANALYZE walked the
--- scope by runs_pkey on PostgreSQL 15 when the key led with the scope (issue 30; the scope is no
--- index condition here).
+-- scope by runs_pkey on PostgreSQL 15 (issue 30).
 CREATE OR REPLACE FUNCTION zeroth._settle(
     tenant_id text, workspace_key text, worker_id text,
     run_ids uuid[], generations bigint[], kinds text[],
@@ -169,12 +149,6 @@ DECLARE
     v_ws       text;
     v_streams  uuid[];  -- runs whose event stream got its END (issue 34)
 BEGIN
-    -- Unlocked (run_rows NULL) is for one completion only: every other kind decides from columns
-    -- a concurrent writer may change (a cancel request, the attempts…) under the caller's lock.
-    IF _settle.run_rows IS NULL
-       AND NOT (coalesce(cardinality(_settle.kinds), 0) = 1 AND _settle.kinds[1] = 'complete') THEN
-        RAISE EXCEPTION 'zeroth._settle: run_rows NULL (unlocked) settles a single completion only';
-    END IF;
     WITH requested AS (
         SELECT q.ord::integer AS ord, q.run_id, q.generation, q.kind,
                _settle.payloads[q.ord] AS payload, _settle.run_afters[q.ord] AS run_after,
@@ -190,14 +164,13 @@ BEGIN
                -- issue 34 item 2: a timeout at the run's deadline ends the run
                r.run_deadline_at, r.attempt_deadline_at, r.completed_worker_id
           FROM zeroth.runs r
-         WHERE r.run_id = ANY (_settle.run_ids)
-           AND (_settle.run_rows IS NULL OR r.ctid = ANY (_settle.run_rows))
+         WHERE r.ctid = ANY (_settle.run_rows)
            AND (r.tenant_id, r.workspace_key) IS NOT DISTINCT FROM
                (_settle.tenant_id, _settle.workspace_key)
     ), decided AS MATERIALIZED (
         SELECT q.ord, q.run_id, q.generation, q.kind, q.payload, q.run_after, q.reason,
                h.status AS from_status, h.attempts, h.lease_acquired_at, h.started_at, h.old_mark,
-               h.lease_expires_at AS old_expires, h.completed_worker_id AS old_completed_worker,
+               h.lease_expires_at AS old_expires,
                -- The attempt kept in the runs row, not in run_attempt_log (issue 30): a
                -- completion at the first claim, unless a DBA reopened that generation by hand
                -- (the trigger records it then) or the row already keeps one (a DBA reopened the
@@ -397,23 +370,13 @@ BEGIN
                                                   THEN r.attempt_recorded_generation
                                                   ELSE r.lease_generation END
           FROM edges e
-         WHERE r.run_id = ANY (_settle.run_ids)
-           AND (_settle.run_rows IS NULL OR r.ctid = ANY (_settle.run_rows))
+         WHERE r.ctid = ANY (_settle.run_rows)
            AND (r.tenant_id, r.workspace_key) IS NOT DISTINCT FROM
                (_settle.tenant_id, _settle.workspace_key)
            AND r.run_id = e.run_id
            AND e.to_status IS NOT NULL
            AND r.status = e.from_status
            AND r.lease_generation = e.generation
-           -- Unlocked (a single completion): this UPDATE locks the row, and a version another
-           -- session committed meanwhile is re-checked here (READ COMMITTED): settled only if
-           -- everything the decision read is as `held` read it (a renewal's new lease_expires_at
-           -- is not), and the lease judged live by the clock read at the row (below).
-           AND (_settle.run_rows IS NOT NULL
-                OR (r.attempts, r.lease_acquired_at, r.started_at, r.attempt_recorded_generation,
-                    r.completed_worker_id)
-                   IS NOT DISTINCT FROM
-                   (e.attempts, e.lease_acquired_at, e.started_at, e.old_mark, e.old_completed_worker))
            AND CASE WHEN e.kind IN ('take_over', 'unrecoverable')
                     THEN r.lease_worker_id = _settle.worker_id AND r.lease_expires_at < _settle.at
                     WHEN e.kind IN ('revoke', 'clear')
@@ -422,10 +385,7 @@ BEGIN
                     THEN r.lease_worker_id IS NOT DISTINCT FROM _settle.worker_id
                          AND coalesce(r.lease_expires_at < _settle.at, true)
                          AND r.run_deadline_at <= _settle.at
-                    ELSE r.lease_worker_id = _settle.worker_id
-                         AND r.lease_expires_at >= CASE WHEN _settle.run_rows IS NULL
-                                                        THEN greatest(_settle.at, zeroth._now())
-                                                        ELSE _settle.at END END
+                    ELSE r.lease_worker_id = _settle.worker_id AND r.lease_expires_at >= _settle.at END
         RETURNING e.ord, e.run_id, e.generation, e.kind, e.outcome, e.from_status, e.attempts AS old_attempts,
                   e.lease_acquired_at AS old_acquired, e.started_at AS old_started, e.old_mark, e.old_expires, e.in_row,
                   r.tenant_id, r.workspace_key, r.status AS new_status, r.run_after, r.checkpoint_seq,
@@ -585,11 +545,8 @@ DECLARE
     v_lock record;
 BEGIN
     PERFORM zeroth._require_fence(_settle_one.run_id, _settle_one.worker_id, _settle_one.generation);
-    -- A completion is settled unlocked (its UPDATE locks the run: zeroth._settle), unless the
-    -- caller locked the row itself (at given).
     v_lock := zeroth._lock_settle(_settle_one.tenant_id, _settle_one.workspace_key, _settle_one.worker_id,
-                                  ARRAY[_settle_one.run_id], ARRAY[_settle_one.generation],
-                                  lock_runs => _settle_one.kind <> 'complete' OR _settle_one.at IS NOT NULL);
+                                  ARRAY[_settle_one.run_id], ARRAY[_settle_one.generation]);
     SELECT s.outcome, s.from_status, s.to_status, s.run_after, s.checkpoint_seq, s.sqlstate
       INTO outcome, from_status, to_status, settled_run_after, checkpoint_seq, sqlstate
       FROM zeroth._settle(_settle_one.tenant_id, _settle_one.workspace_key, _settle_one.worker_id,
