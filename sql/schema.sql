@@ -1084,20 +1084,6 @@ ALTER TABLE zeroth.events OWNER TO zeroth_owner;
 COMMENT ON TABLE zeroth.events IS 'External events of a scope by name (emit_event): payload and emitted_at are written once (first write wins). A row with emitted_at NULL is a channel a run waits on; its row lock serialises wait_for_event against emit_event. prune_runs deletes a row once it is older than its cutoff (emitted_at, or created_at of a channel) and no run waits on the name; an emit after that is a new event.';
 
 --
--- Name: lock_stripes; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
---
-CREATE TABLE zeroth.lock_stripes (
-    stripe integer NOT NULL
-);
-
-ALTER TABLE zeroth.lock_stripes OWNER TO zeroth_owner;
-
---
--- Name: TABLE lock_stripes; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
---
-COMMENT ON TABLE zeroth.lock_stripes IS 'Unused since revision 0009 (thread admissions lock zeroth.thread_locks; slot creation takes no shared lock); kept for the functions of 0008 during an upgrade, dropped by a later migration.';
-
---
 -- Name: rate_limits; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
 --
 CREATE TABLE zeroth.rate_limits (
@@ -1321,12 +1307,6 @@ ALTER TABLE ONLY zeroth.event_waits
 --
 ALTER TABLE ONLY zeroth.events
     ADD CONSTRAINT events_pkey PRIMARY KEY (tenant_id, workspace_key, name);
-
---
--- Name: lock_stripes lock_stripes_pkey; Type: CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
---
-ALTER TABLE ONLY zeroth.lock_stripes
-    ADD CONSTRAINT lock_stripes_pkey PRIMARY KEY (stripe);
 
 --
 -- Name: notification_secret notification_secret_pkey; Type: CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
@@ -1738,11 +1718,6 @@ CREATE POLICY events_reader_tenant ON zeroth.events FOR SELECT TO zeroth_reader 
 -- Name: POLICY events_reader_tenant ON events; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
 COMMENT ON POLICY events_reader_tenant ON zeroth.events IS 'zeroth_reader sees the events of the tenant named in the setting zeroth.tenant_id (none when unset).';
-
---
--- Name: lock_stripes; Type: ROW SECURITY; Schema: zeroth; Owner: zeroth_owner
---
-ALTER TABLE zeroth.lock_stripes ENABLE ROW LEVEL SECURITY;
 
 --
 -- Name: notification_secret; Type: ROW SECURITY; Schema: zeroth; Owner: zeroth_owner

@@ -233,9 +233,22 @@ def _children_cpu() -> float:
 _postmasters: dict[str, int] = {}
 
 
+def _process_cpu(pid: int | str, *, ended_children: bool) -> float:
+    """utime + stime of a process in clock ticks (with ``ended_children``: and those of the
+    children it reaped)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text(encoding="ascii").rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    # utime, stime, cutime, cstime: fields 14-17 of proc(5), here 11-14 after the name
+    return sum(int(value) for value in fields[11:15 if ended_children else 13])
+
+
 def _server_cpu(config: pytest.Config) -> float:
-    """CPU seconds of this worker's test server so far: the postmaster's own and its ended
-    backends' (a backend still connected counts when it ends). 0 before the server is up."""
+    """CPU seconds of this worker's test server so far: the postmaster's own, its ended
+    backends' and its live children's (the checkpointer, walwriter, I/O workers, kept
+    connections' backends), so a long-lived process's CPU lands on the tests it ran during, not
+    on the one during which it ended. 0 before the server is up."""
     server = _session(config).server
     if server is None or not server.owned:
         return 0.0
@@ -246,12 +259,13 @@ def _server_cpu(config: pytest.Config) -> float:
         assert row is not None
         pid = _postmasters[server.dsn] = int(
             (Path(row[0]) / "postmaster.pid").read_text(encoding="ascii").split()[0])
+    ticks = _process_cpu(pid, ended_children=True)
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text(encoding="ascii").rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    # utime, stime, cutime, cstime: fields 14-17 of proc(5), here 11-14 after the name
-    return sum(int(value) for value in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text(encoding="ascii").split()
+    except OSError:  # a kernel without CONFIG_PROC_CHILDREN: ended backends only
+        children = []
+    ticks += sum(_process_cpu(child, ended_children=False) for child in children)
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -145,5 +145,14 @@ ANALYZE zeroth.runs;
 -- ===== section: worker throughput (issue 30) =====
 
 -- ===== section: test suite (issue 32) =====
+-- zeroth.lock_stripes (0008) has been unused since 0009: thread admissions lock a row of
+-- zeroth.thread_locks and slot creation takes no shared lock, and no function of
+-- sql/functions reads it. Its 17,408 rows were still copied into every database and read by
+-- every whole-table check (the fuzz and hostile-caller tiers checksum every table after each
+-- call: this table was 97% of that work). Its comment promised a later migration would drop it.
+-- CASCADE: in a database upgraded from 0008 or earlier in this same upgrade, 0008's SQL-standard
+-- bodies (_lock_thread, _thread_stripe) still depend on it here; the function files, applied
+-- after this file in the same transaction, put back every function that still exists.
+DROP TABLE zeroth.lock_stripes CASCADE;
 
 -- ===== section: high availability (issue 35) =====

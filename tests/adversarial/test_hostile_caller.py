@@ -402,14 +402,14 @@ def test_a_hostile_worker_member_cannot_break_the_promises(hostile: Hostile, sha
     every function is attacked after the state was stirred (and on the seed as it is)."""
     functions = sorted(hostile.functions.values(), key=lambda f: f.name)
     assert len(functions) >= 30
-    anything = st.sampled_from(functions).flatmap(
-        lambda f: arguments(f, hostile.seed).map(lambda a: (f, a)))
+    # Each function's strategy built once (flatmap would build every pool again for each draw).
+    calls = {f.name: arguments(f, hostile.seed).map(lambda a, f=f: (f, a)) for f in functions}
+    anything = st.sampled_from(functions).flatmap(lambda f: calls[f.name])
     failures = []
     targets = functions[shard::SHARDS]
     assert targets, f"no target functions in shard {shard + 1} of {SHARDS}"
     for target in targets:
-        steps = st.tuples(st.lists(anything, max_size=3),
-                          arguments(target, hostile.seed).map(lambda a, f=target: (f, a)))
+        steps = st.tuples(st.lists(anything, max_size=3), calls[target.name])
 
         @given(steps)
         @property_settings(ci_examples=EXAMPLES_PER_FUNCTION)

@@ -5,12 +5,13 @@ advisory lock and a scope's slot rows created under a non-blocking one, their ke
 (hashtext of tenant, workspace and thread), so a LOGIN role with no grant at all held
 ``pg_advisory_lock(1516464242, hashtext(...))`` and every admission of that thread blocked for as
 long as it liked; holding a scope's key made that scope's first claims report saturation with no
-slot rows created. Both are now row locks on zeroth.lock_stripes, which only zeroth_owner can read
-or lock.
+slot rows created. A thread's admissions now lock its row of zeroth.thread_locks (0009; the
+stripes of zeroth.lock_stripes before it, dropped in 0024), which only zeroth_owner can read or
+lock, and slot creation takes no shared lock.
 
 Played on a shipped database as ``nobody`` (no grant) and ``worker`` (zeroth_worker): the
 stranger holds the keys the old code used (and every advisory key it likes), and the package's
-calls go through; neither role can lock a stripe row itself.
+calls go through; neither role can lock a thread's row itself.
 """
 
 from __future__ import annotations
@@ -86,12 +87,13 @@ async def test_a_stranger_holding_the_old_slot_key_does_not_saturate_a_new_scope
 
 
 @pytest.mark.parametrize("kind", ["nobody", "worker", "reader"])
-async def test_no_role_can_lock_a_stripe_itself(login, kind):
+async def test_no_role_can_lock_a_threads_row_itself(login, kind):
     session = await login(kind)
     with pytest.raises(asyncpg.InsufficientPrivilegeError):
-        await session.execute("SELECT 1 FROM zeroth.lock_stripes FOR UPDATE")
+        await session.execute("SELECT 1 FROM zeroth.thread_locks FOR UPDATE")
     with pytest.raises(asyncpg.InsufficientPrivilegeError):
-        await session.execute("SELECT 1 FROM zeroth.lock_stripes WHERE stripe = 0 FOR KEY SHARE")
+        await session.execute(
+            "SELECT 1 FROM zeroth.thread_locks WHERE thread_id = $1 FOR KEY SHARE", THREAD)
 
 
 async def test_no_zeroth_function_waits_on_an_advisory_lock(admin):

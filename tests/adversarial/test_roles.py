@@ -39,8 +39,8 @@ async def call_every_function(admin: asyncpg.Connection, session: asyncpg.Connec
     return results
 
 
-RELATIONS = ("runs", "checkpoints", "admission_slots", "notification_secret", "lock_stripes",
-             "thread_locks", "code_version", "scope_limits", "schedules", "schedule_fires",
+RELATIONS = ("runs", "checkpoints", "admission_slots", "notification_secret", "thread_locks",
+             "code_version", "scope_limits", "schedules", "schedule_fires",
              "rate_limits", "rate_limit_starts", "run_steps", "events", "event_waits",
              "child_runs", "child_waits", "run_attempts", "run_attempt_log", "run_events",
              "alembic_version",
@@ -115,7 +115,7 @@ class TestReader:
             assert await reader.fetchval(
                 f"SELECT count(*) FROM zeroth.{relation} WHERE tenant_id <> 'acme'") == 0
 
-    @pytest.mark.parametrize("relation", ["admission_slots", "notification_secret", "lock_stripes",
+    @pytest.mark.parametrize("relation", ["admission_slots", "notification_secret",
                                           "thread_locks", "code_version", "rate_limit_starts",
                                           "child_waits"])
     async def test_cannot_read_the_slots_the_secret_or_the_locks(self, login, relation):

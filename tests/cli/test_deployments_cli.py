@@ -1,6 +1,6 @@
-"""``zeroth-pg deployments list | show | set`` as a subprocess against a fresh test database: what
-it prints (tables whole when piped, --json), exit codes, what changed in the database, and what a
-zeroth_worker may do with it."""
+"""``zeroth-pg deployments list | show | set`` (test_cli.cli: in process, one call as a
+subprocess) against a fresh test database: what it prints (tables whole when piped, --json),
+exit codes, what changed in the database, and what a zeroth_worker may do with it."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ class TestDeploymentsCommand:
         assert "set_deployment_defaults" in shown.stdout
 
     def test_an_unregistered_deployment_is_not_found(self, database_dsn):
-        result = cli("deployments", "show", "nope", dsn=database_dsn)
+        result = cli("deployments", "show", "nope", dsn=database_dsn, process=True)
         assert result.returncode == 4
         assert "no deployment named 'nope'" in result.stderr
 

@@ -22,7 +22,7 @@ from zeroth_pg.client import LeaseManager
 async def test_enqueue_status_and_runs_list_reach_the_server_after_the_dead_host(database_dsn):
     dsn = keyword_multi_host(database_dsn)
     queued = ok_json(cli("enqueue", "--deployment", "kv-dsn", "--payload", '{"n": 1}', "--json",
-                         dsn=dsn))
+                         dsn=dsn, process=True))
     assert queued["created"] is True
     status = ok_json(cli("status", "--json", dsn=dsn))
     assert [s["pending"] for s in status["scopes"] if s["deployment_ref"] == "kv-dsn"] == [1]

@@ -1,6 +1,6 @@
-"""``zeroth-pg limits set | rate`` as a subprocess against a fresh test database: a scope paused,
-limited and resumed through zeroth.set_scope_limits, a rate key through zeroth.set_rate_limit,
-and a refused value (exit 2, nothing changed)."""
+"""``zeroth-pg limits set | rate`` (test_cli.cli: in process, one call as a subprocess): a
+scope paused, limited and resumed through zeroth.set_scope_limits, a rate key through
+zeroth.set_rate_limit, and a refused value (exit 2, nothing changed)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ class TestLimitsCommand:
     async def test_an_unknown_key_is_a_usage_error_and_changes_nothing(self, database_dsn,
                                                                        connect):
         result = cli("limits", "set", "mail", "--pause", "--rate-limit", "nope",
-                     dsn=database_dsn)
+                     dsn=database_dsn, process=True)
         assert result.returncode == 2
         assert 'no rate limit named "nope"' in result.stderr
         conn = await connect()

@@ -1,5 +1,6 @@
-"""``zeroth-pg schedules list | add | pause | resume | fire | delete`` as a subprocess against a
-fresh test database: exit codes, --json output and what changed in the database."""
+"""``zeroth-pg schedules list | add | pause | resume | fire | delete`` (test_cli.cli: in
+process, one call as a subprocess) on a fresh test database: exit codes, --json output and what
+changed in the database."""
 
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ class TestSchedulesCommand:
         assert "never fires" in result.stderr
 
     def test_a_missing_schedule_is_not_found(self, database_dsn):
-        result = cli("schedules", "pause", "nope", dsn=database_dsn)
+        result = cli("schedules", "pause", "nope", dsn=database_dsn, process=True)
         assert result.returncode == 4
         assert 'no schedule named "nope"' in result.stderr
 
