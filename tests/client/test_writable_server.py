@@ -247,6 +247,33 @@ class TestAHostThatHangsAfterLogin:
                     await conn.close()
                 console.execute("RESUME")
 
+    async def test_a_host_that_holds_the_check_does_not_delay_the_next_one_by_its_timeout(
+            self, database_dsn: str, pg_server_dsn: str) -> None:
+        # The first host lets the client in and holds the check, as a PgBouncer whose server
+        # restarts (a switchover's demoted primary) queues it until the server is back: with
+        # an hour's timeout only the next host, tried meanwhile, can answer.
+        server = _server(pg_server_dsn)
+        dbname = str(conninfo_to_dict(libpq_dsn(database_dsn))["dbname"])
+        target = f"host={server.host} port={server.port}"
+        socket_dir = server.host if server.host.startswith("/") else None
+        with bouncer(f"* = {target}", user=server.user, socket_dir=socket_dir) as paused, \
+                bouncer(f"* = {target}", user=server.user, socket_dir=socket_dir) as good:
+            with psycopg.connect(f"postgresql://{server.user}@127.0.0.1:{paused}/{dbname}",
+                                 autocommit=True) as first:
+                first.execute("SELECT 1")
+            with psycopg.connect(f"postgresql://{server.user}@127.0.0.1:{paused}/pgbouncer",
+                                 autocommit=True) as console:
+                console.execute("PAUSE")
+                dsn = (f"postgresql://{server.user}@127.0.0.1:{paused},127.0.0.1:{good}"
+                       f"/{dbname}?target_session_attrs=read-write")
+                # A guard against waiting out the hour, not a speed assertion.
+                conn = await asyncio.wait_for(zeroth_pg.connect(dsn, timeout=3600), 120)
+                try:
+                    assert await _landed_in(conn) == (dbname, "pending")
+                finally:
+                    await conn.close()
+                console.execute("RESUME")
+
 
 class TestEveryHostUnableToWrite:
     """While no host takes writes (every one a standby, for minutes), a caller that connects
