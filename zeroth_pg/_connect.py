@@ -322,7 +322,7 @@ class _Hosts:
             while True:
                 await asyncio.sleep(_WATCH_S)
                 try:
-                    if await _writable(conn, self.role, max(_WATCH_S, left)) is None:
+                    if await _ask(conn, self.role, max(_WATCH_S, left)) is None:
                         return  # it takes writes now
                 except asyncio.CancelledError:
                     raise
@@ -360,6 +360,22 @@ async def _writable(conn: asyncpg.Connection, role: str, wait_s: float) -> str |
     if role == "read-write" and row["read_only"] != "off":
         return "transaction_read_only is on"
     return None
+
+
+async def _ask(conn: asyncpg.Connection, role: str, wait_s: float) -> str | None:
+    """:func:`_writable` for the tasks a pass or a pause abandons: a cancellation does not reach
+    the query (asyncpg would send the server a cancel request, on a new connection that it may
+    drop half-way, on which PgBouncer 1.18 crashed: "FATAL … disconnect_client(): bad client
+    state: 0", every PgBouncer of a soak in turn); the query finishes by itself, or fails when
+    its connection is terminated."""
+    inner = asyncio.ensure_future(_writable(conn, role, wait_s))
+    inner.add_done_callback(_retrieved)
+    return await asyncio.shield(inner)
+
+
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()  # retrieved: an abandoned check's error is not worth a warning
 
 
 def _watch_refused_writes(conn: asyncpg.Connection) -> None:
@@ -416,6 +432,7 @@ async def _pass_over(state: _Hosts, dsn: str, kwargs: dict[str, Any], found: _Pa
     loop = asyncio.get_running_loop()
     unanswered = len(candidates)
     settled = asyncio.Event()  # every host answered: the pass ends
+    opened: dict[int, asyncpg.Connection] = {}  # each attempt's connection, once open
     answered_one = asyncio.Event()  # some host answered: start the next one now
 
     def answered() -> None:
@@ -425,7 +442,7 @@ async def _pass_over(state: _Hosts, dsn: str, kwargs: dict[str, Any], found: _Pa
         if unanswered == 0:
             settled.set()
 
-    async def attempt(host: tuple[str, int] | None) -> asyncpg.Connection | None:
+    async def attempt(index: int, host: tuple[str, int] | None) -> asyncpg.Connection | None:
         where = _where(host)
         overrides: dict[str, Any] = {"target_session_attrs": "any"}
         if host is not None:
@@ -437,11 +454,12 @@ async def _pass_over(state: _Hosts, dsn: str, kwargs: dict[str, Any], found: _Pa
             found.why.append(f"{where}: unreachable ({type(exc).__name__})")
             answered()
             return None
+        opened[index] = conn
         first = True
         try:
             while True:
                 try:
-                    refusal = await _writable(conn, state.role, wait_s)
+                    refusal = await _ask(conn, state.role, wait_s)
                 except (*_NEXT_HOST_ERRORS, asyncpg.exceptions.PostgresError,
                         asyncpg.exceptions.InterfaceError) as exc:
                     conn.terminate()
@@ -486,7 +504,7 @@ async def _pass_over(state: _Hosts, dsn: str, kwargs: dict[str, Any], found: _Pa
     try:
         for index, host in enumerate(candidates):
             answered_one.clear()
-            tasks.append(loop.create_task(attempt(host)))
+            tasks.append(loop.create_task(attempt(index, host)))
             if index == len(candidates) - 1:
                 break
             with contextlib.suppress(TimeoutError):
@@ -503,8 +521,15 @@ async def _pass_over(state: _Hosts, dsn: str, kwargs: dict[str, Any], found: _Pa
             _watch_refused_writes(found.conn)
     finally:
         ended.cancel()
-        for task in tasks:
-            task.cancel()
+        if found.conn is None and settled.is_set():
+            # Every host answered: those asking again stop after their current question.
+            await asyncio.wait(tasks, timeout=1.0)
+        for index, task in enumerate(tasks):
+            if not task.done():
+                if (conn := opened.get(index)) is not None and (
+                        found.conn is not None or conn not in found.refusing):
+                    conn.terminate()  # no cancel request: its query fails
+                task.cancel()
         for result in await asyncio.gather(*tasks, return_exceptions=True):
             if isinstance(result, asyncpg.Connection) and result is not found.conn:
                 result.terminate()  # a second host that takes writes: not needed
