@@ -14,11 +14,15 @@ So when a DSN asks for a writable server (``target_session_attrs`` ``read-write`
 ``pg_service.conf`` section: its hosts count too) or ``PGTARGETSESSIONATTRS``; or several hosts
 and no ``target_session_attrs`` at all), :func:`connect` and the pools of :func:`create_pool` do
 not trust the reported values: they connect to each host in turn (the last one found writable
-first), ask the server itself (``pg_is_in_recovery()``, ``transaction_read_only``: a query,
-which PgBouncer passes to the real server) and keep the first that can write; a host that cannot
-is logged. When no host can, they wait and try again a few times with a growing pause (0.25 s
-doubling to 5 s) shared by every caller of the pool (no busy loop while every host is a
-standby), then raise :class:`NoWritableServerError`, an asyncpg
+first; the next one 0.25 s after the one before, or as soon as it answered that it cannot write,
+so that a host that holds the check — a PgBouncer queueing it while its server restarts — does
+not hold up the others), ask the server itself (``pg_is_in_recovery()``,
+``transaction_read_only``: a query, which PgBouncer passes to the real server) and keep the
+first that can write; a host that cannot is logged. A check that is no longer needed is never
+cancelled in flight (asyncpg's cancel request, dropped half-way, crashed PgBouncer 1.18): its
+connection is terminated. When no host can, they wait and try again a few times with a
+growing pause (0.25 s doubling to 5 s) shared by every caller of the pool (no busy loop while
+every host is a standby), then raise :class:`NoWritableServerError`, an asyncpg
 ``TargetServerAttributeNotMatched`` (what asyncpg raises when no host matches), which zeroth_pg
 takes as a lost connection: retryable. During the pause the connections of the last pass that
 answered but could not write are asked again every 0.1 s (one caller asks, the others wait for
@@ -27,7 +31,8 @@ demoted), the pause ends (no sooner than 0.25 s after it began) and the next pas
 once, so a promotion is not left unused until a pause grown during the outage is over; they
 are closed by the next pass, or soon after the pause. (Through a PgBouncer per node, a
 pg_auto_failover switchover's first claim on the new primary came 1.9 and 2.4 s after the
-promotion while the fleet waited out such pauses: issue 35, docs/dba-guide.md.)
+promotion while the fleet waited out such pauses, or for the old primary's PgBouncer to answer:
+issue 35, docs/dba-guide.md.)
 
 A pooled connection that was writable when it opened may stop being so (a promoted standby
 that a manager keeps read-only, a server demoted behind a transaction-pooling PgBouncer that
