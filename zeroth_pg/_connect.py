@@ -14,12 +14,25 @@ So when a DSN asks for a writable server (``target_session_attrs`` ``read-write`
 ``pg_service.conf`` section: its hosts count too) or ``PGTARGETSESSIONATTRS``; or several hosts
 and no ``target_session_attrs`` at all), :func:`connect` and the pools of :func:`create_pool` do
 not trust the reported values: they connect to each host in turn (the last one found writable
-first), ask the server itself (``pg_is_in_recovery()``, ``transaction_read_only``: a query,
-which PgBouncer passes to the real server) and keep the first that can write; a host that cannot
-is closed at once and logged. When no host can, they wait and try again a few times with a
-growing pause shared by every caller of the pool (no busy loop while every host is a standby),
-then raise :class:`NoWritableServerError`, an asyncpg ``TargetServerAttributeNotMatched`` (what
-asyncpg raises when no host matches), which zeroth_pg takes as a lost connection: retryable.
+first; the next one 0.25 s after the one before, or as soon as it answered that it cannot write,
+so that a host that holds the check — a PgBouncer queueing it while its server restarts — does
+not hold up the others), ask the server itself (``pg_is_in_recovery()``,
+``transaction_read_only``: a query, which PgBouncer passes to the real server) and keep the
+first that can write; a host that cannot is logged. A check that is no longer needed is never
+cancelled in flight (asyncpg's cancel request, dropped half-way, crashed PgBouncer 1.18): its
+connection is terminated. When no host can, they wait and try again a few times with a
+growing pause (0.25 s doubling to 5 s) shared by every caller of the pool (no busy loop while
+every host is a standby), then raise :class:`NoWritableServerError`, an asyncpg
+``TargetServerAttributeNotMatched`` (what asyncpg raises when no host matches), which zeroth_pg
+takes as a lost connection: retryable. During the pause the connections of the last pass that
+answered but could not write are asked again every 0.1 s (one caller asks, the others wait for
+it): as soon as one can write (a standby was promoted) or is lost (its server restarted or was
+demoted), the pause ends (no sooner than 0.25 s after it began) and the next pass comes at
+once, so a promotion is not left unused until a pause grown during the outage is over; they
+are closed by the next pass, or soon after the pause. (Through a PgBouncer per node, a
+pg_auto_failover switchover's first claim on the new primary came 1.9 and 2.4 s after the
+promotion while the fleet waited out such pauses, or for the old primary's PgBouncer to answer:
+issue 35, docs/dba-guide.md.)
 
 A pooled connection that was writable when it opened may stop being so (a promoted standby
 that a manager keeps read-only, a server demoted behind a transaction-pooling PgBouncer that
@@ -36,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import configparser
+import contextlib
 import logging
 import os
 import random
@@ -65,6 +79,11 @@ _PASSES = 3
 _CONNECT_TIMEOUT_S = 60.0
 _FIRST_PAUSE_S = 0.25
 _MAX_PAUSE_S = 5.0
+#: During a pause, how often the connections of the last pass that answered but could not write
+#: are asked again (:meth:`_Hosts.wait`): a promotion ends the pause within about this long.
+_WATCH_S = 0.1
+#: How long a pass waits for a host's answer before it tries the next one as well.
+_STAGGER_S = 0.25
 #: The connection errors after which the next host is tried (as asyncpg and libpq do); any other
 #: error (authentication, a database that does not exist, bad options) is raised at once.
 _NEXT_HOST_ERRORS: tuple[type[BaseException], ...] = (
@@ -218,6 +237,11 @@ class _Hosts:
     #: callers wait for instead of going over the hosts themselves; and why the last one failed.
     probe: asyncio.Future[bool | None] | None = None
     last_why: list[str] = field(default_factory=list)
+    #: When the pause under way began; the connections of the last pass that answered but could
+    #: not write, asked again during the pause; the caller doing so, that the others wait for.
+    paused_at: float = 0.0
+    watched: list[asyncpg.Connection] = field(default_factory=list)
+    watcher: asyncio.Future[None] | None = None
 
     def order(self, hosts: list[tuple[str, int]]) -> list[tuple[str, int]]:
         """``hosts`` with the one found writable last first."""
@@ -236,6 +260,7 @@ class _Hosts:
             log.info("%s takes writes: connections go there", where)
         self.last_good, self.quiet_until, self.pause = host, 0.0, _FIRST_PAUSE_S
         self.outage = ""
+        self.watch([])
 
     def none_found(self, why: list[str]) -> float:
         """No host could write: the pause before the next pass (shared by every caller, and
@@ -244,7 +269,7 @@ class _Hosts:
         now = time.monotonic()
         if self.quiet_until <= now:
             wait = self.pause * random.uniform(0.8, 1.2)
-            self.quiet_until = now + wait
+            self.paused_at, self.quiet_until = now, now + wait
             self.pause = min(self.pause * 2, _MAX_PAUSE_S)
             outage = "; ".join(why)
             level = logging.WARNING if outage != self.outage else logging.DEBUG
@@ -252,6 +277,81 @@ class _Hosts:
             log.log(level, "no writable server among %d host(s) (%s); next try in %.1f s",
                     len(why), outage, wait)
         return max(0.0, self.quiet_until - now)
+
+    def watch(self, conns: list[asyncpg.Connection]) -> None:
+        """Keep ``conns`` (each answered the check but could not write) to ask again during
+        the pause (:meth:`wait`), instead of those kept before, which are closed. Each is
+        closed by the next pass, or soon after the pause it was kept for when no caller came
+        to wait (the pool was closed, or is idle): never kept for long."""
+        for conn in self.watched:
+            if conn not in conns:
+                conn.terminate()
+        self.watched = conns
+        if conns:
+            left = max(0.0, self.quiet_until - time.monotonic())
+            asyncio.get_running_loop().call_later(left + 1.0, self._expire, conns)
+
+    def _expire(self, conns: list[asyncpg.Connection]) -> None:
+        if self.watched is conns:
+            self.watch([])
+
+    async def wait(self) -> None:
+        """Until the pause is over, or over early: one of the connections kept by
+        :meth:`watch` can write (a standby was promoted, a read-only primary made writable)
+        or was lost (its server restarted or went away: a state changed), no sooner than
+        ``_FIRST_PAUSE_S`` after the pause began. A grown pause (up to ``_MAX_PAUSE_S``) thus
+        spares the hosts a pass of new connections and checks while nothing changes, without
+        leaving a new primary unused for up to that long. One caller asks (every ``_WATCH_S``,
+        one query per kept connection); the others wait for it."""
+        loop = asyncio.get_running_loop()
+        while (left := self.quiet_until - time.monotonic()) > 0:
+            watcher = self.watcher
+            if watcher is not None and not watcher.done() and watcher.get_loop() is loop:
+                await asyncio.shield(watcher)
+                continue
+            conns = [conn for conn in self.watched if not conn.is_closed()
+                     and getattr(conn, "_loop", None) is loop]
+            if not conns:
+                await asyncio.sleep(left)
+                continue
+            self.watcher = future = loop.create_future()
+            try:
+                await self._watch(conns, left)
+            finally:
+                if self.watcher is future:
+                    self.watcher = None
+                future.set_result(None)
+
+    async def _watch(self, conns: list[asyncpg.Connection], left: float) -> None:
+        async def changed(conn: asyncpg.Connection) -> None:
+            while True:
+                await asyncio.sleep(_WATCH_S)
+                try:
+                    if await _ask(conn, self.role, max(_WATCH_S, left)) is None:
+                        return  # it takes writes now
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    if conn.is_closed():
+                        return  # lost: its server restarted, was demoted, went away
+                    # Hung (a timeout) or busy: no news from this one.
+                    await asyncio.Event().wait()
+
+        tasks = [asyncio.get_running_loop().create_task(changed(conn)) for conn in conns]
+        try:
+            done, _ = await asyncio.wait(tasks, timeout=left,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        if done:
+            now = time.monotonic()
+            earliest = self.paused_at + _FIRST_PAUSE_S
+            if self.quiet_until > max(now, earliest):
+                log.debug("a host that could not take writes changed state: trying the hosts "
+                          "again now")
+                self.quiet_until = max(now, earliest)
 
 
 async def _writable(conn: asyncpg.Connection, role: str, wait_s: float) -> str | None:
@@ -265,6 +365,22 @@ async def _writable(conn: asyncpg.Connection, role: str, wait_s: float) -> str |
     if role == "read-write" and row["read_only"] != "off":
         return "transaction_read_only is on"
     return None
+
+
+async def _ask(conn: asyncpg.Connection, role: str, wait_s: float) -> str | None:
+    """:func:`_writable` for the tasks a pass or a pause abandons: a cancellation does not reach
+    the query (asyncpg would send the server a cancel request, on a new connection that it may
+    drop half-way, on which PgBouncer 1.18 crashed: "FATAL … disconnect_client(): bad client
+    state: 0", every PgBouncer of a soak in turn); the query finishes by itself, or fails when
+    its connection is terminated."""
+    inner = asyncio.ensure_future(_writable(conn, role, wait_s))
+    inner.add_done_callback(_retrieved)
+    return await asyncio.shield(inner)
+
+
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()  # retrieved: an abandoned check's error is not worth a warning
 
 
 def _watch_refused_writes(conn: asyncpg.Connection) -> None:
@@ -288,13 +404,50 @@ class _Pass:
     why: list[str] = field(default_factory=list)
     reached: int = 0
     last_error: BaseException | None = None
+    #: The connections that answered but could not write (to watch during the pause).
+    refusing: list[asyncpg.Connection] = field(default_factory=list)
 
 
 async def _one_pass(state: _Hosts, dsn: str, kwargs: dict[str, Any]) -> _Pass:
     found = _Pass()
+    try:
+        await _pass_over(state, dsn, kwargs, found)
+    except BaseException:
+        for conn in found.refusing:
+            conn.terminate()
+        raise
+    if found.conn is not None:
+        for conn in found.refusing:
+            conn.terminate()  # no goodbye to wait for (a standby may hang soon)
+        found.refusing = []
+    return found
+
+
+async def _pass_over(state: _Hosts, dsn: str, kwargs: dict[str, Any], found: _Pass) -> None:
+    """Each host in turn (the one found writable last first), each next one ``_STAGGER_S``
+    after the one before or as soon as that one answered that it cannot write: the first whose
+    server takes writes wins and the others are abandoned. A host that lets the client in and
+    then holds the check (a PgBouncer whose server is restarting queues the query until it is
+    back; a hung host) so delays the next ones by ``_STAGGER_S``, not by its timeout. While one
+    has not answered, those that cannot write are asked again every ``_WATCH_S`` (a standby
+    promoted meanwhile wins); once every host has answered, the pass ends."""
     candidates: list[tuple[str, int] | None] = \
         list(state.order(_hosts(dsn, kwargs))) or [None]
-    for host in candidates:
+    wait_s = float(kwargs.get("timeout") or _CONNECT_TIMEOUT_S)
+    loop = asyncio.get_running_loop()
+    unanswered = len(candidates)
+    settled = asyncio.Event()  # every host answered: the pass ends
+    opened: dict[int, asyncpg.Connection] = {}  # each attempt's connection, once open
+    answered_one = asyncio.Event()  # some host answered: start the next one now
+
+    def answered() -> None:
+        nonlocal unanswered
+        unanswered -= 1
+        answered_one.set()
+        if unanswered == 0:
+            settled.set()
+
+    async def attempt(index: int, host: tuple[str, int] | None) -> asyncpg.Connection | None:
         where = _where(host)
         overrides: dict[str, Any] = {"target_session_attrs": "any"}
         if host is not None:
@@ -304,36 +457,93 @@ async def _one_pass(state: _Hosts, dsn: str, kwargs: dict[str, Any]) -> _Pass:
         except _NEXT_HOST_ERRORS as exc:
             found.last_error = exc
             found.why.append(f"{where}: unreachable ({type(exc).__name__})")
-            continue
+            answered()
+            return None
+        opened[index] = conn
+        first = True
         try:
-            refusal = await _writable(conn, state.role,
-                                      float(kwargs.get("timeout") or _CONNECT_TIMEOUT_S))
-        except (*_NEXT_HOST_ERRORS, asyncpg.exceptions.PostgresError,
-                asyncpg.exceptions.InterfaceError) as exc:
-            conn.terminate()
-            found.last_error = exc
-            found.why.append(f"{where}: unreachable ({type(exc).__name__})")
-            continue
+            while True:
+                try:
+                    refusal = await _ask(conn, state.role, wait_s)
+                except (*_NEXT_HOST_ERRORS, asyncpg.exceptions.PostgresError,
+                        asyncpg.exceptions.InterfaceError) as exc:
+                    conn.terminate()
+                    if first:
+                        found.last_error = exc
+                        found.why.append(f"{where}: unreachable ({type(exc).__name__})")
+                        answered()
+                    return None
+                if refusal is None:
+                    if first:
+                        found.reached += 1
+                    else:
+                        found.refusing.remove(conn)  # it takes writes now: not to be closed
+                    state.found(host, where)
+                    return conn
+                if first:
+                    first = False
+                    found.reached += 1
+                    found.refusing.append(conn)  # watched during the pause, then terminated
+                    state.report(where, refusal)
+                    found.why.append(f"{where}: {refusal}")
+                    answered()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(_WATCH_S):
+                        await settled.wait()
+                if settled.is_set():
+                    return None
         except BaseException:
-            conn.terminate()
+            if first:
+                conn.terminate()
             raise
-        found.reached += 1
-        if refusal is None:
-            state.found(host, where)
-            _watch_refused_writes(conn)
-            found.conn = conn
-            return found
-        conn.terminate()  # a standby (maybe hung soon): no goodbye to wait for
-        state.report(where, refusal)
-        found.why.append(f"{where}: {refusal}")
-    return found
+
+    tasks: list[asyncio.Task[asyncpg.Connection | None]] = []
+    ended = loop.create_task(settled.wait())
+
+    def winner(done: set[Any]) -> asyncpg.Connection | None:
+        for task in done:
+            if task is not ended and (conn := task.result()) is not None:
+                return conn
+        return None
+
+    try:
+        for index, host in enumerate(candidates):
+            answered_one.clear()
+            tasks.append(loop.create_task(attempt(index, host)))
+            if index == len(candidates) - 1:
+                break
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_STAGGER_S):
+                    await answered_one.wait()
+            if (conn := winner({task for task in tasks if task.done()})) is not None:
+                found.conn = conn
+                break
+        pending: set[Any] = {*tasks, ended}
+        while found.conn is None and not ended.done():
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            found.conn = winner(done)
+        if found.conn is not None:
+            _watch_refused_writes(found.conn)
+    finally:
+        ended.cancel()
+        if found.conn is None and settled.is_set():
+            # Every host answered: those asking again stop after their current question.
+            await asyncio.wait(tasks, timeout=1.0)
+        for index, task in enumerate(tasks):
+            if not task.done():
+                if (conn := opened.get(index)) is not None and (
+                        found.conn is not None or conn not in found.refusing):
+                    conn.terminate()  # no cancel request: its query fails
+                task.cancel()
+        for result in await asyncio.gather(*tasks, return_exceptions=True):
+            if isinstance(result, asyncpg.Connection) and result is not found.conn:
+                result.terminate()  # a second host that takes writes: not needed
 
 
 async def _open(state: _Hosts, dsn: str, kwargs: dict[str, Any]) -> asyncpg.Connection:
     why: list[str] = []
     for number in range(_PASSES):
-        if state.quiet_until > time.monotonic():
-            await asyncio.sleep(state.quiet_until - time.monotonic())
+        await state.wait()
         loop = asyncio.get_running_loop()
         probe = state.probe
         # Another caller going over the hosts: its pass counts as this caller's too (concurrent
@@ -342,9 +552,9 @@ async def _open(state: _Hosts, dsn: str, kwargs: dict[str, Any]) -> asyncpg.Conn
         if probe is not None and not probe.done() and probe.get_loop() is loop \
                 and await asyncio.shield(probe) is False:
             why = state.last_why
-            pause = state.none_found(why)
+            state.none_found(why)
             if number < _PASSES - 1:
-                await asyncio.sleep(pause)
+                await state.wait()
             continue
         state.probe = probe = loop.create_future()
         writable: bool | None = None  # None: the pass did not end (cancelled, an error)
@@ -364,9 +574,10 @@ async def _open(state: _Hosts, dsn: str, kwargs: dict[str, Any]) -> asyncpg.Conn
         why = found.why
         if found.reached == 0 and found.last_error is not None:
             raise found.last_error  # every host down: asyncpg's own answer, at once
-        pause = state.none_found(why)
+        state.none_found(why)
+        state.watch(found.refusing)
         if number < _PASSES - 1:
-            await asyncio.sleep(pause)
+            await state.wait()
     raise NoWritableServerError(
         f"no server that takes writes among the {len(why)} host(s) of the connection string "
         f"after {_PASSES} tries ({'; '.join(why)})")

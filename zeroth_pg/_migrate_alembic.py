@@ -7,13 +7,14 @@ a database or this package is at.
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 from pathlib import Path
 
 import psycopg
 from psycopg import sql as pgsql
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from sqlalchemy.engine import URL
 
 from zeroth_pg._libpq import libpq_dsn as _strip_driver
@@ -34,6 +35,7 @@ __all__ = [
     "sql_files",
     "to_sqlalchemy_url",
     "upgrade",
+    "writable_libpq_dsn",
 ]
 
 #: Key of the advisory lock that serialises upgrades of one database: b"zeroth" as an integer.
@@ -102,6 +104,74 @@ def alembic_config(dsn: str | None = None) -> object:
     return cfg
 
 
+#: ``target_session_attrs`` values that need a server that takes writes (zeroth_pg/_connect.py).
+_WRITABLE_ATTRS = ("read-write", "primary")
+_CHECK = ("SELECT pg_catalog.pg_is_in_recovery(),"
+          " pg_catalog.current_setting('transaction_read_only')")
+
+
+def writable_libpq_dsn(dsn: str) -> str:
+    """``dsn`` (libpq form) pinned to the one of its hosts that takes writes, by the server's
+    own answer, when it asks for one (``target_session_attrs`` ``read-write`` or ``primary``, in
+    the DSN or ``PGTARGETSESSIONATTRS``, or several hosts and none set: a migration writes);
+    else ``dsn`` unchanged.
+
+    libpq, like asyncpg, decides ``read-write`` from the ``in_hot_standby`` and
+    ``default_transaction_read_only`` a server reports at connection start, which a PgBouncer
+    in front reports stale after a failover (docs/dba-guide.md, "PgBouncer in front"): a
+    migration through the demoted primary's PgBouncer was refused read-only, and through the
+    promoted standby's it was not tried. So each host is connected to in turn with
+    ``target_session_attrs=any`` and asked (``pg_is_in_recovery()``, ``transaction_read_only``:
+    a query, which PgBouncer passes on), as zeroth_pg/_connect.py does for every asyncpg
+    connection; the first that can write is returned as a one-host DSN with
+    ``target_session_attrs=any``. None can: :class:`zeroth_pg.NoWritableServerError`, naming
+    each host and why (never the password)."""
+    from zeroth_pg._connect import NoWritableServerError
+
+    params = {k: str(v) for k, v in conninfo_to_dict(_strip_driver(dsn)).items()
+              if v is not None}
+    attrs = (params.get("target_session_attrs") or os.environ.get("PGTARGETSESSIONATTRS")
+             or "").strip().lower()
+    hosts = [h for h in (params.get("host") or os.environ.get("PGHOST") or "").split(",")]
+    if attrs:
+        if attrs not in _WRITABLE_ATTRS:
+            return dsn
+    elif len(hosts) <= 1:
+        return dsn
+    ports = (params.get("port") or os.environ.get("PGPORT") or "").split(",")
+    addrs = (params.get("hostaddr") or "").split(",")
+    why: list[str] = []
+    for index, host in enumerate(hosts):
+        one = {**params, "host": host, "target_session_attrs": "any"}
+        one.pop("load_balance_hosts", None)
+        for key, values in (("port", ports), ("hostaddr", addrs)):
+            value = values[index] if len(values) == len(hosts) else values[0]
+            if value:
+                one[key] = value
+            else:
+                one.pop(key, None)
+        # A host that accepts the connection and hangs (a partition) must not stop the search.
+        one.setdefault("connect_timeout", "10")
+        port = one.get("port") or "5432"
+        where = f"{host or one.get('hostaddr') or 'the default host'}:{port}"
+        try:
+            with psycopg.connect(make_conninfo(**one), autocommit=True) as conn:
+                row = conn.execute(_CHECK).fetchone()
+        except psycopg.OperationalError as exc:
+            first = (str(exc).strip().splitlines() or [""])[0][:200]
+            why.append(f"{where}: unreachable ({first})")
+            continue
+        if row is not None and row[0]:
+            why.append(f"{where}: in recovery: a standby")
+        elif row is not None and attrs != "primary" and row[1] != "off":
+            why.append(f"{where}: transaction_read_only is on")
+        else:
+            return make_conninfo(**one)
+    raise NoWritableServerError(
+        f"no server that takes writes among the {len(hosts)} host(s) of the connection string "
+        f"({'; '.join(why)})")
+
+
 def upgrade(dsn: str, revision: str = "head") -> None:
     """Apply every pending migration to the database at ``dsn`` (alembic ``upgrade head``).
 
@@ -122,6 +192,8 @@ def upgrade(dsn: str, revision: str = "head") -> None:
     if revision != "head" and revision not in {path.name[:4] for path in sql_files()}:
         raise ValueError(f"upgrade to 'head' or to a revision id, not {revision!r}")
 
+    # On the host that takes writes by its own answer, whatever a pooler in front reports.
+    dsn = writable_libpq_dsn(dsn)
     # alembic's `context` and `op` are process-global proxies: one upgrade per process at a time.
     with _UPGRADE_LOCK:
         command.upgrade(alembic_config(dsn), revision)  # type: ignore[arg-type]

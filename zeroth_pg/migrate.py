@@ -44,6 +44,7 @@ from zeroth_pg._migrate_alembic import (
     sql_files,
     to_sqlalchemy_url,
     upgrade,
+    writable_libpq_dsn,
 )
 from zeroth_pg._migrate_alembic import alembic_config as _alembic_config  # noqa: F401
 from zeroth_pg._migrate_dump import (
@@ -103,6 +104,7 @@ __all__ = [
     "upgrade",
     "upgrade_sql",
     "with_database",
+    "writable_libpq_dsn",
 ]
 
 

@@ -110,7 +110,8 @@ class FleetConfig:
 class WorkerProcess:
     """One worker subprocess; its stderr is read continuously (tail kept, markers counted)."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, worker_id: str, tenant: str) -> None:
+    def __init__(self, proc: asyncio.subprocess.Process, worker_id: str, tenant: str,
+                 log_path: Path | None = None) -> None:
         self.proc = proc
         self.worker_id = worker_id
         self.tenant = tenant
@@ -124,20 +125,30 @@ class WorkerProcess:
         what the promoted standby holds)."""
         self.started = asyncio.Event()
         """Set once the worker logged that it started (its pool is connected by then)."""
+        self.log_path = log_path
+        """Where every line it logs is copied too (None: only the tail is kept)."""
         self._pump = asyncio.create_task(self._read())
 
     async def _read(self) -> None:
         assert self.proc.stderr is not None
-        async for raw in self.proc.stderr:
-            line = raw.decode(errors="replace").rstrip("\n")
-            self.tail.append(line)
-            if f"worker {self.worker_id} started" in line:
-                self.started.set()
-            if (completed := _COMPLETED.search(line)) is not None:
-                self.completed.append((completed[1], int(completed[2])))
-            for name, marker in _LOG_MARKERS.items():
-                if marker in line:
-                    self.markers[name] += 1
+        with contextlib.ExitStack() as files:
+            copy = (files.enter_context(self.log_path.open("a", encoding="utf-8"))
+                    if self.log_path is not None else None)
+            async for raw in self.proc.stderr:
+                line = raw.decode(errors="replace").rstrip("\n")
+                if copy is not None:
+                    copy.write(line + "\n")
+                self._line(line)
+
+    def _line(self, line: str) -> None:
+        self.tail.append(line)
+        if f"worker {self.worker_id} started" in line:
+            self.started.set()
+        if (completed := _COMPLETED.search(line)) is not None:
+            self.completed.append((completed[1], int(completed[2])))
+        for name, marker in _LOG_MARKERS.items():
+            if marker in line:
+                self.markers[name] += 1
 
     @property
     def alive(self) -> bool:
@@ -173,8 +184,11 @@ class WorkerProcess:
 class Fleet:
     """One worker process per slot; slot i serves tenant i mod len(tenants)."""
 
-    def __init__(self, dsn: str, config: FleetConfig, *, log_level: str = "INFO") -> None:
+    def __init__(self, dsn: str, config: FleetConfig, *, log_level: str = "INFO",
+                 log_dir: Path | None = None) -> None:
         self.dsn = dsn
+        self.log_dir = log_dir
+        """Each worker's log is copied to ``<log_dir>/<worker id>.log`` (None: not kept)."""
         self.config = config
         self.log_level = log_level
         self.slots = [f"{config.tenants[i % len(config.tenants)]}-{i // len(config.tenants)}"
@@ -206,7 +220,8 @@ class Fleet:
             "--log-level", self.log_level, *extra,
             cwd=REPO, env=env, stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
-        worker = WorkerProcess(proc, worker_id, tenant)
+        worker = WorkerProcess(proc, worker_id, tenant, None if self.log_dir is None
+                               else self.log_dir / f"{worker_id}.log")
         self.current[slot] = worker
         self.every.append(worker)
         return worker

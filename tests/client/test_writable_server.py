@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from pgbouncer_support import bouncer
 from psycopg.conninfo import conninfo_to_dict
 
 import zeroth_pg
-from zeroth_pg import App
+from zeroth_pg import App, _connect, migrate
 from zeroth_pg.client import LeaseManager
 from zeroth_pg.errors import RetryableError
 from zeroth_pg.testing import libpq_dsn
@@ -246,6 +247,33 @@ class TestAHostThatHangsAfterLogin:
                     await conn.close()
                 console.execute("RESUME")
 
+    async def test_a_host_that_holds_the_check_does_not_delay_the_next_one_by_its_timeout(
+            self, database_dsn: str, pg_server_dsn: str) -> None:
+        # The first host lets the client in and holds the check, as a PgBouncer whose server
+        # restarts (a switchover's demoted primary) queues it until the server is back: with
+        # an hour's timeout only the next host, tried meanwhile, can answer.
+        server = _server(pg_server_dsn)
+        dbname = str(conninfo_to_dict(libpq_dsn(database_dsn))["dbname"])
+        target = f"host={server.host} port={server.port}"
+        socket_dir = server.host if server.host.startswith("/") else None
+        with bouncer(f"* = {target}", user=server.user, socket_dir=socket_dir) as paused, \
+                bouncer(f"* = {target}", user=server.user, socket_dir=socket_dir) as good:
+            with psycopg.connect(f"postgresql://{server.user}@127.0.0.1:{paused}/{dbname}",
+                                 autocommit=True) as first:
+                first.execute("SELECT 1")
+            with psycopg.connect(f"postgresql://{server.user}@127.0.0.1:{paused}/pgbouncer",
+                                 autocommit=True) as console:
+                console.execute("PAUSE")
+                dsn = (f"postgresql://{server.user}@127.0.0.1:{paused},127.0.0.1:{good}"
+                       f"/{dbname}?target_session_attrs=read-write")
+                # A guard against waiting out the hour, not a speed assertion.
+                conn = await asyncio.wait_for(zeroth_pg.connect(dsn, timeout=3600), 120)
+                try:
+                    assert await _landed_in(conn) == (dbname, "pending")
+                finally:
+                    await conn.close()
+                console.execute("RESUME")
+
 
 class TestEveryHostUnableToWrite:
     """While no host takes writes (every one a standby, for minutes), a caller that connects
@@ -264,6 +292,77 @@ class TestEveryHostUnableToWrite:
         warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
         assert len([m for m in warnings if "cannot take writes" in m]) == 1, warnings
         assert len([m for m in warnings if "no writable server" in m]) == 1, warnings
+
+
+    async def test_a_long_pause_ends_when_the_host_it_found_read_only_goes_away(
+            self, stale_bouncer: StaleBouncer, pg_server_dsn: str,
+            monkeypatch: pytest.MonkeyPatch) -> None:
+        # A long outage grew the shared pause (up to 5 s in production; an hour here, so that
+        # only the event can end it): the connection the last pass found read-only is watched
+        # meanwhile, and when it is lost (its server restarted: here the copy is made writable
+        # and its sessions terminated, as a demoted or promoted server's are) the next pass
+        # comes at once instead of at the end of the pause, and finds the host writable.
+        only_stale = (f"postgresql://{stale_bouncer.user}@127.0.0.1:{stale_bouncer.stale_port}"
+                      f"/{stale_bouncer.dbname}?target_session_attrs=read-write")
+        state = _connect._Hosts("read-write", pause=3600.0)
+        monkeypatch.setitem(_connect._CONNECT_STATES,
+                            (zeroth_pg.asyncpg_dsn(only_stale), "read-write", "None", "None"),
+                            state)
+        connecting = asyncio.create_task(zeroth_pg.connect(only_stale))
+        try:
+            while state.quiet_until < time.monotonic() + 600:  # the hour's pause has begun
+                assert not connecting.done(), connecting
+                await asyncio.sleep(0.05)
+            with psycopg.connect(libpq_dsn(pg_server_dsn), autocommit=True) as admin:
+                admin.execute(f'ALTER DATABASE "{stale_bouncer.copy}"'
+                              " SET default_transaction_read_only = off")
+                admin.execute("SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity"
+                              " WHERE datname = %s", (stale_bouncer.copy,))
+            # A guard against waiting out the hour, not a speed assertion.
+            conn = await asyncio.wait_for(asyncio.shield(connecting), 120)
+        finally:
+            connecting.cancel()
+        try:
+            assert await conn.fetchval("SELECT current_database()") == stale_bouncer.copy
+            assert await conn.fetchval("SHOW transaction_read_only") == "off"
+        finally:
+            await conn.close()
+
+
+class TestAMigration:
+    """``python -m zeroth_pg.migrate`` (libpq, through alembic) trusts what a pooler reports no
+    more than the asyncpg clients do: it runs on the host that takes writes by its own answer,
+    or refuses naming each host."""
+
+    def test_an_upgrade_with_the_stale_pooler_first_runs_on_the_writable_host(
+            self, stale_bouncer: StaleBouncer, pg_server_dsn: str) -> None:
+        # The second host is the server itself (the migration pins its settings with the
+        # ``options`` startup parameter, which PgBouncer 1.18 refuses: docs/dba-guide.md runs
+        # `zeroth-pg migrate` on a direct connection); the first, the PgBouncer that reports
+        # read-write in front of the read-only copy.
+        server = _server(pg_server_dsn)
+        dsn = (f"host=127.0.0.1,{server.host} port={stale_bouncer.stale_port},{server.port} "
+               f"dbname={stale_bouncer.dbname} user={stale_bouncer.user} "
+               "target_session_attrs=read-write")
+        with psycopg.connect(dsn) as premise:
+            # libpq trusts the cached "read-write" and stays on the read-only copy.
+            assert premise.execute("SELECT current_database()").fetchone() == (
+                stale_bouncer.copy,)
+        migrate.upgrade(dsn)  # re-applies the function files: writes
+        with psycopg.connect(migrate.writable_libpq_dsn(dsn)) as conn:
+            assert conn.execute("SELECT current_database(), current_setting("
+                                "'transaction_read_only')").fetchone() == (
+                stale_bouncer.dbname, "off")
+
+    def test_with_no_writable_host_it_refuses_naming_the_host_and_why(
+            self, stale_bouncer: StaleBouncer) -> None:
+        only_stale = (f"host=127.0.0.1 port={stale_bouncer.stale_port} "
+                      f"dbname={stale_bouncer.dbname} user={stale_bouncer.user} "
+                      "target_session_attrs=read-write")
+        with pytest.raises(zeroth_pg.NoWritableServerError,
+                           match=f"127.0.0.1:{stale_bouncer.stale_port}: "
+                                 "transaction_read_only is on"):
+            migrate.upgrade(only_stale)
 
 
 class TestAConnectionsOwnReadOnlyTransaction:

@@ -18,6 +18,13 @@ is switched off until it is back (availability over a second copy). The monitor'
 are shortened (``pgautofailover.health_check_period`` 2 s, ``node_considered_unhealthy_timeout``
 10 s) so that a test waits less for a failover; the defaults are 5 s and 20 s.
 
+``auto_failover_formation(synchronous=False)`` (test_ha_soak.py,
+``ZEROTH_PG_HA_REPLICATION=async``): every node created with ``--replication-quorum false``, so
+the primary's ``synchronous_standby_names`` stays empty and commits never wait for the standby;
+the monitor still promotes it (``candidate-priority`` is left at its default, and it is within
+``pgautofailover.promote_wal_log_threshold``, 16 MB, of the primary's last reported LSN): a
+lossy failover, bounded by the lag.
+
 Failures: :meth:`Formation.switchover` (``pg_autoctl perform switchover``),
 :meth:`Formation.kill_node` (SIGKILL of the primary's keeper *and* postmaster: a SIGKILL of the
 postmaster alone is repaired by its keeper, which restarts PostgreSQL on the same node), and
@@ -75,9 +82,11 @@ class AutoNode:
 class Formation(ManagedCluster):
     manager = "a pg_auto_failover"
 
-    def __init__(self, daemons: Daemons, monitor: AutoNode, nodes: list[AutoNode]) -> None:
+    def __init__(self, daemons: Daemons, monitor: AutoNode, nodes: list[AutoNode],
+                 synchronous: bool = True) -> None:
         super().__init__(daemons, nodes)
         self.monitor = monitor
+        self.synchronous = synchronous
 
     def dsn(self, dbname: str) -> str:
         hosts = ",".join(f"127.0.0.1:{node.port}" for node in self.nodes)
@@ -99,11 +108,13 @@ class Formation(ManagedCluster):
 
     def wait_healthy(self, timeout: float = 300) -> None:
         """Until the monitor has one ``primary`` and one ``secondary``, both at their goal, and
-        the primary's commits wait for the standby (a non-empty synchronous_standby_names)."""
+        (when synchronous) the primary's commits wait for the standby (a non-empty
+        synchronous_standby_names)."""
         def healthy() -> bool:
             states = self.states()
             settled = sorted(s["reported"] for s in states if s["reported"] == s["goal"])
-            return settled == ["primary", "secondary"] and bool(self.synchronous_standby_names())
+            return settled == ["primary", "secondary"] and (
+                not self.synchronous or bool(self.synchronous_standby_names()))
         until(healthy, timeout, "the formation has a primary and a synchronous secondary",
               interval=0.5)
 
@@ -134,8 +145,9 @@ def _initdb(daemons: Daemons, node: AutoNode, settings: dict[str, str]) -> None:
 
 
 @contextlib.contextmanager
-def auto_failover_formation() -> Iterator[Formation]:
-    """Monitor + two nodes, healthy; every process stopped and the directory deleted on exit."""
+def auto_failover_formation(synchronous: bool = True) -> Iterator[Formation]:
+    """Monitor + two nodes, healthy; every process stopped and the directory deleted on exit.
+    ``synchronous=False``: both nodes outside the write quorum (asynchronous replication)."""
     daemons = Daemons("zeroth-pg-autofailover-")
     try:
         # pg_autoctl connects to its local server as the OS user it runs as, over a socket in
@@ -145,7 +157,7 @@ def auto_failover_formation() -> Iterator[Formation]:
         nodes = [AutoNode(f"node{i}", free_port(), daemons.tmp / f"node{i}", superuser)
                  for i in (1, 2)]
         daemons.pgdatas += [monitor.pgdata, *(node.pgdata for node in nodes)]
-        formation = Formation(daemons, monitor, nodes)
+        formation = Formation(daemons, monitor, nodes, synchronous)
         _initdb(daemons, monitor, {**_SETTINGS, **_MONITOR_SETTINGS})
         # Created, then set to listen on loopback only (pg_autoctl starts the monitor with
         # ``-h <listen_addresses>`` from its own config, which outranks every config file), run.
@@ -166,7 +178,7 @@ def auto_failover_formation() -> Iterator[Formation]:
                 "--pgport", str(node.port), "--pgctl", PG_CTL, "--hostname", "127.0.0.1",
                 "--listen", "127.0.0.1", "--pghost", str(daemons.tmp), "--name", node.name,
                 "--dbname", "postgres", "--monitor", uri, "--auth", "trust", "--no-ssl",
-                "--run"])
+                "--replication-quorum", "true" if synchronous else "false", "--run"])
             if index == 0:
                 until(lambda: any(s["reported"] == "single" for s in formation.states()), 180,
                       "the first node runs as a single primary")

@@ -2,8 +2,8 @@
 
 ``patroni`` (3.0.x, /usr/bin/patroni and patronictl) manages Debian's PostgreSQL 15
 (/usr/lib/postgresql/15/bin); ``etcd-server`` (3.4, /usr/bin/etcd) is the DCS, reached through
-Patroni's ``etcd3`` client. Each node has its own PostgreSQL port and REST API port; clients use
-the multi-host DSN :meth:`PatroniCluster.dsn` with ``target_session_attrs=read-write``.
+Patroni's etcd v2 client (below). Each node has its own PostgreSQL port and REST API port;
+clients use the multi-host DSN :meth:`PatroniCluster.dsn` with ``target_session_attrs=read-write``.
 
 Settings (the ones the guarantees need, docs/dba-guide.md "High availability"):
 
@@ -18,7 +18,18 @@ Settings (the ones the guarantees need, docs/dba-guide.md "High availability"):
   whole node dies, well above the soak's 3 s worker lease (leases are decided on the database
   clock: a lease that ran out during the failover is taken over on the new primary);
 * ``use_pg_rewind`` (so ``full_page_writes`` and ``wal_log_hints`` are on): a killed primary
-  rejoins as a standby. fsync is off (only processes die here, never the machine).
+  rejoins as a standby. fsync is off (only processes die here, never the machine);
+* Patroni talks to etcd through its **v2 API** (``etcd:``; etcd started ``--enable-v2``), not
+  ``etcd3:``. Patroni 3.0.2's etcd3 client (Debian 12's) renews the leader key of a primary whose
+  lease expired while its Patroni was frozen with an unconditional put: resumed after another
+  node had taken the key (a SIGSTOP longer than ``ttl``, as :meth:`stop_node` does it; a paused
+  VM), the old primary overwrote the new leader's key and kept running as the primary, the
+  promoted node demoted itself and the third was pg_rewind-ed onto the old primary's timeline —
+  what the new primary had acknowledged was gone — and then its stale cache looped on
+  "Synchronous replication key updated by someone else", never healthy again (seen
+  2026-12-06; patroni/patroni#2689, fixed in 3.0.3, and #2783). The v2 client renews with
+  ``prevValue=<its own name>``, which fails once another node holds the key, and the old
+  primary demotes. ``ZEROTH_PG_HA_PATRONI_DCS=etcd3`` runs the etcd3 client instead.
 
 ``patroni_cluster(synchronous=False)`` (test_ha_soak.py, ``ZEROTH_PG_HA_REPLICATION=async``):
 ``synchronous_mode`` off and ``maximum_lag_on_failover`` 1 GB, so that Patroni promotes the most
@@ -36,6 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import urllib.request
 from collections.abc import Iterator
@@ -55,6 +67,15 @@ from ha_processes import (
 __all__ = ["PROGRAMS", "PatroniCluster", "patroni_cluster"]
 
 PROGRAMS = ("/usr/bin/patroni", "/usr/bin/patronictl", "/usr/bin/etcd", str(PG15_BIN / "initdb"))
+#: ``etcd`` (the v2 API, the default) or ``etcd3``: which of its etcd clients Patroni uses.
+DCS_ENV = "ZEROTH_PG_HA_PATRONI_DCS"
+
+
+def dcs() -> str:
+    chosen = os.environ.get(DCS_ENV, "etcd").strip()
+    if chosen not in ("etcd", "etcd3"):
+        raise ValueError(f"{DCS_ENV}: etcd (the v2 API) or etcd3")
+    return chosen
 SCOPE = "zeroth"
 TTL = 20
 LOOP_WAIT = 2
@@ -156,7 +177,7 @@ def _config(daemons: Daemons, node: PatroniNode, etcd_port: int, synchronous: bo
         "log": {"level": "INFO"},
         "restapi": {"listen": f"127.0.0.1:{node.api_port}",
                     "connect_address": f"127.0.0.1:{node.api_port}"},
-        "etcd3": {"hosts": [f"127.0.0.1:{etcd_port}"]},
+        dcs(): {"hosts": [f"127.0.0.1:{etcd_port}"]},
         "bootstrap": {
             "dcs": {"ttl": TTL, "loop_wait": LOOP_WAIT, "retry_timeout": 5,
                     "maximum_lag_on_failover": 0 if synchronous else 1 << 30,
@@ -197,7 +218,8 @@ def patroni_cluster(nodes: int = 3, synchronous: bool = True) -> Iterator[Patron
             "--listen-peer-urls", f"http://127.0.0.1:{peer_port}",
             "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
             "--initial-cluster", f"e0=http://127.0.0.1:{peer_port}",
-            "--initial-cluster-state", "new", "--log-level", "warn"])
+            "--initial-cluster-state", "new", "--log-level", "warn",
+            *(["--enable-v2"] if dcs() == "etcd" else [])])
         until(lambda: urllib.request.urlopen(f"http://127.0.0.1:{etcd_port}/health",
                                              timeout=3).status == 200, 60, "etcd answers")
         members = []
