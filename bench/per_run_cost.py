@@ -49,18 +49,10 @@ import asyncpg
 from bench.harness import pool as worker_pool
 from bench.harness import wait_until
 from zeroth_pg import LeaseManager, RunWorker, migrate
+from zeroth_pg._libpq import with_database
 from zeroth_pg.errors import NonRetryableError
 
 BLOCK = re.compile(r"rel \d+/\d+/(\d+)")
-
-
-def _with_database(dsn: str, name: str) -> str:
-    head, _, tail = dsn.rpartition("/")
-    query = ""
-    if "?" in tail:
-        tail, query = tail.split("?", 1)
-        query = "?" + query
-    return f"{head}/{name}{query}"
 
 
 class Phase:
@@ -202,7 +194,7 @@ async def main_async(admin_dsn: str, n: int, batch: int = 100,
     dbname = f"per_run_cost_{uuid.uuid4().hex[:8]}"
     admin = await asyncpg.connect(admin_dsn)
     await admin.execute(f"CREATE DATABASE {dbname}")
-    dsn = _with_database(admin_dsn, dbname)
+    dsn = with_database(admin_dsn, dbname)
     try:
         await admin.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
         await admin.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
