@@ -160,7 +160,8 @@ class RunWorker:
         completions = CompletionBatcher(
             self.lease_manager, self.worker_id,
             # A handler that finishes in this same turn of the event loop joins the batch.
-            others_may_join=self._any_executing,
+            others_may_join=lambda: any(
+                e.state is RunState.EXECUTING for e in self._active.values()),
             on_batch_refused=lambda: self._worker_error("completion_batch"),
             claim_along=((lambda batch: self._claims.complete_and_claim(batch))
                          if isinstance(self._source, OneScope) else None))
@@ -190,11 +191,6 @@ class RunWorker:
             self.lease_manager, self.worker_id, runs=self._active.values,
             stop=lambda entry, reason: entry.stop(reason),
             lease_duration=self.lease_duration, renew_interval=self.renew_interval)
-
-    def _any_executing(self) -> bool:
-        """A handler is running (one more turn of the event loop may end it)."""
-        executing = RunState.EXECUTING  # looked up once, not once per run held
-        return any(e.state is executing for e in self._active.values())
 
     # -- public surface ------------------------------------------------------------------------
 
