@@ -16,7 +16,10 @@ CREATE OR REPLACE FUNCTION zeroth.renew_lease(
     workspace_id  text             DEFAULT NULL,
     lease_seconds double precision DEFAULT 60)
     RETURNS boolean
-    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+    -- Sequential scans off: the run is one primary-key probe whatever the statistics say (a
+    -- cached plan made on a table analyzed while empty read zeroth.runs whole at each renewal).
+    SET enable_seqscan = off AS $$
 DECLARE
     v_now     timestamptz := zeroth._now();
     v_expires timestamptz := v_now + zeroth._lease_interval(renew_lease.lease_seconds);

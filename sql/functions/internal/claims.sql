@@ -171,6 +171,10 @@ CREATE OR REPLACE FUNCTION zeroth._claim_in_scope(
     code_version_id bigint DEFAULT NULL, serves bigint[] DEFAULT NULL)
     RETURNS SETOF zeroth.claimed_run
     LANGUAGE plpgsql VOLATILE
+    -- Sequential scans off: a generic plan made while the table's statistics said it was empty
+    -- (an ANALYZE of a new database) read zeroth.runs whole once it grew
+    -- (tests/plans/test_generic_plans.py, analyzed-while-empty).
+    SET enable_seqscan = off
     SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_timeouts double precision[];

@@ -36,6 +36,9 @@ CREATE OR REPLACE FUNCTION zeroth._lock_settle(
     tenant_id text, workspace_key text, worker_id text, run_ids uuid[], generations bigint[],
     OUT slot_rows tid[], OUT run_rows tid[])
     LANGUAGE plpgsql VOLATILE
+    -- Sequential scans off: each run is one primary-key probe whatever the statistics say (a
+    -- generic plan made on a table analyzed while empty read zeroth.runs whole per run).
+    SET enable_seqscan = off
     SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
     SELECT coalesce(array_agg(l.ctid), '{}') INTO slot_rows
@@ -165,6 +168,7 @@ BEGIN
                r.run_deadline_at, r.attempt_deadline_at, r.completed_worker_id
           FROM zeroth.runs r
          WHERE r.ctid = ANY (_settle.run_rows)
+           AND r.run_id = ANY (_settle.run_ids)  -- a key probe, never a walk of runs_pkey
            AND (r.tenant_id, r.workspace_key) IS NOT DISTINCT FROM
                (_settle.tenant_id, _settle.workspace_key)
     ), decided AS MATERIALIZED (
@@ -371,6 +375,7 @@ BEGIN
                                                   ELSE r.lease_generation END
           FROM edges e
          WHERE r.ctid = ANY (_settle.run_rows)
+           AND r.run_id = ANY (_settle.run_ids)  -- a key probe, never a walk of runs_pkey
            AND (r.tenant_id, r.workspace_key) IS NOT DISTINCT FROM
                (_settle.tenant_id, _settle.workspace_key)
            AND r.run_id = e.run_id
