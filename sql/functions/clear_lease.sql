@@ -8,7 +8,12 @@ CREATE OR REPLACE FUNCTION zeroth.clear_lease(
     tenant_id    text DEFAULT NULL,
     workspace_id text DEFAULT NULL)
     RETURNS boolean
-    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+    -- Sequential scans off: the slot and the run are key probes whatever the statistics say (a
+    -- cached plan made on tables analyzed while empty read admission_slots whole:
+    -- tests/plans/test_generic_plans_all.py, analyzed-while-empty).
+    SET enable_seqscan = off
+    AS $$
 DECLARE
     v_now    timestamptz;
     v_tenant text := zeroth._scope_tenant(clear_lease.tenant_id, clear_lease.workspace_id);

@@ -14,7 +14,12 @@
 CREATE OR REPLACE FUNCTION zeroth._cancel(tenant_id text, workspace_key text, run_id uuid, action text, grace interval,
                                at timestamptz, caller_worker_id text DEFAULT NULL, caller_generation bigint DEFAULT NULL)
     RETURNS zeroth.cancel_result
-    LANGUAGE plpgsql VOLATILE AS $$
+    LANGUAGE plpgsql VOLATILE
+    -- Sequential scans off: the slot and the run are key probes whatever the statistics say (a
+    -- cached plan made on tables analyzed while empty read admission_slots whole:
+    -- tests/plans/test_generic_plans_all.py, analyzed-while-empty).
+    SET enable_seqscan = off
+    AS $$
 DECLARE
     v_run    record;
     v_owner  boolean;

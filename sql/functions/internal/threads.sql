@@ -102,7 +102,12 @@ REVOKE ALL ON FUNCTION zeroth._promote_thread_head(text, text, text, timestamptz
 -- A queue without an active run (left by a REPEATABLE READ caller) is healed by promoting its head.
 CREATE OR REPLACE FUNCTION zeroth._lock_thread_active(tenant_id text, workspace_key text, thread_id text, at timestamptz)
     RETURNS zeroth.runs
-    LANGUAGE plpgsql VOLATILE AS $$
+    LANGUAGE plpgsql VOLATILE
+    -- Sequential scans off: the slot and the run are key probes whatever the statistics say (a
+    -- cached plan made on tables analyzed while empty read admission_slots whole:
+    -- tests/plans/test_generic_plans_all.py, analyzed-while-empty).
+    SET enable_seqscan = off
+    AS $$
 DECLARE
     v_id  uuid;
     v_run zeroth.runs;
