@@ -371,19 +371,32 @@ BEGIN
     END IF;
 
     RETURN QUERY
-    WITH item AS MATERIALIZED (
-        -- An item without a thread was created when a row with its run_id and key was inserted
-        -- and no earlier item of the batch (in insert order) had the same run_id and key.
-        SELECT i.*,
-               i.thread_id IS NULL
-               AND EXISTS (SELECT 1 FROM unnest(v_created, v_keys) AS c(run_id, idempotency_key)
-                            WHERE c.run_id = i.new_run_id
-                              AND c.idempotency_key IS NOT DISTINCT FROM i.idempotency_key)
-               AND NOT EXISTS (SELECT 1 FROM unnest(v_items) AS j
-                                WHERE j.thread_id IS NULL AND j.new_run_id = i.new_run_id
-                                  AND j.idempotency_key IS NOT DISTINCT FROM i.idempotency_key
-                                  AND j.position < i.position) AS inserted
+    WITH both_sets AS (
+        -- The items and the runs the batch inserted (run_id, key) in one set, so that each
+        -- item's answer comes from one sort of it (window functions), whatever the plan: as a
+        -- subplan per item over the inserted runs and the earlier items, 3,000 items made
+        -- 9,000,000 comparisons (3.5 s of the call).
+        SELECT i AS item, i.position, i.new_run_id AS run_id, i.idempotency_key,
+               i.thread_id IS NULL AS plain, false AS inserted_run
           FROM unnest(v_items) AS i
+        UNION ALL
+        SELECT NULL::zeroth.enqueue_item, NULL::bigint, c.run_id, c.idempotency_key, true, true
+          FROM unnest(v_created, v_keys) AS c(run_id, idempotency_key)
+    ), judged AS (
+        -- An item without a thread was created when a row with its run_id and key was inserted
+        -- and no earlier item of the batch had the same run_id and key (a partition groups
+        -- NULL keys together, as IS NOT DISTINCT FROM does).
+        SELECT b.item, b.inserted_run,
+               b.plain
+               AND bool_or(b.inserted_run) OVER (PARTITION BY b.plain, b.run_id, b.idempotency_key)
+               AND row_number() OVER (PARTITION BY b.plain, b.run_id, b.idempotency_key,
+                                                   b.inserted_run
+                                      ORDER BY b.position) = 1 AS inserted
+          FROM both_sets b
+    ), item AS MATERIALIZED (
+        SELECT (j.item).*, j.inserted
+          FROM judged j
+         WHERE NOT j.inserted_run
     )
     SELECT i.position,
            coalesce(t.run_id, CASE WHEN i.inserted THEN i.new_run_id END, e.run_id),

@@ -99,3 +99,58 @@ def test_an_upgrade_from_0023_with_runs_moves_the_columns_and_keeps_every_value(
             with pytest.raises(psycopg.errors.CheckViolation):
                 conn.execute(f"UPDATE zeroth.runs SET {column} = %s WHERE run_id = %s",
                              (bad, run[0]))
+
+
+# zeroth._scope_has_due_run as release 0022 made it (sql/functions/internal/scopes.sql of that
+# release): a SQL-standard body, which PostgreSQL binds to the columns it reads (run_after among
+# them) by dependencies, so no column it reads can be dropped while it exists. 0023's file made
+# it PL/pgSQL, but a database upgraded from 0022 still holds the old one while the migrations
+# run: the function files are applied after them.
+SCOPE_HAS_DUE_RUN_0022 = """
+CREATE OR REPLACE FUNCTION zeroth._scope_has_due_run(tenant_id text, workspace_key text,
+                                                     deployment_ref text, at timestamptz,
+                                                     serves bigint[] DEFAULT NULL)
+    RETURNS boolean
+    LANGUAGE sql STABLE
+    RETURN EXISTS (
+        SELECT 1 FROM zeroth.runs r
+         WHERE r.tenant_id = _scope_has_due_run.tenant_id
+           AND r.workspace_key = _scope_has_due_run.workspace_key
+           AND r.deployment_ref = _scope_has_due_run.deployment_ref
+           AND r.status = 'pending'
+           AND r.run_after <= _scope_has_due_run.at
+           AND (r.lease_expires_at IS NULL OR r.lease_expires_at < _scope_has_due_run.at)
+           AND (_scope_has_due_run.serves IS NULL OR r.started_at IS NULL
+                OR r.code_version_id IS NULL
+                OR r.code_version_id = ANY (_scope_has_due_run.serves)));
+ALTER FUNCTION zeroth._scope_has_due_run(text, text, text, timestamptz, bigint[])
+    OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._scope_has_due_run(text, text, text, timestamptz, bigint[])
+    FROM PUBLIC;
+"""
+
+
+def test_an_upgrade_from_0022_whose_functions_read_the_moved_columns_reaches_head(
+        empty_database_dsn: str, database_dsn: str) -> None:
+    """A database of release 0022 holds that release's function files, among them SQL-standard
+    bodies that read the columns 0024 moves (zeroth._scope_has_due_run reads run_after): 0024's
+    DROP COLUMN failed on them ('cannot drop column run_after of table zeroth.runs because
+    other objects depend on it'), so no database of release 0022 could be upgraded."""
+    from schema_catalog import differences, snapshot
+
+    migrate.upgrade(empty_database_dsn, "0022")
+    with psycopg.connect(empty_database_dsn, autocommit=True) as conn:
+        conn.execute(SCOPE_HAS_DUE_RUN_0022)
+        conn.execute(
+            """INSERT INTO zeroth.runs (run_id, tenant_id, deployment_ref, status, run_after,
+                   created_at, updated_at, payload)
+               VALUES (gen_random_uuid(), 't', 'd', 'pending', now(), now(), now(),
+                       '{"kept": true}')""")
+    migrate.upgrade(empty_database_dsn)
+    assert migrate.current_revision(empty_database_dsn) == migrate.head_revision()
+    assert differences(snapshot(empty_database_dsn), snapshot(database_dsn)) == []
+    with psycopg.connect(empty_database_dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT payload FROM zeroth.runs").fetchall() == [({"kept": True},)]
+        assert conn.execute(
+            "SELECT zeroth._scope_has_due_run('t', '', 'd', clock_timestamp())").fetchone() \
+            == (True,)

@@ -135,3 +135,25 @@ class TestUrls:
     def test_to_sqlalchemy_url(self, dsn: str, expected: str) -> None:
         url = migrate.to_sqlalchemy_url(dsn)
         assert url.render_as_string(hide_password=False) == expected
+
+
+def test_an_upgrade_from_0019_leaves_none_of_its_registry_functions_behind(
+        empty_database_dsn: str) -> None:
+    """Release 0019's zeroth._change_deployment(deployment_ref, max_attempts, priority,
+    managed_by, via) — five arguments, before the retry policy and lease of 0020 — was
+    never dropped: the file dropped only the later signatures, so a database upgraded from 0019
+    kept a second writer of zeroth.deployments that no caller uses and a fresh install lacks."""
+    migrate.upgrade(empty_database_dsn, "0019")
+    with psycopg.connect(empty_database_dsn, autocommit=True) as conn:
+        conn.execute(
+            """CREATE FUNCTION zeroth._change_deployment(deployment_ref text, max_attempts integer,
+                   priority integer, managed_by text, via text)
+                   RETURNS text LANGUAGE plpgsql AS $$ BEGIN RETURN 'kept'; END $$;
+               ALTER FUNCTION zeroth._change_deployment(text, integer, integer, text, text)
+                   OWNER TO zeroth_owner;""")
+    migrate.upgrade(empty_database_dsn)
+    with psycopg.connect(empty_database_dsn, autocommit=True) as conn:
+        assert conn.execute(
+            "SELECT to_regprocedure("
+            "'zeroth._change_deployment(text, integer, integer, text, text)')"
+        ).fetchone() == (None,)

@@ -170,7 +170,9 @@ REVOKE ALL ON FUNCTION zeroth._deployment_claim_policy(text, double precision) F
 -- Timeouts (migration 0021: attempt_timeout_seconds, run_timeout_seconds) likewise: a value
 -- replaces, NULL keeps, unset clears; checked by zeroth._check_timeouts.
 -- Internal: SECURITY INVOKER, executable by zeroth_owner only. Time: clock_timestamp().
--- The signature before migration 0021 (without the timeouts).
+-- The signature of 0019 (before the retry policy and lease of 0020) and the one before
+-- migration 0021 (without the timeouts).
+DROP FUNCTION IF EXISTS zeroth._change_deployment(text, integer, integer, text, text);
 DROP FUNCTION IF EXISTS zeroth._change_deployment(text, integer, integer, double precision, double precision, double precision, text[], text, text);
 DROP FUNCTION IF EXISTS zeroth._change_deployment(text, integer, integer, double precision, double precision, double precision, double precision, double precision, text[], text, text);
 CREATE OR REPLACE FUNCTION zeroth._change_deployment(
