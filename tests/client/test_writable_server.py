@@ -16,7 +16,9 @@ printed, only when no pgbouncer binary is installed (.ci/run installs it).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -411,3 +413,117 @@ class TestAConnectionsOwnReadOnlyTransaction:
         # One host, three passes: one connection per pass (a caller that finds the pause over
         # while a pass is under way may start one of its own: at most twice that).
         assert 3 <= len(opened) <= 6, len(opened)
+
+
+def _paused_then_good(database_dsn: str, pg_server_dsn: str) -> Any:
+    """Two PgBouncers in front of the test's server, the first PAUSEd (logins succeed, queries
+    wait for RESUME): yields (server, dbname, paused_port, good_port, console)."""
+
+    @contextlib.contextmanager
+    def scenario() -> Iterator[tuple[Server, str, int, int, psycopg.Connection[Any]]]:
+        server = _server(pg_server_dsn)
+        dbname = str(conninfo_to_dict(libpq_dsn(database_dsn))["dbname"])
+        target = f"host={server.host} port={server.port}"
+        socket_dir = server.host if server.host.startswith("/") else None
+        with bouncer(f"* = {target}", user=server.user, socket_dir=socket_dir) as paused, \
+                bouncer(f"* = {target}", user=server.user, socket_dir=socket_dir) as good:
+            with psycopg.connect(f"postgresql://{server.user}@127.0.0.1:{paused}/{dbname}",
+                                 autocommit=True) as first:
+                first.execute("SELECT 1")
+            with psycopg.connect(f"postgresql://{server.user}@127.0.0.1:{paused}/pgbouncer",
+                                 autocommit=True) as console:
+                console.execute("PAUSE")
+                try:
+                    yield server, dbname, paused, good, console
+                finally:
+                    console.execute("RESUME")
+
+    return scenario()
+
+
+class TestAMigrationAndAHostThatHangsAfterLogin:
+    def test_a_paused_pooler_first_in_the_dsn_does_not_hang_the_migrations_host_choice(
+            self, database_dsn: str, pg_server_dsn: str) -> None:
+        # `zeroth-pg migrate` with a PgBouncer PAUSEd around a switchover first in its DSN:
+        # the login succeeds, the check waits for RESUME. connect_timeout bounds the login
+        # only; the host choice must still give up on that host (its connect_timeout) and
+        # pin the migration to the next one, which takes writes.
+        with _paused_then_good(database_dsn, pg_server_dsn) as (server, dbname, paused, _, _c):
+            dsn = (f"host=127.0.0.1,{server.host} port={paused},{server.port} "
+                   f"dbname={dbname} user={server.user} target_session_attrs=read-write "
+                   "connect_timeout=2")
+            result: list[Any] = []
+            thread = threading.Thread(
+                target=lambda: result.append(migrate.writable_libpq_dsn(dsn)), daemon=True)
+            thread.start()
+            thread.join(30)  # a guard against a hang, far above the 2 s asked for
+            assert not thread.is_alive(), "the host choice still waits for the PAUSEd host"
+        assert conninfo_to_dict(result[0])["port"] == server.port
+
+
+class TestAMigrationWithAServiceFile:
+    def test_a_service_asking_for_read_write_pins_the_migration_to_the_writable_host(
+            self, stale_bouncer: StaleBouncer, pg_server_dsn: str, tmp_path: Any,
+            monkeypatch: pytest.MonkeyPatch) -> None:
+        # The asyncpg clients read the service's hosts and target_session_attrs
+        # (TestAServiceFile); `zeroth-pg migrate service=...` must not fall back to libpq's
+        # trust in the stale PgBouncer's reported role.
+        server = _server(pg_server_dsn)
+        services = tmp_path / "pg_service.conf"
+        services.write_text(
+            "[zeroth_ha]\n"
+            f"host=127.0.0.1,{server.host}\nport={stale_bouncer.stale_port},{server.port}\n"
+            f"user={stale_bouncer.user}\ndbname={stale_bouncer.dbname}\n"
+            "target_session_attrs=read-write\n")
+        monkeypatch.setenv("PGSERVICEFILE", str(services))
+        with psycopg.connect(migrate.writable_libpq_dsn("service=zeroth_ha")) as conn:
+            assert conn.execute("SELECT current_database(), current_setting("
+                                "'transaction_read_only')").fetchone() == (
+                stale_bouncer.dbname, "off")
+
+
+class TestConcurrentConnectsWhenTheCallerGoingOverTheHostsIsCancelled:
+    async def test_the_waiting_callers_do_not_each_start_a_pass_of_their_own(
+            self, database_dsn: str, pg_server_dsn: str,
+            monkeypatch: pytest.MonkeyPatch) -> None:
+        # 8 callers connect at once (a pool's acquires after an outage); the one going over
+        # the hosts is cancelled (its acquire timed out, its task was stopped) while a host
+        # holds the check. The 7 that waited for its pass must not each start one of their
+        # own (7 callers x every host: the unbounded probing that sharing the pass prevents).
+        opened: list[int] = []
+
+        class Counted(asyncpg.Connection):  # type: ignore[misc]
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, **kwargs)
+                opened.append(1)
+
+        with _paused_then_good(database_dsn, pg_server_dsn) as (server, dbname, paused, _, _c):
+            # The PAUSEd host first, then the server with sessions that cannot write.
+            dsn = (f"postgresql://{server.user}@127.0.0.1:{paused},127.0.0.1:{paused}"
+                   f"/{dbname}?target_session_attrs=read-write")
+            state = _connect._Hosts("read-write")
+            monkeypatch.setitem(_connect._CONNECT_STATES,
+                                (zeroth_pg.asyncpg_dsn(dsn), "read-write", "None", "None"),
+                                state)
+            first = asyncio.create_task(
+                zeroth_pg.connect(dsn, timeout=3600, connection_class=Counted))
+            while state.probe is None:
+                assert not first.done(), first
+                await asyncio.sleep(0.01)
+            others = [asyncio.create_task(
+                zeroth_pg.connect(dsn, timeout=3600, connection_class=Counted))
+                for _ in range(7)]
+            while len(opened) < 2:  # both hosts' checks are held
+                assert not first.done(), first
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.1)  # the 7 wait for the pass under way
+            assert len(opened) == 2, len(opened)
+            first.cancel()
+            await asyncio.gather(first, return_exceptions=True)
+            await asyncio.sleep(1.0)  # the 7 go on: one pass among them, not seven
+            try:
+                assert len(opened) <= 4, len(opened)
+            finally:
+                for task in others:
+                    task.cancel()
+                await asyncio.gather(*others, return_exceptions=True)
