@@ -548,9 +548,16 @@ async def _open(state: _Hosts, dsn: str, kwargs: dict[str, Any]) -> asyncpg.Conn
         probe = state.probe
         # Another caller going over the hosts: its pass counts as this caller's too (concurrent
         # acquires during an outage probe each host once per pass, not once per caller). When
-        # it found a writable host, this caller connects there (it is tried first).
-        if probe is not None and not probe.done() and probe.get_loop() is loop \
-                and await asyncio.shield(probe) is False:
+        # it found a writable host, this caller connects there (it is tried first). When its
+        # pass did not end (that caller was cancelled, or failed), the first waiter to go on
+        # starts the next pass and the others wait for that one, not one pass each.
+        shared: bool | None = None
+        while probe is not None and not probe.done() and probe.get_loop() is loop:
+            shared = await asyncio.shield(probe)
+            if shared is not None:
+                break
+            probe = state.probe
+        if shared is False:
             why = state.last_why
             state.none_found(why)
             if number < _PASSES - 1:
