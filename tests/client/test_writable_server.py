@@ -527,3 +527,59 @@ class TestConcurrentConnectsWhenTheCallerGoingOverTheHostsIsCancelled:
                 for task in others:
                     task.cancel()
                 await asyncio.gather(*others, return_exceptions=True)
+
+
+#: The codes that open a connection that logs in: SSLRequest, GSSENCRequest, protocol 3.0's
+#: StartupMessage (anything else, a CancelRequest or nothing at all, is no client's session).
+_LOGIN_CODES = {(80877103).to_bytes(4, "big"), (80877104).to_bytes(4, "big"),
+                (196608).to_bytes(4, "big")}
+
+
+@contextlib.asynccontextmanager
+async def _tap(port: int) -> Any:
+    """A TCP relay on a loopback port to the PgBouncer at ``port`` (a network path, not a
+    server: every byte goes to PgBouncer and back); yields (its port, the list of the first 8
+    bytes of each connection made through it, or less when it closed before), to see the
+    cancel requests a client sends."""
+    firsts: list[bytes] = []
+
+    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError):
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        writer.close()
+
+    async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        first = await reader.read(8)
+        firsts.append(first)
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", port)
+        up_writer.write(first)
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    server = await asyncio.start_server(relay, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1], firsts
+    finally:
+        server.close()
+
+
+class TestACheckThatGetsNoAnswer:
+    async def test_a_check_held_past_the_timeout_is_not_cancelled_by_a_cancel_request(
+            self, database_dsn: str, pg_server_dsn: str) -> None:
+        # Every host holds the check (here the one host, a PAUSEd PgBouncer) for longer than
+        # the connection's timeout: the check is given up. It must be given up as an
+        # abandoned one is, by closing its connection, not with asyncpg's cancel request (on
+        # a new connection, which PgBouncer 1.18 crashed on when it was dropped half-way).
+        with _paused_then_good(database_dsn, pg_server_dsn) as (server, dbname, paused, _, _c):
+            async with _tap(paused) as (port, firsts):
+                dsn = (f"postgresql://{server.user}@127.0.0.1:{port}/{dbname}"
+                       "?target_session_attrs=read-write")
+                with pytest.raises((TimeoutError, zeroth_pg.NoWritableServerError)):
+                    # A guard against a hang, far above the 2 s asked for.
+                    await asyncio.wait_for(zeroth_pg.connect(dsn, timeout=2), 120)
+                await asyncio.sleep(0.5)  # a cancel request sent meanwhile has come through
+                assert firsts, "the check did not go through the relay"
+                # Each connection through the relay logs in: none is a cancel request, or the
+                # connection of one dropped before it was sent.
+                assert all(first[4:8] in _LOGIN_CODES for first in firsts), firsts
