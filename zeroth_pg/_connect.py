@@ -331,6 +331,8 @@ class _Hosts:
                         return  # it takes writes now
                 except asyncio.CancelledError:
                     raise
+                except TimeoutError:
+                    await asyncio.Event().wait()  # hung (its connection closed): no news
                 except Exception:
                     if conn.is_closed():
                         return  # lost: its server restarted, was demoted, went away
@@ -354,11 +356,10 @@ class _Hosts:
                 self.quiet_until = max(now, earliest)
 
 
-async def _writable(conn: asyncpg.Connection, role: str, wait_s: float) -> str | None:
-    """None when ``conn``'s server takes writes as ``role`` asks, else why not. A server that
-    let the client in but does not answer within ``wait_s`` (the connection's timeout: a host hung
-    after the login, a PgBouncer PAUSEd) raises TimeoutError, so the next host is tried."""
-    row = await conn.fetchrow(_CHECK, timeout=wait_s)
+async def _writable(conn: asyncpg.Connection, role: str) -> str | None:
+    """None when ``conn``'s server takes writes as ``role`` asks, else why not. No timeout of
+    asyncpg's own (which sends a cancel request): :func:`_ask` bounds the wait."""
+    row = await conn.fetchrow(_CHECK)
     assert row is not None
     if row["in_recovery"]:
         return "in recovery: a standby"
@@ -372,10 +373,18 @@ async def _ask(conn: asyncpg.Connection, role: str, wait_s: float) -> str | None
     the query (asyncpg would send the server a cancel request, on a new connection that it may
     drop half-way, on which PgBouncer 1.18 crashed: "FATAL … disconnect_client(): bad client
     state: 0", every PgBouncer of a soak in turn); the query finishes by itself, or fails when
-    its connection is terminated."""
-    inner = asyncio.ensure_future(_writable(conn, role, wait_s))
+    its connection is terminated. A server that let the client in but does not answer within
+    ``wait_s`` (the connection's timeout: a host hung after the login, a PgBouncer PAUSEd):
+    the connection is terminated (not cancelled, nor by asyncpg's own timeout, which sends a
+    cancel request too) and TimeoutError raised, so the next host is tried."""
+    inner = asyncio.ensure_future(_writable(conn, role))
     inner.add_done_callback(_retrieved)
-    return await asyncio.shield(inner)
+    try:
+        async with asyncio.timeout(wait_s):
+            return await asyncio.shield(inner)
+    except TimeoutError:
+        conn.terminate()
+        raise
 
 
 def _retrieved(task: asyncio.Future[Any]) -> None:
@@ -635,7 +644,7 @@ def _discarding_reset(
     async def release(conn: asyncpg.Connection) -> None:
         if conn in _REFUSED_WRITES:
             _REFUSED_WRITES.discard(conn)
-            if (why := await _writable(conn, role, _CONNECT_TIMEOUT_S)) is not None:
+            if (why := await _ask(conn, role, _CONNECT_TIMEOUT_S)) is not None:
                 log.info("a connection was refused a write as read-only (SQLSTATE 25006; %s): "
                          "closed, the next one will look for a server that takes writes", why)
                 conn.terminate()
