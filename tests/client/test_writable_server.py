@@ -535,13 +535,23 @@ _LOGIN_CODES = {(80877103).to_bytes(4, "big"), (80877104).to_bytes(4, "big"),
                 (196608).to_bytes(4, "big")}
 
 
+@dataclass(slots=True)
+class _Tapped:
+    """What went through a :func:`_tap`: the first 8 bytes of each connection (less when it
+    closed before) and how many of them the client has not closed yet."""
+
+    port: int
+    firsts: list[bytes]
+    open_from_client: list[int]
+
+
 @contextlib.asynccontextmanager
 async def _tap(port: int) -> Any:
     """A TCP relay on a loopback port to the PgBouncer at ``port`` (a network path, not a
-    server: every byte goes to PgBouncer and back); yields (its port, the list of the first 8
-    bytes of each connection made through it, or less when it closed before), to see the
-    cancel requests a client sends."""
-    firsts: list[bytes] = []
+    server: every byte goes to PgBouncer and back); yields a :class:`_Tapped`, to see the
+    cancel requests a client sends and the connections it leaves open (a PgBouncer PAUSEd
+    does not read from a waiting client, so its own list cannot tell)."""
+    tapped = _Tapped(0, [], [0])
 
     async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(OSError):
@@ -551,15 +561,22 @@ async def _tap(port: int) -> Any:
         writer.close()
 
     async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        first = await reader.read(8)
-        firsts.append(first)
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", port)
-        up_writer.write(first)
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        tapped.open_from_client[0] += 1
+        try:
+            first = await reader.read(8)
+            tapped.firsts.append(first)
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", port)
+            up_writer.write(first)
+            upstream = asyncio.ensure_future(pipe(up_reader, writer))
+            await pipe(reader, up_writer)  # until the client closes its side
+        finally:
+            tapped.open_from_client[0] -= 1
+        upstream.cancel()
 
     server = await asyncio.start_server(relay, "127.0.0.1", 0)
+    tapped.port = server.sockets[0].getsockname()[1]
     try:
-        yield server.sockets[0].getsockname()[1], firsts
+        yield tapped
     finally:
         server.close()
 
@@ -572,8 +589,9 @@ class TestACheckThatGetsNoAnswer:
         # abandoned one is, by closing its connection, not with asyncpg's cancel request (on
         # a new connection, which PgBouncer 1.18 crashed on when it was dropped half-way).
         with _paused_then_good(database_dsn, pg_server_dsn) as (server, dbname, paused, _, _c):
-            async with _tap(paused) as (port, firsts):
-                dsn = (f"postgresql://{server.user}@127.0.0.1:{port}/{dbname}"
+            async with _tap(paused) as tapped:
+                firsts = tapped.firsts
+                dsn = (f"postgresql://{server.user}@127.0.0.1:{tapped.port}/{dbname}"
                        "?target_session_attrs=read-write")
                 with pytest.raises((TimeoutError, zeroth_pg.NoWritableServerError)):
                     # A guard against a hang, far above the 2 s asked for.
@@ -583,3 +601,37 @@ class TestACheckThatGetsNoAnswer:
                 # Each connection through the relay logs in: none is a cancel request, or the
                 # connection of one dropped before it was sent.
                 assert all(first[4:8] in _LOGIN_CODES for first in firsts), firsts
+
+
+class TestAbandonedChecksAreClosed:
+    async def test_a_cancelled_connect_leaves_no_connection_to_hosts_that_hold_the_check(
+            self, database_dsn: str, pg_server_dsn: str) -> None:
+        # The caller gives up (its acquire timed out) while every host holds the check: each
+        # connection the pass opened is closed by the client.
+        with _paused_then_good(database_dsn, pg_server_dsn) as (server, dbname, paused, _, _c):
+            async with _tap(paused) as first, _tap(paused) as second:
+                dsn = (f"postgresql://{server.user}@127.0.0.1:{first.port},127.0.0.1:"
+                       f"{second.port}/{dbname}?target_session_attrs=read-write")
+                connecting = asyncio.create_task(zeroth_pg.connect(dsn, timeout=3600))
+                while first.open_from_client[0] + second.open_from_client[0] < 2:
+                    assert not connecting.done(), connecting
+                    await asyncio.sleep(0.05)
+                connecting.cancel()
+                await asyncio.gather(connecting, return_exceptions=True)
+                await asyncio.sleep(0.5)  # the relay has seen the connections close
+                assert (first.open_from_client, second.open_from_client) == ([0], [0])
+
+    async def test_a_pass_won_by_the_next_host_closes_the_check_held_by_the_first(
+            self, database_dsn: str, pg_server_dsn: str) -> None:
+        with _paused_then_good(database_dsn, pg_server_dsn) as (server, dbname, paused, good,
+                                                                 _c):
+            async with _tap(paused) as held:
+                dsn = (f"postgresql://{server.user}@127.0.0.1:{held.port},127.0.0.1:{good}"
+                       f"/{dbname}?target_session_attrs=read-write")
+                conn = await asyncio.wait_for(zeroth_pg.connect(dsn, timeout=3600), 120)
+                try:
+                    await asyncio.sleep(0.5)  # the relay has seen the connection close
+                    assert held.firsts, "the first host was not tried"
+                    assert held.open_from_client == [0], held.open_from_client
+                finally:
+                    await conn.close()
