@@ -635,3 +635,103 @@ class TestAbandonedChecksAreClosed:
                     assert held.open_from_client == [0], held.open_from_client
                 finally:
                     await conn.close()
+
+
+class TestDsnParametersOnEachHostsConnection:
+    async def test_sslmode_require_is_kept_on_each_hosts_connection_no_plaintext_fallback(
+            self, database_dsn: str, pg_server_dsn: str) -> None:
+        # Two PgBouncers without TLS: each refuses the SSL upgrade. The per-host connections
+        # of the check must not drop the DSN's sslmode=require and log in in plain text.
+        server = _server(pg_server_dsn)
+        dbname = str(conninfo_to_dict(libpq_dsn(database_dsn))["dbname"])
+        target = f"host={server.host} port={server.port}"
+        socket_dir = server.host if server.host.startswith("/") else None
+        with bouncer(f"* = {target}", user=server.user, socket_dir=socket_dir) as one, \
+                bouncer(f"* = {target}", user=server.user, socket_dir=socket_dir) as two:
+            dsn = (f"postgresql://{server.user}@127.0.0.1:{one},127.0.0.1:{two}/{dbname}"
+                   "?target_session_attrs=read-write&sslmode=require")
+            with pytest.raises(ConnectionError, match="SSL"):
+                await zeroth_pg.connect(dsn)
+            with pytest.raises(ConnectionError, match="SSL"):
+                async with zeroth_pg.create_pool(dsn, min_size=1, max_size=1):
+                    pass
+
+
+class TestTwoHostsThatTakeWrites:
+    async def test_connections_stay_on_one_of_them(
+            self, database_dsn: str, pg_server_dsn: str) -> None:
+        # Split brain (both take writes, here two PgBouncers in front of one server): every
+        # connection of a pool goes to the same host, the one found writable first, not some
+        # to each.
+        server = _server(pg_server_dsn)
+        dbname = str(conninfo_to_dict(libpq_dsn(database_dsn))["dbname"])
+        target = f"host={server.host} port={server.port}"
+        socket_dir = server.host if server.host.startswith("/") else None
+        with bouncer(f"* = {target}", user=server.user, socket_dir=socket_dir) as one, \
+                bouncer(f"* = {target}", user=server.user, socket_dir=socket_dir) as two:
+            dsn = (f"postgresql://{server.user}@127.0.0.1:{one},127.0.0.1:{two}/{dbname}"
+                   "?target_session_attrs=read-write")
+            async with zeroth_pg.create_pool(dsn, min_size=0, max_size=6) as pool:
+                conns = [await pool.acquire() for _ in range(6)]
+                try:
+                    ports = {conn._addr[1] for conn in conns}
+                finally:
+                    for conn in conns:
+                        await pool.release(conn)
+            assert ports == {one}, (ports, one, two)
+
+
+@contextlib.asynccontextmanager
+async def _black_hole() -> Any:
+    """A loopback port that accepts connections and never answers (a SIGSTOPped server, a
+    partition after the handshake): yields (its port, [connections the client has not closed
+    yet])."""
+    open_now = [0]
+
+    async def swallow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        open_now[0] += 1
+        try:
+            with contextlib.suppress(OSError):
+                while await reader.read(65536):
+                    pass
+        finally:
+            open_now[0] -= 1
+            writer.close()
+
+    server = await asyncio.start_server(swallow, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1], open_now
+    finally:
+        server.close()
+
+
+class TestAHostThatNeverAnswersTheLogin:
+    async def test_the_next_host_wins_and_the_hung_login_is_closed(
+            self, database_dsn: str, pg_server_dsn: str) -> None:
+        server = _server(pg_server_dsn)
+        dbname = str(conninfo_to_dict(libpq_dsn(database_dsn))["dbname"])
+        target = f"host={server.host} port={server.port}"
+        socket_dir = server.host if server.host.startswith("/") else None
+        with bouncer(f"* = {target}", user=server.user, socket_dir=socket_dir) as good:
+            async with _black_hole() as (hole, open_now):
+                dsn = (f"postgresql://{server.user}@127.0.0.1:{hole},127.0.0.1:{good}"
+                       f"/{dbname}?target_session_attrs=read-write")
+                # A guard against waiting out the hour, not a speed assertion.
+                conn = await asyncio.wait_for(zeroth_pg.connect(dsn, timeout=3600), 120)
+                try:
+                    assert await _landed_in(conn) == (dbname, "pending")
+                    await asyncio.sleep(0.5)  # the black hole has seen the connection close
+                    assert open_now == [0], open_now
+                finally:
+                    await conn.close()
+
+    async def test_alone_it_fails_after_the_connections_timeout_with_nothing_left_open(
+            self) -> None:
+        async with _black_hole() as (hole, open_now):
+            dsn = (f"postgresql://nobody@127.0.0.1:{hole},127.0.0.1:{hole}/db"
+                   "?target_session_attrs=read-write")
+            with pytest.raises((TimeoutError, zeroth_pg.NoWritableServerError)):
+                # A guard against a hang, far above the 1 s asked for.
+                await asyncio.wait_for(zeroth_pg.connect(dsn, timeout=1), 120)
+            await asyncio.sleep(0.5)
+            assert open_now == [0], open_now
