@@ -735,3 +735,29 @@ class TestAHostThatNeverAnswersTheLogin:
                 await asyncio.wait_for(zeroth_pg.connect(dsn, timeout=1), 120)
             await asyncio.sleep(0.5)
             assert open_now == [0], open_now
+
+
+class TestConnectsFromOneEventLoopAfterAnother:
+    def test_a_connect_after_an_outage_seen_from_an_earlier_event_loop_succeeds(
+            self, stale_bouncer: StaleBouncer, pg_server_dsn: str) -> None:
+        # A CLI command (asyncio.run per command), a test, a process that restarts its loop:
+        # the first loop saw an outage (its last pass's read-only connection kept to watch
+        # the pause) and closed. The next loop's connect must not trip over that connection.
+        only_stale = (f"postgresql://{stale_bouncer.user}@127.0.0.1:{stale_bouncer.stale_port}"
+                      f"/{stale_bouncer.dbname}?target_session_attrs=read-write")
+        with pytest.raises(zeroth_pg.NoWritableServerError):
+            asyncio.run(zeroth_pg.connect(only_stale))
+        with psycopg.connect(libpq_dsn(pg_server_dsn), autocommit=True) as admin:
+            admin.execute(f'ALTER DATABASE "{stale_bouncer.copy}"'
+                          " SET default_transaction_read_only = off")
+            admin.execute("SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity"
+                          " WHERE datname = %s", (stale_bouncer.copy,))
+
+        async def connected() -> str:
+            conn = await zeroth_pg.connect(only_stale)
+            try:
+                return str(await conn.fetchval("SHOW transaction_read_only"))
+            finally:
+                await conn.close()
+
+        assert asyncio.run(connected()) == "off"
