@@ -285,7 +285,7 @@ class _Hosts:
         to wait (the pool was closed, or is idle): never kept for long."""
         for conn in self.watched:
             if conn not in conns:
-                conn.terminate()
+                _terminate(conn)
         self.watched = conns
         if conns:
             left = max(0.0, self.quiet_until - time.monotonic())
@@ -354,6 +354,22 @@ class _Hosts:
                 log.debug("a host that could not take writes changed state: trying the hosts "
                           "again now")
                 self.quiet_until = max(now, earliest)
+
+
+def _terminate(conn: asyncpg.Connection) -> None:
+    """``conn.terminate()`` from any event loop: a connection kept (:meth:`_Hosts.watch`) by a
+    caller on another loop (a CLI command per ``asyncio.run``, a test, a restarted loop) is
+    terminated on its own loop, and one whose loop is closed is only dropped (nothing can run
+    there: terminating it raised "Event loop is closed" into the caller's connect)."""
+    loop = getattr(conn, "_loop", None)
+    try:
+        running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if loop is None or loop is running:
+        conn.terminate()
+    elif not loop.is_closed():
+        loop.call_soon_threadsafe(conn.terminate)
 
 
 async def _writable(conn: asyncpg.Connection, role: str) -> str | None:
