@@ -761,3 +761,15 @@ class TestConnectsFromOneEventLoopAfterAnother:
                 await conn.close()
 
         assert asyncio.run(connected()) == "off"
+
+
+class TestAMigrationsHostListForms:
+    def test_a_list_of_hostaddr_without_host_names_tries_each_address(
+            self, stale_bouncer: StaleBouncer) -> None:
+        # libpq's multi-host forms include hostaddr=a,b (no host names): the host choice must
+        # ask each address, not only the first.
+        dsn = (f"hostaddr=127.0.0.1,127.0.0.1 port={stale_bouncer.stale_port},"
+               f"{stale_bouncer.good_port} dbname={stale_bouncer.dbname} "
+               f"user={stale_bouncer.user} target_session_attrs=read-write")
+        pinned = conninfo_to_dict(migrate.writable_libpq_dsn(dsn))
+        assert pinned["port"] == str(stale_bouncer.good_port), pinned
