@@ -143,16 +143,20 @@ def writable_libpq_dsn(dsn: str) -> str:
     attrs = (params.get("target_session_attrs") or os.environ.get("PGTARGETSESSIONATTRS")
              or "").strip().lower()
     hosts = [h for h in (params.get("host") or os.environ.get("PGHOST") or "").split(",")]
+    addrs = (params.get("hostaddr") or "").split(",")
+    if hosts == [""] and len(addrs) > 1:
+        hosts = [""] * len(addrs)  # hostaddr=a,b without host names: one host each
     if attrs:
         if attrs not in _WRITABLE_ATTRS:
             return dsn
     elif len(hosts) <= 1:
         return dsn
     ports = (params.get("port") or os.environ.get("PGPORT") or "").split(",")
-    addrs = (params.get("hostaddr") or "").split(",")
     why: list[str] = []
     for index, host in enumerate(hosts):
         one = {**params, "host": host, "target_session_attrs": "any"}
+        if not host:
+            one.pop("host")  # libpq's default (or hostaddr alone), not an empty host name
         one.pop("load_balance_hosts", None)
         for key, values in (("port", ports), ("hostaddr", addrs)):
             value = values[index] if len(values) == len(hosts) else values[0]
