@@ -108,6 +108,8 @@ def alembic_config(dsn: str | None = None) -> object:
 
 #: ``target_session_attrs`` values that need a server that takes writes (zeroth_pg/_connect.py).
 _WRITABLE_ATTRS = ("read-write", "primary")
+#: ``target_session_attrs`` values that ask for a server or session a migration cannot write on.
+_STANDBY_ATTRS = ("read-only", "standby", "prefer-standby")
 _CHECK = ("SELECT pg_catalog.pg_is_in_recovery(),"
           " pg_catalog.current_setting('transaction_read_only')")
 
@@ -117,7 +119,8 @@ def writable_libpq_dsn(dsn: str) -> str:
     own answer, when it asks for one (``target_session_attrs`` ``read-write`` or ``primary``, in
     the DSN, its connection service (``service``, ``PGSERVICE``: read as the asyncpg clients
     read it) or ``PGTARGETSESSIONATTRS``, or several hosts and none set: a migration writes);
-    else ``dsn`` unchanged. Each host's answer is waited for no longer than its
+    else ``dsn`` unchanged; ``read-only``, ``standby`` or ``prefer-standby``: ValueError (a
+    migration writes). Each host's answer is waited for no longer than its
     ``connect_timeout`` (10 s by default): a host that lets the client in and holds the check
     (a PAUSEd PgBouncer) is given up, its connection closed, and the next one tried.
 
@@ -146,6 +149,10 @@ def writable_libpq_dsn(dsn: str) -> str:
     addrs = (params.get("hostaddr") or "").split(",")
     if hosts == [""] and len(addrs) > 1:
         hosts = [""] * len(addrs)  # hostaddr=a,b without host names: one host each
+    if attrs in _STANDBY_ATTRS:
+        raise ValueError(
+            f"a migration writes: target_session_attrs={attrs} asks for a standby or a "
+            "read-only session (use read-write, primary, any, or none)")
     if attrs:
         if attrs not in _WRITABLE_ATTRS:
             return dsn
