@@ -440,6 +440,10 @@ async def _one_pass(state: _Hosts, dsn: str, kwargs: dict[str, Any]) -> _Pass:
     except BaseException:
         for conn in found.refusing:
             conn.terminate()
+        if found.conn is not None:
+            # Found, then the caller was cancelled while the others were being closed: the
+            # connection is nobody's to close but this pass's.
+            found.conn.terminate()
         raise
     if found.conn is not None:
         for conn in found.refusing:
@@ -560,9 +564,16 @@ async def _pass_over(state: _Hosts, dsn: str, kwargs: dict[str, Any], found: _Pa
                         found.conn is not None or conn not in found.refusing):
                     conn.terminate()  # no cancel request: its query fails
                 task.cancel()
-        for result in await asyncio.gather(*tasks, return_exceptions=True):
-            if isinstance(result, asyncpg.Connection) and result is not found.conn:
-                result.terminate()  # a second host that takes writes: not needed
+        def close_spares(gathered: asyncio.Future[list[Any]]) -> None:
+            if not gathered.cancelled():
+                for result in gathered.result():
+                    if isinstance(result, asyncpg.Connection) and result is not found.conn:
+                        result.terminate()  # a second host that takes writes: not needed
+
+        # Shielded: a caller cancelled meanwhile still has every task's connection closed.
+        spares = asyncio.gather(*tasks, return_exceptions=True)
+        spares.add_done_callback(close_spares)
+        await asyncio.shield(spares)
 
 
 async def _open(state: _Hosts, dsn: str, kwargs: dict[str, Any]) -> asyncpg.Connection:
