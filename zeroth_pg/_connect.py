@@ -18,9 +18,10 @@ first; the next one 0.25 s after the one before, or as soon as it answered that 
 so that a host that holds the check — a PgBouncer queueing it while its server restarts — does
 not hold up the others), ask the server itself (``pg_is_in_recovery()``,
 ``transaction_read_only``: a query, which PgBouncer passes to the real server) and keep the
-first that can write; a host that cannot is logged. A check that is no longer needed is never
-cancelled in flight (asyncpg's cancel request, dropped half-way, crashed PgBouncer 1.18): its
-connection is terminated. When no host can, they wait and try again a few times with a
+first that can write; a host that cannot is logged. A check that is no longer needed, or that
+got no answer within the connection's ``timeout``, is never cancelled in flight (asyncpg's
+cancel request, dropped half-way, crashed PgBouncer 1.18; asyncpg's own query timeout sends one
+too): its connection is terminated. When no host can, they wait and try again a few times with a
 growing pause (0.25 s doubling to 5 s) shared by every caller of the pool (no busy loop while
 every host is a standby), then raise :class:`NoWritableServerError`, an asyncpg
 ``TargetServerAttributeNotMatched`` (what asyncpg raises when no host matches), which zeroth_pg
