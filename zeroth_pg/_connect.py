@@ -18,9 +18,10 @@ first; the next one 0.25 s after the one before, or as soon as it answered that 
 so that a host that holds the check — a PgBouncer queueing it while its server restarts — does
 not hold up the others), ask the server itself (``pg_is_in_recovery()``,
 ``transaction_read_only``: a query, which PgBouncer passes to the real server) and keep the
-first that can write; a host that cannot is logged. A check that is no longer needed is never
-cancelled in flight (asyncpg's cancel request, dropped half-way, crashed PgBouncer 1.18): its
-connection is terminated. When no host can, they wait and try again a few times with a
+first that can write; a host that cannot is logged. A check that is no longer needed, or that
+got no answer within the connection's ``timeout``, is never cancelled in flight (asyncpg's
+cancel request, dropped half-way, crashed PgBouncer 1.18; asyncpg's own query timeout sends one
+too): its connection is terminated. When no host can, they wait and try again a few times with a
 growing pause (0.25 s doubling to 5 s) shared by every caller of the pool (no busy loop while
 every host is a standby), then raise :class:`NoWritableServerError`, an asyncpg
 ``TargetServerAttributeNotMatched`` (what asyncpg raises when no host matches), which zeroth_pg
@@ -285,7 +286,7 @@ class _Hosts:
         to wait (the pool was closed, or is idle): never kept for long."""
         for conn in self.watched:
             if conn not in conns:
-                conn.terminate()
+                _terminate(conn)
         self.watched = conns
         if conns:
             left = max(0.0, self.quiet_until - time.monotonic())
@@ -331,6 +332,8 @@ class _Hosts:
                         return  # it takes writes now
                 except asyncio.CancelledError:
                     raise
+                except TimeoutError:
+                    await asyncio.Event().wait()  # hung (its connection closed): no news
                 except Exception:
                     if conn.is_closed():
                         return  # lost: its server restarted, was demoted, went away
@@ -354,11 +357,26 @@ class _Hosts:
                 self.quiet_until = max(now, earliest)
 
 
-async def _writable(conn: asyncpg.Connection, role: str, wait_s: float) -> str | None:
-    """None when ``conn``'s server takes writes as ``role`` asks, else why not. A server that
-    let the client in but does not answer within ``wait_s`` (the connection's timeout: a host hung
-    after the login, a PgBouncer PAUSEd) raises TimeoutError, so the next host is tried."""
-    row = await conn.fetchrow(_CHECK, timeout=wait_s)
+def _terminate(conn: asyncpg.Connection) -> None:
+    """``conn.terminate()`` from any event loop: a connection kept (:meth:`_Hosts.watch`) by a
+    caller on another loop (a CLI command per ``asyncio.run``, a test, a restarted loop) is
+    terminated on its own loop, and one whose loop is closed is only dropped (nothing can run
+    there: terminating it raised "Event loop is closed" into the caller's connect)."""
+    loop = getattr(conn, "_loop", None)
+    try:
+        running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if loop is None or loop is running:
+        conn.terminate()
+    elif not loop.is_closed():
+        loop.call_soon_threadsafe(conn.terminate)
+
+
+async def _writable(conn: asyncpg.Connection, role: str) -> str | None:
+    """None when ``conn``'s server takes writes as ``role`` asks, else why not. No timeout of
+    asyncpg's own (which sends a cancel request): :func:`_ask` bounds the wait."""
+    row = await conn.fetchrow(_CHECK)
     assert row is not None
     if row["in_recovery"]:
         return "in recovery: a standby"
@@ -372,10 +390,18 @@ async def _ask(conn: asyncpg.Connection, role: str, wait_s: float) -> str | None
     the query (asyncpg would send the server a cancel request, on a new connection that it may
     drop half-way, on which PgBouncer 1.18 crashed: "FATAL … disconnect_client(): bad client
     state: 0", every PgBouncer of a soak in turn); the query finishes by itself, or fails when
-    its connection is terminated."""
-    inner = asyncio.ensure_future(_writable(conn, role, wait_s))
+    its connection is terminated. A server that let the client in but does not answer within
+    ``wait_s`` (the connection's timeout: a host hung after the login, a PgBouncer PAUSEd):
+    the connection is terminated (not cancelled, nor by asyncpg's own timeout, which sends a
+    cancel request too) and TimeoutError raised, so the next host is tried."""
+    inner = asyncio.ensure_future(_writable(conn, role))
     inner.add_done_callback(_retrieved)
-    return await asyncio.shield(inner)
+    try:
+        async with asyncio.timeout(wait_s):
+            return await asyncio.shield(inner)
+    except TimeoutError:
+        conn.terminate()
+        raise
 
 
 def _retrieved(task: asyncio.Future[Any]) -> None:
@@ -415,6 +441,10 @@ async def _one_pass(state: _Hosts, dsn: str, kwargs: dict[str, Any]) -> _Pass:
     except BaseException:
         for conn in found.refusing:
             conn.terminate()
+        if found.conn is not None:
+            # Found, then the caller was cancelled while the others were being closed: the
+            # connection is nobody's to close but this pass's.
+            found.conn.terminate()
         raise
     if found.conn is not None:
         for conn in found.refusing:
@@ -535,9 +565,16 @@ async def _pass_over(state: _Hosts, dsn: str, kwargs: dict[str, Any], found: _Pa
                         found.conn is not None or conn not in found.refusing):
                     conn.terminate()  # no cancel request: its query fails
                 task.cancel()
-        for result in await asyncio.gather(*tasks, return_exceptions=True):
-            if isinstance(result, asyncpg.Connection) and result is not found.conn:
-                result.terminate()  # a second host that takes writes: not needed
+        def close_spares(gathered: asyncio.Future[list[Any]]) -> None:
+            if not gathered.cancelled():
+                for result in gathered.result():
+                    if isinstance(result, asyncpg.Connection) and result is not found.conn:
+                        result.terminate()  # a second host that takes writes: not needed
+
+        # Shielded: a caller cancelled meanwhile still has every task's connection closed.
+        spares = asyncio.gather(*tasks, return_exceptions=True)
+        spares.add_done_callback(close_spares)
+        await asyncio.shield(spares)
 
 
 async def _open(state: _Hosts, dsn: str, kwargs: dict[str, Any]) -> asyncpg.Connection:
@@ -548,9 +585,16 @@ async def _open(state: _Hosts, dsn: str, kwargs: dict[str, Any]) -> asyncpg.Conn
         probe = state.probe
         # Another caller going over the hosts: its pass counts as this caller's too (concurrent
         # acquires during an outage probe each host once per pass, not once per caller). When
-        # it found a writable host, this caller connects there (it is tried first).
-        if probe is not None and not probe.done() and probe.get_loop() is loop \
-                and await asyncio.shield(probe) is False:
+        # it found a writable host, this caller connects there (it is tried first). When its
+        # pass did not end (that caller was cancelled, or failed), the first waiter to go on
+        # starts the next pass and the others wait for that one, not one pass each.
+        shared: bool | None = None
+        while probe is not None and not probe.done() and probe.get_loop() is loop:
+            shared = await asyncio.shield(probe)
+            if shared is not None:
+                break
+            probe = state.probe
+        if shared is False:
             why = state.last_why
             state.none_found(why)
             if number < _PASSES - 1:
@@ -628,7 +672,7 @@ def _discarding_reset(
     async def release(conn: asyncpg.Connection) -> None:
         if conn in _REFUSED_WRITES:
             _REFUSED_WRITES.discard(conn)
-            if (why := await _writable(conn, role, _CONNECT_TIMEOUT_S)) is not None:
+            if (why := await _ask(conn, role, _CONNECT_TIMEOUT_S)) is not None:
                 log.info("a connection was refused a write as read-only (SQLSTATE 25006; %s): "
                          "closed, the next one will look for a server that takes writes", why)
                 conn.terminate()

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import threading
+import time
 from pathlib import Path
 
 import psycopg
@@ -106,6 +108,8 @@ def alembic_config(dsn: str | None = None) -> object:
 
 #: ``target_session_attrs`` values that need a server that takes writes (zeroth_pg/_connect.py).
 _WRITABLE_ATTRS = ("read-write", "primary")
+#: ``target_session_attrs`` values that ask for a server or session a migration cannot write on.
+_STANDBY_ATTRS = ("read-only", "standby", "prefer-standby")
 _CHECK = ("SELECT pg_catalog.pg_is_in_recovery(),"
           " pg_catalog.current_setting('transaction_read_only')")
 
@@ -113,8 +117,12 @@ _CHECK = ("SELECT pg_catalog.pg_is_in_recovery(),"
 def writable_libpq_dsn(dsn: str) -> str:
     """``dsn`` (libpq form) pinned to the one of its hosts that takes writes, by the server's
     own answer, when it asks for one (``target_session_attrs`` ``read-write`` or ``primary``, in
-    the DSN or ``PGTARGETSESSIONATTRS``, or several hosts and none set: a migration writes);
-    else ``dsn`` unchanged.
+    the DSN, its connection service (``service``, ``PGSERVICE``: read as the asyncpg clients
+    read it) or ``PGTARGETSESSIONATTRS``, or several hosts and none set: a migration writes);
+    else ``dsn`` unchanged; ``read-only``, ``standby`` or ``prefer-standby``: ValueError (a
+    migration writes). Each host's answer is waited for no longer than its
+    ``connect_timeout`` (10 s by default): a host that lets the client in and holds the check
+    (a PAUSEd PgBouncer) is given up, its connection closed, and the next one tried.
 
     libpq, like asyncpg, decides ``read-write`` from the ``in_hot_standby`` and
     ``default_transaction_read_only`` a server reports at connection start, which a PgBouncer
@@ -126,23 +134,36 @@ def writable_libpq_dsn(dsn: str) -> str:
     connection; the first that can write is returned as a one-host DSN with
     ``target_session_attrs=any``. None can: :class:`zeroth_pg.NoWritableServerError`, naming
     each host and why (never the password)."""
-    from zeroth_pg._connect import NoWritableServerError
+    from zeroth_pg._connect import NoWritableServerError, _service
 
     params = {k: str(v) for k, v in conninfo_to_dict(_strip_driver(dsn)).items()
               if v is not None}
+    # A connection service's parameters count as libpq reads them (the DSN's own win).
+    service = params.get("service") or os.environ.get("PGSERVICE")
+    if service:
+        found = _service("", {"service": service, "servicefile": params.get("servicefile")})
+        params = {**found, **params}
     attrs = (params.get("target_session_attrs") or os.environ.get("PGTARGETSESSIONATTRS")
              or "").strip().lower()
     hosts = [h for h in (params.get("host") or os.environ.get("PGHOST") or "").split(",")]
+    addrs = (params.get("hostaddr") or "").split(",")
+    if hosts == [""] and len(addrs) > 1:
+        hosts = [""] * len(addrs)  # hostaddr=a,b without host names: one host each
+    if attrs in _STANDBY_ATTRS:
+        raise ValueError(
+            f"a migration writes: target_session_attrs={attrs} asks for a standby or a "
+            "read-only session (use read-write, primary, any, or none)")
     if attrs:
         if attrs not in _WRITABLE_ATTRS:
             return dsn
     elif len(hosts) <= 1:
         return dsn
     ports = (params.get("port") or os.environ.get("PGPORT") or "").split(",")
-    addrs = (params.get("hostaddr") or "").split(",")
     why: list[str] = []
     for index, host in enumerate(hosts):
         one = {**params, "host": host, "target_session_attrs": "any"}
+        if not host:
+            one.pop("host")  # libpq's default (or hostaddr alone), not an empty host name
         one.pop("load_balance_hosts", None)
         for key, values in (("port", ports), ("hostaddr", addrs)):
             value = values[index] if len(values) == len(hosts) else values[0]
@@ -155,11 +176,14 @@ def writable_libpq_dsn(dsn: str) -> str:
         port = one.get("port") or "5432"
         where = f"{host or one.get('hostaddr') or 'the default host'}:{port}"
         try:
-            with psycopg.connect(make_conninfo(**one), autocommit=True) as conn:
-                row = conn.execute(_CHECK).fetchone()
+            wait_s = _wait_s(one["connect_timeout"])
+            row = _ask_within(make_conninfo(**one), wait_s)
         except psycopg.OperationalError as exc:
             first = (str(exc).strip().splitlines() or [""])[0][:200]
             why.append(f"{where}: unreachable ({first})")
+            continue
+        except TimeoutError:
+            why.append(f"{where}: no answer to the check within {wait_s:g} s")
             continue
         if row is not None and row[0]:
             why.append(f"{where}: in recovery: a standby")
@@ -170,6 +194,48 @@ def writable_libpq_dsn(dsn: str) -> str:
     raise NoWritableServerError(
         f"no server that takes writes among the {len(hosts)} host(s) of the connection string "
         f"({'; '.join(why)})")
+
+
+def _wait_s(connect_timeout: str) -> float:
+    """How long the check waits for an answer: ``connect_timeout`` as libpq reads it (at least
+    2 s), 10 s when it is 0 (libpq: wait for ever) or not a number."""
+    try:
+        value = float(connect_timeout)
+    except ValueError:
+        return 10.0
+    return max(2.0, value) if value > 0 else 10.0
+
+
+def _ask_within(conninfo: str, wait_s: float) -> tuple[bool, str] | None:
+    """(in recovery, transaction_read_only) of the server at ``conninfo``, waiting no longer
+    than ``wait_s`` for the answer (``connect_timeout`` bounds the login only: a PAUSEd
+    PgBouncer lets the client in and holds the query). A host that does not answer in time
+    raises TimeoutError and its connection is closed, never cancelled (a cancel request
+    crashed PgBouncer 1.18: zeroth_pg/_connect.py)."""
+    conn = psycopg.connect(conninfo, autocommit=True)
+    try:
+        pgconn = conn.pgconn
+        pgconn.send_query(_CHECK.encode())
+        deadline = time.monotonic() + wait_s
+        while True:
+            pgconn.consume_input()
+            if not pgconn.is_busy():
+                break
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            select.select([pgconn.socket], [], [], left)
+        row: tuple[bool, str] | None = None
+        while (result := pgconn.get_result()) is not None:
+            if result.status != psycopg.pq.ExecStatus.TUPLES_OK:
+                message = (result.error_message or b"").decode("utf-8", "replace")
+                raise psycopg.OperationalError(message.strip() or "the check failed")
+            if row is None and result.ntuples:
+                recovery, read_only = result.get_value(0, 0), result.get_value(0, 1)
+                row = (recovery == b"t", (read_only or b"").decode())
+        return row
+    finally:
+        conn.close()
 
 
 def upgrade(dsn: str, revision: str = "head") -> None:

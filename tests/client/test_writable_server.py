@@ -16,7 +16,9 @@ printed, only when no pgbouncer binary is installed (.ci/run installs it).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -411,3 +413,403 @@ class TestAConnectionsOwnReadOnlyTransaction:
         # One host, three passes: one connection per pass (a caller that finds the pause over
         # while a pass is under way may start one of its own: at most twice that).
         assert 3 <= len(opened) <= 6, len(opened)
+
+
+def _paused_then_good(database_dsn: str, pg_server_dsn: str) -> Any:
+    """Two PgBouncers in front of the test's server, the first PAUSEd (logins succeed, queries
+    wait for RESUME): yields (server, dbname, paused_port, good_port, console)."""
+
+    @contextlib.contextmanager
+    def scenario() -> Iterator[tuple[Server, str, int, int, psycopg.Connection[Any]]]:
+        server = _server(pg_server_dsn)
+        dbname = str(conninfo_to_dict(libpq_dsn(database_dsn))["dbname"])
+        target = f"host={server.host} port={server.port}"
+        socket_dir = server.host if server.host.startswith("/") else None
+        with bouncer(f"* = {target}", user=server.user, socket_dir=socket_dir) as paused, \
+                bouncer(f"* = {target}", user=server.user, socket_dir=socket_dir) as good:
+            with psycopg.connect(f"postgresql://{server.user}@127.0.0.1:{paused}/{dbname}",
+                                 autocommit=True) as first:
+                first.execute("SELECT 1")
+            with psycopg.connect(f"postgresql://{server.user}@127.0.0.1:{paused}/pgbouncer",
+                                 autocommit=True) as console:
+                console.execute("PAUSE")
+                try:
+                    yield server, dbname, paused, good, console
+                finally:
+                    console.execute("RESUME")
+
+    return scenario()
+
+
+class TestAMigrationAndAHostThatHangsAfterLogin:
+    def test_a_paused_pooler_first_in_the_dsn_does_not_hang_the_migrations_host_choice(
+            self, database_dsn: str, pg_server_dsn: str) -> None:
+        # `zeroth-pg migrate` with a PgBouncer PAUSEd around a switchover first in its DSN:
+        # the login succeeds, the check waits for RESUME. connect_timeout bounds the login
+        # only; the host choice must still give up on that host (its connect_timeout) and
+        # pin the migration to the next one, which takes writes.
+        with _paused_then_good(database_dsn, pg_server_dsn) as (server, dbname, paused, _, _c):
+            dsn = (f"host=127.0.0.1,{server.host} port={paused},{server.port} "
+                   f"dbname={dbname} user={server.user} target_session_attrs=read-write "
+                   "connect_timeout=2")
+            result: list[Any] = []
+            thread = threading.Thread(
+                target=lambda: result.append(migrate.writable_libpq_dsn(dsn)), daemon=True)
+            thread.start()
+            thread.join(30)  # a guard against a hang, far above the 2 s asked for
+            assert not thread.is_alive(), "the host choice still waits for the PAUSEd host"
+        assert conninfo_to_dict(result[0])["port"] == server.port
+
+
+class TestAMigrationWithAServiceFile:
+    def test_a_service_asking_for_read_write_pins_the_migration_to_the_writable_host(
+            self, stale_bouncer: StaleBouncer, pg_server_dsn: str, tmp_path: Any,
+            monkeypatch: pytest.MonkeyPatch) -> None:
+        # The asyncpg clients read the service's hosts and target_session_attrs
+        # (TestAServiceFile); `zeroth-pg migrate service=...` must not fall back to libpq's
+        # trust in the stale PgBouncer's reported role.
+        server = _server(pg_server_dsn)
+        services = tmp_path / "pg_service.conf"
+        services.write_text(
+            "[zeroth_ha]\n"
+            f"host=127.0.0.1,{server.host}\nport={stale_bouncer.stale_port},{server.port}\n"
+            f"user={stale_bouncer.user}\ndbname={stale_bouncer.dbname}\n"
+            "target_session_attrs=read-write\n")
+        monkeypatch.setenv("PGSERVICEFILE", str(services))
+        with psycopg.connect(migrate.writable_libpq_dsn("service=zeroth_ha")) as conn:
+            assert conn.execute("SELECT current_database(), current_setting("
+                                "'transaction_read_only')").fetchone() == (
+                stale_bouncer.dbname, "off")
+
+
+class TestConcurrentConnectsWhenTheCallerGoingOverTheHostsIsCancelled:
+    async def test_the_waiting_callers_do_not_each_start_a_pass_of_their_own(
+            self, database_dsn: str, pg_server_dsn: str,
+            monkeypatch: pytest.MonkeyPatch) -> None:
+        # 8 callers connect at once (a pool's acquires after an outage); the one going over
+        # the hosts is cancelled (its acquire timed out, its task was stopped) while a host
+        # holds the check. The 7 that waited for its pass must not each start one of their
+        # own (7 callers x every host: the unbounded probing that sharing the pass prevents).
+        opened: list[int] = []
+
+        class Counted(asyncpg.Connection):  # type: ignore[misc]
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, **kwargs)
+                opened.append(1)
+
+        with _paused_then_good(database_dsn, pg_server_dsn) as (server, dbname, paused, _, _c):
+            # The PAUSEd host first, then the server with sessions that cannot write.
+            dsn = (f"postgresql://{server.user}@127.0.0.1:{paused},127.0.0.1:{paused}"
+                   f"/{dbname}?target_session_attrs=read-write")
+            state = _connect._Hosts("read-write")
+            monkeypatch.setitem(_connect._CONNECT_STATES,
+                                (zeroth_pg.asyncpg_dsn(dsn), "read-write", "None", "None"),
+                                state)
+            first = asyncio.create_task(
+                zeroth_pg.connect(dsn, timeout=3600, connection_class=Counted))
+            while state.probe is None:
+                assert not first.done(), first
+                await asyncio.sleep(0.01)
+            others = [asyncio.create_task(
+                zeroth_pg.connect(dsn, timeout=3600, connection_class=Counted))
+                for _ in range(7)]
+            while len(opened) < 2:  # both hosts' checks are held
+                assert not first.done(), first
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.1)  # the 7 wait for the pass under way
+            assert len(opened) == 2, len(opened)
+            first.cancel()
+            await asyncio.gather(first, return_exceptions=True)
+            await asyncio.sleep(1.0)  # the 7 go on: one pass among them, not seven
+            try:
+                assert len(opened) <= 4, len(opened)
+            finally:
+                for task in others:
+                    task.cancel()
+                await asyncio.gather(*others, return_exceptions=True)
+
+
+#: The codes that open a connection that logs in: SSLRequest, GSSENCRequest, protocol 3.0's
+#: StartupMessage (anything else, a CancelRequest or nothing at all, is no client's session).
+_LOGIN_CODES = {(80877103).to_bytes(4, "big"), (80877104).to_bytes(4, "big"),
+                (196608).to_bytes(4, "big")}
+
+
+@dataclass(slots=True)
+class _Tapped:
+    """What went through a :func:`_tap`: the first 8 bytes of each connection (less when it
+    closed before) and how many of them the client has not closed yet."""
+
+    port: int
+    firsts: list[bytes]
+    open_from_client: list[int]
+
+
+@contextlib.asynccontextmanager
+async def _tap(port: int) -> Any:
+    """A TCP relay on a loopback port to the PgBouncer at ``port`` (a network path, not a
+    server: every byte goes to PgBouncer and back); yields a :class:`_Tapped`, to see the
+    cancel requests a client sends and the connections it leaves open (a PgBouncer PAUSEd
+    does not read from a waiting client, so its own list cannot tell)."""
+    tapped = _Tapped(0, [], [0])
+
+    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError):
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        writer.close()
+
+    async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        tapped.open_from_client[0] += 1
+        try:
+            first = await reader.read(8)
+            tapped.firsts.append(first)
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", port)
+            up_writer.write(first)
+            upstream = asyncio.ensure_future(pipe(up_reader, writer))
+            await pipe(reader, up_writer)  # until the client closes its side
+        finally:
+            tapped.open_from_client[0] -= 1
+        upstream.cancel()
+
+    server = await asyncio.start_server(relay, "127.0.0.1", 0)
+    tapped.port = server.sockets[0].getsockname()[1]
+    try:
+        yield tapped
+    finally:
+        server.close()
+
+
+class TestACheckThatGetsNoAnswer:
+    async def test_a_check_held_past_the_timeout_is_not_cancelled_by_a_cancel_request(
+            self, database_dsn: str, pg_server_dsn: str) -> None:
+        # Every host holds the check (here the one host, a PAUSEd PgBouncer) for longer than
+        # the connection's timeout: the check is given up. It must be given up as an
+        # abandoned one is, by closing its connection, not with asyncpg's cancel request (on
+        # a new connection, which PgBouncer 1.18 crashed on when it was dropped half-way).
+        with _paused_then_good(database_dsn, pg_server_dsn) as (server, dbname, paused, _, _c):
+            async with _tap(paused) as tapped:
+                firsts = tapped.firsts
+                dsn = (f"postgresql://{server.user}@127.0.0.1:{tapped.port}/{dbname}"
+                       "?target_session_attrs=read-write")
+                with pytest.raises((TimeoutError, zeroth_pg.NoWritableServerError)):
+                    # A guard against a hang, far above the 2 s asked for.
+                    await asyncio.wait_for(zeroth_pg.connect(dsn, timeout=2), 120)
+                await asyncio.sleep(0.5)  # a cancel request sent meanwhile has come through
+                assert firsts, "the check did not go through the relay"
+                # Each connection through the relay logs in: none is a cancel request, or the
+                # connection of one dropped before it was sent.
+                assert all(first[4:8] in _LOGIN_CODES for first in firsts), firsts
+
+
+class TestAbandonedChecksAreClosed:
+    async def test_a_cancelled_connect_leaves_no_connection_to_hosts_that_hold_the_check(
+            self, database_dsn: str, pg_server_dsn: str) -> None:
+        # The caller gives up (its acquire timed out) while every host holds the check: each
+        # connection the pass opened is closed by the client.
+        with _paused_then_good(database_dsn, pg_server_dsn) as (server, dbname, paused, _, _c):
+            async with _tap(paused) as first, _tap(paused) as second:
+                dsn = (f"postgresql://{server.user}@127.0.0.1:{first.port},127.0.0.1:"
+                       f"{second.port}/{dbname}?target_session_attrs=read-write")
+                connecting = asyncio.create_task(zeroth_pg.connect(dsn, timeout=3600))
+                while first.open_from_client[0] + second.open_from_client[0] < 2:
+                    assert not connecting.done(), connecting
+                    await asyncio.sleep(0.05)
+                connecting.cancel()
+                await asyncio.gather(connecting, return_exceptions=True)
+                await asyncio.sleep(0.5)  # the relay has seen the connections close
+                assert (first.open_from_client, second.open_from_client) == ([0], [0])
+
+    async def test_a_pass_won_by_the_next_host_closes_the_check_held_by_the_first(
+            self, database_dsn: str, pg_server_dsn: str) -> None:
+        with _paused_then_good(database_dsn, pg_server_dsn) as (server, dbname, paused, good,
+                                                                 _c):
+            async with _tap(paused) as held:
+                dsn = (f"postgresql://{server.user}@127.0.0.1:{held.port},127.0.0.1:{good}"
+                       f"/{dbname}?target_session_attrs=read-write")
+                conn = await asyncio.wait_for(zeroth_pg.connect(dsn, timeout=3600), 120)
+                try:
+                    await asyncio.sleep(0.5)  # the relay has seen the connection close
+                    assert held.firsts, "the first host was not tried"
+                    assert held.open_from_client == [0], held.open_from_client
+                finally:
+                    await conn.close()
+
+
+class TestDsnParametersOnEachHostsConnection:
+    async def test_sslmode_require_is_kept_on_each_hosts_connection_no_plaintext_fallback(
+            self, database_dsn: str, pg_server_dsn: str) -> None:
+        # Two PgBouncers without TLS: each refuses the SSL upgrade. The per-host connections
+        # of the check must not drop the DSN's sslmode=require and log in in plain text.
+        server = _server(pg_server_dsn)
+        dbname = str(conninfo_to_dict(libpq_dsn(database_dsn))["dbname"])
+        target = f"host={server.host} port={server.port}"
+        socket_dir = server.host if server.host.startswith("/") else None
+        with bouncer(f"* = {target}", user=server.user, socket_dir=socket_dir) as one, \
+                bouncer(f"* = {target}", user=server.user, socket_dir=socket_dir) as two:
+            dsn = (f"postgresql://{server.user}@127.0.0.1:{one},127.0.0.1:{two}/{dbname}"
+                   "?target_session_attrs=read-write&sslmode=require")
+            with pytest.raises(ConnectionError, match="SSL"):
+                await zeroth_pg.connect(dsn)
+            with pytest.raises(ConnectionError, match="SSL"):
+                async with zeroth_pg.create_pool(dsn, min_size=1, max_size=1):
+                    pass
+
+
+class TestTwoHostsThatTakeWrites:
+    async def test_connections_stay_on_one_of_them(
+            self, database_dsn: str, pg_server_dsn: str) -> None:
+        # Split brain (both take writes, here two PgBouncers in front of one server): every
+        # connection of a pool goes to the same host, the one found writable first, not some
+        # to each.
+        server = _server(pg_server_dsn)
+        dbname = str(conninfo_to_dict(libpq_dsn(database_dsn))["dbname"])
+        target = f"host={server.host} port={server.port}"
+        socket_dir = server.host if server.host.startswith("/") else None
+        with bouncer(f"* = {target}", user=server.user, socket_dir=socket_dir) as one, \
+                bouncer(f"* = {target}", user=server.user, socket_dir=socket_dir) as two:
+            dsn = (f"postgresql://{server.user}@127.0.0.1:{one},127.0.0.1:{two}/{dbname}"
+                   "?target_session_attrs=read-write")
+            async with zeroth_pg.create_pool(dsn, min_size=0, max_size=6) as pool:
+                conns = [await pool.acquire() for _ in range(6)]
+                try:
+                    ports = {conn._addr[1] for conn in conns}
+                finally:
+                    for conn in conns:
+                        await pool.release(conn)
+            assert ports == {one}, (ports, one, two)
+
+
+@contextlib.asynccontextmanager
+async def _black_hole() -> Any:
+    """A loopback port that accepts connections and never answers (a SIGSTOPped server, a
+    partition after the handshake): yields (its port, [connections the client has not closed
+    yet])."""
+    open_now = [0]
+
+    async def swallow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        open_now[0] += 1
+        try:
+            with contextlib.suppress(OSError):
+                while await reader.read(65536):
+                    pass
+        finally:
+            open_now[0] -= 1
+            writer.close()
+
+    server = await asyncio.start_server(swallow, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1], open_now
+    finally:
+        server.close()
+
+
+class TestAHostThatNeverAnswersTheLogin:
+    async def test_the_next_host_wins_and_the_hung_login_is_closed(
+            self, database_dsn: str, pg_server_dsn: str) -> None:
+        server = _server(pg_server_dsn)
+        dbname = str(conninfo_to_dict(libpq_dsn(database_dsn))["dbname"])
+        target = f"host={server.host} port={server.port}"
+        socket_dir = server.host if server.host.startswith("/") else None
+        with bouncer(f"* = {target}", user=server.user, socket_dir=socket_dir) as good:
+            async with _black_hole() as (hole, open_now):
+                dsn = (f"postgresql://{server.user}@127.0.0.1:{hole},127.0.0.1:{good}"
+                       f"/{dbname}?target_session_attrs=read-write")
+                # A guard against waiting out the hour, not a speed assertion.
+                conn = await asyncio.wait_for(zeroth_pg.connect(dsn, timeout=3600), 120)
+                try:
+                    assert await _landed_in(conn) == (dbname, "pending")
+                    await asyncio.sleep(0.5)  # the black hole has seen the connection close
+                    assert open_now == [0], open_now
+                finally:
+                    await conn.close()
+
+    async def test_alone_it_fails_after_the_connections_timeout_with_nothing_left_open(
+            self) -> None:
+        async with _black_hole() as (hole, open_now):
+            dsn = (f"postgresql://nobody@127.0.0.1:{hole},127.0.0.1:{hole}/db"
+                   "?target_session_attrs=read-write")
+            with pytest.raises((TimeoutError, zeroth_pg.NoWritableServerError)):
+                # A guard against a hang, far above the 1 s asked for.
+                await asyncio.wait_for(zeroth_pg.connect(dsn, timeout=1), 120)
+            await asyncio.sleep(0.5)
+            assert open_now == [0], open_now
+
+
+class TestConnectsFromOneEventLoopAfterAnother:
+    def test_a_connect_after_an_outage_seen_from_an_earlier_event_loop_succeeds(
+            self, stale_bouncer: StaleBouncer, pg_server_dsn: str) -> None:
+        # A CLI command (asyncio.run per command), a test, a process that restarts its loop:
+        # the first loop saw an outage (its last pass's read-only connection kept to watch
+        # the pause) and closed. The next loop's connect must not trip over that connection.
+        only_stale = (f"postgresql://{stale_bouncer.user}@127.0.0.1:{stale_bouncer.stale_port}"
+                      f"/{stale_bouncer.dbname}?target_session_attrs=read-write")
+        with pytest.raises(zeroth_pg.NoWritableServerError):
+            asyncio.run(zeroth_pg.connect(only_stale))
+        with psycopg.connect(libpq_dsn(pg_server_dsn), autocommit=True) as admin:
+            admin.execute(f'ALTER DATABASE "{stale_bouncer.copy}"'
+                          " SET default_transaction_read_only = off")
+            admin.execute("SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity"
+                          " WHERE datname = %s", (stale_bouncer.copy,))
+
+        async def connected() -> str:
+            conn = await zeroth_pg.connect(only_stale)
+            try:
+                return str(await conn.fetchval("SHOW transaction_read_only"))
+            finally:
+                await conn.close()
+
+        assert asyncio.run(connected()) == "off"
+
+
+class TestAMigrationsHostListForms:
+    def test_a_list_of_hostaddr_without_host_names_tries_each_address(
+            self, stale_bouncer: StaleBouncer) -> None:
+        # libpq's multi-host forms include hostaddr=a,b (no host names): the host choice must
+        # ask each address, not only the first.
+        dsn = (f"hostaddr=127.0.0.1,127.0.0.1 port={stale_bouncer.stale_port},"
+               f"{stale_bouncer.good_port} dbname={stale_bouncer.dbname} "
+               f"user={stale_bouncer.user} target_session_attrs=read-write")
+        pinned = conninfo_to_dict(migrate.writable_libpq_dsn(dsn))
+        assert pinned["port"] == str(stale_bouncer.good_port), pinned
+
+
+class TestACallerCancelledAsItsPassIsWon:
+    async def test_the_connection_found_is_closed_not_left_open(
+            self, database_dsn: str, pg_server_dsn: str,
+            monkeypatch: pytest.MonkeyPatch) -> None:
+        # The caller's deadline (an acquire's timeout, asyncio.timeout around a connect) comes
+        # in the instant the pass has its winner, while the abandoned checks are being closed:
+        # the connection found is the caller's to close no more, so the pass must close it
+        # (else only the GC does, with "unclosed connection"). The cancellation is delivered at
+        # that instant by a hook on the winner's marking.
+        marked = _connect._watch_refused_writes
+
+        def cancelled_now(conn: asyncpg.Connection) -> None:
+            task = asyncio.current_task()
+            assert task is not None
+            task.cancel()
+            marked(conn)
+
+        monkeypatch.setattr(_connect, "_watch_refused_writes", cancelled_now)
+        opened: list[asyncpg.Connection] = []
+
+        class Tracked(asyncpg.Connection):  # type: ignore[misc]
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, **kwargs)
+                opened.append(self)
+
+        with _paused_then_good(database_dsn, pg_server_dsn) as (server, dbname, paused, good,
+                                                                 _c):
+            dsn = (f"postgresql://{server.user}@127.0.0.1:{paused},127.0.0.1:{good}"
+                   f"/{dbname}?target_session_attrs=read-write")
+            with pytest.raises(asyncio.CancelledError):
+                await zeroth_pg.connect(dsn, timeout=3600, connection_class=Tracked)
+            await asyncio.sleep(0.5)  # the abandoned tasks have ended
+            try:
+                assert len(opened) == 2, opened  # the held check's, the winner's
+                assert [conn.is_closed() for conn in opened] == [True, True]
+            finally:
+                for conn in opened:
+                    conn.terminate()
