@@ -231,28 +231,15 @@ class TestAHostThatHangsAfterLogin:
         # asked. an-hour: the first host holds the check, as a PgBouncer whose server restarts
         # (a switchover's demoted primary) queues it until the server is back: with an hour's
         # timeout only the next host, tried meanwhile, can answer.
-        server = _server(pg_server_dsn)
-        dbname = str(conninfo_to_dict(libpq_dsn(database_dsn))["dbname"])
-        target = f"host={server.host} port={server.port}"
-        socket_dir = server.host if server.host.startswith("/") else None
-        with bouncer(f"* = {target}", user=server.user, socket_dir=socket_dir) as paused, \
-                bouncer(f"* = {target}", user=server.user, socket_dir=socket_dir) as good:
-            # A client first, so that PgBouncer answers later logins from its cache.
-            with psycopg.connect(f"postgresql://{server.user}@127.0.0.1:{paused}/{dbname}",
-                                 autocommit=True) as first:
-                first.execute("SELECT 1")
-            with psycopg.connect(f"postgresql://{server.user}@127.0.0.1:{paused}/pgbouncer",
-                                 autocommit=True) as console:
-                console.execute("PAUSE")
-                dsn = (f"postgresql://{server.user}@127.0.0.1:{paused},127.0.0.1:{good}"
-                       f"/{dbname}?target_session_attrs=read-write")
-                # A guard against a hang (or waiting out the hour), not a speed assertion.
-                conn = await asyncio.wait_for(zeroth_pg.connect(dsn, timeout=connect_timeout), 120)
-                try:
-                    assert await _landed_in(conn) == (dbname, "pending")
-                finally:
-                    await conn.close()
-                console.execute("RESUME")
+        with _paused_then_good(database_dsn, pg_server_dsn) as (server, dbname, paused, good, _c):
+            dsn = (f"postgresql://{server.user}@127.0.0.1:{paused},127.0.0.1:{good}"
+                   f"/{dbname}?target_session_attrs=read-write")
+            # A guard against a hang (or waiting out the hour), not a speed assertion.
+            conn = await asyncio.wait_for(zeroth_pg.connect(dsn, timeout=connect_timeout), 120)
+            try:
+                assert await _landed_in(conn) == (dbname, "pending")
+            finally:
+                await conn.close()
 
 
 class TestEveryHostUnableToWrite:
@@ -393,30 +380,36 @@ class TestAConnectionsOwnReadOnlyTransaction:
         assert 3 <= len(opened) <= 6, len(opened)
 
 
-def _paused_then_good(database_dsn: str, pg_server_dsn: str) -> Any:
+@contextlib.contextmanager
+def _two_poolers(database_dsn: str, pg_server_dsn: str
+                 ) -> Iterator[tuple[Server, str, int, int]]:
+    """Two PgBouncers in front of the test's server: yields (server, dbname, port, port)."""
+    server = _server(pg_server_dsn)
+    dbname = str(conninfo_to_dict(libpq_dsn(database_dsn))["dbname"])
+    target = f"host={server.host} port={server.port}"
+    socket_dir = server.host if server.host.startswith("/") else None
+    with bouncer(f"* = {target}", user=server.user, socket_dir=socket_dir) as one, \
+            bouncer(f"* = {target}", user=server.user, socket_dir=socket_dir) as two:
+        yield server, dbname, one, two
+
+
+@contextlib.contextmanager
+def _paused_then_good(database_dsn: str, pg_server_dsn: str
+                      ) -> Iterator[tuple[Server, str, int, int, psycopg.Connection[Any]]]:
     """Two PgBouncers in front of the test's server, the first PAUSEd (logins succeed, queries
     wait for RESUME): yields (server, dbname, paused_port, good_port, console)."""
-
-    @contextlib.contextmanager
-    def scenario() -> Iterator[tuple[Server, str, int, int, psycopg.Connection[Any]]]:
-        server = _server(pg_server_dsn)
-        dbname = str(conninfo_to_dict(libpq_dsn(database_dsn))["dbname"])
-        target = f"host={server.host} port={server.port}"
-        socket_dir = server.host if server.host.startswith("/") else None
-        with bouncer(f"* = {target}", user=server.user, socket_dir=socket_dir) as paused, \
-                bouncer(f"* = {target}", user=server.user, socket_dir=socket_dir) as good:
-            with psycopg.connect(f"postgresql://{server.user}@127.0.0.1:{paused}/{dbname}",
-                                 autocommit=True) as first:
-                first.execute("SELECT 1")
-            with psycopg.connect(f"postgresql://{server.user}@127.0.0.1:{paused}/pgbouncer",
-                                 autocommit=True) as console:
-                console.execute("PAUSE")
-                try:
-                    yield server, dbname, paused, good, console
-                finally:
-                    console.execute("RESUME")
-
-    return scenario()
+    with _two_poolers(database_dsn, pg_server_dsn) as (server, dbname, paused, good):
+        # A client first, so that PgBouncer answers later logins from its cache.
+        with psycopg.connect(f"postgresql://{server.user}@127.0.0.1:{paused}/{dbname}",
+                             autocommit=True) as first:
+            first.execute("SELECT 1")
+        with psycopg.connect(f"postgresql://{server.user}@127.0.0.1:{paused}/pgbouncer",
+                             autocommit=True) as console:
+            console.execute("PAUSE")
+            try:
+                yield server, dbname, paused, good, console
+            finally:
+                console.execute("RESUME")
 
 
 class TestAMigrationAndAHostThatHangsAfterLogin:
@@ -620,12 +613,7 @@ class TestDsnParametersOnEachHostsConnection:
             self, database_dsn: str, pg_server_dsn: str) -> None:
         # Two PgBouncers without TLS: each refuses the SSL upgrade. The per-host connections
         # of the check must not drop the DSN's sslmode=require and log in in plain text.
-        server = _server(pg_server_dsn)
-        dbname = str(conninfo_to_dict(libpq_dsn(database_dsn))["dbname"])
-        target = f"host={server.host} port={server.port}"
-        socket_dir = server.host if server.host.startswith("/") else None
-        with bouncer(f"* = {target}", user=server.user, socket_dir=socket_dir) as one, \
-                bouncer(f"* = {target}", user=server.user, socket_dir=socket_dir) as two:
+        with _two_poolers(database_dsn, pg_server_dsn) as (server, dbname, one, two):
             dsn = (f"postgresql://{server.user}@127.0.0.1:{one},127.0.0.1:{two}/{dbname}"
                    "?target_session_attrs=read-write&sslmode=require")
             with pytest.raises(ConnectionError, match="SSL"):
@@ -641,12 +629,7 @@ class TestTwoHostsThatTakeWrites:
         # Split brain (both take writes, here two PgBouncers in front of one server): every
         # connection of a pool goes to the same host, the one found writable first, not some
         # to each.
-        server = _server(pg_server_dsn)
-        dbname = str(conninfo_to_dict(libpq_dsn(database_dsn))["dbname"])
-        target = f"host={server.host} port={server.port}"
-        socket_dir = server.host if server.host.startswith("/") else None
-        with bouncer(f"* = {target}", user=server.user, socket_dir=socket_dir) as one, \
-                bouncer(f"* = {target}", user=server.user, socket_dir=socket_dir) as two:
+        with _two_poolers(database_dsn, pg_server_dsn) as (server, dbname, one, two):
             dsn = (f"postgresql://{server.user}@127.0.0.1:{one},127.0.0.1:{two}/{dbname}"
                    "?target_session_attrs=read-write")
             async with zeroth_pg.create_pool(dsn, min_size=0, max_size=6) as pool:
