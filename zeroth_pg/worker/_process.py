@@ -13,7 +13,6 @@ import logging
 import os
 import sys
 import threading
-import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -22,6 +21,7 @@ import asyncpg
 from zeroth_pg import tracing
 from zeroth_pg._connect import create_pool
 from zeroth_pg.worker._run import Handler, orchestrator_handler
+from zeroth_pg.worker._sources import default_worker_id
 from zeroth_pg.worker._worker import RunWorker
 
 __all__ = ["JsonFormatter", "WorkerApp", "load_app", "load_handler", "run_process", "serve",
@@ -188,7 +188,7 @@ async def serve(
         provider = None
     if metrics_port:
         start_http_server(metrics_port)
-    worker_id = worker_id or uuid.uuid4().hex
+    worker_id = worker_id or default_worker_id()
     pool = await create_pool(
         dsn, min_size=1, max_size=max(4, concurrency + 2), reset=skip_reset,
         server_settings={"application_name": f"zeroth-worker:{worker_id}"})

@@ -10,6 +10,7 @@ each run carries, so the rest of the worker does not know which source it has.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -21,7 +22,17 @@ from zeroth_pg.worker._gate import GateTarget
 if TYPE_CHECKING:
     from zeroth_pg.client import LeaseManager
 
-__all__ = ["ClaimSource", "Claimed", "ManyScopes", "OneScope", "per_deployment", "source_for"]
+__all__ = ["ClaimSource", "Claimed", "ManyScopes", "OneScope", "default_worker_id",
+           "per_deployment", "source_for"]
+
+
+def default_worker_id() -> str:
+    """A worker's id when none is given: 12 random hex digits (48 bits), unique per process in
+    any fleet a person can read through. The id is written into the run's row at every claim (the
+    lease holder), logged whole in that claim's WAL record: a uuid4's 32 digits cost 20 bytes of
+    WAL a run more for nothing (issue 30; docs/performance.md). A second worker with the same id
+    (a collision, or a name given twice) is fenced by the lease generation like any other."""
+    return secrets.token_hex(6)
 
 
 @dataclass(frozen=True, slots=True)

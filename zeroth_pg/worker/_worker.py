@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import logging
 import signal
-import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 from uuid import UUID
@@ -35,7 +34,7 @@ from zeroth_pg.worker._schedules import PeriodicSchedule, ScheduleFirer, firer_f
 from zeroth_pg.worker._settle import CompletionBatcher, Settler
 from zeroth_pg.worker._signals import drain_signals
 from zeroth_pg.worker._slots import HeldRuns
-from zeroth_pg.worker._sources import OneScope, per_deployment, source_for
+from zeroth_pg.worker._sources import OneScope, default_worker_id, per_deployment, source_for
 from zeroth_pg.worker._sources import retry_policies as retry_policies_of
 
 __all__ = ["RunWorker"]
@@ -120,7 +119,7 @@ class RunWorker:
         self.poll_interval = poll_interval
         self.orphan_sweep_interval = orphan_sweep_interval
         self.orphan_grace = orphan_grace
-        self.worker_id = worker_id or uuid.uuid4().hex
+        self.worker_id = worker_id or default_worker_id()
         self.shutdown_timeout = shutdown_timeout
         self.lease_duration = lease_duration
         self.renew_interval = lease_duration * renew_fraction

@@ -1,0 +1,31 @@
+"""A RunWorker's default id: short (it is written into the run's row, and so into the WAL, at every
+claim: issue 30) and still one per worker."""
+
+from __future__ import annotations
+
+import re
+
+import asyncpg
+
+from zeroth_pg.worker import RunWorker
+from zeroth_pg.worker._sources import default_worker_id
+
+
+async def _noop(_run: object) -> None:
+    return None
+
+
+def test_the_default_id_is_twelve_hex_digits_drawn_anew_each_time():
+    ids = {default_worker_id() for _ in range(1000)}
+    assert len(ids) == 1000
+    assert all(re.fullmatch(r"[0-9a-f]{12}", worker_id) for worker_id in ids)
+
+
+async def test_workers_built_without_an_id_get_distinct_short_ids_and_a_given_id_is_kept(
+        pool: asyncpg.Pool):
+    first = RunWorker(pool, "default-id", _noop)
+    second = RunWorker(pool, "default-id", _noop)
+    named = RunWorker(pool, "default-id", _noop, worker_id="a-name-given-by-its-operator")
+    assert re.fullmatch(r"[0-9a-f]{12}", first.worker_id)
+    assert first.worker_id != second.worker_id
+    assert named.worker_id == "a-name-given-by-its-operator"
