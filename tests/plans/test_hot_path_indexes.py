@@ -484,3 +484,60 @@ async def test_a_claim_and_a_completion_do_not_log_the_payload(connect: Any) -> 
     assert await admin.fetchval(
         """SELECT count(*) FROM zeroth.runs WHERE status = 'completed'
               AND length(payload ->> 'text') = 1200 AND length(metadata ->> 'm') = 300""") == n
+
+
+async def test_a_completion_does_not_log_the_holder_nor_its_claim_time(connect: Any) -> None:
+    """A completion moves the holder's id and claim time from lease_worker_id / lease_acquired_at
+    into completed_worker_id / completed_claimed_at (a run's first attempt) and clears the lease.
+    The two pairs are neighbours in the row (migration 0025, only NULL columns between them), so
+    the completed version holds the same bytes as the claimed one from lease_generation to its
+    end and its UPDATE record leaves them out (prefix/suffix compression): with a 150-character
+    worker id, each claim's same-page UPDATE record carries the id and each completion's does
+    not. Before 0025 the completion's record carried it too (with the claim time, attempts,
+    started_at and lease_generation between). Every completion lands and records its attempt."""
+    admin = await connect()
+    await admin.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+    lsn = "SELECT pg_current_wal_insert_lsn()::text"
+    await admin.execute("SET synchronous_commit = on")  # the records read are flushed
+    worker = "w" * 150
+    n = 10
+    await admin.execute(
+        "SELECT * FROM zeroth.enqueue_runs(deployment_ref => 'd', runs => $1)",
+        json.dumps([{"payload": {"i": i}} for i in range(n)]))
+    node = str(await admin.fetchval(
+        "SELECT relfilenode FROM pg_class WHERE oid = 'zeroth.runs'::regclass"))
+    database = str(await admin.fetchval(
+        "SELECT oid FROM pg_database WHERE datname = current_database()"))
+
+    async def same_page_update_sizes(start: str, end: str) -> list[int]:
+        await admin.execute("SELECT pg_logical_emit_message(true, 'zeroth-test', 'flush')")
+        return [int(r["record_length"]) for r in await admin.fetch(
+            """SELECT record_length, fpi_length, block_ref
+                 FROM pg_get_wal_records_info($1::text::pg_lsn, $2::text::pg_lsn)
+                WHERE resource_manager = 'Heap' AND record_type LIKE 'UPDATE%'""", start, end)
+            if BLOCK.findall(r["block_ref"] or "") == [(database, node)] and not r["fpi_length"]]
+
+    claims, completions = [], []
+    for _ in range(n):
+        start = await admin.fetchval(lsn)
+        claimed = await admin.fetch(
+            """SELECT * FROM zeroth.claim_and_start(deployment_ref => 'd', worker_id => $1,
+                                                    batch_size => 1)""", worker)
+        middle = await admin.fetchval(lsn)
+        done = await admin.fetch(
+            """SELECT * FROM zeroth.complete_runs(worker_id => $1, run_ids => $2,
+                                                  generations => $3)""",
+            worker, [claimed[0]["run_id"]], [claimed[0]["lease_generation"]])
+        assert [d["completed"] for d in done] == [True]
+        end = await admin.fetchval(lsn)
+        claims += await same_page_update_sizes(start, middle)
+        completions += await same_page_update_sizes(middle, end)
+    save_report("update_record_sizes_claim_and_completion",
+                {"claims": claims, "completions": completions})
+    assert len(claims) >= n // 2 and len(completions) >= n // 2, (claims, completions)
+    assert min(claims) > len(worker), claims
+    assert max(completions) < len(worker), completions
+    assert await admin.fetchval(
+        """SELECT count(*) FROM zeroth.run_attempts
+            WHERE worker_id = $1 AND outcome = 'completed' AND lease_generation = 1""",
+        worker) == n
