@@ -597,6 +597,7 @@ END) STORED NOT NULL,
     thread_id text,
     status zeroth.run_status DEFAULT 'pending'::zeroth.run_status NOT NULL,
     wait_reason text,
+    attempts integer DEFAULT 0 NOT NULL,
     updated_at timestamp with time zone NOT NULL,
     finished_at timestamp with time zone,
     output jsonb,
@@ -623,7 +624,6 @@ END) STORED NOT NULL,
     accounting jsonb,
     lease_worker_id text,
     lease_acquired_at timestamp with time zone,
-    attempts integer DEFAULT 0 NOT NULL,
     started_at timestamp with time zone,
     max_attempts integer DEFAULT 3 NOT NULL,
     checkpoint_seq bigint DEFAULT 0 NOT NULL,
@@ -660,6 +660,11 @@ ALTER TABLE zeroth.runs OWNER TO zeroth_owner;
 -- Name: TABLE runs; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
 COMMENT ON TABLE zeroth.runs IS 'One row per run. Write it only through the zeroth.* functions; every lease-holder write is fenced by (lease_worker_id, lease_generation, lease_expires_at).';
+
+--
+-- Name: COLUMN runs.attempts; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.runs.attempts IS 'Number of attempts: counted when a run starts (start_run, claim_and_start) and when an orphan is re-leased after its lease expired (claim_orphaned). Given back only by the live holder stopping gracefully: pause_run (waiting is not a failure) and the first max_attempts hand-backs (hand_back_to_pending). So attempts never exceed max_attempts through the functions.';
 
 --
 -- Name: COLUMN runs.lease_generation; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
@@ -730,11 +735,6 @@ COMMENT ON COLUMN zeroth.runs.completed_claimed_at IS 'When the attempt of compl
 -- Name: COLUMN runs.accounting; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
 COMMENT ON COLUMN zeroth.runs.accounting IS 'Caller-defined JSON object (token and message counts, …) merged by update_run_progress.';
-
---
--- Name: COLUMN runs.attempts; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
---
-COMMENT ON COLUMN zeroth.runs.attempts IS 'Number of attempts: counted when a run starts (start_run, claim_and_start) and when an orphan is re-leased after its lease expired (claim_orphaned). Given back only by the live holder stopping gracefully: pause_run (waiting is not a failure) and the first max_attempts hand-backs (hand_back_to_pending). So attempts never exceed max_attempts through the functions.';
 
 --
 -- Name: COLUMN runs.checkpoint_seq; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
