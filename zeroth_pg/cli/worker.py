@@ -56,7 +56,8 @@ def worker(
              "registered retry policy, zeroth-pg deployments; else 1).",
         show_default=False)] = None,
     worker_id: Annotated[str | None, typer.Option(
-        envvar="ZEROTH_PG_WORKER_ID", help="Default: random.", show_default=False)] = None,
+        envvar="ZEROTH_PG_WORKER_ID", help="Default: 12 random hex digits.",
+        show_default=False)] = None,
     code_version: Annotated[str | None, typer.Option(
         envvar="ZEROTH_PG_CODE_VERSION",
         help="The version of the code this worker runs (a build id, e.g. 2026.12.05-abc123): "
