@@ -104,7 +104,8 @@ def test_an_upgrade_from_0024_with_runs_moves_the_lease_columns_and_keeps_every_
         attributes = conn.execute(
             """SELECT count(*) FROM pg_attribute
                 WHERE attrelid = 'zeroth.runs'::regclass AND attnum > 0""").fetchone()
-        assert attributes is not None and attributes[0] <= 72, attributes
+        assert attributes is not None
+        assert attributes[0] <= 72, attributes
         for name in VIEWS:
             assert _view(conn, name), name  # made again by the function files, and readable
         # The lease's CHECKs still hold on the moved columns.
