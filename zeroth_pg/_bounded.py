@@ -1,0 +1,105 @@
+"""A time bound on one call through a pool: what keeps a worker off a hung server (issue 35).
+
+A server that stops answering without closing its connections (a primary frozen by SIGSTOP, a
+paused VM, a network partition that drops packets) leaves every call on those connections
+waiting: the kernel keeps the TCP connection open, asyncpg raises nothing, and a worker's claim
+loop and completion loop wait on it until the server comes back, while a failover manager has
+long promoted another node (a Patroni cluster whose primary node was stopped: the first claim
+on the promoted node came 2.3-3.0 s after the promotion, only once the harness resumed the old
+one; docs/dba-guide.md, "High availability").
+
+:func:`bounded_call` gives one call (the wait for a pooled connection included) ``seconds`` to
+answer. One that does not gets its connection **terminated** — never handed back to the pool,
+and never cancelled with asyncpg's cancel request, which goes out on a new connection to the
+same hung server (and, dropped half-way, crashed PgBouncer 1.18: :mod:`zeroth_pg._connect`) —
+and the pool's other connections expired (:meth:`asyncpg.Pool.expire_connections`: each is
+replaced at its next acquire, so the next calls do not try the pool's other connections to the
+same server one bound at a time), and :class:`~zeroth_pg.errors.CallTimeoutError` (a
+``ConnectionLostError``: retryable) is raised. The next call connects afresh through the DSN:
+with a multi-host DSN, through the writable-server check of :mod:`zeroth_pg._connect`, which
+finds the promoted node. Whether the call committed is unknown, as for any lost connection: a
+completion is not reported as landed (a repeat is refused by the fence if the first landed),
+and runs a timed-out claim may have leased are recovered by the orphan sweep once their lease
+runs out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import asyncpg
+
+from zeroth_pg.errors import CallTimeoutError
+
+__all__ = ["bounded_call"]
+
+log = logging.getLogger("zeroth_pg.client")
+
+T = TypeVar("T")
+
+
+async def bounded_call(pool: asyncpg.Pool, seconds: float,
+                       call: Callable[[asyncpg.Connection], Awaitable[T]], what: str) -> T:
+    """``await call(conn)`` on a connection of ``pool``, the acquire included, within
+    ``seconds``; else the connection is terminated, the pool's others expired, and
+    CallTimeoutError raised (module docstring). A cancellation from outside (the caller's own
+    timeout, a shutdown) also terminates a connection whose call is still out, rather than
+    letting asyncpg send a cancel request."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    try:
+        async with asyncio.timeout_at(deadline):
+            conn = await pool.acquire()
+    except TimeoutError:
+        await _expire(pool)
+        raise CallTimeoutError(f"{what}: no connection of the pool within {seconds:g} s "
+                               "(every server unreachable or not answering); the pool's "
+                               "connections are replaced") from None
+    try:
+        # A task of its own, shielded: the timeout (or an outside cancellation) never reaches
+        # the query, so asyncpg sends no cancel request; terminating the connection ends it.
+        inner = asyncio.ensure_future(call(conn))
+        inner.add_done_callback(_retrieved)
+        try:
+            async with asyncio.timeout_at(deadline):
+                result = await asyncio.shield(inner)
+        except BaseException as exc:
+            if not inner.done():
+                conn.terminate()
+            if isinstance(exc, TimeoutError) and not inner.done():
+                await _expire(pool)
+                log.warning("%s got no answer within %g s: its connection was terminated and "
+                            "the pool's connections are replaced (a hung or partitioned "
+                            "server?)", what, seconds)
+                raise CallTimeoutError(
+                    f"{what}: no answer within {seconds:g} s; its connection was terminated "
+                    "(whether it committed is unknown)") from None
+            raise
+    finally:
+        await _release(pool, conn, max(0.1, deadline - loop.time()))
+    return result
+
+
+async def _release(pool: asyncpg.Pool, conn: Any, seconds: float) -> None:
+    """Give ``conn`` back, its reset bounded too: a server that froze after answering holds
+    the reset query (asyncpg then terminates the connection). A failure here concerns the
+    connection only, never the call's answer."""
+    try:
+        await pool.release(conn, timeout=seconds)
+    except Exception as exc:  # asyncpg terminated it: the pool opens a new one
+        log.debug("releasing a connection failed (%s: %s)", type(exc).__name__, exc)
+        await _expire(pool)
+
+
+async def _expire(pool: asyncpg.Pool) -> None:
+    with_expire = getattr(pool, "expire_connections", None)
+    if with_expire is not None:
+        await with_expire()
+
+
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()  # the caller has its own answer; the abandoned call's is not needed
