@@ -22,6 +22,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -217,3 +218,31 @@ def test_call_timeout_error_is_a_lost_connection() -> None:
     from zeroth_pg.errors import ConnectionLostError, RetryableError
     assert issubclass(CallTimeoutError, ConnectionLostError)
     assert issubclass(CallTimeoutError, RetryableError)
+
+
+class TestTcpKeepalives:
+    """The second line, for a partition that drops packets: every TCP connection zeroth_pg
+    opens has keepalives and TCP_USER_TIMEOUT set (asyncpg has no option for them)."""
+
+    @pytest.mark.parametrize("hosts", [1, 2])
+    async def test_connections_and_pool_connections_have_them(
+            self, database_dsn: str, pg_server_dsn: str, hosts: int) -> None:
+        with _two_poolers(database_dsn, pg_server_dsn) as (dsn, _):
+            if hosts == 1:  # one host: asyncpg's own connect, no writable-server check
+                dsn = dsn.replace(dsn[dsn.index(","):dsn.index("/", dsn.index(","))], "")
+                dsn = dsn.replace("?target_session_attrs=read-write", "")
+            conn = await zeroth_pg.connect(dsn)
+            try:
+                _check_keepalive(conn._transport.get_extra_info("socket"))
+                async with zeroth_pg.create_pool(dsn, min_size=1, max_size=1) as pool, \
+                        pool.acquire() as pooled:
+                    _check_keepalive(pooled._con._transport.get_extra_info("socket"))
+            finally:
+                await conn.close()
+
+
+def _check_keepalive(sock: Any) -> None:
+    assert sock.family == socket.AF_INET
+    assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+    assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 30_000
+    assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 10
