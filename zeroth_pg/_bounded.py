@@ -66,10 +66,11 @@ async def bounded_call(pool: asyncpg.Pool, seconds: float,
         try:
             async with asyncio.timeout_at(deadline):
                 result = await asyncio.shield(inner)
-        except BaseException as exc:
-            if not inner.done():
+        except TimeoutError:
+            if inner.done() and not inner.cancelled():
+                result = inner.result()  # answered as the bound ran out: the answer stands
+            else:
                 conn.terminate()
-            if isinstance(exc, TimeoutError) and not inner.done():
                 await _expire(pool)
                 log.warning("%s got no answer within %g s: its connection was terminated and "
                             "the pool's connections are replaced (a hung or partitioned "
@@ -77,6 +78,9 @@ async def bounded_call(pool: asyncpg.Pool, seconds: float,
                 raise CallTimeoutError(
                     f"{what}: no answer within {seconds:g} s; its connection was terminated "
                     "(whether it committed is unknown)") from None
+        except BaseException:
+            if not inner.done():
+                conn.terminate()  # the caller was cancelled: no cancel request either
             raise
     finally:
         await _release(pool, conn, max(0.1, deadline - loop.time()))
