@@ -20,7 +20,8 @@ with a multi-host DSN, through the writable-server check of :mod:`zeroth_pg._con
 finds the promoted node. Whether the call committed is unknown, as for any lost connection: a
 completion is not reported as landed (a repeat is refused by the fence if the first landed),
 and runs a timed-out claim may have leased are recovered by the orphan sweep once their lease
-runs out.
+runs out. A cancellation from outside (a renewal's own deadline) is asyncpg's to handle, as
+without the bound.
 """
 
 from __future__ import annotations
@@ -45,9 +46,12 @@ async def bounded_call(pool: asyncpg.Pool, seconds: float,
                        call: Callable[[asyncpg.Connection], Awaitable[T]], what: str) -> T:
     """``await call(conn)`` on a connection of ``pool``, the acquire included, within
     ``seconds``; else the connection is terminated, the pool's others expired, and
-    CallTimeoutError raised (module docstring). A cancellation from outside (the caller's own
-    timeout, a shutdown) also terminates a connection whose call is still out, rather than
-    letting asyncpg send a cancel request."""
+    CallTimeoutError raised (module docstring).
+
+    The bound on the call itself is a timer that terminates the connection, not a
+    cancellation: asyncpg answers a cancelled query with a cancel request on a new connection
+    to the same (hung) server. A timer costs one scheduled callback per call, where a task and a
+    shield around every call cost the worker's hot path a measurable share of its CPU."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + seconds
     try:
@@ -58,33 +62,38 @@ async def bounded_call(pool: asyncpg.Pool, seconds: float,
         raise CallTimeoutError(f"{what}: no connection of the pool within {seconds:g} s "
                                "(every server unreachable or not answering); the pool's "
                                "connections are replaced") from None
+    cut = _Cut(conn)
+    timer = loop.call_at(deadline, cut)
     try:
-        # A task of its own, shielded: the timeout (or an outside cancellation) never reaches
-        # the query, so asyncpg sends no cancel request; terminating the connection ends it.
-        inner = asyncio.ensure_future(call(conn))
-        inner.add_done_callback(_retrieved)
-        try:
-            async with asyncio.timeout_at(deadline):
-                result = await asyncio.shield(inner)
-        except TimeoutError:
-            if inner.done() and not inner.cancelled():
-                result = inner.result()  # answered as the bound ran out: the answer stands
-            else:
-                conn.terminate()
-                await _expire(pool)
-                log.warning("%s got no answer within %g s: its connection was terminated and "
-                            "the pool's connections are replaced (a hung or partitioned "
-                            "server?)", what, seconds)
-                raise CallTimeoutError(
-                    f"{what}: no answer within {seconds:g} s; its connection was terminated "
-                    "(whether it committed is unknown)") from None
-        except BaseException:
-            if not inner.done():
-                conn.terminate()  # the caller was cancelled: no cancel request either
+        return await call(conn)
+    except Exception:
+        if not cut.done:
             raise
+        # The timer terminated the connection under the call: asyncpg raised a lost
+        # connection; say why.
+        await _expire(pool)
+        log.warning("%s got no answer within %g s: its connection was terminated and the "
+                    "pool's connections are replaced (a hung or partitioned server?)",
+                    what, seconds)
+        raise CallTimeoutError(
+            f"{what}: no answer within {seconds:g} s; its connection was terminated "
+            "(whether it committed is unknown)") from None
     finally:
+        timer.cancel()
         await _release(pool, conn, max(0.1, deadline - loop.time()))
-    return result
+
+
+class _Cut:
+    """The timer's callback: terminate the connection of a call past its bound."""
+
+    __slots__ = ("conn", "done")
+
+    def __init__(self, conn: Any) -> None:
+        self.conn, self.done = conn, False
+
+    def __call__(self) -> None:
+        self.done = True
+        self.conn.terminate()
 
 
 async def _release(pool: asyncpg.Pool, conn: Any, seconds: float) -> None:
@@ -102,8 +111,3 @@ async def _expire(pool: asyncpg.Pool) -> None:
     with_expire = getattr(pool, "expire_connections", None)
     if with_expire is not None:
         await with_expire()
-
-
-def _retrieved(task: asyncio.Future[Any]) -> None:
-    if not task.cancelled():
-        task.exception()  # the caller has its own answer; the abandoned call's is not needed
