@@ -220,6 +220,31 @@ def test_call_timeout_error_is_a_lost_connection() -> None:
     assert issubclass(CallTimeoutError, RetryableError)
 
 
+class TestALeaseManagerCallOnAFrozenHost:
+    async def test_it_raises_call_timeout_and_the_pool_serves_again_once_thawed(
+            self, database_dsn: str, pg_server_dsn: str) -> None:
+        with _two_poolers(database_dsn, pg_server_dsn) as (dsn, first_pid):
+            only_first = dsn[:dsn.index(",")] + dsn[dsn.index("/", dsn.index(",")):]
+            async with zeroth_pg.create_pool(only_first, min_size=2, max_size=2) as pool:
+                lm = LeaseManager(pool, call_timeout=0.5)
+                assert await lm.count_pending(DEPLOYMENT, tenant_id=TENANT) == 0
+                with _frozen(first_pid):
+                    # A pooled connection: its query hangs, the connection is terminated.
+                    with pytest.raises(CallTimeoutError, match="no answer within"):
+                        await asyncio.wait_for(lm.count_pending(DEPLOYMENT, tenant_id=TENANT),
+                                               timeout=120)  # a guard, far above the bound
+                    # The pool's other connections were expired: a new one hangs at login.
+                    with pytest.raises(CallTimeoutError, match="no connection of the pool"):
+                        await asyncio.wait_for(lm.count_pending(DEPLOYMENT, tenant_id=TENANT),
+                                               timeout=120)
+                assert await eventually(
+                    lambda: _answers(lm), within=120, what="the pool serving again")
+
+
+async def _answers(lm: LeaseManager) -> bool:
+    return await lm.count_pending(DEPLOYMENT, tenant_id=TENANT) == 0
+
+
 class TestTcpKeepalives:
     """The second line, for a partition that drops packets: every TCP connection zeroth_pg
     opens has keepalives and TCP_USER_TIMEOUT set (asyncpg has no option for them)."""
