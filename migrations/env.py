@@ -25,10 +25,11 @@ import time
 
 from alembic import context
 from alembic.script import ScriptDirectory
-from sqlalchemy import Connection, create_engine, text
+from sqlalchemy import Connection, create_engine, event, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
+from zeroth_pg._migrate_functions import PIN_SEARCH_PATH
 from zeroth_pg.migrate import ADVISORY_LOCK_KEY, VERSION_SCHEMA, VERSION_TABLE, apply_functions
 
 log = logging.getLogger("zeroth_pg.migrate")
@@ -94,12 +95,23 @@ def _retried(exc: BaseException) -> bool:
     return getattr(cause, "sqlstate", None) in RETRIED
 
 
+def _pin_search_path(dbapi_connection: object, _record: object) -> None:
+    cursor = dbapi_connection.cursor()  # type: ignore[attr-defined]
+    cursor.execute(PIN_SEARCH_PATH)
+    cursor.close()
+    dbapi_connection.commit()  # type: ignore[attr-defined]
+
+
 def run_migrations_online() -> None:
     config = context.config
     url = config.attributes.get("zeroth_url") or config.get_main_option("sqlalchemy.url")
     if not url:
         raise RuntimeError("no database URL: use zeroth_pg.migrate.upgrade(dsn)")
     engine = create_engine(url, poolclass=NullPool)
+    # Before SQLAlchemy's own first queries (insert=True: ahead of the dialect's set-up), and
+    # committed, so the SET outlives the transaction psycopg opened for it. A statement, not a
+    # startup option: PgBouncer refuses ``options`` (zeroth_pg._migrate_functions).
+    event.listen(engine, "connect", _pin_search_path, insert=True)
     to_head = _reaches_head(context.script, context.get_revision_argument())
     try:
         with engine.connect() as connection:

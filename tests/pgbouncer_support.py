@@ -10,6 +10,7 @@ import contextlib
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -20,7 +21,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-__all__ = ["bouncer", "pgbouncer_executable"]
+__all__ = ["bouncer", "bouncer_process", "pgbouncer_executable"]
 
 
 def pgbouncer_executable() -> str:
@@ -50,6 +51,17 @@ def bouncer(databases: str, *, user: str, socket_dir: str | None = None,
     ``databases`` its [databases] section, ``user`` let in without a password; yields its port
     once it answers. As root it runs as the owner of ``socket_dir`` (the server's socket
     directory, which it must reach) or as nobody (PgBouncer refuses root)."""
+    with bouncer_process(databases, user=user, socket_dir=socket_dir, pool_mode=pool_mode,
+                         pool_size=pool_size, max_client_conn=max_client_conn) as (port, _):
+        yield port
+
+
+@contextlib.contextmanager
+def bouncer_process(databases: str, *, user: str, socket_dir: str | None = None,
+                    pool_mode: str = "session", pool_size: int = 8,
+                    max_client_conn: int = 100) -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
+    """:func:`bouncer`, yielding its process too (to freeze it with SIGSTOP: a hung host as its
+    clients see it). A stopped PgBouncer is continued before it is terminated."""
     executable = pgbouncer_executable()
     port = _free_port()
     workdir = Path(tempfile.mkdtemp(prefix="zeroth-pgbouncer-", dir="/dev/shm"
@@ -95,8 +107,10 @@ ignore_startup_parameters = extra_float_digits
                     raise RuntimeError(f"pgbouncer did not start:\n{log_path.read_text()}") \
                         from exc
                 time.sleep(0.05)
-        yield port
+        yield port, proc
     finally:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGCONT)  # a SIGTERM waits while it is stopped
         proc.terminate()
         try:
             proc.wait(timeout=5)

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from zeroth_pg.app import App, Deployment, SyncRunContext
     from zeroth_pg.client import LeaseManager
     from zeroth_pg.errors import (
+        CallTimeoutError,
         CheckpointConflictError,
         ChildRunConflictError,
         ConnectionLostError,
@@ -90,7 +91,8 @@ _HOMES = {
     "asyncpg_dsn": "zeroth_pg._libpq",
     **dict.fromkeys(("NoWritableServerError", "connect", "create_pool"), "zeroth_pg._connect"),
     **dict.fromkeys(
-        ("CheckpointConflictError", "ChildRunConflictError", "ConnectionLostError",
+        ("CallTimeoutError", "CheckpointConflictError", "ChildRunConflictError",
+         "ConnectionLostError",
          "DatabaseError", "DeadlinePassedError", "EventTimeoutError",
          "FenceColumnWriteError", "InvalidArgumentError", "InvalidNameError",
          "InvalidPayloadError",
@@ -119,6 +121,7 @@ _HOMES = {
 
 __all__ = [
     "App",
+    "CallTimeoutError",
     "CancelOutcome",
     "CheckpointConflictError",
     "ChildOutcome",

@@ -54,6 +54,7 @@ import contextlib
 import logging
 import os
 import random
+import socket
 import time
 import urllib.parse
 import weakref
@@ -404,6 +405,36 @@ async def _ask(conn: asyncpg.Connection, role: str, wait_s: float) -> str | None
         raise
 
 
+#: TCP keepalives and TCP_USER_TIMEOUT on every TCP connection zeroth_pg opens (asyncpg has no
+#: option for them; libpq's ``keepalives*`` and ``tcp_user_timeout``): a server cut off by a
+#: partition that drops packets is noticed by the kernel, so an idle pooled connection (or one
+#: whose close waits for the server's goodbye) fails instead of waiting for hours of TCP
+#: retransmissions. A frozen server on a reachable host (SIGSTOP, a hung postmaster) still
+#: acknowledges both at the TCP level: the calls' own bound covers that (zeroth_pg._bounded).
+_KEEPALIVE_IDLE_S, _KEEPALIVE_INTERVAL_S, _KEEPALIVE_COUNT = 10, 5, 3
+_TCP_USER_TIMEOUT_MS = 30_000
+
+
+def _keepalive(conn: asyncpg.Connection) -> asyncpg.Connection:
+    """Set :data:`_TCP_USER_TIMEOUT_MS` and the keepalives on ``conn``'s socket when it is a
+    TCP one (not a Unix socket), where the platform has the options (Linux has all)."""
+    transport = getattr(conn, "_transport", None)
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return conn
+    options = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]
+    for name, value in (("TCP_KEEPIDLE", _KEEPALIVE_IDLE_S),
+                        ("TCP_KEEPINTVL", _KEEPALIVE_INTERVAL_S),
+                        ("TCP_KEEPCNT", _KEEPALIVE_COUNT),
+                        ("TCP_USER_TIMEOUT", _TCP_USER_TIMEOUT_MS)):
+        if hasattr(socket, name):
+            options.append((socket.IPPROTO_TCP, getattr(socket, name), value))
+    for level, option, value in options:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(level, option, value)
+    return conn
+
+
 def _retrieved(task: asyncio.Future[Any]) -> None:
     if not task.cancelled():
         task.exception()  # retrieved: an abandoned check's error is not worth a warning
@@ -483,7 +514,7 @@ async def _pass_over(state: _Hosts, dsn: str, kwargs: dict[str, Any], found: _Pa
         if host is not None:
             overrides.update(host=host[0], port=host[1])
         try:
-            conn = await asyncpg.connect(dsn, **{**kwargs, **overrides})
+            conn = _keepalive(await asyncpg.connect(dsn, **{**kwargs, **overrides}))
         except _NEXT_HOST_ERRORS as exc:
             found.last_error = exc
             found.why.append(f"{where}: unreachable ({type(exc).__name__})")
@@ -637,7 +668,7 @@ async def connect(dsn: str, *, reads_only: bool = False, **kwargs: Any) -> async
     url = asyncpg_dsn(dsn)
     role = wanted_role(url, reads_only=reads_only, **kwargs)
     if role is None:
-        return await asyncpg.connect(url, **kwargs)
+        return _keepalive(await asyncpg.connect(url, **kwargs))
     # What earlier calls learnt of these hosts (the writable one, the pause, what was logged):
     # a caller that reconnects again and again (a listener) shares it as a pool's connects do.
     key = (url, role, repr(kwargs.get("host")), repr(kwargs.get("port")))
@@ -685,6 +716,12 @@ def _discarding_reset(
     return release
 
 
+async def _plain_connect(dsn: str, **kwargs: Any) -> asyncpg.Connection:
+    """The ``connect=`` of a pool that needs no writable-server check: asyncpg's, with
+    :func:`_keepalive`."""
+    return _keepalive(await asyncpg.connect(dsn, **kwargs))
+
+
 def create_pool(dsn: str, *, reads_only: bool = False, **kwargs: Any) -> asyncpg.Pool:
     """``asyncpg.create_pool(dsn, **kwargs)`` for zeroth_pg (await it, or ``async with`` it, as
     asyncpg's): ``dsn`` in any form; when it asks for a writable server, every connection the
@@ -693,8 +730,10 @@ def create_pool(dsn: str, *, reads_only: bool = False, **kwargs: Any) -> asyncpg
     ``connect=`` of the caller's replaces that check. ``reads_only``: as for :func:`connect`."""
     url = asyncpg_dsn(dsn)
     role = wanted_role(url, reads_only=reads_only, **kwargs)
-    if role is None or kwargs.get("connect") is not None:
+    if kwargs.get("connect") is not None:
         return asyncpg.create_pool(url, **kwargs)
+    if role is None:
+        return asyncpg.create_pool(url, connect=_plain_connect, **kwargs)
     kwargs["connect"] = _Connector(role)
     kwargs["reset"] = _discarding_reset(kwargs.get("reset"), role)
     return asyncpg.create_pool(url, **kwargs)

@@ -13,6 +13,7 @@ import select
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from psycopg import sql as pgsql
@@ -20,7 +21,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from sqlalchemy.engine import URL
 
 from zeroth_pg._libpq import libpq_dsn as _strip_driver
-from zeroth_pg._migrate_functions import PIN_SESSION, PINNED_OPTIONS
+from zeroth_pg._migrate_functions import PIN_SEARCH_PATH, PIN_SESSION
 from zeroth_pg._paths import migrations_dir, sql_migrations_dir
 
 __all__ = [
@@ -100,9 +101,9 @@ def alembic_config(dsn: str | None = None) -> object:
     cfg.set_main_option("script_location", str(migrations_dir()))
     if dsn is not None:
         # Through attributes, not set_main_option: configparser would interpolate '%' in the URL.
-        url = to_sqlalchemy_url(dsn)
-        options = " ".join(filter(None, (str(url.query.get("options") or ""), PINNED_OPTIONS)))
-        cfg.attributes["zeroth_url"] = url.update_query_dict({"options": options})
+        # The search_path is pinned by a SET on each connection (migrations/env.py), not by a
+        # startup option: PgBouncer refuses ``options`` (PIN_SEARCH_PATH).
+        cfg.attributes["zeroth_url"] = to_sqlalchemy_url(dsn)
     return cfg
 
 
@@ -275,11 +276,22 @@ def head_revision() -> str:
     return head
 
 
+def pinned_connection(dsn: str) -> psycopg.Connection[Any]:
+    """An autocommit psycopg connection to ``dsn`` whose search_path is pinned by its first
+    statement (PIN_SEARCH_PATH: a SET, which a session-mode PgBouncer passes on, where a startup
+    ``options`` is refused)."""
+    conn = psycopg.connect(_strip_driver(dsn), autocommit=True)
+    try:
+        conn.execute(PIN_SEARCH_PATH)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
 def current_revision(dsn: str) -> str | None:
     """The revision the database at ``dsn`` is at, or None when zeroth_pg is not installed."""
-    own = conninfo_to_dict(_strip_driver(dsn)).get("options") or ""
-    options = " ".join(filter(None, (str(own), PINNED_OPTIONS)))
-    with psycopg.connect(_strip_driver(dsn), autocommit=True, options=options) as conn:
+    with pinned_connection(dsn) as conn:
         row = conn.execute(
             "SELECT to_regclass(%s) IS NOT NULL", (f"{VERSION_SCHEMA}.{VERSION_TABLE}",)
         ).fetchone()
@@ -304,9 +316,7 @@ def public_connect_database(dsn: str) -> str | None:
     holds several zeroth_pg databases confines each login role with CONNECT (docs/security.md,
     "Three group roles"). ``zeroth-pg verify`` warns with this.
     """
-    own = conninfo_to_dict(_strip_driver(dsn)).get("options") or ""
-    options = " ".join(filter(None, (str(own), PINNED_OPTIONS)))
-    with psycopg.connect(_strip_driver(dsn), autocommit=True, options=options) as conn:
+    with pinned_connection(dsn) as conn:
         row = conn.execute(
             "SELECT has_database_privilege('public', current_database(), 'CONNECT'), "
             "quote_ident(current_database())").fetchone()

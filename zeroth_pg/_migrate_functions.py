@@ -16,6 +16,7 @@ from zeroth_pg._paths import sql_functions_dir
 __all__ = [
     "CATALOG_DIGEST_SQL",
     "PINNED_OPTIONS",
+    "PIN_SEARCH_PATH",
     "PIN_SESSION",
     "apply_functions",
     "function_files",
@@ -66,9 +67,16 @@ PIN_SESSION = (
     "SET LOCAL extra_float_digits = 1;"
 )
 
-#: libpq startup options for every connection the upgrade opens: the search_path is pinned
-#: before the first query (alembic's and SQLAlchemy's own queries use operators too).
+#: libpq startup options that pin the search_path (kept for callers of zeroth_pg.migrate; the
+#: upgrade itself no longer sends them: PgBouncer refuses a startup ``options`` unless its
+#: ``ignore_startup_parameters`` lists it, and then drops it).
 PINNED_OPTIONS = "-c search_path=pg_catalog,pg_temp"
+
+#: The first statement on every connection the upgrade opens, before any other query (alembic's
+#: and SQLAlchemy's own queries use operators too): a SET, which any pooler in session mode
+#: passes to the server, where the startup option above was refused by PgBouncer 1.18 with its
+#: default configuration ("unsupported startup parameter: options").
+PIN_SEARCH_PATH = "SET search_path = pg_catalog, pg_temp"
 
 #: A digest of what the catalog holds for the code: every function, view and trigger of the
 #: schema with its definition, owner, privileges, options and comment. Run under

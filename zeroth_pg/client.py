@@ -13,6 +13,7 @@ workspace; a ``workspace_id`` without a ``tenant_id`` matches nothing (seed-spec
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from uuid import UUID
 import asyncpg
 
 from zeroth_pg import _calls, streams, tracing
+from zeroth_pg._bounded import bounded_call
 from zeroth_pg._jsonb import encode as _json
 from zeroth_pg._jsonb import encode_bounded
 from zeroth_pg._jsonb import unstorable as unstorable  # where it used to live
@@ -167,6 +169,12 @@ def _claimed(row: asyncpg.Record) -> ClaimedRun:
     )
 
 
+def _called(query: str) -> str:
+    """The SQL function a statement of :mod:`._calls` calls, for a message: zeroth.claim_pending."""
+    found = re.search(r"(zeroth\.[a-z_]+)\(", query)
+    return found.group(1) if found else "a call"
+
+
 def _enqueued(row: asyncpg.Record) -> EnqueuedRun:
     return EnqueuedRun(
         run_id=row["run_id"], created=row["created"], status=_run_status(row["status"]))
@@ -180,16 +188,34 @@ class LeaseManager:
     ``code_version`` is the version of the calling code every claim declares (issue 34; None:
     unversioned): a run it starts records it, and under the deployment's version policy
     (:meth:`set_version_policy`) a claim resumes only the started runs this version may serve.
+    ``call_timeout`` (seconds; None, the default: unbounded) bounds every call made through
+    ``pool`` when it is a pool, the wait for a connection included: a call with no answer by
+    then has its connection terminated (never returned to the pool), the pool's other
+    connections replaced, and raises :class:`~zeroth_pg.errors.CallTimeoutError` (retryable;
+    whether it committed is unknown). A worker sets it (``RunWorker(call_timeout=…)``) so that
+    a hung or partitioned primary does not hold its loops (:mod:`zeroth_pg._bounded`). Calls
+    given ``conn=`` are the caller's to bound.
     """
 
     pool: Executor
     lease_duration_seconds: float = 60.0
     code_version: str | None = None
+    call_timeout: float | None = None
 
     # -- plumbing --------------------------------------------------------------------------
 
+    def _bounded(self, conn: Executor | None) -> float | None:
+        """The bound of a call made on ``conn`` (None: the pool), or None for none."""
+        if conn is None and self.call_timeout is not None and isinstance(self.pool, asyncpg.Pool):
+            return self.call_timeout
+        return None
+
     async def _fetch(self, query: str, *args: Any, conn: Executor | None) -> list[asyncpg.Record]:
         try:
+            if (bound := self._bounded(conn)) is not None:
+                return list(await bounded_call(
+                    cast("asyncpg.Pool", self.pool), bound,
+                    lambda c: c.fetch(query, *args), _called(query)))
             return list(await (conn or self.pool).fetch(query, *args))
         except Exception as exc:
             mapped = translate(exc)
@@ -199,6 +225,10 @@ class LeaseManager:
 
     async def _fetchval(self, query: str, *args: Any, conn: Executor | None) -> Any:
         try:
+            if (bound := self._bounded(conn)) is not None:
+                return await bounded_call(
+                    cast("asyncpg.Pool", self.pool), bound,
+                    lambda c: c.fetchval(query, *args), _called(query))
             return await (conn or self.pool).fetchval(query, *args)
         except Exception as exc:
             mapped = translate(exc)

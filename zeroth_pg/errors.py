@@ -21,6 +21,7 @@ import asyncpg
 __all__ = [
     "MAX_ERROR_DOCUMENT_BYTES",
     "MAX_ERROR_TEXT_BYTES",
+    "CallTimeoutError",
     "CheckpointConflictError",
     "ChildRunConflictError",
     "ConnectionLostError",
@@ -231,6 +232,12 @@ class RetryableError(DatabaseError):
 
 class ConnectionLostError(RetryableError):
     """The connection broke during the call; whether the call committed is unknown."""
+
+
+class CallTimeoutError(ConnectionLostError):
+    """The call got no answer within its bound (a worker's ``call_timeout``): its connection
+    was terminated, so whether it committed is unknown, as for any lost connection; retryable.
+    A hung or partitioned server (docs/dba-guide.md, "High availability")."""
 
 
 _BY_SQLSTATE: dict[str, type[ZerothError]] = {

@@ -314,7 +314,8 @@ class TestTheUpgradeSession:
             self, empty_database_dsn: str) -> None:
         # alembic looks for its version table with `relname IN ($1::VARCHAR)`: PostgreSQL has no
         # =(name, varchar), so a public one is an exact match, and it ran as the superuser that
-        # migrates. The connection starts with search_path pinned (libpq options).
+        # migrates. The connection pins search_path with its first statement (a SET: PgBouncer
+        # refuses a startup `options`; tests/migrations/test_through_pgbouncer.py).
         with psycopg.connect(empty_database_dsn, autocommit=True) as admin:
             admin.execute("GRANT CREATE ON SCHEMA public TO PUBLIC")
         with login_role(empty_database_dsn, None) as (name, password), psycopg.connect(

@@ -47,6 +47,12 @@ def worker(
         envvar="ZEROTH_PG_LEASE_SECONDS",
         help="Lease duration in seconds (default: the App's lease_duration, else 60).",
         show_default=False)] = None,
+    call_timeout: Annotated[float, typer.Option(
+        envvar="ZEROTH_PG_CALL_TIMEOUT",
+        help="Seconds a call to the database may take (a claim, a completion, a renewal; "
+             "the wait for a connection included) before its connection is dropped and the "
+             "call retried on a new one: a hung or partitioned primary is left for the next "
+             "host of the DSN (0: unbounded).")] = 5.0,
     shutdown_timeout: Annotated[float, typer.Option(
         envvar="ZEROTH_PG_SHUTDOWN_TIMEOUT",
         help="On SIGTERM, seconds running handlers get before they are handed back.")] = 30.0,
@@ -106,7 +112,8 @@ def worker(
         dsn=dsn, tenant=tenant, workspace=workspace, concurrency=concurrency,
         fleet_concurrency=fleet_concurrency or None, poll_interval=poll_interval,
         orphan_sweep_interval=orphan_sweep_interval, lease=lease,
-        shutdown_timeout=shutdown_timeout, retry_base=retry_base, worker_id=worker_id,
+        call_timeout=call_timeout or None, shutdown_timeout=shutdown_timeout,
+        retry_base=retry_base, worker_id=worker_id,
         code_version=code_version,
         metrics_port=metrics_port, scope_metrics=scope_metrics,
         fire_schedules=fire_schedules or None,

@@ -325,8 +325,11 @@ def check_code_version(code_version: str | None) -> str | None:
 
 
 def check_options(max_concurrency: int, poll_interval: float, orphan_sweep_interval: float,
-                  lease_duration: float, renew_fraction: float) -> None:
+                  lease_duration: float, renew_fraction: float,
+                  call_timeout: float | None = None) -> None:
     """A RunWorker's slots and timing, checked before anything is built."""
+    if call_timeout is not None and not call_timeout > 0:
+        raise ValueError("call_timeout must be None or > 0 seconds")
     if max_concurrency < 1:
         raise ValueError("max_concurrency must be at least 1")
     if poll_interval <= 0 or orphan_sweep_interval <= 0:

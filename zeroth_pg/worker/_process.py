@@ -127,6 +127,7 @@ async def serve(
     poll_interval: float = 0.5,
     orphan_sweep_interval: float = 5.0,
     lease: float | None = None,
+    call_timeout: float | None = 5.0,
     shutdown_timeout: float = 30.0,
     retry_base: float | None = None,
     worker_id: str | None = None,
@@ -202,6 +203,7 @@ async def serve(
             lease_duration=(lease or app_lease or getattr(loaded, "lease_duration", None)
                             or 60.0),
             retry_base_seconds=retry_base, scope_metrics=scope_metrics,
+            call_timeout=call_timeout,
             queue_depth_interval=queue_depth_interval,
             fire_schedules=fire_schedules,
             code_version=code_version or getattr(loaded, "code_version", None),

@@ -72,7 +72,8 @@ class RunWorker:
     ``queue_depth_interval`` (seconds; default None, off) samples the ``zeroth_queue_depth``
     gauge of the deployments served: off by default, since every worker of a fleet would report
     the same number; ``zeroth-pg metrics`` (:mod:`zeroth_pg.fleet_metrics`) serves the
-    database's gauges once per fleet.
+    database's gauges once per fleet. ``call_timeout`` (seconds; None: unbounded) bounds each
+    call through ``pool`` (:class:`~zeroth_pg.client.LeaseManager`): a hung primary is left.
     """
 
     def __init__(
@@ -102,29 +103,28 @@ class RunWorker:
         metrics: WorkerMetrics | None = None,
         scope_metrics: bool = False,
         schedules: Sequence[PeriodicSchedule] = (),
-        fire_schedules: bool | None = None,
-        schedule_max_sleep: float = 1.0, code_version: str | None = None,  # see docs: Code versions
+        fire_schedules: bool | None = None, schedule_max_sleep: float = 1.0,
+        code_version: str | None = None,  # see docs: Code versions
+        call_timeout: float | None = 5.0,
     ) -> None:
         check_options(max_concurrency, poll_interval, orphan_sweep_interval, lease_duration,
-               renew_fraction)
+               renew_fraction, call_timeout)
         self.pool = pool  # every claim of its LeaseManager declares code_version (issue 34)
-        self.lease_manager = LeaseManager(pool, lease_duration, check_code_version(code_version))
+        self.lease_manager = LeaseManager(pool, lease_duration, check_code_version(code_version),
+                                          call_timeout=call_timeout)
         self._handlers, self._source = source_for(self.lease_manager, deployment_ref, handler,
                                                   scopes, tenant_id, workspace_id)
         #: The first (for a worker of one deployment, the only) deployment served.
         self.deployment_ref = self._source.deployments[0]
         self.dsn, self.tenant_id, self.workspace_id = dsn, tenant_id, workspace_id
-        self.max_concurrency = max_concurrency
-        self.fleet_max_concurrency = fleet_max_concurrency
-        self.poll_interval = poll_interval
-        self.orphan_sweep_interval = orphan_sweep_interval
-        self.orphan_grace = orphan_grace
+        self.max_concurrency, self.fleet_max_concurrency = max_concurrency, fleet_max_concurrency
+        self.poll_interval, self.orphan_sweep_interval, self.orphan_grace = \
+            poll_interval, orphan_sweep_interval, orphan_grace
         self.worker_id = worker_id or default_worker_id()
         self.shutdown_timeout = shutdown_timeout
         self.lease_duration = lease_duration
         self.renew_interval = lease_duration * renew_fraction
-        self.retry_base_seconds = retry_base_seconds
-        self.retry_max_seconds = retry_max_seconds
+        self.retry_base_seconds, self.retry_max_seconds = retry_base_seconds, retry_max_seconds
         retry_policies = retry_policies_of(retry_base_seconds, retry_max_seconds, retries,
                                            self._source.deployments)
         #: Local limits of single deployments (handlers running at once in this process), under

@@ -1,0 +1,113 @@
+"""A time bound on one call through a pool: what keeps a worker off a hung server (issue 35).
+
+A server that stops answering without closing its connections (a primary frozen by SIGSTOP, a
+paused VM, a network partition that drops packets) leaves every call on those connections
+waiting: the kernel keeps the TCP connection open, asyncpg raises nothing, and a worker's claim
+loop and completion loop wait on it until the server comes back, while a failover manager has
+long promoted another node (a Patroni cluster whose primary node was stopped: the first claim
+on the promoted node came 2.3-3.0 s after the promotion, only once the harness resumed the old
+one; docs/dba-guide.md, "High availability").
+
+:func:`bounded_call` gives one call (the wait for a pooled connection included) ``seconds`` to
+answer. One that does not gets its connection **terminated** — never handed back to the pool,
+and never cancelled with asyncpg's cancel request, which goes out on a new connection to the
+same hung server (and, dropped half-way, crashed PgBouncer 1.18: :mod:`zeroth_pg._connect`) —
+and the pool's other connections expired (:meth:`asyncpg.Pool.expire_connections`: each is
+replaced at its next acquire, so the next calls do not try the pool's other connections to the
+same server one bound at a time), and :class:`~zeroth_pg.errors.CallTimeoutError` (a
+``ConnectionLostError``: retryable) is raised. The next call connects afresh through the DSN:
+with a multi-host DSN, through the writable-server check of :mod:`zeroth_pg._connect`, which
+finds the promoted node. Whether the call committed is unknown, as for any lost connection: a
+completion is not reported as landed (a repeat is refused by the fence if the first landed),
+and runs a timed-out claim may have leased are recovered by the orphan sweep once their lease
+runs out. A cancellation from outside (a renewal's own deadline) is asyncpg's to handle, as
+without the bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import asyncpg
+
+from zeroth_pg.errors import CallTimeoutError
+
+__all__ = ["bounded_call"]
+
+log = logging.getLogger("zeroth_pg.client")
+
+T = TypeVar("T")
+
+
+async def bounded_call(pool: asyncpg.Pool, seconds: float,
+                       call: Callable[[asyncpg.Connection], Awaitable[T]], what: str) -> T:
+    """``await call(conn)`` on a connection of ``pool``, the acquire included, within
+    ``seconds``; else the connection is terminated, the pool's others expired, and
+    CallTimeoutError raised (module docstring).
+
+    The bound on the call itself is a timer that terminates the connection, not a
+    cancellation: asyncpg answers a cancelled query with a cancel request on a new connection
+    to the same (hung) server. A timer costs one scheduled callback per call, where a task and a
+    shield around every call cost the worker's hot path a measurable share of its CPU."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    try:
+        async with asyncio.timeout_at(deadline):
+            conn = await pool.acquire()
+    except TimeoutError:
+        await _expire(pool)
+        raise CallTimeoutError(f"{what}: no connection of the pool within {seconds:g} s "
+                               "(every server unreachable or not answering); the pool's "
+                               "connections are replaced") from None
+    cut = _Cut(conn)
+    timer = loop.call_at(deadline, cut)
+    try:
+        return await call(conn)
+    except Exception:
+        if not cut.done:
+            raise
+        # The timer terminated the connection under the call: asyncpg raised a lost
+        # connection; say why.
+        await _expire(pool)
+        log.warning("%s got no answer within %g s: its connection was terminated and the "
+                    "pool's connections are replaced (a hung or partitioned server?)",
+                    what, seconds)
+        raise CallTimeoutError(
+            f"{what}: no answer within {seconds:g} s; its connection was terminated "
+            "(whether it committed is unknown)") from None
+    finally:
+        timer.cancel()
+        await _release(pool, conn, max(0.1, deadline - loop.time()))
+
+
+class _Cut:
+    """The timer's callback: terminate the connection of a call past its bound."""
+
+    __slots__ = ("conn", "done")
+
+    def __init__(self, conn: Any) -> None:
+        self.conn, self.done = conn, False
+
+    def __call__(self) -> None:
+        self.done = True
+        self.conn.terminate()
+
+
+async def _release(pool: asyncpg.Pool, conn: Any, seconds: float) -> None:
+    """Give ``conn`` back, its reset bounded too: a server that froze after answering holds
+    the reset query (asyncpg then terminates the connection). A failure here concerns the
+    connection only, never the call's answer."""
+    try:
+        await pool.release(conn, timeout=seconds)
+    except Exception as exc:  # asyncpg terminated it: the pool opens a new one
+        log.debug("releasing a connection failed (%s: %s)", type(exc).__name__, exc)
+        await _expire(pool)
+
+
+async def _expire(pool: asyncpg.Pool) -> None:
+    with_expire = getattr(pool, "expire_connections", None)
+    if with_expire is not None:
+        await with_expire()
