@@ -29,6 +29,7 @@ from sqlalchemy import Connection, create_engine, event, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
+from zeroth_pg._migrate_alembic import check_same_session
 from zeroth_pg._migrate_functions import PIN_SEARCH_PATH
 from zeroth_pg.migrate import ADVISORY_LOCK_KEY, VERSION_SCHEMA, VERSION_TABLE, apply_functions
 
@@ -117,6 +118,8 @@ def run_migrations_online() -> None:
         with engine.connect() as connection:
             _take_upgrade_lock(connection)
             try:
+                connection.commit()
+                check_same_session(connection)
                 connection.execute(text(f"CREATE SCHEMA IF NOT EXISTS {VERSION_SCHEMA}"))
                 connection.commit()
                 context.configure(
@@ -130,11 +133,13 @@ def run_migrations_online() -> None:
                 )
                 if not to_head:
                     with context.begin_transaction():
+                        check_same_session(connection)
                         context.run_migrations()
                 else:
                     for attempt in range(1, ATTEMPTS + 1):
                         try:
                             with context.begin_transaction():
+                                check_same_session(connection)
                                 connection.execute(text(
                                     "SELECT pg_catalog.set_config('lock_timeout', :t, true)"),
                                     {"t": LOCK_TIMEOUT})
@@ -157,6 +162,9 @@ def run_migrations_online() -> None:
                 connection.execute(
                     text("SELECT pg_advisory_unlock(:key)"), {"key": ADVISORY_LOCK_KEY}
                 )
+                # The pin goes with the lock: a pooler that hands this server session to
+                # another client next (transaction mode) does not hand it the pinned path.
+                connection.execute(text("RESET search_path"))
                 connection.commit()
     finally:
         engine.dispose()

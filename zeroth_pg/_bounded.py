@@ -41,6 +41,10 @@ log = logging.getLogger("zeroth_pg.client")
 
 T = TypeVar("T")
 
+#: The least time a connection's reset gets when it goes back to the pool (asyncpg terminates a
+#: connection whose reset does not answer in time).
+_RESET_BOUND_S = 1.0
+
 
 async def bounded_call(pool: asyncpg.Pool, seconds: float,
                        call: Callable[[asyncpg.Connection], Awaitable[T]], what: str) -> T:
@@ -58,10 +62,12 @@ async def bounded_call(pool: asyncpg.Pool, seconds: float,
         async with asyncio.timeout_at(deadline):
             conn = await pool.acquire()
     except TimeoutError:
-        await _expire(pool)
+        # Not expired here: every connection may only be busy (a pool smaller than the calls
+        # in flight), and the calls that hold them on a hung server are cut by their own
+        # timers, which expire the pool then.
         raise CallTimeoutError(f"{what}: no connection of the pool within {seconds:g} s "
-                               "(every server unreachable or not answering); the pool's "
-                               "connections are replaced") from None
+                               "(every connection busy, or every server unreachable or not "
+                               "answering)") from None
     cut = _Cut(conn)
     timer = loop.call_at(deadline, cut)
     try:
@@ -80,7 +86,9 @@ async def bounded_call(pool: asyncpg.Pool, seconds: float,
             "(whether it committed is unknown)") from None
     finally:
         timer.cancel()
-        await _release(pool, conn, max(0.1, deadline - loop.time()))
+        # The reset has a bound of its own: a call that answered late has little of its own
+        # left, and a reset cut short terminates a healthy connection.
+        await _release(pool, conn, max(_RESET_BOUND_S, deadline - loop.time()))
 
 
 class _Cut:

@@ -708,12 +708,47 @@ def _discarding_reset(
                          "closed, the next one will look for a server that takes writes", why)
                 conn.terminate()
                 return
-        if reset is not None:
-            await reset(conn)
-        elif query := conn.get_reset_query():
-            await conn.execute(query)
+        await (reset or _reset_checking_client)(conn)
 
     return release
+
+
+#: Every pooled connection's session asks its server to notice a client that is gone while a
+#: statement runs (PostgreSQL 14+; otherwise a backend notices only when it next writes to the
+#: client): a call abandoned at its bound (:mod:`zeroth_pg._bounded`: its connection
+#: terminated) then ends within this interval, rolled back, instead of waiting out a lock or a
+#: slow plan and committing what its caller no longer knows of — a claim's leases, for one —
+#: while each retry adds another backend to the pile. A SET, not a startup parameter:
+#: PgBouncer refuses unknown startup parameters.
+CHECK_CLIENT = "SET client_connection_check_interval = '1s'"
+
+
+async def _reset_checking_client(conn: asyncpg.Connection) -> None:
+    """asyncpg's reset (its RESET ALL included) and :data:`CHECK_CLIENT` again, in one round
+    trip."""
+    await conn.execute(f"{conn.get_reset_query()}\n{CHECK_CLIENT};")
+
+
+def _checking_client(
+    init: Callable[[asyncpg.Connection], Awaitable[None]] | None,
+    reset: Callable[[asyncpg.Connection], Awaitable[None]] | None,
+) -> dict[str, Any]:
+    """A pool's ``init=`` and ``reset=`` that set :data:`CHECK_CLIENT` on each new connection
+    and again after each reset, around the caller's own."""
+
+    async def first(conn: asyncpg.Connection) -> None:
+        await conn.execute(CHECK_CLIENT)
+        if init is not None:
+            await init(conn)
+
+    async def again(conn: asyncpg.Connection) -> None:
+        if reset is None:
+            await _reset_checking_client(conn)
+        else:
+            await reset(conn)
+            await conn.execute(CHECK_CLIENT)
+
+    return {"init": first, "reset": again}
 
 
 async def _plain_connect(dsn: str, **kwargs: Any) -> asyncpg.Connection:
@@ -727,13 +762,18 @@ def create_pool(dsn: str, *, reads_only: bool = False, **kwargs: Any) -> asyncpg
     asyncpg's): ``dsn`` in any form; when it asks for a writable server, every connection the
     pool opens is to a server that takes writes by its own answer, and a connection refused a
     write as read-only (25006) is closed on release instead of kept (module docstring). A
-    ``connect=`` of the caller's replaces that check. ``reads_only``: as for :func:`connect`."""
+    ``connect=`` of the caller's replaces that check. ``reads_only``: as for :func:`connect`.
+    Every connection's session sets :data:`CHECK_CLIENT` (at its start and after each reset,
+    around an ``init=`` or ``reset=`` of the caller's), so a call abandoned at a worker's call
+    bound ends on the server too."""
     url = asyncpg_dsn(dsn)
     role = wanted_role(url, reads_only=reads_only, **kwargs)
-    if kwargs.get("connect") is not None:
-        return asyncpg.create_pool(url, **kwargs)
+    own_connect = kwargs.pop("connect", None)
+    kwargs.update(_checking_client(kwargs.pop("init", None), kwargs.pop("reset", None)))
+    if own_connect is not None:
+        return asyncpg.create_pool(url, connect=own_connect, **kwargs)
     if role is None:
         return asyncpg.create_pool(url, connect=_plain_connect, **kwargs)
     kwargs["connect"] = _Connector(role)
-    kwargs["reset"] = _discarding_reset(kwargs.get("reset"), role)
+    kwargs["reset"] = _discarding_reset(kwargs["reset"], role)
     return asyncpg.create_pool(url, **kwargs)

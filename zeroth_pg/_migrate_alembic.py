@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import sqlalchemy
 from psycopg import sql as pgsql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from sqlalchemy.engine import URL
@@ -29,8 +30,10 @@ __all__ = [
     "SQL_FILE_RE",
     "VERSION_SCHEMA",
     "VERSION_TABLE",
+    "SessionMovedError",
     "alembic_config",
     "apply_sql_file",
+    "check_same_session",
     "current_revision",
     "forward_only",
     "head_revision",
@@ -351,3 +354,31 @@ def forward_only(revision: str) -> None:
         f"zeroth_pg migrations are forward-only; cannot downgrade revision {revision}. "
         "Restore from a backup, or write a new forward migration that undoes the change."
     )
+
+
+class SessionMovedError(RuntimeError):
+    """The upgrade's statements did not all reach one server session."""
+
+
+def check_same_session(connection: Any) -> None:
+    """The upgrade's session (``connection``, SQLAlchemy's) still holds its lock and its pinned
+    search_path. Both are session state (the advisory lock; the SET of migrations/env.py's
+    connect listener): through a pooler in transaction mode, consecutive transactions may run on
+    different server sessions, the lock would stay behind on one and the pin reach other
+    clients. Refused, instead, before any migration runs."""
+    # Every operator named: this query is the one that must not trust the search_path.
+    held, path = connection.execute(sqlalchemy.text(
+        """SELECT EXISTS (SELECT FROM pg_catalog.pg_locks l
+                           WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory' AND l.granted
+                             AND l.objsubid OPERATOR(pg_catalog.=) 1
+                             AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()
+                             AND l.classid OPERATOR(pg_catalog.=) CAST(:high AS pg_catalog.oid)
+                             AND l.objid OPERATOR(pg_catalog.=) CAST(:low AS pg_catalog.oid)),
+                  pg_catalog.current_setting('search_path')"""),
+        {"high": ADVISORY_LOCK_KEY >> 32, "low": ADVISORY_LOCK_KEY & 0xFFFFFFFF}).one()
+    # quote_all_identifiers (a database's setting) quotes the names it reports.
+    if not held or path.replace(" ", "").replace('"', "") != "pg_catalog,pg_temp":
+        raise SessionMovedError(
+            "the upgrade's transactions do not reach one server session (a pooler in "
+            "transaction mode?): its lock and its pinned search_path are session state. "
+            "Upgrade through a direct connection or a pooler in session mode.")

@@ -250,3 +250,89 @@ def _check_keepalive(sock: Any) -> None:
     assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
     assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 30_000
     assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 10
+
+
+class TestACallAbandonedBehindALock:
+    """A server that is only slow, or a DBA's lock (LOCK TABLE … IN SHARE MODE: what a CREATE
+    INDEX without CONCURRENTLY holds): the bound abandons the call, and the server must abandon
+    it too, or the claim commits later and leases its runs to a worker that never heard of
+    them, while each retry adds another waiting backend."""
+
+    APP = "bound-behind-a-lock"
+
+    async def _waiting(self, pool: asyncpg.Pool) -> int:
+        return int(await pool.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1"
+            "   AND wait_event_type = 'Lock'", self.APP))
+
+    async def test_the_abandoned_claim_ends_on_the_server_and_leases_nothing(
+            self, database_dsn: str, pool: asyncpg.Pool) -> None:
+        lm = LeaseManager(pool)
+        ids = [(await lm.enqueue_run(DEPLOYMENT, {"n": n}, tenant_id=TENANT)).run_id
+               for n in range(4)]
+        bounded_pool = await zeroth_pg.create_pool(
+            database_dsn, min_size=1, max_size=2,
+            server_settings={"application_name": self.APP})
+        dba = await asyncpg.connect(database_dsn)
+        try:
+            bounded = LeaseManager(bounded_pool, 30.0, call_timeout=0.5)
+            await dba.execute("BEGIN; LOCK TABLE zeroth.runs IN SHARE MODE")
+            with pytest.raises(CallTimeoutError):
+                await bounded.claim_and_start(DEPLOYMENT, "w-bound", tenant_id=TENANT,
+                                              batch_size=4)
+            # The server ends the abandoned claim (client_connection_check_interval, set by
+            # zeroth_pg.create_pool) while the lock is still held: no backend of it waits on.
+            await eventually(lambda: self._waiting_none(pool), what="the abandoned claim's end")
+            await dba.execute("COMMIT")
+            statuses = await pool.fetch(
+                "SELECT status::text AS status, lease_worker_id FROM zeroth.runs"
+                " WHERE run_id = ANY($1::uuid[])", ids)
+            assert [(r["status"], r["lease_worker_id"]) for r in statuses] == \
+                [("pending", None)] * 4
+        finally:
+            await dba.close()
+            bounded_pool.terminate()
+
+    async def _waiting_none(self, pool: asyncpg.Pool) -> bool:
+        return await self._waiting(pool) == 0
+
+
+async def test_a_handlers_own_calls_are_not_bounded_by_the_workers_call_timeout(
+        database_dsn: str, pool: asyncpg.Pool) -> None:
+    # A handler told that its checkpoint timed out would take it as unwritten, yet the
+    # abandoned call may still commit: the handler's writes wait as without the bound (here
+    # behind an operator's open UPDATE of the run's row, held for several bounds).
+    lm = LeaseManager(pool)
+    queued = await lm.enqueue_run(DEPLOYMENT, {}, tenant_id=TENANT)
+    started, go = asyncio.Event(), asyncio.Event()
+    failures: list[str] = []
+
+    async def handler(ctx: RunContext) -> dict[str, Any]:
+        started.set()
+        await go.wait()
+        try:
+            await ctx.checkpoint({"attempt": ctx.attempt})
+        except Exception as exc:
+            failures.append(type(exc).__name__)
+            raise
+        return {"attempt": ctx.attempt}
+
+    operator = await asyncpg.connect(database_dsn)
+    async with _worker(database_dsn, handler, call_timeout=0.5, lease_duration=30.0):
+        try:
+            await asyncio.wait_for(started.wait(), 120)
+            await operator.execute("BEGIN")
+            await operator.execute(
+                "UPDATE zeroth.runs SET metadata = metadata WHERE run_id = $1", queued.run_id)
+            go.set()
+            await asyncio.sleep(2.0)  # four bounds
+            await operator.execute("COMMIT")
+            await eventually(lambda: _completed(pool, queued.run_id), what="the completion")
+        finally:
+            await operator.close()
+    row = await pool.fetchrow(
+        "SELECT attempts, output, (SELECT count(*) FROM zeroth.checkpoints c"
+        " WHERE c.run_id = r.run_id) AS checkpoints FROM zeroth.runs r WHERE run_id = $1",
+        queued.run_id)
+    assert failures == []
+    assert (row["attempts"], row["checkpoints"]) == (1, 1)

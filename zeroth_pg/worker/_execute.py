@@ -6,6 +6,7 @@ Settler`. :class:`RunExecutor` is the :class:`~._run.RunHost` of every RunContex
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import signal
 import threading
@@ -61,7 +62,11 @@ class RunExecutor:
                  count_scope: Callable[[Counter, Scope], None],
                  worker_error: Callable[[str, str | None], None],
                  drain_soon: Callable[[], None]) -> None:
-        self.lease_manager = lm
+        # The client of the handlers' own writes (RunHost): without the worker's call bound.
+        # A handler told that a checkpoint, a step or an event timed out would believe it
+        # unwritten, yet the abandoned call may commit; the handler's calls are its own to
+        # bound, and a hung server ends them with the lease (the renewals are bounded).
+        self.lease_manager = dataclasses.replace(lm, call_timeout=None)
         self.worker_id = worker_id
         self._handlers = handlers
         self.runs = runs
