@@ -31,11 +31,12 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from zeroth_pg._libpq import libpq_dsn, with_database
 
 if TYPE_CHECKING:
+    import psycopg
     from psycopg import sql as pgsql
 
 __all__ = [
@@ -339,18 +340,24 @@ def dedicated_server(settings: tuple[tuple[str, str], ...], *,
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _admin_execute(admin_dsn: str, statement: pgsql.Composed) -> None:
+def _admin_execute(admin_dsn: str, statement: pgsql.Composed,
+                   connection: psycopg.Connection[Any] | None = None) -> None:
     import psycopg
 
+    if connection is not None:
+        connection.execute(statement)
+        return
     with psycopg.connect(libpq_dsn(admin_dsn), autocommit=True) as conn:
         conn.execute(statement)
 
 
 def create_database(
-    admin_dsn: str, name: str, *, template: str = "template0", strategy: str | None = None
+    admin_dsn: str, name: str, *, template: str = "template0", strategy: str | None = None,
+    connection: psycopg.Connection[Any] | None = None,
 ) -> str:
     """Create database ``name`` from ``template`` (``strategy``: WAL_LOG or FILE_COPY, PostgreSQL
-    15 and later; None: the server's default); return its DSN."""
+    15 and later; None: the server's default); return its DSN. ``connection``: an autocommit
+    connection to ``admin_dsn``'s server to send it on (default: one opened for it)."""
     from psycopg import sql as pgsql
 
     statement = pgsql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
@@ -362,15 +369,18 @@ def create_database(
         if strategy.upper() not in strategies:
             raise ValueError(f"strategy: WAL_LOG or FILE_COPY, not {strategy!r}")
         statement += strategies[strategy.upper()]
-    _admin_execute(admin_dsn, statement)
+    _admin_execute(admin_dsn, statement, connection)
     return with_database(admin_dsn, name)
 
 
-def drop_database(admin_dsn: str, name: str) -> None:
-    """Drop database ``name``, disconnecting anyone still on it."""
+def drop_database(admin_dsn: str, name: str,
+                  connection: psycopg.Connection[Any] | None = None) -> None:
+    """Drop database ``name``, disconnecting anyone still on it (``connection``: as for
+    :func:`create_database`)."""
     from psycopg import sql as pgsql
 
     _admin_execute(
         admin_dsn,
         pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name)),
+        connection,
     )
