@@ -27,6 +27,7 @@ from replication import (
     _free_port,
     _os_user,
     _run,
+    initdb,
     scratch_dir,
 )
 
@@ -156,8 +157,7 @@ def _server_on_timeline(timeline: int) -> Iterator[Node]:
         shutil.chown(tmp, user, user)
     node = Node("timeline", tmp / "timeline", _free_port())
     try:
-        _run("initdb", "-D", str(node.pgdata), "--auth=trust", "--encoding=utf8", "-U",
-             "postgres")
+        initdb(node.pgdata)
         _configure(node.pgdata, _SETTINGS)
         _run("pg_resetwal", "-l", f"{timeline:08X}0000000000000002", str(node.pgdata))
         node.start()
