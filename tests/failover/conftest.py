@@ -8,10 +8,15 @@ from pathlib import Path
 
 import pytest
 from failover_support import zeroth_pair
-from replication import ReplicatedPair
+from replication import ReplicatedPair, discard_initdb
 
 # The failover soak reuses the chaos soak's fleet, handler and history checker (tests/chaos).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "chaos"))
+
+
+def pytest_sessionfinish() -> None:
+    # An xdist worker may end with os._exit, before atexit would delete it (40 MB in memory).
+    discard_initdb()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

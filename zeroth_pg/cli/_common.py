@@ -17,9 +17,6 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 from uuid import UUID
 
 import typer
-from rich import box
-from rich.console import Console
-from rich.table import Table
 
 from zeroth_pg.errors import (
     InvalidArgumentError,
@@ -30,6 +27,8 @@ from zeroth_pg.errors import (
 
 if TYPE_CHECKING:
     import asyncpg
+    from rich.console import Console
+    from rich.table import Table
 
 __all__ = [
     "EXIT_CODES",
@@ -75,8 +74,31 @@ EXIT_CODES = (
 #: says (`zeroth-pg runs list | grep failed` must find every failed run); on a terminal its
 #: free-text columns fold to the width and the others are never shortened.
 _PIPED_WIDTH = 100_000
-out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else _PIPED_WIDTH)
-err = Console(stderr=True, soft_wrap=True)
+
+
+class LazyConsole:
+    """A rich Console made on first use: rich and the Console cost every process that imports
+    the command line about 40 ms of CPU, the worker processes (``python -m zeroth_pg.worker``)
+    included, which never print with it."""
+
+    def __init__(self, **options: Any) -> None:
+        self._options = options
+        self._console: Console | None = None
+
+    @property
+    def console(self) -> Console:
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(**self._options)
+        return self._console
+
+    def print(self, *objects: Any, **options: Any) -> None:
+        self.console.print(*objects, **options)
+
+
+out = LazyConsole(soft_wrap=True, width=None if sys.stdout.isatty() else _PIPED_WIDTH)
+err = LazyConsole(stderr=True, soft_wrap=True)
 
 
 class NotFoundError(LookupError):
@@ -210,6 +232,9 @@ def rows_table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]
     """A table of ``rows``; a column empty in every row is left out unless named in ``keep``."""
     shown = [(key, header) for key, header in columns
              if key in keep or any(row.get(key) is not None for row in rows)]
+    from rich import box
+    from rich.table import Table
+
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     cells = [[cell(row.get(key)) for key, _ in shown] for row in rows]
     for index, (key, header) in enumerate(shown):

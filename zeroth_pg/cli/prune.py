@@ -61,7 +61,7 @@ def prune(
         columns = (SpinnerColumn(), TextColumn("pruning runs finished before now - "
                                                f"{older_than}"), BarColumn(),
                    TextColumn("{task.completed:,} deleted"), TimeElapsedColumn())
-        with Progress(*columns, console=err, transient=as_json) as progress:
+        with Progress(*columns, console=err.console, transient=as_json) as progress:
             task = progress.add_task("prune", total=None)
             while True:
                 count = await lm.prune_runs(older_than, batch_size=batch_size, tenant_id=tenant,

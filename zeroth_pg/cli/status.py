@@ -11,7 +11,6 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.table import Table
 
 from zeroth_pg import _calls
 from zeroth_pg.cli._common import (
@@ -29,6 +28,7 @@ from zeroth_pg.cli._common import (
 
 if TYPE_CHECKING:
     import asyncpg
+    from rich.table import Table
 
 __all__ = ["status"]
 
@@ -156,8 +156,8 @@ def status(
             return
         footer = f" · every {interval:g}s · Ctrl-C quits"
         shown = 0
-        live = None if as_json else Live(_status_view(rows, pinned, at, footer, by), console=out,
-                                         auto_refresh=False)
+        live = None if as_json else Live(_status_view(rows, pinned, at, footer, by),
+                                         console=out.console, auto_refresh=False)
         with live or contextlib.nullcontext():
             while True:
                 if live is None:
