@@ -127,15 +127,18 @@ SELECT indexrelname, coalesce(idx_blks_hit, 0), coalesce(idx_blks_read, 0),
 
 async def statements_on(server: harness.Server) -> None:
     """pg_stat_statements loaded (a restart) and tracking nested statements."""
-    conn = await asyncpg.connect(server.admin_dsn)
-    try:
-        await conn.execute("ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'")
-        await conn.execute("ALTER SYSTEM SET pg_stat_statements.track = 'all'")
-        await conn.execute("ALTER SYSTEM SET pg_stat_statements.max = 10000")
-    finally:
-        await conn.close()
     assert server.restart is not None
-    await asyncio.to_thread(server.restart, "fast")
+    # Its settings only once it is loaded (PostgreSQL 15 refuses them before): two restarts.
+    for statements in (["ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'"],
+                       ["ALTER SYSTEM SET pg_stat_statements.track = 'all'",
+                        "ALTER SYSTEM SET pg_stat_statements.max = 10000"]):
+        conn = await asyncpg.connect(server.admin_dsn)
+        try:
+            for statement in statements:
+                await conn.execute(statement)
+        finally:
+            await conn.close()
+        await asyncio.to_thread(server.restart, "fast")
 
 
 def print_statements(a: dict[str, Any], b: dict[str, Any], runs: int, top: int) -> None:
