@@ -700,3 +700,57 @@ async def test_a_rate_limited_claim_reads_from_the_claimers_own_floor(
     assert max(entries) <= ENTRIES_BOUND, (
         f"a rate-limited claim read {entries} entries of runs_claim_pending_idx "
         f"with {DIRTY} dead runs at the head of the scope")
+
+
+# -- count_pending on a table that grew after its statistics were taken ------------------------
+
+QUEUED = 2_000
+CYCLED = 20_000
+COUNT_PENDING = "SELECT zeroth.count_pending(deployment_ref => $1)"
+
+
+async def test_count_pending_reads_the_pending_runs_not_the_table(
+        admin: asyncpg.Connection, connect: Connect) -> None:
+    # Statistics taken while the table held only pending runs (an autoanalyze early in a cold
+    # start), then many runs enqueued, claimed and completed: the table grows, its statistics
+    # still say "all pending". count_pending — the depth gauge a worker or a producer reads
+    # several times a second — then counted by a sequential scan of the whole table (PostgreSQL
+    # 15 in the W = 64 bench: 3,661 blocks a call at 66,000 runs, growing with the table; issue
+    # 30), or, with sequential scans off, through runs_created_not_running_idx, every finished
+    # run's entry and row included.
+    await at(admin, T0)
+    await enqueue(admin, [{} for _ in range(QUEUED)])
+    await admin.execute("ANALYZE zeroth.runs")
+    worker = await connect()
+    await at(worker, T0 + timedelta(seconds=10))
+    for batch in range(CYCLED // 1_000):
+        await at(admin, T0 + timedelta(seconds=1, milliseconds=batch))
+        await enqueue(admin, [{"priority": 1} for _ in range(1_000)])
+        held = await claim(worker, "w", 1_000)
+        assert len(held) == 1_000
+        completed = await worker.fetchval(
+            """SELECT count(*) FILTER (WHERE c.completed) FROM zeroth.complete_runs(
+                   worker_id => 'w', run_ids => $1, generations => $2) c""",
+            list(held), list(held.values()))
+        assert completed == 1_000
+    heap = await admin.fetchval("SELECT pg_relation_size('zeroth.runs') / 8192")
+    readings = []
+    for _ in range(3):  # the first marks the claimed entries dead; then what a gauge reads
+        async with worker.transaction():
+            before = {r["relname"]: r["blocks"] for r in await worker.fetch(COUNTERS)}
+            assert await worker.fetchval(COUNT_PENDING, DEPLOYMENT) == QUEUED
+            after = {r["relname"]: r["blocks"] for r in await worker.fetch(COUNTERS)}
+        readings.append({r: after[r] - before.get(r, 0) for r in after
+                         if after[r] > before.get(r, 0)})
+    version = await admin.fetchval("SHOW server_version")
+    save_report(f"count_pending_grown_pg{version.split('.')[0]}",
+                {"heap_pages": heap, "blocks_per_call": readings})
+    # The pending runs' rows (2,000 of them, ~150 heap pages: 53 blocks read, as an index scan
+    # reads consecutive rows of one page once), not the table's pages; of the other indexes only
+    # what planning reads (their metapage). The claim index's own pages still include those of
+    # the claimed runs' entries until VACUUM: a count must pass every entry of its range.
+    last = readings[-1]
+    assert last.get("runs", 0) < heap // 10 and all(
+        blocks <= 1 for name, blocks in last.items()
+        if name not in ("runs", "runs_claim_pending_idx")), (
+        f"count_pending read {last} blocks ({heap} heap pages) to count {QUEUED} pending runs")
