@@ -1,8 +1,8 @@
 """A/B of the claim floor's page count (branch decay) against the code before it, with pg-boss as
 the peer, in one run: on each server version (Debian's PostgreSQL 15, stock settings; the embedded
 18), three cells on fresh databases, one after the other: zeroth_pg with the functions before the
-change (sql/functions/internal/{claim_floor,claims,scopes}.sql of c6e3dac re-applied over a
-migrated database), zeroth_pg as on this branch, pg-boss (one work() loop of batchSize W) — the
+changes (the function files of c6e3dac that this branch changed re-applied over a migrated
+database), zeroth_pg as on this branch, pg-boss (one work() loop of batchSize W) — the
 cold-start depth cell of bench/continuous.py (queue held 4,000 deep, one process, W slots, 1 ms
 handler, no VACUUM or ANALYZE by the bench). The client process (the worker and its producer;
 pg-boss's Node process) and the server (postmaster and everything it forks) each in a cpuacct
@@ -12,7 +12,9 @@ tables. Needs root and cgroup v1 (/sys/fs/cgroup/cpuacct).
     PYTHONPATH=. python bench/results/2026-12-06-decay/ab_decay.py BASE_DIR [--versions 15,18]
         [--concurrency 64] [--seconds 100]
 
-BASE_DIR holds the three files of c6e3dac (git show c6e3dac:sql/functions/internal/X.sql).
+BASE_DIR holds the function files of c6e3dac this branch changed, all applied (git show
+c6e3dac:sql/functions/internal/X.sql for claim_floor, claims, scopes; c6e3dac:sql/functions/
+count_pending.sql).
 """
 from __future__ import annotations
 
@@ -60,8 +62,8 @@ async def apply_base(dsn: str, base: Path) -> None:
     try:
         async with conn.transaction():
             await conn.execute("SET LOCAL search_path = pg_catalog, pg_temp")
-            for name in ("claim_floor", "claims", "scopes"):
-                await conn.execute((base / f"{name}.sql").read_text())
+            for path in sorted(base.glob("*.sql")):
+                await conn.execute(path.read_text())
     finally:
         await conn.close()
 
