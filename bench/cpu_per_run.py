@@ -155,7 +155,8 @@ def print_statements(a: dict[str, Any], b: dict[str, Any], runs: int, top: int) 
     for ms, calls, row, old in deltas[:top]:
         print(f"    {ms * 1000 / runs:7.1f} µs/run {calls / runs:6.3f} calls/run "
               f"{ms * 1000 / calls:8.1f} µs/call blks/call hit "
-              f"{(row['hit'] - old['hit']) / calls:7.1f} read {(row['read'] - old['read']) / calls:5.2f} "
+              f"{(row['hit'] - old['hit']) / calls:7.1f} "
+              f"read {(row['read'] - old['read']) / calls:5.2f} "
               f"dirtied {(row['dirtied'] - old['dirtied']) / calls:5.2f} rows/call "
               f"{(row['rows'] - old['rows']) / calls:6.1f} | {row['query'][:110]}")
     rel_before = {row["name"]: row for row in a["relations"]}
