@@ -107,18 +107,87 @@ SELECT (SELECT xact_commit FROM pg_stat_database WHERE datname = current_databas
  WHERE t.relid = 'zeroth.runs'::regclass"""
 
 
+#: --statements: per statement (pg_stat_statements, track = all: the statements inside the
+#: functions too) and per relation of schema zeroth (pg_statio_*), cumulative counters.
+STATEMENTS = """
+SELECT queryid::text AS id, left(regexp_replace(query, '\\s+', ' ', 'g'), 160) AS query,
+       calls, total_exec_time AS ms, shared_blks_hit AS hit, shared_blks_read AS read,
+       shared_blks_dirtied AS dirtied, rows
+  FROM pg_stat_statements
+ WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"""
+RELATIONS = """
+SELECT relname AS name, coalesce(heap_blks_hit, 0) AS hit, coalesce(heap_blks_read, 0) AS read,
+       pg_relation_size(relid) AS bytes
+  FROM pg_statio_user_tables WHERE schemaname = 'zeroth'
+UNION ALL
+SELECT indexrelname, coalesce(idx_blks_hit, 0), coalesce(idx_blks_read, 0),
+       pg_relation_size(indexrelid)
+  FROM pg_statio_user_indexes WHERE schemaname = 'zeroth'"""
+
+
+async def statements_on(server: harness.Server) -> None:
+    """pg_stat_statements loaded (a restart) and tracking nested statements."""
+    assert server.restart is not None
+    # Its settings only once it is loaded (PostgreSQL 15 refuses them before): two restarts.
+    for statements in (["ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'"],
+                       ["ALTER SYSTEM SET pg_stat_statements.track = 'all'",
+                        "ALTER SYSTEM SET pg_stat_statements.max = 10000"]):
+        conn = await asyncpg.connect(server.admin_dsn)
+        try:
+            for statement in statements:
+                await conn.execute(statement)
+        finally:
+            await conn.close()
+        await asyncio.to_thread(server.restart, "fast")
+
+
+def print_statements(a: dict[str, Any], b: dict[str, Any], runs: int, top: int) -> None:
+    """The segment's statements by execution time per run, and the relations' blocks per run."""
+    before = {row["id"]: row for row in a["statements"]}
+    deltas = []
+    for row in b["statements"]:
+        old = before.get(row["id"], {"calls": 0, "ms": 0.0, "hit": 0, "read": 0, "dirtied": 0,
+                                     "rows": 0})
+        calls = row["calls"] - old["calls"]
+        if calls > 0:
+            deltas.append((row["ms"] - old["ms"], calls, row, old))
+    deltas.sort(key=lambda d: d[0], reverse=True)
+    for ms, calls, row, old in deltas[:top]:
+        print(f"    {ms * 1000 / runs:7.1f} µs/run {calls / runs:6.3f} calls/run "
+              f"{ms * 1000 / calls:8.1f} µs/call blks/call hit "
+              f"{(row['hit'] - old['hit']) / calls:7.1f} "
+              f"read {(row['read'] - old['read']) / calls:5.2f} "
+              f"dirtied {(row['dirtied'] - old['dirtied']) / calls:5.2f} rows/call "
+              f"{(row['rows'] - old['rows']) / calls:6.1f} | {row['query'][:110]}")
+    rel_before = {row["name"]: row for row in a["relations"]}
+    rels = []
+    for row in b["relations"]:
+        old = rel_before.get(row["name"], {"hit": 0, "read": 0})
+        hit, read = row["hit"] - old["hit"], row["read"] - old["read"]
+        if hit + read > 0:
+            rels.append((hit + read, hit, read, row))
+    rels.sort(key=lambda r: r[0], reverse=True)
+    print("    blocks/run: " + ", ".join(
+        f"{row['name']} {total / runs:.1f} (read {read / runs:.2f}, {row['bytes'] / 2**20:.0f} MB)"
+        for total, hit, read, row in rels[:12]))
+
+
 async def measure(args: argparse.Namespace) -> None:
     with cgroups("worker", "server") as (worker, server_group):
         join(worker)
         started = (harness.debian_server() if args.version == "15"
                    else harness.server("durable"))
         with started as server:
+            if args.statements:
+                await statements_on(server)
             root = await postmaster(server.admin_dsn)
             dsn = await asyncio.to_thread(server.zeroth_database, "cpu_per_run")
             conn = await asyncpg.connect(dsn)
             try:
                 database = await conn.fetchval("SELECT current_database()")
                 await conn.execute(f"ALTER DATABASE \"{database}\" SET track_functions = 'all'")
+                if args.statements:
+                    await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
             finally:
                 await conn.close()
             move_tree(root, server_group)
@@ -134,6 +203,9 @@ async def measure(args: argparse.Namespace) -> None:
                     conn = await asyncpg.connect(dsn)
                     try:
                         row = dict(await conn.fetchrow(SNAPSHOT, list(CALLS)))
+                        if args.statements:
+                            row["statements"] = [dict(r) for r in await conn.fetch(STATEMENTS)]
+                            row["relations"] = [dict(r) for r in await conn.fetch(RELATIONS)]
                     finally:
                         await conn.close()
                     row.update(at=at, t=time.perf_counter() - trace.t0,
@@ -166,6 +238,8 @@ async def measure(args: argparse.Namespace) -> None:
               f"{(b['claim_read'] - a['claim_read']) / max(1, scans):.0f} tuples/scan; "
               f"live {b['live']} dead {b['dead']} autovacuums {b['autovacuums']} "
               f"heap {b['heap'] / 2**20:.0f} MB; load {b['load']:.1f}", flush=True)
+        if args.statements:
+            print_statements(a, b, runs, args.top)
 
 
 def main() -> None:
@@ -176,6 +250,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--warmup", type=float, default=10.0)
     parser.add_argument("--every", type=float, default=10.0)
+    parser.add_argument("--statements", action="store_true",
+                        help="per segment: pg_stat_statements (track = all) and pg_statio_* "
+                             "deltas per run (loads pg_stat_statements: one restart first)")
+    parser.add_argument("--top", type=int, default=14, help="statements shown per segment")
     args = parser.parse_args()
     if not (CPUACCT / "cpuacct.usage").exists():
         raise SystemExit(f"no cpuacct cgroup hierarchy at {CPUACCT}")

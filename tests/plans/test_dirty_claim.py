@@ -24,6 +24,7 @@ ZEROTH_PG_TEST_DSN at a PostgreSQL 15 server to run it there (both checked for i
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -253,6 +254,74 @@ async def test_a_claim_reads_past_the_claimed_runs_of_its_own_enqueue_batch(
         for n, (e, b, rel) in enumerate(readings, 1)})
     assert all(e <= ENTRIES_BOUND and b <= BLOCKS_BOUND for e, b, _ in readings), (
         f"claims from the floor with {TAKEN} claimed runs of their batch before it: "
+        + "; ".join(f"{e} entries of runs_claim_pending_idx, {b} blocks of {rel}"
+                    for e, b, rel in readings))
+
+
+MARKED = 30_000
+CLAIM_INDEX_PAGES = """SELECT pg_stat_get_xact_blocks_fetched(
+    'zeroth.runs_claim_pending_idx'::regclass)"""
+
+
+async def test_a_claim_reads_past_a_head_of_entries_already_marked_dead(
+        admin: asyncpg.Connection, connect: Connect) -> None:
+    # Nothing pins the horizon: the runs another worker claimed leave their entries at the head of
+    # the scope, and its later scans mark them dead (LP_DEAD) as they pass, so no scan returns
+    # them again — but their leaf pages stay until VACUUM, and every claim from the head read
+    # them page by page (~150 pages here). Such a head looked clean to the floor (it counted
+    # entries returned), so each claim walked it: between two autovacuums of the W = 64 bench the
+    # claim's blocks grew from 116 to 680 a call with the dead tuples (issue 30, the PG 18
+    # decay). A session now keeps a floor when its full scan read many pages too.
+    for batch in range(MARKED // 5_000):  # each batch at its own time: distinct keys
+        await at(admin, T0 + timedelta(milliseconds=10 * batch))
+        await enqueue(admin, [{} for _ in range(5_000)])
+    other = await connect()
+    await at(other, T0 + timedelta(seconds=10))
+    taken = 0
+    while held := await claim(other, "o", 1_000):
+        taken += len(held)
+    assert taken == MARKED
+    # Its claims that find none (from the head: a clean head keeps no floor) mark the rest dead
+    # once their rows are dead to every snapshot.
+    for _ in range(50):
+        async with other.transaction():
+            before = await other.fetchval(CLAIM_INDEX_ENTRIES)
+            assert not await claim(other, "o", 1_000)
+            returned = await other.fetchval(CLAIM_INDEX_ENTRIES) - before
+        if returned == 0:
+            break
+        await asyncio.sleep(0.1)
+    assert returned == 0, f"{returned} entries not yet marked dead"
+    await at(admin, T0 + timedelta(seconds=10))
+    live = await enqueue(admin, [{} for _ in range(LIVE)])
+    worker = await connect()
+    await at(worker, T0 + timedelta(seconds=20))
+    async with worker.transaction():  # its first claim scans from the head, every page of it
+        before_first = await worker.fetchval(CLAIM_INDEX_PAGES)
+        assert set(await claim(worker, "w")) <= set(live)
+        walked = await worker.fetchval(CLAIM_INDEX_PAGES) - before_first
+    assert walked > 2 * BLOCKS_BOUND, f"the head is {walked} pages long: no test"
+    readings = []
+    for n in range(1, 4):
+        await at(worker, T0 + timedelta(seconds=20, milliseconds=100 * n))
+        async with worker.transaction():
+            before = {r["relname"]: (r["entries"], r["blocks"])
+                      for r in await worker.fetch(COUNTERS)}
+            held = await claim(worker, "w")
+            after = {r["relname"]: (r["entries"], r["blocks"])
+                     for r in await worker.fetch(COUNTERS)}
+        assert len(held) == 1
+        assert set(held) <= set(live)
+        readings.append((
+            after["runs_claim_pending_idx"][0] - before.get("runs_claim_pending_idx", (0, 0))[0],
+            *max((after[r][1] - before.get(r, (0, 0))[1], r) for r in after)))
+    version = await admin.fetchval("SHOW server_version")
+    save_report(f"dirty_claim_marked_pg{version.split('.')[0]}", {
+        "first claim's pages": walked, **{
+            f"claim {n}": {"index_entries": e, "most_blocks": b, "of": rel}
+            for n, (e, b, rel) in enumerate(readings, 1)}})
+    assert all(e <= ENTRIES_BOUND and b <= BLOCKS_BOUND for e, b, _ in readings), (
+        f"claims with {MARKED} entries marked dead at the head of the scope: "
         + "; ".join(f"{e} entries of runs_claim_pending_idx, {b} blocks of {rel}"
                     for e, b, rel in readings))
 
@@ -632,3 +701,58 @@ async def test_a_rate_limited_claim_reads_from_the_claimers_own_floor(
     assert max(entries) <= ENTRIES_BOUND, (
         f"a rate-limited claim read {entries} entries of runs_claim_pending_idx "
         f"with {DIRTY} dead runs at the head of the scope")
+
+
+# -- count_pending on a table that grew after its statistics were taken ------------------------
+
+QUEUED = 2_000
+CYCLED = 20_000
+COUNT_PENDING = "SELECT zeroth.count_pending(deployment_ref => $1)"
+
+
+async def test_count_pending_reads_the_pending_runs_not_the_table(
+        admin: asyncpg.Connection, connect: Connect) -> None:
+    # Statistics taken while the table held only pending runs (an autoanalyze early in a cold
+    # start), then many runs enqueued, claimed and completed: the table grows, its statistics
+    # still say "all pending". count_pending — the depth gauge a worker or a producer reads
+    # several times a second — then counted by a sequential scan of the whole table (PostgreSQL
+    # 15 in the W = 64 bench: 3,661 blocks a call at 66,000 runs, growing with the table; issue
+    # 30), or, with sequential scans off, through runs_created_not_running_idx, every finished
+    # run's entry and row included.
+    await at(admin, T0)
+    await enqueue(admin, [{} for _ in range(QUEUED)])
+    await admin.execute("ANALYZE zeroth.runs")
+    worker = await connect()
+    await at(worker, T0 + timedelta(seconds=10))
+    for batch in range(CYCLED // 1_000):
+        await at(admin, T0 + timedelta(seconds=1, milliseconds=batch))
+        await enqueue(admin, [{"priority": 1} for _ in range(1_000)])
+        held = await claim(worker, "w", 1_000)
+        assert len(held) == 1_000
+        completed = await worker.fetchval(
+            """SELECT count(*) FILTER (WHERE c.completed) FROM zeroth.complete_runs(
+                   worker_id => 'w', run_ids => $1, generations => $2) c""",
+            list(held), list(held.values()))
+        assert completed == 1_000
+    heap = await admin.fetchval("SELECT pg_relation_size('zeroth.runs') / 8192")
+    readings = []
+    for _ in range(3):  # the first marks the claimed entries dead; then what a gauge reads
+        async with worker.transaction():
+            before = {r["relname"]: r["blocks"] for r in await worker.fetch(COUNTERS)}
+            assert await worker.fetchval(COUNT_PENDING, DEPLOYMENT) == QUEUED
+            after = {r["relname"]: r["blocks"] for r in await worker.fetch(COUNTERS)}
+        readings.append({r: after[r] - before.get(r, 0) for r in after
+                         if after[r] > before.get(r, 0)})
+    version = await admin.fetchval("SHOW server_version")
+    save_report(f"count_pending_grown_pg{version.split('.')[0]}",
+                {"heap_pages": heap, "blocks_per_call": readings})
+    # The pending runs' rows (2,000 of them, ~150 heap pages: 53 blocks read, as an index scan
+    # reads consecutive rows of one page once), not the table's pages; of the other indexes only
+    # what planning reads (their metapage). The claim index's own pages still include those of
+    # the claimed runs' entries until VACUUM: a count must pass every entry of its range.
+    last = readings[-1]
+    assert last.get("runs", 0) < heap // 10, (
+        f"count_pending read {last} blocks ({heap} heap pages) to count {QUEUED} pending runs")
+    assert all(blocks <= 1 for name, blocks in last.items()
+               if name not in ("runs", "runs_claim_pending_idx")), (
+        f"count_pending read other indexes: {last}")

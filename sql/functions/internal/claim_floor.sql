@@ -11,9 +11,17 @@
 -- the heap row of every one of them before it reached the first live run (200,000 dead runs: a
 -- claim went from 14 ms to 276 ms p99 on PostgreSQL 15).
 --
+-- The head is as dirty once the horizon moves on: a scan that finds such an entry's row dead to
+-- everyone marks the entry dead (LP_DEAD) and later scans skip it without fetching the row — but
+-- not its leaf page, which only VACUUM empties and unlinks. At 3,000 runs/s that is ~150 pages of
+-- skipped entries more every second until autovacuum (issue 30, the PG 18 decay: a claim read
+-- 116 blocks of the index after a VACUUM and 680 at 200,000 dead tuples; W = 64 fell from 4,000
+-- to 2,500 runs/s between autovacuums).
+--
 -- What: a claim whose scan from the head of the scope passed over more than 100 + 2 × its batch
--- entries it could not take (a dirty head; counted with the backend's statistics counter,
--- zeroth._claim_floor_after_full_scan) remembers, in a setting
+-- entries it could not take, or read more than 20 + its batch / 10 pages of the index (a dirty
+-- head; counted with the backend's statistics counters, zeroth._claim_floor_after_full_scan)
+-- remembers, in a setting
 -- of its session named by the scope (zeroth.claim_floor_<0-63 by the md5 of the scope>), the position of the
 -- first run it locked (its claim-order key: priority, run_after, created_at; the run_id is kept
 -- beside them, but the index has no such column, so runs with an equal key are all read from
@@ -225,23 +233,32 @@ REVOKE ALL ON FUNCTION zeroth._claim_floor_bound(interval) FROM PUBLIC;
 -- After a claim's (or a look's) full scan from the head of the scope: wasted is how many entries
 -- of runs_claim_pending_idx it read and could not take (dead, locked by another claimer, leased,
 -- pinned to another version: pg_stat_get_xact_tuples_returned around the scan, less the runs it
--- locked), want how many runs it asked for, took how long it ran. More than 100 + 2 × want: the
--- head is dirty — more than the runs a few claims like this one leave behind, which the scans
--- of an unpinned table mark dead as they pass — and the session keeps a floor: the first run the
--- scan locked (priority, run_after, created_at, run_id), or with none (at, at, nil) at the level
--- of the floor it had (0 if none), for the bound that `took` gives (zeroth._claim_floor_bound).
--- Else the head is clean enough, and the session keeps no floor: its claims take runs in exact
--- claim order from the head, as every claim did before issue 30 (and mark the dead entries they
--- pass). (With track_counts off the count is 0: never a floor.)
+-- locked), pages how many blocks of that index it read (pg_stat_get_xact_blocks_fetched around the
+-- scan), want how many runs it asked for, took how long it ran. The head is dirty when it wasted
+-- more than 100 + 2 × want entries — more than the runs a few claims like this one leave behind,
+-- which the scans of an unpinned table mark dead as they pass — or read more than 20 + want / 10
+-- pages: a clean head costs the descent of the index (3–4 pages per claim-order range read, at
+-- most 3 ranges) and the leaf pages of the entries taken (about 100 a page); more is leaf pages of
+-- entries already marked dead, which a scan skips without returning (so wasted misses them) but
+-- still reads, page by page, until VACUUM. On a dirty head the session keeps a floor: the first
+-- run the scan locked (priority, run_after, created_at, run_id), or with none (at, at, nil) at the
+-- level of the floor it had (0 if none), for the bound that `took` gives
+-- (zeroth._claim_floor_bound). Else the head is clean enough, and the session keeps no floor: its
+-- claims take runs in exact claim order from the head, as every claim did before issue 30 (and
+-- mark the dead entries they pass). (With track_counts off both counts are 0: never a floor.)
+-- (The signature before the fourth session, without pages, is dropped first.)
 DROP FUNCTION IF EXISTS zeroth._claim_floor_after_full_scan(text, text, text, bigint[], integer, integer, timestamptz, timestamptz, uuid, timestamptz, bigint, interval);
+DROP FUNCTION IF EXISTS zeroth._claim_floor_after_full_scan(text, text, text, bigint[], integer, integer, timestamptz, timestamptz, uuid, timestamptz, bigint, integer, interval);
 CREATE OR REPLACE FUNCTION zeroth._claim_floor_after_full_scan(
     tenant_id text, workspace_key text, deployment_ref text, serves bigint[],
     kept_priority integer, priority integer, run_after timestamptz, created_at timestamptz,
-    run_id uuid, at timestamptz, wasted bigint, want integer, took interval)
+    run_id uuid, at timestamptz, wasted bigint, pages bigint, want integer, took interval)
     RETURNS void
     LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
-    IF coalesce(_claim_floor_after_full_scan.wasted, 0) > 100 + 2 * _claim_floor_after_full_scan.want THEN
+    IF coalesce(_claim_floor_after_full_scan.wasted, 0) > 100 + 2 * _claim_floor_after_full_scan.want
+       OR coalesce(_claim_floor_after_full_scan.pages, 0)
+          > 20 + _claim_floor_after_full_scan.want / 10 THEN
         PERFORM zeroth._keep_claim_floor(
             _claim_floor_after_full_scan.tenant_id, _claim_floor_after_full_scan.workspace_key,
             _claim_floor_after_full_scan.deployment_ref, _claim_floor_after_full_scan.serves,
@@ -260,9 +277,9 @@ BEGIN
     END IF;
 END
 $$;
-COMMENT ON FUNCTION zeroth._claim_floor_after_full_scan(text, text, text, bigint[], integer, integer, timestamptz, timestamptz, uuid, timestamptz, bigint, integer, interval) IS 'Internal: after a full scan of a scope''s pending runs, keep a claim floor for this session when the head is dirty (the scan wasted more than 100 + 2 × want entries of runs_claim_pending_idx), else drop it (exact claim order).';
-ALTER FUNCTION zeroth._claim_floor_after_full_scan(text, text, text, bigint[], integer, integer, timestamptz, timestamptz, uuid, timestamptz, bigint, integer, interval) OWNER TO zeroth_owner;
-REVOKE ALL ON FUNCTION zeroth._claim_floor_after_full_scan(text, text, text, bigint[], integer, integer, timestamptz, timestamptz, uuid, timestamptz, bigint, integer, interval) FROM PUBLIC;
+COMMENT ON FUNCTION zeroth._claim_floor_after_full_scan(text, text, text, bigint[], integer, integer, timestamptz, timestamptz, uuid, timestamptz, bigint, bigint, integer, interval) IS 'Internal: after a full scan of a scope''s pending runs, keep a claim floor for this session when the head is dirty (the scan wasted more than 100 + 2 × want entries of runs_claim_pending_idx, or read more than 20 + want / 10 of its pages: entries already marked dead, skipped but still read until VACUUM), else drop it (exact claim order).';
+ALTER FUNCTION zeroth._claim_floor_after_full_scan(text, text, text, bigint[], integer, integer, timestamptz, timestamptz, uuid, timestamptz, bigint, bigint, integer, interval) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._claim_floor_after_full_scan(text, text, text, bigint[], integer, integer, timestamptz, timestamptz, uuid, timestamptz, bigint, bigint, integer, interval) FROM PUBLIC;
 
 -- Entries of runs_claim_pending_idx this backend's scans have returned so far (its statistics
 -- counter, not yet flushed ones included): read around a full scan to count what it wasted.
@@ -274,3 +291,15 @@ CREATE OR REPLACE FUNCTION zeroth._claim_index_entries_read()
 COMMENT ON FUNCTION zeroth._claim_index_entries_read() IS 'Internal: the entries of runs_claim_pending_idx this backend''s index scans returned so far (pg_stat_get_xact_tuples_returned), read around a claim''s full scan.';
 ALTER FUNCTION zeroth._claim_index_entries_read() OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._claim_index_entries_read() FROM PUBLIC;
+
+-- Blocks of runs_claim_pending_idx this backend has read so far (its statistics counter, not yet
+-- flushed ones included; shared-buffer hits and reads alike): read around a claim's full scan to
+-- count the pages it walked, those of entries already marked dead too.
+CREATE OR REPLACE FUNCTION zeroth._claim_index_pages_read()
+    RETURNS bigint
+    LANGUAGE sql STABLE
+    -- (to_regclass: a name looked up at each call, so this body holds no dependency on the index)
+    RETURN pg_stat_get_xact_blocks_fetched(to_regclass('zeroth.runs_claim_pending_idx'));
+COMMENT ON FUNCTION zeroth._claim_index_pages_read() IS 'Internal: the blocks of runs_claim_pending_idx this backend read so far (pg_stat_get_xact_blocks_fetched), read around a claim''s full scan.';
+ALTER FUNCTION zeroth._claim_index_pages_read() OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._claim_index_pages_read() FROM PUBLIC;

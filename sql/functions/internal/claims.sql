@@ -197,6 +197,7 @@ DECLARE
     v_floor  record;
     v_began  timestamptz;
     v_read   bigint;
+    v_pages  bigint;
     v_first_priority   integer;
     v_first_run_after  timestamptz;
     v_first_created_at timestamptz;
@@ -249,6 +250,7 @@ BEGIN
     IF v_floor.full_scan THEN
         v_began := clock_timestamp();
         v_read := zeroth._claim_index_entries_read();
+        v_pages := zeroth._claim_index_pages_read();
     END IF;
     LOOP
         WITH locked AS MATERIALIZED (
@@ -405,7 +407,7 @@ BEGIN
             _claim_in_scope.serves, v_floor.kept_priority, v_next_priority, v_next_run_after,
             v_next_created_at, v_next_run_id, v_at,
             zeroth._claim_index_entries_read() - v_read - cardinality(v_ids) - cardinality(v_ended),
-            v_want, clock_timestamp() - v_began);
+            zeroth._claim_index_pages_read() - v_pages, v_want, clock_timestamp() - v_began);
     ELSIF v_next_priority IS NOT NULL THEN
         PERFORM zeroth._keep_claim_floor(
             _claim_in_scope.tenant_id, _claim_in_scope.workspace_key, _claim_in_scope.deployment_ref,

@@ -92,6 +92,7 @@ DECLARE
     v_floor record;
     v_began timestamptz := clock_timestamp();
     v_read  bigint;
+    v_pages bigint;
     v_found boolean;
 BEGIN
     SELECT * INTO v_floor
@@ -100,6 +101,7 @@ BEGIN
                                _scope_has_due_run.at);
     IF v_floor.full_scan THEN
         v_read := zeroth._claim_index_entries_read();
+        v_pages := zeroth._claim_index_pages_read();
     END IF;
     v_found := EXISTS (
             SELECT 1 FROM zeroth.runs r
@@ -143,7 +145,8 @@ BEGIN
             _scope_has_due_run.tenant_id, _scope_has_due_run.workspace_key,
             _scope_has_due_run.deployment_ref, _scope_has_due_run.serves, v_floor.kept_priority,
             NULL, NULL, NULL, NULL, _scope_has_due_run.at,
-            zeroth._claim_index_entries_read() - v_read, 1, clock_timestamp() - v_began);
+            zeroth._claim_index_entries_read() - v_read, zeroth._claim_index_pages_read() - v_pages,
+            1, clock_timestamp() - v_began);
     END IF;
     RETURN v_found;
 END
