@@ -599,9 +599,12 @@ END) STORED NOT NULL,
     wait_reason text,
     attempts integer DEFAULT 0 NOT NULL,
     updated_at timestamp with time zone NOT NULL,
+    started_at timestamp with time zone,
     finished_at timestamp with time zone,
     output jsonb,
     error jsonb,
+    lease_worker_id text,
+    lease_acquired_at timestamp with time zone,
     lease_expires_at timestamp with time zone,
     lease_generation bigint DEFAULT 0 NOT NULL,
     admission_slot integer,
@@ -620,15 +623,12 @@ END) STORED NOT NULL,
     code_version_id bigint,
     completed_worker_id text,
     completed_claimed_at timestamp with time zone,
-    progress jsonb,
-    accounting jsonb,
-    lease_worker_id text,
-    lease_acquired_at timestamp with time zone,
-    started_at timestamp with time zone,
     max_attempts integer DEFAULT 3 NOT NULL,
     checkpoint_seq bigint DEFAULT 0 NOT NULL,
     hand_backs integer DEFAULT 0 NOT NULL,
     resumable boolean DEFAULT true NOT NULL,
+    progress jsonb,
+    accounting jsonb,
     metadata jsonb DEFAULT '{}'::jsonb NOT NULL,
     payload jsonb DEFAULT '{}'::jsonb NOT NULL,
     created_at timestamp with time zone NOT NULL,
@@ -732,11 +732,6 @@ COMMENT ON COLUMN zeroth.runs.completed_worker_id IS 'The holder of the attempt 
 COMMENT ON COLUMN zeroth.runs.completed_claimed_at IS 'When the attempt of completed_worker_id was claimed (its lease_acquired_at); NULL when completed_worker_id is.';
 
 --
--- Name: COLUMN runs.accounting; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
---
-COMMENT ON COLUMN zeroth.runs.accounting IS 'Caller-defined JSON object (token and message counts, …) merged by update_run_progress.';
-
---
 -- Name: COLUMN runs.checkpoint_seq; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
 COMMENT ON COLUMN zeroth.runs.checkpoint_seq IS 'Number of checkpoints saved; the next checkpoint_order.';
@@ -750,6 +745,11 @@ COMMENT ON COLUMN zeroth.runs.hand_backs IS 'How many times a live holder handed
 -- Name: COLUMN runs.resumable; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
 COMMENT ON COLUMN zeroth.runs.resumable IS 'When its owner dies: true = another worker re-executes it (claim_orphaned, claim_for_takeover hands it back); false = claim_for_takeover / reconcile_thread_runs end it as failed with a stop reason (deer-flow). admit_run defaults to false for admit-and-own runs.';
+
+--
+-- Name: COLUMN runs.accounting; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON COLUMN zeroth.runs.accounting IS 'Caller-defined JSON object (token and message counts, …) merged by update_run_progress.';
 
 --
 -- Name: notification_secret; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
