@@ -68,3 +68,21 @@ def login_role(admin_dsn: str, member_of: str | None) -> Iterator[tuple[str, str
             # Whatever it owns or was granted in admin_dsn's database (a test may grant it).
             conn.execute(pgsql.SQL("DROP OWNED BY {}").format(pgsql.Identifier(name)))
             conn.execute(pgsql.SQL("DROP ROLE {}").format(pgsql.Identifier(name)))
+
+
+@contextlib.contextmanager
+def planted_equals_operator(admin_dsn: str) -> Iterator[None]:
+    """A stranger (a LOGIN role with no grant but CREATE on public) plants ``=(name, varchar)``
+    in public, which raises if it ever runs: alembic looks for its version table with
+    ``relname IN ($1::VARCHAR)``, and PostgreSQL has no such operator of its own, so a planted
+    one is an exact match for any session whose search_path reaches public."""
+    with psycopg.connect(admin_dsn, autocommit=True) as admin:
+        admin.execute("GRANT CREATE ON SCHEMA public TO PUBLIC")
+    with login_role(admin_dsn, None) as (name, password), psycopg.connect(
+            dsn_as(admin_dsn, name, password), autocommit=True) as stranger:
+        stranger.execute(
+            """CREATE FUNCTION public.hijacked(name, varchar) RETURNS boolean LANGUAGE plpgsql
+                   AS $$BEGIN RAISE EXCEPTION 'hijacked operator ran'; END$$;
+               CREATE OPERATOR public.= (LEFTARG = name, RIGHTARG = varchar,
+                                         FUNCTION = public.hijacked)""")
+        yield

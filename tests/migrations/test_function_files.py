@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from roles import dsn_as, login_role
+from roles import dsn_as, login_role, planted_equals_operator
 from schema_catalog import differences, install_released, released_revisions, snapshot
 
 from zeroth_pg import _migrate_functions, migrate
@@ -316,15 +316,7 @@ class TestTheUpgradeSession:
         # =(name, varchar), so a public one is an exact match, and it ran as the superuser that
         # migrates. The connection pins search_path with its first statement (a SET: PgBouncer
         # refuses a startup `options`; tests/migrations/test_through_pgbouncer.py).
-        with psycopg.connect(empty_database_dsn, autocommit=True) as admin:
-            admin.execute("GRANT CREATE ON SCHEMA public TO PUBLIC")
-        with login_role(empty_database_dsn, None) as (name, password), psycopg.connect(
-                dsn_as(empty_database_dsn, name, password), autocommit=True) as stranger:
-            stranger.execute(
-                """CREATE FUNCTION public.hijacked(name, varchar) RETURNS boolean LANGUAGE plpgsql
-                       AS $$BEGIN RAISE EXCEPTION 'hijacked operator ran'; END$$;
-                   CREATE OPERATOR public.= (LEFTARG = name, RIGHTARG = varchar,
-                                             FUNCTION = public.hijacked)""")
+        with planted_equals_operator(empty_database_dsn):
             migrate.upgrade(empty_database_dsn)  # a fresh install
             migrate.upgrade(empty_database_dsn)  # and one with nothing to do
         assert migrate.current_revision(empty_database_dsn) == migrate.head_revision()

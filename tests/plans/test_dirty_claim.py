@@ -91,6 +91,19 @@ async def enqueue(conn: asyncpg.Connection, items: list[dict[str, Any]]) -> list
     return [row["run_id"] for row in rows]
 
 
+async def counted_claim(conn: asyncpg.Connection, worker: str
+                        ) -> tuple[dict[UUID, int], tuple[int, int, str]]:
+    """One claim in a transaction of its own, with what it read: (the leases, (entries of
+    runs_claim_pending_idx returned, the most blocks read of one relation, that relation))."""
+    async with conn.transaction():
+        before = {r["relname"]: (r["entries"], r["blocks"]) for r in await conn.fetch(COUNTERS)}
+        held = await claim(conn, worker)
+        after = {r["relname"]: (r["entries"], r["blocks"]) for r in await conn.fetch(COUNTERS)}
+    return held, (
+        after["runs_claim_pending_idx"][0] - before.get("runs_claim_pending_idx", (0, 0))[0],
+        *max((after[r][1] - before.get(r, (0, 0))[1], r) for r in after))
+
+
 def leases(rows: list[Any]) -> dict[UUID, int]:
     return {row["run_id"]: row["lease_generation"] for row in rows if row["run_id"] is not None}
 
@@ -237,16 +250,9 @@ async def test_a_claim_reads_past_the_claimed_runs_of_its_own_enqueue_batch(
     readings = []
     for n in range(1, 4):
         await at(worker, T0 + timedelta(seconds=20, milliseconds=100 * n))
-        async with worker.transaction():
-            before = {r["relname"]: (r["entries"], r["blocks"])
-                      for r in await worker.fetch(COUNTERS)}
-            held = await claim(worker, "w")
-            after = {r["relname"]: (r["entries"], r["blocks"])
-                     for r in await worker.fetch(COUNTERS)}
+        held, reading = await counted_claim(worker, "w")
         assert list(held) == [batch[TAKEN + n]]
-        readings.append((
-            after["runs_claim_pending_idx"][0] - before.get("runs_claim_pending_idx", (0, 0))[0],
-            *max((after[r][1] - before.get(r, (0, 0))[1], r) for r in after)))
+        readings.append(reading)
     await pin.execute("ROLLBACK")
     version = await admin.fetchval("SHOW server_version")
     save_report(f"dirty_claim_batch_pg{version.split('.')[0]}", {
@@ -304,17 +310,10 @@ async def test_a_claim_reads_past_a_head_of_entries_already_marked_dead(
     readings = []
     for n in range(1, 4):
         await at(worker, T0 + timedelta(seconds=20, milliseconds=100 * n))
-        async with worker.transaction():
-            before = {r["relname"]: (r["entries"], r["blocks"])
-                      for r in await worker.fetch(COUNTERS)}
-            held = await claim(worker, "w")
-            after = {r["relname"]: (r["entries"], r["blocks"])
-                     for r in await worker.fetch(COUNTERS)}
+        held, reading = await counted_claim(worker, "w")
         assert len(held) == 1
         assert set(held) <= set(live)
-        readings.append((
-            after["runs_claim_pending_idx"][0] - before.get("runs_claim_pending_idx", (0, 0))[0],
-            *max((after[r][1] - before.get(r, (0, 0))[1], r) for r in after)))
+        readings.append(reading)
     version = await admin.fetchval("SHOW server_version")
     save_report(f"dirty_claim_marked_pg{version.split('.')[0]}", {
         "first claim's pages": walked, **{
