@@ -19,9 +19,10 @@ from zeroth_pg.errors import DatabaseError
 # Besides the pinned search_path: plan caching (0007), complete_runs' bounded wait for a row
 # another session holds, and renew_leases' hashed pairing of a batch with its
 # request (tests/plans/test_batch_joins.py), and the hot-path UPDATEs' TID scans of the rows they
-# locked, whatever the table's statistics (tests/plans/test_fresh_database.py).
+# locked, whatever the table's statistics (tests/plans/test_fresh_database.py), and count_pending's
+# index-only scan of the claim index (tests/plans/test_dirty_claim.py).
 PLANNING = {"plan_cache_mode=force_generic_plan", "lock_timeout=2s", "enable_nestloop=off",
-            "enable_seqscan=off"}
+            "enable_seqscan=off", "enable_bitmapscan=off", "enable_sort=off"}
 PINNED = ["search_path=pg_catalog, pg_temp"]
 
 FUNCTIONS = """
@@ -97,7 +98,7 @@ class TestFunctionRules:
     async def test_every_public_function_is_security_definer_with_a_pinned_search_path(self, conn):
         public = await functions(conn, internal=False)
         assert len(public) >= 30
-        # Besides the pinned search_path a function may only fix its plan caching (0007).
+        # Besides the pinned search_path a function may only fix its plans (PLANNING).
         wrong = [(f["signature"], f["definer"], f["config"]) for f in public
                  if not f["definer"] or [c for c in f["config"] if c not in PLANNING] != PINNED]
         assert wrong == []
