@@ -3,6 +3,7 @@ cpuacct cgroup of its own, so that the count is far less sensitive than runs/s t
 the machine runs.
 
     python -m bench.cpu_per_run [--version 18|15] [--concurrency W] [--seconds S] [--every S]
+        [--call-timeout S]
 
 The cell is cold_start's depth cell (bench/continuous.py: a fresh database, a RunWorker with W
 slots and a 1 ms handler, the queue held 4,000 deep by a producer in the same process, as in
@@ -216,7 +217,8 @@ async def measure(args: argparse.Namespace) -> None:
                     at += args.every
 
             sampling = asyncio.create_task(sample())
-            await zeroth_cell(dsn, trace, Load(args.seconds, depth=args.depth), args.concurrency)
+            await zeroth_cell(dsn, trace, Load(args.seconds, depth=args.depth), args.concurrency,
+                              call_timeout=args.call_timeout or None)
             sampling.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sampling
@@ -253,6 +255,8 @@ def main() -> None:
     parser.add_argument("--statements", action="store_true",
                         help="per segment: pg_stat_statements (track = all) and pg_statio_* "
                              "deltas per run (loads pg_stat_statements: one restart first)")
+    parser.add_argument("--call-timeout", type=float, default=5.0,
+                        help="the RunWorker's call bound in seconds (its default 5; 0: none)")
     parser.add_argument("--top", type=int, default=14, help="statements shown per segment")
     args = parser.parse_args()
     if not (CPUACCT / "cpuacct.usage").exists():

@@ -31,7 +31,7 @@ from typing import Any
 
 import asyncpg
 
-from zeroth_pg import migrate
+from zeroth_pg import create_pool, migrate
 from zeroth_pg._server import _embedded_os_user, _free_port, dedicated_server
 from zeroth_pg.testing import create_database, drop_database
 from zeroth_pg.worker import skip_reset
@@ -361,9 +361,11 @@ async def wait_until(predicate: Callable[[], bool], *, limit: float,
 
 @contextlib.asynccontextmanager
 async def pool(dsn: str, size: int) -> AsyncIterator[asyncpg.Pool]:
-    """A pool as ``zeroth-pg worker`` makes one: without asyncpg's reset round trip on release
-    (:func:`zeroth_pg.worker.skip_reset`). Every pool of the suite runs one system's own calls."""
-    created = await asyncpg.create_pool(dsn, min_size=size, max_size=size, reset=skip_reset)
+    """A pool of :func:`zeroth_pg.create_pool` (TCP keepalives, the client check), without
+    asyncpg's reset round trip on release (:func:`zeroth_pg.worker.skip_reset`): zeroth_pg's
+    own calls skip it in a pool of the worker process too (``released_as_found``), and every
+    pool of the suite runs one system's own calls (the raw and seed systems' SQL too)."""
+    created = await create_pool(dsn, min_size=size, max_size=size, reset=skip_reset)
     try:
         yield created
     finally:

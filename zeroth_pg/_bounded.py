@@ -8,7 +8,7 @@ long promoted another node (a Patroni cluster whose primary node was stopped: th
 on the promoted node came 2.3-3.0 s after the promotion, only once the harness resumed the old
 one; docs/dba-guide.md, "High availability").
 
-:func:`bounded_call` gives one call (the wait for a pooled connection included) ``seconds`` to
+:func:`pooled_call` gives one call (the wait for a pooled connection included) ``seconds`` to
 answer. One that does not gets its connection **terminated** — never handed back to the pool,
 and never cancelled with asyncpg's cancel request, which goes out on a new connection to the
 same hung server (and, dropped half-way, crashed PgBouncer 1.18: :mod:`zeroth_pg._connect`) —
@@ -33,9 +33,10 @@ from typing import Any, TypeVar
 
 import asyncpg
 
+from zeroth_pg._connect import released_as_found
 from zeroth_pg.errors import CallTimeoutError
 
-__all__ = ["bounded_call"]
+__all__ = ["pooled_call"]
 
 log = logging.getLogger("zeroth_pg.client")
 
@@ -46,16 +47,35 @@ T = TypeVar("T")
 _RESET_BOUND_S = 1.0
 
 
-async def bounded_call(pool: asyncpg.Pool, seconds: float,
-                       call: Callable[[asyncpg.Connection], Awaitable[T]], what: str) -> T:
-    """``await call(conn)`` on a connection of ``pool``, the acquire included, within
-    ``seconds``; else the connection is terminated, the pool's others expired, and
-    CallTimeoutError raised (module docstring).
+async def pooled_call(pool: asyncpg.Pool, seconds: float | None,
+                      call: Callable[[asyncpg.Connection], Awaitable[T]],
+                      what: Callable[[], str]) -> T:
+    """``await call(conn)`` on a connection of ``pool``; ``seconds`` (None: unbounded) bounds
+    it, the acquire included: past it the connection is terminated, the pool's others expired,
+    and CallTimeoutError raised (module docstring). ``what()`` names the call in messages.
+
+    ``call`` is one statement of zeroth_pg's SQL API. A connection it answered on is given back
+    without the pool's reset query (:func:`zeroth_pg._connect.released_as_found`): a round trip
+    and five statements per call, and the reset's RESET ALL also dropped the session's claim
+    floors (sql/functions/internal/claim_floor.sql) after every call.
 
     The bound on the call itself is a timer that terminates the connection, not a
     cancellation: asyncpg answers a cancelled query with a cancel request on a new connection
     to the same (hung) server. A timer costs one scheduled callback per call, where a task and a
     shield around every call cost the worker's hot path a measurable share of its CPU."""
+    if seconds is None:
+        conn = await pool.acquire()
+        as_found = False
+        try:
+            result = await call(conn)
+            as_found = True
+            return result
+        except Exception as exc:
+            # Refused by the server: its statement, rolled back, left nothing behind.
+            as_found = isinstance(exc, asyncpg.PostgresError)
+            raise
+        finally:
+            await _release(pool, conn, None, as_found)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + seconds
     try:
@@ -65,30 +85,34 @@ async def bounded_call(pool: asyncpg.Pool, seconds: float,
         # Not expired here: every connection may only be busy (a pool smaller than the calls
         # in flight), and the calls that hold them on a hung server are cut by their own
         # timers, which expire the pool then.
-        raise CallTimeoutError(f"{what}: no connection of the pool within {seconds:g} s "
+        raise CallTimeoutError(f"{what()}: no connection of the pool within {seconds:g} s "
                                "(every connection busy, or every server unreachable or not "
                                "answering)") from None
     cut = _Cut(conn)
     timer = loop.call_at(deadline, cut)
+    as_found = False
     try:
-        return await call(conn)
-    except Exception:
+        result = await call(conn)
+        as_found = True
+        return result
+    except Exception as exc:
         if not cut.done:
+            as_found = isinstance(exc, asyncpg.PostgresError)
             raise
         # The timer terminated the connection under the call: asyncpg raised a lost
         # connection; say why.
         await _expire(pool)
         log.warning("%s got no answer within %g s: its connection was terminated and the "
                     "pool's connections are replaced (a hung or partitioned server?)",
-                    what, seconds)
+                    what(), seconds)
         raise CallTimeoutError(
-            f"{what}: no answer within {seconds:g} s; its connection was terminated "
+            f"{what()}: no answer within {seconds:g} s; its connection was terminated "
             "(whether it committed is unknown)") from None
     finally:
         timer.cancel()
         # The reset has a bound of its own: a call that answered late has little of its own
         # left, and a reset cut short terminates a healthy connection.
-        await _release(pool, conn, max(_RESET_BOUND_S, deadline - loop.time()))
+        await _release(pool, conn, max(_RESET_BOUND_S, deadline - loop.time()), as_found)
 
 
 class _Cut:
@@ -104,12 +128,17 @@ class _Cut:
         self.conn.terminate()
 
 
-async def _release(pool: asyncpg.Pool, conn: Any, seconds: float) -> None:
-    """Give ``conn`` back, its reset bounded too: a server that froze after answering holds
-    the reset query (asyncpg then terminates the connection). A failure here concerns the
-    connection only, never the call's answer."""
+async def _release(pool: asyncpg.Pool, conn: Any, seconds: float | None,
+                   as_found: bool) -> None:
+    """Give ``conn`` back, its reset (when it needs one: ``as_found`` False) bounded too: a
+    server that froze after answering holds the reset query (asyncpg then terminates the
+    connection). A failure here concerns the connection only, never the call's answer."""
     try:
-        await pool.release(conn, timeout=seconds)
+        if as_found:
+            with released_as_found():
+                await pool.release(conn, timeout=seconds)
+        else:
+            await pool.release(conn, timeout=seconds)
     except Exception as exc:  # asyncpg terminated it: the pool opens a new one
         log.debug("releasing a connection failed (%s: %s)", type(exc).__name__, exc)
         await _expire(pool)

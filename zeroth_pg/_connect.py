@@ -51,6 +51,7 @@ from __future__ import annotations
 import asyncio
 import configparser
 import contextlib
+import contextvars
 import logging
 import os
 import random
@@ -58,7 +59,7 @@ import socket
 import time
 import urllib.parse
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -723,10 +724,50 @@ def _discarding_reset(
 CHECK_CLIENT = "SET client_connection_check_interval = '1s'"
 
 
+#: Set while zeroth_pg gives back a connection that one of its own calls left as it found it
+#: (:func:`released_as_found`).
+_AS_FOUND: contextvars.ContextVar[bool] = contextvars.ContextVar("zeroth_pg_as_found",
+                                                                 default=False)
+
+
+@contextlib.contextmanager
+def released_as_found() -> Iterator[None]:
+    """Around ``pool.release(conn)`` of a connection whose only use since its acquire was one
+    statement of zeroth_pg's SQL API, answered (or refused by the server, so rolled back): the
+    pool's default reset then sends nothing. That reset (asyncpg's RESET ALL, UNLISTEN *,
+    CLOSE ALL, pg_advisory_unlock_all) is a round trip and five statements before every call's
+    caller gets its answer, and its RESET ALL dropped the session's claim floors, which are
+    session settings (sql/functions/internal/claim_floor.sql), after every call. Nothing such a
+    statement leaves needs it: the functions' own SET clauses end with them, and the claim
+    floors are meant to stay. asyncpg runs the reset in a task made by the release (its shield),
+    which copies this context; any other release, a caller's own ``pool.acquire()`` among them,
+    is reset in full. A caller's own ``reset=`` always runs."""
+    token = _AS_FOUND.set(True)
+    try:
+        yield
+    finally:
+        _AS_FOUND.reset(token)
+
+
+async def skip_reset(_conn: asyncpg.Connection) -> None:
+    """``reset=`` for a pool that runs nothing but zeroth_pg's calls and SQL of your own that
+    leaves no session state: no reset on any release (not even a SET of :data:`CHECK_CLIENT`,
+    which nothing then undoes; asyncpg still rolls back a transaction left open).
+
+    Not needed for zeroth_pg's own calls: a pool of :func:`create_pool` gives back a connection
+    that only served one of them without the reset already (:func:`released_as_found`), and
+    resets in full a connection that served anything else, so code that changes session state
+    (a handler's ``SET ROLE``, a ``LISTEN``, a session advisory lock) cannot leave it to the
+    calls that follow. With this reset it can: do not use it for a pool shared with such code.
+    """
+
+
 async def _reset_checking_client(conn: asyncpg.Connection) -> None:
-    """asyncpg's reset (its RESET ALL included) and :data:`CHECK_CLIENT` again, in one round
-    trip."""
-    await conn.execute(f"{conn.get_reset_query()}\n{CHECK_CLIENT};")
+    """asyncpg's reset (its RESET ALL included), ``RESET ROLE`` and :data:`CHECK_CLIENT`
+    again, in one round trip. RESET ALL leaves the role alone (PostgreSQL's ``role`` setting
+    is not reset by it): without RESET ROLE, code that ran ``SET ROLE`` on a pooled connection
+    left every later call on it to run as that role."""
+    await conn.execute(f"{conn.get_reset_query()}\nRESET ROLE;\n{CHECK_CLIENT};")
 
 
 def _checking_client(
@@ -742,8 +783,11 @@ def _checking_client(
             await init(conn)
 
     async def again(conn: asyncpg.Connection) -> None:
+        if reset is skip_reset:
+            return  # nothing reset: CHECK_CLIENT stands
         if reset is None:
-            await _reset_checking_client(conn)
+            if not _AS_FOUND.get():
+                await _reset_checking_client(conn)
         else:
             await reset(conn)
             await conn.execute(CHECK_CLIENT)

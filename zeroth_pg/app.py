@@ -631,8 +631,9 @@ class App:
     ``dsn``: the database (default: ``ZEROTH_PG_DSN`` as it is, else the embedded server,
     migrated);
     ``pool``: an asyncpg pool of your own instead (``dsn`` then only enables LISTEN/NOTIFY
-    wakeups of :meth:`worker`). A pool the App creates runs zeroth calls only and skips asyncpg's
-    per-release reset (see :func:`zeroth_pg.worker.skip_reset`); pass your own if you share it.
+    wakeups of :meth:`worker`). A pool the App creates is :func:`zeroth_pg.create_pool`'s: a
+    connection that only served a zeroth_pg call goes back without asyncpg's reset round trip,
+    any other is reset in full.
     The pool opens on first use; close it with :meth:`close` or ``async with app:``.
     ``code_version``: the version of this application's code (e.g. a build id), declared by
     every worker of the App (RunWorker ``code_version``; None: unversioned).
@@ -792,8 +793,6 @@ class App:
                 self._opening = asyncio.Lock()
             async with self._opening:
                 if self._pool is None:
-                    from zeroth_pg.worker import skip_reset
-
                     if self.dsn is None:
                         from zeroth_pg.embedded import resolve_dsn
 
@@ -802,8 +801,7 @@ class App:
                         given = bool(os.environ.get("ZEROTH_PG_DSN"))
                         self.dsn = await asyncio.to_thread(resolve_dsn, migrate=not given)
                     self._pool = await create_pool(
-                        self.dsn, min_size=1, max_size=self.pool_size,
-                        reset=skip_reset)
+                        self.dsn, min_size=1, max_size=self.pool_size)
         return self._pool
 
     def _opening_lock(self) -> asyncio.Lock:

@@ -14,17 +14,17 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, TypeAlias, cast
+from typing import Any, TypeAlias, TypeVar, cast
 from uuid import UUID
 
 import asyncpg
 
 from zeroth_pg import _calls, streams, tracing
-from zeroth_pg._bounded import bounded_call
+from zeroth_pg._bounded import pooled_call
 from zeroth_pg._jsonb import encode as _json
 from zeroth_pg._jsonb import encode_bounded
 from zeroth_pg._jsonb import unstorable as unstorable  # where it used to live
@@ -169,6 +169,9 @@ def _claimed(row: asyncpg.Record) -> ClaimedRun:
     )
 
 
+T = TypeVar("T")
+
+
 def _called(query: str) -> str:
     """The SQL function a statement of :mod:`._calls` calls, for a message: zeroth.claim_pending."""
     found = re.search(r"(zeroth\.[a-z_]+)\(", query)
@@ -204,37 +207,27 @@ class LeaseManager:
 
     # -- plumbing --------------------------------------------------------------------------
 
-    def _bounded(self, conn: Executor | None) -> float | None:
-        """The bound of a call made on ``conn`` (None: the pool), or None for none."""
-        if conn is None and self.call_timeout is not None and isinstance(self.pool, asyncpg.Pool):
-            return self.call_timeout
-        return None
+    async def _call(self, conn: Executor | None, query: str,
+                    call: Callable[[Executor], Awaitable[T]]) -> T:
+        """``call`` on ``conn``, else on a connection of the pool (:func:`pooled_call`: bounded
+        by ``call_timeout``, given back without a reset), else on whatever ``self.pool``
+        is; errors mapped once (:func:`translate`)."""
+        try:
+            if conn is None and isinstance(self.pool, asyncpg.Pool):
+                return await pooled_call(self.pool, self.call_timeout, call,
+                                         lambda: _called(query))
+            return await call(conn or self.pool)
+        except Exception as exc:
+            mapped = translate(exc)
+            if mapped is exc:
+                raise
+            raise mapped from exc
 
     async def _fetch(self, query: str, *args: Any, conn: Executor | None) -> list[asyncpg.Record]:
-        try:
-            if (bound := self._bounded(conn)) is not None:
-                return list(await bounded_call(
-                    cast("asyncpg.Pool", self.pool), bound,
-                    lambda c: c.fetch(query, *args), _called(query)))
-            return list(await (conn or self.pool).fetch(query, *args))
-        except Exception as exc:
-            mapped = translate(exc)
-            if mapped is exc:
-                raise
-            raise mapped from exc
+        return list(await self._call(conn, query, lambda c: c.fetch(query, *args)))
 
     async def _fetchval(self, query: str, *args: Any, conn: Executor | None) -> Any:
-        try:
-            if (bound := self._bounded(conn)) is not None:
-                return await bounded_call(
-                    cast("asyncpg.Pool", self.pool), bound,
-                    lambda c: c.fetchval(query, *args), _called(query))
-            return await (conn or self.pool).fetchval(query, *args)
-        except Exception as exc:
-            mapped = translate(exc)
-            if mapped is exc:
-                raise
-            raise mapped from exc
+        return await self._call(conn, query, lambda c: c.fetchval(query, *args))
 
     # -- enqueue ---------------------------------------------------------------------------
 

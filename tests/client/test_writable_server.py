@@ -36,6 +36,7 @@ from zeroth_pg import App, _connect, migrate
 from zeroth_pg.client import LeaseManager
 from zeroth_pg.errors import RetryableError
 from zeroth_pg.testing import libpq_dsn
+from zeroth_pg.worker import skip_reset
 
 DEPLOYMENT = "writable-server"
 
@@ -165,14 +166,14 @@ class TestAConnectionRefusedAWrite:
     """A pooled connection whose server stops taking writes while the pool holds it (here its
     session is made read-only) is closed after the refused write, not handed out again."""
 
-    async def test_an_app_pool_replaces_it(self, database_dsn: str) -> None:
+    async def test_a_pool_of_zeroth_pg_replaces_it(self, database_dsn: str) -> None:
         dsn = database_dsn + ("&" if "?" in database_dsn else "?") + \
             "target_session_attrs=read-write"
-        app = App(dsn, pool_size=1)
-        async with app:
-            pool = await app.open()
+        # A pool that keeps session state on release (skip_reset), so that a SET makes its one
+        # connection's session read-only under the pool, as a demotion would.
+        async with zeroth_pg.create_pool(dsn, min_size=1, max_size=1,
+                                         reset=skip_reset) as pool:
             async with pool.acquire() as conn:
-                # The App's pool keeps session state on release (skip_reset).
                 await conn.execute("SET default_transaction_read_only = on")
                 first = await conn.fetchval("SELECT pg_backend_pid()")
             with pytest.raises(RetryableError) as raised:

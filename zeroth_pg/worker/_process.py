@@ -16,10 +16,8 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-import asyncpg
-
 from zeroth_pg import tracing
-from zeroth_pg._connect import create_pool
+from zeroth_pg._connect import create_pool, skip_reset
 from zeroth_pg.worker._run import Handler, orchestrator_handler
 from zeroth_pg.worker._sources import default_worker_id
 from zeroth_pg.worker._worker import RunWorker
@@ -101,20 +99,6 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(data)
 
 
-async def skip_reset(_conn: asyncpg.Connection) -> None:
-    """``reset=`` for a worker's asyncpg pool: keep the session as it is on release.
-
-    asyncpg's default reset sends ``SELECT pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *;
-    RESET ALL`` on every release, one more round trip per SQL call; bench/ measured a worker 25-60%
-    faster without it. A pool that only runs zeroth.* calls needs no reset: each call is its own
-    transaction and leaves no session state (no SET, no LISTEN, no session advisory lock) but the
-    claims' claim floors (a hint in a ``zeroth.claim_floor_*`` setting, sql/README.md), which
-    ``RESET ALL`` would drop, so every claim would read its scope from the head; asyncpg still
-    rolls back a transaction left open. Do not use it for a pool shared with code that changes
-    session state.
-    """
-
-
 async def serve(
     *,
     deployment: str | Sequence[str] | None,
@@ -191,7 +175,7 @@ async def serve(
         start_http_server(metrics_port)
     worker_id = worker_id or default_worker_id()
     pool = await create_pool(
-        dsn, min_size=1, max_size=max(4, concurrency + 2), reset=skip_reset,
+        dsn, min_size=1, max_size=max(4, concurrency + 2),
         server_settings={"application_name": f"zeroth-worker:{worker_id}"})
     try:
         worker = RunWorker(

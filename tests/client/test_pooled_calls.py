@@ -1,0 +1,162 @@
+"""A connection given back to a pool of ``zeroth_pg.create_pool`` after one zeroth_pg call skips
+asyncpg's reset round trip; any other use of a pooled connection is reset in full
+(zeroth_pg/_bounded.py ``pooled_call``, zeroth_pg/_connect.py ``released_as_found``).
+
+asyncpg resets a connection on every release (``pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *;
+RESET ALL``): a second round trip before each call's answer, and its RESET ALL dropped the
+claims' claim floors, which are session settings. Who could abuse the skip: code sharing the
+pool (a handler) that changes its session — ``SET ROLE``, ``search_path``, a session advisory
+lock, a claim floor of its own, ``LISTEN`` — and gives the connection back, hoping the worker's
+next call runs with it. It cannot: only a connection that served one of zeroth_pg's own calls,
+answered or refused by the server, skips the reset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+
+import zeroth_pg
+from zeroth_pg.client import LeaseManager
+from zeroth_pg.errors import InvalidArgumentError
+
+DEPLOYMENT = "pooled-calls"
+RESET_MARK = "RESET ALL"
+
+
+class Sent:
+    """Every statement asyncpg sent on the pool's connections (a query logger per connection,
+    added when it opens: the reset's statements included)."""
+
+    def __init__(self) -> None:
+        self.queries: list[str] = []
+
+    async def init(self, conn: asyncpg.Connection) -> None:
+        conn.add_query_logger(lambda record: self.queries.append(record.query))
+
+    def resets(self) -> int:
+        return sum(RESET_MARK in q for q in self.queries)
+
+
+@pytest.fixture
+def sent() -> Sent:
+    return Sent()
+
+
+@pytest.fixture
+async def one_connection(database_dsn: str, sent: Sent) -> AsyncIterator[asyncpg.Pool]:
+    """A pool of one connection, so every call below meets the same session."""
+    pool = await zeroth_pg.create_pool(database_dsn, min_size=1, max_size=1, init=sent.init)
+    try:
+        yield pool
+    finally:
+        await pool.close()
+
+
+@pytest.mark.parametrize("call_timeout", [None, 5.0], ids=["unbounded", "bounded"])
+async def test_a_zeroth_call_gives_its_connection_back_without_the_reset(
+        one_connection: asyncpg.Pool, sent: Sent, call_timeout: float | None) -> None:
+    lm = LeaseManager(one_connection, call_timeout=call_timeout)
+    pid = await one_connection.fetchval("SELECT pg_backend_pid()")
+    before = sent.resets()
+    await lm.enqueue_run(DEPLOYMENT, {"n": 1})
+    assert await lm.count_pending(DEPLOYMENT) == 1
+    claimed = await lm.claim_and_start(DEPLOYMENT, "w")
+    assert len(claimed.runs) == 1
+    assert sent.resets() == before, "a zeroth_pg call's connection was reset on release"
+    # The same session served them all: nothing closed it either.
+    assert await one_connection.fetchval("SELECT pg_backend_pid()") == pid
+
+
+@pytest.mark.parametrize("call_timeout", [None, 5.0], ids=["unbounded", "bounded"])
+async def test_a_call_the_server_refused_gives_its_connection_back_without_the_reset(
+        one_connection: asyncpg.Pool, sent: Sent, call_timeout: float | None) -> None:
+    lm = LeaseManager(one_connection, call_timeout=call_timeout)
+    before = sent.resets()
+    with pytest.raises(InvalidArgumentError) as refused:
+        # An empty worker id: refused by zeroth.claim_and_start itself (ZP class), rolled back.
+        await lm.claim_and_start(DEPLOYMENT, "")
+    assert isinstance(refused.value.__cause__, asyncpg.PostgresError)
+    assert sent.resets() == before
+    await lm.enqueue_run(DEPLOYMENT, {"n": 1})
+    assert await lm.count_pending(DEPLOYMENT) == 1
+
+
+async def test_a_callers_own_session_changes_are_reset_before_the_next_zeroth_call(
+        one_connection: asyncpg.Pool, sent: Sent, database_dsn: str) -> None:
+    lm = LeaseManager(one_connection, call_timeout=5.0)
+    login = await one_connection.fetchval("SELECT session_user")
+    async with one_connection.acquire() as conn:
+        await conn.execute("SELECT pg_advisory_lock(4242)")
+        await conn.execute("SELECT set_config('zeroth.claim_floor_0', 'planted', false)")
+        await conn.execute("SET search_path = pg_catalog")
+        await conn.execute("LISTEN planted_channel")
+        await conn.execute("SET ROLE zeroth_reader")
+    assert sent.resets() >= 1, "a caller's own use of the connection was not reset"
+    # As zeroth_reader the enqueue would be refused (no EXECUTE on enqueue_run): it lands.
+    await lm.enqueue_run(DEPLOYMENT, {"n": 1})
+    async with one_connection.acquire() as conn:
+        state = await conn.fetchrow(
+            """SELECT current_user AS role, current_setting('search_path') AS search_path,
+                      current_setting('zeroth.claim_floor_0', true) AS floor,
+                      (SELECT count(*) FROM pg_locks
+                        WHERE locktype = 'advisory' AND pid = pg_backend_pid()) AS locks,
+                      (SELECT count(*) FROM pg_listening_channels()) AS channels""")
+    assert state["role"] == login
+    assert state["search_path"] != "pg_catalog"
+    assert not state["floor"]
+    assert state["locks"] == 0
+    assert state["channels"] == 0
+
+
+async def test_a_sessions_claim_floor_stays_between_a_pools_zeroth_calls(
+        one_connection: asyncpg.Pool, database_dsn: str) -> None:
+    # The floor (sql/functions/internal/claim_floor.sql) is kept by a claim whose scan from the
+    # head passed over more than 100 + 2 x batch entries it could not take: dead runs whose
+    # entries no scan may mark dead while a transaction pins the horizon.
+    lm = LeaseManager(one_connection, call_timeout=5.0)
+    pin = await asyncpg.connect(zeroth_pg.asyncpg_dsn(database_dsn))
+    try:
+        await pin.execute("BEGIN")
+        await pin.fetchval("SELECT txid_current()")
+        admin = await asyncpg.connect(zeroth_pg.asyncpg_dsn(database_dsn))
+        try:
+            assert await admin.fetchval(
+                """SELECT count(*) FROM zeroth.enqueue_runs(deployment_ref => $1,
+                       runs => (SELECT jsonb_agg('{}'::jsonb) FROM generate_series(1, 300)))""",
+                DEPLOYMENT) == 300
+            assert await admin.execute("DELETE FROM zeroth.runs") == "DELETE 300"
+            name = await admin.fetchval(
+                "SELECT zeroth._claim_floor_setting('default', zeroth._workspace_key(NULL), $1)",
+                DEPLOYMENT)
+        finally:
+            await admin.close()
+        await lm.enqueue_run(DEPLOYMENT, {"n": 1})
+        await lm.enqueue_run(DEPLOYMENT, {"n": 2})
+        assert len((await lm.claim_and_start(DEPLOYMENT, "w")).runs) == 1
+        # The claim's call gave its connection back without RESET ALL: the session still
+        # holds the floor its claim kept.
+        async with one_connection.acquire() as conn:
+            floor = await conn.fetchval("SELECT current_setting($1, true)", name)
+        assert floor, f"the claim floor {name} was dropped between calls"
+    finally:
+        await pin.close()
+
+
+async def test_a_pool_with_skip_reset_sends_nothing_on_release_and_keeps_the_client_check(
+        database_dsn: str, sent: Sent) -> None:
+    from zeroth_pg.worker import skip_reset
+
+    pool = await zeroth_pg.create_pool(database_dsn, min_size=1, max_size=1, init=sent.init,
+                                       reset=skip_reset)
+    try:
+        async with pool.acquire() as conn:
+            await conn.execute("SELECT 1")
+        before = len(sent.queries)
+        async with pool.acquire() as conn:
+            assert await conn.fetchval("SHOW client_connection_check_interval") == "1s"
+        assert len(sent.queries) == before + 1, sent.queries[before:]
+    finally:
+        await pool.close()
