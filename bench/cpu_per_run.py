@@ -3,7 +3,7 @@ cpuacct cgroup of its own, so that the count is far less sensitive than runs/s t
 the machine runs.
 
     python -m bench.cpu_per_run [--version 18|15] [--concurrency W] [--seconds S] [--every S]
-        [--call-timeout S]
+        [--call-timeout S] [--settle-in-flight N]
 
 The cell is cold_start's depth cell (bench/continuous.py: a fresh database, a RunWorker with W
 slots and a 1 ms handler, the queue held 4,000 deep by a producer in the same process, as in
@@ -257,8 +257,14 @@ def main() -> None:
                              "deltas per run (loads pg_stat_statements: one restart first)")
     parser.add_argument("--call-timeout", type=float, default=5.0,
                         help="the RunWorker's call bound in seconds (its default 5; 0: none)")
+    parser.add_argument("--settle-in-flight", type=int, default=None,
+                        help="settling calls out at once (zeroth_pg.worker._settle."
+                             "MAX_IN_FLIGHT; default: the worker's)")
     parser.add_argument("--top", type=int, default=14, help="statements shown per segment")
     args = parser.parse_args()
+    if args.settle_in_flight is not None:
+        from zeroth_pg.worker import _settle
+        _settle.MAX_IN_FLIGHT = args.settle_in_flight
     if not (CPUACCT / "cpuacct.usage").exists():
         raise SystemExit(f"no cpuacct cgroup hierarchy at {CPUACCT}")
     asyncio.run(measure(args))

@@ -110,9 +110,12 @@ async def pooled_call(pool: asyncpg.Pool, seconds: float | None,
             "(whether it committed is unknown)") from None
     finally:
         timer.cancel()
-        # The reset has a bound of its own: a call that answered late has little of its own
-        # left, and a reset cut short terminates a healthy connection.
-        await _release(pool, conn, max(_RESET_BOUND_S, deadline - loop.time()), as_found)
+        # A reset has a bound of its own: a call that answered late has little of its own
+        # left, and a reset cut short terminates a healthy connection. A release as found
+        # sends nothing to wait for.
+        await _release(pool, conn,
+                       None if as_found else max(_RESET_BOUND_S, deadline - loop.time()),
+                       as_found)
 
 
 class _Cut:

@@ -123,3 +123,62 @@ async def test_a_completion_retrying_on_a_held_row_does_not_hold_up_later_ones(
         await tx.rollback()
         await pool.release(holder)
     assert (await wait_for_status(pool, held.run_id, "completed", within=30))["attempts"] == 1
+
+
+async def test_a_run_that_ends_while_a_completion_is_out_is_completed_beside_it(
+        pool, spawn_worker):
+    """Two settling calls go out at once (zeroth_pg.worker._settle.MAX_IN_FLIGHT): a run that
+    ends while another run's completion call is out does not wait for that call's answer
+    before its own goes out. Here the first call is held inside the server for as long as the
+    test likes (a DBA's trigger that waits for a gate, which no lock_timeout cuts short); the
+    second run completes while it is held. With one call out at a time it could not."""
+    dep = unique_deployment("inflight")
+    lm = LeaseManager(pool)
+    held = await lm.enqueue_run(dep, payload={"kind": "held"})
+    later = await lm.enqueue_run(dep, payload={"kind": "later"})
+    arrived: set[Any] = set()
+    finish_held, finish_later = asyncio.Event(), asyncio.Event()
+
+    async def handler(ctx: RunContext) -> Any:
+        arrived.add(ctx.run_id)
+        await (finish_held if ctx.payload["kind"] == "held" else finish_later).wait()
+        return {"kind": ctx.payload["kind"]}
+
+    await pool.execute(f"""
+        CREATE TABLE public.completion_gate (open boolean NOT NULL);
+        GRANT SELECT ON public.completion_gate TO PUBLIC;
+        CREATE FUNCTION public.hold_completion() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF OLD.run_id = '{held.run_id}' AND NEW.status::text = 'completed' THEN
+                WHILE NOT EXISTS (SELECT 1 FROM public.completion_gate WHERE open) LOOP
+                    PERFORM pg_sleep(0.02);
+                END LOOP;
+            END IF;
+            RETURN NEW;
+        END $$;
+        CREATE TRIGGER hold_completion BEFORE UPDATE ON zeroth.runs
+            FOR EACH ROW EXECUTE FUNCTION public.hold_completion();""")
+    try:
+        # No call bound: the held call stays out until the gate opens (a bound would cut it
+        # after 5 s and let the later completion go out after it).
+        await spawn_worker(dep, handler, max_concurrency=2, call_timeout=None)
+        await wait_until(lambda: len(arrived) == 2, "both handlers", within=10)
+        finish_held.set()
+
+        async def held_in_the_trigger() -> Any:
+            return await pool.fetchrow(
+                """SELECT pid, query_start FROM pg_stat_activity
+                    WHERE wait_event = 'PgSleep' AND query LIKE '%zeroth.%'""")
+
+        first = await wait_until(held_in_the_trigger, "the held run's completion call",
+                                 within=10)
+        finish_later.set()
+        await wait_for_status(pool, later.run_id, "completed", within=20)
+        # The same statement is still held: the later completion went out beside it.
+        assert await held_in_the_trigger() == first
+        assert (await pool.fetchval("SELECT status::text FROM zeroth.runs WHERE run_id = $1",
+                                    held.run_id)) == "running"
+    finally:
+        await pool.execute("INSERT INTO public.completion_gate VALUES (true)")
+    row = await wait_for_status(pool, held.run_id, "completed", within=30)
+    assert row["attempts"] == 1

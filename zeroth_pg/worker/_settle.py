@@ -5,7 +5,8 @@ its error document, or a minimal one when the database refuses it), a cancel, a 
 pending, a release. Every outcome but a release is queued to the :class:`CompletionBatcher`,
 which sends the outcomes of runs that ended together as one ``settle_runs`` call (each row fenced
 on its own; one call per scope and, for retries, per retry policy, as settle_runs takes one
-policy), never waiting to fill a batch. A batch of completions that carries the next claim goes
+policy), never waiting to fill a batch, with up to :data:`MAX_IN_FLIGHT` calls out at once. A
+batch of completions that carries the next claim goes
 out as ``complete_and_claim`` (one commit for both). A release is one ``release_lease`` call
 (settle_runs has no release). Every write retries transient failures on the same
 :class:`Backoff` until the lease deadline known when it began, and then gives up (the lease
@@ -52,6 +53,12 @@ log = logging.getLogger("zeroth_pg.worker")
 
 #: Runs per settle_runs call at most.
 MAX_BATCH = 1000
+
+#: Settling calls out at once. With one, a run that ends while a call is out waits for that
+#: call's answer and then for its own: at 4 slots, a large share of each run's cycle
+#: (issue 30, the deep-queue cells). A second call goes out at once with what queued; a third
+#: waits, so under load the batches still grow.
+MAX_IN_FLIGHT = 2
 
 
 class Leased(Protocol):
@@ -139,11 +146,16 @@ class CompletionBatcher:
         others_may_join: Callable[[], bool] = lambda: False,
         on_batch_refused: Callable[[], None] = lambda: None,
         claim_along: ClaimAlong | None = None,
+        max_in_flight: int | None = None,
     ) -> None:
         """``others_may_join``: True when a handler could finish in this same turn of the event
         loop (one more turn is worth waiting); ``on_batch_refused``: counts a batch the database
         refused as a whole (then completed run by run); ``claim_along``: sends a batch that
-        carries claims (one commit for both), tried once before the plain path."""
+        carries claims (one commit for both), tried once before the plain path;
+        ``max_in_flight``: calls out at once (:data:`MAX_IN_FLIGHT`)."""
+        self.max_in_flight = MAX_IN_FLIGHT if max_in_flight is None else max_in_flight
+        if self.max_in_flight < 1:
+            raise ValueError("max_in_flight must be at least 1")
         self._claim_along = claim_along
         self.lease_manager = lease_manager
         self.worker_id = worker_id
@@ -183,10 +195,16 @@ class CompletionBatcher:
         return completion.result
 
     async def run(self) -> None:
-        """Send the queued completions until cancelled."""
+        """Send the queued completions until cancelled: a batch goes out as soon as one is
+        queued and fewer than :attr:`max_in_flight` calls are out; what queues meanwhile is the
+        next batch."""
+        in_flight: set[asyncio.Task[None]] = set()
         try:
             while True:
                 await self._queued.wait()
+                if len(in_flight) >= self.max_in_flight:
+                    await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+                    continue
                 if self._others_may_join():
                     # Handlers that finish in this same turn of the event loop join the batch.
                     await asyncio.sleep(0)
@@ -194,21 +212,33 @@ class CompletionBatcher:
                 batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
                 if self._queue:
                     self._queued.set()
-                try:
-                    # settle_runs is scoped and takes one retry policy: one call per (tenant,
-                    # workspace, policy of its retries) of the batch.
-                    for group in _by_scope(batch):
-                        await self._send(group)
-                finally:
-                    # Whatever happened, no run task is left waiting for an answer that never
-                    # comes (the ones retrying on their own are answered there, or at exit).
-                    retrying = {id(c) for c in self._retrying.values()}
-                    for completion in batch:
-                        if not completion.result.done() and id(completion) not in retrying:
-                            completion.result.set_exception(
-                                RuntimeError("the completion loop stopped before answering"))
+                if self.max_in_flight == 1:
+                    await self._send_batch(batch)
+                    continue
+                task = asyncio.create_task(self._send_batch(batch))
+                in_flight.add(task)
+                task.add_done_callback(in_flight.discard)
         finally:
+            for task in in_flight:
+                task.cancel()
+            if in_flight:  # each answers its batch on its way out (_send_batch)
+                await asyncio.wait(in_flight)
             self._stop_retrying()
+
+    async def _send_batch(self, batch: list[_Completion]) -> None:
+        try:
+            # settle_runs is scoped and takes one retry policy: one call per (tenant,
+            # workspace, policy of its retries) of the batch.
+            for group in _by_scope(batch):
+                await self._send(group)
+        finally:
+            # Whatever happened, no run task is left waiting for an answer that never comes
+            # (the ones retrying on their own are answered there, or at exit).
+            retrying = {id(c) for c in self._retrying.values()}
+            for completion in batch:
+                if not completion.result.done() and id(completion) not in retrying:
+                    completion.result.set_exception(
+                        RuntimeError("the completion loop stopped before answering"))
 
     def _stop_retrying(self) -> None:
         for task, completion in list(self._retrying.items()):
