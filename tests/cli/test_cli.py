@@ -205,6 +205,15 @@ class TestUsageErrors:
         assert cli("runs", "show", "not-a-uuid", dsn=nowhere).returncode == 2
         assert cli("prune", "--older-than", "7x", dsn=nowhere).returncode == 2
 
+    @pytest.mark.parametrize("worker_id", ["", "w" * 201])
+    def test_a_worker_id_every_claim_would_refuse_exits_2_before_touching_a_database(
+            self, worker_id: str):
+        nowhere = "postgresql://nobody@/nowhere?host=/nonexistent"
+        result = cli("worker", "--app", "zeroth_pg.demo:handle", "--deployment", "d",
+                     "--worker-id", worker_id, dsn=nowhere)
+        assert result.returncode == 2
+        assert "--worker-id" in result.stderr and "1 to 200 characters" in result.stderr
+
     def test_an_unreachable_database_exits_1_with_one_line(self):
         result = cli("runs", "list", dsn="postgresql://nobody@/nowhere?host=/nonexistent",
                      process=True)

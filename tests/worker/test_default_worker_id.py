@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 import asyncpg
+import pytest
 
 from zeroth_pg.worker import RunWorker
 from zeroth_pg.worker._sources import default_worker_id
@@ -29,3 +30,13 @@ async def test_workers_built_without_an_id_get_distinct_short_ids_and_a_given_id
     assert re.fullmatch(r"[0-9a-f]{12}", first.worker_id)
     assert first.worker_id != second.worker_id
     assert named.worker_id == "a-name-given-by-its-operator"
+
+
+@pytest.mark.parametrize("worker_id", ["", "w" * 201])
+async def test_a_worker_id_every_claim_would_refuse_is_refused_at_construction(
+        pool: asyncpg.Pool, worker_id: str):
+    # Not taken for "no id" (an empty one became a random id), nor left for every claim to
+    # refuse with ZP008 while the worker runs (zeroth._require_identifier: 1 to 200).
+    with pytest.raises(ValueError, match="1 to 200 characters"):
+        RunWorker(pool, "default-id", _noop, worker_id=worker_id)
+    assert RunWorker(pool, "default-id", _noop, worker_id="w" * 200).worker_id == "w" * 200

@@ -20,6 +20,19 @@ class LogFormat(StrEnum):
     JSON = "json"  # one JSON object per line
 
 
+def _worker_id(value: str | None) -> str | None:
+    """--worker-id as RunWorker takes it (an empty one is refused, not taken for "random")."""
+    if value is None:
+        return None
+    from zeroth_pg.worker._claims import MAX_WORKER_ID, check_worker_id
+
+    try:
+        return check_worker_id(value)
+    except ValueError:
+        raise typer.BadParameter(f"must be 1 to {MAX_WORKER_ID} characters (leave it out for "
+                                 "a random id)") from None
+
+
 def worker(
     handler: Annotated[str, typer.Option(
         "--app", envvar="ZEROTH_PG_APP",
@@ -62,7 +75,8 @@ def worker(
              "registered retry policy, zeroth-pg deployments; else 1).",
         show_default=False)] = None,
     worker_id: Annotated[str | None, typer.Option(
-        envvar="ZEROTH_PG_WORKER_ID", help="Default: 12 random hex digits.",
+        envvar="ZEROTH_PG_WORKER_ID", callback=_worker_id,
+        help="1 to 200 characters. Default: 12 random hex digits.",
         show_default=False)] = None,
     code_version: Annotated[str | None, typer.Option(
         envvar="ZEROTH_PG_CODE_VERSION",

@@ -324,6 +324,21 @@ def check_code_version(code_version: str | None) -> str | None:
     return code_version
 
 
+#: The longest worker id the SQL API takes (zeroth._require_identifier).
+MAX_WORKER_ID = 200
+
+
+def check_worker_id(worker_id: str | None) -> str | None:
+    """A RunWorker's ``worker_id``, checked before anything is built: None (a random one) or
+    1 to :data:`MAX_WORKER_ID` characters, else ValueError — every claim of a worker with any
+    other would be refused (ZP008), and an empty one is not "no id"."""
+    if worker_id is not None and (not isinstance(worker_id, str)
+                                  or not 1 <= len(worker_id) <= MAX_WORKER_ID):
+        raise ValueError(f"worker_id must be None (a random id) or 1 to {MAX_WORKER_ID} "
+                         "characters")
+    return worker_id
+
+
 def check_options(max_concurrency: int, poll_interval: float, orphan_sweep_interval: float,
                   lease_duration: float, renew_fraction: float,
                   call_timeout: float | None = None) -> None:

@@ -18,6 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from zeroth_pg import tracing
 from zeroth_pg._connect import create_pool, skip_reset
+from zeroth_pg.worker._claims import check_worker_id
 from zeroth_pg.worker._run import Handler, orchestrator_handler
 from zeroth_pg.worker._sources import default_worker_id
 from zeroth_pg.worker._worker import RunWorker
@@ -173,7 +174,7 @@ async def serve(
         provider = None
     if metrics_port:
         start_http_server(metrics_port)
-    worker_id = worker_id or default_worker_id()
+    worker_id = check_worker_id(worker_id) or default_worker_id()
     pool = await create_pool(
         dsn, min_size=1, max_size=max(4, concurrency + 2),
         server_settings={"application_name": f"zeroth-worker:{worker_id}"})
