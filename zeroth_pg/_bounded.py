@@ -63,24 +63,14 @@ async def pooled_call(pool: asyncpg.Pool, seconds: float | None,
     cancellation: asyncpg answers a cancelled query with a cancel request on a new connection
     to the same (hung) server. A timer costs one scheduled callback per call, where a task and a
     shield around every call cost the worker's hot path a measurable share of its CPU."""
-    if seconds is None:
-        conn = await pool.acquire()
-        as_found = False
-        try:
-            result = await call(conn)
-            as_found = True
-            return result
-        except Exception as exc:
-            # Refused by the server: its statement, rolled back, left nothing behind.
-            as_found = isinstance(exc, asyncpg.PostgresError)
-            raise
-        finally:
-            await _release(pool, conn, None, as_found)
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + seconds
+    deadline = None if seconds is None else loop.time() + seconds
     try:
-        async with asyncio.timeout_at(deadline):
+        if deadline is None:
             conn = await pool.acquire()
+        else:
+            async with asyncio.timeout_at(deadline):
+                conn = await pool.acquire()
     except TimeoutError:
         # Not expired here: every connection may only be busy (a pool smaller than the calls
         # in flight), and the calls that hold them on a hung server are cut by their own
@@ -89,7 +79,7 @@ async def pooled_call(pool: asyncpg.Pool, seconds: float | None,
                                "(every connection busy, or every server unreachable or not "
                                "answering)") from None
     cut = _Cut(conn)
-    timer = loop.call_at(deadline, cut)
+    timer = None if deadline is None else loop.call_at(deadline, cut)
     as_found = False
     try:
         result = await call(conn)
@@ -97,6 +87,7 @@ async def pooled_call(pool: asyncpg.Pool, seconds: float | None,
         return result
     except Exception as exc:
         if not cut.done:
+            # Refused by the server: its statement, rolled back, left nothing behind.
             as_found = isinstance(exc, asyncpg.PostgresError)
             raise
         # The timer terminated the connection under the call: asyncpg raised a lost
@@ -109,13 +100,13 @@ async def pooled_call(pool: asyncpg.Pool, seconds: float | None,
             f"{what()}: no answer within {seconds:g} s; its connection was terminated "
             "(whether it committed is unknown)") from None
     finally:
-        timer.cancel()
+        if timer is not None:
+            timer.cancel()
         # A reset has a bound of its own: a call that answered late has little of its own
         # left, and a reset cut short terminates a healthy connection. A release as found
         # sends nothing to wait for.
-        await _release(pool, conn,
-                       None if as_found else max(_RESET_BOUND_S, deadline - loop.time()),
-                       as_found)
+        await _release(pool, conn, None if as_found or deadline is None
+                       else max(_RESET_BOUND_S, deadline - loop.time()), as_found)
 
 
 class _Cut:
