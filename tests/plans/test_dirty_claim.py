@@ -640,6 +640,37 @@ async def test_a_malformed_floor_value_is_no_floor(
     assert a in await claim(worker, "w", 10)  # read from the head
 
 
+# One field off in a value that is otherwise the session's own floor (fields: serves, priority,
+# run_after, created_at, run_id, full_at, bound_ms, scope): _claim_floor checks each field
+# before any cast.
+OFF_BY_ONE_FIELD = {
+    "a trailing space": lambda f: " ".join(f) + " ",
+    "two spaces apart": lambda f: "  ".join(f),
+    "a nine-field value": lambda f: " ".join([*f, "0"]),
+    "a signed priority": lambda f: " ".join([f[0], "+" + f[1], *f[2:]]),
+    "an 11-digit priority": lambda f: " ".join([f[0], "1" * 11, *f[2:]]),
+    "an 18-digit run_after": lambda f: " ".join([*f[:2], "1" * 18, *f[3:]]),
+    "a newline in created_at": lambda f: " ".join([*f[:3], f[3] + "\n", *f[4:]]),
+    "an upper-case run_id": lambda f: " ".join([*f[:4], f[4].upper(), *f[5:]]),
+    "a run_id without dashes": lambda f: " ".join([*f[:4], f[4].replace("-", ""), *f[5:]]),
+    "a 10-digit bound": lambda f: " ".join([*f[:6], "1" * 10, *f[7:]]),
+    "a negative bound": lambda f: " ".join([*f[:6], "-5000", *f[7:]]),
+    "another scope's md5": lambda f: " ".join([*f[:7], "0" * 32]),
+}
+
+
+@pytest.mark.parametrize("mutate", OFF_BY_ONE_FIELD.values(), ids=OFF_BY_ONE_FIELD.keys())
+async def test_a_floor_value_with_one_field_off_is_no_floor(
+        admin: asyncpg.Connection, worker: asyncpg.Connection,
+        mutate: Callable[[list[str]], str]) -> None:
+    when = T0 + timedelta(seconds=30)
+    a = await hidden_run(admin, worker, when)
+    name, fields = await floor_value(worker)
+    await worker.execute("SELECT set_config($1, $2, false)", name, mutate(fields))
+    await at(worker, when + timedelta(milliseconds=500))
+    assert a in await claim(worker, "w", 10)  # read from the head
+
+
 async def test_a_floor_kept_at_a_later_time_is_no_floor_once_the_clock_goes_back(
         admin: asyncpg.Connection, worker: asyncpg.Connection) -> None:
     # zeroth._now() going backwards (a failover to a server whose clock is behind, a step of the
