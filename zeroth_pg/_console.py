@@ -11,10 +11,8 @@ __all__ = ["main", "run_command"]
 _CLI_EXTRA = frozenset({"typer", "click", "rich"})
 
 
-def run_command(module: str = "zeroth_pg.cli._root", *, prog_name: str = "zeroth-pg") -> None:
-    """Import ``module`` (a :mod:`zeroth_pg.cli` module) and run its ``main``. The root command
-    is :mod:`zeroth_pg.cli._root`: :mod:`zeroth_pg.cli` itself imports its commands only on first
-    use, so a missing ``cli`` extra shows up here, as an import of the module run."""
+def run_command(module: str = "zeroth_pg.cli", *, prog_name: str = "zeroth-pg") -> None:
+    """Import ``module`` (a :mod:`zeroth_pg.cli` module) and run its ``main``."""
     try:
         command = importlib.import_module(module)
     except ModuleNotFoundError as exc:

@@ -33,15 +33,26 @@ same commands as ``zeroth-pg worker`` and ``zeroth-pg demo``. The command line n
 extra (typer, rich); nothing outside this package imports them.
 """
 
+
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from zeroth_pg.cli._common import EXIT_CODES, parse_duration
-    from zeroth_pg.cli._root import app
-    from zeroth_pg.cli.schema import SchemaState, SchemaStatus, schema_status
+from zeroth_pg.cli import (
+    db,
+    demo,
+    deployments,
+    enqueue,
+    limits,
+    metrics,
+    prune,
+    runs,
+    schedules,
+    schema,
+    status,
+    web,
+    worker,
+)
+from zeroth_pg.cli._common import EXIT_CODES, App, parse_duration
+from zeroth_pg.cli.schema import SchemaState, SchemaStatus, schema_status
 
 __all__ = [
     "EXIT_CODES",
@@ -53,31 +64,27 @@ __all__ = [
     "schema_status",
 ]
 
-# Where each public name lives. They are imported on first use (PEP 562), not here: every
-# ``python -m zeroth_pg.worker`` process imports this package on its way to
-# zeroth_pg.cli.worker, and importing every command module and building the root app (typer reads
-# every command's signature) cost it about 0.1 CPU-second at each start.
-_LAZY = {
-    "EXIT_CODES": "zeroth_pg.cli._common",
-    "parse_duration": "zeroth_pg.cli._common",
-    "app": "zeroth_pg.cli._root",
-    "SchemaState": "zeroth_pg.cli.schema",
-    "SchemaStatus": "zeroth_pg.cli.schema",
-    "schema_status": "zeroth_pg.cli.schema",
-}
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+app = App(
+    name="zeroth-pg",
+    help="zeroth_pg: a durable run dispatcher whose queue is PostgreSQL.",
+    no_args_is_help=True,
+)
+app.add_typer(schema.migrate_app, name="migrate")
+app.add_typer(runs.runs_app, name="runs")
+app.add_typer(db.db_app, name="db")
+app.add_typer(schedules.schedules_app, name="schedules")
+app.add_typer(limits.limits_app, name="limits")
+app.add_typer(deployments.deployments_app, name="deployments")
+app.command("verify")(schema.verify)
+app.command("worker")(worker.worker)
+app.command("demo")(demo.demo)
+app.command("enqueue")(enqueue.enqueue)
+app.command("status")(status.status)
+app.command("prune")(prune.prune)
+app.command("web")(web.web)
+app.command("metrics")(metrics.metrics)
 
 
 def main(prog_name: str = "zeroth-pg") -> None:
     """Entry point for ``zeroth-pg`` and ``python -m zeroth_pg.cli``."""
-    from zeroth_pg.cli._root import main as run_root
-
-    run_root(prog_name=prog_name)
+    app(prog_name=prog_name)

@@ -2,4 +2,4 @@
 
 from zeroth_pg._console import run_command
 
-run_command("zeroth_pg.cli._root", prog_name="zeroth-pg")
+run_command("zeroth_pg.cli", prog_name="zeroth-pg")
