@@ -1,7 +1,7 @@
 """Fenced writes racing a takeover: a stale holder keeps writing while a new holder claims.
 
-200 fresh runs. For each, the old holder's lease is cut to a few milliseconds while it streams
-commit_fenced writes and finally complete_run; on a second session a new holder polls
+200 fresh runs. For each, the old holder's lease is cut to 30-300 ms (SHORT_LEASE) while it
+streams commit_fenced writes and finally complete_run; on a second session a new holder polls
 claim_orphaned and, once it owns the run, writes and completes it. Half the old holders are
 "slow": their calls carry a clock sample taken before their lease expired (now_override), the
 interleaving where the expiry predicate passes and only the generation in the fence can refuse
@@ -24,6 +24,11 @@ import asyncpg
 
 RUNS = 200
 PARALLEL = 10
+#: The old holder's lease is cut to SHORT_LEASE * 10**u, u uniform in [0, 1) (a seeded draw per
+#: run): 30-300 ms. Both orders must happen (the old holder done in time, the new one taking
+#: over); with every lease at 30 ms a loaded machine (load average 15-30) slowed every old holder
+#: past its lease and all 200 runs were taken over. Spread over a decade, some leases end near
+#: where the old holder finishes, whatever the machine's speed.
 SHORT_LEASE = 0.03
 
 AUDIT = """
@@ -77,15 +82,17 @@ async def race(index: int, run: tuple[Any, str, int], old: asyncpg.Connection,
     run_id, deployment, generation = run
     old_worker, new_worker = f"old-{index}", f"new-{index}"
     slow = index % 2 == 1
-    outcome: dict[str, Any] = {"run_id": run_id, "generation": generation, "old_writes": [],
-                               "old_complete": None, "new_claim": None, "new_writes": []}
+    lease = SHORT_LEASE * 10 ** rng.random()
+    outcome: dict[str, Any] = {"run_id": run_id, "generation": generation, "lease": lease,
+                               "old_writes": [], "old_complete": None, "new_claim": None,
+                               "new_writes": []}
 
     async def old_holder() -> None:
-        # Cut the lease to a few milliseconds: from here on the takeover can happen any time.
+        # Cut the lease short: from here on the takeover can happen any time.
         async with old.transaction():
             assert await old.fetchval(
                 """SELECT zeroth.renew_lease(run_id => $1, worker_id => $2, generation => $3,
-                       lease_seconds => $4)""", run_id, old_worker, generation, SHORT_LEASE)
+                       lease_seconds => $4)""", run_id, old_worker, generation, lease)
             expires = await old.fetchval(
                 "SELECT r.lease_expires_at FROM zeroth.runs r WHERE r.run_id = $1", run_id)
         # A slow holder's calls all carry a clock sample from just before its expiry.
@@ -197,4 +204,7 @@ async def test_exactly_one_holder_lands_when_writes_race_a_takeover(connect: Any
         "SELECT count(*) FROM public.fence_audit a WHERE a.new_generation <> a.old_generation "
         "AND a.old_generation > 0") == takeovers
     # Both orders happened, so both sides of the race were exercised.
+    print(f"takeovers: {takeovers} of {RUNS}; at leases under 100 ms: "
+          f"{sum(o['new_claim'] is not None for o in outcomes if o['lease'] < 0.1)} of "
+          f"{sum(o['lease'] < 0.1 for o in outcomes)}")
     assert 0 < takeovers < RUNS
