@@ -336,3 +336,47 @@ async def test_a_handlers_own_calls_are_not_bounded_by_the_workers_call_timeout(
         queued.run_id)
     assert failures == []
     assert (row["attempts"], row["checkpoints"]) == (1, 1)
+
+
+class TestAFailedClaimPass:
+    """A claim pass that fails — its connection lost to a failover, or no server taking
+    connections yet — is tried again after a short backoff (50 ms doubling up to 1 s), not a
+    poll interval later: through a PgBouncer per node, a Patroni switchover's first claim on the
+    promoted node came up to 1.56 s after the promotion (issue 35, docs/dba-guide.md)."""
+
+    async def test_the_worker_claims_as_soon_as_the_server_takes_connections_again(
+            self, database_dsn: str, pg_server_dsn: str, pool: asyncpg.Pool,
+            caplog: pytest.LogCaptureFixture) -> None:
+        caplog.set_level(logging.ERROR, logger="zeroth_pg.worker")
+        lm = LeaseManager(pool)
+        queued = await lm.enqueue_run(DEPLOYMENT, {"n": 1}, tenant_id=TENANT)
+        dbname = str(conninfo_to_dict(libpq_dsn(database_dsn))["dbname"])
+        dba = await zeroth_pg.connect(pg_server_dsn)  # another database: it may disallow this one
+        # No connection of the worker's pool exists yet: its first pass must open one.
+        worker_pool = await zeroth_pg.create_pool(database_dsn, min_size=0, max_size=2)
+
+        async def handler(ctx: RunContext) -> dict[str, Any]:
+            return {"n": ctx.payload["n"]}
+
+        # A poll and a sweep interval of an hour and no listener: only the retry of the failed
+        # pass can find the run within the test's guard.
+        worker = RunWorker(worker_pool, DEPLOYMENT, handler, tenant_id=TENANT,
+                           poll_interval=3600, orphan_sweep_interval=3600, shutdown_timeout=5.0)
+        try:
+            await dba.execute(f'ALTER DATABASE "{dbname}" ALLOW_CONNECTIONS false')
+            await worker.start()
+            await eventually(lambda: _claim_failed(caplog), within=120,
+                             what="a failed claim pass")
+            await dba.execute(f'ALTER DATABASE "{dbname}" ALLOW_CONNECTIONS true')
+            await eventually(lambda: _completed(pool, queued.run_id), within=120,
+                             what="the run completed after the server took connections again")
+        finally:
+            await dba.execute(f'ALTER DATABASE "{dbname}" ALLOW_CONNECTIONS true')
+            await dba.close()
+            await asyncio.wait_for(worker.graceful_shutdown(), timeout=120)
+            worker_pool.terminate()
+
+
+async def _claim_failed(caplog: pytest.LogCaptureFixture) -> bool:
+    return any("claim pass failed" in r.getMessage() for r in caplog.records)
+
