@@ -170,11 +170,15 @@ class TestACompletionThatHangs:
                                  what="a completion call timed out")
                 assert await _status(pool, queued.run_id) == "running"
                 await holder.execute("SELECT pg_advisory_unlock(35)")
-                # The held completion commits; the worker's repeat is refused by the fence.
-                await eventually(lambda: _counted(metrics.lease_lost), within=120,
+                # The held completion commits; the worker's repeat is refused by the fence:
+                # an outcome whose first try had no answer, counted as unknown, not as a lease
+                # lost (the lease was never lost: the worker's own completion ended it).
+                await eventually(lambda: _counted(metrics.outcomes_unknown), within=120,
                                  what="the repeated completion refused")
                 completed = metrics.runs_completed.labels(DEPLOYMENT)._value.get()
                 assert completed == 0, "a completion without an answer was counted as landed"
+                assert metrics.lease_lost.labels(DEPLOYMENT)._value.get() == 0
+                assert metrics.fencing_rejected.labels(DEPLOYMENT)._value.get() == 0
         finally:
             await holder.close()
         row = await pool.fetchrow("SELECT status::text AS status, output::text AS output,"

@@ -296,6 +296,9 @@ class RunExecutor:
             log.debug("run %s completed at generation %d", run.run_id, run.lease_generation)
             self._count_scope(self.metrics.scope_runs_completed, entry.scope)
             tracing.outcome(span, "completed")
+        elif entry.outcome_unknown:  # refused or unanswered after a try with no answer
+            tracing.failed(span, None, "outcome unknown")
+            self.settler.unknown(entry)
         elif completed is False:
             tracing.failed(span, None, "lease lost")
             self.settler.lease_lost(entry, fenced=True)
