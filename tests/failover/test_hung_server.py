@@ -39,6 +39,7 @@ import zeroth_pg
 from zeroth_pg.client import LeaseManager
 from zeroth_pg.errors import CallTimeoutError
 from zeroth_pg.metrics import WorkerMetrics
+from zeroth_pg.notify import WAKEUP_CHANNEL, Notifier
 from zeroth_pg.testing import libpq_dsn
 from zeroth_pg.worker import RunContext, RunWorker
 
@@ -383,4 +384,75 @@ class TestAFailedClaimPass:
 
 async def _claim_failed(caplog: pytest.LogCaptureFixture) -> bool:
     return any("claim pass failed" in r.getMessage() for r in caplog.records)
+
+
+def _one_host(dsn: str, which: int) -> str:
+    """The two-host DSN of _two_poolers with only its first (0) or second (1) host."""
+    scheme, rest = dsn.split("@", 1)
+    hosts, tail = rest.split("/", 1)
+    return f"{scheme}@{hosts.split(',')[which]}/{tail}"
+
+
+class TestAListenerWhoseServerHangs:
+    """The Notifier's set-up (the connect, pg_backend_pid(), each LISTEN) is bounded like its
+    later statements: a server that accepts the connection and then stops answering would
+    otherwise hold the listener's reconnect for ever, and it would never reach the promoted
+    node. NOTIFY is a hint: the worker's polling goes on whatever the listener does."""
+
+    async def test_a_server_that_hangs_after_the_connect_does_not_hold_the_reconnect(
+            self, database_dsn: str, pg_server_dsn: str, pool: asyncpg.Pool) -> None:
+        with _two_poolers(database_dsn, pg_server_dsn) as (dsn, first_pid):
+            connects = 0
+
+            async def connect(_dsn: str) -> asyncpg.Connection:
+                # The first connect lands on the first host, which then freezes: its set-up
+                # statements get no answer. Later ones go to the second host.
+                nonlocal connects
+                connects += 1
+                if connects == 1:
+                    conn = await zeroth_pg.connect(_one_host(dsn, 0))
+                    os.kill(first_pid, signal.SIGSTOP)
+                    return conn
+                return await zeroth_pg.connect(_one_host(dsn, 1))
+
+            heard: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+            notifier = Notifier(dsn, on_notification=lambda c, p: heard.put_nowait((c, p)),
+                                connect=connect, ping_timeout=0.5, reconnect_min=0.05)
+            notifier.start()
+            try:
+                # Without the bound the first LISTEN set-up waited until the host was
+                # continued: this wait gave up at its guard.
+                await asyncio.wait_for(notifier.connected.wait(), timeout=120)
+                assert _stopped(first_pid)  # still frozen: it listens through the second
+                assert connects >= 2
+                await pool.execute(f"NOTIFY {WAKEUP_CHANNEL}, 'after-the-hang'")
+                assert await asyncio.wait_for(heard.get(), timeout=120) == (
+                    WAKEUP_CHANNEL, "after-the-hang")
+            finally:
+                os.kill(first_pid, signal.SIGCONT)
+                await notifier.stop()
+
+    async def test_the_worker_polls_on_while_its_listener_hangs(
+            self, database_dsn: str, pg_server_dsn: str, pool: asyncpg.Pool) -> None:
+        lm = LeaseManager(pool)
+
+        async def handler(ctx: RunContext) -> dict[str, Any]:
+            return {"n": ctx.payload["n"]}
+
+        with _two_poolers(database_dsn, pg_server_dsn) as (dsn, first_pid), _frozen(first_pid):
+            # The worker's pool reaches the server; its listener only the frozen host.
+            worker_pool = await zeroth_pg.create_pool(database_dsn, min_size=1, max_size=2)
+            worker = RunWorker(worker_pool, DEPLOYMENT, handler, tenant_id=TENANT,
+                               dsn=_one_host(dsn, 0), poll_interval=0.1,
+                               orphan_sweep_interval=0.5, shutdown_timeout=5.0)
+            await worker.start()
+            try:
+                queued = await lm.enqueue_run(DEPLOYMENT, {"n": 3}, tenant_id=TENANT)
+                await eventually(lambda: _completed(pool, queued.run_id), within=120,
+                                 what="a run completed by polling")
+                assert worker.notifier is not None
+                assert not worker.notifier.connected.is_set()
+            finally:
+                await asyncio.wait_for(worker.graceful_shutdown(), timeout=120)
+                worker_pool.terminate()
 
