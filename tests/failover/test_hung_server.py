@@ -23,6 +23,7 @@ import logging
 import os
 import signal
 import socket
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -456,3 +457,119 @@ class TestAListenerWhoseServerHangs:
                 await asyncio.wait_for(worker.graceful_shutdown(), timeout=120)
                 worker_pool.terminate()
 
+
+#: Holds the claim of each run listed in hold_claim (until the test lets go of advisory lock 36):
+#: its lease is written and its commit waits, as a claim held up on a slow or locked server
+#: waits after the database read its clock. As the test's owner, like _HOLD.
+_HOLD_CLAIM = """
+CREATE TABLE public.hold_claim (run_id uuid PRIMARY KEY);
+CREATE FUNCTION public.hold_claim() RETURNS trigger LANGUAGE plpgsql
+    SECURITY DEFINER SET search_path = pg_catalog SET lock_timeout = 0 AS $$
+BEGIN
+    IF NEW.lease_generation <> OLD.lease_generation THEN
+        DELETE FROM public.hold_claim WHERE run_id = NEW.run_id;
+        IF FOUND THEN
+            PERFORM pg_advisory_xact_lock(36);
+        END IF;
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER hold_claim AFTER UPDATE ON zeroth.runs
+    FOR EACH ROW EXECUTE FUNCTION public.hold_claim();
+"""
+
+
+class TestAClaimHeldUpPastItsLease:
+    """A claim fixes its lease from the database clock when the call begins (``_claim_pending``
+    reads it before anything can wait), so a claim held up on the server after that — here its
+    commit held on an advisory lock by a trigger — commits a lease that is shorter from the
+    commit on, and can have run out already. The worker's own estimate counts from the moment
+    it *sent* the call, before the database read its clock, so it is never later than the
+    database's expiry; and a run whose claim was answered after that estimate is never started
+    (who could break it: a worker whose lease ran out while its claim waited — its handler would
+    run beside the run's next holder)."""
+
+    APP = "claim-held-past-its-lease"
+    LEASE = 1.0
+
+    async def _claim_waits(self, pool: asyncpg.Pool) -> bool:
+        return bool(await pool.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1"
+            "   AND wait_event_type = 'Lock'", self.APP))
+
+    async def _hold(self, pool: asyncpg.Pool, run_id: uuid.UUID,
+                    holder: asyncpg.Connection) -> None:
+        await pool.execute(_HOLD_CLAIM)
+        await pool.execute("INSERT INTO public.hold_claim VALUES ($1)", run_id)
+        await holder.execute("SELECT pg_advisory_lock(36)")
+
+    async def test_the_database_expiry_is_never_earlier_than_the_workers_estimate(
+            self, database_dsn: str, pool: asyncpg.Pool) -> None:
+        lm = LeaseManager(pool)
+        queued = await lm.enqueue_run(DEPLOYMENT, {}, tenant_id=TENANT)
+        held_pool = await zeroth_pg.create_pool(
+            database_dsn, min_size=1, max_size=1,
+            server_settings={"application_name": self.APP})
+        holder = await asyncpg.connect(database_dsn)
+        try:
+            await self._hold(pool, queued.run_id, holder)
+            claimer = LeaseManager(held_pool, self.LEASE)
+            # The worker's estimate: its send time (wall clock: the test's server is on this
+            # machine, on the same clock) plus the lease it asked for.
+            sent = time.time()
+            claim = asyncio.create_task(claimer.claim_and_start(DEPLOYMENT, "w-held",
+                                                                tenant_id=TENANT))
+            await eventually(lambda: self._claim_waits(pool), what="the claim waiting")
+            await asyncio.sleep(self.LEASE + 0.5)  # held past the lease it granted
+            await holder.execute("SELECT pg_advisory_unlock(36)")
+            claimed = await asyncio.wait_for(claim, timeout=120)
+            answered = time.time()
+        finally:
+            await holder.close()
+            held_pool.terminate()
+        assert claimed is not None
+        assert claimed.run_id == queued.run_id
+        expires = (await pool.fetchval("SELECT lease_expires_at FROM zeroth.runs"
+                                       " WHERE run_id = $1", queued.run_id)).timestamp()
+        assert expires >= sent + self.LEASE  # the estimate is conservative
+        assert expires < answered  # and the lease had run out before the answer came
+
+    async def test_the_worker_never_starts_a_run_whose_claim_came_back_after_its_lease(
+            self, database_dsn: str, pool: asyncpg.Pool) -> None:
+        lm = LeaseManager(pool)
+        started: list[int] = []
+
+        async def handler(ctx: RunContext) -> dict[str, Any]:
+            started.append(ctx.lease_generation)
+            return {}
+
+        queued = await lm.enqueue_run(DEPLOYMENT, {}, tenant_id=TENANT)
+        metrics = WorkerMetrics.create(CollectorRegistry())
+        worker_pool = await zeroth_pg.create_pool(
+            database_dsn, min_size=1, max_size=2,
+            server_settings={"application_name": self.APP})
+        # No orphan sweep in the test's time: the run stays where the held claim leaves it.
+        worker = RunWorker(worker_pool, DEPLOYMENT, handler, tenant_id=TENANT,
+                           lease_duration=self.LEASE, poll_interval=0.05,
+                           orphan_sweep_interval=3600, shutdown_timeout=5.0, call_timeout=None,
+                           metrics=metrics)
+        holder = await asyncpg.connect(database_dsn)
+        try:
+            await self._hold(pool, queued.run_id, holder)
+            await worker.start()
+            await eventually(lambda: self._claim_waits(pool), what="the claim waiting")
+            await asyncio.sleep(self.LEASE + 0.5)
+            await holder.execute("SELECT pg_advisory_unlock(36)")
+            # The claim committed a lease that had run out: the worker drops the run unstarted
+            # (a lost lease) and writes nothing for it.
+            await eventually(lambda: _counted(metrics.lease_lost), what="the run dropped")
+            row = await pool.fetchrow("SELECT status::text AS status,"
+                                      " lease_expires_at < clock_timestamp() AS expired"
+                                      " FROM zeroth.runs WHERE run_id = $1", queued.run_id)
+        finally:
+            await holder.close()
+            await asyncio.wait_for(worker.graceful_shutdown(), timeout=120)
+            worker_pool.terminate()
+        assert (row["status"], row["expired"]) == ("running", True)
+        assert started == []
+        assert metrics.runs_started.labels(DEPLOYMENT)._value.get() == 0
