@@ -3,7 +3,8 @@
 What went wrong is counted apart, so each can be alerted on by itself (docs/python-guide.md,
 "Metrics"): ``zeroth_handler_errors`` (a handler raised: the application's failure),
 ``zeroth_runs_failed`` (the failures the database recorded, by outcome: retried, failed,
-dead-lettered), ``zeroth_lease_lost`` (this worker lost a run's lease), and
+dead-lettered), ``zeroth_lease_lost`` (this worker lost a run's lease),
+``zeroth_outcomes_unknown`` (an outcome's write got no answer and no repeat confirmed it), and
 ``zeroth_worker_crashes`` (the worker's own machinery: one of its loops crashed and was
 restarted, or its orphan sweep recovered a run whose worker stopped renewing it: a process that
 died, was killed, or stalled past its lease). Before issue 31, ``zeroth_worker_crashes`` counted
@@ -38,6 +39,7 @@ class WorkerMetrics:
     runs_completed: Counter
     run_duration: Histogram
     lease_lost: Counter
+    outcomes_unknown: Counter
     fencing_rejected: Counter
     handler_errors: Counter
     runs_failed: Counter
@@ -65,6 +67,12 @@ class WorkerMetrics:
                                    registry=registry),
             lease_lost=Counter("zeroth_lease_lost", "Leases lost: renewal refused, fenced write "
                                "rejected, or local lease deadline passed.", d, registry=registry),
+            outcomes_unknown=Counter(
+                "zeroth_outcomes_unknown", "Attempt outcomes (a completion, failure, cancel, "
+                "hand-back) whose write got no answer (the call bound, call_timeout, or a lost "
+                "connection) and that no later try confirmed: a repeat refused by the fence "
+                "(most likely the first landed) or no answer until the lease deadline. Not "
+                "counted in zeroth_lease_lost.", d, registry=registry),
             fencing_rejected=Counter("zeroth_lease_fencing_rejected", "Fenced writes refused.", d,
                                      registry=registry),
             handler_errors=Counter(

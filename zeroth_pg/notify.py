@@ -25,12 +25,21 @@ health ping that ``pg_backend_pid()`` has not changed since LISTEN; a change pro
 connection is multiplexed by a transaction-mode pooler, and the Notifier stops for good with an
 error (:attr:`Notifier.refused`) instead of pretending to listen. The worker keeps polling, so no
 run is lost, only latency. Give the listener a DSN that reaches the server directly.
+
+Every step of a (re)connect is bounded, as every later statement is: the connect by
+``connect_timeout`` and each set-up statement (``pg_backend_pid()``, each ``LISTEN``) by
+``ping_timeout``. A server that accepts the connection and then stops answering (a primary
+frozen by SIGSTOP, a paused VM, a partition that drops packets: its TCP connection stays open)
+would otherwise hold the reconnect for ever, and the listener would never reach the promoted
+node. A set-up statement past its bound has its connection terminated (no cancel request: it
+would go to the same hung server) and the Notifier reconnects with its backoff (issue 35).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 from collections.abc import Awaitable, Callable
@@ -111,6 +120,7 @@ class Notifier:
         reconnect_min: float = 0.1,
         reconnect_max: float = 5.0,
         connect: Callable[[str], Awaitable[asyncpg.Connection]] | None = None,
+        connect_timeout: float = 10.0,
     ) -> None:
         unknown = sorted(set(channels) - CHANNELS)
         if unknown or not channels:
@@ -123,6 +133,7 @@ class Notifier:
         self.ping_timeout = ping_timeout
         self.reconnect_min = reconnect_min
         self.reconnect_max = reconnect_max
+        self.connect_timeout = connect_timeout
         self._connect = connect or writable_connect
         self._task: asyncio.Task[None] | None = None
         self._conn: asyncpg.Connection | None = None
@@ -207,10 +218,14 @@ class Notifier:
 
     async def _listen_once(self) -> None:
         self._lost.clear()
-        conn = await self._connect(self.dsn)
+        # asyncio.timeout: a connect cancelled in flight leaves nothing on the server (the
+        # writable-server check's own connections are terminated, zeroth_pg._connect).
+        async with asyncio.timeout(self.connect_timeout):
+            conn = await self._connect(self.dsn)
         self._conn = conn
         conn.add_termination_listener(lambda _conn: self._lost.set())
-        self._backend_pid = backend_pid = int(await conn.fetchval("SELECT pg_backend_pid()"))
+        self._backend_pid = backend_pid = int(await self._set_up(
+            conn, "SELECT pg_backend_pid()", lambda: conn.fetchval("SELECT pg_backend_pid()")))
         handshake_pid = conn.get_server_pid()
         self.behind_pooler = handshake_pid != backend_pid
         if self.behind_pooler:
@@ -219,7 +234,8 @@ class Notifier:
                 "server backend %s): LISTEN works in session pooling mode only; give the "
                 "listener a DSN that reaches the server directly", handshake_pid, backend_pid)
         for channel in self.channels:
-            await conn.add_listener(channel, self._deliver)
+            await self._set_up(conn, f"LISTEN {channel}",
+                               functools.partial(conn.add_listener, channel, self._deliver))
         await self._check_backend(conn, backend_pid)
         self.connects += 1
         self.connected.set()
@@ -236,6 +252,31 @@ class Notifier:
                 raise ConnectionError("LISTEN connection closed")
             # A dead TCP peer raises no exception by itself: ask the server something.
             await self._check_backend(conn, backend_pid)
+
+    async def _set_up(self, conn: asyncpg.Connection, what: str,
+                      call: Callable[[], Awaitable[T]]) -> T:
+        """One set-up statement, answered within ``ping_timeout`` or its connection terminated
+        (a timer, not a cancellation: asyncpg would send a cancel request to the same hung
+        server) and ConnectionError raised; the run loop reconnects."""
+        fired = False
+
+        def cut() -> None:
+            nonlocal fired
+            fired = True
+            log.warning("%s got no answer in %.1fs; dropping the LISTEN connection", what,
+                        self.ping_timeout)
+            conn.terminate()
+
+        timer = asyncio.get_running_loop().call_later(self.ping_timeout, cut)
+        try:
+            return await call()
+        except Exception as exc:
+            if fired:
+                raise ConnectionError(f"{what} got no answer in {self.ping_timeout:.1f}s; the "
+                                      "LISTEN connection was dropped") from exc
+            raise
+        finally:
+            timer.cancel()
 
     async def _check_backend(self, conn: asyncpg.Connection, backend_pid: int) -> None:
         """A health ping that also proves the connection still talks to the backend that ran

@@ -23,6 +23,7 @@ import logging
 import os
 import signal
 import socket
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -39,6 +40,7 @@ import zeroth_pg
 from zeroth_pg.client import LeaseManager
 from zeroth_pg.errors import CallTimeoutError
 from zeroth_pg.metrics import WorkerMetrics
+from zeroth_pg.notify import WAKEUP_CHANNEL, Notifier
 from zeroth_pg.testing import libpq_dsn
 from zeroth_pg.worker import RunContext, RunWorker
 
@@ -170,11 +172,15 @@ class TestACompletionThatHangs:
                                  what="a completion call timed out")
                 assert await _status(pool, queued.run_id) == "running"
                 await holder.execute("SELECT pg_advisory_unlock(35)")
-                # The held completion commits; the worker's repeat is refused by the fence.
-                await eventually(lambda: _counted(metrics.lease_lost), within=120,
+                # The held completion commits; the worker's repeat is refused by the fence:
+                # an outcome whose first try had no answer, counted as unknown, not as a lease
+                # lost (the lease was never lost: the worker's own completion ended it).
+                await eventually(lambda: _counted(metrics.outcomes_unknown), within=120,
                                  what="the repeated completion refused")
                 completed = metrics.runs_completed.labels(DEPLOYMENT)._value.get()
                 assert completed == 0, "a completion without an answer was counted as landed"
+                assert metrics.lease_lost.labels(DEPLOYMENT)._value.get() == 0
+                assert metrics.fencing_rejected.labels(DEPLOYMENT)._value.get() == 0
         finally:
             await holder.close()
         row = await pool.fetchrow("SELECT status::text AS status, output::text AS output,"
@@ -336,3 +342,234 @@ async def test_a_handlers_own_calls_are_not_bounded_by_the_workers_call_timeout(
         queued.run_id)
     assert failures == []
     assert (row["attempts"], row["checkpoints"]) == (1, 1)
+
+
+class TestAFailedClaimPass:
+    """A claim pass that fails — its connection lost to a failover, or no server taking
+    connections yet — is tried again after a short backoff (50 ms doubling up to 1 s), not a
+    poll interval later: through a PgBouncer per node, a Patroni switchover's first claim on the
+    promoted node came up to 1.56 s after the promotion (issue 35, docs/dba-guide.md)."""
+
+    async def test_the_worker_claims_as_soon_as_the_server_takes_connections_again(
+            self, database_dsn: str, pg_server_dsn: str, pool: asyncpg.Pool,
+            caplog: pytest.LogCaptureFixture) -> None:
+        caplog.set_level(logging.ERROR, logger="zeroth_pg.worker")
+        lm = LeaseManager(pool)
+        queued = await lm.enqueue_run(DEPLOYMENT, {"n": 1}, tenant_id=TENANT)
+        dbname = str(conninfo_to_dict(libpq_dsn(database_dsn))["dbname"])
+        dba = await zeroth_pg.connect(pg_server_dsn)  # another database: it may disallow this one
+        # No connection of the worker's pool exists yet: its first pass must open one.
+        worker_pool = await zeroth_pg.create_pool(database_dsn, min_size=0, max_size=2)
+
+        async def handler(ctx: RunContext) -> dict[str, Any]:
+            return {"n": ctx.payload["n"]}
+
+        # A poll and a sweep interval of an hour and no listener: only the retry of the failed
+        # pass can find the run within the test's guard.
+        worker = RunWorker(worker_pool, DEPLOYMENT, handler, tenant_id=TENANT,
+                           poll_interval=3600, orphan_sweep_interval=3600, shutdown_timeout=5.0)
+        try:
+            await dba.execute(f'ALTER DATABASE "{dbname}" ALLOW_CONNECTIONS false')
+            await worker.start()
+            await eventually(lambda: _claim_failed(caplog), within=120,
+                             what="a failed claim pass")
+            await dba.execute(f'ALTER DATABASE "{dbname}" ALLOW_CONNECTIONS true')
+            await eventually(lambda: _completed(pool, queued.run_id), within=120,
+                             what="the run completed after the server took connections again")
+        finally:
+            await dba.execute(f'ALTER DATABASE "{dbname}" ALLOW_CONNECTIONS true')
+            await dba.close()
+            await asyncio.wait_for(worker.graceful_shutdown(), timeout=120)
+            worker_pool.terminate()
+
+
+async def _claim_failed(caplog: pytest.LogCaptureFixture) -> bool:
+    return any("claim pass failed" in r.getMessage() for r in caplog.records)
+
+
+def _one_host(dsn: str, which: int) -> str:
+    """The two-host DSN of _two_poolers with only its first (0) or second (1) host."""
+    scheme, rest = dsn.split("@", 1)
+    hosts, tail = rest.split("/", 1)
+    return f"{scheme}@{hosts.split(',')[which]}/{tail}"
+
+
+class TestAListenerWhoseServerHangs:
+    """The Notifier's set-up (the connect, pg_backend_pid(), each LISTEN) is bounded like its
+    later statements: a server that accepts the connection and then stops answering would
+    otherwise hold the listener's reconnect for ever, and it would never reach the promoted
+    node. NOTIFY is a hint: the worker's polling goes on whatever the listener does."""
+
+    async def test_a_server_that_hangs_after_the_connect_does_not_hold_the_reconnect(
+            self, database_dsn: str, pg_server_dsn: str, pool: asyncpg.Pool) -> None:
+        with _two_poolers(database_dsn, pg_server_dsn) as (dsn, first_pid):
+            connects = 0
+
+            async def connect(_dsn: str) -> asyncpg.Connection:
+                # The first connect lands on the first host, which then freezes: its set-up
+                # statements get no answer. Later ones go to the second host.
+                nonlocal connects
+                connects += 1
+                if connects == 1:
+                    conn = await zeroth_pg.connect(_one_host(dsn, 0))
+                    os.kill(first_pid, signal.SIGSTOP)
+                    return conn
+                return await zeroth_pg.connect(_one_host(dsn, 1))
+
+            heard: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+            notifier = Notifier(dsn, on_notification=lambda c, p: heard.put_nowait((c, p)),
+                                connect=connect, ping_timeout=0.5, reconnect_min=0.05)
+            notifier.start()
+            try:
+                # Without the bound the first LISTEN set-up waited until the host was
+                # continued: this wait gave up at its guard.
+                await asyncio.wait_for(notifier.connected.wait(), timeout=120)
+                assert _stopped(first_pid)  # still frozen: it listens through the second
+                assert connects >= 2
+                await pool.execute(f"NOTIFY {WAKEUP_CHANNEL}, 'after-the-hang'")
+                assert await asyncio.wait_for(heard.get(), timeout=120) == (
+                    WAKEUP_CHANNEL, "after-the-hang")
+            finally:
+                os.kill(first_pid, signal.SIGCONT)
+                await notifier.stop()
+
+    async def test_the_worker_polls_on_while_its_listener_hangs(
+            self, database_dsn: str, pg_server_dsn: str, pool: asyncpg.Pool) -> None:
+        lm = LeaseManager(pool)
+
+        async def handler(ctx: RunContext) -> dict[str, Any]:
+            return {"n": ctx.payload["n"]}
+
+        with _two_poolers(database_dsn, pg_server_dsn) as (dsn, first_pid), _frozen(first_pid):
+            # The worker's pool reaches the server; its listener only the frozen host.
+            worker_pool = await zeroth_pg.create_pool(database_dsn, min_size=1, max_size=2)
+            worker = RunWorker(worker_pool, DEPLOYMENT, handler, tenant_id=TENANT,
+                               dsn=_one_host(dsn, 0), poll_interval=0.1,
+                               orphan_sweep_interval=0.5, shutdown_timeout=5.0)
+            await worker.start()
+            try:
+                queued = await lm.enqueue_run(DEPLOYMENT, {"n": 3}, tenant_id=TENANT)
+                await eventually(lambda: _completed(pool, queued.run_id), within=120,
+                                 what="a run completed by polling")
+                assert worker.notifier is not None
+                assert not worker.notifier.connected.is_set()
+            finally:
+                await asyncio.wait_for(worker.graceful_shutdown(), timeout=120)
+                worker_pool.terminate()
+
+
+#: Holds the claim of each run listed in hold_claim (until the test lets go of advisory lock 36):
+#: its lease is written and its commit waits, as a claim held up on a slow or locked server
+#: waits after the database read its clock. As the test's owner, like _HOLD.
+_HOLD_CLAIM = """
+CREATE TABLE public.hold_claim (run_id uuid PRIMARY KEY);
+CREATE FUNCTION public.hold_claim() RETURNS trigger LANGUAGE plpgsql
+    SECURITY DEFINER SET search_path = pg_catalog SET lock_timeout = 0 AS $$
+BEGIN
+    IF NEW.lease_generation <> OLD.lease_generation THEN
+        DELETE FROM public.hold_claim WHERE run_id = NEW.run_id;
+        IF FOUND THEN
+            PERFORM pg_advisory_xact_lock(36);
+        END IF;
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER hold_claim AFTER UPDATE ON zeroth.runs
+    FOR EACH ROW EXECUTE FUNCTION public.hold_claim();
+"""
+
+
+class TestAClaimHeldUpPastItsLease:
+    """A claim fixes its lease from the database clock when the call begins (``_claim_pending``
+    reads it before anything can wait), so a claim held up on the server after that — here its
+    commit held on an advisory lock by a trigger — commits a lease that is shorter from the
+    commit on, and can have run out already. The worker's own estimate counts from the moment
+    it *sent* the call, before the database read its clock, so it is never later than the
+    database's expiry; and a run whose claim was answered after that estimate is never started
+    (who could break it: a worker whose lease ran out while its claim waited — its handler would
+    run beside the run's next holder)."""
+
+    APP = "claim-held-past-its-lease"
+    LEASE = 1.0
+
+    async def _claim_waits(self, pool: asyncpg.Pool) -> bool:
+        return bool(await pool.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1"
+            "   AND wait_event_type = 'Lock'", self.APP))
+
+    async def _hold(self, pool: asyncpg.Pool, run_id: uuid.UUID,
+                    holder: asyncpg.Connection) -> None:
+        await pool.execute(_HOLD_CLAIM)
+        await pool.execute("INSERT INTO public.hold_claim VALUES ($1)", run_id)
+        await holder.execute("SELECT pg_advisory_lock(36)")
+
+    async def test_the_database_expiry_is_never_earlier_than_the_workers_estimate(
+            self, database_dsn: str, pool: asyncpg.Pool) -> None:
+        lm = LeaseManager(pool)
+        queued = await lm.enqueue_run(DEPLOYMENT, {}, tenant_id=TENANT)
+        held_pool = await zeroth_pg.create_pool(
+            database_dsn, min_size=1, max_size=1,
+            server_settings={"application_name": self.APP})
+        holder = await asyncpg.connect(database_dsn)
+        try:
+            await self._hold(pool, queued.run_id, holder)
+            claimer = LeaseManager(held_pool, self.LEASE)
+            # The worker's estimate: its send time (wall clock: the test's server is on this
+            # machine, on the same clock) plus the lease it asked for.
+            sent = time.time()
+            claim = asyncio.create_task(claimer.claim_and_start(DEPLOYMENT, "w-held",
+                                                                tenant_id=TENANT))
+            await eventually(lambda: self._claim_waits(pool), what="the claim waiting")
+            await asyncio.sleep(self.LEASE + 0.5)  # held past the lease it granted
+            await holder.execute("SELECT pg_advisory_unlock(36)")
+            claimed = await asyncio.wait_for(claim, timeout=120)
+            answered = time.time()
+        finally:
+            await holder.close()
+            held_pool.terminate()
+        assert claimed is not None
+        assert claimed.run_id == queued.run_id
+        expires = (await pool.fetchval("SELECT lease_expires_at FROM zeroth.runs"
+                                       " WHERE run_id = $1", queued.run_id)).timestamp()
+        assert expires >= sent + self.LEASE  # the estimate is conservative
+        assert expires < answered  # and the lease had run out before the answer came
+
+    async def test_the_worker_never_starts_a_run_whose_claim_came_back_after_its_lease(
+            self, database_dsn: str, pool: asyncpg.Pool) -> None:
+        lm = LeaseManager(pool)
+        started: list[int] = []
+
+        async def handler(ctx: RunContext) -> dict[str, Any]:
+            started.append(ctx.lease_generation)
+            return {}
+
+        queued = await lm.enqueue_run(DEPLOYMENT, {}, tenant_id=TENANT)
+        metrics = WorkerMetrics.create(CollectorRegistry())
+        worker_pool = await zeroth_pg.create_pool(
+            database_dsn, min_size=1, max_size=2,
+            server_settings={"application_name": self.APP})
+        # No orphan sweep in the test's time: the run stays where the held claim leaves it.
+        worker = RunWorker(worker_pool, DEPLOYMENT, handler, tenant_id=TENANT,
+                           lease_duration=self.LEASE, poll_interval=0.05,
+                           orphan_sweep_interval=3600, shutdown_timeout=5.0, call_timeout=None,
+                           metrics=metrics)
+        holder = await asyncpg.connect(database_dsn)
+        try:
+            await self._hold(pool, queued.run_id, holder)
+            await worker.start()
+            await eventually(lambda: self._claim_waits(pool), what="the claim waiting")
+            await asyncio.sleep(self.LEASE + 0.5)
+            await holder.execute("SELECT pg_advisory_unlock(36)")
+            # The claim committed a lease that had run out: the worker drops the run unstarted
+            # (a lost lease) and writes nothing for it.
+            await eventually(lambda: _counted(metrics.lease_lost), what="the run dropped")
+            row = await pool.fetchrow("SELECT status::text AS status,"
+                                      " lease_expires_at < clock_timestamp() AS expired"
+                                      " FROM zeroth.runs WHERE run_id = $1", queued.run_id)
+        finally:
+            await holder.close()
+            await asyncio.wait_for(worker.graceful_shutdown(), timeout=120)
+            worker_pool.terminate()
+        assert (row["status"], row["expired"]) == ("running", True)
+        assert started == []
+        assert metrics.runs_started.labels(DEPLOYMENT)._value.get() == 0

@@ -368,14 +368,24 @@ def _first_claims(history: list[dict[str, Any]], failovers: list[dict[str, Any]]
     band, so made there for certain), from the event and from the promotion."""
     for failover in failovers:
         floor = failover["new_generation_floor"]
-        claims = [row["acquired_at"] for row in history if row["kind"] == "claim"
+        claims = [row for row in history if row["kind"] == "claim"
                   and floor < row["new_generation"] <= floor + GENERATION_BAND]
-        first = min(claims, default=None)
+        first = min((row["acquired_at"] for row in claims), default=None)
         failover["event_to_first_claim_on_new_primary_s"] = None if first is None else round(
             (first - failover["began_at"]).total_seconds(), 3)
         failover["first_claim_after_promotion_s"] = None if first is None else round(
             failover["event_to_first_claim_on_new_primary_s"]
             - failover["event_to_new_primary_writable_s"], 3)
+        # Apart: the first claim of a pending run (a worker's claim pass) and the first takeover
+        # of a running one (an orphan sweep, which waits for a lease to run out). With no run
+        # pending at the promotion the first claim is a takeover, timed by the 3 s leases and
+        # not by how soon the workers reached the new primary.
+        for kind, old_status in (("pending", "pending"), ("orphan", "running")):
+            at = min((row["acquired_at"] for row in claims if row["old_status"] == old_status),
+                     default=None)
+            failover[f"first_{kind}_claim_after_promotion_s"] = None if at is None else round(
+                (at - failover["began_at"]).total_seconds()
+                - failover["event_to_new_primary_writable_s"], 3)
         failover["began_at"] = failover["began_at"].isoformat()
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from zeroth_pg.worker._pacing import ClaimPacer, GateMode
+from zeroth_pg.worker._pacing import FAILED_RETRY_FIRST, FAILED_RETRY_MAX, ClaimPacer, GateMode
 
 POLL = 0.5
 SWEEP = 5.0
@@ -56,8 +56,43 @@ class TestBacklog:
     def test_a_failed_pass_forgets_the_backlog(self):
         pacer = swept()
         after_pass(pacer, limit=4, got=4)
-        pacer.pass_failed()
+        pacer.pass_failed(100.0, POLL)
         assert not pacer.claim_at_once(4, dict)
+
+
+class TestAFailedPass:
+    """A pass that raised (a connection lost to a failover, no writable server yet) is retried
+    on a short backoff, not a poll interval later; the retries slow down while it keeps failing,
+    up to a bound, so a server that is down is not hammered (issue 35)."""
+
+    def test_the_next_pass_comes_after_the_first_retry_not_the_poll_interval(self):
+        pacer = swept()
+        assert pacer.pass_failed(100.0, 60.0) == FAILED_RETRY_FIRST
+        assert pacer.sleep_for(100.0, 60.0) == pytest.approx(FAILED_RETRY_FIRST)
+
+    def test_failures_in_a_row_double_the_wait_up_to_its_bound(self):
+        pacer = swept(200.0)  # no sweep due meanwhile
+        waits = [pacer.pass_failed(100.0 + n, 60.0) for n in range(8)]
+        assert waits[:3] == pytest.approx([FAILED_RETRY_FIRST, 2 * FAILED_RETRY_FIRST,
+                                           4 * FAILED_RETRY_FIRST])
+        assert waits == sorted(waits)
+        assert waits[-1] == FAILED_RETRY_MAX
+        assert pacer.sleep_for(107.0, 60.0) == pytest.approx(FAILED_RETRY_MAX)
+
+    def test_never_longer_than_the_poll_interval(self):
+        pacer = swept()
+        for n in range(8):
+            assert pacer.pass_failed(100.0 + n, 0.2) <= 0.2
+
+    def test_a_pass_that_gets_through_starts_the_backoff_over(self):
+        pacer = swept()
+        for n in range(5):
+            pacer.pass_failed(100.0 + n, 60.0)
+        after_pass(pacer, limit=4, got=0, now=106.0)
+        pacer.swept(106.0, SWEEP, more=False, held_until=None)
+        assert pacer.sleep_for(106.0, 60.0) == pytest.approx(SWEEP)  # the poll, or the sweep
+        assert pacer.failed_retry_at is None
+        assert pacer.pass_failed(107.0, 60.0) == FAILED_RETRY_FIRST
 
     def test_every_deployment_at_its_limit_forgets_the_backlog(self):
         # A stale backlog flag here once spun the loop without ever yielding.

@@ -81,9 +81,9 @@ class ClaimLoop:
             except asyncio.CancelledError:
                 raise
             except Exception:
-                log.exception("claim pass failed; retrying after the poll interval")
+                delay = self.pacer.pass_failed(time.monotonic(), self.settings.poll_interval)
+                log.exception("claim pass failed; retrying in %.2f s", delay)
                 self._worker_error("claim")
-                self.pacer.pass_failed()
             if self._stopping():
                 break
             mode = self.pacer.gate_mode(claimed, time.monotonic())
@@ -116,10 +116,12 @@ class ClaimLoop:
                 pacer.sweep_failed(time.monotonic(), settings.orphan_sweep_interval)
         free = self.runs.free()
         if free <= 0 or self._stopping():
+            pacer.answered()
             return None
         groups = self._groups(free)
         if not groups:
             pacer.nothing_to_claim_for()
+            pacer.answered()
             return None
         claimed = asked = 0
         pacer.pass_begins()

@@ -121,7 +121,16 @@ class RunExecutor:
             self._arm_deadline(entry, deadline - self.lease_manager.lease_duration_seconds)
         self.runs.add(entry)
         entry.task = asyncio.create_task(self._execute(entry), name=f"run-{run.run_id}")
-        if run.cancel_requested:  # the claim itself reported the cancel: the database said so
+        if time.monotonic() >= entry.deadline:
+            # The claim's answer came after the lease it granted had run out: the database fixed
+            # the lease from its clock when the call began (before any lock wait), later than
+            # the send time ``deadline`` counts from, so the database may still hold it a
+            # moment, but this worker cannot know it does: never start the handler (fail-stop;
+            # the lease runs out and the orphan sweep recovers the run at a new generation).
+            log.warning("run %s: its claim was answered after the lease it granted ran out "
+                        "(a claim held up on the server); not starting it", run.run_id)
+            entry.stop(StopReason.DEADLINE)
+        elif run.cancel_requested:  # the claim itself reported the cancel: the database said so
             entry.stop(StopReason.CANCEL)
         return entry
 
@@ -296,6 +305,9 @@ class RunExecutor:
             log.debug("run %s completed at generation %d", run.run_id, run.lease_generation)
             self._count_scope(self.metrics.scope_runs_completed, entry.scope)
             tracing.outcome(span, "completed")
+        elif entry.outcome_unknown:  # refused or unanswered after a try with no answer
+            tracing.failed(span, None, "outcome unknown")
+            self.settler.unknown(entry)
         elif completed is False:
             tracing.failed(span, None, "lease lost")
             self.settler.lease_lost(entry, fenced=True)

@@ -13,7 +13,16 @@ import enum
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["ClaimGroup", "ClaimPacer", "GateMode"]
+__all__ = ["FAILED_RETRY_FIRST", "FAILED_RETRY_MAX", "ClaimGroup", "ClaimPacer", "GateMode"]
+
+#: After a failed claim pass (a connection lost to a failover, a server that cannot write yet)
+#: the next pass comes this soon, the wait doubling with every failure in a row up to
+#: FAILED_RETRY_MAX (or the poll interval when shorter): a worker back on its feet claims on a
+#: promoted server at once instead of a poll interval later, and one whose server stays down
+#: tries about once a second, not in a loop. Each pass's connect has its own pauses too
+#: (zeroth_pg._connect: 0.25 s doubling while no host can write).
+FAILED_RETRY_FIRST = 0.05
+FAILED_RETRY_MAX = 1.0
 
 #: One claim of a pass: the deployments it claims for (None: every one served) and its limit.
 ClaimGroup = tuple[tuple[str, ...] | None, int]
@@ -55,6 +64,11 @@ class ClaimPacer:
     deployments_full: set[str] = field(default_factory=set)
     #: Rotates the order of a pass's claims, so a limited deployment is not always served last.
     claim_round: int = 0
+    #: After a failed pass: when the next one comes (monotonic), and the wait after the next
+    #: failure in a row (FAILED_RETRY_FIRST doubling). None / the first wait after a pass that
+    #: answered.
+    failed_retry_at: float | None = None
+    failed_retry_delay: float = FAILED_RETRY_FIRST
 
     # -- the orphan sweep ------------------------------------------------------------------------
 
@@ -139,9 +153,21 @@ class ClaimPacer:
 
     def pass_ends(self, claimed: int, asked: int) -> None:
         self.backlog = claimed == asked and self.rate_retry_at is None
+        self.answered()
 
-    def pass_failed(self) -> None:
+    def answered(self) -> None:
+        """A pass got through (it claimed, or had nothing to claim for): the failure backoff
+        starts over."""
+        self.failed_retry_at, self.failed_retry_delay = None, FAILED_RETRY_FIRST
+
+    def pass_failed(self, now: float, poll: float) -> float:
+        """The pass raised (its claim or its connection): try again after a short wait that
+        doubles with each failure in a row, never longer than FAILED_RETRY_MAX or ``poll``."""
         self.backlog = False
+        delay = min(self.failed_retry_delay, FAILED_RETRY_MAX, poll)
+        self.failed_retry_at = now + delay
+        self.failed_retry_delay = min(FAILED_RETRY_MAX, delay * 2)
+        return delay
 
     def rate_held(self, now: float) -> bool:
         """All the work this worker can see is held back by its rate limit right now."""
@@ -178,6 +204,9 @@ class ClaimPacer:
             timeout = wait if self.rate_all_held else min(timeout, wait)
         if not self.sweep_due:
             timeout = min(timeout, max(0.0, self.next_sweep - now))
+        if self.failed_retry_at is not None:
+            # The last pass failed: retry on the failure backoff, not a poll interval later.
+            timeout = min(timeout, max(0.0, self.failed_retry_at - now))
         return timeout
 
     def slot_freed_wakes(self, *, fleet: bool) -> bool:

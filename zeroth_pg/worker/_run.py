@@ -522,6 +522,9 @@ class ActiveRun:
     # That call claimed a run into its slot: the slot was passed on, so the end of this run frees
     # nothing the claim loop could fill (waking it would cost a claim that finds no slot).
     slot_passed_on: bool = False
+    # A write of its outcome got no answer and no later try confirmed it (set by the completion
+    # batcher, _settle.Leased): whether the outcome landed is unknown, not a lost lease.
+    outcome_unknown: bool = False
 
     @property
     def key(self) -> tuple[UUID, int]:

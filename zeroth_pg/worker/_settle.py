@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from prometheus_client import Counter
 
 from zeroth_pg.errors import (
+    ConnectionLostError,
     ErrorDescription,
     RetryableError,
     ZerothError,
@@ -79,6 +80,10 @@ class Leased(Protocol):
 
     #: Its completion carries a claim into the slot it frees (see :data:`ClaimAlong`).
     claims_next: bool
+    #: Set by the batcher: a write of its outcome got no answer (a lost connection, the call
+    #: bound) and no later try could confirm it, so whether it landed is unknown (a refused
+    #: repeat most likely means it did). Counted as such, never as a lost lease.
+    outcome_unknown: bool
 
 
 #: Sends a batch's completions together with a claim into the slots of those entries whose
@@ -121,6 +126,9 @@ class _Completion:
     kind: SettleKind = SettleKind.COMPLETE
     # A retry's policy (None: the deployment's registered one); one per settle_runs call.
     policy: RetryPolicy | None = None
+    # A try of it lost its connection (CallTimeoutError included) after it may have been sent:
+    # it may have committed, so a refusal of a later try says nothing about the lease.
+    unanswered: bool = False
 
     def settlement(self) -> Settlement:
         run = self.entry.run
@@ -131,7 +139,15 @@ class _Completion:
         return Settlement(run.run_id, run.lease_generation, self.kind)
 
     def answer(self, row: RunSettled) -> None:
+        if self.unanswered and not row.settled:
+            self.entry.outcome_unknown = True
         _settle(self.result, row.settled if self.kind is SettleKind.COMPLETE else row.outcome)
+
+    def no_answer(self) -> None:
+        """Given up before the lease deadline: unanswered for good."""
+        if self.unanswered:
+            self.entry.outcome_unknown = True
+        _settle(self.result, None)
 
 
 class CompletionBatcher:
@@ -269,6 +285,10 @@ class CompletionBatcher:
                     retry_max_seconds=None if policy is None else policy.max_seconds,
                     tenant_id=scope.tenant_id, workspace_id=scope.workspace_id)
             except RetryableError as exc:
+                if isinstance(exc, ConnectionLostError):
+                    # It may have committed before its connection was lost.
+                    for completion in batch:
+                        completion.unanswered = True
                 if not on_its_own and getattr(exc, "code", None) == "55P03":
                     # A run's row is held by another session (settle_runs waits 2 s for a
                     # row): each run of the batch retries on its own, so only that run waits,
@@ -283,7 +303,7 @@ class CompletionBatcher:
                 for completion in [c for c in batch if backoff.gives_up(c.give_up_at)]:
                     log.error("run %s: giving up its %s after %s; the lease will expire",
                               completion.entry.run.run_id, completion.kind.value, exc)
-                    _settle(completion.result, None)
+                    completion.no_answer()
                 batch = [c for c in batch if not c.result.done()]
                 await backoff.wait()
                 continue
@@ -313,6 +333,10 @@ class CompletionBatcher:
         except Exception as exc:
             log.info("complete_and_claim failed (%s: %s); completing the batch of %d without "
                      "a claim", type(exc).__name__, exc, len(batch))
+            if isinstance(exc, ConnectionLostError):
+                # Its commit may have happened (then the plain path's repeat is refused).
+                for completion in batch:
+                    completion.unanswered = True
             return False
         if completed is None:
             return False
@@ -465,7 +489,11 @@ class Settler:
                       entry.run.run_id, describe(broken).traceback)
 
     def lease_lost(self, entry: ActiveRun, *, fenced: bool) -> None:
-        """Nothing more is written for ``entry``: count it and say why."""
+        """Nothing more is written for ``entry``: count it and say why. A refusal that follows
+        a try with no answer is not a lost lease but an unknown outcome (:meth:`unknown`)."""
+        if entry.outcome_unknown:
+            self.unknown(entry)
+            return
         deployment = entry.scope.deployment_ref
         self.metrics.lease_lost.labels(deployment).inc()
         if fenced:
@@ -474,6 +502,17 @@ class Settler:
                     entry.run.run_id, entry.run.lease_generation,
                     "write refused" if fenced or entry.stop_reason is None
                     else entry.stop_reason.value)
+
+    def unknown(self, entry: ActiveRun) -> None:
+        """A write of ``entry``'s outcome got no answer (the call bound, a lost connection) and
+        no later try confirmed it: most likely the first landed (a repeat the fence refused),
+        else the lease runs out and the run is recovered. The database holds one outcome
+        either way; counted apart from lost leases (``zeroth_outcomes_unknown``)."""
+        self.metrics.outcomes_unknown.labels(entry.scope.deployment_ref).inc()
+        log.warning("run %s: generation %d's outcome got no answer in time and was not "
+                    "confirmed by a repeat: whether it landed is unknown (the database holds "
+                    "one outcome); nothing more is written", entry.run.run_id,
+                    entry.run.lease_generation)
 
     def _fenced(self, entry: ActiveRun, method: Callable[..., Awaitable[Any]],
                 **extra: Any) -> Callable[[], Awaitable[Any]]:
