@@ -160,3 +160,19 @@ async def test_a_pool_with_skip_reset_sends_nothing_on_release_and_keeps_the_cli
         assert len(sent.queries) == before + 1, sent.queries[before:]
     finally:
         await pool.close()
+
+
+@pytest.mark.parametrize("call_timeout", [None, 5.0], ids=["unbounded", "bounded"])
+async def test_a_pooled_announce_idle_leaves_no_wakeup_gate_lock_on_the_pools_connection(
+        one_connection: asyncpg.Pool, call_timeout: float | None) -> None:
+    # announce_idle takes the scope's wakeup-gate stripes as *session* advisory locks (they are
+    # meant for the LISTEN connection). Made through the pool (conn=None), the connection went
+    # back without asyncpg's reset, whose pg_advisory_unlock_all() let them go: the pool's idle
+    # connection then held the gate for as long as it lived, so no worker could take those
+    # stripes and writers on that connection never notified.
+    lm = LeaseManager(one_connection, call_timeout=call_timeout)
+    assert await lm.announce_idle(DEPLOYMENT)
+    async with one_connection.acquire() as conn:
+        held = await conn.fetchval(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()")
+    assert held == 0, f"a pooled connection kept {held} wakeup-gate lock(s) after the call"
