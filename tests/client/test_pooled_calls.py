@@ -172,6 +172,7 @@ async def test_a_pooled_announce_idle_leaves_no_wakeup_gate_lock_on_the_pools_co
     # stripes and writers on that connection never notified.
     lm = LeaseManager(one_connection, call_timeout=call_timeout)
     assert await lm.announce_idle(DEPLOYMENT)
+    assert await lm.announce_idle_deployment(DEPLOYMENT)
     async with one_connection.acquire() as conn:
         held = await conn.fetchval(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()")
