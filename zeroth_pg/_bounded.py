@@ -49,7 +49,7 @@ _RESET_BOUND_S = 1.0
 
 async def pooled_call(pool: asyncpg.Pool, seconds: float | None,
                       call: Callable[[asyncpg.Connection], Awaitable[T]],
-                      what: Callable[[], str]) -> T:
+                      what: Callable[[], str], *, leaves_session_state: bool = False) -> T:
     """``await call(conn)`` on a connection of ``pool``; ``seconds`` (None: unbounded) bounds
     it, the acquire included: past it the connection is terminated, the pool's others expired,
     and CallTimeoutError raised (module docstring). ``what()`` names the call in messages.
@@ -57,7 +57,10 @@ async def pooled_call(pool: asyncpg.Pool, seconds: float | None,
     ``call`` is one statement of zeroth_pg's SQL API. A connection it answered on is given back
     without the pool's reset query (:func:`zeroth_pg._connect.released_as_found`): a round trip
     and five statements per call, and the reset's RESET ALL also dropped the session's claim
-    floors (sql/functions/internal/claim_floor.sql) after every call.
+    floors (sql/functions/internal/claim_floor.sql) after every call. ``leaves_session_state``:
+    ``call`` is one that leaves session state behind on purpose (announce_idle's session advisory
+    locks, which are not even let go by a rollback): its connection is reset in full, as for
+    any other use, so a pooled connection never keeps a scope's wakeup gate.
 
     The bound on the call itself is a timer that terminates the connection, not a
     cancellation: asyncpg answers a cancelled query with a cancel request on a new connection
@@ -68,11 +71,11 @@ async def pooled_call(pool: asyncpg.Pool, seconds: float | None,
         as_found = False
         try:
             result = await call(conn)
-            as_found = True
+            as_found = not leaves_session_state
             return result
         except Exception as exc:
             # Refused by the server: its statement, rolled back, left nothing behind.
-            as_found = isinstance(exc, asyncpg.PostgresError)
+            as_found = isinstance(exc, asyncpg.PostgresError) and not leaves_session_state
             raise
         finally:
             await _release(pool, conn, None, as_found)
@@ -93,11 +96,11 @@ async def pooled_call(pool: asyncpg.Pool, seconds: float | None,
     as_found = False
     try:
         result = await call(conn)
-        as_found = True
+        as_found = not leaves_session_state
         return result
     except Exception as exc:
         if not cut.done:
-            as_found = isinstance(exc, asyncpg.PostgresError)
+            as_found = isinstance(exc, asyncpg.PostgresError) and not leaves_session_state
             raise
         # The timer terminated the connection under the call: asyncpg raised a lost
         # connection; say why.

@@ -739,7 +739,8 @@ def released_as_found() -> Iterator[None]:
     caller gets its answer, and its RESET ALL dropped the session's claim floors, which are
     session settings (sql/functions/internal/claim_floor.sql), after every call. Nothing such a
     statement leaves needs it: the functions' own SET clauses end with them, and the claim
-    floors are meant to stay. asyncpg runs the reset in a task made by the release (its shield),
+    floors are meant to stay (announce_idle's session advisory locks are the exception: those
+    calls are released with the full reset, :func:`zeroth_pg._bounded.pooled_call`). asyncpg runs the reset in a task made by the release (its shield),
     which copies this context; any other release, a caller's own ``pool.acquire()`` among them,
     is reset in full. A caller's own ``reset=`` always runs."""
     token = _AS_FOUND.set(True)
