@@ -177,3 +177,21 @@ async def test_a_pooled_announce_idle_leaves_no_wakeup_gate_lock_on_the_pools_co
         held = await conn.fetchval(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()")
     assert held == 0, f"a pooled connection kept {held} wakeup-gate lock(s) after the call"
+
+
+async def test_a_callers_session_authorization_is_reset_before_the_next_zeroth_call(
+        one_connection: asyncpg.Pool) -> None:
+    # The embedded server's DSN (an App's default) logs in as a superuser, who may SET SESSION
+    # AUTHORIZATION: RESET ALL leaves session_authorization alone, as it does role, and RESET
+    # ROLE only goes back to the session user, which is then the role the caller chose.
+    lm = LeaseManager(one_connection, call_timeout=5.0)
+    login = await one_connection.fetchval("SELECT session_user")
+    if not await one_connection.fetchval("SELECT rolsuper FROM pg_roles WHERE rolname = $1",
+                                         login):
+        pytest.fail("the test database's DSN is expected to log in as a superuser")
+    async with one_connection.acquire() as conn:
+        await conn.execute("SET SESSION AUTHORIZATION zeroth_reader")
+    # As zeroth_reader the enqueue would be refused (no EXECUTE on enqueue_run): it lands.
+    await lm.enqueue_run(DEPLOYMENT, {"n": 1})
+    async with one_connection.acquire() as conn:
+        assert await conn.fetchval("SELECT session_user") == login
