@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
+from roles import dsn_as, login_role
 
 import zeroth_pg
 from zeroth_pg.client import LeaseManager
@@ -195,3 +196,25 @@ async def test_a_callers_session_authorization_is_reset_before_the_next_zeroth_c
     await lm.enqueue_run(DEPLOYMENT, {"n": 1})
     async with one_connection.acquire() as conn:
         assert await conn.fetchval("SELECT session_user") == login
+
+
+async def test_the_full_reset_keeps_a_zeroth_worker_logins_connection(
+        pg_server_dsn: str, database_dsn: str, sent: Sent) -> None:
+    # The reset goes back to the authenticated user (SET SESSION AUTHORIZATION DEFAULT), which
+    # any role may do: a worker's own login (no superuser) keeps its pooled session after a
+    # caller's own use, and that use's SET ROLE does not outlive it.
+    with login_role(pg_server_dsn, "zeroth_worker") as (name, password):
+        pool = await zeroth_pg.create_pool(dsn_as(database_dsn, name, password), min_size=1,
+                                           max_size=1, init=sent.init)
+        try:
+            lm = LeaseManager(pool, call_timeout=5.0)
+            async with pool.acquire() as conn:
+                pid = await conn.fetchval("SELECT pg_backend_pid()")
+                await conn.execute("SET ROLE zeroth_worker")
+            assert sent.resets() == 1
+            await lm.enqueue_run(DEPLOYMENT, {"n": 1})
+            async with pool.acquire() as conn:
+                assert await conn.fetchval("SELECT pg_backend_pid()") == pid
+                assert await conn.fetchval("SELECT current_user") == name
+        finally:
+            await pool.close()
