@@ -218,3 +218,17 @@ async def test_the_full_reset_keeps_a_zeroth_worker_logins_connection(
                 assert await conn.fetchval("SELECT current_user") == name
         finally:
             await pool.close()
+
+
+async def test_a_callers_temporary_objects_are_gone_before_the_next_zeroth_call(
+        one_connection: asyncpg.Pool) -> None:
+    # A session's temporary schema is searched first for type names: a temporary table named
+    # like a type (its row type) shadows it in the text of every later statement of the
+    # session, so each call's $n::text cast met the table's row type ("cannot cast type text to
+    # jsonb") on that pooled connection for as long as it lived. asyncpg's reset leaves
+    # temporary objects alone.
+    lm = LeaseManager(one_connection, call_timeout=5.0)
+    async with one_connection.acquire() as conn:
+        await conn.execute("CREATE TEMPORARY TABLE text (a integer)")
+    await lm.enqueue_run(DEPLOYMENT, {"n": 1})
+    assert await lm.count_pending(DEPLOYMENT) == 1
