@@ -766,14 +766,16 @@ async def skip_reset(_conn: asyncpg.Connection) -> None:
 
 async def _reset_checking_client(conn: asyncpg.Connection) -> None:
     """asyncpg's reset (its RESET ALL included), ``SET SESSION AUTHORIZATION DEFAULT``,
-    ``RESET ROLE`` and :data:`CHECK_CLIENT` again, in one round trip. RESET ALL leaves the
-    session user and the role alone (PostgreSQL's ``session_authorization`` and ``role``
-    settings are not reset by it): without these, code that ran ``SET ROLE`` on a pooled
-    connection (or, logged in as a superuser — the embedded server's DSN —, ``SET SESSION
-    AUTHORIZATION``) left every later call on it to run as that role. Going back to the
-    authenticated user is allowed to any role."""
+    ``RESET ROLE``, ``DISCARD TEMP`` and :data:`CHECK_CLIENT` again, in one round trip. RESET
+    ALL leaves the session user and the role alone (PostgreSQL's ``session_authorization`` and
+    ``role`` settings are not reset by it): without these, code that ran ``SET ROLE`` on a
+    pooled connection (or, logged in as a superuser — the embedded server's DSN —, ``SET
+    SESSION AUTHORIZATION``) left every later call on it to run as that role. Going back to the
+    authenticated user is allowed to any role. The session's temporary schema is searched
+    first for type names: a temporary table named like a type (``text``) broke the ``$n::text``
+    casts of every later call on the connection."""
     await conn.execute(f"{conn.get_reset_query()}\nSET SESSION AUTHORIZATION DEFAULT;\n"
-                       f"RESET ROLE;\n{CHECK_CLIENT};")
+                       f"RESET ROLE;\nDISCARD TEMP;\n{CHECK_CLIENT};")
 
 
 def _checking_client(
