@@ -232,3 +232,18 @@ async def test_a_callers_temporary_objects_are_gone_before_the_next_zeroth_call(
         await conn.execute("CREATE TEMPORARY TABLE text (a integer)")
     await lm.enqueue_run(DEPLOYMENT, {"n": 1})
     assert await lm.count_pending(DEPLOYMENT) == 1
+
+
+async def test_the_role_a_session_starts_with_survives_the_full_reset(database_dsn: str) -> None:
+    # A DSN may start its sessions in a role (options=-c role=..., asyncpg's server_settings):
+    # the reset goes back to that role, not past it to the login (RESET ROLE returns to the
+    # session's starting value; SET SESSION AUTHORIZATION DEFAULT comes before it).
+    pool = await zeroth_pg.create_pool(database_dsn, min_size=1, max_size=1,
+                                       server_settings={"role": "zeroth_worker"})
+    try:
+        assert await pool.fetchval("SELECT current_user") == "zeroth_worker"
+        async with pool.acquire() as conn:
+            await conn.execute("SET ROLE zeroth_reader")
+        assert await pool.fetchval("SELECT current_user") == "zeroth_worker"
+    finally:
+        await pool.close()
