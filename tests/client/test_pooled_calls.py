@@ -21,7 +21,7 @@ from roles import dsn_as, login_role
 
 import zeroth_pg
 from zeroth_pg.client import LeaseManager
-from zeroth_pg.errors import InvalidArgumentError
+from zeroth_pg.errors import InvalidArgumentError, RetryableError
 
 DEPLOYMENT = "pooled-calls"
 RESET_MARK = "RESET ALL"
@@ -247,3 +247,27 @@ async def test_the_role_a_session_starts_with_survives_the_full_reset(database_d
         assert await pool.fetchval("SELECT current_user") == "zeroth_worker"
     finally:
         await pool.close()
+
+
+@pytest.mark.parametrize("statement", ["DEALLOCATE ALL", "DISCARD ALL"])
+@pytest.mark.parametrize("call_timeout", [None, 5.0], ids=["unbounded", "bounded"])
+async def test_a_callers_deallocate_all_costs_at_most_one_retryable_zeroth_call(
+        one_connection: asyncpg.Pool, statement: str, call_timeout: float | None) -> None:
+    # asyncpg keeps each statement prepared in the session (its statement cache); code sharing
+    # the pool that drops them (DEALLOCATE ALL, or DISCARD ALL, a common "reset my session")
+    # left every later zeroth_pg call on that connection refused with 26000 "prepared
+    # statement ... does not exist", a non-retryable DatabaseError, for as long as it lived:
+    # a worker's renewals, claims and completions on it all failed. asyncpg's reset does not
+    # notice. Nothing of such a call ran: at most it fails as retryable, and the next lands.
+    lm = LeaseManager(one_connection, call_timeout=call_timeout)
+    await lm.enqueue_run(DEPLOYMENT, {"n": 0})  # enqueue_run's statement, prepared in the session
+    async with one_connection.acquire() as conn:
+        await conn.execute(statement)
+    landed = 1
+    try:
+        await lm.enqueue_run(DEPLOYMENT, {"n": 1})
+        landed += 1
+    except RetryableError:
+        pass
+    await lm.enqueue_run(DEPLOYMENT, {"n": 2})
+    assert await lm.count_pending(DEPLOYMENT) == landed + 1
