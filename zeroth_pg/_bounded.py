@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 import asyncpg
 
 from zeroth_pg._connect import released_as_found
-from zeroth_pg.errors import CallTimeoutError
+from zeroth_pg.errors import CallTimeoutError, ConnectionLostError
 
 __all__ = ["pooled_call"]
 
@@ -74,6 +74,7 @@ async def pooled_call(pool: asyncpg.Pool, seconds: float | None,
             as_found = not leaves_session_state
             return result
         except Exception as exc:
+            _raise_if_cache_lost(conn, exc, what)
             # Refused by the server: its statement, rolled back, left nothing behind.
             as_found = isinstance(exc, asyncpg.PostgresError) and not leaves_session_state
             raise
@@ -100,6 +101,7 @@ async def pooled_call(pool: asyncpg.Pool, seconds: float | None,
         return result
     except Exception as exc:
         if not cut.done:
+            _raise_if_cache_lost(conn, exc, what)
             as_found = isinstance(exc, asyncpg.PostgresError) and not leaves_session_state
             raise
         # The timer terminated the connection under the call: asyncpg raised a lost
@@ -119,6 +121,23 @@ async def pooled_call(pool: asyncpg.Pool, seconds: float | None,
         await _release(pool, conn,
                        None if as_found else max(_RESET_BOUND_S, deadline - loop.time()),
                        as_found)
+
+
+def _raise_if_cache_lost(conn: Any, exc: Exception, what: Callable[[], str]) -> None:
+    """A call refused with 26000 (a prepared statement that does not exist): zeroth_pg's SQL
+    names none, so asyncpg's cached statement is gone from the session — code that shared the
+    connection ran DEALLOCATE ALL or DISCARD ALL, which asyncpg's reset does not notice — and
+    every later call on it would be refused the same way. Nothing of this one ran: the
+    connection is terminated (the pool opens a new one) and a retryable ConnectionLostError
+    raised."""
+    if isinstance(exc, asyncpg.exceptions.InvalidSQLStatementNameError):
+        conn.terminate()
+        log.warning("%s: asyncpg's prepared statement was gone from its session (a DEALLOCATE "
+                    "ALL or DISCARD ALL on a pooled connection?); the connection is replaced",
+                    what())
+        raise ConnectionLostError(
+            f"{what()}: the session lost asyncpg's prepared statements ({exc}); nothing ran, "
+            "the connection is replaced: retry") from exc
 
 
 class _Cut:
