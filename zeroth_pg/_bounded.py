@@ -129,8 +129,10 @@ def _raise_if_cache_lost(conn: Any, exc: Exception, what: Callable[[], str]) -> 
     connection ran DEALLOCATE ALL or DISCARD ALL, which asyncpg's reset does not notice — and
     every later call on it would be refused the same way. Nothing of this one ran: the
     connection is terminated (the pool opens a new one) and a retryable ConnectionLostError
-    raised."""
-    if isinstance(exc, asyncpg.exceptions.InvalidSQLStatementNameError):
+    raised. Only for a statement of asyncpg's naming (``__asyncpg_stmt_…``): a 26000 raised
+    inside the call (a DBA's trigger) is the server's answer, as any other refusal."""
+    if (isinstance(exc, asyncpg.exceptions.InvalidSQLStatementNameError)
+            and "__asyncpg_" in str(exc)):
         conn.terminate()
         log.warning("%s: asyncpg's prepared statement was gone from its session (a DEALLOCATE "
                     "ALL or DISCARD ALL on a pooled connection?); the connection is replaced",
