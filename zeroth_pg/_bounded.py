@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 import asyncpg
 
 from zeroth_pg._connect import released_as_found
-from zeroth_pg.errors import CallTimeoutError
+from zeroth_pg.errors import CallTimeoutError, ConnectionLostError
 
 __all__ = ["pooled_call"]
 
@@ -49,7 +49,7 @@ _RESET_BOUND_S = 1.0
 
 async def pooled_call(pool: asyncpg.Pool, seconds: float | None,
                       call: Callable[[asyncpg.Connection], Awaitable[T]],
-                      what: Callable[[], str]) -> T:
+                      what: Callable[[], str], *, leaves_session_state: bool = False) -> T:
     """``await call(conn)`` on a connection of ``pool``; ``seconds`` (None: unbounded) bounds
     it, the acquire included: past it the connection is terminated, the pool's others expired,
     and CallTimeoutError raised (module docstring). ``what()`` names the call in messages.
@@ -57,7 +57,10 @@ async def pooled_call(pool: asyncpg.Pool, seconds: float | None,
     ``call`` is one statement of zeroth_pg's SQL API. A connection it answered on is given back
     without the pool's reset query (:func:`zeroth_pg._connect.released_as_found`): a round trip
     and five statements per call, and the reset's RESET ALL also dropped the session's claim
-    floors (sql/functions/internal/claim_floor.sql) after every call.
+    floors (sql/functions/internal/claim_floor.sql) after every call. ``leaves_session_state``:
+    ``call`` is one that leaves session state behind on purpose (announce_idle's session advisory
+    locks, which are not even let go by a rollback): its connection is reset in full, as for
+    any other use, so a pooled connection never keeps a scope's wakeup gate.
 
     The bound on the call itself is a timer that terminates the connection, not a
     cancellation: asyncpg answers a cancelled query with a cancel request on a new connection
@@ -83,12 +86,13 @@ async def pooled_call(pool: asyncpg.Pool, seconds: float | None,
     as_found = False
     try:
         result = await call(conn)
-        as_found = True
+        as_found = not leaves_session_state
         return result
     except Exception as exc:
         if not cut.done:
+            _raise_if_cache_lost(conn, exc, what)
             # Refused by the server: its statement, rolled back, left nothing behind.
-            as_found = isinstance(exc, asyncpg.PostgresError)
+            as_found = isinstance(exc, asyncpg.PostgresError) and not leaves_session_state
             raise
         # The timer terminated the connection under the call: asyncpg raised a lost
         # connection; say why.
@@ -107,6 +111,25 @@ async def pooled_call(pool: asyncpg.Pool, seconds: float | None,
         # sends nothing to wait for.
         await _release(pool, conn, None if as_found or deadline is None
                        else max(_RESET_BOUND_S, deadline - loop.time()), as_found)
+
+
+def _raise_if_cache_lost(conn: Any, exc: Exception, what: Callable[[], str]) -> None:
+    """A call refused with 26000 (a prepared statement that does not exist): zeroth_pg's SQL
+    names none, so asyncpg's cached statement is gone from the session — code that shared the
+    connection ran DEALLOCATE ALL or DISCARD ALL, which asyncpg's reset does not notice — and
+    every later call on it would be refused the same way. Nothing of this one ran: the
+    connection is terminated (the pool opens a new one) and a retryable ConnectionLostError
+    raised. Only for a statement of asyncpg's naming (``__asyncpg_stmt_…``): a 26000 raised
+    inside the call (a DBA's trigger) is the server's answer, as any other refusal."""
+    if (isinstance(exc, asyncpg.exceptions.InvalidSQLStatementNameError)
+            and "__asyncpg_" in str(exc)):
+        conn.terminate()
+        log.warning("%s: asyncpg's prepared statement was gone from its session (a DEALLOCATE "
+                    "ALL or DISCARD ALL on a pooled connection?); the connection is replaced",
+                    what())
+        raise ConnectionLostError(
+            f"{what()}: the session lost asyncpg's prepared statements ({exc}); nothing ran, "
+            "the connection is replaced: retry") from exc
 
 
 class _Cut:

@@ -739,9 +739,11 @@ def released_as_found() -> Iterator[None]:
     caller gets its answer, and its RESET ALL dropped the session's claim floors, which are
     session settings (sql/functions/internal/claim_floor.sql), after every call. Nothing such a
     statement leaves needs it: the functions' own SET clauses end with them, and the claim
-    floors are meant to stay. asyncpg runs the reset in a task made by the release (its shield),
-    which copies this context; any other release, a caller's own ``pool.acquire()`` among them,
-    is reset in full. A caller's own ``reset=`` always runs."""
+    floors are meant to stay (announce_idle's session advisory locks are the exception: those
+    calls are released with the full reset, :func:`zeroth_pg._bounded.pooled_call`). asyncpg
+    runs the reset in a task made by the release (its shield), which copies this context; any
+    other release, a caller's own ``pool.acquire()`` among them, is reset in full. A caller's
+    own ``reset=`` always runs."""
     token = _AS_FOUND.set(True)
     try:
         yield
@@ -763,11 +765,17 @@ async def skip_reset(_conn: asyncpg.Connection) -> None:
 
 
 async def _reset_checking_client(conn: asyncpg.Connection) -> None:
-    """asyncpg's reset (its RESET ALL included), ``RESET ROLE`` and :data:`CHECK_CLIENT`
-    again, in one round trip. RESET ALL leaves the role alone (PostgreSQL's ``role`` setting
-    is not reset by it): without RESET ROLE, code that ran ``SET ROLE`` on a pooled connection
-    left every later call on it to run as that role."""
-    await conn.execute(f"{conn.get_reset_query()}\nRESET ROLE;\n{CHECK_CLIENT};")
+    """asyncpg's reset (its RESET ALL included), ``SET SESSION AUTHORIZATION DEFAULT``,
+    ``RESET ROLE``, ``DISCARD TEMP`` and :data:`CHECK_CLIENT` again, in one round trip. RESET
+    ALL leaves the session user and the role alone (PostgreSQL's ``session_authorization`` and
+    ``role`` settings are not reset by it): without these, code that ran ``SET ROLE`` on a
+    pooled connection (or, logged in as a superuser — the embedded server's DSN —, ``SET
+    SESSION AUTHORIZATION``) left every later call on it to run as that role. Going back to the
+    authenticated user is allowed to any role. The session's temporary schema is searched
+    first for type names: a temporary table named like a type (``text``) broke the ``$n::text``
+    casts of every later call on the connection."""
+    await conn.execute(f"{conn.get_reset_query()}\nSET SESSION AUTHORIZATION DEFAULT;\n"
+                       f"RESET ROLE;\nDISCARD TEMP;\n{CHECK_CLIENT};")
 
 
 def _checking_client(

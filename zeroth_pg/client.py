@@ -208,14 +208,16 @@ class LeaseManager:
     # -- plumbing --------------------------------------------------------------------------
 
     async def _call(self, conn: Executor | None, query: str,
-                    call: Callable[[Executor], Awaitable[T]]) -> T:
+                    call: Callable[[Executor], Awaitable[T]], *,
+                    leaves_session_state: bool = False) -> T:
         """``call`` on ``conn``, else on a connection of the pool (:func:`pooled_call`: bounded
-        by ``call_timeout``, given back without a reset), else on whatever ``self.pool``
-        is; errors mapped once (:func:`translate`)."""
+        by ``call_timeout``, given back without a reset unless ``leaves_session_state``), else
+        on whatever ``self.pool`` is; errors mapped once (:func:`translate`)."""
         try:
             if conn is None and isinstance(self.pool, asyncpg.Pool):
                 return await pooled_call(self.pool, self.call_timeout, call,
-                                         lambda: _called(query))
+                                         lambda: _called(query),
+                                         leaves_session_state=leaves_session_state)
             return await call(conn or self.pool)
         except Exception as exc:
             mapped = translate(exc)
@@ -226,8 +228,10 @@ class LeaseManager:
     async def _fetch(self, query: str, *args: Any, conn: Executor | None) -> list[asyncpg.Record]:
         return list(await self._call(conn, query, lambda c: c.fetch(query, *args)))
 
-    async def _fetchval(self, query: str, *args: Any, conn: Executor | None) -> Any:
-        return await self._call(conn, query, lambda c: c.fetchval(query, *args))
+    async def _fetchval(self, query: str, *args: Any, conn: Executor | None,
+                        leaves_session_state: bool = False) -> Any:
+        return await self._call(conn, query, lambda c: c.fetchval(query, *args),
+                                leaves_session_state=leaves_session_state)
 
     # -- enqueue ---------------------------------------------------------------------------
 
@@ -566,8 +570,10 @@ class LeaseManager:
         every stripe the session holds. Session advisory locks: pass the listener's own
         connection (``conn``), never a pooled one, write nothing on it, and claim once more
         after a call that returned a new stripe."""
+        # Through the pool (against the advice above) the connection is reset on release, so
+        # its locks do not outlive the call on an idle pooled connection.
         return tuple(await self._fetchval(_calls.ANNOUNCE_IDLE, deployment_ref, tenant_id,
-                                          workspace_id, conn=conn))
+                                          workspace_id, conn=conn, leaves_session_state=True))
 
     async def announce_busy(
         self, deployment_ref: str, *, tenant_id: str | None = None,
@@ -589,7 +595,7 @@ class LeaseManager:
         """:meth:`announce_idle` on the gate of the whole deployment
         (``zeroth.announce_idle_deployment``): writers of any of its scopes notify."""
         return tuple(await self._fetchval(_calls.ANNOUNCE_IDLE_DEPLOYMENT, deployment_ref,
-                                          conn=conn))
+                                          conn=conn, leaves_session_state=True))
 
     async def announce_busy_deployment(self, deployment_ref: str, *,
                                        conn: Executor | None = None) -> int:

@@ -212,7 +212,8 @@ class TestUsageErrors:
         result = cli("worker", "--app", "zeroth_pg.demo:handle", "--deployment", "d",
                      "--worker-id", worker_id, dsn=nowhere)
         assert result.returncode == 2
-        assert "--worker-id" in result.stderr and "1 to 200 characters" in result.stderr
+        assert "--worker-id" in result.stderr
+        assert "1 to 200 characters" in result.stderr
 
     def test_an_unreachable_database_exits_1_with_one_line(self):
         result = cli("runs", "list", dsn="postgresql://nobody@/nowhere?host=/nonexistent",

@@ -17,10 +17,11 @@ from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
+from roles import dsn_as, login_role
 
 import zeroth_pg
 from zeroth_pg.client import LeaseManager
-from zeroth_pg.errors import InvalidArgumentError
+from zeroth_pg.errors import InvalidArgumentError, RetryableError
 
 DEPLOYMENT = "pooled-calls"
 RESET_MARK = "RESET ALL"
@@ -160,3 +161,113 @@ async def test_a_pool_with_skip_reset_sends_nothing_on_release_and_keeps_the_cli
         assert len(sent.queries) == before + 1, sent.queries[before:]
     finally:
         await pool.close()
+
+
+@pytest.mark.parametrize("call_timeout", [None, 5.0], ids=["unbounded", "bounded"])
+async def test_a_pooled_announce_idle_leaves_no_wakeup_gate_lock_on_the_pools_connection(
+        one_connection: asyncpg.Pool, call_timeout: float | None) -> None:
+    # announce_idle takes the scope's wakeup-gate stripes as *session* advisory locks (they are
+    # meant for the LISTEN connection). Made through the pool (conn=None), the connection went
+    # back without asyncpg's reset, whose pg_advisory_unlock_all() let them go: the pool's idle
+    # connection then held the gate for as long as it lived, so no worker could take those
+    # stripes and writers on that connection never notified.
+    lm = LeaseManager(one_connection, call_timeout=call_timeout)
+    assert await lm.announce_idle(DEPLOYMENT)
+    assert await lm.announce_idle_deployment(DEPLOYMENT)
+    async with one_connection.acquire() as conn:
+        held = await conn.fetchval(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()")
+    assert held == 0, f"a pooled connection kept {held} wakeup-gate lock(s) after the call"
+
+
+async def test_a_callers_session_authorization_is_reset_before_the_next_zeroth_call(
+        one_connection: asyncpg.Pool) -> None:
+    # The embedded server's DSN (an App's default) logs in as a superuser, who may SET SESSION
+    # AUTHORIZATION: RESET ALL leaves session_authorization alone, as it does role, and RESET
+    # ROLE only goes back to the session user, which is then the role the caller chose.
+    lm = LeaseManager(one_connection, call_timeout=5.0)
+    login = await one_connection.fetchval("SELECT session_user")
+    if not await one_connection.fetchval("SELECT rolsuper FROM pg_roles WHERE rolname = $1",
+                                         login):
+        pytest.fail("the test database's DSN is expected to log in as a superuser")
+    async with one_connection.acquire() as conn:
+        await conn.execute("SET SESSION AUTHORIZATION zeroth_reader")
+    # As zeroth_reader the enqueue would be refused (no EXECUTE on enqueue_run): it lands.
+    await lm.enqueue_run(DEPLOYMENT, {"n": 1})
+    async with one_connection.acquire() as conn:
+        assert await conn.fetchval("SELECT session_user") == login
+
+
+async def test_the_full_reset_keeps_a_zeroth_worker_logins_connection(
+        pg_server_dsn: str, database_dsn: str, sent: Sent) -> None:
+    # The reset goes back to the authenticated user (SET SESSION AUTHORIZATION DEFAULT), which
+    # any role may do: a worker's own login (no superuser) keeps its pooled session after a
+    # caller's own use, and that use's SET ROLE does not outlive it.
+    with login_role(pg_server_dsn, "zeroth_worker") as (name, password):
+        pool = await zeroth_pg.create_pool(dsn_as(database_dsn, name, password), min_size=1,
+                                           max_size=1, init=sent.init)
+        try:
+            lm = LeaseManager(pool, call_timeout=5.0)
+            async with pool.acquire() as conn:
+                pid = await conn.fetchval("SELECT pg_backend_pid()")
+                await conn.execute("SET ROLE zeroth_worker")
+            assert sent.resets() == 1
+            await lm.enqueue_run(DEPLOYMENT, {"n": 1})
+            async with pool.acquire() as conn:
+                assert await conn.fetchval("SELECT pg_backend_pid()") == pid
+                assert await conn.fetchval("SELECT current_user") == name
+        finally:
+            await pool.close()
+
+
+async def test_a_callers_temporary_objects_are_gone_before_the_next_zeroth_call(
+        one_connection: asyncpg.Pool) -> None:
+    # A session's temporary schema is searched first for type names: a temporary table named
+    # like a type (its row type) shadows it in the text of every later statement of the
+    # session, so each call's $n::text cast met the table's row type ("cannot cast type text to
+    # jsonb") on that pooled connection for as long as it lived. asyncpg's reset leaves
+    # temporary objects alone.
+    lm = LeaseManager(one_connection, call_timeout=5.0)
+    async with one_connection.acquire() as conn:
+        await conn.execute("CREATE TEMPORARY TABLE text (a integer)")
+    await lm.enqueue_run(DEPLOYMENT, {"n": 1})
+    assert await lm.count_pending(DEPLOYMENT) == 1
+
+
+async def test_the_role_a_session_starts_with_survives_the_full_reset(database_dsn: str) -> None:
+    # A DSN may start its sessions in a role (options=-c role=..., asyncpg's server_settings):
+    # the reset goes back to that role, not past it to the login (RESET ROLE returns to the
+    # session's starting value; SET SESSION AUTHORIZATION DEFAULT comes before it).
+    pool = await zeroth_pg.create_pool(database_dsn, min_size=1, max_size=1,
+                                       server_settings={"role": "zeroth_worker"})
+    try:
+        assert await pool.fetchval("SELECT current_user") == "zeroth_worker"
+        async with pool.acquire() as conn:
+            await conn.execute("SET ROLE zeroth_reader")
+        assert await pool.fetchval("SELECT current_user") == "zeroth_worker"
+    finally:
+        await pool.close()
+
+
+@pytest.mark.parametrize("statement", ["DEALLOCATE ALL", "DISCARD ALL"])
+@pytest.mark.parametrize("call_timeout", [None, 5.0], ids=["unbounded", "bounded"])
+async def test_a_callers_deallocate_all_costs_at_most_one_retryable_zeroth_call(
+        one_connection: asyncpg.Pool, statement: str, call_timeout: float | None) -> None:
+    # asyncpg keeps each statement prepared in the session (its statement cache); code sharing
+    # the pool that drops them (DEALLOCATE ALL, or DISCARD ALL, a common "reset my session")
+    # left every later zeroth_pg call on that connection refused with 26000 "prepared
+    # statement ... does not exist", a non-retryable DatabaseError, for as long as it lived:
+    # a worker's renewals, claims and completions on it all failed. asyncpg's reset does not
+    # notice. Nothing of such a call ran: at most it fails as retryable, and the next lands.
+    lm = LeaseManager(one_connection, call_timeout=call_timeout)
+    await lm.enqueue_run(DEPLOYMENT, {"n": 0})  # enqueue_run's statement, prepared in the session
+    async with one_connection.acquire() as conn:
+        await conn.execute(statement)
+    landed = 1
+    try:
+        await lm.enqueue_run(DEPLOYMENT, {"n": 1})
+        landed += 1
+    except RetryableError:
+        pass
+    await lm.enqueue_run(DEPLOYMENT, {"n": 2})
+    assert await lm.count_pending(DEPLOYMENT) == landed + 1

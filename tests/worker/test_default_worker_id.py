@@ -40,3 +40,19 @@ async def test_a_worker_id_every_claim_would_refuse_is_refused_at_construction(
     with pytest.raises(ValueError, match="1 to 200 characters"):
         RunWorker(pool, "default-id", _noop, worker_id=worker_id)
     assert RunWorker(pool, "default-id", _noop, worker_id="w" * 200).worker_id == "w" * 200
+
+
+@pytest.mark.parametrize("worker_id", ["w\x00", "w\ud800"], ids=["nul", "lone-surrogate"])
+async def test_a_worker_id_postgresql_cannot_hold_is_refused_at_construction(
+        pool: asyncpg.Pool, worker_id: str):
+    # 1 to 200 characters, yet no text value can carry it (PostgreSQL's text has no NUL; a lone
+    # surrogate has no UTF-8): every claim of such a worker fails as an empty id's did, while
+    # the worker runs and polls for ever. (A --worker-id whose bytes are not UTF-8 reaches
+    # Python as lone surrogates: surrogateescape.)
+    from zeroth_pg.client import LeaseManager
+    from zeroth_pg.errors import DatabaseError
+
+    with pytest.raises(DatabaseError):
+        await LeaseManager(pool).claim_and_start("default-id", worker_id)
+    with pytest.raises(ValueError, match="worker_id"):
+        RunWorker(pool, "default-id", _noop, worker_id=worker_id)

@@ -29,8 +29,8 @@ def _worker_id(value: str | None) -> str | None:
     try:
         return check_worker_id(value)
     except ValueError:
-        raise typer.BadParameter(f"must be 1 to {MAX_WORKER_ID} characters (leave it out for "
-                                 "a random id)") from None
+        raise typer.BadParameter(f"must be 1 to {MAX_WORKER_ID} characters of valid UTF-8, no "
+                                 "NUL (leave it out for a random id)") from None
 
 
 def worker(
@@ -76,7 +76,7 @@ def worker(
         show_default=False)] = None,
     worker_id: Annotated[str | None, typer.Option(
         envvar="ZEROTH_PG_WORKER_ID", callback=_worker_id,
-        help="1 to 200 characters. Default: 12 random hex digits.",
+        help="1 to 200 characters (valid UTF-8, no NUL). Default: 12 random hex digits.",
         show_default=False)] = None,
     code_version: Annotated[str | None, typer.Option(
         envvar="ZEROTH_PG_CODE_VERSION",

@@ -332,13 +332,26 @@ MAX_WORKER_ID = 200
 
 def check_worker_id(worker_id: str | None) -> str | None:
     """A RunWorker's ``worker_id``, checked before anything is built: None (a random one) or
-    1 to :data:`MAX_WORKER_ID` characters, else ValueError — every claim of a worker with any
-    other would be refused (ZP008), and an empty one is not "no id"."""
+    1 to :data:`MAX_WORKER_ID` characters that a PostgreSQL text can hold (no NUL; valid
+    UTF-8: a non-UTF-8 ``--worker-id`` reaches Python as lone surrogates), else ValueError —
+    every claim of a worker with any other would be refused (ZP008, or 22021 / an encoding
+    error), and an empty one is not "no id"."""
     if worker_id is not None and (not isinstance(worker_id, str)
                                   or not 1 <= len(worker_id) <= MAX_WORKER_ID):
         raise ValueError(f"worker_id must be None (a random id) or 1 to {MAX_WORKER_ID} "
                          "characters")
+    if worker_id is not None and ("\x00" in worker_id or not _utf8(worker_id)):
+        raise ValueError(f"worker_id must be 1 to {MAX_WORKER_ID} characters of valid UTF-8, "
+                         "no NUL")
     return worker_id
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def check_options(max_concurrency: int, poll_interval: float, orphan_sweep_interval: float,
