@@ -356,8 +356,10 @@ def _utf8(text: str) -> bool:
 
 def check_options(max_concurrency: int, poll_interval: float, orphan_sweep_interval: float,
                   lease_duration: float, renew_fraction: float,
-                  call_timeout: float | None = None) -> None:
-    """A RunWorker's slots and timing, checked before anything is built."""
+                  call_timeout: float | None = None, worker_id: str | None = None) -> None:
+    """A RunWorker's slots, timing and id (:func:`check_worker_id`), checked before anything
+    is built."""
+    check_worker_id(worker_id)
     if call_timeout is not None and not call_timeout > 0:
         raise ValueError("call_timeout must be None or > 0 seconds")
     if max_concurrency < 1:

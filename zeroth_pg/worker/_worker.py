@@ -23,13 +23,7 @@ from zeroth_pg.client import LeaseManager
 from zeroth_pg.metrics import WorkerMetrics, default_metrics
 from zeroth_pg.notify import Notifier
 from zeroth_pg.types import RetryPolicy
-from zeroth_pg.worker._claims import (
-    ClaimLoop,
-    ClaimSettings,
-    check_code_version,
-    check_options,
-    check_worker_id,
-)
+from zeroth_pg.worker._claims import ClaimLoop, ClaimSettings, check_code_version, check_options
 from zeroth_pg.worker._execute import RunExecutor, scope_counter
 from zeroth_pg.worker._gate import WakeupGate
 from zeroth_pg.worker._leases import LeaseUpkeep
@@ -114,7 +108,7 @@ class RunWorker:
         call_timeout: float | None = 5.0,
     ) -> None:
         check_options(max_concurrency, poll_interval, orphan_sweep_interval, lease_duration,
-               renew_fraction, call_timeout)
+                      renew_fraction, call_timeout, worker_id)
         self.pool = pool  # every claim of its LeaseManager declares code_version (issue 34)
         self.lease_manager = LeaseManager(pool, lease_duration, check_code_version(code_version),
                                           call_timeout=call_timeout)
@@ -126,7 +120,7 @@ class RunWorker:
         self.max_concurrency, self.fleet_max_concurrency = max_concurrency, fleet_max_concurrency
         self.poll_interval, self.orphan_sweep_interval, self.orphan_grace = \
             poll_interval, orphan_sweep_interval, orphan_grace
-        self.worker_id = check_worker_id(worker_id) or default_worker_id()
+        self.worker_id = worker_id or default_worker_id()  # checked: never "" here
         self.shutdown_timeout = shutdown_timeout
         self.lease_duration = lease_duration
         self.renew_interval = lease_duration * renew_fraction
