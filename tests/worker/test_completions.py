@@ -180,3 +180,31 @@ class TestMixedOutcomes:
         async with running(batcher):
             assert await asyncio.gather(*answers) == [SettleOutcome.CANCELLED, None]
         assert calls.sizes == [2]
+
+
+class _EntryWithABrokenScope:
+    """A run entry whose scope cannot be read: grouping its batch raises (a bug's stand-in)."""
+
+    claims_next = False
+    outcome_unknown = False
+
+    def __init__(self, run: Any) -> None:
+        self.run, self.deadline = run, time.monotonic() + 60
+
+    @property
+    def scope(self) -> Any:
+        raise RuntimeError("this entry's scope is broken")
+
+
+@pytest.mark.parametrize("in_flight", [1, 2])
+async def test_a_batch_that_raises_ends_the_loop_with_its_error_and_answers_its_runs(
+        lm, in_flight):
+    # The worker supervises the completion loop: an error it cannot answer must end the loop
+    # where the supervisor sees it, also when the batch's call ran in a task of its own.
+    [run] = await claim(lm, 1)
+    batcher = CompletionBatcher(lm, WORKER, max_in_flight=in_flight)
+    answer = batcher.submit(_EntryWithABrokenScope(run), {})  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError, match="scope is broken"):
+        await asyncio.wait_for(batcher.run(), timeout=10)
+    with pytest.raises(RuntimeError, match="stopped before answering"):
+        await answer

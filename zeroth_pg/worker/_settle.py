@@ -213,11 +213,23 @@ class CompletionBatcher:
     async def run(self) -> None:
         """Send the queued completions until cancelled: a batch goes out as soon as one is
         queued and fewer than :attr:`max_in_flight` calls are out; what queues meanwhile is the
-        next batch."""
+        next batch. A batch's call that raises (a bug: _send answers every failure it knows)
+        ends the loop with that error, as with one call out at a time, so the worker's loop
+        supervision sees it."""
         in_flight: set[asyncio.Task[None]] = set()
+        failed: list[BaseException] = []
+
+        def ended(task: asyncio.Task[None]) -> None:
+            in_flight.discard(task)
+            if not task.cancelled() and (error := task.exception()) is not None:
+                failed.append(error)
+                self._queued.set()  # wake the loop to raise it
+
         try:
             while True:
                 await self._queued.wait()
+                if failed:
+                    raise failed[0]
                 if len(in_flight) >= self.max_in_flight:
                     await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
                     continue
@@ -233,7 +245,7 @@ class CompletionBatcher:
                     continue
                 task = asyncio.create_task(self._send_batch(batch))
                 in_flight.add(task)
-                task.add_done_callback(in_flight.discard)
+                task.add_done_callback(ended)
         finally:
             for task in in_flight:
                 task.cancel()
