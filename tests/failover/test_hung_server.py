@@ -125,27 +125,37 @@ async def _completed(pool: asyncpg.Pool, run_id: uuid.UUID) -> bool:
     return await _status(pool, run_id) == "completed"
 
 
+def _holding(name: str, when: str, lock: int) -> str:
+    """A table ``public.<name>`` of run ids and an AFTER UPDATE trigger on zeroth.runs that,
+    once per listed run, when ``when`` (a condition on OLD and NEW) holds, takes advisory lock
+    ``lock`` and so holds the update's commit until the test lets go of it. SECURITY DEFINER,
+    no lock_timeout: it runs as the test's owner and waits for as long as the test holds on."""
+    return f"""
+CREATE TABLE public.{name} (run_id uuid PRIMARY KEY);
+CREATE FUNCTION public.{name}() RETURNS trigger LANGUAGE plpgsql
+    SECURITY DEFINER SET search_path = pg_catalog SET lock_timeout = 0 AS $$
+BEGIN
+    IF {when} THEN
+        DELETE FROM public.{name} WHERE run_id = NEW.run_id;
+        IF FOUND THEN
+            PERFORM pg_advisory_xact_lock({lock});
+        END IF;
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER {name} AFTER UPDATE ON zeroth.runs
+    FOR EACH ROW EXECUTE FUNCTION public.{name}();
+"""
+
+
 #: Holds an update that completes a run (until the test lets go of advisory lock 35) once per
 #: row of hold_completion, so that the completion's answer comes long after the worker's bound:
 #: its write is done, its commit waits. The trigger function waits without lock_timeout (the
 #: completion's own 2 s would end the wait), as the test's owner (the worker's role may not
 #: touch the table).
-_HOLD = """
-CREATE TABLE public.hold_completion (run_id uuid PRIMARY KEY);
-CREATE FUNCTION public.hold_completion() RETURNS trigger LANGUAGE plpgsql
-    SECURITY DEFINER SET search_path = pg_catalog SET lock_timeout = 0 AS $$
-BEGIN
-    IF NEW.status::text = 'completed' AND OLD.status::text <> 'completed' THEN
-        DELETE FROM public.hold_completion WHERE run_id = NEW.run_id;
-        IF FOUND THEN
-            PERFORM pg_advisory_xact_lock(35);
-        END IF;
-    END IF;
-    RETURN NEW;
-END $$;
-CREATE TRIGGER hold_completion AFTER UPDATE ON zeroth.runs
-    FOR EACH ROW EXECUTE FUNCTION public.hold_completion();
-"""
+_HOLD = _holding(
+    "hold_completion",
+    "NEW.status::text = 'completed' AND OLD.status::text <> 'completed'", 35)
 
 
 class TestACompletionThatHangs:
@@ -461,22 +471,7 @@ class TestAListenerWhoseServerHangs:
 #: Holds the claim of each run listed in hold_claim (until the test lets go of advisory lock 36):
 #: its lease is written and its commit waits, as a claim held up on a slow or locked server
 #: waits after the database read its clock. As the test's owner, like _HOLD.
-_HOLD_CLAIM = """
-CREATE TABLE public.hold_claim (run_id uuid PRIMARY KEY);
-CREATE FUNCTION public.hold_claim() RETURNS trigger LANGUAGE plpgsql
-    SECURITY DEFINER SET search_path = pg_catalog SET lock_timeout = 0 AS $$
-BEGIN
-    IF NEW.lease_generation <> OLD.lease_generation THEN
-        DELETE FROM public.hold_claim WHERE run_id = NEW.run_id;
-        IF FOUND THEN
-            PERFORM pg_advisory_xact_lock(36);
-        END IF;
-    END IF;
-    RETURN NEW;
-END $$;
-CREATE TRIGGER hold_claim AFTER UPDATE ON zeroth.runs
-    FOR EACH ROW EXECUTE FUNCTION public.hold_claim();
-"""
+_HOLD_CLAIM = _holding("hold_claim", "NEW.lease_generation <> OLD.lease_generation", 36)
 
 
 class TestAClaimHeldUpPastItsLease:
