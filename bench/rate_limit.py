@@ -65,9 +65,12 @@ async def main(dsn: str, limit: int, period: float, runs: int, workers: int,
         for worker in fleet:
             await worker.start()
         try:
-            while await pool.fetchval(
+            while True:  # the database is the truth of what is done
+                completed = await pool.fetchval(
                     "SELECT count(*) FROM zeroth.runs WHERE deployment_ref = $1 "
-                    "AND status = 'completed'", deployment) < runs:
+                    "AND status = 'completed'", deployment)
+                if completed >= runs:
+                    break
                 await asyncio.sleep(0.5)
         finally:
             for worker in fleet:

@@ -13,6 +13,7 @@ How close to the limit the fleet comes is a speed goal, measured by bench/rate_l
 from __future__ import annotations
 
 import asyncio
+import itertools
 from datetime import datetime
 from typing import Any
 
@@ -78,7 +79,7 @@ async def test_three_workers_hold_50_per_second_over_2000_runs(pool, database_ds
     assert len(starts) == RUNS
     most = max_in_window(starts, PERIOD)
     span = (starts[-1] - starts[0]).total_seconds()
-    longest_gap = max((b - a).total_seconds() for a, b in zip(starts, starts[1:]))
+    longest_gap = max((b - a).total_seconds() for a, b in itertools.pairwise(starts))
     # n starts over a span S fill at most S / period + 1 windows: the rate achieved is
     # n / (S + period) (what a perfect limiter reaches is the limit itself).
     rate = RUNS / (span + PERIOD)
