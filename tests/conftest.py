@@ -15,7 +15,6 @@ from typing import Any
 import asyncpg
 import psycopg
 import pytest
-import xdist_lanes
 
 try:  # pytest 9: a node's id (see _GroupedTestIds)
     from _pytest.nodeid import NodeId as _NodeId
@@ -26,7 +25,8 @@ from zeroth_pg import App
 from zeroth_pg.testing import _session
 from zeroth_pg.worker import RunWorker
 
-pytest_plugins = ["zeroth_pg.testing", "pytester"]
+#: xdist_lanes: the slow tests on half the workers (tests/xdist_lanes.py).
+pytest_plugins = ["zeroth_pg.testing", "pytester", "xdist_lanes"]
 
 # ---------------------------------------------------------------------------------------------
 # Parallel by default (pytest-xdist): `python -m pytest` runs the suite in WORKERS_PER_CPU
@@ -95,9 +95,6 @@ def _rewrite_test_modules(config: pytest.Config) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     if hasattr(config, "workerinput"):
         config.pluginmanager.register(_GroupedTestIds(), "zeroth-pg-grouped-test-ids")
-        xdist_lanes.enter_lane(str(config.workerinput.get("workerid", "")))
-    elif getattr(config.option, "dist", "no") == "loadgroup":
-        config.stash[_SLOW_IDS] = xdist_lanes.slow_ids_file()
     if (not hasattr(config, "workerinput") and getattr(config.option, "dist", "no") != "no"
             and getattr(config.option, "assertmode", "rewrite") == "rewrite"
             and not sys.dont_write_bytecode):
@@ -138,8 +135,6 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
 
 
 _LOADGROUP_KEY = "zeroth_pg_loadgroup"
-#: Controller: the file its workers write their slow test ids to (tests/xdist_lanes.py).
-_SLOW_IDS = pytest.StashKey[str]()
 
 
 class _GroupedTestIds:
@@ -160,31 +155,12 @@ class _GroupedTestIds:
                             for mark in item.iter_markers("xdist_group")})
             if names and "@" not in item.nodeid and _NodeId is not None and hasattr(item, "_id"):
                 item._id = _NodeId.parse(f"{item.nodeid}@{'_'.join(names)}")
-        path = getattr(config, "workerinput", {}).get(xdist_lanes.SLOW_IDS_KEY)
-        if path:
-            xdist_lanes.write_slow_ids(path, items)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:
-    """xdist controller, for each worker it starts: whether the run distributes by group, and
-    where to write its slow test ids (the lanes)."""
+    """xdist controller, for each worker it starts: whether the run distributes by group."""
     node.workerinput[_LOADGROUP_KEY] = node.config.option.dist == "loadgroup"
-    if _SLOW_IDS in node.config.stash:
-        node.workerinput[xdist_lanes.SLOW_IDS_KEY] = node.config.stash[_SLOW_IDS]
-
-
-@pytest.hookimpl(tryfirst=True, optionalhook=True)
-def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """xdist controller: loadgroup, in two lanes (tests/xdist_lanes.py)."""
-    if _SLOW_IDS not in config.stash:
-        return None
-    return xdist_lanes.make_scheduler(config, log, config.stash[_SLOW_IDS])
-
-
-def pytest_unconfigure(config: pytest.Config) -> None:
-    if _SLOW_IDS in config.stash:
-        xdist_lanes.remove_slow_ids_file(config.stash[_SLOW_IDS])
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)

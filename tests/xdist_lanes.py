@@ -18,6 +18,9 @@ The controller learns which test ids are slow from the workers (it collects noth
 each worker writes them, after xdist's group tagging, to a file the controller named in the
 worker's input (:func:`write_slow_ids`), and the scheduler reads it once every worker's
 collection is in (xdist checks that all collected the same tests).
+
+A pytest plugin (tests/conftest.py loads it; ``-p xdist_lanes`` elsewhere): it acts only under
+``--dist loadgroup``, which a parallel run of this suite uses.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ import pytest
 
 #: workerinput key: the file the workers write the slow test ids to.
 SLOW_IDS_KEY = "zeroth_pg_slow_ids"
+#: Controller: that file's name.
+_SLOW_IDS = pytest.StashKey[str]()
 
 #: The busy lane's niceness (its processes and its test server's): CFS gives a nice-0 process
 #: about three times the CPU of a nice-5 one when both want it.
@@ -74,6 +79,45 @@ def enter_lane(worker_id: str) -> None:
     if not is_slow_lane(worker_id):
         with contextlib.suppress(OSError):
             os.nice(BUSY_LANE_NICENESS)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config: pytest.Config) -> None:
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:
+        if workerinput.get(SLOW_IDS_KEY):
+            enter_lane(str(workerinput.get("workerid", "")))
+    elif getattr(config.option, "dist", "no") == "loadgroup":
+        config.stash[_SLOW_IDS] = slow_ids_file()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """Controller, for each worker it starts: where to write its slow test ids."""
+    if _SLOW_IDS in node.config.stash:
+        node.workerinput[SLOW_IDS_KEY] = node.config.stash[_SLOW_IDS]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Worker: the slow ids, written before xdist reports the collection (after which the
+    controller may schedule) and after every modifyitems hook (xdist's group tags)."""
+    path = getattr(session.config, "workerinput", {}).get(SLOW_IDS_KEY)
+    if path:
+        write_slow_ids(path, session.items)
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Controller: loadgroup, in two lanes."""
+    if _SLOW_IDS not in config.stash:
+        return None
+    return make_scheduler(config, log, config.stash[_SLOW_IDS])
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _SLOW_IDS in config.stash:
+        remove_slow_ids_file(config.stash[_SLOW_IDS])
 
 
 def make_scheduler(config: pytest.Config, log: Any, path: str) -> Any:
