@@ -111,9 +111,10 @@ class ClaimLoop:
             except asyncio.CancelledError:
                 raise
             except Exception:
-                log.exception("orphan sweep failed; claiming goes on")
+                delay = pacer.sweep_failed(time.monotonic(), settings.orphan_sweep_interval)
+                log.exception("orphan sweep failed; claiming goes on, sweeping again in %.2f s",
+                              delay)
                 self._worker_error("sweep")
-                pacer.sweep_failed(time.monotonic(), settings.orphan_sweep_interval)
         free = self.runs.free()
         if free <= 0 or self._stopping():
             pacer.answered()
