@@ -43,6 +43,7 @@ from zeroth_pg.metrics import WorkerMetrics
 from zeroth_pg.notify import WAKEUP_CHANNEL, Notifier
 from zeroth_pg.testing import libpq_dsn
 from zeroth_pg.worker import RunContext, RunWorker
+from zeroth_pg.worker._gate import GateState
 
 DEPLOYMENT = "hung-server"
 TENANT = "t"
@@ -466,6 +467,53 @@ class TestAListenerWhoseServerHangs:
             finally:
                 await asyncio.wait_for(worker.graceful_shutdown(), timeout=120)
                 worker_pool.terminate()
+
+
+    async def test_claims_go_on_when_the_listener_hangs_after_the_gate_was_taken(
+            self, database_dsn: str, pg_server_dsn: str, pool: asyncpg.Pool) -> None:
+        """The wakeup gate's calls (announce_busy / announce_idle) run on the LISTEN connection
+        and the claim loop made them between passes: a listener whose host froze after the
+        worker took the gate held the claim loop for the Notifier's whole ping bound (5 s; here
+        an hour, so only the claim loop's own bound can let it go on). The claim loop waits for
+        the gate a moment at most; the call goes on in the background, bounded by the
+        Notifier as before."""
+        lm = LeaseManager(pool)
+
+        async def handler(ctx: RunContext) -> dict[str, Any]:
+            return {"n": ctx.payload["n"]}
+
+        with _two_poolers(database_dsn, pg_server_dsn) as (dsn, first_pid):
+            # The worker's pool reaches the server; its listener the first host only. A fleet
+            # worker (no completion carries the next claim), one run at a time: every run
+            # needs a claim pass of its own, and each pass lets the gate go (announce_busy).
+            worker_pool = await zeroth_pg.create_pool(database_dsn, min_size=1, max_size=2)
+            worker = RunWorker(worker_pool, {DEPLOYMENT: handler}, dsn=_one_host(dsn, 0),
+                               max_concurrency=1, poll_interval=0.1, orphan_sweep_interval=0.5,
+                               shutdown_timeout=5.0)
+            await worker.start()
+            try:
+                notifier = worker.notifier
+                assert notifier is not None
+                await eventually(lambda: _holds_the_gate(worker), within=120,
+                                 what="the idle worker to hold its wakeup gate")
+                notifier.ping_timeout = 3600.0
+                with _frozen(first_pid):
+                    queued = [await lm.enqueue_run(DEPLOYMENT, {"n": n}, tenant_id=TENANT)
+                              for n in range(3)]
+                    # Before, the first pass's announce_busy waited on the frozen listener:
+                    # the first run completed, the others stayed pending until the guard.
+                    for run in queued:
+                        await eventually(lambda run=run: _completed(pool, run.run_id),
+                                         within=60, what="a run completed while the "
+                                         "listener's host is frozen")
+                    assert _stopped(first_pid)
+            finally:
+                await asyncio.wait_for(worker.graceful_shutdown(), timeout=120)
+                worker_pool.terminate()
+
+
+async def _holds_the_gate(worker: RunWorker) -> bool:
+    return worker._gate.state is GateState.IDLE
 
 
 #: Holds the claim of each run listed in hold_claim (until the test lets go of advisory lock 36):

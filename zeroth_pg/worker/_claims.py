@@ -66,8 +66,10 @@ class ClaimLoop:
         self._spawn = spawn
         self._stopping = stopping
         self._worker_error = worker_error
-        #: Set to claim now: a NOTIFY, a freed slot the pacer wants filled, a drain.
+        #: Set to claim now: a NOTIFY, a freed slot the pacer wants filled, a drain, a stripe of
+        #: the wakeup gate gained by a call that answered late (_gate).
         self.wake = asyncio.Event()
+        gate.wake = self.wake.set
 
     async def run(self) -> None:
         """Claim until stopping: orphans when a sweep is due, then pending runs in batches."""
