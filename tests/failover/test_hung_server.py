@@ -444,6 +444,50 @@ class TestAListenerWhoseServerHangs:
                 os.kill(first_pid, signal.SIGCONT)
                 await notifier.stop()
 
+    async def test_a_ping_that_times_out_drops_the_connection_and_sends_no_cancel(
+            self, database_dsn: str, pg_server_dsn: str, pool: asyncpg.Pool) -> None:
+        """A health ping with no answer in ``ping_timeout`` terminates the LISTEN connection and
+        the Notifier reconnects: no cancel request goes out, which asyncpg would send on a new
+        connection to the same hung server (a frozen host's kernel still completes that
+        connection: it waits in the listening socket's accept queue, where this test counts
+        it). The control at the end shows a cancel request does show there."""
+        with _two_poolers(database_dsn, pg_server_dsn) as (dsn, first_pid):
+            first_port = int(_one_host(dsn, 0).split("@", 1)[1].split("/")[0].split(":")[1])
+            connects = 0
+
+            async def connect(_dsn: str) -> asyncpg.Connection:
+                nonlocal connects
+                connects += 1
+                return await zeroth_pg.connect(_one_host(dsn, 0 if connects == 1 else 1))
+
+            heard: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+            notifier = Notifier(dsn, on_notification=lambda c, p: heard.put_nowait((c, p)),
+                                connect=connect, ping_interval=0.2, ping_timeout=0.5,
+                                reconnect_min=0.05)
+            control = await zeroth_pg.connect(_one_host(dsn, 0))
+            notifier.start()
+            try:
+                await asyncio.wait_for(notifier.connected.wait(), timeout=120)
+                assert notifier.connects == 1
+                with _frozen(first_pid):
+                    await eventually(lambda: _reconnected(notifier), within=120,
+                                     what="the listener to reconnect past the frozen host")
+                    assert _stopped(first_pid)
+                    assert _waiting_to_be_accepted(first_port) == 0  # no cancel request
+                    await pool.execute(f"NOTIFY {WAKEUP_CHANNEL}, 'after-the-ping'")
+                    assert await asyncio.wait_for(heard.get(), timeout=120) == (
+                        WAKEUP_CHANNEL, "after-the-ping")
+                    # The control: asyncpg's own timeout sends a cancel request, and the frozen
+                    # host's kernel queues its connection.
+                    with pytest.raises(TimeoutError):
+                        await control.fetchval("SELECT 1", timeout=0.2)
+                    await eventually(lambda: _queued(first_port), within=120,
+                                     what="the control's cancel request to be queued")
+                    control.terminate()
+            finally:
+                control.terminate()
+                await notifier.stop()
+
     async def test_the_worker_polls_on_while_its_listener_hangs(
             self, database_dsn: str, pg_server_dsn: str, pool: asyncpg.Pool) -> None:
         lm = LeaseManager(pool)
@@ -510,6 +554,26 @@ class TestAListenerWhoseServerHangs:
             finally:
                 await asyncio.wait_for(worker.graceful_shutdown(), timeout=120)
                 worker_pool.terminate()
+
+
+async def _reconnected(notifier: Notifier) -> bool:
+    return notifier.connects >= 2 and notifier.connected.is_set()
+
+
+def _waiting_to_be_accepted(port: int) -> int:
+    """Connections to 127.0.0.1:``port`` that the kernel completed and the listening process
+    has not accepted (the rx queue of a listening socket in /proc/net/tcp)."""
+    waiting = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, state, queues = fields[1], fields[3], fields[4]
+        if state == "0A" and int(local.split(":")[1], 16) == port:
+            waiting += int(queues.split(":")[1], 16)
+    return waiting
+
+
+async def _queued(port: int) -> bool:
+    return _waiting_to_be_accepted(port) > 0
 
 
 async def _holds_the_gate(worker: RunWorker) -> bool:
