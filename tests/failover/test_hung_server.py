@@ -444,13 +444,16 @@ class TestAListenerWhoseServerHangs:
                 os.kill(first_pid, signal.SIGCONT)
                 await notifier.stop()
 
-    async def test_a_ping_that_times_out_drops_the_connection_and_sends_no_cancel(
-            self, database_dsn: str, pg_server_dsn: str, pool: asyncpg.Pool) -> None:
-        """A health ping with no answer in ``ping_timeout`` terminates the LISTEN connection and
-        the Notifier reconnects: no cancel request goes out, which asyncpg would send on a new
-        connection to the same hung server (a frozen host's kernel still completes that
-        connection: it waits in the listening socket's accept queue, where this test counts
-        it). The control at the end shows a cancel request does show there."""
+    @pytest.mark.parametrize("cut", ["the health ping", "an owner's call"])
+    async def test_a_call_that_times_out_drops_the_connection_and_sends_no_cancel(
+            self, database_dsn: str, pg_server_dsn: str, pool: asyncpg.Pool, cut: str) -> None:
+        """A health ping, or an owner's call on the session (the wakeup gate's), with no answer
+        in ``ping_timeout`` terminates the LISTEN connection and the Notifier reconnects: no
+        cancel request goes out, which asyncpg would send on a new connection to the same hung
+        server (a frozen host's kernel still completes that connection: it waits in the
+        listening socket's accept queue, where this test counts it). The control at the end
+        shows a cancel request does show there."""
+        owners = cut == "an owner's call"
         with _two_poolers(database_dsn, pg_server_dsn) as (dsn, first_pid):
             first_port = int(_one_host(dsn, 0).split("@", 1)[1].split("/")[0].split(":")[1])
             connects = 0
@@ -462,14 +465,17 @@ class TestAListenerWhoseServerHangs:
 
             heard: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
             notifier = Notifier(dsn, on_notification=lambda c, p: heard.put_nowait((c, p)),
-                                connect=connect, ping_interval=0.2, ping_timeout=0.5,
-                                reconnect_min=0.05)
+                                connect=connect, ping_interval=600.0 if owners else 0.2,
+                                ping_timeout=0.5, reconnect_min=0.05)
             control = await zeroth_pg.connect(_one_host(dsn, 0))
             notifier.start()
             try:
                 await asyncio.wait_for(notifier.connected.wait(), timeout=120)
                 assert notifier.connects == 1
                 with _frozen(first_pid):
+                    if owners:  # no ping comes before this call's bound
+                        with pytest.raises(TimeoutError):
+                            await notifier.on_session(lambda conn: conn.fetchval("SELECT 1"))
                     await eventually(lambda: _reconnected(notifier), within=120,
                                      what="the listener to reconnect past the frozen host")
                     assert _stopped(first_pid)
