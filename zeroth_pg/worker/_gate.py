@@ -188,11 +188,14 @@ class WakeupGate:
         """The last claim filled every free slot, or no slot is free: let go, writers stop
         notifying."""
         self._empty_looks = None
-        if self._notifier is None:
-            self.held, self.state = self._nothing(), GateState.BUSY
-            return
         if self._calling():
-            self._let_go_after = True  # made when the call that is out ends (_ended)
+            # Made when the call that is out ends (_ended): it may be an idle() that is taking
+            # stripes right now.
+            self._let_go_after = True
+            return
+        if self._notifier is None or not any(self.held):
+            # Nothing to let go (every pass while work flows comes here): no task, no wait.
+            self.held, self.state = self._nothing(), GateState.BUSY
             return
         await self._bounded(self._let_go())
 
