@@ -41,6 +41,7 @@ class _LateEndProxy:
     def __init__(self, target: dict[str, Any]) -> None:
         self._target = target
         self.server_ended = asyncio.Event()
+        self.server_ends = 0
         self._ends = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._writers: list[asyncio.StreamWriter] = []
@@ -71,6 +72,7 @@ class _LateEndProxy:
                     dst.write(data)
                     await dst.drain()
             if from_server:
+                self.server_ends += 1
                 self.server_ended.set()
                 await self._ends.wait()
             dst.close()
@@ -140,3 +142,32 @@ def _set(event: asyncio.Event) -> Any:
     async def check() -> bool:
         return event.is_set()
     return check
+
+
+async def test_a_call_goes_past_every_connection_a_switchover_ended(
+        database_dsn: str, pool: asyncpg.Pool) -> None:
+    """A switchover's shutdown ends every idle connection of the pool at once: the call is
+    refused on each that the pool hands out, and made on the one opened afresh."""
+    async with _late_end_proxy(database_dsn) as (proxy_dsn, proxy):
+        worker_pool = await zeroth_pg.create_pool(proxy_dsn, min_size=3, max_size=3)
+        try:
+            lm = LeaseManager(worker_pool, call_timeout=60.0)
+            held = [await worker_pool.acquire() for _ in range(3)]
+            backends = [await conn.fetchval("SELECT pg_backend_pid()") for conn in held]
+            for conn in held:
+                await worker_pool.release(conn)
+            assert await pool.fetchval(
+                "SELECT bool_and(pg_terminate_backend(pid)) FROM unnest($1::int[]) AS pid",
+                backends)
+            await eventually(lambda: _ended(proxy, 3), within=120,
+                             what="the server to end every pooled connection")
+            await asyncio.sleep(0.1)  # a turn of the event loop reads each FATAL
+            await lm.enqueue_run(DEPLOYMENT, {"n": 1})
+            assert await _runs(pool) == 1
+        finally:
+            proxy.let_end()
+            worker_pool.terminate()
+
+
+async def _ended(proxy: _LateEndProxy, count: int) -> bool:
+    return proxy.server_ends >= count
