@@ -22,12 +22,25 @@ completion is not reported as landed (a repeat is refused by the fence if the fi
 and runs a timed-out claim may have leased are recovered by the orphan sweep once their lease
 runs out. A cancellation from outside (a renewal's own deadline) is asyncpg's to handle, as
 without the bound.
+
+A call that asyncpg refuses before it writes anything — ``InternalClientError: cannot switch to
+state 12; another operation (2) is in progress`` — is made again on another connection, within
+the same bound. That is a connection the server ended while it sat idle (a switchover's fast
+shutdown, ``pg_terminate_backend``): asyncpg read the server's FATAL with no query out, put the
+protocol in its "error consume" state (2), and marks the connection closed only when it reads
+the end of the stream, a turn of the event loop or more later. Nothing of the call reached a
+server (asyncpg sets its state before it writes), so the repeat is safe for every call; the
+refused connection is terminated, and the pool opens a new one through the DSN
+(tests/failover/test_terminated_connection.py). Before, the call failed as a lost connection (a
+claim pass, a sweep or a completion batch logged as failed at a Patroni switchover) and the
+release's reset, failing on that connection, expired every connection of the pool.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -45,6 +58,14 @@ T = TypeVar("T")
 #: The least time a connection's reset gets when it goes back to the pool (asyncpg terminates a
 #: connection whose reset does not answer in time).
 _RESET_BOUND_S = 1.0
+
+#: asyncpg's refusal of a statement on a connection whose protocol is not idle, raised before it
+#: writes anything (``CoreProtocol._set_state``): the module docstring.
+_REFUSED_UNSENT = re.compile(r"cannot switch to state \d+; ")
+
+
+class _RefusedUnsent(Exception):
+    """The call was refused by asyncpg before anything was written; its connection is gone."""
 
 
 async def pooled_call(pool: asyncpg.Pool, seconds: float | None,
@@ -68,6 +89,26 @@ async def pooled_call(pool: asyncpg.Pool, seconds: float | None,
     shield around every call cost the worker's hot path a measurable share of its CPU."""
     loop = asyncio.get_running_loop()
     deadline = None if seconds is None else loop.time() + seconds
+    # A pool of n connections can hand out at most n that the server ended: the n + 1st try is
+    # on a connection opened afresh.
+    refusal: BaseException | None = None
+    for _ in range(pool.get_max_size() + 1):
+        try:
+            return await _one_try(pool, deadline, seconds, call, what, leaves_session_state)
+        except _RefusedUnsent as refused:
+            refusal = refused.__cause__
+            log.info("%s: its connection had been ended by the server (%s); made again on "
+                     "another connection", what(), refusal)
+    raise ConnectionLostError(f"{what()}: every connection of the pool had been ended by the "
+                              f"server ({refusal})") from refusal
+
+
+async def _one_try(pool: asyncpg.Pool, deadline: float | None, seconds: float | None,
+                   call: Callable[[asyncpg.Connection], Awaitable[T]],
+                   what: Callable[[], str], leaves_session_state: bool) -> T:
+    """One acquire and one call: :func:`pooled_call` without the repeat of a call that asyncpg
+    refused unsent (raised as _RefusedUnsent, its connection terminated)."""
+    loop = asyncio.get_running_loop()
     try:
         if deadline is None:
             conn = await pool.acquire()
@@ -91,6 +132,10 @@ async def pooled_call(pool: asyncpg.Pool, seconds: float | None,
     except Exception as exc:
         if not cut.done:
             _raise_if_cache_lost(conn, exc, what)
+            if (isinstance(exc, asyncpg.InternalClientError)
+                    and _REFUSED_UNSENT.match(str(exc)) is not None):
+                conn.terminate()
+                raise _RefusedUnsent() from exc
             # Refused by the server: its statement, rolled back, left nothing behind.
             as_found = isinstance(exc, asyncpg.PostgresError) and not leaves_session_state
             raise

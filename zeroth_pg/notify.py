@@ -33,6 +33,11 @@ frozen by SIGSTOP, a paused VM, a partition that drops packets: its TCP connecti
 would otherwise hold the reconnect for ever, and the listener would never reach the promoted
 node. A set-up statement past its bound has its connection terminated (no cancel request: it
 would go to the same hung server) and the Notifier reconnects with its backoff (issue 35).
+A health ping or an owner's call (:meth:`Notifier.on_session`) past the same bound is cut by a
+cancellation, then its connection terminated at once: asyncpg schedules its cancel request in a
+task of its own when the query is cancelled, and the terminate cancels that task before it
+starts, so no cancel request goes to the hung server either (tests/failover/test_hung_server.py
+counts the connections a frozen host's kernel queues).
 """
 
 from __future__ import annotations

@@ -43,6 +43,7 @@ from zeroth_pg.metrics import WorkerMetrics
 from zeroth_pg.notify import WAKEUP_CHANNEL, Notifier
 from zeroth_pg.testing import libpq_dsn
 from zeroth_pg.worker import RunContext, RunWorker
+from zeroth_pg.worker._gate import GateState
 
 DEPLOYMENT = "hung-server"
 TENANT = "t"
@@ -443,6 +444,56 @@ class TestAListenerWhoseServerHangs:
                 os.kill(first_pid, signal.SIGCONT)
                 await notifier.stop()
 
+    @pytest.mark.parametrize("cut", ["the health ping", "an owner's call"])
+    async def test_a_call_that_times_out_drops_the_connection_and_sends_no_cancel(
+            self, database_dsn: str, pg_server_dsn: str, pool: asyncpg.Pool, cut: str) -> None:
+        """A health ping, or an owner's call on the session (the wakeup gate's), with no answer
+        in ``ping_timeout`` terminates the LISTEN connection and the Notifier reconnects: no
+        cancel request goes out, which asyncpg would send on a new connection to the same hung
+        server (a frozen host's kernel still completes that connection: it waits in the
+        listening socket's accept queue, where this test counts it). The control at the end
+        shows a cancel request does show there."""
+        owners = cut == "an owner's call"
+        with _two_poolers(database_dsn, pg_server_dsn) as (dsn, first_pid):
+            first_port = int(_one_host(dsn, 0).split("@", 1)[1].split("/")[0].split(":")[1])
+            connects = 0
+
+            async def connect(_dsn: str) -> asyncpg.Connection:
+                nonlocal connects
+                connects += 1
+                return await zeroth_pg.connect(_one_host(dsn, 0 if connects == 1 else 1))
+
+            heard: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+            notifier = Notifier(dsn, on_notification=lambda c, p: heard.put_nowait((c, p)),
+                                connect=connect, ping_interval=600.0 if owners else 0.2,
+                                ping_timeout=0.5, reconnect_min=0.05)
+            control = await zeroth_pg.connect(_one_host(dsn, 0))
+            notifier.start()
+            try:
+                await asyncio.wait_for(notifier.connected.wait(), timeout=120)
+                assert notifier.connects == 1
+                with _frozen(first_pid):
+                    if owners:  # no ping comes before this call's bound
+                        with pytest.raises(TimeoutError):
+                            await notifier.on_session(lambda conn: conn.fetchval("SELECT 1"))
+                    await eventually(lambda: _reconnected(notifier), within=120,
+                                     what="the listener to reconnect past the frozen host")
+                    assert _stopped(first_pid)
+                    assert _waiting_to_be_accepted(first_port) == 0  # no cancel request
+                    await pool.execute(f"NOTIFY {WAKEUP_CHANNEL}, 'after-the-ping'")
+                    assert await asyncio.wait_for(heard.get(), timeout=120) == (
+                        WAKEUP_CHANNEL, "after-the-ping")
+                    # The control: asyncpg's own timeout sends a cancel request, and the frozen
+                    # host's kernel queues its connection.
+                    with pytest.raises(TimeoutError):
+                        await control.fetchval("SELECT 1", timeout=0.2)
+                    await eventually(lambda: _queued(first_port), within=120,
+                                     what="the control's cancel request to be queued")
+                    control.terminate()
+            finally:
+                control.terminate()
+                await notifier.stop()
+
     async def test_the_worker_polls_on_while_its_listener_hangs(
             self, database_dsn: str, pg_server_dsn: str, pool: asyncpg.Pool) -> None:
         lm = LeaseManager(pool)
@@ -466,6 +517,73 @@ class TestAListenerWhoseServerHangs:
             finally:
                 await asyncio.wait_for(worker.graceful_shutdown(), timeout=120)
                 worker_pool.terminate()
+
+
+    async def test_claims_go_on_when_the_listener_hangs_after_the_gate_was_taken(
+            self, database_dsn: str, pg_server_dsn: str, pool: asyncpg.Pool) -> None:
+        """The wakeup gate's calls (announce_busy / announce_idle) run on the LISTEN connection
+        and the claim loop made them between passes: a listener whose host froze after the
+        worker took the gate held the claim loop for the Notifier's whole ping bound (5 s; here
+        an hour, so only the claim loop's own bound can let it go on). The claim loop waits for
+        the gate a moment at most; the call goes on in the background, bounded by the
+        Notifier as before."""
+        lm = LeaseManager(pool)
+
+        async def handler(ctx: RunContext) -> dict[str, Any]:
+            return {"n": ctx.payload["n"]}
+
+        with _two_poolers(database_dsn, pg_server_dsn) as (dsn, first_pid):
+            # The worker's pool reaches the server; its listener the first host only. A fleet
+            # worker (no completion carries the next claim), one run at a time: every run
+            # needs a claim pass of its own, and each pass lets the gate go (announce_busy).
+            worker_pool = await zeroth_pg.create_pool(database_dsn, min_size=1, max_size=2)
+            worker = RunWorker(worker_pool, {DEPLOYMENT: handler}, dsn=_one_host(dsn, 0),
+                               max_concurrency=1, poll_interval=0.1, orphan_sweep_interval=0.5,
+                               shutdown_timeout=5.0)
+            await worker.start()
+            try:
+                notifier = worker.notifier
+                assert notifier is not None
+                await eventually(lambda: _holds_the_gate(worker), within=120,
+                                 what="the idle worker to hold its wakeup gate")
+                notifier.ping_timeout = 3600.0
+                with _frozen(first_pid):
+                    queued = [await lm.enqueue_run(DEPLOYMENT, {"n": n}, tenant_id=TENANT)
+                              for n in range(3)]
+                    # Before, the first pass's announce_busy waited on the frozen listener:
+                    # the first run completed, the others stayed pending until the guard.
+                    for run in queued:
+                        await eventually(lambda run=run: _completed(pool, run.run_id),
+                                         within=60, what="a run completed while the "
+                                         "listener's host is frozen")
+                    assert _stopped(first_pid)
+            finally:
+                await asyncio.wait_for(worker.graceful_shutdown(), timeout=120)
+                worker_pool.terminate()
+
+
+async def _reconnected(notifier: Notifier) -> bool:
+    return notifier.connects >= 2 and notifier.connected.is_set()
+
+
+def _waiting_to_be_accepted(port: int) -> int:
+    """Connections to 127.0.0.1:``port`` that the kernel completed and the listening process
+    has not accepted (the rx queue of a listening socket in /proc/net/tcp)."""
+    waiting = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, state, queues = fields[1], fields[3], fields[4]
+        if state == "0A" and int(local.split(":")[1], 16) == port:
+            waiting += int(queues.split(":")[1], 16)
+    return waiting
+
+
+async def _queued(port: int) -> bool:
+    return _waiting_to_be_accepted(port) > 0
+
+
+async def _holds_the_gate(worker: RunWorker) -> bool:
+    return worker._gate.state is GateState.IDLE
 
 
 #: Holds the claim of each run listed in hold_claim (until the test lets go of advisory lock 36):

@@ -22,6 +22,7 @@ from worker_probes import (
 )
 
 from zeroth_pg.client import LeaseManager
+from zeroth_pg.errors import ConnectionLostError
 from zeroth_pg.worker import RunContext
 
 spawn_worker = worker_probes.spawn_worker  # the fixture: workers drained at teardown
@@ -109,6 +110,51 @@ async def test_a_failing_orphan_sweep_does_not_stop_claiming(pool, spawn_worker)
     # Nothing else broke: no failed claim pass, no crashed and restarted loop.
     assert {k: v for k, v in after.items() if k != "sweep"} == {
         k: v for k, v in errors.items() if k != "sweep"}
+
+
+async def test_a_failed_orphan_sweep_is_retried_on_the_failure_backoff(pool, spawn_worker):
+    """After a failover the sweep is what re-leases the runs whose worker died with the old
+    primary: one that failed (its connection lost) is tried again on the claim pass's failure
+    backoff (50 ms doubling to 1 s), not an ``orphan_sweep_interval`` later (here an hour, and
+    the poll interval too: nothing else would sweep again within the test's deadline)."""
+    dep = unique_deployment("harden")
+    lm = LeaseManager(pool)
+    orphan = await lm.enqueue_run(dep, payload={"kind": "orphan"})
+    crashed = LeaseManager(pool, lease_duration_seconds=0.2)
+    claimed = await crashed.claim_and_start(dep, "crashed-worker")
+    assert [run.run_id for run in claimed.runs] == [orphan.run_id]
+
+    async def expired() -> bool:
+        return bool(await pool.fetchval(
+            "SELECT lease_expires_at < now() FROM zeroth.runs WHERE run_id = $1",
+            orphan.run_id))
+
+    await wait_until(expired, "the crashed worker's lease to lapse", within=10)
+
+    async def handler(ctx: RunContext) -> Any:
+        return {"recovered_at_attempt": ctx.attempt}
+
+    worker = await spawn_worker(dep, handler, dsn=None, orphan_sweep_interval=3600.0,
+                                poll_interval=3600.0, start=False)
+    lm_worker = worker.lease_manager
+    real = lm_worker.claim_orphaned_result
+    sweeps = 0
+
+    async def first_sweep_fails(*args: Any, **kwargs: Any) -> Any:
+        nonlocal sweeps
+        sweeps += 1
+        if sweeps == 1:
+            raise ConnectionLostError("injected: the first sweep's connection is lost")
+        return await real(*args, **kwargs)
+
+    lm_worker.claim_orphaned_result = first_sweep_fails  # type: ignore[method-assign]
+    errors = worker_errors(dep, "sweep")
+    await worker.start()
+    row = await wait_for_status(pool, orphan.run_id, "completed", within=20)
+
+    assert row["output"] == {"recovered_at_attempt": 2}
+    assert sweeps == 2  # the failed sweep, and its retry that recovered the orphan
+    assert worker_errors(dep, "sweep") == errors + 1
 
 
 async def test_a_worker_with_no_free_slot_still_ends_the_orphans_nobody_may_resume(

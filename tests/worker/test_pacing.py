@@ -179,11 +179,42 @@ class TestOrphanSweep:
         pacer.swept(100.0, SWEEP, more=False, held_until=101.0)
         assert pacer.next_sweep == pytest.approx(101.0)
 
-    def test_a_failed_sweep_waits_an_interval(self):
+    def test_a_failed_sweep_is_retried_on_the_failure_backoff_not_an_interval_later(self):
+        # After a failover the sweep is what re-leases the dead worker's runs first (issue 35).
         pacer = ClaimPacer()
-        pacer.sweep_failed(100.0, SWEEP)
-        assert not pacer.sweep_wanted(104.0)
-        assert pacer.sweep_wanted(105.0)
+        assert pacer.sweep_failed(100.0, SWEEP) == FAILED_RETRY_FIRST
+        assert not pacer.sweep_wanted(100.0)  # not in a loop: claiming goes on meanwhile
+        assert pacer.sweep_wanted(100.0 + FAILED_RETRY_FIRST)
+        assert pacer.sleep_for(100.0, 60.0) == pytest.approx(FAILED_RETRY_FIRST)  # woken for it
+
+    def test_failed_sweeps_in_a_row_double_the_wait_up_to_its_bound(self):
+        pacer = ClaimPacer()
+        waits = [pacer.sweep_failed(100.0 + n, SWEEP) for n in range(8)]
+        assert waits[:3] == pytest.approx([FAILED_RETRY_FIRST, 2 * FAILED_RETRY_FIRST,
+                                           4 * FAILED_RETRY_FIRST])
+        assert waits == sorted(waits)
+        assert waits[-1] == FAILED_RETRY_MAX
+
+    def test_a_failed_sweep_never_waits_longer_than_the_sweep_interval(self):
+        pacer = ClaimPacer()
+        for n in range(8):
+            assert pacer.sweep_failed(100.0 + n, 0.2) <= 0.2
+
+    def test_a_sweep_that_answers_starts_the_backoff_over(self):
+        pacer = ClaimPacer()
+        for n in range(5):
+            pacer.sweep_failed(100.0 + n, SWEEP)
+        pacer.swept(106.0, SWEEP, more=False, held_until=None)
+        assert not pacer.sweep_wanted(110.9)  # the interval again after a sweep that answered
+        assert pacer.sweep_failed(111.0, SWEEP) == FAILED_RETRY_FIRST
+
+    def test_a_failed_sweep_and_a_failed_pass_keep_their_own_backoffs(self):
+        pacer = ClaimPacer()
+        for n in range(4):
+            pacer.sweep_failed(100.0 + n, SWEEP)
+        assert pacer.pass_failed(104.0, 60.0) == FAILED_RETRY_FIRST
+        after_pass(pacer, limit=4, got=0, now=105.0)  # the claim answered; the sweep did not
+        assert pacer.sweep_failed(105.0, SWEEP) == pytest.approx(16 * FAILED_RETRY_FIRST)
 
     def test_without_room_the_end_only_sweep_runs_once_per_interval(self):
         pacer = swept(100.0)

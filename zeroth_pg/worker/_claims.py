@@ -66,8 +66,10 @@ class ClaimLoop:
         self._spawn = spawn
         self._stopping = stopping
         self._worker_error = worker_error
-        #: Set to claim now: a NOTIFY, a freed slot the pacer wants filled, a drain.
+        #: Set to claim now: a NOTIFY, a freed slot the pacer wants filled, a drain, a stripe of
+        #: the wakeup gate gained by a call that answered late (_gate).
         self.wake = asyncio.Event()
+        gate.wake = self.wake.set
 
     async def run(self) -> None:
         """Claim until stopping: orphans when a sweep is due, then pending runs in batches."""
@@ -111,9 +113,10 @@ class ClaimLoop:
             except asyncio.CancelledError:
                 raise
             except Exception:
-                log.exception("orphan sweep failed; claiming goes on")
+                delay = pacer.sweep_failed(time.monotonic(), settings.orphan_sweep_interval)
+                log.exception("orphan sweep failed; claiming goes on, sweeping again in %.2f s",
+                              delay)
                 self._worker_error("sweep")
-                pacer.sweep_failed(time.monotonic(), settings.orphan_sweep_interval)
         free = self.runs.free()
         if free <= 0 or self._stopping():
             pacer.answered()

@@ -30,14 +30,24 @@ notify, and its run is committed and visible by then. The locks live on the LIST
 as ``BUSY``. Without a listener the gate is inert and the worker polls on ``poll_interval``, as
 before. Nothing may be written on the LISTEN session: a session's own gate locks never stop its
 own writes, so such a write would never notify.
+
+NOTIFY is a hint, so the claim loop never waits on the listener for long: each gate call runs in
+a task of its own, and the loop waits for it ``LISTENER_WAIT`` at most. A call that takes longer
+(a listener whose server hangs: the Notifier's bound on it is its ping bound, 5 s) goes on in
+the background while the loop claims on; one call is out at a time (a look meanwhile asks for
+nothing, and a let-go meanwhile is made when the call ends), and a late ``idle`` that gained a
+stripe wakes the loop (``wake``) for the look it would have made at once. Before, a listener
+whose host froze after the worker took the gate held the claim loop for that whole bound.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import enum
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -64,6 +74,9 @@ LINGER_LOOKS = 3
 #: A waiting worker that holds every stripe asks again this often: the gate's keys come from the
 #: notification secret, and after a rotation the stripes it holds are no gate any more.
 REFRESH = 5.0
+#: The longest the claim loop waits for a gate call on the LISTEN connection (a healthy one
+#: answers in about a millisecond); a slower one goes on in the background (module docstring).
+LISTENER_WAIT = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +122,14 @@ class WakeupGate:
         self._retry = FIRST_RETRY
         self._asked = 0.0
         self._empty_looks: int | None = None  # counting while work flows; None: not flowing
+        #: The gate call on the LISTEN connection that is out, if any (one at a time).
+        self._out: asyncio.Task[bool] | None = None
+        #: The out call outlived LISTENER_WAIT: its answer is the background's.
+        self._late = False
+        #: A let-go asked for while a call was out: made when that call ends.
+        self._let_go_after = False
+        #: Called when a late idle() gained a stripe: claim once more (the claim loop's wakeup).
+        self.wake: Callable[[], None] | None = None
 
     def connected(self, notifier: Notifier) -> None:
         """A (re)connected LISTEN session: whatever the old one held went with it."""
@@ -118,6 +139,7 @@ class WakeupGate:
         self.state = GateState.BUSY
         self._retry = FIRST_RETRY
         self._empty_looks = None
+        self._let_go_after = False
 
     async def idle(self) -> bool:
         """The last claim found nothing: after ``LINGER_LOOKS`` such looks in a row while work
@@ -131,10 +153,14 @@ class WakeupGate:
                 return False  # look again in LINGER (poll_in)
             self._empty_looks = None
         notifier, session = self._notifier, self._session
-        if notifier is None or session is None or (
+        if notifier is None or session is None or self._calling() or (
                 self.state is GateState.IDLE and time.monotonic() < self._asked + REFRESH):
             return False
         self._asked = time.monotonic()
+        return await self._bounded(self._ask(notifier, session))
+
+    async def _ask(self, notifier: Notifier, session: int) -> bool:
+        """idle()'s call: ask for the missing stripes; True when one was gained."""
         gained = False
         for index, target in enumerate(self._targets):
             if len(self.held[index]) == WAKEUP_STRIPES and self.state is not GateState.IDLE:
@@ -161,12 +187,25 @@ class WakeupGate:
     async def busy(self) -> None:
         """The last claim filled every free slot, or no slot is free: let go, writers stop
         notifying."""
+        self._empty_looks = None
+        if self._calling():
+            # Made when the call that is out ends (_ended): it may be an idle() that is taking
+            # stripes right now.
+            self._let_go_after = True
+            return
+        if self._notifier is None or not any(self.held):
+            # Nothing to let go (every pass while work flows comes here): no task, no wait.
+            self.held, self.state = self._nothing(), GateState.BUSY
+            return
+        await self._bounded(self._let_go())
+
+    async def _let_go(self) -> bool:
+        """busy()'s call: let go of every stripe held."""
         notifier, session, held = self._notifier, self._session, self.held
         self.held = self._nothing()
         self.state = GateState.BUSY
-        self._empty_looks = None
         if notifier is None:
-            return
+            return False
         for index, target in enumerate(self._targets):
             if not held[index]:
                 continue
@@ -180,6 +219,47 @@ class WakeupGate:
                 log.debug("announce_busy failed (%s: %s)", type(exc).__name__, exc)
                 if session == self._session:
                     self.held = (*self.held[:index], held[index], *self.held[index + 1:])
+        return False
+
+    # -- one call on the LISTEN connection at a time, waited for LISTENER_WAIT at most --------
+
+    def _calling(self) -> bool:
+        return self._out is not None and not self._out.done()
+
+    async def _bounded(self, call: Coroutine[Any, Any, bool]) -> bool:
+        """Run ``call`` in a task of its own and wait for it ``LISTENER_WAIT`` at most: its
+        answer, or False when it is still out (it goes on; :meth:`_ended` takes its answer)."""
+        task = asyncio.get_running_loop().create_task(call)
+        self._out, self._late = task, False
+        task.add_done_callback(self._ended)
+        done, _ = await asyncio.wait({task}, timeout=LISTENER_WAIT)
+        if task in done:
+            return task.result()
+        self._late = True
+        log.debug("a wakeup gate call on the LISTEN connection is slow; claiming goes on")
+        return False
+
+    def _ended(self, task: asyncio.Task[bool]) -> None:
+        if task is not self._out:
+            return
+        self._out = None
+        gained = not task.cancelled() and task.exception() is None and task.result()
+        if self._late and gained and self.wake is not None:
+            self.wake()  # the look idle() would have asked for at once
+        if self._let_go_after and not task.cancelled():
+            self._let_go_after = False
+            if any(self.held):
+                late = asyncio.get_running_loop().create_task(self._let_go())
+                self._out, self._late = late, True
+                late.add_done_callback(self._ended)
+
+    async def stop(self) -> None:
+        """Cancel the call that is out (the worker stops listening)."""
+        task, self._out = self._out, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     async def flowing(self) -> None:
         """The last claim found work and left room for more: let go (writers stop notifying)

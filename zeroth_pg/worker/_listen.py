@@ -61,7 +61,8 @@ class Listener:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         if self.notifier is not None:
-            await self.notifier.stop()
+            await self.notifier.stop()  # a gate call that is out ends with its connection
+        await self._gate.stop()
 
     def on_listen(self) -> None:
         """After every LISTEN (re)connect: look for work, renew, and fetch the keys again."""

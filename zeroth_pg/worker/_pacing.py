@@ -69,16 +69,25 @@ class ClaimPacer:
     #: answered.
     failed_retry_at: float | None = None
     failed_retry_delay: float = FAILED_RETRY_FIRST
+    #: The wait after the next failed sweep in a row (FAILED_RETRY_FIRST doubling up to
+    #: FAILED_RETRY_MAX); back to the first after a sweep that answered.
+    sweep_retry_delay: float = FAILED_RETRY_FIRST
 
     # -- the orphan sweep ------------------------------------------------------------------------
 
     def sweep_wanted(self, now: float) -> bool:
         return self.sweep_due or now >= self.next_sweep
 
-    def sweep_failed(self, now: float, interval: float) -> None:
-        """A broken sweep must not stop claiming: the next one is due in the interval."""
+    def sweep_failed(self, now: float, interval: float) -> float:
+        """A broken sweep must not stop claiming, nor wait a whole interval: after a failover
+        the sweep is what re-leases the runs whose worker died with the old primary, so it is
+        tried again on the failed pass's backoff (FAILED_RETRY_FIRST doubling with each failure
+        in a row, never longer than FAILED_RETRY_MAX or ``interval``). The wait is returned."""
+        delay = min(self.sweep_retry_delay, FAILED_RETRY_MAX, interval)
         self.sweep_due = False
-        self.next_sweep = now + interval
+        self.next_sweep = now + delay
+        self.sweep_retry_delay = min(FAILED_RETRY_MAX, delay * 2)
+        return delay
 
     def sweep_without_room(self, now: float, interval: float) -> bool:
         """No slot to re-lease orphans into: the sweep is retried as soon as a slot frees. True
@@ -93,6 +102,7 @@ class ClaimPacer:
         """After a sweep: ``more`` orphans are likely (look again at once); ``held_until``: a rate
         limit held some back until then (sweep again then, not a whole interval later)."""
         self.sweep_due = more
+        self.sweep_retry_delay = FAILED_RETRY_FIRST
         self.next_sweep = min(now + interval, held_until if held_until is not None
                               else float("inf"))
 
