@@ -75,8 +75,8 @@ class Side:
         self.lm = LeaseManager(self.worker, lease_duration_seconds=30.0)
         total = 2 * args.cycles * args.batch * args.rounds
         for start in range(0, total, 1000):
-            await self.lm.enqueue_runs(DEPLOYMENT, [{"payload": {"n": n}}
-                                                    for n in range(start, min(total, start + 1000))])
+            numbers = range(start, min(total, start + 1000))
+            await self.lm.enqueue_runs(DEPLOYMENT, [{"payload": {"n": n}} for n in numbers])
         self.pid = await self.worker.fetchval("SELECT pg_backend_pid()")
         claim = await self.lm.claim_and_start(DEPLOYMENT, "w", batch_size=args.batch)
         self.held = [(run.run_id, run.lease_generation) for run in claim.runs]
@@ -122,9 +122,9 @@ async def run(args: argparse.Namespace) -> None:
                         await side.admin.execute("SELECT pg_stat_statements_reset()")
                 perf = None
                 if args.perf and round_no == args.rounds:
-                    perf = subprocess.Popen(["perf", "record", "-q", "-F", "1000", "--call-graph",
-                                             "dwarf,16384", "-o", args.perf, "-p",
-                                             str(sides[-1].pid)])
+                    perf = await asyncio.create_subprocess_exec(
+                        "perf", "record", "-q", "-F", "1000", "--call-graph", "dwarf,16384",
+                        "-o", args.perf, "-p", str(sides[-1].pid))
                     await asyncio.sleep(0.5)
                 t0 = time.perf_counter()
                 # With --against: one cycle of each in turn, so that whatever else the machine
@@ -135,7 +135,7 @@ async def run(args: argparse.Namespace) -> None:
                 wall = time.perf_counter() - t0
                 if perf is not None:
                     perf.send_signal(2)
-                    perf.wait()
+                    await perf.wait()
                 for side in sides:
                     rows = [] if args.plain else await side.admin.fetch(STATEMENTS)
                     nested = [r for r in rows if not r["toplevel"]]
