@@ -29,13 +29,17 @@ DECLARE
     v_wskey  text := zeroth._workspace_key(complete_runs.workspace_id);
     v_lock   record;
 BEGIN
-    PERFORM zeroth._require_identifier(complete_runs.worker_id, 'worker_id');
-    PERFORM zeroth._require_lease_batch(complete_runs.run_ids, complete_runs.generations);
-    PERFORM zeroth._require(complete_runs.outputs IS NULL
+    -- The argument checks in one statement, in order (the first that fails raises): every
+    -- worker cycle runs them (complete_and_claim), and each PERFORM is a statement of its own
+    -- (issue 30, sixth session: four statements were three more than the checks need).
+    PERFORM zeroth._require_identifier(complete_runs.worker_id, 'worker_id'),
+            zeroth._require_lease_batch(complete_runs.run_ids, complete_runs.generations),
+            zeroth._require(complete_runs.outputs IS NULL
                             OR cardinality(complete_runs.outputs) = cardinality(complete_runs.run_ids),
-                            'outputs must be NULL or as long as run_ids');
-    -- outputs[i] pairs with run_ids[i] by subscript: '[0:1]={…}' would shift every output by one.
-    PERFORM zeroth._require(coalesce(array_ndims(complete_runs.outputs), 1) = 1
+                            'outputs must be NULL or as long as run_ids'),
+            -- outputs[i] pairs with run_ids[i] by subscript: '[0:1]={…}' would shift every
+            -- output by one.
+            zeroth._require(coalesce(array_ndims(complete_runs.outputs), 1) = 1
                             AND coalesce(array_lower(complete_runs.outputs, 1), 1) = 1,
                             'outputs must be a one-dimensional array indexed from 1');
 

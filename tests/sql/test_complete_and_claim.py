@@ -115,6 +115,33 @@ class TestErrorsLeaveBothUndone:
         assert raised.value.sqlstate == "ZP008"
         assert await table_state(conn) == before
 
+    # The argument checks of complete_runs and of the claim are one statement each (issue 30,
+    # sixth session): still in their order, the first that fails is the one reported.
+    @pytest.mark.parametrize(("change", "message"), [
+        ({"worker_id": "", "generations": 2}, "worker_id must be"),
+        ({"generations": 2, "outputs": 3}, "run_ids and generations must be arrays"),
+        ({"outputs": 3, "batch_size": 0}, "outputs must be NULL or as long"),
+        ({"deployment_ref": "", "batch_size": 0}, "deployment_ref must be"),
+        ({"batch_size": 0, "max_concurrency": 0}, "batch_size must be between"),
+    ])
+    async def test_the_first_failing_check_is_reported(self, conn, change, message):
+        done = await make_run(conn, "running")
+        await enqueue(conn)
+        before = await table_state(conn)
+
+        with pytest.raises(asyncpg.PostgresError, match=message) as raised:
+            async with conn.transaction():
+                await conn.fetch(
+                    COMPLETE_AND_CLAIM, change.get("deployment_ref", DEPLOYMENT),
+                    change.get("worker_id", WORKER), [done.run_id],
+                    [done.generation] * change.get("generations", 1),
+                    ["{}"] * change["outputs"] if "outputs" in change else None,
+                    None, change.get("max_concurrency"), change.get("batch_size", 1), LEASE,
+                    at(1))
+
+        assert raised.value.sqlstate == "ZP008"
+        assert await table_state(conn) == before
+
     async def test_a_scope_that_names_no_run_is_refused(self, conn):
         with pytest.raises(asyncpg.PostgresError) as raised:
             await conn.fetch(

@@ -114,7 +114,7 @@ BEGIN
     -- since the epoch; scope: zeroth._claim_floor_scope, as 64 scopes share a setting). Anything
     -- else, another scope's floor or a client's own value too, is no floor: a time of more than 17
     -- digits (beyond about 3,100 years from 1970, where a time before 4713 BC would fail every
-    -- claim of the session with 'timestamp out of range'; _keep_claim_floor writes none there),
+    -- claim of the session with 'timestamp out of range'; _set_claim_floor writes none there),
     -- a bound outside what zeroth._claim_floor_bound gives (1 to 60 s: a longer one would hide
     -- runs longer than the documented 60 s).
     -- Split and checked field by field: one anchored pattern over the whole value, with its
@@ -191,45 +191,34 @@ REVOKE ALL ON FUNCTION zeroth._claim_floor_time(bigint) FROM PUBLIC;
 -- Keeps a claim floor for this session (until the end of the session, or the rollback of the
 -- transaction): the position (priority, run_after, created_at, run_id) of the first run a claim
 -- locked, or after a full scan that found nothing (priority, at, at, nil); full_at: when the
--- session last scanned the scope from its head; bound_ms: how long until it must again.
-CREATE OR REPLACE FUNCTION zeroth._keep_claim_floor(
+-- session last scanned the scope from its head; bound_ms: how long until it must again. A
+-- position no floor can hold (an infinite or far-off time: zeroth._claim_floor_us NULL) keeps
+-- none (''), and the next claim reads from the head. Returns the value kept.
+-- One expression (LANGUAGE sql, inlined): its callers assign it (v := …), which PL/pgSQL
+-- evaluates without a statement of its own; the PL/pgSQL function it replaces
+-- (_keep_claim_floor, void) cost every floored claim two statements, its PERFORM and its
+-- set_config (issue 30, sixth session).
+DROP FUNCTION IF EXISTS zeroth._keep_claim_floor(text, text, text, bigint[], integer, timestamptz, timestamptz, uuid, timestamptz, integer);
+CREATE OR REPLACE FUNCTION zeroth._set_claim_floor(
     tenant_id text, workspace_key text, deployment_ref text, serves bigint[], priority integer,
     run_after timestamptz, created_at timestamptz, run_id uuid, full_at timestamptz,
     bound_ms integer)
-    RETURNS void
-    LANGUAGE plpgsql VOLATILE AS $$
-BEGIN
-    -- A position no floor can hold (an infinite or far-off time: zeroth._claim_floor_us NULL):
-    -- keep none, the next claim reads from the head.
-    IF zeroth._claim_floor_us(_keep_claim_floor.run_after) IS NULL
-       OR zeroth._claim_floor_us(_keep_claim_floor.created_at) IS NULL
-       OR zeroth._claim_floor_us(_keep_claim_floor.full_at) IS NULL THEN
-        PERFORM set_config(
-            zeroth._claim_floor_setting(_keep_claim_floor.tenant_id,
-                                        _keep_claim_floor.workspace_key,
-                                        _keep_claim_floor.deployment_ref),
-            '', false);
-        RETURN;
-    END IF;
-    PERFORM set_config(
-        zeroth._claim_floor_setting(_keep_claim_floor.tenant_id, _keep_claim_floor.workspace_key,
-                                    _keep_claim_floor.deployment_ref),
-        concat_ws(' ', zeroth._claim_floor_serves(_keep_claim_floor.serves),
-                  _keep_claim_floor.priority,
-                  zeroth._claim_floor_us(_keep_claim_floor.run_after),
-                  zeroth._claim_floor_us(_keep_claim_floor.created_at),
-                  _keep_claim_floor.run_id,
-                  zeroth._claim_floor_us(_keep_claim_floor.full_at),
-                  _keep_claim_floor.bound_ms,
-                  zeroth._claim_floor_scope(_keep_claim_floor.tenant_id,
-                                            _keep_claim_floor.workspace_key,
-                                            _keep_claim_floor.deployment_ref)),
+    RETURNS text
+    LANGUAGE sql VOLATILE
+    RETURN set_config(
+        zeroth._claim_floor_setting(tenant_id, workspace_key, deployment_ref),
+        CASE WHEN zeroth._claim_floor_us(run_after) IS NULL
+                  OR zeroth._claim_floor_us(created_at) IS NULL
+                  OR zeroth._claim_floor_us(full_at) IS NULL
+             THEN ''
+             ELSE concat_ws(' ', zeroth._claim_floor_serves(serves), priority,
+                            zeroth._claim_floor_us(run_after), zeroth._claim_floor_us(created_at),
+                            run_id, zeroth._claim_floor_us(full_at), bound_ms,
+                            zeroth._claim_floor_scope(tenant_id, workspace_key, deployment_ref)) END,
         false);
-END
-$$;
-COMMENT ON FUNCTION zeroth._keep_claim_floor(text, text, text, bigint[], integer, timestamptz, timestamptz, uuid, timestamptz, integer) IS 'Internal: keep this session''s claim floor of a scope (a session setting, rolled back with the transaction): the claim-order position a claim''s scan starts at, when the session last scanned from the head and for how long that holds.';
-ALTER FUNCTION zeroth._keep_claim_floor(text, text, text, bigint[], integer, timestamptz, timestamptz, uuid, timestamptz, integer) OWNER TO zeroth_owner;
-REVOKE ALL ON FUNCTION zeroth._keep_claim_floor(text, text, text, bigint[], integer, timestamptz, timestamptz, uuid, timestamptz, integer) FROM PUBLIC;
+COMMENT ON FUNCTION zeroth._set_claim_floor(text, text, text, bigint[], integer, timestamptz, timestamptz, uuid, timestamptz, integer) IS 'Internal: keep this session''s claim floor of a scope (a session setting, rolled back with the transaction): the claim-order position a claim''s scan starts at, when the session last scanned from the head and for how long that holds; none ('''') for a position no floor can hold. Returns the value kept.';
+ALTER FUNCTION zeroth._set_claim_floor(text, text, text, bigint[], integer, timestamptz, timestamptz, uuid, timestamptz, integer) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._set_claim_floor(text, text, text, bigint[], integer, timestamptz, timestamptz, uuid, timestamptz, integer) FROM PUBLIC;
 
 -- How long a full scan that took `took` lets the session use its floor: 50 times as long (so the
 -- full scans cost at most 2% of a session's time), at least 1 s, at most 60 s (the bound a hidden
@@ -267,11 +256,13 @@ CREATE OR REPLACE FUNCTION zeroth._claim_floor_after_full_scan(
     run_id uuid, at timestamptz, wasted bigint, pages bigint, want integer, took interval)
     RETURNS void
     LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_kept text;  -- (assigned, not PERFORMed: an expression, no statement of its own)
 BEGIN
     IF coalesce(_claim_floor_after_full_scan.wasted, 0) > 100 + 2 * _claim_floor_after_full_scan.want
        OR coalesce(_claim_floor_after_full_scan.pages, 0)
           > 20 + _claim_floor_after_full_scan.want / 10 THEN
-        PERFORM zeroth._keep_claim_floor(
+        v_kept := zeroth._set_claim_floor(
             _claim_floor_after_full_scan.tenant_id, _claim_floor_after_full_scan.workspace_key,
             _claim_floor_after_full_scan.deployment_ref, _claim_floor_after_full_scan.serves,
             coalesce(_claim_floor_after_full_scan.priority,
@@ -282,7 +273,7 @@ BEGIN
             _claim_floor_after_full_scan.at,
             zeroth._claim_floor_bound(_claim_floor_after_full_scan.took));
     ELSIF _claim_floor_after_full_scan.kept_priority IS NOT NULL THEN
-        PERFORM set_config(zeroth._claim_floor_setting(_claim_floor_after_full_scan.tenant_id,
+        v_kept := set_config(zeroth._claim_floor_setting(_claim_floor_after_full_scan.tenant_id,
                                                        _claim_floor_after_full_scan.workspace_key,
                                                        _claim_floor_after_full_scan.deployment_ref),
                            '', false);

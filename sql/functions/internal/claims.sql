@@ -149,7 +149,7 @@ REVOKE ALL ON FUNCTION zeroth._lease_locked_runs(text, text, uuid[], tid[], inte
 -- DESC, run_after, created_at) from the session's claim floor (zeroth._claim_floor,
 -- internal/claim_floor.sql: the floor's level from the floor, the others from their heads, every
 -- level from its head once per bound), and the first run locked is the next floor
--- (zeroth._keep_claim_floor; issue 30). A locked run whose previous claim lapsed
+-- (zeroth._set_claim_floor; issue 30). A locked run whose previous claim lapsed
 -- before start_run with no attempt left after counting that one is not leased but dead-lettered
 -- (zeroth._take_over), and the claim locks more in its place: a payload that kills every
 -- two-step worker before it starts ends after max_attempts claims and never blocks the runs
@@ -195,6 +195,7 @@ DECLARE
     -- the claim floor (issue 30): where this claim reads from, the first run each pass locked,
     -- the first of all of them
     v_floor  record;
+    v_kept   text;  -- the floor's value as kept (zeroth._set_claim_floor)
     v_began  timestamptz;
     v_read   bigint;
     v_pages  bigint;
@@ -244,9 +245,10 @@ BEGIN
     -- floor's priority from their heads, the floor's level from the floor on (an exact start of
     -- the index scan: the dead entries before it are not read), the levels below from their
     -- heads; or, for a full scan, every level from its head.
-    SELECT * INTO v_floor
-      FROM zeroth._claim_floor(_claim_in_scope.tenant_id, _claim_in_scope.workspace_key,
-                               _claim_in_scope.deployment_ref, _claim_in_scope.serves, v_at);
+    -- (Assigned, not SELECTed INTO: PL/pgSQL evaluates a lone function call as an expression,
+    -- without a statement of its own; issue 30, sixth session.)
+    v_floor := zeroth._claim_floor(_claim_in_scope.tenant_id, _claim_in_scope.workspace_key,
+                                   _claim_in_scope.deployment_ref, _claim_in_scope.serves, v_at);
     IF v_floor.full_scan THEN
         v_began := clock_timestamp();
         v_read := zeroth._claim_index_entries_read();
@@ -409,7 +411,7 @@ BEGIN
             zeroth._claim_index_entries_read() - v_read - cardinality(v_ids) - cardinality(v_ended),
             zeroth._claim_index_pages_read() - v_pages, v_want, clock_timestamp() - v_began);
     ELSIF v_next_priority IS NOT NULL THEN
-        PERFORM zeroth._keep_claim_floor(
+        v_kept := zeroth._set_claim_floor(
             _claim_in_scope.tenant_id, _claim_in_scope.workspace_key, _claim_in_scope.deployment_ref,
             _claim_in_scope.serves, v_next_priority, v_next_run_after, v_next_created_at,
             v_next_run_id, v_floor.full_at, v_floor.bound_ms);
@@ -656,10 +658,12 @@ DECLARE
     v_paused boolean;
     v_rate   text;
 BEGIN
-    PERFORM zeroth._require_identifier(_claim_pending.deployment_ref, 'deployment_ref');
-    PERFORM zeroth._require_identifier(_claim_pending.worker_id, 'worker_id');
-    PERFORM zeroth._require(_claim_pending.batch_size BETWEEN 1 AND 1000, 'batch_size must be between 1 and 1000');
-    PERFORM zeroth._require(_claim_pending.max_concurrency IS NULL OR _claim_pending.max_concurrency >= 1,
+    -- One statement, the checks in order (the first that fails raises): each PERFORM is a
+    -- statement of its own, and every claim runs these (issue 30, sixth session).
+    PERFORM zeroth._require_identifier(_claim_pending.deployment_ref, 'deployment_ref'),
+            zeroth._require_identifier(_claim_pending.worker_id, 'worker_id'),
+            zeroth._require(_claim_pending.batch_size BETWEEN 1 AND 1000, 'batch_size must be between 1 and 1000'),
+            zeroth._require(_claim_pending.max_concurrency IS NULL OR _claim_pending.max_concurrency >= 1,
                             'max_concurrency must be NULL or at least 1');
     IF _claim_pending.max_concurrency IS NOT NULL AND v_tenant IS NULL THEN
         RAISE EXCEPTION 'distributed concurrency needs an exact scope: a workspace_id needs a tenant_id'

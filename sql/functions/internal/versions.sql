@@ -96,10 +96,14 @@ REVOKE ALL ON FUNCTION zeroth._code_version_id(text) FROM PUBLIC;
 -- The key of a code version a claim declares (checked first: ZP008), recording nothing: the
 -- claims record its text (zeroth._code_version_id) only once they leased a run, so a
 -- zeroth_worker that leases nothing cannot grow zeroth.code_versions (read by every tenant's
--- reader, never pruned) one row a call. NULL for NULL.
+-- reader, never pruned) one row a call. NULL for NULL, with no statement at all (every claim of
+-- an unversioned worker calls it; the check's PERFORM is one: issue 30, sixth session).
 CREATE OR REPLACE FUNCTION zeroth._declared_code_version(code_version text) RETURNS bigint
     LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
+    IF code_version IS NULL THEN
+        RETURN NULL;
+    END IF;
     PERFORM zeroth._check_code_version(code_version);
     RETURN zeroth._code_version_hash(code_version);
 END
