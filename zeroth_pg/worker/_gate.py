@@ -37,8 +37,9 @@ a task of its own, and the loop waits for it ``LISTENER_WAIT`` at most. A call t
 the background while the loop claims on; one call is out at a time (a look meanwhile asks for
 nothing but wakes the loop when the call ends, for the look it was refused; a let-go meanwhile is
 made when the call ends; of the two, the one asked for last wins), and a late ``idle`` that
-gained a stripe wakes the loop (``wake``) for the look it would have made at once. Before, a listener
-whose host froze after the worker took the gate held the claim loop for that whole bound.
+gained a stripe wakes the loop (``wake``) for the look it would have made at once. Before, a
+listener whose host froze after the worker took the gate held the claim loop for that whole
+bound.
 """
 
 from __future__ import annotations
