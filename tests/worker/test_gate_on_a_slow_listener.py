@@ -123,3 +123,52 @@ def _calling(gate: WakeupGate) -> bool:
 
 def _let_go(gate: WakeupGate) -> bool:
     return not gate._calling() and gate.held == ((),)
+
+
+async def test_a_look_asked_for_while_a_let_go_is_out_is_made_when_it_ends(
+        pool: asyncpg.Pool, notifier: Notifier) -> None:
+    # The loop let go (it was busy), the listener was slow to answer, and meanwhile the loop
+    # found nothing and wanted the gate: idle() asks for nothing while a call is out, and the
+    # let-go leaves the worker holding no stripe, so no writer notifies it. Unless the end of
+    # the let-go wakes the loop for that look, a run enqueued meanwhile waits a poll interval.
+    held = HeldCalls(LeaseManager(pool), unique_deployment("gate"))
+    gate = WakeupGate([held.target])
+    gate.connected(notifier)
+    woken: list[int] = []
+    gate.wake = lambda: woken.append(1)
+    held.go.set()
+    assert await _bounded(gate.idle()) is True  # every stripe, at once
+    assert gate.state is GateState.IDLE
+
+    held.go.clear()
+    await _bounded(gate.busy())  # the let-go is out
+    assert _calling(gate)
+    assert await _bounded(gate.idle()) is False  # the loop waits for work: nothing asked yet
+    assert held.calls == ["idle", "busy"]
+
+    held.go.set()
+    await wait_until(lambda: gate._out is None, "the let-go to end", within=60)
+    assert await _stripes_held(pool, notifier) == 0
+    # The look the loop wanted is asked for now (the loop is woken and asks for the gate).
+    assert woken == [1]
+    assert await _bounded(gate.idle()) is True
+    assert await _stripes_held(pool, notifier) == WAKEUP_STRIPES
+
+
+async def test_a_worker_that_waits_again_keeps_what_a_late_idle_gained(
+        pool: asyncpg.Pool, notifier: Notifier) -> None:
+    # busy() while an idle() call was out defers a let-go; if the loop then waits for work
+    # again (idle) before that call ends, the let-go is stale: making it would leave a waiting
+    # worker holding nothing (no writer notifies it; it sleeps a poll interval).
+    held = HeldCalls(LeaseManager(pool), unique_deployment("gate"))
+    gate = WakeupGate([held.target])
+    gate.connected(notifier)
+    gate.wake = lambda: None
+    assert await _bounded(gate.idle()) is False  # out
+    await _bounded(gate.busy())  # work came: a let-go is deferred
+    assert await _bounded(gate.idle()) is False  # nothing again: the worker waits for work
+    held.go.set()
+    await wait_until(lambda: gate._out is None, "the gate calls to end", within=60)
+    assert held.calls == ["idle"]
+    assert gate.state is GateState.IDLE
+    assert await _stripes_held(pool, notifier) == WAKEUP_STRIPES

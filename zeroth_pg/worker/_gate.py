@@ -35,9 +35,11 @@ NOTIFY is a hint, so the claim loop never waits on the listener for long: each g
 a task of its own, and the loop waits for it ``LISTENER_WAIT`` at most. A call that takes longer
 (a listener whose server hangs: the Notifier's bound on it is its ping bound, 5 s) goes on in
 the background while the loop claims on; one call is out at a time (a look meanwhile asks for
-nothing, and a let-go meanwhile is made when the call ends), and a late ``idle`` that gained a
-stripe wakes the loop (``wake``) for the look it would have made at once. Before, a listener
-whose host froze after the worker took the gate held the claim loop for that whole bound.
+nothing but wakes the loop when the call ends, for the look it was refused; a let-go meanwhile is
+made when the call ends; of the two, the one asked for last wins), and a late ``idle`` that
+gained a stripe wakes the loop (``wake``) for the look it would have made at once. Before, a
+listener whose host froze after the worker took the gate held the claim loop for that whole
+bound.
 """
 
 from __future__ import annotations
@@ -128,6 +130,9 @@ class WakeupGate:
         self._late = False
         #: A let-go asked for while a call was out: made when that call ends.
         self._let_go_after = False
+        #: A look (idle) asked for while a call was out: the loop is woken for it when that call
+        #: ends. The later of the two wishes wins: each clears the other.
+        self._look_after = False
         #: Called when a late idle() gained a stripe: claim once more (the claim loop's wakeup).
         self.wake: Callable[[], None] | None = None
 
@@ -139,7 +144,7 @@ class WakeupGate:
         self.state = GateState.BUSY
         self._retry = FIRST_RETRY
         self._empty_looks = None
-        self._let_go_after = False
+        self._let_go_after = self._look_after = False
 
     async def idle(self) -> bool:
         """The last claim found nothing: after ``LINGER_LOOKS`` such looks in a row while work
@@ -153,8 +158,15 @@ class WakeupGate:
                 return False  # look again in LINGER (poll_in)
             self._empty_looks = None
         notifier, session = self._notifier, self._session
-        if notifier is None or session is None or self._calling() or (
-                self.state is GateState.IDLE and time.monotonic() < self._asked + REFRESH):
+        if notifier is None or session is None:
+            return False
+        if self._calling():
+            # The worker waits for work: a let-go deferred meanwhile is stale (it would leave a
+            # waiting worker holding nothing), and the look is asked for when the call ends
+            # (_ended wakes the loop); else nothing notifies it for a poll interval.
+            self._let_go_after, self._look_after = False, True
+            return False
+        if self.state is GateState.IDLE and time.monotonic() < self._asked + REFRESH:
             return False
         self._asked = time.monotonic()
         return await self._bounded(self._ask(notifier, session))
@@ -191,7 +203,7 @@ class WakeupGate:
         if self._calling():
             # Made when the call that is out ends (_ended): it may be an idle() that is taking
             # stripes right now.
-            self._let_go_after = True
+            self._let_go_after, self._look_after = True, False
             return
         if self._notifier is None or not any(self.held):
             # Nothing to let go (every pass while work flows comes here): no task, no wait.
@@ -244,8 +256,10 @@ class WakeupGate:
             return
         self._out = None
         gained = not task.cancelled() and task.exception() is None and task.result()
-        if self._late and gained and self.wake is not None:
-            self.wake()  # the look idle() would have asked for at once
+        look_after, self._look_after = self._look_after, False
+        if ((self._late and gained) or (look_after and not task.cancelled())) and (
+                self.wake is not None):
+            self.wake()  # the look idle() would have asked for at once, or was refused
         if self._let_go_after and not task.cancelled():
             self._let_go_after = False
             if any(self.held):
