@@ -315,7 +315,12 @@ class _Hosts:
             conns = [conn for conn in self.watched if not conn.is_closed()
                      and getattr(conn, "_loop", None) is loop]
             if not conns:
-                await asyncio.sleep(left)
+                # In steps: another caller may find a writable host meanwhile (found() ends the
+                # pause for every caller, and closes the watched connections, which ends a
+                # watcher's wait too); one sleep of the whole pause
+                # left a promoted server unused for up to a second (a Patroni switchover, issue
+                # 35: a renewal asleep here missed its lease deadline on the new primary).
+                await asyncio.sleep(min(left, _WATCH_S))
                 continue
             self.watcher = future = loop.create_future()
             try:

@@ -297,6 +297,43 @@ class TestEveryHostUnableToWrite:
             await conn.close()
 
 
+class TestAPauseEndsForEveryCaller:
+    """A shared pause (every host unable to write) ends for every caller waiting it out as soon
+    as one caller finds a writable host, whether the caller was watching the read-only
+    connections of the last pass or sleeping (issue 35: a Patroni switchover's promoted server
+    was left unused for up to a second by a caller asleep for its whole pause — a renewal that
+    then missed its lease deadline on the new primary)."""
+
+    @staticmethod
+    def _paused(watched: list[asyncpg.Connection]) -> _connect._Hosts:
+        state = _connect._Hosts("read-write")
+        state.watch(watched)
+        # An hour's pause: only another caller's find can end it within the guard below.
+        state.paused_at, state.quiet_until = time.monotonic(), time.monotonic() + 3600.0
+        return state
+
+    async def _ends_when_found(self, state: _connect._Hosts) -> None:
+        waiting = asyncio.create_task(state.wait())
+        try:
+            await asyncio.sleep(0.3)
+            assert not waiting.done()  # the pause holds while nothing changes
+            state.found(("127.0.0.1", 5432), "127.0.0.1:5432")
+            # A guard against waiting out the hour, not a speed assertion.
+            await asyncio.wait_for(asyncio.shield(waiting), 60)
+        finally:
+            waiting.cancel()
+
+    async def test_a_caller_with_nothing_to_watch_resumes_when_another_finds_a_writable_host(
+            self) -> None:
+        await self._ends_when_found(self._paused([]))
+
+    async def test_a_caller_watching_a_host_that_stays_read_only_resumes_when_another_finds_one(
+            self, connect: Any) -> None:
+        read_only = await connect(server_settings={"default_transaction_read_only": "on"})
+        state = self._paused([read_only])
+        await self._ends_when_found(state)
+
+
 class TestAMigration:
     """``python -m zeroth_pg.migrate`` (libpq, through alembic) trusts what a pooler reports no
     more than the asyncpg clients do: it runs on the host that takes writes by its own answer,
