@@ -25,8 +25,7 @@ from zeroth_pg import App
 from zeroth_pg.testing import _session
 from zeroth_pg.worker import RunWorker
 
-#: xdist_lanes: the slow tests on half the workers (tests/xdist_lanes.py).
-pytest_plugins = ["zeroth_pg.testing", "pytester", "xdist_lanes"]
+pytest_plugins = ["zeroth_pg.testing", "pytester"]
 
 # ---------------------------------------------------------------------------------------------
 # Parallel by default (pytest-xdist): `python -m pytest` runs the suite in WORKERS_PER_CPU
@@ -210,8 +209,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             # The module's own server (a module-scoped fixture) is started by one worker only.
             item.add_marker(pytest.mark.xdist_group(relative.as_posix()))
     if hasattr(config, "workerinput"):
-        # Under xdist the slow tests go first, so that none starts last and runs alone (the
-        # slow lane takes them from the head of the queue: tests/xdist_lanes.py).
+        # Under xdist the slow tests go first, so that none starts last and runs alone.
         items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
