@@ -56,13 +56,20 @@ async def _stripes_held(pool: asyncpg.Pool, notifier: Notifier) -> int:
         notifier.backend_pid))
 
 
-async def test_a_slow_idle_lets_the_loop_go_on_and_its_late_gain_wakes_it(
-        pool: asyncpg.Pool, notifier: Notifier) -> None:
+def _held_gate(pool: asyncpg.Pool, notifier: Notifier) -> tuple[HeldCalls, WakeupGate, list[int]]:
+    """A gate on the Notifier's session whose calls are held back, and the list its wake-ups of
+    the claim loop are counted in."""
     held = HeldCalls(LeaseManager(pool), unique_deployment("gate"))
     gate = WakeupGate([held.target])
     gate.connected(notifier)
     woken: list[int] = []
     gate.wake = lambda: woken.append(1)
+    return held, gate, woken
+
+
+async def test_a_slow_idle_lets_the_loop_go_on_and_its_late_gain_wakes_it(
+        pool: asyncpg.Pool, notifier: Notifier) -> None:
+    held, gate, woken = _held_gate(pool, notifier)
 
     # Its answer is not in: the loop goes on as if nothing was gained (it sleeps, then polls).
     # Before, idle() waited for the answer (the Notifier's ping bound; here held for ever).
@@ -82,11 +89,7 @@ async def test_a_slow_idle_lets_the_loop_go_on_and_its_late_gain_wakes_it(
 
 async def test_a_let_go_asked_for_while_a_call_is_out_is_made_when_it_ends(
         pool: asyncpg.Pool, notifier: Notifier) -> None:
-    held = HeldCalls(LeaseManager(pool), unique_deployment("gate"))
-    gate = WakeupGate([held.target])
-    gate.connected(notifier)
-    woken: list[int] = []
-    gate.wake = lambda: woken.append(1)
+    held, gate, _woken = _held_gate(pool, notifier)
 
     assert await _bounded(gate.idle()) is False  # out
     await _bounded(gate.busy())  # the loop found work meanwhile: it does not wait for the listener
@@ -103,9 +106,7 @@ async def test_a_let_go_asked_for_while_a_call_is_out_is_made_when_it_ends(
 
 async def test_a_stopped_listener_cancels_the_call_that_is_out(
         pool: asyncpg.Pool, notifier: Notifier) -> None:
-    held = HeldCalls(LeaseManager(pool), unique_deployment("gate"))
-    gate = WakeupGate([held.target])
-    gate.connected(notifier)
+    _held, gate, _woken = _held_gate(pool, notifier)
     assert await _bounded(gate.idle()) is False
     await gate.stop()
     assert not _calling(gate)
@@ -131,11 +132,7 @@ async def test_a_look_asked_for_while_a_let_go_is_out_is_made_when_it_ends(
     # found nothing and wanted the gate: idle() asks for nothing while a call is out, and the
     # let-go leaves the worker holding no stripe, so no writer notifies it. Unless the end of
     # the let-go wakes the loop for that look, a run enqueued meanwhile waits a poll interval.
-    held = HeldCalls(LeaseManager(pool), unique_deployment("gate"))
-    gate = WakeupGate([held.target])
-    gate.connected(notifier)
-    woken: list[int] = []
-    gate.wake = lambda: woken.append(1)
+    held, gate, woken = _held_gate(pool, notifier)
     held.go.set()
     assert await _bounded(gate.idle()) is True  # every stripe, at once
     assert gate.state is GateState.IDLE
@@ -160,10 +157,7 @@ async def test_a_worker_that_waits_again_keeps_what_a_late_idle_gained(
     # busy() while an idle() call was out defers a let-go; if the loop then waits for work
     # again (idle) before that call ends, the let-go is stale: making it would leave a waiting
     # worker holding nothing (no writer notifies it; it sleeps a poll interval).
-    held = HeldCalls(LeaseManager(pool), unique_deployment("gate"))
-    gate = WakeupGate([held.target])
-    gate.connected(notifier)
-    gate.wake = lambda: None
+    held, gate, _woken = _held_gate(pool, notifier)
     assert await _bounded(gate.idle()) is False  # out
     await _bounded(gate.busy())  # work came: a let-go is deferred
     assert await _bounded(gate.idle()) is False  # nothing again: the worker waits for work
