@@ -130,4 +130,8 @@ class TestThreeWorkers:
         # Each handler ran once per fire time (no crash here, so at-least-once is exactly once).
         assert set(ran.values()) <= {1}
         assert sum(1 for r in rows if r["status"] == "completed") == sum(ran.values())
-        assert sum(w._firer.fired for w in workers if w._firer) == len(times)
+        # Each worker counts the fires it saw created: all of them but, per worker, at most the
+        # one whose call its shutdown cancelled after the commit (its outcome unknown to it; the
+        # database's counts above are the truth, and hold exactly).
+        counted = sum(w._firer.fired for w in workers if w._firer)
+        assert len(times) - len(workers) <= counted <= len(times)
