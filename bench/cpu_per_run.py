@@ -34,7 +34,9 @@ from typing import Any
 import asyncpg
 
 from bench import harness
+from bench.cold_start import TABLES
 from bench.continuous import Load, Trace, zeroth_cell
+from bench.monitor import Monitor
 
 CPUACCT = Path("/sys/fs/cgroup/cpuacct")
 #: The functions a deep-queue worker and its producer call (complete_and_claim calls
@@ -217,11 +219,24 @@ async def measure(args: argparse.Namespace) -> None:
                     at += args.every
 
             sampling = asyncio.create_task(sample())
+            stop_monitor = asyncio.Event()
+            monitoring = None
+            if args.monitor:  # cold_start's monitor beside the load, as its depth cell runs it
+                monitor = Monitor(dsn, *TABLES["zeroth-worker"], origin=lambda: trace.t0)
+                await monitor.prepare()
+
+                async def watch() -> None:
+                    await trace.loading.wait()
+                    await monitor.run(stop_monitor)
+                monitoring = asyncio.create_task(watch())
             await zeroth_cell(dsn, trace, Load(args.seconds, depth=args.depth), args.concurrency,
                               call_timeout=args.call_timeout or None)
             sampling.cancel()
+            stop_monitor.set()
             with contextlib.suppress(asyncio.CancelledError):
                 await sampling
+            if monitoring is not None:
+                await monitoring
     print(f"PostgreSQL {args.version}, depth {args.depth}, W={args.concurrency}: runs/s per "
           "5 s window", " ".join(f"{w:.0f}" for w in trace.windows(args.seconds)))
     for a, b in itertools.pairwise(samples):
@@ -260,6 +275,9 @@ def main() -> None:
     parser.add_argument("--settle-in-flight", type=int, default=None,
                         help="settling calls out at once (zeroth_pg.worker._settle."
                              "MAX_IN_FLIGHT; default: the worker's)")
+    parser.add_argument("--monitor", action="store_true",
+                        help="cold_start's monitor beside the load (pgstattuple, pgstatindex, "
+                             "pg_stat_activity every 5 s)")
     parser.add_argument("--top", type=int, default=14, help="statements shown per segment")
     args = parser.parse_args()
     if args.settle_in_flight is not None:
