@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from zeroth_pg import tracing
 from zeroth_pg.metrics import WorkerMetrics
 from zeroth_pg.types import ClaimedRun, Scope
+from zeroth_pg.worker._failures import FailureStreak
 from zeroth_pg.worker._gate import WakeupGate
 from zeroth_pg.worker._pacing import ClaimPacer, GateMode
 from zeroth_pg.worker._run import ActiveRun, StopReason
@@ -70,6 +71,9 @@ class ClaimLoop:
         #: the wakeup gate gained by a call that answered late (_gate).
         self.wake = asyncio.Event()
         gate.wake = self.wake.set
+        #: One traceback per streak of failed passes or sweeps, not one per retry.
+        self.pass_failures = FailureStreak("claim pass", log)
+        self.sweep_failures = FailureStreak("orphan sweep", log)
 
     async def run(self) -> None:
         """Claim until stopping: orphans when a sweep is due, then pending runs in batches."""
@@ -82,10 +86,12 @@ class ClaimLoop:
                 claimed = await self._claim_pass()
             except asyncio.CancelledError:
                 raise
-            except Exception:
+            except Exception as exc:
                 delay = self.pacer.pass_failed(time.monotonic(), self.settings.poll_interval)
-                log.exception("claim pass failed; retrying in %.2f s", delay)
+                self.pass_failures.failed(exc, delay)
                 self._worker_error("claim")
+            else:
+                self.pass_failures.answered()
             if self._stopping():
                 break
             mode = self.pacer.gate_mode(claimed, time.monotonic())
@@ -112,11 +118,12 @@ class ClaimLoop:
                 await self._sweep_orphans()
             except asyncio.CancelledError:
                 raise
-            except Exception:
+            except Exception as exc:
                 delay = pacer.sweep_failed(time.monotonic(), settings.orphan_sweep_interval)
-                log.exception("orphan sweep failed; claiming goes on, sweeping again in %.2f s",
-                              delay)
+                self.sweep_failures.failed(exc, delay, "claiming goes on")
                 self._worker_error("sweep")
+            else:
+                self.sweep_failures.answered()
         free = self.runs.free()
         if free <= 0 or self._stopping():
             pacer.answered()

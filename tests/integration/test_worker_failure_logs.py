@@ -1,0 +1,82 @@
+"""A worker whose own calls keep failing logs one traceback per streak, not one per retry: a
+role that lost its grant (or a database that is down) fails every claim pass and every orphan
+sweep, each retried within a second, and an operator reading the log must find the first error
+and the moment it ended, not a wall of identical tracebacks."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import asyncpg
+import psycopg
+import pytest
+import worker_probes
+from helpers import unique_deployment, wait_until
+from roles import dsn_as, login_role
+from worker_probes import wait_for_status, worker_errors
+
+import zeroth_pg
+from zeroth_pg.client import LeaseManager
+from zeroth_pg.testing import libpq_dsn
+from zeroth_pg.worker import RunContext, RunWorker
+
+spawn_worker = worker_probes.spawn_worker
+
+
+def _records(caplog: pytest.LogCaptureFixture, text: str) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == "zeroth_pg.worker" and text in r.getMessage()]
+
+
+async def test_a_worker_that_lost_its_grant_logs_one_traceback_and_one_line_when_it_is_back(
+        pool: asyncpg.Pool, pg_server_dsn: str, database_dsn: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="zeroth_pg.worker")
+    dep = unique_deployment("streak")
+    run = await LeaseManager(pool).enqueue_run(dep, {"n": 1})
+    done = asyncio.Event()
+
+    async def handler(ctx: RunContext) -> Any:
+        done.set()
+        return {"ok": True}
+
+    with login_role(pg_server_dsn, None) as (name, password):  # a LOGIN role with no grant
+        worker_pool = await zeroth_pg.create_pool(dsn_as(database_dsn, name, password),
+                                                  min_size=1, max_size=4)
+        # A sweep due at every pass: both loops fail on every try while the grant is missing.
+        worker = RunWorker(worker_pool, dep, handler, poll_interval=0.05,
+                           orphan_sweep_interval=0.05, lease_duration=30.0,
+                           shutdown_timeout=2.0)
+        try:
+            await worker.start()
+            await wait_until(lambda: worker_errors(dep, "claim") >= 6
+                             and worker_errors(dep, "sweep") >= 6,
+                             "six failed claim passes and six failed sweeps", within=60)
+            # One traceback each, for all of them.
+            passes = _records(caplog, "claim pass failed")
+            sweeps = _records(caplog, "orphan sweep failed")
+            messages = [r.getMessage() for r in caplog.records]
+            assert len(passes) == 1, messages
+            assert len(sweeps) == 1, messages
+            for record in passes + sweeps:
+                assert record.levelno == logging.ERROR
+                assert record.exc_info is not None
+                assert "permission denied" in str(record.exc_info[1])
+            assert not done.is_set()
+
+            with psycopg.connect(libpq_dsn(pg_server_dsn), autocommit=True) as admin:
+                admin.execute(f'GRANT zeroth_worker TO "{name}"')
+            await asyncio.wait_for(done.wait(), timeout=60)
+            await wait_for_status(pool, run.run_id, "completed")
+            back = _records(caplog, "claim pass answers again")
+            assert len(back) == 1
+            assert back[0].levelno == logging.INFO
+            failures = int(back[0].getMessage().split("after ")[1].split(" ")[0])
+            assert failures >= 6
+            assert len(_records(caplog, "orphan sweep answers again")) == 1
+            # Still one traceback each: the streak ended without another.
+            assert len(_records(caplog, "claim pass failed")) == 1
+        finally:
+            await asyncio.wait_for(worker.graceful_shutdown(), timeout=30)
+            await worker_pool.close()

@@ -1,0 +1,87 @@
+"""How a loop that retries reports its failures: one traceback per streak, not one per retry.
+
+The claim loop retries a failed claim pass after 50 ms, doubling to a second, and a failed orphan
+sweep likewise. While the database is down, refuses the worker's role or rejects a statement,
+every retry fails the same way: logged in full each time, a one-minute outage was sixty
+tracebacks, and the one line an operator needs (the first error, when it began, when it ended)
+was lost among them.
+
+A :class:`FailureStreak` logs the first failure of a streak, and any failure unlike the one
+before it, at ERROR with its traceback; repeats of the same failure as one WARNING line at most
+every :data:`REPEAT_EVERY` seconds, with how many there were; and the first success after a
+streak as one INFO line. "The same" is the same exception type and message.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from zeroth_pg.errors import bounded_text
+
+__all__ = ["REPEAT_EVERY", "FailureStreak"]
+
+#: Seconds between two "still failing" lines of one streak.
+REPEAT_EVERY = 30.0
+#: UTF-8 bytes of an error's message kept to tell failures apart and to quote them.
+MESSAGE_BYTES = 300
+
+
+class FailureStreak:
+    """The failures of one retrying loop (``what``: "claim pass", "orphan sweep")."""
+
+    def __init__(self, what: str, log: logging.Logger, *, repeat_every: float = REPEAT_EVERY,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.what = what
+        self._log = log
+        self._repeat_every = repeat_every
+        self._clock = clock
+        self._kind: tuple[str, str] | None = None
+        #: Failures in the current streak, when it began, when a line last reported it.
+        self.failures = 0
+        self._began = 0.0
+        self._reported = 0.0
+        self._unreported = 0
+
+    def failed(self, error: BaseException, retry_in: float, retrying: str = "") -> None:
+        """Report ``error``; ``retry_in``: seconds until the next try; ``retrying``: what the
+        loop does meanwhile (a clause such as "claiming goes on")."""
+        now = self._clock()
+        kind = (type(error).__qualname__, bounded_text(str(error), MESSAGE_BYTES))
+        doing = f"{retrying}, " if retrying else ""
+        if self._kind != kind:
+            if self.failures:
+                self._flush(now)
+            if not self.failures:
+                self._began = now
+            self._kind = kind
+            self.failures += 1
+            self._reported, self._unreported = now, 0
+            self._log.error("%s failed; %sretrying in %.2f s", self.what, doing, retry_in,
+                            exc_info=error)
+            return
+        self.failures += 1
+        self._unreported += 1
+        if now - self._reported >= self._repeat_every:
+            self._flush(now)
+
+    def answered(self) -> None:
+        """The loop's call succeeded: a streak, if any, has ended."""
+        if not self.failures:
+            return
+        now = self._clock()
+        self._log.info("%s answers again, after %d failure%s over %.1f s", self.what,
+                       self.failures, "" if self.failures == 1 else "s", now - self._began)
+        self._kind = None
+        self.failures = self._unreported = 0
+
+    def _flush(self, now: float) -> None:
+        """One line for the repeats not reported yet."""
+        if not self._unreported or self._kind is None:
+            return
+        name, message = self._kind
+        self._log.warning("%s still failing: %d more time%s in %.0f s, each with %s: %s",
+                          self.what, self._unreported, "" if self._unreported == 1 else "s",
+                          now - self._reported, name, message)
+        self._reported, self._unreported = now, 0
