@@ -8,11 +8,15 @@ trust local connections.
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
+import hmac
 import re
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import psycopg
@@ -46,28 +50,68 @@ def dsn_as(dsn: str, user: str, password: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
+#: The password of every role login_role makes in this process, and its SCRAM-SHA-256 secret:
+#: given the secret, the server does not run 4,096 rounds of PBKDF2 for every test role. Each
+#: role still has its own name; a test needs a password only to log in where trust does not.
+_PASSWORD = secrets.token_hex(16)
+_SECRET: str | None = None
+#: One admin connection per admin DSN for the roles' CREATE and DROP: two connects a role cost
+#: the server two backend starts.
+_ADMINS: dict[str, psycopg.Connection] = {}
+
+
+def _scram_secret(password: str) -> str:
+    """The SCRAM-SHA-256 secret PostgreSQL stores for ``password`` (RFC 5802, as
+    ``CREATE ROLE ... PASSWORD 'SCRAM-SHA-256$...'`` takes it)."""
+    salt, rounds = secrets.token_bytes(16), 4096
+    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, rounds)
+    client_key = hmac.digest(salted, b"Client Key", "sha256")
+    server_key = hmac.digest(salted, b"Server Key", "sha256")
+    stored_key = hashlib.sha256(client_key).digest()
+    text = [base64.b64encode(part).decode() for part in (salt, stored_key, server_key)]
+    return f"SCRAM-SHA-256${rounds}:{text[0]}${text[1]}:{text[2]}"
+
+
+def _admin_execute(admin_dsn: str, *statements: tuple[Any, tuple[Any, ...]]) -> None:
+    """Run ``statements`` on the kept admin connection (a new one if it broke: a test may have
+    restarted its server)."""
+    for attempt in (1, 2):
+        conn = _ADMINS.get(admin_dsn)
+        if conn is None or conn.closed or conn.broken:
+            conn = _ADMINS[admin_dsn] = psycopg.connect(libpq_dsn(admin_dsn), autocommit=True)
+        try:
+            for statement, parameters in statements:
+                conn.execute(statement, parameters)
+            return
+        except psycopg.OperationalError:
+            if attempt == 2 or not conn.broken:
+                raise
+
+
 @contextlib.contextmanager
 def login_role(admin_dsn: str, member_of: str | None) -> Iterator[tuple[str, str]]:
     """A new LOGIN role, member of ``member_of`` (None: of nothing, no grant at all); yields
     (name, password). At exit it is dropped, with what it owns in ``admin_dsn``'s database."""
+    global _SECRET
+    if _SECRET is None:
+        _SECRET = _scram_secret(_PASSWORD)
     label = "nobody" if member_of is None else member_of.removeprefix("zeroth_")
     name = f"zp_test_{label}_{secrets.token_hex(4)}"
-    password = secrets.token_hex(16)
     create = pgsql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
-        pgsql.Identifier(name), pgsql.Literal(password))
+        pgsql.Identifier(name), pgsql.Literal(_SECRET))
     if member_of is not None:
         create += pgsql.SQL(" IN ROLE {}").format(pgsql.Identifier(member_of))
-    with psycopg.connect(libpq_dsn(admin_dsn), autocommit=True) as conn:
-        conn.execute(create)
+    _admin_execute(admin_dsn, (create, ()))
     try:
-        yield name, password
+        yield name, _PASSWORD
     finally:
-        with psycopg.connect(libpq_dsn(admin_dsn), autocommit=True) as conn:
-            conn.execute("SELECT pg_terminate_backend(a.pid) FROM pg_stat_activity a "
-                         "WHERE a.usename = %s", (name,))
+        _admin_execute(
+            admin_dsn,
+            ("SELECT pg_terminate_backend(a.pid) FROM pg_stat_activity a WHERE a.usename = %s",
+             (name,)),
             # Whatever it owns or was granted in admin_dsn's database (a test may grant it).
-            conn.execute(pgsql.SQL("DROP OWNED BY {}").format(pgsql.Identifier(name)))
-            conn.execute(pgsql.SQL("DROP ROLE {}").format(pgsql.Identifier(name)))
+            (pgsql.SQL("DROP OWNED BY {}").format(pgsql.Identifier(name)), ()),
+            (pgsql.SQL("DROP ROLE {}").format(pgsql.Identifier(name)), ()))
 
 
 @contextlib.contextmanager
