@@ -441,6 +441,37 @@ def _keepalive(conn: asyncpg.Connection) -> asyncpg.Connection:
     return conn
 
 
+async def _connect_to_the_end(dsn: str, **kwargs: Any) -> asyncpg.Connection:
+    """``asyncpg.connect(dsn, **kwargs)`` (with :func:`_keepalive`), never cancelled in flight:
+    a caller cancelled meanwhile (a pass that found another host, a call's bound giving up a
+    pool acquire) gets its CancelledError at once, and the connect goes on by itself until it
+    ends (bounded by its own ``timeout``, 60 s by default); a connection it then opens is
+    terminated, an error it raises is retrieved.
+
+    Why: asyncpg (0.32) reads the server's answer to the SSL request (``sslmode=prefer``, the
+    default over TCP) through a throw-away protocol whose future nobody awaits if the connect
+    is cancelled after the TCP connection was made and before ``loop.create_connection``
+    returned (one or two turns of the event loop). Closing that transport then sets the future
+    to ``ConnectionError("unexpected connection_lost() call")``, and asyncio logs "Future
+    exception was never retrieved" at ERROR: 0 to 5 times per worker process in every HA test
+    (issue 35; tests/client/test_abandoned_connects.py)."""
+    task = asyncio.ensure_future(asyncpg.connect(dsn, **kwargs))
+    try:
+        return _keepalive(await asyncio.shield(task))
+    except asyncio.CancelledError:
+        task.add_done_callback(_close_abandoned)
+        raise
+
+
+def _close_abandoned(task: asyncio.Future[asyncpg.Connection]) -> None:
+    """Done callback of a connect nobody waits for any more: its connection closed (no goodbye
+    to wait for), its error retrieved."""
+    if task.cancelled():
+        return  # the event loop's own shutdown cancelled it: nothing left to close
+    if task.exception() is None:
+        task.result().terminate()
+
+
 def _retrieved(task: asyncio.Future[Any]) -> None:
     if not task.cancelled():
         task.exception()  # retrieved: an abandoned check's error is not worth a warning
@@ -520,7 +551,7 @@ async def _pass_over(state: _Hosts, dsn: str, kwargs: dict[str, Any], found: _Pa
         if host is not None:
             overrides.update(host=host[0], port=host[1])
         try:
-            conn = _keepalive(await asyncpg.connect(dsn, **{**kwargs, **overrides}))
+            conn = await _connect_to_the_end(dsn, **{**kwargs, **overrides})
         except _NEXT_HOST_ERRORS as exc:
             found.last_error = exc
             found.why.append(f"{where}: unreachable ({type(exc).__name__})")
@@ -674,7 +705,7 @@ async def connect(dsn: str, *, reads_only: bool = False, **kwargs: Any) -> async
     url = asyncpg_dsn(dsn)
     role = wanted_role(url, reads_only=reads_only, **kwargs)
     if role is None:
-        return _keepalive(await asyncpg.connect(url, **kwargs))
+        return await _connect_to_the_end(url, **kwargs)
     # What earlier calls learnt of these hosts (the writable one, the pause, what was logged):
     # a caller that reconnects again and again (a listener) shares it as a pool's connects do.
     key = (url, role, repr(kwargs.get("host")), repr(kwargs.get("port")))
@@ -811,7 +842,7 @@ def _checking_client(
 async def _plain_connect(dsn: str, **kwargs: Any) -> asyncpg.Connection:
     """The ``connect=`` of a pool that needs no writable-server check: asyncpg's, with
     :func:`_keepalive`."""
-    return _keepalive(await asyncpg.connect(dsn, **kwargs))
+    return await _connect_to_the_end(dsn, **kwargs)
 
 
 def create_pool(dsn: str, *, reads_only: bool = False, **kwargs: Any) -> asyncpg.Pool:
