@@ -258,6 +258,19 @@ def inject(cluster: Cluster, event: str, bouncers: bool, restarts: bool = True
         time.sleep(ASYNC_LAG_S)
         lag = _replication_lag(old)
         began_at, began = datetime.now(UTC), time.monotonic()  # the event starts now
+    event_id = uuid.uuid4()
+
+    def first_commit() -> object:
+        # The first commit there: a promoted server may accept connections as read-write and
+        # still hold every commit until the manager has a synchronous standby for it again, or
+        # has switched synchronous replication off. One event id for every try.
+        with psycopg.connect(new.dsn(DATABASE), autocommit=True, connect_timeout=10) as conn:
+            conn.execute("INSERT INTO public.chaos_events (event_id, source, kind, data)"
+                         " VALUES (%s, 'harness', 'failover', '{}')"
+                         " ON CONFLICT (event_id) DO NOTHING", (event_id,))
+            return conn.execute("SELECT current_setting('synchronous_standby_names'),"
+                                " zeroth._generation_floor()").fetchone()
+
     with concurrent.futures.ThreadPoolExecutor(1) as executor:
         if event == "switchover":
             switching = executor.submit(cluster.switchover)
@@ -275,30 +288,22 @@ def inject(cluster: Cluster, event: str, bouncers: bool, restarts: bool = True
         new: Any = ha_until(lambda: first_writable(others), 300,
                        f"another node accepts writes after the {event}", interval=0.1)
         writable = round(time.monotonic() - began, 3)
+        if bouncers and restarts:
+            # The role-change hook a DBA must give the manager: the PgBouncers of the nodes
+            # whose role changed start afresh, so they report the server's new in_hot_standby
+            # (a killed node's comes back with it, in recover()). Without it the workers stayed
+            # on the demoted primary behind its PgBouncer, every write refused read-only, until
+            # it was restarted.
+            restart_pgbouncer(cluster.daemons, f"pgbouncer-{new.name}", _superuser(new))
+        # At once, while a switchover's command may still run (it returns seconds later): the
+        # first commit is the server's, not the command's. Read on the new node itself: a
+        # resumed old primary answers reads until it is demoted.
+        standbys, floor = ha_until(  # type: ignore[misc]
+            first_commit, 300, "the new primary commits a write")
+        first_committed = round(time.monotonic() - began, 3)
         if switching is not None:
             switched_from, switched_to = switching.result()
             assert (switched_from, switched_to) == (old, new), (switched_from, switched_to)
-    if bouncers and restarts:
-        # The role-change hook a DBA must give the manager: the PgBouncers of the nodes whose
-        # role changed start afresh, so they report the server's new in_hot_standby (a killed
-        # node's comes back with it, in recover()). Without it the workers stayed on the demoted
-        # primary behind its PgBouncer, every write refused read-only, until it was restarted.
-        restart_pgbouncer(cluster.daemons, f"pgbouncer-{new.name}", _superuser(new))
-
-    def first_commit() -> object:
-        # The first commit there: a promoted server may accept connections as read-write and
-        # still hold every commit until the manager has a synchronous standby for it again, or
-        # has switched synchronous replication off. One event id for every try.
-        with psycopg.connect(new.dsn(DATABASE), autocommit=True, connect_timeout=10) as conn:
-            conn.execute("INSERT INTO public.chaos_events (event_id, source, kind, data)"
-                         " VALUES (%s, 'harness', 'failover', '{}')"
-                         " ON CONFLICT (event_id) DO NOTHING", (event_id,))
-            return conn.execute("SELECT current_setting('synchronous_standby_names'),"
-                                " zeroth._generation_floor()").fetchone()
-
-    event_id = uuid.uuid4()
-    # Read on the new node itself: a resumed old primary answers reads until it is demoted.
-    standbys, floor = ha_until(first_commit, 300, "the new primary commits a write")  # type: ignore[misc]
     if event == "stop":
         # The hung node comes back once the new primary commits: its manager must demote it
         # (its clients' writes since the stop were never acknowledged; they must not land).
@@ -315,7 +320,7 @@ def inject(cluster: Cluster, event: str, bouncers: bool, restarts: bool = True
             "new_generation_floor": floor,
             **({"replicas_frozen_s": ASYNC_LAG_S, "flush_lag_bytes_at_event": lag}
                if frozen else {}),
-            "event_to_first_commit_on_new_primary_s": round(time.monotonic() - began, 3),
+            "event_to_first_commit_on_new_primary_s": first_committed,
             "began_at": began_at}
 
 
