@@ -372,7 +372,8 @@ def recover(cluster: Cluster, event: str, figures: dict[str, Any], bouncers: boo
 
 
 def _first_claims(history: list[dict[str, Any]], failovers: list[dict[str, Any]],
-                  answered: list[tuple[datetime, str, int]]) -> None:
+                  answered: list[tuple[datetime, str, int]],
+                  runs: list[dict[str, Any]]) -> None:
     """Per failover: the first claim on its new primary (the first in its timeline's generation
     band, so made there for certain), from the event and from the promotion.
 
@@ -384,7 +385,13 @@ def _first_claims(history: list[dict[str, Any]], failovers: list[dict[str, Any]]
     against the new primary's first commit (the harness's own probe, a lower bound for any
     commit there), it tells how long the workers took once commits were possible at all. Not
     the server's commit timestamps (``track_commit_timestamp``): those are taken before the
-    synchronous wait, so they would hide exactly that wait."""
+    synchronous wait, so they would hide exactly that wait.
+
+    ``first_claimed_run_enqueued_after_promotion_s``: when the run of that first claim was
+    enqueued, from the promotion. Positive, no run was open (pending, or running on a lease
+    that could run out) when the new primary took writes: the first claim waited for the
+    harness's next share, not for the workers."""
+    created = {run["run_id"]: run["created_at"] for run in runs}
     for failover in failovers:
         floor = failover["new_generation_floor"]
         band = [at for at, _, generation in answered
@@ -403,6 +410,11 @@ def _first_claims(history: list[dict[str, Any]], failovers: list[dict[str, Any]]
         claims = [row for row in history if row["kind"] == "claim"
                   and floor < row["new_generation"] <= floor + GENERATION_BAND]
         first = min((row["acquired_at"] for row in claims), default=None)
+        first_run = min(claims, key=lambda row: row["acquired_at"])["run_id"] if claims else None
+        failover["first_claimed_run_enqueued_after_promotion_s"] = (
+            None if first_run is None or first_run not in created else round(
+                (created[first_run] - failover["began_at"]).total_seconds()
+                - failover["event_to_new_primary_writable_s"], 3))
         failover["event_to_first_claim_on_new_primary_s"] = None if first is None else round(
             (first - failover["began_at"]).total_seconds(), 3)
         failover["first_claim_after_promotion_s"] = None if first is None else round(
@@ -473,7 +485,7 @@ async def test_ha_soak(manager: str, event: str) -> None:
                            fleet_limits=FLEET.fleet_limits, slot_samples=slot_samples,
                            min_stale_refused=0)
     losses = acknowledged_losses(enqueued, fleet, runs, history, report)
-    _first_claims(history, failovers, fleet.claims_answered())
+    _first_claims(history, failovers, fleet.claims_answered(), runs)
     results = {
         "manager": manager, "event": event, "failovers_planned": count,
         "replication": "synchronous" if synchronous else "asynchronous",
