@@ -442,32 +442,66 @@ def _keepalive(conn: asyncpg.Connection) -> asyncpg.Connection:
 
 
 async def _connect_to_the_end(dsn: str, **kwargs: Any) -> asyncpg.Connection:
-    """``asyncpg.connect(dsn, **kwargs)`` (with :func:`_keepalive`), never cancelled in flight:
-    a caller cancelled meanwhile (a pass that found another host, a call's bound giving up a
-    pool acquire) gets its CancelledError at once, and the connect goes on by itself until it
-    ends (bounded by its own ``timeout``, 60 s by default); a connection it then opens is
-    terminated, an error it raises is retrieved.
+    """``asyncpg.connect(dsn, **kwargs)`` (with :func:`_keepalive`) whose cancellation never
+    lands where asyncpg leaves a future behind: a caller cancelled meanwhile (a pass that found
+    another host, a call's bound giving up a pool acquire) gets its CancelledError at once, and
+    the connect is cancelled as soon as that is safe (:func:`_cancel_when_safe`: at once but
+    for a turn or two of the event loop); a connection it opened meanwhile is terminated, an
+    error it raised is retrieved.
 
     Why: asyncpg (0.32) reads the server's answer to the SSL request (``sslmode=prefer``, the
     default over TCP) through a throw-away protocol whose future nobody awaits if the connect
     is cancelled after the TCP connection was made and before ``loop.create_connection``
-    returned (one or two turns of the event loop). Closing that transport then sets the future
-    to ``ConnectionError("unexpected connection_lost() call")``, and asyncio logs "Future
-    exception was never retrieved" at ERROR: 0 to 5 times per worker process in every HA test
-    (issue 35; tests/client/test_abandoned_connects.py)."""
+    returned. Closing that transport then sets the future to ``ConnectionError("unexpected
+    connection_lost() call")``, and asyncio logs "Future exception was never retrieved" at
+    ERROR: 0 to 5 times per worker process in every HA test (issue 35;
+    tests/client/test_abandoned_connects.py). Not left to run to its end either: its
+    ``timeout`` (an hour, for some callers) would keep a hung host's login open that long."""
     task = asyncio.ensure_future(asyncpg.connect(dsn, **kwargs))
     try:
         return _keepalive(await asyncio.shield(task))
     except asyncio.CancelledError:
         task.add_done_callback(_close_abandoned)
+        _cancel_when_safe(task, time.monotonic() + _SAFE_CANCEL_WAIT_S)
         raise
+
+
+#: How long an abandoned connect's cancellation is put off at most while it is opening a
+#: transport (:func:`_cancel_when_safe`): a plain TCP transport is open within a turn of the
+#: event loop; a direct-TLS one waits for its handshake, which a hung host never answers.
+_SAFE_CANCEL_WAIT_S = 1.0
+
+
+def _cancel_when_safe(task: asyncio.Future[Any], until: float) -> None:
+    """Cancel the abandoned connect ``task``, except while it is inside asyncio's
+    ``_create_connection_transport`` (the protocol made, the transport not yet handed back:
+    :func:`_connect_to_the_end`): then look again 10 ms later, up to ``until``."""
+    if task.done():
+        return
+    if _opening_transport(task) and time.monotonic() < until:
+        task.get_loop().call_later(0.01, _cancel_when_safe, task, until)
+        return
+    task.cancel()
+
+
+def _opening_transport(task: asyncio.Future[Any]) -> bool:
+    """Whether ``task``'s chain of awaited coroutines is inside asyncio's
+    ``_create_connection_transport`` (a loop written in C, uvloop's, shows no such frame)."""
+    get_coro = getattr(task, "get_coro", None)
+    awaited = get_coro() if get_coro is not None else None
+    while awaited is not None:
+        code = getattr(awaited, "cr_code", None)
+        if code is not None and code.co_name == "_create_connection_transport":
+            return True
+        awaited = getattr(awaited, "cr_await", None)
+    return False
 
 
 def _close_abandoned(task: asyncio.Future[asyncpg.Connection]) -> None:
     """Done callback of a connect nobody waits for any more: its connection closed (no goodbye
     to wait for), its error retrieved."""
     if task.cancelled():
-        return  # the event loop's own shutdown cancelled it: nothing left to close
+        return
     if task.exception() is None:
         task.result().terminate()
 
