@@ -21,7 +21,9 @@ not hold up the others), ask the server itself (``pg_is_in_recovery()``,
 first that can write; a host that cannot is logged. A check that is no longer needed, or that
 got no answer within the connection's ``timeout``, is never cancelled in flight (asyncpg's
 cancel request, dropped half-way, crashed PgBouncer 1.18; asyncpg's own query timeout sends one
-too): its connection is terminated. When no host can, they wait and try again a few times with a
+too): its connection is terminated. An attempt still connecting is cancelled, but never in the
+turn or two where asyncpg would leave a future nobody awaits (:func:`_connect_to_the_end`). When
+no host can, they wait and try again a few times with a
 growing pause (0.25 s doubling to 5 s) shared by every caller of the pool (no busy loop while
 every host is a standby), then raise :class:`NoWritableServerError`, an asyncpg
 ``TargetServerAttributeNotMatched`` (what asyncpg raises when no host matches), which zeroth_pg
