@@ -21,7 +21,9 @@ not hold up the others), ask the server itself (``pg_is_in_recovery()``,
 first that can write; a host that cannot is logged. A check that is no longer needed, or that
 got no answer within the connection's ``timeout``, is never cancelled in flight (asyncpg's
 cancel request, dropped half-way, crashed PgBouncer 1.18; asyncpg's own query timeout sends one
-too): its connection is terminated. When no host can, they wait and try again a few times with a
+too): its connection is terminated. An attempt still connecting is cancelled, but never in the
+turn or two where asyncpg would leave a future nobody awaits (:func:`_connect_to_the_end`). When
+no host can, they wait and try again a few times with a
 growing pause (0.25 s doubling to 5 s) shared by every caller of the pool (no busy loop while
 every host is a standby), then raise :class:`NoWritableServerError`, an asyncpg
 ``TargetServerAttributeNotMatched`` (what asyncpg raises when no host matches), which zeroth_pg
@@ -441,6 +443,71 @@ def _keepalive(conn: asyncpg.Connection) -> asyncpg.Connection:
     return conn
 
 
+async def _connect_to_the_end(dsn: str, **kwargs: Any) -> asyncpg.Connection:
+    """``asyncpg.connect(dsn, **kwargs)`` (with :func:`_keepalive`) whose cancellation never
+    lands where asyncpg leaves a future behind: a caller cancelled meanwhile (a pass that found
+    another host, a call's bound giving up a pool acquire) gets its CancelledError at once, and
+    the connect is cancelled as soon as that is safe (:func:`_cancel_when_safe`: at once but
+    for a turn or two of the event loop); a connection it opened meanwhile is terminated, an
+    error it raised is retrieved.
+
+    Why: asyncpg (0.32) reads the server's answer to the SSL request (``sslmode=prefer``, the
+    default over TCP) through a throw-away protocol whose future nobody awaits if the connect
+    is cancelled after the TCP connection was made and before ``loop.create_connection``
+    returned. Closing that transport then sets the future to ``ConnectionError("unexpected
+    connection_lost() call")``, and asyncio logs "Future exception was never retrieved" at
+    ERROR: 0 to 5 times per worker process in every HA test (issue 35;
+    tests/client/test_abandoned_connects.py). Not left to run to its end either: its
+    ``timeout`` (an hour, for some callers) would keep a hung host's login open that long."""
+    task = asyncio.ensure_future(asyncpg.connect(dsn, **kwargs))
+    try:
+        return _keepalive(await asyncio.shield(task))
+    except asyncio.CancelledError:
+        task.add_done_callback(_close_abandoned)
+        _cancel_when_safe(task, time.monotonic() + _SAFE_CANCEL_WAIT_S)
+        raise
+
+
+#: How long an abandoned connect's cancellation is put off at most while it is opening a
+#: transport (:func:`_cancel_when_safe`): a plain TCP transport is open within a turn of the
+#: event loop; a direct-TLS one waits for its handshake, which a hung host never answers.
+_SAFE_CANCEL_WAIT_S = 1.0
+
+
+def _cancel_when_safe(task: asyncio.Future[Any], until: float) -> None:
+    """Cancel the abandoned connect ``task``, except while it is inside asyncio's
+    ``_create_connection_transport`` (the protocol made, the transport not yet handed back:
+    :func:`_connect_to_the_end`): then look again 10 ms later, up to ``until``."""
+    if task.done():
+        return
+    if _opening_transport(task) and time.monotonic() < until:
+        task.get_loop().call_later(0.01, _cancel_when_safe, task, until)
+        return
+    task.cancel()
+
+
+def _opening_transport(task: asyncio.Future[Any]) -> bool:
+    """Whether ``task``'s chain of awaited coroutines is inside asyncio's
+    ``_create_connection_transport`` (a loop written in C, uvloop's, shows no such frame)."""
+    get_coro = getattr(task, "get_coro", None)
+    awaited = get_coro() if get_coro is not None else None
+    while awaited is not None:
+        code = getattr(awaited, "cr_code", None)
+        if code is not None and code.co_name == "_create_connection_transport":
+            return True
+        awaited = getattr(awaited, "cr_await", None)
+    return False
+
+
+def _close_abandoned(task: asyncio.Future[asyncpg.Connection]) -> None:
+    """Done callback of a connect nobody waits for any more: its connection closed (no goodbye
+    to wait for), its error retrieved."""
+    if task.cancelled():
+        return
+    if task.exception() is None:
+        task.result().terminate()
+
+
 def _retrieved(task: asyncio.Future[Any]) -> None:
     if not task.cancelled():
         task.exception()  # retrieved: an abandoned check's error is not worth a warning
@@ -520,7 +587,7 @@ async def _pass_over(state: _Hosts, dsn: str, kwargs: dict[str, Any], found: _Pa
         if host is not None:
             overrides.update(host=host[0], port=host[1])
         try:
-            conn = _keepalive(await asyncpg.connect(dsn, **{**kwargs, **overrides}))
+            conn = await _connect_to_the_end(dsn, **{**kwargs, **overrides})
         except _NEXT_HOST_ERRORS as exc:
             found.last_error = exc
             found.why.append(f"{where}: unreachable ({type(exc).__name__})")
@@ -674,7 +741,7 @@ async def connect(dsn: str, *, reads_only: bool = False, **kwargs: Any) -> async
     url = asyncpg_dsn(dsn)
     role = wanted_role(url, reads_only=reads_only, **kwargs)
     if role is None:
-        return _keepalive(await asyncpg.connect(url, **kwargs))
+        return await _connect_to_the_end(url, **kwargs)
     # What earlier calls learnt of these hosts (the writable one, the pause, what was logged):
     # a caller that reconnects again and again (a listener) shares it as a pool's connects do.
     key = (url, role, repr(kwargs.get("host")), repr(kwargs.get("port")))
@@ -811,7 +878,7 @@ def _checking_client(
 async def _plain_connect(dsn: str, **kwargs: Any) -> asyncpg.Connection:
     """The ``connect=`` of a pool that needs no writable-server check: asyncpg's, with
     :func:`_keepalive`."""
-    return _keepalive(await asyncpg.connect(dsn, **kwargs))
+    return await _connect_to_the_end(dsn, **kwargs)
 
 
 def create_pool(dsn: str, *, reads_only: bool = False, **kwargs: Any) -> asyncpg.Pool:

@@ -33,6 +33,7 @@ import uuid
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
@@ -54,6 +55,9 @@ _SERVER_SETTINGS = (("max_connections", "300"), ("fsync", "off"), ("full_page_wr
 _LOG_MARKERS = {"write_refused": "(write refused)", "renewal_refused": ") lost",
                 "deadline_fail_stop": "no confirmed lease since its deadline"}
 _COMPLETED = re.compile(r"run (\S+) completed at generation (\d+)")
+# The worker's line when a claim's answer arrives (DEBUG), stamped by its logging (local time).
+_CLAIMED = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) DEBUG \S+ "
+                      r"run (\S+) claimed at generation (\d+)")
 
 
 # -- the server -----------------------------------------------------------------------------
@@ -123,6 +127,9 @@ class WorkerProcess:
         """(run id, generation) of every completion the database acknowledged (logged at
         DEBUG: a fleet started with ``log_level="DEBUG"``; the failover soak compares them with
         what the promoted standby holds)."""
+        self.claimed: list[tuple[datetime, str, int]] = []
+        """(when its answer arrived, run id, generation) of every claim this worker was answered
+        (logged at DEBUG, stamped by the worker: the harness may read the line later)."""
         self.started = asyncio.Event()
         """Set once the worker logged that it started (its pool is connected by then)."""
         self.log_path = log_path
@@ -146,6 +153,9 @@ class WorkerProcess:
             self.started.set()
         if (completed := _COMPLETED.search(line)) is not None:
             self.completed.append((completed[1], int(completed[2])))
+        if (claimed := _CLAIMED.search(line)) is not None:
+            at = datetime.strptime(claimed[1], "%Y-%m-%d %H:%M:%S,%f").astimezone()
+            self.claimed.append((at, claimed[2], int(claimed[3])))
         for name, marker in _LOG_MARKERS.items():
             if marker in line:
                 self.markers[name] += 1
@@ -250,6 +260,10 @@ class Fleet:
     def _unexpected(self, worker: WorkerProcess) -> None:
         self.unexpected_exits.append(
             f"{worker.worker_id} exited {worker.proc.returncode}:\n" + "\n".join(worker.tail))
+
+    def claims_answered(self) -> list[tuple[datetime, str, int]]:
+        """(when, run id, generation) of every claim answered to any worker (DEBUG logs)."""
+        return sorted(claim for worker in self.every for claim in worker.claimed)
 
     def log_markers(self) -> dict[str, int]:
         total: Counter[str] = Counter()

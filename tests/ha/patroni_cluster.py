@@ -55,6 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psycopg
 from ha_processes import (
     PG15_BIN,
     Daemons,
@@ -138,9 +139,23 @@ class PatroniCluster(ManagedCluster):
             members = self.members()
             running = [m for m in members if m.get("State") in ("running", "streaming")]
             return len(running) == len(self.nodes) and (
-                not self.synchronous or self.sync_standby() is not None)
+                not self.synchronous or self.sync_standby() is not None) and (
+                self._every_replica_streams())
         until(healthy, timeout, "the Patroni cluster has a leader, two replicas and a sync "
               "standby", interval=0.5)
+
+    def _every_replica_streams(self) -> bool:
+        """Whether the primary streams to every other node. Patroni's list alone is not enough:
+        a demoted old primary shows "running" for a moment after it started as a replica and
+        before Patroni stops it again for pg_rewind; a failover then made the restarted node
+        wait for WAL from the stopped primary, and Patroni left it so for ``pg_ctl_timeout``
+        (60 s), the promoted server's commits held all that time by strict synchronous mode
+        (tests/ha, 2026-12-06: its first commit 40 s after it took writes)."""
+        primary = self.primary()
+        with psycopg.connect(primary.dsn(), connect_timeout=3) as conn:
+            rows = conn.execute("SELECT application_name FROM pg_stat_replication"
+                                " WHERE state = 'streaming'").fetchall()
+        return {str(name) for name, in rows} >= {n.name for n in self.nodes if n is not primary}
 
     def switchover(self) -> tuple[PatroniNode, PatroniNode]:
         """``patronictl switchover --force`` to the synchronous standby; (old, new) primary."""

@@ -100,6 +100,11 @@ class RunExecutor:
 
     def spawn(self, scope: Scope, run: ClaimedRun, deadline: float,
               recovered: bool) -> ActiveRun:
+        # When the claim's answer arrived, as this worker saw it: a claim's commit may wait (a
+        # synchronous standby) after the statement's own timestamps were taken, so this line
+        # is what tells when a claim really took effect (tests/ha reads it).
+        log.debug("run %s claimed at generation %d (%s)", run.run_id, run.lease_generation,
+                  "orphan" if recovered else "pending")
         # This process may have recovered its own orphan (its event loop stalled past the
         # lease): the older generation's lease is gone, so stop that task; it writes nothing.
         for older in self.runs.older(run.run_id):
