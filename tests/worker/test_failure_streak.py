@@ -96,3 +96,19 @@ def test_a_huge_message_is_quoted_bounded(streak: tuple[FailureStreak, Clock],
     assert repeat.startswith("claim pass still failing: 2 more times in 31 s, each with "
                              "RuntimeError: xxx")
     assert len(repeat.encode()) < 600
+
+
+def test_database_errors_are_the_same_failure_by_sqlstate_whatever_their_message_names(
+        streak: tuple[FailureStreak, Clock], caplog: pytest.LogCaptureFixture) -> None:
+    import asyncpg
+
+    failures, _ = streak
+    for pid in (101, 102, 103):
+        error = asyncpg.DeadlockDetectedError(f"Process {pid} waits for ShareLock")
+        failures.failed(error, 0.05)
+    failures.failed(asyncpg.InsufficientPrivilegeError("permission denied"), 0.05)
+    logged = lines(caplog)
+    assert [(level, exc) for level, _, exc in logged] == [
+        (logging.ERROR, True), (logging.WARNING, False), (logging.ERROR, True)]
+    assert logged[1][1] == ("claim pass still failing: 2 more times in 0 s, each with "
+                            "DeadlockDetectedError: Process 101 waits for ShareLock")

@@ -9,7 +9,9 @@ was lost among them.
 A :class:`FailureStreak` logs the first failure of a streak, and any failure unlike the one
 before it, at ERROR with its traceback; repeats of the same failure as one WARNING line at most
 every :data:`REPEAT_EVERY` seconds, with how many there were; and the first success after a
-streak as one INFO line. "The same" is the same exception type and message.
+streak as one INFO line. "The same" is the same exception type and, for a database error, the
+same SQLSTATE, for an OS error the same errno, else the same message: a message that names a
+process id or a lock (a deadlock, a lock timeout) changes from one try to the next.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class FailureStreak:
         self._repeat_every = repeat_every
         self._clock = clock
         self._kind: tuple[str, str] | None = None
+        self._message = ""
         #: Failures in the current streak, when it began, when a line last reported it.
         self.failures = 0
         self._began = 0.0
@@ -48,14 +51,15 @@ class FailureStreak:
         """Report ``error``; ``retry_in``: seconds until the next try; ``retrying``: what the
         loop does meanwhile (a clause such as "claiming goes on")."""
         now = self._clock()
-        kind = (type(error).__qualname__, bounded_text(str(error), MESSAGE_BYTES))
+        message = bounded_text(str(error), MESSAGE_BYTES)
+        kind = (type(error).__qualname__, _variant(error) or message)
         doing = f"{retrying}, " if retrying else ""
         if self._kind != kind:
             if self.failures:
                 self._flush(now)
             if not self.failures:
                 self._began = now
-            self._kind = kind
+            self._kind, self._message = kind, message
             self.failures += 1
             self._reported, self._unreported = now, 0
             self._log.error("%s failed; %sretrying in %.2f s", self.what, doing, retry_in,
@@ -80,8 +84,18 @@ class FailureStreak:
         """One line for the repeats not reported yet."""
         if not self._unreported or self._kind is None:
             return
-        name, message = self._kind
         self._log.warning("%s still failing: %d more time%s in %.0f s, each with %s: %s",
                           self.what, self._unreported, "" if self._unreported == 1 else "s",
-                          now - self._reported, name, message)
+                          now - self._reported, self._kind[0], self._message)
         self._reported, self._unreported = now, 0
+
+
+def _variant(error: BaseException) -> str | None:
+    """What tells two failures of one exception type apart, when not their message: a database
+    error's SQLSTATE, an OS error's errno."""
+    sqlstate = getattr(error, "sqlstate", None)
+    if isinstance(sqlstate, str) and sqlstate:
+        return f"SQLSTATE {sqlstate}"
+    if isinstance(error, OSError) and error.errno is not None:
+        return f"errno {error.errno}"
+    return None
