@@ -80,3 +80,42 @@ async def test_a_worker_that_lost_its_grant_logs_one_traceback_and_one_line_when
         finally:
             await asyncio.wait_for(worker.graceful_shutdown(), timeout=30)
             await worker_pool.close()
+
+
+async def test_a_worker_that_lost_its_grant_logs_one_traceback_for_its_timed_out_waits_too(
+        pool: asyncpg.Pool, pg_server_dsn: str, database_dsn: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Each orphan sweep first wakes the timed-out event waits (zeroth.wake_due_waits), which
+    # fails on the same missing grant; the sweep is retried within a second while it fails, so a
+    # traceback per try was a wall of them again, beside the sweep's single one.
+    caplog.set_level(logging.INFO, logger="zeroth_pg.worker")
+    dep = unique_deployment("streak_waits")
+
+    async def handler(ctx: RunContext) -> Any:
+        return {"ok": True}
+
+    with login_role(pg_server_dsn, None) as (name, password):  # a LOGIN role with no grant
+        worker_pool = await zeroth_pg.create_pool(dsn_as(database_dsn, name, password),
+                                                  min_size=1, max_size=4)
+        worker = RunWorker(worker_pool, dep, handler, poll_interval=0.05,
+                           orphan_sweep_interval=0.05, lease_duration=30.0,
+                           shutdown_timeout=2.0)
+        try:
+            await worker.start()
+            await wait_until(lambda: worker_errors(dep, "wake_due_waits") >= 6
+                             and worker_errors(dep, "sweep") >= 6,
+                             "six failed wakes of timed-out waits and six failed sweeps",
+                             within=60)
+            wakes = _records(caplog, "waking timed-out event waits failed")
+            assert len(wakes) == 1, [r.getMessage() for r in caplog.records]
+            assert wakes[0].levelno == logging.ERROR
+            assert wakes[0].exc_info is not None
+            with psycopg.connect(libpq_dsn(pg_server_dsn), autocommit=True) as admin:
+                admin.execute(f'GRANT zeroth_worker TO "{name}"')
+            await wait_until(lambda: bool(_records(caplog, "waking timed-out event waits "
+                                                           "answers again")),
+                             "the wakes answering again", within=60)
+            assert len(_records(caplog, "waking timed-out event waits failed")) == 1
+        finally:
+            await asyncio.wait_for(worker.graceful_shutdown(), timeout=30)
+            await worker_pool.close()

@@ -74,6 +74,9 @@ class ClaimLoop:
         #: One traceback per streak of failed passes or sweeps, not one per retry.
         self.pass_failures = FailureStreak("claim pass", log)
         self.sweep_failures = FailureStreak("orphan sweep", log)
+        #: The wake of timed-out waits that begins each sweep fails with it (a missing grant, a
+        #: database that is down), and is tried again at each of the sweep's retries.
+        self.wake_failures = FailureStreak("waking timed-out event waits", log)
 
     async def run(self) -> None:
         """Claim until stopping: orphans when a sweep is due, then pending runs in batches."""
@@ -174,9 +177,11 @@ class ClaimLoop:
                     break
         except asyncio.CancelledError:
             raise
-        except Exception:
-            log.exception("waking timed-out event waits failed; the next sweep tries again")
+        except Exception as exc:
+            self.wake_failures.failed(exc, None, "the next sweep tries again")
             self._worker_error("wake_due_waits")
+        else:
+            self.wake_failures.answered()
 
     async def _sweep_orphans(self) -> None:
         settings, pacer = self.settings, self.pacer

@@ -47,9 +47,10 @@ class FailureStreak:
         self._reported = 0.0
         self._unreported = 0
 
-    def failed(self, error: BaseException, retry_in: float, retrying: str = "") -> None:
-        """Report ``error``; ``retry_in``: seconds until the next try; ``retrying``: what the
-        loop does meanwhile (a clause such as "claiming goes on")."""
+    def failed(self, error: BaseException, retry_in: float | None, retrying: str = "") -> None:
+        """Report ``error``; ``retry_in``: seconds until the next try (None: not this loop's to
+        say, ``retrying`` does); ``retrying``: what the loop does meanwhile (a clause such as
+        "claiming goes on")."""
         now = self._clock()
         message = bounded_text(str(error), MESSAGE_BYTES)
         kind = (type(error).__qualname__, _variant(error) or message)
@@ -62,8 +63,11 @@ class FailureStreak:
             self._kind, self._message = kind, message
             self.failures += 1
             self._reported, self._unreported = now, 0
-            self._log.error("%s failed; %sretrying in %.2f s", self.what, doing, retry_in,
-                            exc_info=error)
+            if retry_in is None:
+                self._log.error("%s failed; %s", self.what, retrying, exc_info=error)
+            else:
+                self._log.error("%s failed; %sretrying in %.2f s", self.what, doing, retry_in,
+                                exc_info=error)
             return
         self.failures += 1
         self._unreported += 1
