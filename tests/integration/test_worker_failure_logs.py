@@ -119,3 +119,44 @@ async def test_a_worker_that_lost_its_grant_logs_one_traceback_for_its_timed_out
         finally:
             await asyncio.wait_for(worker.graceful_shutdown(), timeout=30)
             await worker_pool.close()
+
+
+def _reported_failures(caplog: pytest.LogCaptureFixture, what: str) -> int:
+    """Failures of ``what`` the log accounts for: one per traceback, N per "N more" line."""
+    tracebacks = len(_records(caplog, f"{what} failed"))
+    repeats = sum(int(r.getMessage().split("still failing: ")[1].split(" ")[0])
+                  for r in _records(caplog, f"{what} still failing: "))
+    return tracebacks + repeats
+
+
+async def test_a_worker_stopped_while_its_calls_fail_logs_every_failure_of_the_streak(
+        pool: asyncpg.Pool, pg_server_dsn: str, database_dsn: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Repeats are reported at most every 30 s, or when the streak ends: a worker stopped meanwhile
+    # (a deploy, a scale-down, the pod killed for its failing readiness) must not take the count
+    # of its last failures with it: the log is what an operator reads after the outage.
+    caplog.set_level(logging.INFO, logger="zeroth_pg.worker")
+    dep = unique_deployment("streak_stop")
+
+    async def handler(ctx: RunContext) -> Any:
+        return {"ok": True}
+
+    with login_role(pg_server_dsn, None) as (name, password):  # a LOGIN role with no grant
+        worker_pool = await zeroth_pg.create_pool(dsn_as(database_dsn, name, password),
+                                                  min_size=1, max_size=4)
+        worker = RunWorker(worker_pool, dep, handler, poll_interval=0.05,
+                           orphan_sweep_interval=0.05, lease_duration=30.0,
+                           shutdown_timeout=2.0)
+        try:
+            await worker.start()
+            await wait_until(lambda: worker_errors(dep, "claim") >= 4
+                             and worker_errors(dep, "sweep") >= 4
+                             and worker_errors(dep, "wake_due_waits") >= 4,
+                             "four failures of each", within=60)
+        finally:
+            await asyncio.wait_for(worker.graceful_shutdown(), timeout=30)
+            await worker_pool.close()
+    assert _reported_failures(caplog, "claim pass") == worker_errors(dep, "claim")
+    assert _reported_failures(caplog, "orphan sweep") == worker_errors(dep, "sweep")
+    assert (_reported_failures(caplog, "waking timed-out event waits")
+            == worker_errors(dep, "wake_due_waits"))

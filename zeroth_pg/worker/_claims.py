@@ -80,6 +80,15 @@ class ClaimLoop:
 
     async def run(self) -> None:
         """Claim until stopping: orphans when a sweep is due, then pending runs in batches."""
+        try:
+            await self._claim_until_stopping()
+        finally:
+            # A streak's repeats are reported every 30 s or when it ends: the ones since the
+            # last line would be lost with a worker stopped (or a loop crashed) meanwhile.
+            for streak in (self.pass_failures, self.sweep_failures, self.wake_failures):
+                streak.stopped()
+
+    async def _claim_until_stopping(self) -> None:
         while not self._stopping():
             # Cleared before the pass, not before the sleep: a wakeup that arrives while the pass
             # is talking to the database must still cut the next sleep short.

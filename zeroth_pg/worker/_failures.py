@@ -8,8 +8,8 @@ was lost among them.
 
 A :class:`FailureStreak` logs the first failure of a streak, and any failure unlike the one
 before it, at ERROR with its traceback; repeats of the same failure as one WARNING line at most
-every :data:`REPEAT_EVERY` seconds, with how many there were; and the first success after a
-streak as one INFO line. "The same" is the same exception type and, for a database error, the
+every :data:`REPEAT_EVERY` seconds (and when the loop stops), with how many there were; and the
+first success after a streak as one INFO line. "The same" is the same exception type and, for a database error, the
 same SQLSTATE, for an OS error the same errno, else the same message: a message that names a
 process id or a lock (a deadlock, a lock timeout) changes from one try to the next.
 """
@@ -83,6 +83,11 @@ class FailureStreak:
                        self.failures, "" if self.failures == 1 else "s", now - self._began)
         self._kind = None
         self.failures = self._unreported = 0
+
+    def stopped(self) -> None:
+        """The loop stops (the worker stops, or the loop crashed and is restarted): repeats not
+        reported yet are, or their count would go with it."""
+        self._flush(self._clock())
 
     def _flush(self, now: float) -> None:
         """One line for the repeats not reported yet."""
