@@ -160,3 +160,42 @@ async def test_a_worker_stopped_while_its_calls_fail_logs_every_failure_of_the_s
     assert _reported_failures(caplog, "orphan sweep") == worker_errors(dep, "sweep")
     assert (_reported_failures(caplog, "waking timed-out event waits")
             == worker_errors(dep, "wake_due_waits"))
+
+
+async def test_a_busy_worker_whose_sweeps_fail_never_logs_that_they_answer_again(
+        pool: asyncpg.Pool, pg_server_dsn: str, database_dsn: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Every slot busy: a sweep has nothing to re-lease into and calls the database only for its
+    # end-only pass, once per interval; the other sweeps wake the timed-out waits (which fail
+    # too) and return. Not having called is not having answered: "answers again" while the role
+    # still has no grant would tell the operator the outage was over.
+    caplog.set_level(logging.INFO, logger="zeroth_pg.worker")
+    dep = unique_deployment("streak_busy")
+    await LeaseManager(pool).enqueue_run(dep, {"n": 1})
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def handler(ctx: RunContext) -> Any:
+        started.set()
+        await release.wait()
+        return {"ok": True}
+
+    with login_role(pg_server_dsn, "zeroth_worker") as (name, password):
+        worker_pool = await zeroth_pg.create_pool(dsn_as(database_dsn, name, password),
+                                                  min_size=1, max_size=4)
+        worker = RunWorker(worker_pool, dep, handler, poll_interval=0.05, max_concurrency=1,
+                           orphan_sweep_interval=1.0, lease_duration=30.0,
+                           shutdown_timeout=2.0)
+        try:
+            await worker.start()
+            await asyncio.wait_for(started.wait(), timeout=60)
+            with psycopg.connect(libpq_dsn(pg_server_dsn), autocommit=True) as admin:
+                admin.execute(f'REVOKE zeroth_worker FROM "{name}"')
+            await wait_until(lambda: worker_errors(dep, "sweep") >= 3
+                             and worker_errors(dep, "wake_due_waits") >= 3,
+                             "three failed sweeps", within=60)
+            assert _records(caplog, "orphan sweep answers again") == []
+            assert _records(caplog, "claim pass answers again") == []
+        finally:
+            release.set()
+            await asyncio.wait_for(worker.graceful_shutdown(), timeout=30)
+            await worker_pool.close()

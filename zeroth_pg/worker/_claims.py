@@ -103,7 +103,8 @@ class ClaimLoop:
                 self.pass_failures.failed(exc, delay)
                 self._worker_error("claim")
             else:
-                self.pass_failures.answered()
+                if claimed is not None:  # None: no claim was sent, so none answered
+                    self.pass_failures.answered()
             if self._stopping():
                 break
             mode = self.pacer.gate_mode(claimed, time.monotonic())
@@ -127,7 +128,7 @@ class ClaimLoop:
         pacer, settings = self.pacer, self.settings
         if pacer.sweep_wanted(time.monotonic()):
             try:
-                await self._sweep_orphans()
+                swept = await self._sweep_orphans()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -135,7 +136,10 @@ class ClaimLoop:
                 self.sweep_failures.failed(exc, delay, "claiming goes on")
                 self._worker_error("sweep")
             else:
-                self.sweep_failures.answered()
+                # A sweep with no slot to re-lease into calls the database once per interval
+                # only: not having called is not having answered (the streak goes on).
+                if swept:
+                    self.sweep_failures.answered()
         free = self.runs.free()
         if free <= 0 or self._stopping():
             pacer.answered()
@@ -192,7 +196,9 @@ class ClaimLoop:
         else:
             self.wake_failures.answered()
 
-    async def _sweep_orphans(self) -> None:
+    async def _sweep_orphans(self) -> bool:
+        """Wake the timed-out waits, then re-lease orphans (or only end them, with no free slot,
+        once per interval): whether a sweep was sent (and answered)."""
         settings, pacer = self.settings, self.pacer
         await self._wake_due_waits()
         free = self.runs.free()
@@ -205,8 +211,9 @@ class ClaimLoop:
             if pacer.sweep_without_room(time.monotonic(), settings.orphan_sweep_interval):
                 await self.source.sweep(settings.worker_id, 0, settings.fleet_max_concurrency,
                                         settings.orphan_grace)
-            return
-        more = False
+                return True
+            return False
+        more = asked = False
         claimed = 0
         held_until: float | None = None
         # A deployment at its local limit is left out; its orphans wait for its next sweep.
@@ -218,6 +225,7 @@ class ClaimLoop:
             result = await self.source.sweep(settings.worker_id, limit,
                                              settings.fleet_max_concurrency,
                                              settings.orphan_grace, deployments)
+            asked = True
             tracing.received(result.runs, sent_ns)
             self.observe_saturation(result)
             for scope, run in result.runs:
@@ -239,6 +247,7 @@ class ClaimLoop:
                 held_until = held if held_until is None else min(held_until, held)
         pacer.swept(time.monotonic(), settings.orphan_sweep_interval, more=more,
                     held_until=held_until)
+        return asked
 
     def observe_saturation(self, result: Claimed) -> None:
         deployment = self.settings.deployment_ref

@@ -9,9 +9,10 @@ was lost among them.
 A :class:`FailureStreak` logs the first failure of a streak, and any failure unlike the one
 before it, at ERROR with its traceback; repeats of the same failure as one WARNING line at most
 every :data:`REPEAT_EVERY` seconds (and when the loop stops), with how many there were; and the
-first success after a streak as one INFO line. "The same" is the same exception type and, for a database error, the
-same SQLSTATE, for an OS error the same errno, else the same message: a message that names a
-process id or a lock (a deadlock, a lock timeout) changes from one try to the next.
+first success after a streak (a call that was made and answered) as one INFO line. "The same" is
+the same exception type and, for a database error, the same SQLSTATE, for an OS error the same
+errno, else the same message: a message that names a process id or a lock (a deadlock, a lock
+timeout) changes from one try to the next.
 """
 
 from __future__ import annotations
