@@ -112,3 +112,23 @@ def test_database_errors_are_the_same_failure_by_sqlstate_whatever_their_message
         (logging.ERROR, True), (logging.WARNING, False), (logging.ERROR, True)]
     assert logged[1][1] == ("claim pass still failing: 2 more times in 0 s, each with "
                             "DeadlockDetectedError: Process 101 waits for ShareLock")
+
+
+class _UnprintableError(Exception):
+    def __str__(self) -> str:
+        raise ValueError("no text for this one")
+
+
+def test_a_failure_whose_str_raises_is_reported_not_raised(
+        streak: tuple[FailureStreak, Clock], caplog: pytest.LogCaptureFixture) -> None:
+    # The report runs in the loop's `except Exception`: raising there crashed the claim loop
+    # (restarted by its supervisor, a traceback each time) instead of counting a failure.
+    failures, clock = streak
+    failures.failed(_UnprintableError(), 1.0)
+    failures.failed(_UnprintableError(), 1.0)
+    clock.now += 31
+    failures.failed(_UnprintableError(), 1.0)
+    logged = lines(caplog)
+    assert [level for level, _, _ in logged] == [logging.ERROR, logging.WARNING]
+    assert "_UnprintableError: <str() of the exception raised ValueError>" in logged[1][1]
+    assert failures.failures == 3

@@ -21,7 +21,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from zeroth_pg.errors import bounded_text
+from zeroth_pg.errors import bounded_text, describe
 
 __all__ = ["REPEAT_EVERY", "FailureStreak"]
 
@@ -53,7 +53,9 @@ class FailureStreak:
         say, ``retrying`` does); ``retrying``: what the loop does meanwhile (a clause such as
         "claiming goes on")."""
         now = self._clock()
-        message = bounded_text(str(error), MESSAGE_BYTES)
+        # describe() never raises: an exception whose str() raises (or is megabytes) must not
+        # turn the report of a failure into a crash of the loop that reports it.
+        message = bounded_text(describe(error).message, MESSAGE_BYTES)
         kind = (type(error).__qualname__, _variant(error) or message)
         doing = f"{retrying}, " if retrying else ""
         if self._kind != kind:
