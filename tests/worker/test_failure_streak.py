@@ -132,3 +132,18 @@ def test_a_failure_whose_str_raises_is_reported_not_raised(
     assert [level for level, _, _ in logged] == [logging.ERROR, logging.WARNING]
     assert "_UnprintableError: <str() of the exception raised ValueError>" in logged[1][1]
     assert failures.failures == 3
+
+
+def test_zeroth_pg_s_own_database_errors_are_the_same_failure_by_their_sqlstate(
+        streak: tuple[FailureStreak, Clock], caplog: pytest.LogCaptureFixture) -> None:
+    from zeroth_pg.errors import RetryableError
+
+    failures, _ = streak
+    for pid in (7, 8):
+        failures.failed(RetryableError(f"deadlock detected (process {pid})", sqlstate="40P01"),
+                        0.05)
+    failures.stopped()
+    logged = lines(caplog)
+    assert [(level, exc) for level, _, exc in logged] == [
+        (logging.ERROR, True), (logging.WARNING, False)]
+    assert "1 more time" in logged[1][1]

@@ -104,10 +104,12 @@ class FailureStreak:
 
 def _variant(error: BaseException) -> str | None:
     """What tells two failures of one exception type apart, when not their message: a database
-    error's SQLSTATE, an OS error's errno."""
-    sqlstate = getattr(error, "sqlstate", None)
-    if isinstance(sqlstate, str) and sqlstate:
-        return f"SQLSTATE {sqlstate}"
+    error's SQLSTATE (asyncpg's ``sqlstate``; zeroth_pg's own errors keep it in ``code``), an OS
+    error's errno."""
+    for attribute in ("sqlstate", "code"):
+        sqlstate = getattr(error, attribute, None)
+        if isinstance(sqlstate, str) and len(sqlstate) == 5:
+            return f"SQLSTATE {sqlstate}"
     if isinstance(error, OSError) and error.errno is not None:
         return f"errno {error.errno}"
     return None
