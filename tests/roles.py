@@ -55,8 +55,8 @@ def dsn_as(dsn: str, user: str, password: str) -> str:
 #: role still has its own name; a test needs a password only to log in where trust does not.
 _PASSWORD = secrets.token_hex(16)
 _SECRET: str | None = None
-#: One admin connection per admin DSN for the roles' CREATE and DROP: two connects a role cost
-#: the server two backend starts.
+#: The admin connection kept for the roles' CREATE and DROP (of the last admin DSN used): two
+#: connects a role cost the server two backend starts.
 _ADMINS: dict[str, psycopg.Connection] = {}
 
 
@@ -78,6 +78,11 @@ def _admin_execute(admin_dsn: str, *statements: tuple[Any, tuple[Any, ...]]) -> 
     for attempt in (1, 2):
         conn = _ADMINS.get(admin_dsn)
         if conn is None or conn.closed or conn.broken:
+            # One kept at a time: a test's own database (dropped after it) must not leave one
+            # behind for every test.
+            for other in _ADMINS.values():
+                other.close()
+            _ADMINS.clear()
             conn = _ADMINS[admin_dsn] = psycopg.connect(libpq_dsn(admin_dsn), autocommit=True)
         try:
             for statement, parameters in statements:
