@@ -359,7 +359,7 @@ class TestAFailedClaimPass:
     """A claim pass that fails — its connection lost to a failover, or no server taking
     connections yet — is tried again after a short backoff (50 ms doubling up to 1 s), not a
     poll interval later: through a PgBouncer per node, a Patroni switchover's first claim on the
-    promoted node came up to 1.56 s after the promotion (issue 35, docs/dba-guide.md)."""
+    promoted node came up to 1.56 s after the promotion (issue 35, docs/ha-measurements.md)."""
 
     async def test_the_worker_claims_as_soon_as_the_server_takes_connections_again(
             self, database_dsn: str, pg_server_dsn: str, pool: asyncpg.Pool,
