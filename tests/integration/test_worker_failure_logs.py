@@ -6,13 +6,14 @@ and the moment it ended, not a wall of identical tracebacks."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
 import psycopg
 import pytest
-import worker_probes
 from helpers import unique_deployment, wait_until
 from roles import dsn_as, login_role
 from worker_probes import wait_for_status, worker_errors
@@ -22,7 +23,30 @@ from zeroth_pg.client import LeaseManager
 from zeroth_pg.testing import libpq_dsn
 from zeroth_pg.worker import RunContext, RunWorker
 
-spawn_worker = worker_probes.spawn_worker
+
+@contextlib.asynccontextmanager
+async def _worker_as(member_of: str | None, pg_server_dsn: str, database_dsn: str, dep: str,
+                     handler: Any, **settings: Any) -> AsyncIterator[tuple[RunWorker, str]]:
+    """A started RunWorker on a pool of a new LOGIN role (member of ``member_of``; None: no
+    grant at all), its claim passes and sweeps due every 50 ms unless ``settings`` say
+    otherwise; yields it and the role's name; drained and its pool closed at exit."""
+    with login_role(pg_server_dsn, member_of) as (name, password):
+        worker_pool = await zeroth_pg.create_pool(dsn_as(database_dsn, name, password),
+                                                  min_size=1, max_size=4)
+        settings = {"poll_interval": 0.05, "orphan_sweep_interval": 0.05,
+                    "lease_duration": 30.0, "shutdown_timeout": 2.0, **settings}
+        worker = RunWorker(worker_pool, dep, handler, **settings)
+        try:
+            await worker.start()
+            yield worker, name
+        finally:
+            await asyncio.wait_for(worker.graceful_shutdown(), timeout=30)
+            await worker_pool.close()
+
+
+def _grant(pg_server_dsn: str, statement: str) -> None:
+    with psycopg.connect(libpq_dsn(pg_server_dsn), autocommit=True) as admin:
+        admin.execute(statement)
 
 
 def _records(caplog: pytest.LogCaptureFixture, text: str) -> list[logging.LogRecord]:
@@ -41,45 +65,34 @@ async def test_a_worker_that_lost_its_grant_logs_one_traceback_and_one_line_when
         done.set()
         return {"ok": True}
 
-    with login_role(pg_server_dsn, None) as (name, password):  # a LOGIN role with no grant
-        worker_pool = await zeroth_pg.create_pool(dsn_as(database_dsn, name, password),
-                                                  min_size=1, max_size=4)
-        # A sweep due at every pass: both loops fail on every try while the grant is missing.
-        worker = RunWorker(worker_pool, dep, handler, poll_interval=0.05,
-                           orphan_sweep_interval=0.05, lease_duration=30.0,
-                           shutdown_timeout=2.0)
-        try:
-            await worker.start()
-            await wait_until(lambda: worker_errors(dep, "claim") >= 6
-                             and worker_errors(dep, "sweep") >= 6,
-                             "six failed claim passes and six failed sweeps", within=60)
-            # One traceback each, for all of them.
-            passes = _records(caplog, "claim pass failed")
-            sweeps = _records(caplog, "orphan sweep failed")
-            messages = [r.getMessage() for r in caplog.records]
-            assert len(passes) == 1, messages
-            assert len(sweeps) == 1, messages
-            for record in passes + sweeps:
-                assert record.levelno == logging.ERROR
-                assert record.exc_info is not None
-                assert "permission denied" in str(record.exc_info[1])
-            assert not done.is_set()
+    # A sweep due at every pass: both loops fail on every try while the grant is missing.
+    async with _worker_as(None, pg_server_dsn, database_dsn, dep, handler) as (_, name):
+        await wait_until(lambda: worker_errors(dep, "claim") >= 6
+                         and worker_errors(dep, "sweep") >= 6,
+                         "six failed claim passes and six failed sweeps", within=60)
+        # One traceback each, for all of them.
+        passes = _records(caplog, "claim pass failed")
+        sweeps = _records(caplog, "orphan sweep failed")
+        messages = [r.getMessage() for r in caplog.records]
+        assert len(passes) == 1, messages
+        assert len(sweeps) == 1, messages
+        for record in passes + sweeps:
+            assert record.levelno == logging.ERROR
+            assert record.exc_info is not None
+            assert "permission denied" in str(record.exc_info[1])
+        assert not done.is_set()
 
-            with psycopg.connect(libpq_dsn(pg_server_dsn), autocommit=True) as admin:
-                admin.execute(f'GRANT zeroth_worker TO "{name}"')
-            await asyncio.wait_for(done.wait(), timeout=60)
-            await wait_for_status(pool, run.run_id, "completed")
-            back = _records(caplog, "claim pass answers again")
-            assert len(back) == 1
-            assert back[0].levelno == logging.INFO
-            failures = int(back[0].getMessage().split("after ")[1].split(" ")[0])
-            assert failures >= 6
-            assert len(_records(caplog, "orphan sweep answers again")) == 1
-            # Still one traceback each: the streak ended without another.
-            assert len(_records(caplog, "claim pass failed")) == 1
-        finally:
-            await asyncio.wait_for(worker.graceful_shutdown(), timeout=30)
-            await worker_pool.close()
+        _grant(pg_server_dsn, f'GRANT zeroth_worker TO "{name}"')
+        await asyncio.wait_for(done.wait(), timeout=60)
+        await wait_for_status(pool, run.run_id, "completed")
+        back = _records(caplog, "claim pass answers again")
+        assert len(back) == 1
+        assert back[0].levelno == logging.INFO
+        failures = int(back[0].getMessage().split("after ")[1].split(" ")[0])
+        assert failures >= 6
+        assert len(_records(caplog, "orphan sweep answers again")) == 1
+        # Still one traceback each: the streak ended without another.
+        assert len(_records(caplog, "claim pass failed")) == 1
 
 
 async def test_a_worker_that_lost_its_grant_logs_one_traceback_for_its_timed_out_waits_too(
@@ -94,31 +107,19 @@ async def test_a_worker_that_lost_its_grant_logs_one_traceback_for_its_timed_out
     async def handler(ctx: RunContext) -> Any:
         return {"ok": True}
 
-    with login_role(pg_server_dsn, None) as (name, password):  # a LOGIN role with no grant
-        worker_pool = await zeroth_pg.create_pool(dsn_as(database_dsn, name, password),
-                                                  min_size=1, max_size=4)
-        worker = RunWorker(worker_pool, dep, handler, poll_interval=0.05,
-                           orphan_sweep_interval=0.05, lease_duration=30.0,
-                           shutdown_timeout=2.0)
-        try:
-            await worker.start()
-            await wait_until(lambda: worker_errors(dep, "wake_due_waits") >= 6
-                             and worker_errors(dep, "sweep") >= 6,
-                             "six failed wakes of timed-out waits and six failed sweeps",
-                             within=60)
-            wakes = _records(caplog, "waking timed-out event waits failed")
-            assert len(wakes) == 1, [r.getMessage() for r in caplog.records]
-            assert wakes[0].levelno == logging.ERROR
-            assert wakes[0].exc_info is not None
-            with psycopg.connect(libpq_dsn(pg_server_dsn), autocommit=True) as admin:
-                admin.execute(f'GRANT zeroth_worker TO "{name}"')
-            await wait_until(lambda: bool(_records(caplog, "waking timed-out event waits "
-                                                           "answers again")),
-                             "the wakes answering again", within=60)
-            assert len(_records(caplog, "waking timed-out event waits failed")) == 1
-        finally:
-            await asyncio.wait_for(worker.graceful_shutdown(), timeout=30)
-            await worker_pool.close()
+    async with _worker_as(None, pg_server_dsn, database_dsn, dep, handler) as (_, name):
+        await wait_until(lambda: worker_errors(dep, "wake_due_waits") >= 6
+                         and worker_errors(dep, "sweep") >= 6,
+                         "six failed wakes of timed-out waits and six failed sweeps", within=60)
+        wakes = _records(caplog, "waking timed-out event waits failed")
+        assert len(wakes) == 1, [r.getMessage() for r in caplog.records]
+        assert wakes[0].levelno == logging.ERROR
+        assert wakes[0].exc_info is not None
+        _grant(pg_server_dsn, f'GRANT zeroth_worker TO "{name}"')
+        await wait_until(lambda: bool(_records(caplog, "waking timed-out event waits "
+                                                       "answers again")),
+                         "the wakes answering again", within=60)
+        assert len(_records(caplog, "waking timed-out event waits failed")) == 1
 
 
 def _reported_failures(caplog: pytest.LogCaptureFixture, what: str) -> int:
@@ -141,21 +142,11 @@ async def test_a_worker_stopped_while_its_calls_fail_logs_every_failure_of_the_s
     async def handler(ctx: RunContext) -> Any:
         return {"ok": True}
 
-    with login_role(pg_server_dsn, None) as (name, password):  # a LOGIN role with no grant
-        worker_pool = await zeroth_pg.create_pool(dsn_as(database_dsn, name, password),
-                                                  min_size=1, max_size=4)
-        worker = RunWorker(worker_pool, dep, handler, poll_interval=0.05,
-                           orphan_sweep_interval=0.05, lease_duration=30.0,
-                           shutdown_timeout=2.0)
-        try:
-            await worker.start()
-            await wait_until(lambda: worker_errors(dep, "claim") >= 4
-                             and worker_errors(dep, "sweep") >= 4
-                             and worker_errors(dep, "wake_due_waits") >= 4,
-                             "four failures of each", within=60)
-        finally:
-            await asyncio.wait_for(worker.graceful_shutdown(), timeout=30)
-            await worker_pool.close()
+    async with _worker_as(None, pg_server_dsn, database_dsn, dep, handler):
+        await wait_until(lambda: worker_errors(dep, "claim") >= 4
+                         and worker_errors(dep, "sweep") >= 4
+                         and worker_errors(dep, "wake_due_waits") >= 4,
+                         "four failures of each", within=60)
     assert _reported_failures(caplog, "claim pass") == worker_errors(dep, "claim")
     assert _reported_failures(caplog, "orphan sweep") == worker_errors(dep, "sweep")
     assert (_reported_failures(caplog, "waking timed-out event waits")
@@ -179,23 +170,16 @@ async def test_a_busy_worker_whose_sweeps_fail_never_logs_that_they_answer_again
         await release.wait()
         return {"ok": True}
 
-    with login_role(pg_server_dsn, "zeroth_worker") as (name, password):
-        worker_pool = await zeroth_pg.create_pool(dsn_as(database_dsn, name, password),
-                                                  min_size=1, max_size=4)
-        worker = RunWorker(worker_pool, dep, handler, poll_interval=0.05, max_concurrency=1,
-                           orphan_sweep_interval=1.0, lease_duration=30.0,
-                           shutdown_timeout=2.0)
-        try:
-            await worker.start()
+    try:
+        async with _worker_as("zeroth_worker", pg_server_dsn, database_dsn, dep, handler,
+                              max_concurrency=1, orphan_sweep_interval=1.0) as (_, name):
             await asyncio.wait_for(started.wait(), timeout=60)
-            with psycopg.connect(libpq_dsn(pg_server_dsn), autocommit=True) as admin:
-                admin.execute(f'REVOKE zeroth_worker FROM "{name}"')
+            _grant(pg_server_dsn, f'REVOKE zeroth_worker FROM "{name}"')
             await wait_until(lambda: worker_errors(dep, "sweep") >= 3
                              and worker_errors(dep, "wake_due_waits") >= 3,
                              "three failed sweeps", within=60)
             assert _records(caplog, "orphan sweep answers again") == []
             assert _records(caplog, "claim pass answers again") == []
-        finally:
             release.set()
-            await asyncio.wait_for(worker.graceful_shutdown(), timeout=30)
-            await worker_pool.close()
+    finally:
+        release.set()
