@@ -25,82 +25,26 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import asyncpg
-from psycopg.conninfo import conninfo_to_dict
+from tcp_proxy import TcpProxy, server_target, uri_through
 
 import zeroth_pg
-from zeroth_pg.testing import libpq_dsn
 
 #: Turns of the event loop before the cancellation: 0 to this many (a loopback connection is made
 #: within a few; the SSL request answered a few more later).
 TURNS = 40
 
 
-class _Proxy:
-    """A TCP proxy on 127.0.0.1 that forwards every byte to the test's server."""
-
-    def __init__(self, target: dict[str, Any]) -> None:
-        self._target = target
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._writers: list[asyncio.StreamWriter] = []
-        self.port = 0
-        self._server: asyncio.base_events.Server | None = None
-
-    async def start(self) -> None:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        host, port = str(self._target["host"]), int(self._target["port"])
-        try:
-            if host.startswith("/"):
-                up_reader, up_writer = await asyncio.open_unix_connection(
-                    f"{host}/.s.PGSQL.{port}")
-            else:
-                up_reader, up_writer = await asyncio.open_connection(host, port)
-        except OSError:
-            writer.close()
-            return
-        self._writers += [writer, up_writer]
-
-        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-            with contextlib.suppress(OSError):
-                while data := await src.read(65536):
-                    dst.write(data)
-                    await dst.drain()
-            dst.close()
-
-        for task in (asyncio.create_task(pump(reader, up_writer)),
-                     asyncio.create_task(pump(up_reader, writer))):
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-
-    async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-        for writer in self._writers:
-            writer.close()
-        for task in list(self._tasks):
-            task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError, OSError):
-                await task
-
-
 @contextlib.asynccontextmanager
 async def _tcp_dsn(database_dsn: str, hosts: int = 1) -> AsyncIterator[str]:
     """A URI reaching the test's database over TCP through ``hosts`` proxies (a multi-host
     DSN with ``target_session_attrs=read-write`` when more than one)."""
-    params = conninfo_to_dict(libpq_dsn(database_dsn))
-    target = {"host": params.get("host") or "/var/run/postgresql",
-              "port": params.get("port") or 5432}
-    proxies = [_Proxy(target) for _ in range(hosts)]
+    target = server_target(database_dsn)
+    proxies = [TcpProxy(target) for _ in range(hosts)]
     for proxy in proxies:
         await proxy.start()
-    user, dbname = params.get("user") or "postgres", params["dbname"]
-    spec = ",".join(f"127.0.0.1:{proxy.port}" for proxy in proxies)
     extra = "?target_session_attrs=read-write" if hosts > 1 else ""
     try:
-        yield f"postgresql://{user}@{spec}/{dbname}{extra}"
+        yield uri_through(target, proxies, extra)
     finally:
         for proxy in proxies:
             await proxy.close()

@@ -25,86 +25,46 @@ from typing import Any
 
 import asyncpg
 from failover_support import eventually
-from psycopg.conninfo import conninfo_to_dict
+from tcp_proxy import TcpProxy, server_target, uri_through
 
 import zeroth_pg
 from zeroth_pg.client import LeaseManager
-from zeroth_pg.testing import libpq_dsn
 
 DEPLOYMENT = "terminated-connection"
 
 
-class _LateEndProxy:
+class _LateEndProxy(TcpProxy):
     """A TCP proxy to the test's server that forwards every byte but holds back the end of the
     server's side of a connection (its FIN) until ``let_end()``."""
 
     def __init__(self, target: dict[str, Any]) -> None:
-        self._target = target
+        super().__init__(target)
         self.server_ended = asyncio.Event()
         self.server_ends = 0
         self._ends = asyncio.Event()
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._writers: list[asyncio.StreamWriter] = []
-        self.port = 0
-        self._server: asyncio.base_events.Server | None = None
-
-    async def start(self) -> None:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
 
     def let_end(self) -> None:
         self._ends.set()
 
-    async def _open_upstream(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        host, port = str(self._target["host"]), int(self._target["port"])
-        if host.startswith("/"):
-            return await asyncio.open_unix_connection(f"{host}/.s.PGSQL.{port}")
-        return await asyncio.open_connection(host, port)
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await self._open_upstream()
-        self._writers += [writer, up_writer]
-
-        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter,
-                       from_server: bool) -> None:
-            with contextlib.suppress(OSError):
-                while data := await src.read(65536):
-                    dst.write(data)
-                    await dst.drain()
-            if from_server:
-                self.server_ends += 1
-                self.server_ended.set()
-                await self._ends.wait()
-            dst.close()
-
-        for task in (asyncio.create_task(pump(reader, up_writer, False)),
-                     asyncio.create_task(pump(up_reader, writer, True))):
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+    async def _ended(self, dst: asyncio.StreamWriter, *, from_server: bool) -> None:
+        if from_server:
+            self.server_ends += 1
+            self.server_ended.set()
+            await self._ends.wait()
+        dst.close()
 
     async def close(self) -> None:
         self.let_end()
-        if self._server is not None:
-            self._server.close()
-        for writer in self._writers:
-            writer.close()
-        for task in list(self._tasks):
-            task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError, OSError):
-                await task
+        await super().close()
 
 
 @contextlib.asynccontextmanager
 async def _late_end_proxy(database_dsn: str) -> AsyncIterator[tuple[str, _LateEndProxy]]:
-    params = conninfo_to_dict(libpq_dsn(database_dsn))
-    target = {"host": params.get("host") or "/var/run/postgresql",
-              "port": params.get("port") or 5432}
+    target = server_target(database_dsn)
     proxy = _LateEndProxy(target)
     await proxy.start()
-    user, dbname = params.get("user") or "postgres", params["dbname"]
     try:
-        yield f"postgresql://{user}@127.0.0.1:{proxy.port}/{dbname}", proxy
+        yield uri_through(target, [proxy]), proxy
     finally:
         await proxy.close()
 
