@@ -44,7 +44,7 @@ async def _worker_as(member_of: str | None, pg_server_dsn: str, database_dsn: st
             await worker_pool.close()
 
 
-def _grant(pg_server_dsn: str, statement: str) -> None:
+def _as_superuser(pg_server_dsn: str, statement: str) -> None:
     with psycopg.connect(libpq_dsn(pg_server_dsn), autocommit=True) as admin:
         admin.execute(statement)
 
@@ -82,7 +82,7 @@ async def test_a_worker_that_lost_its_grant_logs_one_traceback_and_one_line_when
             assert "permission denied" in str(record.exc_info[1])
         assert not done.is_set()
 
-        _grant(pg_server_dsn, f'GRANT zeroth_worker TO "{name}"')
+        _as_superuser(pg_server_dsn, f'GRANT zeroth_worker TO "{name}"')
         await asyncio.wait_for(done.wait(), timeout=60)
         await wait_for_status(pool, run.run_id, "completed")
         back = _records(caplog, "claim pass answers again")
@@ -115,7 +115,7 @@ async def test_a_worker_that_lost_its_grant_logs_one_traceback_for_its_timed_out
         assert len(wakes) == 1, [r.getMessage() for r in caplog.records]
         assert wakes[0].levelno == logging.ERROR
         assert wakes[0].exc_info is not None
-        _grant(pg_server_dsn, f'GRANT zeroth_worker TO "{name}"')
+        _as_superuser(pg_server_dsn, f'GRANT zeroth_worker TO "{name}"')
         await wait_until(lambda: bool(_records(caplog, "waking timed-out event waits "
                                                        "answers again")),
                          "the wakes answering again", within=60)
@@ -174,7 +174,7 @@ async def test_a_busy_worker_whose_sweeps_fail_never_logs_that_they_answer_again
         async with _worker_as("zeroth_worker", pg_server_dsn, database_dsn, dep, handler,
                               max_concurrency=1, orphan_sweep_interval=1.0) as (_, name):
             await asyncio.wait_for(started.wait(), timeout=60)
-            _grant(pg_server_dsn, f'REVOKE zeroth_worker FROM "{name}"')
+            _as_superuser(pg_server_dsn, f'REVOKE zeroth_worker FROM "{name}"')
             await wait_until(lambda: worker_errors(dep, "sweep") >= 3
                              and worker_errors(dep, "wake_due_waits") >= 3,
                              "three failed sweeps", within=60)
