@@ -143,15 +143,22 @@ class TestCompleteRacingRenewal:
 
 class TestCompleteRacingTakeover:
     async def test_a_stale_batch_and_a_new_holder_never_both_win(self, connect: Any) -> None:
+        """The stale holder completes its batch at the moment its lease expires, while a new
+        holder claims the orphans. The moment moves with the machine's load (a round trip of
+        50 ms on a loaded CI runner lands every completion after the expiry), so the delay
+        follows the outcome: earlier after a round the thief won, later after one the stale
+        holder won. It settles where both win, and the race is run at its edge."""
         stale, thief, setup = await connect(), await connect(), await connect()
+        lease, step = 0.2, 0.02
+        delay = lease
         outcomes = {"completed": 0, "taken": 0}
-        for round_no in range(30):
+        for round_no in range(60):
             deployment = f"takeover-{round_no}"
             await enqueue_many(setup, deployment, 10)
             rows = [r for r in await stale.fetch(
-                CLAIM_AND_START, deployment, "old", None, 10, 0.05, None)
+                CLAIM_AND_START, deployment, "old", None, 10, lease, None)
                 if r["run_id"] is not None]
-            await asyncio.sleep(0.03 + random.random() * 0.04)  # around the expiry
+            await asyncio.sleep(delay * random.uniform(0.9, 1.1))  # around the expiry
 
             completed, taken = await asyncio.gather(
                 stale.fetch(COMPLETE_RUNS, "old", [r["run_id"] for r in rows],
@@ -170,6 +177,12 @@ class TestCompleteRacingTakeover:
                 assert statuses[run_id] == "completed"
             for run_id in won_by_thief:
                 assert statuses[run_id] == "running"
+            if not won_by_stale:
+                delay = max(0.0, delay - step)
+            if not won_by_thief:
+                delay += step
+            if round_no >= 29 and min(outcomes.values()) > 0:
+                break
         # Both sides must have won some runs, or the race was never run.
         assert outcomes["completed"] > 0, outcomes
         assert outcomes["taken"] > 0, outcomes
