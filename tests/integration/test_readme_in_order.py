@@ -10,6 +10,7 @@ it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -19,8 +20,13 @@ import time
 from pathlib import Path
 
 import asyncpg
+import pytest
+
+from bench.harness import ServerUnavailable, debian_server
 
 README = Path(__file__).resolve().parents[2] / "README.md"
+#: As in tests/ha: set (CI, as root), a missing PostgreSQL 15 fails the PG 15 reader; else it skips.
+REQUIRE_ENV = "ZEROTH_PG_REQUIRE_HA"
 #: Every block gets this long; a block that has not ended by then is the defect this guards.
 BLOCK_DEADLINE = 180
 
@@ -70,6 +76,29 @@ def _wait_for_status(dsn: str, run_id: str, wanted: str, worker: subprocess.Pope
 
 def test_the_readme_runs_top_to_bottom_in_one_folder_on_one_dirty_database(
         database_dsn, tmp_path):
+    _read_top_to_bottom(database_dsn, tmp_path)
+
+
+def test_the_readme_runs_top_to_bottom_on_a_stock_postgresql_15(tmp_path):
+    """The same reader on Debian's PostgreSQL 15 as it comes (initdb's settings: 100
+    connections, fsync on, autovacuum at its defaults), into a database of their own that they
+    install the schema into as the README says, with `zeroth-pg migrate up --dsn`."""
+    with contextlib.ExitStack() as stack:
+        try:
+            server = stack.enter_context(debian_server(15, settings=()))
+        except ServerUnavailable as unavailable:
+            if os.environ.get(REQUIRE_ENV) == "1":
+                pytest.fail(f"{REQUIRE_ENV}=1 but {unavailable}")
+            pytest.skip(f"{unavailable} (apt-get install postgresql-15)")
+        dsn = server.database("reader")
+        install = subprocess.run([_console_script(), "migrate", "up", "--dsn", dsn],
+                                 cwd=tmp_path, env=_reader_env(dsn), capture_output=True,
+                                 text=True, timeout=BLOCK_DEADLINE)
+        assert install.returncode == 0, install.stderr[-4000:]
+        _read_top_to_bottom(dsn, tmp_path)
+
+
+def _read_top_to_bottom(database_dsn: str, tmp_path: Path) -> None:
     env = _reader_env(database_dsn)
     blocks = _blocks()
     python_blocks = [code for lang, code in blocks if lang == "python"]
