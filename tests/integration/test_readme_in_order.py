@@ -75,11 +75,11 @@ def _wait_for_status(dsn: str, run_id: str, wanted: str, worker: subprocess.Pope
 
 
 def test_the_readme_runs_top_to_bottom_in_one_folder_on_one_dirty_database(
-        database_dsn, tmp_path):
+        database_dsn: str, tmp_path: Path) -> None:
     _read_top_to_bottom(database_dsn, tmp_path)
 
 
-def test_the_readme_runs_top_to_bottom_on_a_stock_postgresql_15(tmp_path):
+def test_the_readme_runs_top_to_bottom_on_a_stock_postgresql_15(tmp_path: Path) -> None:
     """The same reader on Debian's PostgreSQL 15 as it comes (initdb's settings: 100
     connections, fsync on, autovacuum at its defaults), into a database of their own that they
     install the schema into as the README says, with `zeroth-pg migrate up --dsn`."""
