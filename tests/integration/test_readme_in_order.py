@@ -5,7 +5,9 @@ included), from a folder of the reader's own — and every block ends.
 The per-example tests (test_readme_example.py) give each example a fresh database; this one is
 the reader's path, where the App example once waited for every run in the table and never
 returned, and `zeroth-pg worker --app mymodule:app` typed next to mymodule.py could not import
-it.
+it. The reader runs twice: on the session's server (PostgreSQL 18, the schema already there) and
+on Debian's PostgreSQL 15 with initdb's settings, where they install the schema themselves with
+`zeroth-pg migrate up --dsn`, as the README tells someone with a server of their own.
 """
 
 from __future__ import annotations
