@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import os
 import sys
@@ -392,7 +393,8 @@ async def test_sync_handlers_that_raise_base_exceptions_or_return_garbage_are_co
         app, pool, serve):
     """HOLDS: SystemExit / KeyboardInterrupt / StopIteration in a sync handler fail that attempt
     (retryable RuntimeError); a coroutine or a set returned by a plain ``def`` fails the run
-    for good (not JSON); the worker serves the next run."""
+    for good (the coroutine closed unrun, its error saying what happened; the set not JSON);
+    the worker serves the next run."""
     import warnings
 
     async def never_awaited() -> int:
@@ -412,18 +414,25 @@ async def test_sync_handlers_that_raise_base_exceptions_or_return_garbage_are_co
         return 42
 
     raised = [await raiser.enqueue(kind=k, max_attempts=1) for k in ("exit", "interrupt", "stop")]
-    junk = [await garbage.enqueue(kind=k, max_attempts=3) for k in ("coroutine", "set")]
+    coroutine, a_set = [await garbage.enqueue(kind=k, max_attempts=3)
+                        for k in ("coroutine", "set")]
     ok = await fine.enqueue()
+    # Every warning is an error here: the returned coroutine is closed by the worker, so no
+    # "was never awaited" escapes to be raised wherever the garbage collector meets it.
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # the coroutine nobody awaits
+        warnings.simplefilter("error", RuntimeWarning)
         await serve()
         for run in raised:
             row = await finished(pool, run.run_id)
             assert (row["status"], json.loads(row["error"])["type"]) == ("failed", "RuntimeError")
-        for run in junk:
+        for run in (coroutine, a_set):
             row = await finished(pool, run.run_id)
             assert (row["status"], row["attempts"]) == ("failed", 1)
+        error = json.loads((await finished(pool, coroutine.run_id))["error"])
+        assert error["type"] == "TypeError", error
+        assert "without await" in error["message"], error
         assert (await finished(pool, ok.run_id))["output"] == "42"
+        gc.collect()
 
 
 # -- 9. orphans and pending runs of a limited deployment in one pass ----------------------------

@@ -6,6 +6,8 @@ tests/integration (test_worker_hardening, test_durable_sleep, ...)."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import warnings
 from datetime import UTC, datetime
 from typing import Any
 
@@ -51,6 +53,36 @@ class TestReturned:
             OutcomeKind.FAILED, False, "output is not JSON")
         assert isinstance(decided.error, TypeError | ValueError)
         assert decided.traced is decided.error
+
+    def test_a_returned_coroutine_fails_for_good_saying_so_and_is_closed_unrun(self):
+        ran = []
+
+        async def forgot_await() -> int:
+            ran.append(True)
+            return 1
+
+        coroutine = forgot_await()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            decided = outcome(output=coroutine)
+            del coroutine
+            gc.collect()
+        assert (decided.kind, decided.retryable, decided.why) == (
+            OutcomeKind.FAILED, False, "output is an awaitable")
+        assert isinstance(decided.error, TypeError)
+        assert "forgot_await" in str(decided.error)
+        assert "without await" in str(decided.error)
+        assert decided.traced is decided.error
+        assert ran == []
+        # Closed here: no "coroutine ... was never awaited" from wherever it is collected.
+        assert not [w for w in caught if "never awaited" in str(w.message)]
+
+    async def test_a_returned_future_fails_for_good_and_is_left_as_it_is(self):
+        future = asyncio.get_running_loop().create_future()
+        decided = outcome(output=future)
+        assert (decided.kind, decided.retryable, decided.why) == (
+            OutcomeKind.FAILED, False, "output is an awaitable")
+        assert not future.done()
 
     def test_an_output_nested_deeper_than_the_encoder_goes_fails_for_good(self):
         deep: list[Any] = []

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,6 +102,8 @@ def _returned(output: Any, *, slept: bool, lease_gone: bool) -> Outcome:
         return Outcome(OutcomeKind.SLEPT)
     if lease_gone:
         return Outcome(OutcomeKind.LEASE_LOST, why="lease lost")
+    if inspect.isawaitable(output):
+        return _awaitable_returned(output)
     # Retrying cannot make an output JSON, nor storable: fail that run, never its batch.
     if (problem := storage_problem(output, "output")) is not None:
         why, error = problem
@@ -108,3 +111,23 @@ def _returned(output: Any, *, slept: bool, lease_gone: bool) -> Outcome:
         return Outcome(OutcomeKind.FAILED, error=error, retryable=False, why=why,
                        traced=error if why.endswith("not JSON") else None)
     return Outcome(OutcomeKind.COMPLETED, output=output)
+
+
+def _awaitable_returned(output: Any) -> Outcome:
+    """The handler returned an awaitable instead of its result: it called something async
+    without ``await``, or it is a plain ``def`` that should be an ``async def``. What it returned
+    never ran here and would not on a retry, so the run fails for good, saying so (not only
+    "not JSON"). A coroutine is closed first: left to the garbage collector, Python would warn
+    that it was never awaited from wherever it is collected, far from this run and its logs."""
+    # Only a coroutine's own attributes are read: another awaitable is the handler's object,
+    # whose attribute lookups run its code; its type's name says enough.
+    if inspect.iscoroutine(output):
+        output.close()
+        name = f"coroutine {output.__qualname__}"
+    else:
+        name = type(output).__qualname__
+    error = TypeError(
+        f"the handler returned an awaitable ({name}) instead of its result: an async call "
+        f"without await, or a plain def that should be an async def; it was not run")
+    return Outcome(OutcomeKind.FAILED, error=error, retryable=False,
+                   why="output is an awaitable", traced=error)
