@@ -12,7 +12,6 @@ on Debian's PostgreSQL 15 with initdb's settings, where they install the schema 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import signal
@@ -22,13 +21,9 @@ import time
 from pathlib import Path
 
 import asyncpg
-import pytest
-
-from bench.harness import ServerUnavailable, debian_server
+from stock_postgres import stock_postgresql_15
 
 README = Path(__file__).resolve().parents[2] / "README.md"
-#: As in tests/ha: set (CI, as root), a missing PostgreSQL 15 fails the PG 15 reader; else it skips.
-REQUIRE_ENV = "ZEROTH_PG_REQUIRE_HA"
 #: Every block gets this long; a block that has not ended by then is the defect this guards.
 BLOCK_DEADLINE = 180
 
@@ -85,13 +80,7 @@ def test_the_readme_runs_top_to_bottom_on_a_stock_postgresql_15(tmp_path: Path) 
     """The same reader on Debian's PostgreSQL 15 as it comes (initdb's settings: 100
     connections, fsync on, autovacuum at its defaults), into a database of their own that they
     install the schema into as the README says, with `zeroth-pg migrate up --dsn`."""
-    with contextlib.ExitStack() as stack:
-        try:
-            server = stack.enter_context(debian_server(15, settings=()))
-        except ServerUnavailable as unavailable:
-            if os.environ.get(REQUIRE_ENV) == "1":
-                pytest.fail(f"{REQUIRE_ENV}=1 but {unavailable}")
-            pytest.skip(f"{unavailable} (apt-get install postgresql-15)")
+    with stock_postgresql_15() as server:
         dsn = server.database("reader")
         install = subprocess.run([_console_script(), "migrate", "up", "--dsn", dsn],
                                  cwd=tmp_path, env=_reader_env(dsn), capture_output=True,

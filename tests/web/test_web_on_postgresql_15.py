@@ -10,21 +10,16 @@ HTTP (Starlette's TestClient), so this tier needs no browser.
 
 from __future__ import annotations
 
-import contextlib
-import os
 from collections.abc import Iterator
 
 import asyncpg
 import pytest
 from helpers import dashboard
+from stock_postgres import stock_postgresql_15
 from test_web_browser import _seed, pages_of
 
-from bench.harness import ServerUnavailable, debian_server
 from zeroth_pg import migrate
 from zeroth_pg.testing import install_test_clock
-
-#: As in tests/ha: set (CI, as root), a missing PostgreSQL 15 fails this module; else it skips.
-REQUIRE_ENV = "ZEROTH_PG_REQUIRE_HA"
 
 pytestmark = pytest.mark.dedicated_server
 
@@ -32,13 +27,7 @@ pytestmark = pytest.mark.dedicated_server
 @pytest.fixture(scope="module")
 def pg15_dsn() -> Iterator[str]:
     """A migrated database with the test clock (_seed writes through it) on a stock 15."""
-    with contextlib.ExitStack() as stack:
-        try:
-            server = stack.enter_context(debian_server(15, settings=()))
-        except ServerUnavailable as unavailable:
-            if os.environ.get(REQUIRE_ENV) == "1":
-                pytest.fail(f"{REQUIRE_ENV}=1 but {unavailable}")
-            pytest.skip(f"{unavailable} (apt-get install postgresql-15)")
+    with stock_postgresql_15() as server:
         dsn = server.database("web")
         migrate.upgrade(dsn)
         install_test_clock(dsn)
