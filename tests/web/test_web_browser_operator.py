@@ -14,8 +14,6 @@ from typing import Any
 import asyncpg
 from helpers import make_run
 from test_web_browser import (  # noqa: F401 (the skip; the browser fixtures)
-    CHROMIUM,
-    DRIVER,
     _click_and_wait,
     _Server,
     browser,
@@ -25,9 +23,8 @@ from test_web_browser import (  # noqa: F401 (the skip; the browser fixtures)
 from test_web_pages import _now
 
 
-async def test_deployments_schedules_events_workers_and_the_timeline(database_dsn):
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
+async def test_deployments_schedules_events_workers_and_the_timeline(
+        database_dsn, driver):  # noqa: F811 (the fixture imported above: the module's browser)
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -56,97 +53,88 @@ async def test_deployments_schedules_events_workers_and_the_timeline(database_ds
                    cron => '0 2 * * *')""")
         await conn.execute("SELECT zeroth.set_rate_limit(name => 'smtp', max_starts => 100, "
                            "period_seconds => 60)")
-        options = webdriver.ChromeOptions()
-        options.binary_location = CHROMIUM
-        for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
-                    "--window-size=1280,900"):
-            options.add_argument(arg)
         with _Server(database_dsn) as base:
-            driver = webdriver.Chrome(service=Service(DRIVER), options=options)
-            try:
-                def shoot(name: str) -> None:
-                    height = driver.execute_script("return document.body.scrollHeight")
-                    driver.set_window_size(1280, max(900, int(height) + 140))
-                    driver.save_screenshot(str(shots / f"{name}.png"))
-                    driver.set_window_size(1280, 900)
+            def shoot(name: str) -> None:
+                height = driver.execute_script("return document.body.scrollHeight")
+                driver.set_window_size(1280, max(900, int(height) + 140))
+                driver.save_screenshot(str(shots / f"{name}.png"))
+                driver.set_window_size(1280, 900)
 
-                def click(selector: str) -> None:
-                    # Answered once the page it came from is gone (found again if the page's
-                    # live refresh swapped the button just before the click).
-                    _click_and_wait(driver, By.CSS_SELECTOR, selector)
-                    WebDriverWait(driver, 30).until(lambda d: d.find_elements(By.TAG_NAME, "h1"))
+            def click(selector: str) -> None:
+                # Answered once the page it came from is gone (found again if the page's
+                # live refresh swapped the button just before the click).
+                _click_and_wait(driver, By.CSS_SELECTOR, selector)
+                WebDriverWait(driver, 30).until(lambda d: d.find_elements(By.TAG_NAME, "h1"))
 
-                async def paused() -> Any:
-                    return await conn.fetchval(
-                        "SELECT paused FROM zeroth.scope_limits WHERE deployment_ref = 'mail'")
+            async def paused() -> Any:
+                return await conn.fetchval(
+                    "SELECT paused FROM zeroth.scope_limits WHERE deployment_ref = 'mail'")
 
-                # Deployments → the mail scope → pause, concurrency, resume.
-                driver.get(base + "/deployments")
-                shoot("deployments")
-                next(a for a in driver.find_elements(By.CSS_SELECTOR, "a.scope-link")
-                     if a.text == "mail").click()
-                WebDriverWait(driver, 30).until(lambda d: "/deployments/scope" in d.current_url)
-                click("#pause-scope")
-                assert await paused() is True
-                assert "paused" in driver.find_element(By.ID, "scope-state").text
-                box = driver.find_element(By.NAME, "max_concurrency")
+            # Deployments → the mail scope → pause, concurrency, resume.
+            driver.get(base + "/deployments")
+            shoot("deployments")
+            next(a for a in driver.find_elements(By.CSS_SELECTOR, "a.scope-link")
+                 if a.text == "mail").click()
+            WebDriverWait(driver, 30).until(lambda d: "/deployments/scope" in d.current_url)
+            click("#pause-scope")
+            assert await paused() is True
+            assert "paused" in driver.find_element(By.ID, "scope-state").text
+            box = driver.find_element(By.NAME, "max_concurrency")
+            box.clear()
+            box.send_keys("2")
+            driver.find_element(By.CSS_SELECTOR, "#scope-limits-form select").send_keys(
+                "smtp")
+            click("#scope-limits-form button")
+            shoot("deployment-scope")
+            click("#resume-scope")
+            assert tuple(await conn.fetchrow(
+                """SELECT paused, max_concurrency, rate_limit FROM zeroth.scope_limits
+                    WHERE deployment_ref = 'mail'""")) == (False, 2, "smtp")
+            # The deployment's retry policy and lease, set through the same page's form.
+            for field, value in (("retry_base_seconds", "30"), ("lease_seconds", "300")):
+                box = driver.find_element(By.CSS_SELECTOR,
+                                          f"#deployment-defaults-form input[name={field}]")
                 box.clear()
-                box.send_keys("2")
-                driver.find_element(By.CSS_SELECTOR, "#scope-limits-form select").send_keys(
-                    "smtp")
-                click("#scope-limits-form button")
-                shoot("deployment-scope")
-                click("#resume-scope")
-                assert tuple(await conn.fetchrow(
-                    """SELECT paused, max_concurrency, rate_limit FROM zeroth.scope_limits
-                        WHERE deployment_ref = 'mail'""")) == (False, 2, "smtp")
-                # The deployment's retry policy and lease, set through the same page's form.
-                for field, value in (("retry_base_seconds", "30"), ("lease_seconds", "300")):
-                    box = driver.find_element(By.CSS_SELECTOR,
-                                              f"#deployment-defaults-form input[name={field}]")
-                    box.clear()
-                    box.send_keys(value)
-                click("#deployment-defaults-form button")
-                assert "300 s" in driver.find_element(By.ID, "deployment-defaults").text
-                assert tuple(await conn.fetchrow(
-                    """SELECT retry_base_seconds, retry_max_seconds, lease_seconds
-                         FROM zeroth.deployments WHERE deployment_ref = 'mail'""")) == (
-                    30, None, 300)
-                # Schedules: pause, then fire now (opens the new run).
-                driver.get(base + "/schedules")
-                click("button.schedule-pause")
-                assert await conn.fetchval("SELECT paused FROM zeroth.schedules") is True
-                shoot("schedules")
-                click("button.schedule-fire")
-                assert "/runs/" in driver.current_url
-                assert await conn.fetchval(
-                    "SELECT count(*) FROM zeroth.runs WHERE deployment_ref = 'reports'") == 1
-                # Events: the waiting run and its event, emitted with a payload.
-                driver.get(base + "/events")
-                assert "invoice-42-approved" in driver.find_element(By.ID, "waiting").text
-                shoot("events")
-                driver.find_element(By.CSS_SELECTOR, "form.emit-one input[name=payload]"
-                                    ).send_keys('{"by": "ops"}')
-                click("form.emit-one button")
-                assert "runs woken: 1" in driver.find_element(By.ID, "emitted").text
-                assert await conn.fetchval(
-                    "SELECT status::text FROM zeroth.runs WHERE run_id = $1",
-                    waiting.run_id) == "pending"
-                # Workers as the database sees them.
-                driver.get(base + "/workers")
-                table = driver.find_element(By.ID, "workers").text
-                assert "host-a:worker-1 live" in table
-                assert "host-b:worker-9 expired" in table
-                assert "host-c:worker-2 gone" in table
-                shoot("workers-db")
-                # The run page's timeline, its emitted event in it.
-                driver.get(base + f"/runs/{waiting.run_id}")
-                timeline = driver.find_element(By.ID, "timeline").text
-                assert "waits for event invoice-42-approved" in timeline
-                assert "event invoice-42-approved emitted" in timeline
-                shoot("run-timeline")
-            finally:
-                driver.quit()
+                box.send_keys(value)
+            click("#deployment-defaults-form button")
+            assert "300 s" in driver.find_element(By.ID, "deployment-defaults").text
+            assert tuple(await conn.fetchrow(
+                """SELECT retry_base_seconds, retry_max_seconds, lease_seconds
+                     FROM zeroth.deployments WHERE deployment_ref = 'mail'""")) == (
+                30, None, 300)
+            # Schedules: pause, then fire now (opens the new run).
+            driver.get(base + "/schedules")
+            click("button.schedule-pause")
+            assert await conn.fetchval("SELECT paused FROM zeroth.schedules") is True
+            shoot("schedules")
+            click("button.schedule-fire")
+            assert "/runs/" in driver.current_url
+            assert await conn.fetchval(
+                "SELECT count(*) FROM zeroth.runs WHERE deployment_ref = 'reports'") == 1
+            # Events: the waiting run and its event, emitted with a payload.
+            driver.get(base + "/events")
+            assert "invoice-42-approved" in driver.find_element(By.ID, "waiting").text
+            shoot("events")
+            driver.find_element(By.CSS_SELECTOR, "form.emit-one input[name=payload]"
+                                ).send_keys('{"by": "ops"}')
+            click("form.emit-one button")
+            assert "runs woken: 1" in driver.find_element(By.ID, "emitted").text
+            assert await conn.fetchval(
+                "SELECT status::text FROM zeroth.runs WHERE run_id = $1",
+                waiting.run_id) == "pending"
+            # Workers as the database sees them.
+            driver.get(base + "/workers")
+            table = driver.find_element(By.ID, "workers").text
+            assert "host-a:worker-1 live" in table
+            assert "host-b:worker-9 expired" in table
+            assert "host-c:worker-2 gone" in table
+            shoot("workers-db")
+            # The run page's timeline, its emitted event in it.
+            driver.get(base + f"/runs/{waiting.run_id}")
+            timeline = driver.find_element(By.ID, "timeline").text
+            assert "waits for event invoice-42-approved" in timeline
+            assert "event invoice-42-approved emitted" in timeline
+            shoot("run-timeline")
     finally:
         await conn.close()
 
