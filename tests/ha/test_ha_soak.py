@@ -453,11 +453,15 @@ def _first_claims(history: list[dict[str, Any]], failovers: list[dict[str, Any]]
                 (at - failover["began_at"]).total_seconds()
                 - failover["event_to_new_primary_writable_s"], 3)
         # When the new primary first held a run that a claim could take: a claim cannot come
-        # sooner, however soon the workers reach the new primary (issue 35).
-        # The harness's first commit as it saw it return (a synchronous wait included).
+        # sooner, however soon the workers reach the new primary (issue 35). From the
+        # harness's first commit as it saw it return (a synchronous wait included).
         committed = failover["began_at"] + timedelta(
             seconds=failover["event_to_first_commit_on_new_primary_s"])
+        # Not after the first claim there (a claim shows a run was claimable by its statement's
+        # start), nor before the first commit (no claim takes effect before commits can).
         claimable = first_claimable(history, runs, committed, FLEET.fleet_limits)
+        if first is not None and (claimable is None or first < claimable):
+            claimable = max(first, committed)
         failover["first_claimable_after_first_commit_s"] = None if claimable is None else round(
             (claimable - committed).total_seconds(), 3)
         failover["first_claim_answered_after_claimable_s"] = (
