@@ -7,6 +7,10 @@ CREATE OR REPLACE FUNCTION zeroth.count_pending(
     workspace_id   text DEFAULT NULL)
     RETURNS bigint
     LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+    -- JIT off, as in every function that turns a plan node off: a statement that cannot avoid
+    -- the node (a LATERAL row lock needs a nested loop) is costed at 1e10 and JIT-compiled at
+    -- each execution, 0.3-1.1 s of CPU where the server has LLVM (docs/performance.md, "JIT").
+    SET jit = off
     -- Through runs_claim_pending_idx whatever the statistics say: the runs in claim order with
     -- sequential scans, bitmap scans and sorts off leave its (index-only) scan as the one plan.
     -- Statistics taken while the table held mostly pending runs (an autoanalyze early in a cold

@@ -20,6 +20,10 @@ CREATE OR REPLACE FUNCTION zeroth.prune_runs(
     workspace_id text    DEFAULT NULL)
     RETURNS integer
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+    -- JIT off, as in every function that turns a plan node off: a statement that cannot avoid
+    -- the node (a LATERAL row lock needs a nested loop) is costed at 1e10 and JIT-compiled at
+    -- each execution, 0.3-1.1 s of CPU where the server has LLVM (docs/performance.md, "JIT").
+    SET jit = off
     -- Sequential scans off: a generic plan of the batch's DELETE (the batch estimated at a third
     -- of the finished runs, its LIMIT a parameter) hash-joined it with a scan of every run once
     -- zeroth.runs had statistics; with them off the joins of the batch with child_waits and

@@ -17,6 +17,10 @@ CREATE OR REPLACE FUNCTION zeroth.renew_lease(
     lease_seconds double precision DEFAULT 60)
     RETURNS boolean
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+    -- JIT off, as in every function that turns a plan node off: a statement that cannot avoid
+    -- the node (a LATERAL row lock needs a nested loop) is costed at 1e10 and JIT-compiled at
+    -- each execution, 0.3-1.1 s of CPU where the server has LLVM (docs/performance.md, "JIT").
+    SET jit = off
     -- Sequential scans off: the run is one primary-key probe whatever the statistics say (a
     -- cached plan made on a table analyzed while empty read zeroth.runs whole at each renewal).
     SET enable_seqscan = off AS $$

@@ -18,6 +18,10 @@ CREATE OR REPLACE FUNCTION zeroth.renew_leases(
     lease_seconds double precision DEFAULT 60)
     RETURNS SETOF zeroth.lease_renewal
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+    -- JIT off, as in every function that turns a plan node off: a statement that cannot avoid
+    -- the node (a LATERAL row lock needs a nested loop) is costed at 1e10 and JIT-compiled at
+    -- each execution, 0.3-1.1 s of CPU where the server has LLVM (docs/performance.md, "JIT").
+    SET jit = off
     -- The answer pairs each requested run with its renewal: with a generic plan's estimate of
     -- 10 rows on each side a nested loop is the cheapest-looking join, and for 1,000 leases it
     -- compares every request with every renewal (1,000,000 comparisons). Hashed, it is linear.

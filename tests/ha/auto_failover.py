@@ -62,6 +62,8 @@ _SETTINGS = {
     "listen_addresses": "'127.0.0.1'", "max_connections": "300", "fsync": "off",
     "full_page_writes": "on", "wal_log_hints": "on", "synchronous_commit": "on",
     "wal_receiver_status_interval": "1s", "log_min_messages": "warning",
+    # When each accepted write became visible (test_ha_soak.py: first_claimable.py).
+    "track_commit_timestamp": "on",
 }
 _MONITOR_SETTINGS = {"pgautofailover.health_check_period": "2000",
                      "pgautofailover.node_considered_unhealthy_timeout": "10000"}

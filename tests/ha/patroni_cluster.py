@@ -186,6 +186,8 @@ def _config(daemons: Daemons, node: PatroniNode, etcd_port: int, synchronous: bo
         "synchronous_commit": "on", "wal_receiver_status_interval": "1s",
         "unix_socket_directories": str(socket_dir), "log_min_messages": "warning",
         "max_wal_senders": 10, "max_replication_slots": 10, "wal_keep_size": "256MB",
+        # When each accepted write became visible (test_ha_soak.py: first_claimable.py).
+        "track_commit_timestamp": "on",
     }
     config = {
         "scope": SCOPE, "name": node.name,

@@ -69,7 +69,7 @@ import signal
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -80,6 +80,7 @@ from auto_failover import PROGRAMS as AUTO_FAILOVER_PROGRAMS
 from auto_failover import auto_failover_formation
 from chaos_fleet import Fleet, harness_pool
 from chaos_history import AUDIT_DDL, GENERATION_BAND, check_history
+from first_claimable import first_claimable
 from ha_processes import (
     PGBOUNCER,
     Daemons,
@@ -371,6 +372,21 @@ def recover(cluster: Cluster, event: str, figures: dict[str, Any], bouncers: boo
     figures["healthy_again_s"] = round(time.monotonic() - began, 1)
 
 
+async def _add_commit_times(dsn: str, history: list[dict[str, Any]]) -> None:
+    """Each history row's ``committed_at``: when its write became visible to other sessions
+    (the commit timestamp of the transaction that wrote it; the nodes run with
+    ``track_commit_timestamp``, replicated with the WAL), for first_claimable.py."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch("SELECT h.id, pg_catalog.pg_xact_commit_timestamp(h.xmin)"
+                                " AS committed_at FROM public.chaos_history h")
+    finally:
+        await conn.close()
+    committed = {row["id"]: row["committed_at"] for row in rows}
+    for row in history:
+        row["committed_at"] = committed.get(row["id"])
+
+
 def _first_claims(history: list[dict[str, Any]], failovers: list[dict[str, Any]],
                   answered: list[tuple[datetime, str, int]],
                   runs: list[dict[str, Any]]) -> None:
@@ -390,7 +406,13 @@ def _first_claims(history: list[dict[str, Any]], failovers: list[dict[str, Any]]
     ``first_claimed_run_enqueued_after_promotion_s``: when the run of that first claim was
     enqueued, from the promotion. Positive, no run was open (pending, or running on a lease
     that could run out) when the new primary took writes: the first claim waited for the
-    harness's next share, not for the workers."""
+    harness's next share, not for the workers.
+
+    ``first_claimable_after_first_commit_s``: when the new primary first held a run a claim
+    could take (first_claimable.py), from its first commit; positive, every run was
+    running on a lease of the old primary's that had not run out, or waiting for an admission
+    slot such a lease held. ``first_claim_answered_after_claimable_s``: the first claim's
+    answer from then — the workers' own delay, which issue 35's target bounds."""
     created = {run["run_id"]: run["created_at"] for run in runs}
     for failover in failovers:
         floor = failover["new_generation_floor"]
@@ -430,6 +452,21 @@ def _first_claims(history: list[dict[str, Any]], failovers: list[dict[str, Any]]
             failover[f"first_{kind}_claim_after_promotion_s"] = None if at is None else round(
                 (at - failover["began_at"]).total_seconds()
                 - failover["event_to_new_primary_writable_s"], 3)
+        # When the new primary first held a run that a claim could take: a claim cannot come
+        # sooner, however soon the workers reach the new primary (issue 35). From the
+        # harness's first commit as it saw it return (a synchronous wait included).
+        committed = failover["began_at"] + timedelta(
+            seconds=failover["event_to_first_commit_on_new_primary_s"])
+        # Not after the first claim there (a claim shows a run was claimable by its statement's
+        # start), nor before the first commit (no claim takes effect before commits can).
+        claimable = first_claimable(history, runs, committed, FLEET.fleet_limits)
+        if first is not None and (claimable is None or first < claimable):
+            claimable = max(first, committed)
+        failover["first_claimable_after_first_commit_s"] = None if claimable is None else round(
+            (claimable - committed).total_seconds(), 3)
+        failover["first_claim_answered_after_claimable_s"] = (
+            None if first_answer is None or claimable is None else round(
+                (first_answer - claimable).total_seconds(), 3))
         failover["began_at"] = failover["began_at"].isoformat()
 
 
@@ -479,6 +516,7 @@ async def test_ha_soak(manager: str, event: str) -> None:
             await fleet.finish()
             await harness.close()
         history, events, runs = await read_audit(dsn)
+        await _add_commit_times(dsn, history)
     wall = time.monotonic() - began
 
     report = check_history(history, events, runs, lease_seconds=FLEET.lease,

@@ -20,9 +20,10 @@ from zeroth_pg.errors import DatabaseError
 # another session holds, and renew_leases' hashed pairing of a batch with its
 # request (tests/plans/test_batch_joins.py), and the hot-path UPDATEs' TID scans of the rows they
 # locked, whatever the table's statistics (tests/plans/test_fresh_database.py), and count_pending's
-# index-only scan of the claim index (tests/plans/test_dirty_claim.py).
+# index-only scan of the claim index (tests/plans/test_dirty_claim.py), and JIT off where a plan
+# node is (tests/sql/test_catalog.py, TestJit).
 PLANNING = {"plan_cache_mode=force_generic_plan", "lock_timeout=2s", "enable_nestloop=off",
-            "enable_seqscan=off", "enable_bitmapscan=off", "enable_sort=off"}
+            "enable_seqscan=off", "enable_bitmapscan=off", "enable_sort=off", "jit=off"}
 PINNED = ["search_path=pg_catalog, pg_temp"]
 
 FUNCTIONS = """

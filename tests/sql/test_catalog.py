@@ -3,6 +3,7 @@ the ZP SQLSTATE table, enum-typed index predicates, and SECURITY DEFINER hygiene
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -149,3 +150,38 @@ class TestSecurity:
                     if not any(setting.startswith("search_path=")
                                for setting in row["proconfig"] or [])]
         assert unpinned == []
+
+
+class TestJit:
+    """A function that turns a plan node off turns JIT off too (issue 35). Before PostgreSQL 18
+    the planner costs a disabled node that a statement cannot avoid at 1e10 (disable_cost), far
+    above ``jit_above_cost``, so where the server has JIT (LLVM: Debian's and PGDG's packages, jit
+    on by default) every execution of such a statement was JIT-compiled, inlining and optimizing
+    included: renew_leases, settle_runs and complete_and_claim took 0.3-1.8 s each in the HA soak
+    on PostgreSQL 15 (docs/performance.md, "JIT"). PostgreSQL 18 counts disabled nodes instead."""
+
+    async def test_every_function_that_turns_a_plan_node_off_turns_jit_off(self, conn):
+        rows = await conn.fetch(
+            r"""SELECT p.oid::regprocedure::text AS signature, p.proconfig
+                  FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+                 WHERE n.nspname = 'zeroth'
+                   AND EXISTS (SELECT 1 FROM unnest(p.proconfig) c WHERE c LIKE 'enable\_%=off')""")
+        signatures = {row["signature"].split("(")[0] for row in rows}
+        assert {"zeroth.renew_leases", "zeroth._settle"} <= signatures
+        assert [row["signature"] for row in rows if "jit=off" not in row["proconfig"]] == []
+
+    async def test_an_unavoidable_disabled_node_costs_more_than_jit_above_cost_before_18(
+            self, conn):
+        # renew_leases' lock: a LATERAL row lock per requested run, which only a nested loop does.
+        async with conn.transaction():
+            await conn.execute("SET LOCAL enable_nestloop = off")
+            plan = await conn.fetchval(
+                "EXPLAIN (FORMAT JSON) SELECT count(*) FROM unnest('{}'::uuid[]) AS q(run_id)"
+                " CROSS JOIN LATERAL (SELECT r.run_id FROM zeroth.runs r"
+                " WHERE r.run_id = q.run_id FOR UPDATE OF r SKIP LOCKED) AS l")
+            threshold = float(await conn.fetchval("SELECT current_setting('jit_above_cost')"))
+        cost = json.loads(plan)[0]["Plan"]["Total Cost"]
+        if conn.get_server_version().major < 18:
+            assert cost > threshold
+        else:
+            assert cost < threshold

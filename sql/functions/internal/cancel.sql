@@ -15,6 +15,10 @@ CREATE OR REPLACE FUNCTION zeroth._cancel(tenant_id text, workspace_key text, ru
                                at timestamptz, caller_worker_id text DEFAULT NULL, caller_generation bigint DEFAULT NULL)
     RETURNS zeroth.cancel_result
     LANGUAGE plpgsql VOLATILE
+    -- JIT off, as in every function that turns a plan node off: a statement that cannot avoid
+    -- the node (a LATERAL row lock needs a nested loop) is costed at 1e10 and JIT-compiled at
+    -- each execution, 0.3-1.1 s of CPU where the server has LLVM (docs/performance.md, "JIT").
+    SET jit = off
     -- Sequential scans off: the slot and the run are key probes whatever the statistics say (a
     -- cached plan made on tables analyzed while empty read admission_slots whole:
     -- tests/plans/test_generic_plans_all.py, analyzed-while-empty).

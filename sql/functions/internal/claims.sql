@@ -56,6 +56,10 @@ CREATE OR REPLACE FUNCTION zeroth._lease_locked_runs(
     code_version_id bigint DEFAULT NULL)
     RETURNS SETOF zeroth.claimed_run
     LANGUAGE plpgsql VOLATILE
+    -- JIT off, as in every function that turns a plan node off: a statement that cannot avoid
+    -- the node (a LATERAL row lock needs a nested loop) is costed at 1e10 and JIT-compiled at
+    -- each execution, 0.3-1.1 s of CPU where the server has LLVM (docs/performance.md, "JIT").
+    SET jit = off
     SET enable_seqscan = off
     SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
@@ -171,6 +175,10 @@ CREATE OR REPLACE FUNCTION zeroth._claim_in_scope(
     code_version_id bigint DEFAULT NULL, serves bigint[] DEFAULT NULL)
     RETURNS SETOF zeroth.claimed_run
     LANGUAGE plpgsql VOLATILE
+    -- JIT off, as in every function that turns a plan node off: a statement that cannot avoid
+    -- the node (a LATERAL row lock needs a nested loop) is costed at 1e10 and JIT-compiled at
+    -- each execution, 0.3-1.1 s of CPU where the server has LLVM (docs/performance.md, "JIT").
+    SET jit = off
     -- Sequential scans off: a generic plan made while the table's statistics said it was empty
     -- (an ANALYZE of a new database) read zeroth.runs whole once it grew
     -- (tests/plans/test_generic_plans.py, analyzed-while-empty).

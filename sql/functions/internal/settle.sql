@@ -36,6 +36,10 @@ CREATE OR REPLACE FUNCTION zeroth._lock_settle(
     tenant_id text, workspace_key text, worker_id text, run_ids uuid[], generations bigint[],
     OUT slot_rows tid[], OUT run_rows tid[])
     LANGUAGE plpgsql VOLATILE
+    -- JIT off, as in every function that turns a plan node off: a statement that cannot avoid
+    -- the node (a LATERAL row lock needs a nested loop) is costed at 1e10 and JIT-compiled at
+    -- each execution, 0.3-1.1 s of CPU where the server has LLVM (docs/performance.md, "JIT").
+    SET jit = off
     -- Sequential scans off: each run is one primary-key probe whatever the statistics say (a
     -- generic plan made on a table analyzed while empty read zeroth.runs whole per run).
     SET enable_seqscan = off
@@ -137,6 +141,10 @@ CREATE OR REPLACE FUNCTION zeroth._settle(
                    to_status zeroth.run_status, run_after timestamptz, checkpoint_seq bigint,
                    sqlstate text)
     LANGUAGE plpgsql VOLATILE
+    -- JIT off, as in every function that turns a plan node off: a statement that cannot avoid
+    -- the node (a LATERAL row lock needs a nested loop) is costed at 1e10 and JIT-compiled at
+    -- each execution, 0.3-1.1 s of CPU where the server has LLVM (docs/performance.md, "JIT").
+    SET jit = off
     SET enable_nestloop = off
     SET enable_seqscan = off
     SET plan_cache_mode = force_generic_plan AS $$

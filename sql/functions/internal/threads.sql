@@ -103,6 +103,10 @@ REVOKE ALL ON FUNCTION zeroth._promote_thread_head(text, text, text, timestamptz
 CREATE OR REPLACE FUNCTION zeroth._lock_thread_active(tenant_id text, workspace_key text, thread_id text, at timestamptz)
     RETURNS zeroth.runs
     LANGUAGE plpgsql VOLATILE
+    -- JIT off, as in every function that turns a plan node off: a statement that cannot avoid
+    -- the node (a LATERAL row lock needs a nested loop) is costed at 1e10 and JIT-compiled at
+    -- each execution, 0.3-1.1 s of CPU where the server has LLVM (docs/performance.md, "JIT").
+    SET jit = off
     -- Sequential scans off: the slot and the run are key probes whatever the statistics say (a
     -- cached plan made on tables analyzed while empty read admission_slots whole:
     -- tests/plans/test_generic_plans_all.py, analyzed-while-empty).
