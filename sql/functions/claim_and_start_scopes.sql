@@ -67,23 +67,37 @@ BEGIN
     IF claim_and_start_scopes.lease_seconds IS NOT NULL THEN
         v_lease := zeroth._lease_interval(claim_and_start_scopes.lease_seconds);
     ELSE  -- one primary-key lookup per deployment named: its lease (else 60 s) and timeouts
+        -- One probe per name, not `deployment_ref = ANY (names)`: in this function's generic
+        -- plan, PostgreSQL before 17 costs an array of unknown length as 10 index probes, more
+        -- than a sequential scan of a registry that was small when the plan was made, and keeps
+        -- that scan when the registry has grown (tests/plans/test_deployment_defaults_plan.py).
+        -- The LIMIT keeps each probe a subquery of its own (never pulled up into a hash join).
         v_policy := (SELECT coalesce(jsonb_object_agg(d.deployment_ref, jsonb_build_array(
                                 d.lease_seconds, d.attempt_timeout_seconds, d.run_timeout_seconds)),
                                      '{}')
-                       FROM zeroth.deployments d
-                      WHERE d.deployment_ref = ANY (claim_and_start_scopes.deployment_refs)
-                        AND (d.lease_seconds IS NOT NULL OR d.attempt_timeout_seconds IS NOT NULL
-                             OR d.run_timeout_seconds IS NOT NULL)
-                        AND zeroth._policy_binds_caller(d.managed_by, d.registered_by));
+                       FROM unnest(claim_and_start_scopes.deployment_refs) AS n(ref)
+                       CROSS JOIN LATERAL (
+                           SELECT d.deployment_ref, d.lease_seconds, d.attempt_timeout_seconds,
+                                  d.run_timeout_seconds
+                             FROM zeroth.deployments d
+                            WHERE d.deployment_ref = n.ref
+                              AND (d.lease_seconds IS NOT NULL
+                                   OR d.attempt_timeout_seconds IS NOT NULL
+                                   OR d.run_timeout_seconds IS NOT NULL)
+                              AND zeroth._policy_binds_caller(d.managed_by, d.registered_by)
+                            LIMIT 1) d);
     END IF;
     -- code versions (issue 34, item 3): the deployments whose version_policy is not any (one
     -- primary-key lookup per deployment named); the others filter nothing (a NULL serves).
+    -- (One probe per name, as v_policy's above.)
     v_serves := (SELECT jsonb_object_agg(d.deployment_ref,
                                          zeroth._version_serves(d.deployment_ref,
                                                                 claim_and_start_scopes.code_version))
-                   FROM zeroth.deployments d
-                  WHERE d.deployment_ref = ANY (claim_and_start_scopes.deployment_refs)
-                    AND d.version_policy <> 'any');
+                   FROM unnest(claim_and_start_scopes.deployment_refs) AS n(ref)
+                   CROSS JOIN LATERAL (
+                       SELECT d.deployment_ref FROM zeroth.deployments d
+                        WHERE d.deployment_ref = n.ref AND d.version_policy <> 'any'
+                        LIMIT 1) d);
     -- The scopes with due work (due runs this worker's version may serve: the claims' filter, so
     -- no place is drawn for a scope whose due runs are all pinned to another version) and their
     -- limits, in a weighted random order: sorting by
