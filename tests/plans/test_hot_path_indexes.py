@@ -479,7 +479,12 @@ async def test_a_claim_and_a_completion_do_not_log_the_payload(connect: Any) -> 
         if blocks == [(database, node)] and not r["fpi_length"]:
             sizes.append(int(r["record_length"]))
     save_report("update_record_sizes_with_a_payload", {"sizes": sizes})
-    assert len(sizes) >= n, sizes  # most of the 2n updates stay on their page
+    # How many of the 2n updates stay on their page depends on where the versions land: rows
+    # this big (about 1.7 kB) fit three to a page under fillfactor 70, and a batch claim of a
+    # page's three runs keeps the first new version there and moves the others to a page of
+    # their own, whole (1,774-byte records on PostgreSQL 15: 6 and 14 of 20 same-page updates in
+    # two runs). Those that stay are what this asserts: none logs the payload.
+    assert len(sizes) >= 2, sizes
     assert max(sizes) < 400, sizes
     assert await admin.fetchval(
         """SELECT count(*) FROM zeroth.runs WHERE status = 'completed'
