@@ -101,16 +101,18 @@ async def test_claimers_of_a_shared_key_never_exceed_it_in_any_window(connect):
 
 async def test_the_limit_and_max_concurrency_hold_together(connect):
     """A scope under max_concurrency 3 whose starts also draw from a key: neither bound is ever
-    passed, and the key's limit was really met. Whether the claimers meet it depends on how fast
-    they start runs through 3 slots: starved (six CPU hogs, nice 10) they started 15 and 18 in
-    the busiest 0.5 s (20 usual) and the limit held back 7 and 9 claims (84 usual), on the way
-    to none. So the race is run in rounds, each scope on a key of its own, and a round whose
-    claimers never met the limit doubles the period of the next: the limit binds at any speed,
-    and each round's starts are checked against its own period."""
+    passed, and the key's limit was really met (some window of the period held max_starts).
+    Whether the claimers meet it depends on how fast they start runs through 3 slots: starved
+    (six CPU hogs, nice 10) the busiest 0.5 s had 15 and 18 starts, not 20. (The test used to
+    count the claims answered with a retry_after instead, 7 and 9 there; but a claimer that
+    finds the key row locked by another is answered "retry in 10 ms" too, so that count was
+    never zero, limit met or not.) So the race is run in rounds, each scope on a key of its
+    own, and a round whose claimers never met the limit doubles the period of the next: the
+    limit binds at any speed, and each round's starts are checked against its own period."""
     setup = await connect()
     sessions = [await connect() for _ in range(4)]
     period = PERIOD
-    limited = 0
+    met = False
     for round_no in range(6):
         key, deployment = f"{KEY}-{round_no}", f"embed-{round_no}"
         await setup.execute("SELECT zeroth.set_rate_limit(name => $1, max_starts => $2, "
@@ -123,7 +125,7 @@ async def test_the_limit_and_max_concurrency_hold_together(connect):
 
         async def claimer(index: int, session: asyncpg.Connection,
                           deployment: str = deployment) -> None:
-            nonlocal worst_live, limited
+            nonlocal worst_live
             worker = f"w{index}"
             while await session.fetchval("SELECT count(*) FROM zeroth.runs "
                                          "WHERE deployment_ref = $1 AND status = 'pending'",
@@ -143,7 +145,6 @@ async def test_the_limit_and_max_concurrency_hold_together(connect):
                                                   row["lease_generation"])
                 if not mine:
                     waits = [r["retry_after"] for r in rows if r["retry_after"] is not None]
-                    limited += bool(waits)
                     await asyncio.sleep(min(waits) if waits else 0.002)
 
         await asyncio.wait_for(
@@ -152,12 +153,14 @@ async def test_the_limit_and_max_concurrency_hold_together(connect):
             "SELECT started_at FROM zeroth.runs WHERE deployment_ref = $1 "
             "AND started_at IS NOT NULL", deployment)]
         assert len(starts) == 60
-        assert max_in_window(starts, period) <= MAX_STARTS, period
+        busiest = max_in_window(starts, period)
+        assert busiest <= MAX_STARTS, period
         assert worst_live <= 3
-        if limited:
+        if busiest == MAX_STARTS:
+            met = True
             break
         period *= 2
-    assert limited > 0
+    assert met, f"no window of up to {period:g} s held {MAX_STARTS} starts"
 
 
 async def test_a_claimer_skips_a_locked_key_row_and_never_waits(connect):
