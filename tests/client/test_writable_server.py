@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -554,6 +554,16 @@ class _Tapped:
     open_from_client: list[int]
 
 
+async def _closed(still_open: Callable[[], Any], what: str) -> None:
+    """Wait until ``still_open()`` is falsy: the relay (or black hole) has read the end of every
+    connection the client closed. A bound, not a timing: a loaded machine may take longer than
+    the 0.5 s these tests slept before looking, and a connection left open fails after 30 s."""
+    deadline = time.monotonic() + 30
+    while still_open():
+        assert time.monotonic() < deadline, f"{what} still open after 30 s: {still_open()}"
+        await asyncio.sleep(0.01)
+
+
 @contextlib.asynccontextmanager
 async def _tap(port: int) -> Any:
     """A TCP relay on a loopback port to the PgBouncer at ``port`` (a network path, not a
@@ -627,7 +637,8 @@ class TestAbandonedChecksAreClosed:
                     await asyncio.sleep(0.05)
                 connecting.cancel()
                 await asyncio.gather(connecting, return_exceptions=True)
-                await asyncio.sleep(0.5)  # the relay has seen the connections close
+                await _closed(lambda: first.open_from_client[0] + second.open_from_client[0],
+                              "a check's connection")
                 assert (first.open_from_client, second.open_from_client) == ([0], [0])
 
     async def test_a_pass_won_by_the_next_host_closes_the_check_held_by_the_first(
@@ -639,7 +650,7 @@ class TestAbandonedChecksAreClosed:
                        f"/{dbname}?target_session_attrs=read-write")
                 conn = await asyncio.wait_for(zeroth_pg.connect(dsn, timeout=3600), 120)
                 try:
-                    await asyncio.sleep(0.5)  # the relay has seen the connection close
+                    await _closed(lambda: held.open_from_client[0], "the held check")
                     assert held.firsts, "the first host was not tried"
                     assert held.open_from_client == [0], held.open_from_client
                 finally:
@@ -719,7 +730,7 @@ class TestAHostThatNeverAnswersTheLogin:
                 conn = await asyncio.wait_for(zeroth_pg.connect(dsn, timeout=3600), 120)
                 try:
                     assert await _landed_in(conn) == (dbname, "pending")
-                    await asyncio.sleep(0.5)  # the black hole has seen the connection close
+                    await _closed(lambda: open_now[0], "the hung login")
                     assert open_now == [0], open_now
                 finally:
                     await conn.close()
@@ -732,7 +743,7 @@ class TestAHostThatNeverAnswersTheLogin:
             with pytest.raises((TimeoutError, zeroth_pg.NoWritableServerError)):
                 # A guard against a hang, far above the 1 s asked for.
                 await asyncio.wait_for(zeroth_pg.connect(dsn, timeout=1), 120)
-            await asyncio.sleep(0.5)
+            await _closed(lambda: open_now[0], "a hung login")
             assert open_now == [0], open_now
 
 
@@ -806,6 +817,8 @@ class TestACallerCancelledAsItsPassIsWon:
             with pytest.raises(asyncio.CancelledError):
                 await zeroth_pg.connect(dsn, timeout=3600, connection_class=Tracked)
             await asyncio.sleep(0.5)  # the abandoned tasks have ended
+            await _closed(lambda: [conn for conn in opened if not conn.is_closed()],
+                          "a connection of the pass")
             try:
                 assert len(opened) == 2, opened  # the held check's, the winner's
                 assert [conn.is_closed() for conn in opened] == [True, True]

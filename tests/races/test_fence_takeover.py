@@ -1,7 +1,8 @@
 """Fenced writes racing a takeover: a stale holder keeps writing while a new holder claims.
 
-200 fresh runs. For each, the old holder's lease is cut to 30-300 ms (SHORT_LEASE) while it
-streams commit_fenced writes and finally complete_run; on a second session a new holder polls
+200 fresh runs. For each, the old holder's lease is cut short (30-300 ms to begin with, then
+following the outcomes: see SHORT_LEASE) while it streams commit_fenced writes and finally
+complete_run; on a second session a new holder polls
 claim_orphaned and, once it owns the run, writes and completes it. Half the old holders are
 "slow": their calls carry a clock sample taken before their lease expired (now_override), the
 interleaving where the expiry predicate passes and only the generation in the fence can refuse
@@ -24,11 +25,15 @@ import asyncpg
 
 RUNS = 200
 PARALLEL = 10
-#: The old holder's lease is cut to SHORT_LEASE * 10**u, u uniform in [0, 1) (a seeded draw per
-#: run): 30-300 ms. Both orders must happen (the old holder done in time, the new one taking
-#: over); with every lease at 30 ms a loaded machine (load average 15-30) slowed every old holder
-#: past its lease and all 200 runs were taken over. Spread over a decade, some leases end near
-#: where the old holder finishes, whatever the machine's speed.
+#: The old holder's lease is cut to scale * 10**u, u uniform in [0, 1) (a seeded draw per run),
+#: the scale starting at SHORT_LEASE: 30-300 ms. Both orders must happen (the old holder done in
+#: time, the new one taking over). Where the old holder finishes moves with the machine's load:
+#: with every lease at 30 ms a loaded machine (load average 15-30) slowed every old holder past
+#: its lease and all 200 runs were taken over; spread over 30-300 ms, a starved run (six CPU hogs
+#: beside it, nice 10) still had 197 and 198 of 200 taken over. So the scale follows the
+#: outcomes, as the takeover race in test_batch_lease_races does: doubled after a wave of
+#: PARALLEL races the new holders all won, halved after one the old holders all won. The leases
+#: settle where both orders happen, and every race is run near that edge, at any speed.
 SHORT_LEASE = 0.03
 
 AUDIT = """
@@ -78,11 +83,11 @@ async def prepare(setup: asyncpg.Connection, index: int) -> tuple[Any, str, int]
 
 
 async def race(index: int, run: tuple[Any, str, int], old: asyncpg.Connection,
-               new: asyncpg.Connection, rng: random.Random) -> dict[str, Any]:
+               new: asyncpg.Connection, rng: random.Random, scale: float) -> dict[str, Any]:
     run_id, deployment, generation = run
     old_worker, new_worker = f"old-{index}", f"new-{index}"
     slow = index % 2 == 1
-    lease = SHORT_LEASE * 10 ** rng.random()
+    lease = scale * 10 ** rng.random()
     outcome: dict[str, Any] = {"run_id": run_id, "generation": generation, "lease": lease,
                                "old_writes": [], "old_complete": None, "new_claim": None,
                                "new_writes": []}
@@ -153,10 +158,17 @@ async def test_exactly_one_holder_lands_when_writes_race_a_takeover(connect: Any
     rng = random.Random(20300101)
 
     outcomes: list[dict[str, Any]] = []
+    scale = SHORT_LEASE
     for start in range(0, RUNS, PARALLEL):
-        outcomes += await asyncio.wait_for(asyncio.gather(*(
-            race(start + i, runs[start + i], olds[i], news[i], rng) for i in range(PARALLEL))),
-            timeout=60)
+        wave = await asyncio.wait_for(asyncio.gather(*(
+            race(start + i, runs[start + i], olds[i], news[i], rng, scale)
+            for i in range(PARALLEL))), timeout=60)
+        outcomes += wave
+        taken = sum(o["new_claim"] is not None for o in wave)
+        if taken == PARALLEL:
+            scale *= 2  # every old holder overran its lease: give the next ones longer
+        elif taken == 0:
+            scale /= 2  # every old holder finished in time: cut the next ones shorter
 
     final = {row["run_id"]: row for row in await setup.fetch(
         "SELECT r.run_id, r.status::text, r.lease_generation, r.output, r.progress "
@@ -206,5 +218,5 @@ async def test_exactly_one_holder_lands_when_writes_race_a_takeover(connect: Any
     # Both orders happened, so both sides of the race were exercised.
     print(f"takeovers: {takeovers} of {RUNS}; at leases under 100 ms: "
           f"{sum(o['new_claim'] is not None for o in outcomes if o['lease'] < 0.1)} of "
-          f"{sum(o['lease'] < 0.1 for o in outcomes)}")
+          f"{sum(o['lease'] < 0.1 for o in outcomes)}; last scale {scale * 1000:.0f} ms")
     assert 0 < takeovers < RUNS

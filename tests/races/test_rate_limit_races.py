@@ -100,43 +100,67 @@ async def test_claimers_of_a_shared_key_never_exceed_it_in_any_window(connect):
 
 
 async def test_the_limit_and_max_concurrency_hold_together(connect):
+    """A scope under max_concurrency 3 whose starts also draw from a key: neither bound is ever
+    passed, and the key's limit was really met (some window of the period held max_starts).
+    Whether the claimers meet it depends on how fast they start runs through 3 slots: starved
+    (six CPU hogs, nice 10) the busiest 0.5 s had 15 and 18 starts, not 20. (The test used to
+    count the claims answered with a retry_after instead, 7 and 9 there; but a claimer that
+    finds the key row locked by another is answered "retry in 10 ms" too, so that count was
+    never zero, limit met or not.) So the race is run in rounds, each scope on a key of its
+    own, and a round whose claimers never met the limit doubles the period of the next: the
+    limit binds at any speed, and each round's starts are checked against its own period."""
     setup = await connect()
-    await setup_key(setup, ("embed",), max_concurrency=3)
-    await enqueue(setup, "embed", 60)
     sessions = [await connect() for _ in range(4)]
-    worst_live = 0
-    saturated = limited = 0
+    period = PERIOD
+    met = False
+    for round_no in range(6):
+        key, deployment = f"{KEY}-{round_no}", f"embed-{round_no}"
+        await setup.execute("SELECT zeroth.set_rate_limit(name => $1, max_starts => $2, "
+                            "period_seconds => $3)", key, MAX_STARTS, period)
+        await setup.execute("INSERT INTO zeroth.scope_limits (tenant_id, deployment_ref, "
+                            "rate_limit, max_concurrency) VALUES ('default', $1, $2, 3)",
+                            deployment, key)
+        await enqueue(setup, deployment, 60)
+        worst_live = 0
 
-    async def claimer(index: int, session: asyncpg.Connection) -> None:
-        nonlocal worst_live, saturated, limited
-        worker = f"w{index}"
-        while await session.fetchval("SELECT count(*) FROM zeroth.runs "
-                                     "WHERE status = 'pending'"):
-            rows = await session.fetch(
-                """SELECT run_id, lease_generation, retry_after, concurrency_saturated
-                     FROM zeroth.claim_and_start(deployment_ref => 'embed', worker_id => $1,
-                          batch_size => 5, lease_seconds => 30)""", worker)
-            live = await session.fetchval(
-                "SELECT count(*) FROM zeroth.runs WHERE status = 'running'")
-            worst_live = max(worst_live, live)
-            mine = [r for r in rows if r["run_id"] is not None]
-            await asyncio.sleep(0.005)  # hold the slots a moment: the slots bind too
-            for row in mine:
-                assert await session.fetchval(COMPLETE, row["run_id"], worker,
-                                              row["lease_generation"])
-            if not mine:
-                saturated += any(r["concurrency_saturated"] for r in rows)
-                waits = [r["retry_after"] for r in rows if r["retry_after"] is not None]
-                limited += bool(waits)
-                await asyncio.sleep(min(waits) if waits else 0.002)
+        async def claimer(index: int, session: asyncpg.Connection,
+                          deployment: str = deployment) -> None:
+            nonlocal worst_live
+            worker = f"w{index}"
+            while await session.fetchval("SELECT count(*) FROM zeroth.runs "
+                                         "WHERE deployment_ref = $1 AND status = 'pending'",
+                                         deployment):
+                rows = await session.fetch(
+                    """SELECT run_id, lease_generation, retry_after
+                         FROM zeroth.claim_and_start(deployment_ref => $1, worker_id => $2,
+                              batch_size => 5, lease_seconds => 30)""", deployment, worker)
+                live = await session.fetchval(
+                    "SELECT count(*) FROM zeroth.runs WHERE deployment_ref = $1 "
+                    "AND status = 'running'", deployment)
+                worst_live = max(worst_live, live)
+                mine = [r for r in rows if r["run_id"] is not None]
+                await asyncio.sleep(0.005)  # hold the slots a moment: the slots bind too
+                for row in mine:
+                    assert await session.fetchval(COMPLETE, row["run_id"], worker,
+                                                  row["lease_generation"])
+                if not mine:
+                    waits = [r["retry_after"] for r in rows if r["retry_after"] is not None]
+                    await asyncio.sleep(min(waits) if waits else 0.002)
 
-    await asyncio.wait_for(asyncio.gather(*(claimer(i, s) for i, s in enumerate(sessions))),
-                           timeout=120)
-    starts = await started(setup)
-    assert len(starts) == 60
-    assert max_in_window(starts, PERIOD) <= MAX_STARTS
-    assert worst_live <= 3
-    assert limited > 0
+        await asyncio.wait_for(
+            asyncio.gather(*(claimer(i, s) for i, s in enumerate(sessions))), timeout=120)
+        starts = [r["started_at"] for r in await setup.fetch(
+            "SELECT started_at FROM zeroth.runs WHERE deployment_ref = $1 "
+            "AND started_at IS NOT NULL", deployment)]
+        assert len(starts) == 60
+        busiest = max_in_window(starts, period)
+        assert busiest <= MAX_STARTS, period
+        assert worst_live <= 3
+        if busiest == MAX_STARTS:
+            met = True
+            break
+        period *= 2
+    assert met, f"no window of up to {period:g} s held {MAX_STARTS} starts"
 
 
 async def test_a_claimer_skips_a_locked_key_row_and_never_waits(connect):

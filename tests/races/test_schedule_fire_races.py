@@ -7,13 +7,28 @@ create it once; and many firers hammering one schedule on the real clock never d
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import asyncpg
 import pytest
-from helpers import T0, at
+from helpers import T0, at, wait_until
 
 FIRE_AT = """SELECT schedule_id, fire_at FROM zeroth_test.fire_due_schedules(
     deployment_refs => '{d}', now_override => $1)"""
+
+
+async def waits_for(db: asyncpg.Connection, waiter: asyncpg.Connection,
+                    holder: asyncpg.Connection, call: asyncio.Task[Any]) -> None:
+    """``waiter``'s ``call`` is seen blocked on a lock ``holder``'s open transaction holds: seen
+    in pg_blocking_pids, not assumed after a sleep (on a loaded machine the call may not have
+    reached the lock 0.2 s after it was sent, and the test passed without any wait)."""
+
+    async def blocked() -> bool:
+        assert not call.done(), f"expected to wait for the open transaction: {call.result()}"
+        return bool(await db.fetchval("SELECT $1 = ANY (pg_blocking_pids($2))",
+                                      holder.get_server_pid(), waiter.get_server_pid()))
+
+    await wait_until(blocked, "the call to wait for the open transaction", within=60)
 
 
 async def create(db, *, interval: int = 1) -> None:
@@ -52,8 +67,7 @@ async def test_a_pause_waits_for_the_firer_and_holds_after_it(connect):
     await a.execute("BEGIN")
     await a.fetch(FIRE_AT, at(2))
     pause = asyncio.create_task(dba.fetch("SELECT * FROM zeroth.pause_schedule(name => 's')"))
-    await asyncio.sleep(0.2)
-    assert not pause.done()  # it waits for the row the firer holds
+    await waits_for(db, dba, a, pause)  # it waits for the row the firer holds
     await a.execute("COMMIT")
     await pause
     assert [r for r in await a.fetch(FIRE_AT, at(50)) if r["schedule_id"]] == []
@@ -103,8 +117,7 @@ async def test_two_workers_registering_at_once_create_one_schedule(connect):
     await a.execute("BEGIN")
     assert await a.fetchval(register) == "created"
     other = asyncio.create_task(b.fetchval(register))
-    await asyncio.sleep(0.2)
-    assert not other.done()  # waits on the uncommitted name
+    await waits_for(db, b, a, other)  # waits on the uncommitted name
     await a.execute("COMMIT")
     assert await other == "unchanged"
     assert await db.fetchval("SELECT count(*) FROM zeroth.schedules") == 1
@@ -147,8 +160,7 @@ async def test_two_fire_now_calls_with_one_key_make_one_run(connect, first_ends)
     await a.execute("BEGIN")
     first = await a.fetchrow(KEYED_NOW)
     second = asyncio.create_task(b.fetchrow(KEYED_NOW))
-    await asyncio.sleep(0.2)
-    assert not second.done()  # it waits for the row the first holds
+    await waits_for(db, b, a, second)  # it waits for the row the first holds
     await a.execute(first_ends)
     row = await second
     if first_ends == "COMMIT":

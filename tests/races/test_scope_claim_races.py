@@ -123,7 +123,14 @@ async def test_nothing_starts_in_a_scope_once_its_pause_has_committed(connect):
         await dba.execute("INSERT INTO zeroth.scope_limits (tenant_id, deployment_ref, paused) "
                           "VALUES ('t1', $1, true)", DEPLOYMENT)
         paused_at = await dba.fetchval("SELECT clock_timestamp()")  # after the commit
+        # Claimers go on after the pause for 0.5 s and until they have started 20 runs in the
+        # other scopes: starved (six CPU hogs, nice 10) they had started only 32 and 8 there in
+        # the 0.5 s (564 unloaded), on the way to none and a failure of `others > paused_at`.
         await asyncio.sleep(0.5)
+        await wait_until(lambda: dba.fetchval(
+            "SELECT count(*) >= 20 FROM zeroth.runs WHERE tenant_id <> 't1' "
+            "AND started_at > $1", paused_at), "the claimers to start runs after the pause",
+            within=60)
     finally:
         stop.set()
         await asyncio.gather(*tasks)

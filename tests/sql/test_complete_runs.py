@@ -33,10 +33,14 @@ async def table_state(conn: asyncpg.Connection) -> list[list[dict[str, Any]]]:
         "SELECT * FROM zeroth.admission_slots ORDER BY deployment_ref, slot_no")]
 
 
-async def drain(queue: asyncio.Queue[str]) -> None:
-    await asyncio.sleep(0.2)  # notifications of earlier commits are still on their way
-    while not queue.empty():
-        queue.get_nowait()
+async def drain(conn: asyncpg.Connection, queue: asyncio.Queue[str]) -> None:
+    """Read off the notifications of every commit made so far, up to a sentinel notified after
+    them (notifications arrive in commit order). Sleeping 0.2 s and emptying the queue guessed
+    they had all come by then: on a loaded machine one arriving later was read as the wakeup
+    of the call under test."""
+    await conn.execute("SELECT pg_notify('zeroth_wakeup', 'drained')")
+    while await next_payload(queue) != "drained":
+        pass
 
 
 class TestBatch:
@@ -117,7 +121,7 @@ class TestSlots:
                                  deployment_ref=first) for _ in range(3)]
         leases.append(await make_run(conn, "running", tenant_id="t1", max_concurrency=5,
                                      deployment_ref=second))
-        await drain(queue)  # the enqueues' own wakeups
+        await drain(conn, queue)  # the enqueues' own wakeups
 
         result = await complete_runs(conn, [(le.run_id, 1) for le in leases], tenant_id="t1")
 
@@ -133,11 +137,12 @@ class TestSlots:
         conn = await connect()
         queue = await listen(await connect(), "zeroth_wakeup")
         lease = await make_run(conn, "running", deployment_ref="nowake-" + uuid.uuid4().hex[:8])
-        await drain(queue)
+        await drain(conn, queue)
 
         assert await complete_runs(conn, [(lease.run_id, 1)]) == [(lease.run_id, True)]
-        await asyncio.sleep(0.2)
-        assert queue.empty()
+        # Nothing comes before a sentinel notified after the completion committed.
+        await conn.execute("SELECT pg_notify('zeroth_wakeup', 'sentinel')")
+        assert await next_payload(queue) == "sentinel"
 
 
 class TestRejectedArguments:

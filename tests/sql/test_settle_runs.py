@@ -159,7 +159,7 @@ class TestWakeup:
                                  deployment_ref=first) for _ in range(3)]
         leases.append(await make_run(conn, "running", tenant_id="t1", max_concurrency=5,
                                      deployment_ref=second))
-        await drain(queue)  # the enqueues' own wakeups
+        await drain(conn, queue)  # the enqueues' own wakeups
 
         result = await settle(conn, [(leases[0].run_id, 1, "complete"),
                                      (leases[1].run_id, 1, "fail"),
