@@ -131,6 +131,24 @@ class TestReturned:
         assert ran == []
         assert (decided.kind, decided.retryable) == (OutcomeKind.FAILED, False)
 
+    @pytest.mark.parametrize("state", ["slept", "lease gone"])
+    def test_a_coroutine_returned_after_a_sleep_or_a_lost_lease_is_closed_too(self, state):
+        """Nothing is written for such an attempt, but its coroutine is closed all the same:
+        else Python warns that it was never awaited wherever it is collected."""
+        async def forgot_await() -> int:
+            return 1
+
+        lost = next(reason for reason in StopReason if reason.lease_gone)
+        coroutine = forgot_await()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            decided = (outcome(output=coroutine, slept=True) if state == "slept"
+                       else outcome(output=coroutine, stop_reason=lost))
+            del coroutine
+            gc.collect()
+        assert decided.kind in (OutcomeKind.SLEPT, OutcomeKind.LEASE_LOST)
+        assert not [w for w in caught if "never awaited" in str(w.message)]
+
     def test_an_output_nested_deeper_than_the_encoder_goes_fails_for_good(self):
         deep: list[Any] = []
         for _ in range(100_000):

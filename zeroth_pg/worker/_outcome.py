@@ -101,6 +101,8 @@ def decide(*, output: Any = None, raised: BaseException | None = None, slept: bo
 
 
 def _returned(output: Any, *, slept: bool, lease_gone: bool) -> Outcome:
+    if slept or lease_gone:
+        _close_unstarted(output)  # nothing is written, but no "never awaited" later either
     if slept:  # it swallowed RunSlept and returned: the run sleeps anyway
         return Outcome(OutcomeKind.SLEPT)
     if lease_gone:
@@ -142,8 +144,7 @@ def _awaitable_returned(output: Any) -> Outcome:
     # type's name says enough.
     if type(output) is types.CoroutineType:
         name = f"coroutine {bounded_text(output.__qualname__, 200)}"
-        if inspect.getcoroutinestate(output) == inspect.CORO_CREATED:
-            output.close()
+        if _close_unstarted(output):
             fate = "it was not run"
         else:
             fate = "it was started, and is left as it is"
@@ -155,3 +156,13 @@ def _awaitable_returned(output: Any) -> Outcome:
         f"without await, or a plain def that should be an async def; {fate}")
     return Outcome(OutcomeKind.FAILED, error=error, retryable=False,
                    why="output is an awaitable", traced=error)
+
+
+def _close_unstarted(output: Any) -> bool:
+    """Close ``output`` if it is a coroutine never started (which runs none of its code); say
+    whether it was one. A started one is left to whatever runs it."""
+    if (type(output) is types.CoroutineType
+            and inspect.getcoroutinestate(output) == inspect.CORO_CREATED):
+        output.close()
+        return True
+    return False
