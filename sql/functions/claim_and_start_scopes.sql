@@ -64,6 +64,13 @@ BEGIN
     PERFORM zeroth._require(claim_and_start_scopes.max_concurrency IS NULL
                             OR claim_and_start_scopes.max_concurrency >= 1,
                             'max_concurrency must be NULL or at least 1');
+    -- Bounded before the lookups below probe the registry once per name (_listed_scopes checks
+    -- the names again, with the scopes): an array of a million names was a million probes, and
+    -- as many _version_serves calls, before its ZP008 (25 s of CPU on PostgreSQL 18).
+    PERFORM zeroth._require(claim_and_start_scopes.deployment_refs IS NOT NULL
+                            AND array_ndims(claim_and_start_scopes.deployment_refs) = 1
+                            AND cardinality(claim_and_start_scopes.deployment_refs) BETWEEN 1 AND 100,
+                            'deployment_refs must be a one-dimensional array of 1 to 100 deployments');
     IF claim_and_start_scopes.lease_seconds IS NOT NULL THEN
         v_lease := zeroth._lease_interval(claim_and_start_scopes.lease_seconds);
     ELSE  -- one primary-key lookup per deployment named: its lease (else 60 s) and timeouts

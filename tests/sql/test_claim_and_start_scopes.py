@@ -249,6 +249,27 @@ class TestBadInput:
                 await conn.fetch(f"SELECT * FROM zeroth.claim_and_start_scopes({call})")
         assert caught.value.sqlstate == "ZP008"
 
+    async def test_too_many_names_are_refused_before_the_registry_is_read(self, conn):
+        """The registry lookups (a lease and a version policy per name) come after the names are
+        bounded: 10,000 copies of a registered name are one ZP008, not 20,000 probes of
+        zeroth.deployments first (a million took 25 s of CPU before the refusal)."""
+        await conn.execute("SELECT zeroth.register_deployment(deployment_ref => 'a', "
+                           "lease_seconds => 321)")
+        await conn.execute("SELECT zeroth.set_version_policy('a', 'same')")
+        scans = """SELECT sum(pg_stat_get_xact_numscans(c.oid)) FROM pg_class c
+                    WHERE c.oid = 'zeroth.deployments'::regclass
+                       OR c.oid IN (SELECT i.indexrelid FROM pg_index i
+                                     WHERE i.indrelid = 'zeroth.deployments'::regclass)"""
+        before = await conn.fetchval(scans)
+        with pytest.raises(asyncpg.PostgresError) as caught:
+            async with conn.transaction():
+                await conn.fetch("SELECT * FROM zeroth.claim_and_start_scopes("
+                                 "deployment_refs => array_fill('a'::text, ARRAY[10000]), "
+                                 "worker_id => 'w', code_version => 'v1')")
+        assert caught.value.sqlstate == "ZP008"
+        assert "deployment_refs must be" in str(caught.value)
+        assert await conn.fetchval(scans) - before == 0
+
     async def test_a_workspace_without_a_tenant_is_zp006(self, conn):
         await backlog(conn, 1)
         before = await table_state(conn)

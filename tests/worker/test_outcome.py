@@ -84,6 +84,71 @@ class TestReturned:
             OutcomeKind.FAILED, False, "output is an awaitable")
         assert not future.done()
 
+    async def test_a_returned_coroutine_already_started_fails_for_good_and_is_left_running(self):
+        """The handler started the coroutine in a task and returned the coroutine, not the
+        task's result: closing it would throw GeneratorExit into code a task is running (a
+        finally that awaits makes close() raise, a worker error retried as if the worker had
+        failed), and break that task. It is left as it is; the run fails for good."""
+        finished = []
+
+        async def started() -> int:
+            try:
+                await asyncio.sleep(0)
+                return 1
+            finally:
+                await asyncio.sleep(0)  # a clean-up that awaits
+                finished.append(True)
+
+        coroutine = started()
+        task = asyncio.ensure_future(coroutine)
+        await asyncio.sleep(0)  # the task is in the first await
+        decided = outcome(output=coroutine)
+        assert (decided.kind, decided.retryable, decided.why) == (
+            OutcomeKind.FAILED, False, "output is an awaitable")
+        assert isinstance(decided.error, TypeError)
+        assert await task == 1  # the task ran to its end, undisturbed
+        assert finished == [True]
+
+    def test_an_object_posing_as_a_coroutine_runs_none_of_its_code(self):
+        """isinstance() reads an object's own __class__: one that claims to be a coroutine was
+        taken for one, and its close() and __qualname__ (the handler's code) ran in decide()."""
+        ran = []
+
+        class Posing:
+            @property
+            def __class__(self) -> type:  # type: ignore[override]
+                return type(_a_coroutine_type_probe)
+
+            def close(self) -> None:
+                ran.append("close")
+                raise ValueError("the handler's close")
+
+            def __getattr__(self, name: str) -> Any:
+                ran.append(name)
+                raise ValueError(name)
+
+        decided = outcome(output=Posing())
+        assert ran == []
+        assert (decided.kind, decided.retryable) == (OutcomeKind.FAILED, False)
+
+    @pytest.mark.parametrize("state", ["slept", "lease gone"])
+    def test_a_coroutine_returned_after_a_sleep_or_a_lost_lease_is_closed_too(self, state):
+        """Nothing is written for such an attempt, but its coroutine is closed all the same:
+        else Python warns that it was never awaited wherever it is collected."""
+        async def forgot_await() -> int:
+            return 1
+
+        lost = next(reason for reason in StopReason if reason.lease_gone)
+        coroutine = forgot_await()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            decided = (outcome(output=coroutine, slept=True) if state == "slept"
+                       else outcome(output=coroutine, stop_reason=lost))
+            del coroutine
+            gc.collect()
+        assert decided.kind in (OutcomeKind.SLEPT, OutcomeKind.LEASE_LOST)
+        assert not [w for w in caught if "never awaited" in str(w.message)]
+
     def test_an_output_nested_deeper_than_the_encoder_goes_fails_for_good(self):
         deep: list[Any] = []
         for _ in range(100_000):
@@ -183,3 +248,11 @@ class TestCancelled:
         decided = outcome(raised=asyncio.CancelledError())
         assert decided.kind is OutcomeKind.FAILED
         assert decided.retryable
+
+
+async def _a_coroutine() -> None:
+    pass
+
+
+_a_coroutine_type_probe = _a_coroutine()
+_a_coroutine_type_probe.close()

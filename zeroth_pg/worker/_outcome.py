@@ -7,8 +7,10 @@ outcome, then the :class:`~._settle.Settler` writes it), so every case is a unit
 from __future__ import annotations
 
 import asyncio
+import collections.abc
 import enum
 import inspect
+import types
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +19,7 @@ from zeroth_pg.errors import (
     ErrorDescription,
     LeaseLostError,
     NonRetryableError,
+    bounded_text,
     describe,
     handler_exit,
 )
@@ -98,11 +101,13 @@ def decide(*, output: Any = None, raised: BaseException | None = None, slept: bo
 
 
 def _returned(output: Any, *, slept: bool, lease_gone: bool) -> Outcome:
+    if slept or lease_gone:
+        _close_unstarted(output)  # nothing is written, but no "never awaited" later either
     if slept:  # it swallowed RunSlept and returned: the run sleeps anyway
         return Outcome(OutcomeKind.SLEPT)
     if lease_gone:
         return Outcome(OutcomeKind.LEASE_LOST, why="lease lost")
-    if inspect.isawaitable(output):
+    if _is_awaitable(output):
         return _awaitable_returned(output)
     # Retrying cannot make an output JSON, nor storable: fail that run, never its batch.
     if (problem := storage_problem(output, "output")) is not None:
@@ -113,21 +118,51 @@ def _returned(output: Any, *, slept: bool, lease_gone: bool) -> Outcome:
     return Outcome(OutcomeKind.COMPLETED, output=output)
 
 
+def _is_awaitable(output: Any) -> bool:
+    """inspect.isawaitable by the output's type alone: isinstance() reads the object's own
+    ``__class__``, which a handler's object may define (a lazy proxy's raises; a fake's claims
+    coroutine, so its close() and __qualname__ ran here)."""
+    kind = type(output)
+    return (kind is types.CoroutineType
+            or (kind is types.GeneratorType  # a @types.coroutine generator
+                and bool(output.gi_code.co_flags & inspect.CO_ITERABLE_COROUTINE))
+            or issubclass(kind, collections.abc.Awaitable))
+
+
 def _awaitable_returned(output: Any) -> Outcome:
     """The handler returned an awaitable instead of its result: it called something async
-    without ``await``, or it is a plain ``def`` that should be an ``async def``. What it returned
-    never ran here and would not on a retry, so the run fails for good, saying so (not only
-    "not JSON"). A coroutine is closed first: left to the garbage collector, Python would warn
-    that it was never awaited from wherever it is collected, far from this run and its logs."""
-    # Only a coroutine's own attributes are read: another awaitable is the handler's object,
-    # whose attribute lookups run its code; its type's name says enough.
-    if inspect.iscoroutine(output):
-        output.close()
-        name = f"coroutine {output.__qualname__}"
+    without ``await``, or it is a plain ``def`` that should be an ``async def``. Awaiting it here
+    would run the handler's work outside its attempt, and a retry would return one again, so the
+    run fails for good, saying so (not only "not JSON"). A coroutine never started is closed
+    first (which runs none of its code): left to the garbage collector, Python would warn that it
+    was never awaited from wherever it is collected, far from this run and its logs. One already
+    started is left as it is: a task may be running it (the handler started it and returned the
+    coroutine, not the task's result), and closing it would run its clean-up here, which may
+    raise or await."""
+    # Only a real coroutine's own attributes are read (their values are the interpreter's):
+    # another awaitable is the handler's object, whose attribute lookups run its code; its
+    # type's name says enough.
+    if type(output) is types.CoroutineType:
+        name = f"coroutine {bounded_text(output.__qualname__, 200)}"
+        if _close_unstarted(output):
+            fate = "it was not run"
+        else:
+            fate = "it was started, and is left as it is"
     else:
-        name = type(output).__qualname__
+        name = bounded_text(type(output).__qualname__, 200)
+        fate = "it was not awaited"
     error = TypeError(
         f"the handler returned an awaitable ({name}) instead of its result: an async call "
-        f"without await, or a plain def that should be an async def; it was not run")
+        f"without await, or a plain def that should be an async def; {fate}")
     return Outcome(OutcomeKind.FAILED, error=error, retryable=False,
                    why="output is an awaitable", traced=error)
+
+
+def _close_unstarted(output: Any) -> bool:
+    """Close ``output`` if it is a coroutine never started (which runs none of its code); say
+    whether it was one. A started one is left to whatever runs it."""
+    if (type(output) is types.CoroutineType
+            and inspect.getcoroutinestate(output) == inspect.CORO_CREATED):
+        output.close()
+        return True
+    return False
