@@ -489,3 +489,15 @@ async def test_a_claim_and_a_completion_do_not_log_the_payload(connect: Any) -> 
     assert await admin.fetchval(
         """SELECT count(*) FROM zeroth.runs WHERE status = 'completed'
               AND length(payload ->> 'text') = 1200 AND length(metadata ->> 'm') = 300""") == n
+
+
+async def test_the_pages_settings_turn_jit_off_with_the_sequential_scan(connect: Any) -> None:
+    """Before PostgreSQL 18 a statement that cannot avoid the scan PAGE_SETTINGS turns off is
+    costed at 1e10 and, where the server has LLVM, JIT-compiled at each execution: the same
+    transaction-local settings turn JIT off (docs/performance.md, "JIT")."""
+    conn = await connect()
+    async with conn.transaction():
+        await conn.execute(PAGE_SETTINGS)
+        assert await conn.fetchval("SELECT current_setting('enable_seqscan')") == "off"
+        assert await conn.fetchval("SELECT current_setting('jit')") == "off"
+    assert await conn.fetchval("SELECT current_setting('enable_seqscan')") == "on"  # LOCAL

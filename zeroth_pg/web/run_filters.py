@@ -20,8 +20,11 @@ __all__ = ["PAGE_SETTINGS", "RunInSeveralScopes", "bounded", "no_nul", "parse_ru
 #: types, and a filter it cannot estimate (a rare status, say `failed`) made a Seq Scan and a
 #: sort of the whole table look cheaper than walking runs_created_not_running_idx; the margin
 #: was one column's width (tests/plans/test_hot_path_indexes.py). The claim functions pin their
-#: plans the same way (SET enable_seqscan = off).
-PAGE_SETTINGS = "SET LOCAL enable_seqscan = off"
+#: plans the same way (SET enable_seqscan = off), and like them turn JIT off with it: before
+#: PostgreSQL 18 a scan the statement cannot avoid is then costed at 1e10, above every JIT
+#: threshold, and compiled at each execution where the server has LLVM (docs/performance.md,
+#: "JIT").
+PAGE_SETTINGS = "SET LOCAL enable_seqscan = off; SET LOCAL jit = off"
 
 
 class RunInSeveralScopes(Exception):
