@@ -508,13 +508,15 @@ async def test_ha_soak(manager: str, event: str) -> None:
                                                           restarts))
                 if index + 1 < count:
                     await asyncio.to_thread(recover, cluster, event, failovers[-1], bouncers)
-                elif await all_terminal(harness):
-                    # The fleet finished the last share on the old primary before another node
-                    # took writes (a slow switchover: Patroni's took 4.9-10.7 s at load 6-15 in
-                    # the eighth session's matrix, and the check below failed for want of work).
-                    # A few runs more, enqueued on the new primary, so that this failover too is
-                    # followed by claims there; first_claimed_run_enqueued_after_promotion_s
-                    # then says the first claim waited for them.
+                elif not (await counts(harness)).get("pending"):
+                    # The fleet claimed the last share's runs on the old primary before another
+                    # node took writes (a slow switchover: Patroni's took 4.9-10.7 s at load 6-15
+                    # in the eighth session's matrix, and the check below failed for want of
+                    # work); the runs still running then complete on the new primary without a
+                    # claim there. A few runs more, enqueued on the new primary, so that this
+                    # failover too is followed by claims there;
+                    # first_claimed_run_enqueued_after_promotion_s then says the first claim
+                    # waited for them.
                     enqueued |= await enqueue_all(harness, total, total + TAIL_RUNS)
             drained = await until(lambda: all_terminal(harness), DRAIN_TIMEOUT)
         finally:
