@@ -1,6 +1,7 @@
 """A handler's output whose own code raises while the worker encodes it: a dict subclass whose
 ``items()`` (what json.dumps calls on a mapping that is not exactly a dict) raises SystemExit,
-KeyboardInterrupt or a BaseException subclass of its own. The attempt gets a written, bounded
+KeyboardInterrupt, a BaseException subclass of its own or an ordinary exception (once recorded
+as the worker's own error, WorkerError). The attempt gets a written, bounded
 failure like a handler that raised the same thing, and the worker goes on with the other runs:
 such an exception escaped the run's task, where SystemExit ended the event loop (every run of
 the worker left to its lease) and any other one left its run to its lease."""
@@ -66,9 +67,10 @@ async def _settled(pool: asyncpg.Pool, run_id: UUID) -> dict[str, Any] | None:
 
 
 @pytest.mark.parametrize("raised", [SystemExit(3), OutputAbort("no output for you"),
-                                    GeneratorExit("closed")],
-                         ids=["system-exit", "own-base-exception", "generator-exit"])
-async def test_an_output_whose_encoding_raises_a_base_exception_fails_only_its_run(
+                                    GeneratorExit("closed"), RuntimeError("items() failed")],
+                         ids=["system-exit", "own-base-exception", "generator-exit",
+                              "exception"])
+async def test_an_output_whose_encoding_raises_fails_only_its_run_as_the_handler_would(
         pool: asyncpg.Pool, worker_for: Callable[..., Awaitable[RunWorker]],
         raised: BaseException) -> None:
     dep = unique_deployment("oddout")

@@ -109,8 +109,17 @@ def _returned(output: Any, *, slept: bool, lease_gone: bool) -> Outcome:
         return Outcome(OutcomeKind.LEASE_LOST, why="lease lost")
     if _is_awaitable(output):
         return _awaitable_returned(output)
+    try:
+        problem = storage_problem(output, "output")
+    except Exception as exc:
+        # The output's own code raised while it was encoded (a mapping's items(), called by
+        # json.dumps; a __class__ read by its error message): the handler's doing, so the
+        # attempt fails as if the handler had raised it (a BaseException escapes to _execute,
+        # which does the same), not as a worker error.
+        return decide(raised=exc, slept=False, stop_reason=None, lease_gone=False,
+                      cancelling=False)
     # Retrying cannot make an output JSON, nor storable: fail that run, never its batch.
-    if (problem := storage_problem(output, "output")) is not None:
+    if problem is not None:
         why, error = problem
         # Only an output that is not JSON has an exception of its own to trace.
         return Outcome(OutcomeKind.FAILED, error=error, retryable=False, why=why,
