@@ -165,10 +165,13 @@ class TestJit:
             r"""SELECT p.oid::regprocedure::text AS signature, p.proconfig
                   FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
                  WHERE n.nspname = 'zeroth'
-                   AND EXISTS (SELECT 1 FROM unnest(p.proconfig) c WHERE c LIKE 'enable\_%=off')""")
+                   AND EXISTS (SELECT 1 FROM unnest(p.proconfig) c
+                                WHERE c ~* '^enable_[a-z_]+=(off|false|no|0)$')""")
         signatures = {row["signature"].split("(")[0] for row in rows}
         assert {"zeroth.renew_leases", "zeroth._settle"} <= signatures
-        assert [row["signature"] for row in rows if "jit=off" not in row["proconfig"]] == []
+        # (A boolean setting is stored as written: off, false, no or 0 all turn it off.)
+        assert [row["signature"] for row in rows
+                if not {"jit=off", "jit=false", "jit=no", "jit=0"} & set(row["proconfig"])] == []
 
     async def test_an_unavoidable_disabled_node_costs_more_than_jit_above_cost_before_18(
             self, conn):
