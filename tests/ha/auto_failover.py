@@ -207,7 +207,7 @@ def auto_failover_formation(synchronous: bool = True, data_nodes: int = 2
             wait_or_tail(lambda node=node, index=index: formation.wait_running(
                 index + 1, f"{node.name} joins the formation"), daemons, ("monitor", node.name))
         if synchronous and data_nodes == 3:
-            # Only with two quorum standbys: the monitor refuses 1 while fewer are registered.
+            # Once both quorum standbys have joined, as a DBA growing a formation would.
             formation.autoctl("set", "formation", "number-sync-standbys", "--pgdata",
                               str(nodes[0].pgdata), "1")
         wait_or_tail(formation.wait_healthy, daemons,

@@ -47,6 +47,13 @@ loopback an asynchronous replica is otherwise 0 bytes behind), and thawed right 
 Losses are then reported (bounded by that lag: the bytes behind at the event are recorded), not
 asserted; no generation handed out twice is asserted all the same.
 
+``ZEROTH_PG_HA_AF_NODES=3``: pg_auto_failover with three data nodes and ``number_sync_standbys``
+1 (auto_failover.py), so that a standby is left beside the one promoted; each failover then also
+records when the new primary first names a synchronous standby
+(``event_to_synchronous_standby_on_new_primary_s``: it is promoted into ``wait_primary``, with
+synchronous replication off, until a secondary follows it). The result file is
+``pg_auto_failover-3nodes-<event>…``.
+
 Patroni reaches etcd through its v2 API: Patroni 3.0.2's etcd3 client let a stopped old
 primary, resumed, take the leader key back from the new one (patroni_cluster.py);
 ``ZEROTH_PG_HA_PATRONI_DCS=etcd3`` runs it anyway.
