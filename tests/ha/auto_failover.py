@@ -1,20 +1,30 @@
-"""A pg_auto_failover formation on 127.0.0.1 from Debian's packages: a monitor and two nodes.
+"""A pg_auto_failover formation on 127.0.0.1 from Debian's packages: a monitor and two data nodes
+(or three: ``data_nodes=3``, below).
 
 ``pg_autoctl`` (``pg-auto-failover-cli``, 2.0) runs the monitor and a keeper per node over
 Debian's PostgreSQL 15 (``postgresql-15-auto-failover`` provides the monitor's extension).
 Each data directory is initialised here first (``initdb --auth=trust``) and its settings put in
 ``postgresql.auto.conf``, read after pg_autoctl's own include file, so that every server listens
 on 127.0.0.1 only, keeps its socket in its own directory and has room for a worker fleet; then
-``pg_autoctl create monitor|postgres --run`` registers the directory as it is (the second node
-is cloned from the first by its keeper). Clients use :meth:`Formation.dsn`, both nodes with
-``target_session_attrs=read-write``.
+``pg_autoctl create monitor|postgres --run`` registers the directory as it is (every other node
+is cloned from the first by its keeper, one after the other). Clients use :meth:`Formation.dsn`,
+every node with ``target_session_attrs=read-write``.
 
 Settings the guarantees need (docs/dba-guide.md "High availability"): every node with
 ``replication-quorum true`` (the default): the primary's ``synchronous_standby_names`` is
 ``ANY 1 (<the standbys>)`` while a standby is healthy, and the monitor promotes only a standby
 that reported the primary's last LSN. With two nodes ``number_sync_standbys`` is 0: when the
 standby itself fails the monitor sets the primary ``wait_primary`` and synchronous replication
-is switched off until it is back (availability over a second copy). The monitor's health checks
+is switched off until it is back (availability over a second copy); a switchover during which
+the monitor judged the standby being promoted unhealthy did the same, and lost acknowledged writes
+(docs/dba-guide.md "pg_auto_failover").
+
+``data_nodes=3`` (test_ha_soak.py, ``ZEROTH_PG_HA_AF_NODES=3``): three data nodes and, once the
+third has joined, ``pg_autoctl set formation number-sync-standbys 1``: the primary's
+``synchronous_standby_names`` is ``ANY 1 (<the two standbys>)``, so that with one standby gone
+(or judged unhealthy mid-switchover) the primary still has a synchronous standby left, and the
+monitor has no reason to switch synchronous replication off (test_ha_soak.py records the new
+primary's ``synchronous_standby_names`` at its first commit). The monitor's health checks
 are shortened (``pgautofailover.health_check_period`` 2 s, ``node_considered_unhealthy_timeout``
 10 s) so that a test waits less for a failover; the defaults are 5 s and 20 s.
 
@@ -109,16 +119,23 @@ class Formation(ManagedCluster):
             return str(conn.execute("SHOW synchronous_standby_names").fetchone()[0])  # type: ignore[index]
 
     def wait_healthy(self, timeout: float = 300) -> None:
-        """Until the monitor has one ``primary`` and one ``secondary``, both at their goal, and
-        (when synchronous) the primary's commits wait for the standby (a non-empty
-        synchronous_standby_names)."""
+        """Until the monitor has one ``primary`` and a ``secondary`` for every other node, each
+        at its goal, and (when synchronous) the primary's commits wait for a standby (a
+        non-empty synchronous_standby_names)."""
         def healthy() -> bool:
             states = self.states()
             settled = sorted(s["reported"] for s in states if s["reported"] == s["goal"])
-            return settled == ["primary", "secondary"] and (
+            return settled == ["primary"] + ["secondary"] * (len(self.nodes) - 1) and (
                 not self.synchronous or bool(self.synchronous_standby_names()))
         until(healthy, timeout, "the formation has a primary and a synchronous secondary",
               interval=0.5)
+
+    def wait_running(self, count: int, what: str, timeout: float = 300) -> None:
+        """Until ``count`` nodes run as ``single``, ``primary`` or ``secondary``, each at its
+        goal."""
+        until(lambda: sum(s["reported"] in ("single", "primary", "secondary")
+                          and s["reported"] == s["goal"] for s in self.states()) >= count,
+              timeout, what)
 
     def autoctl(self, *args: str, timeout: float = 180) -> str:
         return self.daemons.run(["/usr/bin/pg_autoctl", *args], timeout=timeout)
@@ -147,9 +164,13 @@ def _initdb(daemons: Daemons, node: AutoNode, settings: dict[str, str]) -> None:
 
 
 @contextlib.contextmanager
-def auto_failover_formation(synchronous: bool = True) -> Iterator[Formation]:
-    """Monitor + two nodes, healthy; every process stopped and the directory deleted on exit.
-    ``synchronous=False``: both nodes outside the write quorum (asynchronous replication)."""
+def auto_failover_formation(synchronous: bool = True, data_nodes: int = 2
+                            ) -> Iterator[Formation]:
+    """Monitor + ``data_nodes`` nodes (2 or 3), healthy; every process stopped and the directory
+    deleted on exit. ``synchronous=False``: every node outside the write quorum (asynchronous
+    replication). Three synchronous nodes: ``number_sync_standbys`` 1 (module docstring)."""
+    if data_nodes not in (2, 3):
+        raise ValueError(f"data_nodes: 2 or 3, not {data_nodes!r}")
     daemons = Daemons("zeroth-pg-autofailover-")
     try:
         # pg_autoctl connects to its local server as the OS user it runs as, over a socket in
@@ -157,7 +178,7 @@ def auto_failover_formation(synchronous: bool = True) -> Iterator[Formation]:
         superuser = os_user() or getpass.getuser()
         monitor = AutoNode("monitor", free_port(), daemons.tmp / "monitor", superuser)
         nodes = [AutoNode(f"node{i}", free_port(), daemons.tmp / f"node{i}", superuser)
-                 for i in (1, 2)]
+                 for i in range(1, data_nodes + 1)]
         daemons.pgdatas += [monitor.pgdata, *(node.pgdata for node in nodes)]
         formation = Formation(daemons, monitor, nodes, synchronous)
         _initdb(daemons, monitor, {**_SETTINGS, **_MONITOR_SETTINGS})
@@ -181,10 +202,16 @@ def auto_failover_formation(synchronous: bool = True) -> Iterator[Formation]:
                 "--listen", "127.0.0.1", "--pghost", str(daemons.tmp), "--name", node.name,
                 "--dbname", "postgres", "--monitor", uri, "--auth", "trust", "--no-ssl",
                 "--replication-quorum", "true" if synchronous else "false", "--run"])
-            if index == 0:
-                until(lambda: any(s["reported"] == "single" for s in formation.states()), 180,
-                      "the first node runs as a single primary")
-        wait_or_tail(formation.wait_healthy, daemons, ("monitor", "node1", "node2"))
+            # One at a time: each joins once the one before runs (the first as a single
+            # primary, then each standby as a secondary), as a DBA adds nodes.
+            wait_or_tail(lambda node=node, index=index: formation.wait_running(
+                index + 1, f"{node.name} joins the formation"), daemons, ("monitor", node.name))
+        if synchronous and data_nodes == 3:
+            # Once both quorum standbys have joined, as a DBA growing a formation would.
+            formation.autoctl("set", "formation", "number-sync-standbys", "--pgdata",
+                              str(nodes[0].pgdata), "1")
+        wait_or_tail(formation.wait_healthy, daemons,
+                     ("monitor", *(node.name for node in nodes)))
         yield formation
     finally:
         daemons.close()

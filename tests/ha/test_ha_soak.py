@@ -47,6 +47,13 @@ loopback an asynchronous replica is otherwise 0 bytes behind), and thawed right 
 Losses are then reported (bounded by that lag: the bytes behind at the event are recorded), not
 asserted; no generation handed out twice is asserted all the same.
 
+``ZEROTH_PG_HA_AF_NODES=3``: pg_auto_failover with three data nodes and ``number_sync_standbys``
+1 (auto_failover.py), so that a standby is left beside the one promoted; each failover then also
+records when the new primary first names a synchronous standby
+(``event_to_synchronous_standby_on_new_primary_s``: it is promoted into ``wait_primary``, with
+synchronous replication off, until a secondary follows it). The result file is
+``pg_auto_failover-3nodes-<event>…``.
+
 Patroni reaches etcd through its v2 API: Patroni 3.0.2's etcd3 client let a stopped old
 primary, resumed, take the leader key back from the new one (patroni_cluster.py);
 ``ZEROTH_PG_HA_PATRONI_DCS=etcd3`` runs it anyway.
@@ -162,6 +169,18 @@ def _restarts() -> bool:
     return chosen == "1"
 
 
+#: ZEROTH_PG_HA_AF_NODES=3: pg_auto_failover with three data nodes and number_sync_standbys 1
+#: (auto_failover.py); 2 by default (the suite's time budget: a monitor and two nodes).
+AF_NODES_ENV = "ZEROTH_PG_HA_AF_NODES"
+
+
+def _af_nodes() -> int:
+    chosen = os.environ.get(AF_NODES_ENV, "2").strip()
+    if chosen not in ("2", "3"):
+        raise pytest.UsageError(f"{AF_NODES_ENV}: 2 or 3 data nodes")
+    return int(chosen)
+
+
 def _failovers() -> int:
     chosen = os.environ.get(FAILOVERS_ENV, "1").strip()
     if not chosen.isdigit() or int(chosen) < 1:
@@ -217,7 +236,8 @@ def zeroth_cluster(manager: str, bouncers: bool = False, synchronous: bool = Tru
     start, programs, packages = MANAGERS[manager]
     require((*programs, *((PGBOUNCER,) if bouncers else ())),
             packages + (" pgbouncer" if bouncers else ""))
-    with start(synchronous=synchronous) as cluster:
+    options = {"data_nodes": _af_nodes()} if manager == "pg_auto_failover" else {}
+    with start(synchronous=synchronous, **options) as cluster:
         primary = cluster.primary()
         with psycopg.connect(primary.dsn(), autocommit=True) as conn:
             conn.execute(f"CREATE DATABASE {DATABASE}")
@@ -303,6 +323,14 @@ def inject(cluster: Cluster, event: str, bouncers: bool, restarts: bool = True
         standbys, floor = ha_until(  # type: ignore[misc]
             first_commit, 300, "the new primary commits a write")
         first_committed = round(time.monotonic() - began, 3)
+        synchronous_again = None
+        if getattr(cluster, "synchronous", True) and len(others) > 1:
+            # With a standby left beside the new primary: when its commits wait for one again
+            # (pg_auto_failover promotes into wait_primary, synchronous replication off, until
+            # a secondary follows it). With none left that is only after recover(): not waited.
+            synchronous_again = round(ha_until(lambda: _synchronous_names(new) and (
+                time.monotonic() - began), 300, f"{new.name} names a synchronous standby",
+                interval=0.1), 3)  # type: ignore[arg-type]
         if switching is not None:
             switched_from, switched_to = switching.result()
             assert (switched_from, switched_to) == (old, new), (switched_from, switched_to)
@@ -323,7 +351,13 @@ def inject(cluster: Cluster, event: str, bouncers: bool, restarts: bool = True
             **({"replicas_frozen_s": ASYNC_LAG_S, "flush_lag_bytes_at_event": lag}
                if frozen else {}),
             "event_to_first_commit_on_new_primary_s": first_committed,
+            "event_to_synchronous_standby_on_new_primary_s": synchronous_again,
             "began_at": began_at}
+
+
+def _synchronous_names(node: Any) -> str:
+    with psycopg.connect(node.dsn(), connect_timeout=3) as conn:
+        return str(conn.execute("SHOW synchronous_standby_names").fetchone()[0])  # type: ignore[index]
 
 
 def _freeze_wal_receivers(nodes: list[Any]) -> list[int]:
@@ -538,6 +572,7 @@ async def test_ha_soak(manager: str, event: str) -> None:
     results = {
         "manager": manager, "event": event, "failovers_planned": count,
         "replication": "synchronous" if synchronous else "asynchronous",
+        "data_nodes": len(cluster.nodes),
         "workers_through": ("pgbouncer (session pooling, one per node; "
                             + ("restarted on a role change)" if restarts else
                                "never restarted on a role change)")) if bouncers else
@@ -554,7 +589,9 @@ async def test_ha_soak(manager: str, event: str) -> None:
         "violations": report.summary(),
     }
     RESULTS.mkdir(exist_ok=True)
-    name = f"{manager}-{event}" + (f"-x{count}" if count > 1 else "") + (
+    nodes = "" if manager != "pg_auto_failover" or len(cluster.nodes) == 2 else (
+        f"-{len(cluster.nodes)}nodes")
+    name = f"{manager}{nodes}-{event}" + (f"-x{count}" if count > 1 else "") + (
         ("-pgbouncer" if restarts else "-pgbouncer-norestart") if bouncers else "") + (
         "" if synchronous else "-async")
     (RESULTS / f"{name}.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
