@@ -53,6 +53,11 @@ def _records(caplog: pytest.LogCaptureFixture, text: str) -> list[logging.LogRec
     return [r for r in caplog.records if r.name == "zeroth_pg.worker" and text in r.getMessage()]
 
 
+
+async def _ok(ctx: RunContext) -> Any:
+    """A handler for the tests whose runs are never claimed (the worker cannot call in)."""
+    return {"ok": True}
+
 async def test_a_worker_that_lost_its_grant_logs_one_traceback_and_one_line_when_it_is_back(
         pool: asyncpg.Pool, pg_server_dsn: str, database_dsn: str,
         caplog: pytest.LogCaptureFixture) -> None:
@@ -104,10 +109,7 @@ async def test_a_worker_that_lost_its_grant_logs_one_traceback_for_its_timed_out
     caplog.set_level(logging.INFO, logger="zeroth_pg.worker")
     dep = unique_deployment("streak_waits")
 
-    async def handler(ctx: RunContext) -> Any:
-        return {"ok": True}
-
-    async with _worker_as(None, pg_server_dsn, database_dsn, dep, handler) as (_, name):
+    async with _worker_as(None, pg_server_dsn, database_dsn, dep, _ok) as (_, name):
         await wait_until(lambda: worker_errors(dep, "wake_due_waits") >= 6
                          and worker_errors(dep, "sweep") >= 6,
                          "six failed wakes of timed-out waits and six failed sweeps", within=60)
@@ -139,10 +141,7 @@ async def test_a_worker_stopped_while_its_calls_fail_logs_every_failure_of_the_s
     caplog.set_level(logging.INFO, logger="zeroth_pg.worker")
     dep = unique_deployment("streak_stop")
 
-    async def handler(ctx: RunContext) -> Any:
-        return {"ok": True}
-
-    async with _worker_as(None, pg_server_dsn, database_dsn, dep, handler):
+    async with _worker_as(None, pg_server_dsn, database_dsn, dep, _ok):
         await wait_until(lambda: worker_errors(dep, "claim") >= 4
                          and worker_errors(dep, "sweep") >= 4
                          and worker_errors(dep, "wake_due_waits") >= 4,
