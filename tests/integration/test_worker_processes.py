@@ -531,7 +531,12 @@ class TestGracefulShutdown:
         pool = events
         dep = deployment_name("hurry")
         slow = await enqueue(pool, dep, {"ticks": 2, "step_seconds": 0.1, "gate": True})
-        a = await workers(dep, "worker_apps:scripted", "--shutdown-timeout", "3600")
+        # A 30 s lease: hurried, the worker waits for the hand-back at most a lease (then the
+        # lease lapses anyway). The handler's cancellation path (recording "stopped" through
+        # its own pool) and the hand-back once took more than the file's 2 s lease on a loaded
+        # machine, and the handler was abandoned with its run.
+        a = await workers(dep, "worker_apps:scripted", "--shutdown-timeout", "3600",
+                          "--lease", "30")
         await wait_event(pool, slow, "gated", generation=1, worker=a)
 
         a.send(signal.SIGTERM)
