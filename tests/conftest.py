@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import sys
-import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -50,16 +49,22 @@ FAST_TIERS = ("sql", "client", "worker")
 # asserts of every test module in every xdist worker (about 6 s of CPU per process for this
 # suite), and every subprocess a test starts (the CLI, worker processes) compiled the package
 # again. The files go where Python puts them (__pycache__, ignored by git; or the user's
-# PYTHONPYCACHEPREFIX), for this process and the ones it starts, and the xdist controller rewrites
-# the test modules once while its workers boot. ZEROTH_PG_TEST_BYTECODE=0 keeps the variable.
+# PYTHONPYCACHEPREFIX), for this process and the ones it starts, and from a fresh checkout each
+# xdist worker rewrites its share of the test modules before it collects, so that together they
+# rewrite each module once (_rewrite_test_modules). ZEROTH_PG_TEST_BYTECODE=0 keeps the variable.
 if sys.dont_write_bytecode and os.environ.get("ZEROTH_PG_TEST_BYTECODE", "1") != "0":
     sys.dont_write_bytecode = False
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 
-def _rewrite_test_modules(config: pytest.Config) -> None:
-    """Write pytest's rewritten bytecode of every test module (what a worker's collection would
-    otherwise redo, in each worker). Best effort: pytest's own cache layout, private helpers."""
+def _rewrite_test_modules(config: pytest.Config, share: int, shares: int) -> None:
+    """Write pytest's rewritten bytecode of the test modules this run collects, share ``share``
+    of ``shares`` of them (every ``shares``-th module), where it is not cached yet. Each xdist
+    worker writes its share before it collects, and its collection finds the other shares
+    written by the others by then: from a fresh checkout every worker rewrote every module
+    (about 6 s of CPU each, the first 5 s of a CI run on two cores), and a thread of the
+    controller that rewrote them all while the workers booted was too slow to be ahead of
+    them. Best effort: pytest's own cache layout, private helpers."""
     try:
         from _pytest.assertion.rewrite import (
             PYC_TAIL,
@@ -73,13 +78,11 @@ def _rewrite_test_modules(config: pytest.Config) -> None:
         state = config.stash[assertstate_key]
         roots = [Path(str(arg).split("::")[0]).resolve() for arg in config.args] or [_TESTS]
         fast_only = _selects_only_fast(config)
-        for path in sorted(_TESTS.rglob("*.py")):
-            if not (path.name.startswith("test_") or path.name == "conftest.py"):
-                continue
-            if path.name != "conftest.py" and (
-                    not any(root == path or root in path.parents for root in roots)
-                    or (fast_only and path.relative_to(_TESTS).parts[0] not in FAST_TIERS)):
-                continue  # not collected by this run
+        collected = [
+            path for path in sorted(_TESTS.rglob("test_*.py"))
+            if any(root == path or root in path.parents for root in roots)
+            and not (fast_only and path.relative_to(_TESTS).parts[0] not in FAST_TIERS)]
+        for path in collected[share::shares]:
             cache = get_cache_dir(path)
             pyc = cache / (path.name[:-3] + PYC_TAIL)
             if _read_pyc(path, pyc, state.trace) is not None:
@@ -87,18 +90,19 @@ def _rewrite_test_modules(config: pytest.Config) -> None:
             cache.mkdir(parents=True, exist_ok=True)
             source_hash, code = _rewrite_test(path, config)
             _write_pyc(state, code, source_hash, pyc)  # atomic: a temporary file, renamed
-    except Exception:  # the workers rewrite for themselves, as without this
+    except Exception:  # then the collection rewrites what it imports, as without this
         return
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if hasattr(config, "workerinput"):
-        config.pluginmanager.register(_GroupedTestIds(), "zeroth-pg-grouped-test-ids")
-    if (not hasattr(config, "workerinput") and getattr(config.option, "dist", "no") != "no"
-            and getattr(config.option, "assertmode", "rewrite") == "rewrite"
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is None:
+        return
+    config.pluginmanager.register(_GroupedTestIds(), "zeroth-pg-grouped-test-ids")
+    if (getattr(config.option, "assertmode", "rewrite") == "rewrite"
             and not sys.dont_write_bytecode):
-        threading.Thread(target=_rewrite_test_modules, args=(config,), daemon=True,
-                         name="zeroth-pg-rewrite").start()
+        _rewrite_test_modules(config, int(workerinput.get("workerid", "gw0").removeprefix("gw")),
+                              int(workerinput.get("workercount", 1)))
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -209,8 +213,43 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             # The module's own server (a module-scoped fixture) is started by one worker only.
             item.add_marker(pytest.mark.xdist_group(relative.as_posix()))
     if hasattr(config, "workerinput"):
-        # Under xdist the slow tests go first, so that none starts last and runs alone.
-        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+        # Under xdist the slow tests go first, so that none starts last and runs alone; the
+        # rest spread over the run (_spread).
+        spread = _spread(items)
+        items.sort(key=lambda item: (item.get_closest_marker("slow") is None, spread[item.nodeid]))
+
+
+def _spread(items: list[pytest.Item]) -> dict[str, tuple[float, int, int]]:
+    """A sort key per test that spreads each module's tests evenly over the run, each module
+    from its own starting point. The workers take tests in collection order, so a module's
+    tests ran on all four workers at once: a module of tests that mostly wait (on worker
+    processes, leases running out, a hung server: test_writable_server, test_hung_server,
+    test_worker_leases, test_sweep_poisoning) left the cores a third to a half idle for
+    10-20 s, several times a run. Spread, the waiting tests run beside the CPU-bound ones.
+
+    A module whose tests share a module- or class-scoped fixture (its own server, a
+    PgBouncer, a browser) stays together, where it starts: apart, the fixture would be made
+    again for every stretch. The same order in every worker (xdist requires it)."""
+    by_module: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        by_module.setdefault(item.nodeid.split("::")[0], []).append(item)
+    keys: dict[str, tuple[float, int, int]] = {}
+    for position, module in enumerate(sorted(by_module)):
+        tests, phase = by_module[module], position / len(by_module)
+        together = any(definition.scope in ("module", "class", "package")
+                       for item in tests
+                       for definitions in _fixture_definitions(item)
+                       for definition in definitions)
+        for index, item in enumerate(tests):
+            offset = 0.0 if together else (index + 0.5) / len(tests)
+            keys[item.nodeid] = ((phase + offset) % 1.0, position, index)
+    return keys
+
+
+def _fixture_definitions(item: pytest.Item) -> list[Any]:
+    """The definitions of the fixtures ``item`` uses (none for an item that is no function)."""
+    info = getattr(item, "_fixtureinfo", None)
+    return list(info.name2fixturedefs.values()) if info is not None else []
 
 
 # ---------------------------------------------------------------------------------------------
