@@ -82,7 +82,10 @@ def _rewrite_test_modules(config: pytest.Config, share: int, shares: int) -> Non
             path for path in sorted(_TESTS.rglob("test_*.py"))
             if any(root == path or root in path.parents for root in roots)
             and not (fast_only and path.relative_to(_TESTS).parts[0] not in FAST_TIERS)]
-        for path in collected[share::shares]:
+    except Exception:  # then the collection rewrites what it imports, as without this
+        return
+    for path in collected[share::shares]:
+        try:
             cache = get_cache_dir(path)
             pyc = cache / (path.name[:-3] + PYC_TAIL)
             if _read_pyc(path, pyc, state.trace) is not None:
@@ -90,8 +93,8 @@ def _rewrite_test_modules(config: pytest.Config, share: int, shares: int) -> Non
             cache.mkdir(parents=True, exist_ok=True)
             source_hash, code = _rewrite_test(path, config)
             _write_pyc(state, code, source_hash, pyc)  # atomic: a temporary file, renamed
-    except Exception:  # then the collection rewrites what it imports, as without this
-        return
+        except Exception:  # a module that does not compile: its collection reports it
+            continue
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -101,8 +104,18 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(_GroupedTestIds(), "zeroth-pg-grouped-test-ids")
     if (getattr(config.option, "assertmode", "rewrite") == "rewrite"
             and not sys.dont_write_bytecode):
-        _rewrite_test_modules(config, int(workerinput.get("workerid", "gw0").removeprefix("gw")),
-                              int(workerinput.get("workercount", 1)))
+        _rewrite_test_modules(config, *_share(workerinput))
+
+
+def _share(workerinput: dict[str, Any]) -> tuple[int, int]:
+    """This xdist worker's share of the test modules to rewrite: (N, count) for worker gwN of
+    count; all of them (0, 1) for a worker named otherwise (``--tx id=name//popen``). A worker
+    started again after a crash (gw4 of 4) takes a share another has done: no harm."""
+    number = str(workerinput.get("workerid", "")).removeprefix("gw")
+    count = workerinput.get("workercount")
+    if not number.isdigit() or not isinstance(count, int) or count < 1:
+        return 0, 1
+    return int(number) % count, count
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -228,8 +241,9 @@ def _spread(items: list[pytest.Item]) -> dict[str, tuple[float, int, int]]:
     10-20 s, several times a run. Spread, the waiting tests run beside the CPU-bound ones.
 
     A module whose tests share a module- or class-scoped fixture (its own server, a
-    PgBouncer, a browser) stays together, where it starts: apart, the fixture would be made
-    again for every stretch. The same order in every worker (xdist requires it)."""
+    PgBouncer, a browser) stays together, where it starts (its slow tests, if some are and
+    some are not, first with the others): apart, the fixture would be made again for every
+    stretch. The same order in every worker (xdist requires it)."""
     by_module: dict[str, list[pytest.Item]] = {}
     for item in items:
         by_module.setdefault(item.nodeid.split("::")[0], []).append(item)
