@@ -83,13 +83,21 @@ BEGIN
     PERFORM zeroth._grace_interval(claim_orphaned_scopes.grace_seconds);
     PERFORM zeroth._check_code_version(claim_orphaned_scopes.code_version);
 
+    -- The listed scopes first, in a statement of their own: _listed_scopes checks the scope
+    -- arguments (ZP006, ZP008), and joined to the runs below it ran only when the plan read it:
+    -- a hash semi-join whose side of expired runs was empty (none, or a table the statistics
+    -- said was empty after a VACUUM) never did, and a workspace without a tenant was no error.
+    SELECT coalesce(array_agg(c.tenant_id), '{}'), coalesce(array_agg(c.workspace_key), '{}'),
+           coalesce(array_agg(c.deployment_ref), '{}')
+      INTO v_tenants, v_wskeys, v_deps
+      FROM zeroth._listed_scopes(claim_orphaned_scopes.deployment_refs,
+                                 claim_orphaned_scopes.tenant_ids,
+                                 claim_orphaned_scopes.workspace_ids, false) AS c;
     SELECT coalesce(array_agg(x.tenant_id ORDER BY x.o), '{}'), coalesce(array_agg(x.workspace_key ORDER BY x.o), '{}'),
            coalesce(array_agg(x.deployment_ref ORDER BY x.o), '{}')
       INTO v_tenants, v_wskeys, v_deps
       FROM (SELECT c.tenant_id, c.workspace_key, c.deployment_ref, random() AS o
-              FROM zeroth._listed_scopes(claim_orphaned_scopes.deployment_refs,
-                                         claim_orphaned_scopes.tenant_ids,
-                                         claim_orphaned_scopes.workspace_ids, false) AS c
+              FROM unnest(v_tenants, v_wskeys, v_deps) AS c(tenant_id, workspace_key, deployment_ref)
              WHERE EXISTS (SELECT 1 FROM zeroth.runs r
                             WHERE r.tenant_id = c.tenant_id AND r.workspace_key = c.workspace_key
                               AND r.deployment_ref = c.deployment_ref
