@@ -92,3 +92,46 @@ class TestPluginInAnotherProject:
         result.assert_outcomes(passed=1)
         assert "zeroth_pg" not in result.stdout.str()  # no header line, no server named
         assert [p.name for p in scratch.iterdir() if p.name.startswith("zeroth-pg-test-")] == []
+
+
+class TestKeptConnection:
+    """``conn`` keeps one connection and one database for every test of a session: what a test
+    rolled back must not change what the next one sees."""
+
+    def test_the_runs_an_earlier_test_rolled_back_are_gone_from_the_claim_index_of_the_next(
+        self, pytester: pytest.Pytester
+    ) -> None:
+        # A rolled-back run leaves its entry in runs_claim_pending_idx until a VACUUM, and a
+        # claim that reads past many such entries keeps a claim floor for its session
+        # (sql/functions/internal/claim_floor.sql): without the fixture's VACUUM a test's claims
+        # depended on the runs the tests before it had enqueued in its scope.
+        pytester.makeini(
+            """
+            [pytest]
+            asyncio_mode = auto
+            asyncio_default_fixture_loop_scope = session
+            asyncio_default_test_loop_scope = session
+            """
+        )
+        pytester.makepyfile(
+            '''
+            ENTRIES = """SELECT pg_stat_get_xact_tuples_returned(
+                             'zeroth.runs_claim_pending_idx'::regclass)"""
+
+            async def test_1_leaves_rolled_back_runs(clock_conn):
+                assert await clock_conn.fetchval(
+                    """SELECT count(*) FROM zeroth.enqueue_runs(deployment_ref => 'probe',
+                           runs => (SELECT jsonb_agg(jsonb_build_object('payload', '{}'::jsonb))
+                                      FROM generate_series(1, 1000)))""") == 1000
+
+            async def test_2_claims_read_none_of_their_entries(clock_conn):
+                before = await clock_conn.fetchval(ENTRIES)
+                assert await clock_conn.fetchval(
+                    """SELECT count(run_id) FROM zeroth.claim_pending(deployment_ref => 'probe',
+                           worker_id => 'w')""") == 0
+                assert await clock_conn.fetchval(ENTRIES) - before == 0
+            '''
+        )
+        result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:xdist",
+                                               "-p", "no:pytest_postgresql")
+        result.assert_outcomes(passed=2)
