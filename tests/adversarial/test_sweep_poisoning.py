@@ -362,3 +362,23 @@ async def test_a_worker_holding_a_row_open_stalls_no_claim_meeting_a_run_past_it
         assert await status(admin, child) == "pending"  # left as it was, for the next claim
     finally:
         await hold.rollback()
+
+
+@pytest.mark.parametrize(("tenant_ids", "workspace_ids", "sqlstate"), [
+    (["acme", None], ["w1", "w2"], "ZP006"),  # a workspace without a tenant
+    (["acme", "t" * 201], None, "ZP008"),  # a tenant no scope may have
+    (["acme", "other"], ["w1"], "ZP008"),  # lists of different lengths
+])
+async def test_a_worker_sweeping_bad_scopes_is_refused_after_autovacuum_saw_no_runs(
+        login, admin, tenant_ids, workspace_ids, sqlstate):
+    # As autovacuum leaves a table it found empty: the planner believes zeroth.runs empty. The
+    # sweep checked its scopes only when its plan read them, and with nothing on the runs side
+    # of a hash semi-join it never did: bad scopes were no error and the call returned nothing.
+    await admin.execute("VACUUM ANALYZE zeroth.runs")
+    worker = await login("worker")
+    with pytest.raises(asyncpg.PostgresError) as caught:
+        await worker.fetch(
+            """SELECT * FROM zeroth.claim_orphaned_scopes(deployment_refs => ARRAY['d'],
+                   worker_id => 'rescuer', tenant_ids => $1::text[],
+                   workspace_ids => $2::text[])""", tenant_ids, workspace_ids)
+    assert caught.value.sqlstate == sqlstate
