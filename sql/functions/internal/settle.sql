@@ -76,6 +76,107 @@ COMMENT ON FUNCTION zeroth._lock_settle(text, text, text, uuid[], bigint[]) IS '
 ALTER FUNCTION zeroth._lock_settle(text, text, text, uuid[], bigint[]) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._lock_settle(text, text, text, uuid[], bigint[]) FROM PUBLIC;
 
+-- The error document of an end made by someone other than the run's owner, for zeroth._settle's
+-- UPDATE (its header lists the kinds): an attempt or run timeout, a hand-back that dead-letters,
+-- a takeover (claim lapsed, recovery exhausted, failed or orphaned; a requeue keeps the previous
+-- error), a run deadline, an unrecoverable run, a revoke past lease + grace; every other end of
+-- these kinds keeps the run's error. run: the locked row as it was before the settle. A function
+-- of its own so that the settle statement, which a worker runs for every completion, plans and
+-- starts up one call instead of these documents' expressions (issue 30: each expression of a
+-- generic plan is set up again at every execution, whichever branch runs). Takes no lock.
+CREATE OR REPLACE FUNCTION zeroth._settle_stop_error(kind text, outcome text, reason text, payload jsonb,
+                                                     run zeroth.runs)
+    RETURNS jsonb
+    LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN CASE WHEN _settle_stop_error.kind IN ('timeout', 'run_timeout')
+           THEN zeroth._stop_error(
+                    CASE WHEN _settle_stop_error.outcome = 'run_timed_out' THEN 'run_timeout'
+                         ELSE 'attempt_timeout' END,
+                    CASE WHEN _settle_stop_error.outcome = 'run_timed_out'
+                         THEN format('the run''s deadline (%s) passed on attempt %s of %s',
+                                     run.run_deadline_at, run.attempts, run.max_attempts)
+                         ELSE format('the attempt''s deadline (%s) passed on attempt %s of %s',
+                                     run.attempt_deadline_at, run.attempts, run.max_attempts) END,
+                    run.lease_worker_id, run.lease_generation, coalesce(_settle_stop_error.payload, run.error))
+           WHEN _settle_stop_error.kind = 'hand_back' AND _settle_stop_error.outcome = 'dead_lettered'
+           THEN zeroth._stop_error('attempts_exhausted', format(
+                    'handed back %s times without finishing (attempt %s of %s); a run '
+                    'that never finishes before its worker stops is not retried again',
+                    run.hand_backs + 1, run.attempts, run.max_attempts),
+                run.lease_worker_id, run.lease_generation, run.error)
+           WHEN _settle_stop_error.kind = 'take_over' THEN CASE
+               WHEN _settle_stop_error.outcome = 'takeover_requeued' THEN run.error
+               WHEN _settle_stop_error.outcome IN ('claim_lapsed', 'recovery_exhausted')
+               THEN zeroth._stop_error('attempts_exhausted', CASE
+                    WHEN run.status = 'pending' THEN format(
+                        'worker %s claimed it and never started it (lease expired at %s) on attempt %s of %s; '
+                        'a run whose claims lapse every time is not retried again',
+                        run.lease_worker_id, run.lease_expires_at, run.attempts + 1, run.max_attempts)
+                    ELSE format(
+                        'worker %s stopped renewing its lease (expired at %s) on attempt %s of %s; '
+                        'a run whose worker dies every time is not retried again',
+                        run.lease_worker_id, run.lease_expires_at, run.attempts, run.max_attempts) END,
+                    run.lease_worker_id, run.lease_generation, run.error)
+               ELSE zeroth._stop_error(_settle_stop_error.reason, coalesce(_settle_stop_error.payload #>> '{}', format(
+                        'run lease expired: worker %s stopped renewing (expired at %s)',
+                        run.lease_worker_id, run.lease_expires_at)),
+                    run.lease_worker_id, run.lease_generation, run.error) END
+           WHEN _settle_stop_error.kind = 'deadline'
+           THEN zeroth._stop_error('run_timeout', CASE
+                    WHEN run.status = 'waiting' THEN format(
+                        'the run''s deadline (%s) passed while it was waiting (%s)',
+                        run.run_deadline_at, run.wait_reason)
+                    ELSE format('the run''s deadline (%s) passed before it could start again',
+                                run.run_deadline_at) END,
+                run.lease_worker_id, run.lease_generation, run.error)
+           WHEN _settle_stop_error.kind = 'unrecoverable'
+           THEN zeroth._stop_error('recovery_failed', _settle_stop_error.payload #>> '{}',
+                                   run.lease_worker_id, run.lease_generation, run.error)
+           WHEN _settle_stop_error.kind = 'revoke' AND _settle_stop_error.outcome = 'takeover_cancelled'
+           THEN zeroth._stop_error('taken_over', format(
+                    'cancelled after worker %s stopped renewing its lease (expired at %s)',
+                    run.lease_worker_id, run.lease_expires_at), run.lease_worker_id, run.lease_generation, run.error)
+           ELSE run.error END;
+END
+$$;
+COMMENT ON FUNCTION zeroth._settle_stop_error(text, text, text, jsonb, zeroth.runs) IS 'Internal: the error document zeroth._settle writes for an end of kind timeout, run_timeout, hand_back, take_over, deadline, unrecoverable or revoke with the given outcome (the run''s previous error when that end writes none); run is the locked row before the settle.';
+ALTER FUNCTION zeroth._settle_stop_error(text, text, text, jsonb, zeroth.runs) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._settle_stop_error(text, text, text, jsonb, zeroth.runs) FROM PUBLIC;
+
+-- When a retried attempt (outcome retried or timed_out) runs again: at + an exponential backoff
+-- with equal jitter (half fixed, half random), base * 2^(attempts - 1) capped at max. A policy
+-- left NULL (retry_base_seconds, retry_max_seconds) is the deployment's registered one when it
+-- binds this session (zeroth._policy_binds_caller; one primary-key lookup, only then), else
+-- 1 s / 300 s. attempts: the run's count before the settle. For zeroth._settle's UPDATE (a
+-- function of its own for the reason zeroth._settle_stop_error gives). Takes no lock.
+CREATE OR REPLACE FUNCTION zeroth._retry_backoff_at(at timestamptz, deployment_ref text, attempts integer,
+                                                    retry_base_seconds double precision,
+                                                    retry_max_seconds double precision)
+    RETURNS timestamptz
+    LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_base double precision := _retry_backoff_at.retry_base_seconds;
+    v_max  double precision := _retry_backoff_at.retry_max_seconds;
+BEGIN
+    IF v_base IS NULL OR v_max IS NULL THEN
+        SELECT coalesce(v_base, d.retry_base_seconds), coalesce(v_max, d.retry_max_seconds)
+          INTO v_base, v_max
+          FROM zeroth.deployments d
+         WHERE d.deployment_ref = _retry_backoff_at.deployment_ref
+           AND zeroth._policy_binds_caller(d.managed_by, d.registered_by);
+        -- (no row: INTO leaves NULLs, the defaults below)
+    END IF;
+    RETURN _retry_backoff_at.at + make_interval(secs => least(
+               coalesce(v_max, 300),
+               coalesce(v_base, 1) * power(2, greatest(_retry_backoff_at.attempts - 1, 0)::double precision))
+           * (0.5 + random() / 2));
+END
+$$;
+COMMENT ON FUNCTION zeroth._retry_backoff_at(timestamptz, text, integer, double precision, double precision) IS 'Internal: when a retried attempt runs again: at + min(max, base * 2^(attempts - 1)) with equal jitter; a NULL base or max is the deployment''s registered policy when it binds this session, else 1 s / 300 s.';
+ALTER FUNCTION zeroth._retry_backoff_at(timestamptz, text, integer, double precision, double precision) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._retry_backoff_at(timestamptz, text, integer, double precision, double precision) FROM PUBLIC;
+
 -- Settles runs the caller locked (zeroth._lock_settle: run_rows, slot_rows) to their outcomes, in
 -- one statement: run_ids[i] under generations[i] with kinds[i], one of
 --   complete (payloads[i]: the output; SQL NULL keeps it, JSON null clears it), fail (not
@@ -109,8 +210,12 @@ REVOKE ALL ON FUNCTION zeroth._lock_settle(text, text, text, uuid[], bigint[]) F
 -- on, and the lease live at `at` — expired for take_over and unrecoverable, either for revoke
 -- and clear), so
 -- a row changed between the lock and the settle (a DBA's UPDATE in the same transaction) is
--- refused, never half-written. In the same statement: the lease cleared (expired in place for
--- `expired`), the slots freed, and the ended attempt of every outcome but `expired` (which ends
+-- refused, never half-written. In the same statement the lease is cleared (expired in place for
+-- `expired`), and the rows of what follows are made; each of these is then written by a
+-- statement of its own that runs only when it has rows (issue 30: the most frequent end, a
+-- completion at the first claim with no slot and no events, plans and starts up none of them),
+-- under the same row locks and in the same transaction: the slots freed, and the ended attempt
+-- of every outcome but `expired` (which ends
 -- none, and of a run that had no holder) written to zeroth.run_attempt_log — but for a completion
 -- at the run's first claim (lease generation 1), whose holder and claim time stay in the runs row
 -- instead (completed_worker_id, completed_claimed_at; the view zeroth.run_attempts shows that
@@ -121,8 +226,11 @@ REVOKE ALL ON FUNCTION zeroth._lock_settle(text, text, text, uuid[], bigint[]) F
 -- slot freed, a run due now, or a lease given back (release, expire, hand_back, take_over,
 -- unrecoverable, clear).
 -- The run event stream (issue 34): a run that ended (completed, failed, cancelled) and has
--- events gets its END row (stream_ended) and a zeroth_run_events hint; one that emitted nothing
--- gets neither (read_run_events makes its END from its status).
+-- events gets its END row and a zeroth_run_events hint; one that emitted nothing gets neither
+-- (read_run_events makes its END from its status).
+-- The error documents of the ends made by someone other than the owner and the retry backoff
+-- are computed by zeroth._settle_stop_error and zeroth._retry_backoff_at, called only for the
+-- rows that need them.
 -- One row per requested run, in input order: the outcome settled (NULL when refused), the status
 -- it was decided on, the new status, run_after and checkpoint_seq, and sqlstate: NULL settled,
 -- ZP002 not the caller's live lease (fenced out), ZP012 held but the edge is not listed.
@@ -158,7 +266,8 @@ DECLARE
     v_state    text[];
     v_deps     text[];
     v_ws       text;
-    v_streams  uuid[];  -- runs whose event stream got its END (issue 34)
+    v_attempts zeroth.run_attempt_log[];  -- the ended attempts to log
+    v_ends     zeroth.run_events[];       -- the END rows of the streams of runs that ended (issue 34)
 BEGIN
     WITH requested AS (
         SELECT q.ord::integer AS ord, q.run_id, q.generation, q.kind,
@@ -264,74 +373,19 @@ BEGIN
            SET status = e.to_status,
                output = CASE WHEN e.outcome = 'completed' AND e.payload IS NOT NULL
                              THEN nullif(e.payload, 'null'::jsonb) ELSE r.output END,
+               -- The error documents of the ends made by someone other than the run's owner
+               -- (timeouts, a dead-lettering hand-back, takeovers, deadlines, revokes) are written
+               -- by zeroth._settle_stop_error, reached only for those kinds: this statement's
+               -- plan and executor start-up carry one call, not every document's expressions.
                error = CASE WHEN e.kind IN ('fail', 'retry') THEN e.payload
-                            WHEN e.kind IN ('timeout', 'run_timeout')
-                            THEN zeroth._stop_error(
-                                     CASE WHEN e.outcome = 'run_timed_out' THEN 'run_timeout'
-                                          ELSE 'attempt_timeout' END,
-                                     CASE WHEN e.outcome = 'run_timed_out'
-                                          THEN format('the run''s deadline (%s) passed on attempt %s of %s',
-                                                      r.run_deadline_at, r.attempts, r.max_attempts)
-                                          ELSE format('the attempt''s deadline (%s) passed on attempt %s of %s',
-                                                      r.attempt_deadline_at, r.attempts, r.max_attempts) END,
-                                     r.lease_worker_id, r.lease_generation, coalesce(e.payload, r.error))
-                            WHEN e.kind = 'hand_back' AND e.outcome = 'dead_lettered'
-                            THEN zeroth._stop_error('attempts_exhausted', format(
-                                     'handed back %s times without finishing (attempt %s of %s); a run '
-                                     'that never finishes before its worker stops is not retried again',
-                                     r.hand_backs + 1, r.attempts, r.max_attempts),
-                                 r.lease_worker_id, r.lease_generation, r.error)
-                            WHEN e.kind = 'take_over' THEN CASE
-                                WHEN e.outcome = 'takeover_requeued' THEN r.error
-                                WHEN e.outcome IN ('claim_lapsed', 'recovery_exhausted')
-                                THEN zeroth._stop_error('attempts_exhausted', CASE
-                                     WHEN r.status = 'pending' THEN format(
-                                         'worker %s claimed it and never started it (lease expired at %s) on attempt %s of %s; '
-                                         'a run whose claims lapse every time is not retried again',
-                                         r.lease_worker_id, r.lease_expires_at, r.attempts + 1, r.max_attempts)
-                                     ELSE format(
-                                         'worker %s stopped renewing its lease (expired at %s) on attempt %s of %s; '
-                                         'a run whose worker dies every time is not retried again',
-                                         r.lease_worker_id, r.lease_expires_at, r.attempts, r.max_attempts) END,
-                                     r.lease_worker_id, r.lease_generation, r.error)
-                                ELSE zeroth._stop_error(e.reason, coalesce(e.payload #>> '{}', format(
-                                         'run lease expired: worker %s stopped renewing (expired at %s)',
-                                         r.lease_worker_id, r.lease_expires_at)),
-                                     r.lease_worker_id, r.lease_generation, r.error) END
-                            WHEN e.kind = 'deadline'
-                            THEN zeroth._stop_error('run_timeout', CASE
-                                     WHEN r.status = 'waiting' THEN format(
-                                         'the run''s deadline (%s) passed while it was waiting (%s)',
-                                         r.run_deadline_at, r.wait_reason)
-                                     ELSE format('the run''s deadline (%s) passed before it could start again',
-                                                 r.run_deadline_at) END,
-                                 r.lease_worker_id, r.lease_generation, r.error)
-                            WHEN e.kind = 'unrecoverable'
-                            THEN zeroth._stop_error('recovery_failed', e.payload #>> '{}',
-                                                    r.lease_worker_id, r.lease_generation, r.error)
-                            WHEN e.kind = 'revoke' AND e.outcome = 'takeover_cancelled'
-                            THEN zeroth._stop_error('taken_over', format(
-                                     'cancelled after worker %s stopped renewing its lease (expired at %s)',
-                                     r.lease_worker_id, r.lease_expires_at), r.lease_worker_id, r.lease_generation, r.error)
+                            WHEN e.kind IN ('timeout', 'run_timeout', 'hand_back', 'take_over', 'deadline',
+                                            'unrecoverable', 'revoke')
+                            THEN zeroth._settle_stop_error(e.kind, e.outcome, e.reason, e.payload, r)
                             ELSE r.error END,
                run_after = CASE WHEN e.outcome IN ('retried', 'timed_out')
-                               -- Exponential backoff with equal jitter: half fixed, half random.
-                               -- A policy left NULL is the deployment's registered one when it
-                               -- binds this session (zeroth._policy_binds_caller; read only for a
-                               -- retry), else 1 / 300.
-                               THEN _settle.at + make_interval(secs => least(
-                                        coalesce(_settle.retry_max_seconds,
-                                                 (SELECT d.retry_max_seconds FROM zeroth.deployments d
-                                                   WHERE d.deployment_ref = r.deployment_ref
-                                                     AND zeroth._policy_binds_caller(d.managed_by,
-                                                                                     d.registered_by)), 300),
-                                        coalesce(_settle.retry_base_seconds,
-                                                 (SELECT d.retry_base_seconds FROM zeroth.deployments d
-                                                   WHERE d.deployment_ref = r.deployment_ref
-                                                     AND zeroth._policy_binds_caller(d.managed_by,
-                                                                                     d.registered_by)), 1)
-                                        * power(2, greatest(r.attempts - 1, 0)::double precision))
-                                    * (0.5 + random() / 2))
+                               THEN zeroth._retry_backoff_at(_settle.at, r.deployment_ref, r.attempts,
+                                                              _settle.retry_base_seconds,
+                                                              _settle.retry_max_seconds)
                                WHEN e.outcome = 'slept' THEN e.run_after
                                ELSE r.run_after END,
                finished_at = CASE WHEN e.to_status IN ('completed', 'failed', 'cancelled') THEN _settle.at
@@ -402,20 +456,26 @@ BEGIN
         RETURNING e.ord, e.run_id, e.generation, e.kind, e.outcome, e.from_status, e.attempts AS old_attempts,
                   e.lease_acquired_at AS old_acquired, e.started_at AS old_started, e.old_mark, e.old_expires, e.in_row,
                   r.tenant_id, r.workspace_key, r.status AS new_status, r.run_after, r.checkpoint_seq,
-                  r.error, r.wait_reason, r.deployment_ref, r.workspace_id, r.dead_lettered_at
+                  r.error, r.wait_reason, r.deployment_ref, r.workspace_id, r.dead_lettered_at,
+                  -- The run event stream's last event (issue 34), for runs that ended: NULL for a
+                  -- run that emitted nothing (one probe of run_events_pkey; read_run_events makes
+                  -- its END from its status), else its END is numbered after it, under the run
+                  -- row lock this call holds, as append_run_event numbers.
+                  CASE WHEN r.status IN ('completed', 'failed', 'cancelled')
+                       THEN (SELECT max(ev.event_id) FROM zeroth.run_events ev
+                              WHERE ev.tenant_id = r.tenant_id AND ev.workspace_key = r.workspace_key
+                                AND ev.run_id = r.run_id) END AS last_event_id
     ), recorded AS (
         -- The ended attempts (zeroth._record_attempt's rules for the same ends): its number is
         -- runs.attempts when running (else the one a start would have counted), it started at the
-        -- later of its start and its claim.
-        INSERT INTO zeroth.run_attempt_log (tenant_id, workspace_key, run_id, attempt, lease_generation,
-                                         worker_id, claimed_at, started_at, ended_at, outcome, error)
-        SELECT s.tenant_id, s.workspace_key, s.run_id,
-               CASE WHEN s.from_status = 'running' THEN s.old_attempts ELSE s.old_attempts + 1 END,
-               s.generation, _settle.worker_id, s.old_acquired,
-               CASE WHEN s.from_status = 'running' THEN greatest(s.old_started, s.old_acquired) END,
-               _settle.at, l.label,
-               CASE WHEN l.label IN ('failed', 'dead_lettered', 'timed_out') OR s.new_status = 'failed'
-                    THEN s.error END
+        -- later of its start and its claim. Written by the INSERT after this statement.
+        SELECT ROW(s.tenant_id, s.workspace_key, s.run_id,
+                   CASE WHEN s.from_status = 'running' THEN s.old_attempts ELSE s.old_attempts + 1 END,
+                   s.generation, _settle.worker_id, s.old_acquired,
+                   CASE WHEN s.from_status = 'running' THEN greatest(s.old_started, s.old_acquired) END,
+                   _settle.at, l.label,
+                   CASE WHEN l.label IN ('failed', 'dead_lettered', 'timed_out') OR s.new_status = 'failed'
+                        THEN s.error END)::zeroth.run_attempt_log AS entry
           FROM settled s
          CROSS JOIN LATERAL (
                 SELECT CASE WHEN s.kind IN ('timeout', 'run_timeout') THEN 'timed_out'
@@ -442,39 +502,6 @@ BEGIN
            AND s.old_mark IS DISTINCT FROM s.generation
            -- (kept in the runs row)
            AND NOT s.in_row
-    ), freed AS (
-        UPDATE zeroth.admission_slots sl
-           SET run_id = NULL, lease_generation = NULL
-          FROM settled s
-         WHERE sl.ctid = ANY (_settle.slot_rows)
-           AND sl.run_id = s.run_id
-           -- (revoke and clear free every slot naming the run, as the operator's calls always did)
-           AND (sl.lease_generation = s.generation OR s.kind IN ('revoke', 'clear'))
-        RETURNING s.run_id  -- the settled run (sl.run_id is NULL now)
-    ), stream_ended AS (
-        -- The run event stream's END (issue 34), for runs that ended and have events only: a run
-        -- that emitted nothing pays one probe of run_events_pkey and writes nothing (its END is
-        -- made by read_run_events from its status). Numbered after the last event under the run
-        -- row lock this call holds, as append_run_event numbers.
-        INSERT INTO zeroth.run_events AS en (tenant_id, workspace_key, run_id, event_id, kind, name,
-                                             data, lease_generation, created_at)
-        SELECT m.tenant_id, m.workspace_key, m.run_id, m.last_id + 1, 'end', 'end',
-               -- The outcome as read_run_events states it for an END it makes (status, or
-               -- dead_lettered): one vocabulary whether the run emitted events or not, never the
-               -- settle path's internal outcome names (recovery_exhausted, claim_lapsed…).
-               jsonb_build_object('status', m.new_status,
-                                  'outcome', CASE WHEN m.dead_lettered_at IS NOT NULL THEN 'dead_lettered'
-                                                  ELSE m.new_status::text END),
-               m.generation,
-               _settle.at
-          FROM (SELECT s.tenant_id, s.workspace_key, s.run_id, s.new_status, s.dead_lettered_at, s.generation,
-                       (SELECT max(ev.event_id) FROM zeroth.run_events ev
-                         WHERE ev.tenant_id = s.tenant_id AND ev.workspace_key = s.workspace_key
-                           AND ev.run_id = s.run_id) AS last_id
-                  FROM settled s
-                 WHERE s.new_status IN ('completed', 'failed', 'cancelled')) m
-         WHERE m.last_id IS NOT NULL
-        RETURNING en.run_id
     )
     SELECT array_agg(q.ord ORDER BY q.ord),
            array_agg(s.outcome ORDER BY q.ord),
@@ -486,16 +513,57 @@ BEGIN
                           WHEN e.ord IS NOT NULL AND e.to_status IS NULL THEN 'ZP012'
                           ELSE 'ZP002' END ORDER BY q.ord),
            coalesce(array_agg(DISTINCT s.deployment_ref)
-                        FILTER (WHERE s.run_id IN (SELECT f.run_id FROM freed f)
-                                   OR (s.new_status = 'pending' AND s.run_after <= _settle.at)
+                        FILTER (WHERE (s.new_status = 'pending' AND s.run_after <= _settle.at)
                                    OR s.kind IN ('release', 'expire', 'hand_back', 'take_over',
                                                  'unrecoverable', 'clear')), '{}'),
            min(s.workspace_id),
-           array_agg(s.run_id) FILTER (WHERE s.run_id IN (SELECT x.run_id FROM stream_ended x))
-      INTO v_ord, v_outcome, v_from, v_to, v_after, v_seq, v_state, v_deps, v_ws, v_streams
+           (SELECT array_agg(g.entry) FROM recorded g),
+           array_agg(ROW(s.tenant_id, s.workspace_key, s.run_id, s.last_event_id + 1, 'end', 'end',
+                         -- The outcome as read_run_events states it for an END it makes (status,
+                         -- or dead_lettered): one vocabulary whether the run emitted events or
+                         -- not, never the settle path's internal outcome names
+                         -- (recovery_exhausted, claim_lapsed…).
+                         jsonb_build_object('status', s.new_status,
+                                            'outcome', CASE WHEN s.dead_lettered_at IS NOT NULL
+                                                            THEN 'dead_lettered'
+                                                            ELSE s.new_status::text END),
+                         s.generation, _settle.at)::zeroth.run_events)
+               FILTER (WHERE s.last_event_id IS NOT NULL)
+      INTO v_ord, v_outcome, v_from, v_to, v_after, v_seq, v_state, v_deps, v_ws, v_attempts, v_ends
       FROM requested q
       LEFT JOIN edges e ON e.ord = q.ord
       LEFT JOIN settled s ON s.ord = q.ord;
+
+    -- What the settle statement left to statements of their own, each only when it has rows, so
+    -- that the most frequent end (a completion at the first claim, no admission slot, no events)
+    -- plans and starts up none of them (issue 30). Under the row locks this call holds, in the
+    -- same transaction: one outcome either way.
+    IF v_attempts IS NOT NULL THEN
+        INSERT INTO zeroth.run_attempt_log SELECT * FROM unnest(v_attempts);
+    END IF;
+    -- The slots of the settled runs freed (revoke and clear free every slot naming the run, as
+    -- the operator's calls always did); each freed slot's deployment is woken below.
+    IF cardinality(_settle.slot_rows) > 0 THEN
+        WITH freed AS (
+            UPDATE zeroth.admission_slots sl
+               SET run_id = NULL, lease_generation = NULL
+              FROM unnest(_settle.run_ids, _settle.generations, _settle.kinds, v_outcome)
+                   AS q(run_id, generation, kind, outcome)
+             WHERE sl.ctid = ANY (_settle.slot_rows)
+               AND q.outcome IS NOT NULL  -- settled
+               AND sl.run_id = q.run_id
+               AND (sl.lease_generation = q.generation OR q.kind IN ('revoke', 'clear'))
+            RETURNING sl.deployment_ref
+        )
+        SELECT coalesce(array_agg(DISTINCT x.deployment_ref), '{}') INTO v_deps
+          FROM (SELECT u.deployment_ref FROM unnest(v_deps) AS u(deployment_ref)
+                UNION ALL
+                SELECT f.deployment_ref FROM freed f) x;
+    END IF;
+    -- The END of the streams of the runs that ended and have events (issue 34).
+    IF v_ends IS NOT NULL THEN
+        INSERT INTO zeroth.run_events SELECT * FROM unnest(v_ends);
+    END IF;
 
     -- Most ends free nothing a waiting worker could take (a failure, a cancel without a slot):
     -- no statement then.
@@ -505,9 +573,9 @@ BEGIN
     END IF;
     -- Subscribers of the streams that got their END (none for runs that emitted nothing: no
     -- statement then, the IF is a plain expression).
-    IF v_streams IS NOT NULL THEN
+    IF v_ends IS NOT NULL THEN
         PERFORM zeroth._notify_run_events(_settle.tenant_id, _settle.workspace_key, x.run_id)
-           FROM unnest(v_streams) AS x(run_id);
+           FROM unnest(v_ends) AS x;
     END IF;
 
     RETURN QUERY
@@ -518,7 +586,7 @@ BEGIN
      ORDER BY u.ord;
 END
 $$;
-COMMENT ON FUNCTION zeroth._settle(text, text, text, uuid[], bigint[], text[], jsonb[], timestamptz[], text[], double precision, double precision, tid[], tid[], timestamptz) IS 'Internal: the one settle path. Settles the runs the caller locked (zeroth._lock_settle) to their outcomes in one statement — the edge looked up in zeroth.run_transitions, the fence in the UPDATE''s predicate, the lease cleared, the slots freed and the ended attempts written to run_attempts — then notifies zeroth_wakeup once per deployment. One row per requested run: outcome (NULL refused), from/to status, run_after, checkpoint_seq, sqlstate (NULL settled, ZP002 fenced out, ZP012 edge not listed).';
+COMMENT ON FUNCTION zeroth._settle(text, text, text, uuid[], bigint[], text[], jsonb[], timestamptz[], text[], double precision, double precision, tid[], tid[], timestamptz) IS 'Internal: the one settle path. Settles the runs the caller locked (zeroth._lock_settle) to their outcomes in one statement — the edge looked up in zeroth.run_transitions, the fence in the UPDATE''s predicate, the lease cleared — then frees the slots, writes the ended attempts to run_attempt_log and the END of event streams (each only when there are rows), and notifies zeroth_wakeup once per deployment. One row per requested run: outcome (NULL refused), from/to status, run_after, checkpoint_seq, sqlstate (NULL settled, ZP002 fenced out, ZP012 edge not listed).';
 ALTER FUNCTION zeroth._settle(text, text, text, uuid[], bigint[], text[], jsonb[], timestamptz[], text[], double precision, double precision, tid[], tid[], timestamptz) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._settle(text, text, text, uuid[], bigint[], text[], jsonb[], timestamptz[], text[], double precision, double precision, tid[], tid[], timestamptz) FROM PUBLIC;
 
