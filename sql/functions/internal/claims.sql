@@ -2,8 +2,14 @@
 -- Internal helpers: SECURITY INVOKER, executable by zeroth_owner only (they run inside the
 -- SECURITY DEFINER public functions). Re-applied by every upgrade (sql/README.md).
 
+-- The recovery point of a run re-leased after its checkpoints (zeroth._lease_locked_runs), and the
+-- data a claim returns with it. PL/pgSQL, so never inlined: the claim's UPDATE, which every claim
+-- runs, plans and starts up one call each, not a sub-plan and a join with zeroth.checkpoints that
+-- only a run with checkpoints uses (issue 30: each node of a generic plan is set up again at
+-- every execution). They take no lock.
 CREATE OR REPLACE FUNCTION zeroth._latest_checkpoint_id(tenant_id text, workspace_key text, run_id uuid) RETURNS uuid
-    LANGUAGE sql STABLE
+    LANGUAGE plpgsql STABLE AS $$
+BEGIN
     RETURN (SELECT k.checkpoint_id
               FROM zeroth.checkpoints k
              WHERE k.tenant_id = _latest_checkpoint_id.tenant_id
@@ -11,9 +17,25 @@ CREATE OR REPLACE FUNCTION zeroth._latest_checkpoint_id(tenant_id text, workspac
                AND k.run_id = _latest_checkpoint_id.run_id
              ORDER BY k.checkpoint_order DESC
              LIMIT 1);
+END
+$$;
 COMMENT ON FUNCTION zeroth._latest_checkpoint_id(text, text, uuid) IS 'Internal: the checkpoint with the highest checkpoint_order of a run, or NULL.';
 ALTER FUNCTION zeroth._latest_checkpoint_id(text, text, uuid) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._latest_checkpoint_id(text, text, uuid) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION zeroth._checkpoint_data(tenant_id text, workspace_key text, checkpoint_id uuid) RETURNS jsonb
+    LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (SELECT k.data
+              FROM zeroth.checkpoints k
+             WHERE k.tenant_id = _checkpoint_data.tenant_id
+               AND k.workspace_key = _checkpoint_data.workspace_key
+               AND k.checkpoint_id = _checkpoint_data.checkpoint_id);
+END
+$$;
+COMMENT ON FUNCTION zeroth._checkpoint_data(text, text, uuid) IS 'Internal: the data of a checkpoint, or NULL.';
+ALTER FUNCTION zeroth._checkpoint_data(text, text, uuid) OWNER TO zeroth_owner;
+REVOKE ALL ON FUNCTION zeroth._checkpoint_data(text, text, uuid) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION zeroth._claim_marker(active_count integer, saturated boolean, concurrency_limit integer)
     RETURNS zeroth.claimed_run
@@ -96,6 +118,7 @@ BEGIN
                                       ELSE r.code_version_id END,
                admission_slot = _lease_locked_runs.slots[
                                     array_position(_lease_locked_runs.run_ids, r.run_id)],
+               -- (calls, not a sub-plan and a join: zeroth._latest_checkpoint_id says why)
                recovery_checkpoint_id = CASE WHEN r.checkpoint_seq > 0
                    THEN zeroth._latest_checkpoint_id(r.tenant_id, r.workspace_key, r.run_id) END,
                status = CASE WHEN _lease_locked_runs.start THEN 'running' ELSE r.status END,
@@ -124,14 +147,14 @@ BEGIN
     )
     SELECT c.run_id, c.lease_generation, c.lease_expires_at, c.status, c.attempts, c.max_attempts,
            c.priority, c.thread_id, c.idempotency_key, c.payload, c.metadata, c.recovery_checkpoint_id,
-           k.data, c.cancel_requested_at IS NOT NULL, _lease_locked_runs.active_count,
+           CASE WHEN c.recovery_checkpoint_id IS NOT NULL
+                THEN zeroth._checkpoint_data(c.tenant_id, c.workspace_key, c.recovery_checkpoint_id) END,
+           c.cancel_requested_at IS NOT NULL, _lease_locked_runs.active_count,
            false, _lease_locked_runs.concurrency_limit, NULL::timestamptz,
            NULL::double precision, least(c.attempt_deadline_at, c.run_deadline_at),
            extract(epoch FROM least(c.attempt_deadline_at, c.run_deadline_at)
                               - _lease_locked_runs.at)::double precision
       FROM claimed c
-      LEFT JOIN zeroth.checkpoints k ON k.tenant_id = c.tenant_id AND k.workspace_key = c.workspace_key
-                                     AND k.checkpoint_id = c.recovery_checkpoint_id
      ORDER BY c.position;
 
     GET DIAGNOSTICS v_count = ROW_COUNT;
