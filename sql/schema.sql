@@ -561,27 +561,6 @@ COMMENT ON COLUMN zeroth.schedules.last_error IS 'Why the last fire of this sche
 COMMENT ON COLUMN zeroth.schedules.last_error_at IS 'When last_error happened (database time).';
 
 --
--- Name: checkpoints; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
---
-CREATE TABLE zeroth.checkpoints (
-    checkpoint_id uuid NOT NULL,
-    tenant_id text NOT NULL,
-    workspace_key text NOT NULL,
-    run_id uuid NOT NULL,
-    checkpoint_order bigint NOT NULL,
-    lease_generation bigint NOT NULL,
-    data jsonb NOT NULL,
-    created_at timestamp with time zone NOT NULL
-);
-
-ALTER TABLE zeroth.checkpoints OWNER TO zeroth_owner;
-
---
--- Name: TABLE checkpoints; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
---
-COMMENT ON TABLE zeroth.checkpoints IS 'Ordered checkpoints per run, written fenced by save_checkpoint; claim_orphaned hands the latest to the next owner.';
-
---
 -- Name: runs; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
 --
 CREATE TABLE zeroth.runs (
@@ -897,6 +876,27 @@ COMMENT ON COLUMN zeroth.run_attempt_log.attempt IS 'runs.attempts while the att
 -- Name: COLUMN run_attempt_log.outcome; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
 COMMENT ON COLUMN zeroth.run_attempt_log.outcome IS 'How the attempt ended (rows here are ended attempts; NULL only in zeroth.attempt_history''s open rows). completed | failed (error) | dead_lettered (error) | cancelled | recovered (its lease expired and another worker or a takeover took the run) | expired (claimed, never started, the lease lapsed) | lease_lost (lease taken or cleared outside the functions'' rules: clear_lease, a DBA) | handed_back | released | slept | paused | waited | timed_out (its attempt or run deadline passed; error: stop_reason attempt_timeout or run_timeout).';
+
+--
+-- Name: checkpoints; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE TABLE zeroth.checkpoints (
+    checkpoint_id uuid NOT NULL,
+    tenant_id text NOT NULL,
+    workspace_key text NOT NULL,
+    run_id uuid NOT NULL,
+    checkpoint_order bigint NOT NULL,
+    lease_generation bigint NOT NULL,
+    data jsonb NOT NULL,
+    created_at timestamp with time zone NOT NULL
+);
+
+ALTER TABLE zeroth.checkpoints OWNER TO zeroth_owner;
+
+--
+-- Name: TABLE checkpoints; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON TABLE zeroth.checkpoints IS 'Ordered checkpoints per run, written fenced by save_checkpoint; claim_orphaned hands the latest to the next owner.';
 
 --
 -- Name: child_waits; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
@@ -1883,11 +1883,6 @@ GRANT SELECT ON TABLE zeroth.deployments TO zeroth_reader;
 GRANT SELECT ON TABLE zeroth.schedules TO zeroth_reader;
 
 --
--- Name: TABLE checkpoints; Type: ACL; Schema: zeroth; Owner: zeroth_owner
---
-GRANT SELECT ON TABLE zeroth.checkpoints TO zeroth_reader;
-
---
 -- Name: TABLE runs; Type: ACL; Schema: zeroth; Owner: zeroth_owner
 --
 GRANT SELECT ON TABLE zeroth.runs TO zeroth_reader;
@@ -1901,6 +1896,11 @@ GRANT SELECT ON TABLE zeroth.scope_limits TO zeroth_reader;
 -- Name: TABLE run_attempt_log; Type: ACL; Schema: zeroth; Owner: zeroth_owner
 --
 GRANT SELECT ON TABLE zeroth.run_attempt_log TO zeroth_reader;
+
+--
+-- Name: TABLE checkpoints; Type: ACL; Schema: zeroth; Owner: zeroth_owner
+--
+GRANT SELECT ON TABLE zeroth.checkpoints TO zeroth_reader;
 
 --
 -- Name: TABLE code_version_changes; Type: ACL; Schema: zeroth; Owner: zeroth_owner
