@@ -156,20 +156,19 @@ CREATE OR REPLACE FUNCTION zeroth._retry_backoff_at(at timestamptz, deployment_r
     RETURNS timestamptz
     LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-    v_base double precision := _retry_backoff_at.retry_base_seconds;
-    v_max  double precision := _retry_backoff_at.retry_max_seconds;
+    v_base double precision;  -- the deployment's registered policy, when it binds this session
+    v_max  double precision;
 BEGIN
-    IF v_base IS NULL OR v_max IS NULL THEN
-        SELECT coalesce(v_base, d.retry_base_seconds), coalesce(v_max, d.retry_max_seconds)
-          INTO v_base, v_max
+    IF _retry_backoff_at.retry_base_seconds IS NULL OR _retry_backoff_at.retry_max_seconds IS NULL THEN
+        SELECT d.retry_base_seconds, d.retry_max_seconds INTO v_base, v_max
           FROM zeroth.deployments d
          WHERE d.deployment_ref = _retry_backoff_at.deployment_ref
            AND zeroth._policy_binds_caller(d.managed_by, d.registered_by);
-        -- (no row: INTO leaves NULLs, the defaults below)
     END IF;
     RETURN _retry_backoff_at.at + make_interval(secs => least(
-               coalesce(v_max, 300),
-               coalesce(v_base, 1) * power(2, greatest(_retry_backoff_at.attempts - 1, 0)::double precision))
+               coalesce(_retry_backoff_at.retry_max_seconds, v_max, 300),
+               coalesce(_retry_backoff_at.retry_base_seconds, v_base, 1)
+               * power(2, greatest(_retry_backoff_at.attempts - 1, 0)::double precision))
            * (0.5 + random() / 2));
 END
 $$;
@@ -266,8 +265,21 @@ DECLARE
     v_state    text[];
     v_deps     text[];
     v_ws       text;
-    v_attempts zeroth.run_attempt_log[];  -- the ended attempts to log
-    v_ends     zeroth.run_events[];       -- the END rows of the streams of runs that ended (issue 34)
+    -- the ended attempts to log, a column each
+    v_log_runs        uuid[];
+    v_log_attempts    integer[];
+    v_log_generations bigint[];
+    v_log_claimed     timestamptz[];
+    v_log_started     timestamptz[];
+    v_log_outcomes    text[];
+    v_log_errors      jsonb[];
+    -- the END rows of the streams of runs that ended (issue 34), a column each
+    v_end_runs        uuid[];
+    v_end_ids         bigint[];
+    v_end_data        jsonb[];
+    v_end_generations bigint[];
+    v_settled_runs    uuid[];    -- each settled run once
+    v_settled_slot_generations bigint[];  -- the generation whose slots it frees, NULL: every one
 BEGIN
     WITH requested AS (
         SELECT q.ord::integer AS ord, q.run_id, q.generation, q.kind,
@@ -464,44 +476,31 @@ BEGIN
                   CASE WHEN r.status IN ('completed', 'failed', 'cancelled')
                        THEN (SELECT max(ev.event_id) FROM zeroth.run_events ev
                               WHERE ev.tenant_id = r.tenant_id AND ev.workspace_key = r.workspace_key
-                                AND ev.run_id = r.run_id) END AS last_event_id
-    ), recorded AS (
-        -- The ended attempts (zeroth._record_attempt's rules for the same ends): its number is
-        -- runs.attempts when running (else the one a start would have counted), it started at the
-        -- later of its start and its claim. Written by the INSERT after this statement.
-        SELECT ROW(s.tenant_id, s.workspace_key, s.run_id,
-                   CASE WHEN s.from_status = 'running' THEN s.old_attempts ELSE s.old_attempts + 1 END,
-                   s.generation, _settle.worker_id, s.old_acquired,
-                   CASE WHEN s.from_status = 'running' THEN greatest(s.old_started, s.old_acquired) END,
-                   _settle.at, l.label,
-                   CASE WHEN l.label IN ('failed', 'dead_lettered', 'timed_out') OR s.new_status = 'failed'
-                        THEN s.error END)::zeroth.run_attempt_log AS entry
-          FROM settled s
-         CROSS JOIN LATERAL (
-                SELECT CASE WHEN s.kind IN ('timeout', 'run_timeout') THEN 'timed_out'
-                            -- the lapsed claim (never started) a deadline end closes
-                            WHEN s.kind = 'deadline' THEN 'expired'
-                            WHEN s.outcome = 'retried' THEN 'failed'
-                            WHEN s.outcome IN ('paused', 'waited')
-                            THEN CASE WHEN s.wait_reason LIKE 'event:%' OR s.wait_reason LIKE 'children:%'
-                                      THEN 'waited' ELSE 'paused' END
-                            -- The ends of another's lease, labelled as the trigger labels them.
-                            WHEN s.outcome IN ('takeover_cancelled', 'cancel_requested') THEN 'cancelled'
-                            WHEN s.outcome IN ('claim_lapsed', 'recovery_exhausted', 'recovery_failed')
-                            THEN 'dead_lettered'
-                            WHEN s.outcome IN ('takeover_requeued', 'takeover_failed', 'orphan_recovered')
-                            THEN CASE WHEN s.from_status = 'running' THEN 'recovered' ELSE 'expired' END
-                            -- clear_lease of a claim whose lease had already lapsed
-                            WHEN s.outcome = 'released' AND s.old_expires < _settle.at THEN 'expired'
-                            ELSE s.outcome END AS label) l
-         WHERE s.outcome <> 'expired'
-           -- A revoked run that had no holder ended no attempt.
-           AND _settle.worker_id IS NOT NULL
-           -- A generation already marked recorded (a DBA reopened it by hand): the trigger
-           -- records this end (its WHEN sees the mark was not set by this update).
-           AND s.old_mark IS DISTINCT FROM s.generation
-           -- (kept in the runs row)
-           AND NOT s.in_row
+                                AND ev.run_id = r.run_id) END AS last_event_id,
+                  -- The ended attempt goes to run_attempt_log (zeroth._record_attempt's rules for
+                  -- the same ends), unless it is an `expired` (no attempt ended), a revoked run that
+                  -- had no holder, a generation already marked recorded (a DBA reopened it by
+                  -- hand: the trigger records this end, its WHEN sees the mark was not set by this
+                  -- update) or an attempt kept in the runs row.
+                  (e.outcome <> 'expired' AND _settle.worker_id IS NOT NULL
+                   AND e.old_mark IS DISTINCT FROM e.generation AND NOT e.in_row) AS logged,
+                  -- and its outcome there:
+                  CASE WHEN e.kind IN ('timeout', 'run_timeout') THEN 'timed_out'
+                       -- the lapsed claim (never started) a deadline end closes
+                       WHEN e.kind = 'deadline' THEN 'expired'
+                       WHEN e.outcome = 'retried' THEN 'failed'
+                       WHEN e.outcome IN ('paused', 'waited')
+                       THEN CASE WHEN r.wait_reason LIKE 'event:%' OR r.wait_reason LIKE 'children:%'
+                                 THEN 'waited' ELSE 'paused' END
+                       -- The ends of another's lease, labelled as the trigger labels them.
+                       WHEN e.outcome IN ('takeover_cancelled', 'cancel_requested') THEN 'cancelled'
+                       WHEN e.outcome IN ('claim_lapsed', 'recovery_exhausted', 'recovery_failed')
+                       THEN 'dead_lettered'
+                       WHEN e.outcome IN ('takeover_requeued', 'takeover_failed', 'orphan_recovered')
+                       THEN CASE WHEN e.from_status = 'running' THEN 'recovered' ELSE 'expired' END
+                       -- clear_lease of a claim whose lease had already lapsed
+                       WHEN e.outcome = 'released' AND e.old_expires < _settle.at THEN 'expired'
+                       ELSE e.outcome END AS logged_outcome
     )
     SELECT array_agg(q.ord ORDER BY q.ord),
            array_agg(s.outcome ORDER BY q.ord),
@@ -517,19 +516,39 @@ BEGIN
                                    OR s.kind IN ('release', 'expire', 'hand_back', 'take_over',
                                                  'unrecoverable', 'clear')), '{}'),
            min(s.workspace_id),
-           (SELECT array_agg(g.entry) FROM recorded g),
-           array_agg(ROW(s.tenant_id, s.workspace_key, s.run_id, s.last_event_id + 1, 'end', 'end',
-                         -- The outcome as read_run_events states it for an END it makes (status,
-                         -- or dead_lettered): one vocabulary whether the run emitted events or
-                         -- not, never the settle path's internal outcome names
-                         -- (recovery_exhausted, claim_lapsed…).
-                         jsonb_build_object('status', s.new_status,
-                                            'outcome', CASE WHEN s.dead_lettered_at IS NOT NULL
-                                                            THEN 'dead_lettered'
-                                                            ELSE s.new_status::text END),
-                         s.generation, _settle.at)::zeroth.run_events)
-               FILTER (WHERE s.last_event_id IS NOT NULL)
-      INTO v_ord, v_outcome, v_from, v_to, v_after, v_seq, v_state, v_deps, v_ws, v_attempts, v_ends
+           -- The ended attempts to log: its number is runs.attempts when running (else the one a
+           -- start would have counted), it started at the later of its start and its claim.
+           array_agg(s.run_id) FILTER (WHERE s.logged),
+           array_agg(CASE WHEN s.from_status = 'running' THEN s.old_attempts ELSE s.old_attempts + 1 END)
+               FILTER (WHERE s.logged),
+           array_agg(s.generation) FILTER (WHERE s.logged),
+           array_agg(s.old_acquired) FILTER (WHERE s.logged),
+           array_agg(CASE WHEN s.from_status = 'running' THEN greatest(s.old_started, s.old_acquired) END)
+               FILTER (WHERE s.logged),
+           array_agg(s.logged_outcome) FILTER (WHERE s.logged),
+           array_agg(CASE WHEN s.logged_outcome IN ('failed', 'dead_lettered', 'timed_out')
+                            OR s.new_status = 'failed'
+                          THEN s.error END) FILTER (WHERE s.logged),
+           -- The END rows: numbered after the stream's last event, with the outcome as
+           -- read_run_events states it for an END it makes (status, or dead_lettered): one
+           -- vocabulary whether the run emitted events or not, never the settle path's internal
+           -- outcome names (recovery_exhausted, claim_lapsed…).
+           array_agg(s.run_id) FILTER (WHERE s.last_event_id IS NOT NULL),
+           array_agg(s.last_event_id + 1) FILTER (WHERE s.last_event_id IS NOT NULL),
+           array_agg(jsonb_build_object('status', s.new_status,
+                                        'outcome', CASE WHEN s.dead_lettered_at IS NOT NULL THEN 'dead_lettered'
+                                                        ELSE s.new_status::text END))
+               FILTER (WHERE s.last_event_id IS NOT NULL),
+           array_agg(s.generation) FILTER (WHERE s.last_event_id IS NOT NULL),
+           -- The settled runs, each once, and the generation whose slots they free (NULL: every
+           -- slot naming the run, for revoke and clear, as the operator's calls always did).
+           array_agg(s.run_id) FILTER (WHERE s.ord IS NOT NULL),
+           array_agg(CASE WHEN s.kind NOT IN ('revoke', 'clear') THEN s.generation END)
+               FILTER (WHERE s.ord IS NOT NULL)
+      INTO v_ord, v_outcome, v_from, v_to, v_after, v_seq, v_state, v_deps, v_ws,
+           v_log_runs, v_log_attempts, v_log_generations, v_log_claimed, v_log_started, v_log_outcomes,
+           v_log_errors, v_end_runs, v_end_ids, v_end_data, v_end_generations,
+           v_settled_runs, v_settled_slot_generations
       FROM requested q
       LEFT JOIN edges e ON e.ord = q.ord
       LEFT JOIN settled s ON s.ord = q.ord;
@@ -538,21 +557,29 @@ BEGIN
     -- that the most frequent end (a completion at the first claim, no admission slot, no events)
     -- plans and starts up none of them (issue 30). Under the row locks this call holds, in the
     -- same transaction: one outcome either way.
-    IF v_attempts IS NOT NULL THEN
-        INSERT INTO zeroth.run_attempt_log SELECT * FROM unnest(v_attempts);
+    IF v_log_runs IS NOT NULL THEN
+        INSERT INTO zeroth.run_attempt_log (tenant_id, workspace_key, run_id, attempt, lease_generation,
+                                            worker_id, claimed_at, started_at, ended_at, outcome, error)
+        SELECT _settle.tenant_id, _settle.workspace_key, a.run_id, a.attempt, a.generation,
+               _settle.worker_id, a.claimed_at, a.started_at, _settle.at, a.outcome, a.error
+          FROM unnest(v_log_runs, v_log_attempts, v_log_generations, v_log_claimed, v_log_started,
+                      v_log_outcomes, v_log_errors)
+               AS a(run_id, attempt, generation, claimed_at, started_at, outcome, error);
     END IF;
-    -- The slots of the settled runs freed (revoke and clear free every slot naming the run, as
-    -- the operator's calls always did); each freed slot's deployment is woken below.
+    -- The slots of the settled runs freed; each freed slot's deployment is woken below.
     IF cardinality(_settle.slot_rows) > 0 THEN
+        -- By address (a TID scan, the one plan whatever the statistics), each slot's run found in
+        -- the settled runs by array_position: no join and no run_id condition that a plan could
+        -- serve from admission_slots_run_idx (a cached plan walked every occupied slot of the
+        -- database through it).
         WITH freed AS (
             UPDATE zeroth.admission_slots sl
                SET run_id = NULL, lease_generation = NULL
-              FROM unnest(_settle.run_ids, _settle.generations, _settle.kinds, v_outcome)
-                   AS q(run_id, generation, kind, outcome)
              WHERE sl.ctid = ANY (_settle.slot_rows)
-               AND q.outcome IS NOT NULL  -- settled
-               AND sl.run_id = q.run_id
-               AND (sl.lease_generation = q.generation OR q.kind IN ('revoke', 'clear'))
+               AND array_position(v_settled_runs, sl.run_id) IS NOT NULL
+               AND sl.lease_generation IS NOT DISTINCT FROM coalesce(
+                       v_settled_slot_generations[array_position(v_settled_runs, sl.run_id)],
+                       sl.lease_generation)
             RETURNING sl.deployment_ref
         )
         SELECT coalesce(array_agg(DISTINCT x.deployment_ref), '{}') INTO v_deps
@@ -561,8 +588,13 @@ BEGIN
                 SELECT f.deployment_ref FROM freed f) x;
     END IF;
     -- The END of the streams of the runs that ended and have events (issue 34).
-    IF v_ends IS NOT NULL THEN
-        INSERT INTO zeroth.run_events SELECT * FROM unnest(v_ends);
+    IF v_end_runs IS NOT NULL THEN
+        INSERT INTO zeroth.run_events (tenant_id, workspace_key, run_id, event_id, kind, name, data,
+                                       lease_generation, created_at)
+        SELECT _settle.tenant_id, _settle.workspace_key, x.run_id, x.event_id, 'end', 'end', x.data,
+               x.generation, _settle.at
+          FROM unnest(v_end_runs, v_end_ids, v_end_data, v_end_generations)
+               AS x(run_id, event_id, data, generation);
     END IF;
 
     -- Most ends free nothing a waiting worker could take (a failure, a cancel without a slot):
@@ -573,9 +605,9 @@ BEGIN
     END IF;
     -- Subscribers of the streams that got their END (none for runs that emitted nothing: no
     -- statement then, the IF is a plain expression).
-    IF v_ends IS NOT NULL THEN
+    IF v_end_runs IS NOT NULL THEN
         PERFORM zeroth._notify_run_events(_settle.tenant_id, _settle.workspace_key, x.run_id)
-           FROM unnest(v_ends) AS x;
+           FROM unnest(v_end_runs) AS x(run_id);
     END IF;
 
     RETURN QUERY
