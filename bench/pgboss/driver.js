@@ -7,7 +7,7 @@
 // W = concurrency handler slots (a 1 ms handler), on a fresh database (boss.start() installs its
 // schema, the load begins at once). The slots are ceil(W / batch) `work()` loops of batchSize
 // `batch`, whose handlers run at once; the bench passes batch = W, pg-boss's fastest shape of
-// those measured (batch 1, 4, 16 and W: docs/performance.md). pg-boss 10 polls (pollingIntervalSeconds, 0.5 s at its minimum): a loop that
+// those measured (batch 1, 4, 16 and W: docs/performance-history.md, "Day one"). pg-boss 10 polls (pollingIntervalSeconds, 0.5 s at its minimum): a loop that
 // found a job, and every loop after an enqueue, is woken with boss.notifyWorker(id), the
 // documented way to skip the polling interval, so that its rate is not its poll interval.
 //
