@@ -312,36 +312,6 @@ ALTER TYPE zeroth.thread_run OWNER TO zeroth_owner;
 COMMENT ON TYPE zeroth.thread_run IS 'A run as list_thread_runs / get_thread_run report it; queued = waiting behind the active run of its thread.';
 
 --
--- Name: child_runs; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
---
-CREATE TABLE zeroth.child_runs (
-    tenant_id text NOT NULL,
-    workspace_key text NOT NULL,
-    parent_run_id uuid NOT NULL,
-    step_key text NOT NULL,
-    child_run_id uuid NOT NULL,
-    deployment_ref text NOT NULL,
-    payload jsonb NOT NULL,
-    detached boolean NOT NULL,
-    created_at timestamp with time zone NOT NULL,
-    status zeroth.run_status,
-    output jsonb,
-    error jsonb,
-    dead_lettered boolean DEFAULT false NOT NULL,
-    finished_at timestamp with time zone,
-    CONSTRAINT child_runs_outcome_complete CHECK (((status IS NULL) = (finished_at IS NULL))),
-    CONSTRAINT child_runs_outcome_terminal CHECK (((status IS NULL) OR (status = ANY (ARRAY['completed'::zeroth.run_status, 'failed'::zeroth.run_status, 'cancelled'::zeroth.run_status])))),
-    CONSTRAINT child_runs_step_key_valid CHECK (((step_key <> ''::text) AND (length(step_key) <= 400)))
-);
-
-ALTER TABLE zeroth.child_runs OWNER TO zeroth_owner;
-
---
--- Name: TABLE child_runs; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
---
-COMMENT ON TABLE zeroth.child_runs IS 'Child runs per parent and step key (start_child_run): written once by the parent''s live lease holder; the child''s terminal outcome (status, output, error, dead_lettered, finished_at) is copied in when it ends (trigger runs_child_run_finished). Deleted with the parent.';
-
---
 -- Name: deployments; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
 --
 CREATE TABLE zeroth.deployments (
@@ -731,40 +701,6 @@ COMMENT ON COLUMN zeroth.runs.resumable IS 'When its owner dies: true = another 
 COMMENT ON COLUMN zeroth.runs.accounting IS 'Caller-defined JSON object (token and message counts, …) merged by update_run_progress.';
 
 --
--- Name: notification_secret; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
---
-CREATE TABLE zeroth.notification_secret (
-    id boolean DEFAULT true NOT NULL,
-    secret text NOT NULL,
-    CONSTRAINT notification_secret_long CHECK ((length(secret) >= 32)),
-    CONSTRAINT notification_secret_one_row CHECK (id)
-);
-
-ALTER TABLE zeroth.notification_secret OWNER TO zeroth_owner;
-
---
--- Name: TABLE notification_secret; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
---
-COMMENT ON TABLE zeroth.notification_secret IS 'The per-database random secret that NOTIFY payload keys are derived from (zeroth._notify_key). Readable by zeroth_owner only.';
-
---
--- Name: rate_limit_starts; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
---
-CREATE TABLE zeroth.rate_limit_starts (
-    name text NOT NULL,
-    started_at timestamp with time zone NOT NULL,
-    starts integer NOT NULL,
-    CONSTRAINT rate_limit_starts_starts_positive CHECK ((starts >= 1))
-);
-
-ALTER TABLE zeroth.rate_limit_starts OWNER TO zeroth_owner;
-
---
--- Name: TABLE rate_limit_starts; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
---
-COMMENT ON TABLE zeroth.rate_limit_starts IS 'The sliding log of each rate limit: how many runs the claims started under the key at each database time, rounded up to a thousandth of the period (a start counts at most period/1000 longer, never shorter; at most about 1000 rows per key). Written by the claims only (pruned of entries older than the window by the claim itself); no role but zeroth_owner reads it.';
-
---
 -- Name: scope_limits; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
 --
 CREATE TABLE zeroth.scope_limits (
@@ -897,6 +833,36 @@ ALTER TABLE zeroth.checkpoints OWNER TO zeroth_owner;
 -- Name: TABLE checkpoints; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
 COMMENT ON TABLE zeroth.checkpoints IS 'Ordered checkpoints per run, written fenced by save_checkpoint; claim_orphaned hands the latest to the next owner.';
+
+--
+-- Name: child_runs; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE TABLE zeroth.child_runs (
+    tenant_id text NOT NULL,
+    workspace_key text NOT NULL,
+    parent_run_id uuid NOT NULL,
+    step_key text NOT NULL,
+    child_run_id uuid NOT NULL,
+    deployment_ref text NOT NULL,
+    payload jsonb NOT NULL,
+    detached boolean NOT NULL,
+    created_at timestamp with time zone NOT NULL,
+    status zeroth.run_status,
+    output jsonb,
+    error jsonb,
+    dead_lettered boolean DEFAULT false NOT NULL,
+    finished_at timestamp with time zone,
+    CONSTRAINT child_runs_outcome_complete CHECK (((status IS NULL) = (finished_at IS NULL))),
+    CONSTRAINT child_runs_outcome_terminal CHECK (((status IS NULL) OR (status = ANY (ARRAY['completed'::zeroth.run_status, 'failed'::zeroth.run_status, 'cancelled'::zeroth.run_status])))),
+    CONSTRAINT child_runs_step_key_valid CHECK (((step_key <> ''::text) AND (length(step_key) <= 400)))
+);
+
+ALTER TABLE zeroth.child_runs OWNER TO zeroth_owner;
+
+--
+-- Name: TABLE child_runs; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON TABLE zeroth.child_runs IS 'Child runs per parent and step key (start_child_run): written once by the parent''s live lease holder; the child''s terminal outcome (status, output, error, dead_lettered, finished_at) is copied in when it ends (trigger runs_child_run_finished). Deleted with the parent.';
 
 --
 -- Name: child_waits; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
@@ -1084,6 +1050,40 @@ ALTER TABLE zeroth.events OWNER TO zeroth_owner;
 COMMENT ON TABLE zeroth.events IS 'External events of a scope by name (emit_event): payload and emitted_at are written once (first write wins). A row with emitted_at NULL is a channel a run waits on; its row lock serialises wait_for_event against emit_event. prune_runs deletes a row once it is older than its cutoff (emitted_at, or created_at of a channel) and no run waits on the name; an emit after that is a new event.';
 
 --
+-- Name: notification_secret; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE TABLE zeroth.notification_secret (
+    id boolean DEFAULT true NOT NULL,
+    secret text NOT NULL,
+    CONSTRAINT notification_secret_long CHECK ((length(secret) >= 32)),
+    CONSTRAINT notification_secret_one_row CHECK (id)
+);
+
+ALTER TABLE zeroth.notification_secret OWNER TO zeroth_owner;
+
+--
+-- Name: TABLE notification_secret; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON TABLE zeroth.notification_secret IS 'The per-database random secret that NOTIFY payload keys are derived from (zeroth._notify_key). Readable by zeroth_owner only.';
+
+--
+-- Name: rate_limit_starts; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
+--
+CREATE TABLE zeroth.rate_limit_starts (
+    name text NOT NULL,
+    started_at timestamp with time zone NOT NULL,
+    starts integer NOT NULL,
+    CONSTRAINT rate_limit_starts_starts_positive CHECK ((starts >= 1))
+);
+
+ALTER TABLE zeroth.rate_limit_starts OWNER TO zeroth_owner;
+
+--
+-- Name: TABLE rate_limit_starts; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
+--
+COMMENT ON TABLE zeroth.rate_limit_starts IS 'The sliding log of each rate limit: how many runs the claims started under the key at each database time, rounded up to a thousandth of the period (a start counts at most period/1000 longer, never shorter; at most about 1000 rows per key). Written by the claims only (pruned of entries older than the window by the claim itself); no role but zeroth_owner reads it.';
+
+--
 -- Name: rate_limits; Type: TABLE; Schema: zeroth; Owner: zeroth_owner
 --
 CREATE TABLE zeroth.rate_limits (
@@ -1229,12 +1229,6 @@ ALTER TABLE zeroth.thread_locks OWNER TO zeroth_owner;
 -- Name: TABLE thread_locks; Type: COMMENT; Schema: zeroth; Owner: zeroth_owner
 --
 COMMENT ON TABLE zeroth.thread_locks IS 'One row per thread that has been admitted to: its row lock serialises the admissions and redrives of that thread (zeroth._lock_thread). Created on first use, deleted by prune_runs once the thread has no runs left. Locked by zeroth functions only: no role but zeroth_owner can read or lock it.';
-
---
--- Name: thread_locks thread_locks_pkey; Type: CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
---
-ALTER TABLE ONLY zeroth.thread_locks
-    ADD CONSTRAINT thread_locks_pkey PRIMARY KEY (tenant_id, workspace_key, thread_id);
 
 --
 -- Name: admission_slots admission_slots_pkey; Type: CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
@@ -1385,6 +1379,12 @@ ALTER TABLE ONLY zeroth.schedules
 --
 ALTER TABLE ONLY zeroth.scope_limits
     ADD CONSTRAINT scope_limits_pkey PRIMARY KEY (tenant_id, workspace_key, deployment_ref);
+
+--
+-- Name: thread_locks thread_locks_pkey; Type: CONSTRAINT; Schema: zeroth; Owner: zeroth_owner
+--
+ALTER TABLE ONLY zeroth.thread_locks
+    ADD CONSTRAINT thread_locks_pkey PRIMARY KEY (tenant_id, workspace_key, thread_id);
 
 --
 -- Name: admission_slots_run_idx; Type: INDEX; Schema: zeroth; Owner: zeroth_owner
@@ -1868,11 +1868,6 @@ GRANT USAGE ON SCHEMA zeroth TO zeroth_worker;
 GRANT USAGE ON SCHEMA zeroth TO zeroth_reader;
 
 --
--- Name: TABLE child_runs; Type: ACL; Schema: zeroth; Owner: zeroth_owner
---
-GRANT SELECT ON TABLE zeroth.child_runs TO zeroth_reader;
-
---
 -- Name: TABLE deployments; Type: ACL; Schema: zeroth; Owner: zeroth_owner
 --
 GRANT SELECT ON TABLE zeroth.deployments TO zeroth_reader;
@@ -1901,6 +1896,11 @@ GRANT SELECT ON TABLE zeroth.run_attempt_log TO zeroth_reader;
 -- Name: TABLE checkpoints; Type: ACL; Schema: zeroth; Owner: zeroth_owner
 --
 GRANT SELECT ON TABLE zeroth.checkpoints TO zeroth_reader;
+
+--
+-- Name: TABLE child_runs; Type: ACL; Schema: zeroth; Owner: zeroth_owner
+--
+GRANT SELECT ON TABLE zeroth.child_runs TO zeroth_reader;
 
 --
 -- Name: TABLE code_version_changes; Type: ACL; Schema: zeroth; Owner: zeroth_owner

@@ -22,15 +22,17 @@
 CREATE OR REPLACE FUNCTION zeroth._children_ended(tenant_id text, workspace_key text, parent_run_id uuid,
                                                   child_run_ids uuid[])
     RETURNS integer
-    LANGUAGE sql STABLE
-    BEGIN ATOMIC
-        SELECT count(c.status)::integer
-          FROM zeroth.child_runs c
-         WHERE c.tenant_id = _children_ended.tenant_id
-           AND c.workspace_key = _children_ended.workspace_key
-           AND c.parent_run_id = _children_ended.parent_run_id
-           AND c.child_run_id = ANY (_children_ended.child_run_ids);
-    END;
+    -- (PL/pgSQL for the reason zeroth._notify gives: every child that ends counts here.)
+    LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (SELECT count(c.status)::integer
+              FROM zeroth.child_runs c
+             WHERE c.tenant_id = _children_ended.tenant_id
+               AND c.workspace_key = _children_ended.workspace_key
+               AND c.parent_run_id = _children_ended.parent_run_id
+               AND c.child_run_id = ANY (_children_ended.child_run_ids));
+END
+$$;
 COMMENT ON FUNCTION zeroth._children_ended(text, text, uuid, uuid[]) IS 'Internal: how many of the listed children of the parent have ended, by their outcomes in child_runs.';
 ALTER FUNCTION zeroth._children_ended(text, text, uuid, uuid[]) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._children_ended(text, text, uuid, uuid[]) FROM PUBLIC;
@@ -40,18 +42,21 @@ REVOKE ALL ON FUNCTION zeroth._children_ended(text, text, uuid, uuid[]) FROM PUB
 CREATE OR REPLACE FUNCTION zeroth._child_outcomes(tenant_id text, workspace_key text, parent_run_id uuid,
                                                   child_run_ids uuid[])
     RETURNS jsonb
-    LANGUAGE sql STABLE
-    BEGIN ATOMIC
-        SELECT coalesce(jsonb_agg(jsonb_build_object(
-                   'run_id', c.child_run_id, 'status', c.status, 'output', c.output, 'error', c.error,
-                   'dead_lettered', c.dead_lettered, 'finished_at', c.finished_at) ORDER BY u.ord), '[]'::jsonb)
-          FROM unnest(_child_outcomes.child_run_ids) WITH ORDINALITY AS u(child_run_id, ord)
-          JOIN zeroth.child_runs c
-            ON c.tenant_id = _child_outcomes.tenant_id
-           AND c.workspace_key = _child_outcomes.workspace_key
-           AND c.parent_run_id = _child_outcomes.parent_run_id
-           AND c.child_run_id = u.child_run_id;
-    END;
+    -- (PL/pgSQL for the reason zeroth._notify gives.)
+    LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                       'run_id', c.child_run_id, 'status', c.status, 'output', c.output, 'error', c.error,
+                       'dead_lettered', c.dead_lettered, 'finished_at', c.finished_at) ORDER BY u.ord),
+                       '[]'::jsonb)
+              FROM unnest(_child_outcomes.child_run_ids) WITH ORDINALITY AS u(child_run_id, ord)
+              JOIN zeroth.child_runs c
+                ON c.tenant_id = _child_outcomes.tenant_id
+               AND c.workspace_key = _child_outcomes.workspace_key
+               AND c.parent_run_id = _child_outcomes.parent_run_id
+               AND c.child_run_id = u.child_run_id);
+END
+$$;
 COMMENT ON FUNCTION zeroth._child_outcomes(text, text, uuid, uuid[]) IS 'Internal: the outcomes of the children in the order given (run_id, status, output, error, dead_lettered, finished_at; status NULL while a child has not ended), as a JSON array.';
 ALTER FUNCTION zeroth._child_outcomes(text, text, uuid, uuid[]) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._child_outcomes(text, text, uuid, uuid[]) FROM PUBLIC;

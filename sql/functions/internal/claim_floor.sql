@@ -46,11 +46,17 @@
 -- rolls it back too; behind a transaction pooler it moves with the server connection, which is
 -- harmless for a hint: any value, even one a client wrote, only delays runs by at most the bound.
 
+-- The one-expression helpers below are declared exactly as volatile as their bodies (an array's
+-- text, text || integer and to_regclass are STABLE, the statistics counters VOLATILE), so that
+-- the planner inlines them into every caller: one declared IMMUTABLE over a STABLE body is not
+-- inlined but called, and before PostgreSQL 18 a SQL function that is called is parsed and
+-- planned again at each call (issue 30: 40-80 µs a claim on PostgreSQL 15, 5-10 on 18).
+
 -- A scope as its claim floor names it: the md5 of (tenant_id, workspace_key, deployment_ref).
 CREATE OR REPLACE FUNCTION zeroth._claim_floor_scope(tenant_id text, workspace_key text,
                                                     deployment_ref text)
     RETURNS text
-    LANGUAGE sql IMMUTABLE
+    LANGUAGE sql STABLE
     RETURN md5(ARRAY[tenant_id, workspace_key, deployment_ref]::text);
 COMMENT ON FUNCTION zeroth._claim_floor_scope(text, text, text) IS 'Internal: the md5 of a scope (tenant_id, workspace_key, deployment_ref) that its claim floor''s value ends with.';
 ALTER FUNCTION zeroth._claim_floor_scope(text, text, text) OWNER TO zeroth_owner;
@@ -66,7 +72,7 @@ REVOKE ALL ON FUNCTION zeroth._claim_floor_scope(text, text, text) FROM PUBLIC;
 CREATE OR REPLACE FUNCTION zeroth._claim_floor_setting(tenant_id text, workspace_key text,
                                                       deployment_ref text)
     RETURNS text
-    LANGUAGE sql IMMUTABLE
+    LANGUAGE sql STABLE
     RETURN 'zeroth.claim_floor_' || get_byte(decode(zeroth._claim_floor_scope(tenant_id, workspace_key,
                                                                               deployment_ref), 'hex'), 0) % 64;
 COMMENT ON FUNCTION zeroth._claim_floor_setting(text, text, text) IS 'Internal: the name of the session setting (zeroth.claim_floor_0 to _63, by the md5 of the scope) that holds the claim floor of one scope; the value names its scope.';
@@ -78,7 +84,7 @@ REVOKE ALL ON FUNCTION zeroth._claim_floor_setting(text, text, text) FROM PUBLIC
 -- take is no floor for a claimer that may.
 CREATE OR REPLACE FUNCTION zeroth._claim_floor_serves(serves bigint[])
     RETURNS text
-    LANGUAGE sql IMMUTABLE
+    LANGUAGE sql STABLE
     RETURN CASE WHEN serves IS NULL THEN 'any' ELSE md5(serves::text) END;
 COMMENT ON FUNCTION zeroth._claim_floor_serves(bigint[]) IS 'Internal: the claimers (by their serves array) a claim floor holds for: ''any'' or the md5 of the array.';
 ALTER FUNCTION zeroth._claim_floor_serves(bigint[]) OWNER TO zeroth_owner;
@@ -288,7 +294,7 @@ REVOKE ALL ON FUNCTION zeroth._claim_floor_after_full_scan(text, text, text, big
 -- counter, not yet flushed ones included): read around a full scan to count what it wasted.
 CREATE OR REPLACE FUNCTION zeroth._claim_index_entries_read()
     RETURNS bigint
-    LANGUAGE sql STABLE
+    LANGUAGE sql VOLATILE
     -- (to_regclass: a name looked up at each call, so this body holds no dependency on the index)
     RETURN pg_stat_get_xact_tuples_returned(to_regclass('zeroth.runs_claim_pending_idx'));
 COMMENT ON FUNCTION zeroth._claim_index_entries_read() IS 'Internal: the entries of runs_claim_pending_idx this backend''s index scans returned so far (pg_stat_get_xact_tuples_returned), read around a claim''s full scan.';
@@ -300,7 +306,7 @@ REVOKE ALL ON FUNCTION zeroth._claim_index_entries_read() FROM PUBLIC;
 -- count the pages it walked, those of entries already marked dead too.
 CREATE OR REPLACE FUNCTION zeroth._claim_index_pages_read()
     RETURNS bigint
-    LANGUAGE sql STABLE
+    LANGUAGE sql VOLATILE
     -- (to_regclass: a name looked up at each call, so this body holds no dependency on the index)
     RETURN pg_stat_get_xact_blocks_fetched(to_regclass('zeroth.runs_claim_pending_idx'));
 COMMENT ON FUNCTION zeroth._claim_index_pages_read() IS 'Internal: the blocks of runs_claim_pending_idx this backend read so far (pg_stat_get_xact_blocks_fetched), read around a claim''s full scan.';

@@ -51,8 +51,9 @@ REVOKE ALL ON FUNCTION zeroth._check_timeouts(double precision, double precision
 
 -- _deployment_values: a registry row's defaults as the audit records them (old_values,
 -- new_values of zeroth.deployment_changes); a policy column that is not set (NULL) is absent.
+-- (STABLE, as its body is: jsonb_build_object; zeroth._code_version_hash says why.)
 CREATE OR REPLACE FUNCTION zeroth._deployment_values(d zeroth.deployments) RETURNS jsonb
-    LANGUAGE sql IMMUTABLE AS $$
+    LANGUAGE sql STABLE AS $$
     SELECT jsonb_build_object('max_attempts', d.max_attempts, 'priority', d.priority,
                               'managed_by', d.managed_by)
            || jsonb_strip_nulls(jsonb_build_object('retry_base_seconds', d.retry_base_seconds,

@@ -42,18 +42,23 @@ REVOKE ALL ON FUNCTION zeroth._explain_fenced_miss(text, text, uuid, text, bigin
 CREATE OR REPLACE FUNCTION zeroth._lock_leased_run(tenant_id text, workspace_key text, run_id uuid,
                                         worker_id text, generation bigint)
     RETURNS zeroth.run_status
-    LANGUAGE sql VOLATILE
-    BEGIN ATOMIC
-        SELECT r.status FROM zeroth.runs r
-         WHERE r.tenant_id = _lock_leased_run.tenant_id
-           AND r.workspace_key = _lock_leased_run.workspace_key
-           AND r.run_id = _lock_leased_run.run_id
-           AND r.lease_worker_id = _lock_leased_run.worker_id
-           AND r.lease_generation = _lock_leased_run.generation
-           -- Already expired: refused without waiting for whoever holds the row.
-           AND r.lease_expires_at >= zeroth._now()
-           FOR UPDATE;
-    END;
+    -- (PL/pgSQL for the reason zeroth._notify gives: every fenced single-run call locks here.)
+    LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_status zeroth.run_status;
+BEGIN
+    SELECT r.status INTO v_status FROM zeroth.runs r
+     WHERE r.tenant_id = _lock_leased_run.tenant_id
+       AND r.workspace_key = _lock_leased_run.workspace_key
+       AND r.run_id = _lock_leased_run.run_id
+       AND r.lease_worker_id = _lock_leased_run.worker_id
+       AND r.lease_generation = _lock_leased_run.generation
+       -- Already expired: refused without waiting for whoever holds the row.
+       AND r.lease_expires_at >= zeroth._now()
+       FOR UPDATE;
+    RETURN v_status;
+END
+$$;
 COMMENT ON FUNCTION zeroth._lock_leased_run(text, text, uuid, text, bigint) IS 'Internal: lock the run row a fenced write names when its lease is (worker_id, generation) and not expired; return its status (NULL: not that lease). Callers read the clock after it.';
 ALTER FUNCTION zeroth._lock_leased_run(text, text, uuid, text, bigint) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._lock_leased_run(text, text, uuid, text, bigint) FROM PUBLIC;

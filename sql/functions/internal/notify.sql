@@ -5,14 +5,21 @@
 -- The payload a notification about `subject` carries: 128 bits of sha256(secret, kind, subject),
 -- hex. Without the secret a listener learns nothing from it and cannot compute the key of any
 -- other subject; NULL parts (the null workspace) hash apart from every string.
+-- PL/pgSQL, not SQL: a SQL function with a query is never inlined, and before PostgreSQL 18 it
+-- is parsed and planned again at every call (~50 µs of every enqueue and claim on PostgreSQL 15;
+-- issue 30); PL/pgSQL keeps its plan for the session.
 CREATE OR REPLACE FUNCTION zeroth._notify_key(kind text, subject text[]) RETURNS text
-    LANGUAGE sql STABLE
+    LANGUAGE plpgsql STABLE AS $$
+BEGIN
     -- The subject as an array literal: quoted elements and an unquoted NULL, so no character
     -- inside an identifier can make two subjects alike (a joined string with separator
     -- characters could: (t, NULL, d) and (t, chr(30), d) got the same key).
     RETURN (SELECT left(encode(sha256(convert_to(
-                       s.secret || chr(31) || kind || chr(31) || subject::text, 'UTF8')), 'hex'), 32)
+                       s.secret || chr(31) || _notify_key.kind || chr(31) || _notify_key.subject::text,
+                       'UTF8')), 'hex'), 32)
               FROM zeroth.notification_secret s);
+END
+$$;
 COMMENT ON FUNCTION zeroth._notify_key(text, text[]) IS 'Internal: the opaque NOTIFY payload for a subject: 32 hex digits of sha256(secret, kind, subject).';
 ALTER FUNCTION zeroth._notify_key(text, text[]) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._notify_key(text, text[]) FROM PUBLIC;
@@ -27,11 +34,16 @@ REVOKE ALL ON FUNCTION zeroth._notify_key(text, text[]) FROM PUBLIC;
 -- full there is room left for every notification this transaction can still add before it
 -- commits. Monitor pg_notification_queue_usage() and set idle_in_transaction_session_timeout
 -- (docs/dba-guide.md).
+-- PL/pgSQL, not SQL: before PostgreSQL 18 a SQL function that is not inlined is parsed and
+-- planned again at every call (issue 30); PL/pgSQL keeps its plans for the session.
 CREATE OR REPLACE FUNCTION zeroth._notify(channel text, payload text) RETURNS void
-    LANGUAGE sql VOLATILE
-    BEGIN ATOMIC
-        SELECT pg_notify(channel, payload) WHERE pg_notification_queue_usage() < 0.5;
-    END;
+    LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    IF pg_notification_queue_usage() < 0.5 THEN
+        PERFORM pg_notify(channel, payload);
+    END IF;
+END
+$$;
 COMMENT ON FUNCTION zeroth._notify(text, text) IS 'Internal: pg_notify(channel, payload) unless the notification queue is half full or more (a notification is a hint; a full queue fails the notifying transaction at COMMIT).';
 ALTER FUNCTION zeroth._notify(text, text) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._notify(text, text) FROM PUBLIC;
@@ -85,16 +97,22 @@ REVOKE ALL ON FUNCTION zeroth._wakeup_stripes() FROM PUBLIC;
 -- client that lost count can neither take a stripe twice (session locks are re-entrant: it stayed
 -- held after announce_busy) nor believe it holds one it does not. A bigint
 -- advisory key k shows as classid = high 32 bits, objid = low 32 bits, objsubid = 1.
+-- (PL/pgSQL for the reason zeroth._notify_key gives.)
 CREATE OR REPLACE FUNCTION zeroth._wakeup_stripes_held(lock bigint) RETURNS integer[]
-    LANGUAGE sql STABLE
-    RETURN (SELECT coalesce(array_agg(l.objid::bigint - (lock & 4294967295) ORDER BY l.objid), '{}')::integer[]
+    LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (SELECT coalesce(array_agg(l.objid::bigint - (_wakeup_stripes_held.lock & 4294967295)
+                                      ORDER BY l.objid), '{}')::integer[]
               FROM pg_catalog.pg_locks l
              WHERE l.locktype = 'advisory' AND l.pid = pg_backend_pid() AND l.granted
                AND l.mode = 'ExclusiveLock' AND l.objsubid = 1
                AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
                                   WHERE d.datname = current_database())
-               AND l.classid::bigint = (lock >> 32) & 4294967295
-               AND l.objid::bigint - (lock & 4294967295) BETWEEN 0 AND zeroth._wakeup_stripes() - 1);
+               AND l.classid::bigint = (_wakeup_stripes_held.lock >> 32) & 4294967295
+               AND l.objid::bigint - (_wakeup_stripes_held.lock & 4294967295)
+                   BETWEEN 0 AND zeroth._wakeup_stripes() - 1);
+END
+$$;
 COMMENT ON FUNCTION zeroth._wakeup_stripes_held(bigint) IS 'Internal: the stripes of the wakeup gate at this key that this session holds (from pg_locks).';
 ALTER FUNCTION zeroth._wakeup_stripes_held(bigint) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._wakeup_stripes_held(bigint) FROM PUBLIC;

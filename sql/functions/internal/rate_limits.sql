@@ -9,7 +9,9 @@
 CREATE OR REPLACE FUNCTION zeroth._rate_room_at(name text, at timestamptz, max_starts integer,
                                                 period interval)
     RETURNS timestamptz
-    LANGUAGE sql STABLE
+    -- (PL/pgSQL for the reason zeroth._notify gives.)
+    LANGUAGE plpgsql STABLE AS $$
+BEGIN
     RETURN (SELECT min(w.started_at) + _rate_room_at.period
               FROM (SELECT s.started_at, s.starts,
                            sum(s.starts) OVER (ORDER BY s.started_at DESC) AS newer_or_same,
@@ -19,6 +21,8 @@ CREATE OR REPLACE FUNCTION zeroth._rate_room_at(name text, at timestamptz, max_s
                        AND s.started_at > _rate_room_at.at - _rate_room_at.period) AS w
              WHERE w.used >= _rate_room_at.max_starts
                AND w.newer_or_same - w.starts <= _rate_room_at.max_starts - 1);
+END
+$$;
 COMMENT ON FUNCTION zeroth._rate_room_at(text, timestamptz, integer, interval) IS 'Internal: the earliest time rate limit `name` has room for one more start (NULL: room now): the oldest logged start whose leaving makes room, + period.';
 ALTER FUNCTION zeroth._rate_room_at(text, timestamptz, integer, interval) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._rate_room_at(text, timestamptz, integer, interval) FROM PUBLIC;

@@ -7,23 +7,27 @@
 -- has one, else the caller's. max_concurrency NULL is no limit; paused leases nothing; rate_limit
 -- names the zeroth.rate_limits key its starts count against (NULL: none). Read on every claim, so
 -- a DBA's change applies to the next claim of every worker. (0012 added rate_limit: the old
--- signature, without it, is dropped first.)
+-- signature, without it, is dropped first.) PL/pgSQL, not SQL: a SQL function with a query is
+-- never inlined, and before PostgreSQL 18 it is parsed and planned again at every call (60-100 µs
+-- of every claim on PostgreSQL 15; issue 30); PL/pgSQL keeps its plan for the session.
 DROP FUNCTION IF EXISTS zeroth._scope_limit(text, text, text, integer);
 CREATE OR REPLACE FUNCTION zeroth._scope_limit(
     tenant_id text, workspace_key text, deployment_ref text, requested integer,
     OUT max_concurrency integer, OUT paused boolean, OUT weight integer, OUT rate_limit text)
-    LANGUAGE sql STABLE
-    BEGIN ATOMIC
-        SELECT coalesce(l.max_concurrency, _scope_limit.requested),
-               coalesce(l.paused, false),
-               coalesce(l.weight, 1),
-               l.rate_limit
-          FROM (VALUES (1)) AS one(x)
-          LEFT JOIN zeroth.scope_limits l
-                 ON l.tenant_id = _scope_limit.tenant_id
-                AND l.workspace_key = _scope_limit.workspace_key
-                AND l.deployment_ref = _scope_limit.deployment_ref;
-    END;
+    LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    SELECT coalesce(l.max_concurrency, _scope_limit.requested),
+           coalesce(l.paused, false),
+           coalesce(l.weight, 1),
+           l.rate_limit
+      INTO max_concurrency, paused, weight, rate_limit
+      FROM (VALUES (1)) AS one(x)
+      LEFT JOIN zeroth.scope_limits l
+             ON l.tenant_id = _scope_limit.tenant_id
+            AND l.workspace_key = _scope_limit.workspace_key
+            AND l.deployment_ref = _scope_limit.deployment_ref;
+END
+$$;
 COMMENT ON FUNCTION zeroth._scope_limit(text, text, text, integer) IS 'Internal: the max_concurrency (the scope''s zeroth.scope_limits row, else the requested one; NULL: no limit), paused flag, weight (default 1) and rate_limit key (NULL: none) a claim of this scope works under.';
 ALTER FUNCTION zeroth._scope_limit(text, text, text, integer) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._scope_limit(text, text, text, integer) FROM PUBLIC;

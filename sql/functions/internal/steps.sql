@@ -23,17 +23,19 @@ REVOKE ALL ON FUNCTION zeroth._require_step_key(text) FROM PUBLIC;
 CREATE OR REPLACE FUNCTION zeroth._step_holder_attempt(tenant_id text, workspace_key text, run_id uuid,
                                                        worker_id text, generation bigint, at timestamptz)
     RETURNS integer
-    LANGUAGE sql STABLE
-    BEGIN ATOMIC
-        SELECT r.attempts FROM zeroth.runs r
-         WHERE r.tenant_id = _step_holder_attempt.tenant_id
-           AND r.workspace_key = _step_holder_attempt.workspace_key
-           AND r.run_id = _step_holder_attempt.run_id
-           AND r.status = 'running'
-           AND r.lease_worker_id = _step_holder_attempt.worker_id
-           AND r.lease_generation = _step_holder_attempt.generation
-           AND r.lease_expires_at >= _step_holder_attempt.at;
-    END;
+    -- (PL/pgSQL for the reason zeroth._notify gives: every step write and read checks here.)
+    LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (SELECT r.attempts FROM zeroth.runs r
+             WHERE r.tenant_id = _step_holder_attempt.tenant_id
+               AND r.workspace_key = _step_holder_attempt.workspace_key
+               AND r.run_id = _step_holder_attempt.run_id
+               AND r.status = 'running'
+               AND r.lease_worker_id = _step_holder_attempt.worker_id
+               AND r.lease_generation = _step_holder_attempt.generation
+               AND r.lease_expires_at >= _step_holder_attempt.at);
+END
+$$;
 COMMENT ON FUNCTION zeroth._step_holder_attempt(text, text, uuid, text, bigint, timestamptz) IS 'Internal: the run''s attempt count while (worker_id, generation) holds its live lease at `at` and it is running; NULL otherwise.';
 ALTER FUNCTION zeroth._step_holder_attempt(text, text, uuid, text, bigint, timestamptz) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._step_holder_attempt(text, text, uuid, text, bigint, timestamptz) FROM PUBLIC;

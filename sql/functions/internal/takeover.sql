@@ -4,8 +4,10 @@
 
 -- Seconds until lease + grace runs out, rounded up and at least 1; NULL without a lease. Clamped
 -- to the integer range (a far-off timestamp never raises).
+-- STABLE, as its body is (timestamptz + interval), so that the planner inlines it
+-- (zeroth._code_version_hash says why that matters).
 CREATE OR REPLACE FUNCTION zeroth._retry_after(lease_expires_at timestamptz, grace interval, at timestamptz) RETURNS integer
-    LANGUAGE sql IMMUTABLE
+    LANGUAGE sql STABLE
     RETURN CASE WHEN lease_expires_at IS NOT NULL
                 THEN least(greatest(1, ceil(extract(epoch FROM lease_expires_at + grace - at))), 2147483647)::integer
            END;

@@ -9,13 +9,15 @@
 -- admit to this very thread ever wait for each other (an owner-only table: nobody else can lock
 -- it). Under REPEATABLE READ a row another transaction inserted after the snapshot raises 40001.
 CREATE OR REPLACE FUNCTION zeroth._lock_thread(tenant_id text, workspace_key text, thread_id text) RETURNS void
-    LANGUAGE sql VOLATILE
-    BEGIN ATOMIC
-        INSERT INTO zeroth.thread_locks AS l (tenant_id, workspace_key, thread_id)
-        VALUES (_lock_thread.tenant_id, _lock_thread.workspace_key, _lock_thread.thread_id)
-        ON CONFLICT ON CONSTRAINT thread_locks_pkey DO UPDATE SET thread_id = excluded.thread_id
-           WHERE false;
-    END;
+    -- (PL/pgSQL for the reason zeroth._notify gives.)
+    LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    INSERT INTO zeroth.thread_locks AS l (tenant_id, workspace_key, thread_id)
+    VALUES (_lock_thread.tenant_id, _lock_thread.workspace_key, _lock_thread.thread_id)
+    ON CONFLICT ON CONSTRAINT thread_locks_pkey DO UPDATE SET thread_id = excluded.thread_id
+       WHERE false;
+END
+$$;
 COMMENT ON FUNCTION zeroth._lock_thread(text, text, text) IS 'Internal: lock the thread''s own row of zeroth.thread_locks (inserted on first use) until the transaction ends (admissions, redrive).';
 ALTER FUNCTION zeroth._lock_thread(text, text, text) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._lock_thread(text, text, text) FROM PUBLIC;
@@ -29,13 +31,18 @@ DROP FUNCTION IF EXISTS zeroth._thread_stripe(text, text, text);
 -- Callers hold the thread's lock (_lock_thread), so the max is stable.
 CREATE OR REPLACE FUNCTION zeroth._queue_position(tenant_id text, workspace_key text, thread_id text, at timestamptz)
     RETURNS timestamptz
-    LANGUAGE sql STABLE
-    RETURN greatest(at, (SELECT max(r.thread_queued_at) + interval '1 microsecond'
-                           FROM zeroth.runs r
-                          WHERE r.tenant_id = _queue_position.tenant_id
-                            AND r.workspace_key = _queue_position.workspace_key
-                            AND r.thread_id = _queue_position.thread_id
-                            AND r.thread_queued_at IS NOT NULL));
+    -- (PL/pgSQL for the reason zeroth._notify gives.)
+    LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN greatest(_queue_position.at,
+                    (SELECT max(r.thread_queued_at) + interval '1 microsecond'
+                       FROM zeroth.runs r
+                      WHERE r.tenant_id = _queue_position.tenant_id
+                        AND r.workspace_key = _queue_position.workspace_key
+                        AND r.thread_id = _queue_position.thread_id
+                        AND r.thread_queued_at IS NOT NULL));
+END
+$$;
 COMMENT ON FUNCTION zeroth._queue_position(text, text, text, timestamptz) IS 'Internal: thread_queued_at for a run joining the queue: max(at, last queued + 1 µs), so the queue is FIFO.';
 ALTER FUNCTION zeroth._queue_position(text, text, text, timestamptz) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._queue_position(text, text, text, timestamptz) FROM PUBLIC;
@@ -165,14 +172,16 @@ REVOKE ALL ON FUNCTION zeroth._lock_thread_active(text, text, text, timestamptz)
 -- fails to finish the run with 40001 (could not serialize access) and retries with a snapshot that
 -- sees the queue; a READ COMMITTED one waits for the row and then sees it anyway.
 CREATE OR REPLACE FUNCTION zeroth._mark_queue_changed(tenant_id text, workspace_key text, run_id uuid) RETURNS void
-    LANGUAGE sql VOLATILE
-    BEGIN ATOMIC
-        UPDATE zeroth.runs r
-           SET updated_at = r.updated_at
-         WHERE r.tenant_id = _mark_queue_changed.tenant_id
-           AND r.workspace_key = _mark_queue_changed.workspace_key
-           AND r.run_id = _mark_queue_changed.run_id;
-    END;
+    -- (PL/pgSQL for the reason zeroth._notify gives.)
+    LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    UPDATE zeroth.runs r
+       SET updated_at = r.updated_at
+     WHERE r.tenant_id = _mark_queue_changed.tenant_id
+       AND r.workspace_key = _mark_queue_changed.workspace_key
+       AND r.run_id = _mark_queue_changed.run_id;
+END
+$$;
 COMMENT ON FUNCTION zeroth._mark_queue_changed(text, text, uuid) IS 'Internal: write the thread''s active run row (no column changed) when a run joins its queue, so a REPEATABLE READ / SERIALIZABLE finisher with an older snapshot fails with 40001 instead of stranding the queue.';
 ALTER FUNCTION zeroth._mark_queue_changed(text, text, uuid) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._mark_queue_changed(text, text, uuid) FROM PUBLIC;

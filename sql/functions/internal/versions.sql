@@ -27,8 +27,11 @@ REVOKE ALL ON FUNCTION zeroth._check_code_version(text, text) FROM PUBLIC;
 -- The key of a code version (runs.code_version_id): the first 8 bytes of its sha256, as a
 -- bigint; NULL for NULL. The same in every database and on every platform, forever (a
 -- collision of two versions' keys has a chance of about n^2 / 2^65 for n versions).
+-- STABLE, as its body is (convert_to), so that the planner inlines it (issue 30: one declared
+-- IMMUTABLE over a STABLE body is called instead, and before PostgreSQL 18 a called SQL function
+-- is parsed and planned again at every call).
 CREATE OR REPLACE FUNCTION zeroth._code_version_hash(code_version text) RETURNS bigint
-    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    LANGUAGE sql STABLE PARALLEL SAFE
     RETURN ('x' || left(encode(sha256(convert_to(code_version, 'UTF8')), 'hex'), 16))::bit(64)::bigint;
 COMMENT ON FUNCTION zeroth._code_version_hash(text) IS 'Internal: the key of a code version (runs.code_version_id): the first 8 bytes of its sha256 as a bigint; NULL for NULL.';
 ALTER FUNCTION zeroth._code_version_hash(text) OWNER TO zeroth_owner;
@@ -43,10 +46,14 @@ REVOKE ALL ON FUNCTION zeroth._code_version_hash(text) FROM PUBLIC;
 -- a prune then skips one.
 CREATE OR REPLACE FUNCTION zeroth._code_version_lock(version_id bigint, OUT class_id integer,
                                                      OUT object_id integer)
-    LANGUAGE sql IMMUTABLE PARALLEL SAFE
-    BEGIN ATOMIC
-        SELECT 1936029554, (version_id & 2147483647)::integer;
-    END;
+    -- (PL/pgSQL: a SQL function with OUT arguments is not inlined; before PostgreSQL 18 it is
+    -- parsed and planned again at every call.)
+    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+    class_id := 1936029554;
+    object_id := (_code_version_lock.version_id & 2147483647)::integer;
+END
+$$;
 COMMENT ON FUNCTION zeroth._code_version_lock(bigint) IS 'Internal: the advisory lock (two-key form) of a code version''s zeroth.code_versions row: tried shared by every writer of a reference to it (zeroth._code_version_id) and held until commit, tried exclusive by prune_runs before it deletes the version; never waited on.';
 ALTER FUNCTION zeroth._code_version_lock(bigint) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._code_version_lock(bigint) FROM PUBLIC;
@@ -121,19 +128,23 @@ REVOKE ALL ON FUNCTION zeroth._declared_code_version(text) FROM PUBLIC;
 -- claims test `serves IS NULL OR r.started_at IS NULL OR r.code_version_id IS NULL OR
 -- r.code_version_id = ANY (serves)`. The policy is a DBA's (set_version_policy only), so it binds
 -- every session (zeroth._policy_binds_caller's rule for a DBA's row).
+-- PL/pgSQL for the reason zeroth._scope_limit gives (every claim calls it).
 CREATE OR REPLACE FUNCTION zeroth._version_serves(deployment_ref text, code_version text)
     RETURNS bigint[]
-    LANGUAGE sql STABLE
+    LANGUAGE plpgsql STABLE AS $$
+BEGIN
     RETURN (SELECT CASE WHEN d.version_policy <> 'any' THEN ARRAY(
                        SELECT zeroth._code_version_hash(v.code_version)
                          FROM unnest(CASE WHEN d.version_policy = 'compatible'
-                                               AND code_version = ANY (d.compatible_versions)
+                                               AND _version_serves.code_version = ANY (d.compatible_versions)
                                           THEN d.compatible_versions
-                                          ELSE ARRAY[code_version] END) AS v(code_version)
+                                          ELSE ARRAY[_version_serves.code_version] END) AS v(code_version)
                         WHERE v.code_version IS NOT NULL)
                    END
               FROM zeroth.deployments d
              WHERE d.deployment_ref = _version_serves.deployment_ref);
+END
+$$;
 COMMENT ON FUNCTION zeroth._version_serves(text, text) IS 'Internal: the keys (zeroth._code_version_hash) of the run versions a worker of code_version may resume under the deployment''s version_policy: NULL = every run (any, or no registry row), same = its own (none when unversioned), compatible = the set when its version is in it, else its own. Runs never started or started unversioned are claimable by every worker.';
 ALTER FUNCTION zeroth._version_serves(text, text) OWNER TO zeroth_owner;
 REVOKE ALL ON FUNCTION zeroth._version_serves(text, text) FROM PUBLIC;
