@@ -9,17 +9,21 @@ functions is now inlined — one expression, declared exactly as volatile as its
 declared IMMUTABLE over a STABLE body is called, not inlined) — and every helper with a query is
 PL/pgSQL, which keeps its plans for the session on every version.
 
-The test works the per-run paths in one transaction with track_functions = 'all' (an inlined
-function is never counted; a called one is): enqueue_run (with and without a key, and to a
-thread, which queues behind the thread's active run), enqueue_runs, a notifying enqueue while an
-idle worker holds the scope's wakeup gate, claim_and_start, claim_pending and start_run, a claim
-under max_concurrency (admission slots) and by a versioned worker, renew_leases and renew_lease,
-save_checkpoint, update_run_progress, append_run_event, record_step and get_step, a child run
-started, claimed and completed, complete_and_claim, complete_runs, fail_run with a retry, and the
-thread's next run promoted. Each round is repeated until the session's PL/pgSQL plans are made
-(an IMMUTABLE SQL function with constant arguments is run once while a plan is made, which
-counts a call), then one more round is measured: it calls no function of schema zeroth in
-LANGUAGE sql. It holds on PostgreSQL 18 as on 15: the planner inlines the same functions on both.
+The test works these paths in one transaction with track_functions = 'all' (an inlined function
+is never counted; a called one is): enqueue_run (with and without a key, and to a thread, which
+queues behind the thread's active run), enqueue_runs, announce_idle and announce_busy (the wakeup
+gate's stripes), an enqueue that notifies because another session waits behind the gate (the
+transaction's count of gate locks reset every round, so each enqueue tries the gate),
+claim_and_start, claim_pending and start_run, a claim under max_concurrency (admission slots), by
+a versioned worker and under a rate limit with no room left, renew_leases and renew_lease,
+save_checkpoint, update_run_progress, commit_fenced, append_run_event, record_step and get_step,
+a child run started, claimed and completed and the parent's wait_for_children, settle_runs (the
+worker's completions), complete_and_claim, complete_runs, fail_run with a retry, an orphan sweep
+(claim_orphaned) and the thread's next run promoted. The rounds are repeated until the session's
+PL/pgSQL plans are made (an IMMUTABLE SQL function with constant arguments runs once while a plan
+is made, which counts a call), then one more round is measured: it calls no function of schema
+zeroth in LANGUAGE sql. It holds on PostgreSQL 18 as on 15: the planner inlines the same
+functions on both.
 """
 
 from __future__ import annotations
@@ -30,9 +34,11 @@ from collections.abc import Awaitable, Callable
 
 import asyncpg
 
-from zeroth_pg import LeaseManager
+from zeroth_pg import LeaseManager, SettleKind, Settlement
 
 DEPLOYMENT = "inlined"
+RATED = "inlined-rated"
+RATE_LIMIT = "inlined-rate"
 WORKER = "w-inlined"
 # PL/pgSQL makes a custom plan for the first five executions of a statement (plan_cache_mode
 # auto), then keeps a generic one: rounds before the measured one.
@@ -56,6 +62,10 @@ async def _round(conn: asyncpg.Connection, lm: LeaseManager, idle: LeaseManager)
     """One pass over the per-run paths (module docstring), every claimed run ended."""
     n = next(_keys)
     thread = f"thread-{n}"
+    # Past 64 gate locks a transaction notifies without trying the gate: every round tries it.
+    await conn.execute("SELECT set_config('zeroth.wakeup_gate_locks', '0', true)")
+    await lm.announce_idle(DEPLOYMENT)
+    await lm.announce_busy(DEPLOYMENT)
     await lm.enqueue_run(DEPLOYMENT, {"n": n})
     await lm.enqueue_run(DEPLOYMENT, {"n": n}, idempotency_key=f"key-{n}")
     await lm.enqueue_runs(DEPLOYMENT, [{"payload": {"n": n, "i": i}} for i in range(3)])
@@ -92,18 +102,33 @@ async def _round(conn: asyncpg.Connection, lm: LeaseManager, idle: LeaseManager)
     versioned = LeaseManager(conn, code_version="v-inlined")
     claimed = await versioned.claim_and_start(DEPLOYMENT, WORKER, batch_size=1)
     held += [(run.run_id, run.lease_generation) for run in claimed.runs]
+    # Room for one start an hour: the first round's claim takes one run, every later one none.
+    await lm.enqueue_run(RATED, {"n": n})
+    rated = await lm.claim_and_start(RATED, WORKER, batch_size=2)
+    assert rated.retry_at is not None
+    held += [(run.run_id, run.lease_generation) for run in rated.runs]
+    assert await lm.claim_orphaned(DEPLOYMENT, WORKER, grace_seconds=0.0) == []
 
-    first, *rest = held
-    assert await lm.fail_run(first[0], WORKER, generation=first[1], error={"why": "retried"},
-                             retryable=True, retry_base_seconds=3600,
-                             retry_max_seconds=3600) is not None
-    done = await lm.complete_and_claim(DEPLOYMENT, WORKER, rest[:2], batch_size=8)
+    # Everything but the parent (held[0]) ends; its child among them.
+    parent, *rest = held
+    settled = await lm.settle_runs(WORKER, [
+        Settlement(run_id, generation, SettleKind.COMPLETE, output={"n": n})
+        for run_id, generation in rest[:2]])
+    assert all(s.outcome is not None for s in settled)
+    done = await lm.complete_and_claim(DEPLOYMENT, WORKER, rest[2:4], batch_size=8)
     assert all(c.completed for c in done.completions)
-    rest = rest[2:] + [(run.run_id, run.lease_generation) for run in done.claim.runs]
+    rest = rest[4:] + [(run.run_id, run.lease_generation) for run in done.claim.runs]
     while rest:
         assert all(c.completed for c in await lm.complete_runs(WORKER, rest))
         more = await lm.claim_and_start(DEPLOYMENT, WORKER, batch_size=8)
         rest = [(run.run_id, run.lease_generation) for run in more.runs]
+    wait = await lm.wait_for_children(parent[0], WORKER, f"wait-{n}", [child.child_run_id],
+                                      generation=parent[1])
+    assert wait is not None
+    assert wait.outcome == "ready"
+    assert await lm.fail_run(parent[0], WORKER, generation=parent[1], error={"why": "retried"},
+                             retryable=True, retry_base_seconds=3600,
+                             retry_max_seconds=3600) is not None
 
     # A thread: the second run queues behind the first, and is promoted when the first ends.
     await lm.enqueue_run(DEPLOYMENT, {"n": n}, thread_id=thread)
@@ -125,6 +150,8 @@ async def test_the_per_run_paths_call_no_sql_function_that_is_not_inlined(
     # One transaction: pg_stat_xact_user_functions counts its calls as they happen.
     async with conn.transaction():
         await conn.execute("SELECT zeroth.register_deployment(deployment_ref => $1)", DEPLOYMENT)
+        await lm.set_rate_limit(RATE_LIMIT, 1, 3600)
+        await lm.set_scope_limits(RATED, rate_limit=RATE_LIMIT)
         for _ in range(WARM_ROUNDS):
             await _round(conn, lm, idle)
         before = await _sql_calls(conn)

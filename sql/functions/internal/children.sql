@@ -22,7 +22,8 @@
 CREATE OR REPLACE FUNCTION zeroth._children_ended(tenant_id text, workspace_key text, parent_run_id uuid,
                                                   child_run_ids uuid[])
     RETURNS integer
-    -- (PL/pgSQL for the reason zeroth._notify gives: every child that ends counts here.)
+    -- (PL/pgSQL for the reason zeroth._notify gives: wait_for_children and the reopen trigger
+    -- count here.)
     LANGUAGE plpgsql STABLE AS $$
 BEGIN
     RETURN (SELECT count(c.status)::integer

@@ -5,9 +5,9 @@
 -- The payload a notification about `subject` carries: 128 bits of sha256(secret, kind, subject),
 -- hex. Without the secret a listener learns nothing from it and cannot compute the key of any
 -- other subject; NULL parts (the null workspace) hash apart from every string.
--- PL/pgSQL, not SQL: a SQL function with a query is never inlined, and before PostgreSQL 18 it
--- is parsed and planned again at every call (~50 µs of every enqueue and claim on PostgreSQL 15;
--- issue 30); PL/pgSQL keeps its plan for the session.
+-- PL/pgSQL, not SQL: a scalar SQL function with a query is not inlined, and before PostgreSQL 18
+-- it is parsed and planned again at every call (~50 µs of every enqueue and claim on PostgreSQL
+-- 15; issue 30); PL/pgSQL keeps its plan for the session.
 CREATE OR REPLACE FUNCTION zeroth._notify_key(kind text, subject text[]) RETURNS text
     LANGUAGE plpgsql STABLE AS $$
 BEGIN

@@ -7,9 +7,9 @@
 -- has one, else the caller's. max_concurrency NULL is no limit; paused leases nothing; rate_limit
 -- names the zeroth.rate_limits key its starts count against (NULL: none). Read on every claim, so
 -- a DBA's change applies to the next claim of every worker. (0012 added rate_limit: the old
--- signature, without it, is dropped first.) PL/pgSQL, not SQL: a SQL function with a query is
--- never inlined, and before PostgreSQL 18 it is parsed and planned again at every call (60-100 µs
--- of every claim on PostgreSQL 15; issue 30); PL/pgSQL keeps its plan for the session.
+-- signature, without it, is dropped first.) PL/pgSQL, not SQL: a scalar SQL function with a query
+-- is not inlined, and before PostgreSQL 18 it is parsed and planned again at every call (80-100
+-- µs of every claim on PostgreSQL 15; issue 30); PL/pgSQL keeps its plan for the session.
 DROP FUNCTION IF EXISTS zeroth._scope_limit(text, text, text, integer);
 CREATE OR REPLACE FUNCTION zeroth._scope_limit(
     tenant_id text, workspace_key text, deployment_ref text, requested integer,

@@ -23,14 +23,17 @@ REVOKE ALL ON FUNCTION zeroth._require_step_key(text) FROM PUBLIC;
 CREATE OR REPLACE FUNCTION zeroth._step_holder_attempt(tenant_id text, workspace_key text, run_id uuid,
                                                        worker_id text, generation bigint, at timestamptz)
     RETURNS integer
-    -- (PL/pgSQL for the reason zeroth._notify gives: every step write and read checks here.)
+    -- PL/pgSQL for the reason zeroth._notify gives (record_step, start_child_run,
+    -- wait_for_event and wait_for_children check here). The status is returned, not filtered:
+    -- a predicate on it let a plan kept for the session reach the run through runs_running_idx
+    -- and walk every running run of the scope (zeroth._lock_leased_run's header).
     LANGUAGE plpgsql STABLE AS $$
 BEGIN
-    RETURN (SELECT r.attempts FROM zeroth.runs r
+    RETURN (SELECT CASE WHEN r.status = 'running' THEN r.attempts END
+              FROM zeroth.runs r
              WHERE r.tenant_id = _step_holder_attempt.tenant_id
                AND r.workspace_key = _step_holder_attempt.workspace_key
                AND r.run_id = _step_holder_attempt.run_id
-               AND r.status = 'running'
                AND r.lease_worker_id = _step_holder_attempt.worker_id
                AND r.lease_generation = _step_holder_attempt.generation
                AND r.lease_expires_at >= _step_holder_attempt.at);
