@@ -1,19 +1,20 @@
-"""What each zeroth function costs the server per run, by language (issue 30: SQL functions planned
-at every call before PostgreSQL 18).
+"""What each zeroth function costs the server per run, by language (issue 30: SQL functions
+planned at every call before PostgreSQL 18).
 
     python -m bench.function_costs [--version 15|18] [--concurrency W] [--seconds S]
 
 A throwaway server (Debian's PostgreSQL 15, or the bench's embedded 18; durable) with
 track_functions = all and a fresh migrated database; a producer in the same process (every 2 ms
-alternately one enqueue_run and an enqueue_runs of 10) and a RunWorker with W slots, a 1 ms
-handler and a 2 s lease (so renew_leases runs too). After a 3 s warm-up, and again after S
-seconds more, the producer pauses until the queue is empty and every backend has flushed its
-statistics; between the two: one line per function called, with its calls per run completed,
-its self time per run and per call (pg_stat_user_functions: a function the planner inlined is
-never counted, one it calls is) and its language, and the total self time per run (the idle
-worker's own calls while the queue drains are counted too). Before PostgreSQL 18 a called
-SQL-language function is parsed and planned again at every call: on 15 each shows tens of µs a
-call where 18 shows a few. Nothing asserts a speed.
+alternately one enqueue_run and an enqueue_runs of 10) and a RunWorker with W slots, a 1 ms handler
+and a 2 s lease (so renew_leases runs too). After a 3 s warm-up, and again after S seconds more,
+the producer pauses until the queue is empty and 2.5 s more (a backend flushes its statistics at
+most once a second, when idle); between the two: one line per function called, with its calls per
+run completed, its self time per run and per call (pg_stat_user_functions: a function the planner
+inlined is never counted, one it calls is) and its language, and the total self time per run (the
+idle worker's own calls while the queue drains are counted too). Before PostgreSQL 18 a called
+SQL-language function is parsed and planned again at every call: on 15 most show tens of µs a call
+(5-215) where 18 shows a few (2-13; `_wakeup_stripes_held`, which reads pg_locks, 87). Nothing
+asserts a speed.
 """
 
 from __future__ import annotations

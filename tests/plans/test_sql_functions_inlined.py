@@ -3,27 +3,28 @@
 Before PostgreSQL 18 a SQL function that is called rather than inlined is parsed and planned again
 at every call (PostgreSQL 18 keeps its plan). On PostgreSQL 15 the SQL helpers every claim called
 that way (the scope's limits, the code versions a worker serves, the claim floor's setting name,
-the wakeup keys, claim_and_start itself) cost 40-100 µs each, about 200 µs of server CPU a run
-(docs/performance.md, "SQL functions planned at every call"). What the hot path needs of SQL
-functions is now inlined — one expression, declared exactly as volatile as its body (a function
-declared IMMUTABLE over a STABLE body is called, not inlined) — and every helper with a query is
-PL/pgSQL, which keeps its plans for the session on every version.
+the wakeup keys, claim_and_start itself) cost 5-215 µs a call, most of them 15-100, about 230 µs
+of server CPU a run at W = 8 (docs/performance.md, "SQL functions planned at every call before
+PostgreSQL 18"). What the hot path needs of SQL functions is now inlined — one expression,
+declared as volatile as its body (a function declared IMMUTABLE over a STABLE body is called, not
+inlined) — and every scalar helper with a query is PL/pgSQL, which keeps its plans for the session
+on every version.
 
-The test works these paths in one transaction with track_functions = 'all' (an inlined function
-is never counted; a called one is): enqueue_run (with and without a key, and to a thread, which
-queues behind the thread's active run), enqueue_runs, announce_idle and announce_busy (the wakeup
-gate's stripes), an enqueue that notifies because another session waits behind the gate (the
-transaction's count of gate locks reset every round, so each enqueue tries the gate),
-claim_and_start, claim_pending and start_run, a claim under max_concurrency (admission slots), by
-a versioned worker and under a rate limit with no room left, renew_leases and renew_lease,
-save_checkpoint, update_run_progress, commit_fenced, append_run_event, record_step and get_step,
-a child run started, claimed and completed and the parent's wait_for_children, settle_runs (the
-worker's completions), complete_and_claim, complete_runs, fail_run with a retry, an orphan sweep
-(claim_orphaned) and the thread's next run promoted. The rounds are repeated until the session's
-PL/pgSQL plans are made (an IMMUTABLE SQL function with constant arguments runs once while a plan
-is made, which counts a call), then one more round is measured: it calls no function of schema
-zeroth in LANGUAGE sql. It holds on PostgreSQL 18 as on 15: the planner inlines the same
-functions on both.
+The test works these paths in one transaction with track_functions = 'all' (an inlined function is
+never counted; a called one is): enqueue_run (with and without a key, and to a thread, which queues
+behind the thread's active run), enqueue_runs, announce_idle and announce_busy (the wakeup gate's
+stripes), an enqueue that notifies because another session waits behind the gate (the transaction's
+count of gate locks reset every round, so each enqueue tries the gate), claim_and_start,
+claim_pending and start_run, a claim under max_concurrency (admission slots), by a versioned worker
+and under a rate limit with no room left, renew_leases and renew_lease, save_checkpoint,
+update_run_progress, commit_fenced, append_run_event, record_step and get_step, a child run
+started, claimed and completed and the parent's wait_for_children, settle_runs (the worker's
+completions), complete_and_claim, complete_runs, fail_run with a retry, an orphan sweep
+(claim_orphaned) and the thread's next run promoted. Six rounds first make the session's PL/pgSQL
+plans (custom for five executions, then generic; an IMMUTABLE SQL function with constant arguments
+runs once while a plan is made, which counts a call), then one more round is measured: it calls no
+function of schema zeroth in LANGUAGE sql. It holds on PostgreSQL 18 as on 15: the planner inlines
+the same functions on both.
 """
 
 from __future__ import annotations
