@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 import time
+import urllib.parse
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -832,3 +833,53 @@ async def test_fire_schedules_makes_a_process_fire_a_dba_schedule(workers, pool)
     assert len(fires) == len(set(fires))
     worker.send(signal.SIGTERM)
     assert await worker.wait_exit() == 0, worker.log
+
+
+# -- starting before the database -----------------------------------------------------------------
+
+
+async def _relay(listen: str, target: str) -> asyncio.Server:
+    """A relay from the Unix socket ``listen`` to the server's socket ``target``."""
+
+    async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+        try:
+            while data := await source.read(65536):
+                sink.write(data)
+                await sink.drain()
+        except ConnectionError:
+            pass
+        finally:
+            sink.close()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_unix_connection(target)
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    return await asyncio.start_unix_server(handle, listen)
+
+
+class TestStartingBeforeItsDatabase:
+    async def test_a_worker_started_before_its_database_listens_waits_and_starts(
+            self, database_dsn: str, tmp_path: Path) -> None:
+        # The worker's DSN names a socket where nothing listens yet (a database not up yet, or
+        # restarting while a supervisor respawns the worker): it says it could not connect yet
+        # and keeps trying; once a relay to the real server listens there, it starts and drains.
+        url = urllib.parse.urlsplit(database_dsn)
+        query = dict(urllib.parse.parse_qsl(url.query))
+        assert query.get("host", "").startswith("/"), database_dsn  # the harness's Unix socket
+        port = query.get("port") or str(url.port or 5432)
+        target = f"{query['host']}/.s.PGSQL.{port}"
+        late = url._replace(query=urllib.parse.urlencode({**query, "host": str(tmp_path)})).geturl()
+        worker = await WorkerProcess.spawn(late, deployment_name("late-db"), "worker_apps:sleeper")
+        relay: asyncio.Server | None = None
+        try:
+            await worker.wait_for_line("could not connect yet")
+            assert worker.proc.returncode is None, worker.log
+            relay = await _relay(str(tmp_path / f".s.PGSQL.{port}"), target)
+            await worker.started()
+            worker.send(signal.SIGTERM)
+            assert await worker.wait_exit() == 0, worker.log
+        finally:
+            await worker.stop()
+            if relay is not None:
+                relay.close()

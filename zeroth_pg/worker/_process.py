@@ -175,9 +175,7 @@ async def serve(
     if metrics_port:
         start_http_server(metrics_port)
     worker_id = check_worker_id(worker_id) or default_worker_id()
-    pool = await create_pool(
-        dsn, min_size=1, max_size=max(4, concurrency + 2),
-        server_settings={"application_name": f"zeroth-worker:{worker_id}"})
+    pool = await _open_pool(dsn, worker_id, max_size=max(4, concurrency + 2))
     try:
         worker = RunWorker(
             pool, target, handler, scopes=scopes, dsn=dsn, tenant_id=tenant,
@@ -198,6 +196,37 @@ async def serve(
         await pool.close()
         if provider is not None:
             provider.shutdown()  # sends the spans still batched
+
+
+#: How long a starting worker keeps trying to open its first connection while the database
+#: refuses it for a reason that passes (not up yet, restarting, shutting down, the connection
+#: ended under it): a worker started with its database, or respawned during a restart, waits for
+#: it instead of exiting; a wrong password, database or role still fails at once.
+STARTUP_CONNECT_SECONDS = 30.0
+
+
+async def _open_pool(dsn: str, worker_id: str, *, max_size: int) -> Any:
+    """The worker's pool, its first connection retried (50 ms, doubling to 2 s) for
+    :data:`STARTUP_CONNECT_SECONDS` while the failure is one a retry can outlast (a
+    :class:`~zeroth_pg.errors.RetryableError` once translated); then that error is raised."""
+    from zeroth_pg.errors import RetryableError, translate
+
+    loop = asyncio.get_running_loop()
+    give_up_at = loop.time() + STARTUP_CONNECT_SECONDS
+    delay = 0.05
+    while True:
+        try:
+            return await create_pool(
+                dsn, min_size=1, max_size=max_size,
+                server_settings={"application_name": f"zeroth-worker:{worker_id}"})
+        except Exception as exc:
+            if (not isinstance(translate(exc), RetryableError)
+                    or loop.time() + delay >= give_up_at):
+                raise
+            log.warning("worker %s: could not connect yet (%s: %s); trying again in %.2fs",
+                        worker_id, type(exc).__name__, str(exc)[:200], delay)
+        await asyncio.sleep(delay)
+        delay = min(2.0, delay * 2)
 
 
 def run_process(*, log_format: str = "text", log_level: str = "INFO", **options: Any) -> int:
