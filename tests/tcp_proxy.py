@@ -47,8 +47,9 @@ class TcpProxy:
         self.port = 0
         self._server: asyncio.base_events.Server | None = None
 
-    async def start(self) -> None:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+    async def start(self, port: int = 0) -> None:
+        """Listen on 127.0.0.1:``port`` (0: any free port, then :attr:`port`)."""
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", port)
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def _open_upstream(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:

@@ -14,9 +14,9 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import sys
 import time
-import urllib.parse
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -25,6 +25,7 @@ from uuid import UUID
 
 import asyncpg
 import pytest
+from tcp_proxy import TcpProxy, server_target
 from worker_apps import EVENTS_DDL
 from worker_apps import app as worker_app
 
@@ -838,48 +839,40 @@ async def test_fire_schedules_makes_a_process_fire_a_dba_schedule(workers, pool)
 # -- starting before the database -----------------------------------------------------------------
 
 
-async def _relay(listen: str, target: str) -> asyncio.Server:
-    """A relay from the Unix socket ``listen`` to the server's socket ``target``."""
-
-    async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
-        try:
-            while data := await source.read(65536):
-                sink.write(data)
-                await sink.drain()
-        except ConnectionError:
-            pass
-        finally:
-            sink.close()
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_unix_connection(target)
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
-
-    return await asyncio.start_unix_server(handle, listen)
-
-
 class TestStartingBeforeItsDatabase:
     async def test_a_worker_started_before_its_database_listens_waits_and_starts(
-            self, database_dsn: str, tmp_path: Path) -> None:
-        # The worker's DSN names a socket where nothing listens yet (a database not up yet, or
+            self, database_dsn: str) -> None:
+        # The worker's DSN names a port where nothing listens yet (a database not up yet, or
         # restarting while a supervisor respawns the worker): it says it could not connect yet
-        # and keeps trying; once a relay to the real server listens there, it starts and drains.
-        url = urllib.parse.urlsplit(database_dsn)
-        query = dict(urllib.parse.parse_qsl(url.query))
-        assert query.get("host", "").startswith("/"), database_dsn  # the harness's Unix socket
-        port = query.get("port") or str(url.port or 5432)
-        target = f"{query['host']}/.s.PGSQL.{port}"
-        late = url._replace(query=urllib.parse.urlencode({**query, "host": str(tmp_path)})).geturl()
+        # and keeps trying; once a proxy to the real server listens there, it starts and drains.
+        target = server_target(database_dsn)
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        user = target.get("user") or "postgres"
+        late = f"postgresql://{user}@127.0.0.1:{port}/{target['dbname']}"
         worker = await WorkerProcess.spawn(late, deployment_name("late-db"), "worker_apps:sleeper")
-        relay: asyncio.Server | None = None
+        proxy = TcpProxy(target)
         try:
             await worker.wait_for_line("could not connect yet")
             assert worker.proc.returncode is None, worker.log
-            relay = await _relay(str(tmp_path / f".s.PGSQL.{port}"), target)
+            await proxy.start(port)
             await worker.started()
             worker.send(signal.SIGTERM)
             assert await worker.wait_exit() == 0, worker.log
         finally:
             await worker.stop()
-            if relay is not None:
-                relay.close()
+            await proxy.close()
+
+    async def test_settings_no_retry_can_fix_fail_at_once(self, database_dsn: str) -> None:
+        # A DSN the client refuses outright (an sslmode that does not exist) is not retried.
+        target = server_target(database_dsn)
+        user = target.get("user") or "postgres"
+        bad = f"postgresql://{user}@127.0.0.1:1/{target['dbname']}?sslmode=nonsense"
+        worker = await WorkerProcess.spawn(bad, deployment_name("bad-dsn"), "worker_apps:sleeper")
+        try:
+            assert await worker.wait_exit() == 1, worker.log
+            assert "could not connect yet" not in worker.log
+            assert "sslmode" in worker.log
+        finally:
+            await worker.stop()

@@ -16,6 +16,8 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+import asyncpg
+
 from zeroth_pg import tracing
 from zeroth_pg._connect import create_pool, skip_reset
 from zeroth_pg.worker._claims import check_worker_id
@@ -201,14 +203,29 @@ async def serve(
 #: How long a starting worker keeps trying to open its first connection while the database
 #: refuses it for a reason that passes (not up yet, restarting, shutting down, the connection
 #: ended under it): a worker started with its database, or respawned during a restart, waits for
-#: it instead of exiting; a wrong password, database or role still fails at once.
+#: it instead of exiting. A wrong password, role or database, client settings asyncpg refuses
+#: (an unknown sslmode), a server certificate that does not verify or a socket it may not open
+#: still fail at once (a missing file, certificate or socket alike, is retried: an absent Unix
+#: socket is a server not up yet).
 STARTUP_CONNECT_SECONDS = 30.0
+
+
+def _never_passes(exc: BaseException) -> bool:
+    """A failure to connect that no retry outlasts, though translate() calls it retryable (it
+    takes every InterfaceError and OSError for a lost connection)."""
+    import ssl
+
+    return isinstance(exc, asyncpg.ClientConfigurationError
+                      | asyncpg.UnsupportedClientFeatureError
+                      | ssl.SSLCertVerificationError | PermissionError)
 
 
 async def _open_pool(dsn: str, worker_id: str, *, max_size: int) -> Any:
     """The worker's pool, its first connection retried (50 ms, doubling to 2 s) for
     :data:`STARTUP_CONNECT_SECONDS` while the failure is one a retry can outlast (a
-    :class:`~zeroth_pg.errors.RetryableError` once translated); then that error is raised."""
+    :class:`~zeroth_pg.errors.RetryableError` once translated, and not one
+    :func:`_never_passes` names); then that error is raised. No try outlives the window (a
+    try that is still connecting then is cancelled: asyncpg closes what it opened)."""
     from zeroth_pg.errors import RetryableError, translate
 
     loop = asyncio.get_running_loop()
@@ -216,12 +233,18 @@ async def _open_pool(dsn: str, worker_id: str, *, max_size: int) -> Any:
     delay = 0.05
     while True:
         try:
-            return await create_pool(
-                dsn, min_size=1, max_size=max_size,
-                server_settings={"application_name": f"zeroth-worker:{worker_id}"})
+            async with asyncio.timeout_at(give_up_at):
+                return await create_pool(
+                    dsn, min_size=1, max_size=max_size,
+                    server_settings={"application_name": f"zeroth-worker:{worker_id}"})
         except Exception as exc:
-            if (not isinstance(translate(exc), RetryableError)
-                    or loop.time() + delay >= give_up_at):
+            passes = not _never_passes(exc) and isinstance(translate(exc), RetryableError)
+            if not passes:
+                raise
+            if loop.time() + delay >= give_up_at:
+                log.error("worker %s: could not connect within %gs (%s: %s); giving up",
+                          worker_id, STARTUP_CONNECT_SECONDS, type(exc).__name__,
+                          str(exc)[:200])
                 raise
             log.warning("worker %s: could not connect yet (%s: %s); trying again in %.2fs",
                         worker_id, type(exc).__name__, str(exc)[:200], delay)
