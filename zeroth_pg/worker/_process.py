@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -221,35 +222,34 @@ def _never_passes(exc: BaseException) -> bool:
 
 
 async def _open_pool(dsn: str, worker_id: str, *, max_size: int) -> Any:
-    """The worker's pool, its first connection retried (50 ms, doubling to 2 s) for
-    :data:`STARTUP_CONNECT_SECONDS` while the failure is one a retry can outlast (a
-    :class:`~zeroth_pg.errors.RetryableError` once translated, and not one
-    :func:`_never_passes` names); then that error is raised. No try outlives the window (a
-    try that is still connecting then is cancelled: asyncpg closes what it opened)."""
+    """The worker's pool, its first connection retried (:class:`~._settle.Backoff`, the
+    worker's one retry policy: 50 ms doubling to 1 s) for :data:`STARTUP_CONNECT_SECONDS` while
+    the failure is one a retry can outlast (a :class:`~zeroth_pg.errors.RetryableError` once
+    translated, and not one :func:`_never_passes` names); then that error is raised. No try
+    outlives the window (a try still connecting then is cancelled: asyncpg closes what it
+    opened)."""
     from zeroth_pg.errors import RetryableError, translate
+    from zeroth_pg.worker._settle import Backoff
 
-    loop = asyncio.get_running_loop()
-    give_up_at = loop.time() + STARTUP_CONNECT_SECONDS
-    delay = 0.05
+    give_up_at = time.monotonic() + STARTUP_CONNECT_SECONDS
+    backoff = Backoff()
     while True:
         try:
-            async with asyncio.timeout_at(give_up_at):
+            async with asyncio.timeout(max(0.0, give_up_at - time.monotonic())):
                 return await create_pool(
                     dsn, min_size=1, max_size=max_size,
                     server_settings={"application_name": f"zeroth-worker:{worker_id}"})
         except Exception as exc:
-            passes = not _never_passes(exc) and isinstance(translate(exc), RetryableError)
-            if not passes:
+            if _never_passes(exc) or not isinstance(translate(exc), RetryableError):
                 raise
-            if loop.time() + delay >= give_up_at:
+            if backoff.gives_up(give_up_at):
                 log.error("worker %s: could not connect within %gs (%s: %s); giving up",
                           worker_id, STARTUP_CONNECT_SECONDS, type(exc).__name__,
                           str(exc)[:200])
                 raise
             log.warning("worker %s: could not connect yet (%s: %s); trying again in %.2fs",
-                        worker_id, type(exc).__name__, str(exc)[:200], delay)
-        await asyncio.sleep(delay)
-        delay = min(2.0, delay * 2)
+                        worker_id, type(exc).__name__, str(exc)[:200], backoff.delay)
+        await backoff.wait()
 
 
 def run_process(*, log_format: str = "text", log_level: str = "INFO", **options: Any) -> int:

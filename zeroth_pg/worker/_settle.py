@@ -95,8 +95,9 @@ ClaimAlong = Callable[[list[tuple[Leased, Any]]], Awaitable[list[bool] | None]]
 
 @dataclass
 class Backoff:
-    """The one retry policy of every settling write: a transient failure is retried after
-    50 ms, doubling up to 1 s, while the lease is known to be live."""
+    """The one retry policy of the worker's transient failures: a settling write is retried
+    after 50 ms, doubling up to 1 s, while the lease is known to be live (and a starting
+    worker's first connection for STARTUP_CONNECT_SECONDS, ._process)."""
 
     delay: float = 0.05
 
