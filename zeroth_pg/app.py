@@ -54,7 +54,9 @@ from zeroth_pg.client import LeaseManager
 from zeroth_pg.errors import DatabaseError, InvalidPayloadError, LeaseLostError, handler_exit
 from zeroth_pg.types import ChildOutcome, DeploymentRegistration, EnqueuedRun, RetryPolicy
 from zeroth_pg.worker import PeriodicSchedule, RunContext, RunSlept, RunWorker
-from zeroth_pg.worker._claims import check_code_version
+from zeroth_pg.worker._claims import check_code_version, check_worker_id
+from zeroth_pg.worker._sources import default_worker_id
+from zeroth_pg.worker._startup import StartInterrupted, retry_starting, unless_signalled
 
 __all__ = ["App", "Deployment", "SyncRunContext"]
 
@@ -926,7 +928,17 @@ class App:
                          **options)
 
     async def run_worker(self, deployments: Sequence[str] | None = None, **options: Any) -> None:
-        """Serve the deployments until SIGTERM/SIGINT, then drain (:meth:`worker` options)."""
+        """Serve the deployments until SIGTERM/SIGINT, then drain (:meth:`worker` options). A
+        database that is away when it starts (not up yet, restarting) is waited for, for up to
+        30 s, as by ``zeroth-pg worker``; a SIGTERM or SIGINT meanwhile just returns."""
+        worker_id = options["worker_id"] = (check_worker_id(options.get("worker_id"))
+                                             or default_worker_id())
+        try:
+            await unless_signalled(retry_starting(self.open, what="connect",
+                                                  worker_id=worker_id))
+        except StartInterrupted:
+            _log.info("worker %s: stopped before it could connect", worker_id)
+            return
         worker = await self.worker(deployments, **options)
         await worker.run_until_stopped()
 

@@ -864,6 +864,26 @@ class TestStartingBeforeItsDatabase:
             await worker.stop()
             await proxy.close()
 
+    async def test_a_sigterm_while_it_waits_for_its_database_exits_0(
+            self, database_dsn: str) -> None:
+        # A supervisor stops a worker whose database never came up: it held nothing, so it
+        # ends at once with 0 (it used to die by the signal: -15).
+        target = server_target(database_dsn)
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        user = target.get("user") or "postgres"
+        never = f"postgresql://{user}@127.0.0.1:{port}/{target['dbname']}"
+        worker = await WorkerProcess.spawn(never, deployment_name("never-db"),
+                                           "worker_apps:sleeper")
+        try:
+            await worker.wait_for_line("could not connect yet")
+            worker.send(signal.SIGTERM)
+            assert await worker.wait_exit() == 0, worker.log
+            assert "stopped before it could connect" in worker.log
+        finally:
+            await worker.stop()
+
     async def test_settings_no_retry_can_fix_fail_at_once(self, database_dsn: str) -> None:
         # A DSN the client refuses outright (an sslmode that does not exist) is not retried.
         target = server_target(database_dsn)

@@ -13,17 +13,15 @@ import logging
 import os
 import sys
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
-
-import asyncpg
 
 from zeroth_pg import tracing
 from zeroth_pg._connect import create_pool, skip_reset
 from zeroth_pg.worker._claims import check_worker_id
 from zeroth_pg.worker._run import Handler, orchestrator_handler
 from zeroth_pg.worker._sources import default_worker_id
+from zeroth_pg.worker._startup import StartInterrupted, retry_starting, unless_signalled
 from zeroth_pg.worker._worker import RunWorker
 
 __all__ = ["JsonFormatter", "WorkerApp", "load_app", "load_handler", "run_process", "serve",
@@ -178,7 +176,14 @@ async def serve(
     if metrics_port:
         start_http_server(metrics_port)
     worker_id = check_worker_id(worker_id) or default_worker_id()
-    pool = await _open_pool(dsn, worker_id, max_size=max(4, concurrency + 2))
+    try:
+        pool = await unless_signalled(_open_pool(dsn, worker_id, max_size=max(4, concurrency + 2)))
+    except StartInterrupted:
+        # A supervisor stopped it while its database was away: nothing held, nothing to drain.
+        log.info("worker %s: stopped before it could connect", worker_id)
+        if provider is not None:
+            provider.shutdown()
+        return
     try:
         worker = RunWorker(
             pool, target, handler, scopes=scopes, dsn=dsn, tenant_id=tenant,
@@ -201,55 +206,13 @@ async def serve(
             provider.shutdown()  # sends the spans still batched
 
 
-#: How long a starting worker keeps trying to open its first connection while the database
-#: refuses it for a reason that passes (not up yet, restarting, shutting down, the connection
-#: ended under it): a worker started with its database, or respawned during a restart, waits for
-#: it instead of exiting. A wrong password, role or database, client settings asyncpg refuses
-#: (an unknown sslmode), a server certificate that does not verify or a socket it may not open
-#: still fail at once (a missing file, certificate or socket alike, is retried: an absent Unix
-#: socket is a server not up yet).
-STARTUP_CONNECT_SECONDS = 30.0
-
-
-def _never_passes(exc: BaseException) -> bool:
-    """A failure to connect that no retry outlasts, though translate() calls it retryable (it
-    takes every InterfaceError and OSError for a lost connection)."""
-    import ssl
-
-    return isinstance(exc, asyncpg.ClientConfigurationError
-                      | asyncpg.UnsupportedClientFeatureError
-                      | ssl.SSLCertVerificationError | PermissionError)
-
-
 async def _open_pool(dsn: str, worker_id: str, *, max_size: int) -> Any:
-    """The worker's pool, its first connection retried (:class:`~._settle.Backoff`, the
-    worker's one retry policy: 50 ms doubling to 1 s) for :data:`STARTUP_CONNECT_SECONDS` while
-    the failure is one a retry can outlast (a :class:`~zeroth_pg.errors.RetryableError` once
-    translated, and not one :func:`_never_passes` names); then that error is raised. No try
-    outlives the window (a try still connecting then is cancelled: asyncpg closes what it
-    opened)."""
-    from zeroth_pg.errors import RetryableError, translate
-    from zeroth_pg.worker._settle import Backoff
-
-    give_up_at = time.monotonic() + STARTUP_CONNECT_SECONDS
-    backoff = Backoff()
-    while True:
-        try:
-            async with asyncio.timeout(max(0.0, give_up_at - time.monotonic())):
-                return await create_pool(
-                    dsn, min_size=1, max_size=max_size,
-                    server_settings={"application_name": f"zeroth-worker:{worker_id}"})
-        except Exception as exc:
-            if _never_passes(exc) or not isinstance(translate(exc), RetryableError):
-                raise
-            if backoff.gives_up(give_up_at):
-                log.error("worker %s: could not connect within %gs (%s: %s); giving up",
-                          worker_id, STARTUP_CONNECT_SECONDS, type(exc).__name__,
-                          str(exc)[:200])
-                raise
-            log.warning("worker %s: could not connect yet (%s: %s); trying again in %.2fs",
-                        worker_id, type(exc).__name__, str(exc)[:200], backoff.delay)
-        await backoff.wait()
+    """The worker's pool, its first connection retried while the database is away
+    (:func:`~._startup.retry_starting`)."""
+    return await retry_starting(
+        lambda: create_pool(dsn, min_size=1, max_size=max_size,
+                            server_settings={"application_name": f"zeroth-worker:{worker_id}"}),
+        what="connect", worker_id=worker_id)
 
 
 def run_process(*, log_format: str = "text", log_level: str = "INFO", **options: Any) -> int:

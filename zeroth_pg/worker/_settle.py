@@ -97,7 +97,7 @@ ClaimAlong = Callable[[list[tuple[Leased, Any]]], Awaitable[list[bool] | None]]
 class Backoff:
     """The one retry policy of the worker's transient failures: a settling write is retried
     after 50 ms, doubling up to 1 s, while the lease is known to be live (and a starting
-    worker's first connection for STARTUP_CONNECT_SECONDS, ._process)."""
+    worker's first connection and schedules for STARTUP_SECONDS, ._startup)."""
 
     delay: float = 0.05
 

@@ -36,6 +36,7 @@ from zeroth_pg.worker._signals import drain_signals
 from zeroth_pg.worker._slots import HeldRuns
 from zeroth_pg.worker._sources import OneScope, default_worker_id, per_deployment, source_for
 from zeroth_pg.worker._sources import retry_policies as retry_policies_of
+from zeroth_pg.worker._startup import retry_starting
 
 __all__ = ["RunWorker"]
 
@@ -207,12 +208,16 @@ class RunWorker:
         return self._claims.pacer.claim_round
 
     async def start(self) -> None:
-        """Start the notifier, the renewal task and the claim loop (orphans are swept first)."""
+        """Start the notifier, the renewal task and the claim loop (orphans are swept first).
+        The schedules are declared first: a schedule the database refuses raises; a database
+        that is away is waited for, for up to 30 s (:mod:`._startup`)."""
         if self._claim_task is not None:
             return
         if self._firer is not None:
-            # Before anything is served: a schedule the database refuses fails the start.
-            await self._firer.register()
+            # Before anything is served: a schedule the database refuses fails the start, a
+            # database that is away (restarting, not up yet) is waited for (._startup).
+            await retry_starting(self._firer.register, what="register its schedules",
+                                 worker_id=self.worker_id)
         if self.dsn is not None:
             self.notifier = self._listener.start(self.dsn)
         loops: list[tuple[str, Callable[[], Awaitable[None]]]] = [
@@ -324,8 +329,9 @@ class RunWorker:
         """Start, then run until SIGTERM/SIGINT (or :meth:`graceful_shutdown`), and drain.
 
         The handlers are installed before the start: a SIGTERM that arrives once the worker has
-        said it started (its claim loop already running), or while it starts, drains it like
-        any other, where it used to kill the process with runs in hand."""
+        said it started (its claim loop already running) drains it like any other, where it
+        used to kill the process with runs in hand; one that arrives while the start waits for
+        its database (:meth:`start`) ends it there, nothing held."""
         stop = asyncio.Event()
 
         def first() -> bool:  # a graceful drain
@@ -342,7 +348,19 @@ class RunWorker:
         with drain_signals(install_signal_handlers, first=first, again=again):
             started = False
             try:
-                await self.start()
+                # A signal while it starts (its schedules' registration waits for a database
+                # that is away) ends the start-up: nothing is held yet, nothing to drain.
+                starting = asyncio.ensure_future(self.start())
+                signalled = asyncio.ensure_future(stop.wait())
+                await asyncio.wait([starting, signalled], return_when=asyncio.FIRST_COMPLETED)
+                signalled.cancel()
+                if not starting.done():
+                    starting.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await starting
+                    log.info("worker %s: stopped before it started", self.worker_id)
+                    return
+                starting.result()  # a start that failed raises here
                 started = True
                 waiter = asyncio.create_task(stop.wait())
                 await asyncio.wait([waiter, asyncio.create_task(self._stopped.wait())],
