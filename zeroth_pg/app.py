@@ -56,7 +56,7 @@ from zeroth_pg.types import ChildOutcome, DeploymentRegistration, EnqueuedRun, R
 from zeroth_pg.worker import PeriodicSchedule, RunContext, RunSlept, RunWorker
 from zeroth_pg.worker._claims import check_code_version, check_worker_id
 from zeroth_pg.worker._sources import default_worker_id
-from zeroth_pg.worker._startup import StartInterrupted, retry_starting, unless_signalled
+from zeroth_pg.worker._startup import StartInterrupted, StartupSignals, retry_starting
 
 __all__ = ["App", "Deployment", "SyncRunContext"]
 
@@ -796,15 +796,20 @@ class App:
             async with self._opening:
                 if self._pool is None:
                     if self.dsn is None:
-                        from zeroth_pg.embedded import resolve_dsn
-
-                        # Like a worker process: a database it was given (ZEROTH_PG_DSN) is
-                        # installed by its DBA, never migrated from here; the embedded one is.
-                        given = bool(os.environ.get("ZEROTH_PG_DSN"))
-                        self.dsn = await asyncio.to_thread(resolve_dsn, migrate=not given)
+                        self.dsn = await self._embedded_dsn()
                     self._pool = await create_pool(
                         self.dsn, min_size=1, max_size=self.pool_size)
         return self._pool
+
+    @staticmethod
+    async def _embedded_dsn() -> str:
+        """No DSN given: ``ZEROTH_PG_DSN`` as it is, else the embedded server. Like a worker
+        process: a database it was given is installed by its DBA, never migrated from here;
+        the embedded one is."""
+        from zeroth_pg.embedded import resolve_dsn
+
+        given = bool(os.environ.get("ZEROTH_PG_DSN"))
+        return await asyncio.to_thread(resolve_dsn, migrate=not given)
 
     def _opening_lock(self) -> asyncio.Lock:
         if self._opening is None:
@@ -933,12 +938,19 @@ class App:
         30 s, as by ``zeroth-pg worker``; a SIGTERM or SIGINT meanwhile just returns."""
         worker_id = options["worker_id"] = (check_worker_id(options.get("worker_id"))
                                              or default_worker_id())
-        try:
-            await unless_signalled(retry_starting(self.open, what="connect",
-                                                  worker_id=worker_id))
-        except StartInterrupted:
-            _log.info("worker %s: stopped before it could connect", worker_id)
-            return
-        worker = await self.worker(deployments, **options)
-        await worker.run_until_stopped()
+        if self.dsn is None and self._pool is None:
+            # The embedded server (started and migrated, slow on a first run) is not a
+            # database that is away: it is ready before the start-up's window opens.
+            async with self._opening_lock():
+                if self.dsn is None:
+                    self.dsn = await self._embedded_dsn()
+        with StartupSignals(worker_id) as startup:
+            try:
+                await startup.run(retry_starting(self.open, what="connect",
+                                                 worker_id=worker_id))
+                worker = await self.worker(deployments, **options)
+                startup.check()  # from here run_until_stopped's handlers take the signals
+            except StartInterrupted:
+                return
+            await worker.run_until_stopped()
 

@@ -1,7 +1,9 @@
 """A worker's start-up against a database that is away (zeroth_pg/worker/_startup.py), in
 process: the schedules a worker declares when it starts wait for a database that went away
 after its pool opened, a schedule the database refuses still fails the start at once, a
-SIGTERM while the start waits ends it with nothing held, and ``App.run_worker`` waits for its
+SIGTERM while the start waits ends it with nothing held (one that comes as a step finishes too),
+a cancelled run_until_stopped or a graceful_shutdown() while it waits leave nothing starting
+behind, and ``App.run_worker`` waits for its
 first connection as ``zeroth-pg worker`` does (the process's own case: test_worker_processes.py,
 TestStartingBeforeItsDatabase). The database goes away and comes back as a TCP proxy in front
 of the test's server that is closed (every connection cut, the port refusing) and opened again
@@ -21,8 +23,10 @@ from helpers import unique_deployment, wait_until
 from tcp_proxy import TcpProxy, server_target, uri_through
 
 from zeroth_pg import App
+from zeroth_pg._libpq import asyncpg_dsn
 from zeroth_pg.errors import InvalidArgumentError
 from zeroth_pg.worker import PeriodicSchedule, RunWorker
+from zeroth_pg.worker._startup import StartInterrupted, StartupSignals
 
 
 async def _noop(_run: Any) -> None:
@@ -197,3 +201,82 @@ async def test_app_run_worker_signalled_before_it_could_connect_returns(
         if not serving.done():
             serving.cancel()
         await app.close()
+
+
+async def test_a_signal_as_the_first_connection_opens_still_stops_the_start(
+        database_dsn: str, caplog: pytest.LogCaptureFixture) -> None:
+    # The signal comes while the awaited step takes its last step: the step's result comes
+    # back, and the start must still stop before it serves (the signal is not lost).
+    caplog.set_level(logging.INFO, logger="zeroth_pg.worker")
+    connections: list[asyncpg.Connection] = []
+
+    async def connect_then_signalled() -> asyncpg.Connection:
+        conn = await asyncpg.connect(asyncpg_dsn(database_dsn))
+        connections.append(conn)
+        os.kill(os.getpid(), signal.SIGTERM)  # caught by StartupSignals' handler
+        await asyncio.sleep(0)
+        return conn
+
+    try:
+        with StartupSignals("signalled-late") as startup:
+            conn = await startup.run(connect_then_signalled())
+            assert await conn.fetchval("SELECT 1") == 1  # the step did finish
+            assert startup.signalled
+            with pytest.raises(StartInterrupted):
+                startup.check()
+        assert _logged(caplog, "worker signalled-late: stopped before it could connect")
+    finally:
+        for conn in connections:
+            await conn.close()
+
+
+def _start_tasks() -> list[asyncio.Task[Any]]:
+    return [task for task in asyncio.all_tasks()
+            if getattr(task.get_coro(), "__qualname__", "") == "RunWorker.start"]
+
+
+async def test_run_until_stopped_cancelled_while_it_starts_leaves_no_start_behind(
+        outage: _Outage, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="zeroth_pg.worker")
+    deployment = unique_deployment("startup-cancelled")
+    through = await asyncpg.create_pool(outage.dsn, min_size=1, max_size=2)
+    try:
+        await outage.down()
+        worker = RunWorker(through, deployment, _noop, poll_interval=0.05,
+                           schedules=[PeriodicSchedule(name="tick", deployment_ref=deployment,
+                                                       interval_seconds=3600)])
+        serving = asyncio.create_task(worker.run_until_stopped(install_signal_handlers=False))
+        await wait_until(lambda: _logged(caplog, "could not register its schedules yet"),
+                         "the worker to say it waits for its database", within=15)
+        assert len(_start_tasks()) == 1
+        serving.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await serving
+        # The start went with it: nothing would start the worker once the database is back.
+        assert _start_tasks() == []
+        assert worker._claim_task is None
+    finally:
+        await through.close()
+
+
+async def test_a_graceful_shutdown_while_the_start_waits_starts_nothing_after(
+        outage: _Outage, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="zeroth_pg.worker")
+    deployment = unique_deployment("startup-shutdown")
+    through = await asyncpg.create_pool(outage.dsn, min_size=1, max_size=2)
+    try:
+        await outage.down()
+        worker = RunWorker(through, deployment, _noop, dsn=outage.dsn, poll_interval=0.05,
+                           schedules=[PeriodicSchedule(name="tick", deployment_ref=deployment,
+                                                       interval_seconds=3600)])
+        starting = asyncio.create_task(worker.start())
+        await wait_until(lambda: _logged(caplog, "could not register its schedules yet"),
+                         "the worker to say it waits for its database", within=15)
+        await asyncio.wait_for(worker.graceful_shutdown(), timeout=10)
+        await outage.up()
+        await asyncio.wait_for(starting, timeout=30)  # registered, then started nothing
+        assert worker._claim_task is None
+        assert worker.notifier is None  # no LISTEN connection left looping
+        assert not [task for task in asyncio.all_tasks() if task.get_name().startswith("zeroth-")]
+    finally:
+        await through.close()

@@ -117,9 +117,10 @@ def worker(
     to pending with their checkpoints. A second SIGTERM (or SIGINT) while draining hands every
     run back at once and exits 0; a third ends the process at once (its leases expire and an
     orphan sweep recovers the runs). A database that is away when it starts (not up yet,
-    restarting) is waited for, for 30 s; a SIGTERM meanwhile ends it at once. Exit codes: 0
-    after a drain, or stopped before it started; 1 the database refused it or stayed away; 2 a
-    bad option, or --otel without the OpenTelemetry SDK.
+    restarting) is waited for: its first connection and its schedules each for up to 30 s; a
+    SIGTERM meanwhile ends it at once. Exit codes: 0 after a drain, or stopped before it
+    started; 1 the database refused it or stayed away; 2 a bad option, or --otel without the
+    OpenTelemetry SDK.
     """
     from zeroth_pg.worker import run_process
 

@@ -21,7 +21,7 @@ from zeroth_pg._connect import create_pool, skip_reset
 from zeroth_pg.worker._claims import check_worker_id
 from zeroth_pg.worker._run import Handler, orchestrator_handler
 from zeroth_pg.worker._sources import default_worker_id
-from zeroth_pg.worker._startup import StartInterrupted, retry_starting, unless_signalled
+from zeroth_pg.worker._startup import StartInterrupted, StartupSignals, retry_starting
 from zeroth_pg.worker._worker import RunWorker
 
 __all__ = ["JsonFormatter", "WorkerApp", "load_app", "load_handler", "run_process", "serve",
@@ -176,32 +176,31 @@ async def serve(
     if metrics_port:
         start_http_server(metrics_port)
     worker_id = check_worker_id(worker_id) or default_worker_id()
+    pool = None
     try:
-        pool = await unless_signalled(_open_pool(dsn, worker_id, max_size=max(4, concurrency + 2)))
+        with StartupSignals(worker_id) as startup:
+            pool = await startup.run(_open_pool(dsn, worker_id, max_size=max(4, concurrency + 2)))
+            startup.check()  # a signal as the pool opened; from here run_until_stopped's own
+            worker = RunWorker(
+                pool, target, handler, scopes=scopes, dsn=dsn, tenant_id=tenant,
+                workspace_id=workspace,
+                max_concurrency=concurrency, fleet_max_concurrency=fleet_concurrency,
+                poll_interval=poll_interval, orphan_sweep_interval=orphan_sweep_interval,
+                worker_id=worker_id, shutdown_timeout=shutdown_timeout,
+                lease_duration=(lease or app_lease or getattr(loaded, "lease_duration", None)
+                                or 60.0),
+                retry_base_seconds=retry_base, scope_metrics=scope_metrics,
+                call_timeout=call_timeout,
+                queue_depth_interval=queue_depth_interval,
+                fire_schedules=fire_schedules,
+                code_version=code_version or getattr(loaded, "code_version", None),
+                **per_deployment)
+            await worker.run_until_stopped()
     except StartInterrupted:
-        # A supervisor stopped it while its database was away: nothing held, nothing to drain.
-        log.info("worker %s: stopped before it could connect", worker_id)
-        if provider is not None:
-            provider.shutdown()
-        return
-    try:
-        worker = RunWorker(
-            pool, target, handler, scopes=scopes, dsn=dsn, tenant_id=tenant,
-            workspace_id=workspace,
-            max_concurrency=concurrency, fleet_max_concurrency=fleet_concurrency,
-            poll_interval=poll_interval, orphan_sweep_interval=orphan_sweep_interval,
-            worker_id=worker_id, shutdown_timeout=shutdown_timeout,
-            lease_duration=(lease or app_lease or getattr(loaded, "lease_duration", None)
-                            or 60.0),
-            retry_base_seconds=retry_base, scope_metrics=scope_metrics,
-            call_timeout=call_timeout,
-            queue_depth_interval=queue_depth_interval,
-            fire_schedules=fire_schedules,
-            code_version=code_version or getattr(loaded, "code_version", None),
-            **per_deployment)
-        await worker.run_until_stopped()
+        pass  # stopped while its database was away: nothing held, nothing to drain
     finally:
-        await pool.close()
+        if pool is not None:
+            await pool.close()
         if provider is not None:
             provider.shutdown()  # sends the spans still batched
 

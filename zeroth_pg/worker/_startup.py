@@ -11,17 +11,19 @@ fails at once; a missing file, certificate or socket alike is retried (an absent
 server not up yet).
 
 Nothing is held while a worker starts (no lease, no run), so a SIGTERM or SIGINT meanwhile just
-ends the start-up: :func:`unless_signalled`.
+ends the start-up: :class:`StartupSignals` (its first connection), :meth:`RunWorker.
+run_until_stopped` (its schedules).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import ssl
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import asyncpg
 
@@ -29,7 +31,7 @@ from zeroth_pg.errors import RetryableError, translate
 from zeroth_pg.worker._settle import Backoff
 from zeroth_pg.worker._signals import drain_signals
 
-__all__ = ["STARTUP_SECONDS", "StartInterrupted", "retry_starting", "unless_signalled"]
+__all__ = ["STARTUP_SECONDS", "StartInterrupted", "StartupSignals", "retry_starting"]
 
 log = logging.getLogger("zeroth_pg.worker")
 
@@ -77,25 +79,56 @@ async def retry_starting(call: Callable[[], Awaitable[T]], *, what: str, worker_
         await backoff.wait()
 
 
-async def unless_signalled(starting: Awaitable[T], *, install: bool = True) -> T:
-    """Await ``starting``; a SIGTERM or SIGINT meanwhile (with ``install``) cancels it and
-    raises :class:`StartInterrupted`. A second signal finds the default action (as during a
-    drain: :func:`~._signals.drain_signals`)."""
-    task = asyncio.ensure_future(starting)
-    signalled = False
+class StartupSignals:
+    """From a worker process's first step until it serves: a SIGTERM or SIGINT ends the start-up.
 
-    def first() -> bool:
-        nonlocal signalled
-        if signalled:
+    Inside (``with``), with ``install``, the first signal cancels what :meth:`run` awaits and
+    sets :attr:`signalled`; the second restores the default action, so a third ends the process
+    at once (:func:`~._signals.drain_signals`). The handlers stay installed until the block
+    ends or :meth:`RunWorker.run_until_stopped` installs its own over them, so no signal finds
+    the default action in between; the caller checks :attr:`signalled` before it serves (a
+    signal can come as the awaited step finishes)."""
+
+    def __init__(self, worker_id: str, *, install: bool = True) -> None:
+        self.worker_id = worker_id
+        self.signalled = False
+        self._install = install
+        self._awaited: asyncio.Future[Any] | None = None
+        self._scope: contextlib.AbstractContextManager[None] | None = None
+
+    def __enter__(self) -> StartupSignals:
+        self._scope = drain_signals(self._install, first=self._first, again=lambda _sig: None)
+        self._scope.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._scope is not None
+        self._scope.__exit__(None, None, None)
+
+    def _first(self) -> bool:
+        if self.signalled:
             return False
-        signalled = True
-        task.cancel()
+        self.signalled = True
+        if self._awaited is not None:
+            self._awaited.cancel()
         return True
 
-    with drain_signals(install, first=first, again=lambda _sig: None):
+    async def run(self, step: Awaitable[T]) -> T:
+        """Await ``step``; raises :class:`StartInterrupted` when a signal came while it ran."""
+        self.check()
+        awaited: asyncio.Future[T] = asyncio.ensure_future(step)
+        self._awaited = awaited
         try:
-            return await task
+            return await awaited
         except asyncio.CancelledError:
-            if signalled:
-                raise StartInterrupted() from None
+            self.check()
             raise
+        finally:
+            self._awaited = None
+
+    def check(self) -> None:
+        """Raise :class:`StartInterrupted` (logged: "stopped before it could connect") when a
+        signal came."""
+        if self.signalled:
+            log.info("worker %s: stopped before it could connect", self.worker_id)
+            raise StartInterrupted()

@@ -218,6 +218,8 @@ class RunWorker:
             # database that is away (restarting, not up yet) is waited for (._startup).
             await retry_starting(self._firer.register, what="register its schedules",
                                  worker_id=self.worker_id)
+            if self._stopping:  # graceful_shutdown() while it waited: start nothing
+                return
         if self.dsn is not None:
             self.notifier = self._listener.start(self.dsn)
         loops: list[tuple[str, Callable[[], Awaitable[None]]]] = [
@@ -351,13 +353,20 @@ class RunWorker:
                 # A signal while it starts (its schedules' registration waits for a database
                 # that is away) ends the start-up: nothing is held yet, nothing to drain.
                 starting = asyncio.ensure_future(self.start())
-                signalled = asyncio.ensure_future(stop.wait())
-                await asyncio.wait([starting, signalled], return_when=asyncio.FIRST_COMPLETED)
-                signalled.cancel()
-                if not starting.done():
-                    starting.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await starting
+                ended = [asyncio.ensure_future(stop.wait()),
+                         asyncio.ensure_future(self._stopped.wait())]  # graceful_shutdown()
+                try:
+                    await asyncio.wait([starting, *ended], return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for waiter in ended:
+                        waiter.cancel()
+                    if not starting.done():
+                        # A signal, a graceful_shutdown(), or this call cancelled (a wait
+                        # does not cancel what it waits on): the start must not go on alone.
+                        starting.cancel()
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await starting
+                if starting.cancelled():
                     log.info("worker %s: stopped before it started", self.worker_id)
                     return
                 starting.result()  # a start that failed raises here
