@@ -839,6 +839,16 @@ async def test_fire_schedules_makes_a_process_fire_a_dba_schedule(workers, pool)
 # -- starting before the database -----------------------------------------------------------------
 
 
+def _nothing_listens(target: dict[str, Any]) -> tuple[str, int]:
+    """A DSN of ``target``'s database on a 127.0.0.1 port nothing listens on (for now), and
+    the port."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    user = target.get("user") or "postgres"
+    return f"postgresql://{user}@127.0.0.1:{port}/{target['dbname']}", port
+
+
 class TestStartingBeforeItsDatabase:
     async def test_a_worker_started_before_its_database_listens_waits_and_starts(
             self, database_dsn: str) -> None:
@@ -846,11 +856,7 @@ class TestStartingBeforeItsDatabase:
         # restarting while a supervisor respawns the worker): it says it could not connect yet
         # and keeps trying; once a proxy to the real server listens there, it starts and drains.
         target = server_target(database_dsn)
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        user = target.get("user") or "postgres"
-        late = f"postgresql://{user}@127.0.0.1:{port}/{target['dbname']}"
+        late, port = _nothing_listens(target)
         worker = await WorkerProcess.spawn(late, deployment_name("late-db"), "worker_apps:sleeper")
         proxy = TcpProxy(target)
         try:
@@ -868,12 +874,7 @@ class TestStartingBeforeItsDatabase:
             self, database_dsn: str) -> None:
         # A supervisor stops a worker whose database never came up: it held nothing, so it
         # ends at once with 0 (it used to die by the signal: -15).
-        target = server_target(database_dsn)
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        user = target.get("user") or "postgres"
-        never = f"postgresql://{user}@127.0.0.1:{port}/{target['dbname']}"
+        never, _ = _nothing_listens(server_target(database_dsn))
         worker = await WorkerProcess.spawn(never, deployment_name("never-db"),
                                            "worker_apps:sleeper")
         try:

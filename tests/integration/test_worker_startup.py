@@ -12,9 +12,11 @@ on the same port."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
+from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
@@ -65,19 +67,38 @@ async def outage(database_dsn: str) -> Any:
         await away.down()
 
 
+@contextlib.asynccontextmanager
+async def _pool_then_away(outage: _Outage) -> AsyncIterator[asyncpg.Pool]:
+    """A pool opened through the proxy, then the database taken away: its connection is cut
+    and the port refuses."""
+    through = await asyncpg.create_pool(outage.dsn, min_size=1, max_size=2)
+    try:
+        await outage.down()
+        yield through
+    finally:
+        await through.close()
+
+
+def _scheduling_worker(pool: asyncpg.Pool, deployment: str, **options: Any) -> RunWorker:
+    """A worker that declares one schedule when it starts."""
+    return RunWorker(pool, deployment, _noop, poll_interval=0.05,
+                     schedules=[PeriodicSchedule(name="tick", deployment_ref=deployment,
+                                                 interval_seconds=3600)], **options)
+
+
+async def _waiting_to_register(caplog: pytest.LogCaptureFixture) -> None:
+    await wait_until(lambda: _logged(caplog, "could not register its schedules yet"),
+                     "the worker to say it waits for its database", within=15)
+
+
 async def test_a_worker_whose_database_went_away_declares_its_schedules_once_it_is_back(
         outage: _Outage, pool: asyncpg.Pool, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="zeroth_pg.worker")
     deployment = unique_deployment("startup-schedules")
-    through = await asyncpg.create_pool(outage.dsn, min_size=1, max_size=2)
-    try:
-        await outage.down()  # after the pool opened: its connection is cut, the port refuses
-        worker = RunWorker(through, deployment, _noop, poll_interval=0.05,
-                           schedules=[PeriodicSchedule(name="tick", deployment_ref=deployment,
-                                                       interval_seconds=3600)])
+    async with _pool_then_away(outage) as through:
+        worker = _scheduling_worker(through, deployment)
         starting = asyncio.create_task(worker.start())
-        await wait_until(lambda: _logged(caplog, "could not register its schedules yet"),
-                         "the worker to say it waits for its database", within=15)
+        await _waiting_to_register(caplog)
         assert not starting.done()
         assert await pool.fetchval("SELECT count(*) FROM zeroth.schedules") == 0
         await outage.up()
@@ -90,8 +111,6 @@ async def test_a_worker_whose_database_went_away_declares_its_schedules_once_it_
                 "tick", deployment, 3600)
         finally:
             await asyncio.wait_for(worker.graceful_shutdown(), timeout=30)
-    finally:
-        await through.close()
 
 
 async def test_a_schedule_the_database_refuses_still_fails_the_start_at_once(
@@ -113,15 +132,10 @@ async def test_a_sigterm_while_the_start_waits_for_its_database_ends_it_holding_
     deployment = unique_deployment("startup-sigterm")
     run_id = await pool.fetchval(
         "SELECT run_id FROM zeroth.enqueue_run(deployment_ref => $1)", deployment)
-    through = await asyncpg.create_pool(outage.dsn, min_size=1, max_size=2)
-    try:
-        await outage.down()
-        worker = RunWorker(through, deployment, _noop, poll_interval=0.05,
-                           schedules=[PeriodicSchedule(name="tick", deployment_ref=deployment,
-                                                       interval_seconds=3600)])
+    async with _pool_then_away(outage) as through:
+        worker = _scheduling_worker(through, deployment)
         serving = asyncio.create_task(worker.run_until_stopped())
-        await wait_until(lambda: _logged(caplog, "could not register its schedules yet"),
-                         "the worker to say it waits for its database", within=15)
+        await _waiting_to_register(caplog)
         # run_until_stopped's handlers are installed before the start: this is caught there.
         os.kill(os.getpid(), signal.SIGTERM)
         await asyncio.wait_for(serving, timeout=10)
@@ -134,8 +148,6 @@ async def test_a_sigterm_while_the_start_waits_for_its_database_ends_it_holding_
             run_id)
         assert row is not None
         assert (row["status"], row["lease_worker_id"]) == ("pending", None)
-    finally:
-        await through.close()
 
 
 async def test_app_run_worker_waits_for_its_first_connection(
@@ -239,15 +251,10 @@ async def test_run_until_stopped_cancelled_while_it_starts_leaves_no_start_behin
         outage: _Outage, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="zeroth_pg.worker")
     deployment = unique_deployment("startup-cancelled")
-    through = await asyncpg.create_pool(outage.dsn, min_size=1, max_size=2)
-    try:
-        await outage.down()
-        worker = RunWorker(through, deployment, _noop, poll_interval=0.05,
-                           schedules=[PeriodicSchedule(name="tick", deployment_ref=deployment,
-                                                       interval_seconds=3600)])
+    async with _pool_then_away(outage) as through:
+        worker = _scheduling_worker(through, deployment)
         serving = asyncio.create_task(worker.run_until_stopped(install_signal_handlers=False))
-        await wait_until(lambda: _logged(caplog, "could not register its schedules yet"),
-                         "the worker to say it waits for its database", within=15)
+        await _waiting_to_register(caplog)
         assert len(_start_tasks()) == 1
         serving.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -255,28 +262,19 @@ async def test_run_until_stopped_cancelled_while_it_starts_leaves_no_start_behin
         # The start went with it: nothing would start the worker once the database is back.
         assert _start_tasks() == []
         assert worker._claim_task is None
-    finally:
-        await through.close()
 
 
 async def test_a_graceful_shutdown_while_the_start_waits_starts_nothing_after(
         outage: _Outage, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="zeroth_pg.worker")
     deployment = unique_deployment("startup-shutdown")
-    through = await asyncpg.create_pool(outage.dsn, min_size=1, max_size=2)
-    try:
-        await outage.down()
-        worker = RunWorker(through, deployment, _noop, dsn=outage.dsn, poll_interval=0.05,
-                           schedules=[PeriodicSchedule(name="tick", deployment_ref=deployment,
-                                                       interval_seconds=3600)])
+    async with _pool_then_away(outage) as through:
+        worker = _scheduling_worker(through, deployment, dsn=outage.dsn)
         starting = asyncio.create_task(worker.start())
-        await wait_until(lambda: _logged(caplog, "could not register its schedules yet"),
-                         "the worker to say it waits for its database", within=15)
+        await _waiting_to_register(caplog)
         await asyncio.wait_for(worker.graceful_shutdown(), timeout=10)
         await outage.up()
         await asyncio.wait_for(starting, timeout=30)  # registered, then started nothing
         assert worker._claim_task is None
         assert worker.notifier is None  # no LISTEN connection left looping
         assert not [task for task in asyncio.all_tasks() if task.get_name().startswith("zeroth-")]
-    finally:
-        await through.close()
