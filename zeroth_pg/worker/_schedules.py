@@ -22,6 +22,7 @@ from typing import Any
 from zeroth_pg.client import LeaseManager
 from zeroth_pg.types import ScheduleFiring
 from zeroth_pg.worker._sources import ClaimSource, ManyScopes
+from zeroth_pg.worker._startup import retry_starting
 
 __all__ = ["PeriodicSchedule", "ScheduleFirer"]
 
@@ -70,8 +71,13 @@ class ScheduleFirer:
         self.max_sleep = max_sleep
         self.fired = 0  # runs this worker enqueued for a fire time
 
-    async def register(self) -> None:
-        """Declare every schedule of the application; a DBA's pause or edit is kept."""
+    async def register(self, worker_id: str) -> None:
+        """Declare every schedule of the application; a DBA's pause or edit is kept. A database
+        that is away is waited for (:func:`~._startup.retry_starting`: up to 30 s, "could not
+        register its schedules yet"); a schedule it refuses raises at once."""
+        await retry_starting(self._register, what="register its schedules", worker_id=worker_id)
+
+    async def _register(self) -> None:
         for s in self.schedules:
             result = await self._lm.register_schedule(
                 s.name, s.deployment_ref, cron=s.cron, interval_seconds=s.interval_seconds,

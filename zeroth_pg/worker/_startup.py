@@ -31,7 +31,8 @@ from zeroth_pg.errors import RetryableError, translate
 from zeroth_pg.worker._settle import Backoff
 from zeroth_pg.worker._signals import drain_signals
 
-__all__ = ["STARTUP_SECONDS", "StartInterrupted", "StartupSignals", "retry_starting"]
+__all__ = ["STARTUP_SECONDS", "StartInterrupted", "StartupSignals", "first_set",
+           "retry_starting", "start_unless_stopped"]
 
 log = logging.getLogger("zeroth_pg.worker")
 
@@ -132,3 +133,36 @@ class StartupSignals:
         if self.signalled:
             log.info("worker %s: stopped before it could connect", self.worker_id)
             raise StartInterrupted()
+
+
+async def start_unless_stopped(start: Callable[[], Awaitable[None]], *stops: asyncio.Event,
+                               worker_id: str) -> bool:
+    """``start()``: True once it returned, or False (logged: "stopped before it started") when
+    one of ``stops`` was set first and it was cancelled. Cancelled itself, this cancels the
+    start too (a wait does not cancel what it waits on): a start never goes on alone. A start
+    that failed raises its error."""
+    starting = asyncio.ensure_future(start())
+    try:
+        await first_set(*stops, also=starting)
+    finally:
+        if not starting.done():
+            starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await starting
+    if starting.cancelled():
+        log.info("worker %s: stopped before it started", worker_id)
+        return False
+    starting.result()
+    return True
+
+
+async def first_set(*events: asyncio.Event, also: asyncio.Future[Any] | None = None) -> None:
+    """Wait until one of ``events`` is set (or ``also`` is done); the waits it made are
+    cancelled whatever ends it (``also`` is left as it is)."""
+    waiters = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait([*waiters, *([also] if also is not None else [])],
+                           return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()

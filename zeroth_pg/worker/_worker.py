@@ -36,7 +36,7 @@ from zeroth_pg.worker._signals import drain_signals
 from zeroth_pg.worker._slots import HeldRuns
 from zeroth_pg.worker._sources import OneScope, default_worker_id, per_deployment, source_for
 from zeroth_pg.worker._sources import retry_policies as retry_policies_of
-from zeroth_pg.worker._startup import retry_starting
+from zeroth_pg.worker._startup import first_set, start_unless_stopped
 
 __all__ = ["RunWorker"]
 
@@ -208,16 +208,11 @@ class RunWorker:
         return self._claims.pacer.claim_round
 
     async def start(self) -> None:
-        """Start the notifier, the renewal task and the claim loop (orphans are swept first).
-        The schedules are declared first: a schedule the database refuses raises; a database
-        that is away is waited for, for up to 30 s (:mod:`._startup`)."""
+        """Declare the schedules (._schedules), then start the notifier, renewals and claims."""
         if self._claim_task is not None:
             return
-        if self._firer is not None:
-            # Before anything is served: a schedule the database refuses fails the start, a
-            # database that is away (restarting, not up yet) is waited for (._startup).
-            await retry_starting(self._firer.register, what="register its schedules",
-                                 worker_id=self.worker_id)
+        if self._firer is not None:  # a schedule the database refuses fails the start
+            await self._firer.register(self.worker_id)
             if self._stopping:  # graceful_shutdown() while it waited: start nothing
                 return
         if self.dsn is not None:
@@ -330,10 +325,9 @@ class RunWorker:
     async def run_until_stopped(self, *, install_signal_handlers: bool = True) -> None:
         """Start, then run until SIGTERM/SIGINT (or :meth:`graceful_shutdown`), and drain.
 
-        The handlers are installed before the start: a SIGTERM that arrives once the worker has
-        said it started (its claim loop already running) drains it like any other, where it
-        used to kill the process with runs in hand; one that arrives while the start waits for
-        its database (:meth:`start`) ends it there, nothing held."""
+        The handlers are installed before the start: a SIGTERM once the worker said it started
+        drains it (it used to kill the process with runs in hand); one while the start waits
+        for its database ends it there, nothing held."""
         stop = asyncio.Event()
 
         def first() -> bool:  # a graceful drain
@@ -350,31 +344,11 @@ class RunWorker:
         with drain_signals(install_signal_handlers, first=first, again=again):
             started = False
             try:
-                # A signal while it starts (its schedules' registration waits for a database
-                # that is away) ends the start-up: nothing is held yet, nothing to drain.
-                starting = asyncio.ensure_future(self.start())
-                ended = [asyncio.ensure_future(stop.wait()),
-                         asyncio.ensure_future(self._stopped.wait())]  # graceful_shutdown()
-                try:
-                    await asyncio.wait([starting, *ended], return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    for waiter in ended:
-                        waiter.cancel()
-                    if not starting.done():
-                        # A signal, a graceful_shutdown(), or this call cancelled (a wait
-                        # does not cancel what it waits on): the start must not go on alone.
-                        starting.cancel()
-                        with contextlib.suppress(asyncio.CancelledError):
-                            await starting
-                if starting.cancelled():
-                    log.info("worker %s: stopped before it started", self.worker_id)
-                    return
-                starting.result()  # a start that failed raises here
+                if not await start_unless_stopped(self.start, stop, self._stopped,
+                                                  worker_id=self.worker_id):
+                    return  # a signal or graceful_shutdown() while it started: nothing held
                 started = True
-                waiter = asyncio.create_task(stop.wait())
-                await asyncio.wait([waiter, asyncio.create_task(self._stopped.wait())],
-                                   return_when=asyncio.FIRST_COMPLETED)
-                waiter.cancel()
+                await first_set(stop, self._stopped)
             finally:
                 # With the handlers still installed: a second signal during the drain hurries
                 # it, where it used to kill the process with runs in hand.
