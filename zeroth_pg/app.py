@@ -949,7 +949,7 @@ class App:
                 await startup.run(retry_starting(self.open, what="connect",
                                                  worker_id=worker_id))
                 worker = await self.worker(deployments, **options)
-                startup.check()  # from here run_until_stopped's handlers take the signals
+                startup.check("start")  # from here run_until_stopped's handlers take them
             except StartInterrupted:
                 return
             await worker.run_until_stopped()

@@ -26,9 +26,9 @@ from tcp_proxy import TcpProxy, server_target, uri_through
 
 from zeroth_pg import App
 from zeroth_pg._libpq import asyncpg_dsn
-from zeroth_pg.errors import InvalidArgumentError
+from zeroth_pg.errors import ConnectionLostError, InvalidArgumentError
 from zeroth_pg.worker import PeriodicSchedule, RunWorker
-from zeroth_pg.worker._startup import StartInterrupted, StartupSignals
+from zeroth_pg.worker._startup import StartInterrupted, StartupSignals, retry_starting
 
 
 async def _noop(_run: Any) -> None:
@@ -139,7 +139,7 @@ async def test_a_sigterm_while_the_start_waits_for_its_database_ends_it_holding_
         # run_until_stopped's handlers are installed before the start: this is caught there.
         os.kill(os.getpid(), signal.SIGTERM)
         await asyncio.wait_for(serving, timeout=10)
-        assert _logged(caplog, f"worker {worker.worker_id}: stopped before it started")
+        assert _logged(caplog, f"worker {worker.worker_id}: stopped before it could start")
         assert not _logged(caplog, f"worker {worker.worker_id} started for")
         # Nothing was claimed, and the database coming back afterwards changes nothing.
         await outage.up()
@@ -278,3 +278,45 @@ async def test_a_graceful_shutdown_while_the_start_waits_starts_nothing_after(
         assert worker._claim_task is None
         assert worker.notifier is None  # no LISTEN connection left looping
         assert not [task for task in asyncio.all_tasks() if task.get_name().startswith("zeroth-")]
+
+
+async def test_run_until_stopped_cancelled_as_its_start_finishes_drains_the_worker(
+        pool: asyncpg.Pool) -> None:
+    # The cancel lands in the same turn as the start's end: the worker started, so it must be
+    # drained (it used to be left serving, its claim loop running with nobody to stop it).
+    serving: asyncio.Task[None] | None = None
+
+    class CancelledAsItStarts(RunWorker):
+        async def start(self) -> None:
+            await super().start()
+            assert serving is not None
+            serving.cancel()
+
+    worker = CancelledAsItStarts(pool, unique_deployment("startup-cancel-late"), _noop,
+                                 poll_interval=0.05)
+    serving = asyncio.create_task(worker.run_until_stopped(install_signal_handlers=False))
+    with pytest.raises(asyncio.CancelledError):
+        await serving
+    assert worker._claim_task is not None  # it did start
+    assert worker.stopping  # and was drained
+    assert not [task for task in asyncio.all_tasks() if task.get_name().startswith("zeroth-")]
+
+
+async def test_start_after_a_graceful_shutdown_starts_nothing(outage: _Outage) -> None:
+    worker = RunWorker(await asyncpg.create_pool(outage.dsn, min_size=0, max_size=1),
+                       unique_deployment("startup-after-stop"), _noop, dsn=outage.dsn)
+    try:
+        await worker.graceful_shutdown()
+        await worker.start()
+        assert worker._claim_task is None
+        assert worker.notifier is None  # no LISTEN task left reconnecting for ever
+        assert not [task for task in asyncio.all_tasks() if task.get_name().startswith("zeroth-")]
+    finally:
+        await worker.pool.close()
+
+
+async def test_a_start_up_step_that_outlasts_its_window_fails_typed(outage: _Outage) -> None:
+    async with _pool_then_away(outage) as through:
+        with pytest.raises(ConnectionLostError, match=r"could not probe within 0\.3s"):
+            await retry_starting(lambda: through.fetchval("SELECT 1"), what="probe",
+                                 worker_id="window", seconds=0.3)

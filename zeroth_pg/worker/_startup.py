@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 import asyncpg
 
-from zeroth_pg.errors import RetryableError, translate
+from zeroth_pg.errors import ConnectionLostError, RetryableError, translate
 from zeroth_pg.worker._settle import Backoff
 from zeroth_pg.worker._signals import drain_signals
 
@@ -72,9 +72,10 @@ async def retry_starting(call: Callable[[], Awaitable[T]], *, what: str, worker_
             if never_passes(exc) or not isinstance(translate(exc), RetryableError):
                 raise
             if backoff.gives_up(give_up_at):
-                log.error("worker %s: could not %s within %gs (%s: %s); giving up",
-                          worker_id, what, seconds, type(exc).__name__, str(exc)[:200])
-                raise
+                gave_up = f"could not {what} within {seconds:g}s ({type(exc).__name__}: " \
+                          f"{str(exc)[:200]})"
+                log.error("worker %s: %s; giving up", worker_id, gave_up)
+                raise ConnectionLostError(gave_up) from exc
             log.warning("worker %s: could not %s yet (%s: %s); trying again in %.2fs",
                         worker_id, what, type(exc).__name__, str(exc)[:200], backoff.delay)
         await backoff.wait()
@@ -127,17 +128,17 @@ class StartupSignals:
         finally:
             self._awaited = None
 
-    def check(self) -> None:
-        """Raise :class:`StartInterrupted` (logged: "stopped before it could connect") when a
+    def check(self, what: str = "connect") -> None:
+        """Raise :class:`StartInterrupted` (logged: "stopped before it could <what>") when a
         signal came."""
         if self.signalled:
-            log.info("worker %s: stopped before it could connect", self.worker_id)
+            log.info("worker %s: stopped before it could %s", self.worker_id, what)
             raise StartInterrupted()
 
 
 async def start_unless_stopped(start: Callable[[], Awaitable[None]], *stops: asyncio.Event,
                                worker_id: str) -> bool:
-    """``start()``: True once it returned, or False (logged: "stopped before it started") when
+    """``start()``: True once it returned, or False (logged: "stopped before it could start") when
     one of ``stops`` was set first and it was cancelled. Cancelled itself, this cancels the
     start too (a wait does not cancel what it waits on): a start never goes on alone. A start
     that failed raises its error."""
@@ -150,7 +151,7 @@ async def start_unless_stopped(start: Callable[[], Awaitable[None]], *stops: asy
             with contextlib.suppress(asyncio.CancelledError):
                 await starting
     if starting.cancelled():
-        log.info("worker %s: stopped before it started", worker_id)
+        log.info("worker %s: stopped before it could start", worker_id)
         return False
     starting.result()
     return True

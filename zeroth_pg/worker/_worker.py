@@ -209,7 +209,7 @@ class RunWorker:
 
     async def start(self) -> None:
         """Declare the schedules (._schedules), then start the notifier, renewals and claims."""
-        if self._claim_task is not None:
+        if self._claim_task is not None or self._stopping:  # started, or stopped (for good)
             return
         if self._firer is not None:  # a schedule the database refuses fails the start
             await self._firer.register(self.worker_id)
@@ -342,17 +342,16 @@ class RunWorker:
             self.hurry()
 
         with drain_signals(install_signal_handlers, first=first, again=again):
-            started = False
             try:
                 if not await start_unless_stopped(self.start, stop, self._stopped,
                                                   worker_id=self.worker_id):
                     return  # a signal or graceful_shutdown() while it started: nothing held
-                started = True
                 await first_set(stop, self._stopped)
             finally:
-                # With the handlers still installed: a second signal during the drain hurries
-                # it, where it used to kill the process with runs in hand.
-                if started:
+                # Whatever ends it, a worker that started (its claim loop exists: even one whose
+                # start finished as this call was cancelled) is drained, with the handlers still
+                # installed: a second signal during the drain hurries it.
+                if self._claim_task is not None:
                     await self.graceful_shutdown()
 
     def hurry(self) -> None:
