@@ -140,14 +140,27 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
             # of their tests (seen in 4- and 6-worker runs); keep them grouped.
             option.dist = "loadgroup"
         return  # the command line said how
-    if (option.usepdb or getattr(option, "trace", False) or option.collectonly
-            or getattr(option, "capture", None) == "no"):
-        return  # a debugger, a listing, or output to watch (-s): one process
-    named = [arg for arg in config.args if not arg.startswith("-")]
-    if named and all("::" in arg for arg in named):
-        return  # chosen tests: one process, one server
+    if _one_process(option, [str(arg) for arg in config.args]):
+        return
     option.numprocesses = "auto"
     option.dist = "loadgroup"
+
+
+def _one_process(option: Any, args: list[str]) -> bool:
+    """Whether a run the command line did not size runs in one process: a debugger, a listing,
+    output to watch (-s), chosen test ids (one server), or a server of the caller's
+    (``ZEROTH_PG_TEST_DSN``): every worker would share it, and on a shared server a transaction
+    open in one test's database holds back the horizon by which PostgreSQL prunes on access in
+    every other database's tables, which tests/plans counts (seen on 15: all five of
+    test_fresh_database and test_generic_plans_all fail while another database holds one
+    transaction open, and pass once it ends). ``-n N`` still runs N workers on it."""
+    if (option.usepdb or getattr(option, "trace", False) or option.collectonly
+            or getattr(option, "capture", None) == "no"):
+        return True
+    named = [arg for arg in args if not arg.startswith("-")]
+    if named and all("::" in arg for arg in named):
+        return True
+    return bool(os.environ.get("ZEROTH_PG_TEST_DSN"))
 
 
 _LOADGROUP_KEY = "zeroth_pg_loadgroup"

@@ -85,3 +85,26 @@ def test_every_worker_computes_the_same_order_whatever_the_collection_order(
 def test_each_worker_rewrites_its_own_share_of_the_modules(
         suite_conftest: ModuleType, workerinput: dict[str, Any], share: tuple[int, int]) -> None:
     assert suite_conftest._share(workerinput) == share
+
+
+def _options(**given: Any) -> SimpleNamespace:
+    return SimpleNamespace(**{"usepdb": False, "trace": False, "collectonly": False,
+                              "capture": "fd", **given})
+
+
+def test_a_run_on_a_server_of_the_callers_runs_in_one_process(
+        suite_conftest: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ZEROTH_PG_TEST_DSN", raising=False)
+    assert not suite_conftest._one_process(_options(), ["tests/plans"])
+    # Its own servers, one per worker, otherwise; a named server is shared by every worker.
+    monkeypatch.setenv("ZEROTH_PG_TEST_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
+    assert suite_conftest._one_process(_options(), ["tests/plans"])
+
+
+def test_chosen_tests_a_debugger_or_watched_output_run_in_one_process(
+        suite_conftest: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ZEROTH_PG_TEST_DSN", raising=False)
+    assert suite_conftest._one_process(_options(), ["tests/sql/test_x.py::test_y"])
+    assert suite_conftest._one_process(_options(usepdb=True), [])
+    assert suite_conftest._one_process(_options(capture="no"), [])
+    assert not suite_conftest._one_process(_options(), ["tests/sql/test_x.py"])

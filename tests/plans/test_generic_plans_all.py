@@ -58,7 +58,9 @@ Runs on the session's server (PostgreSQL 18, embedded). To run it on PostgreSQL 
 ZEROTH_PG_TEST_DSN at a superuser DSN of a 15 server; as root, start one as the postgres OS user
 (/usr/lib/postgresql/15/bin: `runuser -u postgres -- initdb -D DIR -U postgres --auth=trust`, then
 `runuser -u postgres -- pg_ctl -D DIR -o "-p PORT -k DIR" -w start`). Every module of tests/plans
-passes on both.
+passes on both, on a server with no other work (the suite runs serially on a server it is given:
+a transaction open in another database of it keeps on-access pruning from removing what these
+tests count as read; tests/conftest.py, _one_process).
 
 The counts move a little from run to run (an index probe also returns the versions of its row
 that no scan has marked dead yet), so the bounds leave room; every walk is far above them.
