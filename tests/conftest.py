@@ -151,7 +151,7 @@ def _one_process(option: Any, args: list[str]) -> bool:
     output to watch (-s), chosen test ids (one server), or a server of the caller's
     (``ZEROTH_PG_TEST_DSN``): every worker would share it, and on a shared server a transaction
     open in one test's database holds back the horizon by which PostgreSQL prunes on access in
-    every other database's tables, which tests/plans counts (seen on 15: all five of
+    every other database's tables, which tests/plans counts (seen on 15 and 18: all five of
     test_fresh_database and test_generic_plans_all fail while another database holds one
     transaction open, and pass once it ends). ``-n N`` still runs N workers on it."""
     if (option.usepdb or getattr(option, "trace", False) or option.collectonly
