@@ -180,7 +180,7 @@ async def serve(
     try:
         with StartupSignals(worker_id) as startup:
             pool = await startup.run(_open_pool(dsn, worker_id, max_size=max(4, concurrency + 2)))
-            startup.check("start")  # a signal as the pool opened; then run_until_stopped's
+            startup.check("start")  # a signal as the pool opened; run_until_stopped's next
             worker = RunWorker(
                 pool, target, handler, scopes=scopes, dsn=dsn, tenant_id=tenant,
                 workspace_id=workspace,

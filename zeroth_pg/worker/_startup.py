@@ -117,6 +117,8 @@ class StartupSignals:
 
     async def run(self, step: Awaitable[T]) -> T:
         """Await ``step``; raises :class:`StartInterrupted` when a signal came while it ran."""
+        if self.signalled and asyncio.iscoroutine(step):
+            step.close()  # never started: no "never awaited" warning
         self.check()
         awaited: asyncio.Future[T] = asyncio.ensure_future(step)
         self._awaited = awaited
