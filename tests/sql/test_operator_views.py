@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
-from helpers import DEPLOYMENT, LEASE, T0, WORKER, Lease, claim, enqueue, make_run
+from helpers import DEPLOYMENT, LEASE, T0, WORKER, Lease, claim, enqueue, make_run, wait_until
 
 PAST = datetime(2020, 1, 1, tzinfo=UTC)
 RENEW = """SELECT zeroth_test.renew_lease(run_id => $1, worker_id => $2, generation => $3,
@@ -226,3 +226,32 @@ class TestTableHealth:
             "SELECT * FROM zeroth.table_health WHERE table_name = 'runs'")
         assert not (after["oldest_xmin_holder"] or "").startswith(
             f"backend {holder.get_server_pid()} ")
+
+    async def test_a_snapshot_in_another_database_is_named_elsewhere_not_as_this_ones_horizon(
+            self, connect, pg_server_dsn):
+        # It does not hold back VACUUM here, but it keeps reads here from pruning as they go
+        # (docs/dba-guide.md): named in oldest_xmin_elsewhere, never in oldest_xmin_holder.
+        reader = await connect()
+        holder = await asyncpg.connect(pg_server_dsn)  # database postgres
+        try:
+            transaction = holder.transaction(isolation="repeatable_read")
+            await transaction.start()
+            await holder.fetchval("SELECT 1")  # the snapshot is taken and held
+            await reader.execute("SELECT zeroth.enqueue_run(deployment_ref => 'after')")
+            named = f"backend {holder.get_server_pid()} in database postgres (idle in transaction"
+
+            async def row() -> Any:
+                found = await reader.fetchrow(
+                    "SELECT * FROM zeroth.table_health WHERE table_name = 'runs'")
+                # Another session of the server (the suite's next clone) may hold an older
+                # snapshot for a moment: the view names the oldest.
+                return found if (found["oldest_xmin_elsewhere"] or "").startswith(named) else None
+
+            found = await wait_until(row, "the holder named as the oldest elsewhere", within=10)
+            assert found["oldest_xmin_elsewhere_age"] >= 1
+            assert found["oldest_xmin_elsewhere_duration"] >= timedelta(0)
+            assert not (found["oldest_xmin_holder"] or "").startswith(
+                f"backend {holder.get_server_pid()} ")
+            await transaction.rollback()
+        finally:
+            await holder.close()

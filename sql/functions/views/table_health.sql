@@ -6,10 +6,32 @@
 -- oldest_xmin_age next to a growing n_dead_tup names the culprit. Other users' backend_xmin is
 -- only visible with pg_read_all_stats (e.g. through pg_monitor); without it those sessions are
 -- not seen.
+-- The oldest one in another database of the server (oldest_xmin_elsewhere, its age and how long
+-- it has been open; columns appended last): it does not hold back VACUUM here (PostgreSQL
+-- computes that horizon per database), but while it is open reads here cannot prune pages or
+-- mark dead index entries as they go (that horizon is the whole server's: docs/dba-guide.md),
+-- so between autovacuums the calls that walk dead entries read more.
 -- Not security_invoker: it holds no run data and keeps its owner's rights (statistics of the
 -- hot tables).
 CREATE OR REPLACE VIEW zeroth.table_health AS
-WITH horizon AS (
+WITH elsewhere AS (
+    SELECT h.holder, h.xmin_age, h.since
+      FROM (SELECT format('backend %s in database %s (%s, %s)', a.pid, a.datname,
+                          coalesce(a.state, 'unknown'),
+                          coalesce(nullif(a.application_name, ''), a.backend_type)) AS holder,
+                   age(a.backend_xmin) AS xmin_age,
+                   a.xact_start AS since
+              FROM pg_stat_activity a
+             WHERE a.backend_xmin IS NOT NULL
+               AND a.datname <> current_database()
+            UNION ALL
+            SELECT format('prepared transaction %s in database %s', p.gid, p.database),
+                   age(p.transaction), p.prepared
+              FROM pg_prepared_xacts p
+             WHERE p.database <> current_database()) h
+     ORDER BY h.xmin_age DESC
+     LIMIT 1
+), horizon AS (
     SELECT h.holder, h.xmin_age, h.since
       FROM (SELECT format('backend %s (%s, %s)', a.pid, coalesce(a.state, 'unknown'),
                           coalesce(nullif(a.application_name, ''), a.backend_type)) AS holder,
@@ -47,12 +69,16 @@ SELECT t.relname::text AS table_name,
        pg_size_pretty(pg_indexes_size(t.relid)) AS index_size,
        h.holder AS oldest_xmin_holder,
        h.xmin_age AS oldest_xmin_age,
-       clock_timestamp() - h.since AS oldest_xmin_duration
+       clock_timestamp() - h.since AS oldest_xmin_duration,
+       e.holder AS oldest_xmin_elsewhere,
+       e.xmin_age AS oldest_xmin_elsewhere_age,
+       clock_timestamp() - e.since AS oldest_xmin_elsewhere_duration
   FROM pg_stat_all_tables t
   LEFT JOIN horizon h ON true
+  LEFT JOIN elsewhere e ON true
  WHERE t.schemaname = 'zeroth'
    AND t.relname IN ('runs', 'checkpoints', 'admission_slots');
-COMMENT ON VIEW zeroth.table_health IS 'Per hot table (runs, checkpoints, admission_slots): live and dead tuples, the share of HOT updates (lease renewals should be HOT), last (auto)vacuum and autoanalyze, table and index size; and, on every row, the oldest transaction horizon in this database that holds back vacuum (a backend snapshot, a replication slot or a prepared transaction), its age in transactions and, for backends and prepared transactions, how long it has been open. Other users'' backends are visible only with pg_read_all_stats (pg_monitor).';
+COMMENT ON VIEW zeroth.table_health IS 'Per hot table (runs, checkpoints, admission_slots): live and dead tuples, the share of HOT updates (lease renewals should be HOT), last (auto)vacuum and autoanalyze, table and index size; and, on every row, the oldest transaction horizon in this database that holds back vacuum (a backend snapshot, a replication slot or a prepared transaction), its age in transactions and, for backends and prepared transactions, how long it has been open; and the same of the oldest in another database of the server (oldest_xmin_elsewhere*), which does not hold back vacuum here but keeps reads here from pruning pages and marking dead index entries as they go. Other users'' backends are visible only with pg_read_all_stats (pg_monitor).';
 ALTER VIEW zeroth.table_health OWNER TO zeroth_owner;
 REVOKE ALL ON zeroth.table_health FROM PUBLIC;
 GRANT SELECT ON zeroth.table_health TO zeroth_reader;
