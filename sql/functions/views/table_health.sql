@@ -14,43 +14,35 @@
 -- Not security_invoker: it holds no run data and keeps its owner's rights (statistics of the
 -- hot tables).
 CREATE OR REPLACE VIEW zeroth.table_health AS
-WITH elsewhere AS (
-    SELECT h.holder, h.xmin_age, h.since
-      FROM (SELECT format('backend %s in database %s (%s, %s)', a.pid, a.datname,
-                          coalesce(a.state, 'unknown'),
-                          coalesce(nullif(a.application_name, ''), a.backend_type)) AS holder,
-                   age(a.backend_xmin) AS xmin_age,
-                   a.xact_start AS since
-              FROM pg_stat_activity a
-             WHERE a.backend_xmin IS NOT NULL
-               AND a.datname <> current_database()
-            UNION ALL
-            SELECT format('prepared transaction %s in database %s', p.gid, p.database),
-                   age(p.transaction), p.prepared
-              FROM pg_prepared_xacts p
-             WHERE p.database <> current_database()) h
-     ORDER BY h.xmin_age DESC
-     LIMIT 1
+WITH holders AS (
+    -- here: this database's (or a backend of none: a walsender's feedback), which hold back
+    -- VACUUM here; else another database's, named with it.
+    SELECT a.datname = current_database() OR a.datname IS NULL AS here,
+           format('backend %s%s (%s, %s)', a.pid,
+                  CASE WHEN a.datname <> current_database() THEN ' in database ' || a.datname END,
+                  coalesce(a.state, 'unknown'),
+                  coalesce(nullif(a.application_name, ''), a.backend_type)) AS holder,
+           age(a.backend_xmin) AS xmin_age,
+           a.xact_start AS since
+      FROM pg_stat_activity a
+     WHERE a.backend_xmin IS NOT NULL
+       AND a.pid <> pg_backend_pid()
+    UNION ALL
+    SELECT true, format('replication slot %s', s.slot_name), age(s.xmin), NULL::timestamptz
+      FROM pg_replication_slots s
+     WHERE s.xmin IS NOT NULL
+    UNION ALL
+    SELECT p.database = current_database(),
+           format('prepared transaction %s%s', p.gid,
+                  CASE WHEN p.database <> current_database() THEN ' in database ' || p.database END),
+           age(p.transaction), p.prepared
+      FROM pg_prepared_xacts p
 ), horizon AS (
-    SELECT h.holder, h.xmin_age, h.since
-      FROM (SELECT format('backend %s (%s, %s)', a.pid, coalesce(a.state, 'unknown'),
-                          coalesce(nullif(a.application_name, ''), a.backend_type)) AS holder,
-                   age(a.backend_xmin) AS xmin_age,
-                   a.xact_start AS since
-              FROM pg_stat_activity a
-             WHERE a.backend_xmin IS NOT NULL
-               AND a.pid <> pg_backend_pid()
-               AND (a.datname = current_database() OR a.datname IS NULL)
-            UNION ALL
-            SELECT format('replication slot %s', s.slot_name), age(s.xmin), NULL::timestamptz
-              FROM pg_replication_slots s
-             WHERE s.xmin IS NOT NULL
-            UNION ALL
-            SELECT format('prepared transaction %s', p.gid), age(p.transaction), p.prepared
-              FROM pg_prepared_xacts p
-             WHERE p.database = current_database()) h
-     ORDER BY h.xmin_age DESC
-     LIMIT 1
+    SELECT h.holder, h.xmin_age, h.since FROM holders h WHERE h.here
+     ORDER BY h.xmin_age DESC LIMIT 1
+), elsewhere AS (
+    SELECT h.holder, h.xmin_age, h.since FROM holders h WHERE NOT h.here
+     ORDER BY h.xmin_age DESC LIMIT 1
 )
 SELECT t.relname::text AS table_name,
        t.n_live_tup,
