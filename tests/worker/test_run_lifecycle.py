@@ -11,7 +11,8 @@ from zeroth_pg.worker import RunState, StopReason
 
 def entry_in(state: RunState):
     entry = active(unclaimed())
-    path = {RunState.QUEUED: [], RunState.EXECUTING: [RunState.EXECUTING],
+    path = {RunState.QUEUED: [], RunState.WAITING: [RunState.WAITING],
+            RunState.EXECUTING: [RunState.EXECUTING],
             RunState.COMPLETING: [RunState.EXECUTING, RunState.COMPLETING],
             RunState.SETTLING: [RunState.SETTLING], RunState.DONE: [RunState.DONE]}[state]
     for step in path:
@@ -35,6 +36,9 @@ class TestTransitions:
         (RunState.DONE, RunState.SETTLING),
         (RunState.DONE, RunState.DONE),
         (RunState.EXECUTING, RunState.EXECUTING),
+        (RunState.EXECUTING, RunState.WAITING),
+        (RunState.WAITING, RunState.COMPLETING),
+        (RunState.WAITING, RunState.WAITING),
     ])
     def test_an_impossible_transition_is_refused_and_changes_nothing(self, start, to):
         entry = entry_in(start)
@@ -51,8 +55,9 @@ class TestTransitions:
 
 
 class TestStopRequests:
-    def test_only_an_executing_handler_is_cancelled(self):
+    def test_only_an_executing_handler_or_a_wait_for_a_slot_is_cancelled(self):
         assert entry_in(RunState.EXECUTING).request_stop(StopReason.SHUTDOWN) is True
+        assert entry_in(RunState.WAITING).request_stop(StopReason.SHUTDOWN) is True
         assert entry_in(RunState.QUEUED).request_stop(StopReason.SHUTDOWN) is False
         assert entry_in(RunState.COMPLETING).request_stop(StopReason.SHUTDOWN) is False
 
@@ -73,6 +78,12 @@ class TestStopRequests:
         entry = entry_in(state)
         assert entry.request_stop(StopReason.LEASE_LOST) is False
         assert entry.stop_reason is None
+
+    def test_a_run_waiting_for_a_handler_slot_is_renewed_until_stopped(self):
+        entry = entry_in(RunState.WAITING)
+        assert entry.renewable
+        entry.request_stop(StopReason.NO_SLOT)
+        assert not entry.renewable
 
     def test_a_stopped_run_is_no_longer_renewed(self):
         entry = entry_in(RunState.EXECUTING)

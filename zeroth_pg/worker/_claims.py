@@ -316,11 +316,13 @@ class ClaimLoop:
             if not along or self._stopping() or not isinstance(source, OneScope):
                 return None
             sent, sent_ns = time.monotonic(), tracing.now_ns()
+            # A worker that claims ahead also tops up the runs waiting for a handler slot.
+            wanted = len(along) + (max(0, self.runs.free()) if self.runs.ahead() else 0)
             completions, result = await source.complete_and_claim(
                 settings.worker_id,
                 [(entry.run.run_id, entry.run.lease_generation, output)
                  for entry, output in batch],
-                len(along), settings.fleet_max_concurrency)
+                wanted, settings.fleet_max_concurrency)
             tracing.received(result.runs, sent_ns)
             self.observe_saturation(result)
             for scope, run in result.runs:
@@ -332,7 +334,7 @@ class ClaimLoop:
             for entry in along[:len(result.runs)]:
                 if isinstance(entry, ActiveRun):
                     entry.slot_passed_on = True
-            full = len(result.runs) == len(along) and result.retry_after is None
+            full = len(result.runs) == wanted and result.retry_after is None
             return [row.completed for row in completions]
         finally:
             for entry in along:

@@ -36,7 +36,7 @@ from zeroth_pg.worker._run import (
     StopReason,
 )
 from zeroth_pg.worker._settle import Settler
-from zeroth_pg.worker._slots import HeldRuns
+from zeroth_pg.worker._slots import AHEAD_WAIT, HeldRuns
 
 if TYPE_CHECKING:
     from zeroth_pg.client import LeaseManager
@@ -169,15 +169,19 @@ class RunExecutor:
                     f"this worker cannot decode the run's JSON: {run.undecodable}"),
                     retryable=False)
                 return
+            if self.runs.handler_slots is not None:
+                await self._take_handler_slot(entry, self.runs.handler_slots)
             entry.advance(RunState.EXECUTING)
             # Both claim paths (claim_and_start, claim_orphaned) hand over runs already running.
             with tracing.process(entry.scope, entry.run, attempt=entry.ctx.attempt,
                                  worker_id=self.worker_id, recovered=entry.ctx.recovered) as span:
                 await self._attempt(entry, span)
         except asyncio.CancelledError:
-            if entry.stop_reason is None or entry.state is not RunState.EXECUTING:
+            if entry.stop_reason is None or entry.state not in (RunState.EXECUTING,
+                                                                RunState.WAITING):
                 raise  # not ours (the loop is shutting down): propagate
-            # Stopped while outside the handler (between steps): settle it the same way.
+            # Stopped while outside the handler (between steps, or waiting for a slot): settle
+            # it the same way.
             await self.settler.stopped(entry)
         except Exception as exc:
             # A bug or a refusal in the worker's own steps: give the run an explicit outcome
@@ -191,10 +195,36 @@ class RunExecutor:
         finally:
             if entry.deadline_timer is not None:
                 entry.deadline_timer.cancel()
+            self.runs.return_handler_slot(entry)
             entry.finish()
             self.runs.remove(entry)
             if not entry.slot_passed_on:
                 self.slot_freed(fleet=True)
+
+    async def _take_handler_slot(self, entry: ActiveRun, slots: asyncio.Semaphore) -> None:
+        """A worker that claims ahead: one of its max_concurrency handler slots, before the
+        handler starts. A run claimed ahead waits for one (WAITING) at most AHEAD_WAIT; a stop
+        meanwhile (a cancel request, a lost lease, the attempt's deadline, the wait's bound)
+        cancels the wait and the run is settled without starting (_execute)."""
+        if slots.locked():
+            entry.advance(RunState.WAITING)
+            timer = asyncio.get_running_loop().call_later(AHEAD_WAIT, self._no_slot, entry)
+            try:
+                await slots.acquire()
+            finally:
+                timer.cancel()
+        else:
+            await slots.acquire()  # a free slot: returns at once
+        self.runs.take_handler_slot(entry)
+
+    def _no_slot(self, entry: ActiveRun) -> None:
+        """A run claimed ahead waited AHEAD_WAIT for a slot: the handlers are not short. It is
+        handed back (its attempt given back), and the worker pauses claiming ahead."""
+        if entry.state is RunState.WAITING and entry.stop_reason is None:
+            log.info("run %s: claimed ahead, no handler slot within %.1f s; handing it back",
+                     entry.run.run_id, AHEAD_WAIT)
+            self.runs.pause_ahead()
+            entry.stop(StopReason.NO_SLOT)
 
     async def _attempt(self, entry: ActiveRun, span: Any) -> None:
         """Run the handler, decide the outcome, report it, settle it (``span``: its trace)."""
@@ -212,6 +242,8 @@ class RunExecutor:
             raised = exc
         finally:
             run_duration.observe(time.monotonic() - started)
+            # The next run claimed ahead starts now, while this one's outcome is written.
+            self.runs.return_handler_slot(entry)
         task = asyncio.current_task()
         cancelling = task is not None and task.cancelling() > 0
         try:

@@ -109,6 +109,7 @@ async def serve(
     tenant: str | None = None,
     workspace: str | None = None,
     concurrency: int = 8,
+    claim_ahead: int = 0,
     fleet_concurrency: int | None = None,
     poll_interval: float = 0.5,
     orphan_sweep_interval: float = 5.0,
@@ -184,7 +185,8 @@ async def serve(
             worker = RunWorker(
                 pool, target, handler, scopes=scopes, dsn=dsn, tenant_id=tenant,
                 workspace_id=workspace,
-                max_concurrency=concurrency, fleet_max_concurrency=fleet_concurrency,
+                max_concurrency=concurrency, claim_ahead=claim_ahead,
+                fleet_max_concurrency=fleet_concurrency,
                 poll_interval=poll_interval, orphan_sweep_interval=orphan_sweep_interval,
                 worker_id=worker_id, shutdown_timeout=shutdown_timeout,
                 lease_duration=(lease or app_lease or getattr(loaded, "lease_duration", None)

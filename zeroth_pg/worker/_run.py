@@ -2,12 +2,13 @@
 lifecycle (:class:`RunState`, :class:`StopReason`), whose transitions all live in
 :class:`ActiveRun`.
 
-A run is spawned ``QUEUED`` when a claim hands it over, ``EXECUTING`` while its handler runs,
+A run is spawned ``QUEUED`` when a claim hands it over, ``WAITING`` while a run claimed ahead
+waits for a handler slot (``claim_ahead``), ``EXECUTING`` while its handler runs,
 ``COMPLETING`` while its completion is queued or in flight, ``SETTLING`` while another outcome is
 written (failed, cancelled, handed back, released) and ``DONE`` when nothing more will be
 written. Independently of the state, a *stop* may be requested once (the first reason wins): it
-cancels an executing handler, makes a queued run settle without starting it, and lets a
-completing run's completion go out (the fence in SQL decides it).
+cancels an executing handler or a wait for a slot, makes a queued run settle without starting
+it, and lets a completing run's completion go out (the fence in SQL decides it).
 """
 
 from __future__ import annotations
@@ -106,6 +107,9 @@ class StopReason(enum.Enum):
     #: handler is stopped and the attempt settled as a timeout (retried or failed by the
     #: database, not a crash). The lease is still live: the database caps it at the deadline.
     TIMEOUT = "timeout"
+    #: A run claimed ahead (``claim_ahead``) found no handler slot within AHEAD_WAIT: handed back
+    #: to pending (its attempt given back), never started here.
+    NO_SLOT = "no_slot"
 
     @property
     def lease_gone(self) -> bool:
@@ -120,6 +124,7 @@ class RunState(enum.Enum):
     """The life of one leased run inside the worker."""
 
     QUEUED = "queued"  # spawned; its task has not taken its first step
+    WAITING = "waiting"  # claimed ahead: waits for a handler slot (claim_ahead)
     EXECUTING = "executing"  # the handler is running
     COMPLETING = "completing"  # the handler returned; its completion is queued or in flight
     SETTLING = "settling"  # writing its other outcome: failed, cancelled, handed back, released
@@ -127,7 +132,9 @@ class RunState(enum.Enum):
 
 
 _TRANSITIONS: dict[RunState, frozenset[RunState]] = {
-    RunState.QUEUED: frozenset({RunState.EXECUTING, RunState.SETTLING, RunState.DONE}),
+    RunState.QUEUED: frozenset({RunState.WAITING, RunState.EXECUTING, RunState.SETTLING,
+                                RunState.DONE}),
+    RunState.WAITING: frozenset({RunState.EXECUTING, RunState.SETTLING, RunState.DONE}),
     RunState.EXECUTING: frozenset({RunState.COMPLETING, RunState.SETTLING, RunState.DONE}),
     RunState.COMPLETING: frozenset({RunState.SETTLING, RunState.DONE}),
     RunState.SETTLING: frozenset({RunState.DONE}),
@@ -525,6 +532,9 @@ class ActiveRun:
     # A write of its outcome got no answer and no later try confirmed it (set by the completion
     # batcher, _settle.Leased): whether the outcome landed is unknown, not a lost lease.
     outcome_unknown: bool = False
+    # It holds one of the handler slots of a worker that claims ahead (HeldRuns.handler_slots),
+    # from before its handler starts until the handler returns.
+    holds_handler_slot: bool = False
 
     @property
     def key(self) -> tuple[UUID, int]:
@@ -547,14 +557,15 @@ class ActiveRun:
 
     def request_stop(self, reason: StopReason) -> bool:
         """Record why the run must stop (the first reason wins); True when its running handler
-        must be cancelled. A queued run settles on its first step without starting the handler;
-        a completing run lets its completion go out (the fence in SQL decides it)."""
+        must be cancelled (its handler, or its wait for a slot). A queued run settles on its
+        first step without starting the handler; a completing run lets its completion go out
+        (the fence in SQL decides it)."""
         if self.stop_reason is not None or self.state in (RunState.SETTLING, RunState.DONE):
             return False
         self.stop_reason = reason
         if reason is StopReason.CANCEL:
             self.ctx.cancelled.set()
-        return self.state is RunState.EXECUTING
+        return self.state in (RunState.EXECUTING, RunState.WAITING)
 
     def stop(self, reason: StopReason) -> None:
         """:meth:`request_stop`, and cancel the handler's task when it must be cancelled."""
@@ -565,7 +576,7 @@ class ActiveRun:
     def renewable(self) -> bool:
         """Its lease is still renewed: not stopping, not settled."""
         return self.stop_reason is None and self.state in (
-            RunState.QUEUED, RunState.EXECUTING, RunState.COMPLETING)
+            RunState.QUEUED, RunState.WAITING, RunState.EXECUTING, RunState.COMPLETING)
 
     @property
     def lease_gone(self) -> bool:

@@ -426,8 +426,9 @@ class Settler:
                 log.info("run %s cancelled on request", run.run_id)
             else:
                 self.lease_lost(entry, fenced=True)
-        elif reason is StopReason.SHUTDOWN:
-            # Every claimed run is running (claim_and_start), started handler or not.
+        elif reason in (StopReason.SHUTDOWN, StopReason.NO_SLOT):
+            # Every claimed run is running (claim_and_start), started handler or not: the
+            # hand-back gives its attempt back.
             handed = await self.completions.submit_outcome(entry, SettleKind.HAND_BACK)
             log.info("run %s handed back to pending: %s", run.run_id, handed is not None)
         elif reason is StopReason.TIMEOUT:

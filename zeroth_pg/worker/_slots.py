@@ -3,7 +3,8 @@
 :class:`HeldRuns` is the table of the worker's :class:`~._run.ActiveRun` entries, keyed by
 (run_id, generation), and the local slot accounting derived from it: how many runs may be claimed
 now (``max_concurrency``, ``fleet_max_concurrency``) and how many handlers each deployment runs
-(its local limit), counting the handlers that linger after their run left the worker.
+(its local limit), counting the handlers that linger after their run left the worker; and, for a
+worker that claims ahead (``claim_ahead``), the handler slots its runs wait for.
 """
 
 from __future__ import annotations
@@ -17,16 +18,46 @@ from uuid import UUID
 
 from zeroth_pg.worker._run import ActiveRun, RunState
 
-__all__ = ["HeldRuns"]
+__all__ = ["AHEAD_PAUSE", "AHEAD_WAIT", "HeldRuns", "check_claim_ahead"]
+
+#: How long a run claimed ahead waits for a handler slot before it is handed back to pending.
+#: Claiming ahead pays when handlers are short (the next run starts as a handler returns, not a
+#: round trip later); a wait this long means they are not.
+AHEAD_WAIT = 1.0
+
+#: After such a hand-back the worker claims nothing ahead for this long: a run is never handed
+#: back over and over by one worker whose handlers turned long.
+AHEAD_PAUSE = 60.0
+
+
+def check_claim_ahead(claim_ahead: int, max_concurrency: int,
+                      fleet_max_concurrency: int | None) -> int:
+    """A RunWorker's ``claim_ahead``, checked before anything is built: an int from 0 to
+    max_concurrency, and 0 under a fleet limit (a run waiting for a handler here would hold an
+    admission slot a handler elsewhere could use)."""
+    if isinstance(claim_ahead, bool) or not isinstance(claim_ahead, int) \
+            or not 0 <= claim_ahead <= max_concurrency:
+        raise ValueError(f"claim_ahead must be an int from 0 to max_concurrency "
+                         f"({max_concurrency})")
+    if claim_ahead and fleet_max_concurrency is not None:
+        raise ValueError("claim_ahead cannot be combined with fleet_max_concurrency: a run "
+                         "waiting for a handler would hold an admission slot of the fleet")
+    return claim_ahead
 
 
 class HeldRuns:
     """The worker's active runs and its slot accounting."""
 
     def __init__(self, max_concurrency: int, fleet_max_concurrency: int | None,
-                 on_linger_end: Callable[[], None]) -> None:
+                 on_linger_end: Callable[[], None], claim_ahead: int = 0) -> None:
         self.max_concurrency = max_concurrency
         self.fleet_max_concurrency = fleet_max_concurrency
+        #: Runs claimed beyond the handlers that may run (0: none). They are started by their
+        #: claim and wait for one of ``handler_slots``, so no more than max_concurrency handlers
+        #: run however many runs are held.
+        self.claim_ahead = claim_ahead
+        self.handler_slots = asyncio.Semaphore(max_concurrency) if claim_ahead else None
+        self._ahead_paused_until = 0.0
         # Keyed by (run_id, generation): after a stall longer than its lease, this process may
         # re-claim its own orphan and hold both generations until the old task has stopped.
         self.active: dict[tuple[UUID, int], ActiveRun] = {}
@@ -72,6 +103,26 @@ class HeldRuns:
         return [e for e in self.active.values()
                 if not e.lease_gone and not (e.stop_reason is not None and now >= e.deadline)]
 
+    def ahead(self) -> int:
+        """How many runs may be claimed ahead now: ``claim_ahead``, unless paused."""
+        if self.claim_ahead and time.monotonic() >= self._ahead_paused_until:
+            return self.claim_ahead
+        return 0
+
+    def pause_ahead(self) -> None:
+        """A run claimed ahead found no slot in time: claim nothing ahead for AHEAD_PAUSE."""
+        self._ahead_paused_until = time.monotonic() + AHEAD_PAUSE
+
+    def take_handler_slot(self, entry: ActiveRun) -> None:
+        """``entry`` took one of the handler slots (:attr:`handler_slots`)."""
+        entry.holds_handler_slot = True
+
+    def return_handler_slot(self, entry: ActiveRun) -> None:
+        """``entry``'s handler returned: its slot goes to the next run waiting (once)."""
+        if entry.holds_handler_slot and self.handler_slots is not None:
+            entry.holds_handler_slot = False
+            self.handler_slots.release()
+
     def free(self) -> int:
         """How many runs may be claimed now.
 
@@ -82,12 +133,15 @@ class HeldRuns:
         (fleet_max_concurrency) is only freed by the completion itself, so under a fleet limit
         every lease of this worker counts: a claim only they would saturate is a wasted round
         trip. A completion that carries a claim keeps its slot until that call answers: the
-        claim in it fills the slot (complete_and_claim)."""
+        claim in it fills the slot (complete_and_claim). A worker that claims ahead holds up to
+        ``claim_ahead`` more, waiting for a handler slot."""
         held = self.held()
         completing = sum(1 for e in held
                          if e.state is RunState.COMPLETING and not e.claims_next)
         executing = len(held) - completing
-        free = min(self.max_concurrency - executing, 2 * self.max_concurrency - len(held))
+        ahead = self.ahead()
+        free = min(self.max_concurrency + ahead - executing,
+                   2 * self.max_concurrency + ahead - len(held))
         if self.fleet_max_concurrency is not None:
             free = min(free, self.fleet_max_concurrency - len(held))
         return free
@@ -99,7 +153,7 @@ class HeldRuns:
         resource such a limit guards is still in use."""
         running = collections.Counter(
             e.scope.deployment_ref for e in self.active.values()
-            if e.state in (RunState.QUEUED, RunState.EXECUTING))
+            if e.state in (RunState.QUEUED, RunState.WAITING, RunState.EXECUTING))
         for deployment, handlers in self._lingering.items():
             running[deployment] += len(handlers)
         return running

@@ -33,7 +33,7 @@ from zeroth_pg.worker._run import ActiveRun, Handler, RunContext, RunState, Stop
 from zeroth_pg.worker._schedules import PeriodicSchedule, ScheduleFirer, firer_for
 from zeroth_pg.worker._settle import CompletionBatcher, Settler
 from zeroth_pg.worker._signals import drain_signals
-from zeroth_pg.worker._slots import HeldRuns
+from zeroth_pg.worker._slots import HeldRuns, check_claim_ahead
 from zeroth_pg.worker._sources import OneScope, default_worker_id, per_deployment, source_for
 from zeroth_pg.worker._sources import retry_policies as retry_policies_of
 from zeroth_pg.worker._startup import first_set, start_unless_stopped
@@ -54,7 +54,10 @@ class RunWorker:
     ``zeroth.scope_limits``), one listener, one renewal task and one settle task for all of
     them, each run's handler chosen by its deployment.
 
-    ``max_concurrency`` is the local cap (runs executing in this process), and
+    ``max_concurrency`` is the local cap (handlers running in this process); ``claim_ahead``
+    (default 0) lets it hold that many runs more, claimed and started, each waiting for a handler
+    to return (for short handlers: the next one starts without a round trip; docs: "Claiming
+    ahead"). And
     ``deployment_concurrency`` (``{deployment: n}``) caps single deployments under it;
     ``retries`` (``{deployment: RetryPolicy}``) replaces ``retry_base_seconds`` /
     ``retry_max_seconds`` for some deployments; with neither (both None, the default) a
@@ -87,7 +90,7 @@ class RunWorker:
         dsn: str | None = None,
         tenant_id: str | None = None,
         workspace_id: str | None = None,
-        max_concurrency: int = 8,
+        max_concurrency: int = 8, claim_ahead: int = 0,
         fleet_max_concurrency: int | None = None,
         poll_interval: float = 0.5,
         orphan_sweep_interval: float = 5.0,
@@ -119,6 +122,7 @@ class RunWorker:
         self.deployment_ref = self._source.deployments[0]
         self.dsn, self.tenant_id, self.workspace_id = dsn, tenant_id, workspace_id
         self.max_concurrency, self.fleet_max_concurrency = max_concurrency, fleet_max_concurrency
+        self.claim_ahead = check_claim_ahead(claim_ahead, max_concurrency, fleet_max_concurrency)
         self.poll_interval, self.orphan_sweep_interval, self.orphan_grace = \
             poll_interval, orphan_sweep_interval, orphan_grace
         self.worker_id = worker_id or default_worker_id()  # checked: never "" here
@@ -154,7 +158,8 @@ class RunWorker:
     def _assemble(self, retries: Mapping[str, RetryPolicy | None]) -> None:
         """The parts: the held runs, the settler, the run executor, the claim loop, renewals."""
         self._runs = HeldRuns(self.max_concurrency, self.fleet_max_concurrency,
-                              on_linger_end=lambda: self._claims.wake.set())
+                              on_linger_end=lambda: self._claims.wake.set(),
+                              claim_ahead=self.claim_ahead)
         #: The runs held, keyed by (run_id, generation).
         self._active: dict[tuple[UUID, int], ActiveRun] = self._runs.active
         completions = CompletionBatcher(
@@ -201,11 +206,6 @@ class RunWorker:
     @property
     def stopping(self) -> bool:
         return self._stopping
-
-    @property
-    def _claim_round(self) -> int:
-        """Claim passes (and sweeps) made with deployment limits (their order rotates)."""
-        return self._claims.pacer.claim_round
 
     async def start(self) -> None:
         """Declare the schedules (._schedules), then start the notifier, renewals and claims."""
