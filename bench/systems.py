@@ -166,7 +166,8 @@ class Zeroth(System):
                 DEPLOYMENT, status, min(100_000, n - start))
 
     async def drain_worker(self, n: int, *, concurrency: int,
-                           fleet_max_concurrency: int | None = None) -> float:
+                           fleet_max_concurrency: int | None = None,
+                           claim_ahead: int = 0) -> float:
         registry = CollectorRegistry()
         metrics = WorkerMetrics.create(registry)
         handled = 0
@@ -179,7 +180,8 @@ class Zeroth(System):
         async with pool(self.dsn, min(concurrency + 3, 40)) as workers:
             worker = RunWorker(workers, DEPLOYMENT, count, dsn=self.dsn,
                                max_concurrency=concurrency,
-                               fleet_max_concurrency=fleet_max_concurrency, metrics=metrics)
+                               fleet_max_concurrency=fleet_max_concurrency,
+                               claim_ahead=claim_ahead, metrics=metrics)
             started = time.perf_counter()
             await worker.start()
             try:

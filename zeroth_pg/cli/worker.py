@@ -49,6 +49,12 @@ def worker(
     workspace: Workspace = None,
     concurrency: Annotated[int, typer.Option(
         envvar="ZEROTH_PG_CONCURRENCY", help="Local slots.")] = 8,
+    claim_ahead: Annotated[int, typer.Option(
+        envvar="ZEROTH_PG_CLAIM_AHEAD", min=0,
+        help="Runs held beyond the local slots, claimed and started, each waiting for a "
+             "handler to return (0 to --concurrency; not with --fleet-concurrency): for short "
+             "handlers, the next run starts without a round trip. One that waits over a second "
+             "is handed back.")] = 0,
     fleet_concurrency: Annotated[int, typer.Option(
         envvar="ZEROTH_PG_FLEET_CONCURRENCY",
         help="Fleet-wide max_concurrency of the deployment (0: none).")] = 0,
@@ -127,7 +133,8 @@ def worker(
     raise typer.Exit(run_process(
         log_format=log_format.value, log_level=log_level, deployment=deployment, app=handler,
         dsn=dsn, tenant=tenant, workspace=workspace, concurrency=concurrency,
-        fleet_concurrency=fleet_concurrency or None, poll_interval=poll_interval,
+        claim_ahead=claim_ahead, fleet_concurrency=fleet_concurrency or None,
+        poll_interval=poll_interval,
         orphan_sweep_interval=orphan_sweep_interval, lease=lease,
         call_timeout=call_timeout or None, shutdown_timeout=shutdown_timeout,
         retry_base=retry_base, worker_id=worker_id,
