@@ -64,3 +64,16 @@ def test_a_run_waiting_for_a_slot_counts_against_its_deployments_local_limit(sta
     runs = HeldRuns(4, None, on_linger_end=lambda: None, claim_ahead=2)
     _held(runs, state)
     assert runs.executing_by_deployment()["unit"] == 1
+
+
+def test_a_claim_out_counts_as_held_while_claiming_ahead():
+    runs = HeldRuns(4, None, on_linger_end=lambda: None, claim_ahead=2)
+    with runs.claiming(5):
+        assert runs.free() == 1  # the claim loop and a completion's top-up never share room
+    assert runs.free() == 6
+
+
+def test_without_claiming_ahead_a_claim_out_changes_nothing():
+    runs = HeldRuns(4, None, on_linger_end=lambda: None)
+    with runs.claiming(3):
+        assert runs.free() == 4

@@ -157,12 +157,13 @@ class ClaimLoop:
                 break
             asked += limit
             sent, sent_ns = time.monotonic(), tracing.now_ns()
-            result = await self.source.claim(settings.worker_id, limit,
-                                             settings.fleet_max_concurrency, deployments)
-            tracing.received(result.runs, sent_ns)
-            self.observe_saturation(result)
-            for scope, run in result.runs:
-                self._spawn(scope, run, sent + settings.lease_duration, False)
+            with self.runs.claiming(limit):
+                result = await self.source.claim(settings.worker_id, limit,
+                                                 settings.fleet_max_concurrency, deployments)
+                tracing.received(result.runs, sent_ns)
+                self.observe_saturation(result)
+                for scope, run in result.runs:
+                    self._spawn(scope, run, sent + settings.lease_duration, False)
             claimed += len(result.runs)
             if result.retry_after is not None:
                 self.metrics.guardrail_rejections.labels(settings.deployment_ref,
@@ -317,20 +318,22 @@ class ClaimLoop:
                 return None
             sent, sent_ns = time.monotonic(), tracing.now_ns()
             # A worker that claims ahead also tops up the runs waiting for a handler slot.
-            wanted = len(along) + (max(0, self.runs.free()) if self.runs.ahead() else 0)
-            completions, result = await source.complete_and_claim(
-                settings.worker_id,
-                [(entry.run.run_id, entry.run.lease_generation, output)
-                 for entry, output in batch],
-                wanted, settings.fleet_max_concurrency)
-            tracing.received(result.runs, sent_ns)
-            self.observe_saturation(result)
-            for scope, run in result.runs:
-                spawned = self._spawn(scope, run, sent + settings.lease_duration, False)
-                if self._stopping():
-                    # The drain began while this call was out: never start these; each is
-                    # handed back with its exact generation.
-                    spawned.stop(StopReason.SHUTDOWN)
+            top_up = max(0, self.runs.free()) if self.runs.ahead() else 0
+            wanted = len(along) + top_up
+            with self.runs.claiming(top_up):
+                completions, result = await source.complete_and_claim(
+                    settings.worker_id,
+                    [(entry.run.run_id, entry.run.lease_generation, output)
+                     for entry, output in batch],
+                    wanted, settings.fleet_max_concurrency)
+                tracing.received(result.runs, sent_ns)
+                self.observe_saturation(result)
+                for scope, run in result.runs:
+                    spawned = self._spawn(scope, run, sent + settings.lease_duration, False)
+                    if self._stopping():
+                        # The drain began while this call was out: never start these; each is
+                        # handed back with its exact generation.
+                        spawned.stop(StopReason.SHUTDOWN)
             for entry in along[:len(result.runs)]:
                 if isinstance(entry, ActiveRun):
                     entry.slot_passed_on = True

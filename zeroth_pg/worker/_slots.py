@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 from uuid import UUID
 
@@ -58,6 +59,9 @@ class HeldRuns:
         self.claim_ahead = claim_ahead
         self.handler_slots = asyncio.Semaphore(max_concurrency) if claim_ahead else None
         self._ahead_paused_until = 0.0
+        # Runs asked for by claims still out (counted while claiming ahead): the claim loop and a
+        # completion that tops up the runs ahead must not both fill the same room.
+        self._claiming = 0
         # Keyed by (run_id, generation): after a stall longer than its lease, this process may
         # re-claim its own orphan and hold both generations until the old task has stopped.
         self.active: dict[tuple[UUID, int], ActiveRun] = {}
@@ -113,6 +117,17 @@ class HeldRuns:
         """A run claimed ahead found no slot in time: claim nothing ahead for AHEAD_PAUSE."""
         self._ahead_paused_until = time.monotonic() + AHEAD_PAUSE
 
+    @contextlib.contextmanager
+    def claiming(self, runs: int) -> Iterator[None]:
+        """A claim for ``runs`` runs is out: :meth:`free` counts them as held until it ends
+        (only while claiming ahead, where two claims may fill the same room)."""
+        counted = runs if self.claim_ahead else 0
+        self._claiming += counted
+        try:
+            yield
+        finally:
+            self._claiming -= counted
+
     def take_handler_slot(self, entry: ActiveRun) -> None:
         """``entry`` took one of the handler slots (:attr:`handler_slots`)."""
         entry.holds_handler_slot = True
@@ -141,7 +156,7 @@ class HeldRuns:
         executing = len(held) - completing
         ahead = self.ahead()
         free = min(self.max_concurrency + ahead - executing,
-                   2 * self.max_concurrency + ahead - len(held))
+                   2 * self.max_concurrency + ahead - len(held)) - self._claiming
         if self.fleet_max_concurrency is not None:
             free = min(free, self.fleet_max_concurrency - len(held))
         return free
