@@ -215,6 +215,20 @@ class TestUsageErrors:
         assert "--worker-id" in result.stderr
         assert "1 to 200 characters" in result.stderr
 
+    @pytest.mark.parametrize(("options", "says"), [
+        (("--claim-ahead", "9"), "from 0 to max_concurrency (8)"),
+        (("--claim-ahead", "-1"), "greater than or equal to 0"),
+        (("--claim-ahead", "2", "--fleet-concurrency", "4"), "fleet_max_concurrency"),
+    ])
+    def test_a_claim_ahead_the_worker_cannot_honour_exits_2_before_touching_a_database(
+            self, options: tuple[str, ...], says: str):
+        nowhere = "postgresql://nobody@/nowhere?host=/nonexistent"
+        result = cli("worker", "--app", "zeroth_pg.demo:handle", "--deployment", "d", *options,
+                     dsn=nowhere)
+        assert result.returncode == 2
+        assert "--claim-ahead" in result.stderr
+        assert says in result.stderr
+
     def test_an_unreachable_database_exits_1_with_one_line(self):
         result = cli("runs", "list", dsn="postgresql://nobody@/nowhere?host=/nonexistent",
                      process=True)

@@ -1,11 +1,14 @@
 """A worker that claims ahead (``RunWorker(claim_ahead=N)``): it holds up to N runs more than its
 handlers, claimed and started, each waiting for a handler to return, so with short handlers the
 next run starts without waiting for a round trip. What must hold with it: no more than
-max_concurrency handlers ever run; every run completes once, one attempt each; a run that waits
-longer than AHEAD_WAIT is handed back with its attempt given back (and the worker stops claiming
-ahead for a while, so it cannot bounce runs over and over); a cancel request or a lost lease stops
-a waiting run without its handler ever running (and, for the lost lease, without a write); a
-graceful shutdown runs the waiting runs instead of handing them back; bad values are refused."""
+max_concurrency handlers ever run; every run completes once, one attempt each; it claims ahead
+only once its last max_concurrency handlers were short, and never while they are long; a run that
+waits longer than AHEAD_WAIT is handed back with its attempt given back, and the worker claims
+nothing more ahead until its handlers are short again (so a handler that ignores its cancellation
+cannot make it bounce a run to its dead letter); a cancel request or a lost lease stops a waiting
+run without its handler ever running (and, for the lost lease, without a write); a graceful
+drain runs the waiting runs instead of handing them back, however long they wait; bad values are
+refused."""
 
 from __future__ import annotations
 
@@ -39,20 +42,36 @@ async def _statuses(pool: asyncpg.Pool, dep: str) -> dict[str, int]:
 
 
 class _FirstBlocks:
-    """A handler whose first run blocks until ``release`` is set; the others return at once.
-    Records every run it was called for."""
+    """A handler whose run with ``{"block": true}`` blocks until ``release`` is set (ignoring
+    its cancellation when ``stubborn``); the others return at once. Records every run it was
+    called for."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, stubborn: bool = False) -> None:
         self.release = asyncio.Event()
+        self.stubborn = stubborn
         self.blocking: UUID | None = None
+        self.cancelled = 0
         self.called: list[UUID] = []
 
     async def __call__(self, ctx: RunContext) -> dict[str, Any]:
         self.called.append(ctx.run_id)
-        if self.blocking is None:
+        if ctx.payload.get("block"):
             self.blocking = ctx.run_id
-            await self.release.wait()
+            while not self.release.is_set():
+                try:
+                    await self.release.wait()
+                except asyncio.CancelledError:
+                    self.cancelled += 1
+                    if not self.stubborn:
+                        raise
         return {"ok": True}
+
+
+def _before_their_handlers_return(worker: RunWorker) -> int:
+    """The runs a worker holds that have not finished their handlers (runs whose handler
+    returned wait for their completion without a slot: up to max_concurrency more, always)."""
+    return sum(entry.state in (RunState.QUEUED, RunState.WAITING, RunState.EXECUTING)
+               for entry in worker._active.values())
 
 
 def _waiting(worker: RunWorker) -> list[UUID]:
@@ -60,17 +79,27 @@ def _waiting(worker: RunWorker) -> list[UUID]:
             if entry.state is RunState.WAITING]
 
 
+async def _warm_then_block(pool: asyncpg.Pool, dep: str) -> UUID:
+    """Three runs in claim order: a short one (the evidence a worker of one slot needs before
+    it claims ahead), one that blocks in its handler, and the one that will wait for the slot
+    (returned)."""
+    lm = LeaseManager(pool)
+    await lm.enqueue_runs(dep, [{"payload": {"n": 0}, "priority": 2},
+                                {"payload": {"block": True}, "priority": 1}])
+    [waiting] = await lm.enqueue_runs(dep, [{"payload": {"n": 1}, "priority": 0}])
+    return waiting.run_id
+
+
 async def _two_runs_one_waiting(pool: asyncpg.Pool, spawn_worker: Any, handler: _FirstBlocks,
                                 **options: Any) -> tuple[RunWorker, str, UUID]:
-    """Two runs for a worker of one handler slot that claims one ahead: the first blocks in its
-    handler, the second waits for the slot. Returns the worker, the deployment and the waiting
-    run."""
+    """A worker of one handler slot that claims one ahead, once a short run proved its handlers
+    short: one run blocks in its handler, the next waits for the slot. Returns the worker, the
+    deployment and the waiting run."""
     dep = unique_deployment("ahead")
-    await LeaseManager(pool).enqueue_runs(dep, [{"payload": {"n": n}} for n in range(2)])
+    waiting = await _warm_then_block(pool, dep)
     worker = await spawn_worker(dep, handler, max_concurrency=1, claim_ahead=1, **options)
-    await wait_until(lambda: handler.blocking is not None and len(_waiting(worker)) == 1,
-                     "one run in its handler and one waiting for the slot", within=10)
-    waiting = _waiting(worker)[0]
+    await wait_until(lambda: handler.blocking is not None and _waiting(worker) == [waiting],
+                     "one run in its handler and the next waiting for the slot", within=10)
     row = await _row(pool, waiting)
     # Claimed and started by the claim (claim_and_start): running, its attempt counted.
     assert (row["status"], row["attempts"], row["lease_worker_id"]) == (
@@ -87,7 +116,7 @@ async def test_claiming_ahead_never_runs_more_handlers_than_max_concurrency(pool
         seen["now"] += 1
         seen["runs"] += 1
         seen["max"] = max(seen["max"], seen["now"])
-        seen["held"] = max(seen["held"], len(holder[0]._active))
+        seen["held"] = max(seen["held"], _before_their_handlers_return(holder[0]))
         try:
             await asyncio.sleep(0.002)
             return {"n": ctx.payload["n"]}
@@ -103,7 +132,8 @@ async def test_claiming_ahead_never_runs_more_handlers_than_max_concurrency(pool
 
     assert seen["max"] <= 3
     assert seen["runs"] == 150
-    # It did claim ahead: it held more runs than it had handler slots.
+    # It did claim ahead: more runs were held before their handlers returned than it has
+    # handler slots.
     assert seen["held"] > 3
     attempts = {row["attempts"] for row in await pool.fetch(
         "SELECT attempts FROM zeroth.runs WHERE deployment_ref = $1", dep)}
@@ -129,13 +159,14 @@ async def test_a_run_that_finds_no_slot_in_time_is_handed_back_with_its_attempt(
     assert row["attempts"] == 0  # the attempt its claim counted is given back
     assert row["lease_worker_id"] is None
     assert waiting not in handler.called
-    # The worker claims nothing ahead for a while: the run stays in the queue, not bounced.
+    # The worker claims nothing more ahead until its handlers are short again: the run stays
+    # in the queue, not bounced.
     assert worker._runs.ahead() == 0
     await asyncio.sleep(0.5)
     assert (await _row(pool, waiting))["status"] == "pending"
 
     handler.release.set()
-    await wait_until(lambda: _drained(pool, dep, 2), "both runs to complete", within=10)
+    await wait_until(lambda: _drained(pool, dep, 3), "every run to complete", within=10)
     assert handler.called.count(waiting) == 1
     assert (await _row(pool, waiting))["attempts"] == 1
 
@@ -156,7 +187,7 @@ async def test_a_cancel_request_stops_a_waiting_run_before_its_handler_runs(
     assert waiting not in handler.called
     handler.release.set()
     await wait_until(
-        lambda: _statuses_are(pool, dep, {"completed": 1, "cancelled": 1}),
+        lambda: _statuses_are(pool, dep, {"completed": 2, "cancelled": 1}),
         "the first run to complete", within=10)
     assert waiting not in handler.called
 
@@ -183,33 +214,92 @@ async def test_a_waiting_run_whose_lease_was_taken_writes_nothing_and_never_runs
     assert waiting not in handler.called
     assert await _row(pool, waiting) == taken  # nothing written by the worker
     handler.release.set()
-    await wait_until(lambda: _statuses_are(pool, dep, {"completed": 1, "running": 1}),
+    await wait_until(lambda: _statuses_are(pool, dep, {"completed": 2, "running": 1}),
                      "the first run to complete", within=10)
     assert waiting not in handler.called
 
 
 async def test_a_graceful_shutdown_runs_the_waiting_runs_instead_of_handing_them_back(
-        pool, spawn_worker, monkeypatch):
-    monkeypatch.setattr("zeroth_pg.worker._execute.AHEAD_WAIT", 60.0)
+        pool, spawn_worker):
     handler = _FirstBlocks()
     worker, dep, waiting = await _two_runs_one_waiting(pool, spawn_worker, handler,
                                                        shutdown_timeout=10.0)
 
     shutdown = asyncio.create_task(worker.graceful_shutdown())
-    await asyncio.sleep(0.2)
+    # Longer than AHEAD_WAIT: during a drain the waiting run waits for the handler.
+    await asyncio.sleep(1.5)
+    assert waiting in worker.active_run_ids
     handler.release.set()
     await asyncio.wait_for(shutdown, timeout=20)
 
-    assert await _statuses(pool, dep) == {"completed": 2}
+    assert await _statuses(pool, dep) == {"completed": 3}
     assert handler.called.count(waiting) == 1
     assert (await _row(pool, waiting))["hand_backs"] == 0
+
+
+async def test_a_worker_whose_handlers_are_long_never_claims_ahead(pool, spawn_worker):
+    dep = unique_deployment("ahead")
+    held = {"max": 0}
+    holder: list[RunWorker] = []
+
+    async def long_handler(ctx: RunContext) -> None:
+        held["max"] = max(held["max"], _before_their_handlers_return(holder[0]))
+        await asyncio.sleep(0.3)  # longer than AHEAD_HANDLER_LIMIT
+
+    await LeaseManager(pool).enqueue_runs(dep, [{"payload": {"n": n}} for n in range(8)])
+    worker = await spawn_worker(dep, long_handler, max_concurrency=2, claim_ahead=2,
+                                start=False)
+    holder.append(worker)
+    await worker.start()
+    await wait_until(lambda: _drained(pool, dep, 8), "the runs to complete", within=30)
+
+    assert held["max"] <= 2
+    assert worker._runs.ahead() == 0
+    hand_backs = {row["hand_backs"] for row in await pool.fetch(
+        "SELECT hand_backs FROM zeroth.runs WHERE deployment_ref = $1", dep)}
+    assert hand_backs == {0}
+
+
+async def test_a_handler_that_ignores_its_cancellation_cannot_bounce_runs_to_their_dead_letter(
+        pool, spawn_worker):
+    handler = _FirstBlocks(stubborn=True)
+    dep = unique_deployment("ahead")
+    waiting = await _warm_then_block(pool, dep)
+    lm = LeaseManager(pool)
+    worker = await spawn_worker(dep, handler, max_concurrency=1, claim_ahead=1,
+                                lease_duration=1.5)
+    await wait_until(lambda: handler.blocking is not None, "the blocking handler", within=10)
+    # The blocking run is cancelled; its handler swallows the cancellation and keeps the slot.
+    blocking = handler.blocking
+    await lm.request_cancel(blocking)
+    await wait_until(lambda: handler.cancelled >= 1, "the handler's cancellation", within=10)
+    # Its lease is gone for the worker once its last deadline passes; the slot is still taken.
+    await wait_until(lambda: not worker._runs.held() or blocking not in
+                     [e.run.run_id for e in worker._runs.held()],
+                     "the stuck run to stop counting as held", within=10)
+    await asyncio.sleep(3.0)  # AHEAD_WAIT three times over
+
+    row = await _row(pool, waiting)
+    assert row["hand_backs"] <= 1  # handed back at most once, never bounced on
+    assert row["status"] in ("pending", "running")
+    assert waiting not in handler.called
+
+    handler.release.set()
+    await wait_until(lambda: _run_completed(pool, waiting), "the waiting run to complete",
+                     within=10)
+    assert handler.called.count(waiting) == 1
+
+
+async def _run_completed(pool: asyncpg.Pool, run_id: UUID) -> bool:
+    return (await _row(pool, run_id))["status"] == "completed"
 
 
 @pytest.mark.parametrize("options", [
     {"claim_ahead": -1}, {"claim_ahead": 9}, {"claim_ahead": True}, {"claim_ahead": 1.5},
     {"claim_ahead": 2, "fleet_max_concurrency": 4},
+    {"claim_ahead": 600, "max_concurrency": 600},  # one claim may ask for 1,000 runs at most
 ])
 async def test_claim_ahead_refuses_what_it_cannot_honour(pool, options):
     with pytest.raises(ValueError, match="claim_ahead"):
-        RunWorker(pool, unique_deployment("ahead"), lambda ctx: None, max_concurrency=8,
-                  **options)
+        RunWorker(pool, unique_deployment("ahead"), lambda ctx: None,
+                  **{"max_concurrency": 8, **options})

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 from leased import active, unclaimed
 
-from zeroth_pg.worker import RunState
+from zeroth_pg.worker import RunState, StopReason
+from zeroth_pg.worker._ahead import AHEAD_HANDLER_LIMIT
 from zeroth_pg.worker._slots import HeldRuns
 
 
@@ -24,39 +25,79 @@ def _held(runs: HeldRuns, *states: RunState) -> list:
 
 def test_without_claiming_ahead_a_worker_claims_up_to_its_handlers():
     runs = HeldRuns(4, None, on_linger_end=lambda: None)
-    assert runs.handler_slots is None
+    assert runs.ahead_gate is None
     assert runs.ahead() == 0
     _held(runs, RunState.EXECUTING, RunState.EXECUTING, RunState.QUEUED)
     assert runs.free() == 1
 
 
-def test_claiming_ahead_adds_its_runs_to_what_a_claim_may_ask_for():
+def _proved_short(runs: HeldRuns) -> None:
+    """As many short handlers returned as the worker has slots: it may claim ahead."""
+    assert runs.ahead_gate is not None
+    for _ in range(runs.max_concurrency):
+        runs.ahead_gate.returned(active(unclaimed()), 0.001)
+
+
+def test_a_worker_claims_ahead_once_its_last_handlers_were_all_short():
     runs = HeldRuns(4, None, on_linger_end=lambda: None, claim_ahead=2)
+    assert runs.ahead() == 0  # no handler returned yet
+    assert runs.free() == 4
+    _proved_short(runs)
+    assert runs.ahead() == 2
     assert runs.free() == 6
     _held(runs, *[RunState.EXECUTING] * 4, RunState.WAITING)
     assert runs.free() == 1
 
 
-def test_a_paused_worker_claims_nothing_ahead():
-    runs = HeldRuns(4, None, on_linger_end=lambda: None, claim_ahead=2)
-    runs.pause_ahead()
+def test_one_long_handler_among_the_last_stops_claiming_ahead_until_it_is_forgotten():
+    runs = HeldRuns(2, None, on_linger_end=lambda: None, claim_ahead=2)
+    assert runs.ahead_gate is not None
+    _proved_short(runs)
+    runs.ahead_gate.returned(active(unclaimed()), AHEAD_HANDLER_LIMIT)
     assert runs.ahead() == 0
-    _held(runs, *[RunState.EXECUTING] * 4)
-    assert runs.free() == 0
+    runs.ahead_gate.returned(active(unclaimed()), 0.001)
+    assert runs.ahead() == 0  # still among the last two
+    runs.ahead_gate.returned(active(unclaimed()), 0.001)
+    assert runs.ahead() == 2
+
+
+def test_a_run_that_found_no_slot_makes_the_worker_prove_its_handlers_short_again():
+    runs = HeldRuns(2, None, on_linger_end=lambda: None, claim_ahead=2)
+    assert runs.ahead_gate is not None
+    _proved_short(runs)
+    runs.ahead_gate.no_slot()
+    assert runs.ahead() == 0
+    _proved_short(runs)
+    assert runs.ahead() == 2
 
 
 async def test_a_handler_slot_is_given_back_once_however_often_it_is_returned():
     runs = HeldRuns(1, None, on_linger_end=lambda: None, claim_ahead=1)
-    assert runs.handler_slots is not None
+    gate = runs.ahead_gate
+    assert gate is not None
     [entry] = _held(runs, RunState.EXECUTING)
-    await runs.handler_slots.acquire()
-    runs.take_handler_slot(entry)
-    assert runs.handler_slots.locked()
-    runs.return_handler_slot(entry)
-    runs.return_handler_slot(entry)  # the handler returned, then its task ended: one release
-    assert not runs.handler_slots.locked()
-    await runs.handler_slots.acquire()
-    assert runs.handler_slots.locked()
+    await gate.slots.acquire()
+    gate.took(entry)
+    assert gate.slots.locked()
+    gate.returned(entry, 0.001)
+    gate.returned(entry, None)  # the handler returned, then its task ended: one release
+    assert not gate.slots.locked()
+    await gate.slots.acquire()
+    assert gate.slots.locked()
+
+
+async def test_a_slot_held_by_a_run_no_longer_counted_held_is_not_free():
+    runs = HeldRuns(1, None, on_linger_end=lambda: None, claim_ahead=1)
+    gate = runs.ahead_gate
+    assert gate is not None
+    _proved_short(runs)
+    [stuck] = _held(runs, RunState.EXECUTING)
+    await gate.slots.acquire()
+    gate.took(stuck)
+    assert runs.free() == 1  # one ahead
+    stuck.request_stop(StopReason.LEASE_LOST)  # its handler ignores the cancellation
+    assert runs.held() == []
+    assert runs.free() == 1  # its slot is still taken: one ahead, none more
 
 
 @pytest.mark.parametrize("state", [RunState.QUEUED, RunState.WAITING, RunState.EXECUTING])
@@ -68,6 +109,7 @@ def test_a_run_waiting_for_a_slot_counts_against_its_deployments_local_limit(sta
 
 def test_a_claim_out_counts_as_held_while_claiming_ahead():
     runs = HeldRuns(4, None, on_linger_end=lambda: None, claim_ahead=2)
+    _proved_short(runs)
     with runs.claiming(5):
         assert runs.free() == 1  # the claim loop and a completion's top-up never share room
     assert runs.free() == 6

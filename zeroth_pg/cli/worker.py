@@ -52,9 +52,9 @@ def worker(
     claim_ahead: Annotated[int, typer.Option(
         envvar="ZEROTH_PG_CLAIM_AHEAD", min=0,
         help="Runs held beyond the local slots, claimed and started, each waiting for a "
-             "handler to return (0 to --concurrency; not with --fleet-concurrency): for short "
-             "handlers, the next run starts without a round trip. One that waits over a second "
-             "is handed back.")] = 0,
+             "handler to return, while handlers take under 0.25 s (0 to --concurrency; not "
+             "with --fleet-concurrency): the next run starts without a round trip. One that "
+             "waits over a second is handed back.")] = 0,
     fleet_concurrency: Annotated[int, typer.Option(
         envvar="ZEROTH_PG_FLEET_CONCURRENCY",
         help="Fleet-wide max_concurrency of the deployment (0: none).")] = 0,
@@ -129,7 +129,12 @@ def worker(
     OpenTelemetry SDK.
     """
     from zeroth_pg.worker import run_process
+    from zeroth_pg.worker._ahead import check_claim_ahead
 
+    try:  # refused before any connection is made, as a bad option (exit 2)
+        check_claim_ahead(claim_ahead, concurrency, fleet_concurrency or None)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--claim-ahead") from None
     raise typer.Exit(run_process(
         log_format=log_format.value, log_level=log_level, deployment=deployment, app=handler,
         dsn=dsn, tenant=tenant, workspace=workspace, concurrency=concurrency,

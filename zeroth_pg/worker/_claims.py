@@ -223,9 +223,10 @@ class ClaimLoop:
             if limit <= 0:
                 break
             sent, sent_ns = time.monotonic(), tracing.now_ns()
-            result = await self.source.sweep(settings.worker_id, limit,
-                                             settings.fleet_max_concurrency,
-                                             settings.orphan_grace, deployments)
+            with self.runs.claiming(limit):
+                result = await self.source.sweep(settings.worker_id, limit,
+                                                 settings.fleet_max_concurrency,
+                                                 settings.orphan_grace, deployments)
             asked = True
             tracing.received(result.runs, sent_ns)
             self.observe_saturation(result)

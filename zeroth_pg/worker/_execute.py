@@ -26,6 +26,7 @@ from zeroth_pg.errors import (
 )
 from zeroth_pg.metrics import WorkerMetrics
 from zeroth_pg.types import ClaimedRun, Scope, SleepOutcome
+from zeroth_pg.worker._ahead import AHEAD_WAIT, ClaimAhead
 from zeroth_pg.worker._outcome import Outcome, OutcomeKind, decide
 from zeroth_pg.worker._run import (
     ActiveRun,
@@ -36,7 +37,7 @@ from zeroth_pg.worker._run import (
     StopReason,
 )
 from zeroth_pg.worker._settle import Settler
-from zeroth_pg.worker._slots import AHEAD_WAIT, HeldRuns
+from zeroth_pg.worker._slots import HeldRuns
 
 if TYPE_CHECKING:
     from zeroth_pg.client import LeaseManager
@@ -79,6 +80,8 @@ class RunExecutor:
         # and the notice of a freed slot.
         self.may_claim_along: Callable[[ActiveRun], bool] = lambda entry: False
         self.slot_freed: Callable[..., None] = lambda **_: None
+        # Set by the worker: whether it is draining (a run claimed ahead then waits for a slot).
+        self.stopping: Callable[[], bool] = lambda: False
         # The per-run series, looked up once per deployment (labels() takes a lock and builds a
         # key each time).
         self._series = {d: (metrics.runs_started.labels(d), metrics.runs_completed.labels(d),
@@ -169,8 +172,8 @@ class RunExecutor:
                     f"this worker cannot decode the run's JSON: {run.undecodable}"),
                     retryable=False)
                 return
-            if self.runs.handler_slots is not None:
-                await self._take_handler_slot(entry, self.runs.handler_slots)
+            if self.runs.ahead_gate is not None:
+                await self._take_handler_slot(entry, self.runs.ahead_gate)
             entry.advance(RunState.EXECUTING)
             # Both claim paths (claim_and_start, claim_orphaned) hand over runs already running.
             with tracing.process(entry.scope, entry.run, attempt=entry.ctx.attempt,
@@ -195,35 +198,39 @@ class RunExecutor:
         finally:
             if entry.deadline_timer is not None:
                 entry.deadline_timer.cancel()
-            self.runs.return_handler_slot(entry)
+            if self.runs.ahead_gate is not None:
+                self.runs.ahead_gate.returned(entry, None)
             entry.finish()
             self.runs.remove(entry)
             if not entry.slot_passed_on:
                 self.slot_freed(fleet=True)
 
-    async def _take_handler_slot(self, entry: ActiveRun, slots: asyncio.Semaphore) -> None:
+    async def _take_handler_slot(self, entry: ActiveRun, gate: ClaimAhead) -> None:
         """A worker that claims ahead: one of its max_concurrency handler slots, before the
         handler starts. A run claimed ahead waits for one (WAITING) at most AHEAD_WAIT; a stop
         meanwhile (a cancel request, a lost lease, the attempt's deadline, the wait's bound)
         cancels the wait and the run is settled without starting (_execute)."""
-        if slots.locked():
+        if gate.slots.locked():
             entry.advance(RunState.WAITING)
-            timer = asyncio.get_running_loop().call_later(AHEAD_WAIT, self._no_slot, entry)
+            timer = asyncio.get_running_loop().call_later(AHEAD_WAIT, self._no_slot, entry, gate)
             try:
-                await slots.acquire()
+                await gate.slots.acquire()
             finally:
                 timer.cancel()
         else:
-            await slots.acquire()  # a free slot: returns at once
-        self.runs.take_handler_slot(entry)
+            await gate.slots.acquire()  # a free slot: returns at once
+        gate.took(entry)
 
-    def _no_slot(self, entry: ActiveRun) -> None:
+    def _no_slot(self, entry: ActiveRun, gate: ClaimAhead) -> None:
         """A run claimed ahead waited AHEAD_WAIT for a slot: the handlers are not short. It is
-        handed back (its attempt given back), and the worker pauses claiming ahead."""
-        if entry.state is RunState.WAITING and entry.stop_reason is None:
+        handed back (the database gives the attempt back, within the run's hand-backs) and the
+        worker claims nothing more ahead until its handlers are short again. Not during a drain:
+        then it waits for a handler as every held run does (handed back after
+        shutdown_timeout)."""
+        if entry.state is RunState.WAITING and entry.stop_reason is None and not self.stopping():
             log.info("run %s: claimed ahead, no handler slot within %.1f s; handing it back",
                      entry.run.run_id, AHEAD_WAIT)
-            self.runs.pause_ahead()
+            gate.no_slot()
             entry.stop(StopReason.NO_SLOT)
 
     async def _attempt(self, entry: ActiveRun, span: Any) -> None:
@@ -241,9 +248,11 @@ class RunExecutor:
         except BaseException as exc:
             raised = exc
         finally:
-            run_duration.observe(time.monotonic() - started)
-            # The next run claimed ahead starts now, while this one's outcome is written.
-            self.runs.return_handler_slot(entry)
+            took = time.monotonic() - started
+            run_duration.observe(took)
+            if self.runs.ahead_gate is not None:
+                # The next run claimed ahead starts now, while this one's outcome is written.
+                self.runs.ahead_gate.returned(entry, took)
         task = asyncio.current_task()
         cancelling = task is not None and task.cancelling() > 0
         try:

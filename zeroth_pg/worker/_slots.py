@@ -17,33 +17,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 from uuid import UUID
 
+from zeroth_pg.worker._ahead import ClaimAhead
 from zeroth_pg.worker._run import ActiveRun, RunState
 
-__all__ = ["AHEAD_PAUSE", "AHEAD_WAIT", "HeldRuns", "check_claim_ahead"]
-
-#: How long a run claimed ahead waits for a handler slot before it is handed back to pending.
-#: Claiming ahead pays when handlers are short (the next run starts as a handler returns, not a
-#: round trip later); a wait this long means they are not.
-AHEAD_WAIT = 1.0
-
-#: After such a hand-back the worker claims nothing ahead for this long: a run is never handed
-#: back over and over by one worker whose handlers turned long.
-AHEAD_PAUSE = 60.0
-
-
-def check_claim_ahead(claim_ahead: int, max_concurrency: int,
-                      fleet_max_concurrency: int | None) -> int:
-    """A RunWorker's ``claim_ahead``, checked before anything is built: an int from 0 to
-    max_concurrency, and 0 under a fleet limit (a run waiting for a handler here would hold an
-    admission slot a handler elsewhere could use)."""
-    if isinstance(claim_ahead, bool) or not isinstance(claim_ahead, int) \
-            or not 0 <= claim_ahead <= max_concurrency:
-        raise ValueError(f"claim_ahead must be an int from 0 to max_concurrency "
-                         f"({max_concurrency})")
-    if claim_ahead and fleet_max_concurrency is not None:
-        raise ValueError("claim_ahead cannot be combined with fleet_max_concurrency: a run "
-                         "waiting for a handler would hold an admission slot of the fleet")
-    return claim_ahead
+__all__ = ["HeldRuns"]
 
 
 class HeldRuns:
@@ -53,12 +30,9 @@ class HeldRuns:
                  on_linger_end: Callable[[], None], claim_ahead: int = 0) -> None:
         self.max_concurrency = max_concurrency
         self.fleet_max_concurrency = fleet_max_concurrency
-        #: Runs claimed beyond the handlers that may run (0: none). They are started by their
-        #: claim and wait for one of ``handler_slots``, so no more than max_concurrency handlers
-        #: run however many runs are held.
-        self.claim_ahead = claim_ahead
-        self.handler_slots = asyncio.Semaphore(max_concurrency) if claim_ahead else None
-        self._ahead_paused_until = 0.0
+        #: A worker that claims ahead (``claim_ahead`` > 0; else None): the handler slots its
+        #: runs wait for, so no more than max_concurrency handlers run however many it holds.
+        self.ahead_gate = ClaimAhead(claim_ahead, max_concurrency) if claim_ahead else None
         # Runs asked for by claims still out (counted while claiming ahead): the claim loop and a
         # completion that tops up the runs ahead must not both fill the same room.
         self._claiming = 0
@@ -108,35 +82,19 @@ class HeldRuns:
                 if not e.lease_gone and not (e.stop_reason is not None and now >= e.deadline)]
 
     def ahead(self) -> int:
-        """How many runs may be claimed ahead now: ``claim_ahead``, unless paused."""
-        if self.claim_ahead and time.monotonic() >= self._ahead_paused_until:
-            return self.claim_ahead
-        return 0
-
-    def pause_ahead(self) -> None:
-        """A run claimed ahead found no slot in time: claim nothing ahead for AHEAD_PAUSE."""
-        self._ahead_paused_until = time.monotonic() + AHEAD_PAUSE
+        """How many runs may be claimed ahead now (:meth:`ClaimAhead.runs_ahead`)."""
+        return self.ahead_gate.runs_ahead() if self.ahead_gate is not None else 0
 
     @contextlib.contextmanager
     def claiming(self, runs: int) -> Iterator[None]:
         """A claim for ``runs`` runs is out: :meth:`free` counts them as held until it ends
         (only while claiming ahead, where two claims may fill the same room)."""
-        counted = runs if self.claim_ahead else 0
+        counted = runs if self.ahead_gate is not None else 0
         self._claiming += counted
         try:
             yield
         finally:
             self._claiming -= counted
-
-    def take_handler_slot(self, entry: ActiveRun) -> None:
-        """``entry`` took one of the handler slots (:attr:`handler_slots`)."""
-        entry.holds_handler_slot = True
-
-    def return_handler_slot(self, entry: ActiveRun) -> None:
-        """``entry``'s handler returned: its slot goes to the next run waiting (once)."""
-        if entry.holds_handler_slot and self.handler_slots is not None:
-            entry.holds_handler_slot = False
-            self.handler_slots.release()
 
     def free(self) -> int:
         """How many runs may be claimed now.
@@ -154,7 +112,13 @@ class HeldRuns:
         completing = sum(1 for e in held
                          if e.state is RunState.COMPLETING and not e.claims_next)
         executing = len(held) - completing
-        ahead = self.ahead()
+        ahead = 0
+        if self.ahead_gate is not None:
+            ahead = self.ahead_gate.runs_ahead()
+            # A handler slot still taken by a run no longer counted held (its lease gone, its
+            # handler not returned: one that ignores its cancellation) is not free either.
+            executing += (sum(e.holds_handler_slot for e in self.active.values())
+                          - sum(e.holds_handler_slot for e in held))
         free = min(self.max_concurrency + ahead - executing,
                    2 * self.max_concurrency + ahead - len(held)) - self._claiming
         if self.fleet_max_concurrency is not None:

@@ -14,7 +14,6 @@ import contextlib
 import logging
 import signal
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
 from uuid import UUID
 
 import asyncpg
@@ -23,17 +22,18 @@ from zeroth_pg.client import LeaseManager
 from zeroth_pg.metrics import WorkerMetrics, default_metrics
 from zeroth_pg.notify import Notifier
 from zeroth_pg.types import RetryPolicy
+from zeroth_pg.worker._ahead import check_claim_ahead
 from zeroth_pg.worker._claims import ClaimLoop, ClaimSettings, check_code_version, check_options
 from zeroth_pg.worker._execute import RunExecutor, scope_counter
 from zeroth_pg.worker._gate import WakeupGate
 from zeroth_pg.worker._leases import LeaseUpkeep
 from zeroth_pg.worker._listen import Listener
 from zeroth_pg.worker._pacing import ClaimPacer
-from zeroth_pg.worker._run import ActiveRun, Handler, RunContext, RunState, StopReason
+from zeroth_pg.worker._run import ActiveRun, Handler, RunState, StopReason
 from zeroth_pg.worker._schedules import PeriodicSchedule, ScheduleFirer, firer_for
 from zeroth_pg.worker._settle import CompletionBatcher, Settler
 from zeroth_pg.worker._signals import drain_signals
-from zeroth_pg.worker._slots import HeldRuns, check_claim_ahead
+from zeroth_pg.worker._slots import HeldRuns
 from zeroth_pg.worker._sources import OneScope, default_worker_id, per_deployment, source_for
 from zeroth_pg.worker._sources import retry_policies as retry_policies_of
 from zeroth_pg.worker._startup import first_set, start_unless_stopped
@@ -54,10 +54,8 @@ class RunWorker:
     ``zeroth.scope_limits``), one listener, one renewal task and one settle task for all of
     them, each run's handler chosen by its deployment.
 
-    ``max_concurrency`` is the local cap (handlers running in this process); ``claim_ahead``
-    (default 0) lets it hold that many runs more, claimed and started, each waiting for a handler
-    to return (for short handlers: the next one starts without a round trip; docs: "Claiming
-    ahead"). And
+    ``max_concurrency`` is the local cap (handlers running in this process; ``claim_ahead``
+    runs more, claimed and started, may wait for one: docs "Claiming ahead"), and
     ``deployment_concurrency`` (``{deployment: n}``) caps single deployments under it;
     ``retries`` (``{deployment: RetryPolicy}``) replaces ``retry_base_seconds`` /
     ``retry_max_seconds`` for some deployments; with neither (both None, the default) a
@@ -188,6 +186,7 @@ class RunWorker:
             worker_error=self._worker_error)
         self._executor.may_claim_along = self._claims.may_claim_along
         self._executor.slot_freed = self._claims.slot_freed
+        self._executor.stopping = lambda: self._stopping
         self._listener = Listener(
             self.lease_manager, self._source, self._gate, self.worker_id,
             wake=lambda: self.handle_wakeup(), rate_held=self._claims.rate_held,
@@ -206,6 +205,11 @@ class RunWorker:
     @property
     def stopping(self) -> bool:
         return self._stopping
+
+    @property
+    def _claim_round(self) -> int:
+        """Claim passes (and sweeps) made with deployment limits (their order rotates)."""
+        return self._claims.pacer.claim_round
 
     async def start(self) -> None:
         """Declare the schedules (._schedules), then start the notifier, renewals and claims."""
@@ -244,17 +248,6 @@ class RunWorker:
     async def poll_loop(self) -> None:
         """Claim until stopping: orphans when a sweep is due, then pending runs in batches."""
         await self._claims.run()
-
-    def run_slept(self, ctx: RunContext) -> None:
-        """The database accepted ``ctx``'s sleep (RunContext.sleep_until): its lease is gone.
-        Settled now, so neither a renewal nor a stop touches it while the handler unwinds."""
-        self._executor.run_slept(ctx)
-
-    def linger(self, deployment_ref: str, done: asyncio.Future[Any]) -> None:
-        """A handler of ``deployment_ref`` goes on running after its run left the worker (a
-        sync handler's thread, which Python cannot stop): it counts against the deployment's
-        local limit until ``done``."""
-        self._runs.linger(deployment_ref, done)
 
     async def interrupt_active_run(self, run_id: UUID) -> None:
         """Stop this worker's execution of a run without changing its persisted status; its
