@@ -23,6 +23,7 @@ from helpers import unique_deployment, wait_until
 
 from zeroth_pg.client import LeaseManager
 from zeroth_pg.worker import RunContext, RunWorker
+from zeroth_pg.worker._ahead import AHEAD_EVIDENCE
 from zeroth_pg.worker._run import RunState
 
 spawn_worker = test_worker_lifecycle.spawn_worker  # the fixture: workers drained at teardown
@@ -80,12 +81,12 @@ def _waiting(worker: RunWorker) -> list[UUID]:
 
 
 async def _warm_then_block(pool: asyncpg.Pool, dep: str) -> UUID:
-    """Three runs in claim order: a short one (the evidence a worker of one slot needs before
-    it claims ahead), one that blocks in its handler, and the one that will wait for the slot
+    """Runs in claim order: AHEAD_EVIDENCE short ones (the evidence a worker needs before it
+    claims ahead), one that blocks in its handler, and the one that will wait for the slot
     (returned)."""
     lm = LeaseManager(pool)
-    await lm.enqueue_runs(dep, [{"payload": {"n": 0}, "priority": 2},
-                                {"payload": {"block": True}, "priority": 1}])
+    await lm.enqueue_runs(dep, [{"payload": {"n": 0}, "priority": 2}] * AHEAD_EVIDENCE
+                          + [{"payload": {"block": True}, "priority": 1}])
     [waiting] = await lm.enqueue_runs(dep, [{"payload": {"n": 1}, "priority": 0}])
     return waiting.run_id
 
@@ -135,9 +136,9 @@ async def test_claiming_ahead_never_runs_more_handlers_than_max_concurrency(pool
     # It did claim ahead: more runs were held before their handlers returned than it has
     # handler slots.
     assert seen["held"] > 3
-    attempts = {row["attempts"] for row in await pool.fetch(
-        "SELECT attempts FROM zeroth.runs WHERE deployment_ref = $1", dep)}
-    assert attempts == {1}
+    rows = await pool.fetch(
+        "SELECT attempts, hand_backs FROM zeroth.runs WHERE deployment_ref = $1", dep)
+    assert {(row["attempts"], row["hand_backs"]) for row in rows} == {(1, 0)}
 
 
 async def _drained(pool: asyncpg.Pool, dep: str, total: int) -> bool:
@@ -146,7 +147,8 @@ async def _drained(pool: asyncpg.Pool, dep: str, total: int) -> bool:
 
 async def test_a_run_that_finds_no_slot_in_time_is_handed_back_with_its_attempt(
         pool, spawn_worker, monkeypatch):
-    monkeypatch.setattr("zeroth_pg.worker._execute.AHEAD_WAIT", 0.3)
+    # Shorter than the default second, long enough for a loaded machine to see the run wait.
+    monkeypatch.setattr("zeroth_pg.worker._execute.AHEAD_WAIT", 2.0)
     handler = _FirstBlocks()
     worker, dep, waiting = await _two_runs_one_waiting(pool, spawn_worker, handler)
 
@@ -166,7 +168,8 @@ async def test_a_run_that_finds_no_slot_in_time_is_handed_back_with_its_attempt(
     assert (await _row(pool, waiting))["status"] == "pending"
 
     handler.release.set()
-    await wait_until(lambda: _drained(pool, dep, 3), "every run to complete", within=10)
+    await wait_until(lambda: _drained(pool, dep, AHEAD_EVIDENCE + 2), "every run to complete",
+                     within=10)
     assert handler.called.count(waiting) == 1
     assert (await _row(pool, waiting))["attempts"] == 1
 
@@ -187,7 +190,7 @@ async def test_a_cancel_request_stops_a_waiting_run_before_its_handler_runs(
     assert waiting not in handler.called
     handler.release.set()
     await wait_until(
-        lambda: _statuses_are(pool, dep, {"completed": 2, "cancelled": 1}),
+        lambda: _statuses_are(pool, dep, {"completed": AHEAD_EVIDENCE + 1, "cancelled": 1}),
         "the first run to complete", within=10)
     assert waiting not in handler.called
 
@@ -214,7 +217,8 @@ async def test_a_waiting_run_whose_lease_was_taken_writes_nothing_and_never_runs
     assert waiting not in handler.called
     assert await _row(pool, waiting) == taken  # nothing written by the worker
     handler.release.set()
-    await wait_until(lambda: _statuses_are(pool, dep, {"completed": 2, "running": 1}),
+    await wait_until(lambda: _statuses_are(pool, dep, {"completed": AHEAD_EVIDENCE + 1,
+                                                       "running": 1}),
                      "the first run to complete", within=10)
     assert waiting not in handler.called
 
@@ -232,7 +236,7 @@ async def test_a_graceful_shutdown_runs_the_waiting_runs_instead_of_handing_them
     handler.release.set()
     await asyncio.wait_for(shutdown, timeout=20)
 
-    assert await _statuses(pool, dep) == {"completed": 3}
+    assert await _statuses(pool, dep) == {"completed": AHEAD_EVIDENCE + 2}
     assert handler.called.count(waiting) == 1
     assert (await _row(pool, waiting))["hand_backs"] == 0
 

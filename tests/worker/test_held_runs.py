@@ -8,7 +8,7 @@ import pytest
 from leased import active, unclaimed
 
 from zeroth_pg.worker import RunState, StopReason
-from zeroth_pg.worker._ahead import AHEAD_HANDLER_LIMIT
+from zeroth_pg.worker._ahead import AHEAD_EVIDENCE, AHEAD_HANDLER_LIMIT
 from zeroth_pg.worker._slots import HeldRuns
 
 
@@ -32,9 +32,10 @@ def test_without_claiming_ahead_a_worker_claims_up_to_its_handlers():
 
 
 def _proved_short(runs: HeldRuns) -> None:
-    """As many short handlers returned as the worker has slots: it may claim ahead."""
+    """As many short handlers returned as the worker has slots (at least AHEAD_EVIDENCE): it
+    may claim ahead."""
     assert runs.ahead_gate is not None
-    for _ in range(runs.max_concurrency):
+    for _ in range(max(runs.max_concurrency, AHEAD_EVIDENCE)):
         runs.ahead_gate.returned(active(unclaimed()), 0.001)
 
 
@@ -55,10 +56,28 @@ def test_one_long_handler_among_the_last_stops_claiming_ahead_until_it_is_forgot
     _proved_short(runs)
     runs.ahead_gate.returned(active(unclaimed()), AHEAD_HANDLER_LIMIT)
     assert runs.ahead() == 0
-    runs.ahead_gate.returned(active(unclaimed()), 0.001)
-    assert runs.ahead() == 0  # still among the last two
+    for _ in range(AHEAD_EVIDENCE - 1):
+        runs.ahead_gate.returned(active(unclaimed()), 0.001)
+        assert runs.ahead() == 0  # still among the last AHEAD_EVIDENCE
     runs.ahead_gate.returned(active(unclaimed()), 0.001)
     assert runs.ahead() == 2
+
+
+async def test_a_handler_running_longer_than_the_limit_stops_claiming_ahead(monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr("zeroth_pg.worker._ahead.time.monotonic", lambda: now[0])
+    runs = HeldRuns(2, None, on_linger_end=lambda: None, claim_ahead=2)
+    gate = runs.ahead_gate
+    assert gate is not None
+    _proved_short(runs)
+    [entry] = _held(runs, RunState.EXECUTING)
+    await gate.slots.acquire()
+    gate.took(entry)
+    assert runs.ahead() == 2
+    now[0] += AHEAD_HANDLER_LIMIT
+    assert runs.ahead() == 0  # it has not returned, and it is long already
+    gate.returned(entry, AHEAD_HANDLER_LIMIT)
+    assert runs.ahead() == 0  # and now it is among the last handlers
 
 
 def test_a_run_that_found_no_slot_makes_the_worker_prove_its_handlers_short_again():

@@ -5,27 +5,33 @@ A run claimed ahead is claimed and started like any other (its attempt counted) 
 worker for one of ``max_concurrency`` handler slots, so the next handler starts the moment one
 returns. That only pays, and only stays harmless, while handlers are short: a run that waits
 long was started for nothing, and handing it back (``hand_back_to_pending``) spends one of the
-hand-backs the database gives back an attempt for. So the worker claims ahead only while the
-last ``max_concurrency`` handlers each returned within :data:`AHEAD_HANDLER_LIMIT` (none yet:
-not at all), and a run that waited :data:`AHEAD_WAIT` anyway (the handlers turned long, or one
-ignores its cancellation) makes it start that count again.
+hand-backs the database gives back an attempt for. So the worker claims ahead only while its
+last handlers (``max_concurrency`` of them, at least :data:`AHEAD_EVIDENCE`) each returned within
+:data:`AHEAD_HANDLER_LIMIT` (none yet: not at all) and no handler running now has run longer; a
+run that waited :data:`AHEAD_WAIT` anyway (every handler turned long at once, or one ignores its
+cancellation) makes it gather that evidence again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import time
 
 from zeroth_pg.worker._run import ActiveRun
 
-__all__ = ["AHEAD_HANDLER_LIMIT", "AHEAD_WAIT", "MAX_CLAIM_BATCH", "ClaimAhead",
-           "check_claim_ahead"]
+__all__ = ["AHEAD_EVIDENCE", "AHEAD_HANDLER_LIMIT", "AHEAD_WAIT", "MAX_CLAIM_BATCH",
+           "ClaimAhead", "check_claim_ahead"]
 
 #: How long a run claimed ahead waits for a handler slot before it is handed back to pending.
 AHEAD_WAIT = 1.0
 
 #: The longest a handler may take for the worker to go on claiming ahead.
 AHEAD_HANDLER_LIMIT = 0.25
+
+#: The fewest short handlers that let a worker claim ahead (a worker of one slot would otherwise
+#: take one short run for evidence).
+AHEAD_EVIDENCE = 8
 
 #: The most runs one claim may ask for (zeroth._claim_pending refuses a larger batch_size).
 MAX_CLAIM_BATCH = 1000
@@ -59,30 +65,40 @@ class ClaimAhead:
         #: One per handler that may run: every run of the worker takes one before its handler
         #: starts and gives it back when the handler returns.
         self.slots = asyncio.Semaphore(max_concurrency)
-        self._recent: collections.deque[float] = collections.deque(maxlen=max_concurrency)
+        self._evidence = max(max_concurrency, AHEAD_EVIDENCE)
+        self._recent: collections.deque[float] = collections.deque(maxlen=self._evidence)
         self._long = 0  # how many of _recent reached AHEAD_HANDLER_LIMIT
+        # When each slot holder's handler started, oldest first (slots are taken in time order).
+        self._started: dict[int, float] = {}
 
     def runs_ahead(self) -> int:
-        """How many runs may be claimed ahead now: ``claim_ahead`` while the last
-        max_concurrency handlers were all short, else none."""
+        """How many runs may be claimed ahead now: ``claim_ahead`` while the last handlers were
+        all short and none running has run long, else none."""
         recent = self._recent
-        return self.claim_ahead if len(recent) == recent.maxlen and not self._long else 0
+        if len(recent) < self._evidence or self._long:
+            return 0
+        oldest = next(iter(self._started.values()), None)
+        if oldest is not None and time.monotonic() - oldest >= AHEAD_HANDLER_LIMIT:
+            return 0
+        return self.claim_ahead
 
     def took(self, entry: ActiveRun) -> None:
-        """``entry`` acquired one of :attr:`slots`."""
+        """``entry`` acquired one of :attr:`slots`; its handler starts now."""
         entry.holds_handler_slot = True
+        self._started[id(entry)] = time.monotonic()
 
     def returned(self, entry: ActiveRun, seconds: float | None) -> None:
         """``entry``'s handler returned after ``seconds`` (None: it never started, or this is
         its task ending): its slot goes to the next run waiting, once."""
         if seconds is not None:
             recent = self._recent
-            if len(recent) == recent.maxlen:
+            if len(recent) == self._evidence:
                 self._long -= recent[0] >= AHEAD_HANDLER_LIMIT
             recent.append(seconds)
             self._long += seconds >= AHEAD_HANDLER_LIMIT
         if entry.holds_handler_slot:
             entry.holds_handler_slot = False
+            self._started.pop(id(entry), None)
             self.slots.release()
 
     def no_slot(self) -> None:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from zeroth_pg import tracing
 from zeroth_pg.metrics import WorkerMetrics
 from zeroth_pg.types import ClaimedRun, Scope
+from zeroth_pg.worker._ahead import MAX_CLAIM_BATCH
 from zeroth_pg.worker._failures import FailureStreak
 from zeroth_pg.worker._gate import WakeupGate
 from zeroth_pg.worker._pacing import ClaimPacer, GateMode
@@ -318,9 +319,13 @@ class ClaimLoop:
             if not along or self._stopping() or not isinstance(source, OneScope):
                 return None
             sent, sent_ns = time.monotonic(), tracing.now_ns()
-            # A worker that claims ahead also tops up the runs waiting for a handler slot.
-            top_up = max(0, self.runs.free()) if self.runs.ahead() else 0
-            wanted = len(along) + top_up
+            # A worker that claims ahead also tops up the runs waiting for a handler slot (an
+            # entry of the batch whose lease is gone is no longer held: free() counts its room).
+            top_up = 0
+            if self.runs.ahead():
+                top_up = max(0, self.runs.free() - sum(e.lease_gone for e in along
+                                                        if isinstance(e, ActiveRun)))
+            wanted = min(len(along) + top_up, MAX_CLAIM_BATCH)
             with self.runs.claiming(top_up):
                 completions, result = await source.complete_and_claim(
                     settings.worker_id,

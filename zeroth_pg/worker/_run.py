@@ -532,8 +532,8 @@ class ActiveRun:
     # A write of its outcome got no answer and no later try confirmed it (set by the completion
     # batcher, _settle.Leased): whether the outcome landed is unknown, not a lost lease.
     outcome_unknown: bool = False
-    # It holds one of the handler slots of a worker that claims ahead (HeldRuns.handler_slots),
-    # from before its handler starts until the handler returns.
+    # It holds one of the handler slots of a worker that claims ahead (ClaimAhead.slots), from
+    # before its handler starts until the handler returns.
     holds_handler_slot: bool = False
 
     @property
