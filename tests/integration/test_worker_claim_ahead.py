@@ -29,6 +29,12 @@ from zeroth_pg.worker._run import RunState
 spawn_worker = test_worker_lifecycle.spawn_worker  # the fixture: workers drained at teardown
 
 
+@pytest.fixture
+def waits_for_ever(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run claimed ahead waits for its slot as long as the test needs (no NO_SLOT)."""
+    monkeypatch.setattr("zeroth_pg.worker._execute.AHEAD_WAIT", 60.0)
+
+
 async def _row(pool: asyncpg.Pool, run_id: UUID) -> asyncpg.Record:
     return await pool.fetchrow(
         """SELECT status::text AS status, attempts, hand_backs, lease_generation,
@@ -175,8 +181,7 @@ async def test_a_run_that_finds_no_slot_in_time_is_handed_back_with_its_attempt(
 
 
 async def test_a_cancel_request_stops_a_waiting_run_before_its_handler_runs(
-        pool, spawn_worker, monkeypatch):
-    monkeypatch.setattr("zeroth_pg.worker._execute.AHEAD_WAIT", 60.0)
+        pool, spawn_worker, waits_for_ever):
     handler = _FirstBlocks()
     _, dep, waiting = await _two_runs_one_waiting(pool, spawn_worker, handler,
                                                   lease_duration=1.5)
@@ -200,8 +205,7 @@ async def _statuses_are(pool: asyncpg.Pool, dep: str, expected: dict[str, int]) 
 
 
 async def test_a_waiting_run_whose_lease_was_taken_writes_nothing_and_never_runs(
-        pool, spawn_worker, monkeypatch):
-    monkeypatch.setattr("zeroth_pg.worker._execute.AHEAD_WAIT", 60.0)
+        pool, spawn_worker, waits_for_ever):
     handler = _FirstBlocks()
     worker, dep, waiting = await _two_runs_one_waiting(pool, spawn_worker, handler,
                                                        lease_duration=1.5)

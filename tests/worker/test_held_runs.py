@@ -8,7 +8,8 @@ import pytest
 from leased import active, unclaimed
 
 from zeroth_pg.worker import RunState, StopReason
-from zeroth_pg.worker._ahead import AHEAD_EVIDENCE, AHEAD_HANDLER_LIMIT
+from zeroth_pg.worker._ahead import AHEAD_EVIDENCE, AHEAD_HANDLER_LIMIT, ClaimAhead
+from zeroth_pg.worker._run import ActiveRun
 from zeroth_pg.worker._slots import HeldRuns
 
 
@@ -63,16 +64,22 @@ def test_one_long_handler_among_the_last_stops_claiming_ahead_until_it_is_forgot
     assert runs.ahead() == 2
 
 
+async def _executing_in_a_slot(runs: HeldRuns) -> tuple[ClaimAhead, ActiveRun]:
+    """One run whose handler took one of the worker's handler slots."""
+    gate = runs.ahead_gate
+    assert gate is not None
+    [entry] = _held(runs, RunState.EXECUTING)
+    await gate.slots.acquire()
+    gate.took(entry)
+    return gate, entry
+
+
 async def test_a_handler_running_longer_than_the_limit_stops_claiming_ahead(monkeypatch):
     now = [1000.0]
     monkeypatch.setattr("zeroth_pg.worker._ahead.time.monotonic", lambda: now[0])
     runs = HeldRuns(2, None, on_linger_end=lambda: None, claim_ahead=2)
-    gate = runs.ahead_gate
-    assert gate is not None
     _proved_short(runs)
-    [entry] = _held(runs, RunState.EXECUTING)
-    await gate.slots.acquire()
-    gate.took(entry)
+    gate, entry = await _executing_in_a_slot(runs)
     assert runs.ahead() == 2
     now[0] += AHEAD_HANDLER_LIMIT
     assert runs.ahead() == 0  # it has not returned, and it is long already
@@ -92,11 +99,7 @@ def test_a_run_that_found_no_slot_makes_the_worker_prove_its_handlers_short_agai
 
 async def test_a_handler_slot_is_given_back_once_however_often_it_is_returned():
     runs = HeldRuns(1, None, on_linger_end=lambda: None, claim_ahead=1)
-    gate = runs.ahead_gate
-    assert gate is not None
-    [entry] = _held(runs, RunState.EXECUTING)
-    await gate.slots.acquire()
-    gate.took(entry)
+    gate, entry = await _executing_in_a_slot(runs)
     assert gate.slots.locked()
     gate.returned(entry, 0.001)
     gate.returned(entry, None)  # the handler returned, then its task ended: one release
@@ -107,12 +110,8 @@ async def test_a_handler_slot_is_given_back_once_however_often_it_is_returned():
 
 async def test_a_slot_held_by_a_run_no_longer_counted_held_is_not_free():
     runs = HeldRuns(1, None, on_linger_end=lambda: None, claim_ahead=1)
-    gate = runs.ahead_gate
-    assert gate is not None
     _proved_short(runs)
-    [stuck] = _held(runs, RunState.EXECUTING)
-    await gate.slots.acquire()
-    gate.took(stuck)
+    _, stuck = await _executing_in_a_slot(runs)
     assert runs.free() == 1  # one ahead
     stuck.request_stop(StopReason.LEASE_LOST)  # its handler ignores the cancellation
     assert runs.held() == []
