@@ -9,7 +9,7 @@ hand-backs the database gives back an attempt for. So the worker claims ahead on
 last handlers (``max_concurrency`` of them, at least :data:`AHEAD_EVIDENCE`) each returned within
 :data:`AHEAD_HANDLER_LIMIT` (none yet: not at all) and no handler running now has run longer; a
 run that waited :data:`AHEAD_WAIT` anyway (every handler turned long at once, or one ignores its
-cancellation) makes it gather that evidence again.
+cancellation; not during a drain) is handed back and makes it gather that evidence again.
 """
 
 from __future__ import annotations
@@ -103,6 +103,7 @@ class ClaimAhead:
 
     def no_slot(self) -> None:
         """A run claimed ahead found no slot in time: the handlers are not short (any more).
-        Nothing more is claimed ahead until max_concurrency short handlers say they are."""
+        Nothing more is claimed ahead until max(max_concurrency, AHEAD_EVIDENCE) short handlers
+        say they are."""
         self._recent.clear()
         self._long = 0
