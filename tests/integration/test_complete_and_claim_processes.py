@@ -36,6 +36,8 @@ from test_worker_processes import (  # noqa: F401  (fixtures)
 from zeroth_pg.client import LeaseManager
 
 RUNS = 60
+#: Enough runs of 20 ms at 3 slots that the SIGTERM comes while runs wait for a handler slot.
+AHEAD_RUNS = 240
 
 
 async def produce(pool: asyncpg.Pool, deployment: str, count: int) -> None:
@@ -137,3 +139,33 @@ async def test_the_same_worker_id_in_a_second_process_fences_the_first_one_s_ste
     after = await pool.fetchrow("SELECT status::text, output::text FROM zeroth.runs "
                                 "WHERE run_id = $1", run_id)
     assert tuple(after) == ("completed", done["output_text"])
+
+
+async def test_a_worker_process_that_claims_ahead_drains_under_load_and_stops_clean(
+        workers: Any, events: asyncpg.Pool) -> None:
+    """``zeroth-pg worker --claim-ahead`` as a user starts it: short handlers under a backlog,
+    SIGTERM half-way. It never runs more handlers than --concurrency, leaves nothing leased
+    after the drain (the runs waiting for a slot ran in it), hands nothing back and completes
+    every run once, one attempt each."""
+    pool = events
+    dep = deployment_name("ahead")
+    a = await workers(dep, "worker_apps:sleeper", "--concurrency", "3", "--claim-ahead", "3",
+                      "--shutdown-timeout", "10", "--orphan-sweep-interval", "30")
+    await a.started()
+    await produce(pool, dep, AHEAD_RUNS)
+    await eventually(lambda: completed_at_least(pool, dep, AHEAD_RUNS // 2),
+                     "half the runs completed")
+    a.send(signal.SIGTERM)
+    assert await a.wait_exit() == 0
+    assert await pool.fetchval(
+        "SELECT count(*) FROM zeroth.runs WHERE deployment_ref = $1 AND lease_worker_id = $2",
+        dep, a.worker_id) == 0
+    b = await workers(dep, "worker_apps:sleeper", "--concurrency", "3", "--claim-ahead", "3")
+    await b.started()
+    await eventually(lambda: completed_at_least(pool, dep, AHEAD_RUNS), "every run completed",
+                     within=60)
+    rows = await pool.fetch(
+        """SELECT status::text, attempts, hand_backs, count(*) FROM zeroth.runs
+            WHERE deployment_ref = $1 GROUP BY 1, 2, 3""", dep)
+    assert [tuple(r) for r in rows] == [("completed", 1, 0, AHEAD_RUNS)]
+    assert await most_at_once(pool, dep) <= 3
