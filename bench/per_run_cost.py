@@ -10,7 +10,8 @@ phases, each measured between two points of the WAL (``pg_current_wal_insert_lsn
 CHECKPOINT before each so that full-page images do not depend on what ran before:
 
 * enqueue — N ``enqueue_run`` calls, one run each (a producer at concurrency 1);
-* worker — a ``RunWorker`` with ``max_concurrency = 1`` (``--concurrency C``) and a no-op
+* worker — a ``RunWorker`` with ``max_concurrency = 1`` (``--concurrency C``; ``--claim-ahead
+  A``: its claim_ahead) and a no-op
   handler drains those N runs (claim, start, completion: whatever statements the worker sends
   for them, its LISTEN connection's included); with ``--fail-fraction F`` the handler fails a
   share F of them for good (``NonRetryableError``, spread evenly), so their failures are
@@ -190,7 +191,7 @@ async def batches(admin: asyncpg.Connection, db: asyncpg.Connection, dbname: str
 
 async def main_async(admin_dsn: str, n: int, batch: int = 100,
                      without: tuple[str, ...] = (), fail_fraction: float = 0.0,
-                     concurrency: int = 1) -> None:
+                     concurrency: int = 1, claim_ahead: int = 0) -> None:
     dbname = f"per_run_cost_{uuid.uuid4().hex[:8]}"
     admin = await asyncpg.connect(admin_dsn)
     await admin.execute(f"CREATE DATABASE {dbname}")
@@ -237,7 +238,7 @@ async def main_async(admin_dsn: str, n: int, batch: int = 100,
 
             async with worker_pool(dsn, 4) as workers, Phase(admin, db, dbname) as drain:
                 run_worker = RunWorker(workers, deployment, handler, dsn=dsn,
-                                       max_concurrency=concurrency)
+                                       max_concurrency=concurrency, claim_ahead=claim_ahead)
                 await run_worker.start()
                 try:
                     await wait_until(lambda: handled >= n and not run_worker.active_run_ids,
@@ -249,7 +250,8 @@ async def main_async(admin_dsn: str, n: int, batch: int = 100,
                 finally:
                     await run_worker.graceful_shutdown()
             failing = f", {fail_fraction:.0%} failing for good" if fail_fraction else ""
-            report(f"worker (RunWorker, max_concurrency {concurrency}: claim, start, "
+            ahead = f", claim_ahead {claim_ahead}" if claim_ahead else ""
+            report(f"worker (RunWorker, max_concurrency {concurrency}{ahead}: claim, start, "
                    f"complete{failing})", n, drain.result)
             await batches(admin, db, dbname, n, batch, deployment)
             left = await db.fetchval(
@@ -278,11 +280,13 @@ def main() -> None:
                              "(NonRetryableError, spread evenly)")
     parser.add_argument("--concurrency", type=int, default=1,
                         help="the worker phase's max_concurrency (default 1)")
+    parser.add_argument("--claim-ahead", type=int, default=0,
+                        help="the worker phase's claim_ahead (default 0)")
     args = parser.parse_args()
     if not 0 <= args.fail_fraction <= 1 or args.concurrency < 1:
         parser.error("need 0 <= --fail-fraction <= 1 and --concurrency >= 1")
     asyncio.run(main_async(args.dsn, args.runs, args.batch, tuple(args.without_index),
-                           args.fail_fraction, args.concurrency))
+                           args.fail_fraction, args.concurrency, args.claim_ahead))
     if args.json:
         with open(args.json, "w") as out:
             json.dump(RESULTS, out, indent=1, default=str)
