@@ -24,7 +24,9 @@ One worker is a handful of asyncio tasks around the SQL functions:
   opaque keys into "poll now" and "renew now", and triggers a claim pass after every reconnect;
 * one task per run executes ``handler(ctx)``: a returned value completes the run, an exception
   fails it (retry with backoff until ``max_attempts``, then dead letter). Its lifecycle is
-  :class:`RunState` and :class:`StopReason`, its transitions in :class:`._run.ActiveRun`;
+  :class:`RunState` and :class:`StopReason`, its transitions in :class:`._run.ActiveRun`. With
+  ``claim_ahead`` (:mod:`._ahead`) a worker whose handlers are short holds runs more than its
+  handlers, and each run's task first waits for one of ``max_concurrency`` handler slots;
 * with schedules (``schedules=`` or ``fire_schedules=True``), one **schedule task**
   (:mod:`._schedules`) registers the application's schedules on start and turns due fire times
   of the deployments served into runs (``fire_due_schedules``, safe with any number of workers),
@@ -49,7 +51,8 @@ Modules, each one concern (none imports another in a circle, not even for the ty
 * ``_worker``: :class:`RunWorker` itself: construction, start, drain, supervision;
 * ``_claims``: the claim loop (sweeps, claims, the sleep between passes, claims carried by
   completions); ``_pacing``: its memory between passes and every decision about when to claim
-  (pure); ``_slots``: the runs held and the free slots; ``_sources``: one scope or many;
+  (pure); ``_slots``: the runs held and the free slots; ``_ahead``: the handler slots and the
+  evidence of a worker that claims ahead; ``_sources``: one scope or many;
   ``_gate``: the wakeup gate; ``_listen``: the notifications;
 * ``_execute``: a task per run: the handler, then its outcome decided by ``_outcome`` (pure),
   reported, and written by ``_settle`` (every outcome, one retry policy; completions batched);
