@@ -46,6 +46,7 @@ class WorkerMetrics:
     worker_crashes: Counter
     runs_dead_lettered: Counter
     runs_slept: Counter
+    runs_not_started_ahead: Counter
     guardrail_rejections: Counter
     utilization: Gauge
     queue_depth: Gauge
@@ -95,6 +96,10 @@ class WorkerMetrics:
             runs_slept=Counter("zeroth_runs_slept", "Attempts that ended in a durable sleep "
                                "(sleep_run: pending until their resume time).", d,
                                registry=registry),
+            runs_not_started_ahead=Counter(
+                "zeroth_runs_not_started_ahead", "Runs claimed ahead (claim_ahead) that found "
+                "no handler slot within a second and were handed back without running.", d,
+                registry=registry),
             guardrail_rejections=Counter("zeroth_guardrail_rejections",
                                          "Claims refused by a guardrail.", (*d, "reason"),
                                          registry=registry),

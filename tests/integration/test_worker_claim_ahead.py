@@ -20,6 +20,7 @@ import asyncpg
 import pytest
 import test_worker_lifecycle
 from helpers import unique_deployment, wait_until
+from prometheus_client import REGISTRY
 
 from zeroth_pg.client import LeaseManager
 from zeroth_pg.worker import RunContext, RunWorker
@@ -163,6 +164,8 @@ async def test_a_run_that_finds_no_slot_in_time_is_handed_back_with_its_attempt(
         return (row["status"], row["hand_backs"]) == ("pending", 1)
 
     await wait_until(handed_back, "the waiting run to be handed back", within=10)
+    assert REGISTRY.get_sample_value("zeroth_runs_not_started_ahead_total",
+                                     {"deployment": dep}) == 1
     row = await _row(pool, waiting)
     assert row["attempts"] == 0  # the attempt its claim counted is given back
     assert row["lease_worker_id"] is None

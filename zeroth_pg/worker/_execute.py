@@ -230,6 +230,7 @@ class RunExecutor:
         if entry.state is RunState.WAITING and entry.stop_reason is None and not self.stopping():
             log.info("run %s: claimed ahead, no handler slot within %.1f s; handing it back",
                      entry.run.run_id, AHEAD_WAIT)
+            self.metrics.runs_not_started_ahead.labels(entry.scope.deployment_ref).inc()
             gate.no_slot()
             entry.stop(StopReason.NO_SLOT)
 
