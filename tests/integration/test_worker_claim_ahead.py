@@ -21,6 +21,7 @@ import pytest
 import test_worker_lifecycle
 from helpers import unique_deployment, wait_until
 from prometheus_client import REGISTRY
+from test_worker_claim_along import _drained, _statuses
 
 from zeroth_pg.client import LeaseManager
 from zeroth_pg.worker import RunContext, RunWorker
@@ -40,13 +41,6 @@ async def _row(pool: asyncpg.Pool, run_id: UUID) -> asyncpg.Record:
     return await pool.fetchrow(
         """SELECT status::text AS status, attempts, hand_backs, lease_generation,
                   lease_worker_id FROM zeroth.runs WHERE run_id = $1""", run_id)
-
-
-async def _statuses(pool: asyncpg.Pool, dep: str) -> dict[str, int]:
-    rows = await pool.fetch(
-        """SELECT status::text AS status, count(*) AS n FROM zeroth.runs
-            WHERE deployment_ref = $1 GROUP BY status""", dep)
-    return {row["status"]: row["n"] for row in rows}
 
 
 class _FirstBlocks:
@@ -146,10 +140,6 @@ async def test_claiming_ahead_never_runs_more_handlers_than_max_concurrency(pool
     rows = await pool.fetch(
         "SELECT attempts, hand_backs FROM zeroth.runs WHERE deployment_ref = $1", dep)
     assert {(row["attempts"], row["hand_backs"]) for row in rows} == {(1, 0)}
-
-
-async def _drained(pool: asyncpg.Pool, dep: str, total: int) -> bool:
-    return await _statuses(pool, dep) == {"completed": total}
 
 
 async def test_a_run_that_finds_no_slot_in_time_is_handed_back_with_its_attempt(
