@@ -32,6 +32,10 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 
 __all__ = ["WorkerMetrics", "default_metrics", "start_http_server"]
 
+#: A run claimed ahead waits about a handler's time (the worker claims ahead only while its
+#: handlers return within 0.25 s) and is handed back after a second (a drain: longer).
+SLOT_WAIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+
 
 @dataclass(frozen=True)
 class WorkerMetrics:
@@ -47,6 +51,7 @@ class WorkerMetrics:
     runs_dead_lettered: Counter
     runs_slept: Counter
     runs_not_started_ahead: Counter
+    slot_wait: Histogram
     guardrail_rejections: Counter
     utilization: Gauge
     queue_depth: Gauge
@@ -98,8 +103,14 @@ class WorkerMetrics:
                                registry=registry),
             runs_not_started_ahead=Counter(
                 "zeroth_runs_not_started_ahead", "Runs claimed ahead (claim_ahead) that found "
-                "no handler slot within a second and were handed back without running.", d,
+                "no handler slot within a second (or before their deadline) and were "
+                "handed back without running.", d,
                 registry=registry),
+            slot_wait=Histogram(
+                "zeroth_run_slot_wait_seconds", "How long a run claimed ahead (claim_ahead) "
+                "waited for a handler slot, from the moment it found none free until it got one "
+                "or was stopped (handed back, cancelled, its lease lost). Runs that found a slot "
+                "free at once are not observed.", d, buckets=SLOT_WAIT_BUCKETS, registry=registry),
             guardrail_rejections=Counter("zeroth_guardrail_rejections",
                                          "Claims refused by a guardrail.", (*d, "reason"),
                                          registry=registry),

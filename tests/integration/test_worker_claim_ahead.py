@@ -6,9 +6,10 @@ only once its last max_concurrency handlers were short, and never while they are
 waits longer than AHEAD_WAIT is handed back with its attempt given back, and the worker claims
 nothing more ahead until its handlers are short again (so a handler that ignores its cancellation
 cannot make it bounce a run to its dead letter); a cancel request or a lost lease stops a waiting
-run without its handler ever running (and, for the lost lease, without a write); a graceful
-drain runs the waiting runs instead of handing them back, however long they wait; bad values are
-refused."""
+run without its handler ever running (and, for the lost lease, without a write); a deadline that
+comes while a run waits hands it back, not a timeout of a run that never ran; a graceful drain
+runs the waiting runs instead of handing them back, however long they wait short of their
+deadline; bad values are refused."""
 
 from __future__ import annotations
 
@@ -81,24 +82,27 @@ def _waiting(worker: RunWorker) -> list[UUID]:
             if entry.state is RunState.WAITING]
 
 
-async def _warm_then_block(pool: asyncpg.Pool, dep: str) -> UUID:
+async def _warm_then_block(pool: asyncpg.Pool, dep: str,
+                           attempt_timeout_seconds: int | None = None) -> UUID:
     """Runs in claim order: AHEAD_EVIDENCE short ones (the evidence a worker needs before it
     claims ahead), one that blocks in its handler, and the one that will wait for the slot
-    (returned)."""
+    (returned; with that attempt timeout)."""
     lm = LeaseManager(pool)
     await lm.enqueue_runs(dep, [{"payload": {"n": 0}, "priority": 2}] * AHEAD_EVIDENCE
                           + [{"payload": {"block": True}, "priority": 1}])
-    [waiting] = await lm.enqueue_runs(dep, [{"payload": {"n": 1}, "priority": 0}])
+    waiting = await lm.enqueue_run(dep, {"n": 1}, priority=0,
+                                   attempt_timeout_seconds=attempt_timeout_seconds)
     return waiting.run_id
 
 
 async def _two_runs_one_waiting(pool: asyncpg.Pool, spawn_worker: Any, handler: _FirstBlocks,
+                                attempt_timeout_seconds: int | None = None,
                                 **options: Any) -> tuple[RunWorker, str, UUID]:
     """A worker of one handler slot that claims one ahead, once a short run proved its handlers
     short: one run blocks in its handler, the next waits for the slot. Returns the worker, the
     deployment and the waiting run."""
     dep = unique_deployment("ahead")
-    waiting = await _warm_then_block(pool, dep)
+    waiting = await _warm_then_block(pool, dep, attempt_timeout_seconds)
     worker = await spawn_worker(dep, handler, max_concurrency=1, claim_ahead=1, **options)
     await wait_until(lambda: handler.blocking is not None and _waiting(worker) == [waiting],
                      "one run in its handler and the next waiting for the slot", within=10)
@@ -156,6 +160,11 @@ async def test_a_run_that_finds_no_slot_in_time_is_handed_back_with_its_attempt(
     await wait_until(handed_back, "the waiting run to be handed back", within=10)
     assert REGISTRY.get_sample_value("zeroth_runs_not_started_ahead_total",
                                      {"deployment": dep}) == 1
+    # Its wait is observed when it ends, past the one-second bucket (the wait was 2 s here).
+    waited = {bound: REGISTRY.get_sample_value("zeroth_run_slot_wait_seconds_bucket",
+                                               {"deployment": dep, "le": bound})
+              for bound in ("1.0", "+Inf")}
+    assert waited["+Inf"] - waited["1.0"] == 1
     row = await _row(pool, waiting)
     assert row["attempts"] == 0  # the attempt its claim counted is given back
     assert row["lease_worker_id"] is None
@@ -165,6 +174,39 @@ async def test_a_run_that_finds_no_slot_in_time_is_handed_back_with_its_attempt(
     assert worker._runs.ahead() == 0
     await asyncio.sleep(0.5)
     assert (await _row(pool, waiting))["status"] == "pending"
+
+    handler.release.set()
+    await wait_until(lambda: _drained(pool, dep, AHEAD_EVIDENCE + 2), "every run to complete",
+                     within=10)
+    assert handler.called.count(waiting) == 1
+    assert (await _row(pool, waiting))["attempts"] == 1
+
+
+async def test_a_waiting_run_whose_attempt_deadline_comes_is_handed_back_not_timed_out(
+        pool, spawn_worker, monkeypatch):
+    # The wait's own bound out of the way: the attempt's deadline (3 s, stopped 0.15 s before
+    # it: time for a loaded machine to see the run wait) comes first, as an attempt timeout of
+    # one second does with the real one-second wait.
+    monkeypatch.setattr("zeroth_pg.worker._execute.AHEAD_WAIT", 30.0)
+    handler = _FirstBlocks()
+    worker, dep, waiting = await _two_runs_one_waiting(pool, spawn_worker, handler,
+                                                       attempt_timeout_seconds=3)
+
+    async def handed_back() -> bool:
+        row = await _row(pool, waiting)
+        return (row["status"], row["hand_backs"]) == ("pending", 1)
+
+    await wait_until(handed_back, "the waiting run to be handed back", within=10)
+    # It never ran: its attempt is given back and no attempt of it timed out.
+    row = await _row(pool, waiting)
+    assert (row["attempts"], row["lease_worker_id"]) == (0, None)
+    assert waiting not in handler.called
+    assert await pool.fetchval(
+        "SELECT count(*) FROM zeroth.run_attempts WHERE run_id = $1 AND outcome = 'timed_out'",
+        waiting) == 0
+    assert REGISTRY.get_sample_value("zeroth_runs_not_started_ahead_total",
+                                     {"deployment": dep}) == 1
+    assert worker._runs.ahead() == 0
 
     handler.release.set()
     await wait_until(lambda: _drained(pool, dep, AHEAD_EVIDENCE + 2), "every run to complete",

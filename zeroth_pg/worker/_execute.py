@@ -155,7 +155,21 @@ class RunExecutor:
         stop_at = entry.attempt_deadline - min(1.0, DEADLINE_MARGIN * entry.run.deadline_in)
         entry.deadline_timer = asyncio.get_running_loop().call_at(
             asyncio.get_running_loop().time() + max(0.0, stop_at - time.monotonic()),
-            entry.stop, StopReason.TIMEOUT)
+            self._deadline_came, entry)
+
+    def _deadline_came(self, entry: ActiveRun) -> None:
+        """The deadline (the earlier of the attempt's and the run's, less its margin) came: the
+        handler is stopped, a timeout. A run claimed ahead that still waits for a handler slot
+        never ran, so it is handed back instead, as when it finds no slot in time (an attempt
+        timeout of a second comes before AHEAD_WAIT), drain or not: it could not run in the
+        time left. The claim does not say which deadline it was: past its run deadline, the
+        handed-back run is failed for good by the next claim or orphan sweep that meets it
+        (zeroth.wake_due_waits), as any pending run past its run deadline is."""
+        gate = self.runs.ahead_gate
+        if gate is not None and entry.state is RunState.WAITING and entry.stop_reason is None:
+            self._hand_back_unstarted(entry, gate, "its deadline came before a handler slot")
+        else:
+            entry.stop(StopReason.TIMEOUT)
 
     async def _execute(self, entry: ActiveRun) -> None:
         run = entry.run
@@ -212,11 +226,14 @@ class RunExecutor:
         cancels the wait and the run is settled without starting (_execute)."""
         if gate.slots.locked():
             entry.advance(RunState.WAITING)
+            began = time.monotonic()
             timer = asyncio.get_running_loop().call_later(AHEAD_WAIT, self._no_slot, entry, gate)
             try:
                 await gate.slots.acquire()
             finally:
                 timer.cancel()
+                self.metrics.slot_wait.labels(entry.scope.deployment_ref).observe(
+                    time.monotonic() - began)
         else:
             await gate.slots.acquire()  # a free slot: returns at once
         gate.took(entry)
@@ -228,11 +245,15 @@ class RunExecutor:
         then it waits for a handler as every held run does (handed back after
         shutdown_timeout)."""
         if entry.state is RunState.WAITING and entry.stop_reason is None and not self.stopping():
-            log.info("run %s: claimed ahead, no handler slot within %.1f s; handing it back",
-                     entry.run.run_id, AHEAD_WAIT)
-            self.metrics.runs_not_started_ahead.labels(entry.scope.deployment_ref).inc()
-            gate.no_slot()
-            entry.stop(StopReason.NO_SLOT)
+            self._hand_back_unstarted(entry, gate, f"no handler slot within {AHEAD_WAIT:g} s")
+
+    def _hand_back_unstarted(self, entry: ActiveRun, gate: ClaimAhead, why: str) -> None:
+        """Stop a waiting run claimed ahead (NO_SLOT: handed back, its attempt given back) and
+        claim nothing more ahead until the handlers are short again."""
+        log.info("run %s: claimed ahead, %s; handing it back", entry.run.run_id, why)
+        self.metrics.runs_not_started_ahead.labels(entry.scope.deployment_ref).inc()
+        gate.no_slot()
+        entry.stop(StopReason.NO_SLOT)
 
     async def _attempt(self, entry: ActiveRun, span: Any) -> None:
         """Run the handler, decide the outcome, report it, settle it (``span``: its trace)."""

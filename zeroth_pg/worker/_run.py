@@ -107,8 +107,9 @@ class StopReason(enum.Enum):
     #: handler is stopped and the attempt settled as a timeout (retried or failed by the
     #: database, not a crash). The lease is still live: the database caps it at the deadline.
     TIMEOUT = "timeout"
-    #: A run claimed ahead (``claim_ahead``) found no handler slot within AHEAD_WAIT: handed back
-    #: to pending (its attempt given back), never started here.
+    #: A run claimed ahead (``claim_ahead``) found no handler slot within AHEAD_WAIT, or before
+    #: its deadline (its attempt's or its run's): handed back to pending (its attempt given
+    #: back), never started.
     NO_SLOT = "no_slot"
 
     @property
