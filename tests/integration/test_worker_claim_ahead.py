@@ -83,26 +83,28 @@ def _waiting(worker: RunWorker) -> list[UUID]:
 
 
 async def _warm_then_block(pool: asyncpg.Pool, dep: str,
-                           attempt_timeout_seconds: int | None = None) -> UUID:
+                           attempt_timeout_seconds: int | None = None,
+                           max_attempts: int | None = None) -> UUID:
     """Runs in claim order: AHEAD_EVIDENCE short ones (the evidence a worker needs before it
     claims ahead), one that blocks in its handler, and the one that will wait for the slot
-    (returned; with that attempt timeout)."""
+    (returned; with that attempt timeout and max_attempts)."""
     lm = LeaseManager(pool)
     await lm.enqueue_runs(dep, [{"payload": {"n": 0}, "priority": 2}] * AHEAD_EVIDENCE
                           + [{"payload": {"block": True}, "priority": 1}])
-    waiting = await lm.enqueue_run(dep, {"n": 1}, priority=0,
+    waiting = await lm.enqueue_run(dep, {"n": 1}, priority=0, max_attempts=max_attempts,
                                    attempt_timeout_seconds=attempt_timeout_seconds)
     return waiting.run_id
 
 
 async def _two_runs_one_waiting(pool: asyncpg.Pool, spawn_worker: Any, handler: _FirstBlocks,
                                 attempt_timeout_seconds: int | None = None,
+                                max_attempts: int | None = None,
                                 **options: Any) -> tuple[RunWorker, str, UUID]:
     """A worker of one handler slot that claims one ahead, once a short run proved its handlers
     short: one run blocks in its handler, the next waits for the slot. Returns the worker, the
     deployment and the waiting run."""
     dep = unique_deployment("ahead")
-    waiting = await _warm_then_block(pool, dep, attempt_timeout_seconds)
+    waiting = await _warm_then_block(pool, dep, attempt_timeout_seconds, max_attempts)
     worker = await spawn_worker(dep, handler, max_concurrency=1, claim_ahead=1, **options)
     await wait_until(lambda: handler.blocking is not None and _waiting(worker) == [waiting],
                      "one run in its handler and the next waiting for the slot", within=10)
@@ -180,6 +182,32 @@ async def test_a_run_that_finds_no_slot_in_time_is_handed_back_with_its_attempt(
                      within=10)
     assert handler.called.count(waiting) == 1
     assert (await _row(pool, waiting))["attempts"] == 1
+
+
+async def test_a_run_on_its_last_attempt_waits_for_a_slot_rather_than_risk_its_dead_letter(
+        pool, spawn_worker, monkeypatch):
+    # max_attempts 1: its first claim is its last attempt. Once its hand-backs are spent (other
+    # workers of a fleet may have spent them), a hand-back there would dead-letter a run whose
+    # handler never ran; so it waits past AHEAD_WAIT instead.
+    monkeypatch.setattr("zeroth_pg.worker._execute.AHEAD_WAIT", 0.5)
+    handler = _FirstBlocks()
+    worker, dep, waiting = await _two_runs_one_waiting(pool, spawn_worker, handler,
+                                                       max_attempts=1)
+    await wait_until(lambda: worker._runs.ahead() == 0, "the blocking handler to turn long",
+                     within=10)
+    await asyncio.sleep(0.6)  # past the wait's bound
+    assert _waiting(worker) == [waiting]
+    row = await _row(pool, waiting)
+    assert (row["status"], row["attempts"], row["hand_backs"]) == ("running", 1, 0)
+    assert REGISTRY.get_sample_value("zeroth_runs_not_started_ahead_total",
+                                     {"deployment": dep}) in (None, 0)
+
+    handler.release.set()
+    await wait_until(lambda: _run_completed(pool, waiting), "the waiting run to complete",
+                     within=10)
+    assert handler.called.count(waiting) == 1
+    row = await _row(pool, waiting)
+    assert (row["attempts"], row["hand_backs"]) == (1, 0)
 
 
 async def test_a_waiting_run_whose_attempt_deadline_comes_is_handed_back_not_timed_out(
@@ -301,6 +329,46 @@ async def test_a_worker_whose_handlers_are_long_never_claims_ahead(pool, spawn_w
     hand_backs = {row["hand_backs"] for row in await pool.fetch(
         "SELECT hand_backs FROM zeroth.runs WHERE deployment_ref = $1", dep)}
     assert hand_backs == {0}
+
+
+async def test_completions_carry_no_claims_into_slots_that_waiting_runs_took(
+        pool, spawn_worker, monkeypatch):
+    # Runs held beyond the handlers when the handlers turned long must not be replaced as they
+    # start: a completion's claim along would keep the worker claiming ahead without evidence.
+    monkeypatch.setattr("zeroth_pg.worker._execute.AHEAD_WAIT", 30.0)
+    dep = unique_deployment("ahead")
+    lm = LeaseManager(pool)
+    await lm.enqueue_runs(dep, [{"payload": {"n": 0}, "priority": 3}] * AHEAD_EVIDENCE
+                          + [{"payload": {"hold": "a"}, "priority": 2},
+                             {"payload": {"hold": "w"}, "priority": 1}])
+    after = [(await lm.enqueue_run(dep, {"n": 1}, priority=0)).run_id for _ in range(2)]
+    release = {"a": asyncio.Event(), "w": asyncio.Event()}
+    running: list[str] = []
+
+    async def handler(ctx: RunContext) -> dict[str, Any]:
+        hold = ctx.payload.get("hold")
+        if hold is not None:
+            running.append(hold)
+            await release[hold].wait()
+        return {"ok": True}
+
+    worker = await spawn_worker(dep, handler, max_concurrency=1, claim_ahead=1)
+    await wait_until(lambda: running == ["a"] and len(_waiting(worker)) == 1,
+                     "run a in its handler and run w waiting for the slot", within=10)
+    await asyncio.sleep(0.4)  # a has run longer than AHEAD_HANDLER_LIMIT: no more claiming ahead
+    assert worker._runs.ahead() == 0
+    release["a"].set()
+    await wait_until(lambda: running == ["a", "w"], "run w to take the slot a freed", within=10)
+    await asyncio.sleep(0.3)
+    # a's completion claimed nothing along: the slot it freed went to w, and nothing waits.
+    assert _waiting(worker) == []
+    assert {(await _row(pool, run_id))["status"] for run_id in after} == {"pending"}
+    release["w"].set()
+    await wait_until(lambda: _drained(pool, dep, AHEAD_EVIDENCE + 4), "every run to complete",
+                     within=10)
+    rows = await pool.fetch(
+        "SELECT attempts, hand_backs FROM zeroth.runs WHERE deployment_ref = $1", dep)
+    assert {(row["attempts"], row["hand_backs"]) for row in rows} == {(1, 0)}
 
 
 async def test_a_handler_that_ignores_its_cancellation_cannot_bounce_runs_to_their_dead_letter(

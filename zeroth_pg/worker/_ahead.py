@@ -9,7 +9,10 @@ hand-backs the database gives back an attempt for. So the worker claims ahead on
 last handlers (``max_concurrency`` of them, at least :data:`AHEAD_EVIDENCE`) each returned within
 :data:`AHEAD_HANDLER_LIMIT` (none yet: not at all) and no handler running now has run longer; a
 run that waited :data:`AHEAD_WAIT` anyway (every handler turned long at once, or one ignores its
-cancellation; not during a drain) is handed back and makes it gather that evidence again.
+cancellation; not during a drain) is handed back and makes it gather that evidence again — not
+on its last attempt, where a hand-back could dead-letter a run that never ran: it waits on. A
+completion claims along only into room the worker may still fill (the slot it frees goes to a
+waiting run first).
 """
 
 from __future__ import annotations

@@ -319,13 +319,20 @@ class ClaimLoop:
             if not along or self._stopping() or not isinstance(source, OneScope):
                 return None
             sent, sent_ns = time.monotonic(), tracing.now_ns()
-            # A worker that claims ahead also tops up the runs waiting for a handler slot (an
-            # entry of the batch whose lease is gone is no longer held: free() counts its room).
-            top_up = 0
-            if self.runs.ahead():
-                top_up = max(0, self.runs.free() - sum(e.lease_gone for e in along
-                                                        if isinstance(e, ActiveRun)))
-            wanted = min(len(along) + top_up, MAX_CLAIM_BATCH)
+            wanted = len(along)
+            if self.runs.ahead_gate is not None:
+                # A worker that claims ahead fills the room the completions free plus what
+                # free() has besides (the runs ahead it may hold now): more than one run per
+                # completion while its handlers are short, fewer when it holds more than it may
+                # (runs waiting, claimed ahead before a handler turned long): the slot a
+                # completion frees went to a waiting run. An entry of the batch whose lease is
+                # gone is no longer held: free() counts its room already.
+                wanted = max(0, min(len(along) + self.runs.free()
+                                    - sum(e.lease_gone for e in along
+                                          if isinstance(e, ActiveRun)), MAX_CLAIM_BATCH))
+                if not wanted:
+                    return None
+            top_up = max(0, wanted - len(along))
             with self.runs.claiming(top_up):
                 completions, result = await source.complete_and_claim(
                     settings.worker_id,

@@ -243,9 +243,19 @@ class RunExecutor:
         handed back (the database gives the attempt back, within the run's hand-backs) and the
         worker claims nothing more ahead until its handlers are short again. Not during a drain:
         then it waits for a handler as every held run does (handed back after
-        shutdown_timeout)."""
-        if entry.state is RunState.WAITING and entry.stop_reason is None and not self.stopping():
-            self._hand_back_unstarted(entry, gate, f"no handler slot within {AHEAD_WAIT:g} s")
+        shutdown_timeout). Not on the run's last attempt either: once its hand-backs are spent
+        (other workers may have handed it back before), a hand-back there dead-letters it, and
+        a run must not end without its handler having run because handlers turned long; it
+        waits for a handler (its deadline, a cancel or a drain still stop it)."""
+        if entry.state is not RunState.WAITING or entry.stop_reason is not None \
+                or self.stopping():
+            return
+        if entry.run.attempts >= entry.run.max_attempts:
+            log.info("run %s: claimed ahead, no handler slot within %g s; on its last attempt, "
+                     "it waits for one", entry.run.run_id, AHEAD_WAIT)
+            gate.no_slot()
+            return
+        self._hand_back_unstarted(entry, gate, f"no handler slot within {AHEAD_WAIT:g} s")
 
     def _hand_back_unstarted(self, entry: ActiveRun, gate: ClaimAhead, why: str) -> None:
         """Stop a waiting run claimed ahead (NO_SLOT: handed back, its attempt given back) and
