@@ -325,11 +325,13 @@ class ClaimLoop:
                 # free() has besides (the runs ahead it may hold now): more than one run per
                 # completion while its handlers are short, fewer when it holds more than it may
                 # (runs waiting, claimed ahead before a handler turned long): the slot a
-                # completion frees went to a waiting run. An entry of the batch whose lease is
-                # gone is no longer held: free() counts its room already.
+                # completion frees went to a waiting run. An entry of the batch no longer held
+                # (its lease gone, or stopped and past its deadline) has its room counted by
+                # free() already.
+                held = {id(e) for e in self.runs.held()}
                 wanted = max(0, min(len(along) + self.runs.free()
-                                    - sum(e.lease_gone for e in along
-                                          if isinstance(e, ActiveRun)), MAX_CLAIM_BATCH))
+                                    - sum(isinstance(e, ActiveRun) and id(e) not in held
+                                          for e in along), MAX_CLAIM_BATCH))
                 if not wanted:
                     return None
             top_up = max(0, wanted - len(along))
