@@ -33,7 +33,8 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 __all__ = ["WorkerMetrics", "default_metrics", "start_http_server"]
 
 #: A run claimed ahead waits about a handler's time (the worker claims ahead only while its
-#: handlers return within 0.25 s) and is handed back after a second (a drain: longer).
+#: handlers return within 0.25 s) and is handed back after a second (a drain or its last attempt:
+#: longer).
 SLOT_WAIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
 
 

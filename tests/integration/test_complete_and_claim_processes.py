@@ -145,8 +145,11 @@ async def test_a_worker_process_that_claims_ahead_drains_under_load_and_stops_cl
         workers: Any, events: asyncpg.Pool) -> None:
     """``zeroth-pg worker --claim-ahead`` as a user starts it: short handlers under a backlog,
     SIGTERM half-way. It never runs more handlers than --concurrency, leaves nothing leased
-    after the drain (the runs waiting for a slot ran in it), hands nothing back and completes
-    every run once, one attempt each."""
+    after the drain (the runs waiting for a slot ran in it) and completes every run once, one
+    attempt each. The only runs it hands back are the ones a completion's claim brought back
+    after the drain began (never started; their attempt given back): at most one call's worth,
+    max_concurrency + claim_ahead. Most runs of this test miss that race, not all (it failed
+    one run in eight on 030a973, where the test asserted no hand-back at all)."""
     pool = events
     dep = deployment_name("ahead")
     a = await workers(dep, "worker_apps:sleeper", "--concurrency", "3", "--claim-ahead", "3",
@@ -167,5 +170,9 @@ async def test_a_worker_process_that_claims_ahead_drains_under_load_and_stops_cl
     rows = await pool.fetch(
         """SELECT status::text, attempts, hand_backs, count(*) FROM zeroth.runs
             WHERE deployment_ref = $1 GROUP BY 1, 2, 3""", dep)
-    assert [tuple(r) for r in rows] == [("completed", 1, 0, AHEAD_RUNS)]
+    assert {(r["status"], r["attempts"]) for r in rows} == {("completed", 1)}
+    handed_back = {r["hand_backs"]: r["count"] for r in rows}
+    assert set(handed_back) <= {0, 1}
+    assert handed_back.get(1, 0) <= 3 + 3
+    assert sum(handed_back.values()) == AHEAD_RUNS
     assert await most_at_once(pool, dep) <= 3
