@@ -221,9 +221,10 @@ async def _finish(trace: Trace, sent: int, limit: float = DRAIN_LIMIT) -> None:
 # System, set up on it), the trace, the load and the consumer's slots W; returns runs sent.
 
 async def zeroth_cell(dsn: str, trace: Trace, load: Load, concurrency: int, *,
-                      call_timeout: float | None = 5.0) -> int:
+                      call_timeout: float | None = 5.0, claim_ahead: int = 0) -> int:
     """The RunWorker at its defaults but for the cell's settings; ``call_timeout`` is the
-    worker's call bound (its default, 5 s; bench.cpu_per_run --call-timeout compares)."""
+    worker's call bound (its default, 5 s; bench.cpu_per_run --call-timeout compares),
+    ``claim_ahead`` its runs claimed beyond its handler slots (default 0)."""
     async def handler(run: Any) -> None:
         trace.start(run.payload["n"])
         await asyncio.sleep(HANDLER_SECONDS)
@@ -231,6 +232,7 @@ async def zeroth_cell(dsn: str, trace: Trace, load: Load, concurrency: int, *,
     async with pool(dsn, concurrency + 4) as workers, pool(dsn, 2) as producers:
         worker = RunWorker(workers, DEPLOYMENT, handler, dsn=dsn, max_concurrency=concurrency,
                            lease_duration=30.0, call_timeout=call_timeout,
+                           claim_ahead=claim_ahead,
                            metrics=WorkerMetrics.create(CollectorRegistry()))
         lm = LeaseManager(producers)
         await worker.start()
