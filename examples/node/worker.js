@@ -107,8 +107,11 @@ async function claim(limit) {
   return orphans.rows.concat(pending.rows);
 }
 
-// One renew_leases call for every held run; a refused renewal or a cancel request is noted on the
-// run, whose handler reacts at its next step.
+// One renew_leases call for every held run; a refused renewal (renewed false) or a cancel request
+// is noted on the run, whose handler reacts at its next step. renewed NULL is not a refusal: the
+// run's row was busy (this worker's own checkpoint of it in flight on another connection, an
+// application's cancel in an open transaction) and the lease is still held: the next renewal tries
+// again.
 async function renewAll() {
   if (held.size === 0) return;
   const ids = [...held.keys()];
@@ -119,7 +122,7 @@ async function renewAll() {
     [worker, ids, ids.map((id) => held.get(id).generation), tenant, workspace, opts.lease]);
   for (const row of rows) {
     const run = held.get(row.run_id);
-    if (run && !row.renewed) run.lost = true;
+    if (run && row.renewed === false) run.lost = true;
     if (run && row.cancel_requested) run.cancel = true;
   }
 }

@@ -9,6 +9,7 @@ suffices offline). Only a machine without node or npm skips these tests, saying 
 
 from __future__ import annotations
 
+import asyncio
 import re
 import shutil
 import signal
@@ -94,6 +95,33 @@ class TestNodeWorker:
             == {first: ("cancelled", None), second: ("pending", None)}
         assert (runs[second]["attempts"], runs[second]["checkpoints"]) == (
             0, int(handed_back[0].group(1)))
+
+    async def test_a_renewal_that_finds_the_row_busy_keeps_the_lease(
+            self, node_modules, database_dsn, connect):
+        db = await connect()
+        run_id = await enqueue(db, DEPLOYMENT, {"steps": 1000})
+        # A 9 s lease is renewed every 3 s; the run's row is held for 4 s, across a renewal that
+        # skips it (renewed NULL: busy, not lost), and given back 2 s or more before the lease
+        # would run out.
+        process = await run_worker(node_modules, database_dsn, "--lease", "9",
+                                   STEP_SECONDS="0.05")
+        await read_until(process, f"checkpoint {run_id} step")
+        async with db.transaction():
+            await db.execute("SELECT 1 FROM zeroth.runs WHERE run_id = $1 FOR UPDATE", run_id)
+            await asyncio.sleep(4)
+        # Its steps go on once the row is free (the checkpoint that waited for it, then more).
+        seen = await read_until(process, f"checkpoint {run_id} step")
+        seen += await read_until(process, f"checkpoint {run_id} step")
+        process.send_signal(signal.SIGTERM)
+        code, out, err = await finish(process)
+
+        assert code == 0, err
+        assert not [line for line in seen + out if line.startswith("lease lost")], seen + out
+        assert [line for line in out if re.fullmatch(
+            rf"stopping: handed back {run_id} after step \d+: true", line)], out
+        assert out[-1] == "stopped"
+        run = (await rows(db))[run_id]
+        assert (run["status"], run["lease_worker_id"], run["attempts"]) == ("pending", None, 0)
 
     async def test_a_notify_wakes_the_idle_worker_before_its_poll(
             self, node_modules, database_dsn, connect):
