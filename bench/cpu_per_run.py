@@ -3,7 +3,7 @@ cpuacct cgroup of its own, so that the count is far less sensitive than runs/s t
 the machine runs.
 
     python -m bench.cpu_per_run [--version 18|15] [--concurrency W] [--seconds S] [--every S]
-        [--call-timeout S] [--settle-in-flight N]
+        [--call-timeout S] [--claim-ahead N] [--settle-in-flight N]
 
 The cell is cold_start's depth cell (bench/continuous.py: a fresh database, a RunWorker with W
 slots and a 1 ms handler, the queue held 4,000 deep by a producer in the same process, as in
@@ -230,7 +230,8 @@ async def measure(args: argparse.Namespace) -> None:
                     await monitor.run(stop_monitor)
                 monitoring = asyncio.create_task(watch())
             await zeroth_cell(dsn, trace, Load(args.seconds, depth=args.depth), args.concurrency,
-                              call_timeout=args.call_timeout or None)
+                              call_timeout=args.call_timeout or None,
+                              claim_ahead=args.claim_ahead)
             sampling.cancel()
             stop_monitor.set()
             with contextlib.suppress(asyncio.CancelledError):
@@ -272,6 +273,8 @@ def main() -> None:
                              "deltas per run (loads pg_stat_statements: one restart first)")
     parser.add_argument("--call-timeout", type=float, default=5.0,
                         help="the RunWorker's call bound in seconds (its default 5; 0: none)")
+    parser.add_argument("--claim-ahead", type=int, default=0,
+                        help="the RunWorker's claim_ahead (default 0)")
     parser.add_argument("--settle-in-flight", type=int, default=None,
                         help="settling calls out at once (zeroth_pg.worker._settle."
                              "MAX_IN_FLIGHT; default: the worker's)")
