@@ -108,10 +108,20 @@ class TestNodeWorker:
         await read_until(process, f"checkpoint {run_id} step")
         async with db.transaction():
             await db.execute("SELECT 1 FROM zeroth.runs WHERE run_id = $1 FOR UPDATE", run_id)
+            # The last step saved before the lock (a checkpoint waits for the run's row).
+            step = await db.fetchval("SELECT max((data->>'step')::int) FROM zeroth.checkpoints "
+                                     "WHERE run_id = $1", run_id)
             await asyncio.sleep(4)
-        # Its steps go on once the row is free (the checkpoint that waited for it, then more).
-        seen = await read_until(process, f"checkpoint {run_id} step")
-        seen += await read_until(process, f"checkpoint {run_id} step")
+        # Its steps go on once the row is free: the checkpoint that waited for it, then one
+        # more, taken after the lock was let go (a lease taken for lost would print "lease
+        # lost" in place of it).
+        def later_step(line: str) -> bool:
+            return (line.startswith(f"checkpoint {run_id} step")
+                    and int(line.split()[-1]) >= step + 2)
+
+        seen: list[str] = []
+        while not seen or not (seen[-1].startswith("lease lost") or later_step(seen[-1])):
+            seen += await read_until(process, "")
         process.send_signal(signal.SIGTERM)
         code, out, err = await finish(process)
 

@@ -114,7 +114,7 @@ class RaceSpy:
         self.renewed.set()
         renewals = await self.real_renew(worker_id, leases, **kwargs)
         for renewal in renewals:
-            if not renewal.renewed:
+            if renewal.renewed is False:  # None: its row was busy, not a refusal
                 self.refused.setdefault(renewal.run_id, []).append(index)
         return renewals
 
