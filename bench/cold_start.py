@@ -116,7 +116,8 @@ def plan(cfg: Config, version: str) -> list[Cell]:
 
 def _chosen(cells: list[Cell]) -> list[Cell]:
     """The cells and systems ZEROTH_PG_BENCH_COLD_CELLS (kinds: continuous, chaos, depth) and
-    ZEROTH_PG_BENCH_COLD_SYSTEMS (names of SYSTEMS) keep, comma-separated; unset: all."""
+    ZEROTH_PG_BENCH_COLD_SYSTEMS (names of DEPTH_SYSTEMS; AHEAD runs in depth cells only) keep,
+    comma-separated; unset: all."""
     kinds = _listed("ZEROTH_PG_BENCH_COLD_CELLS", {"continuous", "chaos", "depth"})
     systems = _listed("ZEROTH_PG_BENCH_COLD_SYSTEMS", set(DEPTH_SYSTEMS))
     return [dataclasses.replace(cell, systems=tuple(n for n in cell.systems
@@ -340,7 +341,7 @@ async def _one_version(cfg: Config, rep: ScenarioReport, version: str, server: S
         if theirs is None:
             rep.targets.append(Target(goal, "not measured (pg-boss not run)", None))
         elif theirs <= 0:
-            rep.targets.append(Target(goal, f"pg-boss started nothing; zeroth {rate:.0f}/s",
+            rep.targets.append(Target(goal, f"pg-boss started nothing; {name} {rate:.0f}/s",
                                       rate > 0))
         else:
             ratio = rate / theirs

@@ -238,8 +238,9 @@ async def measure(args: argparse.Namespace) -> None:
                 await sampling
             if monitoring is not None:
                 await monitoring
-    print(f"PostgreSQL {args.version}, depth {args.depth}, W={args.concurrency}: runs/s per "
-          "5 s window", " ".join(f"{w:.0f}" for w in trace.windows(args.seconds)))
+    ahead = f", claim_ahead {args.claim_ahead}" if args.claim_ahead else ""
+    print(f"PostgreSQL {args.version}, depth {args.depth}, W={args.concurrency}{ahead}: runs/s "
+          "per 5 s window", " ".join(f"{w:.0f}" for w in trace.windows(args.seconds)))
     for a, b in itertools.pairwise(samples):
         runs = b["started"] - a["started"]
         if runs <= 0:
