@@ -111,7 +111,10 @@ async function claim(limit) {
 // is noted on the run, whose handler reacts at its next step. renewed NULL is not a refusal: the
 // run's row was busy (this worker's own checkpoint of it in flight on another connection, an
 // application's cancel in an open transaction) and the lease is still held: the next renewal tries
-// again.
+// again. A lease that runs out meanwhile is refused by the next renewal (renewed false) or
+// checkpoint, and every write after its expiry is refused by the fence; this example keeps no
+// local deadline (the Python RunWorker does), so a handler with effects outside the database
+// should check its lease's expiry itself.
 async function renewAll() {
   if (held.size === 0) return;
   const ids = [...held.keys()];
