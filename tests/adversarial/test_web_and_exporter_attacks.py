@@ -215,6 +215,10 @@ async def test_a_hurried_worker_exits_even_when_a_handler_swallows_its_cancellat
         await until("draining 1 run(s)")
         proc.send_signal(signal.SIGTERM)
         await until("abandoning it")
+        # The line says where the handler waits: its own code, under the await it swallows.
+        abandoned = next(line for line in lines if "abandoning it" in line)
+        assert "in sleep < stubborn_app.py:" in abandoned, abandoned
+        assert " in stubborn" in abandoned, abandoned
         await until("worker w-stubborn stopped")
         drain = asyncio.create_task(until("never printed"))
         try:

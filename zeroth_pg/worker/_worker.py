@@ -37,6 +37,7 @@ from zeroth_pg.worker._slots import HeldRuns
 from zeroth_pg.worker._sources import OneScope, default_worker_id, per_deployment, source_for
 from zeroth_pg.worker._sources import retry_policies as retry_policies_of
 from zeroth_pg.worker._startup import first_set, start_unless_stopped
+from zeroth_pg.worker._stuck import suspended_at
 
 __all__ = ["RunWorker"]
 
@@ -260,8 +261,9 @@ class RunWorker:
         tasks = [entry.task for entry in entries if entry.task is not None]
         if tasks:
             _, stuck = await asyncio.wait(tasks, timeout=self.shutdown_timeout)
-            if stuck:
-                log.error("run %s: its handler ignored the interrupt; leaving it", run_id)
+            for task in stuck:
+                log.error("run %s: its handler ignored the interrupt; leaving it (waiting at %s)",
+                          run_id, suspended_at(task))
 
     async def graceful_shutdown(self) -> None:
         """Stop claiming, let running handlers finish for up to ``shutdown_timeout``, then
@@ -303,8 +305,8 @@ class RunWorker:
                      else self.shutdown_timeout)
             _, stuck = await asyncio.wait(pending, timeout=bound)
             for task in stuck:
-                log.error("a handler ignored its cancellation at shutdown; abandoning it (%s)",
-                          task.get_name())
+                log.error("a handler ignored its cancellation at shutdown; abandoning it (%s, "
+                          "waiting at %s)", task.get_name(), suspended_at(task))
         background = list(self._tasks)
         for task in background:
             task.cancel()
