@@ -104,32 +104,13 @@ async def record(ctx: RunContext, kind: str, data: dict[str, Any] | None = None)
     write.result()
 
 
-async def _released(ctx: RunContext) -> bool:
+async def released(ctx: RunContext) -> bool:
     pool = await _events_pool()
     return bool(await pool.fetchval(
         """SELECT EXISTS (SELECT 1 FROM public.events e
                            WHERE e.run_id = $1 AND e.kind = 'release'
                              AND e.generation IN (0, $2))""",
         ctx.run_id, ctx.lease_generation))
-
-
-async def released(ctx: RunContext) -> bool:
-    """Whether the test released this run. A cancellation that comes during the query is
-    raised once the query has answered: cancelled mid-query, asyncpg would send a cancel
-    request on a new connection and the pool's release would wait for it, so how soon the
-    handler answers its cancellation would depend on that path (a hurried drain once waited
-    its whole 30 s lease for this handler in CI; the worker now logs where a handler it
-    abandons waits)."""
-    check = asyncio.ensure_future(_released(ctx))
-    cancelled = False
-    while not check.done():
-        try:
-            await asyncio.shield(check)
-        except asyncio.CancelledError:
-            cancelled = True
-    if cancelled:
-        raise asyncio.CancelledError
-    return check.result()
 
 
 async def scripted(ctx: RunContext) -> dict[str, Any]:
