@@ -212,19 +212,28 @@ async def test_a_run_on_its_last_attempt_waits_for_a_slot_rather_than_risk_its_d
 
 async def test_a_waiting_run_whose_attempt_deadline_comes_is_handed_back_not_timed_out(
         pool, spawn_worker, monkeypatch):
-    # The wait's own bound out of the way: the attempt's deadline (3 s, stopped 0.15 s before
-    # it: time for a loaded machine to see the run wait) comes first, as an attempt timeout of
-    # one second does with the real one-second wait.
+    # The wait's own bound out of the way: the attempt's deadline (3 s) comes first, as an
+    # attempt timeout of one second does with the real one-second wait. The run is stopped a
+    # second before it, the margin an attempt of 20 s or more has (5% of 3 s, 0.15 s, is less
+    # than a loaded CI machine may stall between the stop and the hand-back's write: a
+    # hand-back that arrives after the lease is refused and the sweep times the attempt out).
     monkeypatch.setattr("zeroth_pg.worker._execute.AHEAD_WAIT", 30.0)
+    monkeypatch.setattr("zeroth_pg.worker._execute.DEADLINE_MARGIN", 1 / 3)
     handler = _FirstBlocks()
     worker, dep, waiting = await _two_runs_one_waiting(pool, spawn_worker, handler,
                                                        attempt_timeout_seconds=3)
+    seen: dict[str, Any] = {}
 
     async def handed_back() -> bool:
-        row = await _row(pool, waiting)
-        return (row["status"], row["hand_backs"]) == ("pending", 1)
+        seen.update(await _row(pool, waiting))
+        return (seen["status"], seen["hand_backs"]) == ("pending", 1)
 
-    await wait_until(handed_back, "the waiting run to be handed back", within=10)
+    try:
+        await wait_until(handed_back, "the waiting run to be handed back", within=10)
+    except AssertionError as missed:  # say what it became instead
+        attempts = await pool.fetch("SELECT attempt, outcome FROM zeroth.run_attempts"
+                                    " WHERE run_id = $1", waiting)
+        raise AssertionError(f"{missed}; its row: {seen}, attempts: {attempts}") from None
     # It never ran: its attempt is given back and no attempt of it timed out.
     row = await _row(pool, waiting)
     assert (row["attempts"], row["lease_worker_id"]) == (0, None)
