@@ -127,7 +127,8 @@ class WorkerMetrics:
                 "zeroth_worker_errors", "Failures of the worker's own machinery, by kind: a "
                 "background loop that crashed and was restarted (renew_loop, claim_loop, ...), a "
                 "failed claim pass or orphan sweep, a run settled after a worker error (settle), "
-                "a completion batch or a run's completion the database refused.",
+                "a completion batch or a run's completion the database refused, a settling "
+                "call that failed transiently and is tried again (settle_retry).",
                 (*d, "kind"), registry=registry),
             scope_runs_started=Counter(
                 "zeroth_scope_runs_started", "Run executions started, per scope (only counted "

@@ -7,12 +7,14 @@ batch's, and a completion retrying on a held row does not hold up the completion
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import worker_probes
 from helpers import unique_deployment, wait_until
 from worker_probes import (
     wait_for_status,
+    worker_errors,
 )
 
 from zeroth_pg.client import LeaseManager
@@ -21,9 +23,14 @@ from zeroth_pg.worker import RunContext
 spawn_worker = worker_probes.spawn_worker  # the fixture: workers drained at teardown
 
 
-async def test_a_completion_cancelled_by_the_server_is_retried_not_a_failure(pool, spawn_worker):
+async def test_a_completion_cancelled_by_the_server_is_retried_said_and_counted_not_a_failure(
+        pool, spawn_worker, caplog):
     """statement_timeout or pg_cancel_backend cancelled the completion (57014): the worker took
-    it for a value the database refuses and failed a successful run for good. It is retried."""
+    it for a value the database refuses and failed a successful run for good. It is retried;
+    and not in silence (a settling call that keeps failing left no line until its lease ran
+    out): one WARNING naming the run when the retries begin, one INFO when it is answered,
+    each retry counted."""
+    caplog.set_level(logging.INFO, logger="zeroth_pg.worker")
     dep = unique_deployment("harden")
     lm = LeaseManager(pool)
     run = await lm.enqueue_run(dep, max_attempts=3)
@@ -57,6 +64,19 @@ async def test_a_completion_cancelled_by_the_server_is_retried_not_a_failure(poo
         await pool.release(holder)
     row = await wait_for_status(pool, run.run_id, "completed", within=20)
     assert (row["attempts"], row["output"]) == (1, {"done": True})
+    began = [r for r in caplog.records if "settle_runs" in r.getMessage()
+             and "failed; its leases are live, retrying in" in r.getMessage()]
+    assert len(began) == 1
+    assert began[0].levelno == logging.WARNING
+    assert f"run {run.run_id}'s complete" in began[0].getMessage()
+    assert began[0].exc_info is not None
+    assert getattr(began[0].exc_info[1], "code", None) == "57014"
+    answered = [r for r in caplog.records if "answers again" in r.getMessage()]
+    assert len(answered) == 1
+    assert answered[0].levelno == logging.INFO
+    assert answered[0].getMessage().startswith(
+        f"settle_runs (run {run.run_id}'s complete) answers again, after 1 failure over ")
+    assert worker_errors(dep, "settle_retry") == 1
 
 
 async def test_a_held_row_delays_only_its_own_completion_not_its_batch(pool, spawn_worker):

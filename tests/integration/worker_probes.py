@@ -65,7 +65,8 @@ def worker_errors(dep: str, kind: str) -> float:
 
 
 ERROR_KINDS = ("claim", "sweep", "settle", "completion_batch", "completion_refused",
-               "completion_lost", "claim_loop", "renew_loop", "complete_loop", "depth_loop")
+               "completion_lost", "settle_retry", "claim_loop", "renew_loop", "complete_loop",
+               "depth_loop")
 
 
 def all_worker_errors(dep: str) -> dict[str, float]:

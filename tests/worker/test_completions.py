@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -111,6 +112,34 @@ class TestAnswers:
             answer = await asyncio.wait_for(
                 batcher.complete(active(run, deadline=started + 0.3), {}), timeout=10)
         assert answer is None  # given up when the next retry would pass the deadline
+
+    async def test_retries_until_the_deadline_are_one_warning_a_count_each_and_a_summary(
+            self, database_dsn, lm, caplog):
+        # A settling call that kept failing was retried in silence until its lease deadline.
+        caplog.set_level(logging.INFO, logger="zeroth_pg.worker")
+        [run] = await claim(lm, 1)
+        closed = await asyncpg.create_pool(database_dsn, min_size=0, max_size=1)
+        await closed.close()
+        retries: list[int] = []
+        batcher = CompletionBatcher(LeaseManager(closed), WORKER,
+                                    on_retry=lambda: retries.append(1))
+        async with running(batcher):
+            answer = await asyncio.wait_for(
+                batcher.complete(active(run, deadline=time.monotonic() + 0.5), {}), timeout=10)
+        assert answer is None
+        lines = [(r.levelno, r.getMessage()) for r in caplog.records]
+        began = [line for line in lines if "failed; its leases are live" in line[1]]
+        assert began == [(logging.WARNING, f"settle_runs (run {run.run_id}'s complete) failed; "
+                          "its leases are live, retrying in 0.05 s")]
+        # Tries at 0, 0.05, 0.15, 0.35 s, each but the last retried; the next would pass the
+        # deadline: given up. The repeats after the first line are one line, when it ends.
+        assert len(retries) >= 2
+        repeats = [line for line in lines if "still failing" in line[1]]
+        assert len(repeats) == 1
+        assert repeats[0][0] == logging.WARNING
+        assert f"still failing: {len(retries) - 1} more time" in repeats[0][1]
+        assert any(level == logging.ERROR and f"run {run.run_id}: giving up its complete" in text
+                   for level, text in lines)
 
     async def test_a_stopped_loop_leaves_no_run_waiting(self, database_dsn, lm):
         [run] = await claim(lm, 1)

@@ -7,12 +7,12 @@ tracebacks, and the one line an operator needs (the first error, when it began, 
 was lost among them.
 
 A :class:`FailureStreak` logs the first failure of a streak, and any failure unlike the one
-before it, at ERROR with its traceback; repeats of the same failure as one WARNING line at most
-every :data:`REPEAT_EVERY` seconds (and when the loop stops), with how many there were; and the
-first success after a streak (a call that was made and answered) as one INFO line. "The same" is
-the same exception type and, for a database error, the same SQLSTATE, for an OS error the same
-errno, else the same message: a message that names a process id or a lock (a deadlock, a lock
-timeout) changes from one try to the next.
+before it, at ERROR (or the level it is given) with its traceback; repeats of the same failure as
+one WARNING line at most every :data:`REPEAT_EVERY` seconds (and when the loop stops), with how
+many there were; and the first success after a streak (a call that was made and answered) as one
+INFO line. "The same" is the same exception type and, for a database error, the same SQLSTATE,
+for an OS error the same errno, else the same message: a message that names a process id or a
+lock (a deadlock, a lock timeout) changes from one try to the next.
 """
 
 from __future__ import annotations
@@ -35,9 +35,14 @@ class FailureStreak:
     """The failures of one retrying loop (``what``: "claim pass", "orphan sweep")."""
 
     def __init__(self, what: str, log: logging.Logger, *, repeat_every: float = REPEAT_EVERY,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 first_level: int = logging.ERROR) -> None:
+        """``first_level``: the level of a streak's first line (and of a failure unlike the one
+        before): ERROR where any failure is news, WARNING where one retried failure is
+        expected now and then (a settling write that meets a deadlock)."""
         self.what = what
         self._log = log
+        self._first_level = first_level
         self._repeat_every = repeat_every
         self._clock = clock
         self._kind: tuple[str, str] | None = None
@@ -67,10 +72,11 @@ class FailureStreak:
             self.failures += 1
             self._reported, self._unreported = now, 0
             if retry_in is None:
-                self._log.error("%s failed; %s", self.what, retrying, exc_info=error)
+                self._log.log(self._first_level, "%s failed; %s", self.what, retrying,
+                              exc_info=error)
             else:
-                self._log.error("%s failed; %sretrying in %.2f s", self.what, doing, retry_in,
-                                exc_info=error)
+                self._log.log(self._first_level, "%s failed; %sretrying in %.2f s", self.what,
+                              doing, retry_in, exc_info=error)
             return
         self.failures += 1
         self._unreported += 1

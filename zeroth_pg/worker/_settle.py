@@ -43,6 +43,7 @@ from zeroth_pg.types import (
     Settlement,
     SettleOutcome,
 )
+from zeroth_pg.worker._failures import FailureStreak
 from zeroth_pg.worker._run import ActiveRun, RunState, StopReason
 
 if TYPE_CHECKING:
@@ -162,12 +163,14 @@ class CompletionBatcher:
         *,
         others_may_join: Callable[[], bool] = lambda: False,
         on_batch_refused: Callable[[], None] = lambda: None,
+        on_retry: Callable[[], None] = lambda: None,
         claim_along: ClaimAlong | None = None,
         max_in_flight: int | None = None,
     ) -> None:
         """``others_may_join``: True when a handler could finish in this same turn of the event
         loop (one more turn is worth waiting); ``on_batch_refused``: counts a batch the database
-        refused as a whole (then completed run by run); ``claim_along``: sends a batch that
+        refused as a whole (then completed run by run); ``on_retry``: counts a call that failed
+        transiently and is tried again; ``claim_along``: sends a batch that
         carries claims (one commit for both), tried once before the plain path;
         ``max_in_flight``: calls out at once (:data:`MAX_IN_FLIGHT`)."""
         self.max_in_flight = MAX_IN_FLIGHT if max_in_flight is None else max_in_flight
@@ -178,6 +181,7 @@ class CompletionBatcher:
         self.worker_id = worker_id
         self._others_may_join = others_may_join
         self._on_batch_refused = on_batch_refused
+        self._on_retry = on_retry
         self._queue: list[_Completion] = []
         self._queued = asyncio.Event()
         # Single completions split off a batch that met a held row: they retry on their own,
@@ -279,7 +283,11 @@ class CompletionBatcher:
         """One settle_runs call for the batch, retried on transient failures while some
         run's lease is still known to be live; a run past its deadline gets None. When the
         database refuses the batch itself, each run is settled on its own, so one bad value
-        fails its run's write and never the others."""
+        fails its run's write and never the others. The retries of this batch are a streak of
+        its own (:class:`FailureStreak`: a WARNING line when it begins, a line of repeats at
+        most every 30 s, an INFO line when the batch is answered), each counted
+        (``on_retry``): never silent while its runs wait, and never mixed with the batches in
+        flight beside it."""
         if self._claim_along is not None and not on_its_own:
             complete = SettleKind.COMPLETE  # once, not per completion (not free on 3.11)
             completions = [c for c in batch if c.kind is complete]
@@ -289,51 +297,69 @@ class CompletionBatcher:
         backoff = Backoff()
         scope = batch[0].entry.scope if batch else None
         policy = next((c.policy for c in batch if c.kind is SettleKind.RETRY), None)
-        while batch:
-            assert scope is not None
-            try:
-                rows = await self.lease_manager.settle_runs(
-                    self.worker_id, [c.settlement() for c in batch],
-                    retry_base_seconds=None if policy is None else policy.base_seconds,
-                    retry_max_seconds=None if policy is None else policy.max_seconds,
-                    tenant_id=scope.tenant_id, workspace_id=scope.workspace_id)
-            except RetryableError as exc:
-                if isinstance(exc, ConnectionLostError):
-                    # It may have committed before its connection was lost.
+        streak: FailureStreak | None = None  # made at the batch's first transient failure
+        try:
+            while batch:
+                assert scope is not None
+                try:
+                    rows = await self.lease_manager.settle_runs(
+                        self.worker_id, [c.settlement() for c in batch],
+                        retry_base_seconds=None if policy is None else policy.base_seconds,
+                        retry_max_seconds=None if policy is None else policy.max_seconds,
+                        tenant_id=scope.tenant_id, workspace_id=scope.workspace_id)
+                except RetryableError as exc:
+                    if isinstance(exc, ConnectionLostError):
+                        # It may have committed before its connection was lost.
+                        for completion in batch:
+                            completion.unanswered = True
+                    if not on_its_own and getattr(exc, "code", None) == "55P03":
+                        # A run's row is held by another session (settle_runs waits 2 s for a
+                        # row): each run of the batch retries on its own, so only that run
+                        # waits, and the loop goes on with later completions.
+                        log.warning("settle_runs waited for a row another session holds; "
+                                    "the batch of %d retries run by run", len(batch))
+                        self._on_retry()
+                        for completion in batch:
+                            task = asyncio.create_task(self._send([completion], on_its_own=True))
+                            self._retrying[task] = completion
+                            task.add_done_callback(lambda done: self._retrying.pop(done, None))
+                        return
+                    for completion in [c for c in batch if backoff.gives_up(c.give_up_at)]:
+                        log.error("run %s: giving up its %s after %s; the lease will expire",
+                                  completion.entry.run.run_id, completion.kind.value, exc)
+                        completion.no_answer()
+                    batch = [c for c in batch if not c.result.done()]
+                    if batch:
+                        self._on_retry()
+                        if streak is None:
+                            first, more = batch[0], len(batch) - 1
+                            streak = FailureStreak(
+                                f"settle_runs (run {first.entry.run.run_id}'s "
+                                f"{first.kind.value}{f' and {_runs(more)} more' if more else ''})",
+                                log, first_level=logging.WARNING)
+                        streak.failed(exc, backoff.delay, "its leases are live")
+                        await backoff.wait()
+                    continue
+                except Exception as exc:
+                    if len(batch) == 1:
+                        if not batch[0].result.done():  # its waiter may have been cancelled
+                            batch[0].result.set_exception(exc)
+                        return
+                    log.warning("settle_runs refused a batch of %d (%s: %s); settling them one "
+                                "by one", len(batch), type(exc).__name__, exc)
+                    self._on_batch_refused()
                     for completion in batch:
-                        completion.unanswered = True
-                if not on_its_own and getattr(exc, "code", None) == "55P03":
-                    # A run's row is held by another session (settle_runs waits 2 s for a
-                    # row): each run of the batch retries on its own, so only that run waits,
-                    # and the loop goes on with later completions.
-                    log.warning("settle_runs waited for a row another session holds; "
-                                "the batch of %d retries run by run", len(batch))
-                    for completion in batch:
-                        task = asyncio.create_task(self._send([completion], on_its_own=True))
-                        self._retrying[task] = completion
-                        task.add_done_callback(lambda done: self._retrying.pop(done, None))
+                        await self._send([completion])
                     return
-                for completion in [c for c in batch if backoff.gives_up(c.give_up_at)]:
-                    log.error("run %s: giving up its %s after %s; the lease will expire",
-                              completion.entry.run.run_id, completion.kind.value, exc)
-                    completion.no_answer()
-                batch = [c for c in batch if not c.result.done()]
-                await backoff.wait()
-                continue
-            except Exception as exc:
-                if len(batch) == 1:
-                    if not batch[0].result.done():  # its waiter may have been cancelled
-                        batch[0].result.set_exception(exc)
-                    return
-                log.warning("settle_runs refused a batch of %d (%s: %s); settling them one "
-                            "by one", len(batch), type(exc).__name__, exc)
-                self._on_batch_refused()
-                for completion in batch:
-                    await self._send([completion])
+                if streak is not None:
+                    streak.answered()
+                    streak = None
+                for completion, row in zip(batch, rows, strict=True):
+                    completion.answer(row)
                 return
-            for completion, row in zip(batch, rows, strict=True):
-                completion.answer(row)
-            return
+        finally:
+            if streak is not None:
+                streak.stopped()  # its repeats not reported yet are
 
     async def _send_with_claims(self, batch: list[_Completion]) -> bool:
         """One try of the batch's completions with its claims: True when it was answered. Any
@@ -381,6 +407,10 @@ def _by_scope(batch: list[_Completion]) -> list[list[_Completion]]:
         policy = completion.policy if completion.kind is retry else home.get(where)
         groups.setdefault((*where, policy), []).append(completion)
     return list(groups.values())
+
+
+def _runs(n: int) -> str:
+    return f"{n} run{'' if n == 1 else 's'}"
 
 
 def _settle(result: asyncio.Future[Any], value: Any) -> None:

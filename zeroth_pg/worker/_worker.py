@@ -167,6 +167,7 @@ class RunWorker:
             others_may_join=lambda: any(
                 e.state is RunState.EXECUTING for e in self._active.values()),
             on_batch_refused=lambda: self._worker_error("completion_batch"),
+            on_retry=lambda: self._worker_error("settle_retry"),
             claim_along=((lambda batch: self._claims.complete_and_claim(batch))
                          if isinstance(self._source, OneScope) else None))
         self._settler = Settler(self.lease_manager, self.worker_id, self.metrics, retries,
