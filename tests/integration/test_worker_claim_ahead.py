@@ -14,6 +14,7 @@ deadline; bad values are refused."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 from uuid import UUID
 
@@ -211,14 +212,14 @@ async def test_a_run_on_its_last_attempt_waits_for_a_slot_rather_than_risk_its_d
 
 
 async def test_a_waiting_run_whose_attempt_deadline_comes_is_handed_back_not_timed_out(
-        pool, spawn_worker, monkeypatch):
+        pool, spawn_worker, monkeypatch, caplog):
     # The wait's own bound out of the way: the attempt's deadline (3 s) comes first, as an
-    # attempt timeout of one second does with the real one-second wait. The run is stopped a
-    # second before it, the margin an attempt of 20 s or more has (5% of 3 s, 0.15 s, is less
-    # than a loaded CI machine may stall between the stop and the hand-back's write: a
-    # hand-back that arrives after the lease is refused and the sweep times the attempt out).
+    # attempt timeout of one second does with the real one-second wait. The waiting run is
+    # handed back a second before it (UNSTARTED_MARGIN), not at the handler's 5% (0.15 s here:
+    # less than a loaded CI machine once took to write the hand-back, which the fence then
+    # refused, and the sweep timed out an attempt whose handler never ran).
+    caplog.set_level(logging.INFO, logger="zeroth_pg.worker")
     monkeypatch.setattr("zeroth_pg.worker._execute.AHEAD_WAIT", 30.0)
-    monkeypatch.setattr("zeroth_pg.worker._execute.DEADLINE_MARGIN", 1 / 3)
     handler = _FirstBlocks()
     worker, dep, waiting = await _two_runs_one_waiting(pool, spawn_worker, handler,
                                                        attempt_timeout_seconds=3)
@@ -234,6 +235,8 @@ async def test_a_waiting_run_whose_attempt_deadline_comes_is_handed_back_not_tim
         attempts = await pool.fetch("SELECT attempt, outcome FROM zeroth.run_attempts"
                                     " WHERE run_id = $1", waiting)
         raise AssertionError(f"{missed}; its row: {seen}, attempts: {attempts}") from None
+    assert any(f"run {waiting}: claimed ahead, its deadline is near and no handler slot came; "
+               "handing it back" == record.getMessage() for record in caplog.records)
     # It never ran: its attempt is given back and no attempt of it timed out.
     row = await _row(pool, waiting)
     assert (row["attempts"], row["lease_worker_id"]) == (0, None)

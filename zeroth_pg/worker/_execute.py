@@ -54,6 +54,14 @@ _COMPLETED, _PROPAGATE = OutcomeKind.COMPLETED, OutcomeKind.PROPAGATE
 #: worker stops the handler, so that the timeout's settle lands while the lease lives.
 DEADLINE_MARGIN = 0.05
 
+#: Seconds before its attempt's deadline (at most half the attempt's time) at which a run claimed
+#: ahead that still waits for a handler slot is handed back. It never ran, so nothing is lost by
+#: giving it back early; but a hand-back that lands after the lease is refused, and the sweep then
+#: times the attempt out: charged, or on its last attempt dead-lettered, for a run whose handler
+#: never ran. DEADLINE_MARGIN's 5% was 0.15 s for a 3 s attempt: less than a loaded machine
+#: may take to write it.
+UNSTARTED_MARGIN = 1.0
+
 
 class RunExecutor:
     """Spawns a task per claimed run and sees each through to its settled outcome."""
@@ -162,14 +170,23 @@ class RunExecutor:
         handler is stopped, a timeout. A run claimed ahead that still waits for a handler slot
         never ran, so it is handed back instead, as when it finds no slot in time (an attempt
         timeout of a second comes before AHEAD_WAIT), drain or not: it could not run in the
-        time left. The claim does not say which deadline it was: past its run deadline, the
-        handed-back run is failed for good by the next claim or orphan sweep that meets it
-        (zeroth.wake_due_waits), as any pending run past its run deadline is."""
+        time left (it is handed back earlier still, :meth:`_deadline_near`). The claim does not
+        say which deadline it was: past its run deadline, the handed-back run is failed for
+        good by the next claim or orphan sweep that meets it (zeroth.wake_due_waits), as any
+        pending run past its run deadline is."""
         gate = self.runs.ahead_gate
         if gate is not None and entry.state is RunState.WAITING and entry.stop_reason is None:
             self._hand_back_unstarted(entry, gate, "its deadline came before a handler slot")
         else:
             entry.stop(StopReason.TIMEOUT)
+
+    def _deadline_near(self, entry: ActiveRun, gate: ClaimAhead) -> None:
+        """A run claimed ahead still waits for a handler slot UNSTARTED_MARGIN (or half its
+        attempt's time) before its deadline: handed back now, drain or not, last attempt or
+        not, so that the hand-back lands while its lease lives."""
+        if entry.state is RunState.WAITING and entry.stop_reason is None:
+            self._hand_back_unstarted(entry, gate, "its deadline is near and no handler slot "
+                                      "came")
 
     async def _execute(self, entry: ActiveRun) -> None:
         run = entry.run
@@ -221,17 +238,25 @@ class RunExecutor:
 
     async def _take_handler_slot(self, entry: ActiveRun, gate: ClaimAhead) -> None:
         """A worker that claims ahead: one of its max_concurrency handler slots, before the
-        handler starts. A run claimed ahead waits for one (WAITING) at most AHEAD_WAIT; a stop
-        meanwhile (a cancel request, a lost lease, the attempt's deadline, the wait's bound)
+        handler starts. A run claimed ahead waits for one (WAITING) at most AHEAD_WAIT, and
+        never closer to its attempt's deadline than UNSTARTED_MARGIN (half its time, if less);
+        a stop meanwhile (a cancel request, a lost lease, the deadline, the wait's bound)
         cancels the wait and the run is settled without starting (_execute)."""
         if gate.slots.locked():
             entry.advance(RunState.WAITING)
             began = time.monotonic()
-            timer = asyncio.get_running_loop().call_later(AHEAD_WAIT, self._no_slot, entry, gate)
+            loop = asyncio.get_running_loop()
+            timers = [loop.call_later(AHEAD_WAIT, self._no_slot, entry, gate)]
+            if entry.attempt_deadline is not None and entry.run.deadline_in is not None:
+                hand_back_at = entry.attempt_deadline - min(UNSTARTED_MARGIN,
+                                                            entry.run.deadline_in / 2)
+                timers.append(loop.call_later(max(0.0, hand_back_at - began),
+                                              self._deadline_near, entry, gate))
             try:
                 await gate.slots.acquire()
             finally:
-                timer.cancel()
+                for timer in timers:
+                    timer.cancel()
                 self.metrics.slot_wait.labels(entry.scope.deployment_ref).observe(
                     time.monotonic() - began)
         else:
