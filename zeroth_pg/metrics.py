@@ -127,8 +127,9 @@ class WorkerMetrics:
                 "zeroth_worker_errors", "Failures of the worker's own machinery, by kind: a "
                 "background loop that crashed and was restarted (renew_loop, claim_loop, ...), a "
                 "failed claim pass or orphan sweep, a run settled after a worker error (settle), "
-                "a completion batch or a run's completion the database refused, a settling "
-                "call that failed transiently and is tried again (settle_retry).",
+                "a completion batch or a run's completion the database refused, a settle_runs "
+                "call that failed transiently and is tried again (settle_retry: one per call, "
+                "whatever the runs in its batch).",
                 (*d, "kind"), registry=registry),
             scope_runs_started=Counter(
                 "zeroth_scope_runs_started", "Run executions started, per scope (only counted "

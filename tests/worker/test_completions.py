@@ -125,21 +125,25 @@ class TestAnswers:
                                     on_retry=lambda: retries.append(1))
         async with running(batcher):
             answer = await asyncio.wait_for(
-                batcher.complete(active(run, deadline=time.monotonic() + 0.5), {}), timeout=10)
+                batcher.complete(active(run, deadline=time.monotonic() + 2.0), {}), timeout=10)
         assert answer is None
         lines = [(r.levelno, r.getMessage()) for r in caplog.records]
         began = [line for line in lines if "failed; its leases are live" in line[1]]
         assert began == [(logging.WARNING, f"settle_runs (run {run.run_id}'s complete) failed; "
                           "its leases are live, retrying in 0.05 s")]
-        # Tries at 0, 0.05, 0.15, 0.35 s, each but the last retried; the next would pass the
-        # deadline: given up. The repeats after the first line are one line, when it ends.
+        # Tries at 0, 0.05, 0.15, 0.35, 0.75, 1.55 s, each but the last retried; the next would
+        # pass the deadline: given up. The repeats after the first line are one line, when it
+        # ends, before the line that gives up.
         assert len(retries) >= 2
         repeats = [line for line in lines if "still failing" in line[1]]
         assert len(repeats) == 1
         assert repeats[0][0] == logging.WARNING
         assert f"still failing: {len(retries) - 1} more time" in repeats[0][1]
-        assert any(level == logging.ERROR and f"run {run.run_id}: giving up its complete" in text
-                   for level, text in lines)
+        ending = f"run {run.run_id}: giving up its complete"
+        gave_up = [n for n, (level, text) in enumerate(lines)
+                   if level == logging.ERROR and ending in text]
+        assert len(gave_up) == 1
+        assert lines.index(repeats[0]) < gave_up[0]
 
     async def test_a_stopped_loop_leaves_no_run_waiting(self, database_dsn, lm):
         [run] = await claim(lm, 1)

@@ -147,3 +147,33 @@ def test_zeroth_pg_s_own_database_errors_are_the_same_failure_by_their_sqlstate(
     assert [(level, exc) for level, _, exc in logged] == [
         (logging.ERROR, True), (logging.WARNING, False)]
     assert "1 more time" in logged[1][1]
+
+
+def test_a_lost_connection_is_one_failure_whatever_its_message_names(
+        streak: tuple[FailureStreak, Clock], caplog: pytest.LogCaptureFixture) -> None:
+    # A hung server alternates between the two bounds of a call: one traceback, not one per
+    # switch.
+    from zeroth_pg.errors import CallTimeoutError
+
+    failures, _ = streak
+    for _ in range(3):
+        failures.failed(CallTimeoutError("settle_runs: no answer within 10 s"), 0.05)
+        failures.failed(CallTimeoutError("settle_runs: no connection of the pool within 10 s"),
+                        0.05)
+    failures.stopped()
+    logged = lines(caplog)
+    assert [(level, exc) for level, _, exc in logged] == [
+        (logging.ERROR, True), (logging.WARNING, False)]
+    assert "5 more times" in logged[1][1]
+
+
+def test_a_streak_told_to_begin_at_warning_does(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger=LOG.name)
+    failures = FailureStreak("settle_runs", LOG, clock=Clock(), first_level=logging.WARNING)
+    failures.failed(TimeoutError("t"), 0.05, "its leases are live")
+    failures.failed(KeyError("k"), 0.1)
+    failures.answered()
+    assert lines(caplog) == [
+        (logging.WARNING, "settle_runs failed; its leases are live, retrying in 0.05 s", True),
+        (logging.WARNING, "settle_runs failed; retrying in 0.10 s", True),
+        (logging.INFO, "settle_runs answers again, after 2 failures over 0.0 s", False)]

@@ -10,9 +10,10 @@ A :class:`FailureStreak` logs the first failure of a streak, and any failure unl
 before it, at ERROR (or the level it is given) with its traceback; repeats of the same failure as
 one WARNING line at most every :data:`REPEAT_EVERY` seconds (and when the loop stops), with how
 many there were; and the first success after a streak (a call that was made and answered) as one
-INFO line. "The same" is the same exception type and, for a database error, the same SQLSTATE,
-for an OS error the same errno, else the same message: a message that names a process id or a
-lock (a deadlock, a lock timeout) changes from one try to the next.
+INFO line. "The same" is the same exception type and, for a lost connection, any message; for
+a database error, the same SQLSTATE, for an OS error the same errno, else the same message: a
+message that names a process id or a lock (a deadlock, a lock timeout) changes from one try to
+the next, and a lost connection's names the bound that ran out or the host.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from zeroth_pg.errors import bounded_text, describe
+from zeroth_pg.errors import ConnectionLostError, bounded_text, describe
 
 __all__ = ["REPEAT_EVERY", "FailureStreak"]
 
@@ -111,7 +112,11 @@ class FailureStreak:
 def _variant(error: BaseException) -> str | None:
     """What tells two failures of one exception type apart, when not their message: a database
     error's SQLSTATE (asyncpg's ``sqlstate``; zeroth_pg's own errors keep it in ``code``), an OS
-    error's errno."""
+    error's errno; nothing for a lost connection (its type is enough)."""
+    if isinstance(error, ConnectionLostError):
+        # Its messages name the bound that ran out or the host: a hung server alternates
+        # between "no answer within" and "no connection of the pool within".
+        return "connection lost"
     for attribute in ("sqlstate", "code"):
         sqlstate = getattr(error, attribute, None)
         if isinstance(sqlstate, str) and len(sqlstate) == 5:

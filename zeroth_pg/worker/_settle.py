@@ -312,7 +312,8 @@ class CompletionBatcher:
                         # It may have committed before its connection was lost.
                         for completion in batch:
                             completion.unanswered = True
-                    if not on_its_own and getattr(exc, "code", None) == "55P03":
+                    held = getattr(exc, "code", None) == "55P03"
+                    if held and not on_its_own:
                         # A run's row is held by another session (settle_runs waits 2 s for a
                         # row): each run of the batch retries on its own, so only that run
                         # waits, and the loop goes on with later completions.
@@ -324,23 +325,26 @@ class CompletionBatcher:
                             self._retrying[task] = completion
                             task.add_done_callback(lambda done: self._retrying.pop(done, None))
                         return
-                    for completion in [c for c in batch if backoff.gives_up(c.give_up_at)]:
+                    giving_up = [c for c in batch if backoff.gives_up(c.give_up_at)]
+                    if streak is not None and len(giving_up) == len(batch):
+                        streak.stopped()  # its repeats, before the lines that end them
+                        streak = None
+                    for completion in giving_up:
                         log.error("run %s: giving up its %s after %s; the lease will expire",
                                   completion.entry.run.run_id, completion.kind.value, exc)
                         completion.no_answer()
                     batch = [c for c in batch if not c.result.done()]
                     if batch:
                         self._on_retry()
-                        if streak is None:
-                            first, more = batch[0], len(batch) - 1
-                            streak = FailureStreak(
-                                f"settle_runs (run {first.entry.run.run_id}'s "
-                                f"{first.kind.value}{f' and {_runs(more)} more' if more else ''})",
-                                log, first_level=logging.WARNING)
-                        streak.failed(exc, backoff.delay, "its leases are live")
+                        if not held:  # (a held row split off its batch was said there)
+                            streak = streak or _retry_streak(batch)
+                            streak.failed(exc, backoff.delay, "its leases are live")
                         await backoff.wait()
                     continue
                 except Exception as exc:
+                    if streak is not None:
+                        streak.answered()  # with a refusal, said below
+                        streak = None
                     if len(batch) == 1:
                         if not batch[0].result.done():  # its waiter may have been cancelled
                             batch[0].result.set_exception(exc)
@@ -409,8 +413,14 @@ def _by_scope(batch: list[_Completion]) -> list[list[_Completion]]:
     return list(groups.values())
 
 
-def _runs(n: int) -> str:
-    return f"{n} run{'' if n == 1 else 's'}"
+def _retry_streak(batch: list[_Completion]) -> FailureStreak:
+    """The failures of one settling batch's retries, named by its first run (a WARNING when
+    they begin: one retried failure is expected now and then, a deadlock say)."""
+    first, more = batch[0], len(batch) - 1
+    return FailureStreak(
+        f"settle_runs (run {first.entry.run.run_id}'s {first.kind.value}"
+        f"{f' and {more} more run' + ('' if more == 1 else 's') if more else ''})",
+        log, first_level=logging.WARNING)
 
 
 def _settle(result: asyncio.Future[Any], value: Any) -> None:
