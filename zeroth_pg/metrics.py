@@ -26,9 +26,15 @@ series per tenant it ever saw, an unbounded number.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+
+from zeroth_pg._hosts import LOOPBACK_HOSTS, host_allowed, host_name
 
 __all__ = ["WorkerMetrics", "default_metrics", "start_http_server"]
 
@@ -155,8 +161,32 @@ def default_metrics() -> WorkerMetrics:
     return _default
 
 
-def start_http_server(port: int, addr: str = "127.0.0.1") -> None:
-    """Serve ``/metrics`` for the default registry (prometheus-client's own server)."""
-    from prometheus_client import start_http_server as _start
+def start_http_server(port: int, addr: str = "127.0.0.1") -> WSGIServer:
+    """Serve ``/metrics`` for the default registry from a daemon thread (prometheus-client's
+    WSGI app and threaded server), answering only a Host that is a loopback name or ``addr``:
+    421 otherwise. A page whose name an attacker points at this address (DNS rebinding) would
+    read it as its own origin: deployment names, counts, and tenants with scope metrics on. The
+    dashboard and ``zeroth-pg metrics`` refuse such a Host the same way. Returns the server
+    (its ``server_port``; ``shutdown()`` stops it)."""
 
-    _start(port, addr=addr)
+    from prometheus_client import make_wsgi_app
+    from prometheus_client.exposition import ThreadingWSGIServer
+
+    allowed = frozenset(host_name(h) for h in (*LOOPBACK_HOSTS, addr)
+                        if h.strip() and h not in ("0.0.0.0", "::"))
+    serve_metrics = make_wsgi_app()
+
+    def app(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        if not host_allowed(environ.get("HTTP_HOST", ""), allowed):
+            start_response("421 Misdirected Request",
+                           [("Content-Type", "text/plain; charset=utf-8")])
+            return [b"this worker's metrics do not answer to that Host\n"]
+        return serve_metrics(environ, start_response)  # type: ignore[no-any-return]
+
+    class _Quiet(WSGIRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            """A scrape every few seconds is not worth a line on stderr."""
+
+    server = make_server(addr, port, app, ThreadingWSGIServer, handler_class=_Quiet)
+    threading.Thread(target=server.serve_forever, name="zeroth-metrics", daemon=True).start()
+    return server

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 from helpers import dashboard
 
-from zeroth_pg import fleet_metrics
+from zeroth_pg import fleet_metrics, metrics
+from zeroth_pg.metrics import default_metrics
 from zeroth_pg.web import create_app
 
 
@@ -55,6 +56,37 @@ async def test_the_metrics_exporter_refuses_a_foreign_host_as_the_dashboard_does
     assert dep.encode() in own
     assert dep.encode() not in foreign, "a DNS-rebinding page read the fleet's gauges"
     assert foreign.startswith(b"HTTP/1.1 421")
+
+
+async def test_a_worker_s_metrics_port_refuses_a_foreign_host(admin):
+    # `zeroth-pg worker --metrics-port` served prometheus-client's plain server, which answers
+    # any Host: a rebinding page read deployment names and counts (tenants too, with
+    # --scope-metrics). It answers only loopback names and its own address now.
+    dep = f"secret-deployment-{uuid.uuid4().hex[:8]}"
+    default_metrics().runs_started.labels(dep).inc()
+    server = metrics.start_http_server(0)
+    try:
+        port = server.server_port
+        own = await _raw_get(port, f"localhost:{port}")
+        foreign = await _raw_get(port, f"attacker.example:{port}")
+        hostless = await _raw_get_without_host(port)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert own.startswith(b"HTTP/1.0 200")
+    assert dep.encode() in own
+    assert foreign.startswith(b"HTTP/1.0 421")
+    assert dep.encode() not in foreign, "a DNS-rebinding page read the worker's metrics"
+    assert hostless.startswith(b"HTTP/1.0 421")
+
+
+async def _raw_get_without_host(port: int) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /metrics HTTP/1.0\r\n\r\n")
+    await writer.drain()
+    answer = await reader.read()
+    writer.close()
+    return answer
 
 
 async def test_a_post_body_is_not_read_past_its_bound_before_it_is_refused(database_dsn):
