@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 from uuid import UUID
 
@@ -300,6 +301,76 @@ async def test_a_waiting_run_whose_lease_was_taken_writes_nothing_and_never_runs
                                                        "running": 1}),
                      "the first run to complete", within=10)
     assert waiting not in handler.called
+
+
+async def test_a_waiting_run_whose_slot_comes_after_its_lease_ran_out_is_not_started(
+        pool, spawn_worker, caplog, waits_for_ever):
+    # A handler that blocks the event loop past the lease while a run waits for its slot: when
+    # it returns, the slot's wakeup runs before the renewals and timers that came due, and the
+    # waiting run's handler started on a lease the worker could no longer vouch for (another
+    # worker may hold the run by then). It is not started (fail-stop, as a claim answered too
+    # late is not); the lease runs out and the sweep recovers the run, which then runs once.
+    caplog.set_level(logging.WARNING, logger="zeroth_pg.worker")
+    dep = unique_deployment("ahead")
+    waiting = await _warm_then_block(pool, dep)
+    started: list[tuple[UUID, int]] = []
+    holder: list[RunWorker] = []
+
+    async def handler(ctx: RunContext) -> dict[str, Any]:
+        started.append((ctx.run_id, ctx.lease_generation))
+        if ctx.payload.get("block"):
+            await wait_until(lambda: _waiting(holder[0]) == [waiting],
+                             "the next run to wait for the slot", within=10)
+            time.sleep(2.5)  # noqa: ASYNC251 (the stall is the point: past the 1.5 s lease)
+        return {"ok": True}
+
+    worker = await spawn_worker(dep, handler, max_concurrency=1, claim_ahead=1,
+                                lease_duration=1.5, orphan_sweep_interval=1.0, start=False)
+    holder.append(worker)
+    await worker.start()
+    await wait_until(lambda: _waiting(worker) == [waiting], "the run to wait", within=10)
+    [generation] = [g for (run_id, g) in worker._active if run_id == waiting]
+    await wait_until(lambda: _run_completed(pool, waiting), "the run to complete", within=30)
+    assert (waiting, generation) not in started
+    assert [g for run_id, g in started if run_id == waiting] == [generation + 1]
+    assert any(f"run {waiting}: its handler slot came after the lease it knows of ran out"
+               in record.getMessage() for record in caplog.records)
+
+
+async def test_a_waiting_run_whose_hand_backs_are_spent_is_said_and_counted_dead_lettered(
+        pool, spawn_worker, monkeypatch, caplog):
+    # Another worker of the fleet handed the run back once: on max_attempts 1 its hand-backs
+    # are spent, and the hand-back of a waiting run whose deadline is near dead-letters it. The
+    # worker said "handed back to pending: True" and counted no dead letter.
+    caplog.set_level(logging.INFO, logger="zeroth_pg.worker")
+    monkeypatch.setattr("zeroth_pg.worker._execute.AHEAD_WAIT", 30.0)
+    dep = unique_deployment("ahead")
+    lm = LeaseManager(pool)
+    spent = (await lm.enqueue_run(dep, {"n": 1}, priority=0, max_attempts=1,
+                                  attempt_timeout_seconds=3)).run_id
+    [other] = (await lm.claim_and_start(dep, "another-worker")).runs
+    assert await lm.hand_back_to_pending(spent, "another-worker",
+                                         generation=other.lease_generation)
+    await lm.enqueue_runs(dep, [{"payload": {"n": 0}, "priority": 2}] * AHEAD_EVIDENCE
+                          + [{"payload": {"block": True}, "priority": 1}])
+    handler = _FirstBlocks()
+    worker = await spawn_worker(dep, handler, max_concurrency=1, claim_ahead=1)
+    await wait_until(lambda: _waiting(worker) == [spent], "the spent run to wait", within=10)
+
+    async def dead_lettered() -> bool:
+        return bool(await pool.fetchval(
+            "SELECT dead_lettered_at IS NOT NULL FROM zeroth.runs WHERE run_id = $1", spent))
+
+    await wait_until(dead_lettered, "the hand-back to dead-letter it", within=10)
+    await wait_until(lambda: spent not in worker.active_run_ids, "the worker to let it go",
+                     within=10)
+    assert spent not in handler.called
+    assert REGISTRY.get_sample_value("zeroth_runs_dead_lettered_total",
+                                     {"deployment": dep}) == 1
+    lines = [record.getMessage() for record in caplog.records]
+    assert f"run {spent} dead-lettered by its hand-back: its hand-backs are spent" in lines
+    assert f"run {spent} handed back to pending: True" not in lines
+    handler.release.set()
 
 
 async def test_a_graceful_shutdown_runs_the_waiting_runs_instead_of_handing_them_back(

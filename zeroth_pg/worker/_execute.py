@@ -63,6 +63,14 @@ DEADLINE_MARGIN = 0.05
 UNSTARTED_MARGIN = 1.0
 
 
+def _unstarted_hand_back_at(entry: ActiveRun) -> float | None:
+    """When a run claimed ahead that still waits for a handler slot is handed back: its
+    attempt's deadline less UNSTARTED_MARGIN (or half its time); None without a deadline."""
+    if entry.attempt_deadline is None or entry.run.deadline_in is None:
+        return None
+    return entry.attempt_deadline - min(UNSTARTED_MARGIN, entry.run.deadline_in / 2)
+
+
 class RunExecutor:
     """Spawns a task per claimed run and sees each through to its settled outcome."""
 
@@ -203,8 +211,12 @@ class RunExecutor:
                     f"this worker cannot decode the run's JSON: {run.undecodable}"),
                     retryable=False)
                 return
-            if self.runs.ahead_gate is not None:
-                await self._take_handler_slot(entry, self.runs.ahead_gate)
+            gate = self.runs.ahead_gate
+            if gate is not None:
+                await self._take_handler_slot(entry, gate)
+            if self._too_late_to_start(entry, gate):
+                await self.settler.stopped(entry)
+                return
             entry.advance(RunState.EXECUTING)
             # Both claim paths (claim_and_start, claim_orphaned) hand over runs already running.
             with tracing.process(entry.scope, entry.run, attempt=entry.ctx.attempt,
@@ -247,9 +259,7 @@ class RunExecutor:
             began = time.monotonic()
             loop = asyncio.get_running_loop()
             timers = [loop.call_later(AHEAD_WAIT, self._no_slot, entry, gate)]
-            if entry.attempt_deadline is not None and entry.run.deadline_in is not None:
-                hand_back_at = entry.attempt_deadline - min(UNSTARTED_MARGIN,
-                                                            entry.run.deadline_in / 2)
+            if (hand_back_at := _unstarted_hand_back_at(entry)) is not None:
                 timers.append(loop.call_later(max(0.0, hand_back_at - began),
                                               self._deadline_near, entry, gate))
             try:
@@ -262,6 +272,28 @@ class RunExecutor:
         else:
             await gate.slots.acquire()  # a free slot: returns at once
         gate.took(entry)
+
+    def _too_late_to_start(self, entry: ActiveRun, gate: ClaimAhead | None) -> bool:
+        """Just before the handler starts, after an event loop that may have stalled (a
+        blocking handler) since the claim: a wakeup that was ready runs before the timers that
+        came due meanwhile (a slot's, for a run claimed ahead; the run's task itself, else).
+        Past the lease this worker knows it holds, the run is not started (fail-stop, as
+        :meth:`spawn`: another worker may hold it by now; the lease runs out and the sweep
+        recovers it); a run claimed ahead past the point where a waiting run is handed back
+        (``gate``) is handed back. True when it must not start (its stop recorded: the caller
+        settles it)."""
+        now = time.monotonic()
+        if now >= entry.deadline:
+            log.warning("run %s: its handler slot came after the lease it knows of ran out (the "
+                        "event loop stalled); not starting it", entry.run.run_id)
+            entry.request_stop(StopReason.DEADLINE)
+            return True
+        hand_back_at = None if gate is None else _unstarted_hand_back_at(entry)
+        if gate is not None and hand_back_at is not None and now >= hand_back_at:
+            self._hand_back_unstarted(entry, gate, "its deadline is near and its handler slot "
+                                      "came too late", cancel=False)
+            return True
+        return False
 
     def _no_slot(self, entry: ActiveRun, gate: ClaimAhead) -> None:
         """A run claimed ahead waited AHEAD_WAIT for a slot: the handlers are not short. It is
@@ -282,13 +314,18 @@ class RunExecutor:
             return
         self._hand_back_unstarted(entry, gate, f"no handler slot within {AHEAD_WAIT:g} s")
 
-    def _hand_back_unstarted(self, entry: ActiveRun, gate: ClaimAhead, why: str) -> None:
+    def _hand_back_unstarted(self, entry: ActiveRun, gate: ClaimAhead, why: str, *,
+                             cancel: bool = True) -> None:
         """Stop a waiting run claimed ahead (NO_SLOT: handed back, its attempt given back) and
-        claim nothing more ahead until the handlers are short again."""
+        claim nothing more ahead until the handlers are short again (``cancel``: cancel its
+        wait; not from the run's own task, which settles it next)."""
         log.info("run %s: claimed ahead, %s; handing it back", entry.run.run_id, why)
         self.metrics.runs_not_started_ahead.labels(entry.scope.deployment_ref).inc()
         gate.no_slot()
-        entry.stop(StopReason.NO_SLOT)
+        if cancel:
+            entry.stop(StopReason.NO_SLOT)
+        else:
+            entry.request_stop(StopReason.NO_SLOT)
 
     async def _attempt(self, entry: ActiveRun, span: Any) -> None:
         """Run the handler, decide the outcome, report it, settle it (``span``: its trace)."""

@@ -470,7 +470,15 @@ class Settler:
             # Every claimed run is running (claim_and_start), started handler or not: the
             # hand-back gives its attempt back.
             handed = await self.completions.submit_outcome(entry, SettleKind.HAND_BACK)
-            log.info("run %s handed back to pending: %s", run.run_id, handed is not None)
+            if handed == SettleOutcome.DEAD_LETTERED:
+                # Its hand-backs were spent (this worker's or others'): the database ended it.
+                self.metrics.runs_dead_lettered.labels(entry.scope.deployment_ref).inc()
+                log.warning("run %s dead-lettered by its hand-back: its hand-backs are spent",
+                            run.run_id)
+            else:
+                log.info("run %s handed back to pending: %s", run.run_id, handed is not None)
+            if handed is None:
+                self.lease_lost(entry, fenced=True)
         elif reason is StopReason.TIMEOUT:
             # The attempt's deadline: the database retries it (backoff, max_attempts) or, past
             # the run's deadline, fails it for good. Refused (the lease lapsed first): the
