@@ -9,11 +9,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import json
 import os
 import signal
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import dashboard
@@ -194,6 +196,77 @@ async def test_a_deeply_nested_step_result_does_not_break_its_run_page(admin, da
         page = client.get(f"/runs/{run_id}")
     assert page.status_code == 200, page.text[:200]
     assert str(run_id) in page.text
+
+
+async def _claimed(admin: Any, dep: str, **enqueue: Any) -> tuple[uuid.UUID, int]:
+    extra = "".join(f", {name} => ${n}" for n, name in enumerate(enqueue, start=2))
+    run_id = await admin.fetchval(
+        f"SELECT run_id FROM zeroth.enqueue_run(deployment_ref => $1, tenant_id => 'acme'{extra})",
+        dep, *enqueue.values())
+    generation = await admin.fetchval(
+        """SELECT lease_generation FROM zeroth.claim_and_start(deployment_ref => $1,
+               worker_id => 'w1', tenant_id => 'acme', lease_seconds => 600)
+            WHERE run_id IS NOT NULL""", dep)
+    return run_id, generation
+
+
+async def test_pages_show_a_bounded_part_of_what_handlers_and_callers_stored(admin, database_dsn):
+    # A caller's payload, a handler's output, its steps and a dead letter's error are theirs to
+    # size: the run page printed every one whole (4 MB for a 2 MB output and 250 steps), the
+    # dead-letter page 50 errors of up to a megabyte each, and both refresh every few seconds.
+    # Each value is now cut (and says so), each list of the run page bounded, and the database
+    # sends no more.
+    dep = f"huge-{uuid.uuid4().hex[:8]}"
+    big = {"blob": "p" * 600_000}
+    run_id, generation = await _claimed(admin, dep, payload=json.dumps(big))
+    for n in range(250):
+        await admin.execute(
+            """SELECT zeroth.record_step(run_id => $1, worker_id => 'w1', generation => $2,
+                   step_key => $3, result => $4::text::jsonb, tenant_id => 'acme')""",
+            run_id, generation, f"step-{n:03}", json.dumps({"r": "s" * 5_000}))
+    assert await admin.fetchval(
+        """SELECT zeroth.complete_run(run_id => $1, worker_id => 'w1', generation => $2,
+               output => $3::text::jsonb, tenant_id => 'acme')""",
+        run_id, generation, json.dumps({"o": "o" * 2_000_000}))
+    dead, dead_generation = await _claimed(admin, dep, max_attempts=1)
+    await admin.execute(
+        """SELECT zeroth.fail_run(run_id => $1, worker_id => 'w1', generation => $2,
+               error => $3::text::jsonb, retryable => true, tenant_id => 'acme')""",
+        dead, dead_generation, json.dumps({"type": "Huge", "message": "e" * 500_000}))
+    with dashboard(create_app(database_dsn)) as client:
+        run_page = client.get(f"/runs/{run_id}")
+        dead_page = client.get("/dead-letters", params={"deployment": dep})
+    assert run_page.status_code == dead_page.status_code == 200
+    assert len(run_page.content) < 300_000, len(run_page.content)
+    assert "cut here: only the first 20,000 characters are shown" in run_page.text
+    assert "cut here: only the first 1,000 characters are shown" in run_page.text  # a step
+    assert "only 100 are shown: read the rest in SQL (zeroth.step_list)" in run_page.text
+    assert len(dead_page.content) < 100_000, len(dead_page.content)
+    assert str(dead) in dead_page.text
+    assert "cut here: only the first 1,000 characters are shown" in dead_page.text
+
+
+async def test_the_overview_lists_a_bounded_number_of_scopes(admin, database_dsn):
+    # Tenant ids are the caller's: 20,000 of them made /overview.json 13 MB, fetched every 2 s.
+    dep = f"tenants-{uuid.uuid4().hex[:8]}"
+    await admin.execute(
+        """SELECT zeroth.enqueue_run(deployment_ref => $1, tenant_id => 't-' || n)
+             FROM generate_series(1, 600) AS n""", dep)
+    with dashboard(create_app(database_dsn)) as client:
+        html = client.get("/overview.json").json()["html"]
+    assert html.count("<tr>") <= 501  # the header row and at most 500 scopes
+    assert "only the first 500 scopes are shown: <code>zeroth-pg status</code> lists every one" \
+        in html
+
+
+def test_pages_of_run_data_are_kept_by_no_cache_and_never_sniffed(database_dsn):
+    # The pages carry payloads, errors and the CSRF token: a shared proxy or the browser's disk
+    # cache kept them (no Cache-Control), and no response said nosniff.
+    with dashboard(create_app(database_dsn)) as client:
+        for path in ("/", "/overview.json", "/runs", "/dead-letters", "/runs/not-a-run-id"):
+            answer = client.get(path)
+            assert answer.headers.get("cache-control") == "no-store", path
+            assert answer.headers.get("x-content-type-options") == "nosniff", path
 
 
 _REPO = Path(__file__).resolve().parents[2]

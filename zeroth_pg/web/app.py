@@ -12,7 +12,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterable
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 from jinja2 import Environment, FileSystemLoader, select_autoescape
@@ -37,8 +37,14 @@ from zeroth_pg.web import (
 )
 from zeroth_pg.web._shared import Context, run_url, short_time
 from zeroth_pg.web.flash import FlashMiddleware
-from zeroth_pg.web.pages_runs import failure_view, timeline
-from zeroth_pg.web.paging import Page, dead_page_query, keyset_page, parse_cursors
+from zeroth_pg.web.pages_runs import failure_view, shown, timeline
+from zeroth_pg.web.paging import (
+    LISTED_CHARS,
+    Page,
+    dead_page_query,
+    keyset_page,
+    parse_cursors,
+)
 from zeroth_pg.web.run_filters import (
     _STATUSES,
     PAGE_SETTINGS,
@@ -68,14 +74,28 @@ _DEFAULT_PORTS = {"http": 80, "https": 443}
 # a zeroth_reader sees only its tenant (row-level security); the actions call the SQL functions.
 
 
-_OVERVIEW = """SELECT o.tenant_id, o.workspace_id, o.deployment_ref, o.pending, o.due, o.scheduled,
+#: What a page shows of one stored value, in characters: the run page's payload, output,
+#: progress and metadata (SHOWN_CHARS), a value in a list (a step's result, a checkpoint's data,
+#: a dead letter's error: paging.LISTED_CHARS). Handlers and callers choose their size, and a
+#: page that refreshes every few seconds must stay small: the database sends one character more
+#: than is shown (left()), so the page can say the value was cut. An error document is read up to
+#: ERROR_CHARS (the run page shows its summary and _FAILURE_SHOWN of its traceback).
+SHOWN_CHARS = 20_000
+ERROR_CHARS = 100_000
+#: The most rows of each list on the run page (attempts, children, steps, waits, checkpoints).
+LIST_ROWS = 100
+#: The most scopes the overview lists (`zeroth-pg status` lists every one).
+OVERVIEW_SCOPES = 500
+
+_OVERVIEW = f"""SELECT o.tenant_id, o.workspace_id, o.deployment_ref, o.pending, o.due, o.scheduled,
            o.running, o.live_leases, o.expired_leases, o.waiting, o.failed, o.dead_letters,
            o.paused,
            o.max_concurrency,
            EXTRACT(epoch FROM clock_timestamp() - o.oldest_due_at)::double precision
                AS oldest_due_s
       FROM zeroth.scope_overview o
-     ORDER BY o.tenant_id, o.workspace_id NULLS FIRST, o.deployment_ref"""
+     ORDER BY o.tenant_id, o.workspace_id NULLS FIRST, o.deployment_ref
+     LIMIT {OVERVIEW_SCOPES + 1}"""
 
 # Finished runs per minute over the last hour, every scope together.
 _PER_MINUTE = """SELECT a.minute, sum(a.completed)::bigint AS completed,
@@ -91,14 +111,19 @@ _DEAD = """SELECT d.run_id, d.tenant_id, d.workspace_id, d.deployment_ref, d.att
 
 # A run by its id alone: one probe of runs_pkey (run_id, tenant_id, workspace_key), whatever its
 # status and the number of scopes (zeroth_pg._calls.run_by_id).
-_RUN = _calls.run_by_id("""r.run_id, r.tenant_id, r.workspace_id, r.workspace_key, r.deployment_ref,
-           r.thread_id, r.status::text AS status, r.wait_reason, r.priority, r.run_after,
+_RUN = _calls.run_by_id(f"""r.run_id, r.tenant_id, r.workspace_id, r.workspace_key,
+           r.deployment_ref, r.thread_id, r.status::text AS status, r.wait_reason, r.priority,
+           r.run_after,
            r.attempts, r.max_attempts, r.created_at, r.updated_at, r.started_at, r.finished_at,
            r.dead_lettered_at, r.idempotency_key, r.lease_worker_id, r.lease_generation,
            r.lease_acquired_at, r.lease_expires_at, r.recovery_checkpoint_id, r.cancel_action,
-           r.cancel_requested_at, r.checkpoint_seq, r.payload::text AS payload,
-           r.output::text AS output, r.error::text AS error, r.metadata::text AS metadata,
-           r.progress::text AS progress, r.parent_run_id, r.code_version_id,
+           r.cancel_requested_at, r.checkpoint_seq,
+           left(r.payload::text, {SHOWN_CHARS + 1}) AS payload,
+           left(r.output::text, {SHOWN_CHARS + 1}) AS output,
+           left(r.error::text, {ERROR_CHARS}) AS error,
+           left(r.metadata::text, {SHOWN_CHARS + 1}) AS metadata,
+           left(r.progress::text, {SHOWN_CHARS + 1}) AS progress, r.parent_run_id,
+           r.code_version_id,
            r.status = 'running' AND r.lease_expires_at < clock_timestamp() AS lease_expired""",
                         "$1")
 
@@ -109,29 +134,29 @@ _CODE_VERSION = """SELECT v.code_version FROM zeroth.code_versions v WHERE v.ver
 
 # The run's children, each with its current status (zeroth.child_list: a range of
 # child_runs_pkey), in the order they were started.
-_CHILDREN = """SELECT c.child_run_id, c.step_key, c.deployment_ref, c.status::text AS status,
+_CHILDREN = f"""SELECT c.child_run_id, c.step_key, c.deployment_ref, c.status::text AS status,
            c.detached, c.created_at, c.finished_at
       FROM zeroth.child_list c
      WHERE c.tenant_id = $1 AND c.workspace_key = $2 AND c.parent_run_id = $3
-     ORDER BY c.created_at, c.step_key"""
+     ORDER BY c.created_at, c.step_key LIMIT {LIST_ROWS + 1}"""
 
 # The per-run views, on (tenant_id, workspace_key, run_id): a range of each table's index.
-_CHECKPOINTS = """SELECT c.checkpoint_order, c.checkpoint_id, c.lease_generation, c.created_at,
-           c.data::text AS data
+_CHECKPOINTS = f"""SELECT c.checkpoint_order, c.checkpoint_id, c.lease_generation, c.created_at,
+           left(c.data::text, {LISTED_CHARS + 1}) AS data
       FROM zeroth.checkpoint_list c
      WHERE c.tenant_id = $1 AND c.workspace_key = $2 AND c.run_id = $3
-     ORDER BY c.checkpoint_order"""
+     ORDER BY c.checkpoint_order LIMIT {LIST_ROWS + 1}"""
 
-_STEPS = """SELECT s.step_key, s.attempt, s.lease_generation, s.recorded_at,
-           s.result::text AS result
+_STEPS = f"""SELECT s.step_key, s.attempt, s.lease_generation, s.recorded_at,
+           left(s.result::text, {LISTED_CHARS + 1}) AS result
       FROM zeroth.step_list s
      WHERE s.tenant_id = $1 AND s.workspace_key = $2 AND s.run_id = $3
-     ORDER BY s.recorded_at, s.step_key"""
+     ORDER BY s.recorded_at, s.step_key LIMIT {LIST_ROWS + 1}"""
 
-_WAITS = """SELECT w.step_key, w.name, w.created_at, w.timeout_at, w.emitted_at
+_WAITS = f"""SELECT w.step_key, w.name, w.created_at, w.timeout_at, w.emitted_at
       FROM zeroth.wait_list w
      WHERE w.tenant_id = $1 AND w.workspace_key = $2 AND w.run_id = $3
-     ORDER BY w.created_at, w.step_key"""
+     ORDER BY w.created_at, w.step_key LIMIT {LIST_ROWS + 1}"""
 
 # The thread's latest runs: a range of runs_thread_idx (tenant_id, workspace_key, thread_id,
 # created_at DESC, run_id DESC).
@@ -141,16 +166,28 @@ _THREAD = """SELECT r.run_id, r.status::text AS status, r.thread_queued_at AS qu
      WHERE r.tenant_id = $1 AND r.workspace_key = $2 AND r.thread_id = $3
      ORDER BY r.created_at DESC, r.run_id DESC LIMIT 20"""
 
-# One row per attempt (lease generation); the open one last.
-_ATTEMPTS = """SELECT h.attempt, h.lease_generation, h.worker_id, h.claimed_at, h.started_at,
-           h.ended_at, h.outcome, h.error::text AS error
+# One row per attempt (lease generation), the latest first (LIST_ROWS of them: the caller
+# reverses them, so the open one comes last).
+_ATTEMPTS = f"""SELECT h.attempt, h.lease_generation, h.worker_id, h.claimed_at, h.started_at,
+           h.ended_at, h.outcome, left(h.error::text, {SHOWN_CHARS + 1}) AS error
       FROM zeroth.attempt_history h
      WHERE h.tenant_id = $1 AND h.workspace_key = $2 AND h.run_id = $3
-     ORDER BY h.lease_generation, h.ended_at NULLS LAST"""
+     ORDER BY h.lease_generation DESC, h.ended_at DESC NULLS FIRST LIMIT {LIST_ROWS + 1}"""
 
 
 # The scope of a run known by its id alone (an action's target), as _RUN finds it.
 _SCOPE_OF_RUN = _calls.run_by_id("r.tenant_id, r.workspace_id", "$1")
+
+
+_R = TypeVar("_R", bound=Response)
+
+
+def _private(response: _R) -> _R:
+    """A page of run data: kept by no cache (a shared proxy's, the browser's back-forward
+    disk cache) and never sniffed into another type than it says."""
+    response.headers["Cache-Control"] = "no-store"
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    return response
 
 
 def _chart(points: list[asyncpg.Record], now: datetime) -> str:
@@ -274,6 +311,8 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
     env = Environment(loader=FileSystemLoader(_HERE / "templates"),
                       autoescape=select_autoescape(default=True, default_for_string=True))
     env.filters["failure"] = failure_view
+    env.filters["shown"] = lambda value: shown(value, SHOWN_CHARS)
+    env.filters["listed"] = lambda value: shown(value, LISTED_CHARS)
     env.filters["when"] = short_time  # every page's timestamps: one format
     env.globals["run_url"] = run_url  # every link to a run names its scope
     csrf_secret = secrets.token_bytes(32)
@@ -302,7 +341,7 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
         # and every link followed (a proxy's access log records them): the origin only.
         # (Not no-referrer: a browser then sends "Origin: null" on a POST, which is refused.)
         response.headers["Referrer-Policy"] = "strict-origin"
-        return response
+        return _private(response)
 
     def pool() -> asyncpg.Pool:
         return state["pool"]
@@ -312,7 +351,8 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
             scopes = await conn.fetch(_OVERVIEW)
             points = await conn.fetch(_PER_MINUTE)
             now = await conn.fetchval("SELECT clock_timestamp()")
-        return {"scopes": scopes, "chart": _chart(list(points), now), "now": now,
+        return {"scopes": scopes[:OVERVIEW_SCOPES], "more_scopes": len(scopes) > OVERVIEW_SCOPES,
+                "scope_cap": OVERVIEW_SCOPES, "chart": _chart(list(points), now), "now": now,
                 "finished": sum(int(p["completed"]) + int(p["failed"]) for p in points)}
 
     async def overview(request: Request) -> Response:
@@ -321,7 +361,7 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
     async def overview_fragment(request: Request) -> Response:
         data = await overview_data()
         html = env.get_template("_overview_body.html").render(**data)
-        return JSONResponse({"html": html})
+        return _private(JSONResponse({"html": html}))
 
     async def runs(request: Request) -> Response:
         q = request.query_params
@@ -365,26 +405,31 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
             run = picked[0]
             others = [(r["tenant_id"], r["workspace_id"] or "") for r in found if r is not run]
             scope = (run["tenant_id"], run["workspace_key"], run_id)
-            checkpoints = await conn.fetch(_CHECKPOINTS, *scope)
-            steps = await conn.fetch(_STEPS, *scope)
-            waits = await conn.fetch(_WAITS, *scope)
+            lists = {name: list(await conn.fetch(query, *scope)) for name, query in (
+                ("checkpoints", _CHECKPOINTS), ("steps", _STEPS), ("waits", _WAITS),
+                ("attempts", _ATTEMPTS), ("children", _CHILDREN))}
             thread = []
             if run["thread_id"]:
                 thread = await conn.fetch(_THREAD, run["tenant_id"], run["workspace_key"],
                                           run["thread_id"])
-            attempts = await conn.fetch(_ATTEMPTS, *scope)
-            children = await conn.fetch(_CHILDREN, *scope)
             code_version = (None if run["code_version_id"] is None
                             else await conn.fetchval(_CODE_VERSION, run["code_version_id"]))
             now = await conn.fetchval(_calls.DATABASE_NOW)
-        sections = [("Attempt history", "_attempts.html"), ("Children", "_children.html"),
-                    ("Steps", "_steps.html"),
-                    ("Event waits", "_waits.html"), ("Checkpoints", "_checkpoints.html"),
-                    ("Thread queue", "_thread.html")]
+        # Each list at most LIST_ROWS (the query read one more: then the page says so).
+        cut = {name: len(rows) > LIST_ROWS for name, rows in lists.items()}
+        lists = {name: rows[:LIST_ROWS] for name, rows in lists.items()}
+        lists["attempts"].reverse()  # read latest first: shown oldest first, the open one last
+        checkpoints, steps, waits, attempts, children = (
+            lists[name] for name in ("checkpoints", "steps", "waits", "attempts", "children"))
+        sections = [("Attempt history", "_attempts.html", "attempts"),
+                    ("Children", "_children.html", "children"), ("Steps", "_steps.html", "steps"),
+                    ("Event waits", "_waits.html", "waits"),
+                    ("Checkpoints", "_checkpoints.html", "checkpoints"),
+                    ("Thread queue", "_thread.html", None)]
         return render(request, "run.html", run=run, others=others, checkpoints=checkpoints,
                       thread=thread,
                       steps=steps, waits=waits, attempts=attempts, children=children,
-                      code_version=code_version,
+                      code_version=code_version, cut=cut, list_rows=LIST_ROWS,
                       failure=failure_view(run["error"]), sections=sections,
                       timeline=timeline(run, attempts, steps, waits, checkpoints, children, now))
 
@@ -538,9 +583,12 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
         return render(request, "error.html", status_code=500,
                       message=f"the database answered an error ({code}): {exc}")
 
+    # Without actions, every session is read-only as well: a bug or a missed check in a page
+    # cannot write whatever the DSN's role may.
+    read_only = {} if enable_actions else {"default_transaction_read_only": "on"}
     event_streams = pages_run_events.EventStreams(
         pages, lambda: connect(dsn, reads_only=not enable_actions, server_settings={
-            "application_name": "zeroth-pg web events"}),
+            "application_name": "zeroth-pg web events", **read_only}),
         idle_seconds=stream_idle_seconds, max_streams=max_streams,
         max_streams_per_client=max_streams_per_client)
 
@@ -549,7 +597,8 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
         # Without actions the dashboard only reads: a hot standby serves it (docs/scaling.md).
         state["pool"] = await create_pool(dsn, min_size=1, max_size=4,
                                           reads_only=not enable_actions,
-                                          server_settings={"application_name": "zeroth-pg web"})
+                                          server_settings={"application_name": "zeroth-pg web",
+                                                           **read_only})
         try:
             yield
         finally:

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-__all__ = ["timeline"]
+__all__ = ["failure_view", "shown", "timeline"]
 
 #: How much of a step result or checkpoint the timeline shows inline (the sections below it
 #: show them whole).
@@ -41,6 +41,15 @@ def _preview(value: str | None) -> str:
 
 #: How much of a stored error document the run page shows (the database bounds what it stores).
 _FAILURE_SHOWN = 20_000
+
+
+def shown(value: str | None, limit: int) -> str | None:
+    """A stored value's text as a page shows it: at most ``limit`` characters, and a line that
+    says so when it was longer (the query reads one character more than a page shows)."""
+    if value is None or len(value) <= limit:
+        return value
+    return (value[:limit] + f"\n… (cut here: only the first {limit:,} characters are shown; "
+            "read the whole value in SQL)")
 
 
 def failure_view(error: str | None) -> dict[str, str] | None:

@@ -122,8 +122,13 @@ def _call(query: tuple[str, list[Any]]) -> tuple[Any, ...]:
     return (sql, *args)
 
 
-_DEAD_COLUMNS = """d.run_id, d.tenant_id, d.workspace_id, d.deployment_ref, d.attempts,
-           d.max_attempts, d.error::text AS error, d.dead_lettered_at, d.created_at"""
+#: What a page shows of a value in a list (a dead letter's error; the run page's steps and
+#: checkpoints), in characters; the query reads one more, so the page can say it was cut.
+LISTED_CHARS = 1_000
+
+_DEAD_COLUMNS = f"""d.run_id, d.tenant_id, d.workspace_id, d.deployment_ref, d.attempts,
+           d.max_attempts, left(d.error::text, {LISTED_CHARS + 1}) AS error, d.dead_lettered_at,
+           d.created_at"""
 
 
 def dead_page_query(deployment: str | None, tenant: str | None, after: Cursor | None,
