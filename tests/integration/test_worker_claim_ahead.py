@@ -367,6 +367,8 @@ async def test_a_waiting_run_whose_hand_backs_are_spent_is_said_and_counted_dead
     assert spent not in handler.called
     assert REGISTRY.get_sample_value("zeroth_runs_dead_lettered_total",
                                      {"deployment": dep}) == 1
+    assert REGISTRY.get_sample_value("zeroth_runs_failed_total",
+                                     {"deployment": dep, "outcome": "dead_lettered"}) == 1
     lines = [record.getMessage() for record in caplog.records]
     assert f"run {spent} dead-lettered by its hand-back: its hand-backs are spent" in lines
     assert f"run {spent} handed back to pending: True" not in lines

@@ -279,16 +279,19 @@ class RunExecutor:
         came due meanwhile (a slot's, for a run claimed ahead; the run's task itself, else).
         Past the lease this worker knows it holds, the run is not started (fail-stop, as
         :meth:`spawn`: another worker may hold it by now; the lease runs out and the sweep
-        recovers it); a run claimed ahead past the point where a waiting run is handed back
-        (``gate``) is handed back. True when it must not start (its stop recorded: the caller
-        settles it)."""
+        recovers it); a run claimed ahead that waited for its slot past the point where a
+        waiting run is handed back is handed back. True when it must not start (its stop
+        recorded: the caller settles it)."""
         now = time.monotonic()
         if now >= entry.deadline:
             log.warning("run %s: its handler slot came after the lease it knows of ran out (the "
                         "event loop stalled); not starting it", entry.run.run_id)
             entry.request_stop(StopReason.DEADLINE)
             return True
-        hand_back_at = None if gate is None else _unstarted_hand_back_at(entry)
+        # Only a run that waited for its slot: one that found a free slot at once starts as a
+        # worker that does not claim ahead would start it.
+        waited = gate is not None and entry.state is RunState.WAITING
+        hand_back_at = _unstarted_hand_back_at(entry) if waited else None
         if gate is not None and hand_back_at is not None and now >= hand_back_at:
             self._hand_back_unstarted(entry, gate, "its deadline is near and its handler slot "
                                       "came too late", cancel=False)
