@@ -26,8 +26,9 @@ series per tenant it ever saw, an unbounded number.
 
 from __future__ import annotations
 
+import socket
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -161,18 +162,19 @@ def default_metrics() -> WorkerMetrics:
     return _default
 
 
-def start_http_server(port: int, addr: str = "127.0.0.1") -> WSGIServer:
+def start_http_server(port: int, addr: str = "127.0.0.1",
+                      allowed_hosts: Sequence[str] = ()) -> WSGIServer:
     """Serve ``/metrics`` for the default registry from a daemon thread (prometheus-client's
-    WSGI app and threaded server), answering only a Host that is a loopback name or ``addr``:
-    421 otherwise. A page whose name an attacker points at this address (DNS rebinding) would
-    read it as its own origin: deployment names, counts, and tenants with scope metrics on. The
+    WSGI app and threaded server), answering only a Host that is a loopback name, ``addr`` or
+    one of ``allowed_hosts`` (the names a scraper reaches it by, for a wildcard ``addr``): 421
+    otherwise. A page whose name an attacker points at this address (DNS rebinding) would read
+    it as its own origin: deployment names, counts, and tenants with scope metrics on. The
     dashboard and ``zeroth-pg metrics`` refuse such a Host the same way. Returns the server
     (its ``server_port``; ``shutdown()`` stops it)."""
-
     from prometheus_client import make_wsgi_app
     from prometheus_client.exposition import ThreadingWSGIServer
 
-    allowed = frozenset(host_name(h) for h in (*LOOPBACK_HOSTS, addr)
+    allowed = frozenset(host_name(h) for h in (*LOOPBACK_HOSTS, *allowed_hosts, addr)
                         if h.strip() and h not in ("0.0.0.0", "::"))
     serve_metrics = make_wsgi_app()
 
@@ -187,6 +189,11 @@ def start_http_server(port: int, addr: str = "127.0.0.1") -> WSGIServer:
         def log_message(self, format: str, *args: Any) -> None:
             """A scrape every few seconds is not worth a line on stderr."""
 
-    server = make_server(addr, port, app, ThreadingWSGIServer, handler_class=_Quiet)
+    class _Server(ThreadingWSGIServer):
+        # The address's own family (an IPv6 one such as ::1 or ::), as prometheus-client picks.
+        address_family = socket.getaddrinfo(addr or None, port, type=socket.SOCK_STREAM,
+                                            flags=socket.AI_PASSIVE)[0][0]
+
+    server = make_server(addr, port, app, _Server, handler_class=_Quiet)
     threading.Thread(target=server.serve_forever, name="zeroth-metrics", daemon=True).start()
     return server

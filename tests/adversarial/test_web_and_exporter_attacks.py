@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import sys
 import uuid
 from pathlib import Path
@@ -80,6 +81,33 @@ async def test_a_worker_s_metrics_port_refuses_a_foreign_host(admin):
     assert foreign.startswith(b"HTTP/1.0 421")
     assert dep.encode() not in foreign, "a DNS-rebinding page read the worker's metrics"
     assert hostless.startswith(b"HTTP/1.0 421")
+
+
+async def test_a_worker_s_metrics_port_on_ipv6_or_every_address_answers_its_allowed_names():
+    # prometheus-client's server picked the address's family; a wildcard bind is scraped by the
+    # machine's name, which only allowed_hosts can add.
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError as exc:
+        pytest.skip(f"this machine has no IPv6 loopback to bind: {exc}")
+    loopback6 = metrics.start_http_server(0, addr="::1")
+    everywhere = metrics.start_http_server(0, addr="0.0.0.0", allowed_hosts=["node-7.internal"])
+    try:
+        reader, writer = await asyncio.open_connection("::1", loopback6.server_port)
+        writer.write(f"GET /metrics HTTP/1.1\r\nHost: [::1]:{loopback6.server_port}\r\n"
+                     "Connection: close\r\n\r\n".encode())
+        own6 = await reader.read()
+        writer.close()
+        named = await _raw_get(everywhere.server_port, f"node-7.internal:{everywhere.server_port}")
+        other = await _raw_get(everywhere.server_port, f"attacker.example:{everywhere.server_port}")
+    finally:
+        for server in (loopback6, everywhere):
+            server.shutdown()
+            server.server_close()
+    assert own6.startswith(b"HTTP/1.0 200")
+    assert named.startswith(b"HTTP/1.0 200")
+    assert other.startswith(b"HTTP/1.0 421")
 
 
 async def _raw_get_without_host(port: int) -> bytes:
@@ -236,6 +264,7 @@ async def test_pages_show_a_bounded_part_of_what_handlers_and_callers_stored(adm
     with dashboard(create_app(database_dsn)) as client:
         run_page = client.get(f"/runs/{run_id}")
         dead_page = client.get("/dead-letters", params={"deployment": dep})
+        dead_run_page = client.get(f"/runs/{dead}")
     assert run_page.status_code == dead_page.status_code == 200
     assert len(run_page.content) < 300_000, len(run_page.content)
     assert "cut here: only the first 20,000 characters are shown" in run_page.text
@@ -244,6 +273,10 @@ async def test_pages_show_a_bounded_part_of_what_handlers_and_callers_stored(adm
     assert len(dead_page.content) < 100_000, len(dead_page.content)
     assert str(dead) in dead_page.text
     assert "cut here: only the first 1,000 characters are shown" in dead_page.text
+    # A long error document is cut field by field: it still reads as "type: message" (in the
+    # Error section and the attempt history), not as a cut JSON text.
+    assert dead_run_page.text.count("<summary>Huge: eeee") >= 2
+    assert "{&#34;type&#34;: &#34;Huge&#34;" not in dead_run_page.text
 
 
 async def test_the_overview_lists_a_bounded_number_of_scopes(admin, database_dsn):

@@ -14,7 +14,7 @@ import time
 import asyncpg
 from dsn_forms import keyword_multi_host
 from test_cli import DEADLINE, REPO, cli, ok_json
-from test_web_cli import free_port, get, start, stop, wait_for_line
+from test_web_cli import free_port, get, printed_token, start, stop, wait_for_line
 
 from zeroth_pg.client import LeaseManager
 
@@ -74,8 +74,8 @@ async def test_the_dashboard_process_serves_through_it(database_dsn, tmp_path):
     port = free_port()
     proc = start(["web", "--port", str(port)], keyword_multi_host(database_dsn), tmp_path)
     try:
-        wait_for_line(proc, tmp_path / "out", "zeroth-pg web: http://")
-        status, body = get(f"http://127.0.0.1:{port}/")
+        line = wait_for_line(proc, tmp_path / "out", "zeroth-pg web: http://")
+        status, body = get(f"http://127.0.0.1:{port}/", printed_token(line))
     finally:
         stop(proc)
     assert status == 200, (tmp_path / "err").read_text()

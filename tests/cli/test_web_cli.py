@@ -72,6 +72,13 @@ def get(url: str, headers: dict[str, str] | None = None) -> tuple[int, str]:
     raise AssertionError(f"{url} never answered")
 
 
+def printed_token(line: str) -> dict[str, str]:
+    """The headers that carry the token ``zeroth-pg web`` generated and printed in ``line``."""
+    found = re.search(r"\?token=([A-Za-z0-9_-]{20,})", line)
+    assert found, line
+    return {"Authorization": f"Bearer {found.group(1)}"}
+
+
 def stop(proc: subprocess.Popen[str]) -> int:
     proc.send_signal(signal.SIGTERM)
     try:
@@ -131,10 +138,12 @@ class TestHostileRequests:
         port = free_port()
         proc = start(["web", "--port", str(port)], database_dsn, tmp_path)
         try:
-            wait_for_line(proc, tmp_path / "out", "zeroth-pg web: http://")
-            own, _ = await asyncio.to_thread(get, f"http://127.0.0.1:{port}/runs/{run_id}")
+            token = printed_token(wait_for_line(proc, tmp_path / "out", "zeroth-pg web: http://"))
+            own, _ = await asyncio.to_thread(get, f"http://127.0.0.1:{port}/runs/{run_id}",
+                                             token)
+            # The rebound page even holds the token: the Host alone refuses it.
             hostile = {path: await asyncio.to_thread(
-                           raw, port, "GET", path, {"Host": f"{REBOUND}:{port}"})
+                           raw, port, "GET", path, {"Host": f"{REBOUND}:{port}", **token})
                        for path in ("/", "/overview.json", f"/runs/{run_id}", "/runs")}
         finally:
             stop(proc)
@@ -245,12 +254,18 @@ class TestWebCommand:
         proc = start(["web", "--port", str(port)], database_dsn, tmp_path)
         try:
             line = wait_for_line(proc, tmp_path / "out", "zeroth-pg web: http://")
-            status, body = get(f"http://127.0.0.1:{port}/")
-            runs_status, _ = get(f"http://127.0.0.1:{port}/runs")
+            token = printed_token(line)
+            status, body = get(f"http://127.0.0.1:{port}/", token)
+            runs_status, _ = get(f"http://127.0.0.1:{port}/runs", token)
+            # The read-only dashboard on loopback needs its token too: every local user and
+            # process can reach 127.0.0.1.
+            without, _ = get(f"http://127.0.0.1:{port}/runs")
         finally:
             code = stop(proc)
-        assert f"http://127.0.0.1:{port}/" in line
+        assert f"http://127.0.0.1:{port}/?token=" in line
         assert "read-only" in line
+        assert "token generated" in line
+        assert without == 401
         assert status == 200
         assert "Overview" in body
         assert runs_status == 200

@@ -33,10 +33,10 @@ def serve(url: str, *, host: str, port: int, enable_actions: bool,
           allowed_hosts: Sequence[str] = ()) -> None:
     """Run the dashboard on ``host:port`` until interrupted (uvicorn).
 
-    It needs a token (``ZEROTH_PG_WEB_TOKEN``) when actions are enabled, ``host`` is not a
-    loopback address or an allowed host is not a loopback name (the name a proxy serves it to
-    the network by); without one it generates one for this run and prints the URL carrying it.
-    It answers the loopback names, ``host`` (unless a wildcard) and ``allowed_hosts``.
+    Every page needs a token: ``ZEROTH_PG_WEB_TOKEN``, or one generated for this run, printed
+    in the URL it shows (a loopback address is every local user's and process's: the
+    read-only dashboard without a token showed them every run its DSN's role reads). It
+    answers the loopback names, ``host`` (unless a wildcard) and ``allowed_hosts``.
     """
     from zeroth_pg.cli._common import UsageError
 
@@ -57,7 +57,7 @@ def serve(url: str, *, host: str, port: int, enable_actions: bool,
         names.append(host)
     token = os.environ.get("ZEROTH_PG_WEB_TOKEN") or None
     generated = None
-    if token is None and (enable_actions or not is_loopback(host) or remote):
+    if token is None:
         token = generated = secrets.token_urlsafe(24)
     logging.basicConfig(level=logging.INFO)
     try:
@@ -81,8 +81,8 @@ def serve(url: str, *, host: str, port: int, enable_actions: bool,
         print(f"zeroth-pg web: http://{shown}:{port}/?token={generated} ({mode}; token generated "
               "for this run: set ZEROTH_PG_WEB_TOKEN to choose one)", flush=True)
     else:
-        print(f"zeroth-pg web: http://{shown}:{port}/{'?token=…' if token else ''} ({mode})",
-              flush=True)
+        print(f"zeroth-pg web: http://{shown}:{port}/?token=… ({mode}; the token of "
+              "ZEROTH_PG_WEB_TOKEN)", flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning")
 
 
@@ -90,8 +90,8 @@ def web(
     dsn: Dsn = None,
     host: Annotated[str, typer.Option(
         "--host", envvar="ZEROTH_PG_WEB_HOST",
-        help="Address to bind (default: loopback only; any other needs a token, generated when "
-             "ZEROTH_PG_WEB_TOKEN is unset).")]
+        help="Address to bind (default: loopback only). Every page needs a token: "
+             "ZEROTH_PG_WEB_TOKEN, or one generated for the run and printed in its URL.")]
     = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", envvar="ZEROTH_PG_WEB_PORT")] = 8787,
     enable_actions: Annotated[bool, typer.Option(
@@ -109,9 +109,8 @@ def web(
              "Always answered: 127.0.0.1, localhost, ::1 and --host.")]
     = None,
 ) -> None:
-    """Serve the operator dashboard (read-only unless --enable-actions; set
-    ZEROTH_PG_WEB_TOKEN to require a token on every page — with --enable-actions or a
-    non-loopback --host one is generated and printed when it is unset)."""
+    """Serve the operator dashboard (read-only unless --enable-actions). Every page needs a
+    token: ZEROTH_PG_WEB_TOKEN, or one generated for this run and printed in the URL shown."""
     with database(dsn) as url:
         serve(url, host=host, port=port, enable_actions=enable_actions,
               allowed_hosts=allowed_host or ())

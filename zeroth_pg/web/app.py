@@ -37,7 +37,7 @@ from zeroth_pg.web import (
 )
 from zeroth_pg.web._shared import Context, run_url, short_time
 from zeroth_pg.web.flash import FlashMiddleware
-from zeroth_pg.web.pages_runs import failure_view, shown, timeline
+from zeroth_pg.web.pages_runs import FAILURE_SHOWN, failure_view, shown, timeline
 from zeroth_pg.web.paging import (
     LISTED_CHARS,
     Page,
@@ -78,14 +78,27 @@ _DEFAULT_PORTS = {"http": 80, "https": 443}
 #: progress and metadata (SHOWN_CHARS), a value in a list (a step's result, a checkpoint's data,
 #: a dead letter's error: paging.LISTED_CHARS). Handlers and callers choose their size, and a
 #: page that refreshes every few seconds must stay small: the database sends one character more
-#: than is shown (left()), so the page can say the value was cut. An error document is read up to
-#: ERROR_CHARS (the run page shows its summary and _FAILURE_SHOWN of its traceback).
+#: than is shown (left()), so the page can say the value was cut. An error document is read
+#: with its message and traceback cut to FAILURE_SHOWN each, at most ERROR_CHARS in all
+#: (_bounded_error: the run page shows its summary and FAILURE_SHOWN of its traceback).
 SHOWN_CHARS = 20_000
 ERROR_CHARS = 100_000
 #: The most rows of each list on the run page (attempts, children, steps, waits, checkpoints).
 LIST_ROWS = 100
 #: The most scopes the overview lists (`zeroth-pg status` lists every one).
 OVERVIEW_SCOPES = 500
+
+
+def _bounded_error(column: str) -> str:
+    """The SQL text of an error document (jsonb) with its message and traceback cut to
+    FAILURE_SHOWN characters each, so a long one still parses (failure_view shows its
+    summary and its traceback), the whole text to ERROR_CHARS (a document of another shape)."""
+    cut = FAILURE_SHOWN + 1
+    return (f"left(CASE WHEN jsonb_typeof({column}) = 'object' THEN {column} || "
+            f"jsonb_strip_nulls(jsonb_build_object("
+            f"'message', left({column}->>'message', {cut}), "
+            f"'traceback', left({column}->>'traceback', {cut}))) "
+            f"ELSE {column} END::text, {ERROR_CHARS})")
 
 _OVERVIEW = f"""SELECT o.tenant_id, o.workspace_id, o.deployment_ref, o.pending, o.due, o.scheduled,
            o.running, o.live_leases, o.expired_leases, o.waiting, o.failed, o.dead_letters,
@@ -120,7 +133,7 @@ _RUN = _calls.run_by_id(f"""r.run_id, r.tenant_id, r.workspace_id, r.workspace_k
            r.cancel_requested_at, r.checkpoint_seq,
            left(r.payload::text, {SHOWN_CHARS + 1}) AS payload,
            left(r.output::text, {SHOWN_CHARS + 1}) AS output,
-           left(r.error::text, {ERROR_CHARS}) AS error,
+           {_bounded_error("r.error")} AS error,
            left(r.metadata::text, {SHOWN_CHARS + 1}) AS metadata,
            left(r.progress::text, {SHOWN_CHARS + 1}) AS progress, r.parent_run_id,
            r.code_version_id,
@@ -138,25 +151,25 @@ _CHILDREN = f"""SELECT c.child_run_id, c.step_key, c.deployment_ref, c.status::t
            c.detached, c.created_at, c.finished_at
       FROM zeroth.child_list c
      WHERE c.tenant_id = $1 AND c.workspace_key = $2 AND c.parent_run_id = $3
-     ORDER BY c.created_at, c.step_key LIMIT {LIST_ROWS + 1}"""
+     ORDER BY c.created_at DESC, c.step_key DESC LIMIT {LIST_ROWS + 1}"""
 
 # The per-run views, on (tenant_id, workspace_key, run_id): a range of each table's index.
 _CHECKPOINTS = f"""SELECT c.checkpoint_order, c.checkpoint_id, c.lease_generation, c.created_at,
            left(c.data::text, {LISTED_CHARS + 1}) AS data
       FROM zeroth.checkpoint_list c
      WHERE c.tenant_id = $1 AND c.workspace_key = $2 AND c.run_id = $3
-     ORDER BY c.checkpoint_order LIMIT {LIST_ROWS + 1}"""
+     ORDER BY c.checkpoint_order DESC LIMIT {LIST_ROWS + 1}"""
 
 _STEPS = f"""SELECT s.step_key, s.attempt, s.lease_generation, s.recorded_at,
            left(s.result::text, {LISTED_CHARS + 1}) AS result
       FROM zeroth.step_list s
      WHERE s.tenant_id = $1 AND s.workspace_key = $2 AND s.run_id = $3
-     ORDER BY s.recorded_at, s.step_key LIMIT {LIST_ROWS + 1}"""
+     ORDER BY s.recorded_at DESC, s.step_key DESC LIMIT {LIST_ROWS + 1}"""
 
 _WAITS = f"""SELECT w.step_key, w.name, w.created_at, w.timeout_at, w.emitted_at
       FROM zeroth.wait_list w
      WHERE w.tenant_id = $1 AND w.workspace_key = $2 AND w.run_id = $3
-     ORDER BY w.created_at, w.step_key LIMIT {LIST_ROWS + 1}"""
+     ORDER BY w.created_at DESC, w.step_key DESC LIMIT {LIST_ROWS + 1}"""
 
 # The thread's latest runs: a range of runs_thread_idx (tenant_id, workspace_key, thread_id,
 # created_at DESC, run_id DESC).
@@ -166,10 +179,10 @@ _THREAD = """SELECT r.run_id, r.status::text AS status, r.thread_queued_at AS qu
      WHERE r.tenant_id = $1 AND r.workspace_key = $2 AND r.thread_id = $3
      ORDER BY r.created_at DESC, r.run_id DESC LIMIT 20"""
 
-# One row per attempt (lease generation), the latest first (LIST_ROWS of them: the caller
-# reverses them, so the open one comes last).
+# One row per attempt (lease generation), the latest first (the run page keeps LIST_ROWS of
+# each list, the latest, and shows them oldest first: the open attempt last).
 _ATTEMPTS = f"""SELECT h.attempt, h.lease_generation, h.worker_id, h.claimed_at, h.started_at,
-           h.ended_at, h.outcome, left(h.error::text, {SHOWN_CHARS + 1}) AS error
+           h.ended_at, h.outcome, {_bounded_error("h.error")} AS error
       FROM zeroth.attempt_history h
      WHERE h.tenant_id = $1 AND h.workspace_key = $2 AND h.run_id = $3
      ORDER BY h.lease_generation DESC, h.ended_at DESC NULLS FIRST LIMIT {LIST_ROWS + 1}"""
@@ -417,8 +430,9 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
             now = await conn.fetchval(_calls.DATABASE_NOW)
         # Each list at most LIST_ROWS (the query read one more: then the page says so).
         cut = {name: len(rows) > LIST_ROWS for name, rows in lists.items()}
-        lists = {name: rows[:LIST_ROWS] for name, rows in lists.items()}
-        lists["attempts"].reverse()  # read latest first: shown oldest first, the open one last
+        # Read latest first (a run that loops keeps its open wait, its newest checkpoint and
+        # its recent steps on the page): shown oldest first.
+        lists = {name: rows[:LIST_ROWS][::-1] for name, rows in lists.items()}
         checkpoints, steps, waits, attempts, children = (
             lists[name] for name in ("checkpoints", "steps", "waits", "attempts", "children"))
         sections = [("Attempt history", "_attempts.html", "attempts"),
@@ -583,12 +597,9 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
         return render(request, "error.html", status_code=500,
                       message=f"the database answered an error ({code}): {exc}")
 
-    # Without actions, every session is read-only as well: a bug or a missed check in a page
-    # cannot write whatever the DSN's role may.
-    read_only = {} if enable_actions else {"default_transaction_read_only": "on"}
     event_streams = pages_run_events.EventStreams(
         pages, lambda: connect(dsn, reads_only=not enable_actions, server_settings={
-            "application_name": "zeroth-pg web events", **read_only}),
+            "application_name": "zeroth-pg web events"}),
         idle_seconds=stream_idle_seconds, max_streams=max_streams,
         max_streams_per_client=max_streams_per_client)
 
@@ -597,8 +608,7 @@ def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = No
         # Without actions the dashboard only reads: a hot standby serves it (docs/scaling.md).
         state["pool"] = await create_pool(dsn, min_size=1, max_size=4,
                                           reads_only=not enable_actions,
-                                          server_settings={"application_name": "zeroth-pg web",
-                                                           **read_only})
+                                          server_settings={"application_name": "zeroth-pg web"})
         try:
             yield
         finally:

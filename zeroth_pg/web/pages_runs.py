@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-__all__ = ["failure_view", "shown", "timeline"]
+__all__ = ["FAILURE_SHOWN", "failure_view", "shown", "timeline"]
 
 #: How much of a step result or checkpoint the timeline shows inline (the sections below it
 #: show them whole).
@@ -40,7 +40,7 @@ def _preview(value: str | None) -> str:
 
 
 #: How much of a stored error document the run page shows (the database bounds what it stores).
-_FAILURE_SHOWN = 20_000
+FAILURE_SHOWN = 20_000
 
 
 def shown(value: str | None, limit: int) -> str | None:
@@ -68,8 +68,8 @@ def failure_view(error: str | None) -> dict[str, str] | None:
         trace = document.get("traceback")
         return {"summary": f"{kind}: {message}"[:500],
                 "detail": (trace if isinstance(trace, str) else json.dumps(document,
-                                                                          indent=2))[:_FAILURE_SHOWN]}
-    return {"summary": error[:500], "detail": error[:_FAILURE_SHOWN]}
+                                                                          indent=2))[:FAILURE_SHOWN]}
+    return {"summary": error[:500], "detail": error[:FAILURE_SHOWN]}
 
 
 def timeline(run: Mapping[str, Any], attempts: Sequence[Mapping[str, Any]],
