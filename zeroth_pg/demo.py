@@ -208,17 +208,22 @@ class DemoOptions:
 
 def _start_web(dsn: str, port: int) -> Any:
     """The read-only dashboard on 127.0.0.1:port in a daemon thread (uvicorn); its URL goes to
-    stderr. Returns the uvicorn server (set should_exit to stop it)."""
+    stderr, with the token it needs (generated for this run, as ``zeroth-pg web`` does: the
+    database may be the user's own, through ZEROTH_PG_DSN, and every local user can reach
+    127.0.0.1). Returns the uvicorn server (set should_exit to stop it)."""
+    import secrets
     import threading
 
     import uvicorn
 
     from zeroth_pg.web import create_app
 
-    config = uvicorn.Config(create_app(dsn), host="127.0.0.1", port=port, log_level="warning")
+    token = secrets.token_urlsafe(24)
+    config = uvicorn.Config(create_app(dsn, token=token), host="127.0.0.1", port=port,
+                            log_level="warning")
     server = uvicorn.Server(config)
     threading.Thread(target=server.run, daemon=True, name="zeroth-pg web").start()
-    print(f"dashboard: http://127.0.0.1:{port}/ (read-only, while the demo runs)",
+    print(f"dashboard: http://127.0.0.1:{port}/?token={token} (read-only, while the demo runs)",
           file=sys.stderr, flush=True)
     return server
 

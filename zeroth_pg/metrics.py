@@ -94,9 +94,10 @@ class WorkerMetrics:
                 "NonRetryableError included), or returned an output that cannot be stored.", d,
                 registry=registry),
             runs_failed=Counter(
-                "zeroth_runs_failed", "Attempt failures the database recorded, by outcome: "
-                "retried (a retry is scheduled), failed (for good, no dead letter) or "
-                "dead_lettered (after max_attempts).", (*d, "outcome"), registry=registry),
+                "zeroth_runs_failed", "Attempt failures the database recorded for this "
+                "worker (a handler's failure, a timeout, a hand-back with the run's hand-backs "
+                "spent), by outcome: retried (a retry is scheduled), failed (for good, no dead "
+                "letter) or dead_lettered.", (*d, "outcome"), registry=registry),
             worker_crashes=Counter(
                 "zeroth_worker_crashes", "Crashes of the worker machinery, by kind: loop (a "
                 "background loop of this worker crashed and was restarted), orphan (this "
@@ -104,7 +105,9 @@ class WorkerMetrics:
                 "process died, was killed or stalled past its lease). Handler exceptions are "
                 "zeroth_handler_errors.", (*d, "kind"), registry=registry),
             runs_dead_lettered=Counter("zeroth_runs_dead_lettered",
-                                       "Runs dead-lettered after max_attempts.", d,
+                                       "Runs this worker's attempt dead-lettered (the "
+                                       "same runs as zeroth_runs_failed with outcome "
+                                       "dead_lettered).", d,
                                        registry=registry),
             runs_slept=Counter("zeroth_runs_slept", "Attempts that ended in a durable sleep "
                                "(sleep_run: pending until their resume time).", d,

@@ -269,7 +269,10 @@ async def test_pages_show_a_bounded_part_of_what_handlers_and_callers_stored(adm
     assert len(run_page.content) < 300_000, len(run_page.content)
     assert "cut here: only the first 20,000 characters are shown" in run_page.text
     assert "cut here: only the first 1,000 characters are shown" in run_page.text  # a step
-    assert "only 100 are shown: read the rest in SQL (zeroth.step_list)" in run_page.text
+    assert "only the latest 100 are shown: read the rest in SQL (zeroth.step_list)" \
+        in run_page.text
+    assert "step-249" in run_page.text  # the latest steps, not the first
+    assert "step-000" not in run_page.text
     assert len(dead_page.content) < 100_000, len(dead_page.content)
     assert str(dead) in dead_page.text
     assert "cut here: only the first 1,000 characters are shown" in dead_page.text

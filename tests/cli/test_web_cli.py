@@ -312,9 +312,10 @@ class TestDemoWeb:
         proc = start(["demo", "--runs", "60", "--lease", "15", "--web", "--web-port", str(port),
                       "--json"], database_dsn, tmp_path)
         try:
-            wait_for_line(proc, tmp_path / "err", "dashboard: http://")
-            status, body = get(f"http://127.0.0.1:{port}/")
-            workers, _ = get(f"http://127.0.0.1:{port}/workers")
+            token = printed_token(wait_for_line(proc, tmp_path / "err", "dashboard: http://"))
+            status, body = get(f"http://127.0.0.1:{port}/", token)
+            workers, _ = get(f"http://127.0.0.1:{port}/workers", token)
+            without, _ = get(f"http://127.0.0.1:{port}/workers")
             code = proc.wait(timeout=300)
         finally:
             if proc.returncode is None:
@@ -322,5 +323,6 @@ class TestDemoWeb:
         assert status == 200
         assert "Overview" in body
         assert workers == 200
+        assert without == 401
         assert code == 0, (tmp_path / "err").read_text()
         assert json.loads((tmp_path / "out").read_text())["runs"] == 60

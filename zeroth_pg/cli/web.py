@@ -98,15 +98,14 @@ def web(
         "--enable-actions", envvar="ZEROTH_PG_WEB_ENABLE_ACTIONS",
         help="Allow the actions: redrive, cancel, a scope's pause/resume/limits, a rate limit, a "
              "schedule's pause/resume/fire now, emitting an event (POST from the dashboard's own "
-             "origin + CSRF, as the DSN's role; needs a token, generated when "
-             "ZEROTH_PG_WEB_TOKEN is unset). Default: read-only.")]
+             "origin + CSRF, as the DSN's role). Default: read-only.")]
     = False,
     allowed_host: Annotated[list[str] | None, typer.Option(
         "--allowed-host", envvar="ZEROTH_PG_WEB_ALLOWED_HOSTS", show_default=False,
         help="A Host name the dashboard also answers (repeat it; the variable takes a list "
-             "separated by spaces or commas): the name a proxy or the users reach it by; "
-             "one that is not a loopback name needs a token, as a network --host does. "
-             "Always answered: 127.0.0.1, localhost, ::1 and --host.")]
+             "separated by spaces or commas): the name a proxy or the users reach it by "
+             "(one that is not a loopback name prints a warning). Always answered: 127.0.0.1, "
+             "localhost, ::1 and --host.")]
     = None,
 ) -> None:
     """Serve the operator dashboard (read-only unless --enable-actions). Every page needs a

@@ -79,10 +79,12 @@ _DEFAULT_PORTS = {"http": 80, "https": 443}
 #: a dead letter's error: paging.LISTED_CHARS). Handlers and callers choose their size, and a
 #: page that refreshes every few seconds must stay small: the database sends one character more
 #: than is shown (left()), so the page can say the value was cut. An error document is read
-#: with its message and traceback cut to FAILURE_SHOWN each, at most ERROR_CHARS in all
-#: (_bounded_error: the run page shows its summary and FAILURE_SHOWN of its traceback).
+#: with its message cut to MESSAGE_CHARS and its traceback to FAILURE_SHOWN, at most ERROR_CHARS
+#: in all (room for their JSON escapes; _bounded_error): the run page shows its summary (500
+#: characters) and FAILURE_SHOWN of its traceback.
 SHOWN_CHARS = 20_000
-ERROR_CHARS = 100_000
+MESSAGE_CHARS = 2_000
+ERROR_CHARS = 2 * FAILURE_SHOWN + 2 * MESSAGE_CHARS
 #: The most rows of each list on the run page (attempts, children, steps, waits, checkpoints).
 LIST_ROWS = 100
 #: The most scopes the overview lists (`zeroth-pg status` lists every one).
@@ -90,14 +92,14 @@ OVERVIEW_SCOPES = 500
 
 
 def _bounded_error(column: str) -> str:
-    """The SQL text of an error document (jsonb) with its message and traceback cut to
-    FAILURE_SHOWN characters each, so a long one still parses (failure_view shows its
-    summary and its traceback), the whole text to ERROR_CHARS (a document of another shape)."""
-    cut = FAILURE_SHOWN + 1
+    """The SQL text of an error document (jsonb) with its message cut to MESSAGE_CHARS and its
+    traceback to FAILURE_SHOWN (+1), so a long one still parses (failure_view shows its summary
+    and its traceback), the whole text to ERROR_CHARS (a document of another shape). ``column``
+    is one of this module's own column names, never input."""
     return (f"left(CASE WHEN jsonb_typeof({column}) = 'object' THEN {column} || "
             f"jsonb_strip_nulls(jsonb_build_object("
-            f"'message', left({column}->>'message', {cut}), "
-            f"'traceback', left({column}->>'traceback', {cut}))) "
+            f"'message', left({column}->>'message', {MESSAGE_CHARS}), "
+            f"'traceback', left({column}->>'traceback', {FAILURE_SHOWN + 1}))) "
             f"ELSE {column} END::text, {ERROR_CHARS})")
 
 _OVERVIEW = f"""SELECT o.tenant_id, o.workspace_id, o.deployment_ref, o.pending, o.due, o.scheduled,

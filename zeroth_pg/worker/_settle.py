@@ -472,7 +472,7 @@ class Settler:
             handed = await self.completions.submit_outcome(entry, SettleKind.HAND_BACK)
             if handed == SettleOutcome.DEAD_LETTERED:
                 # Its hand-backs were spent (this worker's or others'): the database ended it.
-                self._count_dead_letter(entry)
+                self._count_failure(entry, handed)
                 log.warning("run %s dead-lettered by its hand-back: its hand-backs are spent",
                             run.run_id)
             else:
@@ -484,9 +484,8 @@ class Settler:
             # the run's deadline, fails it for good. Refused (the lease lapsed first): the
             # orphan sweep ends it the same way.
             settled = await self.completions.submit_outcome(entry, SettleKind.TIMEOUT)
-            if settled == SettleOutcome.DEAD_LETTERED:
-                self._count_dead_letter(entry)
             if settled is not None:
+                self._count_failure(entry, settled)
                 log.info("run %s stopped at its deadline: %s", run.run_id, settled.value)
             else:
                 self.lease_lost(entry, fenced=True)
@@ -527,22 +526,20 @@ class Settler:
         if outcome is None:
             self.lease_lost(entry, fenced=True)
             return
+        self._count_failure(entry, outcome)
         if outcome == SettleOutcome.DEAD_LETTERED:
-            self._count_dead_letter(entry)
             log.warning("run %s dead-lettered after %d attempts", run.run_id, entry.ctx.attempt)
-        else:
-            self._count_scope(self.metrics.scope_runs_failed, entry.scope)
-            self.metrics.runs_failed.labels(entry.scope.deployment_ref,
-                                            _FAILED_LABELS.get(outcome, "failed")).inc()
 
-    def _count_dead_letter(self, entry: ActiveRun) -> None:
-        """A dead letter the database answered, whichever end made it (a failure, a timeout, a
-        hand-back with its hand-backs spent): in zeroth_runs_dead_lettered and in
-        zeroth_runs_failed{outcome="dead_lettered"}, which count the same runs."""
+    def _count_failure(self, entry: ActiveRun, outcome: SettleOutcome) -> None:
+        """An attempt's failure the database answered for this worker (a failure it wrote, its
+        timeout, a hand-back with the run's hand-backs spent), by outcome: retried, failed or
+        dead-lettered; a dead letter in zeroth_runs_dead_lettered too, which counts the same
+        runs as outcome="dead_lettered". (The orphan sweep's ends are no worker's attempt.)"""
         deployment = entry.scope.deployment_ref
         self._count_scope(self.metrics.scope_runs_failed, entry.scope)
-        self.metrics.runs_failed.labels(deployment, "dead_lettered").inc()
-        self.metrics.runs_dead_lettered.labels(deployment).inc()
+        self.metrics.runs_failed.labels(deployment, _FAILED_LABELS.get(outcome, "failed")).inc()
+        if outcome == SettleOutcome.DEAD_LETTERED:
+            self.metrics.runs_dead_lettered.labels(deployment).inc()
 
     async def fail_quietly(self, entry: ActiveRun, exc: BaseException) -> None:
         """Last resort after a worker error: a retryable failure with a minimal error document
