@@ -333,7 +333,7 @@ async def test_a_waiting_run_whose_slot_comes_after_its_lease_ran_out_is_not_sta
     await wait_until(lambda: _run_completed(pool, waiting), "the run to complete", within=30)
     assert (waiting, generation) not in started
     assert [g for run_id, g in started if run_id == waiting] == [generation + 1]
-    assert any(f"run {waiting}: its handler slot came after the lease it knows of ran out"
+    assert any(f"run {waiting}: its handler would start after the lease it knows of ran out"
                in record.getMessage() for record in caplog.records)
 
 

@@ -284,8 +284,8 @@ class RunExecutor:
         recorded: the caller settles it)."""
         now = time.monotonic()
         if now >= entry.deadline:
-            log.warning("run %s: its handler slot came after the lease it knows of ran out (the "
-                        "event loop stalled); not starting it", entry.run.run_id)
+            log.warning("run %s: its handler would start after the lease it knows of ran out "
+                        "(the event loop stalled); not starting it", entry.run.run_id)
             entry.request_stop(StopReason.DEADLINE)
             return True
         # Only a run that waited for its slot: one that found a free slot at once starts as a
