@@ -332,6 +332,23 @@ class TestToken:
             assert client.get("/?token=s3cret").status_code == 200
             assert client.get("/runs").status_code == 200  # the cookie it set
 
+    def test_two_dashboards_on_one_host_name_keep_their_own_token_cookies(self, database_dsn):
+        # Every dashboard has a token now; a cookie belongs to a host name, not a port: a second
+        # dashboard's cookie replaced the first's, whose pages then answered 401.
+        from starlette.testclient import TestClient
+
+        first = create_app(database_dsn, token="first-t0ken")
+        second = create_app(database_dsn, token="second-t0ken")
+        both = {"Cookie": "zp_token_8787=first-t0ken; zp_token_8788=second-t0ken"}
+        with TestClient(first, base_url="http://127.0.0.1:8787") as one, \
+                TestClient(second, base_url="http://127.0.0.1:8788") as two:
+            opened = two.get("/?token=second-t0ken")
+            assert "zp_token_8788=second-t0ken" in opened.headers["set-cookie"]
+            assert one.get("/runs", headers=both).status_code == 200
+            assert two.get("/runs", headers=both).status_code == 200
+            assert one.get("/runs", headers={"Cookie": "zp_token_8787=second-t0ken"}
+                           ).status_code == 401
+
     def test_a_page_opened_with_the_token_sends_no_referer_carrying_it(self, database_dsn):
         # Its stylesheet, script and links would otherwise carry the whole URL, token included,
         # as their Referer.

@@ -293,7 +293,8 @@ class _Guard(BaseHTTPMiddleware):
     async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
         if not self.token:
             return await call_next(request)
-        given = (request.query_params.get("token") or request.cookies.get("zp_token")
+        cookie = _token_cookie(request)
+        given = (request.query_params.get("token") or request.cookies.get(cookie)
                  or request.headers.get("authorization", "").removeprefix("Bearer "))
         if not given or not hmac.compare_digest(given.encode(), self.token.encode()):
             return Response("zeroth-pg web: a token is required (ZEROTH_PG_WEB_TOKEN): open "
@@ -301,8 +302,17 @@ class _Guard(BaseHTTPMiddleware):
                             media_type="text/plain")
         response = await call_next(request)
         if request.query_params.get("token"):
-            response.set_cookie("zp_token", self.token, httponly=True, samesite="strict")
+            response.set_cookie(cookie, self.token, httponly=True, samesite="strict")
         return response
+
+
+def _token_cookie(request: Request) -> str:
+    """The token's cookie, named by the port the browser reached the dashboard on: a cookie
+    belongs to a host name whatever its port, and two dashboards on one name (``zeroth-pg web``
+    and ``zeroth-pg demo --web``), each with its own token, overwrote each other's, so the
+    other one's pages answered 401."""
+    port = request.url.port
+    return "zp_token" if port is None else f"zp_token_{port}"
 
 
 def create_app(dsn: str, *, enable_actions: bool = False, token: str | None = None,
