@@ -54,7 +54,7 @@ class TestCancelReachesALiveOwner:
         result = await threads.cancel(first.run_id, action="interrupt")
         assert (result.outcome, result.lease_worker_id) == (
             CancelOutcome.CANCEL_REQUESTED, owner.worker_id)
-        stop = await wait_event(pool, first.run_id, "stopped", generation=1)
+        stop = await wait_event(pool, first.run_id, "stopped", generation=1, worker=owner)
         stopped_after = time.monotonic() - sent
         ended = await threads.join(first.run_id, timeout=15)
         joined_after = time.monotonic() - sent

@@ -190,8 +190,14 @@ async def wait_event(pool: asyncpg.Pool, run_id: UUID, kind: str, *,
                         f"{worker.log}")
         return row
 
-    return await eventually(probe, f"event {kind!r} (generation {generation}) of run {run_id}",
-                            within=within)
+    try:
+        return await eventually(probe, f"event {kind!r} (generation {generation}) of run "
+                                f"{run_id}", within=within)
+    except pytest.fail.Exception as missed:
+        if worker is None:
+            raise
+        # What the worker said meanwhile (a cancel heard or not, where a handler waited).
+        pytest.fail(f"{missed}\nworker {worker.worker_id}'s log (the end):\n{worker.log[-6000:]}")
 
 
 async def takeover(pool: asyncpg.Pool, run_id: UUID, old_generation: int,

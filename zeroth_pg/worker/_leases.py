@@ -116,6 +116,9 @@ class LeaseUpkeep:
                 if entry.attempt_deadline is not None:  # the database caps the lease there
                     entry.deadline = min(entry.deadline, entry.attempt_deadline)
                 if renewal.cancel_requested:
+                    if entry.stop_reason is None:  # said once: every renewal reports it again
+                        log.info("run %s: a cancel was requested; stopping its handler",
+                                 renewal.run_id)
                     self._stop(entry, StopReason.CANCEL)
             elif entry.state is RunState.COMPLETING:
                 # Its completion raced this renewal and cleared the lease; the completion's own
